@@ -1,0 +1,105 @@
+// The host backend: a C++ reference implementation of every op of DESIGN.md §4, written
+// against the Exchanger primitive. It is the oracle for the GPU kernels and the backend for
+// hosts without a GPU. Arithmetic: inputs converted to fp32, fp32 accumulation, one rounding
+// at the output (bf16: round to nearest even). Reductions over ranks add in rank order, so
+// results are bitwise reproducible for a given world size.
+//
+// Row-major everywhere. W = ex.world(), r = ex.rank(). Uneven splits follow split.h.
+// All pointers are host memory; no argument is checked twice: callers (the JNI layer) validate
+// shapes, these functions FC_REQUIRE only what they cannot work without.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fusedcomm/runtime/exchange.h"
+
+namespace fusedcomm::host {
+
+enum class DType : int32_t { kF32 = 0, kBF16 = 1 };  // same order as io.fusedcomm.api.DType
+inline int dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+uint16_t f32_to_bf16(float x);  // round to nearest even; NaN stays NaN (quiet)
+float bf16_to_f32(uint16_t x);
+
+// ---- collectives; `count` is the element count of the whole (unsplit) tensor --------------
+// in: split_count(count, W, r) elements; out: count elements, rank blocks in rank order.
+void all_gather(Exchanger& ex, DType t, const void* in, void* out, int64_t count);
+// in: count elements; out: block r, split_count(count, W, r) elements, summed over ranks.
+void reduce_scatter(Exchanger& ex, DType t, const void* in, void* out, int64_t count);
+// in, out: count elements (may alias); out = sum over ranks.
+void all_reduce(Exchanger& ex, DType t, const void* in, void* out, int64_t count);
+// in: count elements as W blocks, block p = split_count(count, W, p) elements, sent to rank p.
+// out: W blocks of split_count(count, W, r) elements, block s from rank s.
+void all_to_all(Exchanger& ex, DType t, const void* in, void* out, int64_t count);
+
+// ---- GEMM ---------------------------------------------------------------------------------
+enum class WeightLayout : int32_t {
+  kNK = 0,  // C = A · Wᵀ, W: N×K (a linear layer's weight)
+  kKN = 1,  // C = A · B,  B: K×N (backward passes)
+};
+// c (m×n) = a (m×k) · op(w); accumulate: c += instead of c = (c read in dtype t).
+void gemm(DType t, const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
+          WeightLayout layout, bool accumulate = false);
+
+// a_local: split_count(m, W, r) × k; w: n_local × k (kNK) or k × n_local (kKN);
+// c: m × n_local = allGather(a) · op(w); gathered_a: m × k or nullptr.
+void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w, void* c,
+                     void* gathered_a, int64_t m, int64_t n_local, int64_t k, WeightLayout layout);
+// a: m × k_local; w: n × k_local (kNK) or k_local × n (kKN);
+// c: rows block r (split_count(m, W, r) × n) of sum_s a_s · op(w_s).
+void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
+                         int64_t n, int64_t k_local, WeightLayout layout);
+// as above, c: m × n, the whole sum on every rank.
+void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
+                     int64_t n, int64_t k_local, WeightLayout layout);
+
+// ---- MoE ----------------------------------------------------------------------------------
+// Experts are split over ranks by split.h: rank r owns experts
+// [split_offset(E, W, r), + split_count(E, W, r)). Each token's topk (expert id, weight) pairs
+// make one routed row each. At the expert's rank, rows are expert-major; within an expert
+// ordered by (source rank, source token, slot).
+struct MoeLayout {
+  int world = 1, rank = 0, topk = 0;
+  int64_t num_experts = 0, first_local_expert = 0, local_experts = 0;
+  int64_t tokens = 0;                   // this rank's T
+  std::vector<int64_t> expert_offsets;  // local_experts + 1 row offsets into the received rows
+  std::vector<int32_t> src_rank, src_token, src_slot;  // per received row
+  std::vector<float> weight;                           // per received row
+  // For combine: this rank's (token, slot) pairs in the order they were sent, per destination.
+  std::vector<std::vector<int64_t>> sent_pairs;  // [dest rank] -> token * topk + slot
+  int64_t rows() const { return expert_offsets.empty() ? 0 : expert_offsets.back(); }
+};
+
+struct MoeDispatchResult {
+  MoeLayout layout;
+  std::vector<uint8_t> routed_x;  // rows × hidden, dtype t (the tokens as received)
+  std::vector<uint8_t> out;       // rows × ffn, dtype t: routed_x[e rows] · W1_eᵀ
+};
+
+// x: tokens × hidden; topk_ids, topk_weights: tokens × topk (ids in [0, num_experts));
+// w1_local: local_experts × ffn × hidden (each W1_e in kNK layout).
+MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens,
+                                    int64_t hidden, const int32_t* topk_ids,
+                                    const float* topk_weights, int topk, int64_t num_experts,
+                                    const void* w1_local, int64_t ffn);
+// expert_out: layout.rows() × width (rows in the layout's order); out: layout.tokens × width,
+// out[t] = sum over slots k of weight(t, k) · expert_out[row of (t, k)], fp32, slot order.
+void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out,
+                 int64_t width, void* out);
+
+// ---- ring attention -------------------------------------------------------------------------
+struct AttentionShape {
+  int64_t batch = 1, seq = 0;          // seq: the whole sequence; rank r holds split_count(seq,W,r)
+  int64_t q_heads = 1, kv_heads = 1;   // q_heads % kv_heads == 0 (grouped-query)
+  int64_t head_dim = 0;
+  bool causal = false;                 // by global position: query i sees keys j <= i
+  float scale = 0.f;                   // 0: 1 / sqrt(head_dim)
+};
+// q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32, natural log of the
+// softmax denominator over the whole (visible) sequence. K/V blocks travel around the ring
+// (rank r sends to r+1), W-1 steps.
+void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const void* q,
+                    const void* k, const void* v, void* o, float* lse);
+
+}  // namespace fusedcomm::host

@@ -1,0 +1,94 @@
+// A communicator: `world` ranks (one per executor task of a barrier stage) connected through the
+// executor runtime's transport, and the host backend's Exchanger over it.
+//
+// Life cycle (driven from Java): construct with the world size (registers the staging region, so
+// that endpoint() can go into the bootstrap blob) -> connect(endpoints of all ranks, rank, the
+// communicator id all ranks agreed on) -> ops -> close(). abort() may be called from any thread
+// at any time; waits in flight then fail at once.
+//
+// Every op calls begin_op(description, fingerprint) first. The fingerprint covers the op's global
+// parameters (op, dtype, global shapes); it travels in every chunk header, so a rank whose
+// parameters differ is named, with both descriptions, on every rank at the op's first exchange.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/rdma/proxy.h"
+#include "fusedcomm/rdma/transport.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/exchange.h"
+#include "fusedcomm/runtime/runtime.h"
+
+namespace fusedcomm {
+
+class Communicator final : public Exchanger {
+ public:
+  Communicator(Runtime& runtime, int world);
+  ~Communicator() override;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // "host:port#regionKey": what peers need to reach this rank's staging region.
+  std::string endpoint() const;
+  // Builds the connections; endpoints[i] is rank i's endpoint(). Bounded by the connect timeout.
+  void connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id);
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  void begin_op(const std::string& description, uint64_t fingerprint);
+  void exchange(const std::vector<SendBlock>& send, const std::vector<RecvBlock>& recv,
+                const char* step) override;
+
+  // Teardown verbs: finish() drains (a barrier all ranks pass); close() = finish + free
+  // (idempotent; after an error or abort it frees without the barrier); abort() stops now.
+  void finish();
+  void close();
+  void abort() noexcept;
+
+ private:
+  struct ChunkHeader;  // communicator.cc
+  friend struct ChunkHeaderLayout;
+  size_t slot_stride() const;
+  size_t recv_slot(int src, uint64_t chunk) const;
+  size_t send_slot(int dst, uint64_t chunk) const;
+  size_t data_flag(int src) const;
+  size_t credit_flag(int dst) const;
+  uint64_t load_flag(size_t offset) const;
+  void check_usable(const char* what) const;
+  void post(const rdma::WriteOp& op);
+  [[noreturn]] void fail_broken(ErrorKind kind, const std::string& message);
+  std::string peer_name(int peer) const;
+
+  Runtime& runtime_;
+  const uint64_t chunk_bytes_;
+  const int world_;
+  int rank_ = -1;
+  bool connected_ = false, closed_ = false;
+
+  char* staging_ = nullptr;  // registered region, layout in communicator.cc
+  size_t staging_bytes_ = 0;
+  rdma::Region region_;
+  std::vector<uint64_t> peer_keys_;
+  std::vector<std::string> peer_addresses_;
+  std::unique_ptr<rdma::PeerGroup> group_;
+  void* ring_memory_ = nullptr;
+  std::unique_ptr<rdma::Proxy> proxy_;
+
+  // Per-pair chunk counters; they only grow, across exchanges and ops (no resets: a stale flag
+  // can never satisfy a wait for a newer chunk).
+  std::vector<uint64_t> sent_chunks_;      // [dst] chunks posted to dst
+  std::vector<uint64_t> consumed_chunks_;  // [src] chunks from src copied out
+  uint64_t exchange_seq_ = 0;
+
+  std::string op_description_ = "(no op)";
+  uint64_t op_fingerprint_ = 0;
+  std::atomic<bool> aborted_{false};
+  std::string broken_;  // first fatal error; the communicator is unusable after it
+};
+
+}  // namespace fusedcomm

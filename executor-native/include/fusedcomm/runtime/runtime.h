@@ -1,0 +1,54 @@
+// The per-executor runtime: one per executor process, created by the executor plugin at init
+// and closed at shutdown. It owns the transport (listener + registered regions) and, with the
+// cuda backend, the executor's GPU. Communicators borrow it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fusedcomm/rdma/transport.h"
+#include "fusedcomm/runtime/gpu.h"
+
+namespace fusedcomm {
+
+enum class Backend : int32_t { kAuto = 0, kCuda = 1, kHost = 2 };  // io.fusedcomm.api.Backend
+
+// Everything the native side is configured with; built once from the typed Java config.
+// Native code never reads environment variables.
+struct RuntimeConfig {
+  Backend backend = Backend::kAuto;
+  int64_t timeout_ms = 60000;          // every wait inside an op
+  int64_t connect_timeout_ms = 30000;  // building a communicator's connections
+  int64_t chunk_bytes = 4 << 20;       // host backend: staging chunk per peer
+  std::string bind_host;               // transport listener; empty: this host
+  int gpu_ordinal = -1;                // the executor's GPU, -1: none assigned
+  uint64_t job_token = 0;              // the application's token (driver plugin)
+};
+
+class Runtime {
+ public:
+  // Resolves the backend (auto: cuda when a GPU is assigned and usable, else host; cuda: the
+  // GPU must open, else Error(kUnavailable) with the reason) and starts the transport.
+  explicit Runtime(const RuntimeConfig& config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const RuntimeConfig& config() const { return config_; }
+  Backend backend() const { return backend_; }  // resolved: kCuda or kHost
+  const GpuInfo& gpu() const { return gpu_; }   // ordinal -1 with the host backend
+  rdma::Transport& transport() { return *transport_; }
+  std::string describe() const;
+
+ private:
+  RuntimeConfig config_;
+  Backend backend_;
+  GpuInfo gpu_;
+  std::unique_ptr<rdma::Transport> transport_;
+};
+
+// One line per backend and transport: "name: available|unavailable: reason".
+std::string availability_report();
+
+}  // namespace fusedcomm

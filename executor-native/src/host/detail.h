@@ -1,0 +1,44 @@
+// Internals shared by the host backend's source files (not a public header): dtype <-> fp32
+// conversion of whole arrays, the fp32 GEMM core, row-block collectives and argument checks.
+// Everything here works in fp32; the public ops round once, at their output.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/host/host_ops.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/exchange.h"
+
+namespace fusedcomm::host::detail {
+
+// ---- argument checks (messages name the op and the offending value) ------------------------
+void require_dtype(DType t, const char* op);
+void require_nonneg(int64_t value, const char* op, const char* name);
+// ptr may be null only when the buffer it points to is empty.
+void require_data(const void* ptr, int64_t elems, const char* op, const char* name);
+
+// ---- dtype <-> fp32 -------------------------------------------------------------------------
+std::vector<float> to_f32(DType t, const void* src, int64_t n);
+void to_f32(DType t, const void* src, int64_t n, float* dst);
+void from_f32(DType t, const float* src, int64_t n, void* dst);  // one rounding (bf16: RNE)
+
+// ---- GEMM core ------------------------------------------------------------------------------
+// c (m×n, fp32, overwritten) = a (m×k) · w_nkᵀ (w_nk: n×k). Each element is summed over k in
+// increasing order, so the result equals a naive fp32 loop bit for bit.
+void gemm_f32(const float* a, const float* w_nk, float* c, int64_t m, int64_t n, int64_t k);
+// The weight of either layout as an fp32 n×k matrix.
+std::vector<float> weight_as_nk(DType t, const void* w, int64_t n, int64_t k, WeightLayout layout);
+
+// ---- row-block collectives ------------------------------------------------------------------
+// A tensor of `rows` rows is split over ranks by split.h, whole rows per rank.
+// in: split_count(rows, W, r) rows of row_bytes; out: all rows, rank blocks in rank order.
+void all_gather_rows(Exchanger& ex, const void* in, void* out, int64_t rows, int64_t row_bytes,
+                     const char* step);
+// in: rows × row_elems in dtype `wire`; out (fp32): block r, split_count(rows, W, r) rows, the
+// sum over ranks added in rank order in fp32.
+void reduce_scatter_rows(Exchanger& ex, DType wire, const void* in, float* out, int64_t rows,
+                         int64_t row_elems, const char* step);
+
+}  // namespace fusedcomm::host::detail

@@ -1,0 +1,93 @@
+// The fused GEMM + collective ops, composed from the GEMM core and the row-block collectives.
+// Partial products travel in fp32 so that the result is rounded once, at the output.
+#include "detail.h"
+#include "fusedcomm/runtime/split.h"
+
+namespace fusedcomm::host {
+
+namespace {
+
+void require_layout(WeightLayout layout, const char* op) {
+  FC_REQUIRE(layout == WeightLayout::kNK || layout == WeightLayout::kKN,
+             std::string(op) + ": unknown weight layout " +
+                 std::to_string(static_cast<int>(layout)));
+}
+
+// m×n fp32 partial product a (m×k) · op(w), not rounded.
+std::vector<float> partial_product(DType t, const void* a, const void* w, int64_t m, int64_t n,
+                                   int64_t k, WeightLayout layout) {
+  const std::vector<float> af = detail::to_f32(t, a, m * k);
+  const std::vector<float> wf = detail::weight_as_nk(t, w, n, k, layout);
+  std::vector<float> c(static_cast<size_t>(m * n));
+  detail::gemm_f32(af.data(), wf.data(), c.data(), m, n, k);
+  return c;
+}
+
+void require_gemm_collective(DType t, const void* a, const void* w, const void* c, int64_t m,
+                             int64_t n, int64_t k_local, int64_t c_rows, WeightLayout layout,
+                             const char* op) {
+  detail::require_dtype(t, op);
+  detail::require_nonneg(m, op, "m");
+  detail::require_nonneg(n, op, "n");
+  detail::require_nonneg(k_local, op, "k_local");
+  require_layout(layout, op);
+  detail::require_data(a, m * k_local, op, "a");
+  detail::require_data(w, n * k_local, op, "w");
+  detail::require_data(c, c_rows * n, op, "c");
+}
+
+}  // namespace
+
+void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w, void* c,
+                     void* gathered_a, int64_t m, int64_t n_local, int64_t k, WeightLayout layout) {
+  constexpr const char* kOp = "allGatherGemm";
+  const int world = ex.world(), r = ex.rank();
+  detail::require_dtype(t, kOp);
+  detail::require_nonneg(m, kOp, "m");
+  detail::require_nonneg(n_local, kOp, "n_local");
+  detail::require_nonneg(k, kOp, "k");
+  require_layout(layout, kOp);
+  detail::require_data(a_local, split_count(m, world, r) * k, kOp, "a_local");
+  detail::require_data(w, n_local * k, kOp, "w");
+  detail::require_data(c, m * n_local, kOp, "c");
+
+  const int64_t row_bytes = k * dtype_size(t);
+  std::vector<uint8_t> scratch;
+  void* full_a = gathered_a;
+  if (full_a == nullptr) {
+    scratch.resize(static_cast<size_t>(m * row_bytes));
+    full_a = scratch.data();
+  }
+  detail::all_gather_rows(ex, a_local, full_a, m, row_bytes, "allGatherGemm/all-gather");
+  gemm(t, full_a, w, c, m, n_local, k, layout, /*accumulate=*/false);
+}
+
+void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
+                         int64_t n, int64_t k_local, WeightLayout layout) {
+  constexpr const char* kOp = "gemmReduceScatter";
+  const int world = ex.world(), r = ex.rank();
+  const int64_t mine = m < 0 ? 0 : split_count(m, world, r);
+  require_gemm_collective(t, a, w, c, m, n, k_local, mine, layout, kOp);
+  const std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
+  std::vector<float> sum(static_cast<size_t>(mine * n));
+  detail::reduce_scatter_rows(ex, DType::kF32, partial.data(), sum.data(), m, n,
+                              "gemmReduceScatter/reduce-scatter");
+  detail::from_f32(t, sum.data(), mine * n, c);
+}
+
+void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
+                     int64_t n, int64_t k_local, WeightLayout layout) {
+  constexpr const char* kOp = "gemmAllReduce";
+  const int world = ex.world(), r = ex.rank();
+  require_gemm_collective(t, a, w, c, m, n, k_local, m, layout, kOp);
+  const int64_t mine = split_count(m, world, r);
+  const std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
+  std::vector<float> sum(static_cast<size_t>(mine * n));
+  detail::reduce_scatter_rows(ex, DType::kF32, partial.data(), sum.data(), m, n,
+                              "gemmAllReduce/reduce-scatter");
+  std::vector<uint8_t> rounded(static_cast<size_t>(mine * n * dtype_size(t)));
+  detail::from_f32(t, sum.data(), mine * n, rounded.data());
+  detail::all_gather_rows(ex, rounded.data(), c, m, n * dtype_size(t), "gemmAllReduce/all-gather");
+}
+
+}  // namespace fusedcomm::host

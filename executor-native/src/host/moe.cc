@@ -1,0 +1,254 @@
+// MoE expert parallelism on the host: dispatch (route token rows to their experts' ranks, then
+// one GEMM per local expert) and combine (send expert rows home, weighted sum per token).
+//
+// Wire format of the dispatch row exchange, one block per destination rank d, n_d routed rows:
+//   [RoutedRowMeta × n_d][n_d × hidden elements of dtype t]
+// rows in the sender's (token, slot) order. The combine exchange returns, per home rank s:
+//   [float weight × n_s][n_s × width elements of dtype t]
+// rows again in s's (token, slot) order, which is the order of layout.sent_pairs[d] on s.
+#include <algorithm>
+#include <cstring>
+
+#include "detail.h"
+#include "fusedcomm/runtime/split.h"
+
+namespace fusedcomm::host {
+
+namespace {
+
+// One routed row's identity, sent ahead of the rows themselves.
+struct alignas(4) RoutedRowMeta {
+  int32_t token;   // index in the source rank's tokens
+  int32_t slot;    // which of the token's topk choices
+  int32_t expert;  // global expert id
+  float weight;    // the token's routing weight for this slot
+};
+static_assert(sizeof(RoutedRowMeta) == 16, "RoutedRowMeta travels between ranks");
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens,
+                                    int64_t hidden, const int32_t* topk_ids,
+                                    const float* topk_weights, int topk, int64_t num_experts,
+                                    const void* w1_local, int64_t ffn) {
+  constexpr const char* kOp = "moeDispatchGemm";
+  const int world = ex.world(), r = ex.rank();
+  detail::require_dtype(t, kOp);
+  detail::require_nonneg(tokens, kOp, "tokens");
+  detail::require_nonneg(hidden, kOp, "hidden");
+  detail::require_nonneg(topk, kOp, "topk");
+  detail::require_nonneg(ffn, kOp, "ffn");
+  FC_REQUIRE(num_experts >= 1, std::string(kOp) + ": num_experts = " + str(num_experts) +
+                                   " must be >= 1");
+  detail::require_data(x, tokens * hidden, kOp, "x");
+  detail::require_data(topk_ids, tokens * topk, kOp, "topk_ids");
+  detail::require_data(topk_weights, tokens * topk, kOp, "topk_weights");
+  detail::require_data(w1_local, split_count(num_experts, world, r) * ffn * hidden, kOp,
+                       "w1_local");
+  for (int64_t tok = 0; tok < tokens; ++tok) {
+    for (int k = 0; k < topk; ++k) {
+      const int32_t id = topk_ids[tok * topk + k];
+      FC_REQUIRE(id >= 0 && id < num_experts,
+                 std::string(kOp) + ": token " + str(tok) + " slot " + str(k) + " routes to expert id " +
+                     str(id) + ", outside [0, " + str(num_experts) + ")");
+    }
+  }
+
+  const int64_t esize = dtype_size(t);
+  const int64_t row_bytes = hidden * esize;
+  std::vector<int> owner(static_cast<size_t>(num_experts));
+  for (int p = 0; p < world; ++p) {
+    const int64_t first = split_offset(num_experts, world, p);
+    for (int64_t e = first; e < first + split_count(num_experts, world, p); ++e) owner[e] = p;
+  }
+
+  MoeDispatchResult result;
+  MoeLayout& layout = result.layout;
+  layout.world = world;
+  layout.rank = r;
+  layout.topk = topk;
+  layout.num_experts = num_experts;
+  layout.first_local_expert = split_offset(num_experts, world, r);
+  layout.local_experts = split_count(num_experts, world, r);
+  layout.tokens = tokens;
+  layout.sent_pairs.assign(world, {});
+  for (int64_t tok = 0; tok < tokens; ++tok)
+    for (int k = 0; k < topk; ++k)
+      layout.sent_pairs[owner[topk_ids[tok * topk + k]]].push_back(tok * topk + k);
+
+  // 1. Row counts, so every rank can size its receive blocks.
+  std::vector<int64_t> send_rows(world), recv_rows(world);
+  for (int p = 0; p < world; ++p) send_rows[p] = static_cast<int64_t>(layout.sent_pairs[p].size());
+  {
+    std::vector<SendBlock> send(world);
+    std::vector<RecvBlock> recv(world);
+    for (int p = 0; p < world; ++p) {
+      send[p] = {&send_rows[p], sizeof(int64_t)};
+      recv[p] = {&recv_rows[p], sizeof(int64_t)};
+    }
+    ex.exchange(send, recv, "moeDispatch/counts");
+  }
+
+  // 2. The routed rows with their metadata.
+  const auto* xb = static_cast<const uint8_t*>(x);
+  const auto block_bytes = [&](int64_t rows) {
+    return rows * static_cast<int64_t>(sizeof(RoutedRowMeta) + row_bytes);
+  };
+  std::vector<std::vector<uint8_t>> out_blocks(world), in_blocks(world);
+  std::vector<SendBlock> send(world);
+  std::vector<RecvBlock> recv(world);
+  for (int p = 0; p < world; ++p) {
+    const int64_t n = send_rows[p];
+    out_blocks[p].resize(static_cast<size_t>(block_bytes(n)));
+    auto* meta = reinterpret_cast<RoutedRowMeta*>(out_blocks[p].data());
+    uint8_t* rows = out_blocks[p].data() + n * sizeof(RoutedRowMeta);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pair = layout.sent_pairs[p][i];
+      const int64_t tok = pair / topk;
+      meta[i] = {static_cast<int32_t>(tok), static_cast<int32_t>(pair % topk), topk_ids[pair],
+                 topk_weights[pair]};
+      if (row_bytes) std::memcpy(rows + i * row_bytes, xb + tok * row_bytes, row_bytes);
+    }
+    in_blocks[p].resize(static_cast<size_t>(block_bytes(recv_rows[p])));
+    send[p] = {out_blocks[p].data(), out_blocks[p].size()};
+    recv[p] = {in_blocks[p].data(), in_blocks[p].size()};
+  }
+  ex.exchange(send, recv, "moeDispatch/rows");
+
+  // 3. Expert-major layout; a counting sort keeps (source rank, token, slot) order per expert.
+  const int64_t local = layout.local_experts, first = layout.first_local_expert;
+  layout.expert_offsets.assign(local + 1, 0);
+  for (int s = 0; s < world; ++s) {
+    const auto* meta = reinterpret_cast<const RoutedRowMeta*>(in_blocks[s].data());
+    for (int64_t i = 0; i < recv_rows[s]; ++i) {
+      const int64_t e = meta[i].expert - first;
+      if (e < 0 || e >= local)
+        fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(r) + " received a row for expert " +
+                                           str(meta[i].expert) + " from rank " + str(s) +
+                                           ", which it does not own");
+      ++layout.expert_offsets[e + 1];
+    }
+  }
+  for (int64_t e = 0; e < local; ++e) layout.expert_offsets[e + 1] += layout.expert_offsets[e];
+  const int64_t rows = layout.rows();
+  layout.src_rank.resize(rows);
+  layout.src_token.resize(rows);
+  layout.src_slot.resize(rows);
+  layout.weight.resize(rows);
+  result.routed_x.resize(static_cast<size_t>(rows * row_bytes));
+  std::vector<int64_t> cursor(layout.expert_offsets.begin(), layout.expert_offsets.end() - 1);
+  for (int s = 0; s < world; ++s) {
+    const auto* meta = reinterpret_cast<const RoutedRowMeta*>(in_blocks[s].data());
+    const uint8_t* src_rows = in_blocks[s].data() + recv_rows[s] * sizeof(RoutedRowMeta);
+    for (int64_t i = 0; i < recv_rows[s]; ++i) {
+      const int64_t row = cursor[meta[i].expert - first]++;
+      layout.src_rank[row] = s;
+      layout.src_token[row] = meta[i].token;
+      layout.src_slot[row] = meta[i].slot;
+      layout.weight[row] = meta[i].weight;
+      if (row_bytes)
+        std::memcpy(result.routed_x.data() + row * row_bytes, src_rows + i * row_bytes, row_bytes);
+    }
+  }
+
+  // 4. One GEMM per local expert over its contiguous rows.
+  result.out.resize(static_cast<size_t>(rows * ffn * esize));
+  const auto* w1 = static_cast<const uint8_t*>(w1_local);
+  for (int64_t e = 0; e < local; ++e) {
+    const int64_t begin = layout.expert_offsets[e], n = layout.expert_offsets[e + 1] - begin;
+    if (n == 0 || ffn == 0) continue;
+    gemm(t, result.routed_x.data() + begin * row_bytes, w1 + e * ffn * hidden * esize,
+         result.out.data() + begin * ffn * esize, n, ffn, hidden, WeightLayout::kNK);
+  }
+  return result;
+}
+
+void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out,
+                 int64_t width, void* out) {
+  constexpr const char* kOp = "moeCombine";
+  const int world = ex.world(), r = ex.rank();
+  detail::require_dtype(t, kOp);
+  detail::require_nonneg(width, kOp, "width");
+  FC_REQUIRE(layout.world == world && layout.rank == r,
+             std::string(kOp) + ": layout is for rank " + str(layout.rank) + " of " +
+                 str(layout.world) + ", called on rank " + str(r) + " of " + str(world));
+  const int64_t rows = layout.rows();
+  FC_REQUIRE(static_cast<int64_t>(layout.sent_pairs.size()) == world &&
+                 static_cast<int64_t>(layout.src_rank.size()) == rows &&
+                 static_cast<int64_t>(layout.src_token.size()) == rows &&
+                 static_cast<int64_t>(layout.src_slot.size()) == rows &&
+                 static_cast<int64_t>(layout.weight.size()) == rows,
+             std::string(kOp) + ": layout is incomplete (rows = " + str(rows) + ", sent_pairs for " +
+                 str(static_cast<int64_t>(layout.sent_pairs.size())) + " ranks)");
+  detail::require_data(expert_out, rows * width, kOp, "expert_out");
+  detail::require_data(out, layout.tokens * width, kOp, "out");
+
+  const int64_t esize = dtype_size(t);
+  const int64_t row_bytes = width * esize;
+  const int topk = layout.topk;
+
+  // Return rows to each home rank in the order it sent them: ascending (token, slot).
+  std::vector<std::vector<int64_t>> back(world);
+  for (int64_t row = 0; row < rows; ++row) back[layout.src_rank[row]].push_back(row);
+  const auto* eo = static_cast<const uint8_t*>(expert_out);
+  const auto block_bytes = [&](int64_t n) {
+    return n * static_cast<int64_t>(sizeof(float) + row_bytes);
+  };
+  std::vector<std::vector<uint8_t>> out_blocks(world), in_blocks(world);
+  std::vector<SendBlock> send(world);
+  std::vector<RecvBlock> recv(world);
+  for (int s = 0; s < world; ++s) {
+    auto& order = back[s];
+    std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+      return std::pair(layout.src_token[x], layout.src_slot[x]) <
+             std::pair(layout.src_token[y], layout.src_slot[y]);
+    });
+    const int64_t n = static_cast<int64_t>(order.size());
+    out_blocks[s].resize(static_cast<size_t>(block_bytes(n)));
+    auto* weights = reinterpret_cast<float*>(out_blocks[s].data());
+    uint8_t* dst_rows = out_blocks[s].data() + n * sizeof(float);
+    for (int64_t i = 0; i < n; ++i) {
+      weights[i] = layout.weight[order[i]];
+      if (row_bytes) std::memcpy(dst_rows + i * row_bytes, eo + order[i] * row_bytes, row_bytes);
+    }
+    in_blocks[s].resize(static_cast<size_t>(block_bytes(layout.sent_pairs[s].size())));
+    send[s] = {out_blocks[s].data(), out_blocks[s].size()};
+    recv[s] = {in_blocks[s].data(), in_blocks[s].size()};
+  }
+  ex.exchange(send, recv, "moeCombine/rows");
+
+  // Index every (token, slot) pair's returned row, then sum per token in slot order.
+  const int64_t pairs = layout.tokens * topk;
+  std::vector<const uint8_t*> row_of(static_cast<size_t>(pairs), nullptr);
+  std::vector<float> weight_of(static_cast<size_t>(pairs), 0.f);
+  for (int s = 0; s < world; ++s) {
+    const int64_t n = static_cast<int64_t>(layout.sent_pairs[s].size());
+    const auto* weights = reinterpret_cast<const float*>(in_blocks[s].data());
+    const uint8_t* src_rows = in_blocks[s].data() + n * sizeof(float);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pair = layout.sent_pairs[s][i];
+      row_of[pair] = src_rows + i * row_bytes;
+      weight_of[pair] = weights[i];
+    }
+  }
+  std::vector<float> acc(static_cast<size_t>(width)), row(static_cast<size_t>(width));
+  auto* ob = static_cast<uint8_t*>(out);
+  for (int64_t tok = 0; tok < layout.tokens; ++tok) {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int k = 0; k < topk; ++k) {
+      const int64_t pair = tok * topk + k;
+      if (row_of[pair] == nullptr) {
+        if (width == 0) continue;
+        fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(r) + " got no row back for token " +
+                                           str(tok) + " slot " + str(k));
+      }
+      detail::to_f32(t, row_of[pair], width, row.data());
+      for (int64_t c = 0; c < width; ++c) acc[c] += weight_of[pair] * row[c];
+    }
+    detail::from_f32(t, acc.data(), width, ob + tok * row_bytes);
+  }
+}
+
+}  // namespace fusedcomm::host

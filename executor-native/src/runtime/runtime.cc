@@ -1,0 +1,60 @@
+#include "fusedcomm/runtime/runtime.h"
+
+#include "fusedcomm/runtime/errors.h"
+
+namespace fusedcomm {
+
+Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backend::kHost) {
+  FC_REQUIRE(config.timeout_ms > 0, "timeout must be positive");
+  FC_REQUIRE(config.connect_timeout_ms > 0, "connect timeout must be positive");
+  FC_REQUIRE(config.chunk_bytes >= 4096, "chunk bytes must be at least 4096");
+  switch (config.backend) {
+    case Backend::kHost:
+      break;
+    case Backend::kCuda:
+      if (config.gpu_ordinal < 0) {
+        fail(ErrorKind::kUnavailable,
+             "spark.fusedcomm.backend=cuda but this executor has no GPU assigned; set "
+             "spark.executor.resource.gpu.amount=1 with a discovery script (conf/gpu-discovery.sh)");
+      }
+      gpu_ = open_gpu(config.gpu_ordinal);
+      backend_ = Backend::kCuda;
+      break;
+    case Backend::kAuto:
+      if (config.gpu_ordinal >= 0 && probe_cuda().available) {
+        gpu_ = open_gpu(config.gpu_ordinal);
+        backend_ = Backend::kCuda;
+      }
+      break;
+  }
+  rdma::SocketOptions options;
+  options.bind_host = config.bind_host;
+  transport_ = rdma::make_socket_transport(options);
+}
+
+Runtime::~Runtime() = default;
+
+std::string Runtime::describe() const {
+  std::string s = std::string("backend=") + (backend_ == Backend::kCuda ? "cuda" : "host") +
+                  " transport=" + transport_->name() + " address=" + transport_->address();
+  if (gpu_.ordinal >= 0) s += " gpu=" + std::to_string(gpu_.ordinal) + " uuid=" + gpu_.uuid + " (" + gpu_.name + ")";
+  return s;
+}
+
+std::string availability_report() {
+  auto line = [](const char* name, bool ok, const std::string& why) {
+    return std::string(name) + ": " + (ok ? "available" : "unavailable") + ": " + why + "\n";
+  };
+  CudaAvailability cuda = probe_cuda();
+  std::string r = line("cuda", cuda.available, cuda.reason);
+  r += line("host", true, "the C++ reference backend runs everywhere");
+  auto sock = rdma::probe_socket();
+  r += line("transport.socket", sock.available, sock.reason);
+  auto ib = rdma::probe_ibverbs();
+  r += line("transport.ibverbs", ib.available, ib.reason);
+  auto efa = rdma::probe_efa();
+  r += line("transport.efa", efa.available, efa.reason);
+  return r;
+}
+
+}  // namespace fusedcomm

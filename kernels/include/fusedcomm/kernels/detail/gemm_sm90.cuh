@@ -1,0 +1,390 @@
+// The GEMM engine's kernel template (see ../gemm.h for the contract). Fused kernels include this
+// file and instantiate gemm_sm90_kernel with their own epilogue type; launch_gemm() uses
+// DefaultEpilogue.
+//
+// CTA = 3 warpgroups (384 threads), one CTA per SM:
+//   warpgroup 0: producer. setmaxnreg down to 40; thread 0 walks the CTA's tiles, waits on the
+//                readiness flags (hook 1), then issues TMA loads of 64-deep K slices of A
+//                (128×64) and B (BN×64, or 64×BN for kKN) into a kStages-deep ring.
+//   warpgroups 1, 2: consumers. setmaxnreg up to 232; each owns 64 rows of the 128×BN tile,
+//                runs 4 wgmma (k16) per slice with one wgmma group in flight, releases slices
+//                back to the producer, then hands its fragment to the epilogue.
+//
+// Shared memory (dynamic, base rounded up to 1024 B for the 128-byte swizzle):
+//   [A ring]  kStages × 128×64 bf16 (16 KiB each; rows of 128 B, TMA SWIZZLE_128B)
+//   [B ring]  kStages × BN×64 bf16; kNK: BN rows of 128 B (K-major, like A);
+//             kKN: BN/64 slabs of 64 K-rows × 128 B (64 N-elements), 8 KiB each (N-major)
+//   [full]    kStages × mbarrier: 1 arrival (producer, expect_tx = stage bytes) + TMA bytes
+//   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp)
+//   [status]  kStages × u32: 1 = the producer stopped (hook-1 failure) instead of loading
+//
+// Ordering: mbarrier arrive/complete_tx (release) → try_wait (acquire) orders the TMA writes
+// and the status word before the consumers' reads; wgmma_wait<1> before the empty arrival
+// guarantees the slice is no longer read by the tensor cores when the producer reuses it.
+#pragma once
+
+#include "fusedcomm/kernels/detail/sm90_primitives.cuh"
+#include "fusedcomm/kernels/detail/wgmma_ops.cuh"
+#include "fusedcomm/kernels/gemm.h"
+
+#include <cuda_bf16.h>
+
+namespace fusedcomm::kernels::detail {
+
+inline constexpr int kGemmThreads = 384;
+inline constexpr int kTileM = 128;
+inline constexpr int kTileK = 64;
+
+template <int BN>
+struct GemmTileConfig {
+  static_assert(BN == 128 || BN == 256, "tile widths with a wgmma wrapper");
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr uint32_t kABytes = kTileM * kTileK * 2;
+  static constexpr uint32_t kBBytes = BN * kTileK * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + kStages * 20;
+  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 opt-in shared memory");
+};
+
+// Problem and scheduling: a trivially copyable device handle, passed by value.
+struct GemmProblem {
+  int M, N, K;
+  int m_blocks, n_blocks, k_blocks;
+  int num_tiles;      // m_blocks * n_blocks
+  int group_m;        // raster group height in M-blocks (>= 1)
+  int m_block_start;  // rotation of the M-blocks, in [0, m_blocks)
+  int reserved;
+  GemmWaitConfig wait;
+};
+
+struct TileCoord {
+  int m, n;  // block indices
+};
+
+// Grouped raster: group g covers M-blocks [g*group_m, +group_m), swept column by column, so
+// the CTAs running at once share a few A panels and a few B panels in L2. Then rotate M.
+__device__ __forceinline__ TileCoord tile_coord(const GemmProblem& p, int t) {
+  const int per_group = p.group_m * p.n_blocks;
+  const int g = t / per_group;
+  const int first_m = g * p.group_m;
+  const int height = min(p.m_blocks - first_m, p.group_m);
+  const int r = t - g * per_group;
+  int m = first_m + r % height;
+  const int n = r / height;
+  m += p.m_block_start;
+  if (m >= p.m_blocks) m -= p.m_blocks;
+  return {m, n};
+}
+
+// ---- hook 1: bounded readiness wait ---------------------------------------------------------
+__device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint32_t code,
+                                                 uint32_t operand, uint32_t chunk, TileCoord tc,
+                                                 uint64_t observed, uint64_t elapsed) {
+  if (atomicCAS_system(&e->code, 0u, code) != 0u) return;  // someone else reported first
+  volatile GemmErrorRecord* v = e;
+  v->operand = operand;
+  v->chunk = chunk;
+  v->cta = blockIdx.x;
+  v->tile_m = static_cast<uint32_t>(tc.m);
+  v->tile_n = static_cast<uint32_t>(tc.n);
+  v->observed = observed;
+  v->elapsed_ns = elapsed;
+  __threadfence_system();
+}
+
+// Returns true once flag >= epoch; false if it timed out, was aborted, or another CTA failed.
+// Scalars by value: a reference into the kernel's parameter space would force a local copy.
+__device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epoch, uint64_t timeout,
+                                       const volatile uint32_t* abort_word,
+                                       GemmErrorRecord* error, uint32_t operand, uint32_t chunk,
+                                       TileCoord tc) {
+  uint64_t v = ld_acquire_sys(flag);
+  if (v >= epoch) return true;
+  const uint64_t t0 = globaltimer_ns();
+  uint32_t backoff = 32;
+  for (uint32_t polls = 1;; ++polls) {
+    __nanosleep(backoff);
+    backoff = backoff < 1024 ? backoff * 2 : 1024;
+    v = ld_acquire_sys(flag);
+    if (v >= epoch) return true;
+    if ((polls & 15) == 0) {
+      const uint64_t elapsed = globaltimer_ns() - t0;
+      uint32_t code = kGemmOk;
+      if (abort_word != nullptr && *abort_word != 0) {
+        code = kGemmAborted;
+      } else if (ld_volatile_u32(&error->code) != 0) {
+        return false;  // another CTA gave up: stop without overwriting its record
+      } else if (elapsed >= timeout) {
+        code = kGemmWaitTimeout;
+      }
+      if (code != kGemmOk) {
+        record_wait_failure(error, code, operand, chunk, tc, v, elapsed);
+        return false;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const GemmWaitConfig& w,
+                                             uint32_t operand, int row_begin, int row_end,
+                                             TileCoord tc) {
+  if (f.flags == nullptr) return true;
+  uint32_t c0 = static_cast<uint32_t>(row_begin) / f.chunk_rows;
+  uint32_t c1 = static_cast<uint32_t>(row_end - 1) / f.chunk_rows;
+  if (c0 >= f.num_chunks) c0 = f.num_chunks - 1;
+  if (c1 >= f.num_chunks) c1 = f.num_chunks - 1;
+  for (uint32_t c = c0; c <= c1; ++c) {
+    if (!wait_flag(f.flags + c, w.epoch, w.timeout_ns ? w.timeout_ns : kDefaultWaitTimeoutNs,
+                   w.abort_word, w.error, operand, c, tc)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---- hook 2: the default epilogue -----------------------------------------------------------
+// Epilogue concept (what gemm_sm90_kernel calls):
+//   template <int kFrag> void store(const float (&acc)[kFrag], int row0, int col0,
+//                                   const GemmProblem&) const;
+//     called by every consumer thread of a warpgroup whose rows intersect M; the thread owns
+//     rows row0 and row0 + 8, columns col0 + 8*j + {0, 1} for j < kFrag/4, with
+//     acc[4j + 0..1] at row0 and acc[4j + 2..3] at row0 + 8. Out-of-range rows/columns must be
+//     skipped by the epilogue (row < M, col < N; col + 1 < N follows from N % 8 == 0).
+//   bool wants_tile_done() const;  uniform over the launch
+//   void tile_done(TileCoord, const GemmProblem&) const;
+//     called by one thread after all 256 consumer threads have issued the tile's stores.
+struct DefaultEpilogue {
+  void* c;
+  int64_t ldc;
+  GemmOutType c_type;
+  uint32_t reserved;
+  GemmTileSink sink;
+
+  // Applies op(T* element, v0, v1) to the thread's in-range column pairs of rows row0 and
+  // row0 + 8 (pointers to column 0 of those rows in the destination).
+  template <class T, int kFrag, class Op>
+  __device__ __forceinline__ static void apply(const float (&acc)[kFrag], T* row_lo, T* row_hi,
+                                               int row0, int col0, const GemmProblem& p, Op op) {
+    const bool lo_ok = row0 < p.M;
+    const bool hi_ok = row0 + 8 < p.M;
+#pragma unroll
+    for (int j = 0; j < kFrag / 4; ++j) {
+      const int col = col0 + 8 * j;
+      if (col < p.N) {
+        if (lo_ok) op(row_lo + col, acc[4 * j + 0], acc[4 * j + 1]);
+        if (hi_ok) op(row_hi + col, acc[4 * j + 2], acc[4 * j + 3]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ static void put_bf16(__nv_bfloat16* d, float v0, float v1) {
+    *reinterpret_cast<__nv_bfloat162*>(d) = __floats2bfloat162_rn(v0, v1);
+  }
+  __device__ __forceinline__ static void put_f32(float* d, float v0, float v1) {
+    *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
+  }
+  __device__ __forceinline__ static void add_f32(float* d, float v0, float v1) {
+    atomicAdd(d, v0);
+    atomicAdd(d + 1, v1);
+  }
+  __device__ __forceinline__ static void add_bf16(__nv_bfloat16* d, float v0, float v1) {
+    atomicAdd(reinterpret_cast<__nv_bfloat162*>(d), __floats2bfloat162_rn(v0, v1));
+  }
+
+  // Destination row pointer (as bytes) of C row `row` in the sink.
+  __device__ __forceinline__ char* sink_row(int row, int elem_bytes) const {
+    const int rpd = static_cast<int>(sink.rows_per_dest);
+    const int d = rpd ? min(row / rpd, static_cast<int>(sink.num_dests) - 1) : 0;
+    const int64_t local = row - d * rpd;
+    return static_cast<char*>(sink.dest[d]) + local * sink.ld * elem_bytes;
+  }
+
+  template <int kFrag>
+  __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
+                                        const GemmProblem& p) const {
+    if (c != nullptr) {
+      if (c_type == GemmOutType::kBF16) {
+        auto* base = static_cast<__nv_bfloat16*>(c);
+        apply(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p, put_bf16);
+      } else {
+        auto* base = static_cast<float*>(c);
+        apply(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p, put_f32);
+      }
+    }
+    switch (sink.mode) {
+      case GemmSinkMode::kStoreBF16:
+        apply(acc, reinterpret_cast<__nv_bfloat16*>(sink_row(row0, 2)),
+              reinterpret_cast<__nv_bfloat16*>(sink_row(row0 + 8, 2)), row0, col0, p, put_bf16);
+        break;
+      case GemmSinkMode::kStoreF32:
+        apply(acc, reinterpret_cast<float*>(sink_row(row0, 4)),
+              reinterpret_cast<float*>(sink_row(row0 + 8, 4)), row0, col0, p, put_f32);
+        break;
+      case GemmSinkMode::kAtomicAddF32:
+        apply(acc, reinterpret_cast<float*>(sink_row(row0, 4)),
+              reinterpret_cast<float*>(sink_row(row0 + 8, 4)), row0, col0, p, add_f32);
+        break;
+      case GemmSinkMode::kAtomicAddBF16:
+        apply(acc, reinterpret_cast<__nv_bfloat16*>(sink_row(row0, 2)),
+              reinterpret_cast<__nv_bfloat16*>(sink_row(row0 + 8, 2)), row0, col0, p, add_bf16);
+        break;
+      default:
+        break;
+    }
+  }
+
+  __device__ __forceinline__ bool wants_tile_done() const { return sink.tile_flags != nullptr; }
+
+  __device__ __forceinline__ void tile_done(TileCoord tc, const GemmProblem& p) const {
+    // Release at system scope; cumulative over the tile's stores ordered before it by the
+    // consumers' named barrier (see gemm.h, hook 2).
+    st_release_sys(sink.tile_flags + static_cast<int64_t>(tc.m) * p.n_blocks + tc.n, sink.epoch);
+  }
+};
+
+// ---- the kernel -----------------------------------------------------------------------------
+template <int BN, bool kBKN, class Epilogue>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a,
+                     const __grid_constant__ CUtensorMap tm_b,
+                     const __grid_constant__ GemmProblem prob,
+                     const __grid_constant__ Epilogue epi) {
+  using Cfg = GemmTileConfig<BN>;
+  constexpr int kStages = Cfg::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* smem_a = smem;
+  uint8_t* smem_b = smem + kStages * Cfg::kABytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_b + kStages * Cfg::kBBytes);
+  uint64_t* empty = full + kStages;
+  volatile uint32_t* status = reinterpret_cast<volatile uint32_t*>(empty + kStages);
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);
+      status[s] = 0;
+    }
+    mbar_init_fence();
+  } else if (threadIdx.x == 32) {
+    tma_prefetch_desc(&tm_a);
+    tma_prefetch_desc(&tm_b);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<40>();
+    if (threadIdx.x != 0) return;
+    const bool waits = prob.wait.a.flags != nullptr || prob.wait.b.flags != nullptr;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < prob.num_tiles; t += gridDim.x) {
+      const TileCoord tc = tile_coord(prob, t);
+      if (waits) {
+        const bool ok =
+            wait_operand(prob.wait.a, prob.wait, 0, tc.m * kTileM,
+                         min(prob.M, (tc.m + 1) * kTileM), tc) &&
+            wait_operand(prob.wait.b, prob.wait, 1, tc.n * BN, min(prob.N, (tc.n + 1) * BN), tc);
+        if (!ok) {
+          // Tell the consumers to stop at this tile: a stage that carries no data.
+          mbar_wait(&empty[stage], phase ^ 1);
+          status[stage] = 1;
+          mbar_arrive(&full[stage]);
+          return;
+        }
+        fence_proxy_async_global();
+      }
+      for (int kb = 0; kb < prob.k_blocks; ++kb) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
+        tma_load_2d(smem_a + stage * Cfg::kABytes, &tm_a, &full[stage], kb * kTileK,
+                    tc.m * kTileM);
+        uint8_t* b_dst = smem_b + stage * Cfg::kBBytes;
+        if constexpr (!kBKN) {
+          tma_load_2d(b_dst, &tm_b, &full[stage], kb * kTileK, tc.n * BN);
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) {
+            tma_load_2d(b_dst + j * 8192, &tm_b, &full[stage], tc.n * BN + j * 64, kb * kTileK);
+          }
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<232>();
+    const int cw = wg - 1;  // which 64-row half of the tile
+    const int warp = (threadIdx.x / 32) % 4;
+    const int lane = threadIdx.x % 32;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+    const uint32_t a_base = smem_u32(smem_a) + cw * 64 * 128;
+    const uint32_t b_base = smem_u32(smem_b);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < prob.num_tiles; t += gridDim.x) {
+      const TileCoord tc = tile_coord(prob, t);
+      int prev = 0;
+      // The tile's first slice is waited for here, outside the MMA loop: no wgmma is in flight
+      // at this point, so the early exit costs the steady state nothing.
+      mbar_wait(&full[stage], phase);
+      if (status[stage] != 0) return;  // the producer stopped (hook 1)
+      for (int kb = 0; kb < prob.k_blocks; ++kb) {
+        if (kb > 0) mbar_wait(&full[stage], phase);
+        {
+          const uint64_t da = smem_desc_sw128(a_base + stage * Cfg::kABytes, 16, 1024);
+          uint64_t db;
+          if constexpr (!kBKN) {
+            db = smem_desc_sw128(b_base + stage * Cfg::kBBytes, 16, 1024);
+          } else {
+            db = smem_desc_sw128(b_base + stage * Cfg::kBBytes, 8192, 1024);
+          }
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kTileK / 16; ++kk) {
+            // K-major: +32 B per k16 inside the swizzled 128-B row; N-major: +16 rows of 128 B.
+            const uint64_t dbk = db + (kBKN ? (kk * 2048) >> 4 : (kk * 32) >> 4);
+            const uint64_t dak = da + ((kk * 32) >> 4);
+            if constexpr (BN == 256) {
+              wgmma_m64n256k16<kBKN ? 1 : 0>(acc, dak, dbk, (kb | kk) != 0);
+            } else {
+              wgmma_m64n128k16<kBKN ? 1 : 0>(acc, dak, dbk, (kb | kk) != 0);
+            }
+          }
+          wgmma_commit();
+          wgmma_wait<1>();
+        }
+        if (kb > 0 && lane == 0) mbar_arrive(&empty[prev]);
+        prev = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      wgmma_wait<0>();
+      reg_fence(acc);
+      if (lane == 0) mbar_arrive(&empty[prev]);
+
+      if (tc.m * kTileM + cw * 64 < prob.M) {
+        const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
+        const int col0 = tc.n * BN + 2 * (lane % 4);
+        epi.store(acc, row0, col0, prob);
+      }
+      if (epi.wants_tile_done()) {
+        named_barrier_sync(1, 256);
+        if (threadIdx.x == 128) epi.tile_done(tc, prob);
+      }
+    }
+  }
+}
+
+}  // namespace fusedcomm::kernels::detail

@@ -1,0 +1,170 @@
+// Persistent, warp-specialised bf16 GEMM for Hopper (sm_90a): the GEMM engine of the fused
+// kernels, and a plain op on its own.
+//
+//   C = A · Wᵀ   (b_layout = kNK)   A: M×K row-major, W: N×K row-major (a linear layer's weight)
+//   C = A · B    (b_layout = kKN)   A: M×K row-major, B: K×N row-major
+//
+// bf16 operands, fp32 accumulation, C in bf16 (default) or fp32, row-major.
+//
+// Contract
+// - Shapes: M >= 1 (any value, M = 1 included), N >= 8 and K >= 8, both multiples of 8.
+//   Tails are handled: tiles that overhang M, N or K are loaded with zero fill by the tensor
+//   memory accelerator (TMA) and stores are guarded, so nothing outside M×N is written.
+// - Layouts and alignment: every pointer 16-byte aligned; leading dimensions in elements,
+//   multiples of 8 (TMA needs 16-byte row strides): lda >= K, ldb >= K (kNK) or ldb >= N (kKN),
+//   ldc >= N. M, N, K, lda, ldb, ldc < 2^31. Operands must not alias C.
+// - Engine: a grid of `num_ctas` persistent CTAs (default: one per SM) walks 128×BN output
+//   tiles (BN = 256 or 128, chosen from the shape unless forced) in a grouped order: groups of
+//   `group_m` M-blocks, each group swept along N, so concurrently running CTAs share A and B
+//   panels in L2. One producer warp per CTA loads 64-deep K slices of A and B with TMA into a
+//   multi-stage shared-memory ring guarded by mbarriers; two consumer warpgroups run wgmma and
+//   store their 64×BN halves of the tile straight from registers.
+// - The launch is asynchronous on `stream`; the return value reports argument errors
+//   (cudaErrorInvalidValue) and launch errors only. Hook failures are reported in the error
+//   record (below), which the caller reads after synchronising the stream.
+//
+// Hooks for the fused kernels (all off when left zero):
+// 1. Readiness waits (GemmWaitConfig). Before the producer loads the first K slice of a tile it
+//    waits until every readiness flag covering the tile's rows of A (M) and of B (N) holds a
+//    value >= `epoch`. Flags are uint64 in global memory (device, peer or host-mapped), read
+//    with ld.acquire.sys, so the data that the writer published before its release store of
+//    the flag (st.release.sys / red.release.sys, or a fence.sc.sys / __threadfence_system()
+//    then a plain store) is visible to the loads that follow; a fence.proxy.async.global
+//    orders the acquire before the TMA reads (async proxy). Flags are never reset by this
+//    kernel: a fresh, larger epoch per launch makes back-to-back launches and graph replay
+//    correct. Every wait is bounded: spin with exponential backoff (32 ns .. 1 µs); every 16
+//    polls re-read `abort_word` (if set) and the error record; give up after `timeout_ns`
+//    of %globaltimer (0: kDefaultWaitTimeoutNs). The first CTA to give up records the code
+//    and the location (operand, chunk, tile, CTA, observed value) in `*error` and stops;
+//    other CTAs that are waiting see the record and stop too (without overwriting it). A CTA
+//    that stops finishes no further tiles; C is then incomplete. No hang, no trap.
+// 2. Tile sink (GemmTileSink). When a consumer finishes a tile it stores it to C (if C is
+//    non-null) and/or hands it to the sink: stores (bf16/fp32) or atomic adds (fp32/bf16x2)
+//    into up to kGemmMaxSinkDests destination buffers, rows routed by row / rows_per_dest
+//    (e.g. one peer buffer per rank for a reduce-scatter). If `tile_flags` is set, after all
+//    256 consumer threads of the CTA have issued the tile's stores (named barrier) one thread
+//    writes `epoch` to tile_flags[m_block * n_blocks + n_block] with st.release.sys: by
+//    cumulativity of the release, every store or atomic of the tile (ordered before it by the
+//    barrier) is visible to whoever reads the flag with an acquire at system scope.
+//    Use gemm_tile_grid() to size the flag array and to map rows to tiles.
+// 3. Grid size: `num_ctas` CTAs compute (0: all SMs; never more than there are tiles); the
+//    other SMs stay free for communication kernels running beside this one.
+// 4. Tile order: `m_block_start` rotates the M-blocks so the sweep starts at that block
+//    (e.g. the rank's own shard of A in an all-gather GEMM) and wraps around.
+//
+// Custom epilogues for fused kernels live in detail/gemm_sm90.cuh (template parameter).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fusedcomm::kernels {
+
+enum class GemmLayoutB : uint32_t {
+  kNK = 0,  // B is N×K row-major: C = A · Bᵀ (both operands K-major)
+  kKN = 1,  // B is K×N row-major: C = A · B (B is N-major)
+};
+
+enum class GemmOutType : uint32_t { kBF16 = 0, kF32 = 1 };
+
+inline constexpr uint64_t kDefaultWaitTimeoutNs = 10ull * 1000 * 1000 * 1000;  // 10 s
+inline constexpr int kGemmMaxSinkDests = 8;
+
+// Codes of GemmErrorRecord::code.
+enum GemmErrorCode : uint32_t {
+  kGemmOk = 0,
+  kGemmWaitTimeout = 1,  // a readiness flag stayed below epoch for timeout_ns
+  kGemmAborted = 2,      // abort_word became non-zero while waiting
+};
+
+// Host-visible error record (device memory or host-mapped pinned memory). The caller zeroes it
+// before the launch; the first CTA that gives up fills it. Read it after stream sync.
+struct alignas(16) GemmErrorRecord {
+  uint32_t code;        // GemmErrorCode; written last-claimed first (atomicCAS from 0)
+  uint32_t operand;     // 0 = A (flag covers M rows), 1 = B (flag covers N rows)
+  uint32_t chunk;       // index of the flag that was waited on
+  uint32_t cta;         // blockIdx.x of the CTA that gave up
+  uint32_t tile_m;      // M-block of the tile it was about to load
+  uint32_t tile_n;      // N-block of that tile
+  uint64_t observed;    // last value read from the flag
+  uint64_t elapsed_ns;  // %globaltimer time spent waiting
+};
+static_assert(sizeof(GemmErrorRecord) == 40 + 8, "GemmErrorRecord layout is shared with hosts");
+
+// Per-chunk readiness flags for one operand. flags[c] covers rows [c*chunk_rows,
+// (c+1)*chunk_rows) of A (M rows) or of B's N dimension (N rows of W / N columns of B).
+struct GemmReadyFlags {
+  const uint64_t* flags;  // null: this operand is always ready
+  uint32_t chunk_rows;    // > 0 when flags is set
+  uint32_t num_chunks;    // entries in flags; rows past the last chunk use the last flag
+};
+static_assert(sizeof(GemmReadyFlags) == 16, "device-handle layout");
+
+// Hook 1: readiness waits. Trivially copyable; passed by value to the kernel.
+struct GemmWaitConfig {
+  GemmReadyFlags a;                     // flags over A's rows
+  GemmReadyFlags b;                     // flags over B's N rows
+  uint64_t epoch;                       // ready when flag >= epoch
+  uint64_t timeout_ns;                  // 0: kDefaultWaitTimeoutNs
+  const volatile uint32_t* abort_word;  // optional (host-mapped): non-zero stops the waits
+  GemmErrorRecord* error;               // required when a.flags or b.flags is set
+};
+static_assert(sizeof(GemmWaitConfig) == 64, "device-handle layout");
+
+enum class GemmSinkMode : uint32_t {
+  kNone = 0,
+  kStoreBF16 = 1,      // dest[r][c] = bf16(acc)
+  kStoreF32 = 2,       // dest[r][c] = acc
+  kAtomicAddF32 = 3,   // dest[r][c] += acc (fp32 red)
+  kAtomicAddBF16 = 4,  // dest[r][c] += bf16(acc) (bf16x2 red; pairs of columns)
+};
+
+// Hook 2: where finished tiles go besides (or instead of) C. Trivially copyable.
+// Row r of C goes to dest[r / rows_per_dest] at row r % rows_per_dest (rows_per_dest = 0:
+// all rows to dest[0] at row r), column c at column c; ld is the destinations' row stride in
+// elements (a multiple of 8). Destinations may be peer memory (CUDA IPC / P2P).
+struct GemmTileSink {
+  GemmSinkMode mode;
+  uint32_t num_dests;                 // 1..kGemmMaxSinkDests when mode != kNone
+  uint32_t rows_per_dest;
+  uint32_t reserved;
+  int64_t ld;
+  void* dest[kGemmMaxSinkDests];
+  uint64_t* tile_flags;  // optional: one per tile (gemm_tile_grid), set to epoch (release.sys)
+  uint64_t epoch;
+};
+static_assert(sizeof(GemmTileSink) == 24 + 8 * kGemmMaxSinkDests + 16, "device-handle layout");
+
+struct GemmArgs {
+  const __nv_bfloat16* A = nullptr;  // M×K, row stride lda
+  const __nv_bfloat16* B = nullptr;  // N×K (kNK) or K×N (kKN), row stride ldb
+  void* C = nullptr;                 // M×N, row stride ldc; may be null if the sink is set
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int M = 0, N = 0, K = 0;
+  GemmLayoutB b_layout = GemmLayoutB::kNK;
+  GemmOutType c_type = GemmOutType::kBF16;
+  // Scheduling (hooks 3 and 4).
+  int num_ctas = 0;       // CTAs that compute; 0: one per SM
+  int tile_n = 0;         // 0: chosen from the shape; or 128 / 256
+  int group_m = 0;        // M-blocks per raster group; 0: 8
+  int m_block_start = 0;  // first M-block of the sweep (taken modulo the M-block count)
+  GemmWaitConfig wait{};  // hook 1
+  GemmTileSink sink{};    // hook 2
+};
+
+// Tile grid for a shape under the tile width a launch will use (tile_n as in GemmArgs).
+struct GemmTileGrid {
+  int tile_m;    // 128
+  int tile_n;    // 128 or 256
+  int m_blocks;  // ceil(M / tile_m)
+  int n_blocks;  // ceil(N / tile_n)
+};
+GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas);
+
+// Enqueues C = A·Bᵀ or A·B on `stream` (see the contract above).
+cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);
+
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,177 @@
+// launch_gemm: argument checks, tile-width choice, TMA tensor maps, and the four instantiations
+// of the engine (BN 128/256 × B layout NK/KN) with the default epilogue.
+#include "fusedcomm/kernels/detail/gemm_sm90.cuh"
+#include "fusedcomm/kernels/gemm.h"
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <atomic>
+
+namespace fusedcomm::kernels {
+namespace {
+
+using detail::GemmProblem;
+using detail::GemmTileConfig;
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: no link against libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A row-major bf16 matrix of `rows` × `cols` (row stride ld elements) read in boxes of
+// box_rows × box_cols, 128-byte swizzled (box_cols * 2 == 128).
+bool encode_2d(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, int64_t ld,
+               uint32_t box_rows, uint32_t box_cols) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
+  return n;
+}
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Fewest "waves × tile area"; 128-wide tiles run ~10% slower per FLOP (more L2 traffic per
+// FLOP, wgmma n128 vs n256), so they win only when they fill the grid noticeably better.
+int choose_tile_n(int M, int N, int ctas) {
+  const int mb = ceil_div(M, detail::kTileM);
+  double best = 0;
+  int best_bn = 256;
+  for (int bn : {256, 128}) {
+    const int tiles = mb * ceil_div(N, bn);
+    const int waves = ceil_div(tiles, std::max(1, std::min(ctas, tiles)));
+    const double cost = waves * bn * (bn == 128 ? 1.1 : 1.0);
+    if (bn == 256 || cost < best) {
+      best = cost;
+      best_bn = bn;
+    }
+  }
+  return best_bn;
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_instance(const CUtensorMap& ta, const CUtensorMap& tb, const GemmProblem& prob,
+                            const detail::DefaultEpilogue& epi, int grid, cudaStream_t stream) {
+  auto kernel = detail::gemm_sm90_kernel<BN, kBKN, detail::DefaultEpilogue>;
+  constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
+  // The shared-memory opt-in is per device: remember which devices have it (up to 64).
+  static std::atomic<uint64_t> opted_in{0};
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = 1ull << (dev & 63);
+  if ((opted_in.load(std::memory_order_relaxed) & bit) == 0) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+        e != cudaSuccess) {
+      return e;
+    }
+    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  }
+  kernel<<<grid, detail::kGemmThreads, smem, stream>>>(ta, tb, prob, epi);
+  return cudaGetLastError();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+bool valid_flags(const GemmReadyFlags& f) {
+  return f.flags == nullptr || (f.chunk_rows > 0 && f.num_chunks > 0);
+}
+
+}  // namespace
+
+GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas) {
+  const int ctas = num_ctas > 0 ? num_ctas : sm_count();
+  const int bn = (tile_n == 128 || tile_n == 256) ? tile_n : choose_tile_n(M, N, ctas);
+  return {detail::kTileM, bn, ceil_div(M, detail::kTileM), ceil_div(N, bn)};
+}
+
+cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
+  // ---- contract checks (gemm.h) ----
+  if (a.M < 1 || a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
+  if (a.A == nullptr || a.B == nullptr) return cudaErrorInvalidValue;
+  if (a.C == nullptr && a.sink.mode == GemmSinkMode::kNone) return cudaErrorInvalidValue;
+  const bool kn = a.b_layout == GemmLayoutB::kKN;
+  if (a.lda < a.K || a.ldb < (kn ? a.N : a.K) || (a.C != nullptr && a.ldc < a.N)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.lda % 8 || a.ldb % 8 || (a.C != nullptr && a.ldc % 8)) return cudaErrorInvalidValue;
+  if (!aligned16(a.A) || !aligned16(a.B) || !aligned16(a.C)) return cudaErrorInvalidValue;
+  if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256) return cudaErrorInvalidValue;
+  const GemmWaitConfig& w = a.wait;
+  if (!valid_flags(w.a) || !valid_flags(w.b)) return cudaErrorInvalidValue;
+  if ((w.a.flags != nullptr || w.b.flags != nullptr) && w.error == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const GemmTileSink& s = a.sink;
+  if (s.mode != GemmSinkMode::kNone) {
+    if (s.num_dests < 1 || s.num_dests > kGemmMaxSinkDests || s.ld < a.N || s.ld % 8) {
+      return cudaErrorInvalidValue;
+    }
+    for (uint32_t d = 0; d < s.num_dests; ++d) {
+      if (s.dest[d] == nullptr || !aligned16(s.dest[d])) return cudaErrorInvalidValue;
+    }
+  }
+
+  // ---- schedule ----
+  const int ctas = a.num_ctas > 0 ? a.num_ctas : sm_count();
+  const GemmTileGrid g = gemm_tile_grid(a.M, a.N, a.tile_n, ctas);
+  GemmProblem prob{};
+  prob.M = a.M;
+  prob.N = a.N;
+  prob.K = a.K;
+  prob.m_blocks = g.m_blocks;
+  prob.n_blocks = g.n_blocks;
+  prob.k_blocks = ceil_div(a.K, detail::kTileK);
+  prob.num_tiles = g.m_blocks * g.n_blocks;
+  prob.group_m = std::max(1, a.group_m > 0 ? a.group_m : 8);
+  prob.m_block_start = ((a.m_block_start % g.m_blocks) + g.m_blocks) % g.m_blocks;
+  prob.wait = a.wait;
+  const int grid = std::min(ctas, prob.num_tiles);
+
+  // ---- tensor maps ----
+  CUtensorMap ta, tb;
+  if (!encode_2d(&ta, a.A, a.M, a.K, a.lda, detail::kTileM, detail::kTileK)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool ok_b = kn ? encode_2d(&tb, a.B, a.K, a.N, a.ldb, detail::kTileK, 64)
+                       : encode_2d(&tb, a.B, a.N, a.K, a.ldb, g.tile_n, detail::kTileK);
+  if (!ok_b) return cudaErrorInvalidValue;
+
+  detail::DefaultEpilogue epi{};
+  epi.c = a.C;
+  epi.ldc = a.ldc;
+  epi.c_type = a.c_type;
+  epi.sink = a.sink;
+
+  if (g.tile_n == 256) {
+    return kn ? launch_instance<256, true>(ta, tb, prob, epi, grid, stream)
+              : launch_instance<256, false>(ta, tb, prob, epi, grid, stream);
+  }
+  return kn ? launch_instance<128, true>(ta, tb, prob, epi, grid, stream)
+            : launch_instance<128, false>(ta, tb, prob, epi, grid, stream);
+}
+
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,122 @@
+// The proxy: a ring of write commands in host memory and a thread that drains it into a
+// PeerGroup. Producers are host threads (the host backend) or GPU kernels (the cuda backend
+// maps the same ring into device address space), so the ring is plain memory with a fixed
+// layout and no pointers.
+//
+// Ring layout (one allocation of ProxyRing::bytes_for(capacity) bytes, 128-byte aligned):
+//   [0, 128)                  RingHeader
+//   [128, 128 + 128*capacity) ProxyCommand slots, capacity a power of two; slot s lives at
+//                             index s & (capacity - 1)
+//
+// Protocol (multi-producer, single consumer):
+//   producer: slot = atomicAdd(header.reserved, 1); wait (bounded) until
+//             slot - header.consumed < capacity; fill command fields; store command.seq =
+//             slot + 1 with release (system scope when the producer is a GPU).
+//             A producer that gives up after its atomicAdd leaves a hole the consumer would
+//             wait on forever, so it must set header.abort. The host producer (post) avoids
+//             that: it reserves with a compare-and-swap only once slot - consumed < capacity,
+//             so its timeout leaves nothing behind.
+//   consumer: for slot = header.consumed: wait until cmd.seq == slot + 1 (acquire); copy the
+//             command out; store header.consumed = slot + 1 (release: the slot may be reused);
+//             hand the write to the transport; store header.completed = slot + 1 (release:
+//             the payload's source bytes may be reused).
+//   abort:    nonzero header.abort stops the consumer and fails producers' waits. The host sets
+//             it on Proxy::stop(abort) and the proxy sets it when a transport error stops it,
+//             so that producers waiting for space give up at once.
+// seq is never reset, so a stale command from an earlier lap is never mistaken for a new one.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "fusedcomm/rdma/transport.h"
+
+namespace fusedcomm::rdma {
+
+enum class ProxyOp : uint32_t {
+  kWrite = 1,  // WriteOp fields
+};
+
+struct alignas(64) RingHeader {
+  uint64_t reserved;   // producers' next slot (atomic fetch-add)
+  uint64_t pad0[7];
+  uint64_t consumed;   // consumer: slots below this are free again
+  uint64_t completed;  // consumer: commands below this were handed to the transport
+  uint64_t abort;      // nonzero: producers and consumer stop (set by the host on abort)
+  uint64_t pad1[5];
+};
+static_assert(sizeof(RingHeader) == 128);
+
+struct alignas(128) ProxyCommand {
+  uint64_t seq;            // slot + 1 once the command is complete (release-published last)
+  uint32_t op;             // ProxyOp
+  int32_t peer;            // destination rank
+  uint64_t src_key;        // local region and offset of the payload
+  uint64_t src_offset;
+  uint64_t dst_key;        // peer region and offset
+  uint64_t dst_offset;
+  uint64_t bytes;
+  uint64_t signal_key;     // 0: no signal
+  uint64_t signal_offset;
+  uint64_t signal_value;
+  uint64_t reserved[6];
+};
+static_assert(sizeof(ProxyCommand) == 128);
+
+class ProxyRing {
+ public:
+  // bytes needed for `capacity` slots (capacity: power of two)
+  static size_t bytes_for(uint32_t capacity);
+  // Lays a ring over caller-owned, zeroed memory of bytes_for(capacity) bytes.
+  ProxyRing(void* memory, uint32_t capacity);
+  RingHeader* header() const { return header_; }
+  ProxyCommand* slots() const { return slots_; }
+  uint32_t capacity() const { return capacity_; }
+  // Host-side producer. Blocks (bounded by `timeout`) while the ring is full; throws
+  // TransportError if the ring was aborted. Returns the command's sequence number (slot + 1).
+  uint64_t post(const WriteOp& op, std::chrono::milliseconds timeout);
+
+ private:
+  RingHeader* header_;
+  ProxyCommand* slots_;
+  uint32_t capacity_;
+};
+
+// Drains one ring into one PeerGroup on its own thread. A transport error stops the proxy and
+// is kept: error() returns it (the runtime rethrows it on the op's thread).
+class Proxy {
+ public:
+  Proxy(ProxyRing ring, Transport& transport, PeerGroup& group);
+  ~Proxy();  // stops the thread
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+  ProxyRing& ring() { return ring_; }
+  // Empty while healthy; otherwise the first failure's message. `failed_peer()` names the
+  // peer: -2 while healthy, -1 for a failure no single peer caused (a malformed command, an
+  // undrained stop), else the rank.
+  std::string error() const;
+  int failed_peer() const;
+  // Stops the thread after the ring is drained (bounded) or at once (abort). A drain that runs
+  // past `timeout` stops anyway and records an error. Idempotent.
+  void stop(bool drain, std::chrono::milliseconds timeout);
+
+ private:
+  void run();
+  void fail(int peer, const std::string& msg);
+  ProxyRing ring_;
+  Transport& transport_;
+  PeerGroup& group_;
+  std::atomic<bool> stop_{false};
+  mutable std::atomic<int> failed_peer_{-2};
+  mutable std::mutex error_mu_;  // guards error_
+  std::string error_;
+  std::thread thread_;
+};
+
+}  // namespace fusedcomm::rdma

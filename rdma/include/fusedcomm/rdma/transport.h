@@ -1,0 +1,128 @@
+// The inter-process transport interface, version 1.
+//
+// Model (chosen so that RDMA NICs implement it directly; ibverbs RC and EFA SRD backends come
+// later, the socket backend exists now):
+//   - A Transport lives as long as its executor. It owns a listener and a registry of local
+//     memory regions. A region is named to peers by its 64-bit key (socket: a registry id;
+//     ibverbs: rkey and address packed by the backend).
+//   - A PeerGroup is the set of connections of one communicator: `world` ranks, all-to-all.
+//     It is built from every rank's listening address (exchanged through Spark's barrier
+//     allGather), the job token and a communicator id, which authenticate the handshake.
+//   - The only data operation is a one-sided write into a peer's registered region, optionally
+//     followed by a signal: a 64-bit word in a peer region that only grows (the receiver
+//     stores max(old, value)) and becomes visible with release ordering after the data. The
+//     receiver learns arrival by reading the word with acquire ordering (flag >= expected).
+//   - Writes between one pair of ranks are delivered in order. Nothing is acknowledged:
+//     protocols build credits out of signals in the other direction.
+//   - A peer that dies or closes its connection is reported, naming it, by status()/check()
+//     and by any later write() to it; nothing in the transport blocks without a bound.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/rdma/errors.h"
+
+namespace fusedcomm::rdma {
+
+inline constexpr uint32_t kTransportApiVersion = 1;
+
+// A registered local region. `key` is what peers put in WriteOp::dst_key.
+struct Region {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  uint64_t key = 0;
+};
+
+// One one-sided write. Offsets are in bytes from the start of the named region; both ranges
+// must lie inside their regions (the receiver checks and fails the connection otherwise).
+struct WriteOp {
+  int peer = -1;              // destination rank in the group
+  uint64_t src_key = 0;       // local region holding the payload
+  uint64_t src_offset = 0;
+  uint64_t dst_key = 0;       // peer's region receiving the payload
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;         // may be 0: a signal alone
+  uint64_t signal_key = 0;    // 0: no signal; else the peer region holding the 64-bit word
+  uint64_t signal_offset = 0; // 8-byte aligned
+  uint64_t signal_value = 0;  // receiver stores max(old, value), after the payload is visible
+};
+
+struct GroupSpec {
+  uint64_t job_token = 0;     // the application's random token (driver plugin)
+  uint64_t comm_id = 0;       // distinguishes communicators of one job
+  int rank = 0;
+  int world = 1;
+  std::vector<std::string> addresses;  // every rank's Transport::address(), by rank
+  std::chrono::milliseconds connect_timeout{30000};
+};
+
+enum class PeerState { kConnected, kClosed, kFailed };
+
+// The connections of one communicator. Thread-safety: write() is called by one thread at a
+// time (the proxy); status()/check()/abort() may be called from any thread.
+class PeerGroup {
+ public:
+  virtual ~PeerGroup() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // Posts the write. May block while the connection's send buffer is full, but never past the
+  // point where the peer is known dead; throws TransportError naming the peer then.
+  virtual void write(const WriteOp& op) = 0;
+  virtual PeerState status(int peer) const = 0;
+  // Throws TransportError naming the first failed peer ("peer rank 2 at host:port closed the
+  // connection"), if any.
+  virtual void check() const = 0;
+  // Drains what was posted and closes the connections politely. Bounded by `timeout`.
+  virtual void close(std::chrono::milliseconds timeout) = 0;
+  // Stops now: shuts the sockets / queue pairs down without waiting for anything.
+  virtual void abort() = 0;
+};
+
+// Counters for leak checks and the availability report.
+struct TransportStats {
+  uint64_t open_connections = 0;
+  uint64_t registered_regions = 0;
+  uint64_t registered_bytes = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual uint32_t api_version() const { return kTransportApiVersion; }
+  virtual const char* name() const = 0;
+  // The address peers connect to ("host:port" for sockets), for the bootstrap blob.
+  virtual std::string address() const = 0;
+  virtual Region register_memory(void* base, uint64_t bytes) = 0;
+  virtual void deregister_memory(const Region& region) = 0;
+  // Builds the all-to-all connections of one group. Every rank calls it with the same spec
+  // (but its own rank); returns once all world-1 connections are up and authenticated, or
+  // throws ConnectTimeout / TransportError naming the missing peer.
+  virtual std::unique_ptr<PeerGroup> connect(const GroupSpec& spec) = 0;
+  virtual TransportStats stats() const = 0;
+};
+
+struct SocketOptions {
+  std::string bind_host;       // empty: the host's primary address
+  uint16_t port = 0;           // 0: ephemeral
+  std::string advertise_host;  // empty: bind_host, or the resolved host name
+};
+
+// The socket backend: TCP, one connection per peer pair, a receiver thread per transport.
+std::unique_ptr<Transport> make_socket_transport(const SocketOptions& options);
+
+// Whether a backend can run on this host, and if not, a sentence saying why.
+struct Availability {
+  bool available = false;
+  std::string reason;
+};
+Availability probe_socket();
+Availability probe_ibverbs();  // dlopen("libibverbs.so.1") and at least one device
+Availability probe_efa();      // dlopen("libefa.so.1") and an EFA device
+
+}  // namespace fusedcomm::rdma

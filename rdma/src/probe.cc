@@ -1,0 +1,148 @@
+// Backend availability probes. libibverbs and libefa are opened with dlopen at run time and
+// never linked, so the library loads on hosts without rdma-core and says why a backend is
+// unavailable.
+#include <dlfcn.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/rdma/transport.h"
+
+#if __has_include(<infiniband/verbs.h>)
+#include <infiniband/verbs.h>
+#else
+struct ibv_device;  // opaque: we only pass pointers back to the library
+#endif
+
+namespace fusedcomm::rdma {
+namespace {
+
+// The few libibverbs entry points the probes need, resolved with dlsym.
+struct VerbsTable {
+  void* handle = nullptr;
+  ibv_device** (*get_device_list)(int* num_devices) = nullptr;
+  void (*free_device_list)(ibv_device** list) = nullptr;
+  const char* (*get_device_name)(ibv_device* device) = nullptr;
+
+  ~VerbsTable() {
+    if (handle) dlclose(handle);
+  }
+  // Empty on success, else why not.
+  std::string open() {
+    handle = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char* e = dlerror();
+      return std::string("libibverbs.so.1 not found (install rdma-core)") + (e ? ": " + std::string(e) : "");
+    }
+    get_device_list = reinterpret_cast<decltype(get_device_list)>(dlsym(handle, "ibv_get_device_list"));
+    free_device_list = reinterpret_cast<decltype(free_device_list)>(dlsym(handle, "ibv_free_device_list"));
+    get_device_name = reinterpret_cast<decltype(get_device_name)>(dlsym(handle, "ibv_get_device_name"));
+    if (!get_device_list || !free_device_list || !get_device_name) {
+      return "libibverbs.so.1 loaded but lacks ibv_get_device_list/ibv_get_device_name (too old?)";
+    }
+    return {};
+  }
+  std::vector<std::string> device_names() {
+    std::vector<std::string> names;
+    int n = 0;
+    ibv_device** list = get_device_list(&n);
+    if (!list) return names;
+    for (int i = 0; i < n; ++i) {
+      const char* name = get_device_name(list[i]);
+      names.emplace_back(name ? name : "?");
+    }
+    free_device_list(list);
+    return names;
+  }
+};
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// The kernel driver behind an RDMA device, from sysfs ("mlx5_core", "efa", ...).
+std::string driver_of(const std::string& device) {
+  std::string link = "/sys/class/infiniband/" + device + "/device/driver";
+  char buf[PATH_MAX];
+  ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
+  if (n <= 0) return {};
+  buf[n] = 0;
+  std::string target(buf);
+  size_t slash = target.rfind('/');
+  return slash == std::string::npos ? target : target.substr(slash + 1);
+}
+
+}  // namespace
+
+Availability probe_socket() {
+  Availability a;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    a.reason = "cannot create a TCP socket";
+    return a;
+  }
+  ::close(fd);
+  a.available = true;
+  a.reason = "TCP sockets";
+  return a;
+}
+
+// The ibverbs and efa backends are not built yet: when the host has the hardware the probe says
+// so, but reports the backend unavailable (the socket backend is used instead).
+Availability probe_ibverbs() {
+  Availability a;
+  VerbsTable verbs;
+  std::string err = verbs.open();
+  if (!err.empty()) {
+    a.reason = err;
+    return a;
+  }
+  std::vector<std::string> devices;
+  for (const auto& d : verbs.device_names()) {
+    if (driver_of(d) != "efa") devices.push_back(d);
+  }
+  if (devices.empty()) {
+    a.reason = "libibverbs loaded but no RDMA device is present";
+    return a;
+  }
+  a.reason = "RDMA device(s) " + join(devices) +
+             " present, but this build has no ibverbs backend yet (socket backend only)";
+  return a;
+}
+
+Availability probe_efa() {
+  Availability a;
+  void* efa = dlopen("libefa.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!efa) {
+    const char* e = dlerror();
+    a.reason = std::string("libefa.so.1 not found (install rdma-core with the EFA provider)") +
+               (e ? ": " + std::string(e) : "");
+    return a;
+  }
+  dlclose(efa);
+  VerbsTable verbs;
+  std::string err = verbs.open();
+  if (!err.empty()) {
+    a.reason = "libefa.so.1 loaded, but " + err;
+    return a;
+  }
+  std::vector<std::string> devices;
+  for (const auto& d : verbs.device_names()) {
+    if (driver_of(d) == "efa") devices.push_back(d);
+  }
+  if (devices.empty()) {
+    a.reason = "libefa loaded but no EFA device is present";
+    return a;
+  }
+  a.reason = "EFA device(s) " + join(devices) +
+             " present, but this build has no efa backend yet (socket backend only)";
+  return a;
+}
+
+}  // namespace fusedcomm::rdma

@@ -1,0 +1,198 @@
+// ProxyRing (host-side producer) and Proxy (the consumer thread). The protocol, and the
+// ordering argument for every word, is in proxy.h; this file keeps to it.
+#include "fusedcomm/rdma/proxy.h"
+
+#include <stdexcept>
+
+namespace fusedcomm::rdma {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic_ref<uint64_t> word(uint64_t& w) { return std::atomic_ref<uint64_t>(w); }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spin briefly, then yield, then sleep: a waiting proxy costs little CPU on a shared host but
+// picks up a burst of commands within microseconds.
+void backoff(uint32_t& idle) {
+  ++idle;
+  if (idle < 256) {
+    cpu_relax();
+  } else if (idle < 512) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(idle < 4096 ? 20 : 200));
+  }
+}
+
+}  // namespace
+
+size_t ProxyRing::bytes_for(uint32_t capacity) {
+  return sizeof(RingHeader) + sizeof(ProxyCommand) * static_cast<size_t>(capacity);
+}
+
+ProxyRing::ProxyRing(void* memory, uint32_t capacity)
+    : header_(static_cast<RingHeader*>(memory)),
+      slots_(reinterpret_cast<ProxyCommand*>(static_cast<char*>(memory) + sizeof(RingHeader))),
+      capacity_(capacity) {
+  if (!memory) throw std::invalid_argument("ProxyRing: null memory");
+  if (reinterpret_cast<uintptr_t>(memory) % alignof(ProxyCommand) != 0) {
+    throw std::invalid_argument("ProxyRing: memory must be 128-byte aligned");
+  }
+  if (capacity == 0 || (capacity & (capacity - 1)) != 0) {
+    throw std::invalid_argument("ProxyRing: capacity " + std::to_string(capacity) +
+                                " is not a power of two");
+  }
+}
+
+uint64_t ProxyRing::post(const WriteOp& op, std::chrono::milliseconds timeout) {
+  auto reserved = word(header_->reserved);
+  auto consumed = word(header_->consumed);
+  auto aborted = word(header_->abort);
+  const auto deadline = Clock::now() + timeout;
+  uint32_t idle = 0;
+  uint64_t slot;
+  while (true) {
+    if (aborted.load(std::memory_order_acquire)) {
+      throw TransportError(-1, "proxy ring was aborted; the write to rank " + std::to_string(op.peer) +
+                                   " was not posted");
+    }
+    // consumed is read first: it never passes reserved, so slot - cons cannot wrap.
+    const uint64_t cons = consumed.load(std::memory_order_acquire);
+    slot = reserved.load(std::memory_order_acquire);
+    if (slot - cons < capacity_) {
+      if (reserved.compare_exchange_strong(slot, slot + 1, std::memory_order_acq_rel,
+                                           std::memory_order_relaxed)) {
+        break;
+      }
+      continue;
+    }
+    if (Clock::now() >= deadline) {
+      throw TransportError(-1, "proxy ring stayed full for " + std::to_string(timeout.count()) +
+                                   " ms (" + std::to_string(capacity_) +
+                                   " commands outstanding; is the proxy running?)");
+    }
+    backoff(idle);
+  }
+  ProxyCommand& c = slots_[slot & (capacity_ - 1)];
+  c.op = static_cast<uint32_t>(ProxyOp::kWrite);
+  c.peer = op.peer;
+  c.src_key = op.src_key;
+  c.src_offset = op.src_offset;
+  c.dst_key = op.dst_key;
+  c.dst_offset = op.dst_offset;
+  c.bytes = op.bytes;
+  c.signal_key = op.signal_key;
+  c.signal_offset = op.signal_offset;
+  c.signal_value = op.signal_value;
+  // Publishes the fields above: the consumer's acquire load of seq sees them.
+  word(c.seq).store(slot + 1, std::memory_order_release);
+  return slot + 1;
+}
+
+Proxy::Proxy(ProxyRing ring, Transport& transport, PeerGroup& group)
+    : ring_(ring), transport_(transport), group_(group) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Proxy::~Proxy() { stop(false, std::chrono::milliseconds(0)); }
+
+std::string Proxy::error() const {
+  std::lock_guard<std::mutex> l(error_mu_);
+  return error_;
+}
+
+int Proxy::failed_peer() const { return failed_peer_.load(std::memory_order_acquire); }
+
+void Proxy::fail(int peer, const std::string& msg) {
+  {
+    std::lock_guard<std::mutex> l(error_mu_);
+    if (!error_.empty()) return;
+    error_ = msg;
+    failed_peer_.store(peer, std::memory_order_release);
+  }
+  // Producers waiting for space (and GPU waits that poll the abort word) give up now.
+  word(ring_.header()->abort).store(1, std::memory_order_release);
+}
+
+void Proxy::run() {
+  RingHeader* h = ring_.header();
+  const uint64_t mask = ring_.capacity() - 1;
+  uint64_t slot = word(h->consumed).load(std::memory_order_acquire);
+  uint32_t idle = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    if (word(h->abort).load(std::memory_order_acquire)) break;
+    ProxyCommand& c = ring_.slots()[slot & mask];
+    if (word(c.seq).load(std::memory_order_acquire) != slot + 1) {
+      backoff(idle);
+      continue;
+    }
+    idle = 0;
+    const uint32_t opcode = c.op;
+    WriteOp op;
+    op.peer = c.peer;
+    op.src_key = c.src_key;
+    op.src_offset = c.src_offset;
+    op.dst_key = c.dst_key;
+    op.dst_offset = c.dst_offset;
+    op.bytes = c.bytes;
+    op.signal_key = c.signal_key;
+    op.signal_offset = c.signal_offset;
+    op.signal_value = c.signal_value;
+    // The command is copied out: the slot may be refilled from here on.
+    word(h->consumed).store(slot + 1, std::memory_order_release);
+    const std::string where = " (proxy command " + std::to_string(slot + 1) + ")";
+    if (opcode != static_cast<uint32_t>(ProxyOp::kWrite)) {
+      fail(-1, "proxy: unknown op " + std::to_string(opcode) + where);
+      break;
+    }
+    try {
+      group_.write(op);
+    } catch (const TransportError& e) {
+      fail(e.peer(), e.what() + where);
+      break;
+    } catch (const std::exception& e) {
+      fail(-1, std::string("proxy: invalid write: ") + e.what() + where);
+      break;
+    }
+    // write() returned: the payload is in the transport's hands (socket: copied to the kernel).
+    word(h->completed).store(slot + 1, std::memory_order_release);
+    ++slot;
+  }
+}
+
+void Proxy::stop(bool drain, std::chrono::milliseconds timeout) {
+  if (!thread_.joinable()) return;
+  RingHeader* h = ring_.header();
+  if (drain) {
+    const auto deadline = Clock::now() + timeout;
+    uint32_t idle = 0;
+    while (true) {
+      const uint64_t done = word(h->completed).load(std::memory_order_acquire);
+      const uint64_t reserved = word(h->reserved).load(std::memory_order_acquire);
+      if (done >= reserved || failed_peer_.load() != -2 ||
+          word(h->abort).load(std::memory_order_acquire)) {
+        break;
+      }
+      if (Clock::now() >= deadline) {
+        fail(-1, "proxy: stop gave up draining after " + std::to_string(timeout.count()) + " ms with " +
+                     std::to_string(reserved - done) + " command(s) not handed to the transport");
+        break;
+      }
+      backoff(idle);
+    }
+  } else {
+    word(h->abort).store(1, std::memory_order_release);
+  }
+  stop_.store(true, std::memory_order_release);
+  thread_.join();
+}
+
+}  // namespace fusedcomm::rdma

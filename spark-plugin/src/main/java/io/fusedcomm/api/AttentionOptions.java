@@ -1,0 +1,50 @@
+package io.fusedcomm.api;
+
+/**
+ * Parameters of {@link Communicator#ringAttention}: the whole sequence length (each rank holds
+ * its {@link Split} block of it), causal masking by global position, and the softmax scale.
+ */
+public final class AttentionOptions {
+  private final long sequenceLength;
+  private boolean causal;
+  private float scale;
+
+  private AttentionOptions(long sequenceLength) {
+    if (sequenceLength < 1) {
+      throw new IllegalArgumentException("sequence length must be positive: " + sequenceLength);
+    }
+    this.sequenceLength = sequenceLength;
+  }
+
+  /** Options for a sequence of {@code sequenceLength} tokens over all ranks. */
+  public static AttentionOptions sequence(long sequenceLength) {
+    return new AttentionOptions(sequenceLength);
+  }
+
+  /** Query at global position i attends keys at positions ≤ i only. */
+  public AttentionOptions causal(boolean causal) {
+    this.causal = causal;
+    return this;
+  }
+
+  /** Softmax scale; 0 (the default) means {@code 1/sqrt(headDim)}. */
+  public AttentionOptions scale(float scale) {
+    if (!(scale >= 0) || Float.isInfinite(scale)) {
+      throw new IllegalArgumentException("scale must be finite and non-negative: " + scale);
+    }
+    this.scale = scale;
+    return this;
+  }
+
+  public long sequenceLength() {
+    return sequenceLength;
+  }
+
+  public boolean causal() {
+    return causal;
+  }
+
+  public float scale() {
+    return scale;
+  }
+}

@@ -1,0 +1,423 @@
+package io.fusedcomm.api;
+
+import io.fusedcomm.bootstrap.BootstrapCheck;
+import io.fusedcomm.bootstrap.Fingerprint;
+import io.fusedcomm.bootstrap.RankInfo;
+import io.fusedcomm.bootstrap.RankInfoCodec;
+import io.fusedcomm.runtime.ExecutorRuntime;
+import io.fusedcomm.runtime.LeakTracker;
+import io.fusedcomm.runtime.NativeApi;
+import io.fusedcomm.spark.BarrierContextExchange;
+import java.util.List;
+import org.apache.spark.BarrierTaskContext;
+
+/**
+ * A communicator among the tasks of one barrier stage: rank = the task's partition id, world =
+ * the number of tasks. It is built with exactly one {@code BarrierTaskContext.allGather} (see
+ * {@link #create(BarrierTaskContext, CommOptions)}) and runs the ops of DESIGN.md §4 on the
+ * executor runtime's backend.
+ *
+ * <p>Contract shared by every op: all ranks call the same ops in the same order with the same
+ * global parameters (op, dtype, global shapes); each op checks that across ranks and fails on
+ * every rank, naming the rank that differs. Arguments are validated before any data moves. Every
+ * wait is bounded by {@code spark.fusedcomm.timeout}; a rank that dies or leaves makes the others
+ * fail with the peer named. After an error the communicator is unusable; close it.
+ *
+ * <p>Teardown verbs: {@link #finish()} waits until every rank has finished its ops; {@link
+ * #close()} finishes and frees (always use try-with-resources); {@link #abort()} stops now from
+ * any thread, failing ops in flight.
+ *
+ * <p>Ops on one communicator are serialised: call them from one thread.
+ */
+public final class Communicator implements AutoCloseable {
+  private final ExecutorRuntime runtime;
+  private final int rank;
+  private final int world;
+  private final List<RankInfo> ranks;
+  private final long leakId;
+  private volatile long handle;
+  private final Object lock = new Object();
+
+  private Communicator(ExecutorRuntime runtime, long handle, int rank, int world, List<RankInfo> ranks) {
+    this.runtime = runtime;
+    this.handle = handle;
+    this.rank = rank;
+    this.world = world;
+    this.ranks = List.copyOf(ranks);
+    this.leakId = LeakTracker.opened("Communicator(rank " + rank + " of " + world + ")");
+  }
+
+  /** {@link #create(BarrierTaskContext, CommOptions)} with default options. */
+  public static Communicator create(BarrierTaskContext context) {
+    return create(context, CommOptions.defaults());
+  }
+
+  /**
+   * Builds the communicator of this barrier task on the executor's runtime (started by the
+   * plugin: {@code --conf spark.plugins=io.fusedcomm.FusedCommPlugin}). Calls {@code
+   * context.allGather} exactly once. A task that fails or is killed aborts its communicator, so
+   * the other ranks fail fast instead of waiting for the timeout.
+   */
+  public static Communicator create(BarrierTaskContext context, CommOptions options) {
+    ExecutorRuntime runtime =
+        ExecutorRuntime.current()
+            .orElseThrow(
+                () ->
+                    new IllegalStateException(
+                        "the fusedcomm plugin is not running on this executor: start the application"
+                            + " with --conf spark.plugins=io.fusedcomm.FusedCommPlugin and the fusedcomm"
+                            + " jar in --jars"));
+    BarrierContextExchange exchange = new BarrierContextExchange(context, options.name());
+    Communicator comm = bootstrap(runtime, exchange, options);
+    exchange.watch(comm);
+    return comm;
+  }
+
+  /**
+   * Builds a communicator over any launcher's {@link BootstrapExchange} (calls its allGather
+   * exactly once). Every rank checks every rank's bootstrap blob; an inconsistent world, job,
+   * plan or GPU assignment fails on all ranks with the same message.
+   */
+  public static Communicator bootstrap(
+      ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options) {
+    int world = exchange.world();
+    int rank = exchange.rank();
+    if (world < 1 || rank < 0 || rank >= world) {
+      throw new IllegalArgumentException("rank " + rank + " of world " + world + " is not valid");
+    }
+    runtime.pinGpu();
+    long handle = NativeApi.commCreate(runtime.handle(), world);
+    try {
+      Fingerprint plan = options.planFingerprint(world);
+      RankInfo mine =
+          new RankInfo(
+              RankInfoCodec.VERSION,
+              runtime.host(),
+              runtime.executorId(),
+              runtime.gpuAddress().orElse(""),
+              runtime.gpuUuid(),
+              runtime.backend(),
+              NativeApi.commEndpoint(handle),
+              runtime.jobToken(),
+              exchange.commNonce(),
+              world,
+              rank,
+              plan.value(),
+              plan.description(),
+              new byte[0]);
+      List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
+      BootstrapCheck.check(infos, world, rank);
+      String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
+      NativeApi.commConnect(handle, endpoints, rank, exchange.commNonce());
+      return new Communicator(runtime, handle, rank, world, infos);
+    } catch (RuntimeException | Error e) {
+      NativeApi.commAbort(handle);
+      try {
+        NativeApi.commClose(handle);
+      } catch (RuntimeException suppressed) {
+        e.addSuppressed(suppressed);
+      }
+      throw e;
+    }
+  }
+
+  /** This rank. */
+  public int rank() {
+    return rank;
+  }
+
+  /** Number of ranks. */
+  public int world() {
+    return world;
+  }
+
+  /** The backend the ops run on ({@link Backend#HOST} or {@link Backend#CUDA}). */
+  public Backend backend() {
+    return runtime.backend();
+  }
+
+  /** What every rank announced at bootstrap (host, executor, GPU, endpoint), by rank. */
+  public List<RankInfo> ranks() {
+    return ranks;
+  }
+
+  // ---- collectives ---------------------------------------------------------------------------
+
+  /**
+   * Gathers every rank's block: {@code in} holds {@code Split.count(n, world, rank)} elements,
+   * {@code out} all {@code n = out.numel()}, blocks in rank order.
+   */
+  public void allGather(Tensor in, Tensor out) {
+    OpCheck c = check("allGather").floating("in", in).same("out", out, in);
+    long n = out.numel();
+    c.numel("in", in, Split.count(n, world, rank));
+    Fingerprint fp = c.fingerprint().add("count", n).build();
+    synchronized (lock) {
+      NativeApi.allGather(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n);
+    }
+  }
+
+  /**
+   * Sums {@code in} ({@code n} elements, the same {@code n} on every rank) over ranks and leaves
+   * this rank's block ({@code Split.count(n, world, rank)} elements) in {@code out}.
+   */
+  public void reduceScatter(Tensor in, Tensor out) {
+    OpCheck c = check("reduceScatter").floating("in", in).same("out", out, in);
+    long n = in.numel();
+    c.numel("out", out, Split.count(n, world, rank));
+    Fingerprint fp = c.fingerprint().add("count", n).build();
+    synchronized (lock) {
+      NativeApi.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n);
+    }
+  }
+
+  /** Sums {@code in} over ranks into {@code out} (same element count; may be the same tensor). */
+  public void allReduce(Tensor in, Tensor out) {
+    OpCheck c = check("allReduce").floating("in", in).same("out", out, in);
+    c.numel("out", out, in.numel());
+    Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
+    synchronized (lock) {
+      NativeApi.allReduce(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), in.numel());
+    }
+  }
+
+  /**
+   * Personalised exchange: {@code in} ({@code n} elements) is cut into {@code world} blocks by
+   * {@link Split}; block p goes to rank p. {@code out} receives block {@code rank} of every rank,
+   * in rank order: {@code world · Split.count(n, world, rank)} elements.
+   */
+  public void allToAll(Tensor in, Tensor out) {
+    OpCheck c = check("allToAll").floating("in", in).same("out", out, in);
+    long n = in.numel();
+    c.numel("out", out, world * Split.count(n, world, rank));
+    Fingerprint fp = c.fingerprint().add("count", n).build();
+    synchronized (lock) {
+      NativeApi.allToAll(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n);
+    }
+  }
+
+  // ---- fused GEMM + communication ----------------------------------------------------------
+
+  /** {@link #allGatherGemm(Tensor, Tensor, Tensor, Tensor, WeightLayout)} without gathered A. */
+  public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, WeightLayout layout) {
+    allGatherGemm(aLocal, w, c, null, layout);
+  }
+
+  /**
+   * {@code c = allGather(aLocal) · op(w)}: {@code aLocal: Split.count(M) × K}, {@code w: N_r × K}
+   * ({@link WeightLayout#NK}) or {@code K × N_r} ({@link WeightLayout#KN}), {@code c: M × N_r};
+   * {@code gatheredA} ({@code M × K}, may be null) receives the gathered A for a backward pass.
+   */
+  public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout) {
+    OpCheck k = check("allGatherGemm").floating("aLocal", aLocal).same("w", w, aLocal).same("c", c, aLocal);
+    k.rank2("aLocal", aLocal).rank2("w", w).rank2("c", c).layout(layout);
+    long m = c.dim(0);
+    long kDim = aLocal.dim(1);
+    long nLocal = c.dim(1);
+    k.dim("aLocal", aLocal, 0, Split.count(m, world, rank)).weight(w, layout, nLocal, kDim);
+    if (gatheredA != null) {
+      k.same("gatheredA", gatheredA, aLocal).rank2("gatheredA", gatheredA);
+      k.dim("gatheredA", gatheredA, 0, m).dim("gatheredA", gatheredA, 1, kDim);
+    }
+    Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
+    synchronized (lock) {
+      NativeApi.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().ordinal(), aLocal.address(),
+          w.address(), c.address(), gatheredA == null ? 0 : gatheredA.address(), m, nLocal, kDim, layout.ordinal());
+    }
+  }
+
+  /**
+   * Row block {@code rank} of {@code Σ_s a_s · op(w_s)}: {@code a: M × K_r}, {@code w: N × K_r}
+   * (NK) or {@code K_r × N} (KN), {@code c: Split.count(M) × N}.
+   */
+  public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
+    gemmReduce("gemmReduceScatter", a, w, c, layout, true);
+  }
+
+  /** {@code c = Σ_s a_s · op(w_s)} on every rank: shapes as gemmReduceScatter, {@code c: M × N}. */
+  public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
+    gemmReduce("gemmAllReduce", a, w, c, layout, false);
+  }
+
+  private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, boolean scatter) {
+    OpCheck k = check(op).floating("a", a).same("w", w, a).same("c", c, a);
+    k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
+    long m = a.dim(0);
+    long kLocal = a.dim(1);
+    long n = c.dim(1);
+    k.weight(w, layout, n, kLocal).dim("c", c, 0, scatter ? Split.count(m, world, rank) : m);
+    Fingerprint fp = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name()).build();
+    synchronized (lock) {
+      if (scatter) {
+        NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
+            w.address(), c.address(), m, n, kLocal, layout.ordinal());
+      } else {
+        NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
+            w.address(), c.address(), m, n, kLocal, layout.ordinal());
+      }
+    }
+  }
+
+  // ---- MoE ---------------------------------------------------------------------------------
+
+  /**
+   * Routes each token's top-k rows to the ranks owning the experts ({@code numExperts} split over
+   * ranks by {@link Split}) and multiplies them by the expert's {@code W1ᵀ}. {@code x: T × H},
+   * {@code topkIds: T × k} ({@link DType#I32}, ids in {@code [0, numExperts)}), {@code
+   * topkWeights: T × k} ({@link DType#F32}), {@code w1Local: E_r × F × H}. T may differ per rank.
+   */
+  public MoeDispatch moeDispatchGemm(Tensor x, Tensor topkIds, Tensor topkWeights, long numExperts, Tensor w1Local) {
+    OpCheck k = check("moeDispatchGemm").floating("x", x).same("w1Local", w1Local, x).rank2("x", x);
+    k.typed("topkIds", topkIds, DType.I32).typed("topkWeights", topkWeights, DType.F32);
+    k.rank2("topkIds", topkIds).rank2("topkWeights", topkWeights).rank3("w1Local", w1Local);
+    if (numExperts < 1) {
+      throw new IllegalArgumentException("moeDispatchGemm: numExperts must be positive, got " + numExperts);
+    }
+    long tokens = x.dim(0);
+    long hidden = x.dim(1);
+    long topk = topkIds.dim(1);
+    k.dim("topkIds", topkIds, 0, tokens).dim("topkWeights", topkWeights, 0, tokens).dim("topkWeights", topkWeights, 1, topk);
+    if (topk < 1) {
+      throw new IllegalArgumentException("moeDispatchGemm: top-k must be at least 1");
+    }
+    k.dim("w1Local", w1Local, 0, Split.count(numExperts, world, rank)).dim("w1Local", w1Local, 2, hidden);
+    long ffn = w1Local.dim(1);
+    Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
+    synchronized (lock) {
+      long h = NativeApi.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().ordinal(), x.address(),
+          tokens, hidden, topkIds.address(), topkWeights.address(), (int) topk, numExperts, w1Local.address(), ffn);
+      try {
+        return new MoeDispatch(this, h, x.dtype(), hidden, ffn);
+      } catch (RuntimeException e) {
+        NativeApi.moeFree(h);
+        throw e;
+      }
+    }
+  }
+
+  /**
+   * Sends expert outputs home: {@code expertOut: dispatch.rows() × width} (rows in the
+   * dispatch's order), {@code out: dispatch.tokens() × width}, {@code out[t] = Σ_k weight(t,k) ·
+   * row(t,k)}.
+   */
+  public void moeCombine(MoeDispatch dispatch, Tensor expertOut, Tensor out) {
+    if (dispatch == null || dispatch.owner() != this) {
+      throw new IllegalArgumentException("moeCombine: the dispatch must come from this communicator");
+    }
+    OpCheck k = check("moeCombine").floating("expertOut", expertOut).same("out", out, expertOut);
+    k.rank2("expertOut", expertOut).rank2("out", out);
+    long width = out.dim(1);
+    k.dim("expertOut", expertOut, 0, dispatch.rows()).dim("expertOut", expertOut, 1, width).dim("out", out, 0, dispatch.tokens());
+    Fingerprint fp = k.fingerprint().add("width", width).build();
+    synchronized (lock) {
+      NativeApi.moeCombine(handle(), fp.description(), fp.value(), out.dtype().ordinal(), dispatch.handle(),
+          expertOut.address(), width, out.address());
+    }
+  }
+
+  // ---- attention ---------------------------------------------------------------------------
+
+  /**
+   * Attention over the whole sequence with K/V travelling around the ring: {@code q, o: (B, S_r,
+   * Hq, D)}, {@code k, v: (B, S_r, Hkv, D)} with {@code S_r = Split.count(S, world, rank)} and
+   * {@code Hq % Hkv == 0}; {@code lse: (B, Hq, S_r)} {@link DType#F32}, natural log of the softmax
+   * denominator.
+   */
+  public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options) {
+    if (options == null) {
+      throw new IllegalArgumentException("ringAttention: options must not be null");
+    }
+    OpCheck c = check("ringAttention").floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q);
+    c.typed("lse", lse, DType.F32).rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse);
+    long b = q.dim(0);
+    long s = options.sequenceLength();
+    long sr = Split.count(s, world, rank);
+    long hq = q.dim(2);
+    long d = q.dim(3);
+    long hkv = k.dim(2);
+    c.dim("q", q, 1, sr);
+    for (Tensor t : new Tensor[] {k, v}) {
+      String name = t == k ? "k" : "v";
+      c.dim(name, t, 0, b).dim(name, t, 1, sr).dim(name, t, 2, hkv).dim(name, t, 3, d);
+    }
+    c.dim("o", o, 0, b).dim("o", o, 1, sr).dim("o", o, 2, hq).dim("o", o, 3, d);
+    c.dim("lse", lse, 0, b).dim("lse", lse, 1, hq).dim("lse", lse, 2, sr);
+    if (hkv < 1 || hq % hkv != 0) {
+      throw new IllegalArgumentException("ringAttention: q heads (" + hq + ") must be a multiple of kv heads (" + hkv + ")");
+    }
+    Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
+        .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
+    synchronized (lock) {
+      NativeApi.ringAttention(handle(), fp.description(), fp.value(), q.dtype().ordinal(), b, s, hq, hkv, d,
+          options.causal(), options.scale(), q.address(), k.address(), v.address(), o.address(), lse.address());
+    }
+  }
+
+  /**
+   * A single-rank GEMM on the host backend: {@code c = a · op(w)}, {@code a: M × K}, {@code c: M ×
+   * N}. Handy for references and examples.
+   */
+  public static void gemm(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
+    OpCheck k = new OpCheck("gemm", Backend.HOST).floating("a", a).same("w", w, a).same("c", c, a);
+    k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
+    k.dim("c", c, 0, a.dim(0)).weight(w, layout, c.dim(1), a.dim(1));
+    NativeApi.gemm(a.dtype().ordinal(), a.address(), w.address(), c.address(), a.dim(0), c.dim(1), a.dim(1), layout.ordinal());
+  }
+
+  // ---- teardown ------------------------------------------------------------------------------
+
+  /** Waits until every rank has finished its ops (a barrier), bounded by the timeout. */
+  public void finish() {
+    synchronized (lock) {
+      NativeApi.commFinish(handle());
+    }
+  }
+
+  /**
+   * Stops now: ops in flight on any thread fail, peers learn at once that this rank is gone.
+   * Safe to call from any thread, any number of times; {@link #close()} is still needed.
+   */
+  public void abort() {
+    long h = handle;
+    if (h != 0) {
+      NativeApi.commAbort(h);
+    }
+  }
+
+  /** True once closed. */
+  public boolean isClosed() {
+    return handle == 0;
+  }
+
+  /** Finishes (unless aborted or broken) and frees everything; idempotent. */
+  @Override
+  public void close() {
+    synchronized (lock) {
+      long h = handle;
+      if (h == 0) {
+        return;
+      }
+      handle = 0;
+      LeakTracker.closed(leakId);
+      NativeApi.commClose(h);
+    }
+  }
+
+  private long handle() {
+    long h = handle;
+    if (h == 0) {
+      throw new IllegalStateException("the communicator (rank " + rank + " of " + world + ") is closed");
+    }
+    return h;
+  }
+
+  private OpCheck check(String op) {
+    handle();
+    return new OpCheck(op, runtime.backend());
+  }
+
+  @Override
+  public String toString() {
+    return "Communicator[rank " + rank + " of " + world + ", " + runtime.backend().configName() + "]";
+  }
+}

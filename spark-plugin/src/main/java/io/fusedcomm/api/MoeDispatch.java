@@ -1,0 +1,139 @@
+package io.fusedcomm.api;
+
+import io.fusedcomm.runtime.LeakTracker;
+import io.fusedcomm.runtime.NativeApi;
+
+/**
+ * The result of {@link Communicator#moeDispatchGemm}: this rank's routed rows (expert-major;
+ * within an expert ordered by source rank, source token, slot), their GEMM output, and the layout
+ * {@link Communicator#moeCombine} needs to send results home. Owns native memory: close it after
+ * the combine.
+ */
+public final class MoeDispatch implements AutoCloseable {
+  private final Communicator owner;
+  private final long rows;
+  private final long firstLocalExpert;
+  private final long[] expertOffsets;
+  private final long tokens;
+  private final int topk;
+  private final HostTensor expertOutput;
+  private final HostTensor routedTokens;
+  private final long leakId;
+  private long handle;
+  private int[] srcRank;
+  private int[] srcToken;
+  private int[] slot;
+  private float[] weight;
+
+  MoeDispatch(Communicator owner, long handle, DType dtype, long hidden, long ffn) {
+    this.owner = owner;
+    this.handle = handle;
+    long[] info = NativeApi.moeInfo(handle);
+    this.rows = info[0];
+    this.firstLocalExpert = info[1];
+    int localExperts = Math.toIntExact(info[2]);
+    this.tokens = info[3];
+    this.topk = Math.toIntExact(info[4]);
+    this.expertOffsets = java.util.Arrays.copyOfRange(info, 5, 5 + localExperts + 1);
+    this.expertOutput = HostTensor.allocate(dtype, rows, ffn);
+    this.routedTokens = HostTensor.allocate(dtype, rows, hidden);
+    NativeApi.moeCopy(handle, expertOutput.address(), routedTokens.address());
+    this.leakId = LeakTracker.opened("MoeDispatch(" + rows + " rows)");
+  }
+
+  /** Rows routed to this rank's experts. */
+  public long rows() {
+    return rows;
+  }
+
+  /** Global id of this rank's first expert. */
+  public long firstLocalExpert() {
+    return firstLocalExpert;
+  }
+
+  /** Number of experts this rank owns. */
+  public int localExperts() {
+    return expertOffsets.length - 1;
+  }
+
+  /** Rows of local expert {@code e} are {@code [expertOffset(e), expertOffset(e + 1))}. */
+  public long expertOffset(int e) {
+    return expertOffsets[e];
+  }
+
+  /** This rank's token count (the combine's output rows). */
+  public long tokens() {
+    return tokens;
+  }
+
+  public int topk() {
+    return topk;
+  }
+
+  /** {@code rows × ffn}: each routed row times its expert's {@code W1ᵀ}. */
+  public HostTensor expertOutput() {
+    return expertOutput;
+  }
+
+  /** {@code rows × hidden}: the routed token rows as received. */
+  public HostTensor routedTokens() {
+    return routedTokens;
+  }
+
+  /** The rank the row's token lives on. */
+  public int sourceRank(long row) {
+    meta();
+    return srcRank[Math.toIntExact(row)];
+  }
+
+  /** The row's token index on its home rank. */
+  public int sourceToken(long row) {
+    meta();
+    return srcToken[Math.toIntExact(row)];
+  }
+
+  /** Which of the token's top-k choices the row is. */
+  public int slot(long row) {
+    meta();
+    return slot[Math.toIntExact(row)];
+  }
+
+  /** The routing weight of the row. */
+  public float weight(long row) {
+    meta();
+    return weight[Math.toIntExact(row)];
+  }
+
+  private synchronized void meta() {
+    if (srcRank == null) {
+      int n = Math.toIntExact(rows);
+      srcRank = new int[n];
+      srcToken = new int[n];
+      slot = new int[n];
+      weight = new float[n];
+      NativeApi.moeRowMeta(handle(), srcRank, srcToken, slot, weight);
+    }
+  }
+
+  Communicator owner() {
+    return owner;
+  }
+
+  synchronized long handle() {
+    if (handle == 0) {
+      throw new IllegalStateException("the MoE dispatch is closed");
+    }
+    return handle;
+  }
+
+  @Override
+  public synchronized void close() {
+    if (handle != 0) {
+      NativeApi.moeFree(handle);
+      handle = 0;
+      expertOutput.close();
+      routedTokens.close();
+      LeakTracker.closed(leakId);
+    }
+  }
+}

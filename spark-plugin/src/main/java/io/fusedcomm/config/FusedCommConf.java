@@ -1,0 +1,364 @@
+package io.fusedcomm.config;
+
+import io.fusedcomm.api.Backend;
+import io.fusedcomm.errors.ConfigException;
+import java.time.Duration;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Objects;
+import java.util.TreeMap;
+import org.apache.spark.SparkConf;
+import scala.Tuple2;
+
+/**
+ * fusedcomm's configuration: every {@code spark.fusedcomm.*} setting declared once, typed, with
+ * default and documentation, and an immutable, validated set of values.
+ *
+ * <p>Creating a {@code FusedCommConf} validates everything up front: an unknown key under {@code
+ * spark.fusedcomm.} (with the closest valid key suggested) or a bad value throws {@link
+ * ConfigException} naming the key, the value and what is expected. Keys outside the prefix are
+ * ignored. {@code docs/configs.md} and {@code conf/spark-defaults.conf.template} are generated
+ * from these declarations by {@link ConfigDocs}.
+ */
+public final class FusedCommConf {
+  /** Prefix of every fusedcomm key. */
+  public static final String PREFIX = "spark.fusedcomm.";
+
+  private static final long MIN_CHUNK = 64L << 10;
+  private static final long MAX_CHUNK = 1L << 30;
+
+  /** {@code spark.fusedcomm.backend}: which implementation runs the ops. */
+  public static final ConfigEntry<Backend> BACKEND =
+      ConfigEntry.builder(PREFIX + "backend")
+          .doc(
+              "Which implementation runs the fused ops. auto: cuda when this executor has a GPU"
+                  + " and the cuda backend is available, else host. cuda: the GPU kernels; an"
+                  + " executor without a usable GPU fails at start-up. host: the C++ reference"
+                  + " backend on the CPU (for testing and as an oracle); never chosen silently"
+                  + " where cuda was requested.")
+          .enumConf(Backend.class, Backend::configName)
+          .createWithDefault(Backend.AUTO);
+
+  /** {@code spark.fusedcomm.timeout}: bound on every wait inside an op. */
+  public static final ConfigEntry<Duration> TIMEOUT =
+      ConfigEntry.builder(PREFIX + "timeout")
+          .doc(
+              "Bound on every wait inside an op (GPU flag waits, proxy and transport waits); a"
+                  + " dead or stuck peer is reported, naming rank, peer, op and step, within this"
+                  + " time.")
+          .durationConf()
+          .check(FusedCommConf::isPositive, "a duration > 0 such as 60s, 500ms or 2m")
+          .createWithDefault(Duration.ofSeconds(60));
+
+  /** {@code spark.fusedcomm.connectTimeout}: bound on building a communicator's connections. */
+  public static final ConfigEntry<Duration> CONNECT_TIMEOUT =
+      ConfigEntry.builder(PREFIX + "connectTimeout")
+          .doc(
+              "Bound on building a communicator's connections (transport connects, CUDA IPC"
+                  + " handle import) after the barrier bootstrap.")
+          .durationConf()
+          .check(FusedCommConf::isPositive, "a duration > 0 such as 30s, 500ms or 2m")
+          .createWithDefault(Duration.ofSeconds(30));
+
+  /** {@code spark.fusedcomm.transport}: the inter-process transport. */
+  public static final ConfigEntry<TransportKind> TRANSPORT =
+      ConfigEntry.builder(PREFIX + "transport")
+          .doc(
+              "Inter-process transport between executors. auto: the best one available"
+                  + " (socket today). socket: TCP sockets.")
+          .enumConf(TransportKind.class, TransportKind::configName)
+          .createWithDefault(TransportKind.AUTO);
+
+  /** {@code spark.fusedcomm.transport.bindHost}: the address the transport listens on. */
+  public static final ConfigEntry<String> TRANSPORT_BIND_HOST =
+      ConfigEntry.builder(PREFIX + "transport.bindHost")
+          .doc(
+              "Host name or IP address the executor's transport listener binds to and"
+                  + " advertises to its peers. Empty: the executor's host as Spark knows it.")
+          .stringConf()
+          .check(s -> s.equals(s.trim()) && !s.contains(" "), "a host name or IP address, or empty")
+          .createWithDefault("");
+
+  /** {@code spark.fusedcomm.host.chunkBytes}: host backend staging chunk per peer. */
+  public static final ConfigEntry<Long> HOST_CHUNK_BYTES =
+      ConfigEntry.builder(PREFIX + "host.chunkBytes")
+          .doc(
+              "Size of the staging chunk per peer used by the host backend's collectives;"
+                  + " larger chunks mean fewer round trips and more memory.")
+          .bytesConf()
+          .check(b -> b >= MIN_CHUNK && b <= MAX_CHUNK, "a byte size between 64k and 1g, e.g. 4m")
+          .createWithDefault(4L << 20);
+
+  /** {@code spark.fusedcomm.gpu.resourceName}: the Spark resource holding the executor's GPU. */
+  public static final ConfigEntry<String> GPU_RESOURCE_NAME =
+      ConfigEntry.builder(PREFIX + "gpu.resourceName")
+          .doc(
+              "Name of the Spark resource that holds the executor's GPU (as in"
+                  + " spark.executor.resource.<name>.amount).")
+          .stringConf()
+          .check(s -> !s.isBlank() && s.equals(s.trim()), "a non-empty resource name such as gpu")
+          .createWithDefault("gpu");
+
+  /** {@code spark.fusedcomm.native.libraryPath}: development override of the native library. */
+  public static final ConfigEntry<String> NATIVE_LIBRARY_PATH =
+      ConfigEntry.builder(PREFIX + "native.libraryPath")
+          .doc(
+              "Directory holding a libfusedcomm.so to load instead of the copy inside the jar"
+                  + " (development). Empty: use the jar's copy.")
+          .stringConf()
+          .createWithDefault("");
+
+  /** {@code spark.fusedcomm.debug.leakTracking}: report native handles never closed. */
+  public static final ConfigEntry<Boolean> DEBUG_LEAK_TRACKING =
+      ConfigEntry.builder(PREFIX + "debug.leakTracking")
+          .doc(
+              "Record the allocation stack of every native handle and report, with that stack,"
+                  + " each one that is garbage collected or still open at executor shutdown"
+                  + " without having been closed. Costs a stack capture per allocation.")
+          .booleanConf()
+          .createWithDefault(false);
+
+  private static final List<ConfigEntry<?>> ENTRIES =
+      List.of(
+          BACKEND,
+          TIMEOUT,
+          CONNECT_TIMEOUT,
+          TRANSPORT,
+          TRANSPORT_BIND_HOST,
+          HOST_CHUNK_BYTES,
+          GPU_RESOURCE_NAME,
+          NATIVE_LIBRARY_PATH,
+          DEBUG_LEAK_TRACKING);
+
+  private static final Map<String, ConfigEntry<?>> BY_KEY = index(ENTRIES);
+
+  /** Values of every entry, explicit or default. */
+  private final Map<ConfigEntry<?>, Object> values;
+
+  /** The explicitly set fusedcomm keys, as given. */
+  private final Map<String, String> explicit;
+
+  private FusedCommConf(Map<ConfigEntry<?>, Object> values, Map<String, String> explicit) {
+    this.values = values;
+    this.explicit = explicit;
+  }
+
+  /**
+   * The fusedcomm settings of a Spark configuration, validated.
+   *
+   * @throws ConfigException on an unknown {@code spark.fusedcomm.*} key or a bad value
+   */
+  public static FusedCommConf fromSparkConf(SparkConf conf) {
+    Map<String, String> map = new HashMap<>();
+    for (Tuple2<String, String> kv : conf.getAll()) {
+      map.put(kv._1(), kv._2());
+    }
+    return fromMap(map);
+  }
+
+  /**
+   * The fusedcomm settings of a key/value map, validated; keys outside {@code spark.fusedcomm.}
+   * are ignored.
+   *
+   * @throws ConfigException on an unknown {@code spark.fusedcomm.*} key or a bad value
+   */
+  public static FusedCommConf fromMap(Map<String, String> settings) {
+    // Sorted so that, with several problems, the one reported does not depend on map order.
+    Map<String, String> explicit = new TreeMap<>();
+    for (Map.Entry<String, String> e : settings.entrySet()) {
+      if (e.getKey().startsWith(PREFIX)) {
+        explicit.put(e.getKey(), e.getValue());
+      }
+    }
+    Map<ConfigEntry<?>, Object> values = new LinkedHashMap<>();
+    for (ConfigEntry<?> entry : ENTRIES) {
+      values.put(entry, entry.defaultValue());
+    }
+    for (Map.Entry<String, String> e : explicit.entrySet()) {
+      ConfigEntry<?> entry = BY_KEY.get(e.getKey());
+      if (entry == null) {
+        throw unknownKey(e.getKey(), e.getValue());
+      }
+      values.put(entry, entry.parse(e.getValue()));
+    }
+    return new FusedCommConf(
+        Collections.unmodifiableMap(values), Collections.unmodifiableMap(explicit));
+  }
+
+  /** A configuration with every setting at its default. */
+  public static FusedCommConf defaults() {
+    return fromMap(Map.of());
+  }
+
+  /** Every declared setting, in documentation order. */
+  public static List<ConfigEntry<?>> all() {
+    return ENTRIES;
+  }
+
+  /** The declared setting with this key, or null. */
+  public static ConfigEntry<?> entry(String key) {
+    return BY_KEY.get(key);
+  }
+
+  /** The value of a setting: the configured one, else its default. */
+  public <T> T get(ConfigEntry<T> entry) {
+    if (!values.containsKey(entry)) {
+      throw new IllegalArgumentException(entry.key() + " is not a declared fusedcomm setting");
+    }
+    @SuppressWarnings("unchecked")
+    T value = (T) values.get(entry);
+    return value;
+  }
+
+  /** True if the key was set explicitly rather than defaulted. */
+  public boolean isSet(ConfigEntry<?> entry) {
+    return explicit.containsKey(entry.key());
+  }
+
+  /**
+   * Every setting, explicit or default, in canonical spelling, keyed by full key, in
+   * documentation order. {@code fromMap(toMap())} equals this configuration.
+   */
+  public Map<String, String> toMap() {
+    Map<String, String> out = new LinkedHashMap<>();
+    for (ConfigEntry<?> entry : ENTRIES) {
+      out.put(entry.key(), formatValue(entry));
+    }
+    return Collections.unmodifiableMap(out);
+  }
+
+  /** The requested backend ({@code auto} is resolved per executor at start-up). */
+  public Backend backend() {
+    return get(BACKEND);
+  }
+
+  /** Bound on every wait inside an op. */
+  public Duration timeout() {
+    return get(TIMEOUT);
+  }
+
+  /** Bound on building a communicator's connections. */
+  public Duration connectTimeout() {
+    return get(CONNECT_TIMEOUT);
+  }
+
+  /** The requested inter-process transport. */
+  public TransportKind transport() {
+    return get(TRANSPORT);
+  }
+
+  /** Address the transport binds to; empty for the executor's host. */
+  public String transportBindHost() {
+    return get(TRANSPORT_BIND_HOST);
+  }
+
+  /** Host backend staging chunk per peer, in bytes. */
+  public long hostChunkBytes() {
+    return get(HOST_CHUNK_BYTES);
+  }
+
+  /** Name of the Spark resource holding the executor's GPU. */
+  public String gpuResourceName() {
+    return get(GPU_RESOURCE_NAME);
+  }
+
+  /** Directory of a development native library; empty for the jar's copy. */
+  public String nativeLibraryPath() {
+    return get(NATIVE_LIBRARY_PATH);
+  }
+
+  /** Whether native handles record their allocation stacks. */
+  public boolean leakTracking() {
+    return get(DEBUG_LEAK_TRACKING);
+  }
+
+  @Override
+  public boolean equals(Object o) {
+    return o instanceof FusedCommConf && values.equals(((FusedCommConf) o).values);
+  }
+
+  @Override
+  public int hashCode() {
+    return Objects.hash(values);
+  }
+
+  @Override
+  public String toString() {
+    return "FusedCommConf" + toMap();
+  }
+
+  private static boolean isPositive(Duration d) {
+    return !d.isNegative() && !d.isZero();
+  }
+
+  private <T> String formatValue(ConfigEntry<T> entry) {
+    return entry.format(get(entry));
+  }
+
+  private static Map<String, ConfigEntry<?>> index(List<ConfigEntry<?>> entries) {
+    Map<String, ConfigEntry<?>> m = new LinkedHashMap<>();
+    for (ConfigEntry<?> e : entries) {
+      if (m.put(e.key(), e) != null) {
+        throw new IllegalStateException("duplicate config key " + e.key());
+      }
+    }
+    return Collections.unmodifiableMap(m);
+  }
+
+  private static ConfigException unknownKey(String key, String value) {
+    String closest = closestKey(key);
+    StringBuilder msg =
+        new StringBuilder("Unknown configuration key ")
+            .append(key)
+            .append(" (value '")
+            .append(value)
+            .append("')");
+    if (closest != null) {
+      msg.append("; did you mean ").append(closest).append("?");
+    } else {
+      msg.append("; fusedcomm knows ").append(String.join(", ", BY_KEY.keySet())).append(".");
+    }
+    return new ConfigException(msg.toString(), key, value);
+  }
+
+  /** The declared key closest to {@code key} in edit distance, if close enough to be a typo. */
+  static String closestKey(String key) {
+    String suffix = key.substring(PREFIX.length()).toLowerCase(Locale.ROOT);
+    String best = null;
+    int bestDistance = Integer.MAX_VALUE;
+    for (String known : BY_KEY.keySet()) {
+      String knownSuffix = known.substring(PREFIX.length()).toLowerCase(Locale.ROOT);
+      int d = editDistance(suffix, knownSuffix);
+      if (d < bestDistance) {
+        bestDistance = d;
+        best = known;
+      }
+    }
+    int allowed = Math.max(2, suffix.length() / 3);
+    return bestDistance <= allowed ? best : null;
+  }
+
+  /** Levenshtein distance, two rows. */
+  static int editDistance(String a, String b) {
+    int[] prev = new int[b.length() + 1];
+    int[] cur = new int[b.length() + 1];
+    for (int j = 0; j <= b.length(); j++) {
+      prev[j] = j;
+    }
+    for (int i = 1; i <= a.length(); i++) {
+      cur[0] = i;
+      for (int j = 1; j <= b.length(); j++) {
+        int sub = prev[j - 1] + (a.charAt(i - 1) == b.charAt(j - 1) ? 0 : 1);
+        cur[j] = Math.min(sub, Math.min(prev[j] + 1, cur[j - 1] + 1));
+      }
+      int[] t = prev;
+      prev = cur;
+      cur = t;
+    }
+    return prev[b.length()];
+  }
+}

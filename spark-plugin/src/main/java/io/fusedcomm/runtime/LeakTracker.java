@@ -1,0 +1,55 @@
+package io.fusedcomm.runtime;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * Counts the native handles (runtimes, communicators, host tensors, MoE layouts) that are open,
+ * and, when {@code spark.fusedcomm.debug.leakTracking} is on, remembers where each was created so
+ * that the ones never closed can be reported with their allocation stack.
+ */
+public final class LeakTracker {
+  private static volatile boolean recordStacks;
+  private static final AtomicLong NEXT = new AtomicLong();
+  private static final Map<Long, Throwable> OPEN = new ConcurrentHashMap<>();
+
+  private LeakTracker() {}
+
+  /** Turns stack recording on or off for handles created from now on. */
+  public static void recordStacks(boolean on) {
+    recordStacks = on;
+  }
+
+  /** Registers a new handle; returns the id to pass to {@link #closed}. */
+  public static long opened(String what) {
+    long id = NEXT.incrementAndGet();
+    OPEN.put(id, recordStacks ? new Throwable(what + " created here") : new Throwable(what));
+    return id;
+  }
+
+  /** Marks the handle closed. */
+  public static void closed(long id) {
+    OPEN.remove(id);
+  }
+
+  /** How many tracked handles are open now. */
+  public static int openCount() {
+    return OPEN.size();
+  }
+
+  /** One description per open handle; with stack recording on, the creation stack too. */
+  public static List<String> openHandles() {
+    List<String> out = new ArrayList<>();
+    for (Throwable t : OPEN.values()) {
+      StringBuilder sb = new StringBuilder(t.getMessage());
+      for (StackTraceElement e : t.getStackTrace()) {
+        sb.append("\n    at ").append(e);
+      }
+      out.add(sb.toString());
+    }
+    return out;
+  }
+}

@@ -1,0 +1,116 @@
+package io.fusedcomm.runtime;
+
+import java.nio.ByteBuffer;
+
+/**
+ * The JNI surface of libfusedcomm.so. Internal: use {@link io.fusedcomm.api.Communicator} and
+ * the tensor classes. Every method may throw the exceptions of {@code io.fusedcomm.errors},
+ * {@link IllegalArgumentException} or {@link IllegalStateException}; handles are raw native
+ * pointers owned by exactly one {@link AutoCloseable} Java object. Int codes: dtype = {@code
+ * DType.ordinal()}, backend = {@code Backend.ordinal()}, layout = {@code WeightLayout.ordinal()}.
+ */
+public final class NativeApi {
+  private NativeApi() {}
+
+  static {
+    NativeLibrary.ensureLoaded();
+  }
+
+  /** One line per backend and transport: "name: available|unavailable: reason". */
+  public static native String availability();
+
+  static native long runtimeCreate(
+      int backend,
+      long timeoutMs,
+      long connectTimeoutMs,
+      long chunkBytes,
+      String bindHost,
+      int gpuOrdinal,
+      long jobToken);
+
+  static native int runtimeBackend(long runtime);
+
+  static native String runtimeDescribe(long runtime);
+
+  static native String runtimeGpuUuid(long runtime);
+
+  static native void runtimePinGpu(long runtime);
+
+  static native void runtimeClose(long runtime);
+
+  /**
+   * The device address a JCuda pointer holds (its native pointer plus byte offset), read from
+   * JCuda's fields, so users' own JCuda allocations can be passed to ops.
+   */
+  public static native long pointerAddress(Object jcudaPointer);
+
+  public static native long memAlloc(long bytes);
+
+  public static native void memFree(long address);
+
+  public static native ByteBuffer memView(long address, long bytes);
+
+  /** {live bytes, live allocations} of runtime-allocated host memory. */
+  public static native long[] memStats();
+
+  public static native long commCreate(long runtime, int world);
+
+  public static native String commEndpoint(long comm);
+
+  public static native void commConnect(long comm, String[] endpoints, int rank, long commId);
+
+  public static native void commFinish(long comm);
+
+  public static native void commAbort(long comm);
+
+  public static native void commClose(long comm);
+
+  public static native void allGather(
+      long comm, String desc, long fp, int dtype, long in, long out, long count);
+
+  public static native void reduceScatter(
+      long comm, String desc, long fp, int dtype, long in, long out, long count);
+
+  public static native void allReduce(
+      long comm, String desc, long fp, int dtype, long in, long out, long count);
+
+  public static native void allToAll(
+      long comm, String desc, long fp, int dtype, long in, long out, long count);
+
+  public static native void gemm(
+      int dtype, long a, long w, long c, long m, long n, long k, int layout);
+
+  public static native void allGatherGemm(
+      long comm, String desc, long fp, int dtype, long a, long w, long c, long gathered, long m,
+      long nLocal, long k, int layout);
+
+  public static native void gemmReduceScatter(
+      long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
+      long kLocal, int layout);
+
+  public static native void gemmAllReduce(
+      long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
+      long kLocal, int layout);
+
+  public static native long moeDispatchGemm(
+      long comm, String desc, long fp, int dtype, long x, long tokens, long hidden, long ids,
+      long weights, int topk, long numExperts, long w1, long ffn);
+
+  /** {rows, firstLocalExpert, localExperts, tokens, topk, offsets[0..localExperts]}. */
+  public static native long[] moeInfo(long dispatch);
+
+  public static native void moeCopy(long dispatch, long expertOut, long routedX);
+
+  public static native void moeRowMeta(
+      long dispatch, int[] srcRank, int[] srcToken, int[] slot, float[] weight);
+
+  public static native void moeCombine(
+      long comm, String desc, long fp, int dtype, long dispatch, long expertOut, long width,
+      long out);
+
+  public static native void moeFree(long dispatch);
+
+  public static native void ringAttention(
+      long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,
+      long headDim, boolean causal, float scale, long q, long k, long v, long o, long lse);
+}

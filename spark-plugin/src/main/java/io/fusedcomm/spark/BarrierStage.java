@@ -1,0 +1,96 @@
+package io.fusedcomm.spark;
+
+import io.fusedcomm.api.CommOptions;
+import io.fusedcomm.api.Communicator;
+import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import org.apache.spark.BarrierTaskContext;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.rdd.RDD;
+import scala.jdk.javaapi.CollectionConverters;
+import scala.reflect.ClassTag;
+import scala.reflect.ClassTag$;
+import scala.runtime.AbstractFunction1;
+
+/**
+ * Barrier stages from Java, which has no {@code JavaRDD.barrier()}.
+ *
+ * <pre>{@code
+ * JavaRDD<String> out = BarrierStage.withCommunicator(rdd, CommOptions.defaults(),
+ *     (comm, ctx, rows) -> { comm.allReduce(x, x); return List.of("ok").iterator(); });
+ * }</pre>
+ *
+ * Barrier stages need as many free task slots as partitions; all tasks start together and are
+ * retried together.
+ */
+public final class BarrierStage {
+  private BarrierStage() {}
+
+  /** A partition function that sees its barrier context. */
+  @FunctionalInterface
+  public interface TaskFunction<T, R> extends Serializable {
+    Iterator<R> call(BarrierTaskContext context, Iterator<T> rows) throws Exception;
+  }
+
+  /** A partition function that runs with a communicator of the stage's tasks. */
+  @FunctionalInterface
+  public interface CommFunction<T, R> extends Serializable {
+    Iterator<R> call(Communicator comm, BarrierTaskContext context, Iterator<T> rows) throws Exception;
+  }
+
+  /** {@code rdd.barrier().mapPartitions(f)}. */
+  public static <T, R> JavaRDD<R> mapPartitions(JavaRDD<T> rdd, TaskFunction<T, R> f) {
+    ClassTag<R> tag = anyRef();
+    RDD<R> out = rdd.rdd().barrier().mapPartitions(new PartitionFunction<>(f), false, tag);
+    return new JavaRDD<>(out, tag);
+  }
+
+  /**
+   * Runs {@code f} in a barrier stage with a {@link Communicator} built for it and closed after
+   * (aborted if {@code f} throws). The partition's output is materialised before the communicator
+   * closes.
+   */
+  public static <T, R> JavaRDD<R> withCommunicator(JavaRDD<T> rdd, CommOptions options, CommFunction<T, R> f) {
+    return mapPartitions(rdd, (context, rows) -> {
+      List<R> results = new ArrayList<>();
+      try (Communicator comm = Communicator.create(context, options)) {
+        try {
+          f.call(comm, context, rows).forEachRemaining(results::add);
+        } catch (Throwable t) {
+          comm.abort();
+          throw t;
+        }
+      }
+      return results.iterator();
+    });
+  }
+
+  @SuppressWarnings("unchecked")
+  private static <R> ClassTag<R> anyRef() {
+    return (ClassTag<R>) ClassTag$.MODULE$.apply(Object.class);
+  }
+
+  private static final class PartitionFunction<T, R>
+      extends AbstractFunction1<scala.collection.Iterator<T>, scala.collection.Iterator<R>>
+      implements Serializable {
+    private static final long serialVersionUID = 1L;
+    private final TaskFunction<T, R> f;
+
+    PartitionFunction(TaskFunction<T, R> f) {
+      this.f = f;
+    }
+
+    @Override
+    public scala.collection.Iterator<R> apply(scala.collection.Iterator<T> rows) {
+      try {
+        return CollectionConverters.asScala(f.call(BarrierTaskContext.get(), CollectionConverters.asJava(rows)));
+      } catch (RuntimeException | Error e) {
+        throw e;
+      } catch (Exception e) {
+        throw new RuntimeException(e);
+      }
+    }
+  }
+}

@@ -1,0 +1,248 @@
+package io.fusedcomm.config;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.fusedcomm.api.Backend;
+import io.fusedcomm.errors.ConfigException;
+import java.lang.reflect.Field;
+import java.lang.reflect.Modifier;
+import java.time.Duration;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.Map;
+import java.util.Set;
+import org.apache.spark.SparkConf;
+import org.junit.jupiter.api.Test;
+
+class FusedCommConfTest {
+
+  @Test
+  void defaults() {
+    FusedCommConf c = FusedCommConf.defaults();
+    assertEquals(Backend.AUTO, c.backend());
+    assertEquals(Duration.ofSeconds(60), c.timeout());
+    assertEquals(Duration.ofSeconds(30), c.connectTimeout());
+    assertEquals(TransportKind.AUTO, c.transport());
+    assertEquals("", c.transportBindHost());
+    assertEquals(4L << 20, c.hostChunkBytes());
+    assertEquals("gpu", c.gpuResourceName());
+    assertEquals("", c.nativeLibraryPath());
+    assertFalse(c.leakTracking());
+    assertFalse(c.isSet(FusedCommConf.TIMEOUT));
+    assertEquals("60s", FusedCommConf.TIMEOUT.defaultString());
+    assertEquals("4m", FusedCommConf.HOST_CHUNK_BYTES.defaultString());
+    assertEquals("auto", FusedCommConf.BACKEND.defaultString());
+  }
+
+  @Test
+  void parsesEveryKey() {
+    FusedCommConf c =
+        FusedCommConf.fromMap(
+            Map.of(
+                "spark.fusedcomm.backend", "CUDA",
+                "spark.fusedcomm.timeout", "500ms",
+                "spark.fusedcomm.connectTimeout", "2m",
+                "spark.fusedcomm.transport", "socket",
+                "spark.fusedcomm.transport.bindHost", "10.0.0.7",
+                "spark.fusedcomm.host.chunkBytes", "64k",
+                "spark.fusedcomm.gpu.resourceName", "nvidia.com/gpu",
+                "spark.fusedcomm.native.libraryPath", "/opt/fc/lib",
+                "spark.fusedcomm.debug.leakTracking", "True",
+                "spark.executor.cores", "not ours, ignored"));
+    assertEquals(Backend.CUDA, c.backend());
+    assertEquals(Duration.ofMillis(500), c.timeout());
+    assertEquals(Duration.ofMinutes(2), c.connectTimeout());
+    assertEquals(TransportKind.SOCKET, c.transport());
+    assertEquals("10.0.0.7", c.transportBindHost());
+    assertEquals(65536L, c.hostChunkBytes());
+    assertEquals("nvidia.com/gpu", c.gpuResourceName());
+    assertEquals("/opt/fc/lib", c.nativeLibraryPath());
+    assertTrue(c.leakTracking());
+    assertTrue(c.isSet(FusedCommConf.BACKEND));
+    assertEquals(Backend.CUDA, c.get(FusedCommConf.BACKEND));
+  }
+
+  @Test
+  void plainNumbersAreMillisecondsAndBytes() {
+    FusedCommConf c =
+        FusedCommConf.fromMap(
+            Map.of(
+                "spark.fusedcomm.timeout", "1500",
+                "spark.fusedcomm.host.chunkBytes", "131072"));
+    assertEquals(Duration.ofMillis(1500), c.timeout());
+    assertEquals(131072L, c.hostChunkBytes());
+  }
+
+  @Test
+  void unitSpellings() {
+    assertEquals(Duration.ofHours(1), Units.parseDuration(" 1h "));
+    assertEquals(Duration.ofMinutes(3), Units.parseDuration("3min"));
+    assertEquals(Duration.ofSeconds(7), Units.parseDuration("7 S"));
+    assertEquals(1L << 30, Units.parseBytes("1g"));
+    assertEquals(3L << 20, Units.parseBytes("3MB"));
+    assertEquals(5L << 10, Units.parseBytes("5KiB"));
+    assertEquals(17L, Units.parseBytes("17b"));
+    assertEquals("1500ms", Units.formatDuration(Duration.ofMillis(1500)));
+    assertEquals("120s", Units.formatDuration(Duration.ofMinutes(2)));
+    assertEquals("1g", Units.formatBytes(1L << 30));
+    assertEquals("65k", Units.formatBytes(65L << 10));
+    assertEquals("1000", Units.formatBytes(1000));
+    assertThrows(IllegalArgumentException.class, () -> Units.parseDuration("1.5s"));
+    assertThrows(IllegalArgumentException.class, () -> Units.parseDuration("5d"));
+    assertThrows(IllegalArgumentException.class, () -> Units.parseDuration("-5s"));
+    assertThrows(IllegalArgumentException.class, () -> Units.parseBytes("4t"));
+    assertThrows(ArithmeticException.class, () -> Units.parseBytes("99999999999999g"));
+  }
+
+  @Test
+  void badValuesNameKeyValueAndExpectation() {
+    ConfigException e = bad("spark.fusedcomm.timeout", "soon");
+    assertEquals("spark.fusedcomm.timeout", e.key());
+    assertEquals("soon", e.value());
+    assertTrue(e.getMessage().contains("'soon'"), e.getMessage());
+    assertTrue(e.getMessage().contains("spark.fusedcomm.timeout"), e.getMessage());
+    assertTrue(e.getMessage().contains("a duration > 0"), e.getMessage());
+
+    assertTrue(bad("spark.fusedcomm.backend", "gpu").getMessage().contains("auto|cuda|host"));
+    assertTrue(bad("spark.fusedcomm.transport", "rdma").getMessage().contains("auto|socket"));
+    assertTrue(bad("spark.fusedcomm.debug.leakTracking", "yes").getMessage().contains("true or false"));
+    assertTrue(bad("spark.fusedcomm.transport.bindHost", "a b").getMessage().contains("host name"));
+    assertTrue(bad("spark.fusedcomm.gpu.resourceName", "").getMessage().contains("non-empty"));
+    // Overflow is a bad value, not an ArithmeticException.
+    bad("spark.fusedcomm.timeout", "999999999999999999h");
+  }
+
+  @Test
+  void bounds() {
+    bad("spark.fusedcomm.timeout", "0s");
+    bad("spark.fusedcomm.connectTimeout", "0");
+    ConfigException small = bad("spark.fusedcomm.host.chunkBytes", "32k");
+    assertTrue(small.getMessage().contains("between 64k and 1g"), small.getMessage());
+    bad("spark.fusedcomm.host.chunkBytes", "2g");
+    bad("spark.fusedcomm.host.chunkBytes", "65535");
+    assertEquals(
+        1L << 30,
+        FusedCommConf.fromMap(Map.of("spark.fusedcomm.host.chunkBytes", "1g")).hostChunkBytes());
+    assertEquals(
+        64L << 10,
+        FusedCommConf.fromMap(Map.of("spark.fusedcomm.host.chunkBytes", "65536")).hostChunkBytes());
+    assertEquals(
+        Duration.ofMillis(1),
+        FusedCommConf.fromMap(Map.of("spark.fusedcomm.timeout", "1")).timeout());
+  }
+
+  @Test
+  void typoSuggestsClosestKey() {
+    ConfigException e = bad("spark.fusedcomm.timout", "10s");
+    assertTrue(e.getMessage().contains("Unknown configuration key spark.fusedcomm.timout"), e.getMessage());
+    assertTrue(e.getMessage().contains("did you mean spark.fusedcomm.timeout?"), e.getMessage());
+    assertEquals("spark.fusedcomm.timout", e.key());
+
+    assertTrue(
+        bad("spark.fusedcomm.connecttimeout", "1s").getMessage()
+            .contains("did you mean spark.fusedcomm.connectTimeout?"));
+    assertTrue(
+        bad("spark.fusedcomm.host.chunkSize", "4m").getMessage()
+            .contains("did you mean spark.fusedcomm.host.chunkBytes?"));
+    assertTrue(
+        bad("spark.fusedcomm.gpu.resource", "gpu").getMessage()
+            .contains("did you mean spark.fusedcomm.gpu.resourceName?"));
+  }
+
+  @Test
+  void unrelatedUnknownKeyListsKnownKeys() {
+    ConfigException e = bad("spark.fusedcomm.somethingElseEntirely", "1");
+    assertFalse(e.getMessage().contains("did you mean"), e.getMessage());
+    for (ConfigEntry<?> entry : FusedCommConf.all()) {
+      assertTrue(e.getMessage().contains(entry.key()), e.getMessage());
+    }
+    assertNull(FusedCommConf.closestKey("spark.fusedcomm.zzzzzzzzzzzzzzzzzzzz"));
+  }
+
+  @Test
+  void editDistance() {
+    assertEquals(0, FusedCommConf.editDistance("abc", "abc"));
+    assertEquals(1, FusedCommConf.editDistance("timout", "timeout"));
+    assertEquals(3, FusedCommConf.editDistance("kitten", "sitting"));
+    assertEquals(4, FusedCommConf.editDistance("", "abcd"));
+  }
+
+  @Test
+  void fromSparkConf() {
+    SparkConf sc =
+        new SparkConf(false)
+            .set("spark.fusedcomm.backend", "host")
+            .set("spark.fusedcomm.timeout", "5s")
+            .set("spark.app.name", "x");
+    FusedCommConf c = FusedCommConf.fromSparkConf(sc);
+    assertEquals(Backend.HOST, c.backend());
+    assertEquals(Duration.ofSeconds(5), c.timeout());
+
+    SparkConf typo = new SparkConf(false).set("spark.fusedcomm.backnd", "host");
+    ConfigException e = assertThrows(ConfigException.class, () -> FusedCommConf.fromSparkConf(typo));
+    assertTrue(e.getMessage().contains("did you mean spark.fusedcomm.backend?"), e.getMessage());
+  }
+
+  @Test
+  void toMapRoundTripsAndListsEveryKey() {
+    Map<String, String> in = new HashMap<>();
+    in.put("spark.fusedcomm.timeout", "2m");
+    in.put("spark.fusedcomm.host.chunkBytes", "1048576");
+    in.put("spark.fusedcomm.backend", "Host");
+    FusedCommConf c = FusedCommConf.fromMap(in);
+    Map<String, String> out = c.toMap();
+    assertEquals(FusedCommConf.all().size(), out.size());
+    assertEquals("120s", out.get("spark.fusedcomm.timeout"));
+    assertEquals("1m", out.get("spark.fusedcomm.host.chunkBytes"));
+    assertEquals("host", out.get("spark.fusedcomm.backend"));
+    assertEquals("30s", out.get("spark.fusedcomm.connectTimeout"));
+    assertEquals(c, FusedCommConf.fromMap(out));
+    assertEquals(c.hashCode(), FusedCommConf.fromMap(out).hashCode());
+    assertEquals(FusedCommConf.defaults(), FusedCommConf.fromMap(FusedCommConf.defaults().toMap()));
+  }
+
+  @Test
+  void everyDeclaredEntryIsRegisteredOnceAndDocumented() throws Exception {
+    Set<ConfigEntry<?>> declared = new HashSet<>();
+    for (Field f : FusedCommConf.class.getDeclaredFields()) {
+      if (Modifier.isStatic(f.getModifiers()) && f.getType() == ConfigEntry.class) {
+        declared.add((ConfigEntry<?>) f.get(null));
+      }
+    }
+    assertEquals(declared, new HashSet<>(FusedCommConf.all()));
+    for (ConfigEntry<?> e : FusedCommConf.all()) {
+      assertTrue(e.key().startsWith(FusedCommConf.PREFIX), e.key());
+      assertFalse(e.doc().isBlank(), e.key() + " has no doc");
+      assertEquals(e, FusedCommConf.entry(e.key()));
+      // Every default survives its own format/parse round trip.
+      assertEquals(e.defaultValue(), e.parse(e.defaultString()), e.key());
+    }
+  }
+
+  @Test
+  void getOfForeignEntryFails() {
+    ConfigEntry<String> foreign =
+        ConfigEntry.builder("spark.fusedcomm.notDeclared").doc("x").stringConf().createWithDefault("");
+    assertThrows(IllegalArgumentException.class, () -> FusedCommConf.defaults().get(foreign));
+  }
+
+  @Test
+  void defaultViolatingBoundsIsAProgrammingError() {
+    assertThrows(
+        IllegalStateException.class,
+        () ->
+            ConfigEntry.builder("spark.fusedcomm.x")
+                .doc("x")
+                .bytesConf()
+                .check(b -> b > 10, "> 10")
+                .createWithDefault(1L));
+  }
+
+  private static ConfigException bad(String key, String value) {
+    return assertThrows(ConfigException.class, () -> FusedCommConf.fromMap(Map.of(key, value)));
+  }
+}
