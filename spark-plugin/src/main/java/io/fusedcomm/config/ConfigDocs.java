@@ -89,9 +89,9 @@ public final class ConfigDocs {
           .append("` | ")
           .append(def.isEmpty() ? "(empty)" : "`" + def + "`")
           .append(" | ")
-          .append(e.typeName().replace("|", "\\|"))
+          .append(markdownCell(e.typeName()))
           .append(" | ")
-          .append(e.doc().replace("|", "\\|"))
+          .append(markdownCell(e.doc()))
           .append(" |\n");
     }
     sb.append("\nTo run with GPUs, also set Spark's GPU scheduling; see")
@@ -124,6 +124,11 @@ public final class ConfigDocs {
       appendSetting(sb, e.key(), e.defaultString());
     }
     return sb.toString();
+  }
+
+  /** Escapes what would break a table cell or be read as HTML. */
+  private static String markdownCell(String text) {
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;");
   }
 
   private static void appendSetting(StringBuilder sb, String key, String value) {

@@ -10,6 +10,8 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.spark.BarrierTaskContext;
+import org.apache.spark.util.TaskCompletionListener;
+import org.apache.spark.util.TaskFailureListener;
 
 /**
  * {@link BootstrapExchange} over a barrier task's context: rank = partition id, world = number of
@@ -44,7 +46,7 @@ public final class BarrierContextExchange implements BootstrapExchange {
     this.context = context;
     long attemptId = context.taskAttemptId();
     int sequence = CREATED.computeIfAbsent(attemptId, id -> {
-      context.addTaskCompletionListener(c -> CREATED.remove(id));
+      context.addTaskCompletionListener((TaskCompletionListener) c -> CREATED.remove(id));
       return new AtomicInteger();
     }).getAndIncrement();
     this.nonce =
@@ -80,9 +82,9 @@ public final class BarrierContextExchange implements BootstrapExchange {
   /** Ties {@code comm}'s life to the task (see the class comment). */
   public void watch(Communicator comm) {
     WATCHED.put(comm, context);
-    context.addTaskFailureListener((c, error) -> comm.abort());
+    context.addTaskFailureListener((TaskFailureListener) (c, error) -> comm.abort());
     context.addTaskCompletionListener(
-        c -> {
+        (TaskCompletionListener) c -> {
           WATCHED.remove(comm);
           if (!comm.isClosed()) {
             comm.abort();

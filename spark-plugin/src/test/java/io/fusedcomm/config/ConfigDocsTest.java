@@ -2,6 +2,7 @@ package io.fusedcomm.config;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.fail;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
@@ -33,6 +34,8 @@ class ConfigDocsTest {
     }
     assertTrue(md.contains("| `spark.fusedcomm.timeout` | `60s` | duration |"), md);
     assertTrue(md.contains("auto\\|cuda\\|host"), md);
+    // Angle brackets would be read as HTML tags by markdown renderers.
+    assertTrue(md.contains("spark.executor.resource.&lt;name&gt;.amount"), md);
     for (String line :
         List.of(
             "\nspark.plugins ",
@@ -63,16 +66,40 @@ class ConfigDocsTest {
     assertEquals(List.of("averyverylongword"), ConfigDocs.wrap("averyverylongword", 5));
   }
 
+  @Test
+  void differenceNamesTheLine() {
+    assertEquals("line 2 should be 'b' but is 'x'", firstDifference("a\nb\n", "a\nx\n"));
+    assertEquals(
+        "line 3 should be '' but is '<end of file>'", firstDifference("a\nb\n", "a\nb"));
+  }
+
   private static void assertCommitted(String relative, String expected) throws IOException {
     Path file = ConfigDocs.repoRoot().resolve(relative);
-    String actual =
-        Files.exists(file) ? Files.readString(file, StandardCharsets.UTF_8) : "<missing>";
-    assertEquals(
-        expected,
-        actual,
-        file
-            + " is out of date with the declarations in FusedCommConf. Regenerate it from the"
-            + " repository root with: "
-            + ConfigDocs.REGENERATE_COMMAND);
+    String actual = Files.exists(file) ? Files.readString(file, StandardCharsets.UTF_8) : null;
+    if (!expected.equals(actual)) {
+      String problem =
+          actual == null
+              ? " is missing"
+              : " is out of date (" + firstDifference(expected, actual) + ")";
+      fail(
+          file
+              + problem
+              + "; it is generated from the declarations in FusedCommConf. Regenerate it from the"
+              + " repository root with: "
+              + ConfigDocs.REGENERATE_COMMAND);
+    }
+  }
+
+  private static String firstDifference(String expected, String actual) {
+    String[] e = expected.split("\n", -1);
+    String[] a = actual.split("\n", -1);
+    for (int i = 0; i < Math.max(e.length, a.length); i++) {
+      String el = i < e.length ? e[i] : "<end of file>";
+      String al = i < a.length ? a[i] : "<end of file>";
+      if (!el.equals(al)) {
+        return "line " + (i + 1) + " should be '" + el + "' but is '" + al + "'";
+      }
+    }
+    return "line endings differ";
   }
 }

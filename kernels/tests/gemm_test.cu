@@ -1,0 +1,655 @@
+// gemm_test: launch_gemm against an fp32 reference on the GPU, every element checked.
+//
+//   1. sweep: >= 200 random shapes (M in [1, 16384], N, K multiples of 8 with tails), both B
+//      layouts, bf16 and fp32 C, padded leading dimensions, random tile width / grid size /
+//      raster group / M rotation. Outputs are poisoned (NaN) first; every element of C must be
+//      within tolerance, padding columns and guard rows below C must still hold the poison.
+//   2. hooks: readiness flags published late by a kernel on another stream (twice, with a new
+//      epoch: back-to-back launches); a flag never set (timeout reported, no hang); the abort
+//      word; a tile sink that atomically adds into / stores to other buffers and sets tile flags.
+//
+// Exit codes: 0 pass, 1 failure, 77 skipped (no GPU or not Hopper), with the reason printed.
+// GEMM_TEST_SEED=<n> reproduces a run; GEMM_TEST_SHAPES=<n> changes the sweep size.
+#include "fusedcomm/kernels/gemm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace fusedcomm::kernels;
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK_CUDA(x)                                                                       \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #x,                     \
+                   cudaGetErrorString(e_));                                                 \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+#define EXPECT(cond, ...)                        \
+  do {                                           \
+    if (!(cond)) {                               \
+      ++g_failures;                              \
+      std::printf("  FAIL %s: ", #cond);         \
+      std::printf(__VA_ARGS__);                  \
+      std::printf("\n");                         \
+    }                                            \
+  } while (0)
+
+// ---- device helpers -----------------------------------------------------------------------
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1) as bf16, over rows × ld (padding included).
+__global__ void fill_random(__nv_bfloat16* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = mix64(seed ^ mix64(i));
+    p[i] = __float2bfloat16(static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+__global__ void fill_f32(float* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<float>(mix64(seed ^ mix64(i)) >> 40) * (8.0f / 16777216.0f) - 4.0f;
+  }
+}
+
+// The obviously-correct reference: one thread per output, fp32 sum over k in order, plus the
+// sum of |a*b| that scales the tolerance.
+__global__ void reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
+                               int64_t ldb, bool kn, int M, int N, int K, float* ref,
+                               float* absdot) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  const int m = blockIdx.y;
+  if (n >= N || m >= M) return;
+  float s = 0.f, sa = 0.f;
+  for (int k = 0; k < K; ++k) {
+    const float a = __bfloat162float(A[m * lda + k]);
+    const float b = __bfloat162float(kn ? B[int64_t(k) * ldb + n] : B[int64_t(n) * ldb + k]);
+    s = fmaf(a, b, s);
+    sa += fabsf(a * b);
+  }
+  ref[int64_t(m) * N + n] = s;
+  absdot[int64_t(m) * N + n] = sa;
+}
+
+struct CompareResult {
+  unsigned long long bad;
+  unsigned long long first_bad;  // linear index (row * ld + col) of the smallest bad element
+  float got, want;
+};
+
+// Checks rows [0, rows_total) × [0, ld) of out: inside M×N against ref (+ base when given),
+// outside (padding columns, guard rows) for the untouched poison pattern.
+__global__ void compare(const void* out, bool out_f32, int64_t ld, int M, int N, int rows_total,
+                        const float* ref, const float* absdot, const float* base, float rtol,
+                        float atol_rel, CompareResult* res) {
+  const int64_t total = int64_t(rows_total) * ld;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int r = static_cast<int>(i / ld);
+    const int c = static_cast<int>(i % ld);
+    bool ok;
+    float got = 0.f, want = 0.f;
+    if (r < M && c < N) {
+      got = out_f32 ? static_cast<const float*>(out)[i]
+                    : __bfloat162float(static_cast<const __nv_bfloat16*>(out)[i]);
+      const int64_t j = int64_t(r) * N + c;
+      want = ref[j] + (base ? base[i] : 0.f);
+      const float tol = rtol * fabsf(want) + atol_rel * absdot[j] + 1e-6f;
+      ok = fabsf(got - want) <= tol;  // NaN fails
+    } else if (base == nullptr) {
+      ok = out_f32 ? static_cast<const uint32_t*>(out)[i] == 0xFFFFFFFFu
+                   : static_cast<const uint16_t*>(out)[i] == 0xFFFFu;
+    } else {
+      ok = true;  // sink buffers are pre-filled, not poisoned, outside M×N
+    }
+    if (!ok) {
+      atomicAdd(&res->bad, 1ull);
+      if (atomicMin(&res->first_bad, static_cast<unsigned long long>(i)) >
+          static_cast<unsigned long long>(i)) {
+        res->got = got;  // best effort (racy) detail for the report
+        res->want = want;
+      }
+    }
+  }
+}
+
+// Publishes chunks of `dst` (copied from `src`) in reverse order, `delay_ns` apart, each
+// followed by a release store of its flag: the writer side of hook 1.
+__global__ void publish_chunks(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t ld,
+                               int rows, int chunk_rows, uint64_t* flags, uint64_t epoch,
+                               uint64_t delay_ns) {
+  const int chunks = (rows + chunk_rows - 1) / chunk_rows;
+  for (int c = chunks - 1; c >= 0; --c) {
+    if (threadIdx.x == 0) {
+      uint64_t t0, t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      } while (t - t0 < delay_ns);
+    }
+    __syncthreads();
+    const int r0 = c * chunk_rows, r1 = min(rows, r0 + chunk_rows);
+    for (int64_t i = int64_t(r0) * ld + threadIdx.x; i < int64_t(r1) * ld; i += blockDim.x) {
+      dst[i] = src[i];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flags + c), "l"(epoch)
+                   : "memory");
+    }
+  }
+}
+
+__global__ void set_u64(uint64_t* p, int n, uint64_t v) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = v;
+}
+
+// ---- host helpers -------------------------------------------------------------------------
+struct Shape {
+  int M, N, K;
+  GemmLayoutB layout;
+  GemmOutType out;
+  int pad_a, pad_b, pad_c;
+  int tile_n, num_ctas, group_m, m_block_start;
+};
+
+std::string describe(const Shape& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "M=%d N=%d K=%d %s C=%s pads=%d/%d/%d tile_n=%d ctas=%d group=%d mstart=%d", s.M,
+                s.N, s.K, s.layout == GemmLayoutB::kNK ? "NK" : "KN",
+                s.out == GemmOutType::kBF16 ? "bf16" : "f32", s.pad_a, s.pad_b, s.pad_c,
+                s.tile_n, s.num_ctas, s.group_m, s.m_block_start);
+  return buf;
+}
+
+struct Operands {
+  __nv_bfloat16 *A = nullptr, *B = nullptr;
+  int64_t lda = 0, ldb = 0;
+  size_t a_elems = 0, b_elems = 0;
+};
+
+Operands make_operands(const Shape& s, uint64_t seed) {
+  Operands o;
+  o.lda = s.K + s.pad_a;
+  o.ldb = (s.layout == GemmLayoutB::kNK ? s.K : s.N) + s.pad_b;
+  o.a_elems = size_t(s.M) * o.lda;
+  o.b_elems = size_t(s.layout == GemmLayoutB::kNK ? s.N : s.K) * o.ldb;
+  CHECK_CUDA(cudaMalloc(&o.A, o.a_elems * 2));
+  CHECK_CUDA(cudaMalloc(&o.B, o.b_elems * 2));
+  fill_random<<<1024, 256>>>(o.A, o.a_elems, seed * 2 + 1);
+  fill_random<<<1024, 256>>>(o.B, o.b_elems, seed * 2 + 2);
+  CHECK_CUDA(cudaGetLastError());
+  return o;
+}
+
+void free_operands(Operands& o) {
+  cudaFree(o.A);
+  cudaFree(o.B);
+}
+
+struct Reference {
+  float *ref = nullptr, *absdot = nullptr;
+};
+
+Reference make_reference(const Shape& s, const Operands& o) {
+  Reference r;
+  CHECK_CUDA(cudaMalloc(&r.ref, size_t(s.M) * s.N * 4));
+  CHECK_CUDA(cudaMalloc(&r.absdot, size_t(s.M) * s.N * 4));
+  dim3 grid((s.N + 127) / 128, s.M);
+  reference_gemm<<<grid, 128>>>(o.A, o.lda, o.B, o.ldb, s.layout == GemmLayoutB::kKN, s.M, s.N,
+                                s.K, r.ref, r.absdot);
+  CHECK_CUDA(cudaGetLastError());
+  return r;
+}
+
+void free_reference(Reference& r) {
+  cudaFree(r.ref);
+  cudaFree(r.absdot);
+}
+
+CompareResult check_output(const void* out, bool f32, int64_t ld, int M, int N, int rows_total,
+                           const Reference& r, const float* base) {
+  CompareResult* d;
+  CHECK_CUDA(cudaMalloc(&d, sizeof(CompareResult)));
+  CompareResult init{0, ~0ull, 0.f, 0.f};
+  CHECK_CUDA(cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice));
+  const float rtol = f32 ? 1e-5f : 8e-3f;
+  compare<<<1024, 256>>>(out, f32, ld, M, N, rows_total, r.ref, r.absdot, base, rtol, 2e-5f, d);
+  CHECK_CUDA(cudaGetLastError());
+  CompareResult h;
+  CHECK_CUDA(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+  cudaFree(d);
+  return h;
+}
+
+constexpr int kGuardRows = 16;
+
+bool run_shape(const Shape& s, uint64_t seed) {
+  Operands o = make_operands(s, seed);
+  Reference r = make_reference(s, o);
+  const int64_t ldc = s.N + s.pad_c;
+  const size_t esz = s.out == GemmOutType::kF32 ? 4 : 2;
+  void* C;
+  const size_t c_bytes = size_t(s.M + kGuardRows) * ldc * esz;
+  CHECK_CUDA(cudaMalloc(&C, c_bytes));
+  CHECK_CUDA(cudaMemset(C, 0xFF, c_bytes));  // NaN in bf16 and fp32
+
+  GemmArgs a;
+  a.A = o.A;
+  a.lda = o.lda;
+  a.B = o.B;
+  a.ldb = o.ldb;
+  a.C = C;
+  a.ldc = ldc;
+  a.M = s.M;
+  a.N = s.N;
+  a.K = s.K;
+  a.b_layout = s.layout;
+  a.c_type = s.out;
+  a.tile_n = s.tile_n;
+  a.num_ctas = s.num_ctas;
+  a.group_m = s.group_m;
+  a.m_block_start = s.m_block_start;
+  cudaError_t e = launch_gemm(a, nullptr);
+  bool ok = e == cudaSuccess;
+  if (!ok) std::printf("  launch error %s\n", cudaGetErrorString(e));
+  e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    std::printf("  FATAL: %s after %s\n", cudaGetErrorString(e), describe(s).c_str());
+    std::exit(1);
+  }
+  if (ok) {
+    CompareResult c = check_output(C, s.out == GemmOutType::kF32, ldc, s.M, s.N,
+                                   s.M + kGuardRows, r, nullptr);
+    if (c.bad != 0) {
+      ok = false;
+      std::printf("  %llu bad elements; first at row %lld col %lld: got %g want %g\n", c.bad,
+                  (long long)(c.first_bad / ldc), (long long)(c.first_bad % ldc), c.got, c.want);
+    }
+  }
+  cudaFree(C);
+  free_reference(r);
+  free_operands(o);
+  return ok;
+}
+
+int round8(int x) { return std::max(8, (x + 7) / 8 * 8); }
+
+std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
+  std::vector<Shape> v;
+  auto base = [&](int M, int N, int K, GemmLayoutB l) {
+    Shape s{M, N, K, l, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0};
+    return s;
+  };
+  // Fixed corners first.
+  for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
+    v.push_back(base(1, 8, 8, l));
+    v.push_back(base(1, 8192, 8192, l));
+    v.push_back(base(7, 520, 72, l));
+    v.push_back(base(128, 256, 64, l));
+    v.push_back(base(129, 264, 72, l));
+    v.push_back(base(16384, 256, 64, l));
+    v.push_back(base(2048, 2048, 2048, l));
+    v.push_back(base(16384, 1032, 4104, l));
+  }
+  auto logu = [&](double lo, double hi) {
+    std::uniform_real_distribution<double> d(std::log(lo), std::log(hi));
+    return std::exp(d(rng));
+  };
+  std::uniform_int_distribution<int> coin(0, 99);
+  while (static_cast<int>(v.size()) < count) {
+    Shape s{};
+    const int band = coin(rng) % 4;
+    const double mlo[4] = {1, 65, 513, 4097}, mhi[4] = {64, 512, 4096, 16384};
+    s.M = static_cast<int>(logu(mlo[band], mhi[band] + 1));
+    s.N = round8(static_cast<int>(logu(8, 6000)));
+    s.K = round8(static_cast<int>(logu(8, 9000)));
+    while (double(s.M) * s.N * s.K > 3e10) s.K = round8(s.K / 2);
+    s.layout = coin(rng) < 50 ? GemmLayoutB::kNK : GemmLayoutB::kKN;
+    s.out = coin(rng) < 80 ? GemmOutType::kBF16 : GemmOutType::kF32;
+    s.pad_a = coin(rng) < 30 ? 8 * (1 + coin(rng) % 8) : 0;
+    s.pad_b = coin(rng) < 30 ? 8 * (1 + coin(rng) % 8) : 0;
+    s.pad_c = coin(rng) < 30 ? 8 * (1 + coin(rng) % 8) : 0;
+    const int t = coin(rng);
+    s.tile_n = t < 60 ? 0 : (t < 80 ? 128 : 256);
+    const int g = coin(rng);
+    s.num_ctas = g < 70 ? 0 : (g < 80 ? 1 : (g < 90 ? 1 + coin(rng) % sms : sms - 8));
+    const int groups[5] = {0, 1, 3, 8, 16};
+    s.group_m = groups[coin(rng) % 5];
+    s.m_block_start = coin(rng) < 30 ? coin(rng) * 7 : 0;
+    v.push_back(s);
+  }
+  return v;
+}
+
+// ---- hook tests ---------------------------------------------------------------------------
+struct HookFixture {
+  Shape s;
+  Operands final_ops;   // the data the publisher delivers
+  Operands gemm_ops;    // what the GEMM reads: poisoned until published
+  Reference ref;
+};
+
+HookFixture make_hook_fixture(int M, int N, int K, uint64_t seed) {
+  HookFixture f;
+  f.s = Shape{M, N, K, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0};
+  f.final_ops = make_operands(f.s, seed);
+  f.gemm_ops = make_operands(f.s, seed + 99);
+  f.ref = make_reference(f.s, f.final_ops);
+  return f;
+}
+
+void free_hook_fixture(HookFixture& f) {
+  free_operands(f.final_ops);
+  free_operands(f.gemm_ops);
+  free_reference(f.ref);
+}
+
+// Hook 1: flags published late by another stream; two rounds (epochs 7 and 8) on the same
+// flags. Also hook 3 (fewer CTAs) and hook 4 (M rotation).
+void test_late_flags(int sms, uint64_t seed) {
+  std::printf("[hooks] late readiness flags (A and B), 2 epochs\n");
+  const int M = 2088, N = 1536, K = 1032, a_chunk = 384, b_chunk = 512;
+  HookFixture f = make_hook_fixture(M, N, K, seed);
+  const int a_chunks = (M + a_chunk - 1) / a_chunk, b_chunks = (N + b_chunk - 1) / b_chunk;
+  uint64_t *a_flags, *b_flags;
+  GemmErrorRecord* err;
+  CHECK_CUDA(cudaMalloc(&a_flags, a_chunks * 8));
+  CHECK_CUDA(cudaMalloc(&b_flags, b_chunks * 8));
+  CHECK_CUDA(cudaMallocHost(&err, sizeof(GemmErrorRecord)));
+  set_u64<<<1, 64>>>(a_flags, a_chunks, 6);
+  set_u64<<<1, 64>>>(b_flags, b_chunks, 6);
+  __nv_bfloat16* C;
+  CHECK_CUDA(cudaMalloc(&C, size_t(M + kGuardRows) * N * 2));
+  cudaStream_t s1, s2, s3;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking));
+  for (uint64_t epoch : {7ull, 8ull}) {
+    // Stale data: poison the GEMM's operands, then publish chunk by chunk.
+    CHECK_CUDA(cudaMemset(f.gemm_ops.A, 0xFF, f.gemm_ops.a_elems * 2));
+    CHECK_CUDA(cudaMemset(f.gemm_ops.B, 0xFF, f.gemm_ops.b_elems * 2));
+    CHECK_CUDA(cudaMemset(C, 0xFF, size_t(M + kGuardRows) * N * 2));
+    std::memset(err, 0, sizeof *err);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    GemmArgs a;
+    a.A = f.gemm_ops.A;
+    a.lda = K;
+    a.B = f.gemm_ops.B;
+    a.ldb = K;
+    a.C = C;
+    a.ldc = N;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.num_ctas = sms - 6;
+    a.m_block_start = 5;
+    a.wait.a = {a_flags, static_cast<uint32_t>(a_chunk), static_cast<uint32_t>(a_chunks)};
+    a.wait.b = {b_flags, static_cast<uint32_t>(b_chunk), static_cast<uint32_t>(b_chunks)};
+    a.wait.epoch = epoch;
+    a.wait.timeout_ns = 5'000'000'000ull;
+    a.wait.error = err;
+    CHECK_CUDA(launch_gemm(a, s1));
+    publish_chunks<<<1, 256, 0, s2>>>(f.gemm_ops.A, f.final_ops.A, K, M, a_chunk, a_flags, epoch,
+                                      300'000);
+    publish_chunks<<<1, 256, 0, s3>>>(f.gemm_ops.B, f.final_ops.B, K, N, b_chunk, b_flags, epoch,
+                                      500'000);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT(err->code == kGemmOk, "epoch %llu: error code %u (chunk %u)", (unsigned long long)epoch,
+           err->code, err->chunk);
+    CompareResult c = check_output(C, false, N, M, N, M + kGuardRows, f.ref, nullptr);
+    EXPECT(c.bad == 0, "epoch %llu: %llu bad elements, first row %llu col %llu got %g want %g",
+           (unsigned long long)epoch, c.bad, c.first_bad / N, c.first_bad % N, c.got, c.want);
+  }
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  cudaStreamDestroy(s3);
+  cudaFree(C);
+  cudaFree(a_flags);
+  cudaFree(b_flags);
+  cudaFreeHost(err);
+  free_hook_fixture(f);
+}
+
+// Hook 1, failure paths: a flag that is never set (timeout) and the abort word.
+void test_timeout_and_abort(uint64_t seed) {
+  const int M = 1000, N = 512, K = 256, chunk = 256, chunks = 4;
+  HookFixture f = make_hook_fixture(M, N, K, seed);
+  uint64_t* flags;
+  CHECK_CUDA(cudaMalloc(&flags, chunks * 8));
+  GemmErrorRecord* err;
+  uint32_t* abort_word;
+  CHECK_CUDA(cudaHostAlloc(&err, sizeof(GemmErrorRecord), cudaHostAllocMapped));
+  CHECK_CUDA(cudaHostAlloc(&abort_word, 4, cudaHostAllocMapped));
+  GemmErrorRecord* err_dev;
+  uint32_t* abort_dev;
+  CHECK_CUDA(cudaHostGetDevicePointer(&err_dev, err, 0));
+  CHECK_CUDA(cudaHostGetDevicePointer(&abort_dev, abort_word, 0));
+  __nv_bfloat16* C;
+  CHECK_CUDA(cudaMalloc(&C, size_t(M) * N * 2));
+
+  for (int mode = 0; mode < 2; ++mode) {
+    std::printf("[hooks] %s\n", mode == 0 ? "flag never set: timeout" : "abort word");
+    set_u64<<<1, 64>>>(flags, chunks, 3);
+    set_u64<<<1, 1>>>(flags + 2, 1, 2);  // chunk 2 never reaches epoch 3
+    std::memset(err, 0, sizeof *err);
+    *reinterpret_cast<volatile uint32_t*>(abort_word) = 0;
+    CHECK_CUDA(cudaDeviceSynchronize());
+    GemmArgs a;
+    a.A = f.final_ops.A;
+    a.lda = K;
+    a.B = f.final_ops.B;
+    a.ldb = K;
+    a.C = C;
+    a.ldc = N;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.wait.a = {flags, static_cast<uint32_t>(chunk), static_cast<uint32_t>(chunks)};
+    a.wait.epoch = 3;
+    a.wait.timeout_ns = mode == 0 ? 50'000'000ull : 20'000'000'000ull;
+    a.wait.abort_word = abort_dev;
+    a.wait.error = err_dev;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_CUDA(launch_gemm(a, nullptr));
+    if (mode == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      *reinterpret_cast<volatile uint32_t*>(abort_word) = 1;
+    }
+    const cudaError_t e = cudaDeviceSynchronize();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  returned %s after %.3f s; code %u operand %u chunk %u cta %u tile (%u,%u) "
+                "observed %llu waited %.1f ms\n",
+                cudaGetErrorString(e), secs, err->code, err->operand, err->chunk, err->cta,
+                err->tile_m, err->tile_n, (unsigned long long)err->observed,
+                err->elapsed_ns / 1e6);
+    EXPECT(e == cudaSuccess, "kernel must exit cleanly, got %s", cudaGetErrorString(e));
+    EXPECT(secs < 3.0, "took %.3f s", secs);
+    const uint32_t want = mode == 0 ? kGemmWaitTimeout : kGemmAborted;
+    EXPECT(err->code == want, "code %u want %u", err->code, want);
+    EXPECT(err->operand == 0 && err->chunk == 2, "operand %u chunk %u", err->operand, err->chunk);
+    EXPECT(err->observed == 2, "observed %llu", (unsigned long long)err->observed);
+  }
+  // The device is still usable afterwards.
+  Shape s{300, 264, 136, GemmLayoutB::kKN, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT(run_shape(s, seed + 5), "GEMM after a timeout");
+  cudaFree(C);
+  cudaFree(flags);
+  cudaFreeHost(err);
+  cudaFreeHost(abort_word);
+  free_hook_fixture(f);
+}
+
+// Hook 2: tile sink. (a) fp32 atomic add into two destinations (rows routed by 200) plus the
+// local C store plus tile flags; (b) bf16 store into the sink only (C = null), KN layout.
+void test_tile_sink(uint64_t seed) {
+  std::printf("[hooks] tile sink: atomic add to 2 destinations + C + tile flags\n");
+  const int M = 400, N = 776, K = 520, rows_per_dest = 200, ld = 784;
+  HookFixture f = make_hook_fixture(M, N, K, seed);
+  float *dst, *base;
+  CHECK_CUDA(cudaMalloc(&dst, size_t(M) * ld * 4));
+  CHECK_CUDA(cudaMalloc(&base, size_t(M) * ld * 4));
+  fill_f32<<<256, 256>>>(base, size_t(M) * ld, seed + 7);
+  CHECK_CUDA(cudaMemcpy(dst, base, size_t(M) * ld * 4, cudaMemcpyDeviceToDevice));
+  __nv_bfloat16* C;
+  CHECK_CUDA(cudaMalloc(&C, size_t(M + kGuardRows) * N * 2));
+  CHECK_CUDA(cudaMemset(C, 0xFF, size_t(M + kGuardRows) * N * 2));
+  const GemmTileGrid g = gemm_tile_grid(M, N, 128, 0);
+  const int tiles = g.m_blocks * g.n_blocks;
+  uint64_t* tile_flags;
+  CHECK_CUDA(cudaMalloc(&tile_flags, tiles * 8));
+  CHECK_CUDA(cudaMemset(tile_flags, 0, tiles * 8));
+
+  GemmArgs a;
+  a.A = f.final_ops.A;
+  a.lda = K;
+  a.B = f.final_ops.B;
+  a.ldb = K;
+  a.C = C;
+  a.ldc = N;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.tile_n = 128;
+  a.sink.mode = GemmSinkMode::kAtomicAddF32;
+  a.sink.num_dests = 2;
+  a.sink.rows_per_dest = rows_per_dest;
+  a.sink.ld = ld;
+  a.sink.dest[0] = dst;
+  a.sink.dest[1] = dst + size_t(rows_per_dest) * ld;
+  a.sink.tile_flags = tile_flags;
+  a.sink.epoch = 3;
+  CHECK_CUDA(launch_gemm(a, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CompareResult c = check_output(C, false, N, M, N, M + kGuardRows, f.ref, nullptr);
+  EXPECT(c.bad == 0, "local C: %llu bad", c.bad);
+  c = check_output(dst, true, ld, M, N, M, f.ref, base);
+  EXPECT(c.bad == 0, "sink: %llu bad, first row %llu col %llu got %g want %g", c.bad,
+         c.first_bad / ld, c.first_bad % ld, c.got, c.want);
+  std::vector<uint64_t> h(tiles);
+  CHECK_CUDA(cudaMemcpy(h.data(), tile_flags, tiles * 8, cudaMemcpyDeviceToHost));
+  int unset = 0;
+  for (uint64_t v : h) unset += v != 3;
+  EXPECT(unset == 0, "%d of %d tile flags not set", unset, tiles);
+
+  std::printf("[hooks] tile sink: bf16 store elsewhere, C = null, KN layout\n");
+  HookFixture fk = make_hook_fixture(M, N, K, seed + 11);
+  fk.s.layout = GemmLayoutB::kKN;
+  free_reference(fk.ref);
+  free_operands(fk.final_ops);
+  fk.final_ops = make_operands(fk.s, seed + 12);
+  fk.ref = make_reference(fk.s, fk.final_ops);
+  __nv_bfloat16* dst16;
+  CHECK_CUDA(cudaMalloc(&dst16, size_t(M + kGuardRows) * ld * 2));
+  CHECK_CUDA(cudaMemset(dst16, 0xFF, size_t(M + kGuardRows) * ld * 2));
+  GemmArgs b = a;
+  b.A = fk.final_ops.A;
+  b.B = fk.final_ops.B;
+  b.ldb = N;
+  b.b_layout = GemmLayoutB::kKN;
+  b.C = nullptr;
+  b.tile_n = 0;
+  b.sink.mode = GemmSinkMode::kStoreBF16;
+  b.sink.num_dests = 1;
+  b.sink.rows_per_dest = 0;
+  b.sink.dest[0] = dst16;
+  b.sink.dest[1] = nullptr;
+  b.sink.tile_flags = nullptr;
+  CHECK_CUDA(launch_gemm(b, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  c = check_output(dst16, false, ld, M, N, M + kGuardRows, fk.ref, nullptr);
+  EXPECT(c.bad == 0, "bf16 sink: %llu bad, first row %llu col %llu got %g want %g", c.bad,
+         c.first_bad / ld, c.first_bad % ld, c.got, c.want);
+
+  cudaFree(dst16);
+  free_hook_fixture(fk);
+  cudaFree(tile_flags);
+  cudaFree(C);
+  cudaFree(dst);
+  cudaFree(base);
+  free_hook_fixture(f);
+}
+
+void test_bad_args() {
+  std::printf("[args] contract violations are rejected\n");
+  GemmArgs a;
+  a.M = 16;
+  a.N = 12;  // not a multiple of 8
+  a.K = 64;
+  EXPECT(launch_gemm(a, nullptr) == cudaErrorInvalidValue, "N %% 8 != 0 accepted");
+  cudaGetLastError();
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIP: gemm_test needs a CUDA GPU; none is visible here\n");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9) {
+    std::printf("SKIP: gemm_test needs a Hopper GPU (sm_90a); found %s (sm_%d%d)\n", prop.name,
+                prop.major, prop.minor);
+    return 77;
+  }
+  uint64_t seed = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (const char* e = std::getenv("GEMM_TEST_SEED")) seed = std::strtoull(e, nullptr, 10);
+  int count = 240;
+  if (const char* e = std::getenv("GEMM_TEST_SHAPES")) count = std::atoi(e);
+  std::printf("gemm_test on %s (%d SMs), seed %llu\n", prop.name, prop.multiProcessorCount,
+              (unsigned long long)seed);
+
+  test_bad_args();
+  std::mt19937_64 rng(seed);
+  const auto shapes = make_sweep(rng, count, prop.multiProcessorCount);
+  int passed = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const bool ok = run_shape(shapes[i], seed + i * 1000);
+    if (ok) {
+      ++passed;
+    } else {
+      ++g_failures;
+      std::printf("  FAIL sweep[%zu] %s\n", i, describe(shapes[i]).c_str());
+    }
+  }
+  std::printf("[sweep] %d/%zu shapes passed in %.1f s\n", passed, shapes.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  test_late_flags(prop.multiProcessorCount, seed + 1);
+  test_timeout_and_abort(seed + 2);
+  test_tile_sink(seed + 3);
+
+  std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "PASSED", g_failures);
+  return g_failures ? 1 : 0;
+}

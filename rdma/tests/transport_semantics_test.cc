@@ -1,0 +1,396 @@
+// Contract details of the socket transport and the proxy, in one process: two transports talk
+// over loopback (rank 1's half of every connect runs on a helper thread).
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "fusedcomm/rdma/proxy.h"
+#include "fusedcomm/rdma/transport.h"
+#include "test_util.h"
+
+using namespace fusedcomm::rdma;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<Transport> loopback() {
+  SocketOptions o;
+  o.bind_host = "127.0.0.1";
+  return make_socket_transport(o);
+}
+
+GroupSpec spec(int rank, int world, std::vector<std::string> addrs, uint64_t comm,
+               std::chrono::milliseconds timeout = 5000ms) {
+  GroupSpec s;
+  s.job_token = 0xABCDEF;
+  s.comm_id = comm;
+  s.rank = rank;
+  s.world = world;
+  s.addresses = std::move(addrs);
+  s.connect_timeout = timeout;
+  return s;
+}
+
+struct Pair {
+  std::unique_ptr<PeerGroup> g0, g1;
+};
+
+Pair connect_pair(Transport& t0, Transport& t1, uint64_t comm) {
+  std::vector<std::string> addrs = {t0.address(), t1.address()};
+  auto f = std::async(std::launch::async, [&] { return t1.connect(spec(1, 2, addrs, comm)); });
+  Pair p;
+  p.g0 = t0.connect(spec(0, 2, addrs, comm));
+  p.g1 = f.get();
+  return p;
+}
+
+// A registered buffer with signal words at its end.
+struct Buf {
+  std::vector<uint64_t> words;
+  Region r;
+  Buf(Transport& t, size_t n_words) : words(n_words, 0) { r = t.register_memory(words.data(), n_words * 8); }
+  uint64_t load(size_t i) const {
+    return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(words[i])).load(std::memory_order_acquire);
+  }
+};
+
+void test_probes() {
+  Availability s = probe_socket();
+  FC_CHECK(s.available, "socket backend available: " + s.reason);
+  Availability v = probe_ibverbs();
+  Availability e = probe_efa();
+  std::printf("  ibverbs: %s\n  efa: %s\n", v.reason.c_str(), e.reason.c_str());
+  // No RDMA backend is built yet, so they are unavailable everywhere, with a reason.
+  FC_CHECK(!v.available && !v.reason.empty(), "ibverbs reason");
+  FC_CHECK(!e.available && !e.reason.empty(), "efa reason");
+  FC_CHECK(v.reason.find("libibverbs") != std::string::npos || v.reason.find("RDMA") != std::string::npos,
+           "ibverbs reason names the library or the device: " + v.reason);
+}
+
+void test_addresses() {
+  auto t = loopback();
+  std::string a = t->address();
+  FC_CHECK(a.rfind("127.0.0.1:", 0) == 0 && std::stoi(a.substr(10)) > 0, "loopback address " + a);
+  FC_CHECK(std::string(t->name()) == "socket" && t->api_version() == kTransportApiVersion, "name, version");
+
+  // Default options: wildcard bind, advertised under the host's own address; reachable.
+  auto d = make_socket_transport(SocketOptions{});
+  std::string da = d->address();
+  FC_CHECK(da.find("0.0.0.0") == std::string::npos && da.rfind(':') != std::string::npos &&
+               da.rfind(':') > 0,
+           "advertised address " + da);
+  auto p = connect_pair(*d, *t, 1);
+  FC_CHECK(p.g0->status(1) == PeerState::kConnected, "default-bound transport is reachable at " + da);
+  auto f = std::async(std::launch::async, [&] { p.g1->close(5000ms); });
+  p.g0->close(5000ms);
+  f.get();
+}
+
+void test_world_one_and_self_writes() {
+  auto t = loopback();
+  Buf b(*t, 64);
+  for (int i = 0; i < 8; ++i) b.words[i] = 1000 + i;
+  auto g = t->connect(spec(0, 1, {}, 3));
+  FC_CHECK(g->world() == 1 && g->rank() == 0, "world 1");
+  WriteOp op;
+  op.peer = 0;
+  op.src_key = b.r.key;
+  op.src_offset = 0;
+  op.dst_key = b.r.key;
+  op.dst_offset = 16 * 8;
+  op.bytes = 8 * 8;
+  op.signal_key = b.r.key;
+  op.signal_offset = 63 * 8;
+  op.signal_value = 9;
+  g->write(op);
+  FC_CHECK(b.load(63) == 9 && b.words[16] == 1000 && b.words[23] == 1007, "self write copies and signals");
+  op.signal_value = 4;
+  g->write(op);
+  FC_CHECK(b.load(63) == 9, "signal keeps the max");
+  FC_CHECK(t->stats().open_connections == 0, "no connections for world 1");
+  g->close(1000ms);
+}
+
+void test_graceful_close_is_not_a_failure() {
+  auto t0 = loopback(), t1 = loopback();
+  Buf b0(*t0, 16), b1(*t1, 16);
+  auto p = connect_pair(*t0, *t1, 4);
+  auto closing = std::async(std::launch::async, [&] { p.g1->close(5000ms); });
+  bool closed = fctest::wait_for([&] { return p.g0->status(1) == PeerState::kClosed; }, 3000ms);
+  FC_CHECK(closed, "rank 0 sees rank 1 closed");
+  try {
+    p.g0->check();
+  } catch (const std::exception& e) {
+    FC_CHECK(false, std::string("a polite close must not fail check(): ") + e.what());
+  }
+  WriteOp op;
+  op.peer = 1;
+  op.signal_key = b1.r.key;
+  op.signal_value = 1;
+  FC_EXPECT_THROW(TransportError, p.g0->write(op), e, {
+    FC_CHECK(e.peer() == 1, "write to a closed peer names it");
+    FC_CHECK(std::string(e.what()).find("rank 1 at " + t1->address()) != std::string::npos, e.what());
+  });
+  const auto t = std::chrono::steady_clock::now();
+  p.g0->close(5000ms);
+  closing.get();
+  FC_CHECK(std::chrono::steady_clock::now() - t < 2000ms, "both closes finish promptly");
+  FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "sockets released");
+}
+
+void test_abort_and_destroy_are_failures() {
+  auto t0 = loopback(), t1 = loopback();
+  for (int how = 0; how < 2; ++how) {
+    auto p = connect_pair(*t0, *t1, 5 + how);
+    if (how == 0) {
+      p.g1->abort();
+    } else {
+      p.g1.reset();  // destroyed without close
+    }
+    bool failed = fctest::wait_for([&] { return p.g0->status(1) == PeerState::kFailed; }, 3000ms);
+    FC_CHECK(failed, "peer failure seen");
+    FC_EXPECT_THROW(TransportError, p.g0->check(), e, {
+      FC_CHECK(e.peer() == 1, "check names rank 1");
+      FC_CHECK(std::string(e.what()) == "peer rank 1 at " + t1->address() + " closed the connection",
+               std::string("message: ") + e.what());
+    });
+    p.g0->close(1000ms);
+  }
+  FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "sockets released");
+}
+
+void test_receiver_validates_writes() {
+  auto t0 = loopback(), t1 = loopback();
+  Buf src(*t0, 1024), dst(*t1, 128);
+  // 0: past the end, 1: unknown key, 2: bad signal word
+  for (int kind = 0; kind < 3; ++kind) {
+    auto p = connect_pair(*t0, *t1, 10 + kind);
+    WriteOp op;
+    op.peer = 1;
+    op.src_key = src.r.key;
+    op.dst_key = kind == 1 ? dst.r.key + 999 : dst.r.key;
+    op.dst_offset = kind == 0 ? 120 * 8 : 0;
+    op.bytes = 16 * 8;
+    if (kind == 2) {
+      op.bytes = 8;
+      op.signal_key = dst.r.key;
+      op.signal_offset = 128 * 8;  // one past the last word
+      op.signal_value = 1;
+    }
+    p.g0->write(op);  // the sender cannot know; the receiver refuses
+    bool failed = fctest::wait_for([&] { return p.g1->status(0) == PeerState::kFailed; }, 3000ms);
+    FC_CHECK(failed, "receiver failed the connection (kind " + std::to_string(kind) + ")");
+    FC_EXPECT_THROW(TransportError, p.g1->check(), e, {
+      FC_CHECK(e.peer() == 0, "names the writer");
+      std::string m = e.what();
+      FC_CHECK(m.find("peer rank 0 at " + t0->address()) == 0, m);
+      const char* want[] = {"out of range", "unknown region", "invalid word"};
+      FC_CHECK(m.find(want[kind]) != std::string::npos, m);
+    });
+    bool seen = fctest::wait_for([&] { return p.g0->status(1) == PeerState::kFailed; }, 3000ms);
+    FC_CHECK(seen, "the writer sees the connection dropped");
+    for (uint64_t w : dst.words) FC_CHECK(w == 0, "nothing landed");
+    p.g0->close(500ms);
+    p.g1->close(500ms);
+  }
+  // Local argument errors throw at the sender and leave the connection alone.
+  auto p = connect_pair(*t0, *t1, 20);
+  WriteOp bad;
+  bad.peer = 1;
+  bad.src_key = src.r.key;
+  bad.src_offset = 1020 * 8;
+  bad.bytes = 8 * 8;
+  bad.dst_key = dst.r.key;
+  FC_EXPECT_THROW(std::invalid_argument, p.g0->write(bad), e, {});
+  bad.bytes = 0;
+  bad.signal_key = dst.r.key;
+  bad.signal_offset = 4;
+  FC_EXPECT_THROW(std::invalid_argument, p.g0->write(bad), e, {});
+  bad.peer = 2;
+  FC_EXPECT_THROW(std::invalid_argument, p.g0->write(bad), e, {});
+  WriteOp good;
+  good.peer = 1;
+  good.src_key = src.r.key;
+  good.bytes = 8;
+  good.dst_key = dst.r.key;
+  good.dst_offset = 8;
+  good.signal_key = dst.r.key;
+  good.signal_offset = 0;
+  good.signal_value = 77;
+  src.words[0] = 0x1234;
+  p.g0->write(good);
+  FC_CHECK(fctest::wait_for([&] { return dst.load(0) >= 77; }, 3000ms) && dst.words[1] == 0x1234,
+           "connection still works");
+  auto f = std::async(std::launch::async, [&] { p.g1->close(2000ms); });
+  p.g0->close(2000ms);
+  f.get();
+}
+
+void test_connect_errors() {
+  auto t0 = loopback(), t1 = loopback();
+  // A lower rank whose port has no listener: refused until the timeout.
+  std::string dead;
+  {
+    auto gone = loopback();
+    dead = gone->address();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  FC_EXPECT_THROW(ConnectTimeout, t1->connect(spec(1, 2, {dead, t1->address()}, 30, 800ms)), e, {
+    FC_CHECK(e.peer() == 0, "names rank 0");
+    std::string m = e.what();
+    FC_CHECK(m.find("rank 0 at " + dead) != std::string::npos && m.find("refused") != std::string::npos, m);
+  });
+  FC_CHECK(std::chrono::steady_clock::now() - start < 3000ms, "bounded");
+  // One communicator id cannot be open twice on one transport.
+  auto p = connect_pair(*t0, *t1, 31);
+  FC_EXPECT_THROW(TransportError, t0->connect(spec(0, 2, {t0->address(), t1->address()}, 31, 200ms)), e, {
+    FC_CHECK(std::string(e.what()).find("already open") != std::string::npos, e.what());
+  });
+  FC_EXPECT_THROW(std::invalid_argument, t0->connect(spec(2, 2, {"a:1", "b:1"}, 32)), e, {});
+  FC_EXPECT_THROW(std::invalid_argument, t0->connect(spec(0, 3, {"a:1", "b:1"}, 33)), e, {});
+  p.g0->abort();
+  p.g1->abort();
+}
+
+void test_transport_destroyed_under_a_group() {
+  auto t0 = loopback();
+  auto t1 = loopback();
+  Buf b(*t1, 8);
+  auto p = connect_pair(*t0, *t1, 40);
+  t1.reset();  // groups outlive their transport: they are aborted, never crash
+  WriteOp op;
+  op.peer = 0;
+  op.signal_key = 1;
+  op.signal_value = 1;
+  FC_EXPECT_THROW(TransportError, p.g1->write(op), e, {});
+  FC_CHECK(fctest::wait_for([&] { return p.g0->status(1) != PeerState::kConnected; }, 3000ms),
+           "the peer notices");
+  p.g1.reset();
+  p.g0->close(500ms);
+}
+
+// ------------------------------------------------------------------------------------------
+// Proxy ring
+
+struct RingMem {
+  void* p;
+  explicit RingMem(uint32_t cap) {
+    size_t n = (ProxyRing::bytes_for(cap) + 4095) / 4096 * 4096;
+    p = std::aligned_alloc(4096, n);
+    std::memset(p, 0, n);
+  }
+  ~RingMem() { std::free(p); }
+};
+
+void test_ring_basics() {
+  FC_CHECK(ProxyRing::bytes_for(8) == 128 + 8 * 128, "layout size");
+  RingMem m(8);
+  FC_EXPECT_THROW(std::invalid_argument, ProxyRing(m.p, 6), e, {});
+  FC_EXPECT_THROW(std::invalid_argument, ProxyRing(static_cast<char*>(m.p) + 64, 8), e, {});
+  ProxyRing ring(m.p, 8);
+  FC_CHECK(reinterpret_cast<char*>(ring.slots()) == static_cast<char*>(m.p) + 128, "slots after header");
+  WriteOp op;
+  op.peer = 1;
+  op.bytes = 5;
+  for (uint64_t i = 1; i <= 8; ++i) FC_CHECK(ring.post(op, 100ms) == i, "sequence numbers");
+  FC_CHECK(ring.slots()[3].seq == 4 && ring.slots()[3].bytes == 5 && ring.slots()[3].peer == 1, "command stored");
+  const auto t = std::chrono::steady_clock::now();
+  FC_EXPECT_THROW(TransportError, ring.post(op, 150ms), e, {
+    FC_CHECK(std::string(e.what()).find("full") != std::string::npos, e.what());
+  });
+  const auto waited = std::chrono::steady_clock::now() - t;
+  FC_CHECK(waited >= 140ms && waited < 2000ms, "bounded wait while full");
+  FC_CHECK(ring.header()->reserved == 8, "a timed-out post leaves no hole");
+  ring.header()->abort = 1;
+  ring.header()->consumed = 8;
+  FC_EXPECT_THROW(TransportError, ring.post(op, 100ms), e, {
+    FC_CHECK(std::string(e.what()).find("aborted") != std::string::npos, e.what());
+  });
+}
+
+void test_proxy_wraps_and_reports_errors() {
+  auto t0 = loopback(), t1 = loopback();
+  Buf src(*t0, 4096), dst(*t1, 4096 + 8);
+  for (size_t i = 0; i < 4096; ++i) src.words[i] = fctest::splitmix64(i);
+  auto p = connect_pair(*t0, *t1, 50);
+  {
+    RingMem m(4);  // tiny: many laps, producers wait on a full ring
+    ProxyRing ring(m.p, 4);
+    Proxy proxy(ring, *t0, *p.g0);
+    const int n = 1000;
+    for (int i = 0; i < n; ++i) {
+      WriteOp op;
+      op.peer = 1;
+      op.src_key = src.r.key;
+      op.src_offset = uint64_t(i % 4096) * 8;
+      op.dst_key = dst.r.key;
+      op.dst_offset = uint64_t(i % 4096) * 8;
+      op.bytes = 8 * uint64_t(1 + i % 3);
+      if (op.src_offset + op.bytes > 4096 * 8) op.bytes = 8;
+      op.signal_key = dst.r.key;
+      op.signal_offset = 4096 * 8;
+      op.signal_value = uint64_t(i + 1);
+      ring.post(op, 5000ms);
+    }
+    FC_CHECK(fctest::wait_for([&] { return dst.load(4096) == uint64_t(n); }, 10000ms), "all signals arrived");
+    for (int i = 0; i < n && i < 4096; ++i) {
+      if (dst.words[i] != src.words[i]) {
+        FC_CHECK(false, "word " + std::to_string(i));
+        break;
+      }
+    }
+    proxy.stop(true, 5000ms);
+    FC_CHECK(proxy.error().empty() && proxy.failed_peer() == -2, "healthy: " + proxy.error());
+    FC_CHECK(ring.header()->completed == uint64_t(n), "completed counts every command");
+    proxy.stop(true, 100ms);  // idempotent
+  }
+  {
+    // An invalid command is recorded (no single peer at fault), not a crash.
+    RingMem m(8);
+    ProxyRing ring(m.p, 8);
+    Proxy proxy(ring, *t0, *p.g0);
+    WriteOp op;
+    op.peer = 1;
+    op.src_key = 0xdead;
+    op.bytes = 8;
+    ring.post(op, 100ms);
+    FC_CHECK(fctest::wait_for([&] { return !proxy.error().empty(); }, 3000ms), "error recorded");
+    FC_CHECK(proxy.failed_peer() == -1, "no peer blamed");
+    FC_CHECK(ring.header()->abort != 0, "abort word raised for producers");
+    FC_EXPECT_THROW(TransportError, ring.post(op, 100ms), e, {});
+  }
+  {
+    // A dead peer stops the proxy with the transport's error naming it.
+    RingMem m(8);
+    ProxyRing ring(m.p, 8);
+    Proxy proxy(ring, *t0, *p.g0);
+    p.g1->abort();
+    FC_CHECK(fctest::wait_for([&] { return p.g0->status(1) == PeerState::kFailed; }, 3000ms), "peer failed");
+    WriteOp op;
+    op.peer = 1;
+    op.signal_key = dst.r.key;
+    op.signal_value = 1;
+    ring.post(op, 100ms);
+    FC_CHECK(fctest::wait_for([&] { return proxy.failed_peer() == 1; }, 3000ms), "peer 1 blamed");
+    FC_CHECK(proxy.error().find("peer rank 1 at " + t1->address()) != std::string::npos, proxy.error());
+    proxy.stop(true, 100ms);
+  }
+  p.g0->close(500ms);
+}
+
+}  // namespace
+
+int main() {
+  fctest::run_case("probes report availability with a reason", test_probes);
+  fctest::run_case("listener addresses", test_addresses);
+  fctest::run_case("world 1 and writes to self", test_world_one_and_self_writes);
+  fctest::run_case("a polite close is not a failure", test_graceful_close_is_not_a_failure);
+  fctest::run_case("abort and destroy look like failures to the peer", test_abort_and_destroy_are_failures);
+  fctest::run_case("the receiver validates keys, offsets, lengths", test_receiver_validates_writes);
+  fctest::run_case("connect errors", test_connect_errors);
+  fctest::run_case("a transport destroyed under its group", test_transport_destroyed_under_a_group);
+  fctest::run_case("proxy ring basics", test_ring_basics);
+  fctest::run_case("proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors);
+  return fctest::finish();
+}

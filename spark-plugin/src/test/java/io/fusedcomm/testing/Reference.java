@@ -1,0 +1,312 @@
+package io.fusedcomm.testing;
+
+import io.fusedcomm.api.Split;
+import io.fusedcomm.api.WeightLayout;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * Independent fp64 references for the ops of DESIGN.md §4, written as naive loops straight from
+ * the contract (docs/ops.md, the Communicator javadoc), sharing no code with the backends. Inputs
+ * are float arrays (already rounded to the op's dtype); results carry magnitudes for {@link
+ * Check}.
+ */
+public final class Reference {
+  private Reference() {}
+
+  // ---- collectives ---------------------------------------------------------------------------
+
+  /** The element-wise sum over ranks of {@code inputs[rank]}. */
+  public static Expected sum(float[][] inputs) {
+    int n = inputs[0].length;
+    double[] v = new double[n];
+    double[] m = new double[n];
+    for (float[] in : inputs) {
+      if (in.length != n) {
+        throw new IllegalArgumentException("ranks disagree on the element count");
+      }
+      for (int i = 0; i < n; i++) {
+        v[i] += in[i];
+        m[i] += Math.abs(in[i]);
+      }
+    }
+    return new Expected(v, m, inputs.length);
+  }
+
+  /** Rank {@code r}'s block of {@code n} elements split over {@code w} ranks, as [offset, count]. */
+  public static long[] block(long n, int w, int r) {
+    return new long[] {Split.offset(n, w, r), Split.count(n, w, r)};
+  }
+
+  /** The uneven split rule written out independently: first n % w ranks hold one more. */
+  public static long count(long n, int w, int r) {
+    long base = n / w;
+    return r < n % w ? base + 1 : base;
+  }
+
+  /** Start of rank {@code r}'s block, by summing the counts of the ranks before it. */
+  public static long offset(long n, int w, int r) {
+    long at = 0;
+    for (int p = 0; p < r; p++) {
+      at += count(n, w, p);
+    }
+    return at;
+  }
+
+  // ---- GEMM ----------------------------------------------------------------------------------
+
+  /** Element (i, j) of op(w) as the K×N right operand: w[j][kk] for NK, w[kk][j] for KN. */
+  private static double weightAt(float[] w, WeightLayout layout, int n, int k, int kk, int j) {
+    return layout == WeightLayout.NK ? w[j * k + kk] : w[kk * n + j];
+  }
+
+  /** {@code a (m×k) · op(w)}, m×n. */
+  public static Expected gemm(float[] a, float[] w, int m, int n, int k, WeightLayout layout) {
+    return gemmSum(new float[][] {a}, new float[][] {w}, m, n, new int[] {k}, layout);
+  }
+
+  /** {@code Σ_s a_s (m×k_s) · op(w_s)}, m×n; terms = Σ k_s. */
+  public static Expected gemmSum(float[][] a, float[][] w, int m, int n, int[] k, WeightLayout layout) {
+    double[] v = new double[m * n];
+    double[] mag = new double[m * n];
+    int terms = 0;
+    for (int s = 0; s < a.length; s++) {
+      terms += k[s];
+      for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+          double acc = 0;
+          double abs = 0;
+          for (int kk = 0; kk < k[s]; kk++) {
+            double p = a[s][i * k[s] + kk] * weightAt(w[s], layout, n, k[s], kk, j);
+            acc += p;
+            abs += Math.abs(p);
+          }
+          v[i * n + j] += acc;
+          mag[i * n + j] += abs;
+        }
+      }
+    }
+    return new Expected(v, mag, terms);
+  }
+
+  // ---- MoE -----------------------------------------------------------------------------------
+
+  /** One routed row as the expert's rank sees it. */
+  public static final class MoeRow {
+    public final int srcRank;
+    public final int token;
+    public final int slot;
+    public final int expert;
+    public final float weight;
+
+    MoeRow(int srcRank, int token, int slot, int expert, float weight) {
+      this.srcRank = srcRank;
+      this.token = token;
+      this.slot = slot;
+      this.expert = expert;
+      this.weight = weight;
+    }
+
+    @Override
+    public String toString() {
+      return "row(src " + srcRank + ", token " + token + ", slot " + slot + ", expert " + expert + ")";
+    }
+  }
+
+  /** Rank owning expert {@code e}: experts are split over ranks by the uneven split rule. */
+  public static int expertOwner(long numExperts, int world, long e) {
+    for (int p = 0; p < world; p++) {
+      if (e >= offset(numExperts, world, p) && e < offset(numExperts, world, p) + count(numExperts, world, p)) {
+        return p;
+      }
+    }
+    throw new IllegalArgumentException("expert " + e + " outside [0, " + numExperts + ")");
+  }
+
+  /**
+   * The rows each rank receives: expert-major over its experts; within an expert by source rank,
+   * then source token, then slot. {@code ids[s]}, {@code weights[s]}: rank s's T_s × topk routing.
+   */
+  public static List<List<MoeRow>> moeRoute(int world, long numExperts, int topk, int[][] ids, float[][] weights) {
+    List<List<MoeRow>> out = new ArrayList<>();
+    for (int r = 0; r < world; r++) {
+      List<MoeRow> rows = new ArrayList<>();
+      long first = offset(numExperts, world, r);
+      for (long e = first; e < first + count(numExperts, world, r); e++) {
+        for (int s = 0; s < world; s++) {
+          int tokens = ids[s].length / topk;
+          for (int t = 0; t < tokens; t++) {
+            for (int k = 0; k < topk; k++) {
+              if (ids[s][t * topk + k] == e) {
+                rows.add(new MoeRow(s, t, k, (int) e, weights[s][t * topk + k]));
+              }
+            }
+          }
+        }
+      }
+      out.add(rows);
+    }
+    return out;
+  }
+
+  /**
+   * The dispatch GEMM on one rank: row i = x_{src}[token] · W1_{expert}ᵀ, {@code w1Local}: E_r ×
+   * ffn × hidden, {@code firstExpert} its first global id.
+   */
+  public static Expected moeExpertOutput(List<MoeRow> rows, float[][] x, float[] w1Local, long firstExpert,
+      int hidden, int ffn) {
+    double[] v = new double[rows.size() * ffn];
+    double[] m = new double[v.length];
+    for (int i = 0; i < rows.size(); i++) {
+      MoeRow row = rows.get(i);
+      int e = (int) (row.expert - firstExpert);
+      for (int f = 0; f < ffn; f++) {
+        double acc = 0;
+        double abs = 0;
+        for (int h = 0; h < hidden; h++) {
+          double p = x[row.srcRank][row.token * hidden + h] * (double) w1Local[(e * ffn + f) * hidden + h];
+          acc += p;
+          abs += Math.abs(p);
+        }
+        v[i * ffn + f] = acc;
+        m[i * ffn + f] = abs;
+      }
+    }
+    return new Expected(v, m, hidden);
+  }
+
+  /**
+   * The combine at home rank {@code home}: out[t] = Σ_k weight(t, k) · expertOut_{owner}[row of
+   * (home, t, k)], with {@code expertOut[p]} rank p's rows × width in {@code routes.get(p)} order.
+   */
+  public static Expected moeCombine(int home, int tokens, int topk, List<List<MoeRow>> routes, float[][] expertOut,
+      int width) {
+    double[] v = new double[tokens * width];
+    double[] m = new double[v.length];
+    int found = 0;
+    for (int p = 0; p < routes.size(); p++) {
+      List<MoeRow> rows = routes.get(p);
+      for (int i = 0; i < rows.size(); i++) {
+        MoeRow row = rows.get(i);
+        if (row.srcRank != home) {
+          continue;
+        }
+        found++;
+        for (int c = 0; c < width; c++) {
+          double term = (double) row.weight * expertOut[p][i * width + c];
+          v[row.token * width + c] += term;
+          m[row.token * width + c] += Math.abs(term);
+        }
+      }
+    }
+    if (found != tokens * topk) {
+      throw new IllegalStateException("rank " + home + ": " + found + " routed rows for " + tokens * topk + " pairs");
+    }
+    return new Expected(v, m, topk);
+  }
+
+  // ---- attention -----------------------------------------------------------------------------
+
+  /** Output and log-sum-exp of attention over the whole sequence. */
+  public static final class Attention {
+    /** (B, S, Hq, D). */
+    public final Expected out;
+    /** (B, Hq, S), natural log. */
+    public final double[] lse;
+
+    Attention(Expected out, double[] lse) {
+      this.out = out;
+      this.lse = lse;
+    }
+  }
+
+  /**
+   * Softmax attention over global {@code q: (B, S, Hq, D)}, {@code k, v: (B, S, Hkv, D)}; query
+   * head h reads kv head {@code h / (Hq / Hkv)}; causal: query i sees keys j ≤ i. {@code scale}
+   * 0 means 1/√D.
+   */
+  public static Attention attention(float[] q, float[] k, float[] v, int b, int s, int hq, int hkv, int d,
+      boolean causal, double scale) {
+    double sc = scale == 0 ? 1 / Math.sqrt(d) : scale;
+    int group = hq / hkv;
+    double[] o = new double[b * s * hq * d];
+    double[] mag = new double[o.length];
+    double[] lse = new double[b * hq * s];
+    double[] scores = new double[s];
+    for (int bi = 0; bi < b; bi++) {
+      for (int h = 0; h < hq; h++) {
+        int kh = h / group;
+        for (int i = 0; i < s; i++) {
+          int visible = causal ? i + 1 : s;
+          double max = Double.NEGATIVE_INFINITY;
+          for (int j = 0; j < visible; j++) {
+            double dot = 0;
+            for (int x = 0; x < d; x++) {
+              dot += (double) q[((bi * s + i) * hq + h) * d + x] * k[((bi * s + j) * hkv + kh) * d + x];
+            }
+            scores[j] = dot * sc;
+            max = Math.max(max, scores[j]);
+          }
+          double denom = 0;
+          for (int j = 0; j < visible; j++) {
+            denom += Math.exp(scores[j] - max);
+          }
+          lse[(bi * hq + h) * s + i] = max + Math.log(denom);
+          for (int x = 0; x < d; x++) {
+            double acc = 0;
+            double abs = 0;
+            for (int j = 0; j < visible; j++) {
+              double p = Math.exp(scores[j] - max) / denom;
+              double val = v[((bi * s + j) * hkv + kh) * d + x];
+              acc += p * val;
+              abs += p * Math.abs(val);
+            }
+            o[((bi * s + i) * hq + h) * d + x] = acc;
+            mag[((bi * s + i) * hq + h) * d + x] = abs;
+          }
+        }
+      }
+    }
+    return new Attention(new Expected(o, mag, s + d), lse);
+  }
+
+  /**
+   * Concatenates per-rank blocks of shape (B, S_r, inner) along dimension 1 into (B, Σ S_r,
+   * inner).
+   */
+  public static float[] concatSeq(float[][] blocks, int b, int[] rows, int inner) {
+    int total = 0;
+    for (int r : rows) {
+      total += r;
+    }
+    float[] out = new float[b * total * inner];
+    for (int bi = 0; bi < b; bi++) {
+      int at = 0;
+      for (int p = 0; p < blocks.length; p++) {
+        System.arraycopy(blocks[p], bi * rows[p] * inner, out, (bi * total + at) * inner, rows[p] * inner);
+        at += rows[p];
+      }
+    }
+    return out;
+  }
+
+  /** Rank block (B, [from, from + n), inner) of a (B, S, inner) tensor, as an Expected. */
+  public static Expected seqBlock(Expected full, int b, int s, int inner, int from, int n) {
+    double[] v = new double[b * n * inner];
+    double[] m = new double[v.length];
+    for (int bi = 0; bi < b; bi++) {
+      System.arraycopy(full.value, (bi * s + from) * inner, v, bi * n * inner, n * inner);
+      System.arraycopy(full.magnitude, (bi * s + from) * inner, m, bi * n * inner, n * inner);
+    }
+    return new Expected(v, m, full.terms);
+  }
+
+  /** Columns [from, from + n) of the last dimension of a (rows, s) array: the LSE rank block. */
+  public static double[] lastDimBlock(double[] full, int rows, int s, int from, int n) {
+    double[] out = new double[rows * n];
+    for (int r = 0; r < rows; r++) {
+      System.arraycopy(full, r * s + from, out, r * n, n);
+    }
+    return out;
+  }
+}
