@@ -1,5 +1,7 @@
 // gemm_bench: times launch_gemm on a list of shapes with CUDA events (one event pair per launch,
-// median over the timed launches after warm-up) and prints one JSON object per shape.
+// median over the timed launches after warm-up) and prints one JSON object per shape. Built
+// also as libfc_gemm_bench.so, whose fc_gemm_bf16() lets run_gemm_bench.py time ours and
+// cuBLAS interleaved in one process on the same tensors.
 //
 //   gemm_bench <shapes.txt> [warmup=10] [iters=50]
 //
@@ -40,6 +42,30 @@ __global__ void fill_uniform(__nv_bfloat16* p, size_t n, uint64_t seed) {
   }
 }
 
+// C entry point for run_gemm_bench.py (ctypes): C = A·Bᵀ (kn = 0) or A·B (kn = 1), packed
+// row-major bf16 operands and output, on `stream`. Returns the cudaError_t of the launch.
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(
+    const void* A, const void* B, void* C, int M, int N, int K, int kn, int tile_n,
+    void* stream) {
+  GemmArgs a;
+  a.A = static_cast<const __nv_bfloat16*>(A);
+  a.B = static_cast<const __nv_bfloat16*>(B);
+  a.C = C;
+  a.lda = K;
+  a.ldb = kn ? N : K;
+  a.ldc = N;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.b_layout = kn ? GemmLayoutB::kKN : GemmLayoutB::kNK;
+  a.tile_n = tile_n;
+  return static_cast<int>(launch_gemm(a, static_cast<cudaStream_t>(stream)));
+}
+
+extern "C" __attribute__((visibility("default"))) int fc_gemm_tile_n(int M, int N, int tile_n) {
+  return gemm_tile_grid(M, N, tile_n, 0).tile_n;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s shapes.txt [warmup] [iters]\n", argv[0]);
@@ -57,9 +83,6 @@ int main(int argc, char** argv) {
 
   std::ifstream in(argv[1]);
   std::string line;
-  cudaEvent_t ev0, ev1;
-  CHECK_CUDA(cudaEventCreate(&ev0));
-  CHECK_CUDA(cudaEventCreate(&ev1));
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ss(line);
@@ -88,13 +111,24 @@ int main(int argc, char** argv) {
     a.b_layout = kn ? GemmLayoutB::kKN : GemmLayoutB::kNK;
     a.tile_n = tile_n;
     for (int i = 0; i < warmup; ++i) CHECK_CUDA(launch_gemm(a, nullptr));
+    // One event pair per launch, no sync in between: the queue stays full, so host launch
+    // latency stays out of the device times.
+    std::vector<cudaEvent_t> e0(iters), e1(iters);
+    for (int i = 0; i < iters; ++i) {
+      CHECK_CUDA(cudaEventCreate(&e0[i]));
+      CHECK_CUDA(cudaEventCreate(&e1[i]));
+    }
+    for (int i = 0; i < iters; ++i) {
+      CHECK_CUDA(cudaEventRecord(e0[i]));
+      CHECK_CUDA(launch_gemm(a, nullptr));
+      CHECK_CUDA(cudaEventRecord(e1[i]));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<float> ms(iters);
     for (int i = 0; i < iters; ++i) {
-      CHECK_CUDA(cudaEventRecord(ev0));
-      CHECK_CUDA(launch_gemm(a, nullptr));
-      CHECK_CUDA(cudaEventRecord(ev1));
-      CHECK_CUDA(cudaEventSynchronize(ev1));
-      CHECK_CUDA(cudaEventElapsedTime(&ms[i], ev0, ev1));
+      CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0[i], e1[i]));
+      cudaEventDestroy(e0[i]);
+      cudaEventDestroy(e1[i]);
     }
     std::sort(ms.begin(), ms.end());
     const double med = ms[iters / 2];

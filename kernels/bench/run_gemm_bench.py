@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Times cuBLAS (torch.matmul, bf16) on the shapes of gemm_shapes.txt, merges the results with
-gemm_bench's JSON lines (ours, same run), and writes JSON + a markdown table + a PNG plot.
+"""Times our GEMM (libfc_gemm_bench.so, through ctypes) and cuBLAS (torch.matmul, bf16) on the
+shapes of gemm_shapes.txt, interleaved in one process on the same tensors, and writes JSON + a
+markdown table + a PNG plot.
 
-  run_gemm_bench.py --shapes gemm_shapes.txt --ours ours.jsonl --out-dir DIR [--commit SHA]
+  run_gemm_bench.py --shapes gemm_shapes.txt --lib libfc_gemm_bench.so --out-dir DIR
 
-Protocol (DESIGN.md §7): same shapes, uniform random bf16 in [-1, 1), warm-up, then one CUDA
-event pair per launch and the median over the timed launches, for both implementations.
+Protocol (DESIGN.md §7): uniform random bf16 in [-1, 1) (never zeros), warm-up, then rounds of
+`iters` launches per implementation, alternating (ours, cuBLAS, ours, cuBLAS, ...), one CUDA
+event pair per launch with no synchronisation in between (host launch latency stays out), the
+median over all timed launches. Our output is checked against cuBLAS's (relative Frobenius
+error) for every shape.
 """
 import argparse
+import ctypes
 import datetime
 import json
 import math
@@ -17,50 +22,65 @@ import statistics
 import torch
 
 
-def time_cublas(M, N, K, layout, warmup, iters):
-    g = torch.Generator(device="cuda").manual_seed(1234)
-    a = (torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
-    if layout == "nk":
-        w = (torch.rand(N, K, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
-        fn = lambda: torch.matmul(a, w.t())  # noqa: E731  (cuBLAS TN, like nn.Linear)
-    else:
-        b = (torch.rand(K, N, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
-        fn = lambda: torch.matmul(a, b)  # noqa: E731
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
+def time_launches(fn, iters):
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    for e0, e1 in ev:
         e0.record()
         fn()
         e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    times.sort()
-    return times[len(times) // 2], times[0]
+    torch.cuda.synchronize()
+    return [e0.elapsed_time(e1) for e0, e1 in ev]
+
+
+def bench_shape(lib, M, N, K, layout, warmup, iters, rounds):
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    a = (torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    kn = layout == "kn"
+    b = (torch.rand((K, N) if kn else (N, K), device="cuda", generator=g) * 2 - 1)
+    b = b.to(torch.bfloat16)
+    c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def ours():
+        rc = lib.fc_gemm_bf16(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, int(kn), 0,
+                              ctypes.c_void_p(stream))
+        if rc != 0:
+            raise RuntimeError(f"fc_gemm_bf16 returned {rc}")
+
+    cublas = (lambda: torch.matmul(a, b)) if kn else (lambda: torch.matmul(a, b.t()))
+    for _ in range(warmup):
+        ours()
+        cublas()
+    ref = cublas()
+    ours()
+    torch.cuda.synchronize()
+    err = ((c.float() - ref.float()).norm() / ref.float().norm()).item()
+    t_ours, t_cub = [], []
+    for _ in range(rounds):
+        t_ours += time_launches(ours, iters)
+        t_cub += time_launches(cublas, iters)
+    return statistics.median(t_ours), statistics.median(t_cub), min(t_ours), min(t_cub), err
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", required=True)
-    ap.add_argument("--ours", required=True)
+    ap.add_argument("--lib", required=True)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--commit", default=os.environ.get("FC_COMMIT", "uncommitted"))
     ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
     device = torch.cuda.get_device_name(0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    ours = {}
-    with open(args.ours) as f:
-        for line in f:
-            line = line.strip()
-            if line.startswith("{"):
-                r = json.loads(line)
-                ours[(r["op"], r["M"], r["N"], r["K"], r["layout"])] = r
+    lib = ctypes.CDLL(os.path.abspath(args.lib))
+    lib.fc_gemm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    lib.fc_gemm_bf16.restype = ctypes.c_int
+    lib.fc_gemm_tile_n.argtypes = [ctypes.c_int] * 3
+    lib.fc_gemm_tile_n.restype = ctypes.c_int
 
     records, rows = [], []
     with open(args.shapes) as f:
@@ -69,21 +89,23 @@ def main():
                 continue
             op, M, N, K, layout = line.split()[:5]
             M, N, K = int(M), int(N), int(K)
-            ms, ms_min = time_cublas(M, N, K, layout, args.warmup, args.iters)
+            ms_o, ms_c, min_o, min_c, err = bench_shape(lib, M, N, K, layout, args.warmup,
+                                                        args.iters, args.rounds)
             flops = 2.0 * M * N * K
+            tile_n = lib.fc_gemm_tile_n(M, N, 0)
             base = dict(op=op, shape=dict(M=M, N=N, K=K, layout=layout), dtype="bf16",
                         device=device, commit=args.commit, date=date)
-            cub = dict(base, impl="cublas", ms_median=ms, ms_min=ms_min,
-                       tflops=flops / (ms * 1e-3) / 1e12)
-            records.append(cub)
-            o = ours.get((op, M, N, K, layout))
-            if o is None:
-                continue
-            our = dict(base, impl="fusedcomm", ms_median=o["ms_median"], ms_min=o["ms_min"],
-                       tflops=o["tflops"], tile_n=o["tile_n"])
-            records.append(our)
-            rows.append((op, M, N, K, layout, o["tile_n"], our["tflops"], cub["tflops"],
-                         our["tflops"] / cub["tflops"]))
+            cub = dict(base, impl="cublas", ms_median=ms_c, ms_min=min_c,
+                       tflops=flops / (ms_c * 1e-3) / 1e12)
+            our = dict(base, impl="fusedcomm", ms_median=ms_o, ms_min=min_o,
+                       tflops=flops / (ms_o * 1e-3) / 1e12, tile_n=tile_n, rel_err_vs_cublas=err)
+            records += [our, cub]
+            rows.append((op, M, N, K, layout, tile_n, our["tflops"], cub["tflops"],
+                         our["tflops"] / cub["tflops"], err))
+            print(f"{op} {M} {N} {K} {layout}: ours {our['tflops']:.1f} cuBLAS "
+                  f"{cub['tflops']:.1f} ratio {rows[-1][8]:.3f} err {err:.2e}", flush=True)
+            if not err < 1e-2:
+                raise SystemExit(f"our output disagrees with cuBLAS: rel err {err}")
 
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "gemm_results.json"), "w") as f:
@@ -92,13 +114,19 @@ def main():
     llama = [r for r in rows if r[0].startswith("llama70b")]
     geo = math.exp(statistics.fmean(math.log(r[8]) for r in llama)) if llama else float("nan")
     lines = [f"# fusedcomm GEMM vs cuBLAS — {device}, {date}, commit {args.commit}", "",
-             "Median of per-launch CUDA-event times after warm-up; TFLOP/s = 2MNK / time.", "",
-             "| op | M | N | K | B | tile_n | ours TFLOP/s | cuBLAS TFLOP/s | ratio |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+             f"Median of per-launch CUDA-event times ({args.rounds} alternating rounds of "
+             f"{args.iters} launches per implementation after {args.warmup} warm-ups, no sync "
+             "between launches); TFLOP/s = 2MNK / time; rel. err = ||ours - cuBLAS||_F / "
+             "||cuBLAS||_F.", "",
+             "| op | M | N | K | B | tile_n | ours TFLOP/s | cuBLAS TFLOP/s | ratio | rel. err |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.1f} | "
-                     f"{r[7]:.1f} | {r[8]:.3f} |")
-    lines += ["", f"Geometric mean ratio over the {len(llama)} Llama-3-70B shapes: {geo:.3f}"]
+                     f"{r[7]:.1f} | {r[8]:.3f} | {r[9]:.1e} |")
+    heads = {(r[0], r[4]): r[8] for r in rows if r[0] in ("square", "wide_k")}
+    lines += ["", f"Geometric mean ratio over the {len(llama)} Llama-3-70B shapes: {geo:.3f}",
+              "Headline ratios: " + ", ".join(f"{k[0]} {k[1]}: {v:.3f}"
+                                              for k, v in heads.items())]
     with open(os.path.join(args.out_dir, "gemm_results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -73,7 +73,8 @@ int choose_tile_n(int M, int N, int ctas) {
 }
 
 template <int BN, bool kBKN>
-cudaError_t launch_instance(const CUtensorMap& ta, const CUtensorMap& tb, const GemmProblem& prob,
+cudaError_t launch_instance(const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& tc,
+                            const GemmProblem& prob,
                             const detail::DefaultEpilogue& epi, int grid, cudaStream_t stream) {
   auto kernel = detail::gemm_sm90_kernel<BN, kBKN, detail::DefaultEpilogue>;
   constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
@@ -90,7 +91,7 @@ cudaError_t launch_instance(const CUtensorMap& ta, const CUtensorMap& tb, const 
     }
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
-  kernel<<<grid, detail::kGemmThreads, smem, stream>>>(ta, tb, prob, epi);
+  kernel<<<grid, detail::kGemmThreads, smem, stream>>>(ta, tb, tc, prob, epi);
   return cudaGetLastError();
 }
 
@@ -160,18 +161,25 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
                        : encode_2d(&tb, a.B, a.N, a.K, a.ldb, g.tile_n, detail::kTileK);
   if (!ok_b) return cudaErrorInvalidValue;
 
+  // bf16 C goes through shared memory and TMA stores (full-line writes, asynchronous) unless
+  // tile flags must order it, in which case the register path stores it before the release.
+  CUtensorMap tc{};
+  const bool c_tma = a.C != nullptr && a.c_type == GemmOutType::kBF16 && s.tile_flags == nullptr;
+  if (c_tma && !encode_2d(&tc, a.C, a.M, a.N, a.ldc, 64, 64)) return cudaErrorInvalidValue;
+  prob.c_tma = c_tma ? 1 : 0;
+
   detail::DefaultEpilogue epi{};
-  epi.c = a.C;
+  epi.c = c_tma ? nullptr : a.C;
   epi.ldc = a.ldc;
   epi.c_type = a.c_type;
   epi.sink = a.sink;
 
   if (g.tile_n == 256) {
-    return kn ? launch_instance<256, true>(ta, tb, prob, epi, grid, stream)
-              : launch_instance<256, false>(ta, tb, prob, epi, grid, stream);
+    return kn ? launch_instance<256, true>(ta, tb, tc, prob, epi, grid, stream)
+              : launch_instance<256, false>(ta, tb, tc, prob, epi, grid, stream);
   }
-  return kn ? launch_instance<128, true>(ta, tb, prob, epi, grid, stream)
-            : launch_instance<128, false>(ta, tb, prob, epi, grid, stream);
+  return kn ? launch_instance<128, true>(ta, tb, tc, prob, epi, grid, stream)
+            : launch_instance<128, false>(ta, tb, tc, prob, epi, grid, stream);
 }
 
 }  // namespace fusedcomm::kernels

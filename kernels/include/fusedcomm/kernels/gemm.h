@@ -38,6 +38,10 @@
 //    and the location (operand, chunk, tile, CTA, observed value) in `*error` and stops;
 //    other CTAs that are waiting see the record and stop too (without overwriting it). A CTA
 //    that stops finishes no further tiles; C is then incomplete. No hang, no trap.
+//    The flag writers must be able to run while this kernel occupies its CTAs: leave them SMs
+//    (hook 3), and make sure their code is loaded before the GEMM starts (CUDA loads modules
+//    lazily, and a first launch can wait for the running kernel: launch them once before, or
+//    run with CUDA_MODULE_LOADING=EAGER). gemm_test shows the failure mode: a timeout.
 // 2. Tile sink (GemmTileSink). When a consumer finishes a tile it stores it to C (if C is
 //    non-null) and/or hands it to the sink: stores (bf16/fp32) or atomic adds (fp32/bf16x2)
 //    into up to kGemmMaxSinkDests destination buffers, rows routed by row / rows_per_dest

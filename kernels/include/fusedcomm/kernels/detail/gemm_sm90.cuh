@@ -14,6 +14,8 @@
 //   [A ring]  kStages × 128×64 bf16 (16 KiB each; rows of 128 B, TMA SWIZZLE_128B)
 //   [B ring]  kStages × BN×64 bf16; kNK: BN rows of 128 B (K-major, like A);
 //             kKN: BN/64 slabs of 64 K-rows × 128 B (64 N-elements), 8 KiB each (N-major)
+//   [staging] 2 × 16 KiB: per consumer warpgroup, 64 rows × 128 columns of bf16 C as two
+//             64×64 boxes (128-B swizzled rows) for the TMA store of C (c_tma)
 //   [full]    kStages × mbarrier: 1 arrival (producer, expect_tx = stage bytes) + TMA bytes
 //   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp)
 //   [status]  kStages × u32: 1 = the producer stopped (hook-1 failure) instead of loading
@@ -42,7 +44,10 @@ struct GemmTileConfig {
   static constexpr uint32_t kABytes = kTileM * kTileK * 2;
   static constexpr uint32_t kBBytes = BN * kTileK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + kStages * 20;
+  // Per consumer warpgroup: a 64×128 bf16 staging buffer (two 64×64 TMA-store boxes).
+  static constexpr uint32_t kStagingBytes = 2 * 64 * 128;
+  static constexpr size_t kSmemBytes =
+      1024 + size_t(kStages) * kStageBytes + 2 * kStagingBytes + kStages * 20;
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 opt-in shared memory");
 };
 
@@ -53,7 +58,7 @@ struct GemmProblem {
   int num_tiles;      // m_blocks * n_blocks
   int group_m;        // raster group height in M-blocks (>= 1)
   int m_block_start;  // rotation of the M-blocks, in [0, m_blocks)
-  int reserved;
+  int c_tma;          // 1: the engine stores C (bf16) itself through smem + TMA (tm_c)
   GemmWaitConfig wait;
 };
 
@@ -242,11 +247,54 @@ struct DefaultEpilogue {
   }
 };
 
+// ---- C through shared memory and TMA ------------------------------------------------------
+// One consumer warpgroup writes its 64×BN bf16 fragment to its staging buffer, 128 columns at a
+// time (two 64×64 boxes with 128-B swizzled rows: 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8), so the warp's 4-byte writes hit 32 distinct banks), and one thread issues the
+// TMA stores, which clip at M and N. Before a buffer is rewritten, the previous stores must
+// have read it (bulk wait_group.read), published to the warpgroup by its named barrier.
+template <int BN, int kFrag>
+__device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
+                                            const CUtensorMap* tm_c, TileCoord tc, int cw,
+                                            bool rows_in) {
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const uint32_t base = smem_u32(stage_buf);
+  const int r_lo = warp * 16 + lane / 4;
+  const uint32_t q4 = 4 * (lane % 4);
+  const uint32_t bar_id = 2 + cw;
+#pragma unroll
+  for (int h = 0; h < BN / 128; ++h) {
+    if (t == 0) bulk_wait_read_all();
+    named_barrier_sync(bar_id, 128);
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const int j = h * 16 + jj;
+      const uint32_t box = base + (jj / 8) * 8192;
+      const uint32_t chunk = static_cast<uint32_t>(((jj % 8) ^ (r_lo % 8)) << 4);
+      __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
+      __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+      st_shared_u32(box + r_lo * 128 + chunk + q4, *reinterpret_cast<uint32_t*>(&lo));
+      st_shared_u32(box + (r_lo + 8) * 128 + chunk + q4, *reinterpret_cast<uint32_t*>(&hi));
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(bar_id, 128);
+    if (t == 0 && rows_in) {
+      const int row = tc.m * kTileM + cw * 64;
+      const int col = tc.n * BN + h * 128;
+      tma_store_2d(tm_c, stage_buf, col, row);
+      tma_store_2d(tm_c, stage_buf + 8192, col + 64, row);
+      bulk_commit();
+    }
+  }
+}
+
 // ---- the kernel -----------------------------------------------------------------------------
 template <int BN, bool kBKN, class Epilogue>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a,
                      const __grid_constant__ CUtensorMap tm_b,
+                     const __grid_constant__ CUtensorMap tm_c,
                      const __grid_constant__ GemmProblem prob,
                      const __grid_constant__ Epilogue epi) {
   using Cfg = GemmTileConfig<BN>;
@@ -256,7 +304,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + kStages * Cfg::kABytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_b + kStages * Cfg::kBBytes);
+  uint8_t* staging = smem_b + kStages * Cfg::kBBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * Cfg::kStagingBytes);
   uint64_t* empty = full + kStages;
   volatile uint32_t* status = reinterpret_cast<volatile uint32_t*>(empty + kStages);
 
@@ -271,6 +320,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   } else if (threadIdx.x == 32) {
     tma_prefetch_desc(&tm_a);
     tma_prefetch_desc(&tm_b);
+    if (prob.c_tma) tma_prefetch_desc(&tm_c);
   }
   __syncthreads();
 
@@ -337,7 +387,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // The tile's first slice is waited for here, outside the MMA loop: no wgmma is in flight
       // at this point, so the early exit costs the steady state nothing.
       mbar_wait(&full[stage], phase);
-      if (status[stage] != 0) return;  // the producer stopped (hook 1)
+      if (status[stage] != 0) {  // the producer stopped (hook 1)
+        if (threadIdx.x % 128 == 0) bulk_wait_all();
+        return;
+      }
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         if (kb > 0) mbar_wait(&full[stage], phase);
         {
@@ -374,7 +427,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       reg_fence(acc);
       if (lane == 0) mbar_arrive(&empty[prev]);
 
-      if (tc.m * kTileM + cw * 64 < prob.M) {
+      const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
+      if (prob.c_tma) store_c_tma<BN>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+      if (rows_in) {
         const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
         const int col0 = tc.n * BN + 2 * (lane % 4);
         epi.store(acc, row0, col0, prob);
@@ -384,6 +439,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (threadIdx.x == 128) epi.tile_done(tc, prob);
       }
     }
+    if (prob.c_tma && threadIdx.x % 128 == 0) bulk_wait_all();  // smem must outlive the reads
   }
 }
 
