@@ -8,6 +8,7 @@
 // rows again in s's (token, slot) order, which is the order of layout.sent_pairs[d] on s.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "detail.h"
 #include "fusedcomm/runtime/split.h"

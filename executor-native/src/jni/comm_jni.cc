@@ -8,6 +8,7 @@
 
 #include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/runtime/communicator.h"
+#include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "jni/jni_boundary.h"
 
@@ -221,5 +222,12 @@ FC_NATIVE(void, ringAttention)(JNIEnv* env, jclass, jlong comm, jstring d, jlong
   s.causal = causal == JNI_TRUE;
   s.scale = scale;
   host::ring_attention(start_op(env, comm, d, fp), dtype(t), s, ptr(q), ptr(k), ptr(v), ptr(o), ptr<float>(lse));
+  FC_JNI_END()
+}
+
+FC_NATIVE(void, gemmDevice)(JNIEnv* env, jclass, jlong a, jlong w, jlong c, jlong m, jlong n, jlong k, jint l) {
+  FC_JNI_BEGIN
+  layout(l);
+  fusedcomm::device_gemm_bf16(ptr(a), ptr(w), ptr(c), m, n, k, l);
   FC_JNI_END()
 }

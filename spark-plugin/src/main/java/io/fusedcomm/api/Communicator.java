@@ -354,14 +354,27 @@ public final class Communicator implements AutoCloseable {
   }
 
   /**
-   * A single-rank GEMM on the host backend: {@code c = a · op(w)}, {@code a: M × K}, {@code c: M ×
-   * N}. Handy for references and examples.
+   * A single-rank GEMM, {@code c = a · op(w)} with {@code a: M × K}, {@code c: M × N}: on the
+   * GPU (the persistent TMA + wgmma engine, bf16, N and K multiples of 8) when all three are
+   * {@link DeviceTensor}s on the calling thread's current device, on the host (reference) when
+   * all three are {@link HostTensor}s. Synchronous.
    */
   public static void gemm(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
-    OpCheck k = new OpCheck("gemm", Backend.HOST).floating("a", a).same("w", w, a).same("c", c, a);
+    if (a == null) {
+      throw new IllegalArgumentException("gemm: a must not be null");
+    }
+    boolean device = a.isDevice();
+    OpCheck k = new OpCheck("gemm", device ? Backend.CUDA : Backend.HOST).floating("a", a).same("w", w, a).same("c", c, a);
     k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
     k.dim("c", c, 0, a.dim(0)).weight(w, layout, c.dim(1), a.dim(1));
-    NativeApi.gemm(a.dtype().ordinal(), a.address(), w.address(), c.address(), a.dim(0), c.dim(1), a.dim(1), layout.ordinal());
+    if (device) {
+      if (a.dtype() != DType.BF16) {
+        throw new IllegalArgumentException("gemm: the GPU GEMM takes bf16 tensors, got " + a.dtype().label());
+      }
+      NativeApi.gemmDevice(a.address(), w.address(), c.address(), a.dim(0), c.dim(1), a.dim(1), layout.ordinal());
+    } else {
+      NativeApi.gemm(a.dtype().ordinal(), a.address(), w.address(), c.address(), a.dim(0), c.dim(1), a.dim(1), layout.ordinal());
+    }
   }
 
   // ---- teardown ------------------------------------------------------------------------------

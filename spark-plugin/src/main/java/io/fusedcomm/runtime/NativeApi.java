@@ -53,6 +53,9 @@ public final class NativeApi {
   /** {live bytes, live allocations} of runtime-allocated host memory. */
   public static native long[] memStats();
 
+  /** bf16 GEMM on the calling thread's current GPU (device pointers), synchronous. */
+  public static native void gemmDevice(long a, long w, long c, long m, long n, long k, int layout);
+
   public static native long commCreate(long runtime, int world);
 
   public static native String commEndpoint(long comm);

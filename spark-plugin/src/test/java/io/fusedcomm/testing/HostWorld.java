@@ -66,6 +66,11 @@ public final class HostWorld implements AutoCloseable {
     conf.put("spark.fusedcomm.backend", "host");
     conf.put("spark.fusedcomm.timeout", "5s");
     conf.put("spark.fusedcomm.connectTimeout", "5s");
+    // Development hook: -Dfusedcomm.test.nativeLibraryPath=DIR loads DIR/libfusedcomm.so.
+    String lib = System.getProperty("fusedcomm.test.nativeLibraryPath", "");
+    if (!lib.isEmpty()) {
+      conf.put("spark.fusedcomm.native.libraryPath", lib);
+    }
     conf.putAll(settings);
     FusedCommConf c = FusedCommConf.fromMap(conf);
     try {

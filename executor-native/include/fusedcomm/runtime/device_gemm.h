@@ -1,0 +1,16 @@
+// A single-GPU GEMM on the calling thread's current device, through the kernels library's
+// persistent TMA + wgmma engine: the Java API's `gemm` on device tensors, and the runtime's
+// building block for the decomposed (GEMM, then collective) paths.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedcomm {
+
+// c (m×n, bf16) = a (m×k, bf16) · op(w): layout 0 = NK (w: n×k, C = A·Wᵀ), 1 = KN (w: k×n).
+// Device pointers, 16-byte aligned; n and k multiples of 8 (Error(kInvalidArgument) otherwise).
+// Synchronous: returns after the kernel finished; a CUDA failure is Error(kFatalGpu).
+void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
+                      int layout);
+
+}  // namespace fusedcomm

@@ -1,0 +1,544 @@
+// gpu_collectives_test: the GPU collectives (kernels/collectives.h) over SymmetricMemory, one
+// forked process per GPU, handles exchanged through pipes (process_group.h).
+//   worlds: 1; 2 (GPUs 0,1); 3 (GPUs 0,1,2) and 4 when there are 4 GPUs; 3 on GPUs 1,2,3.
+//   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3) x {auto,
+//     one-shot, two-phase}, misaligned input offsets and outputs; fresh random inputs per run
+//     (seed printed, FC_TEST_SEED=<n> replays), outputs poisoned (0xFF = NaN) first, every
+//     element checked: gathers / all-to-all bit-exact, reductions vs an fp64 reference with
+//       fp32 out: |got-ref| <= acc + 1e-6 (|ref| + acc),  bf16 out: <= acc + 2^-8 (|ref| + acc),
+//     acc = 2 * terms * 2^-24 * sum|terms| (fp32 accumulation error bound).
+//   1,000 back-to-back launches with no host sync, inputs rewritten on the stream between
+//     launches (exact small-integer sums: stale flags or early input reuse would show);
+//   CUDA graph capture + 10 replays; a rank starting 200 ms late;
+//   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
+//     abort of a waiting two-phase launch, then a fresh SymmetricMemory works on the same
+//     processes.
+// Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/split.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "process_group.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+using fusedcomm::Error;
+using fusedcomm::ErrorKind;
+using fusedcomm::SymmetricConfig;
+using fusedcomm::SymmetricMemory;
+using fusedcomm::split_count;
+using fusedcomm::split_offset;
+using fusedcomm::testing::ProcessGroup;
+
+int g_failed = 0, g_passed = 0;
+void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_passed;
+  } else if (++g_failed <= 20) {
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+#define CUDA_OK(x)                                                                          \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
+
+// Input element i of rank p for one case: uniform in [-1, 1) (integers in [-8, 8] if `ints`),
+// representable in the dtype. Every rank can compute every rank's input (the reference).
+float input_value(uint64_t key, int p, int64_t i, bool bf16, bool ints) {
+  const uint64_t h = mix(key ^ mix(static_cast<uint64_t>(p) * 0x100000001b3ull + i));
+  float v = ints ? static_cast<float>(static_cast<int>(h % 17) - 8)
+                 : static_cast<float>(static_cast<double>(h >> 11) * 0x1p-53 * 2.0 - 1.0);
+  return bf16 ? bf16_round(v) : v;
+}
+
+template <typename T>
+cudaError_t dmalloc(T** p, size_t n) { return cudaMalloc(reinterpret_cast<void**>(p), n); }
+
+size_t esize(k::CommDtype t) { return t == k::CommDtype::kBF16 ? 2 : 4; }
+
+void to_bytes(const std::vector<float>& v, k::CommDtype t, std::vector<uint8_t>& out) {
+  out.resize(v.size() * esize(t));
+  if (t == k::CommDtype::kF32) {
+    std::memcpy(out.data(), v.data(), out.size());
+  } else {
+    auto* b = reinterpret_cast<__nv_bfloat16*>(out.data());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16_rn(v[i]);
+  }
+}
+float from_bytes(const uint8_t* p, k::CommDtype t, int64_t i) {
+  if (t == k::CommDtype::kF32) {
+    float f;
+    std::memcpy(&f, p + i * 4, 4);
+    return f;
+  }
+  __nv_bfloat16 b;
+  std::memcpy(&b, p + i * 2, 2);
+  return __bfloat162float(b);
+}
+
+struct Case {
+  k::CommOp op;
+  k::CommDtype dtype;
+  int64_t count;
+  k::CommAlgo algo;
+  uint64_t in_offset;  // bytes
+  uint64_t out_offset;  // bytes into the output buffer
+  bool ints;
+};
+
+std::string name(const Case& c) {
+  return std::string(k::comm_op_name(static_cast<uint32_t>(c.op))) +
+         (c.dtype == k::CommDtype::kBF16 ? " bf16" : " f32") + " count=" + std::to_string(c.count) +
+         " algo=" + std::to_string(static_cast<int>(c.algo)) + " in_off=" +
+         std::to_string(c.in_offset) + " out_off=" + std::to_string(c.out_offset);
+}
+
+// Host input of rank r for a case.
+std::vector<float> make_input(const Case& c, uint64_t key, int W, int r) {
+  const int64_t n = k::collective_input_count(c.op, c.count, W, r);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = input_value(key, r, i, c.dtype == k::CommDtype::kBF16, c.ints);
+  return v;
+}
+
+// Checks rank r's downloaded output of a case against the fp64 reference. Returns mismatches.
+int64_t verify(const Case& c, uint64_t key, int W, int r, const uint8_t* got) {
+  const bool bf = c.dtype == k::CommDtype::kBF16;
+  const int64_t n_out = k::collective_output_count(c.op, c.count, W, r);
+  int64_t bad = 0;
+  auto exact = [&](int64_t i, float ref) {
+    const float g = from_bytes(got, c.dtype, i);
+    uint32_t gb, rb;
+    std::memcpy(&gb, &g, 4);
+    std::memcpy(&rb, &ref, 4);
+    if (gb != rb && bad++ < 3) {
+      std::fprintf(stderr, "  rank %d %s: out[%lld] = %g, expected %g\n", r, name(c).c_str(),
+                   static_cast<long long>(i), g, ref);
+    }
+  };
+  auto reduced = [&](int64_t i, int64_t src_index) {
+    double ref = 0, mag = 0;
+    for (int p = 0; p < W; ++p) {
+      const double x = input_value(key, p, src_index, bf, c.ints);
+      ref += x;
+      mag += std::fabs(x);
+    }
+    const double acc = 2.0 * W * 0x1p-24 * mag;
+    const double tol = acc + (bf ? 0x1p-8 : 1e-6) * (std::fabs(ref) + acc);
+    const double g = from_bytes(got, c.dtype, i);
+    if (!(std::fabs(g - ref) <= tol) && bad++ < 3) {
+      std::fprintf(stderr, "  rank %d %s: out[%lld] = %.8g, expected %.8g (tol %.3g)\n", r,
+                   name(c).c_str(), static_cast<long long>(i), g, ref, tol);
+    }
+  };
+  switch (c.op) {
+    case k::CommOp::kAllGather:
+      for (int p = 0; p < W; ++p) {
+        const int64_t off = split_offset(c.count, W, p), n = split_count(c.count, W, p);
+        for (int64_t i = 0; i < n; ++i) exact(off + i, input_value(key, p, i, bf, c.ints));
+      }
+      break;
+    case k::CommOp::kAllToAll: {
+      const int64_t n = split_count(c.count, W, r), src_off = split_offset(c.count, W, r);
+      for (int p = 0; p < W; ++p)
+        for (int64_t i = 0; i < n; ++i) exact(p * n + i, input_value(key, p, src_off + i, bf, c.ints));
+      break;
+    }
+    case k::CommOp::kReduceScatter: {
+      const int64_t off = split_offset(c.count, W, r);
+      for (int64_t i = 0; i < n_out; ++i) reduced(i, off + i);
+      break;
+    }
+    case k::CommOp::kAllReduce:
+      for (int64_t i = 0; i < n_out; ++i) reduced(i, i);
+      break;
+  }
+  return bad;
+}
+
+struct Rank {
+  ProcessGroup& g;
+  int W, r;
+  uint64_t seed;
+  std::unique_ptr<SymmetricMemory> sm;
+  cudaStream_t stream{};
+  uint8_t* out = nullptr;  // output buffer
+  size_t out_cap = 0;
+
+  Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
+
+  void open(const SymmetricConfig& cfg) {
+    if (sm) {
+      g.barrier();  // nobody still uses the old one
+      sm->close();
+    }
+    sm = std::make_unique<SymmetricMemory>(r, W, cfg);
+    sm->connect(g.all_gather(sm->export_handle()));
+  }
+
+  void upload(const Case& c, uint64_t key, uint8_t* dst) {
+    std::vector<uint8_t> bytes;
+    to_bytes(make_input(c, key, W, r), c.dtype, bytes);
+    CUDA_OK(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  }
+
+  k::CollectiveArgs args(const Case& c, void* output) const {
+    k::CollectiveArgs a;
+    a.op = c.op;
+    a.dtype = c.dtype;
+    a.count = c.count;
+    a.in_offset = c.in_offset;
+    a.output = output;
+    a.algo = c.algo;
+    return a;
+  }
+
+  // One case, synchronously: upload, poison, launch, sync, check.
+  void run_case(const Case& c, uint64_t key) {
+    upload(c, key, static_cast<uint8_t*>(sm->data()) + c.in_offset);
+    const size_t out_bytes = k::collective_output_count(c.op, c.count, W, r) * esize(c.dtype);
+    CUDA_OK(cudaMemset(out, 0xFF, out_bytes + c.out_offset + 64));
+    g.barrier();  // inputs everywhere are ready before anyone could read them twice... (not
+                  // needed by the protocol; keeps cases from overlapping in the log)
+    CUDA_OK(k::launch_collective(sm->device(), args(c, out + c.out_offset), stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    std::vector<uint8_t> got(out_bytes + 64);
+    CUDA_OK(cudaMemcpy(got.data(), out + c.out_offset, out_bytes + 64, cudaMemcpyDeviceToHost));
+    int64_t bad = verify(c, key, W, r, got.data());
+    // Nothing written past the end.
+    for (size_t i = out_bytes; i < out_bytes + 64; ++i) bad += got[i] != 0xFF;
+    check(bad == 0, "rank " + std::to_string(r) + " " + name(c) + ": " + std::to_string(bad) + " bad");
+  }
+
+  void correctness() {
+    const int64_t counts[] = {0, 1, 7, 8L * W - 1, 1000, 4099, 65536, 131075, 300001, 2000003};
+    uint64_t case_id = 0;
+    for (k::CommOp op : {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter,
+                         k::CommOp::kAllToAll}) {
+      for (k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
+        for (int64_t n : counts) {
+          for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase}) {
+            ++case_id;
+            Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u, false};
+            if (algo == k::CommAlgo::kOneShot && W > 1) {
+              const int64_t payload =
+                  (op == k::CommOp::kAllReduce ? n : split_count(n, W, 0)) * esize(dt);
+              if (payload > static_cast<int64_t>(sm->device().slot_bytes)) continue;
+            }
+            run_case(c, mix(seed ^ case_id));
+          }
+        }
+      }
+    }
+  }
+
+  // 1,000 launches, no host sync; the input is rewritten on the stream before each launch from
+  // a pool of K device-resident inputs; outputs rotate over K buffers; check the last K.
+  void back_to_back(int64_t count, k::CommAlgo algo) {
+    constexpr int K = 4, kIters = 1000;
+    const k::CommDtype dt = k::CommDtype::kF32;
+    const k::CommOp ops[2] = {k::CommOp::kAllReduce, k::CommOp::kAllGather};
+    std::vector<uint8_t*> pool(K), outs(K);
+    const size_t in_bytes = count * 4;
+    for (int j = 0; j < K; ++j) {
+      CUDA_OK(dmalloc(&pool[j], in_bytes));
+      CUDA_OK(dmalloc(&outs[j], in_bytes + 64));
+      CUDA_OK(cudaMemset(outs[j], 0xFF, in_bytes + 64));
+      Case c{ops[j % 2], dt, count, algo, 0, 0, true};
+      upload(c, mix(seed ^ (0xB2B000 + j)), pool[j]);
+    }
+    g.barrier();
+    for (int i = 0; i < kIters; ++i) {
+      const int j = i % K;
+      Case c{ops[j % 2], dt, count, algo, 0, 0, true};
+      const size_t n_in = k::collective_input_count(c.op, count, W, r) * 4;
+      CUDA_OK(cudaMemcpyAsync(sm->data(), pool[j], n_in, cudaMemcpyDeviceToDevice, stream));
+      CUDA_OK(k::launch_collective(sm->device(), args(c, outs[j]), stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    for (int j = 0; j < K; ++j) {
+      Case c{ops[j % 2], dt, count, algo, 0, 0, true};
+      std::vector<uint8_t> got(in_bytes);
+      CUDA_OK(cudaMemcpy(got.data(), outs[j], in_bytes, cudaMemcpyDeviceToHost));
+      const int64_t bad = verify(c, mix(seed ^ (0xB2B000 + j)), W, r, got.data());
+      check(bad == 0, "rank " + std::to_string(r) + " back-to-back x1000 " + name(c));
+      cudaFree(pool[j]);
+      cudaFree(outs[j]);
+    }
+  }
+
+  // Capture [copy input; allReduce one-shot; copy input; allGather two-phase] x2, replay 10x.
+  void graph() {
+    const int64_t n_small = 3001, n_big = 1000003;
+    Case cs{k::CommOp::kAllReduce, k::CommDtype::kF32, n_small, k::CommAlgo::kOneShot, 0, 0, true};
+    Case cb{k::CommOp::kAllGather, k::CommDtype::kBF16, n_big, k::CommAlgo::kTwoPhase, 0, 0, false};
+    uint8_t *ps, *pb, *os, *ob;
+    CUDA_OK(dmalloc(&ps, n_small * 4));
+    CUDA_OK(dmalloc(&pb, n_big * 2));
+    CUDA_OK(dmalloc(&os, n_small * 4));
+    CUDA_OK(dmalloc(&ob, n_big * 2));
+    upload(cs, mix(seed ^ 0x6A0), ps);
+    upload(cb, mix(seed ^ 0x6A1), pb);
+    const size_t nb_in = k::collective_input_count(cb.op, n_big, W, r) * 2;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int rep = 0; rep < 2; ++rep) {
+      CUDA_OK(cudaMemcpyAsync(sm->data(), ps, n_small * 4, cudaMemcpyDeviceToDevice, stream));
+      CUDA_OK(k::launch_collective(sm->device(), args(cs, os), stream));
+      CUDA_OK(cudaMemcpyAsync(sm->data(), pb, nb_in, cudaMemcpyDeviceToDevice, stream));
+      CUDA_OK(k::launch_collective(sm->device(), args(cb, ob), stream));
+    }
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaMemset(os, 0xFF, n_small * 4));
+    CUDA_OK(cudaMemset(ob, 0xFF, n_big * 2));
+    g.barrier();
+    for (int i = 0; i < 10; ++i) CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    std::vector<uint8_t> got(n_big * 2);
+    CUDA_OK(cudaMemcpy(got.data(), os, n_small * 4, cudaMemcpyDeviceToHost));
+    check(verify(cs, mix(seed ^ 0x6A0), W, r, got.data()) == 0, "graph replay " + name(cs));
+    CUDA_OK(cudaMemcpy(got.data(), ob, n_big * 2, cudaMemcpyDeviceToHost));
+    check(verify(cb, mix(seed ^ 0x6A1), W, r, got.data()) == 0, "graph replay " + name(cb));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(ps);
+    cudaFree(pb);
+    cudaFree(os);
+    cudaFree(ob);
+  }
+
+  // The last rank launches 200 ms after the others.
+  void late_rank() {
+    for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase}) {
+      Case c{k::CommOp::kAllReduce, k::CommDtype::kBF16, 70001, algo, 0, 0, false};
+      const uint64_t key = mix(seed ^ (0x1A7E + static_cast<int>(algo)));
+      upload(c, key, static_cast<uint8_t*>(sm->data()));
+      CUDA_OK(cudaMemset(out, 0xFF, c.count * 2));
+      g.barrier();
+      if (r == W - 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      CUDA_OK(k::launch_collective(sm->device(), args(c, out), stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      sm->raise_if_failed();
+      std::vector<uint8_t> got(c.count * 2);
+      CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+      check(verify(c, key, W, r, got.data()) == 0, "late rank " + name(c));
+    }
+  }
+
+  // The last rank never launches: the others time out; then an abort; then a fresh memory.
+  void dead_rank() {
+    SymmetricConfig cfg;
+    cfg.data_bytes = 16 << 20;
+    cfg.timeout_ns = 1000ull * 1000 * 1000;  // 1 s
+    open(cfg);
+    Case c{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kOneShot, 0, 0, false};
+    if (r != W - 1) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CUDA_OK(k::launch_collective(sm->device(), args(c, out), stream));
+      CUDA_OK(cudaStreamSynchronize(stream));  // returns: the kernel gave up, no hang
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bool threw = false;
+      try {
+        sm->raise_if_failed();
+      } catch (const Error& e) {
+        threw = e.kind() == ErrorKind::kTimeout;
+        if (r == 0) std::printf("  rank 0 got the expected timeout after %.2f s: %s\n", s, e.what());
+      }
+      const k::CommErrorRecord rec = sm->error();
+      check(threw, "rank " + std::to_string(r) + ": dead peer -> Error(kTimeout)");
+      check(rec.code == k::kGemmWaitTimeout && rec.rank == static_cast<uint32_t>(r) &&
+                rec.peer == static_cast<uint32_t>(W - 1) &&
+                rec.op == static_cast<uint32_t>(k::CommOp::kAllReduce) &&
+                rec.step == k::kCommStepReady && rec.epoch == 1,
+            "rank " + std::to_string(r) + ": error record names rank/peer/op/step (got rank " +
+                std::to_string(rec.rank) + " peer " + std::to_string(rec.peer) + " op " +
+                std::to_string(rec.op) + " step " + std::to_string(rec.step) + ")");
+      check(s > 0.9 && s < 5.0, "timeout took " + std::to_string(s) + " s (configured 1 s)");
+      check(cudaGetLastError() == cudaSuccess, "the CUDA context survives a timeout");
+    }
+    // Abort: a two-phase launch waiting for the dead rank is stopped by the abort word.
+    cfg.timeout_ns = 0;
+    open(cfg);
+    if (r != W - 1) {
+      Case ca{k::CommOp::kAllGather, k::CommDtype::kBF16, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false};
+      const auto t0 = std::chrono::steady_clock::now();
+      CUDA_OK(k::launch_collective(sm->device(), args(ca, out), stream));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      sm->abort();
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bool threw = false;
+      try {
+        sm->raise_if_failed();
+      } catch (const Error& e) {
+        threw = e.kind() == ErrorKind::kCommunicator && std::string(e.what()).find("abort") != std::string::npos;
+        if (r == 0) std::printf("  rank 0 got the expected abort after %.2f s: %s\n", s, e.what());
+      }
+      const k::CommErrorRecord rec = sm->error();
+      check(threw && rec.code == k::kGemmAborted && rec.step == k::kCommStepArrive &&
+                rec.peer == static_cast<uint32_t>(W - 1) && s < 3.0,
+            "rank " + std::to_string(r) + ": abort stops a waiting launch");
+    }
+    // A fresh symmetric memory on the same processes works.
+    open(SymmetricConfig{});
+    for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase}) {
+      run_case(Case{k::CommOp::kAllReduce, k::CommDtype::kBF16, 100003, algo, 0, 0, false},
+               mix(seed ^ (0xF2E5 + static_cast<int>(algo))));
+    }
+  }
+};
+
+int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool full) {
+  CUDA_OK(cudaSetDevice(gpus[g.rank]));
+  Rank R(g, seed);
+  CUDA_OK(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
+  R.out_cap = 64 << 20;
+  CUDA_OK(dmalloc(&R.out, R.out_cap));
+  SymmetricConfig cfg;
+  cfg.data_bytes = 32 << 20;
+  R.open(cfg);
+  if (g.rank == 0) std::printf("%s\n", R.sm->describe().c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  R.correctness();
+  const double t_corr = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (full) {
+    R.back_to_back(5000, k::CommAlgo::kOneShot);
+    R.back_to_back(1 << 20, k::CommAlgo::kTwoPhase);
+    R.graph();
+    R.late_rank();
+    if (g.world > 1) R.dead_rank();
+  }
+  R.sm.reset();
+  cudaFree(R.out);
+  std::printf("  rank %d: %d passed, %d failed (correctness sweep %.1f s)\n", g.rank, g_passed,
+              g_failed, t_corr);
+  return g_failed == 0 ? 0 : 1;
+}
+
+// Number of Hopper GPUs, probed in a child (the parent must not create a CUDA context before
+// forking ranks); -1 with a reason on stdout if none.
+int probe(std::string& reason) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    int n = 0;
+    char msg[256] = {};
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      std::snprintf(msg, sizeof msg, "no usable NVIDIA GPU (%s)", cudaGetErrorString(e));
+      n = -1;
+    } else {
+      int major = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+      if (n > 0 && major != 9) {
+        std::snprintf(msg, sizeof msg, "GPU 0 is not a Hopper (sm_90) device");
+        n = -1;
+      }
+      for (int a = 0; a < n && n > 0; ++a)
+        for (int b = 0; b < n; ++b) {
+          int can = 1;
+          if (a != b) cudaDeviceCanAccessPeer(&can, a, b);
+          if (!can) {
+            std::snprintf(msg, sizeof msg, "GPU %d cannot access GPU %d (no P2P)", a, b);
+            n = -1;
+            a = 1 << 20;
+            break;
+          }
+        }
+    }
+    fusedcomm::testing::write_full(fds[1], &n, 4);
+    fusedcomm::testing::write_full(fds[1], msg, sizeof msg);
+    _exit(0);
+  }
+  close(fds[1]);
+  int n = -1;
+  char msg[256] = {};
+  if (!fusedcomm::testing::read_full(fds[0], &n, 4) || !fusedcomm::testing::read_full(fds[0], msg, sizeof msg)) {
+    n = -1;
+    std::snprintf(msg, sizeof msg, "the GPU probe process failed");
+  }
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  reason = msg;
+  return n;
+}
+
+}  // namespace
+
+int main() {
+  std::string reason;
+  const int n = probe(reason);
+  if (n < 2) {
+    std::printf("SKIP: gpu_collectives_test needs >= 2 Hopper GPUs with peer access: %s\n",
+                n < 0 ? reason.c_str() : "only 1 GPU visible");
+    return 77;
+  }
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("FC_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
+  std::printf("gpu_collectives_test: %d GPUs, seed %llu (FC_TEST_SEED=%llu replays)\n", n,
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  struct Config {
+    std::vector<int> gpus;
+    bool full;
+  };
+  std::vector<Config> configs = {{{0}, false}, {{0, 1}, true}};
+  if (n >= 3) configs.push_back({{0, 1, 2}, n == 3});
+  if (n >= 4) {
+    configs.push_back({{0, 1, 2, 3}, true});
+    configs.push_back({{1, 2, 3}, true});
+  }
+  int failed = 0;
+  for (const Config& c : configs) {
+    std::string list;
+    for (int gpu : c.gpus) list += (list.empty() ? "" : ",") + std::to_string(gpu);
+    std::printf("== world %zu on GPUs %s (%s)\n", c.gpus.size(), list.c_str(),
+                c.full ? "all tests" : "correctness sweep");
+    std::fflush(stdout);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int f = fusedcomm::testing::run_processes(
+        static_cast<int>(c.gpus.size()),
+        [&](ProcessGroup& g) { return rank_main(g, c.gpus, seed, c.full); }, 240);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("== world %zu on GPUs %s: %s (%.1f s)\n", c.gpus.size(), list.c_str(),
+                f == 0 ? "PASS" : "FAIL", s);
+    failed += f;
+  }
+  std::printf(failed == 0 ? "gpu_collectives_test: PASS\n" : "gpu_collectives_test: FAIL\n");
+  return failed == 0 ? 0 : 1;
+}

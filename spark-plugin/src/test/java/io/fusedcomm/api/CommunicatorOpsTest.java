@@ -1,0 +1,485 @@
+package io.fusedcomm.api;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+
+import io.fusedcomm.testing.Check;
+import io.fusedcomm.testing.Data;
+import io.fusedcomm.testing.Expected;
+import io.fusedcomm.testing.HostWorld;
+import io.fusedcomm.testing.Reference;
+import io.fusedcomm.testing.TensorScope;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.SplittableRandom;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.MethodSource;
+
+/**
+ * Every op of the Communicator on the host backend, W = 1..4 ranks as threads of this JVM (one
+ * ExecutorRuntime each, real transport between them), f32 and bf16, sizes that do and do not
+ * divide by W: fresh random inputs, outputs poisoned with NaN, every element checked against the
+ * fp64 {@link Reference}. The seed is printed and can be fixed with -Dfusedcomm.test.seed=N.
+ *
+ * <p>Validation and failure behaviour live in {@link CommunicatorValidationTest}.
+ */
+class CommunicatorOpsTest {
+  static final long SEED = Long.getLong("fusedcomm.test.seed", System.nanoTime());
+  private static HostWorld world;
+
+  @BeforeAll
+  static void start() {
+    System.out.println("CommunicatorOpsTest seed " + SEED + " (-Dfusedcomm.test.seed=" + SEED + " reproduces)");
+    // 64k chunks (the minimum): the larger sizes below span several chunks per peer.
+    world = new HostWorld(4, Map.of("spark.fusedcomm.host.chunkBytes", "64k"), 120_000);
+  }
+
+  @AfterAll
+  static void stop() {
+    if (world != null) {
+      world.close();
+    }
+  }
+
+  static Stream<Arguments> worldsAndTypes() {
+    List<Arguments> out = new ArrayList<>();
+    for (int w = 1; w <= 4; w++) {
+      for (DType t : new DType[] {DType.F32, DType.BF16}) {
+        out.add(Arguments.of(w, t));
+      }
+    }
+    return out.stream();
+  }
+
+  /** Element counts: divisible by W, not divisible, fewer than W (ranks with nothing), multi-chunk. */
+  static long[] counts(int w) {
+    return new long[] {8L * w, 8L * w + 1, Math.max(1, 2L * w - 1), 40_009};
+  }
+
+  private static String ctx(String op, int w, DType t, Object... more) {
+    StringBuilder s = new StringBuilder(op).append(" W=").append(w).append(' ').append(t.label());
+    for (Object m : more) {
+      s.append(' ').append(m);
+    }
+    return s.append(" seed=").append(SEED).toString();
+  }
+
+  private static float[][] perRank(int w, long test, int tensor, java.util.function.IntUnaryOperator size, DType t) {
+    float[][] out = new float[w][];
+    for (int r = 0; r < w; r++) {
+      out[r] = Data.uniform(Data.seed(SEED + test, r, tensor), size.applyAsInt(r), t);
+    }
+    return out;
+  }
+
+  // ---- collectives ---------------------------------------------------------------------------
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void allGather(int w, DType t) {
+    for (long n : counts(w)) {
+      float[][] in = perRank(w, 1 + n, 0, r -> (int) Reference.count(n, w, r), t);
+      float[] expected = Data.concat(in);
+      List<float[]> outs = world.run(w, comm -> {
+        try (TensorScope s = new TensorScope()) {
+          HostTensor out = s.poisoned(t, n);
+          comm.allGather(s.of(in[comm.rank()], t, in[comm.rank()].length), out);
+          return out.toFloatArray();
+        }
+      });
+      for (int r = 0; r < w; r++) {
+        Check.exact(ctx("allGather", w, t, "n=" + n, "rank " + r), expected, outs.get(r));
+      }
+    }
+  }
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void reduceScatter(int w, DType t) {
+    for (long n : counts(w)) {
+      float[][] in = perRank(w, 2 + n, 0, r -> (int) n, t);
+      Expected sum = Reference.sum(in);
+      List<float[]> outs = world.run(w, comm -> {
+        try (TensorScope s = new TensorScope()) {
+          HostTensor out = s.poisoned(t, Reference.count(n, w, comm.rank()));
+          comm.reduceScatter(s.of(in[comm.rank()], t, n), out);
+          return out.toFloatArray();
+        }
+      });
+      for (int r = 0; r < w; r++) {
+        Expected block = sum.slice(Reference.offset(n, w, r), Reference.count(n, w, r));
+        Check.close(ctx("reduceScatter", w, t, "n=" + n, "rank " + r), block, outs.get(r), t);
+      }
+    }
+  }
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void allReduceOutOfPlaceAndInPlace(int w, DType t) {
+    for (long n : counts(w)) {
+      float[][] in = perRank(w, 3 + n, 0, r -> (int) n, t);
+      Expected sum = Reference.sum(in);
+      List<float[][]> outs = world.run(w, comm -> {
+        try (TensorScope s = new TensorScope()) {
+          HostTensor x = s.of(in[comm.rank()], t, n);
+          HostTensor out = s.poisoned(t, n);
+          comm.allReduce(x, out);
+          float[] untouched = x.toFloatArray();
+          comm.allReduce(x, x);
+          return new float[][] {out.toFloatArray(), x.toFloatArray(), untouched};
+        }
+      });
+      for (int r = 0; r < w; r++) {
+        String c = ctx("allReduce", w, t, "n=" + n, "rank " + r);
+        Check.close(c + " out of place", sum, outs.get(r)[0], t);
+        Check.exact(c + " in place equals out of place", outs.get(r)[0], outs.get(r)[1]);
+        Check.exact(c + " input left alone", in[r], outs.get(r)[2]);
+        Check.exact(c + " same bits on every rank", outs.get(0)[0], outs.get(r)[0]);
+      }
+    }
+  }
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void allToAll(int w, DType t) {
+    for (long n : counts(w)) {
+      float[][] in = perRank(w, 4 + n, 0, r -> (int) n, t);
+      List<float[]> outs = world.run(w, comm -> {
+        try (TensorScope s = new TensorScope()) {
+          HostTensor out = s.poisoned(t, w * Reference.count(n, w, comm.rank()));
+          comm.allToAll(s.of(in[comm.rank()], t, n), out);
+          return out.toFloatArray();
+        }
+      });
+      for (int r = 0; r < w; r++) {
+        float[][] blocks = new float[w][];
+        for (int src = 0; src < w; src++) {
+          blocks[src] = Data.slice(in[src], Reference.offset(n, w, r), Reference.count(n, w, r));
+        }
+        Check.exact(ctx("allToAll", w, t, "n=" + n, "rank " + r), Data.concat(blocks), outs.get(r));
+      }
+    }
+  }
+
+  // ---- fused GEMM + communication ----------------------------------------------------------
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void allGatherGemm(int w, DType t) {
+    final int k = 19;
+    for (int m : new int[] {4 * w, 4 * w + 1}) {
+      for (WeightLayout layout : WeightLayout.values()) {
+        long test = 5 + m * 7L + layout.ordinal();
+        float[][] a = perRank(w, test, 0, r -> (int) Reference.count(m, w, r) * k, t);
+        // N_r differs per rank: the contract fixes M and K only.
+        float[][] wt = perRank(w, test, 1, r -> (5 + r) * k, t);
+        float[] full = Data.concat(a);
+        List<float[][]> outs = world.run(w, comm -> {
+          int r = comm.rank();
+          int nr = 5 + r;
+          try (TensorScope s = new TensorScope()) {
+            HostTensor c = s.poisoned(t, m, nr);
+            HostTensor c2 = s.poisoned(t, m, nr);
+            HostTensor gathered = s.poisoned(t, m, k);
+            HostTensor wr = s.of(wt[r], t, layout == WeightLayout.NK ? new long[] {nr, k} : new long[] {k, nr});
+            HostTensor ar = s.of(a[r], t, Reference.count(m, w, r), k);
+            comm.allGatherGemm(ar, wr, c, gathered, layout);
+            comm.allGatherGemm(ar, wr, c2, layout);
+            return new float[][] {c.toFloatArray(), gathered.toFloatArray(), c2.toFloatArray()};
+          }
+        });
+        for (int r = 0; r < w; r++) {
+          String c = ctx("allGatherGemm", w, t, "M=" + m, layout, "rank " + r);
+          Check.close(c, Reference.gemm(full, wt[r], m, 5 + r, k, layout), outs.get(r)[0], t);
+          Check.exact(c + " gatheredA", full, outs.get(r)[1]);
+          Check.exact(c + " without gatheredA", outs.get(r)[0], outs.get(r)[2]);
+        }
+      }
+    }
+  }
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void gemmReduceScatterAndAllReduce(int w, DType t) {
+    final int n = 6;
+    for (int m : new int[] {3 * w, 3 * w + 1, Math.max(1, w - 1)}) {
+      for (WeightLayout layout : WeightLayout.values()) {
+        long test = 6 + m * 7L + layout.ordinal();
+        int[] kr = new int[w];
+        for (int r = 0; r < w; r++) {
+          kr[r] = 8 + 3 * r;  // K_r differs per rank
+        }
+        float[][] a = perRank(w, test, 0, r -> m * kr[r], t);
+        float[][] wt = perRank(w, test, 1, r -> n * kr[r], t);
+        Expected sum = Reference.gemmSum(a, wt, m, n, kr, layout);
+        List<float[][]> outs = world.run(w, comm -> {
+          int r = comm.rank();
+          try (TensorScope s = new TensorScope()) {
+            HostTensor ar = s.of(a[r], t, m, kr[r]);
+            HostTensor wr = s.of(wt[r], t, layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n});
+            HostTensor rs = s.poisoned(t, Reference.count(m, w, r), n);
+            HostTensor ar2 = s.poisoned(t, m, n);
+            comm.gemmReduceScatter(ar, wr, rs, layout);
+            comm.gemmAllReduce(ar, wr, ar2, layout);
+            return new float[][] {rs.toFloatArray(), ar2.toFloatArray()};
+          }
+        });
+        for (int r = 0; r < w; r++) {
+          String c = ctx("gemm+collective", w, t, "M=" + m, layout, "rank " + r);
+          Expected block = sum.slice(Reference.offset(m, w, r) * n, Reference.count(m, w, r) * n);
+          Check.close(c + " gemmReduceScatter", block, outs.get(r)[0], t);
+          Check.close(c + " gemmAllReduce", sum, outs.get(r)[1], t);
+          Check.exact(c + " gemmAllReduce same bits on every rank", outs.get(0)[1], outs.get(r)[1]);
+          // Both ops round the same fp32 sum once: the scatter block equals the all-reduce rows.
+          Check.exact(c + " gemmReduceScatter block = gemmAllReduce rows",
+              Data.rows(outs.get(r)[1], n, Reference.offset(m, w, r), Reference.count(m, w, r)), outs.get(r)[0]);
+        }
+      }
+    }
+  }
+
+  @ParameterizedTest(name = "{0}")
+  @MethodSource("types")
+  void staticGemm(DType t) {
+    int m = 7;
+    int n = 5;
+    int k = 13;
+    for (WeightLayout layout : WeightLayout.values()) {
+      float[] a = Data.uniform(SEED + 70, m * k, t);
+      float[] wt = Data.uniform(SEED + 71, n * k, t);
+      try (TensorScope s = new TensorScope()) {
+        HostTensor c = s.poisoned(t, m, n);
+        Communicator.gemm(s.of(a, t, m, k), s.of(wt, t, layout == WeightLayout.NK ? new long[] {n, k} : new long[] {k, n}),
+            c, layout);
+        Check.close(ctx("gemm", 1, t, layout), Reference.gemm(a, wt, m, n, k, layout), c.toFloatArray(), t);
+      }
+    }
+  }
+
+  static Stream<DType> types() {
+    return Stream.of(DType.F32, DType.BF16);
+  }
+
+  // ---- MoE ---------------------------------------------------------------------------------
+
+  /** What one rank saw of a dispatch and combine. */
+  static final class MoeSeen {
+    long rows;
+    long firstLocalExpert;
+    int localExperts;
+    long[] offsets;
+    long tokens;
+    int topk;
+    int[] srcRank;
+    int[] srcToken;
+    int[] slot;
+    float[] weight;
+    float[] routed;
+    float[] expertOutput;
+    float[] combined;
+  }
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void moeDispatchAndCombine(int w, DType t) {
+    final long experts = 5;  // not divisible by 2, 3 or 4: ranks own 3+2, 2+2+1, 2+1+1+1 experts
+    final int hidden = 12;
+    final int ffn = 7;
+    final int width = 9;
+    final int topk = 2;
+    int[] tokens = new int[w];
+    int[][] ids = new int[w][];
+    float[][] weights = new float[w][];
+    float[][] x = new float[w][];
+    float[][] w1 = new float[w][];
+    for (int r = 0; r < w; r++) {
+      tokens[r] = 3 + 2 * r;  // T differs per rank
+      SplittableRandom rnd = new SplittableRandom(SEED + 80 + r);
+      ids[r] = new int[tokens[r] * topk];
+      for (int i = 0; i < ids[r].length; i++) {
+        ids[r][i] = rnd.nextInt((int) experts);
+      }
+      // Token 0 sends both of its choices to one expert; token 1 (when there) to two different ones.
+      ids[r][0] = r % (int) experts;
+      ids[r][1] = r % (int) experts;
+      ids[r][2] = (r + 1) % (int) experts;
+      ids[r][3] = (r + 3) % (int) experts;
+      weights[r] = Data.positive(SEED + 90 + r, tokens[r] * topk, DType.F32);
+      x[r] = Data.uniform(SEED + 100 + r, tokens[r] * hidden, t);
+      w1[r] = Data.uniform(SEED + 110 + r, (int) Reference.count(experts, w, r) * ffn * hidden, t);
+    }
+    List<List<Reference.MoeRow>> routes = Reference.moeRoute(w, experts, topk, ids, weights);
+    float[][] y = new float[w][];
+    for (int r = 0; r < w; r++) {
+      y[r] = Data.uniform(SEED + 120 + r, routes.get(r).size() * width, t);
+    }
+
+    List<MoeSeen> seen = world.run(w, comm -> {
+      int r = comm.rank();
+      try (TensorScope s = new TensorScope()) {
+        HostTensor xr = s.of(x[r], t, tokens[r], hidden);
+        HostTensor idr = s.ints(ids[r], tokens[r], topk);
+        HostTensor wr = s.of(weights[r], DType.F32, tokens[r], topk);
+        HostTensor w1r = s.of(w1[r], t, Reference.count(experts, w, r), ffn, hidden);
+        try (MoeDispatch d = comm.moeDispatchGemm(xr, idr, wr, experts, w1r)) {
+          MoeSeen m = new MoeSeen();
+          m.rows = d.rows();
+          m.firstLocalExpert = d.firstLocalExpert();
+          m.localExperts = d.localExperts();
+          m.offsets = new long[m.localExperts + 1];
+          for (int e = 0; e <= m.localExperts; e++) {
+            m.offsets[e] = d.expertOffset(e);
+          }
+          m.tokens = d.tokens();
+          m.topk = d.topk();
+          int rows = Math.toIntExact(d.rows());
+          m.srcRank = new int[rows];
+          m.srcToken = new int[rows];
+          m.slot = new int[rows];
+          m.weight = new float[rows];
+          for (int i = 0; i < rows; i++) {
+            m.srcRank[i] = d.sourceRank(i);
+            m.srcToken[i] = d.sourceToken(i);
+            m.slot[i] = d.slot(i);
+            m.weight[i] = d.weight(i);
+          }
+          m.routed = d.routedTokens().toFloatArray();
+          m.expertOutput = d.expertOutput().toFloatArray();
+          if (rows != y[r].length / width) {
+            throw new AssertionError("rank " + r + " has " + rows + " rows, the reference " + y[r].length / width);
+          }
+          HostTensor out = s.poisoned(t, tokens[r], width);
+          comm.moeCombine(d, s.of(y[r], t, rows, width), out);
+          m.combined = out.toFloatArray();
+          return m;
+        }
+      }
+    });
+
+    for (int r = 0; r < w; r++) {
+      String c = ctx("moe", w, t, "rank " + r);
+      MoeSeen m = seen.get(r);
+      List<Reference.MoeRow> rows = routes.get(r);
+      long first = Reference.offset(experts, w, r);
+      int local = (int) Reference.count(experts, w, r);
+      assertEquals(rows.size(), m.rows, c + ": rows");
+      assertEquals(first, m.firstLocalExpert, c + ": first local expert");
+      assertEquals(local, m.localExperts, c + ": local experts");
+      assertEquals(tokens[r], m.tokens, c + ": tokens");
+      assertEquals(topk, m.topk, c + ": topk");
+      long[] offsets = new long[local + 1];
+      for (Reference.MoeRow row : rows) {
+        offsets[(int) (row.expert - first) + 1]++;
+      }
+      for (int e = 0; e < local; e++) {
+        offsets[e + 1] += offsets[e];
+      }
+      assertArrayEquals(offsets, m.offsets, c + ": expert offsets");
+      float[] routed = new float[rows.size() * hidden];
+      for (int i = 0; i < rows.size(); i++) {
+        Reference.MoeRow row = rows.get(i);
+        String at = c + " row " + i + " (expected " + row + ")";
+        assertEquals(row.srcRank, m.srcRank[i], at + ": source rank");
+        assertEquals(row.token, m.srcToken[i], at + ": source token");
+        assertEquals(row.slot, m.slot[i], at + ": slot");
+        assertEquals(Float.floatToIntBits(row.weight), Float.floatToIntBits(m.weight[i]), at + ": weight");
+        System.arraycopy(x[row.srcRank], row.token * hidden, routed, i * hidden, hidden);
+      }
+      Check.exact(c + " routed tokens", routed, m.routed);
+      Check.close(c + " expert output", Reference.moeExpertOutput(rows, x, w1[r], first, hidden, ffn), m.expertOutput, t);
+      Check.close(c + " combine", Reference.moeCombine(r, tokens[r], topk, routes, y, width), m.combined, t);
+    }
+    // The token routed twice to one expert arrives as two rows, slots 0 and 1, adjacent.
+    for (int home = 0; home < w; home++) {
+      int owner = Reference.expertOwner(experts, w, home % experts);
+      int twice = 0;
+      for (int i = 0; i < seen.get(owner).rows; i++) {
+        if (seen.get(owner).srcRank[i] == home && seen.get(owner).srcToken[i] == 0) {
+          twice++;
+        }
+      }
+      assertEquals(2, twice, ctx("moe", w, t, "token 0 of rank " + home + " at rank " + owner));
+    }
+  }
+
+  // ---- ring attention ----------------------------------------------------------------------
+
+  static Stream<Arguments> attentionCases() {
+    List<Arguments> out = new ArrayList<>();
+    for (Arguments a : worldsAndTypes().toList()) {
+      for (boolean causal : new boolean[] {false, true}) {
+        out.add(Arguments.of(a.get()[0], a.get()[1], causal));
+      }
+    }
+    return out.stream();
+  }
+
+  @ParameterizedTest(name = "W={0} {1} causal={2}")
+  @MethodSource("attentionCases")
+  void ringAttention(int w, DType t, boolean causal) {
+    final int b = 2;
+    final int d = 8;
+    // (Hq, Hkv): grouped-query and plain multi-head; S even over W, uneven, and short.
+    int[][] heads = {{4, 2}, {3, 3}};
+    int[] seqs = {4 * w, 4 * w + 1, Math.max(1, 2 * w - 1)};
+    for (int[] h : heads) {
+      for (int seq : seqs) {
+        float scale = seq % 2 == 0 ? 0f : 0.41f;
+        runAttention(w, t, causal, b, seq, h[0], h[1], d, scale);
+      }
+    }
+  }
+
+  private void runAttention(int w, DType t, boolean causal, int b, int seq, int hq, int hkv, int d, float scale) {
+    long test = 130 + seq * 31L + hq * 7L + (causal ? 1 : 0);
+    int[] sr = new int[w];
+    for (int r = 0; r < w; r++) {
+      sr[r] = (int) Reference.count(seq, w, r);
+    }
+    float[][] q = perRank(w, test, 0, r -> b * sr[r] * hq * d, t);
+    float[][] k = perRank(w, test, 1, r -> b * sr[r] * hkv * d, t);
+    float[][] v = perRank(w, test, 2, r -> b * sr[r] * hkv * d, t);
+    Reference.Attention ref = Reference.attention(Reference.concatSeq(q, b, sr, hq * d), Reference.concatSeq(k, b, sr, hkv * d),
+        Reference.concatSeq(v, b, sr, hkv * d), b, seq, hq, hkv, d, causal, scale);
+    List<float[][]> outs = world.run(w, comm -> {
+      int r = comm.rank();
+      try (TensorScope s = new TensorScope()) {
+        HostTensor o = s.poisoned(t, b, sr[r], hq, d);
+        HostTensor lse = s.poisoned(DType.F32, b, hq, sr[r]);
+        comm.ringAttention(s.of(q[r], t, b, sr[r], hq, d), s.of(k[r], t, b, sr[r], hkv, d), s.of(v[r], t, b, sr[r], hkv, d),
+            o, lse, AttentionOptions.sequence(seq).causal(causal).scale(scale));
+        return new float[][] {o.toFloatArray(), lse.toFloatArray()};
+      }
+    });
+    for (int r = 0; r < w; r++) {
+      String c = ctx("ringAttention", w, t, "causal=" + causal, "S=" + seq, "Hq=" + hq, "Hkv=" + hkv, "scale=" + scale, "rank " + r);
+      int from = (int) Reference.offset(seq, w, r);
+      // exp() and the division add a few fp32 ulps relative to the output's magnitude.
+      Check.close(c + " O", Reference.seqBlock(ref.out, b, seq, hq * d, from, sr[r]), outs.get(r)[0], t, 1e-5);
+      Check.closeTo(c + " LSE", Reference.lastDimBlock(ref.lse, b * hq, seq, from, sr[r]), outs.get(r)[1], 2e-6, 2e-6);
+    }
+  }
+
+  // ---- bootstrap ---------------------------------------------------------------------------
+
+  @ParameterizedTest(name = "W={0}")
+  @org.junit.jupiter.params.provider.ValueSource(ints = {1, 2, 3, 4})
+  void communicatorDescribesItsWorld(int w) {
+    List<String> seen = world.run(w, comm -> {
+      assertEquals(w, comm.world());
+      assertEquals(Backend.HOST, comm.backend());
+      assertEquals(w, comm.ranks().size());
+      assertFalse(comm.isClosed());
+      return comm.rank() + ":" + comm.ranks().get(comm.rank()).executorId();
+    });
+    for (int r = 0; r < w; r++) {
+      assertEquals(r + ":exec-" + r, seen.get(r), "rank " + r + " runs on runtime " + r);
+    }
+  }
+}
