@@ -11,7 +11,7 @@ namespace fusedcomm {
 namespace {
 std::atomic<uint64_t> g_live_bytes{0};
 std::atomic<uint64_t> g_live_allocations{0};
-constexpr size_t kAlign = 64;
+constexpr size_t kAlign = 128;  // ProxyCommand slots are alignas(128)
 // Each block starts with its size so host_free can count it down.
 constexpr size_t kHeader = kAlign;
 }  // namespace

@@ -7,7 +7,7 @@
 
 namespace fusedcomm {
 
-// 64-byte aligned, zero-filled. Throws Error(kInvalidArgument) past 1 TiB, std::bad_alloc when
+// 128-byte aligned (proxy rings need it), zero-filled. Throws Error(kInvalidArgument) past 1 TiB, std::bad_alloc when
 // the allocation fails.
 void* host_alloc(size_t bytes);
 void host_free(void* p);

@@ -189,7 +189,7 @@ public final class CollectivesExample {
   }
 
   /** Per-element sums over ranks in fp64 with the magnitudes that bound their rounding error. */
-  private static final class Sums {
+  static final class Sums {
     final double[] sum;
     final double[] magnitude;
 
@@ -238,6 +238,11 @@ public final class CollectivesExample {
    */
   static Check compare(
       Communicator comm, String op, DType dtype, int n, double ms, float[] got, double[] expected, double[] tolerance) {
+    return compare(op, dtype, n, comm.rank(), comm.world(), comm.backend().configName(), ms, got, expected, tolerance);
+  }
+
+  static Check compare(String op, DType dtype, int n, int rank, int world, String backend, double ms, float[] got,
+      double[] expected, double[] tolerance) {
     double maxErr = 0;
     double worst = 0;
     long bad = got.length == expected.length ? 0 : Math.abs(got.length - expected.length);
@@ -255,8 +260,7 @@ public final class CollectivesExample {
         bad++;
       }
     }
-    return new Check(op, dtype.label(), n, comm.rank(), comm.world(), comm.backend().configName(),
-        maxErr, worst, tolerance == null, bad, ms);
+    return new Check(op, dtype.label(), n, rank, world, backend, maxErr, worst, tolerance == null, bad, ms);
   }
 
   /** Prints the per-op table and the final line; true when every rank passed every check. */

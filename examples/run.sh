@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Runs one of fusedcomm's numbered examples with spark-submit and prints the exact command.
+#
+#   examples/run.sh <01_collectives|02_tensor_parallel_mlp> [example args...]
+#
+# Builds what is missing first (the plugin jar, the examples jar, the Spark classpath file), never
+# anything that exists. Then:
+#   - with SPARK_HOME set: $SPARK_HOME/bin/spark-submit;
+#   - without: Spark's own org.apache.spark.deploy.SparkSubmit from the Maven classpath
+#     (examples/target/classpath.txt) on an embedded local-cluster, in Spark's testing mode
+#     (executors inherit the driver's classpath; see /work/shared/gpu-host/README.md).
+# Either way the plugin jar arrives with --jars and is enabled with spark.plugins.
+#
+# Environment:
+#   MASTER             Spark master (default local-cluster[<world>,1,1024], world = the first
+#                      example argument, or 2)
+#   FUSEDCOMM_BACKEND  spark.fusedcomm.backend (default host)
+#   EXTRA_SUBMIT_ARGS  more spark-submit arguments, split on blanks (e.g. --conf k=v ...)
+#   SPARK_HOME         a Spark 4.1 (Scala 2.13) installation to submit with (optional)
+#   JAVA_HOME          Java 17 (default: the java on PATH)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+usage() {
+  echo "usage: examples/run.sh <01_collectives|02_tensor_parallel_mlp> [args...]" >&2
+  echo "  01_collectives [world=2] [seed]" >&2
+  echo "  02_tensor_parallel_mlp [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32] [seed]" >&2
+}
+
+if [[ $# -lt 1 ]]; then
+  usage
+  exit 2
+fi
+case "$1" in
+  01_collectives) MAIN=io.fusedcomm.examples.CollectivesExample ;;
+  02_tensor_parallel_mlp) MAIN=io.fusedcomm.examples.TensorParallelMlpExample ;;
+  -h | --help) usage; exit 0 ;;
+  *) echo "unknown example '$1'" >&2; usage; exit 2 ;;
+esac
+shift
+
+# The project version: the first top-level <version> of the parent pom.
+VERSION="$(sed -n 's:^  <version>\(.*\)</version>.*:\1:p' pom.xml | head -n 1)"
+PLUGIN_JAR="$ROOT/spark-plugin/target/fusedcomm-$VERSION.jar"
+EXAMPLES_JAR="$ROOT/examples/target/fusedcomm-examples-$VERSION.jar"
+CLASSPATH_FILE="$ROOT/examples/target/classpath.txt"
+LOG4J_CONF="$ROOT/conf/log4j2.properties"
+
+run_mvn() {
+  echo "+ mvn $*" >&2
+  mvn "$@"
+}
+
+if [[ ! -f "$PLUGIN_JAR" ]]; then
+  # The shaded plugin jar (classes + native library + JCuda); builds the native library too.
+  run_mvn -B -q -DskipTests install
+fi
+if [[ ! -f "$EXAMPLES_JAR" ]]; then
+  run_mvn -B -q -DskipTests -pl examples package
+fi
+
+WORLD=2
+if [[ $# -ge 1 && "$1" =~ ^[1-9][0-9]*$ ]]; then
+  WORLD="$1"
+fi
+MASTER="${MASTER:-local-cluster[$WORLD,1,1024]}"
+BACKEND="${FUSEDCOMM_BACKEND:-host}"
+# shellcheck disable=SC2206 # split on blanks on purpose
+EXTRA=(${EXTRA_SUBMIT_ARGS:-})
+
+if [[ -n "${SPARK_HOME:-}" ]]; then
+  CMD=("$SPARK_HOME/bin/spark-submit"
+    --master "$MASTER"
+    --jars "$PLUGIN_JAR"
+    --conf spark.plugins=io.fusedcomm.FusedCommPlugin
+    --conf "spark.fusedcomm.backend=$BACKEND"
+    --driver-java-options "-Dlog4j.configurationFile=file:$LOG4J_CONF"
+    "${EXTRA[@]}"
+    --class "$MAIN" "$EXAMPLES_JAR" "$@")
+  echo "+ $(printf '%q ' "${CMD[@]}")"
+  exec "${CMD[@]}"
+fi
+
+# No Spark installation: Spark from the Maven repository.
+if [[ ! -f "$CLASSPATH_FILE" ]]; then
+  run_mvn -B -q -pl examples dependency:build-classpath "-Dmdep.outputFile=$CLASSPATH_FILE" \
+    -Dmdep.includeScope=compile -Dmdep.excludeGroupIds=io.fusedcomm,org.jcuda
+fi
+if [[ -z "${JAVA_HOME:-}" ]]; then
+  # Workers start executors with $JAVA_HOME/bin/java.
+  JAVA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")"
+fi
+export JAVA_HOME
+# The --add-opens flags Spark needs on Java 17, from the parent pom (one place to change them).
+JVM_FLAGS="$(sed -n 's:.*<spark.test.jvm.flags>\(.*\)</spark.test.jvm.flags>.*:\1:p' pom.xml)"
+if [[ -z "$JVM_FLAGS" ]]; then
+  echo "could not read spark.test.jvm.flags from $ROOT/pom.xml" >&2
+  exit 1
+fi
+# spark.test.home must name a folder; the embedded workers keep their work/ (executor logs) there.
+TEST_HOME="$ROOT/examples/target/spark-test-home"
+mkdir -p "$TEST_HOME"
+
+# shellcheck disable=SC2206 # the flags are blank-separated, none contains a blank
+FLAGS=($JVM_FLAGS)
+HEAD=("$JAVA_HOME/bin/java" "${FLAGS[@]}"
+  -Dspark.testing=1 "-Dspark.test.home=$TEST_HOME" "-Dlog4j.configurationFile=file:$LOG4J_CONF"
+  -cp)
+TAIL=(org.apache.spark.deploy.SparkSubmit
+  --master "$MASTER"
+  --jars "$PLUGIN_JAR"
+  --conf spark.plugins=io.fusedcomm.FusedCommPlugin
+  --conf "spark.fusedcomm.backend=$BACKEND"
+  --conf spark.executorEnv.SPARK_SCALA_VERSION=2.13
+  --conf "spark.executor.extraJavaOptions=$JVM_FLAGS -Dlog4j.configurationFile=file:$LOG4J_CONF"
+  "${EXTRA[@]}"
+  --class "$MAIN" "$EXAMPLES_JAR" "$@")
+# The classpath is ~150 jars: print it as the file it comes from.
+echo "+ $(printf '%q ' "${HEAD[@]}")\"\$(cat $(printf '%q' "$CLASSPATH_FILE"))\" $(printf '%q ' "${TAIL[@]}")"
+exec "${HEAD[@]}" "$(cat "$CLASSPATH_FILE")" "${TAIL[@]}"
