@@ -13,7 +13,11 @@
 #include "fusedcomm/rdma/transport.h"
 
 #if __has_include(<infiniband/verbs.h>)
+// The real types when rdma-core's headers are installed (its enums trip a C++20 warning).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-enum-enum-conversion"
 #include <infiniband/verbs.h>
+#pragma GCC diagnostic pop
 #else
 struct ibv_device;  // opaque: we only pass pointers back to the library
 #endif
@@ -21,16 +25,26 @@ struct ibv_device;  // opaque: we only pass pointers back to the library
 namespace fusedcomm::rdma {
 namespace {
 
-// The few libibverbs entry points the probes need, resolved with dlsym.
+// The few libibverbs entry points the probes need, resolved with dlsym. Opened once and never
+// closed: provider libraries keep state that does not survive dlclose well, and the backends
+// will need the library again anyway.
 struct VerbsTable {
   void* handle = nullptr;
   ibv_device** (*get_device_list)(int* num_devices) = nullptr;
   void (*free_device_list)(ibv_device** list) = nullptr;
   const char* (*get_device_name)(ibv_device* device) = nullptr;
+  std::string error;  // empty once open() succeeded
 
-  ~VerbsTable() {
-    if (handle) dlclose(handle);
+  static VerbsTable& get() {
+    static VerbsTable table = [] {
+      VerbsTable t;
+      t.error = t.open();
+      return t;
+    }();
+    return table;
   }
+
+ private:
   // Empty on success, else why not.
   std::string open() {
     handle = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -46,7 +60,9 @@ struct VerbsTable {
     }
     return {};
   }
-  std::vector<std::string> device_names() {
+
+ public:
+  std::vector<std::string> device_names() const {
     std::vector<std::string> names;
     int n = 0;
     ibv_device** list = get_device_list(&n);
@@ -97,10 +113,9 @@ Availability probe_socket() {
 // so, but reports the backend unavailable (the socket backend is used instead).
 Availability probe_ibverbs() {
   Availability a;
-  VerbsTable verbs;
-  std::string err = verbs.open();
-  if (!err.empty()) {
-    a.reason = err;
+  const VerbsTable& verbs = VerbsTable::get();
+  if (!verbs.error.empty()) {
+    a.reason = verbs.error;
     return a;
   }
   std::vector<std::string> devices;
@@ -118,18 +133,14 @@ Availability probe_ibverbs() {
 
 Availability probe_efa() {
   Availability a;
-  void* efa = dlopen("libefa.so.1", RTLD_NOW | RTLD_LOCAL);
+  static void* const efa = dlopen("libefa.so.1", RTLD_NOW | RTLD_LOCAL);  // kept, like libibverbs
   if (!efa) {
-    const char* e = dlerror();
-    a.reason = std::string("libefa.so.1 not found (install rdma-core with the EFA provider)") +
-               (e ? ": " + std::string(e) : "");
+    a.reason = "libefa.so.1 not found (install rdma-core with the EFA provider)";
     return a;
   }
-  dlclose(efa);
-  VerbsTable verbs;
-  std::string err = verbs.open();
-  if (!err.empty()) {
-    a.reason = "libefa.so.1 loaded, but " + err;
+  const VerbsTable& verbs = VerbsTable::get();
+  if (!verbs.error.empty()) {
+    a.reason = "libefa.so.1 loaded, but " + verbs.error;
     return a;
   }
   std::vector<std::string> devices;

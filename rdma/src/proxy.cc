@@ -156,8 +156,13 @@ void Proxy::run() {
     try {
       group_.write(op);
     } catch (const TransportError& e) {
-      fail(e.peer(), e.what() + where);
-      break;
+      // A peer that closed the group politely has finished its protocol (the communicator's
+      // finish barrier): nothing it needs is still to come from us, only credits it will never
+      // read. Such writes are dropped; any other failure stops the proxy.
+      if (group_.status(op.peer) != PeerState::kClosed) {
+        fail(e.peer(), e.what() + where);
+        break;
+      }
     } catch (const std::exception& e) {
       fail(-1, std::string("proxy: invalid write: ") + e.what() + where);
       break;

@@ -164,7 +164,8 @@ class Core;
 
 // One TCP connection: pending (handshake) or a data connection of a group.
 struct Conn {
-  Conn(int fd_in, std::atomic<uint64_t>* open_counter_in) : fd(fd_in), open_counter(open_counter_in) {}
+  Conn(int fd_in, uint64_t id_in, std::atomic<uint64_t>* open_counter_in)
+      : fd(fd_in), id(id_in), open_counter(open_counter_in) {}
   ~Conn() {
     if (fd >= 0) ::close(fd);
     if (counted) open_counter->fetch_sub(1, std::memory_order_relaxed);
@@ -183,7 +184,7 @@ struct Conn {
   }
 
   const int fd;
-  uint64_t id = 0;  // epoll token, set by the receiver
+  const uint64_t id;  // epoll token and receiver map key; never reused
   int peer = -1;
   std::string peer_addr;  // the peer's listener address (data) or its socket address (pending)
   std::weak_ptr<GroupState> group;
@@ -191,7 +192,7 @@ struct Conn {
   std::atomic<PeerState> state{PeerState::kConnected};
   std::string error;      // failure message; guarded by the group's mutex
   std::atomic<bool> with_receiver{false};  // attach queued or in the epoll set
-  std::timed_mutex send_mu;  // one message at a time on the wire
+  std::mutex send_mu;     // one message at a time on the wire
   std::atomic<uint64_t>* open_counter;
   bool counted = false;
 
@@ -209,7 +210,7 @@ struct Conn {
 enum class Phase { kConnecting, kLive, kClosing, kDone };
 
 // The shared state of one PeerGroup: what the receiver thread and the group's callers share.
-struct GroupState : std::enable_shared_from_this<GroupState> {
+struct GroupState {
   std::shared_ptr<Core> core;
   uint64_t job_token = 0;
   uint64_t comm_id = 0;
@@ -222,6 +223,7 @@ struct GroupState : std::enable_shared_from_this<GroupState> {
   Phase phase = Phase::kConnecting;            // guarded by mu
   std::vector<std::shared_ptr<Conn>> peers;    // by rank; null for self and missing; mu
   int connected = 0;                           // non-null entries of peers; mu
+  std::vector<bool> lost;                      // connected during connect(), then went away; mu
   int failed_peer = -1;                        // first failure; mu
   std::string failed_msg;                      // mu
   std::atomic<bool> aborted{false};
@@ -234,7 +236,7 @@ struct GroupState : std::enable_shared_from_this<GroupState> {
     return "rank " + std::to_string(rank) + " of communicator " + hex(comm_id);
   }
 
-  // Records a failure of `c` (mu held). Returns the message now attached to the connection.
+  // Records a failure of `c` (mu held); the first failure of the group is what check() throws.
   void fail_locked(Conn& c, const std::string& msg) {
     if (c.state.load() != PeerState::kConnected) return;
     c.state.store(PeerState::kFailed);
@@ -287,30 +289,37 @@ class Core : public std::enable_shared_from_this<Core> {
   void detach(const std::vector<std::shared_ptr<Conn>>& conns, bool wait);
   void forget_group(const GroupState* g);
 
+  uint64_t new_conn_id() { return next_conn_id_.fetch_add(1, std::memory_order_relaxed); }
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> open_connections{0};
 
  private:
+  // Commands to the receiver. Only kAttach carries a reference: a queued detach must not keep
+  // a connection (and its socket) alive after its group let go of it.
   struct Command {
     enum Kind { kAttach, kDetach, kRescan, kStop } kind;
-    std::shared_ptr<Conn> conn;
+    std::shared_ptr<Conn> conn;  // kAttach
+    uint64_t conn_id = 0;        // kDetach
   };
   void post(Command c);
   void run();
   void process_commands(bool* stop);
   void accept_all();
-  void on_readable(const std::shared_ptr<Conn>& c);
-  void read_hello(const std::shared_ptr<Conn>& c);
+  // The receiver's functions take Conn*: conns_ holds the receiver's only reference, so that
+  // drop() can release it before it tells a waiting group (whose reference is then the last,
+  // and whose release closes the socket deterministically). After drop(c), c is not touched.
+  void on_readable(Conn* c);
+  void read_hello(Conn* c);
   enum class Match { kAdopted, kParked, kDropped };
-  Match try_match(const std::shared_ptr<Conn>& c);
-  void reject(const std::shared_ptr<Conn>& c, uint32_t reason);
-  void read_data(const std::shared_ptr<Conn>& c);
+  Match try_match(Conn* c);
+  void reject(Conn* c, uint32_t reason);
+  void read_data(Conn* c);
   // Receiver: a data connection ended or broke; `protocol_error` also cuts it both ways.
-  void end_data_conn(const std::shared_ptr<Conn>& c, const std::string& msg, bool protocol_error);
+  void end_data_conn(Conn* c, const std::string& msg, bool protocol_error);
   bool validate(const wire::WireHeader& h, std::string* why) const;
   void apply_signal(const wire::WireHeader& h);
-  void drop(const std::shared_ptr<Conn>& c);
+  void drop(Conn* c);
   void expire_pending();
 
   int listen_fd_ = -1;
@@ -337,7 +346,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Receiver-thread-only.
   std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns_;
-  uint64_t next_conn_id_ = 2;  // 0: listener, 1: eventfd
+  std::atomic<uint64_t> next_conn_id_{2};  // 0: listener, 1: eventfd
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -532,7 +541,7 @@ void Core::attach(const std::shared_ptr<Conn>& c) {
 void Core::detach(const std::vector<std::shared_ptr<Conn>>& conns, bool wait) {
   if (!running_) return;
   for (auto& c : conns) {
-    if (c) post({Command::kDetach, c});
+    if (c) post({Command::kDetach, nullptr, c->id});
   }
   if (!wait) return;
   std::unique_lock<std::mutex> l(detach_mu_);
@@ -553,12 +562,15 @@ void Core::forget_group(const GroupState* g) {
   if (!cur || cur.get() == g) groups_.erase(it);
 }
 
-void Core::drop(const std::shared_ptr<Conn>& c) {
+void Core::drop(Conn* c) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
-  conns_.erase(c->id);
+  auto node = conns_.extract(c->id);
   {
+    // Waiters test with_receiver under detach_mu_, so they see it false only once our
+    // reference is gone too (releasing it closes pending sockets).
     std::lock_guard<std::mutex> l(detach_mu_);
     c->with_receiver = false;
+    node = {};
   }
   detach_cv_.notify_all();
 }
@@ -578,8 +590,7 @@ void Core::run() {
       } else {
         auto it = conns_.find(id);
         if (it == conns_.end()) continue;
-        std::shared_ptr<Conn> c = it->second;  // keep alive while we work on it
-        on_readable(c);
+        on_readable(it->second.get());
       }
     }
     if (Clock::now() - last_sweep > milliseconds(200)) {
@@ -601,27 +612,32 @@ void Core::process_commands(bool* stop) {
   for (auto& cmd : batch) {
     switch (cmd.kind) {
       case Command::kAttach: {
-        auto& c = cmd.conn;
-        c->id = next_conn_id_++;
+        std::shared_ptr<Conn> c = std::move(cmd.conn);
         c->since = Clock::now();
         epoll_event ev{};
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.u64 = c->id;
         if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c->fd, &ev) == 0) {
-          conns_.emplace(c->id, c);
+          conns_.emplace(c->id, std::move(c));
         } else {
-          std::lock_guard<std::mutex> l(detach_mu_);
-          c->with_receiver = false;
+          {
+            std::lock_guard<std::mutex> l(detach_mu_);
+            c->with_receiver = false;
+            c.reset();
+          }
+          detach_cv_.notify_all();
         }
         break;
       }
-      case Command::kDetach:
-        if (cmd.conn->with_receiver && conns_.count(cmd.conn->id)) drop(cmd.conn);
+      case Command::kDetach: {
+        auto it = conns_.find(cmd.conn_id);
+        if (it != conns_.end()) drop(it->second.get());
         break;
+      }
       case Command::kRescan: {
-        std::vector<std::shared_ptr<Conn>> parked;
+        std::vector<Conn*> parked;
         for (auto& [id, c] : conns_) {
-          if (!c->is_data && c->hello_got == sizeof(wire::WireHello)) parked.push_back(c);
+          if (!c->is_data && c->hello_got == sizeof(wire::WireHello)) parked.push_back(c.get());
         }
         for (auto& c : parked) try_match(c);
         break;
@@ -640,9 +656,8 @@ void Core::accept_all() {
     int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a transient error (EMFILE, ECONNABORTED): retried later
     set_nodelay(fd);
-    auto c = std::make_shared<Conn>(fd, &open_connections);
+    auto c = std::make_shared<Conn>(fd, new_conn_id(), &open_connections);
     c->peer_addr = numeric_host(reinterpret_cast<sockaddr*>(&ss), len);
-    c->id = next_conn_id_++;
     c->since = Clock::now();
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
@@ -657,16 +672,16 @@ void Core::accept_all() {
 
 void Core::expire_pending() {
   auto now = Clock::now();
-  std::vector<std::shared_ptr<Conn>> expired;
+  std::vector<Conn*> expired;
   for (auto& [id, c] : conns_) {
     if (c->is_data) continue;
     auto limit = c->hello_got == sizeof(wire::WireHello) ? kParkTimeout : kHelloTimeout;
-    if (now - c->since > limit) expired.push_back(c);
+    if (now - c->since > limit) expired.push_back(c.get());
   }
   for (auto& c : expired) drop(c);
 }
 
-void Core::on_readable(const std::shared_ptr<Conn>& c) {
+void Core::on_readable(Conn* c) {
   if (c->is_data) {
     read_data(c);
   } else {
@@ -674,7 +689,7 @@ void Core::on_readable(const std::shared_ptr<Conn>& c) {
   }
 }
 
-void Core::read_hello(const std::shared_ptr<Conn>& c) {
+void Core::read_hello(Conn* c) {
   const size_t want = sizeof(wire::WireHello) - c->hello_got;
   if (want == 0) {
     // Parked: the dialer must wait for our reply, so anything readable is EOF or a violation.
@@ -704,7 +719,7 @@ void Core::read_hello(const std::shared_ptr<Conn>& c) {
   try_match(c);
 }
 
-void Core::reject(const std::shared_ptr<Conn>& c, uint32_t reason) {
+void Core::reject(Conn* c, uint32_t reason) {
   wire::WireHello reply{};
   reply.magic = wire::kHelloMagic;
   reply.version = kTransportApiVersion;
@@ -718,7 +733,7 @@ void Core::reject(const std::shared_ptr<Conn>& c, uint32_t reason) {
   drop(c);
 }
 
-Core::Match Core::try_match(const std::shared_ptr<Conn>& c) {
+Core::Match Core::try_match(Conn* c) {
   const wire::WireHello& h = c->hello;
   std::shared_ptr<GroupState> g;
   {
@@ -759,7 +774,8 @@ Core::Match Core::try_match(const std::shared_ptr<Conn>& c) {
     return Match::kDropped;
   }
   c->make_data(h.rank, g->addresses[h.rank], g);
-  g->peers[h.rank] = c;
+  g->peers[h.rank] = conns_.at(c->id);
+  g->lost[h.rank] = false;
   g->connected++;
   g->cv.notify_all();
   return Match::kAdopted;
@@ -805,14 +821,15 @@ void Core::apply_signal(const wire::WireHeader& h) {
   store_max_release(static_cast<char*>(it->second.base) + h.signal_offset, h.signal_value);
 }
 
-void Core::end_data_conn(const std::shared_ptr<Conn>& c, const std::string& msg, bool protocol_error) {
+void Core::end_data_conn(Conn* c, const std::string& msg, bool protocol_error) {
   if (auto g = c->group.lock()) {
     std::lock_guard<std::mutex> l(g->mu);
     if (g->phase == Phase::kConnecting) {
       // Not part of a live group yet: free the slot so that the rank may dial again.
-      if (g->peers[c->peer] == c) {
+      if (g->peers[c->peer].get() == c) {
         g->peers[c->peer].reset();
         g->connected--;
+        g->lost[c->peer] = true;
       }
       c->state = PeerState::kClosed;
     } else if (g->aborted || g->phase == Phase::kDone || c->bye_seen) {
@@ -826,7 +843,7 @@ void Core::end_data_conn(const std::shared_ptr<Conn>& c, const std::string& msg,
   drop(c);
 }
 
-void Core::read_data(const std::shared_ptr<Conn>& c) {
+void Core::read_data(Conn* c) {
   auto who = [&] {
     auto g = c->group.lock();
     return g ? g->who(c->peer) : "peer rank " + std::to_string(c->peer) + " at " + c->peer_addr;
@@ -1013,7 +1030,7 @@ void GroupState::write(const WriteOp& op) {
   h.signal_key = op.signal_key;
   h.signal_offset = op.signal_offset;
   h.signal_value = op.signal_value;
-  std::lock_guard<std::timed_mutex> sl(c->send_mu);
+  std::lock_guard<std::mutex> sl(c->send_mu);
   send_message(*c, h, src);
   core->bytes_sent.fetch_add(op.bytes, std::memory_order_relaxed);
 }
@@ -1032,9 +1049,14 @@ void GroupState::close(milliseconds timeout) {
     }
   }
   for (auto& c : conns) {
-    if (!c || c->state.load() != PeerState::kConnected) continue;
-    std::unique_lock<std::timed_mutex> sl(c->send_mu, std::defer_lock);
-    if (!sl.try_lock_until(deadline)) continue;
+    // A peer that already said kBye (kClosed) still waits for ours; only a broken one is skipped.
+    if (!c || c->state.load() == PeerState::kFailed) continue;
+    std::unique_lock<std::mutex> sl(c->send_mu, std::try_to_lock);
+    while (!sl.owns_lock() && Clock::now() < deadline) {  // a writer on another thread: bounded
+      std::this_thread::sleep_for(milliseconds(1));
+      sl.try_lock();
+    }
+    if (!sl.owns_lock()) continue;
     wire::WireHeader bye{};
     bye.magic = wire::kDataMagic;
     bye.kind = wire::kBye;
@@ -1208,6 +1230,7 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   g->addresses = spec.addresses;
   g->addresses.resize(spec.world);
   g->peers.assign(spec.world, nullptr);
+  g->lost.assign(spec.world, false);
   if (spec.world == 1) {
     g->phase = Phase::kLive;
     return g;
@@ -1349,7 +1372,7 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
           d.retry("answered the handshake for a different group", now);
           continue;
         }
-        auto c = std::make_shared<Conn>(d.fd, &open_connections);
+        auto c = std::make_shared<Conn>(d.fd, new_conn_id(), &open_connections);
         d.fd = -1;  // now owned by c
         d.state = Dial::kDone;
         c->make_data(d.peer, spec.addresses[d.peer], g);
@@ -1367,14 +1390,28 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
 
   std::unique_lock<std::mutex> l(g->mu);
   if (!all_connected()) {
-    std::string missing;
-    int first = -1;
+    // Ranks that never connected come first: a rank that did connect and then left has most
+    // likely given up on the same missing ranks.
+    std::string missing, lost;
+    int first = -1, first_lost = -1;
     for (int r = 0; r < spec.world; ++r) {
       if (r == spec.rank || g->peers[r]) continue;
+      const std::string who = "rank " + std::to_string(r) + " at " + spec.addresses[r];
+      if (g->lost[r]) {
+        if (first_lost < 0) first_lost = r;
+        lost += "; " + who + " (connected, then closed the connection; did it time out too?)";
+        continue;
+      }
       if (first < 0) first = r;
       missing += missing.empty() ? "" : "; ";
-      missing += "rank " + std::to_string(r) + " at " + spec.addresses[r] + " (" +
+      missing += who + " (" +
                  (r < spec.rank ? dials[r].last_error : std::string("it never connected to us")) + ")";
+    }
+    if (first < 0) {
+      first = first_lost;
+      missing = lost.substr(2);
+    } else {
+      missing += lost;
     }
     auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
     l.unlock();

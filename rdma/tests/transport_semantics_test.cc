@@ -157,7 +157,9 @@ void test_abort_and_destroy_are_failures() {
     });
     p.g0->close(1000ms);
   }
-  FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "sockets released");
+  FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0,
+           "sockets released: " + std::to_string(t0->stats().open_connections) + ", " +
+               std::to_string(t1->stats().open_connections));
 }
 
 void test_receiver_validates_writes() {
@@ -357,7 +359,7 @@ void test_proxy_wraps_and_reports_errors() {
     ring.post(op, 100ms);
     FC_CHECK(fctest::wait_for([&] { return !proxy.error().empty(); }, 3000ms), "error recorded");
     FC_CHECK(proxy.failed_peer() == -1, "no peer blamed");
-    FC_CHECK(ring.header()->abort != 0, "abort word raised for producers");
+    FC_CHECK(std::atomic_ref<uint64_t>(ring.header()->abort).load() != 0, "abort word raised for producers");
     FC_EXPECT_THROW(TransportError, ring.post(op, 100ms), e, {});
   }
   {

@@ -19,6 +19,16 @@ constexpr uint32_t kRingSlots = 1024;
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// Fingerprints of the communicator's own barriers: a hash of the name (FNV-1a), so that a rank
+// in the finish barrier and a rank in an op are told apart.
+struct Fingerprint {
+  static uint64_t of(const char* name) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char* p = name; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
+    return h;
+  }
+};
+
 void copy_text(char* dst, size_t cap, const std::string& s) {
   size_t n = std::min(cap - 1, s.size());
   std::memcpy(dst, s.data(), n);
@@ -145,6 +155,19 @@ void Communicator::connect(const std::vector<std::string>& endpoints, int rank, 
   sent_chunks_.assign(world_, 0);
   consumed_chunks_.assign(world_, 0);
   connected_ = true;
+  // A rank's connect() returns once its own connections are up, not once every rank's are: a
+  // fast rank could otherwise run (and fail) an op and leave while a slow one is still
+  // connecting, which then waits for peers that are gone. No rank starts an op before all have
+  // connected.
+  barrier("connect", "connect barrier");
+}
+
+void Communicator::barrier(const char* name, const char* step) {
+  if (world_ == 1) return;
+  begin_op(name, Fingerprint::of(name));
+  std::vector<SendBlock> s(world_);
+  std::vector<RecvBlock> r(world_);
+  exchange(s, r, step);
 }
 
 std::string Communicator::peer_name(int peer) const {
@@ -162,8 +185,9 @@ void Communicator::check_usable(const char* what) const {
 
 void Communicator::fail_broken(ErrorKind kind, const std::string& message) {
   if (broken_.empty()) broken_ = message;
-  // Peers blocked on this rank learn at once that it is gone, instead of waiting for the timeout.
-  if (group_) group_->abort();
+  // The group stays up until close() (which then aborts it): every rank exchanges with every
+  // peer directly, so each finds the rank really at fault itself; tearing our connections down
+  // first would make the others name us instead.
   fail(kind, message);
 }
 
@@ -174,7 +198,14 @@ void Communicator::begin_op(const std::string& description, uint64_t fingerprint
 }
 
 void Communicator::post(const rdma::WriteOp& op) {
-  proxy_->ring().post(op, std::chrono::milliseconds(runtime_.config().timeout_ms));
+  try {
+    proxy_->ring().post(op, std::chrono::milliseconds(runtime_.config().timeout_ms));
+  } catch (const rdma::TransportError& e) {
+    // A failed proxy aborts its ring; what failed it (naming the peer) is the error to report.
+    std::string cause = proxy_->error();
+    if (cause.empty()) throw;
+    throw rdma::TransportError(proxy_->failed_peer(), cause);
+  }
 }
 
 void Communicator::exchange(const std::vector<SendBlock>& send, const std::vector<RecvBlock>& recv,
@@ -210,6 +241,7 @@ void Communicator::exchange(const std::vector<SendBlock>& send, const std::vecto
   const auto timeout = std::chrono::milliseconds(runtime_.config().timeout_ms);
   auto last_progress = Clock::now();
   Backoff backoff;
+  bool peer_gone_seen = false;
   try {
     while (pending > 0) {
       bool progress = false;
@@ -294,14 +326,25 @@ void Communicator::exchange(const std::vector<SendBlock>& send, const std::vecto
       if (aborted_.load()) fail_broken(ErrorKind::kCommunicator, where + ": aborted");
       std::string proxy_error = proxy_->error();
       if (!proxy_error.empty()) fail_broken(ErrorKind::kTransport, where + ": " + proxy_error);
+      // A peer's last chunk can land just before its goodbye: the transport makes the data
+      // and flags of earlier messages visible before it reports the state change, so one more
+      // pass that finds nothing new proves the peer left without what this rank waits for.
+      bool gone = false;
       for (int p = 0; p < world_; ++p) {
         if (p == rank_) continue;
         const Pair& pr = pairs[p];
         bool waiting = pr.received < pr.recv_chunks || pr.sent < pr.send_chunks;
         if (waiting && group_->status(p) != rdma::PeerState::kConnected) {
-          fail_broken(ErrorKind::kTransport, where + ": " + peer_name(p) +
-                                                 " left (connection closed or failed) while this rank waited for it");
+          if (peer_gone_seen) {
+            fail_broken(ErrorKind::kTransport, where + ": " + peer_name(p) +
+                                                   " left (connection closed or failed) while this rank waited for it");
+          }
+          gone = true;
         }
+      }
+      if (gone) {
+        peer_gone_seen = true;
+        continue;
       }
       if (Clock::now() - last_progress > timeout) {
         std::string who;
@@ -327,11 +370,8 @@ void Communicator::exchange(const std::vector<SendBlock>& send, const std::vecto
 }
 
 void Communicator::finish() {
-  if (!connected_ || closed_ || world_ == 1) return;
-  begin_op("finish", 0x66696e697368ull);
-  std::vector<SendBlock> s(world_);
-  std::vector<RecvBlock> r(world_);
-  exchange(s, r, "finish barrier");
+  if (!connected_ || closed_) return;
+  barrier("finish", "finish barrier");
 }
 
 void Communicator::close() {

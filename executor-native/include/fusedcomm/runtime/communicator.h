@@ -61,6 +61,7 @@ class Communicator final : public Exchanger {
   uint64_t load_flag(size_t offset) const;
   void check_usable(const char* what) const;
   void post(const rdma::WriteOp& op);
+  void barrier(const char* name, const char* step);  // an exchange of empty blocks
   [[noreturn]] void fail_broken(ErrorKind kind, const std::string& message);
   std::string peer_name(int peer) const;
 

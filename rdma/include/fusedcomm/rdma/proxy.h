@@ -89,7 +89,9 @@ class ProxyRing {
 };
 
 // Drains one ring into one PeerGroup on its own thread. A transport error stops the proxy and
-// is kept: error() returns it (the runtime rethrows it on the op's thread).
+// is kept: error() returns it (the runtime rethrows it on the op's thread). A write to a peer
+// that has closed the group politely (PeerState::kClosed) is dropped instead: peers close
+// politely only once their protocol needs nothing more from this side.
 class Proxy {
  public:
   Proxy(ProxyRing ring, Transport& transport, PeerGroup& group);

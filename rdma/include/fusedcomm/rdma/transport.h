@@ -60,6 +60,9 @@ struct GroupSpec {
   std::chrono::milliseconds connect_timeout{30000};
 };
 
+// kClosed: the peer closed the group politely (close()), or this side closed or aborted it;
+// not an error: check() stays quiet, but a write() to that peer throws. kFailed: the
+// connection broke (EOF without a polite close, reset, protocol violation); check() throws.
 enum class PeerState { kConnected, kClosed, kFailed };
 
 // The connections of one communicator. Thread-safety: write() is called by one thread at a

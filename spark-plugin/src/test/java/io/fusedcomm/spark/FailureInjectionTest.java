@@ -42,7 +42,9 @@ import org.junit.jupiter.api.io.TempDir;
  * {@code spark.fusedcomm.timeout=10s}, Spark's default stage retries): a rank that throws, an
  * executor that dies, ranks that disagree on shapes, and the cuda backend without a GPU.
  *
- * <p>Spark cancels the other barrier tasks once one fails, so each task writes what it observed
+ * <p>Spark retries a failed barrier stage only when it is a shuffle map stage ("Could not recover
+ * from a failed barrier ResultStage" otherwise), so the retried stages here feed a shuffle.
+ * Spark cancels the other barrier tasks once one fails, so each task writes what it observed
  * into a file of a temporary folder (same host) before rethrowing; the driver reads them after
  * the retried stage has succeeded.
  */
@@ -122,7 +124,7 @@ class FailureInjectionTest {
         }
         return List.of(attempt + ":" + rank + ":" + x.getFloat(0)).iterator();
       }
-    }).collect();
+    }).repartition(1).collect();
   }
 
   /** The survivor's record: a CommunicatorException naming rank 1, well within the timeout. */

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: GPU facts, gpu_collectives_test, then ours vs NCCL at every world size from
+# 2 to the GPU count (2 and 4), then the report. Binaries from build.sh (carried, or rebuilt
+# here if they cannot run). Usage (repo root, GPU host):
+#   kernels/bench/collectives/device_run.sh [bin=build/coll-bin] [test|bench|all] [commit]
+set -uo pipefail
+bin=${1:-build/coll-bin}; what=${2:-all}; commit=${3:-unknown}
+OUT=${OUT:-/tmp/coll_out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+here=kernels/bench/collectives
+if ! [ -x "$bin/coll_bench" ]; then $here/build.sh /tmp/coll-bin; bin=/tmp/coll-bin; fi
+ngpu=$(nvidia-smi -L | wc -l)
+device="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$ngpu"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; nvidia-smi topo -m; } > "$OUT/gpu.txt" 2>&1
+head -3 "$OUT/gpu.txt"
+rc=0
+if [ "$what" != bench ]; then
+  timeout 400 "$bin/gpu_collectives_test" > "$OUT/test.log" 2>&1; rc=$?
+  grep -E "^==|FAIL|PASS|expected|passed" "$OUT/test.log" | head -60; echo "gpu_collectives_test rc=$rc"
+fi
+if [ "$what" != test ]; then
+  max=${MAX_BYTES:-1073741824}
+  for w in 2 4; do
+    [ $w -le $ngpu ] || continue
+    timeout 200 "$bin/coll_bench" --world $w --out "/tmp/ours_w$w.jsonl" --max-bytes $max >> "$OUT/bench.log" 2>&1 || echo "coll_bench w=$w rc=$?"
+    timeout 200 torchrun --nproc-per-node $w $here/nccl_bench.py --out "/tmp/nccl_w$w.jsonl" --max-bytes $max >> "$OUT/nccl.log" 2>&1 || echo "nccl w=$w rc=$?"
+  done
+  cat /tmp/ours_w*.jsonl /tmp/nccl_w*.jsonl > /tmp/coll_all.jsonl 2>/dev/null
+  python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix "collectives_results_w$ngpu" /tmp/coll_all.jsonl | tail -40
+fi
+exit $rc

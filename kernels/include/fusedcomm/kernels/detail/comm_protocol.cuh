@@ -1,0 +1,159 @@
+// Device side of the collectives' flag protocol (collectives.h): region addressing, the launch
+// epoch, bounded flag waits with the error record, flag publication, and the grid-level
+// "last CTA" counter. Built on the system-scope flag accessors of sm90_primitives.cuh.
+//
+// Ordering, in one place (PTX ISA memory model, scopes .sys because readers are other GPUs):
+// - Publish: data stores (to peer or own memory) by all threads -> bar.sync -> thread 0
+//   fence.sc.sys -> thread 0 st.release.sys of the flag. The barrier orders every thread's
+//   stores before thread 0's fence (causality order is transitive) and the release is
+//   cumulative, so a reader that observes the flag with ld.acquire.sys observes the data.
+// - Observe: one thread ld.acquire.sys until flag >= epoch -> bar.sync -> every thread reads
+//   the data. Remote data is read with ld.global.cg (no L1), local staging likewise.
+// - Grid-level: each CTA's thread 0, after the CTA's publish fence, does atomicAdd on a local counter; the
+//   CTA that sees count == grid-1 is last: its fence.sc.sys after the atomic makes every other
+//   CTA's fenced stores precede its own flag release (fence-fence synchronisation through the
+//   counter's modification order). The last CTA resets the counter (no other CTA of this launch
+//   touches it again; the next launch is stream-ordered after this one).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/detail/sm90_primitives.cuh"
+
+namespace fusedcomm::kernels::detail {
+
+__device__ __forceinline__ CommFlags* comm_flags(const CommDevice& d, int rank) {
+  return reinterpret_cast<CommFlags*>(d.base[rank]);
+}
+__device__ __forceinline__ CommControl* comm_control(const CommDevice& d) {
+  return reinterpret_cast<CommControl*>(d.base[d.rank] + kCommControlOffset);
+}
+// Staging slot [parity][src] of rank `owner`'s region.
+__device__ __forceinline__ uint8_t* comm_slot(const CommDevice& d, int owner, uint64_t parity,
+                                              int src) {
+  return d.base[owner] + kCommStagingOffset + (parity * d.world + src) * d.slot_bytes;
+}
+
+// Every CTA calls this first (all threads): the launch's epoch, broadcast through shared memory.
+// CommControl::epoch was last written by the previous launch's last CTA (kernel boundary).
+__device__ __forceinline__ uint64_t comm_launch_epoch(const CommDevice& d) {
+  __shared__ uint64_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) + 1;
+  __syncthreads();
+  return s_epoch;
+}
+
+__device__ __forceinline__ bool comm_failed(const CommDevice& d) {
+  return *reinterpret_cast<volatile uint32_t*>(&comm_control(d)->error_claim) != 0;
+}
+
+// Bounded wait (one thread): true once *flag >= epoch; false after timeout_ns, an abort, or
+// another CTA's failure. The first to give up fills the error record. The local error claim is
+// re-read every 16 polls; the host-mapped abort word and the clock only every
+// kCommSlowCheckNs of waiting: hundreds of CTAs reading host memory over PCIe every few polls
+// slowed every barrier by tens to hundreds of microseconds on a 4 x H200 host.
+inline constexpr uint64_t kCommSlowCheckNs = 20000;
+__device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag,
+                                            uint64_t epoch, uint32_t op, uint32_t step,
+                                            int peer) {
+  uint64_t v = ld_acquire_sys(flag);
+  if (v >= epoch) return true;
+  const uint64_t timeout = d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs;
+  const uint64_t t0 = globaltimer_ns();
+  uint64_t next_check = t0 + kCommSlowCheckNs;
+  uint32_t sleep_ns = 16;
+  for (uint32_t polls = 1;; ++polls) {
+    v = ld_acquire_sys(flag);
+    if (v >= epoch) return true;
+    if ((polls & 15) == 0) {
+      if (comm_failed(d)) return false;  // someone else recorded it
+      const uint64_t now = globaltimer_ns();
+      if (now >= next_check) {
+        next_check = now + kCommSlowCheckNs;
+        uint32_t code = 0;
+        const uint64_t elapsed = now - t0;
+        if (d.abort_word != nullptr && ld_volatile_u32(d.abort_word) != 0) {
+          code = kGemmAborted;
+        } else if (elapsed > timeout) {
+          code = kGemmWaitTimeout;
+        }
+        if (code != 0) {
+          if (atomicCAS(&comm_control(d)->error_claim, 0u, code) == 0u) {
+            volatile CommErrorRecord* e = d.error;
+            e->rank = static_cast<uint32_t>(d.rank);
+            e->peer = static_cast<uint32_t>(peer);
+            e->op = op;
+            e->step = step;
+            e->cta = blockIdx.x;
+            e->epoch = epoch;
+            e->observed = v;
+            e->elapsed_ns = elapsed;
+            __threadfence_system();
+            e->code = code;
+            __threadfence_system();
+          }
+          return false;
+        }
+      }
+    }
+    // Short sleeps while a peer is merely a few microseconds behind; longer once it is late.
+    __nanosleep(sleep_ns);
+    const uint32_t cap = polls < 4096 ? 128u : 1024u;
+    sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
+  }
+}
+
+// All threads of a CTA: thread 0 waits for flags[p] >= epoch for every peer p != rank (flags
+// indexed by source rank with `stride` uint64 between sources); returns false (to every
+// thread) if a wait gave up.
+__device__ __forceinline__ bool comm_wait_peers(const CommDevice& d, const uint64_t* flags,
+                                                int stride, uint64_t epoch, CommOp op,
+                                                uint32_t step) {
+  __shared__ int s_ok;
+  if (threadIdx.x == 0) {
+    int ok = 1;
+    for (int i = 1; i < d.world && ok; ++i) {
+      const int p = (d.rank + i) % d.world;
+      ok = comm_wait_flag(d, flags + static_cast<int64_t>(p) * stride, epoch,
+                          static_cast<uint32_t>(op), step, p);
+    }
+    s_ok = ok;
+  }
+  __syncthreads();
+  return s_ok != 0;
+}
+
+// All threads: orders this CTA's prior accesses (all threads) before what thread 0 does next.
+// bar.sync puts every thread's stores before thread 0's fence.sc.sys in causality order; the
+// fence and thread 0's later flag store form a release pattern, which is cumulative. (One
+// fence per CTA: a fence.sc.sys in every thread cost ~10 us per launch on the H200.)
+__device__ __forceinline__ void comm_publish_fence() {
+  __syncthreads();
+  if (threadIdx.x == 0) __threadfence_system();
+}
+
+// Thread 0 only, after comm_publish_fence: true if this CTA is the last of the grid to arrive
+// at `counter` (which it then resets). See the grid-level ordering argument above.
+__device__ __forceinline__ bool comm_last_cta(uint32_t* counter) {
+  const uint32_t old = atomicAdd(counter, 1u);
+  if (old + 1 == gridDim.x) {
+    __threadfence_system();
+    *reinterpret_cast<volatile uint32_t*>(counter) = 0;
+    return true;
+  }
+  return false;
+}
+
+// Thread 0: flag[rank] := epoch in every peer's flags (`field` picks the array).
+template <typename Field>
+__device__ __forceinline__ void comm_signal_peers(const CommDevice& d, Field field, uint64_t epoch) {
+  for (int i = 1; i < d.world; ++i) {
+    const int p = (d.rank + i) % d.world;
+    st_release_sys(field(comm_flags(d, p)), epoch);
+  }
+}
+
+}  // namespace fusedcomm::kernels::detail

@@ -1,0 +1,466 @@
+// The collectives of collectives.h: one-shot (push into peers' staging) and two-phase (pull from
+// peers' data areas) kernels for fp32 and bf16, and the host launcher.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/detail/comm_protocol.cuh"
+
+namespace fusedcomm::kernels {
+namespace {
+
+using namespace detail;
+
+constexpr int kThreads = 512;
+constexpr int kUnroll = 4;
+constexpr int64_t kVecBytes = 16;
+
+// The uneven-split rule (same as executor-native/include/fusedcomm/runtime/split.h).
+__host__ __device__ __forceinline__ int64_t split_count(int64_t n, int w, int r) {
+  return n / w + (r < n % w ? 1 : 0);
+}
+__host__ __device__ __forceinline__ int64_t split_offset(int64_t n, int w, int r) {
+  const int64_t rem = n % w;
+  return static_cast<int64_t>(r) * (n / w) + (r < rem ? r : rem);
+}
+// Part `c` of `parts` of [0, n), cut at multiples of `unit` elements (16-byte vectors).
+__device__ __forceinline__ void part_range(int64_t n, int parts, int c, int unit, int64_t& b,
+                                           int64_t& e) {
+  const int64_t units = (n + unit - 1) / unit;
+  const int64_t ub = split_offset(units, parts, c);
+  const int64_t ue = ub + split_count(units, parts, c);
+  b = min(ub * unit, n);
+  e = min(ue * unit, n);
+}
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  using Raw = uint32_t;
+  __device__ static float load(const float* p) { return __ldcg(p); }
+  __device__ static void store(float* p, float v) { *p = v; }
+  __device__ static void add_vec(float (&acc)[4], uint4 v) {
+    acc[0] += __uint_as_float(v.x);
+    acc[1] += __uint_as_float(v.y);
+    acc[2] += __uint_as_float(v.z);
+    acc[3] += __uint_as_float(v.w);
+  }
+  __device__ static uint4 pack(const float (&acc)[4]) {
+    return make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]),
+                      __float_as_uint(acc[3]));
+  }
+};
+template <>
+struct Elem<__nv_bfloat16> {
+  using Raw = uint16_t;
+  __device__ static float load(const __nv_bfloat16* p) {
+    const uint16_t raw = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    return __uint_as_float(static_cast<uint32_t>(raw) << 16);
+  }
+  __device__ static void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+  __device__ static void add2(float* acc, uint32_t w) {
+    acc[0] += __uint_as_float(w << 16);
+    acc[1] += __uint_as_float(w & 0xFFFF0000u);
+  }
+  __device__ static void add_vec(float (&acc)[8], uint4 v) {
+    add2(acc + 0, v.x);
+    add2(acc + 2, v.y);
+    add2(acc + 4, v.z);
+    add2(acc + 6, v.w);
+  }
+  __device__ static uint32_t pack2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ static uint4 pack(const float (&acc)[8]) {
+    return make_uint4(pack2(acc[0], acc[1]), pack2(acc[2], acc[3]), pack2(acc[4], acc[5]),
+                      pack2(acc[6], acc[7]));
+  }
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+// The CTA copies n elements src -> dst (either may be peer memory). 16-byte vectors when both
+// are 16-byte aligned, with kUnroll loads in flight per thread (NVLink reads need many).
+template <typename T>
+__device__ void cta_copy(T* dst, const T* src, int64_t n) {
+  using Raw = typename Elem<T>::Raw;
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int64_t done = 0;
+  if (aligned16(dst) && aligned16(src)) {
+    const int64_t nv = n / kEpv;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* o = reinterpret_cast<uint4*>(dst);
+    int64_t i = tid;
+    for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = __ldcg(s + i + u * nt);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) o[i + u * nt] = v[u];
+    }
+    for (; i < nv; i += nt) o[i] = __ldcg(s + i);
+    done = nv * kEpv;
+  }
+  const Raw* s = reinterpret_cast<const Raw*>(src);
+  Raw* o = reinterpret_cast<Raw*>(dst);
+  for (int64_t i = done + tid; i < n; i += nt) o[i] = __ldcg(s + i);
+}
+
+// dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order.
+template <typename T>
+__device__ void cta_reduce(T* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  bool vec = aligned16(dst) && (dst2 == nullptr || aligned16(dst2));
+  for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
+  int64_t done = 0;
+  if (vec) {
+    const int64_t nv = n / kEpv;
+    for (int64_t i = tid; i < nv; i += nt) {
+      uint4 v[kCommMaxRanks];
+#pragma unroll
+      for (int s = 0; s < kCommMaxRanks; ++s)
+        if (s < nsrc) v[s] = __ldcg(reinterpret_cast<const uint4*>(src[s]) + i);
+      float acc[kEpv];
+#pragma unroll
+      for (int k = 0; k < kEpv; ++k) acc[k] = 0.f;
+#pragma unroll
+      for (int s = 0; s < kCommMaxRanks; ++s)
+        if (s < nsrc) Elem<T>::add_vec(acc, v[s]);
+      const uint4 packed = Elem<T>::pack(acc);
+      reinterpret_cast<uint4*>(dst)[i] = packed;
+      if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[i] = packed;
+    }
+    done = nv * kEpv;
+  }
+  for (int64_t i = done + tid; i < n; i += nt) {
+    float acc = 0.f;
+    for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
+    Elem<T>::store(dst + i, acc);
+    if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
+  }
+}
+
+struct Params {
+  CollectiveArgs a;
+  int64_t chunk;  // two-phase: elements per work item (multiple of the vector width)
+};
+
+template <typename T>
+__device__ __forceinline__ T* data_of(const CommDevice& d, const CollectiveArgs& a, int p) {
+  return reinterpret_cast<T*>(d.base[p] + d.data_offset + a.in_offset);
+}
+template <typename T>
+__device__ __forceinline__ T* slot_of(const CommDevice& d, int owner, uint64_t parity, int src) {
+  return reinterpret_cast<T*>(comm_slot(d, owner, parity, src));
+}
+
+// Last CTA of the launch: record the epoch for the next launch (thread 0, after the CTA's work).
+__device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+}
+
+// ---- one-shot: push, one flag per (source, CTA), reduce/copy from local staging -------------
+template <typename T>
+__global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params prm) {
+  const CollectiveArgs& a = prm.a;
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const uint64_t epoch = comm_launch_epoch(d);
+  const uint64_t par = epoch & 1;
+  const int W = d.world, r = d.rank, G = gridDim.x, c = blockIdx.x;
+  const T* in = data_of<T>(d, a, r);
+  T* out = static_cast<T*>(a.output);
+  const int64_t count = a.count;
+  const int64_t n_r = split_count(count, W, r);
+  int64_t b, e;
+
+  // 1. Push this CTA's part to every peer's slot [par][r].
+  for (int i = 1; i < W; ++i) {
+    const int p = (r + i) % W;
+    T* dst = slot_of<T>(d, p, par, r);
+    switch (a.op) {
+      case CommOp::kAllReduce:
+        part_range(count, G, c, kEpv, b, e);
+        cta_copy(dst + b, in + b, e - b);
+        break;
+      case CommOp::kAllGather:
+        part_range(n_r, G, c, kEpv, b, e);
+        cta_copy(dst + b, in + b, e - b);
+        break;
+      case CommOp::kReduceScatter:
+      case CommOp::kAllToAll: {
+        const int64_t n_p = split_count(count, W, p);
+        part_range(n_p, G, c, kEpv, b, e);
+        cta_copy(dst + b, in + split_offset(count, W, p) + b, e - b);
+        break;
+      }
+    }
+  }
+  // Local parts that need no peer.
+  if (a.op == CommOp::kAllGather) {
+    part_range(n_r, G, c, kEpv, b, e);
+    cta_copy(out + split_offset(count, W, r) + b, in + b, e - b);
+  } else if (a.op == CommOp::kAllToAll) {
+    part_range(n_r, G, c, kEpv, b, e);
+    cta_copy(out + r * n_r + b, in + split_offset(count, W, r) + b, e - b);
+  }
+  // 2. Publish: flags ready[r][c] in every peer (ordering: CommFlags::ready).
+  comm_publish_fence();
+  if (threadIdx.x == 0) {
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->ready[r][c]; }, epoch);
+  }
+  // 3. Wait for every peer's CTA c, then combine from local staging.
+  const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][c], kCommMaxOneShotCtas, epoch,
+                                  a.op, kCommStepReady);
+  if (ok) {
+    switch (a.op) {
+      case CommOp::kAllReduce:
+      case CommOp::kReduceScatter: {
+        const bool ar = a.op == CommOp::kAllReduce;
+        const int64_t n = ar ? count : n_r;
+        part_range(n, G, c, kEpv, b, e);
+        const T* srcs[kCommMaxRanks];
+        for (int p = 0; p < W; ++p) {
+          srcs[p] = (p == r ? (ar ? in : in + split_offset(count, W, r)) : slot_of<T>(d, r, par, p)) + b;
+        }
+        cta_reduce<T>(out + b, nullptr, srcs, W, e - b);
+        break;
+      }
+      case CommOp::kAllGather:
+        for (int p = 0; p < W; ++p) {
+          if (p == r) continue;
+          part_range(split_count(count, W, p), G, c, kEpv, b, e);
+          cta_copy(out + split_offset(count, W, p) + b, slot_of<T>(d, r, par, p) + b, e - b);
+        }
+        break;
+      case CommOp::kAllToAll:
+        part_range(n_r, G, c, kEpv, b, e);
+        for (int p = 0; p < W; ++p) {
+          if (p == r) continue;
+          cta_copy(out + p * n_r + b, slot_of<T>(d, r, par, p) + b, e - b);
+        }
+        break;
+    }
+  }
+  finish_launch(d, epoch);
+}
+
+// ---- two-phase: start barrier, pull (allReduce: reduce-scatter, grid barrier, all-gather),
+// end barrier --------------------------------------------------------------------------------
+
+// Work item k of W interleaved segments (segment j = peer (r + 1 + j) % W, so at any moment the
+// CTAs read from all peers): calls f(p, elem_begin, elem_end) for the chunk k belongs to.
+template <typename SegLen, typename F>
+__device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_len, F f,
+                                       bool skip_self) {
+  int64_t max_chunks = 0;
+  for (int p = 0; p < W; ++p) max_chunks = max(max_chunks, (seg_len(p) + chunk - 1) / chunk);
+  const int nseg = W;
+  for (int64_t k = blockIdx.x; k < max_chunks * nseg; k += gridDim.x) {
+    const int j = static_cast<int>(k % nseg);
+    const int p = (r + 1 + j) % W;
+    if (skip_self && p == r) continue;
+    const int64_t b = (k / nseg) * chunk;
+    const int64_t n = seg_len(p);
+    if (b >= n) continue;
+    f(p, b, min(b + chunk, n));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) two_phase_kernel(CommDevice d, Params prm) {
+  const CollectiveArgs& a = prm.a;
+  const uint64_t epoch = comm_launch_epoch(d);
+  const int W = d.world, r = d.rank;
+  const int64_t count = a.count, chunk = prm.chunk;
+  T* out = static_cast<T*>(a.output);
+  CommFlags* mine = comm_flags(d, r);
+
+  // Start barrier (ordering: CommFlags::arrive). Stream order makes this rank's input, written
+  // by earlier work on the stream, precede the kernel; the fence publishes it at system scope.
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    __threadfence_system();
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+  }
+  bool ok = comm_wait_peers(d, mine->arrive, 1, epoch, a.op, kCommStepArrive);
+
+  const int64_t n_r = split_count(count, W, r);
+  if (ok) {
+    switch (a.op) {
+      case CommOp::kAllGather:
+        for_interleaved_chunks(
+            W, r, chunk, [&](int p) { return split_count(count, W, p); },
+            [&](int p, int64_t b, int64_t e) {
+              cta_copy(out + split_offset(count, W, p) + b, data_of<T>(d, a, p) + b, e - b);
+            },
+            false);
+        break;
+      case CommOp::kAllToAll:
+        for_interleaved_chunks(
+            W, r, chunk, [&](int) { return n_r; },
+            [&](int p, int64_t b, int64_t e) {
+              cta_copy(out + p * n_r + b, data_of<T>(d, a, p) + split_offset(count, W, r) + b,
+                       e - b);
+            },
+            false);
+        break;
+      case CommOp::kReduceScatter:
+      case CommOp::kAllReduce: {
+        const bool ar = a.op == CommOp::kAllReduce;
+        const int64_t off_r = split_offset(count, W, r);
+        T* scratch_r = reinterpret_cast<T*>(d.base[r] + d.scratch_offset) + off_r;
+        T* dst = ar ? out + off_r : out;
+        for (int64_t b = blockIdx.x * chunk; b < n_r; b += gridDim.x * chunk) {
+          const int64_t e = min(b + chunk, n_r);
+          const T* srcs[kCommMaxRanks];
+          for (int p = 0; p < W; ++p) srcs[p] = data_of<T>(d, a, p) + off_r + b;
+          cta_reduce<T>(dst + b, ar ? scratch_r + b : nullptr, srcs, W, e - b);
+        }
+        if (!ar) break;
+        // Grid barrier + publish (ordering: CommFlags::phase).
+        comm_publish_fence();
+        if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->phase_count)) {
+          comm_signal_peers(d, [&](CommFlags* f) { return &f->phase[r]; }, epoch);
+        }
+        ok = comm_wait_peers(d, mine->phase, 1, epoch, a.op, kCommStepPhase);
+        if (!ok) break;
+        for_interleaved_chunks(
+            W, r, chunk, [&](int p) { return split_count(count, W, p); },
+            [&](int p, int64_t b, int64_t e) {
+              const int64_t off_p = split_offset(count, W, p);
+              const T* src = reinterpret_cast<const T*>(d.base[p] + d.scratch_offset) + off_p;
+              cta_copy(out + off_p + b, src + b, e - b);
+            },
+            true);
+        break;
+      }
+    }
+  }
+  // End barrier (ordering: CommFlags::done): the last CTA tells every peer this rank is done
+  // reading its memory, waits until every peer is done reading ours, then bumps the epoch.
+  comm_publish_fence();
+  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
+    for (int i = 1; i < W; ++i) {
+      const int p = (r + i) % W;
+      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(a.op), kCommStepDone, p))
+        break;
+    }
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+}
+
+int64_t elem_size(CommDtype t) { return t == CommDtype::kBF16 ? 2 : 4; }
+
+// Bytes that one staging slot must hold for a one-shot launch.
+int64_t one_shot_payload(const CollectiveArgs& a, int world) {
+  const int64_t es = elem_size(a.dtype);
+  if (a.op == CommOp::kAllReduce) return a.count * es;
+  return split_count(a.count, world, 0) * es;  // the largest block (rank 0's)
+}
+
+// Bytes of NVLink traffic per rank of the two-phase algorithm (for the grid / chunk choice).
+int64_t two_phase_bytes(const CollectiveArgs& a, int world, int rank) {
+  const int64_t es = elem_size(a.dtype);
+  switch (a.op) {
+    case CommOp::kAllGather:
+    case CommOp::kAllToAll: return a.count * es;
+    default: return split_count(a.count, world, rank) * es * world;
+  }
+}
+
+}  // namespace
+
+int64_t collective_output_count(CommOp op, int64_t count, int world, int rank) {
+  switch (op) {
+    case CommOp::kAllGather:
+    case CommOp::kAllReduce: return count;
+    case CommOp::kReduceScatter: return split_count(count, world, rank);
+    case CommOp::kAllToAll: return world * split_count(count, world, rank);
+  }
+  return 0;
+}
+
+int64_t collective_input_count(CommOp op, int64_t count, int world, int rank) {
+  return op == CommOp::kAllGather ? split_count(count, world, rank) : count;
+}
+
+CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& args) {
+  if (args.algo != CommAlgo::kAuto) return args.algo;
+  if (dev.world == 1) return CommAlgo::kOneShot;
+  const int64_t payload = one_shot_payload(args, dev.world);
+  if (payload > static_cast<int64_t>(dev.slot_bytes)) return CommAlgo::kTwoPhase;
+  // Crossovers (total message bytes). One-shot moves (W-1)x the payload per rank but needs a
+  // single flag exchange; two-phase is bandwidth-optimal but needs two or three.
+  const int64_t bytes = args.count * elem_size(args.dtype);
+  int64_t limit = 0;
+  switch (args.op) {
+    case CommOp::kAllReduce: limit = dev.world <= 2 ? (512 << 10) : (256 << 10); break;
+    case CommOp::kAllGather:
+    case CommOp::kReduceScatter:
+    case CommOp::kAllToAll: limit = dev.world <= 2 ? (1 << 20) : (512 << 10); break;
+  }
+  return bytes <= limit ? CommAlgo::kOneShot : CommAlgo::kTwoPhase;
+}
+
+cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cudaStream_t stream) {
+  if (d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 || d.rank >= d.world) {
+    return cudaErrorInvalidValue;
+  }
+  for (int p = 0; p < d.world; ++p) {
+    if (d.base[p] == nullptr) return cudaErrorInvalidValue;
+  }
+  if (d.error == nullptr || a.count < 0 || d.slot_bytes % 16 != 0) return cudaErrorInvalidValue;
+  const int64_t es = elem_size(a.dtype);
+  const int64_t in_bytes = collective_input_count(a.op, a.count, d.world, d.rank) * es;
+  if (a.in_offset + static_cast<uint64_t>(in_bytes) > d.data_bytes) return cudaErrorInvalidValue;
+  if (collective_output_count(a.op, a.count, d.world, d.rank) > 0 && a.output == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const CommAlgo algo = collective_choose_algo(d, a);
+  const int sms = d.sm_count > 0 ? d.sm_count : 1;
+  Params prm{a, 0};
+  if (algo == CommAlgo::kOneShot) {
+    const int64_t payload = one_shot_payload(a, d.world);
+    if (d.world > 1 && payload > static_cast<int64_t>(d.slot_bytes)) return cudaErrorInvalidValue;
+    // About 8 KiB per CTA and peer: remote stores from few SMs do not fill NVLink.
+    const int64_t pushed = payload * std::max(1, d.world - 1);
+    int grid = a.num_ctas > 0 ? a.num_ctas
+                              : static_cast<int>(std::min<int64_t>((pushed + 8191) / 8192,
+                                                                   kCommMaxOneShotCtas));
+    grid = std::clamp(grid, 1, std::min(kCommMaxOneShotCtas, sms));
+    if (a.dtype == CommDtype::kBF16) {
+      one_shot_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
+    } else {
+      one_shot_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
+    }
+  } else if (algo == CommAlgo::kTwoPhase) {
+    const int64_t bytes = two_phase_bytes(a, d.world, d.rank);
+    int64_t chunk_bytes = 8 << 10;
+    while (chunk_bytes < (64 << 10) && chunk_bytes * 2 * sms * 2 <= bytes) chunk_bytes *= 2;
+    prm.chunk = chunk_bytes / es;
+    const int64_t items = std::max<int64_t>(1, bytes / chunk_bytes);
+    int grid = a.num_ctas > 0 ? a.num_ctas : static_cast<int>(std::min<int64_t>(items, sms));
+    grid = std::clamp(grid, 1, sms);
+    if (a.dtype == CommDtype::kBF16) {
+      two_phase_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
+    } else {
+      two_phase_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
+    }
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace fusedcomm::kernels
