@@ -20,7 +20,7 @@ struct RuntimeConfig {
   Backend backend = Backend::kAuto;
   int64_t timeout_ms = 60000;          // every wait inside an op
   int64_t connect_timeout_ms = 30000;  // building a communicator's connections
-  int64_t chunk_bytes = 4 << 20;       // host backend: staging chunk per peer
+  int64_t chunk_bytes = 1 << 20;       // host backend: staging chunk per peer
   std::string bind_host;               // transport listener; empty: this host
   int gpu_ordinal = -1;                // the executor's GPU, -1: none assigned
   uint64_t job_token = 0;              // the application's token (driver plugin)

@@ -88,10 +88,12 @@ public final class FusedCommConf {
       ConfigEntry.builder(PREFIX + "host.chunkBytes")
           .doc(
               "Size of the staging chunk per peer used by the host backend's collectives;"
-                  + " larger chunks mean fewer round trips and more memory.")
+                  + " larger chunks mean fewer round trips and more memory: each communicator"
+                  + " holds 4 x world size x (chunk + 512 B) of host memory (8 MiB at world 2"
+                  + " with 1m).")
           .bytesConf()
           .check(b -> b >= MIN_CHUNK && b <= MAX_CHUNK, "a byte size between 64k and 1g, e.g. 4m")
-          .createWithDefault(4L << 20);
+          .createWithDefault(1L << 20);
 
   /** {@code spark.fusedcomm.gpu.resourceName}: the Spark resource holding the executor's GPU. */
   public static final ConfigEntry<String> GPU_RESOURCE_NAME =

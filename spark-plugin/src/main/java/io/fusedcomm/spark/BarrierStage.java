@@ -23,7 +23,10 @@ import scala.runtime.AbstractFunction1;
  * }</pre>
  *
  * Barrier stages need as many free task slots as partitions; all tasks start together and are
- * retried together.
+ * retried together. Spark retries a failed barrier stage only when it is a shuffle map stage: a
+ * barrier stage whose result goes straight to an action ({@code collect()}, {@code count()})
+ * fails the job on its first failure. To keep it retryable (a killed executor, a peer that threw),
+ * put a shuffle after it, e.g. {@code BarrierStage.withCommunicator(rdd, ...).repartition(1)}.
  */
 public final class BarrierStage {
   private BarrierStage() {}

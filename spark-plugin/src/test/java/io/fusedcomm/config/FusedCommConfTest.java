@@ -28,13 +28,13 @@ class FusedCommConfTest {
     assertEquals(Duration.ofSeconds(30), c.connectTimeout());
     assertEquals(TransportKind.AUTO, c.transport());
     assertEquals("", c.transportBindHost());
-    assertEquals(4L << 20, c.hostChunkBytes());
+    assertEquals(1L << 20, c.hostChunkBytes());
     assertEquals("gpu", c.gpuResourceName());
     assertEquals("", c.nativeLibraryPath());
     assertFalse(c.leakTracking());
     assertFalse(c.isSet(FusedCommConf.TIMEOUT));
     assertEquals("60s", FusedCommConf.TIMEOUT.defaultString());
-    assertEquals("4m", FusedCommConf.HOST_CHUNK_BYTES.defaultString());
+    assertEquals("1m", FusedCommConf.HOST_CHUNK_BYTES.defaultString());
     assertEquals("auto", FusedCommConf.BACKEND.defaultString());
   }
 

@@ -24,8 +24,8 @@ import org.junit.jupiter.params.provider.ValueSource;
  * with the fusedcomm plugin (host backend), the barrier bootstrap, the socket transport between
  * executor processes. Each barrier stage of W tasks (W = 2, 3, 4: one task per executor) runs
  * {@link OpSuite} in f32 and bf16 and returns its outputs; the driver rebuilds every rank's
- * inputs from the seed and checks every element against the fp64 reference. The 2-executor
- * cluster of the failure and leak tests covers local-cluster[2,...] as well.
+ * inputs from the seed and checks every element against the fp64 reference.
+ * {@link TwoExecutorClusterOpsTest} runs the same on local-cluster[2,1,1024].
  */
 class LocalClusterOpsTest {
   private static final long SEED = Long.getLong("fusedcomm.test.seed", System.nanoTime());
@@ -59,7 +59,11 @@ class LocalClusterOpsTest {
   @ParameterizedTest(name = "W={0}")
   @ValueSource(ints = {2, 3, 4})
   void everyOpMatchesTheReference(int w) {
-    long seed = SEED + w;
+    runEveryOp(cluster, w, SEED + w);
+  }
+
+  /** One barrier stage of {@code w} tasks running every op; the driver checks every element. */
+  static void runEveryOp(SparkCluster cluster, int w, long seed) {
     JavaRDD<Integer> rdd = cluster.context().parallelize(IntStream.range(0, w).boxed().collect(Collectors.toList()), w);
     long start = System.nanoTime();
     List<TaskOutput> outs = BarrierStage.withCommunicator(rdd, CommOptions.defaults(), (comm, ctx, rows) -> {

@@ -31,6 +31,11 @@ public final class SparkCluster implements AutoCloseable {
    * are added to (and may override) the defaults: backend host, timeout 10s.
    */
   public static SparkCluster start(String name, int executors, Map<String, String> settings) {
+    return start(name, executors, settings, true);
+  }
+
+  /** As above; with {@code awaitExecutors} false, returns without waiting for executors. */
+  public static SparkCluster start(String name, int executors, Map<String, String> settings, boolean awaitExecutors) {
     Path home;
     try {
       home = Files.createTempDirectory("fusedcomm-spark-home");
@@ -61,7 +66,9 @@ public final class SparkCluster implements AutoCloseable {
     JavaSparkContext jsc = new JavaSparkContext(conf);
     SparkCluster cluster = new SparkCluster(jsc, home);
     try {
-      cluster.awaitExecutors(executors, 120_000);
+      if (awaitExecutors) {
+        cluster.awaitExecutors(executors, 120_000);
+      }
     } catch (RuntimeException | Error e) {
       cluster.close();
       throw e;

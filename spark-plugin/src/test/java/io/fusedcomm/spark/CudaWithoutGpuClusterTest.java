@@ -1,0 +1,59 @@
+package io.fusedcomm.spark;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.fusedcomm.testing.SparkCluster;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.concurrent.CopyOnWriteArrayList;
+import org.apache.logging.log4j.Level;
+import org.apache.logging.log4j.LogManager;
+import org.apache.logging.log4j.core.LogEvent;
+import org.apache.logging.log4j.core.LoggerContext;
+import org.apache.logging.log4j.core.appender.AbstractAppender;
+import org.apache.logging.log4j.core.config.Property;
+import org.junit.jupiter.api.Test;
+
+/**
+ * A real local-cluster application asking for the cuda backend on a host without GPUs: every
+ * executor's plugin refuses to start with the actionable sentence, Spark carries that sentence to
+ * the driver's log (where users look), and no executor runs without its GPU.
+ */
+class CudaWithoutGpuClusterTest {
+  @Test
+  void theDriverLogSaysWhyExecutorsCannotStart() throws InterruptedException {
+    List<String> errors = new CopyOnWriteArrayList<>();
+    AbstractAppender capture =
+        new AbstractAppender("capture-driver-errors", null, null, true, Property.EMPTY_ARRAY) {
+          @Override
+          public void append(LogEvent event) {
+            errors.add(event.getMessage().getFormattedMessage());
+          }
+        };
+    capture.start();
+    LoggerContext logs = (LoggerContext) LogManager.getContext(false);
+    logs.getConfiguration().getRootLogger().addAppender(capture, Level.ERROR, null);
+    logs.updateLoggers();
+    try (SparkCluster cluster =
+        SparkCluster.start("cuda-without-gpu", 1, Map.of("spark.fusedcomm.backend", "cuda"), false)) {
+      Optional<String> reason = Optional.empty();
+      long deadline = System.nanoTime() + 90_000_000_000L;
+      while (reason.isEmpty() && System.nanoTime() < deadline) {
+        Thread.sleep(200);
+        reason = errors.stream().filter(m -> m.contains("backend 'cuda' is unavailable")).findFirst();
+      }
+      assertTrue(reason.isPresent(), "the driver never logged why executors fail: " + errors);
+      System.out.println("driver log: " + reason.get());
+      assertTrue(reason.get().contains("spark.fusedcomm.backend=cuda"), reason.get());
+      assertTrue(reason.get().contains("spark.executor.resource.gpu.amount=1"), reason.get());
+      // Only the driver is known to the status tracker: no executor runs without its GPU.
+      assertEquals(1, cluster.context().sc().statusTracker().getExecutorInfos().length);
+    } finally {
+      logs.getConfiguration().getRootLogger().removeAppender("capture-driver-errors");
+      logs.updateLoggers();
+      capture.stop();
+    }
+  }
+}
