@@ -33,9 +33,6 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.stream.Collectors;
-import java.util.stream.IntStream;
-import org.apache.spark.api.java.JavaRDD;
-import org.apache.spark.api.java.JavaSparkContext;
 
 /** Example 01: the four plain collectives in a barrier stage, self-checked. */
 public final class CollectivesExample {
@@ -66,28 +63,16 @@ public final class CollectivesExample {
   public static void main(String[] args) throws Exception {
     int world = Math.toIntExact(ExampleContext.positiveArg(args, 0, "world", 2));
     long seed = args.length > 1 ? Long.parseLong(args[1].trim()) : System.nanoTime();
-    JavaSparkContext sc = ExampleContext.create(NAME);
-    boolean passed = false;
-    try {
-      ExampleContext.awaitExecutors(sc, world, 120_000);
+    ExampleContext.run(NAME, world, (sc, tasks) -> {
       System.out.printf(Locale.ROOT, "%s: world=%d seed=%d master=%s%n", NAME, world, seed, sc.master());
-      JavaRDD<Integer> tasks = sc.parallelize(IntStream.range(0, world).boxed().collect(Collectors.toList()), world);
       List<Check> checks =
           BarrierStage.withCommunicator(
                   tasks,
                   CommOptions.defaults().name("collectives"),
                   (comm, context, rows) -> runAll(comm, seed).iterator())
               .collect();
-      passed = report(checks, world);
-    } catch (Exception e) {
-      System.out.println(NAME + ": FAILED: " + e);
-      e.printStackTrace();
-    } finally {
-      sc.stop();
-    }
-    if (!passed) {
-      System.exit(1);
-    }
+      return report(checks, world);
+    });
   }
 
   /** Every op, dtype and size on this rank, in the same order on every rank. */

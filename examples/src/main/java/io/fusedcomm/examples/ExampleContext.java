@@ -3,6 +3,9 @@ package io.fusedcomm.examples;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import org.apache.spark.SparkConf;
+import java.util.stream.Collectors;
+import java.util.stream.IntStream;
+import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 
 /**
@@ -16,6 +19,34 @@ final class ExampleContext {
   private ExampleContext() {}
 
   /** A context named {@code appName} from spark-submit's configuration. */
+  /** One example's driver body: gets the context and the task RDD, returns whether its check passed. */
+  interface Body {
+    boolean run(JavaSparkContext sc, JavaRDD<Integer> tasks) throws Exception;
+  }
+
+  /**
+   * Runs an example's driver: creates the context, waits for {@code world} executors, hands the
+   * body one task per rank, prints a failure with its stack, stops the context, and exits 1 if
+   * the check failed (the run script and the integration test read the exit code).
+   */
+  static void run(String name, int world, Body body) {
+    JavaSparkContext sc = create(name);
+    boolean passed = false;
+    try {
+      awaitExecutors(sc, world, 120_000);
+      JavaRDD<Integer> tasks = sc.parallelize(IntStream.range(0, world).boxed().collect(Collectors.toList()), world);
+      passed = body.run(sc, tasks);
+    } catch (Exception e) {
+      System.out.println(name + ": FAILED: " + e);
+      e.printStackTrace();
+    } finally {
+      sc.stop();
+    }
+    if (!passed) {
+      System.exit(1);
+    }
+  }
+
   static JavaSparkContext create(String appName) {
     SparkConf conf = new SparkConf().setAppName(appName);
     // A barrier job submitted before enough executors registered is re-checked at this interval

@@ -39,9 +39,6 @@ import java.util.Comparator;
 import java.util.List;
 import java.util.Locale;
 import java.util.stream.Collectors;
-import java.util.stream.IntStream;
-import org.apache.spark.api.java.JavaRDD;
-import org.apache.spark.api.java.JavaSparkContext;
 
 /** Example 02: a tensor-parallel MLP forward with the fused ops, checked against fp64. */
 public final class TensorParallelMlpExample {
@@ -83,28 +80,16 @@ public final class TensorParallelMlpExample {
     long seed = args.length > 5 ? Long.parseLong(args[5].trim()) : System.nanoTime();
     Problem p = new Problem(world, m, h, f, dtype, seed);
 
-    JavaSparkContext sc = ExampleContext.create(NAME);
-    boolean passed = false;
-    try {
-      ExampleContext.awaitExecutors(sc, world, 120_000);
+    ExampleContext.run(NAME, world, (sc, tasks) -> {
       System.out.printf(Locale.ROOT, "%s: %s seed=%d master=%s%n", NAME, p.describe(), seed, sc.master());
-      JavaRDD<Integer> tasks = sc.parallelize(IntStream.range(0, world).boxed().collect(Collectors.toList()), world);
       CommOptions options = CommOptions.defaults().name("tp-mlp")
           .expectOp("allGatherGemm", dtype, m, f, h)
           .expectOp("gemmReduceScatter", dtype, m, h, f);
       List<Shard> shards =
           BarrierStage.withCommunicator(tasks, options, (comm, context, rows) -> List.of(forward(comm, p)).iterator())
               .collect();
-      passed = check(p, shards);
-    } catch (Exception e) {
-      System.out.println(NAME + ": FAILED: " + e);
-      e.printStackTrace();
-    } finally {
-      sc.stop();
-    }
-    if (!passed) {
-      System.exit(1);
-    }
+      return check(p, shards);
+    });
   }
 
   static DType parseDType(String s) {
