@@ -13,8 +13,14 @@ namespace {
 
 using namespace detail;
 
-constexpr int kThreads = 512;
-constexpr int kUnroll = 4;
+#ifndef FC_THREADS
+#define FC_THREADS 512
+#endif
+constexpr int kThreads = FC_THREADS;
+#ifndef FC_COPY_UNROLL
+#define FC_COPY_UNROLL 4
+#endif
+constexpr int kUnroll = FC_COPY_UNROLL;
 constexpr int64_t kVecBytes = 16;
 
 // The uneven-split rule (same as executor-native/include/fusedcomm/runtime/split.h).
@@ -113,9 +119,92 @@ __device__ void cta_copy(T* dst, const T* src, int64_t n) {
   for (int64_t i = done + tid; i < n; i += nt) o[i] = __ldcg(s + i);
 }
 
+// Vector part of cta_reduce with the source count NS known at compile time: kRedUnroll
+// vectors per source per thread are loaded before the first add, so a thread keeps
+// NS * kRedUnroll independent 16-byte loads in flight (NVLink reads need many).
+#ifndef FC_RED_UNROLL
+#define FC_RED_UNROLL 2
+#endif
+constexpr int kTwoPhaseRedUnroll = FC_RED_UNROLL;
+template <typename T, int NS, int kRedUnroll>
+__device__ __forceinline__ void cta_reduce_vec(uint4* dst, uint4* dst2, const T* const* src,
+                                               int64_t nv) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const uint4* s[NS];
+#pragma unroll
+  for (int k = 0; k < NS; ++k) s[k] = reinterpret_cast<const uint4*>(src[k]);
+  int64_t i = tid;
+  for (; i + (kRedUnroll - 1) * nt < nv; i += kRedUnroll * nt) {
+    uint4 v[kRedUnroll][NS];
+#pragma unroll
+    for (int u = 0; u < kRedUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < NS; ++k) v[u][k] = __ldcg(s[k] + i + u * nt);
+#pragma unroll
+    for (int u = 0; u < kRedUnroll; ++u) {
+      float acc[kEpv];
+#pragma unroll
+      for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
+#pragma unroll
+      for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[u][k]);
+      const uint4 packed = Elem<T>::pack(acc);
+      dst[i + u * nt] = packed;
+      if (dst2 != nullptr) dst2[i + u * nt] = packed;
+    }
+  }
+  for (; i < nv; i += nt) {
+    uint4 v[NS];
+#pragma unroll
+    for (int k = 0; k < NS; ++k) v[k] = __ldcg(s[k] + i);
+    float acc[kEpv];
+#pragma unroll
+    for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
+#pragma unroll
+    for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[k]);
+    const uint4 packed = Elem<T>::pack(acc);
+    dst[i] = packed;
+    if (dst2 != nullptr) dst2[i] = packed;
+  }
+}
+
 // dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order.
-template <typename T>
+// U: vectors per source in flight per thread (two-phase: remote sources; one-shot: local).
+template <typename T, int U>
 __device__ void cta_reduce(T* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  bool vec = aligned16(dst) && (dst2 == nullptr || aligned16(dst2));
+  for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
+  int64_t done = 0;
+  if (vec) {
+    const int64_t nv = n / kEpv;
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    uint4* d2 = reinterpret_cast<uint4*>(dst2);
+    switch (nsrc) {
+      case 1: cta_reduce_vec<T, 1, U>(d, d2, src, nv); break;
+      case 2: cta_reduce_vec<T, 2, U>(d, d2, src, nv); break;
+      case 3: cta_reduce_vec<T, 3, U>(d, d2, src, nv); break;
+      case 4: cta_reduce_vec<T, 4, U>(d, d2, src, nv); break;
+      case 5: cta_reduce_vec<T, 5, U>(d, d2, src, nv); break;
+      case 6: cta_reduce_vec<T, 6, U>(d, d2, src, nv); break;
+      case 7: cta_reduce_vec<T, 7, U>(d, d2, src, nv); break;
+      default: cta_reduce_vec<T, 8, U>(d, d2, src, nv); break;
+    }
+    done = nv * kEpv;
+  }
+  for (int64_t i = done + tid; i < n; i += nt) {
+    float acc = 0.f;
+    for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
+    Elem<T>::store(dst + i, acc);
+    if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
+  }
+}
+
+// One-shot's reduction (local staging, small parts): one vector per source in flight, the source
+// count a run-time value. Same result as cta_reduce.
+template <typename T>
+__device__ void cta_reduce_small(T* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
   bool vec = aligned16(dst) && (dst2 == nullptr || aligned16(dst2));
@@ -233,7 +322,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
         for (int p = 0; p < W; ++p) {
           srcs[p] = (p == r ? (ar ? in : in + split_offset(count, W, r)) : slot_of<T>(d, r, par, p)) + b;
         }
-        cta_reduce<T>(out + b, nullptr, srcs, W, e - b);
+        cta_reduce_small<T>(out + b, nullptr, srcs, W, e - b);
         break;
       }
       case CommOp::kAllGather:
@@ -258,27 +347,43 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
 // ---- two-phase: start barrier, pull (allReduce: reduce-scatter, grid barrier, all-gather),
 // end barrier --------------------------------------------------------------------------------
 
-// Work item k of W interleaved segments (segment j = peer (r + 1 + j) % W, so at any moment the
-// CTAs read from all peers): calls f(p, elem_begin, elem_end) for the chunk k belongs to.
+// Work items: first the W-1 peers' segments, interleaved chunk by chunk (item k reads peer
+// (r + 1 + k % (W-1)) % W, so at any moment the CTAs read from all peers and every CTA has
+// remote work whatever the grid size), then, unless skip_self, this rank's own segment (local
+// copies, fast) at the end. Calls f(p, elem_begin, elem_end) for each item of this CTA.
 template <typename SegLen, typename F>
 __device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_len, F f,
                                        bool skip_self) {
   int64_t max_chunks = 0;
-  for (int p = 0; p < W; ++p) max_chunks = max(max_chunks, (seg_len(p) + chunk - 1) / chunk);
-  const int nseg = W;
-  for (int64_t k = blockIdx.x; k < max_chunks * nseg; k += gridDim.x) {
-    const int j = static_cast<int>(k % nseg);
-    const int p = (r + 1 + j) % W;
-    if (skip_self && p == r) continue;
-    const int64_t b = (k / nseg) * chunk;
+  for (int p = 0; p < W; ++p) {
+    if (p != r) max_chunks = max(max_chunks, (seg_len(p) + chunk - 1) / chunk);
+  }
+  const int nseg = W - 1;
+  const int64_t remote_items = max_chunks * nseg;
+  const int64_t self_items = skip_self ? 0 : (seg_len(r) + chunk - 1) / chunk;
+  for (int64_t k = blockIdx.x; k < remote_items + self_items; k += gridDim.x) {
+    int p;
+    int64_t b;
+    if (k < remote_items) {
+      p = (r + 1 + static_cast<int>(k % nseg)) % W;
+      b = (k / nseg) * chunk;
+    } else {
+      p = r;
+      b = (k - remote_items) * chunk;
+    }
     const int64_t n = seg_len(p);
     if (b >= n) continue;
     f(p, b, min(b + chunk, n));
   }
 }
 
+#ifndef FC_TP_CTAS_PER_SM
+#define FC_TP_CTAS_PER_SM 1
+#endif
+constexpr int kTwoPhaseCtasPerSm = FC_TP_CTAS_PER_SM;  // resident by the launch bounds
+
 template <typename T>
-__global__ void __launch_bounds__(kThreads) two_phase_kernel(CommDevice d, Params prm) {
+__global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
   const uint64_t epoch = comm_launch_epoch(d);
   const int W = d.world, r = d.rank;
@@ -324,7 +429,7 @@ __global__ void __launch_bounds__(kThreads) two_phase_kernel(CommDevice d, Param
           const int64_t e = min(b + chunk, n_r);
           const T* srcs[kCommMaxRanks];
           for (int p = 0; p < W; ++p) srcs[p] = data_of<T>(d, a, p) + off_r + b;
-          cta_reduce<T>(dst + b, ar ? scratch_r + b : nullptr, srcs, W, e - b);
+          cta_reduce<T, kTwoPhaseRedUnroll>(dst + b, ar ? scratch_r + b : nullptr, srcs, W, e - b);
         }
         if (!ar) break;
         // Grid barrier + publish (ordering: CommFlags::phase).
@@ -446,12 +551,18 @@ cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cuda
     }
   } else if (algo == CommAlgo::kTwoPhase) {
     const int64_t bytes = two_phase_bytes(a, d.world, d.rank);
+#ifndef FC_MAX_CHUNK_KIB
+#define FC_MAX_CHUNK_KIB 64
+#endif
     int64_t chunk_bytes = 8 << 10;
-    while (chunk_bytes < (64 << 10) && chunk_bytes * 2 * sms * 2 <= bytes) chunk_bytes *= 2;
+    while (chunk_bytes < (FC_MAX_CHUNK_KIB << 10) && chunk_bytes * 2 * sms * 2 <= bytes) chunk_bytes *= 2;
     prm.chunk = chunk_bytes / es;
     const int64_t items = std::max<int64_t>(1, bytes / chunk_bytes);
-    int grid = a.num_ctas > 0 ? a.num_ctas : static_cast<int>(std::min<int64_t>(items, sms));
-    grid = std::clamp(grid, 1, sms);
+    // Every CTA must be resident (the allReduce grid barrier): at most kTwoPhaseCtasPerSm per
+    // SM, which the kernel's launch bounds guarantee.
+    const int max_grid = sms * kTwoPhaseCtasPerSm;
+    int grid = a.num_ctas > 0 ? a.num_ctas : static_cast<int>(std::min<int64_t>(items, max_grid));
+    grid = std::clamp(grid, 1, max_grid);
     if (a.dtype == CommDtype::kBF16) {
       two_phase_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
     } else {

@@ -388,12 +388,18 @@ void Communicator::close() {
   }
   closed_ = true;
   const auto timeout = std::chrono::milliseconds(runtime_.config().timeout_ms);
-  if (proxy_) proxy_->stop(clean, timeout);
+  const bool aborted = aborted_.load();
+  // After an error (not an abort) this rank leaves politely: what it already sent still reaches
+  // its peers (resetting the connections can drop it), so a slower peer learns the real error
+  // instead of only that this rank left. Peers may be stuck waiting for us, so the goodbye only
+  // lingers briefly.
+  const auto linger = clean ? timeout : std::min(timeout, std::chrono::milliseconds(1000));
+  if (proxy_) proxy_->stop(!aborted, linger);
   if (group_) {
-    if (clean) {
-      group_->close(timeout);
-    } else {
+    if (aborted) {
       group_->abort();
+    } else {
+      group_->close(linger);
     }
   }
   proxy_.reset();

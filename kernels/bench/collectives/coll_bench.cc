@@ -2,7 +2,8 @@
 // sizes 1 KiB .. max, medians over batches of back-to-back launches timed with CUDA events on
 // rank 0 after warm-up. Writes one JSON object per line to --out. NCCL's side is nccl_bench.py
 // (same sizes, batches and method); report.py joins them. Usage:
-//   coll_bench --world W --out ours.jsonl [--max-bytes 1073741824] [--ops ag,rs,ar,a2a]
+//   coll_bench --world W --out ours.jsonl [--max-bytes 1073741824] [--min-bytes 0]
+//              [--ops ag,rs,ar,a2a] [--ctas N (CollectiveArgs::num_ctas; 0: auto)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -37,8 +38,8 @@ struct OpInfo {
   }
 };
 
-int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, int64_t max_bytes,
-          const std::string& out_path) {
+int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, int64_t min_bytes,
+          int64_t max_bytes, int num_ctas, const std::string& out_path) {
   const int W = g.world, r = g.rank;
   CK(cudaSetDevice(r));
   fusedcomm::SymmetricConfig cfg;
@@ -56,11 +57,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
   FILE* f = r == 0 ? std::fopen(out_path.c_str(), "w") : nullptr;
   for (const OpInfo& oi : ops) {
     for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
+      if (bytes < min_bytes) continue;
       k::CollectiveArgs a;
       a.op = oi.op;
       a.dtype = k::CommDtype::kBF16;
       a.count = bytes / 2;
       a.output = out;
+      a.num_ctas = num_ctas;
       const int iters = bytes <= (1 << 20) ? 200 : bytes <= (64 << 20) ? 20 : 5;
       const int batches = 10;
       g.barrier();
@@ -107,13 +110,16 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
 
 int main(int argc, char** argv) {
   int world = 2;
-  int64_t max_bytes = 1ll << 30;
+  int64_t max_bytes = 1ll << 30, min_bytes = 0;
+  int num_ctas = 0;
   std::string out = "ours.jsonl", which = "ag,rs,ar,a2a";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--world")) world = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
     if (!std::strcmp(argv[i], "--max-bytes")) max_bytes = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--ops")) which = argv[i + 1];
+    if (!std::strcmp(argv[i], "--min-bytes")) min_bytes = std::atoll(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--ctas")) num_ctas = std::atoi(argv[i + 1]);
   }
   std::vector<OpInfo> ops;
   if (which.find("ag") != std::string::npos) ops.push_back({"allGather", k::CommOp::kAllGather});
@@ -121,6 +127,6 @@ int main(int argc, char** argv) {
   if (which.find("ar") != std::string::npos) ops.push_back({"allReduce", k::CommOp::kAllReduce});
   if (which.find("a2a") != std::string::npos) ops.push_back({"allToAll", k::CommOp::kAllToAll});
   const int failed = fusedcomm::testing::run_processes(
-      world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, ops, max_bytes, out); }, 500);
+      world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, ops, min_bytes, max_bytes, num_ctas, out); }, 500);
   return failed == 0 ? 0 : 1;
 }

@@ -14,12 +14,13 @@ import org.apache.logging.log4j.core.LogEvent;
 import org.apache.logging.log4j.core.LoggerContext;
 import org.apache.logging.log4j.core.appender.AbstractAppender;
 import org.apache.logging.log4j.core.config.Property;
+import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.Test;
 
 /**
  * A real local-cluster application asking for the cuda backend on a host without GPUs: every
- * executor's plugin refuses to start with the actionable sentence, Spark carries that sentence to
- * the driver's log (where users look), and no executor runs without its GPU.
+ * executor's plugin refuses to start with the actionable sentence, Spark (4.x) carries that
+ * sentence to the driver's log (where users look), and no executor runs without its GPU.
  */
 class CudaWithoutGpuClusterTest {
   @Test
@@ -38,6 +39,12 @@ class CudaWithoutGpuClusterTest {
     logs.updateLoggers();
     try (SparkCluster cluster =
         SparkCluster.start("cuda-without-gpu", 1, Map.of("spark.fusedcomm.backend", "cuda"), false)) {
+      String version = cluster.context().version();
+      if (version.startsWith("3.")) {
+        System.out.println("SKIPPED on Spark " + version + ": it does not report why an executor failed to"
+            + " start to the driver (the reason is in the executor's stderr)");
+      }
+      Assumptions.assumeFalse(version.startsWith("3."), "Spark " + version + " keeps the reason in executor logs");
       Optional<String> reason = Optional.empty();
       long deadline = System.nanoTime() + 90_000_000_000L;
       while (reason.isEmpty() && System.nanoTime() < deadline) {
