@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/detail/comm_protocol.cuh"
@@ -18,9 +19,10 @@ using namespace detail;
 #endif
 constexpr int kThreads = FC_THREADS;
 #ifndef FC_COPY_UNROLL
-#define FC_COPY_UNROLL 4
+#define FC_COPY_UNROLL 8
 #endif
-constexpr int kUnroll = FC_COPY_UNROLL;
+constexpr int kTwoPhaseCopyUnroll = FC_COPY_UNROLL;
+constexpr int kOneShotCopyUnroll = 4;
 constexpr int64_t kVecBytes = 16;
 
 // The uneven-split rule (same as executor-native/include/fusedcomm/runtime/split.h).
@@ -92,8 +94,9 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 }
 
 // The CTA copies n elements src -> dst (either may be peer memory). 16-byte vectors when both
-// are 16-byte aligned, with kUnroll loads in flight per thread (NVLink reads need many).
-template <typename T>
+// are 16-byte aligned, with kUnroll loads in flight per thread (NVLink reads need many; the
+// one-shot path, small parts, keeps its 4).
+template <typename T, int kUnroll = kTwoPhaseCopyUnroll>
 __device__ void cta_copy(T* dst, const T* src, int64_t n) {
   using Raw = typename Elem<T>::Raw;
   constexpr int kEpv = kVecBytes / sizeof(T);
@@ -169,7 +172,7 @@ __device__ __forceinline__ void cta_reduce_vec(uint4* dst, uint4* dst2, const T*
 }
 
 // dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order.
-// U: vectors per source in flight per thread (two-phase: remote sources; one-shot: local).
+// U: vectors per source in flight per thread (used by the two-phase kernel).
 template <typename T, int U>
 __device__ void cta_reduce(T* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
   constexpr int kEpv = kVecBytes / sizeof(T);
@@ -240,6 +243,7 @@ __device__ void cta_reduce_small(T* dst, T* dst2, const T* const* src, int nsrc,
 struct Params {
   CollectiveArgs a;
   int64_t chunk;  // two-phase: elements per work item (multiple of the vector width)
+  int pull_ctas;  // two-phase: CTAs [0, pull_ctas) read peers; the rest copy the local segment
 };
 
 template <typename T>
@@ -280,17 +284,17 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
     switch (a.op) {
       case CommOp::kAllReduce:
         part_range(count, G, c, kEpv, b, e);
-        cta_copy(dst + b, in + b, e - b);
+        cta_copy<T, kOneShotCopyUnroll>(dst + b, in + b, e - b);
         break;
       case CommOp::kAllGather:
         part_range(n_r, G, c, kEpv, b, e);
-        cta_copy(dst + b, in + b, e - b);
+        cta_copy<T, kOneShotCopyUnroll>(dst + b, in + b, e - b);
         break;
       case CommOp::kReduceScatter:
       case CommOp::kAllToAll: {
         const int64_t n_p = split_count(count, W, p);
         part_range(n_p, G, c, kEpv, b, e);
-        cta_copy(dst + b, in + split_offset(count, W, p) + b, e - b);
+        cta_copy<T, kOneShotCopyUnroll>(dst + b, in + split_offset(count, W, p) + b, e - b);
         break;
       }
     }
@@ -298,10 +302,10 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
   // Local parts that need no peer.
   if (a.op == CommOp::kAllGather) {
     part_range(n_r, G, c, kEpv, b, e);
-    cta_copy(out + split_offset(count, W, r) + b, in + b, e - b);
+    cta_copy<T, kOneShotCopyUnroll>(out + split_offset(count, W, r) + b, in + b, e - b);
   } else if (a.op == CommOp::kAllToAll) {
     part_range(n_r, G, c, kEpv, b, e);
-    cta_copy(out + r * n_r + b, in + split_offset(count, W, r) + b, e - b);
+    cta_copy<T, kOneShotCopyUnroll>(out + r * n_r + b, in + split_offset(count, W, r) + b, e - b);
   }
   // 2. Publish: flags ready[r][c] in every peer (ordering: CommFlags::ready).
   comm_publish_fence();
@@ -329,14 +333,14 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
         for (int p = 0; p < W; ++p) {
           if (p == r) continue;
           part_range(split_count(count, W, p), G, c, kEpv, b, e);
-          cta_copy(out + split_offset(count, W, p) + b, slot_of<T>(d, r, par, p) + b, e - b);
+          cta_copy<T, kOneShotCopyUnroll>(out + split_offset(count, W, p) + b, slot_of<T>(d, r, par, p) + b, e - b);
         }
         break;
       case CommOp::kAllToAll:
         part_range(n_r, G, c, kEpv, b, e);
         for (int p = 0; p < W; ++p) {
           if (p == r) continue;
-          cta_copy(out + p * n_r + b, slot_of<T>(d, r, par, p) + b, e - b);
+          cta_copy<T, kOneShotCopyUnroll>(out + p * n_r + b, slot_of<T>(d, r, par, p) + b, e - b);
         }
         break;
     }
@@ -347,13 +351,16 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
 // ---- two-phase: start barrier, pull (allReduce: reduce-scatter, grid barrier, all-gather),
 // end barrier --------------------------------------------------------------------------------
 
-// Work items: first the W-1 peers' segments, interleaved chunk by chunk (item k reads peer
-// (r + 1 + k % (W-1)) % W, so at any moment the CTAs read from all peers and every CTA has
-// remote work whatever the grid size), then, unless skip_self, this rank's own segment (local
-// copies, fast) at the end. Calls f(p, elem_begin, elem_end) for each item of this CTA.
+// Work items: the W-1 peers' segments, interleaved chunk by chunk (item k reads peer
+// (r + 1 + k % (W-1)) % W, so at any moment the pulling CTAs read from all peers), and, unless
+// skip_self, this rank's own segment (local copies). With pull_ctas < gridDim.x, CTAs
+// [0, pull_ctas) take the remote items and the others the local ones, concurrently (fewer
+// CTAs pulling over NVLink was faster on 4 x H200: too many reads in flight congest the links);
+// otherwise every CTA takes remote items first, then local ones.
+// Calls f(p, elem_begin, elem_end) for each item of this CTA.
 template <typename SegLen, typename F>
 __device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_len, F f,
-                                       bool skip_self) {
+                                       bool skip_self, int pull_ctas) {
   int64_t max_chunks = 0;
   for (int p = 0; p < W; ++p) {
     if (p != r) max_chunks = max(max_chunks, (seg_len(p) + chunk - 1) / chunk);
@@ -361,7 +368,17 @@ __device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_l
   const int nseg = W - 1;
   const int64_t remote_items = max_chunks * nseg;
   const int64_t self_items = skip_self ? 0 : (seg_len(r) + chunk - 1) / chunk;
-  for (int64_t k = blockIdx.x; k < remote_items + self_items; k += gridDim.x) {
+  const int G = gridDim.x, c = blockIdx.x;
+  const bool split = pull_ctas < G;
+  int64_t k0, k1, step;
+  if (!split) {
+    k0 = c, k1 = remote_items + self_items, step = G;
+  } else if (c < pull_ctas) {
+    k0 = c, k1 = remote_items, step = pull_ctas;
+  } else {
+    k0 = remote_items + (c - pull_ctas), k1 = remote_items + self_items, step = G - pull_ctas;
+  }
+  for (int64_t k = k0; k < k1; k += step) {
     int p;
     int64_t b;
     if (k < remote_items) {
@@ -408,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
             [&](int p, int64_t b, int64_t e) {
               cta_copy(out + split_offset(count, W, p) + b, data_of<T>(d, a, p) + b, e - b);
             },
-            false);
+            false, prm.pull_ctas);
         break;
       case CommOp::kAllToAll:
         for_interleaved_chunks(
@@ -417,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
               cta_copy(out + p * n_r + b, data_of<T>(d, a, p) + split_offset(count, W, r) + b,
                        e - b);
             },
-            false);
+            false, prm.pull_ctas);
         break;
       case CommOp::kReduceScatter:
       case CommOp::kAllReduce: {
@@ -446,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
               const T* src = reinterpret_cast<const T*>(d.base[p] + d.scratch_offset) + off_p;
               cta_copy(out + off_p + b, src + b, e - b);
             },
-            true);
+            true, prm.pull_ctas);
         break;
       }
     }
@@ -464,6 +481,18 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
     *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
   }
 }
+
+// CTAs that pull from peers in the two-phase kernels, by world size (tuned on 4 x H200: more
+// CTAs keep more NVLink reads outstanding and go slower). Tuning sweeps rebuild with
+// -DFC_PULL_CTAS_W2=N / -DFC_PULL_CTAS_W4=N (bench/collectives/variants.sh); the library reads no
+// environment variables.
+#ifndef FC_PULL_CTAS_W2
+#define FC_PULL_CTAS_W2 64
+#endif
+#ifndef FC_PULL_CTAS_W4  // world >= 3
+#define FC_PULL_CTAS_W4 48
+#endif
+int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PULL_CTAS_W4; }
 
 int64_t elem_size(CommDtype t) { return t == CommDtype::kBF16 ? 2 : 4; }
 
@@ -534,7 +563,7 @@ cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cuda
   }
   const CommAlgo algo = collective_choose_algo(d, a);
   const int sms = d.sm_count > 0 ? d.sm_count : 1;
-  Params prm{a, 0};
+  Params prm{a, 0, 0};
   if (algo == CommAlgo::kOneShot) {
     const int64_t payload = one_shot_payload(a, d.world);
     if (d.world > 1 && payload > static_cast<int64_t>(d.slot_bytes)) return cudaErrorInvalidValue;
@@ -561,8 +590,24 @@ cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cuda
     // Every CTA must be resident (the allReduce grid barrier): at most kTwoPhaseCtasPerSm per
     // SM, which the kernel's launch bounds guarantee.
     const int max_grid = sms * kTwoPhaseCtasPerSm;
-    int grid = a.num_ctas > 0 ? a.num_ctas : static_cast<int>(std::min<int64_t>(items, max_grid));
-    grid = std::clamp(grid, 1, max_grid);
+    int grid;
+    if (a.num_ctas > 0) {
+      grid = std::clamp(a.num_ctas, 1, max_grid);
+      prm.pull_ctas = grid;
+    } else {
+      // CTAs that read peers: few enough not to congest NVLink (measured, 4 x H200), at most
+      // one per work item. allGather / allToAll add CTAs for the local segment (a local copy
+      // is several times faster per CTA than a pull, and its segment is 1/(W-1) of the rest).
+      int pull = two_phase_pull_ctas(d.world);
+      pull = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(items, pull), 1, max_grid));
+      int local = 0;
+      if (a.op == CommOp::kAllGather || a.op == CommOp::kAllToAll) {
+        local = std::max(1, pull / (2 * std::max(1, d.world - 1)));
+        local = std::min(local, max_grid - pull);
+      }
+      grid = pull + local;
+      prm.pull_ctas = pull;
+    }
     if (a.dtype == CommDtype::kBF16) {
       two_phase_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
     } else {

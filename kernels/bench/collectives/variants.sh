@@ -2,16 +2,14 @@
 # Tuning sweep of compile-time variants of collectives.cu (FC_* macros), ours only, large sizes.
 #   build (CPU machine): variants.sh build [root=build/coll-var]   (after build.sh build/coll-bin)
 #   run   (GPU host):    variants.sh run   [root=build/coll-var]   -> table, best variant name
-# Variant "orig" is kernels/bench/collectives/orig_collectives.cu when present (the baseline).
+# A variant "orig" is built from /tmp/orig_collectives.cu when present (copy the baseline there).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 mode=${1:-run}; root=${2:-build/coll-var}
 # name|nvcc defines
 variants=(
-  "B|-DFC_RED_UNROLL=2 -DFC_COPY_UNROLL=4"
   "C|-DFC_RED_UNROLL=2 -DFC_COPY_UNROLL=8"
   "F|-DFC_RED_UNROLL=1 -DFC_COPY_UNROLL=8"
-  "G|-DFC_RED_UNROLL=2 -DFC_COPY_UNROLL=8 -DFC_MAX_CHUNK_KIB=128"
 )
 inc="-Ikernels/include -Iexecutor-native/include -Iexecutor-native/tests -Irdma/include"
 flags="-O2 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -cudart static"
@@ -31,34 +29,31 @@ fi
 OUT=${OUT:-/tmp/coll_out}; mkdir -p "$OUT/variants"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ngpu=$(nvidia-smi -L | wc -l)
-for d in "$root"/*/; do
-  n=$(basename "$d")
+# Runs: label:variant-dir from $RUNS, or every variant. A pull-CTA sweep is a set of variants
+# built with -DFC_PULL_CTAS_W2=N / -DFC_PULL_CTAS_W4=N.
+runs=${RUNS:-$(for d in "$root"/*/; do echo "$(basename $d):$(basename $d)"; done)}
+for run in $runs; do
+  IFS=: read -r n v <<< "$run"
   for w in 4 2; do
     [ $w -le $ngpu ] || continue
-    timeout 90 "$d/coll_bench" --world $w --ops ag,rs,ar --min-bytes 67108864 --out "$OUT/variants/$n.w$w.jsonl" > /dev/null 2>&1 || echo "$n w=$w rc=$?"
+    timeout 90 "$root/$v/coll_bench" --world $w --ops ${OPS:-ag,rs,ar} --min-bytes 67108864 --out "$OUT/variants/$n.w$w.jsonl" > /dev/null 2>&1 || echo "$n w=$w rc=$?"
   done
 done
-# Diagnostics: grid size (SM-bound or link-bound?) on variant C, allReduce, 4 GPUs.
-if [ -d "$root/C" ] && [ $ngpu -ge 4 ]; then
-  for c in 66 99; do
-    timeout 60 "$root/C/coll_bench" --world 4 --ops ar,ag --min-bytes 67108864 --ctas $c --out "$OUT/variants/Cctas$c.w4.jsonl" > /dev/null 2>&1 || echo "ctas $c rc=$?"
-  done
-fi
 python3 - "$OUT/variants" <<'PY'
 import json, glob, math, os, sys, collections
 rows = collections.defaultdict(dict)
 for f in sorted(glob.glob(sys.argv[1] + "/*.jsonl")):
     n = os.path.basename(f).split(".w")[0]
     for l in open(f):
-        j = json.loads(l); rows[n][(j["op"][:2] + str(j["world"]), j["bytes"] >> 20)] = j["busbw"]
+        j = json.loads(l); rows[n][({"allGather":"ag","reduceScatter":"rs","allReduce":"ar","allToAll":"a2a"}[j["op"]] + str(j["world"]), j["bytes"] >> 20)] = j["busbw"]
 keys = sorted({k for r in rows.values() for k in r})
-print("variant " + " ".join(f"{o}/{m}M" for o, m in keys) + "  geomean")
+print("variant " + " ".join(f"{o}/{m}M".rjust(7) for o, m in keys) + "  geomean")
 best, bestg = None, 0
 for n, r in rows.items():
     vals = [r.get(k, 0) for k in keys]
     full = all(v > 0 for v in vals)
     g = math.exp(sum(math.log(v) for v in vals) / len(vals)) if full else 0
-    print(f"{n:8s}" + " ".join(f"{v:7.1f}" for v in vals) + f"  {g:6.1f}")
+    print(f"{n:8s}" + " ".join(f"{v:7.0f}" for v in vals) + f"  {g:6.1f}")
     if full and not n.startswith(("orig", "Cctas")) and g > bestg: best, bestg = n, g
 open(sys.argv[1] + "/best.txt", "w").write(best or "")
 print("best:", best)
