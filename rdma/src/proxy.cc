@@ -97,8 +97,7 @@ uint64_t ProxyRing::post(const WriteOp& op, std::chrono::milliseconds timeout) {
   return slot + 1;
 }
 
-Proxy::Proxy(ProxyRing ring, Transport& transport, PeerGroup& group)
-    : ring_(ring), transport_(transport), group_(group) {
+Proxy::Proxy(ProxyRing ring, PeerGroup& group) : ring_(ring), group_(group) {
   thread_ = std::thread([this] { run(); });
 }
 

@@ -81,7 +81,7 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
       std::memset(mem, 0, 4096);
       {
         ProxyRing ring(mem, 16);
-        Proxy proxy(ring, t0, *g);
+        Proxy proxy(ring, *g);
         ring.post(op, 5000ms);
         proxy.stop(true, 5000ms);
         FC_CHECK(proxy.error().empty(), proxy.error());

@@ -434,7 +434,7 @@ void child_traffic(ChildCtx& c) {
   std::memset(ring_mem, 0, ProxyRing::bytes_for(cap));
   {
     ProxyRing ring(ring_mem, cap);
-    Proxy proxy(ring, *c.transport, *g);
+    Proxy proxy(ring, *g);
     std::vector<WriteOp> ops = phase_ops(b, recv_keys, sig_keys, 2, c.rank, W);
     std::atomic<int> post_errors{0};
     auto producer = [&](int parity) {

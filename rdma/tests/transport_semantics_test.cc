@@ -319,7 +319,7 @@ void test_proxy_wraps_and_reports_errors() {
   {
     RingMem m(4);  // tiny: many laps, producers wait on a full ring
     ProxyRing ring(m.p, 4);
-    Proxy proxy(ring, *t0, *p.g0);
+    Proxy proxy(ring, *p.g0);
     const int n = 1000;
     for (int i = 0; i < n; ++i) {
       WriteOp op;
@@ -351,7 +351,7 @@ void test_proxy_wraps_and_reports_errors() {
     // An invalid command is recorded (no single peer at fault), not a crash.
     RingMem m(8);
     ProxyRing ring(m.p, 8);
-    Proxy proxy(ring, *t0, *p.g0);
+    Proxy proxy(ring, *p.g0);
     WriteOp op;
     op.peer = 1;
     op.src_key = 0xdead;
@@ -366,7 +366,7 @@ void test_proxy_wraps_and_reports_errors() {
     // A dead peer stops the proxy with the transport's error naming it.
     RingMem m(8);
     ProxyRing ring(m.p, 8);
-    Proxy proxy(ring, *t0, *p.g0);
+    Proxy proxy(ring, *p.g0);
     p.g1->abort();
     FC_CHECK(fctest::wait_for([&] { return p.g0->status(1) == PeerState::kFailed; }, 3000ms), "peer failed");
     WriteOp op;

@@ -17,8 +17,6 @@ using fusedcomm::ErrorKind;
 using fusedcomm::jni::from_handle;
 namespace host = fusedcomm::host;
 
-#define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
-
 namespace {
 
 struct CommHandle {

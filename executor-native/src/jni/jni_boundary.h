@@ -64,6 +64,9 @@ T* from_handle(jlong handle, const char* what) {
 
 }  // namespace fusedcomm::jni
 
+// Declares a native method of io.fusedcomm.runtime.NativeApi.
+#define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
+
 #define FC_JNI_BEGIN try {
 #define FC_JNI_END(ret)                                                                          \
   }                                                                                              \

@@ -10,8 +10,6 @@
 using fusedcomm::jni::from_handle;
 using fusedcomm::jni::to_jstring;
 
-#define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
-
 FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
   FC_JNI_BEGIN
   return to_jstring(env, fusedcomm::availability_report());

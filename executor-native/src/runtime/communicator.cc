@@ -19,15 +19,13 @@ constexpr uint32_t kRingSlots = 1024;
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-// Fingerprints of the communicator's own barriers: a hash of the name (FNV-1a), so that a rank
-// in the finish barrier and a rank in an op are told apart.
-struct Fingerprint {
-  static uint64_t of(const char* name) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char* p = name; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
-    return h;
-  }
-};
+// Fingerprint of one of the communicator's own barriers: a hash of its name (FNV-1a), so that a
+// rank in the finish barrier and a rank in an op are told apart.
+uint64_t barrier_fingerprint(const char* name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char* p = name; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
+  return h;
+}
 
 void copy_text(char* dst, size_t cap, const std::string& s) {
   size_t n = std::min(cap - 1, s.size());
@@ -53,11 +51,9 @@ class Backoff {
   uint64_t n_ = 0;
 };
 
-}  // namespace
-
 // Each chunk slot starts with this header; the payload follows it. It is written by the sender
 // into its own send slot, then travels with the payload in one transport write.
-struct alignas(64) Communicator::ChunkHeader {
+struct alignas(64) ChunkHeader {
   uint64_t magic;         // kChunkMagic
   uint64_t exchange_seq;  // the sender's exchange counter: ranks must call ops in one order
   uint64_t fingerprint;   // the op's global parameters (begin_op)
@@ -68,9 +64,9 @@ struct alignas(64) Communicator::ChunkHeader {
   char op[320];           // the sender's op description, NUL-terminated
   char step[128];         // the exchange step, NUL-terminated
 };
-struct ChunkHeaderLayout {
-  static_assert(sizeof(Communicator::ChunkHeader) == 512);
-};
+static_assert(sizeof(ChunkHeader) == 512);
+
+}  // namespace
 
 // Staging region layout (one registered region per communicator), W = world,
 // S = slot stride = sizeof(ChunkHeader) + chunk_bytes:
@@ -150,8 +146,7 @@ void Communicator::connect(const std::vector<std::string>& endpoints, int rank, 
   group_ = runtime_.transport().connect(spec);
 
   ring_memory_ = host_alloc(rdma::ProxyRing::bytes_for(kRingSlots));
-  proxy_ = std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring_memory_, kRingSlots),
-                                         runtime_.transport(), *group_);
+  proxy_ = std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring_memory_, kRingSlots), *group_);
   sent_chunks_.assign(world_, 0);
   consumed_chunks_.assign(world_, 0);
   connected_ = true;
@@ -164,7 +159,7 @@ void Communicator::connect(const std::vector<std::string>& endpoints, int rank, 
 
 void Communicator::barrier(const char* name, const char* step) {
   if (world_ == 1) return;
-  begin_op(name, Fingerprint::of(name));
+  begin_op(name, barrier_fingerprint(name));
   std::vector<SendBlock> s(world_);
   std::vector<RecvBlock> r(world_);
   exchange(s, r, step);
@@ -185,9 +180,9 @@ void Communicator::check_usable(const char* what) const {
 
 void Communicator::fail_broken(ErrorKind kind, const std::string& message) {
   if (broken_.empty()) broken_ = message;
-  // The group stays up until close() (which then aborts it): every rank exchanges with every
-  // peer directly, so each finds the rank really at fault itself; tearing our connections down
-  // first would make the others name us instead.
+  // The group stays up until close(): every rank exchanges with every peer directly, so each
+  // finds the rank really at fault itself; tearing our connections down first would make the
+  // others name us instead.
   fail(kind, message);
 }
 

@@ -51,8 +51,6 @@ class Communicator final : public Exchanger {
   void abort() noexcept;
 
  private:
-  struct ChunkHeader;  // communicator.cc
-  friend struct ChunkHeaderLayout;
   size_t slot_stride() const;
   size_t recv_slot(int src, uint64_t chunk) const;
   size_t send_slot(int dst, uint64_t chunk) const;

@@ -94,7 +94,7 @@ class ProxyRing {
 // politely only once their protocol needs nothing more from this side.
 class Proxy {
  public:
-  Proxy(ProxyRing ring, Transport& transport, PeerGroup& group);
+  Proxy(ProxyRing ring, PeerGroup& group);
   ~Proxy();  // stops the thread
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -112,7 +112,6 @@ class Proxy {
   void run();
   void fail(int peer, const std::string& msg);
   ProxyRing ring_;
-  Transport& transport_;
   PeerGroup& group_;
   std::atomic<bool> stop_{false};
   mutable std::atomic<int> failed_peer_{-2};

@@ -14,7 +14,10 @@ import java.util.concurrent.atomic.AtomicLong;
 public final class LeakTracker {
   private static volatile boolean recordStacks;
   private static final AtomicLong NEXT = new AtomicLong();
-  private static final Map<Long, Throwable> OPEN = new ConcurrentHashMap<>();
+  private static final Map<Long, Handle> OPEN = new ConcurrentHashMap<>();
+
+  /** What an open handle is, and (stack recording on) where it was created. */
+  private record Handle(String what, StackTraceElement[] createdAt) {}
 
   private LeakTracker() {}
 
@@ -26,7 +29,8 @@ public final class LeakTracker {
   /** Registers a new handle; returns the id to pass to {@link #closed}. */
   public static long opened(String what) {
     long id = NEXT.incrementAndGet();
-    OPEN.put(id, recordStacks ? new Throwable(what + " created here") : new Throwable(what));
+    // The stack is only taken when asked for: this runs on every tensor allocation.
+    OPEN.put(id, new Handle(what, recordStacks ? Thread.currentThread().getStackTrace() : null));
     return id;
   }
 
@@ -43,10 +47,13 @@ public final class LeakTracker {
   /** One description per open handle; with stack recording on, the creation stack too. */
   public static List<String> openHandles() {
     List<String> out = new ArrayList<>();
-    for (Throwable t : OPEN.values()) {
-      StringBuilder sb = new StringBuilder(t.getMessage());
-      for (StackTraceElement e : t.getStackTrace()) {
-        sb.append("\n    at ").append(e);
+    for (Handle h : OPEN.values()) {
+      StringBuilder sb = new StringBuilder(h.what());
+      if (h.createdAt() != null) {
+        sb.append(" created here");
+        for (StackTraceElement e : h.createdAt()) {
+          sb.append("\n    at ").append(e);
+        }
       }
       out.add(sb.toString());
     }
