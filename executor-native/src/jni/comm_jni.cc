@@ -8,34 +8,57 @@
 
 #include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/runtime/communicator.h"
+#include "fusedcomm/runtime/device_comm.h"
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "jni/jni_boundary.h"
 
 using fusedcomm::Communicator;
+using fusedcomm::DeviceComm;
 using fusedcomm::ErrorKind;
 using fusedcomm::jni::from_handle;
 namespace host = fusedcomm::host;
+namespace kern = fusedcomm::kernels;
 
 namespace {
 
+// A communicator: the host half (transport, barriers, host-backend ops) always; the device half
+// (symmetric memory, GPU collectives) with the cuda backend.
 struct CommHandle {
   fusedcomm::Runtime* runtime;
   std::unique_ptr<Communicator> comm;
+  std::unique_ptr<DeviceComm> device;  // null with the host backend
 };
 
 // Starts an op on the host backend: names it (errors and the cross-rank check) and returns the
-// communicator. The cuda backend's ops come with the GPU runtime; until then they refuse loudly.
+// communicator. Ops the cuda backend does not run yet refuse loudly.
 Communicator& start_op(JNIEnv* env, jlong handle, jstring description, jlong fingerprint) {
   auto* h = from_handle<CommHandle>(handle, "the communicator");
   std::string desc = fusedcomm::jni::to_string(env, description);
-  if (h->runtime->backend() != fusedcomm::Backend::kHost) {
+  if (h->device != nullptr) {
     fusedcomm::fail(ErrorKind::kUnavailable,
-                    desc + ": the cuda backend's ops are not available in this build; use "
-                           "spark.fusedcomm.backend=host");
+                    desc + ": not available on the cuda backend yet (it runs allGather, "
+                           "reduceScatter, allReduce, allToAll and gemm); use "
+                           "spark.fusedcomm.backend=host for this op");
   }
   h->comm->begin_op(desc, static_cast<uint64_t>(fingerprint));
   return *h->comm;
+}
+
+// A collective on either backend. The cuda backend enqueues on `stream` (0: its own stream,
+// waiting for the result); the description is converted only where it is used (host backend).
+template <class HostOp>
+void run_collective(JNIEnv* env, jlong c, jstring d, jlong fp, kern::CommOp op, jint t, jlong in,
+                    jlong out, jlong count, jlong stream, HostOp host_op) {
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  if (h->device != nullptr) {
+    FC_REQUIRE(t == 0 || t == 1, "unsupported dtype " + std::to_string(t) + " (f32 or bf16)");
+    h->device->collective(op, static_cast<kern::CommDtype>(t), reinterpret_cast<const void*>(in),
+                          reinterpret_cast<void*>(out), count, reinterpret_cast<cudaStream_t>(stream));
+    return;
+  }
+  FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
+  host_op(start_op(env, c, d, fp));
 }
 
 host::DType dtype(jint t) {
@@ -55,14 +78,29 @@ T* ptr(jlong address) {
 
 }  // namespace
 
-FC_NATIVE(jlong, commCreate)(JNIEnv* env, jclass, jlong rt, jint world) {
+FC_NATIVE(jlong, commCreate)(JNIEnv* env, jclass, jlong rt, jint rank, jint world) {
   FC_JNI_BEGIN
   auto* runtime = from_handle<fusedcomm::Runtime>(rt, "the runtime");
   auto h = std::make_unique<CommHandle>();
   h->runtime = runtime;
   h->comm = std::make_unique<Communicator>(*runtime, world);
+  if (runtime->backend() == fusedcomm::Backend::kCuda) {
+    h->device = std::make_unique<DeviceComm>(*runtime, rank, world);
+  }
   return reinterpret_cast<jlong>(h.release());
   FC_JNI_END(0)
+}
+
+// The device half's IPC blob for the bootstrap allGather; empty with the host backend.
+FC_NATIVE(jbyteArray, commDeviceHandle)(JNIEnv* env, jclass, jlong c) {
+  FC_JNI_BEGIN
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  std::vector<uint8_t> blob;
+  if (h->device != nullptr) blob = h->device->export_handle();
+  jbyteArray a = env->NewByteArray(static_cast<jsize>(blob.size()));
+  env->SetByteArrayRegion(a, 0, static_cast<jsize>(blob.size()), reinterpret_cast<const jbyte*>(blob.data()));
+  return a;
+  FC_JNI_END(nullptr)
 }
 
 FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
@@ -71,54 +109,123 @@ FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_END(nullptr)
 }
 
-FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id) {
+// Host connections first (they end with a barrier, so every rank has created its device half),
+// then the peers' symmetric memory is mapped.
+FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id,
+                             jobjectArray device_handles) {
   FC_JNI_BEGIN
-  from_handle<CommHandle>(c, "the communicator")
-      ->comm->connect(fusedcomm::jni::to_strings(env, endpoints), rank, static_cast<uint64_t>(comm_id));
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  h->comm->connect(fusedcomm::jni::to_strings(env, endpoints), rank, static_cast<uint64_t>(comm_id));
+  if (h->device != nullptr) {
+    std::vector<std::vector<uint8_t>> blobs;
+    const jsize n = env->GetArrayLength(device_handles);
+    for (jsize i = 0; i < n; ++i) {
+      auto a = static_cast<jbyteArray>(env->GetObjectArrayElement(device_handles, i));
+      std::vector<uint8_t> b(a == nullptr ? 0 : env->GetArrayLength(a));
+      if (!b.empty()) env->GetByteArrayRegion(a, 0, static_cast<jsize>(b.size()), reinterpret_cast<jbyte*>(b.data()));
+      env->DeleteLocalRef(a);
+      blobs.push_back(std::move(b));
+    }
+    h->device->connect(blobs);
+  }
   FC_JNI_END()
 }
 
+FC_NATIVE(void, commSynchronize)(JNIEnv* env, jclass, jlong c) {
+  FC_JNI_BEGIN
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  if (h->device != nullptr) h->device->synchronize();
+  FC_JNI_END()
+}
+
+// Every rank's ops are complete (device) and every rank got here (host barrier).
 FC_NATIVE(void, commFinish)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  from_handle<CommHandle>(c, "the communicator")->comm->finish();
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  if (h->device != nullptr) h->device->synchronize();
+  h->comm->finish();
   FC_JNI_END()
 }
 
 FC_NATIVE(void, commAbort)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  from_handle<CommHandle>(c, "the communicator")->comm->abort();
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  if (h->device != nullptr) h->device->abort();
+  h->comm->abort();
   FC_JNI_END()
 }
 
 // Frees the communicator whatever happens; a failure of the closing barrier is reported after.
+// The device half is closed last: after the barrier no peer uses this rank's memory, so its
+// region can go back to the runtime's pool; without the barrier it is dropped instead.
 FC_NATIVE(void, commClose)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
   std::unique_ptr<CommHandle> h(from_handle<CommHandle>(c, "the communicator"));
-  h->comm->close();
+  if (h->device == nullptr) {
+    h->comm->close();
+  } else {
+    try {
+      h->device->synchronize();
+      h->comm->close();
+    } catch (...) {
+      // The region is dropped, not pooled; peers learn at once that this rank left.
+      h->device->abort();
+      h->device->close();
+      h->comm->abort();
+      try {
+        h->comm->close();
+      } catch (...) {
+      }
+      throw;
+    }
+    h->device->close();
+  }
   FC_JNI_END()
 }
 
-FC_NATIVE(void, allGather)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count) {
+// Diagnostics: `iters` synchronous collectives initiated from native code, wall nanoseconds
+// (the reference for the Java-initiated per-op overhead). cuda backend only.
+FC_NATIVE(jlong, commTimeCollective)(JNIEnv* env, jclass, jlong c, jint op, jint t, jlong in, jlong out,
+                                     jlong count, jint iters) {
   FC_JNI_BEGIN
-  host::all_gather(start_op(env, c, d, fp), dtype(t), ptr(in), ptr(out), count);
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  if (h->device == nullptr) fusedcomm::fail(ErrorKind::kState, "timing collectives needs the cuda backend");
+  FC_REQUIRE(op >= 1 && op <= 4, "unknown collective " + std::to_string(op));
+  FC_REQUIRE(t == 0 || t == 1, "unsupported dtype " + std::to_string(t) + " (f32 or bf16)");
+  return h->device->time_collectives(static_cast<kern::CommOp>(op), static_cast<kern::CommDtype>(t),
+                                     ptr(in), ptr(out), count, iters);
+  FC_JNI_END(0)
+}
+
+FC_NATIVE(void, allGather)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
+                   jlong stream) {
+  FC_JNI_BEGIN
+  run_collective(env, c, d, fp, kern::CommOp::kAllGather, t, in, out, count, stream,
+                 [&](Communicator& comm) { host::all_gather(comm, dtype(t), ptr(in), ptr(out), count); });
   FC_JNI_END()
 }
 
-FC_NATIVE(void, reduceScatter)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count) {
+FC_NATIVE(void, reduceScatter)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
+                   jlong stream) {
   FC_JNI_BEGIN
-  host::reduce_scatter(start_op(env, c, d, fp), dtype(t), ptr(in), ptr(out), count);
+  run_collective(env, c, d, fp, kern::CommOp::kReduceScatter, t, in, out, count, stream,
+                 [&](Communicator& comm) { host::reduce_scatter(comm, dtype(t), ptr(in), ptr(out), count); });
   FC_JNI_END()
 }
 
-FC_NATIVE(void, allReduce)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count) {
+FC_NATIVE(void, allReduce)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
+                   jlong stream) {
   FC_JNI_BEGIN
-  host::all_reduce(start_op(env, c, d, fp), dtype(t), ptr(in), ptr(out), count);
+  run_collective(env, c, d, fp, kern::CommOp::kAllReduce, t, in, out, count, stream,
+                 [&](Communicator& comm) { host::all_reduce(comm, dtype(t), ptr(in), ptr(out), count); });
   FC_JNI_END()
 }
 
-FC_NATIVE(void, allToAll)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count) {
+FC_NATIVE(void, allToAll)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
+                   jlong stream) {
   FC_JNI_BEGIN
-  host::all_to_all(start_op(env, c, d, fp), dtype(t), ptr(in), ptr(out), count);
+  run_collective(env, c, d, fp, kern::CommOp::kAllToAll, t, in, out, count, stream,
+                 [&](Communicator& comm) { host::all_to_all(comm, dtype(t), ptr(in), ptr(out), count); });
   FC_JNI_END()
 }
 

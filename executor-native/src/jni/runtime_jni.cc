@@ -17,7 +17,8 @@ FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
 }
 
 FC_NATIVE(jlong, runtimeCreate)(JNIEnv* env, jclass, jint backend, jlong timeout_ms, jlong connect_timeout_ms,
-                                jlong chunk_bytes, jstring bind_host, jint gpu_ordinal, jlong job_token) {
+                                jlong chunk_bytes, jlong symmetric_bytes, jstring bind_host, jint gpu_ordinal,
+                                jlong job_token) {
   FC_JNI_BEGIN
   FC_REQUIRE(backend >= 0 && backend <= 2, "unknown backend " + std::to_string(backend));
   fusedcomm::RuntimeConfig c;
@@ -25,6 +26,7 @@ FC_NATIVE(jlong, runtimeCreate)(JNIEnv* env, jclass, jint backend, jlong timeout
   c.timeout_ms = timeout_ms;
   c.connect_timeout_ms = connect_timeout_ms;
   c.chunk_bytes = chunk_bytes;
+  c.symmetric_bytes = symmetric_bytes;
   c.bind_host = fusedcomm::jni::to_string(env, bind_host);
   c.gpu_ordinal = gpu_ordinal;
   c.job_token = static_cast<uint64_t>(job_token);
@@ -48,6 +50,12 @@ FC_NATIVE(jstring, runtimeGpuUuid)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
   return to_jstring(env, from_handle<fusedcomm::Runtime>(rt, "the runtime")->gpu().uuid);
   FC_JNI_END(nullptr)
+}
+
+FC_NATIVE(jint, runtimePooledRegions)(JNIEnv* env, jclass, jlong rt) {
+  FC_JNI_BEGIN
+  return static_cast<jint>(from_handle<fusedcomm::Runtime>(rt, "the runtime")->pooled_regions());
+  FC_JNI_END(0)
 }
 
 FC_NATIVE(void, runtimePinGpu)(JNIEnv* env, jclass, jlong rt) {
@@ -92,16 +100,42 @@ FC_NATIVE(jlongArray, memStats)(JNIEnv* env, jclass) {
   FC_JNI_END(nullptr)
 }
 
-// JCuda keeps a device pointer in NativePointerObject.nativePointer plus Pointer.byteOffset.
+// JCuda keeps a native handle in NativePointerObject.nativePointer, and a device pointer's byte
+// offset in Pointer.byteOffset. Field ids are looked up once (JCuda's classes are never
+// unloaded while ours are loaded: both come from the same class loader).
+namespace {
+struct JcudaFields {
+  jfieldID native_pointer = nullptr;
+  jfieldID byte_offset = nullptr;
+};
+const JcudaFields& jcuda_fields(JNIEnv* env) {
+  static const JcudaFields fields = [env] {
+    JcudaFields f;
+    jclass npo = env->FindClass("jcuda/NativePointerObject");
+    jclass ptr = env->FindClass("jcuda/Pointer");
+    FC_REQUIRE(npo != nullptr && ptr != nullptr, "JCuda classes are not on the classpath");
+    f.native_pointer = env->GetFieldID(npo, "nativePointer", "J");
+    f.byte_offset = env->GetFieldID(ptr, "byteOffset", "J");
+    FC_REQUIRE(f.native_pointer != nullptr && f.byte_offset != nullptr,
+               "unexpected JCuda version: pointer fields not found");
+    return f;
+  }();
+  return fields;
+}
+}  // namespace
+
 FC_NATIVE(jlong, pointerAddress)(JNIEnv* env, jclass, jobject pointer) {
   FC_JNI_BEGIN
   FC_REQUIRE(pointer != nullptr, "null JCuda pointer");
-  jclass npo = env->FindClass("jcuda/NativePointerObject");
-  jclass ptr = env->FindClass("jcuda/Pointer");
-  FC_REQUIRE(npo != nullptr && ptr != nullptr, "JCuda classes are not on the classpath");
-  jfieldID native_field = env->GetFieldID(npo, "nativePointer", "J");
-  jfieldID offset_field = env->GetFieldID(ptr, "byteOffset", "J");
-  FC_REQUIRE(native_field != nullptr && offset_field != nullptr, "unexpected JCuda version: pointer fields not found");
-  return env->GetLongField(pointer, native_field) + env->GetLongField(pointer, offset_field);
+  const JcudaFields& f = jcuda_fields(env);
+  return env->GetLongField(pointer, f.native_pointer) + env->GetLongField(pointer, f.byte_offset);
+  FC_JNI_END(0)
+}
+
+// A JCuda handle object (cudaStream_t, CUstream): its native pointer.
+FC_NATIVE(jlong, nativeHandle)(JNIEnv* env, jclass, jobject handle) {
+  FC_JNI_BEGIN
+  FC_REQUIRE(handle != nullptr, "null JCuda handle");
+  return env->GetLongField(handle, jcuda_fields(env).native_pointer);
   FC_JNI_END(0)
 }

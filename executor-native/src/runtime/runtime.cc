@@ -1,6 +1,7 @@
 #include "fusedcomm/runtime/runtime.h"
 
 #include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
 
 namespace fusedcomm {
 
@@ -8,6 +9,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   FC_REQUIRE(config.timeout_ms > 0, "timeout must be positive");
   FC_REQUIRE(config.connect_timeout_ms > 0, "connect timeout must be positive");
   FC_REQUIRE(config.chunk_bytes >= 4096, "chunk bytes must be at least 4096");
+  FC_REQUIRE(config.symmetric_bytes >= 4096 && config.symmetric_bytes % 4096 == 0,
+             "symmetric bytes must be a positive multiple of 4096");
   switch (config.backend) {
     case Backend::kHost:
       break;
@@ -32,7 +35,48 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   transport_ = rdma::make_socket_transport(options);
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  pool_.clear();
+}
+
+namespace {
+SymmetricConfig symmetric_config(const RuntimeConfig& c) {
+  SymmetricConfig s;
+  s.data_bytes = static_cast<uint64_t>(c.symmetric_bytes);
+  s.timeout_ns = static_cast<uint64_t>(c.timeout_ms) * 1000000ull;
+  s.max_world = kernels::kCommMaxRanks;
+  return s;
+}
+}  // namespace
+
+std::unique_ptr<SymmetricRegion> Runtime::acquire_region(int world) {
+  if (backend_ != Backend::kCuda) fail(ErrorKind::kState, "symmetric memory needs the cuda backend");
+  const SymmetricConfig wanted = symmetric_config(config_);
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if ((*it)->fits(world, wanted)) {
+        std::unique_ptr<SymmetricRegion> r = std::move(*it);
+        pool_.erase(it);
+        return r;
+      }
+    }
+  }
+  pin_gpu(gpu_.ordinal);
+  return std::make_unique<SymmetricRegion>(world, wanted);
+}
+
+void Runtime::release_region(std::unique_ptr<SymmetricRegion> region) {
+  if (region == nullptr) return;
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  pool_.push_back(std::move(region));
+}
+
+size_t Runtime::pooled_regions() const {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  return pool_.size();
+}
 
 std::string Runtime::describe() const {
   std::string s = std::string("backend=") + (backend_ == Backend::kCuda ? "cuda" : "host") +

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "fusedcomm/runtime/errors.h"
@@ -45,57 +46,92 @@ void check(cudaError_t e, const std::string& what) {
 
 }  // namespace
 
-SymmetricMemory::SymmetricMemory(int rank, int world, const SymmetricConfig& config)
-    : rank_(rank), world_(world), config_(config) {
-  FC_REQUIRE(world >= 1 && world <= k::kCommMaxRanks,
+// ---- SymmetricRegion ----------------------------------------------------------------------
+
+SymmetricRegion::SymmetricRegion(int world, const SymmetricConfig& config) : config_(config) {
+  FC_REQUIRE(world >= 1 && world <= k::kCommMaxRanks && config.max_world <= k::kCommMaxRanks,
              "symmetric memory: world must be 1.." + std::to_string(k::kCommMaxRanks));
-  FC_REQUIRE(rank >= 0 && rank < world, "symmetric memory: rank out of range");
   FC_REQUIRE(config.slot_bytes >= 16 && config.slot_bytes % 16 == 0,
              "symmetric memory: slot_bytes must be a positive multiple of 16");
+  FC_REQUIRE(config.data_bytes % 16 == 0, "symmetric memory: data_bytes must be a multiple of 16");
   check(cudaGetDevice(&device_), "cudaGetDevice");
-  int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_), "SM count");
+  check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_), "SM count");
   char bus[32] = {};
   check(cudaDeviceGetPCIBusId(bus, sizeof bus, device_), "cudaDeviceGetPCIBusId");
   pci_bus_id_ = bus;
 
-  const uint64_t staging = 2ull * world * config.slot_bytes;
-  const uint64_t data_offset = round_up(k::kCommStagingOffset + staging, kPage);
-  const uint64_t scratch_offset = round_up(data_offset + config.data_bytes, kPage);
-  region_bytes_ = round_up(scratch_offset + config.data_bytes, kPage);
-
+  staging_ranks_ = std::max(world, config.max_world);
+  const uint64_t staging = 2ull * staging_ranks_ * config.slot_bytes;
+  data_offset_ = round_up(k::kCommStagingOffset + staging, kPage);
+  scratch_offset_ = round_up(data_offset_ + config.data_bytes, kPage);
+  bytes_ = round_up(scratch_offset_ + config.data_bytes, kPage);
   try {
-    check(cudaMalloc(reinterpret_cast<void**>(&local_), region_bytes_), "cudaMalloc of the symmetric region (" +
-                                                  std::to_string(region_bytes_) + " bytes)");
-    // Flags and control must be zero before any peer can see the region (before the handle
-    // leaves this process); the sync makes the memset complete.
-    check(cudaMemset(local_, 0, kernels::kCommStagingOffset), "cudaMemset flags");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check(cudaMalloc(reinterpret_cast<void**>(&base_), bytes_),
+          "cudaMalloc of the symmetric region (" + std::to_string(bytes_) + " bytes)");
     check(cudaHostAlloc(&host_page_, kPage, cudaHostAllocMapped | cudaHostAllocPortable),
           "cudaHostAlloc of the control page");
-    std::memset(host_page_, 0, kPage);
-    void* dev_page = nullptr;
-    check(cudaHostGetDevicePointer(&dev_page, host_page_, 0), "cudaHostGetDevicePointer");
+    check(cudaHostGetDevicePointer(&device_page_, host_page_, 0), "cudaHostGetDevicePointer");
     cudaIpcMemHandle_t h;
-    check(cudaIpcGetMemHandle(&h, local_), "cudaIpcGetMemHandle");
+    check(cudaIpcGetMemHandle(&h, base_), "cudaIpcGetMemHandle");
     handle_.assign(reinterpret_cast<uint8_t*>(&h), reinterpret_cast<uint8_t*>(&h) + sizeof h);
-
-    dev_.slot_bytes = config.slot_bytes;
-    dev_.data_offset = data_offset;
-    dev_.data_bytes = config.data_bytes;
-    dev_.scratch_offset = scratch_offset;
-    dev_.timeout_ns = config.timeout_ns;
-    dev_.abort_word = reinterpret_cast<const volatile uint32_t*>(
-        static_cast<uint8_t*>(dev_page) + kAbortOffset);
-    dev_.error = reinterpret_cast<k::CommErrorRecord*>(static_cast<uint8_t*>(dev_page) + kErrorOffset);
-    dev_.rank = rank;
-    dev_.world = world;
-    dev_.sm_count = sms;
-    dev_.base[rank] = local_;
+    reset();
   } catch (...) {
-    close();
+    free();
     throw;
   }
+}
+
+SymmetricRegion::~SymmetricRegion() { free(); }
+
+void SymmetricRegion::reset() {
+  // Flags and control must be zero before any peer can see the region (before the handle
+  // leaves this process); the sync makes the memset complete.
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaMemset(base_, 0, kernels::kCommStagingOffset), "cudaMemset flags");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::memset(host_page_, 0, kPage);
+}
+
+bool SymmetricRegion::fits(int world, const SymmetricConfig& c) const {
+  return world <= staging_ranks_ && c.data_bytes == config_.data_bytes &&
+         c.slot_bytes == config_.slot_bytes && c.max_world == config_.max_world;
+}
+
+void SymmetricRegion::free() noexcept {
+  if (device_ >= 0) cudaSetDevice(device_);
+  if (base_ != nullptr) cudaFree(base_);
+  base_ = nullptr;
+  if (host_page_ != nullptr) cudaFreeHost(host_page_);
+  host_page_ = nullptr;
+  cudaGetLastError();
+}
+
+// ---- SymmetricMemory ------------------------------------------------------------------------
+
+SymmetricMemory::SymmetricMemory(int rank, int world, const SymmetricConfig& config)
+    : SymmetricMemory(rank, world, std::make_unique<SymmetricRegion>(world, config)) {}
+
+SymmetricMemory::SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricRegion> region)
+    : rank_(rank), world_(world), region_(std::move(region)) {
+  FC_REQUIRE(region_ != nullptr, "symmetric memory: no region");
+  FC_REQUIRE(world >= 1 && world <= region_->staging_ranks(),
+             "symmetric memory: world " + std::to_string(world) + " does not fit a region staged for " +
+                 std::to_string(region_->staging_ranks()) + " ranks");
+  FC_REQUIRE(rank >= 0 && rank < world, "symmetric memory: rank out of range");
+  region_->reset();
+  const SymmetricRegion& r = *region_;
+  dev_.slot_bytes = r.config().slot_bytes;
+  dev_.data_offset = r.data_offset();
+  dev_.data_bytes = r.config().data_bytes;
+  dev_.scratch_offset = r.scratch_offset();
+  dev_.timeout_ns = r.config().timeout_ns;
+  auto* page = static_cast<uint8_t*>(r.device_page());
+  dev_.abort_word = reinterpret_cast<const volatile uint32_t*>(page + kAbortOffset);
+  dev_.error = reinterpret_cast<k::CommErrorRecord*>(page + kErrorOffset);
+  dev_.rank = rank;
+  dev_.world = world;
+  dev_.sm_count = r.sm_count();
+  dev_.base[rank] = r.base();
   mapped_.assign(world, nullptr);
 }
 
@@ -114,11 +150,11 @@ std::vector<uint8_t> SymmetricMemory::export_handle() const {
   b.version = kBlobVersion;
   b.rank = rank_;
   b.world = world_;
-  b.region_bytes = region_bytes_;
-  b.data_bytes = config_.data_bytes;
-  b.slot_bytes = config_.slot_bytes;
-  std::strncpy(b.pci_bus_id, pci_bus_id_.c_str(), sizeof b.pci_bus_id - 1);
-  std::memcpy(b.ipc_handle, handle_.data(), sizeof b.ipc_handle);
+  b.region_bytes = region_->bytes();
+  b.data_bytes = region_->config().data_bytes;
+  b.slot_bytes = region_->config().slot_bytes;
+  std::strncpy(b.pci_bus_id, region_->pci_bus_id().c_str(), sizeof b.pci_bus_id - 1);
+  std::memcpy(b.ipc_handle, region_->ipc_handle().data(), sizeof b.ipc_handle);
   const auto* p = reinterpret_cast<const uint8_t*>(&b);
   return std::vector<uint8_t>(p, p + sizeof b);
 }
@@ -129,7 +165,9 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     fail(ErrorKind::kCommunicator, "symmetric memory: got " + std::to_string(blobs.size()) +
                                        " handles for world " + std::to_string(world_));
   }
-  check(cudaSetDevice(device_), "cudaSetDevice");
+  const int device = region_->device();
+  const std::string& bus_id = region_->pci_bus_id();
+  check(cudaSetDevice(device), "cudaSetDevice");
   peers_.clear();
   for (int p = 0; p < world_; ++p) {
     BlobHeader b{};
@@ -140,8 +178,8 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     }
     std::memcpy(&b, blobs[p].data(), sizeof b);
     if (b.magic != kBlobMagic || b.version != kBlobVersion || b.rank != p || b.world != world_ ||
-        b.region_bytes != region_bytes_ || b.data_bytes != config_.data_bytes ||
-        b.slot_bytes != config_.slot_bytes) {
+        b.region_bytes != region_->bytes() || b.data_bytes != region_->config().data_bytes ||
+        b.slot_bytes != region_->config().slot_bytes) {
       fail(ErrorKind::kCommunicator,
            "symmetric memory: rank " + std::to_string(p) + "'s handle does not match rank " +
                std::to_string(rank_) + "'s (version, rank/world or sizes differ: every rank must "
@@ -151,7 +189,7 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     link.rank = p;
     link.pci_bus_id = std::string(b.pci_bus_id, strnlen(b.pci_bus_id, sizeof b.pci_bus_id));
     if (p == rank_) {
-      link.local_ordinal = device_;
+      link.local_ordinal = device;
       link.can_access = 1;
       peers_.push_back(link);
       continue;
@@ -160,15 +198,15 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     if (cudaDeviceGetByPCIBusId(&ordinal, link.pci_bus_id.c_str()) == cudaSuccess) {
       link.local_ordinal = ordinal;
       int can = 0;
-      check(cudaDeviceCanAccessPeer(&can, device_, ordinal), "cudaDeviceCanAccessPeer");
+      check(cudaDeviceCanAccessPeer(&can, device, ordinal), "cudaDeviceCanAccessPeer");
       link.can_access = can;
-      if (ordinal == device_) {
+      if (ordinal == device) {
         fail(ErrorKind::kUnavailable, "symmetric memory: ranks " + std::to_string(rank_) + " and " +
                                           std::to_string(p) + " use the same GPU " +
                                           link.pci_bus_id + "; give each executor its own GPU");
       }
       if (!can) {
-        fail(ErrorKind::kUnavailable, "symmetric memory: GPU " + pci_bus_id_ + " (rank " +
+        fail(ErrorKind::kUnavailable, "symmetric memory: GPU " + bus_id + " (rank " +
                                           std::to_string(rank_) + ") cannot access peer GPU " +
                                           link.pci_bus_id + " (rank " + std::to_string(p) +
                                           "); NVLink/P2P is required between same-host ranks");
@@ -195,11 +233,13 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
   connected_ = true;
 }
 
-void* SymmetricMemory::data() const { return local_ + dev_.data_offset; }
+void* SymmetricMemory::data() const { return region_->base() + region_->data_offset(); }
+
+uint64_t SymmetricMemory::data_bytes() const { return region_->config().data_bytes; }
 
 std::string SymmetricMemory::describe() const {
   std::string s = "symmetric memory rank " + std::to_string(rank_) + "/" + std::to_string(world_) +
-                  " on " + pci_bus_id_ + ", region " + std::to_string(region_bytes_) + " bytes";
+                  " on " + region_->pci_bus_id() + ", region " + std::to_string(region_->bytes()) + " bytes";
   for (const PeerLink& l : peers_) {
     s += "\n  peer " + std::to_string(l.rank) + ": " + l.pci_bus_id + " ordinal " +
          std::to_string(l.local_ordinal) + " access " +
@@ -210,8 +250,8 @@ std::string SymmetricMemory::describe() const {
 
 kernels::CommErrorRecord SymmetricMemory::error() const {
   k::CommErrorRecord r{};
-  if (host_page_ != nullptr) {
-    std::memcpy(&r, static_cast<const uint8_t*>(host_page_) + kErrorOffset, sizeof r);
+  if (region_ != nullptr) {
+    std::memcpy(&r, static_cast<const uint8_t*>(region_->host_page()) + kErrorOffset, sizeof r);
   }
   return r;
 }
@@ -231,26 +271,32 @@ void SymmetricMemory::raise_if_failed() {
 }
 
 void SymmetricMemory::abort() {
-  if (host_page_ != nullptr) {
-    reinterpret_cast<volatile uint32_t*>(static_cast<uint8_t*>(host_page_) + kAbortOffset)[0] = 1;
+  aborted_ = true;
+  if (region_ != nullptr) {
+    reinterpret_cast<volatile uint32_t*>(static_cast<uint8_t*>(region_->host_page()) + kAbortOffset)[0] = 1;
   }
 }
 
 void SymmetricMemory::close() {
   if (closed_) return;
   closed_ = true;
-  if (device_ >= 0) cudaSetDevice(device_);
+  if (region_ == nullptr) return;
+  cudaSetDevice(region_->device());
   cudaDeviceSynchronize();  // no launch of ours may still use the mappings
   for (uint8_t*& p : mapped_) {
     if (p != nullptr) cudaIpcCloseMemHandle(p);
     p = nullptr;
   }
-  if (local_ != nullptr) cudaFree(local_);
-  local_ = nullptr;
-  if (host_page_ != nullptr) cudaFreeHost(host_page_);
-  host_page_ = nullptr;
   cudaGetLastError();
+  if (error().code != k::kGemmOk) failed_ = true;
   dev_ = {};
+}
+
+std::unique_ptr<SymmetricRegion> SymmetricMemory::take_region() {
+  FC_REQUIRE(closed_, "symmetric memory: take_region() before close()");
+  std::unique_ptr<SymmetricRegion> r = std::move(region_);
+  if (failed_ || aborted_) r.reset();  // a peer's abandoned launch may still write into it
+  return r;
 }
 
 }  // namespace fusedcomm

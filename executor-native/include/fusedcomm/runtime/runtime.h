@@ -5,12 +5,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "fusedcomm/rdma/transport.h"
 #include "fusedcomm/runtime/gpu.h"
 
 namespace fusedcomm {
+
+class SymmetricRegion;
 
 enum class Backend : int32_t { kAuto = 0, kCuda = 1, kHost = 2 };  // io.fusedcomm.api.Backend
 
@@ -21,6 +25,7 @@ struct RuntimeConfig {
   int64_t timeout_ms = 60000;          // every wait inside an op
   int64_t connect_timeout_ms = 30000;  // building a communicator's connections
   int64_t chunk_bytes = 1 << 20;       // host backend: staging chunk per peer
+  int64_t symmetric_bytes = 128 << 20; // cuda backend: data area of the symmetric memory
   std::string bind_host;               // transport listener; empty: this host
   int gpu_ordinal = -1;                // the executor's GPU, -1: none assigned
   uint64_t job_token = 0;              // the application's token (driver plugin)
@@ -41,11 +46,20 @@ class Runtime {
   rdma::Transport& transport() { return *transport_; }
   std::string describe() const;
 
+  // The cuda backend's symmetric regions live as long as the executor: a communicator borrows
+  // one (a pooled region if there is one, else a new allocation sized for any world up to
+  // kCommMaxRanks) and gives it back after a clean close (symmetric_memory.h). Thread-safe.
+  std::unique_ptr<SymmetricRegion> acquire_region(int world);
+  void release_region(std::unique_ptr<SymmetricRegion> region);
+  size_t pooled_regions() const;
+
  private:
   RuntimeConfig config_;
   Backend backend_;
   GpuInfo gpu_;
   std::unique_ptr<rdma::Transport> transport_;
+  mutable std::mutex pool_mutex_;
+  std::vector<std::unique_ptr<SymmetricRegion>> pool_;
 };
 
 // One line per backend and transport: "name: available|unavailable: reason".

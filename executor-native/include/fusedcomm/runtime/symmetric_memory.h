@@ -16,18 +16,28 @@
 //   1. the caller makes sure no launch on this memory is still running on any rank (a
 //      bootstrap barrier after the ranks' stream syncs); close() synchronises the device too;
 //   2. peer mappings are closed (cudaIpcCloseMemHandle), in rank order;
-//   3. the local region is freed (cudaFree); peers that still map it keep the physical memory
-//      alive until they close their mapping (driver reference count), but must not use it;
-//   4. the host-mapped control page (abort word + error record) is freed.
+//   3. the region (device allocation + host-mapped control page) is freed with this object, or
+//      handed back by take_region() for reuse; peers that still map a freed region keep the
+//      physical memory alive until they close their mapping (driver reference count), but
+//      must not use it.
 // abort() sets the abort word: every wait of a running launch gives up (kGemmAborted), so a
 // communicator can be torn down while a peer is dead. After any failure the flags are
 // inconsistent: close this object and build a fresh one (the epochs restart at 0).
+//
+// Reuse across communicators: the device allocation lives in a SymmetricRegion, which a
+// SymmetricMemory either creates (and frees) itself or borrows from the executor runtime's pool
+// (runtime.h). After a clean close(), take_region() hands it back; the next SymmetricMemory
+// resets it (flags, control, abort word and error record zeroed) before its handle leaves the
+// process, so no stale flag can satisfy a wait of the new communicator. A region whose
+// communicator failed or was aborted is freed instead: a peer's abandoned launch may still write
+// into it.
 //
 // Not thread-safe; one stream at a time launches on it (collectives.h contract).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +49,50 @@ struct SymmetricConfig {
   uint64_t data_bytes = 64ull << 20;  // caller-visible data area per rank (inputs)
   uint64_t slot_bytes = 1ull << 20;   // one-shot staging slot (max one-shot payload)
   uint64_t timeout_ns = 0;            // every device wait; 0: kernels::kDefaultWaitTimeoutNs
+  // Staging is sized for this many ranks (0: the world). A pooled region uses kCommMaxRanks so
+  // that communicators of any world size can reuse it. Must match on every rank.
+  int max_world = 0;
+};
+
+// One process's device region (layout in kernels/collectives.h), its CUDA IPC handle and the
+// host-mapped control page (abort word + error record). Allocated on the current device.
+class SymmetricRegion {
+ public:
+  // `world` sizes the staging area unless config.max_world is larger.
+  SymmetricRegion(int world, const SymmetricConfig& config);
+  ~SymmetricRegion();
+  SymmetricRegion(const SymmetricRegion&) = delete;
+  SymmetricRegion& operator=(const SymmetricRegion&) = delete;
+
+  // Zeroes flags, control, abort word and error record, synchronously. Call only while no
+  // process can write into the region (before its handle is exported).
+  void reset();
+  // True when a communicator of `world` ranks with `config` can use this region.
+  bool fits(int world, const SymmetricConfig& config) const;
+
+  const SymmetricConfig& config() const { return config_; }
+  int device() const { return device_; }
+  int sm_count() const { return sm_count_; }
+  const std::string& pci_bus_id() const { return pci_bus_id_; }
+  uint8_t* base() const { return base_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t data_offset() const { return data_offset_; }
+  uint64_t scratch_offset() const { return scratch_offset_; }
+  int staging_ranks() const { return staging_ranks_; }
+  const std::vector<uint8_t>& ipc_handle() const { return handle_; }
+  void* host_page() const { return host_page_; }
+  void* device_page() const { return device_page_; }
+
+ private:
+  void free() noexcept;
+  SymmetricConfig config_;
+  int device_ = -1, sm_count_ = 0, staging_ranks_ = 0;
+  std::string pci_bus_id_;
+  uint8_t* base_ = nullptr;
+  uint64_t bytes_ = 0, data_offset_ = 0, scratch_offset_ = 0;
+  std::vector<uint8_t> handle_;
+  void* host_page_ = nullptr;
+  void* device_page_ = nullptr;
 };
 
 // What connect() found about one peer.
@@ -54,6 +108,8 @@ class SymmetricMemory {
   // Allocates the region on the calling thread's current device. Throws Error(kInvalidArgument)
   // for a bad rank/world/size, Error(kFatalGpu) if CUDA fails.
   SymmetricMemory(int rank, int world, const SymmetricConfig& config);
+  // Uses `region` (from a pool; reset here). Throws Error(kInvalidArgument) if it does not fit.
+  SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricRegion> region);
   ~SymmetricMemory();
   SymmetricMemory(const SymmetricMemory&) = delete;
   SymmetricMemory& operator=(const SymmetricMemory&) = delete;
@@ -71,7 +127,7 @@ class SymmetricMemory {
   int world() const { return world_; }
   // This rank's data area (device pointer) and its size: callers place inputs here.
   void* data() const;
-  uint64_t data_bytes() const { return config_.data_bytes; }
+  uint64_t data_bytes() const;
   const std::vector<PeerLink>& peers() const { return peers_; }
   std::string describe() const;  // one line per peer: rank, bus id, access
 
@@ -84,20 +140,17 @@ class SymmetricMemory {
 
   void abort();  // set the abort word (host-mapped); running waits give up
   void close();
+  // After close(): the region, for reuse, if this memory never failed nor was aborted; else
+  // null (the region is freed).
+  std::unique_ptr<SymmetricRegion> take_region();
 
  private:
   int rank_, world_;
-  SymmetricConfig config_;
-  int device_ = -1;
-  uint64_t region_bytes_ = 0;
-  uint8_t* local_ = nullptr;              // cudaMalloc'ed region
-  std::vector<uint8_t*> mapped_;          // peers' regions opened here (null for self)
-  void* host_page_ = nullptr;             // cudaHostAlloc'ed: abort word + error record
+  std::unique_ptr<SymmetricRegion> region_;
+  std::vector<uint8_t*> mapped_;  // peers' regions opened here (null for self)
   kernels::CommDevice dev_{};
   std::vector<PeerLink> peers_;
-  std::string pci_bus_id_;
-  std::vector<uint8_t> handle_;  // cudaIpcMemHandle_t bytes
-  bool connected_ = false, failed_ = false, closed_ = false;
+  bool connected_ = false, failed_ = false, aborted_ = false, closed_ = false;
 };
 
 }  // namespace fusedcomm

@@ -9,6 +9,7 @@ import io.fusedcomm.runtime.LeakTracker;
 import io.fusedcomm.runtime.NativeApi;
 import io.fusedcomm.spark.BarrierContextExchange;
 import java.util.List;
+import jcuda.runtime.cudaStream_t;
 import org.apache.spark.BarrierTaskContext;
 
 /**
@@ -26,6 +27,12 @@ import org.apache.spark.BarrierTaskContext;
  * <p>Teardown verbs: {@link #finish()} waits until every rank has finished its ops; {@link
  * #close()} finishes and frees (always use try-with-resources); {@link #abort()} stops now from
  * any thread, failing ops in flight.
+ *
+ * <p>Backends: with the host backend ops take {@link HostTensor}s and run on the CPU. With the
+ * cuda backend the collectives (allGather, reduceScatter, allReduce, allToAll) take {@link
+ * DeviceTensor}s on the executor's GPU and run as GPU-driven kernels over NVLink among the GPUs
+ * of one host; each has a form that enqueues on the caller's CUDA stream. The other ops are not
+ * on the cuda backend yet and refuse with {@link io.fusedcomm.errors.BackendUnavailableException}.
  *
  * <p>Ops on one communicator are serialised: call them from one thread.
  */
@@ -86,7 +93,7 @@ public final class Communicator implements AutoCloseable {
       throw new IllegalArgumentException("rank " + rank + " of world " + world + " is not valid");
     }
     runtime.pinGpu();
-    long handle = NativeApi.commCreate(runtime.handle(), world);
+    long handle = NativeApi.commCreate(runtime.handle(), rank, world);
     try {
       Fingerprint plan = options.planFingerprint(world);
       RankInfo mine =
@@ -104,11 +111,13 @@ public final class Communicator implements AutoCloseable {
               rank,
               plan.value(),
               plan.description(),
-              new byte[0]);
+              NativeApi.commDeviceHandle(handle));
       List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
       BootstrapCheck.check(infos, world, rank);
+      BootstrapCheck.checkCudaReachable(infos);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
-      NativeApi.commConnect(handle, endpoints, rank, exchange.commNonce());
+      byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
+      NativeApi.commConnect(handle, endpoints, rank, exchange.commNonce(), deviceHandles);
       return new Communicator(runtime, handle, rank, world, infos);
     } catch (RuntimeException | Error e) {
       NativeApi.commAbort(handle);
@@ -145,15 +154,24 @@ public final class Communicator implements AutoCloseable {
 
   /**
    * Gathers every rank's block: {@code in} holds {@code Split.count(n, world, rank)} elements,
-   * {@code out} all {@code n = out.numel()}, blocks in rank order.
+   * {@code out} all {@code n = out.numel()}, blocks in rank order. Returns when done.
    */
   public void allGather(Tensor in, Tensor out) {
-    OpCheck c = check("allGather").floating("in", in).same("out", out, in);
+    allGather(in, out, null);
+  }
+
+  /**
+   * {@link #allGather(Tensor, Tensor)} enqueued on a CUDA stream of the caller (cuda backend,
+   * device tensors): returns once enqueued; see {@link #synchronize()} for errors.
+   */
+  public void allGather(Tensor in, Tensor out, cudaStream_t stream) {
+    OpCheck c = check("allGather").floating("in", in).same("out", out, in).stream(stream);
     long n = out.numel();
     c.numel("in", in, Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.allGather(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n);
+      NativeApi.allGather(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n,
+          streamHandle(stream));
     }
   }
 
@@ -162,22 +180,34 @@ public final class Communicator implements AutoCloseable {
    * this rank's block ({@code Split.count(n, world, rank)} elements) in {@code out}.
    */
   public void reduceScatter(Tensor in, Tensor out) {
-    OpCheck c = check("reduceScatter").floating("in", in).same("out", out, in);
+    reduceScatter(in, out, null);
+  }
+
+  /** {@link #reduceScatter(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
+  public void reduceScatter(Tensor in, Tensor out, cudaStream_t stream) {
+    OpCheck c = check("reduceScatter").floating("in", in).same("out", out, in).stream(stream);
     long n = in.numel();
     c.numel("out", out, Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n);
+      NativeApi.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n,
+          streamHandle(stream));
     }
   }
 
   /** Sums {@code in} over ranks into {@code out} (same element count; may be the same tensor). */
   public void allReduce(Tensor in, Tensor out) {
-    OpCheck c = check("allReduce").floating("in", in).same("out", out, in);
+    allReduce(in, out, null);
+  }
+
+  /** {@link #allReduce(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
+  public void allReduce(Tensor in, Tensor out, cudaStream_t stream) {
+    OpCheck c = check("allReduce").floating("in", in).same("out", out, in).stream(stream);
     c.numel("out", out, in.numel());
     Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
     synchronized (lock) {
-      NativeApi.allReduce(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), in.numel());
+      NativeApi.allReduce(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), in.numel(),
+          streamHandle(stream));
     }
   }
 
@@ -187,12 +217,40 @@ public final class Communicator implements AutoCloseable {
    * in rank order: {@code world · Split.count(n, world, rank)} elements.
    */
   public void allToAll(Tensor in, Tensor out) {
-    OpCheck c = check("allToAll").floating("in", in).same("out", out, in);
+    allToAll(in, out, null);
+  }
+
+  /** {@link #allToAll(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
+  public void allToAll(Tensor in, Tensor out, cudaStream_t stream) {
+    OpCheck c = check("allToAll").floating("in", in).same("out", out, in).stream(stream);
     long n = in.numel();
     c.numel("out", out, world * Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.allToAll(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n);
+      NativeApi.allToAll(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n,
+          streamHandle(stream));
+    }
+  }
+
+  /**
+   * Waits for every op this communicator enqueued on CUDA streams and throws the first failure
+   * (e.g. {@link io.fusedcomm.errors.CommTimeoutException} naming the peer that never arrived).
+   * A no-op with the host backend, whose ops are synchronous.
+   */
+  public void synchronize() {
+    synchronized (lock) {
+      NativeApi.commSynchronize(handle());
+    }
+  }
+
+  private static long streamHandle(cudaStream_t stream) {
+    return stream == null ? 0 : NativeApi.nativeHandle(stream);
+  }
+
+  /** Native-initiated timing of a collective, for {@link CommDiagnostics}. */
+  long timeNative(int op, Tensor in, Tensor out, long count, int iters) {
+    synchronized (lock) {
+      return NativeApi.commTimeCollective(handle(), op, in.dtype().ordinal(), in.address(), out.address(), count, iters);
     }
   }
 
@@ -379,7 +437,10 @@ public final class Communicator implements AutoCloseable {
 
   // ---- teardown ------------------------------------------------------------------------------
 
-  /** Waits until every rank has finished its ops (a barrier), bounded by the timeout. */
+  /**
+   * Waits until this rank's enqueued ops are done and every rank has finished its ops (a
+   * barrier), bounded by the timeout.
+   */
   public void finish() {
     synchronized (lock) {
       NativeApi.commFinish(handle());

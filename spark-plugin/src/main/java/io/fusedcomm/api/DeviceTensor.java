@@ -19,6 +19,7 @@ public final class DeviceTensor implements Tensor, AutoCloseable {
   private final boolean owned;
   private final long leakId;
   private Pointer pointer;
+  private long address;  // cached: a tensor's pointer never changes
 
   private DeviceTensor(Pointer pointer, DType dtype, long[] shape, boolean owned) {
     this.pointer = pointer;
@@ -107,8 +108,11 @@ public final class DeviceTensor implements Tensor, AutoCloseable {
   }
 
   @Override
-  public long address() {
-    return NativeApi.pointerAddress(pointer());
+  public synchronized long address() {
+    if (address == 0) {
+      address = NativeApi.pointerAddress(pointer());
+    }
+    return address;
   }
 
   @Override
@@ -119,6 +123,7 @@ public final class DeviceTensor implements Tensor, AutoCloseable {
         LeakTracker.closed(leakId);
       }
       pointer = null;
+      address = 0;
     }
   }
 

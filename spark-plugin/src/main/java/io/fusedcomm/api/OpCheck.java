@@ -112,6 +112,15 @@ final class OpCheck {
     return this;
   }
 
+  /** A stream is only for the cuda backend (the host backend's ops are synchronous). */
+  OpCheck stream(Object stream) {
+    if (stream != null && backend != Backend.CUDA) {
+      throw error("a CUDA stream was given, but this communicator runs on the " + backend.configName()
+          + " backend, whose ops are synchronous");
+    }
+    return this;
+  }
+
   /** Starts the fingerprint of the op's global parameters. */
   Fingerprint.Builder fingerprint() {
     return Fingerprint.builder(op).add("dtype", dtype.label());

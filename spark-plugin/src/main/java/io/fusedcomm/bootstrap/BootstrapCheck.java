@@ -1,6 +1,7 @@
 package io.fusedcomm.bootstrap;
 
 import io.fusedcomm.api.Backend;
+import io.fusedcomm.errors.BackendUnavailableException;
 import io.fusedcomm.errors.CommunicatorException;
 import java.util.HashMap;
 import java.util.List;
@@ -124,6 +125,38 @@ public final class BootstrapCheck {
       }
     }
     checkDistinctGpus(infos);
+  }
+
+  /**
+   * What this build of the cuda backend can connect, after {@link #check} passed: every rank on
+   * one host (peers' memory is mapped through CUDA IPC; the inter-host RDMA path is not built
+   * yet), each with its symmetric-memory handle. The same exception on every rank.
+   *
+   * @throws BackendUnavailableException naming the rank that cannot be reached
+   */
+  public static void checkCudaReachable(List<RankInfo> infos) {
+    RankInfo first = infos.get(0);
+    if (first.backend() != Backend.CUDA) {
+      return;
+    }
+    for (int i = 0; i < infos.size(); i++) {
+      RankInfo r = infos.get(i);
+      if (!r.host().equals(first.host())) {
+        throw new BackendUnavailableException(
+            "rank "
+                + i
+                + " runs on host "
+                + r.host()
+                + " but rank 0 on "
+                + first.host()
+                + ": the cuda backend connects the GPUs of one host (NVLink through CUDA IPC);"
+                + " across hosts use spark.fusedcomm.backend=host until the RDMA path exists");
+      }
+      if (r.ipcHandles().length == 0) {
+        throw new BackendUnavailableException(
+            "rank " + i + " runs the cuda backend but sent no symmetric-memory handle");
+      }
+    }
   }
 
   private static void checkRanks(List<RankInfo> infos, int world) {

@@ -96,6 +96,20 @@ public final class FusedCommConf {
           .createWithDefault(1L << 20);
 
   /** {@code spark.fusedcomm.gpu.resourceName}: the Spark resource holding the executor's GPU. */
+  /** {@code spark.fusedcomm.cuda.symmetricBytes}: the cuda backend's symmetric data area. */
+  public static final ConfigEntry<Long> CUDA_SYMMETRIC_BYTES =
+      ConfigEntry.builder(PREFIX + "cuda.symmetricBytes")
+          .doc(
+              "Data area of the cuda backend's symmetric memory per executor GPU: the largest"
+                  + " collective input (larger allReduces run in pieces; other ops must fit). The"
+                  + " GPU holds twice this plus staging, for the executor's lifetime, and reuses"
+                  + " it across barrier stages.")
+          .bytesConf()
+          .check(
+              b -> b >= (1L << 20) && b <= (64L << 30) && b % 4096 == 0,
+              "a byte size between 1m and 64g, a multiple of 4k, e.g. 256m")
+          .createWithDefault(128L << 20);
+
   public static final ConfigEntry<String> GPU_RESOURCE_NAME =
       ConfigEntry.builder(PREFIX + "gpu.resourceName")
           .doc(
@@ -132,6 +146,7 @@ public final class FusedCommConf {
           TRANSPORT,
           TRANSPORT_BIND_HOST,
           HOST_CHUNK_BYTES,
+          CUDA_SYMMETRIC_BYTES,
           GPU_RESOURCE_NAME,
           NATIVE_LIBRARY_PATH,
           DEBUG_LEAK_TRACKING);
@@ -261,6 +276,10 @@ public final class FusedCommConf {
   /** Host backend staging chunk per peer, in bytes. */
   public long hostChunkBytes() {
     return get(HOST_CHUNK_BYTES);
+  }
+
+  public long cudaSymmetricBytes() {
+    return get(CUDA_SYMMETRIC_BYTES);
   }
 
   /** Name of the Spark resource holding the executor's GPU. */

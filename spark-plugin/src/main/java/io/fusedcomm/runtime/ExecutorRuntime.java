@@ -29,6 +29,7 @@ public final class ExecutorRuntime implements AutoCloseable {
   private final String host;
   private final Backend backend;
   private final String gpuUuid;
+  private final int gpuOrdinal;
   private final String description;
   private final long leakId;
   private long handle;
@@ -42,6 +43,7 @@ public final class ExecutorRuntime implements AutoCloseable {
     NativeLibrary.setDirectory(conf.nativeLibraryPath());
     LeakTracker.recordStacks(conf.leakTracking());
     int ordinal = gpuAddress.map(ExecutorRuntime::parseOrdinal).orElse(-1);
+    this.gpuOrdinal = ordinal;
     Backend requested = conf.backend();
     // auto -> host while the cuda ops are not built: a GPU executor must not pick a backend that
     // refuses every op.
@@ -52,6 +54,7 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.timeout().toMillis(),
             conf.connectTimeout().toMillis(),
             conf.hostChunkBytes(),
+            conf.cudaSymmetricBytes(),
             conf.transportBindHost(),
             ordinal,
             jobToken);
@@ -129,9 +132,24 @@ public final class ExecutorRuntime implements AutoCloseable {
     return handle;
   }
 
-  /** Makes this executor's GPU current on the calling thread (a no-op with the host backend). */
+  /**
+   * Makes this executor's GPU current on the calling thread, for the native runtime and for
+   * JCuda (whose own CUDA runtime keeps its own current device per thread), so that {@link
+   * io.fusedcomm.api.DeviceTensor#allocate} lands on it. A no-op with the host backend.
+   */
   public void pinGpu() {
     NativeApi.runtimePinGpu(handle());
+    if (backend == Backend.CUDA) {
+      jcuda.runtime.JCuda.cudaSetDevice(gpuOrdinal);
+    }
+  }
+
+  /**
+   * Symmetric-memory regions (cuda backend) this executor keeps for the next communicator:
+   * a communicator borrows one and returns it after a clean close.
+   */
+  public int pooledSymmetricRegions() {
+    return NativeApi.runtimePooledRegions(handle());
   }
 
   public FusedCommConf conf() {

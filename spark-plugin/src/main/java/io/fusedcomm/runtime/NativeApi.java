@@ -24,6 +24,7 @@ public final class NativeApi {
       long timeoutMs,
       long connectTimeoutMs,
       long chunkBytes,
+      long symmetricBytes,
       String bindHost,
       int gpuOrdinal,
       long jobToken);
@@ -36,6 +37,8 @@ public final class NativeApi {
 
   static native void runtimePinGpu(long runtime);
 
+  static native int runtimePooledRegions(long runtime);
+
   static native void runtimeClose(long runtime);
 
   /**
@@ -43,6 +46,9 @@ public final class NativeApi {
    * JCuda's fields, so users' own JCuda allocations can be passed to ops.
    */
   public static native long pointerAddress(Object jcudaPointer);
+
+  /** The native handle a JCuda handle object (e.g. {@code cudaStream_t}) holds. */
+  public static native long nativeHandle(Object jcudaHandle);
 
   public static native long memAlloc(long bytes);
 
@@ -56,11 +62,26 @@ public final class NativeApi {
   /** bf16 GEMM on the calling thread's current GPU (device pointers), synchronous. */
   public static native void gemmDevice(long a, long w, long c, long m, long n, long k, int layout);
 
-  public static native long commCreate(long runtime, int world);
+  /** With the cuda backend this also allocates (or borrows) the rank's symmetric memory. */
+  public static native long commCreate(long runtime, int rank, int world);
 
   public static native String commEndpoint(long comm);
 
-  public static native void commConnect(long comm, String[] endpoints, int rank, long commId);
+  /** The symmetric memory's IPC blob for the bootstrap; empty with the host backend. */
+  public static native byte[] commDeviceHandle(long comm);
+
+  public static native void commConnect(
+      long comm, String[] endpoints, int rank, long commId, byte[][] deviceHandles);
+
+  /** Waits for the ops enqueued on streams (cuda backend) and throws a device failure. */
+  public static native void commSynchronize(long comm);
+
+  /**
+   * Diagnostics: {@code iters} synchronous collectives initiated from native code; wall
+   * nanoseconds. {@code op}: 1 allGather, 2 reduceScatter, 3 allReduce, 4 allToAll.
+   */
+  public static native long commTimeCollective(
+      long comm, int op, int dtype, long in, long out, long count, int iters);
 
   public static native void commFinish(long comm);
 
@@ -68,17 +89,21 @@ public final class NativeApi {
 
   public static native void commClose(long comm);
 
+  /** {@code stream}: 0 runs synchronously; else a CUDA stream to enqueue on (cuda backend). */
   public static native void allGather(
-      long comm, String desc, long fp, int dtype, long in, long out, long count);
+      long comm, String desc, long fp, int dtype, long in, long out, long count, long stream);
 
+  /** {@code stream}: 0 runs synchronously; else a CUDA stream to enqueue on (cuda backend). */
   public static native void reduceScatter(
-      long comm, String desc, long fp, int dtype, long in, long out, long count);
+      long comm, String desc, long fp, int dtype, long in, long out, long count, long stream);
 
+  /** {@code stream}: 0 runs synchronously; else a CUDA stream to enqueue on (cuda backend). */
   public static native void allReduce(
-      long comm, String desc, long fp, int dtype, long in, long out, long count);
+      long comm, String desc, long fp, int dtype, long in, long out, long count, long stream);
 
+  /** {@code stream}: 0 runs synchronously; else a CUDA stream to enqueue on (cuda backend). */
   public static native void allToAll(
-      long comm, String desc, long fp, int dtype, long in, long out, long count);
+      long comm, String desc, long fp, int dtype, long in, long out, long count, long stream);
 
   public static native void gemm(
       int dtype, long a, long w, long c, long m, long n, long k, int layout);

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.fusedcomm.api.Backend;
+import io.fusedcomm.errors.BackendUnavailableException;
 import io.fusedcomm.errors.CommunicatorException;
 import java.util.List;
 import java.util.OptionalInt;
@@ -195,6 +196,32 @@ class BootstrapCheckTest {
               }));
     }
     assertDoesNotThrow(() -> BootstrapCheck.check(infos, 2, 1));
+  }
+
+  @Test
+  void cudaRanksMustShareOneHostAndSendTheirHandles() {
+    // The fixture's cuda world spans host0 and host1: consistent, but not reachable through IPC.
+    BackendUnavailableException e =
+        assertThrows(
+            BackendUnavailableException.class,
+            () -> BootstrapCheck.checkCudaReachable(RankInfos.world(W)));
+    assertTrue(e.getMessage().contains("rank 2 runs on host host1 but rank 0 on host0"), e.getMessage());
+    List<RankInfo> oneHost = RankInfos.world(2);
+    for (int r = 0; r < 2; r++) {
+      byte[] handle = {(byte) r};
+      oneHost.set(r, RankInfos.with(oneHost.get(r), b -> b.ipcHandles = handle));
+    }
+    assertDoesNotThrow(() -> BootstrapCheck.checkCudaReachable(oneHost));
+    oneHost.set(1, RankInfos.with(oneHost.get(1), b -> b.ipcHandles = new byte[0]));
+    e =
+        assertThrows(
+            BackendUnavailableException.class, () -> BootstrapCheck.checkCudaReachable(oneHost));
+    assertTrue(e.getMessage().contains("rank 1 runs the cuda backend but sent no symmetric-memory handle"), e.getMessage());
+    List<RankInfo> hostBackend = RankInfos.worldWith(W, 0, b -> {});
+    for (int r = 0; r < W; r++) {
+      hostBackend.set(r, RankInfos.with(hostBackend.get(r), b -> b.backend = Backend.HOST));
+    }
+    assertDoesNotThrow(() -> BootstrapCheck.checkCudaReachable(hostBackend));
   }
 
   @Test

@@ -1,0 +1,83 @@
+// The cuda backend's half of a communicator: the symmetric memory its collectives run on (one
+// region per rank, mapped by every rank of the host through CUDA IPC) and the streams they are
+// enqueued on. The host half (communicator.h) still carries the bootstrap barriers, finish()
+// and peer-failure detection; this class only moves data on the GPUs.
+//
+// Life cycle (driven from JNI, every rank the same):
+//   DeviceComm dc(runtime, rank, world);     // borrows a region from the runtime's pool
+//   blobs = bootstrap allGather(dc.export_handle());
+//   dc.connect(blobs);                       // maps every peer's region, checks peer access
+//   dc.collective(...) ...                   // any number of ops
+//   dc.synchronize(); host barrier; dc.close();   // region back to the pool if all went well
+//
+// Ops take device pointers of this process (the caller's tensors, any alignment). An op copies
+// its input into this rank's data area (stream-ordered, device to device) and launches one
+// persistent collective kernel (kernels/collectives.h) on the same stream:
+// - stream == nullptr: the communicator's own stream; the call returns when the op is done and
+//   throws Error(kTimeout) naming rank, peer, op and step if a peer never arrived.
+// - otherwise the caller's stream; the call returns once enqueued. A device failure is reported
+//   by the next op, synchronize() or close(). Ops on different streams are ordered in call
+//   order (an event joins the previous op's stream), as the kernels require.
+// allReduce larger than the data area runs in data-area-sized pieces; other ops must fit (the
+// largest rank's input <= data area), else Error(kInvalidArgument) naming the config key.
+//
+// Not thread-safe (the Java Communicator serialises its ops); abort() may come from any thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/runtime/runtime.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+
+namespace fusedcomm {
+
+class DeviceComm {
+ public:
+  DeviceComm(Runtime& runtime, int rank, int world);
+  ~DeviceComm();
+  DeviceComm(const DeviceComm&) = delete;
+  DeviceComm& operator=(const DeviceComm&) = delete;
+
+  std::vector<uint8_t> export_handle() const;
+  void connect(const std::vector<std::vector<uint8_t>>& blobs);
+
+  // `count` as in kernels/collectives.h (the op's global element count).
+  void collective(kernels::CommOp op, kernels::CommDtype dtype, const void* in, void* out,
+                  int64_t count, cudaStream_t stream);
+  // Waits for every op enqueued so far and throws the first device failure.
+  void synchronize();
+  // Runs `iters` synchronous collectives on the own stream through collective() and returns
+  // the wall time in nanoseconds: the native-initiated reference for Java's per-op overhead.
+  int64_t time_collectives(kernels::CommOp op, kernels::CommDtype dtype, const void* in, void* out,
+                           int64_t count, int iters);
+
+  void abort() noexcept;  // running and future waits give up at once
+  // Waits for this rank's ops (best effort), unmaps peers, and returns the region to the pool
+  // unless something failed. The caller has passed a barrier with every rank first, so no peer
+  // still uses this rank's memory. Idempotent.
+  void close() noexcept;
+  bool failed() const { return failed_; }
+  const SymmetricMemory& memory() const { return *sm_; }
+
+ private:
+  void check_usable() const;
+  void raise_device_failure();  // the error record, as an exception; marks this failed
+  void enqueue(const kernels::CollectiveArgs& args, const void* in, size_t in_bytes, cudaStream_t s);
+  void join_previous(cudaStream_t s);
+
+  Runtime& runtime_;
+  std::unique_ptr<SymmetricMemory> sm_;
+  cudaStream_t own_ = nullptr;
+  cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
+  cudaStream_t last_ = nullptr;      // stream of the previous op
+  bool any_op_ = false, connected_ = false, closed_ = false;
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace fusedcomm

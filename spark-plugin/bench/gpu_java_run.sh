@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Java and Spark on the GPU host, in device calls (no JDK, Maven or network there).
+#
+# Two bundles travel as ignored folders of the checkout (the device tool's `carry`):
+#   .sparkbundle/pN   the stable part: a jlink'ed Java 17 runtime + Spark, JCuda and JUnit jars
+#                     (/work/shared/gpu-host/make-bundle.sh; ~3 parts of <= 55 MB, one per call)
+#   .fcbundle         what changes: the plugin's classes and test classes and libfusedcomm.so
+#                     (spark-plugin/bench/make_fc_bundle.sh)
+#
+#   gpu_java_run.sh stage N          copy part N into /root/stage (stays while the machine is warm)
+#   gpu_java_run.sh run [worlds...]  unpack, then the GPU JUnit classes: CudaBackendTest, and
+#                                    GpuClusterCollectivesTest once per world size (default: 2
+#                                    and the GPU count); logs under $OUT
+set -uo pipefail
+OUT=${OUT:-/tmp/java_out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+repo=$(pwd)
+case "${1:-}" in
+  stage)
+    mkdir -p /root/stage && cp .sparkbundle/p"$2"/bundle.part.* /root/stage/ && ls -la /root/stage
+    exit $? ;;
+  run) shift ;;
+  *) echo "usage: $0 stage N | run [worlds...]" >&2; exit 2 ;;
+esac
+mkdir -p /root/stage; [ -d .sparkbundle ] && cp .sparkbundle/p*/bundle.part.* /root/stage/ 2>/dev/null
+if [ ! -d /root/bundle ]; then
+  (cd /root && cat stage/bundle.part.* | tar -xJf -) || { echo "bundle incomplete: $(ls /root/stage)"; exit 3; }
+fi
+source /root/bundle/env.sh
+cp_fc="$repo/.fcbundle/classes:$repo/.fcbundle/test-classes:$repo/.fcbundle/native"
+# The console launcher runs as the main class on the JVM's classpath (not `java -jar`): Spark's
+# local-cluster executors inherit the driver JVM's java.class.path.
+launcher=org.junit.platform.console.ConsoleLauncher
+ngpu=$(nvidia-smi -L | wc -l)
+nvidia-smi -L | tee "$OUT/gpus.txt"
+worlds=("$@"); [ ${#worlds[@]} -gt 0 ] || worlds=(2 $ngpu)
+flags=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.lang.invoke=ALL-UNNAMED
+  --add-opens=java.base/java.lang.reflect=ALL-UNNAMED --add-opens=java.base/java.io=ALL-UNNAMED
+  --add-opens=java.base/java.net=ALL-UNNAMED --add-opens=java.base/java.nio=ALL-UNNAMED
+  --add-opens=java.base/java.util=ALL-UNNAMED --add-opens=java.base/java.util.concurrent=ALL-UNNAMED
+  --add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED --add-opens=java.base/jdk.internal.ref=ALL-UNNAMED
+  --add-opens=java.base/sun.nio.ch=ALL-UNNAMED --add-opens=java.base/sun.nio.cs=ALL-UNNAMED
+  --add-opens=java.base/sun.security.action=ALL-UNNAMED --add-opens=java.base/sun.util.calendar=ALL-UNNAMED
+  -Djdk.reflect.useDirectMethodHandle=false -Dio.netty.tryReflectionSetAccessible=true)
+rc=0
+java "${flags[@]}" -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
+  --select-class io.fusedcomm.gpu.CudaBackendTest \
+  > "$OUT/java-single-gpu.log" 2>&1 || rc=1
+grep -E "✔|✘|↷|tests (successful|failed|skipped)|cuda runtime opened" "$OUT/java-single-gpu.log" | head -30
+for w in "${worlds[@]}"; do
+  [ "$w" -le "$ngpu" ] || continue
+  rm -rf /tmp/fusedcomm-spark-home* /tmp/fusedcomm-gpu-claims
+  timeout 300 java "${flags[@]}" -Dfusedcomm.repo.root="$repo" -Dfusedcomm.test.gpuWorld="$w" \
+    -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
+    --select-class io.fusedcomm.gpu.GpuClusterCollectivesTest > "$OUT/spark-gpu-w$w.log" 2>&1 || rc=1
+  grep -h "fusedcomm runtime started" /tmp/fusedcomm-spark-home*/work/*/*/stderr > "$OUT/executor-uuids-w$w.log" 2>/dev/null
+  echo "== world $w: executors' logs"; cat "$OUT/executor-uuids-w$w.log"
+  grep -E "^rank |overhead|stage 2|FAIL|✔|✘|↷|tests (successful|failed|skipped)|Exception" "$OUT/spark-gpu-w$w.log" | head -40
+done
+echo "gpu_java_run rc=$rc"
+exit $rc

@@ -1,0 +1,309 @@
+package io.fusedcomm.gpu;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.fusedcomm.api.CommDiagnostics;
+import io.fusedcomm.api.CommOptions;
+import io.fusedcomm.api.Communicator;
+import io.fusedcomm.api.DType;
+import io.fusedcomm.api.DeviceTensor;
+import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.api.Split;
+import io.fusedcomm.runtime.ExecutorRuntime;
+import io.fusedcomm.spark.BarrierStage;
+import io.fusedcomm.testing.Check;
+import io.fusedcomm.testing.Data;
+import io.fusedcomm.testing.Expected;
+import io.fusedcomm.testing.Reference;
+import io.fusedcomm.testing.SparkCluster;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.stream.Collectors;
+import java.util.stream.IntStream;
+import java.util.stream.Stream;
+import jcuda.runtime.JCuda;
+import jcuda.runtime.cudaStream_t;
+import org.apache.spark.api.java.JavaRDD;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Spark on GPUs: a {@code local-cluster} application with one executor per GPU of this host
+ * (the discovery script hands each executor its own GPU), the cuda backend, and barrier stages
+ * whose tasks run the GPU collectives on device tensors (JCuda memory):
+ *
+ * <ul>
+ *   <li>every executor plugin opened the cuda runtime on a different GPU (UUIDs printed);
+ *   <li>allGather, reduceScatter, allReduce and allToAll in bf16 and f32, synchronous and on
+ *       the task's own CUDA stream, at sizes 1, 4W+1, 300001 and 1500007 (one-shot and
+ *       two-phase kernels), fresh random inputs, outputs poisoned with NaN, every element checked
+ *       against the fp64 reference on every rank (exact for data movement);
+ *   <li>an allReduce larger than the symmetric data area (run in pieces), and a reduceScatter
+ *       too large for it, refused on every rank with the same message, the communicator usable
+ *       after;
+ *   <li>Java-initiated minus native-initiated time per 4 KiB allReduce (the acceptance bound is
+ *       5 µs);
+ *   <li>a second barrier stage reuses the symmetric memory the first one gave back.
+ * </ul>
+ *
+ * Skips, with the reason printed, on hosts with fewer than two GPUs. World size: every GPU, or
+ * {@code -Dfusedcomm.test.gpuWorld=N}.
+ */
+class GpuClusterCollectivesTest {
+  private static final int[] SIZES_BASE = {1, 300_001, 1_500_007};
+  private static final long SYMMETRIC_BYTES = 8L << 20;
+
+  @Test
+  void collectivesOnDeviceTensorsInBarrierStages() {
+    Gpu.require();
+    int[] count = {0};
+    JCuda.cudaGetDeviceCount(count);  // also unpacks JCuda's library before executors race on it
+    if (count[0] < 2) {
+      System.out.println("SKIPPED (" + count[0] + " GPU): the cluster test needs at least 2 GPUs");
+    }
+    Assumptions.assumeTrue(count[0] >= 2, "needs at least 2 GPUs");
+    int world = Math.min(count[0], Integer.getInteger("fusedcomm.test.gpuWorld", count[0]));
+    long seed = Long.getLong("fusedcomm.test.seed", System.nanoTime());
+    System.out.println("GpuClusterCollectivesTest world " + world + " seed " + seed);
+
+    String script = Path.of(System.getProperty("fusedcomm.repo.root", "..")).resolve("conf/gpu-discovery.sh")
+        .toAbsolutePath().toString();
+    Map<String, String> settings = Map.ofEntries(
+        Map.entry("spark.fusedcomm.backend", "cuda"),
+        Map.entry("spark.fusedcomm.timeout", "30s"),
+        Map.entry("spark.fusedcomm.cuda.symmetricBytes", Long.toString(SYMMETRIC_BYTES)),
+        Map.entry("spark.worker.resource.gpu.amount", "1"),
+        Map.entry("spark.worker.resource.gpu.discoveryScript", script),
+        Map.entry("spark.executor.resource.gpu.amount", "1"),
+        Map.entry("spark.executor.resource.gpu.discoveryScript", script),
+        Map.entry("spark.task.resource.gpu.amount", "1"),
+        // JCuda's native library as unpacked by this JVM: executors load it instead of racing
+        // to unpack the same file.
+        Map.entry("spark.executor.extraLibraryPath", System.getProperty("java.io.tmpdir")));
+    try (SparkCluster cluster = SparkCluster.start("GpuClusterCollectivesTest", world, settings)) {
+      JavaRDD<Integer> ranks = cluster.context().parallelize(
+          IntStream.range(0, world).boxed().collect(Collectors.toList()), world);
+
+      List<String> first = BarrierStage.withCommunicator(ranks, CommOptions.defaults(),
+          (comm, ctx, rows) -> runOnRank(comm, seed).iterator()).collect();
+      first.forEach(System.out::println);
+      List<String> failures = first.stream().filter(l -> l.contains("FAIL")).toList();
+      assertTrue(failures.isEmpty(), String.join("\n", failures));
+
+      List<String> gpus = first.stream().filter(l -> l.contains(" uuid=")).toList();
+      assertEquals(world, gpus.size(), "one identity line per rank");
+      long distinctUuids = gpus.stream().map(l -> l.replaceAll(".*uuid=(\\S+).*", "$1")).distinct().count();
+      assertEquals(world, distinctUuids, "every executor has its own GPU: " + gpus);
+      for (String l : first.stream().filter(l -> l.startsWith("overhead ")).toList()) {
+        double us = Double.parseDouble(l.replaceAll(".*java-minus-native=(\\S+)us.*", "$1"));
+        assertTrue(us <= 5.0, "Java-initiated minus native-initiated time per 4 KiB allReduce: " + l);
+      }
+
+      // A second stage on the same executors: the region the first communicator gave back is
+      // borrowed (pool 1 -> 0 while open) and returned (-> 1).
+      List<String> second = BarrierStage.mapPartitions(ranks, (ctx, rows) -> {
+        ExecutorRuntime rt = ExecutorRuntime.current().orElseThrow();
+        int before = rt.pooledSymmetricRegions();
+        int during;
+        String check;
+        try (Communicator comm = Communicator.create(ctx)) {
+          during = rt.pooledSymmetricRegions();
+          check = allReduceOnes(comm, 1000);
+        }
+        int after = rt.pooledSymmetricRegions();
+        return List.of("stage 2 rank " + ctx.partitionId() + " pooled regions before/during/after "
+            + before + "/" + during + "/" + after + " " + check).iterator();
+      }).collect();
+      second.forEach(System.out::println);
+      for (String l : second) {
+        assertTrue(l.contains("pooled regions before/during/after 1/0/1") && l.endsWith(" ok"), l);
+      }
+    }
+  }
+
+  /** Everything one rank checks; lines containing FAIL are failures. */
+  private static List<String> runOnRank(Communicator comm, long seed) {
+    ExecutorRuntime rt = ExecutorRuntime.current().orElseThrow();
+    List<String> out = new ArrayList<>();
+    int w = comm.world();
+    int r = comm.rank();
+    out.add("rank " + r + " of " + w + " executor " + rt.executorId() + " gpu "
+        + rt.gpuAddress().orElse("?") + " uuid=" + rt.gpuUuid() + " backend=" + comm.backend());
+    cudaStream_t stream = new cudaStream_t();
+    JCuda.cudaStreamCreate(stream);
+    int checks = 0;
+    try {
+      int[] sizes = IntStream.concat(Arrays.stream(SIZES_BASE), IntStream.of(4 * w + 1)).toArray();
+      int trial = 0;
+      for (DType t : new DType[] {DType.BF16, DType.F32}) {
+        for (int n : sizes) {
+          for (String op : new String[] {"allGather", "reduceScatter", "allReduce", "allToAll"}) {
+            boolean onStream = (trial++ % 2) == 1;
+            String what = op + " " + t.label() + " n=" + n + (onStream ? " on stream" : "");
+            try {
+              checkCollective(comm, op, t, n, Data.seed(seed, trial, 0), onStream ? stream : null);
+              checks++;
+            } catch (Throwable e) {
+              out.add("FAIL rank " + r + " " + what + ": " + e);
+            }
+          }
+        }
+      }
+      // Larger than the data area: allReduce runs in pieces; reduceScatter is refused everywhere.
+      int big = (int) (SYMMETRIC_BYTES / 4 * 2 + 11);
+      try {
+        checkCollective(comm, "allReduce", DType.F32, big, Data.seed(seed, 9999, 0), null);
+        checks++;
+      } catch (Throwable e) {
+        out.add("FAIL rank " + r + " allReduce in pieces n=" + big + ": " + e);
+      }
+      try {
+        checkCollective(comm, "reduceScatter", DType.F32, big, Data.seed(seed, 9998, 0), null);
+        out.add("FAIL rank " + r + " a reduceScatter larger than the data area was not refused");
+      } catch (IllegalArgumentException e) {
+        if (!e.getMessage().contains("spark.fusedcomm.cuda.symmetricBytes")) {
+          out.add("FAIL rank " + r + " refusal does not name the config key: " + e.getMessage());
+        }
+      } catch (Throwable e) {
+        out.add("FAIL rank " + r + " unexpected failure for an oversized reduceScatter: " + e);
+      }
+      String after = allReduceOnes(comm, 4097);
+      if (!after.equals("ok")) {
+        out.add("FAIL rank " + r + " communicator after a refused op: " + after);
+      }
+      out.add("rank " + r + " checks passed: " + checks);
+      out.add(overhead(comm));
+    } finally {
+      JCuda.cudaStreamDestroy(stream);
+    }
+    return out;
+  }
+
+  /** Runs one collective on device tensors and compares every element with the reference. */
+  private static void checkCollective(Communicator comm, String op, DType t, int n, long seed, cudaStream_t stream) {
+    int w = comm.world();
+    int r = comm.rank();
+    float[][] inputs = new float[w][];
+    for (int p = 0; p < w; p++) {
+      int len = op.equals("allGather") ? (int) Split.count(n, w, p) : n;
+      inputs[p] = Data.uniform(Data.seed(seed, p, 1), len, t);
+    }
+    int outLen = switch (op) {
+      case "allGather", "allReduce" -> n;
+      case "reduceScatter" -> (int) Split.count(n, w, r);
+      default -> (int) (w * Split.count(n, w, r));
+    };
+    try (HostTensor hin = HostTensor.of(inputs[r], t, inputs[r].length);
+        HostTensor hout = HostTensor.allocate(t, outLen);
+        DeviceTensor in = DeviceTensor.allocate(t, inputs[r].length);
+        DeviceTensor dout = DeviceTensor.allocate(t, outLen)) {
+      in.copyFrom(hin);
+      hout.fill(Float.NaN);
+      dout.copyFrom(hout);
+      switch (op) {
+        case "allGather" -> comm.allGather(in, dout, stream);
+        case "reduceScatter" -> comm.reduceScatter(in, dout, stream);
+        case "allReduce" -> comm.allReduce(in, dout, stream);
+        default -> comm.allToAll(in, dout, stream);
+      }
+      if (stream != null) {
+        comm.synchronize();
+      }
+      dout.copyTo(hout);
+      float[] got = hout.toFloatArray();
+      switch (op) {
+        case "allGather" -> Check.exact(op, concat(Arrays.asList(inputs)), got);
+        case "reduceScatter" -> {
+          long[] b = Reference.block(n, w, r);
+          Check.close(op, Reference.sum(inputs).slice(b[0], b[1]), got, t);
+        }
+        case "allReduce" -> Check.close(op, Reference.sum(inputs), got, t);
+        default -> {
+          long[] b = Reference.block(n, w, r);
+          List<float[]> blocks = new ArrayList<>();
+          for (float[] in2 : inputs) {
+            blocks.add(Arrays.copyOfRange(in2, (int) b[0], (int) (b[0] + b[1])));
+          }
+          Check.exact(op, concat(blocks), got);
+        }
+      }
+    }
+  }
+
+  private static float[] concat(List<float[]> parts) {
+    int n = parts.stream().mapToInt(a -> a.length).sum();
+    float[] out = new float[n];
+    int at = 0;
+    for (float[] p : parts) {
+      System.arraycopy(p, 0, out, at, p.length);
+      at += p.length;
+    }
+    return out;
+  }
+
+  /** allReduce of ones: every element must equal the world size. */
+  private static String allReduceOnes(Communicator comm, int n) {
+    try (HostTensor h = HostTensor.allocate(DType.F32, n);
+        DeviceTensor d = DeviceTensor.allocate(DType.F32, n)) {
+      h.fill(1f);
+      d.copyFrom(h);
+      comm.allReduce(d, d);
+      d.copyTo(h);
+      float[] got = h.toFloatArray();
+      for (int i = 0; i < n; i++) {
+        if (got[i] != comm.world()) {
+          return "element " + i + " is " + got[i] + ", expected " + comm.world();
+        }
+      }
+      return "ok";
+    }
+  }
+
+  /**
+   * Per-op time of a synchronous 4 KiB (2048 × bf16) allReduce initiated from Java (the public
+   * API, checks included) and from native code (same path after the checks), alternating in 5
+   * rounds of 2000 ops after 500 warm-up ops; medians over the rounds.
+   */
+  private static String overhead(Communicator comm) {
+    int n = 2048;
+    int iters = 2000;
+    try (HostTensor h = HostTensor.of(Data.uniform(7, n, DType.BF16), DType.BF16, n);
+        DeviceTensor in = DeviceTensor.allocate(DType.BF16, n);
+        DeviceTensor out = DeviceTensor.allocate(DType.BF16, n)) {
+      in.copyFrom(h);
+      for (int i = 0; i < 500; i++) {
+        comm.allReduce(in, out);
+      }
+      CommDiagnostics.nativeAllReduceNanos(comm, in, out, 500);
+      double[] java = new double[5];
+      double[] nat = new double[5];
+      for (int round = 0; round < 5; round++) {
+        long t0 = System.nanoTime();
+        for (int i = 0; i < iters; i++) {
+          comm.allReduce(in, out);
+        }
+        java[round] = (System.nanoTime() - t0) / 1e3 / iters;
+        nat[round] = CommDiagnostics.nativeAllReduceNanos(comm, in, out, iters) / 1e3 / iters;
+      }
+      double j = median(java);
+      double v = median(nat);
+      return String.format("overhead rank %d: 4 KiB allReduce java=%.2fus native=%.2fus java-minus-native=%.2fus"
+              + " (rounds java %s native %s)", comm.rank(), j, v, j - v, fmt(java), fmt(nat));
+    }
+  }
+
+  private static double median(double[] a) {
+    double[] s = a.clone();
+    Arrays.sort(s);
+    return s[s.length / 2];
+  }
+
+  private static String fmt(double[] a) {
+    return Stream.of(Arrays.stream(a).boxed().toArray()).map(x -> String.format("%.2f", (Double) x))
+        .collect(Collectors.joining(",", "[", "]"));
+  }
+}
