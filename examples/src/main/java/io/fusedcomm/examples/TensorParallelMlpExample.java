@@ -1,16 +1,30 @@
 /*
- * 02_tensor_parallel_mlp: the forward pass of a tensor-parallel (Megatron-style, sequence-parallel
- * activations) MLP block, Y = GELU(X · W1ᵀ) · W2ᵀ, over the tasks of one barrier stage:
+ * 02_tensor_parallel_mlp: the forward and backward (activation gradients) of a tensor-parallel
+ * (Megatron-style, sequence-parallel activations) MLP block, Y = GELU(X · W1ᵀ) · W2ᵀ, over the tasks
+ * of one barrier stage, with the two fused ops in both GEMM forms:
  *
  *   rank r holds   X_r  : rows Split(M) of X (M × H)            (sequence-parallel activations)
- *                  W1_r : rows Split(F) of W1 (F × H), NK layout (column shard of the first linear)
- *                  W2_r : columns Split(F) of W2 (H × F), stored H × F_r, NK layout (row shard)
- *   1. allGatherGemm      Z_r = [X_0; …; X_{W-1}] · W1_rᵀ        : M × F_r
- *   2. GELU (tanh form), elementwise in Java on the host tensor  : M × F_r
- *   3. gemmReduceScatter  Y_r = rows Split(M) of Σ_s A_s · W2_sᵀ : Split(M) × H
+ *                  dY_r : rows Split(M) of dY (M × H)           (the upstream gradient, seeded)
+ *                  W1_r : rows Split(F) of W1 (F × H)           (column shard of the first linear)
+ *                  W2_r : columns Split(F) of W2 (H × F), stored H × F_r (row shard of the second)
+ *   forward (NK layout, C = A · wᵀ)
+ *   1. allGatherGemm      Z_r = [X_0; …; X_{W-1}] · W1_rᵀ                 : M × F_r
+ *   2. GELU (tanh form), elementwise in Java on the host: A_r = GELU(Z_r)  : M × F_r
+ *   3. gemmReduceScatter  Y_r = rows Split(M) of Σ_s A_s · W2_sᵀ          : Split(M) × H
+ *   backward (KN layout, C = A · w, on the same stored shards)
+ *   4. allGatherGemm      dA_r = [dY_0; …; dY_{W-1}] · W2_r                : M × F_r
+ *   5. dZ_r = dA_r ⊙ GELU'(Z_r), elementwise in Java on the host          : M × F_r
+ *   6. gemmReduceScatter  dX_r = rows Split(M) of Σ_s dZ_s · W1_s         : Split(M) × H
  *
- * The driver computes the whole Y in fp64 from the same seeded X, W1, W2 and checks every element of
- * every rank's Y_r against a per-element error bound (see Reference).
+ * The driver computes the whole Y and dX in fp64 from the same seeded inputs and checks every
+ * element of every rank's Y_r and dX_r against its own error bound (see Reference).
+ *
+ * Backends: the example asks the communicator (comm.backend()) at run time. With
+ * spark.fusedcomm.backend=host the ops take HostTensors; with cuda they take DeviceTensors on the
+ * executor's GPU: the shards are uploaded, Z and dA come back to the host for steps 2 and 5 and
+ * go up again, Y and dX are downloaded at the end. On cuda the fused ops take bf16 only, and H and
+ * every rank's F_r = Split.count(F, world, r) must be positive multiples of 8 (e.g. F divisible by
+ * 8 · world); other problems are refused before the job starts.
  *
  * Run (from the repository root; examples/run.sh builds what is missing and prints this line):
  *
@@ -23,24 +37,43 @@
  *
  * or, with no Spark installation:  examples/run.sh 02_tensor_parallel_mlp [world] [M] [H] [F] [dtype] [seed]
  *
- * Exit status 0 when every element is within its bound, 1 otherwise.
+ * On one host's GPUs (one executor per GPU), the same with the cuda backend and Spark's GPU
+ * scheduling:
+ *
+ *   FUSEDCOMM_BACKEND=cuda EXTRA_SUBMIT_ARGS="--conf spark.worker.resource.gpu.amount=1
+ *     --conf spark.worker.resource.gpu.discoveryScript=$PWD/conf/gpu-discovery.sh
+ *     --conf spark.executor.resource.gpu.amount=1
+ *     --conf spark.executor.resource.gpu.discoveryScript=$PWD/conf/gpu-discovery.sh
+ *     --conf spark.task.resource.gpu.amount=1" examples/run.sh 02_tensor_parallel_mlp 2 125 64 256 bf16
+ *
+ * Exit status 0 when every element of Y and dX is within its bound, 1 otherwise.
  */
 package io.fusedcomm.examples;
 
+import io.fusedcomm.api.Backend;
 import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
+import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.api.Split;
+import io.fusedcomm.api.Tensor;
 import io.fusedcomm.api.WeightLayout;
+import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.spark.BarrierStage;
 import java.io.Serializable;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Comparator;
+import java.util.Deque;
 import java.util.List;
 import java.util.Locale;
+import java.util.function.Function;
 import java.util.stream.Collectors;
+import org.apache.spark.SparkConf;
 
-/** Example 02: a tensor-parallel MLP forward with the fused ops, checked against fp64. */
+/** Example 02: a tensor-parallel MLP forward and backward with the fused ops, checked against fp64. */
 public final class TensorParallelMlpExample {
   static final String NAME = "02_tensor_parallel_mlp";
 
@@ -62,15 +95,27 @@ public final class TensorParallelMlpExample {
       return SeededValues.uniform(SeededValues.seed(seed, 3), h * f, Math.sqrt(3.0 / f), dtype);
     }
 
+    /** dY: M × H, the gradient of the loss with respect to Y. */
+    float[] dy() {
+      return SeededValues.uniform(SeededValues.seed(seed, 4), m * h, 1.0, dtype);
+    }
+
     String describe() {
       return String.format(Locale.ROOT, "world=%d, M=%d, H=%d, F=%d, dtype=%s", world, m, h, f, dtype.label());
     }
   }
 
-  /** One rank's output rows and timings. */
-  record Shard(int rank, int rowOffset, int rows, float[] y, String backend, double agGemmMs, double actMs,
-      double gemmRsMs) implements Serializable {}
+  /** Wall time of one pass's three steps on one rank, in ms. */
+  record Timings(double allGatherGemmMs, double elementwiseMs, double gemmReduceScatterMs) implements Serializable {}
 
+  /** One rank's output rows of Y and dX, and its timings. */
+  record Shard(int rank, int rowOffset, int rows, float[] y, float[] dx, String backend, Timings forward,
+      Timings backward) implements Serializable {}
+
+  /**
+   * Runs the example (driver side): {@code [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32]
+   * [seed=fresh]}; exits 1 unless every element of Y and dX is within its bound.
+   */
   public static void main(String[] args) throws Exception {
     int world = Math.toIntExact(ExampleContext.positiveArg(args, 0, "world", 2));
     int m = Math.toIntExact(ExampleContext.positiveArg(args, 1, "M", 125));
@@ -79,15 +124,21 @@ public final class TensorParallelMlpExample {
     DType dtype = args.length > 4 ? parseDType(args[4]) : DType.BF16;
     long seed = args.length > 5 ? Long.parseLong(args[5].trim()) : System.nanoTime();
     Problem p = new Problem(world, m, h, f, dtype, seed);
+    // spark-submit hands its --conf settings to the driver as system properties, which a fresh
+    // SparkConf reads: a problem the requested backend cannot run fails here, before any
+    // executor starts. (auto is resolved on the executors; each rank checks again.)
+    requireSupported(p, FusedCommConf.fromSparkConf(new SparkConf()).backend());
 
     ExampleContext.run(NAME, world, (sc, tasks) -> {
       System.out.printf(Locale.ROOT, "%s: %s seed=%d master=%s%n", NAME, p.describe(), seed, sc.master());
+      // The four op calls in order; the backward ones have the same global shapes as the forward.
       CommOptions options = CommOptions.defaults().name("tp-mlp")
           .expectOp("allGatherGemm", dtype, m, f, h)
+          .expectOp("gemmReduceScatter", dtype, m, h, f)
+          .expectOp("allGatherGemm", dtype, m, f, h)
           .expectOp("gemmReduceScatter", dtype, m, h, f);
-      List<Shard> shards =
-          BarrierStage.withCommunicator(tasks, options, (comm, context, rows) -> List.of(forward(comm, p)).iterator())
-              .collect();
+      List<Shard> shards = BarrierStage.withCommunicator(tasks, options,
+          (comm, context, rows) -> List.of(forwardAndBackward(comm, p)).iterator()).collect();
       return check(p, shards);
     });
   }
@@ -104,53 +155,164 @@ public final class TensorParallelMlpExample {
     }
   }
 
-  /** The tensor-parallel forward on one rank. */
-  static Shard forward(Communicator comm, Problem p) {
+  /**
+   * Refuses a problem that {@code backend}'s fused ops cannot run, with a message naming the
+   * sizes: the cuda kernels take bf16 only, with N and K multiples of 8, which here means H and
+   * every rank's F_r. The host backend runs any sizes.
+   */
+  static void requireSupported(Problem p, Backend backend) {
+    if (backend != Backend.CUDA) {
+      return;
+    }
+    if (p.dtype() != DType.BF16) {
+      throw new IllegalArgumentException(NAME + ": the cuda backend's fused ops take bf16 only, got dtype="
+          + p.dtype().label() + " (use bf16, or spark.fusedcomm.backend=host for f32)");
+    }
+    List<String> bad = new ArrayList<>();
+    if (p.h() % 8 != 0) {
+      bad.add("H=" + p.h());
+    }
+    for (int r = 0; r < p.world(); r++) {
+      long fr = Split.count(p.f(), p.world(), r);
+      if (fr == 0 || fr % 8 != 0) {
+        bad.add("F_" + r + "=" + fr);
+      }
+    }
+    if (!bad.isEmpty()) {
+      throw new IllegalArgumentException(NAME + ": on the cuda backend H and every rank's F_r = Split.count(F, world, r)"
+          + " must be positive multiples of 8 (e.g. F divisible by 8·world = " + 8 * p.world() + "); "
+          + p.describe() + " gives " + String.join(", ", bad));
+    }
+  }
+
+  /** The tensor-parallel forward and backward on one rank, on the communicator's backend. */
+  static Shard forwardAndBackward(Communicator comm, Problem p) {
     int w = comm.world();
     int r = comm.rank();
     if (w != p.world()) {
       throw new IllegalStateException("the stage has " + w + " tasks, the problem expects " + p.world());
     }
-    int rowOffset = (int) Split.offset(p.m(), w, r);
-    int rows = (int) Split.count(p.m(), w, r);
+    requireSupported(p, comm.backend());
+    int m = p.m();
+    int h = p.h();
+    int rowOffset = (int) Split.offset(m, w, r);
+    int rows = (int) Split.count(m, w, r);
     int fOffset = (int) Split.offset(p.f(), w, r);
     int fLocal = (int) Split.count(p.f(), w, r);
 
-    float[] x = p.x();
-    float[] w1 = p.w1();
-    float[] w2 = p.w2();
-    float[] xLocal = java.util.Arrays.copyOfRange(x, rowOffset * p.h(), (rowOffset + rows) * p.h());
+    float[] xLocal = Arrays.copyOfRange(p.x(), rowOffset * h, (rowOffset + rows) * h);
+    float[] dyLocal = Arrays.copyOfRange(p.dy(), rowOffset * h, (rowOffset + rows) * h);
     // W1 rows fOffset.. (F_r × H): contiguous in row-major W1.
-    float[] w1Local = java.util.Arrays.copyOfRange(w1, fOffset * p.h(), (fOffset + fLocal) * p.h());
+    float[] w1Local = Arrays.copyOfRange(p.w1(), fOffset * h, (fOffset + fLocal) * h);
     // W2 columns fOffset.. (H × F_r): one strided slice per row of W2.
-    float[] w2Local = new float[p.h() * fLocal];
-    for (int i = 0; i < p.h(); i++) {
+    float[] w2 = p.w2();
+    float[] w2Local = new float[h * fLocal];
+    for (int i = 0; i < h; i++) {
       System.arraycopy(w2, i * p.f() + fOffset, w2Local, i * fLocal, fLocal);
     }
 
-    DType d = p.dtype();
-    try (HostTensor xT = HostTensor.of(xLocal, d, rows, p.h());
-        HostTensor w1T = HostTensor.of(w1Local, d, fLocal, p.h());
-        HostTensor w2T = HostTensor.of(w2Local, d, p.h(), fLocal);
-        HostTensor z = HostTensor.allocate(d, p.m(), fLocal);
-        HostTensor y = HostTensor.allocate(d, rows, p.h())) {
-      z.fill(Float.NaN);
-      y.fill(Float.NaN);
+    try (OpTensors t = new OpTensors(comm.backend(), p.dtype())) {
+      Tensor x = t.of(xLocal, rows, h);
+      Tensor dy = t.of(dyLocal, rows, h);
+      Tensor w1T = t.of(w1Local, fLocal, h);   // NK: N × K = F_r × H;  KN: K_r × N = F_r × H
+      Tensor w2T = t.of(w2Local, h, fLocal);   // NK: N × K_r = H × F_r; KN: K × N_r = H × F_r
+      Tensor hidden = t.output(m, fLocal);     // Z, then A = GELU(Z) in place
+      Tensor grad = t.output(m, fLocal);       // dA, then dZ in place
+      Tensor y = t.output(rows, h);
+      Tensor dx = t.output(rows, h);
 
       long t0 = System.nanoTime();
-      comm.allGatherGemm(xT, w1T, z, WeightLayout.NK);
+      comm.allGatherGemm(x, w1T, hidden, WeightLayout.NK);
       long t1 = System.nanoTime();
-      float[] a = z.toFloatArray();
+      float[] z = t.read(hidden); // kept for GELU'(Z) in the backward
+      float[] a = new float[z.length];
       for (int i = 0; i < a.length; i++) {
-        a[i] = (float) gelu(a[i]);
+        a[i] = (float) gelu(z[i]);
       }
-      z.copyFrom(a); // rounds to the dtype, as a bf16 activation tensor would be stored
+      t.write(hidden, a); // rounds to the dtype, as a bf16 activation tensor would be stored
       long t2 = System.nanoTime();
-      comm.gemmReduceScatter(z, w2T, y, WeightLayout.NK);
+      comm.gemmReduceScatter(hidden, w2T, y, WeightLayout.NK);
       long t3 = System.nanoTime();
 
-      return new Shard(r, rowOffset, rows, y.toFloatArray(), comm.backend().configName(),
-          (t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6);
+      comm.allGatherGemm(dy, w2T, grad, WeightLayout.KN);
+      long t4 = System.nanoTime();
+      float[] g = t.read(grad);
+      for (int i = 0; i < g.length; i++) {
+        g[i] = (float) (g[i] * geluGrad(z[i]));
+      }
+      t.write(grad, g); // rounded to the dtype like the forward activation
+      long t5 = System.nanoTime();
+      comm.gemmReduceScatter(grad, w1T, dx, WeightLayout.KN);
+      long t6 = System.nanoTime();
+
+      return new Shard(r, rowOffset, rows, t.read(y), t.read(dx), comm.backend().configName(),
+          new Timings((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6),
+          new Timings((t4 - t3) / 1e6, (t5 - t4) / 1e6, (t6 - t5) / 1e6));
+    }
+  }
+
+  /**
+   * The 2-D tensors one rank's ops take, in the memory of the communicator's backend: {@link
+   * HostTensor}s on host, {@link DeviceTensor}s on the executor's GPU on cuda, filled and read
+   * through host staging tensors there. It owns every tensor it makes; closing it frees them all.
+   */
+  static final class OpTensors implements AutoCloseable {
+    private final boolean device;
+    private final DType dtype;
+    private final Deque<Runnable> closers = new ArrayDeque<>();
+
+    OpTensors(Backend backend, DType dtype) {
+      this.device = backend == Backend.CUDA;
+      this.dtype = dtype;
+    }
+
+    /** A {@code rows × cols} tensor holding {@code values} rounded to the dtype. */
+    Tensor of(float[] values, int rows, int cols) {
+      if (!device) {
+        HostTensor t = HostTensor.of(values, dtype, rows, cols);
+        closers.push(t::close);
+        return t;
+      }
+      DeviceTensor t = DeviceTensor.allocate(dtype, rows, cols);
+      closers.push(t::close);
+      write(t, values);
+      return t;
+    }
+
+    /** An output tensor filled with NaN, so that an element the op never writes fails the check. */
+    Tensor output(int rows, int cols) {
+      float[] nan = new float[Math.multiplyExact(rows, cols)];
+      Arrays.fill(nan, Float.NaN);
+      return of(nan, rows, cols);
+    }
+
+    /** Overwrites {@code t} with {@code values} rounded to the dtype. */
+    void write(Tensor t, float[] values) {
+      if (t instanceof HostTensor host) {
+        host.copyFrom(values);
+        return;
+      }
+      try (HostTensor staging = HostTensor.of(values, dtype, t.shape())) {
+        ((DeviceTensor) t).copyFrom(staging);
+      }
+    }
+
+    /** The elements of {@code t}, widened to float. */
+    float[] read(Tensor t) {
+      if (t instanceof HostTensor host) {
+        return host.toFloatArray();
+      }
+      try (HostTensor staging = HostTensor.allocate(dtype, t.shape())) {
+        ((DeviceTensor) t).copyTo(staging);
+        return staging.toFloatArray();
+      }
+    }
+
+    @Override
+    public void close() {
+      while (!closers.isEmpty()) {
+        closers.pop().run();
+      }
     }
   }
 
@@ -159,10 +321,20 @@ public final class TensorParallelMlpExample {
     return 0.5 * x * (1.0 + Math.tanh(Math.sqrt(2.0 / Math.PI) * (x + 0.044715 * x * x * x)));
   }
 
+  /** GELU' of the tanh form: 0.5·(1 + t) + 0.5·x·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²), t = tanh(…). */
+  static double geluGrad(double x) {
+    double c = Math.sqrt(2.0 / Math.PI);
+    double t = Math.tanh(c * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x);
+  }
+
   /** The single-process reference, in fp64 from the same (dtype-rounded) inputs. */
   static final class Reference {
     /** L ≥ max |GELU'(x)| over all x (the tanh form peaks at about 1.129). */
     static final double GELU_LIPSCHITZ = 1.13;
+
+    /** L2 ≥ max |GELU''(x)| over all x (the tanh form peaks at x = 0 with √(2/π) ≈ 0.7979). */
+    static final double GELU_GRAD_LIPSCHITZ = 0.8;
 
     /**
      * Confidence factor of the probabilistic bounds: by Hoeffding's inequality a sum of
@@ -172,23 +344,39 @@ public final class TensorParallelMlpExample {
     static final double LAMBDA = 7.0;
 
     final double[] y;
-    final double[] tolerance;
+    final double[] yTolerance;
+    final double[] dx;
+    final double[] dxTolerance;
 
     /**
-     * Y = GELU(X·W1ᵀ)·W2ᵀ (M × H) and, per element, a bound on how far the distributed path may
-     * land from it. Rounding errors are modelled as independent, zero-mean and bounded (the
-     * probabilistic analysis of Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019), since
-     * worst-case bounds grow with F where real errors grow with √F and would let a wrong answer
-     * pass. u = the dtype's unit roundoff, v = 2^-24 (fp32), S1_f = Σ_k |x_k·W1_fk|, p_r = rank
-     * r's partial Σ_{f in shard r} A_f·W2_if:
+     * Y = GELU(X·W1ᵀ)·W2ᵀ and dX = ((dY·W2) ⊙ GELU'(X·W1ᵀ))·W1 (both M × H) and, per element, a
+     * bound on how far the distributed path may land from them. Rounding errors are modelled as
+     * independent, zero-mean and bounded (the probabilistic analysis of Higham and Mary, SIAM J.
+     * Sci. Comput. 41(5), 2019), since worst-case bounds grow with F where real errors grow with
+     * √F and would let a wrong answer pass. Second-order terms (products of two roundings) are
+     * left out except where noted; λ leaves ample room for them. u = the dtype's unit roundoff,
+     * v = 2^-24 (fp32). Per row of X (one token), for f in [0, F):
      *
      * <pre>
+     * forward, S1_f = Σ_k |X_k·W1_fk|, p_r = rank r's partial Σ_{f in shard r} A_f·W2_if:
      *   |δZ_f| ≤ b_f = u·|Z_f| + λ·√H·v·S1_f              allGatherGemm: accumulate, round Z
      *   |δA_f| ≤ a_f = L·b_f + (u + v)·|A_f|             GELU is L-Lipschitz; float, then dtype
      *   |δY_i| ≤ λ·√(Σ_f (W2_if·a_f)²)                   activation errors, independent over f
      *          + λ·√F·v·Σ_f |A_f·W2_if|                  fp32 accumulation of the second GEMM
      *          + w·u·Σ_r |p_r|                           each partial and each reduction step rounded
      *          + u·|Y_i|                                  the output rounded
+     *
+     * backward, G = GELU', S2_f = Σ_i |dY_i·W2_if|, q_r = Σ_{f in shard r} dZ_f·W1_fk:
+     *   |δdA_f| ≤ c_f = u·|dA_f| + λ·√H·v·S2_f            allGatherGemm (KN): accumulate, round dA
+     *   |δG_f|  ≤ L2·b_f                                  G evaluated at the stored Z; |G''| ≤ L2
+     *                                                     (G itself is computed in fp64: exact enough)
+     *   |δdZ_f| ≤ e_f = (|G_f| + L2·b_f)·c_f              dA's error times the perturbed G
+     *                 + L2·b_f·|dA_f|                     G's error times dA
+     *                 + (u + v)·|dZ_f|                    the product: float, then dtype
+     *   |δdX_k| ≤ λ·√(Σ_f (W1_fk·e_f)²)                   dZ errors, independent over f
+     *           + λ·√F·v·Σ_f |dZ_f·W1_fk|                 fp32 accumulation of gemmReduceScatter (KN)
+     *           + w·u·Σ_r |q_r|                           partials and reduction steps rounded
+     *           + u·|dX_k|                                the output rounded
      * </pre>
      *
      * No averaging anywhere: every element must be within its own bound.
@@ -197,17 +385,20 @@ public final class TensorParallelMlpExample {
       float[] x = p.x();
       float[] w1 = p.w1();
       float[] w2 = p.w2();
+      float[] dy = p.dy();
       int m = p.m();
       int h = p.h();
       int f = p.f();
-      int w = p.world();
       double u = SeededValues.unitRoundoff(p.dtype());
       double v = 0x1p-24;
       y = new double[m * h];
-      tolerance = new double[m * h];
+      yTolerance = new double[m * h];
+      dx = new double[m * h];
+      dxTolerance = new double[m * h];
       double[] act = new double[f];
-      double[] dAct = new double[f];
-      double[] partial = new double[w];
+      double[] actErr = new double[f];
+      double[] dz = new double[f];
+      double[] dzErr = new double[f];
       for (int row = 0; row < m; row++) {
         for (int j = 0; j < f; j++) {
           double z = 0;
@@ -217,95 +408,158 @@ public final class TensorParallelMlpExample {
             z += t;
             s1 += Math.abs(t);
           }
+          double zErr = u * Math.abs(z) + LAMBDA * Math.sqrt(h) * v * s1;
           act[j] = gelu(z);
-          double dz = u * Math.abs(z) + LAMBDA * Math.sqrt(h) * v * s1;
-          dAct[j] = GELU_LIPSCHITZ * dz + (u + v) * Math.abs(act[j]);
+          actErr[j] = GELU_LIPSCHITZ * zErr + (u + v) * Math.abs(act[j]);
+
+          double da = 0;
+          double s2 = 0;
+          for (int i = 0; i < h; i++) {
+            double t = (double) dy[row * h + i] * w2[i * f + j];
+            da += t;
+            s2 += Math.abs(t);
+          }
+          double daErr = u * Math.abs(da) + LAMBDA * Math.sqrt(h) * v * s2;
+          double g = geluGrad(z);
+          double gErr = GELU_GRAD_LIPSCHITZ * zErr;
+          dz[j] = da * g;
+          dzErr[j] = (Math.abs(g) + gErr) * daErr + gErr * Math.abs(da) + (u + v) * Math.abs(dz[j]);
         }
         for (int i = 0; i < h; i++) {
-          double propagated = 0;
-          double magnitude = 0;
-          for (int r = 0; r < w; r++) {
-            int from = (int) Split.offset(f, w, r);
-            int to = from + (int) Split.count(f, w, r);
-            double sum = 0;
-            for (int j = from; j < to; j++) {
-              double wij = w2[i * f + j];
-              sum += act[j] * wij;
-              propagated += (wij * dAct[j]) * (wij * dAct[j]);
-              magnitude += Math.abs(act[j] * wij);
-            }
-            partial[r] = sum;
-          }
-          double total = 0;
-          double partials = 0;
-          for (int r = 0; r < w; r++) {
-            total += partial[r];
-            partials += Math.abs(partial[r]);
-          }
-          y[row * h + i] = total;
-          tolerance[row * h + i] = LAMBDA * Math.sqrt(propagated) + LAMBDA * Math.sqrt(f) * v * magnitude
-              + w * u * partials + u * Math.abs(total);
+          // Y_i = Σ_f A_f·W2_if: weight f at w2[i·F + f].
+          reduce(p, act, actErr, w2, i * f, 1, y, yTolerance, row * h + i);
+          // dX_k = Σ_f dZ_f·W1_fk: weight f at w1[f·H + k].
+          reduce(p, dz, dzErr, w1, i, h, dx, dxTolerance, row * h + i);
         }
       }
     }
+
+    /**
+     * The second GEMM of a pass for one output element: {@code out[at] = Σ_f in_f·wt_f} with
+     * weight f at {@code wt[base + f·stride]}, F split over the ranks by {@link Split} as the
+     * ops split it, and in {@code tolerance[at]} the last four lines of the bounds above, given
+     * {@code inErr_f}, the bound on input f's error.
+     */
+    private static void reduce(Problem p, double[] in, double[] inErr, float[] wt, int base, int stride,
+        double[] out, double[] tolerance, int at) {
+      int f = p.f();
+      int w = p.world();
+      double u = SeededValues.unitRoundoff(p.dtype());
+      double v = 0x1p-24;
+      double propagated = 0;
+      double magnitude = 0;
+      double total = 0;
+      double partials = 0;
+      for (int r = 0; r < w; r++) {
+        int from = (int) Split.offset(f, w, r);
+        int to = from + (int) Split.count(f, w, r);
+        double partial = 0;
+        for (int j = from; j < to; j++) {
+          double wj = wt[base + j * stride];
+          partial += in[j] * wj;
+          propagated += (wj * inErr[j]) * (wj * inErr[j]);
+          magnitude += Math.abs(in[j] * wj);
+        }
+        total += partial;
+        partials += Math.abs(partial);
+      }
+      out[at] = total;
+      tolerance[at] = LAMBDA * Math.sqrt(propagated) + LAMBDA * Math.sqrt(f) * v * magnitude
+          + w * u * partials + u * Math.abs(total);
+    }
   }
 
-  /** Checks every element of every shard; prints the per-rank table, the error and the final line. */
+  /** How one checked tensor (Y or dX) compares with the reference: elements out of bounds, max |error|. */
+  private record Errors(long bad, double maxErr) {}
+
+  /**
+   * Checks every element of Y and dX of every shard; prints the per-rank timing tables, the errors
+   * and the final line.
+   */
   static boolean check(Problem p, List<Shard> shards) {
     Reference ref = new Reference(p);
     List<Shard> sorted = shards.stream().sorted(Comparator.comparingInt(Shard::rank)).collect(Collectors.toList());
-    System.out.printf(Locale.ROOT, "%-5s %9s %18s %10s %21s%n", "rank", "Y rows", "allGatherGemm ms", "gelu ms",
-        "gemmReduceScatter ms");
+    printTimings("forward (NK): Z = allGatherGemm(X, W1), A = GELU(Z), Y = gemmReduceScatter(A, W2)", "Y rows",
+        "gelu ms", sorted, Shard::forward);
+    printTimings("backward (KN): dA = allGatherGemm(dY, W2), dZ = dA ⊙ GELU'(Z), dX = gemmReduceScatter(dZ, W1)",
+        "dX rows", "gelu' ms", sorted, Shard::backward);
+
+    // Shards must tile the rows in rank order by the Split rule; a malformed one is not compared.
     boolean passed = sorted.size() == p.world();
-    long bad = 0;
-    double maxErr = 0;
-    double tolAtMax = 0;
-    double worstRatio = 0;
+    List<Shard> wellFormed = new ArrayList<>();
     int nextRow = 0;
     for (int s = 0; s < sorted.size(); s++) {
       Shard shard = sorted.get(s);
-      System.out.printf(Locale.ROOT, "%-5d %9s %18.3f %10.3f %21.3f%n", shard.rank(),
-          shard.rowOffset() + ".." + (shard.rowOffset() + shard.rows() - 1), shard.agGemmMs(), shard.actMs(),
-          shard.gemmRsMs());
-      // Shards must tile Y's rows in rank order by the Split rule.
-      if (shard.rank() != s || shard.rowOffset() != nextRow
-          || shard.rows() != Split.count(p.m(), p.world(), s) || shard.y().length != shard.rows() * p.h()) {
+      int elements = shard.rows() * p.h();
+      if (shard.rank() != s || shard.rowOffset() != nextRow || shard.rows() != Split.count(p.m(), p.world(), s)
+          || shard.y().length != elements || shard.dx().length != elements) {
         System.out.println("  rank " + shard.rank() + " returned the wrong rows or shape");
         passed = false;
         continue;
       }
       nextRow += shard.rows();
-      for (int i = 0; i < shard.y().length; i++) {
+      wellFormed.add(shard);
+    }
+    passed &= nextRow == p.m();
+    Errors y = compare("Y", p, wellFormed, Shard::y, ref.y, ref.yTolerance);
+    Errors dx = compare("dX", p, wellFormed, Shard::dx, ref.dx, ref.dxTolerance);
+    passed &= y.bad() == 0 && dx.bad() == 0;
+
+    String backend = shards.stream().map(Shard::backend).distinct().collect(Collectors.joining(","));
+    if (passed) {
+      System.out.printf(Locale.ROOT, "%s: check passed for forward+backward (%s, backend=%s, max_abs_err Y=%.3e,"
+          + " dX=%.3e)%n", NAME, p.describe(), backend, y.maxErr(), dx.maxErr());
+    } else {
+      System.out.printf(Locale.ROOT, "%s: FAILED forward+backward (%s, backend=%s, out of bounds: %d elements of Y,"
+          + " %d of dX; %d of %d ranks reported)%n", NAME, p.describe(), backend, y.bad(), dx.bad(), shards.size(),
+          p.world());
+    }
+    return passed;
+  }
+
+  private static void printTimings(String title, String rowsHeader, String elementwiseHeader, List<Shard> sorted,
+      Function<Shard, Timings> pass) {
+    System.out.println(title);
+    System.out.printf(Locale.ROOT, "%-5s %9s %18s %10s %21s%n", "rank", rowsHeader, "allGatherGemm ms",
+        elementwiseHeader, "gemmReduceScatter ms");
+    for (Shard shard : sorted) {
+      Timings t = pass.apply(shard);
+      System.out.printf(Locale.ROOT, "%-5d %9s %18.3f %10.3f %21.3f%n", shard.rank(),
+          shard.rowOffset() + ".." + (shard.rowOffset() + shard.rows() - 1), t.allGatherGemmMs(), t.elementwiseMs(),
+          t.gemmReduceScatterMs());
+    }
+  }
+
+  /** Compares one tensor element by element, prints its first mismatches and its error line. */
+  private static Errors compare(String name, Problem p, List<Shard> shards, Function<Shard, float[]> values,
+      double[] ref, double[] tolerance) {
+    long bad = 0;
+    double maxErr = 0;
+    double tolAtMax = 0;
+    double worstRatio = 0;
+    for (Shard shard : shards) {
+      float[] got = values.apply(shard);
+      for (int i = 0; i < got.length; i++) {
         int at = shard.rowOffset() * p.h() + i;
-        double got = shard.y()[i];
-        double err = Double.isNaN(got) ? Double.POSITIVE_INFINITY : Math.abs(got - ref.y[at]);
-        if (!(err <= ref.tolerance[at])) {
+        double err = Double.isNaN(got[i]) ? Double.POSITIVE_INFINITY : Math.abs(got[i] - ref[at]);
+        if (!(err <= tolerance[at])) {
           if (bad < 5) {
-            System.out.printf(Locale.ROOT, "  mismatch Y[%d][%d]: got %.6g, reference %.6g, tolerance %.3g%n",
-                at / p.h(), at % p.h(), got, ref.y[at], ref.tolerance[at]);
+            System.out.printf(Locale.ROOT, "  mismatch %s[%d][%d]: got %.6g, reference %.6g, tolerance %.3g%n", name,
+                at / p.h(), at % p.h(), got[i], ref[at], tolerance[at]);
           }
           bad++;
         }
         if (err > maxErr) {
           maxErr = err;
-          tolAtMax = ref.tolerance[at];
+          tolAtMax = tolerance[at];
         }
-        worstRatio = Math.max(worstRatio, err / ref.tolerance[at]);
+        worstRatio = Math.max(worstRatio, err / tolerance[at]);
       }
     }
-    passed &= nextRow == p.m() && bad == 0;
-    double maxRef = java.util.Arrays.stream(ref.y).map(Math::abs).max().orElse(0);
-    String backend = shards.stream().map(Shard::backend).distinct().collect(Collectors.joining(","));
-    System.out.printf(Locale.ROOT, "max |error| %.3e (tolerance there %.3e), worst error/tolerance %.3f,"
-        + " max |Y| %.3f, %d of %d elements out of bounds%n", maxErr, tolAtMax, worstRatio, maxRef, bad,
+    double maxRef = Arrays.stream(ref).map(Math::abs).max().orElse(0);
+    System.out.printf(Locale.ROOT, "%s: max |error| %.3e (tolerance there %.3e), worst error/tolerance %.3f,"
+        + " max |%s| %.3f, %d of %d elements out of bounds%n", name, maxErr, tolAtMax, worstRatio, name, maxRef, bad,
         (long) p.m() * p.h());
-    if (passed) {
-      System.out.printf(Locale.ROOT, "%s: check passed (%s, backend=%s, max_abs_err=%.3e)%n", NAME, p.describe(),
-          backend, maxErr);
-    } else {
-      System.out.printf(Locale.ROOT, "%s: FAILED (%s, backend=%s, %d elements out of bounds, %d of %d ranks"
-          + " reported)%n", NAME, p.describe(), backend, bad, shards.size(), p.world());
-    }
-    return passed;
+    return new Errors(bad, maxErr);
   }
 }

@@ -66,17 +66,22 @@ class ExamplesIT {
   @Test
   void tensorParallelMlp() throws Exception {
     String out = run("02_tensor_parallel_mlp");
-    assertTrue(Pattern.compile("(?m)^02_tensor_parallel_mlp: check passed \\(world=2, M=125, H=64, F=256,"
-        + " dtype=bf16, backend=host, max_abs_err=\\S+\\)$").matcher(out).find(), "no success line");
-    assertTrue(out.contains(" 0 of 8000 elements out of bounds"), "not every element was checked");
+    assertTrue(Pattern.compile("(?m)^02_tensor_parallel_mlp: check passed for forward\\+backward \\(world=2, M=125,"
+        + " H=64, F=256, dtype=bf16, backend=host, max_abs_err Y=\\S+, dX=\\S+\\)$").matcher(out).find(),
+        "no success line");
+    // Every element of both outputs was checked.
+    for (String tensor : List.of("Y", "dX")) {
+      assertTrue(Pattern.compile("(?m)^" + tensor + ": max \\|error\\| .* 0 of 8000 elements out of bounds$")
+          .matcher(out).find(), "not every element of " + tensor + " was checked");
+    }
   }
 
   @Test
   void tensorParallelMlpF32OnThreeRanks() throws Exception {
-    // Uneven splits on both M (50 = 17+17+16) and F (100 = 34+33+33), and the fp32 bound.
+    // Uneven splits on both M (50 = 17+17+16) and F (100 = 34+33+33), and the fp32 bounds.
     String out = run("02_tensor_parallel_mlp", "3", "50", "32", "100", "f32");
-    assertTrue(out.contains("02_tensor_parallel_mlp: check passed (world=3, M=50, H=32, F=100, dtype=f32,"
-        + " backend=host"), "no success line");
+    assertTrue(out.contains("02_tensor_parallel_mlp: check passed for forward+backward (world=3, M=50, H=32, F=100,"
+        + " dtype=f32, backend=host"), "no success line");
   }
 
   @Test
