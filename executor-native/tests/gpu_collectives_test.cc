@@ -2,17 +2,22 @@
 // forked process per GPU, handles exchanged through pipes (process_group.h).
 //   worlds: 1; 2 (GPUs 0,1); 3 (GPUs 0,1,2) and 4 when there are 4 GPUs; 3 on GPUs 1,2,3.
 //   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3) x {auto,
-//     one-shot, two-phase}, misaligned input offsets and outputs; fresh random inputs per run
+//     one-shot, two-phase, two-phase push, pipelined}, plus the chunk-pipelined variants with
+//     few producers and small chunks (many rounds, consumers covering several producers),
+//     misaligned input offsets and outputs; fresh random inputs per run
 //     (seed printed, FC_TEST_SEED=<n> replays), outputs poisoned (0xFF = NaN) first, every
 //     element checked: gathers / all-to-all bit-exact, reductions vs an fp64 reference with
 //       fp32 out: |got-ref| <= acc + 1e-6 (|ref| + acc),  bf16 out: <= acc + 2^-8 (|ref| + acc),
 //     acc = 2 * terms * 2^-24 * sum|terms| (fp32 accumulation error bound).
 //   1,000 back-to-back launches with no host sync, inputs rewritten on the stream between
 //     launches (exact small-integer sums: stale flags or early input reuse would show);
-//   CUDA graph capture + 10 replays; a rank starting 200 ms late;
+//   CUDA graph capture + 10 replays (two-phase, push, pipelined); a rank starting 200 ms late
+//     (every algorithm);
 //   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
 //     abort of a waiting two-phase launch, then a fresh SymmetricMemory works on the same
 //     processes.
+// FC_TEST_NEW_ALGOS=1: only the chunk-pipelined variants (kTwoPhasePush, kPipelined) in every
+// section but the dead-rank one, worlds 2, 3, 4 (a quick check for benchmark runs).
 // Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -112,13 +117,22 @@ struct Case {
   uint64_t in_offset;  // bytes
   uint64_t out_offset;  // bytes into the output buffer
   bool ints;
+  int num_ctas = 0;         // CollectiveArgs::num_ctas
+  int64_t chunk_bytes = 0;  // CollectiveArgs::chunk_bytes
 };
+
+bool g_new_only = false;  // FC_TEST_NEW_ALGOS=1
+bool is_new_algo(k::CommAlgo a) {
+  return a == k::CommAlgo::kTwoPhasePush || a == k::CommAlgo::kPipelined;
+}
 
 std::string name(const Case& c) {
   return std::string(k::comm_op_name(static_cast<uint32_t>(c.op))) +
          (c.dtype == k::CommDtype::kBF16 ? " bf16" : " f32") + " count=" + std::to_string(c.count) +
          " algo=" + std::to_string(static_cast<int>(c.algo)) + " in_off=" +
-         std::to_string(c.in_offset) + " out_off=" + std::to_string(c.out_offset);
+         std::to_string(c.in_offset) + " out_off=" + std::to_string(c.out_offset) +
+         (c.num_ctas ? " ctas=" + std::to_string(c.num_ctas) : std::string()) +
+         (c.chunk_bytes ? " chunk=" + std::to_string(c.chunk_bytes) : std::string());
 }
 
 // Host input of rank r for a case.
@@ -218,6 +232,8 @@ struct Rank {
     a.in_offset = c.in_offset;
     a.output = output;
     a.algo = c.algo;
+    a.num_ctas = c.num_ctas;
+    a.chunk_bytes = c.chunk_bytes;
     return a;
   }
 
@@ -246,8 +262,10 @@ struct Rank {
                          k::CommOp::kAllToAll}) {
       for (k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
         for (int64_t n : counts) {
-          for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase}) {
+          for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
+                                   k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
             ++case_id;
+            if (g_new_only && !is_new_algo(algo)) continue;
             Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u, false};
             if (algo == k::CommAlgo::kOneShot && W > 1) {
               const int64_t payload =
@@ -255,6 +273,18 @@ struct Rank {
               if (payload > static_cast<int64_t>(sm->device().slot_bytes)) continue;
             }
             run_case(c, mix(seed ^ case_id));
+          }
+        }
+        // Chunk-pipelined variants with few producers and small chunks: many rounds per
+        // producer, consumers covering several producers, uneven last rounds.
+        for (int64_t n : {int64_t{4099}, int64_t{300001}, int64_t{2000003}}) {
+          for (k::CommAlgo algo : {k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
+            for (const auto& pc : {std::pair<int, int64_t>{1, 4096}, {5, 1024}, {3, 96 << 10}}) {
+              ++case_id;
+              Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u,
+                     false, pc.first, pc.second};
+              run_case(c, mix(seed ^ case_id));
+            }
           }
         }
       }
@@ -297,16 +327,17 @@ struct Rank {
     }
   }
 
-  // Capture [copy input; allReduce one-shot; copy input; allGather two-phase] x2, replay 10x.
-  void graph() {
+  // Capture [copy input; allReduce one-shot; copy input; `big_op` `big_algo`] x2, replay 10x.
+  void graph(k::CommOp big_op = k::CommOp::kAllGather, k::CommAlgo big_algo = k::CommAlgo::kTwoPhase) {
     const int64_t n_small = 3001, n_big = 1000003;
     Case cs{k::CommOp::kAllReduce, k::CommDtype::kF32, n_small, k::CommAlgo::kOneShot, 0, 0, true};
-    Case cb{k::CommOp::kAllGather, k::CommDtype::kBF16, n_big, k::CommAlgo::kTwoPhase, 0, 0, false};
+    Case cb{big_op, k::CommDtype::kBF16, n_big, big_algo, 0, 0, false};
     uint8_t *ps, *pb, *os, *ob;
+    const size_t nb_out = k::collective_output_count(cb.op, n_big, W, r) * 2;
     CUDA_OK(dmalloc(&ps, n_small * 4));
     CUDA_OK(dmalloc(&pb, n_big * 2));
     CUDA_OK(dmalloc(&os, n_small * 4));
-    CUDA_OK(dmalloc(&ob, n_big * 2));
+    CUDA_OK(dmalloc(&ob, nb_out));
     upload(cs, mix(seed ^ 0x6A0), ps);
     upload(cb, mix(seed ^ 0x6A1), pb);
     const size_t nb_in = k::collective_input_count(cb.op, n_big, W, r) * 2;
@@ -322,7 +353,7 @@ struct Rank {
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_OK(cudaMemset(os, 0xFF, n_small * 4));
-    CUDA_OK(cudaMemset(ob, 0xFF, n_big * 2));
+    CUDA_OK(cudaMemset(ob, 0xFF, nb_out));
     g.barrier();
     for (int i = 0; i < 10; ++i) CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -330,7 +361,7 @@ struct Rank {
     std::vector<uint8_t> got(n_big * 2);
     CUDA_OK(cudaMemcpy(got.data(), os, n_small * 4, cudaMemcpyDeviceToHost));
     check(verify(cs, mix(seed ^ 0x6A0), W, r, got.data()) == 0, "graph replay " + name(cs));
-    CUDA_OK(cudaMemcpy(got.data(), ob, n_big * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(got.data(), ob, nb_out, cudaMemcpyDeviceToHost));
     check(verify(cb, mix(seed ^ 0x6A1), W, r, got.data()) == 0, "graph replay " + name(cb));
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -342,7 +373,9 @@ struct Rank {
 
   // The last rank launches 200 ms after the others.
   void late_rank() {
-    for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase}) {
+    for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
+                             k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
+      if (g_new_only && !is_new_algo(algo)) continue;
       Case c{k::CommOp::kAllReduce, k::CommDtype::kBF16, 70001, algo, 0, 0, false};
       const uint64_t key = mix(seed ^ (0x1A7E + static_cast<int>(algo)));
       upload(c, key, static_cast<uint8_t*>(sm->data()));
@@ -435,11 +468,18 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
   R.correctness();
   const double t_corr = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (full) {
-    R.back_to_back(5000, k::CommAlgo::kOneShot);
-    R.back_to_back(1 << 20, k::CommAlgo::kTwoPhase);
-    R.graph();
+    if (!g_new_only) {
+      R.back_to_back(5000, k::CommAlgo::kOneShot);
+      R.back_to_back(1 << 20, k::CommAlgo::kTwoPhase);
+      R.graph();
+    }
+    R.back_to_back(1 << 20, k::CommAlgo::kTwoPhasePush);
+    R.back_to_back(1 << 20, k::CommAlgo::kPipelined);
+    R.graph(k::CommOp::kAllReduce, k::CommAlgo::kTwoPhasePush);
+    R.graph(k::CommOp::kReduceScatter, k::CommAlgo::kTwoPhasePush);
+    R.graph(k::CommOp::kAllReduce, k::CommAlgo::kPipelined);
     R.late_rank();
-    if (g.world > 1) R.dead_rank();
+    if (g.world > 1 && !g_new_only) R.dead_rank();
   }
   R.sm.reset();
   cudaFree(R.out);
@@ -509,6 +549,7 @@ int main() {
                 n < 0 ? reason.c_str() : "only 1 GPU visible");
     return 77;
   }
+  if (const char* s = std::getenv("FC_TEST_NEW_ALGOS")) g_new_only = std::atoi(s) != 0;
   uint64_t seed = std::random_device{}();
   if (const char* s = std::getenv("FC_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
   std::printf("gpu_collectives_test: %d GPUs, seed %llu (FC_TEST_SEED=%llu replays)\n", n,
@@ -518,15 +559,18 @@ int main() {
     bool full;
   };
   std::vector<Config> configs = {{{0}, false}, {{0, 1}, true}};
-  if (n >= 3) configs.push_back({{0, 1, 2}, n == 3});
+  if (n >= 3) configs.push_back({{0, 1, 2}, n == 3 || g_new_only});
   if (n >= 4) {
     configs.push_back({{0, 1, 2, 3}, true});
-    configs.push_back({{1, 2, 3}, true});
+    if (!g_new_only) configs.push_back({{1, 2, 3}, true});
   }
   int failed = 0;
   for (const Config& c : configs) {
     std::string list;
-    for (int gpu : c.gpus) list += (list.empty() ? "" : ",") + std::to_string(gpu);
+    for (int gpu : c.gpus) {
+      if (!list.empty()) list += ',';
+      list += std::to_string(gpu);
+    }
     std::printf("== world %zu on GPUs %s (%s)\n", c.gpus.size(), list.c_str(),
                 c.full ? "all tests" : "correctness sweep");
     std::fflush(stdout);

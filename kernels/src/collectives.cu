@@ -93,10 +93,33 @@ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// 16-byte load of data pulled from a peer (or local). kReadOnly: the memory is not written by
+// anyone during the kernel (the callers' inputs in the data areas), so with -DFC_PULL_LD=1 it
+// may use the non-coherent path without L1 allocation and a 256-byte L2 prefetch hint (a
+// measurement variant); scratch and staging (written by peers during the kernel) always use
+// ld.global.cg.
+#ifndef FC_PULL_LD
+#define FC_PULL_LD 0
+#endif
+constexpr bool kDataReadOnly = FC_PULL_LD == 1;  // two-phase copies of data areas
+template <bool kReadOnly>
+__device__ __forceinline__ uint4 ld_vec(const uint4* p) {
+#if FC_PULL_LD == 1
+  if constexpr (kReadOnly) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  }
+#endif
+  return __ldcg(p);
+}
+
 // The CTA copies n elements src -> dst (either may be peer memory). 16-byte vectors when both
 // are 16-byte aligned, with kUnroll loads in flight per thread (NVLink reads need many; the
 // one-shot path, small parts, keeps its 4).
-template <typename T, int kUnroll = kTwoPhaseCopyUnroll>
+template <typename T, int kUnroll = kTwoPhaseCopyUnroll, bool kReadOnly = false>
 __device__ void cta_copy(T* dst, const T* src, int64_t n) {
   using Raw = typename Elem<T>::Raw;
   constexpr int kEpv = kVecBytes / sizeof(T);
@@ -110,11 +133,11 @@ __device__ void cta_copy(T* dst, const T* src, int64_t n) {
     for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
       uint4 v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = __ldcg(s + i + u * nt);
+      for (int u = 0; u < kUnroll; ++u) v[u] = ld_vec<kReadOnly>(s + i + u * nt);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) o[i + u * nt] = v[u];
     }
-    for (; i < nv; i += nt) o[i] = __ldcg(s + i);
+    for (; i < nv; i += nt) o[i] = ld_vec<kReadOnly>(s + i);
     done = nv * kEpv;
   }
   const Raw* s = reinterpret_cast<const Raw*>(src);
@@ -143,7 +166,7 @@ __device__ __forceinline__ void cta_reduce_vec(uint4* dst, uint4* dst2, const T*
 #pragma unroll
     for (int u = 0; u < kRedUnroll; ++u)
 #pragma unroll
-      for (int k = 0; k < NS; ++k) v[u][k] = __ldcg(s[k] + i + u * nt);
+      for (int k = 0; k < NS; ++k) v[u][k] = ld_vec<true>(s[k] + i + u * nt);
 #pragma unroll
     for (int u = 0; u < kRedUnroll; ++u) {
       float acc[kEpv];
@@ -159,7 +182,7 @@ __device__ __forceinline__ void cta_reduce_vec(uint4* dst, uint4* dst2, const T*
   for (; i < nv; i += nt) {
     uint4 v[NS];
 #pragma unroll
-    for (int k = 0; k < NS; ++k) v[k] = __ldcg(s[k] + i);
+    for (int k = 0; k < NS; ++k) v[k] = ld_vec<true>(s[k] + i);
     float acc[kEpv];
 #pragma unroll
     for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
@@ -242,8 +265,11 @@ __device__ void cta_reduce_small(T* dst, T* dst2, const T* const* src, int nsrc,
 
 struct Params {
   CollectiveArgs a;
-  int64_t chunk;  // two-phase: elements per work item (multiple of the vector width)
-  int pull_ctas;  // two-phase: CTAs [0, pull_ctas) read peers; the rest copy the local segment
+  int64_t chunk;  // two-phase, pipelined: elements per work item (multiple of the vector width)
+  int pull_ctas;  // two-phase: CTAs [0, pull_ctas) read peers; the rest copy the local segment.
+                  // pipelined kernel: the producer CTAs
+  int consumers;  // pipelined kernel: CTAs [pull_ctas, pull_ctas + consumers)
+  int64_t slot_stride;  // push reduceScatter / allToAll: elements between scratch slots
 };
 
 template <typename T>
@@ -423,7 +449,8 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
         for_interleaved_chunks(
             W, r, chunk, [&](int p) { return split_count(count, W, p); },
             [&](int p, int64_t b, int64_t e) {
-              cta_copy(out + split_offset(count, W, p) + b, data_of<T>(d, a, p) + b, e - b);
+              cta_copy<T, kTwoPhaseCopyUnroll, kDataReadOnly>(out + split_offset(count, W, p) + b,
+                                                     data_of<T>(d, a, p) + b, e - b);
             },
             false, prm.pull_ctas);
         break;
@@ -431,8 +458,8 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
         for_interleaved_chunks(
             W, r, chunk, [&](int) { return n_r; },
             [&](int p, int64_t b, int64_t e) {
-              cta_copy(out + p * n_r + b, data_of<T>(d, a, p) + split_offset(count, W, r) + b,
-                       e - b);
+              cta_copy<T, kTwoPhaseCopyUnroll, kDataReadOnly>(
+                  out + p * n_r + b, data_of<T>(d, a, p) + split_offset(count, W, r) + b, e - b);
             },
             false, prm.pull_ctas);
         break;
@@ -482,6 +509,317 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
   }
 }
 
+// ---- chunk-pipelined variants (kTwoPhasePush, kPipelined): per-chunk flags ---------------------
+//
+// CTAs [0, P) produce, [P, P + C) consume (collectives.h). Inside every CTA warp 0 is the
+// control warp (flag waits and releases) and warps 1.. move data, so that neither a release's
+// fence.sc.sys (it waits for the CTA's remote stores to be acknowledged) nor a flag acquire
+// sits on the data path: in loop iteration j the data warps work on round j while the control
+// warp releases round j - 1 (producers) or acquires the flags of round j + 1 (consumers); one
+// bar.sync ends the iteration. Ordering: round j's stores (data warps) -> bar.sync -> thread 0
+// fence.sc.sys + st.release.sys (next iteration); acquire (control lane) -> bar.sync -> reads
+// of round j + 1 (next iteration). See CommFlags::pipe.
+
+constexpr int kCtl = 32;  // control warp
+#ifndef FC_PIPE_COPY_UNROLL
+#define FC_PIPE_COPY_UNROLL 8
+#endif
+#ifndef FC_PIPE_RED_LOADS  // 16-byte loads in flight per data thread in a reduction
+#define FC_PIPE_RED_LOADS 8
+#endif
+
+__device__ __forceinline__ uint64_t pipe_tag(uint64_t epoch, int64_t rounds_done) {
+  return (epoch << kCommPipeRoundBits) | static_cast<uint64_t>(rounds_done);
+}
+
+// Where a pipelined copy / reduction stores: an optional local pointer, plus the same byte
+// offset in the regions of the ranks in peer_order (remote stores, or this rank's own scratch).
+struct Dests {
+  uint8_t* local;
+  uint32_t peer_order;  // rank_order(mask of ranks, this rank)
+  uint64_t peer_off;
+};
+// A rank mask laid out so that the lowest set bit first visits ranks r+1, r+2, ... then 0,
+// 1, ...: every rank stores to a different peer first (bit p, or bit p + 8 for p <= r).
+static_assert((kCommMaxRanks & (kCommMaxRanks - 1)) == 0 && 2 * kCommMaxRanks <= 32, "rank_order");
+__device__ __forceinline__ uint32_t rank_order(uint32_t mask, int r) {
+  const uint32_t upto = (2u << r) - 1u;
+  return (mask & ~upto) | ((mask & upto) << kCommMaxRanks);
+}
+__device__ __forceinline__ bool dests_aligned16(const Dests& ds) {
+  return (reinterpret_cast<uintptr_t>(ds.local) & 15) == 0 && (ds.peer_off & 15) == 0;
+}
+// The peer loop stays rolled (region bases read from the parameter space per store): unrolled,
+// eight hoisted bases per batch of stores pushed the reductions over 128 registers.
+template <typename V>
+__device__ __forceinline__ void dests_store(const CommDevice& d, const Dests& ds, int64_t i, V v) {
+  if (ds.local != nullptr) reinterpret_cast<V*>(ds.local)[i] = v;
+#pragma unroll 1
+  for (uint32_t m = ds.peer_order; m != 0; m &= m - 1) {
+    reinterpret_cast<V*>(d.base[(__ffs(m) - 1) & (kCommMaxRanks - 1)] + ds.peer_off)[i] = v;
+  }
+}
+
+// Data warps: n elements from src to every destination. FC_PIPE_COPY_UNROLL vectors in flight
+// per thread, the last batch predicated (no serial tail loop on NVLink latency).
+template <typename T, bool kReadOnly>
+__device__ __forceinline__ void pipe_copy(const CommDevice& d, const uint8_t* src,
+                                          const Dests& ds, int64_t n) {
+  using Raw = typename Elem<T>::Raw;
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  constexpr int U = FC_PIPE_COPY_UNROLL;
+  const int tid = threadIdx.x - kCtl, nt = blockDim.x - kCtl;
+  int64_t done = 0;
+  if (aligned16(src) && dests_aligned16(ds)) {
+    const int64_t nv = n / kEpv;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    for (int64_t i = tid; i < nv; i += static_cast<int64_t>(U) * nt) {
+      uint4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i + u * nt < nv) v[u] = ld_vec<kReadOnly>(s + i + u * nt);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i + u * nt < nv) dests_store(d, ds, i + u * nt, v[u]);
+    }
+    done = nv * kEpv;
+  }
+  const Raw* s = reinterpret_cast<const Raw*>(src);
+  for (int64_t i = done + tid; i < n; i += nt) dests_store(d, ds, i, static_cast<Raw>(__ldcg(s + i)));
+}
+
+// Data warps: element-wise fp32 sum of the ns <= NS sources (src(k): chunk start of source k,
+// rank order) rounded once, to every destination. NS is a compile-time bucket (2, 4, 8) with
+// the sources past ns predicated off, so a kernel holds one instantiation (a switch over eight
+// inlined source counts pushed the kernel past 128 registers). NS * U loads in flight.
+template <typename T, int NS, bool kReadOnly, typename Src>
+__device__ __forceinline__ void pipe_reduce(const CommDevice& d, int ns, Src src, const Dests& ds,
+                                            int64_t n) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  constexpr int U = NS >= FC_PIPE_RED_LOADS ? 1 : FC_PIPE_RED_LOADS / NS;
+  const int tid = threadIdx.x - kCtl, nt = blockDim.x - kCtl;
+  bool vec = dests_aligned16(ds);
+  for (int k = 0; k < ns; ++k) vec = vec && aligned16(src(k));
+  int64_t done = 0;
+  if (vec) {
+    const int64_t nv = n / kEpv;
+    for (int64_t i = tid; i < nv; i += static_cast<int64_t>(U) * nt) {
+      uint4 v[U][NS];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i + u * nt < nv) {
+#pragma unroll
+          for (int k = 0; k < NS; ++k)
+            if (k < ns) {
+              v[u][k] = ld_vec<kReadOnly>(reinterpret_cast<const uint4*>(src(k)) + i + u * nt);
+            }
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i + u * nt < nv) {
+          float acc[kEpv];
+#pragma unroll
+          for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
+#pragma unroll
+          for (int k = 0; k < NS; ++k)
+            if (k < ns) Elem<T>::add_vec(acc, v[u][k]);
+          dests_store(d, ds, i + u * nt, Elem<T>::pack(acc));
+        }
+    }
+    done = nv * kEpv;
+  }
+  for (int64_t i = done + tid; i < n; i += nt) {
+    float acc = 0.f;
+    for (int k = 0; k < ns; ++k) acc += Elem<T>::load(reinterpret_cast<const T*>(src(k)) + i);
+    T t;
+    Elem<T>::store(&t, acc);
+    dests_store(d, ds, i, *reinterpret_cast<const typename Elem<T>::Raw*>(&t));
+  }
+}
+
+// The round loop of a pipelined CTA (all threads). acquire(j): control warp, all lanes,
+// returns (warp-uniformly) whether round j's inputs are observed; work(j): data warps;
+// release(j): control warp (thread 0 acts) publishes round j. Returns false, to every
+// thread, if an acquire gave up.
+template <typename Acquire, typename Work, typename Release>
+__device__ __forceinline__ bool pipe_rounds(int rounds, Acquire acquire, Work work,
+                                            Release release) {
+  __shared__ int s_ok[2];  // [round parity]: written by thread 0 one iteration ahead
+  const bool ctl = threadIdx.x < kCtl;
+  if (ctl) {
+    const bool ok = rounds > 0 ? acquire(0) : true;
+    if (threadIdx.x == 0) s_ok[0] = ok;
+  }
+  __syncthreads();
+  int j = 0;
+  for (; j < rounds; ++j) {
+    if (!s_ok[j & 1]) break;  // every thread reads it after the same barrier
+    if (ctl) {
+      if (j > 0) release(j - 1);
+      const bool ok = j + 1 < rounds ? acquire(j + 1) : true;
+      if (threadIdx.x == 0) s_ok[(j + 1) & 1] = ok;  // last read before the previous barrier
+    } else {
+      work(j);
+    }
+    __syncthreads();
+  }
+  if (j < rounds) return false;
+  if (ctl && rounds > 0) release(rounds - 1);
+  return true;
+}
+
+// One kernel per (dtype, op, push or pull, source-count bucket NS >= world for the reducing
+// ops): each holds a single data path (all of them in one kernel spilled).
+template <typename T, CommOp kOp, bool kPush, int NS>
+__global__ void __launch_bounds__(kThreads, 1)
+    pipe_kernel(const __grid_constant__ CommDevice d, const __grid_constant__ Params prm) {
+  const CollectiveArgs& a = prm.a;
+  const uint64_t epoch = comm_launch_epoch(d);
+  const int W = d.world, r = d.rank;
+  const int P = prm.pull_ctas, C = prm.consumers;
+  constexpr bool push = kPush;
+  constexpr CommOp op = kOp;
+  constexpr bool blocks = op == CommOp::kReduceScatter || op == CommOp::kAllToAll;
+  constexpr int64_t es = sizeof(T);
+  const int64_t count = a.count, chunk = prm.chunk;
+  const int64_t n_r = split_count(count, W, r), off_r = split_offset(count, W, r);
+  const int64_t n_0 = split_count(count, W, 0);  // the longest slice / block
+  const uint64_t in_off = d.data_offset + a.in_offset;  // input's byte offset in every region
+  uint8_t* const out = static_cast<uint8_t*>(a.output);
+  CommFlags* const mine = comm_flags(d, r);
+  const uint32_t peers = ((1u << W) - 1u) & ~(1u << r);
+  auto nch = [&](int64_t len) { return (len + chunk - 1) / chunk; };
+  // Element offset of source `src`'s slot in receiver `recv`'s scratch (push RS / A2A).
+  auto slot = [&](int recv, int src) {
+    return static_cast<int64_t>((src - recv - 1 + W) % W) * prm.slot_stride;
+  };
+  auto rounds_of = [&](int64_t chunks, int first) {
+    return static_cast<int>(chunks > first ? (chunks - first + P - 1) / P : 0);
+  };
+  bool ok = true;
+
+  if (static_cast<int>(blockIdx.x) < P) {
+    // ---- producer c: start barrier (CommFlags::arrive), then rounds of chunks c + j * P.
+    const int c = blockIdx.x;
+    if (c == 0 && threadIdx.x == 0) {
+      __threadfence_system();
+      comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+    }
+    ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive);
+    if (ok) {
+      // RS / A2A push block p (<= n_0 long) to every peer p; AR / AG handle this rank's slice.
+      const int rounds = rounds_of(nch(blocks ? n_0 : n_r), c);
+      auto work = [&](int j) {
+        const int64_t k = c + static_cast<int64_t>(j) * P, b = k * chunk;
+        if constexpr (!blocks) {
+          if (k >= nch(n_r)) return;
+          const int64_t n = min(chunk, n_r - b);
+          const uint64_t pos = (off_r + b) * es;  // the slice's place in output and scratch
+          const Dests ds{out + pos, rank_order(push ? peers : (1u << r), r),
+                         d.scratch_offset + pos};
+          if constexpr (op == CommOp::kAllReduce) {
+            const uint64_t so = in_off + pos;
+            pipe_reduce<T, NS, true>(d, W, [&](int s) { return d.base[s] + so; }, ds, n);
+          } else {  // allGather (push): this rank's block
+            pipe_copy<T, true>(d, d.base[r] + in_off + b * es, ds, n);
+          }
+        } else {
+        for (int i = 1; i < W; ++i) {
+          const int p = (r + i) % W;
+          const int64_t n_p = split_count(count, W, p);
+          if (k >= nch(n_p)) continue;
+          const Dests ds{nullptr, rank_order(1u << p, r), d.scratch_offset + (slot(p, r) + b) * es};
+          pipe_copy<T, true>(d, d.base[r] + in_off + (split_offset(count, W, p) + b) * es, ds,
+                             min(chunk, n_p - b));
+        }
+        if (op == CommOp::kAllToAll && k < nch(n_r)) {
+          const Dests ds{out + (r * n_r + b) * es, 0u, 0};
+          pipe_copy<T, true>(d, d.base[r] + in_off + (off_r + b) * es, ds, min(chunk, n_r - b));
+        }
+        }
+      };
+      auto release = [&](int j) {
+        if (threadIdx.x == 0) {
+          __threadfence_system();
+          comm_signal_peers(d, [&](CommFlags* f) { return &f->pipe[r][c]; },
+                            pipe_tag(epoch, j + 1));
+        }
+      };
+      pipe_rounds(rounds, [](int) { return true; }, work, release);
+    }
+  } else {
+    // ---- consumer q: chunks of producers c = q, q + C, ... (< P) of every peer.
+    const int q = blockIdx.x - P;
+    const int ncov = (P - q + C - 1) / C;
+    // Length whose chunks source s's producers release to this rank.
+    auto seg = [&](int s) { return blocks ? n_r : split_count(count, W, s); };
+    const int rounds = rounds_of(nch(n_0), q);
+    auto acquire = [&](int j) {
+      bool good = true;
+      const int npeer = W - 1;
+      for (int idx = threadIdx.x; good && idx < ncov * npeer; idx += kCtl) {
+        const int c = q + (idx / npeer) * C;
+        const int s = (r + 1 + idx % npeer) % W;
+        if (c + static_cast<int64_t>(j) * P < nch(seg(s))) {
+          good = comm_wait_flag_inline(d, &mine->pipe[s][c], pipe_tag(epoch, j + 1),
+                                       static_cast<uint32_t>(op), kCommStepChunk, s);
+        }
+      }
+      return __all_sync(0xffffffffu, good);
+    };
+    auto work = [&](int j) {
+      for (int ci = 0; ci < ncov; ++ci) {
+        const int64_t k = q + ci * C + static_cast<int64_t>(j) * P, b = k * chunk;
+        if constexpr (op == CommOp::kReduceScatter) {
+          if (k >= nch(n_r)) continue;
+          const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
+          const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
+          pipe_reduce<T, NS, false>(
+              d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
+              Dests{out + b * es, 0u, 0}, min(chunk, n_r - b));
+        } else {
+        for (int i = 1; i < W; ++i) {
+          const int s = (r + i) % W;
+          if constexpr (op == CommOp::kAllToAll) {
+            if (k >= nch(n_r)) continue;
+            pipe_copy<T, false>(d, d.base[r] + d.scratch_offset + (slot(r, s) + b) * es,
+                                Dests{out + (s * n_r + b) * es, 0u, 0}, min(chunk, n_r - b));
+          } else {  // allReduce, allGather: slice s at its output position
+            const int64_t n_s = split_count(count, W, s);
+            if (k >= nch(n_s)) continue;
+            const uint64_t pos = (split_offset(count, W, s) + b) * es;
+            // push: the peer stored it into this rank's scratch; pipelined: pull it from the
+            // peer's own scratch.
+            pipe_copy<T, false>(d, d.base[push ? r : s] + d.scratch_offset + pos,
+                                Dests{out + pos, 0u, 0}, min(chunk, n_s - b));
+          }
+        }
+        }
+      }
+    };
+    ok = pipe_rounds(rounds, acquire, work, [](int) {});
+  }
+
+  if constexpr (push) {
+    // No end barrier: every peer's reads of this rank's memory (allReduce's phase-1 loads of
+    // the input) precede the chunk flags this rank's consumers have acquired (CommFlags::pipe).
+    finish_launch(d, epoch);
+    return;
+  }
+  // End barrier (CommFlags::done), as in two_phase_kernel: peers read this rank's scratch.
+  comm_publish_fence();
+  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
+    for (int i = 1; i < W; ++i) {
+      const int p = (r + i) % W;
+      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(op), kCommStepDone, p))
+        break;
+    }
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+  (void)ok;
+}
+
 // CTAs that pull from peers in the two-phase kernels, by world size (tuned on 4 x H200: more
 // CTAs keep more NVLink reads outstanding and go slower). Tuning sweeps rebuild with
 // -DFC_PULL_CTAS_W2=N / -DFC_PULL_CTAS_W4=N (bench/collectives/variants.sh); the library reads no
@@ -493,6 +831,29 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
 #define FC_PULL_CTAS_W4 48
 #endif
 int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PULL_CTAS_W4; }
+
+// Pipelined variants' defaults (rebuild with -D to sweep; CollectiveArgs::num_ctas and
+// chunk_bytes override producers and chunk at run time). push: producers pull-reduce and push,
+// 1 consumer (local copies) per FC_PUSH_COPY_DIV producers; pipelined: as many consumers
+// (pulls of peers' scratch) as producers, so that about as many CTAs pull as in two-phase.
+#ifndef FC_PUSH_PRODUCERS_W2
+#define FC_PUSH_PRODUCERS_W2 64
+#endif
+#ifndef FC_PUSH_PRODUCERS_W4  // world >= 3
+#define FC_PUSH_PRODUCERS_W4 48
+#endif
+#ifndef FC_PUSH_COPY_DIV
+#define FC_PUSH_COPY_DIV 2
+#endif
+#ifndef FC_PIPE_PRODUCERS_W2
+#define FC_PIPE_PRODUCERS_W2 32
+#endif
+#ifndef FC_PIPE_PRODUCERS_W4
+#define FC_PIPE_PRODUCERS_W4 24
+#endif
+#ifndef FC_PIPE_CHUNK_KIB
+#define FC_PIPE_CHUNK_KIB 64
+#endif
 
 int64_t elem_size(CommDtype t) { return t == CommDtype::kBF16 ? 2 : 4; }
 
@@ -511,6 +872,85 @@ int64_t two_phase_bytes(const CollectiveArgs& a, int world, int rank) {
     case CommOp::kAllToAll: return a.count * es;
     default: return split_count(a.count, world, rank) * es * world;
   }
+}
+
+template <typename T, CommOp kOp, bool kPush>
+void launch_pipe_ns(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
+  if (d.world <= 2) {
+    pipe_kernel<T, kOp, kPush, 2><<<grid, kThreads, 0, stream>>>(d, prm);
+  } else if (d.world <= 4) {
+    pipe_kernel<T, kOp, kPush, 4><<<grid, kThreads, 0, stream>>>(d, prm);
+  } else {
+    pipe_kernel<T, kOp, kPush, 8><<<grid, kThreads, 0, stream>>>(d, prm);
+  }
+}
+template <typename T>
+void launch_pipe(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
+  const bool push = prm.a.algo == CommAlgo::kTwoPhasePush;
+  switch (prm.a.op) {
+    case CommOp::kAllReduce:
+      if (push) {
+        launch_pipe_ns<T, CommOp::kAllReduce, true>(d, prm, grid, stream);
+      } else {
+        launch_pipe_ns<T, CommOp::kAllReduce, false>(d, prm, grid, stream);
+      }
+      break;
+    case CommOp::kReduceScatter:
+      launch_pipe_ns<T, CommOp::kReduceScatter, true>(d, prm, grid, stream);
+      break;
+    case CommOp::kAllGather:
+      pipe_kernel<T, CommOp::kAllGather, true, 1><<<grid, kThreads, 0, stream>>>(d, prm);
+      break;
+    case CommOp::kAllToAll:
+      pipe_kernel<T, CommOp::kAllToAll, true, 1><<<grid, kThreads, 0, stream>>>(d, prm);
+      break;
+  }
+}
+
+// The pipelined kernel's plan (Params::pull_ctas = producers, consumers, chunk, slot_stride)
+// from (op, dtype, count, world, num_ctas, chunk_bytes) only: identical on every rank. Returns
+// false if the scratch cannot hold what the peers push.
+bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Params& prm) {
+  const int W = d.world;
+  const int64_t es = elem_size(a.dtype), epv = kVecBytes / es;
+  const bool push = algo == CommAlgo::kTwoPhasePush;
+  int P = a.num_ctas > 0 ? a.num_ctas
+          : push         ? (W <= 2 ? FC_PUSH_PRODUCERS_W2 : FC_PUSH_PRODUCERS_W4)
+                         : (W <= 2 ? FC_PIPE_PRODUCERS_W2 : FC_PIPE_PRODUCERS_W4);
+  P = std::clamp(P, 1, kCommMaxPipeCtas);
+  // The chunk: the target rounded to whole copy batches of the data warps (FC_PIPE_COPY_UNROLL
+  // vectors per data thread: one NVLink round trip per chunk in pipe_copy), or to vectors for
+  // small targets; spread over all producers when the longest slice / block n_0 has fewer
+  // chunks than producers; grown if a producer would exceed kCommPipeMaxRounds rounds.
+  const int64_t n0 = split_count(a.count, W, 0);
+  const int64_t target = std::max<int64_t>(
+      epv, (a.chunk_bytes > 0 ? a.chunk_bytes : int64_t{FC_PIPE_CHUNK_KIB} << 10) / es);
+  const int64_t batch = int64_t{kThreads - kCtl} * epv;  // one vector per data thread
+  const int64_t copy_batch = batch * FC_PIPE_COPY_UNROLL;
+  auto round_up = [](int64_t x, int64_t g) { return (x + g - 1) / g * g; };
+  int64_t chunk = target >= copy_batch
+                      ? std::max(copy_batch, (target + copy_batch / 2) / copy_batch * copy_batch)
+                      : round_up(target, epv);
+  if (n0 < P * chunk) {
+    const int64_t even = (n0 + P - 1) / P;
+    chunk = std::max(epv, std::min(chunk, round_up(even, even >= batch ? batch : epv)));
+  }
+  if ((n0 + chunk - 1) / chunk > P * kCommPipeMaxRounds) {
+    chunk = round_up((n0 + P * kCommPipeMaxRounds - 1) / (P * kCommPipeMaxRounds), epv);
+  }
+  prm.chunk = chunk;
+  prm.pull_ctas = P;
+  prm.consumers = push ? std::max(1, (P + FC_PUSH_COPY_DIV - 1) / FC_PUSH_COPY_DIV) : P;
+  prm.slot_stride = (n0 + epv - 1) / epv * epv;
+  if (push && W > 1) {
+    const uint64_t need = a.op == CommOp::kAllGather || a.op == CommOp::kAllReduce
+                              ? static_cast<uint64_t>(a.count * es)
+                          : a.op == CommOp::kReduceScatter || a.op == CommOp::kAllToAll
+                              ? static_cast<uint64_t>((W - 1) * prm.slot_stride * es)
+                              : 0;
+    if (need > d.data_bytes) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -561,7 +1001,9 @@ cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cuda
   if (collective_output_count(a.op, a.count, d.world, d.rank) > 0 && a.output == nullptr) {
     return cudaErrorInvalidValue;
   }
-  const CommAlgo algo = collective_choose_algo(d, a);
+  CommAlgo algo = collective_choose_algo(d, a);
+  // kPipelined only changes allReduce (the only op with two phases).
+  if (algo == CommAlgo::kPipelined && a.op != CommOp::kAllReduce) algo = CommAlgo::kTwoPhase;
   const int sms = d.sm_count > 0 ? d.sm_count : 1;
   Params prm{a, 0, 0};
   if (algo == CommAlgo::kOneShot) {
@@ -612,6 +1054,15 @@ cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cuda
       two_phase_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
     } else {
       two_phase_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
+    }
+  } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined) {
+    if (!pipe_plan(d, a, algo, prm)) return cudaErrorInvalidValue;
+    prm.a.algo = algo;  // launch_pipe picks the kernel from it (kAuto may resolve to these)
+    const int grid = prm.pull_ctas + prm.consumers;
+    if (a.dtype == CommDtype::kBF16) {
+      launch_pipe<__nv_bfloat16>(d, prm, grid, stream);
+    } else {
+      launch_pipe<float>(d, prm, grid, stream);
     }
   } else {
     return cudaErrorInvalidValue;

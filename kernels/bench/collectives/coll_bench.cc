@@ -4,6 +4,11 @@
 // (same sizes, batches and method); report.py joins them. Usage:
 //   coll_bench --world W --out ours.jsonl [--max-bytes 1073741824] [--min-bytes 0]
 //              [--ops ag,rs,ar,a2a] [--ctas N (CollectiveArgs::num_ctas; 0: auto)]
+//              [--algos 0,2,3,4 (CommAlgo values; default 0 = auto)]
+//              [--chunks-kib 0,128 (CollectiveArgs::chunk_bytes / 1024 for algos 3, 4)]
+//              [--label NAME (the "variant" field of every row; default "default")]
+// Rows: impl "fusedcomm", "algo" the algorithm that ran (with "/<chunk>K" when --chunks-kib
+// is not 0), "variant" the label.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -38,8 +43,32 @@ struct OpInfo {
   }
 };
 
+const char* algo_name(k::CommAlgo a) {
+  switch (a) {
+    case k::CommAlgo::kOneShot: return "one-shot";
+    case k::CommAlgo::kTwoPhase: return "two-phase";
+    case k::CommAlgo::kTwoPhasePush: return "push";
+    case k::CommAlgo::kPipelined: return "pipelined";
+    default: return "auto";
+  }
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    if (j > i) v.push_back(std::atoll(s.substr(i, j - i).c_str()));
+    i = j + 1;
+  }
+  return v;
+}
+
 int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, int64_t min_bytes,
-          int64_t max_bytes, int num_ctas, const std::string& out_path) {
+          int64_t max_bytes, int num_ctas, const std::vector<int64_t>& algos,
+          const std::vector<int64_t>& chunks_kib, const std::string& label,
+          const std::string& out_path) {
   const int W = g.world, r = g.rank;
   CK(cudaSetDevice(r));
   fusedcomm::SymmetricConfig cfg;
@@ -56,7 +85,14 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
   CK(cudaEventCreate(&ev1));
   FILE* f = r == 0 ? std::fopen(out_path.c_str(), "w") : nullptr;
   for (const OpInfo& oi : ops) {
-    for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
+   for (int64_t algo_req : algos) {
+    // kPipelined runs two-phase for every op but allReduce: measured once (a repeat of
+    // two-phase, labelled so), without the chunk sweep.
+    const bool repeat = algo_req == 4 && oi.op != k::CommOp::kAllReduce;
+    const bool pipelined = (algo_req == 3 || algo_req == 4) && !repeat;
+    for (int64_t chunk_kib : chunks_kib) {
+     if (!pipelined && chunk_kib != chunks_kib.front()) continue;  // chunk: variants 3, 4 only
+     for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
       if (bytes < min_bytes) continue;
       k::CollectiveArgs a;
       a.op = oi.op;
@@ -64,6 +100,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
       a.count = bytes / 2;
       a.output = out;
       a.num_ctas = num_ctas;
+      a.algo = static_cast<k::CommAlgo>(algo_req);
+      a.chunk_bytes = pipelined ? chunk_kib << 10 : 0;
       const int iters = bytes <= (1 << 20) ? 200 : bytes <= (64 << 20) ? 20 : 5;
       const int batches = 10;
       g.barrier();
@@ -85,21 +123,24 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
       const double med = per[per.size() / 2];
       const double algbw = bytes / (med * 1e-3) / 1e9;
       const k::CommAlgo algo = k::collective_choose_algo(sm->device(), a);
+      std::string aname = repeat ? "two-phase(rep)" : algo_name(algo);
+      if (pipelined && chunk_kib != 0) aname += "/" + std::to_string(chunk_kib) + "K";
+      if (num_ctas != 0) aname += "/c" + std::to_string(num_ctas);
       if (f) {
         std::fprintf(f,
                      "{\"op\": \"%s\", \"impl\": \"fusedcomm\", \"world\": %d, \"bytes\": %lld, "
                      "\"dtype\": \"bf16\", \"ms_median\": %.6f, \"algbw\": %.3f, \"busbw\": %.3f, "
-                     "\"algo\": \"%s\", \"iters\": %d, \"batches\": %d}\n",
+                     "\"algo\": \"%s\", \"variant\": \"%s\", \"iters\": %d, \"batches\": %d}\n",
                      oi.name, W, static_cast<long long>(bytes), med, algbw,
-                     algbw * oi.bus_factor(W), algo == k::CommAlgo::kOneShot ? "one-shot" : "two-phase",
-                     iters, batches);
+                     algbw * oi.bus_factor(W), aname.c_str(), label.c_str(), iters, batches);
         std::fflush(f);
         std::printf("%-14s W=%d %11lld B  %9.4f ms  busbw %7.1f GB/s  (%s)\n", oi.name, W,
-                    static_cast<long long>(bytes), med, algbw * oi.bus_factor(W),
-                    algo == k::CommAlgo::kOneShot ? "one-shot" : "two-phase");
+                    static_cast<long long>(bytes), med, algbw * oi.bus_factor(W), aname.c_str());
         std::fflush(stdout);
       }
+     }
     }
+   }
   }
   if (f) std::fclose(f);
   g.barrier();
@@ -112,7 +153,8 @@ int main(int argc, char** argv) {
   int world = 2;
   int64_t max_bytes = 1ll << 30, min_bytes = 0;
   int num_ctas = 0;
-  std::string out = "ours.jsonl", which = "ag,rs,ar,a2a";
+  std::string out = "ours.jsonl", which = "ag,rs,ar,a2a", algos = "0", chunks = "0",
+              label = "default";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--world")) world = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
@@ -120,6 +162,9 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--ops")) which = argv[i + 1];
     if (!std::strcmp(argv[i], "--min-bytes")) min_bytes = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--ctas")) num_ctas = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--algos")) algos = argv[i + 1];
+    if (!std::strcmp(argv[i], "--chunks-kib")) chunks = argv[i + 1];
+    if (!std::strcmp(argv[i], "--label")) label = argv[i + 1];
   }
   std::vector<OpInfo> ops;
   if (which.find("ag") != std::string::npos) ops.push_back({"allGather", k::CommOp::kAllGather});
@@ -127,6 +172,10 @@ int main(int argc, char** argv) {
   if (which.find("ar") != std::string::npos) ops.push_back({"allReduce", k::CommOp::kAllReduce});
   if (which.find("a2a") != std::string::npos) ops.push_back({"allToAll", k::CommOp::kAllToAll});
   const int failed = fusedcomm::testing::run_processes(
-      world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, ops, min_bytes, max_bytes, num_ctas, out); }, 500);
+      world, [&](fusedcomm::testing::ProcessGroup& g) {
+        return bench(g, ops, min_bytes, max_bytes, num_ctas, parse_list(algos), parse_list(chunks),
+                     label, out);
+      },
+      500);
   return failed == 0 ? 0 : 1;
 }

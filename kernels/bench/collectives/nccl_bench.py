@@ -4,7 +4,8 @@ Same sizes, warm-up, batches and timing as coll_bench.cc: for each size, 5 warm-
 10 batches of `iters` back-to-back calls timed with CUDA events on rank 0; the median of the
 per-call batch means is reported. Sizes are the collective's bytes as nccl-tests counts them
 (allGather: output; reduceScatter: input; allReduce; allToAll: input per rank).
-Run: torchrun --nproc-per-node W nccl_bench.py --out nccl.jsonl [--max-bytes N]
+Run: torchrun --nproc-per-node W nccl_bench.py --out nccl.jsonl [--max-bytes N] [--min-bytes N]
+     [--ops ag,rs,ar,a2a]
 NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off on shared hosts).
 """
 import argparse, json, os
@@ -16,6 +17,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="nccl.jsonl")
     ap.add_argument("--max-bytes", type=int, default=1 << 30)
+    ap.add_argument("--min-bytes", type=int, default=0)
     ap.add_argument("--ops", default="ag,rs,ar,a2a")
     args = ap.parse_args()
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "export NCCL_NVLS_ENABLE=0"
@@ -34,6 +36,9 @@ def main():
     for op in ops:
         b = 1024
         while b <= args.max_bytes:
+            if b < args.min_bytes:
+                b *= 4
+                continue
             n = b // 2
             n_w = (n // world) * world
             if op == "allGather":

@@ -48,6 +48,33 @@
 //     from every peer, allReduce = reduceScatter into its own scratch (+ output) then a grid
 //     barrier and an allGather of the peers' scratch slices. End barrier: every peer has
 //     finished reading this rank's memory before any rank's launch completes.
+//   Chunk-pipelined variants (forced only; kAuto does not pick them yet). CTAs [0, P) are
+//     producers, [P, P + C) consumers; producer c handles chunks k = c + j*P in round j and,
+//     after each round, releases CommFlags::pipe[rank][c] in every peer (a per-chunk flag, no
+//     grid barrier); consumers wait for those flags. P, C and the chunk depend only on (op,
+//     dtype, count, world, num_ctas, chunk_bytes), never on the rank or the GPU, so every rank
+//     derives the same plan. Producers never wait on consumers, so progress needs no
+//     co-residency (all P + C CTAs are resident with the defaults anyway).
+//   two-phase push (kTwoPhasePush): start barrier, then
+//     allReduce: producers pull-reduce chunk k of this rank's slice from every rank's data
+//       area (as two-phase), store it to the output and PUSH it (16-byte remote stores) into
+//       every peer's scratch at the slice position; consumers copy the peers' chunks from local
+//       scratch to the output as their flags arrive. No grid barrier, no end barrier: a
+//       consumer's last flag from peer p also says p finished reading this rank's input.
+//     allGather: producers push this rank's block into every peer's scratch (output layout)
+//       and copy it to the output; consumers copy the peers' blocks scratch -> output.
+//       Needs count * elem_size <= data_bytes (the scratch holds the gathered tensor).
+//     reduceScatter / allToAll: producers push block p of the input into peer p's scratch slot
+//       [(r - p - 1) mod W] (slots round_up(split_count(count,W,0), 16 B) elements apart);
+//       consumers reduce (rank order, own block read in place) or copy them to the output.
+//       Needs (W-1) * slot elements * elem_size <= data_bytes.
+//     Push: every rank reads only its own data area except in allReduce's phase 1. Every
+//     push / pipelined launch waits for each peer's arrive flag of that launch, so the
+//     one-shot slot-reuse argument (CommFlags::ready) holds across mixed algorithms.
+//   pipelined (kPipelined, allReduce; other ops run two-phase): start barrier; producers
+//     reduce chunks into output + OWN scratch and release the chunk flag; consumers PULL the
+//     peers' chunks from their scratch as the flags arrive (the two phases overlap chunk by
+//     chunk, no grid barrier); end barrier as two-phase (peers read this rank's scratch).
 // - Protocol (DESIGN.md §3): each launch gets a 64-bit epoch = this rank's launch count on the
 //   CommDevice, kept on the device (CommControl::epoch: read by every CTA at start, bumped by
 //   the last CTA to finish), so back-to-back launches and CUDA-graph replay get fresh epochs
@@ -80,7 +107,22 @@ inline constexpr uint64_t kCommStagingOffset = 64 << 10;
 
 enum class CommOp : uint32_t { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kAllToAll = 4 };
 enum class CommDtype : uint32_t { kF32 = 0, kBF16 = 1 };
-enum class CommAlgo : uint32_t { kAuto = 0, kOneShot = 1, kTwoPhase = 2 };
+// kTwoPhasePush and kPipelined: the chunk-pipelined variants above (measurement candidates).
+enum class CommAlgo : uint32_t {
+  kAuto = 0,
+  kOneShot = 1,
+  kTwoPhase = 2,
+  kTwoPhasePush = 3,
+  kPipelined = 4,
+};
+
+// Chunk-pipelined variants: at most kCommMaxPipeCtas producer CTAs (one flag each per source
+// rank), and a chunk flag holds (epoch << kCommPipeRoundBits) | rounds_done, so a producer does
+// at most kCommPipeMaxRounds rounds per launch (the launcher grows the chunk to stay below);
+// tags stay monotone for 2^44 launches per CommDevice.
+inline constexpr int kCommMaxPipeCtas = 128;
+inline constexpr int kCommPipeRoundBits = 20;
+inline constexpr int64_t kCommPipeMaxRounds = (int64_t{1} << kCommPipeRoundBits) - 2;
 
 // Where a wait gave up (CommErrorRecord::step).
 enum CommStep : uint32_t {
@@ -88,6 +130,8 @@ enum CommStep : uint32_t {
   kCommStepReady = 2,    // one-shot: peer's pushed data not arrived
   kCommStepPhase = 3,    // two-phase allReduce: peer's reduced slice not ready
   kCommStepDone = 4,     // two-phase end barrier: peer still reading our memory
+  kCommStepChunk = 5,    // pipelined variants: peer's chunk flag (CommErrorRecord::epoch holds
+                         // the awaited (epoch << kCommPipeRoundBits) | round)
 };
 
 // Flags of one rank's region. Written ONLY by peers (and by this rank for itself where noted),
@@ -113,8 +157,21 @@ struct alignas(64) CommFlags {
   // reaches launch e+2 only after its launch e+1 completed, which waited for a flag that this
   // rank wrote in ITS launch e+1, i.e. after this rank's launch e (and its reads) finished.
   uint64_t ready[kCommMaxRanks][kCommMaxOneShotCtas];
+  // pipe[p][c] = (e << kCommPipeRoundBits) | (j + 1): producer CTA c of rank p has finished its
+  // rounds 0..j of launch e (kTwoPhasePush, kPipelined): its chunks' stores into this rank's
+  // scratch (push) or into p's own scratch (pipelined) are done, and so are its loads from
+  // every rank's data area for those chunks. Writer: p's CTA c, all data threads store,
+  // bar.sync, then thread 0 fence.sc.sys and st.release.sys (the publish pattern of
+  // comm_protocol.cuh; one writer per flag, rounds in program order, so the value only grows).
+  // Reader: a lane of the consumer CTA's control warp ld.acquire.sys until >= the awaited tag,
+  // then bar.sync, then the data threads read. Monotone across launches because j + 1 <
+  // 2^kCommPipeRoundBits (launcher) and epochs grow: any tag of launch e exceeds every tag of
+  // e - 1. Scratch reuse: a producer writes a peer's scratch in launch e only after that peer's
+  // arrive >= e, i.e. after the peer's launch e - 1 (which read it) completed.
+  uint64_t pipe[kCommMaxRanks][kCommMaxPipeCtas];
 };
-static_assert(sizeof(CommFlags) == 8 * (3 * kCommMaxRanks + kCommMaxRanks * kCommMaxOneShotCtas),
+static_assert(sizeof(CommFlags) == 8 * (3 * kCommMaxRanks + kCommMaxRanks * kCommMaxOneShotCtas +
+                                        kCommMaxRanks * kCommMaxPipeCtas),
               "CommFlags layout is shared between ranks");
 static_assert(sizeof(CommFlags) <= kCommControlOffset, "flags overlap the control block");
 
@@ -168,18 +225,23 @@ struct CollectiveArgs {
   uint64_t in_offset = 0;  // byte offset of the input in the data area (same on every rank)
   void* output = nullptr;  // this process's device memory
   CommAlgo algo = CommAlgo::kAuto;
-  int num_ctas = 0;        // 0: from the size and the SM count
+  int num_ctas = 0;        // 0: from the size and the SM count. kTwoPhasePush / kPipelined:
+                           // producer CTAs (consumers derived), at most kCommMaxPipeCtas
+  int64_t chunk_bytes = 0; // kTwoPhasePush / kPipelined: target bytes per producer chunk
+                           // (0: about 64 KiB); same value on every rank. Ignored otherwise.
 };
 
 // Elements of the output of `op` on rank `rank` (see the size rules).
 int64_t collective_output_count(CommOp op, int64_t count, int world, int rank);
 // Elements of the input of `op` on rank `rank`.
 int64_t collective_input_count(CommOp op, int64_t count, int world, int rank);
-// The algorithm kAuto picks (kOneShot or kTwoPhase) for these arguments.
+// The algorithm kAuto picks (kOneShot or kTwoPhase) for these arguments; a forced algorithm
+// is returned as is.
 CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& args);
 
 // Enqueues one collective on `stream` (see the contract above). cudaErrorInvalidValue for bad
-// arguments (world, sizes outside the data area, a forced one-shot whose payload exceeds a slot).
+// arguments (world, sizes outside the data area, a forced one-shot whose payload exceeds a slot,
+// a forced kTwoPhasePush whose scratch need exceeds data_bytes).
 cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& args,
                               cudaStream_t stream);
 
@@ -198,6 +260,7 @@ inline const char* comm_step_name(uint32_t step) {
     case kCommStepReady: return "ready (one-shot data)";
     case kCommStepPhase: return "phase (reduced slice)";
     case kCommStepDone: return "done (end barrier)";
+    case kCommStepChunk: return "chunk (pipelined data)";
     default: return "?";
   }
 }

@@ -55,10 +55,12 @@ __device__ __forceinline__ bool comm_failed(const CommDevice& d) {
 // re-read every 16 polls; the host-mapped abort word and the clock only every
 // kCommSlowCheckNs of waiting: hundreds of CTAs reading host memory over PCIe every few polls
 // slowed every barrier by tens to hundreds of microseconds on a 4 x H200 host.
+// comm_wait_flag_inline is the same wait, inlined: for waits inside a kernel's main loop,
+// where a call would make the caller save every live register around it (spills).
 inline constexpr uint64_t kCommSlowCheckNs = 20000;
-__device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag,
-                                            uint64_t epoch, uint32_t op, uint32_t step,
-                                            int peer) {
+__device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const uint64_t* flag,
+                                                      uint64_t epoch, uint32_t op, uint32_t step,
+                                                      int peer) {
   uint64_t v = ld_acquire_sys(flag);
   if (v >= epoch) return true;
   const uint64_t timeout = d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs;
@@ -104,6 +106,11 @@ __device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t*
     const uint32_t cap = polls < 4096 ? 128u : 1024u;
     sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
   }
+}
+__device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag,
+                                            uint64_t epoch, uint32_t op, uint32_t step,
+                                            int peer) {
+  return comm_wait_flag_inline(d, flag, epoch, op, step, peer);
 }
 
 // All threads of a CTA: thread 0 waits for flags[p] >= epoch for every peer p != rank (flags
