@@ -1,5 +1,6 @@
-// launch_gemm: argument checks, tile-width choice, TMA tensor maps, and the four instantiations
-// of the engine (BN 128/256 × B layout NK/KN) with the default epilogue.
+// launch_gemm: argument checks, tile-width choice, TMA tensor maps (detail::gemm_plan, shared
+// with the fused launchers), and the four instantiations of the plain kernel (BN 128/256 × B
+// layout NK/KN) with the default epilogue.
 #include "fusedcomm/kernels/detail/gemm_sm90.cuh"
 #include "fusedcomm/kernels/gemm.h"
 
@@ -73,25 +74,16 @@ int choose_tile_n(int M, int N, int ctas) {
 }
 
 template <int BN, bool kBKN>
-cudaError_t launch_instance(const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& tc,
-                            const GemmProblem& prob,
-                            const detail::DefaultEpilogue& epi, int grid, cudaStream_t stream) {
+cudaError_t launch_instance(const detail::GemmPlan& p, cudaStream_t stream) {
   auto kernel = detail::gemm_sm90_kernel<BN, kBKN, detail::DefaultEpilogue>;
   constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
-  // The shared-memory opt-in is per device: remember which devices have it (up to 64).
   static std::atomic<uint64_t> opted_in{0};
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const uint64_t bit = 1ull << (dev & 63);
-  if ((opted_in.load(std::memory_order_relaxed) & bit) == 0) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-        e != cudaSuccess) {
-      return e;
-    }
-    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
+                                               opted_in);
+      e != cudaSuccess) {
+    return e;
   }
-  kernel<<<grid, detail::kGemmThreads, smem, stream>>>(ta, tb, tc, prob, epi);
+  kernel<<<p.grid, detail::kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob, p.epi);
   return cudaGetLastError();
 }
 
@@ -109,7 +101,9 @@ GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas) {
   return {detail::kTileM, bn, ceil_div(M, detail::kTileM), ceil_div(N, bn)};
 }
 
-cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
+namespace detail {
+
+cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
   if (a.M < 1 || a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
   if (a.A == nullptr || a.B == nullptr) return cudaErrorInvalidValue;
@@ -139,7 +133,8 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
   // ---- schedule ----
   const int ctas = a.num_ctas > 0 ? a.num_ctas : sm_count();
   const GemmTileGrid g = gemm_tile_grid(a.M, a.N, a.tile_n, ctas);
-  GemmProblem prob{};
+  GemmProblem& prob = plan->prob;
+  prob = GemmProblem{};
   prob.M = a.M;
   prob.N = a.N;
   prob.K = a.K;
@@ -150,36 +145,43 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
   prob.group_m = std::max(1, a.group_m > 0 ? a.group_m : 8);
   prob.m_block_start = ((a.m_block_start % g.m_blocks) + g.m_blocks) % g.m_blocks;
   prob.wait = a.wait;
-  const int grid = std::min(ctas, prob.num_tiles);
+  plan->grid = std::min(ctas, prob.num_tiles);
+  plan->tile_n = g.tile_n;
+  plan->kn = kn;
 
   // ---- tensor maps ----
-  CUtensorMap ta, tb;
-  if (!encode_2d(&ta, a.A, a.M, a.K, a.lda, detail::kTileM, detail::kTileK)) {
+  if (!encode_2d(&plan->ta, a.A, a.M, a.K, a.lda, detail::kTileM, detail::kTileK)) {
     return cudaErrorInvalidValue;
   }
-  const bool ok_b = kn ? encode_2d(&tb, a.B, a.K, a.N, a.ldb, detail::kTileK, 64)
-                       : encode_2d(&tb, a.B, a.N, a.K, a.ldb, g.tile_n, detail::kTileK);
+  const bool ok_b = kn ? encode_2d(&plan->tb, a.B, a.K, a.N, a.ldb, detail::kTileK, 64)
+                       : encode_2d(&plan->tb, a.B, a.N, a.K, a.ldb, g.tile_n, detail::kTileK);
   if (!ok_b) return cudaErrorInvalidValue;
 
   // bf16 C goes through shared memory and TMA stores (full-line writes, asynchronous) unless
   // tile flags must order it, in which case the register path stores it before the release.
-  CUtensorMap tc{};
+  plan->tc = CUtensorMap{};
   const bool c_tma = a.C != nullptr && a.c_type == GemmOutType::kBF16 && s.tile_flags == nullptr;
-  if (c_tma && !encode_2d(&tc, a.C, a.M, a.N, a.ldc, 64, 64)) return cudaErrorInvalidValue;
+  if (c_tma && !encode_2d(&plan->tc, a.C, a.M, a.N, a.ldc, 64, 64)) return cudaErrorInvalidValue;
   prob.c_tma = c_tma ? 1 : 0;
 
-  detail::DefaultEpilogue epi{};
+  detail::DefaultEpilogue& epi = plan->epi;
+  epi = detail::DefaultEpilogue{};
   epi.c = c_tma ? nullptr : a.C;
   epi.ldc = a.ldc;
   epi.c_type = a.c_type;
   epi.sink = a.sink;
+  return cudaSuccess;
+}
 
-  if (g.tile_n == 256) {
-    return kn ? launch_instance<256, true>(ta, tb, tc, prob, epi, grid, stream)
-              : launch_instance<256, false>(ta, tb, tc, prob, epi, grid, stream);
+}  // namespace detail
+
+cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
+  detail::GemmPlan p;
+  if (cudaError_t e = detail::gemm_plan(a, &p); e != cudaSuccess) return e;
+  if (p.tile_n == 256) {
+    return p.kn ? launch_instance<256, true>(p, stream) : launch_instance<256, false>(p, stream);
   }
-  return kn ? launch_instance<128, true>(ta, tb, tc, prob, epi, grid, stream)
-            : launch_instance<128, false>(ta, tb, tc, prob, epi, grid, stream);
+  return p.kn ? launch_instance<128, true>(p, stream) : launch_instance<128, false>(p, stream);
 }
 
 }  // namespace fusedcomm::kernels

@@ -10,7 +10,9 @@
 #   gpu_java_run.sh stage N          copy part N into /root/stage (stays while the machine is warm)
 #   gpu_java_run.sh run [worlds...]  unpack, then the GPU JUnit classes: CudaBackendTest, and
 #                                    GpuClusterCollectivesTest once per world size (default: 2
-#                                    and the GPU count); logs under $OUT
+#                                    and the GPU count), then example 02 on the cuda backend
+#                                    at the same world sizes (EXAMPLE_ARGS: M H F dtype seed);
+#                                    logs under $OUT
 set -uo pipefail
 OUT=${OUT:-/tmp/java_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -57,5 +59,26 @@ for w in "${worlds[@]}"; do
   echo "== world $w: executors' logs"; cat "$OUT/executor-uuids-w$w.log"
   grep -E "^rank |overhead|stage 2|FAIL|✔|✘|↷|tests (successful|failed|skipped)|Exception" "$OUT/spark-gpu-w$w.log" | head -40
 done
+# Example 02 (TP MLP forward + backward, fused ops) on the cuda backend, one executor per GPU,
+# the example's own main class and checks (as spark-submit would run it, with the conf as
+# system properties). JCuda was unpacked into /tmp by the test above; executors load it there.
+if [ -d "$repo/.fcbundle/examples" ]; then
+  for w in "${worlds[@]}"; do
+    [ "$w" -le "$ngpu" ] || continue
+    rm -rf /tmp/fusedcomm-gpu-claims; home=$(mktemp -d)
+    timeout 300 java "${flags[@]}" -cp "$repo/.fcbundle/examples:$cp_fc:$BUNDLE_CP" \
+      -Dspark.master="local-cluster[$w,1,1024]" -Dspark.testing=1 -Dspark.test.home="$home" \
+      -Dspark.executorEnv.SPARK_SCALA_VERSION=2.13 -Dspark.plugins=io.fusedcomm.FusedCommPlugin \
+      -Dspark.fusedcomm.backend=cuda -Dspark.driver.host=127.0.0.1 -Dspark.driver.bindAddress=127.0.0.1 \
+      -Dspark.ui.enabled=false -Dspark.worker.resource.gpu.amount=1 -Dspark.executor.resource.gpu.amount=1 \
+      -Dspark.task.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
+      -Dspark.executor.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
+      -Dspark.executor.extraLibraryPath=/tmp \
+      io.fusedcomm.examples.TensorParallelMlpExample "$w" ${EXAMPLE_ARGS:-1000 512 2048 bf16 11} \
+      > "$OUT/example02-w$w.log" 2>&1 || rc=1
+    echo "== example 02 on cuda, world $w"
+    grep -vE "^\s+at |INFO|WARN" "$OUT/example02-w$w.log" | tail -22
+  done
+fi
 echo "gpu_java_run rc=$rc"
 exit $rc

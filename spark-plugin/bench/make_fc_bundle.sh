@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what changes between GPU-host runs into .fcbundle/ (ignored; carried by the device
-# tool): the plugin's classes and test classes, and libfusedcomm.so as a classpath resource
-# (native/linux/amd64/). Run after `mvn -B -DskipTests install`; see gpu_java_run.sh.
+# tool): the plugin's classes and test classes, the examples' classes, and libfusedcomm.so as
+# a classpath resource (native/linux/amd64/). Run after `mvn -B -DskipTests install`; see gpu_java_run.sh.
 #   make_fc_bundle.sh [path/to/libfusedcomm.so]   (default: the one in executor-native's jar)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -14,4 +14,5 @@ if [ $# -ge 1 ]; then
 else
   unzip -q -o "$root"/executor-native/target/fusedcomm-native-*.jar 'linux/amd64/*' -d "$out/native"
 fi
+cp -r "$root/examples/target/classes" "$out/examples"
 du -sh "$out"

@@ -38,11 +38,19 @@ Communicator& start_op(JNIEnv* env, jlong handle, jstring description, jlong fin
   if (h->device != nullptr) {
     fusedcomm::fail(ErrorKind::kUnavailable,
                     desc + ": not available on the cuda backend yet (it runs allGather, "
-                           "reduceScatter, allReduce, allToAll and gemm); use "
-                           "spark.fusedcomm.backend=host for this op");
+                           "reduceScatter, allReduce, allToAll, allGatherGemm, gemmReduceScatter "
+                           "and gemm); use spark.fusedcomm.backend=host for this op");
   }
   h->comm->begin_op(desc, static_cast<uint64_t>(fingerprint));
   return *h->comm;
+}
+
+// The device half for a fused op on the cuda backend (bf16 only), or null with the host backend.
+DeviceComm* device_of(jlong c, jint t, const char* op) {
+  auto* h = from_handle<CommHandle>(c, "the communicator");
+  if (h->device == nullptr) return nullptr;
+  FC_REQUIRE(t == 1, std::string(op) + " on the cuda backend takes bf16 tensors");
+  return h->device.get();
 }
 
 // A collective on either backend. The cuda backend enqueues on `stream` (0: its own stream,
@@ -238,6 +246,10 @@ FC_NATIVE(void, gemm)(JNIEnv* env, jclass, jint t, jlong a, jlong w, jlong c, jl
 FC_NATIVE(void, allGatherGemm)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong a, jlong w,
                                jlong c, jlong gathered, jlong m, jlong n_local, jlong k, jint l) {
   FC_JNI_BEGIN
+  if (DeviceComm* dc = device_of(comm, t, "allGatherGemm")) {
+    dc->all_gather_gemm(ptr(a), ptr(w), ptr(c), ptr(gathered), m, n_local, k, static_cast<int>(layout(l)), nullptr);
+    return;
+  }
   host::all_gather_gemm(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), ptr(gathered), m, n_local,
                         k, layout(l));
   FC_JNI_END()
@@ -246,6 +258,10 @@ FC_NATIVE(void, allGatherGemm)(JNIEnv* env, jclass, jlong comm, jstring d, jlong
 FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong a,
                                    jlong w, jlong c, jlong m, jlong n, jlong k_local, jint l) {
   FC_JNI_BEGIN
+  if (DeviceComm* dc = device_of(comm, t, "gemmReduceScatter")) {
+    dc->gemm_reduce_scatter(ptr(a), ptr(w), ptr(c), m, n, k_local, static_cast<int>(layout(l)), nullptr);
+    return;
+  }
   host::gemm_reduce_scatter(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), m, n, k_local, layout(l));
   FC_JNI_END()
 }

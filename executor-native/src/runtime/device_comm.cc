@@ -4,7 +4,9 @@
 #include <chrono>
 #include <string>
 
+#include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/split.h"
 
 namespace fusedcomm {
 namespace {
@@ -78,20 +80,46 @@ void DeviceComm::enqueue(const k::CollectiveArgs& args, const void* in, size_t i
   check(e, std::string("launching ") + k::comm_op_name(static_cast<uint32_t>(args.op)));
 }
 
-void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, void* out,
-                            int64_t count, cudaStream_t stream) {
+cudaStream_t DeviceComm::begin(cudaStream_t stream) {
   check_usable();
-  FC_REQUIRE(count >= 0, "negative element count");
   pin_gpu(runtime_.gpu().ordinal);
   raise_device_failure();  // an earlier asynchronous op's failure surfaces here
-  const bool sync = stream == nullptr;
-  cudaStream_t s = sync ? own_ : stream;
+  cudaStream_t s = stream == nullptr ? own_ : stream;
+  join_previous(s);
+  return s;
+}
+
+void DeviceComm::end(cudaStream_t s, bool sync) {
+  check(cudaEventRecord(last_done_, s), "cudaEventRecord");
+  last_ = s;
+  any_op_ = true;
+  if (sync) {
+    check(cudaStreamSynchronize(s), "waiting for the op");
+    raise_device_failure();
+  }
+}
+
+void DeviceComm::require_fits(const char* op, uint64_t bytes) const {
+  if (bytes > sm_->data_bytes()) {
+    fail(ErrorKind::kInvalidArgument,
+         std::string(op) + " needs " + std::to_string(bytes) + " bytes of symmetric memory, more than its " +
+             std::to_string(sm_->data_bytes()) + "-byte data area; raise spark.fusedcomm.cuda.symmetricBytes");
+  }
+}
+
+void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, void* out,
+                            int64_t count, cudaStream_t stream) {
+  FC_REQUIRE(count >= 0, "negative element count");
+  check_usable();
   const int world = sm_->world(), rank = sm_->rank();
   const size_t esize = element_bytes(dtype);
   const uint64_t capacity = sm_->data_bytes();
   // The largest input of any rank decides, so that every rank takes the same branch.
   const int64_t largest_in = k::collective_input_count(op, count, world, 0);
-  join_previous(s);
+  if (static_cast<uint64_t>(largest_in) * esize > capacity && op != k::CommOp::kAllReduce) {
+    require_fits(k::comm_op_name(static_cast<uint32_t>(op)), largest_in * esize);
+  }
+  cudaStream_t s = begin(stream);
   k::CollectiveArgs args;
   args.op = op;
   args.dtype = dtype;
@@ -99,27 +127,80 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
     args.count = count;
     args.output = out;
     enqueue(args, in, static_cast<size_t>(k::collective_input_count(op, count, world, rank)) * esize, s);
-  } else if (op == k::CommOp::kAllReduce) {
-    // Element-wise: pieces of the data area's size (16-byte multiples) are independent ops.
+  } else {
+    // allReduce is element-wise: pieces of the data area's size (16-byte multiples) are
+    // independent ops.
     const int64_t piece = static_cast<int64_t>(capacity / esize) / 8 * 8;
     for (int64_t done = 0; done < count; done += piece) {
       args.count = std::min(piece, count - done);
       args.output = static_cast<char*>(out) + done * esize;
       enqueue(args, static_cast<const char*>(in) + done * esize, args.count * esize, s);
     }
-  } else {
-    fail(ErrorKind::kInvalidArgument,
-         std::string(k::comm_op_name(static_cast<uint32_t>(op))) + ": an input of " +
-             std::to_string(largest_in * esize) + " bytes does not fit the symmetric data area (" +
-             std::to_string(capacity) + " bytes); raise spark.fusedcomm.cuda.symmetricBytes");
   }
-  check(cudaEventRecord(last_done_, s), "cudaEventRecord");
-  last_ = s;
-  any_op_ = true;
-  if (sync) {
-    check(cudaStreamSynchronize(s), "waiting for the collective");
-    raise_device_failure();
+  end(s, stream == nullptr);
+}
+
+namespace {
+void check_fused_launch(cudaError_t e, const char* op) {
+  if (e == cudaErrorInvalidValue) {
+    cudaGetLastError();
+    fail(ErrorKind::kInvalidArgument, std::string(op) + ": the kernel refused the arguments (shapes: M >= 1, "
+                                                        "N and K multiples of 8)");
   }
+  check(e, std::string("launching ") + op);
+}
+}  // namespace
+
+void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered,
+                                 int64_t m, int64_t n_local, int64_t k, int layout,
+                                 cudaStream_t stream) {
+  check_usable();
+  FC_REQUIRE(m >= 1 && n_local >= 8 && k >= 8 && n_local % 8 == 0 && k % 8 == 0 && m < (1ll << 31) &&
+                 n_local < (1ll << 31) && k < (1ll << 31),
+             "allGatherGemm on the GPU: M >= 1, N_r and K multiples of 8 (got M=" + std::to_string(m) +
+                 ", N_r=" + std::to_string(n_local) + ", K=" + std::to_string(k) + ")");
+  k::AgGemmArgs args;
+  args.M = static_cast<int>(m);
+  args.N = static_cast<int>(n_local);
+  args.K = static_cast<int>(k);
+  args.in_offset = 0;
+  args.B = static_cast<const __nv_bfloat16*>(w);
+  args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+  args.C = static_cast<__nv_bfloat16*>(c);
+  args.gathered = static_cast<__nv_bfloat16*>(gathered);
+  const k::FusedWorkspace ws = k::all_gather_gemm_workspace(args, sm_->world());
+  require_fits("allGatherGemm", std::max(ws.data_bytes, ws.scratch_bytes));
+  cudaStream_t s = begin(stream);
+  const int64_t rows = static_cast<int64_t>(split_count(m, sm_->world(), sm_->rank()));
+  if (rows > 0) {
+    check(cudaMemcpyAsync(sm_->data(), a_local, static_cast<size_t>(rows * k * 2), cudaMemcpyDeviceToDevice, s),
+          "copying A into symmetric memory");
+  }
+  check_fused_launch(k::launch_all_gather_gemm(sm_->device(), args, s), "allGatherGemm");
+  end(s, stream == nullptr);
+}
+
+void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n,
+                                     int64_t k_local, int layout, cudaStream_t stream) {
+  check_usable();
+  FC_REQUIRE(m >= 1 && n >= 8 && k_local >= 8 && n % 8 == 0 && k_local % 8 == 0 && m < (1ll << 31) &&
+                 n < (1ll << 31) && k_local < (1ll << 31),
+             "gemmReduceScatter on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
+                 ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
+  k::GemmRsArgs args;
+  args.M = static_cast<int>(m);
+  args.N = static_cast<int>(n);
+  args.K = static_cast<int>(k_local);
+  args.A = static_cast<const __nv_bfloat16*>(a);
+  args.B = static_cast<const __nv_bfloat16*>(w);
+  args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+  args.ws_offset = 0;
+  args.out = static_cast<__nv_bfloat16*>(out);
+  const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(args, sm_->world());
+  require_fits("gemmReduceScatter", std::max(ws.data_bytes, ws.scratch_bytes));
+  cudaStream_t s = begin(stream);
+  check_fused_launch(k::launch_gemm_reduce_scatter(sm_->device(), args, s), "gemmReduceScatter");
+  end(s, stream == nullptr);
 }
 
 void DeviceComm::raise_device_failure() {

@@ -21,6 +21,9 @@
 // allReduce larger than the data area runs in data-area-sized pieces; other ops must fit (the
 // largest rank's input <= data area), else Error(kInvalidArgument) naming the config key.
 //
+// The fused ops (kernels/fused.h, bf16) follow the same rules: allGatherGemm copies A_r into
+// the data area; gemmReduceScatter keeps its fp32 partial product there (M×N×4 bytes must fit).
+//
 // Not thread-safe (the Java Communicator serialises its ops); abort() may come from any thread.
 #pragma once
 
@@ -50,6 +53,13 @@ class DeviceComm {
   // `count` as in kernels/collectives.h (the op's global element count).
   void collective(kernels::CommOp op, kernels::CommDtype dtype, const void* in, void* out,
                   int64_t count, cudaStream_t stream);
+  // C = allGather(A_r) · op(W_r) (M×N_r; `gathered`, M×K, optional). layout: 0 NK, 1 KN.
+  void all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered, int64_t m,
+                       int64_t n_local, int64_t k, int layout, cudaStream_t stream);
+  // Row block r of Σ_s A_s · op(W_s): A M×K_r, out split_count(M,W,r)×N.
+  void gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n,
+                           int64_t k_local, int layout, cudaStream_t stream);
+
   // Waits for every op enqueued so far and throws the first device failure.
   void synchronize();
   // Runs `iters` synchronous collectives on the own stream through collective() and returns
@@ -70,6 +80,9 @@ class DeviceComm {
   void raise_device_failure();  // the error record, as an exception; marks this failed
   void enqueue(const kernels::CollectiveArgs& args, const void* in, size_t in_bytes, cudaStream_t s);
   void join_previous(cudaStream_t s);
+  cudaStream_t begin(cudaStream_t stream);        // checks, pins, orders after the previous op
+  void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
+  void require_fits(const char* op, uint64_t bytes) const;
 
   Runtime& runtime_;
   std::unique_ptr<SymmetricMemory> sm_;

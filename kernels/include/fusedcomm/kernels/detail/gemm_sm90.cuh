@@ -1,6 +1,10 @@
-// The GEMM engine's kernel template (see ../gemm.h for the contract). Fused kernels include this
-// file and instantiate gemm_sm90_kernel with their own epilogue type; launch_gemm() uses
-// DefaultEpilogue.
+// The GEMM engine's kernel template (see ../gemm.h for the contract). The engine is a device
+// function, gemm_sm90_body, parameterised by the epilogue (where finished tiles go) and the tile
+// schedule (this CTA's index among the computing CTAs and their number, which tiles it computes
+// in what order, and what it waits for before loading one). gemm_sm90_kernel is the plain
+// GEMM: every CTA computes, round robin over the tiles, hook-1 waits from GemmWaitConfig;
+// launch_gemm() uses it with DefaultEpilogue. The fused kernels (detail/fused_*.cuh) call the
+// same body from CTAs they give the GEMM role, with their own epilogue and schedule.
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM:
 //   warpgroup 0: producer. setmaxnreg down to 40; thread 0 walks the CTA's tiles, waits on the
@@ -18,7 +22,10 @@
 //             64×64 boxes (128-B swizzled rows) for the TMA store of C (c_tma)
 //   [full]    kStages × mbarrier: 1 arrival (producer, expect_tx = stage bytes) + TMA bytes
 //   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp)
-//   [status]  kStages × u32: 1 = the producer stopped (hook-1 failure) instead of loading
+//   [status]  kStages × u32, written by the producer before it arms a tile's first stage:
+//             static schedules: 0, or 1 = the producer stopped (hook-1 failure), no data;
+//             dynamic schedules: the tile index, or kStageEnd (no more tiles) / kStageStop
+//             (failure), no data
 //
 // Ordering: mbarrier arrive/complete_tx (release) → try_wait (acquire) orders the TMA writes
 // and the status word before the consumers' reads; wgmma_wait<1> before the empty arrival
@@ -30,6 +37,8 @@
 #include "fusedcomm/kernels/gemm.h"
 
 #include <cuda_bf16.h>
+
+#include <atomic>
 
 namespace fusedcomm::kernels::detail {
 
@@ -82,9 +91,12 @@ __device__ __forceinline__ TileCoord tile_coord(const GemmProblem& p, int t) {
 }
 
 // ---- hook 1: bounded readiness wait ---------------------------------------------------------
-__device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint32_t code,
-                                                 uint32_t operand, uint32_t chunk, TileCoord tc,
-                                                 uint64_t observed, uint64_t elapsed) {
+// Out of line (the producer's 40-register region stays small) but `inline` for the linker:
+// this header is included by more than one translation unit (gemm.cu, fused.cu).
+inline __device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint32_t code,
+                                                        uint32_t operand, uint32_t chunk,
+                                                        TileCoord tc, uint64_t observed,
+                                                        uint64_t elapsed) {
   if (atomicCAS_system(&e->code, 0u, code) != 0u) return;  // someone else reported first
   volatile GemmErrorRecord* v = e;
   v->operand = operand;
@@ -99,10 +111,11 @@ __device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint32_t co
 
 // Returns true once flag >= epoch; false if it timed out, was aborted, or another CTA failed.
 // Scalars by value: a reference into the kernel's parameter space would force a local copy.
-__device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epoch, uint64_t timeout,
-                                       const volatile uint32_t* abort_word,
-                                       GemmErrorRecord* error, uint32_t operand, uint32_t chunk,
-                                       TileCoord tc) {
+inline __device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epoch,
+                                              uint64_t timeout,
+                                              const volatile uint32_t* abort_word,
+                                              GemmErrorRecord* error, uint32_t operand,
+                                              uint32_t chunk, TileCoord tc) {
   uint64_t v = ld_acquire_sys(flag);
   if (v >= epoch) return true;
   const uint64_t t0 = globaltimer_ns();
@@ -289,16 +302,65 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
   }
 }
 
-// ---- the kernel -----------------------------------------------------------------------------
-template <int BN, bool kBKN, class Epilogue>
-__global__ void __launch_bounds__(kGemmThreads, 1)
-    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a,
-                     const __grid_constant__ CUtensorMap tm_b,
-                     const __grid_constant__ CUtensorMap tm_c,
-                     const __grid_constant__ GemmProblem prob,
-                     const __grid_constant__ Epilogue epi) {
+// ---- tile schedules ---------------------------------------------------------------------------
+// Schedule concept (what gemm_sm90_body calls; const methods, results uniform over the CTA):
+//   int cta() const; int num_ctas() const;
+//     this CTA's index among the CTAs that run the engine, and their number. (Accessors, not
+//     values, so that the plain kernel reads %ctaid / %nctaid where the loops use them, as it
+//     always did: the same code and register allocation as before the engine became a body.)
+//   static constexpr bool kDynamic;
+//     false: CTA cta() takes sweep positions cta(), cta() + num_ctas(), ... (round robin, the
+//            plain GEMM).
+//     true:  the producer thread claims sweep positions one at a time (claim()) and hands each
+//            to the consumers in the status word of the tile's first stage; cta()/num_ctas()
+//            are unused. CTAs that join late (e.g. after communication work) balance the load.
+//   int claim() const;                                  dynamic only: the next sweep position
+//                                                       (>= num_tiles: none left)
+//   TileCoord coord(const GemmProblem&, int t) const;   sweep position -> tile
+//   bool has_waits(const GemmProblem&) const;           whether wait() must be called
+//   template <int BN> bool wait(const GemmProblem&, TileCoord) const;
+//     producer thread, before the tile's first load: true once the tile's operands are
+//     readable, false to stop this CTA (the schedule has recorded why). After a true return
+//     the body issues fence.proxy.async.global before the TMA loads.
+//   void consumers_done() const;
+//     every consumer thread (256), once, after its last tile or a stop, before returning.
+//     (Producer threads return without a call: code after setmaxnreg.dec runs in 40
+//     registers, so anything heavy at the end belongs to the consumers.)
+inline constexpr uint32_t kStageEnd = 0xFFFFFFFEu;   // dynamic: no more tiles
+inline constexpr uint32_t kStageStop = 0xFFFFFFFFu;  // dynamic: the producer stopped (failure)
+
+// The plain GEMM's schedule: round robin, hook-1 waits from GemmProblem::wait (gemm.h).
+struct PlainSchedule {
+  static constexpr bool kDynamic = false;
+  __device__ __forceinline__ int cta() const { return static_cast<int>(blockIdx.x); }
+  __device__ __forceinline__ int num_ctas() const { return static_cast<int>(gridDim.x); }
+  __device__ __forceinline__ int claim() const { return 0; }
+  __device__ __forceinline__ TileCoord coord(const GemmProblem& p, int t) const {
+    return tile_coord(p, t);
+  }
+  __device__ __forceinline__ bool has_waits(const GemmProblem& p) const {
+    return p.wait.a.flags != nullptr || p.wait.b.flags != nullptr;
+  }
+  template <int BN>
+  __device__ __forceinline__ bool wait(const GemmProblem& p, TileCoord tc) const {
+    return wait_operand(p.wait.a, p.wait, 0, tc.m * kTileM, min(p.M, (tc.m + 1) * kTileM), tc) &&
+           wait_operand(p.wait.b, p.wait, 1, tc.n * BN, min(p.N, (tc.n + 1) * BN), tc);
+  }
+  __device__ __forceinline__ void consumers_done() const {}
+};
+
+// ---- the engine -----------------------------------------------------------------------------
+// Every thread of the CTA (384) calls this once; it returns when the CTA has no more tiles (or
+// stopped). The CTA's place among the computing CTAs comes from the schedule (cta(),
+// num_ctas()). It uses the whole dynamic shared memory (GemmTileConfig<BN>::kSmemBytes) and
+// named barriers 1..3; the caller may use barrier 0 (__syncthreads) before the call only.
+template <int BN, bool kBKN, class Epilogue, class Schedule>
+__device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CUtensorMap& tm_b,
+                                               const CUtensorMap& tm_c, const GemmProblem& prob,
+                                               const Epilogue& epi, const Schedule& sched) {
   using Cfg = GemmTileConfig<BN>;
   constexpr int kStages = Cfg::kStages;
+  constexpr bool kDyn = Schedule::kDynamic;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -328,20 +390,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // ---------------- producer ----------------
     setmaxnreg_dec<40>();
     if (threadIdx.x != 0) return;
-    const bool waits = prob.wait.a.flags != nullptr || prob.wait.b.flags != nullptr;
+    const bool waits = sched.has_waits(prob);
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < prob.num_tiles; t += gridDim.x) {
-      const TileCoord tc = tile_coord(prob, t);
+    for (int t = kDyn ? sched.claim() : sched.cta(); t < prob.num_tiles;
+         t = kDyn ? sched.claim() : t + sched.num_ctas()) {
+      const TileCoord tc = sched.coord(prob, t);
       if (waits) {
-        const bool ok =
-            wait_operand(prob.wait.a, prob.wait, 0, tc.m * kTileM,
-                         min(prob.M, (tc.m + 1) * kTileM), tc) &&
-            wait_operand(prob.wait.b, prob.wait, 1, tc.n * BN, min(prob.N, (tc.n + 1) * BN), tc);
+        const bool ok = sched.template wait<BN>(prob, tc);
         if (!ok) {
           // Tell the consumers to stop at this tile: a stage that carries no data.
           mbar_wait(&empty[stage], phase ^ 1);
-          status[stage] = 1;
+          status[stage] = kDyn ? kStageStop : 1u;
           mbar_arrive(&full[stage]);
           return;
         }
@@ -349,6 +409,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
+        if (kDyn && kb == 0) status[stage] = static_cast<uint32_t>(t);
         mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
         tma_load_2d(smem_a + stage * Cfg::kABytes, &tm_a, &full[stage], kb * kTileK,
                     tc.m * kTileM);
@@ -367,6 +428,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     }
+    if constexpr (kDyn) {
+      // The consumers cannot know the tile count: an empty stage ends their loop.
+      mbar_wait(&empty[stage], phase ^ 1);
+      status[stage] = kStageEnd;
+      mbar_arrive(&full[stage]);
+    }
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<232>();
@@ -381,14 +448,21 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const uint32_t b_base = smem_u32(smem_b);
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < prob.num_tiles; t += gridDim.x) {
-      const TileCoord tc = tile_coord(prob, t);
+    for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.num_tiles;
+         t += kDyn ? 0 : sched.num_ctas()) {
+      TileCoord tc;
+      if constexpr (!kDyn) tc = sched.coord(prob, t);
       int prev = 0;
       // The tile's first slice is waited for here, outside the MMA loop: no wgmma is in flight
       // at this point, so the early exit costs the steady state nothing.
       mbar_wait(&full[stage], phase);
-      if (status[stage] != 0) {  // the producer stopped (hook 1)
+      if constexpr (kDyn) {
+        const uint32_t s = status[stage];
+        if (s >= kStageEnd) break;  // no more tiles, or the producer stopped: no data
+        tc = sched.coord(prob, static_cast<int>(s));
+      } else if (status[stage] != 0) {  // the producer stopped (hook 1)
         if (threadIdx.x % 128 == 0) bulk_wait_all();
+        sched.consumers_done();
         return;
       }
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
@@ -440,7 +514,51 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
     }
     if (prob.c_tma && threadIdx.x % 128 == 0) bulk_wait_all();  // smem must outlive the reads
+    sched.consumers_done();
   }
+}
+
+// ---- the plain GEMM kernel --------------------------------------------------------------------
+template <int BN, bool kBKN, class Epilogue>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a,
+                     const __grid_constant__ CUtensorMap tm_b,
+                     const __grid_constant__ CUtensorMap tm_c,
+                     const __grid_constant__ GemmProblem prob,
+                     const __grid_constant__ Epilogue epi) {
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, PlainSchedule{});
+}
+
+// ---- host side: what a launch of the engine needs ----------------------------------------------
+// gemm.cu's launch_gemm and the fused launchers share the argument checks and the set-up.
+struct GemmPlan {
+  CUtensorMap ta, tb, tc;  // A, B, and C (C only when prob.c_tma)
+  GemmProblem prob;
+  DefaultEpilogue epi;     // C (when not through TMA) and the tile sink of the arguments
+  int grid;                // CTAs of a plain launch: min(computing CTAs, tiles)
+  int tile_n;              // 128 or 256
+  bool kn;                 // B is K×N
+};
+
+// Checks `a` against the gemm.h contract and fills `plan` for `a.num_ctas` computing CTAs
+// (0: one per SM of the current device). cudaErrorInvalidValue for a contract violation.
+cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan);
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per
+// device (the attribute is per device; `opted` remembers which of the first 64 have it).
+inline cudaError_t gemm_opt_in_smem(const void* kernel, size_t bytes,
+                                    std::atomic<uint64_t>& opted) {
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = 1ull << (dev & 63);
+  if ((opted.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes));
+      e != cudaSuccess) {
+    return e;
+  }
+  opted.fetch_or(bit, std::memory_order_relaxed);
+  return cudaSuccess;
 }
 
 }  // namespace fusedcomm::kernels::detail

@@ -1,0 +1,733 @@
+// gpu_fused_test: the fused ops of kernels/fused.h (allGatherGemm, gemmReduceScatter) over
+// SymmetricMemory, one forked process per GPU, handles exchanged through pipes
+// (process_group.h).
+//   worlds: 2 (GPUs 0,1), 3 (0,1,2) and 4 (0..3), as many as the GPUs allow.
+//   correctness: both ops x {fused, decomposed, auto} x both weight layouts, M not divisible
+//     by W and not a multiple of 128 (1001, 2999, 4100), M smaller than W (a rank with no
+//     rows), N_r / K_r different on every rank, K not a multiple of 64; fresh random bf16
+//     inputs per run (seed printed, FC_TEST_SEED=<n> replays); outputs (and the optional
+//     gathered A) poisoned with NaN first, guard bytes behind them checked; every element
+//     checked against an fp32 reference GEMM on the GPU (kernels::launch_reference_gemm) over
+//     the fully gathered / summed inputs:  |got - ref| <= 8e-3 |ref| + 2e-5 sum|a*b| + 1e-6
+//     (bf16 rounding of the result, fp32 accumulation order); the gathered A bit-exact.
+//   120 back-to-back launches without host sync (fused and decomposed of both ops
+//     interleaved, inputs rewritten on the stream from a pool; stale flags or early input
+//     reuse would show in the last outputs); CUDA-graph capture + 10 replays; one rank
+//     starting 200 ms late; a rank that never launches: the others time out (1 s) with an
+//     error record naming rank, peer, op and step, an abort stops a waiting launch, and a
+//     fresh SymmetricMemory on the same processes works.
+// Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/fused.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/split.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "process_group.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+using fusedcomm::Error;
+using fusedcomm::ErrorKind;
+using fusedcomm::SymmetricConfig;
+using fusedcomm::SymmetricMemory;
+using fusedcomm::split_count;
+using fusedcomm::split_offset;
+using fusedcomm::testing::ProcessGroup;
+
+int g_failed = 0, g_passed = 0;
+void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_passed;
+  } else if (++g_failed <= 20) {
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+#define CUDA_OK(x)                                                                          \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess)                                                                  \
+      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_));            \
+  } while (0)
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Element i of tensor `tag` of a case: uniform in [-1, 1), a bf16 value. Every rank can make
+// every rank's inputs (the reference needs them all).
+__nv_bfloat16 value(uint64_t key, uint64_t tag, int64_t i) {
+  const uint64_t h = mix(key ^ mix(tag * 0x100000001b3ull + static_cast<uint64_t>(i)));
+  const double u = static_cast<double>(h >> 11) * 0x1p-53;  // [0, 1)
+  return __float2bfloat16_rn(static_cast<float>(u * 2.0 - 1.0));
+}
+std::vector<__nv_bfloat16> make_tensor(uint64_t key, uint64_t tag, int64_t first, int64_t n) {
+  std::vector<__nv_bfloat16> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = value(key, tag, first + i);
+  return v;
+}
+constexpr uint64_t kTagA = 1, kTagW = 100;  // kTagW + rank: rank's weight; kTagA + 10 + rank
+
+// Device memory owned by the test (freed on scope exit).
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  explicit DevBuf(size_t n) : bytes(n) {
+    if (n > 0) CUDA_OK(cudaMalloc(&p, n));
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      if (p != nullptr) cudaFree(p);
+      p = o.p;
+      bytes = o.bytes;
+      o.p = nullptr;
+    }
+    return *this;
+  }
+  ~DevBuf() {
+    if (p != nullptr) cudaFree(p);
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+template <typename T>
+DevBuf upload(const std::vector<T>& v) {
+  DevBuf b(v.size() * sizeof(T));
+  if (!v.empty()) CUDA_OK(cudaMemcpy(b.p, v.data(), b.bytes, cudaMemcpyHostToDevice));
+  return b;
+}
+template <typename T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) CUDA_OK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+const char* algo_name(k::FusedAlgo a) {
+  if (a == k::FusedAlgo::kFused) return "fused";
+  return a == k::FusedAlgo::kDecomposed ? "decomposed" : "auto";
+}
+const char* layout_name(k::GemmLayoutB l) { return l == k::GemmLayoutB::kNK ? "NK" : "KN"; }
+
+constexpr size_t kGuard = 256;  // poisoned bytes behind every output, checked untouched
+
+// One allGatherGemm case: M rows, K, this rank's N = n0 + 8 * rank.
+struct AgCase {
+  int M, n0, K;
+  k::GemmLayoutB layout;
+  k::FusedAlgo algo;
+  bool gathered_out;
+  uint64_t in_offset;
+  std::string name(int W) const {
+    char b[200];
+    std::snprintf(b, sizeof b, "allGatherGemm W=%d M=%d N=%d+8r K=%d %s %s%s", W, M, n0, K,
+                  layout_name(layout), algo_name(algo), gathered_out ? " +gathered" : "");
+    return b;
+  }
+};
+// One gemmReduceScatter case: M, N, this rank's K = k0 + 8 * rank.
+struct RsCase {
+  int M, N, k0;
+  k::GemmLayoutB layout;
+  k::FusedAlgo algo;
+  uint64_t ws_offset;
+  std::string name(int W) const {
+    char b[200];
+    std::snprintf(b, sizeof b, "gemmReduceScatter W=%d M=%d N=%d K=%d+8r %s %s", W, M, N, k0,
+                  layout_name(layout), algo_name(algo));
+    return b;
+  }
+};
+
+// Compares a downloaded bf16 output with the fp32 reference; returns the mismatch count.
+int64_t compare(const std::vector<__nv_bfloat16>& got, const std::vector<float>& ref,
+                const std::vector<float>& absdot, int64_t n, const std::string& what, int rank) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = __bfloat162float(got[i]);
+    const float tol = 8e-3f * std::fabs(ref[i]) + 2e-5f * absdot[i] + 1e-6f;
+    if (!(std::fabs(g - ref[i]) <= tol)) {
+      if (bad++ < 3) {
+        std::fprintf(stderr, "  rank %d %s: out[%lld] = %.6g, expected %.6g (tol %.3g)\n", rank,
+                     what.c_str(), static_cast<long long>(i), g, ref[i], tol);
+      }
+    }
+  }
+  return bad;
+}
+
+bool guard_intact(const void* dev_end) {
+  const std::vector<uint8_t> g = download<uint8_t>(dev_end, kGuard);
+  for (uint8_t b : g) {
+    if (b != 0xFF) return false;
+  }
+  return true;
+}
+
+struct Rank {
+  ProcessGroup& g;
+  int W, r;
+  uint64_t seed;
+  std::unique_ptr<SymmetricMemory> sm;
+  cudaStream_t stream{};
+
+  Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
+
+  void open(const SymmetricConfig& cfg) {
+    if (sm) {
+      g.barrier();  // nobody still uses the old one
+      sm->close();
+    }
+    sm = std::make_unique<SymmetricMemory>(r, W, cfg);
+    sm->connect(g.all_gather(sm->export_handle()));
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(sm->data()); }
+
+  // ---- allGatherGemm ----
+  struct AgOperands {
+    AgCase c;
+    int N;
+    DevBuf w, a_full, ref, absdot, C, gathered;
+    std::vector<__nv_bfloat16> a_full_host;
+  };
+
+  AgOperands ag_prepare(const AgCase& c, uint64_t key) {
+    AgOperands o;
+    o.c = c;
+    o.N = c.n0 + 8 * r;
+    const int64_t M = c.M, K = c.K, N = o.N;
+    o.a_full_host = make_tensor(key, kTagA, 0, M * K);
+    o.a_full = upload(o.a_full_host);
+    o.w = upload(make_tensor(key, kTagW + r, 0, N * K));  // N×K or K×N: same count
+    o.ref = DevBuf(M * N * 4);
+    o.absdot = DevBuf(M * N * 4);
+    CUDA_OK(k::launch_reference_gemm(o.a_full.as<__nv_bfloat16>(), K, o.w.as<__nv_bfloat16>(),
+                                     c.layout == k::GemmLayoutB::kNK ? K : N, c.layout, c.M,
+                                     o.N, c.K, o.ref.as<float>(), o.absdot.as<float>(), false,
+                                     stream));
+    o.C = DevBuf(M * N * 2 + kGuard);
+    if (c.gathered_out) o.gathered = DevBuf(M * K * 2 + kGuard);
+    return o;
+  }
+
+  // Writes this rank's shard into the data area (stream-ordered copy from device).
+  void ag_write_input(const AgOperands& o, uint8_t* dst) {
+    const int64_t off = split_offset(o.c.M, W, r), cnt = split_count(o.c.M, W, r);
+    if (cnt > 0) {
+      CUDA_OK(cudaMemcpyAsync(dst, o.a_full.as<__nv_bfloat16>() + off * o.c.K,
+                              cnt * o.c.K * 2, cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+  void ag_poison(const AgOperands& o) {
+    CUDA_OK(cudaMemsetAsync(o.C.p, 0xFF, o.C.bytes, stream));
+    if (o.gathered.p) CUDA_OK(cudaMemsetAsync(o.gathered.p, 0xFF, o.gathered.bytes, stream));
+  }
+  k::AgGemmArgs ag_args(const AgOperands& o) const {
+    k::AgGemmArgs a;
+    a.M = o.c.M;
+    a.N = o.N;
+    a.K = o.c.K;
+    a.in_offset = o.c.in_offset;
+    a.B = o.w.as<__nv_bfloat16>();
+    a.b_layout = o.c.layout;
+    a.C = o.C.as<__nv_bfloat16>();
+    a.gathered = o.gathered.as<__nv_bfloat16>();
+    a.algo = o.c.algo;
+    return a;
+  }
+  int64_t ag_verify(const AgOperands& o, const std::string& what) {
+    const int64_t n = static_cast<int64_t>(o.c.M) * o.N;
+    const auto got = download<__nv_bfloat16>(o.C.p, n);
+    const auto ref = download<float>(o.ref.p, n);
+    const auto ad = download<float>(o.absdot.p, n);
+    int64_t bad = compare(got, ref, ad, n, what, r);
+    if (!guard_intact(o.C.as<uint8_t>() + n * 2)) {
+      ++bad;
+      std::fprintf(stderr, "  rank %d %s: bytes behind C were written\n", r, what.c_str());
+    }
+    if (o.gathered.p) {
+      const int64_t na = static_cast<int64_t>(o.c.M) * o.c.K;
+      const auto ga = download<__nv_bfloat16>(o.gathered.p, na);
+      const int64_t diff = std::memcmp(ga.data(), o.a_full_host.data(), na * 2) != 0;
+      if (diff) std::fprintf(stderr, "  rank %d %s: gathered A differs\n", r, what.c_str());
+      bad += diff;
+      if (!guard_intact(o.gathered.as<uint8_t>() + na * 2)) {
+        ++bad;
+        std::fprintf(stderr, "  rank %d %s: bytes behind the gathered A were written\n", r,
+                     what.c_str());
+      }
+    }
+    return bad;
+  }
+
+  void run_ag(const AgCase& c, uint64_t key) {
+    AgOperands o = ag_prepare(c, key);
+    ag_write_input(o, data() + c.in_offset);
+    ag_poison(o);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    const k::AgGemmArgs a = ag_args(o);
+    CUDA_OK(k::launch_all_gather_gemm(sm->device(), a, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const int64_t bad = ag_verify(o, c.name(W));
+    const k::FusedLaunchInfo info = k::all_gather_gemm_info(sm->device(), a);
+    check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " +
+                        algo_name(info.algo) + "): " + std::to_string(bad) + " bad");
+  }
+
+  // ---- gemmReduceScatter ----
+  struct RsOperands {
+    RsCase c;
+    int K;
+    DevBuf a, w, ref, absdot, out;
+  };
+
+  RsOperands rs_prepare(const RsCase& c, uint64_t key) {
+    RsOperands o;
+    o.c = c;
+    o.K = c.k0 + 8 * r;
+    const int64_t M = c.M, N = c.N;
+    o.a = upload(make_tensor(key, kTagA + 10 + r, 0, M * o.K));
+    o.w = upload(make_tensor(key, kTagW + r, 0, N * o.K));
+    // Reference: rows block r of the sum over every source rank s of A_s · op(W_s).
+    const int64_t off = split_offset(M, W, r), cnt = split_count(M, W, r);
+    o.ref = DevBuf(std::max<int64_t>(1, cnt * N) * 4);
+    o.absdot = DevBuf(std::max<int64_t>(1, cnt * N) * 4);
+    for (int s = 0; s < W && cnt > 0; ++s) {
+      const int64_t ks = c.k0 + 8 * s;
+      DevBuf as = upload(make_tensor(key, kTagA + 10 + s, off * ks, cnt * ks));
+      DevBuf ws = upload(make_tensor(key, kTagW + s, 0, N * ks));
+      CUDA_OK(k::launch_reference_gemm(as.as<__nv_bfloat16>(), ks, ws.as<__nv_bfloat16>(),
+                                       c.layout == k::GemmLayoutB::kNK ? ks : N, c.layout,
+                                       static_cast<int>(cnt), c.N, static_cast<int>(ks),
+                                       o.ref.as<float>(), o.absdot.as<float>(), s > 0, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));  // `as`, `ws` are freed at scope exit
+    }
+    o.out = DevBuf(cnt * N * 2 + kGuard);
+    return o;
+  }
+  void rs_poison(const RsOperands& o) {
+    CUDA_OK(cudaMemsetAsync(o.out.p, 0xFF, o.out.bytes, stream));
+  }
+  k::GemmRsArgs rs_args(const RsOperands& o) const {
+    k::GemmRsArgs a;
+    a.M = o.c.M;
+    a.N = o.c.N;
+    a.K = o.K;
+    a.A = o.a.as<__nv_bfloat16>();
+    a.B = o.w.as<__nv_bfloat16>();
+    a.b_layout = o.c.layout;
+    a.ws_offset = o.c.ws_offset;
+    a.out = o.out.as<__nv_bfloat16>();
+    a.algo = o.c.algo;
+    return a;
+  }
+  int64_t rs_verify(const RsOperands& o, const std::string& what) {
+    const int64_t n = split_count(o.c.M, W, r) * o.c.N;
+    const auto got = download<__nv_bfloat16>(o.out.p, n);
+    const auto ref = download<float>(o.ref.p, n);
+    const auto ad = download<float>(o.absdot.p, n);
+    int64_t bad = compare(got, ref, ad, n, what, r);
+    if (!guard_intact(o.out.as<uint8_t>() + n * 2)) {
+      ++bad;
+      std::fprintf(stderr, "  rank %d %s: bytes behind the output were written\n", r, what.c_str());
+    }
+    return bad;
+  }
+
+  // Every rank's FusedLaunchInfo for its arguments `a` (all ranks call this at the same point:
+  // it exchanges through the process group); when any rank failed, rank 0 prints them all, so
+  // a split / tile width / chunk count that differs between ranks is visible.
+  void report_rs_info(const k::GemmRsArgs& a, bool failed, const std::string& what) {
+    const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(sm->device(), a);
+    const int32_t m[7] = {failed ? 1 : 0,     static_cast<int32_t>(info.algo), a.K,
+                          info.gemm_ctas,     info.comm_ctas, info.tile_n, info.chunks};
+    std::vector<uint8_t> mine(sizeof m);
+    std::memcpy(mine.data(), m, sizeof m);
+    const std::vector<std::vector<uint8_t>> all = g.all_gather(mine);
+    bool any = false;
+    for (const auto& v : all) any |= v.size() == sizeof m && v[0] != 0;
+    if (!any || r != 0) return;
+    for (int p = 0; p < static_cast<int>(all.size()); ++p) {
+      int32_t q[7] = {};
+      if (all[p].size() == sizeof q) std::memcpy(q, all[p].data(), sizeof q);
+      std::fprintf(stderr,
+                   "  info %s: rank %d %s algo %s K=%d gemm_ctas %d comm_ctas %d tile_n %d "
+                   "chunks %d\n",
+                   what.c_str(), p, q[0] ? "FAILED" : "ok",
+                   algo_name(static_cast<k::FusedAlgo>(q[1])), q[2], q[3], q[4], q[5], q[6]);
+    }
+  }
+
+  void run_rs(const RsCase& c, uint64_t key) {
+    RsOperands o = rs_prepare(c, key);
+    rs_poison(o);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    const k::GemmRsArgs a = rs_args(o);
+    CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), a, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const int64_t bad = rs_verify(o, c.name(W));
+    const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(sm->device(), a);
+    check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " +
+                        algo_name(info.algo) + "): " + std::to_string(bad) + " bad");
+    report_rs_info(a, bad != 0, c.name(W));
+  }
+
+  // ---- the sweep ----
+  void correctness() {
+    const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
+    const auto F = k::FusedAlgo::kFused, D = k::FusedAlgo::kDecomposed, A = k::FusedAlgo::kAuto;
+    const std::vector<AgCase> ag = {
+        {1001, 264, 520, NK, F, true, 4096},   {1001, 264, 520, NK, D, true, 4096},
+        {2999, 1032, 1032, KN, F, false, 0},   {2999, 1032, 1032, KN, D, false, 0},
+        {3, 64, 64, NK, F, true, 16},          {3, 64, 64, KN, A, false, 16},
+        {4100, 2048, 2048, NK, F, false, 0},   {4100, 2048, 2048, NK, A, true, 0},
+        {640, 128, 4096, KN, F, true, 1 << 20},
+    };
+    const std::vector<RsCase> rs = {
+        {1001, 264, 520, NK, F, 0},    {1001, 264, 520, NK, D, 0},
+        {2999, 1032, 1032, KN, F, 64}, {2999, 1032, 1032, KN, D, 64},
+        {3, 64, 64, NK, F, 0},         {3, 64, 64, KN, A, 16},
+        {4100, 2056, 1024, NK, F, 0},  {4100, 2056, 1024, KN, A, 0},
+        {640, 4096, 128, NK, F, 1 << 20},
+    };
+    uint64_t id = 0;
+    for (const AgCase& c : ag) run_ag(c, mix(seed ^ (0xA600 + ++id)));
+    for (const RsCase& c : rs) run_rs(c, mix(seed ^ (0x4500 + ++id)));
+  }
+
+  // 120 launches, no host sync: allGatherGemm fused / gemmReduceScatter fused / allGatherGemm
+  // decomposed / gemmReduceScatter decomposed in turn, each with its own inputs (the AG input
+  // is rewritten into the data area on the stream before each of its launches) and outputs.
+  void back_to_back() {
+    constexpr int kIters = 120;
+    const auto F = k::FusedAlgo::kFused, D = k::FusedAlgo::kDecomposed;
+    const uint64_t rs_ws = 16 << 20;  // RS workspace above the AG input
+    const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
+    AgOperands ag[2] = {ag_prepare({1001, 264, 520, NK, F, true, 0}, mix(seed ^ 0xB2B0)),
+                        ag_prepare({1001, 136, 776, KN, D, false, 0}, mix(seed ^ 0xB2B1))};
+    RsOperands rs[2] = {rs_prepare({1001, 264, 520, NK, F, rs_ws}, mix(seed ^ 0xB2B2)),
+                        rs_prepare({1001, 392, 264, KN, D, rs_ws}, mix(seed ^ 0xB2B3))};
+    for (auto& o : ag) ag_poison(o);
+    for (auto& o : rs) rs_poison(o);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    for (int i = 0; i < kIters; ++i) {
+      const int j = i % 4;
+      if (j % 2 == 0) {
+        ag_write_input(ag[j / 2], data());
+        CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag[j / 2]), stream));
+      } else {
+        CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs[j / 2]), stream));
+      }
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const std::string who = "rank " + std::to_string(r) + " back-to-back x120 ";
+    for (auto& o : ag) check(ag_verify(o, "b2b") == 0, who + o.c.name(W));
+    for (auto& o : rs) {
+      const bool ok = rs_verify(o, "b2b") == 0;
+      check(ok, who + o.c.name(W));
+      report_rs_info(rs_args(o), !ok, "b2b " + o.c.name(W));
+    }
+  }
+
+  // Capture [write AG input; AG fused; RS fused; AG decomposed (same input)] x2, replay 10x.
+  void graph() {
+    const auto F = k::FusedAlgo::kFused;
+    const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
+    const auto D = k::FusedAlgo::kDecomposed;
+    AgOperands ag = ag_prepare({2999, 520, 1032, NK, F, true, 0}, mix(seed ^ 0x6A0));
+    AgOperands agd = ag_prepare({2999, 520, 1032, NK, D, false, 0}, mix(seed ^ 0x6A0));
+    RsOperands rs = rs_prepare({2999, 1032, 520, KN, F, 16 << 20}, mix(seed ^ 0x6A1));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int rep = 0; rep < 2; ++rep) {
+      ag_write_input(ag, data());
+      CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream));
+      CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream));
+      CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(agd), stream));
+    }
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    ag_poison(ag);
+    ag_poison(agd);
+    rs_poison(rs);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    for (int i = 0; i < 10; ++i) CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const std::string who = "rank " + std::to_string(r) + " graph replay ";
+    check(ag_verify(ag, "graph") == 0, who + ag.c.name(W));
+    check(ag_verify(agd, "graph") == 0, who + agd.c.name(W));
+    const bool rs_ok = rs_verify(rs, "graph") == 0;
+    check(rs_ok, who + rs.c.name(W));
+    report_rs_info(rs_args(rs), !rs_ok, "graph " + rs.c.name(W));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+
+  // The last rank launches 200 ms after the others.
+  void late_rank() {
+    const auto F = k::FusedAlgo::kFused;
+    const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
+    AgOperands ag = ag_prepare({2999, 520, 1032, KN, F, true, 0}, mix(seed ^ 0x1A7E));
+    RsOperands rs = rs_prepare({2999, 1032, 520, NK, F, 16 << 20}, mix(seed ^ 0x1A7F));
+    ag_write_input(ag, data());
+    ag_poison(ag);
+    rs_poison(rs);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    if (r == W - 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream));
+    CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    check(ag_verify(ag, "late") == 0, "rank " + std::to_string(r) + " late rank " + ag.c.name(W));
+    const bool rs_ok = rs_verify(rs, "late") == 0;
+    check(rs_ok, "rank " + std::to_string(r) + " late rank " + rs.c.name(W));
+    report_rs_info(rs_args(rs), !rs_ok, "late " + rs.c.name(W));
+  }
+
+  // Launches `launch` on every rank but the last, expects a timeout naming the last rank.
+  template <typename Launch>
+  void expect_timeout(const char* what, uint32_t op, uint32_t step_a, uint32_t step_b,
+                      Launch launch) {
+    if (r == W - 1) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    CUDA_OK(launch());
+    CUDA_OK(cudaStreamSynchronize(stream));  // returns: the kernel gave up, no hang
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bool threw = false;
+    try {
+      sm->raise_if_failed();
+    } catch (const Error& e) {
+      threw = e.kind() == ErrorKind::kTimeout;
+    }
+    const k::CommErrorRecord rec = sm->error();
+    if (r == 0) {
+      std::printf("  rank 0, %s: timed out after %.2f s: rank %u peer %u op %s step %s "
+                  "epoch %llu\n",
+                  what, s, rec.rank, rec.peer, k::fused_op_name(rec.op),
+                  k::fused_step_name(rec.step), static_cast<unsigned long long>(rec.epoch));
+    }
+    check(threw, "rank " + std::to_string(r) + " " + what + ": dead peer -> Error(kTimeout)");
+    check(rec.code == k::kGemmWaitTimeout && rec.rank == static_cast<uint32_t>(r) &&
+              rec.peer == static_cast<uint32_t>(W - 1) && rec.op == op &&
+              (rec.step == step_a || rec.step == step_b) && rec.epoch == 1,
+          "rank " + std::to_string(r) + " " + what +
+              ": error record names rank/peer/op/step (got rank " + std::to_string(rec.rank) +
+              " peer " + std::to_string(rec.peer) + " op " + std::to_string(rec.op) + " step " +
+              std::to_string(rec.step) + ")");
+    check(s > 0.9 && s < 6.0,
+          std::string(what) + ": timeout took " + std::to_string(s) + " s (configured 1 s)");
+    check(cudaGetLastError() == cudaSuccess, "the CUDA context survives a timeout");
+  }
+
+  // The last rank never launches: the others time out; an abort; then a fresh memory works.
+  void dead_rank() {
+    SymmetricConfig cfg;
+    cfg.data_bytes = 32 << 20;
+    cfg.timeout_ns = 1000ull * 1000 * 1000;  // 1 s
+    const auto F = k::FusedAlgo::kFused;
+    const auto NK = k::GemmLayoutB::kNK;
+    {
+      open(cfg);
+      AgOperands ag = ag_prepare({2999, 520, 1032, NK, F, false, 0}, mix(seed ^ 0xDEAD));
+      ag_write_input(ag, data());
+      CUDA_OK(cudaStreamSynchronize(stream));
+      expect_timeout("allGatherGemm", k::kFusedOpAllGatherGemm, k::kCommStepArrive,
+                     k::kFusedStepChunk, [&] {
+                       return k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream);
+                     });
+    }
+    {
+      open(cfg);
+      RsOperands rs = rs_prepare({2999, 1032, 520, NK, F, 0}, mix(seed ^ 0xDEAE));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      expect_timeout("gemmReduceScatter", k::kFusedOpGemmReduceScatter, k::kFusedStepPartial,
+                     k::kFusedStepPartial, [&] {
+                       return k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream);
+                     });
+    }
+    {
+      // Abort: a fused allGatherGemm waiting for the dead rank is stopped by the abort word.
+      cfg.timeout_ns = 0;
+      open(cfg);
+      AgOperands ag = ag_prepare({2999, 520, 1032, NK, F, false, 0}, mix(seed ^ 0xDEAF));
+      ag_write_input(ag, data());
+      CUDA_OK(cudaStreamSynchronize(stream));
+      if (r != W - 1) {
+        const auto t0 = std::chrono::steady_clock::now();
+        CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        sm->abort();
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const auto t1 = std::chrono::steady_clock::now();
+        const double s = std::chrono::duration<double>(t1 - t0).count();
+        bool threw = false;
+        try {
+          sm->raise_if_failed();
+        } catch (const Error& e) {
+          threw = e.kind() == ErrorKind::kCommunicator;
+        }
+        const k::CommErrorRecord rec = sm->error();
+        check(threw && rec.code == k::kGemmAborted && rec.op == k::kFusedOpAllGatherGemm && s < 3.0,
+              "rank " + std::to_string(r) + ": abort stops a waiting allGatherGemm");
+      }
+    }
+    // A fresh symmetric memory on the same processes works.
+    SymmetricConfig fresh;
+    fresh.data_bytes = 32 << 20;
+    open(fresh);
+    run_ag({1001, 264, 520, k::GemmLayoutB::kNK, F, true, 0}, mix(seed ^ 0xF2E5));
+    run_rs({1001, 264, 520, k::GemmLayoutB::kKN, F, 0}, mix(seed ^ 0xF2E6));
+  }
+};
+
+int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
+  CUDA_OK(cudaSetDevice(gpus[g.rank]));
+  Rank R(g, seed);
+  CUDA_OK(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
+  SymmetricConfig cfg;
+  cfg.data_bytes = 64 << 20;
+  R.open(cfg);
+  if (g.rank == 0) std::printf("%s\n", R.sm->describe().c_str());
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&](const char* what) {
+    const auto t1 = std::chrono::steady_clock::now();
+    if (g.rank == 0) {
+      std::printf("  %-24s %.1f s\n", what, std::chrono::duration<double>(t1 - t0).count());
+      std::fflush(stdout);
+    }
+    t0 = t1;
+  };
+  R.correctness();
+  lap("correctness sweep");
+  R.back_to_back();
+  lap("back-to-back x120");
+  R.graph();
+  lap("graph replay");
+  R.late_rank();
+  lap("late rank");
+  R.dead_rank();
+  lap("dead rank + abort");
+  R.sm.reset();
+  std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
+
+// Number of Hopper GPUs with peer access among them, probed in a child (the parent must not
+// create a CUDA context before forking ranks); -1 with a reason if none.
+int probe(std::string& reason) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    int n = 0;
+    char msg[256] = {};
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      std::snprintf(msg, sizeof msg, "no usable NVIDIA GPU (%s)", cudaGetErrorString(e));
+      n = -1;
+    } else {
+      int major = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+      if (n > 0 && major != 9) {
+        std::snprintf(msg, sizeof msg, "GPU 0 is not a Hopper (sm_90) device");
+        n = -1;
+      }
+      for (int a = 0; a < n && n > 0; ++a) {
+        for (int b = 0; b < n; ++b) {
+          int can = 1;
+          if (a != b) cudaDeviceCanAccessPeer(&can, a, b);
+          if (!can) {
+            std::snprintf(msg, sizeof msg, "GPU %d cannot access GPU %d (no P2P)", a, b);
+            n = -1;
+            break;
+          }
+        }
+      }
+    }
+    fusedcomm::testing::write_full(fds[1], &n, 4);
+    fusedcomm::testing::write_full(fds[1], msg, sizeof msg);
+    _exit(0);
+  }
+  close(fds[1]);
+  int n = -1;
+  char msg[256] = {};
+  if (!fusedcomm::testing::read_full(fds[0], &n, 4) ||
+      !fusedcomm::testing::read_full(fds[0], msg, sizeof msg)) {
+    n = -1;
+    std::snprintf(msg, sizeof msg, "the GPU probe process failed");
+  }
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  reason = msg;
+  return n;
+}
+
+}  // namespace
+
+int main() {
+  std::string reason;
+  const int n = probe(reason);
+  if (n < 2) {
+    std::printf("SKIP: gpu_fused_test needs >= 2 Hopper GPUs with peer access: %s\n",
+                n < 0 ? reason.c_str() : "only 1 GPU visible");
+    return 77;
+  }
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("FC_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
+  std::printf("gpu_fused_test: %d GPUs, seed %llu (FC_TEST_SEED=%llu replays)\n", n,
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  int failed = 0;
+  for (int w = 2; w <= std::min(n, 4); ++w) {
+    std::vector<int> gpus;
+    for (int i = 0; i < w; ++i) gpus.push_back(i);
+    std::printf("== world %d\n", w);
+    std::fflush(stdout);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int f = fusedcomm::testing::run_processes(
+        w, [&](ProcessGroup& g) { return rank_main(g, gpus, seed); }, 240);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("== world %d: %s (%.1f s)\n", w, f == 0 ? "PASS" : "FAIL", s);
+    failed += f;
+  }
+  std::printf(failed == 0 ? "gpu_fused_test: PASS\n" : "gpu_fused_test: FAIL\n");
+  return failed == 0 ? 0 : 1;
+}

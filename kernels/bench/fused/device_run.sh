@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call for the fused ops (issue 5): GPU facts, gpu_fused_test, then ours
+# (fused_bench) and the PyTorch baselines (torch_baselines.py) at world 2 and 4 (as the GPU
+# count allows), then the report. Everything lands in $OUT (at most 8 files: gpu.txt,
+# test.log, bench.log, ptxas.txt, fused_results.{json,md,png}). Binaries from build.sh
+# (carried, or rebuilt here if they cannot run). Usage (repo root, GPU host):
+#   kernels/bench/fused/device_run.sh [bin=build/fused-bin] [all|test|bench] [full|quick] [commit]
+# Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick.
+set -uo pipefail
+bin=${1:-build/fused-bin}; what=${2:-all}; mode=${3:-full}; commit=${4:-unknown}
+OUT=${OUT:-/tmp/fused_out}; mkdir -p "$OUT"
+# NVLink multicast stays off on shared hosts (NCCL, PyTorch symmetric memory, NVSHMEM).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+here=kernels/bench/fused
+if ! [ -x "$bin/fused_bench" ] || ! [ -x "$bin/gpu_fused_test" ] || ! ldd "$bin/fused_bench" > /dev/null 2>&1; then
+  echo "rebuilding on the device"; $here/build.sh /tmp/fused-bin > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  bin=/tmp/fused-bin
+fi
+[ -f "$bin/ptxas.txt" ] && cp "$bin/ptxas.txt" "$OUT/ptxas.txt"
+ngpu=$(nvidia-smi -L | wc -l)
+device="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$ngpu"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv; nvidia-smi topo -m
+  python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())'; } > "$OUT/gpu.txt" 2>&1
+head -4 "$OUT/gpu.txt"
+rc=0
+if [ "$what" != bench ]; then
+  timeout 300 "$bin/gpu_fused_test" > "$OUT/test.log" 2>&1; rc=$?
+  grep -E "^==|FAIL|PASS|SKIP|timed out|passed|^  [a-z-]" "$OUT/test.log" | head -60; echo "gpu_fused_test rc=$rc"
+fi
+if [ "$what" != test ]; then
+  q=""; [ "$mode" = quick ] && q="--quick"
+  rm -f /tmp/fused_w*.jsonl /tmp/torch_w*.jsonl
+  for w in 2 4; do
+    [ $w -le "$ngpu" ] || continue
+    echo "== world $w: ours" | tee -a "$OUT/bench.log"
+    timeout 280 "$bin/fused_bench" --world $w --out /tmp/fused_w$w.jsonl $q >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
+    echo "== world $w: torch" | tee -a "$OUT/bench.log"
+    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out /tmp/torch_w$w.jsonl $q >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
+  done
+  python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix fused_results \
+    /tmp/fused_w*.jsonl /tmp/torch_w*.jsonl | tail -60
+fi
+exit $rc

@@ -1,0 +1,359 @@
+// Ours side of the fused-op benchmark: one forked process per GPU (process_group.h), for every
+// shape (shapes below, the same list as torch_baselines.py) and op:
+//   ours_fused        the fused kernel (FusedAlgo::kFused)
+//   ours_decomposed   launch_gemm + launch_collective (FusedAlgo::kDecomposed)
+//   ours_gemm         the rank's GEMM alone (launch_gemm, same local shape)
+//   ours_collective   the exchange alone (allGather of A in bf16; reduceScatter of the fp32
+//                     partials, what the decomposed path moves)
+// Timing: 2 warm-up launches, one timed launch to size the batches, then `batches` batches of
+// `iters` back-to-back launches between CUDA events on rank 0 (a process-group barrier and a
+// stream sync before each batch); ms_median = median over batches of the per-launch mean. One
+// JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
+// Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N]
+//                    [--batch-ms 25] [--batches 7]
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/fused.h"
+#include "fusedcomm/kernels/gemm.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "process_group.h"
+
+namespace k = fusedcomm::kernels;
+
+namespace {
+
+#define CK(x)                                                                           \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess)                                                              \
+      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_));        \
+  } while (0)
+
+// ---- shapes (keep in sync with torch_baselines.py: shapes()) --------------------------------
+// Llama MLP layers under tensor parallelism TP = world:
+//   allGatherGemm      = the fused gate+up projection: K = hidden, N_r = 2 * ffn / TP
+//   gemmReduceScatter  = the down projection: K_r = ffn / TP, N = hidden
+// Square: S x S x S split over TP: allGatherGemm M = K = S, N_r = S / TP; gemmReduceScatter
+// M = N = S, K_r = S / TP. Quick mode: M in {2048, 8192} and square 8192.
+struct Shape {
+  std::string label;  // e.g. "llama3-70b M=8192"
+  std::string op;     // "allGatherGemm" / "gemmReduceScatter"
+  int M, N, K;        // N = N_r (AG) or N (RS); K = K (AG) or K_r (RS)
+};
+
+std::vector<Shape> shapes(int tp, bool quick) {
+  struct Model {
+    const char* name;
+    int hidden, ffn;
+  };
+  const Model models[] = {{"llama3-8b", 4096, 14336}, {"llama3-70b", 8192, 28672}};
+  std::vector<int> ms = {1024, 2048, 4096, 8192, 16384};
+  if (quick) ms = {2048, 8192};
+  std::vector<Shape> v;
+  for (const Model& m : models) {
+    for (int M : ms) {
+      const std::string label = std::string(m.name) + " M=" + std::to_string(M);
+      v.push_back({label, "allGatherGemm", M, 2 * m.ffn / tp, m.hidden});
+      v.push_back({label, "gemmReduceScatter", M, m.hidden, m.ffn / tp});
+    }
+  }
+  std::vector<int> squares = {8192, 16384};
+  if (quick) squares = {8192};
+  for (int S : squares) {
+    const std::string label = "square S=" + std::to_string(S);
+    v.push_back({label, "allGatherGemm", S, S / tp, S});
+    v.push_back({label, "gemmReduceScatter", S, S, S / tp});
+  }
+  return v;
+}
+
+// Fills n bf16 elements with values from a random pool (uniform [-1, 1)): the GEMM's power
+// draw, and so its clock, depends on the data (zeros run faster).
+void fill_random(void* dst, size_t n, const std::vector<__nv_bfloat16>& pool) {
+  size_t done = 0;
+  while (done < n) {
+    const size_t c = std::min(pool.size(), n - done);
+    CK(cudaMemcpy(static_cast<__nv_bfloat16*>(dst) + done, pool.data(), c * 2, cudaMemcpyHostToDevice));
+    done += c;
+  }
+}
+
+struct Options {
+  int world = 2;
+  bool quick = false;
+  bool ag = true, rs = true;
+  int ctas = 0;
+  double batch_ms = 25;
+  int batches = 7;
+  std::string out = "ours.jsonl";
+};
+
+const char* algo_name(k::FusedAlgo a) {
+  return a == k::FusedAlgo::kFused ? "fused" : a == k::FusedAlgo::kDecomposed ? "decomposed" : "auto";
+}
+
+int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
+  const int W = g.world, r = g.rank;
+  CK(cudaSetDevice(r));
+  const std::vector<Shape> list = shapes(W, o.quick);
+
+  // Sizes: the largest of every buffer over the shapes. Data area: the allGatherGemm inputs
+  // from offset 0, the gemmReduceScatter fp32 workspace above them (so that the partials never
+  // overwrite the bf16 inputs with arbitrary bit patterns).
+  uint64_t ag_data = 0, rs_data = 0, scratch = 0;
+  size_t a_max = 0, b_max = 0, c_max = 0, g_max = 0;
+  for (const Shape& s : list) {
+    const size_t M = s.M, N = s.N, K = s.K;
+    if (s.op == "allGatherGemm") {
+      k::AgGemmArgs a;
+      a.M = s.M;
+      a.N = s.N;
+      a.K = s.K;
+      a.gathered = reinterpret_cast<__nv_bfloat16*>(16);  // the bench passes its own buffer
+      const k::FusedWorkspace ws = k::all_gather_gemm_workspace(a, W);
+      ag_data = std::max(ag_data, ws.data_bytes);
+      scratch = std::max(scratch, ws.scratch_bytes);
+      b_max = std::max(b_max, N * K);
+      c_max = std::max(c_max, M * N);
+      g_max = std::max(g_max, M * K);
+    } else {
+      k::GemmRsArgs a;
+      a.M = s.M;
+      a.N = s.N;
+      a.K = s.K;
+      const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(a, W);
+      rs_data = std::max(rs_data, ws.data_bytes);
+      scratch = std::max(scratch, ws.scratch_bytes);
+      a_max = std::max(a_max, M * K);
+      b_max = std::max(b_max, N * K);
+      c_max = std::max(c_max, (M + W - 1) / W * N);
+    }
+  }
+  const uint64_t ws_offset = (ag_data + 4095) / 4096 * 4096;
+  const uint64_t data_need = std::max(ws_offset + rs_data, scratch);
+  fusedcomm::SymmetricConfig cfg;
+  cfg.data_bytes = (data_need + 4095) / 4096 * 4096;
+  auto sm = std::make_unique<fusedcomm::SymmetricMemory>(r, W, cfg);
+  sm->connect(g.all_gather(sm->export_handle()));
+  const k::CommDevice& dev = sm->device();
+
+  void *A, *B, *C, *G;
+  CK(cudaMalloc(&A, std::max<size_t>(a_max, 8) * 2));
+  CK(cudaMalloc(&B, b_max * 2));
+  CK(cudaMalloc(&C, c_max * 2 + 256));
+  CK(cudaMalloc(&G, g_max * 2 + 256));
+  {
+    std::mt19937_64 rng(1234 + r);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    std::vector<__nv_bfloat16> pool(16 << 20);
+    for (auto& x : pool) x = __float2bfloat16_rn(u(rng));
+    fill_random(A, std::max<size_t>(a_max, 8), pool);
+    fill_random(B, b_max, pool);
+    fill_random(sm->data(), ws_offset / 2, pool);  // the allGatherGemm inputs
+  }
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  FILE* f = r == 0 ? std::fopen(o.out.c_str(), "w") : nullptr;
+  char device[256] = {};
+  {
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, r));
+    std::snprintf(device, sizeof device, "%s", p.name);
+  }
+
+  // Times `launch` (which enqueues one op on st); every rank runs the same sequence.
+  auto time_op = [&](const std::function<void()>& launch, int& iters_out) {
+    g.barrier();
+    for (int i = 0; i < 2; ++i) launch();
+    CK(cudaStreamSynchronize(st));
+    g.barrier();
+    CK(cudaEventRecord(e0, st));
+    launch();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float one = 0;
+    CK(cudaEventElapsedTime(&one, e0, e1));
+    // Every rank must use the same count: rank 0's estimate, shared.
+    std::vector<uint8_t> mine(sizeof(float));
+    std::memcpy(mine.data(), &one, sizeof one);
+    const auto all = g.all_gather(mine);
+    std::memcpy(&one, all[0].data(), sizeof one);
+    const int iters = std::clamp(static_cast<int>(o.batch_ms / std::max(one, 1e-3f)), 1, 200);
+    std::vector<double> per;
+    for (int b = 0; b < o.batches; ++b) {
+      CK(cudaStreamSynchronize(st));
+      g.barrier();
+      CK(cudaEventRecord(e0, st));
+      for (int i = 0; i < iters; ++i) launch();
+      CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      per.push_back(ms / iters);
+    }
+    sm->raise_if_failed();
+    std::sort(per.begin(), per.end());
+    iters_out = iters;
+    return per[per.size() / 2];
+  };
+
+  for (const Shape& s : list) {
+    const bool is_ag = s.op == "allGatherGemm";
+    if ((is_ag && !o.ag) || (!is_ag && !o.rs)) continue;
+    const double flops = 2.0 * s.M * s.N * s.K;  // per rank
+    // NVLink bytes into this rank: the peers' rows of A (bf16) or of the partials (fp32).
+    const double wire = is_ag ? (W - 1.0) / W * s.M * s.K * 2.0 : (W - 1.0) / W * s.M * s.N * 4.0;
+    k::AgGemmArgs ag;
+    k::GemmRsArgs rs;
+    if (is_ag) {
+      ag.M = s.M;
+      ag.N = s.N;
+      ag.K = s.K;
+      ag.in_offset = 0;
+      ag.B = static_cast<const __nv_bfloat16*>(B);
+      ag.C = static_cast<__nv_bfloat16*>(C);
+      ag.gathered = static_cast<__nv_bfloat16*>(G);
+      ag.comm_ctas = o.ctas;
+    } else {
+      rs.M = s.M;
+      rs.N = s.N;
+      rs.K = s.K;
+      rs.A = static_cast<const __nv_bfloat16*>(A);
+      rs.B = static_cast<const __nv_bfloat16*>(B);
+      rs.ws_offset = ws_offset;
+      rs.out = static_cast<__nv_bfloat16*>(C);
+      rs.reduce_ctas = o.ctas;
+    }
+    const k::FusedAlgo auto_algo = is_ag ? k::all_gather_gemm_info(dev, ag).algo
+                                         : k::gemm_reduce_scatter_info(dev, rs).algo;
+    struct Impl {
+      const char* name;
+      std::function<void()> launch;
+      k::FusedLaunchInfo info;
+    };
+    std::vector<Impl> impls;
+    for (k::FusedAlgo algo : {k::FusedAlgo::kFused, k::FusedAlgo::kDecomposed}) {
+      if (is_ag) {
+        k::AgGemmArgs a = ag;
+        a.algo = algo;
+        impls.push_back({algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed",
+                         [&, a] { CK(k::launch_all_gather_gemm(dev, a, st)); },
+                         k::all_gather_gemm_info(dev, a)});
+      } else {
+        k::GemmRsArgs a = rs;
+        a.algo = algo;
+        impls.push_back({algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed",
+                         [&, a] { CK(k::launch_gemm_reduce_scatter(dev, a, st)); },
+                         k::gemm_reduce_scatter_info(dev, a)});
+      }
+    }
+    {
+      k::GemmArgs gm;
+      gm.A = is_ag ? static_cast<const __nv_bfloat16*>(G) : static_cast<const __nv_bfloat16*>(A);
+      gm.lda = s.K;
+      gm.B = static_cast<const __nv_bfloat16*>(B);
+      gm.ldb = s.K;
+      gm.M = s.M;
+      gm.N = s.N;
+      gm.K = s.K;
+      if (is_ag) {
+        gm.C = C;
+        gm.ldc = s.N;
+      } else {
+        // The partial product as the decomposed path writes it: fp32 into the data area.
+        gm.C = static_cast<uint8_t*>(sm->data()) + ws_offset;
+        gm.ldc = s.N;
+        gm.c_type = k::GemmOutType::kF32;
+      }
+      impls.push_back({"ours_gemm", [&, gm] { CK(k::launch_gemm(gm, st)); }, k::FusedLaunchInfo{}});
+      k::CollectiveArgs ca;
+      ca.op = is_ag ? k::CommOp::kAllGather : k::CommOp::kReduceScatter;
+      ca.dtype = is_ag ? k::CommDtype::kBF16 : k::CommDtype::kF32;
+      ca.count = static_cast<int64_t>(s.M) * (is_ag ? s.K : s.N);
+      ca.in_offset = is_ag ? 0 : ws_offset;
+      ca.output = is_ag ? G : reinterpret_cast<uint8_t*>(dev.base[r]) + dev.scratch_offset;
+      impls.push_back({"ours_collective", [&, ca] { CK(k::launch_collective(dev, ca, st)); },
+                       k::FusedLaunchInfo{}});
+    }
+    for (Impl& im : impls) {
+      int iters = 0;
+      const double ms = time_op(im.launch, iters);
+      if (f) {
+        std::fprintf(f,
+                     "{\"op\": \"%s\", \"impl\": \"%s\", \"world\": %d, \"shape\": \"%s\", \"M\": %d, "
+                     "\"N\": %d, \"K\": %d, \"dtype\": \"bf16\", \"ms_median\": %.6f, \"tflops\": %.2f, "
+                     "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
+                     "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
+                     "\"batches\": %d, \"gpu\": \"%s\"}\n",
+                     s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
+                     flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
+                     im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
+                     algo_name(auto_algo), im.info.gemm_ctas, im.info.comm_ctas, im.info.tile_n,
+                     im.info.chunks, iters, o.batches, device);
+        std::fflush(f);
+        std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
+                    s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,
+                    wire / (ms * 1e-3) / 1e9);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (f) std::fclose(f);
+  g.barrier();
+  cudaFree(A);
+  cudaFree(B);
+  cudaFree(C);
+  cudaFree(G);
+  sm->close();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--world") o.world = std::atoi(next());
+    else if (a == "--out") o.out = next();
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--ctas") o.ctas = std::atoi(next());
+    else if (a == "--batch-ms") o.batch_ms = std::atof(next());
+    else if (a == "--batches") o.batches = std::atoi(next());
+    else if (a == "--ops") {
+      const std::string ops = next();
+      o.ag = ops.find("ag") != std::string::npos;
+      o.rs = ops.find("rs") != std::string::npos;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const int failed = fusedcomm::testing::run_processes(
+      o.world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, o); }, 600);
+  return failed == 0 ? 0 : 1;
+}

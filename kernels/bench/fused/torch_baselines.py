@@ -1,0 +1,167 @@
+"""Baselines of the fused-op benchmark (torch.distributed, one process per GPU, bf16).
+
+Same shapes (shapes() below mirrors fused_bench.cc's list), warm-up, batches and timing as
+fused_bench.cc: 2 warm-up calls, one timed call to size the batches (rank 0's estimate for all
+ranks), then `batches` batches of `iters` back-to-back calls between CUDA events on rank 0, a
+barrier and a sync before each batch; ms_median = median over batches of the per-call mean.
+
+impls per (op, shape):
+  torch_serial     cuBLAS + NCCL, one stream: all_gather_into_tensor then A @ W.t()
+                   (allGatherGemm); A @ W.t() then reduce_scatter_tensor (gemmReduceScatter,
+                   bf16 partials, as NCCL sums them)
+  torch_symm_mem   PyTorch symmetric memory's fused ops
+                   (torch.distributed._symmetric_memory._fused_all_gather_matmul /
+                   _fused_matmul_reduce_scatter, torch 2.11), multicast off
+  torch_gemm       cuBLAS GEMM alone (the rank's local shape)
+  torch_collective NCCL collective alone (bf16)
+Run: torchrun --nproc-per-node W torch_baselines.py --out torch.jsonl [--quick]
+NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 must be set (device_run.sh does).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def shapes(tp, quick):
+    """(label, op, M, N, K): see fused_bench.cc (N = N_r for allGatherGemm, K = K_r for RS)."""
+    models = [("llama3-8b", 4096, 14336), ("llama3-70b", 8192, 28672)]
+    ms = [2048, 8192] if quick else [1024, 2048, 4096, 8192, 16384]
+    out = []
+    for name, hidden, ffn in models:
+        for m in ms:
+            label = f"{name} M={m}"
+            out.append((label, "allGatherGemm", m, 2 * ffn // tp, hidden))
+            out.append((label, "gemmReduceScatter", m, hidden, ffn // tp))
+    for s in ([8192] if quick else [8192, 16384]):
+        label = f"square S={s}"
+        out.append((label, "allGatherGemm", s, s // tp, s))
+        out.append((label, "gemmReduceScatter", s, s, s // tp))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="torch.jsonl")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ops", default="ag,rs")
+    ap.add_argument("--batch-ms", type=float, default=25.0)
+    ap.add_argument("--batches", type=int, default=7)
+    args = ap.parse_args()
+    assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "export NCCL_NVLS_ENABLE=0"
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", device_id=dev)
+    group_name = dist.group.WORLD.group_name
+    symm = None
+    try:
+        import torch.distributed._symmetric_memory as symm
+        if hasattr(symm, "enable_symm_mem_for_group"):
+            symm.enable_symm_mem_for_group(group_name)
+    except Exception as e:  # the rows say why the symm_mem impl is missing
+        print(f"rank {rank}: symmetric memory unavailable: {e!r}", file=sys.stderr)
+        symm = None
+    gpu = torch.cuda.get_device_name(dev)
+    f = open(args.out, "w") if rank == 0 else None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(1234 + rank)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, device=dev, dtype=torch.float32).mul_(2).sub_(1).to(torch.bfloat16)
+
+    def time_call(call):
+        for _ in range(2):
+            call()
+        torch.cuda.synchronize()
+        dist.barrier()
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        est = torch.tensor([start.elapsed_time(end)], device=dev)
+        dist.broadcast(est, 0)
+        iters = int(min(200, max(1, args.batch_ms / max(est.item(), 1e-3))))
+        per = []
+        for _ in range(args.batches):
+            torch.cuda.synchronize()
+            dist.barrier()
+            start.record()
+            for _ in range(iters):
+                call()
+            end.record()
+            end.synchronize()
+            per.append(start.elapsed_time(end) / iters)
+        per.sort()
+        return per[len(per) // 2], iters
+
+    for label, op, M, N, K in shapes(world, args.quick):
+        is_ag = op == "allGatherGemm"
+        if (is_ag and "ag" not in args.ops) or (not is_ag and "rs" not in args.ops):
+            continue
+        flops = 2.0 * M * N * K
+        wire = (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
+        w = rand(N, K)  # a linear layer's weight: C = A @ w.t()
+        calls = {}
+        if is_ag:
+            a_shard = rand(M // world, K)
+            a_full = torch.empty(M, K, device=dev, dtype=torch.bfloat16)
+            c = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+
+            def serial():
+                dist.all_gather_into_tensor(a_full, a_shard)
+                torch.matmul(a_full, w.t(), out=c)
+
+            calls["torch_serial"] = serial
+            if symm is not None:
+                calls["torch_symm_mem"] = lambda: symm._fused_all_gather_matmul(a_shard, [w.t()], 0, group_name)
+            calls["torch_gemm"] = lambda: torch.matmul(a_full, w.t(), out=c)
+            calls["torch_collective"] = lambda: dist.all_gather_into_tensor(a_full, a_shard)
+        else:
+            a = rand(M, K)
+            p = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+            out = torch.empty(M // world, N, device=dev, dtype=torch.bfloat16)
+
+            def serial():
+                torch.matmul(a, w.t(), out=p)
+                dist.reduce_scatter_tensor(out, p)
+
+            calls["torch_serial"] = serial
+            if symm is not None:
+                calls["torch_symm_mem"] = lambda: symm._fused_matmul_reduce_scatter(a, w.t(), "sum", 0, group_name)
+            calls["torch_gemm"] = lambda: torch.matmul(a, w.t(), out=p)
+            calls["torch_collective"] = lambda: dist.reduce_scatter_tensor(out, p)
+        for impl, call in calls.items():
+            try:
+                ms, iters = time_call(call)
+                err = None
+            except Exception as e:  # keep going: the row records the failure
+                ms, iters, err = float("nan"), 0, repr(e)[:300]
+                torch.cuda.synchronize()
+            if f:
+                row = dict(op=op, impl=impl, world=world, shape=label, M=M, N=N, K=K, dtype="bf16",
+                           ms_median=ms, tflops=flops / (ms * 1e-3) / 1e12 if ms == ms else None,
+                           gbps=wire / (ms * 1e-3) / 1e9 if ms == ms else None, iters=iters,
+                           batches=args.batches, gpu=gpu, torch=torch.__version__,
+                           nccl=".".join(map(str, torch.cuda.nccl.version())))
+                if err:
+                    row["error"] = err
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                print(f"{op:18s} W={world} {label:20s} {impl:16s} {ms:9.4f} ms"
+                      + (f"  ERROR {err}" if err else ""), flush=True)
+        del calls
+        torch.cuda.empty_cache()
+    if f:
+        f.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

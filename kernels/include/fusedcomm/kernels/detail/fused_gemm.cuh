@@ -1,0 +1,456 @@
+// The fused kernels of fused.h: allGatherGemm (pull A chunk by chunk while the GEMM consumes
+// it) and gemmReduceScatter (fp32 partial tiles + per-chunk flags while owners pull and sum),
+// each one persistent grid whose CTAs take roles by blockIdx.x. The GEMM role is the engine of
+// gemm_sm90.cuh (gemm_sm90_body) with a dynamic tile schedule; the communication roles are
+// below. Host side: kernels/src/fused.cu (geometry, SM split, launch).
+//
+// Grid (one CTA per SM, all resident: cooperative launch), 384 threads per CTA:
+//   allGatherGemm      [0, G)     GEMM from the start
+//                      [G, G+P)   pull A's chunks (own rows first: local copies), then GEMM
+//   gemmReduceScatter  [0, G)     GEMM; epilogue writes fp32 partial tiles, counts chunks
+//                      [G, G+R)   reduce this rank's rows chunk by chunk as peers finish them
+// Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "fusedcomm/kernels/detail/fused_protocol.cuh"
+#include "fusedcomm/kernels/detail/gemm_sm90.cuh"
+#include "fusedcomm/kernels/fused.h"
+
+namespace fusedcomm::kernels::detail {
+
+// ============================================================================================
+// allGatherGemm
+// ============================================================================================
+// Gathered A, row-major M×K in `gathered` (this process's memory): rank p's rows at
+// split_offset(M,W,p). Chunk c = rows [c*chunk_rows, (c+1)*chunk_rows), chunk_rows = 128*mg (a
+// whole number of GEMM M-blocks, so a tile waits for exactly one flag). Each chunk is pulled
+// as `slices` slices of slice_rows rows (one work item each, 64-128 KiB, so that many CTAs
+// work on the chunks the GEMM needs next); the slice that completes a chunk raises its flag.
+// Work item k = slice k % slices of chunk (c_start + k / slices) % chunks: the order of the
+// GEMM's sweep, which starts at this rank's own rows (m_block_start) and wraps around.
+struct AgParams {
+  CommDevice dev;
+  __nv_bfloat16* gathered;
+  uint64_t in_offset;  // A_p in every rank's data area
+  int M, K;
+  int mg;          // M-blocks per chunk
+  int chunks;
+  int slices;      // work items per chunk
+  int slice_rows;
+  int c_start;     // chunk of the GEMM's first M-block
+  int gemm_ctas;   // CTAs [0, gemm_ctas) start on the GEMM
+  int comm_ctas;   // CTAs [gemm_ctas, gemm_ctas + comm_ctas) pull first
+};
+
+// The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
+// before each tile its chunk's flag (hook 1, from device memory with the launch's epoch).
+struct AgSchedule {
+  static constexpr bool kDynamic = true;
+  const AgParams* p;  // the kernel's parameter (grid constant)
+  uint64_t epoch;
+
+  __device__ __forceinline__ int cta() const { return 0; }
+  __device__ __forceinline__ int num_ctas() const { return 1; }
+  __device__ __forceinline__ int claim() const {
+    return static_cast<int>(atomicAdd(&fused_flags(p->dev, p->dev.rank)->tile_claim, 1u));
+  }
+  __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
+    return tile_coord(prob, t);
+  }
+  __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return true; }
+  template <int BN>
+  __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord tc) const {
+    const int c = tc.m / p->mg;
+    const uint64_t* flag = &fused_flags(p->dev, p->dev.rank)->ag_chunk[c];
+    if (ld_acquire_sys(flag) >= epoch) return true;
+    // Slow path: name the rank whose rows the chunk waits for (the first one not this rank).
+    const int64_t r0 = static_cast<int64_t>(c) * p->mg * kTileM;
+    const int64_t r1 = min(static_cast<int64_t>(p->M), r0 + p->mg * kTileM) - 1;
+    int peer = split_owner(p->M, p->dev.world, r0);
+    if (peer == p->dev.rank) peer = split_owner(p->M, p->dev.world, r1);
+    // Twice the timeout: a chunk is late only because a pulling CTA waits for a peer, and that
+    // CTA's record (the peer and its start-barrier step) is the one to keep.
+    return fused_wait_flag(p->dev, flag, epoch, kFusedOpAllGatherGemm, kFusedStepChunk, peer, 2);
+  }
+  __device__ __forceinline__ void consumers_done() const {
+    named_barrier_sync(1, 256);
+    if (threadIdx.x == 128) fused_finish(p->dev, epoch, kFusedOpAllGatherGemm);
+  }
+};
+
+// The pulling role (all 384 threads of CTA j of the P pulling CTAs). Returns when the CTA's
+// items are done (or a wait gave up); the CTA then joins the GEMM. Out of line: role code
+// inlined before the engine perturbed ptxas's register allocation of the engine's consumers
+// (see fused_wait); as a function of its own it is allocated on its own.
+inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epoch, int j) {
+  const CommDevice& d = p.dev;
+  const int W = d.world, r = d.rank;
+  FusedFlags* ff = fused_flags(d, r);
+  __shared__ int s_ok;
+  // Start barrier, signal side (ordering: CommFlags::arrive): stream order puts this rank's
+  // input before the kernel; the fence publishes it at system scope.
+  if (j == 0 && threadIdx.x == 0 && W > 1) {
+    __threadfence_system();
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+  }
+  uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
+  bool ok = true;
+  const int chunk_rows = p.mg * kTileM;
+  const int items = p.chunks * p.slices;
+  const size_t row_bytes = static_cast<size_t>(p.K) * 2;
+  for (int k = j; k < items && ok; k += p.comm_ctas) {
+    const int c = (p.c_start + k / p.slices) % p.chunks;
+    const int64_t a = static_cast<int64_t>(c) * chunk_rows +
+                      static_cast<int64_t>(k % p.slices) * p.slice_rows;
+    const int64_t b = min(min(a + p.slice_rows, static_cast<int64_t>(c + 1) * chunk_rows),
+                          static_cast<int64_t>(p.M));
+    if (a < b) {
+      const int o0 = split_owner(p.M, W, a), o1 = split_owner(p.M, W, b - 1);
+      for (int o = o0; o <= o1; ++o) {
+        const int64_t off = split_offset(p.M, W, o), cnt = split_count(p.M, W, o);
+        const int64_t ra = max(a, off), rb = min(b, off + cnt);
+        if (ra >= rb) continue;
+        if ((arrived & (1u << o)) == 0) {
+          // Start barrier, wait side: o's input for this epoch is written and o has finished
+          // its previous launch. Observe pattern: acquire by thread 0, then bar.sync.
+          if (threadIdx.x == 0) {
+            s_ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm,
+                              kCommStepArrive, o, 1);
+          }
+          __syncthreads();
+          ok = s_ok != 0;
+          __syncthreads();  // s_ok may be rewritten by the next owner's wait
+          if (!ok) break;
+          arrived |= 1u << o;
+        }
+        const uint8_t* src = d.base[o] + d.data_offset + p.in_offset + (ra - off) * row_bytes;
+        fused_cta_copy(reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes, src,
+                       (rb - ra) * static_cast<int64_t>(row_bytes));
+      }
+    }
+    if (!ok) break;
+    // Publish the slice; the last slice of the chunk raises its flag (ordering: FusedFlags::
+    // ag_chunk). Empty slices (past M) count too: every chunk expects `slices` arrivals.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (fused_last_of(&ff->chunk_count[c], static_cast<uint32_t>(p.slices))) {
+        st_release_sys(&ff->ag_chunk[c], epoch);
+      }
+    }
+  }
+  // Every load of a peer's memory by this CTA is complete (its values were stored).
+  __syncthreads();
+  if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
+}
+
+template <int BN, bool kBKN>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    ag_gemm_kernel(const __grid_constant__ CUtensorMap tm_a,
+                   const __grid_constant__ CUtensorMap tm_b,
+                   const __grid_constant__ CUtensorMap tm_c,
+                   const __grid_constant__ GemmProblem prob,
+                   const __grid_constant__ DefaultEpilogue epi,
+                   const __grid_constant__ AgParams p) {
+  const uint64_t epoch = comm_launch_epoch(p.dev);
+  if (static_cast<int>(blockIdx.x) >= p.gemm_ctas) {
+    ag_pull_role(p, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);
+  }
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, AgSchedule{&p, epoch});
+}
+
+// ============================================================================================
+// gemmReduceScatter
+// ============================================================================================
+// Every rank computes all of its M×N partial product (fp32, row stride N) into its workspace
+// (data area + ws_offset) and every rank sweeps the tiles in the SAME order: so a tile's W
+// partials complete at about the same time on all ranks. The M-blocks are taken in an
+// interleaved order: logical block L -> physical block rs_block_of(L): the m_blocks split
+// over W streams (split rule; stream o ~ owner o's rows), one block of each stream in turn.
+// Every wave of tiles then holds rows of every owner, so all owners reduce (and all NVLink
+// links carry traffic) throughout the GEMM instead of one owner at a time.
+//
+// Chunk = `mg` consecutive LOGICAL M-blocks (a divisor of the raster group) × chunk_cols
+// columns (a multiple of 256, so of either tile width): id = (L / mg) * col_groups + n_col /
+// chunk_cols. The chunk layout depends only on (M, N, W), never on a rank's tile width or CTA
+// split, so every rank agrees on chunk ids. The GEMM CTA that finishes a chunk's last tile
+// raises rs_ready[rank * chunks + chunk] = epoch in the region of every rank that owns rows of
+// the chunk (FusedFlags::rs_ready). Owner o's reducing CTAs take o's chunks in the order they
+// complete, wait for the W flags, and for each row of the chunk that o owns compute
+//   out[row - off_o][col] = bf16( (((0 + P_0) + P_1) + ...) + P_{W-1} )   (fp32, rank order)
+// pulling P_s from rank s's workspace.
+//
+// Why pull: each rank moves (W-1) × (M/W) × N × 4 bytes over NVLink either way. Pulling reads
+// the partials where the GEMM wrote them (local stores, the engine's register epilogue) and
+// writes the output once; pushing would either store the fragments straight to peers
+// (16-byte row pieces per warp instruction: partial NVLink writes) or stage them in the
+// owner's memory, which adds W × (M/W) × N × 4 bytes written and read again per rank. Flags
+// are pushed (one remote store per chunk and owner) so that every poll is local.
+struct RsParams {
+  CommDevice dev;
+  __nv_bfloat16* out;
+  uint64_t ws_offset;  // fp32 partial (M×N) in every rank's data area
+  int M, N;
+  int m_blocks;
+  int mg;           // logical M-blocks per chunk (a power of two dividing group_m)
+  int chunk_cols;   // columns per chunk (multiple of 256)
+  int col_groups;   // ceil(N / chunk_cols)
+  int chunks;       // ceil(m_blocks / mg) * col_groups
+  int group_m;      // the GEMM's raster group (also GemmProblem::group_m)
+  int tile_n;       // this rank's GEMM tile width
+  int gemm_ctas;    // CTAs [0, gemm_ctas) run the GEMM
+  int red_ctas;     // CTAs [gemm_ctas, gemm_ctas + red_ctas) reduce
+};
+
+// Logical M-block L (sweep position) -> physical M-block, and back (see above).
+__host__ __device__ __forceinline__ int rs_block_of(int L, int mb, int w) {
+  const int q = mb / w;
+  const int o = L < q * w ? L % w : L - q * w;
+  const int j = L < q * w ? L / w : q;
+  return static_cast<int>(split_offset(mb, w, o)) + j;
+}
+__host__ __device__ __forceinline__ int rs_logical_of(int P, int mb, int w) {
+  const int o = split_owner(mb, w, P);
+  const int j = P - static_cast<int>(split_offset(mb, w, o));
+  const int q = mb / w;
+  return j < q ? j * w + o : q * w + o;
+}
+
+struct RsSchedule {
+  static constexpr bool kDynamic = true;
+  const RsParams* p;
+  uint64_t epoch;
+
+  __device__ __forceinline__ int cta() const { return 0; }
+  __device__ __forceinline__ int num_ctas() const { return 1; }
+  __device__ __forceinline__ int claim() const {
+    return static_cast<int>(atomicAdd(&fused_flags(p->dev, p->dev.rank)->tile_claim, 1u));
+  }
+  __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
+    TileCoord tc = tile_coord(prob, t);  // m_block_start = 0: tc.m is the logical block
+    tc.m = rs_block_of(tc.m, prob.m_blocks, p->dev.world);
+    return tc;
+  }
+  __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
+  template <int BN>
+  __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord) const {
+    return true;
+  }
+  __device__ __forceinline__ void consumers_done() const {
+    named_barrier_sync(1, 256);
+    if (threadIdx.x == 128) fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
+  }
+};
+
+// The GEMM role's epilogue: fp32 partial tiles into this rank's workspace (register path:
+// the stores must be complete before the chunk counter, see FusedFlags::rs_ready), then the
+// chunk's arrival count and, for its last tile, the flags to the owners.
+struct RsEpilogue {
+  const RsParams* p;
+  uint64_t epoch;
+
+  __device__ __forceinline__ float* partial() const {
+    return reinterpret_cast<float*>(p->dev.base[p->dev.rank] + p->dev.data_offset + p->ws_offset);
+  }
+  template <int kFrag>
+  __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
+                                        const GemmProblem& prob) const {
+    float* ws = partial();
+    const int64_t ld = p->N;
+    DefaultEpilogue::apply(acc, ws + row0 * ld, ws + (row0 + 8) * ld, row0, col0, prob,
+                           DefaultEpilogue::put_f32);
+  }
+  __device__ __forceinline__ bool wants_tile_done() const { return true; }
+  __device__ __forceinline__ void tile_done(TileCoord tc, const GemmProblem& prob) const {
+    const CommDevice& d = p->dev;
+    const int mb = prob.m_blocks;
+    const int L = rs_logical_of(tc.m, mb, d.world);
+    const int L0 = L / p->mg * p->mg;
+    const int L1 = min(L0 + p->mg, mb);
+    const int col0 = tc.n * p->tile_n;
+    const int cg = col0 / p->chunk_cols;
+    const int chunk = (L / p->mg) * p->col_groups + cg;
+    const int c_begin = cg * p->chunk_cols;
+    const int c_end = min(p->N, c_begin + p->chunk_cols);
+    const int n_tiles = (c_end + p->tile_n - 1) / p->tile_n - c_begin / p->tile_n;
+    // fence.sc.sys, not .gpu: this tile's stores (ordered before this thread by the named
+    // barrier) are read by OTHER GPUs once the chunk's flag is up. Every CTA publishes its own
+    // stores at system scope before its arrival, as the collectives' counter pattern does
+    // (CommFlags::phase); the flag's release then only has to order the counter (see
+    // FusedFlags::rs_ready). (The gpu-scope version relied on cumulativity from other CTAs'
+    // gpu-scope fences through the counter to the last CTA's sys-scope release; the first
+    // 4 x H200 run showed W >= 3 owners summing partial values that were not yet the tile's.)
+    __threadfence_system();
+    if (!fused_last_of(&fused_flags(d, d.rank)->chunk_count[chunk],
+                       static_cast<uint32_t>((L1 - L0) * n_tiles))) {
+      return;
+    }
+    uint32_t sent = 0;  // owners already told
+    for (int l = L0; l < L1; ++l) {
+      const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, d.world)) * kTileM;
+      const int64_t row1 = min(static_cast<int64_t>(p->M), row0 + kTileM) - 1;
+      const int o0 = split_owner(p->M, d.world, row0), o1 = split_owner(p->M, d.world, row1);
+      for (int o = o0; o <= o1; ++o) {
+        if (sent & (1u << o)) continue;
+        sent |= 1u << o;
+        st_release_sys(&fused_flags(d, o)->rs_ready[d.rank * p->chunks + chunk], epoch);
+      }
+    }
+  }
+};
+
+// dst[i][c] = bf16(sum over s in 0..NS-1 of src[s][i][c]) for rows i < rows, columns c < cols
+// (a multiple of 4; rows * cols / 4 < 2^31); row strides ld (sources) and ldo (dst), elements.
+// 16-byte loads, kU vectors per source in flight per thread (NS * kU = 8: 48 KiB per CTA, as
+// the pull loop). Sources are summed in order s = 0, 1, ... starting from 0.f.
+template <int NS>
+__device__ __forceinline__ void rs_reduce_rows(const float* const* src, int64_t ld,
+                                               __nv_bfloat16* dst, int64_t ldo, int rows,
+                                               int cols) {
+  constexpr int kU = NS >= 8 ? 1 : 8 / NS;
+  const float* s_ptr[NS];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) s_ptr[s] = src[s];
+  const int vpr = cols / 4;
+  const int nv = rows * vpr;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int i = tid; i < nv; i += kU * nt) {
+    float4 v[kU][NS];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int idx = i + u * nt;
+      if (idx < nv) {
+        const int row = idx / vpr;
+        const int64_t at = row * ld + (idx - row * vpr) * 4;
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          v[u][s] = __ldcg(reinterpret_cast<const float4*>(s_ptr[s] + at));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int idx = i + u * nt;
+      if (idx >= nv) continue;
+      const int row = idx / vpr;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        acc.x += v[u][s].x;
+        acc.y += v[u][s].y;
+        acc.z += v[u][s].z;
+        acc.w += v[u][s].w;
+      }
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z, acc.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(dst + row * ldo + (idx - row * vpr) * 4) = packed;
+    }
+  }
+}
+
+template <int NS>
+__device__ __forceinline__ void rs_reduce_region(const RsParams& p, int64_t ra, int64_t rb,
+                                                 int c0, int c1, int64_t own_off) {
+  const CommDevice& d = p.dev;
+  const float* src[NS];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    src[s] = reinterpret_cast<const float*>(d.base[s] + d.data_offset + p.ws_offset) +
+             ra * p.N + c0;
+  }
+  rs_reduce_rows<NS>(src, p.N, p.out + (ra - own_off) * p.N + c0, p.N, static_cast<int>(rb - ra),
+                     c1 - c0);
+}
+
+// The reducing role (all 384 threads of CTA j of the R reducing CTAs): this rank's chunks in
+// completion order (raster group, then column group, then the group's chunks), round robin
+// over the R CTAs. NS = world size. Out of line, as ag_pull_role, and one function per world
+// size: with the eight reduction loops in one function ptxas spilled.
+template <int NS>
+__device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch, int j) {
+  const CommDevice& d = p.dev;
+  const int W = NS, r = d.rank, mb = p.m_blocks;  // NS == d.world (dispatch in the kernel)
+  const int64_t own_off = split_offset(p.M, W, r), own_end = own_off + split_count(p.M, W, r);
+  FusedFlags* ff = fused_flags(d, r);
+  __shared__ int s_ok;
+  const int groups = (mb + p.group_m - 1) / p.group_m;
+  const int per_group = p.group_m / p.mg;
+  int ordinal = 0;
+  bool ok = true;
+  for (int g = 0; g < groups && ok; ++g) {
+    for (int cg = 0; cg < p.col_groups && ok; ++cg) {
+      for (int i = 0; i < per_group && ok; ++i) {
+        const int L0 = g * p.group_m + i * p.mg;
+        if (L0 >= mb) break;
+        const int L1 = min(L0 + p.mg, mb);
+        bool owned = false;
+        for (int l = L0; l < L1 && !owned; ++l) {
+          const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
+          owned = row0 < own_end && min(static_cast<int64_t>(p.M), row0 + kTileM) > own_off;
+        }
+        if (!owned || ordinal++ % p.red_ctas != j) continue;
+        const int chunk = (L0 / p.mg) * p.col_groups + cg;
+        // Observe pattern (FusedFlags::rs_ready): acquire every source's flag, then bar.sync.
+        if (threadIdx.x == 0) {
+          int all = 1;
+          for (int s = 0; s < W && all; ++s) {
+            all = fused_wait(d, &ff->rs_ready[s * p.chunks + chunk], epoch,
+                             kFusedOpGemmReduceScatter, kFusedStepPartial, s, 1);
+          }
+          s_ok = all;
+        }
+        __syncthreads();
+        ok = s_ok != 0;
+        __syncthreads();  // s_ok is rewritten by the next chunk's wait
+        if (!ok) break;
+        const int c0 = cg * p.chunk_cols, c1 = min(p.N, c0 + p.chunk_cols);
+        for (int l = L0; l < L1; ++l) {
+          const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
+          const int64_t ra = max(row0, own_off);
+          const int64_t rb = min(min(row0 + kTileM, static_cast<int64_t>(p.M)), own_end);
+          if (ra < rb) rs_reduce_region<NS>(p, ra, rb, c0, c1, own_off);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fused_role_done(d, epoch, static_cast<uint32_t>(p.red_ctas));
+    fused_finish(d, epoch, kFusedOpGemmReduceScatter);
+  }
+}
+
+template <int BN, bool kBKN>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    rs_gemm_kernel(const __grid_constant__ CUtensorMap tm_a,
+                   const __grid_constant__ CUtensorMap tm_b,
+                   const __grid_constant__ CUtensorMap tm_c,
+                   const __grid_constant__ GemmProblem prob,
+                   const __grid_constant__ RsParams p) {
+  const uint64_t epoch = comm_launch_epoch(p.dev);
+  if (static_cast<int>(blockIdx.x) < p.gemm_ctas) {
+    gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch},
+                             RsSchedule{&p, epoch});
+    return;
+  }
+  const int j = static_cast<int>(blockIdx.x) - p.gemm_ctas;
+  switch (p.dev.world) {
+    case 1: rs_reduce_role<1>(p, epoch, j); break;
+    case 2: rs_reduce_role<2>(p, epoch, j); break;
+    case 3: rs_reduce_role<3>(p, epoch, j); break;
+    case 4: rs_reduce_role<4>(p, epoch, j); break;
+    case 5: rs_reduce_role<5>(p, epoch, j); break;
+    case 6: rs_reduce_role<6>(p, epoch, j); break;
+    case 7: rs_reduce_role<7>(p, epoch, j); break;
+    default: rs_reduce_role<8>(p, epoch, j); break;
+  }
+}
+
+}  // namespace fusedcomm::kernels::detail

@@ -1,0 +1,184 @@
+// Device helpers of the fused ops (fused.h) on top of the collectives' flag protocol
+// (comm_protocol.cuh): the row-split rule, the FusedFlags block, a bounded wait with a longer
+// timeout for waits that only follow other waits, arrival counters, the end-of-launch sequence,
+// and the CTA-wide copy loop of the pulling CTAs.
+//
+// Scopes (PTX memory model). Flags that cross GPUs (CommFlags::arrive/done, rs_ready) are
+// written with st.release.sys and read with ld.acquire.sys, as in comm_protocol.cuh. Counters
+// and flags that stay on this GPU are ordered with gpu-scope fences (__threadfence(), i.e.
+// membar.gl = fence.sc.gpu), which are much cheaper than fence.sc.sys; where such a chain ends in a
+// system-scope release (rs_ready), causality order is transitive across scopes as long as each
+// synchronising pair is morally strong (both threads inside the fence's scope), so a reader on
+// another GPU that acquires the flag observes every store ordered before it on this GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/fused.h"
+
+// comm_protocol.cuh defines comm_wait_flag out of line without `inline`, so a second
+// translation unit that includes it (fused.cu beside collectives.cu) defines the symbol twice
+// and the link fails. The fused kernels do not call it (see fused_wait): give this unit's copy
+// another name. (Drop this once comm_protocol.cuh marks it `inline __device__ __noinline__`.)
+#define comm_wait_flag fused_unused_comm_wait_flag
+#include "fusedcomm/kernels/detail/comm_protocol.cuh"
+#undef comm_wait_flag
+
+namespace fusedcomm::kernels::detail {
+
+// ---- the row split (executor-native/include/fusedcomm/runtime/split.h) ----------------------
+__host__ __device__ __forceinline__ int64_t split_count(int64_t n, int w, int r) {
+  return n / w + (r < n % w ? 1 : 0);
+}
+__host__ __device__ __forceinline__ int64_t split_offset(int64_t n, int w, int r) {
+  const int64_t rem = n % w;
+  return static_cast<int64_t>(r) * (n / w) + (r < rem ? r : rem);
+}
+// The rank whose block holds item i (0 <= i < n).
+__host__ __device__ __forceinline__ int split_owner(int64_t n, int w, int64_t i) {
+  const int64_t q = n / w, rem = n % w;
+  if (i < rem * (q + 1)) return static_cast<int>(i / (q + 1));
+  return static_cast<int>(rem + (i - rem * (q + 1)) / q);  // q > 0 here: i < n
+}
+
+__device__ __forceinline__ FusedFlags* fused_flags(const CommDevice& d, int rank) {
+  return reinterpret_cast<FusedFlags*>(d.base[rank] + kFusedFlagsOffset);
+}
+
+// Bounded wait (one thread), as comm_wait_flag but giving up only after timeout_scale times
+// the configured timeout. Waits that can only fail because an earlier wait (of another CTA of
+// this rank) is stuck get a longer timeout, so that the CTA that waits for the root cause
+// gives up first and its record names the peer and step that failed; the others see the
+// error claim within 16 polls and stop without overwriting it.
+//
+// Inline on purpose. In a kernel that contains the GEMM engine (setmaxnreg: 40 registers for
+// the producer, 232 for the consumers), ptxas failed to allocate the consumers' registers
+// ("Register allocation failed with register count of 232") when one __noinline__ function
+// was called both from the producer's region and from code before the engine. Rule for the
+// fused kernels: a __noinline__ function is called from one register region only. The
+// producer calls fused_wait_flag (below); role code runs in __noinline__ role functions that
+// use this inline version; comm_protocol.cuh's comm_wait_flag is not used.
+__device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* flag,
+                                           uint64_t epoch, uint32_t op, uint32_t step, int peer,
+                                           uint32_t timeout_scale) {
+  uint64_t v = ld_acquire_sys(flag);
+  if (v >= epoch) return true;
+  const uint64_t timeout =
+      (d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs) * static_cast<uint64_t>(timeout_scale);
+  const uint64_t t0 = globaltimer_ns();
+  uint64_t next_check = t0 + kCommSlowCheckNs;
+  uint32_t sleep_ns = 16;
+  for (uint32_t polls = 1;; ++polls) {
+    v = ld_acquire_sys(flag);
+    if (v >= epoch) return true;
+    if ((polls & 15) == 0) {
+      if (comm_failed(d)) return false;  // someone else recorded it
+      const uint64_t now = globaltimer_ns();
+      if (now >= next_check) {
+        next_check = now + kCommSlowCheckNs;
+        uint32_t code = 0;
+        const uint64_t elapsed = now - t0;
+        if (d.abort_word != nullptr && ld_volatile_u32(d.abort_word) != 0) {
+          code = kGemmAborted;
+        } else if (elapsed > timeout) {
+          code = kGemmWaitTimeout;
+        }
+        if (code != 0) {
+          if (atomicCAS(&comm_control(d)->error_claim, 0u, code) == 0u) {
+            volatile CommErrorRecord* e = d.error;
+            e->rank = static_cast<uint32_t>(d.rank);
+            e->peer = static_cast<uint32_t>(peer);
+            e->op = op;
+            e->step = step;
+            e->cta = blockIdx.x;
+            e->epoch = epoch;
+            e->observed = v;
+            e->elapsed_ns = elapsed;
+            __threadfence_system();
+            e->code = code;
+            __threadfence_system();
+          }
+          return false;
+        }
+      }
+    }
+    __nanosleep(sleep_ns);
+    const uint32_t cap = polls < 4096 ? 128u : 1024u;
+    sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
+  }
+}
+
+// The GEMM producer's out-of-line wait (its 40-register region stays small).
+inline __device__ __noinline__ bool fused_wait_flag(const CommDevice& d, const uint64_t* flag,
+                                                    uint64_t epoch, uint32_t op, uint32_t step,
+                                                    int peer, uint32_t timeout_scale) {
+  return fused_wait(d, flag, epoch, op, step, peer, timeout_scale);
+}
+
+// One thread, after its own fence: true for the arrival that brings *counter to n, which then
+// resets it to 0 (no other arrival of this launch comes after it). The fence after the atomic
+// makes every earlier arrival's fenced accesses precede what the caller does next
+// (fence-fence synchronisation through the counter's modification order, gpu scope).
+__device__ __forceinline__ bool fused_last_of(uint32_t* counter, uint32_t n) {
+  const uint32_t old = atomicAdd(counter, 1u);
+  if (old + 1 != n) return false;
+  __threadfence();
+  *reinterpret_cast<volatile uint32_t*>(counter) = 0;
+  return true;
+}
+
+// One thread per CTA of a role that READ PEERS' memory (pulling / reducing CTAs), after a
+// bar.sync that follows the CTA's last such load: the last of the role's `n` CTAs tells every
+// peer that this rank has finished reading its memory for `epoch` (CommFlags::done; ordering
+// as in comm_protocol.cuh: the loads fed stores or values that are complete before the fences,
+// and the counter chains the CTAs' fence.sc.sys to the last one's release).
+__device__ __forceinline__ void fused_role_done(const CommDevice& d, uint64_t epoch, uint32_t n) {
+  __threadfence_system();
+  if (fused_last_of(&fused_flags(d, d.rank)->role_exit, n)) {
+    __threadfence_system();
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
+  }
+}
+
+// One thread per CTA, once, when the CTA is completely done (every CTA of the grid calls it):
+// the last CTA waits until every peer has finished reading this rank's memory (end barrier),
+// resets the tile counter (every claim of this launch precedes every CTA's arrival here: a
+// CTA's consumers arrive only after its producer made its last claim) and publishes the epoch
+// for the next launch (read by its CTAs after the kernel boundary).
+__device__ __forceinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
+  __threadfence();
+  if (!comm_last_cta(&comm_control(d)->exit_count)) return;
+  CommFlags* mine = comm_flags(d, d.rank);
+  for (int i = 1; i < d.world; ++i) {
+    const int p = (d.rank + i) % d.world;
+    if (!fused_wait(d, &mine->done[p], epoch, op, kCommStepDone, p, 1)) break;
+  }
+  *reinterpret_cast<volatile uint32_t*>(&fused_flags(d, d.rank)->tile_claim) = 0;
+  *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+}
+
+// The CTA copies `bytes` (a multiple of 16; both pointers 16-byte aligned) from src to dst with
+// 16-byte vectors, kUnroll loads in flight per thread (384 threads x 8 x 16 B = 48 KiB per CTA:
+// NVLink reads need many outstanding). Loads bypass L1 (ld.global.cg): the source is a peer's
+// memory or data another CTA wrote.
+template <int kUnroll = 8>
+__device__ __forceinline__ void fused_cta_copy(void* dst, const void* src, int64_t bytes) {
+  const uint4* s = static_cast<const uint4*>(src);
+  uint4* o = static_cast<uint4*>(dst);
+  const int64_t nv = bytes / 16;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int64_t i = tid;
+  for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcg(s + i + u * nt);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) o[i + u * nt] = v[u];
+  }
+  for (; i < nv; i += nt) o[i] = __ldcg(s + i);
+}
+
+}  // namespace fusedcomm::kernels::detail

@@ -1,0 +1,234 @@
+// Fused GEMM + communication among the processes of one host over NVLink: allGatherGemm and
+// gemmReduceScatter, each ONE launch of a persistent kernel in which some CTAs run the GEMM
+// engine (gemm.h) and the others move data between ranks' symmetric regions (collectives.h's
+// CommDevice, built by executor-native's SymmetricMemory), tile by tile, overlapped.
+//
+//   allGatherGemm      rank r holds A_r: split_count(M,W,r)×K and W_r; gets
+//                      C_r = [A_0; …; A_{W-1}] · op(W_r) : M×N_r  (and optionally the gathered A)
+//   gemmReduceScatter  rank r holds A_r: M×K_r and W_r; gets rows block r of
+//                      Σ_s A_s · op(W_s) : split_count(M,W,r)×N
+//
+// op(W) = Wᵀ for W: N×K (GemmLayoutB::kNK, a linear layer's weight: C = A·Wᵀ) or W for W: K×N
+// (kKN: C = A·B). bf16 in and out, fp32 accumulation. W = world, r = rank; the row split is
+// split.h's rule (rank p gets n/W + (p < n%W) rows starting at p*(n/W) + min(p, n%W)), so M
+// need not divide by W nor be a multiple of 128.
+//
+// Contract (both ops)
+// - All ranks launch the same sequence of ops on the CommDevice (collectives and fused ops
+//   interleave freely: they share the launch epoch), one stream per rank, with the same M, the
+//   same K (allGatherGemm) or N (gemmReduceScatter), and the same `algo` after kAuto is
+//   resolved. kAuto decides from values every rank shares (M, K or N, world), so it agrees.
+//   N_r (allGatherGemm) and K_r (gemmReduceScatter) may differ by rank; so may the CTA split.
+// - Shapes: M >= 1; N, K >= 8 and multiples of 8 (the GEMM contract); dense row-major
+//   operands (leading dimension = columns); every pointer and every offset 16-byte aligned.
+// - Sizes: the data area and the scratch area (each SymmetricConfig::data_bytes long) must hold
+//   what *_workspace() below reports; the launch checks and returns cudaErrorInvalidValue.
+// - Input lifetime: when the launch completes in stream order, every peer has finished reading
+//   this rank's symmetric memory for it (end barrier): the caller may overwrite its input and
+//   workspace right away, and back-to-back launches need no host synchronisation.
+// - Numerics: allGatherGemm is exactly launch_gemm on the gathered A (the gathered A is a bit
+//   copy). gemmReduceScatter keeps each rank's partial product in fp32, sums the W partials in
+//   fp32 in rank order 0..W-1 and rounds once to bf16 (the host backend's rule): the fused and
+//   decomposed algorithms give the same result.
+// - Algorithms (FusedAlgo):
+//   kFused: one persistent kernel (detail/fused_gemm.cuh):
+//     allGatherGemm: CTAs [0, G) run the GEMM; CTAs [G, G+P) PULL the gathered A chunk by chunk
+//       (16-byte loads from the peers' data areas, in the order in which the GEMM consumes the
+//       rows: the rank's own rows first, then rank r+1's, ...) into the gathered buffer and set
+//       a per-chunk flag; the GEMM's producer waits for a tile's chunk flag before loading it.
+//       Once a pulling CTA has finished its chunks it joins the GEMM (tiles are claimed from a
+//       shared counter), so the SMs lent to communication are not lost for the rest of the op.
+//     gemmReduceScatter: CTAs [0, G) run the GEMM; every rank sweeps the tiles in the same
+//       order (the tile width and the chunks come from M, N, world and the SM count only;
+//       G may differ by rank, K_r picks the reducer count R), rows interleaved across the W owners, writing fp32 partial tiles to its own
+//       workspace and, per chunk of tiles, a release flag into each owning rank's region;
+//       CTAs [G, G+R) of the owner wait for a chunk's W flags and PULL the W partials (one
+//       local, W-1 over NVLink), sum and store their rows of the output while the GEMM goes on.
+//   kDecomposed: launch_gemm and launch_collective, stream-ordered (allGather then GEMM; GEMM
+//     to the data area then reduceScatter then an fp32 -> bf16 pass). When W does not divide M
+//     the collective moves W equal blocks of ceil(M/W) rows (its element split would cut rows),
+//     plus one copy to pack or unpack the padded layout.
+//   kAuto: kDecomposed, for now (fused.cu, kAutoMayFuse: the first measurements found the
+//     fused allGatherGemm slower and the fused gemmReduceScatter intermittently wrong). The
+//     size rule that will return: kDecomposed for W = 1 and below the sizes in fused.cu
+//     (kAgFusedMinBytes, kRsFusedMinBytes: the exchanged bytes), kFused above. The thresholds come from the cost
+//     model written there; the benchmark (bench/fused) reports both algorithms to tune them.
+// - Protocol (DESIGN.md §3, as collectives.h): the launch's epoch is CommControl::epoch + 1,
+//   read on the device by every CTA and bumped by the last CTA to finish, so CUDA-graph replay
+//   needs no host work. Flags hold epochs, are compared `>= epoch` and never reset. Start
+//   barrier (allGatherGemm only: a peer's A_r is read only after its arrive flag for this
+//   epoch) and end barrier (done flags) reuse CommFlags::arrive / done; the fused ops' own flags
+//   live in FusedFlags (below). Every fused launch ends by waiting for a flag that each peer
+//   writes in its own launch of the same epoch (done), so a rank never runs more than one
+//   launch ahead of any peer: the collectives' one-shot slot-reuse argument (collectives.h,
+//   CommFlags::ready) holds across interleaved fused ops. Every wait is bounded
+//   (comm_protocol.cuh's policy, detail/fused_protocol.cuh): on a timeout or an
+//   abort the first waiting CTA fills CommErrorRecord with rank, peer, op (kFusedOp*), step
+//   (kCommStepArrive / kCommStepDone or kFusedStep*) and epoch; the kernel then exits normally
+//   with incomplete outputs, and the host must discard the SymmetricMemory (raise_if_failed;
+//   its message names ops and steps with collectives.h's names, so it prints "?" for the codes
+//   below: fused_op_name / fused_step_name on SymmetricMemory::error() give the full names).
+// - The fused kernel needs every CTA resident at once (CTAs wait for each other): it is
+//   launched cooperatively with at most one CTA per SM, so a launch that cannot be co-resident
+//   fails with an error instead of hanging. It takes every SM; work on other streams of the
+//   device waits or slows it.
+// - The launch is asynchronous; the return value reports argument and launch errors only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/gemm.h"
+
+namespace fusedcomm::kernels {
+
+// CommErrorRecord::op and ::step values of the fused ops. From 16 up, so that they never
+// collide with collectives.h's CommOp / CommStep (which the fused ops also use for the start
+// and end barriers: kCommStepArrive, kCommStepDone).
+inline constexpr uint32_t kFusedOpAllGatherGemm = 16;
+inline constexpr uint32_t kFusedOpGemmReduceScatter = 17;
+inline constexpr uint32_t kFusedStepChunk = 16;    // allGatherGemm: a GEMM CTA waited for a
+                                                   // gathered chunk (peer = its rows' owner)
+inline constexpr uint32_t kFusedStepPartial = 17;  // gemmReduceScatter: an owner waited for a
+                                                   // peer's partial chunk
+
+enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2 };
+
+// ---- the fused ops' flags in the symmetric region -------------------------------------------
+// collectives.h's region layout leaves [kCommControlOffset + sizeof(CommControl),
+// kCommStagingOffset) unused; the fused ops keep their flags there, at kFusedFlagsOffset
+// (zeroed with the rest of the first kCommStagingOffset bytes when the region is allocated).
+// The static_asserts below fail the build if collectives.h's layout grows into it.
+inline constexpr uint64_t kFusedFlagsOffset = 32 << 10;
+inline constexpr int kFusedMaxChunks = 512;     // chunks of one launch (both ops)
+inline constexpr int kFusedRsFlagSlots = 3072;  // gemmReduceScatter: world × chunks <= this
+
+struct alignas(64) FusedFlags {
+  // rs_ready[s * chunks + c] = e: rank s's fp32 partial of chunk c of launch e is complete in
+  // s's workspace. Written by rank s (the GEMM CTA that completes the chunk's last tile, see
+  // chunk_count) into the region of every rank that owns rows of the chunk, with
+  // st.release.sys; read by the owner's reduction CTAs with ld.acquire.sys, then bar.sync,
+  // then their loads of s's partial. Ordering: each tile's stores -> named barrier of the 256
+  // consumer threads -> thread 128 fence.sc.sys (each CTA publishes its own tile at system
+  // scope, as the collectives' counters do) -> atomicAdd on chunk_count[c]; the CTA that
+  // brings the count to the chunk's tile count fences again (fence-fence synchronisation
+  // through the counter) and releases the flag at system scope. A flag is only ever raised to a larger epoch; slots a
+  // launch does not use keep older epochs, so a different chunk layout in the next launch
+  // cannot read them as ready.
+  uint64_t rs_ready[kFusedRsFlagSlots];
+  // ag_chunk[c] = e: rows [c*chunk_rows, (c+1)*chunk_rows) of this rank's gathered A hold
+  // launch e's data. Local only: written by this rank's pulling CTAs, read by its GEMM
+  // producers (ld.acquire.sys, then fence.proxy.async.global before the TMA loads: gemm.h hook
+  // 1). Ordering: each slice's stores -> bar.sync -> thread 0 fence.sc.gpu -> atomicAdd
+  // on chunk_count[c]; the last of the chunk's slices fences and releases the flag.
+  uint64_t ag_chunk[kFusedMaxChunks];
+  // Arrival counters of the chunks above (slices of an allGatherGemm chunk, tiles of a
+  // gemmReduceScatter chunk). Local; the arrival that completes a chunk resets its counter to
+  // 0, so every counter is 0 between launches (after a failed launch the region is discarded).
+  uint32_t chunk_count[kFusedMaxChunks];
+  uint32_t tile_claim;  // the GEMM's dynamic tile counter; reset by the launch's last CTA
+  uint32_t role_exit;   // pulling / reducing CTAs that finished; reset by the last of them
+  uint32_t reserved[14];
+};
+static_assert(sizeof(FusedFlags) == 8 * (kFusedRsFlagSlots + kFusedMaxChunks) +
+                                        4 * kFusedMaxChunks + 64,
+              "FusedFlags layout is shared between ranks");
+static_assert(kCommControlOffset + sizeof(CommControl) <= kFusedFlagsOffset,
+              "FusedFlags overlaps collectives.h's control block");
+static_assert(kFusedFlagsOffset + sizeof(FusedFlags) <= kCommStagingOffset,
+              "FusedFlags overlaps collectives.h's staging slots");
+
+// ---- arguments ------------------------------------------------------------------------------
+struct AgGemmArgs {
+  int M = 0;  // rows of the gathered A and of C (same on every rank)
+  int N = 0;  // N_r: columns of this rank's C (rows of W_r in kNK)
+  int K = 0;  // same on every rank
+  // A_r (split_count(M,W,r) × K bf16, dense) sits at this byte offset of the data area, the
+  // same offset on every rank. The data area must extend ceil(M/W) rows past it (the
+  // decomposed path's collective moves equal blocks).
+  uint64_t in_offset = 0;
+  const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
+  GemmLayoutB b_layout = GemmLayoutB::kNK;
+  __nv_bfloat16* C = nullptr;        // M×N, this process's memory
+  // Optional output M×K: the gathered A. Null: the gathered A is built in this rank's scratch
+  // area (from its offset 0), which the op then overwrites.
+  __nv_bfloat16* gathered = nullptr;
+  FusedAlgo algo = FusedAlgo::kAuto;
+  int comm_ctas = 0;  // kFused: CTAs that pull A (0: the table in fused.cu; clamped to 1..SMs/2)
+};
+
+struct GemmRsArgs {
+  int M = 0;  // rows of every partial product (same on every rank)
+  int N = 0;  // columns of the partial products and of the output (same on every rank)
+  int K = 0;  // K_r: this rank's inner dimension (may differ by rank)
+  const __nv_bfloat16* A = nullptr;  // M×K, this process's memory
+  const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
+  GemmLayoutB b_layout = GemmLayoutB::kNK;
+  // This rank's fp32 partial product (M×N; decomposed with W not dividing M: W*ceil(M/W) × N)
+  // goes to this byte offset of the data area, the same offset on every rank; peers read it.
+  uint64_t ws_offset = 0;
+  __nv_bfloat16* out = nullptr;  // split_count(M,W,r) × N, this process's memory
+  FusedAlgo algo = FusedAlgo::kAuto;
+  int reduce_ctas = 0;  // kFused: CTAs that reduce (0: the table in fused.cu; 1..SMs/2)
+};
+
+// How far into the data area and the scratch area (bytes from their starts) an op reaches,
+// for either algorithm (kAuto may pick either). SymmetricConfig::data_bytes must be at least
+// the larger of the two (both areas are data_bytes long).
+struct FusedWorkspace {
+  uint64_t data_bytes;
+  uint64_t scratch_bytes;
+};
+FusedWorkspace all_gather_gemm_workspace(const AgGemmArgs& args, int world);
+FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& args, int world);
+
+// What a launch with these arguments would do (benchmarks and logs).
+struct FusedLaunchInfo {
+  FusedAlgo algo;  // kFused or kDecomposed (kAuto resolved)
+  int gemm_ctas;   // kFused: CTAs that start on the GEMM
+  int comm_ctas;   // kFused: CTAs that pull (allGatherGemm) or reduce (gemmReduceScatter)
+  int tile_n;      // GEMM tile width
+  int chunks;      // kFused: flag chunks
+};
+FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& args);
+FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
+
+// Enqueue one op on `stream` (contract above). cudaErrorInvalidValue for bad arguments.
+cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args,
+                                   cudaStream_t stream);
+cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& args,
+                                       cudaStream_t stream);
+
+// Names for CommErrorRecord::op / ::step, the collectives' codes included.
+inline const char* fused_op_name(uint32_t op) {
+  switch (op) {
+    case kFusedOpAllGatherGemm: return "allGatherGemm";
+    case kFusedOpGemmReduceScatter: return "gemmReduceScatter";
+    default: return comm_op_name(op);
+  }
+}
+inline const char* fused_step_name(uint32_t step) {
+  switch (step) {
+    case kFusedStepChunk: return "chunk (gathered rows of A)";
+    case kFusedStepPartial: return "partial (a peer's partial product)";
+    default: return comm_step_name(step);
+  }
+}
+
+// ---- test support -----------------------------------------------------------------------------
+// The obviously-correct reference for tests and benchmark spot checks (not for production):
+// one thread per output element, fp32 sum over k in order. For i < M, j < N:
+//   ref[i*N + j]    (+)= Σ_k A[i*lda + k] · B(k, j)      (B(k,j) = B[j*ldb + k] for kNK,
+//   absdot[i*N + j] (+)= Σ_k |A[i*lda + k] · B(k, j)|     B[k*ldb + j] for kKN)
+// accumulating into the existing values when `accumulate`, else overwriting; absdot may be
+// null. For gemmReduceScatter's reference call it once per source rank with accumulate.
+cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
+                                  int64_t ldb, GemmLayoutB b_layout, int M, int N, int K,
+                                  float* ref, float* absdot, bool accumulate,
+                                  cudaStream_t stream);
+
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,554 @@
+// Host side of fused.h: argument checks, workspace sizes, the algorithm choice, the SM split
+// table, the chunk geometry of the fused kernels (detail/fused_gemm.cuh) and their launch, the
+// decomposed paths (launch_gemm + launch_collective), and the test reference GEMM.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/detail/fused_gemm.cuh"
+#include "fusedcomm/kernels/fused.h"
+#include "fusedcomm/kernels/gemm.h"
+
+namespace fusedcomm::kernels {
+namespace {
+
+using detail::AgParams;
+using detail::RsParams;
+using detail::split_count;
+using detail::split_offset;
+
+// ---- tuning (model values; bench/fused reports both algorithms and the split to tune them) ------
+//
+// kAuto: decomposed below these exchanged sizes, fused above. Model (H200, DESIGN.md §7:
+// ~790 TFLOP/s GEMM, ~330 GB/s NVLink pulls): the fused kernel can hide the exchange, which
+// takes bytes * (W-1)/W / 330 GB/s, but costs a fixed ~10-20 us (chunk flags, SMs that start
+// on communication, the first chunks' latency). At 8 MiB (W = 2: ~12 us of exchange) the
+// saving no longer pays for it.
+constexpr uint64_t kAgFusedMinBytes = 8ull << 20;   // M*K*2: the gathered A
+constexpr uint64_t kRsFusedMinBytes = 16ull << 20;  // M*N*4: the fp32 partial products
+
+// SM split: CTAs that pull (allGatherGemm) or reduce (gemmReduceScatter), by world size and the
+// GEMM's FLOPs per exchanged byte (N_r for allGatherGemm, K_r for gemmReduceScatter). First
+// row with world <= max_world and dim >= min_dim wins. Model (H200: ~790 TFLOP/s, ~330 GB/s
+// of NVLink pulls per GPU; one CTA with 48 KiB of loads in flight pulls ~15-25 GB/s):
+// - allGatherGemm: the GEMM consumes the peers' rows at (W-1)/W * 790e12 / N_r B/s (N_r =
+//   8192, W = 2: 48 GB/s; N_r = 2048, W = 4: 290 GB/s, the NVLink ceiling), but its first wave
+//   already needs peers' rows when this rank's shard is under a raster group (8 M-blocks), so
+//   the pull should run near the link's speed from the start. Pulling CTAs join the GEMM when
+//   their chunks are done, so generous counts cost little (P SMs idle from the GEMM for the
+//   pull time only): the rows aim at >= 330 GB/s of pulls.
+// - gemmReduceScatter: the partials (fp32) arrive at (W-1)/W * 4*M*N / T_gemm = (W-1)/W *
+//   1580e12 / K_r B/s (K_r = 14336, W = 2: 55 GB/s; K_r = 3584, W = 4: 330 GB/s). Reducing CTAs
+//   stay reducers to the end, so these rows are tighter (~1.5x the rate).
+// Model values: bench/fused reports the split of each row; tune from its measurements.
+struct SplitRow {
+  int max_world;
+  int min_dim;
+  int ctas;
+};
+constexpr SplitRow kAgSplit[] = {
+    {2, 8192, 16}, {2, 4096, 20}, {2, 2048, 24}, {2, 0, 32},
+    {8, 8192, 20}, {8, 4096, 24}, {8, 2048, 32}, {8, 0, 40},
+};
+constexpr SplitRow kRsSplit[] = {
+    {2, 8192, 6},  {2, 4096, 10}, {2, 2048, 16}, {2, 0, 20},
+    {8, 8192, 12}, {8, 4096, 16}, {8, 2048, 24}, {8, 0, 32},
+};
+
+template <size_t N>
+int split_ctas(const SplitRow (&rows)[N], int world, int dim) {
+  for (const SplitRow& row : rows) {
+    if (world <= row.max_world && dim >= row.min_dim) return row.ctas;
+  }
+  return rows[N - 1].ctas;
+}
+
+// allGatherGemm: one pull work item moves about this much (a slice of a chunk).
+constexpr int64_t kAgSliceBytes = 128 << 10;
+// gemmReduceScatter: chunk width in 256-column units before the flag budget forces wider ones
+// (1024 columns x 128 rows x 4 B = 512 KiB of partial per source and chunk).
+constexpr int kRsChunkCols256 = 4;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int device_sms(const CommDevice& d) {
+  if (d.sm_count > 0) return d.sm_count;
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
+  return n;
+}
+
+bool valid_device(const CommDevice& d) {
+  if (d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 || d.rank >= d.world) return false;
+  for (int p = 0; p < d.world; ++p) {
+    if (d.base[p] == nullptr) return false;
+  }
+  return d.error != nullptr;
+}
+
+bool valid_shape(int M, int N, int K) {
+  return M >= 1 && N >= 8 && K >= 8 && N % 8 == 0 && K % 8 == 0;
+}
+
+uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_offset; }
+
+// ---- algorithm choice ---------------------------------------------------------------------------
+// kAuto is decomposed everywhere for now, from the first measurements (bench/fused/NOTES.md,
+// 2 × H200): the fused allGatherGemm was slower than the decomposed path at 11 of 12 shapes,
+// and the fused gemmReduceScatter gives wrong sums intermittently (gpu_fused_test, W = 2-4:
+// a partial read before it is complete; root cause not found). kFused stays selectable for
+// the benchmark and for debugging; the size rule below returns once both are fixed.
+constexpr bool kAutoMayFuse = false;
+
+FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
+  if (a.algo != FusedAlgo::kAuto) return a.algo;
+  if (d.world == 1 || !kAutoMayFuse) return FusedAlgo::kDecomposed;
+  const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
+  return bytes >= kAgFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+}
+FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a) {
+  if (a.algo != FusedAlgo::kAuto) return a.algo;
+  if (d.world == 1 || !kAutoMayFuse) return FusedAlgo::kDecomposed;
+  const uint64_t bytes = static_cast<uint64_t>(a.M) * a.N * 4;
+  return bytes >= kRsFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+}
+
+// ---- allGatherGemm geometry ---------------------------------------------------------------------
+struct AgGeometry {
+  int gemm_ctas, comm_ctas, m_block_start;
+  AgParams p;
+};
+
+// Fills everything but the device handle, pointers and tile width dependent parts.
+AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
+  const int W = d.world, r = d.rank, sms = device_sms(d);
+  AgGeometry g{};
+  AgParams& p = g.p;
+  p.M = a.M;
+  p.K = a.K;
+  const int mb = static_cast<int>(ceil_div(a.M, detail::kTileM));
+  p.mg = static_cast<int>(ceil_div(mb, kFusedMaxChunks));
+  p.chunks = static_cast<int>(ceil_div(mb, p.mg));
+  const int chunk_rows = p.mg * detail::kTileM;
+  const int64_t chunk_bytes = static_cast<int64_t>(chunk_rows) * a.K * 2;
+  int slices = static_cast<int>(std::clamp<int64_t>(chunk_bytes / kAgSliceBytes, 1, chunk_rows));
+  p.slice_rows = static_cast<int>(ceil_div(chunk_rows, slices));
+  p.slices = static_cast<int>(ceil_div(chunk_rows, p.slice_rows));
+  // The GEMM starts at the first M-block made only of this rank's rows (no wait at all), else
+  // at the block holding its first row.
+  const int64_t off = split_offset(a.M, W, r), cnt = split_count(a.M, W, r);
+  int sb = 0;
+  if (cnt > 0) {
+    const int64_t fb = ceil_div(off, detail::kTileM);
+    const bool full = fb < mb && fb * detail::kTileM + detail::kTileM <= off + cnt;
+    sb = static_cast<int>(full ? fb : off / detail::kTileM);
+  }
+  g.m_block_start = sb;
+  p.c_start = sb / p.mg;
+  const int items = p.chunks * p.slices;
+  int comm = a.comm_ctas > 0 ? a.comm_ctas : split_ctas(kAgSplit, W, a.N);
+  comm = std::clamp(comm, 1, std::max(1, std::min(items, sms / 2)));
+  g.comm_ctas = comm;
+  g.gemm_ctas = std::max(1, sms - comm);
+  return g;
+}
+
+// ---- gemmReduceScatter geometry -----------------------------------------------------------------
+RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
+  const int W = d.world, sms = device_sms(d);
+  RsParams p{};
+  p.M = a.M;
+  p.N = a.N;
+  p.m_blocks = static_cast<int>(ceil_div(a.M, detail::kTileM));
+  const int cols256 = static_cast<int>(ceil_div(a.N, 256));
+  int cw = std::min(kRsChunkCols256, cols256);
+  int mg = 1;
+  const int64_t cmax = std::min(kFusedMaxChunks, kFusedRsFlagSlots / W);
+  while (ceil_div(p.m_blocks, mg) * ceil_div(cols256, cw) > cmax) {
+    if (cw < cols256) {
+      cw = std::min(2 * cw, cols256);
+    } else {
+      mg *= 2;
+    }
+  }
+  p.mg = mg;
+  p.chunk_cols = cw * 256;
+  p.col_groups = static_cast<int>(ceil_div(a.N, p.chunk_cols));
+  p.chunks = static_cast<int>(ceil_div(p.m_blocks, mg)) * p.col_groups;
+  p.group_m = std::max(8, mg);  // mg is a power of two: it divides the group
+  // The tile width (hence the tile grid and the sweep) from values every rank shares: M, N,
+  // the world and the SM count, never K_r or this rank's CTA split. The chunk ids do not
+  // depend on the tile width (chunk_cols is a multiple of 256), but with one width on every
+  // rank all ranks also sweep the same tiles in the same order, as the design assumes. The
+  // width is chosen for the GEMM CTAs left by the largest reducer count of this world's rows.
+  const int red_max = std::clamp(split_ctas(kRsSplit, W, 0), 1, std::max(1, sms / 2));
+  p.tile_n = gemm_tile_grid(a.M, a.N, 0, std::max(1, sms - red_max)).tile_n;
+  // The reducer count may differ by rank (K_r: FLOPs per exchanged byte): it changes only how
+  // many of this rank's CTAs reduce, never the chunk layout, the flags or the tile order.
+  int red = a.reduce_ctas > 0 ? a.reduce_ctas : split_ctas(kRsSplit, W, a.K);
+  red = std::clamp(red, 1, std::max(1, sms / 2));
+  p.red_ctas = red;
+  p.gemm_ctas = std::max(1, sms - red);
+  return p;
+}
+
+// ---- launch helpers -----------------------------------------------------------------------------
+// Cooperative: the driver refuses a grid that cannot be resident at once (every CTA of the
+// fused kernels waits for others) instead of letting it hang until a timeout.
+template <typename... Exp, typename... Act>
+cudaError_t launch_cooperative(void (*kernel)(Exp...), int grid, size_t smem,
+                               cudaStream_t stream, Act&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(detail::kGemmThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p,
+                               cudaStream_t stream) {
+  auto kernel = detail::ag_gemm_kernel<BN, kBKN>;
+  constexpr size_t smem = detail::GemmTileConfig<BN>::kSmemBytes;
+  static std::atomic<uint64_t> opted{0};
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
+      e != cudaSuccess) {
+    return e;
+  }
+  return launch_cooperative(kernel, p.gemm_ctas + p.comm_ctas, smem, stream, plan.ta, plan.tb,
+                            plan.tc, plan.prob, plan.epi, p);
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_rs_instance(const detail::GemmPlan& plan, const RsParams& p,
+                               cudaStream_t stream) {
+  auto kernel = detail::rs_gemm_kernel<BN, kBKN>;
+  constexpr size_t smem = detail::GemmTileConfig<BN>::kSmemBytes;
+  static std::atomic<uint64_t> opted{0};
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
+      e != cudaSuccess) {
+    return e;
+  }
+  return launch_cooperative(kernel, p.gemm_ctas + p.red_ctas, smem, stream, plan.ta, plan.tb,
+                            plan.tc, plan.prob, p);
+}
+
+__global__ void f32_to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t n) {
+  // n is a multiple of 4 and both pointers are 16 / 8-byte aligned (fused.h contract).
+  const int64_t nv = n / 4;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nv;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(in)[i];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    reinterpret_cast<uint2*>(out)[i] = packed;
+  }
+}
+
+cudaError_t f32_to_bf16(const float* in, __nv_bfloat16* out, int64_t n, int sms,
+                        cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>(ceil_div(n / 4, 256), 4 * sms);
+  f32_to_bf16_kernel<<<static_cast<unsigned>(std::max<int64_t>(1, blocks)), 256, 0, stream>>>(
+      in, out, n);
+  return cudaGetLastError();
+}
+
+// Rows [0, W*ceil) of a "padded" layout (block p of ceil rows at p*ceil, rank p's
+// split_count rows first in it) <-> the compact layout (rank p's rows at split_offset).
+// Ranks p < M%W have ceil rows at the same offset in both: one copy; the rest one each.
+cudaError_t copy_rows_layout(uint8_t* dst, const uint8_t* src, int64_t M, int W, int64_t row_bytes,
+                             bool to_padded, cudaStream_t stream) {
+  const int64_t ceil_rows = ceil_div(M, W), rem = M % W;
+  if (rem > 0) {
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, rem * ceil_rows * row_bytes,
+                                        cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  for (int p = static_cast<int>(rem); p < W; ++p) {
+    const int64_t rows = split_count(M, W, p);
+    if (rows == 0) continue;
+    const int64_t padded = p * ceil_rows, compact = split_offset(M, W, p);
+    const int64_t d = to_padded ? padded : compact, s = to_padded ? compact : padded;
+    if (cudaError_t e = cudaMemcpyAsync(dst + d * row_bytes, src + s * row_bytes, rows * row_bytes,
+                                        cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+bool ag_args_ok(const CommDevice& d, const AgGemmArgs& a) {
+  if (!valid_device(d) || !valid_shape(a.M, a.N, a.K)) return false;
+  if (a.B == nullptr || a.C == nullptr || !aligned16(a.B) || !aligned16(a.C) ||
+      !aligned16(a.gathered) || a.in_offset % 16 != 0) {
+    return false;
+  }
+  const FusedWorkspace ws = all_gather_gemm_workspace(a, d.world);
+  return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
+}
+
+bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
+  if (!valid_device(d) || !valid_shape(a.M, a.N, a.K)) return false;
+  if (a.A == nullptr || a.B == nullptr || !aligned16(a.A) || !aligned16(a.B) ||
+      !aligned16(a.out) || a.ws_offset % 16 != 0) {
+    return false;
+  }
+  if (a.out == nullptr && split_count(a.M, d.world, d.rank) > 0) return false;
+  const FusedWorkspace ws = gemm_reduce_scatter_workspace(a, d.world);
+  return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
+}
+
+GemmArgs base_gemm_args(int M, int N, int K, const __nv_bfloat16* A, const __nv_bfloat16* B,
+                        GemmLayoutB layout) {
+  GemmArgs g;
+  g.A = A;
+  g.lda = K;
+  g.B = B;
+  g.ldb = layout == GemmLayoutB::kKN ? N : K;
+  g.ldc = N;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.b_layout = layout;
+  return g;
+}
+
+}  // namespace
+
+// ---- workspace ----------------------------------------------------------------------------------
+FusedWorkspace all_gather_gemm_workspace(const AgGemmArgs& a, int world) {
+  const int W = std::max(1, world);
+  const uint64_t row = static_cast<uint64_t>(std::max(0, a.K)) * 2;
+  const uint64_t M = static_cast<uint64_t>(std::max(0, a.M));
+  const uint64_t ceil_rows = (M + W - 1) / W;
+  FusedWorkspace ws{};
+  ws.data_bytes = a.in_offset + ceil_rows * row;
+  // Gathered A in scratch when the caller gives none; the decomposed path with W not dividing
+  // M gathers W blocks of ceil(M/W) rows after it and unpacks them.
+  const uint64_t own = a.gathered == nullptr ? round_up(M * row, 256) : 0;
+  ws.scratch_bytes = own + (M % W != 0 ? W * ceil_rows * row : 0);
+  return ws;
+}
+
+FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
+  const int W = std::max(1, world);
+  const uint64_t row = static_cast<uint64_t>(std::max(0, a.N)) * 4;
+  const uint64_t M = static_cast<uint64_t>(std::max(0, a.M));
+  const uint64_t ceil_rows = (M + W - 1) / W;
+  FusedWorkspace ws{};
+  ws.data_bytes = a.ws_offset + W * ceil_rows * row;
+  // Decomposed: the fp32 reduce-scatter output (ceil(M/W) rows) before the bf16 pass, and with
+  // W not dividing M the compact partial before it is padded.
+  ws.scratch_bytes = (M % W != 0 ? M : ceil_rows) * row;
+  return ws;
+}
+
+// ---- info ---------------------------------------------------------------------------------------
+FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
+  FusedLaunchInfo info{};
+  info.algo = choose_ag(d, a);
+  if (info.algo == FusedAlgo::kFused && valid_shape(a.M, a.N, a.K) && d.world >= 1) {
+    const AgGeometry g = ag_geometry(d, a);
+    info.gemm_ctas = g.gemm_ctas;
+    info.comm_ctas = g.comm_ctas;
+    info.chunks = g.p.chunks;
+    info.tile_n = gemm_tile_grid(a.M, a.N, 0, g.gemm_ctas).tile_n;
+  } else if (valid_shape(a.M, a.N, a.K)) {
+    info.tile_n = gemm_tile_grid(a.M, a.N, 0, device_sms(d)).tile_n;
+  }
+  return info;
+}
+
+FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& a) {
+  FusedLaunchInfo info{};
+  info.algo = choose_rs(d, a);
+  if (info.algo == FusedAlgo::kFused && valid_shape(a.M, a.N, a.K) && d.world >= 1) {
+    const RsParams p = rs_geometry(d, a);
+    info.comm_ctas = p.red_ctas;
+    info.chunks = p.chunks;
+    info.tile_n = p.tile_n;
+    // As the launch: never more GEMM CTAs than tiles.
+    const GemmTileGrid tg = gemm_tile_grid(a.M, a.N, p.tile_n, 0);
+    info.gemm_ctas = std::min(p.gemm_ctas, tg.m_blocks * tg.n_blocks);
+  } else if (valid_shape(a.M, a.N, a.K)) {
+    info.tile_n = gemm_tile_grid(a.M, a.N, 0, device_sms(d)).tile_n;
+  }
+  return info;
+}
+
+// ---- allGatherGemm ------------------------------------------------------------------------------
+cudaError_t launch_all_gather_gemm(const CommDevice& d, const AgGemmArgs& a, cudaStream_t stream) {
+  if (!ag_args_ok(d, a)) return cudaErrorInvalidValue;
+  const int W = d.world;
+  __nv_bfloat16* gathered =
+      a.gathered != nullptr ? a.gathered : reinterpret_cast<__nv_bfloat16*>(scratch_of(d));
+  const FusedAlgo algo = choose_ag(d, a);
+
+  if (algo == FusedAlgo::kDecomposed) {
+    const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
+    CollectiveArgs c;
+    c.op = CommOp::kAllGather;
+    c.dtype = CommDtype::kBF16;
+    c.in_offset = a.in_offset;
+    if (a.M % W == 0) {
+      c.count = static_cast<int64_t>(a.M) * a.K;
+      c.output = gathered;
+      if (cudaError_t e = launch_collective(d, c, stream); e != cudaSuccess) return e;
+    } else {
+      // The collective splits elements, not rows: move W blocks of ceil(M/W) rows, then unpack.
+      const uint64_t own = static_cast<uint64_t>(a.M) * row_bytes;
+      uint8_t* padded = scratch_of(d) + (a.gathered == nullptr ? round_up(own, 256) : 0);
+      c.count = W * ceil_div(a.M, W) * a.K;
+      c.output = padded;
+      if (cudaError_t e = launch_collective(d, c, stream); e != cudaSuccess) return e;
+      if (cudaError_t e = copy_rows_layout(reinterpret_cast<uint8_t*>(gathered), padded, a.M, W,
+                                           row_bytes, false, stream);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+    GemmArgs g = base_gemm_args(a.M, a.N, a.K, gathered, a.B, a.b_layout);
+    g.C = a.C;
+    return launch_gemm(g, stream);
+  }
+  if (algo != FusedAlgo::kFused) return cudaErrorInvalidValue;
+
+  AgGeometry geo = ag_geometry(d, a);
+  GemmArgs g = base_gemm_args(a.M, a.N, a.K, gathered, a.B, a.b_layout);
+  g.C = a.C;
+  g.num_ctas = geo.gemm_ctas;  // the tile width is chosen for the CTAs that start on the GEMM
+  g.m_block_start = geo.m_block_start;
+  detail::GemmPlan plan;
+  if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
+  AgParams& p = geo.p;
+  p.dev = d;
+  p.gathered = gathered;
+  p.in_offset = a.in_offset;
+  p.gemm_ctas = std::min(geo.gemm_ctas, plan.prob.num_tiles);
+  p.comm_ctas = geo.comm_ctas;
+  if (plan.tile_n == 256) {
+    return plan.kn ? launch_ag_instance<256, true>(plan, p, stream)
+                   : launch_ag_instance<256, false>(plan, p, stream);
+  }
+  return plan.kn ? launch_ag_instance<128, true>(plan, p, stream)
+                 : launch_ag_instance<128, false>(plan, p, stream);
+}
+
+// ---- gemmReduceScatter --------------------------------------------------------------------------
+cudaError_t launch_gemm_reduce_scatter(const CommDevice& d, const GemmRsArgs& a,
+                                       cudaStream_t stream) {
+  if (!rs_args_ok(d, a)) return cudaErrorInvalidValue;
+  const int W = d.world, r = d.rank;
+  float* ws = reinterpret_cast<float*>(d.base[r] + d.data_offset + a.ws_offset);
+  const FusedAlgo algo = choose_rs(d, a);
+
+  if (algo == FusedAlgo::kDecomposed) {
+    const int64_t row_bytes = static_cast<int64_t>(a.N) * 4;
+    const bool even = a.M % W == 0;
+    float* scratch = reinterpret_cast<float*>(scratch_of(d));
+    GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
+    g.C = even ? ws : scratch;
+    g.c_type = GemmOutType::kF32;
+    if (cudaError_t e = launch_gemm(g, stream); e != cudaSuccess) return e;
+    if (!even) {
+      // The collective splits elements, not rows: W blocks of ceil(M/W) rows (pad rows unused).
+      if (cudaError_t e = copy_rows_layout(reinterpret_cast<uint8_t*>(ws),
+                                           reinterpret_cast<const uint8_t*>(scratch), a.M, W,
+                                           row_bytes, true, stream);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+    CollectiveArgs c;
+    c.op = CommOp::kReduceScatter;
+    c.dtype = CommDtype::kF32;
+    c.count = W * ceil_div(a.M, W) * a.N;
+    c.in_offset = a.ws_offset;
+    c.output = scratch;  // this rank's block, fp32 (its first split_count rows are real)
+    if (cudaError_t e = launch_collective(d, c, stream); e != cudaSuccess) return e;
+    return f32_to_bf16(scratch, a.out, split_count(a.M, W, r) * a.N, device_sms(d), stream);
+  }
+  if (algo != FusedAlgo::kFused) return cudaErrorInvalidValue;
+
+  RsParams p = rs_geometry(d, a);
+  GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
+  g.C = ws;  // checked as fp32 C; the kernel's epilogue (RsEpilogue) writes it
+  g.c_type = GemmOutType::kF32;
+  g.num_ctas = p.gemm_ctas;
+  g.tile_n = p.tile_n;  // shared by every rank (rs_geometry)
+  g.group_m = p.group_m;
+  detail::GemmPlan plan;
+  if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
+  if (plan.tile_n != p.tile_n) return cudaErrorInvalidValue;  // cannot happen: forced above
+  p.dev = d;
+  p.out = a.out;
+  p.ws_offset = a.ws_offset;
+  p.gemm_ctas = std::min(p.gemm_ctas, plan.prob.num_tiles);
+  if (plan.tile_n == 256) {
+    return plan.kn ? launch_rs_instance<256, true>(plan, p, stream)
+                   : launch_rs_instance<256, false>(plan, p, stream);
+  }
+  return plan.kn ? launch_rs_instance<128, true>(plan, p, stream)
+                 : launch_rs_instance<128, false>(plan, p, stream);
+}
+
+// ---- test support: reference GEMM ---------------------------------------------------------------
+namespace {
+__global__ void reference_gemm_kernel(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
+                                      int64_t ldb, bool kn, int M, int N, int K, float* ref,
+                                      float* absdot, bool accumulate) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  for (int m = blockIdx.y; m < M; m += gridDim.y) {
+    float s = 0.f, sa = 0.f;
+    for (int k = 0; k < K; ++k) {
+      const float a = __bfloat162float(A[m * lda + k]);
+      const float b = __bfloat162float(kn ? B[int64_t(k) * ldb + n] : B[int64_t(n) * ldb + k]);
+      s = fmaf(a, b, s);
+      sa += fabsf(a * b);
+    }
+    const int64_t i = int64_t(m) * N + n;
+    ref[i] = accumulate ? ref[i] + s : s;
+    if (absdot != nullptr) absdot[i] = accumulate ? absdot[i] + sa : sa;
+  }
+}
+}  // namespace
+
+cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
+                                  int64_t ldb, GemmLayoutB b_layout, int M, int N, int K,
+                                  float* ref, float* absdot, bool accumulate,
+                                  cudaStream_t stream) {
+  if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+  if (M > 0 && N > 0 && (A == nullptr || B == nullptr || ref == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (M == 0 || N == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(ceil_div(N, 128)),
+                  static_cast<unsigned>(std::min(M, 65535)));
+  reference_gemm_kernel<<<grid, 128, 0, stream>>>(A, lda, B, ldb, b_layout == GemmLayoutB::kKN, M,
+                                                  N, K, ref, absdot, accumulate);
+  return cudaGetLastError();
+}
+
+}  // namespace fusedcomm::kernels
