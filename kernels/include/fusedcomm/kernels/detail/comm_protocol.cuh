@@ -58,12 +58,15 @@ __device__ __forceinline__ bool comm_failed(const CommDevice& d) {
 // comm_wait_flag_inline is the same wait, inlined: for waits inside a kernel's main loop,
 // where a call would make the caller save every live register around it (spills).
 inline constexpr uint64_t kCommSlowCheckNs = 20000;
+// timeout_scale: the wait gives up after timeout_scale × the CommDevice's timeout (waits that
+// legitimately span a whole GEMM, e.g. the fused ops' chunk flags, use more than 1).
 __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const uint64_t* flag,
                                                       uint64_t epoch, uint32_t op, uint32_t step,
-                                                      int peer) {
+                                                      int peer, uint32_t timeout_scale = 1) {
   uint64_t v = ld_acquire_sys(flag);
   if (v >= epoch) return true;
-  const uint64_t timeout = d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs;
+  const uint64_t timeout =
+      (d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs) * static_cast<uint64_t>(timeout_scale);
   const uint64_t t0 = globaltimer_ns();
   uint64_t next_check = t0 + kCommSlowCheckNs;
   uint32_t sleep_ns = 16;
@@ -107,9 +110,9 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
     sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
   }
 }
-__device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag,
-                                            uint64_t epoch, uint32_t op, uint32_t step,
-                                            int peer) {
+inline __device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag,
+                                                   uint64_t epoch, uint32_t op, uint32_t step,
+                                                   int peer) {
   return comm_wait_flag_inline(d, flag, epoch, op, step, peer);
 }
 

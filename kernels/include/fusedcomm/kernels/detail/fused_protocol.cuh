@@ -19,13 +19,7 @@
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/fused.h"
 
-// comm_protocol.cuh defines comm_wait_flag out of line without `inline`, so a second
-// translation unit that includes it (fused.cu beside collectives.cu) defines the symbol twice
-// and the link fails. The fused kernels do not call it (see fused_wait): give this unit's copy
-// another name. (Drop this once comm_protocol.cuh marks it `inline __device__ __noinline__`.)
-#define comm_wait_flag fused_unused_comm_wait_flag
 #include "fusedcomm/kernels/detail/comm_protocol.cuh"
-#undef comm_wait_flag
 
 namespace fusedcomm::kernels::detail {
 
@@ -64,51 +58,7 @@ __device__ __forceinline__ FusedFlags* fused_flags(const CommDevice& d, int rank
 __device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* flag,
                                            uint64_t epoch, uint32_t op, uint32_t step, int peer,
                                            uint32_t timeout_scale) {
-  uint64_t v = ld_acquire_sys(flag);
-  if (v >= epoch) return true;
-  const uint64_t timeout =
-      (d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs) * static_cast<uint64_t>(timeout_scale);
-  const uint64_t t0 = globaltimer_ns();
-  uint64_t next_check = t0 + kCommSlowCheckNs;
-  uint32_t sleep_ns = 16;
-  for (uint32_t polls = 1;; ++polls) {
-    v = ld_acquire_sys(flag);
-    if (v >= epoch) return true;
-    if ((polls & 15) == 0) {
-      if (comm_failed(d)) return false;  // someone else recorded it
-      const uint64_t now = globaltimer_ns();
-      if (now >= next_check) {
-        next_check = now + kCommSlowCheckNs;
-        uint32_t code = 0;
-        const uint64_t elapsed = now - t0;
-        if (d.abort_word != nullptr && ld_volatile_u32(d.abort_word) != 0) {
-          code = kGemmAborted;
-        } else if (elapsed > timeout) {
-          code = kGemmWaitTimeout;
-        }
-        if (code != 0) {
-          if (atomicCAS(&comm_control(d)->error_claim, 0u, code) == 0u) {
-            volatile CommErrorRecord* e = d.error;
-            e->rank = static_cast<uint32_t>(d.rank);
-            e->peer = static_cast<uint32_t>(peer);
-            e->op = op;
-            e->step = step;
-            e->cta = blockIdx.x;
-            e->epoch = epoch;
-            e->observed = v;
-            e->elapsed_ns = elapsed;
-            __threadfence_system();
-            e->code = code;
-            __threadfence_system();
-          }
-          return false;
-        }
-      }
-    }
-    __nanosleep(sleep_ns);
-    const uint32_t cap = polls < 4096 ? 128u : 1024u;
-    sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
-  }
+  return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale);
 }
 
 // The GEMM producer's out-of-line wait (its 40-register region stays small).
