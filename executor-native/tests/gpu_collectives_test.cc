@@ -40,6 +40,7 @@
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
+#include "gpu_probe.h"
 #include "process_group.h"
 
 namespace {
@@ -488,62 +489,11 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
   return g_failed == 0 ? 0 : 1;
 }
 
-// Number of Hopper GPUs, probed in a child (the parent must not create a CUDA context before
-// forking ranks); -1 with a reason on stdout if none.
-int probe(std::string& reason) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    int n = 0;
-    char msg[256] = {};
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-      std::snprintf(msg, sizeof msg, "no usable NVIDIA GPU (%s)", cudaGetErrorString(e));
-      n = -1;
-    } else {
-      int major = 0;
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-      if (n > 0 && major != 9) {
-        std::snprintf(msg, sizeof msg, "GPU 0 is not a Hopper (sm_90) device");
-        n = -1;
-      }
-      for (int a = 0; a < n && n > 0; ++a)
-        for (int b = 0; b < n; ++b) {
-          int can = 1;
-          if (a != b) cudaDeviceCanAccessPeer(&can, a, b);
-          if (!can) {
-            std::snprintf(msg, sizeof msg, "GPU %d cannot access GPU %d (no P2P)", a, b);
-            n = -1;
-            a = 1 << 20;
-            break;
-          }
-        }
-    }
-    fusedcomm::testing::write_full(fds[1], &n, 4);
-    fusedcomm::testing::write_full(fds[1], msg, sizeof msg);
-    _exit(0);
-  }
-  close(fds[1]);
-  int n = -1;
-  char msg[256] = {};
-  if (!fusedcomm::testing::read_full(fds[0], &n, 4) || !fusedcomm::testing::read_full(fds[0], msg, sizeof msg)) {
-    n = -1;
-    std::snprintf(msg, sizeof msg, "the GPU probe process failed");
-  }
-  close(fds[0]);
-  int status;
-  waitpid(pid, &status, 0);
-  reason = msg;
-  return n;
-}
-
 }  // namespace
 
 int main() {
   std::string reason;
-  const int n = probe(reason);
+  const int n = fusedcomm::testing::probe_peer_gpus(reason);
   if (n < 2) {
     std::printf("SKIP: gpu_collectives_test needs >= 2 Hopper GPUs with peer access: %s\n",
                 n < 0 ? reason.c_str() : "only 1 GPU visible");

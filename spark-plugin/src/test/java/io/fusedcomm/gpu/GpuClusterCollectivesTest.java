@@ -24,7 +24,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.stream.Collectors;
 import java.util.stream.IntStream;
-import java.util.stream.Stream;
 import jcuda.runtime.JCuda;
 import jcuda.runtime.cudaStream_t;
 import org.apache.spark.api.java.JavaRDD;
@@ -303,7 +302,6 @@ class GpuClusterCollectivesTest {
   }
 
   private static String fmt(double[] a) {
-    return Stream.of(Arrays.stream(a).boxed().toArray()).map(x -> String.format("%.2f", (Double) x))
-        .collect(Collectors.joining(",", "[", "]"));
+    return Arrays.stream(a).mapToObj(x -> String.format("%.2f", x)).collect(Collectors.joining(",", "[", "]"));
   }
 }
