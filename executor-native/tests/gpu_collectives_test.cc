@@ -222,7 +222,10 @@ struct Rank {
   void upload(const Case& c, uint64_t key, uint8_t* dst) {
     std::vector<uint8_t> bytes;
     to_bytes(make_input(c, key, W, r), c.dtype, bytes);
-    CUDA_OK(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    // On the test's stream and complete on return: cudaMemcpy from pageable memory may return
+    // before its DMA lands, and does not order the non-blocking stream the kernels run on.
+    CUDA_OK(cudaMemcpyAsync(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
   }
 
   k::CollectiveArgs args(const Case& c, void* output) const {
@@ -242,7 +245,7 @@ struct Rank {
   void run_case(const Case& c, uint64_t key) {
     upload(c, key, static_cast<uint8_t*>(sm->data()) + c.in_offset);
     const size_t out_bytes = k::collective_output_count(c.op, c.count, W, r) * esize(c.dtype);
-    CUDA_OK(cudaMemset(out, 0xFF, out_bytes + c.out_offset + 64));
+    CUDA_OK(cudaMemsetAsync(out, 0xFF, out_bytes + c.out_offset + 64, stream));
     g.barrier();  // inputs everywhere are ready before anyone could read them twice... (not
                   // needed by the protocol; keeps cases from overlapping in the log)
     CUDA_OK(k::launch_collective(sm->device(), args(c, out + c.out_offset), stream));
@@ -303,7 +306,7 @@ struct Rank {
     for (int j = 0; j < K; ++j) {
       CUDA_OK(dmalloc(&pool[j], in_bytes));
       CUDA_OK(dmalloc(&outs[j], in_bytes + 64));
-      CUDA_OK(cudaMemset(outs[j], 0xFF, in_bytes + 64));
+      CUDA_OK(cudaMemsetAsync(outs[j], 0xFF, in_bytes + 64, stream));
       Case c{ops[j % 2], dt, count, algo, 0, 0, true};
       upload(c, mix(seed ^ (0xB2B000 + j)), pool[j]);
     }
@@ -353,8 +356,8 @@ struct Rank {
     }
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    CUDA_OK(cudaMemset(os, 0xFF, n_small * 4));
-    CUDA_OK(cudaMemset(ob, 0xFF, nb_out));
+    CUDA_OK(cudaMemsetAsync(os, 0xFF, n_small * 4, stream));
+    CUDA_OK(cudaMemsetAsync(ob, 0xFF, nb_out, stream));
     g.barrier();
     for (int i = 0; i < 10; ++i) CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -380,7 +383,7 @@ struct Rank {
       Case c{k::CommOp::kAllReduce, k::CommDtype::kBF16, 70001, algo, 0, 0, false};
       const uint64_t key = mix(seed ^ (0x1A7E + static_cast<int>(algo)));
       upload(c, key, static_cast<uint8_t*>(sm->data()));
-      CUDA_OK(cudaMemset(out, 0xFF, c.count * 2));
+      CUDA_OK(cudaMemsetAsync(out, 0xFF, c.count * 2, stream));
       g.barrier();
       if (r == W - 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
       CUDA_OK(k::launch_collective(sm->device(), args(c, out), stream));

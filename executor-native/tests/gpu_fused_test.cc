@@ -5,11 +5,14 @@
 //   correctness: both ops x {fused, decomposed, auto} x both weight layouts, M not divisible
 //     by W and not a multiple of 128 (1001, 2999, 4100), M smaller than W (a rank with no
 //     rows), N_r / K_r different on every rank, K not a multiple of 64; fresh random bf16
-//     inputs per run (seed printed, FC_TEST_SEED=<n> replays); outputs (and the optional
+//     inputs per run (seed printed, FC_TEST_SEED=<n> replays; FC_TEST_ROUNDS=<n> repeats the
+//     sweep n times and runs nothing else); outputs (and the optional
 //     gathered A) poisoned with NaN first, guard bytes behind them checked; every element
 //     checked against an fp32 reference GEMM on the GPU (kernels::launch_reference_gemm) over
 //     the fully gathered / summed inputs:  |got - ref| <= 8e-3 |ref| + 2e-5 sum|a*b| + 1e-6
-//     (bf16 rounding of the result, fp32 accumulation order); the gathered A bit-exact.
+//     (bf16 rounding of the result, fp32 accumulation order); the gathered A bit-exact;
+//     gemmReduceScatter's workspace poisoned too (a partial read before it is stored shows as
+//     NaN); the fused ops' counters back at 0 after every launch.
 //   120 back-to-back launches without host sync (fused and decomposed of both ops
 //     interleaved, inputs rewritten on the stream from a pool; stale flags or early input
 //     reuse would show in the last outputs); CUDA-graph capture + 10 replays; one rank
@@ -117,10 +120,18 @@ struct DevBuf {
   T* as() const { return static_cast<T*>(p); }
 };
 
+// On `stream`, and complete on return. Not cudaMemcpy: from pageable memory it may return
+// before its DMA has landed, and it orders only the legacy default stream, not the test's
+// non-blocking stream: a kernel launched there next could read the buffer half written. (That
+// was the "gemmReduceScatter race" of 2026-11-22: the reference GEMM read the last rows of a
+// weight still in flight; the fused kernel's own results were right.)
 template <typename T>
-DevBuf upload(const std::vector<T>& v) {
+DevBuf upload(const std::vector<T>& v, cudaStream_t stream) {
   DevBuf b(v.size() * sizeof(T));
-  if (!v.empty()) CUDA_OK(cudaMemcpy(b.p, v.data(), b.bytes, cudaMemcpyHostToDevice));
+  if (!v.empty()) {
+    CUDA_OK(cudaMemcpyAsync(b.p, v.data(), b.bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
   return b;
 }
 template <typename T>
@@ -224,8 +235,8 @@ struct Rank {
     o.N = c.n0 + 8 * r;
     const int64_t M = c.M, K = c.K, N = o.N;
     o.a_full_host = make_tensor(key, kTagA, 0, M * K);
-    o.a_full = upload(o.a_full_host);
-    o.w = upload(make_tensor(key, kTagW + r, 0, N * K));  // N×K or K×N: same count
+    o.a_full = upload(o.a_full_host, stream);
+    o.w = upload(make_tensor(key, kTagW + r, 0, N * K), stream);  // N×K or K×N: same count
     o.ref = DevBuf(M * N * 4);
     o.absdot = DevBuf(M * N * 4);
     CUDA_OK(k::launch_reference_gemm(o.a_full.as<__nv_bfloat16>(), K, o.w.as<__nv_bfloat16>(),
@@ -301,11 +312,13 @@ struct Rank {
     const k::FusedLaunchInfo info = k::all_gather_gemm_info(sm->device(), a);
     check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " +
                         algo_name(info.algo) + "): " + std::to_string(bad) + " bad");
+    check_flags(c.name(W));
   }
 
   // ---- gemmReduceScatter ----
   struct RsOperands {
     RsCase c;
+    uint64_t key;
     int K;
     DevBuf a, w, ref, absdot, out;
   };
@@ -313,18 +326,19 @@ struct Rank {
   RsOperands rs_prepare(const RsCase& c, uint64_t key) {
     RsOperands o;
     o.c = c;
+    o.key = key;
     o.K = c.k0 + 8 * r;
     const int64_t M = c.M, N = c.N;
-    o.a = upload(make_tensor(key, kTagA + 10 + r, 0, M * o.K));
-    o.w = upload(make_tensor(key, kTagW + r, 0, N * o.K));
+    o.a = upload(make_tensor(key, kTagA + 10 + r, 0, M * o.K), stream);
+    o.w = upload(make_tensor(key, kTagW + r, 0, N * o.K), stream);
     // Reference: rows block r of the sum over every source rank s of A_s · op(W_s).
     const int64_t off = split_offset(M, W, r), cnt = split_count(M, W, r);
     o.ref = DevBuf(std::max<int64_t>(1, cnt * N) * 4);
     o.absdot = DevBuf(std::max<int64_t>(1, cnt * N) * 4);
     for (int s = 0; s < W && cnt > 0; ++s) {
       const int64_t ks = c.k0 + 8 * s;
-      DevBuf as = upload(make_tensor(key, kTagA + 10 + s, off * ks, cnt * ks));
-      DevBuf ws = upload(make_tensor(key, kTagW + s, 0, N * ks));
+      DevBuf as = upload(make_tensor(key, kTagA + 10 + s, off * ks, cnt * ks), stream);
+      DevBuf ws = upload(make_tensor(key, kTagW + s, 0, N * ks), stream);
       CUDA_OK(k::launch_reference_gemm(as.as<__nv_bfloat16>(), ks, ws.as<__nv_bfloat16>(),
                                        c.layout == k::GemmLayoutB::kNK ? ks : N, c.layout,
                                        static_cast<int>(cnt), c.N, static_cast<int>(ks),
@@ -334,8 +348,13 @@ struct Rank {
     o.out = DevBuf(cnt * N * 2 + kGuard);
     return o;
   }
+  // The output and the fp32 partial's place in the workspace get NaN: a reducer that reads a
+  // partial before its tile is stored then shows NaN instead of a plausible stale value.
+  // (Safe: the previous launch's end barrier means no peer still reads this workspace.)
   void rs_poison(const RsOperands& o) {
     CUDA_OK(cudaMemsetAsync(o.out.p, 0xFF, o.out.bytes, stream));
+    const uint64_t ws = k::gemm_reduce_scatter_workspace(rs_args(o), W).data_bytes - o.c.ws_offset;
+    CUDA_OK(cudaMemsetAsync(data() + o.c.ws_offset, 0xFF, ws, stream));
   }
   k::GemmRsArgs rs_args(const RsOperands& o) const {
     k::GemmRsArgs a;
@@ -400,7 +419,79 @@ struct Rank {
     const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(sm->device(), a);
     check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " +
                         algo_name(info.algo) + "): " + std::to_string(bad) + " bad");
+    if (bad != 0) rs_diagnose(o);
+    check_flags(c.name(W));
     report_rs_info(a, bad != 0, c.name(W));
+  }
+
+  // FusedFlags between launches (fused.h): every chunk counter, the tile counter and the
+  // role counter are back at 0 once a launch has completed. Returns the number of non-zero
+  // counters (the first few printed).
+  int flags_dirty(const std::string& what) {
+    k::FusedFlags f;
+    CUDA_OK(cudaMemcpy(&f, sm->device().base[r] + k::kFusedFlagsOffset, sizeof f,
+                       cudaMemcpyDeviceToHost));
+    int n = 0;
+    auto report = [&](const char* name, int i, uint32_t v) {
+      if (v == 0) return;
+      if (n++ < 4) std::fprintf(stderr, "  rank %d after %s: %s[%d] = %u\n", r, what.c_str(), name, i, v);
+    };
+    for (int c = 0; c < k::kFusedMaxChunks; ++c) report("chunk_count", c, f.chunk_count[c]);
+    report("tile_claim", 0, f.tile_claim);
+    report("role_exit", 0, f.role_exit);
+    return n;
+  }
+  void check_flags(const std::string& what) {
+    check(flags_dirty(what) == 0, "rank " + std::to_string(r) + " counters at 0 after " + what);
+  }
+
+  // After a failed gemmReduceScatter, tells the kernel's faults from the test's: for this
+  // rank's rows, every source's partial as its workspace holds it now (peers' through their
+  // mapping) against a reference of that source alone, then the first bad outputs with both.
+  // Output = sum of the partials now but the partials wrong: the GEMM; partials right but the
+  // output not their sum: the reduction; output = their sum and both right: the reference.
+  void rs_diagnose(const RsOperands& o) {
+    const int64_t N = o.c.N, off = split_offset(o.c.M, W, r), cnt = split_count(o.c.M, W, r);
+    const auto& dev = sm->device();
+    std::vector<std::vector<float>> ref_s, now_s;
+    for (int s = 0; s < W; ++s) {
+      const int64_t ks = o.c.k0 + 8 * s;
+      DevBuf as = upload(make_tensor(o.key, kTagA + 10 + s, off * ks, cnt * ks), stream);
+      DevBuf ws = upload(make_tensor(o.key, kTagW + s, 0, N * ks), stream);
+      DevBuf ref(cnt * N * 4);
+      CUDA_OK(k::launch_reference_gemm(as.as<__nv_bfloat16>(), ks, ws.as<__nv_bfloat16>(),
+                                       o.c.layout == k::GemmLayoutB::kNK ? ks : N, o.c.layout,
+                                       static_cast<int>(cnt), static_cast<int>(N),
+                                       static_cast<int>(ks), ref.as<float>(), nullptr, false,
+                                       stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      ref_s.push_back(download<float>(ref.p, cnt * N));
+      now_s.push_back(download<float>(dev.base[s] + dev.data_offset + o.c.ws_offset + off * N * 4,
+                                      cnt * N));
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < cnt * N; ++i) {
+        wrong += std::fabs(now_s[s][i] - ref_s[s][i]) <= 1e-3f * std::fabs(ref_s[s][i]) + 1e-3f ? 0 : 1;
+      }
+      std::fprintf(stderr, "  diag rank %d: source %d's partial of my rows: %lld wrong\n", r, s,
+                   static_cast<long long>(wrong));
+    }
+    const auto got = download<__nv_bfloat16>(o.out.p, cnt * N);
+    const auto ref = download<float>(o.ref.p, cnt * N);
+    const auto ad = download<float>(o.absdot.p, cnt * N);
+    for (int64_t i = 0, shown = 0; i < cnt * N && shown < 4; ++i) {
+      const float g = __bfloat162float(got[i]);
+      if (std::fabs(g - ref[i]) <= 8e-3f * std::fabs(ref[i]) + 2e-5f * ad[i] + 1e-6f) continue;
+      ++shown;
+      std::string v;
+      for (int s = 0; s < W; ++s) {
+        char b[80];
+        std::snprintf(b, sizeof b, " P%d now %.5g ref %.5g;", s, now_s[s][i], ref_s[s][i]);
+        v += b;
+      }
+      std::fprintf(stderr, "  diag rank %d row %lld col %lld: out %.5g, reference %.5g;%s\n", r,
+                   static_cast<long long>(off + i / N), static_cast<long long>(i % N), g, ref[i],
+                   v.c_str());
+    }
   }
 
   // ---- the sweep ----
@@ -460,6 +551,7 @@ struct Rank {
       check(ok, who + o.c.name(W));
       report_rs_info(rs_args(o), !ok, "b2b " + o.c.name(W));
     }
+    check_flags("back-to-back");
   }
 
   // Capture [write AG input; AG fused; RS fused; AG decomposed (same input)] x2, replay 10x.
@@ -496,6 +588,7 @@ struct Rank {
     const bool rs_ok = rs_verify(rs, "graph") == 0;
     check(rs_ok, who + rs.c.name(W));
     report_rs_info(rs_args(rs), !rs_ok, "graph " + rs.c.name(W));
+    check_flags("graph replay");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
@@ -519,6 +612,8 @@ struct Rank {
     check(ag_verify(ag, "late") == 0, "rank " + std::to_string(r) + " late rank " + ag.c.name(W));
     const bool rs_ok = rs_verify(rs, "late") == 0;
     check(rs_ok, "rank " + std::to_string(r) + " late rank " + rs.c.name(W));
+    if (!rs_ok) rs_diagnose(rs);
+    check_flags("late rank");
     report_rs_info(rs_args(rs), !rs_ok, "late " + rs.c.name(W));
   }
 
@@ -635,6 +730,19 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     }
     t0 = t1;
   };
+  // FC_TEST_ROUNDS=n: the correctness sweep n times with fresh data, and nothing else (to
+  // measure how often an intermittent failure shows).
+  if (const char* n = std::getenv("FC_TEST_ROUNDS")) {
+    const int rounds = std::atoi(n);
+    for (int i = 0; i < rounds; ++i) {
+      R.seed = mix(seed + i);
+      R.correctness();
+    }
+    lap("correctness sweep rounds");
+    R.sm.reset();
+    std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+  }
   R.correctness();
   lap("correctness sweep");
   R.back_to_back();

@@ -32,7 +32,9 @@ DeviceComm::DeviceComm(Runtime& runtime, int rank, int world) : runtime_(runtime
   pin_gpu(runtime.gpu().ordinal);
   sm_ = std::make_unique<SymmetricMemory>(rank, world, runtime.acquire_region(world));
   try {
-    check(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // Blocking (not cudaStreamNonBlocking): callers fill tensors with plain cudaMemcpy (JCuda)
+    // on the legacy default stream; see device_comm.h.
+    check(cudaStreamCreateWithFlags(&own_, cudaStreamDefault), "cudaStreamCreate");
     check(cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming), "cudaEventCreate");
   } catch (...) {
     close();

@@ -3,11 +3,12 @@
 # alone (no CMake, no JDK), so they can be carried to the GPU host or rebuilt there:
 #   kernels/bench/fused/build.sh [out_dir]
 # Also writes out_dir/ptxas.txt (registers and spills of every kernel of gemm.cu and fused.cu).
+# FC_NVCC_FLAGS: extra nvcc flags (e.g. -D switches for a debug build).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-build/fused-bin}; mkdir -p "$out"
 inc="-Ikernels/include -Iexecutor-native/include -Iexecutor-native/tests -Irdma/include"
-flags="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -cudart static"
+flags="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -cudart static ${FC_NVCC_FLAGS:-}"
 # Two compiles at a time (the shared CPU machines have 2 cores); any failure stops the build.
 pids=()
 bg() { "$@" & pids+=($!); }

@@ -90,6 +90,7 @@ void fill_random(void* dst, size_t n, const std::vector<__nv_bfloat16>& pool) {
     CK(cudaMemcpy(static_cast<__nv_bfloat16*>(dst) + done, pool.data(), c * 2, cudaMemcpyHostToDevice));
     done += c;
   }
+  CK(cudaDeviceSynchronize());  // the last DMA has landed before any stream reads it
 }
 
 struct Options {

@@ -14,7 +14,9 @@
 // its input into this rank's data area (stream-ordered, device to device) and launches one
 // persistent collective kernel (kernels/collectives.h) on the same stream:
 // - stream == nullptr: the communicator's own stream; the call returns when the op is done and
-//   throws Error(kTimeout) naming rank, peer, op and step if a peer never arrived.
+//   throws Error(kTimeout) naming rank, peer, op and step if a peer never arrived. The own
+//   stream is a blocking stream: it waits for work issued before on the legacy default stream,
+//   e.g. a cudaMemcpy from pageable memory, which may return before its DMA has landed.
 // - otherwise the caller's stream; the call returns once enqueued. A device failure is reported
 //   by the next op, synchronize() or close(). Ops on different streams are ordered in call
 //   order (an event joins the previous op's stream), as the kernels require.
