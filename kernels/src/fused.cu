@@ -24,13 +24,12 @@ using detail::split_offset;
 
 // ---- tuning (model values; bench/fused reports both algorithms and the split to tune them) ------
 //
-// kAuto: decomposed below these exchanged sizes, fused above. Model (H200, DESIGN.md §7:
-// ~790 TFLOP/s GEMM, ~330 GB/s NVLink pulls): the fused kernel can hide the exchange, which
-// takes bytes * (W-1)/W / 330 GB/s, but costs a fixed ~10-20 us (chunk flags, SMs that start
-// on communication, the first chunks' latency). At 8 MiB (W = 2: ~12 us of exchange) the
-// saving no longer pays for it.
-constexpr uint64_t kAgFusedMinBytes = 8ull << 20;   // M*K*2: the gathered A
-constexpr uint64_t kRsFusedMinBytes = 16ull << 20;  // M*N*4: the fp32 partial products
+// kAuto (allGatherGemm, W = 2): decomposed below this exchanged size, fused above. Model
+// (H200, DESIGN.md §7: ~790 TFLOP/s GEMM, ~330 GB/s NVLink pulls): the fused kernel hides the
+// exchange, bytes * (W-1)/W / 330 GB/s, but costs a fixed ~10-20 us (chunk flags, SMs that
+// start on communication, the first chunks' latency); at 8 MiB (W = 2: ~12 us of exchange)
+// the saving no longer pays for it. The smallest shape measured (8B M=2048, 16 MiB) gained 6 %.
+constexpr uint64_t kAgFusedMinBytes = 8ull << 20;  // M*K*2: the gathered A
 
 // SM split: CTAs that pull (allGatherGemm) or reduce (gemmReduceScatter), by world size and the
 // GEMM's FLOPs per exchanged byte (N_r for allGatherGemm, K_r for gemmReduceScatter). First
@@ -101,24 +100,24 @@ bool valid_shape(int M, int N, int K) {
 uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_offset; }
 
 // ---- algorithm choice ---------------------------------------------------------------------------
-// kAuto is decomposed everywhere for now, from the first measurements (bench/fused/NOTES.md,
-// 2 × H200): the fused allGatherGemm was slower than the decomposed path at 11 of 12 shapes,
-// and the fused gemmReduceScatter gives wrong sums intermittently (gpu_fused_test, W = 2-4:
-// a partial read before it is complete; root cause not found). kFused stays selectable for
-// the benchmark and for debugging; the size rule below returns once both are fixed.
-constexpr bool kAutoMayFuse = false;
-
+// Every input of a rule must be the same on every rank (M, N or K as shared, W, the SM count),
+// never K_r or N_r: ranks that chose differently would wait for each other until the timeout.
+// From the measurements (bench/fused/NOTES.md, 2 x H200, run 3):
+// - allGatherGemm: with the own rows moved by the copy engine, fused was faster than
+//   decomposed at all five shapes measured at W = 2 (0.94-0.98 of its time, 0.90 at 70B
+//   M=8192). Fused at W = 2 from kAgFusedMinBytes; W >= 3 is not measured yet: decomposed.
+// - gemmReduceScatter: fused wins only where K_r (the GEMM's FLOPs per partial byte) is large
+//   (70B down-projection, M >= 4096) and loses by 10-30 % at the square shapes with the same M
+//   and N; K_r may differ by rank, so no rank-uniform rule separates them: decomposed.
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world == 1 || !kAutoMayFuse) return FusedAlgo::kDecomposed;
+  if (d.world != 2) return FusedAlgo::kDecomposed;
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
   return bytes >= kAgFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
-FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a) {
+FusedAlgo choose_rs(const CommDevice&, const GemmRsArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world == 1 || !kAutoMayFuse) return FusedAlgo::kDecomposed;
-  const uint64_t bytes = static_cast<uint64_t>(a.M) * a.N * 4;
-  return bytes >= kRsFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+  return FusedAlgo::kDecomposed;
 }
 
 // ---- allGatherGemm geometry ---------------------------------------------------------------------
@@ -441,6 +440,19 @@ cudaError_t launch_all_gather_gemm(const CommDevice& d, const AgGemmArgs& a, cud
   g.m_block_start = geo.m_block_start;
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
+  // The own rows by the copy engine (stream-ordered before the kernel): copied by pulling CTAs
+  // they took 0.3-1.7 ms on 2 x H200 once the GEMM's first tiles ran (bench/fused/NOTES.md,
+  // run 3); the pulling CTAs count those slices without copying them.
+  const int64_t own_off = split_offset(a.M, W, d.rank), own_cnt = split_count(a.M, W, d.rank);
+  if (own_cnt > 0) {
+    const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
+    if (cudaError_t e = cudaMemcpyAsync(reinterpret_cast<uint8_t*>(gathered) + own_off * row_bytes,
+                                        d.base[d.rank] + d.data_offset + a.in_offset,
+                                        own_cnt * row_bytes, cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
   AgParams& p = geo.p;
   p.dev = d;
   p.gathered = gathered;

@@ -107,6 +107,62 @@ const char* algo_name(k::FusedAlgo a) {
   return a == k::FusedAlgo::kFused ? "fused" : a == k::FusedAlgo::kDecomposed ? "decomposed" : "auto";
 }
 
+#ifdef FUSEDCOMM_AG_TRACE
+// Debug build (-DFUSEDCOMM_AG_TRACE): one fused allGatherGemm after a warm-up, then rank 0
+// prints its timeline (layout: fused_gemm.cuh, ag_trace).
+void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::AgGemmArgs a,
+              cudaStream_t st, const std::string& label) {
+  a.algo = k::FusedAlgo::kFused;
+  const k::FusedLaunchInfo info = k::all_gather_gemm_info(dev, a);
+  const int64_t mb = (a.M + 127) / 128, nb = (a.N + info.tile_n - 1) / info.tile_n;
+  const int64_t words = 2 * mb * 4096 + info.chunks + 2 * info.comm_ctas;
+  uint8_t* tr = dev.base[dev.rank] + dev.scratch_offset;
+  for (int i = 0; i < 3; ++i) {
+    CK(cudaStreamSynchronize(st));
+    g.barrier();
+    CK(cudaMemsetAsync(tr, 0, words * 8, st));
+    CK(k::launch_all_gather_gemm(dev, a, st));
+  }
+  CK(cudaStreamSynchronize(st));
+  if (g.rank != 0) return;
+  std::vector<uint64_t> t(words);
+  CK(cudaMemcpy(t.data(), tr, words * 8, cudaMemcpyDeviceToHost));
+  uint64_t t0 = UINT64_MAX, t_end = 0;
+  for (uint64_t v : t) if (v) t0 = std::min(t0, v), t_end = std::max(t_end, v);
+  auto us = [&](uint64_t v) { return v ? (v - t0) / 1000.0 : -1.0; };
+  const uint64_t* chunk = t.data() + 2 * mb * 4096;
+  const uint64_t* pull = chunk + info.chunks;
+  double pmin = 1e30, pmax = 0, cmax = 0;
+  for (int j = 0; j < info.comm_ctas; ++j) pmin = std::min(pmin, us(pull[2 * j + 1])), pmax = std::max(pmax, us(pull[2 * j + 1]));
+  for (int c = 0; c < info.chunks; ++c) cmax = std::max(cmax, us(chunk[c]));
+  double wait_sum = 0, wait_max = 0;
+  int waited = 0;
+  int64_t worst = -1;
+  for (int64_t i = 0; i < mb * nb; ++i) {
+    const double w = (t[2 * i + 1] - t[2 * i]) / 1000.0;
+    if (t[2 * i] == 0) continue;
+    wait_sum += w;
+    if (w > 5) ++waited;
+    if (w > wait_max) wait_max = w, worst = i;
+  }
+  std::printf("trace %s (G %d + P %d, tile_n %d, %lld chunks): span %.1f us; pullers done %.1f-%.1f us; "
+              "last chunk flag %.1f us; tiles waiting > 5 us: %d of %lld, sum %.1f us, max %.1f us (tile m %lld n %lld, wait from %.1f us)\n",
+              label.c_str(), info.gemm_ctas, info.comm_ctas, info.tile_n, (long long)info.chunks,
+              (t_end - t0) / 1000.0, pmin, pmax, cmax, waited, (long long)(mb * nb), wait_sum, wait_max,
+              (long long)(worst / nb), (long long)(worst % nb), worst >= 0 ? us(t[2 * worst]) : -1.0);
+  std::printf("  chunk flags (us):");
+  for (int c = 0; c < info.chunks; c += std::max<int64_t>(1, info.chunks / 16)) std::printf(" c%d %.1f", c, us(chunk[c]));
+  std::printf("\n  first wait start per m-block (us):");
+  for (int64_t m = 0; m < mb; m += std::max<int64_t>(1, mb / 16)) {
+    uint64_t first = UINT64_MAX;
+    for (int64_t n = 0; n < nb; ++n) if (t[2 * (m * nb + n)]) first = std::min(first, t[2 * (m * nb + n)]);
+    std::printf(" m%lld %.1f", (long long)m, first == UINT64_MAX ? -1.0 : us(first));
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+#endif
+
 int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
   CK(cudaSetDevice(r));
@@ -293,6 +349,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       impls.push_back({"ours_collective", [&, ca] { CK(k::launch_collective(dev, ca, st)); },
                        k::FusedLaunchInfo{}});
     }
+#ifdef FUSEDCOMM_AG_TRACE
+    if (is_ag) trace_ag(g, dev, ag, st, s.label);
+#endif
     for (Impl& im : impls) {
       int iters = 0;
       const double ms = time_op(im.launch, iters);

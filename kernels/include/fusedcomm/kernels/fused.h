@@ -32,10 +32,12 @@
 //   decomposed algorithms give the same result.
 // - Algorithms (FusedAlgo):
 //   kFused: one persistent kernel (detail/fused_gemm.cuh):
-//     allGatherGemm: CTAs [0, G) run the GEMM; CTAs [G, G+P) PULL the gathered A chunk by chunk
-//       (16-byte loads from the peers' data areas, in the order in which the GEMM consumes the
-//       rows: the rank's own rows first, then rank r+1's, ...) into the gathered buffer and set
-//       a per-chunk flag; the GEMM's producer waits for a tile's chunk flag before loading it.
+//     allGatherGemm: the rank's own rows go into the gathered buffer by a stream-ordered copy
+//       (copy engine) just before the kernel. CTAs [0, G) run the GEMM; CTAs [G, G+P) PULL
+//       the peers' rows chunk by chunk (16-byte loads from the peers' data areas, in the order
+//       in which the GEMM consumes the rows: its own rows first, which need no pull, then rank
+//       r+1's, ...) into the gathered buffer and set a per-chunk flag; the GEMM's producer
+//       waits for a tile's chunk flag before loading it.
 //       Once a pulling CTA has finished its chunks it joins the GEMM (tiles are claimed from a
 //       shared counter), so the SMs lent to communication are not lost for the rest of the op.
 //     gemmReduceScatter: CTAs [0, G) run the GEMM; every rank sweeps the tiles in the same
@@ -48,11 +50,10 @@
 //     to the data area then reduceScatter then an fp32 -> bf16 pass). When W does not divide M
 //     the collective moves W equal blocks of ceil(M/W) rows (its element split would cut rows),
 //     plus one copy to pack or unpack the padded layout.
-//   kAuto: kDecomposed, for now (fused.cu, kAutoMayFuse: the first measurements found the
-//     fused allGatherGemm slower and the fused gemmReduceScatter intermittently wrong). The
-//     size rule that will return: kDecomposed for W = 1 and below the sizes in fused.cu
-//     (kAgFusedMinBytes, kRsFusedMinBytes: the exchanged bytes), kFused above. The thresholds come from the cost
-//     model written there; the benchmark (bench/fused) reports both algorithms to tune them.
+//   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
+//     allGatherGemm fused at W = 2 when M*K*2 >= kAgFusedMinBytes (8 MiB), else decomposed
+//     (W >= 3 not measured yet); gemmReduceScatter decomposed (fused wins only at large K_r,
+//     which may differ by rank). Thresholds from the benchmark (bench/fused/NOTES.md).
 // - Protocol (DESIGN.md §3, as collectives.h): the launch's epoch is CommControl::epoch + 1,
 //   read on the device by every CTA and bumped by the last CTA to finish, so CUDA-graph replay
 //   needs no host work. Flags hold epochs, are compared `>= epoch` and never reset. Start

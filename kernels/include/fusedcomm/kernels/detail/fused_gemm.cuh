@@ -6,7 +6,8 @@
 //
 // Grid (one CTA per SM, all resident: cooperative launch), 384 threads per CTA:
 //   allGatherGemm      [0, G)     GEMM from the start
-//                      [G, G+P)   pull A's chunks (own rows first: local copies), then GEMM
+//                      [G, G+P)   pull A's chunks (peers' rows; the own rows are copied by the
+//                                 copy engine before the launch), then GEMM
 //   gemmReduceScatter  [0, G)     GEMM; epilogue writes fp32 partial tiles, counts chunks
 //                      [G, G+R)   reduce this rank's rows chunk by chunk as peers finish them
 // Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
@@ -46,6 +47,15 @@ struct AgParams {
   int comm_ctas;   // CTAs [gemm_ctas, gemm_ctas + comm_ctas) pull first
 };
 
+#ifdef FUSEDCOMM_AG_TRACE
+// Debug build only: a timeline in this rank's scratch area (%globaltimer ns): per GEMM tile
+// (m_block * n_blocks + n_block) the producer's wait [start, end); per chunk the flag time;
+// per pulling CTA [start, end). Read by fused_bench --trace.
+__device__ __forceinline__ uint64_t* ag_trace(const AgParams& p) {
+  return reinterpret_cast<uint64_t*>(p.dev.base[p.dev.rank] + p.dev.scratch_offset);
+}
+#endif
+
 // The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
 // before each tile its chunk's flag (hook 1, from device memory with the launch's epoch).
 struct AgSchedule {
@@ -63,9 +73,17 @@ struct AgSchedule {
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return true; }
   template <int BN>
-  __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord tc) const {
+  __device__ __forceinline__ bool wait(const GemmProblem& prob, TileCoord tc) const {
     const int c = tc.m / p->mg;
     const uint64_t* flag = &fused_flags(p->dev, p->dev.rank)->ag_chunk[c];
+#ifdef FUSEDCOMM_AG_TRACE
+    uint64_t* tr = ag_trace(*p) + 2 * (tc.m * prob.n_blocks + tc.n);
+    tr[0] = globaltimer_ns();
+    const bool ok = ld_acquire_sys(flag) >= epoch ||
+                    fused_wait_flag(p->dev, flag, epoch, kFusedOpAllGatherGemm, kFusedStepChunk, 0, 2);
+    tr[1] = globaltimer_ns();
+    return ok;
+#endif
     if (ld_acquire_sys(flag) >= epoch) return true;
     // Slow path: name the rank whose rows the chunk waits for (the first one not this rank).
     const int64_t r0 = static_cast<int64_t>(c) * p->mg * kTileM;
@@ -97,6 +115,10 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
     __threadfence_system();
     comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
   }
+#ifdef FUSEDCOMM_AG_TRACE
+  uint64_t* trace = ag_trace(p) + 2 * (static_cast<int64_t>(p.M + 127) / 128) * 4096 + p.chunks;
+  if (threadIdx.x == 0) trace[2 * j] = globaltimer_ns();
+#endif
   uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
   bool ok = true;
   const int chunk_rows = p.mg * kTileM;
@@ -113,7 +135,9 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
       for (int o = o0; o <= o1; ++o) {
         const int64_t off = split_offset(p.M, W, o), cnt = split_count(p.M, W, o);
         const int64_t ra = max(a, off), rb = min(b, off + cnt);
-        if (ra >= rb) continue;
+        // This rank's own rows were copied by the copy engine before the launch (fused.cu):
+        // local copies here ran at a few GB/s once the GEMM was busy (bench/fused/NOTES.md).
+        if (ra >= rb || o == r) continue;
         if ((arrived & (1u << o)) == 0) {
           // Start barrier, wait side: o's input for this epoch is written and o has finished
           // its previous launch. Observe pattern: acquire by thread 0, then bar.sync.
@@ -140,11 +164,17 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
       __threadfence();
       if (fused_last_of(&ff->chunk_count[c], static_cast<uint32_t>(p.slices))) {
         st_release_sys(&ff->ag_chunk[c], epoch);
+#ifdef FUSEDCOMM_AG_TRACE
+        ag_trace(p)[2 * (static_cast<int64_t>(p.M + 127) / 128) * 4096 + c] = globaltimer_ns();
+#endif
       }
     }
   }
   // Every load of a peer's memory by this CTA is complete (its values were stored).
   __syncthreads();
+#ifdef FUSEDCOMM_AG_TRACE
+  if (threadIdx.x == 0) trace[2 * j + 1] = globaltimer_ns();
+#endif
   if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
 }
 
