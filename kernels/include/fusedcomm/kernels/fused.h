@@ -123,9 +123,10 @@ struct alignas(64) FusedFlags {
   uint64_t rs_ready[kFusedRsFlagSlots];
   // ag_chunk[c] = e: rows [c*chunk_rows, (c+1)*chunk_rows) of this rank's gathered A hold
   // launch e's data. Local only: written by this rank's pulling CTAs, read by its GEMM
-  // producers (ld.acquire.sys, then fence.proxy.async.global before the TMA loads: gemm.h hook
-  // 1). Ordering: each slice's stores -> bar.sync -> thread 0 fence.sc.gpu -> atomicAdd
-  // on chunk_count[c]; the last of the chunk's slices fences and releases the flag.
+  // producers (ld.acquire.gpu, then fence.proxy.async.global before the TMA loads: gemm.h hook
+  // 1). Ordering: each slice's stores -> bar.sync -> thread 0 fence.acq_rel.gpu -> atomicAdd
+  // on chunk_count[c]; the last of the chunk's slices fences (acquire) and releases the flag
+  // (st.release.gpu). The own rows, copied before the launch, are ordered by the stream.
   uint64_t ag_chunk[kFusedMaxChunks];
   // Arrival counters of the chunks above (slices of an allGatherGemm chunk, tiles of a
   // gemmReduceScatter chunk). Local; the arrival that completes a chunk resets its counter to

@@ -60,10 +60,13 @@ __device__ __forceinline__ bool comm_failed(const CommDevice& d) {
 inline constexpr uint64_t kCommSlowCheckNs = 20000;
 // timeout_scale: the wait gives up after timeout_scale × the CommDevice's timeout (waits that
 // legitimately span a whole GEMM, e.g. the fused ops' chunk flags, use more than 1).
+// local: the flag is written by this GPU (gpu-scope acquire suffices and polls are cheaper).
 __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const uint64_t* flag,
                                                       uint64_t epoch, uint32_t op, uint32_t step,
-                                                      int peer, uint32_t timeout_scale = 1) {
-  uint64_t v = ld_acquire_sys(flag);
+                                                      int peer, uint32_t timeout_scale = 1,
+                                                      bool local = false) {
+  auto load = [&] { return local ? ld_acquire_gpu(flag) : ld_acquire_sys(flag); };
+  uint64_t v = load();
   if (v >= epoch) return true;
   const uint64_t timeout =
       (d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs) * static_cast<uint64_t>(timeout_scale);
@@ -71,7 +74,7 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
   uint64_t next_check = t0 + kCommSlowCheckNs;
   uint32_t sleep_ns = 16;
   for (uint32_t polls = 1;; ++polls) {
-    v = ld_acquire_sys(flag);
+    v = load();
     if (v >= epoch) return true;
     if ((polls & 15) == 0) {
       if (comm_failed(d)) return false;  // someone else recorded it

@@ -79,12 +79,14 @@ struct AgSchedule {
 #ifdef FUSEDCOMM_AG_TRACE
     uint64_t* tr = ag_trace(*p) + 2 * (tc.m * prob.n_blocks + tc.n);
     tr[0] = globaltimer_ns();
-    const bool ok = ld_acquire_sys(flag) >= epoch ||
+    const bool ok = ld_acquire_gpu(flag) >= epoch ||
                     fused_wait_flag(p->dev, flag, epoch, kFusedOpAllGatherGemm, kFusedStepChunk, 0, 2);
     tr[1] = globaltimer_ns();
     return ok;
 #endif
-    if (ld_acquire_sys(flag) >= epoch) return true;
+    // gpu scope: this GPU's pulling CTAs raise the flag (FusedFlags::ag_chunk). Up to G
+    // producers poll it while the pull runs; .sys polls slowed the pull ~10x (NOTES, run 4).
+    if (ld_acquire_gpu(flag) >= epoch) return true;
     // Slow path: name the rank whose rows the chunk waits for (the first one not this rank).
     const int64_t r0 = static_cast<int64_t>(c) * p->mg * kTileM;
     const int64_t r1 = min(static_cast<int64_t>(p->M), r0 + p->mg * kTileM) - 1;
@@ -161,9 +163,9 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
     // ag_chunk). Empty slices (past M) count too: every chunk expects `slices` arrivals.
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence();
+      fence_acq_rel_gpu();
       if (fused_last_of(&ff->chunk_count[c], static_cast<uint32_t>(p.slices))) {
-        st_release_sys(&ff->ag_chunk[c], epoch);
+        st_release_gpu(&ff->ag_chunk[c], epoch);
 #ifdef FUSEDCOMM_AG_TRACE
         ag_trace(p)[2 * (static_cast<int64_t>(p.M + 127) / 128) * 4096 + c] = globaltimer_ns();
 #endif

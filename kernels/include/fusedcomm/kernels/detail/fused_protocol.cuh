@@ -57,25 +57,26 @@ __device__ __forceinline__ FusedFlags* fused_flags(const CommDevice& d, int rank
 // use this inline version; comm_protocol.cuh's comm_wait_flag is not used.
 __device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* flag,
                                            uint64_t epoch, uint32_t op, uint32_t step, int peer,
-                                           uint32_t timeout_scale) {
-  return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale);
+                                           uint32_t timeout_scale, bool local = false) {
+  return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale, local);
 }
 
-// The GEMM producer's out-of-line wait (its 40-register region stays small).
+// The GEMM producer's out-of-line wait (its 40-register region stays small), for flags this
+// GPU writes (allGatherGemm's chunk flags): gpu-scope polls.
 inline __device__ __noinline__ bool fused_wait_flag(const CommDevice& d, const uint64_t* flag,
                                                     uint64_t epoch, uint32_t op, uint32_t step,
                                                     int peer, uint32_t timeout_scale) {
-  return fused_wait(d, flag, epoch, op, step, peer, timeout_scale);
+  return fused_wait(d, flag, epoch, op, step, peer, timeout_scale, true);
 }
 
-// One thread, after its own fence: true for the arrival that brings *counter to n, which then
-// resets it to 0 (no other arrival of this launch comes after it). The fence after the atomic
-// makes every earlier arrival's fenced accesses precede what the caller does next
-// (fence-fence synchronisation through the counter's modification order, gpu scope).
+// One thread, after its own release fence: true for the arrival that brings *counter to n,
+// which then resets it to 0 (no other arrival of this launch comes after it). The acquire
+// fence after the atomic makes every earlier arrival's released accesses precede what the
+// caller does next (release and acquire patterns through the counter, gpu scope).
 __device__ __forceinline__ bool fused_last_of(uint32_t* counter, uint32_t n) {
   const uint32_t old = atomicAdd(counter, 1u);
   if (old + 1 != n) return false;
-  __threadfence();
+  fence_acq_rel_gpu();
   *reinterpret_cast<volatile uint32_t*>(counter) = 0;
   return true;
 }

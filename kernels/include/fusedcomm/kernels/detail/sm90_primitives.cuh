@@ -137,6 +137,20 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// GPU scope, for flags that a CTA of this GPU writes and another reads (polls of these are
+// much cheaper for the rest of the GPU than .sys ones; see bench/fused/NOTES.md, run 4).
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+// Release / acquire fence at GPU scope: with a relaxed atomic after (before) it, a release
+// (acquire) pattern; cheaper than __threadfence() (fence.sc.gpu), which also orders unrelated
+// locations sequentially consistently, which the counters here never need.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ uint32_t ld_volatile_u32(const volatile uint32_t* p) { return *p; }
 // Orders this thread's generic-proxy accesses (e.g. a flag acquire) before its later
 // async-proxy global accesses (TMA loads).
