@@ -51,7 +51,7 @@
 //     the collective moves W equal blocks of ceil(M/W) rows (its element split would cut rows),
 //     plus one copy to pack or unpack the padded layout.
 //   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
-//     allGatherGemm fused at W = 2 when M*K*2 >= kAgFusedMinBytes (8 MiB), else decomposed
+//     allGatherGemm fused at W = 2 when M >= 2048 and M*K*2 >= kAgFusedMinBytes (8 MiB), else decomposed
 //     (W >= 3 not measured yet); gemmReduceScatter decomposed (fused wins only at large K_r,
 //     which may differ by rank). Thresholds from the benchmark (bench/fused/NOTES.md).
 // - Protocol (DESIGN.md §3, as collectives.h): the launch's epoch is CommControl::epoch + 1,
