@@ -59,6 +59,7 @@ import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.api.Split;
 import io.fusedcomm.api.Tensor;
 import io.fusedcomm.api.WeightLayout;
+import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.spark.BarrierStage;
 import java.io.Serializable;
@@ -108,9 +109,9 @@ public final class TensorParallelMlpExample {
   /** Wall time of one pass's three steps on one rank, in ms. */
   record Timings(double allGatherGemmMs, double elementwiseMs, double gemmReduceScatterMs) implements Serializable {}
 
-  /** One rank's output rows of Y and dX, and its timings. */
-  record Shard(int rank, int rowOffset, int rows, float[] y, float[] dx, String backend, Timings forward,
-      Timings backward) implements Serializable {}
+  /** One rank's output rows of Y and dX, where it ran (executor and GPU) and its timings. */
+  record Shard(int rank, int rowOffset, int rows, float[] y, float[] dx, String backend, String device,
+      Timings forward, Timings backward) implements Serializable {}
 
   /**
    * Runs the example (driver side): {@code [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32]
@@ -245,7 +246,10 @@ public final class TensorParallelMlpExample {
       comm.gemmReduceScatter(grad, w1T, dx, WeightLayout.KN);
       long t6 = System.nanoTime();
 
-      return new Shard(r, rowOffset, rows, t.read(y), t.read(dx), comm.backend().configName(),
+      RankInfo me = comm.ranks().get(r);
+      String device = "executor " + me.executorId()
+          + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuId() + " " + me.gpuUuid());
+      return new Shard(r, rowOffset, rows, t.read(y), t.read(dx), comm.backend().configName(), device,
           new Timings((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6),
           new Timings((t4 - t3) / 1e6, (t5 - t4) / 1e6, (t6 - t5) / 1e6));
     }
@@ -479,6 +483,9 @@ public final class TensorParallelMlpExample {
   static boolean check(Problem p, List<Shard> shards) {
     Reference ref = new Reference(p);
     List<Shard> sorted = shards.stream().sorted(Comparator.comparingInt(Shard::rank)).collect(Collectors.toList());
+    for (Shard shard : sorted) {
+      System.out.printf(Locale.ROOT, "rank %d ran on %s (%s backend)%n", shard.rank(), shard.device(), shard.backend());
+    }
     printTimings("forward (NK): Z = allGatherGemm(X, W1), A = GELU(Z), Y = gemmReduceScatter(A, W2)", "Y rows",
         "gelu ms", sorted, Shard::forward);
     printTimings("backward (KN): dA = allGatherGemm(dY, W2), dZ = dA ⊙ GELU'(Z), dX = gemmReduceScatter(dZ, W1)",
