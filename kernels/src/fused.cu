@@ -222,32 +222,37 @@ cudaError_t launch_cooperative(void (*kernel)(Exp...), int grid, size_t smem,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
 
-template <int BN, bool kBKN>
-cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p,
-                               cudaStream_t stream) {
-  auto kernel = detail::ag_gemm_kernel<BN, kBKN>;
-  constexpr size_t smem = detail::GemmTileConfig<BN>::kSmemBytes;
-  static std::atomic<uint64_t> opted{0};
+// One instance of a fused kernel (its tile width and B layout fixed): the shared-memory opt-in
+// (once per device and kernel), then the cooperative launch with the GEMM plan's arguments
+// followed by `extra` (the AG kernel's epilogue) and the op's parameters.
+template <typename Kernel, typename... Extra>
+cudaError_t launch_fused_instance(Kernel kernel, size_t smem, std::atomic<uint64_t>& opted,
+                                  const detail::GemmPlan& plan, int grid, cudaStream_t stream,
+                                  const Extra&... extra) {
   if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
       e != cudaSuccess) {
     return e;
   }
-  return launch_cooperative(kernel, p.gemm_ctas + p.comm_ctas, smem, stream, plan.ta, plan.tb,
-                            plan.tc, plan.prob, plan.epi, p);
+  return launch_cooperative(kernel, grid, smem, stream, plan.ta, plan.tb, plan.tc, plan.prob,
+                            extra...);
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p,
+                               cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  return launch_fused_instance(detail::ag_gemm_kernel<BN, kBKN>,
+                               detail::GemmTileConfig<BN>::kSmemBytes, opted, plan,
+                               p.gemm_ctas + p.comm_ctas, stream, plan.epi, p);
 }
 
 template <int BN, bool kBKN>
 cudaError_t launch_rs_instance(const detail::GemmPlan& plan, const RsParams& p,
                                cudaStream_t stream) {
-  auto kernel = detail::rs_gemm_kernel<BN, kBKN>;
-  constexpr size_t smem = detail::GemmTileConfig<BN>::kSmemBytes;
   static std::atomic<uint64_t> opted{0};
-  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
-      e != cudaSuccess) {
-    return e;
-  }
-  return launch_cooperative(kernel, p.gemm_ctas + p.red_ctas, smem, stream, plan.ta, plan.tb,
-                            plan.tc, plan.prob, p);
+  return launch_fused_instance(detail::rs_gemm_kernel<BN, kBKN>,
+                               detail::GemmTileConfig<BN>::kSmemBytes, opted, plan,
+                               p.gemm_ctas + p.red_ctas, stream, p);
 }
 
 __global__ void f32_to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t n) {
