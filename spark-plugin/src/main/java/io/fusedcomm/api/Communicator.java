@@ -31,9 +31,12 @@ import org.apache.spark.BarrierTaskContext;
  * <p>Backends: with the host backend ops take {@link HostTensor}s and run on the CPU. With the
  * cuda backend the collectives (allGather, reduceScatter, allReduce, allToAll) take {@link
  * DeviceTensor}s on the executor's GPU and run as GPU-driven kernels over NVLink among the GPUs
- * of one host; each has a form that enqueues on the caller's CUDA stream. allGatherGemm and
- * gemmReduceScatter run there too (bf16, one fused kernel each, synchronous). The other ops are
- * not on the cuda backend yet and refuse with {@link
+ * of one host; each has a form that enqueues on the caller's CUDA stream. The forms without a
+ * stream run on the communicator's own stream, which is ordered after work the caller issued on
+ * the legacy default stream (e.g. JCuda's {@code cudaMemcpy}), and return when the op is done.
+ * allGatherGemm and gemmReduceScatter run there too (bf16, synchronous; one fused kernel or our
+ * GEMM then our collective, chosen by size the same way on every rank). The other ops are not
+ * on the cuda backend yet and refuse with {@link
  * io.fusedcomm.errors.BackendUnavailableException}.
  *
  * <p>Ops on one communicator are serialised: call them from one thread.
