@@ -40,7 +40,7 @@
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
-#include "gpu_probe.h"
+#include "gpu_test_support.h"
 #include "process_group.h"
 
 namespace {
@@ -53,27 +53,12 @@ using fusedcomm::SymmetricMemory;
 using fusedcomm::split_count;
 using fusedcomm::split_offset;
 using fusedcomm::testing::ProcessGroup;
+using fusedcomm::testing::check;
+using fusedcomm::testing::g_failed;
+using fusedcomm::testing::g_passed;
+using fusedcomm::testing::mix;
 
-int g_failed = 0, g_passed = 0;
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else if (++g_failed <= 20) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
-#define CUDA_OK(x)                                                                          \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
 
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
 
 // Input element i of rank p for one case: uniform in [-1, 1) (integers in [-8, 8] if `ints`),
@@ -210,14 +195,7 @@ struct Rank {
 
   Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
 
-  void open(const SymmetricConfig& cfg) {
-    if (sm) {
-      g.barrier();  // nobody still uses the old one
-      sm->close();
-    }
-    sm = std::make_unique<SymmetricMemory>(r, W, cfg);
-    sm->connect(g.all_gather(sm->export_handle()));
-  }
+  void open(const SymmetricConfig& cfg) { fusedcomm::testing::reopen(g, sm, cfg); }
 
   void upload(const Case& c, uint64_t key, uint8_t* dst) {
     std::vector<uint8_t> bytes;
@@ -503,10 +481,7 @@ int main() {
     return 77;
   }
   if (const char* s = std::getenv("FC_TEST_NEW_ALGOS")) g_new_only = std::atoi(s) != 0;
-  uint64_t seed = std::random_device{}();
-  if (const char* s = std::getenv("FC_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
-  std::printf("gpu_collectives_test: %d GPUs, seed %llu (FC_TEST_SEED=%llu replays)\n", n,
-              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  const uint64_t seed = fusedcomm::testing::test_seed("gpu_collectives_test", n);
   struct Config {
     std::vector<int> gpus;
     bool full;

@@ -43,7 +43,7 @@
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
-#include "gpu_probe.h"
+#include "gpu_test_support.h"
 #include "process_group.h"
 
 namespace {
@@ -56,28 +56,12 @@ using fusedcomm::SymmetricMemory;
 using fusedcomm::split_count;
 using fusedcomm::split_offset;
 using fusedcomm::testing::ProcessGroup;
+using fusedcomm::testing::check;
+using fusedcomm::testing::g_failed;
+using fusedcomm::testing::g_passed;
+using fusedcomm::testing::mix;
 
-int g_failed = 0, g_passed = 0;
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else if (++g_failed <= 20) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
-#define CUDA_OK(x)                                                                          \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess)                                                                  \
-      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_));            \
-  } while (0)
 
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Element i of tensor `tag` of a case: uniform in [-1, 1), a bf16 value. Every rank can make
 // every rank's inputs (the reference needs them all).
@@ -211,14 +195,7 @@ struct Rank {
 
   Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
 
-  void open(const SymmetricConfig& cfg) {
-    if (sm) {
-      g.barrier();  // nobody still uses the old one
-      sm->close();
-    }
-    sm = std::make_unique<SymmetricMemory>(r, W, cfg);
-    sm->connect(g.all_gather(sm->export_handle()));
-  }
+  void open(const SymmetricConfig& cfg) { fusedcomm::testing::reopen(g, sm, cfg); }
   uint8_t* data() const { return static_cast<uint8_t*>(sm->data()); }
 
   // ---- allGatherGemm ----
@@ -768,10 +745,7 @@ int main() {
                 n < 0 ? reason.c_str() : "only 1 GPU visible");
     return 77;
   }
-  uint64_t seed = std::random_device{}();
-  if (const char* s = std::getenv("FC_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
-  std::printf("gpu_fused_test: %d GPUs, seed %llu (FC_TEST_SEED=%llu replays)\n", n,
-              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  const uint64_t seed = fusedcomm::testing::test_seed("gpu_fused_test", n);
   int failed = 0;
   for (int w = 2; w <= std::min(n, 4); ++w) {
     std::vector<int> gpus;

@@ -1,0 +1,120 @@
+// What the multi-process GPU tests (gpu_collectives_test, gpu_fused_test) share: the check
+// counters, CUDA_OK, the seed mixer and the run's seed, reopening the symmetric memory, and the
+// GPU-count probe (the parent must not create a CUDA context before it forks its ranks, so the
+// probe runs in a child and reports back through a pipe).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "process_group.h"
+
+#define CUDA_OK(x)                                                                          \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess)                                                                  \
+      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_));            \
+  } while (0)
+
+namespace fusedcomm::testing {
+
+// This rank's check counts; the first 20 failures are printed.
+inline int g_failed = 0, g_passed = 0;
+inline void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_passed;
+  } else if (++g_failed <= 20) {
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+
+// splitmix64's finaliser: keys for the seeded test data.
+inline uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The run's seed: FC_TEST_SEED if set (a replay), else fresh; printed with the GPU count.
+inline uint64_t test_seed(const char* test, int gpus) {
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("FC_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
+  std::printf("%s: %d GPUs, seed %llu (FC_TEST_SEED=%llu replays)\n", test, gpus,
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+// Replaces `sm` by a fresh, connected symmetric memory (every rank calls it at the same point;
+// the barrier first makes sure no rank still uses the old one).
+inline void reopen(ProcessGroup& g, std::unique_ptr<SymmetricMemory>& sm,
+                   const SymmetricConfig& cfg) {
+  if (sm) {
+    g.barrier();
+    sm->close();
+  }
+  sm = std::make_unique<SymmetricMemory>(g.rank, g.world, cfg);
+  sm->connect(g.all_gather(sm->export_handle()));
+}
+
+// Number of Hopper GPUs, all with peer access to each other; -1 with the reason otherwise.
+inline int probe_peer_gpus(std::string& reason) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    int n = 0;
+    char msg[256] = {};
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      std::snprintf(msg, sizeof msg, "no usable NVIDIA GPU (%s)", cudaGetErrorString(e));
+      n = -1;
+    } else {
+      int major = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+      if (n > 0 && major != 9) {
+        std::snprintf(msg, sizeof msg, "GPU 0 is not a Hopper (sm_90) device");
+        n = -1;
+      }
+      for (int a = 0; a < n && n > 0; ++a) {
+        for (int b = 0; b < n; ++b) {
+          int can = 1;
+          if (a != b) cudaDeviceCanAccessPeer(&can, a, b);
+          if (!can) {
+            std::snprintf(msg, sizeof msg, "GPU %d cannot access GPU %d (no P2P)", a, b);
+            n = -1;
+            break;
+          }
+        }
+      }
+    }
+    write_full(fds[1], &n, 4);
+    write_full(fds[1], msg, sizeof msg);
+    _exit(0);
+  }
+  close(fds[1]);
+  int n = -1;
+  char msg[256] = {};
+  if (!read_full(fds[0], &n, 4) || !read_full(fds[0], msg, sizeof msg)) {
+    n = -1;
+    std::snprintf(msg, sizeof msg, "the GPU probe process failed");
+  }
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  reason = msg;
+  return n;
+}
+
+}  // namespace fusedcomm::testing
