@@ -51,8 +51,13 @@ struct AgParams {
 // Debug build only: a timeline in this rank's scratch area (%globaltimer ns): per GEMM tile
 // (m_block * n_blocks + n_block) the producer's wait [start, end); per chunk the flag time;
 // per pulling CTA [start, end). Read by fused_bench --trace.
+// Layout: 2 words per tile slot (m_blocks x 4096 slots), then one per chunk, then 2 per
+// pulling CTA.
 __device__ __forceinline__ uint64_t* ag_trace(const AgParams& p) {
   return reinterpret_cast<uint64_t*>(p.dev.base[p.dev.rank] + p.dev.scratch_offset);
+}
+__device__ __forceinline__ uint64_t* ag_trace_chunks(const AgParams& p) {
+  return ag_trace(p) + 2 * (static_cast<int64_t>(p.M + 127) / 128) * 4096;
 }
 #endif
 
@@ -118,7 +123,7 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
     comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
   }
 #ifdef FUSEDCOMM_AG_TRACE
-  uint64_t* trace = ag_trace(p) + 2 * (static_cast<int64_t>(p.M + 127) / 128) * 4096 + p.chunks;
+  uint64_t* trace = ag_trace_chunks(p) + p.chunks;
   if (threadIdx.x == 0) trace[2 * j] = globaltimer_ns();
 #endif
   uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
@@ -167,7 +172,7 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
       if (fused_last_of(&ff->chunk_count[c], static_cast<uint32_t>(p.slices))) {
         st_release_gpu(&ff->ag_chunk[c], epoch);
 #ifdef FUSEDCOMM_AG_TRACE
-        ag_trace(p)[2 * (static_cast<int64_t>(p.M + 127) / 128) * 4096 + c] = globaltimer_ns();
+        ag_trace_chunks(p)[c] = globaltimer_ns();
 #endif
       }
     }
