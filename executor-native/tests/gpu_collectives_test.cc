@@ -15,10 +15,17 @@
 //     (every algorithm);
 //   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
 //     abort of a waiting two-phase launch, then a fresh SymmetricMemory works on the same
-//     processes.
+//     processes;
+//   launch mismatch: odd ranks launch another count / op / algorithm / dtype than even ranks at
+//     the same epoch: every rank gets Error(kCommunicator) naming both launches (record code
+//     kCommLaunchMismatch, a peer of the other parity, both signatures) within 2 s although the
+//     timeout is 10 s; then a fresh SymmetricMemory works.
+// FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
+// protocol and numerics only; the back-to-back loops run 200 launches instead of 1,000).
 // FC_TEST_NEW_ALGOS=1: only the chunk-pipelined variants (kTwoPhasePush, kPipelined) in every
 // section but the dead-rank one, worlds 2, 3, 4 (a quick check for benchmark runs).
-// Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible.
+// Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible
+// (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
@@ -276,7 +283,8 @@ struct Rank {
   // 1,000 launches, no host sync; the input is rewritten on the stream before each launch from
   // a pool of K device-resident inputs; outputs rotate over K buffers; check the last K.
   void back_to_back(int64_t count, k::CommAlgo algo) {
-    constexpr int K = 4, kIters = 1000;
+    constexpr int K = 4;
+    const int kIters = fusedcomm::testing::shared_gpu_scale(1000);
     const k::CommDtype dt = k::CommDtype::kF32;
     const k::CommOp ops[2] = {k::CommOp::kAllReduce, k::CommOp::kAllGather};
     std::vector<uint8_t*> pool(K), outs(K);
@@ -303,7 +311,8 @@ struct Rank {
       std::vector<uint8_t> got(in_bytes);
       CUDA_OK(cudaMemcpy(got.data(), outs[j], in_bytes, cudaMemcpyDeviceToHost));
       const int64_t bad = verify(c, mix(seed ^ (0xB2B000 + j)), W, r, got.data());
-      check(bad == 0, "rank " + std::to_string(r) + " back-to-back x1000 " + name(c));
+      check(bad == 0, "rank " + std::to_string(r) + " back-to-back x" + std::to_string(kIters) +
+                          " " + name(c));
       cudaFree(pool[j]);
       cudaFree(outs[j]);
     }
@@ -371,6 +380,76 @@ struct Rank {
       CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
       check(verify(c, key, W, r, got.data()) == 0, "late rank " + name(c));
     }
+  }
+
+  // Odd ranks launch another count / op / algorithm / dtype than even ranks at the same
+  // epoch. Every rank must get Error(kCommunicator) naming both launches, well before the
+  // timeout (10 s here): from the fast check after the first flags, or from a wait's slow check
+  // when the peer's protocol never raises the awaited flag. Then a fresh memory works.
+  void mismatch() {
+    const auto F = k::CommDtype::kF32, B = k::CommDtype::kBF16;
+    const auto AR = k::CommOp::kAllReduce, AG = k::CommOp::kAllGather, RS = k::CommOp::kReduceScatter;
+    struct Pair {
+      Case even, odd;
+      const char* what;
+    };
+    const Pair pairs[] = {
+        {{AR, F, 1000, k::CommAlgo::kOneShot, 0, 0, true},
+         {AR, F, 2000, k::CommAlgo::kOneShot, 0, 0, true}, "count (one-shot)"},
+        {{AR, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false},
+         {AG, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false}, "op (two-phase)"},
+        {{AR, F, 4096, k::CommAlgo::kOneShot, 0, 0, true},
+         {AR, F, 4096, k::CommAlgo::kTwoPhase, 0, 0, true}, "algorithm (one-shot vs two-phase)"},
+        {{RS, B, 300001, k::CommAlgo::kTwoPhasePush, 0, 0, false},
+         {RS, F, 300001, k::CommAlgo::kTwoPhasePush, 0, 0, false}, "dtype (push)"},
+    };
+    SymmetricConfig cfg;
+    cfg.data_bytes = 16 << 20;
+    cfg.timeout_ns = 10ull * 1000 * 1000 * 1000;
+    uint64_t id = 0;
+    for (const Pair& p : pairs) {
+      open(cfg);
+      const Case& c = r % 2 == 0 ? p.even : p.odd;
+      const Case& other = r % 2 == 0 ? p.odd : p.even;
+      upload(c, mix(seed ^ (0x313A + ++id)), static_cast<uint8_t*>(sm->data()));
+      g.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      CUDA_OK(k::launch_collective(sm->device(), args(c, out), stream));
+      CUDA_OK(cudaStreamSynchronize(stream));  // returns: no hang
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string msg;
+      bool threw = false;
+      try {
+        sm->raise_if_failed();
+      } catch (const Error& e) {
+        msg = e.what();
+        threw = e.kind() == ErrorKind::kCommunicator && msg.find("launch mismatch") != std::string::npos;
+      }
+      const k::CommErrorRecord rec = sm->error();
+      const std::string who = "rank " + std::to_string(r) + " mismatch " + p.what;
+      if (r < 2) std::printf("  %s after %.3f s: %s\n", who.c_str(), s, msg.c_str());
+      check(threw, who + ": Error(kCommunicator) 'launch mismatch' (got '" + msg + "')");
+      check(rec.code == k::kCommLaunchMismatch && rec.rank == static_cast<uint32_t>(r) &&
+                rec.peer < static_cast<uint32_t>(W) && rec.peer % 2 != static_cast<uint32_t>(r % 2) &&
+                rec.epoch == 1,
+            who + ": record names this rank, a peer of the other parity, launch 1 (code " +
+                std::to_string(rec.code) + " peer " + std::to_string(rec.peer) + " epoch " +
+                std::to_string(rec.epoch) + ")");
+      check(k::comm_sig_op(rec.launch_sig) == static_cast<uint32_t>(c.op) &&
+                k::comm_sig_size(rec.launch_sig) == static_cast<uint64_t>(c.count) &&
+                k::comm_sig_dtype(rec.launch_sig) == static_cast<uint32_t>(c.dtype) &&
+                k::comm_sig_algo(rec.launch_sig) == static_cast<uint32_t>(c.algo) &&
+                k::comm_sig_op(rec.observed) == static_cast<uint32_t>(other.op) &&
+                k::comm_sig_size(rec.observed) == static_cast<uint64_t>(other.count) &&
+                k::comm_sig_dtype(rec.observed) == static_cast<uint32_t>(other.dtype) &&
+                k::comm_sig_algo(rec.observed) == static_cast<uint32_t>(other.algo) &&
+                k::comm_sig_epoch8(rec.observed) == 1 && k::comm_sig_epoch8(rec.launch_sig) == 1,
+            who + ": record holds both launches' signatures");
+      check(s < 2.0, who + ": named after " + std::to_string(s) + " s (timeout 10 s)");
+      check(cudaGetLastError() == cudaSuccess, who + ": the CUDA context survives");
+    }
+    open(SymmetricConfig{});
+    run_case(Case{AR, B, 100003, k::CommAlgo::kAuto, 0, 0, false}, mix(seed ^ 0x313F));
   }
 
   // The last rank never launches: the others time out; then an abort; then a fresh memory.
@@ -462,6 +541,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
     R.graph(k::CommOp::kAllReduce, k::CommAlgo::kPipelined);
     R.late_rank();
     if (g.world > 1 && !g_new_only) R.dead_rank();
+    if (g.world > 1 && !g_new_only) R.mismatch();
   }
   R.sm.reset();
   cudaFree(R.out);
@@ -475,8 +555,10 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
 int main() {
   std::string reason;
   const int n = fusedcomm::testing::probe_peer_gpus(reason);
-  if (n < 2) {
-    std::printf("SKIP: gpu_collectives_test needs >= 2 Hopper GPUs with peer access: %s\n",
+  const int shared = fusedcomm::testing::shared_gpu_world();
+  if (n < 2 && !(n == 1 && shared > 0)) {
+    std::printf("SKIP: gpu_collectives_test needs >= 2 Hopper GPUs with peer access "
+                "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
                 n < 0 ? reason.c_str() : "only 1 GPU visible");
     return 77;
   }
@@ -491,6 +573,13 @@ int main() {
   if (n >= 4) {
     configs.push_back({{0, 1, 2, 3}, true});
     if (!g_new_only) configs.push_back({{1, 2, 3}, true});
+  }
+  if (shared > 0) {  // every rank on GPU 0 (time-sliced): see gpu_test_support.h
+    fusedcomm::testing::g_shared_gpu = true;
+    configs = {{{0}, false}};
+    for (int w = 2; w <= std::min(shared, k::kCommMaxRanks); ++w) {
+      configs.push_back({std::vector<int>(w, 0), true});
+    }
   }
   int failed = 0;
   for (const Config& c : configs) {

@@ -18,8 +18,14 @@
 //     reuse would show in the last outputs); CUDA-graph capture + 10 replays; one rank
 //     starting 200 ms late; a rank that never launches: the others time out (1 s) with an
 //     error record naming rank, peer, op and step, an abort stops a waiting launch, and a
-//     fresh SymmetricMemory on the same processes works.
-// Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible.
+//     fresh SymmetricMemory on the same processes works; launch mismatch: odd ranks launch
+//     another M / another op / the other algorithm than even ranks at the same epoch: every
+//     rank gets Error(kCommunicator) naming both launches (kCommLaunchMismatch, a peer of the
+//     other parity) within 3 s although the timeout is 10 s.
+// FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
+// protocol and numerics only; 24 back-to-back launches instead of 120).
+// Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible
+// (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
@@ -498,7 +504,7 @@ struct Rank {
   // decomposed / gemmReduceScatter decomposed in turn, each with its own inputs (the AG input
   // is rewritten into the data area on the stream before each of its launches) and outputs.
   void back_to_back() {
-    constexpr int kIters = 120;
+    const int kIters = fusedcomm::testing::shared_gpu_scale(120);
     const auto F = k::FusedAlgo::kFused, D = k::FusedAlgo::kDecomposed;
     const uint64_t rs_ws = 16 << 20;  // RS workspace above the AG input
     const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
@@ -521,7 +527,7 @@ struct Rank {
     }
     CUDA_OK(cudaStreamSynchronize(stream));
     sm->raise_if_failed();
-    const std::string who = "rank " + std::to_string(r) + " back-to-back x120 ";
+    const std::string who = "rank " + std::to_string(r) + " back-to-back x" + std::to_string(kIters) + " ";
     for (auto& o : ag) check(ag_verify(o, "b2b") == 0, who + o.c.name(W));
     for (auto& o : rs) {
       const bool ok = rs_verify(o, "b2b") == 0;
@@ -629,6 +635,88 @@ struct Rank {
     check(cudaGetLastError() == cudaSuccess, "the CUDA context survives a timeout");
   }
 
+  // Odd ranks launch something else than even ranks at the same epoch: another M (fused
+  // allGatherGemm on both), another op (allGatherGemm vs gemmReduceScatter, fused), the other
+  // algorithm (allGatherGemm fused vs decomposed). Every rank must get Error(kCommunicator)
+  // naming both launches long before the 10 s timeout.
+  void mismatch() {
+    SymmetricConfig cfg;
+    cfg.data_bytes = 32 << 20;
+    cfg.timeout_ns = 10ull * 1000 * 1000 * 1000;
+    const auto F = k::FusedAlgo::kFused, D = k::FusedAlgo::kDecomposed;
+    const auto NK = k::GemmLayoutB::kNK;
+    const bool odd = r % 2 == 1;
+    struct Launch {
+      bool ag;  // allGatherGemm, else gemmReduceScatter
+      int M;
+      k::FusedAlgo algo;
+    };
+    struct Pair {
+      Launch even, odd;
+      const char* what;
+    };
+    const Pair pairs[] = {
+        {{true, 2999, F}, {true, 1001, F}, "M (allGatherGemm fused)"},
+        {{true, 2999, F}, {false, 2999, F}, "op (allGatherGemm vs gemmReduceScatter)"},
+        {{true, 2999, F}, {true, 2999, D}, "algorithm (allGatherGemm fused vs decomposed)"},
+    };
+    uint64_t id = 0;
+    for (const Pair& p : pairs) {
+      open(cfg);
+      const Launch& mine = odd ? p.odd : p.even;
+      const Launch& theirs = odd ? p.even : p.odd;
+      std::unique_ptr<AgOperands> ag;
+      std::unique_ptr<RsOperands> rs;
+      if (mine.ag) {
+        ag = std::make_unique<AgOperands>(
+            ag_prepare({mine.M, 520, 1032, NK, mine.algo, false, 0}, mix(seed ^ (0x313A + ++id))));
+        ag_write_input(*ag, data());
+      } else {
+        rs = std::make_unique<RsOperands>(
+            rs_prepare({mine.M, 1032, 520, NK, mine.algo, 0}, mix(seed ^ (0x313A + ++id))));
+      }
+      CUDA_OK(cudaStreamSynchronize(stream));
+      g.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (ag) {
+        CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(*ag), stream));
+      } else {
+        CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), rs_args(*rs), stream));
+      }
+      CUDA_OK(cudaStreamSynchronize(stream));  // returns: no hang
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string msg;
+      bool threw = false;
+      try {
+        sm->raise_if_failed();
+      } catch (const Error& e) {
+        msg = e.what();
+        threw = e.kind() == ErrorKind::kCommunicator && msg.find("launch mismatch") != std::string::npos;
+      }
+      const k::CommErrorRecord rec = sm->error();
+      const std::string who = "rank " + std::to_string(r) + " mismatch " + p.what;
+      if (r < 2) std::printf("  %s after %.3f s: %s\n", who.c_str(), s, msg.c_str());
+      auto op_of = [](const Launch& l) {
+        return l.ag ? k::kFusedOpAllGatherGemm : k::kFusedOpGemmReduceScatter;
+      };
+      check(threw, who + ": Error(kCommunicator) 'launch mismatch' (got '" + msg + "')");
+      check(rec.code == k::kCommLaunchMismatch && rec.rank == static_cast<uint32_t>(r) &&
+                rec.peer < static_cast<uint32_t>(W) && rec.peer % 2 != static_cast<uint32_t>(r % 2) &&
+                rec.epoch == 1,
+            who + ": record names this rank, a peer of the other parity, launch 1 (code " +
+                std::to_string(rec.code) + " peer " + std::to_string(rec.peer) + " epoch " +
+                std::to_string(rec.epoch) + ")");
+      check(k::comm_sig_op(rec.launch_sig) == op_of(mine) &&
+                k::comm_sig_algo(rec.launch_sig) == static_cast<uint32_t>(mine.algo) &&
+                k::comm_sig_op(rec.observed) == op_of(theirs) &&
+                k::comm_sig_algo(rec.observed) == static_cast<uint32_t>(theirs.algo) &&
+                rec.launch_sig != rec.observed,
+            who + ": record holds both launches' signatures");
+      check(s < 3.0, who + ": named after " + std::to_string(s) + " s (timeout 10 s)");
+      check(cudaGetLastError() == cudaSuccess, who + ": the CUDA context survives");
+    }
+  }
+
   // The last rank never launches: the others time out; an abort; then a fresh memory works.
   void dead_rank() {
     SymmetricConfig cfg;
@@ -728,6 +816,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   lap("graph replay");
   R.late_rank();
   lap("late rank");
+  R.mismatch();
+  lap("launch mismatch");
   R.dead_rank();
   lap("dead rank + abort");
   R.sm.reset();
@@ -740,17 +830,21 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
 int main() {
   std::string reason;
   const int n = fusedcomm::testing::probe_peer_gpus(reason);
-  if (n < 2) {
-    std::printf("SKIP: gpu_fused_test needs >= 2 Hopper GPUs with peer access: %s\n",
+  const int shared = fusedcomm::testing::shared_gpu_world();
+  if (n < 2 && !(n == 1 && shared > 0)) {
+    std::printf("SKIP: gpu_fused_test needs >= 2 Hopper GPUs with peer access "
+                "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
                 n < 0 ? reason.c_str() : "only 1 GPU visible");
     return 77;
   }
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_fused_test", n);
+  fusedcomm::testing::g_shared_gpu = shared > 0;  // every rank on GPU 0 (time-sliced)
+  const int max_world = shared > 0 ? std::min(shared, k::kCommMaxRanks) : std::min(n, 4);
   int failed = 0;
-  for (int w = 2; w <= std::min(n, 4); ++w) {
+  for (int w = 2; w <= max_world; ++w) {
     std::vector<int> gpus;
-    for (int i = 0; i < w; ++i) gpus.push_back(i);
-    std::printf("== world %d\n", w);
+    for (int i = 0; i < w; ++i) gpus.push_back(shared > 0 ? 0 : i);
+    std::printf("== world %d%s\n", w, shared > 0 ? " (all ranks on GPU 0)" : "");
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const int f = fusedcomm::testing::run_processes(

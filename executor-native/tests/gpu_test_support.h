@@ -1,7 +1,14 @@
 // What the multi-process GPU tests (gpu_collectives_test, gpu_fused_test) share: the check
-// counters, CUDA_OK, the seed mixer and the run's seed, reopening the symmetric memory, and the
+// counters, CUDA_OK, the seed mixer and the run's seed, reopening the symmetric memory, the
 // GPU-count probe (the parent must not create a CUDA context before it forks its ranks, so the
-// probe runs in a child and reports back through a pipe).
+// probe runs in a child and reports back through a pipe), and the shared-GPU mode.
+//
+// Shared-GPU mode (FC_TEST_SHARED_GPU=<max world>, tests only): every rank runs on GPU 0, for
+// worlds 2..max. The ranks' processes then time-slice the GPU, so each flag hand-off waits for
+// a context switch: the protocol and the numerics are checked (the same code paths and checks
+// as on separate GPUs, minus NVLink), timings are meaningless, and the long loops are
+// shortened (shared_gpu_scale). For developing on a 1-GPU host; it never replaces a run on
+// several GPUs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +34,17 @@
   } while (0)
 
 namespace fusedcomm::testing {
+
+// Set by the test's main from FC_TEST_SHARED_GPU (see above); read by reopen().
+inline bool g_shared_gpu = false;
+// The max world of the shared-GPU mode (0: off).
+inline int shared_gpu_world() {
+  const char* s = std::getenv("FC_TEST_SHARED_GPU");
+  const int w = s ? std::atoi(s) : 0;
+  return w >= 2 ? w : 0;
+}
+// Iteration counts of long loops: n, or n / 5 (at least 1) in the shared-GPU mode.
+inline int shared_gpu_scale(int n) { return g_shared_gpu ? (n / 5 > 0 ? n / 5 : 1) : n; }
 
 // This rank's check counts; the first 20 failures are printed.
 inline int g_failed = 0, g_passed = 0;
@@ -63,7 +81,9 @@ inline void reopen(ProcessGroup& g, std::unique_ptr<SymmetricMemory>& sm,
     g.barrier();
     sm->close();
   }
-  sm = std::make_unique<SymmetricMemory>(g.rank, g.world, cfg);
+  SymmetricConfig c = cfg;
+  c.allow_shared_gpu = g_shared_gpu;
+  sm = std::make_unique<SymmetricMemory>(g.rank, g.world, c);
   sm->connect(g.all_gather(sm->export_handle()));
 }
 

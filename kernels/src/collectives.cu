@@ -302,6 +302,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
   const int64_t count = a.count;
   const int64_t n_r = split_count(count, W, r);
   int64_t b, e;
+  // CTA 0's ready flags are its first releases: its thread 0 publishes the signature first.
+  if (c == 0 && threadIdx.x == 0) comm_publish_signature(d, epoch);
 
   // 1. Push this CTA's part to every peer's slot [par][r].
   for (int i = 1; i < W; ++i) {
@@ -340,7 +342,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
   }
   // 3. Wait for every peer's CTA c, then combine from local staging.
   const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][c], kCommMaxOneShotCtas, epoch,
-                                  a.op, kCommStepReady);
+                                  a.op, kCommStepReady, c == 0);
   if (ok) {
     switch (a.op) {
       case CommOp::kAllReduce:
@@ -437,10 +439,11 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
   // Start barrier (ordering: CommFlags::arrive). Stream order makes this rank's input, written
   // by earlier work on the stream, precede the kernel; the fence publishes it at system scope.
   if (blockIdx.x == 0 && threadIdx.x == 0) {
+    comm_publish_signature(d, epoch);
     __threadfence_system();
     comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
   }
-  bool ok = comm_wait_peers(d, mine->arrive, 1, epoch, a.op, kCommStepArrive);
+  bool ok = comm_wait_peers(d, mine->arrive, 1, epoch, a.op, kCommStepArrive, blockIdx.x == 0);
 
   const int64_t n_r = split_count(count, W, r);
   if (ok) {
@@ -702,10 +705,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- producer c: start barrier (CommFlags::arrive), then rounds of chunks c + j * P.
     const int c = blockIdx.x;
     if (c == 0 && threadIdx.x == 0) {
+      comm_publish_signature(d, epoch);
       __threadfence_system();
       comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
     }
-    ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive);
+    ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive, c == 0);
     if (ok) {
       // RS / A2A push block p (<= n_0 long) to every peer p; AR / AG handle this rank's slice.
       const int rounds = rounds_of(nch(blocks ? n_0 : n_r), c);
@@ -987,7 +991,8 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
   return bytes <= limit ? CommAlgo::kOneShot : CommAlgo::kTwoPhase;
 }
 
-cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cudaStream_t stream) {
+cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cudaStream_t stream) {
+  CommDevice d = dev;  // the kernel's copy, with this launch's signature (below)
   if (d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 || d.rank >= d.world) {
     return cudaErrorInvalidValue;
   }
@@ -1004,6 +1009,10 @@ cudaError_t launch_collective(const CommDevice& d, const CollectiveArgs& a, cuda
   CommAlgo algo = collective_choose_algo(d, a);
   // kPipelined only changes allReduce (the only op with two phases).
   if (algo == CommAlgo::kPipelined && a.op != CommOp::kAllReduce) algo = CommAlgo::kTwoPhase;
+  if (d.launch_sig == 0) {
+    d.launch_sig = comm_launch_signature(static_cast<uint32_t>(a.op), static_cast<uint32_t>(a.dtype),
+                                         static_cast<uint32_t>(algo), static_cast<uint64_t>(a.count));
+  }
   const int sms = d.sm_count > 0 ? d.sm_count : 1;
   Params prm{a, 0, 0};
   if (algo == CommAlgo::kOneShot) {

@@ -406,12 +406,18 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 }
 
 // ---- allGatherGemm ------------------------------------------------------------------------------
-cudaError_t launch_all_gather_gemm(const CommDevice& d, const AgGemmArgs& a, cudaStream_t stream) {
-  if (!ag_args_ok(d, a)) return cudaErrorInvalidValue;
-  const int W = d.world;
+cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, cudaStream_t stream) {
+  if (!ag_args_ok(dev, a)) return cudaErrorInvalidValue;
+  const int W = dev.world;
   __nv_bfloat16* gathered =
-      a.gathered != nullptr ? a.gathered : reinterpret_cast<__nv_bfloat16*>(scratch_of(d));
-  const FusedAlgo algo = choose_ag(d, a);
+      a.gathered != nullptr ? a.gathered : reinterpret_cast<__nv_bfloat16*>(scratch_of(dev));
+  const FusedAlgo algo = choose_ag(dev, a);
+  // Both paths carry the op's signature (its collective too): the rank-uniform M, K, offset.
+  CommDevice d = dev;
+  d.launch_sig = comm_launch_signature(kFusedOpAllGatherGemm, static_cast<uint32_t>(CommDtype::kBF16),
+                                       static_cast<uint32_t>(algo),
+                                       comm_sig_hash(static_cast<uint64_t>(a.M),
+                                                     static_cast<uint64_t>(a.K), a.in_offset));
 
   if (algo == FusedAlgo::kDecomposed) {
     const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
@@ -477,12 +483,19 @@ cudaError_t launch_all_gather_gemm(const CommDevice& d, const AgGemmArgs& a, cud
 }
 
 // ---- gemmReduceScatter --------------------------------------------------------------------------
-cudaError_t launch_gemm_reduce_scatter(const CommDevice& d, const GemmRsArgs& a,
+cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& a,
                                        cudaStream_t stream) {
-  if (!rs_args_ok(d, a)) return cudaErrorInvalidValue;
+  if (!rs_args_ok(dev, a)) return cudaErrorInvalidValue;
+  const FusedAlgo algo = choose_rs(dev, a);
+  // Both paths carry the op's signature (its collective too): the rank-uniform M, N, offset.
+  CommDevice d = dev;
+  d.launch_sig = comm_launch_signature(kFusedOpGemmReduceScatter,
+                                       static_cast<uint32_t>(CommDtype::kBF16),
+                                       static_cast<uint32_t>(algo),
+                                       comm_sig_hash(static_cast<uint64_t>(a.M),
+                                                     static_cast<uint64_t>(a.N), a.ws_offset));
   const int W = d.world, r = d.rank;
   float* ws = reinterpret_cast<float*>(d.base[r] + d.data_offset + a.ws_offset);
-  const FusedAlgo algo = choose_rs(d, a);
 
   if (algo == FusedAlgo::kDecomposed) {
     const int64_t row_bytes = static_cast<int64_t>(a.N) * 4;

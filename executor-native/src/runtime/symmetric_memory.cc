@@ -3,7 +3,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+
+#include "fusedcomm/kernels/fused.h"
 
 #include "fusedcomm/runtime/errors.h"
 
@@ -13,7 +16,7 @@ namespace {
 namespace k = fusedcomm::kernels;
 
 constexpr uint32_t kBlobMagic = 0x46435331;  // "FCS1"
-constexpr uint32_t kBlobVersion = 1;
+constexpr uint32_t kBlobVersion = 2;  // 2: CommFlags::launch (launch signatures)
 constexpr uint64_t kPage = 4096;
 
 // Blob layout (little-endian host order; all ranks are on one host).
@@ -44,7 +47,52 @@ void check(cudaError_t e, const std::string& what) {
   }
 }
 
+const char* algo_name(uint32_t op, uint32_t algo) {
+  if (op >= k::kFusedOpAllGatherGemm) {
+    switch (static_cast<k::FusedAlgo>(algo)) {
+      case k::FusedAlgo::kFused: return "fused";
+      case k::FusedAlgo::kDecomposed: return "decomposed";
+      default: return "?";
+    }
+  }
+  switch (static_cast<k::CommAlgo>(algo)) {
+    case k::CommAlgo::kOneShot: return "one-shot";
+    case k::CommAlgo::kTwoPhase: return "two-phase";
+    case k::CommAlgo::kTwoPhasePush: return "two-phase push";
+    case k::CommAlgo::kPipelined: return "pipelined";
+    default: return "?";
+  }
+}
+
 }  // namespace
+
+std::string describe_launch(uint64_t sig) {
+  const uint32_t op = k::comm_sig_op(sig), algo = k::comm_sig_algo(sig);
+  const char* dtype = k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::CommDtype::kBF16) ? "bf16" : "fp32";
+  char buf[160];
+  if (op >= k::kFusedOpAllGatherGemm) {
+    std::snprintf(buf, sizeof buf, "%s (%s, %s, sizes #%011llx)", k::fused_op_name(op), dtype,
+                  algo_name(op, algo), static_cast<unsigned long long>(k::comm_sig_size(sig)));
+  } else {
+    std::snprintf(buf, sizeof buf, "%s (%s, %llu elements, %s)", k::fused_op_name(op), dtype,
+                  static_cast<unsigned long long>(k::comm_sig_size(sig)), algo_name(op, algo));
+  }
+  return buf;
+}
+
+std::string launch_mismatch_message(const k::CommErrorRecord& r) {
+  const bool same_op = k::comm_sig_op(r.launch_sig) == k::comm_sig_op(r.observed);
+  const bool fused = k::comm_sig_op(r.launch_sig) >= k::kFusedOpAllGatherGemm;
+  std::string hint = "every rank must launch the same ops in the same order with the same sizes";
+  if (same_op && fused) {
+    hint = "the ranks disagree on the sizes every rank must share (M and K for allGatherGemm, "
+           "M and N for gemmReduceScatter) or on the algorithm";
+  }
+  return "launch mismatch at launch " + std::to_string(r.epoch) + ": rank " +
+         std::to_string(r.rank) + " launched " + describe_launch(r.launch_sig) + " but rank " +
+         std::to_string(r.peer) + " launched " + describe_launch(r.observed) + "; " + hint +
+         "; this symmetric memory must be closed and rebuilt";
+}
 
 // ---- SymmetricRegion ----------------------------------------------------------------------
 
@@ -197,15 +245,17 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     int ordinal = -1;
     if (cudaDeviceGetByPCIBusId(&ordinal, link.pci_bus_id.c_str()) == cudaSuccess) {
       link.local_ordinal = ordinal;
-      int can = 0;
-      check(cudaDeviceCanAccessPeer(&can, device, ordinal), "cudaDeviceCanAccessPeer");
+      int can = 1;  // a GPU reaches its own memory (the tests' shared-GPU mode)
+      if (ordinal != device) {
+        check(cudaDeviceCanAccessPeer(&can, device, ordinal), "cudaDeviceCanAccessPeer");
+      }
       link.can_access = can;
-      if (ordinal == device) {
+      if (ordinal == device && !region_->config().allow_shared_gpu) {
         fail(ErrorKind::kUnavailable, "symmetric memory: ranks " + std::to_string(rank_) + " and " +
                                           std::to_string(p) + " use the same GPU " +
                                           link.pci_bus_id + "; give each executor its own GPU");
       }
-      if (!can) {
+      if (!can && ordinal != device) {
         fail(ErrorKind::kUnavailable, "symmetric memory: GPU " + bus_id + " (rank " +
                                           std::to_string(rank_) + ") cannot access peer GPU " +
                                           link.pci_bus_id + " (rank " + std::to_string(p) +
@@ -260,10 +310,11 @@ void SymmetricMemory::raise_if_failed() {
   const k::CommErrorRecord r = error();
   if (r.code == k::kGemmOk) return;
   failed_ = true;
+  if (r.code == k::kCommLaunchMismatch) fail(ErrorKind::kCommunicator, launch_mismatch_message(r));
   const std::string where =
-      "rank " + std::to_string(r.rank) + " " + k::comm_op_name(r.op) + " (epoch " +
+      "rank " + std::to_string(r.rank) + " " + k::fused_op_name(r.op) + " (epoch " +
       std::to_string(r.epoch) + ") waiting for peer " + std::to_string(r.peer) + " at step " +
-      k::comm_step_name(r.step) + ", CTA " + std::to_string(r.cta) + ", observed " +
+      k::fused_step_name(r.step) + ", CTA " + std::to_string(r.cta) + ", observed " +
       std::to_string(r.observed) + " after " + std::to_string(r.elapsed_ns / 1000000) + " ms";
   if (r.code == k::kGemmAborted) fail(ErrorKind::kCommunicator, "collective aborted: " + where);
   fail(ErrorKind::kTimeout, "collective timed out: " + where +

@@ -52,7 +52,17 @@ struct SymmetricConfig {
   // Staging is sized for this many ranks (0: the world). A pooled region uses kCommMaxRanks so
   // that communicators of any world size can reuse it. Must match on every rank.
   int max_world = 0;
+  // Tests only: let ranks share one GPU (their processes' kernels then time-slice the GPU, so
+  // waits are slow and timings meaningless; protocol and correctness tests run on a 1-GPU
+  // host). Off: connect() refuses two ranks on one GPU, as the product must.
+  bool allow_shared_gpu = false;
 };
+
+// "allReduce (bf16, 4096 elements, one-shot)" / "allGatherGemm (fused, sizes #1a2b...)": what a
+// launch signature (kernels/collectives.h) says, for error messages.
+std::string describe_launch(uint64_t signature);
+// The message SymmetricMemory::raise_if_failed gives for a kCommLaunchMismatch record.
+std::string launch_mismatch_message(const kernels::CommErrorRecord& record);
 
 // One process's device region (layout in kernels/collectives.h), its CUDA IPC handle and the
 // host-mapped control page (abort word + error record). Allocated on the current device.
@@ -133,8 +143,8 @@ class SymmetricMemory {
 
   // The host-mapped error record (read after a stream sync; zero code: no failure).
   kernels::CommErrorRecord error() const;
-  // Throws Error(kTimeout) (or kCommunicator for an abort) naming rank, peer, op, step and
-  // epoch if a launch gave up; marks this object failed.
+  // Throws Error(kTimeout) (or kCommunicator for an abort or a launch mismatch) naming rank,
+  // peer, op, step and epoch if a launch gave up; marks this object failed.
   void raise_if_failed();
   bool failed() const { return failed_; }
 

@@ -88,6 +88,18 @@
 //   The kernel then exits normally (no trap): the stream stays usable, the outputs are
 //   incomplete, and this CommDevice's flags are inconsistent: the host must discard it and
 //   build a fresh symmetric memory (SymmetricMemory::raise_if_failed throws kTimeout).
+// - Launch signatures: a launch whose op, dtype, size or algorithm differs from a peer's launch
+//   of the same epoch is reported, naming both launches, instead of moving the wrong bytes or
+//   hanging until the timeout. Each launch carries a 64-bit signature (comm_launch_signature:
+//   op, dtype, resolved algorithm, count; fused ops: a hash of their rank-uniform sizes),
+//   which one thread stores into every peer's CommFlags::launch slot before that thread's
+//   first release of the launch (ordering beside CommFlags::launch). Checks: (1) the CTA that
+//   observes a peer's first flag of the launch compares the peer's slot with its own signature
+//   (one local load per peer); (2) a wait that has not succeeded compares the awaited peer's
+//   slot at each slow check (every 20 us), so a peer stuck in a different op's protocol is
+//   named within microseconds, not after the timeout. A mismatch records kCommLaunchMismatch
+//   (the peer's signature in CommErrorRecord::observed, this launch's in ::launch_sig); the
+//   host throws Error(kCommunicator) describing both launches.
 // - The launch is asynchronous; the return value reports argument and launch errors only.
 #pragma once
 
@@ -134,6 +146,44 @@ enum CommStep : uint32_t {
                          // the awaited (epoch << kCommPipeRoundBits) | round)
 };
 
+// CommErrorRecord::code beyond GemmErrorCode (kGemmWaitTimeout, kGemmAborted): a peer's launch
+// of this epoch has a different signature (see "Launch signatures" above).
+inline constexpr uint32_t kCommLaunchMismatch = 3;
+
+// ---- launch signatures ----------------------------------------------------------------------
+// 64 bits: [63:56] epoch & 0xFF (which launch; set on the device), [55:53] zero, [52:50] the
+// resolved algorithm (CommAlgo, or FusedAlgo for the fused ops), [49:48] dtype (CommDtype),
+// [47:43] op (CommOp 1-4, fused.h's kFusedOp* 16-17), [42:0] size: the element count for the
+// collectives (counts are < 2^43 since they fit a data area), a hash of the rank-uniform sizes
+// for the fused ops. Two launches match iff their signatures are equal.
+inline constexpr int kSigSizeBits = 43;
+inline constexpr uint64_t kSigSizeMask = (uint64_t{1} << kSigSizeBits) - 1;
+inline constexpr uint64_t kSigBodyMask = (uint64_t{1} << 56) - 1;  // everything but the epoch
+
+__host__ __device__ constexpr uint64_t comm_launch_signature(uint32_t op, uint32_t dtype,
+                                                             uint32_t algo, uint64_t size) {
+  return (uint64_t{algo & 7u} << 50) | (uint64_t{dtype & 3u} << 48) |
+         (uint64_t{op & 31u} << 43) | (size & kSigSizeMask);
+}
+__host__ __device__ constexpr uint64_t comm_signature_at(uint64_t body, uint64_t epoch) {
+  return (body & kSigBodyMask) | ((epoch & 0xFF) << 56);
+}
+__host__ __device__ constexpr uint32_t comm_sig_epoch8(uint64_t sig) { return uint32_t(sig >> 56); }
+__host__ __device__ constexpr uint32_t comm_sig_algo(uint64_t sig) { return uint32_t(sig >> 50) & 7u; }
+__host__ __device__ constexpr uint32_t comm_sig_dtype(uint64_t sig) { return uint32_t(sig >> 48) & 3u; }
+__host__ __device__ constexpr uint32_t comm_sig_op(uint64_t sig) { return uint32_t(sig >> 43) & 31u; }
+__host__ __device__ constexpr uint64_t comm_sig_size(uint64_t sig) { return sig & kSigSizeMask; }
+// A 43-bit hash of sizes that must agree across ranks (the fused ops' M, K or N, offsets).
+__host__ __device__ constexpr uint64_t comm_sig_hash(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  const uint64_t v[3] = {a, b, c};
+  for (uint64_t x : v) {
+    h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 31)) * 0xBF58476D1CE4E5B9ull;
+  }
+  return (h ^ (h >> 29)) & kSigSizeMask;
+}
+
 // Flags of one rank's region. Written ONLY by peers (and by this rank for itself where noted),
 // read by this rank with ld.acquire.sys. Values are epochs; `>= epoch` means "done for this
 // launch"; monotone, never reset (a fresh region is zeroed once at allocation).
@@ -169,9 +219,20 @@ struct alignas(64) CommFlags {
   // e - 1. Scratch reuse: a producer writes a peer's scratch in launch e only after that peer's
   // arrive >= e, i.e. after the peer's launch e - 1 (which read it) completed.
   uint64_t pipe[kCommMaxRanks][kCommMaxPipeCtas];
+  // launch[p][e & 1] = comm_signature_at(p's signature, e): what rank p launched as its launch
+  // e. Writer: the one thread of p's launch e that does its first release (CTA 0 thread 0 of a
+  // collective, before arrive / ready; the first communication CTA of a fused op, before
+  // arrive (allGatherGemm) or its role's done chain (gemmReduceScatter)), with st.relaxed.sys
+  // (single-copy atomic: the slow check may read it at any time). Ordering: program order puts
+  // it before that thread's fence.sc.sys and release, so whoever acquires that flag (>= e)
+  // observes it; since p cannot start launch e + 2 before this rank has started launch e + 1
+  // (the one-shot slot-reuse argument), slot e & 1 then holds exactly launch e's signature.
+  // Unordered reads (the slow check) see e's value, an older one (epoch byte differs: no
+  // verdict) or nothing new; never a newer launch's, for the same reason.
+  uint64_t launch[kCommMaxRanks][2];
 };
 static_assert(sizeof(CommFlags) == 8 * (3 * kCommMaxRanks + kCommMaxRanks * kCommMaxOneShotCtas +
-                                        kCommMaxRanks * kCommMaxPipeCtas),
+                                        kCommMaxRanks * kCommMaxPipeCtas + 2 * kCommMaxRanks),
               "CommFlags layout is shared between ranks");
 static_assert(sizeof(CommFlags) <= kCommControlOffset, "flags overlap the control block");
 
@@ -189,17 +250,19 @@ static_assert(sizeof(CommControl) == 64, "CommControl layout");
 // Host-visible error record (host-mapped pinned memory). Zeroed by the host; the first CTA
 // that gives up fills it (fields first, then code, then a system fence).
 struct alignas(16) CommErrorRecord {
-  uint32_t code;        // GemmErrorCode: kGemmWaitTimeout or kGemmAborted; 0: no error
+  uint32_t code;        // kGemmWaitTimeout, kGemmAborted or kCommLaunchMismatch; 0: no error
   uint32_t rank;        // this rank
-  uint32_t peer;        // the rank whose flag was awaited
-  uint32_t op;          // CommOp
-  uint32_t step;        // CommStep
+  uint32_t peer;        // the rank whose flag was awaited (mismatch: whose launch differs)
+  uint32_t op;          // CommOp (or fused.h's kFusedOp*)
+  uint32_t step;        // CommStep (or fused.h's kFusedStep*)
   uint32_t cta;         // blockIdx.x of the waiting CTA
-  uint64_t epoch;       // the awaited value
-  uint64_t observed;    // last value read from the flag
+  uint64_t epoch;       // the awaited value (mismatch: the launch's epoch)
+  uint64_t observed;    // last value read from the flag (mismatch: the peer's signature)
   uint64_t elapsed_ns;  // %globaltimer time spent waiting
+  uint64_t launch_sig;  // this launch's signature (with its epoch byte)
+  uint64_t reserved;
 };
-static_assert(sizeof(CommErrorRecord) == 48, "CommErrorRecord layout is shared with the host");
+static_assert(sizeof(CommErrorRecord) == 64, "CommErrorRecord layout is shared with the host");
 
 // The device handle: everything a collective kernel needs, by value (trivially copyable).
 struct CommDevice {
@@ -215,8 +278,13 @@ struct CommDevice {
   int32_t world;  // 1..kCommMaxRanks
   int32_t sm_count;
   int32_t reserved;
+  // This launch's signature without its epoch byte (comm_launch_signature). The launchers set
+  // it in the copy they pass to the kernel; callers leave it 0. (A fused op's decomposed path
+  // sets it so that its collective carries the fused op's signature: launch_collective keeps a
+  // non-zero value.)
+  uint64_t launch_sig;
 };
-static_assert(sizeof(CommDevice) == 8 * kCommMaxRanks + 7 * 8 + 16, "device-handle layout");
+static_assert(sizeof(CommDevice) == 8 * kCommMaxRanks + 8 * 8 + 16, "device-handle layout");
 
 struct CollectiveArgs {
   CommOp op = CommOp::kAllReduce;

@@ -14,6 +14,12 @@
 //   CTA's fenced stores precede its own flag release (fence-fence synchronisation through the
 //   counter's modification order). The last CTA resets the counter (no other CTA of this launch
 //   touches it again; the next launch is stream-ordered after this one).
+// - Launch signatures (CommFlags::launch): the publishing thread stores its signature into every
+//   peer's slot before its first fence.sc.sys + release of the launch; a thread that has
+//   acquired a flag released after that (>= epoch) compares the slot (comm_check_signatures).
+//   The bounded wait compares the awaited peer's slot at each slow check without ordering
+//   (st/ld.relaxed.sys: single-copy atomic), so it can only see this launch's value or an older
+//   one, whose epoch byte differs and gives no verdict.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,13 +43,83 @@ __device__ __forceinline__ uint8_t* comm_slot(const CommDevice& d, int owner, ui
   return d.base[owner] + kCommStagingOffset + (parity * d.world + src) * d.slot_bytes;
 }
 
+// The launch's epoch in this CTA's shared memory (one slot per CTA: a function-scope __shared__
+// variable is a single per-block object however often the function is inlined). Written once
+// by comm_launch_epoch; read by the bounded waits for the signature check.
+__device__ __forceinline__ uint64_t& comm_epoch_slot() {
+  __shared__ uint64_t s_epoch;
+  return s_epoch;
+}
+
 // Every CTA calls this first (all threads): the launch's epoch, broadcast through shared memory.
 // CommControl::epoch was last written by the previous launch's last CTA (kernel boundary).
 __device__ __forceinline__ uint64_t comm_launch_epoch(const CommDevice& d) {
-  __shared__ uint64_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) + 1;
+  if (threadIdx.x == 0) {
+    comm_epoch_slot() = *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) + 1;
+  }
   __syncthreads();
-  return s_epoch;
+  return comm_epoch_slot();
+}
+
+// One thread: this launch's signature into every peer's CommFlags::launch slot (see the ordering
+// there: call it before the thread's first fence.sc.sys + release of the launch).
+__device__ __forceinline__ void comm_publish_signature(const CommDevice& d, uint64_t epoch) {
+  const uint64_t sig = comm_signature_at(d.launch_sig, epoch);
+  for (int i = 1; i < d.world; ++i) {
+    const int p = (d.rank + i) % d.world;
+    st_relaxed_sys(&reinterpret_cast<CommFlags*>(d.base[p])->launch[d.rank][epoch & 1], sig);
+  }
+}
+
+// Rank `peer`'s signature for the launch `epoch` as far as this rank can see it (local load).
+__device__ __forceinline__ uint64_t comm_peer_signature(const CommDevice& d, int peer,
+                                                        uint64_t epoch) {
+  return ld_relaxed_sys(&reinterpret_cast<const CommFlags*>(d.base[d.rank])->launch[peer][epoch & 1]);
+}
+
+// One thread: claims the error record (first failure of this rank only) and fills it.
+__device__ __forceinline__ void comm_record_failure(const CommDevice& d, uint32_t code,
+                                                    uint64_t epoch, uint64_t observed,
+                                                    uint64_t elapsed, uint32_t op, uint32_t step,
+                                                    int peer) {
+  if (atomicCAS(&comm_control(d)->error_claim, 0u, code) != 0u) return;
+  volatile CommErrorRecord* e = d.error;
+  e->rank = static_cast<uint32_t>(d.rank);
+  e->peer = static_cast<uint32_t>(peer);
+  e->op = op;
+  e->step = step;
+  e->cta = blockIdx.x;
+  e->epoch = epoch;
+  e->observed = observed;
+  e->elapsed_ns = elapsed;
+  e->launch_sig = comm_signature_at(d.launch_sig, comm_epoch_slot());
+  __threadfence_system();
+  e->code = code;
+  __threadfence_system();
+}
+
+// True if `peer`'s slot proves that its launch `epoch` differs from this one (slot of this
+// epoch, other signature); false if it matches or holds an older launch (no verdict yet).
+__device__ __forceinline__ bool comm_signature_differs(const CommDevice& d, int peer,
+                                                       uint64_t epoch, uint64_t* seen) {
+  *seen = comm_peer_signature(d, peer, epoch);
+  return comm_sig_epoch8(*seen) == (epoch & 0xFF) && *seen != comm_signature_at(d.launch_sig, epoch);
+}
+
+// One thread, after it acquired a flag that each peer released after publishing its signature
+// for `epoch`: false (and the error record filled) if some peer launched something else.
+__device__ __forceinline__ bool comm_check_signatures(const CommDevice& d, uint64_t epoch,
+                                                      uint32_t op, uint32_t step) {
+  for (int i = 1; i < d.world; ++i) {
+    const int p = (d.rank + i) % d.world;
+    uint64_t seen;
+    if (comm_signature_differs(d, p, epoch, &seen) ||
+        comm_sig_epoch8(seen) != (epoch & 0xFF)) {  // ordered read: must be this launch's
+      comm_record_failure(d, kCommLaunchMismatch, epoch, seen, 0, op, step, p);
+      return false;
+    }
+  }
+  return true;
 }
 
 __device__ __forceinline__ bool comm_failed(const CommDevice& d) {
@@ -83,26 +159,24 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
         next_check = now + kCommSlowCheckNs;
         uint32_t code = 0;
         const uint64_t elapsed = now - t0;
+        const uint64_t launch_epoch = comm_epoch_slot();
+        uint64_t seen = 0;
         if (d.abort_word != nullptr && ld_volatile_u32(d.abort_word) != 0) {
           code = kGemmAborted;
+        } else if (!local && peer != d.rank &&
+                   comm_signature_differs(d, peer, launch_epoch, &seen)) {
+          // The peer is in a different op (or size) at this epoch: say so now, not at the
+          // timeout (its flag may never come). Not for local flags: a CTA of this GPU raises
+          // them, and the CTA that waits for the peer behind them makes the check (this also
+          // keeps the check out of the GEMM producer's 40-register wait).
+          code = kCommLaunchMismatch;
         } else if (elapsed > timeout) {
           code = kGemmWaitTimeout;
         }
         if (code != 0) {
-          if (atomicCAS(&comm_control(d)->error_claim, 0u, code) == 0u) {
-            volatile CommErrorRecord* e = d.error;
-            e->rank = static_cast<uint32_t>(d.rank);
-            e->peer = static_cast<uint32_t>(peer);
-            e->op = op;
-            e->step = step;
-            e->cta = blockIdx.x;
-            e->epoch = epoch;
-            e->observed = v;
-            e->elapsed_ns = elapsed;
-            __threadfence_system();
-            e->code = code;
-            __threadfence_system();
-          }
+          const bool mismatch = code == kCommLaunchMismatch;
+          comm_record_failure(d, code, mismatch ? launch_epoch : epoch, mismatch ? seen : v,
+                              elapsed, op, step, peer);
           return false;
         }
       }
@@ -121,10 +195,11 @@ inline __device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const ui
 
 // All threads of a CTA: thread 0 waits for flags[p] >= epoch for every peer p != rank (flags
 // indexed by source rank with `stride` uint64 between sources); returns false (to every
-// thread) if a wait gave up.
+// thread) if a wait gave up. check_signatures: the flags are each peer's first release of the
+// launch, after its signature (CommFlags::launch): compare them too.
 __device__ __forceinline__ bool comm_wait_peers(const CommDevice& d, const uint64_t* flags,
                                                 int stride, uint64_t epoch, CommOp op,
-                                                uint32_t step) {
+                                                uint32_t step, bool check_signatures = false) {
   __shared__ int s_ok;
   if (threadIdx.x == 0) {
     int ok = 1;
@@ -133,6 +208,7 @@ __device__ __forceinline__ bool comm_wait_peers(const CommDevice& d, const uint6
       ok = comm_wait_flag(d, flags + static_cast<int64_t>(p) * stride, epoch,
                           static_cast<uint32_t>(op), step, p);
     }
+    if (ok && check_signatures) ok = comm_check_signatures(d, epoch, static_cast<uint32_t>(op), step);
     s_ok = ok;
   }
   __syncthreads();

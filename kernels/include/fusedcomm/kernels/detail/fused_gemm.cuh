@@ -119,6 +119,7 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   // Start barrier, signal side (ordering: CommFlags::arrive): stream order puts this rank's
   // input before the kernel; the fence publishes it at system scope.
   if (j == 0 && threadIdx.x == 0 && W > 1) {
+    comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
     __threadfence_system();
     comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
   }
@@ -417,6 +418,11 @@ __device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch, i
   const int64_t own_off = split_offset(p.M, W, r), own_end = own_off + split_count(p.M, W, r);
   FusedFlags* ff = fused_flags(d, r);
   __shared__ int s_ok;
+  // The signature (CommFlags::launch): before this CTA's fence.sc.sys in fused_role_done, which
+  // the last reducing CTA's release of the done flags follows (the counter chain), so a peer's
+  // fused_finish that acquires them may compare it; published first so that a peer stuck in
+  // another op's wait sees it at once.
+  if (j == 0 && threadIdx.x == 0) comm_publish_signature(d, epoch);
   const int groups = (mb + p.group_m - 1) / p.group_m;
   const int per_group = p.group_m / p.mg;
   int ordinal = 0;

@@ -137,6 +137,15 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// Relaxed at system scope: single-copy atomic, no ordering (launch signatures, CommFlags::launch).
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 // GPU scope, for flags that a CTA of this GPU writes and another reads (polls of these are
 // much cheaper for the rest of the GPU than .sys ones; see bench/fused/NOTES.md, run 4).
 __device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
