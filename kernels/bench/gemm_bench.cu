@@ -5,8 +5,9 @@
 //
 //   gemm_bench <shapes.txt> [warmup=10] [iters=50]
 //
-// shapes.txt: one shape per line, "<op> <M> <N> <K> <nk|kn> [tile_n]" (op is a free label, e.g.
-// the layer name). Inputs are uniform random bf16 in [-1, 1) (never zeros: see METHOD.md).
+// shapes.txt: one shape per line, "<op> <M> <N> <K> <nk|kn> [tile_n] [f32]" (op is a free
+// label, e.g. the layer name; f32: C in fp32, else bf16). Inputs are uniform random bf16 in
+// [-1, 1) (never zeros: see METHOD.md).
 #include "fusedcomm/kernels/gemm.h"
 
 #include <cuda_bf16.h>
@@ -86,15 +87,23 @@ int main(int argc, char** argv) {
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ss(line);
-    std::string op, layout;
+    std::string op, layout, tok;
     int M, N, K, tile_n = 0;
+    bool c_f32 = false;
     ss >> op >> M >> N >> K >> layout;
-    if (!(ss >> tile_n)) tile_n = 0;
+    while (ss >> tok) {
+      if (tok == "f32") {
+        c_f32 = true;
+      } else {
+        tile_n = std::atoi(tok.c_str());
+      }
+    }
     const bool kn = layout == "kn";
-    __nv_bfloat16 *A, *B, *C;
+    __nv_bfloat16 *A, *B;
+    void* C;
     CHECK_CUDA(cudaMalloc(&A, size_t(M) * K * 2));
     CHECK_CUDA(cudaMalloc(&B, size_t(N) * K * 2));
-    CHECK_CUDA(cudaMalloc(&C, size_t(M) * N * 2));
+    CHECK_CUDA(cudaMalloc(&C, size_t(M) * N * (c_f32 ? 4 : 2)));
     fill_uniform<<<1024, 256>>>(A, size_t(M) * K, 1);
     fill_uniform<<<1024, 256>>>(B, size_t(N) * K, 2);
     CHECK_CUDA(cudaGetLastError());
@@ -109,6 +118,7 @@ int main(int argc, char** argv) {
     a.N = N;
     a.K = K;
     a.b_layout = kn ? GemmLayoutB::kKN : GemmLayoutB::kNK;
+    a.c_type = c_f32 ? GemmOutType::kF32 : GemmOutType::kBF16;
     a.tile_n = tile_n;
     for (int i = 0; i < warmup; ++i) CHECK_CUDA(launch_gemm(a, nullptr));
     // One event pair per launch, no sync in between: the queue stays full, so host launch
@@ -136,9 +146,10 @@ int main(int argc, char** argv) {
     const GemmTileGrid g = gemm_tile_grid(M, N, tile_n, 0);
     std::printf(
         "{\"op\": \"%s\", \"impl\": \"fusedcomm\", \"M\": %d, \"N\": %d, \"K\": %d, "
-        "\"layout\": \"%s\", \"dtype\": \"bf16\", \"tile_n\": %d, \"ms_median\": %.5f, "
-        "\"ms_min\": %.5f, \"tflops\": %.1f, \"device\": \"%s\"}\n",
-        op.c_str(), M, N, K, layout.c_str(), g.tile_n, med, ms[0], tflops, prop.name);
+        "\"layout\": \"%s\", \"dtype\": \"bf16\", \"c_dtype\": \"%s\", \"tile_n\": %d, "
+        "\"ms_median\": %.5f, \"ms_min\": %.5f, \"tflops\": %.1f, \"device\": \"%s\"}\n",
+        op.c_str(), M, N, K, layout.c_str(), c_f32 ? "f32" : "bf16", g.tile_n, med, ms[0], tflops,
+        prop.name);
     std::fflush(stdout);
     CHECK_CUDA(cudaFree(A));
     CHECK_CUDA(cudaFree(B));

@@ -535,6 +535,10 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
   if (plan.tile_n != p.tile_n) return cudaErrorInvalidValue;  // cannot happen: forced above
+  // RsEpilogue stores the partial itself, from registers: its stores must be complete before
+  // the chunk's counter and flag (FusedFlags::rs_ready), which an asynchronous TMA store of C
+  // would not be. No TMA store of C.
+  plan.prob.c_tma = 0;
   p.dev = d;
   p.out = a.out;
   p.ws_offset = a.ws_offset;

@@ -30,17 +30,18 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A row-major bf16 matrix of `rows` × `cols` (row stride ld elements) read in boxes of
-// box_rows × box_cols, 128-byte swizzled (box_cols * 2 == 128).
+// A row-major bf16 (or fp32) matrix of `rows` × `cols` (row stride ld elements) read or
+// written in boxes of box_rows × box_cols, 128-byte swizzled (box_cols * element size == 128).
 bool encode_2d(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, int64_t ld,
-               uint32_t box_rows, uint32_t box_cols) {
+               uint32_t box_rows, uint32_t box_cols, bool f32 = false) {
   auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * (f32 ? 4 : 2)};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+  return encode(map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                const_cast<void*>(base), dims, strides,
                 box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -157,12 +158,15 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
                        : encode_2d(&plan->tb, a.B, a.N, a.K, a.ldb, g.tile_n, detail::kTileK);
   if (!ok_b) return cudaErrorInvalidValue;
 
-  // bf16 C goes through shared memory and TMA stores (full-line writes, asynchronous) unless
-  // tile flags must order it, in which case the register path stores it before the release.
+  // C goes through shared memory and TMA stores (full-line writes, asynchronous) unless tile
+  // flags must order it, in which case the register path stores it before the release.
   plan->tc = CUtensorMap{};
-  const bool c_tma = a.C != nullptr && a.c_type == GemmOutType::kBF16 && s.tile_flags == nullptr;
-  if (c_tma && !encode_2d(&plan->tc, a.C, a.M, a.N, a.ldc, 64, 64)) return cudaErrorInvalidValue;
-  prob.c_tma = c_tma ? 1 : 0;
+  const bool c_tma = a.C != nullptr && s.tile_flags == nullptr;
+  const bool f32 = a.c_type == GemmOutType::kF32;
+  if (c_tma && !encode_2d(&plan->tc, a.C, a.M, a.N, a.ldc, 64, f32 ? 32 : 64, f32)) {
+    return cudaErrorInvalidValue;
+  }
+  prob.c_tma = !c_tma ? 0 : f32 ? detail::kCTmaF32 : detail::kCTmaBF16;
 
   detail::DefaultEpilogue& epi = plan->epi;
   epi = detail::DefaultEpilogue{};

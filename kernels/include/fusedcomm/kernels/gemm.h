@@ -18,7 +18,8 @@
 //   `group_m` M-blocks, each group swept along N, so concurrently running CTAs share A and B
 //   panels in L2. One producer warp per CTA loads 64-deep K slices of A and B with TMA into a
 //   multi-stage shared-memory ring guarded by mbarriers; two consumer warpgroups run wgmma and
-//   store their 64×BN halves of the tile straight from registers.
+//   store their 64×BN halves of the tile: C (bf16 or fp32) through shared memory and TMA
+//   stores, or from registers when tile flags must order the stores (hook 2) and for the sink.
 // - The launch is asynchronous on `stream`; the return value reports argument errors
 //   (cudaErrorInvalidValue) and launch errors only. Hook failures are reported in the error
 //   record (below), which the caller reads after synchronising the stream.

@@ -18,8 +18,9 @@
 //   [A ring]  kStages × 128×64 bf16 (16 KiB each; rows of 128 B, TMA SWIZZLE_128B)
 //   [B ring]  kStages × BN×64 bf16; kNK: BN rows of 128 B (K-major, like A);
 //             kKN: BN/64 slabs of 64 K-rows × 128 B (64 N-elements), 8 KiB each (N-major)
-//   [staging] 2 × 16 KiB: per consumer warpgroup, 64 rows × 128 columns of bf16 C as two
-//             64×64 boxes (128-B swizzled rows) for the TMA store of C (c_tma)
+//   [staging] 2 × 16 KiB: per consumer warpgroup, for the TMA store of C (c_tma): 64 rows ×
+//             128 columns of bf16 C as two 64×64 boxes, or 64 rows × 64 columns of fp32 C as
+//             two 64×32 boxes (128-B swizzled rows either way)
 //   [full]    kStages × mbarrier: 1 arrival (producer, expect_tx = stage bytes) + TMA bytes
 //   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp)
 //   [status]  kStages × u32, written by the producer before it arms a tile's first stage:
@@ -67,9 +68,13 @@ struct GemmProblem {
   int num_tiles;      // m_blocks * n_blocks
   int group_m;        // raster group height in M-blocks (>= 1)
   int m_block_start;  // rotation of the M-blocks, in [0, m_blocks)
-  int c_tma;          // 1: the engine stores C (bf16) itself through smem + TMA (tm_c)
+  int c_tma;          // the engine stores C itself through smem + TMA (tm_c): kCTmaBF16 /
+                      // kCTmaF32; 0: C (if any) goes through the epilogue's register path
   GemmWaitConfig wait;
 };
+
+inline constexpr int kCTmaBF16 = 1;
+inline constexpr int kCTmaF32 = 2;
 
 struct TileCoord {
   int m, n;  // block indices
@@ -261,42 +266,56 @@ struct DefaultEpilogue {
 };
 
 // ---- C through shared memory and TMA ------------------------------------------------------
-// One consumer warpgroup writes its 64×BN bf16 fragment to its staging buffer, 128 columns at a
-// time (two 64×64 boxes with 128-B swizzled rows: 16-byte chunk c of row r sits at chunk
-// c ^ (r % 8), so the warp's 4-byte writes hit 32 distinct banks), and one thread issues the
-// TMA stores, which clip at M and N. Before a buffer is rewritten, the previous stores must
-// have read it (bulk wait_group.read), published to the warpgroup by its named barrier.
-template <int BN, int kFrag>
+// One consumer warpgroup writes its 64×BN fragment to its 16 KiB staging buffer one round at a
+// time, as two boxes of 64 rows × 128 bytes with 128-B swizzled rows (16-byte chunk c of row r
+// sits at chunk c ^ (r % 8)): bf16 C 128 columns per round (two 64×64 boxes; the warp's 4-byte
+// writes hit 32 distinct banks), fp32 C 64 columns per round (two 64×32 boxes; 8-byte writes,
+// two wavefronts per warp instruction, the minimum for 256 bytes). One thread issues the TMA
+// stores, which clip at M and N. Before the buffer is rewritten, the previous round's stores
+// must have read it (bulk wait_group.read), published to the warpgroup by its named barrier.
+template <int BN, bool kF32, int kFrag>
 __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
                                             const CUtensorMap* tm_c, TileCoord tc, int cw,
                                             bool rows_in) {
+  constexpr int kColsPerRound = kF32 ? 64 : 128;  // two boxes of 128-byte rows
+  constexpr int kJPerRound = kColsPerRound / 8;   // 8-column groups j of the fragment
+  constexpr int kJPerBox = kJPerRound / 2;
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
   const uint32_t base = smem_u32(stage_buf);
   const int r_lo = warp * 16 + lane / 4;
-  const uint32_t q4 = 4 * (lane % 4);
+  const uint32_t q = static_cast<uint32_t>(lane % 4);
   const uint32_t bar_id = 2 + cw;
 #pragma unroll
-  for (int h = 0; h < BN / 128; ++h) {
+  for (int h = 0; h < BN / kColsPerRound; ++h) {
     if (t == 0) bulk_wait_read_all();
     named_barrier_sync(bar_id, 128);
 #pragma unroll
-    for (int jj = 0; jj < 16; ++jj) {
-      const int j = h * 16 + jj;
-      const uint32_t box = base + (jj / 8) * 8192;
-      const uint32_t chunk = static_cast<uint32_t>(((jj % 8) ^ (r_lo % 8)) << 4);
-      __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
-      __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-      st_shared_u32(box + r_lo * 128 + chunk + q4, *reinterpret_cast<uint32_t*>(&lo));
-      st_shared_u32(box + (r_lo + 8) * 128 + chunk + q4, *reinterpret_cast<uint32_t*>(&hi));
+    for (int jj = 0; jj < kJPerRound; ++jj) {
+      const int j = h * kJPerRound + jj;
+      const uint32_t box = base + (jj / kJPerBox) * 8192;
+      if constexpr (kF32) {
+        // Columns 8*(jj%4) + 2q, +1 of the box: chunk 2*(jj%4) + q/2, byte 8*(q%2) in it.
+        const uint32_t c = 2 * (jj % kJPerBox) + q / 2, off = 8 * (q % 2);
+        st_shared_f32x2(box + r_lo * 128 + ((c ^ (r_lo % 8)) << 4) + off, acc[4 * j + 0],
+                        acc[4 * j + 1]);
+        st_shared_f32x2(box + (r_lo + 8) * 128 + ((c ^ ((r_lo + 8) % 8)) << 4) + off,
+                        acc[4 * j + 2], acc[4 * j + 3]);
+      } else {
+        const uint32_t chunk = static_cast<uint32_t>(((jj % 8) ^ (r_lo % 8)) << 4);
+        __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
+        __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+        st_shared_u32(box + r_lo * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&lo));
+        st_shared_u32(box + (r_lo + 8) * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&hi));
+      }
     }
     fence_proxy_async_shared();
     named_barrier_sync(bar_id, 128);
     if (t == 0 && rows_in) {
       const int row = tc.m * kTileM + cw * 64;
-      const int col = tc.n * BN + h * 128;
+      const int col = tc.n * BN + h * kColsPerRound;
       tma_store_2d(tm_c, stage_buf, col, row);
-      tma_store_2d(tm_c, stage_buf + 8192, col + 64, row);
+      tma_store_2d(tm_c, stage_buf + 8192, col + kColsPerRound / 2, row);
       bulk_commit();
     }
   }
@@ -502,7 +521,11 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       if (lane == 0) mbar_arrive(&empty[prev]);
 
       const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
-      if (prob.c_tma) store_c_tma<BN>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+      if (prob.c_tma == kCTmaBF16) {
+        store_c_tma<BN, false>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+      } else if (prob.c_tma == kCTmaF32) {
+        store_c_tma<BN, true>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+      }
       if (rows_in) {
         const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
         const int col0 = tc.n * BN + 2 * (lane % 4);

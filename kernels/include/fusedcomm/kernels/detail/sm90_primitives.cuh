@@ -83,6 +83,9 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
 
 // ---- wgmma ----------------------------------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() {
