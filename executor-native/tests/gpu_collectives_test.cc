@@ -2,7 +2,8 @@
 // forked process per GPU, handles exchanged through pipes (process_group.h).
 //   worlds: 1; 2 (GPUs 0,1); 3 (GPUs 0,1,2) and 4 when there are 4 GPUs; 3 on GPUs 1,2,3.
 //   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3) x {auto,
-//     one-shot, two-phase, two-phase push, pipelined}, plus the chunk-pipelined variants with
+//     one-shot, two-phase, two-phase push, pipelined}, fp32 reduceScatter with bf16 output
+//     (out_bf16; auto, one-shot, two-phase) and its refusal elsewhere, plus the chunk-pipelined variants with
 //     few producers and small chunks (many rounds, consumers covering several producers),
 //     misaligned input offsets and outputs; fresh random inputs per run
 //     (seed printed, FC_TEST_SEED=<n> replays), outputs poisoned (0xFF = NaN) first, every
@@ -112,7 +113,10 @@ struct Case {
   bool ints;
   int num_ctas = 0;         // CollectiveArgs::num_ctas
   int64_t chunk_bytes = 0;  // CollectiveArgs::chunk_bytes
+  bool out_bf16 = false;    // CollectiveArgs::out_bf16 (reduceScatter of fp32 only)
 };
+
+k::CommDtype out_dtype(const Case& c) { return c.out_bf16 ? k::CommDtype::kBF16 : c.dtype; }
 
 bool g_new_only = false;  // FC_TEST_NEW_ALGOS=1
 bool is_new_algo(k::CommAlgo a) {
@@ -125,7 +129,8 @@ std::string name(const Case& c) {
          " algo=" + std::to_string(static_cast<int>(c.algo)) + " in_off=" +
          std::to_string(c.in_offset) + " out_off=" + std::to_string(c.out_offset) +
          (c.num_ctas ? " ctas=" + std::to_string(c.num_ctas) : std::string()) +
-         (c.chunk_bytes ? " chunk=" + std::to_string(c.chunk_bytes) : std::string());
+         (c.chunk_bytes ? " chunk=" + std::to_string(c.chunk_bytes) : std::string()) +
+         (c.out_bf16 ? " out=bf16" : "");
 }
 
 // Host input of rank r for a case.
@@ -138,7 +143,8 @@ std::vector<float> make_input(const Case& c, uint64_t key, int W, int r) {
 
 // Checks rank r's downloaded output of a case against the fp64 reference. Returns mismatches.
 int64_t verify(const Case& c, uint64_t key, int W, int r, const uint8_t* got) {
-  const bool bf = c.dtype == k::CommDtype::kBF16;
+  const bool bf = c.dtype == k::CommDtype::kBF16;                // inputs
+  const bool bf_out = out_dtype(c) == k::CommDtype::kBF16;       // output (rounding tolerance)
   const int64_t n_out = k::collective_output_count(c.op, c.count, W, r);
   int64_t bad = 0;
   auto exact = [&](int64_t i, float ref) {
@@ -159,8 +165,8 @@ int64_t verify(const Case& c, uint64_t key, int W, int r, const uint8_t* got) {
       mag += std::fabs(x);
     }
     const double acc = 2.0 * W * 0x1p-24 * mag;
-    const double tol = acc + (bf ? 0x1p-8 : 1e-6) * (std::fabs(ref) + acc);
-    const double g = from_bytes(got, c.dtype, i);
+    const double tol = acc + (bf_out ? 0x1p-8 : 1e-6) * (std::fabs(ref) + acc);
+    const double g = from_bytes(got, out_dtype(c), i);
     if (!(std::fabs(g - ref) <= tol) && bad++ < 3) {
       std::fprintf(stderr, "  rank %d %s: out[%lld] = %.8g, expected %.8g (tol %.3g)\n", r,
                    name(c).c_str(), static_cast<long long>(i), g, ref, tol);
@@ -223,13 +229,14 @@ struct Rank {
     a.algo = c.algo;
     a.num_ctas = c.num_ctas;
     a.chunk_bytes = c.chunk_bytes;
+    a.out_bf16 = c.out_bf16;
     return a;
   }
 
   // One case, synchronously: upload, poison, launch, sync, check.
   void run_case(const Case& c, uint64_t key) {
     upload(c, key, static_cast<uint8_t*>(sm->data()) + c.in_offset);
-    const size_t out_bytes = k::collective_output_count(c.op, c.count, W, r) * esize(c.dtype);
+    const size_t out_bytes = k::collective_output_count(c.op, c.count, W, r) * esize(out_dtype(c));
     CUDA_OK(cudaMemsetAsync(out, 0xFF, out_bytes + c.out_offset + 64, stream));
     g.barrier();  // inputs everywhere are ready before anyone could read them twice... (not
                   // needed by the protocol; keeps cases from overlapping in the log)
@@ -245,6 +252,13 @@ struct Rank {
   }
 
   void correctness() {
+    // out_bf16 is refused (before any launch) outside fp32 reduceScatter one-shot / two-phase.
+    for (const Case& c : {Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0, true},
+                          Case{k::CommOp::kReduceScatter, k::CommDtype::kBF16, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0, true},
+                          Case{k::CommOp::kReduceScatter, k::CommDtype::kF32, 1000, k::CommAlgo::kTwoPhasePush, 0, 0, false, 0, 0, true}}) {
+      check(k::launch_collective(sm->device(), args(c, out), stream) == cudaErrorInvalidValue,
+            "rank " + std::to_string(r) + " refuses " + name(c));
+    }
     const int64_t counts[] = {0, 1, 7, 8L * W - 1, 1000, 4099, 65536, 131075, 300001, 2000003};
     uint64_t case_id = 0;
     for (k::CommOp op : {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter,
@@ -262,6 +276,24 @@ struct Rank {
               if (payload > static_cast<int64_t>(sm->device().slot_bytes)) continue;
             }
             run_case(c, mix(seed ^ case_id));
+          }
+        }
+        // reduceScatter of fp32 partials written as bf16 (the decomposed gemmReduceScatter's
+        // path): the vector path, and the scalar one where out_offset leaves the output only
+        // 4-byte aligned.
+        if (op == k::CommOp::kReduceScatter && dt == k::CommDtype::kF32) {
+          for (int64_t n : counts) {
+            for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase}) {
+              ++case_id;
+              if (g_new_only) continue;
+              Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u,
+                     false, 0, 0, true};
+              if (algo == k::CommAlgo::kOneShot && W > 1 &&
+                  split_count(n, W, 0) * 4 > static_cast<int64_t>(sm->device().slot_bytes)) {
+                continue;
+              }
+              run_case(c, mix(seed ^ case_id));
+            }
           }
         }
         // Chunk-pipelined variants with few producers and small chunks: many rounds per

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/detail/comm_protocol.cuh"
@@ -145,6 +146,30 @@ __device__ void cta_copy(T* dst, const T* src, int64_t n) {
   for (int64_t i = done + tid; i < n; i += nt) o[i] = __ldcg(s + i);
 }
 
+// Where a reduction's sums go, one vector of kVecBytes / sizeof(T) elements at a time: vector i
+// of dst in the output type Out (T: 16 bytes; bf16 from fp32 sums: 8 bytes, each sum rounded
+// once), and, if dst2 is set, vector i of dst2 in T (allReduce's scratch copy).
+template <typename T, typename Out>
+struct VecOut {
+  static_assert(std::is_same_v<T, Out>, "only fp32 sums may be stored as bf16");
+  static constexpr int64_t kAlign = kVecBytes;
+  template <int kEpv>
+  __device__ static void put(Out* dst, T* dst2, int64_t i, const float (&acc)[kEpv]) {
+    const uint4 packed = Elem<T>::pack(acc);
+    reinterpret_cast<uint4*>(dst)[i] = packed;
+    if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[i] = packed;
+  }
+};
+template <>
+struct VecOut<float, __nv_bfloat16> {
+  static constexpr int64_t kAlign = 8;
+  __device__ static void put(__nv_bfloat16* dst, float* dst2, int64_t i, const float (&acc)[4]) {
+    reinterpret_cast<uint2*>(dst)[i] = make_uint2(Elem<__nv_bfloat16>::pack2(acc[0], acc[1]),
+                                                  Elem<__nv_bfloat16>::pack2(acc[2], acc[3]));
+    if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[i] = Elem<float>::pack(acc);
+  }
+};
+
 // Vector part of cta_reduce with the source count NS known at compile time: kRedUnroll
 // vectors per source per thread are loaded before the first add, so a thread keeps
 // NS * kRedUnroll independent 16-byte loads in flight (NVLink reads need many).
@@ -152,8 +177,8 @@ __device__ void cta_copy(T* dst, const T* src, int64_t n) {
 #define FC_RED_UNROLL 2
 #endif
 constexpr int kTwoPhaseRedUnroll = FC_RED_UNROLL;
-template <typename T, int NS, int kRedUnroll>
-__device__ __forceinline__ void cta_reduce_vec(uint4* dst, uint4* dst2, const T* const* src,
+template <typename T, typename Out, int NS, int kRedUnroll>
+__device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const* src,
                                                int64_t nv) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
@@ -174,9 +199,7 @@ __device__ __forceinline__ void cta_reduce_vec(uint4* dst, uint4* dst2, const T*
       for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
 #pragma unroll
       for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[u][k]);
-      const uint4 packed = Elem<T>::pack(acc);
-      dst[i + u * nt] = packed;
-      if (dst2 != nullptr) dst2[i + u * nt] = packed;
+      VecOut<T, Out>::put(dst, dst2, i + u * nt, acc);
     }
   }
   for (; i < nv; i += nt) {
@@ -188,55 +211,59 @@ __device__ __forceinline__ void cta_reduce_vec(uint4* dst, uint4* dst2, const T*
     for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
 #pragma unroll
     for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[k]);
-    const uint4 packed = Elem<T>::pack(acc);
-    dst[i] = packed;
-    if (dst2 != nullptr) dst2[i] = packed;
+    VecOut<T, Out>::put(dst, dst2, i, acc);
   }
 }
 
-// dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order.
+// True when the vector paths may run: every source 16-byte aligned, dst aligned for Out's
+// vectors, dst2 (if set) 16-byte aligned.
+template <typename T, typename Out>
+__device__ __forceinline__ bool reduce_vectorizable(const Out* dst, const T* dst2,
+                                                    const T* const* src, int nsrc) {
+  bool vec = (reinterpret_cast<uintptr_t>(dst) & (VecOut<T, Out>::kAlign - 1)) == 0 &&
+             (dst2 == nullptr || aligned16(dst2));
+  for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
+  return vec;
+}
+
+// dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order,
+// stored as Out in dst (T, or bf16 from fp32 inputs) and as T in dst2.
 // U: vectors per source in flight per thread (used by the two-phase kernel).
-template <typename T, int U>
-__device__ void cta_reduce(T* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
+template <typename T, int U, typename Out = T>
+__device__ void cta_reduce(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
-  bool vec = aligned16(dst) && (dst2 == nullptr || aligned16(dst2));
-  for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
   int64_t done = 0;
-  if (vec) {
+  if (reduce_vectorizable(dst, dst2, src, nsrc)) {
     const int64_t nv = n / kEpv;
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    uint4* d2 = reinterpret_cast<uint4*>(dst2);
     switch (nsrc) {
-      case 1: cta_reduce_vec<T, 1, U>(d, d2, src, nv); break;
-      case 2: cta_reduce_vec<T, 2, U>(d, d2, src, nv); break;
-      case 3: cta_reduce_vec<T, 3, U>(d, d2, src, nv); break;
-      case 4: cta_reduce_vec<T, 4, U>(d, d2, src, nv); break;
-      case 5: cta_reduce_vec<T, 5, U>(d, d2, src, nv); break;
-      case 6: cta_reduce_vec<T, 6, U>(d, d2, src, nv); break;
-      case 7: cta_reduce_vec<T, 7, U>(d, d2, src, nv); break;
-      default: cta_reduce_vec<T, 8, U>(d, d2, src, nv); break;
+      case 1: cta_reduce_vec<T, Out, 1, U>(dst, dst2, src, nv); break;
+      case 2: cta_reduce_vec<T, Out, 2, U>(dst, dst2, src, nv); break;
+      case 3: cta_reduce_vec<T, Out, 3, U>(dst, dst2, src, nv); break;
+      case 4: cta_reduce_vec<T, Out, 4, U>(dst, dst2, src, nv); break;
+      case 5: cta_reduce_vec<T, Out, 5, U>(dst, dst2, src, nv); break;
+      case 6: cta_reduce_vec<T, Out, 6, U>(dst, dst2, src, nv); break;
+      case 7: cta_reduce_vec<T, Out, 7, U>(dst, dst2, src, nv); break;
+      default: cta_reduce_vec<T, Out, 8, U>(dst, dst2, src, nv); break;
     }
     done = nv * kEpv;
   }
   for (int64_t i = done + tid; i < n; i += nt) {
     float acc = 0.f;
     for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
-    Elem<T>::store(dst + i, acc);
+    Elem<Out>::store(dst + i, acc);
     if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
   }
 }
 
 // One-shot's reduction (local staging, small parts): one vector per source in flight, the source
 // count a run-time value. Same result as cta_reduce.
-template <typename T>
-__device__ void cta_reduce_small(T* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
+template <typename T, typename Out = T>
+__device__ void cta_reduce_small(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
-  bool vec = aligned16(dst) && (dst2 == nullptr || aligned16(dst2));
-  for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
   int64_t done = 0;
-  if (vec) {
+  if (reduce_vectorizable(dst, dst2, src, nsrc)) {
     const int64_t nv = n / kEpv;
     for (int64_t i = tid; i < nv; i += nt) {
       uint4 v[kCommMaxRanks];
@@ -249,16 +276,14 @@ __device__ void cta_reduce_small(T* dst, T* dst2, const T* const* src, int nsrc,
 #pragma unroll
       for (int s = 0; s < kCommMaxRanks; ++s)
         if (s < nsrc) Elem<T>::add_vec(acc, v[s]);
-      const uint4 packed = Elem<T>::pack(acc);
-      reinterpret_cast<uint4*>(dst)[i] = packed;
-      if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[i] = packed;
+      VecOut<T, Out>::put(dst, dst2, i, acc);
     }
     done = nv * kEpv;
   }
   for (int64_t i = done + tid; i < n; i += nt) {
     float acc = 0.f;
     for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
-    Elem<T>::store(dst + i, acc);
+    Elem<Out>::store(dst + i, acc);
     if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
   }
 }
@@ -290,7 +315,8 @@ __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoc
 }
 
 // ---- one-shot: push, one flag per (source, CTA), reduce/copy from local staging -------------
-template <typename T>
+// Out: the reductions' output type (T, or bf16 for fp32 reduceScatter with out_bf16).
+template <typename T, typename Out = T>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
   constexpr int kEpv = kVecBytes / sizeof(T);
@@ -354,7 +380,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params
         for (int p = 0; p < W; ++p) {
           srcs[p] = (p == r ? (ar ? in : in + split_offset(count, W, r)) : slot_of<T>(d, r, par, p)) + b;
         }
-        cta_reduce_small<T>(out + b, nullptr, srcs, W, e - b);
+        cta_reduce_small<T, Out>(static_cast<Out*>(a.output) + b, nullptr, srcs, W, e - b);
         break;
       }
       case CommOp::kAllGather:
@@ -427,7 +453,7 @@ __device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_l
 #endif
 constexpr int kTwoPhaseCtasPerSm = FC_TP_CTAS_PER_SM;  // resident by the launch bounds
 
-template <typename T>
+template <typename T, typename Out = T>  // Out: as one_shot_kernel
 __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
   const uint64_t epoch = comm_launch_epoch(d);
@@ -471,12 +497,13 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
         const bool ar = a.op == CommOp::kAllReduce;
         const int64_t off_r = split_offset(count, W, r);
         T* scratch_r = reinterpret_cast<T*>(d.base[r] + d.scratch_offset) + off_r;
-        T* dst = ar ? out + off_r : out;
+        Out* dst = static_cast<Out*>(a.output) + (ar ? off_r : 0);
         for (int64_t b = blockIdx.x * chunk; b < n_r; b += gridDim.x * chunk) {
           const int64_t e = min(b + chunk, n_r);
           const T* srcs[kCommMaxRanks];
           for (int p = 0; p < W; ++p) srcs[p] = data_of<T>(d, a, p) + off_r + b;
-          cta_reduce<T, kTwoPhaseRedUnroll>(dst + b, ar ? scratch_r + b : nullptr, srcs, W, e - b);
+          cta_reduce<T, kTwoPhaseRedUnroll, Out>(dst + b, ar ? scratch_r + b : nullptr, srcs, W,
+                                                 e - b);
         }
         if (!ar) break;
         // Grid barrier + publish (ordering: CommFlags::phase).
@@ -1009,6 +1036,10 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
   CommAlgo algo = collective_choose_algo(d, a);
   // kPipelined only changes allReduce (the only op with two phases).
   if (algo == CommAlgo::kPipelined && a.op != CommOp::kAllReduce) algo = CommAlgo::kTwoPhase;
+  if (a.out_bf16 && (a.op != CommOp::kReduceScatter || a.dtype != CommDtype::kF32 ||
+                     (algo != CommAlgo::kOneShot && algo != CommAlgo::kTwoPhase))) {
+    return cudaErrorInvalidValue;
+  }
   if (d.launch_sig == 0) {
     d.launch_sig = comm_launch_signature(static_cast<uint32_t>(a.op), static_cast<uint32_t>(a.dtype),
                                          static_cast<uint32_t>(algo), static_cast<uint64_t>(a.count));
@@ -1026,6 +1057,8 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     grid = std::clamp(grid, 1, std::min(kCommMaxOneShotCtas, sms));
     if (a.dtype == CommDtype::kBF16) {
       one_shot_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
+    } else if (a.out_bf16) {
+      one_shot_kernel<float, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
     } else {
       one_shot_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
     }
@@ -1061,6 +1094,8 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     }
     if (a.dtype == CommDtype::kBF16) {
       two_phase_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
+    } else if (a.out_bf16) {
+      two_phase_kernel<float, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
     } else {
       two_phase_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
     }

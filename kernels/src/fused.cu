@@ -255,30 +255,6 @@ cudaError_t launch_rs_instance(const detail::GemmPlan& plan, const RsParams& p,
                                p.gemm_ctas + p.red_ctas, stream, p);
 }
 
-__global__ void f32_to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t n) {
-  // n is a multiple of 4 and both pointers are 16 / 8-byte aligned (fused.h contract).
-  const int64_t nv = n / 4;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nv;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(in)[i];
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-    reinterpret_cast<uint2*>(out)[i] = packed;
-  }
-}
-
-cudaError_t f32_to_bf16(const float* in, __nv_bfloat16* out, int64_t n, int sms,
-                        cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const int64_t blocks = std::min<int64_t>(ceil_div(n / 4, 256), 4 * sms);
-  f32_to_bf16_kernel<<<static_cast<unsigned>(std::max<int64_t>(1, blocks)), 256, 0, stream>>>(
-      in, out, n);
-  return cudaGetLastError();
-}
-
 // Rows [0, W*ceil) of a "padded" layout (block p of ceil rows at p*ceil, rank p's
 // split_count rows first in it) <-> the compact layout (rank p's rows at split_offset).
 // Ranks p < M%W have ceil rows at the same offset in both: one copy; the rest one each.
@@ -514,14 +490,20 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
         return e;
       }
     }
+    // The fp32 sums are rounded to bf16 by the collective itself (out_bf16). Its block holds
+    // ceil(M/W) rows; with W dividing M that is exactly this rank's output, else the block goes
+    // to the scratch area and its first split_count rows (the real ones) are copied out.
     CollectiveArgs c;
     c.op = CommOp::kReduceScatter;
     c.dtype = CommDtype::kF32;
+    c.out_bf16 = true;
     c.count = W * ceil_div(a.M, W) * a.N;
     c.in_offset = a.ws_offset;
-    c.output = scratch;  // this rank's block, fp32 (its first split_count rows are real)
+    c.output = even ? static_cast<void*>(a.out) : static_cast<void*>(scratch);
     if (cudaError_t e = launch_collective(d, c, stream); e != cudaSuccess) return e;
-    return f32_to_bf16(scratch, a.out, split_count(a.M, W, r) * a.N, device_sms(d), stream);
+    if (even) return cudaSuccess;
+    return cudaMemcpyAsync(a.out, scratch, split_count(a.M, W, r) * a.N * 2,
+                           cudaMemcpyDeviceToDevice, stream);
   }
   if (algo != FusedAlgo::kFused) return cudaErrorInvalidValue;
 

@@ -297,6 +297,11 @@ struct CollectiveArgs {
                            // producer CTAs (consumers derived), at most kCommMaxPipeCtas
   int64_t chunk_bytes = 0; // kTwoPhasePush / kPipelined: target bytes per producer chunk
                            // (0: about 64 KiB); same value on every rank. Ignored otherwise.
+  // reduceScatter of fp32 input only (one-shot or two-phase, e.g. kAuto): write the output in
+  // bf16, each fp32 sum rounded once (what the fused ops' decomposed gemmReduceScatter needs;
+  // saves a conversion pass). `output` then holds bf16 elements. A local choice: ranks may
+  // differ. cudaErrorInvalidValue with another op, dtype or algorithm.
+  bool out_bf16 = false;
 };
 
 // Elements of the output of `op` on rank `rank` (see the size rules).

@@ -47,9 +47,10 @@
 //       CTAs [G, G+R) of the owner wait for a chunk's W flags and PULL the W partials (one
 //       local, W-1 over NVLink), sum and store their rows of the output while the GEMM goes on.
 //   kDecomposed: launch_gemm and launch_collective, stream-ordered (allGather then GEMM; GEMM
-//     to the data area then reduceScatter then an fp32 -> bf16 pass). When W does not divide M
-//     the collective moves W equal blocks of ceil(M/W) rows (its element split would cut rows),
-//     plus one copy to pack or unpack the padded layout.
+//     in fp32 to the data area then a reduceScatter of the fp32 partials that writes the
+//     bf16-rounded sums: CollectiveArgs::out_bf16). When W does not divide M the collective
+//     moves W equal blocks of ceil(M/W) rows (its element split would cut rows), plus one copy
+//     to pack or unpack the padded layout.
 //   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
 //     allGatherGemm fused at W = 2 when M >= 2048 and M*K*2 >= kAgFusedMinBytes (8 MiB), else decomposed
 //     (W >= 3 not measured yet); gemmReduceScatter decomposed (fused wins only at large K_r,
