@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "process_group.h"
 
@@ -85,6 +86,36 @@ inline void reopen(ProcessGroup& g, std::unique_ptr<SymmetricMemory>& sm,
   c.allow_shared_gpu = g_shared_gpu;
   sm = std::make_unique<SymmetricMemory>(g.rank, g.world, c);
   sm->connect(g.all_gather(sm->export_handle()));
+}
+
+// After a launch on which odd and even ranks disagree (the tests' "launch mismatch" sections),
+// `seconds` after it was enqueued and synchronised: checks that raise_if_failed threw
+// Error(kCommunicator) "launch mismatch", that the record names this rank, a peer of the other
+// parity and launch 1, and that it came within limit_s (well before the timeout). Returns the
+// record for the caller's checks of the two signatures.
+inline kernels::CommErrorRecord expect_launch_mismatch(SymmetricMemory& sm, int rank, int world,
+                                                       const std::string& who, double seconds,
+                                                       double limit_s) {
+  std::string msg;
+  bool threw = false;
+  try {
+    sm.raise_if_failed();
+  } catch (const Error& e) {
+    msg = e.what();
+    threw = e.kind() == ErrorKind::kCommunicator && msg.find("launch mismatch") != std::string::npos;
+  }
+  const kernels::CommErrorRecord rec = sm.error();
+  if (rank < 2) std::printf("  %s after %.3f s: %s\n", who.c_str(), seconds, msg.c_str());
+  check(threw, who + ": Error(kCommunicator) 'launch mismatch' (got '" + msg + "')");
+  check(rec.code == kernels::kCommLaunchMismatch && rec.rank == static_cast<uint32_t>(rank) &&
+            rec.peer < static_cast<uint32_t>(world) && rec.peer % 2 != static_cast<uint32_t>(rank % 2) &&
+            rec.epoch == 1,
+        who + ": record names this rank, a peer of the other parity, launch 1 (code " +
+            std::to_string(rec.code) + " peer " + std::to_string(rec.peer) + " epoch " +
+            std::to_string(rec.epoch) + ")");
+  check(seconds < limit_s, who + ": named after " + std::to_string(seconds) + " s");
+  check(cudaGetLastError() == cudaSuccess, who + ": the CUDA context survives");
+  return rec;
 }
 
 // Number of Hopper GPUs, all with peer access to each other; -1 with the reason otherwise.
