@@ -255,7 +255,7 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
                                           std::to_string(p) + " use the same GPU " +
                                           link.pci_bus_id + "; give each executor its own GPU");
       }
-      if (!can && ordinal != device) {
+      if (!can) {
         fail(ErrorKind::kUnavailable, "symmetric memory: GPU " + bus_id + " (rank " +
                                           std::to_string(rank_) + ") cannot access peer GPU " +
                                           link.pci_bus_id + " (rank " + std::to_string(p) +

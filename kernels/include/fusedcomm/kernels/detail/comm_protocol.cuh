@@ -110,11 +110,13 @@ __device__ __forceinline__ bool comm_signature_differs(const CommDevice& d, int 
 // for `epoch`: false (and the error record filled) if some peer launched something else.
 __device__ __forceinline__ bool comm_check_signatures(const CommDevice& d, uint64_t epoch,
                                                       uint32_t op, uint32_t step) {
+  const uint64_t mine = comm_signature_at(d.launch_sig, epoch);
   for (int i = 1; i < d.world; ++i) {
     const int p = (d.rank + i) % d.world;
-    uint64_t seen;
-    if (comm_signature_differs(d, p, epoch, &seen) ||
-        comm_sig_epoch8(seen) != (epoch & 0xFF)) {  // ordered read: must be this launch's
+    // An ordered read: the slot holds p's launch `epoch`, epoch byte included, so anything but
+    // this launch's exact signature is a mismatch.
+    const uint64_t seen = comm_peer_signature(d, p, epoch);
+    if (seen != mine) {
       comm_record_failure(d, kCommLaunchMismatch, epoch, seen, 0, op, step, p);
       return false;
     }

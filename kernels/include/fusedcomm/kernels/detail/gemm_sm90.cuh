@@ -284,6 +284,7 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
   const int warp = t / 32, lane = t % 32;
   const uint32_t base = smem_u32(stage_buf);
   const int r_lo = warp * 16 + lane / 4;
+  const uint32_t sw = static_cast<uint32_t>(r_lo % 8);  // the swizzle of rows r_lo and r_lo + 8
   const uint32_t q = static_cast<uint32_t>(lane % 4);
   const uint32_t bar_id = 2 + cw;
 #pragma unroll
@@ -296,13 +297,11 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
       const uint32_t box = base + (jj / kJPerBox) * 8192;
       if constexpr (kF32) {
         // Columns 8*(jj%4) + 2q, +1 of the box: chunk 2*(jj%4) + q/2, byte 8*(q%2) in it.
-        const uint32_t c = 2 * (jj % kJPerBox) + q / 2, off = 8 * (q % 2);
-        st_shared_f32x2(box + r_lo * 128 + ((c ^ (r_lo % 8)) << 4) + off, acc[4 * j + 0],
-                        acc[4 * j + 1]);
-        st_shared_f32x2(box + (r_lo + 8) * 128 + ((c ^ ((r_lo + 8) % 8)) << 4) + off,
-                        acc[4 * j + 2], acc[4 * j + 3]);
+        const uint32_t chunk = ((2 * (jj % kJPerBox) + q / 2) ^ sw) << 4, off = 8 * (q % 2);
+        st_shared_f32x2(box + r_lo * 128 + chunk + off, acc[4 * j + 0], acc[4 * j + 1]);
+        st_shared_f32x2(box + (r_lo + 8) * 128 + chunk + off, acc[4 * j + 2], acc[4 * j + 3]);
       } else {
-        const uint32_t chunk = static_cast<uint32_t>(((jj % 8) ^ (r_lo % 8)) << 4);
+        const uint32_t chunk = ((jj % 8) ^ sw) << 4;
         __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
         __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
         st_shared_u32(box + r_lo * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&lo));
