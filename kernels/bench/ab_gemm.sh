@@ -2,8 +2,9 @@
 # A/B timing of two gemm_bench builds (say, before and after an engine change) on one shapes
 # file, in the same device call, alternating rounds so that clock and temperature drift hit
 # both builds alike:
-#   kernels/bench/ab_gemm.sh <dirA> <dirB> <shapes.txt> [rounds=3] [iters=50]
-# <dir> holds a gemm_bench (kernels/bench/build_gemm.sh <dir>). Writes $OUT/ab_gemm.jsonl (every
+#   kernels/bench/ab_gemm.sh <dirA>[@cluster] <dirB>[@cluster] <shapes.txt> [rounds=3] [iters=50]
+# <dir> holds a gemm_bench (kernels/bench/build_gemm.sh <dir>); @cluster passes GemmArgs::cluster
+# (0 chosen, 1 single CTAs, 2 CTA pairs) to it, so one build can be both sides. Writes $OUT/ab_gemm.jsonl (every
 # round's line, tagged "build": "A"/"B", "round") and prints per shape the median over rounds
 # of each build's median time and B/A (< 1: B faster).
 set -uo pipefail
@@ -12,8 +13,9 @@ OUT=${OUT:-/tmp/ab_out}; mkdir -p "$OUT"
 log="$OUT/ab_gemm.jsonl"; : > "$log"
 for r in $(seq 1 "$rounds"); do
   for side in A B; do
-    dir=$a; [ $side = B ] && dir=$b
-    "$dir/gemm_bench" "$shapes" 10 "$iters" | sed "s/^{/{\"build\": \"$side\", \"round\": $r, /" >> "$log" \
+    spec=$a; [ $side = B ] && spec=$b
+    dir=${spec%@*}; cluster=0; [ "$dir" != "$spec" ] && cluster=${spec##*@}
+    "$dir/gemm_bench" "$shapes" 10 "$iters" "$cluster" | sed "s/^{/{\"build\": \"$side\", \"round\": $r, /" >> "$log" \
       || { echo "gemm_bench ($side) failed"; exit 1; }
   done
 done

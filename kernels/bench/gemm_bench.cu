@@ -3,8 +3,10 @@
 // also as libfc_gemm_bench.so, whose fc_gemm_bf16() lets run_gemm_bench.py time ours and
 // cuBLAS interleaved in one process on the same tensors.
 //
-//   gemm_bench <shapes.txt> [warmup=10] [iters=50]
+//   gemm_bench <shapes.txt> [warmup=10] [iters=50] [cluster=0]
 //
+// cluster: GemmArgs::cluster for every shape (0 chosen, 1 single CTAs, 2 CTA pairs), for A/B
+// runs of one build (ab_gemm.sh <dir>@1 <dir>@2).
 // shapes.txt: one shape per line, "<op> <M> <N> <K> <nk|kn> [tile_n] [f32]" (op is a free
 // label, e.g. the layer name; f32: C in fp32, else bf16). Inputs are uniform random bf16 in
 // [-1, 1) (never zeros: see METHOD.md).
@@ -43,6 +45,12 @@ __global__ void fill_uniform(__nv_bfloat16* p, size_t n, uint64_t seed) {
   }
 }
 
+// GemmArgs::cluster for fc_gemm_bf16 (run_gemm_bench.py --cluster).
+static int g_cluster = 0;
+extern "C" __attribute__((visibility("default"))) void fc_gemm_set_cluster(int cluster) {
+  g_cluster = cluster;
+}
+
 // C entry point for run_gemm_bench.py (ctypes): C = A·Bᵀ (kn = 0) or A·B (kn = 1), packed
 // row-major bf16 operands and output, on `stream`. Returns the cudaError_t of the launch.
 extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(
@@ -60,6 +68,7 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(
   a.K = K;
   a.b_layout = kn ? GemmLayoutB::kKN : GemmLayoutB::kNK;
   a.tile_n = tile_n;
+  a.cluster = g_cluster;
   return static_cast<int>(launch_gemm(a, static_cast<cudaStream_t>(stream)));
 }
 
@@ -74,6 +83,7 @@ int main(int argc, char** argv) {
   }
   const int warmup = argc > 2 ? std::atoi(argv[2]) : 10;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 50;
+  const int cluster = argc > 4 ? std::atoi(argv[4]) : 0;
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
     std::printf("SKIP: no CUDA GPU\n");
@@ -120,6 +130,7 @@ int main(int argc, char** argv) {
     a.b_layout = kn ? GemmLayoutB::kKN : GemmLayoutB::kNK;
     a.c_type = c_f32 ? GemmOutType::kF32 : GemmOutType::kBF16;
     a.tile_n = tile_n;
+    a.cluster = cluster;
     for (int i = 0; i < warmup; ++i) CHECK_CUDA(launch_gemm(a, nullptr));
     // One event pair per launch, no sync in between: the queue stays full, so host launch
     // latency stays out of the device times.
@@ -147,9 +158,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"op\": \"%s\", \"impl\": \"fusedcomm\", \"M\": %d, \"N\": %d, \"K\": %d, "
         "\"layout\": \"%s\", \"dtype\": \"bf16\", \"c_dtype\": \"%s\", \"tile_n\": %d, "
-        "\"ms_median\": %.5f, \"ms_min\": %.5f, \"tflops\": %.1f, \"device\": \"%s\"}\n",
-        op.c_str(), M, N, K, layout.c_str(), c_f32 ? "f32" : "bf16", g.tile_n, med, ms[0], tflops,
-        prop.name);
+        "\"cluster_arg\": %d, \"ms_median\": %.5f, \"ms_min\": %.5f, \"tflops\": %.1f, "
+        "\"device\": \"%s\"}\n",
+        op.c_str(), M, N, K, layout.c_str(), c_f32 ? "f32" : "bf16", g.tile_n, cluster, med, ms[0],
+        tflops, prop.name);
     std::fflush(stdout);
     CHECK_CUDA(cudaFree(A));
     CHECK_CUDA(cudaFree(B));

@@ -3,7 +3,9 @@
 shapes of gemm_shapes.txt, interleaved in one process on the same tensors, and writes JSON + a
 markdown table + a PNG plot.
 
-  run_gemm_bench.py --shapes gemm_shapes.txt --lib libfc_gemm_bench.so --out-dir DIR
+  run_gemm_bench.py --shapes gemm_shapes.txt --lib libfc_gemm_bench.so --out-dir DIR [--cluster C]
+
+--cluster: GemmArgs::cluster for our launches (0 chosen by the launch, 1 single CTAs, 2 CTA pairs).
 
 Protocol (DESIGN.md §7): uniform random bf16 in [-1, 1) (never zeros), warm-up, then rounds of
 `iters` launches per implementation, alternating (ours, cuBLAS, ours, cuBLAS, ...), one CUDA
@@ -72,6 +74,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cluster", type=int, default=0)
     args = ap.parse_args()
 
     device = torch.cuda.get_device_name(0)
@@ -81,6 +84,8 @@ def main():
     lib.fc_gemm_bf16.restype = ctypes.c_int
     lib.fc_gemm_tile_n.argtypes = [ctypes.c_int] * 3
     lib.fc_gemm_tile_n.restype = ctypes.c_int
+    lib.fc_gemm_set_cluster.argtypes = [ctypes.c_int]
+    lib.fc_gemm_set_cluster(args.cluster)
 
     records, rows = [], []
     with open(args.shapes) as f:
@@ -94,7 +99,7 @@ def main():
             flops = 2.0 * M * N * K
             tile_n = lib.fc_gemm_tile_n(M, N, 0)
             base = dict(op=op, shape=dict(M=M, N=N, K=K, layout=layout), dtype="bf16",
-                        device=device, commit=args.commit, date=date)
+                        device=device, commit=args.commit, date=date, cluster_arg=args.cluster)
             cub = dict(base, impl="cublas", ms_median=ms_c, ms_min=min_c,
                        tflops=flops / (ms_c * 1e-3) / 1e12)
             our = dict(base, impl="fusedcomm", ms_median=ms_o, ms_min=min_o,

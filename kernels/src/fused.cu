@@ -429,6 +429,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   g.C = a.C;
   g.num_ctas = geo.gemm_ctas;  // the tile width is chosen for the CTAs that start on the GEMM
   g.m_block_start = geo.m_block_start;
+  g.cluster = 1;  // the fused kernel's GEMM CTAs claim tiles one by one (no CTA pairs)
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
   // The own rows by the copy engine (stream-ordered before the kernel): copied by pulling CTAs
@@ -514,6 +515,7 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   g.num_ctas = p.gemm_ctas;
   g.tile_n = p.tile_n;  // shared by every rank (rs_geometry)
   g.group_m = p.group_m;
+  g.cluster = 1;  // as in allGatherGemm: dynamic claims, no CTA pairs
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
   if (plan.tile_n != p.tile_n) return cudaErrorInvalidValue;  // cannot happen: forced above

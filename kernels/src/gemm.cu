@@ -1,6 +1,6 @@
-// launch_gemm: argument checks, tile-width choice, TMA tensor maps (detail::gemm_plan, shared
-// with the fused launchers), and the four instantiations of the plain kernel (BN 128/256 × B
-// layout NK/KN) with the default epilogue.
+// launch_gemm: argument checks, tile-width and CTA-pair choice, TMA tensor maps
+// (detail::gemm_plan, shared with the fused launchers), and the eight instantiations of the plain
+// kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs) with the default epilogue.
 #include "fusedcomm/kernels/detail/gemm_sm90.cuh"
 #include "fusedcomm/kernels/gemm.h"
 
@@ -75,8 +75,8 @@ int choose_tile_n(int M, int N, int ctas) {
 }
 
 template <int BN, bool kBKN>
-cudaError_t launch_instance(const detail::GemmPlan& p, cudaStream_t stream) {
-  auto kernel = detail::gemm_sm90_kernel<BN, kBKN, detail::DefaultEpilogue>;
+cudaError_t launch_single(const detail::GemmPlan& p, cudaStream_t stream) {
+  auto kernel = detail::gemm_sm90_kernel<BN, kBKN, false, detail::DefaultEpilogue>;
   constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
   static std::atomic<uint64_t> opted_in{0};
   if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
@@ -86,6 +86,57 @@ cudaError_t launch_instance(const detail::GemmPlan& p, cudaStream_t stream) {
   }
   kernel<<<p.grid, detail::kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob, p.epi);
   return cudaGetLastError();
+}
+
+// CTA pairs: a cluster launch. The grid is capped at the clusters that fit on the device at
+// once (cudaOccupancyMaxActiveClusters, asked once per device): a persistent CTA pair that
+// waited for another pair to finish would only add a wave.
+template <int BN, bool kBKN>
+cudaError_t launch_pairs(const detail::GemmPlan& p, cudaStream_t stream) {
+  auto kernel = detail::gemm_sm90_kernel<BN, kBKN, true, detail::DefaultEpilogue>;
+  constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
+  static std::atomic<uint64_t> opted_in{0};
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
+                                               opted_in);
+      e != cudaSuccess) {
+    return e;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(p.grid);
+  cfg.blockDim = dim3(detail::kGemmThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+
+  static std::atomic<int> fit[64] = {};  // clusters that fit, per device; 0: not asked yet
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  int clusters = fit[dev & 63].load(std::memory_order_relaxed);
+  if (clusters == 0) {
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+        e != cudaSuccess) {
+      return e;
+    }
+    if (clusters < 1) return cudaErrorInvalidConfiguration;  // a pair never fits
+    fit[dev & 63].store(clusters, std::memory_order_relaxed);
+  }
+  cfg.gridDim = dim3(2 * std::min(p.grid / 2, clusters));
+  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p.ta, p.tb, p.tc, p.prob, p.epi);
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaGetLastError();
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_instance(const detail::GemmPlan& p, cudaStream_t stream) {
+  return p.cluster == 2 ? launch_pairs<BN, kBKN>(p, stream) : launch_single<BN, kBKN>(p, stream);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -116,6 +167,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (a.lda % 8 || a.ldb % 8 || (a.C != nullptr && a.ldc % 8)) return cudaErrorInvalidValue;
   if (!aligned16(a.A) || !aligned16(a.B) || !aligned16(a.C)) return cudaErrorInvalidValue;
   if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256) return cudaErrorInvalidValue;
+  if (a.cluster < 0 || a.cluster > 2) return cudaErrorInvalidValue;
   const GemmWaitConfig& w = a.wait;
   if (!valid_flags(w.a) || !valid_flags(w.b)) return cudaErrorInvalidValue;
   if ((w.a.flags != nullptr || w.b.flags != nullptr) && w.error == nullptr) {
@@ -146,16 +198,32 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   prob.group_m = std::max(1, a.group_m > 0 ? a.group_m : 8);
   prob.m_block_start = ((a.m_block_start % g.m_blocks) + g.m_blocks) % g.m_blocks;
   prob.wait = a.wait;
-  plan->grid = std::min(ctas, prob.num_tiles);
   plan->tile_n = g.tile_n;
   plan->kn = kn;
+
+  // CTA pairs: only without hooks 1-2 (a pair runs in lockstep, and its idle member's tile
+  // has no flag), and for at least two CTAs.
+  const bool hooks = w.a.flags != nullptr || w.b.flags != nullptr || s.tile_flags != nullptr;
+  if (a.cluster == 2 && (hooks || ctas < 2)) return cudaErrorInvalidValue;
+  // The launch's own choice (cluster = 0) is single CTAs: pairs measured even with them on
+  // 1 × H200, within ±2 % per shape (bench/NOTES.md, run 5).
+  plan->cluster = a.cluster == 2 ? 2 : 1;
+  if (plan->cluster == 2) {
+    prob.sweep = detail::pair_sweep(g.m_blocks, g.n_blocks);
+    plan->grid = 2 * std::min(ctas / 2, prob.sweep);
+  } else {
+    prob.sweep = prob.num_tiles;
+    plan->grid = std::min(ctas, prob.num_tiles);
+  }
 
   // ---- tensor maps ----
   if (!encode_2d(&plan->ta, a.A, a.M, a.K, a.lda, detail::kTileM, detail::kTileK)) {
     return cudaErrorInvalidValue;
   }
+  // kNK B boxes: the tile's rows, or each pair member's half of them.
   const bool ok_b = kn ? encode_2d(&plan->tb, a.B, a.K, a.N, a.ldb, detail::kTileK, 64)
-                       : encode_2d(&plan->tb, a.B, a.N, a.K, a.ldb, g.tile_n, detail::kTileK);
+                       : encode_2d(&plan->tb, a.B, a.N, a.K, a.ldb, g.tile_n / plan->cluster,
+                                   detail::kTileK);
   if (!ok_b) return cudaErrorInvalidValue;
 
   // C goes through shared memory and TMA stores (full-line writes, asynchronous) unless tile

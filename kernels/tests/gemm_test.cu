@@ -175,15 +175,17 @@ struct Shape {
   GemmOutType out;
   int pad_a, pad_b, pad_c;
   int tile_n, num_ctas, group_m, m_block_start;
+  int cluster;  // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
 };
 
 std::string describe(const Shape& s) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "M=%d N=%d K=%d %s C=%s pads=%d/%d/%d tile_n=%d ctas=%d group=%d mstart=%d", s.M,
-                s.N, s.K, s.layout == GemmLayoutB::kNK ? "NK" : "KN",
+                "M=%d N=%d K=%d %s C=%s pads=%d/%d/%d tile_n=%d ctas=%d group=%d mstart=%d "
+                "cluster=%d",
+                s.M, s.N, s.K, s.layout == GemmLayoutB::kNK ? "NK" : "KN",
                 s.out == GemmOutType::kBF16 ? "bf16" : "f32", s.pad_a, s.pad_b, s.pad_c,
-                s.tile_n, s.num_ctas, s.group_m, s.m_block_start);
+                s.tile_n, s.num_ctas, s.group_m, s.m_block_start, s.cluster);
   return buf;
 }
 
@@ -275,6 +277,7 @@ bool run_shape(const Shape& s, uint64_t seed) {
   a.num_ctas = s.num_ctas;
   a.group_m = s.group_m;
   a.m_block_start = s.m_block_start;
+  a.cluster = s.cluster;
   cudaError_t e = launch_gemm(a, nullptr);
   bool ok = e == cudaSuccess;
   if (!ok) std::printf("  launch error %s\n", cudaGetErrorString(e));
@@ -342,6 +345,10 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     const int groups[5] = {0, 1, 3, 8, 16};
     s.group_m = groups[coin(rng) % 5];
     s.m_block_start = coin(rng) < 30 ? coin(rng) * 7 : 0;
+    // Forced CTA pairs also where the choice would not take them (one M-block, odd counts,
+    // odd CTA counts); a single CTA cannot pair.
+    const int c = coin(rng);
+    s.cluster = c < 50 ? 0 : (c < 70 || s.num_ctas == 1 ? 1 : 2);
     v.push_back(s);
   }
   return v;
@@ -608,6 +615,34 @@ void test_bad_args() {
   a.N = 12;  // not a multiple of 8
   a.K = 64;
   EXPECT(launch_gemm(a, nullptr) == cudaErrorInvalidValue, "N %% 8 != 0 accepted");
+  // CTA pairs: a bad value, one CTA, and hooks 1-2 (pairs run in lockstep) are refused.
+  __nv_bfloat16* buf;
+  CHECK_CUDA(cudaMalloc(&buf, 3 * 256 * 64 * 2));
+  uint64_t* flags;
+  CHECK_CUDA(cudaMalloc(&flags, 64));
+  GemmArgs p;
+  p.M = 256;
+  p.N = 64;
+  p.K = 64;
+  p.A = buf;
+  p.B = buf + 256 * 64;
+  p.C = buf + 2 * 256 * 64;
+  p.lda = p.ldb = p.ldc = 64;
+  p.cluster = 2;
+  EXPECT(launch_gemm(p, nullptr) == cudaSuccess, "forced CTA pairs refused on a valid shape");
+  CHECK_CUDA(cudaDeviceSynchronize());
+  GemmArgs q = p;
+  q.cluster = 3;
+  EXPECT(launch_gemm(q, nullptr) == cudaErrorInvalidValue, "cluster = 3 accepted");
+  q = p;
+  q.num_ctas = 1;
+  EXPECT(launch_gemm(q, nullptr) == cudaErrorInvalidValue, "CTA pairs with one CTA accepted");
+  q = p;
+  q.sink.tile_flags = flags;
+  q.sink.epoch = 1;
+  EXPECT(launch_gemm(q, nullptr) == cudaErrorInvalidValue, "CTA pairs with tile flags accepted");
+  cudaFree(flags);
+  cudaFree(buf);
   cudaGetLastError();
 }
 

@@ -56,6 +56,11 @@
 //    other SMs stay free for communication kernels running beside this one.
 // 4. Tile order: `m_block_start` rotates the M-blocks so the sweep starts at that block
 //    (e.g. the rank's own shard of A in an all-gather GEMM) and wraps around.
+// 5. CTA pairs (`cluster`): clusters of two CTAs compute M-blocks 2p and 2p + 1 of one N-block
+//    together, each loading half of the B tile into both CTAs' shared memory (TMA multicast),
+//    which halves the L2 reads of B. 0 lets the launch choose (today: single CTAs, as pairs
+//    measured no faster); 2 asks for pairs and needs hooks 1-2 off and num_ctas >= 2 (else
+//    cudaErrorInvalidValue); the grid is then even and at most the clusters that fit at once.
 //
 // Custom epilogues for fused kernels live in detail/gemm_sm90.cuh (template parameter).
 #pragma once
@@ -156,6 +161,7 @@ struct GemmArgs {
   int tile_n = 0;         // 0: chosen from the shape; or 128 / 256
   int group_m = 0;        // M-blocks per raster group; 0: 8
   int m_block_start = 0;  // first M-block of the sweep (taken modulo the M-block count)
+  int cluster = 0;        // CTA pairs (hook 5): 0 chosen (single CTAs), 1 off, 2 on
   GemmWaitConfig wait{};  // hook 1
   GemmTileSink sink{};    // hook 2
 };

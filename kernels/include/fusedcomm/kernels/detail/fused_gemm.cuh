@@ -64,6 +64,7 @@ __device__ __forceinline__ uint64_t* ag_trace_chunks(const AgParams& p) {
 // The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
 // before each tile its chunk's flag (hook 1, from device memory with the launch's epoch).
 struct AgSchedule {
+  static constexpr int kCluster = 1;
   static constexpr bool kDynamic = true;
   const AgParams* p;  // the kernel's parameter (grid constant)
   uint64_t epoch;
@@ -259,6 +260,7 @@ __host__ __device__ __forceinline__ int rs_logical_of(int P, int mb, int w) {
 }
 
 struct RsSchedule {
+  static constexpr int kCluster = 1;
   static constexpr bool kDynamic = true;
   const RsParams* p;
   uint64_t epoch;

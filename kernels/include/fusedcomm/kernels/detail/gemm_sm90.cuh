@@ -22,7 +22,9 @@
 //             128 columns of bf16 C as two 64×64 boxes, or 64 rows × 64 columns of fp32 C as
 //             two 64×32 boxes (128-B swizzled rows either way)
 //   [full]    kStages × mbarrier: 1 arrival (producer, expect_tx = stage bytes) + TMA bytes
-//   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp)
+//   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp) per CTA that reads
+//             the stage's B half from this CTA's loads: 8, or 16 in a CTA pair (below)
+//   [done]    mbarrier: CTA pairs only, 8 arrivals (the partner's consumer warps, at their end)
 //   [status]  kStages × u32, written by the producer before it arms a tile's first stage:
 //             static schedules: 0, or 1 = the producer stopped (hook-1 failure), no data;
 //             dynamic schedules: the tile index, or kStageEnd (no more tiles) / kStageStop
@@ -31,6 +33,21 @@
 // Ordering: mbarrier arrive/complete_tx (release) → try_wait (acquire) orders the TMA writes
 // and the status word before the consumers' reads; wgmma_wait<1> before the empty arrival
 // guarantees the slice is no longer read by the tensor cores when the producer reuses it.
+//
+// CTA pairs (Schedule::kCluster == 2, the plain GEMM only): a cluster of two CTAs computes two
+// M-blocks of the same N-block (pair_tile_coord) in lockstep, and each CTA's producer loads
+// its own A slice and one half of the shared B slice, multicast into the same stage of both
+// CTAs; each CTA's full barrier still expects the whole stage (A + both B halves). A stage may
+// be refilled only when both CTAs' consumers have released it, so every consumer warp arrives
+// on the empty barrier of both CTAs (after wgmma_wait: the tensor cores' reads are complete;
+// the arrival needs no cluster-scope release, see mbar_arrive_remote).
+// The peer's half can land on a full barrier before the local producer's expect_tx for that
+// phase: the transaction count goes negative and the phase cannot complete before the local
+// arrival, so no data is missed. The consumers end with a handshake through `done`
+// (leave_cluster): no CTA leaves while its partner may still write its shared memory or
+// barriers.
+// An M-block past the last one (odd M-block count) is computed from zero-filled A and stored
+// nowhere: both CTAs must run the same stages, since each loads half of the other's B.
 #pragma once
 
 #include "fusedcomm/kernels/detail/sm90_primitives.cuh"
@@ -57,7 +74,7 @@ struct GemmTileConfig {
   // Per consumer warpgroup: a 64×128 bf16 staging buffer (two 64×64 TMA-store boxes).
   static constexpr uint32_t kStagingBytes = 2 * 64 * 128;
   static constexpr size_t kSmemBytes =
-      1024 + size_t(kStages) * kStageBytes + 2 * kStagingBytes + kStages * 20;
+      1024 + size_t(kStages) * kStageBytes + 2 * kStagingBytes + kStages * 20 + 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 opt-in shared memory");
 };
 
@@ -70,6 +87,7 @@ struct GemmProblem {
   int m_block_start;  // rotation of the M-blocks, in [0, m_blocks)
   int c_tma;          // the engine stores C itself through smem + TMA (tm_c): kCTmaBF16 /
                       // kCTmaF32; 0: C (if any) goes through the epilogue's register path
+  int sweep;          // sweep positions: num_tiles, or pair_sweep() for CTA pairs
   GemmWaitConfig wait;
 };
 
@@ -80,19 +98,40 @@ struct TileCoord {
   int m, n;  // block indices
 };
 
-// Grouped raster: group g covers M-blocks [g*group_m, +group_m), swept column by column, so
-// the CTAs running at once share a few A panels and a few B panels in L2. Then rotate M.
-__device__ __forceinline__ TileCoord tile_coord(const GemmProblem& p, int t) {
-  const int per_group = p.group_m * p.n_blocks;
+// Grouped raster over `rows` row units: group g covers units [g*group, +group), swept column
+// by column, so the CTAs running at once share a few A panels and a few B panels in L2.
+__host__ __device__ __forceinline__ TileCoord grouped_raster(int t, int rows, int group,
+                                                             int n_blocks) {
+  const int per_group = group * n_blocks;
   const int g = t / per_group;
-  const int first_m = g * p.group_m;
-  const int height = min(p.m_blocks - first_m, p.group_m);
+  const int first = g * group;
+  const int height = min(rows - first, group);
   const int r = t - g * per_group;
-  int m = first_m + r % height;
-  const int n = r / height;
-  m += p.m_block_start;
-  if (m >= p.m_blocks) m -= p.m_blocks;
-  return {m, n};
+  return {first + r % height, r / height};
+}
+
+// Sweep position -> tile: the grouped raster over M-blocks, then the rotation of M (hook 4).
+__device__ __forceinline__ TileCoord tile_coord(const GemmProblem& p, int t) {
+  TileCoord tc = grouped_raster(t, p.m_blocks, p.group_m, p.n_blocks);
+  tc.m += p.m_block_start;
+  if (tc.m >= p.m_blocks) tc.m -= p.m_blocks;
+  return tc;
+}
+
+// CTA pairs: sweep position -> the tile of pair member `rank` (0/1). The raster runs over
+// pairs of M-blocks (2p, 2p + 1), group_m / 2 pairs high; then in-range blocks are rotated as
+// in tile_coord. Block 2p + 1 = m_blocks (odd count) stays out of range: rows_in is false.
+__host__ __device__ __forceinline__ int pair_sweep(int m_blocks, int n_blocks) {
+  return (m_blocks + 1) / 2 * n_blocks;
+}
+__device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t, int rank) {
+  TileCoord tc = grouped_raster(t, (p.m_blocks + 1) / 2, max(1, p.group_m / 2), p.n_blocks);
+  tc.m = 2 * tc.m + rank;
+  if (tc.m < p.m_blocks) {
+    tc.m += p.m_block_start;
+    if (tc.m >= p.m_blocks) tc.m -= p.m_blocks;
+  }
+  return tc;
 }
 
 // ---- hook 1: bounded readiness wait ---------------------------------------------------------
@@ -326,6 +365,8 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
 //     this CTA's index among the CTAs that run the engine, and their number. (Accessors, not
 //     values, so that the plain kernel reads %ctaid / %nctaid where the loops use them, as it
 //     always did: the same code and register allocation as before the engine became a body.)
+//   static constexpr int kCluster;
+//     1, or 2: CTA pairs share B (see the top of this file); static schedules only, no hooks.
 //   static constexpr bool kDynamic;
 //     false: CTA cta() takes sweep positions cta(), cta() + num_ctas(), ... (round robin, the
 //            plain GEMM).
@@ -333,7 +374,7 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
 //            to the consumers in the status word of the tile's first stage; cta()/num_ctas()
 //            are unused. CTAs that join late (e.g. after communication work) balance the load.
 //   int claim() const;                                  dynamic only: the next sweep position
-//                                                       (>= num_tiles: none left)
+//                                                       (>= prob.sweep: none left)
 //   TileCoord coord(const GemmProblem&, int t) const;   sweep position -> tile
 //   bool has_waits(const GemmProblem&) const;           whether wait() must be called
 //   template <int BN> bool wait(const GemmProblem&, TileCoord) const;
@@ -347,13 +388,18 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
 inline constexpr uint32_t kStageEnd = 0xFFFFFFFEu;   // dynamic: no more tiles
 inline constexpr uint32_t kStageStop = 0xFFFFFFFFu;  // dynamic: the producer stopped (failure)
 
-// The plain GEMM's schedule: round robin, hook-1 waits from GemmProblem::wait (gemm.h).
+// The plain GEMM's schedule: round robin, hook-1 waits from GemmProblem::wait (gemm.h). With
+// kPair, each cluster of two CTAs takes the positions of the pair sweep round robin.
+template <bool kPair>
 struct PlainSchedule {
+  static constexpr int kCluster = kPair ? 2 : 1;
   static constexpr bool kDynamic = false;
-  __device__ __forceinline__ int cta() const { return static_cast<int>(blockIdx.x); }
-  __device__ __forceinline__ int num_ctas() const { return static_cast<int>(gridDim.x); }
+  __device__ __forceinline__ int cta() const { return static_cast<int>(blockIdx.x) / kCluster; }
+  __device__ __forceinline__ int num_ctas() const { return static_cast<int>(gridDim.x) / kCluster; }
   __device__ __forceinline__ int claim() const { return 0; }
   __device__ __forceinline__ TileCoord coord(const GemmProblem& p, int t) const {
+    // %cluster_ctarank read at each call: a member would stay live in the consumers' loop.
+    if constexpr (kPair) return pair_tile_coord(p, t, static_cast<int>(cluster_ctarank()));
     return tile_coord(p, t);
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem& p) const {
@@ -379,6 +425,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   using Cfg = GemmTileConfig<BN>;
   constexpr int kStages = Cfg::kStages;
   constexpr bool kDyn = Schedule::kDynamic;
+  constexpr int kCluster = Schedule::kCluster;
+  static_assert(kCluster == 1 || (kCluster == 2 && !kDyn), "CTA pairs: static schedules only");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -387,15 +435,17 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   uint8_t* staging = smem_b + kStages * Cfg::kBBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * Cfg::kStagingBytes);
   uint64_t* empty = full + kStages;
-  volatile uint32_t* status = reinterpret_cast<volatile uint32_t*>(empty + kStages);
+  uint64_t* done = empty + kStages;  // CTA pairs: the partner's 8 consumer warps are done
+  volatile uint32_t* status = reinterpret_cast<volatile uint32_t*>(done + 1);
 
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);
+      mbar_init(&empty[s], 8 * kCluster);
       status[s] = 0;
     }
+    mbar_init(done, 8);
     mbar_init_fence();
   } else if (threadIdx.x == 32) {
     tma_prefetch_desc(&tm_a);
@@ -403,6 +453,23 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     if (prob.c_tma) tma_prefetch_desc(&tm_c);
   }
   __syncthreads();
+  // The partner's multicasts and arrivals target this CTA's barriers: initialised first.
+  if constexpr (kCluster > 1) cluster_sync();
+  // The consumers' last act (CTA pairs): tell the partner that this CTA's consumers are done
+  // (after their last release, which arrives on the partner's empty barrier), then wait until
+  // the partner's are. Then nothing of the partner touches this CTA's shared memory any more:
+  // its producer's last multicasts landed before this CTA's consumers saw their full barriers.
+  // (A cluster barrier would need the producer threads too; one in the producer's 40-register
+  // region made ptxas spill.)
+  auto leave_cluster = [done] {
+    if constexpr (kCluster > 1) {
+      if (threadIdx.x % 32 == 0) {
+        mbar_arrive_cluster(mapa_shared(smem_u32(done), cluster_ctarank() ^ 1));
+        mbar_wait_cluster(done, 0);
+      }
+      __syncwarp();
+    }
+  };
 
   if (wg == 0) {
     // ---------------- producer ----------------
@@ -411,7 +478,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     const bool waits = sched.has_waits(prob);
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = kDyn ? sched.claim() : sched.cta(); t < prob.num_tiles;
+    for (int t = kDyn ? sched.claim() : sched.cta(); t < prob.sweep;
          t = kDyn ? sched.claim() : t + sched.num_ctas()) {
       const TileCoord tc = sched.coord(prob, t);
       if (waits) {
@@ -432,7 +499,24 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         tma_load_2d(smem_a + stage * Cfg::kABytes, &tm_a, &full[stage], kb * kTileK,
                     tc.m * kTileM);
         uint8_t* b_dst = smem_b + stage * Cfg::kBBytes;
-        if constexpr (!kBKN) {
+        if constexpr (kCluster > 1) {
+          // This CTA's half of B (rows, or 64-column slabs), into both CTAs (mask 0b11). kNK's
+          // half starts at a multiple of 1024 B, so the 128-B swizzle pattern is unchanged.
+          constexpr uint16_t kBoth = 3;
+          const uint32_t crank = cluster_ctarank();  // read here: the producer has 40 registers
+          if constexpr (!kBKN) {
+            tma_load_2d_multicast(b_dst + crank * (Cfg::kBBytes / 2), &tm_b, &full[stage],
+                                  kb * kTileK, tc.n * BN + static_cast<int>(crank) * (BN / 2),
+                                  kBoth);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 128; ++j) {
+              const int slab = static_cast<int>(crank) * (BN / 128) + j;
+              tma_load_2d_multicast(b_dst + slab * 8192, &tm_b, &full[stage],
+                                    tc.n * BN + slab * 64, kb * kTileK, kBoth);
+            }
+          }
+        } else if constexpr (!kBKN) {
           tma_load_2d(b_dst, &tm_b, &full[stage], kb * kTileK, tc.n * BN);
         } else {
 #pragma unroll
@@ -464,9 +548,18 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
 
     const uint32_t a_base = smem_u32(smem_a) + cw * 64 * 128;
     const uint32_t b_base = smem_u32(smem_b);
+    // CTA pairs: the partner's producer refills this CTA's stages too, so its empty barrier
+    // hears of the release as well. Its address is recomputed at each release (%cluster_ctarank
+    // and mapa on lane 0): one more live register in this loop makes ptxas spill.
+    auto release = [empty](int s) {
+      mbar_arrive(&empty[s]);
+      if constexpr (kCluster > 1) {
+        mbar_arrive_remote(mapa_shared(smem_u32(&empty[s]), cluster_ctarank() ^ 1));
+      }
+    };
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.num_tiles;
+    for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.sweep;
          t += kDyn ? 0 : sched.num_ctas()) {
       TileCoord tc;
       if constexpr (!kDyn) tc = sched.coord(prob, t);
@@ -481,6 +574,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       } else if (status[stage] != 0) {  // the producer stopped (hook 1)
         if (threadIdx.x % 128 == 0) bulk_wait_all();
         sched.consumers_done();
+        leave_cluster();
         return;
       }
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
@@ -508,7 +602,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
           wgmma_commit();
           wgmma_wait<1>();
         }
-        if (kb > 0 && lane == 0) mbar_arrive(&empty[prev]);
+        if (kb > 0 && lane == 0) release(prev);
         prev = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -517,7 +611,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       }
       wgmma_wait<0>();
       reg_fence(acc);
-      if (lane == 0) mbar_arrive(&empty[prev]);
+      if (lane == 0) release(prev);
 
       const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
       if (prob.c_tma == kCTmaBF16) {
@@ -537,18 +631,20 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     }
     if (prob.c_tma && threadIdx.x % 128 == 0) bulk_wait_all();  // smem must outlive the reads
     sched.consumers_done();
+    leave_cluster();
   }
 }
 
 // ---- the plain GEMM kernel --------------------------------------------------------------------
-template <int BN, bool kBKN, class Epilogue>
+// kPair: launched in clusters of 2 (cudaLaunchAttributeClusterDimension), grid even.
+template <int BN, bool kBKN, bool kPair, class Epilogue>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a,
                      const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c,
                      const __grid_constant__ GemmProblem prob,
                      const __grid_constant__ Epilogue epi) {
-  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, PlainSchedule{});
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, PlainSchedule<kPair>{});
 }
 
 // ---- host side: what a launch of the engine needs ----------------------------------------------
@@ -557,8 +653,11 @@ struct GemmPlan {
   CUtensorMap ta, tb, tc;  // A, B, and C (C only when prob.c_tma)
   GemmProblem prob;
   DefaultEpilogue epi;     // C (when not through TMA) and the tile sink of the arguments
-  int grid;                // CTAs of a plain launch: min(computing CTAs, tiles)
+  int grid;                // CTAs of a plain launch: min(computing CTAs, tiles), or 2 × the
+                           // pairs (min(computing CTAs / 2, pair sweep)); the launcher may
+                           // lower it to the clusters that fit at once
   int tile_n;              // 128 or 256
+  int cluster;             // 1, or 2: CTA pairs share B (plain launches only)
   bool kn;                 // B is K×N
 };
 
