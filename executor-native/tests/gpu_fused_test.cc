@@ -10,7 +10,8 @@
 //     gathered A) poisoned with NaN first, guard bytes behind them checked; every element
 //     checked against an fp32 reference GEMM on the GPU (kernels::launch_reference_gemm) over
 //     the fully gathered / summed inputs:  |got - ref| <= 8e-3 |ref| + 2e-5 sum|a*b| + 1e-6
-//     (bf16 rounding of the result, fp32 accumulation order); the gathered A bit-exact;
+//     (bf16 rounding of the result, fp32 accumulation order; gemmReduceScatter with bf16
+//     partials adds 2^-9 sum|a*b|, their own rounding); the gathered A bit-exact;
 //     gemmReduceScatter's workspace poisoned too (a partial read before it is stored shows as
 //     NaN); the fused ops' counters back at 0 after every launch.
 //   120 back-to-back launches without host sync (fused and decomposed of both ops
@@ -19,7 +20,8 @@
 //     starting 200 ms late; a rank that never launches: the others time out (1 s) with an
 //     error record naming rank, peer, op and step, an abort stops a waiting launch, and a
 //     fresh SymmetricMemory on the same processes works; launch mismatch: odd ranks launch
-//     another M / another op / the other algorithm than even ranks at the same epoch: every
+//     another M / another op / the other algorithm / other partials than even ranks at the
+//     same epoch: every
 //     rank gets Error(kCommunicator) naming both launches (kCommLaunchMismatch, a peer of the
 //     other parity) within 3 s although the timeout is 10 s.
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
@@ -159,21 +161,35 @@ struct RsCase {
   k::GemmLayoutB layout;
   k::FusedAlgo algo;
   uint64_t ws_offset;
+  bool bf16_partials = false;  // RsPartials::kBF16
   std::string name(int W) const {
     char b[200];
-    std::snprintf(b, sizeof b, "gemmReduceScatter W=%d M=%d N=%d K=%d+8r %s %s", W, M, N, k0,
-                  layout_name(layout), algo_name(algo));
+    std::snprintf(b, sizeof b, "gemmReduceScatter W=%d M=%d N=%d K=%d+8r %s %s%s", W, M, N, k0,
+                  layout_name(layout), algo_name(algo), bf16_partials ? " bf16-partials" : "");
     return b;
   }
+  k::RsPartials partials() const {
+    return bf16_partials ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+  }
+  // The partials' rounding, per unit of Σ|a·b| (fused.h, RsPartials): 2^-9 for bf16.
+  float partial_rel() const { return bf16_partials ? 1.0f / 512 : 0.f; }
 };
+
+// Per-element tolerance against the fp32 reference: the output's bf16 rounding (8e-3 of the
+// value), the accumulation order (2e-5 of Σ|a·b|), and `partial_rel` of Σ|a·b| for partials
+// rounded before their sum.
+float tolerance(float ref, float absdot, float partial_rel) {
+  return 8e-3f * std::fabs(ref) + (2e-5f + partial_rel) * absdot + 1e-6f;
+}
 
 // Compares a downloaded bf16 output with the fp32 reference; returns the mismatch count.
 int64_t compare(const std::vector<__nv_bfloat16>& got, const std::vector<float>& ref,
-                const std::vector<float>& absdot, int64_t n, const std::string& what, int rank) {
+                const std::vector<float>& absdot, int64_t n, const std::string& what, int rank,
+                float partial_rel = 0.f) {
   int64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float g = __bfloat162float(got[i]);
-    const float tol = 8e-3f * std::fabs(ref[i]) + 2e-5f * absdot[i] + 1e-6f;
+    const float tol = tolerance(ref[i], absdot[i], partial_rel);
     if (!(std::fabs(g - ref[i]) <= tol)) {
       if (bad++ < 3) {
         std::fprintf(stderr, "  rank %d %s: out[%lld] = %.6g, expected %.6g (tol %.3g)\n", rank,
@@ -350,6 +366,7 @@ struct Rank {
     a.ws_offset = o.c.ws_offset;
     a.out = o.out.as<__nv_bfloat16>();
     a.algo = o.c.algo;
+    a.partials = o.c.partials();
     return a;
   }
   int64_t rs_verify(const RsOperands& o, const std::string& what) {
@@ -357,7 +374,7 @@ struct Rank {
     const auto got = download<__nv_bfloat16>(o.out.p, n);
     const auto ref = download<float>(o.ref.p, n);
     const auto ad = download<float>(o.absdot.p, n);
-    int64_t bad = compare(got, ref, ad, n, what, r);
+    int64_t bad = compare(got, ref, ad, n, what, r, o.c.partial_rel());
     if (!guard_intact(o.out.as<uint8_t>() + n * 2)) {
       ++bad;
       std::fprintf(stderr, "  rank %d %s: bytes behind the output were written\n", r, what.c_str());
@@ -449,11 +466,18 @@ struct Rank {
                                        stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       ref_s.push_back(download<float>(ref.p, cnt * N));
-      now_s.push_back(download<float>(dev.base[s] + dev.data_offset + o.c.ws_offset + off * N * 4,
-                                      cnt * N));
+      const uint8_t* part = dev.base[s] + dev.data_offset + o.c.ws_offset;
+      if (o.c.bf16_partials) {
+        const auto h = download<__nv_bfloat16>(part + off * N * 2, cnt * N);
+        now_s.emplace_back(cnt * N);
+        for (int64_t i = 0; i < cnt * N; ++i) now_s[s][i] = __bfloat162float(h[i]);
+      } else {
+        now_s.push_back(download<float>(part + off * N * 4, cnt * N));
+      }
+      const float rel = o.c.bf16_partials ? 4e-3f : 1e-3f;
       int64_t wrong = 0;
       for (int64_t i = 0; i < cnt * N; ++i) {
-        wrong += std::fabs(now_s[s][i] - ref_s[s][i]) <= 1e-3f * std::fabs(ref_s[s][i]) + 1e-3f ? 0 : 1;
+        wrong += std::fabs(now_s[s][i] - ref_s[s][i]) <= rel * std::fabs(ref_s[s][i]) + 1e-3f ? 0 : 1;
       }
       std::fprintf(stderr, "  diag rank %d: source %d's partial of my rows: %lld wrong\n", r, s,
                    static_cast<long long>(wrong));
@@ -463,7 +487,7 @@ struct Rank {
     const auto ad = download<float>(o.absdot.p, cnt * N);
     for (int64_t i = 0, shown = 0; i < cnt * N && shown < 4; ++i) {
       const float g = __bfloat162float(got[i]);
-      if (std::fabs(g - ref[i]) <= 8e-3f * std::fabs(ref[i]) + 2e-5f * ad[i] + 1e-6f) continue;
+      if (std::fabs(g - ref[i]) <= tolerance(ref[i], ad[i], o.c.partial_rel())) continue;
       ++shown;
       std::string v;
       for (int s = 0; s < W; ++s) {
@@ -494,6 +518,10 @@ struct Rank {
         {3, 64, 64, NK, F, 0},         {3, 64, 64, KN, A, 16},
         {4100, 2056, 1024, NK, F, 0},  {4100, 2056, 1024, KN, A, 0},
         {640, 4096, 128, NK, F, 1 << 20},
+        // bf16 partials (RsPartials::kBF16): even and uneven M, both layouts, both algorithms.
+        {1001, 264, 520, NK, F, 0, true},    {1001, 264, 520, NK, D, 0, true},
+        {2999, 1032, 1032, KN, F, 64, true}, {2999, 1032, 1032, KN, D, 64, true},
+        {4100, 2056, 1024, NK, A, 0, true},  {3, 64, 64, NK, F, 16, true},
     };
     uint64_t id = 0;
     for (const AgCase& c : ag) run_ag(c, mix(seed ^ (0xA600 + ++id)));
@@ -650,6 +678,7 @@ struct Rank {
       bool ag;  // allGatherGemm, else gemmReduceScatter
       int M;
       k::FusedAlgo algo;
+      bool bf16_partials = false;  // gemmReduceScatter only
     };
     struct Pair {
       Launch even, odd;
@@ -659,6 +688,7 @@ struct Rank {
         {{true, 2999, F}, {true, 1001, F}, "M (allGatherGemm fused)"},
         {{true, 2999, F}, {false, 2999, F}, "op (allGatherGemm vs gemmReduceScatter)"},
         {{true, 2999, F}, {true, 2999, D}, "algorithm (allGatherGemm fused vs decomposed)"},
+        {{false, 2999, F}, {false, 2999, F, true}, "partials (gemmReduceScatter fp32 vs bf16)"},
     };
     uint64_t id = 0;
     for (const Pair& p : pairs) {
@@ -673,7 +703,8 @@ struct Rank {
         ag_write_input(*ag, data());
       } else {
         rs = std::make_unique<RsOperands>(
-            rs_prepare({mine.M, 1032, 520, NK, mine.algo, 0}, mix(seed ^ (0x313A + ++id))));
+            rs_prepare({mine.M, 1032, 520, NK, mine.algo, 0, mine.bf16_partials},
+                       mix(seed ^ (0x313A + ++id))));
       }
       CUDA_OK(cudaStreamSynchronize(stream));
       g.barrier();

@@ -119,7 +119,8 @@ void test_messages() {
   const std::string f = fusedcomm::describe_launch(k::comm_launch_signature(
       k::kFusedOpGemmReduceScatter, u(k::CommDtype::kBF16), u(k::FusedAlgo::kDecomposed),
       k::comm_sig_hash(4100, 2056, 0)));
-  check(contains(f, "gemmReduceScatter (bf16, decomposed, sizes #"), "describe a fused op: " + f);
+  check(contains(f, "gemmReduceScatter (bf16 partials, decomposed, sizes #"),
+        "describe a fused op: " + f);
 
   k::CommErrorRecord r{};
   r.code = k::kCommLaunchMismatch;

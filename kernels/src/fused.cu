@@ -298,10 +298,14 @@ bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
       !aligned16(a.out) || a.ws_offset % 16 != 0) {
     return false;
   }
+  if (a.partials != RsPartials::kF32 && a.partials != RsPartials::kBF16) return false;
   if (a.out == nullptr && split_count(a.M, d.world, d.rank) > 0) return false;
   const FusedWorkspace ws = gemm_reduce_scatter_workspace(a, d.world);
   return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
 }
+
+// Bytes per element of gemmReduceScatter's partial products.
+int partial_bytes(const GemmRsArgs& a) { return a.partials == RsPartials::kBF16 ? 2 : 4; }
 
 GemmArgs base_gemm_args(int M, int N, int K, const __nv_bfloat16* A, const __nv_bfloat16* B,
                         GemmLayoutB layout) {
@@ -337,13 +341,13 @@ FusedWorkspace all_gather_gemm_workspace(const AgGemmArgs& a, int world) {
 
 FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
   const int W = std::max(1, world);
-  const uint64_t row = static_cast<uint64_t>(std::max(0, a.N)) * 4;
+  const uint64_t row = static_cast<uint64_t>(std::max(0, a.N)) * partial_bytes(a);
   const uint64_t M = static_cast<uint64_t>(std::max(0, a.M));
   const uint64_t ceil_rows = (M + W - 1) / W;
   FusedWorkspace ws{};
   ws.data_bytes = a.ws_offset + W * ceil_rows * row;
-  // Decomposed: the fp32 reduce-scatter output (ceil(M/W) rows) before the bf16 pass, and with
-  // W not dividing M the compact partial before it is padded.
+  // Decomposed with W not dividing M: the compact partial before it is padded, then the
+  // reduce-scatter output block (ceil(M/W) rows) before its real rows are copied out.
   ws.scratch_bytes = (M % W != 0 ? M : ceil_rows) * row;
   return ws;
 }
@@ -464,40 +468,42 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
                                        cudaStream_t stream) {
   if (!rs_args_ok(dev, a)) return cudaErrorInvalidValue;
   const FusedAlgo algo = choose_rs(dev, a);
-  // Both paths carry the op's signature (its collective too): the rank-uniform M, N, offset.
+  // Both paths carry the op's signature (its collective too): the rank-uniform M, N, offset,
+  // and as its dtype the partials' precision.
+  const bool bf16 = a.partials == RsPartials::kBF16;
   CommDevice d = dev;
   d.launch_sig = comm_launch_signature(kFusedOpGemmReduceScatter,
-                                       static_cast<uint32_t>(CommDtype::kBF16),
+                                       static_cast<uint32_t>(bf16 ? CommDtype::kBF16
+                                                                  : CommDtype::kF32),
                                        static_cast<uint32_t>(algo),
                                        comm_sig_hash(static_cast<uint64_t>(a.M),
                                                      static_cast<uint64_t>(a.N), a.ws_offset));
   const int W = d.world, r = d.rank;
-  float* ws = reinterpret_cast<float*>(d.base[r] + d.data_offset + a.ws_offset);
+  uint8_t* ws = d.base[r] + d.data_offset + a.ws_offset;
 
   if (algo == FusedAlgo::kDecomposed) {
-    const int64_t row_bytes = static_cast<int64_t>(a.N) * 4;
+    const int64_t row_bytes = static_cast<int64_t>(a.N) * partial_bytes(a);
     const bool even = a.M % W == 0;
-    float* scratch = reinterpret_cast<float*>(scratch_of(d));
+    uint8_t* scratch = scratch_of(d);
     GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
     g.C = even ? ws : scratch;
-    g.c_type = GemmOutType::kF32;
+    g.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
     if (cudaError_t e = launch_gemm(g, stream); e != cudaSuccess) return e;
     if (!even) {
       // The collective splits elements, not rows: W blocks of ceil(M/W) rows (pad rows unused).
-      if (cudaError_t e = copy_rows_layout(reinterpret_cast<uint8_t*>(ws),
-                                           reinterpret_cast<const uint8_t*>(scratch), a.M, W,
-                                           row_bytes, true, stream);
+      if (cudaError_t e = copy_rows_layout(ws, scratch, a.M, W, row_bytes, true, stream);
           e != cudaSuccess) {
         return e;
       }
     }
-    // The fp32 sums are rounded to bf16 by the collective itself (out_bf16). Its block holds
-    // ceil(M/W) rows; with W dividing M that is exactly this rank's output, else the block goes
-    // to the scratch area and its first split_count rows (the real ones) are copied out.
+    // fp32 partials: the sums are rounded to bf16 by the collective itself (out_bf16); bf16
+    // partials: a bf16 reduceScatter (fp32 sums, rounded once). Its block holds ceil(M/W) rows;
+    // with W dividing M that is exactly this rank's output, else the block goes to the scratch
+    // area and its first split_count rows (the real ones) are copied out.
     CollectiveArgs c;
     c.op = CommOp::kReduceScatter;
-    c.dtype = CommDtype::kF32;
-    c.out_bf16 = true;
+    c.dtype = bf16 ? CommDtype::kBF16 : CommDtype::kF32;
+    c.out_bf16 = !bf16;
     c.count = W * ceil_div(a.M, W) * a.N;
     c.in_offset = a.ws_offset;
     c.output = even ? static_cast<void*>(a.out) : static_cast<void*>(scratch);
@@ -510,8 +516,8 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
 
   RsParams p = rs_geometry(d, a);
   GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
-  g.C = ws;  // checked as fp32 C; the kernel's epilogue (RsEpilogue) writes it
-  g.c_type = GemmOutType::kF32;
+  g.C = ws;  // checked as C; the kernel's epilogue (RsEpilogue) writes it
+  g.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
   g.num_ctas = p.gemm_ctas;
   g.tile_n = p.tile_n;  // shared by every rank (rs_geometry)
   g.group_m = p.group_m;
@@ -526,6 +532,7 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   p.dev = d;
   p.out = a.out;
   p.ws_offset = a.ws_offset;
+  p.bf16_partials = bf16 ? 1 : 0;
   p.gemm_ctas = std::min(p.gemm_ctas, plan.prob.num_tiles);
   if (plan.tile_n == 256) {
     return plan.kn ? launch_rs_instance<256, true>(plan, p, stream)

@@ -71,7 +71,10 @@ std::string describe_launch(uint64_t sig) {
   const char* dtype = k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::CommDtype::kBF16) ? "bf16" : "fp32";
   char buf[160];
   if (op >= k::kFusedOpAllGatherGemm) {
-    std::snprintf(buf, sizeof buf, "%s (%s, %s, sizes #%011llx)", k::fused_op_name(op), dtype,
+    // gemmReduceScatter's dtype field is its partials' precision (fused.h, RsPartials).
+    const bool rs = op == k::kFusedOpGemmReduceScatter;
+    std::snprintf(buf, sizeof buf, "%s (%s%s, %s, sizes #%011llx)", k::fused_op_name(op), dtype,
+                  rs ? " partials" : "",
                   algo_name(op, algo), static_cast<unsigned long long>(k::comm_sig_size(sig)));
   } else {
     std::snprintf(buf, sizeof buf, "%s (%s, %llu elements, %s)", k::fused_op_name(op), dtype,
@@ -86,7 +89,7 @@ std::string launch_mismatch_message(const k::CommErrorRecord& r) {
   std::string hint = "every rank must launch the same ops in the same order with the same sizes";
   if (same_op && fused) {
     hint = "the ranks disagree on the sizes every rank must share (M and K for allGatherGemm, "
-           "M and N for gemmReduceScatter) or on the algorithm";
+           "M and N for gemmReduceScatter), on the algorithm or on gemmReduceScatter's partials";
   }
   return "launch mismatch at launch " + std::to_string(r.epoch) + ": rank " +
          std::to_string(r.rank) + " launched " + describe_launch(r.launch_sig) + " but rank " +

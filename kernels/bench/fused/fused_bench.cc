@@ -3,14 +3,17 @@
 //   ours_fused        the fused kernel (FusedAlgo::kFused)
 //   ours_decomposed   launch_gemm + launch_collective (FusedAlgo::kDecomposed)
 //   ours_gemm         the rank's GEMM alone (launch_gemm, same local shape)
-//   ours_collective   the exchange alone (allGather of A in bf16; reduceScatter of the fp32
+//   ours_collective   the exchange alone (allGather of A in bf16; reduceScatter of the
 //                     partials, what the decomposed path moves)
+// gemmReduceScatter's partials are fp32 unless --rs-partials bf16 (RsPartials::kBF16, the
+// baselines' numerics: ours_fused, ours_decomposed, ours_gemm's C and ours_collective all
+// switch); rows carry "partials".
 // Timing: 2 warm-up launches, one timed launch to size the batches, then `batches` batches of
 // `iters` back-to-back launches between CUDA events on rank 0 (a process-group barrier and a
 // stream sync before each batch); ms_median = median over batches of the per-launch mean. One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N]
-//                    [--batch-ms 25] [--batches 7]
+//                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -101,6 +104,7 @@ struct Options {
   double batch_ms = 25;
   int batches = 7;
   std::string out = "ours.jsonl";
+  bool rs_bf16 = false;  // --rs-partials bf16
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -275,8 +279,10 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     const bool is_ag = s.op == "allGatherGemm";
     if ((is_ag && !o.ag) || (!is_ag && !o.rs)) continue;
     const double flops = 2.0 * s.M * s.N * s.K;  // per rank
-    // NVLink bytes into this rank: the peers' rows of A (bf16) or of the partials (fp32).
-    const double wire = is_ag ? (W - 1.0) / W * s.M * s.K * 2.0 : (W - 1.0) / W * s.M * s.N * 4.0;
+    // NVLink bytes into this rank: the peers' rows of A (bf16) or of the partials.
+    const double partial_bytes = o.rs_bf16 ? 2.0 : 4.0;
+    const double wire = is_ag ? (W - 1.0) / W * s.M * s.K * 2.0
+                              : (W - 1.0) / W * s.M * s.N * partial_bytes;
     k::AgGemmArgs ag;
     k::GemmRsArgs rs;
     if (is_ag) {
@@ -297,6 +303,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       rs.ws_offset = ws_offset;
       rs.out = static_cast<__nv_bfloat16*>(C);
       rs.reduce_ctas = o.ctas;
+      rs.partials = o.rs_bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
     }
     const k::FusedAlgo auto_algo = is_ag ? k::all_gather_gemm_info(dev, ag).algo
                                          : k::gemm_reduce_scatter_info(dev, rs).algo;
@@ -334,15 +341,15 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         gm.C = C;
         gm.ldc = s.N;
       } else {
-        // The partial product as the decomposed path writes it: fp32 into the data area.
+        // The partial product as the decomposed path writes it, into the data area.
         gm.C = static_cast<uint8_t*>(sm->data()) + ws_offset;
         gm.ldc = s.N;
-        gm.c_type = k::GemmOutType::kF32;
+        gm.c_type = o.rs_bf16 ? k::GemmOutType::kBF16 : k::GemmOutType::kF32;
       }
       impls.push_back({"ours_gemm", [&, gm] { CK(k::launch_gemm(gm, st)); }, k::FusedLaunchInfo{}});
       k::CollectiveArgs ca;
       ca.op = is_ag ? k::CommOp::kAllGather : k::CommOp::kReduceScatter;
-      ca.dtype = is_ag ? k::CommDtype::kBF16 : k::CommDtype::kF32;
+      ca.dtype = is_ag || o.rs_bf16 ? k::CommDtype::kBF16 : k::CommDtype::kF32;
       ca.count = static_cast<int64_t>(s.M) * (is_ag ? s.K : s.N);
       ca.in_offset = is_ag ? 0 : ws_offset;
       ca.output = is_ag ? G : reinterpret_cast<uint8_t*>(dev.base[r]) + dev.scratch_offset;
@@ -361,12 +368,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"N\": %d, \"K\": %d, \"dtype\": \"bf16\", \"ms_median\": %.6f, \"tflops\": %.2f, "
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
-                     "\"batches\": %d, \"gpu\": \"%s\"}\n",
+                     "\"batches\": %d, \"partials\": \"%s\", \"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
                      algo_name(auto_algo), im.info.gemm_ctas, im.info.comm_ctas, im.info.tile_n,
-                     im.info.chunks, iters, o.batches, device);
+                     im.info.chunks, iters, o.batches,
+                     is_ag ? "" : (o.rs_bf16 ? "bf16" : "f32"), device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
                     s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,
@@ -404,6 +412,7 @@ int main(int argc, char** argv) {
     else if (a == "--ctas") o.ctas = std::atoi(next());
     else if (a == "--batch-ms") o.batch_ms = std::atof(next());
     else if (a == "--batches") o.batches = std::atoi(next());
+    else if (a == "--rs-partials") o.rs_bf16 = std::string(next()) == "bf16";
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;

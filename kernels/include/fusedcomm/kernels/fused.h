@@ -27,9 +27,12 @@
 //   this rank's symmetric memory for it (end barrier): the caller may overwrite its input and
 //   workspace right away, and back-to-back launches need no host synchronisation.
 // - Numerics: allGatherGemm is exactly launch_gemm on the gathered A (the gathered A is a bit
-//   copy). gemmReduceScatter keeps each rank's partial product in fp32, sums the W partials in
-//   fp32 in rank order 0..W-1 and rounds once to bf16 (the host backend's rule): the fused and
-//   decomposed algorithms give the same result.
+//   copy). gemmReduceScatter sums the W partial products in fp32 in rank order 0..W-1 and
+//   rounds once to bf16; the partials are kept (and cross NVLink) in fp32 by default (the host
+//   backend's rule: the sum is rounded once), or in bf16 with RsPartials::kBF16 (half the bytes
+//   in the workspace and over NVLink; each partial is rounded once more, as in cuBLAS + NCCL and
+//   PyTorch's symmetric-memory op). Either way the fused and decomposed algorithms give the same
+//   result.
 // - Algorithms (FusedAlgo):
 //   kFused: one persistent kernel (detail/fused_gemm.cuh):
 //     allGatherGemm: the rank's own rows go into the gathered buffer by a stream-ordered copy
@@ -42,13 +45,14 @@
 //       shared counter), so the SMs lent to communication are not lost for the rest of the op.
 //     gemmReduceScatter: CTAs [0, G) run the GEMM; every rank sweeps the tiles in the same
 //       order (the tile width and the chunks come from M, N, world and the SM count only;
-//       G may differ by rank, K_r picks the reducer count R), rows interleaved across the W owners, writing fp32 partial tiles to its own
+//       G may differ by rank, K_r picks the reducer count R), rows interleaved across the W owners, writing partial tiles to its own
 //       workspace and, per chunk of tiles, a release flag into each owning rank's region;
 //       CTAs [G, G+R) of the owner wait for a chunk's W flags and PULL the W partials (one
 //       local, W-1 over NVLink), sum and store their rows of the output while the GEMM goes on.
 //   kDecomposed: launch_gemm and launch_collective, stream-ordered (allGather then GEMM; GEMM
 //     in fp32 to the data area then a reduceScatter of the fp32 partials that writes the
-//     bf16-rounded sums: CollectiveArgs::out_bf16). When W does not divide M the collective
+//     bf16-rounded sums: CollectiveArgs::out_bf16; with bf16 partials, GEMM in bf16 then a bf16
+//     reduceScatter, which sums in fp32 too). When W does not divide M the collective
 //     moves W equal blocks of ceil(M/W) rows (its element split would cut rows), plus one copy
 //     to pack or unpack the padded layout.
 //   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
@@ -100,6 +104,11 @@ inline constexpr uint32_t kFusedStepPartial = 17;  // gemmReduceScatter: an owne
 
 enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2 };
 
+// gemmReduceScatter's partial products: their precision in the workspace and over NVLink. The
+// sum is fp32 either way. kBF16 adds at most 2^-9 · Σ_s |partial_s| per output element to the
+// error (one rounding per partial), and halves the exchanged bytes.
+enum class RsPartials : uint32_t { kF32 = 0, kBF16 = 1 };
+
 // ---- the fused ops' flags in the symmetric region -------------------------------------------
 // collectives.h's region layout leaves [kCommControlOffset + sizeof(CommControl),
 // kCommStagingOffset) unused; the fused ops keep their flags there, at kFusedFlagsOffset
@@ -110,7 +119,7 @@ inline constexpr int kFusedMaxChunks = 512;     // chunks of one launch (both op
 inline constexpr int kFusedRsFlagSlots = 3072;  // gemmReduceScatter: world × chunks <= this
 
 struct alignas(64) FusedFlags {
-  // rs_ready[s * chunks + c] = e: rank s's fp32 partial of chunk c of launch e is complete in
+  // rs_ready[s * chunks + c] = e: rank s's partial of chunk c of launch e is complete in
   // s's workspace. Written by rank s (the GEMM CTA that completes the chunk's last tile, see
   // chunk_count) into the region of every rank that owns rows of the chunk, with
   // st.release.sys; read by the owner's reduction CTAs with ld.acquire.sys, then bar.sync,
@@ -171,11 +180,13 @@ struct GemmRsArgs {
   const __nv_bfloat16* A = nullptr;  // M×K, this process's memory
   const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
   GemmLayoutB b_layout = GemmLayoutB::kNK;
-  // This rank's fp32 partial product (M×N; decomposed with W not dividing M: W*ceil(M/W) × N)
-  // goes to this byte offset of the data area, the same offset on every rank; peers read it.
+  // This rank's partial product (M×N, fp32 or bf16 as `partials` says; decomposed with W not
+  // dividing M: W*ceil(M/W) × N) goes to this byte offset of the data area, the same offset on
+  // every rank; peers read it.
   uint64_t ws_offset = 0;
   __nv_bfloat16* out = nullptr;  // split_count(M,W,r) × N, this process's memory
   FusedAlgo algo = FusedAlgo::kAuto;
+  RsPartials partials = RsPartials::kF32;  // same on every rank (part of the launch signature)
   int reduce_ctas = 0;  // kFused: CTAs that reduce (0: the table in fused.cu; 1..SMs/2)
 };
 

@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 struct RsParams {
   CommDevice dev;
   __nv_bfloat16* out;
-  uint64_t ws_offset;  // fp32 partial (M×N) in every rank's data area
+  uint64_t ws_offset;  // the partial (M×N, fp32 or bf16) in every rank's data area
   int M, N;
   int m_blocks;
   int mg;           // logical M-blocks per chunk (a power of two dividing group_m)
@@ -243,6 +243,7 @@ struct RsParams {
   int tile_n;       // this rank's GEMM tile width
   int gemm_ctas;    // CTAs [0, gemm_ctas) run the GEMM
   int red_ctas;     // CTAs [gemm_ctas, gemm_ctas + red_ctas) reduce
+  int bf16_partials;  // 1: the partials are bf16 (RsPartials::kBF16), else fp32
 };
 
 // Logical M-block L (sweep position) -> physical M-block, and back (see above).
@@ -286,23 +287,29 @@ struct RsSchedule {
   }
 };
 
-// The GEMM role's epilogue: fp32 partial tiles into this rank's workspace (register path:
+// The GEMM role's epilogue: partial tiles (fp32 or bf16) into this rank's workspace (register path:
 // the stores must be complete before the chunk counter, see FusedFlags::rs_ready), then the
 // chunk's arrival count and, for its last tile, the flags to the owners.
 struct RsEpilogue {
   const RsParams* p;
   uint64_t epoch;
 
-  __device__ __forceinline__ float* partial() const {
-    return reinterpret_cast<float*>(p->dev.base[p->dev.rank] + p->dev.data_offset + p->ws_offset);
+  __device__ __forceinline__ uint8_t* partial() const {
+    return p->dev.base[p->dev.rank] + p->dev.data_offset + p->ws_offset;
   }
   template <int kFrag>
   __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
                                         const GemmProblem& prob) const {
-    float* ws = partial();
     const int64_t ld = p->N;
-    DefaultEpilogue::apply(acc, ws + row0 * ld, ws + (row0 + 8) * ld, row0, col0, prob,
-                           DefaultEpilogue::put_f32);
+    if (p->bf16_partials) {
+      auto* ws = reinterpret_cast<__nv_bfloat16*>(partial());
+      DefaultEpilogue::apply(acc, ws + row0 * ld, ws + (row0 + 8) * ld, row0, col0, prob,
+                             DefaultEpilogue::put_bf16);
+    } else {
+      auto* ws = reinterpret_cast<float*>(partial());
+      DefaultEpilogue::apply(acc, ws + row0 * ld, ws + (row0 + 8) * ld, row0, col0, prob,
+                             DefaultEpilogue::put_f32);
+    }
   }
   __device__ __forceinline__ bool wants_tile_done() const { return true; }
   __device__ __forceinline__ void tile_done(TileCoord tc, const GemmProblem& prob) const {
@@ -343,32 +350,51 @@ struct RsEpilogue {
   }
 };
 
+// 16-byte vectors of partials, widened and added into fp32 sums: 4 fp32 or 8 bf16 elements.
+__device__ __forceinline__ void rs_add(float (&acc)[4], const uint4& v, float) {
+  acc[0] += __uint_as_float(v.x);
+  acc[1] += __uint_as_float(v.y);
+  acc[2] += __uint_as_float(v.z);
+  acc[3] += __uint_as_float(v.w);
+}
+__device__ __forceinline__ void rs_add(float (&acc)[8], const uint4& v, __nv_bfloat16) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
+  }
+}
+
 // dst[i][c] = bf16(sum over s in 0..NS-1 of src[s][i][c]) for rows i < rows, columns c < cols
-// (a multiple of 4; rows * cols / 4 < 2^31); row strides ld (sources) and ldo (dst), elements.
-// 16-byte loads, kU vectors per source in flight per thread (NS * kU = 8: 48 KiB per CTA, as
-// the pull loop). Sources are summed in order s = 0, 1, ... starting from 0.f.
-template <int NS>
-__device__ __forceinline__ void rs_reduce_rows(const float* const* src, int64_t ld,
+// (a multiple of 16 bytes of T; rows * cols < 2^31); row strides ld (sources) and ldo (dst),
+// elements. T: the partials' type (float or bf16). 16-byte loads, kU vectors per source in
+// flight per thread (NS * kU = 8: 48 KiB per CTA, as the pull loop). Sources are summed in fp32
+// in order s = 0, 1, ... starting from 0.f, then rounded once.
+template <int NS, class T>
+__device__ __forceinline__ void rs_reduce_rows(const T* const* src, int64_t ld,
                                                __nv_bfloat16* dst, int64_t ldo, int rows,
                                                int cols) {
   constexpr int kU = NS >= 8 ? 1 : 8 / NS;
-  const float* s_ptr[NS];
+  constexpr int kE = 16 / sizeof(T);  // elements per vector
+  const T* s_ptr[NS];
 #pragma unroll
   for (int s = 0; s < NS; ++s) s_ptr[s] = src[s];
-  const int vpr = cols / 4;
+  const int vpr = cols / kE;
   const int nv = rows * vpr;
   const int tid = threadIdx.x, nt = blockDim.x;
   for (int i = tid; i < nv; i += kU * nt) {
-    float4 v[kU][NS];
+    uint4 v[kU][NS];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int idx = i + u * nt;
       if (idx < nv) {
         const int row = idx / vpr;
-        const int64_t at = row * ld + (idx - row * vpr) * 4;
+        const int64_t at = row * ld + (idx - row * vpr) * kE;
 #pragma unroll
         for (int s = 0; s < NS; ++s) {
-          v[u][s] = __ldcg(reinterpret_cast<const float4*>(s_ptr[s] + at));
+          v[u][s] = __ldcg(reinterpret_cast<const uint4*>(s_ptr[s] + at));
         }
       }
     }
@@ -377,36 +403,48 @@ __device__ __forceinline__ void rs_reduce_rows(const float* const* src, int64_t 
       const int idx = i + u * nt;
       if (idx >= nv) continue;
       const int row = idx / vpr;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      float acc[kE];
 #pragma unroll
-      for (int s = 0; s < NS; ++s) {
-        acc.x += v[u][s].x;
-        acc.y += v[u][s].y;
-        acc.z += v[u][s].z;
-        acc.w += v[u][s].w;
+      for (int e = 0; e < kE; ++e) acc[e] = 0.f;
+#pragma unroll
+      for (int s = 0; s < NS; ++s) rs_add(acc, v[u][s], T{});
+      uint32_t packed[kE / 2];
+#pragma unroll
+      for (int e = 0; e < kE / 2; ++e) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
+        packed[e] = *reinterpret_cast<const uint32_t*>(&h);
       }
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z, acc.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(dst + row * ldo + (idx - row * vpr) * 4) = packed;
+      __nv_bfloat16* out = dst + row * ldo + (idx - row * vpr) * kE;
+      if constexpr (kE == 4) {
+        *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+      } else {
+        *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      }
     }
   }
+}
+
+template <int NS, class T>
+__device__ __forceinline__ void rs_reduce_region_as(const RsParams& p, int64_t ra, int64_t rb,
+                                                    int c0, int c1, int64_t own_off) {
+  const CommDevice& d = p.dev;
+  const T* src[NS];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    src[s] = reinterpret_cast<const T*>(d.base[s] + d.data_offset + p.ws_offset) + ra * p.N + c0;
+  }
+  rs_reduce_rows<NS>(src, p.N, p.out + (ra - own_off) * p.N + c0, p.N, static_cast<int>(rb - ra),
+                     c1 - c0);
 }
 
 template <int NS>
 __device__ __forceinline__ void rs_reduce_region(const RsParams& p, int64_t ra, int64_t rb,
                                                  int c0, int c1, int64_t own_off) {
-  const CommDevice& d = p.dev;
-  const float* src[NS];
-#pragma unroll
-  for (int s = 0; s < NS; ++s) {
-    src[s] = reinterpret_cast<const float*>(d.base[s] + d.data_offset + p.ws_offset) +
-             ra * p.N + c0;
+  if (p.bf16_partials) {
+    rs_reduce_region_as<NS, __nv_bfloat16>(p, ra, rb, c0, c1, own_off);
+  } else {
+    rs_reduce_region_as<NS, float>(p, ra, rb, c0, c1, own_off);
   }
-  rs_reduce_rows<NS>(src, p.N, p.out + (ra - own_off) * p.N + c0, p.N, static_cast<int>(rb - ra),
-                     c1 - c0);
 }
 
 // The reducing role (all 384 threads of CTA j of the R reducing CTAs): this rank's chunks in
