@@ -5,6 +5,8 @@
 # test.log, bench.log, ptxas.txt, fused_results.{json,md,png}). Binaries from build.sh
 # (carried, or rebuilt here if they cannot run). Usage (repo root, GPU host):
 #   kernels/bench/fused/device_run.sh [bin=build/fused-bin] [all|test|bench] [full|quick] [commit]
+# FC_RS_PARTIALS=bf16: gemmReduceScatter with bf16 partials (fused_bench --rs-partials), the
+# baselines' numerics.
 # Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick.
 set -uo pipefail
 bin=${1:-build/fused-bin}; what=${2:-all}; mode=${3:-full}; commit=${4:-unknown}
@@ -33,7 +35,7 @@ if [ "$what" != test ]; then
   for w in 2 4; do
     [ $w -le "$ngpu" ] || continue
     echo "== world $w: ours" | tee -a "$OUT/bench.log"
-    timeout 280 "$bin/fused_bench" --world $w --out /tmp/fused_w$w.jsonl $q >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
+    timeout 280 "$bin/fused_bench" --world $w --out /tmp/fused_w$w.jsonl $q --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
     echo "== world $w: torch" | tee -a "$OUT/bench.log"
     timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out /tmp/torch_w$w.jsonl $q >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
   done
