@@ -74,9 +74,12 @@ int choose_tile_n(int M, int N, int ctas) {
   return best_bn;
 }
 
-template <int BN, bool kBKN>
-cudaError_t launch_single(const detail::GemmPlan& p, cudaStream_t stream) {
-  auto kernel = detail::gemm_sm90_kernel<BN, kBKN, false, detail::DefaultEpilogue>;
+// One plain-kernel instance. CTA pairs are a cluster launch whose grid is capped at the
+// clusters that fit on the device at once (cudaOccupancyMaxActiveClusters, asked once per
+// device): a persistent CTA pair that waited for another pair to finish would only add a wave.
+template <int BN, bool kBKN, bool kPair>
+cudaError_t launch_kernel(const detail::GemmPlan& p, cudaStream_t stream) {
+  auto kernel = detail::gemm_sm90_kernel<BN, kBKN, kPair, detail::DefaultEpilogue>;
   constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
   static std::atomic<uint64_t> opted_in{0};
   if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
@@ -84,22 +87,9 @@ cudaError_t launch_single(const detail::GemmPlan& p, cudaStream_t stream) {
       e != cudaSuccess) {
     return e;
   }
-  kernel<<<p.grid, detail::kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob, p.epi);
-  return cudaGetLastError();
-}
-
-// CTA pairs: a cluster launch. The grid is capped at the clusters that fit on the device at
-// once (cudaOccupancyMaxActiveClusters, asked once per device): a persistent CTA pair that
-// waited for another pair to finish would only add a wave.
-template <int BN, bool kBKN>
-cudaError_t launch_pairs(const detail::GemmPlan& p, cudaStream_t stream) {
-  auto kernel = detail::gemm_sm90_kernel<BN, kBKN, true, detail::DefaultEpilogue>;
-  constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
-  static std::atomic<uint64_t> opted_in{0};
-  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
-                                               opted_in);
-      e != cudaSuccess) {
-    return e;
+  if constexpr (!kPair) {
+    kernel<<<p.grid, detail::kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob, p.epi);
+    return cudaGetLastError();
   }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -136,7 +126,8 @@ cudaError_t launch_pairs(const detail::GemmPlan& p, cudaStream_t stream) {
 
 template <int BN, bool kBKN>
 cudaError_t launch_instance(const detail::GemmPlan& p, cudaStream_t stream) {
-  return p.cluster == 2 ? launch_pairs<BN, kBKN>(p, stream) : launch_single<BN, kBKN>(p, stream);
+  return p.cluster == 2 ? launch_kernel<BN, kBKN, true>(p, stream)
+                        : launch_kernel<BN, kBKN, false>(p, stream);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
