@@ -1,5 +1,5 @@
 // What the multi-process GPU tests (gpu_collectives_test, gpu_fused_test) share: the check
-// counters, CUDA_OK, the seed mixer and the run's seed, reopening the symmetric memory, the
+// counters (check.h), CUDA_OK, the seed mixer and the run's seed, reopening the symmetric memory, the
 // GPU-count probe (the parent must not create a CUDA context before it forks its ranks, so the
 // probe runs in a child and reports back through a pipe), and the shared-GPU mode.
 //
@@ -24,6 +24,7 @@
 #include <string>
 
 #include "fusedcomm/runtime/errors.h"
+#include "check.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "process_group.h"
 
@@ -46,16 +47,6 @@ inline int shared_gpu_world() {
 }
 // Iteration counts of long loops: n, or n / 5 (at least 1) in the shared-GPU mode.
 inline int shared_gpu_scale(int n) { return g_shared_gpu ? (n / 5 > 0 ? n / 5 : 1) : n; }
-
-// This rank's check counts; the first 20 failures are printed.
-inline int g_failed = 0, g_passed = 0;
-inline void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else if (++g_failed <= 20) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
 
 // splitmix64's finaliser: keys for the seeded test data.
 inline uint64_t mix(uint64_t x) {

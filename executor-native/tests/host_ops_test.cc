@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
@@ -37,16 +38,9 @@ using fusedcomm::testing::run_ranks;
 using namespace fusedcomm::host;
 
 // ---- harness --------------------------------------------------------------------------------
-int g_passed = 0, g_failed = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
+using fusedcomm::testing::check;
+using fusedcomm::testing::g_failed;
+using fusedcomm::testing::g_passed;
 #define CHECK(cond, what) check((cond), std::string(what) + "  [" #cond ", line " + std::to_string(__LINE__) + "]")
 
 std::mt19937_64 g_rng;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "check.h"
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
@@ -15,15 +16,9 @@ namespace {
 
 namespace k = fusedcomm::kernels;
 
-int g_passed = 0, g_failed = 0;
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
+using fusedcomm::testing::check;
+using fusedcomm::testing::g_failed;
+using fusedcomm::testing::g_passed;
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 uint32_t u(k::CommOp op) { return static_cast<uint32_t>(op); }

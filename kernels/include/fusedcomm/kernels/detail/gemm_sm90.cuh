@@ -100,8 +100,7 @@ struct TileCoord {
 
 // Grouped raster over `rows` row units: group g covers units [g*group, +group), swept column
 // by column, so the CTAs running at once share a few A panels and a few B panels in L2.
-__host__ __device__ __forceinline__ TileCoord grouped_raster(int t, int rows, int group,
-                                                             int n_blocks) {
+__device__ __forceinline__ TileCoord grouped_raster(int t, int rows, int group, int n_blocks) {
   const int per_group = group * n_blocks;
   const int g = t / per_group;
   const int first = g * group;
@@ -110,11 +109,17 @@ __host__ __device__ __forceinline__ TileCoord grouped_raster(int t, int rows, in
   return {first + r % height, r / height};
 }
 
-// Sweep position -> tile: the grouped raster over M-blocks, then the rotation of M (hook 4).
+// The rotation of the M-blocks (hook 4): block m of the sweep is block m + m_block_start,
+// modulo m_blocks (m < m_blocks).
+__device__ __forceinline__ int rotate_m(const GemmProblem& p, int m) {
+  m += p.m_block_start;
+  return m >= p.m_blocks ? m - p.m_blocks : m;
+}
+
+// Sweep position -> tile: the grouped raster over M-blocks, then the rotation of M.
 __device__ __forceinline__ TileCoord tile_coord(const GemmProblem& p, int t) {
   TileCoord tc = grouped_raster(t, p.m_blocks, p.group_m, p.n_blocks);
-  tc.m += p.m_block_start;
-  if (tc.m >= p.m_blocks) tc.m -= p.m_blocks;
+  tc.m = rotate_m(p, tc.m);
   return tc;
 }
 
@@ -127,10 +132,7 @@ __host__ __device__ __forceinline__ int pair_sweep(int m_blocks, int n_blocks) {
 __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t, int rank) {
   TileCoord tc = grouped_raster(t, (p.m_blocks + 1) / 2, max(1, p.group_m / 2), p.n_blocks);
   tc.m = 2 * tc.m + rank;
-  if (tc.m < p.m_blocks) {
-    tc.m += p.m_block_start;
-    if (tc.m >= p.m_blocks) tc.m -= p.m_blocks;
-  }
+  if (tc.m < p.m_blocks) tc.m = rotate_m(p, tc.m);
   return tc;
 }
 

@@ -30,17 +30,19 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
+// The spin on mbarrier.try_wait.parity (operands: %0 the barrier's shared::cta address, %1 the
+// parity); `sem` is the try_wait's semantics qualifier ("" = acquire at CTA scope).
+#define FC_MBAR_WAIT_ASM(sem)                                               \
+  "{\n"                                                                     \
+  ".reg .pred done;\n"                                                      \
+  "WAIT_%=:\n"                                                              \
+  "mbarrier.try_wait.parity" sem ".shared::cta.b64 done, [%0], %1;\n"      \
+  "@!done bra WAIT_%=;\n"                                                   \
+  "}\n"
+
 // Blocks until the phase with the given parity has completed (acquire, CTA scope).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
+  asm volatile(FC_MBAR_WAIT_ASM("") ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 
 // ---- clusters (CTA pairs that share operand tiles) -------------------------------------------
@@ -70,15 +72,7 @@ __device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_addr) {
 }
 // mbar_wait with cluster-scope acquire: for barriers that other CTAs of the cluster arrive on.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
+  asm volatile(FC_MBAR_WAIT_ASM(".acquire.cluster") ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 // Every thread of every CTA of the cluster (not .aligned: threads arrive from different
 // branches); release/acquire at cluster scope.
