@@ -41,10 +41,9 @@ constexpr uint64_t kAgFusedMinBytes = 8ull << 20;  // M*K*2: the gathered A
 //   the pull should run near the link's speed from the start. Pulling CTAs join the GEMM when
 //   their chunks are done, so generous counts cost little (P SMs idle from the GEMM for the
 //   pull time only): the rows aim at >= 330 GB/s of pulls.
-// - gemmReduceScatter: the partials (fp32) arrive at (W-1)/W * 4*M*N / T_gemm = (W-1)/W *
-//   1580e12 / K_r B/s (K_r = 14336, W = 2: 55 GB/s; K_r = 3584, W = 4: 330 GB/s). Reducing CTAs
-//   stay reducers to the end, so these rows are tighter (~1.5x the rate).
-// Model values: bench/fused reports the split of each row; tune from its measurements.
+// - gemmReduceScatter: measured, not modelled (kRsSplit below).
+// Model values for allGatherGemm: bench/fused reports the split of each row; tune from its
+// measurements.
 struct SplitRow {
   int max_world;
   int min_dim;
@@ -54,10 +53,20 @@ constexpr SplitRow kAgSplit[] = {
     {2, 8192, 16}, {2, 4096, 20}, {2, 2048, 24}, {2, 0, 32},
     {8, 8192, 20}, {8, 4096, 24}, {8, 2048, 32}, {8, 0, 40},
 };
+// gemmReduceScatter's reducing CTAs, by D = K_r * 4 / (bytes per partial element): GEMM FLOPs
+// per partial byte, so bf16 partials count as twice the K_r. Measured on 1 x H200 at world 1
+// with the local shapes of TP 2 and 4 (fused_bench --world 1 --tp T --ctas R, R = 8..40,
+// kernels/bench/fused/NOTES.md "Reducing CTAs"): there each owner sums M x N partials, as many
+// bytes per owner as at world W, and the fused time was set by the reducers up to R ~ 16-40
+// (each gets ~20-25 GB/s while the GEMM runs on the other SMs); past the best R the GEMM's lost
+// SMs cost more. The best R did not depend on the world in that proxy, so one table serves
+// every world (NVLink's share at W >= 2 is not in it: to be checked on several GPUs).
 constexpr SplitRow kRsSplit[] = {
-    {2, 8192, 6},  {2, 4096, 10}, {2, 2048, 16}, {2, 0, 20},
-    {8, 8192, 12}, {8, 4096, 16}, {8, 2048, 24}, {8, 0, 32},
+    {8, 12288, 12}, {8, 6144, 16}, {8, 4096, 24}, {8, 3072, 32}, {8, 0, 40},
 };
+// The GEMM CTA count that gemmReduceScatter's tile width is chosen for (rank-uniform: from the
+// world only, never K_r): the counts the width rule was measured with.
+int rs_width_ctas(int world, int sms) { return std::max(1, sms - (world <= 2 ? 20 : 32)); }
 
 template <size_t N>
 int split_ctas(const SplitRow (&rows)[N], int world, int dim) {
@@ -190,13 +199,12 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   // The tile width (hence the tile grid and the sweep) from values every rank shares: M, N,
   // the world and the SM count, never K_r or this rank's CTA split. The chunk ids do not
   // depend on the tile width (chunk_cols is a multiple of 256), but with one width on every
-  // rank all ranks also sweep the same tiles in the same order, as the design assumes. The
-  // width is chosen for the GEMM CTAs left by the largest reducer count of this world's rows.
-  const int red_max = std::clamp(split_ctas(kRsSplit, W, 0), 1, std::max(1, sms / 2));
-  p.tile_n = gemm_tile_grid(a.M, a.N, 0, std::max(1, sms - red_max)).tile_n;
+  // rank all ranks also sweep the same tiles in the same order, as the design assumes.
+  p.tile_n = gemm_tile_grid(a.M, a.N, 0, rs_width_ctas(W, sms)).tile_n;
   // The reducer count may differ by rank (K_r: FLOPs per exchanged byte): it changes only how
   // many of this rank's CTAs reduce, never the chunk layout, the flags or the tile order.
-  int red = a.reduce_ctas > 0 ? a.reduce_ctas : split_ctas(kRsSplit, W, a.K);
+  const int dim = a.partials == RsPartials::kBF16 ? 2 * a.K : a.K;
+  int red = a.reduce_ctas > 0 ? a.reduce_ctas : split_ctas(kRsSplit, W, dim);
   red = std::clamp(red, 1, std::max(1, sms / 2));
   p.red_ctas = red;
   p.gemm_ctas = std::max(1, sms - red);
@@ -579,5 +587,11 @@ cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __n
                                                   N, K, ref, absdot, accumulate);
   return cudaGetLastError();
 }
+
+#ifdef FUSEDCOMM_RS_TRACE
+cudaError_t rs_trace_buffer(uint64_t* words) {
+  return cudaMemcpyToSymbol(detail::g_rs_trace, &words, sizeof words);
+}
+#endif
 
 }  // namespace fusedcomm::kernels

@@ -13,7 +13,13 @@
 // stream sync before each batch); ms_median = median over batches of the per-launch mean. One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N]
-//                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16]
+//                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16] [--tp T]
+// --tp T (default W): the shapes of tensor parallelism T while running at world W. With W = 1
+// and T = 2 or 4 the fused kernels run on one GPU with the local shapes of TP T: every cost
+// except NVLink (the GEMM role's epilogue, flags, claims, reducers over the own partial), so
+// their local overhead is measurable on a one-GPU host; rows carry "tp" (local_run.sh).
+// Debug builds: -DFUSEDCOMM_AG_TRACE / -DFUSEDCOMM_RS_TRACE (FC_NVCC_FLAGS of build.sh) print
+// a timeline of one fused launch per shape.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -98,6 +104,7 @@ void fill_random(void* dst, size_t n, const std::vector<__nv_bfloat16>& pool) {
 
 struct Options {
   int world = 2;
+  int tp = 0;  // 0: the world size
   bool quick = false;
   bool ag = true, rs = true;
   int ctas = 0;
@@ -167,10 +174,59 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
 }
 #endif
 
+#ifdef FUSEDCOMM_RS_TRACE
+// Debug build (-DFUSEDCOMM_RS_TRACE): one fused gemmReduceScatter after a warm-up; rank 0
+// prints where its time went (layout: fused_gemm.cuh, g_rs_trace), microseconds from the
+// first CTA's entry.
+void trace_rs(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::GemmRsArgs a,
+              cudaStream_t st, const std::string& label) {
+  a.algo = k::FusedAlgo::kFused;
+  const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(dev, a);
+  constexpr size_t kWords = 8192;
+  static uint64_t* tr = nullptr;  // kept: every later launch of this process writes to it
+  if (tr == nullptr) {
+    CK(cudaMalloc(&tr, kWords * 8));
+    CK(k::rs_trace_buffer(tr));
+  }
+  for (int i = 0; i < 3; ++i) {
+    CK(cudaStreamSynchronize(st));
+    g.barrier();
+    CK(cudaMemsetAsync(tr, 0, kWords * 8, st));
+    CK(k::launch_gemm_reduce_scatter(dev, a, st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<uint64_t> t(kWords);
+  CK(cudaMemcpy(t.data(), tr, kWords * 8, cudaMemcpyDeviceToHost));
+  if (g.rank != 0) return;
+  const int G = info.gemm_ctas, R = info.comm_ctas;
+  uint64_t t0 = UINT64_MAX;
+  for (int b = 0; b < G + R; ++b) if (t[4096 + 2 * b]) t0 = std::min(t0, t[4096 + 2 * b]);
+  auto us = [&](uint64_t v) { return v ? (v - t0) * 1e-3 : -1.0; };
+  std::vector<double> gend;
+  for (int b = 0; b < G; ++b) gend.push_back(us(t[4096 + 2 * b + 1]));
+  std::sort(gend.begin(), gend.end());
+  double rend_min = 1e30, rend_max = 0, flag = 0, reduce = 0, chunks = 0;
+  for (int j = 0; j < R; ++j) {
+    const uint64_t* w = &t[8 * j];
+    rend_min = std::min(rend_min, us(w[1]));
+    rend_max = std::max(rend_max, us(w[1]));
+    flag += w[2] * 1e-3 / R;
+    reduce += w[3] * 1e-3 / R;
+    chunks += static_cast<double>(w[4]) / R;
+  }
+  std::printf("rs-trace %-20s G=%d R=%d | GEMM CTAs end us: min %.1f med %.1f max %.1f | reducers end "
+              "us: min %.1f max %.1f | per reducer: flag waits %.1f us, reducing %.1f us, %.1f "
+              "chunks\n",
+              label.c_str(), G, R, gend.front(), gend[gend.size() / 2], gend.back(), rend_min,
+              rend_max, flag, reduce, chunks);
+  std::fflush(stdout);
+}
+#endif
+
 int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
   CK(cudaSetDevice(r));
-  const std::vector<Shape> list = shapes(W, o.quick);
+  const std::vector<Shape> list = shapes(o.tp > 0 ? o.tp : W, o.quick);
 
   // Sizes: the largest of every buffer over the shapes. Data area: the allGatherGemm inputs
   // from offset 0, the gemmReduceScatter fp32 workspace above them (so that the partials never
@@ -359,6 +415,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
 #ifdef FUSEDCOMM_AG_TRACE
     if (is_ag) trace_ag(g, dev, ag, st, s.label);
 #endif
+#ifdef FUSEDCOMM_RS_TRACE
+    if (!is_ag) trace_rs(g, dev, rs, st, s.label);
+#endif
     for (Impl& im : impls) {
       int iters = 0;
       const double ms = time_op(im.launch, iters);
@@ -368,13 +427,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"N\": %d, \"K\": %d, \"dtype\": \"bf16\", \"ms_median\": %.6f, \"tflops\": %.2f, "
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
-                     "\"batches\": %d, \"partials\": \"%s\", \"gpu\": \"%s\"}\n",
+                     "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
                      algo_name(auto_algo), im.info.gemm_ctas, im.info.comm_ctas, im.info.tile_n,
                      im.info.chunks, iters, o.batches,
-                     is_ag ? "" : (o.rs_bf16 ? "bf16" : "f32"), device);
+                     is_ag ? "" : (o.rs_bf16 ? "bf16" : "f32"), o.tp > 0 ? o.tp : W, device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
                     s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,
@@ -407,6 +466,7 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--world") o.world = std::atoi(next());
+    else if (a == "--tp") o.tp = std::atoi(next());
     else if (a == "--out") o.out = next();
     else if (a == "--quick") o.quick = true;
     else if (a == "--ctas") o.ctas = std::atoi(next());

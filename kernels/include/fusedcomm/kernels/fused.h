@@ -216,6 +216,11 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
                                    cudaStream_t stream);
 cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& args,
                                        cudaStream_t stream);
+#ifdef FUSEDCOMM_RS_TRACE
+// Debug build only: where gemmReduceScatter's fused kernel writes its timeline (64 KiB of
+// device memory; layout in detail/fused_gemm.cuh, g_rs_trace).
+cudaError_t rs_trace_buffer(uint64_t* words);
+#endif
 
 // Names for CommErrorRecord::op / ::step, the collectives' codes included.
 inline const char* fused_op_name(uint32_t op) {

@@ -139,10 +139,12 @@ inline constexpr uint64_t kCommSlowCheckNs = 20000;
 // timeout_scale: the wait gives up after timeout_scale × the CommDevice's timeout (waits that
 // legitimately span a whole GEMM, e.g. the fused ops' chunk flags, use more than 1).
 // local: the flag is written by this GPU (gpu-scope acquire suffices and polls are cheaper).
+// sleep_cap_ns: the longest sleep between polls (0: 128 ns, then 1 us after 4096 polls).
 __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const uint64_t* flag,
                                                       uint64_t epoch, uint32_t op, uint32_t step,
                                                       int peer, uint32_t timeout_scale = 1,
-                                                      bool local = false) {
+                                                      bool local = false,
+                                                      uint32_t sleep_cap_ns = 0) {
   auto load = [&] { return local ? ld_acquire_gpu(flag) : ld_acquire_sys(flag); };
   uint64_t v = load();
   if (v >= epoch) return true;
@@ -185,7 +187,7 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
     }
     // Short sleeps while a peer is merely a few microseconds behind; longer once it is late.
     __nanosleep(sleep_ns);
-    const uint32_t cap = polls < 4096 ? 128u : 1024u;
+    const uint32_t cap = sleep_cap_ns ? sleep_cap_ns : polls < 4096 ? 128u : 1024u;
     sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
   }
 }

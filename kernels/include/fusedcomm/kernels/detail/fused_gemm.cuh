@@ -202,6 +202,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, AgSchedule{&p, epoch});
 }
 
+#ifdef FUSEDCOMM_RS_TRACE
+// Debug build only (-DFUSEDCOMM_RS_TRACE; fused_bench prints it): where gemmReduceScatter's
+// time goes, in %globaltimer ns. Reducing CTA j: words [8j, 8j + 5) = start, end, flag waits,
+// reducing (thread 0: from its flags to the next chunk's wait, its share plus the barrier),
+// chunks. Every CTA b: [4096 + 2b] = entry, [4096 + 2b + 1] = end of its role (GEMM CTAs:
+// consumers done). Set by rs_trace_buffer (fused.cu).
+__device__ uint64_t* g_rs_trace;
+#define FC_RS_TRACE(...) __VA_ARGS__
+#else
+#define FC_RS_TRACE(...)
+#endif
+
 // ============================================================================================
 // gemmReduceScatter
 // ============================================================================================
@@ -283,6 +295,7 @@ struct RsSchedule {
   }
   __device__ __forceinline__ void consumers_done() const {
     named_barrier_sync(1, 256);
+    FC_RS_TRACE(if (threadIdx.x == 128) g_rs_trace[4096 + 2 * blockIdx.x + 1] = globaltimer_ns();)
     if (threadIdx.x == 128) fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
   }
 };
@@ -467,6 +480,7 @@ __device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch, i
   const int per_group = p.group_m / p.mg;
   int ordinal = 0;
   bool ok = true;
+  FC_RS_TRACE(uint64_t tr[8] = {globaltimer_ns()}; uint64_t t_chunk = 0;)
   for (int g = 0; g < groups && ok; ++g) {
     for (int cg = 0; cg < p.col_groups && ok; ++cg) {
       for (int i = 0; i < per_group && ok; ++i) {
@@ -481,6 +495,8 @@ __device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch, i
         if (!owned || ordinal++ % p.red_ctas != j) continue;
         const int chunk = (L0 / p.mg) * p.col_groups + cg;
         // Observe pattern (FusedFlags::rs_ready): acquire every source's flag, then bar.sync.
+        FC_RS_TRACE(const uint64_t tw = globaltimer_ns();
+                    if (t_chunk) tr[3] += tw - t_chunk;)
         if (threadIdx.x == 0) {
           int all = 1;
           for (int s = 0; s < W && all; ++s) {
@@ -492,6 +508,7 @@ __device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch, i
         __syncthreads();
         ok = s_ok != 0;
         __syncthreads();  // s_ok is rewritten by the next chunk's wait
+        FC_RS_TRACE(t_chunk = globaltimer_ns(); tr[2] += t_chunk - tw; ++tr[4];)
         if (!ok) break;
         const int c0 = cg * p.chunk_cols, c1 = min(p.N, c0 + p.chunk_cols);
         for (int l = L0; l < L1; ++l) {
@@ -504,6 +521,11 @@ __device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch, i
     }
   }
   __syncthreads();
+  FC_RS_TRACE(if (threadIdx.x == 0) {
+    tr[1] = globaltimer_ns();
+    if (t_chunk) tr[3] += tr[1] - t_chunk;
+    for (int w = 0; w < 8; ++w) g_rs_trace[8 * j + w] = tr[w];
+  })
   if (threadIdx.x == 0) {
     fused_role_done(d, epoch, static_cast<uint32_t>(p.red_ctas));
     fused_finish(d, epoch, kFusedOpGemmReduceScatter);
@@ -518,6 +540,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                    const __grid_constant__ GemmProblem prob,
                    const __grid_constant__ RsParams p) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
+  FC_RS_TRACE(if (threadIdx.x == 0) g_rs_trace[4096 + 2 * blockIdx.x] = globaltimer_ns();)
   if (static_cast<int>(blockIdx.x) < p.gemm_ctas) {
     gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch},
                              RsSchedule{&p, epoch});

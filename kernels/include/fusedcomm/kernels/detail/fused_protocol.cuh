@@ -55,10 +55,15 @@ __device__ __forceinline__ FusedFlags* fused_flags(const CommDevice& d, int rank
 // fused kernels: a __noinline__ function is called from one register region only. The
 // producer calls fused_wait_flag (below); role code runs in __noinline__ role functions that
 // use this inline version; comm_protocol.cuh's comm_wait_flag is not used.
+// Chunk and start flags of the fused ops come every few to tens of microseconds, and tens of
+// CTAs may wait at once while the GEMM runs on the other SMs: their polls back off to this
+// sleep (the collectives' waits stay at 128 ns, latency first).
+inline constexpr uint32_t kFusedPollSleepCapNs = 1024;
 __device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* flag,
                                            uint64_t epoch, uint32_t op, uint32_t step, int peer,
                                            uint32_t timeout_scale, bool local = false) {
-  return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale, local);
+  return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale, local,
+                               kFusedPollSleepCapNs);
 }
 
 // The GEMM producer's out-of-line wait (its 40-register region stays small), for flags this
