@@ -118,6 +118,20 @@ const char* algo_name(k::FusedAlgo a) {
   return a == k::FusedAlgo::kFused ? "fused" : a == k::FusedAlgo::kDecomposed ? "decomposed" : "auto";
 }
 
+#if defined(FUSEDCOMM_AG_TRACE) || defined(FUSEDCOMM_RS_TRACE)
+// Debug builds: three launches (two to warm up), each after a barrier with the timeline zeroed.
+void traced_launches(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, void* timeline,
+                     size_t bytes, const std::function<void()>& launch) {
+  for (int i = 0; i < 3; ++i) {
+    CK(cudaStreamSynchronize(st));
+    g.barrier();
+    CK(cudaMemsetAsync(timeline, 0, bytes, st));
+    launch();
+  }
+  CK(cudaStreamSynchronize(st));
+}
+#endif
+
 #ifdef FUSEDCOMM_AG_TRACE
 // Debug build (-DFUSEDCOMM_AG_TRACE): one fused allGatherGemm after a warm-up, then rank 0
 // prints its timeline (layout: fused_gemm.cuh, ag_trace).
@@ -128,13 +142,7 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
   const int64_t mb = (a.M + 127) / 128, nb = (a.N + info.tile_n - 1) / info.tile_n;
   const int64_t words = 2 * mb * 4096 + info.chunks + 2 * info.comm_ctas;
   uint8_t* tr = dev.base[dev.rank] + dev.scratch_offset;
-  for (int i = 0; i < 3; ++i) {
-    CK(cudaStreamSynchronize(st));
-    g.barrier();
-    CK(cudaMemsetAsync(tr, 0, words * 8, st));
-    CK(k::launch_all_gather_gemm(dev, a, st));
-  }
-  CK(cudaStreamSynchronize(st));
+  traced_launches(g, st, tr, words * 8, [&] { CK(k::launch_all_gather_gemm(dev, a, st)); });
   if (g.rank != 0) return;
   std::vector<uint64_t> t(words);
   CK(cudaMemcpy(t.data(), tr, words * 8, cudaMemcpyDeviceToHost));
@@ -188,13 +196,7 @@ void trace_rs(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
     CK(cudaMalloc(&tr, kWords * 8));
     CK(k::rs_trace_buffer(tr));
   }
-  for (int i = 0; i < 3; ++i) {
-    CK(cudaStreamSynchronize(st));
-    g.barrier();
-    CK(cudaMemsetAsync(tr, 0, kWords * 8, st));
-    CK(k::launch_gemm_reduce_scatter(dev, a, st));
-  }
-  CK(cudaStreamSynchronize(st));
+  traced_launches(g, st, tr, kWords * 8, [&] { CK(k::launch_gemm_reduce_scatter(dev, a, st)); });
   std::vector<uint64_t> t(kWords);
   CK(cudaMemcpy(t.data(), tr, kWords * 8, cudaMemcpyDeviceToHost));
   if (g.rank != 0) return;
