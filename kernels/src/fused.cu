@@ -65,8 +65,12 @@ constexpr SplitRow kRsSplit[] = {
     {8, 12288, 12}, {8, 6144, 16}, {8, 4096, 24}, {8, 3072, 32}, {8, 0, 40},
 };
 // The GEMM CTA count that gemmReduceScatter's tile width is chosen for (rank-uniform: from the
-// world only, never K_r): the counts the width rule was measured with.
-int rs_width_ctas(int world, int sms) { return std::max(1, sms - (world <= 2 ? 20 : 32)); }
+// world and the SM count only, never K_r): SMs less 20 reducers (W <= 2) or 32, at most half
+// the SMs, as the width was chosen before kRsSplit was measured (the sweep ran with it).
+int rs_width_ctas(int world, int sms) {
+  const int reducers = std::clamp(world <= 2 ? 20 : 32, 1, std::max(1, sms / 2));
+  return std::max(1, sms - reducers);
+}
 
 template <size_t N>
 int split_ctas(const SplitRow (&rows)[N], int world, int dim) {

@@ -19,9 +19,10 @@ for r in $(seq 1 "$rounds"); do
     for part in $partials; do
       for b in $bins; do
         name=$(basename "$b")
+        rm -f /tmp/local_rows.jsonl  # a failed run must not re-append the previous rows
         timeout 200 "$b/fused_bench" --world 1 --tp $tp --ops "$ops" --rs-partials "$part" $q \
           --batches 5 --out /tmp/local_rows.jsonl >> "$OUT/local.log" 2>&1 || echo "fused_bench $name tp=$tp $part rc=$?"
-        sed "s/}\$/, \"build\": \"$name\", \"round\": $r}/" /tmp/local_rows.jsonl >> "$OUT/local.jsonl"
+        sed "s/}\$/, \"build\": \"$name\", \"round\": $r}/" /tmp/local_rows.jsonl >> "$OUT/local.jsonl" 2> /dev/null
       done
     done
   done

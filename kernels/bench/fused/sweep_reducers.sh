@@ -8,8 +8,9 @@ set -uo pipefail
 bin=${1:?bin folder}; list=${2:-8 12 16 24 32 40}
 OUT=${OUT:-/tmp/sweep_out}; mkdir -p "$OUT"
 for tp in 2 4; do for part in f32 bf16; do for c in $list; do
+  rm -f /tmp/sweep_rows.jsonl  # a failed run must not re-append the previous rows
   "$bin/fused_bench" --world 1 --tp $tp --ops rs --ctas $c --batches 3 --rs-partials $part \
     --out /tmp/sweep_rows.jsonl > /dev/null 2>&1 || echo "rc=$? tp=$tp $part ctas=$c"
-  sed "s/}\$/, \"ctas_req\": $c}/" /tmp/sweep_rows.jsonl >> "$OUT/sweep.jsonl"
+  sed "s/}\$/, \"ctas_req\": $c}/" /tmp/sweep_rows.jsonl >> "$OUT/sweep.jsonl" 2> /dev/null
 done; done; done
 wc -l "$OUT/sweep.jsonl"

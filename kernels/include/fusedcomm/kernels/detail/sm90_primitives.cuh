@@ -181,33 +181,28 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
 }
 
 // ---- flags and time -------------------------------------------------------------------------
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+// 64-bit flag loads and stores with a memory-order qualifier ("acquire.sys", ...).
+#define FC_FLAG_LOAD(name, qual)                                                        \
+  __device__ __forceinline__ uint64_t name(const uint64_t* p) {                         \
+    uint64_t v;                                                                         \
+    asm volatile("ld." qual ".global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");    \
+    return v;                                                                           \
+  }
+#define FC_FLAG_STORE(name, qual)                                                       \
+  __device__ __forceinline__ void name(uint64_t* p, uint64_t v) {                       \
+    asm volatile("st." qual ".global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");      \
+  }
+FC_FLAG_LOAD(ld_acquire_sys, "acquire.sys")
+FC_FLAG_STORE(st_release_sys, "release.sys")
 // Relaxed at system scope: single-copy atomic, no ordering (launch signatures, CommFlags::launch).
-__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+FC_FLAG_LOAD(ld_relaxed_sys, "relaxed.sys")
+FC_FLAG_STORE(st_relaxed_sys, "relaxed.sys")
 // GPU scope, for flags that a CTA of this GPU writes and another reads (polls of these are
 // much cheaper for the rest of the GPU than .sys ones; see bench/fused/NOTES.md, run 4).
-__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+FC_FLAG_LOAD(ld_acquire_gpu, "acquire.gpu")
+FC_FLAG_STORE(st_release_gpu, "release.gpu")
+#undef FC_FLAG_LOAD
+#undef FC_FLAG_STORE
 // Release / acquire fence at GPU scope: with a relaxed atomic after (before) it, a release
 // (acquire) pattern; cheaper than __threadfence() (fence.sc.gpu), which also orders unrelated
 // locations sequentially consistently, which the counters here never need.
