@@ -424,9 +424,9 @@ struct Rank {
     report_rs_info(a, bad != 0, c.name(W));
   }
 
-  // FusedFlags between launches (fused.h): every chunk counter, the tile counter and the
-  // role counter are back at 0 once a launch has completed. Returns the number of non-zero
-  // counters (the first few printed).
+  // FusedFlags between launches (fused.h): every chunk counter, the tile and reduce-item
+  // counters and the role counter are back at 0 once a launch has completed. Returns the
+  // number of non-zero counters (the first few printed).
   int flags_dirty(const std::string& what) {
     k::FusedFlags f;
     CUDA_OK(cudaMemcpy(&f, sm->device().base[r] + k::kFusedFlagsOffset, sizeof f,
@@ -439,6 +439,7 @@ struct Rank {
     for (int c = 0; c < k::kFusedMaxChunks; ++c) report("chunk_count", c, f.chunk_count[c]);
     report("tile_claim", 0, f.tile_claim);
     report("role_exit", 0, f.role_exit);
+    report("rs_claim", 0, f.rs_claim);
     return n;
   }
   void check_flags(const std::string& what) {

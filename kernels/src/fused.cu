@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "fusedcomm/kernels/collectives.h"
@@ -41,7 +42,7 @@ constexpr uint64_t kAgFusedMinBytes = 8ull << 20;  // M*K*2: the gathered A
 //   the pull should run near the link's speed from the start. Pulling CTAs join the GEMM when
 //   their chunks are done, so generous counts cost little (P SMs idle from the GEMM for the
 //   pull time only): the rows aim at >= 330 GB/s of pulls.
-// - gemmReduceScatter: measured, not modelled (kRsSplit below).
+// - gemmReduceScatter: a model with a measured world-1 part (rs_reducers below).
 // Model values for allGatherGemm: bench/fused reports the split of each row; tune from its
 // measurements.
 struct SplitRow {
@@ -53,23 +54,47 @@ constexpr SplitRow kAgSplit[] = {
     {2, 8192, 16}, {2, 4096, 20}, {2, 2048, 24}, {2, 0, 32},
     {8, 8192, 20}, {8, 4096, 24}, {8, 2048, 32}, {8, 0, 40},
 };
-// gemmReduceScatter's reducing CTAs, by D = K_r * 4 / (bytes per partial element): GEMM FLOPs
-// per partial byte, so bf16 partials count as twice the K_r. Measured on 1 x H200 at world 1
-// with the local shapes of TP 2 and 4 (fused_bench --world 1 --tp T --ctas R, R = 8..40,
-// kernels/bench/fused/NOTES.md "Reducing CTAs"): there each owner sums M x N partials, as many
-// bytes per owner as at world W, and the fused time was set by the reducers up to R ~ 16-40
-// (each gets ~20-25 GB/s while the GEMM runs on the other SMs); past the best R the GEMM's lost
-// SMs cost more. The best R did not depend on the world in that proxy, so one table serves
-// every world (NVLink's share at W >= 2 is not in it: to be checked on several GPUs).
-constexpr SplitRow kRsSplit[] = {
-    {8, 12288, 12}, {8, 6144, 16}, {8, 4096, 24}, {8, 3072, 32}, {8, 0, 40},
-};
-// The GEMM CTA count that gemmReduceScatter's tile width is chosen for (rank-uniform: from the
-// world and the SM count only, never K_r): SMs less 20 reducers (W <= 2) or 32, at most half
-// the SMs, as the width was chosen before kRsSplit was measured (the sweep ran with it).
-int rs_width_ctas(int world, int sms) {
-  const int reducers = std::clamp(world <= 2 ? 20 : 32, 1, std::max(1, sms / 2));
-  return std::max(1, sms - reducers);
+// gemmReduceScatter's reducing CTAs: a model of the fused time over R, minimised per launch.
+// The GEMM CTAs (G = sms - R) claim tiles dynamically and, once none is left, join the
+// reduction (rs_reduce_role), so
+//   T(R) = waves(G) * t_tile + tail(R),  waves(G) = ceil(tiles / G),
+//   t_tile = 2 * 128 * tile_n * K_r / (kRsGemmFlops / sms)  (one tile on one SM),
+//   tail(R) = max(0, remote - R * kRsCtaBps * waves * t_tile) / kRsLinkBps,
+//   remote = (W-1)/W * M * N * bytes per partial  (what an owner pulls from its peers),
+// and R is the largest count of the smallest T(R), at least kRsMinReducers. Measured on one
+// GPU at world 1 (fused_bench --world 1 --tp T --ctas R, R = 2..32, 1 x H100; NOTES.md
+// "Reducing CTAs"): the waves dominate there. Tiles take 40-160 us at these K_r, and R = 6
+// instead of 4 (G = 126 instead of 128) cost one wave at 512 or 1024 tiles; R = 2 or 4 came
+// within 3 % of the best of eight counts at 46 of 48 shapes (R = 4 alone at 39, geomean 1.02 x
+// the best), where the previous table had 12-40 (chosen before the GEMM CTAs joined, when the
+// reducers alone had to finish the tail). The tail term (NVLink pulls at W >= 2) is the
+// model's alone: not yet measured on several GPUs.
+constexpr int kRsMinReducers = 4;
+constexpr double kRsGemmFlops = 790e12;  // the whole GPU (H200, DESIGN.md §7)
+constexpr double kRsCtaBps = 20e9;       // one reducing CTA while the GEMM runs (20-25 GB/s)
+constexpr double kRsLinkBps = 370e9;     // NVLink per direction (DESIGN.md §7)
+
+// The GEMM CTA count that gemmReduceScatter's tile width is chosen for: rank-uniform (the
+// world and the SM count only, never K_r), the count most launches get (kRsMinReducers).
+int rs_width_ctas(int sms) { return std::max(1, sms - std::min(kRsMinReducers, sms / 2)); }
+
+int rs_reducers(int W, int sms, int64_t M, int64_t N, int64_t K_r, int elem_bytes,
+                int tiles, int tile_n) {
+  const double t_tile = 2.0 * 128 * tile_n * static_cast<double>(K_r) / (kRsGemmFlops / sms);
+  const double remote = static_cast<double>(W - 1) / W * static_cast<double>(M) * N * elem_bytes;
+  const int lo = std::min(kRsMinReducers, std::max(1, sms / 2)), hi = std::max(1, sms / 2);
+  int best = lo;
+  double best_t = std::numeric_limits<double>::infinity();
+  for (int R = lo; R <= hi; ++R) {  // ties: the larger R (more pulls during the GEMM)
+    const int G = std::max(1, std::min(sms - R, tiles));
+    const double body = static_cast<double>((tiles + G - 1) / G) * t_tile;
+    const double t = body + std::max(0.0, remote - R * kRsCtaBps * body) / kRsLinkBps;
+    if (t <= best_t * (1 + 1e-9)) {
+      best = R;
+      best_t = std::min(best_t, t);
+    }
+  }
+  return best;
 }
 
 template <size_t N>
@@ -85,6 +110,14 @@ constexpr int64_t kAgSliceBytes = 128 << 10;
 // gemmReduceScatter: chunk width in 256-column units before the flag budget forces wider ones
 // (1024 columns x 128 rows x 4 B = 512 KiB of partial per source and chunk).
 constexpr int kRsChunkCols256 = 4;
+// gemmReduceScatter: the reducing role claims chunks in column slices of this width, so that
+// the last chunks (completed by the GEMM's last wave, when every CTA joins the reduction) are
+// shared by many CTAs (one CTA moves only ~20-25 GB/s: a whole 512 KiB-per-source chunk is
+// ~20-40 us of tail on one CTA).
+#ifndef FUSEDCOMM_RS_ITEM_COLS  // experiment switch of the benchmark builds only
+#define FUSEDCOMM_RS_ITEM_COLS 256
+#endif
+constexpr int kRsItemCols = FUSEDCOMM_RS_ITEM_COLS;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -178,6 +211,9 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 }
 
 // ---- gemmReduceScatter geometry -----------------------------------------------------------------
+// Bytes per element of gemmReduceScatter's partial products.
+int partial_bytes(const GemmRsArgs& a) { return a.partials == RsPartials::kBF16 ? 2 : 4; }
+
 RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   const int W = d.world, sms = device_sms(d);
   RsParams p{};
@@ -200,15 +236,18 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.col_groups = static_cast<int>(ceil_div(a.N, p.chunk_cols));
   p.chunks = static_cast<int>(ceil_div(p.m_blocks, mg)) * p.col_groups;
   p.group_m = std::max(8, mg);  // mg is a power of two: it divides the group
+  p.item_cols = std::min(p.chunk_cols, kRsItemCols);
+  p.items_per_chunk = static_cast<int>(ceil_div(p.chunk_cols, p.item_cols));
   // The tile width (hence the tile grid and the sweep) from values every rank shares: M, N,
   // the world and the SM count, never K_r or this rank's CTA split. The chunk ids do not
   // depend on the tile width (chunk_cols is a multiple of 256), but with one width on every
   // rank all ranks also sweep the same tiles in the same order, as the design assumes.
-  p.tile_n = gemm_tile_grid(a.M, a.N, 0, rs_width_ctas(W, sms)).tile_n;
+  p.tile_n = gemm_tile_grid(a.M, a.N, 0, rs_width_ctas(sms)).tile_n;
   // The reducer count may differ by rank (K_r: FLOPs per exchanged byte): it changes only how
   // many of this rank's CTAs reduce, never the chunk layout, the flags or the tile order.
-  const int dim = a.partials == RsPartials::kBF16 ? 2 * a.K : a.K;
-  int red = a.reduce_ctas > 0 ? a.reduce_ctas : split_ctas(kRsSplit, W, dim);
+  const int tiles = p.m_blocks * static_cast<int>(ceil_div(a.N, p.tile_n));
+  int red = a.reduce_ctas > 0 ? a.reduce_ctas
+                              : rs_reducers(W, sms, a.M, a.N, a.K, partial_bytes(a), tiles, p.tile_n);
   red = std::clamp(red, 1, std::max(1, sms / 2));
   p.red_ctas = red;
   p.gemm_ctas = std::max(1, sms - red);
@@ -316,8 +355,6 @@ bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
   return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
 }
 
-// Bytes per element of gemmReduceScatter's partial products.
-int partial_bytes(const GemmRsArgs& a) { return a.partials == RsPartials::kBF16 ? 2 : 4; }
 
 GemmArgs base_gemm_args(int M, int N, int K, const __nv_bfloat16* A, const __nv_bfloat16* B,
                         GemmLayoutB layout) {

@@ -216,11 +216,21 @@ void trace_rs(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
     reduce += w[3] * 1e-3 / R;
     chunks += static_cast<double>(w[4]) / R;
   }
+  // GEMM CTAs that joined the reduction once out of tiles (rs_reduce_role<.., true>).
+  int join_ctas = 0;
+  uint64_t join_chunks = 0;
+  double join_end = 0;
+  for (int b = 0; b < G; ++b) {
+    join_end = std::max(join_end, us(t[6144 + 2 * b]));
+    join_chunks += t[6144 + 2 * b + 1];
+    join_ctas += t[6144 + 2 * b + 1] > 0 ? 1 : 0;
+  }
   std::printf("rs-trace %-20s G=%d R=%d | GEMM CTAs end us: min %.1f med %.1f max %.1f | reducers end "
               "us: min %.1f max %.1f | per reducer: flag waits %.1f us, reducing %.1f us, %.1f "
-              "chunks\n",
+              "chunks | joined: %d GEMM CTAs, %llu chunks, end %.1f us\n",
               label.c_str(), G, R, gend.front(), gend[gend.size() / 2], gend.back(), rend_min,
-              rend_max, flag, reduce, chunks);
+              rend_max, flag, reduce, chunks, join_ctas,
+              static_cast<unsigned long long>(join_chunks), join_end);
   std::fflush(stdout);
 }
 #endif

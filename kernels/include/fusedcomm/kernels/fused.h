@@ -144,7 +144,9 @@ struct alignas(64) FusedFlags {
   uint32_t chunk_count[kFusedMaxChunks];
   uint32_t tile_claim;  // the GEMM's dynamic tile counter; reset by the launch's last CTA
   uint32_t role_exit;   // pulling / reducing CTAs that finished; reset by the last of them
-  uint32_t reserved[14];
+  uint32_t rs_claim;    // gemmReduceScatter: the reducing role's dynamic item counter (this
+                        // rank's chunks in completion order); reset by the launch's last CTA
+  uint32_t reserved[13];
 };
 static_assert(sizeof(FusedFlags) == 8 * (kFusedRsFlagSlots + kFusedMaxChunks) +
                                         4 * kFusedMaxChunks + 64,

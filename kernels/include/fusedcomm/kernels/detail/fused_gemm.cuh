@@ -8,7 +8,8 @@
 //   allGatherGemm      [0, G)     GEMM from the start
 //                      [G, G+P)   pull A's chunks (peers' rows; the own rows are copied by the
 //                                 copy engine before the launch), then GEMM
-//   gemmReduceScatter  [0, G)     GEMM; epilogue writes fp32 partial tiles, counts chunks
+//   gemmReduceScatter  [0, G)     GEMM; epilogue writes partial tiles, counts chunks; then
+//                                 (consumer threads) reduce, as below
 //                      [G, G+R)   reduce this rank's rows chunk by chunk as peers finish them
 // Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
 #pragma once
@@ -207,7 +208,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // time goes, in %globaltimer ns. Reducing CTA j: words [8j, 8j + 5) = start, end, flag waits,
 // reducing (thread 0: from its flags to the next chunk's wait, its share plus the barrier),
 // chunks. Every CTA b: [4096 + 2b] = entry, [4096 + 2b + 1] = end of its role (GEMM CTAs:
-// consumers done). Set by rs_trace_buffer (fused.cu).
+// consumers done). GEMM CTA b, once it joined the reduction: [6144 + 2b] = end, [6144 + 2b + 1]
+// = chunks it reduced. Set by rs_trace_buffer (fused.cu).
 __device__ uint64_t* g_rs_trace;
 #define FC_RS_TRACE(...) __VA_ARGS__
 #else
@@ -230,8 +232,9 @@ __device__ uint64_t* g_rs_trace;
 // chunk_cols. The chunk layout depends only on (M, N, W), never on a rank's tile width or CTA
 // split, so every rank agrees on chunk ids. The GEMM CTA that finishes a chunk's last tile
 // raises rs_ready[rank * chunks + chunk] = epoch in the region of every rank that owns rows of
-// the chunk (FusedFlags::rs_ready). Owner o's reducing CTAs take o's chunks in the order they
-// complete, wait for the W flags, and for each row of the chunk that o owns compute
+// the chunk (FusedFlags::rs_ready). Owner o's reducing CTAs, and its GEMM CTAs once they have
+// no tile left, claim o's chunks one by one in the order they complete (rs_reduce_role), wait
+// for the W flags, and for each row of the chunk that o owns compute
 //   out[row - off_o][col] = bf16( (((0 + P_0) + P_1) + ...) + P_{W-1} )   (fp32, rank order)
 // pulling P_s from rank s's workspace.
 //
@@ -251,6 +254,9 @@ struct RsParams {
   int chunk_cols;   // columns per chunk (multiple of 256)
   int col_groups;   // ceil(N / chunk_cols)
   int chunks;       // ceil(m_blocks / mg) * col_groups
+  int item_cols;    // columns of one reduce item (a multiple of 256, at most chunk_cols): the
+                    // reducing role claims chunk slices of this width
+  int items_per_chunk;  // ceil(chunk_cols / item_cols)
   int group_m;      // the GEMM's raster group (also GemmProblem::group_m)
   int tile_n;       // this rank's GEMM tile width
   int gemm_ctas;    // CTAs [0, gemm_ctas) run the GEMM
@@ -270,6 +276,250 @@ __host__ __device__ __forceinline__ int rs_logical_of(int P, int mb, int w) {
   const int j = P - static_cast<int>(split_offset(mb, w, o));
   const int q = mb / w;
   return j < q ? j * w + o : q * w + o;
+}
+
+// 16-byte vectors of partials, widened and added into fp32 sums: 4 fp32 or 8 bf16 elements.
+__device__ __forceinline__ void rs_add(float (&acc)[4], const uint4& v, float) {
+  acc[0] += __uint_as_float(v.x);
+  acc[1] += __uint_as_float(v.y);
+  acc[2] += __uint_as_float(v.z);
+  acc[3] += __uint_as_float(v.w);
+}
+__device__ __forceinline__ void rs_add(float (&acc)[8], const uint4& v, __nv_bfloat16) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
+  }
+}
+
+// dst[i][c] = bf16(sum over s in 0..NS-1 of src[s][i][c]) for rows i < rows, columns c < cols
+// (a multiple of 16 bytes of T; rows * cols < 2^31); row strides ld (sources) and ldo (dst),
+// elements; threads tid = 0..nt-1 share the work. T: the partials' type (float or bf16).
+// 16-byte loads, kU vectors per source in flight per thread (NS * kU = 8: 48 KiB per CTA of
+// 384 threads, as the pull loop). Sources are summed in fp32 in order s = 0, 1, ... starting
+// from 0.f, then rounded once.
+template <int NS, class T>
+__device__ __forceinline__ void rs_reduce_rows(const T* const* src, int64_t ld,
+                                               __nv_bfloat16* dst, int64_t ldo, int rows,
+                                               int cols, int tid, int nt) {
+  constexpr int kU = NS >= 8 ? 1 : 8 / NS;
+  constexpr int kE = 16 / sizeof(T);  // elements per vector
+  const T* s_ptr[NS];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) s_ptr[s] = src[s];
+  const int vpr = cols / kE;
+  const int nv = rows * vpr;
+  for (int i = tid; i < nv; i += kU * nt) {
+    uint4 v[kU][NS];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int idx = i + u * nt;
+      if (idx < nv) {
+        const int row = idx / vpr;
+        const int64_t at = row * ld + (idx - row * vpr) * kE;
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          v[u][s] = __ldcg(reinterpret_cast<const uint4*>(s_ptr[s] + at));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int idx = i + u * nt;
+      if (idx >= nv) continue;
+      const int row = idx / vpr;
+      float acc[kE];
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc[e] = 0.f;
+#pragma unroll
+      for (int s = 0; s < NS; ++s) rs_add(acc, v[u][s], T{});
+      uint32_t packed[kE / 2];
+#pragma unroll
+      for (int e = 0; e < kE / 2; ++e) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
+        packed[e] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      __nv_bfloat16* out = dst + row * ldo + (idx - row * vpr) * kE;
+      if constexpr (kE == 4) {
+        *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+      } else {
+        *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      }
+    }
+  }
+}
+
+template <int NS, class T>
+__device__ __forceinline__ void rs_reduce_region_as(const RsParams& p, int64_t ra, int64_t rb,
+                                                    int c0, int c1, int64_t own_off, int tid,
+                                                    int nt) {
+  const CommDevice& d = p.dev;
+  const T* src[NS];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    src[s] = reinterpret_cast<const T*>(d.base[s] + d.data_offset + p.ws_offset) + ra * p.N + c0;
+  }
+  rs_reduce_rows<NS>(src, p.N, p.out + (ra - own_off) * p.N + c0, p.N, static_cast<int>(rb - ra),
+                     c1 - c0, tid, nt);
+}
+
+template <int NS>
+__device__ __forceinline__ void rs_reduce_region(const RsParams& p, int64_t ra, int64_t rb,
+                                                 int c0, int c1, int64_t own_off, int tid,
+                                                 int nt) {
+  if (p.bf16_partials) {
+    rs_reduce_region_as<NS, __nv_bfloat16>(p, ra, rb, c0, c1, own_off, tid, nt);
+  } else {
+    rs_reduce_region_as<NS, float>(p, ra, rb, c0, c1, own_off, tid, nt);
+  }
+}
+
+// This rank's chunks: those holding rows it owns, in the order the GEMM completes them (raster
+// group, then column group, then the group's chunks); its reduce items are their column slices
+// (RsParams::item_cols), item k = slice k % items_per_chunk of owned chunk k / items_per_chunk.
+// A walk only moves forward; each claimer keeps its own and seeks its claims in rising order.
+struct RsWalk {
+  int g = 0, cg = 0, i = 0;  // the next candidate: raster group, column group, chunk of the group
+  int next = 0;              // the number of the next owned chunk
+  int found = -1;            // the owned chunk of the last successful seek, at (L0, col_group)
+  int L0 = 0, col_group = 0;
+
+  // Moves to owned chunk k (not below any earlier call's k): its first logical M-block and
+  // column group in L0 and col_group; false when this rank owns k or fewer chunks.
+  template <int W>
+  __device__ __forceinline__ bool seek(const RsParams& p, int64_t own_off, int64_t own_end,
+                                       int k) {
+    if (k == found) return true;
+    const int mb = p.m_blocks;
+    const int groups = (mb + p.group_m - 1) / p.group_m, per_group = p.group_m / p.mg;
+    while (g < groups) {
+      const int l0 = g * p.group_m + i * p.mg;
+      if (i == per_group || l0 >= mb) {
+        i = 0;
+        if (++cg == p.col_groups) {
+          cg = 0;
+          ++g;
+        }
+        continue;
+      }
+      ++i;
+      bool owned = false;
+      for (int l = l0; l < min(l0 + p.mg, mb) && !owned; ++l) {
+        const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
+        owned = row0 < own_end && min(static_cast<int64_t>(p.M), row0 + kTileM) > own_off;
+      }
+      if (owned && next++ == k) {
+        found = k;
+        L0 = l0;
+        col_group = cg;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+// The reducing role. NS = world size. Items are claimed one at a time from FusedFlags::
+// rs_claim, so they are taken in completion order by whichever CTA is free:
+// - !kJoin: the R reducing CTAs (all 384 threads), from the kernel's start;
+// - kJoin: every GEMM CTA's 256 consumer threads once the GEMM has no tile left for it (the
+//   producer warpgroup has returned), so that the tail of the reduction (the chunks of the
+//   GEMM's last wave) runs on every SM instead of R.
+// Every CTA of the grid thus may read peers' partials, and each one counts in role_exit.
+// Out of line, as ag_pull_role, and one function per world size and kind: with the eight
+// reduction loops in one function ptxas spilled, and a __noinline__ function is called from
+// one register region only (fused_protocol.cuh: kJoin runs in the consumers' 232 registers).
+template <int NS, bool kJoin>
+__device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch) {
+  constexpr int kThreads = kJoin ? 256 : kGemmThreads;
+  const int tid = static_cast<int>(threadIdx.x) - (kJoin ? 128 : 0);
+  auto sync = [] {
+    if constexpr (kJoin) {
+      named_barrier_sync(1, 256);
+    } else {
+      __syncthreads();
+    }
+  };
+  const CommDevice& d = p.dev;
+  const int W = NS, r = d.rank, mb = p.m_blocks;  // NS == d.world (dispatch: rs_reduce_dispatch)
+  const int64_t own_off = split_offset(p.M, W, r), own_end = own_off + split_count(p.M, W, r);
+  FusedFlags* ff = fused_flags(d, r);
+  __shared__ int s_item[2];  // the claimed item; whether its chunk's W flags are up
+  // The signature (CommFlags::launch): before this CTA's fence.sc.sys in fused_role_done, which
+  // the last CTA's release of the done flags follows (the counter chain), so a peer's
+  // fused_finish that acquires them may compare it; published first so that a peer stuck in
+  // another op's wait sees it at once.
+  if (!kJoin && static_cast<int>(blockIdx.x) == p.gemm_ctas && tid == 0) {
+    comm_publish_signature(d, epoch);
+  }
+  RsWalk walk;
+  int observed = -1;  // thread 0: the chunk whose W flags it last acquired
+  FC_RS_TRACE(uint64_t tr[8] = {globaltimer_ns()}; uint64_t t_chunk = 0;)
+  for (;;) {
+    FC_RS_TRACE(const uint64_t tw = globaltimer_ns(); if (t_chunk) tr[3] += tw - t_chunk;)
+    if (tid == 0) s_item[0] = static_cast<int>(atomicAdd(&ff->rs_claim, 1u));
+    sync();
+    // Every thread seeks the same item (s_item[0] is rewritten only after the next barrier).
+    const int item = s_item[0];
+    if (!walk.template seek<NS>(p, own_off, own_end, item / p.items_per_chunk)) break;
+    const int L0 = walk.L0, cg = walk.col_group;
+    const int chunk = (L0 / p.mg) * p.col_groups + cg;
+    // Observe pattern (FusedFlags::rs_ready): acquire every source's flag, then bar.sync (a
+    // chunk's later slices on this CTA rely on the first one's acquire and barrier).
+    if (tid == 0) {
+      int all = 1;
+      for (int s = 0; s < W && all && chunk != observed; ++s) {
+        all = fused_wait(d, &ff->rs_ready[s * p.chunks + chunk], epoch, kFusedOpGemmReduceScatter,
+                         kFusedStepPartial, s, 1);
+      }
+      if (all) observed = chunk;
+      s_item[1] = all;
+    }
+    sync();
+    // s_item[1] is rewritten only after the next iteration's first barrier.
+    FC_RS_TRACE(t_chunk = globaltimer_ns(); tr[2] += t_chunk - tw; ++tr[4];)
+    if (s_item[1] == 0) break;
+    const int c0 = cg * p.chunk_cols + (item % p.items_per_chunk) * p.item_cols;
+    const int c1 = min(min(p.N, (cg + 1) * p.chunk_cols), c0 + p.item_cols);
+    for (int l = L0; c0 < c1 && l < min(L0 + p.mg, mb); ++l) {
+      const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
+      const int64_t ra = max(row0, own_off);
+      const int64_t rb = min(min(row0 + kTileM, static_cast<int64_t>(p.M)), own_end);
+      if (ra < rb) rs_reduce_region<NS>(p, ra, rb, c0, c1, own_off, tid, kThreads);
+    }
+  }
+  sync();  // every load of a peer's partial by this CTA is complete
+  FC_RS_TRACE(if (tid == 0) {
+    tr[1] = globaltimer_ns();
+    if (t_chunk) tr[3] += tr[1] - t_chunk;
+    if constexpr (kJoin) {
+      g_rs_trace[6144 + 2 * blockIdx.x] = tr[1];
+      g_rs_trace[6144 + 2 * blockIdx.x + 1] = tr[4];
+    } else {
+      for (int w = 0; w < 8; ++w) g_rs_trace[8 * (blockIdx.x - p.gemm_ctas) + w] = tr[w];
+    }
+  })
+  if (tid == 0) {
+    fused_role_done(d, epoch, gridDim.x);
+    if constexpr (!kJoin) fused_finish(d, epoch, kFusedOpGemmReduceScatter);
+  }
+}
+
+template <bool kJoin>
+__device__ __forceinline__ void rs_reduce_dispatch(const RsParams& p, uint64_t epoch) {
+  switch (p.dev.world) {
+    case 1: rs_reduce_role<1, kJoin>(p, epoch); break;
+    case 2: rs_reduce_role<2, kJoin>(p, epoch); break;
+    case 3: rs_reduce_role<3, kJoin>(p, epoch); break;
+    case 4: rs_reduce_role<4, kJoin>(p, epoch); break;
+    case 5: rs_reduce_role<5, kJoin>(p, epoch); break;
+    case 6: rs_reduce_role<6, kJoin>(p, epoch); break;
+    case 7: rs_reduce_role<7, kJoin>(p, epoch); break;
+    default: rs_reduce_role<8, kJoin>(p, epoch); break;
+  }
 }
 
 struct RsSchedule {
@@ -296,9 +546,12 @@ struct RsSchedule {
   __device__ __forceinline__ void consumers_done() const {
     named_barrier_sync(1, 256);
     FC_RS_TRACE(if (threadIdx.x == 128) g_rs_trace[4096 + 2 * blockIdx.x + 1] = globaltimer_ns();)
+    // No tile is left for this CTA: its consumers join the reduction (rs_reduce_role).
+    rs_reduce_dispatch<true>(*p, epoch);
     if (threadIdx.x == 128) fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
   }
 };
+
 
 // The GEMM role's epilogue: partial tiles (fp32 or bf16) into this rank's workspace (register path:
 // the stores must be complete before the chunk counter, see FusedFlags::rs_ready), then the
@@ -363,175 +616,6 @@ struct RsEpilogue {
   }
 };
 
-// 16-byte vectors of partials, widened and added into fp32 sums: 4 fp32 or 8 bf16 elements.
-__device__ __forceinline__ void rs_add(float (&acc)[4], const uint4& v, float) {
-  acc[0] += __uint_as_float(v.x);
-  acc[1] += __uint_as_float(v.y);
-  acc[2] += __uint_as_float(v.z);
-  acc[3] += __uint_as_float(v.w);
-}
-__device__ __forceinline__ void rs_add(float (&acc)[8], const uint4& v, __nv_bfloat16) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    acc[2 * i] += f.x;
-    acc[2 * i + 1] += f.y;
-  }
-}
-
-// dst[i][c] = bf16(sum over s in 0..NS-1 of src[s][i][c]) for rows i < rows, columns c < cols
-// (a multiple of 16 bytes of T; rows * cols < 2^31); row strides ld (sources) and ldo (dst),
-// elements. T: the partials' type (float or bf16). 16-byte loads, kU vectors per source in
-// flight per thread (NS * kU = 8: 48 KiB per CTA, as the pull loop). Sources are summed in fp32
-// in order s = 0, 1, ... starting from 0.f, then rounded once.
-template <int NS, class T>
-__device__ __forceinline__ void rs_reduce_rows(const T* const* src, int64_t ld,
-                                               __nv_bfloat16* dst, int64_t ldo, int rows,
-                                               int cols) {
-  constexpr int kU = NS >= 8 ? 1 : 8 / NS;
-  constexpr int kE = 16 / sizeof(T);  // elements per vector
-  const T* s_ptr[NS];
-#pragma unroll
-  for (int s = 0; s < NS; ++s) s_ptr[s] = src[s];
-  const int vpr = cols / kE;
-  const int nv = rows * vpr;
-  const int tid = threadIdx.x, nt = blockDim.x;
-  for (int i = tid; i < nv; i += kU * nt) {
-    uint4 v[kU][NS];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int idx = i + u * nt;
-      if (idx < nv) {
-        const int row = idx / vpr;
-        const int64_t at = row * ld + (idx - row * vpr) * kE;
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          v[u][s] = __ldcg(reinterpret_cast<const uint4*>(s_ptr[s] + at));
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int idx = i + u * nt;
-      if (idx >= nv) continue;
-      const int row = idx / vpr;
-      float acc[kE];
-#pragma unroll
-      for (int e = 0; e < kE; ++e) acc[e] = 0.f;
-#pragma unroll
-      for (int s = 0; s < NS; ++s) rs_add(acc, v[u][s], T{});
-      uint32_t packed[kE / 2];
-#pragma unroll
-      for (int e = 0; e < kE / 2; ++e) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
-        packed[e] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-      __nv_bfloat16* out = dst + row * ldo + (idx - row * vpr) * kE;
-      if constexpr (kE == 4) {
-        *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
-      } else {
-        *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      }
-    }
-  }
-}
-
-template <int NS, class T>
-__device__ __forceinline__ void rs_reduce_region_as(const RsParams& p, int64_t ra, int64_t rb,
-                                                    int c0, int c1, int64_t own_off) {
-  const CommDevice& d = p.dev;
-  const T* src[NS];
-#pragma unroll
-  for (int s = 0; s < NS; ++s) {
-    src[s] = reinterpret_cast<const T*>(d.base[s] + d.data_offset + p.ws_offset) + ra * p.N + c0;
-  }
-  rs_reduce_rows<NS>(src, p.N, p.out + (ra - own_off) * p.N + c0, p.N, static_cast<int>(rb - ra),
-                     c1 - c0);
-}
-
-template <int NS>
-__device__ __forceinline__ void rs_reduce_region(const RsParams& p, int64_t ra, int64_t rb,
-                                                 int c0, int c1, int64_t own_off) {
-  if (p.bf16_partials) {
-    rs_reduce_region_as<NS, __nv_bfloat16>(p, ra, rb, c0, c1, own_off);
-  } else {
-    rs_reduce_region_as<NS, float>(p, ra, rb, c0, c1, own_off);
-  }
-}
-
-// The reducing role (all 384 threads of CTA j of the R reducing CTAs): this rank's chunks in
-// completion order (raster group, then column group, then the group's chunks), round robin
-// over the R CTAs. NS = world size. Out of line, as ag_pull_role, and one function per world
-// size: with the eight reduction loops in one function ptxas spilled.
-template <int NS>
-__device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch, int j) {
-  const CommDevice& d = p.dev;
-  const int W = NS, r = d.rank, mb = p.m_blocks;  // NS == d.world (dispatch in the kernel)
-  const int64_t own_off = split_offset(p.M, W, r), own_end = own_off + split_count(p.M, W, r);
-  FusedFlags* ff = fused_flags(d, r);
-  __shared__ int s_ok;
-  // The signature (CommFlags::launch): before this CTA's fence.sc.sys in fused_role_done, which
-  // the last reducing CTA's release of the done flags follows (the counter chain), so a peer's
-  // fused_finish that acquires them may compare it; published first so that a peer stuck in
-  // another op's wait sees it at once.
-  if (j == 0 && threadIdx.x == 0) comm_publish_signature(d, epoch);
-  const int groups = (mb + p.group_m - 1) / p.group_m;
-  const int per_group = p.group_m / p.mg;
-  int ordinal = 0;
-  bool ok = true;
-  FC_RS_TRACE(uint64_t tr[8] = {globaltimer_ns()}; uint64_t t_chunk = 0;)
-  for (int g = 0; g < groups && ok; ++g) {
-    for (int cg = 0; cg < p.col_groups && ok; ++cg) {
-      for (int i = 0; i < per_group && ok; ++i) {
-        const int L0 = g * p.group_m + i * p.mg;
-        if (L0 >= mb) break;
-        const int L1 = min(L0 + p.mg, mb);
-        bool owned = false;
-        for (int l = L0; l < L1 && !owned; ++l) {
-          const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
-          owned = row0 < own_end && min(static_cast<int64_t>(p.M), row0 + kTileM) > own_off;
-        }
-        if (!owned || ordinal++ % p.red_ctas != j) continue;
-        const int chunk = (L0 / p.mg) * p.col_groups + cg;
-        // Observe pattern (FusedFlags::rs_ready): acquire every source's flag, then bar.sync.
-        FC_RS_TRACE(const uint64_t tw = globaltimer_ns();
-                    if (t_chunk) tr[3] += tw - t_chunk;)
-        if (threadIdx.x == 0) {
-          int all = 1;
-          for (int s = 0; s < W && all; ++s) {
-            all = fused_wait(d, &ff->rs_ready[s * p.chunks + chunk], epoch,
-                             kFusedOpGemmReduceScatter, kFusedStepPartial, s, 1);
-          }
-          s_ok = all;
-        }
-        __syncthreads();
-        ok = s_ok != 0;
-        __syncthreads();  // s_ok is rewritten by the next chunk's wait
-        FC_RS_TRACE(t_chunk = globaltimer_ns(); tr[2] += t_chunk - tw; ++tr[4];)
-        if (!ok) break;
-        const int c0 = cg * p.chunk_cols, c1 = min(p.N, c0 + p.chunk_cols);
-        for (int l = L0; l < L1; ++l) {
-          const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
-          const int64_t ra = max(row0, own_off);
-          const int64_t rb = min(min(row0 + kTileM, static_cast<int64_t>(p.M)), own_end);
-          if (ra < rb) rs_reduce_region<NS>(p, ra, rb, c0, c1, own_off);
-        }
-      }
-    }
-  }
-  __syncthreads();
-  FC_RS_TRACE(if (threadIdx.x == 0) {
-    tr[1] = globaltimer_ns();
-    if (t_chunk) tr[3] += tr[1] - t_chunk;
-    for (int w = 0; w < 8; ++w) g_rs_trace[8 * j + w] = tr[w];
-  })
-  if (threadIdx.x == 0) {
-    fused_role_done(d, epoch, static_cast<uint32_t>(p.red_ctas));
-    fused_finish(d, epoch, kFusedOpGemmReduceScatter);
-  }
-}
-
 template <int BN, bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     rs_gemm_kernel(const __grid_constant__ CUtensorMap tm_a,
@@ -546,17 +630,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                              RsSchedule{&p, epoch});
     return;
   }
-  const int j = static_cast<int>(blockIdx.x) - p.gemm_ctas;
-  switch (p.dev.world) {
-    case 1: rs_reduce_role<1>(p, epoch, j); break;
-    case 2: rs_reduce_role<2>(p, epoch, j); break;
-    case 3: rs_reduce_role<3>(p, epoch, j); break;
-    case 4: rs_reduce_role<4>(p, epoch, j); break;
-    case 5: rs_reduce_role<5>(p, epoch, j); break;
-    case 6: rs_reduce_role<6>(p, epoch, j); break;
-    case 7: rs_reduce_role<7>(p, epoch, j); break;
-    default: rs_reduce_role<8>(p, epoch, j); break;
-  }
+  rs_reduce_dispatch<false>(p, epoch);
 }
 
 }  // namespace fusedcomm::kernels::detail
