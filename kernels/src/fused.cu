@@ -114,10 +114,8 @@ constexpr int kRsChunkCols256 = 4;
 // the last chunks (completed by the GEMM's last wave, when every CTA joins the reduction) are
 // shared by many CTAs (one CTA moves only ~20-25 GB/s: a whole 512 KiB-per-source chunk is
 // ~20-40 us of tail on one CTA).
-#ifndef FUSEDCOMM_RS_ITEM_COLS  // experiment switch of the benchmark builds only
-#define FUSEDCOMM_RS_ITEM_COLS 256
-#endif
-constexpr int kRsItemCols = FUSEDCOMM_RS_ITEM_COLS;
+// (Measured against whole chunks and ~128 KiB items: NOTES.md, "GEMM CTAs join the reduction".)
+constexpr int kRsItemCols = 256;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -202,6 +200,10 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   }
   g.m_block_start = sb;
   p.c_start = sb / p.mg;
+  // The M-blocks made only of this rank's rows (read from A_r directly: AgParams::tm_own).
+  p.own_row0 = static_cast<int>(off);
+  p.own_b0 = static_cast<int>(ceil_div(off, detail::kTileM));
+  p.own_b1 = std::max(p.own_b0, static_cast<int>((off + cnt) / detail::kTileM));
   const int items = p.chunks * p.slices;
   int comm = a.comm_ctas > 0 ? a.comm_ctas : split_ctas(kAgSplit, W, a.N);
   comm = std::clamp(comm, 1, std::max(1, std::min(items, sms / 2)));
@@ -485,20 +487,37 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   g.cluster = 1;  // the fused kernel's GEMM CTAs claim tiles one by one (no CTA pairs)
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
-  // The own rows by the copy engine (stream-ordered before the kernel): copied by pulling CTAs
-  // they took 0.3-1.7 ms on 2 x H200 once the GEMM's first tiles ran (bench/fused/NOTES.md,
-  // run 3); the pulling CTAs count those slices without copying them.
-  const int64_t own_off = split_offset(a.M, W, d.rank), own_cnt = split_count(a.M, W, d.rank);
-  if (own_cnt > 0) {
-    const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
-    if (cudaError_t e = cudaMemcpyAsync(reinterpret_cast<uint8_t*>(gathered) + own_off * row_bytes,
-                                        d.base[d.rank] + d.data_offset + a.in_offset,
-                                        own_cnt * row_bytes, cudaMemcpyDeviceToDevice, stream);
-        e != cudaSuccess) {
-      return e;
-    }
-  }
+  // The own rows: the GEMM reads the M-blocks made only of them from A_r itself (tm_own). The
+  // rest of them (the blocks shared with a neighbour's rows), and all of them when the caller
+  // asked for the gathered A, go into the gathered buffer by the copy engine, stream-ordered
+  // before the kernel: copied by pulling CTAs they took 0.3-1.7 ms on 2 x H200 once the GEMM's
+  // first tiles ran (bench/fused/NOTES.md, run 3). The pulling CTAs count the own rows' slices
+  // without copying them.
   AgParams& p = geo.p;
+  const int64_t own_off = split_offset(a.M, W, d.rank), own_cnt = split_count(a.M, W, d.rank);
+  const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
+  const uint8_t* own = d.base[d.rank] + d.data_offset + a.in_offset;
+  if (p.own_b1 > p.own_b0 &&
+      !detail::encode_a_map(&p.tm_own, reinterpret_cast<const __nv_bfloat16*>(own),
+                            static_cast<int>(own_cnt), a.K, a.K)) {
+    return cudaErrorInvalidValue;
+  }
+  auto copy_own = [&](int64_t r0, int64_t r1) {  // gathered rows [r0, r1) from A_r
+    if (r1 <= r0) return cudaSuccess;
+    return cudaMemcpyAsync(reinterpret_cast<uint8_t*>(gathered) + r0 * row_bytes,
+                           own + (r0 - own_off) * row_bytes, (r1 - r0) * row_bytes,
+                           cudaMemcpyDeviceToDevice, stream);
+  };
+  const int64_t direct0 = int64_t{p.own_b0} * detail::kTileM;
+  const int64_t direct1 = int64_t{p.own_b1} * detail::kTileM;
+  const bool all_own = a.gathered != nullptr || p.own_b1 == p.own_b0;
+  if (cudaError_t e = copy_own(own_off, all_own ? own_off + own_cnt : direct0); e != cudaSuccess) {
+    return e;
+  }
+  if (cudaError_t e = copy_own(all_own ? own_off + own_cnt : direct1, own_off + own_cnt);
+      e != cudaSuccess) {
+    return e;
+  }
   p.dev = d;
   p.gathered = gathered;
   p.in_offset = a.in_offset;

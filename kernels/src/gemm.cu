@@ -146,6 +146,11 @@ GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas) {
 
 namespace detail {
 
+bool encode_a_map(CUtensorMap* map, const __nv_bfloat16* A, int rows, int K, int64_t lda) {
+  return encode_2d(map, A, static_cast<uint64_t>(rows), static_cast<uint64_t>(K), lda, kTileM,
+                   kTileK);
+}
+
 cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
   if (a.M < 1 || a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
@@ -208,7 +213,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   }
 
   // ---- tensor maps ----
-  if (!encode_2d(&plan->ta, a.A, a.M, a.K, a.lda, detail::kTileM, detail::kTileK)) {
+  if (!detail::encode_a_map(&plan->ta, a.A, a.M, a.K, a.lda)) {
     return cudaErrorInvalidValue;
   }
   // kNK B boxes: the tile's rows, or each pair member's half of them.

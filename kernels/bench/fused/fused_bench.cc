@@ -7,13 +7,16 @@
 //                     partials, what the decomposed path moves)
 // gemmReduceScatter's partials are fp32 unless --rs-partials bf16 (RsPartials::kBF16, the
 // baselines' numerics: ours_fused, ours_decomposed, ours_gemm's C and ours_collective all
-// switch); rows carry "partials".
+// switch); rows carry "partials". allGatherGemm returns the gathered A (the baselines do too)
+// unless --ag-gathered 0 (the forward-only case: the fused kernel then reads the M-blocks made
+// only of own rows from A_r and copies just the rest of them); rows carry "ag_gathered".
 // Timing: 2 warm-up launches, one timed launch to size the batches, then `batches` batches of
 // `iters` back-to-back launches between CUDA events on rank 0 (a process-group barrier and a
 // stream sync before each batch); ms_median = median over batches of the per-launch mean. One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16] [--tp T]
+//                    [--ag-gathered 1|0]
 // --tp T (default W): the shapes of tensor parallelism T while running at world W. With W = 1
 // and T = 2 or 4 the fused kernels run on one GPU with the local shapes of TP T: every cost
 // except NVLink (the GEMM role's epilogue, flags, claims, reducers over the own partial), so
@@ -112,6 +115,7 @@ struct Options {
   int batches = 7;
   std::string out = "ours.jsonl";
   bool rs_bf16 = false;  // --rs-partials bf16
+  bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -252,7 +256,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       a.M = s.M;
       a.N = s.N;
       a.K = s.K;
-      a.gathered = reinterpret_cast<__nv_bfloat16*>(16);  // the bench passes its own buffer
+      // The bench passes its own buffer, unless --ag-gathered 0 (then scratch holds it).
+      a.gathered = o.ag_gathered ? reinterpret_cast<__nv_bfloat16*>(16) : nullptr;
       const k::FusedWorkspace ws = k::all_gather_gemm_workspace(a, W);
       ag_data = std::max(ag_data, ws.data_bytes);
       scratch = std::max(scratch, ws.scratch_bytes);
@@ -360,7 +365,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       ag.in_offset = 0;
       ag.B = static_cast<const __nv_bfloat16*>(B);
       ag.C = static_cast<__nv_bfloat16*>(C);
-      ag.gathered = static_cast<__nv_bfloat16*>(G);
+      ag.gathered = o.ag_gathered ? static_cast<__nv_bfloat16*>(G) : nullptr;
       ag.comm_ctas = o.ctas;
     } else {
       rs.M = s.M;
@@ -439,13 +444,15 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"N\": %d, \"K\": %d, \"dtype\": \"bf16\", \"ms_median\": %.6f, \"tflops\": %.2f, "
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
-                     "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"gpu\": \"%s\"}\n",
+                     "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"ag_gathered\": %s, "
+                     "\"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
                      algo_name(auto_algo), im.info.gemm_ctas, im.info.comm_ctas, im.info.tile_n,
                      im.info.chunks, iters, o.batches,
-                     is_ag ? "" : (o.rs_bf16 ? "bf16" : "f32"), o.tp > 0 ? o.tp : W, device);
+                     is_ag ? "" : (o.rs_bf16 ? "bf16" : "f32"), o.tp > 0 ? o.tp : W,
+                     o.ag_gathered ? "true" : "false", device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
                     s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,
@@ -485,6 +492,7 @@ int main(int argc, char** argv) {
     else if (a == "--batch-ms") o.batch_ms = std::atof(next());
     else if (a == "--batches") o.batches = std::atoi(next());
     else if (a == "--rs-partials") o.rs_bf16 = std::string(next()) == "bf16";
+    else if (a == "--ag-gathered") o.ag_gathered = std::string(next()) != "0";
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;

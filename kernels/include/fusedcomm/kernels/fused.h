@@ -35,8 +35,11 @@
 //   result.
 // - Algorithms (FusedAlgo):
 //   kFused: one persistent kernel (detail/fused_gemm.cuh):
-//     allGatherGemm: the rank's own rows go into the gathered buffer by a stream-ordered copy
-//       (copy engine) just before the kernel. CTAs [0, G) run the GEMM; CTAs [G, G+P) PULL
+//     allGatherGemm: the GEMM reads the M-blocks made only of the rank's own rows from A_r
+//       itself; its other own rows (blocks shared with a neighbour's rows, and all of them
+//       when the caller asks for the gathered A) go into the gathered buffer by a
+//       stream-ordered copy (copy engine) just before the kernel. CTAs [0, G) run the GEMM;
+//       CTAs [G, G+P) PULL
 //       the peers' rows chunk by chunk (16-byte loads from the peers' data areas, in the order
 //       in which the GEMM consumes the rows: its own rows first, which need no pull, then rank
 //       r+1's, ...) into the gathered buffer and set a per-chunk flag; the GEMM's producer
@@ -48,7 +51,8 @@
 //       G may differ by rank, K_r picks the reducer count R), rows interleaved across the W owners, writing partial tiles to its own
 //       workspace and, per chunk of tiles, a release flag into each owning rank's region;
 //       CTAs [G, G+R) of the owner wait for a chunk's W flags and PULL the W partials (one
-//       local, W-1 over NVLink), sum and store their rows of the output while the GEMM goes on.
+//       local, W-1 over NVLink), sum and store their rows of the output while the GEMM goes on;
+//       GEMM CTAs with no tile left join them (chunk slices are claimed from a counter).
 //   kDecomposed: launch_gemm and launch_collective, stream-ordered (allGather then GEMM; GEMM
 //     in fp32 to the data area then a reduceScatter of the fp32 partials that writes the
 //     bf16-rounded sums: CollectiveArgs::out_bf16; with bf16 partials, GEMM in bf16 then a bf16
@@ -136,7 +140,8 @@ struct alignas(64) FusedFlags {
   // producers (ld.acquire.gpu, then fence.proxy.async.global before the TMA loads: gemm.h hook
   // 1). Ordering: each slice's stores -> bar.sync -> thread 0 fence.acq_rel.gpu -> atomicAdd
   // on chunk_count[c]; the last of the chunk's slices fences (acquire) and releases the flag
-  // (st.release.gpu). The own rows, copied before the launch, are ordered by the stream.
+  // (st.release.gpu). The own rows, copied before the launch or read from A_r, are ordered
+  // by the stream.
   uint64_t ag_chunk[kFusedMaxChunks];
   // Arrival counters of the chunks above (slices of an allGatherGemm chunk, tiles of a
   // gemmReduceScatter chunk). Local; the arrival that completes a chunk resets its counter to

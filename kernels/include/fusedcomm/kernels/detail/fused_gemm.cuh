@@ -6,8 +6,9 @@
 //
 // Grid (one CTA per SM, all resident: cooperative launch), 384 threads per CTA:
 //   allGatherGemm      [0, G)     GEMM from the start
-//                      [G, G+P)   pull A's chunks (peers' rows; the own rows are copied by the
-//                                 copy engine before the launch), then GEMM
+//                      [G, G+P)   pull A's chunks (peers' rows; the GEMM reads the own rows'
+//                                 whole M-blocks from A_r, the copy engine copies the rest
+//                                 before the launch), then GEMM
 //   gemmReduceScatter  [0, G)     GEMM; epilogue writes partial tiles, counts chunks; then
 //                                 (consumer threads) reduce, as below
 //                      [G, G+R)   reduce this rank's rows chunk by chunk as peers finish them
@@ -35,6 +36,12 @@ namespace fusedcomm::kernels::detail {
 // Work item k = slice k % slices of chunk (c_start + k / slices) % chunks: the order of the
 // GEMM's sweep, which starts at this rank's own rows (m_block_start) and wraps around.
 struct AgParams {
+  // A_r in this rank's data area (split_count(M,W,r) rows × K): the GEMM reads the M-blocks
+  // made only of this rank's rows, [own_b0, own_b1), from it directly (AgSchedule::a_source),
+  // so they need no copy into the gathered buffer before the launch. Unencoded when empty.
+  CUtensorMap tm_own;
+  int own_b0, own_b1;  // M-blocks read from tm_own (own_b0 == own_b1: none)
+  int own_row0;        // the first row of A_r in the gathered A (split_offset(M,W,r))
   CommDevice dev;
   __nv_bfloat16* gathered;
   uint64_t in_offset;  // A_p in every rank's data area
@@ -77,6 +84,15 @@ struct AgSchedule {
   }
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
     return tile_coord(prob, t);
+  }
+  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
+                                                         int& row) const {
+    if (tc.m >= p->own_b0 && tc.m < p->own_b1) {
+      row = tc.m * kTileM - p->own_row0;
+      return &p->tm_own;
+    }
+    row = tc.m * kTileM;
+    return tm_a;
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return true; }
   template <int BN>
@@ -537,6 +553,11 @@ struct RsSchedule {
     TileCoord tc = tile_coord(prob, t);  // m_block_start = 0: tc.m is the logical block
     tc.m = rs_block_of(tc.m, prob.m_blocks, p->dev.world);
     return tc;
+  }
+  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
+                                                         int& row) const {
+    row = tc.m * kTileM;
+    return tm_a;
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
   template <int BN>

@@ -378,6 +378,10 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
 //   int claim() const;                                  dynamic only: the next sweep position
 //                                                       (>= prob.sweep: none left)
 //   TileCoord coord(const GemmProblem&, int t) const;   sweep position -> tile
+//   const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc, int& row) const;
+//     producer thread, once per tile: the tensor map to load the tile's A block from and the
+//     block's first row in it (tm_a and tc.m * kTileM, except where a schedule reads some
+//     blocks from another tensor of the same K, e.g. allGatherGemm's own shard)
 //   bool has_waits(const GemmProblem&) const;           whether wait() must be called
 //   template <int BN> bool wait(const GemmProblem&, TileCoord) const;
 //     producer thread, before the tile's first load: true once the tile's operands are
@@ -403,6 +407,11 @@ struct PlainSchedule {
     // %cluster_ctarank read at each call: a member would stay live in the consumers' loop.
     if constexpr (kPair) return pair_tile_coord(p, t, static_cast<int>(cluster_ctarank()));
     return tile_coord(p, t);
+  }
+  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
+                                                         int& row) const {
+    row = tc.m * kTileM;
+    return tm_a;
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem& p) const {
     return p.wait.a.flags != nullptr || p.wait.b.flags != nullptr;
@@ -494,12 +503,13 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         }
         fence_proxy_async_global();
       }
+      int a_row = 0;
+      const CUtensorMap* a_map = sched.a_source(&tm_a, tc, a_row);
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if (kDyn && kb == 0) status[stage] = static_cast<uint32_t>(t);
         mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
-        tma_load_2d(smem_a + stage * Cfg::kABytes, &tm_a, &full[stage], kb * kTileK,
-                    tc.m * kTileM);
+        tma_load_2d(smem_a + stage * Cfg::kABytes, a_map, &full[stage], kb * kTileK, a_row);
         uint8_t* b_dst = smem_b + stage * Cfg::kBBytes;
         if constexpr (kCluster > 1) {
           // This CTA's half of B (rows, or 64-column slabs), into both CTAs (mask 0b11). kNK's
@@ -662,6 +672,10 @@ struct GemmPlan {
   int cluster;             // 1, or 2: CTA pairs share B (plain launches only)
   bool kn;                 // B is K×N
 };
+
+// The tensor map of an A operand as gemm_plan encodes it (rows × K bf16, row stride lda
+// elements, 128 × 64 boxes): for schedules that read some A blocks from another tensor.
+bool encode_a_map(CUtensorMap* map, const __nv_bfloat16* A, int rows, int K, int64_t lda);
 
 // Checks `a` against the gemm.h contract and fills `plan` for `a.num_ctas` computing CTAs
 // (0: one per SM of the current device). cudaErrorInvalidValue for a contract violation.
