@@ -231,7 +231,7 @@ void trace_rs(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
   }
   std::printf("rs-trace %-20s G=%d R=%d | GEMM CTAs end us: min %.1f med %.1f max %.1f | reducers end "
               "us: min %.1f max %.1f | per reducer: flag waits %.1f us, reducing %.1f us, %.1f "
-              "chunks | joined: %d GEMM CTAs, %llu chunks, end %.1f us\n",
+              "items | joined: %d GEMM CTAs, %llu items, end %.1f us\n",
               label.c_str(), G, R, gend.front(), gend[gend.size() / 2], gend.back(), rend_min,
               rend_max, flag, reduce, chunks, join_ctas,
               static_cast<unsigned long long>(join_chunks), join_end);

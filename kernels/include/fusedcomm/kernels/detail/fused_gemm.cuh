@@ -222,10 +222,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #ifdef FUSEDCOMM_RS_TRACE
 // Debug build only (-DFUSEDCOMM_RS_TRACE; fused_bench prints it): where gemmReduceScatter's
 // time goes, in %globaltimer ns. Reducing CTA j: words [8j, 8j + 5) = start, end, flag waits,
-// reducing (thread 0: from its flags to the next chunk's wait, its share plus the barrier),
-// chunks. Every CTA b: [4096 + 2b] = entry, [4096 + 2b + 1] = end of its role (GEMM CTAs:
+// reducing (thread 0: from its flags to the next item's claim, its share plus the barrier),
+// items (chunk slices). Every CTA b: [4096 + 2b] = entry, [4096 + 2b + 1] = end of its role (GEMM CTAs:
 // consumers done). GEMM CTA b, once it joined the reduction: [6144 + 2b] = end, [6144 + 2b + 1]
-// = chunks it reduced. Set by rs_trace_buffer (fused.cu).
+// = items it reduced. Set by rs_trace_buffer (fused.cu).
 __device__ uint64_t* g_rs_trace;
 #define FC_RS_TRACE(...) __VA_ARGS__
 #else
