@@ -69,12 +69,13 @@ __device__ __forceinline__ uint64_t* ag_trace_chunks(const AgParams& p) {
 }
 #endif
 
-// The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
-// before each tile its chunk's flag (hook 1, from device memory with the launch's epoch).
-struct AgSchedule {
+// What the fused kernels' GEMM schedules share (gemm_sm90.cuh's contract): single CTAs that
+// claim sweep positions one at a time from this rank's FusedFlags::tile_claim.
+template <class Params>
+struct FusedClaims {
   static constexpr int kCluster = 1;
   static constexpr bool kDynamic = true;
-  const AgParams* p;  // the kernel's parameter (grid constant)
+  const Params* p;  // the kernel's parameter (grid constant)
   uint64_t epoch;
 
   __device__ __forceinline__ int cta() const { return 0; }
@@ -82,6 +83,11 @@ struct AgSchedule {
   __device__ __forceinline__ int claim() const {
     return static_cast<int>(atomicAdd(&fused_flags(p->dev, p->dev.rank)->tile_claim, 1u));
   }
+};
+
+// The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
+// before each tile its chunk's flag (hook 1, from device memory with the launch's epoch).
+struct AgSchedule : FusedClaims<AgParams> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
     return tile_coord(prob, t);
   }
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (static_cast<int>(blockIdx.x) >= p.gemm_ctas) {
     ag_pull_role(p, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);
   }
-  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, AgSchedule{&p, epoch});
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, AgSchedule{{&p, epoch}});
 }
 
 #ifdef FUSEDCOMM_RS_TRACE
@@ -538,17 +544,7 @@ __device__ __forceinline__ void rs_reduce_dispatch(const RsParams& p, uint64_t e
   }
 }
 
-struct RsSchedule {
-  static constexpr int kCluster = 1;
-  static constexpr bool kDynamic = true;
-  const RsParams* p;
-  uint64_t epoch;
-
-  __device__ __forceinline__ int cta() const { return 0; }
-  __device__ __forceinline__ int num_ctas() const { return 1; }
-  __device__ __forceinline__ int claim() const {
-    return static_cast<int>(atomicAdd(&fused_flags(p->dev, p->dev.rank)->tile_claim, 1u));
-  }
+struct RsSchedule : FusedClaims<RsParams> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
     TileCoord tc = tile_coord(prob, t);  // m_block_start = 0: tc.m is the logical block
     tc.m = rs_block_of(tc.m, prob.m_blocks, p->dev.world);
@@ -648,7 +644,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   FC_RS_TRACE(if (threadIdx.x == 0) g_rs_trace[4096 + 2 * blockIdx.x] = globaltimer_ns();)
   if (static_cast<int>(blockIdx.x) < p.gemm_ctas) {
     gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch},
-                             RsSchedule{&p, epoch});
+                             RsSchedule{{&p, epoch}});
     return;
   }
   rs_reduce_dispatch<false>(p, epoch);
