@@ -515,22 +515,27 @@ void test_all_gather_gemm() {
           }
 }
 
-// The sum over ranks of a_s · op(w_s), a_s: m × k_s, k_s = split_count(k, w, s).
+// The sum over ranks of a_s · op(w_s), a_s: m × k_s, k_s = split_count(k, w, s). bf16_partials:
+// each rank's partial rounded to bf16 first (PartialPrecision::kBF16); the implementation
+// rounds its fp32 partial, this reference the exact one, so the two roundings may land one
+// bf16 ulp apart: 2^-7 of the partial's term magnitudes more tolerance.
 Expect ref_gemm_sum(DType t, const std::vector<Tensor>& a, const std::vector<Tensor>& wt, int64_t m,
-                    int64_t n, int64_t k, int w, WeightLayout layout) {
+                    int64_t n, int64_t k, int w, WeightLayout layout, bool bf16_partials = false) {
   Expect e;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double v = 0, mag = 0;
       for (int s = 0; s < w; ++s) {
         const int64_t ks = split_count(k, w, s);
+        double part = 0;
         for (int64_t kk = 0; kk < ks; ++kk) {
           const double p = a[s].at(i * ks + kk) * weight_at(wt[s], layout, j, kk, n, ks);
-          v += p;
+          part += p;
           mag += std::fabs(p);
         }
+        v += bf16_partials ? bf16_value(ref_round_bf16(static_cast<float>(part))) : part;
       }
-      e.push(v, sum_tol(t, v, mag, k + w));
+      e.push(v, sum_tol(t, v, mag, k + w) + (bf16_partials ? std::ldexp(mag, -7) : 0.0));
     }
   return e;
 }
@@ -571,6 +576,68 @@ void test_gemm_reduce() {
                 CHECK(same_bits(rs[r], 0, ar[r], off, cnt), "gemmReduceScatter" + what + " equals its allReduce block");
               }
             }
+}
+
+// gemmReduceScatter with bf16 partials (PartialPrecision::kBF16): each rank's partial product is
+// rounded to bf16 before the fp32 sum. Directed: two ranks whose only partial is 1 + 2^-10
+// (exact in fp32; its bf16 neighbours are 1 and 1 + 2^-7) give exactly 2, where fp32 partials
+// give 2 + 2^-9. Random: against Σ_s bf16(partial_s) (ref_gemm_sum).
+void test_gemm_reduce_bf16_partials() {
+  {
+    const float x = 1.f + std::ldexp(1.f, -10);
+    std::vector<Tensor> a(2), wt(2), f32(2), b16(2);
+    for (int r = 0; r < 2; ++r) {
+      a[r] = Tensor(DType::kF32, 2);  // m = 2 rows, k_r = 1
+      a[r].set(0, x);
+      a[r].set(1, x);
+      wt[r] = Tensor(DType::kF32, 1);
+      wt[r].set(0, 1.f);
+      f32[r] = poisoned(DType::kF32, 1);
+      b16[r] = poisoned(DType::kF32, 1);
+    }
+    auto errors = run_ranks(2, [&](Exchanger& ex) {
+      const int r = ex.rank();
+      gemm_reduce_scatter(ex, DType::kF32, a[r].data(), wt[r].data(), f32[r].data(), 2, 1, 1,
+                          WeightLayout::kNK, PartialPrecision::kF32);
+      gemm_reduce_scatter(ex, DType::kF32, a[r].data(), wt[r].data(), b16[r].data(), 2, 1, 1,
+                          WeightLayout::kNK, PartialPrecision::kBF16);
+    });
+    if (all_ok(errors, "gemmReduceScatter partial precision, directed")) {
+      for (int r = 0; r < 2; ++r) {
+        const std::string at = " rank " + std::to_string(r);
+        CHECK(f32[r].at(0) == 2.0 + std::ldexp(1.0, -9), "fp32 partials sum to 2 + 2^-9" + at);
+        CHECK(b16[r].at(0) == 2.0, "bf16 partials round 1 + 2^-10 to 1 before the sum: 2" + at);
+      }
+    }
+  }
+  for (int w = 1; w <= 4; ++w)
+    for (DType t : {DType::kF32, DType::kBF16})
+      for (WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN})
+        for (int64_t m : {int64_t{1}, int64_t{2} * w + 1}) {
+          const int64_t k = 45, n = 19;
+          const std::string what = ctx("", w, t) + " " + name(layout) + " m=" + std::to_string(m) +
+                                   " bf16 partials";
+          std::vector<Tensor> a(w), wt(w), rs(w);
+          for (int r = 0; r < w; ++r) {
+            const int64_t ks = split_count(k, w, r);
+            a[r] = random_tensor(t, m * ks);
+            wt[r] = random_tensor(t, n * ks);
+            rs[r] = poisoned(t, split_count(m, w, r) * n);
+          }
+          auto errors = run_ranks(w, [&](Exchanger& ex) {
+            const int r = ex.rank();
+            gemm_reduce_scatter(ex, t, a[r].data(), wt[r].data(), rs[r].data(), m, n,
+                                split_count(k, w, r), layout, PartialPrecision::kBF16);
+          });
+          if (!all_ok(errors, "gemmReduceScatter" + what)) continue;
+          const Expect full = ref_gemm_sum(t, a, wt, m, n, k, w, layout, /*bf16_partials=*/true);
+          for (int r = 0; r < w; ++r) {
+            const int64_t off = split_offset(m, w, r) * n, cnt = split_count(m, w, r) * n;
+            Expect block{{full.val.begin() + off, full.val.begin() + off + cnt},
+                         {full.tol.begin() + off, full.tol.begin() + off + cnt}};
+            check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], block);
+          }
+        }
 }
 
 // ---- MoE --------------------------------------------------------------------------------------
@@ -869,6 +936,7 @@ int main() {
                           {"gemm", test_gemm},
                           {"allGatherGemm", test_all_gather_gemm},
                           {"gemmReduceScatter/gemmAllReduce", test_gemm_reduce},
+                          {"gemmReduceScatter bf16 partials", test_gemm_reduce_bf16_partials},
                           {"moe", test_moe},
                           {"ringAttention", test_ring_attention}};
   for (const Group& g : groups) {

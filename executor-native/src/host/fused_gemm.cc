@@ -1,5 +1,6 @@
 // The fused GEMM + collective ops, composed from the GEMM core and the row-block collectives.
-// Partial products travel in fp32 so that the result is rounded once, at the output.
+// Partial products travel in fp32 so that the result is rounded once, at the output (unless
+// gemmReduceScatter is asked for bf16 partials: each is rounded once more before the sum).
 #include "detail.h"
 #include "fusedcomm/runtime/split.h"
 
@@ -63,12 +64,21 @@ void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w,
 }
 
 void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                         int64_t n, int64_t k_local, WeightLayout layout) {
+                         int64_t n, int64_t k_local, WeightLayout layout,
+                         PartialPrecision partials) {
   constexpr const char* kOp = "gemmReduceScatter";
   const int world = ex.world(), r = ex.rank();
   const int64_t mine = m < 0 ? 0 : split_count(m, world, r);
   require_gemm_collective(t, a, w, c, m, n, k_local, mine, layout, kOp);
-  const std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
+  FC_REQUIRE(partials == PartialPrecision::kF32 || partials == PartialPrecision::kBF16,
+             std::string(kOp) + ": unknown partial precision " +
+                 std::to_string(static_cast<int>(partials)));
+  std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
+  if (partials == PartialPrecision::kBF16) {  // the values the cuda backend would exchange
+    std::vector<uint8_t> rounded(partial.size() * dtype_size(DType::kBF16));
+    detail::from_f32(DType::kBF16, partial.data(), m * n, rounded.data());
+    detail::to_f32(DType::kBF16, rounded.data(), m * n, partial.data());
+  }
   std::vector<float> sum(static_cast<size_t>(mine * n));
   detail::reduce_scatter_rows(ex, DType::kF32, partial.data(), sum.data(), m, n,
                               "gemmReduceScatter/reduce-scatter");

@@ -79,6 +79,11 @@ host::WeightLayout layout(jint l) {
   return static_cast<host::WeightLayout>(l);
 }
 
+host::PartialPrecision partial_precision(jint p) {
+  FC_REQUIRE(p == 0 || p == 1, "unknown partial precision " + std::to_string(p));
+  return static_cast<host::PartialPrecision>(p);
+}
+
 template <typename T = void>
 T* ptr(jlong address) {
   return reinterpret_cast<T*>(address);
@@ -256,13 +261,15 @@ FC_NATIVE(void, allGatherGemm)(JNIEnv* env, jclass, jlong comm, jstring d, jlong
 }
 
 FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong a,
-                                   jlong w, jlong c, jlong m, jlong n, jlong k_local, jint l) {
+                                   jlong w, jlong c, jlong m, jlong n, jlong k_local, jint l, jint partials) {
   FC_JNI_BEGIN
   if (DeviceComm* dc = device_of(comm, t, "gemmReduceScatter")) {
-    dc->gemm_reduce_scatter(ptr(a), ptr(w), ptr(c), m, n, k_local, static_cast<int>(layout(l)), nullptr);
+    dc->gemm_reduce_scatter(ptr(a), ptr(w), ptr(c), m, n, k_local, static_cast<int>(layout(l)),
+                            static_cast<int>(partial_precision(partials)), nullptr);
     return;
   }
-  host::gemm_reduce_scatter(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), m, n, k_local, layout(l));
+  host::gemm_reduce_scatter(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), m, n, k_local, layout(l),
+                            partial_precision(partials));
   FC_JNI_END()
 }
 

@@ -38,6 +38,10 @@ enum class WeightLayout : int32_t {
   kNK = 0,  // C = A · Wᵀ, W: N×K (a linear layer's weight)
   kKN = 1,  // C = A · B,  B: K×N (backward passes)
 };
+// gemmReduceScatter's partial products: the precision they are kept and exchanged in (the
+// kernels' RsPartials, the Java PartialPrecision; same codes). The sum is fp32 either way and
+// rounded once, at the output; kBF16 rounds each rank's partial to bf16 first (RNE).
+enum class PartialPrecision : int32_t { kF32 = 0, kBF16 = 1 };
 // c (m×n) = a (m×k) · op(w); accumulate: c += instead of c = (c read in dtype t).
 void gemm(DType t, const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
           WeightLayout layout, bool accumulate = false);
@@ -49,7 +53,8 @@ void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w,
 // a: m × k_local; w: n × k_local (kNK) or k_local × n (kKN);
 // c: rows block r (split_count(m, W, r) × n) of sum_s a_s · op(w_s).
 void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                         int64_t n, int64_t k_local, WeightLayout layout);
+                         int64_t n, int64_t k_local, WeightLayout layout,
+                         PartialPrecision partials = PartialPrecision::kF32);
 // as above, c: m × n, the whole sum on every rank.
 void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
                      int64_t n, int64_t k_local, WeightLayout layout);

@@ -24,7 +24,8 @@
 // largest rank's input <= data area), else Error(kInvalidArgument) naming the config key.
 //
 // The fused ops (kernels/fused.h, bf16) follow the same rules: allGatherGemm copies A_r into
-// the data area; gemmReduceScatter keeps its fp32 partial product there (M×N×4 bytes must fit).
+// the data area; gemmReduceScatter keeps its partial product there (M×N×4 bytes must fit, M×N×2
+// with bf16 partials).
 //
 // Not thread-safe (the Java Communicator serialises its ops); abort() may come from any thread.
 #pragma once
@@ -58,9 +59,10 @@ class DeviceComm {
   // C = allGather(A_r) · op(W_r) (M×N_r; `gathered`, M×K, optional). layout: 0 NK, 1 KN.
   void all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered, int64_t m,
                        int64_t n_local, int64_t k, int layout, cudaStream_t stream);
-  // Row block r of Σ_s A_s · op(W_s): A M×K_r, out split_count(M,W,r)×N.
+  // Row block r of Σ_s A_s · op(W_s): A M×K_r, out split_count(M,W,r)×N. partials: the
+  // precision of the exchanged partial products (kernels::RsPartials: 0 fp32, 1 bf16).
   void gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n,
-                           int64_t k_local, int layout, cudaStream_t stream);
+                           int64_t k_local, int layout, int partials, cudaStream_t stream);
 
   // Waits for every op enqueued so far and throws the first device failure.
   void synchronize();

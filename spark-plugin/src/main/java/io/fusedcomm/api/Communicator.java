@@ -291,29 +291,46 @@ public final class Communicator implements AutoCloseable {
 
   /**
    * Row block {@code rank} of {@code Σ_s a_s · op(w_s)}: {@code a: M × K_r}, {@code w: N × K_r}
-   * (NK) or {@code K_r × N} (KN), {@code c: Split.count(M) × N}.
+   * (NK) or {@code K_r × N} (KN), {@code c: Split.count(M) × N}; fp32 partial products.
    */
   public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
-    gemmReduce("gemmReduceScatter", a, w, c, layout, true);
+    gemmReduceScatter(a, w, c, layout, PartialPrecision.F32);
+  }
+
+  /**
+   * As {@link #gemmReduceScatter(Tensor, Tensor, Tensor, WeightLayout)}, with the partial
+   * products kept and exchanged in {@code partials} precision (the same on every rank).
+   */
+  public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
+    if (partials == null) {
+      throw new IllegalArgumentException("gemmReduceScatter: partials must not be null");
+    }
+    gemmReduce("gemmReduceScatter", a, w, c, layout, partials);
   }
 
   /** {@code c = Σ_s a_s · op(w_s)} on every rank: shapes as gemmReduceScatter, {@code c: M × N}. */
   public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
-    gemmReduce("gemmAllReduce", a, w, c, layout, false);
+    gemmReduce("gemmAllReduce", a, w, c, layout, null);
   }
 
-  private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, boolean scatter) {
+  /** {@code partials}: gemmReduceScatter's partial precision; null for gemmAllReduce. */
+  private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
+    boolean scatter = partials != null;
     OpCheck k = check(op).floating("a", a).same("w", w, a).same("c", c, a);
     k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
     long m = a.dim(0);
     long kLocal = a.dim(1);
     long n = c.dim(1);
     k.weight(w, layout, n, kLocal).dim("c", c, 0, scatter ? Split.count(m, world, rank) : m);
-    Fingerprint fp = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name()).build();
+    Fingerprint.Builder fb = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name());
+    if (scatter) {
+      fb.add("partials", partials.name());
+    }
+    Fingerprint fp = fb.build();
     synchronized (lock) {
       if (scatter) {
         NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
-            w.address(), c.address(), m, n, kLocal, layout.ordinal());
+            w.address(), c.address(), m, n, kLocal, layout.ordinal(), partials.ordinal());
       } else {
         NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
             w.address(), c.address(), m, n, kLocal, layout.ordinal());

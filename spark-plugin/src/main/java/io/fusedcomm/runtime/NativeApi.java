@@ -112,9 +112,10 @@ public final class NativeApi {
       long comm, String desc, long fp, int dtype, long a, long w, long c, long gathered, long m,
       long nLocal, long k, int layout);
 
+  /** {@code partials}: {@code PartialPrecision} ordinal. */
   public static native void gemmReduceScatter(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
-      long kLocal, int layout);
+      long kLocal, int layout, int partials);
 
   public static native void gemmAllReduce(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,

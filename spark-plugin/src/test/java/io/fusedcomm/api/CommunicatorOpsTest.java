@@ -17,6 +17,7 @@ import java.util.SplittableRandom;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.Arguments;
 import org.junit.jupiter.params.provider.MethodSource;
@@ -241,6 +242,60 @@ class CommunicatorOpsTest {
               Data.rows(outs.get(r)[1], n, Reference.offset(m, w, r), Reference.count(m, w, r)), outs.get(r)[0]);
         }
       }
+    }
+  }
+
+  @ParameterizedTest(name = "W={0} {1}")
+  @MethodSource("worldsAndTypes")
+  void gemmReduceScatterWithBf16Partials(int w, DType t) {
+    final int n = 5;
+    for (int m : new int[] {2 * w + 1, 1}) {
+      for (WeightLayout layout : WeightLayout.values()) {
+        long test = 60 + m * 7L + layout.ordinal();
+        int[] kr = new int[w];
+        for (int r = 0; r < w; r++) {
+          kr[r] = 9 + 2 * r;
+        }
+        float[][] a = perRank(w, test, 0, r -> m * kr[r], t);
+        float[][] wt = perRank(w, test, 1, r -> n * kr[r], t);
+        Expected sum = Reference.gemmSum(a, wt, m, n, kr, layout, true);
+        List<float[][]> outs = world.run(w, comm -> {
+          int r = comm.rank();
+          try (TensorScope s = new TensorScope()) {
+            HostTensor rs = s.poisoned(t, Reference.count(m, w, r), n);
+            HostTensor wr = s.of(wt[r], t, layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n});
+            comm.gemmReduceScatter(s.of(a[r], t, m, kr[r]), wr, rs, layout, PartialPrecision.BF16);
+            return new float[][] {rs.toFloatArray()};
+          }
+        });
+        for (int r = 0; r < w; r++) {
+          String c = ctx("gemmReduceScatter bf16 partials", w, t, "M=" + m, layout, "rank " + r);
+          Check.close(c, sum.slice(Reference.offset(m, w, r) * n, Reference.count(m, w, r) * n), outs.get(r)[0], t,
+              0x1p-7);
+        }
+      }
+    }
+  }
+
+  /** Each rank's only partial is 1 + 2^-10: bf16 partials round it to 1 first (sum 2), fp32 ones do not. */
+  @Test
+  void bf16PartialsAreRoundedBeforeTheSum() {
+    final int w = 2;
+    final float x = 1f + 0x1p-10f;
+    List<float[][]> outs = world.run(w, comm -> {
+      try (TensorScope s = new TensorScope()) {
+        HostTensor a = s.of(new float[] {x, x}, DType.F32, 2, 1);
+        HostTensor wt = s.of(new float[] {1f}, DType.F32, 1, 1);
+        HostTensor f32 = s.poisoned(DType.F32, 1, 1);
+        HostTensor bf16 = s.poisoned(DType.F32, 1, 1);
+        comm.gemmReduceScatter(a, wt, f32, WeightLayout.NK, PartialPrecision.F32);
+        comm.gemmReduceScatter(a, wt, bf16, WeightLayout.NK, PartialPrecision.BF16);
+        return new float[][] {f32.toFloatArray(), bf16.toFloatArray()};
+      }
+    });
+    for (int r = 0; r < w; r++) {
+      assertEquals(2f + 0x1p-9f, outs.get(r)[0][0], "rank " + r + ": fp32 partials");
+      assertEquals(2f, outs.get(r)[1][0], "rank " + r + ": bf16 partials");
     }
   }
 

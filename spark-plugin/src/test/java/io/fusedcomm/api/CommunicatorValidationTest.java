@@ -109,6 +109,9 @@ class CommunicatorValidationTest {
         calls.add(new BadCall("gemmReduceScatter full-height c", iae, "c ",
             () -> comm.gemmReduceScatter(x, s.of(new float[18], t, 3, 6), w == 1 ? s.zeros(t, 5, 3) : s.zeros(t, 4, 3),
                 WeightLayout.NK)));
+        calls.add(new BadCall("gemmReduceScatter null partials", iae, "partials must not be null",
+            () -> comm.gemmReduceScatter(x, s.of(new float[18], t, 3, 6), s.zeros(t, Split.count(4, w, r), 3),
+                WeightLayout.NK, null)));
         calls.add(new BadCall("gemmAllReduce wrong K", iae, "w ",
             () -> comm.gemmAllReduce(x, wNk, s.zeros(t, 4, 3), WeightLayout.NK)));
         calls.add(new BadCall("moe f32 ids", iae, "topkIds", () -> comm.moeDispatchGemm(x, weights, weights, 3, w1)));
@@ -260,6 +263,19 @@ class CommunicatorValidationTest {
       try (TensorScope s = new TensorScope()) {
         comm.gemmReduceScatter(s.zeros(DType.F32, m, 4), s.zeros(DType.F32, 3, 4),
             s.zeros(DType.F32, Split.count(m, w, comm.rank()), 3), WeightLayout.NK);
+      }
+    });
+  }
+
+  @ParameterizedTest(name = "W={0}")
+  @ValueSource(ints = {2, 3})
+  void inconsistentPartialPrecisionFailsOnEveryRank(int w) {
+    expectMismatch(w, "gemmReduceScatter partials", comm -> {
+      int m = 2 * w;
+      PartialPrecision p = comm.rank() == 1 ? PartialPrecision.BF16 : PartialPrecision.F32;
+      try (TensorScope s = new TensorScope()) {
+        comm.gemmReduceScatter(s.zeros(DType.F32, m, 4), s.zeros(DType.F32, 3, 4),
+            s.zeros(DType.F32, Split.count(m, w, comm.rank()), 3), WeightLayout.NK, p);
       }
     });
   }

@@ -1,5 +1,6 @@
 package io.fusedcomm.testing;
 
+import io.fusedcomm.api.Bf16;
 import io.fusedcomm.api.Split;
 import io.fusedcomm.api.WeightLayout;
 import java.util.ArrayList;
@@ -67,6 +68,17 @@ public final class Reference {
 
   /** {@code Σ_s a_s (m×k_s) · op(w_s)}, m×n; terms = Σ k_s. */
   public static Expected gemmSum(float[][] a, float[][] w, int m, int n, int[] k, WeightLayout layout) {
+    return gemmSum(a, w, m, n, k, layout, false);
+  }
+
+  /**
+   * As {@link #gemmSum(float[][], float[][], int, int, int[], WeightLayout)}; bf16Partials: each
+   * source's partial rounded to bf16 before the sum ({@code PartialPrecision.BF16}). The
+   * implementation rounds its fp32 partial, this reference the exact one: compare with an extra
+   * relative tolerance of 2^-7 (one bf16 ulp) on the magnitude.
+   */
+  public static Expected gemmSum(float[][] a, float[][] w, int m, int n, int[] k, WeightLayout layout,
+                                 boolean bf16Partials) {
     double[] v = new double[m * n];
     double[] mag = new double[m * n];
     int terms = 0;
@@ -81,7 +93,7 @@ public final class Reference {
             acc += p;
             abs += Math.abs(p);
           }
-          v[i * n + j] += acc;
+          v[i * n + j] += bf16Partials ? Bf16.round((float) acc) : acc;
           mag[i * n + j] += abs;
         }
       }
