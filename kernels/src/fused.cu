@@ -63,7 +63,7 @@ constexpr SplitRow kAgSplit[] = {
 //   remote = (W-1)/W * M * N * bytes per partial  (what an owner pulls from its peers),
 // and R is the largest count of the smallest T(R), at least kRsMinReducers. Measured on one
 // GPU at world 1 (fused_bench --world 1 --tp T --ctas R, R = 2..32, 1 x H100; NOTES.md
-// "Reducing CTAs"): the waves dominate there. Tiles take 40-160 us at these K_r, and R = 6
+// "GEMM CTAs join the reduction"): the waves dominate there. Tiles take 40-160 us at these K_r, and R = 6
 // instead of 4 (G = 126 instead of 128) cost one wave at 512 or 1024 tiles; R = 2 or 4 came
 // within 3 % of the best of eight counts at 46 of 48 shapes (R = 4 alone at 39, geomean 1.02 x
 // the best), where the previous table had 12-40 (chosen before the GEMM CTAs joined, when the
@@ -113,8 +113,8 @@ constexpr int kRsChunkCols256 = 4;
 // gemmReduceScatter: the reducing role claims chunks in column slices of this width, so that
 // the last chunks (completed by the GEMM's last wave, when every CTA joins the reduction) are
 // shared by many CTAs (one CTA moves only ~20-25 GB/s: a whole 512 KiB-per-source chunk is
-// ~20-40 us of tail on one CTA).
-// (Measured against whole chunks and ~128 KiB items: NOTES.md, "GEMM CTAs join the reduction".)
+// ~20-40 us of tail on one CTA). Whole chunks and ~128 KiB slices measured no better (NOTES.md,
+// "GEMM CTAs join the reduction").
 constexpr int kRsItemCols = 256;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -357,7 +357,6 @@ bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
   return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
 }
 
-
 GemmArgs base_gemm_args(int M, int N, int K, const __nv_bfloat16* A, const __nv_bfloat16* B,
                         GemmLayoutB layout) {
   GemmArgs g;
@@ -510,11 +509,11 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   };
   const int64_t direct0 = int64_t{p.own_b0} * detail::kTileM;
   const int64_t direct1 = int64_t{p.own_b1} * detail::kTileM;
-  const bool all_own = a.gathered != nullptr || p.own_b1 == p.own_b0;
-  if (cudaError_t e = copy_own(own_off, all_own ? own_off + own_cnt : direct0); e != cudaSuccess) {
+  const bool copy_all = a.gathered != nullptr || p.own_b1 == p.own_b0;
+  if (cudaError_t e = copy_own(own_off, copy_all ? own_off + own_cnt : direct0); e != cudaSuccess) {
     return e;
   }
-  if (cudaError_t e = copy_own(all_own ? own_off + own_cnt : direct1, own_off + own_cnt);
+  if (cudaError_t e = copy_own(copy_all ? own_off + own_cnt : direct1, own_off + own_cnt);
       e != cudaSuccess) {
     return e;
   }
