@@ -9,7 +9,9 @@ import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.api.PartialPrecision;
 import io.fusedcomm.api.Split;
+import io.fusedcomm.api.WeightLayout;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.spark.BarrierStage;
 import io.fusedcomm.testing.Check;
@@ -44,13 +46,17 @@ import org.junit.jupiter.api.Test;
  *   <li>an allReduce larger than the symmetric data area (run in pieces), and a reduceScatter
  *       too large for it, refused on every rank with the same message, the communicator usable
  *       after;
+ *   <li>allGatherGemm (with the gathered A; uneven M, one shape the fused kernel takes at
+ *       W = 2) and gemmReduceScatter with fp32 and bf16 partials, both weight layouts, against
+ *       the fp64 reference (the gathered A exactly);
  *   <li>Java-initiated minus native-initiated time per 4 KiB allReduce (the acceptance bound is
  *       5 µs);
  *   <li>a second barrier stage reuses the symmetric memory the first one gave back.
  * </ul>
  *
- * Skips, with the reason printed, on hosts with fewer than two GPUs. World size: every GPU, or
- * {@code -Dfusedcomm.test.gpuWorld=N}.
+ * Skips, with the reason printed, on hosts with fewer than two GPUs unless asked for one
+ * executor. World size: every GPU, or {@code -Dfusedcomm.test.gpuWorld=N} (N = 1 runs the
+ * same checks with one executor on a one-GPU host: the Java path to the kernels, no NVLink).
  */
 class GpuClusterCollectivesTest {
   private static final int[] SIZES_BASE = {1, 300_001, 1_500_007};
@@ -61,11 +67,14 @@ class GpuClusterCollectivesTest {
     Gpu.require();
     int[] count = {0};
     JCuda.cudaGetDeviceCount(count);  // also unpacks JCuda's library before executors race on it
-    if (count[0] < 2) {
-      System.out.println("SKIPPED (" + count[0] + " GPU): the cluster test needs at least 2 GPUs");
+    int requested = Integer.getInteger("fusedcomm.test.gpuWorld", count[0]);
+    boolean runnable = count[0] >= 2 || (count[0] == 1 && requested == 1);
+    if (!runnable) {
+      System.out.println("SKIPPED (" + count[0] + " GPU): the cluster test needs at least 2 GPUs "
+          + "(or one, with -Dfusedcomm.test.gpuWorld=1)");
     }
-    Assumptions.assumeTrue(count[0] >= 2, "needs at least 2 GPUs");
-    int world = Math.min(count[0], Integer.getInteger("fusedcomm.test.gpuWorld", count[0]));
+    Assumptions.assumeTrue(runnable, "needs at least 2 GPUs, or -Dfusedcomm.test.gpuWorld=1 and one");
+    int world = Math.max(1, Math.min(count[0], requested));
     long seed = Long.getLong("fusedcomm.test.seed", System.nanoTime());
     System.out.println("GpuClusterCollectivesTest world " + world + " seed " + seed);
 
@@ -174,6 +183,28 @@ class GpuClusterCollectivesTest {
       if (!after.equals("ok")) {
         out.add("FAIL rank " + r + " communicator after a refused op: " + after);
       }
+      // The fused ops (kAuto picks the fused kernel or our GEMM + collective by size, the same
+      // choice on every rank).
+      for (WeightLayout layout : WeightLayout.values()) {
+        for (int[] mk : new int[][] {{128 * w + 40, 264}, {2088, 2048}}) {
+          String what = "allGatherGemm " + layout + " M=" + mk[0] + " K=" + mk[1];
+          try {
+            checkAllGatherGemm(comm, layout, mk[0], mk[1], Data.seed(seed, 7000 + mk[1] + layout.ordinal(), 0));
+            checks++;
+          } catch (Throwable e) {
+            out.add("FAIL rank " + r + " " + what + ": " + e);
+          }
+        }
+        for (PartialPrecision p : PartialPrecision.values()) {
+          String what = "gemmReduceScatter " + layout + " partials " + p;
+          try {
+            checkGemmReduceScatter(comm, layout, p, Data.seed(seed, 7100 + 2 * layout.ordinal() + p.ordinal(), 0));
+            checks++;
+          } catch (Throwable e) {
+            out.add("FAIL rank " + r + " " + what + ": " + e);
+          }
+        }
+      }
       out.add("rank " + r + " checks passed: " + checks);
       out.add(overhead(comm));
     } finally {
@@ -230,6 +261,77 @@ class GpuClusterCollectivesTest {
           Check.exact(op, concat(blocks), got);
         }
       }
+    }
+  }
+
+  /** allGatherGemm on device tensors (N_r differs by rank), with the gathered A. */
+  private static void checkAllGatherGemm(Communicator comm, WeightLayout layout, int m, int k, long seed) {
+    int w = comm.world();
+    int r = comm.rank();
+    int n = 136 + 8 * r;
+    float[][] shards = new float[w][];
+    for (int p = 0; p < w; p++) {
+      shards[p] = Data.uniform(Data.seed(seed, p, 0), (int) (Split.count(m, w, p) * k), DType.BF16);
+    }
+    float[] full = concat(Arrays.asList(shards));
+    float[] wr = Data.uniform(Data.seed(seed, r, 1), n * k, DType.BF16);
+    long[] wShape = layout == WeightLayout.NK ? new long[] {n, k} : new long[] {k, n};
+    long rows = Split.count(m, w, r);
+    try (HostTensor ha = HostTensor.of(shards[r], DType.BF16, rows, k);
+        HostTensor hw = HostTensor.of(wr, DType.BF16, wShape);
+        HostTensor hc = HostTensor.allocate(DType.BF16, m, n);
+        HostTensor hg = HostTensor.allocate(DType.BF16, m, k);
+        DeviceTensor a = DeviceTensor.allocate(DType.BF16, rows, k);
+        DeviceTensor wt = DeviceTensor.allocate(DType.BF16, wShape);
+        DeviceTensor c = DeviceTensor.allocate(DType.BF16, m, n);
+        DeviceTensor g = DeviceTensor.allocate(DType.BF16, m, k)) {
+      a.copyFrom(ha);
+      wt.copyFrom(hw);
+      hc.fill(Float.NaN);
+      c.copyFrom(hc);
+      hg.fill(Float.NaN);
+      g.copyFrom(hg);
+      comm.allGatherGemm(a, wt, c, g, layout);
+      c.copyTo(hc);
+      g.copyTo(hg);
+      Check.exact("allGatherGemm gathered A", full, hg.toFloatArray());
+      Check.close("allGatherGemm C", Reference.gemm(full, wr, m, n, k, layout), hc.toFloatArray(), DType.BF16);
+    }
+  }
+
+  /** gemmReduceScatter on device tensors (K_r differs by rank) with the given partial precision. */
+  private static void checkGemmReduceScatter(Communicator comm, WeightLayout layout, PartialPrecision partials,
+                                             long seed) {
+    int w = comm.world();
+    int r = comm.rank();
+    int m = 128 * w + 40;
+    int n = 200;
+    int[] kr = new int[w];
+    float[][] a = new float[w][];
+    float[][] wts = new float[w][];
+    for (int p = 0; p < w; p++) {
+      kr[p] = 64 + 8 * p;
+      a[p] = Data.uniform(Data.seed(seed, p, 0), m * kr[p], DType.BF16);
+      wts[p] = Data.uniform(Data.seed(seed, p, 1), n * kr[p], DType.BF16);
+    }
+    long[] wShape = layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n};
+    long rows = Split.count(m, w, r);
+    try (HostTensor ha = HostTensor.of(a[r], DType.BF16, m, kr[r]);
+        HostTensor hw = HostTensor.of(wts[r], DType.BF16, wShape);
+        HostTensor hc = HostTensor.allocate(DType.BF16, rows, n);
+        DeviceTensor da = DeviceTensor.allocate(DType.BF16, m, kr[r]);
+        DeviceTensor dw = DeviceTensor.allocate(DType.BF16, wShape);
+        DeviceTensor dc = DeviceTensor.allocate(DType.BF16, rows, n)) {
+      da.copyFrom(ha);
+      dw.copyFrom(hw);
+      hc.fill(Float.NaN);
+      dc.copyFrom(hc);
+      comm.gemmReduceScatter(da, dw, dc, layout, partials);
+      dc.copyTo(hc);
+      boolean bf16 = partials == PartialPrecision.BF16;
+      Expected sum = Reference.gemmSum(a, wts, m, n, kr, layout, bf16);
+      Check.close("gemmReduceScatter", sum.slice(Reference.offset(m, w, r) * n, rows * n), hc.toFloatArray(),
+          DType.BF16, bf16 ? 0x1p-7 : 0);
     }
   }
 
