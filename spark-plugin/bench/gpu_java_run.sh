@@ -10,7 +10,8 @@
 #   gpu_java_run.sh stage N          copy part N into /root/stage (stays while the machine is warm)
 #   gpu_java_run.sh run [worlds...]  unpack, then the GPU JUnit classes: CudaBackendTest, and
 #                                    GpuClusterCollectivesTest once per world size (default: 2
-#                                    and the GPU count), then example 02 on the cuda backend
+#                                    and the GPU count; `run 1` on a one-GPU host: one
+#                                    executor), then example 02 on the cuda backend
 #                                    at the same world sizes (EXAMPLE_ARGS: M H F dtype seed);
 #                                    logs under $OUT
 set -uo pipefail
