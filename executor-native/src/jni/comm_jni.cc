@@ -249,25 +249,29 @@ FC_NATIVE(void, gemm)(JNIEnv* env, jclass, jint t, jlong a, jlong w, jlong c, jl
 }
 
 FC_NATIVE(void, allGatherGemm)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong a, jlong w,
-                               jlong c, jlong gathered, jlong m, jlong n_local, jlong k, jint l) {
+                               jlong c, jlong gathered, jlong m, jlong n_local, jlong k, jint l, jlong stream) {
   FC_JNI_BEGIN
   if (DeviceComm* dc = device_of(comm, t, "allGatherGemm")) {
-    dc->all_gather_gemm(ptr(a), ptr(w), ptr(c), ptr(gathered), m, n_local, k, static_cast<int>(layout(l)), nullptr);
+    dc->all_gather_gemm(ptr(a), ptr(w), ptr(c), ptr(gathered), m, n_local, k, static_cast<int>(layout(l)),
+                        reinterpret_cast<cudaStream_t>(stream));
     return;
   }
+  FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
   host::all_gather_gemm(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), ptr(gathered), m, n_local,
                         k, layout(l));
   FC_JNI_END()
 }
 
 FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong a,
-                                   jlong w, jlong c, jlong m, jlong n, jlong k_local, jint l, jint partials) {
+                                   jlong w, jlong c, jlong m, jlong n, jlong k_local, jint l, jint partials,
+                                   jlong stream) {
   FC_JNI_BEGIN
   if (DeviceComm* dc = device_of(comm, t, "gemmReduceScatter")) {
     dc->gemm_reduce_scatter(ptr(a), ptr(w), ptr(c), m, n, k_local, static_cast<int>(layout(l)),
-                            static_cast<int>(partial_precision(partials)), nullptr);
+                            static_cast<int>(partial_precision(partials)), reinterpret_cast<cudaStream_t>(stream));
     return;
   }
+  FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
   host::gemm_reduce_scatter(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), m, n, k_local, layout(l),
                             partial_precision(partials));
   FC_JNI_END()

@@ -34,8 +34,8 @@ import org.apache.spark.BarrierTaskContext;
  * of one host; each has a form that enqueues on the caller's CUDA stream. The forms without a
  * stream run on the communicator's own stream, which is ordered after work the caller issued on
  * the legacy default stream (e.g. JCuda's {@code cudaMemcpy}), and return when the op is done.
- * allGatherGemm and gemmReduceScatter run there too (bf16, synchronous; one fused kernel or our
- * GEMM then our collective, chosen by size the same way on every rank). The other ops are not
+ * allGatherGemm and gemmReduceScatter run there too (bf16, also on the caller's stream; one fused
+ * kernel or our GEMM then our collective, chosen by size the same way on every rank). The other ops are not
  * on the cuda backend yet and refuse with {@link
  * io.fusedcomm.errors.BackendUnavailableException}.
  *
@@ -272,7 +272,18 @@ public final class Communicator implements AutoCloseable {
    * {@code gatheredA} ({@code M × K}, may be null) receives the gathered A for a backward pass.
    */
   public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout) {
-    OpCheck k = check("allGatherGemm").floating("aLocal", aLocal).same("w", w, aLocal).same("c", c, aLocal);
+    allGatherGemm(aLocal, w, c, gatheredA, layout, null);
+  }
+
+  /**
+   * {@link #allGatherGemm(Tensor, Tensor, Tensor, Tensor, WeightLayout)} enqueued on a CUDA
+   * stream of the caller (cuda backend, device tensors): returns once enqueued; see {@link
+   * #synchronize()} for errors.
+   */
+  public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout,
+                            cudaStream_t stream) {
+    OpCheck k = check("allGatherGemm").floating("aLocal", aLocal).same("w", w, aLocal).same("c", c, aLocal)
+        .stream(stream);
     k.rank2("aLocal", aLocal).rank2("w", w).rank2("c", c).layout(layout);
     long m = c.dim(0);
     long kDim = aLocal.dim(1);
@@ -285,7 +296,8 @@ public final class Communicator implements AutoCloseable {
     Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
     synchronized (lock) {
       NativeApi.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().ordinal(), aLocal.address(),
-          w.address(), c.address(), gatheredA == null ? 0 : gatheredA.address(), m, nLocal, kDim, layout.ordinal());
+          w.address(), c.address(), gatheredA == null ? 0 : gatheredA.address(), m, nLocal, kDim, layout.ordinal(),
+          streamHandle(stream));
     }
   }
 
@@ -302,21 +314,31 @@ public final class Communicator implements AutoCloseable {
    * products kept and exchanged in {@code partials} precision (the same on every rank).
    */
   public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
+    gemmReduceScatter(a, w, c, layout, partials, null);
+  }
+
+  /**
+   * {@link #gemmReduceScatter(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision)} enqueued
+   * on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}).
+   */
+  public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
+                                cudaStream_t stream) {
     if (partials == null) {
       throw new IllegalArgumentException("gemmReduceScatter: partials must not be null");
     }
-    gemmReduce("gemmReduceScatter", a, w, c, layout, partials);
+    gemmReduce("gemmReduceScatter", a, w, c, layout, partials, stream);
   }
 
   /** {@code c = Σ_s a_s · op(w_s)} on every rank: shapes as gemmReduceScatter, {@code c: M × N}. */
   public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
-    gemmReduce("gemmAllReduce", a, w, c, layout, null);
+    gemmReduce("gemmAllReduce", a, w, c, layout, null, null);
   }
 
   /** {@code partials}: gemmReduceScatter's partial precision; null for gemmAllReduce. */
-  private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
+  private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
+                          cudaStream_t stream) {
     boolean scatter = partials != null;
-    OpCheck k = check(op).floating("a", a).same("w", w, a).same("c", c, a);
+    OpCheck k = check(op).floating("a", a).same("w", w, a).same("c", c, a).stream(stream);
     k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
     long m = a.dim(0);
     long kLocal = a.dim(1);
@@ -330,7 +352,7 @@ public final class Communicator implements AutoCloseable {
     synchronized (lock) {
       if (scatter) {
         NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
-            w.address(), c.address(), m, n, kLocal, layout.ordinal(), partials.ordinal());
+            w.address(), c.address(), m, n, kLocal, layout.ordinal(), partials.ordinal(), streamHandle(stream));
       } else {
         NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
             w.address(), c.address(), m, n, kLocal, layout.ordinal());

@@ -108,14 +108,15 @@ public final class NativeApi {
   public static native void gemm(
       int dtype, long a, long w, long c, long m, long n, long k, int layout);
 
+  /** {@code stream}: 0 runs synchronously; else a CUDA stream to enqueue on (cuda backend). */
   public static native void allGatherGemm(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long gathered, long m,
-      long nLocal, long k, int layout);
+      long nLocal, long k, int layout, long stream);
 
-  /** {@code partials}: {@code PartialPrecision} ordinal. */
+  /** {@code partials}: {@code PartialPrecision} ordinal; {@code stream} as for allGatherGemm. */
   public static native void gemmReduceScatter(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
-      long kLocal, int layout, int partials);
+      long kLocal, int layout, int partials, long stream);
 
   public static native void gemmAllReduce(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,

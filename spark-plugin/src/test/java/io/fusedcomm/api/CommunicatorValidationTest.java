@@ -19,6 +19,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.function.Consumer;
+import jcuda.runtime.cudaStream_t;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -109,6 +110,14 @@ class CommunicatorValidationTest {
         calls.add(new BadCall("gemmReduceScatter full-height c", iae, "c ",
             () -> comm.gemmReduceScatter(x, s.of(new float[18], t, 3, 6), w == 1 ? s.zeros(t, 5, 3) : s.zeros(t, 4, 3),
                 WeightLayout.NK)));
+        cudaStream_t stream = new cudaStream_t();  // never created: refused before any use
+        calls.add(new BadCall("allReduce on a stream, host backend", iae, "a CUDA stream was given",
+            () -> comm.allReduce(in, out, stream)));
+        calls.add(new BadCall("allGatherGemm on a stream, host backend", iae, "a CUDA stream was given",
+            () -> comm.allGatherGemm(a, wNk, c, null, WeightLayout.NK, stream)));
+        calls.add(new BadCall("gemmReduceScatter on a stream, host backend", iae, "a CUDA stream was given",
+            () -> comm.gemmReduceScatter(x, s.of(new float[18], t, 3, 6), s.zeros(t, Split.count(4, w, r), 3),
+                WeightLayout.NK, PartialPrecision.F32, stream)));
         calls.add(new BadCall("gemmReduceScatter null partials", iae, "partials must not be null",
             () -> comm.gemmReduceScatter(x, s.of(new float[18], t, 3, 6), s.zeros(t, Split.count(4, w, r), 3),
                 WeightLayout.NK, null)));

@@ -47,8 +47,8 @@ import org.junit.jupiter.api.Test;
  *       too large for it, refused on every rank with the same message, the communicator usable
  *       after;
  *   <li>allGatherGemm (with the gathered A; uneven M, one shape the fused kernel takes at
- *       W = 2) and gemmReduceScatter with fp32 and bf16 partials, both weight layouts, against
- *       the fp64 reference (the gathered A exactly);
+ *       W = 2) and gemmReduceScatter with fp32 and bf16 partials, both weight layouts (KN on
+ *       the task's stream), against the fp64 reference (the gathered A exactly);
  *   <li>Java-initiated minus native-initiated time per 4 KiB allReduce (the acceptance bound is
  *       5 µs);
  *   <li>a second barrier stage reuses the symmetric memory the first one gave back.
@@ -184,15 +184,16 @@ class GpuClusterCollectivesTest {
         out.add("FAIL rank " + r + " communicator after a refused op: " + after);
       }
       // The fused ops (kAuto picks the fused kernel or our GEMM + collective by size, the same
-      // choice on every rank).
+      // choice on every rank); the KN forms on the task's stream.
       for (WeightLayout layout : WeightLayout.values()) {
+        cudaStream_t on = layout == WeightLayout.KN ? stream : null;
         // The second shape (M*K*2 >= 8 MiB, M >= 2048) is one the fused kernel takes at W = 2;
         // its shard fits the data area from W = 2 on.
         int[][] shapes = w >= 2 ? new int[][] {{128 * w + 40, 264}, {2088, 2048}} : new int[][] {{128 * w + 40, 264}};
         for (int[] mk : shapes) {
           String what = "allGatherGemm " + layout + " M=" + mk[0] + " K=" + mk[1];
           try {
-            checkAllGatherGemm(comm, layout, mk[0], mk[1], Data.seed(seed, 7000 + mk[1] + layout.ordinal(), 0));
+            checkAllGatherGemm(comm, layout, mk[0], mk[1], Data.seed(seed, 7000 + mk[1] + layout.ordinal(), 0), on);
             checks++;
           } catch (Throwable e) {
             out.add("FAIL rank " + r + " " + what + ": " + e);
@@ -201,7 +202,7 @@ class GpuClusterCollectivesTest {
         for (PartialPrecision p : PartialPrecision.values()) {
           String what = "gemmReduceScatter " + layout + " partials " + p;
           try {
-            checkGemmReduceScatter(comm, layout, p, Data.seed(seed, 7100 + 2 * layout.ordinal() + p.ordinal(), 0));
+            checkGemmReduceScatter(comm, layout, p, Data.seed(seed, 7100 + 2 * layout.ordinal() + p.ordinal(), 0), on);
             checks++;
           } catch (Throwable e) {
             out.add("FAIL rank " + r + " " + what + ": " + e);
@@ -267,8 +268,9 @@ class GpuClusterCollectivesTest {
     }
   }
 
-  /** allGatherGemm on device tensors (N_r differs by rank), with the gathered A. */
-  private static void checkAllGatherGemm(Communicator comm, WeightLayout layout, int m, int k, long seed) {
+  /** allGatherGemm on device tensors (N_r differs by rank), with the gathered A; stream may be null. */
+  private static void checkAllGatherGemm(Communicator comm, WeightLayout layout, int m, int k, long seed,
+                                         cudaStream_t stream) {
     int w = comm.world();
     int r = comm.rank();
     int n = 136 + 8 * r;
@@ -294,7 +296,10 @@ class GpuClusterCollectivesTest {
       c.copyFrom(hc);
       hg.fill(Float.NaN);
       g.copyFrom(hg);
-      comm.allGatherGemm(a, wt, c, g, layout);
+      comm.allGatherGemm(a, wt, c, g, layout, stream);
+      if (stream != null) {
+        comm.synchronize();
+      }
       c.copyTo(hc);
       g.copyTo(hg);
       Check.exact("allGatherGemm gathered A", full, hg.toFloatArray());
@@ -302,9 +307,9 @@ class GpuClusterCollectivesTest {
     }
   }
 
-  /** gemmReduceScatter on device tensors (K_r differs by rank) with the given partial precision. */
+  /** gemmReduceScatter on device tensors (K_r differs by rank), the given partial precision; stream may be null. */
   private static void checkGemmReduceScatter(Communicator comm, WeightLayout layout, PartialPrecision partials,
-                                             long seed) {
+                                             long seed, cudaStream_t stream) {
     int w = comm.world();
     int r = comm.rank();
     int m = 128 * w + 40;
@@ -329,7 +334,10 @@ class GpuClusterCollectivesTest {
       dw.copyFrom(hw);
       hc.fill(Float.NaN);
       dc.copyFrom(hc);
-      comm.gemmReduceScatter(da, dw, dc, layout, partials);
+      comm.gemmReduceScatter(da, dw, dc, layout, partials, stream);
+      if (stream != null) {
+        comm.synchronize();
+      }
       dc.copyTo(hc);
       boolean bf16 = partials == PartialPrecision.BF16;
       Expected sum = Reference.gemmSum(a, wts, m, n, kr, layout, bf16);
