@@ -1,5 +1,8 @@
 package io.fusedcomm.gpu;
 
+import io.fusedcomm.api.DType;
+import io.fusedcomm.api.DeviceTensor;
+import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.runtime.NativeApi;
 import org.junit.jupiter.api.Assumptions;
 
@@ -26,5 +29,28 @@ final class Gpu {
       System.out.println("SKIPPED (no GPU): " + cudaLine());
     }
     Assumptions.assumeTrue(present(), "no GPU: " + cudaLine());
+  }
+
+  /** A device copy of {@code h} (its dtype and shape); the caller closes it. */
+  static DeviceTensor upload(HostTensor h) {
+    DeviceTensor d = DeviceTensor.allocate(h.dtype(), h.shape());
+    d.copyFrom(h);
+    return d;
+  }
+
+  /** A device tensor filled with NaN, so that an element an op never writes fails its check. */
+  static DeviceTensor poisoned(DType dtype, long... shape) {
+    try (HostTensor h = HostTensor.allocate(dtype, shape)) {
+      h.fill(Float.NaN);
+      return upload(h);
+    }
+  }
+
+  /** The device tensor's values, as floats. */
+  static float[] download(DeviceTensor d) {
+    try (HostTensor h = HostTensor.allocate(d.dtype(), d.shape())) {
+      d.copyTo(h);
+      return h.toFloatArray();
+    }
   }
 }

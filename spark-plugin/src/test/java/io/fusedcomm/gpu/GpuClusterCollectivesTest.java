@@ -284,26 +284,16 @@ class GpuClusterCollectivesTest {
     long rows = Split.count(m, w, r);
     try (HostTensor ha = HostTensor.of(shards[r], DType.BF16, rows, k);
         HostTensor hw = HostTensor.of(wr, DType.BF16, wShape);
-        HostTensor hc = HostTensor.allocate(DType.BF16, m, n);
-        HostTensor hg = HostTensor.allocate(DType.BF16, m, k);
-        DeviceTensor a = DeviceTensor.allocate(DType.BF16, rows, k);
-        DeviceTensor wt = DeviceTensor.allocate(DType.BF16, wShape);
-        DeviceTensor c = DeviceTensor.allocate(DType.BF16, m, n);
-        DeviceTensor g = DeviceTensor.allocate(DType.BF16, m, k)) {
-      a.copyFrom(ha);
-      wt.copyFrom(hw);
-      hc.fill(Float.NaN);
-      c.copyFrom(hc);
-      hg.fill(Float.NaN);
-      g.copyFrom(hg);
+        DeviceTensor a = Gpu.upload(ha);
+        DeviceTensor wt = Gpu.upload(hw);
+        DeviceTensor c = Gpu.poisoned(DType.BF16, m, n);
+        DeviceTensor g = Gpu.poisoned(DType.BF16, m, k)) {
       comm.allGatherGemm(a, wt, c, g, layout, stream);
       if (stream != null) {
         comm.synchronize();
       }
-      c.copyTo(hc);
-      g.copyTo(hg);
-      Check.exact("allGatherGemm gathered A", full, hg.toFloatArray());
-      Check.close("allGatherGemm C", Reference.gemm(full, wr, m, n, k, layout), hc.toFloatArray(), DType.BF16);
+      Check.exact("allGatherGemm gathered A", full, Gpu.download(g));
+      Check.close("allGatherGemm C", Reference.gemm(full, wr, m, n, k, layout), Gpu.download(c), DType.BF16);
     }
   }
 
@@ -326,22 +316,16 @@ class GpuClusterCollectivesTest {
     long rows = Split.count(m, w, r);
     try (HostTensor ha = HostTensor.of(a[r], DType.BF16, m, kr[r]);
         HostTensor hw = HostTensor.of(wts[r], DType.BF16, wShape);
-        HostTensor hc = HostTensor.allocate(DType.BF16, rows, n);
-        DeviceTensor da = DeviceTensor.allocate(DType.BF16, m, kr[r]);
-        DeviceTensor dw = DeviceTensor.allocate(DType.BF16, wShape);
-        DeviceTensor dc = DeviceTensor.allocate(DType.BF16, rows, n)) {
-      da.copyFrom(ha);
-      dw.copyFrom(hw);
-      hc.fill(Float.NaN);
-      dc.copyFrom(hc);
+        DeviceTensor da = Gpu.upload(ha);
+        DeviceTensor dw = Gpu.upload(hw);
+        DeviceTensor dc = Gpu.poisoned(DType.BF16, rows, n)) {
       comm.gemmReduceScatter(da, dw, dc, layout, partials, stream);
       if (stream != null) {
         comm.synchronize();
       }
-      dc.copyTo(hc);
       boolean bf16 = partials == PartialPrecision.BF16;
       Expected sum = Reference.gemmSum(a, wts, m, n, kr, layout, bf16);
-      Check.close("gemmReduceScatter", sum.slice(Reference.offset(m, w, r) * n, rows * n), hc.toFloatArray(),
+      Check.close("gemmReduceScatter", sum.slice(Reference.offset(m, w, r) * n, rows * n), Gpu.download(dc),
           DType.BF16, bf16 ? 0x1p-7 : 0);
     }
   }
