@@ -512,6 +512,9 @@ struct Rank {
         {3, 64, 64, NK, F, true, 16},          {3, 64, 64, KN, A, false, 16},
         {4100, 2048, 2048, NK, F, false, 0},   {4100, 2048, 2048, NK, A, true, 0},
         {640, 128, 4096, KN, F, true, 1 << 20},
+        // No gathered output and an input offset: the GEMM reads the own rows' whole M-blocks
+        // from A_r at that offset (AgParams::tm_own), the rest are copied.
+        {1001, 264, 520, KN, F, false, 4096},
     };
     const std::vector<RsCase> rs = {
         {1001, 264, 520, NK, F, 0},    {1001, 264, 520, NK, D, 0},
