@@ -1,0 +1,130 @@
+// fused_geometry_test: the fused ops' launch geometry as fused.h reports it (FusedLaunchInfo),
+// for a device described by its SM count alone. Host code only: runs everywhere (CI included).
+// What every launch relies on:
+// - gemmReduceScatter's tile width and chunk layout depend only on values every rank shares
+//   (M, N, the world, the SM count), never on K_r or the partials' precision, which may differ
+//   by rank (different tile orders or chunk ids would make ranks wait on flags never raised);
+// - the SM split stays in range: 1 <= reducing / pulling CTAs <= SMs / 2, GEMM CTAs + the rest
+//   <= SMs (a cooperative launch larger than the device would fail);
+// - at world 1 (no NVLink tail) the reducer model keeps the GEMM's wave count of 4 reducers,
+//   the count measured best there (kernels/bench/fused/NOTES.md);
+// - an explicit reducer count is honoured within the same bounds.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "check.h"
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/fused.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+
+using fusedcomm::testing::check;
+using fusedcomm::testing::g_failed;
+using fusedcomm::testing::g_passed;
+
+k::CommDevice device(int world, int rank, int sms) {
+  k::CommDevice d{};
+  d.world = world;
+  d.rank = rank;
+  d.sm_count = sms;
+  return d;
+}
+
+k::GemmRsArgs rs_args(int M, int N, int K_r, bool bf16, int reduce_ctas = 0) {
+  k::GemmRsArgs a;
+  a.M = M;
+  a.N = N;
+  a.K = K_r;
+  a.algo = k::FusedAlgo::kFused;
+  a.partials = bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+  a.reduce_ctas = reduce_ctas;
+  return a;
+}
+
+std::string shape(int W, int sms, int M, int N, int K_r, bool bf16) {
+  return "W=" + std::to_string(W) + " sms=" + std::to_string(sms) + " M=" + std::to_string(M) +
+         " N=" + std::to_string(N) + " K_r=" + std::to_string(K_r) + (bf16 ? " bf16" : " f32");
+}
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+void test_rs() {
+  const int sms_list[] = {132, 114, 78};
+  const int Ms[] = {3, 1001, 1024, 4096, 8192, 16384};
+  const int Ns[] = {64, 4096, 8192, 16384};
+  const int Ks[] = {64, 1024, 3584, 7168, 14336};
+  for (int sms : sms_list)
+    for (int W = 1; W <= 8; ++W)
+      for (int M : Ms)
+        for (int N : Ns) {
+          const k::CommDevice d = device(W, W - 1, sms);
+          const k::FusedLaunchInfo ref = k::gemm_reduce_scatter_info(d, rs_args(M, N, Ks[0], false));
+          for (int K_r : Ks)
+            for (bool bf16 : {false, true}) {
+              const std::string what = shape(W, sms, M, N, K_r, bf16);
+              const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(d, rs_args(M, N, K_r, bf16));
+              check(info.algo == k::FusedAlgo::kFused, what + ": fused as asked");
+              check(info.tile_n == ref.tile_n && info.chunks == ref.chunks,
+                    what + ": tile width and chunks do not depend on K_r or the partials");
+              check(info.comm_ctas >= 1 && info.comm_ctas <= std::max(1, sms / 2),
+                    what + ": reducers " + std::to_string(info.comm_ctas) + " within [1, SMs/2]");
+              check(info.gemm_ctas >= 1 && info.gemm_ctas + info.comm_ctas <= sms,
+                    what + ": GEMM CTAs " + std::to_string(info.gemm_ctas) + " + reducers fit the SMs");
+              if (W == 1) {
+                // No NVLink tail: no more GEMM waves than with 4 reducers.
+                const int tiles = ceil_div(M, 128) * ceil_div(N, info.tile_n);
+                const int with4 = ceil_div(tiles, std::min(sms - 4, tiles));
+                const int got = ceil_div(tiles, std::min(sms - info.comm_ctas, tiles));
+                check(info.comm_ctas >= 4 && got == with4,
+                      what + ": world 1 keeps the waves of 4 reducers (" + std::to_string(got) +
+                          " vs " + std::to_string(with4) + ", R=" + std::to_string(info.comm_ctas) + ")");
+              }
+            }
+        }
+  // An explicit count is honoured, clamped to [1, SMs/2].
+  const k::CommDevice d = device(2, 0, 132);
+  check(k::gemm_reduce_scatter_info(d, rs_args(4096, 4096, 7168, false, 24)).comm_ctas == 24,
+        "explicit reducer count 24");
+  check(k::gemm_reduce_scatter_info(d, rs_args(4096, 4096, 7168, false, 500)).comm_ctas == 66,
+        "explicit reducer count 500 clamped to 66");
+  // Auto: decomposed until the fused kernel is measured on separate GPUs (fused.cu, choose_rs).
+  k::GemmRsArgs a = rs_args(4096, 4096, 7168, false);
+  a.algo = k::FusedAlgo::kAuto;
+  check(k::gemm_reduce_scatter_info(d, a).algo == k::FusedAlgo::kDecomposed,
+        "gemmReduceScatter kAuto: decomposed");
+}
+
+void test_ag() {
+  for (int sms : {132, 78})
+    for (int W = 1; W <= 8; ++W)
+      for (int M : {3, 1001, 2048, 8192})
+        for (int N : {64, 2048, 14336})
+          for (int K : {64, 4096}) {
+            k::AgGemmArgs a;
+            a.M = M;
+            a.N = N;
+            a.K = K;
+            a.algo = k::FusedAlgo::kFused;
+            const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, sms), a);
+            const std::string what = "allGatherGemm W=" + std::to_string(W) + " sms=" +
+                                     std::to_string(sms) + " M=" + std::to_string(M) + " N=" +
+                                     std::to_string(N) + " K=" + std::to_string(K);
+            check(info.comm_ctas >= 1 && info.comm_ctas <= std::max(1, sms / 2),
+                  what + ": pulling CTAs within [1, SMs/2]");
+            check(info.gemm_ctas >= 1 && info.gemm_ctas + info.comm_ctas <= sms,
+                  what + ": GEMM CTAs + pulling CTAs fit the SMs");
+          }
+}
+
+}  // namespace
+
+int main() {
+  test_rs();
+  test_ag();
+  std::printf("fused_geometry_test: %d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
