@@ -8,7 +8,8 @@
 //   <= SMs (a cooperative launch larger than the device would fail);
 // - at world 1 (no NVLink tail) the reducer model keeps the GEMM's wave count of 4 reducers,
 //   the count measured best there (kernels/bench/fused/NOTES.md);
-// - an explicit reducer count is honoured within the same bounds.
+// - an explicit reducer count is honoured within the same bounds;
+// - kAuto's choice uses rank-uniform inputs only (the same for any K_r).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -91,11 +92,23 @@ void test_rs() {
         "explicit reducer count 24");
   check(k::gemm_reduce_scatter_info(d, rs_args(4096, 4096, 7168, false, 500)).comm_ctas == 66,
         "explicit reducer count 500 clamped to 66");
-  // Auto: decomposed until the fused kernel is measured on separate GPUs (fused.cu, choose_rs).
-  k::GemmRsArgs a = rs_args(4096, 4096, 7168, false);
-  a.algo = k::FusedAlgo::kAuto;
-  check(k::gemm_reduce_scatter_info(d, a).algo == k::FusedAlgo::kDecomposed,
-        "gemmReduceScatter kAuto: decomposed");
+  // kAuto (fused.cu, choose_rs): fused at W = 2 with fp32 partials from M*N = 2^24, else
+  // decomposed; the same choice whatever K_r (which may differ by rank).
+  auto auto_algo = [](int W, int M, int N, int K_r, bool bf16) {
+    k::GemmRsArgs a = rs_args(M, N, K_r, bf16);
+    a.algo = k::FusedAlgo::kAuto;
+    return k::gemm_reduce_scatter_info(device(W, 0, 132), a).algo;
+  };
+  for (int K_r : {64, 7168, 14336}) {
+    const std::string kr = " K_r=" + std::to_string(K_r);
+    check(auto_algo(2, 4096, 4096, K_r, false) == k::FusedAlgo::kFused, "kAuto W=2 4096x4096 f32: fused" + kr);
+    check(auto_algo(2, 2048, 4096, K_r, false) == k::FusedAlgo::kDecomposed,
+          "kAuto W=2 2048x4096 f32: decomposed" + kr);
+    check(auto_algo(2, 4096, 4096, K_r, true) == k::FusedAlgo::kDecomposed,
+          "kAuto W=2 bf16 partials: decomposed" + kr);
+    check(auto_algo(4, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=4: decomposed" + kr);
+    check(auto_algo(1, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=1: decomposed" + kr);
+  }
 }
 
 void test_ag() {

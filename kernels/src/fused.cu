@@ -150,9 +150,11 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 // - allGatherGemm: with the own rows moved by the copy engine, fused was faster than
 //   decomposed at all five shapes measured at W = 2 (0.94-0.98 of its time, 0.90 at 70B
 //   M=8192). Fused at W = 2 from kAgFusedMinBytes; W >= 3 is not measured yet: decomposed.
-// - gemmReduceScatter: fused wins only where K_r (the GEMM's FLOPs per partial byte) is large
-//   (70B down-projection, M >= 4096) and loses by 10-30 % at the square shapes with the same M
-//   and N; K_r may differ by rank, so no rank-uniform rule separates them: decomposed.
+// - gemmReduceScatter (2 x H200, run 6, since the GEMM CTAs join the reduction): with fp32
+//   partials fused took 0.94-0.99 of the decomposed time at every shape with M*N >= 2^24 (9 of
+//   12) and 1.01-1.05 below (8B M = 1024, 2048; 70B M = 1024 at 2^23: 0.99); with bf16 partials
+//   the decomposed path (a lean bf16 reduceScatter) won at 10 of 12. M, N, W and the partials'
+//   precision are rank-uniform (K_r is not). W >= 3 is not measured yet: decomposed.
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2) return FusedAlgo::kDecomposed;
@@ -163,9 +165,12 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
   return bytes >= kAgFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
-FusedAlgo choose_rs(const CommDevice&, const GemmRsArgs& a) {
+constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;  // M*N of the partial product
+FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  return FusedAlgo::kDecomposed;
+  if (d.world != 2 || a.partials != RsPartials::kF32) return FusedAlgo::kDecomposed;
+  const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
+  return elems >= kRsFusedMinElems ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
 
 // ---- allGatherGemm geometry ---------------------------------------------------------------------
