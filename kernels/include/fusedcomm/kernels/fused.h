@@ -142,7 +142,8 @@ struct alignas(64) FusedFlags {
   // 1). Ordering: each slice's stores -> bar.sync -> thread 0 fence.acq_rel.gpu -> atomicAdd
   // on chunk_count[c]; the last of the chunk's slices fences (acquire) and releases the flag
   // (st.release.gpu). The own rows, copied before the launch or read from A_r, are ordered
-  // by the stream.
+  // by the stream. A chunk made only of M-blocks read from A_r gets no arrivals and no flag
+  // (no tile waits for it); its slot keeps an older epoch.
   uint64_t ag_chunk[kFusedMaxChunks];
   // Arrival counters of the chunks above (slices of an allGatherGemm chunk, tiles of a
   // gemmReduceScatter chunk). Local; the arrival that completes a chunk resets its counter to

@@ -103,6 +103,8 @@ struct AgSchedule : FusedClaims<AgParams> {
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return true; }
   template <int BN>
   __device__ __forceinline__ bool wait(const GemmProblem& prob, TileCoord tc) const {
+    // Blocks read from A_r (a_source) are ready before the launch (stream order): no flag.
+    if (tc.m >= p->own_b0 && tc.m < p->own_b1) return true;
     const int c = tc.m / p->mg;
     const uint64_t* flag = &fused_flags(p->dev, p->dev.rank)->ag_chunk[c];
 #ifdef FUSEDCOMM_AG_TRACE
@@ -156,8 +158,12 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   const int chunk_rows = p.mg * kTileM;
   const int items = p.chunks * p.slices;
   const size_t row_bytes = static_cast<size_t>(p.K) * 2;
+  const int mb = (p.M + kTileM - 1) / kTileM;
   for (int k = j; k < items && ok; k += p.comm_ctas) {
     const int c = (p.c_start + k / p.slices) % p.chunks;
+    // A chunk made only of blocks the GEMM reads from A_r needs neither rows nor its flag (no
+    // tile waits for it: AgSchedule::wait); skipped before any barrier, so CTA-uniformly.
+    if (c * p.mg >= p.own_b0 && min((c + 1) * p.mg, mb) <= p.own_b1) continue;
     const int64_t a = static_cast<int64_t>(c) * chunk_rows +
                       static_cast<int64_t>(k % p.slices) * p.slice_rows;
     const int64_t b = min(min(a + p.slice_rows, static_cast<int64_t>(c + 1) * chunk_rows),
