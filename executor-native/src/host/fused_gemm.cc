@@ -73,15 +73,18 @@ void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, v
   FC_REQUIRE(partials == PartialPrecision::kF32 || partials == PartialPrecision::kBF16,
              std::string(kOp) + ": unknown partial precision " +
                  std::to_string(static_cast<int>(partials)));
-  std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
-  if (partials == PartialPrecision::kBF16) {  // the values the cuda backend would exchange
-    std::vector<uint8_t> rounded(partial.size() * dtype_size(DType::kBF16));
-    detail::from_f32(DType::kBF16, partial.data(), m * n, rounded.data());
-    detail::to_f32(DType::kBF16, rounded.data(), m * n, partial.data());
+  const std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
+  // bf16 partials are exchanged in bf16, as on the cuda backend; the sum is fp32 either way.
+  const DType wire = partials == PartialPrecision::kBF16 ? DType::kBF16 : DType::kF32;
+  std::vector<uint8_t> rounded;
+  const void* send = partial.data();
+  if (wire == DType::kBF16) {
+    rounded.resize(partial.size() * dtype_size(wire));
+    detail::from_f32(wire, partial.data(), m * n, rounded.data());
+    send = rounded.data();
   }
   std::vector<float> sum(static_cast<size_t>(mine * n));
-  detail::reduce_scatter_rows(ex, DType::kF32, partial.data(), sum.data(), m, n,
-                              "gemmReduceScatter/reduce-scatter");
+  detail::reduce_scatter_rows(ex, wire, send, sum.data(), m, n, "gemmReduceScatter/reduce-scatter");
   detail::from_f32(t, sum.data(), mine * n, c);
 }
 

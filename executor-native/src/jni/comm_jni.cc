@@ -53,6 +53,11 @@ DeviceComm* device_of(jlong c, jint t, const char* op) {
   return h->device.get();
 }
 
+// The host backend runs every op synchronously: a caller's stream is a usage error there.
+void require_no_stream(jlong stream) {
+  FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
+}
+
 // A collective on either backend. The cuda backend enqueues on `stream` (0: its own stream,
 // waiting for the result); the description is converted only where it is used (host backend).
 template <class HostOp>
@@ -65,7 +70,7 @@ void run_collective(JNIEnv* env, jlong c, jstring d, jlong fp, kern::CommOp op, 
                           reinterpret_cast<void*>(out), count, reinterpret_cast<cudaStream_t>(stream));
     return;
   }
-  FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
+  require_no_stream(stream);
   host_op(start_op(env, c, d, fp));
 }
 
@@ -256,7 +261,7 @@ FC_NATIVE(void, allGatherGemm)(JNIEnv* env, jclass, jlong comm, jstring d, jlong
                         reinterpret_cast<cudaStream_t>(stream));
     return;
   }
-  FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
+  require_no_stream(stream);
   host::all_gather_gemm(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), ptr(gathered), m, n_local,
                         k, layout(l));
   FC_JNI_END()
@@ -271,7 +276,7 @@ FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong comm, jstring d, j
                             static_cast<int>(partial_precision(partials)), reinterpret_cast<cudaStream_t>(stream));
     return;
   }
-  FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
+  require_no_stream(stream);
   host::gemm_reduce_scatter(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), m, n, k_local, layout(l),
                             partial_precision(partials));
   FC_JNI_END()

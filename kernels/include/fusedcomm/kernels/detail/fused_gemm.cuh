@@ -83,6 +83,12 @@ struct FusedClaims {
   __device__ __forceinline__ int claim() const {
     return static_cast<int>(atomicAdd(&fused_flags(p->dev, p->dev.rank)->tile_claim, 1u));
   }
+  // A from the plan's tensor map (AgSchedule reads some blocks from A_r instead).
+  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
+                                                         int& row) const {
+    row = tc.m * kTileM;
+    return tm_a;
+  }
 };
 
 // The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
@@ -556,11 +562,6 @@ struct RsSchedule : FusedClaims<RsParams> {
     tc.m = rs_block_of(tc.m, prob.m_blocks, p->dev.world);
     return tc;
   }
-  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
-                                                         int& row) const {
-    row = tc.m * kTileM;
-    return tm_a;
-  }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
   template <int BN>
   __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord) const {
@@ -574,7 +575,6 @@ struct RsSchedule : FusedClaims<RsParams> {
     if (threadIdx.x == 128) fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
   }
 };
-
 
 // The GEMM role's epilogue: partial tiles (fp32 or bf16) into this rank's workspace (register path:
 // the stores must be complete before the chunk counter, see FusedFlags::rs_ready), then the
