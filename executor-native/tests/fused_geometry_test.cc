@@ -1,14 +1,14 @@
 // fused_geometry_test: the fused ops' launch geometry as fused.h reports it (FusedLaunchInfo),
 // for a device described by its SM count alone. Host code only: runs everywhere (CI included).
 // What every launch relies on:
-// - gemmReduceScatter's tile width and chunk layout depend only on values every rank shares
-//   (M, N, the world, the SM count), never on K_r or the partials' precision, which may differ
-//   by rank (different tile orders or chunk ids would make ranks wait on flags never raised);
-// - the SM split stays in range: 1 <= reducing / pulling CTAs <= SMs / 2, GEMM CTAs + the rest
-//   <= SMs (a cooperative launch larger than the device would fail);
-// - at world 1 (no NVLink tail) the reducer model keeps the GEMM's wave count of 4 reducers,
-//   the count measured best there (kernels/bench/fused/NOTES.md);
-// - an explicit reducer count is honoured within the same bounds;
+// - gemmReduceScatter's tile width and flag count depend only on values every rank shares (M,
+//   N, the world, the SM count), never on the rank, K_r or the partials' precision, which may
+//   differ by rank (its flags are per half-tile and tile column: ranks with different tile
+//   grids would wait on flags never raised);
+// - its grid is every SM (at most one CTA per tile), and its flags fit FusedFlags wherever the
+//   fused kernel is chosen;
+// - allGatherGemm's SM split stays in range: 1 <= pulling CTAs <= SMs / 2, GEMM CTAs + pulling
+//   CTAs <= SMs (a cooperative launch larger than the device would fail);
 // - kAuto's choice uses rank-uniform inputs only (the same for any K_r).
 #include <algorithm>
 #include <cstdint>
@@ -35,14 +35,13 @@ k::CommDevice device(int world, int rank, int sms) {
   return d;
 }
 
-k::GemmRsArgs rs_args(int M, int N, int K_r, bool bf16, int reduce_ctas = 0) {
+k::GemmRsArgs rs_args(int M, int N, int K_r, bool bf16) {
   k::GemmRsArgs a;
   a.M = M;
   a.N = N;
   a.K = K_r;
   a.algo = k::FusedAlgo::kFused;
   a.partials = bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
-  a.reduce_ctas = reduce_ctas;
   return a;
 }
 
@@ -62,36 +61,28 @@ void test_rs() {
     for (int W = 1; W <= 8; ++W)
       for (int M : Ms)
         for (int N : Ns) {
-          const k::CommDevice d = device(W, W - 1, sms);
-          const k::FusedLaunchInfo ref = k::gemm_reduce_scatter_info(d, rs_args(M, N, Ks[0], false));
-          for (int K_r : Ks)
-            for (bool bf16 : {false, true}) {
-              const std::string what = shape(W, sms, M, N, K_r, bf16);
-              const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(d, rs_args(M, N, K_r, bf16));
-              check(info.algo == k::FusedAlgo::kFused, what + ": fused as asked");
-              check(info.tile_n == ref.tile_n && info.chunks == ref.chunks,
-                    what + ": tile width and chunks do not depend on K_r or the partials");
-              check(info.comm_ctas >= 1 && info.comm_ctas <= std::max(1, sms / 2),
-                    what + ": reducers " + std::to_string(info.comm_ctas) + " within [1, SMs/2]");
-              check(info.gemm_ctas >= 1 && info.gemm_ctas + info.comm_ctas <= sms,
-                    what + ": GEMM CTAs " + std::to_string(info.gemm_ctas) + " + reducers fit the SMs");
-              if (W == 1) {
-                // No NVLink tail: no more GEMM waves than with 4 reducers.
+          const k::FusedLaunchInfo ref =
+              k::gemm_reduce_scatter_info(device(W, 0, sms), rs_args(M, N, Ks[0], false));
+          for (int rank = 0; rank < W; ++rank)
+            for (int K_r : Ks)
+              for (bool bf16 : {false, true}) {
+                const std::string what = shape(W, sms, M, N, K_r, bf16) + " rank " + std::to_string(rank);
+                const k::FusedLaunchInfo info =
+                    k::gemm_reduce_scatter_info(device(W, rank, sms), rs_args(M, N, K_r, bf16));
+                check(info.algo == k::FusedAlgo::kFused, what + ": fused as asked");
+                check(info.tile_n == ref.tile_n && info.chunks == ref.chunks,
+                      what + ": tile width and flags do not depend on the rank, K_r or the partials");
                 const int tiles = ceil_div(M, 128) * ceil_div(N, info.tile_n);
-                const int with4 = ceil_div(tiles, std::min(sms - 4, tiles));
-                const int got = ceil_div(tiles, std::min(sms - info.comm_ctas, tiles));
-                check(info.comm_ctas >= 4 && got == with4,
-                      what + ": world 1 keeps the waves of 4 reducers (" + std::to_string(got) +
-                          " vs " + std::to_string(with4) + ", R=" + std::to_string(info.comm_ctas) + ")");
+                check(info.comm_ctas == 0 && info.gemm_ctas == std::min(sms, tiles),
+                      what + ": every CTA runs the GEMM, one per SM and at most one per tile (" +
+                          std::to_string(info.gemm_ctas) + ")");
+                // (W-1) slots x half-tile rows of a slot (ceil(ceil(M/W) / 64) + 1) x columns.
+                const int halves = ceil_div(ceil_div(M, W), 64) + 1;
+                check(info.chunks == (W - 1) * halves * ceil_div(N, info.tile_n) &&
+                          info.chunks <= k::kFusedRsTileFlags,
+                      what + ": half-tile flags " + std::to_string(info.chunks) + " fit");
               }
-            }
         }
-  // An explicit count is honoured, clamped to [1, SMs/2].
-  const k::CommDevice d = device(2, 0, 132);
-  check(k::gemm_reduce_scatter_info(d, rs_args(4096, 4096, 7168, false, 24)).comm_ctas == 24,
-        "explicit reducer count 24");
-  check(k::gemm_reduce_scatter_info(d, rs_args(4096, 4096, 7168, false, 500)).comm_ctas == 66,
-        "explicit reducer count 500 clamped to 66");
   // kAuto (fused.cu, choose_rs): fused at W = 2 with fp32 partials from M*N = 2^24, else
   // decomposed; the same choice whatever K_r (which may differ by rank).
   auto auto_algo = [](int W, int M, int N, int K_r, bool bf16) {
@@ -108,6 +99,9 @@ void test_rs() {
           "kAuto W=2 bf16 partials: decomposed" + kr);
     check(auto_algo(4, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=4: decomposed" + kr);
     check(auto_algo(1, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=1: decomposed" + kr);
+    // Half-tile flags beyond FusedFlags (W = 2: 1 slot x 1025 half-tile rows x 512 columns):
+    check(auto_algo(2, 131072, 131072, K_r, false) == k::FusedAlgo::kDecomposed,
+          "kAuto W=2 131072x131072: decomposed (its half-tile flags would not fit)" + kr);
   }
 }
 

@@ -347,9 +347,11 @@ struct Rank {
     o.out = DevBuf(cnt * N * 2 + kGuard);
     return o;
   }
-  // The output and the fp32 partial's place in the workspace get NaN: a reducer that reads a
-  // partial before its tile is stored then shows NaN instead of a plausible stale value.
-  // (Safe: the previous launch's end barrier means no peer still reads this workspace.)
+  // The output and the workspace get NaN: a partial read before it is stored (decomposed: a
+  // peer's reduceScatter; fused: this rank's epilogue reading a receive slot) then shows NaN
+  // instead of a plausible stale value. (Safe: after the previous launch's end barrier no peer
+  // reads or writes this workspace, and a peer's fused pushes of the next launch wait for this
+  // rank's start flag, which stream order puts after this memset.)
   void rs_poison(const RsOperands& o) {
     CUDA_OK(cudaMemsetAsync(o.out.p, 0xFF, o.out.bytes, stream));
     const uint64_t ws = k::gemm_reduce_scatter_workspace(rs_args(o), W).data_bytes - o.c.ws_offset;
@@ -424,11 +426,12 @@ struct Rank {
     report_rs_info(a, bad != 0, c.name(W));
   }
 
-  // FusedFlags between launches (fused.h): every chunk counter, the tile and reduce-item
-  // counters and the role counter are back at 0 once a launch has completed. Returns the
-  // number of non-zero counters (the first few printed).
+  // FusedFlags between launches (fused.h): every chunk counter, the tile counter and the role
+  // counter are back at 0 once a launch has completed. Returns the number of non-zero counters
+  // (the first few printed).
   int flags_dirty(const std::string& what) {
-    k::FusedFlags f;
+    auto flags = std::make_unique<k::FusedFlags>();  // ~0.9 MiB: not on the stack
+    k::FusedFlags& f = *flags;
     CUDA_OK(cudaMemcpy(&f, sm->device().base[r] + k::kFusedFlagsOffset, sizeof f,
                        cudaMemcpyDeviceToHost));
     int n = 0;
@@ -439,7 +442,6 @@ struct Rank {
     for (int c = 0; c < k::kFusedMaxChunks; ++c) report("chunk_count", c, f.chunk_count[c]);
     report("tile_claim", 0, f.tile_claim);
     report("role_exit", 0, f.role_exit);
-    report("rs_claim", 0, f.rs_claim);
     return n;
   }
   void check_flags(const std::string& what) {
@@ -454,6 +456,7 @@ struct Rank {
   void rs_diagnose(const RsOperands& o) {
     const int64_t N = o.c.N, off = split_offset(o.c.M, W, r), cnt = split_count(o.c.M, W, r);
     const auto& dev = sm->device();
+    const bool fused = k::gemm_reduce_scatter_info(dev, rs_args(o)).algo == k::FusedAlgo::kFused;
     std::vector<std::vector<float>> ref_s, now_s;
     for (int s = 0; s < W; ++s) {
       const int64_t ks = o.c.k0 + 8 * s;
@@ -467,13 +470,24 @@ struct Rank {
                                        stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       ref_s.push_back(download<float>(ref.p, cnt * N));
-      const uint8_t* part = dev.base[s] + dev.data_offset + o.c.ws_offset;
-      if (o.c.bf16_partials) {
-        const auto h = download<__nv_bfloat16>(part + off * N * 2, cnt * N);
+      // Decomposed: source s's partial product in s's workspace (rows at their place). Fused:
+      // s's partial of these rows in this rank's receive slot for s; this rank's own partial
+      // is never stored (it stays in registers): shown as the reference.
+      const int64_t pb = o.c.bf16_partials ? 2 : 4;
+      const uint8_t* part = dev.base[s] + dev.data_offset + o.c.ws_offset + off * N * pb;
+      if (fused) {
+        const int64_t slot_rows = k::kFusedRsSlotPadRows + (o.c.M + W - 1) / W;
+        part = dev.base[r] + dev.data_offset + o.c.ws_offset +
+               ((s < r ? s : s - 1) * slot_rows + k::kFusedRsSlotPadRows) * N * pb;
+      }
+      if (fused && s == r) {
+        now_s.push_back(ref_s[s]);
+      } else if (o.c.bf16_partials) {
+        const auto h = download<__nv_bfloat16>(part, cnt * N);
         now_s.emplace_back(cnt * N);
         for (int64_t i = 0; i < cnt * N; ++i) now_s[s][i] = __bfloat162float(h[i]);
       } else {
-        now_s.push_back(download<float>(part + off * N * 4, cnt * N));
+        now_s.push_back(download<float>(part, cnt * N));
       }
       const float rel = o.c.bf16_partials ? 4e-3f : 1e-3f;
       int64_t wrong = 0;
@@ -756,7 +770,9 @@ struct Rank {
       open(cfg);
       RsOperands rs = rs_prepare({2999, 1032, 520, NK, F, 0}, mix(seed ^ 0xDEAE));
       CUDA_OK(cudaStreamSynchronize(stream));
-      expect_timeout("gemmReduceScatter", k::kFusedOpGemmReduceScatter, k::kFusedStepPartial,
+      // A rank waits for the dead one's start flag before its first push there, and for its
+      // partials before summing its own rows: whichever wait gives up first is recorded.
+      expect_timeout("gemmReduceScatter", k::kFusedOpGemmReduceScatter, k::kCommStepArrive,
                      k::kFusedStepPartial, [&] {
                        return k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream);
                      });

@@ -32,9 +32,8 @@ using detail::split_offset;
 // the saving no longer pays for it. The smallest shape measured (8B M=2048, 16 MiB) gained 6 %.
 constexpr uint64_t kAgFusedMinBytes = 8ull << 20;  // M*K*2: the gathered A
 
-// SM split: CTAs that pull (allGatherGemm) or reduce (gemmReduceScatter), by world size and the
-// GEMM's FLOPs per exchanged byte (N_r for allGatherGemm, K_r for gemmReduceScatter). First
-// row with world <= max_world and dim >= min_dim wins. Model (H200: ~790 TFLOP/s, ~330 GB/s
+// SM split of allGatherGemm: CTAs that pull first, by world size and the GEMM's FLOPs per
+// exchanged byte (N_r). First row with world <= max_world and dim >= min_dim wins. Model (H200: ~790 TFLOP/s, ~330 GB/s
 // of NVLink pulls per GPU; one CTA with 48 KiB of loads in flight pulls ~15-25 GB/s):
 // - allGatherGemm: the GEMM consumes the peers' rows at (W-1)/W * 790e12 / N_r B/s (N_r =
 //   8192, W = 2: 48 GB/s; N_r = 2048, W = 4: 290 GB/s, the NVLink ceiling), but its first wave
@@ -42,8 +41,8 @@ constexpr uint64_t kAgFusedMinBytes = 8ull << 20;  // M*K*2: the gathered A
 //   the pull should run near the link's speed from the start. Pulling CTAs join the GEMM when
 //   their chunks are done, so generous counts cost little (P SMs idle from the GEMM for the
 //   pull time only): the rows aim at >= 330 GB/s of pulls.
-// - gemmReduceScatter: a model with a measured world-1 part (rs_reducers below).
-// Model values for allGatherGemm: bench/fused reports the split of each row; tune from its
+// (gemmReduceScatter has no split: every CTA runs the GEMM, its epilogue pushes and reduces.)
+// Model values: bench/fused reports the split of each row; tune from its
 // measurements.
 struct SplitRow {
   int max_world;
@@ -54,49 +53,6 @@ constexpr SplitRow kAgSplit[] = {
     {2, 8192, 16}, {2, 4096, 20}, {2, 2048, 24}, {2, 0, 32},
     {8, 8192, 20}, {8, 4096, 24}, {8, 2048, 32}, {8, 0, 40},
 };
-// gemmReduceScatter's reducing CTAs: a model of the fused time over R, minimised per launch.
-// The GEMM CTAs (G = sms - R) claim tiles dynamically and, once none is left, join the
-// reduction (rs_reduce_role), so
-//   T(R) = waves(G) * t_tile + tail(R),  waves(G) = ceil(tiles / G),
-//   t_tile = 2 * 128 * tile_n * K_r / (kRsGemmFlops / sms)  (one tile on one SM),
-//   tail(R) = max(0, remote - R * kRsCtaBps * waves * t_tile) / kRsLinkBps,
-//   remote = (W-1)/W * M * N * bytes per partial  (what an owner pulls from its peers),
-// and R is the largest count of the smallest T(R), at least kRsMinReducers. Measured on one
-// GPU at world 1 (fused_bench --world 1 --tp T --ctas R, R = 2..32, 1 x H100; NOTES.md
-// "GEMM CTAs join the reduction"): the waves dominate there. Tiles take 40-160 us at these K_r, and R = 6
-// instead of 4 (G = 126 instead of 128) cost one wave at 512 or 1024 tiles; R = 2 or 4 came
-// within 3 % of the best of eight counts at 46 of 48 shapes (R = 4 alone at 39, geomean 1.02 x
-// the best), where the previous table had 12-40 (chosen before the GEMM CTAs joined, when the
-// reducers alone had to finish the tail). The tail term (NVLink pulls at W >= 2) is the
-// model's alone: not yet measured on several GPUs.
-constexpr int kRsMinReducers = 4;
-constexpr double kRsGemmFlops = 790e12;  // the whole GPU (H200, DESIGN.md §7)
-constexpr double kRsCtaBps = 20e9;       // one reducing CTA while the GEMM runs (20-25 GB/s)
-constexpr double kRsLinkBps = 370e9;     // NVLink per direction (DESIGN.md §7)
-
-// The GEMM CTA count that gemmReduceScatter's tile width is chosen for: rank-uniform (the
-// world and the SM count only, never K_r), the count most launches get (kRsMinReducers).
-int rs_width_ctas(int sms) { return std::max(1, sms - std::min(kRsMinReducers, sms / 2)); }
-
-int rs_reducers(int W, int sms, int64_t M, int64_t N, int64_t K_r, int elem_bytes,
-                int tiles, int tile_n) {
-  const double t_tile = 2.0 * 128 * tile_n * static_cast<double>(K_r) / (kRsGemmFlops / sms);
-  const double remote = static_cast<double>(W - 1) / W * static_cast<double>(M) * N * elem_bytes;
-  const int lo = std::min(kRsMinReducers, std::max(1, sms / 2)), hi = std::max(1, sms / 2);
-  int best = lo;
-  double best_t = std::numeric_limits<double>::infinity();
-  for (int R = lo; R <= hi; ++R) {  // ties: the larger R (more pulls during the GEMM)
-    const int G = std::max(1, std::min(sms - R, tiles));
-    const double body = static_cast<double>((tiles + G - 1) / G) * t_tile;
-    const double t = body + std::max(0.0, remote - R * kRsCtaBps * body) / kRsLinkBps;
-    if (t <= best_t * (1 + 1e-9)) {
-      best = R;
-      best_t = std::min(best_t, t);
-    }
-  }
-  return best;
-}
-
 template <size_t N>
 int split_ctas(const SplitRow (&rows)[N], int world, int dim) {
   for (const SplitRow& row : rows) {
@@ -107,16 +63,6 @@ int split_ctas(const SplitRow (&rows)[N], int world, int dim) {
 
 // allGatherGemm: one pull work item moves about this much (a slice of a chunk).
 constexpr int64_t kAgSliceBytes = 128 << 10;
-// gemmReduceScatter: chunk width in 256-column units before the flag budget forces wider ones
-// (1024 columns x 128 rows x 4 B = 512 KiB of partial per source and chunk).
-constexpr int kRsChunkCols256 = 4;
-// gemmReduceScatter: the reducing role claims chunks in column slices of this width, so that
-// the last chunks (completed by the GEMM's last wave, when every CTA joins the reduction) are
-// shared by many CTAs (one CTA moves only ~20-25 GB/s: a whole 512 KiB-per-source chunk is
-// ~20-40 us of tail on one CTA). Whole chunks and ~128 KiB slices measured no better (NOTES.md,
-// "GEMM CTAs join the reduction").
-constexpr int kRsItemCols = 256;
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -155,6 +101,9 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 //   12) and 1.01-1.05 below (8B M = 1024, 2048; 70B M = 1024 at 2^23: 0.99); with bf16 partials
 //   the decomposed path (a lean bf16 reduceScatter) won at 10 of 12. M, N, W and the partials'
 //   precision are rank-uniform (K_r is not). W >= 3 is not measured yet: decomposed.
+//   (Measured with the previous fused gemmReduceScatter, whose owners pulled the partials; the
+//   push design that replaced it on 2026-11-25 is not measured on several GPUs yet.)
+bool rs_fused_fits(const CommDevice& d, const GemmRsArgs& a);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2) return FusedAlgo::kDecomposed;
@@ -170,7 +119,8 @@ FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2 || a.partials != RsPartials::kF32) return FusedAlgo::kDecomposed;
   const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
-  return elems >= kRsFusedMinElems ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+  if (elems < kRsFusedMinElems || !rs_fused_fits(d, a)) return FusedAlgo::kDecomposed;
+  return FusedAlgo::kFused;
 }
 
 // ---- allGatherGemm geometry ---------------------------------------------------------------------
@@ -221,44 +171,34 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 // Bytes per element of gemmReduceScatter's partial products.
 int partial_bytes(const GemmRsArgs& a) { return a.partials == RsPartials::kBF16 ? 2 : 4; }
 
+// The fused kernel's geometry (detail/fused_gemm.cuh, gemmReduceScatter), all but the device
+// handle, pointers and tensor maps. The tile width comes from M, N and the SM count only (never
+// K_r): every rank must sweep the same tile grid, since flags are per half-tile and tile column
+// (the width is part of the launch signature, so a rank that differs fails the launch).
 RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
-  const int W = d.world, sms = device_sms(d);
+  const int W = d.world, r = d.rank;
   RsParams p{};
   p.M = a.M;
   p.N = a.N;
-  p.m_blocks = static_cast<int>(ceil_div(a.M, detail::kTileM));
-  const int cols256 = static_cast<int>(ceil_div(a.N, 256));
-  int cw = std::min(kRsChunkCols256, cols256);
-  int mg = 1;
-  const int64_t cmax = std::min(kFusedMaxChunks, kFusedRsFlagSlots / W);
-  while (ceil_div(p.m_blocks, mg) * ceil_div(cols256, cw) > cmax) {
-    if (cw < cols256) {
-      cw = std::min(2 * cw, cols256);
-    } else {
-      mg *= 2;
-    }
-  }
-  p.mg = mg;
-  p.chunk_cols = cw * 256;
-  p.col_groups = static_cast<int>(ceil_div(a.N, p.chunk_cols));
-  p.chunks = static_cast<int>(ceil_div(p.m_blocks, mg)) * p.col_groups;
-  p.group_m = std::max(8, mg);  // mg is a power of two: it divides the group
-  p.item_cols = std::min(p.chunk_cols, kRsItemCols);
-  p.items_per_chunk = static_cast<int>(ceil_div(p.chunk_cols, p.item_cols));
-  // The tile width (hence the tile grid and the sweep) from values every rank shares: M, N,
-  // the world and the SM count, never K_r or this rank's CTA split. The chunk ids do not
-  // depend on the tile width (chunk_cols is a multiple of 256), but with one width on every
-  // rank all ranks also sweep the same tiles in the same order, as the design assumes.
-  p.tile_n = gemm_tile_grid(a.M, a.N, 0, rs_width_ctas(sms)).tile_n;
-  // The reducer count may differ by rank (K_r: FLOPs per exchanged byte): it changes only how
-  // many of this rank's CTAs reduce, never the chunk layout, the flags or the tile order.
-  const int tiles = p.m_blocks * static_cast<int>(ceil_div(a.N, p.tile_n));
-  int red = a.reduce_ctas > 0 ? a.reduce_ctas
-                              : rs_reducers(W, sms, a.M, a.N, a.K, partial_bytes(a), tiles, p.tile_n);
-  red = std::clamp(red, 1, std::max(1, sms / 2));
-  p.red_ctas = red;
-  p.gemm_ctas = std::max(1, sms - red);
+  const GemmTileGrid tg = gemm_tile_grid(a.M, a.N, 0, device_sms(d));
+  p.n_blocks = tg.n_blocks;
+  p.tile_n = tg.tile_n;
+  const int64_t ceil_rows = ceil_div(a.M, W);
+  p.slot_elems = static_cast<uint64_t>(ceil_rows + kFusedRsSlotPadRows) * static_cast<uint64_t>(a.N);
+  p.halves = static_cast<int>(ceil_div(ceil_rows, 64)) + 1;
+  const int64_t off = split_offset(a.M, W, r), cnt = split_count(a.M, W, r);
+  p.own_b0 = cnt > 0 ? static_cast<int>(off / detail::kTileM) : 0;
+  p.own_nb = cnt > 0 ? static_cast<int>((off + cnt - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
+  p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
   return p;
+}
+
+// Half-tile flags per owner that the fused kernel needs (FusedFlags::rs_tile).
+int64_t rs_flags_needed(const CommDevice& d, const RsParams& p) {
+  return int64_t{d.world - 1} * p.halves * p.n_blocks;
+}
+bool rs_fused_fits(const CommDevice& d, const GemmRsArgs& a) {
+  return rs_flags_needed(d, rs_geometry(d, a)) <= kFusedRsTileFlags;
 }
 
 // ---- launch helpers -----------------------------------------------------------------------------
@@ -305,12 +245,12 @@ cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p,
 }
 
 template <int BN, bool kBKN>
-cudaError_t launch_rs_instance(const detail::GemmPlan& plan, const RsParams& p,
+cudaError_t launch_rs_instance(const detail::GemmPlan& plan, const RsParams& p, int grid,
                                cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
   return launch_fused_instance(detail::rs_gemm_kernel<BN, kBKN>,
-                               detail::GemmTileConfig<BN>::kSmemBytes, opted, plan,
-                               p.gemm_ctas + p.red_ctas, stream, p);
+                               detail::GemmTileConfig<BN>::kSmemBytes, opted, plan, grid, stream,
+                               p);
 }
 
 // Rows [0, W*ceil) of a "padded" layout (block p of ceil rows at p*ceil, rank p's
@@ -358,6 +298,9 @@ bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
   }
   if (a.partials != RsPartials::kF32 && a.partials != RsPartials::kBF16) return false;
   if (a.out == nullptr && split_count(a.M, d.world, d.rank) > 0) return false;
+  // A forced fused launch whose half-tile flags would not fit FusedFlags is refused (kAuto
+  // picks the decomposed path there).
+  if (a.algo == FusedAlgo::kFused && !rs_fused_fits(d, a)) return false;
   const FusedWorkspace ws = gemm_reduce_scatter_workspace(a, d.world);
   return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
 }
@@ -400,7 +343,9 @@ FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
   const uint64_t M = static_cast<uint64_t>(std::max(0, a.M));
   const uint64_t ceil_rows = (M + W - 1) / W;
   FusedWorkspace ws{};
-  ws.data_bytes = a.ws_offset + W * ceil_rows * row;
+  // Decomposed: W blocks of ceil(M/W) rows; fused: W-1 padded receive slots.
+  const uint64_t slots = W > 1 ? (W - 1) * (ceil_rows + kFusedRsSlotPadRows) : 0;
+  ws.data_bytes = a.ws_offset + std::max<uint64_t>(W * ceil_rows, slots) * row;
   // Decomposed with W not dividing M: the compact partial before it is padded, then the
   // reduce-scatter output block (ceil(M/W) rows) before its real rows are copied out.
   ws.scratch_bytes = (M % W != 0 ? M : ceil_rows) * row;
@@ -426,16 +371,15 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& a) {
   FusedLaunchInfo info{};
   info.algo = choose_rs(d, a);
-  if (info.algo == FusedAlgo::kFused && valid_shape(a.M, a.N, a.K) && d.world >= 1) {
-    const RsParams p = rs_geometry(d, a);
-    info.comm_ctas = p.red_ctas;
-    info.chunks = p.chunks;
-    info.tile_n = p.tile_n;
-    // As the launch: never more GEMM CTAs than tiles.
-    const GemmTileGrid tg = gemm_tile_grid(a.M, a.N, p.tile_n, 0);
-    info.gemm_ctas = std::min(p.gemm_ctas, tg.m_blocks * tg.n_blocks);
-  } else if (valid_shape(a.M, a.N, a.K)) {
-    info.tile_n = gemm_tile_grid(a.M, a.N, 0, device_sms(d)).tile_n;
+  if (!valid_shape(a.M, a.N, a.K) || d.world < 1) return info;
+  const RsParams p = rs_geometry(d, a);
+  info.tile_n = p.tile_n;
+  if (info.algo == FusedAlgo::kFused) {
+    // As the launch: every CTA runs the GEMM, never more than the tiles.
+    const int64_t tiles = int64_t{(a.M + detail::kTileM - 1) / detail::kTileM} * p.n_blocks;
+    info.gemm_ctas = static_cast<int>(std::min<int64_t>(device_sms(d), tiles));
+    info.comm_ctas = 0;
+    info.chunks = static_cast<int>(rs_flags_needed(d, p));
   }
   return info;
 }
@@ -541,15 +485,20 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   if (!rs_args_ok(dev, a)) return cudaErrorInvalidValue;
   const FusedAlgo algo = choose_rs(dev, a);
   // Both paths carry the op's signature (its collective too): the rank-uniform M, N, offset,
-  // and as its dtype the partials' precision.
+  // and as its dtype the partials' precision; the fused kernel's also its tile width (its flags
+  // are per tile column: ranks with different widths must fail, not wait).
   const bool bf16 = a.partials == RsPartials::kBF16;
+  RsParams p = rs_geometry(dev, a);
+  const uint64_t shape = algo == FusedAlgo::kFused
+                             ? comm_sig_hash(a.ws_offset, static_cast<uint64_t>(p.tile_n), 0)
+                             : a.ws_offset;
   CommDevice d = dev;
   d.launch_sig = comm_launch_signature(kFusedOpGemmReduceScatter,
                                        static_cast<uint32_t>(bf16 ? CommDtype::kBF16
                                                                   : CommDtype::kF32),
                                        static_cast<uint32_t>(algo),
                                        comm_sig_hash(static_cast<uint64_t>(a.M),
-                                                     static_cast<uint64_t>(a.N), a.ws_offset));
+                                                     static_cast<uint64_t>(a.N), shape));
   const int W = d.world, r = d.rank;
   uint8_t* ws = d.base[r] + d.data_offset + a.ws_offset;
 
@@ -586,32 +535,42 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   }
   if (algo != FusedAlgo::kFused) return cudaErrorInvalidValue;
 
-  RsParams p = rs_geometry(d, a);
   GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
-  g.C = ws;  // checked as C; the kernel's epilogue (RsEpilogue) writes it
+  g.C = ws;  // checked as C; the kernel's epilogue (RsEpilogue) writes the receive slots
   g.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
-  g.num_ctas = p.gemm_ctas;
   g.tile_n = p.tile_n;  // shared by every rank (rs_geometry)
-  g.group_m = p.group_m;
-  g.cluster = 1;  // as in allGatherGemm: dynamic claims, no CTA pairs
+  g.cluster = 1;        // dynamic claims, no CTA pairs
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
-  if (plan.tile_n != p.tile_n) return cudaErrorInvalidValue;  // cannot happen: forced above
-  // RsEpilogue stores the partial itself, from registers: its stores must be complete before
-  // the chunk's counter and flag (FusedFlags::rs_ready), which an asynchronous TMA store of C
-  // would not be. No TMA store of C.
-  plan.prob.c_tma = 0;
+  plan.prob.c_tma = 0;  // RsEpilogue stores every half-tile itself (kOwnsTile)
+  // Tensor maps: each peer owner's receive slot for this rank (padding + its rows, × N
+  // partials), and this rank's output rows. Peers' slots are mapped into this process (CUDA
+  // IPC), so the TMA stores go over NVLink.
+  const int64_t slot = static_cast<int64_t>(p.slot_elems) * partial_bytes(a);
+  for (int o = 0; o < W; ++o) {
+    const int64_t rows = split_count(a.M, W, o);
+    if (o == r || rows == 0) continue;
+    uint8_t* base = d.base[o] + d.data_offset + a.ws_offset + (r < o ? r : r - 1) * slot;
+    if (!detail::encode_store_map(&p.tm_push[o], base,
+                                  static_cast<int>(rows) + kFusedRsSlotPadRows, a.N, a.N, !bf16)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  const int64_t own_rows = split_count(a.M, W, r);
+  if (own_rows > 0 &&
+      !detail::encode_store_map(&p.tm_out, a.out, static_cast<int>(own_rows), a.N, a.N, false)) {
+    return cudaErrorInvalidValue;
+  }
   p.dev = d;
   p.out = a.out;
   p.ws_offset = a.ws_offset;
-  p.bf16_partials = bf16 ? 1 : 0;
-  p.gemm_ctas = std::min(p.gemm_ctas, plan.prob.num_tiles);
+  const int grid = std::min(device_sms(d), plan.prob.num_tiles);
   if (plan.tile_n == 256) {
-    return plan.kn ? launch_rs_instance<256, true>(plan, p, stream)
-                   : launch_rs_instance<256, false>(plan, p, stream);
+    return plan.kn ? launch_rs_instance<256, true>(plan, p, grid, stream)
+                   : launch_rs_instance<256, false>(plan, p, grid, stream);
   }
-  return plan.kn ? launch_rs_instance<128, true>(plan, p, stream)
-                 : launch_rs_instance<128, false>(plan, p, stream);
+  return plan.kn ? launch_rs_instance<128, true>(plan, p, grid, stream)
+                 : launch_rs_instance<128, false>(plan, p, grid, stream);
 }
 
 // ---- test support: reference GEMM ---------------------------------------------------------------
@@ -652,10 +611,5 @@ cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __n
   return cudaGetLastError();
 }
 
-#ifdef FUSEDCOMM_RS_TRACE
-cudaError_t rs_trace_buffer(uint64_t* words) {
-  return cudaMemcpyToSymbol(detail::g_rs_trace, &words, sizeof words);
-}
-#endif
 
 }  // namespace fusedcomm::kernels

@@ -151,6 +151,11 @@ bool encode_a_map(CUtensorMap* map, const __nv_bfloat16* A, int rows, int K, int
                    kTileK);
 }
 
+bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t ld, bool f32) {
+  return encode_2d(map, base, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld, 64,
+                   f32 ? 32 : 64, f32);
+}
+
 cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
   if (a.M < 1 || a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
@@ -227,7 +232,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   plan->tc = CUtensorMap{};
   const bool c_tma = a.C != nullptr && s.tile_flags == nullptr;
   const bool f32 = a.c_type == GemmOutType::kF32;
-  if (c_tma && !encode_2d(&plan->tc, a.C, a.M, a.N, a.ldc, 64, f32 ? 32 : 64, f32)) {
+  if (c_tma && !detail::encode_store_map(&plan->tc, a.C, a.M, a.N, a.ldc, f32)) {
     return cudaErrorInvalidValue;
   }
   prob.c_tma = !c_tma ? 0 : f32 ? detail::kCTmaF32 : detail::kCTmaBF16;

@@ -14,15 +14,15 @@
 // `iters` back-to-back launches between CUDA events on rank 0 (a process-group barrier and a
 // stream sync before each batch); ms_median = median over batches of the per-launch mean. One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
-// Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N]
+// Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16] [--tp T]
 //                    [--ag-gathered 1|0]
 // --tp T (default W): the shapes of tensor parallelism T while running at world W. With W = 1
 // and T = 2 or 4 the fused kernels run on one GPU with the local shapes of TP T: every cost
-// except NVLink (the GEMM role's epilogue, flags, claims, reducers over the own partial), so
+// except NVLink (the GEMM role's epilogue, flags, claims), so
 // their local overhead is measurable on a one-GPU host; rows carry "tp" (local_run.sh).
-// Debug builds: -DFUSEDCOMM_AG_TRACE / -DFUSEDCOMM_RS_TRACE (FC_NVCC_FLAGS of build.sh) print
-// a timeline of one fused launch per shape.
+// Debug build: -DFUSEDCOMM_AG_TRACE (FC_NVCC_FLAGS of build.sh) prints a timeline of one fused
+// allGatherGemm launch per shape.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -122,7 +122,7 @@ const char* algo_name(k::FusedAlgo a) {
   return a == k::FusedAlgo::kFused ? "fused" : a == k::FusedAlgo::kDecomposed ? "decomposed" : "auto";
 }
 
-#if defined(FUSEDCOMM_AG_TRACE) || defined(FUSEDCOMM_RS_TRACE)
+#ifdef FUSEDCOMM_AG_TRACE
 // Debug builds: three launches (two to warm up), each after a barrier with the timeline zeroed.
 void traced_launches(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, void* timeline,
                      size_t bytes, const std::function<void()>& launch) {
@@ -186,58 +186,6 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
 }
 #endif
 
-#ifdef FUSEDCOMM_RS_TRACE
-// Debug build (-DFUSEDCOMM_RS_TRACE): one fused gemmReduceScatter after a warm-up; rank 0
-// prints where its time went (layout: fused_gemm.cuh, g_rs_trace), microseconds from the
-// first CTA's entry.
-void trace_rs(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::GemmRsArgs a,
-              cudaStream_t st, const std::string& label) {
-  a.algo = k::FusedAlgo::kFused;
-  const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(dev, a);
-  constexpr size_t kWords = 8192;
-  static uint64_t* tr = nullptr;  // kept: every later launch of this process writes to it
-  if (tr == nullptr) {
-    CK(cudaMalloc(&tr, kWords * 8));
-    CK(k::rs_trace_buffer(tr));
-  }
-  traced_launches(g, st, tr, kWords * 8, [&] { CK(k::launch_gemm_reduce_scatter(dev, a, st)); });
-  std::vector<uint64_t> t(kWords);
-  CK(cudaMemcpy(t.data(), tr, kWords * 8, cudaMemcpyDeviceToHost));
-  if (g.rank != 0) return;
-  const int G = info.gemm_ctas, R = info.comm_ctas;
-  uint64_t t0 = UINT64_MAX;
-  for (int b = 0; b < G + R; ++b) if (t[4096 + 2 * b]) t0 = std::min(t0, t[4096 + 2 * b]);
-  auto us = [&](uint64_t v) { return v ? (v - t0) * 1e-3 : -1.0; };
-  std::vector<double> gend;
-  for (int b = 0; b < G; ++b) gend.push_back(us(t[4096 + 2 * b + 1]));
-  std::sort(gend.begin(), gend.end());
-  double rend_min = 1e30, rend_max = 0, flag = 0, reduce = 0, chunks = 0;
-  for (int j = 0; j < R; ++j) {
-    const uint64_t* w = &t[8 * j];
-    rend_min = std::min(rend_min, us(w[1]));
-    rend_max = std::max(rend_max, us(w[1]));
-    flag += w[2] * 1e-3 / R;
-    reduce += w[3] * 1e-3 / R;
-    chunks += static_cast<double>(w[4]) / R;
-  }
-  // GEMM CTAs that joined the reduction once out of tiles (rs_reduce_role<.., true>).
-  int join_ctas = 0;
-  uint64_t join_chunks = 0;
-  double join_end = 0;
-  for (int b = 0; b < G; ++b) {
-    join_end = std::max(join_end, us(t[6144 + 2 * b]));
-    join_chunks += t[6144 + 2 * b + 1];
-    join_ctas += t[6144 + 2 * b + 1] > 0 ? 1 : 0;
-  }
-  std::printf("rs-trace %-20s G=%d R=%d | GEMM CTAs end us: min %.1f med %.1f max %.1f | reducers end "
-              "us: min %.1f max %.1f | per reducer: flag waits %.1f us, reducing %.1f us, %.1f "
-              "items | joined: %d GEMM CTAs, %llu items, end %.1f us\n",
-              label.c_str(), G, R, gend.front(), gend[gend.size() / 2], gend.back(), rend_min,
-              rend_max, flag, reduce, chunks, join_ctas,
-              static_cast<unsigned long long>(join_chunks), join_end);
-  std::fflush(stdout);
-}
-#endif
 
 int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
@@ -375,7 +323,6 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       rs.B = static_cast<const __nv_bfloat16*>(B);
       rs.ws_offset = ws_offset;
       rs.out = static_cast<__nv_bfloat16*>(C);
-      rs.reduce_ctas = o.ctas;
       rs.partials = o.rs_bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
     }
     const k::FusedAlgo auto_algo = is_ag ? k::all_gather_gemm_info(dev, ag).algo
@@ -431,9 +378,6 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     }
 #ifdef FUSEDCOMM_AG_TRACE
     if (is_ag) trace_ag(g, dev, ag, st, s.label);
-#endif
-#ifdef FUSEDCOMM_RS_TRACE
-    if (!is_ag) trace_rs(g, dev, rs, st, s.label);
 #endif
     for (Impl& im : impls) {
       int iters = 0;

@@ -9,7 +9,8 @@
 //   offset                         size                          what
 //   0                              sizeof(CommFlags) (<=16 KiB)   flags, written by PEERS (below)
 //   kCommControlOffset (16 KiB)    sizeof(CommControl)            local launch control (this rank)
-//   staging_offset (64 KiB)        2 * world * slot_bytes         one-shot receive slots
+//   kFusedFlagsOffset (32 KiB)     sizeof(FusedFlags)             the fused ops' flags (fused.h)
+//   staging_offset (1 MiB)         2 * world * slot_bytes         one-shot receive slots
 //                                                                 [parity][source rank]
 //   data_offset                    data_bytes                     the callers' inputs (in_offset)
 //   scratch_offset                 data_bytes                     allReduce reduced slices
@@ -115,7 +116,7 @@ namespace fusedcomm::kernels {
 inline constexpr int kCommMaxRanks = 8;
 inline constexpr int kCommMaxOneShotCtas = 64;     // one-shot grid cap (flags per source)
 inline constexpr uint64_t kCommControlOffset = 16 << 10;
-inline constexpr uint64_t kCommStagingOffset = 64 << 10;
+inline constexpr uint64_t kCommStagingOffset = 1 << 20;
 
 enum class CommOp : uint32_t { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kAllToAll = 4 };
 enum class CommDtype : uint32_t { kF32 = 0, kBF16 = 1 };

@@ -46,13 +46,15 @@
 //       waits for a tile's chunk flag before loading it.
 //       Once a pulling CTA has finished its chunks it joins the GEMM (tiles are claimed from a
 //       shared counter), so the SMs lent to communication are not lost for the rest of the op.
-//     gemmReduceScatter: CTAs [0, G) run the GEMM; every rank sweeps the tiles in the same
-//       order (the tile width and the chunks come from M, N, world and the SM count only;
-//       G may differ by rank, K_r picks the reducer count R), rows interleaved across the W owners, writing partial tiles to its own
-//       workspace and, per chunk of tiles, a release flag into each owning rank's region;
-//       CTAs [G, G+R) of the owner wait for a chunk's W flags and PULL the W partials (one
-//       local, W-1 over NVLink), sum and store their rows of the output while the GEMM goes on;
-//       GEMM CTAs with no tile left join them (chunk slices are claimed from a counter).
+//     gemmReduceScatter: every CTA runs the GEMM (one per SM). A 64-row half-tile of rows
+//       that another rank o owns is PUSHED as soon as it is computed: staged in shared memory
+//       and TMA-stored over NVLink into o's receive slot for this rank (o's data area at
+//       ws_offset), then flagged in o's region once the store is complete. A half-tile of the
+//       rank's own rows is reduced in the epilogue: it waits for the W-1 peers' flags of that
+//       half-tile, adds their partials (local loads) and its accumulator in rank order and
+//       stores the bf16 sums once. Each rank sweeps the tiles of other ranks' rows first
+//       (starting with rank r+1's), its own last, so its peers pushed those long before. No
+//       partial product is stored where it is computed, and no reduction pass follows the GEMM.
 //   kDecomposed: launch_gemm and launch_collective, stream-ordered (allGather then GEMM; GEMM
 //     in fp32 to the data area then a reduceScatter of the fp32 partials that writes the
 //     bf16-rounded sums: CollectiveArgs::out_bf16; with bf16 partials, GEMM in bf16 then a bf16
@@ -67,8 +69,8 @@
 // - Protocol (DESIGN.md §3, as collectives.h): the launch's epoch is CommControl::epoch + 1,
 //   read on the device by every CTA and bumped by the last CTA to finish, so CUDA-graph replay
 //   needs no host work. Flags hold epochs, are compared `>= epoch` and never reset. Start
-//   barrier (allGatherGemm only: a peer's A_r is read only after its arrive flag for this
-//   epoch) and end barrier (done flags) reuse CommFlags::arrive / done; the fused ops' own flags
+//   barrier (a peer's A_r is read, or a peer's receive slot written, only after its arrive flag
+//   for this epoch) and end barrier (done flags) reuse CommFlags::arrive / done; the fused ops' own flags
 //   live in FusedFlags (below). Every fused launch ends by waiting for a flag that each peer
 //   writes in its own launch of the same epoch (done), so a rank never runs more than one
 //   launch ahead of any peer: the collectives' one-shot slot-reuse argument (collectives.h,
@@ -121,21 +123,24 @@ enum class RsPartials : uint32_t { kF32 = 0, kBF16 = 1 };
 // The static_asserts below fail the build if collectives.h's layout grows into it.
 inline constexpr uint64_t kFusedFlagsOffset = 32 << 10;
 inline constexpr int kFusedMaxChunks = 512;     // chunks of one launch (both ops)
-inline constexpr int kFusedRsFlagSlots = 3072;  // gemmReduceScatter: world × chunks <= this
+// gemmReduceScatter: flags per owner, (W-1) source slots × half-tile rows × tile columns.
+inline constexpr int kFusedRsTileFlags = 112 << 10;
+// gemmReduceScatter, fused: each receive slot starts with this many rows of padding, so that a
+// half-tile that begins before the owner's first row is still one TMA box at a row coordinate
+// >= 0 (its rows of the previous owner land in the padding, which nobody reads).
+inline constexpr int kFusedRsSlotPadRows = 64;
 
 struct alignas(64) FusedFlags {
-  // rs_ready[s * chunks + c] = e: rank s's partial of chunk c of launch e is complete in
-  // s's workspace. Written by rank s (the GEMM CTA that completes the chunk's last tile, see
-  // chunk_count) into the region of every rank that owns rows of the chunk, with
-  // st.release.sys; read by the owner's reduction CTAs with ld.acquire.sys, then bar.sync,
-  // then their loads of s's partial. Ordering: each tile's stores -> named barrier of the 256
-  // consumer threads -> thread 128 fence.sc.sys (each CTA publishes its own tile at system
-  // scope, as the collectives' counters do) -> atomicAdd on chunk_count[c]; the CTA that
-  // brings the count to the chunk's tile count fences again (fence-fence synchronisation
-  // through the counter) and releases the flag at system scope. A flag is only ever raised to a larger epoch; slots a
-  // launch does not use keep older epochs, so a different chunk layout in the next launch
-  // cannot read them as ready.
-  uint64_t rs_ready[kFusedRsFlagSlots];
+  // rs_tile[(slot * halves + h - off_r / 64) * n_blocks + n] = e (in owner r's region): source
+  // s (slot = s < r ? s : s - 1) has stored launch e's partial of 64-row half h (rows
+  // [64h, 64h + 64) ∩ r's rows) × tile column n into r's receive slot for s (RsParams). Written
+  // by the warpgroup of s that computed it: its TMA stores complete (cp.async.bulk.wait_group),
+  // then fence.proxy.async, fence.sc.sys and st.release.sys by the issuing thread (register
+  // stores instead: named barrier of the warpgroup, then that thread's fence.sc.sys and
+  // release). Read by r's warpgroup that reduces the half-tile: ld.acquire.sys by one thread,
+  // named barrier, then the warpgroup's loads. A flag is only ever raised to a larger epoch;
+  // slots a launch does not use keep older ones.
+  uint64_t rs_tile[kFusedRsTileFlags];
   // ag_chunk[c] = e: rows [c*chunk_rows, (c+1)*chunk_rows) of this rank's gathered A hold
   // launch e's data. Local only: written by this rank's pulling CTAs, read by its GEMM
   // producers (ld.acquire.gpu, then fence.proxy.async.global before the TMA loads: gemm.h hook
@@ -145,17 +150,14 @@ struct alignas(64) FusedFlags {
   // by the stream. A chunk made only of M-blocks read from A_r gets no arrivals and no flag
   // (no tile waits for it); its slot keeps an older epoch.
   uint64_t ag_chunk[kFusedMaxChunks];
-  // Arrival counters of the chunks above (slices of an allGatherGemm chunk, tiles of a
-  // gemmReduceScatter chunk). Local; the arrival that completes a chunk resets its counter to
+  // Arrival counters of the chunks above (slices of an allGatherGemm chunk). Local; the arrival that completes a chunk resets its counter to
   // 0, so every counter is 0 between launches (after a failed launch the region is discarded).
   uint32_t chunk_count[kFusedMaxChunks];
   uint32_t tile_claim;  // the GEMM's dynamic tile counter; reset by the launch's last CTA
-  uint32_t role_exit;   // pulling / reducing CTAs that finished; reset by the last of them
-  uint32_t rs_claim;    // gemmReduceScatter: the reducing role's dynamic item counter (this
-                        // rank's chunks in completion order); reset by the launch's last CTA
-  uint32_t reserved[13];
+  uint32_t role_exit;   // CTAs that finished reading peers' memory; reset by the last of them
+  uint32_t reserved[14];
 };
-static_assert(sizeof(FusedFlags) == 8 * (kFusedRsFlagSlots + kFusedMaxChunks) +
+static_assert(sizeof(FusedFlags) == 8 * (kFusedRsTileFlags + kFusedMaxChunks) +
                                         4 * kFusedMaxChunks + 64,
               "FusedFlags layout is shared between ranks");
 static_assert(kCommControlOffset + sizeof(CommControl) <= kFusedFlagsOffset,
@@ -189,14 +191,14 @@ struct GemmRsArgs {
   const __nv_bfloat16* A = nullptr;  // M×K, this process's memory
   const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
   GemmLayoutB b_layout = GemmLayoutB::kNK;
-  // This rank's partial product (M×N, fp32 or bf16 as `partials` says; decomposed with W not
-  // dividing M: W*ceil(M/W) × N) goes to this byte offset of the data area, the same offset on
-  // every rank; peers read it.
+  // Workspace at this byte offset of the data area, the same offset on every rank (size:
+  // gemm_reduce_scatter_workspace). Decomposed: this rank's partial product (M×N; W*ceil(M/W) ×
+  // N when W does not divide M), which peers read. Fused: W-1 receive slots of
+  // kFusedRsSlotPadRows + ceil(M/W) rows, where peers write their partials of this rank's rows.
   uint64_t ws_offset = 0;
   __nv_bfloat16* out = nullptr;  // split_count(M,W,r) × N, this process's memory
   FusedAlgo algo = FusedAlgo::kAuto;
   RsPartials partials = RsPartials::kF32;  // same on every rank (part of the launch signature)
-  int reduce_ctas = 0;  // kFused: CTAs that reduce (0: the table in fused.cu; 1..SMs/2)
 };
 
 // How far into the data area and the scratch area (bytes from their starts) an op reaches,
@@ -213,9 +215,9 @@ FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& args, int world);
 struct FusedLaunchInfo {
   FusedAlgo algo;  // kFused or kDecomposed (kAuto resolved)
   int gemm_ctas;   // kFused: CTAs that start on the GEMM
-  int comm_ctas;   // kFused: CTAs that pull (allGatherGemm) or reduce (gemmReduceScatter)
+  int comm_ctas;   // kFused: CTAs that pull first (allGatherGemm; gemmReduceScatter: 0)
   int tile_n;      // GEMM tile width
-  int chunks;      // kFused: flag chunks
+  int chunks;      // kFused: flag chunks (gemmReduceScatter: half-tile flags per owner)
 };
 FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& args);
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
@@ -225,11 +227,6 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
                                    cudaStream_t stream);
 cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& args,
                                        cudaStream_t stream);
-#ifdef FUSEDCOMM_RS_TRACE
-// Debug build only: where gemmReduceScatter's fused kernel writes its timeline (64 KiB of
-// device memory; layout in detail/fused_gemm.cuh, g_rs_trace).
-cudaError_t rs_trace_buffer(uint64_t* words);
-#endif
 
 // Names for CommErrorRecord::op / ::step, the collectives' codes included.
 inline const char* fused_op_name(uint32_t op) {

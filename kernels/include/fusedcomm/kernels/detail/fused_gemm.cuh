@@ -1,5 +1,6 @@
 // The fused kernels of fused.h: allGatherGemm (pull A chunk by chunk while the GEMM consumes
-// it) and gemmReduceScatter (fp32 partial tiles + per-chunk flags while owners pull and sum),
+// it) and gemmReduceScatter (partial half-tiles pushed to their owners, which sum them in the
+// epilogue of their own tiles),
 // each one persistent grid whose CTAs take roles by blockIdx.x. The GEMM role is the engine of
 // gemm_sm90.cuh (gemm_sm90_body) with a dynamic tile schedule; the communication roles are
 // below. Host side: kernels/src/fused.cu (geometry, SM split, launch).
@@ -9,9 +10,7 @@
 //                      [G, G+P)   pull A's chunks (peers' rows; the GEMM reads the own rows'
 //                                 whole M-blocks from A_r, the copy engine copies the rest
 //                                 before the launch), then GEMM
-//   gemmReduceScatter  [0, G)     GEMM; epilogue writes partial tiles, counts chunks; then
-//                                 (consumer threads) reduce, as below
-//                      [G, G+R)   reduce this rank's rows chunk by chunk as peers finish them
+//   gemmReduceScatter  all        GEMM; the epilogue pushes peers' rows and reduces its own
 // Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
 #pragma once
 
@@ -237,329 +236,288 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, AgSchedule{{&p, epoch}});
 }
 
-#ifdef FUSEDCOMM_RS_TRACE
-// Debug build only (-DFUSEDCOMM_RS_TRACE; fused_bench prints it): where gemmReduceScatter's
-// time goes, in %globaltimer ns. Reducing CTA j: words [8j, 8j + 5) = start, end, flag waits,
-// reducing (thread 0: from its flags to the next item's claim, its share plus the barrier),
-// items (chunk slices). Every CTA b: [4096 + 2b] = entry, [4096 + 2b + 1] = end of its role (GEMM CTAs:
-// consumers done). GEMM CTA b, once it joined the reduction: [6144 + 2b] = end, [6144 + 2b + 1]
-// = items it reduced. Set by rs_trace_buffer (fused.cu).
-__device__ uint64_t* g_rs_trace;
-#define FC_RS_TRACE(...) __VA_ARGS__
-#else
-#define FC_RS_TRACE(...)
-#endif
-
 // ============================================================================================
 // gemmReduceScatter
 // ============================================================================================
-// Every rank computes all of its M×N partial product (fp32, row stride N) into its workspace
-// (data area + ws_offset) and every rank sweeps the tiles in the SAME order: so a tile's W
-// partials complete at about the same time on all ranks. The M-blocks are taken in an
-// interleaved order: logical block L -> physical block rs_block_of(L): the m_blocks split
-// over W streams (split rule; stream o ~ owner o's rows), one block of each stream in turn.
-// Every wave of tiles then holds rows of every owner, so all owners reduce (and all NVLink
-// links carry traffic) throughout the GEMM instead of one owner at a time.
+// Owner o of rows [off_o, end_o) (the split rule) gets the bf16 sum over ranks s of A_s·W_sᵀ on
+// its rows. Every rank computes its whole M×N partial product with the engine, and its
+// epilogue works per 64-row half-tile (one consumer warpgroup, rows [h0, h0 + 64)):
+// - rows another rank o owns are PUSHED: staged in shared memory and TMA-stored (full 128-B
+//   lines, asynchronous: NVLink carries them while the warpgroup computes its next tile) into
+//   o's receive slot for this rank; the half-tile's flag in o's region (FusedFlags::rs_tile)
+//   is raised once the stores are complete, at the warpgroup's next tile (or its end);
+// - rows this rank owns are REDUCED: after every pending push of the warpgroup is complete and
+//   flagged, one thread waits for the W-1 peers' flags of the half-tile, then the warpgroup
+//   adds the peers' partials (local loads from its receive slots) and its accumulator in rank
+//   order, (((0 + P_0) + P_1) + ...) in fp32, and stores the bf16 sums once (TMA).
+// A half-tile holding rows of two owners (W not dividing M at a 64-row boundary) is pushed
+// whole to each other owner (its rows before that owner's land in the slot's padding), and
+// this rank's part of it goes to the output by the register path.
 //
-// Chunk = `mg` consecutive LOGICAL M-blocks (a divisor of the raster group) × chunk_cols
-// columns (a multiple of 256, so of either tile width): id = (L / mg) * col_groups + n_col /
-// chunk_cols. The chunk layout depends only on (M, N, W), never on a rank's tile width or CTA
-// split, so every rank agrees on chunk ids. The GEMM CTA that finishes a chunk's last tile
-// raises rs_ready[rank * chunks + chunk] = epoch in the region of every rank that owns rows of
-// the chunk (FusedFlags::rs_ready). Owner o's reducing CTAs, and its GEMM CTAs once they have
-// no tile left, claim o's chunks one by one in the order they complete (rs_reduce_role), wait
-// for the W flags, and for each row of the chunk that o owns compute
-//   out[row - off_o][col] = bf16( (((0 + P_0) + P_1) + ...) + P_{W-1} )   (fp32, rank order)
-// pulling P_s from rank s's workspace.
+// Receive slots: owner o's data area at ws_offset holds W-1 slots of kFusedRsSlotPadRows +
+// ceil(M/W) rows × N partials, slot (s < o ? s : s - 1) for source s: after the padding, its
+// row i = row off_o + i. (A TMA box may not start at a negative row: a half-tile that begins
+// before off_o is stored from the padding on.)
 //
-// Why pull: each rank moves (W-1) × (M/W) × N × 4 bytes over NVLink either way. Pulling reads
-// the partials where the GEMM wrote them (local stores, the engine's register epilogue) and
-// writes the output once; pushing would either store the fragments straight to peers
-// (16-byte row pieces per warp instruction: partial NVLink writes) or stage them in the
-// owner's memory, which adds W × (M/W) × N × 4 bytes written and read again per rank. Flags
-// are pushed (one remote store per chunk and owner) so that every poll is local.
+// Tile order (RsSchedule::coord): a rank sweeps first the M-blocks holding none of its rows,
+// starting after its own blocks and wrapping around (owners r+1, r+2, ...: at any time each
+// owner receives from about one source), then its own blocks [own_b0, own_b0 + own_nb).
+// Its own blocks were in every peer's first part, so their pushes are long done when it gets
+// there; no partial is stored locally and no reduction pass follows the GEMM.
+//
+// No deadlock: a warpgroup waits only in its own-row half-tiles, after flushing its pushes;
+// every rank sweeps its first part (pushes only, no wait) before its own blocks, and its own
+// blocks in one global order (physical M-block raster, columns ascending within a block, so a
+// block shared by two owners is swept in the same column order by both). Take the wait on the
+// smallest half-tile in that order that never completes: its pushers either claimed it (their
+// warpgroups push before any wait, and can only be stuck on larger ones, or on their first
+// part, which never waits) or will claim it (everything before it in their sweep is a push or
+// a smaller own half-tile). Either way it completes: contradiction. The waits stay bounded
+// (a dead peer): the first one that gives up records the failure.
+//
+// Start barrier: a source writes into o's slots only after o's arrive flag for this launch
+// (o's earlier ops on its stream, which may use its data area, are complete). End barrier as
+// the other fused ops (fused_finish), which also checks the launch signatures.
 struct RsParams {
+  CUtensorMap tm_push[kCommMaxRanks];  // [o]: o's receive slot for this rank (o != rank, o with rows)
+  CUtensorMap tm_out;                  // this rank's output rows (split_count × N bf16)
   CommDevice dev;
   __nv_bfloat16* out;
-  uint64_t ws_offset;  // the partial (M×N, fp32 or bf16) in every rank's data area
+  uint64_t ws_offset;   // the receive slots in every rank's data area
+  uint64_t slot_elems;  // (kFusedRsSlotPadRows + ceil(M/W)) * N: a slot, its padding first
   int M, N;
-  int m_blocks;
-  int mg;           // logical M-blocks per chunk (a power of two dividing group_m)
-  int chunk_cols;   // columns per chunk (multiple of 256)
-  int col_groups;   // ceil(N / chunk_cols)
-  int chunks;       // ceil(m_blocks / mg) * col_groups
-  int item_cols;    // columns of one reduce item (a multiple of 256, at most chunk_cols): the
-                    // reducing role claims chunk slices of this width
-  int items_per_chunk;  // ceil(chunk_cols / item_cols)
-  int group_m;      // the GEMM's raster group (also GemmProblem::group_m)
-  int tile_n;       // this rank's GEMM tile width
-  int gemm_ctas;    // CTAs [0, gemm_ctas) run the GEMM
-  int red_ctas;     // CTAs [gemm_ctas, gemm_ctas + red_ctas) reduce
-  int bf16_partials;  // 1: the partials are bf16 (RsPartials::kBF16), else fp32
+  int tile_n;           // the GEMM's tile width, the same on every rank
+  int n_blocks;         // tile columns
+  int own_b0, own_nb;   // this rank's M-blocks: those holding any of its rows
+  int halves;           // half-tile rows of one slot's flags (ceil(ceil(M/W) / 64) + 1)
+  int bf16_partials;    // 1: the pushed partials are bf16, else fp32
 };
 
-// Logical M-block L (sweep position) -> physical M-block, and back (see above).
-__host__ __device__ __forceinline__ int rs_block_of(int L, int mb, int w) {
-  const int q = mb / w;
-  const int o = L < q * w ? L % w : L - q * w;
-  const int j = L < q * w ? L / w : q;
-  return static_cast<int>(split_offset(mb, w, o)) + j;
-}
-__host__ __device__ __forceinline__ int rs_logical_of(int P, int mb, int w) {
-  const int o = split_owner(mb, w, P);
-  const int j = P - static_cast<int>(split_offset(mb, w, o));
-  const int q = mb / w;
-  return j < q ? j * w + o : q * w + o;
+// The flag of half-tile (h, n) pushed by `src` into `owner`'s receive slot, in owner's region.
+__device__ __forceinline__ uint64_t* rs_flag(const RsParams& p, int owner, int src, int h, int n) {
+  const int W = p.dev.world;
+  const int slot = src < owner ? src : src - 1;
+  const int h_first = static_cast<int>(split_offset(p.M, W, owner) / 64);
+  return &fused_flags(p.dev, owner)->rs_tile[(slot * p.halves + h - h_first) * p.n_blocks + n];
 }
 
-// 16-byte vectors of partials, widened and added into fp32 sums: 4 fp32 or 8 bf16 elements.
-__device__ __forceinline__ void rs_add(float (&acc)[4], const uint4& v, float) {
-  acc[0] += __uint_as_float(v.x);
-  acc[1] += __uint_as_float(v.y);
-  acc[2] += __uint_as_float(v.z);
-  acc[3] += __uint_as_float(v.w);
+// A consumer thread's bounded wait (the thread that issues its warpgroup's stores). Out of line
+// and called from the consumers' register region only (fused_wait's note).
+inline __device__ __noinline__ bool rs_wait(const CommDevice& d, const uint64_t* flag,
+                                            uint64_t epoch, uint32_t step, int peer) {
+  return fused_wait(d, flag, epoch, kFusedOpGemmReduceScatter, step, peer, 1);
 }
-__device__ __forceinline__ void rs_add(float (&acc)[8], const uint4& v, __nv_bfloat16) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    acc[2 * i] += f.x;
-    acc[2 * i + 1] += f.y;
+
+// Kernel start, one thread: the signature, then the arrive flags (start barrier, signal side;
+// CommFlags::arrive ordering: stream order puts this rank's earlier ops before the kernel).
+inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch) {
+  comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
+  __threadfence_system();
+  comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
+}
+
+struct RsEpilogue {
+  static constexpr bool kOwnsTile = true;
+  const RsParams* p;
+  uint64_t epoch;
+  // The issuing thread's state (t == 0 of each consumer warpgroup; per thread, in registers):
+  mutable uint64_t* pend = nullptr;  // flag of a TMA push not yet known complete
+  mutable uint32_t started = 0;      // owners whose arrive flag this thread has observed
+
+  // Issuing thread: waits until every bulk group but the kKeep most recent is complete (the
+  // pending push is older: kKeep = the rounds issued since), then raises its flag.
+  template <int kKeep>
+  __device__ __forceinline__ void flush() const {
+    if (pend == nullptr) return;
+    bulk_wait_keep<kKeep>();
+    fence_proxy_async_global();  // the TMA writes (async proxy) before the generic release
+    __threadfence_system();
+    st_release_sys(pend, epoch);
+    pend = nullptr;
   }
-}
+  // Issuing thread: o's launch has started (its receive slots may be written).
+  __device__ __forceinline__ bool observe_start(int o) const {
+    if (started & (1u << o)) return true;
+    const CommDevice& d = p->dev;
+    if (!rs_wait(d, &comm_flags(d, d.rank)->arrive[o], epoch, kCommStepArrive, o)) return false;
+    fence_proxy_async_global();  // before this thread's TMA writes into o's memory
+    started |= 1u << o;
+    return true;
+  }
 
-// dst[i][c] = bf16(sum over s in 0..NS-1 of src[s][i][c]) for rows i < rows, columns c < cols
-// (a multiple of 16 bytes of T; rows * cols < 2^31); row strides ld (sources) and ldo (dst),
-// elements; threads tid = 0..nt-1 share the work. T: the partials' type (float or bf16).
-// 16-byte loads, kU vectors per source in flight per thread (NS * kU = 8: 48 KiB per CTA of
-// 384 threads, as the pull loop). Sources are summed in fp32 in order s = 0, 1, ... starting
-// from 0.f, then rounded once.
-template <int NS, class T>
-__device__ __forceinline__ void rs_reduce_rows(const T* const* src, int64_t ld,
-                                               __nv_bfloat16* dst, int64_t ldo, int rows,
-                                               int cols, int tid, int nt) {
-  constexpr int kU = NS >= 8 ? 1 : 8 / NS;
-  constexpr int kE = 16 / sizeof(T);  // elements per vector
-  const T* s_ptr[NS];
+  // The receive slot of `src` in this rank's region, at this rank's row `row`, column `col`.
+  template <class T>
+  __device__ __forceinline__ const T* slot_at(int src, int64_t row, int col) const {
+    const CommDevice& d = p->dev;
+    const int slot = src < d.rank ? src : src - 1;
+    const T* base = reinterpret_cast<const T*>(d.base[d.rank] + d.data_offset + p->ws_offset);
+    const int64_t i = kFusedRsSlotPadRows + row - split_offset(p->M, d.world, d.rank);
+    return base + slot * p->slot_elems + i * p->N + col;
+  }
+  // kB column groups of source s's partial at the thread's rows (0 where !lo_ok / !hi_ok), in
+  // the fragment's order: v[4b + 0..1] row_lo, v[4b + 2..3] row_lo + 8, columns 8(jb + b) + {0,1}.
+  template <class T, int kB>
+  __device__ __forceinline__ void load_source(float (&v)[4 * kB], int s, int64_t row_lo, int col,
+                                              bool lo_ok, bool hi_ok) const {
+    const T* lo = slot_at<T>(s, row_lo, col);
+    const T* hi = lo + 8 * static_cast<int64_t>(p->N);
 #pragma unroll
-  for (int s = 0; s < NS; ++s) s_ptr[s] = src[s];
-  const int vpr = cols / kE;
-  const int nv = rows * vpr;
-  for (int i = tid; i < nv; i += kU * nt) {
-    uint4 v[kU][NS];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int idx = i + u * nt;
-      if (idx < nv) {
-        const int row = idx / vpr;
-        const int64_t at = row * ld + (idx - row * vpr) * kE;
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          v[u][s] = __ldcg(reinterpret_cast<const uint4*>(s_ptr[s] + at));
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int idx = i + u * nt;
-      if (idx >= nv) continue;
-      const int row = idx / vpr;
-      float acc[kE];
-#pragma unroll
-      for (int e = 0; e < kE; ++e) acc[e] = 0.f;
-#pragma unroll
-      for (int s = 0; s < NS; ++s) rs_add(acc, v[u][s], T{});
-      uint32_t packed[kE / 2];
-#pragma unroll
-      for (int e = 0; e < kE / 2; ++e) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
-        packed[e] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-      __nv_bfloat16* out = dst + row * ldo + (idx - row * vpr) * kE;
-      if constexpr (kE == 4) {
-        *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+    for (int b = 0; b < kB; ++b) {
+      float2 x = make_float2(0.f, 0.f), y = make_float2(0.f, 0.f);
+      // Columns past N (the last tile column) read the next row's values, or past the last
+      // slot the rest of the region (data, then scratch, follow it): inside the allocation,
+      // and their sums are never stored (TMA clips at N, the register path skips them).
+      if constexpr (sizeof(T) == 4) {
+        if (lo_ok) x = __ldcg(reinterpret_cast<const float2*>(lo + 8 * b));
+        if (hi_ok) y = __ldcg(reinterpret_cast<const float2*>(hi + 8 * b));
       } else {
-        *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        if (lo_ok) x = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(lo + 8 * b)));
+        if (hi_ok) y = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(hi + 8 * b)));
       }
+      v[4 * b + 0] = x.x;
+      v[4 * b + 1] = x.y;
+      v[4 * b + 2] = y.x;
+      v[4 * b + 3] = y.y;
     }
   }
-}
-
-template <int NS, class T>
-__device__ __forceinline__ void rs_reduce_region_as(const RsParams& p, int64_t ra, int64_t rb,
-                                                    int c0, int c1, int64_t own_off, int tid,
-                                                    int nt) {
-  const CommDevice& d = p.dev;
-  const T* src[NS];
+  // acc := (((0 + P_0) + P_1) + ...) + P_{W-1}, fp32, this rank's P_r being acc, for the
+  // thread's rows row_lo, row_lo + 8 (where lo_ok / hi_ok) and columns col0 + 8j + {0, 1}. The
+  // prefix P_0 .. P_{r-1} is summed in batches of kB column groups, then added to acc (a + b ==
+  // b + a exactly); the later sources are added in place.
+  template <class T, int kFrag>
+  __device__ __forceinline__ void add_sources(float (&acc)[kFrag], int64_t row_lo, int col0,
+                                              bool lo_ok, bool hi_ok) const {
+    constexpr int kJ = kFrag / 4, kB = kJ < 4 ? kJ : 4;
+    const int W = p->dev.world, r = p->dev.rank;
 #pragma unroll
-  for (int s = 0; s < NS; ++s) {
-    src[s] = reinterpret_cast<const T*>(d.base[s] + d.data_offset + p.ws_offset) + ra * p.N + c0;
-  }
-  rs_reduce_rows<NS>(src, p.N, p.out + (ra - own_off) * p.N + c0, p.N, static_cast<int>(rb - ra),
-                     c1 - c0, tid, nt);
-}
-
-template <int NS>
-__device__ __forceinline__ void rs_reduce_region(const RsParams& p, int64_t ra, int64_t rb,
-                                                 int c0, int c1, int64_t own_off, int tid,
-                                                 int nt) {
-  if (p.bf16_partials) {
-    rs_reduce_region_as<NS, __nv_bfloat16>(p, ra, rb, c0, c1, own_off, tid, nt);
-  } else {
-    rs_reduce_region_as<NS, float>(p, ra, rb, c0, c1, own_off, tid, nt);
-  }
-}
-
-// This rank's chunks: those holding rows it owns, in the order the GEMM completes them (raster
-// group, then column group, then the group's chunks); its reduce items are their column slices
-// (RsParams::item_cols), item k = slice k % items_per_chunk of owned chunk k / items_per_chunk.
-// A walk only moves forward; each claimer keeps its own and seeks its claims in rising order.
-struct RsWalk {
-  int g = 0, cg = 0, i = 0;  // the next candidate: raster group, column group, chunk of the group
-  int next = 0;              // the number of the next owned chunk
-  int found = -1;            // the owned chunk of the last successful seek, at (L0, col_group)
-  int L0 = 0, col_group = 0;
-
-  // Moves to owned chunk k (not below any earlier call's k): its first logical M-block and
-  // column group in L0 and col_group; false when this rank owns k or fewer chunks.
-  template <int W>
-  __device__ __forceinline__ bool seek(const RsParams& p, int64_t own_off, int64_t own_end,
-                                       int k) {
-    if (k == found) return true;
-    const int mb = p.m_blocks;
-    const int groups = (mb + p.group_m - 1) / p.group_m, per_group = p.group_m / p.mg;
-    while (g < groups) {
-      const int l0 = g * p.group_m + i * p.mg;
-      if (i == per_group || l0 >= mb) {
-        i = 0;
-        if (++cg == p.col_groups) {
-          cg = 0;
-          ++g;
-        }
-        continue;
+    for (int jb = 0; jb < kJ; jb += kB) {
+      float sum[4 * kB];
+#pragma unroll
+      for (int e = 0; e < 4 * kB; ++e) sum[e] = 0.f;
+      for (int s = 0; s < r; ++s) {
+        float v[4 * kB];
+        load_source<T, kB>(v, s, row_lo, col0 + 8 * jb, lo_ok, hi_ok);
+#pragma unroll
+        for (int e = 0; e < 4 * kB; ++e) sum[e] += v[e];
       }
-      ++i;
-      bool owned = false;
-      for (int l = l0; l < min(l0 + p.mg, mb) && !owned; ++l) {
-        const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
-        owned = row0 < own_end && min(static_cast<int64_t>(p.M), row0 + kTileM) > own_off;
-      }
-      if (owned && next++ == k) {
-        found = k;
-        L0 = l0;
-        col_group = cg;
-        return true;
+#pragma unroll
+      for (int e = 0; e < 4 * kB; ++e) acc[4 * jb + e] = sum[e] + acc[4 * jb + e];
+    }
+    for (int s = r + 1; s < W; ++s) {
+#pragma unroll
+      for (int jb = 0; jb < kJ; jb += kB) {
+        float v[4 * kB];
+        load_source<T, kB>(v, s, row_lo, col0 + 8 * jb, lo_ok, hi_ok);
+#pragma unroll
+        for (int e = 0; e < 4 * kB; ++e) acc[4 * jb + e] += v[e];
       }
     }
-    return false;
+  }
+
+  // Issuing thread: waits for the W-1 peers' flags of this rank's half-tile (h, n).
+  __device__ __forceinline__ void wait_sources(int h, int n) const {
+    const CommDevice& d = p->dev;
+    for (int s = 0; s < d.world; ++s) {
+      if (s != d.rank && !rs_wait(d, rs_flag(*p, d.rank, s, h, n), epoch, kFusedStepPartial, s)) {
+        return;  // recorded; the warpgroup sums what is there (the launch has failed)
+      }
+    }
+  }
+
+  // The warpgroup's half-tile to owner o's receive slot (TMA, rows `row` relative to o's first
+  // row: the box is clipped to o's rows); the issuing thread then completes the older pushes
+  // and keeps this one pending.
+  template <int BN, bool kF32, int kFrag>
+  __device__ __forceinline__ void push(const float (&acc)[kFrag], uint8_t* stage, int cw, int o,
+                                       int row, int col, int h, int n) const {
+    const bool ok = threadIdx.x % 128 == 0 && observe_start(o);
+    store_tile_tma<BN, kF32>(acc, stage, &p->tm_push[o], cw, row, col, ok);
+    if (threadIdx.x % 128 != 0) return;
+    if (!ok) {
+      flush<0>();  // nothing was issued (the launch failed): the pending push is the newest
+      return;
+    }
+    flush<kStoreRounds<BN, kF32>>();
+    pend = rs_flag(*p, o, p->dev.rank, h, n);
+  }
+
+  template <int BN, int kFrag>
+  __device__ __forceinline__ void tile(float (&acc)[kFrag], uint8_t* stage, TileCoord tc, int cw,
+                                       const GemmProblem&) const {
+    const CommDevice& d = p->dev;
+    const int W = d.world, r = d.rank;
+    const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const int h0 = tc.m * kTileM + cw * 64;
+    if (h0 >= p->M) return;  // no rows (the last M-block's second half)
+    const int h1 = min(h0 + 64, p->M), h = h0 / 64, col = tc.n * BN;
+    const int o_lo = split_owner(p->M, W, h0), o_hi = split_owner(p->M, W, h1 - 1);
+    // Other owners' rows: pushed (a half-tile that straddles owners is pushed to each; rows
+    // past the owner's are clipped, rows before it land in the slot's padding).
+    for (int o = o_lo; o <= o_hi; ++o) {
+      if (o == r) continue;
+      const int row = h0 - static_cast<int>(split_offset(p->M, W, o)) + kFusedRsSlotPadRows;
+      if (p->bf16_partials) {
+        push<BN, false>(acc, stage, cw, o, row, col, h, tc.n);
+      } else {
+        push<BN, true>(acc, stage, cw, o, row, col, h, tc.n);
+      }
+    }
+    if (r < o_lo || r > o_hi) return;
+    // This rank's rows: every push of the warpgroup complete and flagged first (no wait before
+    // that: see the deadlock argument above), then the peers' partials, then one TMA store of
+    // the bf16 sums (clipped to this rank's rows).
+    const int64_t own_off = split_offset(p->M, W, r), own_end = own_off + split_count(p->M, W, r);
+    if (t == 0) {
+      flush<0>();
+      wait_sources(h, tc.n);
+    }
+    named_barrier_sync(2 + cw, 128);  // observe pattern: thread 0's acquires, then everyone's loads
+    const int64_t row_lo = h0 + warp * 16 + lane / 4;
+    const int col0 = col + 2 * (lane % 4);
+    const bool lo_ok = row_lo >= own_off && row_lo < own_end;
+    const bool hi_ok = row_lo + 8 >= own_off && row_lo + 8 < own_end;
+    if (p->bf16_partials) {
+      add_sources<__nv_bfloat16>(acc, row_lo, col0, lo_ok, hi_ok);
+    } else {
+      add_sources<float>(acc, row_lo, col0, lo_ok, hi_ok);
+    }
+    if (o_lo == o_hi) {
+      store_tile_tma<BN, false>(acc, stage, &p->tm_out, cw, static_cast<int>(h0 - own_off), col,
+                                true);
+      return;
+    }
+    // A half-tile that begins before this rank's rows (the output has no padding): the
+    // register path, within this rank's rows and N.
+    __nv_bfloat16* lo = p->out + (row_lo - own_off) * p->N + col0;
+#pragma unroll
+    for (int j = 0; j < kFrag / 4; ++j) {
+      if (col0 + 8 * j >= p->N) continue;
+      if (lo_ok) DefaultEpilogue::put_bf16(lo + 8 * j, acc[4 * j], acc[4 * j + 1]);
+      if (hi_ok) DefaultEpilogue::put_bf16(lo + 8 * p->N + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  }
+
+  // Every consumer thread, after its last tile: the pending push is flagged and every bulk
+  // store is complete (shared memory outlives its reads; the outputs are written).
+  __device__ __forceinline__ void consumers_end() const {
+    if (threadIdx.x % 128 != 0) return;
+    flush<0>();
+    bulk_wait_all();
   }
 };
 
-// The reducing role. NS = world size. Items are claimed one at a time from FusedFlags::
-// rs_claim, so they are taken in completion order by whichever CTA is free:
-// - !kJoin: the R reducing CTAs (all 384 threads), from the kernel's start;
-// - kJoin: every GEMM CTA's 256 consumer threads once the GEMM has no tile left for it (the
-//   producer warpgroup has returned), so that the tail of the reduction (the chunks of the
-//   GEMM's last wave) runs on every SM instead of R.
-// Every CTA of the grid thus may read peers' partials, and each one counts in role_exit.
-// Out of line, as ag_pull_role, and one function per world size and kind: with the eight
-// reduction loops in one function ptxas spilled, and a __noinline__ function is called from
-// one register region only (fused_protocol.cuh: kJoin runs in the consumers' 232 registers).
-template <int NS, bool kJoin>
-__device__ __noinline__ void rs_reduce_role(const RsParams& p, uint64_t epoch) {
-  constexpr int kThreads = kJoin ? 256 : kGemmThreads;
-  const int tid = static_cast<int>(threadIdx.x) - (kJoin ? 128 : 0);
-  auto sync = [] {
-    if constexpr (kJoin) {
-      named_barrier_sync(1, 256);
-    } else {
-      __syncthreads();
-    }
-  };
-  const CommDevice& d = p.dev;
-  const int W = NS, r = d.rank, mb = p.m_blocks;  // NS == d.world (dispatch: rs_reduce_dispatch)
-  const int64_t own_off = split_offset(p.M, W, r), own_end = own_off + split_count(p.M, W, r);
-  FusedFlags* ff = fused_flags(d, r);
-  __shared__ int s_item[2];  // the claimed item; whether its chunk's W flags are up
-  // The signature (CommFlags::launch): before this CTA's fence.sc.sys in fused_role_done, which
-  // the last CTA's release of the done flags follows (the counter chain), so a peer's
-  // fused_finish that acquires them may compare it; published first so that a peer stuck in
-  // another op's wait sees it at once.
-  if (!kJoin && static_cast<int>(blockIdx.x) == p.gemm_ctas && tid == 0) {
-    comm_publish_signature(d, epoch);
-  }
-  RsWalk walk;
-  int observed = -1;  // thread 0: the chunk whose W flags it last acquired
-  FC_RS_TRACE(uint64_t tr[8] = {globaltimer_ns()}; uint64_t t_chunk = 0;)
-  for (;;) {
-    FC_RS_TRACE(const uint64_t tw = globaltimer_ns(); if (t_chunk) tr[3] += tw - t_chunk;)
-    if (tid == 0) s_item[0] = static_cast<int>(atomicAdd(&ff->rs_claim, 1u));
-    sync();
-    // Every thread seeks the same item (s_item[0] is rewritten only after the next barrier).
-    const int item = s_item[0];
-    if (!walk.template seek<NS>(p, own_off, own_end, item / p.items_per_chunk)) break;
-    const int L0 = walk.L0, cg = walk.col_group;
-    const int chunk = (L0 / p.mg) * p.col_groups + cg;
-    // Observe pattern (FusedFlags::rs_ready): acquire every source's flag, then bar.sync (a
-    // chunk's later slices on this CTA rely on the first one's acquire and barrier).
-    if (tid == 0) {
-      int all = 1;
-      for (int s = 0; s < W && all && chunk != observed; ++s) {
-        all = fused_wait(d, &ff->rs_ready[s * p.chunks + chunk], epoch, kFusedOpGemmReduceScatter,
-                         kFusedStepPartial, s, 1);
-      }
-      if (all) observed = chunk;
-      s_item[1] = all;
-    }
-    sync();
-    // s_item[1] is rewritten only after the next iteration's first barrier.
-    FC_RS_TRACE(t_chunk = globaltimer_ns(); tr[2] += t_chunk - tw; ++tr[4];)
-    if (s_item[1] == 0) break;
-    const int c0 = cg * p.chunk_cols + (item % p.items_per_chunk) * p.item_cols;
-    const int c1 = min(min(p.N, (cg + 1) * p.chunk_cols), c0 + p.item_cols);
-    for (int l = L0; c0 < c1 && l < min(L0 + p.mg, mb); ++l) {
-      const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, W)) * kTileM;
-      const int64_t ra = max(row0, own_off);
-      const int64_t rb = min(min(row0 + kTileM, static_cast<int64_t>(p.M)), own_end);
-      if (ra < rb) rs_reduce_region<NS>(p, ra, rb, c0, c1, own_off, tid, kThreads);
-    }
-  }
-  sync();  // every load of a peer's partial by this CTA is complete
-  FC_RS_TRACE(if (tid == 0) {
-    tr[1] = globaltimer_ns();
-    if (t_chunk) tr[3] += tr[1] - t_chunk;
-    if constexpr (kJoin) {
-      g_rs_trace[6144 + 2 * blockIdx.x] = tr[1];
-      g_rs_trace[6144 + 2 * blockIdx.x + 1] = tr[4];
-    } else {
-      for (int w = 0; w < 8; ++w) g_rs_trace[8 * (blockIdx.x - p.gemm_ctas) + w] = tr[w];
-    }
-  })
-  if (tid == 0) {
-    fused_role_done(d, epoch, gridDim.x);
-    if constexpr (!kJoin) fused_finish(d, epoch, kFusedOpGemmReduceScatter);
-  }
-}
-
-template <bool kJoin>
-__device__ __forceinline__ void rs_reduce_dispatch(const RsParams& p, uint64_t epoch) {
-  switch (p.dev.world) {
-    case 1: rs_reduce_role<1, kJoin>(p, epoch); break;
-    case 2: rs_reduce_role<2, kJoin>(p, epoch); break;
-    case 3: rs_reduce_role<3, kJoin>(p, epoch); break;
-    case 4: rs_reduce_role<4, kJoin>(p, epoch); break;
-    case 5: rs_reduce_role<5, kJoin>(p, epoch); break;
-    case 6: rs_reduce_role<6, kJoin>(p, epoch); break;
-    case 7: rs_reduce_role<7, kJoin>(p, epoch); break;
-    default: rs_reduce_role<8, kJoin>(p, epoch); break;
-  }
-}
-
+// The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
 struct RsSchedule : FusedClaims<RsParams> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
-    TileCoord tc = tile_coord(prob, t);  // m_block_start = 0: tc.m is the logical block
-    tc.m = rs_block_of(tc.m, prob.m_blocks, p->dev.world);
+    const int mb = prob.m_blocks, own = p->own_nb;
+    const int first = (mb - own) * prob.n_blocks;
+    if (t < first) {
+      TileCoord tc = grouped_raster(t, mb - own, prob.group_m, prob.n_blocks);
+      tc.m = (p->own_b0 + own + tc.m) % mb;
+      return tc;
+    }
+    TileCoord tc = grouped_raster(t - first, own, prob.group_m, prob.n_blocks);
+    tc.m += p->own_b0;
     return tc;
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
@@ -568,73 +526,12 @@ struct RsSchedule : FusedClaims<RsParams> {
     return true;
   }
   __device__ __forceinline__ void consumers_done() const {
+    // Every load of this CTA from its receive slots and every push is complete (consumers_end
+    // and this barrier): the end barrier's arrival, then the end of the launch.
     named_barrier_sync(1, 256);
-    FC_RS_TRACE(if (threadIdx.x == 128) g_rs_trace[4096 + 2 * blockIdx.x + 1] = globaltimer_ns();)
-    // No tile is left for this CTA: its consumers join the reduction (rs_reduce_role).
-    rs_reduce_dispatch<true>(*p, epoch);
-    if (threadIdx.x == 128) fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
-  }
-};
-
-// The GEMM role's epilogue: partial tiles (fp32 or bf16) into this rank's workspace (register path:
-// the stores must be complete before the chunk counter, see FusedFlags::rs_ready), then the
-// chunk's arrival count and, for its last tile, the flags to the owners.
-struct RsEpilogue {
-  const RsParams* p;
-  uint64_t epoch;
-
-  __device__ __forceinline__ uint8_t* partial() const {
-    return p->dev.base[p->dev.rank] + p->dev.data_offset + p->ws_offset;
-  }
-  template <int kFrag>
-  __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
-                                        const GemmProblem& prob) const {
-    const int64_t ld = p->N;
-    if (p->bf16_partials) {
-      auto* ws = reinterpret_cast<__nv_bfloat16*>(partial());
-      DefaultEpilogue::apply(acc, ws + row0 * ld, ws + (row0 + 8) * ld, row0, col0, prob,
-                             DefaultEpilogue::put_bf16);
-    } else {
-      auto* ws = reinterpret_cast<float*>(partial());
-      DefaultEpilogue::apply(acc, ws + row0 * ld, ws + (row0 + 8) * ld, row0, col0, prob,
-                             DefaultEpilogue::put_f32);
-    }
-  }
-  __device__ __forceinline__ bool wants_tile_done() const { return true; }
-  __device__ __forceinline__ void tile_done(TileCoord tc, const GemmProblem& prob) const {
-    const CommDevice& d = p->dev;
-    const int mb = prob.m_blocks;
-    const int L = rs_logical_of(tc.m, mb, d.world);
-    const int L0 = L / p->mg * p->mg;
-    const int L1 = min(L0 + p->mg, mb);
-    const int col0 = tc.n * p->tile_n;
-    const int cg = col0 / p->chunk_cols;
-    const int chunk = (L / p->mg) * p->col_groups + cg;
-    const int c_begin = cg * p->chunk_cols;
-    const int c_end = min(p->N, c_begin + p->chunk_cols);
-    const int n_tiles = (c_end + p->tile_n - 1) / p->tile_n - c_begin / p->tile_n;
-    // fence.sc.sys, not .gpu: this tile's stores (ordered before this thread by the named
-    // barrier) are read by OTHER GPUs once the chunk's flag is up. Every CTA publishes its own
-    // stores at system scope before its arrival, as the collectives' counter pattern does
-    // (CommFlags::phase); the flag's release then only has to order the counter (see
-    // FusedFlags::rs_ready). (The gpu-scope version relied on cumulativity from other CTAs'
-    // gpu-scope fences through the counter to the last CTA's sys-scope release; the first
-    // 4 x H200 run showed W >= 3 owners summing partial values that were not yet the tile's.)
-    __threadfence_system();
-    if (!fused_last_of(&fused_flags(d, d.rank)->chunk_count[chunk],
-                       static_cast<uint32_t>((L1 - L0) * n_tiles))) {
-      return;
-    }
-    uint32_t sent = 0;  // owners already told
-    for (int l = L0; l < L1; ++l) {
-      const int64_t row0 = static_cast<int64_t>(rs_block_of(l, mb, d.world)) * kTileM;
-      const int64_t row1 = min(static_cast<int64_t>(p->M), row0 + kTileM) - 1;
-      const int o0 = split_owner(p->M, d.world, row0), o1 = split_owner(p->M, d.world, row1);
-      for (int o = o0; o <= o1; ++o) {
-        if (sent & (1u << o)) continue;
-        sent |= 1u << o;
-        st_release_sys(&fused_flags(d, o)->rs_ready[d.rank * p->chunks + chunk], epoch);
-      }
+    if (threadIdx.x == 128) {
+      fused_role_done(p->dev, epoch, gridDim.x);
+      fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
     }
   }
 };
@@ -647,13 +544,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                    const __grid_constant__ GemmProblem prob,
                    const __grid_constant__ RsParams p) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
-  FC_RS_TRACE(if (threadIdx.x == 0) g_rs_trace[4096 + 2 * blockIdx.x] = globaltimer_ns();)
-  if (static_cast<int>(blockIdx.x) < p.gemm_ctas) {
-    gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch},
-                             RsSchedule{{&p, epoch}});
-    return;
-  }
-  rs_reduce_dispatch<false>(p, epoch);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && p.dev.world > 1) rs_start(p.dev, epoch);
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch}, RsSchedule{{&p, epoch}});
 }
 
 }  // namespace fusedcomm::kernels::detail

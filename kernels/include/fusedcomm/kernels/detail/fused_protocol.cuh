@@ -3,11 +3,11 @@
 // timeout for waits that only follow other waits, arrival counters, the end-of-launch sequence,
 // and the CTA-wide copy loop of the pulling CTAs.
 //
-// Scopes (PTX memory model). Flags that cross GPUs (CommFlags::arrive/done, rs_ready) are
+// Scopes (PTX memory model). Flags that cross GPUs (CommFlags::arrive/done, rs_tile) are
 // written with st.release.sys and read with ld.acquire.sys, as in comm_protocol.cuh. Counters
 // and flags that stay on this GPU are ordered with gpu-scope fences (__threadfence(), i.e.
 // membar.gl = fence.sc.gpu), which are much cheaper than fence.sc.sys; where such a chain ends in a
-// system-scope release (rs_ready), causality order is transitive across scopes as long as each
+// system-scope release, causality order is transitive across scopes as long as each
 // synchronising pair is morally strong (both threads inside the fence's scope), so a reader on
 // another GPU that acquires the flag observes every store ordered before it on this GPU.
 #pragma once
@@ -102,10 +102,9 @@ __device__ __forceinline__ void fused_role_done(const CommDevice& d, uint64_t ep
 // One thread per CTA, once, when the CTA is completely done (every CTA of the grid calls it):
 // the last CTA waits until every peer has finished reading this rank's memory (end barrier),
 // compares the peers' launch signatures (each peer's done release follows its signature: see
-// ag_pull_role / rs_reduce_role), resets the tile and reduce-item counters (every claim of this
-// launch precedes every CTA's arrival here: a CTA's consumers arrive only after its producer
-// made its last claim, and reducing CTAs after their last one) and publishes the epoch for the
-// next launch (read by its CTAs after the kernel boundary).
+// ag_pull_role / rs_start), resets the tile counter (every claim of this launch precedes every
+// CTA's arrival here: a CTA's consumers arrive only after its producer made its last claim) and
+// publishes the epoch for the next launch (read by its CTAs after the kernel boundary).
 __device__ __forceinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
   __threadfence();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
@@ -117,7 +116,6 @@ __device__ __forceinline__ void fused_finish(const CommDevice& d, uint64_t epoch
   }
   if (ok) comm_check_signatures(d, epoch, op, kCommStepDone);
   *reinterpret_cast<volatile uint32_t*>(&fused_flags(d, d.rank)->tile_claim) = 0;
-  *reinterpret_cast<volatile uint32_t*>(&fused_flags(d, d.rank)->rs_claim) = 0;
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
 

@@ -217,7 +217,16 @@ __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const Gemm
 //   bool wants_tile_done() const;  uniform over the launch
 //   void tile_done(TileCoord, const GemmProblem&) const;
 //     called by one thread after all 256 consumer threads have issued the tile's stores.
+//   static constexpr bool kOwnsTile;
+//     true: instead of the above, every consumer thread calls
+//       template <int BN, int kFrag> void tile(float (&acc)[kFrag], uint8_t* staging,
+//                                              TileCoord, int cw, const GemmProblem&) const;
+//     with its warpgroup's 16 KiB staging buffer (store_tile_tma; named barrier 2 + cw is the
+//     warpgroup's), whatever prob.c_tma says, and once after its last tile
+//       void consumers_end() const;
+//     (before the schedule's consumers_done), where bulk stores it issued must be waited for.
 struct DefaultEpilogue {
+  static constexpr bool kOwnsTile = false;
   void* c;
   int64_t ldc;
   GemmOutType c_type;
@@ -312,12 +321,17 @@ struct DefaultEpilogue {
 // sits at chunk c ^ (r % 8)): bf16 C 128 columns per round (two 64×64 boxes; the warp's 4-byte
 // writes hit 32 distinct banks), fp32 C 64 columns per round (two 64×32 boxes; 8-byte writes,
 // two wavefronts per warp instruction, the minimum for 256 bytes). One thread issues the TMA
-// stores, which clip at M and N. Before the buffer is rewritten, the previous round's stores
-// must have read it (bulk wait_group.read), published to the warpgroup by its named barrier.
+// stores, which clip at the tensor map's bounds. Before the buffer is rewritten, the previous
+// round's stores must have read it (bulk wait_group.read), published to the warpgroup by its
+// named barrier. The fragment goes to rows [row, row + 64) and columns [col, col + BN) of `tm`;
+// `issue` (thread 0's) false: staged but not stored. One bulk group per round is committed:
+// BN / 128 (bf16) or BN / 64 (fp32) groups.
+template <int BN, bool kF32>
+inline constexpr int kStoreRounds = BN / (kF32 ? 64 : 128);
 template <int BN, bool kF32, int kFrag>
-__device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
-                                            const CUtensorMap* tm_c, TileCoord tc, int cw,
-                                            bool rows_in) {
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
+                                               const CUtensorMap* tm, int cw, int row, int col,
+                                               bool issue) {
   constexpr int kColsPerRound = kF32 ? 64 : 128;  // two boxes of 128-byte rows
   constexpr int kJPerRound = kColsPerRound / 8;   // 8-column groups j of the fragment
   constexpr int kJPerBox = kJPerRound / 2;
@@ -351,14 +365,20 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
     }
     fence_proxy_async_shared();
     named_barrier_sync(bar_id, 128);
-    if (t == 0 && rows_in) {
-      const int row = tc.m * kTileM + cw * 64;
-      const int col = tc.n * BN + h * kColsPerRound;
-      tma_store_2d(tm_c, stage_buf, col, row);
-      tma_store_2d(tm_c, stage_buf + 8192, col + kColsPerRound / 2, row);
+    if (t == 0 && issue) {
+      const int c = col + h * kColsPerRound;
+      tma_store_2d(tm, stage_buf, c, row);
+      tma_store_2d(tm, stage_buf + 8192, c + kColsPerRound / 2, row);
       bulk_commit();
     }
   }
+}
+// The engine's own C store: the warpgroup's 64 rows of tile tc.
+template <int BN, bool kF32, int kFrag>
+__device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
+                                            const CUtensorMap* tm_c, TileCoord tc, int cw,
+                                            bool rows_in) {
+  store_tile_tma<BN, kF32>(acc, stage_buf, tm_c, cw, tc.m * kTileM + cw * 64, tc.n * BN, rows_in);
 }
 
 // ---- tile schedules ---------------------------------------------------------------------------
@@ -625,23 +645,28 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       reg_fence(acc);
       if (lane == 0) release(prev);
 
-      const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
-      if (prob.c_tma == kCTmaBF16) {
-        store_c_tma<BN, false>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
-      } else if (prob.c_tma == kCTmaF32) {
-        store_c_tma<BN, true>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
-      }
-      if (rows_in) {
-        const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
-        const int col0 = tc.n * BN + 2 * (lane % 4);
-        epi.store(acc, row0, col0, prob);
-      }
-      if (epi.wants_tile_done()) {
-        named_barrier_sync(1, 256);
-        if (threadIdx.x == 128) epi.tile_done(tc, prob);
+      if constexpr (Epilogue::kOwnsTile) {
+        epi.template tile<BN>(acc, staging + cw * Cfg::kStagingBytes, tc, cw, prob);
+      } else {
+        const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
+        if (prob.c_tma == kCTmaBF16) {
+          store_c_tma<BN, false>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+        } else if (prob.c_tma == kCTmaF32) {
+          store_c_tma<BN, true>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+        }
+        if (rows_in) {
+          const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
+          const int col0 = tc.n * BN + 2 * (lane % 4);
+          epi.store(acc, row0, col0, prob);
+        }
+        if (epi.wants_tile_done()) {
+          named_barrier_sync(1, 256);
+          if (threadIdx.x == 128) epi.tile_done(tc, prob);
+        }
       }
     }
     if (prob.c_tma && threadIdx.x % 128 == 0) bulk_wait_all();  // smem must outlive the reads
+    if constexpr (Epilogue::kOwnsTile) epi.consumers_end();
     sched.consumers_done();
     leave_cluster();
   }
@@ -676,6 +701,9 @@ struct GemmPlan {
 // The tensor map of an A operand as gemm_plan encodes it (rows × K bf16, row stride lda
 // elements, 128 × 64 boxes): for schedules that read some A blocks from another tensor.
 bool encode_a_map(CUtensorMap* map, const __nv_bfloat16* A, int rows, int K, int64_t lda);
+// A tensor map that store_tile_tma writes: rows × cols, row stride ld elements, bf16 or fp32
+// (the 64-row boxes of the engine's C store).
+bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t ld, bool f32);
 
 // Checks `a` against the gemm.h contract and fills `plan` for `a.num_ctas` computing CTAs
 // (0: one per SM of the current device). cudaErrorInvalidValue for a contract violation.

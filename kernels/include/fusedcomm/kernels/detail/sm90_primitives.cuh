@@ -125,6 +125,12 @@ __device__ __forceinline__ void bulk_wait_read_all() {
 __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
+// Waits until at most the kKeep most recently committed bulk groups are incomplete (every older
+// group's stores are complete).
+template <int kKeep>
+__device__ __forceinline__ void bulk_wait_keep() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kKeep) : "memory");
+}
 // Orders this thread's generic shared-memory writes before later async-proxy reads (TMA store).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
