@@ -107,7 +107,7 @@ inline constexpr uint32_t kFusedOpGemmReduceScatter = 17;
 inline constexpr uint32_t kFusedStepChunk = 16;    // allGatherGemm: a GEMM CTA waited for a
                                                    // gathered chunk (peer = its rows' owner)
 inline constexpr uint32_t kFusedStepPartial = 17;  // gemmReduceScatter: an owner waited for a
-                                                   // peer's partial chunk
+                                                   // peer's partial half-tile
 
 enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2 };
 
@@ -122,7 +122,7 @@ enum class RsPartials : uint32_t { kF32 = 0, kBF16 = 1 };
 // (zeroed with the rest of the first kCommStagingOffset bytes when the region is allocated).
 // The static_asserts below fail the build if collectives.h's layout grows into it.
 inline constexpr uint64_t kFusedFlagsOffset = 32 << 10;
-inline constexpr int kFusedMaxChunks = 512;     // chunks of one launch (both ops)
+inline constexpr int kFusedMaxChunks = 512;     // allGatherGemm: chunks of one launch
 // gemmReduceScatter: flags per owner, (W-1) source slots × half-tile rows × tile columns.
 inline constexpr int kFusedRsTileFlags = 112 << 10;
 // gemmReduceScatter, fused: each receive slot starts with this many rows of padding, so that a
@@ -150,8 +150,9 @@ struct alignas(64) FusedFlags {
   // by the stream. A chunk made only of M-blocks read from A_r gets no arrivals and no flag
   // (no tile waits for it); its slot keeps an older epoch.
   uint64_t ag_chunk[kFusedMaxChunks];
-  // Arrival counters of the chunks above (slices of an allGatherGemm chunk). Local; the arrival that completes a chunk resets its counter to
-  // 0, so every counter is 0 between launches (after a failed launch the region is discarded).
+  // Arrival counters of the chunks above (slices of an allGatherGemm chunk). Local; the
+  // arrival that completes a chunk resets its counter to 0, so every counter is 0 between
+  // launches (after a failed launch the region is discarded).
   uint32_t chunk_count[kFusedMaxChunks];
   uint32_t tile_claim;  // the GEMM's dynamic tile counter; reset by the launch's last CTA
   uint32_t role_exit;   // CTAs that finished reading peers' memory; reset by the last of them

@@ -86,8 +86,9 @@ __device__ __forceinline__ bool fused_last_of(uint32_t* counter, uint32_t n) {
   return true;
 }
 
-// One thread per CTA of a role that READ PEERS' memory (pulling / reducing CTAs), after a
-// bar.sync that follows the CTA's last such load: the last of the role's `n` CTAs tells every
+// One thread per CTA that read peers' memory or its receive slots (pulling CTAs; every CTA of
+// the fused gemmReduceScatter), after a bar.sync that follows the CTA's last such load (and,
+// gemmReduceScatter, its last push's completion): the last of the role's `n` CTAs tells every
 // peer that this rank has finished reading its memory for `epoch` (CommFlags::done; ordering
 // as in comm_protocol.cuh: the loads fed stores or values that are complete before the fences,
 // and the counter chains the CTAs' fence.sc.sys to the last one's release).
