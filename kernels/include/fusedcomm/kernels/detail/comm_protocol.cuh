@@ -106,6 +106,18 @@ __device__ __forceinline__ bool comm_signature_differs(const CommDevice& d, int 
   return comm_sig_epoch8(*seen) == (epoch & 0xFF) && *seen != comm_signature_at(d.launch_sig, epoch);
 }
 
+// The first peer (in rank order) whose slot proves a different launch at `epoch`, or -1. A
+// wait for one peer must notice a mismatch anywhere: the peer it waits for may itself have
+// stopped at a third rank's different launch (its own signature matching), and would then
+// never raise the flag.
+__device__ __forceinline__ int comm_mismatched_peer(const CommDevice& d, uint64_t epoch) {
+  for (int p = 0; p < d.world; ++p) {
+    uint64_t seen;
+    if (p != d.rank && comm_signature_differs(d, p, epoch, &seen)) return p;
+  }
+  return -1;
+}
+
 // One thread, after it acquired a flag that each peer released after publishing its signature
 // for `epoch`: false (and the error record filled) if some peer launched something else.
 __device__ __forceinline__ bool comm_check_signatures(const CommDevice& d, uint64_t epoch,
@@ -164,13 +176,12 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
         uint32_t code = 0;
         const uint64_t elapsed = now - t0;
         const uint64_t launch_epoch = comm_epoch_slot();
-        uint64_t seen = 0;
+        int who = -1;
         if (d.abort_word != nullptr && ld_volatile_u32(d.abort_word) != 0) {
           code = kGemmAborted;
-        } else if (!local && peer != d.rank &&
-                   comm_signature_differs(d, peer, launch_epoch, &seen)) {
-          // The peer is in a different op (or size) at this epoch: say so now, not at the
-          // timeout (its flag may never come). Not for local flags: a CTA of this GPU raises
+        } else if (!local && (who = comm_mismatched_peer(d, launch_epoch)) >= 0) {
+          // A peer is in a different op (or size) at this epoch: say so now, not at the
+          // timeout (the flag may never come). Not for local flags: a CTA of this GPU raises
           // them, and the CTA that waits for the peer behind them makes the check (this also
           // keeps the check out of the GEMM producer's 40-register wait).
           code = kCommLaunchMismatch;
@@ -179,8 +190,9 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
         }
         if (code != 0) {
           const bool mismatch = code == kCommLaunchMismatch;
-          comm_record_failure(d, code, mismatch ? launch_epoch : epoch, mismatch ? seen : v,
-                              elapsed, op, step, peer);
+          comm_record_failure(d, code, mismatch ? launch_epoch : epoch,
+                              mismatch ? comm_peer_signature(d, who, launch_epoch) : v, elapsed,
+                              op, step, mismatch ? who : peer);
           return false;
         }
       }

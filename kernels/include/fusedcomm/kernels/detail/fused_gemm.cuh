@@ -93,12 +93,14 @@ struct FusedClaims {
 // The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
 // before each tile its chunk's flag (hook 1, from device memory with the launch's epoch).
 struct AgSchedule : FusedClaims<AgParams> {
+  // M-block m is read from A_r (made only of this rank's rows): no copy, no flag.
+  __device__ __forceinline__ bool from_own(int m) const { return m >= p->own_b0 && m < p->own_b1; }
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
     return tile_coord(prob, t);
   }
   __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
                                                          int& row) const {
-    if (tc.m >= p->own_b0 && tc.m < p->own_b1) {
+    if (from_own(tc.m)) {
       row = tc.m * kTileM - p->own_row0;
       return &p->tm_own;
     }
@@ -109,7 +111,7 @@ struct AgSchedule : FusedClaims<AgParams> {
   template <int BN>
   __device__ __forceinline__ bool wait(const GemmProblem& prob, TileCoord tc) const {
     // Blocks read from A_r (a_source) are ready before the launch (stream order): no flag.
-    if (tc.m >= p->own_b0 && tc.m < p->own_b1) return true;
+    if (from_own(tc.m)) return true;
     const int c = tc.m / p->mg;
     const uint64_t* flag = &fused_flags(p->dev, p->dev.rank)->ag_chunk[c];
 #ifdef FUSEDCOMM_AG_TRACE
@@ -301,13 +303,6 @@ __device__ __forceinline__ uint64_t* rs_flag(const RsParams& p, int owner, int s
   return &fused_flags(p.dev, owner)->rs_tile[(slot * p.halves + h - h_first) * p.n_blocks + n];
 }
 
-// A consumer thread's bounded wait (the thread that issues its warpgroup's stores). Out of line
-// and called from the consumers' register region only (fused_wait's note).
-inline __device__ __noinline__ bool rs_wait(const CommDevice& d, const uint64_t* flag,
-                                            uint64_t epoch, uint32_t step, int peer) {
-  return fused_wait(d, flag, epoch, kFusedOpGemmReduceScatter, step, peer, 1);
-}
-
 // Kernel start, one thread: the signature, then the arrive flags (start barrier, signal side;
 // CommFlags::arrive ordering: stream order puts this rank's earlier ops before the kernel).
 inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch) {
@@ -339,7 +334,10 @@ struct RsEpilogue {
   __device__ __forceinline__ bool observe_start(int o) const {
     if (started & (1u << o)) return true;
     const CommDevice& d = p->dev;
-    if (!rs_wait(d, &comm_flags(d, d.rank)->arrive[o], epoch, kCommStepArrive, o)) return false;
+    if (!fused_wait(d, &comm_flags(d, d.rank)->arrive[o], epoch, kFusedOpGemmReduceScatter,
+                    kCommStepArrive, o, 1)) {
+      return false;
+    }
     fence_proxy_async_global();  // before this thread's TMA writes into o's memory
     started |= 1u << o;
     return true;
@@ -418,7 +416,8 @@ struct RsEpilogue {
   __device__ __forceinline__ void wait_sources(int h, int n) const {
     const CommDevice& d = p->dev;
     for (int s = 0; s < d.world; ++s) {
-      if (s != d.rank && !rs_wait(d, rs_flag(*p, d.rank, s, h, n), epoch, kFusedStepPartial, s)) {
+      if (s != d.rank && !fused_wait(d, rs_flag(*p, d.rank, s, h, n), epoch,
+                                     kFusedOpGemmReduceScatter, kFusedStepPartial, s, 1)) {
         return;  // recorded; the warpgroup sums what is there (the launch has failed)
       }
     }

@@ -100,13 +100,15 @@ __device__ __forceinline__ void fused_role_done(const CommDevice& d, uint64_t ep
   }
 }
 
-// One thread per CTA, once, when the CTA is completely done (every CTA of the grid calls it):
+// One consumer thread per CTA, once, when the CTA is completely done (every CTA of the grid
+// calls it; out of line, and only from the engine's consumer region, where inlined it made
+// ptxas spill):
 // the last CTA waits until every peer has finished reading this rank's memory (end barrier),
 // compares the peers' launch signatures (each peer's done release follows its signature: see
 // ag_pull_role / rs_start), resets the tile counter (every claim of this launch precedes every
 // CTA's arrival here: a CTA's consumers arrive only after its producer made its last claim) and
 // publishes the epoch for the next launch (read by its CTAs after the kernel boundary).
-__device__ __forceinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
+inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
   __threadfence();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
   CommFlags* mine = comm_flags(d, d.rank);
