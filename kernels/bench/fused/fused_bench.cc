@@ -343,6 +343,18 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       } else {
         k::GemmRsArgs a = rs;
         a.algo = algo;
+#ifdef FUSEDCOMM_RS_PHANTOM
+        // Bench build: the fused kernel as rank 0 of W = 2 whose peer is this process
+        // (detail/fused_gemm.cuh, FUSEDCOMM_RS_PHANTOM); world 1 only.
+        if (algo == k::FusedAlgo::kFused && W == 1) {
+          k::CommDevice ph = dev;
+          ph.world = 2;
+          ph.base[1] = ph.base[0];
+          impls.push_back({"ours_fused", [&, a, ph] { CK(k::launch_gemm_reduce_scatter(ph, a, st)); },
+                           k::gemm_reduce_scatter_info(ph, a)});
+          continue;
+        }
+#endif
         impls.push_back({algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed",
                          [&, a] { CK(k::launch_gemm_reduce_scatter(dev, a, st)); },
                          k::gemm_reduce_scatter_info(dev, a)});

@@ -280,6 +280,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // Start barrier: a source writes into o's slots only after o's arrive flag for this launch
 // (o's earlier ops on its stream, which may use its data area, are complete). End barrier as
 // the other fused ops (fused_finish), which also checks the launch signatures.
+// Bench build only (-DFUSEDCOMM_RS_PHANTOM, fused_bench --phantom): one process plays rank 0
+// of W = 2 whose peer is itself (CommDevice::base[1] = base[0]), so that one GPU runs rank 0's
+// whole kernel, pushes and sums included, without NVLink; the waits for the missing peer
+// (start flag, partial flags, end barrier and its signature check) are skipped. What it
+// measures: the SM-side cost of W = 2 (staging and TMA of the pushes, their fences, the own
+// half-tiles' loads and adds), not the link.
 struct RsParams {
   CUtensorMap tm_push[kCommMaxRanks];  // [o]: o's receive slot for this rank (o != rank, o with rows)
   CUtensorMap tm_out;                  // this rank's output rows (split_count × N bf16)
@@ -332,6 +338,9 @@ struct RsEpilogue {
   }
   // Issuing thread: o's launch has started (its receive slots may be written).
   __device__ __forceinline__ bool observe_start(int o) const {
+#ifdef FUSEDCOMM_RS_PHANTOM
+    return true;  // bench build: no peer process (see FUSEDCOMM_RS_PHANTOM above)
+#endif
     if (started & (1u << o)) return true;
     const CommDevice& d = p->dev;
     if (!fused_wait(d, &comm_flags(d, d.rank)->arrive[o], epoch, kFusedOpGemmReduceScatter,
@@ -414,6 +423,9 @@ struct RsEpilogue {
 
   // Issuing thread: waits for the W-1 peers' flags of this rank's half-tile (h, n).
   __device__ __forceinline__ void wait_sources(int h, int n) const {
+#ifdef FUSEDCOMM_RS_PHANTOM
+    return;
+#endif
     const CommDevice& d = p->dev;
     for (int s = 0; s < d.world; ++s) {
       if (s != d.rank && !fused_wait(d, rs_flag(*p, d.rank, s, h, n), epoch,
