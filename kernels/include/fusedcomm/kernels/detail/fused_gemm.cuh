@@ -247,7 +247,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // - rows another rank o owns are PUSHED: staged in shared memory and TMA-stored (full 128-B
 //   lines, asynchronous: NVLink carries them while the warpgroup computes its next tile) into
 //   o's receive slot for this rank; the half-tile's flag in o's region (FusedFlags::rs_tile)
-//   is raised once the stores are complete, at the warpgroup's next tile (or its end);
+//   is raised once the stores are complete, early in the warpgroup's next tile's main loop
+//   (main_loop_point), or at its end;
 // - rows this rank owns are REDUCED: after every pending push of the warpgroup is complete and
 //   flagged, one thread waits for the W-1 peers' flags of the half-tile, then the warpgroup
 //   adds the peers' partials (local loads from its receive slots) and its accumulator in rank
@@ -267,7 +268,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // Its own blocks were in every peer's first part, so their pushes are long done when it gets
 // there; no partial is stored locally and no reduction pass follows the GEMM.
 //
-// No deadlock: a warpgroup waits only in its own-row half-tiles, after flushing its pushes;
+// No deadlock: a warpgroup waits only in its own-row half-tiles, after flushing its pushes,
+// and a push is never held back behind a wait of the other warpgroup of its CTA (it is
+// flagged in the next tile's first stages, which both warpgroups' last tile left free; a flag
+// raised only in the next epilogue could wait for that warpgroup through the shared stages:
+// a deadlock the model below found at M = 189, W = 4);
 // every rank sweeps its first part (pushes only, no wait) before its own blocks, and its own
 // blocks in one global order (physical M-block raster, columns ascending within a block, so a
 // block shared by two owners is swept in the same column order by both). Take the wait on the
@@ -275,11 +280,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // warpgroups push before any wait, and can only be stuck on larger ones, or on their first
 // part, which never waits) or will claim it (everything before it in their sweep is a push or
 // a smaller own half-tile). Either way it completes: contradiction. The waits stay bounded
-// (a dead peer): the first one that gives up records the failure.
+// (a dead peer): the first one that gives up records the failure. kernels/bench/fused/
+// rs_protocol_model.py searches this protocol for deadlocks under random scheduling.
 //
 // Start barrier: a source writes into o's slots only after o's arrive flag for this launch
 // (o's earlier ops on its stream, which may use its data area, are complete). End barrier as
 // the other fused ops (fused_finish), which also checks the launch signatures.
+//
 // Bench build only (-DFUSEDCOMM_RS_PHANTOM, fused_bench --phantom): one process plays rank 0
 // of W = 2 whose peer is itself (CommDevice::base[1] = base[0]), so that one GPU runs rank 0's
 // whole kernel, pushes and sums included, without NVLink; the waits for the missing peer
@@ -506,6 +513,14 @@ struct RsEpilogue {
       if (lo_ok) DefaultEpilogue::put_bf16(lo + 8 * j, acc[4 * j], acc[4 * j + 1]);
       if (hi_ok) DefaultEpilogue::put_bf16(lo + 8 * p->N + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
     }
+  }
+
+  // Every consumer thread, early in each tile's main loop (the engine's main_loop_point): the
+  // previous tile's push is flagged there. Not later: the other warpgroup may be waiting in
+  // its epilogue for a flag that depends on this one, and the main loop's later stages wait
+  // for that warpgroup (they are refilled only once both have read them).
+  __device__ __forceinline__ void main_loop_point() const {
+    if (threadIdx.x % 128 == 0) flush<0>();
   }
 
   // Every consumer thread, after its last tile: the pending push is flagged and every bulk

@@ -224,7 +224,10 @@ __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const Gemm
 //     with its warpgroup's 16 KiB staging buffer (store_tile_tma; named barrier 2 + cw is the
 //     warpgroup's), whatever prob.c_tma says, and once after its last tile
 //       void consumers_end() const;
-//     (before the schedule's consumers_done), where bulk stores it issued must be waited for.
+//     (before the schedule's consumers_done), where bulk stores it issued must be waited for;
+//     and, in every tile's main loop at k-block min(k_blocks, kStages) - 1 (a point that the
+//     warpgroup reaches without the other warpgroup's progress, see there),
+//       void main_loop_point() const;
 struct DefaultEpilogue {
   static constexpr bool kOwnsTile = false;
   void* c;
@@ -633,6 +636,11 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
           }
           wgmma_commit();
           wgmma_wait<1>();
+        }
+        if constexpr (Epilogue::kOwnsTile) {
+          // Stage kb <= kStages - 1 of a tile is loaded as soon as both warpgroups finished
+          // the previous tile's main loop, whatever the other warpgroup does next.
+          if (kb == min(prob.k_blocks, kStages) - 1) epi.main_loop_point();
         }
         if (kb > 0 && lane == 0) release(prev);
         prev = stage;
