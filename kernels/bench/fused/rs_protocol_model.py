@@ -7,8 +7,8 @@ starting after the own ones, then the own blocks, each part in the grouped raste
 producer claims up to `lookahead` tiles ahead of its consumers, and two warpgroups per CTA (one
 64-row half each) that may drift apart by up to `lead` tiles. A warpgroup's half-tile:
 - rows of another owner: pushed; its flag is raised at the warpgroup's next flush: early in
-  its next tile's main loop (reachable whatever the other warpgroup does: that tile's first
-  stages are loaded once both warpgroups finished this tile's main loop), or at its end;
+  its next tile's main loop (reachable once the other warpgroup has finished this tile's main
+  loop: the next tile's first stages reuse stages that both must have released), or at its end;
 - rows of its own rank: first every pending push of the warpgroup is flagged, then it waits
   until every other rank's push of that half-tile is flagged.
 A configuration passes when every rank finishes; it deadlocks when no claim, step or flush can
@@ -75,9 +75,13 @@ def run(M, W, ctas, n_blocks, group, lookahead, lead, seed):
         claimed[r] += 1
         return True
 
-    def start(r, c, w):  # the next tile is claimed: its main loop flushes the pending push
+    def start(r, c, w):
+        # The next tile is claimed and its first stages are loaded: they reuse stages of earlier
+        # tiles, free once the other warpgroup finished the main loop of this warpgroup's last
+        # tile (it is in that tile's epilogue or later). Then the main loop flushes.
         st = state[r][c]
-        if st["pend"][w] and st["pos"][w] < len(st["tiles"]):
+        p = st["pos"][w]
+        if st["pend"][w] and p < len(st["tiles"]) and st["pos"][1 - w] >= p - 1:
             flags.add(st["pend"][w])
             st["pend"][w] = None
             return True

@@ -269,10 +269,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // there; no partial is stored locally and no reduction pass follows the GEMM.
 //
 // No deadlock: a warpgroup waits only in its own-row half-tiles, after flushing its pushes,
-// and a push is never held back behind a wait of the other warpgroup of its CTA (it is
-// flagged in the next tile's first stages, which both warpgroups' last tile left free; a flag
-// raised only in the next epilogue could wait for that warpgroup through the shared stages:
-// a deadlock the model below found at M = 189, W = 4);
+// and a push is flagged in the first stages of the warpgroup's next tile, which need only
+// that the other warpgroup has finished the main loop of the pushing tile (a flag raised in
+// the next epilogue could instead wait, through the shared stages, for that warpgroup's own
+// wait: a deadlock the model below found at M = 189, W = 4);
 // every rank sweeps its first part (pushes only, no wait) before its own blocks, and its own
 // blocks in one global order (physical M-block raster, columns ascending within a block, so a
 // block shared by two owners is swept in the same column order by both). Take the wait on the
