@@ -536,6 +536,9 @@ struct Rank {
         {3, 64, 64, NK, F, 0},         {3, 64, 64, KN, A, 16},
         {4100, 2056, 1024, NK, F, 0},  {4100, 2056, 1024, KN, A, 0},
         {640, 4096, 128, NK, F, 1 << 20},
+        // W = 4: owners change at rows 192 and 576, inside M-blocks but on half-tile bounds: one
+        // warpgroup of the tile pushes while the other sums (the fused kernel's deadlock case).
+        {768, 520, 1032, KN, F, 0},
         // bf16 partials (RsPartials::kBF16): even and uneven M, both layouts, both algorithms.
         {1001, 264, 520, NK, F, 0, true},    {1001, 264, 520, NK, D, 0, true},
         {2999, 1032, 1032, KN, F, 64, true}, {2999, 1032, 1032, KN, D, 64, true},
