@@ -22,7 +22,9 @@
 // except NVLink (the GEMM role's epilogue, flags, claims), so
 // their local overhead is measurable on a one-GPU host; rows carry "tp" (local_run.sh).
 // Debug build: -DFUSEDCOMM_AG_TRACE (FC_NVCC_FLAGS of build.sh) prints a timeline of one fused
-// allGatherGemm launch per shape.
+// allGatherGemm launch per shape. Bench build: -DFUSEDCOMM_RS_PHANTOM makes ours_fused at world
+// 1 run gemmReduceScatter as rank 0 of W = 2 with this process as its peer (what W = 2 costs
+// on the SMs without NVLink; detail/fused_gemm.cuh).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
