@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <limits>
 #include <utility>
 
 #include "fusedcomm/kernels/collectives.h"
@@ -376,7 +375,7 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
   info.tile_n = p.tile_n;
   if (info.algo == FusedAlgo::kFused) {
     // As the launch: every CTA runs the GEMM, never more than the tiles.
-    const int64_t tiles = int64_t{(a.M + detail::kTileM - 1) / detail::kTileM} * p.n_blocks;
+    const int64_t tiles = ceil_div(a.M, detail::kTileM) * p.n_blocks;
     info.gemm_ctas = static_cast<int>(std::min<int64_t>(device_sms(d), tiles));
     info.comm_ctas = 0;
     info.chunks = static_cast<int>(rs_flags_needed(d, p));
@@ -610,6 +609,5 @@ cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __n
                                                   N, K, ref, absdot, accumulate);
   return cudaGetLastError();
 }
-
 
 }  // namespace fusedcomm::kernels

@@ -101,9 +101,9 @@ __device__ __forceinline__ void comm_record_failure(const CommDevice& d, uint32_
 // True if `peer`'s slot proves that its launch `epoch` differs from this one (slot of this
 // epoch, other signature); false if it matches or holds an older launch (no verdict yet).
 __device__ __forceinline__ bool comm_signature_differs(const CommDevice& d, int peer,
-                                                       uint64_t epoch, uint64_t* seen) {
-  *seen = comm_peer_signature(d, peer, epoch);
-  return comm_sig_epoch8(*seen) == (epoch & 0xFF) && *seen != comm_signature_at(d.launch_sig, epoch);
+                                                       uint64_t epoch) {
+  const uint64_t seen = comm_peer_signature(d, peer, epoch);
+  return comm_sig_epoch8(seen) == (epoch & 0xFF) && seen != comm_signature_at(d.launch_sig, epoch);
 }
 
 // The first peer (in rank order) whose slot proves a different launch at `epoch`, or -1. A
@@ -112,8 +112,7 @@ __device__ __forceinline__ bool comm_signature_differs(const CommDevice& d, int 
 // never raise the flag.
 __device__ __forceinline__ int comm_mismatched_peer(const CommDevice& d, uint64_t epoch) {
   for (int p = 0; p < d.world; ++p) {
-    uint64_t seen;
-    if (p != d.rank && comm_signature_differs(d, p, epoch, &seen)) return p;
+    if (p != d.rank && comm_signature_differs(d, p, epoch)) return p;
   }
   return -1;
 }
