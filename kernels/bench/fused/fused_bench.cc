@@ -10,20 +10,22 @@
 // switch); rows carry "partials". allGatherGemm returns the gathered A (the baselines do too)
 // unless --ag-gathered 0 (the forward-only case: the fused kernel then reads the M-blocks made
 // only of own rows from A_r and copies just the rest of them); rows carry "ag_gathered".
-// Timing: 2 warm-up launches, one timed launch to size the batches, then `batches` batches of
-// `iters` back-to-back launches between CUDA events on rank 0 (a process-group barrier and a
-// stream sync before each batch); ms_median = median over batches of the per-launch mean. One
+// Timing, per shape: for each impl 2 warm-up launches and one timed launch to size its batches,
+// then `batches` rounds in which every impl runs one batch of `iters` back-to-back launches
+// between CUDA events on rank 0 (a process-group barrier and a stream sync before each batch;
+// the impls interleaved so that they share the clock's drift); ms_median = median over an
+// impl's batches of the per-launch mean. One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16] [--tp T]
-//                    [--ag-gathered 1|0]
+//                    [--ag-gathered 1|0] [--shape LABEL_PART]
 // --tp T (default W): the shapes of tensor parallelism T while running at world W. With W = 1
 // and T = 2 or 4 the fused kernels run on one GPU with the local shapes of TP T: every cost
 // except NVLink (the GEMM role's epilogue, flags, claims), so
 // their local overhead is measurable on a one-GPU host; rows carry "tp" (local_run.sh).
 // Debug build: -DFUSEDCOMM_AG_TRACE (FC_NVCC_FLAGS of build.sh) prints a timeline of one fused
-// allGatherGemm launch per shape. Bench build: -DFUSEDCOMM_RS_PHANTOM makes ours_fused at world
-// 1 run gemmReduceScatter as rank 0 of W = 2 with this process as its peer (what W = 2 costs
+// allGatherGemm launch per shape. Bench build: -DFUSEDCOMM_PHANTOM_PEER makes ours_fused at world
+// 1 run either fused kernel as rank 0 of W = 2 with this process as its peer (what W = 2 costs
 // on the SMs without NVLink; detail/fused_gemm.cuh).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -56,6 +58,16 @@ namespace {
     if (e_ != cudaSuccess)                                                              \
       throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_));        \
   } while (0)
+
+#ifdef FUSEDCOMM_PHANTOM_PEER
+// Rank 0 of W = 2 whose peer's memory is this process's own (detail/fused_gemm.cuh).
+k::CommDevice phantom_peer(const k::CommDevice& dev) {
+  k::CommDevice ph = dev;
+  ph.world = 2;
+  ph.base[1] = ph.base[0];
+  return ph;
+}
+#endif
 
 // ---- shapes (keep in sync with torch_baselines.py: shapes()) --------------------------------
 // Llama MLP layers under tensor parallelism TP = world:
@@ -118,6 +130,7 @@ struct Options {
   std::string out = "ours.jsonl";
   bool rs_bf16 = false;  // --rs-partials bf16
   bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
+  std::string shape;        // --shape S: only the shapes whose label contains S
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -192,7 +205,11 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
 int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
   CK(cudaSetDevice(r));
-  const std::vector<Shape> list = shapes(o.tp > 0 ? o.tp : W, o.quick);
+  std::vector<Shape> list = shapes(o.tp > 0 ? o.tp : W, o.quick);
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [&](const Shape& s) { return s.label.find(o.shape) == std::string::npos; }),
+             list.end());
+  if (list.empty()) throw std::runtime_error("no shape matches --shape " + o.shape);
 
   // Sizes: the largest of every buffer over the shapes. Data area: the allGatherGemm inputs
   // from offset 0, the gemmReduceScatter fp32 workspace above them (so that the partials never
@@ -248,6 +265,10 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     fill_random(A, std::max<size_t>(a_max, 8), pool);
     fill_random(B, b_max, pool);
     fill_random(sm->data(), ws_offset / 2, pool);  // the allGatherGemm inputs
+    // ours_gemm of allGatherGemm reads G, which the fused and decomposed ops write only when
+    // they return the gathered A: never zeros (a GEMM of zeros draws less power and clocks
+    // higher; it ran ~15 % faster on 1 x H200).
+    fill_random(G, g_max, pool);
   }
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -262,40 +283,52 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     std::snprintf(device, sizeof device, "%s", p.name);
   }
 
-  // Times `launch` (which enqueues one op on st); every rank runs the same sequence.
-  auto time_op = [&](const std::function<void()>& launch, int& iters_out) {
-    g.barrier();
-    for (int i = 0; i < 2; ++i) launch();
-    CK(cudaStreamSynchronize(st));
-    g.barrier();
-    CK(cudaEventRecord(e0, st));
-    launch();
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float one = 0;
-    CK(cudaEventElapsedTime(&one, e0, e1));
-    // Every rank must use the same count: rank 0's estimate, shared.
-    std::vector<uint8_t> mine(sizeof(float));
-    std::memcpy(mine.data(), &one, sizeof one);
-    const auto all = g.all_gather(mine);
-    std::memcpy(&one, all[0].data(), sizeof one);
-    const int iters = std::clamp(static_cast<int>(o.batch_ms / std::max(one, 1e-3f)), 1, 200);
-    std::vector<double> per;
-    for (int b = 0; b < o.batches; ++b) {
+  // Times the impls of one shape; every rank runs the same sequence. Each impl: 2 warm-up
+  // launches and one timed launch that sizes its batches (rank 0's estimate, shared); then the
+  // batches run round robin over the impls, so that every impl sees the same clocks and
+  // temperature (the sustained clock drifts by several % while a shape is timed). Returns per
+  // impl the median over its batches of the per-launch mean; `iters` gets the batch sizes.
+  auto time_ops = [&](const std::vector<std::function<void()>>& launches, std::vector<int>& iters) {
+    const size_t n = launches.size();
+    iters.assign(n, 1);
+    for (size_t i = 0; i < n; ++i) {
+      g.barrier();
+      for (int w = 0; w < 2; ++w) launches[i]();
       CK(cudaStreamSynchronize(st));
       g.barrier();
       CK(cudaEventRecord(e0, st));
-      for (int i = 0; i < iters; ++i) launch();
+      launches[i]();
       CK(cudaEventRecord(e1, st));
       CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      per.push_back(ms / iters);
+      float one = 0;
+      CK(cudaEventElapsedTime(&one, e0, e1));
+      std::vector<uint8_t> mine(sizeof(float));
+      std::memcpy(mine.data(), &one, sizeof one);
+      const auto all = g.all_gather(mine);
+      std::memcpy(&one, all[0].data(), sizeof one);
+      iters[i] = std::clamp(static_cast<int>(o.batch_ms / std::max(one, 1e-3f)), 1, 200);
     }
-    sm->raise_if_failed();
-    std::sort(per.begin(), per.end());
-    iters_out = iters;
-    return per[per.size() / 2];
+    std::vector<std::vector<double>> per(n);
+    for (int b = 0; b < o.batches; ++b) {
+      for (size_t i = 0; i < n; ++i) {
+        CK(cudaStreamSynchronize(st));
+        g.barrier();
+        CK(cudaEventRecord(e0, st));
+        for (int k = 0; k < iters[i]; ++k) launches[i]();
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        per[i].push_back(ms / iters[i]);
+        sm->raise_if_failed();
+      }
+    }
+    std::vector<double> med(n);
+    for (size_t i = 0; i < n; ++i) {
+      std::sort(per[i].begin(), per[i].end());
+      med[i] = per[i][per[i].size() / 2];
+    }
+    return med;
   };
 
   for (const Shape& s : list) {
@@ -339,19 +372,27 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       if (is_ag) {
         k::AgGemmArgs a = ag;
         a.algo = algo;
+#ifdef FUSEDCOMM_PHANTOM_PEER
+        // Bench build: the fused kernel as rank 0 of W = 2 whose peer is this process
+        // (detail/fused_gemm.cuh, FUSEDCOMM_PHANTOM_PEER); world 1 only.
+        if (algo == k::FusedAlgo::kFused && W == 1) {
+          const k::CommDevice ph = phantom_peer(dev);
+          impls.push_back({"ours_fused", [&, a, ph] { CK(k::launch_all_gather_gemm(ph, a, st)); },
+                           k::all_gather_gemm_info(ph, a)});
+          continue;
+        }
+#endif
         impls.push_back({algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed",
                          [&, a] { CK(k::launch_all_gather_gemm(dev, a, st)); },
                          k::all_gather_gemm_info(dev, a)});
       } else {
         k::GemmRsArgs a = rs;
         a.algo = algo;
-#ifdef FUSEDCOMM_RS_PHANTOM
+#ifdef FUSEDCOMM_PHANTOM_PEER
         // Bench build: the fused kernel as rank 0 of W = 2 whose peer is this process
-        // (detail/fused_gemm.cuh, FUSEDCOMM_RS_PHANTOM); world 1 only.
+        // (detail/fused_gemm.cuh, FUSEDCOMM_PHANTOM_PEER); world 1 only.
         if (algo == k::FusedAlgo::kFused && W == 1) {
-          k::CommDevice ph = dev;
-          ph.world = 2;
-          ph.base[1] = ph.base[0];
+          const k::CommDevice ph = phantom_peer(dev);
           impls.push_back({"ours_fused", [&, a, ph] { CK(k::launch_gemm_reduce_scatter(ph, a, st)); },
                            k::gemm_reduce_scatter_info(ph, a)});
           continue;
@@ -393,9 +434,14 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
 #ifdef FUSEDCOMM_AG_TRACE
     if (is_ag) trace_ag(g, dev, ag, st, s.label);
 #endif
-    for (Impl& im : impls) {
-      int iters = 0;
-      const double ms = time_op(im.launch, iters);
+    std::vector<std::function<void()>> launches;
+    for (const Impl& im : impls) launches.push_back(im.launch);
+    std::vector<int> iters_of;
+    const std::vector<double> ms_of = time_ops(launches, iters_of);
+    for (size_t i = 0; i < impls.size(); ++i) {
+      const Impl& im = impls[i];
+      const double ms = ms_of[i];
+      const int iters = iters_of[i];
       if (f) {
         std::fprintf(f,
                      "{\"op\": \"%s\", \"impl\": \"%s\", \"world\": %d, \"shape\": \"%s\", \"M\": %d, "
@@ -451,6 +497,7 @@ int main(int argc, char** argv) {
     else if (a == "--batches") o.batches = std::atoi(next());
     else if (a == "--rs-partials") o.rs_bf16 = std::string(next()) == "bf16";
     else if (a == "--ag-gathered") o.ag_gathered = std::string(next()) != "0";
+    else if (a == "--shape") o.shape = next();
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;

@@ -7,6 +7,7 @@
 # root, GPU host, $OUT set):
 #   kernels/bench/fused/local_run.sh "<bin> [<bin> ...]" [rounds=2] [ops=ag,rs] [partials="f32 bf16"] [quick|full] [world=1]
 # world > 1 (a host with that many GPUs): the same A/B at that world size over NVLink, TP = world.
+# FC_BENCH_ARGS: extra fused_bench arguments (e.g. "--ag-gathered 0 --shape 70b").
 # Appends every row, with "build" and "round" added, to $OUT/local.jsonl (logs: $OUT/local.log)
 # and prints a table last (local_report.py).
 set -uo pipefail
@@ -24,7 +25,7 @@ for r in $(seq 1 "$rounds"); do
         name=$(basename "$b")
         rm -f /tmp/local_rows.jsonl  # a failed run must not re-append the previous rows
         timeout 200 "$b/fused_bench" --world "$world" --tp $tp --ops "$ops" --rs-partials "$part" $q \
-          --batches 5 --out /tmp/local_rows.jsonl >> "$OUT/local.log" 2>&1 || echo "fused_bench $name tp=$tp $part rc=$?"
+          --batches 5 ${FC_BENCH_ARGS:-} --out /tmp/local_rows.jsonl >> "$OUT/local.log" 2>&1 || echo "fused_bench $name tp=$tp $part rc=$?"
         sed "s/}\$/, \"build\": \"$name\", \"round\": $r}/" /tmp/local_rows.jsonl >> "$OUT/local.jsonl" 2> /dev/null
       done
     done

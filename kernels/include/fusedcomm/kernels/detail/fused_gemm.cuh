@@ -12,6 +12,15 @@
 //                                 before the launch), then GEMM
 //   gemmReduceScatter  all        GEMM; the epilogue pushes peers' rows and reduces its own
 // Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
+//
+// Bench build only (-DFUSEDCOMM_PHANTOM_PEER; fused_bench at world 1): one process plays rank 0
+// of W = 2 whose peer is itself (CommDevice::base[1] = base[0]), so that one GPU runs rank 0's
+// whole kernel without NVLink: allGatherGemm pulls the "peer's" rows from this GPU's own
+// memory, gemmReduceScatter pushes its first half of M into its own receive slot and sums its
+// second half with it. The waits for the missing peer (start flags, partial flags, the end
+// barrier and its signature check) are skipped. What it measures: the SM- and HBM-side cost of
+// W = 2 (the pulling CTAs and chunk flags; the pushes' staging, TMA and fences, the own
+// half-tiles' loads and adds), not the link.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -187,8 +196,12 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
           // Start barrier, wait side: o's input for this epoch is written and o has finished
           // its previous launch. Observe pattern: acquire by thread 0, then bar.sync.
           if (threadIdx.x == 0) {
+#ifdef FUSEDCOMM_PHANTOM_PEER
+            s_ok = 1;  // phantom-peer bench build (top of this file): no peer process
+#else
             s_ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm,
                               kCommStepArrive, o, 1);
+#endif
           }
           __syncthreads();
           ok = s_ok != 0;
@@ -287,12 +300,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // (o's earlier ops on its stream, which may use its data area, are complete). End barrier as
 // the other fused ops (fused_finish), which also checks the launch signatures.
 //
-// Bench build only (-DFUSEDCOMM_RS_PHANTOM, fused_bench --phantom): one process plays rank 0
-// of W = 2 whose peer is itself (CommDevice::base[1] = base[0]), so that one GPU runs rank 0's
-// whole kernel, pushes and sums included, without NVLink; the waits for the missing peer
-// (start flag, partial flags, end barrier and its signature check) are skipped. What it
-// measures: the SM-side cost of W = 2 (staging and TMA of the pushes, their fences, the own
-// half-tiles' loads and adds), not the link.
+// Phantom-peer bench build: see the top of this file.
 struct RsParams {
   CUtensorMap tm_push[kCommMaxRanks];  // [o]: o's receive slot for this rank (o != rank, o with rows)
   CUtensorMap tm_out;                  // this rank's output rows (split_count × N bf16)
@@ -345,8 +353,8 @@ struct RsEpilogue {
   }
   // Issuing thread: o's launch has started (its receive slots may be written).
   __device__ __forceinline__ bool observe_start(int o) const {
-#ifdef FUSEDCOMM_RS_PHANTOM
-    return true;  // bench build: no peer process (see FUSEDCOMM_RS_PHANTOM above)
+#ifdef FUSEDCOMM_PHANTOM_PEER
+    return true;  // phantom-peer bench build (top of this file): no peer process
 #endif
     if (started & (1u << o)) return true;
     const CommDevice& d = p->dev;
@@ -430,7 +438,7 @@ struct RsEpilogue {
 
   // Issuing thread: waits for the W-1 peers' flags of this rank's half-tile (h, n).
   __device__ __forceinline__ void wait_sources(int h, int n) const {
-#ifdef FUSEDCOMM_RS_PHANTOM
+#ifdef FUSEDCOMM_PHANTOM_PEER
     return;
 #endif
     const CommDevice& d = p->dev;

@@ -111,7 +111,7 @@ __device__ __forceinline__ void fused_role_done(const CommDevice& d, uint64_t ep
 inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
   __threadfence();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
-#ifndef FUSEDCOMM_RS_PHANTOM  // bench build: no peer process (fused_gemm.cuh)
+#ifndef FUSEDCOMM_PHANTOM_PEER  // bench build: no peer process (fused_gemm.cuh)
   CommFlags* mine = comm_flags(d, d.rank);
   bool ok = true;
   for (int i = 1; i < d.world && ok; ++i) {
