@@ -434,12 +434,12 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   g.cluster = 1;  // the fused kernel's GEMM CTAs claim tiles one by one (no CTA pairs)
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
-  // The own rows: the GEMM reads the M-blocks made only of them from A_r itself (tm_own). The
-  // rest of them (the blocks shared with a neighbour's rows), and all of them when the caller
-  // asked for the gathered A, go into the gathered buffer by the copy engine, stream-ordered
-  // before the kernel: copied by pulling CTAs they took 0.3-1.7 ms on 2 x H200 once the GEMM's
-  // first tiles ran (bench/fused/NOTES.md, run 3). The pulling CTAs count the own rows' slices
-  // without copying them.
+  // The own rows: the GEMM reads the M-blocks made only of them from A_r itself (tm_own), and
+  // when the caller asked for the gathered A it also stores them there from shared memory
+  // (TMA, AgSchedule::stores_a). The rest of them (the blocks shared with a neighbour's rows)
+  // go into the gathered buffer by the copy engine, stream-ordered before the kernel: copied
+  // by pulling CTAs they took 0.3-1.7 ms on 2 x H200 once the GEMM's first tiles ran
+  // (bench/fused/NOTES.md, run 3).
   AgParams& p = geo.p;
   const int64_t own_off = split_offset(a.M, W, d.rank), own_cnt = split_count(a.M, W, d.rank);
   const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
@@ -457,7 +457,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   };
   const int64_t direct0 = int64_t{p.own_b0} * detail::kTileM;
   const int64_t direct1 = int64_t{p.own_b1} * detail::kTileM;
-  const bool copy_all = a.gathered != nullptr || p.own_b1 == p.own_b0;
+  const bool copy_all = p.own_b1 == p.own_b0;  // no block made only of own rows
   if (cudaError_t e = copy_own(own_off, copy_all ? own_off + own_cnt : direct0); e != cudaSuccess) {
     return e;
   }
@@ -465,6 +465,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
       e != cudaSuccess) {
     return e;
   }
+  p.store_own = a.gathered != nullptr ? 1 : 0;
   p.dev = d;
   p.gathered = gathered;
   p.in_offset = a.in_offset;

@@ -18,7 +18,9 @@
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16] [--tp T]
-//                    [--ag-gathered 1|0] [--shape LABEL_PART]
+//                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate]
+// --alternate: ours_fused and ours_gemm only, alternating launch by launch with one event pair
+// per launch (neither runs right after itself), instead of batches of one impl (time_ops).
 // --tp T (default W): the shapes of tensor parallelism T while running at world W. With W = 1
 // and T = 2 or 4 the fused kernels run on one GPU with the local shapes of TP T: every cost
 // except NVLink (the GEMM role's epilogue, flags, claims), so
@@ -131,6 +133,7 @@ struct Options {
   bool rs_bf16 = false;  // --rs-partials bf16
   bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
   std::string shape;        // --shape S: only the shapes whose label contains S
+  bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -309,7 +312,39 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       iters[i] = std::clamp(static_cast<int>(o.batch_ms / std::max(one, 1e-3f)), 1, 200);
     }
     std::vector<std::vector<double>> per(n);
-    for (int b = 0; b < o.batches; ++b) {
+    if (o.alternate) {
+      // Launch by launch: impl 0, 1, ..., n-1, 0, 1, ... with one event pair per launch and no
+      // sync in between, so that every impl follows another kernel. (A GEMM right after a
+      // GEMM ran ~8 % slower than one after a different kernel on 1 x H200: NOTES.md.) A batch
+      // takes the smallest of the impls' batch sizes; per impl its mean per-launch time.
+      const int k_iters = *std::min_element(iters.begin(), iters.end());
+      std::vector<cudaEvent_t> ev(2 * n * k_iters);
+      for (cudaEvent_t& e : ev) CK(cudaEventCreate(&e));
+      for (int b = 0; b < o.batches; ++b) {
+        CK(cudaStreamSynchronize(st));
+        g.barrier();
+        for (int k = 0; k < k_iters; ++k) {
+          for (size_t i = 0; i < n; ++i) {
+            CK(cudaEventRecord(ev[2 * (k * n + i)], st));
+            launches[i]();
+            CK(cudaEventRecord(ev[2 * (k * n + i) + 1], st));
+          }
+        }
+        CK(cudaStreamSynchronize(st));
+        sm->raise_if_failed();
+        for (size_t i = 0; i < n; ++i) {
+          double sum = 0;
+          for (int k = 0; k < k_iters; ++k) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, ev[2 * (k * n + i)], ev[2 * (k * n + i) + 1]));
+            sum += ms;
+          }
+          per[i].push_back(sum / k_iters);
+        }
+      }
+      for (cudaEvent_t& e : ev) CK(cudaEventDestroy(e));
+    }
+    for (int b = 0; b < o.batches && !o.alternate; ++b) {
       for (size_t i = 0; i < n; ++i) {
         CK(cudaStreamSynchronize(st));
         g.barrier();
@@ -434,6 +469,14 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
 #ifdef FUSEDCOMM_AG_TRACE
     if (is_ag) trace_ag(g, dev, ag, st, s.label);
 #endif
+    if (o.alternate) {  // ours_fused and ours_gemm only: each runs right after the other
+      impls.erase(std::remove_if(impls.begin(), impls.end(),
+                                 [](const Impl& im) {
+                                   return std::string(im.name) != "ours_fused" &&
+                                          std::string(im.name) != "ours_gemm";
+                                 }),
+                  impls.end());
+    }
     std::vector<std::function<void()>> launches;
     for (const Impl& im : impls) launches.push_back(im.launch);
     std::vector<int> iters_of;
@@ -498,6 +541,7 @@ int main(int argc, char** argv) {
     else if (a == "--rs-partials") o.rs_bf16 = std::string(next()) == "bf16";
     else if (a == "--ag-gathered") o.ag_gathered = std::string(next()) != "0";
     else if (a == "--shape") o.shape = next();
+    else if (a == "--alternate") o.alternate = true;
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;

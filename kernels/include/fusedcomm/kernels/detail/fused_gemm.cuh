@@ -50,6 +50,8 @@ struct AgParams {
   CUtensorMap tm_own;
   int own_b0, own_b1;  // M-blocks read from tm_own (own_b0 == own_b1: none)
   int own_row0;        // the first row of A_r in the gathered A (split_offset(M,W,r))
+  int store_own;       // the caller asked for the gathered A: the GEMM stores blocks
+                       // [own_b0, own_b1) into it (AgSchedule::stores_a)
   CommDevice dev;
   __nv_bfloat16* gathered;
   uint64_t in_offset;  // A_p in every rank's data area
@@ -83,11 +85,13 @@ template <class Params>
 struct FusedClaims {
   static constexpr int kCluster = 1;
   static constexpr bool kDynamic = true;
+  static constexpr bool kStoresA = false;
   const Params* p;  // the kernel's parameter (grid constant)
   uint64_t epoch;
 
   __device__ __forceinline__ int cta() const { return 0; }
   __device__ __forceinline__ int num_ctas() const { return 1; }
+  __device__ __forceinline__ bool stores_a(TileCoord) const { return false; }
   __device__ __forceinline__ int claim() const {
     return static_cast<int>(atomicAdd(&fused_flags(p->dev, p->dev.rank)->tile_claim, 1u));
   }
@@ -104,6 +108,13 @@ struct FusedClaims {
 struct AgSchedule : FusedClaims<AgParams> {
   // M-block m is read from A_r (made only of this rank's rows): no copy, no flag.
   __device__ __forceinline__ bool from_own(int m) const { return m >= p->own_b0 && m < p->own_b1; }
+  // With a gathered output, the tile in column 0 of each such block also writes the block's
+  // rows into the gathered A as they pass through shared memory (engine hook kStoresA): the
+  // copy engine no longer copies them before the launch.
+  static constexpr bool kStoresA = true;
+  __device__ __forceinline__ bool stores_a(TileCoord tc) const {
+    return p->store_own && tc.n == 0 && from_own(tc.m);
+  }
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
     return tile_coord(prob, t);
   }

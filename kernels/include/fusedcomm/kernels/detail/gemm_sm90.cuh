@@ -410,6 +410,11 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
 //     producer thread, before the tile's first load: true once the tile's operands are
 //     readable, false to stop this CTA (the schedule has recorded why). After a true return
 //     the body issues fence.proxy.async.global before the TMA loads.
+//   static constexpr bool kStoresA; bool stores_a(TileCoord) const;
+//     kStoresA: for tiles where stores_a() is true, consumer thread 128 TMA-stores each A
+//     slice of the tile, as it arrives in shared memory, through tm_a at the tile's rows (a
+//     copy that costs no SM time: allGatherGemm writes its own rows into the gathered output
+//     this way). The stage is released only after the store has read it.
 //   void consumers_done() const;
 //     every consumer thread (256), once, after its last tile or a stop, before returning.
 //     (Producer threads return without a call: code after setmaxnreg.dec runs in 40
@@ -423,6 +428,8 @@ template <bool kPair>
 struct PlainSchedule {
   static constexpr int kCluster = kPair ? 2 : 1;
   static constexpr bool kDynamic = false;
+  static constexpr bool kStoresA = false;
+  __device__ __forceinline__ bool stores_a(TileCoord) const { return false; }
   __device__ __forceinline__ int cta() const { return static_cast<int>(blockIdx.x) / kCluster; }
   __device__ __forceinline__ int num_ctas() const { return static_cast<int>(gridDim.x) / kCluster; }
   __device__ __forceinline__ int claim() const { return 0; }
@@ -594,6 +601,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     };
     int stage = 0;
     uint32_t phase = 0;
+    // Schedule::kStoresA: the thread that copies the tile's A slices (see the concept above).
+    constexpr bool kStoresA = Schedule::kStoresA;
     for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.sweep;
          t += kDyn ? 0 : sched.num_ctas()) {
       TileCoord tc;
@@ -612,8 +621,14 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         leave_cluster();
         return;
       }
+      const bool store_a = kStoresA && threadIdx.x == 128 && sched.stores_a(tc);
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         if (kb > 0) mbar_wait(&full[stage], phase);
+        if (kStoresA && store_a) {
+          // The slice landed (full barrier, async proxy); the store reads it in that proxy.
+          tma_store_2d(&tm_a, smem_a + stage * Cfg::kABytes, kb * kTileK, tc.m * kTileM);
+          bulk_commit();
+        }
         {
           const uint64_t da = smem_desc_sw128(a_base + stage * Cfg::kABytes, 16, 1024);
           uint64_t db;
@@ -642,6 +657,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
           // the previous tile's main loop, whatever the other warpgroup does next.
           if (kb == min(prob.k_blocks, kStages) - 1) epi.main_loop_point();
         }
+        // The previous slice's store (all but the one just issued) has read its stage.
+        if (kStoresA && store_a && kb > 0) bulk_wait_read_keep<1>();
         if (kb > 0 && lane == 0) release(prev);
         prev = stage;
         if (++stage == kStages) {
@@ -651,6 +668,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       }
       wgmma_wait<0>();
       reg_fence(acc);
+      if (kStoresA && store_a) bulk_wait_read_all();
       if (lane == 0) release(prev);
 
       if constexpr (Epilogue::kOwnsTile) {
@@ -673,7 +691,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         }
       }
     }
-    if (prob.c_tma && threadIdx.x % 128 == 0) bulk_wait_all();  // smem must outlive the reads
+    // Smem must outlive the stores' reads, and the A stores must be complete.
+    if ((prob.c_tma || kStoresA) && threadIdx.x % 128 == 0) bulk_wait_all();
     if constexpr (Epilogue::kOwnsTile) epi.consumers_end();
     sched.consumers_done();
     leave_cluster();

@@ -121,6 +121,12 @@ __device__ __forceinline__ void bulk_commit() {
 __device__ __forceinline__ void bulk_wait_read_all() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
+// Waits until at most the kKeep most recently committed bulk groups have not finished reading
+// shared memory.
+template <int kKeep>
+__device__ __forceinline__ void bulk_wait_read_keep() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kKeep) : "memory");
+}
 // Waits until the committed bulk stores are complete.
 __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
