@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/prof_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu"; exit 1; }
-sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats"
+sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 fused_kernel=$([ "$op" = ag ] && echo ag_gemm_kernel || echo rs_gemm_kernel)
 for shape in "$@"; do
   tag=$(echo "${op}_tp${tp}_$shape" | tr -c 'A-Za-z0-9_\n' '_')
@@ -34,4 +34,8 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ncu_*.txt"))):
     for k in keys:
         m = re.search(r"^\s+" + re.escape(k) + r"\s+(\S+)\s+(\S+)\s*$", text, re.M)
         if m: print(f"   {k:40} {m.group(2):>12} {m.group(1)}")
+    # Stall reasons (warp cycles per issued instruction), the largest first.
+    st = re.findall(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio\s+\S+\s+([\d.]+)", text)
+    st = sorted(((float(v), k) for k, v in st), reverse=True)[:6]
+    print("   stalls: " + ", ".join(f"{k} {v:.2f}" for v, k in st))
 PY
