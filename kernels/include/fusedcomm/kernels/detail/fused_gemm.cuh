@@ -343,6 +343,21 @@ inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch
   comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
+// ld.global.cg with a 256-byte L2 prefetch size: the own half-tile's loads walk each row's
+// received partial 128 bytes per batch, so a miss also brings the next batch's line.
+__device__ __forceinline__ float2 ld_cg_l2_256(const float2* p) {
+  float2 v;
+  asm volatile("ld.global.cg.L2::256B.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ __nv_bfloat162 ld_cg_l2_256(const __nv_bfloat162* p) {
+  uint32_t u;
+  asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];" : "=r"(u) : "l"(p));
+  __nv_bfloat162 v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
 struct RsEpilogue {
   static constexpr bool kOwnsTile = true;
   const RsParams* p;
@@ -401,11 +416,11 @@ struct RsEpilogue {
       // slot the rest of the region (data, then scratch, follow it): inside the allocation,
       // and their sums are never stored (TMA clips at N, the register path skips them).
       if constexpr (sizeof(T) == 4) {
-        if (lo_ok) x = __ldcg(reinterpret_cast<const float2*>(lo + 8 * b));
-        if (hi_ok) y = __ldcg(reinterpret_cast<const float2*>(hi + 8 * b));
+        if (lo_ok) x = ld_cg_l2_256(reinterpret_cast<const float2*>(lo + 8 * b));
+        if (hi_ok) y = ld_cg_l2_256(reinterpret_cast<const float2*>(hi + 8 * b));
       } else {
-        if (lo_ok) x = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(lo + 8 * b)));
-        if (hi_ok) y = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(hi + 8 * b)));
+        if (lo_ok) x = __bfloat1622float2(ld_cg_l2_256(reinterpret_cast<const __nv_bfloat162*>(lo + 8 * b)));
+        if (hi_ok) y = __bfloat1622float2(ld_cg_l2_256(reinterpret_cast<const __nv_bfloat162*>(hi + 8 * b)));
       }
       v[4 * b + 0] = x.x;
       v[4 * b + 1] = x.y;
