@@ -23,17 +23,4 @@ b = torch.randn($N, $K, device='cuda', dtype=torch.bfloat16)
 for _ in range(4): c = a @ b.t()
 torch.cuda.synchronize()" > "$OUT/ncu_cublas_$tag.txt" 2>&1
 done
-python3 - "$OUT" <<'PY'
-import glob, os, re, sys
-keys = ["Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "L2 Hit Rate",
-        "L1/TEX Hit Rate", "Executed Ipc Active", "Issue Slots Busy", "Registers Per Thread",
-        "Block Size", "Grid Size", "Dynamic Shared Memory Per Block", "Cluster Size",
-        "Warp Cycles Per Issued Instruction", "Avg. Active Threads Per Warp"]
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "ncu_*.txt"))):
-    text = open(f).read()
-    names = re.findall(r"^\s+(\S*(?:gemm|xmma|cutlass|nvjet)\S*)", text, re.M)
-    print(f"== {os.path.basename(f)}: {names[0][:140] if names else '(no kernel profiled)'}")
-    for k in keys:
-        m = re.search(r"^\s+" + re.escape(k) + r"\s+(\S+)\s+(\S+)\s*$", text, re.M)
-        if m: print(f"   {k:40} {m.group(2):>12} {m.group(1)}")
-PY
+python3 "$(dirname "$0")/ncu_summary.py" "$OUT"

@@ -403,39 +403,26 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       k::FusedLaunchInfo info;
     };
     std::vector<Impl> impls;
+    // One impl of the op: its launch on device d with args, and what that launch does. The
+    // phantom-peer build runs the fused kernel as rank 0 of W = 2 whose peer is this process
+    // (detail/fused_gemm.cuh, FUSEDCOMM_PHANTOM_PEER); world 1 only.
+    auto add_op = [&](const char* name, auto args, auto launch, auto info) {
+      k::CommDevice d = dev;
+#ifdef FUSEDCOMM_PHANTOM_PEER
+      if (args.algo == k::FusedAlgo::kFused && W == 1) d = phantom_peer(dev);
+#endif
+      impls.push_back({name, [&, args, d, launch] { CK(launch(d, args, st)); }, info(d, args)});
+    };
     for (k::FusedAlgo algo : {k::FusedAlgo::kFused, k::FusedAlgo::kDecomposed}) {
+      const char* name = algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed";
       if (is_ag) {
         k::AgGemmArgs a = ag;
         a.algo = algo;
-#ifdef FUSEDCOMM_PHANTOM_PEER
-        // Bench build: the fused kernel as rank 0 of W = 2 whose peer is this process
-        // (detail/fused_gemm.cuh, FUSEDCOMM_PHANTOM_PEER); world 1 only.
-        if (algo == k::FusedAlgo::kFused && W == 1) {
-          const k::CommDevice ph = phantom_peer(dev);
-          impls.push_back({"ours_fused", [&, a, ph] { CK(k::launch_all_gather_gemm(ph, a, st)); },
-                           k::all_gather_gemm_info(ph, a)});
-          continue;
-        }
-#endif
-        impls.push_back({algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed",
-                         [&, a] { CK(k::launch_all_gather_gemm(dev, a, st)); },
-                         k::all_gather_gemm_info(dev, a)});
+        add_op(name, a, k::launch_all_gather_gemm, k::all_gather_gemm_info);
       } else {
         k::GemmRsArgs a = rs;
         a.algo = algo;
-#ifdef FUSEDCOMM_PHANTOM_PEER
-        // Bench build: the fused kernel as rank 0 of W = 2 whose peer is this process
-        // (detail/fused_gemm.cuh, FUSEDCOMM_PHANTOM_PEER); world 1 only.
-        if (algo == k::FusedAlgo::kFused && W == 1) {
-          const k::CommDevice ph = phantom_peer(dev);
-          impls.push_back({"ours_fused", [&, a, ph] { CK(k::launch_gemm_reduce_scatter(ph, a, st)); },
-                           k::gemm_reduce_scatter_info(ph, a)});
-          continue;
-        }
-#endif
-        impls.push_back({algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed",
-                         [&, a] { CK(k::launch_gemm_reduce_scatter(dev, a, st)); },
-                         k::gemm_reduce_scatter_info(dev, a)});
+        add_op(name, a, k::launch_gemm_reduce_scatter, k::gemm_reduce_scatter_info);
       }
     }
     {

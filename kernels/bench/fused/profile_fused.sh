@@ -22,20 +22,4 @@ for shape in "$@"; do
       > "$OUT/ncu_${tag}_${k##*:}.txt" 2>&1
   done
 done
-python3 - "$OUT" <<'PY'
-import glob, os, re, sys
-keys = ["Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "L2 Hit Rate",
-        "L1/TEX Hit Rate", "Executed Ipc Active", "Issue Slots Busy", "Registers Per Thread",
-        "Grid Size", "Warp Cycles Per Issued Instruction", "SM Frequency", "DRAM Frequency"]
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "ncu_*.txt"))):
-    text = open(f).read()
-    names = re.findall(r"^\s+(\S*(?:gemm_kernel|gemm_sm90)\S*)", text, re.M)
-    print(f"== {os.path.basename(f)}: {names[0][:100] if names else '(no kernel profiled)'}")
-    for k in keys:
-        m = re.search(r"^\s+" + re.escape(k) + r"\s+(\S+)\s+(\S+)\s*$", text, re.M)
-        if m: print(f"   {k:40} {m.group(2):>12} {m.group(1)}")
-    # Stall reasons (warp cycles per issued instruction), the largest first.
-    st = re.findall(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio\s+\S+\s+([\d.]+)", text)
-    st = sorted(((float(v), k) for k, v in st), reverse=True)[:6]
-    print("   stalls: " + ", ".join(f"{k} {v:.2f}" for v, k in st))
-PY
+python3 "$(dirname "$0")/../ncu_summary.py" "$OUT" 'gemm_kernel|gemm_sm90'
