@@ -435,7 +435,7 @@ struct RsEpilogue {
   template <class T, int kFrag>
   __device__ __forceinline__ void add_sources(float (&acc)[kFrag], int64_t row_lo, int col0,
                                               bool lo_ok, bool hi_ok) const {
-    constexpr int kJ = kFrag / 4, kB = kJ < 4 ? kJ : 4;
+    constexpr int kJ = kFrag / 4, kB = kJ < 8 ? kJ : 8;
     const int W = p->dev.world, r = p->dev.rank;
 #pragma unroll
     for (int jb = 0; jb < kJ; jb += kB) {
