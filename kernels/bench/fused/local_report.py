@@ -4,6 +4,7 @@ of ours_fused, ours_gemm and their ratio (the fused kernel's local overhead at w
 for two or more builds each build's fused time relative to the first build's.
 Usage: local_report.py DIR   (reads DIR/local.jsonl: fused_bench rows plus "build", "round")"""
 import json
+import math
 import os
 import statistics
 import sys
@@ -64,7 +65,34 @@ def main():
             f0, f1 = fused[builds[0]], fused[b]
             line += f" {f1 / f0:.3f} |" if f0 and f1 else " - |"
         print(line)
+    print_geomeans(med, builds, shapes)
     return 0
+
+
+def geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def print_geomeans(med, builds, shapes):
+    """Per (op, tp, partials): each build's fused/GEMM and fused time against the first build's,
+    geometric means over the shapes with both numbers (range in brackets)."""
+    groups = list(dict.fromkeys((op, tp, p) for (op, tp, p, _) in shapes))
+    print()
+    for (op, tp, p) in groups:
+        names = [s for (o, t, q, s) in shapes if (o, t, q) == (op, tp, p)]
+        parts = []
+        for b in builds:
+            fg = [med[(op, tp, p, s, b, "ours_fused")] / med[(op, tp, p, s, b, "ours_gemm")]
+                  for s in names if (op, tp, p, s, b, "ours_fused") in med
+                  and (op, tp, p, s, b, "ours_gemm") in med]
+            parts.append(f"{b} fused/GEMM {geomean(fg):.3f}")
+        for b in builds[1:]:
+            r = [med[(op, tp, p, s, b, "ours_fused")] / med[(op, tp, p, s, builds[0], "ours_fused")]
+                 for s in names if (op, tp, p, s, b, "ours_fused") in med
+                 and (op, tp, p, s, builds[0], "ours_fused") in med]
+            if r:
+                parts.append(f"{b}/{builds[0]} fused {geomean(r):.3f} ({min(r):.3f}-{max(r):.3f})")
+        print(f"geomean {op} tp={tp} partials={p}: " + "; ".join(parts))
 
 
 if __name__ == "__main__":
