@@ -833,6 +833,11 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     }
     t0 = t1;
   };
+  auto finish = [&] {
+    R.sm.reset();
+    std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+  };
   // FC_TEST_ROUNDS=n: the correctness sweep n times with fresh data, and nothing else (to
   // measure how often an intermittent failure shows).
   if (const char* n = std::getenv("FC_TEST_ROUNDS")) {
@@ -842,9 +847,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
       R.correctness();
     }
     lap("correctness sweep rounds");
-    R.sm.reset();
-    std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
-    return g_failed == 0 ? 0 : 1;
+    return finish();
   }
   R.correctness();
   lap("correctness sweep");
@@ -855,9 +858,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   if (g.world == 1) {
     // World 1 (every row this rank's own): no peer to be late, to disagree or to die.
     if (g.rank == 0) std::printf("  late, mismatched and dead ranks need W >= 2: not run\n");
-    R.sm.reset();
-    std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
-    return g_failed == 0 ? 0 : 1;
+    return finish();
   }
   R.late_rank();
   lap("late rank");
@@ -865,9 +866,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   lap("launch mismatch");
   R.dead_rank();
   lap("dead rank + abort");
-  R.sm.reset();
-  std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return finish();
 }
 
 }  // namespace

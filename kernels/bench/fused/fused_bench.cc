@@ -314,10 +314,12 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     std::vector<std::vector<double>> per(n);
     if (o.alternate) {
       // Launch by launch: impl 0, 1, ..., n-1, 0, 1, ... with one event pair per launch and no
-      // sync in between, so that every impl follows another kernel. (A GEMM right after a
-      // GEMM ran ~8 % slower than one after a different kernel on 1 x H200: NOTES.md.) A batch
-      // takes the smallest of the impls' batch sizes; per impl its mean per-launch time.
+      // sync in between, so that every impl follows another kernel. (What runs just before a
+      // GEMM changed its time by up to ~10 % on 1 x H200: NOTES.md.) A batch takes the
+      // smallest of the impls' batch sizes, which `iters` then reports; per impl its mean
+      // per-launch time.
       const int k_iters = *std::min_element(iters.begin(), iters.end());
+      iters.assign(n, k_iters);
       std::vector<cudaEvent_t> ev(2 * n * k_iters);
       for (cudaEvent_t& e : ev) CK(cudaEventCreate(&e));
       for (int b = 0; b < o.batches; ++b) {

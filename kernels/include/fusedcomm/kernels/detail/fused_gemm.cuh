@@ -343,21 +343,6 @@ inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch
   comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
-// ld.global.cg with a 256-byte L2 prefetch size: the own half-tile's loads walk each row's
-// received partial 128 bytes per batch, so a miss also brings the next batch's line.
-__device__ __forceinline__ float2 ld_cg_l2_256(const float2* p) {
-  float2 v;
-  asm volatile("ld.global.cg.L2::256B.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ __nv_bfloat162 ld_cg_l2_256(const __nv_bfloat162* p) {
-  uint32_t u;
-  asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];" : "=r"(u) : "l"(p));
-  __nv_bfloat162 v;
-  memcpy(&v, &u, sizeof v);
-  return v;
-}
-
 struct RsEpilogue {
   static constexpr bool kOwnsTile = true;
   const RsParams* p;
@@ -415,6 +400,8 @@ struct RsEpilogue {
       // Columns past N (the last tile column) read the next row's values, or past the last
       // slot the rest of the region (data, then scratch, follow it): inside the allocation,
       // and their sums are never stored (TMA clips at N, the register path skips them).
+      // ld_cg_l2_256: each row's partial is walked 128 bytes per batch, so a miss also brings
+      // the next batch's line.
       if constexpr (sizeof(T) == 4) {
         if (lo_ok) x = ld_cg_l2_256(reinterpret_cast<const float2*>(lo + 8 * b));
         if (hi_ok) y = ld_cg_l2_256(reinterpret_cast<const float2*>(hi + 8 * b));

@@ -624,7 +624,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       const bool store_a = kStoresA && threadIdx.x == 128 && sched.stores_a(tc);
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         if (kb > 0) mbar_wait(&full[stage], phase);
-        if (kStoresA && store_a) {
+        if (store_a) {
           // The slice landed (full barrier, async proxy); the store reads it in that proxy.
           tma_store_2d(&tm_a, smem_a + stage * Cfg::kABytes, kb * kTileK, tc.m * kTileM);
           bulk_commit();
@@ -658,7 +658,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
           if (kb == min(prob.k_blocks, kStages) - 1) epi.main_loop_point();
         }
         // The previous slice's store (all but the one just issued) has read its stage.
-        if (kStoresA && store_a && kb > 0) bulk_wait_read_keep<1>();
+        if (store_a && kb > 0) bulk_wait_read_keep<1>();
         if (kb > 0 && lane == 0) release(prev);
         prev = stage;
         if (++stage == kStages) {
@@ -668,7 +668,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       }
       wgmma_wait<0>();
       reg_fence(acc);
-      if (kStoresA && store_a) bulk_wait_read_all();
+      if (store_a) bulk_wait_read_all();
       if (lane == 0) release(prev);
 
       if constexpr (Epilogue::kOwnsTile) {

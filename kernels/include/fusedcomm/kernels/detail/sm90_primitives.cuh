@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (type only; libcuda is not linked)
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -220,6 +221,20 @@ FC_FLAG_STORE(st_release_gpu, "release.gpu")
 // locations sequentially consistently, which the counters here never need.
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ uint32_t ld_volatile_u32(const volatile uint32_t* p) { return *p; }
+// ld.global.cg (L2 only) with a 256-byte L2 prefetch size: a miss also brings the next
+// 128-byte line, for walks over consecutive lines.
+__device__ __forceinline__ float2 ld_cg_l2_256(const float2* p) {
+  float2 v;
+  asm volatile("ld.global.cg.L2::256B.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ __nv_bfloat162 ld_cg_l2_256(const __nv_bfloat162* p) {
+  __nv_bfloat162 v;
+  asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];"
+               : "=r"(*reinterpret_cast<uint32_t*>(&v))
+               : "l"(p));
+  return v;
+}
 // Orders this thread's generic-proxy accesses (e.g. a flag acquire) before its later
 // async-proxy global accesses (TMA loads).
 __device__ __forceinline__ void fence_proxy_async_global() {
