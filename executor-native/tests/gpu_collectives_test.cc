@@ -1,6 +1,7 @@
 // gpu_collectives_test: the GPU collectives (kernels/collectives.h) over SymmetricMemory, one
 // forked process per GPU, handles exchanged through pipes (process_group.h).
-//   worlds: 1; 2 (GPUs 0,1); 3 (GPUs 0,1,2) and 4 when there are 4 GPUs; 3 on GPUs 1,2,3.
+//   worlds: 1; every world from 2 to the GPU count (at most 8), on GPUs 0..W-1; with 4 or more
+//     GPUs also 3 ranks on GPUs 1,2,3.
 //   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3) x {auto,
 //     one-shot, two-phase, two-phase push, pipelined}, fp32 reduceScatter with bf16 output
 //     (out_bf16; auto, one-shot, two-phase) and its refusal elsewhere, plus the chunk-pipelined variants with
@@ -24,7 +25,7 @@
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
 // protocol and numerics only; the back-to-back loops run 200 launches instead of 1,000).
 // FC_TEST_NEW_ALGOS=1: only the chunk-pipelined variants (kTwoPhasePush, kPipelined) in every
-// section but the dead-rank one, worlds 2, 3, 4 (a quick check for benchmark runs).
+// section but the dead-rank one, in the worlds above (a quick check for benchmark runs).
 // Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible
 // (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
@@ -583,12 +584,15 @@ int main() {
     std::vector<int> gpus;
     bool full;
   };
-  std::vector<Config> configs = {{{0}, false}, {{0, 1}, true}};
-  if (n >= 3) configs.push_back({{0, 1, 2}, n == 3 || g_new_only});
-  if (n >= 4) {
-    configs.push_back({{0, 1, 2, 3}, true});
-    if (!g_new_only) configs.push_back({{1, 2, 3}, true});
+  // Every world from 2 to the GPU count (at most kCommMaxRanks), on GPUs 0..w-1; with 4 or
+  // more GPUs also 3 ranks on GPUs 1, 2, 3 (a world that does not start at GPU 0).
+  std::vector<Config> configs = {{{0}, false}};
+  for (int w = 2; w <= std::min(n, k::kCommMaxRanks); ++w) {
+    std::vector<int> gpus(w);
+    for (int i = 0; i < w; ++i) gpus[i] = i;
+    configs.push_back({gpus, true});
   }
+  if (n >= 4 && !g_new_only) configs.push_back({{1, 2, 3}, true});
   if (shared > 0) {  // every rank on GPU 0 (time-sliced): see gpu_test_support.h
     fusedcomm::testing::g_shared_gpu = true;
     configs = {{{0}, false}};

@@ -18,6 +18,9 @@ run() {  # name binary timeout
   summary+=("$2 (FC_TEST_SHARED_GPU=$world): rc=$rc in $((SECONDS - t0)) s; $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$log" | tr '\n' ';')")
   grep -E "FAIL|mismatch|passed|timed out|expected" "$log" | head -40
 }
-[ "$what" != fused ] && run coll gpu_collectives_test 280
-[ "$what" != coll ] && run fused gpu_fused_test 280
+# Time grows with the world (the ranks time-slice one GPU): on an H200 about 8 s per rank for
+# each world of gpu_collectives_test (worlds 2..max: ~2 min at max 4, ~5 min at 8) and 2-3 s
+# per rank for gpu_fused_test.
+[ "$what" != fused ] && run coll gpu_collectives_test $((world < 4 ? 280 : 70 * world))
+[ "$what" != coll ] && run fused gpu_fused_test $((world < 7 ? 280 : 40 * world))
 printf '%s\n' "${summary[@]}"

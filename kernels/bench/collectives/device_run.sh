@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call: GPU facts, gpu_collectives_test, then ours vs NCCL at every world size from
-# 2 to the GPU count (2 and 4), then the report. Binaries from build.sh (carried, or rebuilt
-# here if they cannot run). Usage (repo root, GPU host):
+# One device call: GPU facts, gpu_collectives_test, then ours vs NCCL at the world sizes of
+# FC_WORLDS (default "2 4 8") that the GPU count allows, then the report. Binaries from build.sh
+# (carried, or rebuilt here if they cannot run). Usage (repo root, GPU host):
 #   kernels/bench/collectives/device_run.sh [bin=build/coll-bin] [test|bench|all] [commit]
+# On an 8-GPU host, FC_WORLDS=8 keeps one call within the 10-minute limit.
 set -uo pipefail
 bin=${1:-build/coll-bin}; what=${2:-all}; commit=${3:-unknown}
 OUT=${OUT:-/tmp/coll_out}; mkdir -p "$OUT"
@@ -20,7 +21,7 @@ if [ "$what" != bench ]; then
 fi
 if [ "$what" != test ]; then
   max=${MAX_BYTES:-1073741824}
-  for w in 2 4; do
+  for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le $ngpu ] || continue
     timeout 200 "$bin/coll_bench" --world $w --out "/tmp/ours_w$w.jsonl" --max-bytes $max >> "$OUT/bench.log" 2>&1 || echo "coll_bench w=$w rc=$?"
     timeout 200 torchrun --nproc-per-node $w $here/nccl_bench.py --out "/tmp/nccl_w$w.jsonl" --max-bytes $max >> "$OUT/nccl.log" 2>&1 || echo "nccl w=$w rc=$?"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call for the fused ops (issue 5): GPU facts, gpu_fused_test, then ours
-# (fused_bench) and the PyTorch baselines (torch_baselines.py) at world 2 and 4 (as the GPU
-# count allows), then the report. Everything lands in $OUT (at most 8 files: gpu.txt,
+# (fused_bench) and the PyTorch baselines (torch_baselines.py) at the world sizes of FC_WORLDS
+# (default "2 4 8") that the GPU count allows, then the report. Everything lands in $OUT (at most 8 files: gpu.txt,
 # test.log, bench.log, ptxas.txt, fused_results.{json,md,png}). Binaries from build.sh
 # (carried, or rebuilt here if they cannot run). Usage (repo root, GPU host):
 #   kernels/bench/fused/device_run.sh [bin=build/fused-bin] [all|test|bench] [full|quick] [commit]
 # FC_RS_PARTIALS=bf16: gemmReduceScatter with bf16 partials (fused_bench --rs-partials), the
 # baselines' numerics.
-# Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick.
+# Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick (on
+# an 8-GPU host, FC_WORLDS=8 with `bench` keeps one call within the 10-minute limit).
 set -uo pipefail
 bin=${1:-build/fused-bin}; what=${2:-all}; mode=${3:-full}; commit=${4:-unknown}
 OUT=${OUT:-/tmp/fused_out}; mkdir -p "$OUT"
@@ -32,7 +33,7 @@ fi
 if [ "$what" != test ]; then
   q=""; [ "$mode" = quick ] && q="--quick"
   rm -f /tmp/fused_w*.jsonl /tmp/torch_w*.jsonl
-  for w in 2 4; do
+  for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le "$ngpu" ] || continue
     echo "== world $w: ours" | tee -a "$OUT/bench.log"
     timeout 280 "$bin/fused_bench" --world $w --out /tmp/fused_w$w.jsonl $q --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
