@@ -18,7 +18,7 @@
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16] [--tp T]
-//                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate]
+//                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
 // --alternate: ours_fused and ours_gemm only, alternating launch by launch with one event pair
 // per launch (neither runs right after itself), instead of batches of one impl (time_ops).
 // --tp T (default W): the shapes of tensor parallelism T while running at world W. With W = 1
@@ -27,8 +27,9 @@
 // their local overhead is measurable on a one-GPU host; rows carry "tp" (local_run.sh).
 // Debug build: -DFUSEDCOMM_AG_TRACE (FC_NVCC_FLAGS of build.sh) prints a timeline of one fused
 // allGatherGemm launch per shape. Bench build: -DFUSEDCOMM_PHANTOM_PEER makes ours_fused at world
-// 1 run either fused kernel as rank 0 of W = 2 with this process as its peer (what W = 2 costs
-// on the SMs without NVLink; detail/fused_gemm.cuh).
+// 1 run either fused kernel as rank 0 of W = P (--phantom-world P, 2..8, default 2) with this
+// process as every peer (what W = P costs on the SMs without NVLink; detail/fused_gemm.cuh);
+// rows carry "phantom_world" (0 in other builds).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -62,13 +63,16 @@ namespace {
   } while (0)
 
 #ifdef FUSEDCOMM_PHANTOM_PEER
-// Rank 0 of W = 2 whose peer's memory is this process's own (detail/fused_gemm.cuh).
-k::CommDevice phantom_peer(const k::CommDevice& dev) {
+// Rank 0 of W = world whose peers' memory is this process's own (detail/fused_gemm.cuh).
+k::CommDevice phantom_peer(const k::CommDevice& dev, int world) {
   k::CommDevice ph = dev;
-  ph.world = 2;
-  ph.base[1] = ph.base[0];
+  ph.world = world;
+  for (int i = 1; i < world; ++i) ph.base[i] = ph.base[0];
   return ph;
 }
+constexpr bool kPhantomBuild = true;
+#else
+constexpr bool kPhantomBuild = false;
 #endif
 
 // ---- shapes (keep in sync with torch_baselines.py: shapes()) --------------------------------
@@ -134,6 +138,7 @@ struct Options {
   bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
   std::string shape;        // --shape S: only the shapes whose label contains S
   bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
+  int phantom_world = 2;    // --phantom-world P: the phantom-peer build's world (2..8)
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -207,6 +212,8 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
 
 int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
+  // The world the fused launches run at: the phantom build's at world 1, else W.
+  const int Wf = kPhantomBuild && W == 1 ? o.phantom_world : W;
   CK(cudaSetDevice(r));
   std::vector<Shape> list = shapes(o.tp > 0 ? o.tp : W, o.quick);
   list.erase(std::remove_if(list.begin(), list.end(),
@@ -228,9 +235,11 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       a.K = s.K;
       // The bench passes its own buffer, unless --ag-gathered 0 (then scratch holds it).
       a.gathered = o.ag_gathered ? reinterpret_cast<__nv_bfloat16*>(16) : nullptr;
-      const k::FusedWorkspace ws = k::all_gather_gemm_workspace(a, W);
-      ag_data = std::max(ag_data, ws.data_bytes);
-      scratch = std::max(scratch, ws.scratch_bytes);
+      for (int w : {W, Wf}) {  // the world-1 impls and the phantom's fused launch
+        const k::FusedWorkspace ws = k::all_gather_gemm_workspace(a, w);
+        ag_data = std::max(ag_data, ws.data_bytes);
+        scratch = std::max(scratch, ws.scratch_bytes);
+      }
       b_max = std::max(b_max, N * K);
       c_max = std::max(c_max, M * N);
       g_max = std::max(g_max, M * K);
@@ -239,9 +248,11 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       a.M = s.M;
       a.N = s.N;
       a.K = s.K;
-      const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(a, W);
-      rs_data = std::max(rs_data, ws.data_bytes);
-      scratch = std::max(scratch, ws.scratch_bytes);
+      for (int w : {W, Wf}) {
+        const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(a, w);
+        rs_data = std::max(rs_data, ws.data_bytes);
+        scratch = std::max(scratch, ws.scratch_bytes);
+      }
       a_max = std::max(a_max, M * K);
       b_max = std::max(b_max, N * K);
       c_max = std::max(c_max, (M + W - 1) / W * N);
@@ -406,12 +417,12 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     };
     std::vector<Impl> impls;
     // One impl of the op: its launch on device d with args, and what that launch does. The
-    // phantom-peer build runs the fused kernel as rank 0 of W = 2 whose peer is this process
+    // phantom-peer build runs the fused kernel as rank 0 of W = Wf whose peers are this process
     // (detail/fused_gemm.cuh, FUSEDCOMM_PHANTOM_PEER); world 1 only.
     auto add_op = [&](const char* name, auto args, auto launch, auto info) {
       k::CommDevice d = dev;
 #ifdef FUSEDCOMM_PHANTOM_PEER
-      if (args.algo == k::FusedAlgo::kFused && W == 1) d = phantom_peer(dev);
+      if (args.algo == k::FusedAlgo::kFused && W == 1) d = phantom_peer(dev, Wf);
 #endif
       impls.push_back({name, [&, args, d, launch] { CK(launch(d, args, st)); }, info(d, args)});
     };
@@ -481,14 +492,14 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
                      "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"ag_gathered\": %s, "
-                     "\"gpu\": \"%s\"}\n",
+                     "\"phantom_world\": %d, \"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
                      algo_name(auto_algo), im.info.gemm_ctas, im.info.comm_ctas, im.info.tile_n,
                      im.info.chunks, iters, o.batches,
                      is_ag ? "" : (o.rs_bf16 ? "bf16" : "f32"), o.tp > 0 ? o.tp : W,
-                     o.ag_gathered ? "true" : "false", device);
+                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
                     s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,
@@ -531,6 +542,7 @@ int main(int argc, char** argv) {
     else if (a == "--ag-gathered") o.ag_gathered = std::string(next()) != "0";
     else if (a == "--shape") o.shape = next();
     else if (a == "--alternate") o.alternate = true;
+    else if (a == "--phantom-world") o.phantom_world = std::atoi(next());
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;
@@ -539,6 +551,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
+  }
+  if (o.phantom_world < 2 || o.phantom_world > k::kCommMaxRanks) {
+    std::fprintf(stderr, "--phantom-world must be 2..%d\n", k::kCommMaxRanks);
+    return 2;
   }
   const int failed = fusedcomm::testing::run_processes(
       o.world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, o); }, 600);

@@ -14,13 +14,14 @@
 // Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
 //
 // Bench build only (-DFUSEDCOMM_PHANTOM_PEER; fused_bench at world 1): one process plays rank 0
-// of W = 2 whose peer is itself (CommDevice::base[1] = base[0]), so that one GPU runs rank 0's
-// whole kernel without NVLink: allGatherGemm pulls the "peer's" rows from this GPU's own
-// memory, gemmReduceScatter pushes its first half of M into its own receive slot and sums its
-// second half with it. The waits for the missing peer (start flags, partial flags, the end
-// barrier and its signature check) are skipped. What it measures: the SM- and HBM-side cost of
-// W = 2 (the pulling CTAs and chunk flags; the pushes' staging, TMA and fences, the own
-// half-tiles' loads and adds), not the link.
+// of W = P (fused_bench --phantom-world P, default 2) whose peers are all itself
+// (CommDevice::base[i] = base[0]), so that one GPU runs rank 0's whole kernel without NVLink:
+// allGatherGemm pulls the "peers'" rows from this GPU's own memory, gemmReduceScatter pushes
+// the rows of owners 1..P-1 into its own memory (every owner's receive slot for rank 0 is the
+// same memory) and sums its own rows with the P-1 slots there. The waits for the missing peers
+// (start flags, partial flags, the end barrier and its signature check) are skipped. What it
+// measures: the SM- and HBM-side cost of W = P (the pulling CTAs and chunk flags; the pushes'
+// staging, TMA and fences, the own half-tiles' loads and adds), not the link.
 #pragma once
 
 #include <cuda_bf16.h>
