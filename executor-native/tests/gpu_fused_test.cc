@@ -454,10 +454,14 @@ struct Rank {
   // mapping) against a reference of that source alone, then the first bad outputs with both.
   // Output = sum of the partials now but the partials wrong: the GEMM; partials right but the
   // output not their sum: the reduction; output = their sum and both right: the reference.
+  // The fused kernel's accumulating mode (W >= 3, fp32 partials) keeps only the peers' sum: it
+  // is shown against the sum of their references.
   void rs_diagnose(const RsOperands& o) {
     const int64_t N = o.c.N, off = split_offset(o.c.M, W, r), cnt = split_count(o.c.M, W, r);
     const auto& dev = sm->device();
     const bool fused = k::gemm_reduce_scatter_info(dev, rs_args(o)).algo == k::FusedAlgo::kFused;
+    const bool accumulate = fused && W >= 3 && !o.c.bf16_partials;
+    const int64_t slot_rows = k::kFusedRsSlotPadRows + (o.c.M + W - 1) / W;
     std::vector<std::vector<float>> ref_s, now_s;
     for (int s = 0; s < W; ++s) {
       const int64_t ks = o.c.k0 + 8 * s;
@@ -477,12 +481,13 @@ struct Rank {
       const int64_t pb = o.c.bf16_partials ? 2 : 4;
       const uint8_t* part = dev.base[s] + dev.data_offset + o.c.ws_offset + off * N * pb;
       if (fused) {
-        const int64_t slot_rows = k::kFusedRsSlotPadRows + (o.c.M + W - 1) / W;
         part = dev.base[r] + dev.data_offset + o.c.ws_offset +
                ((s < r ? s : s - 1) * slot_rows + k::kFusedRsSlotPadRows) * N * pb;
       }
-      if (fused && s == r) {
+      if (fused && (s == r || accumulate)) {
         now_s.push_back(ref_s[s]);
+        if (s != r) std::fprintf(stderr, "  diag rank %d: source %d's partial: in the sum below\n", r, s);
+        continue;
       } else if (o.c.bf16_partials) {
         const auto h = download<__nv_bfloat16>(part, cnt * N);
         now_s.emplace_back(cnt * N);
@@ -498,6 +503,18 @@ struct Rank {
       std::fprintf(stderr, "  diag rank %d: source %d's partial of my rows: %lld wrong\n", r, s,
                    static_cast<long long>(wrong));
     }
+    std::vector<float> sum_now, sum_ref(cnt * N, 0.f);
+    if (accumulate) {
+      sum_now = download<float>(dev.base[r] + dev.data_offset + o.c.ws_offset +
+                                    k::kFusedRsSlotPadRows * N * 4, cnt * N);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < cnt * N; ++i) {
+        for (int s = 0; s < W; ++s) sum_ref[i] += s == r ? 0.f : ref_s[s][i];
+        wrong += std::fabs(sum_now[i] - sum_ref[i]) <= 1e-3f * std::fabs(sum_ref[i]) + 1e-3f ? 0 : 1;
+      }
+      std::fprintf(stderr, "  diag rank %d: the peers' summed partials of my rows: %lld wrong\n",
+                   r, static_cast<long long>(wrong));
+    }
     const auto got = download<__nv_bfloat16>(o.out.p, cnt * N);
     const auto ref = download<float>(o.ref.p, cnt * N);
     const auto ad = download<float>(o.absdot.p, cnt * N);
@@ -509,6 +526,11 @@ struct Rank {
       for (int s = 0; s < W; ++s) {
         char b[80];
         std::snprintf(b, sizeof b, " P%d now %.5g ref %.5g;", s, now_s[s][i], ref_s[s][i]);
+        if (!accumulate || s == r) v += b;
+      }
+      if (accumulate) {
+        char b[80];
+        std::snprintf(b, sizeof b, " peers' sum now %.5g ref %.5g;", sum_now[i], sum_ref[i]);
         v += b;
       }
       std::fprintf(stderr, "  diag rank %d row %lld col %lld: out %.5g, reference %.5g;%s\n", r,

@@ -189,6 +189,10 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.own_b0 = cnt > 0 ? static_cast<int>(off / detail::kTileM) : 0;
   p.own_nb = cnt > 0 ? static_cast<int>((off + cnt - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
   p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
+  // W >= 3 with fp32 partials: every source adds into the owner's one slot (fused_gemm.cuh,
+  // "Receive slots"). Not at W = 2 (one source: a store needs no zeroed slot) and not with bf16
+  // partials (adds in bf16 would round the running sum W - 2 more times).
+  p.accumulate = W >= 3 && !p.bf16_partials ? 1 : 0;
   return p;
 }
 
@@ -342,8 +346,10 @@ FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
   const uint64_t M = static_cast<uint64_t>(std::max(0, a.M));
   const uint64_t ceil_rows = (M + W - 1) / W;
   FusedWorkspace ws{};
-  // Decomposed: W blocks of ceil(M/W) rows; fused: W-1 padded receive slots.
-  const uint64_t slots = W > 1 ? (W - 1) * (ceil_rows + kFusedRsSlotPadRows) : 0;
+  // Decomposed: W blocks of ceil(M/W) rows; fused: W-1 padded receive slots, or one where the
+  // sources add into it (W >= 3 with fp32 partials, rs_geometry).
+  const uint64_t nslots = W >= 3 && a.partials == RsPartials::kF32 ? 1 : W - 1;
+  const uint64_t slots = W > 1 ? nslots * (ceil_rows + kFusedRsSlotPadRows) : 0;
   ws.data_bytes = a.ws_offset + std::max<uint64_t>(W * ceil_rows, slots) * row;
   // Decomposed with W not dividing M: the compact partial before it is padded, then the
   // reduce-scatter output block (ceil(M/W) rows) before its real rows are copied out.
@@ -550,7 +556,8 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   for (int o = 0; o < W; ++o) {
     const int64_t rows = split_count(a.M, W, o);
     if (o == r || rows == 0) continue;
-    uint8_t* base = d.base[o] + d.data_offset + a.ws_offset + (r < o ? r : r - 1) * slot;
+    const int64_t slot_index = p.accumulate ? 0 : (r < o ? r : r - 1);
+    uint8_t* base = d.base[o] + d.data_offset + a.ws_offset + slot_index * slot;
     if (!detail::encode_store_map(&p.tm_push[o], base,
                                   static_cast<int>(rows) + kFusedRsSlotPadRows, a.N, a.N, !bf16)) {
       return cudaErrorInvalidValue;
@@ -564,6 +571,16 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   p.dev = d;
   p.out = a.out;
   p.ws_offset = a.ws_offset;
+  if (p.accumulate && own_rows > 0) {
+    // The peers add into this rank's rows of its slot: zero them first (stream order puts this
+    // before the kernel's start barrier; the padding rows are never read).
+    uint8_t* rows = d.base[r] + d.data_offset + a.ws_offset +
+                    static_cast<uint64_t>(kFusedRsSlotPadRows) * a.N * partial_bytes(a);
+    if (cudaError_t e = cudaMemsetAsync(rows, 0, own_rows * a.N * partial_bytes(a), stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
   const int grid = std::min(device_sms(d), plan.prob.num_tiles);
   if (plan.tile_n == 256) {
     return plan.kn ? launch_rs_instance<256, true>(plan, p, grid, stream)

@@ -27,12 +27,15 @@
 //   this rank's symmetric memory for it (end barrier): the caller may overwrite its input and
 //   workspace right away, and back-to-back launches need no host synchronisation.
 // - Numerics: allGatherGemm is exactly launch_gemm on the gathered A (the gathered A is a bit
-//   copy). gemmReduceScatter sums the W partial products in fp32 in rank order 0..W-1 and
-//   rounds once to bf16; the partials are kept (and cross NVLink) in fp32 by default (the host
-//   backend's rule: the sum is rounded once), or in bf16 with RsPartials::kBF16 (half the bytes
-//   in the workspace and over NVLink; each partial is rounded once more, as in cuBLAS + NCCL and
-//   PyTorch's symmetric-memory op). Either way the fused and decomposed algorithms give the same
-//   result.
+//   copy). gemmReduceScatter sums the W partial products in fp32 and rounds once to bf16; the
+//   partials are kept (and cross NVLink) in fp32 by default (the host backend's rule: the sum
+//   is rounded once), or in bf16 with RsPartials::kBF16 (half the bytes in the workspace and
+//   over NVLink; each partial is rounded once more, as in cuBLAS + NCCL and PyTorch's
+//   symmetric-memory op). The sum is in rank order 0..W-1, so the result is the same on every
+//   run and for both algorithms, except in the fused kernel at W >= 3 with fp32 partials:
+//   there the peers add their partials into the owner's memory as they arrive (TMA reduce-add)
+//   and the owner adds its own, so the fp32 sum's order, and rarely the bf16 result's last bit,
+//   can change from run to run.
 // - Algorithms (FusedAlgo):
 //   kFused: one persistent kernel (detail/fused_gemm.cuh):
 //     allGatherGemm: the GEMM reads the M-blocks made only of the rank's own rows from A_r
@@ -195,7 +198,8 @@ struct GemmRsArgs {
   // Workspace at this byte offset of the data area, the same offset on every rank (size:
   // gemm_reduce_scatter_workspace). Decomposed: this rank's partial product (M×N; W*ceil(M/W) ×
   // N when W does not divide M), which peers read. Fused: W-1 receive slots of
-  // kFusedRsSlotPadRows + ceil(M/W) rows, where peers write their partials of this rank's rows.
+  // kFusedRsSlotPadRows + ceil(M/W) rows, where peers write their partials of this rank's rows
+  // (W >= 3 with fp32 partials: one such slot, which they add into).
   uint64_t ws_offset = 0;
   __nv_bfloat16* out = nullptr;  // split_count(M,W,r) × N, this process's memory
   FusedAlgo algo = FusedAlgo::kAuto;

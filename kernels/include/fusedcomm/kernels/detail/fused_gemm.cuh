@@ -271,21 +271,33 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // epilogue works per 64-row half-tile (one consumer warpgroup, rows [h0, h0 + 64)):
 // - rows another rank o owns are PUSHED: staged in shared memory and TMA-stored (full 128-B
 //   lines, asynchronous: NVLink carries them while the warpgroup computes its next tile) into
-//   o's receive slot for this rank; the half-tile's flag in o's region (FusedFlags::rs_tile)
-//   is raised once the stores are complete, early in the warpgroup's next tile's main loop
+//   o's receive slot for this rank, or, in the accumulating mode, TMA-added into o's one
+//   receive slot (below); the half-tile's flag in o's region (FusedFlags::rs_tile) is raised
+//   once the stores are complete, early in the warpgroup's next tile's main loop
 //   (main_loop_point), or at its end;
 // - rows this rank owns are REDUCED: after every pending push of the warpgroup is complete and
 //   flagged, one thread waits for the W-1 peers' flags of the half-tile, then the warpgroup
-//   adds the peers' partials (local loads from its receive slots) and its accumulator in rank
-//   order, (((0 + P_0) + P_1) + ...) in fp32, and stores the bf16 sums once (TMA).
+//   adds the received partials (local loads from its receive slots) and its accumulator, in
+//   fp32, and stores the bf16 sums once (TMA). Per-source slots: in rank order,
+//   (((0 + P_0) + P_1) + ...). Accumulating: P_r + (the peers' partials, added in the order
+//   they arrived).
 // A half-tile holding rows of two owners (W not dividing M at a 64-row boundary) is pushed
 // whole to each other owner (its rows before that owner's land in the slot's padding), and
 // this rank's part of it goes to the output by the register path.
 //
-// Receive slots: owner o's data area at ws_offset holds W-1 slots of kFusedRsSlotPadRows +
-// ceil(M/W) rows × N partials, slot (s < o ? s : s - 1) for source s: after the padding, its
-// row i = row off_o + i. (A TMA box may not start at a negative row: a half-tile that begins
-// before off_o is stored from the padding on.)
+// Receive slots: owner o's data area at ws_offset holds RsParams::slots slots of
+// kFusedRsSlotPadRows + ceil(M/W) rows × N partials: after the padding, a slot's row i = row
+// off_o + i. (A TMA box may not start at a negative row: a half-tile that begins before off_o
+// is stored from the padding on.)
+// - Per-source slots (W = 2, and bf16 partials): W-1 slots, slot (s < o ? s : s - 1) for
+//   source s, written by plain TMA stores.
+// - Accumulating (W >= 3 with fp32 partials, RsParams::accumulate): one slot, which every
+//   source adds into (cp.reduce.async.bulk.tensor .add, atomic per element). The owner's
+//   launcher zeroes its own rows of it on the stream before the kernel, so the start barrier
+//   (below) orders the zeroing before every peer's first add. The owner then loads one slot
+//   instead of W-1: at W = 8, 1/7 of the loads that dominated the own half-tiles (one GPU,
+//   phantom peers: kernels/bench/fused/NOTES.md). The price: the fp32 sum's order depends on
+//   arrival, so results may differ in the last bits between runs and from the decomposed path.
 //
 // Tile order (RsSchedule::coord): a rank sweeps first the M-blocks holding none of its rows,
 // starting after its own blocks and wrapping around (owners r+1, r+2, ...: at any time each
@@ -309,17 +321,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // rs_protocol_model.py searches this protocol for deadlocks under random scheduling.
 //
 // Start barrier: a source writes into o's slots only after o's arrive flag for this launch
-// (o's earlier ops on its stream, which may use its data area, are complete). End barrier as
+// (o's earlier ops on its stream, which may use its data area, are complete, and so is the
+// zeroing of an accumulating slot, enqueued just before the kernel). End barrier as
 // the other fused ops (fused_finish), which also checks the launch signatures.
 //
 // Phantom-peer bench build: see the top of this file.
 struct RsParams {
-  CUtensorMap tm_push[kCommMaxRanks];  // [o]: o's receive slot for this rank (o != rank, o with rows)
+  CUtensorMap tm_push[kCommMaxRanks];  // [o]: o's receive slot for this rank, or o's one slot
+                                       // (accumulate) (o != rank, o with rows)
   CUtensorMap tm_out;                  // this rank's output rows (split_count × N bf16)
   CommDevice dev;
   __nv_bfloat16* out;
   uint64_t ws_offset;   // the receive slots in every rank's data area
   uint64_t slot_elems;  // (kFusedRsSlotPadRows + ceil(M/W)) * N: a slot, its padding first
+  int accumulate;       // 1: every source adds into one slot (see above); 0: per-source slots
   int M, N;
   int tile_n;           // the GEMM's tile width, the same on every rank
   int n_blocks;         // tile columns
@@ -379,21 +394,20 @@ struct RsEpilogue {
     return true;
   }
 
-  // The receive slot of `src` in this rank's region, at this rank's row `row`, column `col`.
+  // Receive slot `slot` in this rank's region, at this rank's row `row`, column `col`.
   template <class T>
-  __device__ __forceinline__ const T* slot_at(int src, int64_t row, int col) const {
+  __device__ __forceinline__ const T* slot_at(int slot, int64_t row, int col) const {
     const CommDevice& d = p->dev;
-    const int slot = src < d.rank ? src : src - 1;
     const T* base = reinterpret_cast<const T*>(d.base[d.rank] + d.data_offset + p->ws_offset);
     const int64_t i = kFusedRsSlotPadRows + row - split_offset(p->M, d.world, d.rank);
     return base + slot * p->slot_elems + i * p->N + col;
   }
-  // kB column groups of source s's partial at the thread's rows (0 where !lo_ok / !hi_ok), in
-  // the fragment's order: v[4b + 0..1] row_lo, v[4b + 2..3] row_lo + 8, columns 8(jb + b) + {0,1}.
+  // kB column groups of slot `slot` at the thread's rows (0 where !lo_ok / !hi_ok), in the
+  // fragment's order: v[4b + 0..1] row_lo, v[4b + 2..3] row_lo + 8, columns 8(jb + b) + {0,1}.
   template <class T, int kB>
-  __device__ __forceinline__ void load_source(float (&v)[4 * kB], int s, int64_t row_lo, int col,
-                                              bool lo_ok, bool hi_ok) const {
-    const T* lo = slot_at<T>(s, row_lo, col);
+  __device__ __forceinline__ void load_source(float (&v)[4 * kB], int slot, int64_t row_lo,
+                                              int col, bool lo_ok, bool hi_ok) const {
+    const T* lo = slot_at<T>(slot, row_lo, col);
     const T* hi = lo + 8 * static_cast<int64_t>(p->N);
 #pragma unroll
     for (int b = 0; b < kB; ++b) {
@@ -416,21 +430,24 @@ struct RsEpilogue {
       v[4 * b + 3] = y.y;
     }
   }
-  // acc := (((0 + P_0) + P_1) + ...) + P_{W-1}, fp32, this rank's P_r being acc, for the
-  // thread's rows row_lo, row_lo + 8 (where lo_ok / hi_ok) and columns col0 + 8j + {0, 1}. The
-  // prefix P_0 .. P_{r-1} is summed in batches of kB column groups, then added to acc (a + b ==
-  // b + a exactly); the later sources are added in place.
+  // Per-source slots: acc := (((0 + P_0) + P_1) + ...) + P_{W-1}, fp32, this rank's P_r being
+  // acc; accumulating: acc := P_r + (the one slot). For the thread's rows row_lo, row_lo + 8
+  // (where lo_ok / hi_ok) and columns col0 + 8j + {0, 1}. The prefix (slots of sources 0 ..
+  // r-1) is summed in batches of kB column groups, then added to acc (a + b == b + a exactly);
+  // the later slots are added in place.
   template <class T, int kFrag>
   __device__ __forceinline__ void add_sources(float (&acc)[kFrag], int64_t row_lo, int col0,
                                               bool lo_ok, bool hi_ok) const {
     constexpr int kJ = kFrag / 4, kB = kJ < 8 ? kJ : 8;
-    const int W = p->dev.world, r = p->dev.rank;
+    const int W = p->dev.world;
+    const int prefix = p->accumulate ? 0 : p->dev.rank;  // slots summed before acc
+    const int slots = p->accumulate ? 1 : W - 1;
 #pragma unroll
     for (int jb = 0; jb < kJ; jb += kB) {
       float sum[4 * kB];
 #pragma unroll
       for (int e = 0; e < 4 * kB; ++e) sum[e] = 0.f;
-      for (int s = 0; s < r; ++s) {
+      for (int s = 0; s < prefix; ++s) {
         float v[4 * kB];
         load_source<T, kB>(v, s, row_lo, col0 + 8 * jb, lo_ok, hi_ok);
 #pragma unroll
@@ -439,7 +456,7 @@ struct RsEpilogue {
 #pragma unroll
       for (int e = 0; e < 4 * kB; ++e) acc[4 * jb + e] = sum[e] + acc[4 * jb + e];
     }
-    for (int s = r + 1; s < W; ++s) {
+    for (int s = prefix; s < slots; ++s) {
 #pragma unroll
       for (int jb = 0; jb < kJ; jb += kB) {
         float v[4 * kB];
@@ -471,7 +488,11 @@ struct RsEpilogue {
   __device__ __forceinline__ void push(const float (&acc)[kFrag], uint8_t* stage, int cw, int o,
                                        int row, int col, int h, int n) const {
     const bool ok = threadIdx.x % 128 == 0 && observe_start(o);
-    store_tile_tma<BN, kF32>(acc, stage, &p->tm_push[o], cw, row, col, ok);
+    if (kF32 && p->accumulate) {
+      store_tile_tma<BN, kF32, kFrag, true>(acc, stage, &p->tm_push[o], cw, row, col, ok);
+    } else {
+      store_tile_tma<BN, kF32>(acc, stage, &p->tm_push[o], cw, row, col, ok);
+    }
     if (threadIdx.x % 128 != 0) return;
     if (!ok) {
       flush<0>();  // nothing was issued (the launch failed): the pending push is the newest

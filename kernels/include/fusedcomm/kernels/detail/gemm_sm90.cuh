@@ -331,7 +331,7 @@ struct DefaultEpilogue {
 // BN / 128 (bf16) or BN / 64 (fp32) groups.
 template <int BN, bool kF32>
 inline constexpr int kStoreRounds = BN / (kF32 ? 64 : 128);
-template <int BN, bool kF32, int kFrag>
+template <int BN, bool kF32, int kFrag, bool kReduce = false>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
                                                const CUtensorMap* tm, int cw, int row, int col,
                                                bool issue) {
@@ -370,8 +370,13 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_
     named_barrier_sync(bar_id, 128);
     if (t == 0 && issue) {
       const int c = col + h * kColsPerRound;
-      tma_store_2d(tm, stage_buf, c, row);
-      tma_store_2d(tm, stage_buf + 8192, c + kColsPerRound / 2, row);
+      if constexpr (kReduce) {
+        tma_reduce_add_2d(tm, stage_buf, c, row);
+        tma_reduce_add_2d(tm, stage_buf + 8192, c + kColsPerRound / 2, row);
+      } else {
+        tma_store_2d(tm, stage_buf, c, row);
+        tma_store_2d(tm, stage_buf + 8192, c + kColsPerRound / 2, row);
+      }
       bulk_commit();
     }
   }
