@@ -15,9 +15,12 @@
 //     partials adds 2^-9 sum|a*b|, their own rounding); the gathered A bit-exact;
 //     gemmReduceScatter's workspace poisoned too (a partial read before it is stored shows as
 //     NaN); the fused ops' counters back at 0 after every launch.
+//   gemmReduceScatter also with bf16 partials and with fp32 partials in any order (W >= 3:
+//     the fused kernel's one accumulating slot per owner).
 //   120 back-to-back launches without host sync (fused and decomposed of both ops
 //     interleaved, inputs rewritten on the stream from a pool; stale flags or early input
-//     reuse would show in the last outputs); CUDA-graph capture + 10 replays; one rank
+//     reuse would show in the last outputs; the fused gemmReduceScatter alternates rank order
+//     and any order); CUDA-graph capture + 10 replays (one launch in any order); one rank
 //     starting 200 ms late; a rank that never launches: the others time out (1 s) with an
 //     error record naming rank, peer, op and step, an abort stops a waiting launch, and a
 //     fresh SymmetricMemory on the same processes works; launch mismatch: odd ranks launch
@@ -163,14 +166,17 @@ struct RsCase {
   k::FusedAlgo algo;
   uint64_t ws_offset;
   bool bf16_partials = false;  // RsPartials::kBF16
+  bool any_order = false;      // RsPartials::kF32AnyOrder (fp32 partials)
   std::string name(int W) const {
     char b[200];
     std::snprintf(b, sizeof b, "gemmReduceScatter W=%d M=%d N=%d K=%d+8r %s %s%s", W, M, N, k0,
-                  layout_name(layout), algo_name(algo), bf16_partials ? " bf16-partials" : "");
+                  layout_name(layout), algo_name(algo),
+                  bf16_partials ? " bf16-partials" : any_order ? " any-order" : "");
     return b;
   }
   k::RsPartials partials() const {
-    return bf16_partials ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+    return bf16_partials ? k::RsPartials::kBF16
+                         : any_order ? k::RsPartials::kF32AnyOrder : k::RsPartials::kF32;
   }
   // The partials' rounding, per unit of Σ|a·b| (fused.h, RsPartials): 2^-9 for bf16.
   float partial_rel() const { return bf16_partials ? 1.0f / 512 : 0.f; }
@@ -460,7 +466,7 @@ struct Rank {
     const int64_t N = o.c.N, off = split_offset(o.c.M, W, r), cnt = split_count(o.c.M, W, r);
     const auto& dev = sm->device();
     const bool fused = k::gemm_reduce_scatter_info(dev, rs_args(o)).algo == k::FusedAlgo::kFused;
-    const bool accumulate = fused && W >= 3 && !o.c.bf16_partials;
+    const bool accumulate = fused && W >= 3 && o.c.any_order;
     const int64_t slot_rows = k::kFusedRsSlotPadRows + (o.c.M + W - 1) / W;
     std::vector<std::vector<float>> ref_s, now_s;
     for (int s = 0; s < W; ++s) {
@@ -566,6 +572,11 @@ struct Rank {
         {1001, 264, 520, NK, F, 0, true},    {1001, 264, 520, NK, D, 0, true},
         {2999, 1032, 1032, KN, F, 64, true}, {2999, 1032, 1032, KN, D, 64, true},
         {4100, 2056, 1024, NK, A, 0, true},  {3, 64, 64, NK, F, 16, true},
+        // fp32 partials in any order (RsPartials::kF32AnyOrder): at W >= 3 the fused kernel's
+        // peers add into one slot per owner (zeroed before each launch).
+        {1001, 264, 520, NK, F, 0, false, true},    {2999, 1032, 1032, KN, F, 64, false, true},
+        {768, 520, 1032, KN, F, 0, false, true},    {3, 64, 64, NK, F, 16, false, true},
+        {4100, 2056, 1024, NK, A, 0, false, true},  {1001, 264, 520, NK, D, 0, false, true},
     };
     uint64_t id = 0;
     for (const AgCase& c : ag) run_ag(c, mix(seed ^ (0xA600 + ++id)));
@@ -594,7 +605,12 @@ struct Rank {
         ag_write_input(ag[j / 2], data());
         CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag[j / 2]), stream));
       } else {
-        CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs[j / 2]), stream));
+        // The fused one alternates fp32 partials in rank order and in any order (one slot per
+        // owner at W >= 3, zeroed before each launch: a missed zeroing would double the last
+        // output, which is an any-order launch).
+        k::GemmRsArgs a = rs_args(rs[j / 2]);
+        if (j == 1 && (i / 4) % 2 == 1) a.partials = k::RsPartials::kF32AnyOrder;
+        CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), a, stream));
       }
     }
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -610,6 +626,7 @@ struct Rank {
   }
 
   // Capture [write AG input; AG fused; RS fused; AG decomposed (same input)] x2, replay 10x.
+  // The second RS launch sums its partials in any order (its slot's zeroing is in the graph).
   void graph() {
     const auto F = k::FusedAlgo::kFused;
     const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
@@ -624,7 +641,9 @@ struct Rank {
     for (int rep = 0; rep < 2; ++rep) {
       ag_write_input(ag, data());
       CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream));
-      CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream));
+      k::GemmRsArgs a = rs_args(rs);
+      if (rep == 1) a.partials = k::RsPartials::kF32AnyOrder;
+      CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), a, stream));
       CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(agd), stream));
     }
     CUDA_OK(cudaStreamEndCapture(stream, &graph));

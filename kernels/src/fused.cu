@@ -116,7 +116,7 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
 constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;  // M*N of the partial product
 FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world != 2 || a.partials != RsPartials::kF32) return FusedAlgo::kDecomposed;
+  if (d.world != 2 || a.partials == RsPartials::kBF16) return FusedAlgo::kDecomposed;
   const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
   if (elems < kRsFusedMinElems || !rs_fused_fits(d, a)) return FusedAlgo::kDecomposed;
   return FusedAlgo::kFused;
@@ -189,10 +189,9 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.own_b0 = cnt > 0 ? static_cast<int>(off / detail::kTileM) : 0;
   p.own_nb = cnt > 0 ? static_cast<int>((off + cnt - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
   p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
-  // W >= 3 with fp32 partials: every source adds into the owner's one slot (fused_gemm.cuh,
-  // "Receive slots"). Not at W = 2 (one source: a store needs no zeroed slot) and not with bf16
-  // partials (adds in bf16 would round the running sum W - 2 more times).
-  p.accumulate = W >= 3 && !p.bf16_partials ? 1 : 0;
+  // Any order allowed, W >= 3: every source adds into the owner's one slot (fused_gemm.cuh,
+  // "Receive slots"). Not at W = 2 (one source: a store needs no zeroed slot).
+  p.accumulate = W >= 3 && a.partials == RsPartials::kF32AnyOrder ? 1 : 0;
   return p;
 }
 
@@ -299,7 +298,10 @@ bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
       !aligned16(a.out) || a.ws_offset % 16 != 0) {
     return false;
   }
-  if (a.partials != RsPartials::kF32 && a.partials != RsPartials::kBF16) return false;
+  if (a.partials != RsPartials::kF32 && a.partials != RsPartials::kBF16 &&
+      a.partials != RsPartials::kF32AnyOrder) {
+    return false;
+  }
   if (a.out == nullptr && split_count(a.M, d.world, d.rank) > 0) return false;
   // A forced fused launch whose half-tile flags would not fit FusedFlags is refused (kAuto
   // picks the decomposed path there).
@@ -347,8 +349,8 @@ FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
   const uint64_t ceil_rows = (M + W - 1) / W;
   FusedWorkspace ws{};
   // Decomposed: W blocks of ceil(M/W) rows; fused: W-1 padded receive slots, or one where the
-  // sources add into it (W >= 3 with fp32 partials, rs_geometry).
-  const uint64_t nslots = W >= 3 && a.partials == RsPartials::kF32 ? 1 : W - 1;
+  // sources add into it (W >= 3 with kF32AnyOrder, rs_geometry).
+  const uint64_t nslots = W >= 3 && a.partials == RsPartials::kF32AnyOrder ? 1 : W - 1;
   const uint64_t slots = W > 1 ? nslots * (ceil_rows + kFusedRsSlotPadRows) : 0;
   ws.data_bytes = a.ws_offset + std::max<uint64_t>(W * ceil_rows, slots) * row;
   // Decomposed with W not dividing M: the compact partial before it is padded, then the

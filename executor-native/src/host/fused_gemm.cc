@@ -70,7 +70,8 @@ void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, v
   const int world = ex.world(), r = ex.rank();
   const int64_t mine = m < 0 ? 0 : split_count(m, world, r);
   require_gemm_collective(t, a, w, c, m, n, k_local, mine, layout, kOp);
-  FC_REQUIRE(partials == PartialPrecision::kF32 || partials == PartialPrecision::kBF16,
+  FC_REQUIRE(partials == PartialPrecision::kF32 || partials == PartialPrecision::kBF16 ||
+                 partials == PartialPrecision::kF32AnyOrder,
              std::string(kOp) + ": unknown partial precision " +
                  std::to_string(static_cast<int>(partials)));
   const std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);

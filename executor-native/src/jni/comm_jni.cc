@@ -85,7 +85,7 @@ host::WeightLayout layout(jint l) {
 }
 
 host::PartialPrecision partial_precision(jint p) {
-  FC_REQUIRE(p == 0 || p == 1, "unknown partial precision " + std::to_string(p));
+  FC_REQUIRE(p >= 0 && p <= 2, "unknown partial precision " + std::to_string(p));
   return static_cast<host::PartialPrecision>(p);
 }
 

@@ -186,7 +186,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
                                      int64_t k_local, int layout, int partials,
                                      cudaStream_t stream) {
   check_usable();
-  FC_REQUIRE(partials == 0 || partials == 1,
+  FC_REQUIRE(partials >= 0 && partials <= 2,
              "gemmReduceScatter: unknown partial precision " + std::to_string(partials));
   FC_REQUIRE(m >= 1 && n >= 8 && k_local >= 8 && n % 8 == 0 && k_local % 8 == 0 && m < (1ll << 31) &&
                  n < (1ll << 31) && k_local < (1ll << 31),
@@ -201,7 +201,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
   args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
   args.ws_offset = 0;
   args.out = static_cast<__nv_bfloat16*>(out);
-  args.partials = partials == 1 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+  args.partials = static_cast<k::RsPartials>(partials);  // the same codes
   const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(args, sm_->world());
   require_fits("gemmReduceScatter", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);

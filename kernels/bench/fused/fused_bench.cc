@@ -7,7 +7,8 @@
 //                     partials, what the decomposed path moves)
 // gemmReduceScatter's partials are fp32 unless --rs-partials bf16 (RsPartials::kBF16, the
 // baselines' numerics: ours_fused, ours_decomposed, ours_gemm's C and ours_collective all
-// switch); rows carry "partials". allGatherGemm returns the gathered A (the baselines do too)
+// switch) or f32any (RsPartials::kF32AnyOrder: fp32, the fused kernel at W >= 3 adds into one
+// slot per owner); rows carry "partials". allGatherGemm returns the gathered A (the baselines do too)
 // unless --ag-gathered 0 (the forward-only case: the fused kernel then reads the M-blocks made
 // only of own rows from A_r and copies just the rest of them); rows carry "ag_gathered".
 // Timing, per shape: for each impl 2 warm-up launches and one timed launch to size its batches,
@@ -17,7 +18,7 @@
 // impl's batches of the per-launch mean. One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N (allGatherGemm)]
-//                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16] [--tp T]
+//                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
 // --alternate: ours_fused and ours_gemm only, alternating launch by launch with one event pair
 // per launch (neither runs right after itself), instead of batches of one impl (time_ops).
@@ -134,7 +135,8 @@ struct Options {
   double batch_ms = 25;
   int batches = 7;
   std::string out = "ours.jsonl";
-  bool rs_bf16 = false;  // --rs-partials bf16
+  bool rs_bf16 = false;      // --rs-partials bf16
+  bool rs_any_order = false; // --rs-partials f32any
   bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
   std::string shape;        // --shape S: only the shapes whose label contains S
   bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
@@ -406,7 +408,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       rs.B = static_cast<const __nv_bfloat16*>(B);
       rs.ws_offset = ws_offset;
       rs.out = static_cast<__nv_bfloat16*>(C);
-      rs.partials = o.rs_bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+      rs.partials = o.rs_bf16        ? k::RsPartials::kBF16
+                    : o.rs_any_order ? k::RsPartials::kF32AnyOrder
+                                     : k::RsPartials::kF32;
     }
     const k::FusedAlgo auto_algo = is_ag ? k::all_gather_gemm_info(dev, ag).algo
                                          : k::gemm_reduce_scatter_info(dev, rs).algo;
@@ -498,7 +502,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
                      algo_name(auto_algo), im.info.gemm_ctas, im.info.comm_ctas, im.info.tile_n,
                      im.info.chunks, iters, o.batches,
-                     is_ag ? "" : (o.rs_bf16 ? "bf16" : "f32"), o.tp > 0 ? o.tp : W,
+                     is_ag ? "" : (o.rs_bf16 ? "bf16" : o.rs_any_order ? "f32any" : "f32"),
+                     o.tp > 0 ? o.tp : W,
                      o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
@@ -538,7 +543,15 @@ int main(int argc, char** argv) {
     else if (a == "--ctas") o.ctas = std::atoi(next());
     else if (a == "--batch-ms") o.batch_ms = std::atof(next());
     else if (a == "--batches") o.batches = std::atoi(next());
-    else if (a == "--rs-partials") o.rs_bf16 = std::string(next()) == "bf16";
+    else if (a == "--rs-partials") {
+      const std::string v = next();
+      if (v != "f32" && v != "bf16" && v != "f32any") {
+        std::fprintf(stderr, "--rs-partials takes f32, bf16 or f32any\n");
+        return 2;
+      }
+      o.rs_bf16 = v == "bf16";
+      o.rs_any_order = v == "f32any";
+    }
     else if (a == "--ag-gathered") o.ag_gathered = std::string(next()) != "0";
     else if (a == "--shape") o.shape = next();
     else if (a == "--alternate") o.alternate = true;

@@ -60,7 +60,8 @@ class DeviceComm {
   void all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered, int64_t m,
                        int64_t n_local, int64_t k, int layout, cudaStream_t stream);
   // Row block r of Σ_s A_s · op(W_s): A M×K_r, out split_count(M,W,r)×N. partials: the
-  // precision of the exchanged partial products (kernels::RsPartials: 0 fp32, 1 bf16).
+  // precision of the exchanged partial products (kernels::RsPartials: 0 fp32, 1 bf16, 2 fp32
+  // summed in any order).
   void gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n,
                            int64_t k_local, int layout, int partials, cudaStream_t stream);
 

@@ -32,10 +32,10 @@
 //   is rounded once), or in bf16 with RsPartials::kBF16 (half the bytes in the workspace and
 //   over NVLink; each partial is rounded once more, as in cuBLAS + NCCL and PyTorch's
 //   symmetric-memory op). The sum is in rank order 0..W-1, so the result is the same on every
-//   run and for both algorithms, except in the fused kernel at W >= 3 with fp32 partials:
-//   there the peers add their partials into the owner's memory as they arrive (TMA reduce-add)
-//   and the owner adds its own, so the fp32 sum's order, and rarely the bf16 result's last bit,
-//   can change from run to run.
+//   run and for both algorithms, unless the caller allows any order (RsPartials::kF32AnyOrder):
+//   then the fused kernel at W >= 3 lets the peers add their partials into the owner's memory
+//   as they arrive (TMA reduce-add), so the fp32 sum's order, and rarely the bf16 result's
+//   last bit, can change from run to run.
 // - Algorithms (FusedAlgo):
 //   kFused: one persistent kernel (detail/fused_gemm.cuh):
 //     allGatherGemm: the GEMM reads the M-blocks made only of the rank's own rows from A_r
@@ -116,8 +116,11 @@ enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2 };
 
 // gemmReduceScatter's partial products: their precision in the workspace and over NVLink. The
 // sum is fp32 either way. kBF16 adds at most 2^-9 · Σ_s |partial_s| per output element to the
-// error (one rounding per partial), and halves the exchanged bytes.
-enum class RsPartials : uint32_t { kF32 = 0, kBF16 = 1 };
+// error (one rounding per partial), and halves the exchanged bytes. kF32AnyOrder: fp32 partials
+// whose sum may be taken in any order (the fused kernel at W >= 3 lets the peers add into the
+// owner's memory as they arrive: one slot to read instead of W-1); the result may then differ
+// in the last bits from run to run. Elsewhere it is kF32.
+enum class RsPartials : uint32_t { kF32 = 0, kBF16 = 1, kF32AnyOrder = 2 };
 
 // ---- the fused ops' flags in the symmetric region -------------------------------------------
 // collectives.h's region layout leaves [kCommControlOffset + sizeof(CommControl),
@@ -199,7 +202,7 @@ struct GemmRsArgs {
   // gemm_reduce_scatter_workspace). Decomposed: this rank's partial product (M×N; W*ceil(M/W) ×
   // N when W does not divide M), which peers read. Fused: W-1 receive slots of
   // kFusedRsSlotPadRows + ceil(M/W) rows, where peers write their partials of this rank's rows
-  // (W >= 3 with fp32 partials: one such slot, which they add into).
+  // (W >= 3 with kF32AnyOrder: one such slot, which they add into).
   uint64_t ws_offset = 0;
   __nv_bfloat16* out = nullptr;  // split_count(M,W,r) × N, this process's memory
   FusedAlgo algo = FusedAlgo::kAuto;

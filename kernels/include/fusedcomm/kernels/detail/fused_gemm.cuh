@@ -289,9 +289,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // kFusedRsSlotPadRows + ceil(M/W) rows × N partials: after the padding, a slot's row i = row
 // off_o + i. (A TMA box may not start at a negative row: a half-tile that begins before off_o
 // is stored from the padding on.)
-// - Per-source slots (W = 2, and bf16 partials): W-1 slots, slot (s < o ? s : s - 1) for
+// - Per-source slots (the default; always at W = 2): W-1 slots, slot (s < o ? s : s - 1) for
 //   source s, written by plain TMA stores.
-// - Accumulating (W >= 3 with fp32 partials, RsParams::accumulate): one slot, which every
+// - Accumulating (W >= 3 and the caller allows any order, RsPartials::kF32AnyOrder;
+//   RsParams::accumulate): one slot, which every
 //   source adds into (cp.reduce.async.bulk.tensor .add, atomic per element). The owner's
 //   launcher zeroes its own rows of it on the stream before the kernel, so the start barrier
 //   (below) orders the zeroing before every peer's first add. The owner then loads one slot

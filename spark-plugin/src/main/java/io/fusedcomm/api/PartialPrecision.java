@@ -2,9 +2,10 @@ package io.fusedcomm.api;
 
 /**
  * The precision in which {@link Communicator#gemmReduceScatter} keeps and exchanges each rank's
- * partial product {@code a_r · op(w_r)}. The sum over ranks is fp32 either way, in rank order,
- * and rounded once to the output's dtype. The ordinal is the native code. Every rank of an op
- * must pass the same value (checked, as the shapes are).
+ * partial product {@code a_r · op(w_r)}. The sum over ranks is fp32 either way, in rank order
+ * (unless {@link #F32_ANY_ORDER} allows any), and rounded once to the output's dtype. The
+ * ordinal is the native code. Every rank of an op must pass the same value (checked, as the
+ * shapes are).
  */
 public enum PartialPrecision {
   /** fp32 partials: the output is rounded once (the default, and the host backend's rule). */
@@ -14,5 +15,13 @@ public enum PartialPrecision {
    * sum, as cuBLAS + NCCL and PyTorch's symmetric-memory op do. Half the bytes in the workspace
    * and over NVLink; at most {@code 2^-9 · Σ_r |partial_r|} more error per output element.
    */
-  BF16
+  BF16,
+  /**
+   * fp32 partials, summed in any order: at world size 3 and more the cuda backend's fused
+   * kernel lets the peers add their partials into the owner's memory as they arrive, so the
+   * owner reads one buffer instead of {@code world - 1}; the fp32 sum's order, and rarely the
+   * output's last bit, can then change from run to run. Elsewhere (world size 2, the decomposed
+   * path, the host backend) it is {@link #F32}.
+   */
+  F32_ANY_ORDER
 }

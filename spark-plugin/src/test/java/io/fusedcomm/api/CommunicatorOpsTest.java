@@ -299,6 +299,34 @@ class CommunicatorOpsTest {
     }
   }
 
+  /**
+   * F32_ANY_ORDER allows any order of the fp32 sum; the host backend keeps rank order, so its
+   * results are F32's bit for bit. Partials 1, 2^-24, -1 (three ranks): rank order gives
+   * (1 + 2^-24) - 1 = 0 in fp32, another order 2^-24, so the order shows.
+   */
+  @Test
+  void anyOrderPartialsOnTheHostBackendAreRankOrder() {
+    final int w = 3;
+    final float[] x = {1f, 0x1p-24f, -1f};
+    List<float[][]> outs = world.run(w, comm -> {
+      try (TensorScope s = new TensorScope()) {
+        float v = x[comm.rank()];
+        HostTensor a = s.of(new float[] {v, v, v}, DType.F32, 3, 1);
+        HostTensor wt = s.of(new float[] {1f}, DType.F32, 1, 1);
+        HostTensor f32 = s.poisoned(DType.F32, 1, 1);
+        HostTensor any = s.poisoned(DType.F32, 1, 1);
+        comm.gemmReduceScatter(a, wt, f32, WeightLayout.NK, PartialPrecision.F32);
+        comm.gemmReduceScatter(a, wt, any, WeightLayout.NK, PartialPrecision.F32_ANY_ORDER);
+        return new float[][] {f32.toFloatArray(), any.toFloatArray()};
+      }
+    });
+    for (int r = 0; r < w; r++) {
+      assertEquals(0f, outs.get(r)[0][0], "rank " + r + ": fp32 partials in rank order");
+      assertEquals(Float.floatToRawIntBits(outs.get(r)[0][0]),
+          Float.floatToRawIntBits(outs.get(r)[1][0]), "rank " + r + ": any order = rank order here");
+    }
+  }
+
   @ParameterizedTest(name = "{0}")
   @MethodSource("types")
   void staticGemm(DType t) {
