@@ -6,7 +6,7 @@
 # (carried, or rebuilt here if they cannot run). Usage (repo root, GPU host):
 #   kernels/bench/fused/device_run.sh [bin=build/fused-bin] [all|test|bench] [full|quick] [commit]
 # FC_RS_PARTIALS=bf16: gemmReduceScatter with bf16 partials (fused_bench --rs-partials), the
-# baselines' numerics.
+# baselines' numerics; f32any: fp32 partials summed in any order (the accumulating slot at W >= 3).
 # Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick (on
 # an 8-GPU host, FC_WORLDS=8 with `bench` keeps one call within the 10-minute limit).
 set -uo pipefail
