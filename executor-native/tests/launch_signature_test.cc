@@ -116,6 +116,20 @@ void test_messages() {
       k::comm_sig_hash(4100, 2056, 0)));
   check(contains(f, "gemmReduceScatter (bf16 partials, decomposed, sizes #"),
         "describe a fused op: " + f);
+  // gemmReduceScatter's dtype field is the partials' code: fp32 in rank order and in any order
+  // are different launches, and said so.
+  const uint64_t any = k::comm_launch_signature(
+      k::kFusedOpGemmReduceScatter, static_cast<uint32_t>(k::RsPartials::kF32AnyOrder),
+      u(k::FusedAlgo::kFused), k::comm_sig_hash(4100, 2056, 0));
+  const uint64_t ordered = k::comm_launch_signature(
+      k::kFusedOpGemmReduceScatter, static_cast<uint32_t>(k::RsPartials::kF32),
+      u(k::FusedAlgo::kFused), k::comm_sig_hash(4100, 2056, 0));
+  check(any != ordered, "any-order partials change the signature");
+  const std::string fa = fusedcomm::describe_launch(any);
+  check(contains(fa, "gemmReduceScatter (fp32 partials, any order, fused, sizes #"),
+        "describe any-order partials: " + fa);
+  check(contains(fusedcomm::describe_launch(ordered), "(fp32 partials, fused,"),
+        "describe rank-order partials: " + fusedcomm::describe_launch(ordered));
 
   k::CommErrorRecord r{};
   r.code = k::kCommLaunchMismatch;

@@ -102,7 +102,7 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 //   precision are rank-uniform (K_r is not). W >= 3 is not measured yet: decomposed.
 //   (Measured with the previous fused gemmReduceScatter, whose owners pulled the partials; the
 //   push design that replaced it on 2026-11-25 is not measured on several GPUs yet.)
-bool rs_fused_fits(const CommDevice& d, const GemmRsArgs& a);
+bool rs_fused_fits(const CommDevice& d, const RsParams& p);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2) return FusedAlgo::kDecomposed;
@@ -114,11 +114,12 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   return bytes >= kAgFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
 constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;  // M*N of the partial product
-FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a) {
+// p: rs_geometry(d, a) (computed once per launch). kF32AnyOrder is kF32 at W = 2.
+FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2 || a.partials == RsPartials::kBF16) return FusedAlgo::kDecomposed;
   const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
-  if (elems < kRsFusedMinElems || !rs_fused_fits(d, a)) return FusedAlgo::kDecomposed;
+  if (elems < kRsFusedMinElems || !rs_fused_fits(d, p)) return FusedAlgo::kDecomposed;
   return FusedAlgo::kFused;
 }
 
@@ -199,8 +200,8 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
 int64_t rs_flags_needed(const CommDevice& d, const RsParams& p) {
   return int64_t{d.world - 1} * p.halves * p.n_blocks;
 }
-bool rs_fused_fits(const CommDevice& d, const GemmRsArgs& a) {
-  return rs_flags_needed(d, rs_geometry(d, a)) <= kFusedRsTileFlags;
+bool rs_fused_fits(const CommDevice& d, const RsParams& p) {
+  return rs_flags_needed(d, p) <= kFusedRsTileFlags;
 }
 
 // ---- launch helpers -----------------------------------------------------------------------------
@@ -303,9 +304,8 @@ bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
     return false;
   }
   if (a.out == nullptr && split_count(a.M, d.world, d.rank) > 0) return false;
-  // A forced fused launch whose half-tile flags would not fit FusedFlags is refused (kAuto
-  // picks the decomposed path there).
-  if (a.algo == FusedAlgo::kFused && !rs_fused_fits(d, a)) return false;
+  // (A forced fused launch whose half-tile flags would not fit FusedFlags is refused by the
+  // launch, which has the geometry; kAuto picks the decomposed path there.)
   const FusedWorkspace ws = gemm_reduce_scatter_workspace(a, d.world);
   return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
 }
@@ -377,9 +377,12 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
 
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& a) {
   FusedLaunchInfo info{};
-  info.algo = choose_rs(d, a);
-  if (!valid_shape(a.M, a.N, a.K) || d.world < 1) return info;
+  if (!valid_shape(a.M, a.N, a.K) || d.world < 1) {
+    info.algo = a.algo == FusedAlgo::kAuto ? FusedAlgo::kDecomposed : a.algo;
+    return info;
+  }
   const RsParams p = rs_geometry(d, a);
+  info.algo = choose_rs(d, a, p);
   info.tile_n = p.tile_n;
   if (info.algo == FusedAlgo::kFused) {
     // As the launch: every CTA runs the GEMM, never more than the tiles.
@@ -491,19 +494,20 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
 cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& a,
                                        cudaStream_t stream) {
   if (!rs_args_ok(dev, a)) return cudaErrorInvalidValue;
-  const FusedAlgo algo = choose_rs(dev, a);
-  // Both paths carry the op's signature (its collective too): the rank-uniform M, N, offset,
-  // and as its dtype the partials' precision; the fused kernel's also its tile width (its flags
-  // are per tile column: ranks with different widths must fail, not wait).
-  const bool bf16 = a.partials == RsPartials::kBF16;
   RsParams p = rs_geometry(dev, a);
+  if (a.algo == FusedAlgo::kFused && !rs_fused_fits(dev, p)) return cudaErrorInvalidValue;
+  const FusedAlgo algo = choose_rs(dev, a, p);
+  // Both paths carry the op's signature (its collective too): the rank-uniform M, N, offset,
+  // and in its dtype field the partials' code (RsPartials: ranks that disagree on the order
+  // would store and add into different slots); the fused kernel's also its tile width (its
+  // flags are per tile column: ranks with different widths must fail, not wait).
+  const bool bf16 = a.partials == RsPartials::kBF16;
   const uint64_t shape = algo == FusedAlgo::kFused
                              ? comm_sig_hash(a.ws_offset, static_cast<uint64_t>(p.tile_n), 0)
                              : a.ws_offset;
   CommDevice d = dev;
   d.launch_sig = comm_launch_signature(kFusedOpGemmReduceScatter,
-                                       static_cast<uint32_t>(bf16 ? CommDtype::kBF16
-                                                                  : CommDtype::kF32),
+                                       static_cast<uint32_t>(a.partials),
                                        static_cast<uint32_t>(algo),
                                        comm_sig_hash(static_cast<uint64_t>(a.M),
                                                      static_cast<uint64_t>(a.N), shape));

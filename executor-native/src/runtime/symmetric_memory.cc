@@ -71,10 +71,12 @@ std::string describe_launch(uint64_t sig) {
   const char* dtype = k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::CommDtype::kBF16) ? "bf16" : "fp32";
   char buf[160];
   if (op >= k::kFusedOpAllGatherGemm) {
-    // gemmReduceScatter's dtype field is its partials' precision (fused.h, RsPartials).
+    // gemmReduceScatter's dtype field is its partials' code (fused.h, RsPartials).
     const bool rs = op == k::kFusedOpGemmReduceScatter;
+    const bool any_order =
+        rs && k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::RsPartials::kF32AnyOrder);
     std::snprintf(buf, sizeof buf, "%s (%s%s, %s, sizes #%011llx)", k::fused_op_name(op), dtype,
-                  rs ? " partials" : "",
+                  any_order ? " partials, any order" : rs ? " partials" : "",
                   algo_name(op, algo), static_cast<unsigned long long>(k::comm_sig_size(sig)));
   } else {
     std::snprintf(buf, sizeof buf, "%s (%s, %llu elements, %s)", k::fused_op_name(op), dtype,
