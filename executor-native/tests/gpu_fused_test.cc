@@ -24,8 +24,8 @@
 //     starting 200 ms late; a rank that never launches: the others time out (1 s) with an
 //     error record naming rank, peer, op and step, an abort stops a waiting launch, and a
 //     fresh SymmetricMemory on the same processes works; launch mismatch: odd ranks launch
-//     another M / another op / the other algorithm / other partials than even ranks at the
-//     same epoch: every
+//     another M / another op / the other algorithm / other partials (bf16, or fp32 in any order)
+//     than even ranks at the same epoch: every
 //     rank gets Error(kCommunicator) naming both launches (kCommLaunchMismatch, a peer of the
 //     other parity) within 3 s although the timeout is 10 s.
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 1..max (gpu_test_support.h:
@@ -742,6 +742,7 @@ struct Rank {
       int M;
       k::FusedAlgo algo;
       bool bf16_partials = false;  // gemmReduceScatter only
+      bool any_order = false;      // gemmReduceScatter only
     };
     struct Pair {
       Launch even, odd;
@@ -752,6 +753,9 @@ struct Rank {
         {{true, 2999, F}, {false, 2999, F}, "op (allGatherGemm vs gemmReduceScatter)"},
         {{true, 2999, F}, {true, 2999, D}, "algorithm (allGatherGemm fused vs decomposed)"},
         {{false, 2999, F}, {false, 2999, F, true}, "partials (gemmReduceScatter fp32 vs bf16)"},
+        // One rank would store into per-source slots, the other add into one slot.
+        {{false, 2999, F}, {false, 2999, F, false, true},
+         "partials (gemmReduceScatter fp32 in rank order vs in any order)"},
     };
     uint64_t id = 0;
     for (const Pair& p : pairs) {
@@ -766,7 +770,7 @@ struct Rank {
         ag_write_input(*ag, data());
       } else {
         rs = std::make_unique<RsOperands>(
-            rs_prepare({mine.M, 1032, 520, NK, mine.algo, 0, mine.bf16_partials},
+            rs_prepare({mine.M, 1032, 520, NK, mine.algo, 0, mine.bf16_partials, mine.any_order},
                        mix(seed ^ (0x313A + ++id))));
       }
       CUDA_OK(cudaStreamSynchronize(stream));
