@@ -15,8 +15,8 @@
 //     partials adds 2^-9 sum|a*b|, their own rounding); the gathered A bit-exact;
 //     gemmReduceScatter's workspace poisoned too (a partial read before it is stored shows as
 //     NaN); the fused ops' counters back at 0 after every launch.
-//   gemmReduceScatter also with bf16 partials and with fp32 partials in any order (W >= 2:
-//     the fused kernel's one accumulating slot per owner, TMA reduce-adds over NVLink).
+//   gemmReduceScatter also with bf16 partials and with fp32 partials in any order (W >= 3:
+//     the fused kernel's one accumulating slot per owner).
 //   120 back-to-back launches without host sync (fused and decomposed of both ops
 //     interleaved, inputs rewritten on the stream from a pool; stale flags or early input
 //     reuse would show in the last outputs; the fused gemmReduceScatter alternates rank order
@@ -460,13 +460,13 @@ struct Rank {
   // mapping) against a reference of that source alone, then the first bad outputs with both.
   // Output = sum of the partials now but the partials wrong: the GEMM; partials right but the
   // output not their sum: the reduction; output = their sum and both right: the reference.
-  // The fused kernel's accumulating mode (any order, W >= 2) keeps only the peers' sum: it
+  // The fused kernel's accumulating mode (W >= 3, fp32 partials) keeps only the peers' sum: it
   // is shown against the sum of their references.
   void rs_diagnose(const RsOperands& o) {
     const int64_t N = o.c.N, off = split_offset(o.c.M, W, r), cnt = split_count(o.c.M, W, r);
     const auto& dev = sm->device();
     const bool fused = k::gemm_reduce_scatter_info(dev, rs_args(o)).algo == k::FusedAlgo::kFused;
-    const bool accumulate = fused && W >= 2 && o.c.any_order;
+    const bool accumulate = fused && W >= 3 && o.c.any_order;
     const int64_t slot_rows = k::kFusedRsSlotPadRows + (o.c.M + W - 1) / W;
     std::vector<std::vector<float>> ref_s, now_s;
     for (int s = 0; s < W; ++s) {
@@ -572,7 +572,7 @@ struct Rank {
         {1001, 264, 520, NK, F, 0, true},    {1001, 264, 520, NK, D, 0, true},
         {2999, 1032, 1032, KN, F, 64, true}, {2999, 1032, 1032, KN, D, 64, true},
         {4100, 2056, 1024, NK, A, 0, true},  {3, 64, 64, NK, F, 16, true},
-        // fp32 partials in any order (RsPartials::kF32AnyOrder): at W >= 2 the fused kernel's
+        // fp32 partials in any order (RsPartials::kF32AnyOrder): at W >= 3 the fused kernel's
         // peers add into one slot per owner (zeroed before each launch).
         {1001, 264, 520, NK, F, 0, false, true},    {2999, 1032, 1032, KN, F, 64, false, true},
         {768, 520, 1032, KN, F, 0, false, true},    {3, 64, 64, NK, F, 16, false, true},

@@ -193,9 +193,9 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.own_b0 = cnt > 0 ? static_cast<int>(off / detail::kTileM) : 0;
   p.own_nb = cnt > 0 ? static_cast<int>((off + cnt - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
   p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
-  // Any order allowed: every source adds into the owner's one slot (fused_gemm.cuh, "Receive
-  // slots"). At W = 2 (one source) the result is the rank-order one bit for bit (0 + P = P).
-  p.accumulate = W >= 2 && a.partials == RsPartials::kF32AnyOrder ? 1 : 0;
+  // Any order allowed, W >= 3: every source adds into the owner's one slot (fused_gemm.cuh,
+  // "Receive slots"). Not at W = 2 (one source: a store needs no zeroed slot).
+  p.accumulate = W >= 3 && a.partials == RsPartials::kF32AnyOrder ? 1 : 0;
   return p;
 }
 
@@ -352,8 +352,8 @@ FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
   const uint64_t ceil_rows = (M + W - 1) / W;
   FusedWorkspace ws{};
   // Decomposed: W blocks of ceil(M/W) rows; fused: W-1 padded receive slots, or one where the
-  // sources add into it (kF32AnyOrder, rs_geometry).
-  const uint64_t nslots = a.partials == RsPartials::kF32AnyOrder ? 1 : W - 1;
+  // sources add into it (W >= 3 with kF32AnyOrder, rs_geometry).
+  const uint64_t nslots = W >= 3 && a.partials == RsPartials::kF32AnyOrder ? 1 : W - 1;
   const uint64_t slots = W > 1 ? nslots * (ceil_rows + kFusedRsSlotPadRows) : 0;
   ws.data_bytes = a.ws_offset + std::max<uint64_t>(W * ceil_rows, slots) * row;
   // Decomposed with W not dividing M: the compact partial before it is padded, then the

@@ -117,7 +117,7 @@ enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2 };
 // gemmReduceScatter's partial products: their precision in the workspace and over NVLink. The
 // sum is fp32 either way. kBF16 adds at most 2^-9 · Σ_s |partial_s| per output element to the
 // error (one rounding per partial), and halves the exchanged bytes. kF32AnyOrder: fp32 partials
-// whose sum may be taken in any order (the fused kernel lets the peers add into the
+// whose sum may be taken in any order (the fused kernel at W >= 3 lets the peers add into the
 // owner's memory as they arrive: one slot to read instead of W-1); the result may then differ
 // in the last bits from run to run. Elsewhere it is kF32.
 enum class RsPartials : uint32_t { kF32 = 0, kBF16 = 1, kF32AnyOrder = 2 };
@@ -202,7 +202,7 @@ struct GemmRsArgs {
   // gemm_reduce_scatter_workspace). Decomposed: this rank's partial product (M×N; W*ceil(M/W) ×
   // N when W does not divide M), which peers read. Fused: W-1 receive slots of
   // kFusedRsSlotPadRows + ceil(M/W) rows, where peers write their partials of this rank's rows
-  // (kF32AnyOrder: one such slot, which they add into).
+  // (W >= 3 with kF32AnyOrder: one such slot, which they add into).
   uint64_t ws_offset = 0;
   __nv_bfloat16* out = nullptr;  // split_count(M,W,r) × N, this process's memory
   FusedAlgo algo = FusedAlgo::kAuto;

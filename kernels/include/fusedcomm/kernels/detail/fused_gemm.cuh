@@ -289,10 +289,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // kFusedRsSlotPadRows + ceil(M/W) rows × N partials: after the padding, a slot's row i = row
 // off_o + i. (A TMA box may not start at a negative row: a half-tile that begins before off_o
 // is stored from the padding on.)
-// - Per-source slots (the default): W-1 slots, slot (s < o ? s : s - 1) for
+// - Per-source slots (the default; always at W = 2): W-1 slots, slot (s < o ? s : s - 1) for
 //   source s, written by plain TMA stores.
-// - Accumulating (the caller allows any order, RsPartials::kF32AnyOrder; at W = 2 the same
-//   bits as a store, 0 + P = P, which lets two GPUs check the NVLink reduce-adds;
+// - Accumulating (W >= 3 and the caller allows any order, RsPartials::kF32AnyOrder;
 //   RsParams::accumulate): one slot, which every
 //   source adds into (cp.reduce.async.bulk.tensor .add, atomic per element). The owner's
 //   launcher zeroes its own rows of it on the stream before the kernel, so the start barrier
