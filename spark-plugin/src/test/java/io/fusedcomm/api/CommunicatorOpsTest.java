@@ -11,6 +11,7 @@ import io.fusedcomm.testing.HostWorld;
 import io.fusedcomm.testing.Reference;
 import io.fusedcomm.testing.TensorScope;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.SplittableRandom;
@@ -277,25 +278,36 @@ class CommunicatorOpsTest {
     }
   }
 
+  /**
+   * A gemmReduceScatter whose partials are one fp32 value per rank ({@code x[rank]}, in every
+   * one of {@code w} rows) run once per precision; per rank, each run's one output element.
+   */
+  private List<float[]> scalarPartials(int w, float[] x, PartialPrecision... precisions) {
+    return world.run(w, comm -> {
+      try (TensorScope s = new TensorScope()) {
+        float[] rows = new float[w];
+        Arrays.fill(rows, x[comm.rank()]);
+        HostTensor a = s.of(rows, DType.F32, w, 1);
+        HostTensor wt = s.of(new float[] {1f}, DType.F32, 1, 1);
+        float[] out = new float[precisions.length];
+        for (int i = 0; i < precisions.length; i++) {
+          HostTensor c = s.poisoned(DType.F32, 1, 1);
+          comm.gemmReduceScatter(a, wt, c, WeightLayout.NK, precisions[i]);
+          out[i] = c.toFloatArray()[0];
+        }
+        return out;
+      }
+    });
+  }
+
   /** Each rank's only partial is 1 + 2^-10: bf16 partials round it to 1 first (sum 2), fp32 ones do not. */
   @Test
   void bf16PartialsAreRoundedBeforeTheSum() {
-    final int w = 2;
     final float x = 1f + 0x1p-10f;
-    List<float[][]> outs = world.run(w, comm -> {
-      try (TensorScope s = new TensorScope()) {
-        HostTensor a = s.of(new float[] {x, x}, DType.F32, 2, 1);
-        HostTensor wt = s.of(new float[] {1f}, DType.F32, 1, 1);
-        HostTensor f32 = s.poisoned(DType.F32, 1, 1);
-        HostTensor bf16 = s.poisoned(DType.F32, 1, 1);
-        comm.gemmReduceScatter(a, wt, f32, WeightLayout.NK, PartialPrecision.F32);
-        comm.gemmReduceScatter(a, wt, bf16, WeightLayout.NK, PartialPrecision.BF16);
-        return new float[][] {f32.toFloatArray(), bf16.toFloatArray()};
-      }
-    });
-    for (int r = 0; r < w; r++) {
-      assertEquals(2f + 0x1p-9f, outs.get(r)[0][0], "rank " + r + ": fp32 partials");
-      assertEquals(2f, outs.get(r)[1][0], "rank " + r + ": bf16 partials");
+    List<float[]> outs = scalarPartials(2, new float[] {x, x}, PartialPrecision.F32, PartialPrecision.BF16);
+    for (int r = 0; r < 2; r++) {
+      assertEquals(2f + 0x1p-9f, outs.get(r)[0], "rank " + r + ": fp32 partials");
+      assertEquals(2f, outs.get(r)[1], "rank " + r + ": bf16 partials");
     }
   }
 
@@ -306,24 +318,12 @@ class CommunicatorOpsTest {
    */
   @Test
   void anyOrderPartialsOnTheHostBackendAreRankOrder() {
-    final int w = 3;
-    final float[] x = {1f, 0x1p-24f, -1f};
-    List<float[][]> outs = world.run(w, comm -> {
-      try (TensorScope s = new TensorScope()) {
-        float v = x[comm.rank()];
-        HostTensor a = s.of(new float[] {v, v, v}, DType.F32, 3, 1);
-        HostTensor wt = s.of(new float[] {1f}, DType.F32, 1, 1);
-        HostTensor f32 = s.poisoned(DType.F32, 1, 1);
-        HostTensor any = s.poisoned(DType.F32, 1, 1);
-        comm.gemmReduceScatter(a, wt, f32, WeightLayout.NK, PartialPrecision.F32);
-        comm.gemmReduceScatter(a, wt, any, WeightLayout.NK, PartialPrecision.F32_ANY_ORDER);
-        return new float[][] {f32.toFloatArray(), any.toFloatArray()};
-      }
-    });
-    for (int r = 0; r < w; r++) {
-      assertEquals(0f, outs.get(r)[0][0], "rank " + r + ": fp32 partials in rank order");
-      assertEquals(Float.floatToRawIntBits(outs.get(r)[0][0]),
-          Float.floatToRawIntBits(outs.get(r)[1][0]), "rank " + r + ": any order = rank order here");
+    List<float[]> outs = scalarPartials(3, new float[] {1f, 0x1p-24f, -1f}, PartialPrecision.F32,
+        PartialPrecision.F32_ANY_ORDER);
+    for (int r = 0; r < 3; r++) {
+      assertEquals(0f, outs.get(r)[0], "rank " + r + ": fp32 partials in rank order");
+      assertEquals(Float.floatToRawIntBits(outs.get(r)[0]), Float.floatToRawIntBits(outs.get(r)[1]),
+          "rank " + r + ": any order = rank order here");
     }
   }
 
