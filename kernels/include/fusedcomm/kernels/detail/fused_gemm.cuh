@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 // whole to each other owner (its rows before that owner's land in the slot's padding), and
 // this rank's part of it goes to the output by the register path.
 //
-// Receive slots: owner o's data area at ws_offset holds RsParams::slots slots of
+// Receive slots: owner o's data area at ws_offset holds slots (below) of each
 // kFusedRsSlotPadRows + ceil(M/W) rows × N partials: after the padding, a slot's row i = row
 // off_o + i. (A TMA box may not start at a negative row: a half-tile that begins before off_o
 // is stored from the padding on.)
