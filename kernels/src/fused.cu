@@ -173,6 +173,12 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 // ---- gemmReduceScatter geometry -----------------------------------------------------------------
 // Bytes per element of gemmReduceScatter's partial products.
 int partial_bytes(const GemmRsArgs& a) { return a.partials == RsPartials::kBF16 ? 2 : 4; }
+// Whether the fused kernel's sources add into one slot per owner (fused_gemm.cuh, "Receive
+// slots"): any order allowed, W >= 3. Not at W = 2: one source gains nothing from it and pays
+// the zeroing and the reduce-adds (1.02-1.11 x on 2 x H200, NOTES.md "Run 8").
+bool rs_accumulates(int world, const GemmRsArgs& a) {
+  return world >= 3 && a.partials == RsPartials::kF32AnyOrder;
+}
 
 // The fused kernel's geometry (detail/fused_gemm.cuh, gemmReduceScatter), all but the device
 // handle, pointers and tensor maps. The tile width comes from M, N and the SM count only (never
@@ -193,9 +199,7 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.own_b0 = cnt > 0 ? static_cast<int>(off / detail::kTileM) : 0;
   p.own_nb = cnt > 0 ? static_cast<int>((off + cnt - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
   p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
-  // Any order allowed, W >= 3: every source adds into the owner's one slot (fused_gemm.cuh,
-  // "Receive slots"). Not at W = 2 (one source: a store needs no zeroed slot).
-  p.accumulate = W >= 3 && a.partials == RsPartials::kF32AnyOrder ? 1 : 0;
+  p.accumulate = rs_accumulates(W, a) ? 1 : 0;
   return p;
 }
 
@@ -352,8 +356,8 @@ FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
   const uint64_t ceil_rows = (M + W - 1) / W;
   FusedWorkspace ws{};
   // Decomposed: W blocks of ceil(M/W) rows; fused: W-1 padded receive slots, or one where the
-  // sources add into it (W >= 3 with kF32AnyOrder, rs_geometry).
-  const uint64_t nslots = W >= 3 && a.partials == RsPartials::kF32AnyOrder ? 1 : W - 1;
+  // sources add into it (rs_accumulates).
+  const uint64_t nslots = rs_accumulates(W, a) ? 1 : W - 1;
   const uint64_t slots = W > 1 ? nslots * (ceil_rows + kFusedRsSlotPadRows) : 0;
   ws.data_bytes = a.ws_offset + std::max<uint64_t>(W * ceil_rows, slots) * row;
   // Decomposed with W not dividing M: the compact partial before it is padded, then the
@@ -583,8 +587,7 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   if (p.accumulate && own_rows > 0) {
     // The peers add into this rank's rows of its slot: zero them first (stream order puts this
     // before the kernel's start barrier; the padding rows are never read).
-    uint8_t* rows = d.base[r] + d.data_offset + a.ws_offset +
-                    static_cast<uint64_t>(kFusedRsSlotPadRows) * a.N * partial_bytes(a);
+    uint8_t* rows = ws + static_cast<uint64_t>(kFusedRsSlotPadRows) * a.N * partial_bytes(a);
     if (cudaError_t e = cudaMemsetAsync(rows, 0, own_rows * a.N * partial_bytes(a), stream);
         e != cudaSuccess) {
       return e;

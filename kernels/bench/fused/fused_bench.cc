@@ -135,8 +135,9 @@ struct Options {
   double batch_ms = 25;
   int batches = 7;
   std::string out = "ours.jsonl";
-  bool rs_bf16 = false;      // --rs-partials bf16
-  bool rs_any_order = false; // --rs-partials f32any
+  std::string rs_partials = "f32";  // --rs-partials f32|bf16|f32any (rows carry it)
+  k::RsPartials rs_code = k::RsPartials::kF32;
+  bool rs_bf16() const { return rs_code == k::RsPartials::kBF16; }
   bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
   std::string shape;        // --shape S: only the shapes whose label contains S
   bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
@@ -386,7 +387,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     if ((is_ag && !o.ag) || (!is_ag && !o.rs)) continue;
     const double flops = 2.0 * s.M * s.N * s.K;  // per rank
     // NVLink bytes into this rank: the peers' rows of A (bf16) or of the partials.
-    const double partial_bytes = o.rs_bf16 ? 2.0 : 4.0;
+    const double partial_bytes = o.rs_bf16() ? 2.0 : 4.0;
     const double wire = is_ag ? (W - 1.0) / W * s.M * s.K * 2.0
                               : (W - 1.0) / W * s.M * s.N * partial_bytes;
     k::AgGemmArgs ag;
@@ -408,9 +409,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       rs.B = static_cast<const __nv_bfloat16*>(B);
       rs.ws_offset = ws_offset;
       rs.out = static_cast<__nv_bfloat16*>(C);
-      rs.partials = o.rs_bf16        ? k::RsPartials::kBF16
-                    : o.rs_any_order ? k::RsPartials::kF32AnyOrder
-                                     : k::RsPartials::kF32;
+      rs.partials = o.rs_code;
     }
     const k::FusedAlgo auto_algo = is_ag ? k::all_gather_gemm_info(dev, ag).algo
                                          : k::gemm_reduce_scatter_info(dev, rs).algo;
@@ -458,12 +457,12 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         // The partial product as the decomposed path writes it, into the data area.
         gm.C = static_cast<uint8_t*>(sm->data()) + ws_offset;
         gm.ldc = s.N;
-        gm.c_type = o.rs_bf16 ? k::GemmOutType::kBF16 : k::GemmOutType::kF32;
+        gm.c_type = o.rs_bf16() ? k::GemmOutType::kBF16 : k::GemmOutType::kF32;
       }
       impls.push_back({"ours_gemm", [&, gm] { CK(k::launch_gemm(gm, st)); }, k::FusedLaunchInfo{}});
       k::CollectiveArgs ca;
       ca.op = is_ag ? k::CommOp::kAllGather : k::CommOp::kReduceScatter;
-      ca.dtype = is_ag || o.rs_bf16 ? k::CommDtype::kBF16 : k::CommDtype::kF32;
+      ca.dtype = is_ag || o.rs_bf16() ? k::CommDtype::kBF16 : k::CommDtype::kF32;
       ca.count = static_cast<int64_t>(s.M) * (is_ag ? s.K : s.N);
       ca.in_offset = is_ag ? 0 : ws_offset;
       ca.output = is_ag ? G : reinterpret_cast<uint8_t*>(dev.base[r]) + dev.scratch_offset;
@@ -502,7 +501,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
                      algo_name(auto_algo), im.info.gemm_ctas, im.info.comm_ctas, im.info.tile_n,
                      im.info.chunks, iters, o.batches,
-                     is_ag ? "" : (o.rs_bf16 ? "bf16" : o.rs_any_order ? "f32any" : "f32"),
+                     is_ag ? "" : o.rs_partials.c_str(),
                      o.tp > 0 ? o.tp : W,
                      o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, device);
         std::fflush(f);
@@ -549,8 +548,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--rs-partials takes f32, bf16 or f32any\n");
         return 2;
       }
-      o.rs_bf16 = v == "bf16";
-      o.rs_any_order = v == "f32any";
+      o.rs_partials = v;
+      o.rs_code = v == "bf16"     ? k::RsPartials::kBF16
+                  : v == "f32any" ? k::RsPartials::kF32AnyOrder
+                                  : k::RsPartials::kF32;
     }
     else if (a == "--ag-gathered") o.ag_gathered = std::string(next()) != "0";
     else if (a == "--shape") o.shape = next();
