@@ -258,8 +258,10 @@ template <int BN, bool kBKN>
 cudaError_t launch_rs_instance(const detail::GemmPlan& plan, const RsParams& p, int grid,
                                cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
-  return launch_fused_instance(detail::rs_gemm_kernel<BN, kBKN>,
-                               detail::GemmTileConfig<BN>::kSmemBytes, opted, plan, grid, stream,
+  return launch_fused_instance(
+      detail::rs_gemm_kernel<BN, kBKN>,
+      detail::GemmTileConfig<BN, detail::RsEpilogue::kStagingRounds>::kSmemBytes, opted, plan,
+      grid, stream,
                                p);
 }
 

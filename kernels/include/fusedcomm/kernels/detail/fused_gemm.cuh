@@ -360,13 +360,71 @@ inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch
   comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
+// Pusher warps (RsEpilogue::kWarpPush): warp 1 + cw of the producer warpgroup sends consumer
+// warpgroup cw's pushes. Handoff k: the warpgroup waits until handoff k-1 is `freed`, writes
+// the staging buffer (2 rounds: a bf16 half-tile, or half an fp32 one) and this mail, and
+// arrives on `staged` (release, CTA scope; the warpgroup's named barrier before puts every
+// thread's staging writes before the arrival). The pusher waits on `staged` (acquire), reads
+// the staging buffer into st.global stores to each owner's receive slot (NVLink; the TMA unit
+// stays with the GEMM's loads), arrives on `freed` once every lane issued its last store (so
+// every staging read is done), then each lane fences its stores (fence.sc.sys) and lane 0
+// raises the half-tile's flags with st.release.sys (after the half-tile's last handoff).
+struct alignas(8) RsPushMail {
+  uint64_t staged;  // mbarrier, 1 arrival per handoff (the consumer's thread 0)
+  uint64_t freed;   // mbarrier, 1 arrival per handoff (the pusher's lane 0)
+  int32_t h0;       // the half-tile's first row; -1: no more handoffs (the pusher returns)
+  int32_t col;      // the first column in the staging buffer
+  int32_t n;        // tile column (for the flag)
+  int32_t bits;     // bit 0: the half-tile's last handoff (raise its flags); bits 1+: the
+                    // store rounds staged (1 or 2)
+};
+static_assert(sizeof(RsPushMail) == 32, "two mails fill the engine's aux region");
+inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
+                                                int bytes, int ld, int rounds, bool add_f32);
+
 struct RsEpilogue {
   static constexpr bool kOwnsTile = true;
+#ifdef FUSEDCOMM_RS_WARP_PUSH
+  static constexpr bool kWarpPush = true;
+#else
+  static constexpr bool kWarpPush = false;
+#endif
+  static constexpr int kStagingRounds = kWarpPush ? 2 : 1;
+  static constexpr bool kAuxWarps = kWarpPush;
   const RsParams* p;
   uint64_t epoch;
-  // The issuing thread's state (t == 0 of each consumer warpgroup; per thread, in registers):
+  // The issuing thread's state (t == 0 of each consumer warpgroup, or lane 0 of a pusher
+  // warp; per thread, in registers):
   mutable uint64_t* pend = nullptr;  // flag of a TMA push not yet known complete
   mutable uint32_t started = 0;      // owners whose arrive flag this thread has observed
+  mutable uint32_t posts = 0;        // handoffs made to the pusher (kWarpPush)
+
+  __device__ __forceinline__ static void init_aux(uint8_t* aux) {
+    auto* mail = reinterpret_cast<RsPushMail*>(aux);
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(&mail[i].staged, 1);
+      mbar_init(&mail[i].freed, 1);
+    }
+  }
+  template <int BN>
+  __device__ __forceinline__ static RsPushMail* mail_of(int cw) {
+    return reinterpret_cast<RsPushMail*>(gemm_aux_smem<BN, kStagingRounds>()) + cw;
+  }
+  // Consumer thread 0: every handoff made so far has been freed by the pusher (its staging
+  // reads are done; for the last, every flag is raised). posts handoffs complete posts phases
+  // of `freed`; the first wait (posts == 0) passes on the fresh barrier's parity.
+  __device__ __forceinline__ void wait_freed(RsPushMail* mail) const {
+    mbar_wait(&mail->freed, (posts & 1) ^ 1);
+  }
+  __device__ __forceinline__ void post(RsPushMail* mail, int h0, int col, int n, int last,
+                                       int rounds) const {
+    mail->h0 = h0;
+    mail->col = col;
+    mail->n = n;
+    mail->bits = last | rounds << 1;
+    mbar_arrive(&mail->staged);
+    ++posts;
+  }
 
   // Issuing thread: waits until every bulk group but the kKeep most recent is complete (the
   // pending push is older: kKeep = the rounds issued since), then raises its flag.
@@ -513,9 +571,12 @@ struct RsEpilogue {
     if (h0 >= p->M) return;  // no rows (the last M-block's second half)
     const int h1 = min(h0 + 64, p->M), h = h0 / 64, col = tc.n * BN;
     const int o_lo = split_owner(p->M, W, h0), o_hi = split_owner(p->M, W, h1 - 1);
+    if constexpr (kWarpPush) {
+      if (o_lo != r || o_hi != r) hand_off<BN>(acc, stage, cw, h0, col, tc.n);
+    }
     // Other owners' rows: pushed (a half-tile that straddles owners is pushed to each; rows
     // past the owner's are clipped, rows before it land in the slot's padding).
-    for (int o = o_lo; o <= o_hi; ++o) {
+    for (int o = o_lo; o <= o_hi && !kWarpPush; ++o) {
       if (o == r) continue;
       const int row = h0 - static_cast<int>(split_offset(p->M, W, o)) + kFusedRsSlotPadRows;
       if (p->bf16_partials) {
@@ -530,7 +591,11 @@ struct RsEpilogue {
     // the bf16 sums (clipped to this rank's rows).
     const int64_t own_off = split_offset(p->M, W, r), own_end = own_off + split_count(p->M, W, r);
     if (t == 0) {
-      flush<0>();
+      if constexpr (kWarpPush) {
+        if (o_lo == o_hi) wait_freed(mail_of<BN>(cw));  // the staging buffer is rewritten below
+      } else {
+        flush<0>();
+      }
       wait_sources(h, tc.n);
     }
     named_barrier_sync(2 + cw, 128);  // observe pattern: thread 0's acquires, then everyone's loads
@@ -544,8 +609,8 @@ struct RsEpilogue {
       add_sources<float>(acc, row_lo, col0, lo_ok, hi_ok);
     }
     if (o_lo == o_hi) {
-      store_tile_tma<BN, false>(acc, stage, &p->tm_out, cw, static_cast<int>(h0 - own_off), col,
-                                true);
+      store_tile_tma<BN, false, kFrag, false, kStagingRounds>(
+          acc, stage, &p->tm_out, cw, static_cast<int>(h0 - own_off), col, true);
       return;
     }
     // A half-tile that begins before this rank's rows (the output has no padding): the
@@ -563,18 +628,158 @@ struct RsEpilogue {
   // previous tile's push is flagged there. Not later: the other warpgroup may be waiting in
   // its epilogue for a flag that depends on this one, and the main loop's later stages wait
   // for that warpgroup (they are refilled only once both have read them).
+  // (kWarpPush: nothing to do; the pusher raises the flags.)
   __device__ __forceinline__ void main_loop_point() const {
-    if (threadIdx.x % 128 == 0) flush<0>();
+    if (!kWarpPush && threadIdx.x % 128 == 0) flush<0>();
   }
 
   // Every consumer thread, after its last tile: the pending push is flagged and every bulk
-  // store is complete (shared memory outlives its reads; the outputs are written).
+  // store is complete (shared memory outlives its reads; the outputs are written). kWarpPush:
+  // the pusher is told to return, and has raised every flag once it frees that handoff.
   __device__ __forceinline__ void consumers_end() const {
     if (threadIdx.x % 128 != 0) return;
-    flush<0>();
+    if constexpr (kWarpPush) {
+      const int cw = threadIdx.x / 128 - 1;
+      RsPushMail* mail = p->tile_n == 256 ? mail_of<256>(cw) : mail_of<128>(cw);
+      wait_freed(mail);
+      post(mail, -1, 0, 0, 0, 0);
+      wait_freed(mail);
+    } else {
+      flush<0>();
+    }
     bulk_wait_all();
   }
+
+  // ---- kWarpPush ----------------------------------------------------------------------------
+  // The warpgroup's half-tile (rows [h0, h0 + 64), columns [col, col + BN)) to the pusher, in
+  // handoffs of two store rounds (bf16: one; fp32: BN / 128).
+  template <int BN, int kFrag>
+  __device__ __forceinline__ void hand_off(const float (&acc)[kFrag], uint8_t* stage, int cw,
+                                           int h0, int col, int n) const {
+    RsPushMail* mail = mail_of<BN>(cw);
+    if (p->bf16_partials) {
+      hand_off_rounds<BN, false>(acc, stage, cw, mail, h0, col, n);
+    } else {
+      hand_off_rounds<BN, true>(acc, stage, cw, mail, h0, col, n);
+    }
+  }
+  template <int BN, bool kF32, int kFrag>
+  __device__ __forceinline__ void hand_off_rounds(const float (&acc)[kFrag], uint8_t* stage,
+                                                  int cw, RsPushMail* mail, int h0, int col,
+                                                  int n) const {
+    constexpr int kRounds = kStoreRounds<BN, kF32>, kCols = kF32 ? 64 : 128;
+    const int t = threadIdx.x % 128;
+#pragma unroll
+    for (int h = 0; h < kRounds; h += 2) {
+      if (t == 0) {
+        wait_freed(mail);      // the pusher's reads of the previous handoff
+        bulk_wait_read_all();  // this warpgroup's own TMA store's reads
+      }
+      named_barrier_sync(2 + cw, 128);
+      stage_round<kF32>(acc, stage, h);
+      if (h + 1 < kRounds) stage_round<kF32>(acc, stage + 16384, h + 1);
+      named_barrier_sync(2 + cw, 128);
+      if (t == 0) post(mail, h0, col + h * kCols, n, h + 2 >= kRounds, min(2, kRounds - h));
+    }
+  }
+
+  // A pusher warp's whole life (engine hook aux_warp; 40 registers): handoffs until h0 < 0.
+  __device__ __forceinline__ void aux_warp(int cw, uint8_t* stage, uint8_t* aux) const {
+    RsPushMail* mail = reinterpret_cast<RsPushMail*>(aux) + cw;
+    const int lane = threadIdx.x % 32;
+    for (uint32_t k = 0;; ++k) {
+      mbar_wait(&mail->staged, k & 1);
+      const int h0 = mail->h0;
+      if (h0 < 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&mail->freed);
+        return;
+      }
+      const int col = mail->col, n = mail->n, last = mail->bits & 1, rounds = mail->bits >> 1;
+      const CommDevice& d = p->dev;
+      const int W = d.world, r = d.rank;
+      const int h1 = min(h0 + 64, p->M);
+      const int o_lo = split_owner(p->M, W, h0), o_hi = split_owner(p->M, W, h1 - 1);
+      uint32_t sent = 0;  // owners whose rows were stored (lane 0's start checks passed)
+      for (int o = o_lo; o <= o_hi; ++o) {
+        if (o == r) continue;
+        const bool ok = __shfl_sync(0xffffffffu, lane == 0 ? observe_start(o) : false, 0);
+        if (!ok) continue;  // recorded: the launch has failed
+        sent |= 1u << o;
+        if (p->bf16_partials) {
+          send_rows<false>(stage, o, h0, h1, col, rounds);
+        } else {
+          send_rows<true>(stage, o, h0, h1, col, rounds);
+        }
+      }
+      __syncwarp();  // every lane issued its last store: its staging reads are done
+      if (lane == 0) mbar_arrive(&mail->freed);
+      if (!last || sent == 0) continue;
+      __threadfence_system();  // this lane's stores before lane 0's flag (through the syncwarp)
+      __syncwarp();
+      if (lane == 0) {
+        for (int o = o_lo; o <= o_hi; ++o) {
+          if (sent & (1u << o)) st_release_sys(rs_flag(*p, o, r, h0 / 64, n), epoch);
+        }
+      }
+    }
+  }
+
+  // One handoff's rows of owner o (rows [max(h0, off_o), min(h1, end_o)), `rounds` store
+  // rounds from column col, clipped to N) from the staging buffer to o's receive slot for this
+  // rank (slot row i = row off_o + i - padding): push_chunks.
+  template <bool kF32>
+  __device__ __forceinline__ void send_rows(const uint8_t* stage, int o, int h0, int h1, int col,
+                                            int rounds) const {
+    const CommDevice& d = p->dev;
+    const int W = d.world, r = d.rank;
+    const int off = static_cast<int>(split_offset(p->M, W, o));
+    const int end = min(off + static_cast<int>(split_count(p->M, W, o)), h1);
+    const int64_t slot = p->accumulate ? 0 : (r < o ? r : r - 1);
+    constexpr int kESize = kF32 ? 4 : 2, kElems = 16 / kESize;  // elements per 16-byte chunk
+    // The handoff's row h0, column col in o's slot (h0 may precede o's rows: never stored).
+    char* const at = reinterpret_cast<char*>(d.base[o] + d.data_offset + p->ws_offset) +
+                     (slot * static_cast<int64_t>(p->slot_elems) +
+                      static_cast<int64_t>(kFusedRsSlotPadRows + h0 - off) * p->N + col) *
+                         kESize;
+    push_chunks(smem_u32(stage), at, max(off - h0, 0), end - h0,
+                min(rounds * 16 * kElems, p->N - col) * kESize, p->N * kESize, rounds,
+                kF32 && p->accumulate);
+  }
 };
+
+// A pusher warp's copy (RsEpilogue::send_rows): rows [row_lo, row_hi) and bytes [0, bytes) of
+// each row of the staged rounds (stage_round's swizzled layout: part = round * 2 + box of 8 KiB,
+// 64 rows of 128 B, 16-byte chunk c of row i at c ^ (i % 8)) to `at` (row i at at + i * ld),
+// 16 bytes per lane and instruction: a warp writes 4 rows × 128 B at a time. add_f32: vector
+// fp32 reduce-adds instead of stores (an accumulating slot). Out of line: the producer
+// warpgroup's 40 registers.
+inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
+                                                int bytes, int ld, int rounds, bool add_f32) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 1
+  for (int it = 0; it < 32 * rounds; ++it) {
+    const int i = it * 32 + lane;
+    const int c = i & 7, row = (i >> 3) & 63, part = i >> 9;
+    const int byte = part * 128 + c * 16;  // within the row
+    if (row < row_lo || row >= row_hi || byte >= bytes) continue;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(stage + part * 8192 + row * 128 + ((c ^ (row & 7)) << 4)));
+    char* g = at + (static_cast<uint32_t>(row) * static_cast<uint32_t>(ld) + byte);
+    if (add_f32) {
+      asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(g),
+                   "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)),
+                   "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                   : "memory");
+    } else {
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y),
+                   "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+  }
+}
 
 // The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
 struct RsSchedule : FusedClaims<RsParams> {

@@ -18,9 +18,11 @@
 //   [A ring]  kStages × 128×64 bf16 (16 KiB each; rows of 128 B, TMA SWIZZLE_128B)
 //   [B ring]  kStages × BN×64 bf16; kNK: BN rows of 128 B (K-major, like A);
 //             kKN: BN/64 slabs of 64 K-rows × 128 B (64 N-elements), 8 KiB each (N-major)
-//   [staging] 2 × 16 KiB: per consumer warpgroup, for the TMA store of C (c_tma): 64 rows ×
-//             128 columns of bf16 C as two 64×64 boxes, or 64 rows × 64 columns of fp32 C as
-//             two 64×32 boxes (128-B swizzled rows either way)
+//   [staging] 2 × R × 16 KiB (R = the epilogue's kStagingRounds, 1 or 2): per consumer
+//             warpgroup, R store rounds of 16 KiB (store_tile_tma): a round is 64 rows × 128
+//             columns of bf16 as two 64×64 boxes, or 64 rows × 64 columns of fp32 as two 64×32
+//             boxes (128-B swizzled rows either way)
+//   [aux]     kAuxBytes: the epilogue's (its helper warps' mailboxes, kAuxWarps)
 //   [full]    kStages × mbarrier: 1 arrival (producer, expect_tx = stage bytes) + TMA bytes
 //   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp) per CTA that reads
 //             the stage's B half from this CTA's loads: 8, or 16 in a CTA pair (below)
@@ -64,17 +66,23 @@ inline constexpr int kGemmThreads = 384;
 inline constexpr int kTileM = 128;
 inline constexpr int kTileK = 64;
 
-template <int BN>
+// kStagingRounds: 16 KiB store rounds that each consumer warpgroup's staging buffer holds.
+// Two (a whole bf16 half-tile of BN = 256) cost one stage of the operand ring; measured on
+// 2 × H200 (kernels/bench/fused/NOTES.md, "Where gemmReduceScatter's W = 2 overhead goes"),
+// 3 stages with 2 rounds ran the GEMM at 0.98 × the time of 4 stages with 1.
+template <int BN, int kStagingRounds = 1>
 struct GemmTileConfig {
   static_assert(BN == 128 || BN == 256, "tile widths with a wgmma wrapper");
-  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static_assert(kStagingRounds == 1 || kStagingRounds == 2, "one or two store rounds");
   static constexpr uint32_t kABytes = kTileM * kTileK * 2;
   static constexpr uint32_t kBBytes = BN * kTileK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  // Per consumer warpgroup: a 64×128 bf16 staging buffer (two 64×64 TMA-store boxes).
-  static constexpr uint32_t kStagingBytes = 2 * 64 * 128;
-  static constexpr size_t kSmemBytes =
-      1024 + size_t(kStages) * kStageBytes + 2 * kStagingBytes + kStages * 20 + 8;
+  static constexpr int kStages = BN == 256 ? 5 - kStagingRounds : 7 - kStagingRounds;
+  // Per consumer warpgroup: kStagingRounds × 64×128 bf16 (two 64×64 TMA-store boxes each).
+  static constexpr uint32_t kStagingBytes = kStagingRounds * 2 * 64 * 128;
+  static constexpr uint32_t kAuxBytes = 64;
+  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes +
+                                       2 * kStagingBytes + kAuxBytes + kStages * 20 + 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 opt-in shared memory");
 };
 
@@ -221,15 +229,25 @@ __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const Gemm
 //     true: instead of the above, every consumer thread calls
 //       template <int BN, int kFrag> void tile(float (&acc)[kFrag], uint8_t* staging,
 //                                              TileCoord, int cw, const GemmProblem&) const;
-//     with its warpgroup's 16 KiB staging buffer (store_tile_tma; named barrier 2 + cw is the
-//     warpgroup's), whatever prob.c_tma says, and once after its last tile
+//     with its warpgroup's staging buffer (kStagingRounds × 16 KiB, store_tile_tma; named
+//     barrier 2 + cw is the warpgroup's), whatever prob.c_tma says, and once after its last tile
 //       void consumers_end() const;
 //     (before the schedule's consumers_done), where bulk stores it issued must be waited for;
 //     and, in every tile's main loop at k-block min(k_blocks, kStages) - 1 (a point that the
 //     warpgroup reaches without the other warpgroup's progress, see there),
 //       void main_loop_point() const;
+//   static constexpr int kStagingRounds;  1 or 2 (GemmTileConfig)
+//   static constexpr bool kAuxWarps;
+//     true: thread 0 calls, before the CTA's first barrier,
+//       static void init_aux(uint8_t* aux);   (the kAuxBytes region)
+//     and warps 1 and 2 of the producer warpgroup (40 registers) call, instead of returning,
+//       void aux_warp(int cw, uint8_t* staging, uint8_t* aux) const;
+//     each a helper of consumer warpgroup cw, with that warpgroup's staging buffer. An
+//     epilogue finds aux from its staging buffer with gemm_aux_smem.
 struct DefaultEpilogue {
   static constexpr bool kOwnsTile = false;
+  static constexpr int kStagingRounds = 1;
+  static constexpr bool kAuxWarps = false;
   void* c;
   int64_t ldc;
   GemmOutType c_type;
@@ -328,54 +346,67 @@ struct DefaultEpilogue {
 // round's stores must have read it (bulk wait_group.read), published to the warpgroup by its
 // named barrier. The fragment goes to rows [row, row + 64) and columns [col, col + BN) of `tm`;
 // `issue` (thread 0's) false: staged but not stored. One bulk group per round is committed:
-// BN / 128 (bf16) or BN / 64 (fp32) groups.
+// BN / 128 (bf16) or BN / 64 (fp32) groups. kBufRounds: the rounds the buffer holds (round h
+// goes to its 16 KiB part h % kBufRounds; the read wait comes before parts wrap around).
 template <int BN, bool kF32>
 inline constexpr int kStoreRounds = BN / (kF32 ? 64 : 128);
-template <int BN, bool kF32, int kFrag, bool kReduce = false>
-__device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
-                                               const CUtensorMap* tm, int cw, int row, int col,
-                                               bool issue) {
+// Writes round h (columns [h * cols, (h + 1) * cols) of the fragment, cols = 64 fp32 or 128
+// bf16) of the warpgroup's fragment into the 16 KiB at `part` in the layout above. Only the
+// writes: the caller orders them (barriers, proxy fences).
+template <bool kF32, int kFrag>
+__device__ __forceinline__ void stage_round(const float (&acc)[kFrag], uint8_t* part, int h) {
   constexpr int kColsPerRound = kF32 ? 64 : 128;  // two boxes of 128-byte rows
   constexpr int kJPerRound = kColsPerRound / 8;   // 8-column groups j of the fragment
   constexpr int kJPerBox = kJPerRound / 2;
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
-  const uint32_t base = smem_u32(stage_buf);
+  const uint32_t base = smem_u32(part);
   const int r_lo = warp * 16 + lane / 4;
   const uint32_t sw = static_cast<uint32_t>(r_lo % 8);  // the swizzle of rows r_lo and r_lo + 8
   const uint32_t q = static_cast<uint32_t>(lane % 4);
+#pragma unroll
+  for (int jj = 0; jj < kJPerRound; ++jj) {
+    const int j = h * kJPerRound + jj;
+    const uint32_t box = base + (jj / kJPerBox) * 8192;
+    if constexpr (kF32) {
+      // Columns 8*(jj%4) + 2q, +1 of the box: chunk 2*(jj%4) + q/2, byte 8*(q%2) in it.
+      const uint32_t chunk = ((2 * (jj % kJPerBox) + q / 2) ^ sw) << 4, off = 8 * (q % 2);
+      st_shared_f32x2(box + r_lo * 128 + chunk + off, acc[4 * j + 0], acc[4 * j + 1]);
+      st_shared_f32x2(box + (r_lo + 8) * 128 + chunk + off, acc[4 * j + 2], acc[4 * j + 3]);
+    } else {
+      const uint32_t chunk = ((jj % 8) ^ sw) << 4;
+      __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
+      __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+      st_shared_u32(box + r_lo * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&lo));
+      st_shared_u32(box + (r_lo + 8) * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&hi));
+    }
+  }
+}
+template <int BN, bool kF32, int kFrag, bool kReduce = false, int kBufRounds = 1>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
+                                               const CUtensorMap* tm, int cw, int row, int col,
+                                               bool issue) {
+  constexpr int kColsPerRound = kF32 ? 64 : 128;
+  const int t = threadIdx.x % 128;
   const uint32_t bar_id = 2 + cw;
 #pragma unroll
   for (int h = 0; h < BN / kColsPerRound; ++h) {
-    if (t == 0) bulk_wait_read_all();
-    named_barrier_sync(bar_id, 128);
-#pragma unroll
-    for (int jj = 0; jj < kJPerRound; ++jj) {
-      const int j = h * kJPerRound + jj;
-      const uint32_t box = base + (jj / kJPerBox) * 8192;
-      if constexpr (kF32) {
-        // Columns 8*(jj%4) + 2q, +1 of the box: chunk 2*(jj%4) + q/2, byte 8*(q%2) in it.
-        const uint32_t chunk = ((2 * (jj % kJPerBox) + q / 2) ^ sw) << 4, off = 8 * (q % 2);
-        st_shared_f32x2(box + r_lo * 128 + chunk + off, acc[4 * j + 0], acc[4 * j + 1]);
-        st_shared_f32x2(box + (r_lo + 8) * 128 + chunk + off, acc[4 * j + 2], acc[4 * j + 3]);
-      } else {
-        const uint32_t chunk = ((jj % 8) ^ sw) << 4;
-        __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
-        __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-        st_shared_u32(box + r_lo * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&lo));
-        st_shared_u32(box + (r_lo + 8) * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&hi));
-      }
+    uint8_t* part = stage_buf + (h % kBufRounds) * 16384;
+    if (h % kBufRounds == 0) {
+      if (t == 0) bulk_wait_read_all();
+      named_barrier_sync(bar_id, 128);
     }
+    stage_round<kF32>(acc, part, h);
     fence_proxy_async_shared();
     named_barrier_sync(bar_id, 128);
     if (t == 0 && issue) {
       const int c = col + h * kColsPerRound;
       if constexpr (kReduce) {
-        tma_reduce_add_2d(tm, stage_buf, c, row);
-        tma_reduce_add_2d(tm, stage_buf + 8192, c + kColsPerRound / 2, row);
+        tma_reduce_add_2d(tm, part, c, row);
+        tma_reduce_add_2d(tm, part + 8192, c + kColsPerRound / 2, row);
       } else {
-        tma_store_2d(tm, stage_buf, c, row);
-        tma_store_2d(tm, stage_buf + 8192, c + kColsPerRound / 2, row);
+        tma_store_2d(tm, part, c, row);
+        tma_store_2d(tm, part + 8192, c + kColsPerRound / 2, row);
       }
       bulk_commit();
     }
@@ -464,11 +495,21 @@ struct PlainSchedule {
 // stopped). The CTA's place among the computing CTAs comes from the schedule (cta(),
 // num_ctas()). It uses the whole dynamic shared memory (GemmTileConfig<BN>::kSmemBytes) and
 // named barriers 1..3; the caller may use barrier 0 (__syncthreads) before the call only.
+// The dynamic shared memory's aux region (layout above) of an engine with this configuration.
+template <int BN, int kStagingRounds>
+__device__ __forceinline__ uint8_t* gemm_aux_smem() {
+  using Cfg = GemmTileConfig<BN, kStagingRounds>;
+  extern __shared__ uint8_t smem_raw[];
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023};
+  return reinterpret_cast<uint8_t*>(base) + Cfg::kStages * Cfg::kStageBytes +
+         2 * Cfg::kStagingBytes;
+}
+
 template <int BN, bool kBKN, class Epilogue, class Schedule>
 __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CUtensorMap& tm_b,
                                                const CUtensorMap& tm_c, const GemmProblem& prob,
                                                const Epilogue& epi, const Schedule& sched) {
-  using Cfg = GemmTileConfig<BN>;
+  using Cfg = GemmTileConfig<BN, Epilogue::kStagingRounds>;
   constexpr int kStages = Cfg::kStages;
   constexpr bool kDyn = Schedule::kDynamic;
   constexpr int kCluster = Schedule::kCluster;
@@ -479,7 +520,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + kStages * Cfg::kABytes;
   uint8_t* staging = smem_b + kStages * Cfg::kBBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * Cfg::kStagingBytes);
+  uint8_t* aux = staging + 2 * Cfg::kStagingBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(aux + Cfg::kAuxBytes);
   uint64_t* empty = full + kStages;
   uint64_t* done = empty + kStages;  // CTA pairs: the partner's 8 consumer warps are done
   volatile uint32_t* status = reinterpret_cast<volatile uint32_t*>(done + 1);
@@ -492,6 +534,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       status[s] = 0;
     }
     mbar_init(done, 8);
+    if constexpr (Epilogue::kAuxWarps) Epilogue::init_aux(aux);
     mbar_init_fence();
   } else if (threadIdx.x == 32) {
     tma_prefetch_desc(&tm_a);
@@ -520,6 +563,13 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   if (wg == 0) {
     // ---------------- producer ----------------
     setmaxnreg_dec<40>();
+    if constexpr (Epilogue::kAuxWarps) {
+      const int w = threadIdx.x / 32;
+      if (w == 1 || w == 2) {
+        epi.aux_warp(w - 1, staging + (w - 1) * Cfg::kStagingBytes, aux);
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     const bool waits = sched.has_waits(prob);
     int stage = 0;
