@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A model of the fused gemmReduceScatter's push protocol (detail/fused_gemm.cuh), searched for
-deadlocks under random scheduling. Usage: rs_protocol_model.py [--quick]
+deadlocks under random scheduling. Usage: rs_protocol_model.py [--quick] [--pusher]
 
 What is modelled, per rank: the tile sweep of RsSchedule::coord (other ranks' M-blocks first,
 starting after the own ones, then the own blocks, each part in the grouped raster), CTAs whose
@@ -12,7 +12,9 @@ producer claims up to `lookahead` tiles ahead of its consumers, and two warpgrou
 - rows of its own rank: first every pending push of the warpgroup is flagged, then it waits
   until every other rank's push of that half-tile is flagged.
 A configuration passes when every rank finishes; it deadlocks when no claim, step or flush can
-happen. What is not modelled: the start and end barriers (always satisfiable: a rank raises
+happen. --pusher models the pusher warps (RsEpilogue::kWarpPush): a pushed half-tile's flag is
+raised by a helper warp that waits for nothing but its own stores, so it is raised at the push
+itself, and a warpgroup flushes nothing before its waits. What is not modelled: the start and end barriers (always satisfiable: a rank raises
 its start flag at launch, and the end barrier follows the last wait), timeouts, data.
 """
 import argparse
@@ -58,7 +60,7 @@ def sweep(M, W, rank, n_blocks, group):
     return out
 
 
-def run(M, W, ctas, n_blocks, group, lookahead, lead, seed):
+def run(M, W, ctas, n_blocks, group, lookahead, lead, seed, pusher=False):
     rng = random.Random(seed)
     seqs = [sweep(M, W, r, n_blocks, group) for r in range(W)]
     for s in seqs:
@@ -102,11 +104,14 @@ def run(M, W, ctas, n_blocks, group, lookahead, lead, seed):
         half = h0 // 64
         for o in range(lo, hi + 1):  # pushes: each completes the older pending one
             if o != r:
+                if pusher:
+                    flags.add((o, r, half, n))
+                    continue
                 if st["pend"][w]:
                     flags.add(st["pend"][w])
                 st["pend"][w] = (o, r, half, n)
         if lo <= r <= hi:
-            if st["pend"][w]:  # push before wait
+            if st["pend"][w] and not pusher:  # push before wait
                 flags.add(st["pend"][w])
                 st["pend"][w] = None
             if not all((r, s, half, n) in flags for s in range(W) if s != r):
@@ -145,6 +150,7 @@ def run(M, W, ctas, n_blocks, group, lookahead, lead, seed):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--pusher", action="store_true")
     args = ap.parse_args()
     worlds = [2, 3, 4] if args.quick else [2, 3, 4, 5, 6, 8]
     step_m = 37 if args.quick else 7
@@ -156,7 +162,8 @@ def main():
                     for group in (1, 8):
                         for lookahead, lead in ((2, 1), (3, 2), (6, 6)):
                             cases += 1
-                            if not run(M, W, ctas, n_blocks, group, lookahead, lead, cases):
+                            if not run(M, W, ctas, n_blocks, group, lookahead, lead, cases,
+                                       args.pusher):
                                 bad.append((M, W, ctas, n_blocks, group, lookahead, lead))
     print(f"{cases} configurations, {len(bad)} deadlocks", bad[:10])
     sys.exit(1 if bad else 0)
