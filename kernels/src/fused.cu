@@ -250,8 +250,8 @@ cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p,
                                cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
   return launch_fused_instance(detail::ag_gemm_kernel<BN, kBKN>,
-                               detail::GemmTileConfig<BN>::kSmemBytes, opted, plan,
-                               p.gemm_ctas + p.comm_ctas, stream, plan.epi, p);
+                               detail::GemmTileConfig<BN, detail::DefaultEpilogue::kStagingRounds>::kSmemBytes,
+                               opted, plan, p.gemm_ctas + p.comm_ctas, stream, plan.epi, p);
 }
 
 template <int BN, bool kBKN>

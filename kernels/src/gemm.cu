@@ -80,7 +80,7 @@ int choose_tile_n(int M, int N, int ctas) {
 template <int BN, bool kBKN, bool kPair>
 cudaError_t launch_kernel(const detail::GemmPlan& p, cudaStream_t stream) {
   auto kernel = detail::gemm_sm90_kernel<BN, kBKN, kPair, detail::DefaultEpilogue>;
-  constexpr size_t smem = GemmTileConfig<BN>::kSmemBytes;
+  constexpr size_t smem = GemmTileConfig<BN, detail::DefaultEpilogue::kStagingRounds>::kSmemBytes;
   static std::atomic<uint64_t> opted_in{0};
   if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
                                                opted_in);

@@ -246,6 +246,9 @@ __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const Gemm
 //     epilogue finds aux from its staging buffer with gemm_aux_smem.
 struct DefaultEpilogue {
   static constexpr bool kOwnsTile = false;
+  // Two rounds (3 stages at BN = 256) measured 0.987 × the time over 52 GEMM shapes on one
+  // H200 but 1.08 × at 8192³ and 1.02-1.03 × at small M; allGatherGemm lost up to 12 %
+  // (kernels/bench/NOTES.md): one.
   static constexpr int kStagingRounds = 1;
   static constexpr bool kAuxWarps = false;
   void* c;
@@ -413,11 +416,12 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_
   }
 }
 // The engine's own C store: the warpgroup's 64 rows of tile tc.
-template <int BN, bool kF32, int kFrag>
+template <int BN, bool kF32, int kBufRounds, int kFrag>
 __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
                                             const CUtensorMap* tm_c, TileCoord tc, int cw,
                                             bool rows_in) {
-  store_tile_tma<BN, kF32>(acc, stage_buf, tm_c, cw, tc.m * kTileM + cw * 64, tc.n * BN, rows_in);
+  store_tile_tma<BN, kF32, kFrag, false, kBufRounds>(acc, stage_buf, tm_c, cw,
+                                                     tc.m * kTileM + cw * 64, tc.n * BN, rows_in);
 }
 
 // ---- tile schedules ---------------------------------------------------------------------------
@@ -731,9 +735,11 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       } else {
         const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
         if (prob.c_tma == kCTmaBF16) {
-          store_c_tma<BN, false>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+          store_c_tma<BN, false, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes,
+                                                          &tm_c, tc, cw, rows_in);
         } else if (prob.c_tma == kCTmaF32) {
-          store_c_tma<BN, true>(acc, staging + cw * Cfg::kStagingBytes, &tm_c, tc, cw, rows_in);
+          store_c_tma<BN, true, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes,
+                                                         &tm_c, tc, cw, rows_in);
         }
         if (rows_in) {
           const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
