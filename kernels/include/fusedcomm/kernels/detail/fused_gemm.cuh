@@ -300,6 +300,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 //   phantom peers: kernels/bench/fused/NOTES.md). The price: the fp32 sum's order depends on
 //   arrival, so results may differ in the last bits between runs and from the decomposed path.
 //
+// Pusher warps (bench switch FUSEDCOMM_RS_WARP_PUSH, RsEpilogue::kWarpPush; off by default
+// until measured over NVLink): the consumers only stage a pushed half-tile in shared memory
+// (two 16 KiB rounds per handoff, 3 operand stages instead of 4) and hand it to a helper warp
+// of the producer warpgroup, which stores it to the owner with st.global (or red.add.v4.f32
+// into an accumulating slot) and raises the flag itself. Neither the consumers nor the TMA
+// unit (the GEMM's loads) wait for NVLink, and a flag no longer depends on the warpgroup's
+// next main loop: no flush before a wait, no main_loop_point (rs_protocol_model.py --pusher).
+//
 // Tile order (RsSchedule::coord): a rank sweeps first the M-blocks holding none of its rows,
 // starting after its own blocks and wrapping around (owners r+1, r+2, ...: at any time each
 // owner receives from about one source), then its own blocks [own_b0, own_b0 + own_nb).
