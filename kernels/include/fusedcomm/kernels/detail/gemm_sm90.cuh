@@ -67,9 +67,9 @@ inline constexpr int kTileM = 128;
 inline constexpr int kTileK = 64;
 
 // kStagingRounds: 16 KiB store rounds that each consumer warpgroup's staging buffer holds.
-// Two (a whole bf16 half-tile of BN = 256) cost one stage of the operand ring; measured on
-// 2 × H200 (kernels/bench/fused/NOTES.md, "Where gemmReduceScatter's W = 2 overhead goes"),
-// 3 stages with 2 rounds ran the GEMM at 0.98 × the time of 4 stages with 1.
+// Two (a whole bf16 half-tile of BN = 256) cost one stage of the operand ring; for the plain
+// GEMM that is a wash (0.987 × over 52 shapes on one H200, but 1.08 × at 8192³:
+// kernels/bench/NOTES.md), so only epilogues that need the room ask for it.
 template <int BN, int kStagingRounds = 1>
 struct GemmTileConfig {
   static_assert(BN == 128 || BN == 256, "tile widths with a wgmma wrapper");
@@ -242,8 +242,8 @@ __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const Gemm
 //       static void init_aux(uint8_t* aux);   (the kAuxBytes region)
 //     and warps 1 and 2 of the producer warpgroup (40 registers) call, instead of returning,
 //       void aux_warp(int cw, uint8_t* staging, uint8_t* aux) const;
-//     each a helper of consumer warpgroup cw, with that warpgroup's staging buffer. An
-//     epilogue finds aux from its staging buffer with gemm_aux_smem.
+//     each a helper of consumer warpgroup cw, with that warpgroup's staging buffer. The
+//     consumers' side finds the aux region with gemm_aux_smem<BN, kStagingRounds>().
 struct DefaultEpilogue {
   static constexpr bool kOwnsTile = false;
   // Two rounds (3 stages at BN = 256) measured 0.987 × the time over 52 GEMM shapes on one
