@@ -15,7 +15,10 @@
 //             A producer that gives up after its atomicAdd leaves a hole the consumer would
 //             wait on forever, so it must set header.abort. The host producer (post) avoids
 //             that: it reserves with a compare-and-swap only once slot - consumed < capacity,
-//             so its timeout leaves nothing behind.
+//             so its timeout leaves nothing behind. GPU producers (kernels/proxy.h) take
+//             their slots from a counter in device memory instead of header.reserved (PCIe
+//             atomics on host memory are not portable), so one ring has GPU producers or host
+//             producers, never both.
 //   consumer: for slot = header.consumed: wait until cmd.seq == slot + 1 (acquire); copy the
 //             command out; store header.consumed = slot + 1 (release: the slot may be reused);
 //             hand the write to the transport; store header.completed = slot + 1 (release:
@@ -35,39 +38,10 @@
 #include <string>
 #include <thread>
 
+#include "fusedcomm/rdma/proxy_ring.h"
 #include "fusedcomm/rdma/transport.h"
 
 namespace fusedcomm::rdma {
-
-enum class ProxyOp : uint32_t {
-  kWrite = 1,  // WriteOp fields
-};
-
-struct alignas(64) RingHeader {
-  uint64_t reserved;   // producers' next slot (atomic fetch-add)
-  uint64_t pad0[7];
-  uint64_t consumed;   // consumer: slots below this are free again
-  uint64_t completed;  // consumer: commands below this were handed to the transport
-  uint64_t abort;      // nonzero: producers and consumer stop (set by the host on abort)
-  uint64_t pad1[5];
-};
-static_assert(sizeof(RingHeader) == 128);
-
-struct alignas(128) ProxyCommand {
-  uint64_t seq;            // slot + 1 once the command is complete (release-published last)
-  uint32_t op;             // ProxyOp
-  int32_t peer;            // destination rank
-  uint64_t src_key;        // local region and offset of the payload
-  uint64_t src_offset;
-  uint64_t dst_key;        // peer region and offset
-  uint64_t dst_offset;
-  uint64_t bytes;
-  uint64_t signal_key;     // 0: no signal
-  uint64_t signal_offset;
-  uint64_t signal_value;
-  uint64_t reserved[6];
-};
-static_assert(sizeof(ProxyCommand) == 128);
 
 class ProxyRing {
  public:

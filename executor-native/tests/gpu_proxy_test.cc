@@ -1,0 +1,232 @@
+// gpu_proxy_test: GPU producers of the proxy ring (kernels/proxy.h, DESIGN.md §2b) over the
+// socket transport. Two forked processes play two hosts (each its own socket transport, ring,
+// proxy thread and mapped host regions), rank r on GPU r % (GPU count); every write goes
+// GPU -> ring -> proxy -> TCP -> peer's transport -> host memory -> the peer kernel's poll.
+//   stream: credit-controlled message streams both ways round (rank 0 sends, rank 1 returns
+//     credits), fresh seeded data, every word checked by the receiving kernel: 16 B x 1,000
+//     messages (depth 1: a round trip each, the latency), 64 KiB + 16 B x 200 (depth 4), and
+//     4 MiB x 64 (depth 8) without checks for the throughput (printed; the bytes are checked in
+//     the 64 KiB case);
+//   timeout: a receiver waiting for a message nobody sends gives up after 300 ms
+//     (kProxyTimeout), the process survives, and the next stream on the same ring works;
+//   abort: the host sets the ring's abort word while a receiver waits: kProxyAborted.
+// Exit 77 (skip) with a reason where no Hopper GPU is visible.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fusedcomm/kernels/proxy.h"
+#include "fusedcomm/rdma/proxy.h"
+#include "fusedcomm/rdma/transport.h"
+#include "gpu_test_support.h"
+#include "process_group.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+namespace rd = fusedcomm::rdma;
+using fusedcomm::testing::check;
+using fusedcomm::testing::ProcessGroup;
+using namespace std::chrono_literals;
+
+constexpr uint32_t kRingCapacity = 64;
+constexpr uint64_t kBoxBytes = 32ull << 20;  // outbox and inbox: up to 8 slots of 4 MiB
+constexpr uint64_t kSignalBytes = 4096;      // one 8-byte signal word per stream
+
+// Pinned host memory mapped for the GPU; owned, freed once.
+struct MappedHost {
+  void* host = nullptr;
+  void* dev = nullptr;
+  explicit MappedHost(size_t bytes) {
+    CUDA_OK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(host, 0, bytes);
+    CUDA_OK(cudaHostGetDevicePointer(&dev, host, 0));
+  }
+  ~MappedHost() { cudaFreeHost(host); }
+  MappedHost(const MappedHost&) = delete;
+  MappedHost& operator=(const MappedHost&) = delete;
+};
+
+struct Blob {  // what a rank tells its peer (the bootstrap allGather's stand-in)
+  char address[64];
+  uint64_t inbox_key, signal_key;
+};
+
+struct StreamResult {
+  uint32_t status = 0, mismatches = 0;
+  double seconds = 0;
+};
+
+// Runs one stream (both ranks call it with the same sizes; `sig` picks a fresh signal word).
+StreamResult run_stream(const k::ProxyRingDevice& ring, int rank, const MappedHost& outbox,
+                        const MappedHost& inbox, const MappedHost& signal, uint64_t outbox_key,
+                        const Blob& peer, int sig, uint64_t bytes, uint32_t depth, uint32_t count,
+                        uint32_t seed, bool check_words, uint64_t timeout_ns, int role = -1) {
+  uint32_t* d = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d), 8));
+  CUDA_OK(cudaMemset(d, 0, 8));
+  k::ProxyStreamTest t{};
+  t.ring = ring;
+  t.role = role >= 0 ? role : rank;
+  t.peer = 1 - rank;
+  t.outbox = static_cast<uint8_t*>(outbox.dev);
+  t.inbox = static_cast<const uint8_t*>(inbox.dev);
+  t.signal_offset = 8ull * sig;
+  t.my_signal = reinterpret_cast<const uint64_t*>(static_cast<uint8_t*>(signal.dev) + t.signal_offset);
+  t.outbox_key = outbox_key;
+  t.peer_inbox_key = peer.inbox_key;
+  t.peer_signal_key = peer.signal_key;
+  t.bytes = bytes;
+  t.depth = depth;
+  t.count = count;
+  t.seed = seed;
+  t.check = check_words ? 1 : 0;
+  t.timeout_ns = timeout_ns;
+  t.status = d;
+  t.mismatches = d + 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  CUDA_OK(k::launch_proxy_stream_test(t, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  StreamResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  uint32_t h[2];
+  CUDA_OK(cudaMemcpy(h, d, 8, cudaMemcpyDeviceToHost));
+  r.status = h[0];
+  r.mismatches = h[1];
+  CUDA_OK(cudaFree(d));
+  return r;
+}
+
+int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
+  const int rank = g.rank;
+  CUDA_OK(cudaSetDevice(rank % gpus));
+  rd::SocketOptions o;
+  o.bind_host = "127.0.0.1";
+  auto transport = rd::make_socket_transport(o);
+  MappedHost outbox(kBoxBytes), inbox(kBoxBytes), signal(kSignalBytes);
+  MappedHost ring_mem(rd::ProxyRing::bytes_for(kRingCapacity));
+  const rd::Region r_out = transport->register_memory(outbox.host, kBoxBytes);
+  const rd::Region r_in = transport->register_memory(inbox.host, kBoxBytes);
+  const rd::Region r_sig = transport->register_memory(signal.host, kSignalBytes);
+
+  Blob mine{};
+  std::snprintf(mine.address, sizeof mine.address, "%s", transport->address().c_str());
+  mine.inbox_key = r_in.key;
+  mine.signal_key = r_sig.key;
+  std::vector<uint8_t> raw(sizeof mine);
+  std::memcpy(raw.data(), &mine, sizeof mine);
+  const auto all = g.all_gather(raw);
+  Blob blobs[2];
+  for (int r = 0; r < 2; ++r) std::memcpy(&blobs[r], all[r].data(), sizeof(Blob));
+  const Blob& peer = blobs[1 - rank];
+
+  rd::GroupSpec spec;
+  spec.job_token = seed | 1;
+  spec.comm_id = 1;
+  spec.rank = rank;
+  spec.world = 2;
+  spec.addresses = {blobs[0].address, blobs[1].address};
+  auto group = transport->connect(spec);
+  rd::ProxyRing ring(ring_mem.host, kRingCapacity);
+  auto proxy = std::make_unique<rd::Proxy>(ring, *group);
+  unsigned long long* next = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&next), sizeof *next));
+  CUDA_OK(cudaMemset(next, 0, sizeof *next));
+  k::ProxyRingDevice dev{};
+  dev.header = static_cast<rd::RingHeader*>(ring_mem.dev);
+  dev.slots = reinterpret_cast<rd::ProxyCommand*>(static_cast<uint8_t*>(ring_mem.dev) +
+                                                  sizeof(rd::RingHeader));
+  dev.next = next;
+  dev.capacity = kRingCapacity;
+
+  const uint64_t second = 1000000000ull;
+  int sig = 0;
+  auto stream = [&](const char* name, uint64_t bytes, uint32_t depth, uint32_t count, bool chk) {
+    const uint32_t s = static_cast<uint32_t>(fusedcomm::testing::mix(seed + sig));
+    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, r_out.key, peer, sig++,
+                                        bytes, depth, count, s, chk, 20 * second);
+    check(res.status == k::kProxyOk, std::string(name) + ": rank " + std::to_string(rank) +
+                                         " status " + std::to_string(res.status) + ", proxy: " +
+                                         proxy->error());
+    check(res.mismatches == 0, std::string(name) + ": rank " + std::to_string(rank) + " " +
+                                   std::to_string(res.mismatches) + " words differ");
+    g.barrier();
+    return res;
+  };
+  const StreamResult lat = stream("16 B x 1000, depth 1", 16, 1, 1000, true);
+  stream("64 KiB + 16 B x 200, depth 4", (64 << 10) + 16, 4, 200, true);
+  const StreamResult bw = stream("4 MiB x 64, depth 8", 4ull << 20, 8, 64, false);
+  if (rank == 0) {
+    std::printf("  round trip (16 B message + credit): %.1f us%s\n", lat.seconds / 1000 * 1e6,
+                gpus == 1 ? " (both ranks on one GPU: their kernels time-slice it, so this is "
+                            "mostly context switches)"
+                          : "");
+    std::printf("  stream 4 MiB x 64 (GPU -> ring -> proxy -> TCP loopback -> peer): %.2f GB/s\n",
+                64.0 * (4 << 20) / bw.seconds / 1e9);
+  }
+
+  // Timeout: rank 1 waits for a message that rank 0 never sends.
+  if (rank == 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, r_out.key, peer, sig,
+                                        16, 1, 1, 7, true, 300000000ull);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    check(res.status == k::kProxyTimeout,
+          "timeout: status " + std::to_string(res.status) + " (expected kProxyTimeout)");
+    check(s >= 0.3 && s < 5.0, "timeout: gave up after " + std::to_string(s) + " s");
+  }
+  ++sig;
+  g.barrier();
+  stream("after the timeout: 64 KiB + 16 B x 20", (64 << 10) + 16, 2, 20, true);
+
+  // Abort: rank 1's host sets the abort word while its kernel waits.
+  if (rank == 1) {
+    std::thread setter([&] {
+      std::this_thread::sleep_for(200ms);
+      std::atomic_ref<uint64_t>(ring.header()->abort).store(1, std::memory_order_release);
+    });
+    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, r_out.key, peer, sig,
+                                        16, 1, 1, 7, true, 20 * second);
+    setter.join();
+    check(res.status == k::kProxyAborted,
+          "abort: status " + std::to_string(res.status) + " (expected kProxyAborted)");
+    check(res.seconds < 5.0, "abort: returned after " + std::to_string(res.seconds) + " s");
+  }
+  g.barrier();
+  proxy->stop(rank == 0, 2000ms);
+  if (rank == 0) group->close(2000ms); else group->abort();
+  proxy.reset();
+  group.reset();
+  transport->deregister_memory(r_out);
+  transport->deregister_memory(r_in);
+  transport->deregister_memory(r_sig);
+  CUDA_OK(cudaFree(next));
+  std::printf("  rank %d: %d checks passed, %d failed\n", rank, fusedcomm::testing::g_passed,
+              fusedcomm::testing::g_failed);
+  return fusedcomm::testing::g_failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  std::string reason;
+  int n = fusedcomm::testing::probe_peer_gpus(reason);
+  if (n < 1) {
+    std::printf("SKIP: gpu_proxy_test needs a Hopper GPU: %s\n",
+                n < 0 ? reason.c_str() : "none visible");
+    return 77;
+  }
+  const uint64_t seed = fusedcomm::testing::test_seed("gpu_proxy_test", n);
+  std::printf("== 2 ranks (virtual hosts) on GPUs 0 and %d\n", 1 % n);
+  const int failed = fusedcomm::testing::run_processes(
+      2, [&](ProcessGroup& g) { return rank_main(g, n, seed); }, 240);
+  std::printf("== gpu_proxy_test: %s\n", failed == 0 ? "PASS" : "FAIL");
+  return failed == 0 ? 0 : 1;
+}

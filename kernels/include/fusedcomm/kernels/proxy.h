@@ -1,0 +1,63 @@
+// GPU producers of the proxy ring (DESIGN.md §2b; the ring's layout is rdma/proxy_ring.h, its
+// protocol rdma/proxy.h): a kernel posts one-sided writes to peers on other hosts into a ring
+// in host memory mapped into the device's address space; a host thread (rdma::Proxy) drains
+// it into the transport, and the receiver learns arrival from a signal word that its kernel
+// polls. For the socket transport every region named in a write (payload source, destination,
+// signal) is host memory, mapped for the GPU: the kernels write payloads there and read what
+// arrives from there.
+//
+// This header: the device handle and, as test support, a streaming test kernel pair
+// (gpu_proxy_test). The device functions are in detail/proxy_device.cuh.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "fusedcomm/rdma/proxy_ring.h"
+
+namespace fusedcomm::kernels {
+
+// A ring as GPU producers see it. Trivially copyable; passed by value to kernels.
+struct ProxyRingDevice {
+  rdma::RingHeader* header;    // the ring's header (host memory, device address)
+  rdma::ProxyCommand* slots;   // its capacity slots (host memory, device address)
+  unsigned long long* next;    // device memory, zeroed with the ring: the producers' next slot
+  uint32_t capacity;           // a power of two
+  uint32_t reserved;
+};
+static_assert(sizeof(ProxyRingDevice) == 32, "device-handle layout");
+
+// Result codes of the device-side waits and posts (ProxyStreamTest::status).
+inline constexpr uint32_t kProxyOk = 0;
+inline constexpr uint32_t kProxyAborted = 1;   // the ring's abort word was set
+inline constexpr uint32_t kProxyTimeout = 2;   // a bounded wait ran out
+
+// ---- test support: a credit-controlled stream of messages through the proxy --------------
+// The sender writes `count` messages of `bytes` bytes, message m carrying the 32-bit words
+// pattern(seed, m, i), into slot m % depth of its outbox and posts a write of it into the same
+// slot of the receiver's inbox with the signal value m + 1; before reusing a slot it waits for
+// the receiver's credit (its signal >= m - depth + 1). The receiver waits for each message's
+// signal, checks every word, and returns a credit (a signal-only write of m + 1). One CTA each.
+struct ProxyStreamTest {
+  ProxyRingDevice ring;       // this rank's ring
+  int role;                   // 0: sender, 1: receiver
+  int peer;                   // the other rank
+  uint8_t* outbox;            // sender: device address of its outbox region
+  const uint8_t* inbox;       // receiver: device address of its inbox region
+  const uint64_t* my_signal;  // device address of this rank's signal word
+  uint64_t outbox_key, peer_inbox_key;  // sender: regions of the writes
+  uint64_t peer_signal_key;   // the peer's signal region
+  uint64_t signal_offset;     // the signal word's offset in both ranks' signal regions
+  uint64_t bytes;             // per message, a multiple of 16
+  uint32_t depth;             // slots in the boxes
+  uint32_t count;             // messages
+  uint32_t seed;
+  uint32_t check;             // receiver: 1 checks every word, 0 only waits (throughput)
+  uint64_t timeout_ns;        // every wait
+  uint32_t* status;           // device memory: kProxy* of the first failure
+  uint32_t* mismatches;       // device memory: words that differed (receiver)
+};
+cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stream);
+
+}  // namespace fusedcomm::kernels
