@@ -1,5 +1,5 @@
-// Test support for the GPU producers of the proxy ring (kernels/proxy.h): the streaming pair
-// of gpu_proxy_test.
+// The GPU producers of the proxy ring (kernels/proxy.h): allReduce across hosts, and the
+// streaming test pair of gpu_proxy_test.
 #include "fusedcomm/kernels/detail/proxy_device.cuh"
 #include "fusedcomm/kernels/proxy.h"
 
@@ -76,7 +76,92 @@ __global__ void proxy_stream_kernel(ProxyStreamTest t) {
   if (threadIdx.x == 0 && status != kProxyOk) atomicCAS(t.status, kProxyOk, status);
 }
 
+__global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
+  __shared__ uint32_t status;
+  if (threadIdx.x == 0) status = kProxyOk;
+  __syncthreads();
+  const int H = a.hosts, me = a.rank;
+  const int64_t per_chunk = static_cast<int64_t>(a.chunk_bytes / 4);
+  const int64_t chunks = (a.count + per_chunk - 1) / per_chunk;
+  const uint64_t* recv = a.signals + a.base_word;        // word s: chunks from source s
+  const uint64_t* credit = a.signals + a.base_word + H;  // word H + s: credits from s
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t e0 = c * per_chunk, n = min(per_chunk, a.count - e0);
+    if (threadIdx.x == 0 && c > 0) {
+      for (int p = 0; p < H && status == kProxyOk; ++p) {
+        if (p != me) status = detail::proxy_wait_signal(a.ring, credit + p, a.value_base + c, a.timeout_ns);
+      }
+    }
+    __syncthreads();
+    if (status != kProxyOk) break;
+    float* out = reinterpret_cast<float*>(a.outbox);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = a.x[e0 + i];
+    __threadfence_system();  // the staged chunk before the posts (cumulative)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < H && status == kProxyOk; ++p) {
+        if (p == me) continue;
+        detail::ProxyWrite w{};
+        w.peer = p;
+        w.src_key = a.outbox_key;
+        w.dst_key = a.inbox_keys[p];
+        w.dst_offset = static_cast<uint64_t>(me) * a.chunk_bytes;
+        w.bytes = static_cast<uint64_t>(n) * 4;
+        w.signal_key = a.signal_keys[p];
+        w.signal_offset = 8 * (a.base_word + me);
+        w.signal_value = a.value_base + c + 1;
+        status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
+      }
+      for (int p = 0; p < H && status == kProxyOk; ++p) {
+        if (p != me) status = detail::proxy_wait_signal(a.ring, recv + p, a.value_base + c + 1, a.timeout_ns);
+      }
+    }
+    __syncthreads();
+    if (status != kProxyOk) break;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      float sum = 0.f;
+      for (int s = 0; s < H; ++s) {
+        float v;
+        if (s == me) {
+          v = a.x[e0 + i];
+        } else {
+          const float* src = reinterpret_cast<const float*>(a.inbox + s * a.chunk_bytes) + i;
+          asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(src));
+        }
+        sum = s == 0 ? v : sum + v;
+      }
+      a.x[e0 + i] = sum;
+    }
+    __syncthreads();  // every read of the inbox slots is done: credit the sources
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < H && status == kProxyOk; ++p) {
+        if (p == me) continue;
+        detail::ProxyWrite w{};
+        w.peer = p;
+        w.signal_key = a.signal_keys[p];
+        w.signal_offset = 8 * (a.base_word + H + me);
+        w.signal_value = a.value_base + c + 1;
+        status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
+      }
+    }
+    __syncthreads();
+    if (status != kProxyOk) break;
+  }
+  if (threadIdx.x == 0 && status != kProxyOk) atomicCAS(a.status, kProxyOk, status);
+}
+
 }  // namespace
+
+cudaError_t launch_proxy_allreduce(const ProxyAllReduce& a, cudaStream_t stream) {
+  if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts ||
+      a.count < 0 || a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 ||
+      a.ring.capacity == 0 || (a.ring.capacity & (a.ring.capacity - 1)) != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.count == 0 || a.hosts == 1) return cudaSuccess;
+  proxy_allreduce_kernel<<<1, 1024, 0, stream>>>(a);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stream) {
   if (t.bytes % 16 != 0 || t.depth == 0 || (t.role != 0 && t.role != 1) ||

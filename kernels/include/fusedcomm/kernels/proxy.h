@@ -60,4 +60,44 @@ struct ProxyStreamTest {
 };
 cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stream);
 
+// ---- allReduce across hosts through the proxy (the inter-host step of a hierarchical op) ----
+// `hosts` ranks (one per host; this is rank `rank`) sum `count` fp32 elements in place, in rank
+// order ((x_0 + x_1) + ...: every rank gets the same bits), in chunks of `chunk_bytes` (a
+// multiple of 16) staged through mapped host memory:
+//   outbox (this rank, `outbox_key`): one chunk, which goes to every peer;
+//   inbox (every rank, `inbox_keys[p]`): hosts slots of one chunk, slot s for source s;
+//   signals (every rank, `signal_keys[p]`): word s = chunks received from source s, word
+//     hosts + s = chunks that source s has consumed of this rank's (credits);
+// with signal offsets 8 * (base_word + word). Signal words only grow and are never reset
+// (DESIGN.md §3): this op's chunk c is signalled with value_base + c + 1, so consecutive ops on
+// the same words pass value_base = the previous op's value_base + its chunk count (every rank
+// the same; proxy_allreduce_chunks).
+// Per chunk c: wait until every peer consumed chunk c - 1 (credits), stage x's chunk in the
+// outbox, post it to every peer, wait for every peer's chunk c, sum, store, credit each peer.
+// One CTA; every wait bounded by timeout_ns. status: kProxy* of the first failure.
+inline constexpr int kProxyMaxHosts = 8;
+struct ProxyAllReduce {
+  ProxyRingDevice ring;
+  float* x;                          // device memory, count elements
+  int64_t count;
+  int rank, hosts;
+  uint8_t* outbox;                   // device address of this rank's outbox
+  const uint8_t* inbox;              // device address of this rank's inbox
+  const uint64_t* signals;           // device address of this rank's signal words (base_word 0)
+  uint64_t outbox_key;
+  uint64_t inbox_keys[kProxyMaxHosts];
+  uint64_t signal_keys[kProxyMaxHosts];
+  uint64_t base_word;                // first signal word of this op in every signal region
+  uint64_t value_base;               // signal values of this op start above it
+  uint64_t chunk_bytes;
+  uint64_t timeout_ns;
+  uint32_t* status;                  // device memory
+};
+cudaError_t launch_proxy_allreduce(const ProxyAllReduce& a, cudaStream_t stream);
+// The chunks (signal values) one launch uses.
+inline uint64_t proxy_allreduce_chunks(int64_t count, uint64_t chunk_bytes) {
+  const uint64_t per = chunk_bytes / 4;
+  return per == 0 ? 0 : (static_cast<uint64_t>(count) + per - 1) / per;
+}
+
 }  // namespace fusedcomm::kernels
