@@ -1,0 +1,261 @@
+// gpu_hier_test: a hierarchical allReduce over "virtual hosts" (DESIGN.md §2b): H hosts of L
+// ranks each, one forked process per rank, rank g = h * L + l on GPU g % (GPU count). Inside a
+// host the ranks share symmetric memory over CUDA IPC (NVLink); between hosts every rank talks
+// to its counterparts (same l) through its own socket transport, proxy ring and proxy thread.
+//   allReduce(x) = intra-host reduceScatter (NVLink kernel) -> allReduce of the rank's block
+//   across hosts (launch_proxy_allreduce: GPU -> ring -> proxy -> TCP -> peer host memory)
+//   -> intra-host allGather (NVLink kernel), all on one stream.
+// Checks: fp32 inputs of small integers (every sum exact, whatever the order), fresh per run
+// (seed printed), outputs poisoned first, every element bit-exact, counts 0, 7, 1,000,003 and
+// 16 Mi, back to back on the same memory and signal words. Prints each step's time for the
+// largest count and the proxy step's throughput per rank.
+// FC_TEST_HOSTS=<H> (default 2) and FC_TEST_LOCAL=<L> (default: GPUs / H, at least 1); with
+// FC_TEST_SHARED_GPU=<n> (any n >= 2), ranks may share GPUs (timings meaningless). Exit 77 (skip) with a
+// reason where no Hopper GPU is visible, or where the layout would need more GPUs.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/proxy.h"
+#include "fusedcomm/rdma/proxy.h"
+#include "fusedcomm/rdma/transport.h"
+#include "fusedcomm/runtime/split.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "gpu_test_support.h"
+#include "process_group.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+namespace rd = fusedcomm::rdma;
+using fusedcomm::split_count;
+using fusedcomm::SymmetricConfig;
+using fusedcomm::SymmetricMemory;
+using fusedcomm::testing::check;
+using fusedcomm::testing::ProcessGroup;
+using namespace std::chrono_literals;
+
+constexpr uint32_t kRingCapacity = 64;
+constexpr uint64_t kChunk = 1ull << 20;       // proxy chunk
+constexpr uint64_t kSignalBytes = 4096;
+constexpr int64_t kMaxCount = int64_t{16} << 20;
+
+struct MappedHost {  // pinned host memory mapped for the GPU
+  void* host = nullptr;
+  void* dev = nullptr;
+  explicit MappedHost(size_t bytes) {
+    CUDA_OK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(host, 0, bytes);
+    CUDA_OK(cudaHostGetDevicePointer(&dev, host, 0));
+  }
+  ~MappedHost() { cudaFreeHost(host); }
+  MappedHost(const MappedHost&) = delete;
+  MappedHost& operator=(const MappedHost&) = delete;
+};
+
+struct Blob {  // per rank, through the bootstrap
+  char address[64];
+  uint64_t inbox_key, signal_key;
+};
+
+template <class T>
+std::vector<uint8_t> bytes_of(const T& v) {
+  std::vector<uint8_t> b(sizeof v);
+  std::memcpy(b.data(), &v, sizeof v);
+  return b;
+}
+
+int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
+  const int rank = g.rank, h = rank / L, l = rank % L;
+  CUDA_OK(cudaSetDevice(rank % gpus));
+
+  // Intra-host: symmetric memory among the L ranks of host h.
+  SymmetricConfig cfg;
+  cfg.data_bytes = kMaxCount * 4;
+  cfg.allow_shared_gpu = shared;
+  SymmetricMemory sm(l, L, cfg);
+  {
+    const auto all = g.all_gather(sm.export_handle());
+    sm.connect(std::vector<std::vector<uint8_t>>(all.begin() + h * L, all.begin() + (h + 1) * L));
+  }
+
+  // Between hosts: this rank and its counterparts (ranks l, L + l, ...), group rank h.
+  rd::SocketOptions o;
+  o.bind_host = "127.0.0.1";
+  auto transport = rd::make_socket_transport(o);
+  const uint64_t box = static_cast<uint64_t>(H) * kChunk;
+  MappedHost outbox(kChunk), inbox(box), signal(kSignalBytes), ring_mem(rd::ProxyRing::bytes_for(kRingCapacity));
+  const rd::Region r_out = transport->register_memory(outbox.host, kChunk);
+  const rd::Region r_in = transport->register_memory(inbox.host, box);
+  const rd::Region r_sig = transport->register_memory(signal.host, kSignalBytes);
+  Blob mine{};
+  std::snprintf(mine.address, sizeof mine.address, "%s", transport->address().c_str());
+  mine.inbox_key = r_in.key;
+  mine.signal_key = r_sig.key;
+  const auto all = g.all_gather(bytes_of(mine));
+  std::vector<Blob> peers(H);
+  rd::GroupSpec spec;
+  spec.job_token = seed | 1;
+  spec.comm_id = 100 + l;
+  spec.rank = h;
+  spec.world = H;
+  for (int q = 0; q < H; ++q) {
+    std::memcpy(&peers[q], all[q * L + l].data(), sizeof(Blob));
+    spec.addresses.push_back(peers[q].address);
+  }
+  auto group = transport->connect(spec);
+  rd::ProxyRing ring(ring_mem.host, kRingCapacity);
+  auto proxy = std::make_unique<rd::Proxy>(ring, *group);
+  unsigned long long* next = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&next), sizeof *next));
+  CUDA_OK(cudaMemset(next, 0, sizeof *next));
+  k::ProxyRingDevice dev{};
+  dev.header = static_cast<rd::RingHeader*>(ring_mem.dev);
+  dev.slots = reinterpret_cast<rd::ProxyCommand*>(static_cast<uint8_t*>(ring_mem.dev) +
+                                                  sizeof(rd::RingHeader));
+  dev.next = next;
+  dev.capacity = kRingCapacity;
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  float *shard = nullptr, *out = nullptr;
+  uint32_t* status = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&shard), kMaxCount * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&out), kMaxCount * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&status), 4));
+  cudaEvent_t ev[4];
+  for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
+  uint64_t value_base = 0;
+  // Small integers in [-64, 64): sums over up to 64 ranks stay exact in fp32 in any order.
+  auto value = [&](int r, int64_t i) {
+    return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(r) << 48 ^ uint64_t(i)) % 128) - 64);
+  };
+  for (const int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000003}, kMaxCount}) {
+    std::vector<float> x(count);
+    for (int64_t i = 0; i < count; ++i) x[i] = value(rank, i);
+    CUDA_OK(cudaMemcpy(sm.data(), x.data(), count * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(out, 0xFF, kMaxCount * 4));  // NaN
+    CUDA_OK(cudaMemset(status, 0, 4));
+    const int64_t n_l = split_count(count, L, l);
+    k::CollectiveArgs rs;
+    rs.op = k::CommOp::kReduceScatter;
+    rs.dtype = k::CommDtype::kF32;
+    rs.count = count;
+    rs.output = shard;
+    k::ProxyAllReduce ar{};
+    ar.ring = dev;
+    ar.x = shard;
+    ar.count = n_l;
+    ar.rank = h;
+    ar.hosts = H;
+    ar.outbox = static_cast<uint8_t*>(outbox.dev);
+    ar.inbox = static_cast<const uint8_t*>(inbox.dev);
+    ar.signals = static_cast<const uint64_t*>(signal.dev);
+    ar.outbox_key = r_out.key;
+    for (int q = 0; q < H; ++q) {
+      ar.inbox_keys[q] = peers[q].inbox_key;
+      ar.signal_keys[q] = peers[q].signal_key;
+    }
+    ar.value_base = value_base;
+    ar.chunk_bytes = kChunk;
+    ar.timeout_ns = 60ull * 1000000000ull;
+    ar.status = status;
+    k::CollectiveArgs ag;
+    ag.op = k::CommOp::kAllGather;
+    ag.dtype = k::CommDtype::kF32;
+    ag.count = count;
+    ag.output = out;
+    g.barrier();
+    CUDA_OK(cudaEventRecord(ev[0], stream));
+    CUDA_OK(k::launch_collective(sm.device(), rs, stream));
+    CUDA_OK(cudaEventRecord(ev[1], stream));
+    CUDA_OK(k::launch_proxy_allreduce(ar, stream));
+    CUDA_OK(cudaEventRecord(ev[2], stream));
+    // The reduceScatter's peers are done with this rank's input: the block goes there.
+    CUDA_OK(cudaMemcpyAsync(sm.data(), shard, n_l * 4, cudaMemcpyDeviceToDevice, stream));
+    CUDA_OK(k::launch_collective(sm.device(), ag, stream));
+    CUDA_OK(cudaEventRecord(ev[3], stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm.raise_if_failed();
+    value_base += k::proxy_allreduce_chunks(n_l, kChunk);
+    uint32_t st = 0;
+    CUDA_OK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(x.data(), out, count * 4, cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < H * L; ++r) want += value(r, i);
+      bad += std::memcmp(&x[i], &want, 4) != 0;
+    }
+    const std::string what = "allReduce of " + std::to_string(count) + " fp32, rank " +
+                             std::to_string(rank) + " (host " + std::to_string(h) + ")";
+    check(st == k::kProxyOk, what + ": proxy step status " + std::to_string(st) + " " + proxy->error());
+    check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
+    if (count == kMaxCount) {
+      float ms[3];
+      for (int s = 0; s < 3; ++s) CUDA_OK(cudaEventElapsedTime(&ms[s], ev[s], ev[s + 1]));
+      std::printf("  rank %d (host %d, local %d): 64 MiB allReduce: intra reduceScatter %.3f ms, "
+                  "inter-host proxy step %.3f ms (%.2f GB/s of its block), intra allGather %.3f ms\n",
+                  rank, h, l, ms[0], ms[1], n_l * 4.0 / (ms[1] * 1e-3) / 1e9, ms[2]);
+    }
+  }
+  g.barrier();
+  proxy->stop(true, 5000ms);
+  group->close(5000ms);
+  proxy.reset();
+  group.reset();
+  transport->deregister_memory(r_out);
+  transport->deregister_memory(r_in);
+  transport->deregister_memory(r_sig);
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaFree(shard);
+  cudaFree(out);
+  cudaFree(status);
+  cudaFree(next);
+  cudaStreamDestroy(stream);
+  sm.close();
+  std::printf("  rank %d: %d checks passed, %d failed\n", rank, fusedcomm::testing::g_passed,
+              fusedcomm::testing::g_failed);
+  return fusedcomm::testing::g_failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  std::string reason;
+  const int n = fusedcomm::testing::probe_peer_gpus(reason);
+  if (n < 1) {
+    std::printf("SKIP: gpu_hier_test needs a Hopper GPU: %s\n", n < 0 ? reason.c_str() : "none visible");
+    return 77;
+  }
+  const int shared = fusedcomm::testing::shared_gpu_world();
+  const char* hs = std::getenv("FC_TEST_HOSTS");
+  const char* ls = std::getenv("FC_TEST_LOCAL");
+  const int H = hs ? std::atoi(hs) : 2;
+  const int L = ls ? std::atoi(ls) : std::max(1, n / H);
+  if (H < 2 || H > k::kProxyMaxHosts || L < 1 || L > k::kCommMaxRanks) {
+    std::printf("FAIL: FC_TEST_HOSTS=%d FC_TEST_LOCAL=%d out of range\n", H, L);
+    return 1;
+  }
+  if (H * L > n && shared == 0) {
+    std::printf("SKIP: %d hosts x %d ranks need %d GPUs (%d visible; FC_TEST_SHARED_GPU=<n> lets "
+                "ranks share GPUs)\n", H, L, H * L, n);
+    return 77;
+  }
+  if (shared) fusedcomm::testing::g_shared_gpu = true;
+  const uint64_t seed = fusedcomm::testing::test_seed("gpu_hier_test", n);
+  std::printf("== %d virtual hosts x %d ranks on %d GPU(s)%s\n", H, L, std::min(n, H * L),
+              H * L > n ? " (shared: timings meaningless)" : "");
+  const int failed = fusedcomm::testing::run_processes(
+      H * L, [&](ProcessGroup& g) { return rank_main(g, H, L, n, H * L > n, seed); }, 280);
+  std::printf("== gpu_hier_test: %s\n", failed == 0 ? "PASS" : "FAIL");
+  return failed == 0 ? 0 : 1;
+}
