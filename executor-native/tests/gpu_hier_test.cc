@@ -31,6 +31,7 @@
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "gpu_test_support.h"
 #include "process_group.h"
+#include "proxy_test_support.h"
 
 namespace {
 
@@ -41,37 +42,14 @@ using fusedcomm::SymmetricConfig;
 using fusedcomm::SymmetricMemory;
 using fusedcomm::testing::check;
 using fusedcomm::testing::ProcessGroup;
+using fusedcomm::testing::ProxyBlob;
+using fusedcomm::testing::ProxyEndpoint;
 using namespace std::chrono_literals;
 
 constexpr uint32_t kRingCapacity = 64;
 constexpr uint64_t kChunk = 1ull << 20;       // proxy chunk
 constexpr uint64_t kSignalBytes = 4096;
 constexpr int64_t kMaxCount = int64_t{16} << 20;
-
-struct MappedHost {  // pinned host memory mapped for the GPU
-  void* host = nullptr;
-  void* dev = nullptr;
-  explicit MappedHost(size_t bytes) {
-    CUDA_OK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(host, 0, bytes);
-    CUDA_OK(cudaHostGetDevicePointer(&dev, host, 0));
-  }
-  ~MappedHost() { cudaFreeHost(host); }
-  MappedHost(const MappedHost&) = delete;
-  MappedHost& operator=(const MappedHost&) = delete;
-};
-
-struct Blob {  // per rank, through the bootstrap
-  char address[64];
-  uint64_t inbox_key, signal_key;
-};
-
-template <class T>
-std::vector<uint8_t> bytes_of(const T& v) {
-  std::vector<uint8_t> b(sizeof v);
-  std::memcpy(b.data(), &v, sizeof v);
-  return b;
-}
 
 int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
   const int rank = g.rank, h = rank / L, l = rank % L;
@@ -88,41 +66,11 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
   }
 
   // Between hosts: this rank and its counterparts (ranks l, L + l, ...), group rank h.
-  rd::SocketOptions o;
-  o.bind_host = "127.0.0.1";
-  auto transport = rd::make_socket_transport(o);
-  const uint64_t box = static_cast<uint64_t>(H) * kChunk;
-  MappedHost outbox(kChunk), inbox(box), signal(kSignalBytes), ring_mem(rd::ProxyRing::bytes_for(kRingCapacity));
-  const rd::Region r_out = transport->register_memory(outbox.host, kChunk);
-  const rd::Region r_in = transport->register_memory(inbox.host, box);
-  const rd::Region r_sig = transport->register_memory(signal.host, kSignalBytes);
-  Blob mine{};
-  std::snprintf(mine.address, sizeof mine.address, "%s", transport->address().c_str());
-  mine.inbox_key = r_in.key;
-  mine.signal_key = r_sig.key;
-  const auto all = g.all_gather(bytes_of(mine));
-  std::vector<Blob> peers(H);
-  rd::GroupSpec spec;
-  spec.job_token = seed | 1;
-  spec.comm_id = 100 + l;
-  spec.rank = h;
-  spec.world = H;
-  for (int q = 0; q < H; ++q) {
-    std::memcpy(&peers[q], all[q * L + l].data(), sizeof(Blob));
-    spec.addresses.push_back(peers[q].address);
-  }
-  auto group = transport->connect(spec);
-  rd::ProxyRing ring(ring_mem.host, kRingCapacity);
-  auto proxy = std::make_unique<rd::Proxy>(ring, *group);
-  unsigned long long* next = nullptr;
-  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&next), sizeof *next));
-  CUDA_OK(cudaMemset(next, 0, sizeof *next));
-  k::ProxyRingDevice dev{};
-  dev.header = static_cast<rd::RingHeader*>(ring_mem.dev);
-  dev.slots = reinterpret_cast<rd::ProxyCommand*>(static_cast<uint8_t*>(ring_mem.dev) +
-                                                  sizeof(rd::RingHeader));
-  dev.next = next;
-  dev.capacity = kRingCapacity;
+  ProxyEndpoint ep(kChunk, static_cast<uint64_t>(H) * kChunk, kSignalBytes, kRingCapacity);
+  const std::vector<ProxyBlob> all = ProxyEndpoint::gather(g, ep.blob());
+  std::vector<ProxyBlob> peers(H);
+  for (int q = 0; q < H; ++q) peers[q] = all[q * L + l];
+  ep.connect(peers, h, seed | 1, 100 + l);
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -151,15 +99,15 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     rs.count = count;
     rs.output = shard;
     k::ProxyAllReduce ar{};
-    ar.ring = dev;
+    ar.ring = ep.device();
     ar.x = shard;
     ar.count = n_l;
     ar.rank = h;
     ar.hosts = H;
-    ar.outbox = static_cast<uint8_t*>(outbox.dev);
-    ar.inbox = static_cast<const uint8_t*>(inbox.dev);
-    ar.signals = static_cast<const uint64_t*>(signal.dev);
-    ar.outbox_key = r_out.key;
+    ar.outbox = static_cast<uint8_t*>(ep.outbox.dev);
+    ar.inbox = static_cast<const uint8_t*>(ep.inbox.dev);
+    ar.signals = static_cast<const uint64_t*>(ep.signal.dev);
+    ar.outbox_key = ep.out_key;
     for (int q = 0; q < H; ++q) {
       ar.inbox_keys[q] = peers[q].inbox_key;
       ar.signal_keys[q] = peers[q].signal_key;
@@ -197,7 +145,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     }
     const std::string what = "allReduce of " + std::to_string(count) + " fp32, rank " +
                              std::to_string(rank) + " (host " + std::to_string(h) + ")";
-    check(st == k::kProxyOk, what + ": proxy step status " + std::to_string(st) + " " + proxy->error());
+    check(st == k::kProxyOk, what + ": proxy step status " + std::to_string(st) + " " + ep.proxy_error());
     check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
     if (count == kMaxCount) {
       float ms[3];
@@ -208,34 +156,21 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     }
   }
   g.barrier();
-  proxy->stop(true, 5000ms);
-  group->close(5000ms);
-  proxy.reset();
-  group.reset();
-  transport->deregister_memory(r_out);
-  transport->deregister_memory(r_in);
-  transport->deregister_memory(r_sig);
+  ep.close(true);
   for (auto& e : ev) cudaEventDestroy(e);
   cudaFree(shard);
   cudaFree(out);
   cudaFree(status);
-  cudaFree(next);
   cudaStreamDestroy(stream);
   sm.close();
-  std::printf("  rank %d: %d checks passed, %d failed\n", rank, fusedcomm::testing::g_passed,
-              fusedcomm::testing::g_failed);
-  return fusedcomm::testing::g_failed == 0 ? 0 : 1;
+  return fusedcomm::testing::rank_result(rank);
 }
 
 }  // namespace
 
 int main() {
-  std::string reason;
-  const int n = fusedcomm::testing::probe_peer_gpus(reason);
-  if (n < 1) {
-    std::printf("SKIP: gpu_hier_test needs a Hopper GPU: %s\n", n < 0 ? reason.c_str() : "none visible");
-    return 77;
-  }
+  const int n = fusedcomm::testing::gpus_or_skip("gpu_hier_test");
+  if (n == 0) return 77;
   const int shared = fusedcomm::testing::shared_gpu_world();
   const char* hs = std::getenv("FC_TEST_HOSTS");
   const char* ls = std::getenv("FC_TEST_LOCAL");

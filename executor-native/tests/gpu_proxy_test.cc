@@ -29,37 +29,22 @@
 #include "fusedcomm/rdma/transport.h"
 #include "gpu_test_support.h"
 #include "process_group.h"
+#include "proxy_test_support.h"
 
 namespace {
 
 namespace k = fusedcomm::kernels;
 namespace rd = fusedcomm::rdma;
 using fusedcomm::testing::check;
+using fusedcomm::testing::MappedHost;
 using fusedcomm::testing::ProcessGroup;
+using fusedcomm::testing::ProxyBlob;
+using fusedcomm::testing::ProxyEndpoint;
 using namespace std::chrono_literals;
 
 constexpr uint32_t kRingCapacity = 64;
 constexpr uint64_t kBoxBytes = 32ull << 20;  // outbox and inbox: up to 8 slots of 4 MiB
 constexpr uint64_t kSignalBytes = 4096;      // one 8-byte signal word per stream
-
-// Pinned host memory mapped for the GPU; owned, freed once.
-struct MappedHost {
-  void* host = nullptr;
-  void* dev = nullptr;
-  explicit MappedHost(size_t bytes) {
-    CUDA_OK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(host, 0, bytes);
-    CUDA_OK(cudaHostGetDevicePointer(&dev, host, 0));
-  }
-  ~MappedHost() { cudaFreeHost(host); }
-  MappedHost(const MappedHost&) = delete;
-  MappedHost& operator=(const MappedHost&) = delete;
-};
-
-struct Blob {  // what a rank tells its peer (the bootstrap allGather's stand-in)
-  char address[64];
-  uint64_t inbox_key, signal_key;
-};
 
 struct StreamResult {
   uint32_t status = 0, mismatches = 0;
@@ -69,7 +54,7 @@ struct StreamResult {
 // Runs one stream (both ranks call it with the same sizes; `sig` picks a fresh signal word).
 StreamResult run_stream(const k::ProxyRingDevice& ring, int rank, const MappedHost& outbox,
                         const MappedHost& inbox, const MappedHost& signal, uint64_t outbox_key,
-                        const Blob& peer, int sig, uint64_t bytes, uint32_t depth, uint32_t count,
+                        const ProxyBlob& peer, int sig, uint64_t bytes, uint32_t depth, uint32_t count,
                         uint32_t seed, bool check_words, uint64_t timeout_ns, int role = -1) {
   uint32_t* d = nullptr;
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d), 8));
@@ -109,54 +94,23 @@ StreamResult run_stream(const k::ProxyRingDevice& ring, int rank, const MappedHo
 int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
   const int rank = g.rank;
   CUDA_OK(cudaSetDevice(rank % gpus));
-  rd::SocketOptions o;
-  o.bind_host = "127.0.0.1";
-  auto transport = rd::make_socket_transport(o);
-  MappedHost outbox(kBoxBytes), inbox(kBoxBytes), signal(kSignalBytes);
-  MappedHost ring_mem(rd::ProxyRing::bytes_for(kRingCapacity));
-  const rd::Region r_out = transport->register_memory(outbox.host, kBoxBytes);
-  const rd::Region r_in = transport->register_memory(inbox.host, kBoxBytes);
-  const rd::Region r_sig = transport->register_memory(signal.host, kSignalBytes);
-
-  Blob mine{};
-  std::snprintf(mine.address, sizeof mine.address, "%s", transport->address().c_str());
-  mine.inbox_key = r_in.key;
-  mine.signal_key = r_sig.key;
-  std::vector<uint8_t> raw(sizeof mine);
-  std::memcpy(raw.data(), &mine, sizeof mine);
-  const auto all = g.all_gather(raw);
-  Blob blobs[2];
-  for (int r = 0; r < 2; ++r) std::memcpy(&blobs[r], all[r].data(), sizeof(Blob));
-  const Blob& peer = blobs[1 - rank];
-
-  rd::GroupSpec spec;
-  spec.job_token = seed | 1;
-  spec.comm_id = 1;
-  spec.rank = rank;
-  spec.world = 2;
-  spec.addresses = {blobs[0].address, blobs[1].address};
-  auto group = transport->connect(spec);
-  rd::ProxyRing ring(ring_mem.host, kRingCapacity);
-  auto proxy = std::make_unique<rd::Proxy>(ring, *group);
-  unsigned long long* next = nullptr;
-  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&next), sizeof *next));
-  CUDA_OK(cudaMemset(next, 0, sizeof *next));
-  k::ProxyRingDevice dev{};
-  dev.header = static_cast<rd::RingHeader*>(ring_mem.dev);
-  dev.slots = reinterpret_cast<rd::ProxyCommand*>(static_cast<uint8_t*>(ring_mem.dev) +
-                                                  sizeof(rd::RingHeader));
-  dev.next = next;
-  dev.capacity = kRingCapacity;
+  ProxyEndpoint ep(kBoxBytes, kBoxBytes, kSignalBytes, kRingCapacity);
+  const std::vector<ProxyBlob> blobs = ProxyEndpoint::gather(g, ep.blob());
+  const ProxyBlob& peer = blobs[1 - rank];
+  ep.connect(blobs, rank, seed | 1, 1);
+  const k::ProxyRingDevice& dev = ep.device();
+  const MappedHost &outbox = ep.outbox, &inbox = ep.inbox, &signal = ep.signal;
+  const uint64_t out_key = ep.out_key;
 
   const uint64_t second = 1000000000ull;
   int sig = 0;
   auto stream = [&](const char* name, uint64_t bytes, uint32_t depth, uint32_t count, bool chk) {
     const uint32_t s = static_cast<uint32_t>(fusedcomm::testing::mix(seed + sig));
-    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, r_out.key, peer, sig++,
+    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig++,
                                         bytes, depth, count, s, chk, 20 * second);
     check(res.status == k::kProxyOk, std::string(name) + ": rank " + std::to_string(rank) +
                                          " status " + std::to_string(res.status) + ", proxy: " +
-                                         proxy->error());
+                                         ep.proxy_error());
     check(res.mismatches == 0, std::string(name) + ": rank " + std::to_string(rank) + " " +
                                    std::to_string(res.mismatches) + " words differ");
     g.barrier();
@@ -202,7 +156,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       a.outbox = static_cast<uint8_t*>(outbox.dev);
       a.inbox = static_cast<const uint8_t*>(inbox.dev);
       a.signals = static_cast<const uint64_t*>(signal.dev);
-      a.outbox_key = r_out.key;
+      a.outbox_key = out_key;
       for (int p = 0; p < 2; ++p) {
         a.inbox_keys[p] = blobs[p].inbox_key;
         a.signal_keys[p] = blobs[p].signal_key;
@@ -229,7 +183,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       }
       const std::string what = "allReduce of " + std::to_string(count) + " fp32: rank " +
                                std::to_string(rank);
-      check(st == k::kProxyOk, what + " status " + std::to_string(st) + ", proxy: " + proxy->error());
+      check(st == k::kProxyOk, what + " status " + std::to_string(st) + ", proxy: " + ep.proxy_error());
       check(bad == 0, what + ": " + std::to_string(bad) + " elements differ from x_0 + x_1");
       if (rank == 0 && count == (int64_t{4} << 20)) {
         std::printf("  allReduce across 2 hosts, 16 MiB fp32 (256 KiB chunks): %.3f ms, %.2f GB/s "
@@ -244,7 +198,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
   // Timeout: rank 1 waits for a message that rank 0 never sends.
   if (rank == 1) {
     const auto t0 = std::chrono::steady_clock::now();
-    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, r_out.key, peer, sig,
+    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig,
                                         16, 1, 1, 7, true, 300000000ull);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check(res.status == k::kProxyTimeout,
@@ -259,9 +213,9 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
   if (rank == 1) {
     std::thread setter([&] {
       std::this_thread::sleep_for(200ms);
-      std::atomic_ref<uint64_t>(ring.header()->abort).store(1, std::memory_order_release);
+      std::atomic_ref<uint64_t>(ep.ring().header()->abort).store(1, std::memory_order_release);
     });
-    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, r_out.key, peer, sig,
+    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig,
                                         16, 1, 1, 7, true, 20 * second);
     setter.join();
     check(res.status == k::kProxyAborted,
@@ -269,29 +223,15 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
     check(res.seconds < 5.0, "abort: returned after " + std::to_string(res.seconds) + " s");
   }
   g.barrier();
-  proxy->stop(rank == 0, 2000ms);
-  if (rank == 0) group->close(2000ms); else group->abort();
-  proxy.reset();
-  group.reset();
-  transport->deregister_memory(r_out);
-  transport->deregister_memory(r_in);
-  transport->deregister_memory(r_sig);
-  CUDA_OK(cudaFree(next));
-  std::printf("  rank %d: %d checks passed, %d failed\n", rank, fusedcomm::testing::g_passed,
-              fusedcomm::testing::g_failed);
-  return fusedcomm::testing::g_failed == 0 ? 0 : 1;
+  ep.close(false);  // rank 1's proxy stopped at the abort: no polite close
+  return fusedcomm::testing::rank_result(rank);
 }
 
 }  // namespace
 
 int main() {
-  std::string reason;
-  int n = fusedcomm::testing::probe_peer_gpus(reason);
-  if (n < 1) {
-    std::printf("SKIP: gpu_proxy_test needs a Hopper GPU: %s\n",
-                n < 0 ? reason.c_str() : "none visible");
-    return 77;
-  }
+  const int n = fusedcomm::testing::gpus_or_skip("gpu_proxy_test");
+  if (n == 0) return 77;
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_proxy_test", n);
   std::printf("== 2 ranks (virtual hosts) on GPUs 0 and %d\n", 1 % n);
   const int failed = fusedcomm::testing::run_processes(

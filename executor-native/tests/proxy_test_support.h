@@ -1,0 +1,152 @@
+// What the native tests of the GPU proxy path (gpu_proxy_test, gpu_hier_test) share: one
+// rank's end of it. A socket transport on the loopback; three regions of pinned host memory
+// mapped for the GPU and registered with the transport (outbox: payloads this rank sends;
+// inbox: payloads peers write; signal: 64-bit words peers raise); a proxy ring in mapped host
+// memory with the device counter its GPU producers take slots from; and, after connect(), the
+// peer group and the proxy thread draining the ring into it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/kernels/proxy.h"
+#include "fusedcomm/rdma/proxy.h"
+#include "fusedcomm/rdma/transport.h"
+#include "gpu_test_support.h"
+#include "process_group.h"
+
+namespace fusedcomm::testing {
+
+// Pinned host memory mapped for the GPU, zeroed; freed once.
+struct MappedHost {
+  void* host = nullptr;
+  void* dev = nullptr;
+  explicit MappedHost(size_t bytes) {
+    CUDA_OK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(host, 0, bytes);
+    CUDA_OK(cudaHostGetDevicePointer(&dev, host, 0));
+  }
+  ~MappedHost() { cudaFreeHost(host); }
+  MappedHost(const MappedHost&) = delete;
+  MappedHost& operator=(const MappedHost&) = delete;
+};
+
+// What a rank tells the others through the bootstrap.
+struct ProxyBlob {
+  char address[64];
+  uint64_t inbox_key, signal_key;
+};
+
+class ProxyEndpoint {
+ public:
+  ProxyEndpoint(uint64_t outbox_bytes, uint64_t inbox_bytes, uint64_t signal_bytes,
+                uint32_t capacity)
+      : outbox(outbox_bytes), inbox(inbox_bytes), signal(signal_bytes),
+        ring_mem_(rdma::ProxyRing::bytes_for(capacity)), ring_(ring_mem_.host, capacity) {
+    rdma::SocketOptions o;
+    o.bind_host = "127.0.0.1";
+    transport_ = rdma::make_socket_transport(o);
+    regions_.push_back(transport_->register_memory(outbox.host, outbox_bytes));
+    out_key = regions_[0].key;
+    regions_.push_back(transport_->register_memory(inbox.host, inbox_bytes));
+    regions_.push_back(transport_->register_memory(signal.host, signal_bytes));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&next_), sizeof *next_));
+    CUDA_OK(cudaMemset(next_, 0, sizeof *next_));
+    dev_.header = static_cast<rdma::RingHeader*>(ring_mem_.dev);
+    dev_.slots = reinterpret_cast<rdma::ProxyCommand*>(static_cast<uint8_t*>(ring_mem_.dev) +
+                                                       sizeof(rdma::RingHeader));
+    dev_.next = next_;
+    dev_.capacity = capacity;
+  }
+  ~ProxyEndpoint() {
+    close(false);
+    for (const auto& r : regions_) transport_->deregister_memory(r);
+    cudaFree(next_);
+  }
+  ProxyEndpoint(const ProxyEndpoint&) = delete;
+  ProxyEndpoint& operator=(const ProxyEndpoint&) = delete;
+
+  ProxyBlob blob() const {
+    ProxyBlob b{};
+    std::snprintf(b.address, sizeof b.address, "%s", transport_->address().c_str());
+    b.inbox_key = regions_[1].key;
+    b.signal_key = regions_[2].key;
+    return b;
+  }
+  // Every rank's blob (the bootstrap's allGather; every rank calls it at the same point).
+  static std::vector<ProxyBlob> gather(ProcessGroup& g, const ProxyBlob& mine) {
+    std::vector<uint8_t> raw(sizeof mine);
+    std::memcpy(raw.data(), &mine, sizeof mine);
+    const auto all = g.all_gather(raw);
+    std::vector<ProxyBlob> blobs(all.size());
+    for (size_t r = 0; r < all.size(); ++r) std::memcpy(&blobs[r], all[r].data(), sizeof(ProxyBlob));
+    return blobs;
+  }
+  // Connects the group of `members` (their blobs, by group rank; this rank is `rank`) and
+  // starts the proxy.
+  void connect(const std::vector<ProxyBlob>& members, int rank, uint64_t token, uint64_t comm_id) {
+    rdma::GroupSpec spec;
+    spec.job_token = token;
+    spec.comm_id = comm_id;
+    spec.rank = rank;
+    spec.world = static_cast<int>(members.size());
+    for (const auto& b : members) spec.addresses.push_back(b.address);
+    group_ = transport_->connect(spec);
+    proxy_ = std::make_unique<rdma::Proxy>(ring_, *group_);
+  }
+  // drain: the proxy sends what is posted and the group closes politely; else both stop now.
+  void close(bool drain) {
+    using namespace std::chrono_literals;
+    if (proxy_) proxy_->stop(drain, 5000ms);
+    if (group_) {
+      if (drain) {
+        group_->close(5000ms);
+      } else {
+        group_->abort();
+      }
+    }
+    proxy_.reset();
+    group_.reset();
+  }
+
+  const kernels::ProxyRingDevice& device() const { return dev_; }
+  rdma::ProxyRing& ring() { return ring_; }
+  std::string proxy_error() const { return proxy_ ? proxy_->error() : std::string(); }
+
+  MappedHost outbox, inbox, signal;
+  uint64_t out_key = 0;
+
+ private:
+  MappedHost ring_mem_;
+  rdma::ProxyRing ring_;
+  std::unique_ptr<rdma::Transport> transport_;
+  std::vector<rdma::Region> regions_;  // outbox, inbox, signal
+  unsigned long long* next_ = nullptr;
+  kernels::ProxyRingDevice dev_{};
+  std::unique_ptr<rdma::PeerGroup> group_;
+  std::unique_ptr<rdma::Proxy> proxy_;
+};
+
+// A rank's last line (its check counts) and its exit status.
+inline int rank_result(int rank) {
+  std::printf("  rank %d: %d checks passed, %d failed\n", rank, g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
+
+// The Hopper GPUs visible, or 0 after printing why `test` skips (exit 77 then).
+inline int gpus_or_skip(const char* test) {
+  std::string reason;
+  const int n = probe_peer_gpus(reason);
+  if (n >= 1) return n;
+  std::printf("SKIP: %s needs a Hopper GPU: %s\n", test, n < 0 ? reason.c_str() : "none visible");
+  return 0;
+}
+
+}  // namespace fusedcomm::testing
