@@ -6,7 +6,8 @@
 //     credits), fresh seeded data, every word checked by the receiving kernel: 16 B x 1,000
 //     messages (depth 1: a round trip each, the latency), 64 KiB + 16 B x 200 (depth 4), and
 //     4 MiB x 64 (depth 8) without checks for the throughput (printed; the bytes are checked in
-//     the 64 KiB case);
+//     the 64 KiB case); one way, 48 x 4 MiB with only the sender on the GPU and the receiving
+//     host checking every word (the GPU-posted send path's throughput; printed);
 //   timeout: a receiver waiting for a message nobody sends gives up after 300 ms
 //     (kProxyTimeout), the process survives, and the next stream on the same ring works;
 //   allReduce across the two hosts (launch_proxy_allreduce): 1, 5, 1,000,003 and 4 Mi fp32
@@ -15,6 +16,7 @@
 // Exit 77 (skip) with a reason where no Hopper GPU is visible.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -43,7 +45,7 @@ using fusedcomm::testing::ProxyEndpoint;
 using namespace std::chrono_literals;
 
 constexpr uint32_t kRingCapacity = 64;
-constexpr uint64_t kBoxBytes = 32ull << 20;  // outbox and inbox: up to 8 slots of 4 MiB
+constexpr uint64_t kBoxBytes = 192ull << 20;  // outbox and inbox: up to 48 slots of 4 MiB
 constexpr uint64_t kSignalBytes = 4096;      // one 8-byte signal word per stream
 
 struct StreamResult {
@@ -126,6 +128,45 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
                           : "");
     std::printf("  stream 4 MiB x 64 (GPU -> ring -> proxy -> TCP loopback -> peer): %.2f GB/s\n",
                 64.0 * (4 << 20) / bw.seconds / 1e9);
+  }
+
+  // One way, only the sender on the GPU (so nothing time-slices it): rank 0's kernel writes
+  // and posts 48 messages of 4 MiB without credits (depth = count); rank 1's host polls the
+  // signal word, times the stream, then checks every word.
+  {
+    constexpr uint32_t kCount = 48;
+    constexpr uint64_t kMsg = 4ull << 20;
+    const uint32_t s = static_cast<uint32_t>(fusedcomm::testing::mix(seed + 1000));
+    g.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (rank == 0) {
+      const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig,
+                                          kMsg, kCount, kCount, s, false, 20 * second);
+      check(res.status == k::kProxyOk, "one way: sender status " + std::to_string(res.status));
+    } else {
+      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(
+          static_cast<uint8_t*>(signal.host) + 8ull * sig));
+      while (word.load(std::memory_order_acquire) < kCount &&
+             std::chrono::steady_clock::now() - t0 < 20s) {
+        std::this_thread::yield();
+      }
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      check(word.load(std::memory_order_acquire) >= kCount,
+            "one way: " + std::to_string(word.load()) + " of " + std::to_string(kCount) +
+                " messages arrived in 20 s; proxy: " + ep.proxy_error());
+      uint64_t bad = 0;
+      const auto* in = static_cast<const uint32_t*>(inbox.host);
+      for (uint32_t m = 0; m < kCount; ++m) {
+        for (uint64_t i = 0; i < kMsg / 4; ++i) {
+          bad += in[m * (kMsg / 4) + i] != k::proxy_stream_word(s, m, i);
+        }
+      }
+      check(bad == 0, "one way: " + std::to_string(bad) + " words differ");
+      std::printf("  one way, 48 x 4 MiB (GPU -> ring -> proxy -> TCP loopback -> host memory, "
+                  "no kernel on the receiver): %.2f GB/s\n", kCount * kMsg / secs / 1e9);
+    }
+    ++sig;
+    g.barrier();
   }
 
   // allReduce across the two hosts (launch_proxy_allreduce): fresh random fp32 data, sizes

@@ -6,13 +6,6 @@
 namespace fusedcomm::kernels {
 namespace {
 
-__device__ __forceinline__ uint32_t stream_word(uint32_t seed, uint32_t m, uint64_t i) {
-  uint64_t x = (static_cast<uint64_t>(seed) << 32 | m) * 0x9E3779B97F4A7C15ull + i;
-  x ^= x >> 29;
-  x *= 0xBF58476D1CE4E5B9ull;
-  return static_cast<uint32_t>(x ^ (x >> 32));
-}
-
 // One CTA. Thread 0 does every wait and post; the CTA writes (sender) or checks (receiver)
 // each message between two barriers.
 __global__ void proxy_stream_kernel(ProxyStreamTest t) {
@@ -37,8 +30,9 @@ __global__ void proxy_stream_kernel(ProxyStreamTest t) {
     if (t.role == 0) {
       auto* dst = reinterpret_cast<uint4*>(t.outbox + off);
       for (uint64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
-        dst[i] = make_uint4(stream_word(t.seed, m, 4 * i), stream_word(t.seed, m, 4 * i + 1),
-                            stream_word(t.seed, m, 4 * i + 2), stream_word(t.seed, m, 4 * i + 3));
+        dst[i] = make_uint4(
+            proxy_stream_word(t.seed, m, 4 * i), proxy_stream_word(t.seed, m, 4 * i + 1),
+            proxy_stream_word(t.seed, m, 4 * i + 2), proxy_stream_word(t.seed, m, 4 * i + 3));
       }
       __threadfence_system();  // this thread's payload writes before the post (cumulative)
     } else if (t.check) {
@@ -49,8 +43,10 @@ __global__ void proxy_stream_kernel(ProxyStreamTest t) {
         asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "l"(src + i));
-        bad += (v.x != stream_word(t.seed, m, 4 * i)) + (v.y != stream_word(t.seed, m, 4 * i + 1)) +
-               (v.z != stream_word(t.seed, m, 4 * i + 2)) + (v.w != stream_word(t.seed, m, 4 * i + 3));
+        bad += (v.x != proxy_stream_word(t.seed, m, 4 * i)) +
+               (v.y != proxy_stream_word(t.seed, m, 4 * i + 1)) +
+               (v.z != proxy_stream_word(t.seed, m, 4 * i + 2)) +
+               (v.w != proxy_stream_word(t.seed, m, 4 * i + 3));
       }
     }
     __syncthreads();  // sender: the payload is written; receiver: every read is done

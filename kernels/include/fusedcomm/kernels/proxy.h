@@ -10,7 +10,7 @@
 // (gpu_proxy_test). The device functions are in detail/proxy_device.cuh.
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -39,6 +39,15 @@ inline constexpr uint32_t kProxyTimeout = 2;   // a bounded wait ran out
 // slot of the receiver's inbox with the signal value m + 1; before reusing a slot it waits for
 // the receiver's credit (its signal >= m - depth + 1). The receiver waits for each message's
 // signal, checks every word, and returns a credit (a signal-only write of m + 1). One CTA each.
+// Word i of message m of a stream with `seed` (host and device compute the same).
+__host__ __device__ inline uint32_t proxy_stream_word(uint32_t seed, uint32_t m, uint64_t i) {
+  uint64_t x = (static_cast<uint64_t>(seed) << 32 | m) * 0x9E3779B97F4A7C15ull + i;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<uint32_t>(x ^ (x >> 32));
+}
+// depth >= count: the sender never waits for credits (a receiver without a kernel: the host
+// polls the signal word).
 struct ProxyStreamTest {
   ProxyRingDevice ring;       // this rank's ring
   int role;                   // 0: sender, 1: receiver
