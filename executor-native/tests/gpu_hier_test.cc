@@ -8,7 +8,8 @@
 // Checks: fp32 inputs of small integers (every sum exact, whatever the order), fresh per run
 // (seed printed), outputs poisoned first, every element bit-exact, counts 0, 7, 1,000,003 and
 // 16 Mi, back to back on the same memory and signal words. Prints each step's time for the
-// largest count and the proxy step's throughput per rank.
+// largest count and the proxy step's throughput per rank (FC_TEST_JSON=<file>: also one JSON
+// row per rank, appended; the caller adds device, commit and date).
 // FC_TEST_HOSTS=<H> (default 2) and FC_TEST_LOCAL=<L> (default: GPUs / H, at least 1); with
 // FC_TEST_SHARED_GPU=<n> (any n >= 2), ranks may share GPUs (timings meaningless). Exit 77 (skip) with a
 // reason where no Hopper GPU is visible, or where the layout would need more GPUs.
@@ -153,6 +154,18 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       std::printf("  rank %d (host %d, local %d): 64 MiB allReduce: intra reduceScatter %.3f ms, "
                   "inter-host proxy step %.3f ms (%.2f GB/s of its block), intra allGather %.3f ms\n",
                   rank, h, l, ms[0], ms[1], n_l * 4.0 / (ms[1] * 1e-3) / 1e9, ms[2]);
+      if (const char* path = std::getenv("FC_TEST_JSON")) {  // one row per rank, appended
+        if (FILE* f = std::fopen(path, "a")) {
+          std::fprintf(f,
+                       "{\"op\": \"allReduce\", \"impl\": \"hierarchical_proxy\", \"hosts\": %d, "
+                       "\"local\": %d, \"rank\": %d, \"dtype\": \"fp32\", \"bytes\": %lld, "
+                       "\"shared_gpu\": %s, \"intra_rs_ms\": %.4f, \"proxy_ms\": %.4f, "
+                       "\"proxy_block_gbps\": %.3f, \"intra_ag_ms\": %.4f}\n",
+                       H, L, rank, static_cast<long long>(count * 4), shared ? "true" : "false",
+                       ms[0], ms[1], n_l * 4.0 / (ms[1] * 1e-3) / 1e9, ms[2]);
+          std::fclose(f);
+        }
+      }
     }
   }
   g.barrier();
