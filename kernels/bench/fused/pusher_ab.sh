@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The pusher-warp A/B of gemmReduceScatter (RsEpilogue::kWarpPush; NOTES.md, "Pusher warps")
+# on a host with 2 or more GPUs, in ONE device call of ~3 minutes, plus the proxy path's tests
+# on separate GPUs:
+#   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab (carry it: ~38 MB)
+#   run   (GPU host):    kernels/bench/fused/pusher_ab.sh run [world=2]   -> $OUT/pab/*
+# Run steps, each with its own timeout:
+#   1. gpu_fused_test of the pusher build (every world 1..GPUs, on separate GPUs);
+#   2. local_run.sh: TMA pushes (the default) against pusher warps, 2 rounds, bf16 and fp32
+#      partials, the 12 TP shapes at W = world; the table is printed last;
+#   3. gpu_proxy_test and gpu_hier_test (2 hosts x 1 GPU) on separate GPUs.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+here=kernels/bench/fused
+out=build/pab
+if [ "${1:-run}" = build ]; then
+  $here/build.sh build/pab-def > /dev/null || exit 1
+  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_WARP_PUSH $here/build.sh build/pab-wp | tail -1 || exit 1
+  cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test > /dev/null || exit 1
+  rm -rf $out && mkdir -p $out/tma $out/pusher
+  cp build/pab-def/fused_bench $out/tma/
+  cp build/pab-wp/fused_bench build/pab-wp/gpu_fused_test $out/pusher/
+  cp executor-native/target/cmake/executor-native/gpu_proxy_test \
+     executor-native/target/cmake/executor-native/gpu_hier_test $out/
+  git rev-parse --short HEAD > $out/commit.txt
+  du -sh $out; exit 0
+fi
+world=${2:-2}
+OUT=${OUT:-/tmp/pab_out}; o=$OUT/pab; mkdir -p "$o"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -2
+echo "commit $(cat $out/commit.txt 2>/dev/null)"
+timeout 240 $out/pusher/gpu_fused_test > "$o/fused_test_pusher.log" 2>&1
+echo "gpu_fused_test (pusher) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/fused_test_pusher.log" | tr '\n' ' ')"
+timeout 60 $out/gpu_proxy_test > "$o/gpu_proxy_test.log" 2>&1; echo "gpu_proxy_test rc=$?"
+grep -E "round trip|stream|one way|allReduce across" "$o/gpu_proxy_test.log"
+FC_TEST_JSON=$o/hier.jsonl timeout 60 $out/gpu_hier_test > "$o/gpu_hier_test.log" 2>&1; echo "gpu_hier_test rc=$?"
+grep -E "proxy step" "$o/gpu_hier_test.log"
+OUT=$o timeout 300 $here/local_run.sh "$out/tma $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30
