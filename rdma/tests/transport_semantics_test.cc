@@ -381,6 +381,77 @@ void test_proxy_wraps_and_reports_errors() {
   p.g0->close(500ms);
 }
 
+// The GPU producers' protocol (kernels/detail/proxy_device.cuh), played by host threads: slots
+// from a counter outside the ring (header.reserved stays 0), a wait for space against
+// header.consumed, the fields, then seq released; four producers publish out of order.
+void test_gpu_style_producers() {
+  auto t0 = loopback(), t1 = loopback();
+  Buf src(*t0, 4096), dst(*t1, 4096 + 8);
+  for (size_t i = 0; i < 4096; ++i) src.words[i] = fctest::splitmix64(i + 7);
+  auto p = connect_pair(*t0, *t1, 51);
+  RingMem m(8);
+  ProxyRing ring(m.p, 8);
+  Proxy proxy(ring, *p.g0);
+  std::atomic<uint64_t> next{0};
+  auto post = [&](const WriteOp& op) {  // proxy_post_write, on the host
+    const uint64_t slot = next.fetch_add(1);
+    while (slot - std::atomic_ref<uint64_t>(ring.header()->consumed).load(std::memory_order_acquire) >=
+           ring.capacity()) {
+      std::this_thread::yield();
+    }
+    ProxyCommand& c = ring.slots()[slot & (ring.capacity() - 1)];
+    c.op = static_cast<uint32_t>(ProxyOp::kWrite);
+    c.peer = op.peer;
+    c.src_key = op.src_key;
+    c.src_offset = op.src_offset;
+    c.dst_key = op.dst_key;
+    c.dst_offset = op.dst_offset;
+    c.bytes = op.bytes;
+    c.signal_key = op.signal_key;
+    c.signal_offset = op.signal_offset;
+    c.signal_value = op.signal_value;
+    std::atomic_ref<uint64_t>(c.seq).store(slot + 1, std::memory_order_release);
+  };
+  constexpr int kPerThread = 256, kThreads = 4;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int j = 0; j < kPerThread; ++j) {
+        const uint64_t i = uint64_t(t) * kPerThread + j;  // word i of src to word i of dst
+        WriteOp op;
+        op.peer = 1;
+        op.src_key = src.r.key;
+        op.src_offset = i * 8;
+        op.dst_key = dst.r.key;
+        op.dst_offset = i * 8;
+        op.bytes = 8;
+        post(op);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const uint64_t n = kThreads * kPerThread;
+  FC_CHECK(fctest::wait_for([&] {
+             return std::atomic_ref<uint64_t>(ring.header()->completed).load() == n;
+           }, 10000ms),
+           "every command handed to the transport");
+  // Writes between one pair are delivered in order: a last, signal-only write fences them.
+  WriteOp last;
+  last.peer = 1;
+  last.signal_key = dst.r.key;
+  last.signal_offset = 4096 * 8;
+  last.signal_value = 1;
+  post(last);
+  FC_CHECK(fctest::wait_for([&] { return dst.load(4096) == 1; }, 10000ms), "the fencing signal arrived");
+  int bad = 0;
+  for (uint64_t i = 0; i < n; ++i) bad += dst.words[i] != src.words[i];
+  FC_CHECK(bad == 0, std::to_string(bad) + " words differ");
+  FC_CHECK(ring.header()->reserved == 0, "GPU-style producers leave header.reserved alone");
+  proxy.stop(true, 5000ms);
+  FC_CHECK(proxy.error().empty(), "healthy: " + proxy.error());
+  p.g0->close(500ms);
+}
+
 }  // namespace
 
 int main() {
@@ -394,5 +465,6 @@ int main() {
   fctest::run_case("a transport destroyed under its group", test_transport_destroyed_under_a_group);
   fctest::run_case("proxy ring basics", test_ring_basics);
   fctest::run_case("proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors);
+  fctest::run_case("proxy: GPU-style producers (slots from their own counter)", test_gpu_style_producers);
   return fctest::finish();
 }
