@@ -82,6 +82,13 @@ uint64_t ProxyRing::post(const WriteOp& op, std::chrono::milliseconds timeout) {
     backoff(idle);
   }
   ProxyCommand& c = slots_[slot & (capacity_ - 1)];
+  fill_command(c, op);
+  // Publishes the fields above: the consumer's acquire load of seq sees them.
+  word(c.seq).store(slot + 1, std::memory_order_release);
+  return slot + 1;
+}
+
+void fill_command(ProxyCommand& c, const WriteOp& op) {
   c.op = static_cast<uint32_t>(ProxyOp::kWrite);
   c.peer = op.peer;
   c.src_key = op.src_key;
@@ -92,9 +99,6 @@ uint64_t ProxyRing::post(const WriteOp& op, std::chrono::milliseconds timeout) {
   c.signal_key = op.signal_key;
   c.signal_offset = op.signal_offset;
   c.signal_value = op.signal_value;
-  // Publishes the fields above: the consumer's acquire load of seq sees them.
-  word(c.seq).store(slot + 1, std::memory_order_release);
-  return slot + 1;
 }
 
 Proxy::Proxy(ProxyRing ring, PeerGroup& group) : ring_(ring), group_(group) {

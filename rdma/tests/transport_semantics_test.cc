@@ -400,16 +400,7 @@ void test_gpu_style_producers() {
       std::this_thread::yield();
     }
     ProxyCommand& c = ring.slots()[slot & (ring.capacity() - 1)];
-    c.op = static_cast<uint32_t>(ProxyOp::kWrite);
-    c.peer = op.peer;
-    c.src_key = op.src_key;
-    c.src_offset = op.src_offset;
-    c.dst_key = op.dst_key;
-    c.dst_offset = op.dst_offset;
-    c.bytes = op.bytes;
-    c.signal_key = op.signal_key;
-    c.signal_offset = op.signal_offset;
-    c.signal_value = op.signal_value;
+    fill_command(c, op);
     std::atomic_ref<uint64_t>(c.seq).store(slot + 1, std::memory_order_release);
   };
   constexpr int kPerThread = 256, kThreads = 4;

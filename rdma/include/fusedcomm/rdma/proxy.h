@@ -43,6 +43,9 @@
 
 namespace fusedcomm::rdma {
 
+// A host producer's command fields for `op` (all but seq, which publishes them).
+void fill_command(ProxyCommand& c, const WriteOp& op);
+
 class ProxyRing {
  public:
   // bytes needed for `capacity` slots (capacity: power of two)
