@@ -99,20 +99,9 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     rs.dtype = k::CommDtype::kF32;
     rs.count = count;
     rs.output = shard;
-    k::ProxyAllReduce ar{};
-    ar.ring = ep.device();
+    k::ProxyAllReduce ar = ep.allreduce_args(peers, h);
     ar.x = shard;
     ar.count = n_l;
-    ar.rank = h;
-    ar.hosts = H;
-    ar.outbox = static_cast<uint8_t*>(ep.outbox.dev);
-    ar.inbox = static_cast<const uint8_t*>(ep.inbox.dev);
-    ar.signals = static_cast<const uint64_t*>(ep.signal.dev);
-    ar.outbox_key = ep.out_key;
-    for (int q = 0; q < H; ++q) {
-      ar.inbox_keys[q] = peers[q].inbox_key;
-      ar.signal_keys[q] = peers[q].signal_key;
-    }
     ar.value_base = value_base;
     ar.chunk_bytes = kChunk;
     ar.timeout_ns = 60ull * 1000000000ull;

@@ -38,7 +38,6 @@ namespace {
 namespace k = fusedcomm::kernels;
 namespace rd = fusedcomm::rdma;
 using fusedcomm::testing::check;
-using fusedcomm::testing::MappedHost;
 using fusedcomm::testing::ProcessGroup;
 using fusedcomm::testing::ProxyBlob;
 using fusedcomm::testing::ProxyEndpoint;
@@ -54,22 +53,22 @@ struct StreamResult {
 };
 
 // Runs one stream (both ranks call it with the same sizes; `sig` picks a fresh signal word).
-StreamResult run_stream(const k::ProxyRingDevice& ring, int rank, const MappedHost& outbox,
-                        const MappedHost& inbox, const MappedHost& signal, uint64_t outbox_key,
-                        const ProxyBlob& peer, int sig, uint64_t bytes, uint32_t depth, uint32_t count,
-                        uint32_t seed, bool check_words, uint64_t timeout_ns, int role = -1) {
+StreamResult run_stream(const ProxyEndpoint& ep, int rank, const ProxyBlob& peer, int sig,
+                        uint64_t bytes, uint32_t depth, uint32_t count, uint32_t seed,
+                        bool check_words, uint64_t timeout_ns, int role = -1) {
   uint32_t* d = nullptr;
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d), 8));
   CUDA_OK(cudaMemset(d, 0, 8));
   k::ProxyStreamTest t{};
-  t.ring = ring;
+  t.ring = ep.device();
   t.role = role >= 0 ? role : rank;
   t.peer = 1 - rank;
-  t.outbox = static_cast<uint8_t*>(outbox.dev);
-  t.inbox = static_cast<const uint8_t*>(inbox.dev);
+  t.outbox = static_cast<uint8_t*>(ep.outbox.dev);
+  t.inbox = static_cast<const uint8_t*>(ep.inbox.dev);
   t.signal_offset = 8ull * sig;
-  t.my_signal = reinterpret_cast<const uint64_t*>(static_cast<uint8_t*>(signal.dev) + t.signal_offset);
-  t.outbox_key = outbox_key;
+  t.my_signal =
+      reinterpret_cast<const uint64_t*>(static_cast<uint8_t*>(ep.signal.dev) + t.signal_offset);
+  t.outbox_key = ep.out_key;
   t.peer_inbox_key = peer.inbox_key;
   t.peer_signal_key = peer.signal_key;
   t.bytes = bytes;
@@ -100,16 +99,13 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
   const std::vector<ProxyBlob> blobs = ProxyEndpoint::gather(g, ep.blob());
   const ProxyBlob& peer = blobs[1 - rank];
   ep.connect(blobs, rank, seed | 1, 1);
-  const k::ProxyRingDevice& dev = ep.device();
-  const MappedHost &outbox = ep.outbox, &inbox = ep.inbox, &signal = ep.signal;
-  const uint64_t out_key = ep.out_key;
 
   const uint64_t second = 1000000000ull;
   int sig = 0;
   auto stream = [&](const char* name, uint64_t bytes, uint32_t depth, uint32_t count, bool chk) {
     const uint32_t s = static_cast<uint32_t>(fusedcomm::testing::mix(seed + sig));
-    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig++,
-                                        bytes, depth, count, s, chk, 20 * second);
+    const StreamResult res = run_stream(ep, rank, peer, sig++, bytes, depth, count, s, chk,
+                                        20 * second);
     check(res.status == k::kProxyOk, std::string(name) + ": rank " + std::to_string(rank) +
                                          " status " + std::to_string(res.status) + ", proxy: " +
                                          ep.proxy_error());
@@ -140,12 +136,12 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
     g.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     if (rank == 0) {
-      const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig,
-                                          kMsg, kCount, kCount, s, false, 20 * second);
+      const StreamResult res = run_stream(ep, rank, peer, sig, kMsg, kCount, kCount, s, false,
+                                          20 * second);
       check(res.status == k::kProxyOk, "one way: sender status " + std::to_string(res.status));
     } else {
       std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(
-          static_cast<uint8_t*>(signal.host) + 8ull * sig));
+          static_cast<uint8_t*>(ep.signal.host) + 8ull * sig));
       while (word.load(std::memory_order_acquire) < kCount &&
              std::chrono::steady_clock::now() - t0 < 20s) {
         std::this_thread::yield();
@@ -155,7 +151,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
             "one way: " + std::to_string(word.load()) + " of " + std::to_string(kCount) +
                 " messages arrived in 20 s; proxy: " + ep.proxy_error());
       uint64_t bad = 0;
-      const auto* in = static_cast<const uint32_t*>(inbox.host);
+      const auto* in = static_cast<const uint32_t*>(ep.inbox.host);
       for (uint32_t m = 0; m < kCount; ++m) {
         for (uint64_t i = 0; i < kMsg / 4; ++i) {
           bad += in[m * (kMsg / 4) + i] != k::proxy_stream_word(s, m, i);
@@ -188,20 +184,9 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d), count * 4));
       CUDA_OK(cudaMemcpy(d, x.data(), count * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemset(status, 0, 4));
-      k::ProxyAllReduce a{};
-      a.ring = dev;
+      k::ProxyAllReduce a = ep.allreduce_args(blobs, rank);
       a.x = d;
       a.count = count;
-      a.rank = rank;
-      a.hosts = 2;
-      a.outbox = static_cast<uint8_t*>(outbox.dev);
-      a.inbox = static_cast<const uint8_t*>(inbox.dev);
-      a.signals = static_cast<const uint64_t*>(signal.dev);
-      a.outbox_key = out_key;
-      for (int p = 0; p < 2; ++p) {
-        a.inbox_keys[p] = blobs[p].inbox_key;
-        a.signal_keys[p] = blobs[p].signal_key;
-      }
       a.base_word = 64;
       a.value_base = value_base;
       a.chunk_bytes = chunk;
@@ -239,8 +224,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
   // Timeout: rank 1 waits for a message that rank 0 never sends.
   if (rank == 1) {
     const auto t0 = std::chrono::steady_clock::now();
-    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig,
-                                        16, 1, 1, 7, true, 300000000ull);
+    const StreamResult res = run_stream(ep, rank, peer, sig, 16, 1, 1, 7, true, 300000000ull);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check(res.status == k::kProxyTimeout,
           "timeout: status " + std::to_string(res.status) + " (expected kProxyTimeout)");
@@ -256,8 +240,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       std::this_thread::sleep_for(200ms);
       std::atomic_ref<uint64_t>(ep.ring().header()->abort).store(1, std::memory_order_release);
     });
-    const StreamResult res = run_stream(dev, rank, outbox, inbox, signal, out_key, peer, sig,
-                                        16, 1, 1, 7, true, 20 * second);
+    const StreamResult res = run_stream(ep, rank, peer, sig, 16, 1, 1, 7, true, 20 * second);
     setter.join();
     check(res.status == k::kProxyAborted,
           "abort: status " + std::to_string(res.status) + " (expected kProxyAborted)");

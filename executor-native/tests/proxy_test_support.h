@@ -117,6 +117,23 @@ class ProxyEndpoint {
   }
 
   const kernels::ProxyRingDevice& device() const { return dev_; }
+  // launch_proxy_allreduce's arguments that come from this endpoint and its group (`members`
+  // by group rank, this one `rank`); the caller sets the data, sizes, signal words and status.
+  kernels::ProxyAllReduce allreduce_args(const std::vector<ProxyBlob>& members, int rank) const {
+    kernels::ProxyAllReduce a{};
+    a.ring = dev_;
+    a.rank = rank;
+    a.hosts = static_cast<int>(members.size());
+    a.outbox = static_cast<uint8_t*>(outbox.dev);
+    a.inbox = static_cast<const uint8_t*>(inbox.dev);
+    a.signals = static_cast<const uint64_t*>(signal.dev);
+    a.outbox_key = out_key;
+    for (size_t q = 0; q < members.size(); ++q) {
+      a.inbox_keys[q] = members[q].inbox_key;
+      a.signal_keys[q] = members[q].signal_key;
+    }
+    return a;
+  }
   rdma::ProxyRing& ring() { return ring_; }
   std::string proxy_error() const { return proxy_ ? proxy_->error() : std::string(); }
 

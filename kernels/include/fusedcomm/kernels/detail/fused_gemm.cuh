@@ -387,8 +387,39 @@ struct alignas(8) RsPushMail {
                     // store rounds staged (1 or 2)
 };
 static_assert(sizeof(RsPushMail) == 32, "two mails fill the engine's aux region");
+
+// A pusher warp's copy (RsEpilogue::send_rows): rows [row_lo, row_hi) and bytes [0, bytes) of
+// each row of the staged rounds (stage_round's swizzled layout: part = round * 2 + box of 8 KiB,
+// 64 rows of 128 B, 16-byte chunk c of row i at c ^ (i % 8)) to `at` (row i at at + i * ld),
+// 16 bytes per lane and instruction: a warp writes 4 rows × 128 B at a time. add_f32: vector
+// fp32 reduce-adds instead of stores (an accumulating slot). Out of line: the producer
+// warpgroup's 40 registers.
 inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
-                                                int bytes, int ld, int rounds, bool add_f32);
+                                                int bytes, int ld, int rounds, bool add_f32) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 1
+  for (int it = 0; it < 32 * rounds; ++it) {
+    const int i = it * 32 + lane;
+    const int c = i & 7, row = (i >> 3) & 63, part = i >> 9;
+    const int byte = part * 128 + c * 16;  // within the row
+    if (row < row_lo || row >= row_hi || byte >= bytes) continue;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(stage + part * 8192 + row * 128 + ((c ^ (row & 7)) << 4)));
+    char* g = at + (static_cast<uint32_t>(row) * static_cast<uint32_t>(ld) + byte);
+    if (add_f32) {
+      asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(g),
+                   "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)),
+                   "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                   : "memory");
+    } else {
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y),
+                   "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+  }
+}
 
 struct RsEpilogue {
   static constexpr bool kOwnsTile = true;
@@ -755,39 +786,6 @@ struct RsEpilogue {
                 kF32 && p->accumulate);
   }
 };
-
-// A pusher warp's copy (RsEpilogue::send_rows): rows [row_lo, row_hi) and bytes [0, bytes) of
-// each row of the staged rounds (stage_round's swizzled layout: part = round * 2 + box of 8 KiB,
-// 64 rows of 128 B, 16-byte chunk c of row i at c ^ (i % 8)) to `at` (row i at at + i * ld),
-// 16 bytes per lane and instruction: a warp writes 4 rows × 128 B at a time. add_f32: vector
-// fp32 reduce-adds instead of stores (an accumulating slot). Out of line: the producer
-// warpgroup's 40 registers.
-inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
-                                                int bytes, int ld, int rounds, bool add_f32) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll 1
-  for (int it = 0; it < 32 * rounds; ++it) {
-    const int i = it * 32 + lane;
-    const int c = i & 7, row = (i >> 3) & 63, part = i >> 9;
-    const int byte = part * 128 + c * 16;  // within the row
-    if (row < row_lo || row >= row_hi || byte >= bytes) continue;
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(stage + part * 8192 + row * 128 + ((c ^ (row & 7)) << 4)));
-    char* g = at + (static_cast<uint32_t>(row) * static_cast<uint32_t>(ld) + byte);
-    if (add_f32) {
-      asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(g),
-                   "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)),
-                   "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
-                   : "memory");
-    } else {
-      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y),
-                   "r"(v.z), "r"(v.w)
-                   : "memory");
-    }
-  }
-}
 
 // The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
 struct RsSchedule : FusedClaims<RsParams> {

@@ -494,12 +494,8 @@ struct PlainSchedule {
   __device__ __forceinline__ void consumers_done() const {}
 };
 
-// ---- the engine -----------------------------------------------------------------------------
-// Every thread of the CTA (384) calls this once; it returns when the CTA has no more tiles (or
-// stopped). The CTA's place among the computing CTAs comes from the schedule (cta(),
-// num_ctas()). It uses the whole dynamic shared memory (GemmTileConfig<BN>::kSmemBytes) and
-// named barriers 1..3; the caller may use barrier 0 (__syncthreads) before the call only.
-// The dynamic shared memory's aux region (layout above) of an engine with this configuration.
+// The dynamic shared memory's aux region (layout above) of an engine with this configuration,
+// for the epilogue's consumer side (the engine's own layout below must agree).
 template <int BN, int kStagingRounds>
 __device__ __forceinline__ uint8_t* gemm_aux_smem() {
   using Cfg = GemmTileConfig<BN, kStagingRounds>;
@@ -509,6 +505,12 @@ __device__ __forceinline__ uint8_t* gemm_aux_smem() {
          2 * Cfg::kStagingBytes;
 }
 
+// ---- the engine -----------------------------------------------------------------------------
+// Every thread of the CTA (384) calls this once; it returns when the CTA has no more tiles (or
+// stopped). The CTA's place among the computing CTAs comes from the schedule (cta(),
+// num_ctas()). It uses the whole dynamic shared memory (GemmTileConfig<BN,
+// Epilogue::kStagingRounds>::kSmemBytes) and named barriers 1..3; the caller may use barrier 0
+// (__syncthreads) before the call only.
 template <int BN, bool kBKN, class Epilogue, class Schedule>
 __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CUtensorMap& tm_b,
                                                const CUtensorMap& tm_c, const GemmProblem& prob,
@@ -524,7 +526,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + kStages * Cfg::kABytes;
   uint8_t* staging = smem_b + kStages * Cfg::kBBytes;
-  uint8_t* aux = staging + 2 * Cfg::kStagingBytes;
+  uint8_t* aux = staging + 2 * Cfg::kStagingBytes;  // where gemm_aux_smem finds it
   uint64_t* full = reinterpret_cast<uint64_t*>(aux + Cfg::kAuxBytes);
   uint64_t* empty = full + kStages;
   uint64_t* done = empty + kStages;  // CTA pairs: the partner's 8 consumer warps are done

@@ -16,6 +16,23 @@ struct ProxyWrite {
   uint64_t signal_key, signal_offset, signal_value;
 };
 
+// Polls until ready() holds: kProxyOk, or kProxyAborted once the ring's abort word is set (the
+// proxy failed or the host aborted), or kProxyTimeout after timeout_ns. Backs off up to 2 us.
+template <class Ready>
+__device__ __forceinline__ uint32_t proxy_poll(const ProxyRingDevice& r, uint64_t timeout_ns,
+                                               Ready ready) {
+  if (ready()) return kProxyOk;
+  const uint64_t t0 = globaltimer_ns();
+  uint32_t backoff = 32;
+  while (!ready()) {
+    if (ld_relaxed_sys(&r.header->abort) != 0) return kProxyAborted;
+    if (globaltimer_ns() - t0 >= timeout_ns) return kProxyTimeout;
+    __nanosleep(backoff);
+    backoff = backoff < 2048 ? backoff * 2 : 2048;
+  }
+  return kProxyOk;
+}
+
 // Posts `w` into the ring (rdma/proxy.h's producer protocol, with the slot taken from the
 // device-side counter). The payload must already be visible at system scope to the proxy: its
 // writers fenced (fence.sc.sys) and synchronised with this thread (a CTA barrier), so that
@@ -26,21 +43,13 @@ inline __device__ __noinline__ uint32_t proxy_post_write(const ProxyRingDevice& 
                                                          const ProxyWrite& w,
                                                          uint64_t timeout_ns) {
   const uint64_t slot = atomicAdd(r.next, 1ull);
-  uint64_t t0 = 0;
-  uint32_t backoff = 32;
   // consumed only grows and never passes this slot's predecessors, so slot - consumed is
   // well-defined; acquire: the proxy's reads of the old command in this slot are done.
-  while (slot - ld_acquire_sys(&r.header->consumed) >= r.capacity) {
-    const uint64_t now = globaltimer_ns();
-    if (t0 == 0) t0 = now;
-    if (ld_relaxed_sys(&r.header->abort) != 0) return kProxyAborted;
-    if (now - t0 >= timeout_ns) {
-      st_release_sys(&r.header->abort, 1);
-      return kProxyTimeout;
-    }
-    __nanosleep(backoff);
-    backoff = backoff < 2048 ? backoff * 2 : 2048;
-  }
+  const uint32_t s = proxy_poll(r, timeout_ns, [&] {
+    return slot - ld_acquire_sys(&r.header->consumed) < r.capacity;
+  });
+  if (s == kProxyTimeout) st_release_sys(&r.header->abort, 1);
+  if (s != kProxyOk) return s;
   rdma::ProxyCommand* c = &r.slots[slot & (r.capacity - 1)];
   c->op = static_cast<uint32_t>(rdma::ProxyOp::kWrite);
   c->peer = w.peer;
@@ -59,21 +68,11 @@ inline __device__ __noinline__ uint32_t proxy_post_write(const ProxyRingDevice& 
 
 // Waits until *signal >= value (a word the transport raises with release ordering after the
 // payload; acquire here: this thread's later reads, and those of threads that synchronise with
-// it through a barrier, see the payload). kProxyAborted if the ring's abort word is set (the
-// proxy failed or the host aborted), kProxyTimeout after timeout_ns.
+// it through a barrier, see the payload). Results as proxy_poll.
 inline __device__ __noinline__ uint32_t proxy_wait_signal(const ProxyRingDevice& r,
                                                           const uint64_t* signal, uint64_t value,
                                                           uint64_t timeout_ns) {
-  if (ld_acquire_sys(signal) >= value) return kProxyOk;
-  const uint64_t t0 = globaltimer_ns();
-  uint32_t backoff = 32;
-  while (ld_acquire_sys(signal) < value) {
-    if (ld_relaxed_sys(&r.header->abort) != 0) return kProxyAborted;
-    if (globaltimer_ns() - t0 >= timeout_ns) return kProxyTimeout;
-    __nanosleep(backoff);
-    backoff = backoff < 2048 ? backoff * 2 : 2048;
-  }
-  return kProxyOk;
+  return proxy_poll(r, timeout_ns, [&] { return ld_acquire_sys(signal) >= value; });
 }
 
 }  // namespace fusedcomm::kernels::detail
