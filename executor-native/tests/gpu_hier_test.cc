@@ -37,7 +37,6 @@
 namespace {
 
 namespace k = fusedcomm::kernels;
-namespace rd = fusedcomm::rdma;
 using fusedcomm::split_count;
 using fusedcomm::SymmetricConfig;
 using fusedcomm::SymmetricMemory;

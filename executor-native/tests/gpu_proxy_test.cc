@@ -36,7 +36,6 @@
 namespace {
 
 namespace k = fusedcomm::kernels;
-namespace rd = fusedcomm::rdma;
 using fusedcomm::testing::check;
 using fusedcomm::testing::ProcessGroup;
 using fusedcomm::testing::ProxyBlob;
