@@ -122,7 +122,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     CUDA_OK(cudaEventRecord(ev[3], stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     sm.raise_if_failed();
-    value_base += k::proxy_allreduce_chunks(n_l, kChunk);
+    value_base += k::proxy_allreduce_chunks(n_l, 4, kChunk);
     uint32_t st = 0;
     CUDA_OK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(x.data(), out, count * 4, cudaMemcpyDeviceToHost));

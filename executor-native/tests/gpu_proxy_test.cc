@@ -196,7 +196,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       CUDA_OK(k::launch_proxy_allreduce(a, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      value_base += k::proxy_allreduce_chunks(count, chunk);
+      value_base += k::proxy_allreduce_chunks(count, 4, chunk);
       uint32_t st = 0;
       CUDA_OK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
       CUDA_OK(cudaMemcpy(x.data(), d, count * 4, cudaMemcpyDeviceToHost));

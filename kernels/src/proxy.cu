@@ -3,6 +3,8 @@
 #include "fusedcomm/kernels/detail/proxy_device.cuh"
 #include "fusedcomm/kernels/proxy.h"
 
+#include <cuda_bf16.h>
+
 namespace fusedcomm::kernels {
 namespace {
 
@@ -72,26 +74,76 @@ __global__ void proxy_stream_kernel(ProxyStreamTest t) {
   if (threadIdx.x == 0 && status != kProxyOk) atomicCAS(t.status, kProxyOk, status);
 }
 
+// Elements as the allReduce sums them: 16-byte vectors of kPerVec elements, widened to fp32.
+template <typename T>
+struct ProxyElems;
+template <>
+struct ProxyElems<float> {
+  static constexpr int kPerVec = 4;
+  __device__ static float get(const uint4& v, int i) { return __uint_as_float((&v.x)[i]); }
+  __device__ static void put(uint4& v, int i, float f) { (&v.x)[i] = __float_as_uint(f); }
+  __device__ static float load_volatile(const float* p) {
+    float v;
+    asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+  }
+  __device__ static float widen(float v) { return v; }
+  __device__ static float narrow(float v) { return v; }
+};
+template <>
+struct ProxyElems<__nv_bfloat16> {
+  static constexpr int kPerVec = 8;
+  __device__ static float get(const uint4& v, int i) {
+    const uint32_t w = (&v.x)[i / 2];
+    return __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xFFFF0000u);
+  }
+  __device__ static void put(uint4& v, int i, float f) {
+    const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    uint32_t& w = (&v.x)[i / 2];
+    w = i % 2 == 0 ? (w & 0xFFFF0000u) | h : (w & 0xFFFFu) | (h << 16);
+  }
+  __device__ static __nv_bfloat16 load_volatile(const __nv_bfloat16* p) {
+    unsigned short v;
+    asm volatile("ld.volatile.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return __ushort_as_bfloat16(v);
+  }
+  __device__ static float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 narrow(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <typename T>
 __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
+  using E = ProxyElems<T>;
   __shared__ uint32_t status;
+  int bad_peer = -1;  // thread 0: the host whose signal a failed wait was for
   if (threadIdx.x == 0) status = kProxyOk;
   __syncthreads();
   const int H = a.hosts, me = a.rank;
-  const int64_t per_chunk = static_cast<int64_t>(a.chunk_bytes / 4);
+  T* x = static_cast<T*>(a.x);
+  const int64_t per_chunk = static_cast<int64_t>(a.chunk_bytes / sizeof(T));
   const int64_t chunks = (a.count + per_chunk - 1) / per_chunk;
   const uint64_t* recv = a.signals + a.base_word;        // word s: chunks from source s
   const uint64_t* credit = a.signals + a.base_word + H;  // word H + s: credits from s
+  // 16-byte vectors where x is 16-byte aligned (chunk starts keep the alignment:
+  // chunk_bytes % 16 == 0), then the tail element by element. Each read of a peer's slot
+  // crosses PCIe, so vectors carry four (fp32) or eight (bf16) elements per round trip.
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t e0 = c * per_chunk, n = min(per_chunk, a.count - e0);
-    if (threadIdx.x == 0 && c > 0) {
+    // Credits: every peer has consumed this rank's previous chunk, of this op or (c = 0) of the
+    // op before on these words. Only then is the outbox free (that chunk was delivered) and
+    // may this chunk land in the peers' inbox slots (they are done reading the previous one).
+    if (threadIdx.x == 0) {
       for (int p = 0; p < H && status == kProxyOk; ++p) {
-        if (p != me) status = detail::proxy_wait_signal(a.ring, credit + p, a.value_base + c, a.timeout_ns);
+        if (p == me) continue;
+        status = detail::proxy_wait_signal(a.ring, credit + p, a.value_base + c, a.timeout_ns);
+        bad_peer = p;
       }
     }
     __syncthreads();
     if (status != kProxyOk) break;
-    float* out = reinterpret_cast<float*>(a.outbox);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = a.x[e0 + i];
+    T* out = reinterpret_cast<T*>(a.outbox);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[e0 + i];
     __threadfence_system();  // the staged chunk before the posts (cumulative)
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -102,55 +154,48 @@ __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
         w.src_key = a.outbox_key;
         w.dst_key = a.inbox_keys[p];
         w.dst_offset = static_cast<uint64_t>(me) * a.chunk_bytes;
-        w.bytes = static_cast<uint64_t>(n) * 4;
+        w.bytes = static_cast<uint64_t>(n) * sizeof(T);
         w.signal_key = a.signal_keys[p];
         w.signal_offset = 8 * (a.base_word + me);
         w.signal_value = a.value_base + c + 1;
         status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
+        bad_peer = -1;  // the ring stayed full: no single peer to blame
       }
       for (int p = 0; p < H && status == kProxyOk; ++p) {
-        if (p != me) status = detail::proxy_wait_signal(a.ring, recv + p, a.value_base + c + 1, a.timeout_ns);
+        if (p == me) continue;
+        status = detail::proxy_wait_signal(a.ring, recv + p, a.value_base + c + 1, a.timeout_ns);
+        bad_peer = p;
       }
     }
     __syncthreads();
     if (status != kProxyOk) break;
-    // 16-byte vectors (chunk starts are 16-byte aligned: x from cudaMalloc, chunk_bytes % 16
-    // == 0), then the tail element by element. Each read of a peer's slot crosses PCIe, so
-    // vectors carry four times the data per round trip.
-    const int64_t n4 = a.x != nullptr && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 ? n / 4 : 0;
-    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int64_t nv = vec ? n / E::kPerVec : 0;
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+      float sum[E::kPerVec];
+      uint4 mine = reinterpret_cast<const uint4*>(x + e0)[i];
       for (int s = 0; s < H; ++s) {
-        float4 v;
-        if (s == me) {
-          v = reinterpret_cast<const float4*>(a.x + e0)[i];
-        } else {
-          const float4* src = reinterpret_cast<const float4*>(a.inbox + s * a.chunk_bytes) + i;
-          asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                       : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        uint4 v = mine;
+        if (s != me) {
+          const uint4* src = reinterpret_cast<const uint4*>(a.inbox + s * a.chunk_bytes) + i;
+          asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                        : "l"(src));
         }
-        if (s == 0) {
-          sum = v;
-        } else {
-          sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
-        }
+#pragma unroll
+        for (int j = 0; j < E::kPerVec; ++j) sum[j] = s == 0 ? E::get(v, j) : sum[j] + E::get(v, j);
       }
-      reinterpret_cast<float4*>(a.x + e0)[i] = sum;
+#pragma unroll
+      for (int j = 0; j < E::kPerVec; ++j) E::put(mine, j, sum[j]);
+      reinterpret_cast<uint4*>(x + e0)[i] = mine;
     }
-    for (int64_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
+    for (int64_t i = nv * E::kPerVec + threadIdx.x; i < n; i += blockDim.x) {
       float sum = 0.f;
       for (int s = 0; s < H; ++s) {
-        float v;
-        if (s == me) {
-          v = a.x[e0 + i];
-        } else {
-          const float* src = reinterpret_cast<const float*>(a.inbox + s * a.chunk_bytes) + i;
-          asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(src));
-        }
+        const float v = E::widen(s == me ? x[e0 + i]
+                                         : E::load_volatile(reinterpret_cast<const T*>(a.inbox + s * a.chunk_bytes) + i));
         sum = s == 0 ? v : sum + v;
       }
-      a.x[e0 + i] = sum;
+      x[e0 + i] = E::narrow(sum);
     }
     __syncthreads();  // every read of the inbox slots is done: credit the sources
     if (threadIdx.x == 0) {
@@ -162,12 +207,17 @@ __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
         w.signal_offset = 8 * (a.base_word + H + me);
         w.signal_value = a.value_base + c + 1;
         status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
+        bad_peer = -1;
       }
     }
     __syncthreads();
     if (status != kProxyOk) break;
   }
-  if (threadIdx.x == 0 && status != kProxyOk) atomicCAS(a.status, kProxyOk, status);
+  // A plain store (no atomics: the word may be mapped host memory); one thread of one CTA.
+  if (threadIdx.x == 0 && status != kProxyOk) {
+    volatile uint32_t* word = a.status;
+    if (*word == kProxyOk) *word = proxy_status(status, bad_peer);
+  }
 }
 
 }  // namespace
@@ -175,11 +225,16 @@ __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
 cudaError_t launch_proxy_allreduce(const ProxyAllReduce& a, cudaStream_t stream) {
   if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts ||
       a.count < 0 || a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 ||
+      (a.dtype != kProxyF32 && a.dtype != kProxyBF16) ||
       a.ring.capacity == 0 || (a.ring.capacity & (a.ring.capacity - 1)) != 0) {
     return cudaErrorInvalidValue;
   }
   if (a.count == 0 || a.hosts == 1) return cudaSuccess;
-  proxy_allreduce_kernel<<<1, 1024, 0, stream>>>(a);
+  if (a.dtype == kProxyBF16) {
+    proxy_allreduce_kernel<__nv_bfloat16><<<1, 1024, 0, stream>>>(a);
+  } else {
+    proxy_allreduce_kernel<float><<<1, 1024, 0, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 

@@ -128,9 +128,10 @@ FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
 }
 
 // Host connections first (they end with a barrier, so every rank has created its device half),
-// then the peers' symmetric memory is mapped.
+// then the peers' symmetric memory is mapped; with ranks on several hosts (host_ids[r]: rank r's
+// host, 0..H-1) the device half also connects each rank to its counterparts on the other hosts.
 FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id,
-                             jobjectArray device_handles) {
+                             jobjectArray device_handles, jintArray host_ids) {
   FC_JNI_BEGIN
   auto* h = from_handle<CommHandle>(c, "the communicator");
   h->comm->connect(fusedcomm::jni::to_strings(env, endpoints), rank, static_cast<uint64_t>(comm_id));
@@ -144,7 +145,9 @@ FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoint
       env->DeleteLocalRef(a);
       blobs.push_back(std::move(b));
     }
-    h->device->connect(blobs);
+    std::vector<int> host_of(env->GetArrayLength(host_ids));
+    env->GetIntArrayRegion(host_ids, 0, static_cast<jsize>(host_of.size()), reinterpret_cast<jint*>(host_of.data()));
+    h->device->connect(blobs, host_of, *h->comm, static_cast<uint64_t>(comm_id));
   }
   FC_JNI_END()
 }

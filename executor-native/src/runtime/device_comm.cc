@@ -46,10 +46,49 @@ DeviceComm::~DeviceComm() { close(); }
 
 std::vector<uint8_t> DeviceComm::export_handle() const { return sm_->export_handle(); }
 
-void DeviceComm::connect(const std::vector<std::vector<uint8_t>>& blobs) {
+void DeviceComm::connect(const std::vector<std::vector<uint8_t>>& blobs, const std::vector<int>& host_of,
+                         Communicator& host, uint64_t comm_id) {
+  FC_REQUIRE(static_cast<int>(host_of.size()) == host.world(),
+             "connect: " + std::to_string(host_of.size()) + " host ids for world " + std::to_string(host.world()));
   pin_gpu(runtime_.gpu().ordinal);
+  layout_ = make_host_layout(host_of, host.rank());
+  if (layout_.hosts > 1) sm_->restrict_to(layout_.members);
   sm_->connect(blobs);
+  if (layout_.hosts > 1) connect_hosts(host, comm_id);
   connected_ = true;
+}
+
+// The counterparts' link blobs travel as one exchange of the host communicator (every rank
+// sends its blob to every rank; each keeps its counterparts').
+void DeviceComm::connect_hosts(Communicator& host, uint64_t comm_id) {
+  link_ = std::make_unique<InterHostLink>(runtime_, layout_.host, layout_.hosts,
+                                          static_cast<uint64_t>(runtime_.config().chunk_bytes));
+  const InterHostLink::Blob mine = link_->blob();
+  const int world = host.world();
+  std::vector<InterHostLink::Blob> all(world);
+  std::vector<SendBlock> send(world, SendBlock{&mine, sizeof mine});
+  std::vector<RecvBlock> recv(world);
+  for (int r = 0; r < world; ++r) recv[r] = RecvBlock{&all[r], sizeof all[r]};
+  host.begin_op("connect the cuda backend between hosts", 0x63756461686f7374ull);  // "cudahost"
+  host.exchange(send, recv, "inter-host link blobs");
+  std::vector<InterHostLink::Blob> peers;
+  std::vector<std::string> names;
+  for (int h = 0; h < layout_.hosts; ++h) {
+    const int r = layout_.counterparts[h];
+    peers.push_back(all[r]);
+    names.push_back("rank " + std::to_string(r) + " (host " + std::to_string(h) + ")");
+  }
+  // One group per local rank: an id of its own, distinct from the host communicator's.
+  const uint64_t group_id = (comm_id ^ 0x696e746572686f73ull) * 0x9E3779B97F4A7C15ull + layout_.local_rank + 1;
+  link_->connect(peers, names, group_id);
+}
+
+void DeviceComm::require_one_host(const char* op) const {
+  if (link_ == nullptr) return;
+  fail(ErrorKind::kUnavailable,
+       std::string(op) + " does not run between hosts on the cuda backend yet: this communicator spans " +
+           std::to_string(layout_.hosts) + " hosts of " + std::to_string(layout_.local_world) +
+           " ranks; allReduce does; for the others keep the ranks on one host or use spark.fusedcomm.backend=host");
 }
 
 void DeviceComm::check_usable() const {
@@ -113,6 +152,7 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
                             int64_t count, cudaStream_t stream) {
   FC_REQUIRE(count >= 0, "negative element count");
   check_usable();
+  if (op != k::CommOp::kAllReduce) require_one_host(k::comm_op_name(static_cast<uint32_t>(op)));
   const int world = sm_->world(), rank = sm_->rank();
   const size_t esize = element_bytes(dtype);
   const uint64_t capacity = sm_->data_bytes();
@@ -122,24 +162,54 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
     require_fits(k::comm_op_name(static_cast<uint32_t>(op)), largest_in * esize);
   }
   cudaStream_t s = begin(stream);
+  // allReduce is element-wise: pieces of the data area's size (16-byte multiples) are
+  // independent ops.
+  const int64_t piece = static_cast<int64_t>(capacity / esize) / 8 * 8;
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
   k::CollectiveArgs args;
   args.op = op;
   args.dtype = dtype;
-  if (static_cast<uint64_t>(largest_in) * esize <= capacity) {
+  if (link_ != nullptr) {
+    for (int64_t done = 0; done < count; done += piece) {
+      all_reduce_across_hosts(dtype, src + done * esize, dst + done * esize, std::min(piece, count - done), s);
+    }
+  } else if (static_cast<uint64_t>(largest_in) * esize <= capacity) {
     args.count = count;
     args.output = out;
     enqueue(args, in, static_cast<size_t>(k::collective_input_count(op, count, world, rank)) * esize, s);
   } else {
-    // allReduce is element-wise: pieces of the data area's size (16-byte multiples) are
-    // independent ops.
-    const int64_t piece = static_cast<int64_t>(capacity / esize) / 8 * 8;
     for (int64_t done = 0; done < count; done += piece) {
       args.count = std::min(piece, count - done);
-      args.output = static_cast<char*>(out) + done * esize;
-      enqueue(args, static_cast<const char*>(in) + done * esize, args.count * esize, s);
+      args.output = dst + done * esize;
+      enqueue(args, src + done * esize, args.count * esize, s);
     }
   }
   end(s, stream == nullptr);
+}
+
+// reduceScatter inside the host into this rank's block of `out`, the block's allReduce between
+// hosts in place, allGather inside the host from the block. Each step's input is copied into
+// the data area first (enqueue), so `in` may alias `out`.
+void DeviceComm::all_reduce_across_hosts(k::CommDtype dtype, const char* in, char* out, int64_t n,
+                                         cudaStream_t s) {
+  const size_t esize = element_bytes(dtype);
+  const int L = sm_->world(), l = sm_->rank();
+  const int64_t mine = split_count(n, L, l);
+  char* block = out + split_offset(n, L, l) * esize;
+  k::CollectiveArgs rs;
+  rs.op = k::CommOp::kReduceScatter;
+  rs.dtype = dtype;
+  rs.count = n;
+  rs.output = block;
+  enqueue(rs, in, static_cast<size_t>(n) * esize, s);
+  link_->all_reduce(block, mine, dtype, s);
+  k::CollectiveArgs ag;
+  ag.op = k::CommOp::kAllGather;
+  ag.dtype = dtype;
+  ag.count = n;
+  ag.output = out;
+  enqueue(ag, block, static_cast<size_t>(mine) * esize, s);
 }
 
 namespace {
@@ -161,6 +231,7 @@ void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, vo
                  n_local < (1ll << 31) && k < (1ll << 31),
              "allGatherGemm on the GPU: M >= 1, N_r and K multiples of 8 (got M=" + std::to_string(m) +
                  ", N_r=" + std::to_string(n_local) + ", K=" + std::to_string(k) + ")");
+  require_one_host("allGatherGemm");
   k::AgGemmArgs args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n_local);
@@ -192,6 +263,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
                  n < (1ll << 31) && k_local < (1ll << 31),
              "gemmReduceScatter on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
                  ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
+  require_one_host("gemmReduceScatter");
   k::GemmRsArgs args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n);
@@ -212,6 +284,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
 void DeviceComm::raise_device_failure() {
   try {
     sm_->raise_if_failed();
+    if (link_ != nullptr) link_->raise_if_failed("allReduce");
   } catch (...) {
     failed_ = true;
     throw;
@@ -237,6 +310,7 @@ int64_t DeviceComm::time_collectives(k::CommOp op, k::CommDtype dtype, const voi
 void DeviceComm::abort() noexcept {
   failed_ = true;
   if (sm_ != nullptr) sm_->abort();
+  if (link_ != nullptr) link_->abort();
 }
 
 void DeviceComm::close() noexcept {
@@ -245,6 +319,12 @@ void DeviceComm::close() noexcept {
   if (sm_ != nullptr) {
     try {
       pin_gpu(runtime_.gpu().ordinal);
+      if (link_ != nullptr) {
+        // The link's kernels need its proxy until they end (or give up: abort()).
+        cudaDeviceSynchronize();
+        if (link_->failed()) failed_ = true;
+        link_->close(!failed_);
+      }
       sm_->close();  // synchronises the device first
       std::unique_ptr<SymmetricRegion> region = failed_ ? nullptr : sm_->take_region();
       if (region != nullptr) runtime_.release_region(std::move(region));
@@ -253,6 +333,7 @@ void DeviceComm::close() noexcept {
     }
     sm_.reset();
   }
+  link_.reset();
   if (last_done_ != nullptr) cudaEventDestroy(last_done_);
   if (own_ != nullptr) cudaStreamDestroy(own_);
   last_done_ = nullptr;

@@ -46,6 +46,7 @@ SymmetricConfig symmetric_config(const RuntimeConfig& c) {
   s.data_bytes = static_cast<uint64_t>(c.symmetric_bytes);
   s.timeout_ns = static_cast<uint64_t>(c.timeout_ms) * 1000000ull;
   s.max_world = kernels::kCommMaxRanks;
+  s.allow_shared_gpu = c.allow_shared_gpu;
   return s;
 }
 }  // namespace

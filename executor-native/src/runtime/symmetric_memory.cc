@@ -165,7 +165,7 @@ SymmetricMemory::SymmetricMemory(int rank, int world, const SymmetricConfig& con
     : SymmetricMemory(rank, world, std::make_unique<SymmetricRegion>(world, config)) {}
 
 SymmetricMemory::SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricRegion> region)
-    : rank_(rank), world_(world), region_(std::move(region)) {
+    : rank_(rank), world_(world), global_rank_(rank), global_world_(world), region_(std::move(region)) {
   FC_REQUIRE(region_ != nullptr, "symmetric memory: no region");
   FC_REQUIRE(world >= 1 && world <= region_->staging_ranks(),
              "symmetric memory: world " + std::to_string(world) + " does not fit a region staged for " +
@@ -186,6 +186,25 @@ SymmetricMemory::SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricR
   dev_.sm_count = r.sm_count();
   dev_.base[rank] = r.base();
   mapped_.assign(world, nullptr);
+  for (int q = 0; q < world; ++q) members_.push_back(q);
+}
+
+void SymmetricMemory::restrict_to(const std::vector<int>& members) {
+  FC_REQUIRE(!connected_ && !closed_, "symmetric memory: restrict_to() after connect() or close()");
+  FC_REQUIRE(!members.empty() && std::is_sorted(members.begin(), members.end()) &&
+                 std::adjacent_find(members.begin(), members.end()) == members.end() &&
+                 members.front() >= 0 && members.back() < global_world_,
+             "symmetric memory: members must be distinct ascending ranks of the world");
+  const auto me = std::find(members.begin(), members.end(), global_rank_);
+  FC_REQUIRE(me != members.end(), "symmetric memory: this rank is not among the members");
+  dev_.base[rank_] = nullptr;
+  members_ = members;
+  rank_ = static_cast<int>(me - members.begin());
+  world_ = static_cast<int>(members.size());
+  dev_.rank = rank_;
+  dev_.world = world_;
+  dev_.base[rank_] = region_->base();
+  mapped_.assign(world_, nullptr);
 }
 
 SymmetricMemory::~SymmetricMemory() {
@@ -201,8 +220,8 @@ std::vector<uint8_t> SymmetricMemory::export_handle() const {
   BlobHeader b{};
   b.magic = kBlobMagic;
   b.version = kBlobVersion;
-  b.rank = rank_;
-  b.world = world_;
+  b.rank = global_rank_;
+  b.world = global_world_;
   b.region_bytes = region_->bytes();
   b.data_bytes = region_->config().data_bytes;
   b.slot_bytes = region_->config().slot_bytes;
@@ -214,32 +233,34 @@ std::vector<uint8_t> SymmetricMemory::export_handle() const {
 
 void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
   if (closed_ || connected_) fail(ErrorKind::kState, "symmetric memory: connect() on a closed or connected object");
-  if (static_cast<int>(blobs.size()) != world_) {
+  if (static_cast<int>(blobs.size()) != global_world_) {
     fail(ErrorKind::kCommunicator, "symmetric memory: got " + std::to_string(blobs.size()) +
-                                       " handles for world " + std::to_string(world_));
+                                       " handles for world " + std::to_string(global_world_));
   }
   const int device = region_->device();
   const std::string& bus_id = region_->pci_bus_id();
   check(cudaSetDevice(device), "cudaSetDevice");
   peers_.clear();
-  for (int p = 0; p < world_; ++p) {
+  const std::string me = std::to_string(global_rank_);
+  for (int p = 0; p < world_; ++p) {  // p: local rank; q: its global rank (names in messages)
+    const int q = members_[p];
+    const std::string peer = std::to_string(q);
     BlobHeader b{};
-    if (blobs[p].size() != sizeof b) {
-      fail(ErrorKind::kCommunicator, "symmetric memory: rank " + std::to_string(p) +
-                                         "'s handle has " + std::to_string(blobs[p].size()) +
+    if (blobs[q].size() != sizeof b) {
+      fail(ErrorKind::kCommunicator, "symmetric memory: rank " + peer +
+                                         "'s handle has " + std::to_string(blobs[q].size()) +
                                          " bytes, expected " + std::to_string(sizeof b));
     }
-    std::memcpy(&b, blobs[p].data(), sizeof b);
-    if (b.magic != kBlobMagic || b.version != kBlobVersion || b.rank != p || b.world != world_ ||
+    std::memcpy(&b, blobs[q].data(), sizeof b);
+    if (b.magic != kBlobMagic || b.version != kBlobVersion || b.rank != q || b.world != global_world_ ||
         b.region_bytes != region_->bytes() || b.data_bytes != region_->config().data_bytes ||
         b.slot_bytes != region_->config().slot_bytes) {
       fail(ErrorKind::kCommunicator,
-           "symmetric memory: rank " + std::to_string(p) + "'s handle does not match rank " +
-               std::to_string(rank_) + "'s (version, rank/world or sizes differ: every rank must "
+           "symmetric memory: rank " + peer + "'s handle does not match rank " + me + "'s (version, rank/world or sizes differ: every rank must "
                "use the same SymmetricConfig)");
     }
     PeerLink link;
-    link.rank = p;
+    link.rank = q;
     link.pci_bus_id = std::string(b.pci_bus_id, strnlen(b.pci_bus_id, sizeof b.pci_bus_id));
     if (p == rank_) {
       link.local_ordinal = device;
@@ -256,14 +277,12 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
       }
       link.can_access = can;
       if (ordinal == device && !region_->config().allow_shared_gpu) {
-        fail(ErrorKind::kUnavailable, "symmetric memory: ranks " + std::to_string(rank_) + " and " +
-                                          std::to_string(p) + " use the same GPU " +
+        fail(ErrorKind::kUnavailable, "symmetric memory: ranks " + me + " and " + peer + " use the same GPU " +
                                           link.pci_bus_id + "; give each executor its own GPU");
       }
       if (!can) {
-        fail(ErrorKind::kUnavailable, "symmetric memory: GPU " + bus_id + " (rank " +
-                                          std::to_string(rank_) + ") cannot access peer GPU " +
-                                          link.pci_bus_id + " (rank " + std::to_string(p) +
+        fail(ErrorKind::kUnavailable, "symmetric memory: GPU " + bus_id + " (rank " + me +
+                                          ") cannot access peer GPU " + link.pci_bus_id + " (rank " + peer +
                                           "); NVLink/P2P is required between same-host ranks");
       }
     } else {
@@ -275,8 +294,7 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     const cudaError_t e = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      fail(ErrorKind::kUnavailable, "symmetric memory: rank " + std::to_string(rank_) +
-                                        " could not map rank " + std::to_string(p) +
+      fail(ErrorKind::kUnavailable, "symmetric memory: rank " + me + " could not map rank " + peer +
                                         "'s memory (GPU " + link.pci_bus_id + "): " +
                                         cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
     }
@@ -315,10 +333,20 @@ void SymmetricMemory::raise_if_failed() {
   const k::CommErrorRecord r = error();
   if (r.code == k::kGemmOk) return;
   failed_ = true;
-  if (r.code == k::kCommLaunchMismatch) fail(ErrorKind::kCommunicator, launch_mismatch_message(r));
+  // The record names local ranks; messages name the communicator's.
+  auto global_rank = [&](uint32_t local) {
+    return local < members_.size() ? static_cast<uint32_t>(members_[local]) : local;
+  };
+  auto global = [&](uint32_t local) { return std::to_string(global_rank(local)); };
+  if (r.code == k::kCommLaunchMismatch) {
+    k::CommErrorRecord named = r;
+    named.rank = global_rank(r.rank);
+    named.peer = global_rank(r.peer);
+    fail(ErrorKind::kCommunicator, launch_mismatch_message(named));
+  }
   const std::string where =
-      "rank " + std::to_string(r.rank) + " " + k::fused_op_name(r.op) + " (epoch " +
-      std::to_string(r.epoch) + ") waiting for peer " + std::to_string(r.peer) + " at step " +
+      "rank " + global(r.rank) + " " + k::fused_op_name(r.op) + " (epoch " +
+      std::to_string(r.epoch) + ") waiting for peer " + global(r.peer) + " at step " +
       k::fused_step_name(r.step) + ", CTA " + std::to_string(r.cta) + ", observed " +
       std::to_string(r.observed) + " after " + std::to_string(r.elapsed_ns / 1000000) + " ms";
   if (r.code == k::kGemmAborted) fail(ErrorKind::kCommunicator, "collective aborted: " + where);

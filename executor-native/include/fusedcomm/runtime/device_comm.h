@@ -23,6 +23,14 @@
 // allReduce larger than the data area runs in data-area-sized pieces; other ops must fit (the
 // largest rank's input <= data area), else Error(kInvalidArgument) naming the config key.
 //
+// Across hosts (connect() with more than one host id): the symmetric memory is shared by the
+// ranks of each host (host_layout.h), and each rank reaches its counterparts on the other
+// hosts through the proxy (inter_host.h). allReduce is hierarchical: reduceScatter inside the
+// host (NVLink), allReduce of this rank's block between hosts (GPU -> proxy ring -> transport),
+// allGather inside the host, all on the op's stream. The sums are in host order of the
+// per-host sums, so every rank gets the same bits. The other collectives and the fused ops do
+// not run between hosts yet: they throw Error(kUnavailable) on every rank.
+//
 // The fused ops (kernels/fused.h, bf16) follow the same rules: allGatherGemm copies A_r into
 // the data area; gemmReduceScatter keeps its partial product there (M×N×4 bytes must fit, M×N×2
 // with bf16 partials).
@@ -38,6 +46,9 @@
 #include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/runtime/communicator.h"
+#include "fusedcomm/runtime/host_layout.h"
+#include "fusedcomm/runtime/inter_host.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 
@@ -51,7 +62,12 @@ class DeviceComm {
   DeviceComm& operator=(const DeviceComm&) = delete;
 
   std::vector<uint8_t> export_handle() const;
-  void connect(const std::vector<std::vector<uint8_t>>& blobs);
+  // blobs[r]: rank r's export_handle(). host_of[r]: rank r's host id (0..H-1). With H > 1 the
+  // inter-host link is built: its blobs travel through `host` (an op of the host communicator,
+  // every rank at this point), and its peer group gets an id derived from comm_id.
+  void connect(const std::vector<std::vector<uint8_t>>& blobs, const std::vector<int>& host_of,
+               Communicator& host, uint64_t comm_id);
+  const HostLayout& layout() const { return layout_; }
 
   // `count` as in kernels/collectives.h (the op's global element count).
   void collective(kernels::CommOp op, kernels::CommDtype dtype, const void* in, void* out,
@@ -88,9 +104,16 @@ class DeviceComm {
   cudaStream_t begin(cudaStream_t stream);        // checks, pins, orders after the previous op
   void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
   void require_fits(const char* op, uint64_t bytes) const;
+  void connect_hosts(Communicator& host, uint64_t comm_id);
+  void require_one_host(const char* op) const;
+  // allReduce of n elements (n * element size <= the data area) across hosts, enqueued on s.
+  void all_reduce_across_hosts(kernels::CommDtype dtype, const char* in, char* out, int64_t n,
+                               cudaStream_t s);
 
   Runtime& runtime_;
   std::unique_ptr<SymmetricMemory> sm_;
+  HostLayout layout_;
+  std::unique_ptr<InterHostLink> link_;  // null on one host
   cudaStream_t own_ = nullptr;
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
   cudaStream_t last_ = nullptr;      // stream of the previous op

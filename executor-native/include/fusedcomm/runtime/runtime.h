@@ -29,6 +29,9 @@ struct RuntimeConfig {
   std::string bind_host;               // transport listener; empty: this host
   int gpu_ordinal = -1;                // the executor's GPU, -1: none assigned
   uint64_t job_token = 0;              // the application's token (driver plugin)
+  // Native tests only (never set from Java): ranks of one host may share a GPU
+  // (SymmetricConfig::allow_shared_gpu; correctness on a 1-GPU machine, timings meaningless).
+  bool allow_shared_gpu = false;
 };
 
 class Runtime {

@@ -126,6 +126,12 @@ class SymmetricMemory {
 
   // This rank's blob: format version, rank, world, region size, PCI bus id, the IPC handle.
   std::vector<uint8_t> export_handle() const;
+  // Before connect(), for a communicator that spans several hosts: the memory is shared only
+  // with `members`, the global ranks on this rank's host (ascending, this rank among them).
+  // export_handle() keeps the global rank and world; connect() still takes every rank's blob
+  // but maps only the members'; kernels see the local rank (this rank's index in members) and
+  // the local world; error messages name global ranks.
+  void restrict_to(const std::vector<int>& members);
   // `blobs[p]` is rank p's export_handle() (this rank's own included). Validates the blobs
   // (version, ranks, sizes), opens every peer's region and checks peer access; throws
   // Error(kCommunicator) on a mismatch, Error(kUnavailable) if a peer's GPU is not reachable.
@@ -133,7 +139,7 @@ class SymmetricMemory {
 
   // The by-value handle for kernels (valid after connect(), until close()).
   const kernels::CommDevice& device() const { return dev_; }
-  int rank() const { return rank_; }
+  int rank() const { return rank_; }    // local (see restrict_to)
   int world() const { return world_; }
   // This rank's data area (device pointer) and its size: callers place inputs here.
   void* data() const;
@@ -155,7 +161,9 @@ class SymmetricMemory {
   std::unique_ptr<SymmetricRegion> take_region();
 
  private:
-  int rank_, world_;
+  int rank_, world_;                  // as the kernels see them (local after restrict_to)
+  int global_rank_, global_world_;    // the communicator's, in the blob
+  std::vector<int> members_;          // global rank of each local rank
   std::unique_ptr<SymmetricRegion> region_;
   std::vector<uint8_t*> mapped_;  // peers' regions opened here (null for self)
   kernels::CommDevice dev_{};

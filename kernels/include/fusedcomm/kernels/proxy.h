@@ -70,9 +70,10 @@ struct ProxyStreamTest {
 cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stream);
 
 // ---- allReduce across hosts through the proxy (the inter-host step of a hierarchical op) ----
-// `hosts` ranks (one per host; this is rank `rank`) sum `count` fp32 elements in place, in rank
-// order ((x_0 + x_1) + ...: every rank gets the same bits), in chunks of `chunk_bytes` (a
-// multiple of 16) staged through mapped host memory:
+// `hosts` ranks (one per host; this is rank `rank`) sum `count` elements (fp32 or bf16) in
+// place, in rank order ((x_0 + x_1) + ..., in fp32, rounded once to the element type: every
+// rank gets the same bits), in chunks of `chunk_bytes` (a multiple of 16) staged through
+// mapped host memory:
 //   outbox (this rank, `outbox_key`): one chunk, which goes to every peer;
 //   inbox (every rank, `inbox_keys[p]`): hosts slots of one chunk, slot s for source s;
 //   signals (every rank, `signal_keys[p]`): word s = chunks received from source s, word
@@ -81,14 +82,27 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 // (DESIGN.md §3): this op's chunk c is signalled with value_base + c + 1, so consecutive ops on
 // the same words pass value_base = the previous op's value_base + its chunk count (every rank
 // the same; proxy_allreduce_chunks).
-// Per chunk c: wait until every peer consumed chunk c - 1 (credits), stage x's chunk in the
+// Per chunk c: wait until every peer consumed this rank's previous chunk (credits; for c = 0 the
+// previous op's last one, so back-to-back ops need no host synchronisation), stage x's chunk in the
 // outbox, post it to every peer, wait for every peer's chunk c, sum, store, credit each peer.
-// One CTA; every wait bounded by timeout_ns. status: kProxy* of the first failure.
+// One CTA; every wait bounded by timeout_ns. status: left alone on success; else, if still
+// kProxyOk, the first failure as proxy_status(code, host whose signal a failed wait was for,
+// -1 when no single host is to blame).
 inline constexpr int kProxyMaxHosts = 8;
+__host__ __device__ inline uint32_t proxy_status(uint32_t code, int peer) {
+  return code | static_cast<uint32_t>(peer + 1) << 8;
+}
+__host__ __device__ inline uint32_t proxy_status_code(uint32_t status) { return status & 0xFF; }
+__host__ __device__ inline int proxy_status_peer(uint32_t status) {
+  return static_cast<int>(status >> 8) - 1;
+}
+inline constexpr uint32_t kProxyF32 = 0;   // element codes (CommDtype's, collectives.h)
+inline constexpr uint32_t kProxyBF16 = 1;
 struct ProxyAllReduce {
   ProxyRingDevice ring;
-  float* x;                          // device memory, count elements
+  void* x;                           // device memory, count elements of `dtype`
   int64_t count;
+  uint32_t dtype;                    // kProxyF32 or kProxyBF16
   int rank, hosts;
   uint8_t* outbox;                   // device address of this rank's outbox
   const uint8_t* inbox;              // device address of this rank's inbox
@@ -100,12 +114,12 @@ struct ProxyAllReduce {
   uint64_t value_base;               // signal values of this op start above it
   uint64_t chunk_bytes;
   uint64_t timeout_ns;
-  uint32_t* status;                  // device memory
+  uint32_t* status;                  // device-visible memory (device, or mapped host)
 };
 cudaError_t launch_proxy_allreduce(const ProxyAllReduce& a, cudaStream_t stream);
-// The chunks (signal values) one launch uses.
-inline uint64_t proxy_allreduce_chunks(int64_t count, uint64_t chunk_bytes) {
-  const uint64_t per = chunk_bytes / 4;
+// The chunks (signal values) one launch of `count` elements of `element_bytes` uses.
+inline uint64_t proxy_allreduce_chunks(int64_t count, uint64_t element_bytes, uint64_t chunk_bytes) {
+  const uint64_t per = element_bytes == 0 ? 0 : chunk_bytes / element_bytes;
   return per == 0 ? 0 : (static_cast<uint64_t>(count) + per - 1) / per;
 }
 

@@ -1,0 +1,93 @@
+// The cuda backend's path between hosts (DESIGN.md §2b): one rank's link to its counterparts,
+// the ranks with the same local index on the other hosts. Kernels post one-sided writes into a
+// proxy ring in mapped host memory (kernels/proxy.h); a proxy thread drains it into a peer
+// group of the executor's transport; payloads and signal words arrive in mapped host memory
+// that the kernels poll.
+//
+// Life cycle (DeviceComm drives it; every counterpart the same):
+//   InterHostLink link(runtime, host, hosts, chunk_bytes);   // regions registered
+//   blobs = exchange(link.blob());                           // over the host communicator
+//   link.connect(counterparts' blobs, comm_id);              // peer group + proxy thread
+//   link.all_reduce(x, count, dtype, stream) ...             // enqueued, stream-ordered
+//   link.raise_if_failed(...)                                 // after the stream's work is done
+//   link.close(drain)                                         // after a barrier of all ranks
+//
+// Memory (pinned, mapped for the GPU; registered with the transport): an outbox of one chunk,
+// an inbox of `hosts` chunk slots, a page of signal words; and, not registered, the ring, its
+// device-side slot counter and a status word. Signal words only grow (each op's values start
+// above the previous op's), so no word is reset between ops.
+//
+// Not thread-safe (DeviceComm serialises its ops); abort() may come from any thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/proxy.h"
+#include "fusedcomm/rdma/proxy.h"
+#include "fusedcomm/runtime/runtime.h"
+
+namespace fusedcomm {
+
+class InterHostLink {
+ public:
+  // What a counterpart needs to reach this rank: its transport address and region keys.
+  struct Blob {
+    char address[256];  // Transport::address(), NUL-terminated
+    uint64_t inbox_key, signal_key;
+  };
+
+  // `host` of `hosts` (2..kProxyMaxHosts); chunk_bytes: a positive multiple of 16.
+  InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes);
+  ~InterHostLink();
+  InterHostLink(const InterHostLink&) = delete;
+  InterHostLink& operator=(const InterHostLink&) = delete;
+
+  Blob blob() const;
+  // blobs[h]: host h's counterpart (this rank's own at `host`). names[h]: how messages name it
+  // ("rank 5 (host 1)"). comm_id: unique among the groups of this job on these transports.
+  // Bounded by the runtime's connect timeout.
+  void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names,
+               uint64_t comm_id);
+
+  // Enqueues the in-place sum over hosts of `count` elements at x (device memory), in host
+  // order, on `stream`. Every counterpart calls it with the same count and dtype.
+  void all_reduce(void* x, int64_t count, kernels::CommDtype dtype, cudaStream_t stream);
+  // Throws, naming `op` and this rank, if an enqueued step gave up: Error(kTimeout) for a
+  // counterpart that never arrived, Error(kTransport) for a broken connection (the proxy's
+  // error names the peer), Error(kCommunicator) after abort(). Reads a host-mapped word: call
+  // it after the stream's work is done for a definite answer.
+  void raise_if_failed(const std::string& op);
+  bool failed() const;
+
+  void abort() noexcept;  // waits in flight give up, the proxy and the connections stop
+  // drain: the proxy hands over what was posted and the group closes politely (bounded);
+  // else both stop at once. Idempotent; the caller has synchronised this rank's stream work.
+  void close(bool drain) noexcept;
+
+ private:
+  struct Mapped;  // pinned host memory mapped for the GPU
+
+  Runtime& runtime_;
+  const int host_, hosts_;
+  const uint64_t chunk_bytes_;
+  std::unique_ptr<Mapped> outbox_, inbox_, signals_, ring_memory_;
+  std::vector<rdma::Region> regions_;  // outbox, inbox, signals
+  unsigned long long* next_slot_ = nullptr;  // device memory: the producers' next ring slot
+  volatile uint32_t* status_ = nullptr;      // in ring_memory_, after the ring (host address)
+  uint32_t* status_dev_ = nullptr;           // the same word, device address
+  kernels::ProxyRingDevice ring_device_{};
+  std::vector<Blob> peers_;
+  std::vector<std::string> names_;
+  std::unique_ptr<rdma::PeerGroup> group_;
+  std::unique_ptr<rdma::Proxy> proxy_;
+  uint64_t value_base_ = 0;  // signal values used so far (ops' chunks)
+  bool closed_ = false, aborted_ = false;
+};
+
+}  // namespace fusedcomm

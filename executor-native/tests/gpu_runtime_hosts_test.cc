@@ -1,0 +1,282 @@
+// gpu_runtime_hosts_test: the cuda backend's communicator across "virtual hosts" (DESIGN.md
+// §2b), through the same runtime objects the JNI layer drives (Runtime, Communicator,
+// DeviceComm): one forked process per rank, each with its own Runtime (GPU, socket transport on
+// the loopback); the bootstrap blobs go through the parent (the stand-in for Spark's barrier
+// allGather); each rank is given a host id, and the ranks of one id share symmetric memory while
+// different ids talk through the GPU-posted proxy path.
+// Layouts: H hosts x L ranks, with contiguous host blocks (rank / L) and interleaved
+// (rank % H: ranks of a host need not be contiguous in Spark).
+// Checks, per layout:
+//   - allReduce fp32 and bf16 at 0, 7, 1,000,003 elements and at more than the data area
+//     (pieces), fresh small-integer inputs (every sum exact in any order), poisoned outputs,
+//     every element bit-exact; on the communicator's own stream and 20 back to back on a
+//     stream of the caller with one synchronisation;
+//   - allGather, reduceScatter, allToAll and the fused ops refuse on every rank with
+//     Error(kUnavailable) naming the op, and the communicator stays usable;
+//   - a host that never arrives: the ranks of the other host time out with Error(kTimeout)
+//     naming a rank of the missing host; every rank aborts and closes; a fresh communicator on
+//     the same runtimes works.
+// FC_TEST_HOSTS=<H> (default 2), FC_TEST_LOCAL=<L> (default GPUs / H, at least 1);
+// FC_TEST_SHARED_GPU=<n> lets ranks share GPUs (timings meaningless). Exit 77 (skip) with a
+// reason where no Hopper GPU is visible or the layout needs more GPUs.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/runtime/communicator.h"
+#include "fusedcomm/runtime/device_comm.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/runtime.h"
+#include "gpu_test_support.h"
+#include "process_group.h"
+#include "proxy_test_support.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+using fusedcomm::Communicator;
+using fusedcomm::DeviceComm;
+using fusedcomm::Error;
+using fusedcomm::ErrorKind;
+using fusedcomm::Runtime;
+using fusedcomm::testing::check;
+using fusedcomm::testing::ProcessGroup;
+
+constexpr int64_t kSymmetricBytes = 4 << 20;     // small: 3,000,001 fp32 elements take 3 pieces
+constexpr int64_t kTimeoutMs = 20000;
+constexpr int64_t kLargeCount = 3000001;
+
+// Both halves of one communicator, built like the JNI layer builds them.
+struct Comm {
+  std::unique_ptr<Communicator> host;
+  std::unique_ptr<DeviceComm> device;
+
+  Comm(Runtime& rt, ProcessGroup& g, const std::vector<int>& host_of, uint64_t comm_id) {
+    host = std::make_unique<Communicator>(rt, g.world);
+    device = std::make_unique<DeviceComm>(rt, g.rank, g.world);
+    const std::string ep = host->endpoint();
+    const auto eps = g.all_gather(std::vector<uint8_t>(ep.begin(), ep.end()));
+    const auto blobs = g.all_gather(device->export_handle());
+    std::vector<std::string> endpoints;
+    for (const auto& e : eps) endpoints.emplace_back(e.begin(), e.end());
+    host->connect(endpoints, g.rank, comm_id);
+    device->connect(blobs, host_of, *host, comm_id);
+  }
+  // commClose's clean path: ops done, a barrier, then the device half.
+  void close() {
+    device->synchronize();
+    host->close();
+    device->close();
+  }
+  // commClose's failure path: both halves stop now.
+  void abort_and_close() {
+    device->abort();
+    device->close();
+    host->abort();
+    try {
+      host->close();
+    } catch (const std::exception&) {
+    }
+  }
+};
+
+// Small integers in [-8, 8): sums over up to 32 ranks stay exact in fp32 and bf16, any order.
+float value(uint64_t seed, int rank, int64_t i) {
+  return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(rank) << 48 ^ uint64_t(i)) % 16) - 8);
+}
+
+// Rank `rank`'s input of `count` elements in `dtype` (as bytes), and the expected sum.
+std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
+  std::vector<uint8_t> out(v.size() * (dtype == k::CommDtype::kF32 ? 4 : 2));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == k::CommDtype::kF32) {
+      std::memcpy(&out[4 * i], &v[i], 4);
+    } else {
+      const __nv_bfloat16 b = __float2bfloat16(v[i]);
+      std::memcpy(&out[2 * i], &b, 2);
+    }
+  }
+  return out;
+}
+
+// One allReduce case: on the own stream (stream == nullptr) once, or `reps` times back to back
+// on `stream` with one synchronisation; every element of the last result checked.
+void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::CommDtype dtype, int64_t count,
+                     cudaStream_t stream, int reps, const std::string& layout) {
+  const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
+  std::vector<float> mine(count), want(count, 0.f);
+  for (int64_t i = 0; i < count; ++i) {
+    mine[i] = value(seed, rank, i);
+    for (int r = 0; r < world; ++r) want[i] += value(seed, r, i);
+  }
+  const std::vector<uint8_t> in_host = encode(mine, dtype), want_bytes = encode(want, dtype);
+  void *in = nullptr, *out = nullptr;
+  CUDA_OK(cudaMalloc(&in, count * es + 16));
+  CUDA_OK(cudaMalloc(&out, count * es + 16));
+  CUDA_OK(cudaMemcpy(in, in_host.data(), count * es, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(out, 0xFF, count * es + 16));  // NaN, and a guard after the end
+  const std::string what = layout + ": allReduce " + (dtype == k::CommDtype::kF32 ? "fp32 " : "bf16 ") +
+                           std::to_string(count) + (stream ? " x" + std::to_string(reps) + " on a caller stream" : "") +
+                           ", rank " + std::to_string(rank);
+  try {
+    for (int i = 0; i < reps; ++i) dc.collective(k::CommOp::kAllReduce, dtype, in, out, count, stream);
+    dc.synchronize();
+    std::vector<uint8_t> got(count * es + 16);
+    CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < count; ++i) bad += std::memcmp(&got[i * es], &want_bytes[i * es], es) != 0;
+    bool guard = true;
+    for (size_t b = count * es; b < got.size(); ++b) guard &= got[b] == 0xFF;
+    check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
+    check(guard, what + ": wrote past the end of the output");
+  } catch (const std::exception& e) {
+    check(false, what + ": threw " + e.what());
+  }
+  cudaFree(in);
+  cudaFree(out);
+}
+
+// The ops that do not run between hosts refuse, the same way on every rank, before any launch.
+void refusals(DeviceComm& dc, const std::string& layout, int rank) {
+  void* buf = nullptr;
+  CUDA_OK(cudaMalloc(&buf, 1 << 20));
+  auto refused = [&](const char* op, const std::function<void()>& call) {
+    try {
+      call();
+      check(false, layout + ": " + op + " between hosts ran on rank " + std::to_string(rank));
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      check(e.kind() == ErrorKind::kUnavailable && m.find(op) != std::string::npos &&
+                m.find("between hosts") != std::string::npos,
+            layout + ": " + op + " refusal on rank " + std::to_string(rank) + ": " + m);
+    }
+  };
+  refused("allGather", [&] { dc.collective(k::CommOp::kAllGather, k::CommDtype::kF32, buf, buf, 64, nullptr); });
+  refused("reduceScatter", [&] { dc.collective(k::CommOp::kReduceScatter, k::CommDtype::kF32, buf, buf, 64, nullptr); });
+  refused("allToAll", [&] { dc.collective(k::CommOp::kAllToAll, k::CommDtype::kF32, buf, buf, 64, nullptr); });
+  refused("allGatherGemm", [&] { dc.all_gather_gemm(buf, buf, buf, nullptr, 16, 16, 16, 0, nullptr); });
+  refused("gemmReduceScatter", [&] { dc.gemm_reduce_scatter(buf, buf, buf, 16, 16, 16, 0, 0, nullptr); });
+  cudaFree(buf);
+}
+
+int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
+  const int rank = g.rank, world = g.world;
+  fusedcomm::RuntimeConfig cfg;
+  cfg.backend = fusedcomm::Backend::kCuda;
+  cfg.gpu_ordinal = rank % gpus;
+  cfg.bind_host = "127.0.0.1";
+  cfg.job_token = seed | 1;
+  cfg.timeout_ms = kTimeoutMs;
+  cfg.symmetric_bytes = kSymmetricBytes;
+  cfg.chunk_bytes = 1 << 20;
+  cfg.allow_shared_gpu = shared;
+  Runtime rt(cfg);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  struct Layout {
+    const char* name;
+    std::vector<int> host_of;
+  };
+  std::vector<Layout> layouts = {{"blocks", {}}, {"interleaved", {}}};
+  for (int r = 0; r < world; ++r) {
+    layouts[0].host_of.push_back(r / L);
+    layouts[1].host_of.push_back(r % H);
+  }
+  uint64_t comm_id = 1000;
+  for (const Layout& lay : layouts) {
+    const std::string name = std::to_string(H) + " x " + std::to_string(L) + " " + lay.name;
+    Comm c(rt, g, lay.host_of, ++comm_id);
+    check(c.device->layout().hosts == H && c.device->layout().local_world == L,
+          name + ": layout of rank " + std::to_string(rank));
+    for (const k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
+      for (const int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000003}, kLargeCount}) {
+        all_reduce_case(*c.device, rank, world, seed ^ count ^ comm_id, dt, count, nullptr, 1, name);
+      }
+      all_reduce_case(*c.device, rank, world, seed ^ 77 ^ comm_id, dt, 65536 + 3, stream, 20, name);
+    }
+    refusals(*c.device, name, rank);
+    all_reduce_case(*c.device, rank, world, seed ^ 5 ^ comm_id, k::CommDtype::kF32, 4099, nullptr, 1,
+                    name + " after the refusals");
+    g.barrier();
+    c.close();
+  }
+
+  // A host that never arrives: host 1's ranks skip one allReduce.
+  {
+    const std::vector<int>& host_of = layouts[0].host_of;
+    Comm c(rt, g, host_of, ++comm_id);
+    const bool late = host_of[rank] == 1;
+    std::string message;
+    ErrorKind kind = ErrorKind::kState;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!late) {
+      void* buf = nullptr;
+      CUDA_OK(cudaMalloc(&buf, 4096 * 4));
+      CUDA_OK(cudaMemset(buf, 0, 4096 * 4));
+      try {
+        c.device->collective(k::CommOp::kAllReduce, k::CommDtype::kF32, buf, buf, 4096, nullptr);
+      } catch (const Error& e) {
+        message = e.what();
+        kind = e.kind();
+      }
+      cudaFree(buf);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      check(kind == ErrorKind::kTimeout && message.find("between hosts") != std::string::npos &&
+                message.find("(host 1)") != std::string::npos,
+            "missing host: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
+      check(s < kTimeoutMs / 1000.0 + 15, "missing host: the timeout took " + std::to_string(s) + " s");
+      if (rank == 0) std::printf("  missing host, rank 0 after %.1f s: %s\n", s, message.c_str());
+    }
+    g.barrier();  // every rank past the failure (Spark: the failed tasks abort the stage)
+    c.abort_and_close();
+  }
+  // The next communicator on the same runtimes works.
+  {
+    Comm c(rt, g, layouts[0].host_of, ++comm_id);
+    all_reduce_case(*c.device, rank, world, seed ^ 99, k::CommDtype::kBF16, 100003, nullptr, 1,
+                    "after the missing host");
+    g.barrier();
+    c.close();
+  }
+  cudaStreamDestroy(stream);
+  return fusedcomm::testing::rank_result(rank);
+}
+
+}  // namespace
+
+int main() {
+  const int n = fusedcomm::testing::gpus_or_skip("gpu_runtime_hosts_test");
+  if (n == 0) return 77;
+  const int shared = fusedcomm::testing::shared_gpu_world();
+  const char* hs = std::getenv("FC_TEST_HOSTS");
+  const char* ls = std::getenv("FC_TEST_LOCAL");
+  const int H = hs ? std::atoi(hs) : 2;
+  const int L = ls ? std::atoi(ls) : std::max(1, n / H);
+  if (H < 2 || H > k::kProxyMaxHosts || L < 1 || H * L > k::kCommMaxRanks) {
+    std::printf("FAIL: FC_TEST_HOSTS=%d FC_TEST_LOCAL=%d out of range\n", H, L);
+    return 1;
+  }
+  if (H * L > n && shared == 0) {
+    std::printf("SKIP: %d hosts x %d ranks need %d GPUs (%d visible; FC_TEST_SHARED_GPU=<n> lets "
+                "ranks share GPUs)\n", H, L, H * L, n);
+    return 77;
+  }
+  if (shared) fusedcomm::testing::g_shared_gpu = true;
+  const uint64_t seed = fusedcomm::testing::test_seed("gpu_runtime_hosts_test", n);
+  std::printf("== %d virtual hosts x %d ranks on %d GPU(s)%s\n", H, L, std::min(n, H * L),
+              H * L > n ? " (shared: timings meaningless)" : "");
+  const int failed = fusedcomm::testing::run_processes(
+      H * L, [&](ProcessGroup& g) { return rank_main(g, H, L, n, H * L > n, seed); }, 280);
+  std::printf("== gpu_runtime_hosts_test: %s\n", failed == 0 ? "PASS" : "FAIL");
+  return failed == 0 ? 0 : 1;
+}
