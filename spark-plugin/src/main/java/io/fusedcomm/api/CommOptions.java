@@ -44,8 +44,11 @@ public final class CommOptions implements java.io.Serializable {
   }
 
   /** The fingerprint of the declared plan and the world size. */
-  Fingerprint planFingerprint(int world) {
+  Fingerprint planFingerprint(int world, int virtualHosts) {
     Fingerprint.Builder b = Fingerprint.builder("communicator").add("name", name).add("world", world);
+    if (virtualHosts > 1) {
+      b.add("virtualHosts", virtualHosts);
+    }
     for (int i = 0; i < plan.size(); i++) {
       b.add("op" + i, plan.get(i));
     }

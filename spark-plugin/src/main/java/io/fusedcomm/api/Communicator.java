@@ -2,6 +2,7 @@ package io.fusedcomm.api;
 
 import io.fusedcomm.bootstrap.BootstrapCheck;
 import io.fusedcomm.bootstrap.Fingerprint;
+import io.fusedcomm.bootstrap.HostLayout;
 import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.bootstrap.RankInfoCodec;
 import io.fusedcomm.runtime.ExecutorRuntime;
@@ -39,6 +40,15 @@ import org.apache.spark.BarrierTaskContext;
  * on the cuda backend yet and refuse with {@link
  * io.fusedcomm.errors.BackendUnavailableException}.
  *
+ * <p>Across hosts (cuda backend): the ranks of each host share NVLink, and each rank reaches its
+ * counterparts on the other hosts through the GPU-driven proxy and the transport ({@link
+ * io.fusedcomm.bootstrap.HostLayout}: the same number of ranks on every host, at most 8 hosts).
+ * allReduce runs there, hierarchically (reduceScatter in the host, allReduce between hosts,
+ * allGather in the host; sums in host order of the per-host sums, the same bits on every rank).
+ * The other ops refuse with {@link io.fusedcomm.errors.BackendUnavailableException} on every rank
+ * while the communicator spans several hosts; {@code spark.fusedcomm.cuda.virtualHosts} splits one
+ * machine's ranks into virtual hosts to exercise this path.
+ *
  * <p>Ops on one communicator are serialised: call them from one thread.
  */
 public final class Communicator implements AutoCloseable {
@@ -46,12 +56,15 @@ public final class Communicator implements AutoCloseable {
   private final int rank;
   private final int world;
   private final List<RankInfo> ranks;
+  private final HostLayout hosts;
   private final long leakId;
   private volatile long handle;
   private final Object lock = new Object();
 
-  private Communicator(ExecutorRuntime runtime, long handle, int rank, int world, List<RankInfo> ranks) {
+  private Communicator(
+      ExecutorRuntime runtime, long handle, int rank, int world, List<RankInfo> ranks, HostLayout hosts) {
     this.runtime = runtime;
+    this.hosts = hosts;
     this.handle = handle;
     this.rank = rank;
     this.world = world;
@@ -100,7 +113,9 @@ public final class Communicator implements AutoCloseable {
     runtime.pinGpu();
     long handle = NativeApi.commCreate(runtime.handle(), rank, world);
     try {
-      Fingerprint plan = options.planFingerprint(world);
+      // Every rank must split hosts the same way: the setting joins the plan's fingerprint.
+      int virtualHosts = runtime.conf().cudaVirtualHosts();
+      Fingerprint plan = options.planFingerprint(world, virtualHosts);
       RankInfo mine =
           new RankInfo(
               RankInfoCodec.VERSION,
@@ -119,11 +134,12 @@ public final class Communicator implements AutoCloseable {
               NativeApi.commDeviceHandle(handle));
       List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
       BootstrapCheck.check(infos, world, rank);
-      BootstrapCheck.checkCudaReachable(infos);
+      HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
-      NativeApi.commConnect(handle, endpoints, rank, exchange.commNonce(), deviceHandles);
-      return new Communicator(runtime, handle, rank, world, infos);
+      NativeApi.commConnect(
+          handle, endpoints, rank, exchange.commNonce(), deviceHandles, layout.hostIds());
+      return new Communicator(runtime, handle, rank, world, infos, layout);
     } catch (RuntimeException | Error e) {
       NativeApi.commAbort(handle);
       try {
@@ -148,6 +164,11 @@ public final class Communicator implements AutoCloseable {
   /** The backend the ops run on ({@link Backend#HOST} or {@link Backend#CUDA}). */
   public Backend backend() {
     return runtime.backend();
+  }
+
+  /** Which (virtual) host each rank is on, as the cuda backend connects them. */
+  public HostLayout hosts() {
+    return hosts;
   }
 
   /** What every rank announced at bootstrap (host, executor, GPU, endpoint), by rank. */

@@ -128,35 +128,26 @@ public final class BootstrapCheck {
   }
 
   /**
-   * What this build of the cuda backend can connect, after {@link #check} passed: every rank on
-   * one host (peers' memory is mapped through CUDA IPC; the inter-host RDMA path is not built
-   * yet), each with its symmetric-memory handle. The same exception on every rank.
+   * What the cuda backend can connect, after {@link #check} passed: every rank with its
+   * symmetric-memory handle, and a {@link HostLayout} it supports (the same number of ranks on
+   * every host, at most {@link HostLayout#MAX_HOSTS} hosts). The same exception on every rank.
    *
-   * @throws BackendUnavailableException naming the rank that cannot be reached
+   * @param virtualHosts {@code spark.fusedcomm.cuda.virtualHosts}
+   * @return the layout; every rank on host 0 with the host backend
+   * @throws BackendUnavailableException naming the rank or host that cannot be connected
    */
-  public static void checkCudaReachable(List<RankInfo> infos) {
+  public static HostLayout checkCudaReachable(List<RankInfo> infos, int virtualHosts) {
     RankInfo first = infos.get(0);
     if (first.backend() != Backend.CUDA) {
-      return;
+      return HostLayout.oneHost(infos.size());
     }
     for (int i = 0; i < infos.size(); i++) {
-      RankInfo r = infos.get(i);
-      if (!r.host().equals(first.host())) {
-        throw new BackendUnavailableException(
-            "rank "
-                + i
-                + " runs on host "
-                + r.host()
-                + " but rank 0 on "
-                + first.host()
-                + ": the cuda backend connects the GPUs of one host (NVLink through CUDA IPC);"
-                + " across hosts use spark.fusedcomm.backend=host until the RDMA path exists");
-      }
-      if (r.ipcHandles().length == 0) {
+      if (infos.get(i).ipcHandles().length == 0) {
         throw new BackendUnavailableException(
             "rank " + i + " runs the cuda backend but sent no symmetric-memory handle");
       }
     }
+    return HostLayout.of(infos, virtualHosts);
   }
 
   private static void checkRanks(List<RankInfo> infos, int world) {

@@ -152,6 +152,12 @@ public final class ConfigEntry<T> {
           Units::formatBytes);
     }
 
+    /** A decimal {@code int}. */
+    public TypedBuilder<Integer> intConf() {
+      return new TypedBuilder<>(
+          this, "int", "a whole number such as 2", s -> Integer.valueOf(s.trim()), String::valueOf);
+    }
+
     /** {@code true} or {@code false}, ignoring case. */
     public TypedBuilder<Boolean> booleanConf() {
       return new TypedBuilder<>(

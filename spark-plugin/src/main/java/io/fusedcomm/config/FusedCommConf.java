@@ -87,15 +87,17 @@ public final class FusedCommConf {
   public static final ConfigEntry<Long> HOST_CHUNK_BYTES =
       ConfigEntry.builder(PREFIX + "host.chunkBytes")
           .doc(
-              "Size of the staging chunk per peer used by the host backend's collectives;"
-                  + " larger chunks mean fewer round trips and more memory: each communicator"
-                  + " holds 4 x world size x (chunk + 512 B) of host memory (8 MiB at world 2"
-                  + " with 1m).")
+              "Size of the staging chunk per peer used by the host backend's collectives,"
+                  + " and by the cuda backend between hosts; larger chunks mean fewer round"
+                  + " trips and more memory: each host-backend communicator holds 4 x world size"
+                  + " x (chunk + 512 B) of host memory (8 MiB at world 2 with 1m); a cuda"
+                  + " communicator spanning H hosts pins (H + 1) chunks. A multiple of 16.")
           .bytesConf()
-          .check(b -> b >= MIN_CHUNK && b <= MAX_CHUNK, "a byte size between 64k and 1g, e.g. 4m")
+          .check(
+              b -> b >= MIN_CHUNK && b <= MAX_CHUNK && b % 16 == 0,
+              "a byte size between 64k and 1g, a multiple of 16, e.g. 4m")
           .createWithDefault(1L << 20);
 
-  /** {@code spark.fusedcomm.gpu.resourceName}: the Spark resource holding the executor's GPU. */
   /** {@code spark.fusedcomm.cuda.symmetricBytes}: the cuda backend's symmetric data area. */
   public static final ConfigEntry<Long> CUDA_SYMMETRIC_BYTES =
       ConfigEntry.builder(PREFIX + "cuda.symmetricBytes")
@@ -110,6 +112,20 @@ public final class FusedCommConf {
               "a byte size between 1m and 64g, a multiple of 4k, e.g. 256m")
           .createWithDefault(128L << 20);
 
+  /** {@code spark.fusedcomm.cuda.virtualHosts}: split each host's ranks into virtual hosts. */
+  public static final ConfigEntry<Integer> CUDA_VIRTUAL_HOSTS =
+      ConfigEntry.builder(PREFIX + "cuda.virtualHosts")
+          .doc(
+              "Splits the ranks of each host into this many virtual hosts (consecutive ranks"
+                  + " of the host, in rank order), which the cuda backend then connects as if"
+                  + " they were separate machines: through the GPU-driven proxy and the"
+                  + " transport instead of NVLink. For exercising the path between hosts on one"
+                  + " machine. Each host's rank count must be a multiple of it; 1: off.")
+          .intConf()
+          .check(v -> v >= 1 && v <= 8, "a whole number from 1 to 8")
+          .createWithDefault(1);
+
+  /** {@code spark.fusedcomm.gpu.resourceName}: the Spark resource holding the executor's GPU. */
   public static final ConfigEntry<String> GPU_RESOURCE_NAME =
       ConfigEntry.builder(PREFIX + "gpu.resourceName")
           .doc(
@@ -147,6 +163,7 @@ public final class FusedCommConf {
           TRANSPORT_BIND_HOST,
           HOST_CHUNK_BYTES,
           CUDA_SYMMETRIC_BYTES,
+          CUDA_VIRTUAL_HOSTS,
           GPU_RESOURCE_NAME,
           NATIVE_LIBRARY_PATH,
           DEBUG_LEAK_TRACKING);
@@ -280,6 +297,11 @@ public final class FusedCommConf {
 
   public long cudaSymmetricBytes() {
     return get(CUDA_SYMMETRIC_BYTES);
+  }
+
+  /** Virtual hosts per host for the cuda backend (1: off). */
+  public int cudaVirtualHosts() {
+    return get(CUDA_VIRTUAL_HOSTS);
   }
 
   /** Name of the Spark resource holding the executor's GPU. */

@@ -1,5 +1,6 @@
 package io.fusedcomm.bootstrap;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -199,29 +200,25 @@ class BootstrapCheckTest {
   }
 
   @Test
-  void cudaRanksMustShareOneHostAndSendTheirHandles() {
-    // The fixture's cuda world spans host0 and host1: consistent, but not reachable through IPC.
+  void cudaRanksSendTheirHandlesAndSpanUniformHosts() {
+    // The fixture's cuda world: ranks 0, 1 on host0 and 2, 3 on host1.
+    HostLayout two = BootstrapCheck.checkCudaReachable(RankInfos.world(W), 1);
+    assertArrayEquals(new int[] {0, 0, 1, 1}, two.hostIds());
+    List<RankInfo> missing = RankInfos.worldWith(W, 1, b -> b.ipcHandles = new byte[0]);
     BackendUnavailableException e =
         assertThrows(
-            BackendUnavailableException.class,
-            () -> BootstrapCheck.checkCudaReachable(RankInfos.world(W)));
-    assertTrue(e.getMessage().contains("rank 2 runs on host host1 but rank 0 on host0"), e.getMessage());
-    List<RankInfo> oneHost = RankInfos.world(2);
-    for (int r = 0; r < 2; r++) {
-      byte[] handle = {(byte) r};
-      oneHost.set(r, RankInfos.with(oneHost.get(r), b -> b.ipcHandles = handle));
-    }
-    assertDoesNotThrow(() -> BootstrapCheck.checkCudaReachable(oneHost));
-    oneHost.set(1, RankInfos.with(oneHost.get(1), b -> b.ipcHandles = new byte[0]));
+            BackendUnavailableException.class, () -> BootstrapCheck.checkCudaReachable(missing, 1));
+    assertTrue(e.getMessage().contains("rank 1 runs the cuda backend but sent no symmetric-memory handle"), e.getMessage());
+    List<RankInfo> uneven = RankInfos.worldWith(W, 1, b -> b.host = "host1");
     e =
         assertThrows(
-            BackendUnavailableException.class, () -> BootstrapCheck.checkCudaReachable(oneHost));
-    assertTrue(e.getMessage().contains("rank 1 runs the cuda backend but sent no symmetric-memory handle"), e.getMessage());
+            BackendUnavailableException.class, () -> BootstrapCheck.checkCudaReachable(uneven, 1));
+    assertTrue(e.getMessage().contains("same number of ranks on every host: host host1 runs 3 and host host0 1"), e.getMessage());
     List<RankInfo> hostBackend = RankInfos.worldWith(W, 0, b -> {});
     for (int r = 0; r < W; r++) {
       hostBackend.set(r, RankInfos.with(hostBackend.get(r), b -> b.backend = Backend.HOST));
     }
-    assertDoesNotThrow(() -> BootstrapCheck.checkCudaReachable(hostBackend));
+    assertEquals(1, BootstrapCheck.checkCudaReachable(hostBackend, 2).hosts());
   }
 
   @Test
