@@ -8,7 +8,8 @@
 #   1. gpu_fused_test of the pusher build (every world 1..GPUs, on separate GPUs);
 #   2. local_run.sh: TMA pushes (the default) against pusher warps, 2 rounds, bf16 and fp32
 #      partials, the 12 TP shapes at W = world; the table is printed last;
-#   3. gpu_proxy_test and gpu_hier_test (2 hosts x 1 GPU) on separate GPUs.
+#   3. gpu_proxy_test, gpu_hier_test and gpu_runtime_hosts_test (2 hosts x 1 GPU) on separate
+#      GPUs.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
@@ -16,12 +17,13 @@ out=build/pab
 if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_WARP_PUSH $here/build.sh build/pab-wp | tail -1 || exit 1
-  cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test > /dev/null || exit 1
+  cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test gpu_runtime_hosts_test > /dev/null || exit 1
   rm -rf $out && mkdir -p $out/tma $out/pusher
   cp build/pab-def/fused_bench $out/tma/
   cp build/pab-wp/fused_bench build/pab-wp/gpu_fused_test $out/pusher/
   cp executor-native/target/cmake/executor-native/gpu_proxy_test \
-     executor-native/target/cmake/executor-native/gpu_hier_test $out/
+     executor-native/target/cmake/executor-native/gpu_hier_test \
+     executor-native/target/cmake/executor-native/gpu_runtime_hosts_test $out/
   git rev-parse --short HEAD > $out/commit.txt
   du -sh $out; exit 0
 fi
@@ -36,4 +38,6 @@ timeout 60 $out/gpu_proxy_test > "$o/gpu_proxy_test.log" 2>&1; echo "gpu_proxy_t
 grep -E "round trip|stream|one way|allReduce across" "$o/gpu_proxy_test.log"
 FC_TEST_JSON=$o/hier.jsonl timeout 60 $out/gpu_hier_test > "$o/gpu_hier_test.log" 2>&1; echo "gpu_hier_test rc=$?"
 grep -E "proxy step" "$o/gpu_hier_test.log"
+timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; echo "gpu_runtime_hosts_test rc=$?"
+grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
 OUT=$o timeout 300 $here/local_run.sh "$out/tma $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30

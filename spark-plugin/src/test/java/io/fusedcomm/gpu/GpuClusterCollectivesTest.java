@@ -218,7 +218,7 @@ class GpuClusterCollectivesTest {
   }
 
   /** Runs one collective on device tensors and compares every element with the reference. */
-  private static void checkCollective(Communicator comm, String op, DType t, int n, long seed, cudaStream_t stream) {
+  static void checkCollective(Communicator comm, String op, DType t, int n, long seed, cudaStream_t stream) {
     int w = comm.world();
     int r = comm.rank();
     float[][] inputs = new float[w][];

@@ -1,0 +1,137 @@
+package io.fusedcomm.gpu;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.fusedcomm.api.CommOptions;
+import io.fusedcomm.api.Communicator;
+import io.fusedcomm.api.DType;
+import io.fusedcomm.api.DeviceTensor;
+import io.fusedcomm.errors.BackendUnavailableException;
+import io.fusedcomm.runtime.ExecutorRuntime;
+import io.fusedcomm.spark.BarrierStage;
+import io.fusedcomm.testing.Data;
+import io.fusedcomm.testing.SparkCluster;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.stream.Collectors;
+import java.util.stream.IntStream;
+import jcuda.runtime.JCuda;
+import jcuda.runtime.cudaStream_t;
+import org.apache.spark.api.java.JavaRDD;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Spark on GPUs between hosts: a {@code local-cluster} application with one executor per GPU of
+ * this host and {@code spark.fusedcomm.cuda.virtualHosts=2}, so that the cuda backend connects
+ * the executors as two hosts (NVLink inside each, the GPU-driven proxy and the socket transport
+ * between them). In a barrier stage every rank checks:
+ *
+ * <ul>
+ *   <li>the layout: two hosts of world / 2 ranks;
+ *   <li>allReduce in bf16 and f32, synchronous and on the task's CUDA stream, at 1, 4W+1, 300001
+ *       and 1500007 elements and one larger than the symmetric data area (pieces), fresh random
+ *       inputs, outputs poisoned, every element against the fp64 reference;
+ *   <li>allGather refused on every rank with BackendUnavailableException ("between hosts"), and
+ *       an allReduce after it.
+ * </ul>
+ *
+ * Skips, with the reason printed, on hosts with fewer than two GPUs or an odd number of them.
+ */
+class GpuClusterHostsTest {
+  private static final long SYMMETRIC_BYTES = 8L << 20;
+
+  @Test
+  void allReduceBetweenVirtualHosts() {
+    Gpu.require();
+    int[] count = {0};
+    JCuda.cudaGetDeviceCount(count);  // also unpacks JCuda's library before executors race on it
+    int world = count[0];
+    boolean runnable = world >= 2 && world % 2 == 0;
+    if (!runnable) {
+      System.out.println("SKIPPED (" + world + " GPU): two virtual hosts need an even number of GPUs, at least 2");
+    }
+    Assumptions.assumeTrue(runnable, "needs an even number of GPUs, at least 2");
+    long seed = Long.getLong("fusedcomm.test.seed", System.nanoTime());
+    System.out.println("GpuClusterHostsTest world " + world + " seed " + seed);
+
+    String script = Path.of(System.getProperty("fusedcomm.repo.root", "..")).resolve("conf/gpu-discovery.sh")
+        .toAbsolutePath().toString();
+    Map<String, String> settings = Map.ofEntries(
+        Map.entry("spark.fusedcomm.backend", "cuda"),
+        Map.entry("spark.fusedcomm.cuda.virtualHosts", "2"),
+        Map.entry("spark.fusedcomm.timeout", "30s"),
+        Map.entry("spark.fusedcomm.cuda.symmetricBytes", Long.toString(SYMMETRIC_BYTES)),
+        Map.entry("spark.worker.resource.gpu.amount", "1"),
+        Map.entry("spark.worker.resource.gpu.discoveryScript", script),
+        Map.entry("spark.executor.resource.gpu.amount", "1"),
+        Map.entry("spark.executor.resource.gpu.discoveryScript", script),
+        Map.entry("spark.task.resource.gpu.amount", "1"),
+        Map.entry("spark.executor.extraLibraryPath", System.getProperty("java.io.tmpdir")));
+    try (SparkCluster cluster = SparkCluster.start("GpuClusterHostsTest", world, settings)) {
+      JavaRDD<Integer> ranks = cluster.context().parallelize(
+          IntStream.range(0, world).boxed().collect(Collectors.toList()), world);
+      List<String> lines = BarrierStage.withCommunicator(ranks, CommOptions.defaults(),
+          (comm, ctx, rows) -> runOnRank(comm, seed).iterator()).collect();
+      lines.forEach(System.out::println);
+      List<String> failures = lines.stream().filter(l -> l.contains("FAIL")).toList();
+      assertTrue(failures.isEmpty(), String.join("\n", failures));
+      assertEquals(world, lines.stream().filter(l -> l.contains(" uuid=")).count(), "one identity line per rank");
+      assertEquals(world, lines.stream().filter(l -> l.endsWith(" checks passed")).count(), "a summary per rank");
+    }
+  }
+
+  private static List<String> runOnRank(Communicator comm, long seed) {
+    ExecutorRuntime rt = ExecutorRuntime.current().orElseThrow();
+    List<String> out = new ArrayList<>();
+    int w = comm.world();
+    int r = comm.rank();
+    out.add("rank " + r + " of " + w + " executor " + rt.executorId() + " uuid=" + rt.gpuUuid()
+        + " hosts: " + comm.hosts());
+    if (comm.hosts().hosts() != 2 || comm.hosts().ranksPerHost() != w / 2) {
+      out.add("FAIL rank " + r + " layout " + comm.hosts());
+    }
+    cudaStream_t stream = new cudaStream_t();
+    JCuda.cudaStreamCreate(stream);
+    int checks = 0;
+    int trial = 0;
+    try {
+      int big = (int) (SYMMETRIC_BYTES / 4 * 2 + 11);
+      for (DType t : new DType[] {DType.BF16, DType.F32}) {
+        for (int n : new int[] {1, 4 * w + 1, 300_001, 1_500_007, big}) {
+          boolean onStream = (trial++ % 2) == 1;
+          try {
+            GpuClusterCollectivesTest.checkCollective(
+                comm, "allReduce", t, n, Data.seed(seed, trial, 0), onStream ? stream : null);
+            checks++;
+          } catch (Throwable e) {
+            out.add("FAIL rank " + r + " allReduce " + t.label() + " n=" + n + (onStream ? " on stream" : "") + ": " + e);
+          }
+        }
+      }
+      try (DeviceTensor in = DeviceTensor.allocate(DType.F32, 64);
+          DeviceTensor gathered = DeviceTensor.allocate(DType.F32, 64L * w)) {
+        comm.allGather(in, gathered);
+        out.add("FAIL rank " + r + " allGather ran between hosts");
+      } catch (BackendUnavailableException e) {
+        if (!e.getMessage().contains("between hosts")) {
+          out.add("FAIL rank " + r + " the refusal does not say why: " + e.getMessage());
+        }
+        checks++;
+      }
+      try {
+        GpuClusterCollectivesTest.checkCollective(comm, "allReduce", DType.F32, 4097, Data.seed(seed, 99, 0), null);
+        checks++;
+      } catch (Throwable e) {
+        out.add("FAIL rank " + r + " allReduce after the refusal: " + e);
+      }
+    } finally {
+      JCuda.cudaStreamDestroy(stream);
+    }
+    out.add("rank " + r + ": " + checks + " checks passed");
+    return out;
+  }
+}
