@@ -47,30 +47,30 @@ DeviceComm::~DeviceComm() { close(); }
 std::vector<uint8_t> DeviceComm::export_handle() const { return sm_->export_handle(); }
 
 void DeviceComm::connect(const std::vector<std::vector<uint8_t>>& blobs, const std::vector<int>& host_of,
-                         Communicator& host, uint64_t comm_id) {
-  FC_REQUIRE(static_cast<int>(host_of.size()) == host.world(),
-             "connect: " + std::to_string(host_of.size()) + " host ids for world " + std::to_string(host.world()));
+                         Communicator& host_comm, uint64_t comm_id) {
+  FC_REQUIRE(static_cast<int>(host_of.size()) == host_comm.world(),
+             "connect: " + std::to_string(host_of.size()) + " host ids for world " + std::to_string(host_comm.world()));
   pin_gpu(runtime_.gpu().ordinal);
-  layout_ = make_host_layout(host_of, host.rank());
+  layout_ = make_host_layout(host_of, host_comm.rank());
   if (layout_.hosts > 1) sm_->restrict_to(layout_.members);
   sm_->connect(blobs);
-  if (layout_.hosts > 1) connect_hosts(host, comm_id);
+  if (layout_.hosts > 1) connect_hosts(host_comm, comm_id);
   connected_ = true;
 }
 
 // The counterparts' link blobs travel as one exchange of the host communicator (every rank
 // sends its blob to every rank; each keeps its counterparts').
-void DeviceComm::connect_hosts(Communicator& host, uint64_t comm_id) {
+void DeviceComm::connect_hosts(Communicator& host_comm, uint64_t comm_id) {
   link_ = std::make_unique<InterHostLink>(runtime_, layout_.host, layout_.hosts,
                                           static_cast<uint64_t>(runtime_.config().chunk_bytes));
   const InterHostLink::Blob mine = link_->blob();
-  const int world = host.world();
+  const int world = host_comm.world();
   std::vector<InterHostLink::Blob> all(world);
   std::vector<SendBlock> send(world, SendBlock{&mine, sizeof mine});
   std::vector<RecvBlock> recv(world);
   for (int r = 0; r < world; ++r) recv[r] = RecvBlock{&all[r], sizeof all[r]};
-  host.begin_op("connect the cuda backend between hosts", 0x63756461686f7374ull);  // "cudahost"
-  host.exchange(send, recv, "inter-host link blobs");
+  host_comm.begin_op("connect the cuda backend between hosts", 0x63756461686f7374ull);  // "cudahost"
+  host_comm.exchange(send, recv, "inter-host link blobs");
   std::vector<InterHostLink::Blob> peers;
   std::vector<std::string> names;
   for (int h = 0; h < layout_.hosts; ++h) {

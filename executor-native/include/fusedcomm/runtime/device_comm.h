@@ -63,10 +63,10 @@ class DeviceComm {
 
   std::vector<uint8_t> export_handle() const;
   // blobs[r]: rank r's export_handle(). host_of[r]: rank r's host id (0..H-1). With H > 1 the
-  // inter-host link is built: its blobs travel through `host` (an op of the host communicator,
-  // every rank at this point), and its peer group gets an id derived from comm_id.
+  // inter-host link is built: its blobs travel through `host_comm` (the host half, connected;
+  // one exchange, every rank at this point), and its peer group gets an id derived from comm_id.
   void connect(const std::vector<std::vector<uint8_t>>& blobs, const std::vector<int>& host_of,
-               Communicator& host, uint64_t comm_id);
+               Communicator& host_comm, uint64_t comm_id);
   const HostLayout& layout() const { return layout_; }
 
   // `count` as in kernels/collectives.h (the op's global element count).
@@ -104,7 +104,7 @@ class DeviceComm {
   cudaStream_t begin(cudaStream_t stream);        // checks, pins, orders after the previous op
   void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
   void require_fits(const char* op, uint64_t bytes) const;
-  void connect_hosts(Communicator& host, uint64_t comm_id);
+  void connect_hosts(Communicator& host_comm, uint64_t comm_id);
   void require_one_host(const char* op) const;
   // allReduce of n elements (n * element size <= the data area) across hosts, enqueued on s.
   void all_reduce_across_hosts(kernels::CommDtype dtype, const char* in, char* out, int64_t n,
