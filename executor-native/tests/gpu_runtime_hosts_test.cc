@@ -14,8 +14,9 @@
 //   - allGather, reduceScatter, allToAll and the fused ops refuse on every rank with
 //     Error(kUnavailable) naming the op, and the communicator stays usable;
 //   - a host that never arrives: the ranks of the other host time out with Error(kTimeout)
-//     naming a rank of the missing host; every rank aborts and closes; a fresh communicator on
-//     the same runtimes works.
+//     naming a rank of the missing host; every rank aborts and closes; then the same wait ended
+//     by abort() from another thread within seconds (Error(kCommunicator)); a fresh communicator
+//     on the same runtimes works.
 // FC_TEST_HOSTS=<H> (default 2), FC_TEST_LOCAL=<L> (default GPUs / H, at least 1);
 // FC_TEST_SHARED_GPU=<n> lets ranks share GPUs (timings meaningless). Exit 77 (skip) with a
 // reason where no Hopper GPU is visible or the layout needs more GPUs.
@@ -30,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fusedcomm/runtime/communicator.h"
@@ -238,6 +240,39 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       if (rank == 0) std::printf("  missing host, rank 0 after %.1f s: %s\n", s, message.c_str());
     }
     g.barrier();  // every rank past the failure (Spark: the failed tasks abort the stage)
+    c.abort_and_close();
+  }
+  // abort() from another thread (a killed task) while host 0's ranks wait for host 1: the wait
+  // ends at once with Error(kCommunicator), long before the timeout.
+  {
+    const std::vector<int>& host_of = layouts[0].host_of;
+    Comm c(rt, g, host_of, ++comm_id);
+    if (host_of[rank] != 1) {
+      void* buf = nullptr;
+      CUDA_OK(cudaMalloc(&buf, 4096 * 4));
+      CUDA_OK(cudaMemset(buf, 0, 4096 * 4));
+      std::thread killer([&] {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        c.device->abort();
+      });
+      std::string message;
+      ErrorKind kind = ErrorKind::kState;
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        c.device->collective(k::CommOp::kAllReduce, k::CommDtype::kBF16, buf, buf, 4096, nullptr);
+      } catch (const Error& e) {
+        message = e.what();
+        kind = e.kind();
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      killer.join();
+      cudaFree(buf);
+      check(kind == ErrorKind::kCommunicator && message.find("abort") != std::string::npos,
+            "abort: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
+      check(s < 10, "abort: the wait ended after " + std::to_string(s) + " s");
+      if (rank == 0) std::printf("  abort, rank 0 after %.1f s: %s\n", s, message.c_str());
+    }
+    g.barrier();
     c.abort_and_close();
   }
   // The next communicator on the same runtimes works.
