@@ -169,29 +169,4 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
 
 }  // namespace
 
-int main() {
-  const int n = fusedcomm::testing::gpus_or_skip("gpu_hier_test");
-  if (n == 0) return 77;
-  const int shared = fusedcomm::testing::shared_gpu_world();
-  const char* hs = std::getenv("FC_TEST_HOSTS");
-  const char* ls = std::getenv("FC_TEST_LOCAL");
-  const int H = hs ? std::atoi(hs) : 2;
-  const int L = ls ? std::atoi(ls) : std::max(1, n / H);
-  if (H < 2 || H > k::kProxyMaxHosts || L < 1 || L > k::kCommMaxRanks) {
-    std::printf("FAIL: FC_TEST_HOSTS=%d FC_TEST_LOCAL=%d out of range\n", H, L);
-    return 1;
-  }
-  if (H * L > n && shared == 0) {
-    std::printf("SKIP: %d hosts x %d ranks need %d GPUs (%d visible; FC_TEST_SHARED_GPU=<n> lets "
-                "ranks share GPUs)\n", H, L, H * L, n);
-    return 77;
-  }
-  if (shared) fusedcomm::testing::g_shared_gpu = true;
-  const uint64_t seed = fusedcomm::testing::test_seed("gpu_hier_test", n);
-  std::printf("== %d virtual hosts x %d ranks on %d GPU(s)%s\n", H, L, std::min(n, H * L),
-              H * L > n ? " (shared: timings meaningless)" : "");
-  const int failed = fusedcomm::testing::run_processes(
-      H * L, [&](ProcessGroup& g) { return rank_main(g, H, L, n, H * L > n, seed); }, 280);
-  std::printf("== gpu_hier_test: %s\n", failed == 0 ? "PASS" : "FAIL");
-  return failed == 0 ? 0 : 1;
-}
+int main() { return fusedcomm::testing::run_virtual_hosts("gpu_hier_test", rank_main); }

@@ -8,14 +8,18 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
@@ -164,6 +168,38 @@ inline int gpus_or_skip(const char* test) {
   if (n >= 1) return n;
   std::printf("SKIP: %s needs a Hopper GPU: %s\n", test, n < 0 ? reason.c_str() : "none visible");
   return 0;
+}
+
+// The virtual-host tests' main (gpu_hier_test, gpu_runtime_hosts_test): H hosts
+// (FC_TEST_HOSTS, default 2) of L ranks (FC_TEST_LOCAL, default GPUs / H, at least 1), one
+// forked process per rank, rank g on GPU g % GPUs; with FC_TEST_SHARED_GPU=<n> ranks may share
+// GPUs (timings meaningless). Returns the exit code: 0 pass, 1 fail, 77 skip (reason printed).
+using HostsRankMain = std::function<int(ProcessGroup& g, int hosts, int local, int gpus, bool shared, uint64_t seed)>;
+inline int run_virtual_hosts(const char* test, const HostsRankMain& rank_main) {
+  const int n = gpus_or_skip(test);
+  if (n == 0) return 77;
+  const int shared = shared_gpu_world();
+  const char* hs = std::getenv("FC_TEST_HOSTS");
+  const char* ls = std::getenv("FC_TEST_LOCAL");
+  const int H = hs ? std::atoi(hs) : 2;
+  const int L = ls ? std::atoi(ls) : std::max(1, n / H);
+  if (H < 2 || H > kernels::kProxyMaxHosts || L < 1 || L > kernels::kCommMaxRanks) {
+    std::printf("FAIL: FC_TEST_HOSTS=%d FC_TEST_LOCAL=%d out of range\n", H, L);
+    return 1;
+  }
+  if (H * L > n && shared == 0) {
+    std::printf("SKIP: %d hosts x %d ranks need %d GPUs (%d visible; FC_TEST_SHARED_GPU=<n> lets "
+                "ranks share GPUs)\n", H, L, H * L, n);
+    return 77;
+  }
+  if (shared) g_shared_gpu = true;
+  const uint64_t seed = test_seed(test, n);
+  std::printf("== %d virtual hosts x %d ranks on %d GPU(s)%s\n", H, L, std::min(n, H * L),
+              H * L > n ? " (shared: timings meaningless)" : "");
+  const int failed = run_processes(
+      H * L, [&](ProcessGroup& g) { return rank_main(g, H, L, n, H * L > n, seed); }, 280);
+  std::printf("== %s: %s\n", test, failed == 0 ? "PASS" : "FAIL");
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace fusedcomm::testing

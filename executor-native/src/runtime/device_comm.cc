@@ -30,7 +30,9 @@ DeviceComm::DeviceComm(Runtime& runtime, int rank, int world) : runtime_(runtime
     fail(ErrorKind::kState, "a device communicator needs the cuda backend");
   }
   pin_gpu(runtime.gpu().ordinal);
-  sm_ = std::make_unique<SymmetricMemory>(rank, world, runtime.acquire_region(world));
+  // Pooled regions are staged for kCommMaxRanks: enough for one host's ranks, which is what
+  // shares the region when the world (across hosts) is larger.
+  sm_ = std::make_unique<SymmetricMemory>(rank, world, runtime.acquire_region(std::min(world, k::kCommMaxRanks)));
   try {
     // Blocking (not cudaStreamNonBlocking): callers fill tensors with plain cudaMemcpy (JCuda)
     // on the legacy default stream; see device_comm.h.
@@ -197,19 +199,17 @@ void DeviceComm::all_reduce_across_hosts(k::CommDtype dtype, const char* in, cha
   const int L = sm_->world(), l = sm_->rank();
   const int64_t mine = split_count(n, L, l);
   char* block = out + split_offset(n, L, l) * esize;
-  k::CollectiveArgs rs;
-  rs.op = k::CommOp::kReduceScatter;
-  rs.dtype = dtype;
-  rs.count = n;
-  rs.output = block;
-  enqueue(rs, in, static_cast<size_t>(n) * esize, s);
+  auto step = [&](k::CommOp op, void* output) {
+    k::CollectiveArgs a;
+    a.op = op;
+    a.dtype = dtype;
+    a.count = n;
+    a.output = output;
+    return a;
+  };
+  enqueue(step(k::CommOp::kReduceScatter, block), in, static_cast<size_t>(n) * esize, s);
   link_->all_reduce(block, mine, dtype, s);
-  k::CollectiveArgs ag;
-  ag.op = k::CommOp::kAllGather;
-  ag.dtype = dtype;
-  ag.count = n;
-  ag.output = out;
-  enqueue(ag, block, static_cast<size_t>(mine) * esize, s);
+  enqueue(step(k::CommOp::kAllGather, out), block, static_cast<size_t>(mine) * esize, s);
 }
 
 namespace {

@@ -167,10 +167,7 @@ SymmetricMemory::SymmetricMemory(int rank, int world, const SymmetricConfig& con
 SymmetricMemory::SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricRegion> region)
     : rank_(rank), world_(world), global_rank_(rank), global_world_(world), region_(std::move(region)) {
   FC_REQUIRE(region_ != nullptr, "symmetric memory: no region");
-  FC_REQUIRE(world >= 1 && world <= region_->staging_ranks(),
-             "symmetric memory: world " + std::to_string(world) + " does not fit a region staged for " +
-                 std::to_string(region_->staging_ranks()) + " ranks");
-  FC_REQUIRE(rank >= 0 && rank < world, "symmetric memory: rank out of range");
+  FC_REQUIRE(world >= 1 && rank >= 0 && rank < world, "symmetric memory: rank out of range");
   region_->reset();
   const SymmetricRegion& r = *region_;
   dev_.slot_bytes = r.config().slot_bytes;
@@ -181,12 +178,25 @@ SymmetricMemory::SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricR
   auto* page = static_cast<uint8_t*>(r.device_page());
   dev_.abort_word = reinterpret_cast<const volatile uint32_t*>(page + kAbortOffset);
   dev_.error = reinterpret_cast<k::CommErrorRecord*>(page + kErrorOffset);
-  dev_.rank = rank;
-  dev_.world = world;
   dev_.sm_count = r.sm_count();
-  dev_.base[rank] = r.base();
-  mapped_.assign(world, nullptr);
-  for (int q = 0; q < world; ++q) members_.push_back(q);
+  // A world larger than the staging holds can only be used through restrict_to() (a
+  // communicator across hosts whose hosts each fit); connect() checks.
+  std::vector<int> everyone(world);
+  for (int q = 0; q < world; ++q) everyone[q] = q;
+  bind_local(everyone);
+}
+
+void SymmetricMemory::bind_local(const std::vector<int>& members) {
+  const auto me = std::find(members.begin(), members.end(), global_rank_);
+  FC_REQUIRE(me != members.end(), "symmetric memory: this rank is not among the members");
+  if (rank_ < k::kCommMaxRanks) dev_.base[rank_] = nullptr;
+  members_ = members;
+  rank_ = static_cast<int>(me - members.begin());
+  world_ = static_cast<int>(members.size());
+  dev_.rank = rank_;
+  dev_.world = world_;
+  if (rank_ < k::kCommMaxRanks) dev_.base[rank_] = region_->base();
+  mapped_.assign(world_, nullptr);
 }
 
 void SymmetricMemory::restrict_to(const std::vector<int>& members) {
@@ -195,16 +205,7 @@ void SymmetricMemory::restrict_to(const std::vector<int>& members) {
                  std::adjacent_find(members.begin(), members.end()) == members.end() &&
                  members.front() >= 0 && members.back() < global_world_,
              "symmetric memory: members must be distinct ascending ranks of the world");
-  const auto me = std::find(members.begin(), members.end(), global_rank_);
-  FC_REQUIRE(me != members.end(), "symmetric memory: this rank is not among the members");
-  dev_.base[rank_] = nullptr;
-  members_ = members;
-  rank_ = static_cast<int>(me - members.begin());
-  world_ = static_cast<int>(members.size());
-  dev_.rank = rank_;
-  dev_.world = world_;
-  dev_.base[rank_] = region_->base();
-  mapped_.assign(world_, nullptr);
+  bind_local(members);
 }
 
 SymmetricMemory::~SymmetricMemory() {
@@ -233,6 +234,12 @@ std::vector<uint8_t> SymmetricMemory::export_handle() const {
 
 void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
   if (closed_ || connected_) fail(ErrorKind::kState, "symmetric memory: connect() on a closed or connected object");
+  if (world_ > region_->staging_ranks()) {
+    fail(ErrorKind::kUnavailable, "symmetric memory: " + std::to_string(world_) +
+                                      " ranks share it, more than the " + std::to_string(region_->staging_ranks()) +
+                                      " its region is staged for (one host holds at most " +
+                                      std::to_string(k::kCommMaxRanks) + " ranks of a communicator)");
+  }
   if (static_cast<int>(blobs.size()) != global_world_) {
     fail(ErrorKind::kCommunicator, "symmetric memory: got " + std::to_string(blobs.size()) +
                                        " handles for world " + std::to_string(global_world_));

@@ -118,7 +118,8 @@ class SymmetricMemory {
   // Allocates the region on the calling thread's current device. Throws Error(kInvalidArgument)
   // for a bad rank/world/size, Error(kFatalGpu) if CUDA fails.
   SymmetricMemory(int rank, int world, const SymmetricConfig& config);
-  // Uses `region` (from a pool; reset here). Throws Error(kInvalidArgument) if it does not fit.
+  // Uses `region` (from a pool; reset here). A world larger than the region's staging must be
+  // narrowed by restrict_to() before connect() (which throws Error(kUnavailable) otherwise).
   SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricRegion> region);
   ~SymmetricMemory();
   SymmetricMemory(const SymmetricMemory&) = delete;
@@ -161,6 +162,7 @@ class SymmetricMemory {
   std::unique_ptr<SymmetricRegion> take_region();
 
  private:
+  void bind_local(const std::vector<int>& members);  // rank_, world_, members_, dev_ from them
   int rank_, world_;                  // as the kernels see them (local after restrict_to)
   int global_rank_, global_world_;    // the communicator's, in the blob
   std::vector<int> members_;          // global rank of each local rank

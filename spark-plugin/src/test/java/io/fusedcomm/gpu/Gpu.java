@@ -4,6 +4,9 @@ import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.runtime.NativeApi;
+import java.nio.file.Path;
+import java.util.HashMap;
+import java.util.Map;
 import org.junit.jupiter.api.Assumptions;
 
 /** GPU test gate: skips (with the probe's reason, printed) where the cuda backend is unavailable. */
@@ -29,6 +32,27 @@ final class Gpu {
       System.out.println("SKIPPED (no GPU): " + cudaLine());
     }
     Assumptions.assumeTrue(present(), "no GPU: " + cudaLine());
+  }
+
+  /**
+   * Settings of a GPU {@code local-cluster}: the cuda backend, a 30 s timeout, the given
+   * symmetric data area, one GPU per worker / executor / task from conf/gpu-discovery.sh, and
+   * JCuda's native library where this JVM unpacked it (executors load it instead of racing to
+   * unpack the same file). A mutable copy: callers add their own keys.
+   */
+  static Map<String, String> clusterSettings(long symmetricBytes) {
+    String script = Path.of(System.getProperty("fusedcomm.repo.root", "..")).resolve("conf/gpu-discovery.sh")
+        .toAbsolutePath().toString();
+    return new HashMap<>(Map.ofEntries(
+        Map.entry("spark.fusedcomm.backend", "cuda"),
+        Map.entry("spark.fusedcomm.timeout", "30s"),
+        Map.entry("spark.fusedcomm.cuda.symmetricBytes", Long.toString(symmetricBytes)),
+        Map.entry("spark.worker.resource.gpu.amount", "1"),
+        Map.entry("spark.worker.resource.gpu.discoveryScript", script),
+        Map.entry("spark.executor.resource.gpu.amount", "1"),
+        Map.entry("spark.executor.resource.gpu.discoveryScript", script),
+        Map.entry("spark.task.resource.gpu.amount", "1"),
+        Map.entry("spark.executor.extraLibraryPath", System.getProperty("java.io.tmpdir"))));
   }
 
   /** A device copy of {@code h} (its dtype and shape); the caller closes it. */

@@ -19,7 +19,6 @@ import io.fusedcomm.testing.Data;
 import io.fusedcomm.testing.Expected;
 import io.fusedcomm.testing.Reference;
 import io.fusedcomm.testing.SparkCluster;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -78,20 +77,7 @@ class GpuClusterCollectivesTest {
     long seed = Long.getLong("fusedcomm.test.seed", System.nanoTime());
     System.out.println("GpuClusterCollectivesTest world " + world + " seed " + seed);
 
-    String script = Path.of(System.getProperty("fusedcomm.repo.root", "..")).resolve("conf/gpu-discovery.sh")
-        .toAbsolutePath().toString();
-    Map<String, String> settings = Map.ofEntries(
-        Map.entry("spark.fusedcomm.backend", "cuda"),
-        Map.entry("spark.fusedcomm.timeout", "30s"),
-        Map.entry("spark.fusedcomm.cuda.symmetricBytes", Long.toString(SYMMETRIC_BYTES)),
-        Map.entry("spark.worker.resource.gpu.amount", "1"),
-        Map.entry("spark.worker.resource.gpu.discoveryScript", script),
-        Map.entry("spark.executor.resource.gpu.amount", "1"),
-        Map.entry("spark.executor.resource.gpu.discoveryScript", script),
-        Map.entry("spark.task.resource.gpu.amount", "1"),
-        // JCuda's native library as unpacked by this JVM: executors load it instead of racing
-        // to unpack the same file.
-        Map.entry("spark.executor.extraLibraryPath", System.getProperty("java.io.tmpdir")));
+    Map<String, String> settings = Gpu.clusterSettings(SYMMETRIC_BYTES);
     try (SparkCluster cluster = SparkCluster.start("GpuClusterCollectivesTest", world, settings)) {
       JavaRDD<Integer> ranks = cluster.context().parallelize(
           IntStream.range(0, world).boxed().collect(Collectors.toList()), world);

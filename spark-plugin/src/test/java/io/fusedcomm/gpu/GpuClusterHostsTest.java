@@ -12,7 +12,6 @@ import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.spark.BarrierStage;
 import io.fusedcomm.testing.Data;
 import io.fusedcomm.testing.SparkCluster;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -58,19 +57,8 @@ class GpuClusterHostsTest {
     long seed = Long.getLong("fusedcomm.test.seed", System.nanoTime());
     System.out.println("GpuClusterHostsTest world " + world + " seed " + seed);
 
-    String script = Path.of(System.getProperty("fusedcomm.repo.root", "..")).resolve("conf/gpu-discovery.sh")
-        .toAbsolutePath().toString();
-    Map<String, String> settings = Map.ofEntries(
-        Map.entry("spark.fusedcomm.backend", "cuda"),
-        Map.entry("spark.fusedcomm.cuda.virtualHosts", "2"),
-        Map.entry("spark.fusedcomm.timeout", "30s"),
-        Map.entry("spark.fusedcomm.cuda.symmetricBytes", Long.toString(SYMMETRIC_BYTES)),
-        Map.entry("spark.worker.resource.gpu.amount", "1"),
-        Map.entry("spark.worker.resource.gpu.discoveryScript", script),
-        Map.entry("spark.executor.resource.gpu.amount", "1"),
-        Map.entry("spark.executor.resource.gpu.discoveryScript", script),
-        Map.entry("spark.task.resource.gpu.amount", "1"),
-        Map.entry("spark.executor.extraLibraryPath", System.getProperty("java.io.tmpdir")));
+    Map<String, String> settings = Gpu.clusterSettings(SYMMETRIC_BYTES);
+    settings.put("spark.fusedcomm.cuda.virtualHosts", "2");
     try (SparkCluster cluster = SparkCluster.start("GpuClusterHostsTest", world, settings)) {
       JavaRDD<Integer> ranks = cluster.context().parallelize(
           IntStream.range(0, world).boxed().collect(Collectors.toList()), world);
