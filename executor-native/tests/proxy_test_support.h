@@ -23,24 +23,11 @@
 #include "fusedcomm/kernels/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
+#include "fusedcomm/runtime/mapped_host.h"
 #include "gpu_test_support.h"
 #include "process_group.h"
 
 namespace fusedcomm::testing {
-
-// Pinned host memory mapped for the GPU, zeroed; freed once.
-struct MappedHost {
-  void* host = nullptr;
-  void* dev = nullptr;
-  explicit MappedHost(size_t bytes) {
-    CUDA_OK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(host, 0, bytes);
-    CUDA_OK(cudaHostGetDevicePointer(&dev, host, 0));
-  }
-  ~MappedHost() { cudaFreeHost(host); }
-  MappedHost(const MappedHost&) = delete;
-  MappedHost& operator=(const MappedHost&) = delete;
-};
 
 // What a rank tells the others through the bootstrap.
 struct ProxyBlob {
@@ -63,11 +50,7 @@ class ProxyEndpoint {
     regions_.push_back(transport_->register_memory(signal.host, signal_bytes));
     CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&next_), sizeof *next_));
     CUDA_OK(cudaMemset(next_, 0, sizeof *next_));
-    dev_.header = static_cast<rdma::RingHeader*>(ring_mem_.dev);
-    dev_.slots = reinterpret_cast<rdma::ProxyCommand*>(static_cast<uint8_t*>(ring_mem_.dev) +
-                                                       sizeof(rdma::RingHeader));
-    dev_.next = next_;
-    dev_.capacity = capacity;
+    dev_ = kernels::proxy_ring_device(ring_mem_.dev, next_, capacity);
   }
   ~ProxyEndpoint() {
     close(false);
@@ -141,11 +124,11 @@ class ProxyEndpoint {
   rdma::ProxyRing& ring() { return ring_; }
   std::string proxy_error() const { return proxy_ ? proxy_->error() : std::string(); }
 
-  MappedHost outbox, inbox, signal;
+  MappedHostMemory outbox, inbox, signal;
   uint64_t out_key = 0;
 
  private:
-  MappedHost ring_mem_;
+  MappedHostMemory ring_mem_;
   rdma::ProxyRing ring_;
   std::unique_ptr<rdma::Transport> transport_;
   std::vector<rdma::Region> regions_;  // outbox, inbox, signal

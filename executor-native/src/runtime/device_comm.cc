@@ -172,19 +172,20 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
   k::CollectiveArgs args;
   args.op = op;
   args.dtype = dtype;
-  if (link_ != nullptr) {
-    for (int64_t done = 0; done < count; done += piece) {
-      all_reduce_across_hosts(dtype, src + done * esize, dst + done * esize, std::min(piece, count - done), s);
-    }
-  } else if (static_cast<uint64_t>(largest_in) * esize <= capacity) {
+  if (link_ == nullptr && static_cast<uint64_t>(largest_in) * esize <= capacity) {
     args.count = count;
     args.output = out;
     enqueue(args, in, static_cast<size_t>(k::collective_input_count(op, count, world, rank)) * esize, s);
   } else {
     for (int64_t done = 0; done < count; done += piece) {
-      args.count = std::min(piece, count - done);
-      args.output = dst + done * esize;
-      enqueue(args, src + done * esize, args.count * esize, s);
+      const int64_t n = std::min(piece, count - done);
+      if (link_ != nullptr) {
+        all_reduce_across_hosts(dtype, src + done * esize, dst + done * esize, n, s);
+      } else {
+        args.count = n;
+        args.output = dst + done * esize;
+        enqueue(args, src + done * esize, n * esize, s);
+      }
     }
   }
   end(s, stream == nullptr);

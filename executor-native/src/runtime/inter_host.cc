@@ -24,23 +24,6 @@ void check(cudaError_t e, const std::string& what) {
 
 }  // namespace
 
-// Pinned host memory mapped into the device's address space, zeroed. The proxy (a host thread)
-// and the transport read and write it through `host`; kernels through `dev`.
-struct InterHostLink::Mapped {
-  void* host = nullptr;
-  void* dev = nullptr;
-  explicit Mapped(size_t bytes) {
-    check(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc (inter-host staging)");
-    std::memset(host, 0, bytes);
-    const cudaError_t e = cudaHostGetDevicePointer(&dev, host, 0);
-    if (e != cudaSuccess) {
-      cudaFreeHost(host);
-      check(e, "cudaHostGetDevicePointer");
-    }
-  }
-  ~Mapped() { cudaFreeHost(host); }
-};
-
 InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes)
     : runtime_(runtime), host_(host), hosts_(hosts), chunk_bytes_(chunk_bytes) {
   FC_REQUIRE(hosts >= 2 && hosts <= k::kProxyMaxHosts,
@@ -49,11 +32,11 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
   FC_REQUIRE(host >= 0 && host < hosts, "inter-host link: host index out of range");
   FC_REQUIRE(chunk_bytes >= 16 && chunk_bytes % 16 == 0,
              "inter-host staging chunk must be a positive multiple of 16 bytes (spark.fusedcomm.host.chunkBytes)");
-  outbox_ = std::make_unique<Mapped>(chunk_bytes);
-  inbox_ = std::make_unique<Mapped>(chunk_bytes * static_cast<uint64_t>(hosts));
-  signals_ = std::make_unique<Mapped>(kSignalBytes);
+  outbox_ = std::make_unique<MappedHostMemory>(chunk_bytes);
+  inbox_ = std::make_unique<MappedHostMemory>(chunk_bytes * static_cast<uint64_t>(hosts));
+  signals_ = std::make_unique<MappedHostMemory>(kSignalBytes);
   const size_t ring_bytes = rdma::ProxyRing::bytes_for(kRingCapacity);
-  ring_memory_ = std::make_unique<Mapped>(ring_bytes + 128);  // the status word after the ring
+  ring_memory_ = std::make_unique<MappedHostMemory>(ring_bytes + 128);  // the status word after the ring
   status_ = reinterpret_cast<volatile uint32_t*>(static_cast<uint8_t*>(ring_memory_->host) + ring_bytes);
   status_dev_ = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ring_memory_->dev) + ring_bytes);
   try {
@@ -67,11 +50,7 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
     close(false);
     throw;
   }
-  auto* ring_dev = static_cast<uint8_t*>(ring_memory_->dev);
-  ring_device_.header = reinterpret_cast<rdma::RingHeader*>(ring_dev);
-  ring_device_.slots = reinterpret_cast<rdma::ProxyCommand*>(ring_dev + sizeof(rdma::RingHeader));
-  ring_device_.next = next_slot_;
-  ring_device_.capacity = kRingCapacity;
+  ring_device_ = k::proxy_ring_device(ring_memory_->dev, next_slot_, kRingCapacity);
 }
 
 InterHostLink::~InterHostLink() { close(false); }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 
 #include "fusedcomm/kernels/fused.h"
 
@@ -182,7 +183,7 @@ SymmetricMemory::SymmetricMemory(int rank, int world, std::unique_ptr<SymmetricR
   // A world larger than the staging holds can only be used through restrict_to() (a
   // communicator across hosts whose hosts each fit); connect() checks.
   std::vector<int> everyone(world);
-  for (int q = 0; q < world; ++q) everyone[q] = q;
+  std::iota(everyone.begin(), everyone.end(), 0);
   bind_local(everyone);
 }
 

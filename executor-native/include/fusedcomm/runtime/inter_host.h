@@ -30,6 +30,7 @@
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
+#include "fusedcomm/runtime/mapped_host.h"
 #include "fusedcomm/runtime/runtime.h"
 
 namespace fusedcomm {
@@ -71,12 +72,10 @@ class InterHostLink {
   void close(bool drain) noexcept;
 
  private:
-  struct Mapped;  // pinned host memory mapped for the GPU
-
   Runtime& runtime_;
   const int host_, hosts_;
   const uint64_t chunk_bytes_;
-  std::unique_ptr<Mapped> outbox_, inbox_, signals_, ring_memory_;
+  std::unique_ptr<MappedHostMemory> outbox_, inbox_, signals_, ring_memory_;
   std::vector<rdma::Region> regions_;  // outbox, inbox, signals
   unsigned long long* next_slot_ = nullptr;  // device memory: the producers' next ring slot
   volatile uint32_t* status_ = nullptr;      // in ring_memory_, after the ring (host address)

@@ -27,6 +27,16 @@ struct ProxyRingDevice {
   uint32_t reserved;
 };
 static_assert(sizeof(ProxyRingDevice) == 32, "device-handle layout");
+// The handle of a ring laid out (rdma::ProxyRing) at `ring`, a device address of mapped host
+// memory, whose producers take slots from the zeroed device counter `next`.
+inline ProxyRingDevice proxy_ring_device(void* ring, unsigned long long* next, uint32_t capacity) {
+  ProxyRingDevice d{};
+  d.header = static_cast<rdma::RingHeader*>(ring);
+  d.slots = reinterpret_cast<rdma::ProxyCommand*>(static_cast<uint8_t*>(ring) + sizeof(rdma::RingHeader));
+  d.next = next;
+  d.capacity = capacity;
+  return d;
+}
 
 // Result codes of the device-side waits and posts (ProxyStreamTest::status).
 inline constexpr uint32_t kProxyOk = 0;

@@ -26,12 +26,10 @@ public final class HostLayout {
   public static final int MAX_HOSTS = 8;
 
   private final int[] hostOf;
-  private final int hosts;
-  private final List<String> names;
+  private final List<String> names;  // by host id
 
   private HostLayout(int[] hostOf, List<String> names) {
     this.hostOf = hostOf;
-    this.hosts = names.size();
     this.names = List.copyOf(names);
   }
 
@@ -56,7 +54,7 @@ public final class HostLayout {
     }
     int[] hostOf = new int[infos.size()];
     List<String> names = new ArrayList<>();
-    List<Integer> counts = new ArrayList<>();
+    int perHost = -1;  // ranks per (virtual) host, from the first host
     for (Map.Entry<String, List<Integer>> e : ranksOf.entrySet()) {
       List<Integer> ranks = e.getValue();
       if (ranks.size() % virtualHosts != 0) {
@@ -70,27 +68,26 @@ public final class HostLayout {
                 + "; choose a divisor of every host's rank count");
       }
       int per = ranks.size() / virtualHosts;
-      for (int v = 0; v < virtualHosts; v++) {
-        names.add(virtualHosts == 1 ? e.getKey() : e.getKey() + "/" + v);
-        counts.add(per);
-        for (int i = v * per; i < (v + 1) * per; i++) {
-          hostOf[ranks.get(i)] = names.size() - 1;
-        }
-      }
-    }
-    for (int h = 1; h < names.size(); h++) {
-      if (!counts.get(h).equals(counts.get(0))) {
+      String first = virtualHosts == 1 ? e.getKey() : e.getKey() + "/0";
+      if (perHost >= 0 && per != perHost) {
         throw new BackendUnavailableException(
             "the cuda backend needs the same number of ranks on every host: host "
-                + names.get(h)
+                + first
                 + " runs "
-                + counts.get(h)
+                + per
                 + " and host "
                 + names.get(0)
                 + " "
-                + counts.get(0)
+                + perHost
                 + "; give every host the same number of executors, or use"
                 + " spark.fusedcomm.backend=host");
+      }
+      perHost = per;
+      for (int v = 0; v < virtualHosts; v++) {
+        names.add(virtualHosts == 1 ? e.getKey() : e.getKey() + "/" + v);
+        for (int i = v * per; i < (v + 1) * per; i++) {
+          hostOf[ranks.get(i)] = names.size() - 1;
+        }
       }
     }
     if (names.size() > MAX_HOSTS) {
@@ -110,19 +107,19 @@ public final class HostLayout {
 
   /** Number of (virtual) hosts. */
   public int hosts() {
-    return hosts;
+    return names.size();
   }
 
   /** Ranks on each host. */
   public int ranksPerHost() {
-    return hostOf.length / hosts;
+    return hostOf.length / hosts();
   }
 
   /** "2 host(s) x 2 rank(s): a = ranks 0 2; b = ranks 1 3", for logs. */
   @Override
   public String toString() {
-    StringJoiner all = new StringJoiner("; ", hosts + " host(s) x " + ranksPerHost() + " rank(s): ", "");
-    for (int h = 0; h < hosts; h++) {
+    StringJoiner all = new StringJoiner("; ", hosts() + " host(s) x " + ranksPerHost() + " rank(s): ", "");
+    for (int h = 0; h < hosts(); h++) {
       StringJoiner ranks = new StringJoiner(" ", names.get(h) + " = ranks ", "");
       for (int r = 0; r < hostOf.length; r++) {
         if (hostOf[r] == h) {
