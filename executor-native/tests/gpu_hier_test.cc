@@ -3,7 +3,7 @@
 // host the ranks share symmetric memory over CUDA IPC (NVLink); between hosts every rank talks
 // to its counterparts (same l) through its own socket transport, proxy ring and proxy thread.
 //   allReduce(x) = intra-host reduceScatter (NVLink kernel) -> allReduce of the rank's block
-//   across hosts (launch_proxy_allreduce: GPU -> ring -> proxy -> TCP -> peer host memory)
+//   across hosts (launch_proxy_collective: GPU -> ring -> proxy -> TCP -> peer host memory)
 //   -> intra-host allGather (NVLink kernel), all on one stream.
 // Checks: fp32 inputs of small integers (every sum exact, whatever the order), fresh per run
 // (seed printed), outputs poisoned first, every element bit-exact, counts 0, 7, 1,000,003 and
@@ -98,9 +98,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     rs.dtype = k::CommDtype::kF32;
     rs.count = count;
     rs.output = shard;
-    k::ProxyAllReduce ar = ep.allreduce_args(peers, h);
-    ar.x = shard;
-    ar.count = n_l;
+    k::ProxyCollective ar = ep.allreduce_args(peers, h, shard, n_l);
     ar.value_base = value_base;
     ar.chunk_bytes = kChunk;
     ar.timeout_ns = 60ull * 1000000000ull;
@@ -114,7 +112,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     CUDA_OK(cudaEventRecord(ev[0], stream));
     CUDA_OK(k::launch_collective(sm.device(), rs, stream));
     CUDA_OK(cudaEventRecord(ev[1], stream));
-    CUDA_OK(k::launch_proxy_allreduce(ar, stream));
+    CUDA_OK(k::launch_proxy_collective(ar, stream));
     CUDA_OK(cudaEventRecord(ev[2], stream));
     // The reduceScatter's peers are done with this rank's input: the block goes there.
     CUDA_OK(cudaMemcpyAsync(sm.data(), shard, n_l * 4, cudaMemcpyDeviceToDevice, stream));
@@ -122,7 +120,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     CUDA_OK(cudaEventRecord(ev[3], stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     sm.raise_if_failed();
-    value_base += k::proxy_allreduce_chunks(n_l, 4, kChunk);
+    value_base += k::proxy_collective_chunks(ar);
     uint32_t st = 0;
     CUDA_OK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(x.data(), out, count * 4, cudaMemcpyDeviceToHost));

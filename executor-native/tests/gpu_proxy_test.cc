@@ -10,7 +10,7 @@
 //     host checking every word (the GPU-posted send path's throughput; printed);
 //   timeout: a receiver waiting for a message nobody sends gives up after 300 ms
 //     (kProxyTimeout), the process survives, and the next stream on the same ring works;
-//   allReduce across the two hosts (launch_proxy_allreduce): 1, 5, 1,000,003 and 4 Mi fp32
+//   allReduce across the two hosts (launch_proxy_collective): 1, 5, 1,000,003 and 4 Mi fp32
 //     elements back to back on the same signal words, bit-exact against x_0 + x_1;
 //   abort: the host sets the ring's abort word while a receiver waits: kProxyAborted.
 // Exit 77 (skip) with a reason where no Hopper GPU is visible.
@@ -164,7 +164,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
     g.barrier();
   }
 
-  // allReduce across the two hosts (launch_proxy_allreduce): fresh random fp32 data, sizes
+  // allReduce across the two hosts (launch_proxy_collective): fresh random fp32 data, sizes
   // back to back on the same signal words (value_base advancing), every element bit-exact
   // against the rank-order sum computed here.
   {
@@ -183,9 +183,7 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d), count * 4));
       CUDA_OK(cudaMemcpy(d, x.data(), count * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemset(status, 0, 4));
-      k::ProxyAllReduce a = ep.allreduce_args(blobs, rank);
-      a.x = d;
-      a.count = count;
+      k::ProxyCollective a = ep.allreduce_args(blobs, rank, d, count);
       a.base_word = 64;
       a.value_base = value_base;
       a.chunk_bytes = chunk;
@@ -193,10 +191,10 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       a.status = status;
       g.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      CUDA_OK(k::launch_proxy_allreduce(a, nullptr));
+      CUDA_OK(k::launch_proxy_collective(a, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      value_base += k::proxy_allreduce_chunks(count, 4, chunk);
+      value_base += k::proxy_collective_chunks(a);
       uint32_t st = 0;
       CUDA_OK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
       CUDA_OK(cudaMemcpy(x.data(), d, count * 4, cudaMemcpyDeviceToHost));

@@ -8,11 +8,13 @@
 // (rank % H: ranks of a host need not be contiguous in Spark).
 // Checks, per layout:
 //   - allReduce fp32 and bf16 at 0, 7, 1,000,003 elements and at more than the data area
-//     (pieces), fresh small-integer inputs (every sum exact in any order), poisoned outputs,
-//     every element bit-exact; on the communicator's own stream and 20 back to back on a
-//     stream of the caller with one synchronisation;
-//   - allGather, reduceScatter, allToAll and the fused ops refuse on every rank with
-//     Error(kUnavailable) naming the op, and the communicator stays usable;
+//     (pieces); allGather and reduceScatter fp32 and bf16 at 0, 7 and 1,000,003 elements; fresh
+//     small-integer inputs (every sum exact in any order), poisoned outputs, every element
+//     bit-exact; on the communicator's own stream and 20 back to back on a stream of the caller
+//     with one synchronisation; the three ops mixed back to back on a caller stream;
+//   - allToAll and the fused ops refuse on every rank with Error(kUnavailable) naming the op,
+//     an allGather larger than the data area allows with Error(kInvalidArgument), and the
+//     communicator stays usable;
 //   - a host that never arrives: the ranks of the other host time out with Error(kTimeout)
 //     naming a rank of the missing host; every rank aborts and closes; then the same wait ended
 //     by abort() from another thread within seconds (Error(kCommunicator)); a fresh communicator
@@ -38,6 +40,7 @@
 #include "fusedcomm/runtime/device_comm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
+#include "fusedcomm/runtime/split.h"
 #include "gpu_test_support.h"
 #include "process_group.h"
 #include "proxy_test_support.h"
@@ -110,34 +113,56 @@ std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
   return out;
 }
 
-// One allReduce case: on the own stream (stream == nullptr) once, or `reps` times back to back
-// on `stream` with one synchronisation; every element of the last result checked.
-void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::CommDtype dtype, int64_t count,
-                     cudaStream_t stream, int reps, const std::string& layout) {
+const char* op_name(k::CommOp op) { return k::comm_op_name(static_cast<uint32_t>(op)); }
+
+// One collective case (allReduce, allGather or reduceScatter of `count` elements, kernels/
+// collectives.h): rank r's full vector is value(seed, r, i), i < count; its input is the vector
+// (allReduce, reduceScatter) or its block of it (allGather: split_count(count, W, r) elements at
+// split_offset). On the own stream (stream == nullptr) once, or `reps` times back to back on
+// `stream` with one synchronisation; every element of the last result checked bit-exact, and
+// a guard after the output.
+void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
+                     int64_t count, cudaStream_t stream, int reps, const std::string& layout) {
+  using fusedcomm::split_count;
+  using fusedcomm::split_offset;
   const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
-  std::vector<float> mine(count), want(count, 0.f);
-  for (int64_t i = 0; i < count; ++i) {
-    mine[i] = value(seed, rank, i);
-    for (int r = 0; r < world; ++r) want[i] += value(seed, r, i);
+  const int64_t mine_n = split_count(count, world, rank), mine_at = split_offset(count, world, rank);
+  std::vector<float> in_v, want;
+  if (op == k::CommOp::kAllGather) {
+    for (int64_t i = mine_at; i < mine_at + mine_n; ++i) in_v.push_back(value(seed, rank, i));
+    for (int g = 0; g < world; ++g) {
+      for (int64_t i = split_offset(count, world, g); i < split_offset(count, world, g) + split_count(count, world, g); ++i) {
+        want.push_back(value(seed, g, i));
+      }
+    }
+  } else {
+    const bool scatter = op == k::CommOp::kReduceScatter;
+    for (int64_t i = 0; i < count; ++i) in_v.push_back(value(seed, rank, i));
+    for (int64_t i = scatter ? mine_at : 0; i < (scatter ? mine_at + mine_n : count); ++i) {
+      float sum = 0.f;
+      for (int r = 0; r < world; ++r) sum += value(seed, r, i);
+      want.push_back(sum);
+    }
   }
-  const std::vector<uint8_t> in_host = encode(mine, dtype), want_bytes = encode(want, dtype);
+  const std::vector<uint8_t> in_host = encode(in_v, dtype), want_bytes = encode(want, dtype);
+  const int64_t out_n = static_cast<int64_t>(want.size());
   void *in = nullptr, *out = nullptr;
-  CUDA_OK(cudaMalloc(&in, count * es + 16));
-  CUDA_OK(cudaMalloc(&out, count * es + 16));
-  CUDA_OK(cudaMemcpy(in, in_host.data(), count * es, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(out, 0xFF, count * es + 16));  // NaN, and a guard after the end
-  const std::string what = layout + ": allReduce " + (dtype == k::CommDtype::kF32 ? "fp32 " : "bf16 ") +
+  CUDA_OK(cudaMalloc(&in, in_host.size() + 16));
+  CUDA_OK(cudaMalloc(&out, out_n * es + 16));
+  CUDA_OK(cudaMemcpy(in, in_host.data(), in_host.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(out, 0xFF, out_n * es + 16));  // NaN, and a guard after the end
+  const std::string what = layout + ": " + op_name(op) + (dtype == k::CommDtype::kF32 ? " fp32 " : " bf16 ") +
                            std::to_string(count) + (stream ? " x" + std::to_string(reps) + " on a caller stream" : "") +
                            ", rank " + std::to_string(rank);
   try {
-    for (int i = 0; i < reps; ++i) dc.collective(k::CommOp::kAllReduce, dtype, in, out, count, stream);
+    for (int i = 0; i < reps; ++i) dc.collective(op, dtype, in, out, count, stream);
     dc.synchronize();
-    std::vector<uint8_t> got(count * es + 16);
+    std::vector<uint8_t> got(out_n * es + 16);
     CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
     int64_t bad = 0;
-    for (int64_t i = 0; i < count; ++i) bad += std::memcmp(&got[i * es], &want_bytes[i * es], es) != 0;
+    for (int64_t i = 0; i < out_n; ++i) bad += std::memcmp(&got[i * es], &want_bytes[i * es], es) != 0;
     bool guard = true;
-    for (size_t b = count * es; b < got.size(); ++b) guard &= got[b] == 0xFF;
+    for (size_t b = out_n * es; b < got.size(); ++b) guard &= got[b] == 0xFF;
     check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
     check(guard, what + ": wrote past the end of the output");
   } catch (const std::exception& e) {
@@ -145,6 +170,40 @@ void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::Comm
   }
   cudaFree(in);
   cudaFree(out);
+}
+
+void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::CommDtype dtype, int64_t count,
+                     cudaStream_t stream, int reps, const std::string& layout) {
+  collective_case(dc, k::CommOp::kAllReduce, rank, world, seed, dtype, count, stream, reps, layout);
+}
+
+// Ops of different kinds back to back on a caller stream, one synchronisation at the end: each
+// op's signal values start where the previous op's ended, whatever its kind. Checked through
+// the last op of each kind (the others' results are overwritten in place).
+void mixed_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+  for (int i = 0; i < 3; ++i) {
+    for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllReduce}) {
+      collective_case(dc, op, rank, world, seed + 31 * i + static_cast<int>(op), k::CommDtype::kBF16,
+                      300007 + i, stream, 2, layout + " (mixed)");
+    }
+  }
+}
+
+// Larger than the data area takes: allGather needs H equal block slots of it.
+void too_large(DeviceComm& dc, int rank, int world, const std::string& layout) {
+  const int H = dc.layout().hosts;
+  const int64_t count = (kSymmetricBytes / 4 / H + 1) * world;  // H slots of more than data / H
+  void* buf = nullptr;
+  CUDA_OK(cudaMalloc(&buf, count * 4));
+  try {
+    dc.collective(k::CommOp::kAllGather, k::CommDtype::kF32, buf, buf, count, nullptr);
+    check(false, layout + ": an allGather larger than the data area ran on rank " + std::to_string(rank));
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    check(e.kind() == ErrorKind::kInvalidArgument && m.find("symmetricBytes") != std::string::npos,
+          layout + ": too-large allGather on rank " + std::to_string(rank) + ": " + m);
+  }
+  cudaFree(buf);
 }
 
 // The ops that do not run between hosts refuse, the same way on every rank, before any launch.
@@ -162,8 +221,6 @@ void refusals(DeviceComm& dc, const std::string& layout, int rank) {
             layout + ": " + op + " refusal on rank " + std::to_string(rank) + ": " + m);
     }
   };
-  refused("allGather", [&] { dc.collective(k::CommOp::kAllGather, k::CommDtype::kF32, buf, buf, 64, nullptr); });
-  refused("reduceScatter", [&] { dc.collective(k::CommOp::kReduceScatter, k::CommDtype::kF32, buf, buf, 64, nullptr); });
   refused("allToAll", [&] { dc.collective(k::CommOp::kAllToAll, k::CommDtype::kF32, buf, buf, 64, nullptr); });
   refused("allGatherGemm", [&] { dc.all_gather_gemm(buf, buf, buf, nullptr, 16, 16, 16, 0, nullptr); });
   refused("gemmReduceScatter", [&] { dc.gemm_reduce_scatter(buf, buf, buf, 16, 16, 16, 0, 0, nullptr); });
@@ -205,10 +262,20 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
         all_reduce_case(*c.device, rank, world, seed ^ count ^ comm_id, dt, count, nullptr, 1, name);
       }
       all_reduce_case(*c.device, rank, world, seed ^ 77 ^ comm_id, dt, 65536 + 3, stream, 20, name);
+      for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter}) {
+        for (const int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000003}}) {
+          collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 3, dt, count, nullptr, 1, name);
+        }
+        collective_case(*c.device, op, rank, world, seed ^ 78 ^ comm_id, dt, 65536 + 5, stream, 20, name);
+      }
     }
+    mixed_case(*c.device, rank, world, seed ^ comm_id, stream, name);
     refusals(*c.device, name, rank);
+    too_large(*c.device, rank, world, name);
     all_reduce_case(*c.device, rank, world, seed ^ 5 ^ comm_id, k::CommDtype::kF32, 4099, nullptr, 1,
                     name + " after the refusals");
+    collective_case(*c.device, k::CommOp::kAllGather, rank, world, seed ^ 6 ^ comm_id, k::CommDtype::kF32, 4099,
+                    nullptr, 1, name + " after the refusals");
     g.barrier();
     c.close();
   }

@@ -41,11 +41,14 @@ int main() {
           "interleaved: members of rank " + std::to_string(r));
     check(l.counterparts == std::vector<int>{2 * (r / 2), 2 * (r / 2) + 1},
           "interleaved: counterparts of rank " + std::to_string(r));
+    check(l.host_ranks == std::vector<std::vector<int>>{{0, 2, 4}, {1, 3, 5}},
+          "interleaved: every host's ranks, seen from rank " + std::to_string(r));
   }
   // Blocks of two on three hosts.
   const auto b = make_host_layout({0, 0, 1, 1, 2, 2}, 3);
   check(b.hosts == 3 && b.host == 1 && b.local_rank == 1 && b.members == std::vector<int>{2, 3} &&
-            b.counterparts == std::vector<int>{1, 3, 5},
+            b.counterparts == std::vector<int>{1, 3, 5} &&
+            b.host_ranks == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}},
         "blocks: rank 3");
   // One host: everyone a member, no one else to reach.
   const auto one = make_host_layout({0, 0, 0}, 2);

@@ -104,10 +104,13 @@ class ProxyEndpoint {
   }
 
   const kernels::ProxyRingDevice& device() const { return dev_; }
-  // launch_proxy_allreduce's arguments that come from this endpoint and its group (`members`
-  // by group rank, this one `rank`); the caller sets the data, sizes, signal words and status.
-  kernels::ProxyAllReduce allreduce_args(const std::vector<ProxyBlob>& members, int rank) const {
-    kernels::ProxyAllReduce a{};
+  // An allReduce of x (launch_proxy_collective) with the arguments that come from this endpoint
+  // and its group (`members` by group rank, this one `rank`); the caller sets the signal words,
+  // chunk, limits and status.
+  kernels::ProxyCollective allreduce_args(const std::vector<ProxyBlob>& members, int rank, void* x,
+                                          int64_t count) const {
+    kernels::ProxyCollective a{};
+    kernels::proxy_set_all_reduce(a, x, count);
     a.ring = dev_;
     a.rank = rank;
     a.hosts = static_cast<int>(members.size());

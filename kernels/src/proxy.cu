@@ -1,4 +1,4 @@
-// The GPU producers of the proxy ring (kernels/proxy.h): allReduce across hosts, and the
+// The GPU producers of the proxy ring (kernels/proxy.h): collectives across hosts, and the
 // streaming test pair of gpu_proxy_test.
 #include "fusedcomm/kernels/detail/proxy_device.cuh"
 #include "fusedcomm/kernels/proxy.h"
@@ -111,28 +111,86 @@ struct ProxyElems<__nv_bfloat16> {
   __device__ static __nv_bfloat16 narrow(float v) { return __float2bfloat16_rn(v); }
 };
 
-template <typename T>
-__global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
+// Copies n elements src -> dst by the CTA: 16-byte vectors when both are 16-byte aligned, then
+// the tail element by element. kFromInbox: src is an inbox slot of mapped host memory that held
+// older data, so every load goes to memory (volatile) and each crosses PCIe once per vector.
+template <typename T, bool kFromInbox>
+__device__ void copy_elems(T* dst, const T* src, int64_t n) {
   using E = ProxyElems<T>;
+  const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const int64_t nv = vec ? n / E::kPerVec : 0;
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    uint4 v;
+    if (kFromInbox) {
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(reinterpret_cast<const uint4*>(src) + i));
+    } else {
+      v = reinterpret_cast<const uint4*>(src)[i];
+    }
+    reinterpret_cast<uint4*>(dst)[i] = v;
+  }
+  for (int64_t i = nv * E::kPerVec + threadIdx.x; i < n; i += blockDim.x) {
+    dst[i] = kFromInbox ? E::load_volatile(src + i) : src[i];
+  }
+}
+
+// dst[i] = sum over sources s in rank order of (s == me ? own[i] : inbox slot s [i]), in fp32,
+// rounded once; n elements. dst may be own.
+template <typename T>
+__device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t slot_bytes, int hosts,
+                          int me, int64_t n) {
+  using E = ProxyElems<T>;
+  const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(own) % 16 == 0;
+  const int64_t nv = vec ? n / E::kPerVec : 0;
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    float sum[E::kPerVec];
+    const uint4 mine = reinterpret_cast<const uint4*>(own)[i];
+    for (int s = 0; s < hosts; ++s) {
+      uint4 v = mine;
+      if (s != me) {
+        const uint4* src = reinterpret_cast<const uint4*>(inbox + s * slot_bytes) + i;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(src));
+      }
+#pragma unroll
+      for (int j = 0; j < E::kPerVec; ++j) sum[j] = s == 0 ? E::get(v, j) : sum[j] + E::get(v, j);
+    }
+    uint4 r = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < E::kPerVec; ++j) E::put(r, j, sum[j]);
+    reinterpret_cast<uint4*>(dst)[i] = r;
+  }
+  for (int64_t i = nv * E::kPerVec + threadIdx.x; i < n; i += blockDim.x) {
+    float sum = 0.f;
+    for (int s = 0; s < hosts; ++s) {
+      const float v = E::widen(s == me ? own[i] : E::load_volatile(reinterpret_cast<const T*>(inbox + s * slot_bytes) + i));
+      sum = s == 0 ? v : sum + v;
+    }
+    dst[i] = E::narrow(sum);
+  }
+}
+
+template <typename T>
+__global__ void proxy_collective_kernel(ProxyCollective a) {
   __shared__ uint32_t status;
   int bad_peer = -1;  // thread 0: the host whose signal a failed wait was for
   if (threadIdx.x == 0) status = kProxyOk;
   __syncthreads();
   const int H = a.hosts, me = a.rank;
-  T* x = static_cast<T*>(a.x);
+  const bool scatter = a.op == kProxyReduceScatter;  // a different chunk for each peer
   const int64_t per_chunk = static_cast<int64_t>(a.chunk_bytes / sizeof(T));
-  const int64_t chunks = (a.count + per_chunk - 1) / per_chunk;
+  const int64_t chunks = static_cast<int64_t>(proxy_collective_chunks(a));
+  // Elements of host h's block in chunk c.
+  auto part = [&](int h, int64_t c) { return max(int64_t{0}, min(per_chunk, a.counts[h] - c * per_chunk)); };
+  auto block = [&](int h, int64_t c) { return static_cast<T*>(a.blocks[h]) + c * per_chunk; };
   const uint64_t* recv = a.signals + a.base_word;        // word s: chunks from source s
   const uint64_t* credit = a.signals + a.base_word + H;  // word H + s: credits from s
-  // 16-byte vectors where x is 16-byte aligned (chunk starts keep the alignment:
-  // chunk_bytes % 16 == 0), then the tail element by element. Each read of a peer's slot
-  // crosses PCIe, so vectors carry four (fp32) or eight (bf16) elements per round trip.
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t e0 = c * per_chunk, n = min(per_chunk, a.count - e0);
     // Credits: every peer has consumed this rank's previous chunk, of this op or (c = 0) of the
-    // op before on these words. Only then is the outbox free (that chunk was delivered) and
-    // may this chunk land in the peers' inbox slots (they are done reading the previous one).
+    // op before on these words. Only then are the outbox slots free (that chunk was delivered)
+    // and may this chunk land in the peers' inbox slots (they are done reading the previous one).
     if (threadIdx.x == 0) {
       for (int p = 0; p < H && status == kProxyOk; ++p) {
         if (p == me) continue;
@@ -142,9 +200,14 @@ __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
     }
     __syncthreads();
     if (status != kProxyOk) break;
-    T* out = reinterpret_cast<T*>(a.outbox);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[e0 + i];
-    __threadfence_system();  // the staged chunk before the posts (cumulative)
+    if (scatter) {
+      for (int p = 0; p < H; ++p) {
+        if (p != me) copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + p * a.chunk_bytes), block(p, c), part(p, c));
+      }
+    } else {
+      copy_elems<T, false>(reinterpret_cast<T*>(a.outbox), block(me, c), part(me, c));
+    }
+    __threadfence_system();  // the staged chunks before the posts (cumulative)
     __syncthreads();
     if (threadIdx.x == 0) {
       for (int p = 0; p < H && status == kProxyOk; ++p) {
@@ -152,9 +215,10 @@ __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
         detail::ProxyWrite w{};
         w.peer = p;
         w.src_key = a.outbox_key;
+        w.src_offset = scatter ? static_cast<uint64_t>(p) * a.chunk_bytes : 0;
         w.dst_key = a.inbox_keys[p];
         w.dst_offset = static_cast<uint64_t>(me) * a.chunk_bytes;
-        w.bytes = static_cast<uint64_t>(n) * sizeof(T);
+        w.bytes = static_cast<uint64_t>(part(scatter ? p : me, c)) * sizeof(T);
         w.signal_key = a.signal_keys[p];
         w.signal_offset = 8 * (a.base_word + me);
         w.signal_value = a.value_base + c + 1;
@@ -169,33 +233,15 @@ __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
     }
     __syncthreads();
     if (status != kProxyOk) break;
-    const int64_t nv = vec ? n / E::kPerVec : 0;
-    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-      float sum[E::kPerVec];
-      uint4 mine = reinterpret_cast<const uint4*>(x + e0)[i];
+    if (a.op == kProxyAllGather) {
       for (int s = 0; s < H; ++s) {
-        uint4 v = mine;
         if (s != me) {
-          const uint4* src = reinterpret_cast<const uint4*>(a.inbox + s * a.chunk_bytes) + i;
-          asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "l"(src));
+          copy_elems<T, true>(block(s, c), reinterpret_cast<const T*>(a.inbox + s * a.chunk_bytes), part(s, c));
         }
-#pragma unroll
-        for (int j = 0; j < E::kPerVec; ++j) sum[j] = s == 0 ? E::get(v, j) : sum[j] + E::get(v, j);
       }
-#pragma unroll
-      for (int j = 0; j < E::kPerVec; ++j) E::put(mine, j, sum[j]);
-      reinterpret_cast<uint4*>(x + e0)[i] = mine;
-    }
-    for (int64_t i = nv * E::kPerVec + threadIdx.x; i < n; i += blockDim.x) {
-      float sum = 0.f;
-      for (int s = 0; s < H; ++s) {
-        const float v = E::widen(s == me ? x[e0 + i]
-                                         : E::load_volatile(reinterpret_cast<const T*>(a.inbox + s * a.chunk_bytes) + i));
-        sum = s == 0 ? v : sum + v;
-      }
-      x[e0 + i] = E::narrow(sum);
+    } else {
+      T* dst = (scatter ? static_cast<T*>(a.out) : static_cast<T*>(a.blocks[me])) + c * per_chunk;
+      sum_elems<T>(dst, block(me, c), a.inbox, a.chunk_bytes, H, me, part(me, c));
     }
     __syncthreads();  // every read of the inbox slots is done: credit the sources
     if (threadIdx.x == 0) {
@@ -216,24 +262,36 @@ __global__ void proxy_allreduce_kernel(ProxyAllReduce a) {
   // A plain store (no atomics: the word may be mapped host memory); one thread of one CTA.
   if (threadIdx.x == 0 && status != kProxyOk) {
     volatile uint32_t* word = a.status;
-    if (*word == kProxyOk) *word = proxy_status(status, bad_peer);
+    if (*word == kProxyOk) *word = proxy_status(status, bad_peer, a.op);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_proxy_allreduce(const ProxyAllReduce& a, cudaStream_t stream) {
+cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream) {
   if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts ||
-      a.count < 0 || a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 ||
+      a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 ||
+      (a.op != kProxyAllReduce && a.op != kProxyAllGather && a.op != kProxyReduceScatter) ||
       (a.dtype != kProxyF32 && a.dtype != kProxyBF16) ||
       a.ring.capacity == 0 || (a.ring.capacity & (a.ring.capacity - 1)) != 0) {
     return cudaErrorInvalidValue;
   }
-  if (a.count == 0 || a.hosts == 1) return cudaSuccess;
+  for (int h = 0; h < a.hosts; ++h) {
+    if (a.counts[h] < 0 || (a.counts[h] > 0 && a.blocks[h] == nullptr)) return cudaErrorInvalidValue;
+  }
+  if (a.op == kProxyReduceScatter && a.counts[a.rank] > 0 && a.out == nullptr) return cudaErrorInvalidValue;
+  if (a.hosts == 1) {  // nothing to move, but reduceScatter's output is the own contribution
+    if (a.op == kProxyReduceScatter && a.out != a.blocks[0] && a.counts[0] > 0) {
+      return cudaMemcpyAsync(a.out, a.blocks[0], static_cast<size_t>(a.counts[0]) * (a.dtype == kProxyF32 ? 4 : 2),
+                             cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaSuccess;
+  }
+  if (proxy_collective_chunks(a) == 0) return cudaSuccess;
   if (a.dtype == kProxyBF16) {
-    proxy_allreduce_kernel<__nv_bfloat16><<<1, 1024, 0, stream>>>(a);
+    proxy_collective_kernel<__nv_bfloat16><<<1, 1024, 0, stream>>>(a);
   } else {
-    proxy_allreduce_kernel<float><<<1, 1024, 0, stream>>>(a);
+    proxy_collective_kernel<float><<<1, 1024, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }

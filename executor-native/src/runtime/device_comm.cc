@@ -90,7 +90,8 @@ void DeviceComm::require_one_host(const char* op) const {
   fail(ErrorKind::kUnavailable,
        std::string(op) + " does not run between hosts on the cuda backend yet: this communicator spans " +
            std::to_string(layout_.hosts) + " hosts of " + std::to_string(layout_.local_world) +
-           " ranks; allReduce does; for the others keep the ranks on one host or use spark.fusedcomm.backend=host");
+           " ranks; allReduce, allGather and reduceScatter do; for the others keep the ranks on one host or use "
+           "spark.fusedcomm.backend=host");
 }
 
 void DeviceComm::check_usable() const {
@@ -154,6 +155,10 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
                             int64_t count, cudaStream_t stream) {
   FC_REQUIRE(count >= 0, "negative element count");
   check_usable();
+  if (link_ != nullptr && (op == k::CommOp::kAllGather || op == k::CommOp::kReduceScatter)) {
+    gather_or_scatter_across_hosts(op, dtype, in, out, count, stream);
+    return;
+  }
   if (op != k::CommOp::kAllReduce) require_one_host(k::comm_op_name(static_cast<uint32_t>(op)));
   const int world = sm_->world(), rank = sm_->rank();
   const size_t esize = element_bytes(dtype);
@@ -211,6 +216,109 @@ void DeviceComm::all_reduce_across_hosts(k::CommDtype dtype, const char* in, cha
   enqueue(step(k::CommOp::kReduceScatter, block), in, static_cast<size_t>(n) * esize, s);
   link_->all_reduce(block, mine, dtype, s);
   enqueue(step(k::CommOp::kAllGather, out), block, static_cast<size_t>(mine) * esize, s);
+}
+
+// Across hosts the global split rule still decides the blocks: rank g's block is
+// split_count(count, W, g) elements at split_offset(count, W, g), W the global world. Host h's
+// ranks, ascending, hold blocks whose sizes do not grow and differ by at most one, so the
+// concatenation of host h's blocks, split among its L ranks by the split rule, gives local rank
+// l exactly the block of host h's l-th rank: each host's part is one local collective.
+//   allGather: the blocks of this rank's counterparts (one per host) are exchanged between
+//     hosts into H equal slots of the data area (the own block copied in first); then, per host
+//     h, an allGather among this host's ranks of slot h gives host h's blocks.
+//   reduceScatter: per host h, a reduceScatter among this host's ranks of host h's blocks gives
+//     this rank the host-local sum of its counterpart's block on h (into the workspace); then
+//     the reduceScatter between hosts of those H sums gives this rank its own block.
+// Host h's blocks are contiguous in the caller's tensor when host h's ranks are consecutive;
+// otherwise they are gathered into (or scattered from) the local step's input and output.
+void DeviceComm::gather_or_scatter_across_hosts(k::CommOp op, k::CommDtype dtype, const void* in, void* out,
+                                                int64_t count, cudaStream_t stream) {
+  const bool gather = op == k::CommOp::kAllGather;
+  const char* name = k::comm_op_name(static_cast<uint32_t>(op));
+  const int H = layout_.hosts, L = layout_.local_world, W = H * L;
+  const size_t esize = element_bytes(dtype);
+  const uint64_t slot = (static_cast<uint64_t>(split_count(count, W, 0)) * esize + 15) / 16 * 16;
+  auto block_count = [&](int g) { return split_count(count, W, g); };
+  auto block_bytes = [&](int g) { return static_cast<size_t>(block_count(g)) * esize; };
+  auto block_offset = [&](int g) { return static_cast<size_t>(split_offset(count, W, g)) * esize; };
+  auto host_count = [&](int h) {
+    int64_t n = 0;
+    for (int g : layout_.host_ranks[h]) n += block_count(g);
+    return n;
+  };
+  auto consecutive = [&](int h) { return layout_.host_ranks[h].back() - layout_.host_ranks[h].front() == L - 1; };
+  // Every rank computes the same sizes, so all take the same branch and throw alike.
+  int64_t largest_host = 0;
+  bool any_scattered = false;
+  for (int h = 0; h < H; ++h) {
+    largest_host = std::max(largest_host, host_count(h));
+    any_scattered |= !consecutive(h);
+  }
+  require_fits(name, gather ? H * slot : static_cast<uint64_t>(largest_host) * esize);
+  cudaStream_t s = begin(stream);
+  const uint64_t work_bytes = gather ? (any_scattered ? static_cast<uint64_t>(largest_host) * esize : 0) : H * slot;
+  char* work = static_cast<char*>(workspace(work_bytes));
+  auto copy = [&](void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), std::string(name) + ": staging a block");
+  };
+  auto* data = static_cast<char*>(sm_->data());
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  std::vector<void*> slots(H);
+  std::vector<int64_t> counts(H);
+  for (int h = 0; h < H; ++h) {
+    slots[h] = (gather ? data : work) + h * slot;
+    counts[h] = block_count(layout_.counterparts[h]);
+  }
+  k::CollectiveArgs local;
+  local.op = op;
+  local.dtype = dtype;
+  if (gather) {
+    copy(slots[layout_.host], in, block_bytes(layout_.counterparts[layout_.host]));
+    link_->all_gather(slots, counts, dtype, s);
+    for (int h = 0; h < H; ++h) {
+      const std::vector<int>& ranks = layout_.host_ranks[h];
+      local.count = host_count(h);
+      local.in_offset = h * slot;
+      local.output = consecutive(h) ? dst + block_offset(ranks.front()) : work;
+      enqueue(local, nullptr, 0, s);
+      if (!consecutive(h)) {
+        for (int l = 0; l < L; ++l) {
+          copy(dst + block_offset(ranks[l]), work + split_offset(local.count, L, l) * esize, block_bytes(ranks[l]));
+        }
+      }
+    }
+  } else {
+    for (int h = 0; h < H; ++h) {
+      const std::vector<int>& ranks = layout_.host_ranks[h];
+      local.count = host_count(h);
+      local.output = slots[h];
+      if (consecutive(h)) {
+        copy(data, src + block_offset(ranks.front()), static_cast<size_t>(local.count) * esize);
+      } else {
+        for (int l = 0; l < L; ++l) {
+          copy(data + split_offset(local.count, L, l) * esize, src + block_offset(ranks[l]), block_bytes(ranks[l]));
+        }
+      }
+      enqueue(local, nullptr, 0, s);
+    }
+    link_->reduce_scatter(slots, counts, out, dtype, s);
+  }
+  end(s, stream == nullptr);
+}
+
+// Grows (never shrinks) this communicator's private device buffer. Growing waits for the
+// previous op, which may still use the old buffer; the caller has not enqueued anything of its
+// op yet.
+void* DeviceComm::workspace(uint64_t bytes) {
+  if (bytes <= work_bytes_) return work_;
+  if (any_op_) check(cudaEventSynchronize(last_done_), "waiting for the previous op");
+  if (work_ != nullptr) check(cudaFree(work_), "cudaFree (workspace)");
+  work_ = nullptr;
+  work_bytes_ = 0;
+  check(cudaMalloc(&work_, bytes), "cudaMalloc of the workspace (" + std::to_string(bytes) + " bytes)");
+  work_bytes_ = bytes;
+  return work_;
 }
 
 namespace {
@@ -285,7 +393,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
 void DeviceComm::raise_device_failure() {
   try {
     sm_->raise_if_failed();
-    if (link_ != nullptr) link_->raise_if_failed("allReduce");
+    if (link_ != nullptr) link_->raise_if_failed();
   } catch (...) {
     failed_ = true;
     throw;
@@ -335,6 +443,8 @@ void DeviceComm::close() noexcept {
     sm_.reset();
   }
   link_.reset();
+  if (work_ != nullptr) cudaFree(work_);
+  work_ = nullptr;
   if (last_done_ != nullptr) cudaEventDestroy(last_done_);
   if (own_ != nullptr) cudaStreamDestroy(own_);
   last_done_ = nullptr;

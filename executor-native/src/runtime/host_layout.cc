@@ -32,6 +32,7 @@ HostLayout make_host_layout(const std::vector<int>& host_of, int rank) {
   l.local_world = static_cast<int>(l.members.size());
   l.local_rank = static_cast<int>(std::find(l.members.begin(), l.members.end(), rank) - l.members.begin());
   for (int h = 0; h < l.hosts; ++h) l.counterparts.push_back(ranks_of[h][l.local_rank]);
+  l.host_ranks = std::move(ranks_of);
   return l;
 }
 

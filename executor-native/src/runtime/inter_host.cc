@@ -32,7 +32,7 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
   FC_REQUIRE(host >= 0 && host < hosts, "inter-host link: host index out of range");
   FC_REQUIRE(chunk_bytes >= 16 && chunk_bytes % 16 == 0,
              "inter-host staging chunk must be a positive multiple of 16 bytes (spark.fusedcomm.host.chunkBytes)");
-  outbox_ = std::make_unique<MappedHostMemory>(chunk_bytes);
+  outbox_ = std::make_unique<MappedHostMemory>(chunk_bytes * static_cast<uint64_t>(hosts));
   inbox_ = std::make_unique<MappedHostMemory>(chunk_bytes * static_cast<uint64_t>(hosts));
   signals_ = std::make_unique<MappedHostMemory>(kSignalBytes);
   const size_t ring_bytes = rdma::ProxyRing::bytes_for(kRingCapacity);
@@ -41,7 +41,7 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
   status_dev_ = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ring_memory_->dev) + ring_bytes);
   try {
     rdma::Transport& t = runtime_.transport();
-    regions_.push_back(t.register_memory(outbox_->host, chunk_bytes));
+    regions_.push_back(t.register_memory(outbox_->host, chunk_bytes * hosts));
     regions_.push_back(t.register_memory(inbox_->host, chunk_bytes * hosts));
     regions_.push_back(t.register_memory(signals_->host, kSignalBytes));
     check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), sizeof *next_slot_), "cudaMalloc (ring counter)");
@@ -84,12 +84,42 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
 }
 
 void InterHostLink::all_reduce(void* x, int64_t count, k::CommDtype dtype, cudaStream_t stream) {
+  k::ProxyCollective a{};
+  k::proxy_set_all_reduce(a, x, count);
+  launch(a, dtype, stream, "allReduce");
+}
+
+void InterHostLink::all_gather(const std::vector<void*>& blocks, const std::vector<int64_t>& counts,
+                               k::CommDtype dtype, cudaStream_t stream) {
+  FC_REQUIRE(static_cast<int>(blocks.size()) == hosts_ && static_cast<int>(counts.size()) == hosts_,
+             "inter-host allGather: one block per host");
+  k::ProxyCollective a{};
+  a.op = k::kProxyAllGather;
+  for (int h = 0; h < hosts_; ++h) {
+    a.blocks[h] = blocks[h];
+    a.counts[h] = counts[h];
+  }
+  launch(a, dtype, stream, "allGather");
+}
+
+void InterHostLink::reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts,
+                                   void* out, k::CommDtype dtype, cudaStream_t stream) {
+  FC_REQUIRE(static_cast<int>(contributions.size()) == hosts_ && static_cast<int>(counts.size()) == hosts_,
+             "inter-host reduceScatter: one contribution per host");
+  k::ProxyCollective a{};
+  a.op = k::kProxyReduceScatter;
+  for (int h = 0; h < hosts_; ++h) {
+    a.blocks[h] = contributions[h];
+    a.counts[h] = counts[h];
+  }
+  a.out = out;
+  launch(a, dtype, stream, "reduceScatter");
+}
+
+// The fields every op shares: this link's staging, keys, signal values and limits.
+void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream_t stream, const char* op) {
   FC_REQUIRE(proxy_ != nullptr && !closed_, "inter-host link: not connected");
-  const uint64_t esize = dtype == k::CommDtype::kF32 ? 4 : 2;
-  k::ProxyAllReduce a{};
   a.ring = ring_device_;
-  a.x = x;
-  a.count = count;
   a.dtype = dtype == k::CommDtype::kF32 ? k::kProxyF32 : k::kProxyBF16;
   a.rank = host_;
   a.hosts = hosts_;
@@ -106,17 +136,17 @@ void InterHostLink::all_reduce(void* x, int64_t count, k::CommDtype dtype, cudaS
   a.chunk_bytes = chunk_bytes_;
   a.timeout_ns = static_cast<uint64_t>(runtime_.config().timeout_ms) * 1000000ull;
   a.status = status_dev_;
-  check(k::launch_proxy_allreduce(a, stream), "launching the allReduce between hosts");
-  value_base_ += k::proxy_allreduce_chunks(count, esize, chunk_bytes_);
+  check(k::launch_proxy_collective(a, stream), std::string("launching the ") + op + " between hosts");
+  value_base_ += k::proxy_collective_chunks(a);
 }
 
 bool InterHostLink::failed() const { return k::proxy_status_code(*status_) != k::kProxyOk; }
 
-void InterHostLink::raise_if_failed(const std::string& op) {
+void InterHostLink::raise_if_failed() {
   const uint32_t status = *status_;
   if (k::proxy_status_code(status) == k::kProxyOk) return;
   const int peer = k::proxy_status_peer(status);
-  const std::string where = op + " [between hosts] on " + names_.at(host_);
+  const std::string where = std::string(k::proxy_op_name(k::proxy_status_op(status))) + " [between hosts] on " + names_.at(host_);
   const std::string proxy_error = proxy_ != nullptr ? proxy_->error() : std::string();
   if (!proxy_error.empty()) {
     const int failed = proxy_->failed_peer();

@@ -28,8 +28,13 @@
 // hosts through the proxy (inter_host.h). allReduce is hierarchical: reduceScatter inside the
 // host (NVLink), allReduce of this rank's block between hosts (GPU -> proxy ring -> transport),
 // allGather inside the host, all on the op's stream. The sums are in host order of the
-// per-host sums, so every rank gets the same bits. The other collectives and the fused ops do
-// not run between hosts yet: they throw Error(kUnavailable) on every rank.
+// per-host sums, so every rank gets the same bits. allGather exchanges this rank's block with
+// its counterparts, then runs one allGather per host among the host's ranks; reduceScatter runs
+// one reduceScatter per host among the host's ranks (the host-local sums of the counterparts'
+// blocks), then exchanges those between hosts. Both must fit the data area (H equal block slots
+// for allGather, the largest host's blocks for reduceScatter) and use a private device
+// workspace, grown on first need (device_comm.cc). allToAll and the fused ops do not run
+// between hosts yet: they throw Error(kUnavailable) on every rank.
 //
 // The fused ops (kernels/fused.h, bf16) follow the same rules: allGatherGemm copies A_r into
 // the data area; gemmReduceScatter keeps its partial product there (M×N×4 bytes must fit, M×N×2
@@ -109,11 +114,17 @@ class DeviceComm {
   // allReduce of n elements (n * element size <= the data area) across hosts, enqueued on s.
   void all_reduce_across_hosts(kernels::CommDtype dtype, const char* in, char* out, int64_t n,
                                cudaStream_t s);
+  // allGather or reduceScatter across hosts: the whole op (checks, begin, steps, end).
+  void gather_or_scatter_across_hosts(kernels::CommOp op, kernels::CommDtype dtype, const void* in,
+                                      void* out, int64_t count, cudaStream_t stream);
+  void* workspace(uint64_t bytes);
 
   Runtime& runtime_;
   std::unique_ptr<SymmetricMemory> sm_;
   HostLayout layout_;
   std::unique_ptr<InterHostLink> link_;  // null on one host
+  void* work_ = nullptr;                 // device memory of the steps across hosts (workspace())
+  uint64_t work_bytes_ = 0;
   cudaStream_t own_ = nullptr;
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
   cudaStream_t last_ = nullptr;      // stream of the previous op

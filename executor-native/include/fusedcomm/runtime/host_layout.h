@@ -15,6 +15,7 @@ struct HostLayout {
   int local_rank = 0, local_world = 1;
   std::vector<int> members;         // the global ranks on this rank's host, ascending
   std::vector<int> counterparts;    // [h]: the rank with this local rank on host h
+  std::vector<std::vector<int>> host_ranks;  // [h]: the global ranks on host h, ascending
 };
 
 // host_of[r]: rank r's host id. Every id in 0..H-1 must be used. Throws Error(kInvalidArgument)

@@ -8,12 +8,13 @@
 //   InterHostLink link(runtime, host, hosts, chunk_bytes);   // regions registered
 //   blobs = exchange(link.blob());                           // over the host communicator
 //   link.connect(counterparts' blobs, comm_id);              // peer group + proxy thread
-//   link.all_reduce(x, count, dtype, stream) ...             // enqueued, stream-ordered
-//   link.raise_if_failed(...)                                 // after the stream's work is done
+//   link.all_reduce(x, count, dtype, stream) ...             // or all_gather, reduce_scatter:
+//                                                            // enqueued, stream-ordered
+//   link.raise_if_failed()                                    // after the stream's work is done
 //   link.close(drain)                                         // after a barrier of all ranks
 //
-// Memory (pinned, mapped for the GPU; registered with the transport): an outbox of one chunk,
-// an inbox of `hosts` chunk slots, a page of signal words; and, not registered, the ring, its
+// Memory (pinned, mapped for the GPU; registered with the transport): an outbox and an inbox
+// of `hosts` chunk slots each, a page of signal words; and, not registered, the ring, its
 // device-side slot counter and a status word. Signal words only grow (each op's values start
 // above the previous op's), so no word is reset between ops.
 //
@@ -56,14 +57,23 @@ class InterHostLink {
   void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names,
                uint64_t comm_id);
 
-  // Enqueues the in-place sum over hosts of `count` elements at x (device memory), in host
-  // order, on `stream`. Every counterpart calls it with the same count and dtype.
+  // The ops (kernels/proxy.h, ProxyCollective), enqueued on `stream`; device memory; every
+  // counterpart calls the same op with the same counts and dtype. Sums are in fp32, in host
+  // order, rounded once.
+  // allReduce: the sum over hosts of `count` elements at x, in place.
   void all_reduce(void* x, int64_t count, kernels::CommDtype dtype, cudaStream_t stream);
-  // Throws, naming `op` and this rank, if an enqueued step gave up: Error(kTimeout) for a
-  // counterpart that never arrived, Error(kTransport) for a broken connection (the proxy's
-  // error names the peer), Error(kCommunicator) after abort(). Reads a host-mapped word: call
-  // it after the stream's work is done for a definite answer.
-  void raise_if_failed(const std::string& op);
+  // allGather: blocks[h] (counts[h] elements) gets host h's block; blocks[host] holds this one's.
+  void all_gather(const std::vector<void*>& blocks, const std::vector<int64_t>& counts,
+                  kernels::CommDtype dtype, cudaStream_t stream);
+  // reduceScatter: contributions[h] (counts[h] elements) is this rank's part of host h's block;
+  // out (counts[host] elements; may be contributions[host]) gets the sum of this host's block.
+  void reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts,
+                      void* out, kernels::CommDtype dtype, cudaStream_t stream);
+  // Throws, naming the op that gave up and this rank, if an enqueued step gave up:
+  // Error(kTimeout) for a counterpart that never arrived, Error(kTransport) for a broken
+  // connection (the proxy's error names the peer), Error(kCommunicator) after abort(). Reads a
+  // host-mapped word: call it after the stream's work is done for a definite answer.
+  void raise_if_failed();
   bool failed() const;
 
   void abort() noexcept;  // waits in flight give up, the proxy and the connections stop
@@ -72,6 +82,8 @@ class InterHostLink {
   void close(bool drain) noexcept;
 
  private:
+  void launch(kernels::ProxyCollective& a, kernels::CommDtype dtype, cudaStream_t stream, const char* op);
+
   Runtime& runtime_;
   const int host_, hosts_;
   const uint64_t chunk_bytes_;

@@ -79,41 +79,63 @@ struct ProxyStreamTest {
 };
 cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stream);
 
-// ---- allReduce across hosts through the proxy (the inter-host step of a hierarchical op) ----
-// `hosts` ranks (one per host; this is rank `rank`) sum `count` elements (fp32 or bf16) in
-// place, in rank order ((x_0 + x_1) + ..., in fp32, rounded once to the element type: every
-// rank gets the same bits), in chunks of `chunk_bytes` (a multiple of 16) staged through
-// mapped host memory:
-//   outbox (this rank, `outbox_key`): one chunk, which goes to every peer;
-//   inbox (every rank, `inbox_keys[p]`): hosts slots of one chunk, slot s for source s;
+// ---- collectives across hosts through the proxy (the inter-host steps of hierarchical ops) ----
+// `hosts` ranks (one per host; this is rank `rank`) move fp32 or bf16 elements between device
+// buffers of their own, in chunks of `chunk_bytes` (a multiple of 16) staged through mapped host
+// memory. blocks[h] and counts[h] (elements) name one buffer per host h:
+//   kProxyAllReduce:     blocks[h] = x and counts[h] = count for every h: x becomes the sum over
+//                        ranks, in place (proxy_set_all_reduce).
+//   kProxyAllGather:     blocks[h]: host h's block, counts[h] elements; this rank's own block
+//                        holds its data; afterwards every block holds its host's data.
+//   kProxyReduceScatter: blocks[h]: this rank's contribution to host h's block (counts[h]
+//                        elements); `out` (counts[rank] elements) gets the sum over ranks of
+//                        their contributions to this rank's block. `out` may be blocks[rank].
+// counts[] is the same on every rank; it sets the op's chunks, ceil(max counts / elements per
+// chunk) (proxy_collective_chunks), and chunk c of every block is its elements
+// [c * per, (c + 1) * per), possibly none. Sums are in fp32, in rank order ((x_0 + x_1) + ...),
+// rounded once to the element type: every rank gets the same bits.
+// Staging:
+//   outbox (this rank, `outbox_key`): `hosts` chunk slots: slot 0 goes to every peer
+//     (allReduce, allGather), slot h to host h (reduceScatter);
+//   inbox (every rank, `inbox_keys[p]`): `hosts` slots, slot s for source s;
 //   signals (every rank, `signal_keys[p]`): word s = chunks received from source s, word
 //     hosts + s = chunks that source s has consumed of this rank's (credits);
 // with signal offsets 8 * (base_word + word). Signal words only grow and are never reset
 // (DESIGN.md §3): this op's chunk c is signalled with value_base + c + 1, so consecutive ops on
-// the same words pass value_base = the previous op's value_base + its chunk count (every rank
-// the same; proxy_allreduce_chunks).
+// the same words pass value_base = the previous op's value_base + its chunks (every rank the
+// same).
 // Per chunk c: wait until every peer consumed this rank's previous chunk (credits; for c = 0 the
-// previous op's last one, so back-to-back ops need no host synchronisation), stage x's chunk in the
-// outbox, post it to every peer, wait for every peer's chunk c, sum, store, credit each peer.
+// previous op's last one, so back-to-back ops need no host synchronisation), stage the chunk(s)
+// in the outbox, post to every peer, wait for every peer's chunk c, sum or copy it out of the
+// inbox, credit each peer.
 // One CTA; every wait bounded by timeout_ns. status: left alone on success; else, if still
 // kProxyOk, the first failure as proxy_status(code, host whose signal a failed wait was for,
-// -1 when no single host is to blame).
+// -1 when no single host is to blame, the op).
 inline constexpr int kProxyMaxHosts = 8;
-__host__ __device__ inline uint32_t proxy_status(uint32_t code, int peer) {
-  return code | static_cast<uint32_t>(peer + 1) << 8;
+__host__ __device__ inline uint32_t proxy_status(uint32_t code, int peer, uint32_t op) {
+  return code | static_cast<uint32_t>(peer + 1) << 8 | (op & 0xFF) << 16;
 }
 __host__ __device__ inline uint32_t proxy_status_code(uint32_t status) { return status & 0xFF; }
 __host__ __device__ inline int proxy_status_peer(uint32_t status) {
-  return static_cast<int>(status >> 8) - 1;
+  return static_cast<int>((status >> 8) & 0xFF) - 1;
 }
+__host__ __device__ inline uint32_t proxy_status_op(uint32_t status) { return (status >> 16) & 0xFF; }
 inline constexpr uint32_t kProxyF32 = 0;   // element codes (CommDtype's, collectives.h)
 inline constexpr uint32_t kProxyBF16 = 1;
-struct ProxyAllReduce {
+inline constexpr uint32_t kProxyAllReduce = 0;  // ops
+inline constexpr uint32_t kProxyAllGather = 1;
+inline constexpr uint32_t kProxyReduceScatter = 2;
+inline const char* proxy_op_name(uint32_t op) {
+  return op == kProxyAllReduce ? "allReduce" : op == kProxyAllGather ? "allGather" : op == kProxyReduceScatter ? "reduceScatter" : "?";
+}
+struct ProxyCollective {
   ProxyRingDevice ring;
-  void* x;                           // device memory, count elements of `dtype`
-  int64_t count;
+  uint32_t op;                       // kProxyAllReduce, kProxyAllGather, kProxyReduceScatter
   uint32_t dtype;                    // kProxyF32 or kProxyBF16
   int rank, hosts;
+  void* blocks[kProxyMaxHosts];      // device memory, one per host (above)
+  int64_t counts[kProxyMaxHosts];    // elements, the same on every rank
+  void* out;                         // reduceScatter: device memory, counts[rank] elements
   uint8_t* outbox;                   // device address of this rank's outbox
   const uint8_t* inbox;              // device address of this rank's inbox
   const uint64_t* signals;           // device address of this rank's signal words (base_word 0)
@@ -126,11 +148,22 @@ struct ProxyAllReduce {
   uint64_t timeout_ns;
   uint32_t* status;                  // device-visible memory (device, or mapped host)
 };
-cudaError_t launch_proxy_allreduce(const ProxyAllReduce& a, cudaStream_t stream);
-// The chunks (signal values) one launch of `count` elements of `element_bytes` uses.
-inline uint64_t proxy_allreduce_chunks(int64_t count, uint64_t element_bytes, uint64_t chunk_bytes) {
-  const uint64_t per = element_bytes == 0 ? 0 : chunk_bytes / element_bytes;
-  return per == 0 ? 0 : (static_cast<uint64_t>(count) + per - 1) / per;
+cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream);
+// An allReduce of `count` elements at x, in place.
+inline void proxy_set_all_reduce(ProxyCollective& a, void* x, int64_t count) {
+  a.op = kProxyAllReduce;
+  a.out = x;
+  for (int h = 0; h < kProxyMaxHosts; ++h) {
+    a.blocks[h] = x;
+    a.counts[h] = count;
+  }
+}
+// The chunks (signal values) one launch uses.
+__host__ __device__ inline uint64_t proxy_collective_chunks(const ProxyCollective& a) {
+  const uint64_t per = a.chunk_bytes / (a.dtype == kProxyF32 ? 4 : 2);
+  int64_t most = 0;
+  for (int h = 0; h < a.hosts && h < kProxyMaxHosts; ++h) most = a.counts[h] > most ? a.counts[h] : most;
+  return per == 0 ? 0 : (static_cast<uint64_t>(most) + per - 1) / per;
 }
 
 }  // namespace fusedcomm::kernels
