@@ -8,11 +8,12 @@
 // (rank % H: ranks of a host need not be contiguous in Spark).
 // Checks, per layout:
 //   - allReduce fp32 and bf16 at 0, 7, 1,000,003 elements and at more than the data area
-//     (pieces); allGather and reduceScatter fp32 and bf16 at 0, 7 and 1,000,003 elements; fresh
+//     (pieces); allGather, reduceScatter and allToAll fp32 and bf16 at 0, 7 and 1,000,003
+//     elements; fresh
 //     small-integer inputs (every sum exact in any order), poisoned outputs, every element
 //     bit-exact; on the communicator's own stream and 20 back to back on a stream of the caller
-//     with one synchronisation; the three ops mixed back to back on a caller stream;
-//   - allToAll and the fused ops refuse on every rank with Error(kUnavailable) naming the op,
+//     with one synchronisation; the four ops mixed back to back on a caller stream;
+//   - the fused ops refuse on every rank with Error(kUnavailable) naming the op,
 //     an allGather larger than the data area allows with Error(kInvalidArgument), and the
 //     communicator stays usable;
 //   - a host that never arrives: the ranks of the other host time out with Error(kTimeout)
@@ -115,10 +116,9 @@ std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
 
 const char* op_name(k::CommOp op) { return k::comm_op_name(static_cast<uint32_t>(op)); }
 
-// One collective case (allReduce, allGather or reduceScatter of `count` elements, kernels/
-// collectives.h): rank r's full vector is value(seed, r, i), i < count; its input is the vector
-// (allReduce, reduceScatter) or its block of it (allGather: split_count(count, W, r) elements at
-// split_offset). On the own stream (stream == nullptr) once, or `reps` times back to back on
+// One collective case (`count` elements, kernels/collectives.h): rank r's full vector is
+// value(seed, r, i), i < count; its input is the vector (allReduce, reduceScatter, allToAll) or
+// its block of it (allGather: split_count(count, W, r) elements at split_offset). On the own stream (stream == nullptr) once, or `reps` times back to back on
 // `stream` with one synchronisation; every element of the last result checked bit-exact, and
 // a guard after the output.
 void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
@@ -134,6 +134,11 @@ void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t
       for (int64_t i = split_offset(count, world, g); i < split_offset(count, world, g) + split_count(count, world, g); ++i) {
         want.push_back(value(seed, g, i));
       }
+    }
+  } else if (op == k::CommOp::kAllToAll) {
+    for (int64_t i = 0; i < count; ++i) in_v.push_back(value(seed, rank, i));
+    for (int q = 0; q < world; ++q) {
+      for (int64_t i = mine_at; i < mine_at + mine_n; ++i) want.push_back(value(seed, q, i));
     }
   } else {
     const bool scatter = op == k::CommOp::kReduceScatter;
@@ -182,7 +187,8 @@ void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::Comm
 // the last op of each kind (the others' results are overwritten in place).
 void mixed_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
   for (int i = 0; i < 3; ++i) {
-    for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllReduce}) {
+    for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllReduce,
+                               k::CommOp::kAllToAll}) {
       collective_case(dc, op, rank, world, seed + 31 * i + static_cast<int>(op), k::CommDtype::kBF16,
                       300007 + i, stream, 2, layout + " (mixed)");
     }
@@ -206,7 +212,7 @@ void too_large(DeviceComm& dc, int rank, int world, const std::string& layout) {
   cudaFree(buf);
 }
 
-// The ops that do not run between hosts refuse, the same way on every rank, before any launch.
+// The ops that do not run between hosts (the fused ones) refuse, the same way on every rank, before any launch.
 void refusals(DeviceComm& dc, const std::string& layout, int rank) {
   void* buf = nullptr;
   CUDA_OK(cudaMalloc(&buf, 1 << 20));
@@ -221,7 +227,6 @@ void refusals(DeviceComm& dc, const std::string& layout, int rank) {
             layout + ": " + op + " refusal on rank " + std::to_string(rank) + ": " + m);
     }
   };
-  refused("allToAll", [&] { dc.collective(k::CommOp::kAllToAll, k::CommDtype::kF32, buf, buf, 64, nullptr); });
   refused("allGatherGemm", [&] { dc.all_gather_gemm(buf, buf, buf, nullptr, 16, 16, 16, 0, nullptr); });
   refused("gemmReduceScatter", [&] { dc.gemm_reduce_scatter(buf, buf, buf, 16, 16, 16, 0, 0, nullptr); });
   cudaFree(buf);
@@ -262,7 +267,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
         all_reduce_case(*c.device, rank, world, seed ^ count ^ comm_id, dt, count, nullptr, 1, name);
       }
       all_reduce_case(*c.device, rank, world, seed ^ 77 ^ comm_id, dt, 65536 + 3, stream, 20, name);
-      for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter}) {
+      for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllToAll}) {
         for (const int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000003}}) {
           collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 3, dt, count, nullptr, 1, name);
         }

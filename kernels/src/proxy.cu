@@ -179,7 +179,7 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
   if (threadIdx.x == 0) status = kProxyOk;
   __syncthreads();
   const int H = a.hosts, me = a.rank;
-  const bool scatter = a.op == kProxyReduceScatter;  // a different chunk for each peer
+  const bool scatter = a.op == kProxyReduceScatter || a.op == kProxyAllToAll;  // a chunk per peer
   const int64_t per_chunk = static_cast<int64_t>(a.chunk_bytes / sizeof(T));
   const int64_t chunks = static_cast<int64_t>(proxy_collective_chunks(a));
   // Elements of host h's block in chunk c.
@@ -233,10 +233,15 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
     }
     __syncthreads();
     if (status != kProxyOk) break;
-    if (a.op == kProxyAllGather) {
+    if (a.op == kProxyAllGather || a.op == kProxyAllToAll) {
       for (int s = 0; s < H; ++s) {
-        if (s != me) {
-          copy_elems<T, true>(block(s, c), reinterpret_cast<const T*>(a.inbox + s * a.chunk_bytes), part(s, c));
+        if (s == me) continue;
+        const T* slot = reinterpret_cast<const T*>(a.inbox + s * a.chunk_bytes);
+        if (a.op == kProxyAllGather) {
+          copy_elems<T, true>(block(s, c), slot, part(s, c));
+        } else {
+          const int64_t n = max(int64_t{0}, min(per_chunk, a.recv_counts[s] - c * per_chunk));
+          copy_elems<T, true>(static_cast<T*>(a.recv[s]) + c * per_chunk, slot, n);
         }
       }
     } else {
@@ -271,13 +276,17 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
 cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream) {
   if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts ||
       a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 ||
-      (a.op != kProxyAllReduce && a.op != kProxyAllGather && a.op != kProxyReduceScatter) ||
+      a.op > kProxyAllToAll ||
       (a.dtype != kProxyF32 && a.dtype != kProxyBF16) ||
       a.ring.capacity == 0 || (a.ring.capacity & (a.ring.capacity - 1)) != 0) {
     return cudaErrorInvalidValue;
   }
   for (int h = 0; h < a.hosts; ++h) {
     if (a.counts[h] < 0 || (a.counts[h] > 0 && a.blocks[h] == nullptr)) return cudaErrorInvalidValue;
+    if (a.op == kProxyAllToAll && h != a.rank && a.recv_counts[h] > 0 && a.recv[h] == nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    if (a.recv_counts[h] < 0 || (a.op != kProxyAllToAll && a.recv_counts[h] != 0)) return cudaErrorInvalidValue;
   }
   if (a.op == kProxyReduceScatter && a.counts[a.rank] > 0 && a.out == nullptr) return cudaErrorInvalidValue;
   if (a.hosts == 1) {  // nothing to move, but reduceScatter's output is the own contribution

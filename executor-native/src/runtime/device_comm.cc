@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "fusedcomm/kernels/copy_segments.h"
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
@@ -90,7 +91,7 @@ void DeviceComm::require_one_host(const char* op) const {
   fail(ErrorKind::kUnavailable,
        std::string(op) + " does not run between hosts on the cuda backend yet: this communicator spans " +
            std::to_string(layout_.hosts) + " hosts of " + std::to_string(layout_.local_world) +
-           " ranks; allReduce, allGather and reduceScatter do; for the others keep the ranks on one host or use "
+           " ranks; the collectives do; for the fused ops keep the ranks on one host or use "
            "spark.fusedcomm.backend=host");
 }
 
@@ -155,11 +156,14 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
                             int64_t count, cudaStream_t stream) {
   FC_REQUIRE(count >= 0, "negative element count");
   check_usable();
-  if (link_ != nullptr && (op == k::CommOp::kAllGather || op == k::CommOp::kReduceScatter)) {
-    gather_or_scatter_across_hosts(op, dtype, in, out, count, stream);
+  if (link_ != nullptr && op != k::CommOp::kAllReduce) {
+    if (op == k::CommOp::kAllToAll) {
+      all_to_all_across_hosts(dtype, in, out, count, stream);
+    } else {
+      gather_or_scatter_across_hosts(op, dtype, in, out, count, stream);
+    }
     return;
   }
-  if (op != k::CommOp::kAllReduce) require_one_host(k::comm_op_name(static_cast<uint32_t>(op)));
   const int world = sm_->world(), rank = sm_->rank();
   const size_t esize = element_bytes(dtype);
   const uint64_t capacity = sm_->data_bytes();
@@ -218,49 +222,68 @@ void DeviceComm::all_reduce_across_hosts(k::CommDtype dtype, const char* in, cha
   enqueue(step(k::CommOp::kAllGather, out), block, static_cast<size_t>(mine) * esize, s);
 }
 
-// Across hosts the global split rule still decides the blocks: rank g's block is
-// split_count(count, W, g) elements at split_offset(count, W, g), W the global world. Host h's
-// ranks, ascending, hold blocks whose sizes do not grow and differ by at most one, so the
-// concatenation of host h's blocks, split among its L ranks by the split rule, gives local rank
-// l exactly the block of host h's l-th rank: each host's part is one local collective.
-//   allGather: the blocks of this rank's counterparts (one per host) are exchanged between
-//     hosts into H equal slots of the data area (the own block copied in first); then, per host
-//     h, an allGather among this host's ranks of slot h gives host h's blocks.
-//   reduceScatter: per host h, a reduceScatter among this host's ranks of host h's blocks gives
-//     this rank the host-local sum of its counterpart's block on h (into the workspace); then
-//     the reduceScatter between hosts of those H sums gives this rank its own block.
+namespace {
+
+// The blocks of a collective of `count` elements across hosts: the global split rule decides
+// them (rank g's block: split_count(count, W, g) elements at split_offset(count, W, g), W the
+// whole world). Host h's ranks, ascending, hold blocks whose sizes do not grow and differ by at
+// most one, so the concatenation of host h's blocks, split among its L ranks by the split rule,
+// gives local rank l exactly the block of host h's l-th rank: each host's part is one local
+// collective of host_count(h) elements, and the l-th block starts at split_offset(host_count(h),
+// L, l) in it.
+struct GlobalBlocks {
+  const HostLayout& lay;
+  int64_t count;
+  size_t esize;
+  int world() const { return lay.hosts * lay.local_world; }
+  int64_t n(int g) const { return split_count(count, world(), g); }
+  size_t bytes(int g) const { return static_cast<size_t>(n(g)) * esize; }
+  size_t offset(int g) const { return static_cast<size_t>(split_offset(count, world(), g)) * esize; }
+  int64_t host_count(int h) const {
+    int64_t total = 0;
+    for (int g : lay.host_ranks[h]) total += n(g);
+    return total;
+  }
+  // Byte offset of host h's l-th block in the concatenation of host h's blocks.
+  size_t in_host(int h, int l) const {
+    return static_cast<size_t>(split_offset(host_count(h), lay.local_world, l)) * esize;
+  }
+  bool consecutive(int h) const {
+    return lay.host_ranks[h].back() - lay.host_ranks[h].front() == lay.local_world - 1;
+  }
+  int64_t largest_host() const {
+    int64_t most = 0;
+    for (int h = 0; h < lay.hosts; ++h) most = std::max(most, host_count(h));
+    return most;
+  }
+  // A byte size rounded up to 16, so that slots laid end to end stay vector-aligned.
+  static uint64_t slot(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
+};
+
+}  // namespace
+
+// allGather: the blocks of this rank's counterparts (one per host) are exchanged between hosts
+//   into H equal slots of the data area (the own block copied in first); then, per host h, an
+//   allGather among this host's ranks of slot h gives host h's blocks.
+// reduceScatter: per host h, a reduceScatter among this host's ranks of host h's blocks gives
+//   this rank the host-local sum of its counterpart's block on h (into the workspace); then the
+//   reduceScatter between hosts of those H sums gives this rank its own block.
 // Host h's blocks are contiguous in the caller's tensor when host h's ranks are consecutive;
 // otherwise they are gathered into (or scattered from) the local step's input and output.
 void DeviceComm::gather_or_scatter_across_hosts(k::CommOp op, k::CommDtype dtype, const void* in, void* out,
                                                 int64_t count, cudaStream_t stream) {
   const bool gather = op == k::CommOp::kAllGather;
   const char* name = k::comm_op_name(static_cast<uint32_t>(op));
-  const int H = layout_.hosts, L = layout_.local_world, W = H * L;
-  const size_t esize = element_bytes(dtype);
-  const uint64_t slot = (static_cast<uint64_t>(split_count(count, W, 0)) * esize + 15) / 16 * 16;
-  auto block_count = [&](int g) { return split_count(count, W, g); };
-  auto block_bytes = [&](int g) { return static_cast<size_t>(block_count(g)) * esize; };
-  auto block_offset = [&](int g) { return static_cast<size_t>(split_offset(count, W, g)) * esize; };
-  auto host_count = [&](int h) {
-    int64_t n = 0;
-    for (int g : layout_.host_ranks[h]) n += block_count(g);
-    return n;
-  };
-  auto consecutive = [&](int h) { return layout_.host_ranks[h].back() - layout_.host_ranks[h].front() == L - 1; };
-  // Every rank computes the same sizes, so all take the same branch and throw alike.
-  int64_t largest_host = 0;
+  const GlobalBlocks b{layout_, count, element_bytes(dtype)};
+  const int H = layout_.hosts, L = layout_.local_world;
+  const uint64_t slot = GlobalBlocks::slot(b.bytes(0));
   bool any_scattered = false;
-  for (int h = 0; h < H; ++h) {
-    largest_host = std::max(largest_host, host_count(h));
-    any_scattered |= !consecutive(h);
-  }
-  require_fits(name, gather ? H * slot : static_cast<uint64_t>(largest_host) * esize);
+  for (int h = 0; h < H; ++h) any_scattered |= !b.consecutive(h);
+  const uint64_t host_bytes = static_cast<uint64_t>(b.largest_host()) * b.esize;
+  // Every rank computes the same sizes, so all take the same branch and throw alike.
+  require_fits(name, gather ? H * slot : host_bytes);
   cudaStream_t s = begin(stream);
-  const uint64_t work_bytes = gather ? (any_scattered ? static_cast<uint64_t>(largest_host) * esize : 0) : H * slot;
-  char* work = static_cast<char*>(workspace(work_bytes));
-  auto copy = [&](void* dst, const void* src, size_t bytes) {
-    if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), std::string(name) + ": staging a block");
-  };
+  char* work = static_cast<char*>(workspace(gather ? (any_scattered ? host_bytes : 0) : H * slot));
   auto* data = static_cast<char*>(sm_->data());
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
@@ -268,43 +291,121 @@ void DeviceComm::gather_or_scatter_across_hosts(k::CommOp op, k::CommDtype dtype
   std::vector<int64_t> counts(H);
   for (int h = 0; h < H; ++h) {
     slots[h] = (gather ? data : work) + h * slot;
-    counts[h] = block_count(layout_.counterparts[h]);
+    counts[h] = b.n(layout_.counterparts[h]);
   }
   k::CollectiveArgs local;
   local.op = op;
   local.dtype = dtype;
   if (gather) {
-    copy(slots[layout_.host], in, block_bytes(layout_.counterparts[layout_.host]));
+    copy_segments({{in, slots[layout_.host], b.bytes(layout_.counterparts[layout_.host])}}, s);
     link_->all_gather(slots, counts, dtype, s);
     for (int h = 0; h < H; ++h) {
       const std::vector<int>& ranks = layout_.host_ranks[h];
-      local.count = host_count(h);
+      local.count = b.host_count(h);
       local.in_offset = h * slot;
-      local.output = consecutive(h) ? dst + block_offset(ranks.front()) : work;
+      local.output = b.consecutive(h) ? dst + b.offset(ranks.front()) : work;
       enqueue(local, nullptr, 0, s);
-      if (!consecutive(h)) {
-        for (int l = 0; l < L; ++l) {
-          copy(dst + block_offset(ranks[l]), work + split_offset(local.count, L, l) * esize, block_bytes(ranks[l]));
-        }
+      if (!b.consecutive(h)) {
+        std::vector<k::CopySegment> blocks;
+        for (int l = 0; l < L; ++l) blocks.push_back({work + b.in_host(h, l), dst + b.offset(ranks[l]), b.bytes(ranks[l])});
+        copy_segments(blocks, s);
       }
     }
   } else {
     for (int h = 0; h < H; ++h) {
       const std::vector<int>& ranks = layout_.host_ranks[h];
-      local.count = host_count(h);
+      local.count = b.host_count(h);
       local.output = slots[h];
-      if (consecutive(h)) {
-        copy(data, src + block_offset(ranks.front()), static_cast<size_t>(local.count) * esize);
+      if (b.consecutive(h)) {
+        copy_segments({{src + b.offset(ranks.front()), data, static_cast<uint64_t>(local.count) * b.esize}}, s);
       } else {
-        for (int l = 0; l < L; ++l) {
-          copy(data + split_offset(local.count, L, l) * esize, src + block_offset(ranks[l]), block_bytes(ranks[l]));
-        }
+        std::vector<k::CopySegment> blocks;
+        for (int l = 0; l < L; ++l) blocks.push_back({src + b.offset(ranks[l]), data + b.in_host(h, l), b.bytes(ranks[l])});
+        copy_segments(blocks, s);
       }
       enqueue(local, nullptr, 0, s);
     }
     link_->reduce_scatter(slots, counts, out, dtype, s);
   }
   end(s, stream == nullptr);
+}
+
+// allToAll across hosts (block p of every rank's input goes to rank p), in two hops:
+//   1. the input's blocks, grouped by destination host (S[h']: the blocks for host h''s ranks,
+//      in local order), go to the counterparts: S[h'] to host h' (R[s]: what host s sent);
+//   2. a local allToAll among this host's ranks forwards each block to its rank: lane l' of the
+//      local input holds, for each source host s, the block that (s, this local rank) sent to
+//      (this host, l'); lanes are padded to H x count(n, W, 0) elements so that the local
+//      allToAll splits evenly;
+//   3. the local output (lane from each local rank l'', in source-host order) is put in source
+//      rank order.
+// Needs W x count(n, W, 0) elements (about n) of data area, and about 3 n of workspace.
+void DeviceComm::all_to_all_across_hosts(k::CommDtype dtype, const void* in, void* out, int64_t count,
+                                         cudaStream_t stream) {
+  const GlobalBlocks b{layout_, count, element_bytes(dtype)};
+  const int H = layout_.hosts, L = layout_.local_world, me = layout_.counterparts[layout_.host], host = layout_.host;
+  const size_t mine = b.bytes(me);  // every block this rank receives has its size
+  const uint64_t lane = static_cast<uint64_t>(H) * b.bytes(0);
+  require_fits("allToAll", L * lane);
+  cudaStream_t s = begin(stream);
+  const uint64_t send_slot = GlobalBlocks::slot(static_cast<uint64_t>(b.largest_host()) * b.esize);
+  const uint64_t recv_slot = GlobalBlocks::slot(static_cast<uint64_t>(b.host_count(host)) * b.esize);
+  char* work = static_cast<char*>(workspace(H * send_slot + H * recv_slot + L * lane));
+  char* send = work;
+  char* recv = send + H * send_slot;
+  char* gathered = recv + H * recv_slot;
+  auto* data = static_cast<char*>(sm_->data());
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  std::vector<k::CopySegment> group, lanes, order;
+  for (int h = 0; h < H; ++h) {
+    for (int l = 0; l < L; ++l) {
+      const int p = layout_.host_ranks[h][l];
+      group.push_back({src + b.offset(p), send + h * send_slot + b.in_host(h, l), b.bytes(p)});
+    }
+  }
+  copy_segments(group, s);
+  std::vector<void*> sends(H), recvs(H);
+  std::vector<int64_t> send_counts(H), recv_counts(H, b.host_count(host));
+  for (int h = 0; h < H; ++h) {
+    sends[h] = send + h * send_slot;
+    send_counts[h] = b.host_count(h);
+    recvs[h] = h == host ? sends[h] : recv + h * recv_slot;
+  }
+  link_->all_to_all(sends, send_counts, recvs, recv_counts, dtype, s);
+  for (int l = 0; l < L; ++l) {  // lane l: for local rank l of this host
+    const int p = layout_.host_ranks[host][l];
+    for (int h = 0; h < H; ++h) {
+      lanes.push_back({static_cast<char*>(recvs[h]) + b.in_host(host, l), data + l * lane + h * b.bytes(p), b.bytes(p)});
+    }
+  }
+  copy_segments(lanes, s);
+  k::CollectiveArgs local;
+  local.op = k::CommOp::kAllToAll;
+  local.dtype = dtype;
+  local.count = static_cast<int64_t>(L * lane / b.esize);
+  local.output = gathered;
+  enqueue(local, nullptr, 0, s);
+  for (int l = 0; l < L; ++l) {
+    for (int h = 0; h < H; ++h) {
+      const int q = layout_.host_ranks[h][l];
+      order.push_back({gathered + l * lane + h * mine, dst + static_cast<size_t>(q) * mine, mine});
+    }
+  }
+  copy_segments(order, s);
+  end(s, stream == nullptr);
+}
+
+void DeviceComm::copy_segments(const std::vector<k::CopySegment>& segments, cudaStream_t s) {
+  k::CopySegments c;
+  for (const k::CopySegment& seg : segments) {
+    if (!c.add(seg.src, seg.dst, seg.bytes)) {
+      check(k::launch_copy_segments(c, s), "rearranging blocks");
+      c = k::CopySegments{};
+      c.add(seg.src, seg.dst, seg.bytes);
+    }
+  }
+  check(k::launch_copy_segments(c, s), "rearranging blocks");
 }
 
 // Grows (never shrinks) this communicator's private device buffer. Growing waits for the

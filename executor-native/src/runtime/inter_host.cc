@@ -116,6 +116,23 @@ void InterHostLink::reduce_scatter(const std::vector<void*>& contributions, cons
   launch(a, dtype, stream, "reduceScatter");
 }
 
+void InterHostLink::all_to_all(const std::vector<void*>& sends, const std::vector<int64_t>& send_counts,
+                               const std::vector<void*>& recvs, const std::vector<int64_t>& recv_counts,
+                               k::CommDtype dtype, cudaStream_t stream) {
+  FC_REQUIRE(static_cast<int>(sends.size()) == hosts_ && static_cast<int>(send_counts.size()) == hosts_ &&
+                 static_cast<int>(recvs.size()) == hosts_ && static_cast<int>(recv_counts.size()) == hosts_,
+             "inter-host allToAll: one send and one receive block per host");
+  k::ProxyCollective a{};
+  a.op = k::kProxyAllToAll;
+  for (int h = 0; h < hosts_; ++h) {
+    a.blocks[h] = sends[h];
+    a.counts[h] = send_counts[h];
+    a.recv[h] = recvs[h];
+    a.recv_counts[h] = recv_counts[h];
+  }
+  launch(a, dtype, stream, "allToAll");
+}
+
 // The fields every op shares: this link's staging, keys, signal values and limits.
 void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream_t stream, const char* op) {
   FC_REQUIRE(proxy_ != nullptr && !closed_, "inter-host link: not connected");

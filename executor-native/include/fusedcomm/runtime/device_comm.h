@@ -31,10 +31,12 @@
 // per-host sums, so every rank gets the same bits. allGather exchanges this rank's block with
 // its counterparts, then runs one allGather per host among the host's ranks; reduceScatter runs
 // one reduceScatter per host among the host's ranks (the host-local sums of the counterparts'
-// blocks), then exchanges those between hosts. Both must fit the data area (H equal block slots
-// for allGather, the largest host's blocks for reduceScatter) and use a private device
-// workspace, grown on first need (device_comm.cc). allToAll and the fused ops do not run
-// between hosts yet: they throw Error(kUnavailable) on every rank.
+// blocks), then exchanges those between hosts; allToAll sends each host's blocks to the
+// counterpart there, then forwards them with one allToAll among the host's ranks. They must fit
+// the data area (allGather: H equal block slots; reduceScatter: the largest host's blocks;
+// allToAll: W equal block slots) and use a private device workspace, grown on first need
+// (device_comm.cc). The fused ops do not run between hosts yet: they throw Error(kUnavailable)
+// on every rank.
 //
 // The fused ops (kernels/fused.h, bf16) follow the same rules: allGatherGemm copies A_r into
 // the data area; gemmReduceScatter keeps its partial product there (M×N×4 bytes must fit, M×N×2
@@ -51,6 +53,7 @@
 #include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/copy_segments.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/host_layout.h"
 #include "fusedcomm/runtime/inter_host.h"
@@ -117,6 +120,9 @@ class DeviceComm {
   // allGather or reduceScatter across hosts: the whole op (checks, begin, steps, end).
   void gather_or_scatter_across_hosts(kernels::CommOp op, kernels::CommDtype dtype, const void* in,
                                       void* out, int64_t count, cudaStream_t stream);
+  void all_to_all_across_hosts(kernels::CommDtype dtype, const void* in, void* out, int64_t count,
+                               cudaStream_t stream);
+  void copy_segments(const std::vector<kernels::CopySegment>& segments, cudaStream_t s);
   void* workspace(uint64_t bytes);
 
   Runtime& runtime_;

@@ -8,7 +8,8 @@
 //   InterHostLink link(runtime, host, hosts, chunk_bytes);   // regions registered
 //   blobs = exchange(link.blob());                           // over the host communicator
 //   link.connect(counterparts' blobs, comm_id);              // peer group + proxy thread
-//   link.all_reduce(x, count, dtype, stream) ...             // or all_gather, reduce_scatter:
+//   link.all_reduce(x, count, dtype, stream) ...             // or all_gather, reduce_scatter,
+//                                                            // all_to_all:
 //                                                            // enqueued, stream-ordered
 //   link.raise_if_failed()                                    // after the stream's work is done
 //   link.close(drain)                                         // after a barrier of all ranks
@@ -69,6 +70,11 @@ class InterHostLink {
   // out (counts[host] elements; may be contributions[host]) gets the sum of this host's block.
   void reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts,
                       void* out, kernels::CommDtype dtype, cudaStream_t stream);
+  // allToAll: sends[h] (send_counts[h] elements) goes to host h's counterpart; recvs[s]
+  // (recv_counts[s]) gets what host s's counterpart sent. The own entries are not touched.
+  void all_to_all(const std::vector<void*>& sends, const std::vector<int64_t>& send_counts,
+                  const std::vector<void*>& recvs, const std::vector<int64_t>& recv_counts,
+                  kernels::CommDtype dtype, cudaStream_t stream);
   // Throws, naming the op that gave up and this rank, if an enqueued step gave up:
   // Error(kTimeout) for a counterpart that never arrived, Error(kTransport) for a broken
   // connection (the proxy's error names the peer), Error(kCommunicator) after abort(). Reads a

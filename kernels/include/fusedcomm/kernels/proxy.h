@@ -90,13 +90,17 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 //   kProxyReduceScatter: blocks[h]: this rank's contribution to host h's block (counts[h]
 //                        elements); `out` (counts[rank] elements) gets the sum over ranks of
 //                        their contributions to this rank's block. `out` may be blocks[rank].
-// counts[] is the same on every rank; it sets the op's chunks, ceil(max counts / elements per
-// chunk) (proxy_collective_chunks), and chunk c of every block is its elements
-// [c * per, (c + 1) * per), possibly none. Sums are in fp32, in rank order ((x_0 + x_1) + ...),
+//   kProxyAllToAll:      blocks[h] (counts[h] elements) goes to host h; recv[s] (recv_counts[s]
+//                        elements) gets what host s sent this rank. The own entries are not
+//                        touched (the caller copies its own part).
+// The counts are the same on every rank (recv_counts[s] on rank r = counts[r] on rank s, for
+// allToAll); they set the op's chunks, ceil(max count / elements per chunk)
+// (proxy_collective_chunks), and chunk c of every block is its elements [c * per, (c + 1) *
+// per), possibly none. Sums are in fp32, in rank order ((x_0 + x_1) + ...),
 // rounded once to the element type: every rank gets the same bits.
 // Staging:
 //   outbox (this rank, `outbox_key`): `hosts` chunk slots: slot 0 goes to every peer
-//     (allReduce, allGather), slot h to host h (reduceScatter);
+//     (allReduce, allGather), slot h to host h (reduceScatter, allToAll);
 //   inbox (every rank, `inbox_keys[p]`): `hosts` slots, slot s for source s;
 //   signals (every rank, `signal_keys[p]`): word s = chunks received from source s, word
 //     hosts + s = chunks that source s has consumed of this rank's (credits);
@@ -125,17 +129,26 @@ inline constexpr uint32_t kProxyBF16 = 1;
 inline constexpr uint32_t kProxyAllReduce = 0;  // ops
 inline constexpr uint32_t kProxyAllGather = 1;
 inline constexpr uint32_t kProxyReduceScatter = 2;
+inline constexpr uint32_t kProxyAllToAll = 3;
 inline const char* proxy_op_name(uint32_t op) {
-  return op == kProxyAllReduce ? "allReduce" : op == kProxyAllGather ? "allGather" : op == kProxyReduceScatter ? "reduceScatter" : "?";
+  switch (op) {
+    case kProxyAllReduce: return "allReduce";
+    case kProxyAllGather: return "allGather";
+    case kProxyReduceScatter: return "reduceScatter";
+    case kProxyAllToAll: return "allToAll";
+    default: return "?";
+  }
 }
 struct ProxyCollective {
   ProxyRingDevice ring;
-  uint32_t op;                       // kProxyAllReduce, kProxyAllGather, kProxyReduceScatter
+  uint32_t op;                       // kProxyAllReduce, ..., kProxyAllToAll
   uint32_t dtype;                    // kProxyF32 or kProxyBF16
   int rank, hosts;
   void* blocks[kProxyMaxHosts];      // device memory, one per host (above)
   int64_t counts[kProxyMaxHosts];    // elements, the same on every rank
   void* out;                         // reduceScatter: device memory, counts[rank] elements
+  void* recv[kProxyMaxHosts];        // allToAll: device memory, one per source host
+  int64_t recv_counts[kProxyMaxHosts];
   uint8_t* outbox;                   // device address of this rank's outbox
   const uint8_t* inbox;              // device address of this rank's inbox
   const uint64_t* signals;           // device address of this rank's signal words (base_word 0)
@@ -162,7 +175,10 @@ inline void proxy_set_all_reduce(ProxyCollective& a, void* x, int64_t count) {
 __host__ __device__ inline uint64_t proxy_collective_chunks(const ProxyCollective& a) {
   const uint64_t per = a.chunk_bytes / (a.dtype == kProxyF32 ? 4 : 2);
   int64_t most = 0;
-  for (int h = 0; h < a.hosts && h < kProxyMaxHosts; ++h) most = a.counts[h] > most ? a.counts[h] : most;
+  for (int h = 0; h < a.hosts && h < kProxyMaxHosts; ++h) {
+    most = a.counts[h] > most ? a.counts[h] : most;
+    most = a.recv_counts[h] > most ? a.recv_counts[h] : most;
+  }
   return per == 0 ? 0 : (static_cast<uint64_t>(most) + per - 1) / per;
 }
 

@@ -43,8 +43,8 @@ import org.apache.spark.BarrierTaskContext;
  * <p>Across hosts (cuda backend): the ranks of each host share NVLink, and each rank reaches its
  * counterparts on the other hosts through the GPU-driven proxy and the transport ({@link
  * io.fusedcomm.bootstrap.HostLayout}: the same number of ranks on every host, at most 8 hosts).
- * allReduce, allGather and reduceScatter run there, hierarchically (docs/ops.md, "Collectives
- * across hosts"; bf16 sums are rounded once per host and once across hosts). allToAll and the
+ * allReduce, allGather, reduceScatter and allToAll run there, hierarchically (docs/ops.md,
+ * "Collectives across hosts"; bf16 sums are rounded once per host and once across hosts). The
  * fused ops refuse with {@link io.fusedcomm.errors.BackendUnavailableException} on every rank
  * while the communicator spans several hosts; {@code spark.fusedcomm.cuda.virtualHosts} splits one
  * machine's ranks into virtual hosts to exercise this path.

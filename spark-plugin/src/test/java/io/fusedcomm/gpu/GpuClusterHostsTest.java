@@ -7,6 +7,8 @@ import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
+import io.fusedcomm.api.Split;
+import io.fusedcomm.api.WeightLayout;
 import io.fusedcomm.errors.BackendUnavailableException;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.spark.BarrierStage;
@@ -31,13 +33,14 @@ import org.junit.jupiter.api.Test;
  *
  * <ul>
  *   <li>the layout: two hosts of world / 2 ranks;
- *   <li>allReduce, allGather and reduceScatter in bf16 and f32, synchronous and on the task's CUDA
- *       stream, at 1, 4W+1, 300001 and 1500007 elements (allReduce also one larger than the
- *       symmetric data area: pieces), fresh random inputs, outputs poisoned, every element against
- *       the fp64 reference (bf16 sums: each host's sum is rounded to bf16 before the sum across
- *       hosts, docs/ops.md, so the bound is widened by 2^-8 of the terms' magnitude);
- *   <li>allToAll refused on every rank with BackendUnavailableException ("between hosts"), and
- *       an allReduce after it.
+ *   <li>allReduce, allGather, reduceScatter and allToAll in bf16 and f32, synchronous and on the
+ *       task's CUDA stream, at 1, 4W+1, 300001 and 1500007 elements (allReduce also one larger
+ *       than the symmetric data area: pieces), fresh random inputs, outputs poisoned, every
+ *       element against the fp64 reference (bf16 sums: each host's sum is rounded to bf16 before
+ *       the sum across hosts, docs/ops.md, so the bound is widened by 2^-8 of the terms'
+ *       magnitude);
+ *   <li>allGatherGemm refused on every rank with BackendUnavailableException ("between hosts"),
+ *       and an allReduce after it.
  * </ul>
  *
  * Skips, with the reason printed, on hosts with fewer than two GPUs or an odd number of them.
@@ -90,7 +93,7 @@ class GpuClusterHostsTest {
     int trial = 0;
     try {
       int big = (int) (SYMMETRIC_BYTES / 4 * 2 + 11);
-      for (String op : new String[] {"allReduce", "allGather", "reduceScatter"}) {
+      for (String op : new String[] {"allReduce", "allGather", "reduceScatter", "allToAll"}) {
         for (DType t : new DType[] {DType.BF16, DType.F32}) {
           double extraRel = t == DType.BF16 ? 0x1p-8 : 0;
           for (int n : op.equals("allReduce") ? new int[] {1, 4 * w + 1, 300_001, 1_500_007, big}
@@ -106,10 +109,12 @@ class GpuClusterHostsTest {
           }
         }
       }
-      try (DeviceTensor in = DeviceTensor.allocate(DType.F32, 64L * w);
-          DeviceTensor exchanged = DeviceTensor.allocate(DType.F32, 64L * w)) {
-        comm.allToAll(in, exchanged);
-        out.add("FAIL rank " + r + " allToAll ran between hosts");
+      long rows = Split.count(16L * w, w, r);
+      try (DeviceTensor a = DeviceTensor.allocate(DType.BF16, rows, 16);
+          DeviceTensor wt = DeviceTensor.allocate(DType.BF16, 16, 16);
+          DeviceTensor c = DeviceTensor.allocate(DType.BF16, 16L * w, 16)) {
+        comm.allGatherGemm(a, wt, c, WeightLayout.NK);
+        out.add("FAIL rank " + r + " allGatherGemm ran between hosts");
       } catch (BackendUnavailableException e) {
         if (!e.getMessage().contains("between hosts")) {
           out.add("FAIL rank " + r + " the refusal does not say why: " + e.getMessage());
