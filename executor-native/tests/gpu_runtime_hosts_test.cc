@@ -13,8 +13,10 @@
 //     small-integer inputs (every sum exact in any order), poisoned outputs, every element
 //     bit-exact; on the communicator's own stream and 20 back to back on a stream of the caller
 //     with one synchronisation; the four ops mixed back to back on a caller stream;
-//   - the fused ops refuse on every rank with Error(kUnavailable) naming the op,
-//     an allGather larger than the data area allows with Error(kInvalidArgument), and the
+//   - allGatherGemm (with and without the gathered A) and gemmReduceScatter (each partial
+//     precision), NK and KN weights, M divisible by W and not, small-integer inputs checked
+//     bit-exact (bf16 partials: within 2^-7 of the terms' magnitude);
+//   - an allGather larger than the data area fails with Error(kInvalidArgument), and the
 //     communicator stays usable;
 //   - a host that never arrives: the ranks of the other host time out with Error(kTimeout)
 //     naming a rank of the missing host; every rank aborts and closes; then the same wait ended
@@ -27,11 +29,11 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -212,24 +214,121 @@ void too_large(DeviceComm& dc, int rank, int world, const std::string& layout) {
   cudaFree(buf);
 }
 
-// The ops that do not run between hosts (the fused ones) refuse, the same way on every rank, before any launch.
-void refusals(DeviceComm& dc, const std::string& layout, int rank) {
-  void* buf = nullptr;
-  CUDA_OK(cudaMalloc(&buf, 1 << 20));
-  auto refused = [&](const char* op, const std::function<void()>& call) {
-    try {
-      call();
-      check(false, layout + ": " + op + " between hosts ran on rank " + std::to_string(rank));
-    } catch (const Error& e) {
-      const std::string m = e.what();
-      check(e.kind() == ErrorKind::kUnavailable && m.find(op) != std::string::npos &&
-                m.find("between hosts") != std::string::npos,
-            layout + ": " + op + " refusal on rank " + std::to_string(rank) + ": " + m);
+// Device copies of host values in bf16 (freed by the caller).
+void* upload_bf16(const std::vector<float>& v) {
+  const std::vector<uint8_t> bytes = encode(v, k::CommDtype::kBF16);
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, bytes.size() + 16));
+  if (!bytes.empty()) CUDA_OK(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  return d;
+}
+std::vector<float> download_bf16(const void* d, int64_t n) {
+  std::vector<__nv_bfloat16> b(n);
+  CUDA_OK(cudaMemcpy(b.data(), d, n * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = __bfloat162float(b[i]);
+  return out;
+}
+float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
+// Weight element (row j of op's N, column kk of K) of a weight stored NK (N x K) or KN (K x N).
+float weight_at(const std::vector<float>& w, int layout, int64_t n, int64_t kdim, int64_t j, int64_t kk) {
+  return layout == 0 ? w[j * kdim + kk] : w[kk * n + j];
+}
+
+// The fused ops across hosts (the decomposed path: hierarchical collective and our GEMM). Small
+// integer inputs: every product sum is exact in fp32, so C and the fp32-partials sums equal the
+// bf16 rounding of the exact result bit for bit; bf16 partials are rounded per rank and per host
+// before the last sum, so they are checked within 2^-7 of the sum of |terms| per element.
+void fused_cases(DeviceComm& dc, int rank, int world, uint64_t seed, const std::string& layout) {
+  using fusedcomm::split_count;
+  using fusedcomm::split_offset;
+  for (const int64_t m : {int64_t{32} * world, int64_t{16} * world + 3}) {
+    for (const int wl : {0, 1}) {
+      const std::string what = layout + ": M=" + std::to_string(m) + (wl ? " KN" : " NK") + ", rank " + std::to_string(rank);
+      // allGatherGemm: K = 64, N_r = 64 + 8 (r % 2), the gathered A asked for when wl == 0.
+      {
+        const int64_t kd = 64;
+        auto a_at = [&](int64_t i, int64_t kk) { return value(seed ^ 0xA, 0, i * kd + kk); };
+        const int64_t rows = split_count(m, world, rank), first = split_offset(m, world, rank);
+        const int64_t n = 64 + 8 * (rank % 2);
+        std::vector<float> a_mine, w(n * kd), want_c(m * n), want_g(m * kd);
+        for (int64_t i = first; i < first + rows; ++i)
+          for (int64_t kk = 0; kk < kd; ++kk) a_mine.push_back(a_at(i, kk));
+        for (int64_t i = 0; i < n * kd; ++i) w[i] = value(seed ^ 0xB, rank, i);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t kk = 0; kk < kd; ++kk) want_g[i * kd + kk] = a_at(i, kk);
+          for (int64_t j = 0; j < n; ++j) {
+            float acc = 0;
+            for (int64_t kk = 0; kk < kd; ++kk) acc += a_at(i, kk) * weight_at(w, wl, n, kd, j, kk);
+            want_c[i * n + j] = bf16_round(acc);
+          }
+        }
+        void* a = upload_bf16(a_mine);
+        void* wt = upload_bf16(w);
+        void *c = nullptr, *g = nullptr;
+        CUDA_OK(cudaMalloc(&c, m * n * 2));
+        CUDA_OK(cudaMemset(c, 0xFF, m * n * 2));
+        if (wl == 0) {
+          CUDA_OK(cudaMalloc(&g, m * kd * 2));
+          CUDA_OK(cudaMemset(g, 0xFF, m * kd * 2));
+        }
+        try {
+          dc.all_gather_gemm(a, wt, c, g, m, n, kd, wl, nullptr);
+          check(download_bf16(c, m * n) == want_c, what + ": allGatherGemm C differs from the exact product");
+          if (g != nullptr) check(download_bf16(g, m * kd) == want_g, what + ": allGatherGemm gathered A differs");
+        } catch (const std::exception& e) {
+          check(false, what + ": allGatherGemm threw " + e.what());
+        }
+        for (void* p : {a, wt, c, g}) cudaFree(p);
+      }
+      // gemmReduceScatter: N = 72, K_r = 32 + 8 (r % 3), each partial precision.
+      for (const int partials : {0, 1, 2}) {
+        const int64_t n = 72;
+        auto kr = [&](int r) { return int64_t{32} + 8 * (r % 3); };
+        const int64_t kd = kr(rank), rows = split_count(m, world, rank), first = split_offset(m, world, rank);
+        auto a_of = [&](int r, int64_t i, int64_t kk) { return value(seed ^ 0xC, r, i * kr(r) + kk); };
+        auto w_of = [&](int r, int64_t j, int64_t kk) { return value(seed ^ 0xD, r, j * kr(r) + kk); };
+        std::vector<float> a_mine(m * kd), w_nk(n * kd), w(n * kd);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t kk = 0; kk < kd; ++kk) a_mine[i * kd + kk] = a_of(rank, i, kk);
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t kk = 0; kk < kd; ++kk) {
+            if (wl == 0) w[j * kd + kk] = w_of(rank, j, kk);
+            else w[kk * n + j] = w_of(rank, j, kk);
+          }
+        }
+        void* a = upload_bf16(a_mine);
+        void* wt = upload_bf16(w);
+        void* out = nullptr;
+        CUDA_OK(cudaMalloc(&out, rows * n * 2 + 16));
+        CUDA_OK(cudaMemset(out, 0xFF, rows * n * 2 + 16));
+        try {
+          dc.gemm_reduce_scatter(a, wt, out, m, n, kd, wl, partials, nullptr);
+          const std::vector<float> got = download_bf16(out, rows * n);
+          int64_t bad = 0;
+          for (int64_t i = 0; i < rows; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              float exact = 0, mag = 0;
+              for (int r = 0; r < world; ++r) {
+                for (int64_t kk = 0; kk < kr(r); ++kk) {
+                  const float t = a_of(r, first + i, kk) * w_of(r, j, kk);
+                  exact += t;
+                  mag += std::fabs(t);
+                }
+              }
+              const float g = got[i * n + j];
+              bad += partials == 1 ? !(std::fabs(g - exact) <= mag / 128) : g != bf16_round(exact);
+            }
+          }
+          check(bad == 0, what + ": gemmReduceScatter partials " + std::to_string(partials) + ": " +
+                              std::to_string(bad) + " elements wrong");
+        } catch (const std::exception& e) {
+          check(false, what + ": gemmReduceScatter threw " + e.what());
+        }
+        for (void* p : {a, wt, out}) cudaFree(p);
+      }
     }
-  };
-  refused("allGatherGemm", [&] { dc.all_gather_gemm(buf, buf, buf, nullptr, 16, 16, 16, 0, nullptr); });
-  refused("gemmReduceScatter", [&] { dc.gemm_reduce_scatter(buf, buf, buf, 16, 16, 16, 0, 0, nullptr); });
-  cudaFree(buf);
+  }
 }
 
 int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
@@ -275,12 +374,12 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       }
     }
     mixed_case(*c.device, rank, world, seed ^ comm_id, stream, name);
-    refusals(*c.device, name, rank);
+    fused_cases(*c.device, rank, world, seed ^ comm_id ^ 0xF, name);
     too_large(*c.device, rank, world, name);
     all_reduce_case(*c.device, rank, world, seed ^ 5 ^ comm_id, k::CommDtype::kF32, 4099, nullptr, 1,
-                    name + " after the refusals");
+                    name + " after the refusal");
     collective_case(*c.device, k::CommOp::kAllGather, rank, world, seed ^ 6 ^ comm_id, k::CommDtype::kF32, 4099,
-                    nullptr, 1, name + " after the refusals");
+                    nullptr, 1, name + " after the refusal");
     g.barrier();
     c.close();
   }

@@ -1,5 +1,7 @@
 #include "fusedcomm/kernels/copy_segments.h"
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 
 namespace fusedcomm::kernels {
@@ -23,7 +25,22 @@ __global__ void copy_segments_kernel(const __grid_constant__ CopySegments c) {
   for (uint64_t i = done + first; i < s.bytes; i += stride) dst[i] = src[i];
 }
 
+__global__ void narrow_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] = __float2bfloat16_rn(src[i]);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_narrow_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (src == nullptr || dst == nullptr))) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const unsigned ctas = static_cast<unsigned>(std::clamp<int64_t>((n + 4095) / 4096, 1, 1024));
+  narrow_kernel<<<ctas, 256, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_copy_segments(const CopySegments& c, cudaStream_t stream) {
   if (c.count < 0 || c.count > kMaxCopySegments) return cudaErrorInvalidValue;

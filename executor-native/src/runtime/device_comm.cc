@@ -86,15 +86,6 @@ void DeviceComm::connect_hosts(Communicator& host_comm, uint64_t comm_id) {
   link_->connect(peers, names, group_id);
 }
 
-void DeviceComm::require_one_host(const char* op) const {
-  if (link_ == nullptr) return;
-  fail(ErrorKind::kUnavailable,
-       std::string(op) + " does not run between hosts on the cuda backend yet: this communicator spans " +
-           std::to_string(layout_.hosts) + " hosts of " + std::to_string(layout_.local_world) +
-           " ranks; the collectives do; for the fused ops keep the ranks on one host or use "
-           "spark.fusedcomm.backend=host");
-}
-
 void DeviceComm::check_usable() const {
   if (closed_) fail(ErrorKind::kState, "the device communicator is closed");
   if (!connected_) fail(ErrorKind::kState, "the device communicator is not connected");
@@ -157,11 +148,12 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
   FC_REQUIRE(count >= 0, "negative element count");
   check_usable();
   if (link_ != nullptr && op != k::CommOp::kAllReduce) {
-    if (op == k::CommOp::kAllToAll) {
-      all_to_all_across_hosts(dtype, in, out, count, stream);
-    } else {
-      gather_or_scatter_across_hosts(op, dtype, in, out, count, stream);
-    }
+    const HostsNeeds need = needs_across_hosts(op, element_bytes(dtype), count);
+    require_fits(k::comm_op_name(static_cast<uint32_t>(op)), need.data_bytes);
+    cudaStream_t s = begin(stream);
+    char* work = static_cast<char*>(workspace(need.work_bytes));
+    enqueue_across_hosts(op, dtype, in, UINT64_MAX, out, count, work, s);
+    end(s, stream == nullptr);
     return;
   }
   const int world = sm_->world(), rank = sm_->rank();
@@ -268,36 +260,95 @@ struct GlobalBlocks {
 // reduceScatter: per host h, a reduceScatter among this host's ranks of host h's blocks gives
 //   this rank the host-local sum of its counterpart's block on h (into the workspace); then the
 //   reduceScatter between hosts of those H sums gives this rank its own block.
+// allToAll (block p of every rank's input goes to rank p), in two hops:
+//   1. the input's blocks, grouped by destination host (S[h']: the blocks for host h''s ranks,
+//      in local order), go to the counterparts: S[h'] to host h' (R[s]: what host s sent);
+//   2. a local allToAll among this host's ranks forwards each block to its rank: lane l' of the
+//      local input holds, for each source host s, the block that (s, this local rank) sent to
+//      (this host, l'); lanes are padded to H x count(n, W, 0) elements so that the local
+//      allToAll splits evenly;
+//   3. the local output (lane from each local rank l'', in source-host order) is put in source
+//      rank order.
 // Host h's blocks are contiguous in the caller's tensor when host h's ranks are consecutive;
 // otherwise they are gathered into (or scattered from) the local step's input and output.
-void DeviceComm::gather_or_scatter_across_hosts(k::CommOp op, k::CommDtype dtype, const void* in, void* out,
-                                                int64_t count, cudaStream_t stream) {
-  const bool gather = op == k::CommOp::kAllGather;
-  const char* name = k::comm_op_name(static_cast<uint32_t>(op));
-  const GlobalBlocks b{layout_, count, element_bytes(dtype)};
-  const int H = layout_.hosts, L = layout_.local_world;
+DeviceComm::HostsNeeds DeviceComm::needs_across_hosts(k::CommOp op, size_t esize, int64_t count) const {
+  const GlobalBlocks b{layout_, count, esize};
+  const uint64_t H = layout_.hosts, L = layout_.local_world;
   const uint64_t slot = GlobalBlocks::slot(b.bytes(0));
+  const uint64_t host_bytes = static_cast<uint64_t>(b.largest_host()) * esize;
   bool any_scattered = false;
-  for (int h = 0; h < H; ++h) any_scattered |= !b.consecutive(h);
-  const uint64_t host_bytes = static_cast<uint64_t>(b.largest_host()) * b.esize;
-  // Every rank computes the same sizes, so all take the same branch and throw alike.
-  require_fits(name, gather ? H * slot : host_bytes);
-  cudaStream_t s = begin(stream);
-  char* work = static_cast<char*>(workspace(gather ? (any_scattered ? host_bytes : 0) : H * slot));
+  for (int h = 0; h < layout_.hosts; ++h) any_scattered |= !b.consecutive(h);
+  switch (op) {
+    case k::CommOp::kAllGather: return {H * slot, any_scattered ? host_bytes : 0};
+    case k::CommOp::kReduceScatter: return {host_bytes, H * slot};
+    case k::CommOp::kAllToAll: {
+      const uint64_t lane = H * b.bytes(0);
+      return {L * lane, H * GlobalBlocks::slot(host_bytes) * 2 + L * lane};
+    }
+    default: fail(ErrorKind::kState, "needs_across_hosts: not a gather, scatter or allToAll");
+  }
+}
+
+void DeviceComm::enqueue_across_hosts(k::CommOp op, k::CommDtype dtype, const void* in, uint64_t in_bytes,
+                                      void* out, int64_t count, char* work, cudaStream_t s) {
+  const GlobalBlocks b{layout_, count, element_bytes(dtype)};
+  const int H = layout_.hosts, L = layout_.local_world, host = layout_.host, me = layout_.counterparts[host];
+  const uint64_t slot = GlobalBlocks::slot(b.bytes(0));
   auto* data = static_cast<char*>(sm_->data());
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
+  k::CollectiveArgs local;
+  local.op = op;
+  local.dtype = dtype;
+  if (op == k::CommOp::kAllToAll) {
+    const size_t mine = b.bytes(me);  // every block this rank receives has its size
+    const uint64_t lane = static_cast<uint64_t>(H) * b.bytes(0);
+    const uint64_t send_slot = GlobalBlocks::slot(static_cast<uint64_t>(b.largest_host()) * b.esize);
+    char* send = work;
+    char* recv = send + H * send_slot;
+    char* gathered = recv + H * send_slot;
+    std::vector<k::CopySegment> group, lanes, order;
+    std::vector<void*> sends(H), recvs(H);
+    std::vector<int64_t> send_counts(H), recv_counts(H, b.host_count(host));
+    for (int h = 0; h < H; ++h) {
+      sends[h] = send + h * send_slot;
+      send_counts[h] = b.host_count(h);
+      recvs[h] = h == host ? sends[h] : recv + h * send_slot;
+      for (int l = 0; l < L; ++l) {
+        const int p = layout_.host_ranks[h][l];
+        group.push_back({src + b.offset(p), send + h * send_slot + b.in_host(h, l), b.bytes(p)});
+      }
+    }
+    copy_segments(group, s);
+    link_->all_to_all(sends, send_counts, recvs, recv_counts, dtype, s);
+    for (int l = 0; l < L; ++l) {  // lane l: for local rank l of this host
+      const int p = layout_.host_ranks[host][l];
+      for (int h = 0; h < H; ++h) {
+        lanes.push_back({static_cast<char*>(recvs[h]) + b.in_host(host, l), data + l * lane + h * b.bytes(p), b.bytes(p)});
+      }
+    }
+    copy_segments(lanes, s);
+    local.count = static_cast<int64_t>(L * lane / b.esize);
+    local.output = gathered;
+    enqueue(local, nullptr, 0, s);
+    for (int l = 0; l < L; ++l) {
+      for (int h = 0; h < H; ++h) {
+        const int q = layout_.host_ranks[h][l];
+        order.push_back({gathered + l * lane + h * mine, dst + static_cast<size_t>(q) * mine, mine});
+      }
+    }
+    copy_segments(order, s);
+    return;
+  }
+  const bool gather = op == k::CommOp::kAllGather;
   std::vector<void*> slots(H);
   std::vector<int64_t> counts(H);
   for (int h = 0; h < H; ++h) {
     slots[h] = (gather ? data : work) + h * slot;
     counts[h] = b.n(layout_.counterparts[h]);
   }
-  k::CollectiveArgs local;
-  local.op = op;
-  local.dtype = dtype;
   if (gather) {
-    copy_segments({{in, slots[layout_.host], b.bytes(layout_.counterparts[layout_.host])}}, s);
+    copy_segments({{in, slots[host], std::min<uint64_t>(in_bytes, b.bytes(me))}}, s);
     link_->all_gather(slots, counts, dtype, s);
     for (int h = 0; h < H; ++h) {
       const std::vector<int>& ranks = layout_.host_ranks[h];
@@ -327,73 +378,6 @@ void DeviceComm::gather_or_scatter_across_hosts(k::CommOp op, k::CommDtype dtype
     }
     link_->reduce_scatter(slots, counts, out, dtype, s);
   }
-  end(s, stream == nullptr);
-}
-
-// allToAll across hosts (block p of every rank's input goes to rank p), in two hops:
-//   1. the input's blocks, grouped by destination host (S[h']: the blocks for host h''s ranks,
-//      in local order), go to the counterparts: S[h'] to host h' (R[s]: what host s sent);
-//   2. a local allToAll among this host's ranks forwards each block to its rank: lane l' of the
-//      local input holds, for each source host s, the block that (s, this local rank) sent to
-//      (this host, l'); lanes are padded to H x count(n, W, 0) elements so that the local
-//      allToAll splits evenly;
-//   3. the local output (lane from each local rank l'', in source-host order) is put in source
-//      rank order.
-// Needs W x count(n, W, 0) elements (about n) of data area, and about 3 n of workspace.
-void DeviceComm::all_to_all_across_hosts(k::CommDtype dtype, const void* in, void* out, int64_t count,
-                                         cudaStream_t stream) {
-  const GlobalBlocks b{layout_, count, element_bytes(dtype)};
-  const int H = layout_.hosts, L = layout_.local_world, me = layout_.counterparts[layout_.host], host = layout_.host;
-  const size_t mine = b.bytes(me);  // every block this rank receives has its size
-  const uint64_t lane = static_cast<uint64_t>(H) * b.bytes(0);
-  require_fits("allToAll", L * lane);
-  cudaStream_t s = begin(stream);
-  const uint64_t send_slot = GlobalBlocks::slot(static_cast<uint64_t>(b.largest_host()) * b.esize);
-  const uint64_t recv_slot = GlobalBlocks::slot(static_cast<uint64_t>(b.host_count(host)) * b.esize);
-  char* work = static_cast<char*>(workspace(H * send_slot + H * recv_slot + L * lane));
-  char* send = work;
-  char* recv = send + H * send_slot;
-  char* gathered = recv + H * recv_slot;
-  auto* data = static_cast<char*>(sm_->data());
-  const auto* src = static_cast<const char*>(in);
-  auto* dst = static_cast<char*>(out);
-  std::vector<k::CopySegment> group, lanes, order;
-  for (int h = 0; h < H; ++h) {
-    for (int l = 0; l < L; ++l) {
-      const int p = layout_.host_ranks[h][l];
-      group.push_back({src + b.offset(p), send + h * send_slot + b.in_host(h, l), b.bytes(p)});
-    }
-  }
-  copy_segments(group, s);
-  std::vector<void*> sends(H), recvs(H);
-  std::vector<int64_t> send_counts(H), recv_counts(H, b.host_count(host));
-  for (int h = 0; h < H; ++h) {
-    sends[h] = send + h * send_slot;
-    send_counts[h] = b.host_count(h);
-    recvs[h] = h == host ? sends[h] : recv + h * recv_slot;
-  }
-  link_->all_to_all(sends, send_counts, recvs, recv_counts, dtype, s);
-  for (int l = 0; l < L; ++l) {  // lane l: for local rank l of this host
-    const int p = layout_.host_ranks[host][l];
-    for (int h = 0; h < H; ++h) {
-      lanes.push_back({static_cast<char*>(recvs[h]) + b.in_host(host, l), data + l * lane + h * b.bytes(p), b.bytes(p)});
-    }
-  }
-  copy_segments(lanes, s);
-  k::CollectiveArgs local;
-  local.op = k::CommOp::kAllToAll;
-  local.dtype = dtype;
-  local.count = static_cast<int64_t>(L * lane / b.esize);
-  local.output = gathered;
-  enqueue(local, nullptr, 0, s);
-  for (int l = 0; l < L; ++l) {
-    for (int h = 0; h < H; ++h) {
-      const int q = layout_.host_ranks[h][l];
-      order.push_back({gathered + l * lane + h * mine, dst + static_cast<size_t>(q) * mine, mine});
-    }
-  }
-  copy_segments(order, s);
-  end(s, stream == nullptr);
 }
 
 void DeviceComm::copy_segments(const std::vector<k::CopySegment>& segments, cudaStream_t s) {
@@ -441,7 +425,10 @@ void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, vo
                  n_local < (1ll << 31) && k < (1ll << 31),
              "allGatherGemm on the GPU: M >= 1, N_r and K multiples of 8 (got M=" + std::to_string(m) +
                  ", N_r=" + std::to_string(n_local) + ", K=" + std::to_string(k) + ")");
-  require_one_host("allGatherGemm");
+  if (link_ != nullptr) {
+    all_gather_gemm_across_hosts(a_local, w, c, gathered, m, n_local, k, layout, stream);
+    return;
+  }
   k::AgGemmArgs args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n_local);
@@ -473,7 +460,10 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
                  n < (1ll << 31) && k_local < (1ll << 31),
              "gemmReduceScatter on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
                  ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
-  require_one_host("gemmReduceScatter");
+  if (link_ != nullptr) {
+    gemm_reduce_scatter_across_hosts(a, w, out, m, n, k_local, layout, partials, stream);
+    return;
+  }
   k::GemmRsArgs args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n);
@@ -488,6 +478,101 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
   require_fits("gemmReduceScatter", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);
   check_fused_launch(k::launch_gemm_reduce_scatter(sm_->device(), args, s), "gemmReduceScatter");
+  end(s, stream == nullptr);
+}
+
+// Across hosts the fused ops take the decomposed path: our hierarchical collective and our GEMM,
+// on the op's stream. When W does not divide M, the collective runs on W equal blocks of
+// ceil(M / W) rows (rank p's rows first in block p; the rest is padding that no result reads).
+namespace {
+struct RowBlocks {
+  int64_t m;
+  int world;
+  int64_t ceil() const { return (m + world - 1) / world; }
+  bool even() const { return m % world == 0; }
+  int64_t rows(int p) const { return split_count(m, world, p); }
+  int64_t first(int p) const { return split_offset(m, world, p); }
+  // Elements of the collective over rows of `row` elements: padded to W blocks of ceil rows.
+  int64_t count(int64_t row) const { return (even() ? m : world * ceil()) * row; }
+};
+uint64_t round16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
+}  // namespace
+
+void DeviceComm::gemm_on(const void* a, const void* w, void* c, k::GemmOutType c_type, int64_t m, int64_t n,
+                         int64_t k, int layout, cudaStream_t s, const char* op) {
+  k::GemmArgs g;
+  g.A = static_cast<const __nv_bfloat16*>(a);
+  g.B = static_cast<const __nv_bfloat16*>(w);
+  g.C = c;
+  g.M = static_cast<int>(m);
+  g.N = static_cast<int>(n);
+  g.K = static_cast<int>(k);
+  g.lda = k;
+  g.ldb = layout == 0 ? k : n;
+  g.ldc = n;
+  g.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+  g.c_type = c_type;
+  check_fused_launch(k::launch_gemm(g, s), op);
+}
+
+void DeviceComm::all_gather_gemm_across_hosts(const void* a_local, const void* w, void* c, void* gathered,
+                                              int64_t m, int64_t n_local, int64_t k, int layout,
+                                              cudaStream_t stream) {
+  const int W = layout_.hosts * layout_.local_world, r = layout_.counterparts[layout_.host];
+  const RowBlocks rb{m, W};
+  const uint64_t row = static_cast<uint64_t>(k) * 2;
+  const int64_t count = rb.count(k);
+  const HostsNeeds need = needs_across_hosts(k::CommOp::kAllGather, 2, count);
+  require_fits("allGatherGemm", need.data_bytes);
+  const uint64_t own_g = gathered == nullptr ? round16(m * row) : 0;
+  const uint64_t padded = rb.even() ? 0 : round16(count * 2);
+  cudaStream_t s = begin(stream);
+  char* work = static_cast<char*>(workspace(own_g + padded + need.work_bytes));
+  char* full = gathered != nullptr ? static_cast<char*>(gathered) : work;
+  char* blocks = rb.even() ? full : work + own_g;
+  enqueue_across_hosts(k::CommOp::kAllGather, k::CommDtype::kBF16, a_local, rb.rows(r) * row, blocks, count,
+                       work + own_g + padded, s);
+  if (!rb.even()) {
+    std::vector<k::CopySegment> unpack;
+    for (int p = 0; p < W; ++p) unpack.push_back({blocks + p * rb.ceil() * row, full + rb.first(p) * row, rb.rows(p) * row});
+    copy_segments(unpack, s);
+  }
+  gemm_on(full, w, c, k::GemmOutType::kBF16, m, n_local, k, layout, s, "allGatherGemm");
+  end(s, stream == nullptr);
+}
+
+void DeviceComm::gemm_reduce_scatter_across_hosts(const void* a, const void* w, void* out, int64_t m, int64_t n,
+                                                  int64_t k_local, int layout, int partials, cudaStream_t stream) {
+  const int W = layout_.hosts * layout_.local_world, r = layout_.counterparts[layout_.host];
+  const RowBlocks rb{m, W};
+  const bool bf16 = static_cast<k::RsPartials>(partials) == k::RsPartials::kBF16;
+  const k::CommDtype pd = bf16 ? k::CommDtype::kBF16 : k::CommDtype::kF32;
+  const uint64_t pes = bf16 ? 2 : 4, row = static_cast<uint64_t>(n) * pes;
+  const int64_t count = rb.count(n);
+  const HostsNeeds need = needs_across_hosts(k::CommOp::kReduceScatter, pes, count);
+  require_fits("gemmReduceScatter", need.data_bytes);
+  const bool direct = bf16 && rb.even();  // the sums land in `out` as they are
+  const uint64_t product = round16(m * row), padded = rb.even() ? 0 : round16(count * pes);
+  const uint64_t mine = direct ? 0 : round16(rb.ceil() * row);
+  cudaStream_t s = begin(stream);
+  char* work = static_cast<char*>(workspace(product + padded + mine + need.work_bytes));
+  char* blocks = rb.even() ? work : work + product;
+  char* sums = direct ? static_cast<char*>(out) : work + product + padded;
+  gemm_on(a, w, work, bf16 ? k::GemmOutType::kBF16 : k::GemmOutType::kF32, m, n, k_local, layout, s,
+          "gemmReduceScatter");
+  if (!rb.even()) {
+    std::vector<k::CopySegment> pack;
+    for (int p = 0; p < W; ++p) pack.push_back({work + rb.first(p) * row, blocks + p * rb.ceil() * row, rb.rows(p) * row});
+    copy_segments(pack, s);
+  }
+  enqueue_across_hosts(k::CommOp::kReduceScatter, pd, blocks, UINT64_MAX, sums, count,
+                       work + product + padded + mine, s);
+  if (!bf16) {
+    check(k::launch_narrow_to_bf16(reinterpret_cast<const float*>(sums), out, rb.rows(r) * n, s),
+          "gemmReduceScatter: rounding the sums");
+  } else if (!direct) {
+    copy_segments({{sums, out, rb.rows(r) * row}}, s);
+  }
   end(s, stream == nullptr);
 }
 

@@ -35,8 +35,9 @@
 // counterpart there, then forwards them with one allToAll among the host's ranks. They must fit
 // the data area (allGather: H equal block slots; reduceScatter: the largest host's blocks;
 // allToAll: W equal block slots) and use a private device workspace, grown on first need
-// (device_comm.cc). The fused ops do not run between hosts yet: they throw Error(kUnavailable)
-// on every rank.
+// (device_comm.cc). The fused ops take the decomposed path between hosts: the hierarchical
+// allGather then our GEMM; our GEMM then the hierarchical reduceScatter (on W blocks of
+// ceil(M / W) rows when W does not divide M; fp32 partials rounded to bf16 after the sum).
 //
 // The fused ops (kernels/fused.h, bf16) follow the same rules: allGatherGemm copies A_r into
 // the data area; gemmReduceScatter keeps its partial product there (M×N×4 bytes must fit, M×N×2
@@ -113,16 +114,27 @@ class DeviceComm {
   void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
   void require_fits(const char* op, uint64_t bytes) const;
   void connect_hosts(Communicator& host_comm, uint64_t comm_id);
-  void require_one_host(const char* op) const;
   // allReduce of n elements (n * element size <= the data area) across hosts, enqueued on s.
   void all_reduce_across_hosts(kernels::CommDtype dtype, const char* in, char* out, int64_t n,
                                cudaStream_t s);
-  // allGather or reduceScatter across hosts: the whole op (checks, begin, steps, end).
-  void gather_or_scatter_across_hosts(kernels::CommOp op, kernels::CommDtype dtype, const void* in,
-                                      void* out, int64_t count, cudaStream_t stream);
-  void all_to_all_across_hosts(kernels::CommDtype dtype, const void* in, void* out, int64_t count,
-                               cudaStream_t stream);
+  // allGather, reduceScatter or allToAll of `count` elements across hosts: the data area and
+  // workspace bytes it needs (the same on every rank), and its steps, enqueued on s (the
+  // caller checked the data area, began the op and passes a workspace of work_bytes). allGather
+  // copies at most in_bytes of its input (the rest of its block is left as it was).
+  struct HostsNeeds {
+    uint64_t data_bytes, work_bytes;
+  };
+  HostsNeeds needs_across_hosts(kernels::CommOp op, size_t esize, int64_t count) const;
+  void enqueue_across_hosts(kernels::CommOp op, kernels::CommDtype dtype, const void* in, uint64_t in_bytes,
+                            void* out, int64_t count, char* work, cudaStream_t s);
   void copy_segments(const std::vector<kernels::CopySegment>& segments, cudaStream_t s);
+  // The fused ops across hosts: the decomposed path (device_comm.cc).
+  void all_gather_gemm_across_hosts(const void* a_local, const void* w, void* c, void* gathered, int64_t m,
+                                    int64_t n_local, int64_t k, int layout, cudaStream_t stream);
+  void gemm_reduce_scatter_across_hosts(const void* a, const void* w, void* out, int64_t m, int64_t n,
+                                        int64_t k_local, int layout, int partials, cudaStream_t stream);
+  void gemm_on(const void* a, const void* w, void* c, kernels::GemmOutType c_type, int64_t m, int64_t n, int64_t k,
+               int layout, cudaStream_t s, const char* op);
   void* workspace(uint64_t bytes);
 
   Runtime& runtime_;

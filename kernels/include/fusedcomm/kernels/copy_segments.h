@@ -1,6 +1,7 @@
 // Many small device-to-device copies in one launch: the rearrangements of the hierarchical
 // collectives (blocks of a tensor into per-host or per-rank order and back), where one
 // cudaMemcpyAsync per block would cost a few microseconds of launch each (up to 64 blocks).
+// And the one conversion those paths need: fp32 sums to bf16.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,5 +35,8 @@ struct CopySegments {
 // another copy's source or destination. 16-byte vectors where a segment's pointers and size
 // allow, bytes elsewhere. Nothing is launched for zero segments.
 cudaError_t launch_copy_segments(const CopySegments& c, cudaStream_t stream);
+
+// dst[i] = src[i] rounded to bf16 (nearest even), i < n. Nothing is launched for n == 0.
+cudaError_t launch_narrow_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels

@@ -44,10 +44,10 @@ import org.apache.spark.BarrierTaskContext;
  * counterparts on the other hosts through the GPU-driven proxy and the transport ({@link
  * io.fusedcomm.bootstrap.HostLayout}: the same number of ranks on every host, at most 8 hosts).
  * allReduce, allGather, reduceScatter and allToAll run there, hierarchically (docs/ops.md,
- * "Collectives across hosts"; bf16 sums are rounded once per host and once across hosts). The
- * fused ops refuse with {@link io.fusedcomm.errors.BackendUnavailableException} on every rank
- * while the communicator spans several hosts; {@code spark.fusedcomm.cuda.virtualHosts} splits one
- * machine's ranks into virtual hosts to exercise this path.
+ * "Collectives across hosts"; bf16 sums are rounded once per host and once across hosts), and the
+ * fused ops by their decomposed path (the hierarchical collective and our GEMM);
+ * {@code spark.fusedcomm.cuda.virtualHosts} splits one machine's ranks into virtual hosts to
+ * exercise this path.
  *
  * <p>Ops on one communicator are serialised: call them from one thread.
  */

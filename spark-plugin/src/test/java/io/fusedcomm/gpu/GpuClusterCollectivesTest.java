@@ -261,8 +261,8 @@ class GpuClusterCollectivesTest {
   }
 
   /** allGatherGemm on device tensors (N_r differs by rank), with the gathered A; stream may be null. */
-  private static void checkAllGatherGemm(Communicator comm, WeightLayout layout, int m, int k, long seed,
-                                         cudaStream_t stream) {
+  static void checkAllGatherGemm(Communicator comm, WeightLayout layout, int m, int k, long seed,
+                                 cudaStream_t stream) {
     int w = comm.world();
     int r = comm.rank();
     int n = 136 + 8 * r;
@@ -290,8 +290,8 @@ class GpuClusterCollectivesTest {
   }
 
   /** gemmReduceScatter on device tensors (K_r differs by rank), the given partial precision; stream may be null. */
-  private static void checkGemmReduceScatter(Communicator comm, WeightLayout layout, PartialPrecision partials,
-                                             long seed, cudaStream_t stream) {
+  static void checkGemmReduceScatter(Communicator comm, WeightLayout layout, PartialPrecision partials,
+                                     long seed, cudaStream_t stream) {
     int w = comm.world();
     int r = comm.rank();
     int m = 128 * w + 40;

@@ -7,9 +7,8 @@ import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
-import io.fusedcomm.api.Split;
+import io.fusedcomm.api.PartialPrecision;
 import io.fusedcomm.api.WeightLayout;
-import io.fusedcomm.errors.BackendUnavailableException;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.spark.BarrierStage;
 import io.fusedcomm.testing.Data;
@@ -39,8 +38,8 @@ import org.junit.jupiter.api.Test;
  *       element against the fp64 reference (bf16 sums: each host's sum is rounded to bf16 before
  *       the sum across hosts, docs/ops.md, so the bound is widened by 2^-8 of the terms'
  *       magnitude);
- *   <li>allGatherGemm refused on every rank with BackendUnavailableException ("between hosts"),
- *       and an allReduce after it.
+ *   <li>allGatherGemm and gemmReduceScatter (the decomposed path between hosts), both weight
+ *       layouts, every partial precision, against the fp64 reference; then an allReduce.
  * </ul>
  *
  * Skips, with the reason printed, on hosts with fewer than two GPUs or an odd number of them.
@@ -109,17 +108,25 @@ class GpuClusterHostsTest {
           }
         }
       }
-      long rows = Split.count(16L * w, w, r);
-      try (DeviceTensor a = DeviceTensor.allocate(DType.BF16, rows, 16);
-          DeviceTensor wt = DeviceTensor.allocate(DType.BF16, 16, 16);
-          DeviceTensor c = DeviceTensor.allocate(DType.BF16, 16L * w, 16)) {
-        comm.allGatherGemm(a, wt, c, WeightLayout.NK);
-        out.add("FAIL rank " + r + " allGatherGemm ran between hosts");
-      } catch (BackendUnavailableException e) {
-        if (!e.getMessage().contains("between hosts")) {
-          out.add("FAIL rank " + r + " the refusal does not say why: " + e.getMessage());
+      // The fused ops take the decomposed path between hosts (hierarchical collective + our GEMM).
+      for (WeightLayout layout : WeightLayout.values()) {
+        cudaStream_t on = layout == WeightLayout.KN ? stream : null;
+        try {
+          GpuClusterCollectivesTest.checkAllGatherGemm(comm, layout, 128 * w + 40, 264,
+              Data.seed(seed, 7000 + layout.ordinal(), 0), on);
+          checks++;
+        } catch (Throwable e) {
+          out.add("FAIL rank " + r + " allGatherGemm " + layout + ": " + e);
         }
-        checks++;
+        for (PartialPrecision p : PartialPrecision.values()) {
+          try {
+            GpuClusterCollectivesTest.checkGemmReduceScatter(comm, layout, p,
+                Data.seed(seed, 7100 + 3 * layout.ordinal() + p.ordinal(), 0), on);
+            checks++;
+          } catch (Throwable e) {
+            out.add("FAIL rank " + r + " gemmReduceScatter " + layout + " partials " + p + ": " + e);
+          }
+        }
       }
       try {
         GpuClusterCollectivesTest.checkCollective(comm, "allReduce", DType.F32, 4097, Data.seed(seed, 99, 0), null);
