@@ -44,10 +44,13 @@ public final class CommOptions implements java.io.Serializable {
   }
 
   /** The fingerprint of the declared plan and the world size. */
-  Fingerprint planFingerprint(int world, int virtualHosts) {
+  Fingerprint planFingerprint(int world, int virtualHosts, boolean shareGpu) {
     Fingerprint.Builder b = Fingerprint.builder("communicator").add("name", name).add("world", world);
     if (virtualHosts > 1) {
       b.add("virtualHosts", virtualHosts);
+    }
+    if (shareGpu) {
+      b.add("shareGpu", 1);
     }
     for (int i = 0; i < plan.size(); i++) {
       b.add("op" + i, plan.get(i));

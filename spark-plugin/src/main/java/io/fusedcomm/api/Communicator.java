@@ -113,9 +113,11 @@ public final class Communicator implements AutoCloseable {
     runtime.pinGpu();
     long handle = NativeApi.commCreate(runtime.handle(), rank, world);
     try {
-      // Every rank must split hosts the same way: the setting joins the plan's fingerprint.
+      // Every rank must split hosts (and share GPUs) the same way: the settings join the plan's
+      // fingerprint.
       int virtualHosts = runtime.conf().cudaVirtualHosts();
-      Fingerprint plan = options.planFingerprint(world, virtualHosts);
+      boolean shareGpu = runtime.conf().cudaShareGpu();
+      Fingerprint plan = options.planFingerprint(world, virtualHosts, shareGpu);
       RankInfo mine =
           new RankInfo(
               RankInfoCodec.VERSION,
@@ -133,7 +135,7 @@ public final class Communicator implements AutoCloseable {
               plan.description(),
               NativeApi.commDeviceHandle(handle));
       List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
-      BootstrapCheck.check(infos, world, rank);
+      BootstrapCheck.check(infos, world, rank, !shareGpu);
       HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);

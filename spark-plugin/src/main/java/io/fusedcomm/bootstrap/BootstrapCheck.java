@@ -41,6 +41,14 @@ public final class BootstrapCheck {
    * @throws IllegalArgumentException if {@code expectedWorld} or {@code myRank} is out of range
    */
   public static void check(List<RankInfo> infos, int expectedWorld, int myRank) {
+    check(infos, expectedWorld, myRank, true);
+  }
+
+  /**
+   * As {@link #check(List, int, int)}; {@code distinctGpus} false skips the one-GPU-per-rank rule
+   * ({@code spark.fusedcomm.cuda.shareGpu}, testing only).
+   */
+  public static void check(List<RankInfo> infos, int expectedWorld, int myRank, boolean distinctGpus) {
     if (expectedWorld < 1 || myRank < 0 || myRank >= expectedWorld) {
       throw new IllegalArgumentException(
           "bad world size " + expectedWorld + " or rank " + myRank + " for bootstrap check");
@@ -124,7 +132,9 @@ public final class BootstrapCheck {
                 + " all executors use the same backend");
       }
     }
-    checkDistinctGpus(infos);
+    if (distinctGpus) {
+      checkDistinctGpus(infos);
+    }
   }
 
   /**

@@ -125,6 +125,16 @@ public final class FusedCommConf {
           .check(v -> v >= 1 && v <= 8, "a whole number from 1 to 8")
           .createWithDefault(1);
 
+  /** {@code spark.fusedcomm.cuda.shareGpu}: testing only, executors of one host on one GPU. */
+  public static final ConfigEntry<Boolean> CUDA_SHARE_GPU =
+      ConfigEntry.builder(PREFIX + "cuda.shareGpu")
+          .doc(
+              "Testing only: lets several executors of one host use the same GPU, which the"
+                  + " bootstrap otherwise refuses. With cuda.virtualHosts it runs the path between"
+                  + " hosts on a one-GPU machine. Results are correct, timings meaningless.")
+          .booleanConf()
+          .createWithDefault(false);
+
   /** {@code spark.fusedcomm.gpu.resourceName}: the Spark resource holding the executor's GPU. */
   public static final ConfigEntry<String> GPU_RESOURCE_NAME =
       ConfigEntry.builder(PREFIX + "gpu.resourceName")
@@ -164,6 +174,7 @@ public final class FusedCommConf {
           HOST_CHUNK_BYTES,
           CUDA_SYMMETRIC_BYTES,
           CUDA_VIRTUAL_HOSTS,
+          CUDA_SHARE_GPU,
           GPU_RESOURCE_NAME,
           NATIVE_LIBRARY_PATH,
           DEBUG_LEAK_TRACKING);
@@ -302,6 +313,10 @@ public final class FusedCommConf {
   /** Virtual hosts per host for the cuda backend (1: off). */
   public int cudaVirtualHosts() {
     return get(CUDA_VIRTUAL_HOSTS);
+  }
+
+  public boolean cudaShareGpu() {
+    return get(CUDA_SHARE_GPU);
   }
 
   /** Name of the Spark resource holding the executor's GPU. */

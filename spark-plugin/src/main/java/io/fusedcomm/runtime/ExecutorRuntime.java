@@ -57,7 +57,8 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.cudaSymmetricBytes(),
             conf.transportBindHost(),
             ordinal,
-            jobToken);
+            jobToken,
+            conf.cudaShareGpu());
     this.backend = Backend.values()[NativeApi.runtimeBackend(handle)];
     this.gpuUuid = NativeApi.runtimeGpuUuid(handle);
     this.description = NativeApi.runtimeDescribe(handle);

@@ -27,7 +27,8 @@ public final class NativeApi {
       long symmetricBytes,
       String bindHost,
       int gpuOrdinal,
-      long jobToken);
+      long jobToken,
+      boolean allowSharedGpu);
 
   static native int runtimeBackend(long runtime);
 

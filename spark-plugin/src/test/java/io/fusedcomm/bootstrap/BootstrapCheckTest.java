@@ -167,6 +167,11 @@ class BootstrapCheckTest {
         e);
     assertMessage("conf/gpu-discovery.sh", e);
     assertEquals(OptionalInt.of(1), e.rank());
+    // spark.fusedcomm.cuda.shareGpu (testing only) lifts exactly this rule.
+    for (int r = 0; r < W; r++) {
+      int rank = r;
+      assertDoesNotThrow(() -> BootstrapCheck.check(infos, W, rank, false));
+    }
   }
 
   @Test

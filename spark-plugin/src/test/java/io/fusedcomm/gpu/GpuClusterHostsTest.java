@@ -13,6 +13,10 @@ import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.spark.BarrierStage;
 import io.fusedcomm.testing.Data;
 import io.fusedcomm.testing.SparkCluster;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -42,7 +46,8 @@ import org.junit.jupiter.api.Test;
  *       layouts, every partial precision, against the fp64 reference; then an allReduce.
  * </ul>
  *
- * Skips, with the reason printed, on hosts with fewer than two GPUs or an odd number of them.
+ * With one GPU, two executors share it ({@code spark.fusedcomm.cuda.shareGpu}: correctness only).
+ * Skips, with the reason printed, where no GPU is visible or the GPU count is odd and above one.
  */
 class GpuClusterHostsTest {
   private static final long SYMMETRIC_BYTES = 8L << 20;
@@ -52,17 +57,28 @@ class GpuClusterHostsTest {
     Gpu.require();
     int[] count = {0};
     JCuda.cudaGetDeviceCount(count);  // also unpacks JCuda's library before executors race on it
-    int world = count[0];
-    boolean runnable = world >= 2 && world % 2 == 0;
+    int gpus = count[0];
+    // One GPU: two executors share it (spark.fusedcomm.cuda.shareGpu; correctness only).
+    boolean shared = gpus == 1;
+    int world = shared ? 2 : gpus;
+    boolean runnable = world % 2 == 0;
     if (!runnable) {
-      System.out.println("SKIPPED (" + world + " GPU): two virtual hosts need an even number of GPUs, at least 2");
+      System.out.println("SKIPPED (" + gpus + " GPUs): two virtual hosts need an even number of GPUs, or one");
     }
-    Assumptions.assumeTrue(runnable, "needs an even number of GPUs, at least 2");
+    Assumptions.assumeTrue(runnable, "needs an even number of GPUs, or one");
     long seed = Long.getLong("fusedcomm.test.seed", System.nanoTime());
-    System.out.println("GpuClusterHostsTest world " + world + " seed " + seed);
+    System.out.println("GpuClusterHostsTest world " + world + (shared ? " (two executors on one GPU)" : "")
+        + " seed " + seed);
 
     Map<String, String> settings = Gpu.clusterSettings(SYMMETRIC_BYTES);
     settings.put("spark.fusedcomm.cuda.virtualHosts", "2");
+    if (shared) {
+      settings.put("spark.fusedcomm.cuda.shareGpu", "true");
+      // conf/gpu-discovery.sh hands each executor a GPU no other holds; here both get GPU 0.
+      String script = gpuZeroScript();
+      settings.put("spark.worker.resource.gpu.discoveryScript", script);
+      settings.put("spark.executor.resource.gpu.discoveryScript", script);
+    }
     try (SparkCluster cluster = SparkCluster.start("GpuClusterHostsTest", world, settings)) {
       JavaRDD<Integer> ranks = cluster.context().parallelize(
           IntStream.range(0, world).boxed().collect(Collectors.toList()), world);
@@ -73,6 +89,19 @@ class GpuClusterHostsTest {
       assertTrue(failures.isEmpty(), String.join("\n", failures));
       assertEquals(world, lines.stream().filter(l -> l.contains(" uuid=")).count(), "one identity line per rank");
       assertEquals(world, lines.stream().filter(l -> l.endsWith(" checks passed")).count(), "a summary per rank");
+    }
+  }
+
+  /** A discovery script that reports GPU 0 to every caller. */
+  private static String gpuZeroScript() {
+    try {
+      Path script = Files.createTempFile("fusedcomm-gpu0-", ".sh");
+      Files.writeString(script, "#!/bin/sh\necho '{\"name\":\"gpu\",\"addresses\":[\"0\"]}'\n");
+      script.toFile().setExecutable(true);
+      script.toFile().deleteOnExit();
+      return script.toAbsolutePath().toString();
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
     }
   }
 
