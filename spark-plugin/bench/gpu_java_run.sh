@@ -13,7 +13,7 @@
 #                                    and the GPU count; `run 1` on a one-GPU host: one
 #                                    executor), GpuClusterHostsTest (all GPUs as two virtual
 #                                    hosts; one GPU: two executors share it), then example 02
-#                                    on the cuda backend
+#                                    on the cuda backend (and across two virtual hosts)
 #                                    at the same world sizes (EXAMPLE_ARGS: M H F dtype seed);
 #                                    logs under $OUT
 set -uo pipefail
@@ -75,23 +75,39 @@ fi
 # Example 02 (TP MLP forward + backward, fused ops) on the cuda backend, one executor per GPU,
 # the example's own main class and checks (as spark-submit would run it, with the conf as
 # system properties). JCuda was unpacked into /tmp by the test above; executors load it there.
+# example02 WORLD LOG [extra -D settings...]
+example02() {
+  local w=$1 log=$2; shift 2
+  rm -rf /tmp/fusedcomm-gpu-claims; local home; home=$(mktemp -d)
+  timeout 300 java "${flags[@]}" -cp "$repo/.fcbundle/examples:$cp_fc:$BUNDLE_CP" \
+    -Dspark.master="local-cluster[$w,1,1024]" -Dspark.testing=1 -Dspark.test.home="$home" \
+    -Dspark.executorEnv.SPARK_SCALA_VERSION=2.13 -Dspark.plugins=io.fusedcomm.FusedCommPlugin \
+    -Dspark.fusedcomm.backend=cuda -Dspark.driver.host=127.0.0.1 -Dspark.driver.bindAddress=127.0.0.1 \
+    -Dspark.ui.enabled=false -Dspark.worker.resource.gpu.amount=1 -Dspark.executor.resource.gpu.amount=1 \
+    -Dspark.task.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
+    -Dspark.executor.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
+    -Dspark.executor.extraLibraryPath=/tmp "$@" \
+    io.fusedcomm.examples.TensorParallelMlpExample "$w" ${EXAMPLE_ARGS:-1000 512 2048 bf16 11} \
+    > "$OUT/$log" 2>&1 || rc=1
+  grep -vE "^\s+at |INFO|WARN" "$OUT/$log" | tail -22
+}
 if [ -d "$repo/.fcbundle/examples" ]; then
   for w in "${worlds[@]}"; do
     [ "$w" -le "$ngpu" ] || continue
-    rm -rf /tmp/fusedcomm-gpu-claims; home=$(mktemp -d)
-    timeout 300 java "${flags[@]}" -cp "$repo/.fcbundle/examples:$cp_fc:$BUNDLE_CP" \
-      -Dspark.master="local-cluster[$w,1,1024]" -Dspark.testing=1 -Dspark.test.home="$home" \
-      -Dspark.executorEnv.SPARK_SCALA_VERSION=2.13 -Dspark.plugins=io.fusedcomm.FusedCommPlugin \
-      -Dspark.fusedcomm.backend=cuda -Dspark.driver.host=127.0.0.1 -Dspark.driver.bindAddress=127.0.0.1 \
-      -Dspark.ui.enabled=false -Dspark.worker.resource.gpu.amount=1 -Dspark.executor.resource.gpu.amount=1 \
-      -Dspark.task.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
-      -Dspark.executor.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
-      -Dspark.executor.extraLibraryPath=/tmp \
-      io.fusedcomm.examples.TensorParallelMlpExample "$w" ${EXAMPLE_ARGS:-1000 512 2048 bf16 11} \
-      > "$OUT/example02-w$w.log" 2>&1 || rc=1
     echo "== example 02 on cuda, world $w"
-    grep -vE "^\s+at |INFO|WARN" "$OUT/example02-w$w.log" | tail -22
+    example02 "$w" "example02-w$w.log"
   done
+  # Between two virtual hosts: the fused ops' decomposed path across hosts. On one GPU both
+  # executors share it (a discovery script that reports GPU 0 to each).
+  if [ "$ngpu" -eq 1 ]; then
+    printf '#!/bin/sh\necho '"'"'{"name":"gpu","addresses":["0"]}'"'"'\n' > /tmp/gpu0.sh; chmod +x /tmp/gpu0.sh
+    echo "== example 02 on cuda, two virtual hosts, both executors on the one GPU"
+    example02 2 example02-hosts.log -Dspark.fusedcomm.cuda.virtualHosts=2 -Dspark.fusedcomm.cuda.shareGpu=true \
+      -Dspark.worker.resource.gpu.discoveryScript=/tmp/gpu0.sh -Dspark.executor.resource.gpu.discoveryScript=/tmp/gpu0.sh
+  elif [ $((ngpu % 2)) -eq 0 ]; then
+    echo "== example 02 on cuda, two virtual hosts of $((ngpu / 2)) GPU(s)"
+    example02 "$ngpu" example02-hosts.log -Dspark.fusedcomm.cuda.virtualHosts=2
+  fi
 fi
 echo "gpu_java_run rc=$rc"
 exit $rc
