@@ -11,7 +11,9 @@
 //   timeout: a receiver waiting for a message nobody sends gives up after 300 ms
 //     (kProxyTimeout), the process survives, and the next stream on the same ring works;
 //   allReduce across the two hosts (launch_proxy_collective): 1, 5, 1,000,003 and 4 Mi fp32
-//     elements back to back on the same signal words, bit-exact against x_0 + x_1;
+//     elements back to back on the same signal words, bit-exact against x_0 + x_1; one
+//     allReduce captured in a CUDA graph (value base on the device) replayed 5 times with fresh
+//     inputs, each bit-exact;
 //   abort: the host sets the ring's abort word while a receiver waits: kProxyAborted.
 // Exit 77 (skip) with a reason where no Hopper GPU is visible.
 #include <cuda_runtime_api.h>
@@ -215,6 +217,68 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       }
     }
     CUDA_OK(cudaFree(status));
+    g.barrier();
+  }
+
+  // CUDA-graph replay: one captured allReduce (its value base on the device: value_counter),
+  // replayed 5 times with fresh inputs copied into the captured buffer before each replay. A
+  // host-side value base would replay the first launch's signal values, which are already
+  // reached: the waits would pass on stale signals and the sums read half-written inboxes.
+  {
+    const uint64_t chunk = 64 << 10;
+    const int64_t count = 300007;  // 19 chunks of fp32
+    uint32_t* status = nullptr;
+    unsigned long long* counter = nullptr;
+    float* d = nullptr;
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&status), 4));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&counter), 8));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d), count * 4));
+    CUDA_OK(cudaMemset(status, 0, 4));
+    CUDA_OK(cudaMemset(counter, 0, 8));
+    k::ProxyCollective a = ep.allreduce_args(blobs, rank, d, count);
+    a.base_word = 128;  // words no earlier test used: the counter starts at 0 with them
+    a.value_counter = counter;
+    a.chunk_bytes = chunk;
+    a.timeout_ns = 20 * second;
+    a.status = status;
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(k::launch_proxy_collective(a, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 5; ++replay) {
+      auto value = [&](int r, int64_t i) {
+        return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ (uint64_t(r) << 40) ^
+                                                                           (uint64_t(replay) << 32) ^ uint64_t(i)) % 64) - 32);
+      };
+      std::vector<float> x(count);
+      for (int64_t i = 0; i < count; ++i) x[i] = value(rank, i);
+      CUDA_OK(cudaMemcpy(d, x.data(), count * 4, cudaMemcpyHostToDevice));
+      g.barrier();  // skew: each rank's replay starts whenever; the waits order them
+      CUDA_OK(cudaGraphLaunch(exec, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      uint32_t st = 0;
+      CUDA_OK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(x.data(), d, count * 4, cudaMemcpyDeviceToHost));
+      int64_t bad = 0;
+      for (int64_t i = 0; i < count; ++i) bad += x[i] != value(0, i) + value(1, i);
+      const std::string what = "graph replay " + std::to_string(replay) + " of a captured allReduce: rank " +
+                               std::to_string(rank);
+      check(st == k::kProxyOk, what + " status " + std::to_string(st) + ", proxy: " + ep.proxy_error());
+      check(bad == 0, what + ": " + std::to_string(bad) + " elements differ from x_0 + x_1");
+      g.barrier();  // both ranks checked before the next replay's input overwrites d
+    }
+    unsigned long long used = 0;
+    CUDA_OK(cudaMemcpy(&used, counter, 8, cudaMemcpyDeviceToHost));
+    check(used == 5 * k::proxy_collective_chunks(a), "graph replay: the device counter advanced by " +
+                                                         std::to_string(used) + " values, not 5 x the op's chunks");
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(s));
+    for (void* p : {static_cast<void*>(status), static_cast<void*>(counter), static_cast<void*>(d)}) cudaFree(p);
     g.barrier();
   }
 

@@ -175,8 +175,13 @@ __device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t s
 template <typename T>
 __global__ void proxy_collective_kernel(ProxyCollective a) {
   __shared__ uint32_t status;
+  __shared__ uint64_t value_base;
   int bad_peer = -1;  // thread 0: the host whose signal a failed wait was for
-  if (threadIdx.x == 0) status = kProxyOk;
+  if (threadIdx.x == 0) {
+    status = kProxyOk;
+    // The previous launch on this counter wrote it before it ended (stream order).
+    value_base = a.value_counter != nullptr ? *a.value_counter : a.value_base;
+  }
   __syncthreads();
   const int H = a.hosts, me = a.rank;
   const bool scatter = a.op == kProxyReduceScatter || a.op == kProxyAllToAll;  // a chunk per peer
@@ -194,7 +199,7 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
     if (threadIdx.x == 0) {
       for (int p = 0; p < H && status == kProxyOk; ++p) {
         if (p == me) continue;
-        status = detail::proxy_wait_signal(a.ring, credit + p, a.value_base + c, a.timeout_ns);
+        status = detail::proxy_wait_signal(a.ring, credit + p, value_base + c, a.timeout_ns);
         bad_peer = p;
       }
     }
@@ -221,13 +226,13 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
         w.bytes = static_cast<uint64_t>(part(scatter ? p : me, c)) * sizeof(T);
         w.signal_key = a.signal_keys[p];
         w.signal_offset = 8 * (a.base_word + me);
-        w.signal_value = a.value_base + c + 1;
+        w.signal_value = value_base + c + 1;
         status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
         bad_peer = -1;  // the ring stayed full: no single peer to blame
       }
       for (int p = 0; p < H && status == kProxyOk; ++p) {
         if (p == me) continue;
-        status = detail::proxy_wait_signal(a.ring, recv + p, a.value_base + c + 1, a.timeout_ns);
+        status = detail::proxy_wait_signal(a.ring, recv + p, value_base + c + 1, a.timeout_ns);
         bad_peer = p;
       }
     }
@@ -256,7 +261,7 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
         w.peer = p;
         w.signal_key = a.signal_keys[p];
         w.signal_offset = 8 * (a.base_word + H + me);
-        w.signal_value = a.value_base + c + 1;
+        w.signal_value = value_base + c + 1;
         status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
         bad_peer = -1;
       }
@@ -269,6 +274,8 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
     volatile uint32_t* word = a.status;
     if (*word == kProxyOk) *word = proxy_status(status, bad_peer, a.op);
   }
+  // The next op's values start above this one's, also after a failure (the link is dead then).
+  if (threadIdx.x == 0 && a.value_counter != nullptr) *a.value_counter = value_base + chunks;
 }
 
 }  // namespace

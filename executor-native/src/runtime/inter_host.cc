@@ -44,8 +44,9 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
     regions_.push_back(t.register_memory(outbox_->host, chunk_bytes * hosts));
     regions_.push_back(t.register_memory(inbox_->host, chunk_bytes * hosts));
     regions_.push_back(t.register_memory(signals_->host, kSignalBytes));
-    check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), sizeof *next_slot_), "cudaMalloc (ring counter)");
-    check(cudaMemset(next_slot_, 0, sizeof *next_slot_), "cudaMemset (ring counter)");
+    // Two device words: the ring's next slot, the ops' signal value base.
+    check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), 2 * sizeof *next_slot_), "cudaMalloc (ring counters)");
+    check(cudaMemset(next_slot_, 0, 2 * sizeof *next_slot_), "cudaMemset (ring counters)");
   } catch (...) {
     close(false);
     throw;
@@ -149,12 +150,11 @@ void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream
     a.signal_keys[h] = peers_[h].signal_key;
   }
   a.base_word = 0;
-  a.value_base = value_base_;
+  a.value_counter = next_slot_ + 1;
   a.chunk_bytes = chunk_bytes_;
   a.timeout_ns = static_cast<uint64_t>(runtime_.config().timeout_ms) * 1000000ull;
   a.status = status_dev_;
   check(k::launch_proxy_collective(a, stream), std::string("launching the ") + op + " between hosts");
-  value_base_ += k::proxy_collective_chunks(a);
 }
 
 bool InterHostLink::failed() const { return k::proxy_status_code(*status_) != k::kProxyOk; }

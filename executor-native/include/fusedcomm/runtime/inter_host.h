@@ -17,7 +17,8 @@
 // Memory (pinned, mapped for the GPU; registered with the transport): an outbox and an inbox
 // of `hosts` chunk slots each, a page of signal words; and, not registered, the ring, its
 // device-side slot counter and a status word. Signal words only grow (each op's values start
-// above the previous op's), so no word is reset between ops.
+// above the previous op's, from a counter on the device), so no word is reset between ops and
+// every op, replayed in a CUDA graph or not, gets fresh values.
 //
 // Not thread-safe (DeviceComm serialises its ops); abort() may come from any thread.
 #pragma once
@@ -95,7 +96,8 @@ class InterHostLink {
   const uint64_t chunk_bytes_;
   std::unique_ptr<MappedHostMemory> outbox_, inbox_, signals_, ring_memory_;
   std::vector<rdma::Region> regions_;  // outbox, inbox, signals
-  unsigned long long* next_slot_ = nullptr;  // device memory: the producers' next ring slot
+  unsigned long long* next_slot_ = nullptr;  // device memory: the producers' next ring slot,
+                                             // then the ops' signal value base (kernels/proxy.h)
   volatile uint32_t* status_ = nullptr;      // in ring_memory_, after the ring (host address)
   uint32_t* status_dev_ = nullptr;           // the same word, device address
   kernels::ProxyRingDevice ring_device_{};
@@ -103,7 +105,6 @@ class InterHostLink {
   std::vector<std::string> names_;
   std::unique_ptr<rdma::PeerGroup> group_;
   std::unique_ptr<rdma::Proxy> proxy_;
-  uint64_t value_base_ = 0;  // signal values used so far (ops' chunks)
   bool closed_ = false, aborted_ = false;
 };
 

@@ -105,9 +105,11 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 //   signals (every rank, `signal_keys[p]`): word s = chunks received from source s, word
 //     hosts + s = chunks that source s has consumed of this rank's (credits);
 // with signal offsets 8 * (base_word + word). Signal words only grow and are never reset
-// (DESIGN.md §3): this op's chunk c is signalled with value_base + c + 1, so consecutive ops on
-// the same words pass value_base = the previous op's value_base + its chunks (every rank the
-// same).
+// (DESIGN.md §3): this op's chunk c is signalled with B + c + 1, where B, the op's value base,
+// is the previous op's B plus its chunks (every rank the same). With `value_counter` (device
+// memory, zero before the first op on these words) the kernel reads B from it and adds its
+// chunks when done, so back-to-back launches and CUDA-graph replays each get fresh values with
+// no host involvement; without it, B = `value_base`, which the caller advances.
 // Per chunk c: wait until every peer consumed this rank's previous chunk (credits; for c = 0 the
 // previous op's last one, so back-to-back ops need no host synchronisation), stage the chunk(s)
 // in the outbox, post to every peer, wait for every peer's chunk c, sum or copy it out of the
@@ -156,7 +158,8 @@ struct ProxyCollective {
   uint64_t inbox_keys[kProxyMaxHosts];
   uint64_t signal_keys[kProxyMaxHosts];
   uint64_t base_word;                // first signal word of this op in every signal region
-  uint64_t value_base;               // signal values of this op start above it
+  uint64_t value_base;               // signal values of this op start above it (no counter)
+  unsigned long long* value_counter; // or null: the value base, kept on the device (above)
   uint64_t chunk_bytes;
   uint64_t timeout_ns;
   uint32_t* status;                  // device-visible memory (device, or mapped host)
