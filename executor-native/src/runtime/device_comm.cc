@@ -6,6 +6,7 @@
 
 #include "fusedcomm/kernels/copy_segments.h"
 #include "fusedcomm/kernels/fused.h"
+#include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 
@@ -498,23 +499,6 @@ struct RowBlocks {
 uint64_t round16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
 }  // namespace
 
-void DeviceComm::gemm_on(const void* a, const void* w, void* c, k::GemmOutType c_type, int64_t m, int64_t n,
-                         int64_t k, int layout, cudaStream_t s, const char* op) {
-  k::GemmArgs g;
-  g.A = static_cast<const __nv_bfloat16*>(a);
-  g.B = static_cast<const __nv_bfloat16*>(w);
-  g.C = c;
-  g.M = static_cast<int>(m);
-  g.N = static_cast<int>(n);
-  g.K = static_cast<int>(k);
-  g.lda = k;
-  g.ldb = layout == 0 ? k : n;
-  g.ldc = n;
-  g.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
-  g.c_type = c_type;
-  check_fused_launch(k::launch_gemm(g, s), op);
-}
-
 void DeviceComm::all_gather_gemm_across_hosts(const void* a_local, const void* w, void* c, void* gathered,
                                               int64_t m, int64_t n_local, int64_t k, int layout,
                                               cudaStream_t stream) {
@@ -537,7 +521,8 @@ void DeviceComm::all_gather_gemm_across_hosts(const void* a_local, const void* w
     for (int p = 0; p < W; ++p) unpack.push_back({blocks + p * rb.ceil() * row, full + rb.first(p) * row, rb.rows(p) * row});
     copy_segments(unpack, s);
   }
-  gemm_on(full, w, c, k::GemmOutType::kBF16, m, n_local, k, layout, s, "allGatherGemm");
+  check_fused_launch(k::launch_gemm(dense_gemm_args(full, w, c, m, n_local, k, layout, k::GemmOutType::kBF16), s),
+                     "allGatherGemm");
   end(s, stream == nullptr);
 }
 
@@ -558,8 +543,9 @@ void DeviceComm::gemm_reduce_scatter_across_hosts(const void* a, const void* w, 
   char* work = static_cast<char*>(workspace(product + padded + mine + need.work_bytes));
   char* blocks = rb.even() ? work : work + product;
   char* sums = direct ? static_cast<char*>(out) : work + product + padded;
-  gemm_on(a, w, work, bf16 ? k::GemmOutType::kBF16 : k::GemmOutType::kF32, m, n, k_local, layout, s,
-          "gemmReduceScatter");
+  const k::GemmOutType c_type = bf16 ? k::GemmOutType::kBF16 : k::GemmOutType::kF32;
+  check_fused_launch(k::launch_gemm(dense_gemm_args(a, w, work, m, n, k_local, layout, c_type), s),
+                     "gemmReduceScatter");
   if (!rb.even()) {
     std::vector<k::CopySegment> pack;
     for (int p = 0; p < W; ++p) pack.push_back({work + rb.first(p) * row, blocks + p * rb.ceil() * row, rb.rows(p) * row});

@@ -9,6 +9,23 @@
 
 namespace fusedcomm {
 
+kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
+                                  int layout, kernels::GemmOutType c_type) {
+  kernels::GemmArgs g;
+  g.A = static_cast<const __nv_bfloat16*>(a);
+  g.B = static_cast<const __nv_bfloat16*>(w);
+  g.C = c;
+  g.M = static_cast<int>(m);
+  g.N = static_cast<int>(n);
+  g.K = static_cast<int>(k);
+  g.lda = k;
+  g.ldb = layout == 0 ? k : n;
+  g.ldc = n;
+  g.b_layout = layout == 0 ? kernels::GemmLayoutB::kNK : kernels::GemmLayoutB::kKN;
+  g.c_type = c_type;
+  return g;
+}
+
 void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
                       int layout) {
   const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
@@ -21,17 +38,7 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   for (const void* p : {a, w, static_cast<const void*>(c)}) {
     FC_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0, "gemm: device pointers must be 16-byte aligned");
   }
-  kernels::GemmArgs args;
-  args.A = static_cast<const __nv_bfloat16*>(a);
-  args.B = static_cast<const __nv_bfloat16*>(w);
-  args.C = c;
-  args.M = static_cast<int>(m);
-  args.N = static_cast<int>(n);
-  args.K = static_cast<int>(k);
-  args.lda = k;
-  args.ldb = layout == 0 ? k : n;
-  args.ldc = n;
-  args.b_layout = layout == 0 ? kernels::GemmLayoutB::kNK : kernels::GemmLayoutB::kKN;
+  const kernels::GemmArgs args = dense_gemm_args(a, w, c, m, n, k, layout, kernels::GemmOutType::kBF16);
   cudaError_t e = kernels::launch_gemm(args, nullptr);
   if (e == cudaErrorInvalidValue) fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
   if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);

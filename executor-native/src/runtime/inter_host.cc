@@ -90,29 +90,29 @@ void InterHostLink::all_reduce(void* x, int64_t count, k::CommDtype dtype, cudaS
   launch(a, dtype, stream, "allReduce");
 }
 
-void InterHostLink::all_gather(const std::vector<void*>& blocks, const std::vector<int64_t>& counts,
-                               k::CommDtype dtype, cudaStream_t stream) {
+// An op's per-host blocks (kernels/proxy.h, ProxyCollective::blocks and counts).
+k::ProxyCollective InterHostLink::per_host(uint32_t op, const std::vector<void*>& blocks,
+                                           const std::vector<int64_t>& counts) const {
   FC_REQUIRE(static_cast<int>(blocks.size()) == hosts_ && static_cast<int>(counts.size()) == hosts_,
-             "inter-host allGather: one block per host");
+             std::string("inter-host ") + k::proxy_op_name(op) + ": one block per host");
   k::ProxyCollective a{};
-  a.op = k::kProxyAllGather;
+  a.op = op;
   for (int h = 0; h < hosts_; ++h) {
     a.blocks[h] = blocks[h];
     a.counts[h] = counts[h];
   }
+  return a;
+}
+
+void InterHostLink::all_gather(const std::vector<void*>& blocks, const std::vector<int64_t>& counts,
+                               k::CommDtype dtype, cudaStream_t stream) {
+  k::ProxyCollective a = per_host(k::kProxyAllGather, blocks, counts);
   launch(a, dtype, stream, "allGather");
 }
 
 void InterHostLink::reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts,
                                    void* out, k::CommDtype dtype, cudaStream_t stream) {
-  FC_REQUIRE(static_cast<int>(contributions.size()) == hosts_ && static_cast<int>(counts.size()) == hosts_,
-             "inter-host reduceScatter: one contribution per host");
-  k::ProxyCollective a{};
-  a.op = k::kProxyReduceScatter;
-  for (int h = 0; h < hosts_; ++h) {
-    a.blocks[h] = contributions[h];
-    a.counts[h] = counts[h];
-  }
+  k::ProxyCollective a = per_host(k::kProxyReduceScatter, contributions, counts);
   a.out = out;
   launch(a, dtype, stream, "reduceScatter");
 }
@@ -120,16 +120,11 @@ void InterHostLink::reduce_scatter(const std::vector<void*>& contributions, cons
 void InterHostLink::all_to_all(const std::vector<void*>& sends, const std::vector<int64_t>& send_counts,
                                const std::vector<void*>& recvs, const std::vector<int64_t>& recv_counts,
                                k::CommDtype dtype, cudaStream_t stream) {
-  FC_REQUIRE(static_cast<int>(sends.size()) == hosts_ && static_cast<int>(send_counts.size()) == hosts_ &&
-                 static_cast<int>(recvs.size()) == hosts_ && static_cast<int>(recv_counts.size()) == hosts_,
-             "inter-host allToAll: one send and one receive block per host");
-  k::ProxyCollective a{};
-  a.op = k::kProxyAllToAll;
+  k::ProxyCollective a = per_host(k::kProxyAllToAll, sends, send_counts);
+  const k::ProxyCollective r = per_host(k::kProxyAllToAll, recvs, recv_counts);
   for (int h = 0; h < hosts_; ++h) {
-    a.blocks[h] = sends[h];
-    a.counts[h] = send_counts[h];
-    a.recv[h] = recvs[h];
-    a.recv_counts[h] = recv_counts[h];
+    a.recv[h] = r.blocks[h];
+    a.recv_counts[h] = r.counts[h];
   }
   launch(a, dtype, stream, "allToAll");
 }

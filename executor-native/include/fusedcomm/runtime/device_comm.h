@@ -133,8 +133,6 @@ class DeviceComm {
                                     int64_t n_local, int64_t k, int layout, cudaStream_t stream);
   void gemm_reduce_scatter_across_hosts(const void* a, const void* w, void* out, int64_t m, int64_t n,
                                         int64_t k_local, int layout, int partials, cudaStream_t stream);
-  void gemm_on(const void* a, const void* w, void* c, kernels::GemmOutType c_type, int64_t m, int64_t n, int64_t k,
-               int layout, cudaStream_t s, const char* op);
   void* workspace(uint64_t bytes);
 
   Runtime& runtime_;

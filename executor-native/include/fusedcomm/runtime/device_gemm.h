@@ -5,7 +5,14 @@
 
 #include <cstdint>
 
+#include "fusedcomm/kernels/gemm.h"
+
 namespace fusedcomm {
+
+// The engine's arguments for c (m×n, c_type) = a (m×k, bf16) · op(w), dense row-major operands
+// (layout 0 = NK, 1 = KN, as below); the engine chooses the schedule.
+kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
+                                  int layout, kernels::GemmOutType c_type);
 
 // c (m×n, bf16) = a (m×k, bf16) · op(w): layout 0 = NK (w: n×k, C = A·Wᵀ), 1 = KN (w: k×n).
 // Device pointers, 16-byte aligned; n and k multiples of 8 (Error(kInvalidArgument) otherwise).

@@ -89,6 +89,8 @@ class InterHostLink {
   void close(bool drain) noexcept;
 
  private:
+  kernels::ProxyCollective per_host(uint32_t op, const std::vector<void*>& blocks,
+                                    const std::vector<int64_t>& counts) const;
   void launch(kernels::ProxyCollective& a, kernels::CommDtype dtype, cudaStream_t stream, const char* op);
 
   Runtime& runtime_;
