@@ -743,7 +743,9 @@ Core::Match Core::try_match(Conn* c) {
   }
   if (!g) return Match::kParked;  // that rank has not called connect() yet
   std::unique_lock<std::mutex> l(g->mu);
-  if (g->phase != Phase::kConnecting) return Match::kParked;  // maybe a later group reuses the id
+  // Maybe a later group reuses the id. An aborted group is still kConnecting until release()
+  // empties it; a connection adopted in between would outlive the group, open and counted.
+  if (g->phase != Phase::kConnecting || g->aborted) return Match::kParked;
   uint32_t reason = wire::kNoReason;
   if (h.job_token != g->job_token) {
     reason = wire::kBadToken;
@@ -822,25 +824,31 @@ void Core::apply_signal(const wire::WireHeader& h) {
 }
 
 void Core::end_data_conn(Conn* c, const std::string& msg, bool protocol_error) {
-  if (auto g = c->group.lock()) {
-    std::lock_guard<std::mutex> l(g->mu);
-    if (g->phase == Phase::kConnecting) {
-      // Not part of a live group yet: free the slot so that the rank may dial again.
-      if (g->peers[c->peer].get() == c) {
-        g->peers[c->peer].reset();
-        g->connected--;
-        g->lost[c->peer] = true;
-      }
-      c->state = PeerState::kClosed;
-    } else if (g->aborted || g->phase == Phase::kDone || c->bye_seen) {
-      if (c->state == PeerState::kConnected) c->state = PeerState::kClosed;
-    } else {
-      g->fail_locked(*c, msg);
-    }
-    g->cv.notify_all();
+  auto g = c->group.lock();
+  if (!g) {
+    if (protocol_error) ::shutdown(c->fd, SHUT_RDWR);
+    drop(c);
+    return;
   }
-  if (protocol_error) ::shutdown(c->fd, SHUT_RDWR);
+  // drop() runs under the group's lock: a connect() that finds the slot freed below (and
+  // so does not wait for this connection) must also find its socket closed and uncounted.
+  std::lock_guard<std::mutex> l(g->mu);
+  if (g->phase == Phase::kConnecting) {
+    // Not part of a live group yet: free the slot so that the rank may dial again.
+    if (g->peers[c->peer].get() == c) {
+      g->peers[c->peer].reset();
+      g->connected--;
+      g->lost[c->peer] = true;
+    }
+    c->state = PeerState::kClosed;
+  } else if (g->aborted || g->phase == Phase::kDone || c->bye_seen) {
+    if (c->state == PeerState::kConnected) c->state = PeerState::kClosed;
+  } else {
+    g->fail_locked(*c, msg);
+  }
+  if (protocol_error) ::shutdown(c->fd, SHUT_RDWR);  // after the failure is recorded: writers report it
   drop(c);
+  g->cv.notify_all();
 }
 
 void Core::read_data(Conn* c) {
