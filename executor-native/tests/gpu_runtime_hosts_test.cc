@@ -18,8 +18,8 @@
 //     bit-exact (bf16 partials: within 2^-7 of the terms' magnitude);
 //   - an allGather larger than the data area fails with Error(kInvalidArgument), and the
 //     communicator stays usable;
-//   - a host that never arrives: the ranks of the other host time out with Error(kTimeout)
-//     naming a rank of the missing host; every rank aborts and closes; then the same wait ended
+//   - a host that never arrives (an allToAll): the ranks of the other host time out with
+//     Error(kTimeout) naming the op and a rank of the missing host; every rank aborts and closes; then the same wait ended
 //     by abort() from another thread within seconds (Error(kCommunicator)); a fresh communicator
 //     on the same runtimes works.
 // FC_TEST_HOSTS=<H> (default 2), FC_TEST_LOCAL=<L> (default GPUs / H, at least 1);
@@ -384,7 +384,8 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     c.close();
   }
 
-  // A host that never arrives: host 1's ranks skip one allReduce.
+  // A host that never arrives: host 1's ranks skip one allToAll (the error names the op that
+  // gave up between hosts; an allReduce's timeout ran in earlier sessions' logs).
   {
     const std::vector<int>& host_of = layouts[0].host_of;
     Comm c(rt, g, host_of, ++comm_id);
@@ -397,14 +398,14 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       CUDA_OK(cudaMalloc(&buf, 4096 * 4));
       CUDA_OK(cudaMemset(buf, 0, 4096 * 4));
       try {
-        c.device->collective(k::CommOp::kAllReduce, k::CommDtype::kF32, buf, buf, 4096, nullptr);
+        c.device->collective(k::CommOp::kAllToAll, k::CommDtype::kF32, buf, buf, 4096, nullptr);
       } catch (const Error& e) {
         message = e.what();
         kind = e.kind();
       }
       cudaFree(buf);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      check(kind == ErrorKind::kTimeout && message.find("between hosts") != std::string::npos &&
+      check(kind == ErrorKind::kTimeout && message.find("allToAll [between hosts]") != std::string::npos &&
                 message.find("(host 1)") != std::string::npos,
             "missing host: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
       check(s < kTimeoutMs / 1000.0 + 15, "missing host: the timeout took " + std::to_string(s) + " s");
