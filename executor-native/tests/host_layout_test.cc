@@ -37,7 +37,7 @@ int main() {
     const auto l = make_host_layout(interleaved, r);
     check(l.hosts == 2 && l.host == r % 2 && l.local_world == 3 && l.local_rank == r / 2,
           "interleaved: rank " + std::to_string(r) + "'s host and local rank");
-    check(l.members == (r % 2 == 0 ? std::vector<int>{0, 2, 4} : std::vector<int>{1, 3, 5}),
+    check(l.members() == (r % 2 == 0 ? std::vector<int>{0, 2, 4} : std::vector<int>{1, 3, 5}),
           "interleaved: members of rank " + std::to_string(r));
     check(l.counterparts == std::vector<int>{2 * (r / 2), 2 * (r / 2) + 1},
           "interleaved: counterparts of rank " + std::to_string(r));
@@ -46,7 +46,7 @@ int main() {
   }
   // Blocks of two on three hosts.
   const auto b = make_host_layout({0, 0, 1, 1, 2, 2}, 3);
-  check(b.hosts == 3 && b.host == 1 && b.local_rank == 1 && b.members == std::vector<int>{2, 3} &&
+  check(b.hosts == 3 && b.host == 1 && b.local_rank == 1 && b.members() == std::vector<int>{2, 3} &&
             b.counterparts == std::vector<int>{1, 3, 5} &&
             b.host_ranks == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}},
         "blocks: rank 3");

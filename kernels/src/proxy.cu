@@ -41,10 +41,7 @@ __global__ void proxy_stream_kernel(ProxyStreamTest t) {
       // Volatile: slot m % depth held an older message; every read goes to host memory.
       const auto* src = reinterpret_cast<const uint4*>(t.inbox + off);
       for (uint64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
-        uint4 v;
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(src + i));
+        const uint4 v = detail::ld_volatile_v4(src + i);
         bad += (v.x != proxy_stream_word(t.seed, m, 4 * i)) +
                (v.y != proxy_stream_word(t.seed, m, 4 * i + 1)) +
                (v.z != proxy_stream_word(t.seed, m, 4 * i + 2)) +
@@ -120,15 +117,8 @@ __device__ void copy_elems(T* dst, const T* src, int64_t n) {
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
   const int64_t nv = vec ? n / E::kPerVec : 0;
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-    uint4 v;
-    if (kFromInbox) {
-      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "l"(reinterpret_cast<const uint4*>(src) + i));
-    } else {
-      v = reinterpret_cast<const uint4*>(src)[i];
-    }
-    reinterpret_cast<uint4*>(dst)[i] = v;
+    const uint4* from = reinterpret_cast<const uint4*>(src) + i;
+    reinterpret_cast<uint4*>(dst)[i] = kFromInbox ? detail::ld_volatile_v4(from) : *from;
   }
   for (int64_t i = nv * E::kPerVec + threadIdx.x; i < n; i += blockDim.x) {
     dst[i] = kFromInbox ? E::load_volatile(src + i) : src[i];
@@ -147,13 +137,8 @@ __device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t s
     float sum[E::kPerVec];
     const uint4 mine = reinterpret_cast<const uint4*>(own)[i];
     for (int s = 0; s < hosts; ++s) {
-      uint4 v = mine;
-      if (s != me) {
-        const uint4* src = reinterpret_cast<const uint4*>(inbox + s * slot_bytes) + i;
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(src));
-      }
+      const uint4* slot = reinterpret_cast<const uint4*>(inbox + s * slot_bytes);
+      const uint4 v = s == me ? mine : detail::ld_volatile_v4(slot + i);
 #pragma unroll
       for (int j = 0; j < E::kPerVec; ++j) sum[j] = s == 0 ? E::get(v, j) : sum[j] + E::get(v, j);
     }

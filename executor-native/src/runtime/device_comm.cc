@@ -56,7 +56,7 @@ void DeviceComm::connect(const std::vector<std::vector<uint8_t>>& blobs, const s
              "connect: " + std::to_string(host_of.size()) + " host ids for world " + std::to_string(host_comm.world()));
   pin_gpu(runtime_.gpu().ordinal);
   layout_ = make_host_layout(host_of, host_comm.rank());
-  if (layout_.hosts > 1) sm_->restrict_to(layout_.members);
+  if (layout_.hosts > 1) sm_->restrict_to(layout_.members());
   sm_->connect(blobs);
   if (layout_.hosts > 1) connect_hosts(host_comm, comm_id);
   connected_ = true;
@@ -228,7 +228,7 @@ struct GlobalBlocks {
   const HostLayout& lay;
   int64_t count;
   size_t esize;
-  int world() const { return lay.hosts * lay.local_world; }
+  int world() const { return lay.world(); }
   int64_t n(int g) const { return split_count(count, world(), g); }
   size_t bytes(int g) const { return static_cast<size_t>(n(g)) * esize; }
   size_t offset(int g) const { return static_cast<size_t>(split_offset(count, world(), g)) * esize; }
@@ -293,7 +293,7 @@ DeviceComm::HostsNeeds DeviceComm::needs_across_hosts(k::CommOp op, size_t esize
 void DeviceComm::enqueue_across_hosts(k::CommOp op, k::CommDtype dtype, const void* in, uint64_t in_bytes,
                                       void* out, int64_t count, char* work, cudaStream_t s) {
   const GlobalBlocks b{layout_, count, element_bytes(dtype)};
-  const int H = layout_.hosts, L = layout_.local_world, host = layout_.host, me = layout_.counterparts[host];
+  const int H = layout_.hosts, L = layout_.local_world, host = layout_.host, me = layout_.rank();
   const uint64_t slot = GlobalBlocks::slot(b.bytes(0));
   auto* data = static_cast<char*>(sm_->data());
   const auto* src = static_cast<const char*>(in);
@@ -502,7 +502,7 @@ uint64_t round16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
 void DeviceComm::all_gather_gemm_across_hosts(const void* a_local, const void* w, void* c, void* gathered,
                                               int64_t m, int64_t n_local, int64_t k, int layout,
                                               cudaStream_t stream) {
-  const int W = layout_.hosts * layout_.local_world, r = layout_.counterparts[layout_.host];
+  const int W = layout_.world(), r = layout_.rank();
   const RowBlocks rb{m, W};
   const uint64_t row = static_cast<uint64_t>(k) * 2;
   const int64_t count = rb.count(k);
@@ -528,7 +528,7 @@ void DeviceComm::all_gather_gemm_across_hosts(const void* a_local, const void* w
 
 void DeviceComm::gemm_reduce_scatter_across_hosts(const void* a, const void* w, void* out, int64_t m, int64_t n,
                                                   int64_t k_local, int layout, int partials, cudaStream_t stream) {
-  const int W = layout_.hosts * layout_.local_world, r = layout_.counterparts[layout_.host];
+  const int W = layout_.world(), r = layout_.rank();
   const RowBlocks rb{m, W};
   const bool bf16 = static_cast<k::RsPartials>(partials) == k::RsPartials::kBF16;
   const k::CommDtype pd = bf16 ? k::CommDtype::kBF16 : k::CommDtype::kF32;

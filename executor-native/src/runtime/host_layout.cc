@@ -28,11 +28,11 @@ HostLayout make_host_layout(const std::vector<int>& host_of, int rank) {
     }
   }
   l.host = host_of[rank];
-  l.members = ranks_of[l.host];
-  l.local_world = static_cast<int>(l.members.size());
-  l.local_rank = static_cast<int>(std::find(l.members.begin(), l.members.end(), rank) - l.members.begin());
-  for (int h = 0; h < l.hosts; ++h) l.counterparts.push_back(ranks_of[h][l.local_rank]);
   l.host_ranks = std::move(ranks_of);
+  const std::vector<int>& mine = l.members();
+  l.local_world = static_cast<int>(mine.size());
+  l.local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  for (int h = 0; h < l.hosts; ++h) l.counterparts.push_back(l.host_ranks[h][l.local_rank]);
   return l;
 }
 

@@ -87,7 +87,7 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
 void InterHostLink::all_reduce(void* x, int64_t count, k::CommDtype dtype, cudaStream_t stream) {
   k::ProxyCollective a{};
   k::proxy_set_all_reduce(a, x, count);
-  launch(a, dtype, stream, "allReduce");
+  launch(a, dtype, stream);
 }
 
 // An op's per-host blocks (kernels/proxy.h, ProxyCollective::blocks and counts).
@@ -107,14 +107,14 @@ k::ProxyCollective InterHostLink::per_host(uint32_t op, const std::vector<void*>
 void InterHostLink::all_gather(const std::vector<void*>& blocks, const std::vector<int64_t>& counts,
                                k::CommDtype dtype, cudaStream_t stream) {
   k::ProxyCollective a = per_host(k::kProxyAllGather, blocks, counts);
-  launch(a, dtype, stream, "allGather");
+  launch(a, dtype, stream);
 }
 
 void InterHostLink::reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts,
                                    void* out, k::CommDtype dtype, cudaStream_t stream) {
   k::ProxyCollective a = per_host(k::kProxyReduceScatter, contributions, counts);
   a.out = out;
-  launch(a, dtype, stream, "reduceScatter");
+  launch(a, dtype, stream);
 }
 
 void InterHostLink::all_to_all(const std::vector<void*>& sends, const std::vector<int64_t>& send_counts,
@@ -126,11 +126,11 @@ void InterHostLink::all_to_all(const std::vector<void*>& sends, const std::vecto
     a.recv[h] = r.blocks[h];
     a.recv_counts[h] = r.counts[h];
   }
-  launch(a, dtype, stream, "allToAll");
+  launch(a, dtype, stream);
 }
 
 // The fields every op shares: this link's staging, keys, signal values and limits.
-void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream_t stream, const char* op) {
+void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream_t stream) {
   FC_REQUIRE(proxy_ != nullptr && !closed_, "inter-host link: not connected");
   a.ring = ring_device_;
   a.dtype = dtype == k::CommDtype::kF32 ? k::kProxyF32 : k::kProxyBF16;
@@ -149,7 +149,8 @@ void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream
   a.chunk_bytes = chunk_bytes_;
   a.timeout_ns = static_cast<uint64_t>(runtime_.config().timeout_ms) * 1000000ull;
   a.status = status_dev_;
-  check(k::launch_proxy_collective(a, stream), std::string("launching the ") + op + " between hosts");
+  check(k::launch_proxy_collective(a, stream),
+        std::string("launching the ") + k::proxy_op_name(a.op) + " between hosts");
 }
 
 bool InterHostLink::failed() const { return k::proxy_status_code(*status_) != k::kProxyOk; }

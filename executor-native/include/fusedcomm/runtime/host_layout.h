@@ -13,9 +13,13 @@ namespace fusedcomm {
 struct HostLayout {
   int hosts = 1, host = 0;          // host ids 0..hosts-1 (the caller's numbering)
   int local_rank = 0, local_world = 1;
-  std::vector<int> members;         // the global ranks on this rank's host, ascending
   std::vector<int> counterparts;    // [h]: the rank with this local rank on host h
   std::vector<std::vector<int>> host_ranks;  // [h]: the global ranks on host h, ascending
+
+  // The global ranks on this rank's host, ascending.
+  const std::vector<int>& members() const { return host_ranks[host]; }
+  int rank() const { return counterparts[host]; }  // this rank, globally
+  int world() const { return hosts * local_world; }
 };
 
 // host_of[r]: rank r's host id. Every id in 0..H-1 must be used. Throws Error(kInvalidArgument)

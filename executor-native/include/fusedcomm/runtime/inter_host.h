@@ -91,7 +91,7 @@ class InterHostLink {
  private:
   kernels::ProxyCollective per_host(uint32_t op, const std::vector<void*>& blocks,
                                     const std::vector<int64_t>& counts) const;
-  void launch(kernels::ProxyCollective& a, kernels::CommDtype dtype, cudaStream_t stream, const char* op);
+  void launch(kernels::ProxyCollective& a, kernels::CommDtype dtype, cudaStream_t stream);
 
   Runtime& runtime_;
   const int host_, hosts_;

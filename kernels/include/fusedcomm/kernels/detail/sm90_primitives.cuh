@@ -231,6 +231,15 @@ FC_FLAG_STORE(st_release_gpu, "release.gpu")
 // locations sequentially consistently, which the counters here never need.
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ uint32_t ld_volatile_u32(const volatile uint32_t* p) { return *p; }
+// 16 bytes that another agent may have rewritten (e.g. mapped host memory a NIC or proxy writes
+// into): every load goes to memory.
+__device__ __forceinline__ uint4 ld_volatile_v4(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 // ld.global.cg (L2 only) with a 256-byte L2 prefetch size: a miss also brings the next
 // 128-byte line, for walks over consecutive lines.
 __device__ __forceinline__ float2 ld_cg_l2_256(const float2* p) {
