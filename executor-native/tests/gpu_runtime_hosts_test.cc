@@ -16,6 +16,9 @@
 //   - allGatherGemm (with and without the gathered A) and gemmReduceScatter (each partial
 //     precision), NK and KN weights, M divisible by W and not, small-integer inputs checked
 //     bit-exact (bf16 partials: within 2^-7 of the terms' magnitude);
+//   - CUDA graphs: the four collectives and both fused ops captured on a caller stream, the
+//     graph replayed 3 times with fresh inputs, every output checked; across hosts and with
+//     every rank on one host; a capture that would grow the workspace is refused;
 //   - an allGather larger than the data area fails with Error(kInvalidArgument), and the
 //     communicator stays usable;
 //   - a host that never arrives (an allToAll): the ranks of the other host time out with
@@ -118,16 +121,16 @@ std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
 
 const char* op_name(k::CommOp op) { return k::comm_op_name(static_cast<uint32_t>(op)); }
 
-// One collective case (`count` elements, kernels/collectives.h): rank r's full vector is
+// One collective's data (`count` elements, kernels/collectives.h): rank r's full vector is
 // value(seed, r, i), i < count; its input is the vector (allReduce, reduceScatter, allToAll) or
-// its block of it (allGather: split_count(count, W, r) elements at split_offset). On the own stream (stream == nullptr) once, or `reps` times back to back on
-// `stream` with one synchronisation; every element of the last result checked bit-exact, and
-// a guard after the output.
-void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
-                     int64_t count, cudaStream_t stream, int reps, const std::string& layout) {
+// its block of it (allGather: split_count(count, W, r) elements at split_offset); `want` is
+// this rank's expected output, bit for bit.
+struct CollData {
+  std::vector<uint8_t> in, want;
+};
+CollData coll_data(k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype, int64_t count) {
   using fusedcomm::split_count;
   using fusedcomm::split_offset;
-  const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
   const int64_t mine_n = split_count(count, world, rank), mine_at = split_offset(count, world, rank);
   std::vector<float> in_v, want;
   if (op == k::CommOp::kAllGather) {
@@ -151,27 +154,40 @@ void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t
       want.push_back(sum);
     }
   }
-  const std::vector<uint8_t> in_host = encode(in_v, dtype), want_bytes = encode(want, dtype);
-  const int64_t out_n = static_cast<int64_t>(want.size());
+  return {encode(in_v, dtype), encode(want, dtype)};
+}
+
+// Checks `out` (want.size() bytes, then a 16-byte guard of 0xFF) against `want`.
+void check_output(const void* out, const std::vector<uint8_t>& want, size_t es, const std::string& what) {
+  std::vector<uint8_t> got(want.size() + 16);
+  CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); i += es) bad += std::memcmp(&got[i], &want[i], es) != 0;
+  bool guard = true;
+  for (size_t b = want.size(); b < got.size(); ++b) guard &= got[b] == 0xFF;
+  check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
+  check(guard, what + ": wrote past the end of the output");
+}
+
+// One collective case: on the own stream (stream == nullptr) once, or `reps` times back to
+// back on `stream` with one synchronisation; every element of the last result checked
+// bit-exact, and a guard after the output.
+void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
+                     int64_t count, cudaStream_t stream, int reps, const std::string& layout) {
+  const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
+  const CollData d = coll_data(op, rank, world, seed, dtype, count);
   void *in = nullptr, *out = nullptr;
-  CUDA_OK(cudaMalloc(&in, in_host.size() + 16));
-  CUDA_OK(cudaMalloc(&out, out_n * es + 16));
-  CUDA_OK(cudaMemcpy(in, in_host.data(), in_host.size(), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(out, 0xFF, out_n * es + 16));  // NaN, and a guard after the end
+  CUDA_OK(cudaMalloc(&in, d.in.size() + 16));
+  CUDA_OK(cudaMalloc(&out, d.want.size() + 16));
+  CUDA_OK(cudaMemcpy(in, d.in.data(), d.in.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(out, 0xFF, d.want.size() + 16));  // NaN, and a guard after the end
   const std::string what = layout + ": " + op_name(op) + (dtype == k::CommDtype::kF32 ? " fp32 " : " bf16 ") +
                            std::to_string(count) + (stream ? " x" + std::to_string(reps) + " on a caller stream" : "") +
                            ", rank " + std::to_string(rank);
   try {
     for (int i = 0; i < reps; ++i) dc.collective(op, dtype, in, out, count, stream);
     dc.synchronize();
-    std::vector<uint8_t> got(out_n * es + 16);
-    CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
-    int64_t bad = 0;
-    for (int64_t i = 0; i < out_n; ++i) bad += std::memcmp(&got[i * es], &want_bytes[i * es], es) != 0;
-    bool guard = true;
-    for (size_t b = out_n * es; b < got.size(); ++b) guard &= got[b] == 0xFF;
-    check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
-    check(guard, what + ": wrote past the end of the output");
+    check_output(out, d.want, es, what);
   } catch (const std::exception& e) {
     check(false, what + ": threw " + e.what());
   }
@@ -235,91 +251,126 @@ float weight_at(const std::vector<float>& w, int layout, int64_t n, int64_t kdim
   return layout == 0 ? w[j * kdim + kk] : w[kk * n + j];
 }
 
-// The fused ops across hosts (the decomposed path: hierarchical collective and our GEMM). Small
-// integer inputs: every product sum is exact in fp32, so C and the fp32-partials sums equal the
-// bf16 rounding of the exact result bit for bit; bf16 partials are rounded per rank and per host
-// before the last sum, so they are checked within 2^-7 of the sum of |terms| per element.
-void fused_cases(DeviceComm& dc, int rank, int world, uint64_t seed, const std::string& layout) {
+// The fused ops' data: small integer inputs, so every product sum is exact in fp32, and C and
+// the fp32-partials sums equal the bf16 rounding of the exact result bit for bit; bf16 partials
+// are rounded per rank and per host before the last sum, so they are checked within 2^-7 of the
+// sum of |terms| per element.
+// allGatherGemm: K = 64, N_r = 64 + 8 (r % 2); this rank's rows of A, its weight (layout wl:
+// 0 NK, 1 KN), the expected C and gathered A.
+struct AgData {
+  int64_t m, n, kd;
+  std::vector<float> a, w, want_c, want_g;
+};
+AgData ag_data(uint64_t seed, int64_t m, int wl, int rank, int world) {
   using fusedcomm::split_count;
   using fusedcomm::split_offset;
+  AgData d{m, 64 + 8 * (rank % 2), 64, {}, {}, {}, {}};
+  const int64_t kd = d.kd, n = d.n;
+  auto a_at = [&](int64_t i, int64_t kk) { return value(seed ^ 0xA, 0, i * kd + kk); };
+  const int64_t rows = split_count(m, world, rank), first = split_offset(m, world, rank);
+  d.w.resize(n * kd);
+  d.want_c.resize(m * n);
+  d.want_g.resize(m * kd);
+  for (int64_t i = first; i < first + rows; ++i)
+    for (int64_t kk = 0; kk < kd; ++kk) d.a.push_back(a_at(i, kk));
+  for (int64_t i = 0; i < n * kd; ++i) d.w[i] = value(seed ^ 0xB, rank, i);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kk = 0; kk < kd; ++kk) d.want_g[i * kd + kk] = a_at(i, kk);
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0;
+      for (int64_t kk = 0; kk < kd; ++kk) acc += a_at(i, kk) * weight_at(d.w, wl, n, kd, j, kk);
+      d.want_c[i * n + j] = bf16_round(acc);
+    }
+  }
+  return d;
+}
+// gemmReduceScatter: N = 72, K_r = 32 + 8 (r % 3); this rank's A and weight, and per element
+// of its output block the exact sum and the sum of |terms|.
+struct RsData {
+  int64_t m, n, kd, rows;
+  std::vector<float> a, w, exact, mag;
+};
+RsData rs_data(uint64_t seed, int64_t m, int wl, int rank, int world) {
+  using fusedcomm::split_count;
+  using fusedcomm::split_offset;
+  auto kr = [&](int r) { return int64_t{32} + 8 * (r % 3); };
+  RsData d{m, 72, kr(rank), split_count(m, world, rank), {}, {}, {}, {}};
+  const int64_t n = d.n, kd = d.kd, first = split_offset(m, world, rank);
+  auto a_of = [&](int r, int64_t i, int64_t kk) { return value(seed ^ 0xC, r, i * kr(r) + kk); };
+  auto w_of = [&](int r, int64_t j, int64_t kk) { return value(seed ^ 0xD, r, j * kr(r) + kk); };
+  d.a.resize(m * kd);
+  d.w.resize(n * kd);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t kk = 0; kk < kd; ++kk) d.a[i * kd + kk] = a_of(rank, i, kk);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t kk = 0; kk < kd; ++kk) {
+      if (wl == 0) d.w[j * kd + kk] = w_of(rank, j, kk);
+      else d.w[kk * n + j] = w_of(rank, j, kk);
+    }
+  }
+  for (int64_t i = 0; i < d.rows; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float exact = 0, mag = 0;
+      for (int r = 0; r < world; ++r) {
+        for (int64_t kk = 0; kk < kr(r); ++kk) {
+          const float t = a_of(r, first + i, kk) * w_of(r, j, kk);
+          exact += t;
+          mag += std::fabs(t);
+        }
+      }
+      d.exact.push_back(exact);
+      d.mag.push_back(mag);
+    }
+  }
+  return d;
+}
+// Elements of a gemmReduceScatter output (rows x n, downloaded) outside the check.
+int64_t rs_wrong(const RsData& d, const void* out, int partials) {
+  const std::vector<float> got = download_bf16(out, d.rows * d.n);
+  int64_t bad = 0;
+  for (size_t e = 0; e < got.size(); ++e) {
+    bad += partials == 1 ? !(std::fabs(got[e] - d.exact[e]) <= d.mag[e] / 128) : got[e] != bf16_round(d.exact[e]);
+  }
+  return bad;
+}
+
+// The fused ops across hosts (the decomposed path: hierarchical collective and our GEMM), M
+// divisible by W and not, NK and KN; allGatherGemm asks for the gathered A with NK;
+// gemmReduceScatter with each partial precision.
+void fused_cases(DeviceComm& dc, int rank, int world, uint64_t seed, const std::string& layout) {
   for (const int64_t m : {int64_t{32} * world, int64_t{16} * world + 3}) {
     for (const int wl : {0, 1}) {
       const std::string what = layout + ": M=" + std::to_string(m) + (wl ? " KN" : " NK") + ", rank " + std::to_string(rank);
-      // allGatherGemm: K = 64, N_r = 64 + 8 (r % 2), the gathered A asked for when wl == 0.
       {
-        const int64_t kd = 64;
-        auto a_at = [&](int64_t i, int64_t kk) { return value(seed ^ 0xA, 0, i * kd + kk); };
-        const int64_t rows = split_count(m, world, rank), first = split_offset(m, world, rank);
-        const int64_t n = 64 + 8 * (rank % 2);
-        std::vector<float> a_mine, w(n * kd), want_c(m * n), want_g(m * kd);
-        for (int64_t i = first; i < first + rows; ++i)
-          for (int64_t kk = 0; kk < kd; ++kk) a_mine.push_back(a_at(i, kk));
-        for (int64_t i = 0; i < n * kd; ++i) w[i] = value(seed ^ 0xB, rank, i);
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t kk = 0; kk < kd; ++kk) want_g[i * kd + kk] = a_at(i, kk);
-          for (int64_t j = 0; j < n; ++j) {
-            float acc = 0;
-            for (int64_t kk = 0; kk < kd; ++kk) acc += a_at(i, kk) * weight_at(w, wl, n, kd, j, kk);
-            want_c[i * n + j] = bf16_round(acc);
-          }
-        }
-        void* a = upload_bf16(a_mine);
-        void* wt = upload_bf16(w);
+        const AgData d = ag_data(seed, m, wl, rank, world);
+        void* a = upload_bf16(d.a);
+        void* wt = upload_bf16(d.w);
         void *c = nullptr, *g = nullptr;
-        CUDA_OK(cudaMalloc(&c, m * n * 2));
-        CUDA_OK(cudaMemset(c, 0xFF, m * n * 2));
+        CUDA_OK(cudaMalloc(&c, m * d.n * 2));
+        CUDA_OK(cudaMemset(c, 0xFF, m * d.n * 2));
         if (wl == 0) {
-          CUDA_OK(cudaMalloc(&g, m * kd * 2));
-          CUDA_OK(cudaMemset(g, 0xFF, m * kd * 2));
+          CUDA_OK(cudaMalloc(&g, m * d.kd * 2));
+          CUDA_OK(cudaMemset(g, 0xFF, m * d.kd * 2));
         }
         try {
-          dc.all_gather_gemm(a, wt, c, g, m, n, kd, wl, nullptr);
-          check(download_bf16(c, m * n) == want_c, what + ": allGatherGemm C differs from the exact product");
-          if (g != nullptr) check(download_bf16(g, m * kd) == want_g, what + ": allGatherGemm gathered A differs");
+          dc.all_gather_gemm(a, wt, c, g, m, d.n, d.kd, wl, nullptr);
+          check(download_bf16(c, m * d.n) == d.want_c, what + ": allGatherGemm C differs from the exact product");
+          if (g != nullptr) check(download_bf16(g, m * d.kd) == d.want_g, what + ": allGatherGemm gathered A differs");
         } catch (const std::exception& e) {
           check(false, what + ": allGatherGemm threw " + e.what());
         }
         for (void* p : {a, wt, c, g}) cudaFree(p);
       }
-      // gemmReduceScatter: N = 72, K_r = 32 + 8 (r % 3), each partial precision.
+      const RsData d = rs_data(seed, m, wl, rank, world);
       for (const int partials : {0, 1, 2}) {
-        const int64_t n = 72;
-        auto kr = [&](int r) { return int64_t{32} + 8 * (r % 3); };
-        const int64_t kd = kr(rank), rows = split_count(m, world, rank), first = split_offset(m, world, rank);
-        auto a_of = [&](int r, int64_t i, int64_t kk) { return value(seed ^ 0xC, r, i * kr(r) + kk); };
-        auto w_of = [&](int r, int64_t j, int64_t kk) { return value(seed ^ 0xD, r, j * kr(r) + kk); };
-        std::vector<float> a_mine(m * kd), w_nk(n * kd), w(n * kd);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t kk = 0; kk < kd; ++kk) a_mine[i * kd + kk] = a_of(rank, i, kk);
-        for (int64_t j = 0; j < n; ++j) {
-          for (int64_t kk = 0; kk < kd; ++kk) {
-            if (wl == 0) w[j * kd + kk] = w_of(rank, j, kk);
-            else w[kk * n + j] = w_of(rank, j, kk);
-          }
-        }
-        void* a = upload_bf16(a_mine);
-        void* wt = upload_bf16(w);
+        void* a = upload_bf16(d.a);
+        void* wt = upload_bf16(d.w);
         void* out = nullptr;
-        CUDA_OK(cudaMalloc(&out, rows * n * 2 + 16));
-        CUDA_OK(cudaMemset(out, 0xFF, rows * n * 2 + 16));
+        CUDA_OK(cudaMalloc(&out, d.rows * d.n * 2 + 16));
+        CUDA_OK(cudaMemset(out, 0xFF, d.rows * d.n * 2 + 16));
         try {
-          dc.gemm_reduce_scatter(a, wt, out, m, n, kd, wl, partials, nullptr);
-          const std::vector<float> got = download_bf16(out, rows * n);
-          int64_t bad = 0;
-          for (int64_t i = 0; i < rows; ++i) {
-            for (int64_t j = 0; j < n; ++j) {
-              float exact = 0, mag = 0;
-              for (int r = 0; r < world; ++r) {
-                for (int64_t kk = 0; kk < kr(r); ++kk) {
-                  const float t = a_of(r, first + i, kk) * w_of(r, j, kk);
-                  exact += t;
-                  mag += std::fabs(t);
-                }
-              }
-              const float g = got[i * n + j];
-              bad += partials == 1 ? !(std::fabs(g - exact) <= mag / 128) : g != bf16_round(exact);
-            }
-          }
+          dc.gemm_reduce_scatter(a, wt, out, m, d.n, d.kd, wl, partials, nullptr);
+          const int64_t bad = rs_wrong(d, out, partials);
           check(bad == 0, what + ": gemmReduceScatter partials " + std::to_string(partials) + ": " +
                               std::to_string(bad) + " elements wrong");
         } catch (const std::exception& e) {
@@ -329,6 +380,118 @@ void fused_cases(DeviceComm& dc, int rank, int world, uint64_t seed, const std::
       }
     }
   }
+}
+
+// CUDA graphs (device_comm.h): the four collectives and both fused ops, each twice, captured
+// on a caller stream after one eager run (which sizes the workspace), then the graph replayed
+// 3 times, each with fresh inputs uploaded and outputs poisoned on the same stream before the
+// launch; every output checked after each replay. Across hosts, a capture before that eager
+// run is refused (the workspace cannot grow inside a capture), and the communicator stays
+// usable.
+void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+  struct Coll {
+    k::CommOp op;
+    k::CommDtype dtype;
+    int64_t count;
+    void *in = nullptr, *out = nullptr;
+    size_t in_bytes = 0, out_bytes = 0;
+  };
+  std::vector<Coll> colls = {{k::CommOp::kAllReduce, k::CommDtype::kBF16, 65539},
+                             {k::CommOp::kAllGather, k::CommDtype::kF32, 100003},
+                             {k::CommOp::kReduceScatter, k::CommDtype::kBF16, 100003},
+                             {k::CommOp::kAllToAll, k::CommDtype::kF32, 100003}};
+  const int64_t m = int64_t{16} * world + 3;
+  for (Coll& c : colls) {
+    const CollData d = coll_data(c.op, rank, world, seed, c.dtype, c.count);
+    c.in_bytes = d.in.size();
+    c.out_bytes = d.want.size();
+    CUDA_OK(cudaMalloc(&c.in, c.in_bytes + 16));
+    CUDA_OK(cudaMalloc(&c.out, c.out_bytes + 16));
+  }
+  const AgData ag0 = ag_data(seed, m, 0, rank, world);
+  const RsData rs0 = rs_data(seed, m, 1, rank, world);
+  std::vector<void*> fused(7, nullptr);  // ag: a, w, c, gathered; rs: a, w, out
+  const size_t fused_bytes[7] = {ag0.a.size() * 2, ag0.w.size() * 2, size_t(m * ag0.n * 2), size_t(m * ag0.kd * 2),
+                                 rs0.a.size() * 2, rs0.w.size() * 2, size_t(rs0.rows * rs0.n * 2)};
+  for (int i = 0; i < 7; ++i) CUDA_OK(cudaMalloc(&fused[i], fused_bytes[i] + 16));
+  auto enqueue_all = [&] {
+    for (const Coll& c : colls) dc.collective(c.op, c.dtype, c.in, c.out, c.count, stream);
+    dc.all_gather_gemm(fused[0], fused[1], fused[2], fused[3], m, ag0.n, ag0.kd, 0, stream);
+    dc.gemm_reduce_scatter(fused[4], fused[5], fused[6], m, rs0.n, rs0.kd, 1, 0, stream);
+  };
+  const std::string what = layout + ": graph, rank " + std::to_string(rank);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  try {
+    if (dc.layout().hosts > 1) {
+      // Before any reduceScatter, its workspace does not exist: refused inside the capture.
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      std::string message;
+      try {
+        dc.collective(colls[2].op, colls[2].dtype, colls[2].in, colls[2].out, colls[2].count, stream);
+      } catch (const Error& e) {
+        message = e.kind() == ErrorKind::kInvalidArgument ? e.what() : std::string("wrong kind: ") + e.what();
+      }
+      cudaGraph_t partial = nullptr;
+      check(cudaStreamEndCapture(stream, &partial) == cudaSuccess, what + ": the refused capture could not end");
+      if (partial != nullptr) cudaGraphDestroy(partial);
+      check(message.find("before the capture") != std::string::npos,
+            what + ": growing the workspace inside a capture: " + (message.empty() ? "not refused" : message));
+    }
+    enqueue_all();  // eager: sizes the workspace, warms the launches
+    CUDA_OK(cudaStreamSynchronize(stream));
+    dc.synchronize();
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    enqueue_all();
+    enqueue_all();
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      const uint64_t s = seed ^ (0x9A0 + rep);
+      std::vector<CollData> want;
+      for (const Coll& c : colls) {
+        want.push_back(coll_data(c.op, rank, world, s, c.dtype, c.count));
+        CUDA_OK(cudaMemcpyAsync(c.in, want.back().in.data(), c.in_bytes, cudaMemcpyHostToDevice, stream));
+        CUDA_OK(cudaMemsetAsync(c.out, 0xFF, c.out_bytes + 16, stream));
+      }
+      const AgData ag = ag_data(s, m, 0, rank, world);
+      const RsData rs = rs_data(s, m, 1, rank, world);
+      const std::vector<uint8_t> up[4] = {encode(ag.a, k::CommDtype::kBF16), encode(ag.w, k::CommDtype::kBF16),
+                                          encode(rs.a, k::CommDtype::kBF16), encode(rs.w, k::CommDtype::kBF16)};
+      const int at[4] = {0, 1, 4, 5};
+      for (int i = 0; i < 4; ++i) {
+        CUDA_OK(cudaMemcpyAsync(fused[at[i]], up[i].data(), up[i].size(), cudaMemcpyHostToDevice, stream));
+      }
+      for (const int i : {2, 3, 6}) CUDA_OK(cudaMemsetAsync(fused[i], 0xFF, fused_bytes[i] + 16, stream));
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      dc.synchronize();  // a device failure in the replay is raised here
+      const std::string r = what + ", replay " + std::to_string(rep);
+      for (size_t i = 0; i < colls.size(); ++i) {
+        check_output(colls[i].out, want[i].want, colls[i].dtype == k::CommDtype::kF32 ? 4 : 2,
+                     r + ": " + op_name(colls[i].op));
+      }
+      check(download_bf16(fused[2], m * ag.n) == ag.want_c, r + ": allGatherGemm C differs from the exact product");
+      check(download_bf16(fused[3], m * ag.kd) == ag.want_g, r + ": allGatherGemm gathered A differs");
+      const int64_t bad = rs_wrong(rs, fused[6], 0);
+      check(bad == 0, r + ": gemmReduceScatter: " + std::to_string(bad) + " elements wrong");
+    }
+  } catch (const std::exception& e) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(stream, &g);
+      if (g != nullptr) cudaGraphDestroy(g);
+    }
+    check(false, what + ": threw " + e.what());
+  }
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  for (Coll& c : colls) {
+    cudaFree(c.in);
+    cudaFree(c.out);
+  }
+  for (void* p : fused) cudaFree(p);
 }
 
 int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
@@ -380,6 +543,18 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
                     name + " after the refusal");
     collective_case(*c.device, k::CommOp::kAllGather, rank, world, seed ^ 6 ^ comm_id, k::CommDtype::kF32, 4099,
                     nullptr, 1, name + " after the refusal");
+    g.barrier();
+    c.close();
+  }
+
+  // CUDA graphs, on fresh communicators: across hosts, and (where the world fits one host)
+  // every rank on one host.
+  for (const bool one_host : {false, true}) {
+    if (one_host && world > k::kCommMaxRanks) continue;
+    const std::vector<int> host_of = one_host ? std::vector<int>(world, 0) : layouts[0].host_of;
+    Comm c(rt, g, host_of, ++comm_id);
+    graph_case(*c.device, rank, world, seed ^ comm_id, stream,
+               one_host ? "1 x " + std::to_string(world) : std::to_string(H) + " x " + std::to_string(L) + " blocks");
     g.barrier();
     c.close();
   }

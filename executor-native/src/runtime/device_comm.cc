@@ -122,11 +122,19 @@ cudaStream_t DeviceComm::begin(cudaStream_t stream) {
   pin_gpu(runtime_.gpu().ordinal);
   raise_device_failure();  // an earlier asynchronous op's failure surfaces here
   cudaStream_t s = stream == nullptr ? own_ : stream;
-  join_previous(s);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
+  FC_REQUIRE(status != cudaStreamCaptureStatusInvalidated,
+             "the stream's CUDA graph capture was invalidated by an earlier call; end it and capture again");
+  capturing_ = status == cudaStreamCaptureStatusActive;
+  // A captured op runs when its graph is launched; the order against earlier ops is the
+  // graph launch's stream order (the header's contract), not an event of this communicator.
+  if (!capturing_) join_previous(s);
   return s;
 }
 
 void DeviceComm::end(cudaStream_t s, bool sync) {
+  if (capturing_) return;  // nothing ran: the previous op stays the one to order after
   check(cudaEventRecord(last_done_, s), "cudaEventRecord");
   last_ = s;
   any_op_ = true;
@@ -398,6 +406,13 @@ void DeviceComm::copy_segments(const std::vector<k::CopySegment>& segments, cuda
 // op yet.
 void* DeviceComm::workspace(uint64_t bytes) {
   if (bytes <= work_bytes_) return work_;
+  if (capturing_) {
+    // Growing frees and allocates, which a capture forbids (and a replay could not see).
+    fail(ErrorKind::kInvalidArgument,
+         "this op needs " + std::to_string(bytes) + " bytes of the communicator's workspace, more than the " +
+             std::to_string(work_bytes_) + " it has, and the stream is capturing a CUDA graph: run the op "
+             "(or a larger one of its kind) once before the capture; the workspace only grows");
+  }
   if (any_op_) check(cudaEventSynchronize(last_done_), "waiting for the previous op");
   if (work_ != nullptr) check(cudaFree(work_), "cudaFree (workspace)");
   work_ = nullptr;

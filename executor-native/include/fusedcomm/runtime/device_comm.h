@@ -20,6 +20,13 @@
 // - otherwise the caller's stream; the call returns once enqueued. A device failure is reported
 //   by the next op, synchronize() or close(). Ops on different streams are ordered in call
 //   order (an event joins the previous op's stream), as the kernels require.
+// CUDA graphs: ops on a caller's stream may be captured (any capture mode) and the graph
+// replayed any number of times; every launch takes fresh signal values on the device, so a
+// replay never sees a stale flag (DESIGN.md §3). While capturing, an op records and joins no
+// event: capture the communicator's ops on one stream, and launch the graph in stream order
+// with its other ops (on their stream, or after an event). Across hosts some ops use a private
+// workspace that only grows; growing is refused while capturing (Error(kInvalidArgument)), so
+// run each op once, at its largest size, before the capture.
 // allReduce larger than the data area runs in data-area-sized pieces; other ops must fit (the
 // largest rank's input <= data area), else Error(kInvalidArgument) naming the config key.
 //
@@ -145,6 +152,7 @@ class DeviceComm {
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
   cudaStream_t last_ = nullptr;      // stream of the previous op
   bool any_op_ = false, connected_ = false, closed_ = false;
+  bool capturing_ = false;  // the current op's stream is capturing a CUDA graph (begin())
   std::atomic<bool> failed_{false};
 };
 
