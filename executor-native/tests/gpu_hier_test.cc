@@ -1,10 +1,13 @@
-// gpu_hier_test: a hierarchical allReduce over "virtual hosts" (DESIGN.md §2b): H hosts of L
-// ranks each, one forked process per rank, rank g = h * L + l on GPU g % (GPU count). Inside a
-// host the ranks share symmetric memory over CUDA IPC (NVLink); between hosts every rank talks
-// to its counterparts (same l) through its own socket transport, proxy ring and proxy thread.
+// gpu_hier_test: the steps of a hierarchical allReduce over "virtual hosts" (DESIGN.md §2b),
+// timed one by one: H hosts of L ranks each, one forked process per rank, rank g = h * L + l on
+// GPU g % (GPU count). Inside a host the ranks share symmetric memory over CUDA IPC (NVLink);
+// between hosts every rank talks to its counterparts (same l) through the runtime's
+// InterHostLink (inter_host.h: the product's proxy ring, proxy thread and socket transport).
 //   allReduce(x) = intra-host reduceScatter (NVLink kernel) -> allReduce of the rank's block
-//   across hosts (launch_proxy_collective: GPU -> ring -> proxy -> TCP -> peer host memory)
+//   across hosts (InterHostLink::all_reduce: GPU -> ring -> proxy -> TCP -> peer host memory)
 //   -> intra-host allGather (NVLink kernel), all on one stream.
+// (gpu_runtime_hosts_test checks the same path end to end through DeviceComm; this test times
+// its steps.)
 // Checks: fp32 inputs of small integers (every sum exact, whatever the order), fresh per run
 // (seed printed), outputs poisoned first, every element bit-exact, counts 0, 7, 1,000,003 and
 // 16 Mi, back to back on the same memory and signal words. Prints each step's time for the
@@ -25,9 +28,8 @@
 #include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/proxy.h"
-#include "fusedcomm/rdma/proxy.h"
-#include "fusedcomm/rdma/transport.h"
+#include "fusedcomm/runtime/inter_host.h"
+#include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "gpu_test_support.h"
@@ -37,18 +39,14 @@
 namespace {
 
 namespace k = fusedcomm::kernels;
+using fusedcomm::InterHostLink;
 using fusedcomm::split_count;
 using fusedcomm::SymmetricConfig;
 using fusedcomm::SymmetricMemory;
 using fusedcomm::testing::check;
 using fusedcomm::testing::ProcessGroup;
-using fusedcomm::testing::ProxyBlob;
-using fusedcomm::testing::ProxyEndpoint;
-using namespace std::chrono_literals;
 
-constexpr uint32_t kRingCapacity = 64;
-constexpr uint64_t kChunk = 1ull << 20;       // proxy chunk
-constexpr uint64_t kSignalBytes = 4096;
+constexpr uint64_t kChunk = 1ull << 20;  // proxy chunk
 constexpr int64_t kMaxCount = int64_t{16} << 20;
 
 int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
@@ -65,23 +63,38 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     sm.connect(std::vector<std::vector<uint8_t>>(all.begin() + h * L, all.begin() + (h + 1) * L));
   }
 
-  // Between hosts: this rank and its counterparts (ranks l, L + l, ...), group rank h.
-  ProxyEndpoint ep(kChunk, static_cast<uint64_t>(H) * kChunk, kSignalBytes, kRingCapacity);
-  const std::vector<ProxyBlob> all = ProxyEndpoint::gather(g, ep.blob());
-  std::vector<ProxyBlob> peers(H);
-  for (int q = 0; q < H; ++q) peers[q] = all[q * L + l];
-  ep.connect(peers, h, seed | 1, 100 + l);
+  // Between hosts: this rank and its counterparts (ranks l, L + l, ...), link host h.
+  fusedcomm::RuntimeConfig rc;
+  rc.backend = fusedcomm::Backend::kCuda;
+  rc.gpu_ordinal = rank % gpus;
+  rc.bind_host = "127.0.0.1";
+  rc.job_token = seed | 1;
+  rc.timeout_ms = 60000;
+  rc.symmetric_bytes = 1 << 20;  // unused here: the test's own SymmetricMemory above
+  rc.allow_shared_gpu = shared;
+  fusedcomm::Runtime rt(rc);
+  InterHostLink link(rt, h, H, kChunk);
+  {
+    const InterHostLink::Blob mine = link.blob();
+    std::vector<uint8_t> raw(sizeof mine);
+    std::memcpy(raw.data(), &mine, sizeof mine);
+    const auto all = g.all_gather(raw);
+    std::vector<InterHostLink::Blob> peers(H);
+    std::vector<std::string> names;
+    for (int q = 0; q < H; ++q) {
+      std::memcpy(&peers[q], all[q * L + l].data(), sizeof(InterHostLink::Blob));
+      names.push_back("rank " + std::to_string(q * L + l) + " (host " + std::to_string(q) + ")");
+    }
+    link.connect(peers, names, 100 + l);
+  }
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   float *shard = nullptr, *out = nullptr;
-  uint32_t* status = nullptr;
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&shard), kMaxCount * 4));
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&out), kMaxCount * 4));
-  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&status), 4));
   cudaEvent_t ev[4];
   for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
-  uint64_t value_base = 0;
   // Small integers in [-64, 64): sums over up to 64 ranks stay exact in fp32 in any order.
   auto value = [&](int r, int64_t i) {
     return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(r) << 48 ^ uint64_t(i)) % 128) - 64);
@@ -91,18 +104,12 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     for (int64_t i = 0; i < count; ++i) x[i] = value(rank, i);
     CUDA_OK(cudaMemcpy(sm.data(), x.data(), count * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(out, 0xFF, kMaxCount * 4));  // NaN
-    CUDA_OK(cudaMemset(status, 0, 4));
     const int64_t n_l = split_count(count, L, l);
     k::CollectiveArgs rs;
     rs.op = k::CommOp::kReduceScatter;
     rs.dtype = k::CommDtype::kF32;
     rs.count = count;
     rs.output = shard;
-    k::ProxyCollective ar = ep.allreduce_args(peers, h, shard, n_l);
-    ar.value_base = value_base;
-    ar.chunk_bytes = kChunk;
-    ar.timeout_ns = 60ull * 1000000000ull;
-    ar.status = status;
     k::CollectiveArgs ag;
     ag.op = k::CommOp::kAllGather;
     ag.dtype = k::CommDtype::kF32;
@@ -112,7 +119,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     CUDA_OK(cudaEventRecord(ev[0], stream));
     CUDA_OK(k::launch_collective(sm.device(), rs, stream));
     CUDA_OK(cudaEventRecord(ev[1], stream));
-    CUDA_OK(k::launch_proxy_collective(ar, stream));
+    link.all_reduce(shard, n_l, k::CommDtype::kF32, stream);
     CUDA_OK(cudaEventRecord(ev[2], stream));
     // The reduceScatter's peers are done with this rank's input: the block goes there.
     CUDA_OK(cudaMemcpyAsync(sm.data(), shard, n_l * 4, cudaMemcpyDeviceToDevice, stream));
@@ -120,9 +127,12 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     CUDA_OK(cudaEventRecord(ev[3], stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     sm.raise_if_failed();
-    value_base += k::proxy_collective_chunks(ar);
-    uint32_t st = 0;
-    CUDA_OK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
+    std::string link_error;
+    try {
+      link.raise_if_failed();
+    } catch (const std::exception& e) {
+      link_error = e.what();
+    }
     CUDA_OK(cudaMemcpy(x.data(), out, count * 4, cudaMemcpyDeviceToHost));
     int64_t bad = 0;
     for (int64_t i = 0; i < count; ++i) {
@@ -132,7 +142,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     }
     const std::string what = "allReduce of " + std::to_string(count) + " fp32, rank " +
                              std::to_string(rank) + " (host " + std::to_string(h) + ")";
-    check(st == k::kProxyOk, what + ": proxy step status " + std::to_string(st) + " " + ep.proxy_error());
+    check(link_error.empty(), what + ": the step between hosts failed: " + link_error);
     check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
     if (count == kMaxCount) {
       float ms[3];
@@ -155,11 +165,10 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     }
   }
   g.barrier();
-  ep.close(true);
+  link.close(true);
   for (auto& e : ev) cudaEventDestroy(e);
   cudaFree(shard);
   cudaFree(out);
-  cudaFree(status);
   cudaStreamDestroy(stream);
   sm.close();
   return fusedcomm::testing::rank_result(rank);

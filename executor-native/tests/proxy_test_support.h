@@ -1,5 +1,6 @@
-// What the native tests of the GPU proxy path (gpu_proxy_test, gpu_hier_test) share: one
-// rank's end of it. A socket transport on the loopback; three regions of pinned host memory
+// What the native tests of the GPU proxy path share. ProxyEndpoint (gpu_proxy_test, which
+// drives the proxy kernels directly; the other tests go through the runtime's InterHostLink):
+// one rank's end of it. A socket transport on the loopback; three regions of pinned host memory
 // mapped for the GPU and registered with the transport (outbox: payloads this rank sends;
 // inbox: payloads peers write; signal: 64-bit words peers raise); a proxy ring in mapped host
 // memory with the device counter its GPU producers take slots from; and, after connect(), the
