@@ -25,6 +25,11 @@ import java.util.List;
 import java.util.Map;
 import java.util.stream.Collectors;
 import java.util.stream.IntStream;
+import jcuda.driver.CUgraph;
+import jcuda.driver.CUgraphExec;
+import jcuda.driver.CUstream;
+import jcuda.driver.CUstreamCaptureMode;
+import jcuda.driver.JCudaDriver;
 import jcuda.runtime.JCuda;
 import jcuda.runtime.cudaStream_t;
 import org.apache.spark.api.java.JavaRDD;
@@ -48,6 +53,8 @@ import org.junit.jupiter.api.Test;
  *   <li>allGatherGemm (with the gathered A; uneven M, one shape the fused kernel takes at
  *       W = 2) and gemmReduceScatter with fp32 and bf16 partials, both weight layouts (KN on
  *       the task's stream), against the fp64 reference (the gathered A exactly);
+ *   <li>the four collectives captured in a CUDA graph on the task's stream and the graph
+ *       launched 3 times with fresh inputs, every output checked after each launch;
  *   <li>Java-initiated minus native-initiated time per 4 KiB allReduce (the acceptance bound is
  *       5 µs);
  *   <li>a second barrier stage reuses the symmetric memory the first one gave back.
@@ -195,6 +202,11 @@ class GpuClusterCollectivesTest {
           }
         }
       }
+      try {
+        checks += checkGraph(comm, Data.seed(seed, 8000, 0), stream, 0);
+      } catch (Throwable e) {
+        out.add("FAIL rank " + r + " CUDA graph of the collectives: " + e);
+      }
       out.add("rank " + r + " checks passed: " + checks);
       out.add(overhead(comm));
     } finally {
@@ -213,51 +225,148 @@ class GpuClusterCollectivesTest {
                               double extraRel) {
     int w = comm.world();
     int r = comm.rank();
+    float[][] inputs = inputs(op, t, n, w, seed);
+    try (HostTensor hin = HostTensor.of(inputs[r], t, inputs[r].length);
+        HostTensor hout = HostTensor.allocate(t, outputLength(op, n, w, r));
+        DeviceTensor in = DeviceTensor.allocate(t, inputs[r].length);
+        DeviceTensor dout = DeviceTensor.allocate(t, outputLength(op, n, w, r))) {
+      in.copyFrom(hin);
+      hout.fill(Float.NaN);
+      dout.copyFrom(hout);
+      enqueue(comm, op, in, dout, stream);
+      if (stream != null) {
+        comm.synchronize();
+      }
+      dout.copyTo(hout);
+      verify(op, t, n, w, r, inputs, hout.toFloatArray(), extraRel);
+    }
+  }
+
+  /** Every rank's input of a collective of n elements (allGather: the rank's block). */
+  private static float[][] inputs(String op, DType t, int n, int w, long seed) {
     float[][] inputs = new float[w][];
     for (int p = 0; p < w; p++) {
       int len = op.equals("allGather") ? (int) Split.count(n, w, p) : n;
       inputs[p] = Data.uniform(Data.seed(seed, p, 1), len, t);
     }
-    int outLen = switch (op) {
+    return inputs;
+  }
+
+  private static int outputLength(String op, int n, int w, int r) {
+    return switch (op) {
       case "allGather", "allReduce" -> n;
       case "reduceScatter" -> (int) Split.count(n, w, r);
       default -> (int) (w * Split.count(n, w, r));
     };
-    try (HostTensor hin = HostTensor.of(inputs[r], t, inputs[r].length);
-        HostTensor hout = HostTensor.allocate(t, outLen);
-        DeviceTensor in = DeviceTensor.allocate(t, inputs[r].length);
-        DeviceTensor dout = DeviceTensor.allocate(t, outLen)) {
-      in.copyFrom(hin);
-      hout.fill(Float.NaN);
-      dout.copyFrom(hout);
-      switch (op) {
-        case "allGather" -> comm.allGather(in, dout, stream);
-        case "reduceScatter" -> comm.reduceScatter(in, dout, stream);
-        case "allReduce" -> comm.allReduce(in, dout, stream);
-        default -> comm.allToAll(in, dout, stream);
+  }
+
+  private static void enqueue(Communicator comm, String op, DeviceTensor in, DeviceTensor out, cudaStream_t stream) {
+    switch (op) {
+      case "allGather" -> comm.allGather(in, out, stream);
+      case "reduceScatter" -> comm.reduceScatter(in, out, stream);
+      case "allReduce" -> comm.allReduce(in, out, stream);
+      default -> comm.allToAll(in, out, stream);
+    }
+  }
+
+  /** Rank r's output against the fp64 reference (exact for data movement). */
+  private static void verify(String op, DType t, int n, int w, int r, float[][] inputs, float[] got,
+                             double extraRel) {
+    switch (op) {
+      case "allGather" -> Check.exact(op, concat(Arrays.asList(inputs)), got);
+      case "reduceScatter" -> {
+        long[] b = Reference.block(n, w, r);
+        Check.close(op, Reference.sum(inputs).slice(b[0], b[1]), got, t, extraRel);
       }
-      if (stream != null) {
-        comm.synchronize();
-      }
-      dout.copyTo(hout);
-      float[] got = hout.toFloatArray();
-      switch (op) {
-        case "allGather" -> Check.exact(op, concat(Arrays.asList(inputs)), got);
-        case "reduceScatter" -> {
-          long[] b = Reference.block(n, w, r);
-          Check.close(op, Reference.sum(inputs).slice(b[0], b[1]), got, t, extraRel);
+      case "allReduce" -> Check.close(op, Reference.sum(inputs), got, t, extraRel);
+      default -> {
+        long[] b = Reference.block(n, w, r);
+        List<float[]> blocks = new ArrayList<>();
+        for (float[] in2 : inputs) {
+          blocks.add(Arrays.copyOfRange(in2, (int) b[0], (int) (b[0] + b[1])));
         }
-        case "allReduce" -> Check.close(op, Reference.sum(inputs), got, t, extraRel);
-        default -> {
-          long[] b = Reference.block(n, w, r);
-          List<float[]> blocks = new ArrayList<>();
-          for (float[] in2 : inputs) {
-            blocks.add(Arrays.copyOfRange(in2, (int) b[0], (int) (b[0] + b[1])));
+        Check.exact(op, concat(blocks), got);
+      }
+    }
+  }
+
+  /**
+   * CUDA graphs from Java: the four collectives, each twice, captured on {@code stream} (JCuda's
+   * driver API) after one eager run, the graph launched 3 times with fresh inputs copied in
+   * before each launch, and every output checked after each. Returns the checks passed.
+   */
+  static int checkGraph(Communicator comm, long seed, cudaStream_t stream, double extraRel) {
+    String[] ops = {"allReduce", "allGather", "reduceScatter", "allToAll"};
+    DType[] types = {DType.BF16, DType.F32, DType.BF16, DType.F32};
+    int n = 65_539;
+    int w = comm.world();
+    int r = comm.rank();
+    List<AutoCloseable> owned = new ArrayList<>();
+    CUstream cs = new CUstream(stream);
+    CUgraph graph = new CUgraph();
+    CUgraphExec exec = new CUgraphExec();
+    boolean instantiated = false;
+    int checks = 0;
+    try {
+      DeviceTensor[] in = new DeviceTensor[ops.length];
+      DeviceTensor[] out = new DeviceTensor[ops.length];
+      for (int i = 0; i < ops.length; i++) {
+        in[i] = DeviceTensor.allocate(types[i], inputs(ops[i], types[i], n, w, seed)[r].length);
+        out[i] = DeviceTensor.allocate(types[i], outputLength(ops[i], n, w, r));
+        owned.add(in[i]);
+        owned.add(out[i]);
+        enqueue(comm, ops[i], in[i], out[i], stream);  // eager: sizes any workspace first
+      }
+      comm.synchronize();
+      JCudaDriver.setExceptionsEnabled(true);
+      JCudaDriver.cuStreamBeginCapture(cs, CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+      try {
+        for (int rep = 0; rep < 2; rep++) {
+          for (int i = 0; i < ops.length; i++) {
+            enqueue(comm, ops[i], in[i], out[i], stream);
           }
-          Check.exact(op, concat(blocks), got);
+        }
+      } finally {
+        JCudaDriver.cuStreamEndCapture(cs, graph);
+      }
+      JCudaDriver.cuGraphInstantiate(exec, graph, 0);
+      instantiated = true;
+      for (int launch = 0; launch < 3; launch++) {
+        float[][][] inputs = new float[ops.length][][];
+        for (int i = 0; i < ops.length; i++) {
+          inputs[i] = inputs(ops[i], types[i], n, w, Data.seed(seed, 500 + launch, i));
+          try (HostTensor h = HostTensor.of(inputs[i][r], types[i], inputs[i][r].length);
+              HostTensor poison = HostTensor.allocate(types[i], outputLength(ops[i], n, w, r))) {
+            in[i].copyFrom(h);
+            poison.fill(Float.NaN);
+            out[i].copyFrom(poison);
+          }
+        }
+        JCudaDriver.cuGraphLaunch(exec, cs);
+        JCudaDriver.cuStreamSynchronize(cs);
+        comm.synchronize();
+        for (int i = 0; i < ops.length; i++) {
+          try (HostTensor got = HostTensor.allocate(types[i], outputLength(ops[i], n, w, r))) {
+            out[i].copyTo(got);
+            verify(ops[i], types[i], n, w, r, inputs[i], got.toFloatArray(), extraRel);
+            checks++;
+          }
+        }
+      }
+    } finally {
+      if (instantiated) {
+        JCudaDriver.cuGraphExecDestroy(exec);
+      }
+      JCudaDriver.cuGraphDestroy(graph);
+      for (AutoCloseable c : owned) {
+        try {
+          c.close();
+        } catch (Exception e) {
+          throw new IllegalStateException(e);
         }
       }
     }
+    return checks;
   }
 
   /** allGatherGemm on device tensors (N_r differs by rank), with the gathered A; stream may be null. */

@@ -43,7 +43,9 @@ import org.junit.jupiter.api.Test;
  *       the sum across hosts, docs/ops.md, so the bound is widened by 2^-8 of the terms'
  *       magnitude);
  *   <li>allGatherGemm and gemmReduceScatter (the decomposed path between hosts), both weight
- *       layouts, every partial precision, against the fp64 reference; then an allReduce.
+ *       layouts, every partial precision, against the fp64 reference;
+ *   <li>the four collectives captured in a CUDA graph on the task's stream, launched 3 times with
+ *       fresh inputs, every output checked; then an allReduce.
  * </ul>
  *
  * With one GPU, two executors share it ({@code spark.fusedcomm.cuda.shareGpu}: correctness only).
@@ -156,6 +158,11 @@ class GpuClusterHostsTest {
             out.add("FAIL rank " + r + " gemmReduceScatter " + layout + " partials " + p + ": " + e);
           }
         }
+      }
+      try {
+        checks += GpuClusterCollectivesTest.checkGraph(comm, Data.seed(seed, 8000, 0), stream, 0x1p-8);
+      } catch (Throwable e) {
+        out.add("FAIL rank " + r + " CUDA graph of the collectives between hosts: " + e);
       }
       try {
         GpuClusterCollectivesTest.checkCollective(comm, "allReduce", DType.F32, 4097, Data.seed(seed, 99, 0), null);
