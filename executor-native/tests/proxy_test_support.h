@@ -119,6 +119,7 @@ class ProxyEndpoint {
     a.inbox = static_cast<const uint8_t*>(inbox.dev);
     a.signals = static_cast<const uint64_t*>(signal.dev);
     a.outbox_key = out_key;
+    a.depth = 1;  // the boxes hold one stage of members.size() chunk slots
     for (size_t q = 0; q < members.size(); ++q) {
       a.inbox_keys[q] = members[q].inbox_key;
       a.signal_keys[q] = members[q].signal_key;

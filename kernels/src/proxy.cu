@@ -5,6 +5,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 namespace fusedcomm::kernels {
 namespace {
 
@@ -108,6 +110,14 @@ struct ProxyElems<__nv_bfloat16> {
   __device__ static __nv_bfloat16 narrow(float v) { return __float2bfloat16_rn(v); }
 };
 
+// The collective kernel's CTA (one per launch). Each thread keeps several 16-byte loads in flight
+// (kCopyUnroll, kSumUnroll): a load from mapped host memory crosses PCIe and takes about a
+// microsecond, so one CTA's copy rate is the bytes it has in flight per round trip.
+constexpr int kProxyThreads = 512;
+constexpr int kCopyUnroll = 4;
+template <typename T>
+constexpr int kSumUnroll = sizeof(T) == 4 ? 4 : 2;  // bf16 sums take twice the registers per vector
+
 // Copies n elements src -> dst by the CTA: 16-byte vectors when both are 16-byte aligned, then
 // the tail element by element. kFromInbox: src is an inbox slot of mapped host memory that held
 // older data, so every load goes to memory (volatile) and each crosses PCIe once per vector.
@@ -116,12 +126,20 @@ __device__ void copy_elems(T* dst, const T* src, int64_t n) {
   using E = ProxyElems<T>;
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
   const int64_t nv = vec ? n / E::kPerVec : 0;
-  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-    const uint4* from = reinterpret_cast<const uint4*>(src) + i;
-    reinterpret_cast<uint4*>(dst)[i] = kFromInbox ? detail::ld_volatile_v4(from) : *from;
+  const auto* from = reinterpret_cast<const uint4*>(src);
+  auto* to = reinterpret_cast<uint4*>(dst);
+  const int64_t step = blockDim.x;
+  int64_t i = threadIdx.x;
+  for (; i + (kCopyUnroll - 1) * step < nv; i += kCopyUnroll * step) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) v[u] = kFromInbox ? detail::ld_volatile_v4(from + i + u * step) : from[i + u * step];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) to[i + u * step] = v[u];
   }
-  for (int64_t i = nv * E::kPerVec + threadIdx.x; i < n; i += blockDim.x) {
-    dst[i] = kFromInbox ? E::load_volatile(src + i) : src[i];
+  for (; i < nv; i += step) to[i] = kFromInbox ? detail::ld_volatile_v4(from + i) : from[i];
+  for (int64_t e = nv * E::kPerVec + threadIdx.x; e < n; e += step) {
+    dst[e] = kFromInbox ? E::load_volatile(src + e) : src[e];
   }
 }
 
@@ -133,32 +151,51 @@ __device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t s
   using E = ProxyElems<T>;
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(own) % 16 == 0;
   const int64_t nv = vec ? n / E::kPerVec : 0;
-  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-    float sum[E::kPerVec];
-    const uint4 mine = reinterpret_cast<const uint4*>(own)[i];
+  const int64_t step = blockDim.x;
+  // kU vectors per thread and round, from index i with stride `step`; the loads of a source are
+  // issued together before any is summed.
+  auto sum_vectors = [&](int64_t i, auto unroll) {
+    constexpr int kU = decltype(unroll)::value;
+    float sum[kU][E::kPerVec];
+    uint4 mine[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) mine[u] = reinterpret_cast<const uint4*>(own)[i + u * step];
     for (int s = 0; s < hosts; ++s) {
       const uint4* slot = reinterpret_cast<const uint4*>(inbox + s * slot_bytes);
-      const uint4 v = s == me ? mine : detail::ld_volatile_v4(slot + i);
+      uint4 v[kU];
 #pragma unroll
-      for (int j = 0; j < E::kPerVec; ++j) sum[j] = s == 0 ? E::get(v, j) : sum[j] + E::get(v, j);
+      for (int u = 0; u < kU; ++u) v[u] = s == me ? mine[u] : detail::ld_volatile_v4(slot + i + u * step);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int j = 0; j < E::kPerVec; ++j) sum[u][j] = s == 0 ? E::get(v[u], j) : sum[u][j] + E::get(v[u], j);
+      }
     }
-    uint4 r = make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int j = 0; j < E::kPerVec; ++j) E::put(r, j, sum[j]);
-    reinterpret_cast<uint4*>(dst)[i] = r;
+    for (int u = 0; u < kU; ++u) {
+      uint4 r = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int j = 0; j < E::kPerVec; ++j) E::put(r, j, sum[u][j]);
+      reinterpret_cast<uint4*>(dst)[i + u * step] = r;
+    }
+  };
+  int64_t i = threadIdx.x;
+  for (; i + (kSumUnroll<T> - 1) * step < nv; i += kSumUnroll<T> * step) {
+    sum_vectors(i, std::integral_constant<int, kSumUnroll<T>>{});
   }
-  for (int64_t i = nv * E::kPerVec + threadIdx.x; i < n; i += blockDim.x) {
+  for (; i < nv; i += step) sum_vectors(i, std::integral_constant<int, 1>{});
+  for (int64_t e = nv * E::kPerVec + threadIdx.x; e < n; e += step) {
     float sum = 0.f;
     for (int s = 0; s < hosts; ++s) {
-      const float v = E::widen(s == me ? own[i] : E::load_volatile(reinterpret_cast<const T*>(inbox + s * slot_bytes) + i));
+      const float v = E::widen(s == me ? own[e] : E::load_volatile(reinterpret_cast<const T*>(inbox + s * slot_bytes) + e));
       sum = s == 0 ? v : sum + v;
     }
-    dst[i] = E::narrow(sum);
+    dst[e] = E::narrow(sum);
   }
 }
 
 template <typename T>
-__global__ void proxy_collective_kernel(ProxyCollective a) {
+__global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(ProxyCollective a) {
   __shared__ uint32_t status;
   __shared__ uint64_t value_base;
   int bad_peer = -1;  // thread 0: the host whose signal a failed wait was for
@@ -177,66 +214,80 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
   auto block = [&](int h, int64_t c) { return static_cast<T*>(a.blocks[h]) + c * per_chunk; };
   const uint64_t* recv = a.signals + a.base_word;        // word s: chunks from source s
   const uint64_t* credit = a.signals + a.base_word + H;  // word H + s: credits from s
-  for (int64_t c = 0; c < chunks; ++c) {
-    // Credits: every peer has consumed this rank's previous chunk, of this op or (c = 0) of the
-    // op before on these words. Only then are the outbox slots free (that chunk was delivered)
-    // and may this chunk land in the peers' inbox slots (they are done reading the previous one).
-    if (threadIdx.x == 0) {
-      for (int p = 0; p < H && status == kProxyOk; ++p) {
-        if (p == me) continue;
-        status = detail::proxy_wait_signal(a.ring, credit + p, value_base + c, a.timeout_ns);
-        bad_peer = p;
+  const uint64_t D = a.depth;
+  // Byte offset of slot (stage of chunk g, host h) in either box.
+  auto slot = [&](uint64_t g, int h) { return ((g % D) * H + h) * a.chunk_bytes; };
+  for (int64_t i = 0; i < chunks + static_cast<int64_t>(D) - 1; ++i) {
+    const int64_t j = i - static_cast<int64_t>(D - 1);  // the chunk received in this iteration
+    if (i < chunks) {
+      const uint64_t g = value_base + i;
+      // Credits: every peer has consumed this rank's chunk g - D (of this op or an earlier one).
+      // Only then is stage g % D free here (that chunk was delivered) and in the peers' inboxes
+      // (they are done reading it).
+      if (threadIdx.x == 0 && g + 1 > D) {
+        for (int p = 0; p < H && status == kProxyOk; ++p) {
+          if (p == me) continue;
+          status = detail::proxy_wait_signal(a.ring, credit + p, g + 1 - D, a.timeout_ns);
+          bad_peer = p;
+        }
+      }
+      __syncthreads();
+      if (status != kProxyOk) break;
+      if (scatter) {
+        for (int p = 0; p < H; ++p) {
+          if (p != me) copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, p)), block(p, i), part(p, i));
+        }
+      } else {
+        copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, 0)), block(me, i), part(me, i));
+      }
+      __threadfence_system();  // the staged chunks before the posts (cumulative)
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int p = 0; p < H && status == kProxyOk; ++p) {
+          if (p == me) continue;
+          detail::ProxyWrite w{};
+          w.peer = p;
+          w.src_key = a.outbox_key;
+          w.src_offset = slot(g, scatter ? p : 0);
+          w.dst_key = a.inbox_keys[p];
+          w.dst_offset = slot(g, me);
+          w.bytes = static_cast<uint64_t>(part(scatter ? p : me, i)) * sizeof(T);
+          w.signal_key = a.signal_keys[p];
+          w.signal_offset = 8 * (a.base_word + me);
+          w.signal_value = g + 1;
+          status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
+          bad_peer = -1;  // the ring stayed full: no single peer to blame
+        }
+      }
+    }
+    if (j >= 0) {
+      const uint64_t g = value_base + j;
+      if (threadIdx.x == 0) {
+        for (int p = 0; p < H && status == kProxyOk; ++p) {
+          if (p == me) continue;
+          status = detail::proxy_wait_signal(a.ring, recv + p, g + 1, a.timeout_ns);
+          bad_peer = p;
+        }
       }
     }
     __syncthreads();
     if (status != kProxyOk) break;
-    if (scatter) {
-      for (int p = 0; p < H; ++p) {
-        if (p != me) copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + p * a.chunk_bytes), block(p, c), part(p, c));
-      }
-    } else {
-      copy_elems<T, false>(reinterpret_cast<T*>(a.outbox), block(me, c), part(me, c));
-    }
-    __threadfence_system();  // the staged chunks before the posts (cumulative)
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int p = 0; p < H && status == kProxyOk; ++p) {
-        if (p == me) continue;
-        detail::ProxyWrite w{};
-        w.peer = p;
-        w.src_key = a.outbox_key;
-        w.src_offset = scatter ? static_cast<uint64_t>(p) * a.chunk_bytes : 0;
-        w.dst_key = a.inbox_keys[p];
-        w.dst_offset = static_cast<uint64_t>(me) * a.chunk_bytes;
-        w.bytes = static_cast<uint64_t>(part(scatter ? p : me, c)) * sizeof(T);
-        w.signal_key = a.signal_keys[p];
-        w.signal_offset = 8 * (a.base_word + me);
-        w.signal_value = value_base + c + 1;
-        status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
-        bad_peer = -1;  // the ring stayed full: no single peer to blame
-      }
-      for (int p = 0; p < H && status == kProxyOk; ++p) {
-        if (p == me) continue;
-        status = detail::proxy_wait_signal(a.ring, recv + p, value_base + c + 1, a.timeout_ns);
-        bad_peer = p;
-      }
-    }
-    __syncthreads();
-    if (status != kProxyOk) break;
+    if (j < 0) continue;
+    const uint64_t g = value_base + j;
     if (a.op == kProxyAllGather || a.op == kProxyAllToAll) {
       for (int s = 0; s < H; ++s) {
         if (s == me) continue;
-        const T* slot = reinterpret_cast<const T*>(a.inbox + s * a.chunk_bytes);
+        const T* from = reinterpret_cast<const T*>(a.inbox + slot(g, s));
         if (a.op == kProxyAllGather) {
-          copy_elems<T, true>(block(s, c), slot, part(s, c));
+          copy_elems<T, true>(block(s, j), from, part(s, j));
         } else {
-          const int64_t n = max(int64_t{0}, min(per_chunk, a.recv_counts[s] - c * per_chunk));
-          copy_elems<T, true>(static_cast<T*>(a.recv[s]) + c * per_chunk, slot, n);
+          const int64_t n = max(int64_t{0}, min(per_chunk, a.recv_counts[s] - j * per_chunk));
+          copy_elems<T, true>(static_cast<T*>(a.recv[s]) + j * per_chunk, from, n);
         }
       }
     } else {
-      T* dst = (scatter ? static_cast<T*>(a.out) : static_cast<T*>(a.blocks[me])) + c * per_chunk;
-      sum_elems<T>(dst, block(me, c), a.inbox, a.chunk_bytes, H, me, part(me, c));
+      T* dst = (scatter ? static_cast<T*>(a.out) : static_cast<T*>(a.blocks[me])) + j * per_chunk;
+      sum_elems<T>(dst, block(me, j), a.inbox + slot(g, 0), a.chunk_bytes, H, me, part(me, j));
     }
     __syncthreads();  // every read of the inbox slots is done: credit the sources
     if (threadIdx.x == 0) {
@@ -246,7 +297,7 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
         w.peer = p;
         w.signal_key = a.signal_keys[p];
         w.signal_offset = 8 * (a.base_word + H + me);
-        w.signal_value = value_base + c + 1;
+        w.signal_value = g + 1;
         status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
         bad_peer = -1;
       }
@@ -267,7 +318,7 @@ __global__ void proxy_collective_kernel(ProxyCollective a) {
 
 cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream) {
   if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts ||
-      a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 ||
+      a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 || a.depth < 1 || a.depth > kProxyMaxDepth ||
       a.op > kProxyAllToAll ||
       (a.dtype != kProxyF32 && a.dtype != kProxyBF16) ||
       a.ring.capacity == 0 || (a.ring.capacity & (a.ring.capacity - 1)) != 0) {
@@ -290,9 +341,9 @@ cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t strea
   }
   if (proxy_collective_chunks(a) == 0) return cudaSuccess;
   if (a.dtype == kProxyBF16) {
-    proxy_collective_kernel<__nv_bfloat16><<<1, 1024, 0, stream>>>(a);
+    proxy_collective_kernel<__nv_bfloat16><<<1, kProxyThreads, 0, stream>>>(a);
   } else {
-    proxy_collective_kernel<float><<<1, 1024, 0, stream>>>(a);
+    proxy_collective_kernel<float><<<1, kProxyThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }

@@ -12,7 +12,14 @@ namespace {
 
 namespace k = fusedcomm::kernels;
 
-constexpr uint32_t kRingCapacity = 64;  // a chunk posts at most 2 (hosts - 1) = 14 commands
+// Chunks in flight per counterpart (kernels/proxy.h, ProxyCollective::depth): the kernel stages
+// and reads one while the proxies and the transport move the other. With 2 (and the kernel's
+// unrolled copies) 64 MiB per end moved at 2.1-2.4 GB/s each way over the loopback on 1 x H100,
+// against 1.3-1.4 with 1 (gpu_link_threads_test; kernels/bench/NOTES.md).
+constexpr uint32_t kDepth = 2;
+// A pipeline iteration posts at most 2 (hosts - 1) = 14 commands, and up to kDepth iterations'
+// commands may wait in the ring.
+constexpr uint32_t kRingCapacity = 64;
 constexpr uint64_t kSignalBytes = 4096;
 
 void check(cudaError_t e, const std::string& what) {
@@ -32,8 +39,9 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
   FC_REQUIRE(host >= 0 && host < hosts, "inter-host link: host index out of range");
   FC_REQUIRE(chunk_bytes >= 16 && chunk_bytes % 16 == 0,
              "inter-host staging chunk must be a positive multiple of 16 bytes (spark.fusedcomm.host.chunkBytes)");
-  outbox_ = std::make_unique<MappedHostMemory>(chunk_bytes * static_cast<uint64_t>(hosts));
-  inbox_ = std::make_unique<MappedHostMemory>(chunk_bytes * static_cast<uint64_t>(hosts));
+  const uint64_t box_bytes = chunk_bytes * static_cast<uint64_t>(hosts) * kDepth;
+  outbox_ = std::make_unique<MappedHostMemory>(box_bytes);
+  inbox_ = std::make_unique<MappedHostMemory>(box_bytes);
   signals_ = std::make_unique<MappedHostMemory>(kSignalBytes);
   const size_t ring_bytes = rdma::ProxyRing::bytes_for(kRingCapacity);
   ring_memory_ = std::make_unique<MappedHostMemory>(ring_bytes + 128);  // the status word after the ring
@@ -41,8 +49,8 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
   status_dev_ = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ring_memory_->dev) + ring_bytes);
   try {
     rdma::Transport& t = runtime_.transport();
-    regions_.push_back(t.register_memory(outbox_->host, chunk_bytes * hosts));
-    regions_.push_back(t.register_memory(inbox_->host, chunk_bytes * hosts));
+    regions_.push_back(t.register_memory(outbox_->host, box_bytes));
+    regions_.push_back(t.register_memory(inbox_->host, box_bytes));
     regions_.push_back(t.register_memory(signals_->host, kSignalBytes));
     // Two device words: the ring's next slot, the ops' signal value base.
     check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), 2 * sizeof *next_slot_), "cudaMalloc (ring counters)");
@@ -147,6 +155,7 @@ void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream
   a.base_word = 0;
   a.value_counter = next_slot_ + 1;
   a.chunk_bytes = chunk_bytes_;
+  a.depth = kDepth;
   a.timeout_ns = static_cast<uint64_t>(runtime_.config().timeout_ms) * 1000000ull;
   a.status = status_dev_;
   check(k::launch_proxy_collective(a, stream),

@@ -15,7 +15,8 @@
 //   link.close(drain)                                         // after a barrier of all ranks
 //
 // Memory (pinned, mapped for the GPU; registered with the transport): an outbox and an inbox
-// of `hosts` chunk slots each, a page of signal words; and, not registered, the ring, its
+// of 2 stages x `hosts` chunk slots each (two chunks in flight per counterpart), a page of
+// signal words; and, not registered, the ring, its
 // device-side slot counter and a status word. Signal words only grow (each op's values start
 // above the previous op's, from a counter on the device), so no word is reset between ops and
 // every op, replayed in a CUDA graph or not, gets fresh values.

@@ -98,22 +98,30 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 // (proxy_collective_chunks), and chunk c of every block is its elements [c * per, (c + 1) *
 // per), possibly none. Sums are in fp32, in rank order ((x_0 + x_1) + ...),
 // rounded once to the element type: every rank gets the same bits.
-// Staging:
-//   outbox (this rank, `outbox_key`): `hosts` chunk slots: slot 0 goes to every peer
-//     (allReduce, allGather), slot h to host h (reduceScatter, allToAll);
-//   inbox (every rank, `inbox_keys[p]`): `hosts` slots, slot s for source s;
+// Chunks are numbered across the ops on these signal words: this op's chunk c is the link's
+// chunk g = B + c, where B, the op's value base, is the previous op's B plus its chunks (every
+// rank the same). Chunk g uses stage k = g % depth of each box and is signalled with g + 1.
+// Staging (`depth` stages of `hosts` chunk slots in each box; slot (k, h) at byte
+// (k * hosts + h) * chunk_bytes):
+//   outbox (this rank, `outbox_key`): slot (k, 0) goes to every peer (allReduce, allGather),
+//     slot (k, h) to host h (reduceScatter, allToAll);
+//   inbox (every rank, `inbox_keys[p]`): slot (k, s) for source s;
 //   signals (every rank, `signal_keys[p]`): word s = chunks received from source s, word
 //     hosts + s = chunks that source s has consumed of this rank's (credits);
 // with signal offsets 8 * (base_word + word). Signal words only grow and are never reset
-// (DESIGN.md §3): this op's chunk c is signalled with B + c + 1, where B, the op's value base,
-// is the previous op's B plus its chunks (every rank the same). With `value_counter` (device
-// memory, zero before the first op on these words) the kernel reads B from it and adds its
-// chunks when done, so back-to-back launches and CUDA-graph replays each get fresh values with
-// no host involvement; without it, B = `value_base`, which the caller advances.
-// Per chunk c: wait until every peer consumed this rank's previous chunk (credits; for c = 0 the
-// previous op's last one, so back-to-back ops need no host synchronisation), stage the chunk(s)
-// in the outbox, post to every peer, wait for every peer's chunk c, sum or copy it out of the
-// inbox, credit each peer.
+// (DESIGN.md §3). With `value_counter` (device memory, zero before the first op on these words)
+// the kernel reads B from it and adds its chunks when done, so back-to-back launches and
+// CUDA-graph replays each get fresh values with no host involvement; without it,
+// B = `value_base`, which the caller advances. Every rank uses the same depth.
+// The kernel is a software pipeline: for i = 0 .. chunks + depth - 2 it sends chunk i, then
+// receives chunk i - (depth - 1), so up to `depth` chunks are in flight per peer while the CTA
+// stages and reads (kernels/bench/proxy_protocol_model.py checks it):
+//   send chunk g: wait until every peer consumed this rank's chunk g - depth (its credit word
+//     >= g + 1 - depth; of this op or an earlier one, so back-to-back ops need no host
+//     synchronisation: stage k is then free in this outbox and in the peers' inboxes), stage
+//     the chunk(s) in the outbox, post one write per peer;
+//   receive chunk g: wait for every peer's chunk g (its receive word >= g + 1), sum or copy it
+//     out of the inbox, credit each peer (a signal-only write of g + 1).
 // One CTA; every wait bounded by timeout_ns. status: left alone on success; else, if still
 // kProxyOk, the first failure as proxy_status(code, host whose signal a failed wait was for,
 // -1 when no single host is to blame, the op).
@@ -161,9 +169,11 @@ struct ProxyCollective {
   uint64_t value_base;               // signal values of this op start above it (no counter)
   unsigned long long* value_counter; // or null: the value base, kept on the device (above)
   uint64_t chunk_bytes;
+  uint32_t depth;                    // stages per box, 1..kProxyMaxDepth (above)
   uint64_t timeout_ns;
   uint32_t* status;                  // device-visible memory (device, or mapped host)
 };
+inline constexpr uint32_t kProxyMaxDepth = 8;
 cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream);
 // An allReduce of `count` elements at x, in place.
 inline void proxy_set_all_reduce(ProxyCollective& a, void* x, int64_t count) {

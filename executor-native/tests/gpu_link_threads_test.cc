@@ -1,0 +1,241 @@
+// gpu_link_threads_test: the cuda backend's path between hosts (InterHostLink, inter_host.h) with
+// its two ends as two threads of one process on one GPU, each with its own Runtime (socket
+// transport on the loopback, proxy thread) and its own stream. Threads share the process's CUDA
+// context, so both ends' kernels run at the same time; forked ranks on one GPU time-slice it
+// instead, and there every chunk of a proxy op waits for a context switch (gpu_hier_test's
+// "shared" timings). So this is the one-GPU measure of the proxy path's own throughput:
+// GPU -> mapped host memory -> proxy -> TCP loopback -> peer host memory -> peer GPU.
+// Per op (allReduce, allGather, reduceScatter, allToAll; fp32 and bf16; `count` = 16 Mi elements per
+// host block unless FC_TEST_COUNT says otherwise): fresh small-integer inputs, outputs poisoned,
+// every element checked bit-exact after the first launch; then 5 timed launches back to back,
+// and the bytes each end sends per second. FC_TEST_CHUNK=<bytes> sets the staging chunk
+// (default 1 MiB, spark.fusedcomm.host.chunkBytes's default). FC_TEST_JSON=<file>: one JSON row
+// per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <mutex>
+
+#include "fusedcomm/runtime/inter_host.h"
+#include "fusedcomm/runtime/runtime.h"
+#include "gpu_test_support.h"
+#include "proxy_test_support.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+using fusedcomm::InterHostLink;
+
+// check() (check.h) counts in plain ints: the two ends take turns.
+std::mutex g_check_mu;
+void check(bool ok, const std::string& what) {
+  std::lock_guard<std::mutex> l(g_check_mu);
+  fusedcomm::testing::check(ok, what);
+}
+
+constexpr int kHosts = 2;
+constexpr int kTimed = 5;
+
+float value(uint64_t seed, int host, int64_t i) {
+  return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(host) << 48 ^ uint64_t(i)) % 16) - 8);
+}
+
+struct Shared {
+  std::barrier<> sync{kHosts};
+  InterHostLink::Blob blobs[kHosts];
+  double gbps[kHosts][2][4] = {};  // [end][dtype][op]
+};
+
+// n values in dtype, as bytes.
+std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
+  std::vector<uint8_t> out(v.size() * (dtype == k::CommDtype::kF32 ? 4 : 2));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == k::CommDtype::kF32) {
+      std::memcpy(&out[4 * i], &v[i], 4);
+    } else {
+      const __nv_bfloat16 b = __float2bfloat16(v[i]);
+      std::memcpy(&out[2 * i], &b, 2);
+    }
+  }
+  return out;
+}
+
+// One op: both ends call it at the same point. Returns this end's sent GB/s over the timed
+// launches, after checking the first launch's result.
+double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDtype dtype, int64_t count,
+              uint64_t seed, cudaStream_t s) {
+  const int other = 1 - host;
+  const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
+  const size_t bytes = static_cast<size_t>(count) * es;
+  // Per op: in[h] = this host's block for host h (reduceScatter, allToAll) or its whole input.
+  std::vector<float*> in(kHosts), out(kHosts);
+  for (int h = 0; h < kHosts; ++h) {
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&in[h]), bytes));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&out[h]), bytes));
+  }
+  // Everything before the launches on s (a non-blocking stream: no ordering with the legacy
+  // default stream).
+  std::vector<float> host_in(count);
+  for (int h = 0; h < kHosts; ++h) {
+    for (int64_t i = 0; i < count; ++i) host_in[i] = value(seed + h, host, i);
+    const std::vector<uint8_t> enc = encode(host_in, dtype);
+    CUDA_OK(cudaMemcpyAsync(in[h], enc.data(), bytes, cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaMemsetAsync(out[h], 0xFF, bytes, s));
+    CUDA_OK(cudaStreamSynchronize(s));  // host_in is refilled next
+  }
+  const std::vector<int64_t> counts(kHosts, count);
+  auto launch = [&] {
+    switch (op) {
+      case k::kProxyAllReduce: link.all_reduce(out[0], count, dtype, s); break;
+      case k::kProxyAllGather: link.all_gather({out[0], out[1]}, counts, dtype, s); break;
+      case k::kProxyReduceScatter: link.reduce_scatter({in[0], in[1]}, counts, out[host], dtype, s); break;
+      default: link.all_to_all({in[0], in[1]}, counts, {out[0], out[1]}, counts, dtype, s);
+    }
+  };
+  // allReduce works in place, allGather from the own block of the output.
+  if (op == k::kProxyAllReduce || op == k::kProxyAllGather) {
+    CUDA_OK(cudaMemcpyAsync(out[op == k::kProxyAllReduce ? 0 : host], in[0], bytes, cudaMemcpyDeviceToDevice, s));
+  }
+  CUDA_OK(cudaStreamSynchronize(s));
+  sh.sync.arrive_and_wait();
+  launch();
+  CUDA_OK(cudaStreamSynchronize(s));
+  const std::string what = std::string(k::proxy_op_name(op)) + " of " + std::to_string(count) +
+                           (es == 4 ? " fp32" : " bf16") + ", host " + std::to_string(host);
+  try {
+    link.raise_if_failed();
+  } catch (const std::exception& e) {
+    check(false, what + ": " + e.what());
+  }
+  // What arrived: allReduce: the sum of both hosts' in[0]; allGather: the other's own block at
+  // out[other]; reduceScatter: the sum of both hosts' block for this host; allToAll: what the
+  // other host sent to this one at out[other].
+  std::vector<uint8_t> got(bytes);
+  const int64_t slot = op == k::kProxyAllReduce ? 0 : op == k::kProxyReduceScatter ? host : other;
+  CUDA_OK(cudaMemcpy(got.data(), out[slot], bytes, cudaMemcpyDeviceToHost));
+  std::vector<float> want(count);
+  for (int64_t i = 0; i < count; ++i) {
+    switch (op) {
+      case k::kProxyAllReduce: want[i] = value(seed, 0, i) + value(seed, 1, i); break;
+      case k::kProxyAllGather: want[i] = value(seed, other, i); break;
+      case k::kProxyReduceScatter: want[i] = value(seed + host, 0, i) + value(seed + host, 1, i); break;
+      default: want[i] = value(seed + host, other, i);
+    }
+  }
+  const std::vector<uint8_t> want_bytes = encode(want, dtype);
+  int64_t bad = 0;
+  for (size_t i = 0; i < bytes; i += es) bad += std::memcmp(&got[i], &want_bytes[i], es) != 0;
+  check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
+  // Timed: kTimed launches back to back (allReduce keeps summing in place: the values double,
+  // unchecked).
+  cudaEvent_t t0, t1;
+  CUDA_OK(cudaEventCreate(&t0));
+  CUDA_OK(cudaEventCreate(&t1));
+  sh.sync.arrive_and_wait();
+  CUDA_OK(cudaEventRecord(t0, s));
+  for (int i = 0; i < kTimed; ++i) launch();
+  CUDA_OK(cudaEventRecord(t1, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  float ms = 0;
+  CUDA_OK(cudaEventElapsedTime(&ms, t0, t1));
+  try {
+    link.raise_if_failed();
+  } catch (const std::exception& e) {
+    check(false, what + " (timed): " + e.what());
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  for (int h = 0; h < kHosts; ++h) {
+    cudaFree(in[h]);
+    cudaFree(out[h]);
+  }
+  return static_cast<double>(bytes) * kTimed / (ms * 1e-3) / 1e9;
+}
+
+void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk) {
+  CUDA_OK(cudaSetDevice(0));
+  fusedcomm::RuntimeConfig rc;
+  rc.backend = fusedcomm::Backend::kCuda;
+  rc.gpu_ordinal = 0;
+  rc.bind_host = "127.0.0.1";
+  rc.job_token = seed | 1;
+  rc.timeout_ms = 60000;
+  rc.symmetric_bytes = 1 << 20;  // unused: no symmetric memory here
+  rc.allow_shared_gpu = true;
+  fusedcomm::Runtime rt(rc);
+  InterHostLink link(rt, host, kHosts, static_cast<uint64_t>(chunk));
+  sh.blobs[host] = link.blob();
+  sh.sync.arrive_and_wait();
+  link.connect({sh.blobs[0], sh.blobs[1]}, {"host 0", "host 1"}, 7);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int d = 0; d < 2; ++d) {
+    const k::CommDtype dtype = d == 0 ? k::CommDtype::kF32 : k::CommDtype::kBF16;
+    for (uint32_t op = k::kProxyAllReduce; op <= k::kProxyAllToAll; ++op) {
+      sh.gbps[host][d][op] = run_op(link, sh, host, op, dtype, count, seed ^ (op * 0x100 + d), s);
+    }
+  }
+  sh.sync.arrive_and_wait();
+  link.close(true);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+
+int main() {
+  if (fusedcomm::testing::gpus_or_skip("gpu_link_threads_test") == 0) return 77;
+  const char* cs = std::getenv("FC_TEST_COUNT");
+  const char* ks = std::getenv("FC_TEST_CHUNK");
+  const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
+  const int64_t chunk = ks ? std::atoll(ks) : int64_t{1} << 20;
+  const uint64_t seed = fusedcomm::testing::test_seed("gpu_link_threads_test", 1);
+  std::printf("== 2 hosts as 2 threads on GPU 0: %lld elements per block, %lld-byte chunks\n",
+              static_cast<long long>(count), static_cast<long long>(chunk));
+  Shared sh;
+  std::vector<std::thread> ends;
+  std::vector<std::string> errors(kHosts);
+  for (int h = 0; h < kHosts; ++h) {
+    ends.emplace_back([&, h] {
+      try {
+        end_main(sh, h, seed, count, chunk);
+      } catch (const std::exception& e) {
+        errors[h] = e.what();
+      }
+    });
+  }
+  for (auto& t : ends) t.join();
+  for (int h = 0; h < kHosts; ++h) check(errors[h].empty(), "host " + std::to_string(h) + " threw: " + errors[h]);
+  if (errors[0].empty() && errors[1].empty()) {
+    const char* json = std::getenv("FC_TEST_JSON");
+    FILE* f = json ? std::fopen(json, "a") : nullptr;
+    for (int d = 0; d < 2; ++d) {
+      const char* dt = d == 0 ? "fp32" : "bf16";
+      const long long block = static_cast<long long>(count) * (d == 0 ? 4 : 2);
+      for (uint32_t op = k::kProxyAllReduce; op <= k::kProxyAllToAll; ++op) {
+        std::printf("  %-13s %s %6.2f / %6.2f GB/s sent per end (%lld bytes per block, %d launches)\n",
+                    k::proxy_op_name(op), dt, sh.gbps[0][d][op], sh.gbps[1][d][op], block, kTimed);
+        if (f) {
+          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": 2, \"dtype\": \"%s\", "
+                          "\"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_end0\": %.3f, \"gbps_end1\": %.3f}\n",
+                       k::proxy_op_name(op), dt, block, static_cast<long long>(chunk), sh.gbps[0][d][op],
+                       sh.gbps[1][d][op]);
+        }
+      }
+    }
+    if (f) std::fclose(f);
+  }
+  std::printf("  %d checks passed, %d failed\n== gpu_link_threads_test: %s\n", fusedcomm::testing::g_passed,
+              fusedcomm::testing::g_failed, fusedcomm::testing::g_failed == 0 ? "PASS" : "FAIL");
+  return fusedcomm::testing::g_failed == 0 ? 0 : 1;
+}
