@@ -11,7 +11,6 @@
 // and the bytes each end sends per second. FC_TEST_CHUNK=<bytes> sets the staging chunk
 // (default 1 MiB, spark.fusedcomm.host.chunkBytes's default). FC_TEST_JSON=<file>: one JSON row
 // per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
-#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <barrier>
@@ -47,9 +46,8 @@ void check(bool ok, const std::string& what) {
 constexpr int kHosts = 2;
 constexpr int kTimed = 5;
 
-float value(uint64_t seed, int host, int64_t i) {
-  return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(host) << 48 ^ uint64_t(i)) % 16) - 8);
-}
+using fusedcomm::testing::encode_elements;
+float value(uint64_t seed, int host, int64_t i) { return fusedcomm::testing::small_value(seed, host, i); }
 
 struct Shared {
   std::barrier<> sync{kHosts};
@@ -57,19 +55,6 @@ struct Shared {
   double gbps[kHosts][2][4] = {};  // [end][dtype][op]
 };
 
-// n values in dtype, as bytes.
-std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
-  std::vector<uint8_t> out(v.size() * (dtype == k::CommDtype::kF32 ? 4 : 2));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dtype == k::CommDtype::kF32) {
-      std::memcpy(&out[4 * i], &v[i], 4);
-    } else {
-      const __nv_bfloat16 b = __float2bfloat16(v[i]);
-      std::memcpy(&out[2 * i], &b, 2);
-    }
-  }
-  return out;
-}
 
 // One op: both ends call it at the same point. Returns this end's sent GB/s over the timed
 // launches, after checking the first launch's result.
@@ -89,7 +74,7 @@ double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   std::vector<float> host_in(count);
   for (int h = 0; h < kHosts; ++h) {
     for (int64_t i = 0; i < count; ++i) host_in[i] = value(seed + h, host, i);
-    const std::vector<uint8_t> enc = encode(host_in, dtype);
+    const std::vector<uint8_t> enc = encode_elements(host_in, dtype);
     CUDA_OK(cudaMemcpyAsync(in[h], enc.data(), bytes, cudaMemcpyHostToDevice, s));
     CUDA_OK(cudaMemsetAsync(out[h], 0xFF, bytes, s));
     CUDA_OK(cudaStreamSynchronize(s));  // host_in is refilled next
@@ -133,7 +118,7 @@ double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
       default: want[i] = value(seed + host, other, i);
     }
   }
-  const std::vector<uint8_t> want_bytes = encode(want, dtype);
+  const std::vector<uint8_t> want_bytes = encode_elements(want, dtype);
   int64_t bad = 0;
   for (size_t i = 0; i < bytes; i += es) bad += std::memcmp(&got[i], &want_bytes[i], es) != 0;
   check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");

@@ -100,23 +100,9 @@ struct Comm {
   }
 };
 
-// Small integers in [-8, 8): sums over up to 32 ranks stay exact in fp32 and bf16, any order.
-float value(uint64_t seed, int rank, int64_t i) {
-  return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(rank) << 48 ^ uint64_t(i)) % 16) - 8);
-}
-
-// Rank `rank`'s input of `count` elements in `dtype` (as bytes), and the expected sum.
+float value(uint64_t seed, int rank, int64_t i) { return fusedcomm::testing::small_value(seed, rank, i); }
 std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
-  std::vector<uint8_t> out(v.size() * (dtype == k::CommDtype::kF32 ? 4 : 2));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dtype == k::CommDtype::kF32) {
-      std::memcpy(&out[4 * i], &v[i], 4);
-    } else {
-      const __nv_bfloat16 b = __float2bfloat16(v[i]);
-      std::memcpy(&out[2 * i], &b, 2);
-    }
-  }
-  return out;
+  return fusedcomm::testing::encode_elements(v, dtype);
 }
 
 const char* op_name(k::CommOp op) { return k::comm_op_name(static_cast<uint32_t>(op)); }

@@ -11,6 +11,7 @@
 // several GPUs.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,11 +19,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/runtime/errors.h"
 #include "check.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
@@ -54,6 +58,26 @@ inline uint64_t mix(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+// Small integers in [-8, 8), element i of rank `rank`'s data under `seed`: sums over up to 32
+// ranks stay exact in fp32 and bf16, in any order.
+inline float small_value(uint64_t seed, int rank, int64_t i) {
+  return static_cast<float>(static_cast<int>(mix(seed ^ uint64_t(rank) << 48 ^ uint64_t(i)) % 16) - 8);
+}
+
+// v in `dtype` (fp32, or bf16 rounded to nearest), as bytes.
+inline std::vector<uint8_t> encode_elements(const std::vector<float>& v, kernels::CommDtype dtype) {
+  std::vector<uint8_t> out(v.size() * (dtype == kernels::CommDtype::kF32 ? 4 : 2));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == kernels::CommDtype::kF32) {
+      std::memcpy(&out[4 * i], &v[i], 4);
+    } else {
+      const __nv_bfloat16 b = __float2bfloat16(v[i]);
+      std::memcpy(&out[2 * i], &b, 2);
+    }
+  }
+  return out;
 }
 
 // The run's seed: FC_TEST_SEED if set (a replay), else fresh; printed with the GPU count.
