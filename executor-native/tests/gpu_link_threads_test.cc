@@ -8,7 +8,8 @@
 // Per op (allReduce, allGather, reduceScatter, allToAll; fp32 and bf16; `count` = 16 Mi elements per
 // host block unless FC_TEST_COUNT says otherwise): fresh small-integer inputs, outputs poisoned,
 // every element checked bit-exact after the first launch; then 5 timed launches back to back,
-// and the bytes each end sends per second. FC_TEST_CHUNK=<bytes> sets the staging chunk
+// and the bytes each end sends per second (both directions at once); and an allGather whose
+// host-1 block is empty, for one direction alone. FC_TEST_CHUNK=<bytes> sets the staging chunk
 // (default 1 MiB, spark.fusedcomm.host.chunkBytes's default). FC_TEST_JSON=<file>: one JSON row
 // per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
 #include <cuda_runtime_api.h>
@@ -53,13 +54,15 @@ struct Shared {
   std::barrier<> sync{kHosts};
   InterHostLink::Blob blobs[kHosts];
   double gbps[kHosts][2][4] = {};  // [end][dtype][op]
+  double one_way[2] = {};          // [dtype]: host 0 -> host 1, allGather with host 1's block empty
 };
 
 
 // One op: both ends call it at the same point. Returns this end's sent GB/s over the timed
 // launches, after checking the first launch's result.
+// one_way (allGather only): host 1's block is empty, so only host 0 sends (and host 1 checks).
 double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDtype dtype, int64_t count,
-              uint64_t seed, cudaStream_t s) {
+              uint64_t seed, cudaStream_t s, bool one_way = false) {
   const int other = 1 - host;
   const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
   const size_t bytes = static_cast<size_t>(count) * es;
@@ -79,7 +82,7 @@ double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
     CUDA_OK(cudaMemsetAsync(out[h], 0xFF, bytes, s));
     CUDA_OK(cudaStreamSynchronize(s));  // host_in is refilled next
   }
-  const std::vector<int64_t> counts(kHosts, count);
+  const std::vector<int64_t> counts = {count, one_way ? 0 : count};
   auto launch = [&] {
     switch (op) {
       case k::kProxyAllReduce: link.all_reduce(out[0], count, dtype, s); break;
@@ -121,7 +124,7 @@ double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   const std::vector<uint8_t> want_bytes = encode_elements(want, dtype);
   int64_t bad = 0;
   for (size_t i = 0; i < bytes; i += es) bad += std::memcmp(&got[i], &want_bytes[i], es) != 0;
-  check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
+  if (!one_way || host == 1) check(bad == 0, what + (one_way ? " (one way)" : "") + ": " + std::to_string(bad) + " elements wrong");
   // Timed: kTimed launches back to back (allReduce keeps summing in place: the values double,
   // unchecked).
   cudaEvent_t t0, t1;
@@ -170,6 +173,8 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
     for (uint32_t op = k::kProxyAllReduce; op <= k::kProxyAllToAll; ++op) {
       sh.gbps[host][d][op] = run_op(link, sh, host, op, dtype, count, seed ^ (op * 0x100 + d), s);
     }
+    const double g = run_op(link, sh, host, k::kProxyAllGather, dtype, count, seed ^ (0x500 + d), s, true);
+    if (host == 0) sh.one_way[d] = g;
   }
   sh.sync.arrive_and_wait();
   link.close(true);
@@ -216,6 +221,13 @@ int main() {
                        k::proxy_op_name(op), dt, block, static_cast<long long>(chunk), sh.gbps[0][d][op],
                        sh.gbps[1][d][op]);
         }
+      }
+      std::printf("  %-13s %s %6.2f GB/s host 0 -> host 1 only (host 1's block empty)\n", "allGather", dt,
+                  sh.one_way[d]);
+      if (f) {
+        std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": 2, "
+                        "\"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_end0\": %.3f}\n",
+                     dt, block, static_cast<long long>(chunk), sh.one_way[d]);
       }
     }
     if (f) std::fclose(f);
