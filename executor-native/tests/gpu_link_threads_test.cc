@@ -1,19 +1,23 @@
 // gpu_link_threads_test: the cuda backend's path between hosts (InterHostLink, inter_host.h) with
-// its two ends as two threads of one process on one GPU, each with its own Runtime (socket
+// its H ends (FC_TEST_HOSTS, default 2, at most 8) as threads of one process on one GPU, each
+// with its own Runtime (socket
 // transport on the loopback, proxy thread) and its own stream. Threads share the process's CUDA
 // context, so both ends' kernels run at the same time; forked ranks on one GPU time-slice it
 // instead, and there every chunk of a proxy op waits for a context switch (gpu_hier_test's
 // "shared" timings). So this is the one-GPU measure of the proxy path's own throughput:
-// GPU -> mapped host memory -> proxy -> TCP loopback -> peer host memory -> peer GPU.
+// GPU -> mapped host memory -> proxy -> TCP loopback -> peer host memory -> peer GPU. With more
+// than two ends it also runs the protocol with every end's kernel truly concurrent.
 // Per op (allReduce, allGather, reduceScatter, allToAll; fp32 and bf16; `count` = 16 Mi elements per
 // host block unless FC_TEST_COUNT says otherwise): fresh small-integer inputs, outputs poisoned,
 // every element checked bit-exact after the first launch; then 5 timed launches back to back,
-// and the bytes each end sends per second (both directions at once); and an allGather whose
-// host-1 block is empty, for one direction alone. FC_TEST_CHUNK=<bytes> sets the staging chunk
+// and the bytes each end sends per second (to all its peers, all ends at once); and an
+// allGather in which only host 0's block is not empty, for one direction alone. FC_TEST_CHUNK=<bytes> sets the staging chunk
 // (default 1 MiB, spark.fusedcomm.host.chunkBytes's default). FC_TEST_JSON=<file>: one JSON row
 // per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <cstdint>
@@ -37,61 +41,66 @@ namespace {
 namespace k = fusedcomm::kernels;
 using fusedcomm::InterHostLink;
 
-// check() (check.h) counts in plain ints: the two ends take turns.
+// check() (check.h) counts in plain ints: the ends take turns.
 std::mutex g_check_mu;
 void check(bool ok, const std::string& what) {
   std::lock_guard<std::mutex> l(g_check_mu);
   fusedcomm::testing::check(ok, what);
 }
 
-constexpr int kHosts = 2;
 constexpr int kTimed = 5;
 
 using fusedcomm::testing::encode_elements;
 float value(uint64_t seed, int host, int64_t i) { return fusedcomm::testing::small_value(seed, host, i); }
 
 struct Shared {
-  std::barrier<> sync{kHosts};
-  InterHostLink::Blob blobs[kHosts];
-  double gbps[kHosts][2][4] = {};  // [end][dtype][op]
-  double one_way[2] = {};          // [dtype]: host 0 -> host 1, allGather with host 1's block empty
+  explicit Shared(int hosts) : H(hosts), sync(hosts), blobs(hosts), gbps(hosts) {}
+  const int H;
+  // A thread that throws drops out (arrive_and_drop), so the others never wait for it here;
+  // their link ops then time out (bounded).
+  std::barrier<> sync;
+  std::vector<InterHostLink::Blob> blobs;
+  std::vector<std::array<std::array<double, 4>, 2>> gbps;  // [end][dtype][op]
+  double one_way[2] = {};  // [dtype]: host 0 -> the others, allGather with only host 0's block
 };
 
 
-// One op: both ends call it at the same point. Returns this end's sent GB/s over the timed
-// launches, after checking the first launch's result.
-// one_way (allGather only): host 1's block is empty, so only host 0 sends (and host 1 checks).
+// One op: every end calls it at the same point. Returns this end's sent GB/s (to all its peers)
+// over the timed launches, after checking the first launch's result.
+// one_way (allGather only): every block but host 0's is empty, so only host 0 sends (and the
+// others check).
 double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDtype dtype, int64_t count,
               uint64_t seed, cudaStream_t s, bool one_way = false) {
-  const int other = 1 - host;
+  const int H = sh.H;
   const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
   const size_t bytes = static_cast<size_t>(count) * es;
-  // Per op: in[h] = this host's block for host h (reduceScatter, allToAll) or its whole input.
-  std::vector<float*> in(kHosts), out(kHosts);
-  for (int h = 0; h < kHosts; ++h) {
-    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&in[h]), bytes));
-    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&out[h]), bytes));
+  // in[h]: this host's block for host h (reduceScatter, allToAll), or its input (in[0]).
+  std::vector<void*> in(H), out(H);
+  for (int h = 0; h < H; ++h) {
+    CUDA_OK(cudaMalloc(&in[h], bytes));
+    CUDA_OK(cudaMalloc(&out[h], bytes));
   }
   // Everything before the launches on s (a non-blocking stream: no ordering with the legacy
   // default stream).
   std::vector<float> host_in(count);
-  for (int h = 0; h < kHosts; ++h) {
+  for (int h = 0; h < H; ++h) {
     for (int64_t i = 0; i < count; ++i) host_in[i] = value(seed + h, host, i);
     const std::vector<uint8_t> enc = encode_elements(host_in, dtype);
     CUDA_OK(cudaMemcpyAsync(in[h], enc.data(), bytes, cudaMemcpyHostToDevice, s));
     CUDA_OK(cudaMemsetAsync(out[h], 0xFF, bytes, s));
     CUDA_OK(cudaStreamSynchronize(s));  // host_in is refilled next
   }
-  const std::vector<int64_t> counts = {count, one_way ? 0 : count};
+  std::vector<int64_t> counts(H, count);
+  if (one_way) std::fill(counts.begin() + 1, counts.end(), 0);
   auto launch = [&] {
     switch (op) {
       case k::kProxyAllReduce: link.all_reduce(out[0], count, dtype, s); break;
-      case k::kProxyAllGather: link.all_gather({out[0], out[1]}, counts, dtype, s); break;
-      case k::kProxyReduceScatter: link.reduce_scatter({in[0], in[1]}, counts, out[host], dtype, s); break;
-      default: link.all_to_all({in[0], in[1]}, counts, {out[0], out[1]}, counts, dtype, s);
+      case k::kProxyAllGather: link.all_gather(out, counts, dtype, s); break;
+      case k::kProxyReduceScatter: link.reduce_scatter(in, counts, out[host], dtype, s); break;
+      default: link.all_to_all(in, counts, out, counts, dtype, s);
     }
   };
-  // allReduce works in place, allGather from the own block of the output.
+  // allReduce works in place on out[0], allGather from the own block of the output.
   if (op == k::kProxyAllReduce || op == k::kProxyAllGather) {
     CUDA_OK(cudaMemcpyAsync(out[op == k::kProxyAllReduce ? 0 : host], in[0], bytes, cudaMemcpyDeviceToDevice, s));
   }
@@ -100,33 +109,45 @@ double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   launch();
   CUDA_OK(cudaStreamSynchronize(s));
   const std::string what = std::string(k::proxy_op_name(op)) + " of " + std::to_string(count) +
-                           (es == 4 ? " fp32" : " bf16") + ", host " + std::to_string(host);
+                           (es == 4 ? " fp32" : " bf16") + (one_way ? " (one way)" : "") + ", host " +
+                           std::to_string(host) + " of " + std::to_string(H);
   try {
     link.raise_if_failed();
   } catch (const std::exception& e) {
     check(false, what + ": " + e.what());
   }
-  // What arrived: allReduce: the sum of both hosts' in[0]; allGather: the other's own block at
-  // out[other]; reduceScatter: the sum of both hosts' block for this host; allToAll: what the
-  // other host sent to this one at out[other].
+  // What arrived, per output block b: allReduce (b = 0): the sum of every host's in[0];
+  // allGather: host b's own block (b != host); reduceScatter (b = host): the sum of every
+  // host's block for this host; allToAll: what host b sent this one (b != host).
   std::vector<uint8_t> got(bytes);
-  const int64_t slot = op == k::kProxyAllReduce ? 0 : op == k::kProxyReduceScatter ? host : other;
-  CUDA_OK(cudaMemcpy(got.data(), out[slot], bytes, cudaMemcpyDeviceToHost));
   std::vector<float> want(count);
-  for (int64_t i = 0; i < count; ++i) {
-    switch (op) {
-      case k::kProxyAllReduce: want[i] = value(seed, 0, i) + value(seed, 1, i); break;
-      case k::kProxyAllGather: want[i] = value(seed, other, i); break;
-      case k::kProxyReduceScatter: want[i] = value(seed + host, 0, i) + value(seed + host, 1, i); break;
-      default: want[i] = value(seed + host, other, i);
+  for (int b = 0; b < H; ++b) {
+    const bool checked = op == k::kProxyAllReduce      ? b == 0
+                         : op == k::kProxyReduceScatter ? b == host
+                         : op == k::kProxyAllGather     ? b != host && (!one_way || b == 0)
+                                                        : b != host;
+    if (!checked) continue;
+    CUDA_OK(cudaMemcpy(got.data(), out[b], bytes, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < count; ++i) {
+      float w = 0;
+      switch (op) {
+        case k::kProxyAllReduce:
+          for (int h = 0; h < H; ++h) w += value(seed, h, i);
+          break;
+        case k::kProxyAllGather: w = value(seed, b, i); break;
+        case k::kProxyReduceScatter:
+          for (int h = 0; h < H; ++h) w += value(seed + host, h, i);
+          break;
+        default: w = value(seed + host, b, i);
+      }
+      want[i] = w;
     }
+    const std::vector<uint8_t> want_bytes = encode_elements(want, dtype);
+    int64_t bad = 0;
+    for (size_t i = 0; i < bytes; i += es) bad += std::memcmp(&got[i], &want_bytes[i], es) != 0;
+    check(bad == 0, what + ": block " + std::to_string(b) + ": " + std::to_string(bad) + " elements wrong");
   }
-  const std::vector<uint8_t> want_bytes = encode_elements(want, dtype);
-  int64_t bad = 0;
-  for (size_t i = 0; i < bytes; i += es) bad += std::memcmp(&got[i], &want_bytes[i], es) != 0;
-  if (!one_way || host == 1) check(bad == 0, what + (one_way ? " (one way)" : "") + ": " + std::to_string(bad) + " elements wrong");
-  // Timed: kTimed launches back to back (allReduce keeps summing in place: the values double,
-  // unchecked).
+  // Timed: kTimed launches back to back (allReduce keeps summing in place, unchecked).
   cudaEvent_t t0, t1;
   CUDA_OK(cudaEventCreate(&t0));
   CUDA_OK(cudaEventCreate(&t1));
@@ -144,11 +165,12 @@ double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   }
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
-  for (int h = 0; h < kHosts; ++h) {
+  for (int h = 0; h < H; ++h) {
     cudaFree(in[h]);
     cudaFree(out[h]);
   }
-  return static_cast<double>(bytes) * kTimed / (ms * 1e-3) / 1e9;
+  const double sent = one_way ? (host == 0 ? bytes * (H - 1.0) : 0.0) : bytes * (H - 1.0);
+  return sent * kTimed / (ms * 1e-3) / 1e9;
 }
 
 void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk) {
@@ -162,10 +184,12 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
   rc.symmetric_bytes = 1 << 20;  // unused: no symmetric memory here
   rc.allow_shared_gpu = true;
   fusedcomm::Runtime rt(rc);
-  InterHostLink link(rt, host, kHosts, static_cast<uint64_t>(chunk));
+  InterHostLink link(rt, host, sh.H, static_cast<uint64_t>(chunk));
   sh.blobs[host] = link.blob();
   sh.sync.arrive_and_wait();
-  link.connect({sh.blobs[0], sh.blobs[1]}, {"host 0", "host 1"}, 7);
+  std::vector<std::string> names;
+  for (int h = 0; h < sh.H; ++h) names.push_back("host " + std::to_string(h));
+  link.connect(sh.blobs, names, 7);
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (int d = 0; d < 2; ++d) {
@@ -185,49 +209,64 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
 
 int main() {
   if (fusedcomm::testing::gpus_or_skip("gpu_link_threads_test") == 0) return 77;
+  const char* hs = std::getenv("FC_TEST_HOSTS");
   const char* cs = std::getenv("FC_TEST_COUNT");
   const char* ks = std::getenv("FC_TEST_CHUNK");
+  const int H = hs ? std::atoi(hs) : 2;
   const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
   const int64_t chunk = ks ? std::atoll(ks) : int64_t{1} << 20;
+  if (H < 2 || H > k::kProxyMaxHosts) {
+    std::printf("FAIL: FC_TEST_HOSTS=%d out of range 2..%d\n", H, k::kProxyMaxHosts);
+    return 1;
+  }
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_link_threads_test", 1);
-  std::printf("== 2 hosts as 2 threads on GPU 0: %lld elements per block, %lld-byte chunks\n",
+  std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks\n", H, H,
               static_cast<long long>(count), static_cast<long long>(chunk));
-  Shared sh;
+  Shared sh(H);
   std::vector<std::thread> ends;
-  std::vector<std::string> errors(kHosts);
-  for (int h = 0; h < kHosts; ++h) {
+  std::vector<std::string> errors(H);
+  for (int h = 0; h < H; ++h) {
     ends.emplace_back([&, h] {
       try {
         end_main(sh, h, seed, count, chunk);
       } catch (const std::exception& e) {
         errors[h] = e.what();
+        sh.sync.arrive_and_drop();
       }
     });
   }
   for (auto& t : ends) t.join();
-  for (int h = 0; h < kHosts; ++h) check(errors[h].empty(), "host " + std::to_string(h) + " threw: " + errors[h]);
-  if (errors[0].empty() && errors[1].empty()) {
+  bool all_ran = true;
+  for (int h = 0; h < H; ++h) {
+    check(errors[h].empty(), "host " + std::to_string(h) + " threw: " + errors[h]);
+    all_ran &= errors[h].empty();
+  }
+  if (all_ran) {
     const char* json = std::getenv("FC_TEST_JSON");
     FILE* f = json ? std::fopen(json, "a") : nullptr;
     for (int d = 0; d < 2; ++d) {
       const char* dt = d == 0 ? "fp32" : "bf16";
       const long long block = static_cast<long long>(count) * (d == 0 ? 4 : 2);
       for (uint32_t op = k::kProxyAllReduce; op <= k::kProxyAllToAll; ++op) {
-        std::printf("  %-13s %s %6.2f / %6.2f GB/s sent per end (%lld bytes per block, %d launches)\n",
-                    k::proxy_op_name(op), dt, sh.gbps[0][d][op], sh.gbps[1][d][op], block, kTimed);
+        double lo = sh.gbps[0][d][op], hi = lo;
+        for (int h = 1; h < H; ++h) {
+          lo = std::min(lo, sh.gbps[h][d][op]);
+          hi = std::max(hi, sh.gbps[h][d][op]);
+        }
+        std::printf("  %-13s %s %6.2f - %6.2f GB/s sent per end to its %d peers (%lld bytes per block, %d launches)\n",
+                    k::proxy_op_name(op), dt, lo, hi, H - 1, block, kTimed);
         if (f) {
-          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": 2, \"dtype\": \"%s\", "
-                          "\"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_end0\": %.3f, \"gbps_end1\": %.3f}\n",
-                       k::proxy_op_name(op), dt, block, static_cast<long long>(chunk), sh.gbps[0][d][op],
-                       sh.gbps[1][d][op]);
+          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"dtype\": \"%s\", "
+                          "\"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_min\": %.3f, \"gbps_max\": %.3f}\n",
+                       k::proxy_op_name(op), H, dt, block, static_cast<long long>(chunk), lo, hi);
         }
       }
-      std::printf("  %-13s %s %6.2f GB/s host 0 -> host 1 only (host 1's block empty)\n", "allGather", dt,
-                  sh.one_way[d]);
+      std::printf("  %-13s %s %6.2f GB/s sent by host 0 to its %d peers (the other blocks empty)\n", "allGather", dt,
+                  sh.one_way[d], H - 1);
       if (f) {
-        std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": 2, "
-                        "\"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_end0\": %.3f}\n",
-                     dt, block, static_cast<long long>(chunk), sh.one_way[d]);
+        std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
+                        "\"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_host0\": %.3f}\n",
+                     H, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
       }
     }
     if (f) std::fclose(f);
