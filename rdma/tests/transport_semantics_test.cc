@@ -1,10 +1,13 @@
 // Contract details of the socket transport and the proxy, in one process: two transports talk
 // over loopback (rank 1's half of every connect runs on a helper thread).
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <future>
 #include <memory>
 #include <vector>
 
+#include "fusedcomm/rdma/one_way_pairs.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
 #include "test_util.h"
@@ -445,6 +448,70 @@ void test_gpu_style_producers() {
 
 }  // namespace
 
+// connect_one_way_pairs: each direction of a pair on a connection of its own (two per pair on
+// each transport), writes both ways landing with their signals, a polite close of both groups,
+// and a peer's abort seen as a failure of the writes to it.
+void test_one_way_pairs() {
+  auto t0 = loopback(), t1 = loopback();
+  Buf b0(*t0, 1024 + 8), b1(*t1, 1024 + 8);
+  for (size_t i = 0; i < 1024; ++i) {
+    b0.words[i] = fctest::splitmix64(i);
+    b1.words[i] = fctest::splitmix64(i + 5000);
+  }
+  std::vector<std::string> addrs = {t0->address(), t1->address()};
+  for (int round = 0; round < 2; ++round) {
+    auto f = std::async(std::launch::async, [&] { return connect_one_way_pairs(*t1, spec(1, 2, addrs, 60 + round)); });
+    std::unique_ptr<PeerGroup> g0 = connect_one_way_pairs(*t0, spec(0, 2, addrs, 60 + round));
+    std::unique_ptr<PeerGroup> g1 = f.get();
+    FC_CHECK(g0->rank() == 0 && g1->rank() == 1 && g0->world() == 2, "ranks and world");
+    FC_CHECK(t0->stats().open_connections == 2 && t1->stats().open_connections == 2,
+             "one connection per direction: " + std::to_string(t0->stats().open_connections));
+    // Words 0..511 of each go to 512..1023 of the other, both ways at once, 64 writes each.
+    auto writer = [](PeerGroup& g, const Buf& src, const Buf& dst, int peer) {
+      for (int i = 0; i < 64; ++i) {
+        WriteOp op;
+        op.peer = peer;
+        op.src_key = src.r.key;
+        op.src_offset = uint64_t(i) * 64;
+        op.dst_key = dst.r.key;
+        op.dst_offset = 512 * 8 + uint64_t(i) * 64;
+        op.bytes = 64;
+        op.signal_key = dst.r.key;
+        op.signal_offset = 1024 * 8;
+        op.signal_value = uint64_t(i + 1);
+        g.write(op);
+      }
+    };
+    std::vector<uint64_t> want0(b1.words.begin(), b1.words.begin() + 512);
+    std::vector<uint64_t> want1(b0.words.begin(), b0.words.begin() + 512);
+    auto w1 = std::async(std::launch::async, [&] { writer(*g1, b1, b0, 0); });
+    writer(*g0, b0, b1, 1);
+    w1.get();
+    FC_CHECK(fctest::wait_for([&] { return b0.load(1024) == 64 && b1.load(1024) == 64; }, 5000ms), "signals both ways");
+    FC_CHECK(std::equal(want0.begin(), want0.end(), b0.words.begin() + 512), "rank 1's words landed at rank 0");
+    FC_CHECK(std::equal(want1.begin(), want1.end(), b1.words.begin() + 512), "rank 0's words landed at rank 1");
+    std::atomic_ref<uint64_t>(b0.words[1024]).store(0);
+    std::atomic_ref<uint64_t>(b1.words[1024]).store(0);
+    FC_CHECK(g0->status(1) == PeerState::kConnected && g1->status(0) == PeerState::kConnected, "connected");
+    if (round == 0) {
+      auto closing = std::async(std::launch::async, [&] { g1->close(5000ms); });
+      g0->close(5000ms);
+      closing.get();
+      FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "both groups' sockets released");
+    } else {
+      g1->abort();
+      FC_CHECK(fctest::wait_for([&] { return g0->status(1) == PeerState::kFailed; }, 3000ms),
+               "rank 1's abort fails rank 0's writes to it");
+      WriteOp op;
+      op.peer = 1;
+      op.signal_key = b1.r.key;
+      op.signal_value = 1;
+      FC_EXPECT_THROW(TransportError, g0->write(op), e, { FC_CHECK(e.peer() == 1, "the write names rank 1"); });
+      g0->abort();
+    }
+  }
+}
+
 int main() {
   fctest::run_case("probes report availability with a reason", test_probes);
   fctest::run_case("listener addresses", test_addresses);
@@ -457,5 +524,6 @@ int main() {
   fctest::run_case("proxy ring basics", test_ring_basics);
   fctest::run_case("proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors);
   fctest::run_case("proxy: GPU-style producers (slots from their own counter)", test_gpu_style_producers);
+  fctest::run_case("a connection per direction (connect_one_way_pairs)", test_one_way_pairs);
   return fctest::finish();
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fusedcomm/rdma/errors.h"
+#include "fusedcomm/rdma/one_way_pairs.h"
 #include "fusedcomm/runtime/errors.h"
 
 namespace fusedcomm {
@@ -15,7 +16,8 @@ namespace k = fusedcomm::kernels;
 // Chunks in flight per counterpart (kernels/proxy.h, ProxyCollective::depth): the kernel stages
 // and reads one while the proxies and the transport move the other. With 2 (and the kernel's
 // unrolled copies) 64 MiB per end moved at 2.1-2.4 GB/s each way over the loopback on 1 x H100,
-// against 1.3-1.4 with 1 (gpu_link_threads_test; kernels/bench/NOTES.md).
+// against 1.3-1.4 with 1, and 3.6 (median) with a connection per direction (gpu_link_threads_test;
+// kernels/bench/NOTES.md).
 constexpr uint32_t kDepth = 2;
 // A pipeline iteration posts at most 2 (hosts - 1) = 14 commands, and up to kDepth iterations'
 // commands may wait in the ring.
@@ -88,7 +90,9 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
   spec.world = hosts_;
   for (const Blob& b : blobs) spec.addresses.emplace_back(b.address, strnlen(b.address, sizeof b.address));
   spec.connect_timeout = std::chrono::milliseconds(runtime_.config().connect_timeout_ms);
-  group_ = runtime_.transport().connect(spec);
+  // A connection per direction between counterparts: the ops send both ways at once
+  // (one_way_pairs.h says why).
+  group_ = rdma::connect_one_way_pairs(runtime_.transport(), spec);
   proxy_ = std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring_memory_->host, kRingCapacity), *group_);
 }
 
