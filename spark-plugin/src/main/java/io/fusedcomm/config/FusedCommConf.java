@@ -91,7 +91,8 @@ public final class FusedCommConf {
                   + " and by the cuda backend between hosts; larger chunks mean fewer round"
                   + " trips and more memory: each host-backend communicator holds 4 x world size"
                   + " x (chunk + 512 B) of host memory (8 MiB at world 2 with 1m); a cuda"
-                  + " communicator spanning H hosts pins 2 x H chunks. A multiple of 16.")
+                  + " communicator spanning H hosts pins 4 x H chunks per rank (an outbox and an"
+                  + " inbox of two chunks in flight per host). A multiple of 16.")
           .bytesConf()
           .check(
               b -> b >= MIN_CHUNK && b <= MAX_CHUNK && b % 16 == 0,
