@@ -11,7 +11,8 @@
 // host block unless FC_TEST_COUNT says otherwise): fresh small-integer inputs, outputs poisoned,
 // every element checked bit-exact after the first launch; then 5 timed launches back to back,
 // and the bytes each end sends per second (to all its peers, all ends at once); and an
-// allGather in which only host 0's block is not empty, for one direction alone. FC_TEST_CHUNK=<bytes> sets the staging chunk
+// allGather in which only host 0's block is not empty, for one direction alone; and allReduces
+// 30 ms apart (the proxies asleep in between), their median time per launch. FC_TEST_CHUNK=<bytes> sets the staging chunk
 // (default 1 MiB, spark.fusedcomm.host.chunkBytes's default). FC_TEST_JSON=<file>: one JSON row
 // per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
 #include <cuda_runtime_api.h>
@@ -54,14 +55,16 @@ using fusedcomm::testing::encode_elements;
 float value(uint64_t seed, int host, int64_t i) { return fusedcomm::testing::small_value(seed, host, i); }
 
 struct Shared {
-  explicit Shared(int hosts) : H(hosts), sync(hosts), blobs(hosts), gbps(hosts) {}
+  explicit Shared(int hosts) : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_us(hosts) {}
   const int H;
   // A thread that throws drops out (arrive_and_drop), so the others never wait for it here;
   // their link ops then time out (bounded).
   std::barrier<> sync;
   std::vector<InterHostLink::Blob> blobs;
   std::vector<std::array<std::array<double, 4>, 2>> gbps;  // [end][dtype][op]
+  std::vector<std::array<std::array<double, 4>, 2>> us;    // [end][dtype][op]: per launch
   double one_way[2] = {};  // [dtype]: host 0 -> the others, allGather with only host 0's block
+  std::vector<std::array<double, 2>> spaced_us;  // [end][dtype]: allReduce after 30 ms idle
 };
 
 
@@ -69,7 +72,10 @@ struct Shared {
 // over the timed launches, after checking the first launch's result.
 // one_way (allGather only): every block but host 0's is empty, so only host 0 sends (and the
 // others check).
-double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDtype dtype, int64_t count,
+struct Timing {
+  double gbps, us_per_launch;
+};
+Timing run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDtype dtype, int64_t count,
               uint64_t seed, cudaStream_t s, bool one_way = false) {
   const int H = sh.H;
   const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
@@ -170,7 +176,7 @@ double run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
     cudaFree(out[h]);
   }
   const double sent = one_way ? (host == 0 ? bytes * (H - 1.0) : 0.0) : bytes * (H - 1.0);
-  return sent * kTimed / (ms * 1e-3) / 1e9;
+  return {sent * kTimed / (ms * 1e-3) / 1e9, ms * 1e3 / kTimed};
 }
 
 void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk) {
@@ -195,10 +201,35 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
   for (int d = 0; d < 2; ++d) {
     const k::CommDtype dtype = d == 0 ? k::CommDtype::kF32 : k::CommDtype::kBF16;
     for (uint32_t op = k::kProxyAllReduce; op <= k::kProxyAllToAll; ++op) {
-      sh.gbps[host][d][op] = run_op(link, sh, host, op, dtype, count, seed ^ (op * 0x100 + d), s);
+      const Timing t = run_op(link, sh, host, op, dtype, count, seed ^ (op * 0x100 + d), s);
+      sh.gbps[host][d][op] = t.gbps;
+      sh.us[host][d][op] = t.us_per_launch;
     }
-    const double g = run_op(link, sh, host, k::kProxyAllGather, dtype, count, seed ^ (0x500 + d), s, true);
+    const double g = run_op(link, sh, host, k::kProxyAllGather, dtype, count, seed ^ (0x500 + d), s, true).gbps;
     if (host == 0) sh.one_way[d] = g;
+    // Spaced: 5 allReduces, each after 30 ms of idleness (as between the steps of a job: the
+    // proxies have gone to sleep); the median time from launch to done, per end.
+    void* x = nullptr;
+    CUDA_OK(cudaMalloc(&x, count * 4));
+    CUDA_OK(cudaMemsetAsync(x, 0, count * 4, s));
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    std::vector<float> ms(5);
+    for (float& m : ms) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      sh.sync.arrive_and_wait();
+      CUDA_OK(cudaEventRecord(e0, s));
+      link.all_reduce(x, count, dtype, s);
+      CUDA_OK(cudaEventRecord(e1, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      CUDA_OK(cudaEventElapsedTime(&m, e0, e1));
+    }
+    std::sort(ms.begin(), ms.end());
+    sh.spaced_us[host][d] = ms[2] * 1e3;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(x);
   }
   sh.sync.arrive_and_wait();
   link.close(true);
@@ -248,21 +279,26 @@ int main() {
       const char* dt = d == 0 ? "fp32" : "bf16";
       const long long block = static_cast<long long>(count) * (d == 0 ? 4 : 2);
       for (uint32_t op = k::kProxyAllReduce; op <= k::kProxyAllToAll; ++op) {
-        double lo = sh.gbps[0][d][op], hi = lo;
-        for (int h = 1; h < H; ++h) {
+        double lo = sh.gbps[0][d][op], hi = lo, us = 0;
+        for (int h = 0; h < H; ++h) {
           lo = std::min(lo, sh.gbps[h][d][op]);
           hi = std::max(hi, sh.gbps[h][d][op]);
+          us = std::max(us, sh.us[h][d][op]);
         }
-        std::printf("  %-13s %s %6.2f - %6.2f GB/s sent per end to its %d peers (%lld bytes per block, %d launches)\n",
-                    k::proxy_op_name(op), dt, lo, hi, H - 1, block, kTimed);
+        std::printf("  %-13s %s %6.2f - %6.2f GB/s sent per end to its %d peers, %8.1f us per launch (%lld bytes per block, %d launches)\n",
+                    k::proxy_op_name(op), dt, lo, hi, H - 1, us, block, kTimed);
         if (f) {
           std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"dtype\": \"%s\", "
-                          "\"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_min\": %.3f, \"gbps_max\": %.3f}\n",
-                       k::proxy_op_name(op), H, dt, block, static_cast<long long>(chunk), lo, hi);
+                          "\"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_min\": %.3f, \"gbps_max\": %.3f, \"us_per_launch\": %.2f}\n",
+                       k::proxy_op_name(op), H, dt, block, static_cast<long long>(chunk), lo, hi, us);
         }
       }
       std::printf("  %-13s %s %6.2f GB/s sent by host 0 to its %d peers (the other blocks empty)\n", "allGather", dt,
                   sh.one_way[d], H - 1);
+      double spaced = 0;
+      for (int h = 0; h < H; ++h) spaced = std::max(spaced, sh.spaced_us[h][d]);
+      std::printf("  %-13s %s %8.1f us per launch, launches 30 ms apart (median; the slowest end)\n", "allReduce", dt,
+                  spaced);
       if (f) {
         std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
                         "\"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_host0\": %.3f}\n",
