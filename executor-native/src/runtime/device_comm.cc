@@ -225,6 +225,9 @@ void DeviceComm::all_reduce_across_hosts(k::CommDtype dtype, const char* in, cha
 
 namespace {
 
+// A byte size rounded up to 16, so that buffers laid end to end stay vector-aligned.
+uint64_t round16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
+
 // The blocks of a collective of `count` elements across hosts: the global split rule decides
 // them (rank g's block: split_count(count, W, g) elements at split_offset(count, W, g), W the
 // whole world). Host h's ranks, ascending, hold blocks whose sizes do not grow and differ by at
@@ -257,8 +260,6 @@ struct GlobalBlocks {
     for (int h = 0; h < lay.hosts; ++h) most = std::max(most, host_count(h));
     return most;
   }
-  // A byte size rounded up to 16, so that slots laid end to end stay vector-aligned.
-  static uint64_t slot(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
 };
 
 }  // namespace
@@ -283,7 +284,7 @@ struct GlobalBlocks {
 DeviceComm::HostsNeeds DeviceComm::needs_across_hosts(k::CommOp op, size_t esize, int64_t count) const {
   const GlobalBlocks b{layout_, count, esize};
   const uint64_t H = layout_.hosts, L = layout_.local_world;
-  const uint64_t slot = GlobalBlocks::slot(b.bytes(0));
+  const uint64_t slot = round16(b.bytes(0));
   const uint64_t host_bytes = static_cast<uint64_t>(b.largest_host()) * esize;
   bool any_scattered = false;
   for (int h = 0; h < layout_.hosts; ++h) any_scattered |= !b.consecutive(h);
@@ -292,7 +293,7 @@ DeviceComm::HostsNeeds DeviceComm::needs_across_hosts(k::CommOp op, size_t esize
     case k::CommOp::kReduceScatter: return {host_bytes, H * slot};
     case k::CommOp::kAllToAll: {
       const uint64_t lane = H * b.bytes(0);
-      return {L * lane, H * GlobalBlocks::slot(host_bytes) * 2 + L * lane};
+      return {L * lane, H * round16(host_bytes) * 2 + L * lane};
     }
     default: fail(ErrorKind::kState, "needs_across_hosts: not a gather, scatter or allToAll");
   }
@@ -302,7 +303,7 @@ void DeviceComm::enqueue_across_hosts(k::CommOp op, k::CommDtype dtype, const vo
                                       void* out, int64_t count, char* work, cudaStream_t s) {
   const GlobalBlocks b{layout_, count, element_bytes(dtype)};
   const int H = layout_.hosts, L = layout_.local_world, host = layout_.host, me = layout_.rank();
-  const uint64_t slot = GlobalBlocks::slot(b.bytes(0));
+  const uint64_t slot = round16(b.bytes(0));
   auto* data = static_cast<char*>(sm_->data());
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
@@ -312,7 +313,7 @@ void DeviceComm::enqueue_across_hosts(k::CommOp op, k::CommDtype dtype, const vo
   if (op == k::CommOp::kAllToAll) {
     const size_t mine = b.bytes(me);  // every block this rank receives has its size
     const uint64_t lane = static_cast<uint64_t>(H) * b.bytes(0);
-    const uint64_t send_slot = GlobalBlocks::slot(static_cast<uint64_t>(b.largest_host()) * b.esize);
+    const uint64_t send_slot = round16(static_cast<uint64_t>(b.largest_host()) * b.esize);
     char* send = work;
     char* recv = send + H * send_slot;
     char* gathered = recv + H * send_slot;
@@ -511,7 +512,6 @@ struct RowBlocks {
   // Elements of the collective over rows of `row` elements: padded to W blocks of ceil rows.
   int64_t count(int64_t row) const { return (even() ? m : world * ceil()) * row; }
 };
-uint64_t round16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
 }  // namespace
 
 void DeviceComm::all_gather_gemm_across_hosts(const void* a_local, const void* w, void* c, void* gathered,
