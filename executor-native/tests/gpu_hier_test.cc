@@ -64,15 +64,8 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
   }
 
   // Between hosts: this rank and its counterparts (ranks l, L + l, ...), link host h.
-  fusedcomm::RuntimeConfig rc;
-  rc.backend = fusedcomm::Backend::kCuda;
-  rc.gpu_ordinal = rank % gpus;
-  rc.bind_host = "127.0.0.1";
-  rc.job_token = seed | 1;
-  rc.timeout_ms = 60000;
-  rc.symmetric_bytes = 1 << 20;  // unused here: the test's own SymmetricMemory above
-  rc.allow_shared_gpu = shared;
-  fusedcomm::Runtime rt(rc);
+  // Its data area is unused here (the test's own SymmetricMemory above): small.
+  fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, 60000, 1 << 20, shared));
   InterHostLink link(rt, h, H, kChunk);
   {
     const InterHostLink::Blob mine = link.blob();

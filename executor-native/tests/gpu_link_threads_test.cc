@@ -181,15 +181,8 @@ Timing run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
 
 void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk) {
   CUDA_OK(cudaSetDevice(0));
-  fusedcomm::RuntimeConfig rc;
-  rc.backend = fusedcomm::Backend::kCuda;
-  rc.gpu_ordinal = 0;
-  rc.bind_host = "127.0.0.1";
-  rc.job_token = seed | 1;
-  rc.timeout_ms = 60000;
-  rc.symmetric_bytes = 1 << 20;  // unused: no symmetric memory here
-  rc.allow_shared_gpu = true;
-  fusedcomm::Runtime rt(rc);
+  // No symmetric memory here: a small data area.
+  fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(0, seed, 60000, 1 << 20, true));
   InterHostLink link(rt, host, sh.H, static_cast<uint64_t>(chunk));
   sh.blobs[host] = link.blob();
   sh.sync.arrive_and_wait();

@@ -482,15 +482,9 @@ void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
 
 int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
   const int rank = g.rank, world = g.world;
-  fusedcomm::RuntimeConfig cfg;
-  cfg.backend = fusedcomm::Backend::kCuda;
-  cfg.gpu_ordinal = rank % gpus;
-  cfg.bind_host = "127.0.0.1";
-  cfg.job_token = seed | 1;
-  cfg.timeout_ms = kTimeoutMs;
-  cfg.symmetric_bytes = kSymmetricBytes;
+  fusedcomm::RuntimeConfig cfg =
+      fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, kTimeoutMs, kSymmetricBytes, shared);
   cfg.chunk_bytes = 1 << 20;
-  cfg.allow_shared_gpu = shared;
   Runtime rt(cfg);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -28,6 +28,7 @@
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/runtime.h"
 #include "check.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "process_group.h"
@@ -78,6 +79,22 @@ inline std::vector<uint8_t> encode_elements(const std::vector<float>& v, kernels
     }
   }
   return out;
+}
+
+// A cuda-backend Runtime's config for the multi-rank tests: GPU `gpu`, the socket transport on
+// the loopback, the run's job token (from its seed), every op bounded by timeout_ms, a data
+// area of symmetric_bytes; `shared`: ranks may share the GPU (correctness only).
+inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeout_ms, int64_t symmetric_bytes,
+                                          bool shared) {
+  RuntimeConfig c;
+  c.backend = Backend::kCuda;
+  c.gpu_ordinal = gpu;
+  c.bind_host = "127.0.0.1";
+  c.job_token = seed | 1;
+  c.timeout_ms = timeout_ms;
+  c.symmetric_bytes = symmetric_bytes;
+  c.allow_shared_gpu = shared;
+  return c;
 }
 
 // The run's seed: FC_TEST_SEED if set (a replay), else fresh; printed with the GPU count.
