@@ -246,10 +246,13 @@ class GpuClusterCollectivesTest {
   private static float[][] inputs(String op, DType t, int n, int w, long seed) {
     float[][] inputs = new float[w][];
     for (int p = 0; p < w; p++) {
-      int len = op.equals("allGather") ? (int) Split.count(n, w, p) : n;
-      inputs[p] = Data.uniform(Data.seed(seed, p, 1), len, t);
+      inputs[p] = Data.uniform(Data.seed(seed, p, 1), inputLength(op, n, w, p), t);
     }
     return inputs;
+  }
+
+  private static int inputLength(String op, int n, int w, int r) {
+    return op.equals("allGather") ? (int) Split.count(n, w, r) : n;
   }
 
   private static int outputLength(String op, int n, int w, int r) {
@@ -311,7 +314,7 @@ class GpuClusterCollectivesTest {
       DeviceTensor[] in = new DeviceTensor[ops.length];
       DeviceTensor[] out = new DeviceTensor[ops.length];
       for (int i = 0; i < ops.length; i++) {
-        in[i] = DeviceTensor.allocate(types[i], inputs(ops[i], types[i], n, w, seed)[r].length);
+        in[i] = DeviceTensor.allocate(types[i], inputLength(ops[i], n, w, r));
         out[i] = DeviceTensor.allocate(types[i], outputLength(ops[i], n, w, r));
         owned.add(in[i]);
         owned.add(out[i]);
