@@ -6,7 +6,12 @@
 //   one-way      one connection, one direction
 //   duplex-1     one connection, both directions at once
 //   duplex-2     two connections, one per direction
-// Build: g++ -O2 -std=c++20 -pthread loopback_duplex.cc -o loopback_duplex; run: ./loopback_duplex [GiB]
+//   stripe-N     (with a second argument N > 1) N connections per direction, each with its own
+//                sending and receiving thread, both directions at once; the figure is the
+//                sum over a direction's N connections (the question behind striping the
+//                socket transport's traffic to a peer over several connections)
+// Build: g++ -O2 -std=c++20 -pthread loopback_duplex.cc -o loopback_duplex;
+// run: ./loopback_duplex [GiB per flow] [N]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -84,6 +89,7 @@ double run(const std::vector<std::pair<int, int>>& flows, size_t bytes) {
 
 int main(int argc, char** argv) {
   const size_t bytes = static_cast<size_t>((argc > 1 ? std::atof(argv[1]) : 4.0) * (1ull << 30));
+  const int stripes = argc > 2 ? std::atoi(argv[2]) : 1;
   for (int round = 0; round < 3; ++round) {
     auto [a, b] = tcp_pair();
     const double one = run({{a, b}}, bytes);
@@ -94,8 +100,23 @@ int main(int argc, char** argv) {
     auto [e, f] = tcp_pair();
     const double duplex2 = run({{c, d}, {f, e}}, bytes);
     for (int fd : {c, d, e, f}) close(fd);
-    std::printf("round %d: one-way %.2f GB/s; duplex-1 %.2f GB/s each way; duplex-2 %.2f GB/s each way\n", round,
+    std::printf("round %d: one-way %.2f GB/s; duplex-1 %.2f GB/s each way; duplex-2 %.2f GB/s each way", round,
                 one, duplex1, duplex2);
+    if (stripes > 1) {
+      std::vector<std::pair<int, int>> flows;
+      for (int i = 0; i < 2 * stripes; ++i) {
+        auto [x, y] = tcp_pair();
+        flows.push_back(i % 2 == 0 ? std::pair{x, y} : std::pair{y, x});  // odd: the other way
+      }
+      // Every flow moves `bytes / stripes`, so a direction moves `bytes` as in the rows above.
+      const double per_flow = run(flows, bytes / stripes);
+      std::printf("; stripe-%d %.2f GB/s each way", stripes, per_flow * stripes);
+      for (auto [x, y] : flows) {
+        close(x);
+        close(y);
+      }
+    }
+    std::printf("\n");
   }
   return 0;
 }

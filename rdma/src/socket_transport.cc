@@ -1,11 +1,15 @@
-// The socket backend of the transport interface: TCP, one connection per pair of ranks, one
-// receiver thread per Transport. Wire format: socket_wire.h.
+// The socket backend of the transport interface: TCP, one connection per pair of ranks, and
+// SocketOptions::receive_threads receiver threads per Transport. Wire format: socket_wire.h.
 //
 // Threads and ownership
-//   - The receiver thread owns the listener, an epoll set and every connection that is still in
-//     its handshake (accepted but not yet matched to a group). It reads all data connections
-//     and lands payloads straight in registered memory. It never blocks: every socket is
-//     non-blocking and commands from other threads arrive through an eventfd.
+//   - Receiver 0 owns the listener, its epoll set and every connection that is still in its
+//     handshake (accepted but not yet matched to a group). Every receiver reads the data
+//     connections in its own epoll set and lands payloads straight in registered memory; a
+//     group's connection to peer p is read by receiver (GroupSpec::lane + p) % receivers, so
+//     that the lanes of a striped link are received in parallel (one receiving copy per core).
+//     A matched connection moves from receiver 0 to its reader before anything is read from it.
+//     Receivers never block: every socket is non-blocking and commands from other threads
+//     arrive through each receiver's eventfd.
 //   - connect() runs on the caller's thread: it dials the lower ranks itself and waits for the
 //     receiver thread to match the higher ranks' dials to the group.
 //   - A Conn is shared by its group (writes), the receiver (reads) and, briefly, a writer; its
@@ -192,6 +196,7 @@ struct Conn {
   std::atomic<PeerState> state{PeerState::kConnected};
   std::string error;      // failure message; guarded by the group's mutex
   std::atomic<bool> with_receiver{false};  // attach queued or in the epoll set
+  std::atomic<int> reader{0};  // the receiver that owns it; set before it is handed over
   std::mutex send_mu;     // one message at a time on the wire
   std::atomic<uint64_t>* open_counter;
   bool counted = false;
@@ -216,6 +221,7 @@ struct GroupState {
   uint64_t comm_id = 0;
   int rank = 0;
   int world = 1;
+  uint32_t lane = 0;  // GroupSpec::lane: picks the receivers of the group's connections
   std::vector<std::string> addresses;
 
   mutable std::mutex mu;
@@ -285,7 +291,8 @@ class Core : public std::enable_shared_from_this<Core> {
   // Copies within this process (a rank writing to itself) and applies the signal.
   void local_write(const WriteOp& op);
   // Receiver commands.
-  void attach(const std::shared_ptr<Conn>& c);
+  // Hands a group's data connection to its receiver, reader_for(lane, c->peer).
+  void attach(const std::shared_ptr<Conn>& c, uint32_t lane);
   void detach(const std::vector<std::shared_ptr<Conn>>& conns, bool wait);
   void forget_group(const GroupState* g);
 
@@ -295,20 +302,37 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<uint64_t> open_connections{0};
 
  private:
-  // Commands to the receiver. Only kAttach carries a reference: a queued detach must not keep
+  // Commands to a receiver. Only kAttach carries a reference: a queued detach must not keep
   // a connection (and its socket) alive after its group let go of it.
   struct Command {
     enum Kind { kAttach, kDetach, kRescan, kStop } kind;
     std::shared_ptr<Conn> conn;  // kAttach
     uint64_t conn_id = 0;        // kDetach
   };
-  void post(Command c);
-  void run();
-  void process_commands(bool* stop);
+  // One receiver thread and what only it touches (conns), plus its command queue.
+  struct Receiver {
+    int index = 0;
+    int event_fd = -1;
+    int epoll_fd = -1;
+    std::thread thread;
+    std::mutex cmd_mu;
+    std::deque<Command> commands;  // cmd_mu
+    // Receiver-thread-only.
+    std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns;
+  };
+  // The receiver that reads a group's connection to `peer`.
+  int reader_for(uint32_t lane, int peer) const {
+    return static_cast<int>((lane + static_cast<uint32_t>(peer)) % receivers_.size());
+  }
+  void post(int receiver, Command c);
+  void run(Receiver& r);
+  void process_commands(Receiver& r, bool* stop);
   void accept_all();
-  // The receiver's functions take Conn*: conns_ holds the receiver's only reference, so that
-  // drop() can release it before it tells a waiting group (whose reference is then the last,
-  // and whose release closes the socket deterministically). After drop(c), c is not touched.
+  // The receivers' functions take Conn*: the owning receiver's conns holds its only reference,
+  // so that drop() can release it before it tells a waiting group (whose reference is then the
+  // last, and whose release closes the socket deterministically). After drop(c), c is not
+  // touched. Handshakes (accept_all, read_hello, try_match, reject, expire_pending) run on
+  // receiver 0 only; drop() and the data path on the connection's owner.
   void on_readable(Conn* c);
   void read_hello(Conn* c);
   enum class Match { kAdopted, kParked, kDropped };
@@ -321,12 +345,11 @@ class Core : public std::enable_shared_from_this<Core> {
   void apply_signal(const wire::WireHeader& h);
   void drop(Conn* c);
   void expire_pending();
+  void close_fds();
 
   int listen_fd_ = -1;
-  int event_fd_ = -1;
-  int epoll_fd_ = -1;
   std::string address_;
-  std::thread receiver_;
+  std::vector<std::unique_ptr<Receiver>> receivers_;  // [0] also accepts; fixed after construction
   std::atomic<bool> running_{false};
 
   mutable std::shared_mutex reg_mu_;
@@ -338,14 +361,9 @@ class Core : public std::enable_shared_from_this<Core> {
   std::mutex groups_mu_;
   std::unordered_map<uint64_t, std::weak_ptr<GroupState>> groups_;  // by comm id
 
-  std::mutex cmd_mu_;
-  std::deque<Command> commands_;
-
   std::mutex detach_mu_;
   std::condition_variable detach_cv_;
 
-  // Receiver-thread-only.
-  std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns_;
   std::atomic<uint64_t> next_conn_id_{2};  // 0: listener, 1: eventfd
 };
 
@@ -397,34 +415,56 @@ Core::Core(const SocketOptions& o) {
   if (host.empty()) host = wildcard ? primary_host_address() : bind_host;
   address_ = join_host_port(host, bound_port);
 
-  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (event_fd_ < 0 || epoll_fd_ < 0) {
-    int e = errno;
-    if (event_fd_ >= 0) ::close(event_fd_);
-    if (epoll_fd_ >= 0) ::close(epoll_fd_);
-    ::close(listen_fd_);
-    throw_sys("eventfd/epoll", e);
+  const int receivers = std::max(1, o.receive_threads);
+  for (int i = 0; i < receivers; ++i) {
+    auto r = std::make_unique<Receiver>();
+    r->index = i;
+    r->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    r->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    const int e = errno;
+    receivers_.push_back(std::move(r));
+    if (receivers_.back()->event_fd < 0 || receivers_.back()->epoll_fd < 0) {
+      close_fds();
+      throw_sys("eventfd/epoll", e);
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    if (i == 0) {
+      ev.data.u64 = 0;
+      epoll_ctl(receivers_[0]->epoll_fd, EPOLL_CTL_ADD, listen_fd_, &ev);
+    }
+    ev.data.u64 = 1;
+    epoll_ctl(receivers_.back()->epoll_fd, EPOLL_CTL_ADD, receivers_.back()->event_fd, &ev);
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = 0;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
-  ev.data.u64 = 1;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
   running_ = true;
-  receiver_ = std::thread([this] { run(); });
+  for (auto& r : receivers_) {
+    Receiver* rp = r.get();
+    r->thread = std::thread([this, rp] { run(*rp); });
+  }
+}
+
+void Core::close_fds() {
+  for (auto& r : receivers_) {
+    for (int* fd : {&r->epoll_fd, &r->event_fd}) {
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+  }
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
 }
 
 Core::~Core() { shutdown(); }
 
 void Core::shutdown() {
-  if (receiver_.joinable()) {
-    post({Command::kStop, nullptr});
-    receiver_.join();
+  for (auto& r : receivers_) {
+    if (r->thread.joinable()) {
+      post(r->index, {Command::kStop, nullptr});
+      r->thread.join();
+    }
   }
   running_ = false;
-  conns_.clear();
+  for (auto& r : receivers_) r->conns.clear();
   {
     std::lock_guard<std::mutex> l(detach_mu_);
   }
@@ -437,10 +477,7 @@ void Core::shutdown() {
     }
   }
   for (auto& g : live) g->abort();
-  for (int* fd : {&epoll_fd_, &event_fd_, &listen_fd_}) {
-    if (*fd >= 0) ::close(*fd);
-    *fd = -1;
-  }
+  close_fds();
 }
 
 Region Core::register_memory(void* base, uint64_t bytes) {
@@ -522,26 +559,28 @@ void Core::local_write(const WriteOp& op) {
 // ---------------------------------------------------------------------------------------------
 // Core: receiver thread
 
-void Core::post(Command c) {
+void Core::post(int receiver, Command c) {
+  Receiver& r = *receivers_[receiver];
   {
-    std::lock_guard<std::mutex> l(cmd_mu_);
-    commands_.push_back(std::move(c));
+    std::lock_guard<std::mutex> l(r.cmd_mu);
+    r.commands.push_back(std::move(c));
   }
   uint64_t one = 1;
-  ssize_t r = ::write(event_fd_, &one, sizeof one);
-  (void)r;
+  ssize_t w = ::write(r.event_fd, &one, sizeof one);
+  (void)w;
 }
 
-void Core::attach(const std::shared_ptr<Conn>& c) {
+void Core::attach(const std::shared_ptr<Conn>& c, uint32_t lane) {
   if (!running_) return;
   c->with_receiver = true;
-  post({Command::kAttach, c});
+  c->reader = reader_for(lane, c->peer);
+  post(c->reader, {Command::kAttach, c});
 }
 
 void Core::detach(const std::vector<std::shared_ptr<Conn>>& conns, bool wait) {
   if (!running_) return;
   for (auto& c : conns) {
-    if (c) post({Command::kDetach, nullptr, c->id});
+    if (c) post(c->reader, {Command::kDetach, nullptr, c->id});
   }
   if (!wait) return;
   std::unique_lock<std::mutex> l(detach_mu_);
@@ -563,8 +602,9 @@ void Core::forget_group(const GroupState* g) {
 }
 
 void Core::drop(Conn* c) {
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
-  auto node = conns_.extract(c->id);
+  Receiver& r = *receivers_[c->reader];
+  epoll_ctl(r.epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
+  auto node = r.conns.extract(c->id);
   {
     // Waiters test with_receiver under detach_mu_, so they see it false only once our
     // reference is gone too (releasing it closes pending sockets).
@@ -575,39 +615,39 @@ void Core::drop(Conn* c) {
   detach_cv_.notify_all();
 }
 
-void Core::run() {
+void Core::run(Receiver& r) {
   epoll_event events[64];
   auto last_sweep = Clock::now();
   bool stop = false;
   while (!stop) {
-    int n = epoll_wait(epoll_fd_, events, 64, 200);
+    int n = epoll_wait(r.epoll_fd, events, 64, 200);
     for (int i = 0; i < n && !stop; ++i) {
       uint64_t id = events[i].data.u64;
       if (id == 0) {
         accept_all();
       } else if (id == 1) {
-        process_commands(&stop);
+        process_commands(r, &stop);
       } else {
-        auto it = conns_.find(id);
-        if (it == conns_.end()) continue;
+        auto it = r.conns.find(id);
+        if (it == r.conns.end()) continue;
         on_readable(it->second.get());
       }
     }
-    if (Clock::now() - last_sweep > milliseconds(200)) {
+    if (r.index == 0 && Clock::now() - last_sweep > milliseconds(200)) {
       expire_pending();
       last_sweep = Clock::now();
     }
   }
 }
 
-void Core::process_commands(bool* stop) {
+void Core::process_commands(Receiver& r, bool* stop) {
   uint64_t v;
-  while (::read(event_fd_, &v, sizeof v) > 0) {
+  while (::read(r.event_fd, &v, sizeof v) > 0) {
   }
   std::deque<Command> batch;
   {
-    std::lock_guard<std::mutex> l(cmd_mu_);
-    batch.swap(commands_);
+    std::lock_guard<std::mutex> l(r.cmd_mu);
+    batch.swap(r.commands);
   }
   for (auto& cmd : batch) {
     switch (cmd.kind) {
@@ -617,8 +657,8 @@ void Core::process_commands(bool* stop) {
         epoll_event ev{};
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.u64 = c->id;
-        if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c->fd, &ev) == 0) {
-          conns_.emplace(c->id, std::move(c));
+        if (epoll_ctl(r.epoll_fd, EPOLL_CTL_ADD, c->fd, &ev) == 0) {
+          r.conns.emplace(c->id, std::move(c));
         } else {
           {
             std::lock_guard<std::mutex> l(detach_mu_);
@@ -630,13 +670,13 @@ void Core::process_commands(bool* stop) {
         break;
       }
       case Command::kDetach: {
-        auto it = conns_.find(cmd.conn_id);
-        if (it != conns_.end()) drop(it->second.get());
+        auto it = r.conns.find(cmd.conn_id);
+        if (it != r.conns.end()) drop(it->second.get());
         break;
       }
       case Command::kRescan: {
         std::vector<Conn*> parked;
-        for (auto& [id, c] : conns_) {
+        for (auto& [id, c] : r.conns) {
           if (!c->is_data && c->hello_got == sizeof(wire::WireHello)) parked.push_back(c.get());
         }
         for (auto& c : parked) try_match(c);
@@ -662,18 +702,19 @@ void Core::accept_all() {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.u64 = c->id;
-    if (conns_.size() >= kMaxConns || epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    Receiver& r0 = *receivers_[0];
+    if (r0.conns.size() >= kMaxConns || epoll_ctl(r0.epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
       continue;  // ~Conn closes it
     }
     c->with_receiver = true;
-    conns_.emplace(c->id, c);
+    r0.conns.emplace(c->id, c);
   }
 }
 
 void Core::expire_pending() {
   auto now = Clock::now();
   std::vector<Conn*> expired;
-  for (auto& [id, c] : conns_) {
+  for (auto& [id, c] : receivers_[0]->conns) {
     if (c->is_data) continue;
     auto limit = c->hello_got == sizeof(wire::WireHello) ? kParkTimeout : kHelloTimeout;
     if (now - c->since > limit) expired.push_back(c.get());
@@ -776,9 +817,21 @@ Core::Match Core::try_match(Conn* c) {
     return Match::kDropped;
   }
   c->make_data(h.rank, g->addresses[h.rank], g);
-  g->peers[h.rank] = conns_.at(c->id);
+  Receiver& r0 = *receivers_[0];
+  const int reader = reader_for(g->lane, h.rank);
+  std::shared_ptr<Conn> adopted = r0.conns.at(c->id);
+  g->peers[h.rank] = adopted;
   g->lost[h.rank] = false;
   g->connected++;
+  if (reader != 0) {
+    // Moves to its reader, still under the group's lock: an abort() that finds it in peers
+    // sends the detach to that reader, after this attach. Nothing was read past the hello, and
+    // the new epoll set reports what is already queued on the socket (level-triggered).
+    epoll_ctl(r0.epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
+    r0.conns.erase(c->id);
+    adopted->reader = reader;
+    post(reader, {Command::kAttach, std::move(adopted)});
+  }
   g->cv.notify_all();
   return Match::kAdopted;
 }
@@ -1235,6 +1288,7 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   g->comm_id = spec.comm_id;
   g->rank = spec.rank;
   g->world = spec.world;
+  g->lane = spec.lane;
   g->addresses = spec.addresses;
   g->addresses.resize(spec.world);
   g->peers.assign(spec.world, nullptr);
@@ -1253,7 +1307,7 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     }
     groups_[spec.comm_id] = g;
   }
-  post({Command::kRescan, nullptr});  // dials that arrived before this call
+  post(0, {Command::kRescan, nullptr});  // dials that arrived before this call
 
   std::vector<Dial> dials(spec.rank);
   for (int j = 0; j < spec.rank; ++j) dials[j].peer = j;
@@ -1390,7 +1444,7 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
           std::lock_guard<std::mutex> l(g->mu);
           g->peers[d.peer] = c;
           g->connected++;
-          attach(c);
+          attach(c, spec.lane);
         }
       }
     }

@@ -128,6 +128,8 @@ std::vector<Child> launch(int world, const ChildFn& fn) {
       try {
         SocketOptions o;
         o.bind_host = "127.0.0.1";
+        // Ranks differ in receiver threads (a per-process choice): 1, 2, 3, 1, ...
+        o.receive_threads = 1 + r % 3;
         auto t = make_socket_transport(o);
         ctx.transport = t.get();
         ctx.say("ADDR " + t->address());

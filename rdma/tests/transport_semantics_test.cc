@@ -17,9 +17,15 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// main() runs the cases with one receiver thread per transport, then again with three
+// (connections then move from the accepting receiver to their readers: each case exercises
+// that hand-over).
+int g_receive_threads = 1;
+
 std::unique_ptr<Transport> loopback() {
   SocketOptions o;
   o.bind_host = "127.0.0.1";
+  o.receive_threads = g_receive_threads;
   return make_socket_transport(o);
 }
 
@@ -512,6 +518,69 @@ void test_one_way_pairs() {
   }
 }
 
+// Striping: three groups between the same two transports, one per lane, written at once from
+// a thread per lane and side (as a link's lanes are); every lane's payloads and signal arrive.
+void test_lanes() {
+  constexpr int kLanes = 3, kWrites = 200;
+  constexpr uint64_t kWords = 512;  // per write
+  auto t0 = loopback(), t1 = loopback();
+  std::vector<std::string> addrs = {t0->address(), t1->address()};
+  // Per side: a source of kWrites * kWords words, and a destination with one such area per
+  // lane and a signal word per lane after them.
+  const size_t area = kWrites * kWords, n = kLanes * area + kLanes;
+  Buf s0(*t0, area), s1(*t1, area), d0(*t0, n), d1(*t1, n);
+  for (size_t i = 0; i < area; ++i) {
+    s0.words[i] = fctest::splitmix64(i);
+    s1.words[i] = fctest::splitmix64(i + 1000000);
+  }
+  std::vector<std::unique_ptr<PeerGroup>> g0(kLanes), g1(kLanes);
+  for (int l = 0; l < kLanes; ++l) {
+    GroupSpec a = spec(0, 2, addrs, 90 + l), b = spec(1, 2, addrs, 90 + l);
+    a.lane = b.lane = static_cast<uint32_t>(l);
+    auto f = std::async(std::launch::async, [&] { return connect_one_way_pairs(*t1, b); });
+    g0[l] = connect_one_way_pairs(*t0, a);
+    g1[l] = f.get();
+  }
+  auto writer = [&](PeerGroup& g, const Buf& src, const Buf& dst, int peer, int lane) {
+    for (int i = 0; i < kWrites; ++i) {
+      WriteOp op;
+      op.peer = peer;
+      op.src_key = src.r.key;
+      op.src_offset = uint64_t(i) * kWords * 8;
+      op.dst_key = dst.r.key;
+      op.dst_offset = (uint64_t(lane) * area + uint64_t(i) * kWords) * 8;
+      op.bytes = kWords * 8;
+      op.signal_key = dst.r.key;
+      op.signal_offset = (kLanes * area + lane) * 8;
+      op.signal_value = uint64_t(i + 1);
+      g.write(op);
+    }
+  };
+  std::vector<std::future<void>> writers;
+  for (int l = 0; l < kLanes; ++l) {
+    writers.push_back(std::async(std::launch::async, [&, l] { writer(*g0[l], s0, d1, 1, l); }));
+    writers.push_back(std::async(std::launch::async, [&, l] { writer(*g1[l], s1, d0, 0, l); }));
+  }
+  for (auto& w : writers) w.get();
+  FC_CHECK(fctest::wait_for([&] {
+             for (int l = 0; l < kLanes; ++l) {
+               if (d0.load(kLanes * area + l) != kWrites || d1.load(kLanes * area + l) != kWrites) return false;
+             }
+             return true;
+           }, 5000ms),
+           "every lane's last signal arrived, both ways");
+  for (int l = 0; l < kLanes; ++l) {
+    FC_CHECK(std::equal(s1.words.begin(), s1.words.end(), d0.words.begin() + l * area), "lane " + std::to_string(l) + " to rank 0");
+    FC_CHECK(std::equal(s0.words.begin(), s0.words.end(), d1.words.begin() + l * area), "lane " + std::to_string(l) + " to rank 1");
+  }
+  FC_CHECK(t0->stats().open_connections == 2 * kLanes, "two connections per lane");
+  std::vector<std::future<void>> closing;
+  for (int l = 0; l < kLanes; ++l) closing.push_back(std::async(std::launch::async, [&, l] { g1[l]->close(5000ms); }));
+  for (int l = 0; l < kLanes; ++l) g0[l]->close(5000ms);
+  for (auto& c : closing) c.get();
+  FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "every lane's sockets released");
+}
+
 int main() {
   fctest::run_case("probes report availability with a reason", test_probes);
   fctest::run_case("listener addresses", test_addresses);
@@ -525,5 +594,16 @@ int main() {
   fctest::run_case("proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors);
   fctest::run_case("proxy: GPU-style producers (slots from their own counter)", test_gpu_style_producers);
   fctest::run_case("a connection per direction (connect_one_way_pairs)", test_one_way_pairs);
+  fctest::run_case("lanes: groups striped between the same ranks", test_lanes);
+  g_receive_threads = 3;
+  std::printf("-- again with 3 receiver threads per transport\n");
+  fctest::run_case("3 receivers: a polite close is not a failure", test_graceful_close_is_not_a_failure);
+  fctest::run_case("3 receivers: abort and destroy look like failures to the peer", test_abort_and_destroy_are_failures);
+  fctest::run_case("3 receivers: the receiver validates keys, offsets, lengths", test_receiver_validates_writes);
+  fctest::run_case("3 receivers: connect errors", test_connect_errors);
+  fctest::run_case("3 receivers: a transport destroyed under its group", test_transport_destroyed_under_a_group);
+  fctest::run_case("3 receivers: proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors);
+  fctest::run_case("3 receivers: a connection per direction", test_one_way_pairs);
+  fctest::run_case("3 receivers: lanes", test_lanes);
   return fctest::finish();
 }

@@ -58,6 +58,11 @@ struct GroupSpec {
   int world = 1;
   std::vector<std::string> addresses;  // every rank's Transport::address(), by rank
   std::chrono::milliseconds connect_timeout{30000};
+  // A hint for spreading receive work: a striped link (several groups between the same ranks,
+  // one per lane) gives each group its lane, and a backend with several receiving threads
+  // (the socket one) reads lane l's connection to peer p on thread (l + p) % threads. The
+  // same on every rank of the group; it changes nothing about delivery.
+  uint32_t lane = 0;
 };
 
 // kClosed: the peer closed the group politely (close()), or this side closed or aborted it;
@@ -114,9 +119,14 @@ struct SocketOptions {
   std::string bind_host;       // empty: the host's primary address
   uint16_t port = 0;           // 0: ephemeral
   std::string advertise_host;  // empty: bind_host, or the resolved host name
+  // Threads reading the data connections (GroupSpec::lane says which reads which). A TCP
+  // receive is a copy by the receiving core, so one thread bounds what all of a transport's
+  // connections carry in; values below 1 mean 1.
+  int receive_threads = 1;
 };
 
-// The socket backend: TCP, one connection per peer pair, a receiver thread per transport.
+// The socket backend: TCP, one connection per peer pair, SocketOptions::receive_threads
+// receiver threads per transport.
 std::unique_ptr<Transport> make_socket_transport(const SocketOptions& options);
 
 // Whether a backend can run on this host, and if not, a sentence saying why.
