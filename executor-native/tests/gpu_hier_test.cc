@@ -66,7 +66,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
   // Between hosts: this rank and its counterparts (ranks l, L + l, ...), link host h.
   // Its data area is unused here (the test's own SymmetricMemory above): small.
   fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, 60000, 1 << 20, shared));
-  InterHostLink link(rt, h, H, kChunk);
+  InterHostLink link(rt, h, H, kChunk, rt.config().transport_streams);
   {
     const InterHostLink::Blob mine = link.blob();
     std::vector<uint8_t> raw(sizeof mine);

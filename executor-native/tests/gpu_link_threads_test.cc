@@ -13,8 +13,9 @@
 // and the bytes each end sends per second (to all its peers, all ends at once); and an
 // allGather in which only host 0's block is not empty, for one direction alone; and allReduces
 // 30 ms apart (the proxies asleep in between), their median time per launch. FC_TEST_CHUNK=<bytes> sets the staging chunk
-// (default 1 MiB, spark.fusedcomm.host.chunkBytes's default). FC_TEST_JSON=<file>: one JSON row
-// per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
+// (default 1 MiB, spark.fusedcomm.host.chunkBytes's default), FC_TEST_STREAMS=<1..4> the link's
+// lanes and the transports' receiver threads (default RuntimeConfig's). FC_TEST_JSON=<file>:
+// one JSON row per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -179,11 +180,13 @@ Timing run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   return {sent * kTimed / (ms * 1e-3) / 1e9, ms * 1e3 / kTimed};
 }
 
-void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk) {
+void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk, int streams) {
   CUDA_OK(cudaSetDevice(0));
   // No symmetric memory here: a small data area.
-  fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(0, seed, 60000, 1 << 20, true));
-  InterHostLink link(rt, host, sh.H, static_cast<uint64_t>(chunk));
+  fusedcomm::RuntimeConfig config = fusedcomm::testing::loopback_cuda_config(0, seed, 60000, 1 << 20, true);
+  config.transport_streams = streams;
+  fusedcomm::Runtime rt(config);
+  InterHostLink link(rt, host, sh.H, static_cast<uint64_t>(chunk), streams);
   sh.blobs[host] = link.blob();
   sh.sync.arrive_and_wait();
   std::vector<std::string> names;
@@ -239,20 +242,22 @@ int main() {
   const int H = hs ? std::atoi(hs) : 2;
   const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
   const int64_t chunk = ks ? std::atoll(ks) : int64_t{1} << 20;
+  const char* ss = std::getenv("FC_TEST_STREAMS");
+  const int streams = ss ? std::atoi(ss) : fusedcomm::RuntimeConfig{}.transport_streams;
   if (H < 2 || H > k::kProxyMaxHosts) {
     std::printf("FAIL: FC_TEST_HOSTS=%d out of range 2..%d\n", H, k::kProxyMaxHosts);
     return 1;
   }
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_link_threads_test", 1);
-  std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks\n", H, H,
-              static_cast<long long>(count), static_cast<long long>(chunk));
+  std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks, %d streams\n", H, H,
+              static_cast<long long>(count), static_cast<long long>(chunk), streams);
   Shared sh(H);
   std::vector<std::thread> ends;
   std::vector<std::string> errors(H);
   for (int h = 0; h < H; ++h) {
     ends.emplace_back([&, h] {
       try {
-        end_main(sh, h, seed, count, chunk);
+        end_main(sh, h, seed, count, chunk, streams);
       } catch (const std::exception& e) {
         errors[h] = e.what();
         sh.sync.arrive_and_drop();
@@ -281,9 +286,9 @@ int main() {
         std::printf("  %-13s %s %6.2f - %6.2f GB/s sent per end to its %d peers, %8.1f us per launch (%lld bytes per block, %d launches)\n",
                     k::proxy_op_name(op), dt, lo, hi, H - 1, us, block, kTimed);
         if (f) {
-          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"dtype\": \"%s\", "
+          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"streams\": %d, \"dtype\": \"%s\", "
                           "\"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_min\": %.3f, \"gbps_max\": %.3f, \"us_per_launch\": %.2f}\n",
-                       k::proxy_op_name(op), H, dt, block, static_cast<long long>(chunk), lo, hi, us);
+                       k::proxy_op_name(op), H, streams, dt, block, static_cast<long long>(chunk), lo, hi, us);
         }
       }
       std::printf("  %-13s %s %6.2f GB/s sent by host 0 to its %d peers (the other blocks empty)\n", "allGather", dt,
@@ -294,8 +299,8 @@ int main() {
                   spaced);
       if (f) {
         std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
-                        "\"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_host0\": %.3f}\n",
-                     H, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
+                        "\"streams\": %d, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_host0\": %.3f}\n",
+                     H, streams, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
       }
     }
     if (f) std::fclose(f);

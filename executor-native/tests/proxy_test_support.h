@@ -112,7 +112,8 @@ class ProxyEndpoint {
                                           int64_t count) const {
     kernels::ProxyCollective a{};
     kernels::proxy_set_all_reduce(a, x, count);
-    a.ring = dev_;
+    a.rings[0] = dev_;
+    a.lanes = 1;
     a.rank = rank;
     a.hosts = static_cast<int>(members.size());
     a.outbox = static_cast<uint8_t*>(outbox.dev);

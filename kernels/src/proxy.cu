@@ -199,10 +199,13 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
   __shared__ uint32_t status;
   __shared__ uint64_t value_base;
   int bad_peer = -1;  // thread 0: the host whose signal a failed wait was for
+  // This CTA is lane `lane`: an independent pipeline over its region of every slot, with its own
+  // ring, receive and credit words and value counter (kernels/proxy.h, "Lanes").
+  const uint32_t L = a.lanes, lane = blockIdx.x;
   if (threadIdx.x == 0) {
     status = kProxyOk;
     // The previous launch on this counter wrote it before it ended (stream order).
-    value_base = a.value_counter != nullptr ? *a.value_counter : a.value_base;
+    value_base = a.value_counter != nullptr ? a.value_counter[lane] : a.value_base;
   }
   __syncthreads();
   const int H = a.hosts, me = a.rank;
@@ -212,22 +215,34 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
   // Elements of host h's block in chunk c.
   auto part = [&](int h, int64_t c) { return max(int64_t{0}, min(per_chunk, a.counts[h] - c * per_chunk)); };
   auto block = [&](int h, int64_t c) { return static_cast<T*>(a.blocks[h]) + c * per_chunk; };
-  const uint64_t* recv = a.signals + a.base_word;        // word s: chunks from source s
-  const uint64_t* credit = a.signals + a.base_word + H;  // word H + s: credits from s
+  const uint64_t* recv = a.signals + a.base_word + lane * H;              // word s: from source s
+  const uint64_t* credit = a.signals + a.base_word + (L + lane) * H;      // word s: credits from s
+  const ProxyRingDevice ring = a.rings[lane];
+  const ProxyRingDevice waits = a.rings[0];  // every wait polls lane 0's abort word
   const uint64_t D = a.depth;
+  // This lane's region of a slot, in elements: [lo, hi) of a chunk of n elements.
+  const uint64_t region = proxy_lane_region(a.chunk_bytes, L) / sizeof(T);
+  auto lo = [&](int64_t n) { return min(static_cast<int64_t>(lane * region), n); };
+  auto hi = [&](int64_t n) { return min(static_cast<int64_t>((lane + 1) * region), n); };
+  // Elements of chunk j that source s sends this rank (the sender's part(), in its counts).
+  auto received = [&](int s, int64_t j) -> int64_t {
+    if (a.op == kProxyAllGather) return part(s, j);
+    if (a.op == kProxyAllToAll) return max(int64_t{0}, min(per_chunk, a.recv_counts[s] - j * per_chunk));
+    return part(me, j);  // allReduce (every count the same) and reduceScatter (this rank's block)
+  };
   // Byte offset of slot (stage of chunk g, host h) in either box.
   auto slot = [&](uint64_t g, int h) { return ((g % D) * H + h) * a.chunk_bytes; };
   for (int64_t i = 0; i < chunks + static_cast<int64_t>(D) - 1; ++i) {
     const int64_t j = i - static_cast<int64_t>(D - 1);  // the chunk received in this iteration
     if (i < chunks) {
       const uint64_t g = value_base + i;
-      // Credits: every peer has consumed this rank's chunk g - D (of this op or an earlier one).
-      // Only then is stage g % D free here (that chunk was delivered) and in the peers' inboxes
-      // (they are done reading it).
+      // Credits: every peer has consumed this lane's part of this rank's chunk g - D (of this
+      // op or an earlier one). Only then is this lane's region of stage g % D free here (that
+      // part was delivered) and in the peers' inboxes (they are done reading it).
       if (threadIdx.x == 0 && g + 1 > D) {
         for (int p = 0; p < H && status == kProxyOk; ++p) {
           if (p == me) continue;
-          status = detail::proxy_wait_signal(a.ring, credit + p, g + 1 - D, a.timeout_ns);
+          status = detail::proxy_wait_signal(waits, credit + p, g + 1 - D, a.timeout_ns);
           bad_peer = p;
         }
       }
@@ -235,27 +250,32 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
       if (status != kProxyOk) break;
       if (scatter) {
         for (int p = 0; p < H; ++p) {
-          if (p != me) copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, p)), block(p, i), part(p, i));
+          if (p == me) continue;
+          const int64_t n = part(p, i);
+          copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, p)) + lo(n), block(p, i) + lo(n), hi(n) - lo(n));
         }
       } else {
-        copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, 0)), block(me, i), part(me, i));
+        const int64_t n = part(me, i);
+        copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, 0)) + lo(n), block(me, i) + lo(n), hi(n) - lo(n));
       }
       __threadfence_system();  // the staged chunks before the posts (cumulative)
       __syncthreads();
       if (threadIdx.x == 0) {
         for (int p = 0; p < H && status == kProxyOk; ++p) {
           if (p == me) continue;
+          const int64_t n = part(scatter ? p : me, i);
+          const uint64_t first = static_cast<uint64_t>(lo(n)) * sizeof(T);
           detail::ProxyWrite w{};
           w.peer = p;
           w.src_key = a.outbox_key;
-          w.src_offset = slot(g, scatter ? p : 0);
+          w.src_offset = slot(g, scatter ? p : 0) + first;
           w.dst_key = a.inbox_keys[p];
-          w.dst_offset = slot(g, me);
-          w.bytes = static_cast<uint64_t>(part(scatter ? p : me, i)) * sizeof(T);
+          w.dst_offset = slot(g, me) + first;
+          w.bytes = static_cast<uint64_t>(hi(n) - lo(n)) * sizeof(T);  // 0: the signal alone
           w.signal_key = a.signal_keys[p];
-          w.signal_offset = 8 * (a.base_word + me);
+          w.signal_offset = 8 * (a.base_word + lane * H + me);
           w.signal_value = g + 1;
-          status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
+          status = detail::proxy_post_write(ring, w, a.timeout_ns);
           bad_peer = -1;  // the ring stayed full: no single peer to blame
         }
       }
@@ -265,7 +285,7 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
       if (threadIdx.x == 0) {
         for (int p = 0; p < H && status == kProxyOk; ++p) {
           if (p == me) continue;
-          status = detail::proxy_wait_signal(a.ring, recv + p, g + 1, a.timeout_ns);
+          status = detail::proxy_wait_signal(waits, recv + p, g + 1, a.timeout_ns);
           bad_peer = p;
         }
       }
@@ -277,41 +297,41 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
     if (a.op == kProxyAllGather || a.op == kProxyAllToAll) {
       for (int s = 0; s < H; ++s) {
         if (s == me) continue;
-        const T* from = reinterpret_cast<const T*>(a.inbox + slot(g, s));
-        if (a.op == kProxyAllGather) {
-          copy_elems<T, true>(block(s, j), from, part(s, j));
-        } else {
-          const int64_t n = max(int64_t{0}, min(per_chunk, a.recv_counts[s] - j * per_chunk));
-          copy_elems<T, true>(static_cast<T*>(a.recv[s]) + j * per_chunk, from, n);
-        }
+        const int64_t n = received(s, j);
+        const T* from = reinterpret_cast<const T*>(a.inbox + slot(g, s)) + lo(n);
+        T* to = (a.op == kProxyAllGather ? block(s, j) : static_cast<T*>(a.recv[s]) + j * per_chunk) + lo(n);
+        copy_elems<T, true>(to, from, hi(n) - lo(n));
       }
     } else {
-      T* dst = (scatter ? static_cast<T*>(a.out) : static_cast<T*>(a.blocks[me])) + j * per_chunk;
-      sum_elems<T>(dst, block(me, j), a.inbox + slot(g, 0), a.chunk_bytes, H, me, part(me, j));
+      const int64_t n = part(me, j);
+      T* dst = (scatter ? static_cast<T*>(a.out) : static_cast<T*>(a.blocks[me])) + j * per_chunk + lo(n);
+      sum_elems<T>(dst, block(me, j) + lo(n), a.inbox + slot(g, 0) + lo(n) * sizeof(T), a.chunk_bytes, H, me,
+                   hi(n) - lo(n));
     }
-    __syncthreads();  // every read of the inbox slots is done: credit the sources
+    __syncthreads();  // every read of this lane's inbox regions is done: credit the sources
     if (threadIdx.x == 0) {
       for (int p = 0; p < H && status == kProxyOk; ++p) {
         if (p == me) continue;
         detail::ProxyWrite w{};
         w.peer = p;
         w.signal_key = a.signal_keys[p];
-        w.signal_offset = 8 * (a.base_word + H + me);
+        w.signal_offset = 8 * (a.base_word + (L + lane) * H + me);
         w.signal_value = g + 1;
-        status = detail::proxy_post_write(a.ring, w, a.timeout_ns);
+        status = detail::proxy_post_write(ring, w, a.timeout_ns);
         bad_peer = -1;
       }
     }
     __syncthreads();
     if (status != kProxyOk) break;
   }
-  // A plain store (no atomics: the word may be mapped host memory); one thread of one CTA.
+  // A plain store (no atomics: the word may be mapped host memory); one thread per lane. Lanes
+  // that fail at once may overwrite each other's report: either names a real failure.
   if (threadIdx.x == 0 && status != kProxyOk) {
     volatile uint32_t* word = a.status;
     if (*word == kProxyOk) *word = proxy_status(status, bad_peer, a.op);
   }
   // The next op's values start above this one's, also after a failure (the link is dead then).
-  if (threadIdx.x == 0 && a.value_counter != nullptr) *a.value_counter = value_base + chunks;
+  if (threadIdx.x == 0 && a.value_counter != nullptr) a.value_counter[lane] = value_base + chunks;
 }
 
 }  // namespace
@@ -319,10 +339,13 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
 cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream) {
   if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts ||
       a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 || a.depth < 1 || a.depth > kProxyMaxDepth ||
-      a.op > kProxyAllToAll ||
-      (a.dtype != kProxyF32 && a.dtype != kProxyBF16) ||
-      a.ring.capacity == 0 || (a.ring.capacity & (a.ring.capacity - 1)) != 0) {
+      a.op > kProxyAllToAll || a.lanes < 1 || a.lanes > kProxyMaxLanes ||
+      (a.dtype != kProxyF32 && a.dtype != kProxyBF16)) {
     return cudaErrorInvalidValue;
+  }
+  for (uint32_t l = 0; l < a.lanes; ++l) {
+    const uint32_t c = a.rings[l].capacity;
+    if (c == 0 || (c & (c - 1)) != 0) return cudaErrorInvalidValue;
   }
   for (int h = 0; h < a.hosts; ++h) {
     if (a.counts[h] < 0 || (a.counts[h] > 0 && a.blocks[h] == nullptr)) return cudaErrorInvalidValue;
@@ -341,9 +364,9 @@ cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t strea
   }
   if (proxy_collective_chunks(a) == 0) return cudaSuccess;
   if (a.dtype == kProxyBF16) {
-    proxy_collective_kernel<__nv_bfloat16><<<1, kProxyThreads, 0, stream>>>(a);
+    proxy_collective_kernel<__nv_bfloat16><<<proxy_active_lanes(a), kProxyThreads, 0, stream>>>(a);
   } else {
-    proxy_collective_kernel<float><<<1, kProxyThreads, 0, stream>>>(a);
+    proxy_collective_kernel<float><<<proxy_active_lanes(a), kProxyThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }

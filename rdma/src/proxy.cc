@@ -101,7 +101,8 @@ void fill_command(ProxyCommand& c, const WriteOp& op) {
   c.signal_value = op.signal_value;
 }
 
-Proxy::Proxy(ProxyRing ring, PeerGroup& group) : ring_(ring), group_(group) {
+Proxy::Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort)
+    : ring_(ring), group_(group), also_abort_(also_abort) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -123,6 +124,7 @@ void Proxy::fail(int peer, const std::string& msg) {
   }
   // Producers waiting for space (and GPU waits that poll the abort word) give up now.
   word(ring_.header()->abort).store(1, std::memory_order_release);
+  if (also_abort_ != nullptr) word(*also_abort_).store(1, std::memory_order_release);
 }
 
 void Proxy::run() {

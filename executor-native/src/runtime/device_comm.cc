@@ -66,7 +66,8 @@ void DeviceComm::connect(const std::vector<std::vector<uint8_t>>& blobs, const s
 // sends its blob to every rank; each keeps its counterparts').
 void DeviceComm::connect_hosts(Communicator& host_comm, uint64_t comm_id) {
   link_ = std::make_unique<InterHostLink>(runtime_, layout_.host, layout_.hosts,
-                                          static_cast<uint64_t>(runtime_.config().chunk_bytes));
+                                          static_cast<uint64_t>(runtime_.config().chunk_bytes),
+                                          runtime_.config().transport_streams);
   const InterHostLink::Blob mine = link_->blob();
   const int world = host_comm.world();
   std::vector<InterHostLink::Blob> all(world);

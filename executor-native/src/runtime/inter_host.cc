@@ -33,35 +33,48 @@ void check(cudaError_t e, const std::string& what) {
 
 }  // namespace
 
-InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes)
-    : runtime_(runtime), host_(host), hosts_(hosts), chunk_bytes_(chunk_bytes) {
+InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes, int lanes)
+    : runtime_(runtime), host_(host), hosts_(hosts), chunk_bytes_(chunk_bytes), lanes_(lanes) {
   FC_REQUIRE(hosts >= 2 && hosts <= k::kProxyMaxHosts,
              "between hosts the cuda backend connects 2.." + std::to_string(k::kProxyMaxHosts) +
                  " hosts, not " + std::to_string(hosts));
   FC_REQUIRE(host >= 0 && host < hosts, "inter-host link: host index out of range");
   FC_REQUIRE(chunk_bytes >= 16 && chunk_bytes % 16 == 0,
              "inter-host staging chunk must be a positive multiple of 16 bytes (spark.fusedcomm.host.chunkBytes)");
+  FC_REQUIRE(lanes >= 1 && lanes <= static_cast<int>(k::kProxyMaxLanes),
+             "inter-host link: 1.." + std::to_string(k::kProxyMaxLanes) + " streams (spark.fusedcomm.transport.streams), not " +
+                 std::to_string(lanes));
   const uint64_t box_bytes = chunk_bytes * static_cast<uint64_t>(hosts) * kDepth;
   outbox_ = std::make_unique<MappedHostMemory>(box_bytes);
   inbox_ = std::make_unique<MappedHostMemory>(box_bytes);
   signals_ = std::make_unique<MappedHostMemory>(kSignalBytes);
+  // Lane l's ring at l * ring_bytes (a multiple of 128), the status word after the last.
   const size_t ring_bytes = rdma::ProxyRing::bytes_for(kRingCapacity);
-  ring_memory_ = std::make_unique<MappedHostMemory>(ring_bytes + 128);  // the status word after the ring
-  status_ = reinterpret_cast<volatile uint32_t*>(static_cast<uint8_t*>(ring_memory_->host) + ring_bytes);
-  status_dev_ = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ring_memory_->dev) + ring_bytes);
+  const size_t rings_bytes = ring_bytes * static_cast<size_t>(lanes);
+  ring_memory_ = std::make_unique<MappedHostMemory>(rings_bytes + 128);
+  status_ = reinterpret_cast<volatile uint32_t*>(static_cast<uint8_t*>(ring_memory_->host) + rings_bytes);
+  status_dev_ = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ring_memory_->dev) + rings_bytes);
   try {
     rdma::Transport& t = runtime_.transport();
     regions_.push_back(t.register_memory(outbox_->host, box_bytes));
     regions_.push_back(t.register_memory(inbox_->host, box_bytes));
     regions_.push_back(t.register_memory(signals_->host, kSignalBytes));
-    // Two device words: the ring's next slot, the ops' signal value base.
-    check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), 2 * sizeof *next_slot_), "cudaMalloc (ring counters)");
-    check(cudaMemset(next_slot_, 0, 2 * sizeof *next_slot_), "cudaMemset (ring counters)");
+    // Device words: each lane's ring's next slot, then each lane's signal value base.
+    const size_t words = 2 * static_cast<size_t>(lanes);
+    check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), words * sizeof *next_slot_), "cudaMalloc (ring counters)");
+    check(cudaMemset(next_slot_, 0, words * sizeof *next_slot_), "cudaMemset (ring counters)");
   } catch (...) {
     close(false);
     throw;
   }
-  ring_device_ = k::proxy_ring_device(ring_memory_->dev, next_slot_, kRingCapacity);
+  for (int l = 0; l < lanes; ++l) {
+    ring_devices_[l] = k::proxy_ring_device(ring(l, /*device=*/true), next_slot_ + l, kRingCapacity);
+  }
+}
+
+void* InterHostLink::ring(int lane, bool device) const {
+  void* base = device ? ring_memory_->dev : ring_memory_->host;
+  return static_cast<uint8_t*>(base) + rdma::ProxyRing::bytes_for(kRingCapacity) * static_cast<size_t>(lane);
 }
 
 InterHostLink::~InterHostLink() { close(false); }
@@ -78,7 +91,7 @@ InterHostLink::Blob InterHostLink::blob() const {
 
 void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names,
                             uint64_t comm_id) {
-  FC_REQUIRE(!closed_ && group_ == nullptr, "inter-host link: connect() on a closed or connected link");
+  FC_REQUIRE(!closed_ && groups_.empty(), "inter-host link: connect() on a closed or connected link");
   FC_REQUIRE(static_cast<int>(blobs.size()) == hosts_ && static_cast<int>(names.size()) == hosts_,
              "inter-host link: one blob and one name per host");
   peers_ = blobs;
@@ -90,10 +103,17 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
   spec.world = hosts_;
   for (const Blob& b : blobs) spec.addresses.emplace_back(b.address, strnlen(b.address, sizeof b.address));
   spec.connect_timeout = std::chrono::milliseconds(runtime_.config().connect_timeout_ms);
-  // A connection per direction between counterparts: the ops send both ways at once
-  // (one_way_pairs.h says why).
-  group_ = rdma::connect_one_way_pairs(runtime_.transport(), spec);
-  proxy_ = std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring_memory_->host, kRingCapacity), *group_);
+  // Per lane, a connection per direction between counterparts: the ops send both ways at once
+  // (one_way_pairs.h says why). Every counterpart connects the lanes in the same order.
+  uint64_t* lane0_abort = &static_cast<rdma::RingHeader*>(ring(0, false))->abort;
+  for (int l = 0; l < lanes_; ++l) {
+    spec.lane = static_cast<uint32_t>(l);
+    spec.comm_id = l == 0 ? comm_id : (comm_id ^ (0x6c616e6500000000ull | static_cast<uint64_t>(l))) * 0xBF58476D1CE4E5B9ull;
+    groups_.push_back(rdma::connect_one_way_pairs(runtime_.transport(), spec));
+    // A failing lane also sets lane 0's abort word, which every wait of the kernel polls.
+    proxies_.push_back(std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring(l, false), kRingCapacity), *groups_.back(),
+                                                     l == 0 ? nullptr : lane0_abort));
+  }
 }
 
 void InterHostLink::all_reduce(void* x, int64_t count, k::CommDtype dtype, cudaStream_t stream) {
@@ -143,8 +163,9 @@ void InterHostLink::all_to_all(const std::vector<void*>& sends, const std::vecto
 
 // The fields every op shares: this link's staging, keys, signal values and limits.
 void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream_t stream) {
-  FC_REQUIRE(proxy_ != nullptr && !closed_, "inter-host link: not connected");
-  a.ring = ring_device_;
+  FC_REQUIRE(static_cast<int>(proxies_.size()) == lanes_ && !closed_, "inter-host link: not connected");
+  for (int l = 0; l < lanes_; ++l) a.rings[l] = ring_devices_[l];
+  a.lanes = static_cast<uint32_t>(lanes_);
   a.dtype = dtype == k::CommDtype::kF32 ? k::kProxyF32 : k::kProxyBF16;
   a.rank = host_;
   a.hosts = hosts_;
@@ -157,7 +178,7 @@ void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream
     a.signal_keys[h] = peers_[h].signal_key;
   }
   a.base_word = 0;
-  a.value_counter = next_slot_ + 1;
+  a.value_counter = next_slot_ + lanes_;
   a.chunk_bytes = chunk_bytes_;
   a.depth = kDepth;
   a.timeout_ns = static_cast<uint64_t>(runtime_.config().timeout_ms) * 1000000ull;
@@ -173,9 +194,14 @@ void InterHostLink::raise_if_failed() {
   if (k::proxy_status_code(status) == k::kProxyOk) return;
   const int peer = k::proxy_status_peer(status);
   const std::string where = std::string(k::proxy_op_name(k::proxy_status_op(status))) + " [between hosts] on " + names_.at(host_);
-  const std::string proxy_error = proxy_ != nullptr ? proxy_->error() : std::string();
+  std::string proxy_error;
+  int failed = -1;
+  for (const auto& proxy : proxies_) {
+    proxy_error = proxy->error();
+    failed = proxy->failed_peer();
+    if (!proxy_error.empty()) break;
+  }
   if (!proxy_error.empty()) {
-    const int failed = proxy_->failed_peer();
     fail(ErrorKind::kTransport, where + ": the connection to " +
                                     (failed >= 0 && failed < hosts_ ? names_[failed] : std::string("a counterpart")) +
                                     " failed: " + proxy_error);
@@ -193,11 +219,13 @@ void InterHostLink::raise_if_failed() {
 void InterHostLink::abort() noexcept {
   aborted_ = true;
   if (ring_memory_ != nullptr) {
-    // The kernels' bounded waits poll this word (kernels/detail/proxy_device.cuh).
-    std::atomic_ref<uint64_t>(static_cast<rdma::RingHeader*>(ring_memory_->host)->abort)
-        .store(1, std::memory_order_release);
+    // The kernels' bounded waits poll lane 0's word, producers waiting for space their lane's
+    // (kernels/detail/proxy_device.cuh).
+    for (int l = 0; l < lanes_; ++l) {
+      std::atomic_ref<uint64_t>(static_cast<rdma::RingHeader*>(ring(l, false))->abort).store(1, std::memory_order_release);
+    }
   }
-  if (group_ != nullptr) group_->abort();
+  for (auto& group : groups_) group->abort();
 }
 
 void InterHostLink::close(bool drain) noexcept {
@@ -205,19 +233,19 @@ void InterHostLink::close(bool drain) noexcept {
   closed_ = true;
   const auto timeout = std::chrono::milliseconds(runtime_.config().connect_timeout_ms);
   try {
-    if (proxy_ != nullptr) proxy_->stop(drain && !aborted_, timeout);
-    if (group_ != nullptr) {
+    for (auto& proxy : proxies_) proxy->stop(drain && !aborted_, timeout);
+    for (auto& group : groups_) {
       if (drain && !aborted_) {
-        group_->close(timeout);
+        group->close(timeout);
       } else {
-        group_->abort();
+        group->abort();
       }
     }
   } catch (...) {
     // Closing never throws; a failed drain leaves nothing this rank still needs.
   }
-  proxy_.reset();
-  group_.reset();
+  proxies_.clear();
+  groups_.clear();
   for (const rdma::Region& r : regions_) {
     try {
       runtime_.transport().deregister_memory(r);

@@ -9,6 +9,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   FC_REQUIRE(config.timeout_ms > 0, "timeout must be positive");
   FC_REQUIRE(config.connect_timeout_ms > 0, "connect timeout must be positive");
   FC_REQUIRE(config.chunk_bytes >= 4096, "chunk bytes must be at least 4096");
+  FC_REQUIRE(config.transport_streams >= 1 && config.transport_streams <= 4,
+             "transport streams must be 1..4, not " + std::to_string(config.transport_streams));
   FC_REQUIRE(config.symmetric_bytes >= 4096 && config.symmetric_bytes % 4096 == 0,
              "symmetric bytes must be a positive multiple of 4096");
   switch (config.backend) {
@@ -32,6 +34,7 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   }
   rdma::SocketOptions options;
   options.bind_host = config.bind_host;
+  options.receive_threads = config.transport_streams;
   transport_ = rdma::make_socket_transport(options);
 }
 

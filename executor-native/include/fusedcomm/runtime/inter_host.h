@@ -14,10 +14,15 @@
 //   link.raise_if_failed()                                    // after the stream's work is done
 //   link.close(drain)                                         // after a barrier of all ranks
 //
+// Lanes: the link stripes each chunk over `lanes` (RuntimeConfig::transport_streams) peer
+// groups, each with its own proxy ring and thread and its own connections (which the socket
+// transport's receiver threads read in parallel), because a TCP stream's throughput is bounded
+// by the one core that copies it (kernels/proxy.h, "Lanes").
+//
 // Memory (pinned, mapped for the GPU; registered with the transport): an outbox and an inbox
 // of 2 stages x `hosts` chunk slots each (two chunks in flight per counterpart), a page of
-// signal words; and, not registered, the ring, its
-// device-side slot counter and a status word. Signal words only grow (each op's values start
+// signal words; and, not registered, a ring per lane, their device-side slot counters and a
+// status word. Signal words only grow (each op's values start
 // above the previous op's, from a counter on the device), so no word is reset between ops and
 // every op, replayed in a CUDA graph or not, gets fresh values.
 //
@@ -47,8 +52,9 @@ class InterHostLink {
     uint64_t inbox_key, signal_key;
   };
 
-  // `host` of `hosts` (2..kProxyMaxHosts); chunk_bytes: a positive multiple of 16.
-  InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes);
+  // `host` of `hosts` (2..kProxyMaxHosts); chunk_bytes: a positive multiple of 16; lanes:
+  // 1..kProxyMaxLanes, the same on every counterpart.
+  InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes, int lanes);
   ~InterHostLink();
   InterHostLink(const InterHostLink&) = delete;
   InterHostLink& operator=(const InterHostLink&) = delete;
@@ -93,21 +99,23 @@ class InterHostLink {
   kernels::ProxyCollective per_host(uint32_t op, const std::vector<void*>& blocks,
                                     const std::vector<int64_t>& counts) const;
   void launch(kernels::ProxyCollective& a, kernels::CommDtype dtype, cudaStream_t stream);
+  void* ring(int lane, bool device) const;  // lane's ring in ring_memory_ (host or device address)
 
   Runtime& runtime_;
   const int host_, hosts_;
   const uint64_t chunk_bytes_;
+  const int lanes_;
   std::unique_ptr<MappedHostMemory> outbox_, inbox_, signals_, ring_memory_;
   std::vector<rdma::Region> regions_;  // outbox, inbox, signals
-  unsigned long long* next_slot_ = nullptr;  // device memory: the producers' next ring slot,
-                                             // then the ops' signal value base (kernels/proxy.h)
-  volatile uint32_t* status_ = nullptr;      // in ring_memory_, after the ring (host address)
+  unsigned long long* next_slot_ = nullptr;  // device memory: each lane's ring's next slot,
+                                             // then each lane's signal value base (kernels/proxy.h)
+  volatile uint32_t* status_ = nullptr;      // in ring_memory_, after the rings (host address)
   uint32_t* status_dev_ = nullptr;           // the same word, device address
-  kernels::ProxyRingDevice ring_device_{};
+  kernels::ProxyRingDevice ring_devices_[kernels::kProxyMaxLanes]{};
   std::vector<Blob> peers_;
   std::vector<std::string> names_;
-  std::unique_ptr<rdma::PeerGroup> group_;
-  std::unique_ptr<rdma::Proxy> proxy_;
+  std::vector<std::unique_ptr<rdma::PeerGroup>> groups_;  // by lane
+  std::vector<std::unique_ptr<rdma::Proxy>> proxies_;     // by lane
   bool closed_ = false, aborted_ = false;
 };
 

@@ -27,6 +27,9 @@ struct RuntimeConfig {
   int64_t chunk_bytes = 1 << 20;       // host backend: staging chunk per peer
   int64_t symmetric_bytes = 128 << 20; // cuda backend: data area of the symmetric memory
   std::string bind_host;               // transport listener; empty: this host
+  // TCP streams per direction between counterparts on different hosts (InterHostLink's lanes),
+  // and the transport's receiver threads: 1..4.
+  int transport_streams = 2;
   int gpu_ordinal = -1;                // the executor's GPU, -1: none assigned
   uint64_t job_token = 0;              // the application's token (driver plugin)
   // Native tests only (never set from Java): ranks of one host may share a GPU

@@ -106,26 +106,47 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 //   outbox (this rank, `outbox_key`): slot (k, 0) goes to every peer (allReduce, allGather),
 //     slot (k, h) to host h (reduceScatter, allToAll);
 //   inbox (every rank, `inbox_keys[p]`): slot (k, s) for source s;
-//   signals (every rank, `signal_keys[p]`): word s = chunks received from source s, word
-//     hosts + s = chunks that source s has consumed of this rank's (credits);
+//   signals (every rank, `signal_keys[p]`): word l * hosts + s = lane l's chunks received from
+//     source s, word (lanes + l) * hosts + s = lane l's chunks that source s has consumed of
+//     this rank's (credits);
 // with signal offsets 8 * (base_word + word). Signal words only grow and are never reset
-// (DESIGN.md §3). With `value_counter` (device memory, zero before the first op on these words)
-// the kernel reads B from it and adds its chunks when done, so back-to-back launches and
-// CUDA-graph replays each get fresh values with no host involvement; without it,
-// B = `value_base`, which the caller advances. Every rank uses the same depth.
-// The kernel is a software pipeline: for i = 0 .. chunks + depth - 2 it sends chunk i, then
+// (DESIGN.md §3). With `value_counter` (device memory, `lanes` words, zero before the first op
+// on these words) lane l reads B from word l and adds its chunks when done, so back-to-back
+// launches and CUDA-graph replays each get fresh values with no host involvement; without it,
+// B = `value_base`, which the caller advances. Every rank uses the same depth and lanes.
+// Lanes (striping): the kernel runs proxy_active_lanes() CTAs (all `lanes`, or lane 0 alone for
+// an op that fits its region), and CTA l is an independent instance of the
+// protocol below over lane l's region of every slot, bytes [l * R, (l + 1) * R) with R =
+// proxy_lane_region(chunk_bytes, lanes) (a chunk's elements past its count are not moved, so
+// small chunks leave the later lanes empty: they still exchange their signals). Each lane has
+// its own ring (rings[l]: its own proxy thread and connections, which the socket transport's
+// receiver threads read in parallel), its own receive and credit words and its own value
+// counter, so the lanes never wait for each other; they share nothing but disjoint regions of
+// the same slots, which is why a region is fixed per slot and not per chunk size. Why lanes: a
+// TCP stream moves what one core copies, and one CTA stages and reads what its loads in flight
+// over PCIe allow; both bound a single lane at about 4 GB/s each way on the H100 host
+// (kernels/bench/NOTES.md).
+// Each lane is a software pipeline: for i = 0 .. chunks + depth - 2 it sends chunk i, then
 // receives chunk i - (depth - 1), so up to `depth` chunks are in flight per peer while the CTA
-// stages and reads (kernels/bench/proxy_protocol_model.py checks it):
-//   send chunk g: wait until every peer consumed this rank's chunk g - depth (its credit word
-//     >= g + 1 - depth; of this op or an earlier one, so back-to-back ops need no host
-//     synchronisation: stage k is then free in this outbox and in the peers' inboxes), stage
-//     the chunk(s) in the outbox, post one write per peer;
-//   receive chunk g: wait for every peer's chunk g (its receive word >= g + 1), sum or copy it
-//     out of the inbox, credit each peer (a signal-only write of g + 1).
-// One CTA; every wait bounded by timeout_ns. status: left alone on success; else, if still
-// kProxyOk, the first failure as proxy_status(code, host whose signal a failed wait was for,
-// -1 when no single host is to blame, the op).
+// stages and reads (kernels/bench/proxy_protocol_model.py checks one lane):
+//   send chunk g: wait until every peer consumed this lane's part of this rank's chunk g -
+//     depth (its credit word >= g + 1 - depth; of this op or an earlier one, so back-to-back
+//     ops need no host synchronisation: the lane's region of stage k is then free in this
+//     outbox and in the peers' inboxes), stage the part(s) in the outbox, post one write per
+//     peer (bytes 0 when the lane's region holds none of the chunk: the signal alone);
+//   receive chunk g: wait for every peer's part of chunk g (its receive word >= g + 1), sum or
+//     copy it out of the inbox, credit each peer (a signal-only write of g + 1).
+// Every wait bounded by timeout_ns and polling rings[0]'s abort word (a failing lane's proxy
+// sets it too). status: left alone on success; else, if still kProxyOk, a failure as
+// proxy_status(code, host whose signal a failed wait was for, -1 when no single host is to
+// blame, the op).
 inline constexpr int kProxyMaxHosts = 8;
+inline constexpr uint32_t kProxyMaxLanes = 4;
+// Bytes of each slot that lane l of `lanes` owns: [l * R, (l + 1) * R), R = ceil(chunk_bytes /
+// lanes) rounded up to 16 (the last region may be shorter or empty).
+__host__ __device__ inline uint64_t proxy_lane_region(uint64_t chunk_bytes, uint32_t lanes) {
+  return ((chunk_bytes + lanes - 1) / lanes + 15) / 16 * 16;
+}
 __host__ __device__ inline uint32_t proxy_status(uint32_t code, int peer, uint32_t op) {
   return code | static_cast<uint32_t>(peer + 1) << 8 | (op & 0xFF) << 16;
 }
@@ -150,7 +171,8 @@ inline const char* proxy_op_name(uint32_t op) {
   }
 }
 struct ProxyCollective {
-  ProxyRingDevice ring;
+  ProxyRingDevice rings[kProxyMaxLanes];  // lane l's ring; the waits poll rings[0]'s abort word
+  uint32_t lanes;                    // 1..kProxyMaxLanes (CTAs), the same on every rank
   uint32_t op;                       // kProxyAllReduce, ..., kProxyAllToAll
   uint32_t dtype;                    // kProxyF32 or kProxyBF16
   int rank, hosts;
@@ -167,7 +189,7 @@ struct ProxyCollective {
   uint64_t signal_keys[kProxyMaxHosts];
   uint64_t base_word;                // first signal word of this op in every signal region
   uint64_t value_base;               // signal values of this op start above it (no counter)
-  unsigned long long* value_counter; // or null: the value base, kept on the device (above)
+  unsigned long long* value_counter; // or null: the value bases, one per lane, kept on the device (above)
   uint64_t chunk_bytes;
   uint32_t depth;                    // stages per box, 1..kProxyMaxDepth (above)
   uint64_t timeout_ns;
@@ -184,15 +206,26 @@ inline void proxy_set_all_reduce(ProxyCollective& a, void* x, int64_t count) {
     a.counts[h] = count;
   }
 }
-// The chunks (signal values) one launch uses.
-__host__ __device__ inline uint64_t proxy_collective_chunks(const ProxyCollective& a) {
-  const uint64_t per = a.chunk_bytes / (a.dtype == kProxyF32 ? 4 : 2);
+// Elements of the largest block (sent or received) of an op: the same on every rank.
+__host__ __device__ inline int64_t proxy_collective_most(const ProxyCollective& a) {
   int64_t most = 0;
   for (int h = 0; h < a.hosts && h < kProxyMaxHosts; ++h) {
     most = a.counts[h] > most ? a.counts[h] : most;
     most = a.recv_counts[h] > most ? a.recv_counts[h] : most;
   }
-  return per == 0 ? 0 : (static_cast<uint64_t>(most) + per - 1) / per;
+  return most;
+}
+// The chunks (signal values) each of the op's lanes uses.
+__host__ __device__ inline uint64_t proxy_collective_chunks(const ProxyCollective& a) {
+  const uint64_t per = a.chunk_bytes / (a.dtype == kProxyF32 ? 4 : 2);
+  return per == 0 ? 0 : (static_cast<uint64_t>(proxy_collective_most(a)) + per - 1) / per;
+}
+// The lanes (CTAs) an op runs on: lane 0 alone when every block fits its region (a small op
+// then has the latency of one lane: one CTA, one proxy thread, one receiving thread), else all.
+// An idle lane's words and value counter stay as they are.
+__host__ __device__ inline uint32_t proxy_active_lanes(const ProxyCollective& a) {
+  const uint64_t bytes = static_cast<uint64_t>(proxy_collective_most(a)) * (a.dtype == kProxyF32 ? 4 : 2);
+  return bytes <= proxy_lane_region(a.chunk_bytes, a.lanes) ? 1u : a.lanes;
 }
 
 }  // namespace fusedcomm::kernels

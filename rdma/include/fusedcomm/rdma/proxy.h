@@ -71,7 +71,9 @@ class ProxyRing {
 // politely only once their protocol needs nothing more from this side.
 class Proxy {
  public:
-  Proxy(ProxyRing ring, PeerGroup& group);
+  // also_abort: a second abort word (another ring's, which the producers' waits poll) that a
+  // failure of this proxy sets too; null: none.
+  Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort = nullptr);
   ~Proxy();  // stops the thread
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -90,6 +92,7 @@ class Proxy {
   void fail(int peer, const std::string& msg);
   ProxyRing ring_;
   PeerGroup& group_;
+  uint64_t* also_abort_;
   std::atomic<bool> stop_{false};
   mutable std::atomic<int> failed_peer_{-2};
   mutable std::mutex error_mu_;  // guards error_
