@@ -56,6 +56,7 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.hostChunkBytes(),
             conf.cudaSymmetricBytes(),
             conf.transportBindHost(),
+            conf.transportStreams(),
             ordinal,
             jobToken,
             conf.cudaShareGpu());

@@ -26,6 +26,7 @@ public final class NativeApi {
       long chunkBytes,
       long symmetricBytes,
       String bindHost,
+      int transportStreams,
       int gpuOrdinal,
       long jobToken,
       boolean allowSharedGpu);

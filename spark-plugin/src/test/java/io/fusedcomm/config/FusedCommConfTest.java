@@ -29,6 +29,7 @@ class FusedCommConfTest {
     assertEquals(TransportKind.AUTO, c.transport());
     assertEquals("", c.transportBindHost());
     assertEquals(1L << 20, c.hostChunkBytes());
+    assertEquals(2, c.transportStreams());
     assertEquals("gpu", c.gpuResourceName());
     assertEquals("", c.nativeLibraryPath());
     assertFalse(c.leakTracking());
@@ -42,22 +43,24 @@ class FusedCommConfTest {
   void parsesEveryKey() {
     FusedCommConf c =
         FusedCommConf.fromMap(
-            Map.of(
-                "spark.fusedcomm.backend", "CUDA",
-                "spark.fusedcomm.timeout", "500ms",
-                "spark.fusedcomm.connectTimeout", "2m",
-                "spark.fusedcomm.transport", "socket",
-                "spark.fusedcomm.transport.bindHost", "10.0.0.7",
-                "spark.fusedcomm.host.chunkBytes", "64k",
-                "spark.fusedcomm.gpu.resourceName", "nvidia.com/gpu",
-                "spark.fusedcomm.native.libraryPath", "/opt/fc/lib",
-                "spark.fusedcomm.debug.leakTracking", "True",
-                "spark.executor.cores", "not ours, ignored"));
+            Map.ofEntries(
+                Map.entry("spark.fusedcomm.backend", "CUDA"),
+                Map.entry("spark.fusedcomm.timeout", "500ms"),
+                Map.entry("spark.fusedcomm.connectTimeout", "2m"),
+                Map.entry("spark.fusedcomm.transport", "socket"),
+                Map.entry("spark.fusedcomm.transport.bindHost", "10.0.0.7"),
+                Map.entry("spark.fusedcomm.transport.streams", "4"),
+                Map.entry("spark.fusedcomm.host.chunkBytes", "64k"),
+                Map.entry("spark.fusedcomm.gpu.resourceName", "nvidia.com/gpu"),
+                Map.entry("spark.fusedcomm.native.libraryPath", "/opt/fc/lib"),
+                Map.entry("spark.fusedcomm.debug.leakTracking", "True"),
+                Map.entry("spark.executor.cores", "not ours, ignored")));
     assertEquals(Backend.CUDA, c.backend());
     assertEquals(Duration.ofMillis(500), c.timeout());
     assertEquals(Duration.ofMinutes(2), c.connectTimeout());
     assertEquals(TransportKind.SOCKET, c.transport());
     assertEquals("10.0.0.7", c.transportBindHost());
+    assertEquals(4, c.transportStreams());
     assertEquals(65536L, c.hostChunkBytes());
     assertEquals("nvidia.com/gpu", c.gpuResourceName());
     assertEquals("/opt/fc/lib", c.nativeLibraryPath());
@@ -124,6 +127,8 @@ class FusedCommConfTest {
     assertTrue(small.getMessage().contains("between 64k and 1g"), small.getMessage());
     bad("spark.fusedcomm.host.chunkBytes", "2g");
     bad("spark.fusedcomm.host.chunkBytes", "65535");
+    assertTrue(bad("spark.fusedcomm.transport.streams", "0").getMessage().contains("from 1 to 4"));
+    bad("spark.fusedcomm.transport.streams", "5");
     assertEquals(
         1L << 30,
         FusedCommConf.fromMap(Map.of("spark.fusedcomm.host.chunkBytes", "1g")).hostChunkBytes());
