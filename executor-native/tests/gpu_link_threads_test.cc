@@ -180,13 +180,11 @@ Timing run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   return {sent * kTimed / (ms * 1e-3) / 1e9, ms * 1e3 / kTimed};
 }
 
-void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk, int streams) {
+void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk) {
   CUDA_OK(cudaSetDevice(0));
   // No symmetric memory here: a small data area.
-  fusedcomm::RuntimeConfig config = fusedcomm::testing::loopback_cuda_config(0, seed, 60000, 1 << 20, true);
-  config.transport_streams = streams;
-  fusedcomm::Runtime rt(config);
-  InterHostLink link(rt, host, sh.H, static_cast<uint64_t>(chunk), streams);
+  fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(0, seed, 60000, 1 << 20, true));
+  InterHostLink link(rt, host, sh.H, static_cast<uint64_t>(chunk), rt.config().transport_streams);
   sh.blobs[host] = link.blob();
   sh.sync.arrive_and_wait();
   std::vector<std::string> names;
@@ -242,8 +240,7 @@ int main() {
   const int H = hs ? std::atoi(hs) : 2;
   const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
   const int64_t chunk = ks ? std::atoll(ks) : int64_t{1} << 20;
-  const char* ss = std::getenv("FC_TEST_STREAMS");
-  const int streams = ss ? std::atoi(ss) : fusedcomm::RuntimeConfig{}.transport_streams;
+  const int streams = fusedcomm::testing::loopback_cuda_config(0, 0, 1, 4096, true).transport_streams;
   if (H < 2 || H > k::kProxyMaxHosts) {
     std::printf("FAIL: FC_TEST_HOSTS=%d out of range 2..%d\n", H, k::kProxyMaxHosts);
     return 1;
@@ -257,7 +254,7 @@ int main() {
   for (int h = 0; h < H; ++h) {
     ends.emplace_back([&, h] {
       try {
-        end_main(sh, h, seed, count, chunk, streams);
+        end_main(sh, h, seed, count, chunk);
       } catch (const std::exception& e) {
         errors[h] = e.what();
         sh.sync.arrive_and_drop();

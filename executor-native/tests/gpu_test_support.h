@@ -94,6 +94,8 @@ inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeou
   c.timeout_ms = timeout_ms;
   c.symmetric_bytes = symmetric_bytes;
   c.allow_shared_gpu = shared;
+  // FC_TEST_STREAMS: the lanes between hosts (spark.fusedcomm.transport.streams); else the default.
+  if (const char* s = std::getenv("FC_TEST_STREAMS")) c.transport_streams = std::atoi(s);
   return c;
 }
 
