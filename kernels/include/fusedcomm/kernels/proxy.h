@@ -128,7 +128,8 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 // (kernels/bench/NOTES.md).
 // Each lane is a software pipeline: for i = 0 .. chunks + depth - 2 it sends chunk i, then
 // receives chunk i - (depth - 1), so up to `depth` chunks are in flight per peer while the CTA
-// stages and reads (kernels/bench/proxy_protocol_model.py checks one lane):
+// stages and reads (kernels/bench/proxy_protocol_model.py checks it, with lanes and lane-0-only
+// ops):
 //   send chunk g: wait until every peer consumed this lane's part of this rank's chunk g -
 //     depth (its credit word >= g + 1 - depth; of this op or an earlier one, so back-to-back
 //     ops need no host synchronisation: the lane's region of stage k is then free in this
