@@ -44,6 +44,9 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
   FC_REQUIRE(lanes >= 1 && lanes <= static_cast<int>(k::kProxyMaxLanes),
              "inter-host link: 1.." + std::to_string(k::kProxyMaxLanes) + " streams (spark.fusedcomm.transport.streams), not " +
                  std::to_string(lanes));
+  // Never reallocated after this: abort() may read them from another thread during connect().
+  groups_.reserve(static_cast<size_t>(lanes));
+  proxies_.reserve(static_cast<size_t>(lanes));
   const uint64_t box_bytes = chunk_bytes * static_cast<uint64_t>(hosts) * kDepth;
   outbox_ = std::make_unique<MappedHostMemory>(box_bytes);
   inbox_ = std::make_unique<MappedHostMemory>(box_bytes);
