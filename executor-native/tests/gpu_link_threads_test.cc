@@ -15,7 +15,8 @@
 // 30 ms apart (the proxies asleep in between), their median time per launch. FC_TEST_CHUNK=<bytes> sets the staging chunk
 // (default 1 MiB, spark.fusedcomm.host.chunkBytes's default), FC_TEST_STREAMS=<1..4> the link's
 // lanes and the transports' receiver threads (default RuntimeConfig's). FC_TEST_JSON=<file>:
-// one JSON row per op, appended. Exit 77 (skip) with the reason where no Hopper GPU is visible.
+// one JSON row per op, appended. First, two ends with different stream counts must both be
+// refused at connect. Exit 77 (skip) with the reason where no Hopper GPU is visible.
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -230,6 +231,36 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
   cudaStreamDestroy(s);
 }
 
+// Two ends that disagree on the streams between hosts (1 and 2): connect() must refuse on both,
+// naming the setting, before any connection is tried.
+void streams_mismatch_case(uint64_t seed) {
+  InterHostLink::Blob blobs[2];
+  std::barrier<> sync(2);
+  std::string errors[2];
+  auto end = [&](int host) {
+    CUDA_OK(cudaSetDevice(0));
+    fusedcomm::RuntimeConfig config = fusedcomm::testing::loopback_cuda_config(0, seed, 5000, 1 << 20, true);
+    config.transport_streams = host + 1;
+    fusedcomm::Runtime rt(config);
+    InterHostLink link(rt, host, 2, 1 << 20, host + 1);
+    blobs[host] = link.blob();
+    sync.arrive_and_wait();
+    try {
+      link.connect({blobs[0], blobs[1]}, {"host 0", "host 1"}, 11);
+    } catch (const std::exception& e) {
+      errors[host] = e.what();
+    }
+    link.close(false);
+  };
+  std::thread other(end, 1);
+  end(0);
+  other.join();
+  for (int h = 0; h < 2; ++h) {
+    check(errors[h].find("spark.fusedcomm.transport.streams must be the same") != std::string::npos,
+          "host " + std::to_string(h) + " refuses a counterpart with other streams: '" + errors[h] + "'");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -248,6 +279,7 @@ int main() {
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_link_threads_test", 1);
   std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks, %d streams\n", H, H,
               static_cast<long long>(count), static_cast<long long>(chunk), streams);
+  streams_mismatch_case(seed);
   Shared sh(H);
   std::vector<std::thread> ends;
   std::vector<std::string> errors(H);

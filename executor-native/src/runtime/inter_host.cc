@@ -89,6 +89,7 @@ InterHostLink::Blob InterHostLink::blob() const {
   std::memcpy(b.address, address.data(), address.size());
   b.inbox_key = regions_.at(1).key;
   b.signal_key = regions_.at(2).key;
+  b.lanes = static_cast<uint32_t>(lanes_);
   return b;
 }
 
@@ -97,6 +98,13 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
   FC_REQUIRE(!closed_ && groups_.empty(), "inter-host link: connect() on a closed or connected link");
   FC_REQUIRE(static_cast<int>(blobs.size()) == hosts_ && static_cast<int>(names.size()) == hosts_,
              "inter-host link: one blob and one name per host");
+  for (int h = 0; h < hosts_; ++h) {
+    // Every rank sees the same blobs, so a mismatch fails every rank here, before any connect.
+    FC_REQUIRE(blobs[h].lanes == static_cast<uint32_t>(lanes_),
+               names[h] + " uses " + std::to_string(blobs[h].lanes) + " streams between hosts and " + names[host_] +
+                   " uses " + std::to_string(lanes_) +
+                   ": spark.fusedcomm.transport.streams must be the same on every executor");
+  }
   peers_ = blobs;
   names_ = names;
   rdma::GroupSpec spec;

@@ -50,6 +50,8 @@ class InterHostLink {
   struct Blob {
     char address[256];  // Transport::address(), NUL-terminated
     uint64_t inbox_key, signal_key;
+    uint32_t lanes;     // this rank's lanes: connect() refuses counterparts with other counts
+    uint32_t reserved;
   };
 
   // `host` of `hosts` (2..kProxyMaxHosts); chunk_bytes: a positive multiple of 16; lanes:
