@@ -92,9 +92,10 @@ public final class FusedCommConf {
                   + " Each stream has its own TCP connections, sending thread, receiving thread"
                   + " and GPU block, because one stream moves what one core copies: on one"
                   + " H100 host's loopback, 1 / 2 / 4 streams moved 3.3 / 4.6 / 5.6 GB/s per"
-                  + " executor between 2 virtual hosts. Ops that fit one chunk use one stream."
-                  + " The same on every executor: a communicator between hosts refuses to"
-                  + " connect otherwise, naming this setting.")
+                  + " executor between 2 virtual hosts. An op whose blocks fit in"
+                  + " spark.fusedcomm.host.chunkBytes / streams uses one stream. The same on"
+                  + " every executor: a communicator between hosts refuses to connect otherwise,"
+                  + " naming this setting.")
           .intConf()
           .check(v -> v >= 1 && v <= 4, "a whole number from 1 to 4")
           .createWithDefault(2);
