@@ -57,7 +57,8 @@ using fusedcomm::testing::encode_elements;
 float value(uint64_t seed, int host, int64_t i) { return fusedcomm::testing::small_value(seed, host, i); }
 
 struct Shared {
-  explicit Shared(int hosts) : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_us(hosts) {}
+  explicit Shared(int hosts)
+      : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_us(hosts), spaced_ms(hosts), launch_ns(hosts) {}
   const int H;
   // A thread that throws drops out (arrive_and_drop), so the others never wait for it here;
   // their link ops then time out (bounded).
@@ -67,6 +68,12 @@ struct Shared {
   std::vector<std::array<std::array<double, 4>, 2>> us;    // [end][dtype][op]: per launch
   double one_way[2] = {};  // [dtype]: host 0 -> the others, allGather with only host 0's block
   std::vector<std::array<double, 2>> spaced_us;  // [end][dtype]: allReduce after 30 ms idle
+  // [end][dtype][launch] of the spaced allReduces: each one's time, and when its end launched it
+  // (steady clock): the ends leave the barrier at different times, and an op cannot end before
+  // the last end launched it, so the last end's time is the op's latency without that skew.
+  static constexpr int kSpaced = 5;
+  std::vector<std::array<std::array<float, kSpaced>, 2>> spaced_ms;
+  std::vector<std::array<std::array<int64_t, kSpaced>, 2>> launch_ns;
 };
 
 
@@ -210,15 +217,18 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
-    std::vector<float> ms(5);
-    for (float& m : ms) {
+    std::vector<float> ms(Shared::kSpaced);
+    for (int rep = 0; rep < Shared::kSpaced; ++rep) {
+      float& m = ms[rep];
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
       sh.sync.arrive_and_wait();
+      sh.launch_ns[host][d][rep] = std::chrono::steady_clock::now().time_since_epoch().count();
       CUDA_OK(cudaEventRecord(e0, s));
       link.all_reduce(x, count, dtype, s);
       CUDA_OK(cudaEventRecord(e1, s));
       CUDA_OK(cudaStreamSynchronize(s));
       CUDA_OK(cudaEventElapsedTime(&m, e0, e1));
+      sh.spaced_ms[host][d][rep] = m;
     }
     std::sort(ms.begin(), ms.end());
     sh.spaced_us[host][d] = ms[2] * 1e3;
@@ -326,6 +336,20 @@ int main() {
       for (int h = 0; h < H; ++h) spaced = std::max(spaced, sh.spaced_us[h][d]);
       std::printf("  %-13s %s %8.1f us per launch, launches 30 ms apart (median; the slowest end)\n", "allReduce", dt,
                   spaced);
+      std::vector<double> last_us, skew_us;
+      for (int rep = 0; rep < Shared::kSpaced; ++rep) {
+        int last = 0, first = 0;
+        for (int h = 1; h < H; ++h) {
+          if (sh.launch_ns[h][d][rep] > sh.launch_ns[last][d][rep]) last = h;
+          if (sh.launch_ns[h][d][rep] < sh.launch_ns[first][d][rep]) first = h;
+        }
+        last_us.push_back(sh.spaced_ms[last][d][rep] * 1e3);
+        skew_us.push_back((sh.launch_ns[last][d][rep] - sh.launch_ns[first][d][rep]) * 1e-3);
+      }
+      std::sort(last_us.begin(), last_us.end());
+      std::sort(skew_us.begin(), skew_us.end());
+      std::printf("  %-13s %s %8.1f us per launch at the end that launched last (median; launches %.1f us apart)\n",
+                  "allReduce", dt, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2]);
       if (f) {
         std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
                         "\"streams\": %d, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_host0\": %.3f}\n",
