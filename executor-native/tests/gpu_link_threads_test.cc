@@ -58,7 +58,7 @@ float value(uint64_t seed, int host, int64_t i) { return fusedcomm::testing::sma
 
 struct Shared {
   explicit Shared(int hosts)
-      : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_us(hosts), spaced_ms(hosts), launch_ns(hosts) {}
+      : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_ms(hosts), launch_ns(hosts) {}
   const int H;
   // A thread that throws drops out (arrive_and_drop), so the others never wait for it here;
   // their link ops then time out (bounded).
@@ -67,7 +67,6 @@ struct Shared {
   std::vector<std::array<std::array<double, 4>, 2>> gbps;  // [end][dtype][op]
   std::vector<std::array<std::array<double, 4>, 2>> us;    // [end][dtype][op]: per launch
   double one_way[2] = {};  // [dtype]: host 0 -> the others, allGather with only host 0's block
-  std::vector<std::array<double, 2>> spaced_us;  // [end][dtype]: allReduce after 30 ms idle
   // [end][dtype][launch] of the spaced allReduces: each one's time, and when its end launched it
   // (steady clock): the ends leave the barrier at different times, and an op cannot end before
   // the last end launched it, so the last end's time is the op's latency without that skew.
@@ -217,9 +216,7 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
-    std::vector<float> ms(Shared::kSpaced);
     for (int rep = 0; rep < Shared::kSpaced; ++rep) {
-      float& m = ms[rep];
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
       sh.sync.arrive_and_wait();
       sh.launch_ns[host][d][rep] = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -227,11 +224,8 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
       link.all_reduce(x, count, dtype, s);
       CUDA_OK(cudaEventRecord(e1, s));
       CUDA_OK(cudaStreamSynchronize(s));
-      CUDA_OK(cudaEventElapsedTime(&m, e0, e1));
-      sh.spaced_ms[host][d][rep] = m;
+      CUDA_OK(cudaEventElapsedTime(&sh.spaced_ms[host][d][rep], e0, e1));
     }
-    std::sort(ms.begin(), ms.end());
-    sh.spaced_us[host][d] = ms[2] * 1e3;
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaFree(x);
@@ -281,7 +275,7 @@ int main() {
   const int H = hs ? std::atoi(hs) : 2;
   const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
   const int64_t chunk = ks ? std::atoll(ks) : int64_t{1} << 20;
-  const int streams = fusedcomm::testing::loopback_cuda_config(0, 0, 1, 4096, true).transport_streams;
+  const int streams = fusedcomm::testing::test_streams();
   if (H < 2 || H > k::kProxyMaxHosts) {
     std::printf("FAIL: FC_TEST_HOSTS=%d out of range 2..%d\n", H, k::kProxyMaxHosts);
     return 1;
@@ -333,7 +327,11 @@ int main() {
       std::printf("  %-13s %s %6.2f GB/s sent by host 0 to its %d peers (the other blocks empty)\n", "allGather", dt,
                   sh.one_way[d], H - 1);
       double spaced = 0;
-      for (int h = 0; h < H; ++h) spaced = std::max(spaced, sh.spaced_us[h][d]);
+      for (int h = 0; h < H; ++h) {
+        std::array<float, Shared::kSpaced> ms = sh.spaced_ms[h][d];
+        std::sort(ms.begin(), ms.end());
+        spaced = std::max(spaced, ms[Shared::kSpaced / 2] * 1e3);
+      }
       std::printf("  %-13s %s %8.1f us per launch, launches 30 ms apart (median; the slowest end)\n", "allReduce", dt,
                   spaced);
       std::vector<double> last_us, skew_us;

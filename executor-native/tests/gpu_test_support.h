@@ -84,6 +84,13 @@ inline std::vector<uint8_t> encode_elements(const std::vector<float>& v, kernels
 // A cuda-backend Runtime's config for the multi-rank tests: GPU `gpu`, the socket transport on
 // the loopback, the run's job token (from its seed), every op bounded by timeout_ms, a data
 // area of symmetric_bytes; `shared`: ranks may share the GPU (correctness only).
+// The lanes between hosts (spark.fusedcomm.transport.streams) the native tests use:
+// FC_TEST_STREAMS if set, else the runtime's default.
+inline int test_streams() {
+  const char* s = std::getenv("FC_TEST_STREAMS");
+  return s ? std::atoi(s) : RuntimeConfig{}.transport_streams;
+}
+
 inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeout_ms, int64_t symmetric_bytes,
                                           bool shared) {
   RuntimeConfig c;
@@ -94,8 +101,7 @@ inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeou
   c.timeout_ms = timeout_ms;
   c.symmetric_bytes = symmetric_bytes;
   c.allow_shared_gpu = shared;
-  // FC_TEST_STREAMS: the lanes between hosts (spark.fusedcomm.transport.streams); else the default.
-  if (const char* s = std::getenv("FC_TEST_STREAMS")) c.transport_streams = std::atoi(s);
+  c.transport_streams = test_streams();
   return c;
 }
 

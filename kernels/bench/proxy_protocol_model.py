@@ -70,7 +70,8 @@ def make_ops(rng, hosts, n_ops, k):
 
 
 class Lane:
-    def __init__(self, hosts):
+    def __init__(self, hosts, index):
+        self.index = index   # which lane: its region of every slot
         self.op = 0          # current op
         self.i = 0           # current pipeline iteration of the op
         self.step = 1        # next step (1..6) of the iteration
@@ -86,7 +87,7 @@ class Rank:
         self.me, self.hosts = me, hosts
         self.outbox = {}     # (slot, peer or 0, unit) -> content
         self.inbox = {}      # (slot, source, unit) -> content
-        self.lanes = [Lane(hosts) for _ in range(lanes)]
+        self.lanes = [Lane(hosts, index) for index in range(lanes)]
 
     def peers(self):
         return [p for p in range(self.hosts) if p != self.me]
@@ -119,15 +120,14 @@ def run(hosts, ops, rng, depth, lanes, k, chunk0_credit=True, regions_per_chunk=
         ln.done = ln.op == len(ops)
 
     for rk in ranks:
-        for index, ln in enumerate(rk.lanes):
-            ln.index = index
+        for ln in rk.lanes:
             skip_idle(ln)
 
     def lane_step(rk, ln):
         """Advances lane ln of rank rk by one step if it can; returns (moved, violation)."""
         mode = ops[ln.op][0]
         chunks = chunks_of(ln.op)
-        i, base, scatter, D, L = ln.i, ln.base, mode in (RS, A2A), depth, ln.index
+        i, base, scatter, D, lane = ln.i, ln.base, mode in (RS, A2A), depth, ln.index
         sending, j = i < chunks, i - (D - 1)
         receiving = 0 <= j < chunks
         if ln.step <= 3 and sending:
@@ -138,11 +138,11 @@ def run(hosts, ops, rng, depth, lanes, k, chunk0_credit=True, regions_per_chunk=
             elif ln.step == 2:
                 for p in rk.peers():
                     tag = (ln.op, c, rk.me, p if scatter else None)
-                    for u in units(L, n_units(ln.op, rk.me, p, c)):
+                    for u in units(lane, n_units(ln.op, rk.me, p, c)):
                         rk.outbox[(g % D, p if scatter else 0, u)] = tag
             else:
                 for p in rk.peers():
-                    us = list(units(L, n_units(ln.op, rk.me, p, c)))
+                    us = list(units(lane, n_units(ln.op, rk.me, p, c)))
                     ln.ring.append(("write", p, (g % D, p if scatter else 0), (g % D, rk.me), us,
                                     (ln.op, c, rk.me, p if scatter else None), g + 1))
         elif ln.step >= 4 and receiving:
@@ -153,11 +153,11 @@ def run(hosts, ops, rng, depth, lanes, k, chunk0_credit=True, regions_per_chunk=
             elif ln.step == 5:
                 for s in rk.peers():
                     want = (ln.op, c, s, rk.me if scatter else None)
-                    for u in units(L, n_units(ln.op, s, rk.me, c)):
+                    for u in units(lane, n_units(ln.op, s, rk.me, c)):
                         got = rk.inbox.get((g % D, s, u))
                         if got != want:
                             return True, "rank %d lane %d read inbox unit %s as %s, expected %s" % (
-                                rk.me, L, (g % D, s, u), got, want)
+                                rk.me, lane, (g % D, s, u), got, want)
             else:
                 for p in rk.peers():
                     ln.ring.append(("credit", p, None, None, [], None, g + 1))

@@ -110,7 +110,7 @@ struct ProxyElems<__nv_bfloat16> {
   __device__ static __nv_bfloat16 narrow(float v) { return __float2bfloat16_rn(v); }
 };
 
-// The collective kernel's CTA (one per launch). Each thread keeps several 16-byte loads in flight
+// The collective kernel's CTAs (one per lane). Each thread keeps several 16-byte loads in flight
 // (kCopyUnroll, kSumUnroll): a load from mapped host memory crosses PCIe and takes about a
 // microsecond, so one CTA's copy rate is the bytes it has in flight per round trip.
 constexpr int kProxyThreads = 512;

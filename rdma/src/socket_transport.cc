@@ -417,13 +417,13 @@ Core::Core(const SocketOptions& o) {
 
   const int receivers = std::max(1, o.receive_threads);
   for (int i = 0; i < receivers; ++i) {
-    auto r = std::make_unique<Receiver>();
-    r->index = i;
-    r->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    r->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-    const int e = errno;
-    receivers_.push_back(std::move(r));
-    if (receivers_.back()->event_fd < 0 || receivers_.back()->epoll_fd < 0) {
+    receivers_.push_back(std::make_unique<Receiver>());
+    Receiver& r = *receivers_.back();
+    r.index = i;
+    r.event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    r.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (r.event_fd < 0 || r.epoll_fd < 0) {
+      const int e = errno;
       close_fds();
       throw_sys("eventfd/epoll", e);
     }
@@ -431,10 +431,10 @@ Core::Core(const SocketOptions& o) {
     ev.events = EPOLLIN;
     if (i == 0) {
       ev.data.u64 = 0;
-      epoll_ctl(receivers_[0]->epoll_fd, EPOLL_CTL_ADD, listen_fd_, &ev);
+      epoll_ctl(r.epoll_fd, EPOLL_CTL_ADD, listen_fd_, &ev);
     }
     ev.data.u64 = 1;
-    epoll_ctl(receivers_.back()->epoll_fd, EPOLL_CTL_ADD, receivers_.back()->event_fd, &ev);
+    epoll_ctl(r.epoll_fd, EPOLL_CTL_ADD, r.event_fd, &ev);
   }
   running_ = true;
   for (auto& r : receivers_) {

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedcomm/rdma/one_way_pairs.h"
@@ -582,28 +584,26 @@ void test_lanes() {
 }
 
 int main() {
-  fctest::run_case("probes report availability with a reason", test_probes);
-  fctest::run_case("listener addresses", test_addresses);
-  fctest::run_case("world 1 and writes to self", test_world_one_and_self_writes);
-  fctest::run_case("a polite close is not a failure", test_graceful_close_is_not_a_failure);
-  fctest::run_case("abort and destroy look like failures to the peer", test_abort_and_destroy_are_failures);
-  fctest::run_case("the receiver validates keys, offsets, lengths", test_receiver_validates_writes);
-  fctest::run_case("connect errors", test_connect_errors);
-  fctest::run_case("a transport destroyed under its group", test_transport_destroyed_under_a_group);
-  fctest::run_case("proxy ring basics", test_ring_basics);
-  fctest::run_case("proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors);
-  fctest::run_case("proxy: GPU-style producers (slots from their own counter)", test_gpu_style_producers);
-  fctest::run_case("a connection per direction (connect_one_way_pairs)", test_one_way_pairs);
-  fctest::run_case("lanes: groups striped between the same ranks", test_lanes);
-  g_receive_threads = 3;
-  std::printf("-- again with 3 receiver threads per transport\n");
-  fctest::run_case("3 receivers: a polite close is not a failure", test_graceful_close_is_not_a_failure);
-  fctest::run_case("3 receivers: abort and destroy look like failures to the peer", test_abort_and_destroy_are_failures);
-  fctest::run_case("3 receivers: the receiver validates keys, offsets, lengths", test_receiver_validates_writes);
-  fctest::run_case("3 receivers: connect errors", test_connect_errors);
-  fctest::run_case("3 receivers: a transport destroyed under its group", test_transport_destroyed_under_a_group);
-  fctest::run_case("3 receivers: proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors);
-  fctest::run_case("3 receivers: a connection per direction", test_one_way_pairs);
-  fctest::run_case("3 receivers: lanes", test_lanes);
+  const std::pair<const char*, void (*)()> cases[] = {
+      {"probes report availability with a reason", test_probes},
+      {"listener addresses", test_addresses},
+      {"world 1 and writes to self", test_world_one_and_self_writes},
+      {"a polite close is not a failure", test_graceful_close_is_not_a_failure},
+      {"abort and destroy look like failures to the peer", test_abort_and_destroy_are_failures},
+      {"the receiver validates keys, offsets, lengths", test_receiver_validates_writes},
+      {"connect errors", test_connect_errors},
+      {"a transport destroyed under its group", test_transport_destroyed_under_a_group},
+      {"proxy ring basics", test_ring_basics},
+      {"proxy: laps, invalid commands, dead peers", test_proxy_wraps_and_reports_errors},
+      {"proxy: GPU-style producers (slots from their own counter)", test_gpu_style_producers},
+      {"a connection per direction (connect_one_way_pairs)", test_one_way_pairs},
+      {"lanes: groups striped between the same ranks", test_lanes},
+  };
+  for (int threads : {1, 3}) {
+    g_receive_threads = threads;
+    for (const auto& [name, body] : cases) {
+      fctest::run_case((std::to_string(threads) + " receiver(s): " + name).c_str(), body);
+    }
+  }
   return fctest::finish();
 }
