@@ -276,13 +276,14 @@ int main() {
   const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
   const int64_t chunk = ks ? std::atoll(ks) : int64_t{1} << 20;
   const int streams = fusedcomm::testing::test_streams();
+  const long long busy_poll_us = fusedcomm::testing::test_busy_poll_us();
   if (H < 2 || H > k::kProxyMaxHosts) {
     std::printf("FAIL: FC_TEST_HOSTS=%d out of range 2..%d\n", H, k::kProxyMaxHosts);
     return 1;
   }
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_link_threads_test", 1);
-  std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks, %d streams\n", H, H,
-              static_cast<long long>(count), static_cast<long long>(chunk), streams);
+  std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks, %d streams, busy poll %lld us\n",
+              H, H, static_cast<long long>(count), static_cast<long long>(chunk), streams, busy_poll_us);
   streams_mismatch_case(seed);
   Shared sh(H);
   std::vector<std::thread> ends;
@@ -319,9 +320,10 @@ int main() {
         std::printf("  %-13s %s %6.2f - %6.2f GB/s sent per end to its %d peers, %8.1f us per launch (%lld bytes per block, %d launches)\n",
                     k::proxy_op_name(op), dt, lo, hi, H - 1, us, block, kTimed);
         if (f) {
-          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"streams\": %d, \"dtype\": \"%s\", "
-                          "\"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_min\": %.3f, \"gbps_max\": %.3f, \"us_per_launch\": %.2f}\n",
-                       k::proxy_op_name(op), H, streams, dt, block, static_cast<long long>(chunk), lo, hi, us);
+          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"streams\": %d, "
+                          "\"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_min\": %.3f, "
+                          "\"gbps_max\": %.3f, \"us_per_launch\": %.2f}\n",
+                       k::proxy_op_name(op), H, streams, busy_poll_us, dt, block, static_cast<long long>(chunk), lo, hi, us);
         }
       }
       std::printf("  %-13s %s %6.2f GB/s sent by host 0 to its %d peers (the other blocks empty)\n", "allGather", dt,
@@ -350,8 +352,13 @@ int main() {
                   "allReduce", dt, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2]);
       if (f) {
         std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
-                        "\"streams\": %d, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_host0\": %.3f}\n",
-                     H, streams, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
+                        "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, "
+                        "\"gbps_host0\": %.3f}\n",
+                     H, streams, busy_poll_us, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
+        std::fprintf(f, "{\"op\": \"allReduce_spaced_30ms\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
+                        "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"us_median_slowest_end\": %.1f, "
+                        "\"us_median_last_launcher\": %.1f, \"launch_skew_us_median\": %.1f}\n",
+                     H, streams, busy_poll_us, dt, block, spaced, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2]);
       }
     }
     if (f) std::fclose(f);

@@ -81,15 +81,23 @@ inline std::vector<uint8_t> encode_elements(const std::vector<float>& v, kernels
   return out;
 }
 
-// A cuda-backend Runtime's config for the multi-rank tests: GPU `gpu`, the socket transport on
-// the loopback, the run's job token (from its seed), every op bounded by timeout_ms, a data
-// area of symmetric_bytes; `shared`: ranks may share the GPU (correctness only).
 // The lanes between hosts (spark.fusedcomm.transport.streams) the native tests use:
 // FC_TEST_STREAMS if set, else the runtime's default.
 inline int test_streams() {
   const char* s = std::getenv("FC_TEST_STREAMS");
   return s ? std::atoi(s) : RuntimeConfig{}.transport_streams;
 }
+
+// The busy-poll window between hosts (spark.fusedcomm.transport.busyPoll) the native tests use,
+// in microseconds: FC_TEST_BUSY_POLL_US if set, else the runtime's default.
+inline int64_t test_busy_poll_us() {
+  const char* s = std::getenv("FC_TEST_BUSY_POLL_US");
+  return s ? std::atoll(s) : RuntimeConfig{}.busy_poll_us;
+}
+
+// A cuda-backend Runtime's config for the multi-rank tests: GPU `gpu`, the socket transport on
+// the loopback, the run's job token (from its seed), every op bounded by timeout_ms, a data
+// area of symmetric_bytes; `shared`: ranks may share the GPU (correctness only).
 
 inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeout_ms, int64_t symmetric_bytes,
                                           bool shared) {
@@ -102,6 +110,7 @@ inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeou
   c.symmetric_bytes = symmetric_bytes;
   c.allow_shared_gpu = shared;
   c.transport_streams = test_streams();
+  c.busy_poll_us = test_busy_poll_us();
   return c;
 }
 

@@ -31,6 +31,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -52,6 +53,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "fusedcomm/rdma/busy_poll.h"
 #include "fusedcomm/rdma/transport.h"
 #include "socket_wire.h"
 
@@ -295,6 +297,8 @@ class Core : public std::enable_shared_from_this<Core> {
   void attach(const std::shared_ptr<Conn>& c, uint32_t lane);
   void detach(const std::vector<std::shared_ptr<Conn>>& conns, bool wait);
   void forget_group(const GroupState* g);
+  // Transport::expect_traffic: opens the receivers' busy-poll window, waking those asleep.
+  void expect_traffic() noexcept;
 
   uint64_t new_conn_id() { return next_conn_id_.fetch_add(1, std::memory_order_relaxed); }
   std::atomic<uint64_t> bytes_sent{0};
@@ -317,6 +321,7 @@ class Core : public std::enable_shared_from_this<Core> {
     std::thread thread;
     std::mutex cmd_mu;
     std::deque<Command> commands;  // cmd_mu
+    std::atomic<bool> sleeping{false};  // in a blocking epoll_wait (see expect_traffic)
     // Receiver-thread-only.
     std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns;
   };
@@ -351,6 +356,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::string address_;
   std::vector<std::unique_ptr<Receiver>> receivers_;  // [0] also accepts; fixed after construction
   std::atomic<bool> running_{false};
+  BusyPollWindow busy_poll_;  // shared by the receivers: one hint serves every group
 
   mutable std::shared_mutex reg_mu_;
   std::unordered_map<uint64_t, Region> regions_;
@@ -370,7 +376,7 @@ class Core : public std::enable_shared_from_this<Core> {
 // ---------------------------------------------------------------------------------------------
 // Core: construction, registry
 
-Core::Core(const SocketOptions& o) {
+Core::Core(const SocketOptions& o) : busy_poll_(o.busy_poll) {
   std::random_device rd;
   key_salt_ = (static_cast<uint64_t>(rd()) & 0xffffffull) << 40;
 
@@ -570,6 +576,21 @@ void Core::post(int receiver, Command c) {
   (void)w;
 }
 
+void Core::expect_traffic() noexcept {
+  if (!busy_poll_.enabled() || !running_) return;
+  busy_poll_.open();
+  // The window is opened before `sleeping` is read, and a receiver publishes `sleeping` before
+  // its last look at the window (both seq_cst): a receiver that goes to sleep anyway is seen
+  // here and woken through its eventfd (an empty command batch).
+  for (auto& r : receivers_) {
+    if (r->sleeping.load(std::memory_order_seq_cst)) {
+      uint64_t one = 1;
+      ssize_t w = ::write(r->event_fd, &one, sizeof one);
+      (void)w;
+    }
+  }
+}
+
 void Core::attach(const std::shared_ptr<Conn>& c, uint32_t lane) {
   if (!running_) return;
   c->with_receiver = true;
@@ -620,7 +641,22 @@ void Core::run(Receiver& r) {
   auto last_sweep = Clock::now();
   bool stop = false;
   while (!stop) {
-    int n = epoll_wait(r.epoll_fd, events, 64, 200);
+    // Inside the busy-poll window the receiver polls (epoll_wait with no timeout) instead of
+    // sleeping: a message then lands within a syscall's time instead of a wake-up's.
+    int timeout_ms = 200;
+    if (busy_poll_.is_open()) {
+      timeout_ms = 0;
+    } else if (busy_poll_.enabled()) {
+      r.sleeping.store(true, std::memory_order_seq_cst);
+      if (busy_poll_.is_open()) timeout_ms = 0;
+    }
+    int n = epoll_wait(r.epoll_fd, events, 64, timeout_ms);
+    r.sleeping.store(false, std::memory_order_relaxed);
+    if (n > 0) {
+      busy_poll_.open();  // the rest of this op's traffic is likely close behind
+    } else if (timeout_ms == 0) {
+      sched_yield();  // polling must not hold a core that a thread with work is waiting for
+    }
     for (int i = 0; i < n && !stop; ++i) {
       uint64_t id = events[i].data.u64;
       if (id == 0) {
@@ -1500,6 +1536,7 @@ class SocketTransport final : public Transport {
     return std::make_unique<SocketPeerGroup>(core_->connect(spec));
   }
   TransportStats stats() const override { return core_->stats(); }
+  void expect_traffic() noexcept override { core_->expect_traffic(); }
 
  private:
   std::shared_ptr<Core> core_;

@@ -19,15 +19,18 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// main() runs the cases with one receiver thread per transport, then again with three
-// (connections then move from the accepting receiver to their readers: each case exercises
-// that hand-over).
+// main() runs the cases with one receiver thread per transport and no busy polling, then again
+// with three receivers (connections then move from the accepting receiver to their readers:
+// each case exercises that hand-over) and a busy-poll window for receivers and proxies (the
+// polling paths then carry every case).
 int g_receive_threads = 1;
+std::chrono::microseconds g_busy_poll{0};
 
 std::unique_ptr<Transport> loopback() {
   SocketOptions o;
   o.bind_host = "127.0.0.1";
   o.receive_threads = g_receive_threads;
+  o.busy_poll = g_busy_poll;
   return make_socket_transport(o);
 }
 
@@ -330,7 +333,7 @@ void test_proxy_wraps_and_reports_errors() {
   {
     RingMem m(4);  // tiny: many laps, producers wait on a full ring
     ProxyRing ring(m.p, 4);
-    Proxy proxy(ring, *p.g0);
+    Proxy proxy(ring, *p.g0, nullptr, g_busy_poll);
     const int n = 1000;
     for (int i = 0; i < n; ++i) {
       WriteOp op;
@@ -362,7 +365,7 @@ void test_proxy_wraps_and_reports_errors() {
     // An invalid command is recorded (no single peer at fault), not a crash.
     RingMem m(8);
     ProxyRing ring(m.p, 8);
-    Proxy proxy(ring, *p.g0);
+    Proxy proxy(ring, *p.g0, nullptr, g_busy_poll);
     WriteOp op;
     op.peer = 1;
     op.src_key = 0xdead;
@@ -377,7 +380,7 @@ void test_proxy_wraps_and_reports_errors() {
     // A dead peer stops the proxy with the transport's error naming it.
     RingMem m(8);
     ProxyRing ring(m.p, 8);
-    Proxy proxy(ring, *p.g0);
+    Proxy proxy(ring, *p.g0, nullptr, g_busy_poll);
     p.g1->abort();
     FC_CHECK(fctest::wait_for([&] { return p.g0->status(1) == PeerState::kFailed; }, 3000ms), "peer failed");
     WriteOp op;
@@ -402,7 +405,7 @@ void test_gpu_style_producers() {
   auto p = connect_pair(*t0, *t1, 51);
   RingMem m(8);
   ProxyRing ring(m.p, 8);
-  Proxy proxy(ring, *p.g0);
+  Proxy proxy(ring, *p.g0, nullptr, g_busy_poll);
   std::atomic<uint64_t> next{0};
   auto post = [&](const WriteOp& op) {  // proxy_post_write, on the host
     const uint64_t slot = next.fetch_add(1);
@@ -583,6 +586,69 @@ void test_lanes() {
   FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "every lane's sockets released");
 }
 
+// Busy polling (busy_poll.h): after a quiet spell the proxy and the receivers sleep; the hints
+// (Proxy::expect_commands, Transport::expect_traffic) wake them and every write lands; once the
+// window has passed they sleep again instead of spinning. The times from hint to arrival,
+// with the window and without, are printed for information only (a 2-core CI machine times
+// nothing reliably); kernels/bench/NOTES.md has the measured effect on an op between hosts.
+void test_busy_poll_hints() {
+  using std::chrono::microseconds;
+  auto cpu_time = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  for (microseconds window : {microseconds(0), microseconds(2000)}) {
+    SocketOptions o;
+    o.bind_host = "127.0.0.1";
+    o.receive_threads = 2;
+    o.busy_poll = window;
+    auto t0 = make_socket_transport(o), t1 = make_socket_transport(o);
+    Buf src(*t0, 64), dst(*t1, 64 + 8);
+    auto p = connect_pair(*t0, *t1, 60);
+    RingMem m(8);
+    ProxyRing ring(m.p, 8);
+    Proxy proxy(ring, *p.g0, nullptr, window);
+    std::vector<double> us;
+    constexpr uint64_t kRounds = 8;
+    for (uint64_t round = 1; round <= kRounds; ++round) {
+      std::this_thread::sleep_for(20ms);  // quiet: the threads go to sleep
+      const auto start = std::chrono::steady_clock::now();
+      proxy.expect_commands();
+      t1->expect_traffic();
+      WriteOp op;
+      op.peer = 1;
+      op.src_key = src.r.key;
+      op.dst_key = dst.r.key;
+      op.bytes = 64;
+      op.signal_key = dst.r.key;
+      op.signal_offset = 64 * 8;
+      op.signal_value = round;
+      ring.post(op, 1000ms);
+      while (dst.load(64) < round && std::chrono::steady_clock::now() - start < 5s) std::this_thread::yield();
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+      FC_CHECK(dst.load(64) == round, "round " + std::to_string(round) + "'s write landed");
+    }
+    // Past the window nothing spins: over a quiet 300 ms the process takes well under a core
+    // (a spinning proxy or receiver alone would take about 300 ms).
+    std::this_thread::sleep_for(window + 20ms);
+    const auto c0 = cpu_time();
+    std::this_thread::sleep_for(300ms);
+    const auto busy = std::chrono::duration_cast<std::chrono::milliseconds>(cpu_time() - c0);
+    FC_CHECK(busy < 150ms, "CPU time while quiet after the window: " + std::to_string(busy.count()) + " ms");
+    std::sort(us.begin(), us.end());
+    std::printf("  busy poll %lld us: hint to arrival after 20 ms quiet, median %.0f us (min %.0f, max %.0f); "
+                "CPU while quiet %lld ms of 300\n",
+                static_cast<long long>(window.count()), us[kRounds / 2], us.front(), us.back(),
+                static_cast<long long>(busy.count()));
+    proxy.stop(true, 1000ms);
+    FC_CHECK(proxy.error().empty(), proxy.error());
+    auto f = std::async(std::launch::async, [&] { p.g1->close(5000ms); });
+    p.g0->close(5000ms);
+    f.get();
+  }
+}
+
 int main() {
   const std::pair<const char*, void (*)()> cases[] = {
       {"probes report availability with a reason", test_probes},
@@ -601,9 +667,12 @@ int main() {
   };
   for (int threads : {1, 3}) {
     g_receive_threads = threads;
-    for (const auto& [name, body] : cases) {
-      fctest::run_case((std::to_string(threads) + " receiver(s): " + name).c_str(), body);
-    }
+    g_busy_poll = std::chrono::microseconds(threads == 1 ? 0 : 200);
+    const std::string pass = std::to_string(threads) + " receiver(s), busy poll " +
+                             std::to_string(g_busy_poll.count()) + " us: ";
+    for (const auto& [name, body] : cases) fctest::run_case((pass + name).c_str(), body);
   }
+  fctest::run_case("busy poll: hints wake sleeping threads, which sleep again after the window",
+                   test_busy_poll_hints);
   return fctest::finish();
 }

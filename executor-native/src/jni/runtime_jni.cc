@@ -18,7 +18,7 @@ FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
 
 FC_NATIVE(jlong, runtimeCreate)(JNIEnv* env, jclass, jint backend, jlong timeout_ms, jlong connect_timeout_ms,
                                 jlong chunk_bytes, jlong symmetric_bytes, jstring bind_host,
-                                jint transport_streams, jint gpu_ordinal,
+                                jint transport_streams, jlong busy_poll_us, jint gpu_ordinal,
                                 jlong job_token, jboolean allow_shared_gpu) {
   FC_JNI_BEGIN
   FC_REQUIRE(backend >= 0 && backend <= 2, "unknown backend " + std::to_string(backend));
@@ -30,6 +30,7 @@ FC_NATIVE(jlong, runtimeCreate)(JNIEnv* env, jclass, jint backend, jlong timeout
   c.symmetric_bytes = symmetric_bytes;
   c.bind_host = fusedcomm::jni::to_string(env, bind_host);
   c.transport_streams = transport_streams;
+  c.busy_poll_us = busy_poll_us;
   c.gpu_ordinal = gpu_ordinal;
   c.job_token = static_cast<uint64_t>(job_token);
   c.allow_shared_gpu = allow_shared_gpu == JNI_TRUE;

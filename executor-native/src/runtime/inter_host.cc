@@ -123,7 +123,8 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
     groups_.push_back(rdma::connect_one_way_pairs(runtime_.transport(), spec));
     // A failing lane also sets lane 0's abort word, which every wait of the kernel polls.
     proxies_.push_back(std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring(l, false), kRingCapacity), *groups_.back(),
-                                                     l == 0 ? nullptr : lane0_abort));
+                                                     l == 0 ? nullptr : lane0_abort,
+                                                     std::chrono::microseconds(runtime_.config().busy_poll_us)));
   }
 }
 
@@ -194,6 +195,12 @@ void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream
   a.depth = kDepth;
   a.timeout_ns = static_cast<uint64_t>(runtime_.config().timeout_ms) * 1000000ull;
   a.status = status_dev_;
+  // The threads this op passes through poll without sleeping from now until their busy-poll
+  // window after its last traffic (spark.fusedcomm.transport.busyPollMicros). Hinted before
+  // the launch so that their wake-ups overlap it. A graph replay gets no hint: its threads
+  // wake from their sleep ladder on the first command or message (slower, still correct).
+  for (auto& proxy : proxies_) proxy->expect_commands();
+  runtime_.transport().expect_traffic();
   check(k::launch_proxy_collective(a, stream),
         std::string("launching the ") + k::proxy_op_name(a.op) + " between hosts");
 }

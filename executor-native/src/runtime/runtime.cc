@@ -11,6 +11,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   FC_REQUIRE(config.chunk_bytes >= 4096, "chunk bytes must be at least 4096");
   FC_REQUIRE(config.transport_streams >= 1 && config.transport_streams <= 4,
              "transport streams must be 1..4, not " + std::to_string(config.transport_streams));
+  FC_REQUIRE(config.busy_poll_us >= 0 && config.busy_poll_us <= 1000000,
+             "transport busy-poll window must be 0..1000000 us, not " + std::to_string(config.busy_poll_us));
   FC_REQUIRE(config.symmetric_bytes >= 4096 && config.symmetric_bytes % 4096 == 0,
              "symmetric bytes must be a positive multiple of 4096");
   switch (config.backend) {
@@ -35,6 +37,7 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   rdma::SocketOptions options;
   options.bind_host = config.bind_host;
   options.receive_threads = config.transport_streams;
+  options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
   transport_ = rdma::make_socket_transport(options);
 }
 

@@ -30,6 +30,10 @@ struct RuntimeConfig {
   // TCP streams per direction between counterparts on different hosts (InterHostLink's lanes),
   // and the transport's receiver threads: 1..4.
   int transport_streams = 2;
+  // How long the threads between hosts (proxies, transport receivers) poll without sleeping
+  // after an op between hosts is enqueued and after their last traffic (rdma/busy_poll.h):
+  // 0..1,000,000 us; 0: they sleep whenever idle.
+  int64_t busy_poll_us = 1000;
   int gpu_ordinal = -1;                // the executor's GPU, -1: none assigned
   uint64_t job_token = 0;              // the application's token (driver plugin)
   // Native tests only (never set from Java): ranks of one host may share a GPU

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,7 @@
 #include <string>
 #include <thread>
 
+#include "fusedcomm/rdma/busy_poll.h"
 #include "fusedcomm/rdma/proxy_ring.h"
 #include "fusedcomm/rdma/transport.h"
 
@@ -72,12 +74,19 @@ class ProxyRing {
 class Proxy {
  public:
   // also_abort: a second abort word (another ring's, which the producers' waits poll) that a
-  // failure of this proxy sets too; null: none.
-  Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort = nullptr);
+  // failure of this proxy sets too; null: none. busy_poll: how long the thread polls its ring
+  // without sleeping after expect_commands() and after each command (busy_poll.h); zero: it
+  // spins briefly, yields, then sleeps in slices of 20 us, and of 200 us once idle for long.
+  Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort = nullptr,
+        std::chrono::microseconds busy_poll = std::chrono::microseconds(0));
   ~Proxy();  // stops the thread
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
   ProxyRing& ring() { return ring_; }
+  // A hint from the producer's side that commands are coming (a kernel that posts to this ring
+  // is being enqueued): the thread polls without sleeping for the busy-poll window, woken now
+  // if it sleeps. Any thread; cheap when the thread is already polling.
+  void expect_commands() noexcept;
   // Empty while healthy; otherwise the first failure's message. `failed_peer()` names the
   // peer: -2 while healthy, -1 for a failure no single peer caused (a malformed command, an
   // undrained stop), else the rank.
@@ -89,10 +98,15 @@ class Proxy {
 
  private:
   void run();
+  void idle(uint32_t& spins);  // one step of waiting for the next command
   void fail(int peer, const std::string& msg);
   ProxyRing ring_;
   PeerGroup& group_;
   uint64_t* also_abort_;
+  BusyPollWindow window_;
+  std::mutex sleep_mu_;  // with sleep_cv_: expect_commands() wakes a sleeping thread
+  std::condition_variable sleep_cv_;
+  std::atomic<bool> sleeping_{false};
   std::atomic<bool> stop_{false};
   mutable std::atomic<int> failed_peer_{-2};
   mutable std::mutex error_mu_;  // guards error_

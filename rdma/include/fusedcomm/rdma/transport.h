@@ -113,6 +113,10 @@ class Transport {
   // throws ConnectTimeout / TransportError naming the missing peer.
   virtual std::unique_ptr<PeerGroup> connect(const GroupSpec& spec) = 0;
   virtual TransportStats stats() const = 0;
+  // A hint that traffic for this transport's groups is about to arrive (an op between hosts is
+  // being enqueued): receiving threads poll without sleeping for the backend's busy-poll
+  // window (busy_poll.h). Changes nothing about delivery; a backend may ignore it.
+  virtual void expect_traffic() noexcept {}
 };
 
 struct SocketOptions {
@@ -123,6 +127,10 @@ struct SocketOptions {
   // receive is a copy by the receiving core, so one thread bounds what all of a transport's
   // connections carry in; values below 1 mean 1.
   int receive_threads = 1;
+  // How long a receiver polls its sockets without sleeping after expect_traffic() and after
+  // each event it handles (busy_poll.h); zero: it sleeps in epoll_wait whenever nothing is
+  // ready (a wake-up then costs tens of microseconds per message).
+  std::chrono::microseconds busy_poll{0};
 };
 
 // The socket backend: TCP, one connection per peer pair, SocketOptions::receive_threads

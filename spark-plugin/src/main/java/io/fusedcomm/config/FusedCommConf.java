@@ -35,8 +35,10 @@ public final class FusedCommConf {
   public static final ConfigEntry<Backend> BACKEND =
       ConfigEntry.builder(PREFIX + "backend")
           .doc(
-              "Which implementation runs the fused ops. auto: cuda when this executor has a GPU"
-                  + " and the cuda backend is available, else host. cuda: the GPU kernels; an"
+              "Which implementation runs the fused ops. auto: host for now, because"
+                  + " gemmAllReduce, MoE and ring attention do not run on the GPU yet (it is to"
+                  + " become cuda where the executor has a usable GPU); ask for cuda explicitly."
+                  + " cuda: the GPU kernels; an"
                   + " executor without a usable GPU fails at start-up. host: the C++ reference"
                   + " backend on the CPU (for testing and as an oracle); never chosen silently"
                   + " where cuda was requested.")
@@ -51,7 +53,7 @@ public final class FusedCommConf {
                   + " dead or stuck peer is reported, naming rank, peer, op and step, within this"
                   + " time.")
           .durationConf()
-          .check(FusedCommConf::isPositive, "a duration > 0 such as 60s, 500ms or 2m")
+          .check(FusedCommConf::atLeastOneMs, "a duration >= 1ms such as 60s, 500ms or 2m")
           .createWithDefault(Duration.ofSeconds(60));
 
   /** {@code spark.fusedcomm.connectTimeout}: bound on building a communicator's connections. */
@@ -61,7 +63,7 @@ public final class FusedCommConf {
               "Bound on building a communicator's connections (transport connects, CUDA IPC"
                   + " handle import) after the barrier bootstrap.")
           .durationConf()
-          .check(FusedCommConf::isPositive, "a duration > 0 such as 30s, 500ms or 2m")
+          .check(FusedCommConf::atLeastOneMs, "a duration >= 1ms such as 30s, 500ms or 2m")
           .createWithDefault(Duration.ofSeconds(30));
 
   /** {@code spark.fusedcomm.transport}: the inter-process transport. */
@@ -99,6 +101,23 @@ public final class FusedCommConf {
           .intConf()
           .check(v -> v >= 1 && v <= 4, "a whole number from 1 to 4")
           .createWithDefault(2);
+
+  /** {@code spark.fusedcomm.transport.busyPoll}: how long the threads between hosts poll. */
+  public static final ConfigEntry<Duration> TRANSPORT_BUSY_POLL =
+      ConfigEntry.builder(PREFIX + "transport.busyPoll")
+          .doc(
+              "How long the threads that carry an op between hosts (the sending thread and"
+                  + " receiving thread of each stream) poll without sleeping: from the moment"
+                  + " the op is enqueued until this long after their last traffic. A sleeping"
+                  + " thread takes tens of microseconds to wake, several times per op. Costs"
+                  + " up to that many cores for the op's time plus this window. 0 turns it off"
+                  + " (they sleep whenever idle). Ops replayed from a CUDA graph give no"
+                  + " advance notice, so only the window after traffic helps them.")
+          .durationConf()
+          .check(
+              d -> !d.isNegative() && d.compareTo(Duration.ofSeconds(1)) <= 0,
+              "a duration from 0 to 1s such as 1ms or 200us")
+          .createWithDefault(Duration.ofMillis(1));
 
   /** {@code spark.fusedcomm.host.chunkBytes}: host backend staging chunk per peer. */
   public static final ConfigEntry<Long> HOST_CHUNK_BYTES =
@@ -190,6 +209,7 @@ public final class FusedCommConf {
           TRANSPORT,
           TRANSPORT_BIND_HOST,
           TRANSPORT_STREAMS,
+          TRANSPORT_BUSY_POLL,
           HOST_CHUNK_BYTES,
           CUDA_SYMMETRIC_BYTES,
           CUDA_VIRTUAL_HOSTS,
@@ -325,6 +345,11 @@ public final class FusedCommConf {
     return get(TRANSPORT_STREAMS);
   }
 
+  /** How long the threads between hosts poll without sleeping around an op (0: never). */
+  public Duration transportBusyPoll() {
+    return get(TRANSPORT_BUSY_POLL);
+  }
+
   /** Host backend staging chunk per peer, in bytes. */
   public long hostChunkBytes() {
     return get(HOST_CHUNK_BYTES);
@@ -373,8 +398,9 @@ public final class FusedCommConf {
     return "FusedCommConf" + toMap();
   }
 
-  private static boolean isPositive(Duration d) {
-    return !d.isNegative() && !d.isZero();
+  /** Timeouts reach the native side in whole milliseconds. */
+  private static boolean atLeastOneMs(Duration d) {
+    return d.compareTo(Duration.ofMillis(1)) >= 0;
   }
 
   private <T> String formatValue(ConfigEntry<T> entry) {

@@ -10,9 +10,9 @@ import java.util.regex.Pattern;
  * configuration.
  *
  * <ul>
- *   <li>Durations: a whole number with unit {@code ms}, {@code s}, {@code m} or {@code min}, or
- *       {@code h}; a plain number means milliseconds. Examples: {@code 60s}, {@code 500ms},
- *       {@code 2m}, {@code 1500}.
+ *   <li>Durations: a whole number with unit {@code us}, {@code ms}, {@code s}, {@code m} or
+ *       {@code min}, or {@code h}; a plain number means milliseconds. Examples: {@code 60s},
+ *       {@code 500ms}, {@code 2m}, {@code 1500}, {@code 200us}.
  *   <li>Byte sizes: a whole number with unit {@code k}, {@code m} or {@code g} (binary: 1k = 1024
  *       bytes; {@code kb}/{@code kib} etc. are accepted too); a plain number or {@code b} means
  *       bytes. Examples: {@code 4m}, {@code 64k}, {@code 1g}.
@@ -33,31 +33,42 @@ public final class Units {
   public static Duration parseDuration(String text) {
     Matcher m = match(text);
     long n = Long.parseLong(m.group(1));
-    long unitMillis;
+    long unitMicros;
     switch (m.group(2)) {
+      case "us":
+        unitMicros = 1;
+        break;
       case "":
       case "ms":
-        unitMillis = 1;
+        unitMicros = 1_000;
         break;
       case "s":
-        unitMillis = 1_000;
+        unitMicros = 1_000_000;
         break;
       case "m":
       case "min":
-        unitMillis = 60_000;
+        unitMicros = 60_000_000;
         break;
       case "h":
-        unitMillis = 3_600_000;
+        unitMicros = 3_600_000_000L;
         break;
       default:
         throw new IllegalArgumentException("unknown duration unit '" + m.group(2) + "'");
     }
-    return Duration.ofMillis(Math.multiplyExact(n, unitMillis));
+    return Duration.ofNanos(Math.multiplyExact(Math.multiplyExact(n, unitMicros), 1_000L));
   }
 
-  /** Formats a duration as whole seconds ({@code 60s}) where exact, else milliseconds. */
+  /**
+   * Formats a duration as whole seconds ({@code 60s}) where exact, else milliseconds, else
+   * microseconds ({@code 200us}); parseDuration reads each back (sub-microsecond parts are
+   * dropped).
+   */
   public static String formatDuration(Duration d) {
-    long ms = d.toMillis();
+    long us = d.toNanos() / 1_000;
+    if (us % 1_000 != 0) {
+      return us + "us";
+    }
+    long ms = us / 1_000;
     return ms % 1000 == 0 && ms != 0 ? (ms / 1000) + "s" : ms + "ms";
   }
 

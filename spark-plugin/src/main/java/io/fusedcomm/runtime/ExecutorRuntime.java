@@ -57,6 +57,7 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.cudaSymmetricBytes(),
             conf.transportBindHost(),
             conf.transportStreams(),
+            conf.transportBusyPoll().toNanos() / 1000,
             ordinal,
             jobToken,
             conf.cudaShareGpu());

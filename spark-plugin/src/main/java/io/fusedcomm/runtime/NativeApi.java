@@ -27,6 +27,7 @@ public final class NativeApi {
       long symmetricBytes,
       String bindHost,
       int transportStreams,
+      long busyPollMicros,
       int gpuOrdinal,
       long jobToken,
       boolean allowSharedGpu);

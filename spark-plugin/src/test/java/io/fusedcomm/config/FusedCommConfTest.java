@@ -30,6 +30,7 @@ class FusedCommConfTest {
     assertEquals("", c.transportBindHost());
     assertEquals(1L << 20, c.hostChunkBytes());
     assertEquals(2, c.transportStreams());
+    assertEquals(Duration.ofMillis(1), c.transportBusyPoll());
     assertEquals("gpu", c.gpuResourceName());
     assertEquals("", c.nativeLibraryPath());
     assertFalse(c.leakTracking());
@@ -50,6 +51,7 @@ class FusedCommConfTest {
                 Map.entry("spark.fusedcomm.transport", "socket"),
                 Map.entry("spark.fusedcomm.transport.bindHost", "10.0.0.7"),
                 Map.entry("spark.fusedcomm.transport.streams", "4"),
+                Map.entry("spark.fusedcomm.transport.busyPoll", "250us"),
                 Map.entry("spark.fusedcomm.host.chunkBytes", "64k"),
                 Map.entry("spark.fusedcomm.gpu.resourceName", "nvidia.com/gpu"),
                 Map.entry("spark.fusedcomm.native.libraryPath", "/opt/fc/lib"),
@@ -61,6 +63,7 @@ class FusedCommConfTest {
     assertEquals(TransportKind.SOCKET, c.transport());
     assertEquals("10.0.0.7", c.transportBindHost());
     assertEquals(4, c.transportStreams());
+    assertEquals(Duration.ofNanos(250_000), c.transportBusyPoll());
     assertEquals(65536L, c.hostChunkBytes());
     assertEquals("nvidia.com/gpu", c.gpuResourceName());
     assertEquals("/opt/fc/lib", c.nativeLibraryPath());
@@ -85,6 +88,11 @@ class FusedCommConfTest {
     assertEquals(Duration.ofHours(1), Units.parseDuration(" 1h "));
     assertEquals(Duration.ofMinutes(3), Units.parseDuration("3min"));
     assertEquals(Duration.ofSeconds(7), Units.parseDuration("7 S"));
+    assertEquals(Duration.ofNanos(200_000), Units.parseDuration("200us"));
+    assertEquals("200us", Units.formatDuration(Duration.ofNanos(200_000)));
+    assertEquals("1001us", Units.formatDuration(Duration.ofNanos(1_001_000)));
+    assertEquals("1ms", Units.formatDuration(Duration.ofNanos(1_000_000)));
+    assertEquals("0ms", Units.formatDuration(Duration.ZERO));
     assertEquals(1L << 30, Units.parseBytes("1g"));
     assertEquals(3L << 20, Units.parseBytes("3MB"));
     assertEquals(5L << 10, Units.parseBytes("5KiB"));
@@ -108,7 +116,7 @@ class FusedCommConfTest {
     assertEquals("soon", e.value());
     assertTrue(e.getMessage().contains("'soon'"), e.getMessage());
     assertTrue(e.getMessage().contains("spark.fusedcomm.timeout"), e.getMessage());
-    assertTrue(e.getMessage().contains("a duration > 0"), e.getMessage());
+    assertTrue(e.getMessage().contains("a duration >= 1ms"), e.getMessage());
 
     assertTrue(bad("spark.fusedcomm.backend", "gpu").getMessage().contains("auto|cuda|host"));
     assertTrue(bad("spark.fusedcomm.transport", "rdma").getMessage().contains("auto|socket"));
@@ -122,6 +130,12 @@ class FusedCommConfTest {
   @Test
   void bounds() {
     bad("spark.fusedcomm.timeout", "0s");
+    // Timeouts reach the native side in whole milliseconds: below 1ms would be 0.
+    bad("spark.fusedcomm.timeout", "999us");
+    assertTrue(bad("spark.fusedcomm.transport.busyPoll", "2s").getMessage().contains("from 0 to 1s"));
+    assertEquals(
+        Duration.ZERO,
+        FusedCommConf.fromMap(Map.of("spark.fusedcomm.transport.busyPoll", "0")).transportBusyPoll());
     bad("spark.fusedcomm.connectTimeout", "0");
     ConfigException small = bad("spark.fusedcomm.host.chunkBytes", "32k");
     assertTrue(small.getMessage().contains("between 64k and 1g"), small.getMessage());
