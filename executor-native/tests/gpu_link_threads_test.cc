@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <string>
 #include <thread>
@@ -73,7 +74,17 @@ struct Shared {
   static constexpr int kSpaced = 5;
   std::vector<std::array<std::array<float, kSpaced>, 2>> spaced_ms;
   std::vector<std::array<std::array<int64_t, kSpaced>, 2>> launch_ns;
+  // [dtype]: the process's CPU time and the wall time over the spaced launches (measured by
+  // end 0 between barriers: every end's threads, the proxies' and receivers' included), for
+  // what the busy-poll window costs.
+  double spaced_cpu_ms[2] = {}, spaced_wall_ms[2] = {};
 };
+
+double process_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
 
 
 // One op: every end calls it at the same point. Returns this end's sent GB/s (to all its peers)
@@ -216,6 +227,9 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
+    sh.sync.arrive_and_wait();
+    const double cpu0 = process_cpu_ms();
+    const auto wall0 = std::chrono::steady_clock::now();
     for (int rep = 0; rep < Shared::kSpaced; ++rep) {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
       sh.sync.arrive_and_wait();
@@ -225,6 +239,11 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
       CUDA_OK(cudaEventRecord(e1, s));
       CUDA_OK(cudaStreamSynchronize(s));
       CUDA_OK(cudaEventElapsedTime(&sh.spaced_ms[host][d][rep], e0, e1));
+    }
+    sh.sync.arrive_and_wait();
+    if (host == 0) {
+      sh.spaced_cpu_ms[d] = process_cpu_ms() - cpu0;
+      sh.spaced_wall_ms[d] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -350,6 +369,9 @@ int main() {
       std::sort(skew_us.begin(), skew_us.end());
       std::printf("  %-13s %s %8.1f us per launch at the end that launched last (median; launches %.1f us apart)\n",
                   "allReduce", dt, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2]);
+      const double cpu_per_op_end = sh.spaced_cpu_ms[d] * 1e3 / Shared::kSpaced / H;
+      std::printf("  %-13s %s %8.0f us of CPU per end per spaced launch (the process: %.1f ms of CPU in %.1f ms)\n",
+                  "allReduce", dt, cpu_per_op_end, sh.spaced_cpu_ms[d], sh.spaced_wall_ms[d]);
       if (f) {
         std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
                         "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, "
@@ -357,8 +379,9 @@ int main() {
                      H, streams, busy_poll_us, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
         std::fprintf(f, "{\"op\": \"allReduce_spaced_30ms\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
                         "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"us_median_slowest_end\": %.1f, "
-                        "\"us_median_last_launcher\": %.1f, \"launch_skew_us_median\": %.1f}\n",
-                     H, streams, busy_poll_us, dt, block, spaced, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2]);
+                        "\"us_median_last_launcher\": %.1f, \"launch_skew_us_median\": %.1f, \"cpu_us_per_end_per_launch\": %.0f}\n",
+                     H, streams, busy_poll_us, dt, block, spaced, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2],
+                     cpu_per_op_end);
       }
     }
     if (f) std::fclose(f);
