@@ -196,7 +196,7 @@ void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream
   a.timeout_ns = static_cast<uint64_t>(runtime_.config().timeout_ms) * 1000000ull;
   a.status = status_dev_;
   // The threads this op passes through poll without sleeping from now until their busy-poll
-  // window after its last traffic (spark.fusedcomm.transport.busyPollMicros). Hinted before
+  // window after its last traffic (spark.fusedcomm.transport.busyPoll). Hinted before
   // the launch so that their wake-ups overlap it. A graph replay gets no hint: its threads
   // wake from their sleep ladder on the first command or message (slower, still correct).
   for (auto& proxy : proxies_) proxy->expect_commands();

@@ -87,7 +87,9 @@ size_t Runtime::pooled_regions() const {
 
 std::string Runtime::describe() const {
   std::string s = std::string("backend=") + (backend_ == Backend::kCuda ? "cuda" : "host") +
-                  " transport=" + transport_->name() + " address=" + transport_->address();
+                  " transport=" + transport_->name() + " address=" + transport_->address() +
+                  " streams=" + std::to_string(config_.transport_streams) +
+                  " busyPoll=" + std::to_string(config_.busy_poll_us) + "us";
   if (gpu_.ordinal >= 0) s += " gpu=" + std::to_string(gpu_.ordinal) + " uuid=" + gpu_.uuid + " (" + gpu_.name + ")";
   return s;
 }

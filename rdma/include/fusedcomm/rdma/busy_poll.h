@@ -27,9 +27,6 @@ class BusyPollWindow {
       : length_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(length).count()) {}
 
   bool enabled() const noexcept { return length_ns_ > 0; }
-  std::chrono::microseconds length() const noexcept {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::nanoseconds(length_ns_));
-  }
 
   // Open until now + length (never shortens a later deadline from another thread by much: the
   // last writer wins, and every writer writes about now + length).
