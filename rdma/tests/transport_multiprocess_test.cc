@@ -128,8 +128,10 @@ std::vector<Child> launch(int world, const ChildFn& fn) {
       try {
         SocketOptions o;
         o.bind_host = "127.0.0.1";
-        // Ranks differ in receiver threads (a per-process choice): 1, 2, 3, 1, ...
+        // Ranks differ in receiver threads and busy polling (per-process choices): 1, 2, 3, 1,
+        // ... receivers; odd ranks poll for 500 us after each message.
         o.receive_threads = 1 + r % 3;
+        o.busy_poll = std::chrono::microseconds(r % 2 ? 500 : 0);
         auto t = make_socket_transport(o);
         ctx.transport = t.get();
         ctx.say("ADDR " + t->address());
