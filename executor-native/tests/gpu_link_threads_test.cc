@@ -12,8 +12,9 @@
 // every element checked bit-exact after the first launch; then 5 timed launches back to back,
 // and the bytes each end sends per second (to all its peers, all ends at once); and an
 // allGather in which only host 0's block is not empty, for one direction alone; and allReduces
-// 30 ms apart (the proxies asleep in between), their median time per launch. FC_TEST_CHUNK=<bytes> sets the staging chunk
-// (default 1 MiB, spark.fusedcomm.host.chunkBytes's default), FC_TEST_STREAMS=<1..4> the link's
+// 30 ms apart (the proxies asleep in between), their median time per launch. FC_TEST_CHUNK=<bytes> sets the link's chunk
+// (default: what DeviceComm gives the link, spark.fusedcomm.host.chunkBytes's default of 1 MiB per
+// stream), FC_TEST_STREAMS=<1..4> the link's
 // lanes and the transports' receiver threads (default RuntimeConfig's). FC_TEST_JSON=<file>:
 // one JSON row per op, appended. First, two ends with different stream counts must both be
 // refused at connect. Exit 77 (skip) with the reason where no Hopper GPU is visible.
@@ -293,8 +294,10 @@ int main() {
   const char* ks = std::getenv("FC_TEST_CHUNK");
   const int H = hs ? std::atoi(hs) : 2;
   const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
-  const int64_t chunk = ks ? std::atoll(ks) : int64_t{1} << 20;
   const int streams = fusedcomm::testing::test_streams();
+  // The link's chunk (FC_TEST_CHUNK): by default what DeviceComm gives it, the default
+  // spark.fusedcomm.host.chunkBytes per stream.
+  const int64_t chunk = ks ? std::atoll(ks) : fusedcomm::RuntimeConfig{}.chunk_bytes * streams;
   const long long busy_poll_us = fusedcomm::testing::test_busy_poll_us();
   if (H < 2 || H > k::kProxyMaxHosts) {
     std::printf("FAIL: FC_TEST_HOSTS=%d out of range 2..%d\n", H, k::kProxyMaxHosts);
