@@ -19,17 +19,23 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spin briefly, then yield, then sleep: a waiting proxy costs little CPU on a shared host but
-// picks up a burst of commands within microseconds.
-void backoff(uint32_t& idle) {
+// Spin briefly, then yield, then sleep (20 us, and 200 us once idle for long, through
+// `sleep`): a waiting thread costs little CPU on a shared host but picks up a burst of
+// commands within microseconds.
+template <class Sleep>
+void ladder(uint32_t& idle, Sleep&& sleep) {
   ++idle;
   if (idle < 256) {
     cpu_relax();
   } else if (idle < 512) {
     std::this_thread::yield();
   } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(idle < 4096 ? 20 : 200));
+    sleep(std::chrono::microseconds(idle < 4096 ? 20 : 200));
   }
+}
+
+void backoff(uint32_t& idle) {
+  ladder(idle, [](std::chrono::microseconds d) { std::this_thread::sleep_for(d); });
 }
 
 }  // namespace
@@ -119,7 +125,7 @@ void Proxy::expect_commands() noexcept {
   }
 }
 
-// Like backoff(), but a sleep can be cut short by expect_commands(), and an open busy-poll
+// backoff()'s ladder, but a sleep can be cut short by expect_commands(), and an open busy-poll
 // window keeps the thread polling (and its ladder at the bottom). Polling yields: on a host
 // with fewer free cores than polling threads, a thread that only paused would hold its core
 // for a whole time slice while the one with work waits (milliseconds, measured on 2 cores).
@@ -129,19 +135,12 @@ void Proxy::idle(uint32_t& spins) {
     spins = 0;
     return;
   }
-  ++spins;
-  if (spins < 256) {
-    cpu_relax();
-  } else if (spins < 512) {
-    std::this_thread::yield();
-  } else {
+  ladder(spins, [this](std::chrono::microseconds d) {
     std::unique_lock<std::mutex> l(sleep_mu_);
     sleeping_.store(true, std::memory_order_seq_cst);
-    if (!window_.is_open() && !stop_.load(std::memory_order_acquire)) {
-      sleep_cv_.wait_for(l, std::chrono::microseconds(spins < 4096 ? 20 : 200));
-    }
+    if (!window_.is_open() && !stop_.load(std::memory_order_acquire)) sleep_cv_.wait_for(l, d);
     sleeping_.store(false, std::memory_order_relaxed);
-  }
+  });
 }
 
 Proxy::~Proxy() { stop(false, std::chrono::milliseconds(0)); }
