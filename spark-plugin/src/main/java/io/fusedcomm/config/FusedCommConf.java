@@ -110,9 +110,11 @@ public final class FusedCommConf {
                   + " receiving thread of each stream) poll without sleeping: from the moment"
                   + " the op is enqueued until this long after their last traffic. A sleeping"
                   + " thread takes tens of microseconds to wake, several times per op. Costs"
-                  + " up to that many cores for the op's time plus this window. 0 turns it off"
-                  + " (they sleep whenever idle). Ops replayed from a CUDA graph give no"
-                  + " advance notice, so only the window after traffic helps them.")
+                  + " up to one core per such thread (4 per executor at 2 streams) for the op's"
+                  + " time plus this window. 0 turns it off (they sleep whenever idle). Ops"
+                  + " replayed from a CUDA graph give no advance notice, so only the window"
+                  + " after traffic helps them; the host backend's receiving threads also poll"
+                  + " for this window after their traffic.")
           .durationConf()
           .check(
               d -> !d.isNegative() && d.compareTo(Duration.ofSeconds(1)) <= 0,
