@@ -12,12 +12,13 @@
 // every element checked bit-exact after the first launch; then 5 timed launches back to back,
 // and the bytes each end sends per second (to all its peers, all ends at once); and an
 // allGather in which only host 0's block is not empty, for one direction alone; and allReduces
-// 30 ms apart (the proxies asleep in between), their median time per launch. FC_TEST_CHUNK=<bytes> sets the link's chunk
-// (default: what DeviceComm gives the link, spark.fusedcomm.host.chunkBytes's default of 1 MiB per
-// stream), FC_TEST_STREAMS=<1..4> the link's
-// lanes and the transports' receiver threads (default RuntimeConfig's). FC_TEST_JSON=<file>:
-// one JSON row per op, appended. First, two ends with different stream counts must both be
-// refused at connect. Exit 77 (skip) with the reason where no Hopper GPU is visible.
+// 30 ms apart (the proxies asleep in between), their median time per launch and the process's
+// CPU time meanwhile. FC_TEST_CHUNK=<bytes> sets the link's chunk (default: what DeviceComm gives
+// the link, spark.fusedcomm.host.chunkBytes's default of 1 MiB per stream), FC_TEST_STREAMS=<1..4>
+// the link's lanes and the transports' receiver threads, FC_TEST_BUSY_POLL_US their busy-poll
+// window (defaults: RuntimeConfig's). FC_TEST_JSON=<file>: one JSON row per op, appended. First, two ends with different stream counts, then two with
+// different chunks, must both be refused at connect. Exit 77 (skip) with the reason where no
+// Hopper GPU is visible.
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -255,18 +256,19 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
   cudaStreamDestroy(s);
 }
 
-// Two ends that disagree on the streams between hosts (1 and 2): connect() must refuse on both,
-// naming the setting, before any connection is tried.
-void streams_mismatch_case(uint64_t seed) {
+// Two ends that disagree on what shapes the protocol's slots, the streams between hosts (1 and 2)
+// or the chunk (1 and 2 MiB at 2 streams): connect() must refuse on both, naming the setting,
+// before any connection is tried.
+void mismatch_case(uint64_t seed, const int streams[2], const uint64_t chunks[2], const std::string& setting) {
   InterHostLink::Blob blobs[2];
   std::barrier<> sync(2);
   std::string errors[2];
   auto end = [&](int host) {
     CUDA_OK(cudaSetDevice(0));
     fusedcomm::RuntimeConfig config = fusedcomm::testing::loopback_cuda_config(0, seed, 5000, 1 << 20, true);
-    config.transport_streams = host + 1;
+    config.transport_streams = streams[host];
     fusedcomm::Runtime rt(config);
-    InterHostLink link(rt, host, 2, 1 << 20, host + 1);
+    InterHostLink link(rt, host, 2, chunks[host], streams[host]);
     blobs[host] = link.blob();
     sync.arrive_and_wait();
     try {
@@ -280,8 +282,8 @@ void streams_mismatch_case(uint64_t seed) {
   end(0);
   other.join();
   for (int h = 0; h < 2; ++h) {
-    check(errors[h].find("spark.fusedcomm.transport.streams must be the same") != std::string::npos,
-          "host " + std::to_string(h) + " refuses a counterpart with other streams: '" + errors[h] + "'");
+    check(errors[h].find(setting + " must be the same") != std::string::npos,
+          "host " + std::to_string(h) + " refuses a counterpart with another " + setting + ": '" + errors[h] + "'");
   }
 }
 
@@ -306,7 +308,12 @@ int main() {
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_link_threads_test", 1);
   std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks, %d streams, busy poll %lld us\n",
               H, H, static_cast<long long>(count), static_cast<long long>(chunk), streams, busy_poll_us);
-  streams_mismatch_case(seed);
+  {
+    const int one_two[2] = {1, 2}, two_two[2] = {2, 2};
+    const uint64_t same[2] = {1 << 20, 1 << 20}, other[2] = {1 << 20, 2 << 20};
+    mismatch_case(seed, one_two, same, "spark.fusedcomm.transport.streams");
+    mismatch_case(seed, two_two, other, "spark.fusedcomm.host.chunkBytes");
+  }
   Shared sh(H);
   std::vector<std::thread> ends;
   std::vector<std::string> errors(H);

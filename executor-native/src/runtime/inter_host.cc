@@ -89,6 +89,7 @@ InterHostLink::Blob InterHostLink::blob() const {
   std::memcpy(b.address, address.data(), address.size());
   b.inbox_key = regions_.at(1).key;
   b.signal_key = regions_.at(2).key;
+  b.chunk_bytes = chunk_bytes_;
   b.lanes = static_cast<uint32_t>(lanes_);
   return b;
 }
@@ -104,6 +105,10 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
                names[h] + " uses " + std::to_string(blobs[h].lanes) + " streams between hosts and " + names[host_] +
                    " uses " + std::to_string(lanes_) +
                    ": spark.fusedcomm.transport.streams must be the same on every executor");
+    FC_REQUIRE(blobs[h].chunk_bytes == chunk_bytes_,
+               names[h] + " moves chunks of " + std::to_string(blobs[h].chunk_bytes) + " bytes between hosts and " +
+                   names[host_] + " of " + std::to_string(chunk_bytes_) +
+                   ": spark.fusedcomm.host.chunkBytes must be the same on every executor");
   }
   peers_ = blobs;
   names_ = names;

@@ -50,7 +50,10 @@ class InterHostLink {
   struct Blob {
     char address[256];  // Transport::address(), NUL-terminated
     uint64_t inbox_key, signal_key;
-    uint32_t lanes;     // this rank's lanes: connect() refuses counterparts with other counts
+    // This rank's chunk and lanes: both shape the protocol's slots, so connect() refuses
+    // counterparts that differ in either.
+    uint64_t chunk_bytes;
+    uint32_t lanes;
     uint32_t reserved;
   };
 
