@@ -134,7 +134,8 @@ public final class FusedCommConf {
                   + " outbox and an inbox of two steps in flight per host). Between hosts, parts"
                   + " below 1m per stream left too little in flight in measurements on one host's"
                   + " loopback (2 streams: 5.0 GB/s per executor with 512k, 7.5 with 1m, 7.6"
-                  + " with 2m). A multiple of 16.")
+                  + " with 2m). A multiple of 16, the same on every executor: a communicator"
+                  + " between hosts refuses to connect otherwise, naming this setting.")
           .bytesConf()
           .check(
               b -> b >= MIN_CHUNK && b <= MAX_CHUNK && b % 16 == 0,
