@@ -61,7 +61,8 @@ float value(uint64_t seed, int host, int64_t i) { return fusedcomm::testing::sma
 
 struct Shared {
   explicit Shared(int hosts)
-      : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_ms(hosts), launch_ns(hosts) {}
+      : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_ms(hosts), launch_ns(hosts),
+        behind_start(hosts), behind_end(hosts) {}
   const int H;
   // A thread that throws drops out (arrive_and_drop), so the others never wait for it here;
   // their link ops then time out (bounded).
@@ -76,6 +77,13 @@ struct Shared {
   static constexpr int kSpaced = 5;
   std::vector<std::array<std::array<float, kSpaced>, 2>> spaced_ms;
   std::vector<std::array<std::array<int64_t, kSpaced>, 2>> launch_ns;
+  // Spaced allReduces each enqueued behind milliseconds of other GPU work (as an op enqueued
+  // ahead of the GPU is: the launch's hint to the proxies comes that much early). The ends'
+  // work shares the one GPU and ends at different times, so an op's time is taken from the
+  // last end's start to the last end's finish, all on the GPU's clock: [end][launch] events
+  // around each end's op, and [dtype][launch] the times end 0 derives from them.
+  std::vector<std::array<cudaEvent_t, kSpaced>> behind_start, behind_end;
+  std::array<std::array<float, kSpaced>, 2> behind_us{};
   // [dtype]: the process's CPU time and the wall time over the spaced launches (measured by
   // end 0 between barriers: every end's threads, the proxies' and receivers' included), for
   // what the busy-poll window costs.
@@ -247,6 +255,41 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
       sh.spaced_cpu_ms[d] = process_cpu_ms() - cpu0;
       sh.spaced_wall_ms[d] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
     }
+    // Spaced and enqueued behind two 1 GiB memsets (milliseconds of GPU work).
+    void* filler = nullptr;
+    CUDA_OK(cudaMalloc(&filler, size_t{1} << 30));
+    for (int rep = 0; rep < Shared::kSpaced; ++rep) {
+      cudaEvent_t& b0 = sh.behind_start[host][rep];
+      cudaEvent_t& b1 = sh.behind_end[host][rep];
+      CUDA_OK(cudaEventCreate(&b0));
+      CUDA_OK(cudaEventCreate(&b1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      sh.sync.arrive_and_wait();
+      for (int f = 0; f < 2; ++f) CUDA_OK(cudaMemsetAsync(filler, f, size_t{1} << 30, s));
+      CUDA_OK(cudaEventRecord(b0, s));
+      link.all_reduce(x, count, dtype, s);
+      CUDA_OK(cudaEventRecord(b1, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+    }
+    sh.sync.arrive_and_wait();
+    if (host == 0) {
+      for (int rep = 0; rep < Shared::kSpaced; ++rep) {
+        float last_start = 0, last_end = 0, t = 0;
+        for (int h = 0; h < sh.H; ++h) {
+          CUDA_OK(cudaEventElapsedTime(&t, sh.behind_start[0][rep], sh.behind_start[h][rep]));
+          last_start = std::max(last_start, t);
+          CUDA_OK(cudaEventElapsedTime(&t, sh.behind_start[0][rep], sh.behind_end[h][rep]));
+          last_end = std::max(last_end, t);
+        }
+        sh.behind_us[d][rep] = (last_end - last_start) * 1e3f;
+      }
+    }
+    sh.sync.arrive_and_wait();
+    for (int rep = 0; rep < Shared::kSpaced; ++rep) {
+      cudaEventDestroy(sh.behind_start[host][rep]);
+      cudaEventDestroy(sh.behind_end[host][rep]);
+    }
+    cudaFree(filler);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaFree(x);
@@ -365,6 +408,11 @@ int main() {
       }
       std::printf("  %-13s %s %8.1f us per launch, launches 30 ms apart (median; the slowest end)\n", "allReduce", dt,
                   spaced);
+      std::array<float, Shared::kSpaced> behind_us = sh.behind_us[d];
+      std::sort(behind_us.begin(), behind_us.end());
+      const double behind = behind_us[Shared::kSpaced / 2];
+      std::printf("  %-13s %s %8.1f us per launch, 30 ms apart, each behind ms of other GPU work (median; last start to last end)\n",
+                  "allReduce", dt, behind);
       std::vector<double> last_us, skew_us;
       for (int rep = 0; rep < Shared::kSpaced; ++rep) {
         int last = 0, first = 0;
@@ -389,9 +437,10 @@ int main() {
                      H, streams, busy_poll_us, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
         std::fprintf(f, "{\"op\": \"allReduce_spaced_30ms\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
                         "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"us_median_slowest_end\": %.1f, "
-                        "\"us_median_last_launcher\": %.1f, \"launch_skew_us_median\": %.1f, \"cpu_us_per_end_per_launch\": %.0f}\n",
+                        "\"us_median_last_launcher\": %.1f, \"launch_skew_us_median\": %.1f, \"cpu_us_per_end_per_launch\": %.0f, "
+                        "\"us_median_behind_gpu_work\": %.1f}\n",
                      H, streams, busy_poll_us, dt, block, spaced, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2],
-                     cpu_per_op_end);
+                     cpu_per_op_end, behind);
       }
     }
     if (f) std::fclose(f);
