@@ -65,9 +65,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
   // Between hosts: this rank and its counterparts (ranks l, L + l, ...), link host h.
   // Its data area is unused here (the test's own SymmetricMemory above): small.
   fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, 60000, 1 << 20, shared));
-  // The link's chunk as DeviceComm sizes it: spark.fusedcomm.host.chunkBytes per stream.
-  InterHostLink link(rt, h, H, static_cast<uint64_t>(rt.config().chunk_bytes) * rt.config().transport_streams,
-                     rt.config().transport_streams);
+  InterHostLink link(rt, h, H, InterHostLink::chunk_bytes_for(rt.config()), rt.config().transport_streams);
   {
     const InterHostLink::Blob mine = link.blob();
     std::vector<uint8_t> raw(sizeof mine);

@@ -342,7 +342,9 @@ int main() {
   const int streams = fusedcomm::testing::test_streams();
   // The link's chunk (FC_TEST_CHUNK): by default what DeviceComm gives it, the default
   // spark.fusedcomm.host.chunkBytes per stream.
-  const int64_t chunk = ks ? std::atoll(ks) : fusedcomm::RuntimeConfig{}.chunk_bytes * streams;
+  fusedcomm::RuntimeConfig defaults;
+  defaults.transport_streams = streams;
+  const int64_t chunk = ks ? std::atoll(ks) : static_cast<int64_t>(InterHostLink::chunk_bytes_for(defaults));
   const long long busy_poll_us = fusedcomm::testing::test_busy_poll_us();
   if (H < 2 || H > k::kProxyMaxHosts) {
     std::printf("FAIL: FC_TEST_HOSTS=%d out of range 2..%d\n", H, k::kProxyMaxHosts);

@@ -98,7 +98,6 @@ inline int64_t test_busy_poll_us() {
 // A cuda-backend Runtime's config for the multi-rank tests: GPU `gpu`, the socket transport on
 // the loopback, the run's job token (from its seed), every op bounded by timeout_ms, a data
 // area of symmetric_bytes; `shared`: ranks may share the GPU (correctness only).
-
 inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeout_ms, int64_t symmetric_bytes,
                                           bool shared) {
   RuntimeConfig c;

@@ -330,6 +330,7 @@ class Core : public std::enable_shared_from_this<Core> {
     return static_cast<int>((lane + static_cast<uint32_t>(peer)) % receivers_.size());
   }
   void post(int receiver, Command c);
+  void wake(Receiver& r);  // its epoll_wait returns (an eventfd write; an empty batch is fine)
   void run(Receiver& r);
   void process_commands(Receiver& r, bool* stop);
   void accept_all();
@@ -571,6 +572,10 @@ void Core::post(int receiver, Command c) {
     std::lock_guard<std::mutex> l(r.cmd_mu);
     r.commands.push_back(std::move(c));
   }
+  wake(r);
+}
+
+void Core::wake(Receiver& r) {
   uint64_t one = 1;
   ssize_t w = ::write(r.event_fd, &one, sizeof one);
   (void)w;
@@ -581,13 +586,9 @@ void Core::expect_traffic() noexcept {
   busy_poll_.open();
   // The window is opened before `sleeping` is read, and a receiver publishes `sleeping` before
   // its last look at the window (both seq_cst): a receiver that goes to sleep anyway is seen
-  // here and woken through its eventfd (an empty command batch).
+  // here and woken.
   for (auto& r : receivers_) {
-    if (r->sleeping.load(std::memory_order_seq_cst)) {
-      uint64_t one = 1;
-      ssize_t w = ::write(r->event_fd, &one, sizeof one);
-      (void)w;
-    }
+    if (r->sleeping.load(std::memory_order_seq_cst)) wake(*r);
   }
 }
 
@@ -865,8 +866,7 @@ Core::Match Core::try_match(Conn* c) {
     // the new epoll set reports what is already queued on the socket (level-triggered).
     epoll_ctl(r0.epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
     r0.conns.erase(c->id);
-    adopted->reader = reader;
-    post(reader, {Command::kAttach, std::move(adopted)});
+    attach(adopted, g->lane);
   }
   g->cv.notify_all();
   return Match::kAdopted;

@@ -65,13 +65,9 @@ void DeviceComm::connect(const std::vector<std::vector<uint8_t>>& blobs, const s
 // The counterparts' link blobs travel as one exchange of the host communicator (every rank
 // sends its blob to every rank; each keeps its counterparts').
 void DeviceComm::connect_hosts(Communicator& host_comm, uint64_t comm_id) {
-  // spark.fusedcomm.host.chunkBytes is what each stream moves per step: the link's chunk is
-  // striped over the streams, and a stream's part below ~1 MiB leaves too little in flight (on
-  // 1 x H100, 2 streams moved 5.0 GB/s per end with 512 KiB parts, 7.5 with 1 MiB; 4 streams 7.0
-  // with 256 KiB, 10.4 with 1 MiB; kernels/bench/NOTES.md, "Chunk size per stream").
-  const int streams = runtime_.config().transport_streams;
   link_ = std::make_unique<InterHostLink>(runtime_, layout_.host, layout_.hosts,
-                                          static_cast<uint64_t>(runtime_.config().chunk_bytes) * streams, streams);
+                                          InterHostLink::chunk_bytes_for(runtime_.config()),
+                                          runtime_.config().transport_streams);
   const InterHostLink::Blob mine = link_->blob();
   const int world = host_comm.world();
   std::vector<InterHostLink::Blob> all(world);

@@ -75,6 +75,10 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
   }
 }
 
+uint64_t InterHostLink::chunk_bytes_for(const RuntimeConfig& config) {
+  return static_cast<uint64_t>(config.chunk_bytes) * static_cast<uint64_t>(config.transport_streams);
+}
+
 void* InterHostLink::ring(int lane, bool device) const {
   void* base = device ? ring_memory_->dev : ring_memory_->host;
   return static_cast<uint8_t*>(base) + rdma::ProxyRing::bytes_for(kRingCapacity) * static_cast<size_t>(lane);

@@ -1,5 +1,6 @@
 #include "fusedcomm/runtime/runtime.h"
 
+#include "fusedcomm/kernels/proxy.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 
@@ -9,8 +10,9 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   FC_REQUIRE(config.timeout_ms > 0, "timeout must be positive");
   FC_REQUIRE(config.connect_timeout_ms > 0, "connect timeout must be positive");
   FC_REQUIRE(config.chunk_bytes >= 4096, "chunk bytes must be at least 4096");
-  FC_REQUIRE(config.transport_streams >= 1 && config.transport_streams <= 4,
-             "transport streams must be 1..4, not " + std::to_string(config.transport_streams));
+  FC_REQUIRE(config.transport_streams >= 1 && config.transport_streams <= static_cast<int>(kernels::kProxyMaxLanes),
+             "transport streams must be 1.." + std::to_string(kernels::kProxyMaxLanes) + ", not " +
+                 std::to_string(config.transport_streams));
   FC_REQUIRE(config.busy_poll_us >= 0 && config.busy_poll_us <= 1000000,
              "transport busy-poll window must be 0..1000000 us, not " + std::to_string(config.busy_poll_us));
   FC_REQUIRE(config.symmetric_bytes >= 4096 && config.symmetric_bytes % 4096 == 0,

@@ -60,6 +60,11 @@ class InterHostLink {
   // `host` of `hosts` (2..kProxyMaxHosts); chunk_bytes: a positive multiple of 16; lanes:
   // 1..kProxyMaxLanes, the same on every counterpart.
   InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes, int lanes);
+  // The chunk a runtime's link uses: spark.fusedcomm.host.chunkBytes for each of its
+  // transport_streams lanes, because a lane's part below ~1 MiB leaves too little in flight (on
+  // 1 x H100, 2 streams moved 5.0 GB/s per end with 512 KiB parts, 7.5 with 1 MiB; 4 streams 7.0
+  // with 256 KiB, 10.4 with 1 MiB; kernels/bench/NOTES.md, "Chunk size per stream").
+  static uint64_t chunk_bytes_for(const RuntimeConfig& config);
   ~InterHostLink();
   InterHostLink(const InterHostLink&) = delete;
   InterHostLink& operator=(const InterHostLink&) = delete;
