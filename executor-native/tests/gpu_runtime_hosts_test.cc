@@ -13,10 +13,12 @@
 //     small-integer inputs (every sum exact in any order), poisoned outputs, every element
 //     bit-exact; on the communicator's own stream and 20 back to back on a stream of the caller
 //     with one synchronisation; the four ops mixed back to back on a caller stream;
-//   - allGatherGemm (with and without the gathered A) and gemmReduceScatter (each partial
-//     precision), NK and KN weights, M divisible by W and not, small-integer inputs checked
-//     bit-exact (bf16 partials: within 2^-7 of the terms' magnitude);
-//   - CUDA graphs: the four collectives and both fused ops captured on a caller stream, the
+//   - allGatherGemm (with and without the gathered A), gemmReduceScatter and gemmAllReduce
+//     (each partial precision; gemmAllReduce's bits equal on every rank, and 10 back to back),
+//     NK and KN weights, M divisible by W and not, small-integer inputs checked bit-exact (bf16
+//     partials: within 2^-7 of the terms' magnitude); across hosts, and with every rank on one
+//     host;
+//   - CUDA graphs: the four collectives and the three GEMM ops captured on a caller stream, the
 //     graph replayed 3 times with fresh inputs, every output checked; across hosts and with
 //     every rank on one host; a capture that would grow the workspace is refused;
 //   - an allGather larger than the data area fails with Error(kInvalidArgument), and the
@@ -270,18 +272,19 @@ AgData ag_data(uint64_t seed, int64_t m, int wl, int rank, int world) {
   }
   return d;
 }
-// gemmReduceScatter: N = 72, K_r = 32 + 8 (r % 3); this rank's A and weight, and per element
-// of its output block the exact sum and the sum of |terms|.
+// gemmReduceScatter (gemmAllReduce: all_rows): N = 72, K_r = 32 + 8 (r % 3); this rank's A
+// and weight, and per element of its output block (every row) the exact sum and the sum of
+// |terms|.
 struct RsData {
   int64_t m, n, kd, rows;
   std::vector<float> a, w, exact, mag;
 };
-RsData rs_data(uint64_t seed, int64_t m, int wl, int rank, int world) {
+RsData rs_data(uint64_t seed, int64_t m, int wl, int rank, int world, bool all_rows = false) {
   using fusedcomm::split_count;
   using fusedcomm::split_offset;
   auto kr = [&](int r) { return int64_t{32} + 8 * (r % 3); };
-  RsData d{m, 72, kr(rank), split_count(m, world, rank), {}, {}, {}, {}};
-  const int64_t n = d.n, kd = d.kd, first = split_offset(m, world, rank);
+  RsData d{m, 72, kr(rank), all_rows ? m : split_count(m, world, rank), {}, {}, {}, {}};
+  const int64_t n = d.n, kd = d.kd, first = all_rows ? 0 : split_offset(m, world, rank);
   auto a_of = [&](int r, int64_t i, int64_t kk) { return value(seed ^ 0xC, r, i * kr(r) + kk); };
   auto w_of = [&](int r, int64_t j, int64_t kk) { return value(seed ^ 0xD, r, j * kr(r) + kk); };
   d.a.resize(m * kd);
@@ -310,7 +313,8 @@ RsData rs_data(uint64_t seed, int64_t m, int wl, int rank, int world) {
   }
   return d;
 }
-// Elements of a gemmReduceScatter output (rows x n, downloaded) outside the check.
+// Elements of a gemmReduceScatter / gemmAllReduce output (rows x n, downloaded) outside the
+// check.
 int64_t rs_wrong(const RsData& d, const void* out, int partials) {
   const std::vector<float> got = download_bf16(out, d.rows * d.n);
   int64_t bad = 0;
@@ -320,10 +324,52 @@ int64_t rs_wrong(const RsData& d, const void* out, int partials) {
   return bad;
 }
 
-// The fused ops across hosts (the decomposed path: hierarchical collective and our GEMM), M
+// gemmAllReduce with each partial precision: every element checked (as gemmReduceScatter's),
+// a guard after the output, and the same bits on every rank (the outputs' bytes compared
+// through the process group). `reps` launches back to back on `stream` (null: the own stream).
+void all_reduce_gemm_case(DeviceComm& dc, ProcessGroup& g, uint64_t seed, int64_t m, int wl, cudaStream_t stream,
+                          int reps, const std::string& what) {
+  const RsData d = rs_data(seed, m, wl, g.rank, g.world, /*all_rows=*/true);
+  for (const int partials : {0, 1, 2}) {
+    void* a = upload_bf16(d.a);
+    void* wt = upload_bf16(d.w);
+    void* c = nullptr;
+    const size_t bytes = static_cast<size_t>(m * d.n * 2);
+    CUDA_OK(cudaMalloc(&c, bytes + 16));
+    CUDA_OK(cudaMemset(c, 0xFF, bytes + 16));
+    const std::string w = what + ": gemmAllReduce partials " + std::to_string(partials) +
+                          (reps > 1 ? " x" + std::to_string(reps) : "");
+    bool ran = false;
+    try {
+      for (int i = 0; i < reps; ++i) dc.gemm_all_reduce(a, wt, c, m, d.n, d.kd, wl, partials, stream);
+      dc.synchronize();
+      ran = true;
+    } catch (const std::exception& e) {
+      check(false, w + " threw " + e.what());
+    }
+    std::vector<uint8_t> got(bytes + 16);
+    CUDA_OK(cudaMemcpy(got.data(), c, got.size(), cudaMemcpyDeviceToHost));
+    if (ran) {
+      const int64_t bad = rs_wrong(d, c, partials);
+      check(bad == 0, w + ": " + std::to_string(bad) + " elements wrong");
+      bool guard = true;
+      for (size_t b = bytes; b < got.size(); ++b) guard &= got[b] == 0xFF;
+      check(guard, w + ": wrote past the end of the output");
+    }
+    got.resize(bytes);
+    const auto all = g.all_gather(got);  // every rank takes part, also after a failure
+    for (int r = 0; r < g.world; ++r) {
+      check(!ran || all[r] == got, w + ": rank " + std::to_string(r) + "'s result differs in its bits");
+    }
+    for (void* p : {a, wt, c}) cudaFree(p);
+  }
+}
+
+// The fused ops (across hosts the decomposed path: hierarchical collective and our GEMM), M
 // divisible by W and not, NK and KN; allGatherGemm asks for the gathered A with NK;
-// gemmReduceScatter with each partial precision.
-void fused_cases(DeviceComm& dc, int rank, int world, uint64_t seed, const std::string& layout) {
+// gemmReduceScatter and gemmAllReduce with each partial precision.
+void fused_cases(DeviceComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+  const int rank = g.rank, world = g.world;
   for (const int64_t m : {int64_t{32} * world, int64_t{16} * world + 3}) {
     for (const int wl : {0, 1}) {
       const std::string what = layout + ": M=" + std::to_string(m) + (wl ? " KN" : " NK") + ", rank " + std::to_string(rank);
@@ -364,8 +410,12 @@ void fused_cases(DeviceComm& dc, int rank, int world, uint64_t seed, const std::
         }
         for (void* p : {a, wt, out}) cudaFree(p);
       }
+      all_reduce_gemm_case(dc, g, seed ^ 0xE, m, wl, nullptr, 1, what);
     }
   }
+  all_reduce_gemm_case(dc, g, seed ^ 0xE1, int64_t{8} * world + 5, 1, stream, 10,
+                       layout + ": M=" + std::to_string(8 * world + 5) + " KN on a caller stream, rank " +
+                           std::to_string(rank));
 }
 
 // CUDA graphs (device_comm.h): the four collectives and both fused ops, each twice, captured
@@ -396,14 +446,17 @@ void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
   }
   const AgData ag0 = ag_data(seed, m, 0, rank, world);
   const RsData rs0 = rs_data(seed, m, 1, rank, world);
-  std::vector<void*> fused(7, nullptr);  // ag: a, w, c, gathered; rs: a, w, out
-  const size_t fused_bytes[7] = {ag0.a.size() * 2, ag0.w.size() * 2, size_t(m * ag0.n * 2), size_t(m * ag0.kd * 2),
-                                 rs0.a.size() * 2, rs0.w.size() * 2, size_t(rs0.rows * rs0.n * 2)};
-  for (int i = 0; i < 7; ++i) CUDA_OK(cudaMalloc(&fused[i], fused_bytes[i] + 16));
+  const RsData ar0 = rs_data(seed, m, 0, rank, world, /*all_rows=*/true);
+  std::vector<void*> fused(10, nullptr);  // ag: a, w, c, gathered; rs: a, w, out; ar: a, w, c
+  const size_t fused_bytes[10] = {ag0.a.size() * 2, ag0.w.size() * 2, size_t(m * ag0.n * 2), size_t(m * ag0.kd * 2),
+                                  rs0.a.size() * 2, rs0.w.size() * 2, size_t(rs0.rows * rs0.n * 2),
+                                  ar0.a.size() * 2, ar0.w.size() * 2, size_t(m * ar0.n * 2)};
+  for (int i = 0; i < 10; ++i) CUDA_OK(cudaMalloc(&fused[i], fused_bytes[i] + 16));
   auto enqueue_all = [&] {
     for (const Coll& c : colls) dc.collective(c.op, c.dtype, c.in, c.out, c.count, stream);
     dc.all_gather_gemm(fused[0], fused[1], fused[2], fused[3], m, ag0.n, ag0.kd, 0, stream);
     dc.gemm_reduce_scatter(fused[4], fused[5], fused[6], m, rs0.n, rs0.kd, 1, 0, stream);
+    dc.gemm_all_reduce(fused[7], fused[8], fused[9], m, ar0.n, ar0.kd, 0, 0, stream);
   };
   const std::string what = layout + ": graph, rank " + std::to_string(rank);
   cudaGraph_t graph = nullptr;
@@ -442,13 +495,15 @@ void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
       }
       const AgData ag = ag_data(s, m, 0, rank, world);
       const RsData rs = rs_data(s, m, 1, rank, world);
-      const std::vector<uint8_t> up[4] = {encode(ag.a, k::CommDtype::kBF16), encode(ag.w, k::CommDtype::kBF16),
-                                          encode(rs.a, k::CommDtype::kBF16), encode(rs.w, k::CommDtype::kBF16)};
-      const int at[4] = {0, 1, 4, 5};
-      for (int i = 0; i < 4; ++i) {
+      const RsData ar = rs_data(s, m, 0, rank, world, /*all_rows=*/true);
+      const std::vector<uint8_t> up[6] = {encode(ag.a, k::CommDtype::kBF16), encode(ag.w, k::CommDtype::kBF16),
+                                          encode(rs.a, k::CommDtype::kBF16), encode(rs.w, k::CommDtype::kBF16),
+                                          encode(ar.a, k::CommDtype::kBF16), encode(ar.w, k::CommDtype::kBF16)};
+      const int at[6] = {0, 1, 4, 5, 7, 8};
+      for (int i = 0; i < 6; ++i) {
         CUDA_OK(cudaMemcpyAsync(fused[at[i]], up[i].data(), up[i].size(), cudaMemcpyHostToDevice, stream));
       }
-      for (const int i : {2, 3, 6}) CUDA_OK(cudaMemsetAsync(fused[i], 0xFF, fused_bytes[i] + 16, stream));
+      for (const int i : {2, 3, 6, 9}) CUDA_OK(cudaMemsetAsync(fused[i], 0xFF, fused_bytes[i] + 16, stream));
       CUDA_OK(cudaGraphLaunch(exec, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       dc.synchronize();  // a device failure in the replay is raised here
@@ -461,6 +516,8 @@ void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
       check(download_bf16(fused[3], m * ag.kd) == ag.want_g, r + ": allGatherGemm gathered A differs");
       const int64_t bad = rs_wrong(rs, fused[6], 0);
       check(bad == 0, r + ": gemmReduceScatter: " + std::to_string(bad) + " elements wrong");
+      const int64_t bad_ar = rs_wrong(ar, fused[9], 0);
+      check(bad_ar == 0, r + ": gemmAllReduce: " + std::to_string(bad_ar) + " elements wrong");
     }
   } catch (const std::exception& e) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -517,7 +574,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       }
     }
     mixed_case(*c.device, rank, world, seed ^ comm_id, stream, name);
-    fused_cases(*c.device, rank, world, seed ^ comm_id ^ 0xF, name);
+    fused_cases(*c.device, g, seed ^ comm_id ^ 0xF, stream, name);
     too_large(*c.device, rank, world, name);
     all_reduce_case(*c.device, rank, world, seed ^ 5 ^ comm_id, k::CommDtype::kF32, 4099, nullptr, 1,
                     name + " after the refusal");
@@ -533,8 +590,10 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     if (one_host && world > k::kCommMaxRanks) continue;
     const std::vector<int> host_of = one_host ? std::vector<int>(world, 0) : layouts[0].host_of;
     Comm c(rt, g, host_of, ++comm_id);
-    graph_case(*c.device, rank, world, seed ^ comm_id, stream,
-               one_host ? "1 x " + std::to_string(world) : std::to_string(H) + " x " + std::to_string(L) + " blocks");
+    const std::string name = one_host ? "1 x " + std::to_string(world) : std::to_string(H) + " x " + std::to_string(L) + " blocks";
+    // The fused ops' one-host path as the JNI layer drives it (across hosts: above).
+    if (one_host) fused_cases(*c.device, g, seed ^ comm_id ^ 0xF, stream, name);
+    graph_case(*c.device, rank, world, seed ^ comm_id, stream, name);
     g.barrier();
     c.close();
   }

@@ -595,18 +595,31 @@ void test_gemm_reduce_bf16_partials() {
       f32[r] = poisoned(DType::kF32, 1);
       b16[r] = poisoned(DType::kF32, 1);
     }
+    std::vector<Tensor> ar_f32(2), ar_b16(2);
+    for (int r = 0; r < 2; ++r) {
+      ar_f32[r] = poisoned(DType::kF32, 2);
+      ar_b16[r] = poisoned(DType::kF32, 2);
+    }
     auto errors = run_ranks(2, [&](Exchanger& ex) {
       const int r = ex.rank();
       gemm_reduce_scatter(ex, DType::kF32, a[r].data(), wt[r].data(), f32[r].data(), 2, 1, 1,
                           WeightLayout::kNK, PartialPrecision::kF32);
       gemm_reduce_scatter(ex, DType::kF32, a[r].data(), wt[r].data(), b16[r].data(), 2, 1, 1,
                           WeightLayout::kNK, PartialPrecision::kBF16);
+      gemm_all_reduce(ex, DType::kF32, a[r].data(), wt[r].data(), ar_f32[r].data(), 2, 1, 1,
+                      WeightLayout::kNK, PartialPrecision::kF32);
+      gemm_all_reduce(ex, DType::kF32, a[r].data(), wt[r].data(), ar_b16[r].data(), 2, 1, 1,
+                      WeightLayout::kNK, PartialPrecision::kBF16);
     });
-    if (all_ok(errors, "gemmReduceScatter partial precision, directed")) {
+    if (all_ok(errors, "gemmReduceScatter / gemmAllReduce partial precision, directed")) {
       for (int r = 0; r < 2; ++r) {
         const std::string at = " rank " + std::to_string(r);
         CHECK(f32[r].at(0) == 2.0 + std::ldexp(1.0, -9), "fp32 partials sum to 2 + 2^-9" + at);
         CHECK(b16[r].at(0) == 2.0, "bf16 partials round 1 + 2^-10 to 1 before the sum: 2" + at);
+        for (int64_t i = 0; i < 2; ++i) {
+          CHECK(ar_f32[r].at(i) == 2.0 + std::ldexp(1.0, -9), "gemmAllReduce, fp32 partials: 2 + 2^-9" + at);
+          CHECK(ar_b16[r].at(i) == 2.0, "gemmAllReduce, bf16 partials: 2" + at);
+        }
       }
     }
   }
@@ -617,25 +630,31 @@ void test_gemm_reduce_bf16_partials() {
           const int64_t k = 45, n = 19;
           const std::string what = ctx("", w, t) + " " + name(layout) + " m=" + std::to_string(m) +
                                    " bf16 partials";
-          std::vector<Tensor> a(w), wt(w), rs(w);
+          std::vector<Tensor> a(w), wt(w), rs(w), ar(w);
           for (int r = 0; r < w; ++r) {
             const int64_t ks = split_count(k, w, r);
             a[r] = random_tensor(t, m * ks);
             wt[r] = random_tensor(t, n * ks);
             rs[r] = poisoned(t, split_count(m, w, r) * n);
+            ar[r] = poisoned(t, m * n);
           }
           auto errors = run_ranks(w, [&](Exchanger& ex) {
             const int r = ex.rank();
             gemm_reduce_scatter(ex, t, a[r].data(), wt[r].data(), rs[r].data(), m, n,
                                 split_count(k, w, r), layout, PartialPrecision::kBF16);
+            gemm_all_reduce(ex, t, a[r].data(), wt[r].data(), ar[r].data(), m, n,
+                            split_count(k, w, r), layout, PartialPrecision::kBF16);
           });
-          if (!all_ok(errors, "gemmReduceScatter" + what)) continue;
+          if (!all_ok(errors, "gemmReduceScatter / gemmAllReduce" + what)) continue;
           const Expect full = ref_gemm_sum(t, a, wt, m, n, k, w, layout, /*bf16_partials=*/true);
           for (int r = 0; r < w; ++r) {
             const int64_t off = split_offset(m, w, r) * n, cnt = split_count(m, w, r) * n;
             Expect block{{full.val.begin() + off, full.val.begin() + off + cnt},
                          {full.tol.begin() + off, full.tol.begin() + off + cnt}};
             check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], block);
+            check_close("gemmAllReduce" + what + " rank " + std::to_string(r), ar[r], full);
+            CHECK(std::memcmp(ar[r].data(), ar[0].data(), static_cast<size_t>(m * n * dtype_size(t))) == 0,
+                  "gemmAllReduce" + what + ": rank " + std::to_string(r) + " got other bits than rank 0");
           }
         }
 }
@@ -936,7 +955,7 @@ int main() {
                           {"gemm", test_gemm},
                           {"allGatherGemm", test_all_gather_gemm},
                           {"gemmReduceScatter/gemmAllReduce", test_gemm_reduce},
-                          {"gemmReduceScatter bf16 partials", test_gemm_reduce_bf16_partials},
+                          {"gemm + reduce, bf16 partials", test_gemm_reduce_bf16_partials},
                           {"moe", test_moe},
                           {"ringAttention", test_ring_attention}};
   for (const Group& g : groups) {

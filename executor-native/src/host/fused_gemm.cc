@@ -1,6 +1,6 @@
 // The fused GEMM + collective ops, composed from the GEMM core and the row-block collectives.
 // Partial products travel in fp32 so that the result is rounded once, at the output (unless
-// gemmReduceScatter is asked for bf16 partials: each is rounded once more before the sum).
+// bf16 partials are asked for: each is rounded once more before the sum).
 #include "detail.h"
 #include "fusedcomm/runtime/split.h"
 
@@ -63,17 +63,17 @@ void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w,
   gemm(t, full_a, w, c, m, n_local, k, layout, /*accumulate=*/false);
 }
 
-void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                         int64_t n, int64_t k_local, WeightLayout layout,
-                         PartialPrecision partials) {
-  constexpr const char* kOp = "gemmReduceScatter";
-  const int world = ex.world(), r = ex.rank();
-  const int64_t mine = m < 0 ? 0 : split_count(m, world, r);
-  require_gemm_collective(t, a, w, c, m, n, k_local, mine, layout, kOp);
+namespace {
+
+// This rank's row block of Σ_s a_s · op(w_s), rounded once into `mine` (dtype t): the partial
+// products in `partials` precision, reduce-scattered by rows with fp32 sums. `op` names the
+// caller in errors.
+void reduce_scatter_product(Exchanger& ex, DType t, const void* a, const void* w, void* mine, int64_t m,
+                            int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                            const std::string& op) {
   FC_REQUIRE(partials == PartialPrecision::kF32 || partials == PartialPrecision::kBF16 ||
                  partials == PartialPrecision::kF32AnyOrder,
-             std::string(kOp) + ": unknown partial precision " +
-                 std::to_string(static_cast<int>(partials)));
+             op + ": unknown partial precision " + std::to_string(static_cast<int>(partials)));
   const std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
   // bf16 partials are exchanged in bf16, as on the cuda backend; the sum is fp32 either way.
   const DType wire = partials == PartialPrecision::kBF16 ? DType::kBF16 : DType::kF32;
@@ -84,23 +84,31 @@ void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, v
     detail::from_f32(wire, partial.data(), m * n, rounded.data());
     send = rounded.data();
   }
-  std::vector<float> sum(static_cast<size_t>(mine * n));
-  detail::reduce_scatter_rows(ex, wire, send, sum.data(), m, n, "gemmReduceScatter/reduce-scatter");
-  detail::from_f32(t, sum.data(), mine * n, c);
+  const int64_t rows = split_count(m, ex.world(), ex.rank());
+  std::vector<float> sum(static_cast<size_t>(rows * n));
+  detail::reduce_scatter_rows(ex, wire, send, sum.data(), m, n, (op + "/reduce-scatter").c_str());
+  detail::from_f32(t, sum.data(), rows * n, mine);
 }
 
+}  // namespace
+
+void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
+                         int64_t n, int64_t k_local, WeightLayout layout,
+                         PartialPrecision partials) {
+  constexpr const char* kOp = "gemmReduceScatter";
+  const int64_t mine = m < 0 ? 0 : split_count(m, ex.world(), ex.rank());
+  require_gemm_collective(t, a, w, c, m, n, k_local, mine, layout, kOp);
+  reduce_scatter_product(ex, t, a, w, c, m, n, k_local, layout, partials, kOp);
+}
+
+// The reduce-scatter's rounded blocks are gathered, so every rank gets the same bits.
 void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                     int64_t n, int64_t k_local, WeightLayout layout) {
+                     int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials) {
   constexpr const char* kOp = "gemmAllReduce";
-  const int world = ex.world(), r = ex.rank();
   require_gemm_collective(t, a, w, c, m, n, k_local, m, layout, kOp);
-  const int64_t mine = split_count(m, world, r);
-  const std::vector<float> partial = partial_product(t, a, w, m, n, k_local, layout);
-  std::vector<float> sum(static_cast<size_t>(mine * n));
-  detail::reduce_scatter_rows(ex, DType::kF32, partial.data(), sum.data(), m, n,
-                              "gemmAllReduce/reduce-scatter");
+  const int64_t mine = split_count(m, ex.world(), ex.rank());
   std::vector<uint8_t> rounded(static_cast<size_t>(mine * n * dtype_size(t)));
-  detail::from_f32(t, sum.data(), mine * n, rounded.data());
+  reduce_scatter_product(ex, t, a, w, rounded.data(), m, n, k_local, layout, partials, kOp);
   detail::all_gather_rows(ex, rounded.data(), c, m, n * dtype_size(t), "gemmAllReduce/all-gather");
 }
 

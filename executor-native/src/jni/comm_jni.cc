@@ -38,8 +38,8 @@ Communicator& start_op(JNIEnv* env, jlong handle, jstring description, jlong fin
   if (h->device != nullptr) {
     fusedcomm::fail(ErrorKind::kUnavailable,
                     desc + ": not available on the cuda backend yet (it runs allGather, "
-                           "reduceScatter, allReduce, allToAll, allGatherGemm, gemmReduceScatter "
-                           "and gemm); use spark.fusedcomm.backend=host for this op");
+                           "reduceScatter, allReduce, allToAll, allGatherGemm, gemmReduceScatter, "
+                           "gemmAllReduce and gemm); use spark.fusedcomm.backend=host for this op");
   }
   h->comm->begin_op(desc, static_cast<uint64_t>(fingerprint));
   return *h->comm;
@@ -286,9 +286,16 @@ FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong comm, jstring d, j
 }
 
 FC_NATIVE(void, gemmAllReduce)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong a, jlong w,
-                               jlong c, jlong m, jlong n, jlong k_local, jint l) {
+                               jlong c, jlong m, jlong n, jlong k_local, jint l, jint partials, jlong stream) {
   FC_JNI_BEGIN
-  host::gemm_all_reduce(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), m, n, k_local, layout(l));
+  if (DeviceComm* dc = device_of(comm, t, "gemmAllReduce")) {
+    dc->gemm_all_reduce(ptr(a), ptr(w), ptr(c), m, n, k_local, static_cast<int>(layout(l)),
+                        static_cast<int>(partial_precision(partials)), reinterpret_cast<cudaStream_t>(stream));
+    return;
+  }
+  require_no_stream(stream);
+  host::gemm_all_reduce(start_op(env, comm, d, fp), dtype(t), ptr(a), ptr(w), ptr(c), m, n, k_local, layout(l),
+                        partial_precision(partials));
   FC_JNI_END()
 }
 

@@ -157,7 +157,13 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
                             int64_t count, cudaStream_t stream) {
   FC_REQUIRE(count >= 0, "negative element count");
   check_usable();
-  if (link_ != nullptr && op != k::CommOp::kAllReduce) {
+  if (op == k::CommOp::kAllReduce) {
+    cudaStream_t s = begin(stream);
+    enqueue_all_reduce(dtype, in, out, count, s);
+    end(s, stream == nullptr);
+    return;
+  }
+  if (link_ != nullptr) {
     const HostsNeeds need = needs_across_hosts(op, element_bytes(dtype), count);
     require_fits(k::comm_op_name(static_cast<uint32_t>(op)), need.data_bytes);
     cudaStream_t s = begin(stream);
@@ -168,38 +174,47 @@ void DeviceComm::collective(k::CommOp op, k::CommDtype dtype, const void* in, vo
   }
   const int world = sm_->world(), rank = sm_->rank();
   const size_t esize = element_bytes(dtype);
-  const uint64_t capacity = sm_->data_bytes();
   // The largest input of any rank decides, so that every rank takes the same branch.
-  const int64_t largest_in = k::collective_input_count(op, count, world, 0);
-  if (static_cast<uint64_t>(largest_in) * esize > capacity && op != k::CommOp::kAllReduce) {
-    require_fits(k::comm_op_name(static_cast<uint32_t>(op)), largest_in * esize);
-  }
+  require_fits(k::comm_op_name(static_cast<uint32_t>(op)),
+               static_cast<uint64_t>(k::collective_input_count(op, count, world, 0)) * esize);
   cudaStream_t s = begin(stream);
-  // allReduce is element-wise: pieces of the data area's size (16-byte multiples) are
-  // independent ops.
-  const int64_t piece = static_cast<int64_t>(capacity / esize) / 8 * 8;
-  const auto* src = static_cast<const char*>(in);
-  auto* dst = static_cast<char*>(out);
   k::CollectiveArgs args;
   args.op = op;
   args.dtype = dtype;
-  if (link_ == nullptr && static_cast<uint64_t>(largest_in) * esize <= capacity) {
+  args.count = count;
+  args.output = out;
+  enqueue(args, in, static_cast<size_t>(k::collective_input_count(op, count, world, rank)) * esize, s);
+  end(s, stream == nullptr);
+}
+
+// allReduce is element-wise: pieces of the data area's size (16-byte multiples) are
+// independent ops.
+void DeviceComm::enqueue_all_reduce(k::CommDtype dtype, const void* in, void* out, int64_t count,
+                                    cudaStream_t s) {
+  const size_t esize = element_bytes(dtype);
+  const uint64_t capacity = sm_->data_bytes();
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  k::CollectiveArgs args;
+  args.op = k::CommOp::kAllReduce;
+  args.dtype = dtype;
+  if (link_ == nullptr && static_cast<uint64_t>(count) * esize <= capacity) {
     args.count = count;
     args.output = out;
-    enqueue(args, in, static_cast<size_t>(k::collective_input_count(op, count, world, rank)) * esize, s);
-  } else {
-    for (int64_t done = 0; done < count; done += piece) {
-      const int64_t n = std::min(piece, count - done);
-      if (link_ != nullptr) {
-        all_reduce_across_hosts(dtype, src + done * esize, dst + done * esize, n, s);
-      } else {
-        args.count = n;
-        args.output = dst + done * esize;
-        enqueue(args, src + done * esize, n * esize, s);
-      }
+    enqueue(args, in, static_cast<size_t>(count) * esize, s);
+    return;
+  }
+  const int64_t piece = static_cast<int64_t>(capacity / esize) / 8 * 8;
+  for (int64_t done = 0; done < count; done += piece) {
+    const int64_t n = std::min(piece, count - done);
+    if (link_ != nullptr) {
+      all_reduce_across_hosts(dtype, src + done * esize, dst + done * esize, n, s);
+    } else {
+      args.count = n;
+      args.output = dst + done * esize;
+      enqueue(args, src + done * esize, n * esize, s);
     }
   }
-  end(s, stream == nullptr);
 }
 
 // reduceScatter inside the host into this rank's block of `out`, the block's allReduce between
@@ -496,6 +511,34 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
   require_fits("gemmReduceScatter", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);
   check_fused_launch(k::launch_gemm_reduce_scatter(sm_->device(), args, s), "gemmReduceScatter");
+  end(s, stream == nullptr);
+}
+
+// One path on one host and across hosts: the allReduce is hierarchical there. bf16 partials:
+// the GEMM rounds each rank's product into c and the allReduce sums c in place (fp32 sums, one
+// more rounding; per host, then across hosts, between hosts). fp32 partials: the product stays
+// fp32 in the workspace until the sum is rounded once into c. At world 1 both are the GEMM.
+void DeviceComm::gemm_all_reduce(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
+                                 int layout, int partials, cudaStream_t stream) {
+  check_usable();
+  FC_REQUIRE(partials >= 0 && partials <= 2, "gemmAllReduce: unknown partial precision " + std::to_string(partials));
+  FC_REQUIRE(m >= 1 && n >= 8 && k_local >= 8 && n % 8 == 0 && k_local % 8 == 0 && m < (1ll << 31) &&
+                 n < (1ll << 31) && k_local < (1ll << 31),
+             "gemmAllReduce on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
+                 ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
+  const bool direct = layout_.world() == 1 || static_cast<k::RsPartials>(partials) == k::RsPartials::kBF16;
+  cudaStream_t s = begin(stream);
+  if (direct) {
+    check_fused_launch(k::launch_gemm(dense_gemm_args(a, w, c, m, n, k_local, layout, k::GemmOutType::kBF16), s),
+                       "gemmAllReduce");
+    if (layout_.world() > 1) enqueue_all_reduce(k::CommDtype::kBF16, c, c, m * n, s);
+  } else {
+    auto* sums = static_cast<float*>(workspace(round16(static_cast<uint64_t>(m * n) * 4)));
+    check_fused_launch(k::launch_gemm(dense_gemm_args(a, w, sums, m, n, k_local, layout, k::GemmOutType::kF32), s),
+                       "gemmAllReduce");
+    enqueue_all_reduce(k::CommDtype::kF32, sums, sums, m * n, s);
+    check(k::launch_narrow_to_bf16(sums, c, m * n, s), "gemmAllReduce: rounding the sums");
+  }
   end(s, stream == nullptr);
 }
 

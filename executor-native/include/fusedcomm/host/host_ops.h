@@ -38,7 +38,7 @@ enum class WeightLayout : int32_t {
   kNK = 0,  // C = A · Wᵀ, W: N×K (a linear layer's weight)
   kKN = 1,  // C = A · B,  B: K×N (backward passes)
 };
-// gemmReduceScatter's partial products: the precision they are kept and exchanged in (the
+// gemmReduceScatter's and gemmAllReduce's partial products: the precision they are kept and exchanged in (the
 // kernels' RsPartials, the Java PartialPrecision; same codes). The sum is fp32 either way and
 // rounded once, at the output; kBF16 rounds each rank's partial to bf16 first (RNE);
 // kF32AnyOrder allows any order of the sum (this backend keeps rank order: kF32's result).
@@ -56,9 +56,10 @@ void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w,
 void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
                          int64_t n, int64_t k_local, WeightLayout layout,
                          PartialPrecision partials = PartialPrecision::kF32);
-// as above, c: m × n, the whole sum on every rank.
+// as above, c: m × n, the whole sum on every rank (the same bits on every rank).
 void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                     int64_t n, int64_t k_local, WeightLayout layout);
+                     int64_t n, int64_t k_local, WeightLayout layout,
+                     PartialPrecision partials = PartialPrecision::kF32);
 
 // ---- MoE ----------------------------------------------------------------------------------
 // Experts are split over ranks by split.h: rank r owns experts

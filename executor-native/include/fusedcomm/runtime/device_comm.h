@@ -96,6 +96,12 @@ class DeviceComm {
   // summed in any order).
   void gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n,
                            int64_t k_local, int layout, int partials, cudaStream_t stream);
+  // Σ_s A_s · op(W_s) (M×N) on every rank, the same bits everywhere: our GEMM into partial
+  // products of the given precision (as gemm_reduce_scatter; 2 is summed like 0), then our
+  // allReduce of them, then (fp32) one rounding into c. fp32 partials use the communicator's
+  // workspace: run the op once before capturing it in a CUDA graph (workspace()).
+  void gemm_all_reduce(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
+                       int layout, int partials, cudaStream_t stream);
 
   // Waits for every op enqueued so far and throws the first device failure.
   void synchronize();
@@ -120,6 +126,9 @@ class DeviceComm {
   cudaStream_t begin(cudaStream_t stream);        // checks, pins, orders after the previous op
   void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
   void require_fits(const char* op, uint64_t bytes) const;
+  // allReduce of `count` elements on s (begun): one kernel where the input fits the data area,
+  // else pieces of its size; across hosts, each piece hierarchically. in may alias out.
+  void enqueue_all_reduce(kernels::CommDtype dtype, const void* in, void* out, int64_t count, cudaStream_t s);
   void connect_hosts(Communicator& host_comm, uint64_t comm_id);
   // allReduce of n elements (n * element size <= the data area) across hosts, enqueued on s.
   void all_reduce_across_hosts(kernels::CommDtype dtype, const char* in, char* out, int64_t n,

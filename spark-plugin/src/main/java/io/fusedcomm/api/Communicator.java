@@ -346,39 +346,55 @@ public final class Communicator implements AutoCloseable {
    */
   public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
                                 cudaStream_t stream) {
-    if (partials == null) {
-      throw new IllegalArgumentException("gemmReduceScatter: partials must not be null");
-    }
     gemmReduce("gemmReduceScatter", a, w, c, layout, partials, stream);
   }
 
-  /** {@code c = Σ_s a_s · op(w_s)} on every rank: shapes as gemmReduceScatter, {@code c: M × N}. */
+  /**
+   * {@code c = Σ_s a_s · op(w_s)} on every rank, the same bits on every rank: shapes as
+   * gemmReduceScatter, {@code c: M × N}; fp32 partial products.
+   */
   public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout) {
-    gemmReduce("gemmAllReduce", a, w, c, layout, null, null);
+    gemmAllReduce(a, w, c, layout, PartialPrecision.F32);
   }
 
-  /** {@code partials}: gemmReduceScatter's partial precision; null for gemmAllReduce. */
+  /**
+   * As {@link #gemmAllReduce(Tensor, Tensor, Tensor, WeightLayout)}, with the partial products
+   * kept and exchanged in {@code partials} precision (the same on every rank).
+   */
+  public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
+    gemmAllReduce(a, w, c, layout, partials, null);
+  }
+
+  /**
+   * {@link #gemmAllReduce(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision)} enqueued on a
+   * CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}).
+   */
+  public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
+                            cudaStream_t stream) {
+    gemmReduce("gemmAllReduce", a, w, c, layout, partials, stream);
+  }
+
   private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
                           cudaStream_t stream) {
-    boolean scatter = partials != null;
+    if (partials == null) {
+      throw new IllegalArgumentException(op + ": partials must not be null");
+    }
+    boolean scatter = op.equals("gemmReduceScatter");
     OpCheck k = check(op).floating("a", a).same("w", w, a).same("c", c, a).stream(stream);
     k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
     long m = a.dim(0);
     long kLocal = a.dim(1);
     long n = c.dim(1);
     k.weight(w, layout, n, kLocal).dim("c", c, 0, scatter ? Split.count(m, world, rank) : m);
-    Fingerprint.Builder fb = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name());
-    if (scatter) {
-      fb.add("partials", partials.name());
-    }
-    Fingerprint fp = fb.build();
+    Fingerprint fp = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name())
+        .add("partials", partials.name()).build();
     synchronized (lock) {
       if (scatter) {
         NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
             w.address(), c.address(), m, n, kLocal, layout.ordinal(), partials.ordinal(), streamHandle(stream));
       } else {
         NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
-            w.address(), c.address(), m, n, kLocal, layout.ordinal());
+            w.address(), c.address(), m, n, kLocal, layout.ordinal(), partials.ordinal(), streamHandle(stream));
       }
     }
   }

@@ -1,8 +1,8 @@
 package io.fusedcomm.api;
 
 /**
- * The precision in which {@link Communicator#gemmReduceScatter} keeps and exchanges each rank's
- * partial product {@code a_r · op(w_r)}. The sum over ranks is fp32 either way, in rank order
+ * The precision in which {@link Communicator#gemmReduceScatter} and {@link
+ * Communicator#gemmAllReduce} keep and exchange each rank's partial product {@code a_r · op(w_r)}. The sum over ranks is fp32 either way, in rank order
  * (unless {@link #F32_ANY_ORDER} allows any), and rounded once to the output's dtype. The
  * ordinal is the native code. Every rank of an op must pass the same value (checked, as the
  * shapes are).
@@ -21,7 +21,7 @@ public enum PartialPrecision {
    * kernel lets the peers add their partials into the owner's memory as they arrive, so the
    * owner reads one buffer instead of {@code world - 1}; the fp32 sum's order, and rarely the
    * output's last bit, can then change from run to run. Elsewhere (world size 2, the decomposed
-   * path, the host backend) it is {@link #F32}.
+   * path, gemmAllReduce, the host backend) it is {@link #F32}.
    */
   F32_ANY_ORDER
 }

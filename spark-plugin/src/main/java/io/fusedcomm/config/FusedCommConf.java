@@ -36,7 +36,7 @@ public final class FusedCommConf {
       ConfigEntry.builder(PREFIX + "backend")
           .doc(
               "Which implementation runs the fused ops. auto: host for now, because"
-                  + " gemmAllReduce, MoE and ring attention do not run on the GPU yet (it is to"
+                  + " MoE and ring attention do not run on the GPU yet (it is to"
                   + " become cuda where the executor has a usable GPU); ask for cuda explicitly."
                   + " cuda: the GPU kernels; an"
                   + " executor without a usable GPU fails at start-up. host: the C++ reference"

@@ -122,9 +122,10 @@ public final class NativeApi {
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
       long kLocal, int layout, int partials, long stream);
 
+  /** {@code partials} and {@code stream} as for gemmReduceScatter. */
   public static native void gemmAllReduce(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
-      long kLocal, int layout);
+      long kLocal, int layout, int partials, long stream);
 
   public static native long moeDispatchGemm(
       long comm, String desc, long fp, int dtype, long x, long tokens, long hidden, long ids,

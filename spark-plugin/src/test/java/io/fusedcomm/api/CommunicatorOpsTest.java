@@ -248,7 +248,7 @@ class CommunicatorOpsTest {
 
   @ParameterizedTest(name = "W={0} {1}")
   @MethodSource("worldsAndTypes")
-  void gemmReduceScatterWithBf16Partials(int w, DType t) {
+  void gemmReduceScatterAndAllReduceWithBf16Partials(int w, DType t) {
     final int n = 5;
     for (int m : new int[] {2 * w + 1, 1}) {
       for (WeightLayout layout : WeightLayout.values()) {
@@ -264,15 +264,20 @@ class CommunicatorOpsTest {
           int r = comm.rank();
           try (TensorScope s = new TensorScope()) {
             HostTensor rs = s.poisoned(t, Reference.count(m, w, r), n);
+            HostTensor all = s.poisoned(t, m, n);
+            HostTensor ar = s.of(a[r], t, m, kr[r]);
             HostTensor wr = s.of(wt[r], t, layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n});
-            comm.gemmReduceScatter(s.of(a[r], t, m, kr[r]), wr, rs, layout, PartialPrecision.BF16);
-            return new float[][] {rs.toFloatArray()};
+            comm.gemmReduceScatter(ar, wr, rs, layout, PartialPrecision.BF16);
+            comm.gemmAllReduce(ar, wr, all, layout, PartialPrecision.BF16);
+            return new float[][] {rs.toFloatArray(), all.toFloatArray()};
           }
         });
         for (int r = 0; r < w; r++) {
-          String c = ctx("gemmReduceScatter bf16 partials", w, t, "M=" + m, layout, "rank " + r);
-          Check.close(c, sum.slice(Reference.offset(m, w, r) * n, Reference.count(m, w, r) * n), outs.get(r)[0], t,
-              0x1p-7);
+          String c = ctx("bf16 partials", w, t, "M=" + m, layout, "rank " + r);
+          Check.close(c + " gemmReduceScatter", sum.slice(Reference.offset(m, w, r) * n, Reference.count(m, w, r) * n),
+              outs.get(r)[0], t, 0x1p-7);
+          Check.close(c + " gemmAllReduce", sum, outs.get(r)[1], t, 0x1p-7);
+          Check.exact(c + " gemmAllReduce same bits on every rank", outs.get(0)[1], outs.get(r)[1]);
         }
       }
     }

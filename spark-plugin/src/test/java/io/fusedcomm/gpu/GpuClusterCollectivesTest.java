@@ -51,8 +51,8 @@ import org.junit.jupiter.api.Test;
  *       too large for it, refused on every rank with the same message, the communicator usable
  *       after;
  *   <li>allGatherGemm (with the gathered A; uneven M, one shape the fused kernel takes at
- *       W = 2) and gemmReduceScatter with fp32 and bf16 partials, both weight layouts (KN on
- *       the task's stream), against the fp64 reference (the gathered A exactly);
+ *       W = 2), gemmReduceScatter and gemmAllReduce with every partial precision, both weight
+ *       layouts (KN on the task's stream), against the fp64 reference (the gathered A exactly);
  *   <li>the four collectives captured in a CUDA graph on the task's stream and the graph
  *       launched 3 times with fresh inputs, every output checked after each launch;
  *   <li>Java-initiated minus native-initiated time per 4 KiB allReduce (the acceptance bound is
@@ -192,13 +192,16 @@ class GpuClusterCollectivesTest {
             out.add("FAIL rank " + r + " " + what + ": " + e);
           }
         }
-        for (PartialPrecision p : PartialPrecision.values()) {
-          String what = "gemmReduceScatter " + layout + " partials " + p;
-          try {
-            checkGemmReduceScatter(comm, layout, p, Data.seed(seed, 7100 + 2 * layout.ordinal() + p.ordinal(), 0), on);
-            checks++;
-          } catch (Throwable e) {
-            out.add("FAIL rank " + r + " " + what + ": " + e);
+        for (boolean all : new boolean[] {false, true}) {
+          for (PartialPrecision p : PartialPrecision.values()) {
+            String what = (all ? "gemmAllReduce " : "gemmReduceScatter ") + layout + " partials " + p;
+            try {
+              checkGemmReduce(comm, all, layout, p,
+                  Data.seed(seed, 7100 + (all ? 50 : 0) + 4 * layout.ordinal() + p.ordinal(), 0), on);
+              checks++;
+            } catch (Throwable e) {
+              out.add("FAIL rank " + r + " " + what + ": " + e);
+            }
           }
         }
       }
@@ -401,9 +404,12 @@ class GpuClusterCollectivesTest {
     }
   }
 
-  /** gemmReduceScatter on device tensors (K_r differs by rank), the given partial precision; stream may be null. */
-  static void checkGemmReduceScatter(Communicator comm, WeightLayout layout, PartialPrecision partials,
-                                     long seed, cudaStream_t stream) {
+  /**
+   * gemmReduceScatter, or with {@code all} gemmAllReduce, on device tensors (K_r differs by
+   * rank), the given partial precision; stream may be null.
+   */
+  static void checkGemmReduce(Communicator comm, boolean all, WeightLayout layout, PartialPrecision partials,
+                              long seed, cudaStream_t stream) {
     int w = comm.world();
     int r = comm.rank();
     int m = 128 * w + 40;
@@ -417,20 +423,25 @@ class GpuClusterCollectivesTest {
       wts[p] = Data.uniform(Data.seed(seed, p, 1), n * kr[p], DType.BF16);
     }
     long[] wShape = layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n};
-    long rows = Split.count(m, w, r);
+    long rows = all ? m : Split.count(m, w, r);
     try (HostTensor ha = HostTensor.of(a[r], DType.BF16, m, kr[r]);
         HostTensor hw = HostTensor.of(wts[r], DType.BF16, wShape);
         DeviceTensor da = Gpu.upload(ha);
         DeviceTensor dw = Gpu.upload(hw);
         DeviceTensor dc = Gpu.poisoned(DType.BF16, rows, n)) {
-      comm.gemmReduceScatter(da, dw, dc, layout, partials, stream);
+      if (all) {
+        comm.gemmAllReduce(da, dw, dc, layout, partials, stream);
+      } else {
+        comm.gemmReduceScatter(da, dw, dc, layout, partials, stream);
+      }
       if (stream != null) {
         comm.synchronize();
       }
       boolean bf16 = partials == PartialPrecision.BF16;
       Expected sum = Reference.gemmSum(a, wts, m, n, kr, layout, bf16);
-      Check.close("gemmReduceScatter", sum.slice(Reference.offset(m, w, r) * n, rows * n), Gpu.download(dc),
-          DType.BF16, bf16 ? 0x1p-7 : 0);
+      Check.close(all ? "gemmAllReduce" : "gemmReduceScatter",
+          all ? sum : sum.slice(Reference.offset(m, w, r) * n, rows * n), Gpu.download(dc), DType.BF16,
+          bf16 ? 0x1p-7 : 0);
     }
   }
 

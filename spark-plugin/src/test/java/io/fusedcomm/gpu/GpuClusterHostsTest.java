@@ -42,8 +42,8 @@ import org.junit.jupiter.api.Test;
  *       element against the fp64 reference (bf16 sums: each host's sum is rounded to bf16 before
  *       the sum across hosts, docs/ops.md, so the bound is widened by 2^-8 of the terms'
  *       magnitude);
- *   <li>allGatherGemm and gemmReduceScatter (the decomposed path between hosts), both weight
- *       layouts, every partial precision, against the fp64 reference;
+ *   <li>allGatherGemm, gemmReduceScatter and gemmAllReduce (the decomposed path between hosts),
+ *       both weight layouts, every partial precision, against the fp64 reference;
  *   <li>the four collectives captured in a CUDA graph on the task's stream, launched 3 times with
  *       fresh inputs, every output checked; then an allReduce.
  * </ul>
@@ -149,13 +149,16 @@ class GpuClusterHostsTest {
         } catch (Throwable e) {
           out.add("FAIL rank " + r + " allGatherGemm " + layout + ": " + e);
         }
-        for (PartialPrecision p : PartialPrecision.values()) {
-          try {
-            GpuClusterCollectivesTest.checkGemmReduceScatter(comm, layout, p,
-                Data.seed(seed, 7100 + 3 * layout.ordinal() + p.ordinal(), 0), on);
-            checks++;
-          } catch (Throwable e) {
-            out.add("FAIL rank " + r + " gemmReduceScatter " + layout + " partials " + p + ": " + e);
+        for (boolean all : new boolean[] {false, true}) {
+          for (PartialPrecision p : PartialPrecision.values()) {
+            try {
+              GpuClusterCollectivesTest.checkGemmReduce(comm, all, layout, p,
+                  Data.seed(seed, 7100 + (all ? 50 : 0) + 4 * layout.ordinal() + p.ordinal(), 0), on);
+              checks++;
+            } catch (Throwable e) {
+              out.add("FAIL rank " + r + (all ? " gemmAllReduce " : " gemmReduceScatter ") + layout + " partials " + p
+                  + ": " + e);
+            }
           }
         }
       }
