@@ -18,6 +18,8 @@
 //     NK and KN weights, M divisible by W and not, small-integer inputs checked bit-exact (bf16
 //     partials: within 2^-7 of the terms' magnitude); across hosts, and with every rank on one
 //     host;
+//   - gemmAllReduce at M = 4096, N = 8192 on one host, every element bit-exact, the same bits on
+//     every rank: at W = 2 through gemmReduceScatter's fused kernel and an allGather;
 //   - CUDA graphs: the four collectives and the three GEMM ops captured on a caller stream, the
 //     graph replayed 3 times with fresh inputs, every output checked; across hosts and with
 //     every rank on one host; a capture that would grow the workspace is refused;
@@ -44,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/device_comm.h"
 #include "fusedcomm/runtime/errors.h"
@@ -537,7 +540,97 @@ void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
   for (void* p : fused) cudaFree(p);
 }
 
-int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
+// FNV-1a of a byte range: compares results across ranks without moving them.
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// gemmAllReduce large enough that at W = 2 gemmReduceScatter's fused kernel computes the row
+// blocks (then an allGather fills c): M = 4096, N = 8192, every rank on one host, on a runtime
+// of its own with a data area that holds the fused workspace. A_r is rank 1 (A_r[i][k] = u_r(i)
+// v_r(k)) so that the reference is cheap: the sum is Σ_r u_r(i) h_r(j), h_r(j) = Σ_k v_r(k)
+// W_r[j][k], every term and sum exact in fp32; checked bit for bit with each partial precision
+// (bf16: the sum of the rank terms rounded to bf16, rounded), twice back to back on a caller
+// stream, and the same bits on every rank. At other world sizes the same checks cover GEMM +
+// allReduce at this size.
+void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed) {
+  constexpr int64_t M = 4096, N = 8192, K = 64;
+  const int rank = g.rank, world = g.world;
+  Runtime rt(fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, kTimeoutMs, int64_t{160} << 20, shared));
+  Comm c(rt, g, std::vector<int>(world, 0), 5000);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto u = [&](int r, int64_t i) { return value(seed ^ 0x51, r, i); };
+  auto v = [&](int r, int64_t kk) { return value(seed ^ 0x52, r, kk); };
+  auto wv = [&](int r, int64_t j, int64_t kk) { return value(seed ^ 0x53, r, j * K + kk); };
+  std::vector<float> a(M * K), w(N * K);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t kk = 0; kk < K; ++kk) a[i * K + kk] = u(rank, i) * v(rank, kk);
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t kk = 0; kk < K; ++kk) w[j * K + kk] = wv(rank, j, kk);
+  std::vector<std::vector<float>> h(world, std::vector<float>(N));
+  for (int r = 0; r < world; ++r)
+    for (int64_t j = 0; j < N; ++j) {
+      float acc = 0;
+      for (int64_t kk = 0; kk < K; ++kk) acc += v(r, kk) * wv(r, j, kk);
+      h[r][j] = acc;
+    }
+  k::GemmRsArgs probe;
+  probe.M = M;
+  probe.N = N;
+  probe.K = K;
+  const bool fused = k::gemm_reduce_scatter_info(c.device->memory().device(), probe).algo == k::FusedAlgo::kFused;
+  if (world == 2) check(fused, "large gemmAllReduce: gemmReduceScatter's fused kernel is not chosen at W = 2");
+  if (rank == 0) {
+    std::printf("  gemmAllReduce M=%lld N=%lld at W=%d: %s\n", static_cast<long long>(M), static_cast<long long>(N),
+                world, fused ? "fused gemmReduceScatter, then allGather" : "GEMM, then allReduce");
+  }
+  void* da = upload_bf16(a);
+  void* dw = upload_bf16(w);
+  void* dc = nullptr;
+  const size_t bytes = M * N * 2;
+  CUDA_OK(cudaMalloc(&dc, bytes));
+  std::vector<__nv_bfloat16> got(M * N);
+  for (const int partials : {0, 1, 2}) {
+    const std::string what = "large gemmAllReduce (W=" + std::to_string(world) + ") partials " +
+                             std::to_string(partials) + ", rank " + std::to_string(rank);
+    CUDA_OK(cudaMemset(dc, 0xFF, bytes));
+    try {
+      for (int rep = 0; rep < 2; ++rep) c.device->gemm_all_reduce(da, dw, dc, M, N, K, 0, partials, stream);
+      c.device->synchronize();
+      CUDA_OK(cudaStreamSynchronize(stream));
+    } catch (const std::exception& e) {
+      check(false, what + " threw " + e.what());
+    }
+    CUDA_OK(cudaMemcpy(got.data(), dc, bytes, cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        float sum = 0;
+        for (int r = 0; r < world; ++r) sum += partials == 1 ? bf16_round(u(r, i) * h[r][j]) : u(r, i) * h[r][j];
+        bad += __bfloat162float(got[i * N + j]) != bf16_round(sum);
+      }
+    }
+    check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
+    const uint64_t mine = fnv1a(reinterpret_cast<const uint8_t*>(got.data()), bytes);
+    const auto all = g.all_gather(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&mine),
+                                                       reinterpret_cast<const uint8_t*>(&mine) + 8));
+    for (int r = 0; r < world; ++r) {
+      uint64_t theirs = 0;
+      std::memcpy(&theirs, all[r].data(), 8);
+      check(theirs == mine, what + ": rank " + std::to_string(r) + "'s result differs in its bits");
+    }
+  }
+  for (void* p : {da, dw, dc}) cudaFree(p);
+  g.barrier();
+  c.close();
+  cudaStreamDestroy(stream);
+}
+
+// Everything but the large gemmAllReduce, on one runtime with a small data area.
+void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
   const int rank = g.rank, world = g.world;
   fusedcomm::RuntimeConfig cfg =
       fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, kTimeoutMs, kSymmetricBytes, shared);
@@ -670,7 +763,12 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     c.close();
   }
   cudaStreamDestroy(stream);
-  return fusedcomm::testing::rank_result(rank);
+}
+
+int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
+  small_cases(g, H, L, gpus, shared, seed);  // its runtime is gone before the large case's starts
+  if (g.world <= k::kCommMaxRanks) large_all_reduce_gemm(g, gpus, shared, seed ^ 0x1A);
+  return fusedcomm::testing::rank_result(g.rank);
 }
 
 }  // namespace
