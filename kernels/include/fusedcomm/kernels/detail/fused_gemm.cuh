@@ -277,9 +277,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 //   (main_loop_point), or at its end;
 // - rows this rank owns are REDUCED: after every pending push of the warpgroup is complete and
 //   flagged, one thread waits for the W-1 peers' flags of the half-tile, then the warpgroup
-//   adds the received partials (local loads from its receive slots) and its accumulator
-//   (rounded to bf16 first with bf16 partials, like the peers' terms), in fp32, and stores the
-//   bf16 sums once (TMA). Per-source slots: in rank order,
+//   adds the received partials (local loads from its receive slots) and its accumulator, in
+//   fp32, and stores the bf16 sums once (TMA). With bf16 partials the accumulator stays fp32:
+//   only the terms that travel are rounded (rounding it too, as the decomposed path does, cost
+//   1 % at W = 2 on one H100: kernels/bench/fused/NOTES.md; docs/ops.md states the contract). Per-source slots: in rank order,
 //   (((0 + P_0) + P_1) + ...). Accumulating: P_r + (the peers' partials, added in the order
 //   they arrived).
 // A half-tile holding rows of two owners (W not dividing M at a 64-row boundary) is pushed
@@ -553,14 +554,7 @@ struct RsEpilogue {
         for (int e = 0; e < 4 * kB; ++e) sum[e] += v[e];
       }
 #pragma unroll
-      for (int e = 0; e < 4 * kB; ++e) {
-        // bf16 partials: this rank's partial is a term like the peers', rounded to bf16 first
-        // (the contract of RsPartials::kBF16; what the decomposed path and the host compute).
-        // Here, where each accumulator is read once, not in a loop of its own: that one made
-        // ptxas spill 104 B in the 256-wide kernel.
-        const float own = sizeof(T) == 2 ? __bfloat162float(__float2bfloat16_rn(acc[4 * jb + e])) : acc[4 * jb + e];
-        acc[4 * jb + e] = sum[e] + own;
-      }
+      for (int e = 0; e < 4 * kB; ++e) acc[4 * jb + e] = sum[e] + acc[4 * jb + e];
     }
     for (int s = prefix; s < slots; ++s) {
 #pragma unroll
