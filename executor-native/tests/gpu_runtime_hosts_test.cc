@@ -419,6 +419,10 @@ void fused_cases(DeviceComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t st
   all_reduce_gemm_case(dc, g, seed ^ 0xE1, int64_t{8} * world + 5, 1, stream, 10,
                        layout + ": M=" + std::to_string(8 * world + 5) + " KN on a caller stream, rank " +
                            std::to_string(rank));
+  // An fp32 product larger than the data area (16001 x 72 x 4 B > 4 MiB): the runtime's GEMM
+  // then allReduce in pieces.
+  all_reduce_gemm_case(dc, g, seed ^ 0xE2, 16001, 0, nullptr, 1,
+                       layout + ": M=16001 NK (fp32 product larger than the data area), rank " + std::to_string(rank));
 }
 
 // CUDA graphs (device_comm.h): the four collectives and both fused ops, each twice, captured
@@ -578,12 +582,12 @@ void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed
       for (int64_t kk = 0; kk < K; ++kk) acc += v(r, kk) * wv(r, j, kk);
       h[r][j] = acc;
     }
-  k::GemmRsArgs probe;
+  k::GemmArArgs probe;
   probe.M = M;
   probe.N = N;
   probe.K = K;
-  const bool fused = k::gemm_reduce_scatter_info(c.device->memory().device(), probe).algo == k::FusedAlgo::kFused;
-  if (world == 2) check(fused, "large gemmAllReduce: gemmReduceScatter's fused kernel is not chosen at W = 2");
+  const bool fused = k::gemm_all_reduce_info(c.device->memory().device(), probe).algo == k::FusedAlgo::kFused;
+  if (world == 2) check(fused, "large gemmAllReduce: the fused gemmReduceScatter path is not chosen at W = 2");
   if (rank == 0) {
     std::printf("  gemmAllReduce M=%lld N=%lld at W=%d: %s\n", static_cast<long long>(M), static_cast<long long>(N),
                 world, fused ? "fused gemmReduceScatter, then allGather" : "GEMM, then allReduce");

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/copy_segments.h"
 #include "fusedcomm/kernels/detail/fused_gemm.cuh"
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/kernels/gemm.h"
@@ -351,21 +352,30 @@ FusedWorkspace all_gather_gemm_workspace(const AgGemmArgs& a, int world) {
   return ws;
 }
 
-FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
+namespace {
+// gemmReduceScatter's workspace per path. Decomposed: W blocks of ceil(M/W) rows in the data
+// area; with W not dividing M, the compact partial before it is padded, then the reduce-scatter
+// output block (ceil(M/W) rows) before its real rows are copied out, in the scratch area.
+// Fused: W-1 padded receive slots, or one where the sources add into it (rs_accumulates).
+FusedWorkspace rs_workspace(const GemmRsArgs& a, int world, FusedAlgo path) {
   const int W = std::max(1, world);
   const uint64_t row = static_cast<uint64_t>(std::max(0, a.N)) * partial_bytes(a);
   const uint64_t M = static_cast<uint64_t>(std::max(0, a.M));
   const uint64_t ceil_rows = (M + W - 1) / W;
-  FusedWorkspace ws{};
-  // Decomposed: W blocks of ceil(M/W) rows; fused: W-1 padded receive slots, or one where the
-  // sources add into it (rs_accumulates).
-  const uint64_t nslots = rs_accumulates(W, a) ? 1 : W - 1;
-  const uint64_t slots = W > 1 ? nslots * (ceil_rows + kFusedRsSlotPadRows) : 0;
-  ws.data_bytes = a.ws_offset + std::max<uint64_t>(W * ceil_rows, slots) * row;
-  // Decomposed with W not dividing M: the compact partial before it is padded, then the
-  // reduce-scatter output block (ceil(M/W) rows) before its real rows are copied out.
-  ws.scratch_bytes = (M % W != 0 ? M : ceil_rows) * row;
-  return ws;
+  if (path == FusedAlgo::kFused) {
+    const uint64_t nslots = rs_accumulates(W, a) ? 1 : W - 1;
+    const uint64_t slots = W > 1 ? nslots * (ceil_rows + kFusedRsSlotPadRows) : 0;
+    return {a.ws_offset + slots * row, 0};
+  }
+  return {a.ws_offset + W * ceil_rows * row, (M % W != 0 ? M : ceil_rows) * row};
+}
+FusedWorkspace larger(FusedWorkspace x, FusedWorkspace y) {
+  return {std::max(x.data_bytes, y.data_bytes), std::max(x.scratch_bytes, y.scratch_bytes)};
+}
+}  // namespace
+
+FusedWorkspace gemm_reduce_scatter_workspace(const GemmRsArgs& a, int world) {
+  return larger(rs_workspace(a, world, FusedAlgo::kFused), rs_workspace(a, world, FusedAlgo::kDecomposed));
 }
 
 // ---- info ---------------------------------------------------------------------------------------
@@ -605,6 +615,109 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
 }
 
 // ---- test support: reference GEMM ---------------------------------------------------------------
+// ---- gemmAllReduce ------------------------------------------------------------------------------
+namespace {
+// The gemmReduceScatter that gemmAllReduce's fused path runs (partials: any order is fp32).
+GemmRsArgs ar_rs_args(const GemmArArgs& a) {
+  GemmRsArgs r;
+  r.M = a.M;
+  r.N = a.N;
+  r.K = a.K;
+  r.A = a.A;
+  r.B = a.B;
+  r.b_layout = a.b_layout;
+  r.ws_offset = a.ws_offset;
+  r.algo = FusedAlgo::kFused;
+  r.partials = a.partials == RsPartials::kBF16 ? RsPartials::kBF16 : RsPartials::kF32;
+  return r;
+}
+// Fused path: where this rank's row block of the sum goes (a byte offset of the data area),
+// right after the reduce-scatter's receive slots.
+uint64_t ar_block_offset(const GemmArArgs& a, int world) {
+  return round_up(rs_workspace(ar_rs_args(a), world, FusedAlgo::kFused).data_bytes, 256);
+}
+FusedWorkspace ar_workspace(const GemmArArgs& a, int world, FusedAlgo path) {
+  const int W = std::max(1, world);
+  const uint64_t M = static_cast<uint64_t>(std::max(0, a.M)), N = static_cast<uint64_t>(std::max(0, a.N));
+  if (W == 1) return {a.ws_offset, 0};  // the GEMM alone
+  if (path == FusedAlgo::kFused) return {ar_block_offset(a, W) + (M + W - 1) / W * N * 2, 0};
+  // The partial product at ws_offset; the allReduce's reduced slices in the scratch area.
+  const uint64_t bytes = M * N * (a.partials == RsPartials::kBF16 ? 2 : 4);
+  return {a.ws_offset + bytes, W > 1 ? bytes : 0};
+}
+FusedAlgo choose_ar(const CommDevice& d, const GemmArArgs& a) {
+  if (a.algo != FusedAlgo::kAuto) return a.algo;
+  if (d.world < 2 || a.M % d.world != 0) return FusedAlgo::kDecomposed;
+  GemmRsArgs rs = ar_rs_args(a);
+  rs.algo = FusedAlgo::kAuto;
+  const FusedWorkspace ws = ar_workspace(a, d.world, FusedAlgo::kFused);
+  return gemm_reduce_scatter_info(d, rs).algo == FusedAlgo::kFused && ws.data_bytes <= d.data_bytes
+             ? FusedAlgo::kFused
+             : FusedAlgo::kDecomposed;
+}
+}  // namespace
+
+FusedWorkspace gemm_all_reduce_workspace(const GemmArArgs& a, int world) {
+  if (a.algo != FusedAlgo::kAuto) return ar_workspace(a, world, a.algo);
+  return larger(ar_workspace(a, world, FusedAlgo::kFused), ar_workspace(a, world, FusedAlgo::kDecomposed));
+}
+
+FusedLaunchInfo gemm_all_reduce_info(const CommDevice& d, const GemmArArgs& a) {
+  FusedLaunchInfo info{};
+  info.algo = choose_ar(d, a);
+  if (info.algo == FusedAlgo::kFused) {
+    GemmRsArgs rs = ar_rs_args(a);
+    info = gemm_reduce_scatter_info(d, rs);
+  }
+  return info;
+}
+
+cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& a, cudaStream_t stream) {
+  if (!valid_device(dev) || !valid_shape(a.M, a.N, a.K) || a.C == nullptr || !aligned16(a.C) ||
+      a.ws_offset % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int W = dev.world;
+  const FusedAlgo algo = choose_ar(dev, a);
+  const FusedWorkspace ws = ar_workspace(a, W, algo);
+  if (ws.data_bytes > dev.data_bytes || ws.scratch_bytes > dev.data_bytes) return cudaErrorInvalidValue;
+  const int64_t count = static_cast<int64_t>(a.M) * a.N;
+  uint8_t* data = dev.base[dev.rank] + dev.data_offset;
+  if (algo == FusedAlgo::kFused) {
+    if (a.M % W != 0) return cudaErrorInvalidValue;  // the allGather splits elements, not rows
+    const uint64_t block = ar_block_offset(a, W);
+    GemmRsArgs rs = ar_rs_args(a);
+    rs.out = reinterpret_cast<__nv_bfloat16*>(data + block);
+    if (cudaError_t e = launch_gemm_reduce_scatter(dev, rs, stream); e != cudaSuccess) return e;
+    CollectiveArgs g;
+    g.op = CommOp::kAllGather;
+    g.dtype = CommDtype::kBF16;
+    g.count = count;
+    g.in_offset = block;
+    g.output = a.C;
+    return launch_collective(dev, g, stream);
+  }
+  if (algo != FusedAlgo::kDecomposed) return cudaErrorInvalidValue;
+  const bool bf16 = a.partials == RsPartials::kBF16 || W == 1;
+  if (!bf16 && (a.sums == nullptr || !aligned16(a.sums))) return cudaErrorInvalidValue;
+  GemmArgs gm = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
+  if (W == 1) {  // the GEMM, rounded once
+    gm.C = a.C;
+    return launch_gemm(gm, stream);
+  }
+  gm.C = data + a.ws_offset;
+  gm.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
+  if (cudaError_t e = launch_gemm(gm, stream); e != cudaSuccess) return e;
+  CollectiveArgs c;
+  c.op = CommOp::kAllReduce;
+  c.dtype = bf16 ? CommDtype::kBF16 : CommDtype::kF32;
+  c.count = count;
+  c.in_offset = a.ws_offset;
+  c.output = bf16 ? static_cast<void*>(a.C) : static_cast<void*>(a.sums);
+  if (cudaError_t e = launch_collective(dev, c, stream); e != cudaSuccess) return e;
+  return bf16 ? cudaSuccess : launch_narrow_to_bf16(a.sums, a.C, count, stream);
+}
+
 namespace {
 __global__ void reference_gemm_kernel(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
                                       int64_t ldb, bool kn, int M, int N, int K, float* ref,

@@ -521,19 +521,15 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
   end(s, stream == nullptr);
 }
 
-// Two paths, every rank taking the same one (the choice depends on M, N, W and the partial
-// precision only):
-// - where W divides M on one host and gemmReduceScatter would run its fused kernel (kAuto: 2
-//   GPUs, large M·N) and its workspace fits the data area, that kernel computes this rank's row block of the sum into its rows of c
-//   (the GEMM overlapped with the reduce-scatter half of the traffic), then an allGather of the
-//   row blocks fills c in place: only the gather's half of an allReduce's traffic is left after
-//   the GEMM;
-// - otherwise our GEMM, then our allReduce (hierarchical across hosts). bf16 partials: the GEMM
-//   rounds each rank's product into c and the allReduce sums c in place (fp32 sums, rounded
-//   once more; across hosts, per host and then between hosts). fp32 partials: the product
-//   stays fp32 in the workspace until the sum is rounded once into c.
-// Either way every rank gets the same bits (the gathered blocks, or an allReduce's result).
-// At world 1 it is the GEMM.
+// On one host, where the kernels' gemmAllReduce fits the data area (kernels/fused.h: the fused
+// gemmReduceScatter then an allGather, or our GEMM into the data area then our allReduce,
+// chosen by kAuto from rank-uniform values). Otherwise (across hosts, or a product larger than
+// the data area) our GEMM, then our allReduce, in pieces where needed and hierarchical across
+// hosts: bf16 partials: the GEMM rounds each rank's product into c and the allReduce sums c in
+// place (fp32 sums, rounded once more; across hosts, per host and then between hosts); fp32
+// partials: the product stays fp32 in the workspace until the sum is rounded once into c.
+// Every path gives every rank the same bits; at world 1 each is the GEMM. The choice depends
+// on rank-uniform values only (the data area's size too: connect checks it).
 void DeviceComm::gemm_all_reduce(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
                                  int layout, int partials, cudaStream_t stream) {
   check_usable();
@@ -542,29 +538,32 @@ void DeviceComm::gemm_all_reduce(const void* a, const void* w, void* c, int64_t 
                  n < (1ll << 31) && k_local < (1ll << 31),
              "gemmAllReduce on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
                  ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
-  const int W = layout_.world(), r = layout_.rank();
-  if (link_ == nullptr && W > 1 && m % W == 0) {
-    auto* rows = static_cast<char*>(c) + split_offset(m, W, r) * n * 2;
-    const k::GemmRsArgs args = rs_args(a, w, rows, m, n, k_local, layout, partials);
-    const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(args, W);
-    // The data area's size is the same on every rank (connect checks it).
-    if (k::gemm_reduce_scatter_info(sm_->device(), args).algo == k::FusedAlgo::kFused &&
-        std::max(ws.data_bytes, ws.scratch_bytes) <= sm_->data_bytes()) {
+  const int W = layout_.world();
+  const bool bf16 = static_cast<k::RsPartials>(partials) == k::RsPartials::kBF16;
+  if (link_ == nullptr) {
+    k::GemmArArgs args;
+    args.M = static_cast<int>(m);
+    args.N = static_cast<int>(n);
+    args.K = static_cast<int>(k_local);
+    args.A = static_cast<const __nv_bfloat16*>(a);
+    args.B = static_cast<const __nv_bfloat16*>(w);
+    args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+    args.C = static_cast<__nv_bfloat16*>(c);
+    args.partials = static_cast<k::RsPartials>(partials);
+    args.algo = k::gemm_all_reduce_info(sm_->device(), args).algo;
+    const k::FusedWorkspace ws = k::gemm_all_reduce_workspace(args, W);
+    if (std::max(ws.data_bytes, ws.scratch_bytes) <= sm_->data_bytes()) {
       cudaStream_t s = begin(stream);
-      check_fused_launch(k::launch_gemm_reduce_scatter(sm_->device(), args, s), "gemmAllReduce");
-      k::CollectiveArgs gather;
-      gather.op = k::CommOp::kAllGather;
-      gather.dtype = k::CommDtype::kBF16;
-      gather.count = m * n;
-      gather.output = c;
-      enqueue(gather, rows, static_cast<size_t>(m / W * n * 2), s);  // the block is copied first
+      if (W > 1 && args.algo == k::FusedAlgo::kDecomposed && !bf16) {
+        args.sums = static_cast<float*>(workspace(round16(static_cast<uint64_t>(m * n) * 4)));
+      }
+      check_fused_launch(k::launch_gemm_all_reduce(sm_->device(), args, s), "gemmAllReduce");
       end(s, stream == nullptr);
       return;
     }
   }
-  const bool direct = W == 1 || static_cast<k::RsPartials>(partials) == k::RsPartials::kBF16;
   cudaStream_t s = begin(stream);
-  if (direct) {
+  if (W == 1 || bf16) {
     check_fused_launch(k::launch_gemm(dense_gemm_args(a, w, c, m, n, k_local, layout, k::GemmOutType::kBF16), s),
                        "gemmAllReduce");
     if (W > 1) enqueue_all_reduce(k::CommDtype::kBF16, c, c, m * n, s);

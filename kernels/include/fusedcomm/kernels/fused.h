@@ -1,5 +1,6 @@
 // Fused GEMM + communication among the processes of one host over NVLink: allGatherGemm and
-// gemmReduceScatter, each ONE launch of a persistent kernel in which some CTAs run the GEMM
+// gemmReduceScatter, each ONE launch of a persistent kernel (and gemmAllReduce, built from
+// gemmReduceScatter, below) in which some CTAs run the GEMM
 // engine (gemm.h) and the others move data between ranks' symmetric regions (collectives.h's
 // CommDevice, built by executor-native's SymmetricMemory), tile by tile, overlapped.
 //
@@ -251,6 +252,39 @@ inline const char* fused_step_name(uint32_t step) {
     default: return comm_step_name(step);
   }
 }
+
+// ---- gemmAllReduce ---------------------------------------------------------------------------
+// Rank r holds A_r: M×K_r and W_r (as gemmReduceScatter); every rank gets the whole
+// Σ_s A_s · op(W_s) : M×N, the same bits on every rank. No kernel of its own: two or three
+// launches on the stream, chosen by kAuto from rank-uniform values (M, N, W, the partials):
+//   kFused: gemmReduceScatter's fused kernel (above) writes this rank's row block of the sum
+//     into its data area right after the reduce-scatter workspace (gemm_all_reduce_workspace),
+//     then an allGather of those blocks fills C. The GEMM overlaps the reduce-scatter half of
+//     an allReduce's traffic; only the gather's half is left after it. Needs W to divide M
+//     (the allGather splits elements) and the fused reduce-scatter to fit; kAuto takes it
+//     where gemmReduceScatter's kAuto would take its fused kernel (W = 2, large M·N).
+//   kDecomposed: launch_gemm writes the partial product into the data area at ws_offset
+//     (bf16, or fp32), then an allReduce of it: into C (bf16 partials: fp32 sums rounded once
+//     more), or into `sums` (fp32) and one pass rounds them into C.
+// Numerics as gemmReduceScatter (the fused kernel keeps the owner's own bf16-partials term in
+// fp32), sums in rank order. Input lifetime and the protocol: those of the two ops it runs.
+struct GemmArArgs {
+  int M = 0;  // rows of A_r and of C (same on every rank)
+  int N = 0;  // columns of C (same on every rank)
+  int K = 0;  // K_r: this rank's inner dimension (may differ by rank)
+  const __nv_bfloat16* A = nullptr;  // M×K, this process's memory
+  const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
+  GemmLayoutB b_layout = GemmLayoutB::kNK;
+  uint64_t ws_offset = 0;           // the workspace's byte offset in the data area (same on every rank)
+  __nv_bfloat16* C = nullptr;       // M×N, this process's memory
+  float* sums = nullptr;            // M×N fp32, this process's memory: kDecomposed with fp32 partials
+  FusedAlgo algo = FusedAlgo::kAuto;
+  RsPartials partials = RsPartials::kF32;  // kF32AnyOrder: as kF32 (the fused path is W = 2)
+};
+// The data and scratch bytes of `args.algo` (kAuto: the larger of the two paths).
+FusedWorkspace gemm_all_reduce_workspace(const GemmArArgs& args, int world);
+FusedLaunchInfo gemm_all_reduce_info(const CommDevice& dev, const GemmArArgs& args);
+cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& args, cudaStream_t stream);
 
 // ---- test support -----------------------------------------------------------------------------
 // The obviously-correct reference for tests and benchmark spot checks (not for production):
