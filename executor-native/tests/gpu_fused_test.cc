@@ -17,6 +17,9 @@
 //     NaN); the fused ops' counters back at 0 after every launch.
 //   gemmReduceScatter also with bf16 partials and with fp32 partials in any order (W >= 3:
 //     the fused kernel's one accumulating slot per owner).
+//   gemmAllReduce (the fused gemmReduceScatter + allGather, and GEMM + allReduce): every row
+//     checked as above, each partial precision, the same bits on every rank, a forced fused
+//     launch refused where W does not divide M.
 //   120 back-to-back launches without host sync (fused and decomposed of both ops
 //     interleaved, inputs rewritten on the stream from a pool; stale flags or early input
 //     reuse would show in the last outputs; the fused gemmReduceScatter alternates rank order
@@ -329,7 +332,8 @@ struct Rank {
     DevBuf a, w, ref, absdot, out;
   };
 
-  RsOperands rs_prepare(const RsCase& c, uint64_t key) {
+  // all_rows (gemmAllReduce): the reference and the output hold every row of the sum.
+  RsOperands rs_prepare(const RsCase& c, uint64_t key, bool all_rows = false) {
     RsOperands o;
     o.c = c;
     o.key = key;
@@ -337,8 +341,8 @@ struct Rank {
     const int64_t M = c.M, N = c.N;
     o.a = upload(make_tensor(key, kTagA + 10 + r, 0, M * o.K), stream);
     o.w = upload(make_tensor(key, kTagW + r, 0, N * o.K), stream);
-    // Reference: rows block r of the sum over every source rank s of A_s · op(W_s).
-    const int64_t off = split_offset(M, W, r), cnt = split_count(M, W, r);
+    // Reference: rows block r (all rows) of the sum over every source rank s of A_s · op(W_s).
+    const int64_t off = all_rows ? 0 : split_offset(M, W, r), cnt = all_rows ? M : split_count(M, W, r);
     o.ref = DevBuf(std::max<int64_t>(1, cnt * N) * 4);
     o.absdot = DevBuf(std::max<int64_t>(1, cnt * N) * 4);
     for (int s = 0; s < W && cnt > 0; ++s) {
@@ -378,8 +382,8 @@ struct Rank {
     a.partials = o.c.partials();
     return a;
   }
-  int64_t rs_verify(const RsOperands& o, const std::string& what) {
-    const int64_t n = split_count(o.c.M, W, r) * o.c.N;
+  int64_t rs_verify(const RsOperands& o, const std::string& what, bool all_rows = false) {
+    const int64_t n = (all_rows ? o.c.M : split_count(o.c.M, W, r)) * o.c.N;
     const auto got = download<__nv_bfloat16>(o.out.p, n);
     const auto ref = download<float>(o.ref.p, n);
     const auto ad = download<float>(o.absdot.p, n);
@@ -431,6 +435,53 @@ struct Rank {
     if (bad != 0) rs_diagnose(o);
     check_flags(c.name(W));
     report_rs_info(a, bad != 0, c.name(W));
+  }
+
+  // gemmAllReduce (fused.h) with RsCase's shapes and algorithm: every row of the sum checked as
+  // gemmReduceScatter's block (bf16 partials: the same bound), the data area poisoned first, and
+  // the same bits on every rank. A forced kFused where W does not divide M is refused
+  // (cudaErrorInvalidValue) on every rank before anything runs.
+  void run_ar(const RsCase& c, uint64_t key) {
+    const std::string what = "gemmAllReduce" + c.name(W).substr(std::string("gemmReduceScatter").size());
+    RsOperands o = rs_prepare(c, key, /*all_rows=*/true);
+    DevBuf sums(int64_t{c.M} * c.N * 4);
+    k::GemmArArgs a;
+    a.M = c.M;
+    a.N = c.N;
+    a.K = o.K;
+    a.A = o.a.as<__nv_bfloat16>();
+    a.B = o.w.as<__nv_bfloat16>();
+    a.b_layout = c.layout;
+    a.ws_offset = c.ws_offset;
+    a.C = o.out.as<__nv_bfloat16>();
+    a.sums = sums.as<float>();
+    a.algo = c.algo;
+    a.partials = c.partials();
+    if (c.algo == k::FusedAlgo::kFused && c.M % W != 0) {
+      check(k::launch_gemm_all_reduce(sm->device(), a, stream) == cudaErrorInvalidValue,
+            "rank " + std::to_string(r) + " " + what + ": a fused launch with W not dividing M was not refused");
+      cudaGetLastError();
+      return;
+    }
+    CUDA_OK(cudaMemsetAsync(o.out.p, 0xFF, o.out.bytes, stream));
+    const k::FusedWorkspace ws = k::gemm_all_reduce_workspace(a, W);
+    CUDA_OK(cudaMemsetAsync(data() + c.ws_offset, 0xFF, ws.data_bytes - c.ws_offset, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    CUDA_OK(k::launch_gemm_all_reduce(sm->device(), a, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const int64_t bad = rs_verify(o, what, /*all_rows=*/true);
+    const k::FusedLaunchInfo info = k::gemm_all_reduce_info(sm->device(), a);
+    check(bad == 0, "rank " + std::to_string(r) + " " + what + " (ran " + algo_name(info.algo) + "): " +
+                        std::to_string(bad) + " bad");
+    const std::vector<uint8_t> mine = download<uint8_t>(o.out.p, int64_t{c.M} * c.N * 2);
+    const auto all = g.all_gather(mine);
+    for (int p = 0; p < W; ++p) {
+      check(all[p] == mine, "rank " + std::to_string(r) + " " + what + ": rank " + std::to_string(p) +
+                                "'s result differs in its bits");
+    }
+    check_flags(what);
   }
 
   // FusedFlags between launches (fused.h): every chunk counter, the tile counter and the role
@@ -578,9 +629,18 @@ struct Rank {
         {768, 520, 1032, KN, F, 0, false, true},    {3, 64, 64, NK, F, 16, false, true},
         {4100, 2056, 1024, NK, A, 0, false, true},  {1001, 264, 520, NK, D, 0, false, true},
     };
+    // gemmAllReduce: M = 1008 divides by W = 1-4, 6-8 (the fused path), 1001 by none of 2-8;
+    // each partial precision; kAuto (decomposed at these sizes).
+    const std::vector<RsCase> ar = {
+        {1008, 264, 520, NK, F, 0},          {1008, 264, 520, NK, D, 0},
+        {1008, 1032, 1032, KN, F, 64, true}, {1008, 1032, 1032, KN, D, 64, true},
+        {1001, 264, 520, KN, F, 0},          {1001, 264, 520, KN, A, 16},
+        {1008, 520, 264, NK, F, 0, false, true}, {3, 64, 64, NK, D, 0},
+    };
     uint64_t id = 0;
     for (const AgCase& c : ag) run_ag(c, mix(seed ^ (0xA600 + ++id)));
     for (const RsCase& c : rs) run_rs(c, mix(seed ^ (0x4500 + ++id)));
+    for (const RsCase& c : ar) run_ar(c, mix(seed ^ (0xA400 + ++id)));
   }
 
   // 120 launches, no host sync: allGatherGemm fused / gemmReduceScatter fused / allGatherGemm

@@ -683,6 +683,11 @@ cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& a, c
   if (ws.data_bytes > dev.data_bytes || ws.scratch_bytes > dev.data_bytes) return cudaErrorInvalidValue;
   const int64_t count = static_cast<int64_t>(a.M) * a.N;
   uint8_t* data = dev.base[dev.rank] + dev.data_offset;
+  GemmArgs gm = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
+  if (W == 1) {  // either path is the GEMM, rounded once
+    gm.C = a.C;
+    return launch_gemm(gm, stream);
+  }
   if (algo == FusedAlgo::kFused) {
     if (a.M % W != 0) return cudaErrorInvalidValue;  // the allGather splits elements, not rows
     const uint64_t block = ar_block_offset(a, W);
@@ -698,13 +703,8 @@ cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& a, c
     return launch_collective(dev, g, stream);
   }
   if (algo != FusedAlgo::kDecomposed) return cudaErrorInvalidValue;
-  const bool bf16 = a.partials == RsPartials::kBF16 || W == 1;
+  const bool bf16 = a.partials == RsPartials::kBF16;
   if (!bf16 && (a.sums == nullptr || !aligned16(a.sums))) return cudaErrorInvalidValue;
-  GemmArgs gm = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
-  if (W == 1) {  // the GEMM, rounded once
-    gm.C = a.C;
-    return launch_gemm(gm, stream);
-  }
   gm.C = data + a.ws_offset;
   gm.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
   if (cudaError_t e = launch_gemm(gm, stream); e != cudaSuccess) return e;

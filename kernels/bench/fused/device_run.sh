@@ -7,6 +7,7 @@
 #   kernels/bench/fused/device_run.sh [bin=build/fused-bin] [all|test|bench] [full|quick] [commit]
 # FC_RS_PARTIALS=bf16: gemmReduceScatter with bf16 partials (fused_bench --rs-partials), the
 # baselines' numerics; f32any: fp32 partials summed in any order (the accumulating slot at W >= 3).
+# FC_OPS: the ops to time (fused_bench / torch_baselines --ops; default ag,rs; ar: gemmAllReduce).
 # Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick (on
 # an 8-GPU host, FC_WORLDS=8 with `bench` keeps one call within the 10-minute limit).
 set -uo pipefail
@@ -36,9 +37,9 @@ if [ "$what" != test ]; then
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le "$ngpu" ] || continue
     echo "== world $w: ours" | tee -a "$OUT/bench.log"
-    timeout 280 "$bin/fused_bench" --world $w --out /tmp/fused_w$w.jsonl $q --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
+    timeout 280 "$bin/fused_bench" --world $w --out /tmp/fused_w$w.jsonl $q --ops "${FC_OPS:-ag,rs}" --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
     echo "== world $w: torch" | tee -a "$OUT/bench.log"
-    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out /tmp/torch_w$w.jsonl $q >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
+    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out /tmp/torch_w$w.jsonl $q --ops "${FC_OPS:-ag,rs}" >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
   done
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix fused_results \
     /tmp/fused_w*.jsonl /tmp/torch_w*.jsonl | tail -60

@@ -4,8 +4,12 @@
 //   ours_decomposed   launch_gemm + launch_collective (FusedAlgo::kDecomposed)
 //   ours_gemm         the rank's GEMM alone (launch_gemm, same local shape)
 //   ours_collective   the exchange alone (allGather of A in bf16; reduceScatter of the
-//                     partials, what the decomposed path moves)
-// gemmReduceScatter's partials are fp32 unless --rs-partials bf16 (RsPartials::kBF16, the
+//                     partials, what the decomposed path moves; for gemmAllReduce, their
+//                     allReduce)
+// gemmAllReduce (--ops ar; not in the default ag,rs) runs on gemmReduceScatter's shapes: its
+// ours_fused is the fused gemmReduceScatter then an allGather, ours_decomposed our GEMM then
+// our allReduce (fused.h, launch_gemm_all_reduce); no phantom peers for it.
+// gemmReduceScatter's (and gemmAllReduce's) partials are fp32 unless --rs-partials bf16 (RsPartials::kBF16, the
 // baselines' numerics: ours_fused, ours_decomposed, ours_gemm's C and ours_collective all
 // switch) or f32any (RsPartials::kF32AnyOrder: fp32, the fused kernel at W >= 3 adds into one
 // slot per owner); rows carry "partials". allGatherGemm returns the gathered A (the baselines do too)
@@ -17,7 +21,7 @@
 // the impls interleaved so that they share the clock's drift); ms_median = median over an
 // impl's batches of the per-launch mean. One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
-// Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs] [--ctas N (allGatherGemm)]
+// Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs,ar] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
 // --alternate: ours_fused and ours_gemm only, alternating launch by launch with one event pair
@@ -84,8 +88,8 @@ constexpr bool kPhantomBuild = false;
 // M = N = S, K_r = S / TP. Quick mode: M in {2048, 8192} and square 8192.
 struct Shape {
   std::string label;  // e.g. "llama3-70b M=8192"
-  std::string op;     // "allGatherGemm" / "gemmReduceScatter"
-  int M, N, K;        // N = N_r (AG) or N (RS); K = K (AG) or K_r (RS)
+  std::string op;     // "allGatherGemm" / "gemmReduceScatter" / "gemmAllReduce"
+  int M, N, K;        // N = N_r (AG) or N (RS, AR); K = K (AG) or K_r (RS, AR)
 };
 
 std::vector<Shape> shapes(int tp, bool quick) {
@@ -102,6 +106,7 @@ std::vector<Shape> shapes(int tp, bool quick) {
       const std::string label = std::string(m.name) + " M=" + std::to_string(M);
       v.push_back({label, "allGatherGemm", M, 2 * m.ffn / tp, m.hidden});
       v.push_back({label, "gemmReduceScatter", M, m.hidden, m.ffn / tp});
+      v.push_back({label, "gemmAllReduce", M, m.hidden, m.ffn / tp});
     }
   }
   std::vector<int> squares = {8192, 16384};
@@ -110,6 +115,7 @@ std::vector<Shape> shapes(int tp, bool quick) {
     const std::string label = "square S=" + std::to_string(S);
     v.push_back({label, "allGatherGemm", S, S / tp, S});
     v.push_back({label, "gemmReduceScatter", S, S, S / tp});
+    v.push_back({label, "gemmAllReduce", S, S, S / tp});
   }
   return v;
 }
@@ -130,7 +136,7 @@ struct Options {
   int world = 2;
   int tp = 0;  // 0: the world size
   bool quick = false;
-  bool ag = true, rs = true;
+  bool ag = true, rs = true, ar = false;  // --ops: any of ag, rs, ar
   int ctas = 0;
   double batch_ms = 25;
   int batches = 7;
@@ -220,7 +226,10 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   CK(cudaSetDevice(r));
   std::vector<Shape> list = shapes(o.tp > 0 ? o.tp : W, o.quick);
   list.erase(std::remove_if(list.begin(), list.end(),
-                            [&](const Shape& s) { return s.label.find(o.shape) == std::string::npos; }),
+                            [&](const Shape& s) {
+                              const bool on = s.op == "allGatherGemm" ? o.ag : s.op == "gemmReduceScatter" ? o.rs : o.ar;
+                              return !on || s.label.find(o.shape) == std::string::npos;
+                            }),
              list.end());
   if (list.empty()) throw std::runtime_error("no shape matches --shape " + o.shape);
 
@@ -228,7 +237,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   // from offset 0, the gemmReduceScatter fp32 workspace above them (so that the partials never
   // overwrite the bf16 inputs with arbitrary bit patterns).
   uint64_t ag_data = 0, rs_data = 0, scratch = 0;
-  size_t a_max = 0, b_max = 0, c_max = 0, g_max = 0;
+  size_t a_max = 0, b_max = 0, c_max = 0, g_max = 0, sums_max = 0;
   for (const Shape& s : list) {
     const size_t M = s.M, N = s.N, K = s.K;
     if (s.op == "allGatherGemm") {
@@ -246,6 +255,23 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       b_max = std::max(b_max, N * K);
       c_max = std::max(c_max, M * N);
       g_max = std::max(g_max, M * K);
+    } else if (s.op == "gemmAllReduce") {
+      // Its workspace above the allGatherGemm inputs, like gemmReduceScatter's (both paths).
+      k::GemmArArgs a;
+      a.M = s.M;
+      a.N = s.N;
+      a.K = s.K;
+      a.partials = o.rs_code;
+      const k::FusedWorkspace ws = k::gemm_all_reduce_workspace(a, W);
+      // ours_gemm and ours_collective use the product's place and the allReduce's scratch at
+      // any world (at world 1 the op itself needs neither).
+      const uint64_t product = uint64_t{M} * N * (o.rs_bf16() ? 2 : 4);
+      rs_data = std::max({rs_data, ws.data_bytes, product});
+      scratch = std::max({scratch, ws.scratch_bytes, product});
+      a_max = std::max(a_max, M * K);
+      b_max = std::max(b_max, N * K);
+      c_max = std::max(c_max, M * N);
+      sums_max = std::max(sums_max, M * N);
     } else {
       k::GemmRsArgs a;
       a.M = s.M;
@@ -269,7 +295,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   sm->connect(g.all_gather(sm->export_handle()));
   const k::CommDevice& dev = sm->device();
 
-  void *A, *B, *C, *G;
+  void *A, *B, *C, *G, *S = nullptr;
+  if (sums_max > 0) CK(cudaMalloc(&S, sums_max * 4));
   CK(cudaMalloc(&A, std::max<size_t>(a_max, 8) * 2));
   CK(cudaMalloc(&B, b_max * 2));
   CK(cudaMalloc(&C, c_max * 2 + 256));
@@ -383,13 +410,14 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   };
 
   for (const Shape& s : list) {
-    const bool is_ag = s.op == "allGatherGemm";
-    if ((is_ag && !o.ag) || (!is_ag && !o.rs)) continue;
+    const bool is_ag = s.op == "allGatherGemm", is_ar = s.op == "gemmAllReduce";
     const double flops = 2.0 * s.M * s.N * s.K;  // per rank
-    // NVLink bytes into this rank: the peers' rows of A (bf16) or of the partials.
+    // NVLink bytes into this rank: the peers' rows of A (bf16) or of the partials (and for
+    // gemmAllReduce, as an allReduce of the partials: their reduce-scatter, then the gather).
     const double partial_bytes = o.rs_bf16() ? 2.0 : 4.0;
-    const double wire = is_ag ? (W - 1.0) / W * s.M * s.K * 2.0
-                              : (W - 1.0) / W * s.M * s.N * partial_bytes;
+    const double wire = is_ag   ? (W - 1.0) / W * s.M * s.K * 2.0
+                        : is_ar ? 2.0 * (W - 1.0) / W * s.M * s.N * partial_bytes
+                                : (W - 1.0) / W * s.M * s.N * partial_bytes;
     k::AgGemmArgs ag;
     k::GemmRsArgs rs;
     if (is_ag) {
@@ -411,8 +439,20 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       rs.out = static_cast<__nv_bfloat16*>(C);
       rs.partials = o.rs_code;
     }
-    const k::FusedAlgo auto_algo = is_ag ? k::all_gather_gemm_info(dev, ag).algo
-                                         : k::gemm_reduce_scatter_info(dev, rs).algo;
+    // gemmAllReduce: as gemmReduceScatter, into all of C (and its fp32 sums into S).
+    k::GemmArArgs ar;
+    ar.M = rs.M;
+    ar.N = rs.N;
+    ar.K = rs.K;
+    ar.A = rs.A;
+    ar.B = rs.B;
+    ar.ws_offset = rs.ws_offset;
+    ar.C = rs.out;
+    ar.sums = static_cast<float*>(S);
+    ar.partials = rs.partials;
+    const k::FusedAlgo auto_algo = is_ag   ? k::all_gather_gemm_info(dev, ag).algo
+                                   : is_ar ? k::gemm_all_reduce_info(dev, ar).algo
+                                           : k::gemm_reduce_scatter_info(dev, rs).algo;
     struct Impl {
       const char* name;
       std::function<void()> launch;
@@ -431,7 +471,15 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     };
     for (k::FusedAlgo algo : {k::FusedAlgo::kFused, k::FusedAlgo::kDecomposed}) {
       const char* name = algo == k::FusedAlgo::kFused ? "ours_fused" : "ours_decomposed";
-      if (is_ag) {
+      if (is_ar) {
+        // No phantom peers here: the allGather / allReduce would wait for them. The fused path
+        // needs W to divide M (the allGather splits elements).
+        if (algo == k::FusedAlgo::kFused && s.M % W != 0) continue;
+        k::GemmArArgs a = ar;
+        a.algo = algo;
+        impls.push_back({name, [&, a] { CK(k::launch_gemm_all_reduce(dev, a, st)); },
+                         k::gemm_all_reduce_info(dev, a)});
+      } else if (is_ag) {
         k::AgGemmArgs a = ag;
         a.algo = algo;
         add_op(name, a, k::launch_all_gather_gemm, k::all_gather_gemm_info);
@@ -461,11 +509,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       }
       impls.push_back({"ours_gemm", [&, gm] { CK(k::launch_gemm(gm, st)); }, k::FusedLaunchInfo{}});
       k::CollectiveArgs ca;
-      ca.op = is_ag ? k::CommOp::kAllGather : k::CommOp::kReduceScatter;
+      ca.op = is_ag ? k::CommOp::kAllGather : is_ar ? k::CommOp::kAllReduce : k::CommOp::kReduceScatter;
       ca.dtype = is_ag || o.rs_bf16() ? k::CommDtype::kBF16 : k::CommDtype::kF32;
       ca.count = static_cast<int64_t>(s.M) * (is_ag ? s.K : s.N);
       ca.in_offset = is_ag ? 0 : ws_offset;
-      ca.output = is_ag ? G : reinterpret_cast<uint8_t*>(dev.base[r]) + dev.scratch_offset;
+      ca.output = is_ag   ? G
+                  : is_ar ? (o.rs_bf16() ? C : S)
+                          : reinterpret_cast<uint8_t*>(dev.base[r]) + dev.scratch_offset;
       impls.push_back({"ours_collective", [&, ca] { CK(k::launch_collective(dev, ca, st)); },
                        k::FusedLaunchInfo{}});
     }
@@ -518,6 +568,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   cudaFree(B);
   cudaFree(C);
   cudaFree(G);
+  cudaFree(S);
   sm->close();
   return 0;
 }
@@ -561,6 +612,7 @@ int main(int argc, char** argv) {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;
       o.rs = ops.find("rs") != std::string::npos;
+      o.ar = ops.find("ar") != std::string::npos;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;

@@ -8,10 +8,12 @@ barrier and a sync before each batch; ms_median = median over batches of the per
 impls per (op, shape):
   torch_serial     cuBLAS + NCCL, one stream: all_gather_into_tensor then A @ W.t()
                    (allGatherGemm); A @ W.t() then reduce_scatter_tensor (gemmReduceScatter,
-                   bf16 partials, as NCCL sums them)
+                   bf16 partials, as NCCL sums them); A @ W.t() then all_reduce (gemmAllReduce)
   torch_symm_mem   PyTorch symmetric memory's fused ops
                    (torch.distributed._symmetric_memory._fused_all_gather_matmul /
-                   _fused_matmul_reduce_scatter, torch 2.11), multicast off
+                   _fused_matmul_reduce_scatter, torch 2.11), multicast off; gemmAllReduce (no
+                   fused op in torch): A @ W.t() into a symmetric buffer, then
+                   torch.ops.symm_mem.two_shot_all_reduce_ on it
   torch_gemm       cuBLAS GEMM alone (the rank's local shape)
   torch_collective NCCL collective alone (bf16)
 Run: torchrun --nproc-per-node W torch_baselines.py --out torch.jsonl [--quick]
@@ -36,10 +38,12 @@ def shapes(tp, quick):
             label = f"{name} M={m}"
             out.append((label, "allGatherGemm", m, 2 * ffn // tp, hidden))
             out.append((label, "gemmReduceScatter", m, hidden, ffn // tp))
+            out.append((label, "gemmAllReduce", m, hidden, ffn // tp))
     for s in ([8192] if quick else [8192, 16384]):
         label = f"square S={s}"
         out.append((label, "allGatherGemm", s, s // tp, s))
         out.append((label, "gemmReduceScatter", s, s, s // tp))
+        out.append((label, "gemmAllReduce", s, s, s // tp))
     return out
 
 
@@ -47,7 +51,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="torch.jsonl")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--ops", default="ag,rs")
+    ap.add_argument("--ops", default="ag,rs", help="any of ag, rs, ar")
     ap.add_argument("--batch-ms", type=float, default=25.0)
     ap.add_argument("--batches", type=int, default=7)
     args = ap.parse_args()
@@ -101,11 +105,12 @@ def main():
         return per[len(per) // 2], iters
 
     for label, op, M, N, K in shapes(world, args.quick):
-        is_ag = op == "allGatherGemm"
-        if (is_ag and "ag" not in args.ops) or (not is_ag and "rs" not in args.ops):
+        is_ag, is_ar = op == "allGatherGemm", op == "gemmAllReduce"
+        key = "ag" if is_ag else "ar" if is_ar else "rs"
+        if key not in args.ops.split(","):
             continue
         flops = 2.0 * M * N * K
-        wire = (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
+        wire = (2 if is_ar else 1) * (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
         w = rand(N, K)  # a linear layer's weight: C = A @ w.t()
         calls = {}
         if is_ag:
@@ -122,6 +127,29 @@ def main():
                 calls["torch_symm_mem"] = lambda: symm._fused_all_gather_matmul(a_shard, [w.t()], 0, group_name)
             calls["torch_gemm"] = lambda: torch.matmul(a_full, w.t(), out=c)
             calls["torch_collective"] = lambda: dist.all_gather_into_tensor(a_full, a_shard)
+        elif is_ar:
+            a = rand(M, K)
+            p = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+
+            def serial():
+                torch.matmul(a, w.t(), out=p)
+                dist.all_reduce(p)
+
+            calls["torch_serial"] = serial
+            if symm is not None:
+                try:
+                    p_symm = symm.empty(M, N, device=dev, dtype=torch.bfloat16)
+                    symm.rendezvous(p_symm, group_name)
+
+                    def symm_ar():
+                        torch.matmul(a, w.t(), out=p_symm)
+                        torch.ops.symm_mem.two_shot_all_reduce_(p_symm, "sum", group_name)
+
+                    calls["torch_symm_mem"] = symm_ar
+                except Exception as e:  # e.g. an older torch: the serial baseline remains
+                    print(f"rank {rank}: no symm_mem allReduce for {label}: {e!r}", file=sys.stderr)
+            calls["torch_gemm"] = lambda: torch.matmul(a, w.t(), out=p)
+            calls["torch_collective"] = lambda: dist.all_reduce(p)
         else:
             a = rand(M, K)
             p = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
