@@ -456,6 +456,16 @@ k::GemmRsArgs rs_args(const void* a, const void* w, void* out, int64_t m, int64_
   return args;
 }
 
+// The shapes and partial precision that gemmReduceScatter and gemmAllReduce accept on the GPU.
+void require_gemm_reduce_args(const char* op, int64_t m, int64_t n, int64_t k_local, int partials) {
+  FC_REQUIRE(partials >= 0 && partials <= 2,
+             std::string(op) + ": unknown partial precision " + std::to_string(partials));
+  FC_REQUIRE(m >= 1 && n >= 8 && k_local >= 8 && n % 8 == 0 && k_local % 8 == 0 && m < (1ll << 31) &&
+                 n < (1ll << 31) && k_local < (1ll << 31),
+             std::string(op) + " on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
+                 ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
+}
+
 void check_fused_launch(cudaError_t e, const char* op) {
   if (e == cudaErrorInvalidValue) {
     cudaGetLastError();
@@ -503,12 +513,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
                                      int64_t k_local, int layout, int partials,
                                      cudaStream_t stream) {
   check_usable();
-  FC_REQUIRE(partials >= 0 && partials <= 2,
-             "gemmReduceScatter: unknown partial precision " + std::to_string(partials));
-  FC_REQUIRE(m >= 1 && n >= 8 && k_local >= 8 && n % 8 == 0 && k_local % 8 == 0 && m < (1ll << 31) &&
-                 n < (1ll << 31) && k_local < (1ll << 31),
-             "gemmReduceScatter on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
-                 ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
+  require_gemm_reduce_args("gemmReduceScatter", m, n, k_local, partials);
   if (link_ != nullptr) {
     gemm_reduce_scatter_across_hosts(a, w, out, m, n, k_local, layout, partials, stream);
     return;
@@ -533,11 +538,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
 void DeviceComm::gemm_all_reduce(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
                                  int layout, int partials, cudaStream_t stream) {
   check_usable();
-  FC_REQUIRE(partials >= 0 && partials <= 2, "gemmAllReduce: unknown partial precision " + std::to_string(partials));
-  FC_REQUIRE(m >= 1 && n >= 8 && k_local >= 8 && n % 8 == 0 && k_local % 8 == 0 && m < (1ll << 31) &&
-                 n < (1ll << 31) && k_local < (1ll << 31),
-             "gemmAllReduce on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
-                 ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
+  require_gemm_reduce_args("gemmAllReduce", m, n, k_local, partials);
   const int W = layout_.world();
   const bool bf16 = static_cast<k::RsPartials>(partials) == k::RsPartials::kBF16;
   if (link_ == nullptr) {
