@@ -131,11 +131,78 @@ void test_ag() {
           }
 }
 
+// gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
+// takes its fused kernel, and the fused path's workspace fits the data area.
+void test_ar() {
+  auto algo = [](int W, int M, int N, int K_r, bool bf16, uint64_t data_bytes) {
+    k::CommDevice d = device(W, 0, 132);
+    d.data_bytes = data_bytes;
+    k::GemmArArgs a;
+    a.M = M;
+    a.N = N;
+    a.K = K_r;
+    a.partials = bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+    return k::gemm_all_reduce_info(d, a).algo;
+  };
+  const uint64_t big = uint64_t{1} << 31;
+  for (int K_r : {1024, 7168}) {
+    const std::string kr = " (K_r=" + std::to_string(K_r) + ")";
+    check(algo(2, 8192, 8192, K_r, false, big) == k::FusedAlgo::kFused, "gemmAllReduce kAuto W=2 8192x8192: fused" + kr);
+    check(algo(2, 8192, 8192, K_r, true, big) == k::FusedAlgo::kFused,
+          "gemmAllReduce kAuto W=2 8192x8192 bf16 partials: fused" + kr);
+    check(algo(2, 8191, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=2, W does not divide M: decomposed" + kr);
+    check(algo(2, 1024, 4096, K_r, false, big) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=2 1024x4096 (small): decomposed" + kr);
+    check(algo(4, 8192, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=4: decomposed" + kr);
+    check(algo(1, 8192, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=1: decomposed (the GEMM alone)" + kr);
+    check(algo(2, 8192, 8192, K_r, false, 64ull << 20) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=2 8192x8192 with a 64 MiB data area: decomposed" + kr);
+  }
+}
+
+// The collectives' kAuto: one-shot for small messages, two-phase for large ones, and the push
+// allReduce at W = 2 from 256 MiB (collectives.cu, collective_choose_algo).
+void test_collective_choice() {
+  auto algo = [](k::CommOp op, k::CommDtype dt, int W, int64_t bytes) {
+    k::CommDevice d = device(W, 0, 132);
+    d.slot_bytes = 1 << 20;
+    d.data_bytes = uint64_t{2} << 30;
+    k::CollectiveArgs a;
+    a.op = op;
+    a.dtype = dt;
+    a.count = bytes / (dt == k::CommDtype::kBF16 ? 2 : 4);
+    return k::collective_choose_algo(d, a);
+  };
+  const auto AR = k::CommOp::kAllReduce, AG = k::CommOp::kAllGather, RS = k::CommOp::kReduceScatter;
+  const auto B = k::CommDtype::kBF16, F = k::CommDtype::kF32;
+  const int64_t MiB = 1 << 20;
+  check(algo(AR, B, 2, 4096) == k::CommAlgo::kOneShot, "allReduce W=2 4 KiB: one-shot");
+  check(algo(AR, B, 2, 64 * MiB) == k::CommAlgo::kTwoPhase, "allReduce W=2 64 MiB: two-phase");
+  check(algo(AR, B, 2, 256 * MiB - 2) == k::CommAlgo::kTwoPhase, "allReduce W=2 256 MiB - 2 B: two-phase");
+  check(algo(AR, B, 2, 256 * MiB) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 256 MiB bf16: push");
+  check(algo(AR, F, 2, 1024 * MiB) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 1 GiB fp32: push");
+  check(algo(AR, B, 4, 1024 * MiB) == k::CommAlgo::kTwoPhase, "allReduce W=4 1 GiB: two-phase");
+  check(algo(AR, B, 1, 1024 * MiB) == k::CommAlgo::kOneShot, "allReduce W=1: one-shot (a copy)");
+  check(algo(AG, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "allGather W=2 1 GiB: two-phase");
+  check(algo(RS, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "reduceScatter W=2 1 GiB: two-phase");
+  k::CommDevice d = device(2, 0, 132);
+  d.slot_bytes = 1 << 20;
+  k::CollectiveArgs forced;
+  forced.count = 512 * MiB;
+  forced.algo = k::CommAlgo::kTwoPhase;
+  check(k::collective_choose_algo(d, forced) == k::CommAlgo::kTwoPhase, "a forced algorithm is kept");
+}
+
 }  // namespace
 
 int main() {
   test_rs();
   test_ag();
+  test_ar();
+  test_collective_choice();
   std::printf("fused_geometry_test: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

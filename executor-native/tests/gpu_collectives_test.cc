@@ -396,6 +396,30 @@ struct Rank {
   }
 
   // The last rank launches 200 ms after the others.
+  // kAuto's push allReduce (W = 2 from 256 MiB): the algorithm it resolves to, and 256 MiB
+  // launches in bf16 and fp32 checked element by element, in a memory of its own.
+  void large_auto_all_reduce() {
+    if (W != 2) return;
+    const int64_t bytes = int64_t{256} << 20;
+    SymmetricConfig cfg;
+    cfg.data_bytes = static_cast<uint64_t>(bytes) + 4096;
+    open(cfg);
+    uint8_t* big = nullptr;
+    CUDA_OK(dmalloc(&big, static_cast<size_t>(bytes) + 4096));
+    uint64_t id = 0;
+    for (k::CommDtype dt : {k::CommDtype::kBF16, k::CommDtype::kF32}) {
+      const Case c{k::CommOp::kAllReduce, dt, bytes / static_cast<int64_t>(esize(dt)), k::CommAlgo::kAuto, 0, 0,
+                   false};
+      check(k::collective_choose_algo(sm->device(), args(c, big)) == k::CommAlgo::kTwoPhasePush,
+            "rank " + std::to_string(r) + " " + name(c) + ": kAuto picks the push allReduce");
+      std::swap(out, big);
+      run_case(c, mix(seed ^ (0x4C41 + ++id)));
+      std::swap(out, big);
+    }
+    cudaFree(big);
+    open(SymmetricConfig{});
+  }
+
   void late_rank() {
     for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
                              k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
@@ -555,6 +579,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
     R.graph(k::CommOp::kAllReduce, k::CommAlgo::kTwoPhasePush);
     R.graph(k::CommOp::kReduceScatter, k::CommAlgo::kTwoPhasePush);
     R.graph(k::CommOp::kAllReduce, k::CommAlgo::kPipelined);
+    R.large_auto_all_reduce();
     R.late_rank();
     if (g.world > 1 && !g_new_only) R.dead_rank();
     if (g.world > 1 && !g_new_only) R.mismatch();

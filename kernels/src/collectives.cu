@@ -886,6 +886,10 @@ int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PU
 #define FC_PIPE_CHUNK_KIB 64
 #endif
 
+// kAuto's push allReduce (collective_choose_algo): from this size, with these chunks.
+constexpr int64_t kAutoPushMinBytes = int64_t{256} << 20;
+constexpr int64_t kAutoPushChunkBytes = int64_t{128} << 10;
+
 int64_t elem_size(CommDtype t) { return t == CommDtype::kBF16 ? 2 : 4; }
 
 // Bytes that one staging slot must hold for a one-shot launch.
@@ -1003,11 +1007,20 @@ int64_t collective_input_count(CommOp op, int64_t count, int world, int rank) {
 CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& args) {
   if (args.algo != CommAlgo::kAuto) return args.algo;
   if (dev.world == 1) return CommAlgo::kOneShot;
+  const int64_t bytes = args.count * elem_size(args.dtype);
+  // allReduce at W = 2 from kAutoPushMinBytes: the push variant (with kAutoPushChunkBytes
+  // chunks) moved 2-3 % more than two-phase (W = 2 on a 4 x H200 host, 2026-11-22, one run,
+  // kernels/bench/results/collectives_variants_h200x4.txt: 326.8 against 319.4 GB/s busbw at
+  // 256 MiB, 334.6 against 326.7 at 1 GiB), while two-phase led at 64 MiB (300.0 against
+  // 293.6) and at W = 4 at every size. Its scratch need (the whole tensor) always fits: the
+  // input occupies as much of the data area.
+  if (args.op == CommOp::kAllReduce && dev.world == 2 && bytes >= kAutoPushMinBytes) {
+    return CommAlgo::kTwoPhasePush;
+  }
   const int64_t payload = one_shot_payload(args, dev.world);
   if (payload > static_cast<int64_t>(dev.slot_bytes)) return CommAlgo::kTwoPhase;
   // Crossovers (total message bytes). One-shot moves (W-1)x the payload per rank but needs a
   // single flag exchange; two-phase is bandwidth-optimal but needs two or three.
-  const int64_t bytes = args.count * elem_size(args.dtype);
   int64_t limit = 0;
   switch (args.op) {
     case CommOp::kAllReduce: limit = dev.world <= 2 ? (512 << 10) : (256 << 10); break;
@@ -1100,7 +1113,9 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
       two_phase_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
     }
   } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined) {
-    if (!pipe_plan(d, a, algo, prm)) return cudaErrorInvalidValue;
+    CollectiveArgs planned = a;
+    if (a.algo == CommAlgo::kAuto && a.chunk_bytes == 0) planned.chunk_bytes = kAutoPushChunkBytes;
+    if (!pipe_plan(d, planned, algo, prm)) return cudaErrorInvalidValue;
     prm.a.algo = algo;  // launch_pipe picks the kernel from it (kAuto may resolve to these)
     const int grid = prm.pull_ctas + prm.consumers;
     if (a.dtype == CommDtype::kBF16) {

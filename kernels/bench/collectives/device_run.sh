@@ -27,6 +27,17 @@ if [ "$what" != test ]; then
     timeout 200 torchrun --nproc-per-node $w $here/nccl_bench.py --out "/tmp/nccl_w$w.jsonl" --max-bytes $max >> "$OUT/nccl.log" 2>&1 || echo "nccl w=$w rc=$?"
   done
   cat /tmp/ours_w*.jsonl /tmp/nccl_w*.jsonl > /tmp/coll_all.jsonl 2>/dev/null
+  # kAuto's large allReduce against each algorithm forced, in the same call: two-phase, and push
+  # with 128 KiB chunks (what kAuto runs at W = 2 from 256 MiB); table printed before the report.
+  for w in ${FC_WORLDS:-2 4 8}; do
+    [ $w -le $ngpu ] && [ $max -ge 67108864 ] || continue
+    timeout 120 "$bin/coll_bench" --world $w --ops ar --algos 2,3 --chunks-kib 128 --min-bytes 67108864 \
+      --max-bytes $max --label forced --out "$OUT/ours_ar_forced_w$w.jsonl" >> "$OUT/bench.log" 2>&1 ||
+      echo "coll_bench forced w=$w rc=$?"
+  done
+  cp /tmp/ours_w*.jsonl /tmp/nccl_w*.jsonl "$OUT/" 2>/dev/null
+  python3 $here/variants_report.py --min-bytes 67108864 --ops allReduce /tmp/ours_w*.jsonl \
+    /tmp/nccl_w*.jsonl "$OUT"/ours_ar_forced_w*.jsonl | tee "$OUT/allreduce_algos.txt"
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix "collectives_results_w$ngpu" /tmp/coll_all.jsonl | tail -40
 fi
 exit $rc

@@ -1,7 +1,8 @@
 """Ratio table of variants_ar.sh: busbw (GB/s) of every (op, world, variant/algo) at each size
 and its ratio to NCCL's busbw measured in the same device call; the best variant per
-(op, world) by geometric-mean ratio last. Usage: variants_report.py FILE.jsonl...
-(coll_bench rows carry "variant" and "algo"; nccl_bench.py rows have impl "nccl").
+(op, world) by geometric-mean ratio last. Usage: variants_report.py [--min-bytes N] [--ops a,b]
+FILE.jsonl... (coll_bench rows carry "variant" and "algo"; nccl_bench.py rows have impl "nccl";
+--min-bytes and --ops keep only those rows).
 """
 import collections, json, math, os, sys
 
@@ -13,10 +14,18 @@ def human(b):
 
 
 def main():
+    args, min_bytes, ops_only = sys.argv[1:], 0, None
+    while args and args[0].startswith("--"):
+        if args[0] == "--min-bytes":
+            min_bytes = int(args[1])
+        elif args[0] == "--ops":
+            ops_only = set(args[1].split(","))
+        args = args[2:]
     rows = []
-    for p in sys.argv[1:]:
+    for p in args:
         if os.path.exists(p):
             rows += [json.loads(l) for l in open(p) if l.strip()]
+    rows = [r for r in rows if r["bytes"] >= min_bytes and (ops_only is None or r["op"] in ops_only)]
     nccl = {(r["op"], r["world"], r["bytes"]): r["busbw"] for r in rows if r["impl"] == "nccl"}
     ours = collections.defaultdict(dict)
     for r in rows:

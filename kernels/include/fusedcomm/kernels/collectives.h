@@ -49,7 +49,8 @@
 //     from every peer, allReduce = reduceScatter into its own scratch (+ output) then a grid
 //     barrier and an allGather of the peers' scratch slices. End barrier: every peer has
 //     finished reading this rank's memory before any rank's launch completes.
-//   Chunk-pipelined variants (forced only; kAuto does not pick them yet). CTAs [0, P) are
+//   Chunk-pipelined variants (kAuto picks the push allReduce at W = 2 from 256 MiB, with
+//     128 KiB chunks; otherwise forced only). CTAs [0, P) are
 //     producers, [P, P + C) consumers; producer c handles chunks k = c + j*P in round j and,
 //     after each round, releases CommFlags::pipe[rank][c] in every peer (a per-chunk flag, no
 //     grid barrier); consumers wait for those flags. P, C and the chunk depend only on (op,
@@ -120,7 +121,8 @@ inline constexpr uint64_t kCommStagingOffset = 1 << 20;
 
 enum class CommOp : uint32_t { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kAllToAll = 4 };
 enum class CommDtype : uint32_t { kF32 = 0, kBF16 = 1 };
-// kTwoPhasePush and kPipelined: the chunk-pipelined variants above (measurement candidates).
+// kTwoPhasePush and kPipelined: the chunk-pipelined variants above (kAuto: the push allReduce
+// at W = 2 from 256 MiB; the rest are measurement candidates).
 enum class CommAlgo : uint32_t {
   kAuto = 0,
   kOneShot = 1,
@@ -309,8 +311,9 @@ struct CollectiveArgs {
 int64_t collective_output_count(CommOp op, int64_t count, int world, int rank);
 // Elements of the input of `op` on rank `rank`.
 int64_t collective_input_count(CommOp op, int64_t count, int world, int rank);
-// The algorithm kAuto picks (kOneShot or kTwoPhase) for these arguments; a forced algorithm
-// is returned as is.
+// The algorithm kAuto picks (kOneShot, kTwoPhase, or kTwoPhasePush for a large allReduce at
+// W = 2) for these arguments, from rank-uniform values only; a forced algorithm is returned
+// as is.
 CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& args);
 
 // Enqueues one collective on `stream` (see the contract above). cudaErrorInvalidValue for bad
