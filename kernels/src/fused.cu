@@ -614,7 +614,6 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
                  : launch_rs_instance<128, false>(plan, p, grid, stream);
 }
 
-// ---- test support: reference GEMM ---------------------------------------------------------------
 // ---- gemmAllReduce ------------------------------------------------------------------------------
 namespace {
 // The gemmReduceScatter that gemmAllReduce's fused path runs (partials: any order is fp32).
@@ -718,6 +717,7 @@ cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& a, c
   return bf16 ? cudaSuccess : launch_narrow_to_bf16(a.sums, a.C, count, stream);
 }
 
+// ---- test support: reference GEMM ---------------------------------------------------------------
 namespace {
 __global__ void reference_gemm_kernel(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
                                       int64_t ldb, bool kn, int M, int N, int K, float* ref,
