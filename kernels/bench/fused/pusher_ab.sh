@@ -2,8 +2,13 @@
 # The pusher-warp A/B of gemmReduceScatter (RsEpilogue::kWarpPush; NOTES.md, "Pusher warps")
 # on a host with 2 or more GPUs, in ONE device call of ~3 minutes, plus the proxy path's tests
 # on separate GPUs:
-#   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab (carry it: ~38 MB)
+#   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab and its archive
+#                        build/pab.tar.xz (~6 MB: carry the archive, the folder is ~50 MB)
 #   run   (GPU host):    kernels/bench/fused/pusher_ab.sh run [world=2]   -> $OUT/pab/*
+# build/pab also holds what the next calls on the same host need, so that one carried archive
+# serves them all (`tar xJf build/pab.tar.xz -C build` first where build/pab is missing):
+#   build/pab/tma   the default fused_bench and gpu_fused_test (fused/device_run.sh's bin)
+#   build/pab/coll  coll_bench and gpu_collectives_test (collectives/device_run.sh's bin)
 # Run steps, each with its own timeout:
 #   1. gpu_fused_test of the pusher build (every world 1..GPUs, on separate GPUs);
 #   2. local_run.sh: TMA pushes (the default) against pusher warps, 2 rounds, bf16 and fp32
@@ -18,16 +23,21 @@ if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_WARP_PUSH $here/build.sh build/pab-wp | tail -1 || exit 1
   cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test gpu_runtime_hosts_test > /dev/null || exit 1
-  rm -rf $out && mkdir -p $out/tma $out/pusher
-  cp build/pab-def/fused_bench $out/tma/
+  kernels/bench/collectives/build.sh build/coll-bin > /dev/null || exit 1
+  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll
+  cp build/pab-def/fused_bench build/pab-def/gpu_fused_test $out/tma/
+  cp build/coll-bin/coll_bench build/coll-bin/gpu_collectives_test $out/coll/
   cp build/pab-wp/fused_bench build/pab-wp/gpu_fused_test $out/pusher/
   cp executor-native/target/cmake/executor-native/gpu_proxy_test \
      executor-native/target/cmake/executor-native/gpu_hier_test \
      executor-native/target/cmake/executor-native/gpu_runtime_hosts_test $out/
-  strip --strip-unneeded $out/*_test $out/*/*  # host symbols only: ~2 MB under the carry limit
+  strip --strip-unneeded $out/*_test $out/*/*  # host symbols only
   git rev-parse --short HEAD > $out/commit.txt
-  du -sh $out; exit 0
+  # The binaries share most of their code: the archive is about a tenth of the folder.
+  tar cJf build/pab.tar.xz -C build pab
+  du -sh $out build/pab.tar.xz; exit 0
 fi
+[ -d $out ] || tar xJf build/pab.tar.xz -C build || { echo "no $out and no build/pab.tar.xz: build first"; exit 1; }
 world=${2:-2}
 OUT=${OUT:-/tmp/pab_out}; o=$OUT/pab; mkdir -p "$o"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
