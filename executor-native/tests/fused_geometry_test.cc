@@ -147,7 +147,8 @@ void test_ar() {
   const uint64_t big = uint64_t{1} << 31;
   for (int K_r : {1024, 7168}) {
     const std::string kr = " (K_r=" + std::to_string(K_r) + ")";
-    check(algo(2, 8192, 8192, K_r, false, big) == k::FusedAlgo::kFused, "gemmAllReduce kAuto W=2 8192x8192: fused" + kr);
+    check(algo(2, 8192, 8192, K_r, false, big) == k::FusedAlgo::kFused,
+          "gemmAllReduce kAuto W=2 8192x8192: fused" + kr);
     check(algo(2, 8192, 8192, K_r, true, big) == k::FusedAlgo::kFused,
           "gemmAllReduce kAuto W=2 8192x8192 bf16 partials: fused" + kr);
     check(algo(2, 8191, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,

@@ -693,7 +693,8 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     if (one_host && world > k::kCommMaxRanks) continue;
     const std::vector<int> host_of = one_host ? std::vector<int>(world, 0) : layouts[0].host_of;
     Comm c(rt, g, host_of, ++comm_id);
-    const std::string name = one_host ? "1 x " + std::to_string(world) : std::to_string(H) + " x " + std::to_string(L) + " blocks";
+    const std::string name =
+        one_host ? "1 x " + std::to_string(world) : std::to_string(H) + " x " + std::to_string(L) + " blocks";
     // The fused ops' one-host path as the JNI layer drives it (across hosts: above).
     if (one_host) fused_cases(*c.device, g, seed ^ comm_id ^ 0xF, stream, name);
     graph_case(*c.device, rank, world, seed ^ comm_id, stream, name);

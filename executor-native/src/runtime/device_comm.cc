@@ -440,10 +440,12 @@ void* DeviceComm::workspace(uint64_t bytes) {
 }
 
 namespace {
-// gemmReduceScatter's kernel arguments (kAuto; the workspace at the data area's start).
-k::GemmRsArgs rs_args(const void* a, const void* w, void* out, int64_t m, int64_t n, int64_t k_local, int layout,
-                      int partials) {
-  k::GemmRsArgs args;
+// The operands that gemmReduceScatter's and gemmAllReduce's kernel arguments (k::GemmRsArgs,
+// k::GemmArArgs) share; kAuto, the workspace at the data area's start.
+template <typename Args>
+Args gemm_reduce_operands(const void* a, const void* w, int64_t m, int64_t n, int64_t k_local, int layout,
+                          int partials) {
+  Args args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n);
   args.K = static_cast<int>(k_local);
@@ -451,7 +453,6 @@ k::GemmRsArgs rs_args(const void* a, const void* w, void* out, int64_t m, int64_
   args.B = static_cast<const __nv_bfloat16*>(w);
   args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
   args.ws_offset = 0;
-  args.out = static_cast<__nv_bfloat16*>(out);
   args.partials = static_cast<k::RsPartials>(partials);  // the same codes
   return args;
 }
@@ -518,7 +519,8 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
     gemm_reduce_scatter_across_hosts(a, w, out, m, n, k_local, layout, partials, stream);
     return;
   }
-  const k::GemmRsArgs args = rs_args(a, w, out, m, n, k_local, layout, partials);
+  k::GemmRsArgs args = gemm_reduce_operands<k::GemmRsArgs>(a, w, m, n, k_local, layout, partials);
+  args.out = static_cast<__nv_bfloat16*>(out);
   const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(args, sm_->world());
   require_fits("gemmReduceScatter", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);
@@ -542,15 +544,8 @@ void DeviceComm::gemm_all_reduce(const void* a, const void* w, void* c, int64_t 
   const int W = layout_.world();
   const bool bf16 = static_cast<k::RsPartials>(partials) == k::RsPartials::kBF16;
   if (link_ == nullptr) {
-    k::GemmArArgs args;
-    args.M = static_cast<int>(m);
-    args.N = static_cast<int>(n);
-    args.K = static_cast<int>(k_local);
-    args.A = static_cast<const __nv_bfloat16*>(a);
-    args.B = static_cast<const __nv_bfloat16*>(w);
-    args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+    k::GemmArArgs args = gemm_reduce_operands<k::GemmArArgs>(a, w, m, n, k_local, layout, partials);
     args.C = static_cast<__nv_bfloat16*>(c);
-    args.partials = static_cast<k::RsPartials>(partials);
     args.algo = k::gemm_all_reduce_info(sm_->device(), args).algo;
     const k::FusedWorkspace ws = k::gemm_all_reduce_workspace(args, W);
     if (std::max(ws.data_bytes, ws.scratch_bytes) <= sm_->data_bytes()) {

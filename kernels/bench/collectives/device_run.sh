@@ -35,7 +35,6 @@ if [ "$what" != test ]; then
       --max-bytes $max --label forced --out "$OUT/ours_ar_forced_w$w.jsonl" >> "$OUT/bench.log" 2>&1 ||
       echo "coll_bench forced w=$w rc=$?"
   done
-  cp /tmp/ours_w*.jsonl /tmp/nccl_w*.jsonl "$OUT/" 2>/dev/null
   python3 $here/variants_report.py --min-bytes 67108864 --ops allReduce /tmp/ours_w*.jsonl \
     /tmp/nccl_w*.jsonl "$OUT"/ours_ar_forced_w*.jsonl | tee "$OUT/allreduce_algos.txt"
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix "collectives_results_w$ngpu" /tmp/coll_all.jsonl | tail -40

@@ -227,7 +227,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   std::vector<Shape> list = shapes(o.tp > 0 ? o.tp : W, o.quick);
   list.erase(std::remove_if(list.begin(), list.end(),
                             [&](const Shape& s) {
-                              const bool on = s.op == "allGatherGemm" ? o.ag : s.op == "gemmReduceScatter" ? o.rs : o.ar;
+                              const bool on = s.op == "allGatherGemm"       ? o.ag
+                                              : s.op == "gemmReduceScatter" ? o.rs
+                                                                            : o.ar;
                               return !on || s.label.find(o.shape) == std::string::npos;
                             }),
              list.end());

@@ -76,7 +76,8 @@ def main():
           "after warm-up; NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1. Shapes: Llama-3 MLP "
           "layers under TP = world: allGatherGemm = fused gate+up projection (K = hidden, "
           "N_r = 2*ffn/TP), gemmReduceScatter and gemmAllReduce = down projection (K_r = ffn/TP, "
-          "N = hidden); square S: M = K = S, N_r = S/TP (AG) and M = N = S, K_r = S/TP (RS, AR). TF/s per GPU = 2*M*N*K / time "
+          "N = hidden); square S: M = K = S, N_r = S/TP (AG) and M = N = S, K_r = S/TP (RS, AR). "
+          "TF/s per GPU = 2*M*N*K / time "
           "with the rank's local N or K. Ratios are time ratios (< 1: ours faster). Ours reduces fp32 "
           "partials (rounded once); the NCCL and symmetric-memory baselines reduce bf16 partials.", ""]
     summary = defaultdict(list)

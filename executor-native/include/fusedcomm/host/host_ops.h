@@ -38,10 +38,11 @@ enum class WeightLayout : int32_t {
   kNK = 0,  // C = A · Wᵀ, W: N×K (a linear layer's weight)
   kKN = 1,  // C = A · B,  B: K×N (backward passes)
 };
-// gemmReduceScatter's and gemmAllReduce's partial products: the precision they are kept and exchanged in (the
-// kernels' RsPartials, the Java PartialPrecision; same codes). The sum is fp32 either way and
-// rounded once, at the output; kBF16 rounds each rank's partial to bf16 first (RNE);
-// kF32AnyOrder allows any order of the sum (this backend keeps rank order: kF32's result).
+// gemmReduceScatter's and gemmAllReduce's partial products: the precision they are kept and
+// exchanged in (the kernels' RsPartials, the Java PartialPrecision; same codes). The sum is
+// fp32 either way and rounded once, at the output; kBF16 rounds each rank's partial to bf16
+// first (RNE); kF32AnyOrder allows any order of the sum (this backend keeps rank order: kF32's
+// result).
 enum class PartialPrecision : int32_t { kF32 = 0, kBF16 = 1, kF32AnyOrder = 2 };
 // c (m×n) = a (m×k) · op(w); accumulate: c += instead of c = (c read in dtype t).
 void gemm(DType t, const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,

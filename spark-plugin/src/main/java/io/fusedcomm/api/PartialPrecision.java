@@ -2,7 +2,8 @@ package io.fusedcomm.api;
 
 /**
  * The precision in which {@link Communicator#gemmReduceScatter} and {@link
- * Communicator#gemmAllReduce} keep and exchange each rank's partial product {@code a_r · op(w_r)}. The sum over ranks is fp32 either way, in rank order
+ * Communicator#gemmAllReduce} keep and exchange each rank's partial product
+ * {@code a_r · op(w_r)}. The sum over ranks is fp32 either way, in rank order
  * (unless {@link #F32_ANY_ORDER} allows any), and rounded once to the output's dtype. The
  * ordinal is the native code. Every rank of an op must pass the same value (checked, as the
  * shapes are).
