@@ -61,6 +61,12 @@
 #include "gpu_test_support.h"
 #include "process_group.h"
 
+#ifdef FUSEDCOMM_RS_FETCH_STATS  // test build (kernels/src/fused.cu)
+namespace fusedcomm::kernels {
+cudaError_t rs_fetch_stats(unsigned long long out[2]);
+}
+#endif
+
 namespace {
 
 namespace k = fusedcomm::kernels;
@@ -623,6 +629,10 @@ struct Rank {
         {1001, 264, 520, NK, F, 0, true},    {1001, 264, 520, NK, D, 0, true},
         {2999, 1032, 1032, KN, F, 64, true}, {2999, 1032, 1032, KN, D, 64, true},
         {4100, 2056, 1024, NK, A, 0, true},  {3, 64, 64, NK, F, 16, true},
+        // Several waves of tiles, so that at W = 2 the own half-tiles come after the peer's
+        // pushes were flagged and fetch their partial early (RsEpilogue::kPrefetch); the second
+        // with a last tile column of 8 (its fetch skips the boxes past N).
+        {4096, 2048, 1024, NK, F, 0, true},  {4096, 1032, 1024, KN, F, 0, true},
         // fp32 partials in any order (RsPartials::kF32AnyOrder): at W >= 3 the fused kernel's
         // peers add into one slot per owner (zeroed before each launch).
         {1001, 264, 520, NK, F, 0, false, true},    {2999, 1032, 1032, KN, F, 64, false, true},
@@ -956,6 +966,12 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   }
   R.correctness();
   lap("correctness sweep");
+#ifdef FUSEDCOMM_RS_FETCH_STATS
+  unsigned long long st[2] = {0, 0};
+  CUDA_OK(k::rs_fetch_stats(st));
+  std::printf("  rank %d: fused gemmReduceScatter own half-tiles %llu, fetched early %llu\n",
+              g.rank, st[0], st[1]);
+#endif
   R.back_to_back();
   lap("back-to-back x120");
   R.graph();

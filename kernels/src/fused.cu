@@ -201,6 +201,8 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.own_nb = cnt > 0 ? static_cast<int>((off + cnt - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
   p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
   p.accumulate = rs_accumulates(W, a) ? 1 : 0;
+  // One received slot of bf16 partials (a bf16 half-tile fits the staging buffer).
+  p.prefetch = detail::RsEpilogue::kPrefetch && W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
   return p;
 }
 
@@ -593,6 +595,12 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
       !detail::encode_store_map(&p.tm_out, a.out, static_cast<int>(own_rows), a.N, a.N, false)) {
     return cudaErrorInvalidValue;
   }
+  // This rank's one receive slot, for the early fetches of its own half-tiles.
+  if (p.prefetch &&
+      !detail::encode_store_map(&p.tm_recv, ws, static_cast<int>(own_rows) + kFusedRsSlotPadRows,
+                                a.N, a.N, false)) {
+    return cudaErrorInvalidValue;
+  }
   p.dev = d;
   p.out = a.out;
   p.ws_offset = a.ws_offset;
@@ -613,6 +621,14 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   return plan.kn ? launch_rs_instance<128, true>(plan, p, grid, stream)
                  : launch_rs_instance<128, false>(plan, p, grid, stream);
 }
+
+#ifdef FUSEDCOMM_RS_FETCH_STATS
+// Test build: this process's counts of own half-tiles summed by the fused gemmReduceScatter and
+// of those whose partial was fetched early (RsEpilogue::kPrefetch), since the process started.
+cudaError_t rs_fetch_stats(unsigned long long out[2]) {
+  return cudaMemcpyFromSymbol(out, detail::g_rs_fetch_stats, 2 * sizeof(unsigned long long));
+}
+#endif
 
 // ---- gemmAllReduce ------------------------------------------------------------------------------
 namespace {

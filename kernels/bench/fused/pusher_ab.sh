@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pusher-warp A/B of gemmReduceScatter (RsEpilogue::kWarpPush; NOTES.md, "Pusher warps")
-# on a host with 2 or more GPUs, in ONE device call of ~3 minutes, plus the proxy path's tests
+# on a host with 2 or more GPUs, in ONE device call of ~4 minutes, plus the proxy path's tests
 # on separate GPUs:
 #   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab and its archive
 #                        build/pab.tar.xz (~6 MB: carry the archive, the folder is ~50 MB)
@@ -8,11 +8,14 @@
 # build/pab also holds what the next calls on the same host need, so that one carried archive
 # serves them all (`tar xJf build/pab.tar.xz -C build` first where build/pab is missing):
 #   build/pab/tma   the default fused_bench and gpu_fused_test (fused/device_run.sh's bin)
+#   build/pab/nofetch  fused_bench without the own half-tiles' early fetch (W = 2, bf16
+#                   partials: -DFUSEDCOMM_RS_NO_PREFETCH), the A/B of that change
 #   build/pab/coll  coll_bench and gpu_collectives_test (collectives/device_run.sh's bin)
 # Run steps, each with its own timeout:
 #   1. gpu_fused_test of the pusher build (every world 1..GPUs, on separate GPUs);
-#   2. local_run.sh: TMA pushes (the default) against pusher warps, 2 rounds, bf16 and fp32
-#      partials, the 12 TP shapes at W = world; the table is printed last;
+#   2. local_run.sh: TMA pushes (the default) against the same without the early fetch and
+#      against pusher warps, 2 rounds, bf16 and fp32 partials, the 12 TP shapes at W = world;
+#      the table is printed last;
 #   3. gpu_proxy_test, gpu_hier_test and gpu_runtime_hosts_test (2 hosts x 1 GPU) on separate
 #      GPUs.
 set -uo pipefail
@@ -22,12 +25,14 @@ out=build/pab
 if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_WARP_PUSH $here/build.sh build/pab-wp | tail -1 || exit 1
+  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_NO_PREFETCH $here/build.sh build/pab-nf | tail -1 || exit 1
   cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test gpu_runtime_hosts_test > /dev/null || exit 1
   kernels/bench/collectives/build.sh build/coll-bin > /dev/null || exit 1
-  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll
+  rm -rf $out && mkdir -p $out/tma $out/nofetch $out/pusher $out/coll
   cp build/pab-def/fused_bench build/pab-def/gpu_fused_test $out/tma/
   cp build/coll-bin/coll_bench build/coll-bin/gpu_collectives_test $out/coll/
   cp build/pab-wp/fused_bench build/pab-wp/gpu_fused_test $out/pusher/
+  cp build/pab-nf/fused_bench $out/nofetch/
   cp executor-native/target/cmake/executor-native/gpu_proxy_test \
      executor-native/target/cmake/executor-native/gpu_hier_test \
      executor-native/target/cmake/executor-native/gpu_runtime_hosts_test $out/
@@ -51,4 +56,4 @@ FC_TEST_JSON=$o/hier.jsonl timeout 60 $out/gpu_hier_test > "$o/gpu_hier_test.log
 grep -E "proxy step" "$o/gpu_hier_test.log"
 timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; echo "gpu_runtime_hosts_test rc=$?"
 grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
-OUT=$o timeout 300 $here/local_run.sh "$out/tma $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30
+OUT=$o timeout 420 $here/local_run.sh "$out/tma $out/nofetch $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30

@@ -280,7 +280,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 //   adds the received partials (local loads from its receive slots) and its accumulator, in
 //   fp32, and stores the bf16 sums once (TMA). With bf16 partials the accumulator stays fp32:
 //   only the terms that travel are rounded (rounding it too, as the decomposed path does, cost
-//   1 % at W = 2 on one H100: kernels/bench/fused/NOTES.md; docs/ops.md states the contract). Per-source slots: in rank order,
+//   1 % at W = 2 on one H100: kernels/bench/fused/NOTES.md; docs/ops.md states the contract).
+//   Early fetch (W = 2, bf16 partials; RsEpilogue::kPrefetch): where the peer's partial of an
+//   own half-tile is already flagged early in that tile's main loop, the issuing thread
+//   TMA-loads it into the staging buffer then (as much as fits: 128 of 256 columns), and the
+//   epilogue adds those columns from shared memory. Per-source slots: in rank order,
 //   (((0 + P_0) + P_1) + ...). Accumulating: P_r + (the peers' partials, added in the order
 //   they arrived).
 // A half-tile holding rows of two owners (W not dividing M at a 64-row boundary) is pushed
@@ -352,6 +356,10 @@ struct RsParams {
   int own_b0, own_nb;   // this rank's M-blocks: those holding any of its rows
   int halves;           // half-tile rows of one slot's flags (ceil(ceil(M/W) / 64) + 1)
   int bf16_partials;    // 1: the pushed partials are bf16, else fp32
+  // Own half-tiles fetch their one received slot early (RsEpilogue::kPrefetch; W = 2, bf16
+  // partials): tm_recv maps this rank's slot (padding + its rows, × N bf16, 64×64 boxes).
+  int prefetch;
+  CUtensorMap tm_recv;
 };
 
 // The flag of half-tile (h, n) pushed by `src` into `owner`'s receive slot, in owner's region.
@@ -423,6 +431,20 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
   }
 }
 
+// Early fetch of an own half-tile's received partial (RsEpilogue::kPrefetch): per consumer
+// warpgroup, in the engine's aux region when there are no pusher warps. `bar` completes once
+// per fetch (the TMA's bytes); `state` (written by the warpgroup's thread 0 at each
+// main_loop_point, read by the warpgroup after the named barrier of its epilogue): 0 = no
+// fetch for this tile, else 1 | (the fetch's parity of `bar`) << 1.
+#ifdef FUSEDCOMM_RS_FETCH_STATS  // test build: [0] own half-tiles summed, [1] of them fetched
+__device__ unsigned long long g_rs_fetch_stats[2];
+#endif
+struct alignas(8) RsFetch {
+  uint64_t bar;
+  uint32_t state;
+  uint32_t count;  // fetches issued (thread 0's; in shared memory, not in a register)
+};
+
 struct RsEpilogue {
   static constexpr bool kOwnsTile = true;
 #ifdef FUSEDCOMM_RS_WARP_PUSH
@@ -430,7 +452,17 @@ struct RsEpilogue {
 #else
   static constexpr bool kWarpPush = false;
 #endif
+#ifdef FUSEDCOMM_RS_NO_PREFETCH  // bench switch: the A/B of the early fetch
+  static constexpr bool kPrefetch = false;
+#else
+  static constexpr bool kPrefetch = !kWarpPush;
+#endif
   static constexpr int kStagingRounds = kWarpPush ? 2 : 1;
+  static constexpr uint32_t kStagingBytes = kStagingRounds * 16384;  // per warpgroup
+  // kPrefetch: the 64×64 bf16 boxes (8 KiB) of a fetched partial that the staging buffer holds:
+  // a whole half-tile (BN = 256) with two rounds, its first 128 columns with one.
+  static constexpr int kFetchBoxes = 2 * kStagingRounds;
+  static constexpr bool kInitAux = kWarpPush || kPrefetch;
   static constexpr bool kAuxWarps = kWarpPush;
   const RsParams* p;
   uint64_t epoch;
@@ -441,11 +473,25 @@ struct RsEpilogue {
   mutable uint32_t posts = 0;        // handoffs made to the pusher (kWarpPush)
 
   __device__ __forceinline__ static void init_aux(uint8_t* aux) {
-    auto* mail = reinterpret_cast<RsPushMail*>(aux);
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(&mail[i].staged, 1);
-      mbar_init(&mail[i].freed, 1);
+    if constexpr (kWarpPush) {
+      auto* mail = reinterpret_cast<RsPushMail*>(aux);
+      for (int i = 0; i < 2; ++i) {
+        mbar_init(&mail[i].staged, 1);
+        mbar_init(&mail[i].freed, 1);
+      }
+    } else {
+      auto* fetch = reinterpret_cast<RsFetch*>(aux);
+      for (int i = 0; i < 2; ++i) {
+        mbar_init(&fetch[i].bar, 1);
+        fetch[i].state = 0;
+        fetch[i].count = 0;
+      }
     }
+  }
+  // Warpgroup cw's fetch state, in the aux region.
+  template <int BN>
+  __device__ __forceinline__ static RsFetch* fetch_of(int cw) {
+    return reinterpret_cast<RsFetch*>(gemm_aux_smem<BN, kStagingRounds>()) + cw;
   }
   template <int BN>
   __device__ __forceinline__ static RsPushMail* mail_of(int cw) {
@@ -535,7 +581,8 @@ struct RsEpilogue {
   // (where lo_ok / hi_ok) and columns col0 + 8j + {0, 1}. The prefix (slots of sources 0 ..
   // r-1) is summed in batches of kB column groups, then added to acc (a + b == b + a exactly);
   // the later slots are added in place.
-  template <class T, int kFrag>
+  // kJ0: the first column group (the ones before it were added from a fetch).
+  template <class T, int kJ0 = 0, int kFrag>
   __device__ __forceinline__ void add_sources(float (&acc)[kFrag], int64_t row_lo, int col0,
                                               bool lo_ok, bool hi_ok) const {
     constexpr int kJ = kFrag / 4, kB = kJ < 8 ? kJ : 8;
@@ -543,7 +590,7 @@ struct RsEpilogue {
     const int prefix = p->accumulate ? 0 : p->dev.rank;  // slots summed before acc
     const int slots = p->accumulate ? 1 : W - 1;
 #pragma unroll
-    for (int jb = 0; jb < kJ; jb += kB) {
+    for (int jb = kJ0; jb < kJ; jb += kB) {
       float sum[4 * kB];
 #pragma unroll
       for (int e = 0; e < 4 * kB; ++e) sum[e] = 0.f;
@@ -558,7 +605,7 @@ struct RsEpilogue {
     }
     for (int s = prefix; s < slots; ++s) {
 #pragma unroll
-      for (int jb = 0; jb < kJ; jb += kB) {
+      for (int jb = kJ0; jb < kJ; jb += kB) {
         float v[4 * kB];
         load_source<T, kB>(v, s, row_lo, col0 + 8 * jb, lo_ok, hi_ok);
 #pragma unroll
@@ -631,21 +678,47 @@ struct RsEpilogue {
     // that: see the deadlock argument above), then the peers' partials, then one TMA store of
     // the bf16 sums (clipped to this rank's rows).
     const int64_t own_off = split_offset(p->M, W, r), own_end = own_off + split_count(p->M, W, r);
+    RsFetch* const fetch = kPrefetch ? fetch_of<BN>(cw) : nullptr;
     if (t == 0) {
       if constexpr (kWarpPush) {
         if (o_lo == o_hi) wait_freed(mail_of<BN>(cw));  // the staging buffer is rewritten below
       } else {
         flush<0>();
       }
-      wait_sources(h, tc.n);
+      // A fetched partial: its flag was acquired before the fetch (main_loop_point); its
+      // bytes have landed once the fetch's barrier phase completes (published to the
+      // warpgroup, like the flags' acquires, by the named barrier below).
+      const uint32_t f = kPrefetch ? fetch->state : 0;
+      if (f & 1) {
+        mbar_wait(&fetch->bar, f >> 1);
+      } else {
+        wait_sources(h, tc.n);
+      }
     }
     named_barrier_sync(2 + cw, 128);  // observe pattern: thread 0's acquires, then everyone's loads
     const int64_t row_lo = h0 + warp * 16 + lane / 4;
     const int col0 = col + 2 * (lane % 4);
     const bool lo_ok = row_lo >= own_off && row_lo < own_end;
     const bool hi_ok = row_lo + 8 >= own_off && row_lo + 8 < own_end;
+    uint32_t fetched = 0;
+    if constexpr (kPrefetch) fetched = *reinterpret_cast<volatile uint32_t*>(&fetch->state);
+#ifdef FUSEDCOMM_RS_FETCH_STATS
+    if (t == 0) {
+      atomicAdd(&g_rs_fetch_stats[0], 1ull);
+      if (fetched & 1) atomicAdd(&g_rs_fetch_stats[1], 1ull);
+    }
+#endif
     if (p->bf16_partials) {
-      add_sources<__nv_bfloat16>(acc, row_lo, col0, lo_ok, hi_ok);
+      if (fetched & 1) {
+        add_fetched(acc, stage);
+        // Columns that did not fit the staging buffer: loaded from the slot.
+        constexpr int kJ0 = kFetchBoxes * 8;
+        if constexpr (kJ0 < kFrag / 4) {
+          add_sources<__nv_bfloat16, kJ0>(acc, row_lo, col0, lo_ok, hi_ok);
+        }
+      } else {
+        add_sources<__nv_bfloat16>(acc, row_lo, col0, lo_ok, hi_ok);
+      }
     } else {
       add_sources<float>(acc, row_lo, col0, lo_ok, hi_ok);
     }
@@ -670,8 +743,76 @@ struct RsEpilogue {
   // its epilogue for a flag that depends on this one, and the main loop's later stages wait
   // for that warpgroup (they are refilled only once both have read them).
   // (kWarpPush: nothing to do; the pusher raises the flags.)
-  __device__ __forceinline__ void main_loop_point() const {
-    if (!kWarpPush && threadIdx.x % 128 == 0) flush<0>();
+  // kPrefetch: then, in an own half-tile whose peer's partial is already flagged (one poll, no
+  // wait: no new wait in the protocol), the issuing thread TMA-loads that partial into the
+  // staging buffer, so that the epilogue adds it from shared memory instead of waiting for
+  // global loads while the tensor cores idle.
+  template <int BN>
+  __device__ __forceinline__ void main_loop_point(TileCoord tc, int cw) const {
+    if (kWarpPush || threadIdx.x % 128 != 0) return;
+    flush<0>();
+    if constexpr (kPrefetch) {
+      if (p->prefetch) fetch_own<BN>(tc, cw);
+    }
+  }
+
+  // Issuing thread (kPrefetch, p->prefetch: W = 2, bf16 partials, one slot): see
+  // main_loop_point. The fetch writes the staging buffer in stage_round's layout (64 rows ×
+  // 64 columns per 8 KiB box, 128-B swizzled rows; box b holds columns col + 64 b), so each
+  // thread later reads its fragment's partials where it will write its sums.
+  template <int BN>
+  __device__ __forceinline__ void fetch_own(TileCoord tc, int cw) const {
+    RsFetch* fetch = fetch_of<BN>(cw);
+    uint8_t* const stage = gemm_staging_smem<BN, kStagingRounds>(cw);
+    fetch->state = 0;
+    const CommDevice& d = p->dev;
+    const int W = d.world, r = d.rank;
+    const int h0 = tc.m * kTileM + cw * 64;
+    if (h0 >= p->M) return;
+    const int h1 = min(h0 + 64, p->M);
+    if (split_owner(p->M, W, h0) != r || split_owner(p->M, W, h1 - 1) != r) return;
+#ifndef FUSEDCOMM_PHANTOM_PEER
+    for (int s = 0; s < W; ++s) {
+      if (s != r && ld_acquire_sys(rs_flag(*p, r, s, h0 / 64, tc.n)) < epoch) return;
+    }
+#endif
+    bulk_wait_read_all();        // this warpgroup's earlier stores have read the buffer
+    fence_proxy_async_global();  // the acquired partial, then the TMA's reads of it
+    const int col = tc.n * BN;
+    // Boxes past N are not loaded; those past the buffer's room, by the epilogue.
+    const int boxes = min(min(BN, p->N - col + 63) / 64, kFetchBoxes);
+    const int row = kFusedRsSlotPadRows + h0 - static_cast<int>(split_offset(p->M, W, r));
+    mbar_arrive_expect_tx(&fetch->bar, static_cast<uint32_t>(boxes) * 8192u);
+    for (int b = 0; b < boxes; ++b) {
+      tma_load_2d(stage + b * 8192, &p->tm_recv, &fetch->bar, col + 64 * b, row);
+    }
+    const uint32_t c = fetch->count;
+    fetch->state = 1u | (c & 1u) << 1;
+    fetch->count = c + 1;
+  }
+
+  // Every thread of the warpgroup: acc += the fetched bf16 partial at its fragment's places
+  // (stage_round's layout; W = 2: one source, so the sum is the same in either order), for
+  // the kFetchBoxes * 64 columns the buffer holds. Columns of boxes that were not loaded (past
+  // N) add stale values, never stored.
+  template <int kFrag>
+  __device__ __forceinline__ static void add_fetched(float (&acc)[kFrag], const uint8_t* stage) {
+    const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const int r_lo = warp * 16 + lane / 4;
+    const uint32_t sw = static_cast<uint32_t>(r_lo % 8), q = static_cast<uint32_t>(lane % 4);
+    const uint32_t base = smem_u32(stage);
+    constexpr int kJ = kFrag / 4 < kFetchBoxes * 8 ? kFrag / 4 : kFetchBoxes * 8;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      // Column group j: 16-byte chunk j % 8 of box j / 8 (64 columns per box).
+      const uint32_t at = base + (j / 8) * 8192 + ((((j % 8) ^ sw)) << 4) + 4 * q;
+      const float2 lo = __bfloat1622float2(ld_shared_bf16x2(at + r_lo * 128));
+      const float2 hi = __bfloat1622float2(ld_shared_bf16x2(at + (r_lo + 8) * 128));
+      acc[4 * j + 0] += lo.x;
+      acc[4 * j + 1] += lo.y;
+      acc[4 * j + 2] += hi.x;
+      acc[4 * j + 3] += hi.y;
+    }
   }
 
   // Every consumer thread, after its last tile: the pending push is flagged and every bulk

@@ -22,7 +22,7 @@
 //             warpgroup, R store rounds of 16 KiB (store_tile_tma): a round is 64 rows × 128
 //             columns of bf16 as two 64×64 boxes, or 64 rows × 64 columns of fp32 as two 64×32
 //             boxes (128-B swizzled rows either way)
-//   [aux]     kAuxBytes: the epilogue's (its helper warps' mailboxes, kAuxWarps)
+//   [aux]     kAuxBytes: the epilogue's (kInitAux: its helper warps' mailboxes, its barriers)
 //   [full]    kStages × mbarrier: 1 arrival (producer, expect_tx = stage bytes) + TMA bytes
 //   [empty]   kStages × mbarrier: 8 arrivals (lane 0 of each consumer warp) per CTA that reads
 //             the stage's B half from this CTA's loads: 8, or 16 in a CTA pair (below)
@@ -234,13 +234,15 @@ __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const Gemm
 //       void consumers_end() const;
 //     (before the schedule's consumers_done), where bulk stores it issued must be waited for;
 //     and, in every tile's main loop at k-block min(k_blocks, kStages) - 1 (a point that the
-//     warpgroup reaches without the other warpgroup's progress, see there),
-//       void main_loop_point() const;
+//     warpgroup reaches without the other warpgroup's progress, see there), with the tile
+//     (its staging buffer: gemm_staging_smem; the previous tile's stores may still read it),
+//       template <int BN> void main_loop_point(TileCoord, int cw) const;
 //   static constexpr int kStagingRounds;  1 or 2 (GemmTileConfig)
-//   static constexpr bool kAuxWarps;
+//   static constexpr bool kInitAux;
 //     true: thread 0 calls, before the CTA's first barrier,
 //       static void init_aux(uint8_t* aux);   (the kAuxBytes region)
-//     and warps 1 and 2 of the producer warpgroup (40 registers) call, instead of returning,
+//   static constexpr bool kAuxWarps;  (implies kInitAux)
+//     true: warps 1 and 2 of the producer warpgroup (40 registers) call, instead of returning,
 //       void aux_warp(int cw, uint8_t* staging, uint8_t* aux) const;
 //     each a helper of consumer warpgroup cw, with that warpgroup's staging buffer. The
 //     consumers' side finds the aux region with gemm_aux_smem<BN, kStagingRounds>().
@@ -250,6 +252,7 @@ struct DefaultEpilogue {
   // H200 but 1.08 × at 8192³ and 1.02-1.03 × at small M; allGatherGemm lost up to 12 %
   // (kernels/bench/NOTES.md): one.
   static constexpr int kStagingRounds = 1;
+  static constexpr bool kInitAux = false;
   static constexpr bool kAuxWarps = false;
   void* c;
   int64_t ldc;
@@ -505,6 +508,14 @@ __device__ __forceinline__ uint8_t* gemm_aux_smem() {
          2 * Cfg::kStagingBytes;
 }
 
+// Consumer warpgroup cw's staging buffer (layout above), found the same way: an address derived
+// from the shared-memory base, not a register kept live through the main loop.
+template <int BN, int kStagingRounds>
+__device__ __forceinline__ uint8_t* gemm_staging_smem(int cw) {
+  using Cfg = GemmTileConfig<BN, kStagingRounds>;
+  return gemm_aux_smem<BN, kStagingRounds>() - (2 - cw) * Cfg::kStagingBytes;
+}
+
 // ---- the engine -----------------------------------------------------------------------------
 // Every thread of the CTA (384) calls this once; it returns when the CTA has no more tiles (or
 // stopped). The CTA's place among the computing CTAs comes from the schedule (cta(),
@@ -540,7 +551,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       status[s] = 0;
     }
     mbar_init(done, 8);
-    if constexpr (Epilogue::kAuxWarps) Epilogue::init_aux(aux);
+    if constexpr (Epilogue::kInitAux) Epilogue::init_aux(aux);
     mbar_init_fence();
   } else if (threadIdx.x == 32) {
     tma_prefetch_desc(&tm_a);
@@ -716,7 +727,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         if constexpr (Epilogue::kOwnsTile) {
           // Stage kb <= kStages - 1 of a tile is loaded as soon as both warpgroups finished
           // the previous tile's main loop, whatever the other warpgroup does next.
-          if (kb == min(prob.k_blocks, kStages) - 1) epi.main_loop_point();
+          if (kb == min(prob.k_blocks, kStages) - 1) epi.template main_loop_point<BN>(tc, cw);
         }
         // The previous slice's store (all but the one just issued) has read its stage.
         if (store_a && kb > 0) bulk_wait_read_keep<1>();

@@ -158,6 +158,11 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
+__device__ __forceinline__ __nv_bfloat162 ld_shared_bf16x2(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return *reinterpret_cast<__nv_bfloat162*>(&v);
+}
 
 // ---- wgmma ----------------------------------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() {
