@@ -948,6 +948,16 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     }
     t0 = t1;
   };
+  // Test build with -DFUSEDCOMM_RS_FETCH_STATS: how many own half-tiles of the fused
+  // gemmReduceScatter fetched their partial early (detail/fused_gemm.cuh, kPrefetch).
+  auto fetch_stats = [&] {
+#ifdef FUSEDCOMM_RS_FETCH_STATS
+    unsigned long long st[2] = {0, 0};
+    CUDA_OK(k::rs_fetch_stats(st));
+    std::printf("  rank %d: fused gemmReduceScatter own half-tiles %llu, fetched early %llu\n",
+                g.rank, st[0], st[1]);
+#endif
+  };
   auto finish = [&] {
     R.sm.reset();
     std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
@@ -962,16 +972,12 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
       R.correctness();
     }
     lap("correctness sweep rounds");
+    fetch_stats();
     return finish();
   }
   R.correctness();
   lap("correctness sweep");
-#ifdef FUSEDCOMM_RS_FETCH_STATS
-  unsigned long long st[2] = {0, 0};
-  CUDA_OK(k::rs_fetch_stats(st));
-  std::printf("  rank %d: fused gemmReduceScatter own half-tiles %llu, fetched early %llu\n",
-              g.rank, st[0], st[1]);
-#endif
+  fetch_stats();
   R.back_to_back();
   lap("back-to-back x120");
   R.graph();
