@@ -83,8 +83,8 @@ void test_rs() {
                       what + ": half-tile flags " + std::to_string(info.chunks) + " fit");
               }
         }
-  // kAuto (fused.cu, choose_rs): fused at W = 2 from M*N = 2^25 (bf16 partials: and N >=
-  // 8192), else decomposed; the same choice whatever K_r (which may differ by rank).
+  // kAuto (fused.cu, choose_rs): fused at W = 2 from M*N = 2^24, either partial precision,
+  // else decomposed; the same choice whatever K_r (which may differ by rank).
   auto auto_algo = [](int W, int M, int N, int K_r, bool bf16) {
     k::GemmRsArgs a = rs_args(M, N, K_r, bf16);
     a.algo = k::FusedAlgo::kAuto;
@@ -92,15 +92,15 @@ void test_rs() {
   };
   for (int K_r : {64, 7168, 14336}) {
     const std::string kr = " K_r=" + std::to_string(K_r);
-    check(auto_algo(2, 8192, 4096, K_r, false) == k::FusedAlgo::kFused, "kAuto W=2 8192x4096 f32: fused" + kr);
-    check(auto_algo(2, 4096, 4096, K_r, false) == k::FusedAlgo::kDecomposed,
-          "kAuto W=2 4096x4096 f32: decomposed" + kr);
-    check(auto_algo(2, 4096, 8192, K_r, true) == k::FusedAlgo::kFused,
-          "kAuto W=2 4096x8192 bf16 partials: fused" + kr);
-    check(auto_algo(2, 2048, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
-          "kAuto W=2 2048x8192 bf16 partials: decomposed" + kr);
-    check(auto_algo(2, 16384, 4096, K_r, true) == k::FusedAlgo::kDecomposed,
-          "kAuto W=2 16384x4096 bf16 partials (N < 8192): decomposed" + kr);
+    check(auto_algo(2, 4096, 4096, K_r, false) == k::FusedAlgo::kFused, "kAuto W=2 4096x4096 f32: fused" + kr);
+    check(auto_algo(2, 2048, 4096, K_r, false) == k::FusedAlgo::kDecomposed,
+          "kAuto W=2 2048x4096 f32: decomposed" + kr);
+    check(auto_algo(2, 2048, 8192, K_r, true) == k::FusedAlgo::kFused,
+          "kAuto W=2 2048x8192 bf16 partials: fused" + kr);
+    check(auto_algo(2, 1024, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
+          "kAuto W=2 1024x8192 bf16 partials: decomposed" + kr);
+    check(auto_algo(2, 16384, 4096, K_r, true) == k::FusedAlgo::kFused,
+          "kAuto W=2 16384x4096 bf16 partials: fused" + kr);
     check(auto_algo(4, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=4: decomposed" + kr);
     check(auto_algo(1, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=1: decomposed" + kr);
     // Half-tile flags beyond FusedFlags (W = 2: 1 slot x 1025 half-tile rows x 512 columns):

@@ -96,14 +96,12 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 // - allGatherGemm: with the own rows moved by the copy engine, fused was faster than
 //   decomposed at all five shapes measured at W = 2 (0.94-0.98 of its time, 0.90 at 70B
 //   M=8192). Fused at W = 2 from kAgFusedMinBytes; W >= 3 is not measured yet: decomposed.
-// - gemmReduceScatter (2 x H200, run 8, two runs per partials precision, the push design):
-//   fp32 partials: fused took 0.86-0.97 of the decomposed time at every shape with M*N >= 2^25
-//   in both runs; at 2^24 it tied (8B M=4096: 1.00-1.01; 70B M=2048: 0.99 and 1.02); below,
-//   decomposed won by 2-55 %. bf16 partials: fused won at both runs only where N >= 8192 and
-//   M*N >= 2^25 (70B M >= 4096: 0.92-0.99; square 16384: 0.98-1.00; square 8192 0.99 and
-//   1.01); the 8B shapes (N = 4096) tied or lost (0.99-1.08), as did 70B M <= 2048.
-//   M, N, W and the partials' code are rank-uniform (K_r is not). W >= 3 is not measured on
-//   separate GPUs yet: decomposed.
+// - gemmReduceScatter (2 x H200, run 9, the pusher warps; bench/fused/NOTES.md): fused took
+//   0.87-0.96 of the decomposed time at every shape with M*N >= 2^24 for both partial
+//   precisions (at 2^24: bf16 0.96 / 0.97, fp32 0.97 / 0.96 for 8B M=4096 / 70B M=2048), and
+//   lost below (M*N = 2^22-2^23: 1.02-1.13; fp32 8B M=1024 2.1x). (Run 8, with the TMA pushes,
+//   had needed 2^25, and N >= 8192 with bf16 partials.) M, N, W are rank-uniform (K_r is not).
+//   W >= 3 is not measured on separate GPUs yet: decomposed.
 bool rs_fused_fits(const CommDevice& d, const RsParams& p);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
@@ -115,13 +113,11 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
   return bytes >= kAgFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
-constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 25;  // M*N of the partial product
-constexpr int kRsFusedMinNBf16 = 8192;                     // bf16 partials: N at least
+constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;  // M*N of the partial product
 // p: rs_geometry(d, a) (computed once per launch). kF32AnyOrder is kF32 at W = 2.
 FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2) return FusedAlgo::kDecomposed;
-  if (a.partials == RsPartials::kBF16 && a.N < kRsFusedMinNBf16) return FusedAlgo::kDecomposed;
   const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
   if (elems < kRsFusedMinElems || !rs_fused_fits(d, p)) return FusedAlgo::kDecomposed;
   return FusedAlgo::kFused;

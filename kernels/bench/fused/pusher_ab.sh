@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# The pusher-warp A/B of gemmReduceScatter (RsEpilogue::kWarpPush; NOTES.md, "Pusher warps")
-# on a host with 2 or more GPUs, in ONE device call of ~4 minutes, plus the proxy path's tests
-# on separate GPUs:
+# The pusher-warp A/B of gemmReduceScatter (RsEpilogue::kWarpPush, the default since run 9;
+# NOTES.md, "Pusher warps") against the TMA pushes, on a host with 2 or more GPUs, in ONE device
+# call of ~3 minutes, plus the proxy path's tests on separate GPUs:
 #   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab and its archive
 #                        build/pab.tar.xz (~6 MB: carry the archive, the folder is ~50 MB)
 #   run   (GPU host):    kernels/bench/fused/pusher_ab.sh run [world=2]   -> $OUT/pab/*
 # build/pab also holds what the next calls on the same host need, so that one carried archive
 # serves them all (`tar xJf build/pab.tar.xz -C build` first where build/pab is missing):
-#   build/pab/tma   the default fused_bench and gpu_fused_test (fused/device_run.sh's bin)
-#   build/pab/nofetch  fused_bench without the own half-tiles' early fetch (W = 2, bf16
-#                   partials: -DFUSEDCOMM_RS_NO_PREFETCH), the A/B of that change
+#   build/pab/pusher  the default fused_bench and gpu_fused_test (fused/device_run.sh's bin)
+#   build/pab/tma     the same with -DFUSEDCOMM_RS_TMA_PUSH (TMA pushes and the early fetch)
 #   build/pab/coll  coll_bench and gpu_collectives_test (collectives/device_run.sh's bin)
 # Run steps, each with its own timeout:
-#   1. gpu_fused_test of the pusher build (every world 1..GPUs, on separate GPUs);
-#   2. local_run.sh: TMA pushes (the default) against the same without the early fetch and
-#      against pusher warps, 2 rounds, bf16 and fp32 partials, the 12 TP shapes at W = world;
-#      the table is printed last;
+#   1. gpu_fused_test of the default build (every world 1..GPUs, on separate GPUs);
+#   2. local_run.sh: TMA pushes against pusher warps, 2 rounds, bf16 and fp32 partials, the 12
+#      TP shapes at W = world; the table is printed last;
 #   3. gpu_proxy_test, gpu_hier_test and gpu_runtime_hosts_test (2 hosts x 1 GPU) on separate
 #      GPUs.
 set -uo pipefail
@@ -24,15 +22,13 @@ here=kernels/bench/fused
 out=build/pab
 if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
-  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_WARP_PUSH $here/build.sh build/pab-wp | tail -1 || exit 1
-  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_NO_PREFETCH $here/build.sh build/pab-nf | tail -1 || exit 1
+  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TMA_PUSH $here/build.sh build/pab-tma | tail -1 || exit 1
   cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test gpu_runtime_hosts_test > /dev/null || exit 1
   kernels/bench/collectives/build.sh build/coll-bin > /dev/null || exit 1
-  rm -rf $out && mkdir -p $out/tma $out/nofetch $out/pusher $out/coll
-  cp build/pab-def/fused_bench build/pab-def/gpu_fused_test $out/tma/
+  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll
+  cp build/pab-def/fused_bench build/pab-def/gpu_fused_test $out/pusher/
   cp build/coll-bin/coll_bench build/coll-bin/gpu_collectives_test $out/coll/
-  cp build/pab-wp/fused_bench build/pab-wp/gpu_fused_test $out/pusher/
-  cp build/pab-nf/fused_bench $out/nofetch/
+  cp build/pab-tma/fused_bench build/pab-tma/gpu_fused_test $out/tma/
   cp executor-native/target/cmake/executor-native/gpu_proxy_test \
      executor-native/target/cmake/executor-native/gpu_hier_test \
      executor-native/target/cmake/executor-native/gpu_runtime_hosts_test $out/
@@ -49,11 +45,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -2
 echo "commit $(cat $out/commit.txt 2>/dev/null)"
 timeout 240 $out/pusher/gpu_fused_test > "$o/fused_test_pusher.log" 2>&1
-echo "gpu_fused_test (pusher) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/fused_test_pusher.log" | tr '\n' ' ')"
+echo "gpu_fused_test (default: pusher warps) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/fused_test_pusher.log" | tr '\n' ' ')"
 timeout 60 $out/gpu_proxy_test > "$o/gpu_proxy_test.log" 2>&1; echo "gpu_proxy_test rc=$?"
 grep -E "round trip|stream|one way|allReduce across" "$o/gpu_proxy_test.log"
 FC_TEST_JSON=$o/hier.jsonl timeout 60 $out/gpu_hier_test > "$o/gpu_hier_test.log" 2>&1; echo "gpu_hier_test rc=$?"
 grep -E "proxy step" "$o/gpu_hier_test.log"
 timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; echo "gpu_runtime_hosts_test rc=$?"
 grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
-OUT=$o timeout 420 $here/local_run.sh "$out/tma $out/nofetch $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30
+OUT=$o timeout 300 $here/local_run.sh "$out/tma $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30

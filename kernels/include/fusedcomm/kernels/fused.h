@@ -67,9 +67,9 @@
 //     to pack or unpack the padded layout.
 //   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
 //     allGatherGemm fused at W = 2 when M >= 2048 and M*K*2 >= kAgFusedMinBytes (8 MiB), else decomposed
-//     (W >= 3 not measured yet); gemmReduceScatter fused at W = 2 when M*N >= 2^25 (with bf16
-//     partials also N >= 8192), else decomposed (W >= 3: decomposed). Thresholds from the
-//     benchmark (bench/fused/NOTES.md, run 8).
+//     (W >= 3 not measured yet); gemmReduceScatter fused at W = 2 when M*N >= 2^24 (either
+//     partial precision), else decomposed (W >= 3: decomposed). Thresholds from the benchmark
+//     (bench/fused/NOTES.md, runs 8 and 9).
 // - Protocol (DESIGN.md §3, as collectives.h): the launch's epoch is CommControl::epoch + 1,
 //   read on the device by every CTA and bumped by the last CTA to finish, so CUDA-graph replay
 //   needs no host work. Flags hold epochs, are compared `>= epoch` and never reset. Start

@@ -306,8 +306,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 //   phantom peers: kernels/bench/fused/NOTES.md). The price: the fp32 sum's order depends on
 //   arrival, so results may differ in the last bits between runs and from the decomposed path.
 //
-// Pusher warps (bench switch FUSEDCOMM_RS_WARP_PUSH, RsEpilogue::kWarpPush; off by default
-// until measured over NVLink): the consumers only stage a pushed half-tile in shared memory
+// Pusher warps (RsEpilogue::kWarpPush, the default since run 9 on 2 × H200: 0.98 × the TMA
+// pushes' time at W = 2 on average, 0.90-0.95 at the large shapes; the TMA pushes remain behind
+// the bench switch FUSEDCOMM_RS_TMA_PUSH, with the early fetch above): the consumers only stage a pushed half-tile in shared memory
 // (two 16 KiB rounds per handoff, 3 operand stages instead of 4) and hand it to a helper warp
 // of the producer warpgroup, which stores it to the owner with st.global (or red.add.v4.f32
 // into an accumulating slot) and raises the flag itself. Neither the consumers nor the TMA
@@ -447,10 +448,10 @@ struct alignas(8) RsFetch {
 
 struct RsEpilogue {
   static constexpr bool kOwnsTile = true;
-#ifdef FUSEDCOMM_RS_WARP_PUSH
-  static constexpr bool kWarpPush = true;
-#else
+#ifdef FUSEDCOMM_RS_TMA_PUSH  // bench switch: the consumers' TMA pushes (the early fetch's path)
   static constexpr bool kWarpPush = false;
+#else
+  static constexpr bool kWarpPush = true;
 #endif
 #ifdef FUSEDCOMM_RS_NO_PREFETCH  // bench switch: the A/B of the early fetch
   static constexpr bool kPrefetch = false;
