@@ -453,13 +453,8 @@ struct RsEpilogue {
 #else
   static constexpr bool kWarpPush = true;
 #endif
-#ifdef FUSEDCOMM_RS_NO_PREFETCH  // bench switch: the A/B of the early fetch
-  static constexpr bool kPrefetch = false;
-#else
-  static constexpr bool kPrefetch = !kWarpPush;
-#endif
+  static constexpr bool kPrefetch = !kWarpPush;  // the early fetch: the TMA pushes' path only
   static constexpr int kStagingRounds = kWarpPush ? 2 : 1;
-  static constexpr uint32_t kStagingBytes = kStagingRounds * 16384;  // per warpgroup
   // kPrefetch: the 64×64 bf16 boxes (8 KiB) of a fetched partial that the staging buffer holds:
   // a whole half-tile (BN = 256) with two rounds, its first 128 columns with one.
   static constexpr int kFetchBoxes = 2 * kStagingRounds;
