@@ -34,6 +34,25 @@
 
 namespace fusedcomm::kernels::detail {
 
+// Sweep position -> tile for a sweep in two parts: this rank's M-blocks [b0, b0 + nb), and the
+// others from b0 + nb on (cyclically), each part a grouped raster of its own; `own_first`
+// says which part comes first (allGatherGemm: the own rows, ready at the launch;
+// gemmReduceScatter: the others, whose partials the owners wait for).
+__device__ __forceinline__ TileCoord two_part_raster(const GemmProblem& prob, int t, int b0,
+                                                     int nb, bool own_first) {
+  const int mb = prob.m_blocks;
+  const int own_tiles = nb * prob.n_blocks, rest_tiles = (mb - nb) * prob.n_blocks;
+  const int own_t = own_first ? t : t - rest_tiles;
+  if (own_t >= 0 && own_t < own_tiles) {
+    TileCoord tc = grouped_raster(own_t, nb, prob.group_m, prob.n_blocks);
+    tc.m += b0;
+    return tc;
+  }
+  TileCoord tc = grouped_raster(own_first ? t - own_tiles : t, mb - nb, prob.group_m, prob.n_blocks);
+  tc.m = (b0 + nb + tc.m) % mb;
+  return tc;
+}
+
 // ============================================================================================
 // allGatherGemm
 // ============================================================================================
@@ -43,7 +62,7 @@ namespace fusedcomm::kernels::detail {
 // as `slices` slices of slice_rows rows (one work item each, 64-128 KiB, so that many CTAs
 // work on the chunks the GEMM needs next); the slice that completes a chunk raises its flag.
 // Work item k = slice k % slices of chunk (c_start + k / slices) % chunks: the order of the
-// GEMM's sweep, which starts at this rank's own rows (m_block_start) and wraps around.
+// GEMM's sweep after its own blocks (AgSchedule::coord): from this rank's rows on, wrapping around.
 struct AgParams {
   // A_r in this rank's data area (split_count(M,W,r) rows × K): the GEMM reads the M-blocks
   // made only of this rank's rows, [own_b0, own_b1), from it directly (AgSchedule::a_source),
@@ -116,8 +135,12 @@ struct AgSchedule : FusedClaims<AgParams> {
   __device__ __forceinline__ bool stores_a(TileCoord tc) const {
     return p->store_own && tc.n == 0 && from_own(tc.m);
   }
+  // The own blocks first, in a raster group of their own, then the others from own_b1 on (the
+  // pulls' order): a first group that mixed in peers' rows (M < 16 blocks at W = 2, < 32 at
+  // W = 4) had half or more of the first wave waiting on pulls (bench/fused/NOTES.md, run 4).
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
-    return tile_coord(prob, t);
+    if (p->own_b1 == p->own_b0) return tile_coord(prob, t);  // from the block of the first row
+    return two_part_raster(prob, t, p->own_b0, p->own_b1 - p->own_b0, true);
   }
   __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
                                                          int& row) const {
@@ -929,16 +952,7 @@ struct RsEpilogue {
 // The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
 struct RsSchedule : FusedClaims<RsParams> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
-    const int mb = prob.m_blocks, own = p->own_nb;
-    const int first = (mb - own) * prob.n_blocks;
-    if (t < first) {
-      TileCoord tc = grouped_raster(t, mb - own, prob.group_m, prob.n_blocks);
-      tc.m = (p->own_b0 + own + tc.m) % mb;
-      return tc;
-    }
-    TileCoord tc = grouped_raster(t - first, own, prob.group_m, prob.n_blocks);
-    tc.m += p->own_b0;
-    return tc;
+    return two_part_raster(prob, t, p->own_b0, p->own_nb, false);
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
   template <int BN>
