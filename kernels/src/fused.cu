@@ -626,6 +626,22 @@ cudaError_t rs_fetch_stats(unsigned long long out[2]) {
 }
 #endif
 
+#ifdef FUSEDCOMM_RS_TRACE
+// Bench build: the fused gemmReduceScatter's wait counters (detail/fused_gemm.cuh,
+// RsTraceWord), copied out and then zeroed, stream-ordered (call it between launches).
+cudaError_t rs_trace_take(unsigned long long* out, int words, cudaStream_t stream) {
+  if (words != detail::kRsTraceWords) return cudaErrorInvalidValue;
+  const size_t bytes = words * sizeof(unsigned long long);
+  if (cudaError_t e = cudaMemcpyFromSymbolAsync(out, detail::g_rs_trace, bytes, 0,
+                                                cudaMemcpyDeviceToHost, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  static const unsigned long long zeros[detail::kRsTraceWords] = {};
+  return cudaMemcpyToSymbolAsync(detail::g_rs_trace, zeros, bytes, 0, cudaMemcpyHostToDevice, stream);
+}
+#endif
+
 // ---- gemmAllReduce ------------------------------------------------------------------------------
 namespace {
 // The gemmReduceScatter that gemmAllReduce's fused path runs (partials: any order is fp32).

@@ -53,10 +53,17 @@
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/kernels/gemm.h"
+#include "fusedcomm/kernels/detail/rs_trace.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "process_group.h"
 
 namespace k = fusedcomm::kernels;
+
+#ifdef FUSEDCOMM_RS_TRACE  // bench build (kernels/src/fused.cu)
+namespace fusedcomm::kernels {
+cudaError_t rs_trace_take(unsigned long long* out, int words, cudaStream_t stream);
+}
+#endif
 
 namespace {
 
@@ -218,6 +225,55 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
 }
 #endif
 
+
+#ifdef FUSEDCOMM_RS_TRACE
+// Bench build (-DFUSEDCOMM_RS_TRACE): the fused gemmReduceScatter's wait counters
+// (detail/fused_gemm.cuh, RsTraceWord) over 10 launches after 2 warm-ups, each launch after a
+// barrier; rank 0 prints per rank the mean per launch, in µs at the device's rated clock
+// (clocks under load may be lower: compare the columns with each other, and the span).
+void trace_rs(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::GemmRsArgs a,
+              cudaStream_t st, const std::string& label) {
+  constexpr int kWords = k::detail::kRsTraceWords, kLaunches = 10;
+  a.algo = k::FusedAlgo::kFused;
+  std::vector<double> sum(kWords, 0.0);
+  std::vector<unsigned long long> w(kWords);
+  for (int i = -2; i < kLaunches; ++i) {
+    CK(cudaStreamSynchronize(st));
+    g.barrier();
+    CK(k::launch_gemm_reduce_scatter(dev, a, st));
+    CK(k::rs_trace_take(w.data(), kWords, st));
+    CK(cudaStreamSynchronize(st));
+    if (i < 0) continue;
+    for (int j = 0; j < kWords; ++j) {
+      sum[j] += j == k::detail::kRtEndNs ? static_cast<double>(w[j] - w[k::detail::kRtStartNs])
+                                         : static_cast<double>(w[j]);
+    }
+  }
+  std::vector<uint8_t> mine(kWords * sizeof(double));
+  std::memcpy(mine.data(), sum.data(), mine.size());
+  const auto all = g.all_gather(mine);
+  if (g.rank != 0) return;
+  int khz = 0, dv = 0;
+  CK(cudaGetDevice(&dv));
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dv));
+  for (int r = 0; r < g.world; ++r) {
+    std::vector<double> v(kWords);
+    std::memcpy(v.data(), all[r].data(), mine.size());
+    for (double& x : v) x /= kLaunches;
+    namespace d = k::detail;
+    auto us = [&](int j) { return v[j] / (khz * 1e-3); };  // cycles -> µs
+    std::printf("rs_trace %s rank %d (per launch; waits summed over CTAs, µs at %d MHz): span %.1f us;"
+                " handoff waits %.1f (%.0f > 1 us); own: freed %.1f, flags %.1f over %.0f half-tiles"
+                " (%.0f > 1 us, max %.1f); pusher: start %.1f, stores %.1f, fence+flags %.1f over"
+                " %.0f handoffs; finish max %.1f\n",
+                label.c_str(), r, khz / 1000, v[d::kRtEndNs] / 1000.0, us(d::kRtHandoffWait),
+                v[d::kRtHandoffWaits], us(d::kRtOwnFreedWait), us(d::kRtOwnWait), v[d::kRtOwnTiles],
+                v[d::kRtOwnWaits], us(d::kRtOwnWaitMax), us(d::kRtStartWait), us(d::kRtStores),
+                us(d::kRtFenceFlags), v[d::kRtHandoffs], us(d::kRtFinishMax));
+  }
+  std::fflush(stdout);
+}
+#endif
 
 int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
@@ -523,6 +579,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     }
 #ifdef FUSEDCOMM_AG_TRACE
     if (is_ag) trace_ag(g, dev, ag, st, s.label);
+#endif
+#ifdef FUSEDCOMM_RS_TRACE
+    if (!is_ag && !is_ar && !kPhantomBuild) trace_rs(g, dev, rs, st, s.label);
 #endif
     if (o.alternate) {  // ours_fused and ours_gemm only: each runs right after the other
       impls.erase(std::remove_if(impls.begin(), impls.end(),

@@ -10,12 +10,17 @@
 #   build/pab/pusher  the default fused_bench and gpu_fused_test (fused/device_run.sh's bin)
 #   build/pab/tma     the same with -DFUSEDCOMM_RS_TMA_PUSH (TMA pushes and the early fetch)
 #   build/pab/coll  coll_bench and gpu_collectives_test (collectives/device_run.sh's bin)
+#   build/pab/trace fused_bench with -DFUSEDCOMM_RS_TRACE (where the fused gemmReduceScatter
+#                   waits, per shape: detail/rs_trace.h)
 # Run steps, each with its own timeout:
 #   1. gpu_fused_test of the default build (every world 1..GPUs, on separate GPUs);
 #   2. local_run.sh: TMA pushes against pusher warps, 2 rounds, bf16 and fp32 partials, the 12
 #      TP shapes at W = world; the table is printed last;
 #   3. gpu_proxy_test, gpu_hier_test and gpu_runtime_hosts_test (2 hosts x 1 GPU) on separate
-#      GPUs.
+#      GPUs;
+#   4. the trace build: per TP shape, bf16 partials, where the fused gemmReduceScatter waits
+#      (consumers on the pusher, own half-tiles on the peers' flags, the pusher on the start
+#      flags and its stores, the end barrier), summed over CTAs per launch ($o/rs_trace.txt).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
@@ -23,9 +28,11 @@ out=build/pab
 if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TMA_PUSH $here/build.sh build/pab-tma | tail -1 || exit 1
+  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TRACE $here/build.sh build/pab-trace | tail -1 || exit 1
   cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test gpu_runtime_hosts_test > /dev/null || exit 1
   kernels/bench/collectives/build.sh build/coll-bin > /dev/null || exit 1
-  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll
+  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll $out/trace
+  cp build/pab-trace/fused_bench $out/trace/
   cp build/pab-def/fused_bench build/pab-def/gpu_fused_test $out/pusher/
   cp build/coll-bin/coll_bench build/coll-bin/gpu_collectives_test $out/coll/
   cp build/pab-tma/fused_bench build/pab-tma/gpu_fused_test $out/tma/
@@ -53,3 +60,7 @@ grep -E "proxy step" "$o/gpu_hier_test.log"
 timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; echo "gpu_runtime_hosts_test rc=$?"
 grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
 OUT=$o timeout 300 $here/local_run.sh "$out/tma $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30
+echo "trace build (bf16 partials, W = $world): $o/rs_trace.txt"
+timeout 240 $out/trace/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
+  --out "$o/trace_rows.jsonl" > "$o/trace.log" 2>&1; echo "trace rc=$?"
+grep '^rs_trace' "$o/trace.log" | tee "$o/rs_trace.txt" | grep 'rank 0' | sed 's/(per launch[^)]*)//'

@@ -30,6 +30,7 @@
 
 #include "fusedcomm/kernels/detail/fused_protocol.cuh"
 #include "fusedcomm/kernels/detail/gemm_sm90.cuh"
+#include "fusedcomm/kernels/detail/rs_trace.h"
 #include "fusedcomm/kernels/fused.h"
 
 namespace fusedcomm::kernels::detail {
@@ -460,6 +461,36 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
 // per fetch (the TMA's bytes); `state` (written by the warpgroup's thread 0 at each
 // main_loop_point, read by the warpgroup after the named barrier of its epilogue): 0 = no
 // fetch for this tile, else 1 | (the fetch's parity of `bar`) << 1.
+// Bench build -DFUSEDCOMM_RS_TRACE: the counters of rs_trace.h.
+#ifdef FUSEDCOMM_RS_TRACE
+__device__ unsigned long long g_rs_trace[kRsTraceWords];
+#endif
+__device__ __forceinline__ long long rs_trace_clock() {
+#ifdef FUSEDCOMM_RS_TRACE
+  return clock64();
+#else
+  return 0;
+#endif
+}
+// Adds the cycles since t0 to word w (and counts it in `over` if it took > 2,000 cycles).
+__device__ __forceinline__ void rs_trace_add(int w, long long t0, int over = -1) {
+#ifdef FUSEDCOMM_RS_TRACE
+  const unsigned long long c = static_cast<unsigned long long>(clock64() - t0);
+  atomicAdd(&g_rs_trace[w], c);
+  if (over >= 0 && c > 2000) atomicAdd(&g_rs_trace[over], 1ull);
+#endif
+}
+__device__ __forceinline__ void rs_trace_count(int w) {
+#ifdef FUSEDCOMM_RS_TRACE
+  atomicAdd(&g_rs_trace[w], 1ull);
+#endif
+}
+__device__ __forceinline__ void rs_trace_max(int w, unsigned long long v) {
+#ifdef FUSEDCOMM_RS_TRACE
+  atomicMax(&g_rs_trace[w], v);
+#endif
+}
+
 #ifdef FUSEDCOMM_RS_FETCH_STATS  // test build: [0] own half-tiles summed, [1] of them fetched
 __device__ unsigned long long g_rs_fetch_stats[2];
 #endif
@@ -699,11 +730,14 @@ struct RsEpilogue {
     const int64_t own_off = split_offset(p->M, W, r), own_end = own_off + split_count(p->M, W, r);
     RsFetch* const fetch = kPrefetch ? fetch_of<BN>(cw) : nullptr;
     if (t == 0) {
+      long long t0 = rs_trace_clock();
       if constexpr (kWarpPush) {
         if (o_lo == o_hi) wait_freed(mail_of<BN>(cw));  // the staging buffer is rewritten below
       } else {
         flush<0>();
       }
+      rs_trace_add(kRtOwnFreedWait, t0);
+      t0 = rs_trace_clock();
       // A fetched partial: its flag was acquired before the fetch (main_loop_point); its
       // bytes have landed once the fetch's barrier phase completes (published to the
       // warpgroup, like the flags' acquires, by the named barrier below).
@@ -713,6 +747,9 @@ struct RsEpilogue {
       } else {
         wait_sources(h, tc.n);
       }
+      rs_trace_add(kRtOwnWait, t0, kRtOwnWaits);
+      rs_trace_max(kRtOwnWaitMax, static_cast<unsigned long long>(rs_trace_clock() - t0));
+      rs_trace_count(kRtOwnTiles);
     }
     named_barrier_sync(2 + cw, 128);  // observe pattern: thread 0's acquires, then everyone's loads
     const int64_t row_lo = h0 + warp * 16 + lane / 4;
@@ -873,8 +910,10 @@ struct RsEpilogue {
 #pragma unroll
     for (int h = 0; h < kRounds; h += 2) {
       if (t == 0) {
+        const long long t0 = rs_trace_clock();
         wait_freed(mail);      // the pusher's reads of the previous handoff
         bulk_wait_read_all();  // this warpgroup's own TMA store's reads
+        rs_trace_add(kRtHandoffWait, t0, kRtHandoffWaits);
       }
       named_barrier_sync(2 + cw, 128);
       stage_round<kF32>(acc, stage, h);
@@ -904,24 +943,31 @@ struct RsEpilogue {
       uint32_t sent = 0;  // owners whose rows were stored (lane 0's start checks passed)
       for (int o = o_lo; o <= o_hi; ++o) {
         if (o == r) continue;
+        long long t0 = rs_trace_clock();
         const bool ok = __shfl_sync(0xffffffffu, lane == 0 ? observe_start(o) : false, 0);
+        if (lane == 0) rs_trace_add(kRtStartWait, t0);
         if (!ok) continue;  // recorded: the launch has failed
         sent |= 1u << o;
+        t0 = rs_trace_clock();
         if (p->bf16_partials) {
           send_rows<false>(stage, o, h0, h1, col, rounds);
         } else {
           send_rows<true>(stage, o, h0, h1, col, rounds);
         }
+        if (lane == 0) rs_trace_add(kRtStores, t0);
       }
       __syncwarp();  // every lane issued its last store: its staging reads are done
       if (lane == 0) mbar_arrive(&mail->freed);
+      if (lane == 0) rs_trace_count(kRtHandoffs);
       if (!last || sent == 0) continue;
+      const long long t0 = rs_trace_clock();
       __threadfence_system();  // this lane's stores before lane 0's flag (through the syncwarp)
       __syncwarp();
       if (lane == 0) {
         for (int o = o_lo; o <= o_hi; ++o) {
           if (sent & (1u << o)) st_release_sys(rs_flag(*p, o, r, h0 / 64, n), epoch);
         }
+        rs_trace_add(kRtFenceFlags, t0);
       }
     }
   }
@@ -965,7 +1011,12 @@ struct RsSchedule : FusedClaims<RsParams> {
     named_barrier_sync(1, 256);
     if (threadIdx.x == 128) {
       fused_role_done(p->dev, epoch, gridDim.x);
+      const long long t0 = rs_trace_clock();
       fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
+      rs_trace_max(kRtFinishMax, static_cast<unsigned long long>(rs_trace_clock() - t0));
+#ifdef FUSEDCOMM_RS_TRACE
+      rs_trace_max(kRtEndNs, globaltimer_ns());
+#endif
     }
   }
 };
@@ -978,6 +1029,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                    const __grid_constant__ GemmProblem prob,
                    const __grid_constant__ RsParams p) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
+#ifdef FUSEDCOMM_RS_TRACE
+  if (blockIdx.x == 0 && threadIdx.x == 0) g_rs_trace[kRtStartNs] = globaltimer_ns();
+#endif
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.dev.world > 1) rs_start(p.dev, epoch);
   gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch}, RsSchedule{{&p, epoch}});
 }
