@@ -581,7 +581,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     if (is_ag) trace_ag(g, dev, ag, st, s.label);
 #endif
 #ifdef FUSEDCOMM_RS_TRACE
-    if (!is_ag && !is_ar && !kPhantomBuild) trace_rs(g, dev, rs, st, s.label);
+    if (!is_ag && !is_ar) {
+      k::CommDevice d = dev;
+#ifdef FUSEDCOMM_PHANTOM_PEER
+      if (W == 1) d = phantom_peer(dev, Wf);  // a phantom build with the trace: rank 0's waits
+#endif
+      trace_rs(g, d, rs, st, s.label);
+    }
 #endif
     if (o.alternate) {  // ours_fused and ours_gemm only: each runs right after the other
       impls.erase(std::remove_if(impls.begin(), impls.end(),

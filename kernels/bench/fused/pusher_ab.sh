@@ -12,10 +12,13 @@
 #   build/pab/coll  coll_bench and gpu_collectives_test (collectives/device_run.sh's bin)
 #   build/pab/trace fused_bench with -DFUSEDCOMM_RS_TRACE (where the fused gemmReduceScatter
 #                   waits, per shape: detail/rs_trace.h)
+#   build/pab/ilv   fused_bench with -DFUSEDCOMM_RS_INTERLEAVE (W = 2: own tiles interleaved
+#                   with the pushes, RsSchedule::coord)
 # Run steps, each with its own timeout:
 #   1. gpu_fused_test of the default build (every world 1..GPUs, on separate GPUs);
-#   2. local_run.sh: TMA pushes against pusher warps, 2 rounds, bf16 and fp32 partials, the 12
-#      TP shapes at W = world; the table is printed last;
+#   2. local_run.sh, 2 rounds, bf16 and fp32 partials, the 12 TP shapes at W = world: at W = 2
+#      the default against the interleaved sweep, at W >= 3 the TMA pushes against the pusher
+#      warps;
 #   3. gpu_proxy_test, gpu_hier_test and gpu_runtime_hosts_test (2 hosts x 1 GPU) on separate
 #      GPUs;
 #   4. the trace build: per TP shape, bf16 partials, where the fused gemmReduceScatter waits
@@ -29,10 +32,12 @@ if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TMA_PUSH $here/build.sh build/pab-tma | tail -1 || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TRACE $here/build.sh build/pab-trace | tail -1 || exit 1
+  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_INTERLEAVE $here/build.sh build/pab-ilv | tail -1 || exit 1
   cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test gpu_runtime_hosts_test > /dev/null || exit 1
   kernels/bench/collectives/build.sh build/coll-bin > /dev/null || exit 1
-  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll $out/trace
+  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll $out/trace $out/ilv
   cp build/pab-trace/fused_bench $out/trace/
+  cp build/pab-ilv/fused_bench $out/ilv/
   cp build/pab-def/fused_bench build/pab-def/gpu_fused_test $out/pusher/
   cp build/coll-bin/coll_bench build/coll-bin/gpu_collectives_test $out/coll/
   cp build/pab-tma/fused_bench build/pab-tma/gpu_fused_test $out/tma/
@@ -59,7 +64,8 @@ FC_TEST_JSON=$o/hier.jsonl timeout 60 $out/gpu_hier_test > "$o/gpu_hier_test.log
 grep -E "proxy step" "$o/gpu_hier_test.log"
 timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; echo "gpu_runtime_hosts_test rc=$?"
 grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
-OUT=$o timeout 300 $here/local_run.sh "$out/tma $out/pusher" 2 rs "bf16 f32" full "$world" | tail -30
+ab="$out/tma $out/pusher"; [ "$world" = 2 ] && ab="$out/pusher $out/ilv"
+OUT=$o timeout 300 $here/local_run.sh "$ab" 2 rs "bf16 f32" full "$world" | tail -30
 echo "trace build (bf16 partials, W = $world): $o/rs_trace.txt"
 timeout 240 $out/trace/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
   --out "$o/trace_rows.jsonl" > "$o/trace.log" 2>&1; echo "trace rc=$?"

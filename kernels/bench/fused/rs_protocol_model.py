@@ -43,26 +43,44 @@ def grouped_raster(t, rows, group, n_blocks):
     return first + r % height, r // height
 
 
-def sweep(M, W, rank, n_blocks, group):
-    """RsSchedule::coord for every sweep position of `rank`: (M-block, tile column)."""
+def interleave_part(t, n_rest, n_own, lead):
+    """rs_interleave (fused_gemm.cuh): sweep position t -> (own part?, index in that part)."""
+    head = min(lead, n_rest)
+    if t < head:
+        return False, t
+    u = t - head
+    pairs = min(n_own, n_rest - head)
+    if u < 2 * pairs:
+        return (True, u // 2) if u % 2 == 0 else (False, head + u // 2)
+    v = u - 2 * pairs
+    return (True, pairs + v) if n_own > pairs else (False, head + pairs + v)
+
+
+def sweep(M, W, rank, n_blocks, group, interleave=None):
+    """RsSchedule::coord for every sweep position of `rank`: (M-block, tile column).
+    interleave: the lead (in tiles) of the interleaved order, or None for the two parts."""
     mb = (M + 127) // 128
     off, cnt = split_offset(M, W, rank), split_count(M, W, rank)
     b0, own = (off // 128, (off + cnt - 1) // 128 - off // 128 + 1) if cnt else (0, 0)
-    first = (mb - own) * n_blocks
+    n_rest, n_own = (mb - own) * n_blocks, own * n_blocks
     out = []
     for t in range(mb * n_blocks):
-        if t < first:
-            m, n = grouped_raster(t, mb - own, group, n_blocks)
+        if interleave is None:
+            is_own, i = (t >= n_rest, t - n_rest if t >= n_rest else t)
+        else:
+            is_own, i = interleave_part(t, n_rest, n_own, interleave)
+        if not is_own:
+            m, n = grouped_raster(i, mb - own, group, n_blocks)
             out.append(((b0 + own + m) % mb, n))
         else:
-            m, n = grouped_raster(t - first, own, group, n_blocks)
+            m, n = grouped_raster(i, own, group, n_blocks)
             out.append((b0 + m, n))
     return out
 
 
-def run(M, W, ctas, n_blocks, group, lookahead, lead, seed, pusher=False):
+def run(M, W, ctas, n_blocks, group, lookahead, lead, seed, pusher=False, interleave=None):
     rng = random.Random(seed)
-    seqs = [sweep(M, W, r, n_blocks, group) for r in range(W)]
+    seqs = [sweep(M, W, r, n_blocks, group, interleave) for r in range(W)]
     for s in seqs:
         assert len(set(s)) == len(s) == ((M + 127) // 128) * n_blocks, "sweep is not a permutation"
     flags = set()  # (owner, source, half, column): raised
@@ -151,6 +169,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pusher", action="store_true")
+    ap.add_argument("--interleave", type=int, nargs="*", default=None,
+                    help="leads (tiles) of the interleaved sweep (RsSchedule, W = 2) to try")
     args = ap.parse_args()
     worlds = [2, 3, 4] if args.quick else [2, 3, 4, 5, 6, 8]
     step_m = 37 if args.quick else 7
@@ -161,10 +181,11 @@ def main():
                 for ctas in (1, 2, 3):
                     for group in (1, 8):
                         for lookahead, lead in ((2, 1), (3, 2), (6, 6)):
-                            cases += 1
-                            if not run(M, W, ctas, n_blocks, group, lookahead, lead, cases,
-                                       args.pusher):
-                                bad.append((M, W, ctas, n_blocks, group, lookahead, lead))
+                            for il in (args.interleave if args.interleave is not None else [None]):
+                                cases += 1
+                                if not run(M, W, ctas, n_blocks, group, lookahead, lead, cases,
+                                           args.pusher, il):
+                                    bad.append((M, W, ctas, n_blocks, group, lookahead, lead, il))
     print(f"{cases} configurations, {len(bad)} deadlocks", bad[:10])
     sys.exit(1 if bad else 0)
 
