@@ -459,11 +459,6 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
   }
 }
 
-// Early fetch of an own half-tile's received partial (RsEpilogue::kPrefetch): per consumer
-// warpgroup, in the engine's aux region when there are no pusher warps. `bar` completes once
-// per fetch (the TMA's bytes); `state` (written by the warpgroup's thread 0 at each
-// main_loop_point, read by the warpgroup after the named barrier of its epilogue): 0 = no
-// fetch for this tile, else 1 | (the fetch's parity of `bar`) << 1.
 // Bench build -DFUSEDCOMM_RS_TRACE: the counters of rs_trace.h.
 #ifdef FUSEDCOMM_RS_TRACE
 __device__ unsigned long long g_rs_trace[kRsTraceWords];
@@ -494,6 +489,11 @@ __device__ __forceinline__ void rs_trace_max(int w, unsigned long long v) {
 #endif
 }
 
+// Early fetch of an own half-tile's received partial (RsEpilogue::kPrefetch): per consumer
+// warpgroup, in the engine's aux region when there are no pusher warps. `bar` completes once
+// per fetch (the TMA's bytes); `state` (written by the warpgroup's thread 0 at each
+// main_loop_point, read by the warpgroup after the named barrier of its epilogue): 0 = no
+// fetch for this tile, else 1 | (the fetch's parity of `bar`) << 1.
 #ifdef FUSEDCOMM_RS_FETCH_STATS  // test build: [0] own half-tiles summed, [1] of them fetched
 __device__ unsigned long long g_rs_fetch_stats[2];
 #endif
