@@ -24,6 +24,8 @@
 #   4. the trace build: per TP shape, bf16 partials, where the fused gemmReduceScatter waits
 #      (consumers on the pusher, own half-tiles on the peers' flags, the pusher on the start
 #      flags and its stores, the end barrier), summed over CTAs per launch ($o/rs_trace.txt).
+#      At W = 2 only, unless FC_PAB_TRACE=1 (at W = 4 steps 1-3 alone take ~8 of a call's 10
+#      minutes: run it as a call of its own there).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
@@ -66,6 +68,7 @@ timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; 
 grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
 ab="$out/tma $out/pusher"; [ "$world" = 2 ] && ab="$out/pusher $out/ilv"
 OUT=$o timeout 300 $here/local_run.sh "$ab" 2 rs "bf16 f32" full "$world" | tail -30
+[ "$world" = 2 ] || [ "${FC_PAB_TRACE:-0}" = 1 ] || exit 0
 echo "trace build (bf16 partials, W = $world): $o/rs_trace.txt"
 timeout 240 $out/trace/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
   --out "$o/trace_rows.jsonl" > "$o/trace.log" 2>&1; echo "trace rc=$?"
