@@ -106,9 +106,11 @@ bool rs_fused_fits(const CommDevice& d, const RsParams& p);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2) return FusedAlgo::kDecomposed;
-  // The GEMM's first raster group (8 M-blocks) must be this rank's own rows: where it holds
-  // peers' rows (M < 2048 at W = 2), half the first wave waits on pulls that ran at only
-  // 20-80 GB/s (run 4), and fused took 1.3-2.7x the decomposed time at M = 1024.
+  // Measured (run 4) when the GEMM's first raster group (8 M-blocks) held peers' rows at
+  // M < 2048: half the first wave waited on pulls that ran at only 20-80 GB/s, and fused took
+  // 1.3-2.7x the decomposed time at M = 1024. Since 95f0f3d the sweep takes the own blocks
+  // first in a group of their own (AgSchedule::coord), which should remove that wait; the rule
+  // stays until the fused bench over NVLink shows it (bench/fused/NOTES.md).
   if (a.M < d.world * 8 * detail::kTileM) return FusedAlgo::kDecomposed;
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
   return bytes >= kAgFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
