@@ -395,7 +395,6 @@ struct Rank {
     cudaFree(ob);
   }
 
-  // The last rank launches 200 ms after the others.
   // kAuto's push allReduce (W = 2 from 256 MiB): the algorithm it resolves to, and 256 MiB
   // launches in bf16 and fp32 checked element by element, in a memory of its own.
   void large_auto_all_reduce() {
@@ -420,6 +419,7 @@ struct Rank {
     open(SymmetricConfig{});
   }
 
+  // The last rank launches 200 ms after the others.
   void late_rank() {
     for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
                              k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {

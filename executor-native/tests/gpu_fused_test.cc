@@ -54,18 +54,13 @@
 #include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/detail/rs_trace.h"
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "gpu_test_support.h"
 #include "process_group.h"
-
-#ifdef FUSEDCOMM_RS_FETCH_STATS  // test build (kernels/src/fused.cu)
-namespace fusedcomm::kernels {
-cudaError_t rs_fetch_stats(unsigned long long out[2]);
-}
-#endif
 
 namespace {
 
@@ -948,14 +943,16 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     }
     t0 = t1;
   };
-  // Test build with -DFUSEDCOMM_RS_FETCH_STATS: how many own half-tiles of the fused
-  // gemmReduceScatter fetched their partial early (detail/fused_gemm.cuh, kPrefetch).
+  // Test build with -DFUSEDCOMM_RS_TRACE: how many own half-tiles of the fused
+  // gemmReduceScatter fetched their partial early (detail/fused_gemm.cuh, kPrefetch), since the
+  // process started (detail/rs_trace.h).
   auto fetch_stats = [&] {
-#ifdef FUSEDCOMM_RS_FETCH_STATS
-    unsigned long long st[2] = {0, 0};
-    CUDA_OK(k::rs_fetch_stats(st));
+#ifdef FUSEDCOMM_RS_TRACE
+    unsigned long long st[k::detail::kRsTraceWords] = {};
+    CUDA_OK(k::rs_trace_take(st, k::detail::kRsTraceWords, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
     std::printf("  rank %d: fused gemmReduceScatter own half-tiles %llu, fetched early %llu\n",
-                g.rank, st[0], st[1]);
+                g.rank, st[k::detail::kRtOwnTiles], st[k::detail::kRtOwnFetched]);
 #endif
   };
   auto finish = [&] {

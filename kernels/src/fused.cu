@@ -623,17 +623,8 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
                  : launch_rs_instance<128, false>(plan, p, grid, stream);
 }
 
-#ifdef FUSEDCOMM_RS_FETCH_STATS
-// Test build: this process's counts of own half-tiles summed by the fused gemmReduceScatter and
-// of those whose partial was fetched early (RsEpilogue::kPrefetch), since the process started.
-cudaError_t rs_fetch_stats(unsigned long long out[2]) {
-  return cudaMemcpyFromSymbol(out, detail::g_rs_fetch_stats, 2 * sizeof(unsigned long long));
-}
-#endif
-
 #ifdef FUSEDCOMM_RS_TRACE
-// Bench build: the fused gemmReduceScatter's wait counters (detail/fused_gemm.cuh,
-// RsTraceWord), copied out and then zeroed, stream-ordered (call it between launches).
+// Bench and test build: detail/rs_trace.h.
 cudaError_t rs_trace_take(unsigned long long* out, int words, cudaStream_t stream) {
   if (words != detail::kRsTraceWords) return cudaErrorInvalidValue;
   const size_t bytes = words * sizeof(unsigned long long);

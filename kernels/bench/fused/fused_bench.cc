@@ -59,12 +59,6 @@
 
 namespace k = fusedcomm::kernels;
 
-#ifdef FUSEDCOMM_RS_TRACE  // bench build (kernels/src/fused.cu)
-namespace fusedcomm::kernels {
-cudaError_t rs_trace_take(unsigned long long* out, int words, cudaStream_t stream);
-}
-#endif
-
 namespace {
 
 #define CK(x)                                                                           \

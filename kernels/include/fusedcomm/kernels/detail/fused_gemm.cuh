@@ -494,9 +494,6 @@ __device__ __forceinline__ void rs_trace_max(int w, unsigned long long v) {
 // per fetch (the TMA's bytes); `state` (written by the warpgroup's thread 0 at each
 // main_loop_point, read by the warpgroup after the named barrier of its epilogue): 0 = no
 // fetch for this tile, else 1 | (the fetch's parity of `bar`) << 1.
-#ifdef FUSEDCOMM_RS_FETCH_STATS  // test build: [0] own half-tiles summed, [1] of them fetched
-__device__ unsigned long long g_rs_fetch_stats[2];
-#endif
 struct alignas(8) RsFetch {
   uint64_t bar;
   uint32_t state;
@@ -753,6 +750,7 @@ struct RsEpilogue {
       rs_trace_add(kRtOwnWait, t0, kRtOwnWaits);
       rs_trace_max(kRtOwnWaitMax, static_cast<unsigned long long>(rs_trace_clock() - t0));
       rs_trace_count(kRtOwnTiles);
+      if (f & 1) rs_trace_count(kRtOwnFetched);
     }
     named_barrier_sync(2 + cw, 128);  // observe pattern: thread 0's acquires, then everyone's loads
     const int64_t row_lo = h0 + warp * 16 + lane / 4;
@@ -761,12 +759,6 @@ struct RsEpilogue {
     const bool hi_ok = row_lo + 8 >= own_off && row_lo + 8 < own_end;
     uint32_t fetched = 0;
     if constexpr (kPrefetch) fetched = *reinterpret_cast<volatile uint32_t*>(&fetch->state);
-#ifdef FUSEDCOMM_RS_FETCH_STATS
-    if (t == 0) {
-      atomicAdd(&g_rs_fetch_stats[0], 1ull);
-      if (fetched & 1) atomicAdd(&g_rs_fetch_stats[1], 1ull);
-    }
-#endif
     if (p->bf16_partials) {
       if (fetched & 1) {
         add_fetched(acc, stage);
@@ -960,8 +952,10 @@ struct RsEpilogue {
         if (lane == 0) rs_trace_add(kRtStores, t0);
       }
       __syncwarp();  // every lane issued its last store: its staging reads are done
-      if (lane == 0) mbar_arrive(&mail->freed);
-      if (lane == 0) rs_trace_count(kRtHandoffs);
+      if (lane == 0) {
+        mbar_arrive(&mail->freed);
+        rs_trace_count(kRtHandoffs);
+      }
       if (!last || sent == 0) continue;
       const long long t0 = rs_trace_clock();
       __threadfence_system();  // this lane's stores before lane 0's flag (through the syncwarp)

@@ -1,7 +1,10 @@
-// The fused gemmReduceScatter's wait counters, a bench build's only (-DFUSEDCOMM_RS_TRACE:
-// fused_gemm.cuh accumulates them, fused.cu's rs_trace_take copies them out, fused_bench
-// prints them per shape). Other builds compile the counting to nothing.
+// The fused gemmReduceScatter's wait counters, a bench and test build's only
+// (-DFUSEDCOMM_RS_TRACE: fused_gemm.cuh accumulates them, rs_trace_take copies them out;
+// fused_bench prints them per shape, gpu_fused_test its early fetches). Other builds compile
+// the counting to nothing.
 #pragma once
+
+#include <cuda_runtime.h>
 
 namespace fusedcomm::kernels::detail {
 
@@ -15,6 +18,7 @@ enum RsTraceWord : int {
   kRtOwnTiles,       //   own half-tiles summed
   kRtOwnWaits,       //   how many of those waits took > 2,000 cycles
   kRtOwnWaitMax,     //   the longest
+  kRtOwnFetched,     //   own half-tiles whose partial was fetched early (RsEpilogue::kPrefetch)
   kRtStartWait,      // pusher lane 0: observe_start (a peer's arrive flag)
   kRtStores,         // pusher lane 0: issuing one handoff's stores (send_rows)
   kRtFenceFlags,     // pusher lane 0: the fence and the flags after a half-tile's last handoff
@@ -26,3 +30,11 @@ enum RsTraceWord : int {
 };
 
 }  // namespace fusedcomm::kernels::detail
+
+#ifdef FUSEDCOMM_RS_TRACE
+namespace fusedcomm::kernels {
+// The counters (`words` must be detail::kRsTraceWords), copied out and then zeroed,
+// stream-ordered: `out` holds them once `stream` has reached this point (kernels/src/fused.cu).
+cudaError_t rs_trace_take(unsigned long long* out, int words, cudaStream_t stream);
+}  // namespace fusedcomm::kernels
+#endif
