@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The pusher-warp A/B of gemmReduceScatter (RsEpilogue::kWarpPush, the default since run 9;
-# NOTES.md, "Pusher warps") against the TMA pushes, on a host with 2 or more GPUs, in ONE device
-# call of ~3 minutes, plus the proxy path's tests on separate GPUs:
+# A/B builds of the fused gemmReduceScatter on a host with 2 or more GPUs (step 2 below: at
+# W = 2 the default against the interleaved sweep, at W >= 3 the pusher warps, the default since
+# run 9, against the TMA pushes; NOTES.md), with the tests on separate GPUs and the trace, in
+# ONE device call of ~6 minutes at W = 2:
 #   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab and its archive
-#                        build/pab.tar.xz (~6 MB: carry the archive, the folder is ~50 MB)
+#                        build/pab.tar.xz (~8 MB: carry the archive, the folder is ~85 MB)
 #   run   (GPU host):    kernels/bench/fused/pusher_ab.sh run [world=2]   -> $OUT/pab/*
 # build/pab also holds what the next calls on the same host need, so that one carried archive
 # serves them all (`tar xJf build/pab.tar.xz -C build` first where build/pab is missing):
