@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A model of the fused gemmReduceScatter's push protocol (detail/fused_gemm.cuh), searched for
-deadlocks under random scheduling. Usage: rs_protocol_model.py [--quick] [--pusher]
+deadlocks under random scheduling. Usage: rs_protocol_model.py [--quick] [--pusher] [--interleave LEAD...]
 
 What is modelled, per rank: the tile sweep of RsSchedule::coord (other ranks' M-blocks first,
 starting after the own ones, then the own blocks, each part in the grouped raster), CTAs whose
@@ -44,7 +44,7 @@ def grouped_raster(t, rows, group, n_blocks):
 
 
 def interleave_part(t, n_rest, n_own, lead):
-    """rs_interleave (fused_gemm.cuh): sweep position t -> (own part?, index in that part)."""
+    """rs_interleaved (fused_gemm.cuh): sweep position t -> (own part?, index in that part)."""
     head = min(lead, n_rest)
     if t < head:
         return False, t
@@ -58,7 +58,10 @@ def interleave_part(t, n_rest, n_own, lead):
 
 def sweep(M, W, rank, n_blocks, group, interleave=None):
     """RsSchedule::coord for every sweep position of `rank`: (M-block, tile column).
-    interleave: the lead (in tiles) of the interleaved order, or None for the two parts."""
+    interleave: the lead (in tiles) of the interleaved order, or None for the two parts; as
+    rs_geometry, only at W = 2 with M a multiple of 256 (elsewhere it deadlocks)."""
+    if W != 2 or M % 256:
+        interleave = None
     mb = (M + 127) // 128
     off, cnt = split_offset(M, W, rank), split_count(M, W, rank)
     b0, own = (off // 128, (off + cnt - 1) // 128 - off // 128 + 1) if cnt else (0, 0)
@@ -176,7 +179,8 @@ def main():
     step_m = 37 if args.quick else 7
     cases, bad = 0, []
     for W in worlds:
-        for M in list(range(W, 900, step_m)) + [128 * W, 128 * W + 64]:
+        aligned = [256 * i for i in range(1, 13)] if W == 2 and args.interleave else []
+        for M in list(range(W, 900, step_m)) + [128 * W, 128 * W + 64] + aligned:
             for n_blocks in (1, 3):
                 for ctas in (1, 2, 3):
                     for group in (1, 8):
