@@ -2,7 +2,7 @@
 # A/B builds of the fused gemmReduceScatter on a host with 2 or more GPUs (step 2 below: at
 # W = 2 the default against the interleaved sweep, at W >= 3 the pusher warps, the default since
 # run 9, against the TMA pushes; NOTES.md), with the tests on separate GPUs and the trace, in
-# ONE device call of ~6 minutes at W = 2:
+# ONE device call of ~7 minutes at W = 2:
 #   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab and its archive
 #                        build/pab.tar.xz (~8 MB: carry the archive, the folder is ~85 MB)
 #   run   (GPU host):    kernels/bench/fused/pusher_ab.sh run [world=2]   -> $OUT/pab/*
@@ -27,6 +27,9 @@
 #      flags and its stores, the end barrier), summed over CTAs per launch ($o/rs_trace.txt).
 #      At W = 2 only, unless FC_PAB_TRACE=1 (at W = 4 steps 1-3 alone take ~8 of a call's 10
 #      minutes: run it as a call of its own there).
+#   5. W = 2 only (~1 min): the default build's allGatherGemm, fused against decomposed at the
+#      12 TP-2 shapes (no baselines): whether the own-first sweep (95f0f3d) now wins at
+#      M = 1024, where kAuto runs decomposed (choose_ag, kernels/src/fused.cu).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
@@ -74,3 +77,19 @@ echo "trace build (bf16 partials, W = $world): $o/rs_trace.txt"
 timeout 240 $out/trace/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
   --out "$o/trace_rows.jsonl" > "$o/trace.log" 2>&1; echo "trace rc=$?"
 grep '^rs_trace' "$o/trace.log" | tee "$o/rs_trace.txt" | grep 'rank 0' | sed 's/(per launch[^)]*)//'
+[ "$world" = 2 ] || exit 0
+echo "allGatherGemm fused vs decomposed (default build, W = 2, gathered output): $o/ag_rows.jsonl"
+timeout 150 $out/pusher/fused_bench --world 2 --ops ag --batches 3 --out "$o/ag_rows.jsonl" \
+  > "$o/ag.log" 2>&1; echo "fused_bench ag rc=$?"
+python3 - "$o/ag_rows.jsonl" <<'PY'
+import json, sys
+t = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    t.setdefault(r["shape"], {})[r["impl"]] = r["ms_median"]
+print(f"{'shape':22} {'fused ms':>9} {'decomp ms':>9} {'GEMM ms':>9} {'fused/decomp':>12}")
+for shape, v in t.items():
+    f, d, g = v.get("ours_fused"), v.get("ours_decomposed"), v.get("ours_gemm")
+    if f and d:
+        print(f"{shape:22} {f:9.4f} {d:9.4f} {g or float('nan'):9.4f} {f / d:12.3f}")
+PY
