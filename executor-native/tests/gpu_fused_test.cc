@@ -625,7 +625,7 @@ struct Rank {
         {2999, 1032, 1032, KN, F, 64, true}, {2999, 1032, 1032, KN, D, 64, true},
         {4100, 2056, 1024, NK, A, 0, true},  {3, 64, 64, NK, F, 16, true},
         // Several waves of tiles, so that at W = 2 the own half-tiles come after the peer's
-        // pushes were flagged and fetch their partial early (RsEpilogue::kPrefetch); the second
+        // pushes were flagged and fetch their partial early (RsParams::prefetch); the second
         // with a last tile column of 8 (its fetch skips the boxes past N).
         {4096, 2048, 1024, NK, F, 0, true},  {4096, 1032, 1024, KN, F, 0, true},
         // fp32 partials in any order (RsPartials::kF32AnyOrder): at W >= 3 the fused kernel's
@@ -944,8 +944,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     t0 = t1;
   };
   // Test build with -DFUSEDCOMM_RS_TRACE: how many own half-tiles of the fused
-  // gemmReduceScatter fetched their partial early (detail/fused_gemm.cuh, kPrefetch), since the
-  // process started (detail/rs_trace.h).
+  // gemmReduceScatter fetched their partial early (detail/fused_gemm.cuh, "Early fetch"),
+  // since the process started (detail/rs_trace.h).
   auto fetch_stats = [&] {
 #ifdef FUSEDCOMM_RS_TRACE
     unsigned long long st[k::detail::kRsTraceWords] = {};

@@ -200,7 +200,7 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
   p.accumulate = rs_accumulates(W, a) ? 1 : 0;
   // One received slot of bf16 partials (a bf16 half-tile fits the staging buffer).
-  p.prefetch = detail::RsEpilogue::kPrefetch && W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
+  p.prefetch = W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
 #ifdef FUSEDCOMM_RS_INTERLEAVE  // bench switch (detail/fused_gemm.cuh, rs_interleaved)
   p.interleave = W == 2 && a.M % (2 * detail::kTileM) == 0 ? 1 : 0;
 #endif

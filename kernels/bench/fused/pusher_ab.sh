@@ -9,7 +9,7 @@
 # build/pab also holds what the next calls on the same host need, so that one carried archive
 # serves them all (`tar xJf build/pab.tar.xz -C build` first where build/pab is missing):
 #   build/pab/pusher  the default fused_bench and gpu_fused_test (fused/device_run.sh's bin)
-#   build/pab/tma     the same with -DFUSEDCOMM_RS_TMA_PUSH (TMA pushes and the early fetch)
+#   build/pab/tma     the same with -DFUSEDCOMM_RS_TMA_PUSH (the consumers' TMA pushes)
 #   build/pab/coll  coll_bench and gpu_collectives_test (collectives/device_run.sh's bin)
 #   build/pab/trace fused_bench with -DFUSEDCOMM_RS_TRACE (where the fused gemmReduceScatter
 #                   waits, per shape: detail/rs_trace.h)

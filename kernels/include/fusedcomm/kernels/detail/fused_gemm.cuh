@@ -305,10 +305,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 //   fp32, and stores the bf16 sums once (TMA). With bf16 partials the accumulator stays fp32:
 //   only the terms that travel are rounded (rounding it too, as the decomposed path does, cost
 //   1 % at W = 2 on one H100: kernels/bench/fused/NOTES.md; docs/ops.md states the contract).
-//   Early fetch (W = 2, bf16 partials; RsEpilogue::kPrefetch): where the peer's partial of an
-//   own half-tile is already flagged early in that tile's main loop, the issuing thread
-//   TMA-loads it into the staging buffer then (as much as fits: 128 of 256 columns), and the
-//   epilogue adds those columns from shared memory. Per-source slots: in rank order,
+//   Early fetch (W = 2, bf16 partials; RsParams::prefetch): where the peer's partial of an
+//   own half-tile is already flagged early in that tile's main loop (and, with pusher warps,
+//   the staging buffer is already free), the issuing thread TMA-loads it into the staging
+//   buffer then (as much as fits: the whole half-tile with the pushers' two rounds, 128 of
+//   256 columns with the TMA pushes' one), and the epilogue adds those columns from shared
+//   memory. Per-source slots: in rank order,
 //   (((0 + P_0) + P_1) + ...). Accumulating: P_r + (the peers' partials, added in the order
 //   they arrived).
 // A half-tile holding rows of two owners (W not dividing M at a 64-row boundary) is pushed
@@ -332,12 +334,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 //
 // Pusher warps (RsEpilogue::kWarpPush, the default since run 9 on 2 × H200: 0.98 × the TMA
 // pushes' time at W = 2 on average, 0.90-0.95 at the large shapes; the TMA pushes remain behind
-// the bench switch FUSEDCOMM_RS_TMA_PUSH, with the early fetch above): the consumers only stage a pushed half-tile in shared memory
-// (two 16 KiB rounds per handoff, 3 operand stages instead of 4) and hand it to a helper warp
-// of the producer warpgroup, which stores it to the owner with st.global (or red.add.v4.f32
-// into an accumulating slot) and raises the flag itself. Neither the consumers nor the TMA
-// unit (the GEMM's loads) wait for NVLink, and a flag no longer depends on the warpgroup's
-// next main loop: no flush before a wait, no main_loop_point (rs_protocol_model.py --pusher).
+// the bench switch FUSEDCOMM_RS_TMA_PUSH): the consumers only stage a pushed half-tile in
+// shared memory (two 16 KiB rounds per handoff, 3 operand stages instead of 4) and hand it to
+// a helper warp of the producer warpgroup, which stores it to the owner with st.global (or
+// red.add.v4.f32 into an accumulating slot) and raises the flag itself. Neither the consumers
+// nor the TMA unit (the GEMM's loads) wait for NVLink, and a flag no longer depends on the
+// warpgroup's next main loop: no flush before a wait, and main_loop_point only issues the
+// early fetch (rs_protocol_model.py --pusher).
 //
 // Tile order (RsSchedule::coord): a rank sweeps first the M-blocks holding none of its rows,
 // starting after its own blocks and wrapping around (owners r+1, r+2, ...: at any time each
@@ -381,7 +384,7 @@ struct RsParams {
   int own_b0, own_nb;   // this rank's M-blocks: those holding any of its rows
   int halves;           // half-tile rows of one slot's flags (ceil(ceil(M/W) / 64) + 1)
   int bf16_partials;    // 1: the pushed partials are bf16, else fp32
-  // Own half-tiles fetch their one received slot early (RsEpilogue::kPrefetch; W = 2, bf16
+  // Own half-tiles fetch their one received slot early ("Early fetch" above; W = 2, bf16
   // partials): tm_recv maps this rank's slot (padding + its rows, × N bf16, 64×64 boxes).
   int prefetch;
   CUtensorMap tm_recv;
@@ -424,7 +427,7 @@ struct alignas(8) RsPushMail {
   int32_t bits;     // bit 0: the half-tile's last handoff (raise its flags); bits 1+: the
                     // store rounds staged (1 or 2)
 };
-static_assert(sizeof(RsPushMail) == 32, "two mails fill the engine's aux region");
+static_assert(sizeof(RsPushMail) == 32, "two mails and two RsFetch fit the engine's aux region");
 
 // A pusher warp's copy (RsEpilogue::send_rows): rows [row_lo, row_hi) and bytes [0, bytes) of
 // each row of the staged rounds (stage_round's swizzled layout: part = round * 2 + box of 8 KiB,
@@ -489,9 +492,9 @@ __device__ __forceinline__ void rs_trace_max(int w, unsigned long long v) {
 #endif
 }
 
-// Early fetch of an own half-tile's received partial (RsEpilogue::kPrefetch): per consumer
-// warpgroup, in the engine's aux region when there are no pusher warps. `bar` completes once
-// per fetch (the TMA's bytes); `state` (written by the warpgroup's thread 0 at each
+// Early fetch of an own half-tile's received partial (RsParams::prefetch): per consumer
+// warpgroup, in the engine's aux region (after the two RsPushMail with pusher warps). `bar`
+// completes once per fetch (the TMA's bytes); `state` (written by the warpgroup's thread 0 at each
 // main_loop_point, read by the warpgroup after the named barrier of its epilogue): 0 = no
 // fetch for this tile, else 1 | (the fetch's parity of `bar`) << 1.
 struct alignas(8) RsFetch {
@@ -502,17 +505,16 @@ struct alignas(8) RsFetch {
 
 struct RsEpilogue {
   static constexpr bool kOwnsTile = true;
-#ifdef FUSEDCOMM_RS_TMA_PUSH  // bench switch: the consumers' TMA pushes (the early fetch's path)
+#ifdef FUSEDCOMM_RS_TMA_PUSH  // bench switch: the consumers' TMA pushes
   static constexpr bool kWarpPush = false;
 #else
   static constexpr bool kWarpPush = true;
 #endif
-  static constexpr bool kPrefetch = !kWarpPush;  // the early fetch: the TMA pushes' path only
   static constexpr int kStagingRounds = kWarpPush ? 2 : 1;
-  // kPrefetch: the 64×64 bf16 boxes (8 KiB) of a fetched partial that the staging buffer holds:
-  // a whole half-tile (BN = 256) with two rounds, its first 128 columns with one.
+  // The early fetch: the 64×64 bf16 boxes (8 KiB) of a fetched partial that the staging
+  // buffer holds: a whole half-tile (BN = 256) with two rounds, its first 128 columns with one.
   static constexpr int kFetchBoxes = 2 * kStagingRounds;
-  static constexpr bool kInitAux = kWarpPush || kPrefetch;
+  static constexpr bool kInitAux = true;
   static constexpr bool kAuxWarps = kWarpPush;
   const RsParams* p;
   uint64_t epoch;
@@ -522,6 +524,8 @@ struct RsEpilogue {
   mutable uint32_t started = 0;      // owners whose arrive flag this thread has observed
   mutable uint32_t posts = 0;        // handoffs made to the pusher (kWarpPush)
 
+  // The aux region: the pushers' two mails (kWarpPush), then the two warpgroups' RsFetch.
+  static constexpr int kFetchAt = kWarpPush ? 2 * sizeof(RsPushMail) : 0;
   __device__ __forceinline__ static void init_aux(uint8_t* aux) {
     if constexpr (kWarpPush) {
       auto* mail = reinterpret_cast<RsPushMail*>(aux);
@@ -529,19 +533,18 @@ struct RsEpilogue {
         mbar_init(&mail[i].staged, 1);
         mbar_init(&mail[i].freed, 1);
       }
-    } else {
-      auto* fetch = reinterpret_cast<RsFetch*>(aux);
-      for (int i = 0; i < 2; ++i) {
-        mbar_init(&fetch[i].bar, 1);
-        fetch[i].state = 0;
-        fetch[i].count = 0;
-      }
+    }
+    auto* fetch = reinterpret_cast<RsFetch*>(aux + kFetchAt);
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(&fetch[i].bar, 1);
+      fetch[i].state = 0;
+      fetch[i].count = 0;
     }
   }
   // Warpgroup cw's fetch state, in the aux region.
   template <int BN>
   __device__ __forceinline__ static RsFetch* fetch_of(int cw) {
-    return reinterpret_cast<RsFetch*>(gemm_aux_smem<BN, kStagingRounds>()) + cw;
+    return reinterpret_cast<RsFetch*>(gemm_aux_smem<BN, kStagingRounds>() + kFetchAt) + cw;
   }
   template <int BN>
   __device__ __forceinline__ static RsPushMail* mail_of(int cw) {
@@ -728,7 +731,7 @@ struct RsEpilogue {
     // that: see the deadlock argument above), then the peers' partials, then one TMA store of
     // the bf16 sums (clipped to this rank's rows).
     const int64_t own_off = split_offset(p->M, W, r), own_end = own_off + split_count(p->M, W, r);
-    RsFetch* const fetch = kPrefetch ? fetch_of<BN>(cw) : nullptr;
+    RsFetch* const fetch = fetch_of<BN>(cw);
     if (t == 0) {
       long long t0 = rs_trace_clock();
       if constexpr (kWarpPush) {
@@ -741,7 +744,7 @@ struct RsEpilogue {
       // A fetched partial: its flag was acquired before the fetch (main_loop_point); its
       // bytes have landed once the fetch's barrier phase completes (published to the
       // warpgroup, like the flags' acquires, by the named barrier below).
-      const uint32_t f = kPrefetch ? fetch->state : 0;
+      const uint32_t f = fetch->state;
       if (f & 1) {
         mbar_wait(&fetch->bar, f >> 1);
       } else {
@@ -757,8 +760,7 @@ struct RsEpilogue {
     const int col0 = col + 2 * (lane % 4);
     const bool lo_ok = row_lo >= own_off && row_lo < own_end;
     const bool hi_ok = row_lo + 8 >= own_off && row_lo + 8 < own_end;
-    uint32_t fetched = 0;
-    if constexpr (kPrefetch) fetched = *reinterpret_cast<volatile uint32_t*>(&fetch->state);
+    const uint32_t fetched = *reinterpret_cast<volatile uint32_t*>(&fetch->state);
     if (p->bf16_partials) {
       if (fetched & 1) {
         add_fetched(acc, stage);
@@ -793,21 +795,19 @@ struct RsEpilogue {
   // previous tile's push is flagged there. Not later: the other warpgroup may be waiting in
   // its epilogue for a flag that depends on this one, and the main loop's later stages wait
   // for that warpgroup (they are refilled only once both have read them).
-  // (kWarpPush: nothing to do; the pusher raises the flags.)
-  // kPrefetch: then, in an own half-tile whose peer's partial is already flagged (one poll, no
+  // (kWarpPush: no flush; the pusher raises the flags.)
+  // Then (p->prefetch), in an own half-tile whose peer's partial is already flagged (one poll, no
   // wait: no new wait in the protocol), the issuing thread TMA-loads that partial into the
   // staging buffer, so that the epilogue adds it from shared memory instead of waiting for
   // global loads while the tensor cores idle.
   template <int BN>
   __device__ __forceinline__ void main_loop_point(TileCoord tc, int cw) const {
-    if (kWarpPush || threadIdx.x % 128 != 0) return;
-    flush<0>();
-    if constexpr (kPrefetch) {
-      if (p->prefetch) fetch_own<BN>(tc, cw);
-    }
+    if (threadIdx.x % 128 != 0) return;
+    if constexpr (!kWarpPush) flush<0>();
+    if (p->prefetch) fetch_own<BN>(tc, cw);
   }
 
-  // Issuing thread (kPrefetch, p->prefetch: W = 2, bf16 partials, one slot): see
+  // Issuing thread (p->prefetch: W = 2, bf16 partials, one slot): see
   // main_loop_point. The fetch writes the staging buffer in stage_round's layout (64 rows ×
   // 64 columns per 8 KiB box, 128-B swizzled rows; box b holds columns col + 64 b), so each
   // thread later reads its fragment's partials where it will write its sums.
@@ -827,6 +827,13 @@ struct RsEpilogue {
       if (s != r && ld_acquire_sys(rs_flag(*p, r, s, h0 / 64, tc.n)) < epoch) return;
     }
 #endif
+    if constexpr (kWarpPush) {
+      // The pusher's reads of this warpgroup's last handoff are done (one poll: the own tiles
+      // come after the pushes, so they nearly always are), then its generic-proxy accesses to
+      // the buffer before the TMA's writes.
+      if (!mbar_test(&mail_of<BN>(cw)->freed, (posts & 1) ^ 1)) return;
+      fence_proxy_async_shared();
+    }
     bulk_wait_read_all();        // this warpgroup's earlier stores have read the buffer
     fence_proxy_async_global();  // the acquired partial, then the TMA's reads of it
     const int col = tc.n * BN;

@@ -80,7 +80,7 @@ struct GemmTileConfig {
   static constexpr int kStages = BN == 256 ? 5 - kStagingRounds : 7 - kStagingRounds;
   // Per consumer warpgroup: kStagingRounds × 64×128 bf16 (two 64×64 TMA-store boxes each).
   static constexpr uint32_t kStagingBytes = kStagingRounds * 2 * 64 * 128;
-  static constexpr uint32_t kAuxBytes = 64;
+  static constexpr uint32_t kAuxBytes = 128;
   static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes +
                                        2 * kStagingBytes + kAuxBytes + kStages * 20 + 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 opt-in shared memory");

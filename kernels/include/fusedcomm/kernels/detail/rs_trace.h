@@ -18,7 +18,7 @@ enum RsTraceWord : int {
   kRtOwnTiles,       //   own half-tiles summed
   kRtOwnWaits,       //   how many of those waits took > 2,000 cycles
   kRtOwnWaitMax,     //   the longest
-  kRtOwnFetched,     //   own half-tiles whose partial was fetched early (RsEpilogue::kPrefetch)
+  kRtOwnFetched,     //   own half-tiles whose partial was fetched early (RsParams::prefetch)
   kRtStartWait,      // pusher lane 0: observe_start (a peer's arrive flag)
   kRtStores,         // pusher lane 0: issuing one handoff's stores (send_rows)
   kRtFenceFlags,     // pusher lane 0: the fence and the flags after a half-tile's last handoff
