@@ -199,7 +199,8 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.own_nb = cnt > 0 ? static_cast<int>((off + cnt - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
   p.bf16_partials = a.partials == RsPartials::kBF16 ? 1 : 0;
   p.accumulate = rs_accumulates(W, a) ? 1 : 0;
-  // One received slot of bf16 partials (a bf16 half-tile fits the staging buffer).
+  // One received slot of bf16 partials, which the staging buffer holds (the pusher warps' two
+  // rounds) or half of (the TMA pushes' one): detail/fused_gemm.cuh, "Early fetch".
   p.prefetch = W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
 #ifdef FUSEDCOMM_RS_INTERLEAVE  // bench switch (detail/fused_gemm.cuh, rs_interleaved)
   p.interleave = W == 2 && a.M % (2 * detail::kTileM) == 0 ? 1 : 0;

@@ -427,7 +427,7 @@ struct alignas(8) RsPushMail {
   int32_t bits;     // bit 0: the half-tile's last handoff (raise its flags); bits 1+: the
                     // store rounds staged (1 or 2)
 };
-static_assert(sizeof(RsPushMail) == 32, "two mails and two RsFetch fit the engine's aux region");
+static_assert(sizeof(RsPushMail) == 32, "a mail's size (RsEpilogue::kFetchAt)");
 
 // A pusher warp's copy (RsEpilogue::send_rows): rows [row_lo, row_hi) and bytes [0, bytes) of
 // each row of the staged rounds (stage_round's swizzled layout: part = round * 2 + box of 8 KiB,
@@ -526,6 +526,8 @@ struct RsEpilogue {
 
   // The aux region: the pushers' two mails (kWarpPush), then the two warpgroups' RsFetch.
   static constexpr int kFetchAt = kWarpPush ? 2 * sizeof(RsPushMail) : 0;
+  static_assert(kFetchAt + 2 * sizeof(RsFetch) <= GemmTileConfig<256, kStagingRounds>::kAuxBytes,
+                "the mails and the fetch states fit the engine's aux region");
   __device__ __forceinline__ static void init_aux(uint8_t* aux) {
     if constexpr (kWarpPush) {
       auto* mail = reinterpret_cast<RsPushMail*>(aux);
@@ -857,15 +859,13 @@ struct RsEpilogue {
   __device__ __forceinline__ static void add_fetched(float (&acc)[kFrag], const uint8_t* stage) {
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const int r_lo = warp * 16 + lane / 4;
-    const uint32_t sw = static_cast<uint32_t>(r_lo % 8), q = static_cast<uint32_t>(lane % 4);
+    const uint32_t q = static_cast<uint32_t>(lane % 4);
     const uint32_t base = smem_u32(stage);
     constexpr int kJ = kFrag / 4 < kFetchBoxes * 8 ? kFrag / 4 : kFetchBoxes * 8;
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
-      // Column group j: 16-byte chunk j % 8 of box j / 8 (64 columns per box).
-      const uint32_t at = base + (j / 8) * 8192 + ((((j % 8) ^ sw)) << 4) + 4 * q;
-      const float2 lo = __bfloat1622float2(ld_shared_bf16x2(at + r_lo * 128));
-      const float2 hi = __bfloat1622float2(ld_shared_bf16x2(at + (r_lo + 8) * 128));
+      const float2 lo = __bfloat1622float2(ld_shared_bf16x2(base + staged_bf16_at(j, r_lo, q)));
+      const float2 hi = __bfloat1622float2(ld_shared_bf16x2(base + staged_bf16_at(j, r_lo + 8, q)));
       acc[4 * j + 0] += lo.x;
       acc[4 * j + 1] += lo.y;
       acc[4 * j + 2] += hi.x;

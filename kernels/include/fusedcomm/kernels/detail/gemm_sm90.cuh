@@ -356,6 +356,14 @@ struct DefaultEpilogue {
 // goes to its 16 KiB part h % kBufRounds; the read wait comes before parts wrap around).
 template <int BN, bool kF32>
 inline constexpr int kStoreRounds = BN / (kF32 ? 64 : 128);
+// Where bf16 column group j (columns 8j + 2q, +1) of staged row `row` lies, in bytes from the
+// start of its boxes (64 columns per 8 KiB box, 128-B rows, 16-byte chunk c of row i at
+// c ^ (i % 8)): stage_round writes there, and the fused gemmReduceScatter's early fetch
+// (fused_gemm.cuh, add_fetched) reads a TMA-loaded partial from there.
+__device__ __forceinline__ uint32_t staged_bf16_at(int j, int row, uint32_t q) {
+  return static_cast<uint32_t>((j / 8) * 8192 + row * 128) +
+         ((static_cast<uint32_t>(j % 8) ^ static_cast<uint32_t>(row % 8)) << 4) + 4 * q;
+}
 // Writes round h (columns [h * cols, (h + 1) * cols) of the fragment, cols = 64 fp32 or 128
 // bf16) of the warpgroup's fragment into the 16 KiB at `part` in the layout above. Only the
 // writes: the caller orders them (barriers, proxy fences).
@@ -368,23 +376,22 @@ __device__ __forceinline__ void stage_round(const float (&acc)[kFrag], uint8_t* 
   const int warp = t / 32, lane = t % 32;
   const uint32_t base = smem_u32(part);
   const int r_lo = warp * 16 + lane / 4;
-  const uint32_t sw = static_cast<uint32_t>(r_lo % 8);  // the swizzle of rows r_lo and r_lo + 8
   const uint32_t q = static_cast<uint32_t>(lane % 4);
 #pragma unroll
   for (int jj = 0; jj < kJPerRound; ++jj) {
     const int j = h * kJPerRound + jj;
-    const uint32_t box = base + (jj / kJPerBox) * 8192;
     if constexpr (kF32) {
+      const uint32_t box = base + (jj / kJPerBox) * 8192;
+      const uint32_t sw = static_cast<uint32_t>(r_lo % 8);  // the swizzle of rows r_lo, r_lo + 8
       // Columns 8*(jj%4) + 2q, +1 of the box: chunk 2*(jj%4) + q/2, byte 8*(q%2) in it.
       const uint32_t chunk = ((2 * (jj % kJPerBox) + q / 2) ^ sw) << 4, off = 8 * (q % 2);
       st_shared_f32x2(box + r_lo * 128 + chunk + off, acc[4 * j + 0], acc[4 * j + 1]);
       st_shared_f32x2(box + (r_lo + 8) * 128 + chunk + off, acc[4 * j + 2], acc[4 * j + 3]);
     } else {
-      const uint32_t chunk = ((jj % 8) ^ sw) << 4;
       __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
       __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-      st_shared_u32(box + r_lo * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&lo));
-      st_shared_u32(box + (r_lo + 8) * 128 + chunk + 4 * q, *reinterpret_cast<uint32_t*>(&hi));
+      st_shared_u32(base + staged_bf16_at(jj, r_lo, q), *reinterpret_cast<uint32_t*>(&lo));
+      st_shared_u32(base + staged_bf16_at(jj, r_lo + 8, q), *reinterpret_cast<uint32_t*>(&hi));
     }
   }
 }
