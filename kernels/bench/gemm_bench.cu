@@ -3,10 +3,11 @@
 // also as libfc_gemm_bench.so, whose fc_gemm_bf16() lets run_gemm_bench.py time ours and
 // cuBLAS interleaved in one process on the same tensors.
 //
-//   gemm_bench <shapes.txt> [warmup=10] [iters=50] [cluster=0]
+//   gemm_bench <shapes.txt> [warmup=10] [iters=50] [cluster=0] [stream_k=0]
 //
 // cluster: GemmArgs::cluster for every shape (0 chosen, 1 single CTAs, 2 CTA pairs), for A/B
-// runs of one build (ab_gemm.sh <dir>@1 <dir>@2).
+// runs of one build (ab_gemm.sh <dir>@1 <dir>@2). stream_k: GemmArgs::stream_k with a
+// workspace (0 chosen, 1 off, 2 forced), or -1: no workspace (ab_gemm.sh <dir>@1:2).
 // shapes.txt: one shape per line, "<op> <M> <N> <K> <nk|kn> [tile_n] [f32]" (op is a free
 // label, e.g. the layer name; f32: C in fp32, else bf16). Inputs are uniform random bf16 in
 // [-1, 1) (never zeros: see METHOD.md).
@@ -51,6 +52,26 @@ extern "C" __attribute__((visibility("default"))) void fc_gemm_set_cluster(int c
   g_cluster = cluster;
 }
 
+// A stream-K workspace for every launch of this process (launches on one stream at a time).
+static void* g_workspace = nullptr;
+static size_t g_workspace_bytes = 0;
+static int g_stream_k = -1;
+static void set_stream_k(GemmArgs& a, int mode) {
+  if (mode < 0) return;
+  if (g_workspace == nullptr) {
+    g_workspace_bytes = gemm_workspace_bytes(0);
+    CHECK_CUDA(cudaMalloc(&g_workspace, g_workspace_bytes));
+    CHECK_CUDA(cudaMemset(g_workspace, 0, g_workspace_bytes));
+  }
+  a.workspace = g_workspace;
+  a.workspace_bytes = g_workspace_bytes;
+  a.stream_k = mode;
+}
+// GemmArgs::stream_k for fc_gemm_bf16 (run_gemm_bench.py --stream-k), -1: no workspace.
+extern "C" __attribute__((visibility("default"))) void fc_gemm_set_stream_k(int mode) {
+  g_stream_k = mode;
+}
+
 // C entry point for run_gemm_bench.py (ctypes): C = A·Bᵀ (kn = 0) or A·B (kn = 1), packed
 // row-major bf16 operands and output, on `stream`. Returns the cudaError_t of the launch.
 extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(
@@ -69,6 +90,7 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(
   a.b_layout = kn ? GemmLayoutB::kKN : GemmLayoutB::kNK;
   a.tile_n = tile_n;
   a.cluster = g_cluster;
+  set_stream_k(a, g_stream_k);
   return static_cast<int>(launch_gemm(a, static_cast<cudaStream_t>(stream)));
 }
 
@@ -84,6 +106,7 @@ int main(int argc, char** argv) {
   const int warmup = argc > 2 ? std::atoi(argv[2]) : 10;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 50;
   const int cluster = argc > 4 ? std::atoi(argv[4]) : 0;
+  const int stream_k = argc > 5 ? std::atoi(argv[5]) : -1;
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
     std::printf("SKIP: no CUDA GPU\n");
@@ -131,6 +154,9 @@ int main(int argc, char** argv) {
     a.c_type = c_f32 ? GemmOutType::kF32 : GemmOutType::kBF16;
     a.tile_n = tile_n;
     a.cluster = cluster;
+    set_stream_k(a, stream_k);
+    GemmLaunchPlan plan{};
+    CHECK_CUDA(gemm_launch_plan(a, &plan));
     for (int i = 0; i < warmup; ++i) CHECK_CUDA(launch_gemm(a, nullptr));
     // One event pair per launch, no sync in between: the queue stays full, so host launch
     // latency stays out of the device times.
@@ -154,14 +180,13 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     const double med = ms[iters / 2];
     const double tflops = 2.0 * M * N * K / (med * 1e-3) / 1e12;
-    const GemmTileGrid g = gemm_tile_grid(M, N, tile_n, 0);
     std::printf(
         "{\"op\": \"%s\", \"impl\": \"fusedcomm\", \"M\": %d, \"N\": %d, \"K\": %d, "
         "\"layout\": \"%s\", \"dtype\": \"bf16\", \"c_dtype\": \"%s\", \"tile_n\": %d, "
-        "\"cluster_arg\": %d, \"ms_median\": %.5f, \"ms_min\": %.5f, \"tflops\": %.1f, "
-        "\"device\": \"%s\"}\n",
-        op.c_str(), M, N, K, layout.c_str(), c_f32 ? "f32" : "bf16", g.tile_n, cluster, med, ms[0],
-        tflops, prop.name);
+        "\"cluster_arg\": %d, \"stream_k_arg\": %d, \"stream_k_tiles\": %d, \"ctas\": %d, "
+        "\"ms_median\": %.5f, \"ms_min\": %.5f, \"tflops\": %.1f, \"device\": \"%s\"}\n",
+        op.c_str(), M, N, K, layout.c_str(), c_f32 ? "f32" : "bf16", plan.grid.tile_n, cluster,
+        stream_k, plan.stream_k_tiles, plan.ctas, med, ms[0], tflops, prop.name);
     std::fflush(stdout);
     CHECK_CUDA(cudaFree(A));
     CHECK_CUDA(cudaFree(B));

@@ -4,8 +4,11 @@ shapes of gemm_shapes.txt, interleaved in one process on the same tensors, and w
 markdown table + a PNG plot.
 
   run_gemm_bench.py --shapes gemm_shapes.txt --lib libfc_gemm_bench.so --out-dir DIR [--cluster C]
+                    [--stream-k S]
 
 --cluster: GemmArgs::cluster for our launches (0 chosen by the launch, 1 single CTAs, 2 CTA pairs).
+--stream-k: GemmArgs::stream_k with a stream-K workspace (0 chosen, 1 off, 2 forced); -1 (default)
+no workspace.
 
 Protocol (DESIGN.md §7): uniform random bf16 in [-1, 1) (never zeros), warm-up, then rounds of
 `iters` launches per implementation, alternating (ours, cuBLAS, ours, cuBLAS, ...), one CUDA
@@ -75,6 +78,8 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cluster", type=int, default=0)
+    ap.add_argument("--stream-k", type=int, default=-1,
+                    help="GemmArgs::stream_k with a workspace (0 chosen, 1 off, 2 forced); -1: none")
     args = ap.parse_args()
 
     device = torch.cuda.get_device_name(0)
@@ -86,6 +91,8 @@ def main():
     lib.fc_gemm_tile_n.restype = ctypes.c_int
     lib.fc_gemm_set_cluster.argtypes = [ctypes.c_int]
     lib.fc_gemm_set_cluster(args.cluster)
+    lib.fc_gemm_set_stream_k.argtypes = [ctypes.c_int]
+    lib.fc_gemm_set_stream_k(args.stream_k)
 
     records, rows = [], []
     with open(args.shapes) as f:
@@ -99,7 +106,8 @@ def main():
             flops = 2.0 * M * N * K
             tile_n = lib.fc_gemm_tile_n(M, N, 0)
             base = dict(op=op, shape=dict(M=M, N=N, K=K, layout=layout), dtype="bf16",
-                        device=device, commit=args.commit, date=date, cluster_arg=args.cluster)
+                        device=device, commit=args.commit, date=date, cluster_arg=args.cluster,
+                        stream_k_arg=args.stream_k)
             cub = dict(base, impl="cublas", ms_median=ms_c, ms_min=min_c,
                        tflops=flops / (ms_c * 1e-3) / 1e12)
             our = dict(base, impl="fusedcomm", ms_median=ms_o, ms_min=min_o,

@@ -56,8 +56,12 @@ int sm_count() {
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Fewest "waves × tile area"; 128-wide tiles run ~10% slower per FLOP (more L2 traffic per
-// FLOP, wgmma n128 vs n256), so they win only when they fill the grid noticeably better.
+// A tile's time in units of a 256-wide tile's: 128-wide tiles run ~10% slower per FLOP (more
+// L2 traffic per FLOP, wgmma n128 vs n256), so they win only when they fill the grid
+// noticeably better.
+double tile_time(int bn) { return bn == 128 ? 0.55 : 1.0; }
+
+// Fewest "waves × tile time".
 int choose_tile_n(int M, int N, int ctas) {
   const int mb = ceil_div(M, detail::kTileM);
   double best = 0;
@@ -65,7 +69,7 @@ int choose_tile_n(int M, int N, int ctas) {
   for (int bn : {256, 128}) {
     const int tiles = mb * ceil_div(N, bn);
     const int waves = ceil_div(tiles, std::max(1, std::min(ctas, tiles)));
-    const double cost = waves * bn * (bn == 128 ? 1.1 : 1.0);
+    const double cost = waves * tile_time(bn);
     if (bn == 256 || cost < best) {
       best = cost;
       best_bn = bn;
@@ -73,6 +77,54 @@ int choose_tile_n(int M, int N, int ctas) {
   }
   return best_bn;
 }
+
+// Stream-K (gemm.h). Chosen (mode 0) only where it measured faster on 1 × H200
+// (kernels/bench/NOTES.md, "Stream-K for the last wave"): launches of at most 64 rows and
+// K >= 8192 whose tiles keep at most 3/4 of the CTAs busy. Their time is B's bytes over the
+// CTAs that stream them, and stream-K streams with every CTA (0.60-0.95 ×); with K = 4096 the
+// fix-up costs what the extra CTAs gain. Where whole waves come first, the fix-up (every
+// segment's fp32 partial through L2, ~20 µs at the end of the launch) ate most of the gain:
+// 0.98-1.0 × at the 70B shapes, 1.05-1.33 × at M = 128-1024. Forced (mode 2): stream-K
+// wherever a wave is partial, at the tile width a wave model (the fix-up as 32 K slices)
+// prefers.
+struct TilePlan {
+  int tile_n;
+  bool stream_k;
+};
+TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode) {
+  const int mb = ceil_div(M, detail::kTileM);
+  const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas), false};
+  if (mode == 0) {
+    const bool pays = M <= 64 && k_blocks >= 128 && 4 * mb * ceil_div(N, plain.tile_n) <= 3 * ctas;
+    if (!pays) return plain;
+    // 256-wide tiles unless that splits a tile over more than ~9 CTAs (each segment's partial
+    // is read back by the tile's last one): M = 64, N = 2560 ran 0.60 × with 128-wide tiles,
+    // 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide, 0.81 × with 128-wide.
+    const int bn = forced_bn != 0 ? forced_bn : (9 * mb * ceil_div(N, 256) >= ctas ? 256 : 128);
+    return {bn, true};
+  }
+  TilePlan best{0, true};
+  double best_cost = 0;
+  for (int bn : {256, 128}) {
+    if (forced_bn != 0 && bn != forced_bn) continue;
+    const int tiles = mb * ceil_div(N, bn);
+    if (tiles % ctas == 0) continue;  // no partial wave
+    const double cost =
+        (tiles / ctas + double(tiles % ctas) / ctas + 32.0 / k_blocks) * tile_time(bn);
+    if (best.tile_n == 0 || cost < best_cost) {
+      best = {bn, true};
+      best_cost = cost;
+    }
+  }
+  return best.tile_n != 0 && mode == 2 ? best : plain;
+}
+
+// Workspace layout: counters for up to kSkMaxCtas CTAs (2 per stream-K tile, fewer tiles than
+// CTAs) at a fixed size, so that launches with different CTA counts can share a workspace,
+// then two partial slots per CTA and consumer warpgroup.
+constexpr int kSkMaxCtas = 1024;
+constexpr size_t kSkCounterBytes = size_t(2 * kSkMaxCtas) * 4;
+constexpr size_t kSkPartialBytes = size_t(detail::kSkHalfF2) * 8;  // one warpgroup's slot
 
 // One plain-kernel instance. CTA pairs are a cluster launch whose grid is capped at the
 // clusters that fit on the device at once (cudaOccupancyMaxActiveClusters, asked once per
@@ -138,6 +190,11 @@ bool valid_flags(const GemmReadyFlags& f) {
 
 }  // namespace
 
+size_t gemm_workspace_bytes(int num_ctas) {
+  const int ctas = num_ctas > 0 ? num_ctas : sm_count();
+  return kSkCounterBytes + size_t(2 * ctas) * 2 * kSkPartialBytes;
+}
+
 GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas) {
   const int ctas = num_ctas > 0 ? num_ctas : sm_count();
   const int bn = (tile_n == 128 || tile_n == 256) ? tile_n : choose_tile_n(M, N, ctas);
@@ -169,6 +226,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (!aligned16(a.A) || !aligned16(a.B) || !aligned16(a.C)) return cudaErrorInvalidValue;
   if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256) return cudaErrorInvalidValue;
   if (a.cluster < 0 || a.cluster > 2) return cudaErrorInvalidValue;
+  if (a.stream_k < 0 || a.stream_k > 2) return cudaErrorInvalidValue;
   const GemmWaitConfig& w = a.wait;
   if (!valid_flags(w.a) || !valid_flags(w.b)) return cudaErrorInvalidValue;
   if ((w.a.flags != nullptr || w.b.flags != nullptr) && w.error == nullptr) {
@@ -186,7 +244,18 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
 
   // ---- schedule ----
   const int ctas = a.num_ctas > 0 ? a.num_ctas : sm_count();
-  const GemmTileGrid g = gemm_tile_grid(a.M, a.N, a.tile_n, ctas);
+  const int k_blocks = ceil_div(a.K, detail::kTileK);
+  const bool hooks = w.a.flags != nullptr || w.b.flags != nullptr || s.tile_flags != nullptr;
+  // Stream-K: plain launches with C and a workspace (gemm.h); k_blocks bounded so that the
+  // iteration count and its products stay in range.
+  const bool sk_able =
+      a.workspace != nullptr && (reinterpret_cast<uintptr_t>(a.workspace) & 255) == 0 &&
+      a.workspace_bytes >= gemm_workspace_bytes(ctas) && !hooks &&
+      s.mode == GemmSinkMode::kNone && a.C != nullptr && a.cluster != 2 && a.stream_k != 1 &&
+      k_blocks <= 65536 && ctas <= kSkMaxCtas;
+  const TilePlan tiles = sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k)
+                                 : TilePlan{0, false};
+  const GemmTileGrid g = gemm_tile_grid(a.M, a.N, tiles.stream_k ? tiles.tile_n : a.tile_n, ctas);
   GemmProblem& prob = plan->prob;
   prob = GemmProblem{};
   prob.M = a.M;
@@ -194,7 +263,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   prob.K = a.K;
   prob.m_blocks = g.m_blocks;
   prob.n_blocks = g.n_blocks;
-  prob.k_blocks = ceil_div(a.K, detail::kTileK);
+  prob.k_blocks = k_blocks;
   prob.num_tiles = g.m_blocks * g.n_blocks;
   prob.group_m = std::max(1, a.group_m > 0 ? a.group_m : 8);
   prob.m_block_start = ((a.m_block_start % g.m_blocks) + g.m_blocks) % g.m_blocks;
@@ -204,7 +273,6 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
 
   // CTA pairs: only without hooks 1-2 (a pair runs in lockstep, and its idle member's tile
   // has no flag), and for at least two CTAs.
-  const bool hooks = w.a.flags != nullptr || w.b.flags != nullptr || s.tile_flags != nullptr;
   if (a.cluster == 2 && (hooks || ctas < 2)) return cudaErrorInvalidValue;
   // The launch's own choice (cluster = 0) is single CTAs: pairs measured even with them on
   // 1 × H200, within ±2 % per shape (bench/NOTES.md, run 5).
@@ -212,6 +280,14 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (plan->cluster == 2) {
     prob.sweep = detail::pair_sweep(g.m_blocks, g.n_blocks);
     plan->grid = 2 * std::min(ctas / 2, prob.sweep);
+  } else if (tiles.stream_k) {
+    // Whole waves round robin, then the partial wave's tiles in K segments over all CTAs.
+    prob.sweep = prob.num_tiles / ctas * ctas;
+    prob.sk_tiles = prob.num_tiles - prob.sweep;
+    auto* ws = static_cast<uint8_t*>(a.workspace);
+    prob.sk_counters = reinterpret_cast<uint32_t*>(ws);
+    prob.sk_partials = reinterpret_cast<float2*>(ws + kSkCounterBytes);
+    plan->grid = ctas;
   } else {
     prob.sweep = prob.num_tiles;
     plan->grid = std::min(ctas, prob.num_tiles);
@@ -247,6 +323,15 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
 }
 
 }  // namespace detail
+
+cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* out) {
+  detail::GemmPlan p;
+  if (cudaError_t e = detail::gemm_plan(a, &p); e != cudaSuccess) return e;
+  out->grid = {detail::kTileM, p.tile_n, p.prob.m_blocks, p.prob.n_blocks};
+  out->ctas = p.grid;
+  out->stream_k_tiles = p.prob.sk_tiles;
+  return cudaSuccess;
+}
 
 cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
   detail::GemmPlan p;

@@ -4,6 +4,9 @@
 //      layouts, bf16 and fp32 C, padded leading dimensions, random tile width / grid size /
 //      raster group / M rotation. Outputs are poisoned (NaN) first; every element of C must be
 //      within tolerance, padding columns and guard rows below C must still hold the poison.
+//      About 80 % of the shapes get a stream-K workspace, with stream-K chosen, off or forced
+//      (wherever the last wave is partial); the workspace's counters must be zero after every
+//      launch, and a forced stream-K launch must repeat bit for bit.
 //   2. hooks: readiness flags published late by a kernel on another stream (twice, with a new
 //      epoch: back-to-back launches); a flag never set (timeout reported, no hang); the abort
 //      word; a tile sink that atomically adds into / stores to other buffers and sets tile flags.
@@ -176,16 +179,37 @@ struct Shape {
   int pad_a, pad_b, pad_c;
   int tile_n, num_ctas, group_m, m_block_start;
   int cluster;  // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
+  int stream_k = -1;  // -1: no workspace; else GemmArgs::stream_k with the shared workspace
 };
+
+// The stream-K workspace every launch of the sweep shares (stream-ordered, as gemm.h asks).
+void* g_workspace = nullptr;
+size_t g_workspace_bytes = 0;
+
+int g_sms = 0;
+
+// gemm.h: the counters at the start of the workspace are zero after every launch. A launch
+// that leaves one set is reported (and the counters cleared, so that later shapes are judged
+// on their own).
+bool workspace_counters_zero() {
+  std::vector<uint32_t> c(2 * g_sms);
+  CHECK_CUDA(cudaMemcpy(c.data(), g_workspace, c.size() * 4, cudaMemcpyDeviceToHost));
+  int set = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (c[i] != 0 && set++ < 4) std::printf("  counter %zu left at %u\n", i, c[i]);
+  }
+  if (set != 0) CHECK_CUDA(cudaMemset(g_workspace, 0, c.size() * 4));
+  return set == 0;
+}
 
 std::string describe(const Shape& s) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "M=%d N=%d K=%d %s C=%s pads=%d/%d/%d tile_n=%d ctas=%d group=%d mstart=%d "
-                "cluster=%d",
+                "cluster=%d stream_k=%d",
                 s.M, s.N, s.K, s.layout == GemmLayoutB::kNK ? "NK" : "KN",
                 s.out == GemmOutType::kBF16 ? "bf16" : "f32", s.pad_a, s.pad_b, s.pad_c,
-                s.tile_n, s.num_ctas, s.group_m, s.m_block_start, s.cluster);
+                s.tile_n, s.num_ctas, s.group_m, s.m_block_start, s.cluster, s.stream_k);
   return buf;
 }
 
@@ -251,7 +275,9 @@ CompareResult check_output(const void* out, bool f32, int64_t ld, int M, int N, 
 
 constexpr int kGuardRows = 16;
 
-bool run_shape(const Shape& s, uint64_t seed) {
+// Launches s into C (poisoned first) and checks every element; `out` (optional) keeps a copy
+// of C's bytes.
+bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullptr) {
   Operands o = make_operands(s, seed);
   Reference r = make_reference(s, o);
   const int64_t ldc = s.N + s.pad_c;
@@ -278,6 +304,11 @@ bool run_shape(const Shape& s, uint64_t seed) {
   a.group_m = s.group_m;
   a.m_block_start = s.m_block_start;
   a.cluster = s.cluster;
+  if (s.stream_k >= 0) {
+    a.workspace = g_workspace;
+    a.workspace_bytes = g_workspace_bytes;
+    a.stream_k = s.stream_k;
+  }
   cudaError_t e = launch_gemm(a, nullptr);
   bool ok = e == cudaSuccess;
   if (!ok) std::printf("  launch error %s\n", cudaGetErrorString(e));
@@ -294,6 +325,11 @@ bool run_shape(const Shape& s, uint64_t seed) {
       std::printf("  %llu bad elements; first at row %lld col %lld: got %g want %g\n", c.bad,
                   (long long)(c.first_bad / ldc), (long long)(c.first_bad % ldc), c.got, c.want);
     }
+  }
+  if (s.stream_k >= 0 && !workspace_counters_zero()) ok = false;
+  if (out != nullptr) {
+    out->resize(c_bytes);
+    CHECK_CUDA(cudaMemcpy(out->data(), C, c_bytes, cudaMemcpyDeviceToHost));
   }
   cudaFree(C);
   free_reference(r);
@@ -349,6 +385,8 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     // odd CTA counts); a single CTA cannot pair.
     const int c = coin(rng);
     s.cluster = c < 50 ? 0 : (c < 70 || s.num_ctas == 1 ? 1 : 2);
+    const int k = coin(rng);
+    s.stream_k = k < 20 ? -1 : (k < 45 ? 0 : (k < 55 ? 1 : 2));
     v.push_back(s);
   }
   return v;
@@ -646,6 +684,35 @@ void test_bad_args() {
   cudaGetLastError();
 }
 
+// Stream-K: forced on shapes with one partial wave, few tiles (fewer than the CTAs), K slices
+// fewer than the CTAs' share (empty runs) and long K; each run twice, bit for bit the same, the
+// counters back at zero (run_shape checks them after every launch with a workspace).
+void test_stream_k(uint64_t seed) {
+  const int shapes[][3] = {{1024, 14336, 4096}, {300, 1000, 72}, {64, 2048, 8192},
+                           {2048, 4096, 128},   {129, 264, 8},   {4000, 7168, 4104}};
+  int passed = 0, total = 0;
+  for (const auto& d : shapes) {
+    for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
+      Shape s{d[0], d[1], d[2], l, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 1, 2};
+      if (total % 3 == 1) s.out = GemmOutType::kF32;
+      if (total % 4 == 2) s.tile_n = 128;
+      std::vector<uint8_t> first, second;
+      bool ok = run_shape(s, seed + total, &first) && run_shape(s, seed + total, &second);
+      ok = ok && first == second;
+      EXPECT(ok, "stream-K %s", describe(s).c_str());
+      passed += ok;
+      ++total;
+    }
+  }
+  // A workspace one byte short: stream-K off, still correct.
+  Shape s{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 1, 2};
+  const size_t bytes = g_workspace_bytes;
+  g_workspace_bytes = gemm_workspace_bytes(0) - 1;
+  EXPECT(run_shape(s, seed + 99), "stream-K with a short workspace");
+  g_workspace_bytes = bytes;
+  std::printf("[stream-k] %d/%d forced shapes passed twice, bit for bit\n", passed, total);
+}
+
 }  // namespace
 
 int main() {
@@ -669,6 +736,11 @@ int main() {
               (unsigned long long)seed);
 
   test_bad_args();
+  g_workspace_bytes = gemm_workspace_bytes(0);
+  CHECK_CUDA(cudaMalloc(&g_workspace, g_workspace_bytes));
+  CHECK_CUDA(cudaMemset(g_workspace, 0, g_workspace_bytes));
+  g_sms = prop.multiProcessorCount;
+  test_stream_k(seed + 4);
   std::mt19937_64 rng(seed);
   const auto shapes = make_sweep(rng, count, prop.multiProcessorCount);
   int passed = 0;

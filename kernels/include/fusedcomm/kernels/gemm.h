@@ -62,6 +62,20 @@
 //    measured no faster); 2 asks for pairs and needs hooks 1-2 off and num_ctas >= 2 (else
 //    cudaErrorInvalidValue); the grid is then even and at most the clusters that fit at once.
 //
+// Stream-K (plain launches): with a workspace (`workspace`, gemm_workspace_bytes()), a launch
+// whose last wave of tiles would leave SMs idle computes the whole waves tile by tile as above
+// and spreads the remaining tiles' K slices evenly over the CTAs: each takes a contiguous run
+// of (tile, 64-deep K slice) pairs, touching at most two tiles; every segment writes its fp32
+// partial to the workspace, and the segment that arrives last at a tile's counter adds the
+// tile's partials in K order (so the sums do not depend on arrival order and repeat bit for
+// bit) and stores C. No CTA waits for another, so nothing depends on which CTAs are resident.
+// Only launches without hooks 1-2 and CTA pairs, with C set, num_ctas <= 1024. `stream_k`:
+// 0 lets the launch choose (today: M <= 64, K >= 8192, tiles keeping at most 3/4 of the CTAs
+// busy, where it measured 0.60-0.95 × the time on 1 × H200; elsewhere the fix-up's traffic ate
+// the gain), 1 off, 2 wherever a wave is partial (tests, A/B runs). The workspace's counters
+// must be zero before its first launch; every launch leaves them zero. Launches that share a
+// workspace must be stream-ordered (never concurrent).
+//
 // Custom epilogues for fused kernels live in detail/gemm_sm90.cuh (template parameter).
 #pragma once
 
@@ -164,7 +178,19 @@ struct GemmArgs {
   int cluster = 0;        // CTA pairs (hook 5): 0 chosen (single CTAs), 1 off, 2 on
   GemmWaitConfig wait{};  // hook 1
   GemmTileSink sink{};    // hook 2
+  // Stream-K (above): device memory of at least gemm_workspace_bytes(num_ctas) bytes, 256-byte
+  // aligned (as cudaMalloc's), zeroed once before its first use; null, too small or misaligned:
+  // no stream-K.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int stream_k = 0;       // 0 chosen, 1 off, 2 wherever the last wave is partial
 };
+
+// Bytes of a stream-K workspace for launches with up to `num_ctas` computing CTAs (0: one per
+// SM of the current device): 8 KiB of counters, then 256 KiB per CTA (two fp32 half-tile
+// partials per consumer warpgroup); ~33 MiB on a 132-SM GPU. One workspace serves launches of
+// any CTA count up to that (stream-K needs num_ctas <= 1024).
+size_t gemm_workspace_bytes(int num_ctas);
 
 // Tile grid for a shape under the tile width a launch will use (tile_n as in GemmArgs).
 struct GemmTileGrid {
@@ -174,6 +200,15 @@ struct GemmTileGrid {
   int n_blocks;  // ceil(N / tile_n)
 };
 GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas);
+
+// What launch_gemm(a) would run: its tile grid, computing CTAs, and the tiles it computes by
+// stream-K (0: none). cudaErrorInvalidValue where launch_gemm would refuse `a`.
+struct GemmLaunchPlan {
+  GemmTileGrid grid;
+  int ctas;
+  int stream_k_tiles;
+};
+cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* plan);
 
 // Enqueues C = A·Bᵀ or A·B on `stream` (see the contract above).
 cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);

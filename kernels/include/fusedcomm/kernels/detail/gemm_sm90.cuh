@@ -59,6 +59,7 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
+#include <type_traits>
 
 namespace fusedcomm::kernels::detail {
 
@@ -95,8 +96,15 @@ struct GemmProblem {
   int m_block_start;  // rotation of the M-blocks, in [0, m_blocks)
   int c_tma;          // the engine stores C itself through smem + TMA (tm_c): kCTmaBF16 /
                       // kCTmaF32; 0: C (if any) goes through the epilogue's register path
-  int sweep;          // sweep positions: num_tiles, or pair_sweep() for CTA pairs
+  int sweep;          // sweep positions of whole tiles: num_tiles, pair_sweep() for CTA pairs,
+                      // or the whole waves' tiles under stream-K
   GemmWaitConfig wait;
+  // Stream-K (gemm.h; plain kernel only): the tiles at sweep positions [sweep, sweep + sk_tiles)
+  // are computed as sk_tiles * k_blocks (tile, K slice) iterations split evenly over the grid
+  // (sk_bound); 0: none. sk_tiles <= the grid, so a CTA's run spans at most two tiles.
+  int sk_tiles;
+  float2* sk_partials;     // [2 * CTA + its segment j][consumer warpgroup][kSkHalfF2]
+  uint32_t* sk_counters;   // [stream-K tile][consumer warpgroup]: segments arrived, left at 0
 };
 
 inline constexpr int kCTmaBF16 = 1;
@@ -142,6 +150,95 @@ __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t
   tc.m = 2 * tc.m + rank;
   if (tc.m < p.m_blocks) tc.m = rotate_m(p, tc.m);
   return tc;
+}
+
+// ---- stream-K: iteration ranges and the fix-up of split tiles ------------------------------
+// float2s of one consumer warpgroup's fragment at BN = 256 (64 × 256 fp32), the slot stride.
+inline constexpr int kSkHalfF2 = 64 * 256 / 2;
+// Stream-K iterations [sk_bound(c), sk_bound(c + 1)) are CTA c's, for c < G = sk_ctas(): every
+// such range is non-empty, so the segments of a tile are CTAs first..last (sk_cta_of), all of
+// them (counting CTAs with empty ranges once left tiles without a last segment).
+__host__ __device__ __forceinline__ int sk_ctas(int total, int grid) { return min(total, grid); }
+__host__ __device__ __forceinline__ int sk_bound(int total, int c, int G) {
+  return static_cast<int>(static_cast<int64_t>(total) * c / G);
+}
+// The CTA whose range holds iteration x: the largest c with sk_bound(c) <= x.
+__host__ __device__ __forceinline__ int sk_cta_of(int total, int x, int G) {
+  return static_cast<int>((static_cast<int64_t>(x + 1) * G - 1) / total);
+}
+// Partial slot of CTA c's segment of stream-K tile ts: 2c for the segment holding the CTA's
+// first iteration, 2c + 1 for the one after it (a range spans at most two tiles).
+__device__ __forceinline__ int sk_slot(int total, int kb, int c, int G, int ts) {
+  return 2 * c + (sk_bound(total, c, G) >= ts * kb ? 0 : 1);
+}
+
+// Consumer warpgroup cw of CTA c (of G) has finished its segment of stream-K tile ts in acc,
+// whose first `rows` rows are inside M (> 0; warps whose 16 rows are all past M move no data):
+// it stores the partial (fp32 pairs, [pair i][thread], coalesced) and counts itself in the
+// tile's counter. Returns true for the segment that arrives last (no CTA ever waits, so residency
+// does not matter), which resets the counter and must store the tile (sk_sum). Ordering: the
+// warpgroup's stores, its named barrier, then thread 0's fence.acq_rel.gpu and relaxed
+// atomicAdd (release); the last arriver's atomicAdd reads every earlier one, and its fence
+// (acquire) and the barrier order the warpgroup's later loads (sk_sum) after them.
+template <int BN>
+__device__ __forceinline__ bool sk_arrive(const float (&acc)[BN / 2], const GemmProblem& p,
+                                          int ts, int c, int G, int cw, int rows, uint8_t* aux) {
+  const int t = threadIdx.x % 128;
+  const int kb = p.k_blocks, total = p.sk_tiles * kb;
+  float2* mine = p.sk_partials + (static_cast<size_t>(sk_slot(total, kb, c, G, ts)) * 2 + cw) *
+                                     kSkHalfF2 + t;
+  if ((t / 32) * 16 < rows) {
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) {
+      __stcg(mine + i * 128, make_float2(acc[2 * i], acc[2 * i + 1]));
+    }
+  }
+  const int first = sk_cta_of(total, ts * kb, G), last = sk_cta_of(total, ts * kb + kb - 1, G);
+  volatile uint32_t* verdict = reinterpret_cast<volatile uint32_t*>(aux) + cw;
+  named_barrier_sync(2 + cw, 128);
+  if (t == 0) {
+    uint32_t* counter = p.sk_counters + 2 * ts + cw;
+    fence_acq_rel_gpu();
+    const bool is_last = atomicAdd(counter, 1u) == static_cast<uint32_t>(last - first);
+    if (is_last) {
+      fence_acq_rel_gpu();
+      *counter = 0;  // every segment has counted itself: the next launch starts from zero
+    }
+    *verdict = is_last ? 1u : 0u;
+  }
+  named_barrier_sync(2 + cw, 128);
+  return *verdict != 0;
+}
+
+// The last arriver's sum of stream-K tile ts into acc: the segments' partials in K order, so
+// the result does not depend on which segment came last and repeats bit for bit. Called after
+// the CTA's last wgmma: writing acc between wgmma stages would make ptxas serialise them.
+// Sixteen pairs of every segment at a time: the fragment plus 32 loaded registers fit the
+// consumers' budget. Loads go to L2 (ld.cg): other SMs wrote the slots.
+template <int BN>
+__device__ __forceinline__ void sk_sum(float (&acc)[BN / 2], const GemmProblem& p, int ts, int G,
+                                       int cw, int rows) {
+  const int t = threadIdx.x % 128;
+  const int kb = p.k_blocks, total = p.sk_tiles * kb;
+  const int first = sk_cta_of(total, ts * kb, G);
+  // Warps whose rows are all past M sum nothing (nothing of theirs is stored).
+  const int last = (t / 32) * 16 < rows ? sk_cta_of(total, ts * kb + kb - 1, G) : first - 1;
+#pragma unroll
+  for (int i0 = 0; i0 < BN / 4; i0 += 16) {
+#pragma unroll
+    for (int i = 2 * i0; i < 2 * (i0 + 16); ++i) acc[i] = 0.f;
+#pragma unroll 1
+    for (int q = first; q <= last; ++q) {
+      const float2* part = p.sk_partials +
+                           (static_cast<size_t>(sk_slot(total, kb, q, G, ts)) * 2 + cw) *
+                               kSkHalfF2 + t;
+      float2 v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = __ldcg(part + (i0 + i) * 128);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[2 * (i0 + i)] += v[i].x, acc[2 * (i0 + i) + 1] += v[i].y;
+    }
+  }
 }
 
 // ---- hook 1: bounded readiness wait ---------------------------------------------------------
@@ -469,15 +566,27 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
 //     every consumer thread (256), once, after its last tile or a stop, before returning.
 //     (Producer threads return without a call: code after setmaxnreg.dec runs in 40
 //     registers, so anything heavy at the end belongs to the consumers.)
+//   static constexpr bool kStreamK;  (optional, false when absent)
+//     true: after its sweep positions the CTA computes its run of prob.sk_tiles' stream-K
+//     iterations (static, single-CTA schedules without hooks and epilogues that do not own
+//     the tile; the plain GEMM). cta() and num_ctas() place it in the split.
 inline constexpr uint32_t kStageEnd = 0xFFFFFFFEu;   // dynamic: no more tiles
 inline constexpr uint32_t kStageStop = 0xFFFFFFFFu;  // dynamic: the producer stopped (failure)
 
-// The plain GEMM's schedule: round robin, hook-1 waits from GemmProblem::wait (gemm.h). With
-// kPair, each cluster of two CTAs takes the positions of the pair sweep round robin.
+template <class S, class = void>
+struct schedule_stream_k : std::false_type {};
+template <class S>
+struct schedule_stream_k<S, std::void_t<decltype(S::kStreamK)>>
+    : std::integral_constant<bool, S::kStreamK> {};
+
+// The plain GEMM's schedule: round robin, hook-1 waits from GemmProblem::wait (gemm.h), then
+// the stream-K run where the plan asks for one. With kPair, each cluster of two CTAs takes the
+// positions of the pair sweep round robin (no stream-K).
 template <bool kPair>
 struct PlainSchedule {
   static constexpr int kCluster = kPair ? 2 : 1;
   static constexpr bool kDynamic = false;
+  static constexpr bool kStreamK = !kPair;
   static constexpr bool kStoresA = false;
   __device__ __forceinline__ bool stores_a(TileCoord) const { return false; }
   __device__ __forceinline__ int cta() const { return static_cast<int>(blockIdx.x) / kCluster; }
@@ -523,6 +632,97 @@ __device__ __forceinline__ uint8_t* gemm_staging_smem(int cw) {
   return gemm_aux_smem<BN, kStagingRounds>() - (2 - cw) * Cfg::kStagingBytes;
 }
 
+// ---- the engine's steps, shared by its round-robin and stream-K loops ------------------------
+// Producer: arms stage `stage` for one K slice and issues its TMA loads (A rows a_row.. of
+// a_map; B's N-block n_block, or this CTA's half of it in a CTA pair).
+template <int BN, bool kBKN, int kCluster, class Cfg>
+__device__ __forceinline__ void load_stage(uint8_t* smem_a, uint8_t* smem_b, uint64_t* full,
+                                           int stage, const CUtensorMap* a_map,
+                                           const CUtensorMap& tm_b, int kb, int a_row,
+                                           int n_block) {
+  mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
+  tma_load_2d(smem_a + stage * Cfg::kABytes, a_map, &full[stage], kb * kTileK, a_row);
+  uint8_t* b_dst = smem_b + stage * Cfg::kBBytes;
+  if constexpr (kCluster > 1) {
+    // This CTA's half of B (rows, or 64-column slabs), into both CTAs (mask 0b11). kNK's
+    // half starts at a multiple of 1024 B, so the 128-B swizzle pattern is unchanged.
+    constexpr uint16_t kBoth = 3;
+    const uint32_t crank = cluster_ctarank();  // read here: the producer has 40 registers
+    if constexpr (!kBKN) {
+      tma_load_2d_multicast(b_dst + crank * (Cfg::kBBytes / 2), &tm_b, &full[stage],
+                            kb * kTileK, n_block * BN + static_cast<int>(crank) * (BN / 2),
+                            kBoth);
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 128; ++j) {
+        const int slab = static_cast<int>(crank) * (BN / 128) + j;
+        tma_load_2d_multicast(b_dst + slab * 8192, &tm_b, &full[stage], n_block * BN + slab * 64,
+                              kb * kTileK, kBoth);
+      }
+    }
+  } else if constexpr (!kBKN) {
+    tma_load_2d(b_dst, &tm_b, &full[stage], kb * kTileK, n_block * BN);
+  } else {
+#pragma unroll
+    for (int j = 0; j < BN / 64; ++j) {
+      tma_load_2d(b_dst + j * 8192, &tm_b, &full[stage], n_block * BN + j * 64, kb * kTileK);
+    }
+  }
+}
+
+// Consumer warpgroup: the 4 wgmma (k16) of the K slice in `stage` into acc (accumulate false:
+// the slice starts the sum), one wgmma group left in flight.
+template <int BN, bool kBKN, class Cfg>
+__device__ __forceinline__ void mma_stage(float (&acc)[BN / 2], uint32_t a_base, uint32_t b_base,
+                                          int stage, bool accumulate) {
+  const uint64_t da = smem_desc_sw128(a_base + stage * Cfg::kABytes, 16, 1024);
+  uint64_t db;
+  if constexpr (!kBKN) {
+    db = smem_desc_sw128(b_base + stage * Cfg::kBBytes, 16, 1024);
+  } else {
+    db = smem_desc_sw128(b_base + stage * Cfg::kBBytes, 8192, 1024);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTileK / 16; ++kk) {
+    // K-major: +32 B per k16 inside the swizzled 128-B row; N-major: +16 rows of 128 B.
+    const uint64_t dbk = db + (kBKN ? (kk * 2048) >> 4 : (kk * 32) >> 4);
+    const uint64_t dak = da + ((kk * 32) >> 4);
+    if constexpr (BN == 256) {
+      wgmma_m64n256k16<kBKN ? 1 : 0>(acc, dak, dbk, accumulate || kk != 0);
+    } else {
+      wgmma_m64n128k16<kBKN ? 1 : 0>(acc, dak, dbk, accumulate || kk != 0);
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<1>();
+}
+
+// Consumer warpgroup cw: a finished tile to C (through TMA when prob.c_tma) and to the
+// epilogue (register path, sink, tile flags), for epilogues that do not own the tile.
+template <int BN, int kStagingRounds, class Epilogue>
+__device__ __forceinline__ void finish_tile(const float (&acc)[BN / 2], uint8_t* staging,
+                                            const CUtensorMap& tm_c, TileCoord tc, int cw,
+                                            const GemmProblem& prob, const Epilogue& epi) {
+  const int warp = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x % 32;
+  const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
+  if (prob.c_tma == kCTmaBF16) {
+    store_c_tma<BN, false, kStagingRounds>(acc, staging, &tm_c, tc, cw, rows_in);
+  } else if (prob.c_tma == kCTmaF32) {
+    store_c_tma<BN, true, kStagingRounds>(acc, staging, &tm_c, tc, cw, rows_in);
+  }
+  if (rows_in) {
+    const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
+    const int col0 = tc.n * BN + 2 * (lane % 4);
+    epi.store(acc, row0, col0, prob);
+  }
+  if (epi.wants_tile_done()) {
+    named_barrier_sync(1, 256);
+    if (threadIdx.x == 128) epi.tile_done(tc, prob);
+  }
+}
+
 // ---- the engine -----------------------------------------------------------------------------
 // Every thread of the CTA (384) calls this once; it returns when the CTA has no more tiles (or
 // stopped). The CTA's place among the computing CTAs comes from the schedule (cta(),
@@ -538,6 +738,11 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   constexpr bool kDyn = Schedule::kDynamic;
   constexpr int kCluster = Schedule::kCluster;
   static_assert(kCluster == 1 || (kCluster == 2 && !kDyn), "CTA pairs: static schedules only");
+  constexpr bool kStreamK = schedule_stream_k<Schedule>::value;
+  static_assert(!kStreamK || (!kDyn && kCluster == 1 && !Schedule::kStoresA &&
+                              !Epilogue::kOwnsTile && !Epilogue::kInitAux),
+                "stream-K: static single-CTA schedules, epilogues that leave the tile and the "
+                "aux region to the engine");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -617,38 +822,32 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if (kDyn && kb == 0) status[stage] = static_cast<uint32_t>(t);
-        mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
-        tma_load_2d(smem_a + stage * Cfg::kABytes, a_map, &full[stage], kb * kTileK, a_row);
-        uint8_t* b_dst = smem_b + stage * Cfg::kBBytes;
-        if constexpr (kCluster > 1) {
-          // This CTA's half of B (rows, or 64-column slabs), into both CTAs (mask 0b11). kNK's
-          // half starts at a multiple of 1024 B, so the 128-B swizzle pattern is unchanged.
-          constexpr uint16_t kBoth = 3;
-          const uint32_t crank = cluster_ctarank();  // read here: the producer has 40 registers
-          if constexpr (!kBKN) {
-            tma_load_2d_multicast(b_dst + crank * (Cfg::kBBytes / 2), &tm_b, &full[stage],
-                                  kb * kTileK, tc.n * BN + static_cast<int>(crank) * (BN / 2),
-                                  kBoth);
-          } else {
-#pragma unroll
-            for (int j = 0; j < BN / 128; ++j) {
-              const int slab = static_cast<int>(crank) * (BN / 128) + j;
-              tma_load_2d_multicast(b_dst + slab * 8192, &tm_b, &full[stage],
-                                    tc.n * BN + slab * 64, kb * kTileK, kBoth);
-            }
-          }
-        } else if constexpr (!kBKN) {
-          tma_load_2d(b_dst, &tm_b, &full[stage], kb * kTileK, tc.n * BN);
-        } else {
-#pragma unroll
-          for (int j = 0; j < BN / 64; ++j) {
-            tma_load_2d(b_dst + j * 8192, &tm_b, &full[stage], tc.n * BN + j * 64, kb * kTileK);
-          }
-        }
+        load_stage<BN, kBKN, kCluster, Cfg>(smem_a, smem_b, full, stage, a_map, tm_b, kb, a_row,
+                                            tc.n);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
         }
+      }
+    }
+    if constexpr (kStreamK) {
+      // The CTA's run of stream-K iterations: segments [kb0, kb1) of one tile each.
+      const int kbs = prob.k_blocks, total = prob.sk_tiles * kbs;
+      const int G = sk_ctas(total, sched.num_ctas()), c = sched.cta();
+      for (int it = c < G ? sk_bound(total, c, G) : 0, end = c < G ? sk_bound(total, c + 1, G) : 0;
+           it < end;) {
+        const int ts = it / kbs, kb0 = it - ts * kbs, kb1 = min(kbs, kb0 + (end - it));
+        const TileCoord tc = sched.coord(prob, prob.sweep + ts);
+        for (int kb = kb0; kb < kb1; ++kb) {
+          mbar_wait(&empty[stage], phase ^ 1);
+          load_stage<BN, kBKN, 1, Cfg>(smem_a, smem_b, full, stage, &tm_a, tm_b, kb,
+                                       tc.m * kTileM, tc.n);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+        it += kb1 - kb0;
       }
     }
     if constexpr (kDyn) {
@@ -661,7 +860,6 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     // ---------------- consumers ----------------
     setmaxnreg_inc<232>();
     const int cw = wg - 1;  // which 64-row half of the tile
-    const int warp = (threadIdx.x / 32) % 4;
     const int lane = threadIdx.x % 32;
     float acc[BN / 2];
 #pragma unroll
@@ -708,29 +906,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
           tma_store_2d(&tm_a, smem_a + stage * Cfg::kABytes, kb * kTileK, tc.m * kTileM);
           bulk_commit();
         }
-        {
-          const uint64_t da = smem_desc_sw128(a_base + stage * Cfg::kABytes, 16, 1024);
-          uint64_t db;
-          if constexpr (!kBKN) {
-            db = smem_desc_sw128(b_base + stage * Cfg::kBBytes, 16, 1024);
-          } else {
-            db = smem_desc_sw128(b_base + stage * Cfg::kBBytes, 8192, 1024);
-          }
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kTileK / 16; ++kk) {
-            // K-major: +32 B per k16 inside the swizzled 128-B row; N-major: +16 rows of 128 B.
-            const uint64_t dbk = db + (kBKN ? (kk * 2048) >> 4 : (kk * 32) >> 4);
-            const uint64_t dak = da + ((kk * 32) >> 4);
-            if constexpr (BN == 256) {
-              wgmma_m64n256k16<kBKN ? 1 : 0>(acc, dak, dbk, (kb | kk) != 0);
-            } else {
-              wgmma_m64n128k16<kBKN ? 1 : 0>(acc, dak, dbk, (kb | kk) != 0);
-            }
-          }
-          wgmma_commit();
-          wgmma_wait<1>();
-        }
+        mma_stage<BN, kBKN, Cfg>(acc, a_base, b_base, stage, kb != 0);
         if constexpr (Epilogue::kOwnsTile) {
           // Stage kb <= kStages - 1 of a tile is loaded as soon as both warpgroups finished
           // the previous tile's main loop, whatever the other warpgroup does next.
@@ -753,23 +929,54 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       if constexpr (Epilogue::kOwnsTile) {
         epi.template tile<BN>(acc, staging + cw * Cfg::kStagingBytes, tc, cw, prob);
       } else {
-        const bool rows_in = tc.m * kTileM + cw * 64 < prob.M;
-        if (prob.c_tma == kCTmaBF16) {
-          store_c_tma<BN, false, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes,
-                                                          &tm_c, tc, cw, rows_in);
-        } else if (prob.c_tma == kCTmaF32) {
-          store_c_tma<BN, true, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes,
-                                                         &tm_c, tc, cw, rows_in);
+        finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c,
+                                                  tc, cw, prob, epi);
+      }
+    }
+    if constexpr (kStreamK) {
+      // The same run as the producer's. Each segment's partial goes to the workspace
+      // (sk_arrive); the tiles whose last segment this warpgroup computed are summed and
+      // stored after its last wgmma (sk_sum).
+      const int kbs = prob.k_blocks, total = prob.sk_tiles * kbs;
+      const int G = sk_ctas(total, sched.num_ctas()), c = sched.cta();
+      int store0 = -1, store1 = -1;  // tiles whose last segment this warpgroup computed
+      for (int it = c < G ? sk_bound(total, c, G) : 0, end = c < G ? sk_bound(total, c + 1, G) : 0;
+           it < end;) {
+        const int ts = it / kbs, kb0 = it - ts * kbs, kb1 = min(kbs, kb0 + (end - it));
+        // A fragment per segment, dead after sk_arrive: one that lived on through the next
+        // segment's wgmma made ptxas serialise every wgmma of the kernel (C7515).
+        float seg[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) seg[i] = 0.f;
+        int prev = 0;
+        for (int kb = kb0; kb < kb1; ++kb) {
+          mbar_wait(&full[stage], phase);
+          mma_stage<BN, kBKN, Cfg>(seg, a_base, b_base, stage, kb != kb0);
+          if (kb > kb0 && lane == 0) release(prev);
+          prev = stage;
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
         }
-        if (rows_in) {
-          const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
-          const int col0 = tc.n * BN + 2 * (lane % 4);
-          epi.store(acc, row0, col0, prob);
+        wgmma_wait<0>();
+        reg_fence(seg);
+        if (lane == 0) release(prev);
+        // A warpgroup whose rows are all past M has nothing to add or store.
+        const int rows = prob.M - (sched.coord(prob, prob.sweep + ts).m * kTileM + cw * 64);
+        if (rows > 0 && sk_arrive<BN>(seg, prob, ts, c, G, cw, rows, aux)) {
+          (store0 < 0 ? store0 : store1) = ts;
         }
-        if (epi.wants_tile_done()) {
-          named_barrier_sync(1, 256);
-          if (threadIdx.x == 128) epi.tile_done(tc, prob);
-        }
+        it += kb1 - kb0;
+      }
+#pragma unroll 1
+      for (int i = 0; i < 2; ++i) {
+        const int ts = i == 0 ? store0 : store1;
+        if (ts < 0) break;
+        const TileCoord tc = sched.coord(prob, prob.sweep + ts);
+        sk_sum<BN>(acc, prob, ts, G, cw, prob.M - (tc.m * kTileM + cw * 64));
+        finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c, tc,
+                                                  cw, prob, epi);
       }
     }
     // Smem must outlive the stores' reads, and the A stores must be complete.
