@@ -99,9 +99,10 @@ struct GemmProblem {
   int sweep;          // sweep positions of whole tiles: num_tiles, pair_sweep() for CTA pairs,
                       // or the whole waves' tiles under stream-K
   GemmWaitConfig wait;
-  // Stream-K (gemm.h; plain kernel only): the tiles at sweep positions [sweep, sweep + sk_tiles)
-  // are computed as sk_tiles * k_blocks (tile, K slice) iterations split evenly over the grid
-  // (sk_bound); 0: none. sk_tiles <= the grid, so a CTA's run spans at most two tiles.
+  // Stream-K (gemm.h; schedules with kStreamK): the tiles at sweep positions [sweep, sweep +
+  // sk_tiles) are computed as sk_tiles * k_blocks (tile, K slice) iterations split evenly over
+  // sk_ctas() CTAs (sk_bound); 0: none. sk_tiles < the grid, so a CTA's run spans at most two
+  // tiles.
   int sk_tiles;
   float2* sk_partials;     // [2 * CTA + its segment j][consumer warpgroup][kSkHalfF2]
   uint32_t* sk_counters;   // [stream-K tile][consumer warpgroup]: segments arrived, left at 0
@@ -838,10 +839,11 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
            it < end;) {
         const int ts = it / kbs, kb0 = it - ts * kbs, kb1 = min(kbs, kb0 + (end - it));
         const TileCoord tc = sched.coord(prob, prob.sweep + ts);
+        int a_row = 0;
+        const CUtensorMap* a_map = sched.a_source(&tm_a, tc, a_row);
         for (int kb = kb0; kb < kb1; ++kb) {
           mbar_wait(&empty[stage], phase ^ 1);
-          load_stage<BN, kBKN, 1, Cfg>(smem_a, smem_b, full, stage, &tm_a, tm_b, kb,
-                                       tc.m * kTileM, tc.n);
+          load_stage<BN, kBKN, 1, Cfg>(smem_a, smem_b, full, stage, a_map, tm_b, kb, a_row, tc.n);
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1;
