@@ -173,6 +173,38 @@ __device__ __forceinline__ int sk_slot(int total, int kb, int c, int G, int ts) 
   return 2 * c + (sk_bound(total, c, G) >= ts * kb ? 0 : 1);
 }
 
+// CTA c's run of stream-K iterations, [it, end), of G CTAs sharing them (empty for c >= G);
+// the producer and the consumers walk the same run, one segment (segment()) at a time.
+struct SkRun {
+  int it, end, G;
+};
+__device__ __forceinline__ SkRun sk_run(const GemmProblem& p, int c, int grid) {
+  const int total = p.sk_tiles * p.k_blocks, G = sk_ctas(total, grid);
+  return c < G ? SkRun{sk_bound(total, c, G), sk_bound(total, c + 1, G), G} : SkRun{0, 0, G};
+}
+// The segment starting at iteration it (< end): stream-K tile ts, K slices [kb0, kb1).
+struct SkSegment {
+  int ts, kb0, kb1;
+};
+__device__ __forceinline__ SkSegment sk_segment(const GemmProblem& p, int it, int end) {
+  const int kb = p.k_blocks, ts = it / kb, kb0 = it - ts * kb;
+  return {ts, kb0, min(kb, kb0 + (end - it))};
+}
+// The CTAs whose segments make up stream-K tile ts: first..last, in K order.
+__device__ __forceinline__ int sk_first_cta(const GemmProblem& p, int ts, int G) {
+  return sk_cta_of(p.sk_tiles * p.k_blocks, ts * p.k_blocks, G);
+}
+__device__ __forceinline__ int sk_last_cta(const GemmProblem& p, int ts, int G) {
+  return sk_cta_of(p.sk_tiles * p.k_blocks, ts * p.k_blocks + p.k_blocks - 1, G);
+}
+// Consumer thread t of warpgroup cw: its first pair in CTA c's partial of stream-K tile ts.
+__device__ __forceinline__ float2* sk_partial(const GemmProblem& p, int c, int G, int ts, int cw,
+                                              int t) {
+  const int kb = p.k_blocks;
+  return p.sk_partials +
+         (static_cast<size_t>(sk_slot(p.sk_tiles * kb, kb, c, G, ts)) * 2 + cw) * kSkHalfF2 + t;
+}
+
 // Consumer warpgroup cw of CTA c (of G) has finished its segment of stream-K tile ts in acc,
 // whose first `rows` rows are inside M (> 0; warps whose 16 rows are all past M move no data):
 // it stores the partial (fp32 pairs, [pair i][thread], coalesced) and counts itself in the
@@ -185,16 +217,14 @@ template <int BN>
 __device__ __forceinline__ bool sk_arrive(const float (&acc)[BN / 2], const GemmProblem& p,
                                           int ts, int c, int G, int cw, int rows, uint8_t* aux) {
   const int t = threadIdx.x % 128;
-  const int kb = p.k_blocks, total = p.sk_tiles * kb;
-  float2* mine = p.sk_partials + (static_cast<size_t>(sk_slot(total, kb, c, G, ts)) * 2 + cw) *
-                                     kSkHalfF2 + t;
+  float2* mine = sk_partial(p, c, G, ts, cw, t);
   if ((t / 32) * 16 < rows) {
 #pragma unroll
     for (int i = 0; i < BN / 4; ++i) {
       __stcg(mine + i * 128, make_float2(acc[2 * i], acc[2 * i + 1]));
     }
   }
-  const int first = sk_cta_of(total, ts * kb, G), last = sk_cta_of(total, ts * kb + kb - 1, G);
+  const int first = sk_first_cta(p, ts, G), last = sk_last_cta(p, ts, G);
   volatile uint32_t* verdict = reinterpret_cast<volatile uint32_t*>(aux) + cw;
   named_barrier_sync(2 + cw, 128);
   if (t == 0) {
@@ -220,19 +250,16 @@ template <int BN>
 __device__ __forceinline__ void sk_sum(float (&acc)[BN / 2], const GemmProblem& p, int ts, int G,
                                        int cw, int rows) {
   const int t = threadIdx.x % 128;
-  const int kb = p.k_blocks, total = p.sk_tiles * kb;
-  const int first = sk_cta_of(total, ts * kb, G);
+  const int first = sk_first_cta(p, ts, G);
   // Warps whose rows are all past M sum nothing (nothing of theirs is stored).
-  const int last = (t / 32) * 16 < rows ? sk_cta_of(total, ts * kb + kb - 1, G) : first - 1;
+  const int last = (t / 32) * 16 < rows ? sk_last_cta(p, ts, G) : first - 1;
 #pragma unroll
   for (int i0 = 0; i0 < BN / 4; i0 += 16) {
 #pragma unroll
     for (int i = 2 * i0; i < 2 * (i0 + 16); ++i) acc[i] = 0.f;
 #pragma unroll 1
     for (int q = first; q <= last; ++q) {
-      const float2* part = p.sk_partials +
-                           (static_cast<size_t>(sk_slot(total, kb, q, G, ts)) * 2 + cw) *
-                               kSkHalfF2 + t;
+      const float2* part = sk_partial(p, q, G, ts, cw, t);
       float2 v[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = __ldcg(part + (i0 + i) * 128);
@@ -833,15 +860,13 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     }
     if constexpr (kStreamK) {
       // The CTA's run of stream-K iterations: segments [kb0, kb1) of one tile each.
-      const int kbs = prob.k_blocks, total = prob.sk_tiles * kbs;
-      const int G = sk_ctas(total, sched.num_ctas()), c = sched.cta();
-      for (int it = c < G ? sk_bound(total, c, G) : 0, end = c < G ? sk_bound(total, c + 1, G) : 0;
-           it < end;) {
-        const int ts = it / kbs, kb0 = it - ts * kbs, kb1 = min(kbs, kb0 + (end - it));
-        const TileCoord tc = sched.coord(prob, prob.sweep + ts);
+      const SkRun run = sk_run(prob, sched.cta(), sched.num_ctas());
+      for (int it = run.it; it < run.end;) {
+        const SkSegment sg = sk_segment(prob, it, run.end);
+        const TileCoord tc = sched.coord(prob, prob.sweep + sg.ts);
         int a_row = 0;
         const CUtensorMap* a_map = sched.a_source(&tm_a, tc, a_row);
-        for (int kb = kb0; kb < kb1; ++kb) {
+        for (int kb = sg.kb0; kb < sg.kb1; ++kb) {
           mbar_wait(&empty[stage], phase ^ 1);
           load_stage<BN, kBKN, 1, Cfg>(smem_a, smem_b, full, stage, a_map, tm_b, kb, a_row, tc.n);
           if (++stage == kStages) {
@@ -849,7 +874,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
             phase ^= 1;
           }
         }
-        it += kb1 - kb0;
+        it += sg.kb1 - sg.kb0;
       }
     }
     if constexpr (kDyn) {
@@ -939,12 +964,12 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       // The same run as the producer's. Each segment's partial goes to the workspace
       // (sk_arrive); the tiles whose last segment this warpgroup computed are summed and
       // stored after its last wgmma (sk_sum).
-      const int kbs = prob.k_blocks, total = prob.sk_tiles * kbs;
-      const int G = sk_ctas(total, sched.num_ctas()), c = sched.cta();
+      const int c = sched.cta();
+      const SkRun run = sk_run(prob, c, sched.num_ctas());
       int store0 = -1, store1 = -1;  // tiles whose last segment this warpgroup computed
-      for (int it = c < G ? sk_bound(total, c, G) : 0, end = c < G ? sk_bound(total, c + 1, G) : 0;
-           it < end;) {
-        const int ts = it / kbs, kb0 = it - ts * kbs, kb1 = min(kbs, kb0 + (end - it));
+      for (int it = run.it; it < run.end;) {
+        const SkSegment sg = sk_segment(prob, it, run.end);
+        const int ts = sg.ts, kb0 = sg.kb0, kb1 = sg.kb1;
         // A fragment per segment, dead after sk_arrive: one that lived on through the next
         // segment's wgmma made ptxas serialise every wgmma of the kernel (C7515).
         float seg[BN / 2];
@@ -966,7 +991,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         if (lane == 0) release(prev);
         // A warpgroup whose rows are all past M has nothing to add or store.
         const int rows = prob.M - (sched.coord(prob, prob.sweep + ts).m * kTileM + cw * 64);
-        if (rows > 0 && sk_arrive<BN>(seg, prob, ts, c, G, cw, rows, aux)) {
+        if (rows > 0 && sk_arrive<BN>(seg, prob, ts, c, run.G, cw, rows, aux)) {
           (store0 < 0 ? store0 : store1) = ts;
         }
         it += kb1 - kb0;
@@ -976,7 +1001,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         const int ts = i == 0 ? store0 : store1;
         if (ts < 0) break;
         const TileCoord tc = sched.coord(prob, prob.sweep + ts);
-        sk_sum<BN>(acc, prob, ts, G, cw, prob.M - (tc.m * kTileM + cw * 64));
+        sk_sum<BN>(acc, prob, ts, run.G, cw, prob.M - (tc.m * kTileM + cw * 64));
         finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c, tc,
                                                   cw, prob, epi);
       }
