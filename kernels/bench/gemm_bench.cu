@@ -98,6 +98,10 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_tile_n(int M, int 
   return gemm_tile_grid(M, N, tile_n, 0).tile_n;
 }
 
+#if defined(FC_SK_TRACE)
+extern "C" int fc_sk_trace_copy(uint64_t* host, size_t count);
+#endif
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s shapes.txt [warmup] [iters]\n", argv[0]);
@@ -177,6 +181,31 @@ int main(int argc, char** argv) {
       cudaEventDestroy(e0[i]);
       cudaEventDestroy(e1[i]);
     }
+#if defined(FC_SK_TRACE)
+    {  // one more launch, alone: where its CTAs spend the time (µs from the first CTA's start)
+      std::vector<uint64_t> tr(1024 * 2 * 6, 0);
+      CHECK_CUDA(cudaMemset(C, 0, 1));  // keep the queue ordered
+      CHECK_CUDA(launch_gemm(a, nullptr));
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CHECK_CUDA(static_cast<cudaError_t>(fc_sk_trace_copy(tr.data(), tr.size())));
+      uint64_t t0 = ~0ull;
+      for (int c = 0; c < plan.ctas; ++c) t0 = std::min(t0, tr[(c * 2) * 6]);
+      auto pct = [&](int point, double q) {
+        std::vector<double> v;
+        for (int c = 0; c < plan.ctas; ++c)
+          for (int w = 0; w < 2; ++w) v.push_back((tr[(c * 2 + w) * 6 + point] - t0) * 1e-3);
+        std::sort(v.begin(), v.end());
+        return v[std::min(v.size() - 1, size_t(q * v.size()))];
+      };
+      int sums = 0;
+      for (int c = 0; c < plan.ctas; ++c) sums += int(tr[(c * 2) * 6 + 5] + tr[(c * 2 + 1) * 6 + 5]);
+      std::printf("trace %s %dx%dx%d sk=%d:", op.c_str(), M, N, K, plan.stream_k_tiles);
+      const char* names[5] = {"start", "whole", "sk_main", "barrier", "end"};
+      for (int p = 0; p < 5; ++p)
+        std::printf(" %s %.1f/%.1f/%.1f", names[p], pct(p, 0), pct(p, 0.5), pct(p, 0.999));
+      std::printf(" sums %d\n", sums);
+    }
+#endif
     std::sort(ms.begin(), ms.end());
     const double med = ms[iters / 2];
     const double tflops = 2.0 * M * N * K / (med * 1e-3) / 1e12;

@@ -124,7 +124,7 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
 // then two partial slots per CTA and consumer warpgroup.
 constexpr int kSkMaxCtas = 1024;
 constexpr size_t kSkCounterBytes = size_t(2 * kSkMaxCtas) * 4;
-constexpr size_t kSkPartialBytes = size_t(detail::kSkHalfF2) * 8;  // one warpgroup's slot
+constexpr size_t kSkPartialBytes = size_t(detail::kSkHalfF4) * 16;  // one warpgroup's slot
 
 // One plain-kernel instance. CTA pairs are a cluster launch whose grid is capped at the
 // clusters that fit on the device at once (cudaOccupancyMaxActiveClusters, asked once per
@@ -286,7 +286,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
     prob.sk_tiles = prob.num_tiles - prob.sweep;
     auto* ws = static_cast<uint8_t*>(a.workspace);
     prob.sk_counters = reinterpret_cast<uint32_t*>(ws);
-    prob.sk_partials = reinterpret_cast<float2*>(ws + kSkCounterBytes);
+    prob.sk_partials = reinterpret_cast<float4*>(ws + kSkCounterBytes);
     plan->grid = ctas;
   } else {
     prob.sweep = prob.num_tiles;
@@ -343,3 +343,11 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace fusedcomm::kernels
+
+#if defined(FC_SK_TRACE)
+// Bench-only (gemm_bench built with -DFC_SK_TRACE): the last launch's trace points.
+extern "C" int fc_sk_trace_copy(uint64_t* host, size_t count) {
+  return static_cast<int>(cudaMemcpyFromSymbol(host, fusedcomm::kernels::detail::g_sk_trace,
+                                               count * sizeof(uint64_t)));
+}
+#endif

@@ -104,7 +104,7 @@ struct GemmProblem {
   // sk_ctas() CTAs (sk_bound); 0: none. sk_tiles < the grid, so a CTA's run spans at most two
   // tiles.
   int sk_tiles;
-  float2* sk_partials;     // [2 * CTA + its segment j][consumer warpgroup][kSkHalfF2]
+  float4* sk_partials;     // [2 * CTA + its segment j][consumer warpgroup][kSkHalfF4]
   uint32_t* sk_counters;   // [stream-K tile][consumer warpgroup]: segments arrived, left at 0
 };
 
@@ -153,9 +153,19 @@ __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t
   return tc;
 }
 
+// Bench-only (gemm_bench built with -DFC_SK_TRACE): per CTA and consumer warpgroup, the
+// globaltimer at the consumers' start (0), after the whole tiles (1), after the stream-K
+// segments (2), after the barrier before the sums (3), at the end (4), and the tiles summed (5).
+#if defined(FC_SK_TRACE)
+__device__ uint64_t g_sk_trace[1024 * 2 * 6];
+#define FC_SK_TRACE_POINT(i, v) \
+  if (threadIdx.x % 128 == 0) g_sk_trace[(blockIdx.x * 2 + cw) * 6 + (i)] = (v)
+#else
+#define FC_SK_TRACE_POINT(i, v)
+#endif
 // ---- stream-K: iteration ranges and the fix-up of split tiles ------------------------------
-// float2s of one consumer warpgroup's fragment at BN = 256 (64 × 256 fp32), the slot stride.
-inline constexpr int kSkHalfF2 = 64 * 256 / 2;
+// float4s of one consumer warpgroup's fragment at BN = 256 (64 × 256 fp32), the slot stride.
+inline constexpr int kSkHalfF4 = 64 * 256 / 4;
 // Stream-K iterations [sk_bound(c), sk_bound(c + 1)) are CTA c's, for c < G = sk_ctas(): every
 // such range is non-empty, so the segments of a tile are CTAs first..last (sk_cta_of), all of
 // them (counting CTAs with empty ranges once left tiles without a last segment).
@@ -197,19 +207,20 @@ __device__ __forceinline__ int sk_first_cta(const GemmProblem& p, int ts, int G)
 __device__ __forceinline__ int sk_last_cta(const GemmProblem& p, int ts, int G) {
   return sk_cta_of(p.sk_tiles * p.k_blocks, ts * p.k_blocks + p.k_blocks - 1, G);
 }
-// Consumer thread t of warpgroup cw: its first pair in CTA c's partial of stream-K tile ts.
-__device__ __forceinline__ float2* sk_partial(const GemmProblem& p, int c, int G, int ts, int cw,
+// Consumer thread t of warpgroup cw: its first float4 in CTA c's partial of stream-K tile ts
+// (layout [float4 k][thread]: acc[4k..4k+3] of thread t at k * 128 + t, coalesced).
+__device__ __forceinline__ float4* sk_partial(const GemmProblem& p, int c, int G, int ts, int cw,
                                               int t) {
   const int kb = p.k_blocks;
   return p.sk_partials +
-         (static_cast<size_t>(sk_slot(p.sk_tiles * kb, kb, c, G, ts)) * 2 + cw) * kSkHalfF2 + t;
+         (static_cast<size_t>(sk_slot(p.sk_tiles * kb, kb, c, G, ts)) * 2 + cw) * kSkHalfF4 + t;
 }
 
 // Consumer warpgroup cw of CTA c (of G) has finished its segment of stream-K tile ts in acc,
 // whose first `rows` rows are inside M (> 0; warps whose 16 rows are all past M move no data):
-// it stores the partial (fp32 pairs, [pair i][thread], coalesced) and counts itself in the
-// tile's counter. Returns true for the segment that arrives last (no CTA ever waits, so residency
-// does not matter), which resets the counter and must store the tile (sk_sum). Ordering: the
+// it stores the partial (sk_partial's layout) and counts itself in the tile's counter. Returns
+// true for the segment that arrives last (no CTA ever waits, so residency does not matter),
+// which resets the counter and must store the tile (sk_sum). Ordering: the
 // warpgroup's stores, its named barrier, then thread 0's fence.acq_rel.gpu and relaxed
 // atomicAdd (release); the last arriver's atomicAdd reads every earlier one, and its fence
 // (acquire) and the barrier order the warpgroup's later loads (sk_sum) after them.
@@ -217,11 +228,11 @@ template <int BN>
 __device__ __forceinline__ bool sk_arrive(const float (&acc)[BN / 2], const GemmProblem& p,
                                           int ts, int c, int G, int cw, int rows, uint8_t* aux) {
   const int t = threadIdx.x % 128;
-  float2* mine = sk_partial(p, c, G, ts, cw, t);
+  float4* mine = sk_partial(p, c, G, ts, cw, t);
   if ((t / 32) * 16 < rows) {
 #pragma unroll
-    for (int i = 0; i < BN / 4; ++i) {
-      __stcg(mine + i * 128, make_float2(acc[2 * i], acc[2 * i + 1]));
+    for (int k = 0; k < BN / 8; ++k) {
+      __stcg(mine + k * 128, make_float4(acc[4 * k], acc[4 * k + 1], acc[4 * k + 2], acc[4 * k + 3]));
     }
   }
   const int first = sk_first_cta(p, ts, G), last = sk_last_cta(p, ts, G);
@@ -241,32 +252,85 @@ __device__ __forceinline__ bool sk_arrive(const float (&acc)[BN / 2], const Gemm
   return *verdict != 0;
 }
 
+// The sum reads the partials in units of kSkUnitF4 float4s per thread (32 fp32 of the fragment,
+// 16 KiB per warpgroup), copied into a ring of kDepth units per thread in the consumer
+// warpgroup's half of the (idle) A/B ring, so that kDepth units per thread are in flight: the
+// sum through registers (one unit in flight) was a latency-bound chain of L2 round trips
+// (kernels/bench/NOTES.md, "Stream-K's sum through a copy ring": 1-7 % of the launch).
+inline constexpr int kSkUnitF4 = 8;
+inline constexpr uint32_t kSkUnitBytes = kSkUnitF4 * 128 * 16;  // one unit, whole warpgroup
+template <class Cfg>
+inline constexpr int sk_sum_depth() {
+  constexpr uint32_t fit = Cfg::kStages * Cfg::kStageBytes / 2 / kSkUnitBytes;
+  return static_cast<int>(fit < 8 ? fit : 8);
+}
+
+// The sum's copies: unit v (chunk v / n of segment v % n) into ring slot v % kDepth. Segment
+// q > 0 is the first of CTA first + q (slot 2(first + q)); segment 0 may be the first CTA's
+// second (slot0 = sk_slot of the first CTA): no division in the loop.
+struct SkCopier {
+  const float4* part;  // this thread's float4 in partial slot 0 of its warpgroup
+  uint32_t ring0;      // this thread's first byte of the ring
+  int first, slot0, n, units;
+  int v = 0, q = 0, c = 0, fill = 0;  // the next unit to copy: index, segment, chunk, ring slot
+  template <int kDepth>
+  __device__ __forceinline__ void next() {
+    if (v < units) {
+      const int slot = q == 0 ? slot0 : 2 * (first + q);
+      const float4* src = part + static_cast<size_t>(slot) * 2 * kSkHalfF4 + c * kSkUnitF4 * 128;
+      const uint32_t dst = ring0 + fill * kSkUnitBytes;
+#pragma unroll
+      for (int k = 0; k < kSkUnitF4; ++k) cp_async_cg16(dst + k * 128 * 16, src + k * 128);
+      if (++q == n) q = 0, ++c;
+      ++v;
+    }
+    cp_async_commit();  // empty groups keep the count of groups behind each unit fixed
+    fill = fill + 1 == kDepth ? 0 : fill + 1;
+  }
+};
+
 // The last arriver's sum of stream-K tile ts into acc: the segments' partials in K order, so
 // the result does not depend on which segment came last and repeats bit for bit. Called after
-// the CTA's last wgmma: writing acc between wgmma stages would make ptxas serialise them.
-// Sixteen pairs of every segment at a time: the fragment plus 32 loaded registers fit the
-// consumers' budget. Loads go to L2 (ld.cg): other SMs wrote the slots.
-template <int BN>
+// the CTA's last wgmma (writing acc between wgmma stages would make ptxas serialise them), and
+// after both consumer warpgroups have finished with the A/B ring: `ring` is this warpgroup's
+// half of it (kDepth units). Unit v is chunk v / n of segment first + v % n (n segments): each
+// thread copies its own unit slots and reads back only those, so no barrier is needed; a slot
+// is refilled after the adds that consumed its registers.
+template <int BN, int kDepth>
 __device__ __forceinline__ void sk_sum(float (&acc)[BN / 2], const GemmProblem& p, int ts, int G,
-                                       int cw, int rows) {
+                                       int cw, int rows, uint8_t* ring) {
+  static_assert(kDepth >= 2 && (BN / 2) % (4 * kSkUnitF4) == 0, "sum ring");
+  constexpr int kChunks = BN / 2 / (4 * kSkUnitF4);
   const int t = threadIdx.x % 128;
   const int first = sk_first_cta(p, ts, G);
   // Warps whose rows are all past M sum nothing (nothing of theirs is stored).
-  const int last = (t / 32) * 16 < rows ? sk_last_cta(p, ts, G) : first - 1;
-#pragma unroll
-  for (int i0 = 0; i0 < BN / 4; i0 += 16) {
-#pragma unroll
-    for (int i = 2 * i0; i < 2 * (i0 + 16); ++i) acc[i] = 0.f;
+  const int n = (t / 32) * 16 < rows ? sk_last_cta(p, ts, G) - first + 1 : 0;
+  const uint32_t ring0 = smem_u32(ring) + t * 16;
+  const int kb = p.k_blocks;
+  SkCopier cp{p.sk_partials + cw * kSkHalfF4 + t, ring0, first,
+              sk_slot(p.sk_tiles * kb, kb, first, G, ts), n, kChunks * n};
 #pragma unroll 1
-    for (int q = first; q <= last; ++q) {
-      const float2* part = sk_partial(p, q, G, ts, cw, t);
-      float2 v[16];
+  for (int d = 0; d < kDepth; ++d) cp.next<kDepth>();
+  int take = 0;  // slot of the unit to add next
 #pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = __ldcg(part + (i0 + i) * 128);
+  for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) acc[2 * (i0 + i)] += v[i].x, acc[2 * (i0 + i) + 1] += v[i].y;
+    for (int i = 0; i < 4 * kSkUnitF4; ++i) acc[c * 4 * kSkUnitF4 + i] = 0.f;
+#pragma unroll 1
+    for (int q = 0; q < n; ++q) {
+      cp_async_wait_keep<kDepth - 1>();
+      const uint32_t src = ring0 + take * kSkUnitBytes;
+#pragma unroll
+      for (int k = 0; k < kSkUnitF4; ++k) {
+        const float4 v = lds_f4(src + k * 128 * 16);
+        float* a = acc + c * 4 * kSkUnitF4 + 4 * k;
+        a[0] += v.x, a[1] += v.y, a[2] += v.z, a[3] += v.w;
+      }
+      take = take + 1 == kDepth ? 0 : take + 1;
+      cp.next<kDepth>();
     }
   }
+  cp_async_wait_keep<0>();  // no copy may land in the ring after the sum
 }
 
 // ---- hook 1: bounded readiness wait ---------------------------------------------------------
@@ -907,6 +971,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     uint32_t phase = 0;
     // Schedule::kStoresA: the thread that copies the tile's A slices (see the concept above).
     constexpr bool kStoresA = Schedule::kStoresA;
+    FC_SK_TRACE_POINT(0, globaltimer_ns());
     for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.sweep;
          t += kDyn ? 0 : sched.num_ctas()) {
       TileCoord tc;
@@ -960,6 +1025,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
                                                   tc, cw, prob, epi);
       }
     }
+    FC_SK_TRACE_POINT(1, globaltimer_ns());
     if constexpr (kStreamK) {
       // The same run as the producer's. Each segment's partial goes to the workspace
       // (sk_arrive); the tiles whose last segment this warpgroup computed are summed and
@@ -996,18 +1062,29 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         }
         it += kb1 - kb0;
       }
+      // The sums copy partials into the A/B ring: both warpgroups' wgmma have finished reading
+      // it (each waited for its last), and the producer has no load outstanding (every stage
+      // it filled in this run was consumed). Both warpgroups walk the same run, so both reach
+      // this barrier, summing or not.
+      FC_SK_TRACE_POINT(2, globaltimer_ns());
+      if (run.it < run.end) named_barrier_sync(1, 256);
+      FC_SK_TRACE_POINT(3, globaltimer_ns());
+      FC_SK_TRACE_POINT(5, (store0 >= 0) + (store1 >= 0));
 #pragma unroll 1
       for (int i = 0; i < 2; ++i) {
         const int ts = i == 0 ? store0 : store1;
         if (ts < 0) break;
         const TileCoord tc = sched.coord(prob, prob.sweep + ts);
-        sk_sum<BN>(acc, prob, ts, run.G, cw, prob.M - (tc.m * kTileM + cw * 64));
+        sk_sum<BN, sk_sum_depth<Cfg>()>(acc, prob, ts, run.G, cw,
+                                        prob.M - (tc.m * kTileM + cw * 64),
+                                        smem + (cw == 0 ? 0 : kStages * Cfg::kStageBytes / 2));
         finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c, tc,
                                                   cw, prob, epi);
       }
     }
     // Smem must outlive the stores' reads, and the A stores must be complete.
     if ((prob.c_tma || kStoresA) && threadIdx.x % 128 == 0) bulk_wait_all();
+    FC_SK_TRACE_POINT(4, globaltimer_ns());
     if constexpr (Epilogue::kOwnsTile) epi.consumers_end();
     sched.consumers_done();
     leave_cluster();

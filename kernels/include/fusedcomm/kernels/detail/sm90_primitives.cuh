@@ -161,6 +161,30 @@ template <int kKeep>
 __device__ __forceinline__ void bulk_wait_keep() {
   asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kKeep) : "memory");
 }
+// Per-thread asynchronous copies, global → shared, 16 bytes through L2 only (cp.async.cg:
+// other SMs wrote the source). A thread sees its own copies' data after a wait that covers
+// their group; no other thread is ordered by it.
+__device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src))
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most the kKeep most recently committed groups are incomplete.
+template <int kKeep>
+__device__ __forceinline__ void cp_async_wait_keep() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kKeep) : "memory");
+}
+__device__ __forceinline__ float4 lds_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
 // Orders this thread's generic shared-memory writes before later async-proxy reads (TMA store).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
