@@ -2,12 +2,55 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "fusedcomm/kernels/gemm.h"
 #include "fusedcomm/runtime/errors.h"
 
 namespace fusedcomm {
+
+namespace {
+
+// The stream-K workspace of one device (kernels/gemm.h "Stream-K"; gemm_workspace_bytes(), ~33
+// MiB on a 132-SM GPU): made by the first device_gemm_bf16 on that device and kept for the
+// process's life (the driver frees it at exit), so that every later GEMM the launch runs with
+// stream-K (small M, long K) finds it. Launches sharing it must not overlap: `mu` is held from
+// launch to synchronisation.
+struct SkWorkspace {
+  std::mutex mu;
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// The current device's workspace, allocated and zeroed on first use (counters start at zero;
+// every launch leaves them zero). A device whose allocation fails gets none: its GEMMs run
+// without stream-K.
+SkWorkspace& sk_workspace(int device) {
+  static std::mutex registry_mu;
+  static std::map<int, std::unique_ptr<SkWorkspace>>* registry =
+      new std::map<int, std::unique_ptr<SkWorkspace>>();  // never destroyed: outlives static teardown
+  std::lock_guard<std::mutex> lock(registry_mu);
+  std::unique_ptr<SkWorkspace>& ws = (*registry)[device];
+  if (!ws) {
+    ws = std::make_unique<SkWorkspace>();
+    const size_t bytes = kernels::gemm_workspace_bytes(0);
+    void* p = nullptr;
+    if (bytes > 0 && cudaMalloc(&p, bytes) == cudaSuccess &&
+        cudaMemset(p, 0, bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess) {
+      ws->ptr = p;
+      ws->bytes = bytes;
+    } else {
+      if (p != nullptr) cudaFree(p);
+      cudaGetLastError();  // a failed allocation only costs stream-K; the GEMM reports its own
+    }
+  }
+  return *ws;
+}
+
+}  // namespace
 
 kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
                                   int layout, kernels::GemmOutType c_type) {
@@ -38,8 +81,17 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   for (const void* p : {a, w, static_cast<const void*>(c)}) {
     FC_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0, "gemm: device pointers must be 16-byte aligned");
   }
-  const kernels::GemmArgs args = dense_gemm_args(a, w, c, m, n, k, layout, kernels::GemmOutType::kBF16);
-  cudaError_t e = kernels::launch_gemm(args, nullptr);
+  kernels::GemmArgs args = dense_gemm_args(a, w, c, m, n, k, layout, kernels::GemmOutType::kBF16);
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) {
+    fail(ErrorKind::kFatalGpu, "gemm " + shape + ": no current device: " + cudaGetErrorString(e));
+  }
+  SkWorkspace& ws = sk_workspace(device);
+  std::lock_guard<std::mutex> lock(ws.mu);
+  args.workspace = ws.ptr;
+  args.workspace_bytes = ws.bytes;
+  e = kernels::launch_gemm(args, nullptr);
   if (e == cudaErrorInvalidValue) fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
   if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
   if (e != cudaSuccess) {

@@ -16,7 +16,10 @@ kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t
 
 // c (m×n, bf16) = a (m×k, bf16) · op(w): layout 0 = NK (w: n×k, C = A·Wᵀ), 1 = KN (w: k×n).
 // Device pointers, 16-byte aligned; n and k multiples of 8 (Error(kInvalidArgument) otherwise).
-// Synchronous: returns after the kernel finished; a CUDA failure is Error(kFatalGpu).
+// Synchronous: returns after the kernel finished; a CUDA failure is Error(kFatalGpu). The first
+// call on a device allocates that device's stream-K workspace (~33 MiB, kept for the process),
+// which the launch uses where it chooses stream-K (small M, long K); calls on one device
+// serialise on it.
 void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
                       int layout);
 

@@ -2,6 +2,7 @@ package io.fusedcomm.gpu;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.fail;
 
 import io.fusedcomm.api.Bf16;
 import io.fusedcomm.api.Communicator;
@@ -15,12 +16,32 @@ import org.junit.jupiter.api.Test;
 
 /**
  * The GPU GEMM engine reached from Java: JCuda device tensors in, every element of the result
- * checked against an fp64 reference of the bf16-rounded inputs, output poisoned first.
+ * checked against an fp64 reference of the bf16-rounded inputs, output poisoned first, and a
+ * second launch on the same inputs bit for bit the same.
  */
 class GpuGemmTest {
   private static final long[][] SHAPES = {
     {1, 8, 8}, {1, 4096, 4096}, {7, 136, 264}, {128, 256, 64}, {300, 520, 1032}, {1000, 1024, 8}, {2048, 1536, 4096},
   };
+
+  /**
+   * Small M with long K, where the launch runs stream-K (kernels/gemm.h) with the workspace the
+   * first GEMM on the device allocated: checked against the reference, and a second launch on
+   * the same inputs must give the same bits (the partials are summed in K order).
+   */
+  private static final long[][] STREAM_K_SHAPES = {{1, 8192, 8192}, {64, 2560, 8192}, {33, 4096, 8200}};
+
+  @Test
+  void streamKShapesMatchTheReferenceAndRepeatBitForBit() {
+    Gpu.require();
+    JCuda.cudaSetDevice(0);
+    Random rnd = new Random(System.nanoTime());
+    for (long[] s : STREAM_K_SHAPES) {
+      for (WeightLayout layout : WeightLayout.values()) {
+        check(rnd, (int) s[0], (int) s[1], (int) s[2], layout);
+      }
+    }
+  }
 
   @Test
   void bothLayoutsMatchTheReferenceIncludingTails() {
@@ -51,6 +72,18 @@ class GpuGemmTest {
       Communicator.gemm(da, dw, dc, layout);
       dc.copyTo(hc);
       float[] c = hc.toFloatArray();
+      // The same launch again: every launch's result is a function of its inputs alone.
+      hc.fill(Float.NaN);
+      dc.copyFrom(hc);
+      Communicator.gemm(da, dw, dc, layout);
+      dc.copyTo(hc);
+      float[] again = hc.toFloatArray();
+      for (int i = 0; i < c.length; i++) {
+        if (Float.floatToRawIntBits(c[i]) != Float.floatToRawIntBits(again[i])) {
+          fail("gemm " + m + "x" + n + "x" + k + " " + layout + ": a second launch gave C["
+              + i / n + "," + i % n + "] = " + again[i] + " after " + c[i]);
+        }
+      }
       float[] ar = ha.toFloatArray();
       float[] wr = hw.toFloatArray();
       int bad = 0;
