@@ -79,39 +79,67 @@ int choose_tile_n(int M, int N, int ctas) {
 }
 
 // Stream-K (gemm.h). Chosen (mode 0) only where it measured faster on 1 × H200
-// (kernels/bench/NOTES.md, "Stream-K for the last wave"): launches of at most 64 rows and
-// K >= 8192 whose tiles keep at most 3/4 of the CTAs busy. Their time is B's bytes over the
-// CTAs that stream them, and stream-K streams with every CTA (0.60-0.95 ×); with K = 4096 the
-// fix-up costs what the extra CTAs gain. Where whole waves come first, the fix-up (every
-// segment's fp32 partial through L2, ~20 µs at the end of the launch) ate most of the gain:
-// 0.98-1.0 × at the 70B shapes, 1.05-1.33 × at M = 128-1024. Forced (mode 2): stream-K
-// wherever a wave is partial, at the tile width a wave model (the fix-up as 32 K slices)
-// prefers.
+// (kernels/bench/NOTES.md, "Stream-K for the last wave" and "Stream-K's sum through a copy
+// ring"), in two cases, both with K >= 8192 (at K = 4096 the fix-up costs what the spread
+// gains):
+// - at most 64 rows, tiles keeping at most 3/4 of the CTAs busy: the time is B's bytes over
+//   the CTAs that stream them, and stream-K streams with every CTA (0.52-0.90 ×);
+// - a short last wave after whole ones (at most 1/4 of the CTAs), where the wave model below
+//   puts stream-K at <= 0.95 × the plain plan: 0.89-0.99 × at every such shape measured; with
+//   longer last waves, or none before them, the fix-up ate the gain (0.98-1.31 ×).
+// The wave model charges the fix-up (the partials through L2, the segments' ends, the CTAs'
+// skew; ~20-30 µs) as kSkFixupSlices K slices of a tile. Forced (mode 2): stream-K wherever a
+// wave is partial, at the tile width the model prefers.
 struct TilePlan {
   int tile_n;
   bool stream_k;
 };
+
+constexpr double kSkFixupSlices = 48;
+
+// The wave model's cost of stream-K at tile width bn (tile-time units), or -1: no partial wave.
+double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn) {
+  const int tiles = mb * ceil_div(N, bn);
+  if (tiles % ctas == 0) return -1;
+  return (tiles / ctas + double(tiles % ctas) / ctas + kSkFixupSlices / k_blocks) * tile_time(bn);
+}
+
 TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode) {
   const int mb = ceil_div(M, detail::kTileM);
   const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas), false};
   if (mode == 0) {
-    const bool pays = M <= 64 && k_blocks >= 128 && 4 * mb * ceil_div(N, plain.tile_n) <= 3 * ctas;
-    if (!pays) return plain;
-    // 256-wide tiles unless that splits a tile over more than ~9 CTAs (each segment's partial
-    // is read back by the tile's last one): M = 64, N = 2560 ran 0.60 × with 128-wide tiles,
-    // 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide, 0.81 × with 128-wide.
-    const int bn = forced_bn != 0 ? forced_bn : (9 * mb * ceil_div(N, 256) >= ctas ? 256 : 128);
-    return {bn, true};
+    if (k_blocks < 128) return plain;
+    if (M <= 64 && 4 * mb * ceil_div(N, plain.tile_n) <= 3 * ctas) {
+      // 256-wide tiles unless that splits a tile over more than ~9 CTAs (each segment's
+      // partial is read back by the tile's last one): M = 64, N = 2560 ran 0.60 × with
+      // 128-wide tiles, 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide, 0.81 × with
+      // 128-wide.
+      const int bn = forced_bn != 0 ? forced_bn : (9 * mb * ceil_div(N, 256) >= ctas ? 256 : 128);
+      return {bn, true};
+    }
+    const int plain_tiles = mb * ceil_div(N, plain.tile_n);
+    const double plain_cost =
+        ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n);
+    TilePlan best = plain;
+    double best_cost = 0.95 * plain_cost;
+    for (int bn : {256, 128}) {
+      if (forced_bn != 0 && bn != forced_bn) continue;
+      const int tiles = mb * ceil_div(N, bn);
+      if (tiles < ctas || 4 * (tiles % ctas) > ctas) continue;  // no whole wave, or a long last one
+      const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn);
+      if (cost >= 0 && cost <= best_cost) {
+        best = {bn, true};
+        best_cost = cost;
+      }
+    }
+    return best;
   }
   TilePlan best{0, true};
   double best_cost = 0;
   for (int bn : {256, 128}) {
     if (forced_bn != 0 && bn != forced_bn) continue;
-    const int tiles = mb * ceil_div(N, bn);
-    if (tiles % ctas == 0) continue;  // no partial wave
-    const double cost =
-        (tiles / ctas + double(tiles % ctas) / ctas + 32.0 / k_blocks) * tile_time(bn);
-    if (best.tile_n == 0 || cost < best_cost) {
+    const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn);
+    if (cost >= 0 && (best.tile_n == 0 || cost < best_cost)) {
       best = {bn, true};
       best_cost = cost;
     }

@@ -70,8 +70,9 @@
 // tile's partials in K order (so the sums do not depend on arrival order and repeat bit for
 // bit) and stores C. No CTA waits for another, so nothing depends on which CTAs are resident.
 // Only launches without hooks 1-2 and CTA pairs, with C set, num_ctas <= 1024. `stream_k`:
-// 0 lets the launch choose (today: M <= 64, K >= 8192, tiles keeping at most 3/4 of the CTAs
-// busy, where it measured 0.60-0.95 × the time on 1 × H200; elsewhere the fix-up's traffic ate
+// 0 lets the launch choose (today, with K >= 8192: M <= 64 with tiles keeping at most 3/4 of
+// the CTAs busy, 0.52-0.95 × the time on 1 × H200; or a last wave of at most 1/4 of the CTAs
+// after whole ones where a wave model expects a gain, 0.80-0.99 ×; elsewhere the fix-up ate
 // the gain), 1 off, 2 wherever a wave is partial (tests, A/B runs). The workspace's counters
 // must be zero before its first launch; every launch leaves them zero. Launches that share a
 // workspace must be stream-ordered (never concurrent).
