@@ -33,22 +33,19 @@ class GpuGemmTest {
 
   @Test
   void streamKShapesMatchTheReferenceAndRepeatBitForBit() {
-    Gpu.require();
-    JCuda.cudaSetDevice(0);
-    Random rnd = new Random(System.nanoTime());
-    for (long[] s : STREAM_K_SHAPES) {
-      for (WeightLayout layout : WeightLayout.values()) {
-        check(rnd, (int) s[0], (int) s[1], (int) s[2], layout);
-      }
-    }
+    checkAll(STREAM_K_SHAPES);
   }
 
   @Test
   void bothLayoutsMatchTheReferenceIncludingTails() {
+    checkAll(SHAPES);
+  }
+
+  private static void checkAll(long[][] shapes) {
     Gpu.require();
     JCuda.cudaSetDevice(0);
     Random rnd = new Random(System.nanoTime());
-    for (long[] s : SHAPES) {
+    for (long[] s : shapes) {
       for (WeightLayout layout : WeightLayout.values()) {
         check(rnd, (int) s[0], (int) s[1], (int) s[2], layout);
       }
