@@ -83,9 +83,9 @@ int choose_tile_n(int M, int N, int ctas) {
 // ring"), in two cases, both with K >= 8192 (at K = 4096 the fix-up costs what the spread
 // gains):
 // - at most 64 rows, tiles keeping at most 3/4 of the CTAs busy: the time is B's bytes over
-//   the CTAs that stream them, and stream-K streams with every CTA (0.52-0.90 ×);
+//   the CTAs that stream them, and stream-K streams with every CTA (0.52-0.95 ×);
 // - a short last wave after whole ones (at most 1/4 of the CTAs), where the wave model below
-//   puts stream-K at <= 0.95 × the plain plan: 0.89-0.99 × at every such shape measured; with
+//   puts stream-K at <= 0.95 × the plain plan: 0.80-0.99 × at every such shape measured; with
 //   longer last waves, or none before them, the fix-up ate the gain (0.98-1.31 ×).
 // The wave model charges the fix-up (the partials through L2, the segments' ends, the CTAs'
 // skew; ~20-30 µs) as kSkFixupSlices K slices of a tile. Forced (mode 2): stream-K wherever a
