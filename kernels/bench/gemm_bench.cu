@@ -98,8 +98,8 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_tile_n(int M, int 
   return gemm_tile_grid(M, N, tile_n, 0).tile_n;
 }
 
-#if defined(FC_SK_TRACE)
-extern "C" int fc_sk_trace_copy(uint64_t* host, size_t count);
+#if defined(FC_GEMM_TRACE)
+extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count);
 #endif
 
 int main(int argc, char** argv) {
@@ -181,29 +181,38 @@ int main(int argc, char** argv) {
       cudaEventDestroy(e0[i]);
       cudaEventDestroy(e1[i]);
     }
-#if defined(FC_SK_TRACE)
+#if defined(FC_GEMM_TRACE)
     {  // one more launch, alone: where its CTAs spend the time (µs from the first CTA's start)
-      std::vector<uint64_t> tr(1024 * 2 * 6, 0);
+      std::vector<uint64_t> tr(1024 * 2 * 10, 0);
       CHECK_CUDA(cudaMemset(C, 0, 1));  // keep the queue ordered
       CHECK_CUDA(launch_gemm(a, nullptr));
       CHECK_CUDA(cudaDeviceSynchronize());
-      CHECK_CUDA(static_cast<cudaError_t>(fc_sk_trace_copy(tr.data(), tr.size())));
+      CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_trace_copy(tr.data(), tr.size())));
       uint64_t t0 = ~0ull;
-      for (int c = 0; c < plan.ctas; ++c) t0 = std::min(t0, tr[(c * 2) * 6]);
+      for (int c = 0; c < plan.ctas; ++c) t0 = std::min(t0, tr[(c * 2) * 10]);
       auto pct = [&](int point, double q) {
         std::vector<double> v;
         for (int c = 0; c < plan.ctas; ++c)
-          for (int w = 0; w < 2; ++w) v.push_back((tr[(c * 2 + w) * 6 + point] - t0) * 1e-3);
+          for (int w = 0; w < 2; ++w) v.push_back((tr[(c * 2 + w) * 10 + point] - t0) * 1e-3);
         std::sort(v.begin(), v.end());
         return v[std::min(v.size() - 1, size_t(q * v.size()))];
       };
       int sums = 0;
-      for (int c = 0; c < plan.ctas; ++c) sums += int(tr[(c * 2) * 6 + 5] + tr[(c * 2 + 1) * 6 + 5]);
+      uint64_t gap = 0, gaps = 0, epi = 0, waitn = 0;
+      for (int c = 0; c < plan.ctas; ++c) {
+        sums += int(tr[(c * 2) * 10 + 5] + tr[(c * 2 + 1) * 10 + 5]);
+        gap += tr[(c * 2) * 10 + 6];
+        gaps += tr[(c * 2) * 10 + 7];
+        epi += tr[(c * 2) * 10 + 8];
+        waitn += tr[(c * 2) * 10 + 9];
+      }
       std::printf("trace %s %dx%dx%d sk=%d:", op.c_str(), M, N, K, plan.stream_k_tiles);
       const char* names[5] = {"start", "whole", "sk_main", "barrier", "end"};
       for (int p = 0; p < 5; ++p)
         std::printf(" %s %.1f/%.1f/%.1f", names[p], pct(p, 0), pct(p, 0.5), pct(p, 0.999));
-      std::printf(" sums %d\n", sums);
+      std::printf(" sums %d between_tiles %.2f us (epilogue %.2f, first-stage wait %.2f) x %llu\n", sums,
+                  gaps ? gap * 1e-3 / gaps : 0.0, gaps ? epi * 1e-3 / gaps : 0.0,
+                  gaps ? waitn * 1e-3 / gaps : 0.0, static_cast<unsigned long long>(gaps));
     }
 #endif
     std::sort(ms.begin(), ms.end());

@@ -372,10 +372,10 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
 
 }  // namespace fusedcomm::kernels
 
-#if defined(FC_SK_TRACE)
-// Bench-only (gemm_bench built with -DFC_SK_TRACE): the last launch's trace points.
-extern "C" int fc_sk_trace_copy(uint64_t* host, size_t count) {
-  return static_cast<int>(cudaMemcpyFromSymbol(host, fusedcomm::kernels::detail::g_sk_trace,
+#if defined(FC_GEMM_TRACE)
+// Bench-only (gemm_bench built with -DFC_GEMM_TRACE): the last launch's trace points.
+extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count) {
+  return static_cast<int>(cudaMemcpyFromSymbol(host, fusedcomm::kernels::detail::g_gemm_trace,
                                                count * sizeof(uint64_t)));
 }
 #endif

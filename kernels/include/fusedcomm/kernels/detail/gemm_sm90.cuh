@@ -153,15 +153,17 @@ __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t
   return tc;
 }
 
-// Bench-only (gemm_bench built with -DFC_SK_TRACE): per CTA and consumer warpgroup, the
+// Bench-only (gemm_bench built with -DFC_GEMM_TRACE): per CTA and consumer warpgroup, the
 // globaltimer at the consumers' start (0), after the whole tiles (1), after the stream-K
-// segments (2), after the barrier before the sums (3), at the end (4), and the tiles summed (5).
-#if defined(FC_SK_TRACE)
-__device__ uint64_t g_sk_trace[1024 * 2 * 6];
-#define FC_SK_TRACE_POINT(i, v) \
-  if (threadIdx.x % 128 == 0) g_sk_trace[(blockIdx.x * 2 + cw) * 6 + (i)] = (v)
+// segments (2), after the barrier before the sums (3), at the end (4), the tiles summed (5),
+// and over the whole tiles, the time from one tile's last wgmma to the next one's first (6) and
+// the number of such gaps (7).
+#if defined(FC_GEMM_TRACE)
+__device__ uint64_t g_gemm_trace[1024 * 2 * 10];
+#define FC_GEMM_TRACE_POINT(i, v) \
+  if (threadIdx.x % 128 == 0) g_gemm_trace[(blockIdx.x * 2 + cw) * 10 + (i)] = (v)
 #else
-#define FC_SK_TRACE_POINT(i, v)
+#define FC_GEMM_TRACE_POINT(i, v)
 #endif
 // ---- stream-K: iteration ranges and the fix-up of split tiles ------------------------------
 // float4s of one consumer warpgroup's fragment at BN = 256 (64 × 256 fp32), the slot stride.
@@ -971,7 +973,10 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     uint32_t phase = 0;
     // Schedule::kStoresA: the thread that copies the tile's A slices (see the concept above).
     constexpr bool kStoresA = Schedule::kStoresA;
-    FC_SK_TRACE_POINT(0, globaltimer_ns());
+    FC_GEMM_TRACE_POINT(0, globaltimer_ns());
+#if defined(FC_GEMM_TRACE)
+    uint64_t tr_done = 0, tr_gap = 0, tr_gaps = 0, tr_epi = 0, tr_wait = 0;
+#endif
     for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.sweep;
          t += kDyn ? 0 : sched.num_ctas()) {
       TileCoord tc;
@@ -979,7 +984,13 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       int prev = 0;
       // The tile's first slice is waited for here, outside the MMA loop: no wgmma is in flight
       // at this point, so the early exit costs the steady state nothing.
+#if defined(FC_GEMM_TRACE)
+      const uint64_t tr_w0 = globaltimer_ns();
+#endif
       mbar_wait(&full[stage], phase);
+#if defined(FC_GEMM_TRACE)
+      if (tr_done != 0) tr_wait += globaltimer_ns() - tr_w0;
+#endif
       if constexpr (kDyn) {
         const uint32_t s = status[stage];
         if (s >= kStageEnd) break;  // no more tiles, or the producer stopped: no data
@@ -991,6 +1002,9 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         return;
       }
       const bool store_a = kStoresA && threadIdx.x == 128 && sched.stores_a(tc);
+#if defined(FC_GEMM_TRACE)
+      if (tr_done != 0) tr_gap += globaltimer_ns() - tr_done, ++tr_gaps;
+#endif
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         if (kb > 0) mbar_wait(&full[stage], phase);
         if (store_a) {
@@ -1015,6 +1029,9 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       }
       wgmma_wait<0>();
       reg_fence(acc);
+#if defined(FC_GEMM_TRACE)
+      tr_done = globaltimer_ns();
+#endif
       if (store_a) bulk_wait_read_all();
       if (lane == 0) release(prev);
 
@@ -1024,8 +1041,15 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c,
                                                   tc, cw, prob, epi);
       }
+#if defined(FC_GEMM_TRACE)
+      tr_epi += globaltimer_ns() - tr_done;
+#endif
     }
-    FC_SK_TRACE_POINT(1, globaltimer_ns());
+    FC_GEMM_TRACE_POINT(1, globaltimer_ns());
+    FC_GEMM_TRACE_POINT(8, tr_epi);
+    FC_GEMM_TRACE_POINT(9, tr_wait);
+    FC_GEMM_TRACE_POINT(6, tr_gap);
+    FC_GEMM_TRACE_POINT(7, tr_gaps);
     if constexpr (kStreamK) {
       // The same run as the producer's. Each segment's partial goes to the workspace
       // (sk_arrive); the tiles whose last segment this warpgroup computed are summed and
@@ -1066,10 +1090,10 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       // it (each waited for its last), and the producer has no load outstanding (every stage
       // it filled in this run was consumed). Both warpgroups walk the same run, so both reach
       // this barrier, summing or not.
-      FC_SK_TRACE_POINT(2, globaltimer_ns());
+      FC_GEMM_TRACE_POINT(2, globaltimer_ns());
       if (run.it < run.end) named_barrier_sync(1, 256);
-      FC_SK_TRACE_POINT(3, globaltimer_ns());
-      FC_SK_TRACE_POINT(5, (store0 >= 0) + (store1 >= 0));
+      FC_GEMM_TRACE_POINT(3, globaltimer_ns());
+      FC_GEMM_TRACE_POINT(5, (store0 >= 0) + (store1 >= 0));
 #pragma unroll 1
       for (int i = 0; i < 2; ++i) {
         const int ts = i == 0 ? store0 : store1;
@@ -1084,7 +1108,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     }
     // Smem must outlive the stores' reads, and the A stores must be complete.
     if ((prob.c_tma || kStoresA) && threadIdx.x % 128 == 0) bulk_wait_all();
-    FC_SK_TRACE_POINT(4, globaltimer_ns());
+    FC_GEMM_TRACE_POINT(4, globaltimer_ns());
     if constexpr (Epilogue::kOwnsTile) epi.consumers_end();
     sched.consumers_done();
     leave_cluster();
