@@ -225,6 +225,16 @@ struct Rank {
   uint64_t seed;
   std::unique_ptr<SymmetricMemory> sm;
   cudaStream_t stream{};
+  // A stream-K workspace for the decomposed paths' GEMMs, as DeviceComm passes one (kernels'
+  // gemm.h; zeroed once, every launch leaves its counters zero): every case runs with it.
+  DevBuf gemm_ws;
+  k::GemmWorkspace gemm_workspace() {
+    if (gemm_ws.p == nullptr) {
+      gemm_ws = DevBuf(k::gemm_workspace_bytes(0));
+      CUDA_OK(cudaMemset(gemm_ws.p, 0, gemm_ws.bytes));
+    }
+    return k::GemmWorkspace{gemm_ws.p, gemm_ws.bytes};
+  }
 
   Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
 
@@ -270,7 +280,7 @@ struct Rank {
     CUDA_OK(cudaMemsetAsync(o.C.p, 0xFF, o.C.bytes, stream));
     if (o.gathered.p) CUDA_OK(cudaMemsetAsync(o.gathered.p, 0xFF, o.gathered.bytes, stream));
   }
-  k::AgGemmArgs ag_args(const AgOperands& o) const {
+  k::AgGemmArgs ag_args(const AgOperands& o) {
     k::AgGemmArgs a;
     a.M = o.c.M;
     a.N = o.N;
@@ -281,6 +291,7 @@ struct Rank {
     a.C = o.C.as<__nv_bfloat16>();
     a.gathered = o.gathered.as<__nv_bfloat16>();
     a.algo = o.c.algo;
+    a.gemm_ws = gemm_workspace();
     return a;
   }
   int64_t ag_verify(const AgOperands& o, const std::string& what) {
@@ -369,7 +380,7 @@ struct Rank {
     const uint64_t ws = k::gemm_reduce_scatter_workspace(rs_args(o), W).data_bytes - o.c.ws_offset;
     CUDA_OK(cudaMemsetAsync(data() + o.c.ws_offset, 0xFF, ws, stream));
   }
-  k::GemmRsArgs rs_args(const RsOperands& o) const {
+  k::GemmRsArgs rs_args(const RsOperands& o) {
     k::GemmRsArgs a;
     a.M = o.c.M;
     a.N = o.c.N;
@@ -381,6 +392,7 @@ struct Rank {
     a.out = o.out.as<__nv_bfloat16>();
     a.algo = o.c.algo;
     a.partials = o.c.partials();
+    a.gemm_ws = gemm_workspace();
     return a;
   }
   int64_t rs_verify(const RsOperands& o, const std::string& what, bool all_rows = false) {
@@ -456,6 +468,7 @@ struct Rank {
     a.ws_offset = c.ws_offset;
     a.C = o.out.as<__nv_bfloat16>();
     a.sums = sums.as<float>();
+    a.gemm_ws = gemm_workspace();
     a.algo = c.algo;
     a.partials = c.partials();
     if (c.algo == k::FusedAlgo::kFused && c.M % W != 0) {
@@ -610,6 +623,8 @@ struct Rank {
         // No gathered output and an input offset: the GEMM reads the own rows' whole M-blocks
         // from A_r at that offset (AgParams::tm_own), the rest are copied.
         {1001, 264, 520, KN, F, false, 4096},
+        // Decode-sized M with long K: the decomposed path's GEMM runs stream-K (gemm_ws).
+        {16, 2048, 8192, NK, D, true, 0},    {40, 1024, 8200, KN, D, false, 0},
     };
     const std::vector<RsCase> rs = {
         {1001, 264, 520, NK, F, 0},    {1001, 264, 520, NK, D, 0},
@@ -633,6 +648,8 @@ struct Rank {
         {1001, 264, 520, NK, F, 0, false, true},    {2999, 1032, 1032, KN, F, 64, false, true},
         {768, 520, 1032, KN, F, 0, false, true},    {3, 64, 64, NK, F, 16, false, true},
         {4100, 2056, 1024, NK, A, 0, false, true},  {1001, 264, 520, NK, D, 0, false, true},
+        // Decode-sized M with long K: the decomposed path's GEMM runs stream-K (gemm_ws).
+        {16, 2048, 8192, NK, D, 0},          {33, 1024, 8192, KN, D, 64, true},
     };
     // gemmAllReduce: M = 1008 divides by W = 1-4, 6-8 (the fused path), 1001 by none of 2-8;
     // each partial precision; kAuto (decomposed at these sizes).
@@ -641,6 +658,7 @@ struct Rank {
         {1008, 1032, 1032, KN, F, 64, true}, {1008, 1032, 1032, KN, D, 64, true},
         {1001, 264, 520, KN, F, 0},          {1001, 264, 520, KN, A, 16},
         {1008, 520, 264, NK, F, 0, false, true}, {3, 64, 64, NK, D, 0},
+        {16, 2048, 8192, NK, D, 0},          {24, 1024, 8192, KN, A, 0, true},
     };
     uint64_t id = 0;
     for (const AgCase& c : ag) run_ag(c, mix(seed ^ (0xA600 + ++id)));

@@ -456,6 +456,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
     }
     GemmArgs g = base_gemm_args(a.M, a.N, a.K, gathered, a.B, a.b_layout);
     g.C = a.C;
+    use_workspace(g, a.gemm_ws);
     return launch_gemm(g, stream);
   }
   if (algo != FusedAlgo::kFused) return cudaErrorInvalidValue;
@@ -544,6 +545,7 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
     GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
     g.C = even ? ws : scratch;
     g.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
+    use_workspace(g, a.gemm_ws);
     if (cudaError_t e = launch_gemm(g, stream); e != cudaSuccess) return e;
     if (!even) {
       // The collective splits elements, not rows: W blocks of ceil(M/W) rows (pad rows unused).
@@ -708,6 +710,7 @@ cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& a, c
   const int64_t count = static_cast<int64_t>(a.M) * a.N;
   uint8_t* data = dev.base[dev.rank] + dev.data_offset;
   GemmArgs gm = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
+  use_workspace(gm, a.gemm_ws);  // gm runs only on the W = 1 and decomposed paths
   if (W == 1) {  // either path is the GEMM, rounded once
     gm.C = a.C;
     return launch_gemm(gm, stream);

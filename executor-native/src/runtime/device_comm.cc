@@ -501,6 +501,7 @@ void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, vo
   const k::FusedWorkspace ws = k::all_gather_gemm_workspace(args, sm_->world());
   require_fits("allGatherGemm", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);
+  args.gemm_ws = gemm_workspace(s);
   const int64_t rows = static_cast<int64_t>(split_count(m, sm_->world(), sm_->rank()));
   if (rows > 0) {
     check(cudaMemcpyAsync(sm_->data(), a_local, static_cast<size_t>(rows * k * 2), cudaMemcpyDeviceToDevice, s),
@@ -524,6 +525,7 @@ void DeviceComm::gemm_reduce_scatter(const void* a, const void* w, void* out, in
   const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(args, sm_->world());
   require_fits("gemmReduceScatter", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);
+  args.gemm_ws = gemm_workspace(s);
   check_fused_launch(k::launch_gemm_reduce_scatter(sm_->device(), args, s), "gemmReduceScatter");
   end(s, stream == nullptr);
 }
@@ -550,6 +552,7 @@ void DeviceComm::gemm_all_reduce(const void* a, const void* w, void* c, int64_t 
     const k::FusedWorkspace ws = k::gemm_all_reduce_workspace(args, W);
     if (std::max(ws.data_bytes, ws.scratch_bytes) <= sm_->data_bytes()) {
       cudaStream_t s = begin(stream);
+      args.gemm_ws = gemm_workspace(s);
       if (W > 1 && args.algo == k::FusedAlgo::kDecomposed && !bf16) {
         args.sums = static_cast<float*>(workspace(round16(static_cast<uint64_t>(m * n) * 4)));
       }
@@ -560,12 +563,12 @@ void DeviceComm::gemm_all_reduce(const void* a, const void* w, void* c, int64_t 
   }
   cudaStream_t s = begin(stream);
   if (W == 1 || bf16) {
-    check_fused_launch(k::launch_gemm(dense_gemm_args(a, w, c, m, n, k_local, layout, k::GemmOutType::kBF16), s),
+    check_fused_launch(k::launch_gemm(with_gemm_workspace(dense_gemm_args(a, w, c, m, n, k_local, layout, k::GemmOutType::kBF16), s), s),
                        "gemmAllReduce");
     if (W > 1) enqueue_all_reduce(k::CommDtype::kBF16, c, c, m * n, s);
   } else {
     auto* sums = static_cast<float*>(workspace(round16(static_cast<uint64_t>(m * n) * 4)));
-    check_fused_launch(k::launch_gemm(dense_gemm_args(a, w, sums, m, n, k_local, layout, k::GemmOutType::kF32), s),
+    check_fused_launch(k::launch_gemm(with_gemm_workspace(dense_gemm_args(a, w, sums, m, n, k_local, layout, k::GemmOutType::kF32), s), s),
                        "gemmAllReduce");
     enqueue_all_reduce(k::CommDtype::kF32, sums, sums, m * n, s);
     check(k::launch_narrow_to_bf16(sums, c, m * n, s), "gemmAllReduce: rounding the sums");
@@ -611,7 +614,7 @@ void DeviceComm::all_gather_gemm_across_hosts(const void* a_local, const void* w
     for (int p = 0; p < W; ++p) unpack.push_back({blocks + p * rb.ceil() * row, full + rb.first(p) * row, rb.rows(p) * row});
     copy_segments(unpack, s);
   }
-  check_fused_launch(k::launch_gemm(dense_gemm_args(full, w, c, m, n_local, k, layout, k::GemmOutType::kBF16), s),
+  check_fused_launch(k::launch_gemm(with_gemm_workspace(dense_gemm_args(full, w, c, m, n_local, k, layout, k::GemmOutType::kBF16), s), s),
                      "allGatherGemm");
   end(s, stream == nullptr);
 }
@@ -634,7 +637,7 @@ void DeviceComm::gemm_reduce_scatter_across_hosts(const void* a, const void* w, 
   char* blocks = rb.even() ? work : work + product;
   char* sums = direct ? static_cast<char*>(out) : work + product + padded;
   const k::GemmOutType c_type = bf16 ? k::GemmOutType::kBF16 : k::GemmOutType::kF32;
-  check_fused_launch(k::launch_gemm(dense_gemm_args(a, w, work, m, n, k_local, layout, c_type), s),
+  check_fused_launch(k::launch_gemm(with_gemm_workspace(dense_gemm_args(a, w, work, m, n, k_local, layout, c_type), s), s),
                      "gemmReduceScatter");
   if (!rb.even()) {
     std::vector<k::CopySegment> pack;
@@ -684,6 +687,26 @@ void DeviceComm::abort() noexcept {
   if (link_ != nullptr) link_->abort();
 }
 
+k::GemmWorkspace DeviceComm::gemm_workspace(cudaStream_t s) {
+  if (gemm_ws_.ptr == nullptr && !gemm_ws_tried_ && !capturing_) {
+    gemm_ws_tried_ = true;
+    const size_t bytes = k::gemm_workspace_bytes(0);
+    void* p = nullptr;
+    if (bytes > 0 && cudaMalloc(&p, bytes) == cudaSuccess && cudaMemsetAsync(p, 0, bytes, s) == cudaSuccess) {
+      gemm_ws_ = k::GemmWorkspace{p, bytes};
+    } else {
+      if (p != nullptr) cudaFree(p);
+      cudaGetLastError();  // no workspace only costs stream-K
+    }
+  }
+  return gemm_ws_;
+}
+
+k::GemmArgs DeviceComm::with_gemm_workspace(k::GemmArgs g, cudaStream_t s) {
+  k::use_workspace(g, gemm_workspace(s));
+  return g;
+}
+
 void DeviceComm::close() noexcept {
   if (closed_) return;
   closed_ = true;
@@ -707,6 +730,8 @@ void DeviceComm::close() noexcept {
   link_.reset();
   if (work_ != nullptr) cudaFree(work_);
   work_ = nullptr;
+  if (gemm_ws_.ptr != nullptr) cudaFree(gemm_ws_.ptr);
+  gemm_ws_ = k::GemmWorkspace{};
   if (last_done_ != nullptr) cudaEventDestroy(last_done_);
   if (own_ != nullptr) cudaStreamDestroy(own_);
   last_done_ = nullptr;

@@ -62,6 +62,7 @@
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/copy_segments.h"
+#include "fusedcomm/kernels/gemm.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/host_layout.h"
 #include "fusedcomm/runtime/inter_host.h"
@@ -150,6 +151,12 @@ class DeviceComm {
   void gemm_reduce_scatter_across_hosts(const void* a, const void* w, void* out, int64_t m, int64_t n,
                                         int64_t k_local, int layout, int partials, cudaStream_t stream);
   void* workspace(uint64_t bytes);
+  // The stream-K workspace (kernels/gemm.h) of the GEMMs this communicator launches itself (the
+  // decomposed paths), made on the first such op (~33 MiB, zeroed on s): its ops are
+  // stream-ordered (begin()), so one serves them all. None is made while a stream captures a
+  // graph, nor after a failed allocation: those GEMMs run without stream-K.
+  kernels::GemmWorkspace gemm_workspace(cudaStream_t s);
+  kernels::GemmArgs with_gemm_workspace(kernels::GemmArgs g, cudaStream_t s);
 
   Runtime& runtime_;
   std::unique_ptr<SymmetricMemory> sm_;
@@ -157,6 +164,8 @@ class DeviceComm {
   std::unique_ptr<InterHostLink> link_;  // null on one host
   void* work_ = nullptr;                 // device memory of the steps across hosts (workspace())
   uint64_t work_bytes_ = 0;
+  kernels::GemmWorkspace gemm_ws_{};  // gemm_workspace()
+  bool gemm_ws_tried_ = false;
   cudaStream_t own_ = nullptr;
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
   cudaStream_t last_ = nullptr;      // stream of the previous op

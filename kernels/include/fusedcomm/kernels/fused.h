@@ -190,6 +190,9 @@ struct AgGemmArgs {
   __nv_bfloat16* gathered = nullptr;
   FusedAlgo algo = FusedAlgo::kAuto;
   int comm_ctas = 0;  // kFused: CTAs that pull A (0: the table in fused.cu; clamped to 1..SMs/2)
+  // kDecomposed: a stream-K workspace for its GEMM (gemm.h; this process's memory, launches
+  // that share it stream-ordered); the fused kernel has no use for one.
+  GemmWorkspace gemm_ws{};
 };
 
 struct GemmRsArgs {
@@ -208,6 +211,7 @@ struct GemmRsArgs {
   __nv_bfloat16* out = nullptr;  // split_count(M,W,r) × N, this process's memory
   FusedAlgo algo = FusedAlgo::kAuto;
   RsPartials partials = RsPartials::kF32;  // same on every rank (part of the launch signature)
+  GemmWorkspace gemm_ws{};  // kDecomposed's GEMM, as AgGemmArgs::gemm_ws
 };
 
 // How far into the data area and the scratch area (bytes from their starts) an op reaches,
@@ -280,6 +284,7 @@ struct GemmArArgs {
   float* sums = nullptr;            // M×N fp32, this process's memory: kDecomposed with fp32 partials
   FusedAlgo algo = FusedAlgo::kAuto;
   RsPartials partials = RsPartials::kF32;  // kF32AnyOrder: as kF32 (the fused path is W = 2)
+  GemmWorkspace gemm_ws{};  // the GEMM of kDecomposed and of W = 1, as AgGemmArgs::gemm_ws
 };
 // The data and scratch bytes of `args.algo` (kAuto: the larger of the two paths).
 FusedWorkspace gemm_all_reduce_workspace(const GemmArArgs& args, int world);

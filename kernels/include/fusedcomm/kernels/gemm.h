@@ -192,6 +192,16 @@ struct GemmArgs {
 // partials per consumer warpgroup); ~33 MiB on a 132-SM GPU. One workspace serves launches of
 // any CTA count up to that (stream-K needs num_ctas <= 1024).
 size_t gemm_workspace_bytes(int num_ctas);
+// A stream-K workspace as one value (GemmArgs::workspace / workspace_bytes; null: none), for the
+// ops that launch GEMMs of their own (fused.h).
+struct GemmWorkspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+inline void use_workspace(GemmArgs& a, const GemmWorkspace& w) {
+  a.workspace = w.ptr;
+  a.workspace_bytes = w.bytes;
+}
 
 // Tile grid for a shape under the tile width a launch will use (tile_n as in GemmArgs).
 struct GemmTileGrid {
