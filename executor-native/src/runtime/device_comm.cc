@@ -690,14 +690,7 @@ void DeviceComm::abort() noexcept {
 k::GemmWorkspace DeviceComm::gemm_workspace(cudaStream_t s) {
   if (gemm_ws_.ptr == nullptr && !gemm_ws_tried_ && !capturing_) {
     gemm_ws_tried_ = true;
-    const size_t bytes = k::gemm_workspace_bytes(0);
-    void* p = nullptr;
-    if (bytes > 0 && cudaMalloc(&p, bytes) == cudaSuccess && cudaMemsetAsync(p, 0, bytes, s) == cudaSuccess) {
-      gemm_ws_ = k::GemmWorkspace{p, bytes};
-    } else {
-      if (p != nullptr) cudaFree(p);
-      cudaGetLastError();  // no workspace only costs stream-K
-    }
+    gemm_ws_ = make_gemm_workspace(s);
   }
   return gemm_ws_;
 }

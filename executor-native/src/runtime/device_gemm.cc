@@ -21,13 +21,11 @@ namespace {
 // launch to synchronisation.
 struct SkWorkspace {
   std::mutex mu;
-  void* ptr = nullptr;
-  size_t bytes = 0;
+  kernels::GemmWorkspace ws;
 };
 
-// The current device's workspace, allocated and zeroed on first use (counters start at zero;
-// every launch leaves them zero). A device whose allocation fails gets none: its GEMMs run
-// without stream-K.
+// The current device's workspace, made on first use (on the legacy stream, which the GEMMs
+// use too). A device whose allocation fails gets none: its GEMMs run without stream-K.
 SkWorkspace& sk_workspace(int device) {
   static std::mutex registry_mu;
   static std::map<int, std::unique_ptr<SkWorkspace>>* registry =
@@ -36,21 +34,23 @@ SkWorkspace& sk_workspace(int device) {
   std::unique_ptr<SkWorkspace>& ws = (*registry)[device];
   if (!ws) {
     ws = std::make_unique<SkWorkspace>();
-    const size_t bytes = kernels::gemm_workspace_bytes(0);
-    void* p = nullptr;
-    if (bytes > 0 && cudaMalloc(&p, bytes) == cudaSuccess &&
-        cudaMemset(p, 0, bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess) {
-      ws->ptr = p;
-      ws->bytes = bytes;
-    } else {
-      if (p != nullptr) cudaFree(p);
-      cudaGetLastError();  // a failed allocation only costs stream-K; the GEMM reports its own
-    }
+    ws->ws = make_gemm_workspace(nullptr);
   }
   return *ws;
 }
 
 }  // namespace
+
+kernels::GemmWorkspace make_gemm_workspace(cudaStream_t s) {
+  const size_t bytes = kernels::gemm_workspace_bytes(0);
+  void* p = nullptr;
+  if (bytes > 0 && cudaMalloc(&p, bytes) == cudaSuccess && cudaMemsetAsync(p, 0, bytes, s) == cudaSuccess) {
+    return kernels::GemmWorkspace{p, bytes};
+  }
+  if (p != nullptr) cudaFree(p);
+  cudaGetLastError();  // no workspace only costs stream-K; the GEMM reports its own failures
+  return {};
+}
 
 kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
                                   int layout, kernels::GemmOutType c_type) {
@@ -89,8 +89,7 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   }
   SkWorkspace& ws = sk_workspace(device);
   std::lock_guard<std::mutex> lock(ws.mu);
-  args.workspace = ws.ptr;
-  args.workspace_bytes = ws.bytes;
+  kernels::use_workspace(args, ws.ws);
   e = kernels::launch_gemm(args, nullptr);
   if (e == cudaErrorInvalidValue) fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
   if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);

@@ -14,6 +14,12 @@ namespace fusedcomm {
 kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
                                   int layout, kernels::GemmOutType c_type);
 
+// A stream-K workspace (kernels/gemm.h) for the current device: gemm_workspace_bytes(0) bytes,
+// allocated and zeroed on stream `s`, so launches on s or ordered after it find its counters
+// zero. None ({}) when that fails, the error cleared: GEMMs without one only lose stream-K.
+// The caller owns it (cudaFree).
+kernels::GemmWorkspace make_gemm_workspace(cudaStream_t s);
+
 // c (m×n, bf16) = a (m×k, bf16) · op(w): layout 0 = NK (w: n×k, C = A·Wᵀ), 1 = KN (w: k×n).
 // Device pointers, 16-byte aligned; n and k multiples of 8 (Error(kInvalidArgument) otherwise).
 // Synchronous: returns after the kernel finished; a CUDA failure is Error(kFatalGpu). The first

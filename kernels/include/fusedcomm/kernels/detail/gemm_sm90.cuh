@@ -156,8 +156,9 @@ __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t
 // Bench-only (gemm_bench built with -DFC_GEMM_TRACE): per CTA and consumer warpgroup, the
 // globaltimer at the consumers' start (0), after the whole tiles (1), after the stream-K
 // segments (2), after the barrier before the sums (3), at the end (4), the tiles summed (5),
-// and over the whole tiles, the time from one tile's last wgmma to the next one's first (6) and
-// the number of such gaps (7).
+// and over the whole tiles, the time from one tile's last wgmma to the next one's first (6),
+// the number of such gaps (7), the epilogues' time (8) and the waits for a tile's first stage
+// after the first tile (9).
 #if defined(FC_GEMM_TRACE)
 __device__ uint64_t g_gemm_trace[1024 * 2 * 10];
 #define FC_GEMM_TRACE_POINT(i, v) \
