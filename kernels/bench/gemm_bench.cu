@@ -3,11 +3,12 @@
 // also as libfc_gemm_bench.so, whose fc_gemm_bf16() lets run_gemm_bench.py time ours and
 // cuBLAS interleaved in one process on the same tensors.
 //
-//   gemm_bench <shapes.txt> [warmup=10] [iters=50] [cluster=0] [stream_k=0]
+//   gemm_bench <shapes.txt> [warmup=10] [iters=50] [cluster=0] [stream_k=-1] [pingpong=0]
 //
 // cluster: GemmArgs::cluster for every shape (0 chosen, 1 single CTAs, 2 CTA pairs), for A/B
 // runs of one build (ab_gemm.sh <dir>@1 <dir>@2). stream_k: GemmArgs::stream_k with a
 // workspace (0 chosen, 1 off, 2 forced), or -1: no workspace (ab_gemm.sh <dir>@1:2).
+// pingpong: GemmArgs::pingpong (0 chosen, 1 off, 2 wherever allowed; ab_gemm.sh <dir>@0:-1:2).
 // shapes.txt: one shape per line, "<op> <M> <N> <K> <nk|kn> [tile_n] [f32]" (op is a free
 // label, e.g. the layer name; f32: C in fp32, else bf16). Inputs are uniform random bf16 in
 // [-1, 1) (never zeros: see METHOD.md).
@@ -111,6 +112,7 @@ int main(int argc, char** argv) {
   const int iters = argc > 3 ? std::atoi(argv[3]) : 50;
   const int cluster = argc > 4 ? std::atoi(argv[4]) : 0;
   const int stream_k = argc > 5 ? std::atoi(argv[5]) : -1;
+  const int pingpong = argc > 6 ? std::atoi(argv[6]) : 0;
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
     std::printf("SKIP: no CUDA GPU\n");
@@ -122,7 +124,8 @@ int main(int argc, char** argv) {
   std::ifstream in(argv[1]);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
+    line = line.substr(0, line.find('#'));  // comments: whole lines or after a shape
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     std::istringstream ss(line);
     std::string op, layout, tok;
     int M, N, K, tile_n = 0;
@@ -158,6 +161,7 @@ int main(int argc, char** argv) {
     a.c_type = c_f32 ? GemmOutType::kF32 : GemmOutType::kBF16;
     a.tile_n = tile_n;
     a.cluster = cluster;
+    a.pingpong = pingpong;
     set_stream_k(a, stream_k);
     GemmLaunchPlan plan{};
     CHECK_CUDA(gemm_launch_plan(a, &plan));
@@ -221,9 +225,10 @@ int main(int argc, char** argv) {
         "{\"op\": \"%s\", \"impl\": \"fusedcomm\", \"M\": %d, \"N\": %d, \"K\": %d, "
         "\"layout\": \"%s\", \"dtype\": \"bf16\", \"c_dtype\": \"%s\", \"tile_n\": %d, "
         "\"cluster_arg\": %d, \"stream_k_arg\": %d, \"stream_k_tiles\": %d, \"ctas\": %d, "
+        "\"pingpong_arg\": %d, \"pingpong\": %d, "
         "\"ms_median\": %.5f, \"ms_min\": %.5f, \"tflops\": %.1f, \"device\": \"%s\"}\n",
         op.c_str(), M, N, K, layout.c_str(), c_f32 ? "f32" : "bf16", plan.grid.tile_n, cluster,
-        stream_k, plan.stream_k_tiles, plan.ctas, med, ms[0], tflops, prop.name);
+        stream_k, plan.stream_k_tiles, plan.ctas, pingpong, plan.pingpong ? 1 : 0, med, ms[0], tflops, prop.name);
     std::fflush(stdout);
     CHECK_CUDA(cudaFree(A));
     CHECK_CUDA(cudaFree(B));

@@ -1,6 +1,8 @@
 // launch_gemm: argument checks, tile-width and CTA-pair choice, TMA tensor maps
 // (detail::gemm_plan, shared with the fused launchers), and the eight instantiations of the plain
-// kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs) with the default epilogue.
+// kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs) with the default epilogue,
+// and the two of the kernel whose consumers take turns (B layout NK/KN).
+#include "fusedcomm/kernels/detail/gemm_pingpong.cuh"
 #include "fusedcomm/kernels/detail/gemm_sm90.cuh"
 #include "fusedcomm/kernels/gemm.h"
 
@@ -204,6 +206,21 @@ cudaError_t launch_kernel(const detail::GemmPlan& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The kernel whose consumers take turns (gemm_pingpong.cuh): 128-wide tiles, single CTAs.
+template <bool kBKN>
+cudaError_t launch_pingpong(const detail::GemmPlan& p, cudaStream_t stream) {
+  auto kernel = detail::gemm_pingpong_kernel<kBKN>;
+  constexpr size_t smem = GemmTileConfig<128, 1>::kSmemBytes;
+  static std::atomic<uint64_t> opted_in{0};
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
+                                               opted_in);
+      e != cudaSuccess) {
+    return e;
+  }
+  kernel<<<p.grid, detail::kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob);
+  return cudaGetLastError();
+}
+
 template <int BN, bool kBKN>
 cudaError_t launch_instance(const detail::GemmPlan& p, cudaStream_t stream) {
   return p.cluster == 2 ? launch_kernel<BN, kBKN, true>(p, stream)
@@ -255,6 +272,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256) return cudaErrorInvalidValue;
   if (a.cluster < 0 || a.cluster > 2) return cudaErrorInvalidValue;
   if (a.stream_k < 0 || a.stream_k > 2) return cudaErrorInvalidValue;
+  if (a.pingpong < 0 || a.pingpong > 2) return cudaErrorInvalidValue;
   const GemmWaitConfig& w = a.wait;
   if (!valid_flags(w.a) || !valid_flags(w.b)) return cudaErrorInvalidValue;
   if ((w.a.flags != nullptr || w.b.flags != nullptr) && w.error == nullptr) {
@@ -283,7 +301,13 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
       k_blocks <= 65536 && ctas <= kSkMaxCtas;
   const TilePlan tiles = sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k)
                                  : TilePlan{0, false};
-  const GemmTileGrid g = gemm_tile_grid(a.M, a.N, tiles.stream_k ? tiles.tile_n : a.tile_n, ctas);
+  int tile_n = tiles.stream_k ? tiles.tile_n : a.tile_n;
+  // Consumers that take turns: plain launches that store C through TMA, 128-wide tiles.
+  const bool pp_able = a.pingpong != 1 && !tiles.stream_k && !hooks &&
+                       s.mode == GemmSinkMode::kNone && a.C != nullptr && a.cluster != 2 &&
+                       tile_n != 256;
+  if (pp_able && a.pingpong == 2) tile_n = 128;
+  const GemmTileGrid g = gemm_tile_grid(a.M, a.N, tile_n, ctas);
   GemmProblem& prob = plan->prob;
   prob = GemmProblem{};
   prob.M = a.M;
@@ -298,6 +322,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   prob.wait = a.wait;
   plan->tile_n = g.tile_n;
   plan->kn = kn;
+  plan->pingpong = pp_able && g.tile_n == 128;
 
   // CTA pairs: only without hooks 1-2 (a pair runs in lockstep, and its idle member's tile
   // has no flag), and for at least two CTAs.
@@ -358,12 +383,14 @@ cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* out) {
   out->grid = {detail::kTileM, p.tile_n, p.prob.m_blocks, p.prob.n_blocks};
   out->ctas = p.grid;
   out->stream_k_tiles = p.prob.sk_tiles;
+  out->pingpong = p.pingpong;
   return cudaSuccess;
 }
 
 cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
   detail::GemmPlan p;
   if (cudaError_t e = detail::gemm_plan(a, &p); e != cudaSuccess) return e;
+  if (p.pingpong) return p.kn ? launch_pingpong<true>(p, stream) : launch_pingpong<false>(p, stream);
   if (p.tile_n == 256) {
     return p.kn ? launch_instance<256, true>(p, stream) : launch_instance<256, false>(p, stream);
   }

@@ -180,6 +180,7 @@ struct Shape {
   int tile_n, num_ctas, group_m, m_block_start;
   int cluster;  // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
   int stream_k = -1;  // -1: no workspace; else GemmArgs::stream_k with the shared workspace
+  int pingpong = 0;   // GemmArgs::pingpong: 0 chosen, 1 off, 2 wherever allowed
 };
 
 // The stream-K workspace every launch of the sweep shares (stream-ordered, as gemm.h asks).
@@ -206,10 +207,11 @@ std::string describe(const Shape& s) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "M=%d N=%d K=%d %s C=%s pads=%d/%d/%d tile_n=%d ctas=%d group=%d mstart=%d "
-                "cluster=%d stream_k=%d",
+                "cluster=%d stream_k=%d pingpong=%d",
                 s.M, s.N, s.K, s.layout == GemmLayoutB::kNK ? "NK" : "KN",
                 s.out == GemmOutType::kBF16 ? "bf16" : "f32", s.pad_a, s.pad_b, s.pad_c,
-                s.tile_n, s.num_ctas, s.group_m, s.m_block_start, s.cluster, s.stream_k);
+                s.tile_n, s.num_ctas, s.group_m, s.m_block_start, s.cluster, s.stream_k,
+                s.pingpong);
   return buf;
 }
 
@@ -304,6 +306,7 @@ bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullpt
   a.group_m = s.group_m;
   a.m_block_start = s.m_block_start;
   a.cluster = s.cluster;
+  a.pingpong = s.pingpong;
   if (s.stream_k >= 0) {
     a.workspace = g_workspace;
     a.workspace_bytes = g_workspace_bytes;
@@ -387,6 +390,8 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     s.cluster = c < 50 ? 0 : (c < 70 || s.num_ctas == 1 ? 1 : 2);
     const int k = coin(rng);
     s.stream_k = k < 20 ? -1 : (k < 45 ? 0 : (k < 55 ? 1 : 2));
+    const int p = coin(rng);
+    s.pingpong = p < 40 ? 0 : (p < 55 ? 1 : 2);
     v.push_back(s);
   }
   return v;
@@ -713,6 +718,58 @@ void test_stream_k(uint64_t seed) {
   std::printf("[stream-k] %d/%d forced shapes passed twice, bit for bit\n", passed, total);
 }
 
+// Consumers that take turns, forced: one tile per CTA (warpgroup 1 idle), an odd and an even
+// count of tiles per CTA (one CTA, few CTAs), K slices fewer than the stages (the turn
+// barrier must hold the parity waits), K tails, M tails inside a tile's lower half, fp32 C,
+// both layouts, M rotation and raster groups.
+void test_pingpong(uint64_t seed) {
+  struct P {
+    int M, N, K, ctas, group, mstart;
+    bool f32;
+  };
+  const P cases[] = {{128, 128, 64, 0, 0, 0, false},    {300, 1000, 72, 1, 0, 0, false},
+                     {129, 264, 8, 3, 0, 0, true},      {1024, 14336, 4096, 0, 0, 0, false},
+                     {1000, 2056, 200, 5, 3, 2, false}, {65, 4096, 1024, 0, 0, 0, true},
+                     {4000, 1032, 4104, 7, 16, 5, false}, {2048, 2048, 2048, 0, 1, 0, true}};
+  int passed = 0, total = 0;
+  for (const P& c : cases) {
+    for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
+      Shape s{c.M, c.N, c.K, l, c.f32 ? GemmOutType::kF32 : GemmOutType::kBF16, 0, 0, 0, 0,
+              c.ctas, c.group, c.mstart, 0, -1, 2};
+      if (total % 3 == 2) s.pad_a = s.pad_c = 8;
+      GemmArgs probe;
+      probe.M = s.M, probe.N = s.N, probe.K = s.K, probe.lda = probe.ldb = s.K + 8;
+      probe.ldc = s.N + 8;
+      probe.A = probe.B = reinterpret_cast<const __nv_bfloat16*>(256);
+      probe.C = reinterpret_cast<void*>(256);
+      probe.num_ctas = s.num_ctas;
+      probe.pingpong = 2;
+      GemmLaunchPlan plan{};
+      const bool planned = gemm_launch_plan(probe, &plan) == cudaSuccess && plan.pingpong;
+      const bool ok = planned && run_shape(s, seed + total);
+      EXPECT(ok, "ping-pong %s%s", describe(s).c_str(), planned ? "" : " (not planned)");
+      passed += ok;
+      ++total;
+    }
+  }
+  // Where it is not allowed, pingpong = 2 leaves the launch as it was.
+  GemmArgs q;
+  q.M = 1024, q.N = 1024, q.K = 1024, q.lda = q.ldb = q.ldc = 1024;
+  q.A = q.B = reinterpret_cast<const __nv_bfloat16*>(256);
+  q.C = reinterpret_cast<void*>(256);
+  q.pingpong = 2;
+  q.tile_n = 256;
+  GemmLaunchPlan plan{};
+  EXPECT(gemm_launch_plan(q, &plan) == cudaSuccess && !plan.pingpong, "ping-pong at tile_n 256");
+  q.tile_n = 0;
+  q.cluster = 2;
+  EXPECT(gemm_launch_plan(q, &plan) == cudaSuccess && !plan.pingpong, "ping-pong in CTA pairs");
+  q.cluster = 0;
+  q.pingpong = 3;
+  EXPECT(gemm_launch_plan(q, &plan) == cudaErrorInvalidValue, "pingpong = 3 accepted");
+  std::printf("[pingpong] %d/%d forced shapes passed\n", passed, total);
+}
+
 }  // namespace
 
 int main() {
@@ -741,6 +798,7 @@ int main() {
   CHECK_CUDA(cudaMemset(g_workspace, 0, g_workspace_bytes));
   g_sms = prop.multiProcessorCount;
   test_stream_k(seed + 4);
+  test_pingpong(seed + 5);
   std::mt19937_64 rng(seed);
   const auto shapes = make_sweep(rng, count, prop.multiProcessorCount);
   int passed = 0;

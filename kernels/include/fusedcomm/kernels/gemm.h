@@ -77,6 +77,15 @@
 // must be zero before its first launch; every launch leaves them zero. Launches that share a
 // workspace must be stream-ordered (never concurrent).
 //
+// Consumers that take turns ("ping-pong", plain launches): each consumer warpgroup computes
+// whole 128×128 tiles of its own, the CTA's tiles alternating between the two, so that one
+// stores C while the other's wgmma run (detail/gemm_pingpong.cuh). Only launches without hooks
+// 1-2, CTA pairs or stream-K, with C set, on 128-wide tiles. `pingpong`: 0 lets the launch
+// choose (today: wherever the plan takes 128-wide tiles, 0.93-0.99 × the time of both
+// warpgroups on one tile at 14 of 16 such shapes on 1 × H200; 128-wide turns in place of
+// 256-wide tiles measured 1.00-1.07 × at most shapes, so the tile width is chosen as before),
+// 1 off, 2 wherever allowed (tests, A/B runs).
+//
 // Custom epilogues for fused kernels live in detail/gemm_sm90.cuh (template parameter).
 #pragma once
 
@@ -185,6 +194,9 @@ struct GemmArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int stream_k = 0;       // 0 chosen, 1 off, 2 wherever the last wave is partial
+  // Consumers that take turns (above): 0 chosen, 1 off, 2 wherever allowed (128-wide tiles
+  // unless tile_n = 256 is forced).
+  int pingpong = 0;
 };
 
 // Bytes of a stream-K workspace for launches with up to `num_ctas` computing CTAs (0: one per
@@ -218,6 +230,7 @@ struct GemmLaunchPlan {
   GemmTileGrid grid;
   int ctas;
   int stream_k_tiles;
+  bool pingpong;  // consumers that take turns, on 128×128 tiles
 };
 cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* plan);
 

@@ -1140,6 +1140,7 @@ struct GemmPlan {
   int tile_n;              // 128 or 256
   int cluster;             // 1, or 2: CTA pairs share B (plain launches only)
   bool kn;                 // B is K×N
+  bool pingpong;           // plain launches: consumers take turns (gemm_pingpong.cuh)
 };
 
 // The tensor map of an A operand as gemm_plan encodes it (rows × K bf16, row stride lda
