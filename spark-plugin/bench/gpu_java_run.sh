@@ -16,6 +16,9 @@
 #                                    on the cuda backend (and across two virtual hosts)
 #                                    at the same world sizes (EXAMPLE_ARGS: M H F dtype seed);
 #                                    logs under $OUT
+#   gpu_java_run.sh classes C...     after a `run` on the same warm machine (or with the bundle
+#                                    staged): only the JUnit classes named (e.g.
+#                                    io.fusedcomm.gpu.GpuGemmTest), log $OUT/java-classes.log
 set -uo pipefail
 OUT=${OUT:-/tmp/java_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -24,8 +27,8 @@ case "${1:-}" in
   stage)
     mkdir -p /root/stage && cp .sparkbundle/p"$2"/bundle.part.* /root/stage/ && ls -la /root/stage
     exit $? ;;
-  run) shift ;;
-  *) echo "usage: $0 stage N | run [worlds...]" >&2; exit 2 ;;
+  run | classes) mode=$1; shift ;;
+  *) echo "usage: $0 stage N | run [worlds...] | classes C..." >&2; exit 2 ;;
 esac
 mkdir -p /root/stage; [ -d .sparkbundle ] && cp .sparkbundle/p*/bundle.part.* /root/stage/ 2>/dev/null
 if [ ! -d /root/bundle ]; then
@@ -48,6 +51,13 @@ flags=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.la
   --add-opens=java.base/sun.security.action=ALL-UNNAMED --add-opens=java.base/sun.util.calendar=ALL-UNNAMED
   -Djdk.reflect.useDirectMethodHandle=false -Dio.netty.tryReflectionSetAccessible=true)
 rc=0
+if [ "$mode" = classes ]; then
+  java "${flags[@]}" -Dfusedcomm.repo.root="$repo" -cp "$cp_fc:$BUNDLE_CP" $launcher execute \
+    --disable-banner --details=tree $(printf -- '--select-class %s ' "$@") \
+    > "$OUT/java-classes.log" 2>&1 || rc=1
+  grep -E "✔|✘|↷|tests (successful|failed|skipped)|Exception" "$OUT/java-classes.log" | head -40
+  exit $rc
+fi
 java "${flags[@]}" -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
   --select-class io.fusedcomm.gpu.CudaBackendTest \
   > "$OUT/java-single-gpu.log" 2>&1 || rc=1
