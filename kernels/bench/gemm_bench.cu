@@ -101,6 +101,7 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_tile_n(int M, int 
 
 #if defined(FC_GEMM_TRACE)
 extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count);
+extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host, int zero);
 #endif
 
 int main(int argc, char** argv) {
@@ -188,11 +189,12 @@ int main(int argc, char** argv) {
 #if defined(FC_GEMM_TRACE)
     {  // one more launch, alone: where its CTAs spend the time (µs from the first CTA's start)
       std::vector<uint64_t> tr(1024 * 2 * 10, 0);
+      CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(nullptr, 1)));
       CHECK_CUDA(launch_gemm(a, nullptr));
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_trace_copy(tr.data(), tr.size())));
       uint64_t t0 = ~0ull;
-      for (int c = 0; c < plan.ctas; ++c) t0 = std::min(t0, tr[(c * 2) * 10]);
+      for (int c = 0; c < 2 * plan.ctas; ++c) t0 = std::min(t0, tr[c * 10]);
       auto pct = [&](int point, double q) {
         std::vector<double> v;
         for (int c = 0; c < plan.ctas; ++c)
@@ -204,18 +206,33 @@ int main(int argc, char** argv) {
       uint64_t gap = 0, gaps = 0, epi = 0, waitn = 0;
       for (int c = 0; c < plan.ctas; ++c) {
         sums += int(tr[(c * 2) * 10 + 5] + tr[(c * 2 + 1) * 10 + 5]);
-        gap += tr[(c * 2) * 10 + 6];
-        gaps += tr[(c * 2) * 10 + 7];
-        epi += tr[(c * 2) * 10 + 8];
-        waitn += tr[(c * 2) * 10 + 9];
+        // Ping-pong: each warpgroup its own tiles (7: tiles, 8: epilogues, 9: waits for the
+        // turn and the first slice); otherwise warpgroup 0 speaks for the tile.
+        for (int w = 0; w < (plan.pingpong ? 2 : 1); ++w) {
+          gap += tr[(c * 2 + w) * 10 + 6];
+          gaps += tr[(c * 2 + w) * 10 + 7];
+          epi += tr[(c * 2 + w) * 10 + 8];
+          waitn += tr[(c * 2 + w) * 10 + 9];
+        }
       }
       std::printf("trace %s %dx%dx%d sk=%d:", op.c_str(), M, N, K, plan.stream_k_tiles);
       const char* names[5] = {"start", "whole", "sk_main", "barrier", "end"};
       for (int p = 0; p < 5; ++p)
         std::printf(" %s %.1f/%.1f/%.1f", names[p], pct(p, 0), pct(p, 0.5), pct(p, 0.999));
-      std::printf(" sums %d between_tiles %.2f us (epilogue %.2f, first-stage wait %.2f) x %llu\n", sums,
+      std::printf(plan.pingpong ? " sums %d - %.2f (epilogue %.2f us, turn + first-slice wait %.2f) x %llu\n"
+                                : " sums %d between_tiles %.2f us (epilogue %.2f, first-stage wait %.2f) x %llu\n",
+                  sums,
                   gaps ? gap * 1e-3 / gaps : 0.0, gaps ? epi * 1e-3 / gaps : 0.0,
                   gaps ? waitn * 1e-3 / gaps : 0.0, static_cast<unsigned long long>(gaps));
+      if (plan.pingpong) {  // CTA 0's tiles: µs from its first point
+        std::vector<uint64_t> tl(32 * 4, 0);
+        CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(tl.data(), 0)));
+        const uint64_t z = tl[0];
+        for (int i = 0; i < 32 && tl[i * 4 + 3] != 0; ++i)
+          std::printf("  tile %d (wg %d): start %.2f first slice %.2f mma end %.2f epilogue end %.2f\n",
+                      i, i % 2, (tl[i * 4] - z) * 1e-3, (tl[i * 4 + 1] - z) * 1e-3,
+                      (tl[i * 4 + 2] - z) * 1e-3, (tl[i * 4 + 3] - z) * 1e-3);
+      }
     }
 #endif
     std::sort(ms.begin(), ms.end());

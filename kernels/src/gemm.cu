@@ -405,4 +405,13 @@ extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count) {
   return static_cast<int>(cudaMemcpyFromSymbol(host, fusedcomm::kernels::detail::g_gemm_trace,
                                                count * sizeof(uint64_t)));
 }
+// CTA 0's ping-pong timeline (32 tiles × 4 points); zero != 0: clear it (before a launch).
+extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host, int zero) {
+  static uint64_t zeros[32 * 4] = {};
+  return static_cast<int>(zero ? cudaMemcpyToSymbol(fusedcomm::kernels::detail::g_pp_timeline,
+                                                    zeros, sizeof zeros)
+                               : cudaMemcpyFromSymbol(host,
+                                                      fusedcomm::kernels::detail::g_pp_timeline,
+                                                      sizeof zeros));
+}
 #endif
