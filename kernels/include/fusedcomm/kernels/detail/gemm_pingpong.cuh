@@ -53,6 +53,18 @@ __device__ __forceinline__ void mma_stage_128(float (&lo)[64], float (&hi)[64], 
   wgmma_wait<1>();
 }
 
+// The next slot of the kStages-deep operand ring: a slot's barrier parity flips each time the
+// ring wraps around. (The engine in gemm_sm90.cuh spells this out in each of its loops; folding
+// it into this helper there changed the fused kernels' register allocation, whose timings were
+// taken over NVLink, so it stays as it is.)
+template <int kStages>
+__device__ __forceinline__ void ring_next(int& stage, uint32_t& phase) {
+  if (++stage == kStages) {
+    stage = 0;
+    phase ^= 1;
+  }
+}
+
 __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -76,13 +88,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                          const __grid_constant__ GemmProblem prob) {
   using Cfg = GemmTileConfig<128, 1>;
   constexpr int kStages = Cfg::kStages;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-  uint8_t* smem_a = smem;
-  uint8_t* smem_b = smem + kStages * Cfg::kABytes;
-  uint8_t* staging = smem_b + kStages * Cfg::kBBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * Cfg::kStagingBytes + Cfg::kAuxBytes);
+  // The engine's layout at BN = 128 (gemm_sm90.cuh): A ring, B ring, staging, aux, barriers.
+  uint8_t* aux = gemm_aux_smem<128, 1>();
+  uint8_t* staging = aux - 2 * Cfg::kStagingBytes;
+  uint8_t* smem_a = staging - kStages * Cfg::kStageBytes;
+  uint8_t* smem_b = smem_a + kStages * Cfg::kABytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(aux + Cfg::kAuxBytes);
   uint64_t* empty = full + kStages;
 
   const int wg = threadIdx.x / 128;
@@ -112,10 +123,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         mbar_wait(&empty[stage], phase ^ 1);
         load_stage<128, kBKN, 1, Cfg>(smem_a, smem_b, full, stage, &tm_a, tm_b, kb,
                                       tc.m * kTileM, tc.n);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        ring_next<kStages>(stage, phase);
       }
     }
     return;
@@ -160,10 +168,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       mma_stage_128<kBKN, Cfg>(lo, hi, a_base, b_base, stage, kb != 0);
       if (kb > 0 && lane == 0) mbar_arrive(&empty[prev]);
       prev = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+      ring_next<kStages>(stage, phase);
     }
     wgmma_wait<0>();
     reg_fence(lo);
