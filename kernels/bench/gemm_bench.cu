@@ -106,7 +106,8 @@ extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host, int zero);
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s shapes.txt [warmup] [iters]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s shapes.txt [warmup] [iters] [cluster] [stream_k] [pingpong]\n",
+                 argv[0]);
     return 2;
   }
   const int warmup = argc > 2 ? std::atoi(argv[2]) : 10;
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
 #if defined(FC_GEMM_TRACE)
     {  // one more launch, alone: where its CTAs spend the time (µs from the first CTA's start)
       std::vector<uint64_t> tr(1024 * 2 * 10, 0);
+      CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_trace_copy(nullptr, tr.size())));
       CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(nullptr, 1)));
       CHECK_CUDA(launch_gemm(a, nullptr));
       CHECK_CUDA(cudaDeviceSynchronize());
@@ -206,8 +208,9 @@ int main(int argc, char** argv) {
       uint64_t gap = 0, gaps = 0, epi = 0, waitn = 0;
       for (int c = 0; c < plan.ctas; ++c) {
         sums += int(tr[(c * 2) * 10 + 5] + tr[(c * 2 + 1) * 10 + 5]);
-        // Ping-pong: each warpgroup its own tiles (7: tiles, 8: epilogues, 9: waits for the
-        // turn and the first slice); otherwise warpgroup 0 speaks for the tile.
+        // Ping-pong: each warpgroup its own tiles (7: tiles after its first, 8: epilogues,
+        // 9: waits for the turn and the first slice of those tiles); otherwise warpgroup 0
+        // speaks for the tile.
         for (int w = 0; w < (plan.pingpong ? 2 : 1); ++w) {
           gap += tr[(c * 2 + w) * 10 + 6];
           gaps += tr[(c * 2 + w) * 10 + 7];
@@ -217,13 +220,19 @@ int main(int argc, char** argv) {
       }
       std::printf("trace %s %dx%dx%d sk=%d:", op.c_str(), M, N, K, plan.stream_k_tiles);
       const char* names[5] = {"start", "whole", "sk_main", "barrier", "end"};
-      for (int p = 0; p < 5; ++p)
+      for (int p = 0; p < 5; ++p) {
+        if (plan.pingpong && (p == 2 || p == 3)) continue;  // no stream-K points
         std::printf(" %s %.1f/%.1f/%.1f", names[p], pct(p, 0), pct(p, 0.5), pct(p, 0.999));
-      std::printf(plan.pingpong ? " sums %d - %.2f (epilogue %.2f us, turn + first-slice wait %.2f) x %llu\n"
-                                : " sums %d between_tiles %.2f us (epilogue %.2f, first-stage wait %.2f) x %llu\n",
-                  sums,
-                  gaps ? gap * 1e-3 / gaps : 0.0, gaps ? epi * 1e-3 / gaps : 0.0,
-                  gaps ? waitn * 1e-3 / gaps : 0.0, static_cast<unsigned long long>(gaps));
+      }
+      const double per = gaps ? 1e-3 / gaps : 0.0;
+      const auto n = static_cast<unsigned long long>(gaps);
+      if (plan.pingpong) {
+        std::printf(" per tile after a warpgroup's first: epilogue %.2f us, turn + first-slice wait "
+                    "%.2f us x %llu\n", epi * per, waitn * per, n);
+      } else {
+        std::printf(" sums %d between_tiles %.2f us (epilogue %.2f, first-stage wait %.2f) x %llu\n",
+                    sums, gap * per, epi * per, waitn * per, n);
+      }
       if (plan.pingpong) {  // CTA 0's tiles: µs from its first point
         std::vector<uint64_t> tl(32 * 4, 0);
         CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(tl.data(), 0)));

@@ -401,7 +401,13 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
 
 #if defined(FC_GEMM_TRACE)
 // Bench-only (gemm_bench built with -DFC_GEMM_TRACE): the last launch's trace points.
+// host null: zero the first `count` points instead (before a traced launch).
 extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count) {
+  if (host == nullptr) {
+    void* p = nullptr;
+    cudaError_t e = cudaGetSymbolAddress(&p, fusedcomm::kernels::detail::g_gemm_trace);
+    return static_cast<int>(e != cudaSuccess ? e : cudaMemset(p, 0, count * sizeof(uint64_t)));
+  }
   return static_cast<int>(cudaMemcpyFromSymbol(host, fusedcomm::kernels::detail::g_gemm_trace,
                                                count * sizeof(uint64_t)));
 }

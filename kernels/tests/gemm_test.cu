@@ -221,10 +221,14 @@ struct Operands {
   size_t a_elems = 0, b_elems = 0;
 };
 
+int64_t lda_of(const Shape& s) { return s.K + s.pad_a; }
+int64_t ldb_of(const Shape& s) { return (s.layout == GemmLayoutB::kNK ? s.K : s.N) + s.pad_b; }
+int64_t ldc_of(const Shape& s) { return s.N + s.pad_c; }
+
 Operands make_operands(const Shape& s, uint64_t seed) {
   Operands o;
-  o.lda = s.K + s.pad_a;
-  o.ldb = (s.layout == GemmLayoutB::kNK ? s.K : s.N) + s.pad_b;
+  o.lda = lda_of(s);
+  o.ldb = ldb_of(s);
   o.a_elems = size_t(s.M) * o.lda;
   o.b_elems = size_t(s.layout == GemmLayoutB::kNK ? s.N : s.K) * o.ldb;
   CHECK_CUDA(cudaMalloc(&o.A, o.a_elems * 2));
@@ -277,25 +281,16 @@ CompareResult check_output(const void* out, bool f32, int64_t ld, int M, int N, 
 
 constexpr int kGuardRows = 16;
 
-// Launches s into C (poisoned first) and checks every element; `out` (optional) keeps a copy
-// of C's bytes.
-bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullptr) {
-  Operands o = make_operands(s, seed);
-  Reference r = make_reference(s, o);
-  const int64_t ldc = s.N + s.pad_c;
-  const size_t esz = s.out == GemmOutType::kF32 ? 4 : 2;
-  void* C;
-  const size_t c_bytes = size_t(s.M + kGuardRows) * ldc * esz;
-  CHECK_CUDA(cudaMalloc(&C, c_bytes));
-  CHECK_CUDA(cudaMemset(C, 0xFF, c_bytes));  // NaN in bf16 and fp32
-
+// The launch arguments of shape s on operands A, B and output C (the shared workspace where s
+// asks for stream-K).
+GemmArgs shape_args(const Shape& s, const __nv_bfloat16* A, const __nv_bfloat16* B, void* C) {
   GemmArgs a;
-  a.A = o.A;
-  a.lda = o.lda;
-  a.B = o.B;
-  a.ldb = o.ldb;
+  a.A = A;
+  a.lda = lda_of(s);
+  a.B = B;
+  a.ldb = ldb_of(s);
   a.C = C;
-  a.ldc = ldc;
+  a.ldc = ldc_of(s);
   a.M = s.M;
   a.N = s.N;
   a.K = s.K;
@@ -312,7 +307,34 @@ bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullpt
     a.workspace_bytes = g_workspace_bytes;
     a.stream_k = s.stream_k;
   }
-  cudaError_t e = launch_gemm(a, nullptr);
+  return a;
+}
+
+// What launch_gemm would run for shape s (gemm_launch_plan on stand-in pointers: the plan
+// depends on the arguments, not on the data).
+GemmLaunchPlan plan_of(const Shape& s) {
+  const auto* fake = reinterpret_cast<const __nv_bfloat16*>(uintptr_t{1} << 20);
+  GemmLaunchPlan plan{};
+  if (gemm_launch_plan(shape_args(s, fake, fake, const_cast<__nv_bfloat16*>(fake)), &plan) !=
+      cudaSuccess) {
+    plan.ctas = 0;
+  }
+  return plan;
+}
+
+// Launches s into C (poisoned first) and checks every element; `out` (optional) keeps a copy
+// of C's bytes.
+bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullptr) {
+  Operands o = make_operands(s, seed);
+  Reference r = make_reference(s, o);
+  const int64_t ldc = ldc_of(s);
+  const size_t esz = s.out == GemmOutType::kF32 ? 4 : 2;
+  void* C;
+  const size_t c_bytes = size_t(s.M + kGuardRows) * ldc * esz;
+  CHECK_CUDA(cudaMalloc(&C, c_bytes));
+  CHECK_CUDA(cudaMemset(C, 0xFF, c_bytes));  // NaN in bf16 and fp32
+
+  cudaError_t e = launch_gemm(shape_args(s, o.A, o.B, C), nullptr);
   bool ok = e == cudaSuccess;
   if (!ok) std::printf("  launch error %s\n", cudaGetErrorString(e));
   e = cudaDeviceSynchronize();
@@ -718,56 +740,71 @@ void test_stream_k(uint64_t seed) {
   std::printf("[stream-k] %d/%d forced shapes passed twice, bit for bit\n", passed, total);
 }
 
-// Consumers that take turns, forced: one tile per CTA (warpgroup 1 idle), an odd and an even
-// count of tiles per CTA (one CTA, few CTAs), K slices fewer than the stages (the turn
-// barrier must hold the parity waits), K tails, M tails inside a tile's lower half, fp32 C,
-// both layouts, M rotation and raster groups.
+// Consumers that take turns, forced: one tile per CTA (warpgroup 1 idle), odd and even counts
+// of tiles per CTA (one CTA, few CTAs), K of 2, 4 and 6 slices with many tiles per CTA (a
+// stage's previous use then belongs to the other warpgroup: every first wait leans on the
+// turn), K tails, M tails inside a tile's lower half, fp32 C, both layouts, padded operands,
+// M rotation and raster groups. Then which launches take turns: chosen at 128-wide tiles,
+// never when off, at forced 256-wide tiles, with CTA pairs, hooks, the sink or stream-K.
 void test_pingpong(uint64_t seed) {
   struct P {
     int M, N, K, ctas, group, mstart;
     bool f32;
   };
-  const P cases[] = {{128, 128, 64, 0, 0, 0, false},    {300, 1000, 72, 1, 0, 0, false},
-                     {129, 264, 8, 3, 0, 0, true},      {1024, 14336, 4096, 0, 0, 0, false},
-                     {1000, 2056, 200, 5, 3, 2, false}, {65, 4096, 1024, 0, 0, 0, true},
-                     {4000, 1032, 4104, 7, 16, 5, false}, {2048, 2048, 2048, 0, 1, 0, true}};
+  const P cases[] = {{128, 128, 64, 0, 0, 0, false},      {300, 1000, 72, 1, 0, 0, false},
+                     {129, 264, 8, 3, 0, 0, true},        {1024, 14336, 4096, 0, 0, 0, false},
+                     {1000, 2056, 200, 5, 3, 2, false},   {65, 4096, 1024, 0, 0, 0, true},
+                     {4000, 1032, 4104, 7, 16, 5, false}, {2048, 2048, 2048, 0, 1, 0, true},
+                     {1100, 3000, 384, 3, 0, 0, false},   {700, 1504, 256, 2, 8, 1, true},
+                     {900, 2000, 128, 1, 0, 0, false}};
   int passed = 0, total = 0;
   for (const P& c : cases) {
     for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
       Shape s{c.M, c.N, c.K, l, c.f32 ? GemmOutType::kF32 : GemmOutType::kBF16, 0, 0, 0, 0,
               c.ctas, c.group, c.mstart, 0, -1, 2};
-      if (total % 3 == 2) s.pad_a = s.pad_c = 8;
-      GemmArgs probe;
-      probe.M = s.M, probe.N = s.N, probe.K = s.K, probe.lda = probe.ldb = s.K + 8;
-      probe.ldc = s.N + 8;
-      probe.A = probe.B = reinterpret_cast<const __nv_bfloat16*>(256);
-      probe.C = reinterpret_cast<void*>(256);
-      probe.num_ctas = s.num_ctas;
-      probe.pingpong = 2;
-      GemmLaunchPlan plan{};
-      const bool planned = gemm_launch_plan(probe, &plan) == cudaSuccess && plan.pingpong;
+      if (total % 3 == 2) s.pad_a = s.pad_b = s.pad_c = 8;
+      const bool planned = plan_of(s).pingpong;
       const bool ok = planned && run_shape(s, seed + total);
       EXPECT(ok, "ping-pong %s%s", describe(s).c_str(), planned ? "" : " (not planned)");
       passed += ok;
       ++total;
     }
   }
-  // Where it is not allowed, pingpong = 2 leaves the launch as it was.
-  GemmArgs q;
-  q.M = 1024, q.N = 1024, q.K = 1024, q.lda = q.ldb = q.ldc = 1024;
-  q.A = q.B = reinterpret_cast<const __nv_bfloat16*>(256);
-  q.C = reinterpret_cast<void*>(256);
+  // 1024 × 14336 × 4096: the plan's own choice is 128-wide tiles (gemm.cu choose_tile_n).
+  Shape q{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0};
+  EXPECT(plan_of(q).grid.tile_n == 128 && plan_of(q).pingpong, "ping-pong not chosen at 128-wide tiles");
+  q.pingpong = 1;
+  EXPECT(plan_of(q).ctas > 0 && !plan_of(q).pingpong, "ping-pong taken while off");
   q.pingpong = 2;
   q.tile_n = 256;
-  GemmLaunchPlan plan{};
-  EXPECT(gemm_launch_plan(q, &plan) == cudaSuccess && !plan.pingpong, "ping-pong at tile_n 256");
+  EXPECT(plan_of(q).ctas > 0 && !plan_of(q).pingpong, "ping-pong at forced 256-wide tiles");
   q.tile_n = 0;
   q.cluster = 2;
-  EXPECT(gemm_launch_plan(q, &plan) == cudaSuccess && !plan.pingpong, "ping-pong in CTA pairs");
+  EXPECT(plan_of(q).ctas > 0 && !plan_of(q).pingpong, "ping-pong in CTA pairs");
   q.cluster = 0;
+  q.stream_k = 2;  // forced stream-K: 896 tiles leave a partial wave on any GPU under 896 SMs
+  EXPECT(plan_of(q).stream_k_tiles > 0 && !plan_of(q).pingpong, "ping-pong under stream-K");
+  q.stream_k = -1;
   q.pingpong = 3;
-  EXPECT(gemm_launch_plan(q, &plan) == cudaErrorInvalidValue, "pingpong = 3 accepted");
-  std::printf("[pingpong] %d/%d forced shapes passed\n", passed, total);
+  EXPECT(plan_of(q).ctas == 0, "pingpong = 3 accepted");
+  // Hooks and the sink (plans only; their launches are tested below).
+  const auto* fake = reinterpret_cast<const __nv_bfloat16*>(uintptr_t{1} << 20);
+  GemmArgs h = shape_args(Shape{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0,
+                                0, 0, 0, 0, 0, 0, -1, 2},
+                          fake, fake, const_cast<__nv_bfloat16*>(fake));
+  GemmLaunchPlan plan{};
+  uint64_t flag_storage = 0;
+  GemmErrorRecord record{};
+  h.wait.a = GemmReadyFlags{&flag_storage, 128, 1};
+  h.wait.error = &record;
+  EXPECT(gemm_launch_plan(h, &plan) == cudaSuccess && !plan.pingpong, "ping-pong with waits");
+  h.wait = GemmWaitConfig{};
+  h.sink.mode = GemmSinkMode::kStoreF32;
+  h.sink.num_dests = 1;
+  h.sink.ld = h.N;
+  h.sink.dest[0] = const_cast<__nv_bfloat16*>(fake);
+  EXPECT(gemm_launch_plan(h, &plan) == cudaSuccess && !plan.pingpong, "ping-pong with a sink");
+  std::printf("[pingpong] %d/%d forced shapes passed; plan choices checked\n", passed, total);
 }
 
 }  // namespace

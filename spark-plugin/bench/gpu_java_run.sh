@@ -18,7 +18,9 @@
 #                                    logs under $OUT
 #   gpu_java_run.sh classes C...     after a `run` on the same warm machine (or with the bundle
 #                                    staged): only the JUnit classes named (e.g.
-#                                    io.fusedcomm.gpu.GpuGemmTest), log $OUT/java-classes.log
+#                                    io.fusedcomm.gpu.GpuGemmTest), within 300 s, log
+#                                    $OUT/java-classes.log; JAVA_PROPS: extra -D options (e.g.
+#                                    -Dfusedcomm.test.gpuWorld=1)
 set -uo pipefail
 OUT=${OUT:-/tmp/java_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -27,7 +29,10 @@ case "${1:-}" in
   stage)
     mkdir -p /root/stage && cp .sparkbundle/p"$2"/bundle.part.* /root/stage/ && ls -la /root/stage
     exit $? ;;
-  run | classes) mode=$1; shift ;;
+  run) mode=run; shift ;;
+  classes)
+    mode=classes; shift
+    [ $# -ge 1 ] || { echo "usage: $0 classes <fully qualified JUnit class>..." >&2; exit 2; } ;;
   *) echo "usage: $0 stage N | run [worlds...] | classes C..." >&2; exit 2 ;;
 esac
 mkdir -p /root/stage; [ -d .sparkbundle ] && cp .sparkbundle/p*/bundle.part.* /root/stage/ 2>/dev/null
@@ -52,8 +57,12 @@ flags=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.la
   -Djdk.reflect.useDirectMethodHandle=false -Dio.netty.tryReflectionSetAccessible=true)
 rc=0
 if [ "$mode" = classes ]; then
-  java "${flags[@]}" -Dfusedcomm.repo.root="$repo" -cp "$cp_fc:$BUNDLE_CP" $launcher execute \
-    --disable-banner --details=tree $(printf -- '--select-class %s ' "$@") \
+  select=(); for c in "$@"; do select+=(--select-class "$c"); done
+  rm -rf /tmp/fusedcomm-spark-home* /tmp/fusedcomm-gpu-claims
+  # JAVA_PROPS is split into words on purpose: one -D option per word.
+  # shellcheck disable=SC2086
+  timeout 300 java "${flags[@]}" -Dfusedcomm.repo.root="$repo" ${JAVA_PROPS:-} \
+    -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree "${select[@]}" \
     > "$OUT/java-classes.log" 2>&1 || rc=1
   grep -E "✔|✘|↷|tests (successful|failed|skipped)|Exception" "$OUT/java-classes.log" | head -40
   exit $rc

@@ -20,6 +20,8 @@
 //   multi-stage shared-memory ring guarded by mbarriers; two consumer warpgroups run wgmma and
 //   store their 64×BN halves of the tile: C (bf16 or fp32) through shared memory and TMA
 //   stores, or from registers when tile flags must order the stores (hook 2) and for the sink.
+//   (On 128-wide tiles a plain launch lets the two warpgroups take turns on whole tiles
+//   instead: "Consumers that take turns" below.)
 // - The launch is asynchronous on `stream`; the return value reports argument errors
 //   (cudaErrorInvalidValue) and launch errors only. Hook failures are reported in the error
 //   record (below), which the caller reads after synchronising the stream.
@@ -194,8 +196,9 @@ struct GemmArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int stream_k = 0;       // 0 chosen, 1 off, 2 wherever the last wave is partial
-  // Consumers that take turns (above): 0 chosen, 1 off, 2 wherever allowed (128-wide tiles
-  // unless tile_n = 256 is forced).
+  // Consumers that take turns (above): 0 chosen, 1 off, 2 wherever allowed: 128-wide tiles
+  // unless tile_n = 256 is forced; never with hooks 1-2, CTA pairs or a launch that runs
+  // stream-K (which then takes precedence).
   int pingpong = 0;
 };
 
