@@ -101,7 +101,7 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_tile_n(int M, int 
 
 #if defined(FC_GEMM_TRACE)
 extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count);
-extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host, int zero);
+extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host);
 #endif
 
 int main(int argc, char** argv) {
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     {  // one more launch, alone: where its CTAs spend the time (µs from the first CTA's start)
       std::vector<uint64_t> tr(1024 * 2 * 10, 0);
       CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_trace_copy(nullptr, tr.size())));
-      CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(nullptr, 1)));
+      CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(nullptr)));
       CHECK_CUDA(launch_gemm(a, nullptr));
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_trace_copy(tr.data(), tr.size())));
@@ -226,16 +226,15 @@ int main(int argc, char** argv) {
       }
       const double per = gaps ? 1e-3 / gaps : 0.0;
       const auto n = static_cast<unsigned long long>(gaps);
-      if (plan.pingpong) {
-        std::printf(" per tile after a warpgroup's first: epilogue %.2f us, turn + first-slice wait "
-                    "%.2f us x %llu\n", epi * per, waitn * per, n);
-      } else {
+      if (!plan.pingpong) {
         std::printf(" sums %d between_tiles %.2f us (epilogue %.2f, first-stage wait %.2f) x %llu\n",
                     sums, gap * per, epi * per, waitn * per, n);
-      }
-      if (plan.pingpong) {  // CTA 0's tiles: µs from its first point
+      } else {
+        std::printf(" per tile after a warpgroup's first: epilogue %.2f us, turn + first-slice wait "
+                    "%.2f us x %llu\n", epi * per, waitn * per, n);
+        // CTA 0's tiles: µs from its first point.
         std::vector<uint64_t> tl(32 * 4, 0);
-        CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(tl.data(), 0)));
+        CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(tl.data())));
         const uint64_t z = tl[0];
         for (int i = 0; i < 32 && tl[i * 4 + 3] != 0; ++i)
           std::printf("  tile %d (wg %d): start %.2f first slice %.2f mma end %.2f epilogue end %.2f\n",

@@ -405,24 +405,23 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
 }  // namespace fusedcomm::kernels
 
 #if defined(FC_GEMM_TRACE)
-// Bench-only (gemm_bench built with -DFC_GEMM_TRACE): the last launch's trace points.
-// host null: zero the first `count` points instead (before a traced launch).
-extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count) {
-  if (host == nullptr) {
-    void* p = nullptr;
-    cudaError_t e = cudaGetSymbolAddress(&p, fusedcomm::kernels::detail::g_gemm_trace);
-    return static_cast<int>(e != cudaSuccess ? e : cudaMemset(p, 0, count * sizeof(uint64_t)));
-  }
-  return static_cast<int>(cudaMemcpyFromSymbol(host, fusedcomm::kernels::detail::g_gemm_trace,
-                                               count * sizeof(uint64_t)));
+// Bench-only (gemm_bench built with -DFC_GEMM_TRACE): copies `bytes` of a trace symbol to
+// host, or zeroes them where host is null (before a traced launch).
+namespace {
+template <class Symbol>
+int trace_copy(const Symbol& symbol, uint64_t* host, size_t bytes) {
+  if (host != nullptr) return static_cast<int>(cudaMemcpyFromSymbol(host, symbol, bytes));
+  void* p = nullptr;
+  const cudaError_t e = cudaGetSymbolAddress(&p, symbol);
+  return static_cast<int>(e != cudaSuccess ? e : cudaMemset(p, 0, bytes));
 }
-// CTA 0's ping-pong timeline (32 tiles × 4 points); zero != 0: clear it (before a launch).
-extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host, int zero) {
-  static uint64_t zeros[32 * 4] = {};
-  return static_cast<int>(zero ? cudaMemcpyToSymbol(fusedcomm::kernels::detail::g_pp_timeline,
-                                                    zeros, sizeof zeros)
-                               : cudaMemcpyFromSymbol(host,
-                                                      fusedcomm::kernels::detail::g_pp_timeline,
-                                                      sizeof zeros));
+}  // namespace
+// The last launch's trace points (the first `count`).
+extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count) {
+  return trace_copy(fusedcomm::kernels::detail::g_gemm_trace, host, count * sizeof(uint64_t));
+}
+// CTA 0's ping-pong timeline (32 tiles × 4 points).
+extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host) {
+  return trace_copy(fusedcomm::kernels::detail::g_pp_timeline, host, 32 * 4 * sizeof(uint64_t));
 }
 #endif

@@ -310,15 +310,17 @@ GemmArgs shape_args(const Shape& s, const __nv_bfloat16* A, const __nv_bfloat16*
   return a;
 }
 
-// What launch_gemm would run for shape s (gemm_launch_plan on stand-in pointers: the plan
-// depends on the arguments, not on the data).
+// The launch arguments of shape s on stand-in pointers, for plans only (gemm_launch_plan: the
+// plan depends on the arguments, not on the data).
+GemmArgs plan_args(const Shape& s) {
+  auto* fake = reinterpret_cast<__nv_bfloat16*>(uintptr_t{1} << 20);
+  return shape_args(s, fake, fake, fake);
+}
+
+// What launch_gemm would run for shape s (ctas 0: refused).
 GemmLaunchPlan plan_of(const Shape& s) {
-  const auto* fake = reinterpret_cast<const __nv_bfloat16*>(uintptr_t{1} << 20);
   GemmLaunchPlan plan{};
-  if (gemm_launch_plan(shape_args(s, fake, fake, const_cast<__nv_bfloat16*>(fake)), &plan) !=
-      cudaSuccess) {
-    plan.ctas = 0;
-  }
+  if (gemm_launch_plan(plan_args(s), &plan) != cudaSuccess) plan.ctas = 0;
   return plan;
 }
 
@@ -788,10 +790,8 @@ void test_pingpong(uint64_t seed) {
   q.pingpong = 3;
   EXPECT(plan_of(q).ctas == 0, "pingpong = 3 accepted");
   // Hooks and the sink (plans only; their launches are tested below).
-  const auto* fake = reinterpret_cast<const __nv_bfloat16*>(uintptr_t{1} << 20);
-  GemmArgs h = shape_args(Shape{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0,
-                                0, 0, 0, 0, 0, 0, -1, 2},
-                          fake, fake, const_cast<__nv_bfloat16*>(fake));
+  GemmArgs h = plan_args(Shape{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0,
+                               0, 0, 0, 0, 0, 0, -1, 2});
   GemmLaunchPlan plan{};
   uint64_t flag_storage = 0;
   GemmErrorRecord record{};
@@ -802,7 +802,7 @@ void test_pingpong(uint64_t seed) {
   h.sink.mode = GemmSinkMode::kStoreF32;
   h.sink.num_dests = 1;
   h.sink.ld = h.N;
-  h.sink.dest[0] = const_cast<__nv_bfloat16*>(fake);
+  h.sink.dest[0] = const_cast<void*>(static_cast<const void*>(h.A));
   EXPECT(gemm_launch_plan(h, &plan) == cudaSuccess && !plan.pingpong, "ping-pong with a sink");
   std::printf("[pingpong] %d/%d forced shapes passed; plan choices checked\n", passed, total);
 }

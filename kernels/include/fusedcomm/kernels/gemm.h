@@ -75,9 +75,9 @@
 // 0 lets the launch choose (today, with K >= 8192: M <= 64 with tiles keeping at most 3/4 of
 // the CTAs busy, 0.52-0.95 × the time on 1 × H200; or a last wave of at most 1/4 of the CTAs
 // after whole ones where a wave model expects a gain of at least 1.5 %, 0.80-0.99 ×;
-// elsewhere the fix-up ate the gain), 1 off, 2 wherever a wave is partial (tests, A/B runs). The workspace's counters
-// must be zero before its first launch; every launch leaves them zero. Launches that share a
-// workspace must be stream-ordered (never concurrent).
+// elsewhere the fix-up ate the gain), 1 off, 2 wherever a wave is partial (tests, A/B runs).
+// The workspace's counters must be zero before its first launch; every launch leaves them
+// zero. Launches that share a workspace must be stream-ordered (never concurrent).
 //
 // Consumers that take turns ("ping-pong", plain launches): each consumer warpgroup computes
 // whole 128×128 tiles of its own, the CTA's tiles alternating between the two, so that one
