@@ -9,6 +9,7 @@
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/detail/comm_protocol.cuh"
+#include "fusedcomm/kernels/detail/early_launch.h"
 
 namespace fusedcomm::kernels {
 namespace {
@@ -306,6 +307,17 @@ __device__ __forceinline__ T* slot_of(const CommDevice& d, int owner, uint64_t p
   return reinterpret_cast<T*>(comm_slot(d, owner, parity, src));
 }
 
+// Every collective kernel's first call (all threads). The kernels are launched early
+// (start_kernel): the stream's previous kernel is complete, its memory visible, once pdl_wait
+// returns, so the protocol's "the next launch is stream-ordered after this one" holds as at a
+// kernel boundary. Then the stream's next kernel may be scheduled on the SMs this grid leaves
+// free, and the launch's epoch is read.
+__device__ __forceinline__ uint64_t enter_collective(const CommDevice& d) {
+  pdl_wait();
+  pdl_release_dependents();
+  return comm_launch_epoch(d);
+}
+
 // Last CTA of the launch: record the epoch for the next launch (thread 0, after the CTA's work).
 __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoch) {
   __syncthreads();
@@ -320,7 +332,7 @@ template <typename T, typename Out = T>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
   constexpr int kEpv = kVecBytes / sizeof(T);
-  const uint64_t epoch = comm_launch_epoch(d);
+  const uint64_t epoch = enter_collective(d);
   const uint64_t par = epoch & 1;
   const int W = d.world, r = d.rank, G = gridDim.x, c = blockIdx.x;
   const T* in = data_of<T>(d, a, r);
@@ -456,7 +468,7 @@ constexpr int kTwoPhaseCtasPerSm = FC_TP_CTAS_PER_SM;  // resident by the launch
 template <typename T, typename Out = T>  // Out: as one_shot_kernel
 __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
-  const uint64_t epoch = comm_launch_epoch(d);
+  const uint64_t epoch = enter_collective(d);
   const int W = d.world, r = d.rank;
   const int64_t count = a.count, chunk = prm.chunk;
   T* out = static_cast<T*>(a.output);
@@ -704,7 +716,7 @@ template <typename T, CommOp kOp, bool kPush, int NS>
 __global__ void __launch_bounds__(kThreads, 1)
     pipe_kernel(const __grid_constant__ CommDevice d, const __grid_constant__ Params prm) {
   const CollectiveArgs& a = prm.a;
-  const uint64_t epoch = comm_launch_epoch(d);
+  const uint64_t epoch = enter_collective(d);
   const int W = d.world, r = d.rank;
   const int P = prm.pull_ctas, C = prm.consumers;
   constexpr bool push = kPush;
@@ -909,37 +921,34 @@ int64_t two_phase_bytes(const CollectiveArgs& a, int world, int rank) {
   }
 }
 
+// Every collective kernel starts through here: launched early (early_launch.h), kThreads each.
+template <class Kernel>
+cudaError_t start_kernel(Kernel kernel, int grid, cudaStream_t stream, const CommDevice& d,
+                         const Params& prm) {
+  return launch_early(kernel, dim3(grid), dim3(kThreads), 0, stream, d, prm);
+}
+
 template <typename T, CommOp kOp, bool kPush>
-void launch_pipe_ns(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
-  if (d.world <= 2) {
-    pipe_kernel<T, kOp, kPush, 2><<<grid, kThreads, 0, stream>>>(d, prm);
-  } else if (d.world <= 4) {
-    pipe_kernel<T, kOp, kPush, 4><<<grid, kThreads, 0, stream>>>(d, prm);
-  } else {
-    pipe_kernel<T, kOp, kPush, 8><<<grid, kThreads, 0, stream>>>(d, prm);
-  }
+cudaError_t launch_pipe_ns(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
+  if (d.world <= 2) return start_kernel(pipe_kernel<T, kOp, kPush, 2>, grid, stream, d, prm);
+  if (d.world <= 4) return start_kernel(pipe_kernel<T, kOp, kPush, 4>, grid, stream, d, prm);
+  return start_kernel(pipe_kernel<T, kOp, kPush, 8>, grid, stream, d, prm);
 }
 template <typename T>
-void launch_pipe(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
+cudaError_t launch_pipe(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
   const bool push = prm.a.algo == CommAlgo::kTwoPhasePush;
   switch (prm.a.op) {
     case CommOp::kAllReduce:
-      if (push) {
-        launch_pipe_ns<T, CommOp::kAllReduce, true>(d, prm, grid, stream);
-      } else {
-        launch_pipe_ns<T, CommOp::kAllReduce, false>(d, prm, grid, stream);
-      }
-      break;
+      return push ? launch_pipe_ns<T, CommOp::kAllReduce, true>(d, prm, grid, stream)
+                  : launch_pipe_ns<T, CommOp::kAllReduce, false>(d, prm, grid, stream);
     case CommOp::kReduceScatter:
-      launch_pipe_ns<T, CommOp::kReduceScatter, true>(d, prm, grid, stream);
-      break;
+      return launch_pipe_ns<T, CommOp::kReduceScatter, true>(d, prm, grid, stream);
     case CommOp::kAllGather:
-      pipe_kernel<T, CommOp::kAllGather, true, 1><<<grid, kThreads, 0, stream>>>(d, prm);
-      break;
+      return start_kernel(pipe_kernel<T, CommOp::kAllGather, true, 1>, grid, stream, d, prm);
     case CommOp::kAllToAll:
-      pipe_kernel<T, CommOp::kAllToAll, true, 1><<<grid, kThreads, 0, stream>>>(d, prm);
-      break;
+      return start_kernel(pipe_kernel<T, CommOp::kAllToAll, true, 1>, grid, stream, d, prm);
   }
+  return cudaErrorInvalidValue;
 }
 
 // The pipelined kernel's plan (Params::pull_ctas = producers, consumers, chunk, slot_stride)
@@ -1069,12 +1078,10 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
                                                                    kCommMaxOneShotCtas));
     grid = std::clamp(grid, 1, std::min(kCommMaxOneShotCtas, sms));
     if (a.dtype == CommDtype::kBF16) {
-      one_shot_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
-    } else if (a.out_bf16) {
-      one_shot_kernel<float, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
-    } else {
-      one_shot_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
+      return start_kernel(one_shot_kernel<__nv_bfloat16>, grid, stream, d, prm);
     }
+    if (a.out_bf16) return start_kernel(one_shot_kernel<float, __nv_bfloat16>, grid, stream, d, prm);
+    return start_kernel(one_shot_kernel<float>, grid, stream, d, prm);
   } else if (algo == CommAlgo::kTwoPhase) {
     const int64_t bytes = two_phase_bytes(a, d.world, d.rank);
 #ifndef FC_MAX_CHUNK_KIB
@@ -1106,27 +1113,20 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
       prm.pull_ctas = pull;
     }
     if (a.dtype == CommDtype::kBF16) {
-      two_phase_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
-    } else if (a.out_bf16) {
-      two_phase_kernel<float, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, prm);
-    } else {
-      two_phase_kernel<float><<<grid, kThreads, 0, stream>>>(d, prm);
+      return start_kernel(two_phase_kernel<__nv_bfloat16>, grid, stream, d, prm);
     }
+    if (a.out_bf16) return start_kernel(two_phase_kernel<float, __nv_bfloat16>, grid, stream, d, prm);
+    return start_kernel(two_phase_kernel<float>, grid, stream, d, prm);
   } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined) {
     CollectiveArgs planned = a;
     if (a.algo == CommAlgo::kAuto && a.chunk_bytes == 0) planned.chunk_bytes = kAutoPushChunkBytes;
     if (!pipe_plan(d, planned, algo, prm)) return cudaErrorInvalidValue;
     prm.a.algo = algo;  // launch_pipe picks the kernel from it (kAuto may resolve to these)
     const int grid = prm.pull_ctas + prm.consumers;
-    if (a.dtype == CommDtype::kBF16) {
-      launch_pipe<__nv_bfloat16>(d, prm, grid, stream);
-    } else {
-      launch_pipe<float>(d, prm, grid, stream);
-    }
-  } else {
-    return cudaErrorInvalidValue;
+    return a.dtype == CommDtype::kBF16 ? launch_pipe<__nv_bfloat16>(d, prm, grid, stream)
+                                       : launch_pipe<float>(d, prm, grid, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace fusedcomm::kernels

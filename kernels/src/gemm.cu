@@ -2,6 +2,7 @@
 // (detail::gemm_plan, shared with the fused launchers), and the eight instantiations of the plain
 // kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs) with the default epilogue,
 // and the two of the kernel whose consumers take turns (B layout NK/KN).
+#include "fusedcomm/kernels/detail/early_launch.h"
 #include "fusedcomm/kernels/detail/gemm_pingpong.cuh"
 #include "fusedcomm/kernels/detail/gemm_sm90.cuh"
 #include "fusedcomm/kernels/gemm.h"
@@ -175,8 +176,8 @@ cudaError_t launch_kernel(const detail::GemmPlan& p, cudaStream_t stream) {
     return e;
   }
   if constexpr (!kPair) {
-    kernel<<<p.grid, detail::kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob, p.epi);
-    return cudaGetLastError();
+    return detail::launch_early(kernel, dim3(p.grid), dim3(detail::kGemmThreads), smem, stream,
+                                p.ta, p.tb, p.tc, p.prob, p.epi);
   }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -203,12 +204,8 @@ cudaError_t launch_kernel(const detail::GemmPlan& p, cudaStream_t stream) {
     if (clusters < 1) return cudaErrorInvalidConfiguration;  // a pair never fits
     fit[dev & 63].store(clusters, std::memory_order_relaxed);
   }
-  cfg.gridDim = dim3(2 * std::min(p.grid / 2, clusters));
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p.ta, p.tb, p.tc, p.prob, p.epi);
-      e != cudaSuccess) {
-    return e;
-  }
-  return cudaGetLastError();
+  return detail::launch_early_with(attr, 1, kernel, dim3(2 * std::min(p.grid / 2, clusters)),
+                                   cfg.blockDim, smem, stream, p.ta, p.tb, p.tc, p.prob, p.epi);
 }
 
 // The kernel whose consumers take turns (gemm_pingpong.cuh): 128-wide tiles, single CTAs.
@@ -222,8 +219,8 @@ cudaError_t launch_pingpong(const detail::GemmPlan& p, cudaStream_t stream) {
       e != cudaSuccess) {
     return e;
   }
-  kernel<<<p.grid, detail::kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob);
-  return cudaGetLastError();
+  return detail::launch_early(kernel, dim3(p.grid), dim3(detail::kGemmThreads), smem, stream,
+                              p.ta, p.tb, p.tc, p.prob);
 }
 
 template <int BN, bool kBKN>

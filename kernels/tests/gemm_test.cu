@@ -807,6 +807,98 @@ void test_pingpong(uint64_t seed) {
   std::printf("[pingpong] %d/%d forced shapes passed; plan choices checked\n", passed, total);
 }
 
+// A slow producer for test_early_launch: lets the stream's next kernel be scheduled at once
+// (griddepcontrol.launch_dependents, as the collectives do), then copies src to dst after
+// delay_ns. A GEMM launched early behind it reads poison unless it waits (early_launch.h).
+__global__ void slow_copy(const __nv_bfloat16* src, __nv_bfloat16* dst, size_t n,
+                          uint64_t delay_ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < delay_ns);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+// Launched early, a GEMM may be scheduled while the stream's previous kernel runs and must not
+// touch its operands before that kernel completes. A chain on one non-blocking stream with no
+// host sync: poison into every buffer, the slow producer above filling A (its grid leaves most
+// SMs free for the GEMM's CTAs), then four GEMMs each reading the previous one's C as its A
+// (256-wide tiles; turns on 128-wide tiles; CTA pairs; forced stream-K), twice. Each C is then
+// checked against a reference computed from its (checked) input.
+void test_early_launch(uint64_t seed) {
+  const int M = 1000;
+  const int widths[] = {512, 1024, 768, 2048, 520};  // K of stage 0, then each stage's N
+  constexpr int kStages = 4;
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  __nv_bfloat16* act[kStages + 1];  // act[0] = A, act[i + 1] = C of stage i
+  __nv_bfloat16* weight[kStages];
+  __nv_bfloat16* a_src;
+  const size_t a_elems = size_t(M) * widths[0];
+  CHECK_CUDA(cudaMalloc(&a_src, a_elems * 2));
+  fill_random<<<1024, 256>>>(a_src, a_elems, seed);
+  for (int i = 0; i <= kStages; ++i) CHECK_CUDA(cudaMalloc(&act[i], size_t(M) * widths[i] * 2));
+  for (int i = 0; i < kStages; ++i) {
+    const size_t n = size_t(widths[i + 1]) * widths[i];
+    CHECK_CUDA(cudaMalloc(&weight[i], n * 2));
+    fill_random<<<1024, 256>>>(weight[i], n, seed + 1 + i);
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  Shape stage[kStages];
+  for (int i = 0; i < kStages; ++i) {
+    stage[i] = Shape{M, widths[i + 1], widths[i], GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0,
+                     0, 0, 0, 0, 1, -1, 1};
+  }
+  stage[0].tile_n = 256;
+  stage[1].pingpong = 2;
+  stage[2].cluster = 2;
+  stage[3].stream_k = 2;
+  bool ok = plan_of(stage[1]).pingpong && plan_of(stage[3]).stream_k_tiles > 0;
+  EXPECT(ok, "early launch: the chain's plans are not the ones it tests");
+  for (int round = 0; round < 2 && ok; ++round) {
+    for (int i = 0; i <= kStages; ++i) {
+      CHECK_CUDA(cudaMemsetAsync(act[i], 0xFF, size_t(M) * widths[i] * 2, stream));  // NaN
+    }
+    slow_copy<<<4, 256, 0, stream>>>(a_src, act[0], a_elems, 50000);
+    CHECK_CUDA(cudaGetLastError());
+    for (int i = 0; i < kStages && ok; ++i) {
+      const cudaError_t e = launch_gemm(shape_args(stage[i], act[i], weight[i], act[i + 1]), stream);
+      ok = e == cudaSuccess;
+      EXPECT(ok, "early launch: stage %d launch: %s", i, cudaGetErrorString(e));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    for (int i = 0; i < kStages && ok; ++i) {
+      Operands o;
+      o.A = act[i];
+      o.B = weight[i];
+      o.lda = widths[i];
+      o.ldb = widths[i];
+      Reference r = make_reference(stage[i], o);
+      const CompareResult c = check_output(act[i + 1], false, widths[i + 1], M, widths[i + 1], M,
+                                           r, nullptr);
+      free_reference(r);
+      ok = c.bad == 0;
+      EXPECT(ok, "early launch round %d: stage %d (%s): %llu bad elements, first got %g want %g",
+             round, i, describe(stage[i]).c_str(), c.bad, c.got, c.want);
+    }
+    if (!workspace_counters_zero()) {
+      ok = false;
+      EXPECT(false, "early launch: stream-K counters left set");
+    }
+  }
+  std::printf("[early-launch] %s: a 4-GEMM chain behind a slow producer, twice\n",
+              ok ? "passed" : "FAILED");
+  for (int i = 0; i <= kStages; ++i) cudaFree(act[i]);
+  for (int i = 0; i < kStages; ++i) cudaFree(weight[i]);
+  cudaFree(a_src);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 
 int main() {
@@ -836,6 +928,7 @@ int main() {
   g_sms = prop.multiProcessorCount;
   test_stream_k(seed + 4);
   test_pingpong(seed + 5);
+  test_early_launch(seed + 6);
   std::mt19937_64 rng(seed);
   const auto shapes = make_sweep(rng, count, prop.multiProcessorCount);
   int passed = 0;

@@ -86,6 +86,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                          const __grid_constant__ CUtensorMap tm_b,
                          const __grid_constant__ CUtensorMap tm_c,
                          const __grid_constant__ GemmProblem prob) {
+  // Launched early (early_launch.h): the stream's previous kernel is complete after this.
+  pdl_wait();
+  pdl_release_dependents();
   using Cfg = GemmTileConfig<128, 1>;
   constexpr int kStages = Cfg::kStages;
   // The engine's layout at BN = 128 (gemm_sm90.cuh): A ring, B ring, staging, aux, barriers.

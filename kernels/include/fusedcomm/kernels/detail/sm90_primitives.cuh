@@ -245,6 +245,19 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---- launch order (programmatic dependent launch, early_launch.h) ---------------------------
+// A kernel launched with programmatic stream serialization may be scheduled while the stream's
+// previous kernel still runs. pdl_wait blocks until every kernel it may overlap has completed
+// and its memory operations are visible to this grid: the same guarantee as the kernel boundary
+// it replaces. A kernel launched without the attribute passes it at once.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Lets the stream's next kernel, if launched early, be scheduled once every CTA of this grid has
+// executed this (or exited). Only the scheduling moves: that kernel still runs pdl_wait before
+// its first global access, so nothing of this grid's memory becomes visible sooner.
+__device__ __forceinline__ void pdl_release_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // ---- flags and time -------------------------------------------------------------------------
 // 64-bit flag loads and stores with a memory-order qualifier ("acquire.sys", ...).
 #define FC_FLAG_LOAD(name, qual)                                                        \
