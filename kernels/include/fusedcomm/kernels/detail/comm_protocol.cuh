@@ -20,6 +20,10 @@
 //   The bounded wait compares the awaited peer's slot at each slow check without ordering
 //   (st/ld.relaxed.sys: single-copy atomic), so it can only see this launch's value or an older
 //   one, whose epoch byte differs and gives no verdict.
+// - Launch order: the collective kernels are launched early (early_launch.h) but touch no
+//   memory before pdl_wait, which returns once the stream's previous kernel has completed and
+//   its memory is visible; so "stream-ordered after" above and in collectives.h holds as at a
+//   kernel boundary.
 #pragma once
 
 #include <cuda_runtime.h>
