@@ -11,8 +11,12 @@
 //     element checked: gathers / all-to-all bit-exact, reductions vs an fp64 reference with
 //       fp32 out: |got-ref| <= acc + 1e-6 (|ref| + acc),  bf16 out: <= acc + 2^-8 (|ref| + acc),
 //     acc = 2 * terms * 2^-24 * sum|terms| (fp32 accumulation error bound).
+//   every one-shot case again with its input outside the data area (CollectiveArgs::input; the
+//     data area at that offset poisoned), and that input refused by the other algorithms;
 //   1,000 back-to-back launches with no host sync, inputs rewritten on the stream between
-//     launches (exact small-integer sums: stale flags or early input reuse would show);
+//     launches (exact small-integer sums: stale flags or early input reuse would show); for
+//     one-shot also with each launch reading its input in place, so that the launches follow
+//     one another with no copy between (each launched early, detail/early_launch.h);
 //   CUDA graph capture + 10 replays (two-phase, push, pipelined); a rank starting 200 ms late
 //     (every algorithm);
 //   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
@@ -115,6 +119,8 @@ struct Case {
   int num_ctas = 0;         // CollectiveArgs::num_ctas
   int64_t chunk_bytes = 0;  // CollectiveArgs::chunk_bytes
   bool out_bf16 = false;    // CollectiveArgs::out_bf16 (reduceScatter of fp32 only)
+  bool direct = false;      // CollectiveArgs::input: the input in ordinary device memory
+                            // (one-shot), the data area poisoned
 };
 
 k::CommDtype out_dtype(const Case& c) { return c.out_bf16 ? k::CommDtype::kBF16 : c.dtype; }
@@ -131,7 +137,7 @@ std::string name(const Case& c) {
          std::to_string(c.in_offset) + " out_off=" + std::to_string(c.out_offset) +
          (c.num_ctas ? " ctas=" + std::to_string(c.num_ctas) : std::string()) +
          (c.chunk_bytes ? " chunk=" + std::to_string(c.chunk_bytes) : std::string()) +
-         (c.out_bf16 ? " out=bf16" : "");
+         (c.out_bf16 ? " out=bf16" : "") + (c.direct ? " direct" : "");
 }
 
 // Host input of rank r for a case.
@@ -206,6 +212,7 @@ struct Rank {
   cudaStream_t stream{};
   uint8_t* out = nullptr;  // output buffer
   size_t out_cap = 0;
+  uint8_t* in_direct = nullptr;  // inputs of Case::direct (at in_offset), out_cap bytes
 
   Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
 
@@ -231,12 +238,18 @@ struct Rank {
     a.num_ctas = c.num_ctas;
     a.chunk_bytes = c.chunk_bytes;
     a.out_bf16 = c.out_bf16;
+    if (c.direct) a.input = in_direct + c.in_offset;
     return a;
   }
 
   // One case, synchronously: upload, poison, launch, sync, check.
   void run_case(const Case& c, uint64_t key) {
-    upload(c, key, static_cast<uint8_t*>(sm->data()) + c.in_offset);
+    uint8_t* data_in = static_cast<uint8_t*>(sm->data()) + c.in_offset;
+    if (c.direct) {
+      const size_t in_bytes = k::collective_input_count(c.op, c.count, W, r) * esize(c.dtype);
+      CUDA_OK(cudaMemsetAsync(data_in, 0xFF, in_bytes, stream));  // a read there shows as NaN
+    }
+    upload(c, key, c.direct ? in_direct + c.in_offset : data_in);
     const size_t out_bytes = k::collective_output_count(c.op, c.count, W, r) * esize(out_dtype(c));
     CUDA_OK(cudaMemsetAsync(out, 0xFF, out_bytes + c.out_offset + 64, stream));
     g.barrier();  // inputs everywhere are ready before anyone could read them twice... (not
@@ -256,7 +269,10 @@ struct Rank {
     // out_bf16 is refused (before any launch) outside fp32 reduceScatter one-shot / two-phase.
     for (const Case& c : {Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0, true},
                           Case{k::CommOp::kReduceScatter, k::CommDtype::kBF16, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0, true},
-                          Case{k::CommOp::kReduceScatter, k::CommDtype::kF32, 1000, k::CommAlgo::kTwoPhasePush, 0, 0, false, 0, 0, true}}) {
+                          Case{k::CommOp::kReduceScatter, k::CommDtype::kF32, 1000, k::CommAlgo::kTwoPhasePush, 0, 0, false, 0, 0, true},
+                          // An input outside the data area is refused outside one-shot.
+                          Case{k::CommOp::kAllGather, k::CommDtype::kBF16, 1000, k::CommAlgo::kTwoPhase, 0, 0, false, 0, 0, false, true},
+                          Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kPipelined, 0, 0, false, 0, 0, false, true}}) {
       check(k::launch_collective(sm->device(), args(c, out), stream) == cudaErrorInvalidValue,
             "rank " + std::to_string(r) + " refuses " + name(c));
     }
@@ -277,6 +293,10 @@ struct Rank {
               if (payload > static_cast<int64_t>(sm->device().slot_bytes)) continue;
             }
             run_case(c, mix(seed ^ case_id));
+            if (algo == k::CommAlgo::kOneShot) {  // the same with its input outside the data area
+              c.direct = true;
+              run_case(c, mix(seed ^ case_id ^ 0xD1EC7));
+            }
           }
         }
         // reduceScatter of fp32 partials written as bf16 (the decomposed gemmReduceScatter's
@@ -315,7 +335,9 @@ struct Rank {
 
   // 1,000 launches, no host sync; the input is rewritten on the stream before each launch from
   // a pool of K device-resident inputs; outputs rotate over K buffers; check the last K.
-  void back_to_back(int64_t count, k::CommAlgo algo) {
+  // direct (one-shot): each launch reads its pool input where it lies (CollectiveArgs::input),
+  // so the launches follow one another with no copy between (each launched early).
+  void back_to_back(int64_t count, k::CommAlgo algo, bool direct = false) {
     constexpr int K = 4;
     const int kIters = fusedcomm::testing::shared_gpu_scale(1000);
     const k::CommDtype dt = k::CommDtype::kF32;
@@ -334,8 +356,13 @@ struct Rank {
       const int j = i % K;
       Case c{ops[j % 2], dt, count, algo, 0, 0, true};
       const size_t n_in = k::collective_input_count(c.op, count, W, r) * 4;
-      CUDA_OK(cudaMemcpyAsync(sm->data(), pool[j], n_in, cudaMemcpyDeviceToDevice, stream));
-      CUDA_OK(k::launch_collective(sm->device(), args(c, outs[j]), stream));
+      k::CollectiveArgs a = args(c, outs[j]);
+      if (direct) {
+        a.input = pool[j];
+      } else {
+        CUDA_OK(cudaMemcpyAsync(sm->data(), pool[j], n_in, cudaMemcpyDeviceToDevice, stream));
+      }
+      CUDA_OK(k::launch_collective(sm->device(), a, stream));
     }
     CUDA_OK(cudaStreamSynchronize(stream));
     sm->raise_if_failed();
@@ -345,7 +372,7 @@ struct Rank {
       CUDA_OK(cudaMemcpy(got.data(), outs[j], in_bytes, cudaMemcpyDeviceToHost));
       const int64_t bad = verify(c, mix(seed ^ (0xB2B000 + j)), W, r, got.data());
       check(bad == 0, "rank " + std::to_string(r) + " back-to-back x" + std::to_string(kIters) +
-                          " " + name(c));
+                          " " + name(c) + (direct ? " direct" : ""));
       cudaFree(pool[j]);
       cudaFree(outs[j]);
     }
@@ -561,6 +588,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
   CUDA_OK(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
   R.out_cap = 64 << 20;
   CUDA_OK(dmalloc(&R.out, R.out_cap));
+  CUDA_OK(dmalloc(&R.in_direct, R.out_cap));
   SymmetricConfig cfg;
   cfg.data_bytes = 32 << 20;
   R.open(cfg);
@@ -571,6 +599,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
   if (full) {
     if (!g_new_only) {
       R.back_to_back(5000, k::CommAlgo::kOneShot);
+      R.back_to_back(5000, k::CommAlgo::kOneShot, true);
       R.back_to_back(1 << 20, k::CommAlgo::kTwoPhase);
       R.graph();
     }
@@ -586,6 +615,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
   }
   R.sm.reset();
   cudaFree(R.out);
+  cudaFree(R.in_direct);
   std::printf("  rank %d: %d passed, %d failed (correctness sweep %.1f s)\n", g.rank, g_passed,
               g_failed, t_corr);
   return g_failed == 0 ? 0 : 1;

@@ -20,6 +20,8 @@
 //     host;
 //   - gemmAllReduce at M = 4096, N = 8192 on one host, every element bit-exact, the same bits on
 //     every rank: at W = 2 through gemmReduceScatter's fused kernel and an allGather;
+//   - every rank on one host: the four collectives fp32 and bf16 at one-shot sizes (their input
+//     read where it lies), 20 back to back on a caller stream, and in place (in == out);
 //   - CUDA graphs: the four collectives and the three GEMM ops captured on a caller stream, the
 //     graph replayed 3 times with fresh inputs, every output checked; across hosts and with
 //     every rank on one host; a capture that would grow the workspace is refused;
@@ -35,6 +37,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -184,6 +187,31 @@ void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t
   }
   cudaFree(in);
   cudaFree(out);
+}
+
+// One collective in place (in == out, the buffer as large as the larger of the two): the input
+// overlaps the output, so DeviceComm copies it into the data area even where the launch is
+// one-shot (which otherwise reads it where it lies). Checked as collective_case.
+void in_place_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
+                   int64_t count, const std::string& layout) {
+  const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
+  const CollData d = coll_data(op, rank, world, seed, dtype, count);
+  const size_t bytes = std::max(d.in.size(), d.want.size());
+  void* buf = nullptr;
+  CUDA_OK(cudaMalloc(&buf, bytes + 16));
+  CUDA_OK(cudaMemset(buf, 0xFF, bytes + 16));
+  CUDA_OK(cudaMemcpy(buf, d.in.data(), d.in.size(), cudaMemcpyHostToDevice));
+  const std::string what = layout + ": " + op_name(op) + (dtype == k::CommDtype::kF32 ? " fp32 " : " bf16 ") +
+                           std::to_string(count) + " in place, rank " + std::to_string(rank);
+  try {
+    dc.collective(op, dtype, buf, buf, count, nullptr);
+    std::vector<uint8_t> got(d.want.size());
+    CUDA_OK(cudaMemcpy(got.data(), buf, got.size(), cudaMemcpyDeviceToHost));
+    check(got == d.want, what + ": wrong output");
+  } catch (const std::exception& e) {
+    check(false, what + ": threw " + e.what());
+  }
+  cudaFree(buf);
 }
 
 void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::CommDtype dtype, int64_t count,
@@ -683,6 +711,26 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
                     name + " after the refusal");
     collective_case(*c.device, k::CommOp::kAllGather, rank, world, seed ^ 6 ^ comm_id, k::CommDtype::kF32, 4099,
                     nullptr, 1, name + " after the refusal");
+    g.barrier();
+    c.close();
+  }
+
+  // Every rank on one host: one-shot launches read the input where it lies (DeviceComm::enqueue),
+  // on the own stream and 20 back to back on a caller stream (launches with no copy between);
+  // in place, the input is copied into the data area first.
+  if (world <= k::kCommMaxRanks) {
+    Comm c(rt, g, std::vector<int>(world, 0), ++comm_id);
+    const std::string name = "1 x " + std::to_string(world);
+    for (const k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
+      for (const k::CommOp op : {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter,
+                                 k::CommOp::kAllToAll}) {
+        for (const int64_t count : {int64_t{7}, int64_t{4099}, int64_t{65536 + 5}}) {
+          collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 11, dt, count, nullptr, 1, name);
+        }
+        collective_case(*c.device, op, rank, world, seed ^ 79 ^ comm_id, dt, 4099, stream, 20, name);
+        in_place_case(*c.device, op, rank, world, seed ^ 80 ^ comm_id, dt, 4099, name);
+      }
+    }
     g.barrier();
     c.close();
   }

@@ -328,14 +328,16 @@ __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoc
 
 // ---- one-shot: push, one flag per (source, CTA), reduce/copy from local staging -------------
 // Out: the reductions' output type (T, or bf16 for fp32 reduceScatter with out_bf16).
+// (At most kCommMaxOneShotCtas CTAs, one per SM: the bound lets ptxas use the registers it
+// needs; without it, it held the bf16 instance to 64 and spilled.)
 template <typename T, typename Out = T>
-__global__ void __launch_bounds__(kThreads) one_shot_kernel(CommDevice d, Params prm) {
+__global__ void __launch_bounds__(kThreads, 1) one_shot_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
   constexpr int kEpv = kVecBytes / sizeof(T);
   const uint64_t epoch = enter_collective(d);
   const uint64_t par = epoch & 1;
   const int W = d.world, r = d.rank, G = gridDim.x, c = blockIdx.x;
-  const T* in = data_of<T>(d, a, r);
+  const T* in = static_cast<const T*>(a.input);  // the launcher sets it (data area or not)
   T* out = static_cast<T*>(a.output);
   const int64_t count = a.count;
   const int64_t n_r = split_count(count, W, r);
@@ -1051,13 +1053,16 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
   if (d.error == nullptr || a.count < 0 || d.slot_bytes % 16 != 0) return cudaErrorInvalidValue;
   const int64_t es = elem_size(a.dtype);
   const int64_t in_bytes = collective_input_count(a.op, a.count, d.world, d.rank) * es;
-  if (a.in_offset + static_cast<uint64_t>(in_bytes) > d.data_bytes) return cudaErrorInvalidValue;
+  if (a.input == nullptr && a.in_offset + static_cast<uint64_t>(in_bytes) > d.data_bytes) {
+    return cudaErrorInvalidValue;
+  }
   if (collective_output_count(a.op, a.count, d.world, d.rank) > 0 && a.output == nullptr) {
     return cudaErrorInvalidValue;
   }
   CommAlgo algo = collective_choose_algo(d, a);
   // kPipelined only changes allReduce (the only op with two phases).
   if (algo == CommAlgo::kPipelined && a.op != CommOp::kAllReduce) algo = CommAlgo::kTwoPhase;
+  if (a.input != nullptr && algo != CommAlgo::kOneShot) return cudaErrorInvalidValue;
   if (a.out_bf16 && (a.op != CommOp::kReduceScatter || a.dtype != CommDtype::kF32 ||
                      (algo != CommAlgo::kOneShot && algo != CommAlgo::kTwoPhase))) {
     return cudaErrorInvalidValue;
@@ -1069,6 +1074,8 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
   const int sms = d.sm_count > 0 ? d.sm_count : 1;
   Params prm{a, 0, 0};
   if (algo == CommAlgo::kOneShot) {
+    // The kernel reads its input through prm.a.input: the caller's, or its data-area slice.
+    if (a.input == nullptr) prm.a.input = d.base[d.rank] + d.data_offset + a.in_offset;
     const int64_t payload = one_shot_payload(a, d.world);
     if (d.world > 1 && payload > static_cast<int64_t>(d.slot_bytes)) return cudaErrorInvalidValue;
     // About 8 KiB per CTA and peer: remote stores from few SMs do not fill NVLink.

@@ -20,7 +20,8 @@
 // - All ranks launch the same sequence of ops with the same (op, dtype, count, in_offset, algo)
 //   on one stream each; launches on one CommDevice never overlap (one stream per rank).
 // - Input: `count`-derived elements at byte offset `in_offset` of the data area, same offset on
-//   every rank (the producer writes them there). Output: any device pointer of this process
+//   every rank (the producer writes them there); for one-shot launches, anywhere
+//   (CollectiveArgs::input). Output: any device pointer of this process
 //   (need not be symmetric); it must not overlap the symmetric region's data read by peers.
 //   The input is left unchanged. When the launch returns on the stream (stream order), this
 //   rank's peers have finished reading its input: it may be overwritten right away.
@@ -305,6 +306,13 @@ struct CollectiveArgs {
   // saves a conversion pass). `output` then holds bf16 elements. A local choice: ranks may
   // differ. cudaErrorInvalidValue with another op, dtype or algorithm.
   bool out_bf16 = false;
+  // One-shot only (kOneShot, or kAuto where collective_choose_algo picks it): this rank's input
+  // is read here, device memory of this process, instead of at in_offset of the data area. A
+  // one-shot launch pushes its input into the peers' staging slots and reads it locally; no
+  // peer reads a data area. So a caller whose input lies elsewhere can skip copying it in. It
+  // must not overlap `output`. A local choice (ranks may differ); in_offset is then unused.
+  // cudaErrorInvalidValue with another algorithm.
+  const void* input = nullptr;
 };
 
 // Elements of the output of `op` on rank `rank` (see the size rules).
