@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
+#include "fusedcomm/kernels/selftest.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
@@ -336,20 +337,28 @@ struct Rank {
   // 1,000 launches, no host sync; the input is rewritten on the stream before each launch from
   // a pool of K device-resident inputs; outputs rotate over K buffers; check the last K.
   // direct (one-shot): each launch reads its pool input where it lies (CollectiveArgs::input),
-  // so the launches follow one another with no copy between (each launched early).
+  // rewritten before it by a kernel that lets the launch start early and writes 20 us later
+  // (launch_delayed_copy), from one of two source sets that alternate every K launches: a
+  // launch that read its input before that kernel completed would see the other set's values.
   void back_to_back(int64_t count, k::CommAlgo algo, bool direct = false) {
     constexpr int K = 4;
     const int kIters = fusedcomm::testing::shared_gpu_scale(1000);
     const k::CommDtype dt = k::CommDtype::kF32;
     const k::CommOp ops[2] = {k::CommOp::kAllReduce, k::CommOp::kAllGather};
-    std::vector<uint8_t*> pool(K), outs(K);
+    std::vector<uint8_t*> pool(K), outs(K), alt(K);
     const size_t in_bytes = count * 4;
+    auto key = [&](int j, int set) { return mix(seed ^ ((set ? 0xB2C000 : 0xB2B000) + j)); };
     for (int j = 0; j < K; ++j) {
       CUDA_OK(dmalloc(&pool[j], in_bytes));
       CUDA_OK(dmalloc(&outs[j], in_bytes + 64));
       CUDA_OK(cudaMemsetAsync(outs[j], 0xFF, in_bytes + 64, stream));
       Case c{ops[j % 2], dt, count, algo, 0, 0, true};
-      upload(c, mix(seed ^ (0xB2B000 + j)), pool[j]);
+      upload(c, key(j, 0), pool[j]);
+      if (direct) {
+        CUDA_OK(dmalloc(&alt[j], 2 * in_bytes));  // set 0, then set 1
+        CUDA_OK(cudaMemcpyAsync(alt[j], pool[j], in_bytes, cudaMemcpyDeviceToDevice, stream));
+        upload(c, key(j, 1), alt[j] + in_bytes);
+      }
     }
     g.barrier();
     for (int i = 0; i < kIters; ++i) {
@@ -358,6 +367,8 @@ struct Rank {
       const size_t n_in = k::collective_input_count(c.op, count, W, r) * 4;
       k::CollectiveArgs a = args(c, outs[j]);
       if (direct) {
+        const int set = (i / K) % 2;
+        CUDA_OK(k::launch_delayed_copy(alt[j] + set * in_bytes, pool[j], n_in, 20000, stream));
         a.input = pool[j];
       } else {
         CUDA_OK(cudaMemcpyAsync(sm->data(), pool[j], n_in, cudaMemcpyDeviceToDevice, stream));
@@ -370,11 +381,13 @@ struct Rank {
       Case c{ops[j % 2], dt, count, algo, 0, 0, true};
       std::vector<uint8_t> got(in_bytes);
       CUDA_OK(cudaMemcpy(got.data(), outs[j], in_bytes, cudaMemcpyDeviceToHost));
-      const int64_t bad = verify(c, mix(seed ^ (0xB2B000 + j)), W, r, got.data());
+      const int i_last = (kIters - 1 - j) / K * K + j;  // the last launch that used j
+      const int64_t bad = verify(c, key(j, direct ? (i_last / K) % 2 : 0), W, r, got.data());
       check(bad == 0, "rank " + std::to_string(r) + " back-to-back x" + std::to_string(kIters) +
                           " " + name(c) + (direct ? " direct" : ""));
       cudaFree(pool[j]);
       cudaFree(outs[j]);
+      if (direct) cudaFree(alt[j]);
     }
   }
 

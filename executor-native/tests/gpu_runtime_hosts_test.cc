@@ -20,8 +20,9 @@
 //     host;
 //   - gemmAllReduce at M = 4096, N = 8192 on one host, every element bit-exact, the same bits on
 //     every rank: at W = 2 through gemmReduceScatter's fused kernel and an allGather;
-//   - every rank on one host: the four collectives fp32 and bf16 at one-shot sizes (their input
-//     read where it lies), 20 back to back on a caller stream, and in place (in == out);
+//   - every rank on one host: the four collectives fp32 and bf16 at one-shot sizes, their input
+//     read where it lies (no copy: DeviceComm::input_copies), 20 back to back on a caller stream,
+//     and in place (in == out: copied);
 //   - CUDA graphs: the four collectives and the three GEMM ops captured on a caller stream, the
 //     graph replayed 3 times with fresh inputs, every output checked; across hosts and with
 //     every rank on one host; a capture that would grow the workspace is refused;
@@ -190,8 +191,9 @@ void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t
 }
 
 // One collective in place (in == out, the buffer as large as the larger of the two): the input
-// overlaps the output, so DeviceComm copies it into the data area even where the launch is
-// one-shot (which otherwise reads it where it lies). Checked as collective_case.
+// overlaps the output, so DeviceComm must copy it into the data area even where the launch is
+// one-shot (which otherwise reads it where it lies): checked through DeviceComm::input_copies,
+// and the result as collective_case.
 void in_place_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
                    int64_t count, const std::string& layout) {
   const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
@@ -204,7 +206,9 @@ void in_place_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t s
   const std::string what = layout + ": " + op_name(op) + (dtype == k::CommDtype::kF32 ? " fp32 " : " bf16 ") +
                            std::to_string(count) + " in place, rank " + std::to_string(rank);
   try {
+    const uint64_t copies = dc.input_copies();
     dc.collective(op, dtype, buf, buf, count, nullptr);
+    check(dc.input_copies() == copies + 1, what + ": the input was not copied");
     std::vector<uint8_t> got(d.want.size());
     CUDA_OK(cudaMemcpy(got.data(), buf, got.size(), cudaMemcpyDeviceToHost));
     check(got == d.want, what + ": wrong output");
@@ -724,9 +728,14 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     for (const k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
       for (const k::CommOp op : {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter,
                                  k::CommOp::kAllToAll}) {
-        for (const int64_t count : {int64_t{7}, int64_t{4099}, int64_t{65536 + 5}}) {
+        const uint64_t copies = c.device->input_copies();
+        for (const int64_t count : {int64_t{7}, int64_t{4099}, int64_t{30001}}) {
           collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 11, dt, count, nullptr, 1, name);
         }
+        // All one-shot (kAuto picks it up to 256 KiB at any world; these are <= 120 KB): read in
+        // place, no copy.
+        check(c.device->input_copies() == copies,
+              name + ": " + op_name(op) + " copied a one-shot input, rank " + std::to_string(rank));
         collective_case(*c.device, op, rank, world, seed ^ 79 ^ comm_id, dt, 4099, stream, 20, name);
         in_place_case(*c.device, op, rank, world, seed ^ 80 ^ comm_id, dt, 4099, name);
       }

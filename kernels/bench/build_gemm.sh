@@ -13,9 +13,11 @@ nvcc "${flags[@]}" -Xptxas=-v,-warn-spills -c "$root/kernels/src/gemm.cu" -o "$o
   2> "$out/ptxas.txt" &
 lib_pid=$!
 nvcc "${flags[@]}" -c "$root/kernels/tests/gemm_test.cu" -o "$out/gemm_test.o"
+nvcc "${flags[@]}" -c "$root/kernels/src/selftest.cu" -o "$out/selftest.o"
 nvcc "${flags[@]}" -c "$root/kernels/bench/gemm_bench.cu" -o "$out/gemm_bench.o"
 wait $lib_pid || { cat "$out/ptxas.txt"; exit 1; }
-nvcc -gencode=arch=compute_90a,code=sm_90a -o "$out/gemm_test" "$out/gemm_test.o" "$out/gemm.o"
+nvcc -gencode=arch=compute_90a,code=sm_90a -o "$out/gemm_test" "$out/gemm_test.o" "$out/gemm.o" \
+  "$out/selftest.o"
 nvcc -gencode=arch=compute_90a,code=sm_90a -o "$out/gemm_bench" "$out/gemm_bench.o" "$out/gemm.o"
 nvcc -gencode=arch=compute_90a,code=sm_90a -shared -o "$out/libfc_gemm_bench.so" \
   "$out/gemm_bench.o" "$out/gemm.o"

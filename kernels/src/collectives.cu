@@ -328,8 +328,8 @@ __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoc
 
 // ---- one-shot: push, one flag per (source, CTA), reduce/copy from local staging -------------
 // Out: the reductions' output type (T, or bf16 for fp32 reduceScatter with out_bf16).
-// (At most kCommMaxOneShotCtas CTAs, one per SM: the bound lets ptxas use the registers it
-// needs; without it, it held the bf16 instance to 64 and spilled.)
+// (__launch_bounds__(kThreads, 1) asks for one resident CTA per SM, which lets ptxas use the
+// registers it needs; with (kThreads) alone it held the bf16 instance to 64 and spilled.)
 template <typename T, typename Out = T>
 __global__ void __launch_bounds__(kThreads, 1) one_shot_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;

@@ -14,6 +14,7 @@
 // Exit codes: 0 pass, 1 failure, 77 skipped (no GPU or not Hopper), with the reason printed.
 // GEMM_TEST_SEED=<n> reproduces a run; GEMM_TEST_SHAPES=<n> changes the sweep size.
 #include "fusedcomm/kernels/gemm.h"
+#include "fusedcomm/kernels/selftest.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -807,27 +808,10 @@ void test_pingpong(uint64_t seed) {
   std::printf("[pingpong] %d/%d forced shapes passed; plan choices checked\n", passed, total);
 }
 
-// A slow producer for test_early_launch: lets the stream's next kernel be scheduled at once
-// (griddepcontrol.launch_dependents, as the collectives do), then copies src to dst after
-// delay_ns. A GEMM launched early behind it reads poison unless it waits (early_launch.h).
-__global__ void slow_copy(const __nv_bfloat16* src, __nv_bfloat16* dst, size_t n,
-                          uint64_t delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  uint64_t t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < delay_ns);
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    dst[i] = src[i];
-  }
-}
-
 // Launched early, a GEMM may be scheduled while the stream's previous kernel runs and must not
 // touch its operands before that kernel completes. A chain on one non-blocking stream with no
-// host sync: poison into every buffer, the slow producer above filling A (its grid leaves most
-// SMs free for the GEMM's CTAs), then four GEMMs each reading the previous one's C as its A
+// host sync: poison into every buffer, a slow producer filling A (launch_delayed_copy: it leaves
+// most SMs free for the GEMM's CTAs), then four GEMMs each reading the previous one's C as its A
 // (256-wide tiles; turns on 128-wide tiles; CTA pairs; forced stream-K), twice. Each C is then
 // checked against a reference computed from its (checked) input.
 void test_early_launch(uint64_t seed) {
@@ -864,8 +848,7 @@ void test_early_launch(uint64_t seed) {
     for (int i = 0; i <= kStages; ++i) {
       CHECK_CUDA(cudaMemsetAsync(act[i], 0xFF, size_t(M) * widths[i] * 2, stream));  // NaN
     }
-    slow_copy<<<4, 256, 0, stream>>>(a_src, act[0], a_elems, 50000);
-    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(launch_delayed_copy(a_src, act[0], a_elems * 2, 50000, stream));
     for (int i = 0; i < kStages && ok; ++i) {
       const cudaError_t e = launch_gemm(shape_args(stage[i], act[i], weight[i], act[i + 1]), stream);
       ok = e == cudaSuccess;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "fusedcomm/kernels/copy_segments.h"
@@ -117,11 +118,14 @@ void DeviceComm::enqueue(const k::CollectiveArgs& args, const void* in, size_t i
                                  a.op, a.count, sm_->world(), sm_->rank())) *
                              (a.out_bf16 ? 2 : element_bytes(a.dtype));
     const bool overlaps = out != nullptr && lo < out + out_bytes && out < lo + in_bytes;
-    if (!overlaps && k::collective_choose_algo(sm_->device(), a) == k::CommAlgo::kOneShot) {
+    // An element-misaligned input (which the byte copy used to hide) is copied too.
+    const bool aligned = reinterpret_cast<uintptr_t>(in) % element_bytes(a.dtype) == 0;
+    if (!overlaps && aligned && k::collective_choose_algo(sm_->device(), a) == k::CommAlgo::kOneShot) {
       a.input = in;
     } else {
       check(cudaMemcpyAsync(sm_->data(), in, in_bytes, cudaMemcpyDeviceToDevice, s),
             "copying the input into symmetric memory");
+      ++input_copies_;
     }
   }
   const cudaError_t e = k::launch_collective(sm_->device(), a, s);
@@ -233,8 +237,8 @@ void DeviceComm::enqueue_all_reduce(k::CommDtype dtype, const void* in, void* ou
 }
 
 // reduceScatter inside the host into this rank's block of `out`, the block's allReduce between
-// hosts in place, allGather inside the host from the block. Each step's input is copied into
-// the data area first (enqueue), so `in` may alias `out`.
+// hosts in place, allGather inside the host from the block. `in` may alias `out`: a step whose
+// input overlaps its output has it copied into the data area first (enqueue).
 void DeviceComm::all_reduce_across_hosts(k::CommDtype dtype, const char* in, char* out, int64_t n,
                                          cudaStream_t s) {
   const size_t esize = element_bytes(dtype);

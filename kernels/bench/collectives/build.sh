@@ -18,6 +18,8 @@ else
   nvcc $flags $inc -x cu -c kernels/bench/collectives/coll_bench.cc -o "$out/coll_bench.o"
   nvcc $flags $inc -x cu -c executor-native/tests/gpu_collectives_test.cc -o "$out/gpu_collectives_test.o"
 fi
+nvcc $flags $inc -c kernels/src/selftest.cu -o "$out/selftest.o"
 nvcc $flags "$out/coll_bench.o" "$out/collectives.o" "$out/symmetric_memory.o" -o "$out/coll_bench"
-nvcc $flags "$out/gpu_collectives_test.o" "$out/collectives.o" "$out/symmetric_memory.o" -o "$out/gpu_collectives_test"
+nvcc $flags "$out/gpu_collectives_test.o" "$out/collectives.o" "$out/symmetric_memory.o" "$out/selftest.o" \
+  -o "$out/gpu_collectives_test"
 echo "built $out/coll_bench $out/gpu_collectives_test"

@@ -117,6 +117,9 @@ class DeviceComm {
   // still uses this rank's memory. Idempotent.
   void close() noexcept;
   bool failed() const { return failed_; }
+  // Inputs copied into the data area by the collectives so far (enqueue): for tests, which check
+  // that a one-shot op reads its input in place unless it overlaps the output.
+  uint64_t input_copies() const { return input_copies_; }
   const SymmetricMemory& memory() const { return *sm_; }
 
  private:
@@ -172,6 +175,7 @@ class DeviceComm {
   bool any_op_ = false, connected_ = false, closed_ = false;
   bool capturing_ = false;  // the current op's stream is capturing a CUDA graph (begin())
   std::atomic<bool> failed_{false};
+  uint64_t input_copies_ = 0;  // input_copies()
 };
 
 }  // namespace fusedcomm

@@ -56,7 +56,8 @@ __device__ __forceinline__ uint64_t& comm_epoch_slot() {
 }
 
 // Every CTA calls this first (all threads): the launch's epoch, broadcast through shared memory.
-// CommControl::epoch was last written by the previous launch's last CTA (kernel boundary).
+// CommControl::epoch was last written by the previous launch's last CTA, complete and visible
+// once the kernel has passed pdl_wait (as at a kernel boundary; collectives.cu enter_collective).
 __device__ __forceinline__ uint64_t comm_launch_epoch(const CommDevice& d) {
   if (threadIdx.x == 0) {
     comm_epoch_slot() = *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) + 1;

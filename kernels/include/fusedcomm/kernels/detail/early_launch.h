@@ -10,10 +10,12 @@
 // on the SMs they leave free (a CTA that does not fit waits for an SM, as without PDL). The
 // fused kernels do neither; a kernel launched early after one of them starts at its completion.
 //
-// A CTA waiting in pdl_wait holds its SM. So the previous kernel must not depend on a kernel of
-// another stream (or of another process sharing the GPU under MPS) that would need those SMs to
-// run. The collectives depend only on their peers' kernels, on other GPUs; ranks sharing one GPU
-// (a testing mode) are separate contexts, which time-slice it.
+// A CTA waiting in pdl_wait holds its SM. So a kernel that releases its dependents early must
+// not depend on a kernel of another stream (or of another process sharing the GPU under MPS)
+// that would need those SMs to run. The collectives depend only on their peers' kernels, on
+// other GPUs (ranks sharing one GPU, a testing mode, are separate contexts, which time-slice
+// it); a plain GEMM with readiness waits (gemm.h hook 1) waits for other streams' kernels, so it
+// does not release early.
 //
 // Bench-only: -DFC_NO_PDL launches every such kernel without the attribute (the A/B baseline).
 #pragma once

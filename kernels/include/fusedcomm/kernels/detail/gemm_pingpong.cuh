@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                          const __grid_constant__ CUtensorMap tm_b,
                          const __grid_constant__ CUtensorMap tm_c,
                          const __grid_constant__ GemmProblem prob) {
-  // Launched early (early_launch.h): the stream's previous kernel is complete after this.
+  // Launched early (early_launch.h): the stream's previous kernel is complete after this. (No
+  // readiness waits here, so releasing the next kernel early holds no SM another needs.)
   pdl_wait();
   pdl_release_dependents();
   using Cfg = GemmTileConfig<128, 1>;

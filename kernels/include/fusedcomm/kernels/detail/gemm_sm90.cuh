@@ -1118,7 +1118,9 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
 
 // ---- the plain GEMM kernel --------------------------------------------------------------------
 // kPair: launched in clusters of 2 (cudaLaunchAttributeClusterDimension), grid even. Launched
-// early (early_launch.h): the stream's previous kernel is complete before the body starts.
+// early (early_launch.h): the stream's previous kernel is complete before the body starts. A
+// launch with readiness waits (hook 1) does not release its dependents early: their CTAs would
+// hold SMs that the kernels it waits for, on other streams, may need.
 template <int BN, bool kBKN, bool kPair, class Epilogue>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a,
@@ -1127,7 +1129,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                      const __grid_constant__ GemmProblem prob,
                      const __grid_constant__ Epilogue epi) {
   pdl_wait();
-  pdl_release_dependents();
+  if (prob.wait.a.flags == nullptr && prob.wait.b.flags == nullptr) pdl_release_dependents();
   gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, PlainSchedule<kPair>{});
 }
 
