@@ -6,8 +6,9 @@
 // comes after detail::pdl_wait() (sm90_primitives.cuh), which waits for the previous kernel's
 // completion and memory flush. Until then the kernel only exists: stream order, as its callers
 // and the collectives' protocol (comm_protocol.cuh) rely on it, holds unchanged. The kernels
-// here also call pdl_release_dependents() at their start, so that the next one may be scheduled
-// on the SMs they leave free (a CTA that does not fit waits for an SM, as without PDL). The
+// here also call pdl_release_dependents() at their start (all but a GEMM with readiness waits,
+// below), so that the next one may be scheduled on the SMs they leave free (a CTA that does not
+// fit waits for an SM, as without PDL). The
 // fused kernels do neither; a kernel launched early after one of them starts at its completion.
 //
 // A CTA waiting in pdl_wait holds its SM. So a kernel that releases its dependents early must
