@@ -10,7 +10,10 @@ out=${1:-build/coll-bin}; mkdir -p "$out"
 inc="-Ikernels/include -Iexecutor-native/include -Iexecutor-native/tests -Irdma/include"
 flags="-O2 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -cudart static"
 defs=${COLL_NVCC_DEFS:-}
-[ -z "$defs" ] && [ -f "$out/collectives.o" ] && [ "$out/collectives.o" -nt kernels/src/collectives.cu ] && [ "$out/collectives.o" -nt kernels/include/fusedcomm/kernels/detail/comm_protocol.cuh ] || nvcc $flags $defs $inc -c kernels/src/collectives.cu -o "$out/collectives.o" -Xptxas=-warn-spills
+# collectives.o is reused only when nothing it is built from (the .cu, every kernels header) is newer.
+[ -z "$defs" ] && [ -f "$out/collectives.o" ] &&
+  [ -z "$(find kernels/src/collectives.cu kernels/include -newer "$out/collectives.o" -print -quit)" ] ||
+  nvcc $flags $defs $inc -c kernels/src/collectives.cu -o "$out/collectives.o" -Xptxas=-warn-spills
 if [ -n "${COLL_OBJS:-}" ]; then
   cp "$COLL_OBJS/symmetric_memory.o" "$COLL_OBJS/coll_bench.o" "$COLL_OBJS/gpu_collectives_test.o" "$out/"
 else
