@@ -319,10 +319,18 @@ __device__ __forceinline__ uint64_t enter_collective(const CommDevice& d) {
 }
 
 // Last CTA of the launch: record the epoch for the next launch (thread 0, after the CTA's work).
+// The count makes it the last CTA, so every CTA has read the old epoch (comm_launch_epoch)
+// before it changes. No fence: no peer reads CommControl, and the next launch reads it (and the
+// reset counter) only after this one has completed (pdl_wait), unlike comm_last_cta, whose
+// caller then releases a flag to its peers.
 __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoch) {
   __syncthreads();
-  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
-    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  if (threadIdx.x == 0) {
+    uint32_t* counter = &comm_control(d)->exit_count;
+    if (atomicAdd(counter, 1u) + 1 == gridDim.x) {
+      *reinterpret_cast<volatile uint32_t*>(counter) = 0;
+      *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+    }
   }
 }
 
@@ -375,10 +383,13 @@ __global__ void __launch_bounds__(kThreads, 1) one_shot_kernel(CommDevice d, Par
     part_range(n_r, G, c, kEpv, b, e);
     cta_copy<T, kOneShotCopyUnroll>(out + r * n_r + b, in + split_offset(count, W, r) + b, e - b);
   }
-  // 2. Publish: flags ready[r][c] in every peer (ordering: CommFlags::ready).
-  comm_publish_fence();
-  if (threadIdx.x == 0) {
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->ready[r][c]; }, epoch);
+  // 2. Publish: flags ready[r][c] in every peer (ordering: CommFlags::ready). Alone (W = 1)
+  // there is no peer to publish to, and the system fence would only cost time.
+  if (W > 1) {
+    comm_publish_fence();
+    if (threadIdx.x == 0) {
+      comm_signal_peers(d, [&](CommFlags* f) { return &f->ready[r][c]; }, epoch);
+    }
   }
   // 3. Wait for every peer's CTA c, then combine from local staging.
   const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][c], kCommMaxOneShotCtas, epoch,
