@@ -15,8 +15,9 @@
 //     data area at that offset poisoned), and that input refused by the other algorithms;
 //   1,000 back-to-back launches with no host sync, inputs rewritten on the stream between
 //     launches (exact small-integer sums: stale flags or early input reuse would show); for
-//     one-shot also with each launch reading its input in place, so that the launches follow
-//     one another with no copy between (each launched early, detail/early_launch.h);
+//     one-shot also with each launch reading its input in place, rewritten just before it by a
+//     kernel that lets it start early (launch_delayed_copy, detail/early_launch.h) from one of
+//     two alternating sets;
 //   CUDA graph capture + 10 replays (two-phase, push, pipelined); a rank starting 200 ms late
 //     (every algorithm);
 //   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
