@@ -326,7 +326,10 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
 
 // Enqueues one collective on `stream` (see the contract above). cudaErrorInvalidValue for bad
 // arguments (world, sizes outside the data area, a forced one-shot whose payload exceeds a slot,
-// a forced kTwoPhasePush whose scratch need exceeds data_bytes).
+// a forced kTwoPhasePush whose scratch need exceeds data_bytes, an `input` outside one-shot).
+// Launched early (detail/early_launch.h; not on the legacy default stream): the kernel may be
+// scheduled while the stream's previous kernel runs, touches memory only once it has completed,
+// and lets the stream's next kernel be scheduled early too.
 cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& args,
                               cudaStream_t stream);
 

@@ -237,7 +237,11 @@ struct GemmLaunchPlan {
 };
 cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* plan);
 
-// Enqueues C = A·Bᵀ or A·B on `stream` (see the contract above).
+// Enqueues C = A·Bᵀ or A·B on `stream` (see the contract above). Launched early
+// (detail/early_launch.h; not on the legacy default stream): the kernel may be scheduled while
+// the stream's previous kernel runs, but touches memory only once that kernel has completed, so
+// stream order is as for any launch. It lets the stream's next kernel be scheduled early too,
+// unless it has readiness waits (hook 1).
 cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels
