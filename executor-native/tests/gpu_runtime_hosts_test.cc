@@ -196,7 +196,6 @@ void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t
 // and the result as collective_case.
 void in_place_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
                    int64_t count, const std::string& layout) {
-  const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
   const CollData d = coll_data(op, rank, world, seed, dtype, count);
   const size_t bytes = std::max(d.in.size(), d.want.size());
   void* buf = nullptr;

@@ -320,17 +320,12 @@ __device__ __forceinline__ uint64_t enter_collective(const CommDevice& d) {
 
 // Last CTA of the launch: record the epoch for the next launch (thread 0, after the CTA's work).
 // The count makes it the last CTA, so every CTA has read the old epoch (comm_launch_epoch)
-// before it changes. No fence: no peer reads CommControl, and the next launch reads it (and the
-// reset counter) only after this one has completed (pdl_wait), unlike comm_last_cta, whose
-// caller then releases a flag to its peers.
+// before it changes. No fence (comm_arrive_last, not comm_last_cta): no peer reads CommControl,
+// and the next launch reads it only after this one has completed (pdl_wait).
 __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoch) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t* counter = &comm_control(d)->exit_count;
-    if (atomicAdd(counter, 1u) + 1 == gridDim.x) {
-      *reinterpret_cast<volatile uint32_t*>(counter) = 0;
-      *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
-    }
+  if (threadIdx.x == 0 && comm_arrive_last(&comm_control(d)->exit_count)) {
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
   }
 }
 

@@ -1,5 +1,7 @@
 #include "fusedcomm/kernels/selftest.h"
 
+#include "fusedcomm/kernels/detail/sm90_primitives.cuh"
+
 namespace fusedcomm::kernels {
 namespace {
 __global__ void selftest_kernel(uint32_t* out, uint32_t n) {
@@ -9,12 +11,10 @@ __global__ void selftest_kernel(uint32_t* out, uint32_t n) {
 }
 __global__ void delayed_copy_kernel(const uint8_t* src, uint8_t* dst, size_t bytes,
                                     uint64_t delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  uint64_t t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < delay_ns);
+  detail::pdl_release_dependents();
+  const uint64_t t0 = detail::globaltimer_ns();
+  while (detail::globaltimer_ns() - t0 < delay_ns) {
+  }
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < bytes;
        i += size_t{gridDim.x} * blockDim.x) {
     dst[i] = src[i];

@@ -244,16 +244,23 @@ __device__ __forceinline__ void comm_publish_fence() {
   if (threadIdx.x == 0) __threadfence_system();
 }
 
-// Thread 0 only, after comm_publish_fence: true if this CTA is the last of the grid to arrive
-// at `counter` (which it then resets). See the grid-level ordering argument above.
+// Thread 0: true if this CTA is the last of the grid to arrive at `counter`, which it then
+// resets (no other CTA of this launch touches it again; the next launch reads it after this one
+// has completed). No fence: enough where what follows is read only by this rank's next
+// launches (collectives.cu finish_launch).
+__device__ __forceinline__ bool comm_arrive_last(uint32_t* counter) {
+  if (atomicAdd(counter, 1u) + 1 != gridDim.x) return false;
+  *reinterpret_cast<volatile uint32_t*>(counter) = 0;
+  return true;
+}
+
+// Thread 0 only, after comm_publish_fence: comm_arrive_last, then the system fence that makes
+// every other CTA's fenced stores precede the flag this CTA releases next. See the grid-level
+// ordering argument above.
 __device__ __forceinline__ bool comm_last_cta(uint32_t* counter) {
-  const uint32_t old = atomicAdd(counter, 1u);
-  if (old + 1 == gridDim.x) {
-    __threadfence_system();
-    *reinterpret_cast<volatile uint32_t*>(counter) = 0;
-    return true;
-  }
-  return false;
+  if (!comm_arrive_last(counter)) return false;
+  __threadfence_system();
+  return true;
 }
 
 // Thread 0: flag[rank] := epoch in every peer's flags (`field` picks the array).
