@@ -21,8 +21,10 @@
 //     checked as above, each partial precision, the same bits on every rank, a forced fused
 //     launch refused where W does not divide M.
 //   120 back-to-back launches without host sync (fused and decomposed of both ops
-//     interleaved, inputs rewritten on the stream from a pool; stale flags or early input
-//     reuse would show in the last outputs; the fused gemmReduceScatter alternates rank order
+//     interleaved, inputs rewritten on the stream from a pool, the AG input by a kernel that
+//     lets the next launch start early and writes late; stale flags, early input reuse or an
+//     early-launched collective's read before its pdl_wait would show in the last outputs; the fused
+//     gemmReduceScatter alternates rank order
 //     and any order); CUDA-graph capture + 10 replays (one launch in any order); one rank
 //     starting 200 ms late; a rank that never launches: the others time out (1 s) with an
 //     error record naming rank, peer, op and step, an abort stops a waiting launch, and a
@@ -56,6 +58,7 @@
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/detail/rs_trace.h"
 #include "fusedcomm/kernels/fused.h"
+#include "fusedcomm/kernels/selftest.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
@@ -268,12 +271,20 @@ struct Rank {
     return o;
   }
 
-  // Writes this rank's shard into the data area (stream-ordered copy from device).
-  void ag_write_input(const AgOperands& o, uint8_t* dst) {
+  // Writes this rank's shard into the data area (stream-ordered copy from device). late: the
+  // shard is poisoned (NaN) first, then written by a kernel that lets the next launch start
+  // early and copies 20 us later (launch_delayed_copy): a launch that read its input before
+  // that kernel completed would compute with NaN.
+  void ag_write_input(const AgOperands& o, uint8_t* dst, bool late = false) {
     const int64_t off = split_offset(o.c.M, W, r), cnt = split_count(o.c.M, W, r);
-    if (cnt > 0) {
-      CUDA_OK(cudaMemcpyAsync(dst, o.a_full.as<__nv_bfloat16>() + off * o.c.K,
-                              cnt * o.c.K * 2, cudaMemcpyDeviceToDevice, stream));
+    if (cnt == 0) return;
+    const auto* src = o.a_full.as<__nv_bfloat16>() + off * o.c.K;
+    const size_t bytes = cnt * o.c.K * 2;
+    if (late) {
+      CUDA_OK(cudaMemsetAsync(dst, 0xFF, bytes, stream));
+      CUDA_OK(k::launch_delayed_copy(src, dst, bytes, 20000, stream));
+    } else {
+      CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
     }
   }
   void ag_poison(const AgOperands& o) {
@@ -668,7 +679,10 @@ struct Rank {
 
   // 120 launches, no host sync: allGatherGemm fused / gemmReduceScatter fused / allGatherGemm
   // decomposed / gemmReduceScatter decomposed in turn, each with its own inputs (the AG input
-  // is rewritten into the data area on the stream before each of its launches) and outputs.
+  // is rewritten into the data area on the stream before each of its launches, late: see
+  // ag_write_input) and outputs. The decomposed allGatherGemm's collective is launched early
+  // (detail/early_launch.h) right behind the late writer: read before its pdl_wait, its input
+  // would be NaN.
   void back_to_back() {
     const int kIters = fusedcomm::testing::shared_gpu_scale(120);
     const auto F = k::FusedAlgo::kFused, D = k::FusedAlgo::kDecomposed;
@@ -685,7 +699,7 @@ struct Rank {
     for (int i = 0; i < kIters; ++i) {
       const int j = i % 4;
       if (j % 2 == 0) {
-        ag_write_input(ag[j / 2], data());
+        ag_write_input(ag[j / 2], data(), true);
         CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag[j / 2]), stream));
       } else {
         // The fused one alternates fp32 partials in rank order and in any order (one slot per

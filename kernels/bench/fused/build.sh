@@ -18,12 +18,15 @@ bg sh -c "nvcc $flags $inc -Xptxas=-v,-warn-spills -c kernels/src/gemm.cu -o $ou
 wait_all
 bg nvcc $flags $inc -c kernels/src/collectives.cu -o "$out/collectives.o"
 bg nvcc $flags $inc -c kernels/src/copy_segments.cu -o "$out/copy_segments.o"
+wait_all
+bg nvcc $flags $inc -c kernels/src/selftest.cu -o "$out/selftest.o"
 bg nvcc $flags $inc -x cu -c executor-native/src/runtime/symmetric_memory.cc -o "$out/symmetric_memory.o"
 wait_all
 bg nvcc $flags $inc -x cu -c kernels/bench/fused/fused_bench.cc -o "$out/fused_bench.o"
 bg nvcc $flags $inc -x cu -c executor-native/tests/gpu_fused_test.cc -o "$out/gpu_fused_test.o"
 wait_all
-libs=("$out/fused.o" "$out/gemm.o" "$out/collectives.o" "$out/copy_segments.o" "$out/symmetric_memory.o")
+libs=("$out/fused.o" "$out/gemm.o" "$out/collectives.o" "$out/copy_segments.o" "$out/selftest.o"
+      "$out/symmetric_memory.o")
 nvcc $flags "$out/fused_bench.o" "${libs[@]}" -o "$out/fused_bench"
 nvcc $flags "$out/gpu_fused_test.o" "${libs[@]}" -o "$out/gpu_fused_test"
 cat "$out/ptxas_gemm.txt" "$out/ptxas_fused.txt" > "$out/ptxas.txt"
