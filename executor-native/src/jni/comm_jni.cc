@@ -30,10 +30,44 @@ struct CommHandle {
   std::unique_ptr<DeviceComm> device;  // null with the host backend
 };
 
+CommHandle* comm_handle(jlong c) { return from_handle<CommHandle>(c, "the communicator"); }
+
+host::MoeDispatchResult* moe_result(jlong h) {
+  return from_handle<host::MoeDispatchResult>(h, "the MoE dispatch");
+}
+
+cudaStream_t as_stream(jlong stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+template <typename T = void>
+T* ptr(jlong address) {
+  return reinterpret_cast<T*>(address);
+}
+
+host::DType dtype(jint t) {
+  FC_REQUIRE(t == 0 || t == 1, "unsupported dtype " + std::to_string(t) + " (f32 or bf16)");
+  return static_cast<host::DType>(t);
+}
+
+// The same two dtypes, as the kernels number them.
+kern::CommDtype comm_dtype(jint t) {
+  dtype(t);
+  return static_cast<kern::CommDtype>(t);
+}
+
+host::WeightLayout layout(jint l) {
+  FC_REQUIRE(l == 0 || l == 1, "unknown weight layout " + std::to_string(l));
+  return static_cast<host::WeightLayout>(l);
+}
+
+host::PartialPrecision partial_precision(jint p) {
+  FC_REQUIRE(p >= 0 && p <= 2, "unknown partial precision " + std::to_string(p));
+  return static_cast<host::PartialPrecision>(p);
+}
+
 // Starts an op on the host backend: names it (errors and the cross-rank check) and returns the
 // communicator. Ops the cuda backend does not run yet refuse loudly.
 Communicator& start_op(JNIEnv* env, jlong handle, jstring description, jlong fingerprint) {
-  auto* h = from_handle<CommHandle>(handle, "the communicator");
+  auto* h = comm_handle(handle);
   std::string desc = fusedcomm::jni::to_string(env, description);
   if (h->device != nullptr) {
     fusedcomm::fail(ErrorKind::kUnavailable,
@@ -47,7 +81,7 @@ Communicator& start_op(JNIEnv* env, jlong handle, jstring description, jlong fin
 
 // The device half for a fused op on the cuda backend (bf16 only), or null with the host backend.
 DeviceComm* device_of(jlong c, jint t, const char* op) {
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+  auto* h = comm_handle(c);
   if (h->device == nullptr) return nullptr;
   FC_REQUIRE(t == 1, std::string(op) + " on the cuda backend takes bf16 tensors");
   return h->device.get();
@@ -58,40 +92,21 @@ void require_no_stream(jlong stream) {
   FC_REQUIRE(stream == 0, "a stream was given, but the host backend runs ops synchronously");
 }
 
+// A collective of host_ops.h (all_gather, reduce_scatter, all_reduce, all_to_all).
+using HostCollective = void (*)(fusedcomm::Exchanger&, host::DType, const void*, void*, int64_t);
+
 // A collective on either backend. The cuda backend enqueues on `stream` (0: its own stream,
 // waiting for the result); the description is converted only where it is used (host backend).
-template <class HostOp>
-void run_collective(JNIEnv* env, jlong c, jstring d, jlong fp, kern::CommOp op, jint t, jlong in,
-                    jlong out, jlong count, jlong stream, HostOp host_op) {
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+void run_collective(JNIEnv* env, jlong c, jstring d, jlong fp, kern::CommOp op, HostCollective host_op, jint t,
+                    jlong in, jlong out, jlong count, jlong stream) {
+  auto* h = comm_handle(c);
   if (h->device != nullptr) {
-    FC_REQUIRE(t == 0 || t == 1, "unsupported dtype " + std::to_string(t) + " (f32 or bf16)");
-    h->device->collective(op, static_cast<kern::CommDtype>(t), reinterpret_cast<const void*>(in),
-                          reinterpret_cast<void*>(out), count, reinterpret_cast<cudaStream_t>(stream));
+    h->device->collective(op, comm_dtype(t), ptr(in), ptr(out), count, as_stream(stream));
     return;
   }
   require_no_stream(stream);
-  host_op(start_op(env, c, d, fp));
-}
-
-host::DType dtype(jint t) {
-  FC_REQUIRE(t == 0 || t == 1, "unsupported dtype " + std::to_string(t) + " (f32 or bf16)");
-  return static_cast<host::DType>(t);
-}
-
-host::WeightLayout layout(jint l) {
-  FC_REQUIRE(l == 0 || l == 1, "unknown weight layout " + std::to_string(l));
-  return static_cast<host::WeightLayout>(l);
-}
-
-host::PartialPrecision partial_precision(jint p) {
-  FC_REQUIRE(p >= 0 && p <= 2, "unknown partial precision " + std::to_string(p));
-  return static_cast<host::PartialPrecision>(p);
-}
-
-template <typename T = void>
-T* ptr(jlong address) {
-  return reinterpret_cast<T*>(address);
+  Communicator& comm = start_op(env, c, d, fp);
+  host_op(comm, dtype(t), ptr(in), ptr(out), count);
 }
 
 }  // namespace
@@ -112,7 +127,7 @@ FC_NATIVE(jlong, commCreate)(JNIEnv* env, jclass, jlong rt, jint rank, jint worl
 // The device half's IPC blob for the bootstrap allGather; empty with the host backend.
 FC_NATIVE(jbyteArray, commDeviceHandle)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+  auto* h = comm_handle(c);
   std::vector<uint8_t> blob;
   if (h->device != nullptr) blob = h->device->export_handle();
   jbyteArray a = env->NewByteArray(static_cast<jsize>(blob.size()));
@@ -123,7 +138,7 @@ FC_NATIVE(jbyteArray, commDeviceHandle)(JNIEnv* env, jclass, jlong c) {
 
 FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  return fusedcomm::jni::to_jstring(env, from_handle<CommHandle>(c, "the communicator")->comm->endpoint());
+  return fusedcomm::jni::to_jstring(env, comm_handle(c)->comm->endpoint());
   FC_JNI_END(nullptr)
 }
 
@@ -133,7 +148,7 @@ FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
 FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id,
                              jobjectArray device_handles, jintArray host_ids) {
   FC_JNI_BEGIN
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+  auto* h = comm_handle(c);
   h->comm->connect(fusedcomm::jni::to_strings(env, endpoints), rank, static_cast<uint64_t>(comm_id));
   if (h->device != nullptr) {
     std::vector<std::vector<uint8_t>> blobs;
@@ -154,7 +169,7 @@ FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoint
 
 FC_NATIVE(void, commSynchronize)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+  auto* h = comm_handle(c);
   if (h->device != nullptr) h->device->synchronize();
   FC_JNI_END()
 }
@@ -162,7 +177,7 @@ FC_NATIVE(void, commSynchronize)(JNIEnv* env, jclass, jlong c) {
 // Every rank's ops are complete (device) and every rank got here (host barrier).
 FC_NATIVE(void, commFinish)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+  auto* h = comm_handle(c);
   if (h->device != nullptr) h->device->synchronize();
   h->comm->finish();
   FC_JNI_END()
@@ -170,7 +185,7 @@ FC_NATIVE(void, commFinish)(JNIEnv* env, jclass, jlong c) {
 
 FC_NATIVE(void, commAbort)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+  auto* h = comm_handle(c);
   if (h->device != nullptr) h->device->abort();
   h->comm->abort();
   FC_JNI_END()
@@ -181,7 +196,7 @@ FC_NATIVE(void, commAbort)(JNIEnv* env, jclass, jlong c) {
 // region can go back to the runtime's pool; without the barrier it is dropped instead.
 FC_NATIVE(void, commClose)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
-  std::unique_ptr<CommHandle> h(from_handle<CommHandle>(c, "the communicator"));
+  std::unique_ptr<CommHandle> h(comm_handle(c));
   if (h->device == nullptr) {
     h->comm->close();
   } else {
@@ -209,44 +224,39 @@ FC_NATIVE(void, commClose)(JNIEnv* env, jclass, jlong c) {
 FC_NATIVE(jlong, commTimeCollective)(JNIEnv* env, jclass, jlong c, jint op, jint t, jlong in, jlong out,
                                      jlong count, jint iters) {
   FC_JNI_BEGIN
-  auto* h = from_handle<CommHandle>(c, "the communicator");
+  auto* h = comm_handle(c);
   if (h->device == nullptr) fusedcomm::fail(ErrorKind::kState, "timing collectives needs the cuda backend");
   FC_REQUIRE(op >= 1 && op <= 4, "unknown collective " + std::to_string(op));
-  FC_REQUIRE(t == 0 || t == 1, "unsupported dtype " + std::to_string(t) + " (f32 or bf16)");
-  return h->device->time_collectives(static_cast<kern::CommOp>(op), static_cast<kern::CommDtype>(t),
-                                     ptr(in), ptr(out), count, iters);
+  return h->device->time_collectives(static_cast<kern::CommOp>(op), comm_dtype(t), ptr(in), ptr(out), count,
+                                     iters);
   FC_JNI_END(0)
 }
 
 FC_NATIVE(void, allGather)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
                    jlong stream) {
   FC_JNI_BEGIN
-  run_collective(env, c, d, fp, kern::CommOp::kAllGather, t, in, out, count, stream,
-                 [&](Communicator& comm) { host::all_gather(comm, dtype(t), ptr(in), ptr(out), count); });
+  run_collective(env, c, d, fp, kern::CommOp::kAllGather, host::all_gather, t, in, out, count, stream);
   FC_JNI_END()
 }
 
 FC_NATIVE(void, reduceScatter)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
                    jlong stream) {
   FC_JNI_BEGIN
-  run_collective(env, c, d, fp, kern::CommOp::kReduceScatter, t, in, out, count, stream,
-                 [&](Communicator& comm) { host::reduce_scatter(comm, dtype(t), ptr(in), ptr(out), count); });
+  run_collective(env, c, d, fp, kern::CommOp::kReduceScatter, host::reduce_scatter, t, in, out, count, stream);
   FC_JNI_END()
 }
 
 FC_NATIVE(void, allReduce)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
                    jlong stream) {
   FC_JNI_BEGIN
-  run_collective(env, c, d, fp, kern::CommOp::kAllReduce, t, in, out, count, stream,
-                 [&](Communicator& comm) { host::all_reduce(comm, dtype(t), ptr(in), ptr(out), count); });
+  run_collective(env, c, d, fp, kern::CommOp::kAllReduce, host::all_reduce, t, in, out, count, stream);
   FC_JNI_END()
 }
 
 FC_NATIVE(void, allToAll)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
                    jlong stream) {
   FC_JNI_BEGIN
-  run_collective(env, c, d, fp, kern::CommOp::kAllToAll, t, in, out, count, stream,
-                 [&](Communicator& comm) { host::all_to_all(comm, dtype(t), ptr(in), ptr(out), count); });
+  run_collective(env, c, d, fp, kern::CommOp::kAllToAll, host::all_to_all, t, in, out, count, stream);
   FC_JNI_END()
 }
 
@@ -261,7 +271,7 @@ FC_NATIVE(void, allGatherGemm)(JNIEnv* env, jclass, jlong comm, jstring d, jlong
   FC_JNI_BEGIN
   if (DeviceComm* dc = device_of(comm, t, "allGatherGemm")) {
     dc->all_gather_gemm(ptr(a), ptr(w), ptr(c), ptr(gathered), m, n_local, k, static_cast<int>(layout(l)),
-                        reinterpret_cast<cudaStream_t>(stream));
+                        as_stream(stream));
     return;
   }
   require_no_stream(stream);
@@ -276,7 +286,7 @@ FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong comm, jstring d, j
   FC_JNI_BEGIN
   if (DeviceComm* dc = device_of(comm, t, "gemmReduceScatter")) {
     dc->gemm_reduce_scatter(ptr(a), ptr(w), ptr(c), m, n, k_local, static_cast<int>(layout(l)),
-                            static_cast<int>(partial_precision(partials)), reinterpret_cast<cudaStream_t>(stream));
+                            static_cast<int>(partial_precision(partials)), as_stream(stream));
     return;
   }
   require_no_stream(stream);
@@ -290,7 +300,7 @@ FC_NATIVE(void, gemmAllReduce)(JNIEnv* env, jclass, jlong comm, jstring d, jlong
   FC_JNI_BEGIN
   if (DeviceComm* dc = device_of(comm, t, "gemmAllReduce")) {
     dc->gemm_all_reduce(ptr(a), ptr(w), ptr(c), m, n, k_local, static_cast<int>(layout(l)),
-                        static_cast<int>(partial_precision(partials)), reinterpret_cast<cudaStream_t>(stream));
+                        static_cast<int>(partial_precision(partials)), as_stream(stream));
     return;
   }
   require_no_stream(stream);
@@ -313,7 +323,7 @@ FC_NATIVE(jlong, moeDispatchGemm)(JNIEnv* env, jclass, jlong comm, jstring d, jl
 // [rows, firstLocalExpert, localExperts, tokens, topk, offsets[0..localExperts]]
 FC_NATIVE(jlongArray, moeInfo)(JNIEnv* env, jclass, jlong h) {
   FC_JNI_BEGIN
-  const auto& l = from_handle<host::MoeDispatchResult>(h, "the MoE dispatch")->layout;
+  const auto& l = moe_result(h)->layout;
   std::vector<jlong> v = {l.rows(), l.first_local_expert, l.local_experts, l.tokens, l.topk};
   for (int64_t o : l.expert_offsets) v.push_back(o);
   jlongArray a = env->NewLongArray(static_cast<jsize>(v.size()));
@@ -324,7 +334,7 @@ FC_NATIVE(jlongArray, moeInfo)(JNIEnv* env, jclass, jlong h) {
 
 FC_NATIVE(void, moeCopy)(JNIEnv* env, jclass, jlong h, jlong expert_out, jlong routed_x) {
   FC_JNI_BEGIN
-  auto* r = from_handle<host::MoeDispatchResult>(h, "the MoE dispatch");
+  auto* r = moe_result(h);
   if (expert_out != 0 && !r->out.empty()) std::memcpy(ptr(expert_out), r->out.data(), r->out.size());
   if (routed_x != 0 && !r->routed_x.empty()) std::memcpy(ptr(routed_x), r->routed_x.data(), r->routed_x.size());
   FC_JNI_END()
@@ -333,7 +343,7 @@ FC_NATIVE(void, moeCopy)(JNIEnv* env, jclass, jlong h, jlong expert_out, jlong r
 FC_NATIVE(void, moeRowMeta)(JNIEnv* env, jclass, jlong h, jintArray src_rank, jintArray src_token,
                             jintArray slot, jfloatArray weight) {
   FC_JNI_BEGIN
-  const auto& l = from_handle<host::MoeDispatchResult>(h, "the MoE dispatch")->layout;
+  const auto& l = moe_result(h)->layout;
   auto n = static_cast<jsize>(l.rows());
   env->SetIntArrayRegion(src_rank, 0, n, l.src_rank.data());
   env->SetIntArrayRegion(src_token, 0, n, l.src_token.data());
@@ -345,7 +355,7 @@ FC_NATIVE(void, moeRowMeta)(JNIEnv* env, jclass, jlong h, jintArray src_rank, ji
 FC_NATIVE(void, moeCombine)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong h,
                             jlong expert_out, jlong width, jlong out) {
   FC_JNI_BEGIN
-  const auto& l = from_handle<host::MoeDispatchResult>(h, "the MoE dispatch")->layout;
+  const auto& l = moe_result(h)->layout;
   host::moe_combine(start_op(env, comm, d, fp), dtype(t), l, ptr(expert_out), width, ptr(out));
   FC_JNI_END()
 }

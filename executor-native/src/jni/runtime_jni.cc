@@ -10,6 +10,10 @@
 using fusedcomm::jni::from_handle;
 using fusedcomm::jni::to_jstring;
 
+namespace {
+fusedcomm::Runtime* runtime(jlong rt) { return from_handle<fusedcomm::Runtime>(rt, "the runtime"); }
+}  // namespace
+
 FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
   FC_JNI_BEGIN
   return to_jstring(env, fusedcomm::availability_report());
@@ -40,31 +44,31 @@ FC_NATIVE(jlong, runtimeCreate)(JNIEnv* env, jclass, jint backend, jlong timeout
 
 FC_NATIVE(jint, runtimeBackend)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return static_cast<jint>(from_handle<fusedcomm::Runtime>(rt, "the runtime")->backend());
+  return static_cast<jint>(runtime(rt)->backend());
   FC_JNI_END(0)
 }
 
 FC_NATIVE(jstring, runtimeDescribe)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return to_jstring(env, from_handle<fusedcomm::Runtime>(rt, "the runtime")->describe());
+  return to_jstring(env, runtime(rt)->describe());
   FC_JNI_END(nullptr)
 }
 
 FC_NATIVE(jstring, runtimeGpuUuid)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return to_jstring(env, from_handle<fusedcomm::Runtime>(rt, "the runtime")->gpu().uuid);
+  return to_jstring(env, runtime(rt)->gpu().uuid);
   FC_JNI_END(nullptr)
 }
 
 FC_NATIVE(jint, runtimePooledRegions)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return static_cast<jint>(from_handle<fusedcomm::Runtime>(rt, "the runtime")->pooled_regions());
+  return static_cast<jint>(runtime(rt)->pooled_regions());
   FC_JNI_END(0)
 }
 
 FC_NATIVE(void, runtimePinGpu)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  auto* r = from_handle<fusedcomm::Runtime>(rt, "the runtime");
+  auto* r = runtime(rt);
   if (r->gpu().ordinal >= 0) fusedcomm::pin_gpu(r->gpu().ordinal);
   FC_JNI_END()
 }

@@ -8,9 +8,12 @@ Run: torchrun --nproc-per-node W nccl_bench.py --out nccl.jsonl [--max-bytes N] 
      [--ops ag,rs,ar,a2a]
 NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off on shared hosts).
 """
-import argparse, json, os
+import argparse, json, os, sys
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common
 
 
 def main():
@@ -20,11 +23,7 @@ def main():
     ap.add_argument("--min-bytes", type=int, default=0)
     ap.add_argument("--ops", default="ag,rs,ar,a2a")
     args = ap.parse_args()
-    assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "export NCCL_NVLS_ENABLE=0"
-    rank = int(os.environ["RANK"]); world = int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    dev = torch.device("cuda", rank)
+    rank, world, dev = bench_common.init_nccl()
     big_in = torch.zeros(args.max_bytes // 2, dtype=torch.bfloat16, device=dev)
     big_out = torch.zeros(args.max_bytes // 2, dtype=torch.bfloat16, device=dev)
     ops = []
@@ -79,10 +78,7 @@ def main():
                 f.write(json.dumps(row) + "\n"); f.flush()
                 print(f"{op:14s} W={world} {b:11d} B  {med:9.4f} ms  busbw {algbw*factor:7.1f} GB/s", flush=True)
             b *= 4
-    if f:
-        f.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    bench_common.finish_nccl(f)
 
 
 if __name__ == "__main__":

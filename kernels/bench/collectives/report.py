@@ -3,8 +3,10 @@ collectives_results.json (rows: op, impl, world, bytes, dtype, ms_median, algbw,
 commit, date), collectives_results.md (table with ratios and the issue's targets) and
 collectives_results.png. Usage: report.py --out-dir DIR --device NAME --commit SHA IN.jsonl...
 """
-import argparse, datetime, json, os
-from collections import defaultdict
+import os, sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common
 
 
 def human(b):
@@ -15,26 +17,8 @@ def human(b):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--device", default="?")
-    ap.add_argument("--commit", default="?")
-    ap.add_argument("--prefix", default="collectives_results")
-    ap.add_argument("inputs", nargs="+")
-    a = ap.parse_args()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    rows = []
-    for p in a.inputs:
-        if not os.path.exists(p):
-            continue
-        for line in open(p):
-            if line.strip():
-                r = json.loads(line)
-                r.update(device=a.device, commit=a.commit, date=date)
-                rows.append(r)
-    os.makedirs(a.out_dir, exist_ok=True)
-    with open(os.path.join(a.out_dir, a.prefix + ".json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    a = bench_common.report_args("collectives_results")
+    rows, date = bench_common.join_rows(a)
     by = {(r["op"], r["world"], r["bytes"], r["impl"]): r for r in rows}
     keys = sorted({(r["op"], r["world"]) for r in rows})
     md = [f"# Collectives: fusedcomm vs NCCL ({a.device}, commit {a.commit}, {date})", "",
@@ -67,13 +51,9 @@ def main():
            "|---|---:|---:|---:|"]
     for op, w, lo, ln, bo, bn in verdicts:
         md.append(f"| {op} | {w} | {lo}/{ln} | {bo}/{bn} |")
-    with open(os.path.join(a.out_dir, a.prefix + ".md"), "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    bench_common.write_markdown(a, md)
+
+    def draw(plt):  # busbw vs bytes for each (op, world), ours and NCCL
         fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
         for ax, (op, w) in zip(axes[0], keys):
             for impl, style in (("fusedcomm", "o-"), ("nccl", "s--")):
@@ -83,10 +63,9 @@ def main():
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl, ms=3)
             ax.set_xscale("log", base=2); ax.set_title(f"{op} W={w}"); ax.set_xlabel("bytes")
             ax.set_ylabel("busbw GB/s"); ax.grid(alpha=.3); ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out_dir, a.prefix + ".png"), dpi=90)
-    except Exception as e:  # plots are optional; the table is the record
-        print("no plot:", e)
+        return fig
+
+    bench_common.save_plot(a, draw)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@
   PREFIX.png   TFLOP/s per GPU vs shape for each (op, world), one line per impl
 Usage: report.py --out-dir DIR --device NAME --commit SHA [--prefix fused_results] IN.jsonl...
 """
-import argparse
-import datetime
-import json
 import math
 import os
+import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common
 
 IMPLS = ["ours_fused", "ours_decomposed", "torch_serial", "torch_symm_mem", "ours_gemm",
          "torch_gemm", "ours_collective", "torch_collective"]
@@ -35,26 +36,8 @@ def fmt(x, d=3):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--device", default="?")
-    ap.add_argument("--commit", default="?")
-    ap.add_argument("--prefix", default="fused_results")
-    ap.add_argument("inputs", nargs="+")
-    a = ap.parse_args()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    rows = []
-    for p in a.inputs:
-        if not os.path.exists(p):
-            continue
-        for line in open(p):
-            if line.strip():
-                r = json.loads(line)
-                r.update(device=a.device, commit=a.commit, date=date)
-                rows.append(r)
-    os.makedirs(a.out_dir, exist_ok=True)
-    with open(os.path.join(a.out_dir, a.prefix + ".json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    a = bench_common.report_args("fused_results")
+    rows, date = bench_common.join_rows(a)
 
     by = {}
     order = []  # (op, world, shape) in first-seen order (the bench's shape order)
@@ -140,17 +123,12 @@ def main():
     if errors:
         md += ["", "## Errors", ""] + [f"- {r['impl']} {r['op']} W={r['world']} {r['shape']}: {r['error']}"
                                        for r in errors]
-    with open(os.path.join(a.out_dir, a.prefix + ".md"), "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
+    bench_common.write_markdown(a, md)
 
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def draw(plt):  # TFLOP/s per GPU vs shape for each (op, world), one line per impl
         panels = sorted({(k[0], k[1]) for k in order})
         if not panels:
-            return
+            return None
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
         styles = {"ours_fused": "o-", "ours_decomposed": "o--", "torch_serial": "s-",
                   "torch_symm_mem": "s--", "ours_gemm": ":", "torch_gemm": "-."}
@@ -167,10 +145,9 @@ def main():
             ax.set_ylabel("TFLOP/s per GPU")
             ax.grid(alpha=.3)
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out_dir, a.prefix + ".png"), dpi=90)
-    except Exception as e:  # plots are optional; the table is the record
-        print("no plot:", e)
+        return fig
+
+    bench_common.save_plot(a, draw)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common
+
 
 def shapes(tp, quick):
     """(label, op, M, N, K): see fused_bench.cc (N = N_r for allGatherGemm, K = K_r for RS)."""
@@ -55,12 +58,7 @@ def main():
     ap.add_argument("--batch-ms", type=float, default=25.0)
     ap.add_argument("--batches", type=int, default=7)
     args = ap.parse_args()
-    assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "export NCCL_NVLS_ENABLE=0"
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", device_id=dev)
+    rank, world, dev = bench_common.init_nccl()
     group_name = dist.group.WORLD.group_name
     symm = None
     try:
@@ -185,10 +183,7 @@ def main():
                       + (f"  ERROR {err}" if err else ""), flush=True)
         del calls
         torch.cuda.empty_cache()
-    if f:
-        f.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    bench_common.finish_nccl(f)
 
 
 if __name__ == "__main__":

@@ -12,20 +12,15 @@ import jcuda.runtime.cudaMemcpyKind;
  * executor's GPU); {@link #wrap} borrows a pointer the caller owns, e.g. from JCuda code of the
  * user's own, and never frees it. Device tensors are what the cuda backend's ops take.
  */
-public final class DeviceTensor implements Tensor, AutoCloseable {
-  private final DType dtype;
-  private final long[] shape;
-  private final long numel;
+public final class DeviceTensor extends AbstractTensor implements AutoCloseable {
   private final boolean owned;
   private final long leakId;
   private Pointer pointer;
   private long address;  // cached: a tensor's pointer never changes
 
   private DeviceTensor(Pointer pointer, DType dtype, long[] shape, boolean owned) {
+    super(dtype, shape);
     this.pointer = pointer;
-    this.dtype = dtype;
-    this.shape = Shapes.checked(shape);
-    this.numel = Shapes.numel(this.shape);
     this.owned = owned;
     this.leakId = owned ? LeakTracker.opened("DeviceTensor" + java.util.Arrays.toString(shape)) : 0;
   }
@@ -75,31 +70,6 @@ public final class DeviceTensor implements Tensor, AutoCloseable {
       throw new IllegalStateException("the device tensor is closed");
     }
     return pointer;
-  }
-
-  @Override
-  public DType dtype() {
-    return dtype;
-  }
-
-  @Override
-  public long[] shape() {
-    return shape.clone();
-  }
-
-  @Override
-  public int rank() {
-    return shape.length;
-  }
-
-  @Override
-  public long dim(int i) {
-    return shape[i];
-  }
-
-  @Override
-  public long numel() {
-    return numel;
   }
 
   @Override

@@ -11,21 +11,13 @@ import java.nio.ByteOrder;
  * {@link ByteBuffer} view, so a single tensor's view is limited to 2 GiB; ops themselves have no
  * such limit.
  */
-public final class HostTensor implements Tensor, AutoCloseable {
-  private final DType dtype;
-  private final long[] shape;
-  private final long numel;
+public final class HostTensor extends AbstractTensor implements AutoCloseable {
   private final long leakId;
   private long address;
   private ByteBuffer view;
 
   private HostTensor(DType dtype, long[] shape) {
-    if (dtype == null) {
-      throw new IllegalArgumentException("dtype must not be null");
-    }
-    this.dtype = dtype;
-    this.shape = Shapes.checked(shape);
-    this.numel = Shapes.numel(this.shape);
+    super(dtype, shape);
     this.address = NativeApi.memAlloc(numel * dtype.bytes());
     this.leakId = LeakTracker.opened("HostTensor" + java.util.Arrays.toString(shape));
   }
@@ -137,31 +129,6 @@ public final class HostTensor implements Tensor, AutoCloseable {
     if (address == 0) {
       throw new IllegalStateException("the tensor is closed");
     }
-  }
-
-  @Override
-  public DType dtype() {
-    return dtype;
-  }
-
-  @Override
-  public long[] shape() {
-    return shape.clone();
-  }
-
-  @Override
-  public int rank() {
-    return shape.length;
-  }
-
-  @Override
-  public long dim(int i) {
-    return shape[i];
-  }
-
-  @Override
-  public long numel() {
-    return numel;
   }
 
   @Override
