@@ -45,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -64,7 +65,6 @@ namespace k = fusedcomm::kernels;
 using fusedcomm::Error;
 using fusedcomm::ErrorKind;
 using fusedcomm::SymmetricConfig;
-using fusedcomm::SymmetricMemory;
 using fusedcomm::split_count;
 using fusedcomm::split_offset;
 using fusedcomm::testing::ProcessGroup;
@@ -206,19 +206,12 @@ int64_t verify(const Case& c, uint64_t key, int W, int r, const uint8_t* got) {
   return bad;
 }
 
-struct Rank {
-  ProcessGroup& g;
-  int W, r;
-  uint64_t seed;
-  std::unique_ptr<SymmetricMemory> sm;
-  cudaStream_t stream{};
+struct Rank : fusedcomm::testing::SymmetricRank {
   uint8_t* out = nullptr;  // output buffer
   size_t out_cap = 0;
   uint8_t* in_direct = nullptr;  // inputs of Case::direct (at in_offset), out_cap bytes
 
-  Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
-
-  void open(const SymmetricConfig& cfg) { fusedcomm::testing::reopen(g, sm, cfg); }
+  using SymmetricRank::SymmetricRank;
 
   void upload(const Case& c, uint64_t key, uint8_t* dst) {
     std::vector<uint8_t> bytes;
@@ -545,13 +538,9 @@ struct Rank {
       CUDA_OK(k::launch_collective(sm->device(), args(c, out), stream));
       CUDA_OK(cudaStreamSynchronize(stream));  // returns: the kernel gave up, no hang
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      bool threw = false;
-      try {
-        sm->raise_if_failed();
-      } catch (const Error& e) {
-        threw = e.kind() == ErrorKind::kTimeout;
-        if (r == 0) std::printf("  rank 0 got the expected timeout after %.2f s: %s\n", s, e.what());
-      }
+      const std::optional<Error> e = fusedcomm::testing::raised(*sm);
+      const bool threw = e && e->kind() == ErrorKind::kTimeout;
+      if (e && r == 0) std::printf("  rank 0 got the expected timeout after %.2f s: %s\n", s, e->what());
       const k::CommErrorRecord rec = sm->error();
       check(threw, "rank " + std::to_string(r) + ": dead peer -> Error(kTimeout)");
       check(rec.code == k::kGemmWaitTimeout && rec.rank == static_cast<uint32_t>(r) &&
@@ -575,13 +564,10 @@ struct Rank {
       sm->abort();
       CUDA_OK(cudaStreamSynchronize(stream));
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      bool threw = false;
-      try {
-        sm->raise_if_failed();
-      } catch (const Error& e) {
-        threw = e.kind() == ErrorKind::kCommunicator && std::string(e.what()).find("abort") != std::string::npos;
-        if (r == 0) std::printf("  rank 0 got the expected abort after %.2f s: %s\n", s, e.what());
-      }
+      const std::optional<Error> e = fusedcomm::testing::raised(*sm);
+      const bool threw = e && e->kind() == ErrorKind::kCommunicator &&
+                         std::string(e->what()).find("abort") != std::string::npos;
+      if (e && r == 0) std::printf("  rank 0 got the expected abort after %.2f s: %s\n", s, e->what());
       const k::CommErrorRecord rec = sm->error();
       check(threw && rec.code == k::kGemmAborted && rec.step == k::kCommStepArrive &&
                 rec.peer == static_cast<uint32_t>(W - 1) && s < 3.0,
@@ -638,15 +624,9 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
 }  // namespace
 
 int main() {
-  std::string reason;
-  const int n = fusedcomm::testing::probe_peer_gpus(reason);
   const int shared = fusedcomm::testing::shared_gpu_world();
-  if (n < 2 && !(n == 1 && shared > 0)) {
-    std::printf("SKIP: gpu_collectives_test needs >= 2 Hopper GPUs with peer access "
-                "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
-                n < 0 ? reason.c_str() : "only 1 GPU visible");
-    return 77;
-  }
+  const int n = fusedcomm::testing::peer_gpus_or_skip("gpu_collectives_test", shared);
+  if (n == 0) return 77;
   if (const char* s = std::getenv("FC_TEST_NEW_ALGOS")) g_new_only = std::atoi(s) != 0;
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_collectives_test", n);
   struct Config {

@@ -49,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -71,7 +72,6 @@ namespace k = fusedcomm::kernels;
 using fusedcomm::Error;
 using fusedcomm::ErrorKind;
 using fusedcomm::SymmetricConfig;
-using fusedcomm::SymmetricMemory;
 using fusedcomm::split_count;
 using fusedcomm::split_offset;
 using fusedcomm::testing::ProcessGroup;
@@ -222,12 +222,7 @@ bool guard_intact(const void* dev_end) {
   return true;
 }
 
-struct Rank {
-  ProcessGroup& g;
-  int W, r;
-  uint64_t seed;
-  std::unique_ptr<SymmetricMemory> sm;
-  cudaStream_t stream{};
+struct Rank : fusedcomm::testing::SymmetricRank {
   // A stream-K workspace for the decomposed paths' GEMMs, as DeviceComm passes one (kernels'
   // gemm.h; zeroed once, every launch leaves its counters zero): every case runs with it.
   DevBuf gemm_ws;
@@ -239,9 +234,8 @@ struct Rank {
     return k::GemmWorkspace{gemm_ws.p, gemm_ws.bytes};
   }
 
-  Rank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
+  using SymmetricRank::SymmetricRank;
 
-  void open(const SymmetricConfig& cfg) { fusedcomm::testing::reopen(g, sm, cfg); }
   uint8_t* data() const { return static_cast<uint8_t*>(sm->data()); }
 
   // ---- allGatherGemm ----
@@ -797,12 +791,8 @@ struct Rank {
     CUDA_OK(launch());
     CUDA_OK(cudaStreamSynchronize(stream));  // returns: the kernel gave up, no hang
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    bool threw = false;
-    try {
-      sm->raise_if_failed();
-    } catch (const Error& e) {
-      threw = e.kind() == ErrorKind::kTimeout;
-    }
+    const std::optional<Error> e = fusedcomm::testing::raised(*sm);
+    const bool threw = e && e->kind() == ErrorKind::kTimeout;
     const k::CommErrorRecord rec = sm->error();
     if (r == 0) {
       std::printf("  rank 0, %s: timed out after %.2f s: rank %u peer %u op %s step %s "
@@ -938,12 +928,8 @@ struct Rank {
         CUDA_OK(cudaStreamSynchronize(stream));
         const auto t1 = std::chrono::steady_clock::now();
         const double s = std::chrono::duration<double>(t1 - t0).count();
-        bool threw = false;
-        try {
-          sm->raise_if_failed();
-        } catch (const Error& e) {
-          threw = e.kind() == ErrorKind::kCommunicator;
-        }
+        const std::optional<Error> e = fusedcomm::testing::raised(*sm);
+        const bool threw = e && e->kind() == ErrorKind::kCommunicator;
         const k::CommErrorRecord rec = sm->error();
         check(threw && rec.code == k::kGemmAborted && rec.op == k::kFusedOpAllGatherGemm && s < 3.0,
               "rank " + std::to_string(r) + ": abort stops a waiting allGatherGemm");
@@ -1028,15 +1014,9 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
 }  // namespace
 
 int main() {
-  std::string reason;
-  const int n = fusedcomm::testing::probe_peer_gpus(reason);
   const int shared = fusedcomm::testing::shared_gpu_world();
-  if (n < 2 && !(n == 1 && shared > 0)) {
-    std::printf("SKIP: gpu_fused_test needs >= 2 Hopper GPUs with peer access "
-                "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
-                n < 0 ? reason.c_str() : "only 1 GPU visible");
-    return 77;
-  }
+  const int n = fusedcomm::testing::peer_gpus_or_skip("gpu_fused_test", shared);
+  if (n == 0) return 77;
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_fused_test", n);
   fusedcomm::testing::g_shared_gpu = shared > 0;  // every rank on GPU 0 (time-sliced)
   const int max_world = std::min(shared > 0 ? shared : n, k::kCommMaxRanks);

@@ -1,7 +1,9 @@
 // What the multi-process GPU tests (gpu_collectives_test, gpu_fused_test) share: the check
-// counters (check.h), CUDA_OK, the seed mixer and the run's seed, reopening the symmetric memory, the
+// counters (check.h), CUDA_OK, the seed mixer and the run's seed, a rank's state
+// (SymmetricRank) and reopening its symmetric memory, the Error a failed launch raised, the
 // GPU-count probe (the parent must not create a CUDA context before it forks its ranks, so the
-// probe runs in a child and reports back through a pipe), and the shared-GPU mode.
+// probe runs in a child and reports back through a pipe) with its skip line, and the shared-GPU
+// mode.
 //
 // Shared-GPU mode (FC_TEST_SHARED_GPU=<max world>, tests only): every rank runs on GPU 0, for
 // worlds 2..max. The ranks' processes then time-slice the GPU, so each flag hand-off waits for
@@ -21,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -136,6 +139,34 @@ inline void reopen(ProcessGroup& g, std::unique_ptr<SymmetricMemory>& sm,
   sm->connect(g.all_gather(sm->export_handle()));
 }
 
+// One rank of a multi-process test over a SymmetricMemory (gpu_collectives_test and
+// gpu_fused_test derive their Rank from it): its process group, world W and rank r, the run's
+// seed, the memory (replaced by open) and the non-blocking stream its launches use (the test
+// creates it).
+struct SymmetricRank {
+  ProcessGroup& g;
+  int W, r;
+  uint64_t seed;
+  std::unique_ptr<SymmetricMemory> sm;
+  cudaStream_t stream{};
+
+  SymmetricRank(ProcessGroup& group, uint64_t s)
+      : g(group), W(group.world), r(group.rank), seed(s) {}
+
+  void open(const SymmetricConfig& cfg) { reopen(g, sm, cfg); }
+};
+
+// The Error that sm.raise_if_failed() throws after a launch, if any (the tests' timeout, abort
+// and launch-mismatch sections expect one).
+inline std::optional<Error> raised(SymmetricMemory& sm) {
+  try {
+    sm.raise_if_failed();
+  } catch (const Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
 // After a launch on which odd and even ranks disagree (the tests' "launch mismatch" sections),
 // `seconds` after it was enqueued and synchronised: checks that raise_if_failed threw
 // Error(kCommunicator) "launch mismatch", that the record names this rank, a peer of the other
@@ -144,14 +175,10 @@ inline void reopen(ProcessGroup& g, std::unique_ptr<SymmetricMemory>& sm,
 inline kernels::CommErrorRecord expect_launch_mismatch(SymmetricMemory& sm, int rank, int world,
                                                        const std::string& who, double seconds,
                                                        double limit_s) {
-  std::string msg;
-  bool threw = false;
-  try {
-    sm.raise_if_failed();
-  } catch (const Error& e) {
-    msg = e.what();
-    threw = e.kind() == ErrorKind::kCommunicator && msg.find("launch mismatch") != std::string::npos;
-  }
+  const std::optional<Error> e = raised(sm);
+  const std::string msg = e ? e->what() : "";
+  const bool threw =
+      e && e->kind() == ErrorKind::kCommunicator && msg.find("launch mismatch") != std::string::npos;
   const kernels::CommErrorRecord rec = sm.error();
   if (rank < 2) std::printf("  %s after %.3f s: %s\n", who.c_str(), seconds, msg.c_str());
   check(threw, who + ": Error(kCommunicator) 'launch mismatch' (got '" + msg + "')");
@@ -214,6 +241,19 @@ inline int probe_peer_gpus(std::string& reason) {
   waitpid(pid, &status, 0);
   reason = msg;
   return n;
+}
+
+// The peer-connected Hopper GPUs for `test` (gpu_collectives_test, gpu_fused_test), or 0 after
+// printing why it skips (exit 77 then): fewer than 2, unless the shared-GPU mode (`shared`:
+// shared_gpu_world()) runs every rank on the one there is.
+inline int peer_gpus_or_skip(const char* test, int shared) {
+  std::string reason;
+  const int n = probe_peer_gpus(reason);
+  if (n >= 2 || (n == 1 && shared > 0)) return n;
+  std::printf("SKIP: %s needs >= 2 Hopper GPUs with peer access "
+              "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
+              test, n < 0 ? reason.c_str() : "only 1 GPU visible");
+  return 0;
 }
 
 }  // namespace fusedcomm::testing

@@ -159,6 +159,11 @@ struct Expect {
     val.push_back(v);
     tol.push_back(tolerance);
   }
+  // The expectations of elements [off, off + n) (a rank's block of a reduceScatter).
+  Expect slice(int64_t off, int64_t n) const {
+    return Expect{{val.begin() + off, val.begin() + off + n},
+                  {tol.begin() + off, tol.begin() + off + n}};
+  }
 };
 
 // The largest |got - ref| / tol seen, reported at the end to show how tight the bounds are.
@@ -407,9 +412,7 @@ void test_collectives() {
           const std::string rr = what + " rank " + std::to_string(r);
           const int64_t mine = split_count(count, w, r), off = split_offset(count, w, r);
           CHECK(same_bits(ag_out[r], 0, concat, 0, count), "allGather" + rr + " equals the concatenation");
-          Expect block{{sum.val.begin() + off, sum.val.begin() + off + mine},
-                       {sum.tol.begin() + off, sum.tol.begin() + off + mine}};
-          check_close("reduceScatter" + rr, rs_out[r], block);
+          check_close("reduceScatter" + rr, rs_out[r], sum.slice(off, mine));
           CHECK(same_bits(rs_out[r], 0, ordered, off, mine), "reduceScatter" + rr + " adds in rank order (bitwise)");
           check_close("allReduce" + rr, ar_out[r], sum);
           CHECK(same_bits(ar_out[r], 0, ordered, 0, count), "allReduce" + rr + " adds in rank order (bitwise)");
@@ -540,6 +543,24 @@ Expect ref_gemm_sum(DType t, const std::vector<Tensor>& a, const std::vector<Ten
   return e;
 }
 
+// Per-rank tensors of a gemmReduceScatter + gemmAllReduce case, K split over the w ranks: A
+// (m x k_r) and the weight (n x k_r) random, the reduceScatter block and the allReduce output
+// poisoned.
+struct GemmReduceTensors {
+  std::vector<Tensor> a, wt, rs, ar;
+};
+GemmReduceTensors gemm_reduce_tensors(DType t, int w, int64_t m, int64_t n, int64_t k) {
+  GemmReduceTensors x;
+  for (int r = 0; r < w; ++r) {
+    const int64_t ks = split_count(k, w, r);
+    x.a.push_back(random_tensor(t, m * ks));
+    x.wt.push_back(random_tensor(t, n * ks));
+    x.rs.push_back(poisoned(t, split_count(m, w, r) * n));
+    x.ar.push_back(poisoned(t, m * n));
+  }
+  return x;
+}
+
 void test_gemm_reduce() {
   for (int w = 1; w <= 4; ++w)
     for (DType t : {DType::kF32, DType::kBF16})
@@ -549,14 +570,7 @@ void test_gemm_reduce() {
             for (int64_t n : {int64_t{1}, int64_t{19}}) {
               const std::string what = ctx("", w, t) + " " + name(layout) + " m=" + std::to_string(m) +
                                        " n=" + std::to_string(n) + " k=" + std::to_string(k);
-              std::vector<Tensor> a(w), wt(w), rs(w), ar(w);
-              for (int r = 0; r < w; ++r) {
-                const int64_t ks = split_count(k, w, r);  // k=2 leaves ranks with no K slice
-                a[r] = random_tensor(t, m * ks);
-                wt[r] = random_tensor(t, n * ks);
-                rs[r] = poisoned(t, split_count(m, w, r) * n);
-                ar[r] = poisoned(t, m * n);
-              }
+              auto [a, wt, rs, ar] = gemm_reduce_tensors(t, w, m, n, k);  // k=2 leaves ranks with no K slice
               auto errors = run_ranks(w, [&](Exchanger& ex) {
                 const int r = ex.rank();
                 const int64_t ks = split_count(k, w, r);
@@ -567,10 +581,8 @@ void test_gemm_reduce() {
               const Expect full = ref_gemm_sum(t, a, wt, m, n, k, w, layout);
               for (int r = 0; r < w; ++r) {
                 const int64_t off = split_offset(m, w, r) * n, cnt = split_count(m, w, r) * n;
-                Expect block{{full.val.begin() + off, full.val.begin() + off + cnt},
-                             {full.tol.begin() + off, full.tol.begin() + off + cnt}};
                 CHECK(rs[r].size() == cnt, "gemmReduceScatter" + what + " block size");
-                check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], block);
+                check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], full.slice(off, cnt));
                 check_close("gemmAllReduce" + what + " rank " + std::to_string(r), ar[r], full);
                 CHECK(same_bits(ar[r], 0, ar[0], 0, m * n), "gemmAllReduce" + what + " same bits on every rank");
                 CHECK(same_bits(rs[r], 0, ar[r], off, cnt), "gemmReduceScatter" + what + " equals its allReduce block");
@@ -630,14 +642,7 @@ void test_gemm_reduce_bf16_partials() {
           const int64_t k = 45, n = 19;
           const std::string what = ctx("", w, t) + " " + name(layout) + " m=" + std::to_string(m) +
                                    " bf16 partials";
-          std::vector<Tensor> a(w), wt(w), rs(w), ar(w);
-          for (int r = 0; r < w; ++r) {
-            const int64_t ks = split_count(k, w, r);
-            a[r] = random_tensor(t, m * ks);
-            wt[r] = random_tensor(t, n * ks);
-            rs[r] = poisoned(t, split_count(m, w, r) * n);
-            ar[r] = poisoned(t, m * n);
-          }
+          auto [a, wt, rs, ar] = gemm_reduce_tensors(t, w, m, n, k);
           auto errors = run_ranks(w, [&](Exchanger& ex) {
             const int r = ex.rank();
             gemm_reduce_scatter(ex, t, a[r].data(), wt[r].data(), rs[r].data(), m, n,
@@ -649,9 +654,7 @@ void test_gemm_reduce_bf16_partials() {
           const Expect full = ref_gemm_sum(t, a, wt, m, n, k, w, layout, /*bf16_partials=*/true);
           for (int r = 0; r < w; ++r) {
             const int64_t off = split_offset(m, w, r) * n, cnt = split_count(m, w, r) * n;
-            Expect block{{full.val.begin() + off, full.val.begin() + off + cnt},
-                         {full.tol.begin() + off, full.tol.begin() + off + cnt}};
-            check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], block);
+            check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], full.slice(off, cnt));
             check_close("gemmAllReduce" + what + " rank " + std::to_string(r), ar[r], full);
             CHECK(std::memcmp(ar[r].data(), ar[0].data(), static_cast<size_t>(m * n * dtype_size(t))) == 0,
                   "gemmAllReduce" + what + ": rank " + std::to_string(r) + " got other bits than rank 0");
