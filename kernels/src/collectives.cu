@@ -329,6 +329,26 @@ __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoc
   }
 }
 
+// Last CTA of a launch whose peers read this rank's memory (ordering: CommFlags::done): it
+// tells every peer this rank is done reading theirs, waits until every peer is done reading
+// ours, then records the epoch for the next launch. A wait that fails (abort or timeout, the
+// error record written) stops the loop; the epoch is recorded either way.
+__device__ __forceinline__ void finish_with_end_barrier(const CommDevice& d, uint64_t epoch,
+                                                        CommOp op) {
+  comm_publish_fence();
+  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
+    const int r = d.rank, W = d.world;
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
+    CommFlags* const mine = comm_flags(d, r);
+    for (int i = 1; i < W; ++i) {
+      const int p = (r + i) % W;
+      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(op), kCommStepDone, p))
+        break;
+    }
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+}
+
 // ---- one-shot: push, one flag per (source, CTA), reduce/copy from local staging -------------
 // Out: the reductions' output type (T, or bf16 for fp32 reduceScatter with out_bf16).
 // (__launch_bounds__(kThreads, 1) asks for one resident CTA per SM, which lets ptxas use the
@@ -545,18 +565,7 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
       }
     }
   }
-  // End barrier (ordering: CommFlags::done): the last CTA tells every peer this rank is done
-  // reading its memory, waits until every peer is done reading ours, then bumps the epoch.
-  comm_publish_fence();
-  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
-    for (int i = 1; i < W; ++i) {
-      const int p = (r + i) % W;
-      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(a.op), kCommStepDone, p))
-        break;
-    }
-    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
-  }
+  finish_with_end_barrier(d, epoch, a.op);
 }
 
 // ---- chunk-pipelined variants (kTwoPhasePush, kPipelined): per-chunk flags ---------------------
@@ -857,17 +866,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     finish_launch(d, epoch);
     return;
   }
-  // End barrier (CommFlags::done), as in two_phase_kernel: peers read this rank's scratch.
-  comm_publish_fence();
-  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
-    for (int i = 1; i < W; ++i) {
-      const int p = (r + i) % W;
-      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(op), kCommStepDone, p))
-        break;
-    }
-    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
-  }
+  // End barrier: peers read this rank's scratch.
+  finish_with_end_barrier(d, epoch, op);
   (void)ok;
 }
 

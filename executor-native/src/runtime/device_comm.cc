@@ -111,6 +111,7 @@ void DeviceComm::join_previous(cudaStream_t s) {
 void DeviceComm::enqueue(const k::CollectiveArgs& args, const void* in, size_t in_bytes,
                          cudaStream_t s) {
   k::CollectiveArgs a = args;
+  a.algo = k::collective_choose_algo(sm_->device(), a);  // decided once; the launch keeps it
   if (in_bytes > 0) {
     const auto* lo = static_cast<const char*>(in);
     const auto* out = static_cast<const char*>(a.output);
@@ -120,7 +121,7 @@ void DeviceComm::enqueue(const k::CollectiveArgs& args, const void* in, size_t i
     const bool overlaps = out != nullptr && lo < out + out_bytes && out < lo + in_bytes;
     // An element-misaligned input (which the byte copy used to hide) is copied too.
     const bool aligned = reinterpret_cast<uintptr_t>(in) % element_bytes(a.dtype) == 0;
-    if (!overlaps && aligned && k::collective_choose_algo(sm_->device(), a) == k::CommAlgo::kOneShot) {
+    if (!overlaps && aligned && a.algo == k::CommAlgo::kOneShot) {
       a.input = in;
     } else {
       check(cudaMemcpyAsync(sm_->data(), in, in_bytes, cudaMemcpyDeviceToDevice, s),
