@@ -405,25 +405,17 @@ public final class TensorParallelMlpExample {
       double[] dzErr = new double[f];
       for (int row = 0; row < m; row++) {
         for (int j = 0; j < f; j++) {
-          double z = 0;
-          double s1 = 0;
-          for (int k = 0; k < h; k++) {
-            double t = (double) x[row * h + k] * w1[j * h + k];
-            z += t;
-            s1 += Math.abs(t);
-          }
-          double zErr = u * Math.abs(z) + LAMBDA * Math.sqrt(h) * v * s1;
+          // Z_f = Σ_k X_k·W1_fk: W1_fk at w1[f·H + k].
+          Dot zDot = Dot.of(x, row * h, w1, j * h, 1, h, u, v);
+          double z = zDot.value();
+          double zErr = zDot.bound();
           act[j] = gelu(z);
           actErr[j] = GELU_LIPSCHITZ * zErr + (u + v) * Math.abs(act[j]);
 
-          double da = 0;
-          double s2 = 0;
-          for (int i = 0; i < h; i++) {
-            double t = (double) dy[row * h + i] * w2[i * f + j];
-            da += t;
-            s2 += Math.abs(t);
-          }
-          double daErr = u * Math.abs(da) + LAMBDA * Math.sqrt(h) * v * s2;
+          // dA_f = Σ_i dY_i·W2_if: W2_if at w2[i·F + f].
+          Dot daDot = Dot.of(dy, row * h, w2, j, f, h, u, v);
+          double da = daDot.value();
+          double daErr = daDot.bound();
           double g = geluGrad(z);
           double gErr = GELU_GRAD_LIPSCHITZ * zErr;
           dz[j] = da * g;
@@ -435,6 +427,24 @@ public final class TensorParallelMlpExample {
           // dX_k = Σ_f dZ_f·W1_fk: weight f at w1[f·H + k].
           reduce(p, dz, dzErr, w1, i, h, dx, dxTolerance, row * h + i);
         }
+      }
+    }
+
+    /**
+     * The first GEMM of a pass for one element: {@code value = Σ_k a[aBase + k]·b[bBase + k·bStride]}
+     * over {@code k < n}, in fp64, and {@code bound}, the first line of its bounds above
+     * ({@code u·|value| + λ·√n·v·Σ_k |a·b|}: the dtype GEMM accumulates, then rounds).
+     */
+    private record Dot(double value, double bound) {
+      static Dot of(float[] a, int aBase, float[] b, int bBase, int bStride, int n, double u, double v) {
+        double sum = 0;
+        double abs = 0;
+        for (int k = 0; k < n; k++) {
+          double t = (double) a[aBase + k] * b[bBase + k * bStride];
+          sum += t;
+          abs += Math.abs(t);
+        }
+        return new Dot(sum, u * Math.abs(sum) + LAMBDA * Math.sqrt(n) * v * abs);
       }
     }
 

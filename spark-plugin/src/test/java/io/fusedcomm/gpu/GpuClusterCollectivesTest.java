@@ -279,7 +279,7 @@ class GpuClusterCollectivesTest {
   private static void verify(String op, DType t, int n, int w, int r, float[][] inputs, float[] got,
                              double extraRel) {
     switch (op) {
-      case "allGather" -> Check.exact(op, concat(Arrays.asList(inputs)), got);
+      case "allGather" -> Check.exact(op, Data.concat(inputs), got);
       case "reduceScatter" -> {
         long[] b = Reference.block(n, w, r);
         Check.close(op, Reference.sum(inputs).slice(b[0], b[1]), got, t, extraRel);
@@ -291,7 +291,7 @@ class GpuClusterCollectivesTest {
         for (float[] in2 : inputs) {
           blocks.add(Arrays.copyOfRange(in2, (int) b[0], (int) (b[0] + b[1])));
         }
-        Check.exact(op, concat(blocks), got);
+        Check.exact(op, Data.concat(blocks.toArray(new float[0][])), got);
       }
     }
   }
@@ -385,7 +385,7 @@ class GpuClusterCollectivesTest {
     for (int p = 0; p < w; p++) {
       shards[p] = Data.uniform(Data.seed(seed, p, 0), (int) (Split.count(m, w, p) * k), DType.BF16);
     }
-    float[] full = concat(Arrays.asList(shards));
+    float[] full = Data.concat(shards);
     float[] wr = Data.uniform(Data.seed(seed, r, 1), n * k, DType.BF16);
     long[] wShape = layout == WeightLayout.NK ? new long[] {n, k} : new long[] {k, n};
     long rows = Split.count(m, w, r);
@@ -443,17 +443,6 @@ class GpuClusterCollectivesTest {
           all ? sum : sum.slice(Reference.offset(m, w, r) * n, rows * n), Gpu.download(dc), DType.BF16,
           bf16 ? 0x1p-7 : 0);
     }
-  }
-
-  private static float[] concat(List<float[]> parts) {
-    int n = parts.stream().mapToInt(a -> a.length).sum();
-    float[] out = new float[n];
-    int at = 0;
-    for (float[] p : parts) {
-      System.arraycopy(p, 0, out, at, p.length);
-      at += p.length;
-    }
-    return out;
   }
 
   /** allReduce of ones: every element must equal the world size. */

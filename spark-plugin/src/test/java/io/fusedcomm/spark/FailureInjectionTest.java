@@ -127,8 +127,25 @@ class FailureInjectionTest {
     }).repartition(1).collect();
   }
 
-  /** The survivor's record: a CommunicatorException naming rank 1, well within the timeout. */
-  private static void assertSurvivorNamedThePeer(String record) {
+  /**
+   * Runs {@link #runWithInjection}, prints what came back, the time it took and the records, and
+   * checks that the retried stage succeeded.
+   */
+  private static void runAndAssertRetrySucceeded(Path dir, Injection injection, String label) throws IOException {
+    long start = System.nanoTime();
+    List<String> results = runWithInjection(dir, injection);
+    System.out.println(label + ": " + results + " after " + (System.nanoTime() - start) / 1_000_000 + " ms; records "
+        + list(dir));
+    assertRetrySucceeded(results);
+  }
+
+  /**
+   * Prints the survivor's (rank 0's) record of attempt 0 and checks it: a CommunicatorException
+   * naming rank 1, well within the timeout.
+   */
+  private static void assertSurvivorNamedThePeer(Path dir) throws IOException {
+    String record = read(dir, "attempt0-rank0");
+    System.out.println("rank 0 on attempt 0: " + record);
     String[] parts = record.split("\\|", 3);
     assertEquals(3, parts.length, "record: " + record);
     try {
@@ -154,15 +171,9 @@ class FailureInjectionTest {
   @Test
   @Order(1)
   void rankThatThrowsFailsThePeerAndTheRetriedStageSucceeds(@TempDir Path dir) throws IOException {
-    long start = System.nanoTime();
-    List<String> results = runWithInjection(dir, Injection.THROW);
-    System.out.println("throw: " + results + " after " + (System.nanoTime() - start) / 1_000_000 + " ms; records "
-        + list(dir));
-    assertRetrySucceeded(results);
+    runAndAssertRetrySucceeded(dir, Injection.THROW, "throw");
     assertTrue(read(dir, "attempt0-rank1").contains("injected failure on rank 1"), read(dir, "attempt0-rank1"));
-    String survivor = read(dir, "attempt0-rank0");
-    System.out.println("rank 0 on attempt 0: " + survivor);
-    assertSurvivorNamedThePeer(survivor);
+    assertSurvivorNamedThePeer(dir);
   }
 
   @Test
@@ -192,15 +203,9 @@ class FailureInjectionTest {
   @Test
   @Order(3)
   void executorKilledMidSequenceFailsThePeerAndTheRetriedStageSucceeds(@TempDir Path dir) throws IOException {
-    long start = System.nanoTime();
-    List<String> results = runWithInjection(dir, Injection.HALT);
-    System.out.println("halt: " + results + " after " + (System.nanoTime() - start) / 1_000_000 + " ms; records "
-        + list(dir));
-    assertRetrySucceeded(results);
+    runAndAssertRetrySucceeded(dir, Injection.HALT, "halt");
     assertEquals("injected HALT", read(dir, "attempt0-rank1"));
-    String survivor = read(dir, "attempt0-rank0");
-    System.out.println("rank 0 on attempt 0: " + survivor);
-    assertSurvivorNamedThePeer(survivor);
+    assertSurvivorNamedThePeer(dir);
     cluster.awaitExecutors(2, 60_000);
   }
 
