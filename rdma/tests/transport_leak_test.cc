@@ -29,6 +29,29 @@ uint64_t load(const uint64_t& w) {
   return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(w)).load(std::memory_order_acquire);
 }
 
+// A cycle's write to `peer`: 8 payload bytes from offset 0 of `src` to offset 16 of the peer's
+// `dst`, then the peer's signal word at offset 8 of `dst` raised to `comm`.
+WriteOp cycle_write(int peer, const Region& src, const Region& dst, uint64_t comm) {
+  WriteOp op;
+  op.peer = peer;
+  op.src_key = src.key;
+  op.src_offset = 0;
+  op.dst_key = dst.key;
+  op.dst_offset = 16;
+  op.bytes = 8;
+  op.signal_key = dst.key;
+  op.signal_offset = 8;
+  op.signal_value = comm;
+  return op;
+}
+
+// Waits for this rank's signal word (m[1]) to reach `comm`; a check failure if it does not.
+void expect_signal(int rank, const std::vector<uint64_t>& m, uint64_t comm) {
+  if (!fctest::wait_for([&] { return load(m[1]) >= comm; }, 10000ms)) {
+    FC_CHECK(false, "rank " + std::to_string(rank) + ": no signal in cycle " + std::to_string(comm));
+  }
+}
+
 // One cycle: both ranks connect, exchange a payload with a signal each way, and close.
 // Every 50th cycle rank 0 sends through a ring and a Proxy (one more thread to clean up),
 // every 7th cycle rank 1 aborts instead of closing.
@@ -40,21 +63,9 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
   std::thread peer([&] {
     try {
       auto g = t1.connect(spec(1, addrs, comm));
-      WriteOp op;
-      op.peer = 0;
-      op.src_key = r1.key;
-      op.src_offset = 0;
-      op.dst_key = r0.key;
-      op.dst_offset = 16;
-      op.bytes = 8;
-      op.signal_key = r0.key;
-      op.signal_offset = 8;
-      op.signal_value = comm;
       m1[0] = comm * 3;
-      g->write(op);
-      if (!fctest::wait_for([&] { return load(m1[1]) >= comm; }, 10000ms)) {
-        FC_CHECK(false, "rank 1: no signal in cycle " + std::to_string(comm));
-      }
+      g->write(cycle_write(0, r1, r0, comm));
+      expect_signal(1, m1, comm);
       if (abort1) {
         g->abort();
       } else {
@@ -66,15 +77,7 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
   });
   try {
     auto g = t0.connect(spec(0, addrs, comm));
-    WriteOp op;
-    op.peer = 1;
-    op.src_key = r0.key;
-    op.dst_key = r1.key;
-    op.dst_offset = 16;
-    op.bytes = 8;
-    op.signal_key = r1.key;
-    op.signal_offset = 8;
-    op.signal_value = comm;
+    const WriteOp op = cycle_write(1, r0, r1, comm);
     m0[0] = comm * 5;
     if (use_proxy) {
       void* mem = std::aligned_alloc(4096, 4096);
@@ -90,9 +93,7 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
     } else {
       g->write(op);
     }
-    if (!fctest::wait_for([&] { return load(m0[1]) >= comm; }, 10000ms)) {
-      FC_CHECK(false, "rank 0: no signal in cycle " + std::to_string(comm));
-    }
+    expect_signal(0, m0, comm);
     FC_CHECK(m0[2] == comm * 3, "payload before signal, cycle " + std::to_string(comm));
     g->close(abort1 ? 2000ms : 5000ms);
   } catch (const std::exception& e) {

@@ -8,12 +8,6 @@ namespace fusedcomm::host {
 
 namespace {
 
-void require_layout(WeightLayout layout, const char* op) {
-  FC_REQUIRE(layout == WeightLayout::kNK || layout == WeightLayout::kKN,
-             std::string(op) + ": unknown weight layout " +
-                 std::to_string(static_cast<int>(layout)));
-}
-
 // m×n fp32 partial product a (m×k) · op(w), not rounded.
 std::vector<float> partial_product(DType t, const void* a, const void* w, int64_t m, int64_t n,
                                    int64_t k, WeightLayout layout) {
@@ -27,11 +21,7 @@ std::vector<float> partial_product(DType t, const void* a, const void* w, int64_
 void require_gemm_collective(DType t, const void* a, const void* w, const void* c, int64_t m,
                              int64_t n, int64_t k_local, int64_t c_rows, WeightLayout layout,
                              const char* op) {
-  detail::require_dtype(t, op);
-  detail::require_nonneg(m, op, "m");
-  detail::require_nonneg(n, op, "n");
-  detail::require_nonneg(k_local, op, "k_local");
-  require_layout(layout, op);
+  detail::require_gemm_shape(t, m, n, k_local, layout, op, "n", "k_local");
   detail::require_data(a, m * k_local, op, "a");
   detail::require_data(w, n * k_local, op, "w");
   detail::require_data(c, c_rows * n, op, "c");
@@ -43,11 +33,7 @@ void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w,
                      void* gathered_a, int64_t m, int64_t n_local, int64_t k, WeightLayout layout) {
   constexpr const char* kOp = "allGatherGemm";
   const int world = ex.world(), r = ex.rank();
-  detail::require_dtype(t, kOp);
-  detail::require_nonneg(m, kOp, "m");
-  detail::require_nonneg(n_local, kOp, "n_local");
-  detail::require_nonneg(k, kOp, "k");
-  require_layout(layout, kOp);
+  detail::require_gemm_shape(t, m, n_local, k, layout, kOp, "n_local");
   detail::require_data(a_local, split_count(m, world, r) * k, kOp, "a_local");
   detail::require_data(w, n_local * k, kOp, "w");
   detail::require_data(c, m * n_local, kOp, "c");

@@ -59,18 +59,23 @@ std::vector<float> weight_as_nk(DType t, const void* w, int64_t n, int64_t k,
   return nk;
 }
 
+void require_gemm_shape(DType t, int64_t m, int64_t n, int64_t k, WeightLayout layout,
+                        const char* op, const char* n_name, const char* k_name) {
+  require_dtype(t, op);
+  require_nonneg(m, op, "m");
+  require_nonneg(n, op, n_name);
+  require_nonneg(k, op, k_name);
+  FC_REQUIRE(layout == WeightLayout::kNK || layout == WeightLayout::kKN,
+             std::string(op) + ": unknown weight layout " +
+                 std::to_string(static_cast<int>(layout)));
+}
+
 }  // namespace detail
 
 void gemm(DType t, const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
           WeightLayout layout, bool accumulate) {
   constexpr const char* kOp = "gemm";
-  detail::require_dtype(t, kOp);
-  detail::require_nonneg(m, kOp, "m");
-  detail::require_nonneg(n, kOp, "n");
-  detail::require_nonneg(k, kOp, "k");
-  FC_REQUIRE(layout == WeightLayout::kNK || layout == WeightLayout::kKN,
-             std::string(kOp) + ": unknown weight layout " +
-                 std::to_string(static_cast<int>(layout)));
+  detail::require_gemm_shape(t, m, n, k, layout, kOp);
   detail::require_data(a, m * k, kOp, "a");
   detail::require_data(w, n * k, kOp, "w");
   detail::require_data(c, m * n, kOp, "c");
