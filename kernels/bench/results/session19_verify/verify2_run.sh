@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Session 19, final check on one GPU with build/pab and .fcbundle at 6f003bb: Java/Spark at world 1
+# (and two virtual hosts), the shared-GPU native suites, the hosts test.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/verify_out}; mkdir -p "$OUT"
+t0=$SECONDS
+OUT=$OUT/java timeout 300 spark-plugin/bench/gpu_java_run.sh run 1 > "$OUT/java_run.log" 2>&1
+echo "java run 1 rc=$? ($((SECONDS-t0)) s)"; grep -E "tests (successful|failed)|overhead|check passed|rc=" "$OUT/java_run.log" | head -20
+[ -d build/pab ] || tar xJf build/pab.tar.xz -C build
+echo "pab commit $(cat build/pab/commit.txt)"
+mkdir -p build/pab/tst && cp build/pab/pusher/gpu_fused_test build/pab/coll/gpu_collectives_test build/pab/tst/
+OUT=$OUT executor-native/tests/device/shared_gpu_run.sh build/pab/tst 3 all 2>&1 | tail -2
+t1=$SECONDS; FC_TEST_SHARED_GPU=2 FC_TEST_HOSTS=2 FC_TEST_LOCAL=1 timeout 200 build/pab/gpu_runtime_hosts_test > "$OUT/hosts_test_2x1.log" 2>&1
+echo "gpu_runtime_hosts_test 2x1 shared rc=$? ($((SECONDS-t1)) s)"; grep -E "FAIL|PASS" "$OUT/hosts_test_2x1.log" | tail -2
+tar cJf /tmp/verify2_logs.tar.xz -C "$OUT" . && rm -rf "$OUT"/* && mv /tmp/verify2_logs.tar.xz "$OUT"/ && ls "$OUT"
