@@ -16,7 +16,6 @@ import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.spark.BarrierStage;
 import io.fusedcomm.testing.Check;
 import io.fusedcomm.testing.Data;
-import io.fusedcomm.testing.Expected;
 import io.fusedcomm.testing.Reference;
 import io.fusedcomm.testing.SparkCluster;
 import java.util.ArrayList;
@@ -53,8 +52,9 @@ import org.junit.jupiter.api.Test;
  *   <li>allGatherGemm (with the gathered A; uneven M, one shape the fused kernel takes at
  *       W = 2), gemmReduceScatter and gemmAllReduce with every partial precision, both weight
  *       layouts (KN on the task's stream), against the fp64 reference (the gathered A exactly);
- *   <li>the four collectives captured in a CUDA graph on the task's stream and the graph
- *       launched 3 times with fresh inputs, every output checked after each launch;
+ *   <li>the four collectives and the three GEMM-shaped ops captured in a CUDA graph on the
+ *       task's stream and the graph launched 3 times with fresh inputs, every output checked
+ *       after each launch;
  *   <li>Java-initiated minus native-initiated time per 4 KiB allReduce (the acceptance bound is
  *       5 µs);
  *   <li>a second barrier stage reuses the symmetric memory the first one gave back.
@@ -208,7 +208,7 @@ class GpuClusterCollectivesTest {
       try {
         checks += checkGraph(comm, Data.seed(seed, 8000, 0), stream, 0);
       } catch (Throwable e) {
-        out.add("FAIL rank " + r + " CUDA graph of the collectives: " + e);
+        out.add("FAIL rank " + r + " CUDA graph of the collectives and GEMM ops: " + e);
       }
       out.add("rank " + r + " checks passed: " + checks);
       out.add(overhead(comm));
@@ -297,9 +297,11 @@ class GpuClusterCollectivesTest {
   }
 
   /**
-   * CUDA graphs from Java: the four collectives, each twice, captured on {@code stream} (JCuda's
-   * driver API) after one eager run, the graph launched 3 times with fresh inputs copied in
-   * before each launch, and every output checked after each. Returns the checks passed.
+   * CUDA graphs from Java: the four collectives and the three GEMM-shaped ops, each twice,
+   * captured on {@code stream} (JCuda's driver API) after one eager run, the graph launched 3
+   * times with fresh inputs copied in (outputs poisoned) before each launch, and every output
+   * checked after each. {@code extraRel} widens the collectives' reduction bound. Returns the
+   * checks passed.
    */
   static int checkGraph(Communicator comm, long seed, cudaStream_t stream, double extraRel) {
     String[] ops = {"allReduce", "allGather", "reduceScatter", "allToAll"};
@@ -321,17 +323,31 @@ class GpuClusterCollectivesTest {
         out[i] = DeviceTensor.allocate(types[i], outputLength(ops[i], n, w, r));
         owned.add(in[i]);
         owned.add(out[i]);
-        enqueue(comm, ops[i], in[i], out[i], stream);  // eager: sizes any workspace first
       }
+      List<FusedCase> fused = new ArrayList<>();
+      for (FusedCase c : new FusedCase[] {
+          new FusedCase.AllGatherGemm(comm, WeightLayout.NK, 128 * w + 40, 264),
+          new FusedCase.GemmReduce(comm, false, WeightLayout.KN, PartialPrecision.BF16),
+          new FusedCase.GemmReduce(comm, true, WeightLayout.NK, PartialPrecision.F32)}) {
+        fused.add(c);
+        owned.add(c);
+      }
+      // Eager first: sizes any workspace, and across hosts each op must run once before capture.
+      Runnable enqueueAll = () -> {
+        for (int i = 0; i < ops.length; i++) {
+          enqueue(comm, ops[i], in[i], out[i], stream);
+        }
+        for (FusedCase c : fused) {
+          c.enqueue(stream);
+        }
+      };
+      enqueueAll.run();
       comm.synchronize();
       JCudaDriver.setExceptionsEnabled(true);
       JCudaDriver.cuStreamBeginCapture(cs, CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
       try {
-        for (int rep = 0; rep < 2; rep++) {
-          for (int i = 0; i < ops.length; i++) {
-            enqueue(comm, ops[i], in[i], out[i], stream);
-          }
-        }
+        enqueueAll.run();
+        enqueueAll.run();
       } finally {
         JCudaDriver.cuStreamEndCapture(cs, graph);
       }
@@ -341,22 +357,26 @@ class GpuClusterCollectivesTest {
         float[][][] inputs = new float[ops.length][][];
         for (int i = 0; i < ops.length; i++) {
           inputs[i] = inputs(ops[i], types[i], n, w, Data.seed(seed, 500 + launch, i));
-          try (HostTensor h = HostTensor.of(inputs[i][r], types[i], inputs[i][r].length);
-              HostTensor poison = HostTensor.allocate(types[i], outputLength(ops[i], n, w, r))) {
-            in[i].copyFrom(h);
-            poison.fill(Float.NaN);
-            out[i].copyFrom(poison);
-          }
+          FusedCase.put(in[i], inputs[i][r]);
+          FusedCase.poison(out[i]);
+        }
+        for (int i = 0; i < fused.size(); i++) {
+          fused.get(i).load(Data.seed(seed, 600 + launch, i));
         }
         JCudaDriver.cuGraphLaunch(exec, cs);
         JCudaDriver.cuStreamSynchronize(cs);
         comm.synchronize();
         for (int i = 0; i < ops.length; i++) {
-          try (HostTensor got = HostTensor.allocate(types[i], outputLength(ops[i], n, w, r))) {
-            out[i].copyTo(got);
-            verify(ops[i], types[i], n, w, r, inputs[i], got.toFloatArray(), extraRel);
-            checks++;
+          verify(ops[i], types[i], n, w, r, inputs[i], Gpu.download(out[i]), extraRel);
+          checks++;
+        }
+        for (FusedCase c : fused) {
+          try {
+            c.verify();
+          } catch (AssertionError e) {
+            throw new AssertionError("graph launch " + launch + ", " + c.name() + ": " + e.getMessage(), e);
           }
+          checks++;
         }
       }
     } finally {
@@ -375,73 +395,19 @@ class GpuClusterCollectivesTest {
     return checks;
   }
 
-  /** allGatherGemm on device tensors (N_r differs by rank), with the gathered A; stream may be null. */
+  /** allGatherGemm (FusedCase.AllGatherGemm) once; stream may be null. */
   static void checkAllGatherGemm(Communicator comm, WeightLayout layout, int m, int k, long seed,
                                  cudaStream_t stream) {
-    int w = comm.world();
-    int r = comm.rank();
-    int n = 136 + 8 * r;
-    float[][] shards = new float[w][];
-    for (int p = 0; p < w; p++) {
-      shards[p] = Data.uniform(Data.seed(seed, p, 0), (int) (Split.count(m, w, p) * k), DType.BF16);
-    }
-    float[] full = Data.concat(shards);
-    float[] wr = Data.uniform(Data.seed(seed, r, 1), n * k, DType.BF16);
-    long[] wShape = layout == WeightLayout.NK ? new long[] {n, k} : new long[] {k, n};
-    long rows = Split.count(m, w, r);
-    try (HostTensor ha = HostTensor.of(shards[r], DType.BF16, rows, k);
-        HostTensor hw = HostTensor.of(wr, DType.BF16, wShape);
-        DeviceTensor a = Gpu.upload(ha);
-        DeviceTensor wt = Gpu.upload(hw);
-        DeviceTensor c = Gpu.poisoned(DType.BF16, m, n);
-        DeviceTensor g = Gpu.poisoned(DType.BF16, m, k)) {
-      comm.allGatherGemm(a, wt, c, g, layout, stream);
-      if (stream != null) {
-        comm.synchronize();
-      }
-      Check.exact("allGatherGemm gathered A", full, Gpu.download(g));
-      Check.close("allGatherGemm C", Reference.gemm(full, wr, m, n, k, layout), Gpu.download(c), DType.BF16);
+    try (FusedCase c = new FusedCase.AllGatherGemm(comm, layout, m, k)) {
+      c.check(seed, stream);
     }
   }
 
-  /**
-   * gemmReduceScatter, or with {@code all} gemmAllReduce, on device tensors (K_r differs by
-   * rank), the given partial precision; stream may be null.
-   */
+  /** gemmReduceScatter, or with {@code all} gemmAllReduce (FusedCase.GemmReduce) once; stream may be null. */
   static void checkGemmReduce(Communicator comm, boolean all, WeightLayout layout, PartialPrecision partials,
                               long seed, cudaStream_t stream) {
-    int w = comm.world();
-    int r = comm.rank();
-    int m = 128 * w + 40;
-    int n = 200;
-    int[] kr = new int[w];
-    float[][] a = new float[w][];
-    float[][] wts = new float[w][];
-    for (int p = 0; p < w; p++) {
-      kr[p] = 64 + 8 * p;
-      a[p] = Data.uniform(Data.seed(seed, p, 0), m * kr[p], DType.BF16);
-      wts[p] = Data.uniform(Data.seed(seed, p, 1), n * kr[p], DType.BF16);
-    }
-    long[] wShape = layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n};
-    long rows = all ? m : Split.count(m, w, r);
-    try (HostTensor ha = HostTensor.of(a[r], DType.BF16, m, kr[r]);
-        HostTensor hw = HostTensor.of(wts[r], DType.BF16, wShape);
-        DeviceTensor da = Gpu.upload(ha);
-        DeviceTensor dw = Gpu.upload(hw);
-        DeviceTensor dc = Gpu.poisoned(DType.BF16, rows, n)) {
-      if (all) {
-        comm.gemmAllReduce(da, dw, dc, layout, partials, stream);
-      } else {
-        comm.gemmReduceScatter(da, dw, dc, layout, partials, stream);
-      }
-      if (stream != null) {
-        comm.synchronize();
-      }
-      boolean bf16 = partials == PartialPrecision.BF16;
-      Expected sum = Reference.gemmSum(a, wts, m, n, kr, layout, bf16);
-      Check.close(all ? "gemmAllReduce" : "gemmReduceScatter",
-          all ? sum : sum.slice(Reference.offset(m, w, r) * n, rows * n), Gpu.download(dc), DType.BF16,
-          bf16 ? 0x1p-7 : 0);
+    try (FusedCase c = new FusedCase.GemmReduce(comm, all, layout, partials)) {
+      c.check(seed, stream);
     }
   }
 

@@ -44,8 +44,9 @@ import org.junit.jupiter.api.Test;
  *       magnitude);
  *   <li>allGatherGemm, gemmReduceScatter and gemmAllReduce (the decomposed path between hosts),
  *       both weight layouts, every partial precision, against the fp64 reference;
- *   <li>the four collectives captured in a CUDA graph on the task's stream, launched 3 times with
- *       fresh inputs, every output checked; then an allReduce.
+ *   <li>the four collectives and the three GEMM-shaped ops captured in a CUDA graph on the
+ *       task's stream, launched 3 times with fresh inputs, every output checked; then an
+ *       allReduce.
  * </ul>
  *
  * With one GPU, two executors share it ({@code spark.fusedcomm.cuda.shareGpu}: correctness only).
@@ -165,7 +166,7 @@ class GpuClusterHostsTest {
       try {
         checks += GpuClusterCollectivesTest.checkGraph(comm, Data.seed(seed, 8000, 0), stream, 0x1p-8);
       } catch (Throwable e) {
-        out.add("FAIL rank " + r + " CUDA graph of the collectives between hosts: " + e);
+        out.add("FAIL rank " + r + " CUDA graph of the collectives and GEMM ops between hosts: " + e);
       }
       try {
         GpuClusterCollectivesTest.checkCollective(comm, "allReduce", DType.F32, 4097, Data.seed(seed, 99, 0), null);
