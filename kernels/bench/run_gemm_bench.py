@@ -5,6 +5,8 @@ markdown table + a PNG plot.
 
   run_gemm_bench.py --shapes gemm_shapes.txt --lib libfc_gemm_bench.so --out-dir DIR [--cluster C]
                     [--stream-k S]
+  run_gemm_bench.py --summarize RESULTS.json RESULTS.md   (no GPU: rewrites the md's summary
+                    lines from the JSON, after checking that its table rows match the JSON)
 
 --cluster: GemmArgs::cluster for our launches (0 chosen by the launch, 1 single CTAs, 2 CTA pairs).
 --stream-k: GemmArgs::stream_k with a stream-K workspace (0 chosen, 1 off, 2 forced); -1 (default)
@@ -23,8 +25,9 @@ import json
 import math
 import os
 import statistics
+import sys
 
-import torch
+torch = None  # imported by main() when it times; --summarize runs without it
 
 
 def time_launches(fn, iters):
@@ -68,7 +71,72 @@ def bench_shape(lib, M, N, K, layout, warmup, iters, rounds):
     return statistics.median(t_ours), statistics.median(t_cub), min(t_ours), min(t_cub), err
 
 
+TABLE_HEAD = ["| op | M | N | K | B | tile_n | ours TFLOP/s | cuBLAS TFLOP/s | ratio | rel. err |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+
+
+def table_line(r):
+    return (f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.1f} | "
+            f"{r[7]:.1f} | {r[8]:.3f} | {r[9]:.1e} |")
+
+
+def geomean(xs):
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def summary_lines(rows):
+    """The md's closing lines and the plot's title: the geomean throughput ratio (ours /
+    cuBLAS) over the Llama-3-70B rows when the list has them, else over every row, and the
+    headline shapes' ratios when present."""
+    llama = [r[8] for r in rows if r[0].startswith("llama70b")]
+    which = (f"the {len(llama)} Llama-3-70B shapes" if llama
+             else f"all {len(rows)} shapes (ours / cuBLAS throughput)")
+    geo = geomean(llama or [r[8] for r in rows])
+    lines = [f"Geometric mean ratio over {which}: {geo:.3f}"]
+    heads = [(r[0], r[4], r[8]) for r in rows if r[0] in ("square", "wide_k")]
+    if heads:
+        lines.append("Headline ratios: " + ", ".join(f"{op} {b}: {v:.3f}" for op, b, v in heads))
+    return lines, f"geomean ratio over {which} {geo:.3f}"
+
+
+def rows_from_records(records):
+    """The table rows of a results JSON (records in pairs: ours, then cuBLAS, per shape)."""
+    rows = []
+    for our, cub in zip(records[0::2], records[1::2]):
+        sh = our["shape"]
+        if our["impl"] != "fusedcomm" or cub["impl"] != "cublas" or cub["shape"] != sh:
+            raise SystemExit(f"unexpected record pair: {our['op']} {sh}")
+        rows.append((our["op"], sh["M"], sh["N"], sh["K"], sh["layout"], our["tile_n"],
+                     our["tflops"], cub["tflops"], our["tflops"] / cub["tflops"],
+                     our["rel_err_vs_cublas"]))
+    return rows
+
+
+def summarize(json_path, md_path):
+    """Rewrites the summary lines of a committed md from its JSON (same table rows required)."""
+    with open(json_path) as f:
+        rows = rows_from_records(json.load(f))
+    with open(md_path) as f:
+        md = f.read().rstrip("\n").split("\n")
+    table = [line for line in md if line.startswith("| ") and not line.startswith("| op ")]
+    if table != [table_line(r) for r in rows]:
+        raise SystemExit(f"{md_path}: its table rows differ from {json_path}'s")
+    # Only the summary lines change; notes added below them stay.
+    old = [i for i, line in enumerate(md)
+           if line.startswith(("Geometric mean ratio over", "Headline ratios:"))]
+    if not old:
+        raise SystemExit(f"{md_path}: no summary lines")
+    md[old[0]:old[-1] + 1] = summary_lines(rows)[0]
+    with open(md_path, "w") as f:
+        f.write("\n".join(md) + "\n")
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--summarize":
+        summarize(sys.argv[2], sys.argv[3])
+        return
+    global torch
+    import torch
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--lib", required=True)
@@ -124,22 +192,14 @@ def main():
     with open(os.path.join(args.out_dir, "gemm_results.json"), "w") as f:
         json.dump(records, f, indent=1)
 
-    llama = [r for r in rows if r[0].startswith("llama70b")]
-    geo = math.exp(statistics.fmean(math.log(r[8]) for r in llama)) if llama else float("nan")
     lines = [f"# fusedcomm GEMM vs cuBLAS — {device}, {date}, commit {args.commit}", "",
              f"Median of per-launch CUDA-event times ({args.rounds} alternating rounds of "
              f"{args.iters} launches per implementation after {args.warmup} warm-ups, no sync "
              "between launches); TFLOP/s = 2MNK / time; rel. err = ||ours - cuBLAS||_F / "
-             "||cuBLAS||_F.", "",
-             "| op | M | N | K | B | tile_n | ours TFLOP/s | cuBLAS TFLOP/s | ratio | rel. err |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.1f} | "
-                     f"{r[7]:.1f} | {r[8]:.3f} | {r[9]:.1e} |")
-    heads = {(r[0], r[4]): r[8] for r in rows if r[0] in ("square", "wide_k")}
-    lines += ["", f"Geometric mean ratio over the {len(llama)} Llama-3-70B shapes: {geo:.3f}",
-              "Headline ratios: " + ", ".join(f"{k[0]} {k[1]}: {v:.3f}"
-                                              for k, v in heads.items())]
+             "||cuBLAS||_F.", "", *TABLE_HEAD]
+    lines += [table_line(r) for r in rows]
+    summary, geo_title = summary_lines(rows)
+    lines += ["", *summary]
     with open(os.path.join(args.out_dir, "gemm_results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -155,7 +215,7 @@ def main():
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, rotation=90, fontsize=5)
         ax.set_ylabel("TFLOP/s (bf16)")
-        ax.set_title(f"GEMM on {device}: geomean ratio over Llama-3-70B shapes {geo:.3f}")
+        ax.set_title(f"GEMM on {device}: {geo_title}")
         ax.legend()
         fig.tight_layout()
         fig.savefig(os.path.join(args.out_dir, "gemm_results.png"), dpi=150)
