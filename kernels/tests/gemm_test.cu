@@ -72,6 +72,13 @@ __global__ void fill_random(__nv_bfloat16* p, size_t n, uint64_t seed) {
   }
 }
 
+__global__ void to_f32(const __nv_bfloat16* in, float* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    out[i] = __bfloat162float(in[i]);
+  }
+}
+
 __global__ void fill_f32(float* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -265,14 +272,15 @@ void free_reference(Reference& r) {
   cudaFree(r.absdot);
 }
 
+// atol_rel: the absolute tolerance per element as a fraction of its sum of |a*b|.
 CompareResult check_output(const void* out, bool f32, int64_t ld, int M, int N, int rows_total,
-                           const Reference& r, const float* base) {
+                           const Reference& r, const float* base, float atol_rel = 2e-5f) {
   CompareResult* d;
   CHECK_CUDA(cudaMalloc(&d, sizeof(CompareResult)));
   CompareResult init{0, ~0ull, 0.f, 0.f};
   CHECK_CUDA(cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice));
   const float rtol = f32 ? 1e-5f : 8e-3f;
-  compare<<<1024, 256>>>(out, f32, ld, M, N, rows_total, r.ref, r.absdot, base, rtol, 2e-5f, d);
+  compare<<<1024, 256>>>(out, f32, ld, M, N, rows_total, r.ref, r.absdot, base, rtol, atol_rel, d);
   CHECK_CUDA(cudaGetLastError());
   CompareResult h;
   CHECK_CUDA(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
@@ -569,7 +577,8 @@ void test_timeout_and_abort(uint64_t seed) {
 }
 
 // Hook 2: tile sink. (a) fp32 atomic add into two destinations (rows routed by 200) plus the
-// local C store plus tile flags; (b) bf16 store into the sink only (C = null), KN layout.
+// local C store plus tile flags; (b) bf16 store into the sink only (C = null), KN layout;
+// (c) bf16x2 atomic add into two destinations, C = null.
 void test_tile_sink(uint64_t seed) {
   std::printf("[hooks] tile sink: atomic add to 2 destinations + C + tile flags\n");
   const int M = 400, N = 776, K = 520, rows_per_dest = 200, ld = 784;
@@ -640,6 +649,30 @@ void test_tile_sink(uint64_t seed) {
   EXPECT(c.bad == 0, "bf16 sink: %llu bad, first row %llu col %llu got %g want %g", c.bad,
          c.first_bad / ld, c.first_bad % ld, c.got, c.want);
 
+  // (c) bf16x2 atomic add into two pre-filled bf16 destinations, C = null. Each element is
+  // base + bf16(acc) rounded to bf16: besides the bf16 output bound, up to 2^-8 of |acc|
+  // (which the sum of |a*b| bounds).
+  std::printf("[hooks] tile sink: bf16x2 atomic add to 2 destinations, C = null\n");
+  __nv_bfloat16* add16;
+  float* base16;
+  CHECK_CUDA(cudaMalloc(&add16, size_t(M) * ld * 2));
+  CHECK_CUDA(cudaMalloc(&base16, size_t(M) * ld * 4));
+  fill_random<<<256, 256>>>(add16, size_t(M) * ld, seed + 13);
+  to_f32<<<256, 256>>>(add16, base16, size_t(M) * ld);
+  GemmArgs c16 = a;
+  c16.C = nullptr;
+  c16.sink.mode = GemmSinkMode::kAtomicAddBF16;
+  c16.sink.dest[0] = add16;
+  c16.sink.dest[1] = add16 + size_t(rows_per_dest) * ld;
+  c16.sink.tile_flags = nullptr;
+  CHECK_CUDA(launch_gemm(c16, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  c = check_output(add16, false, ld, M, N, M, f.ref, base16, 0x1p-8f);
+  EXPECT(c.bad == 0, "bf16 atomic sink: %llu bad, first row %llu col %llu got %g want %g", c.bad,
+         c.first_bad / ld, c.first_bad % ld, c.got, c.want);
+
+  cudaFree(add16);
+  cudaFree(base16);
   cudaFree(dst16);
   free_hook_fixture(fk);
   cudaFree(tile_flags);

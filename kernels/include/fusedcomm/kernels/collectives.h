@@ -225,8 +225,8 @@ struct alignas(64) CommFlags {
   uint64_t pipe[kCommMaxRanks][kCommMaxPipeCtas];
   // launch[p][e & 1] = comm_signature_at(p's signature, e): what rank p launched as its launch
   // e. Writer: the one thread of p's launch e that does its first release (CTA 0 thread 0 of a
-  // collective, before arrive / ready; the first communication CTA of a fused op, before
-  // arrive (allGatherGemm) or its role's done chain (gemmReduceScatter)), with st.relaxed.sys
+  // collective, before arrive / ready; of allGatherGemm, the first communication CTA's, before
+  // arrive; of gemmReduceScatter, CTA 0 thread 0 in rs_start, before arrive), with st.relaxed.sys
   // (single-copy atomic: the slow check may read it at any time). Ordering: program order puts
   // it before that thread's fence.sc.sys and release, so whoever acquires that flag (>= e)
   // observes it; since p cannot start launch e + 2 before this rank has started launch e + 1

@@ -52,8 +52,9 @@
 //       shared counter), so the SMs lent to communication are not lost for the rest of the op.
 //     gemmReduceScatter: every CTA runs the GEMM (one per SM). A 64-row half-tile of rows
 //       that another rank o owns is PUSHED as soon as it is computed: staged in shared memory
-//       and TMA-stored over NVLink into o's receive slot for this rank (o's data area at
-//       ws_offset), then flagged in o's region once the store is complete. A half-tile of the
+//       and stored over NVLink into o's receive slot for this rank (o's data area at
+//       ws_offset) by the warpgroup's pusher warp (a bench build, -DFUSEDCOMM_RS_TMA_PUSH,
+//       TMA-stores it instead), then flagged in o's region once the stores are complete. A half-tile of the
 //       rank's own rows is reduced in the epilogue: it waits for the W-1 peers' flags of that
 //       half-tile, adds their partials (local loads) and its accumulator in rank order and
 //       stores the bf16 sums once. Each rank sweeps the tiles of other ranks' rows first
@@ -141,11 +142,13 @@ struct alignas(64) FusedFlags {
   // rs_tile[(slot * halves + h - off_r / 64) * n_blocks + n] = e (in owner r's region): source
   // s (slot = s < r ? s : s - 1) has stored launch e's partial of 64-row half h (rows
   // [64h, 64h + 64) ∩ r's rows) × tile column n into r's receive slot for s (RsParams). Written
-  // by the warpgroup of s that computed it: its TMA stores complete (cp.async.bulk.wait_group),
-  // then fence.proxy.async, fence.sc.sys and st.release.sys by the issuing thread (register
-  // stores instead: named barrier of the warpgroup, then that thread's fence.sc.sys and
-  // release). Read by r's warpgroup that reduces the half-tile: ld.acquire.sys by one thread,
-  // named barrier, then the warpgroup's loads. A flag is only ever raised to a larger epoch;
+  // by the pusher warp of s's warpgroup that computed it: every lane's stores (st.global, or
+  // red.add into an accumulating slot), then per lane fence.proxy.async.global and
+  // fence.sc.sys, __syncwarp, and lane 0's st.release.sys. (The TMA-push bench build: the
+  // issuing thread's cp.async.bulk.wait_group, fence.proxy.async, fence.sc.sys, release.) Read
+  // by r's warpgroup that reduces the half-tile: ld.acquire.sys by one thread, then a named
+  // barrier and the warpgroup's loads, or that thread's fence.proxy.async.global and the TMA
+  // load of the early fetch. A flag is only ever raised to a larger epoch;
   // slots a launch does not use keep older ones.
   uint64_t rs_tile[kFusedRsTileFlags];
   // ag_chunk[c] = e: rows [c*chunk_rows, (c+1)*chunk_rows) of this rank's gathered A hold

@@ -46,7 +46,7 @@
 //    lazily, and a first launch can wait for the running kernel: launch them once before, or
 //    run with CUDA_MODULE_LOADING=EAGER). gemm_test shows the failure mode: a timeout.
 // 2. Tile sink (GemmTileSink). When a consumer finishes a tile it stores it to C (if C is
-//    non-null) and/or hands it to the sink: stores (bf16/fp32) or atomic adds (fp32/bf16x2)
+//    non-null) and/or hands it to the sink: stores (bf16/fp32) or system-scope atomic adds (fp32/bf16x2)
 //    into up to kGemmMaxSinkDests destination buffers, rows routed by row / rows_per_dest
 //    (e.g. one peer buffer per rank for a reduce-scatter). If `tile_flags` is set, after all
 //    256 consumer threads of the CTA have issued the tile's stores (named barrier) one thread

@@ -252,7 +252,10 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
     }
     if (!ok) break;
     // Publish the slice; the last slice of the chunk raises its flag (ordering: FusedFlags::
-    // ag_chunk). Empty slices (past M) count too: every chunk expects `slices` arrivals.
+    // ag_chunk). Empty slices (past M) count too: every chunk expects `slices` arrivals. The
+    // GEMM's producers read the gathered rows with TMA: each thread's proxy fence covers its
+    // own copies (the readers fence after their acquire as well).
+    fence_proxy_async_global();
     __syncthreads();
     if (threadIdx.x == 0) {
       fence_acq_rel_gpu();
@@ -920,6 +923,9 @@ struct RsEpilogue {
       named_barrier_sync(2 + cw, 128);
       stage_round<kF32>(acc, stage, h);
       if (h + 1 < kRounds) stage_round<kF32>(acc, stage + 16384, h + 1);
+      // The early fetch later TMA-writes these bytes: every writing thread orders its generic
+      // writes before async-proxy accesses (as store_tile_tma does), not thread 0 alone.
+      fence_proxy_async_shared();
       named_barrier_sync(2 + cw, 128);
       if (t == 0) post(mail, h0, col + h * kCols, n, h + 2 >= kRounds, min(2, kRounds - h));
     }
@@ -947,6 +953,9 @@ struct RsEpilogue {
         if (o == r) continue;
         long long t0 = rs_trace_clock();
         const bool ok = __shfl_sync(0xffffffffu, lane == 0 ? observe_start(o) : false, 0);
+        // Lane 0's acquire, then every lane's stores into o's slot: a shuffle does not order
+        // memory in the PTX model, bar.warp.sync does.
+        __syncwarp();
         if (lane == 0) rs_trace_add(kRtStartWait, t0);
         if (!ok) continue;  // recorded: the launch has failed
         sent |= 1u << o;
@@ -965,7 +974,10 @@ struct RsEpilogue {
       }
       if (!last || sent == 0) continue;
       const long long t0 = rs_trace_clock();
-      __threadfence_system();  // this lane's stores before lane 0's flag (through the syncwarp)
+      // This lane's stores before lane 0's flag (through the syncwarp). The owner may read them
+      // with TMA (the early fetch): the proxy fence covers the writer's side of that too.
+      fence_proxy_async_global();
+      __threadfence_system();
       __syncwarp();
       if (lane == 0) {
         for (int o = o_lo; o <= o_hi; ++o) {

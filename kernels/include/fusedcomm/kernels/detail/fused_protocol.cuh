@@ -5,8 +5,9 @@
 //
 // Scopes (PTX memory model). Flags that cross GPUs (CommFlags::arrive/done, rs_tile) are
 // written with st.release.sys and read with ld.acquire.sys, as in comm_protocol.cuh. Counters
-// and flags that stay on this GPU are ordered with gpu-scope fences (__threadfence(), i.e.
-// membar.gl = fence.sc.gpu), which are much cheaper than fence.sc.sys; where such a chain ends in a
+// and flags that stay on this GPU are ordered with gpu-scope fences (fence.acq_rel.gpu, which
+// release/acquire chains need, or __threadfence() = fence.sc.gpu), much cheaper than
+// fence.sc.sys; where such a chain ends in a
 // system-scope release, causality order is transitive across scopes as long as each
 // synchronising pair is morally strong (both threads inside the fence's scope), so a reader on
 // another GPU that acquires the flag observes every store ordered before it on this GPU.

@@ -475,12 +475,17 @@ struct DefaultEpilogue {
   __device__ __forceinline__ static void put_f32(float* d, float v0, float v1) {
     *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
   }
+  // System scope: a sink's destinations may be peer memory that other GPUs add into too
+  // (gemm.h), and only same-scope strong atomics are atomic with each other.
   __device__ __forceinline__ static void add_f32(float* d, float v0, float v1) {
-    atomicAdd(d, v0);
-    atomicAdd(d + 1, v1);
+    atomicAdd_system(d, v0);
+    atomicAdd_system(d + 1, v1);
   }
   __device__ __forceinline__ static void add_bf16(__nv_bfloat16* d, float v0, float v1) {
-    atomicAdd(reinterpret_cast<__nv_bfloat162*>(d), __floats2bfloat162_rn(v0, v1));
+    const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
+    asm volatile("red.relaxed.sys.global.add.noftz.bf16x2 [%0], %1;" ::"l"(d),
+                 "r"(*reinterpret_cast<const uint32_t*>(&v))
+                 : "memory");
   }
 
   // Destination row pointer (as bytes) of C row `row` in the sink.
