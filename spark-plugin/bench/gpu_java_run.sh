@@ -94,6 +94,9 @@ fi
 # Example 02 (TP MLP forward + backward, fused ops) on the cuda backend, one executor per GPU,
 # the example's own main class and checks (as spark-submit would run it, with the conf as
 # system properties). JCuda was unpacked into /tmp by the test above; executors load it there.
+# The example's F at world w: 2048 rounded up to a multiple of 8·w (on cuda every rank's share
+# of F must be a multiple of 8: 2048 itself at w = 1, 2, 4, 8; 2064 at 3, 2080 at 5).
+example_f() { echo $(( (2048 + 8 * $1 - 1) / (8 * $1) * 8 * $1 )); }
 # example02 WORLD LOG [extra -D settings...]
 example02() {
   local w=$1 log=$2; shift 2
@@ -106,7 +109,7 @@ example02() {
     -Dspark.task.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
     -Dspark.executor.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
     -Dspark.executor.extraLibraryPath=/tmp "$@" \
-    io.fusedcomm.examples.TensorParallelMlpExample "$w" ${EXAMPLE_ARGS:-1000 512 2048 bf16 11} \
+    io.fusedcomm.examples.TensorParallelMlpExample "$w" ${EXAMPLE_ARGS:-1000 512 $(example_f "$w") bf16 11} \
     > "$OUT/$log" 2>&1 || rc=1
   grep -vE "^\s+at |INFO|WARN" "$OUT/$log" | tail -22
 }
