@@ -35,6 +35,19 @@ def fmt(x, d=3):
     return "-" if x is None else f"{x:.{d}f}"
 
 
+PARTIALS = {"f32": "fp32 partials (rounded once)",
+            "bf16": "bf16 partials, the baselines' precision",
+            "f32any": "fp32 partials, summed in any order (W >= 3: one slot per owner)"}
+
+
+def partials_sentence(rows):
+    """What our gemmReduceScatter / gemmAllReduce rows reduced (their `partials` field)."""
+    used = sorted({r.get("partials") for r in rows
+                   if r["op"] != "allGatherGemm" and r["impl"].startswith("ours") and r.get("partials")})
+    ours = "; ".join(PARTIALS.get(p, p) for p in used) if used else "no GEMM + reduction rows"
+    return f"Ours reduces {ours}; the NCCL and symmetric-memory baselines reduce bf16 partials."
+
+
 def main():
     a = bench_common.report_args("fused_results")
     rows, date = bench_common.join_rows(a)
@@ -63,8 +76,8 @@ def main():
           "N_r = 2*ffn/TP), gemmReduceScatter and gemmAllReduce = down projection (K_r = ffn/TP, "
           "N = hidden); square S: M = K = S, N_r = S/TP (AG) and M = N = S, K_r = S/TP (RS, AR). "
           "TF/s per GPU = 2*M*N*K / time "
-          "with the rank's local N or K. Ratios are time ratios (< 1: ours faster). Ours reduces fp32 "
-          "partials (rounded once); the NCCL and symmetric-memory baselines reduce bf16 partials.", ""]
+          "with the rank's local N or K. Ratios are time ratios (< 1: ours faster). "
+          + partials_sentence(rows), ""]
     summary = defaultdict(list)
     auto_rows = []
     for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce"):
