@@ -132,4 +132,6 @@ if [ -d "$repo/.fcbundle/examples" ]; then
   fi
 fi
 echo "gpu_java_run rc=$rc"
+# At most ~8 files come back from $OUT (two world sizes make 10): the rest go into one archive.
+"$repo/kernels/bench/pack_out.sh" "$OUT" java_logs.tar.xz gpus.txt 'spark-gpu-w*.log' 'example02-w*.log'
 exit $rc

@@ -39,4 +39,5 @@ if [ "$what" != test ]; then
     /tmp/nccl_w*.jsonl "$OUT"/ours_ar_forced_w*.jsonl | tee "$OUT/allreduce_algos.txt"
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix "collectives_results_w$ngpu" /tmp/coll_all.jsonl | tail -40
 fi
+kernels/bench/pack_out.sh "$OUT" logs.tar.xz 'collectives_results_*' test.log allreduce_algos.txt gpu.txt
 exit $rc

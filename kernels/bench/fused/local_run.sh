@@ -10,6 +10,7 @@
 # FC_BENCH_ARGS: extra fused_bench arguments (e.g. "--ag-gathered 0 --shape 70b").
 # FC_TPS: the TP sizes at world 1 (default "2 4"). FC_PHANTOM=1: phantom-peer builds run their
 # fused launches at W = TP (--phantom-world; other builds ignore it).
+# FC_DEADLINE_S: no new fused_bench run starts this many seconds after the script started.
 # Appends every row, with "build" and "round" added, to $OUT/local.jsonl (logs: $OUT/local.log)
 # and prints a table last (local_report.py).
 set -uo pipefail
@@ -25,6 +26,9 @@ for r in $(seq 1 "$rounds"); do
     for part in $partials; do
       for b in $bins; do
         name=$(basename "$b")
+        if [ -n "${FC_DEADLINE_S:-}" ] && [ "$SECONDS" -ge "$FC_DEADLINE_S" ]; then
+          echo "local_run: deadline of $FC_DEADLINE_S s reached, $name tp=$tp $part round $r not run"; continue
+        fi
         rm -f /tmp/local_rows.jsonl  # a failed run must not re-append the previous rows
         ph=""; [ "${FC_PHANTOM:-0}" = 1 ] && ph="--phantom-world $tp"
         timeout 200 "$b/fused_bench" --world "$world" --tp $tp --ops "$ops" --rs-partials "$part" $q $ph \

@@ -59,6 +59,8 @@ fi
 [ -d $out ] || tar xJf build/pab.tar.xz -C build || { echo "no $out and no build/pab.tar.xz: build first"; exit 1; }
 world=${2:-2}
 OUT=${OUT:-/tmp/pab_out}; o=$OUT/pab; mkdir -p "$o"
+# At most ~8 files come back from $OUT: on any exit, all but the trace's summary go into one archive.
+trap 'kernels/bench/pack_out.sh "$OUT" pab_logs.tar.xz pab/rs_trace.txt' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -2
 echo "commit $(cat $out/commit.txt 2>/dev/null)"
@@ -71,7 +73,9 @@ grep -E "proxy step" "$o/gpu_hier_test.log"
 timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; echo "gpu_runtime_hosts_test rc=$?"
 grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
 ab="$out/tma $out/pusher"; [ "$world" = 2 ] && ab="$out/pusher $out/ilv"
-OUT=$o timeout 300 $here/local_run.sh "$ab" 2 rs "bf16 f32" full "$world" | tail -30
+# No outer `timeout` here: it would not reach local_run's own timed runs (each its own process
+# group), which would go on beside the next steps; FC_DEADLINE_S stops it starting new ones.
+OUT=$o FC_DEADLINE_S=300 $here/local_run.sh "$ab" 2 rs "bf16 f32" full "$world" | tail -30
 [ "$world" = 2 ] || [ "${FC_PAB_TRACE:-0}" = 1 ] || exit 0
 echo "trace build (bf16 partials, W = $world): $o/rs_trace.txt"
 timeout 240 $out/trace/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
