@@ -1,6 +1,5 @@
 package io.fusedcomm.gpu;
 
-import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.runtime.NativeApi;
@@ -53,21 +52,6 @@ final class Gpu {
         Map.entry("spark.executor.resource.gpu.discoveryScript", script),
         Map.entry("spark.task.resource.gpu.amount", "1"),
         Map.entry("spark.executor.extraLibraryPath", System.getProperty("java.io.tmpdir"))));
-  }
-
-  /** A device copy of {@code h} (its dtype and shape); the caller closes it. */
-  static DeviceTensor upload(HostTensor h) {
-    DeviceTensor d = DeviceTensor.allocate(h.dtype(), h.shape());
-    d.copyFrom(h);
-    return d;
-  }
-
-  /** A device tensor filled with NaN, so that an element an op never writes fails its check. */
-  static DeviceTensor poisoned(DType dtype, long... shape) {
-    try (HostTensor h = HostTensor.allocate(dtype, shape)) {
-      h.fill(Float.NaN);
-      return upload(h);
-    }
   }
 
   /** The device tensor's values, as floats. */
