@@ -21,12 +21,15 @@ if [ "$what" != bench ]; then
 fi
 if [ "$what" != test ]; then
   max=${MAX_BYTES:-1073741824}
+  # The rows go straight to $OUT: a call cut at the device's limit still returns them (the
+  # report, which joins them into collectives_results_*.json, comes last).
+  rows=$OUT/rows; rm -rf "$rows"; mkdir -p "$rows"
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le $ngpu ] || continue
-    timeout 200 "$bin/coll_bench" --world $w --out "/tmp/ours_w$w.jsonl" --max-bytes $max >> "$OUT/bench.log" 2>&1 || echo "coll_bench w=$w rc=$?"
-    timeout 200 torchrun --nproc-per-node $w $here/nccl_bench.py --out "/tmp/nccl_w$w.jsonl" --max-bytes $max >> "$OUT/nccl.log" 2>&1 || echo "nccl w=$w rc=$?"
+    timeout 200 "$bin/coll_bench" --world $w --out "$rows/ours_w$w.jsonl" --max-bytes $max >> "$OUT/bench.log" 2>&1 || echo "coll_bench w=$w rc=$?"
+    timeout 200 torchrun --nproc-per-node $w $here/nccl_bench.py --out "$rows/nccl_w$w.jsonl" --max-bytes $max >> "$OUT/nccl.log" 2>&1 || echo "nccl w=$w rc=$?"
   done
-  cat /tmp/ours_w*.jsonl /tmp/nccl_w*.jsonl > /tmp/coll_all.jsonl 2>/dev/null
+  cat "$rows"/ours_w*.jsonl "$rows"/nccl_w*.jsonl > /tmp/coll_all.jsonl 2>/dev/null
   # kAuto's large allReduce against each algorithm forced, in the same call: two-phase, and push
   # with 128 KiB chunks (what kAuto runs at W = 2 from 256 MiB); table printed before the report.
   for w in ${FC_WORLDS:-2 4 8}; do
@@ -35,9 +38,10 @@ if [ "$what" != test ]; then
       --max-bytes $max --label forced --out "$OUT/ours_ar_forced_w$w.jsonl" >> "$OUT/bench.log" 2>&1 ||
       echo "coll_bench forced w=$w rc=$?"
   done
-  python3 $here/variants_report.py --min-bytes 67108864 --ops allReduce /tmp/ours_w*.jsonl \
-    /tmp/nccl_w*.jsonl "$OUT"/ours_ar_forced_w*.jsonl | tee "$OUT/allreduce_algos.txt"
+  python3 $here/variants_report.py --min-bytes 67108864 --ops allReduce "$rows"/ours_w*.jsonl \
+    "$rows"/nccl_w*.jsonl "$OUT"/ours_ar_forced_w*.jsonl | tee "$OUT/allreduce_algos.txt"
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix "collectives_results_w$ngpu" /tmp/coll_all.jsonl | tail -40
+  ls "$OUT"/collectives_results_w*.json > /dev/null 2>&1 && rm -rf "$rows"  # all in the report's JSON now
 fi
 kernels/bench/pack_out.sh "$OUT" logs.tar.xz 'collectives_results_*' test.log allreduce_algos.txt gpu.txt
 exit $rc

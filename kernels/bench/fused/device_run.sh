@@ -33,15 +33,18 @@ if [ "$what" != bench ]; then
 fi
 if [ "$what" != test ]; then
   q=""; [ "$mode" = quick ] && q="--quick"
-  rm -f /tmp/fused_w*.jsonl /tmp/torch_w*.jsonl
+  # The rows go straight to $OUT: a call cut at the device's limit still returns them (the
+  # report, which joins them into fused_results.json, comes last).
+  rows=$OUT/rows; rm -rf "$rows"; mkdir -p "$rows"
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le "$ngpu" ] || continue
     echo "== world $w: ours" | tee -a "$OUT/bench.log"
-    timeout 280 "$bin/fused_bench" --world $w --out /tmp/fused_w$w.jsonl $q --ops "${FC_OPS:-ag,rs}" --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
+    timeout 280 "$bin/fused_bench" --world $w --out "$rows/fused_w$w.jsonl" $q --ops "${FC_OPS:-ag,rs}" --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
     echo "== world $w: torch" | tee -a "$OUT/bench.log"
-    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out /tmp/torch_w$w.jsonl $q --ops "${FC_OPS:-ag,rs}" >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
+    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out "$rows/torch_w$w.jsonl" $q --ops "${FC_OPS:-ag,rs}" >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
   done
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix fused_results \
-    /tmp/fused_w*.jsonl /tmp/torch_w*.jsonl | tail -60
+    "$rows"/*.jsonl | tail -60
+  [ -s "$OUT/fused_results.json" ] && rm -rf "$rows"  # every row is in fused_results.json now
 fi
 exit $rc
