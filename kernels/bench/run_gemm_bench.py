@@ -162,7 +162,7 @@ def main():
     lib.fc_gemm_set_stream_k.argtypes = [ctypes.c_int]
     lib.fc_gemm_set_stream_k(args.stream_k)
 
-    records, rows = [], []
+    records = []
     with open(args.shapes) as f:
         for line in f:
             if not line.strip() or line.startswith("#"):
@@ -181,16 +181,16 @@ def main():
             our = dict(base, impl="fusedcomm", ms_median=ms_o, ms_min=min_o,
                        tflops=flops / (ms_o * 1e-3) / 1e12, tile_n=tile_n, rel_err_vs_cublas=err)
             records += [our, cub]
-            rows.append((op, M, N, K, layout, tile_n, our["tflops"], cub["tflops"],
-                         our["tflops"] / cub["tflops"], err))
             print(f"{op} {M} {N} {K} {layout}: ours {our['tflops']:.1f} cuBLAS "
-                  f"{cub['tflops']:.1f} ratio {rows[-1][8]:.3f} err {err:.2e}", flush=True)
+                  f"{cub['tflops']:.1f} ratio {our['tflops'] / cub['tflops']:.3f} err {err:.2e}",
+                  flush=True)
             if not err < 1e-2:
                 raise SystemExit(f"our output disagrees with cuBLAS: rel err {err}")
 
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "gemm_results.json"), "w") as f:
         json.dump(records, f, indent=1)
+    rows = rows_from_records(records)
 
     lines = [f"# fusedcomm GEMM vs cuBLAS — {device}, {date}, commit {args.commit}", "",
              f"Median of per-launch CUDA-event times ({args.rounds} alternating rounds of "

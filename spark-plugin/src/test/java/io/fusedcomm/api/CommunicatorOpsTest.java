@@ -189,7 +189,7 @@ class CommunicatorOpsTest {
             HostTensor c = s.poisoned(t, m, nr);
             HostTensor c2 = s.poisoned(t, m, nr);
             HostTensor gathered = s.poisoned(t, m, k);
-            HostTensor wr = s.of(wt[r], t, layout == WeightLayout.NK ? new long[] {nr, k} : new long[] {k, nr});
+            HostTensor wr = s.of(wt[r], t, Reference.weightShape(layout, nr, k));
             HostTensor ar = s.of(a[r], t, Reference.count(m, w, r), k);
             comm.allGatherGemm(ar, wr, c, gathered, layout);
             comm.allGatherGemm(ar, wr, c2, layout);
@@ -224,7 +224,7 @@ class CommunicatorOpsTest {
           int r = comm.rank();
           try (TensorScope s = new TensorScope()) {
             HostTensor ar = s.of(a[r], t, m, kr[r]);
-            HostTensor wr = s.of(wt[r], t, layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n});
+            HostTensor wr = s.of(wt[r], t, Reference.weightShape(layout, n, kr[r]));
             HostTensor rs = s.poisoned(t, Reference.count(m, w, r), n);
             HostTensor ar2 = s.poisoned(t, m, n);
             comm.gemmReduceScatter(ar, wr, rs, layout);
@@ -266,7 +266,7 @@ class CommunicatorOpsTest {
             HostTensor rs = s.poisoned(t, Reference.count(m, w, r), n);
             HostTensor all = s.poisoned(t, m, n);
             HostTensor ar = s.of(a[r], t, m, kr[r]);
-            HostTensor wr = s.of(wt[r], t, layout == WeightLayout.NK ? new long[] {n, kr[r]} : new long[] {kr[r], n});
+            HostTensor wr = s.of(wt[r], t, Reference.weightShape(layout, n, kr[r]));
             comm.gemmReduceScatter(ar, wr, rs, layout, PartialPrecision.BF16);
             comm.gemmAllReduce(ar, wr, all, layout, PartialPrecision.BF16);
             return new float[][] {rs.toFloatArray(), all.toFloatArray()};
@@ -343,7 +343,7 @@ class CommunicatorOpsTest {
       float[] wt = Data.uniform(SEED + 71, n * k, t);
       try (TensorScope s = new TensorScope()) {
         HostTensor c = s.poisoned(t, m, n);
-        Communicator.gemm(s.of(a, t, m, k), s.of(wt, t, layout == WeightLayout.NK ? new long[] {n, k} : new long[] {k, n}),
+        Communicator.gemm(s.of(a, t, m, k), s.of(wt, t, Reference.weightShape(layout, n, k)),
             c, layout);
         Check.close(ctx("gemm", 1, t, layout), Reference.gemm(a, wt, m, n, k, layout), c.toFloatArray(), t);
       }

@@ -3,7 +3,6 @@ package io.fusedcomm.gpu;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
-import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.api.PartialPrecision;
 import io.fusedcomm.api.Split;
 import io.fusedcomm.api.WeightLayout;
@@ -56,23 +55,6 @@ abstract class FusedCase implements AutoCloseable {
     verify();
   }
 
-  static void put(DeviceTensor d, float[] values) {
-    try (HostTensor h = HostTensor.of(values, d.dtype(), d.shape())) {
-      d.copyFrom(h);
-    }
-  }
-
-  static void poison(DeviceTensor d) {
-    try (HostTensor h = HostTensor.allocate(d.dtype(), d.shape())) {
-      h.fill(Float.NaN);
-      d.copyFrom(h);
-    }
-  }
-
-  static long[] weightShape(WeightLayout layout, int n, int k) {
-    return layout == WeightLayout.NK ? new long[] {n, k} : new long[] {k, n};
-  }
-
   /** allGatherGemm with the gathered A output: M split by the rule, N_r = 136 + 8r. */
   static final class AllGatherGemm extends FusedCase {
     private final int m;
@@ -91,7 +73,7 @@ abstract class FusedCase implements AutoCloseable {
       this.k = k;
       this.n = 136 + 8 * r;
       this.a = DeviceTensor.allocate(DType.BF16, Split.count(m, w, r), k);
-      this.wt = DeviceTensor.allocate(DType.BF16, weightShape(layout, n, k));
+      this.wt = DeviceTensor.allocate(DType.BF16, Reference.weightShape(layout, n, k));
       this.c = DeviceTensor.allocate(DType.BF16, m, n);
       this.g = DeviceTensor.allocate(DType.BF16, m, k);
     }
@@ -109,10 +91,10 @@ abstract class FusedCase implements AutoCloseable {
       }
       full = Data.concat(shards);
       wr = Data.uniform(Data.seed(seed, r, 1), n * k, DType.BF16);
-      put(a, shards[r]);
-      put(wt, wr);
-      poison(c);
-      poison(g);
+      Gpu.put(a, shards[r]);
+      Gpu.put(wt, wr);
+      Gpu.poison(c);
+      Gpu.poison(g);
     }
 
     @Override
@@ -163,7 +145,7 @@ abstract class FusedCase implements AutoCloseable {
       }
       this.rows = all ? m : Split.count(m, w, r);
       this.da = DeviceTensor.allocate(DType.BF16, m, kr[r]);
-      this.dw = DeviceTensor.allocate(DType.BF16, weightShape(layout, N, kr[r]));
+      this.dw = DeviceTensor.allocate(DType.BF16, Reference.weightShape(layout, N, kr[r]));
       this.dc = DeviceTensor.allocate(DType.BF16, rows, N);
     }
 
@@ -180,9 +162,9 @@ abstract class FusedCase implements AutoCloseable {
         a[p] = Data.uniform(Data.seed(seed, p, 0), m * kr[p], DType.BF16);
         wts[p] = Data.uniform(Data.seed(seed, p, 1), N * kr[p], DType.BF16);
       }
-      put(da, a[r]);
-      put(dw, wts[r]);
-      poison(dc);
+      Gpu.put(da, a[r]);
+      Gpu.put(dw, wts[r]);
+      Gpu.poison(dc);
     }
 
     @Override

@@ -54,6 +54,21 @@ final class Gpu {
         Map.entry("spark.executor.extraLibraryPath", System.getProperty("java.io.tmpdir"))));
   }
 
+  /** Copies {@code values} into {@code d} (as its dtype; one value per element). */
+  static void put(DeviceTensor d, float[] values) {
+    try (HostTensor h = HostTensor.of(values, d.dtype(), d.shape())) {
+      d.copyFrom(h);
+    }
+  }
+
+  /** Fills {@code d} with NaN, so that an element an op never writes fails its check. */
+  static void poison(DeviceTensor d) {
+    try (HostTensor h = HostTensor.allocate(d.dtype(), d.shape())) {
+      h.fill(Float.NaN);
+      d.copyFrom(h);
+    }
+  }
+
   /** The device tensor's values, as floats. */
   static float[] download(DeviceTensor d) {
     try (HostTensor h = HostTensor.allocate(d.dtype(), d.shape())) {

@@ -229,19 +229,15 @@ class GpuClusterCollectivesTest {
     int w = comm.world();
     int r = comm.rank();
     float[][] inputs = inputs(op, t, n, w, seed);
-    try (HostTensor hin = HostTensor.of(inputs[r], t, inputs[r].length);
-        HostTensor hout = HostTensor.allocate(t, outputLength(op, n, w, r));
-        DeviceTensor in = DeviceTensor.allocate(t, inputs[r].length);
+    try (DeviceTensor in = DeviceTensor.allocate(t, inputs[r].length);
         DeviceTensor dout = DeviceTensor.allocate(t, outputLength(op, n, w, r))) {
-      in.copyFrom(hin);
-      hout.fill(Float.NaN);
-      dout.copyFrom(hout);
+      Gpu.put(in, inputs[r]);
+      Gpu.poison(dout);
       enqueue(comm, op, in, dout, stream);
       if (stream != null) {
         comm.synchronize();
       }
-      dout.copyTo(hout);
-      verify(op, t, n, w, r, inputs, hout.toFloatArray(), extraRel);
+      verify(op, t, n, w, r, inputs, Gpu.download(dout), extraRel);
     }
   }
 
@@ -357,8 +353,8 @@ class GpuClusterCollectivesTest {
         float[][][] inputs = new float[ops.length][][];
         for (int i = 0; i < ops.length; i++) {
           inputs[i] = inputs(ops[i], types[i], n, w, Data.seed(seed, 500 + launch, i));
-          FusedCase.put(in[i], inputs[i][r]);
-          FusedCase.poison(out[i]);
+          Gpu.put(in[i], inputs[i][r]);
+          Gpu.poison(out[i]);
         }
         for (int i = 0; i < fused.size(); i++) {
           fused.get(i).load(Data.seed(seed, 600 + launch, i));

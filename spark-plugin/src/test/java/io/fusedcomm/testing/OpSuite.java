@@ -96,7 +96,7 @@ public final class OpSuite {
         int k = 8;
         int nr = 3 + r;
         HostTensor a = s.of(input(seed, r, 10 + m, count(m, w, r) * k, t), t, count(m, w, r), k);
-        HostTensor wt = s.of(input(seed, r, 20 + m, nr * k, t), t, layout == WeightLayout.NK ? new long[] {nr, k} : new long[] {k, nr});
+        HostTensor wt = s.of(input(seed, r, 20 + m, nr * k, t), t, Reference.weightShape(layout, nr, k));
         HostTensor c = s.poisoned(t, m, nr);
         HostTensor gathered = s.poisoned(t, m, k);
         comm.allGatherGemm(a, wt, c, gathered, layout);
@@ -106,7 +106,7 @@ public final class OpSuite {
         int kr = 4 + r;
         int n = 5;
         HostTensor a2 = s.of(input(seed, r, 30 + m, m * kr, t), t, m, kr);
-        HostTensor w2 = s.of(input(seed, r, 40 + m, n * kr, t), t, layout == WeightLayout.NK ? new long[] {n, kr} : new long[] {kr, n});
+        HostTensor w2 = s.of(input(seed, r, 40 + m, n * kr, t), t, Reference.weightShape(layout, n, kr));
         HostTensor crs = s.poisoned(t, count(m, w, r), n);
         comm.gemmReduceScatter(a2, w2, crs, layout);
         res.outputs.put("gemmReduceScatter/" + m, crs.toFloatArray());

@@ -56,6 +56,11 @@ public final class Reference {
 
   // ---- GEMM ----------------------------------------------------------------------------------
 
+  /** The shape of an n×k linear layer's weight as {@code layout} stores it: n×k (NK) or k×n (KN). */
+  public static long[] weightShape(WeightLayout layout, long n, long k) {
+    return layout == WeightLayout.NK ? new long[] {n, k} : new long[] {k, n};
+  }
+
   /** Element (i, j) of op(w) as the K×N right operand: w[j][kk] for NK, w[kk][j] for KN. */
   private static double weightAt(float[] w, WeightLayout layout, int n, int k, int kk, int j) {
     return layout == WeightLayout.NK ? w[j * k + kk] : w[kk * n + j];
