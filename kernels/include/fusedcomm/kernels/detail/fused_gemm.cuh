@@ -437,7 +437,7 @@ static_assert(sizeof(RsPushMail) == 32, "a mail's size (RsEpilogue::kFetchAt)");
 // 64 rows of 128 B, 16-byte chunk c of row i at c ^ (i % 8)) to `at` (row i at at + i * ld),
 // 16 bytes per lane and instruction: a warp writes 4 rows × 128 B at a time. add_f32: vector
 // fp32 reduce-adds instead of stores (an accumulating slot). Out of line: the producer
-// warpgroup's 40 registers.
+// warpgroup's 56 registers (RegisterSplit).
 inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
                                                 int bytes, int ld, int rounds, bool add_f32) {
   const int lane = threadIdx.x % 32;
@@ -931,7 +931,7 @@ struct RsEpilogue {
     }
   }
 
-  // A pusher warp's whole life (engine hook aux_warp; 40 registers): handoffs until h0 < 0.
+  // A pusher warp's whole life (engine hook aux_warp; 56 registers): handoffs until h0 < 0.
   __device__ __forceinline__ void aux_warp(int cw, uint8_t* stage, uint8_t* aux) const {
     RsPushMail* mail = reinterpret_cast<RsPushMail*>(aux) + cw;
     const int lane = threadIdx.x % 32;

@@ -7,12 +7,14 @@
 // same body from CTAs they give the GEMM role, with their own epilogue and schedule.
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM:
-//   warpgroup 0: producer. setmaxnreg down to 40; thread 0 walks the CTA's tiles, waits on the
-//                readiness flags (hook 1), then issues TMA loads of 64-deep K slices of A
-//                (128×64) and B (BN×64, or 64×BN for kKN) into a kStages-deep ring.
-//   warpgroups 1, 2: consumers. setmaxnreg up to 232; each owns 64 rows of the 128×BN tile,
-//                runs 4 wgmma (k16) per slice with one wgmma group in flight, releases slices
-//                back to the producer, then hands its fragment to the epilogue.
+//   warpgroup 0: producer. setmaxnreg down to 40 (56 with aux warps: RegisterSplit);
+//                thread 0 walks the CTA's tiles, waits on the readiness flags (hook 1), then
+//                issues TMA loads of 64-deep K slices of A (128×64) and B (BN×64, or 64×BN
+//                for kKN) into a kStages-deep ring.
+//   warpgroups 1, 2: consumers. setmaxnreg up to 232 (224 with aux warps); each owns 64 rows
+//                of the 128×BN tile, runs 4 wgmma (k16) per slice with one wgmma group in
+//                flight, releases slices back to the producer, then hands its fragment to the
+//                epilogue.
 //
 // Shared memory (dynamic, base rounded up to 1024 B for the 128-byte swizzle):
 //   [A ring]  kStages × 128×64 bf16 (16 KiB each; rows of 128 B, TMA SWIZZLE_128B)
@@ -434,10 +436,27 @@ __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const Gemm
 //     true: thread 0 calls, before the CTA's first barrier,
 //       static void init_aux(uint8_t* aux);   (the kAuxBytes region)
 //   static constexpr bool kAuxWarps;  (implies kInitAux)
-//     true: warps 1 and 2 of the producer warpgroup (40 registers) call, instead of returning,
+//     true: warps 1 and 2 of the producer warpgroup (56 registers: RegisterSplit) call,
+//     instead of returning,
 //       void aux_warp(int cw, uint8_t* staging, uint8_t* aux) const;
 //     each a helper of consumer warpgroup cw, with that warpgroup's staging buffer. The
 //     consumers' side finds the aux region with gemm_aux_smem<BN, kStagingRounds>().
+// Registers per thread after setmaxnreg, per warpgroup role. The launch gives every thread 168
+// (384 threads, one CTA per SM: the whole register file); what the producer warpgroup gives up,
+// the consumers take, so 128 × kProducer + 256 × kConsumer must not exceed 384 × 168, or the
+// consumers' setmaxnreg.inc would wait forever. The producer's one issuing thread fits in 40.
+// Aux warps (the pusher warps of gemmReduceScatter) run a store loop in the producer warpgroup:
+// at 40 ptxas spilled 24-48 bytes there; at 56 nothing spills, and the consumers' 224 leave their
+// code unspilled too (twenty-first session, kernels/bench/fused/NOTES.md "The pusher warps'
+// registers": no cost beyond the noise on one H200).
+template <class Epilogue>
+struct RegisterSplit {
+  static constexpr int kProducer = Epilogue::kAuxWarps ? 56 : 40;
+  static constexpr int kConsumer = Epilogue::kAuxWarps ? 224 : 232;
+  static_assert(128 * kProducer + 256 * kConsumer <= 384 * 168, "register file over-committed");
+  static_assert(kProducer % 8 == 0 && kConsumer % 8 == 0, "setmaxnreg takes multiples of 8");
+};
+
 struct DefaultEpilogue {
   static constexpr bool kOwnsTile = false;
   // Two rounds (3 stages at BN = 256) measured 0.987 × the time over 52 GEMM shapes on one
@@ -891,7 +910,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<RegisterSplit<Epilogue>::kProducer>();
     if constexpr (Epilogue::kAuxWarps) {
       const int w = threadIdx.x / 32;
       if (w == 1 || w == 2) {
@@ -957,7 +976,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     }
   } else {
     // ---------------- consumers ----------------
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<RegisterSplit<Epilogue>::kConsumer>();
     const int cw = wg - 1;  // which 64-row half of the tile
     const int lane = threadIdx.x % 32;
     float acc[BN / 2];
