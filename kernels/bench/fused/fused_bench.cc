@@ -19,11 +19,14 @@
 // then `batches` rounds in which every impl runs one batch of `iters` back-to-back launches
 // between CUDA events on rank 0 (a process-group barrier and a stream sync before each batch;
 // the impls interleaved so that they share the clock's drift); ms_median = median over an
-// impl's batches of the per-launch mean. One
+// impl's batches of the per-launch mean; ms_ranks = every rank's own median (its events). One
 // JSON object per line to --out (report.py joins it with torch_baselines.py's rows).
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs,ar] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
+//                    [--shared-gpu]
+// --shared-gpu: every rank on GPU 0 (a one-GPU host checks the bench's own mechanics at W > 1;
+// the ranks time-slice the GPU, so the timings mean nothing).
 // --alternate: ours_fused and ours_gemm only, alternating launch by launch with one event pair
 // per launch (neither runs right after itself), instead of batches of one impl (time_ops).
 // --tp T (default W): the shapes of tensor parallelism T while running at world W. With W = 1
@@ -149,6 +152,7 @@ struct Options {
   std::string shape;        // --shape S: only the shapes whose label contains S
   bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
   int phantom_world = 2;    // --phantom-world P: the phantom-peer build's world (2..8)
+  bool shared_gpu = false;  // --shared-gpu: every rank on GPU 0 (the bench's mechanics only)
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -273,7 +277,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
   // The world the fused launches run at: the phantom build's at world 1, else W.
   const int Wf = kPhantomBuild && W == 1 ? o.phantom_world : W;
-  CK(cudaSetDevice(r));
+  CK(cudaSetDevice(o.shared_gpu ? 0 : r));
   std::vector<Shape> list = shapes(o.tp > 0 ? o.tp : W, o.quick);
   list.erase(std::remove_if(list.begin(), list.end(),
                             [&](const Shape& s) {
@@ -343,6 +347,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const uint64_t data_need = std::max(ws_offset + rs_data, scratch);
   fusedcomm::SymmetricConfig cfg;
   cfg.data_bytes = (data_need + 4095) / 4096 * 4096;
+  cfg.allow_shared_gpu = o.shared_gpu;
   auto sm = std::make_unique<fusedcomm::SymmetricMemory>(r, W, cfg);
   sm->connect(g.all_gather(sm->export_handle()));
   const k::CommDevice& dev = sm->device();
@@ -375,7 +380,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   char device[256] = {};
   {
     cudaDeviceProp p;
-    CK(cudaGetDeviceProperties(&p, r));
+    CK(cudaGetDeviceProperties(&p, o.shared_gpu ? 0 : r));
     std::snprintf(device, sizeof device, "%s", p.name);
   }
 
@@ -595,18 +600,32 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     for (const Impl& im : impls) launches.push_back(im.launch);
     std::vector<int> iters_of;
     const std::vector<double> ms_of = time_ops(launches, iters_of);
+    // Every rank's own medians too: an impl that waits for its peers (the fused kernels, the
+    // collectives) ends on every rank together, but ours_gemm times each GPU alone, and the
+    // slowest GPU's GEMM bounds the fused op (report.py's "vs floor, slowest GPU").
+    std::vector<uint8_t> mine(ms_of.size() * sizeof(double));
+    std::memcpy(mine.data(), ms_of.data(), mine.size());
+    const auto ranks_ms = g.all_gather(mine);
     for (size_t i = 0; i < impls.size(); ++i) {
       const Impl& im = impls[i];
       const double ms = ms_of[i];
       const int iters = iters_of[i];
       if (f) {
+        std::string per_rank;
+        for (const auto& r : ranks_ms) {
+          double v = 0;
+          std::memcpy(&v, r.data() + i * sizeof(double), sizeof v);
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%s%.6f", per_rank.empty() ? "" : ", ", v);
+          per_rank += buf;
+        }
         std::fprintf(f,
                      "{\"op\": \"%s\", \"impl\": \"%s\", \"world\": %d, \"shape\": \"%s\", \"M\": %d, "
                      "\"N\": %d, \"K\": %d, \"dtype\": \"bf16\", \"ms_median\": %.6f, \"tflops\": %.2f, "
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
                      "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"ag_gathered\": %s, "
-                     "\"phantom_world\": %d, \"gpu\": \"%s\"}\n",
+                     "\"phantom_world\": %d, \"ms_ranks\": [%s], \"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
@@ -614,7 +633,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      im.info.chunks, iters, o.batches,
                      is_ag ? "" : o.rs_partials.c_str(),
                      o.tp > 0 ? o.tp : W,
-                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, device);
+                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, per_rank.c_str(), device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
                     s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,
@@ -669,6 +688,7 @@ int main(int argc, char** argv) {
     else if (a == "--shape") o.shape = next();
     else if (a == "--alternate") o.alternate = true;
     else if (a == "--phantom-world") o.phantom_world = std::atoi(next());
+    else if (a == "--shared-gpu") o.shared_gpu = true;
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;

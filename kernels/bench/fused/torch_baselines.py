@@ -169,11 +169,16 @@ def main():
             except Exception as e:  # keep going: the row records the failure
                 ms, iters, err = float("nan"), 0, repr(e)[:300]
                 torch.cuda.synchronize()
+            # Every rank's own median (as fused_bench's ms_ranks): torch_gemm times each GPU alone.
+            mine = torch.tensor([ms], dtype=torch.float64, device=dev)
+            ranks = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(ranks, mine)
+            ms_ranks = [t.item() for t in ranks]
             if f:
                 row = dict(op=op, impl=impl, world=world, shape=label, M=M, N=N, K=K, dtype="bf16",
                            ms_median=ms, tflops=flops / (ms * 1e-3) / 1e12 if ms == ms else None,
                            gbps=wire / (ms * 1e-3) / 1e9 if ms == ms else None, iters=iters,
-                           batches=args.batches, gpu=gpu, torch=torch.__version__,
+                           batches=args.batches, ms_ranks=ms_ranks, gpu=gpu, torch=torch.__version__,
                            nccl=".".join(map(str, torch.cuda.nccl.version())))
                 if err:
                     row["error"] = err
