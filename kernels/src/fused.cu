@@ -431,6 +431,23 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
                                        comm_sig_hash(static_cast<uint64_t>(a.M),
                                                      static_cast<uint64_t>(a.K), a.in_offset));
 
+  if (algo == FusedAlgo::kDecomposed && W == 1) {
+    // Alone, the gathered A is A_r: the GEMM reads it in place, and it is copied out only when
+    // asked for (no allGather launch, which would copy it anyway).
+    const auto* own =
+        reinterpret_cast<const __nv_bfloat16*>(d.base[0] + d.data_offset + a.in_offset);
+    if (a.gathered != nullptr) {
+      if (cudaError_t e = cudaMemcpyAsync(a.gathered, own, static_cast<size_t>(a.M) * a.K * 2,
+                                          cudaMemcpyDeviceToDevice, stream);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+    GemmArgs g = base_gemm_args(a.M, a.N, a.K, own, a.B, a.b_layout);
+    g.C = a.C;
+    use_workspace(g, a.gemm_ws);
+    return launch_gemm(g, stream);
+  }
   if (algo == FusedAlgo::kDecomposed) {
     const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
     CollectiveArgs c;
@@ -538,6 +555,16 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   const int W = d.world, r = d.rank;
   uint8_t* ws = d.base[r] + d.data_offset + a.ws_offset;
 
+  if (algo == FusedAlgo::kDecomposed && W == 1) {
+    // Alone, the reduceScatter would copy the partials: the GEMM writes the output itself,
+    // rounded once from its fp32 accumulators, the numerics of either partial precision at W = 1
+    // (as gemmAllReduce at W = 1).
+    GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
+    g.C = a.out;
+    g.c_type = GemmOutType::kBF16;
+    use_workspace(g, a.gemm_ws);
+    return launch_gemm(g, stream);
+  }
   if (algo == FusedAlgo::kDecomposed) {
     const int64_t row_bytes = static_cast<int64_t>(a.N) * partial_bytes(a);
     const bool even = a.M % W == 0;

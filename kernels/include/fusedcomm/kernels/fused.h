@@ -65,7 +65,10 @@
 //     bf16-rounded sums: CollectiveArgs::out_bf16; with bf16 partials, GEMM in bf16 then a bf16
 //     reduceScatter, which sums in fp32 too). When W does not divide M the collective
 //     moves W equal blocks of ceil(M/W) rows (its element split would cut rows), plus one copy
-//     to pack or unpack the padded layout.
+//     to pack or unpack the padded layout. At W = 1 there is nothing to exchange: launch_gemm
+//     alone, reading A_r in place (allGatherGemm; the gathered A, when asked for, is a copy of
+//     it) or writing the bf16 output itself (gemmReduceScatter; either partial precision reads
+//     the same there: fp32 accumulators rounded once).
 //   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
 //     allGatherGemm fused at W = 2 when M >= 2048 and M*K*2 >= kAgFusedMinBytes (8 MiB), else decomposed
 //     (W >= 3 not measured yet); gemmReduceScatter fused at W = 2 when M*N >= 2^24 (either
