@@ -101,7 +101,17 @@ void test_rs() {
           "kAuto W=2 1024x8192 bf16 partials: decomposed" + kr);
     check(auto_algo(2, 16384, 4096, K_r, true) == k::FusedAlgo::kFused,
           "kAuto W=2 16384x4096 bf16 partials: fused" + kr);
-    check(auto_algo(4, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=4: decomposed" + kr);
+    // W = 3-4: the W = 2 threshold (run 10 measured it at W = 4); W >= 5: decomposed.
+    for (int W : {3, 4}) {
+      const std::string w = " W=" + std::to_string(W);
+      check(auto_algo(W, 8192, 8192, K_r, false) == k::FusedAlgo::kFused, "kAuto 8192x8192 f32: fused" + w + kr);
+      check(auto_algo(W, 2048, 8192, K_r, true) == k::FusedAlgo::kFused,
+            "kAuto 2048x8192 bf16 partials: fused" + w + kr);
+      check(auto_algo(W, 1024, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
+            "kAuto 1024x8192 bf16 partials: decomposed" + w + kr);
+    }
+    check(auto_algo(5, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=5: decomposed" + kr);
+    check(auto_algo(8, 16384, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=8: decomposed" + kr);
     check(auto_algo(1, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=1: decomposed" + kr);
     // Half-tile flags beyond FusedFlags (W = 2: 1 slot x 1025 half-tile rows x 512 columns):
     check(auto_algo(2, 131072, 131072, K_r, false) == k::FusedAlgo::kDecomposed,
@@ -129,6 +139,32 @@ void test_ag() {
             check(info.gemm_ctas >= 1 && info.gemm_ctas + info.comm_ctas <= sms,
                   what + ": GEMM CTAs + pulling CTAs fit the SMs");
           }
+}
+
+// allGatherGemm's kAuto (fused.cu, choose_ag): fused from M >= W*1024 rows and a gathered A of
+// 8 MiB at W = 2 or 128 MiB at W = 4; decomposed at every other world. Whatever N_r (which may
+// differ by rank).
+void test_ag_auto() {
+  auto algo = [](int W, int M, int N_r, int K) {
+    k::AgGemmArgs a;
+    a.M = M;
+    a.N = N_r;
+    a.K = K;
+    a.algo = k::FusedAlgo::kAuto;
+    return k::all_gather_gemm_info(device(W, 0, 132), a).algo;
+  };
+  for (int N_r : {2048, 7168, 14336}) {
+    const std::string n = " N_r=" + std::to_string(N_r);
+    check(algo(2, 2048, N_r, 4096) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=2 M=2048 K=4096: fused" + n);
+    check(algo(2, 1024, N_r, 8192) == k::FusedAlgo::kDecomposed, "allGatherGemm kAuto W=2 M=1024: decomposed" + n);
+    check(algo(4, 16384, N_r, 4096) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=4 128 MiB: fused" + n);
+    check(algo(4, 8192, N_r, 8192) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=4 M=8192 K=8192: fused" + n);
+    check(algo(4, 8192, N_r, 4096) == k::FusedAlgo::kDecomposed, "allGatherGemm kAuto W=4 64 MiB: decomposed" + n);
+    check(algo(4, 4096, N_r, 8192) == k::FusedAlgo::kDecomposed, "allGatherGemm kAuto W=4 M=4096 K=8192: decomposed" + n);
+    for (int W : {1, 3, 5, 8})
+      check(algo(W, 16384, N_r, 16384) == k::FusedAlgo::kDecomposed,
+            "allGatherGemm kAuto W=" + std::to_string(W) + ": decomposed" + n);
+  }
 }
 
 // gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
@@ -202,6 +238,7 @@ void test_collective_choice() {
 int main() {
   test_rs();
   test_ag();
+  test_ag_auto();
   test_ar();
   test_collective_choice();
   std::printf("fused_geometry_test: %d passed, %d failed\n", g_passed, g_failed);

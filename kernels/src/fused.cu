@@ -31,6 +31,11 @@ using detail::split_offset;
 // start on communication, the first chunks' latency); at 8 MiB (W = 2: ~12 us of exchange)
 // the saving no longer pays for it. The smallest shape measured (8B M=2048, 16 MiB) gained 6 %.
 constexpr uint64_t kAgFusedMinBytes = 8ull << 20;  // M*K*2: the gathered A
+// At W = 4 (4 x H200, 2026-11-27, bench/fused/NOTES.md "Run 10"): fused took 1.27-1.32x the
+// decomposed time at both shapes with a 64 MiB gathered A (8B M=8192, 70B M=4096) and
+// 0.83-0.98x at all three from 128 MiB (8B M=16384, 70B M=8192, square 8192), so the bar is
+// 16x the W = 2 one: the exchange is 3/4 of the gathered A, not 1/2, and the first wave waits on it.
+constexpr uint64_t kAgFusedMinBytesW4 = 128ull << 20;
 
 // SM split of allGatherGemm: CTAs that pull first, by world size and the GEMM's FLOPs per
 // exchanged byte (N_r). First row with world <= max_world and dim >= min_dim wins. Model (H200: ~790 TFLOP/s, ~330 GB/s
@@ -95,17 +100,22 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 // From the measurements (bench/fused/NOTES.md, 2 x H200, run 3):
 // - allGatherGemm: with the own rows moved by the copy engine, fused was faster than
 //   decomposed at all five shapes measured at W = 2 (0.94-0.98 of its time, 0.90 at 70B
-//   M=8192). Fused at W = 2 from kAgFusedMinBytes; W >= 3 is not measured yet: decomposed.
+//   M=8192). Fused at W = 2 from kAgFusedMinBytes, at W = 4 from kAgFusedMinBytesW4; W = 3
+//   and W >= 5 are not measured for speed: decomposed.
 // - gemmReduceScatter (2 x H200, run 9, the pusher warps; bench/fused/NOTES.md): fused took
 //   0.87-0.96 of the decomposed time at every shape with M*N >= 2^24 for both partial
 //   precisions (at 2^24: bf16 0.96 / 0.97, fp32 0.97 / 0.96 for 8B M=4096 / 70B M=2048), and
 //   lost below (M*N = 2^22-2^23: 1.02-1.13; fp32 8B M=1024 2.1x). (Run 8, with the TMA pushes,
 //   had needed 2^25, and N >= 8192 with bf16 partials.) M, N, W are rank-uniform (K_r is not).
-//   W >= 3 is not measured on separate GPUs yet: decomposed.
+//   At W = 4 (4 x H200, 2026-11-27, run 10) the crossover was the same, for bf16, fp32 and
+//   fp32-any-order partials: fused 0.80-0.97x the decomposed time at every shape with
+//   M*N >= 2^24 (8B M=4096 and 70B M=2048 included), 1.07-2.0x below. W = 3, between two
+//   measured worlds with one threshold, takes it too (correct on separate GPUs, speed not
+//   measured); W >= 5 is not measured: decomposed.
 bool rs_fused_fits(const CommDevice& d, const RsParams& p);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world != 2) return FusedAlgo::kDecomposed;
+  if (d.world != 2 && d.world != 4) return FusedAlgo::kDecomposed;
   // Measured (run 4) when the GEMM's first raster group (8 M-blocks) held peers' rows at
   // M < 2048: half the first wave waited on pulls that ran at only 20-80 GB/s, and fused took
   // 1.3-2.7x the decomposed time at M = 1024. Since 95f0f3d the sweep takes the own blocks
@@ -113,13 +123,14 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   // stays until the fused bench over NVLink shows it (bench/fused/NOTES.md).
   if (a.M < d.world * 8 * detail::kTileM) return FusedAlgo::kDecomposed;
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
-  return bytes >= kAgFusedMinBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+  const uint64_t min_bytes = d.world == 2 ? kAgFusedMinBytes : kAgFusedMinBytesW4;
+  return bytes >= min_bytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
 constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;  // M*N of the partial product
 // p: rs_geometry(d, a) (computed once per launch). kF32AnyOrder is kF32 at W = 2.
 FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world != 2) return FusedAlgo::kDecomposed;
+  if (d.world < 2 || d.world > 4) return FusedAlgo::kDecomposed;
   const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
   if (elems < kRsFusedMinElems || !rs_fused_fits(d, p)) return FusedAlgo::kDecomposed;
   return FusedAlgo::kFused;
@@ -698,9 +709,12 @@ FusedWorkspace ar_workspace(const GemmArArgs& a, int world, FusedAlgo path) {
   const uint64_t bytes = M * N * (a.partials == RsPartials::kBF16 ? 2 : 4);
   return {a.ws_offset + bytes, W > 1 ? bytes : 0};
 }
+// kAuto: the fused path where gemmReduceScatter's kAuto takes its fused kernel, at W = 2 only:
+// its allGather after the fused kernel is measured at W = 2 alone (bench/fused/NOTES.md, run 9),
+// though gemmReduceScatter's own rule now reaches W = 4.
 FusedAlgo choose_ar(const CommDevice& d, const GemmArArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world < 2 || a.M % d.world != 0) return FusedAlgo::kDecomposed;
+  if (d.world != 2 || a.M % d.world != 0) return FusedAlgo::kDecomposed;
   GemmRsArgs rs = ar_rs_args(a);
   rs.algo = FusedAlgo::kAuto;
   const FusedWorkspace ws = ar_workspace(a, d.world, FusedAlgo::kFused);

@@ -70,10 +70,11 @@
 //     it) or writing the bf16 output itself (gemmReduceScatter; either partial precision reads
 //     the same there: fp32 accumulators rounded once).
 //   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
-//     allGatherGemm fused at W = 2 when M >= 2048 and M*K*2 >= kAgFusedMinBytes (8 MiB), else decomposed
-//     (W >= 3 not measured yet); gemmReduceScatter fused at W = 2 when M*N >= 2^24 (either
-//     partial precision), else decomposed (W >= 3: decomposed). Thresholds from the benchmark
-//     (bench/fused/NOTES.md, runs 8 and 9).
+//     allGatherGemm fused when M >= W*1024 and the gathered A (M*K*2 bytes) is at least 8 MiB
+//     at W = 2 or 128 MiB at W = 4, else decomposed (W = 3 and W >= 5: decomposed, not
+//     measured); gemmReduceScatter fused at W = 2-4 when M*N >= 2^24 (any partial precision),
+//     else decomposed (W >= 5: decomposed). Thresholds from the benchmark (bench/fused/NOTES.md,
+//     runs 8, 9 and 10).
 // - Protocol (DESIGN.md §3, as collectives.h): the launch's epoch is CommControl::epoch + 1,
 //   read on the device by every CTA and bumped by the last CTA to finish, so CUDA-graph replay
 //   needs no host work. Flags hold epochs, are compared `>= epoch` and never reset. Start
