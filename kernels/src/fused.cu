@@ -28,13 +28,16 @@ using detail::split_offset;
 // kAuto (allGatherGemm, W = 2): decomposed below this exchanged size, fused above. Model
 // (H200, DESIGN.md §7: ~790 TFLOP/s GEMM, ~330 GB/s NVLink pulls): the fused kernel hides the
 // exchange, bytes * (W-1)/W / 330 GB/s, but costs a fixed ~10-20 us (chunk flags, SMs that
-// start on communication, the first chunks' latency); at 8 MiB (W = 2: ~12 us of exchange)
-// the saving no longer pays for it. The smallest shape measured (8B M=2048, 16 MiB) gained 6 %.
-constexpr uint64_t kAgFusedMinBytes = 8ull << 20;  // M*K*2: the gathered A
-// At W = 4 (4 x H200, 2026-11-27, bench/fused/NOTES.md "Run 10"): fused took 1.27-1.32x the
-// decomposed time at both shapes with a 64 MiB gathered A (8B M=8192, 70B M=4096) and
-// 0.83-0.98x at all three from 128 MiB (8B M=16384, 70B M=8192, square 8192), so the bar is
-// 16x the W = 2 one: the exchange is 3/4 of the gathered A, not 1/2, and the first wave waits on it.
+// start on communication, the first chunks' latency), which a small exchange does not repay.
+// Measured (2 x H200 on a 4-GPU host, 2026-11-27, bench/fused/NOTES.md "Run 10", two runs):
+// fused 0.85-0.93x the decomposed time from a 16 MiB gathered A (8B M=2048, 70B M=1024 included:
+// the own-first sweep removed run 4's loss at M = 1024), 1.055-1.059x at 8 MiB (8B M=1024).
+constexpr uint64_t kAgFusedMinBytes = 16ull << 20;  // M*K*2: the gathered A
+// At W = 4 (4 x H200, run 10, three runs): fused 0.76-0.89x the decomposed time at every run at
+// 8B M=16384, 70B M=8192 and 16384, square 16384 (128 MiB and more), a tie at square 8192
+// (0.95-1.08x, 128 MiB). Below, fused runs in one of two modes from launch to launch of the
+// bench (8B M=8192: 1.32 / 0.82 / 0.97x; 70B M=4096: 1.29 / 1.23 / 0.92x; NOTES.md): decomposed
+// there until the slow mode is understood.
 constexpr uint64_t kAgFusedMinBytesW4 = 128ull << 20;
 
 // SM split of allGatherGemm: CTAs that pull first, by world size and the GEMM's FLOPs per
@@ -108,20 +111,20 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 //   lost below (M*N = 2^22-2^23: 1.02-1.13; fp32 8B M=1024 2.1x). (Run 8, with the TMA pushes,
 //   had needed 2^25, and N >= 8192 with bf16 partials.) M, N, W are rank-uniform (K_r is not).
 //   At W = 4 (4 x H200, 2026-11-27, run 10) the crossover was the same, for bf16, fp32 and
-//   fp32-any-order partials: fused 0.80-0.97x the decomposed time at every shape with
-//   M*N >= 2^24 (8B M=4096 and 70B M=2048 included), 1.07-2.0x below. W = 3, between two
+//   fp32-any-order partials: fused 0.75-0.98x the decomposed time at every shape with
+//   M*N >= 2^24 (8B M=4096 and 70B M=2048 included), 1.11-2.03x below. W = 3, between two
 //   measured worlds with one threshold, takes it too (correct on separate GPUs, speed not
 //   measured); W >= 5 is not measured: decomposed.
 bool rs_fused_fits(const CommDevice& d, const RsParams& p);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world != 2 && d.world != 4) return FusedAlgo::kDecomposed;
-  // Measured (run 4) when the GEMM's first raster group (8 M-blocks) held peers' rows at
-  // M < 2048: half the first wave waited on pulls that ran at only 20-80 GB/s, and fused took
-  // 1.3-2.7x the decomposed time at M = 1024. Since 95f0f3d the sweep takes the own blocks
-  // first in a group of their own (AgSchedule::coord), which should remove that wait; the rule
-  // stays until the fused bench over NVLink shows it (bench/fused/NOTES.md).
-  if (a.M < d.world * 8 * detail::kTileM) return FusedAlgo::kDecomposed;
+  // Run 4 had fused at 1.3-2.7x the decomposed time at W = 2, M = 1024: the GEMM's first
+  // raster group (8 M-blocks) held peers' rows, and half the first wave waited on slow pulls.
+  // Since 95f0f3d the sweep takes the own blocks first (AgSchedule::coord); run 10 measured
+  // 70B M=1024 at W = 2 faster fused (0.89-0.91x), so only the byte bar is left there. At
+  // W = 4 the row minimum stays (unmeasured below it; the 128 MiB bar implies it for K <= 16384).
+  if (d.world > 2 && a.M < d.world * 8 * detail::kTileM) return FusedAlgo::kDecomposed;
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
   const uint64_t min_bytes = d.world == 2 ? kAgFusedMinBytes : kAgFusedMinBytesW4;
   return bytes >= min_bytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
