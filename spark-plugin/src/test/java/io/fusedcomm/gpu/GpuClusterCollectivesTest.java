@@ -180,9 +180,9 @@ class GpuClusterCollectivesTest {
       // choice on every rank); the KN forms on the task's stream.
       for (WeightLayout layout : WeightLayout.values()) {
         cudaStream_t on = layout == WeightLayout.KN ? stream : null;
-        // The second shape (a gathered A of M*K*2 >= 16 MiB) is one the fused kernel takes at
-        // W = 2; it fits the default 128 MiB data area at every world.
-        int[][] shapes = w >= 2 ? new int[][] {{128 * w + 40, 264}, {2088, 4096}} : new int[][] {{128 * w + 40, 264}};
+        // The second shape (a gathered A of M*K*2 = 16 MiB) is one the fused kernel takes at
+        // W = 2; its shard (8 MiB at W = 2, less above) just fits SYMMETRIC_BYTES.
+        int[][] shapes = w >= 2 ? new int[][] {{128 * w + 40, 264}, {2048, 4096}} : new int[][] {{128 * w + 40, 264}};
         for (int[] mk : shapes) {
           String what = "allGatherGemm " + layout + " M=" + mk[0] + " K=" + mk[1];
           try {
