@@ -83,7 +83,7 @@ void test_rs() {
                       what + ": half-tile flags " + std::to_string(info.chunks) + " fit");
               }
         }
-  // kAuto (fused.cu, choose_rs): fused at W = 2 from M*N = 2^24, either partial precision,
+  // kAuto (fused.cu, choose_rs): fused at W = 2-4 from M*N = 2^24, any partial precision,
   // else decomposed; the same choice whatever K_r (which may differ by rank).
   auto auto_algo = [](int W, int M, int N, int K_r, bool bf16) {
     k::GemmRsArgs a = rs_args(M, N, K_r, bf16);

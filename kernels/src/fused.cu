@@ -39,6 +39,10 @@ constexpr uint64_t kAgFusedMinBytes = 16ull << 20;  // M*K*2: the gathered A
 // bench (8B M=8192: 1.32 / 0.82 / 0.97x; 70B M=4096: 1.29 / 1.23 / 0.92x; NOTES.md): decomposed
 // there until the slow mode is understood.
 constexpr uint64_t kAgFusedMinBytesW4 = 128ull << 20;
+// The bar for world W, or 0 where fused is not measured (W = 3, W >= 5): decomposed there.
+constexpr uint64_t ag_fused_min_bytes(int world) {
+  return world == 2 ? kAgFusedMinBytes : world == 4 ? kAgFusedMinBytesW4 : 0;
+}
 
 // SM split of allGatherGemm: CTAs that pull first, by world size and the GEMM's FLOPs per
 // exchanged byte (N_r). First row with world <= max_world and dim >= min_dim wins. Model (H200: ~790 TFLOP/s, ~330 GB/s
@@ -118,7 +122,8 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 bool rs_fused_fits(const CommDevice& d, const RsParams& p);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world != 2 && d.world != 4) return FusedAlgo::kDecomposed;
+  const uint64_t min_bytes = ag_fused_min_bytes(d.world);
+  if (min_bytes == 0) return FusedAlgo::kDecomposed;
   // Run 4 had fused at 1.3-2.7x the decomposed time at W = 2, M = 1024: the GEMM's first
   // raster group (8 M-blocks) held peers' rows, and half the first wave waited on slow pulls.
   // Since 95f0f3d the sweep takes the own blocks first (AgSchedule::coord); run 10 measured
@@ -126,7 +131,6 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   // W = 4 the row minimum stays (unmeasured below it; the 128 MiB bar implies it for K <= 16384).
   if (d.world > 2 && a.M < d.world * 8 * detail::kTileM) return FusedAlgo::kDecomposed;
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
-  const uint64_t min_bytes = d.world == 2 ? kAgFusedMinBytes : kAgFusedMinBytesW4;
   return bytes >= min_bytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
 constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;  // M*N of the partial product
