@@ -24,7 +24,9 @@
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs,ar] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
-//                    [--shared-gpu]
+//                    [--shared-gpu] [--print-batches]
+// --print-batches: every rank prints, per shape and impl, its batches' per-launch times in the
+// order they ran (does a process stay in one mode?).
 // --shared-gpu: every rank on GPU 0 (a one-GPU host checks the bench's own mechanics at W > 1;
 // the ranks time-slice the GPU, so the timings mean nothing).
 // --alternate: ours_fused and ours_gemm only, alternating launch by launch with one event pair
@@ -33,8 +35,8 @@
 // and T = 2 or 4 the fused kernels run on one GPU with the local shapes of TP T: every cost
 // except NVLink (the GEMM role's epilogue, flags, claims), so
 // their local overhead is measurable on a one-GPU host; rows carry "tp" (local_run.sh).
-// Debug build: -DFUSEDCOMM_AG_TRACE (FC_NVCC_FLAGS of build.sh) prints a timeline of one fused
-// allGatherGemm launch per shape. Bench build: -DFUSEDCOMM_PHANTOM_PEER makes ours_fused at world
+// Debug build: -DFUSEDCOMM_AG_TRACE (FC_NVCC_FLAGS of build.sh) prints, per shape and rank, the
+// timeline of a fused allGatherGemm launch after a barrier and one after 20 back-to-back launches. Bench build: -DFUSEDCOMM_PHANTOM_PEER makes ours_fused at world
 // 1 run either fused kernel as rank 0 of W = P (--phantom-world P, 2..8, default 2) with this
 // process as every peer (what W = P costs on the SMs without NVLink; detail/fused_gemm.cuh);
 // rows carry "phantom_world" (0 in other builds).
@@ -153,6 +155,7 @@ struct Options {
   bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
   int phantom_world = 2;    // --phantom-world P: the phantom-peer build's world (2..8)
   bool shared_gpu = false;  // --shared-gpu: every rank on GPU 0 (the bench's mechanics only)
+  bool print_batches = false;  // --print-batches: every rank prints each impl's batch times
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -174,52 +177,90 @@ void traced_launches(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, void*
 #endif
 
 #ifdef FUSEDCOMM_AG_TRACE
-// Debug build (-DFUSEDCOMM_AG_TRACE): one fused allGatherGemm after a warm-up, then rank 0
-// prints its timeline (layout: fused_gemm.cuh, ag_trace).
+// Debug build (-DFUSEDCOMM_AG_TRACE): the fused allGatherGemm's timeline (layout: fused_gemm.cuh,
+// ag_trace), twice: "isolated" (two warm-ups, then one launch, each after a barrier) and "b2b"
+// (20 launches back to back, the timeline zeroed on the stream, one more launch: the state the
+// bench's batches time). Every rank prints its own, in rank order.
 void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::AgGemmArgs a,
               cudaStream_t st, const std::string& label) {
   a.algo = k::FusedAlgo::kFused;
   const k::FusedLaunchInfo info = k::all_gather_gemm_info(dev, a);
   const int64_t mb = (a.M + 127) / 128, nb = (a.N + info.tile_n - 1) / info.tile_n;
-  const int64_t words = 2 * mb * 4096 + info.chunks + 2 * info.comm_ctas;
+  const int P = info.comm_ctas, C = info.chunks;
+  const int64_t tiles_words = 2 * mb * 4096;
+  const int64_t words = tiles_words + C + 3 * P + info.gemm_ctas + P;
   uint8_t* tr = dev.base[dev.rank] + dev.scratch_offset;
-  traced_launches(g, st, tr, words * 8, [&] { CK(k::launch_all_gather_gemm(dev, a, st)); });
-  if (g.rank != 0) return;
-  std::vector<uint64_t> t(words);
-  CK(cudaMemcpy(t.data(), tr, words * 8, cudaMemcpyDeviceToHost));
-  uint64_t t0 = UINT64_MAX, t_end = 0;
-  for (uint64_t v : t) if (v) t0 = std::min(t0, v), t_end = std::max(t_end, v);
-  auto us = [&](uint64_t v) { return v ? (v - t0) / 1000.0 : -1.0; };
-  const uint64_t* chunk = t.data() + 2 * mb * 4096;
-  const uint64_t* pull = chunk + info.chunks;
-  double pmin = 1e30, pmax = 0, cmax = 0;
-  for (int j = 0; j < info.comm_ctas; ++j) pmin = std::min(pmin, us(pull[2 * j + 1])), pmax = std::max(pmax, us(pull[2 * j + 1]));
-  for (int c = 0; c < info.chunks; ++c) cmax = std::max(cmax, us(chunk[c]));
-  double wait_sum = 0, wait_max = 0;
-  int waited = 0;
-  int64_t worst = -1;
-  for (int64_t i = 0; i < mb * nb; ++i) {
-    const double w = (t[2 * i + 1] - t[2 * i]) / 1000.0;
-    if (t[2 * i] == 0) continue;
-    wait_sum += w;
-    if (w > 5) ++waited;
-    if (w > wait_max) wait_max = w, worst = i;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int mode = 0; mode < 2; ++mode) {
+    float launch_ms = 0;
+    if (mode == 0) {
+      traced_launches(g, st, tr, words * 8, [&] { CK(k::launch_all_gather_gemm(dev, a, st)); });
+    } else {
+      CK(cudaStreamSynchronize(st));
+      g.barrier();
+      for (int i = 0; i < 20; ++i) CK(k::launch_all_gather_gemm(dev, a, st));
+      CK(cudaMemsetAsync(tr, 0, words * 8, st));
+      CK(cudaEventRecord(e0, st));
+      CK(k::launch_all_gather_gemm(dev, a, st));
+      CK(cudaEventRecord(e1, st));
+      CK(cudaStreamSynchronize(st));
+      CK(cudaEventElapsedTime(&launch_ms, e0, e1));
+    }
+    std::vector<uint64_t> t(words);
+    CK(cudaMemcpy(t.data(), tr, words * 8, cudaMemcpyDeviceToHost));
+    uint64_t t0 = UINT64_MAX, t_end = 0;
+    for (int64_t i = 0; i < words; ++i) {
+      if (i >= tiles_words + C + 2 * P && i < tiles_words + C + 3 * P) continue;  // SM ids
+      if (t[i]) t0 = std::min(t0, t[i]), t_end = std::max(t_end, t[i]);
+    }
+    auto us = [&](uint64_t v) { return v ? (v - t0) / 1000.0 : -1.0; };
+    const uint64_t* chunk = t.data() + tiles_words;
+    const uint64_t* pull = chunk + C;
+    const uint64_t* smid = pull + 2 * P;
+    const uint64_t* entry = smid + P;
+    std::string o;
+    char buf[256];
+    auto add = [&](const char* fmt, auto... v) { std::snprintf(buf, sizeof buf, fmt, v...); o += buf; };
+    double gmin = 1e30, gmax = 0, pmin = 1e30, pmax = 0;
+    for (int c = 0; c < info.gemm_ctas + P; ++c) {
+      if (!entry[c]) continue;
+      double& lo = c < info.gemm_ctas ? gmin : pmin;
+      double& hi = c < info.gemm_ctas ? gmax : pmax;
+      lo = std::min(lo, us(entry[c])), hi = std::max(hi, us(entry[c]));
+    }
+    double wait_sum = 0, wait_max = 0;
+    int waited = 0;
+    for (int64_t i = 0; i < mb * nb; ++i) {
+      if (t[2 * i] == 0) continue;
+      const double w = (t[2 * i + 1] - t[2 * i]) / 1000.0;
+      wait_sum += w;
+      if (w > 5) ++waited;
+      wait_max = std::max(wait_max, w);
+    }
+    add("ag_trace %s %s rank %d (G %d + P %d, tile_n %d, %d chunks): span %.1f us",
+        mode ? "b2b" : "isolated", label.c_str(), g.rank, info.gemm_ctas, P, info.tile_n, C,
+        (t_end - t0) / 1000.0);
+    if (mode) add(", launch %.1f us (events)", launch_ms * 1000.0);
+    add("; entry gemm %.1f-%.1f pull %.1f-%.1f; tiles waiting > 5 us %d, sum %.0f, max %.1f\n",
+        gmin, gmax, pmin, pmax, waited, wait_sum, wait_max);
+    o += "  pullers start/end us @sm:";
+    for (int j = 0; j < P; ++j) add(" %.0f/%.0f@%llu", us(pull[2 * j]), us(pull[2 * j + 1]), (unsigned long long)smid[j]);
+    o += "\n  chunk flags us (chunk:t):";
+    for (int c = 0; c < C; ++c) add(" %d:%.0f", c, us(chunk[c]));
+    o += "\n";
+    for (int r = 0; r < g.world; ++r) {
+      g.barrier();
+      if (r == g.rank) {
+        std::fputs(o.c_str(), stdout);
+        std::fflush(stdout);
+      }
+    }
+    g.barrier();
   }
-  std::printf("trace %s (G %d + P %d, tile_n %d, %lld chunks): span %.1f us; pullers done %.1f-%.1f us; "
-              "last chunk flag %.1f us; tiles waiting > 5 us: %d of %lld, sum %.1f us, max %.1f us (tile m %lld n %lld, wait from %.1f us)\n",
-              label.c_str(), info.gemm_ctas, info.comm_ctas, info.tile_n, (long long)info.chunks,
-              (t_end - t0) / 1000.0, pmin, pmax, cmax, waited, (long long)(mb * nb), wait_sum, wait_max,
-              (long long)(worst / nb), (long long)(worst % nb), worst >= 0 ? us(t[2 * worst]) : -1.0);
-  std::printf("  chunk flags (us):");
-  for (int c = 0; c < info.chunks; c += std::max<int64_t>(1, info.chunks / 16)) std::printf(" c%d %.1f", c, us(chunk[c]));
-  std::printf("\n  first wait start per m-block (us):");
-  for (int64_t m = 0; m < mb; m += std::max<int64_t>(1, mb / 16)) {
-    uint64_t first = UINT64_MAX;
-    for (int64_t n = 0; n < nb; ++n) if (t[2 * (m * nb + n)]) first = std::min(first, t[2 * (m * nb + n)]);
-    std::printf(" m%lld %.1f", (long long)m, first == UINT64_MAX ? -1.0 : us(first));
-  }
-  std::printf("\n");
-  std::fflush(stdout);
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
 }
 #endif
 
@@ -389,7 +430,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   // batches run round robin over the impls, so that every impl sees the same clocks and
   // temperature (the sustained clock drifts by several % while a shape is timed). Returns per
   // impl the median over its batches of the per-launch mean; `iters` gets the batch sizes.
-  auto time_ops = [&](const std::vector<std::function<void()>>& launches, std::vector<int>& iters) {
+  auto time_ops = [&](const std::vector<std::function<void()>>& launches, std::vector<int>& iters,
+                      const std::string& what) {
     const size_t n = launches.size();
     iters.assign(n, 1);
     for (size_t i = 0; i < n; ++i) {
@@ -457,6 +499,16 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         per[i].push_back(ms / iters[i]);
         sm->raise_if_failed();
       }
+    }
+    if (o.print_batches) {  // in batch order, before the sort; one line per rank and impl
+      for (size_t i = 0; i < n; ++i) {
+        std::string line = "batches " + what + " impl " + std::to_string(i) + " rank " +
+                           std::to_string(r) + " ms:";
+        char b[32];
+        for (double v : per[i]) std::snprintf(b, sizeof b, " %.4f", v), line += b;
+        std::printf("%s\n", line.c_str());
+      }
+      std::fflush(stdout);
     }
     std::vector<double> med(n);
     for (size_t i = 0; i < n; ++i) {
@@ -599,7 +651,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     std::vector<std::function<void()>> launches;
     for (const Impl& im : impls) launches.push_back(im.launch);
     std::vector<int> iters_of;
-    const std::vector<double> ms_of = time_ops(launches, iters_of);
+    std::string what = s.op + " " + s.label + " (";
+    for (size_t i = 0; i < impls.size(); ++i) what += (i ? "," : "") + std::string(impls[i].name);
+    const std::vector<double> ms_of = time_ops(launches, iters_of, what + ")");
     // Every rank's own medians too: an impl that waits for its peers (the fused kernels, the
     // collectives) ends on every rank together, but ours_gemm times each GPU alone, and the
     // slowest GPU's GEMM bounds the fused op (report.py's "vs floor, slowest GPU").
@@ -689,6 +743,7 @@ int main(int argc, char** argv) {
     else if (a == "--alternate") o.alternate = true;
     else if (a == "--phantom-world") o.phantom_world = std::atoi(next());
     else if (a == "--shared-gpu") o.shared_gpu = true;
+    else if (a == "--print-batches") o.print_batches = true;
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;

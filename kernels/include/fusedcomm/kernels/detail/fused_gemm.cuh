@@ -91,12 +91,20 @@ struct AgParams {
 // (m_block * n_blocks + n_block) the producer's wait [start, end); per chunk the flag time;
 // per pulling CTA [start, end). Read by fused_bench --trace.
 // Layout: 2 words per tile slot (m_blocks x 4096 slots), then one per chunk, then 2 per
-// pulling CTA.
+// pulling CTA, then per pulling CTA its SM id, then per CTA of the grid its entry time.
 __device__ __forceinline__ uint64_t* ag_trace(const AgParams& p) {
   return reinterpret_cast<uint64_t*>(p.dev.base[p.dev.rank] + p.dev.scratch_offset);
 }
 __device__ __forceinline__ uint64_t* ag_trace_chunks(const AgParams& p) {
   return ag_trace(p) + 2 * (static_cast<int64_t>(p.M + 127) / 128) * 4096;
+}
+__device__ __forceinline__ uint64_t* ag_trace_entry(const AgParams& p) {
+  return ag_trace_chunks(p) + p.chunks + 3 * p.comm_ctas;
+}
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+  return v;
 }
 #endif
 
@@ -203,7 +211,7 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   }
 #ifdef FUSEDCOMM_AG_TRACE
   uint64_t* trace = ag_trace_chunks(p) + p.chunks;
-  if (threadIdx.x == 0) trace[2 * j] = globaltimer_ns();
+  if (threadIdx.x == 0) trace[2 * j] = globaltimer_ns(), trace[2 * p.comm_ctas + j] = sm_id();
 #endif
   uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
   bool ok = true;
@@ -284,6 +292,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                    const __grid_constant__ DefaultEpilogue epi,
                    const __grid_constant__ AgParams p) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
+#ifdef FUSEDCOMM_AG_TRACE
+  if (threadIdx.x == 0) ag_trace_entry(p)[blockIdx.x] = globaltimer_ns();
+#endif
   if (static_cast<int>(blockIdx.x) >= p.gemm_ctas) {
     ag_pull_role(p, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);
   }
