@@ -68,11 +68,16 @@ __device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* 
 }
 
 // The GEMM producer's out-of-line wait (its 40-register region stays small), for flags this
-// GPU writes (allGatherGemm's chunk flags): gpu-scope polls.
+// GPU writes (allGatherGemm's chunk flags): gpu-scope polls, backing off to
+// FUSEDCOMM_CHUNK_POLL_CAP_NS (a bench switch: does a slower poll free the pulls? NOTES.md).
+#ifndef FUSEDCOMM_CHUNK_POLL_CAP_NS
+#define FUSEDCOMM_CHUNK_POLL_CAP_NS 1024
+#endif
 inline __device__ __noinline__ bool fused_wait_flag(const CommDevice& d, const uint64_t* flag,
                                                     uint64_t epoch, uint32_t op, uint32_t step,
                                                     int peer, uint32_t timeout_scale) {
-  return fused_wait(d, flag, epoch, op, step, peer, timeout_scale, true);
+  return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale, true,
+                               FUSEDCOMM_CHUNK_POLL_CAP_NS);
 }
 
 // One thread, after its own release fence: true for the arrival that brings *counter to n,
