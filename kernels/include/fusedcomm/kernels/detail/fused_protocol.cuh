@@ -58,8 +58,12 @@ __device__ __forceinline__ FusedFlags* fused_flags(const CommDevice& d, int rank
 // use this inline version; comm_protocol.cuh's comm_wait_flag is not used.
 // Chunk and start flags of the fused ops come every few to tens of microseconds, and tens of
 // CTAs may wait at once while the GEMM runs on the other SMs: their polls back off to this
-// sleep (the collectives' waits stay at 128 ns, latency first).
-inline constexpr uint32_t kFusedPollSleepCapNs = 1024;
+// sleep (the collectives' waits stay at 128 ns, latency first). Bench switch:
+// -DFUSEDCOMM_POLL_CAP_NS=N (fused/ag_ctas_sweep.sh).
+#ifndef FUSEDCOMM_POLL_CAP_NS
+#define FUSEDCOMM_POLL_CAP_NS 1024
+#endif
+inline constexpr uint32_t kFusedPollSleepCapNs = FUSEDCOMM_POLL_CAP_NS;
 __device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* flag,
                                            uint64_t epoch, uint32_t op, uint32_t step, int peer,
                                            uint32_t timeout_scale, bool local = false) {
