@@ -33,12 +33,11 @@ using detail::split_offset;
 // fused 0.85-0.93x the decomposed time from a 16 MiB gathered A (8B M=2048, 70B M=1024 included:
 // the own-first sweep removed run 4's loss at M = 1024), 1.055-1.059x at 8 MiB (8B M=1024).
 constexpr uint64_t kAgFusedMinBytes = 16ull << 20;  // M*K*2: the gathered A
-// At W = 4 (4 x H200, run 10, three runs): fused 0.76-0.89x the decomposed time at every run at
-// 8B M=16384, 70B M=8192 and 16384, square 16384 (128 MiB and more), a tie at square 8192
-// (0.95-1.08x, 128 MiB). Below, fused runs in one of two modes from launch to launch of the
-// bench (8B M=8192: 1.32 / 0.82 / 0.97x; 70B M=4096: 1.29 / 1.23 / 0.92x; NOTES.md): decomposed
-// there until the slow mode is understood.
-constexpr uint64_t kAgFusedMinBytesW4 = 128ull << 20;
+// At W = 4 (4 x H200, run 11): with the chunk polls' 8 us back-off (fused_protocol.cuh,
+// fused_wait_flag) fused took 0.80-0.96x the decomposed time at all 12 TP-4 shapes, from
+// 8 MiB (8B M=1024: 0.88-0.89x) to 512 MiB, two runs. (Run 10, with 1 us polls, had a slow mode
+// below 128 MiB: the waiting GEMM producers' polls slowed the pulls.) Below 8 MiB: unmeasured.
+constexpr uint64_t kAgFusedMinBytesW4 = 8ull << 20;
 // The bar for world W, or 0 where fused is not measured (W = 3, W >= 5): decomposed there.
 constexpr uint64_t ag_fused_min_bytes(int world) {
   return world == 2 ? kAgFusedMinBytes : world == 4 ? kAgFusedMinBytesW4 : 0;
@@ -54,8 +53,10 @@ constexpr uint64_t ag_fused_min_bytes(int world) {
 //   their chunks are done, so generous counts cost little (P SMs idle from the GEMM for the
 //   pull time only): the rows aim at >= 330 GB/s of pulls.
 // (gemmReduceScatter has no split: every CTA runs the GEMM, its epilogue pushes and reduces.)
-// Model values: bench/fused reports the split of each row; tune from its
-// measurements.
+// Model values, tuned where measured: at W = 4, N_r = 2048 (square 8192) 48 pulling CTAs took
+// 0.79x the decomposed time against 0.85x with 32 (4 x H200, run 11, with the 8 us chunk polls;
+// 24 at N_r >= 4096 stayed best there: 48 was 0-6 % slower); the row below N_r = 2048 follows
+// it unmeasured. bench/fused reports the split of each row (fused_bench --ctas overrides it).
 struct SplitRow {
   int max_world;
   int min_dim;
@@ -63,7 +64,7 @@ struct SplitRow {
 };
 constexpr SplitRow kAgSplit[] = {
     {2, 8192, 16}, {2, 4096, 20}, {2, 2048, 24}, {2, 0, 32},
-    {8, 8192, 20}, {8, 4096, 24}, {8, 2048, 32}, {8, 0, 40},
+    {8, 8192, 20}, {8, 4096, 24}, {8, 2048, 48}, {8, 0, 48},
 };
 template <size_t N>
 int split_ctas(const SplitRow (&rows)[N], int world, int dim) {
@@ -126,10 +127,9 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (min_bytes == 0) return FusedAlgo::kDecomposed;
   // Run 4 had fused at 1.3-2.7x the decomposed time at W = 2, M = 1024: the GEMM's first
   // raster group (8 M-blocks) held peers' rows, and half the first wave waited on slow pulls.
-  // Since 95f0f3d the sweep takes the own blocks first (AgSchedule::coord); run 10 measured
-  // 70B M=1024 at W = 2 faster fused (0.89-0.91x), so only the byte bar is left there. At
-  // W = 4 the row minimum stays (unmeasured below it; the 128 MiB bar implies it for K <= 16384).
-  if (d.world > 2 && a.M < d.world * 8 * detail::kTileM) return FusedAlgo::kDecomposed;
+  // Since 95f0f3d the sweep takes the own blocks first (AgSchedule::coord); 70B M=1024 ran
+  // faster fused at W = 2 (run 10: 0.89-0.91x) and at W = 4 (run 11: 0.92-0.95x), so only the
+  // byte bar is left.
   const uint64_t bytes = static_cast<uint64_t>(a.M) * a.K * 2;
   return bytes >= min_bytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }

@@ -72,10 +72,17 @@ __device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* 
 }
 
 // The GEMM producer's out-of-line wait (its 40-register region stays small), for flags this
-// GPU writes (allGatherGemm's chunk flags): gpu-scope polls, backing off to
-// FUSEDCOMM_CHUNK_POLL_CAP_NS (a bench switch: does a slower poll free the pulls? NOTES.md).
+// GPU writes (allGatherGemm's chunk flags): gpu-scope polls, backing off to 8 us between polls.
+// Why so long: up to ~110 producers wait at once when the GEMM catches up with the pulls, and
+// their polls slowed the same GPU's NVLink pulls several-fold (4 x H200, run 11: a pull of 4 MiB
+// under waiting producers took ~160 us instead of ~15; the GEMM then waited longer still, so
+// launches fell into a slow mode, 1.3-2.8x the decomposed time below 128 MiB at W = 4). With
+// an 8 us cap every one of the 12 TP-4 shapes ran fused faster than decomposed (0.80-0.96x, two
+// runs; 4 us and 16 us were close); at W = 2 the cap changed nothing beyond noise. The wake-up
+// it may add (< 8 us per waiting tile) is far below the wait it removes. Bench switch:
+// -DFUSEDCOMM_CHUNK_POLL_CAP_NS=N (fused/ag_ctas_sweep.sh).
 #ifndef FUSEDCOMM_CHUNK_POLL_CAP_NS
-#define FUSEDCOMM_CHUNK_POLL_CAP_NS 1024
+#define FUSEDCOMM_CHUNK_POLL_CAP_NS 8192
 #endif
 inline __device__ __noinline__ bool fused_wait_flag(const CommDevice& d, const uint64_t* flag,
                                                     uint64_t epoch, uint32_t op, uint32_t step,
