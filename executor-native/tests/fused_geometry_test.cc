@@ -171,7 +171,8 @@ void test_ag_auto() {
 }
 
 // gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
-// takes its fused kernel, and the fused path's workspace fits the data area.
+// takes its fused kernel, and the fused path's workspace fits the data area; at W = 2, or at
+// W = 4 with bf16 partials and M*N >= 2^25.
 void test_ar() {
   auto algo = [](int W, int M, int N, int K_r, bool bf16, uint64_t data_bytes) {
     k::CommDevice d = device(W, 0, 132);
@@ -195,7 +196,13 @@ void test_ar() {
     check(algo(2, 1024, 4096, K_r, false, big) == k::FusedAlgo::kDecomposed,
           "gemmAllReduce kAuto W=2 1024x4096 (small): decomposed" + kr);
     check(algo(4, 8192, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=4: decomposed" + kr);
+          "gemmAllReduce kAuto W=4 fp32 partials: decomposed" + kr);
+    check(algo(4, 8192, 4096, K_r, true, big) == k::FusedAlgo::kFused,
+          "gemmAllReduce kAuto W=4 bf16 partials M*N = 2^25: fused" + kr);
+    check(algo(4, 4096, 4096, K_r, true, big) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=4 bf16 partials M*N = 2^24: decomposed" + kr);
+    check(algo(3, 8190, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=3: decomposed" + kr);
     check(algo(1, 8192, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
           "gemmAllReduce kAuto W=1: decomposed (the GEMM alone)" + kr);
     check(algo(2, 8192, 8192, K_r, false, 64ull << 20) == k::FusedAlgo::kDecomposed,

@@ -716,12 +716,21 @@ FusedWorkspace ar_workspace(const GemmArArgs& a, int world, FusedAlgo path) {
   const uint64_t bytes = M * N * (a.partials == RsPartials::kBF16 ? 2 : 4);
   return {a.ws_offset + bytes, W > 1 ? bytes : 0};
 }
-// kAuto: the fused path where gemmReduceScatter's kAuto takes its fused kernel, at W = 2 only:
-// its allGather after the fused kernel is measured at W = 2 alone (bench/fused/NOTES.md, run 9),
-// though gemmReduceScatter's own rule now reaches W = 4.
+// kAuto: the fused path where gemmReduceScatter's kAuto takes its fused kernel, at W = 2 (bench/
+// fused/NOTES.md, run 9), and at W = 4 with bf16 partials from M*N = 2^25: two runs on 4 x H200
+// (run 10 at 94c97c8, run 11 at 4b70dcb) had the fused path at 0.84-0.96x the decomposed time
+// from 2^25 (8B M=8192, 70B M=4096 and up, both squares) and 1.03-1.70x below. fp32 partials at
+// W = 4 and W = 3 are not measured: decomposed.
+constexpr uint64_t kArFusedMinElemsW4 = uint64_t{1} << 25;
 FusedAlgo choose_ar(const CommDevice& d, const GemmArArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
-  if (d.world != 2 || a.M % d.world != 0) return FusedAlgo::kDecomposed;
+  if (a.M % d.world != 0) return FusedAlgo::kDecomposed;
+  if (d.world == 4) {
+    const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
+    if (a.partials != RsPartials::kBF16 || elems < kArFusedMinElemsW4) return FusedAlgo::kDecomposed;
+  } else if (d.world != 2) {
+    return FusedAlgo::kDecomposed;
+  }
   GemmRsArgs rs = ar_rs_args(a);
   rs.algo = FusedAlgo::kAuto;
   const FusedWorkspace ws = ar_workspace(a, d.world, FusedAlgo::kFused);

@@ -273,7 +273,8 @@ inline const char* fused_step_name(uint32_t step) {
 //     then an allGather of those blocks fills C. The GEMM overlaps the reduce-scatter half of
 //     an allReduce's traffic; only the gather's half is left after it. Needs W to divide M
 //     (the allGather splits elements) and the fused reduce-scatter to fit; kAuto takes it
-//     where gemmReduceScatter's kAuto would take its fused kernel (W = 2, large M·N).
+//     where gemmReduceScatter's kAuto would take its fused kernel at W = 2 (large M·N),
+//     and at W = 4 with bf16 partials from M·N = 2^25.
 //   kDecomposed: launch_gemm writes the partial product into the data area at ws_offset
 //     (bf16, or fp32), then an allReduce of it: into C (bf16 partials: fp32 sums rounded once
 //     more), or into `sums` (fp32) and one pass rounds them into C.
@@ -290,7 +291,7 @@ struct GemmArArgs {
   __nv_bfloat16* C = nullptr;       // M×N, this process's memory
   float* sums = nullptr;            // M×N fp32, this process's memory: kDecomposed with fp32 partials
   FusedAlgo algo = FusedAlgo::kAuto;
-  RsPartials partials = RsPartials::kF32;  // kF32AnyOrder: as kF32 (the fused path is W = 2)
+  RsPartials partials = RsPartials::kF32;  // kF32AnyOrder: as kF32 (fused: W = 2, or W = 4 with kBF16)
   GemmWorkspace gemm_ws{};  // the GEMM of kDecomposed and of W = 1, as AgGemmArgs::gemm_ws
 };
 // The data and scratch bytes of `args.algo` (kAuto: the larger of the two paths).
