@@ -727,25 +727,6 @@ __device__ __forceinline__ bool pipe_rounds(int rounds, Acquire acquire, Work wo
   return true;
 }
 
-// Bench switch (-DFC_PUSH_AR_STORES=1): the push allReduce made only of NVLink stores. NVLink
-// loads top out at ~330 GB/s per GPU, stores at 357-364 (4 x H200, probes/nvlink_probe.cu), and
-// the default push allReduce still pulls its reduce-scatter. With the switch, every CTA first
-// stores this rank's block o of the input into owner o's receive slot (after the allReduce's
-// gathered area in o's scratch), a grid barrier raises CommFlags::phase in every peer, and the
-// producers reduce their chunks from local memory (the input and the W-1 slots) before pushing
-// them as before. Peers then never read this rank's memory. Slot reuse: a rank writes owner o's
-// slots of launch e after observing o's arrive flag of e (the start barrier, now before the
-// stores), and o's launch e-1 read its slots before releasing its chunk flags, which this
-// rank's launch e-1 consumers acquired.
-#ifndef FC_PUSH_AR_STORES
-#define FC_PUSH_AR_STORES 0
-#endif
-constexpr bool kPushArStores = FC_PUSH_AR_STORES != 0;
-// Byte offset of the store-only allReduce's receive slots in every scratch area.
-__host__ __device__ inline int64_t ar_slots_offset(int64_t count, int64_t es) {
-  return (count * es + 255) / 256 * 256;
-}
-
 // One kernel per (dtype, op, push or pull, source-count bucket NS >= world for the reducing
 // ops): each holds a single data path (all of them in one kernel spilled).
 template <typename T, CommOp kOp, bool kPush, int NS>
@@ -775,51 +756,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     return static_cast<int>(chunks > first ? (chunks - first + P - 1) / P : 0);
   };
   bool ok = true;
-  constexpr bool stores = push && op == CommOp::kAllReduce && kPushArStores;
-  const int64_t slots_off = ar_slots_offset(count, es);  // stores: the receive slots
-  if constexpr (stores) {
-    // Start barrier for every CTA (all of them store into the peers' slots below).
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      comm_publish_signature(d, epoch);
-      __threadfence_system();
-      comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
-    }
-    ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive, blockIdx.x == 0);
-    if (ok && W > 1) {
-      // Block o of the input into o's slot for this rank, chunk by chunk, the peers interleaved.
-      const int64_t items = (W - 1) * nch(n_0);
-      for (int64_t k = blockIdx.x; k < items; k += gridDim.x) {
-        const int o = (r + 1 + static_cast<int>(k % (W - 1))) % W;
-        const int64_t b = (k / (W - 1)) * chunk, n_o = split_count(count, W, o);
-        if (b >= n_o) continue;
-        cta_copy<T, kTwoPhaseCopyUnroll, true>(
-            reinterpret_cast<T*>(d.base[o] + d.scratch_offset + slots_off) + slot(o, r) + b,
-            reinterpret_cast<const T*>(d.base[r] + in_off) + split_offset(count, W, o) + b,
-            min(chunk, n_o - b));
-      }
-    }
-    // Grid barrier, then CommFlags::phase in every peer (ordering: comm_publish_fence and
-    // comm_last_cta, as the two-phase allReduce's): the slots this rank filled are complete.
-    comm_publish_fence();
-    if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->phase_count) && ok) {
-      comm_signal_peers(d, [&](CommFlags* f) { return &f->phase[r]; }, epoch);
-    }
-  }
 
   if (static_cast<int>(blockIdx.x) < P) {
     // ---- producer c: start barrier (CommFlags::arrive), then rounds of chunks c + j * P.
     const int c = blockIdx.x;
-    if constexpr (stores) {
-      // The peers' stores into this rank's slots (CommFlags::phase).
-      if (ok) ok = comm_wait_peers(d, mine->phase, 1, epoch, op, kCommStepPhase);
-    } else {
-      if (c == 0 && threadIdx.x == 0) {
-        comm_publish_signature(d, epoch);
-        __threadfence_system();
-        comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
-      }
-      ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive, c == 0);
+    if (c == 0 && threadIdx.x == 0) {
+      comm_publish_signature(d, epoch);
+      __threadfence_system();
+      comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
     }
+    ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive, c == 0);
     if (ok) {
       // RS / A2A push block p (<= n_0 long) to every peer p; AR / AG handle this rank's slice.
       const int rounds = rounds_of(nch(blocks ? n_0 : n_r), c);
@@ -831,12 +777,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t pos = (off_r + b) * es;  // the slice's place in output and scratch
           const Dests ds{out + pos, rank_order(push ? peers : (1u << r), r),
                          d.scratch_offset + pos};
-          if constexpr (stores) {  // local: the input and the peers' blocks in the slots
-            const uint8_t* own = d.base[r] + in_off + pos;
-            const uint8_t* slots = d.base[r] + d.scratch_offset + slots_off + b * es;
-            pipe_reduce<T, NS, false>(
-                d, W, [&](int s) { return s == r ? own : slots + slot(r, s) * es; }, ds, n);
-          } else if constexpr (op == CommOp::kAllReduce) {
+          if constexpr (op == CommOp::kAllReduce) {
             const uint64_t so = in_off + pos;
             pipe_reduce<T, NS, true>(d, W, [&](int s) { return d.base[s] + so; }, ds, n);
           } else {  // allGather (push): this rank's block
@@ -1054,10 +995,7 @@ bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Para
   prm.consumers = push ? std::max(1, (P + FC_PUSH_COPY_DIV - 1) / FC_PUSH_COPY_DIV) : P;
   prm.slot_stride = (n0 + epv - 1) / epv * epv;
   if (push && W > 1) {
-    const uint64_t need = a.op == CommOp::kAllReduce && kPushArStores
-                              ? static_cast<uint64_t>(ar_slots_offset(a.count, es) +
-                                                      (W - 1) * prm.slot_stride * es)
-                          : a.op == CommOp::kAllGather || a.op == CommOp::kAllReduce
+    const uint64_t need = a.op == CommOp::kAllGather || a.op == CommOp::kAllReduce
                               ? static_cast<uint64_t>(a.count * es)
                           : a.op == CommOp::kReduceScatter || a.op == CommOp::kAllToAll
                               ? static_cast<uint64_t>((W - 1) * prm.slot_stride * es)
