@@ -71,10 +71,10 @@
 //     the same there: fp32 accumulators rounded once).
 //   kAuto: the same choice on every rank, from rank-uniform sizes only (fused.cu, choose_*):
 //     allGatherGemm fused when the gathered A (M*K*2 bytes) is at least 16 MiB at W = 2, or
-//     128 MiB with M >= 4096 at W = 4, else decomposed (W = 3 and W >= 5: decomposed, not
-//     measured); gemmReduceScatter fused at W = 2-4 when M*N >= 2^24 (any partial precision),
-//     else decomposed (W >= 5: decomposed). Thresholds from the benchmark (bench/fused/NOTES.md,
-//     runs 8, 9 and 10).
+//     8 MiB at W = 4, else decomposed (W = 3 and W >= 5: decomposed, not measured);
+//     gemmReduceScatter fused at W = 2-4 when M*N >= 2^24 (any partial precision), else
+//     decomposed (W >= 5: decomposed). Thresholds from the benchmark (bench/fused/NOTES.md,
+//     runs 8 to 11).
 // - Protocol (DESIGN.md §3, as collectives.h): the launch's epoch is CommControl::epoch + 1,
 //   read on the device by every CTA and bumped by the last CTA to finish, so CUDA-graph replay
 //   needs no host work. Flags hold epochs, are compared `>= epoch` and never reset. Start
