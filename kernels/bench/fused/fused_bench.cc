@@ -223,11 +223,14 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
     std::string o;
     char buf[256];
     auto add = [&](const char* fmt, auto... v) { std::snprintf(buf, sizeof buf, fmt, v...); o += buf; };
+    // The launch may run fewer GEMM CTAs than info.gemm_ctas (never more than the tiles):
+    // every CTA writes its entry, and the pulling CTAs are the grid's last P.
+    int grid = 0;
+    while (grid < info.gemm_ctas + P && entry[grid]) ++grid;
     double gmin = 1e30, gmax = 0, pmin = 1e30, pmax = 0;
-    for (int c = 0; c < info.gemm_ctas + P; ++c) {
-      if (!entry[c]) continue;
-      double& lo = c < info.gemm_ctas ? gmin : pmin;
-      double& hi = c < info.gemm_ctas ? gmax : pmax;
+    for (int c = 0; c < grid; ++c) {
+      double& lo = c < grid - P ? gmin : pmin;
+      double& hi = c < grid - P ? gmax : pmax;
       lo = std::min(lo, us(entry[c])), hi = std::max(hi, us(entry[c]));
     }
     double wait_sum = 0, wait_max = 0;
