@@ -3,7 +3,8 @@
 //   worlds: 1; every world from 2 to the GPU count (at most 8), on GPUs 0..W-1; with 4 or more
 //     GPUs also 3 ranks on GPUs 1,2,3.
 //   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3) x {auto,
-//     one-shot, two-phase, two-phase push, pipelined}, fp32 reduceScatter with bf16 output
+//     one-shot, two-phase, two-phase push, pipelined}, allReduce in place (direct with the
+//     default plan and with few producers / small chunks, and auto), fp32 reduceScatter with bf16 output
 //     (out_bf16; auto, one-shot, two-phase) and its refusal elsewhere, plus the chunk-pipelined variants with
 //     few producers and small chunks (many rounds, consumers covering several producers),
 //     misaligned input offsets and outputs; fresh random inputs per run
@@ -18,7 +19,7 @@
 //     one-shot also with each launch reading its input in place, rewritten just before it by a
 //     kernel that lets it start early (launch_delayed_copy, detail/early_launch.h) from one of
 //     two alternating sets;
-//   CUDA graph capture + 10 replays (two-phase, push, pipelined); a rank starting 200 ms late
+//   CUDA graph capture + 10 replays (two-phase, push, pipelined, direct); a rank starting 200 ms late
 //     (every algorithm);
 //   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
 //     abort of a waiting two-phase launch, then a fresh SymmetricMemory works on the same
@@ -29,7 +30,7 @@
 //     timeout is 10 s; then a fresh SymmetricMemory works.
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
 // protocol and numerics only; the back-to-back loops run 200 launches instead of 1,000).
-// FC_TEST_NEW_ALGOS=1: only the chunk-pipelined variants (kTwoPhasePush, kPipelined) in every
+// FC_TEST_NEW_ALGOS=1: only the chunk-pipelined variants (kTwoPhasePush, kPipelined, kDirect) in every
 // section but the dead-rank one, in the worlds above (a quick check for benchmark runs).
 // Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible
 // (and the shared-GPU mode is off).
@@ -123,13 +124,14 @@ struct Case {
   bool out_bf16 = false;    // CollectiveArgs::out_bf16 (reduceScatter of fp32 only)
   bool direct = false;      // CollectiveArgs::input: the input in ordinary device memory
                             // (one-shot), the data area poisoned
+  bool in_place = false;    // allReduce: output = the input's place in the data area
 };
 
 k::CommDtype out_dtype(const Case& c) { return c.out_bf16 ? k::CommDtype::kBF16 : c.dtype; }
 
 bool g_new_only = false;  // FC_TEST_NEW_ALGOS=1
 bool is_new_algo(k::CommAlgo a) {
-  return a == k::CommAlgo::kTwoPhasePush || a == k::CommAlgo::kPipelined;
+  return a == k::CommAlgo::kTwoPhasePush || a == k::CommAlgo::kPipelined || a == k::CommAlgo::kDirect;
 }
 
 std::string name(const Case& c) {
@@ -139,7 +141,8 @@ std::string name(const Case& c) {
          std::to_string(c.in_offset) + " out_off=" + std::to_string(c.out_offset) +
          (c.num_ctas ? " ctas=" + std::to_string(c.num_ctas) : std::string()) +
          (c.chunk_bytes ? " chunk=" + std::to_string(c.chunk_bytes) : std::string()) +
-         (c.out_bf16 ? " out=bf16" : "") + (c.direct ? " direct" : "");
+         (c.out_bf16 ? " out=bf16" : "") + (c.direct ? " direct" : "") +
+         (c.in_place ? " in-place" : "");
 }
 
 // Host input of rank r for a case.
@@ -234,8 +237,11 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     a.chunk_bytes = c.chunk_bytes;
     a.out_bf16 = c.out_bf16;
     if (c.direct) a.input = in_direct + c.in_offset;
+    if (c.in_place) a.output = data_at(c.in_offset);
     return a;
   }
+
+  uint8_t* data_at(uint64_t offset) const { return static_cast<uint8_t*>(sm->data()) + offset; }
 
   // One case, synchronously: upload, poison, launch, sync, check.
   void run_case(const Case& c, uint64_t key) {
@@ -246,14 +252,20 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     }
     upload(c, key, c.direct ? in_direct + c.in_offset : data_in);
     const size_t out_bytes = k::collective_output_count(c.op, c.count, W, r) * esize(out_dtype(c));
-    CUDA_OK(cudaMemsetAsync(out, 0xFF, out_bytes + c.out_offset + 64, stream));
+    // In place: the output is the input itself; the 64 bytes after it are poisoned instead.
+    uint8_t* const result = c.in_place ? data_in : out + c.out_offset;
+    if (c.in_place) {
+      CUDA_OK(cudaMemsetAsync(data_in + out_bytes, 0xFF, 64, stream));
+    } else {
+      CUDA_OK(cudaMemsetAsync(out, 0xFF, out_bytes + c.out_offset + 64, stream));
+    }
     g.barrier();  // inputs everywhere are ready before anyone could read them twice... (not
                   // needed by the protocol; keeps cases from overlapping in the log)
     CUDA_OK(k::launch_collective(sm->device(), args(c, out + c.out_offset), stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     sm->raise_if_failed();
     std::vector<uint8_t> got(out_bytes + 64);
-    CUDA_OK(cudaMemcpy(got.data(), out + c.out_offset, out_bytes + 64, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(got.data(), result, out_bytes + 64, cudaMemcpyDeviceToHost));
     int64_t bad = verify(c, key, W, r, got.data());
     // Nothing written past the end.
     for (size_t i = out_bytes; i < out_bytes + 64; ++i) bad += got[i] != 0xFF;
@@ -267,7 +279,10 @@ struct Rank : fusedcomm::testing::SymmetricRank {
                           Case{k::CommOp::kReduceScatter, k::CommDtype::kF32, 1000, k::CommAlgo::kTwoPhasePush, 0, 0, false, 0, 0, true},
                           // An input outside the data area is refused outside one-shot.
                           Case{k::CommOp::kAllGather, k::CommDtype::kBF16, 1000, k::CommAlgo::kTwoPhase, 0, 0, false, 0, 0, false, true},
-                          Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kPipelined, 0, 0, false, 0, 0, false, true}}) {
+                          Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kPipelined, 0, 0, false, 0, 0, false, true},
+                          // Direct: allReduce in place only.
+                          Case{k::CommOp::kAllReduce, k::CommDtype::kBF16, 1000, k::CommAlgo::kDirect, 0, 0, false},
+                          Case{k::CommOp::kAllGather, k::CommDtype::kBF16, 1000, k::CommAlgo::kDirect, 0, 0, false, 0, 0, false, false, true}}) {
       check(k::launch_collective(sm->device(), args(c, out), stream) == cudaErrorInvalidValue,
             "rank " + std::to_string(r) + " refuses " + name(c));
     }
@@ -312,6 +327,23 @@ struct Rank : fusedcomm::testing::SymmetricRank {
             }
           }
         }
+        // allReduce in place: direct (default plan, few producers / small chunks: many rounds,
+        // reducers covering several producers), and kAuto in place (direct where enabled).
+        if (op == k::CommOp::kAllReduce) {
+          for (int64_t n : counts) {
+            for (const auto& pc : {std::pair<int, int64_t>{0, 0}, {1, 4096}, {5, 1024}, {3, 96 << 10}}) {
+              ++case_id;
+              Case c{op, dt, n, k::CommAlgo::kDirect, (case_id % 3 == 1) ? 4u : 0u, 0, false, pc.first, pc.second};
+              c.in_place = true;
+              run_case(c, mix(seed ^ case_id));
+            }
+            ++case_id;
+            if (g_new_only) continue;
+            Case c{op, dt, n, k::CommAlgo::kAuto, (case_id % 3 == 1) ? 4u : 0u, 0, false};
+            c.in_place = true;
+            run_case(c, mix(seed ^ case_id));
+          }
+        }
         // Chunk-pipelined variants with few producers and small chunks: many rounds per
         // producer, consumers covering several producers, uneven last rounds.
         for (int64_t n : {int64_t{4099}, int64_t{300001}, int64_t{2000003}}) {
@@ -338,7 +370,10 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     constexpr int K = 4;
     const int kIters = fusedcomm::testing::shared_gpu_scale(1000);
     const k::CommDtype dt = k::CommDtype::kF32;
-    const k::CommOp ops[2] = {k::CommOp::kAllReduce, k::CommOp::kAllGather};
+    // Direct (allReduce in place): every launch an allReduce, its result copied out of the
+    // data area on the stream (the next launch's input copy follows it).
+    const bool in_place = algo == k::CommAlgo::kDirect;
+    const k::CommOp ops[2] = {k::CommOp::kAllReduce, in_place ? k::CommOp::kAllReduce : k::CommOp::kAllGather};
     std::vector<uint8_t*> pool(K), outs(K), alt(K);
     const size_t in_bytes = count * 4;
     auto key = [&](int j, int set) { return mix(seed ^ ((set ? 0xB2C000 : 0xB2B000) + j)); };
@@ -358,6 +393,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     for (int i = 0; i < kIters; ++i) {
       const int j = i % K;
       Case c{ops[j % 2], dt, count, algo, 0, 0, true};
+      c.in_place = in_place;
       const size_t n_in = k::collective_input_count(c.op, count, W, r) * 4;
       k::CollectiveArgs a = args(c, outs[j]);
       if (direct) {
@@ -368,6 +404,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         CUDA_OK(cudaMemcpyAsync(sm->data(), pool[j], n_in, cudaMemcpyDeviceToDevice, stream));
       }
       CUDA_OK(k::launch_collective(sm->device(), a, stream));
+      if (in_place) CUDA_OK(cudaMemcpyAsync(outs[j], sm->data(), n_in, cudaMemcpyDeviceToDevice, stream));
     }
     CUDA_OK(cudaStreamSynchronize(stream));
     sm->raise_if_failed();
@@ -390,6 +427,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     const int64_t n_small = 3001, n_big = 1000003;
     Case cs{k::CommOp::kAllReduce, k::CommDtype::kF32, n_small, k::CommAlgo::kOneShot, 0, 0, true};
     Case cb{big_op, k::CommDtype::kBF16, n_big, big_algo, 0, 0, false};
+    cb.in_place = big_algo == k::CommAlgo::kDirect;  // its result copied out after each launch
     uint8_t *ps, *pb, *os, *ob;
     const size_t nb_out = k::collective_output_count(cb.op, n_big, W, r) * 2;
     CUDA_OK(dmalloc(&ps, n_small * 4));
@@ -407,6 +445,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       CUDA_OK(k::launch_collective(sm->device(), args(cs, os), stream));
       CUDA_OK(cudaMemcpyAsync(sm->data(), pb, nb_in, cudaMemcpyDeviceToDevice, stream));
       CUDA_OK(k::launch_collective(sm->device(), args(cb, ob), stream));
+      if (cb.in_place) CUDA_OK(cudaMemcpyAsync(ob, sm->data(), nb_out, cudaMemcpyDeviceToDevice, stream));
     }
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -456,9 +495,10 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   // The last rank launches 200 ms after the others.
   void late_rank() {
     for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
-                             k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
+                             k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined, k::CommAlgo::kDirect}) {
       if (g_new_only && !is_new_algo(algo)) continue;
       Case c{k::CommOp::kAllReduce, k::CommDtype::kBF16, 70001, algo, 0, 0, false};
+      c.in_place = algo == k::CommAlgo::kDirect;
       const uint64_t key = mix(seed ^ (0x1A7E + static_cast<int>(algo)));
       upload(c, key, static_cast<uint8_t*>(sm->data()));
       CUDA_OK(cudaMemsetAsync(out, 0xFF, c.count * 2, stream));
@@ -468,7 +508,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       CUDA_OK(cudaStreamSynchronize(stream));
       sm->raise_if_failed();
       std::vector<uint8_t> got(c.count * 2);
-      CUDA_OK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(got.data(), c.in_place ? data_at(0) : out, got.size(), cudaMemcpyDeviceToHost));
       check(verify(c, key, W, r, got.data()) == 0, "late rank " + name(c));
     }
   }
@@ -493,6 +533,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
          {AR, F, 4096, k::CommAlgo::kTwoPhase, 0, 0, true}, "algorithm (one-shot vs two-phase)"},
         {{RS, B, 300001, k::CommAlgo::kTwoPhasePush, 0, 0, false},
          {RS, F, 300001, k::CommAlgo::kTwoPhasePush, 0, 0, false}, "dtype (push)"},
+        // The even ranks in place (direct), the odd ones not.
+        {{AR, B, 1 << 20, k::CommAlgo::kDirect, 0, 0, false, 0, 0, false, false, true},
+         {AR, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false}, "in place (direct vs two-phase)"},
     };
     SymmetricConfig cfg;
     cfg.data_bytes = 16 << 20;
@@ -608,6 +651,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
     R.graph(k::CommOp::kAllReduce, k::CommAlgo::kTwoPhasePush);
     R.graph(k::CommOp::kReduceScatter, k::CommAlgo::kTwoPhasePush);
     R.graph(k::CommOp::kAllReduce, k::CommAlgo::kPipelined);
+    R.back_to_back(1 << 20, k::CommAlgo::kDirect);
+    R.graph(k::CommOp::kAllReduce, k::CommAlgo::kDirect);
     R.large_auto_all_reduce();
     R.late_rank();
     if (g.world > 1 && !g_new_only) R.dead_rank();

@@ -729,7 +729,12 @@ __device__ __forceinline__ bool pipe_rounds(int rounds, Acquire acquire, Work wo
 
 // One kernel per (dtype, op, push or pull, source-count bucket NS >= world for the reducing
 // ops): each holds a single data path (all of them in one kernel spilled).
-template <typename T, CommOp kOp, bool kPush, int NS>
+// kDirect (allReduce in place, CommAlgo::kDirect): producers push block p of the input into
+// owner p's scratch slot as the push reduceScatter does; each consumer reduces chunks of this
+// rank's block from its input and the slots, and stores the sums into the data area of every
+// rank (its own included) at the block's place; an end barrier (CommFlags::done) then says
+// every peer's stores into this rank's data area are complete. Only stores cross NVLink.
+template <typename T, CommOp kOp, bool kPush, int NS, bool kDirect = false>
 __global__ void __launch_bounds__(kThreads, 1)
     pipe_kernel(const __grid_constant__ CommDevice d, const __grid_constant__ Params prm) {
   const CollectiveArgs& a = prm.a;
@@ -738,7 +743,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int P = prm.pull_ctas, C = prm.consumers;
   constexpr bool push = kPush;
   constexpr CommOp op = kOp;
-  constexpr bool blocks = op == CommOp::kReduceScatter || op == CommOp::kAllToAll;
+  static_assert(!kDirect || (op == CommOp::kAllReduce && kPush), "direct: allReduce only");
+  constexpr bool blocks = kDirect || op == CommOp::kReduceScatter || op == CommOp::kAllToAll;
   constexpr int64_t es = sizeof(T);
   const int64_t count = a.count, chunk = prm.chunk;
   const int64_t n_r = split_count(count, W, r), off_r = split_offset(count, W, r);
@@ -830,7 +836,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto work = [&](int j) {
       for (int ci = 0; ci < ncov; ++ci) {
         const int64_t k = q + ci * C + static_cast<int64_t>(j) * P, b = k * chunk;
-        if constexpr (op == CommOp::kReduceScatter) {
+        if constexpr (kDirect) {
+          // This rank's block, chunk k: the sum (rank order) of its own input there and the
+          // peers' blocks in the slots, into every rank's data area at the same place. The
+          // own input is overwritten by the thread that read it (pipe_reduce loads before it
+          // stores); peer p's copy of this chunk was already pushed here (its chunk flag).
+          if (k >= nch(n_r)) continue;
+          const uint64_t pos = in_off + (off_r + b) * es;
+          const uint8_t* own = d.base[r] + pos;
+          const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
+          pipe_reduce<T, NS, false>(
+              d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
+              Dests{d.base[r] + pos, rank_order(peers, r), pos}, min(chunk, n_r - b));
+        } else if constexpr (op == CommOp::kReduceScatter) {
           if (k >= nch(n_r)) continue;
           const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
           const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
@@ -860,12 +878,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     ok = pipe_rounds(rounds, acquire, work, [](int) {});
   }
 
-  if constexpr (push) {
+  if constexpr (push && !kDirect) {
     // No end barrier: every peer's reads of this rank's memory (allReduce's phase-1 loads of
     // the input) precede the chunk flags this rank's consumers have acquired (CommFlags::pipe).
     finish_launch(d, epoch);
     return;
   }
+  // End barrier. Direct: no peer reads this rank's memory, but peers' consumers store into its
+  // data area (the output); done[p] >= epoch says all of p's CTAs, stores included, are done.
   // End barrier: peers read this rank's scratch.
   finish_with_end_barrier(d, epoch, op);
   (void)ok;
@@ -905,10 +925,32 @@ int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PU
 #ifndef FC_PIPE_CHUNK_KIB
 #define FC_PIPE_CHUNK_KIB 64
 #endif
+// Direct allReduce: producers, and reducers as a percentage of them. Both halves only store
+// over NVLink; the store-only probe (bench/probes/ar_store_probe.cu) needed 96-132 CTAs.
+#ifndef FC_DIRECT_PRODUCERS
+#define FC_DIRECT_PRODUCERS 64
+#endif
+#ifndef FC_DIRECT_REDUCERS_PCT
+#define FC_DIRECT_REDUCERS_PCT 100
+#endif
 
 // kAuto's push allReduce (collective_choose_algo): from this size, with these chunks.
 constexpr int64_t kAutoPushMinBytes = int64_t{256} << 20;
 constexpr int64_t kAutoPushChunkBytes = int64_t{128} << 10;
+// kAuto's direct allReduce (in place only): from this size at W = 2 and at W >= 3, with
+// kAutoPushChunkBytes chunks. 0: never (not measured at that world size yet).
+#ifndef FC_AUTO_DIRECT_MIN_MIB_W2
+#define FC_AUTO_DIRECT_MIN_MIB_W2 0
+#endif
+#ifndef FC_AUTO_DIRECT_MIN_MIB_W4
+#define FC_AUTO_DIRECT_MIN_MIB_W4 0
+#endif
+
+// True when the allReduce's output is its input's place in this rank's data area.
+bool in_place(const CommDevice& d, const CollectiveArgs& a) {
+  return a.input == nullptr && a.output != nullptr &&
+         static_cast<const uint8_t*>(a.output) == d.base[d.rank] + d.data_offset + a.in_offset;
+}
 
 int64_t elem_size(CommDtype t) { return t == CommDtype::kBF16 ? 2 : 4; }
 
@@ -936,15 +978,18 @@ cudaError_t start_kernel(Kernel kernel, int grid, cudaStream_t stream, const Com
   return launch_early(kernel, dim3(grid), dim3(kThreads), 0, stream, d, prm);
 }
 
-template <typename T, CommOp kOp, bool kPush>
+template <typename T, CommOp kOp, bool kPush, bool kDirect = false>
 cudaError_t launch_pipe_ns(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
-  if (d.world <= 2) return start_kernel(pipe_kernel<T, kOp, kPush, 2>, grid, stream, d, prm);
-  if (d.world <= 4) return start_kernel(pipe_kernel<T, kOp, kPush, 4>, grid, stream, d, prm);
-  return start_kernel(pipe_kernel<T, kOp, kPush, 8>, grid, stream, d, prm);
+  if (d.world <= 2) return start_kernel(pipe_kernel<T, kOp, kPush, 2, kDirect>, grid, stream, d, prm);
+  if (d.world <= 4) return start_kernel(pipe_kernel<T, kOp, kPush, 4, kDirect>, grid, stream, d, prm);
+  return start_kernel(pipe_kernel<T, kOp, kPush, 8, kDirect>, grid, stream, d, prm);
 }
 template <typename T>
 cudaError_t launch_pipe(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
   const bool push = prm.a.algo == CommAlgo::kTwoPhasePush;
+  if (prm.a.algo == CommAlgo::kDirect) {
+    return launch_pipe_ns<T, CommOp::kAllReduce, true, true>(d, prm, grid, stream);
+  }
   switch (prm.a.op) {
     case CommOp::kAllReduce:
       return push ? launch_pipe_ns<T, CommOp::kAllReduce, true>(d, prm, grid, stream)
@@ -965,8 +1010,10 @@ cudaError_t launch_pipe(const CommDevice& d, const Params& prm, int grid, cudaSt
 bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Params& prm) {
   const int W = d.world;
   const int64_t es = elem_size(a.dtype), epv = kVecBytes / es;
-  const bool push = algo == CommAlgo::kTwoPhasePush;
+  const bool direct = algo == CommAlgo::kDirect;
+  const bool push = algo == CommAlgo::kTwoPhasePush || direct;
   int P = a.num_ctas > 0 ? a.num_ctas
+          : direct       ? FC_DIRECT_PRODUCERS
           : push         ? (W <= 2 ? FC_PUSH_PRODUCERS_W2 : FC_PUSH_PRODUCERS_W4)
                          : (W <= 2 ? FC_PIPE_PRODUCERS_W2 : FC_PIPE_PRODUCERS_W4);
   P = std::clamp(P, 1, kCommMaxPipeCtas);
@@ -992,10 +1039,13 @@ bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Para
   }
   prm.chunk = chunk;
   prm.pull_ctas = P;
-  prm.consumers = push ? std::max(1, (P + FC_PUSH_COPY_DIV - 1) / FC_PUSH_COPY_DIV) : P;
+  prm.consumers = direct ? std::max(1, P * FC_DIRECT_REDUCERS_PCT / 100)
+                 : push ? std::max(1, (P + FC_PUSH_COPY_DIV - 1) / FC_PUSH_COPY_DIV)
+                        : P;
   prm.slot_stride = (n0 + epv - 1) / epv * epv;
   if (push && W > 1) {
-    const uint64_t need = a.op == CommOp::kAllGather || a.op == CommOp::kAllReduce
+    const uint64_t need = direct ? static_cast<uint64_t>((W - 1) * prm.slot_stride * es)
+                          : a.op == CommOp::kAllGather || a.op == CommOp::kAllReduce
                               ? static_cast<uint64_t>(a.count * es)
                           : a.op == CommOp::kReduceScatter || a.op == CommOp::kAllToAll
                               ? static_cast<uint64_t>((W - 1) * prm.slot_stride * es)
@@ -1025,6 +1075,16 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
   if (args.algo != CommAlgo::kAuto) return args.algo;
   if (dev.world == 1) return CommAlgo::kOneShot;
   const int64_t bytes = args.count * elem_size(args.dtype);
+  // allReduce in place, large: the direct variant (only stores cross NVLink), where measured
+  // faster (FC_AUTO_DIRECT_MIN_MIB_*). In-placeness is this rank's own fact: callers do it on
+  // every rank or on none (a rank that differs gets the launch-mismatch error, not a hang).
+  const int64_t direct_min = int64_t{dev.world <= 2 ? FC_AUTO_DIRECT_MIN_MIB_W2 : FC_AUTO_DIRECT_MIN_MIB_W4} << 20;
+  if (args.op == CommOp::kAllReduce && direct_min > 0 && bytes >= direct_min && in_place(dev, args)) {
+    Params prm{args, 0, 0};
+    CollectiveArgs planned = args;
+    planned.chunk_bytes = args.chunk_bytes > 0 ? args.chunk_bytes : kAutoPushChunkBytes;
+    if (pipe_plan(dev, planned, CommAlgo::kDirect, prm)) return CommAlgo::kDirect;
+  }
   // allReduce at W = 2 from kAutoPushMinBytes: the push variant (with kAutoPushChunkBytes
   // chunks) moved 2-3 % more than two-phase (W = 2 on a 4 x H200 host, 2026-11-22, one run,
   // kernels/bench/results/collectives_variants_h200x4.txt: 326.8 against 319.4 GB/s busbw at
@@ -1069,6 +1129,9 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
   // kPipelined only changes allReduce (the only op with two phases).
   if (algo == CommAlgo::kPipelined && a.op != CommOp::kAllReduce) algo = CommAlgo::kTwoPhase;
   if (a.input != nullptr && algo != CommAlgo::kOneShot) return cudaErrorInvalidValue;
+  if (algo == CommAlgo::kDirect && (a.op != CommOp::kAllReduce || !in_place(d, a))) {
+    return cudaErrorInvalidValue;
+  }
   if (a.out_bf16 && (a.op != CommOp::kReduceScatter || a.dtype != CommDtype::kF32 ||
                      (algo != CommAlgo::kOneShot && algo != CommAlgo::kTwoPhase))) {
     return cudaErrorInvalidValue;
@@ -1130,7 +1193,8 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     }
     if (a.out_bf16) return start_kernel(two_phase_kernel<float, __nv_bfloat16>, grid, stream, d, prm);
     return start_kernel(two_phase_kernel<float>, grid, stream, d, prm);
-  } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined) {
+  } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined ||
+             algo == CommAlgo::kDirect) {
     CollectiveArgs planned = a;
     if (a.algo == CommAlgo::kAuto && a.chunk_bytes == 0) planned.chunk_bytes = kAutoPushChunkBytes;
     if (!pipe_plan(d, planned, algo, prm)) return cudaErrorInvalidValue;

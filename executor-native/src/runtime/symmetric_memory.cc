@@ -61,6 +61,7 @@ const char* algo_name(uint32_t op, uint32_t algo) {
     case k::CommAlgo::kTwoPhase: return "two-phase";
     case k::CommAlgo::kTwoPhasePush: return "two-phase push";
     case k::CommAlgo::kPipelined: return "pipelined";
+    case k::CommAlgo::kDirect: return "direct (in place)";
     default: return "?";
   }
 }

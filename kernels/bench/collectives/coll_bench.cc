@@ -7,6 +7,8 @@
 //              [--algos 0,2,3,4 (CommAlgo values; default 0 = auto)]
 //              [--chunks-kib 0,128 (CollectiveArgs::chunk_bytes / 1024 for algos 3, 4)]
 //              [--label NAME (the "variant" field of every row; default "default")]
+//              [--inplace 1 (allReduce output = its input in the data area, as NCCL's
+//               in-place allReduce in nccl_bench.py; needed by algo 5, direct)]
 // Rows: impl "fusedcomm", "algo" the algorithm that ran (with "/<chunk>K" when --chunks-kib
 // is not 0), "variant" the label.
 #include <cuda_runtime_api.h>
@@ -49,6 +51,7 @@ const char* algo_name(k::CommAlgo a) {
     case k::CommAlgo::kTwoPhase: return "two-phase";
     case k::CommAlgo::kTwoPhasePush: return "push";
     case k::CommAlgo::kPipelined: return "pipelined";
+    case k::CommAlgo::kDirect: return "direct";
     default: return "auto";
   }
 }
@@ -68,7 +71,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, int64_t min_bytes,
           int64_t max_bytes, int num_ctas, const std::vector<int64_t>& algos,
           const std::vector<int64_t>& chunks_kib, const std::string& label,
-          const std::string& out_path) {
+          const std::string& out_path, bool inplace) {
   const int W = g.world, r = g.rank;
   CK(cudaSetDevice(r));
   fusedcomm::SymmetricConfig cfg;
@@ -89,7 +92,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
     // kPipelined runs two-phase for every op but allReduce: measured once (a repeat of
     // two-phase, labelled so), without the chunk sweep.
     const bool repeat = algo_req == 4 && oi.op != k::CommOp::kAllReduce;
-    const bool pipelined = (algo_req == 3 || algo_req == 4) && !repeat;
+    const bool pipelined = (algo_req == 3 || algo_req == 4 || algo_req == 5) && !repeat;
+    if (algo_req == 5 && oi.op != k::CommOp::kAllReduce) continue;  // direct: allReduce only
     for (int64_t chunk_kib : chunks_kib) {
      if (!pipelined && chunk_kib != chunks_kib.front()) continue;  // chunk: variants 3, 4 only
      for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
@@ -98,7 +102,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
       a.op = oi.op;
       a.dtype = k::CommDtype::kBF16;
       a.count = bytes / 2;
-      a.output = out;
+      a.output = inplace && oi.op == k::CommOp::kAllReduce ? sm->data() : out;
       a.num_ctas = num_ctas;
       a.algo = static_cast<k::CommAlgo>(algo_req);
       a.chunk_bytes = pipelined ? chunk_kib << 10 : 0;
@@ -126,6 +130,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
       std::string aname = repeat ? "two-phase(rep)" : algo_name(algo);
       if (pipelined && chunk_kib != 0) aname += "/" + std::to_string(chunk_kib) + "K";
       if (num_ctas != 0) aname += "/c" + std::to_string(num_ctas);
+      if (inplace && oi.op == k::CommOp::kAllReduce) aname += "/inplace";
       if (f) {
         std::fprintf(f,
                      "{\"op\": \"%s\", \"impl\": \"fusedcomm\", \"world\": %d, \"bytes\": %lld, "
@@ -153,6 +158,7 @@ int main(int argc, char** argv) {
   int world = 2;
   int64_t max_bytes = 1ll << 30, min_bytes = 0;
   int num_ctas = 0;
+  bool inplace = false;
   std::string out = "ours.jsonl", which = "ag,rs,ar,a2a", algos = "0", chunks = "0",
               label = "default";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -165,6 +171,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--algos")) algos = argv[i + 1];
     if (!std::strcmp(argv[i], "--chunks-kib")) chunks = argv[i + 1];
     if (!std::strcmp(argv[i], "--label")) label = argv[i + 1];
+    if (!std::strcmp(argv[i], "--inplace")) inplace = std::atoi(argv[i + 1]) != 0;
   }
   std::vector<OpInfo> ops;
   if (which.find("ag") != std::string::npos) ops.push_back({"allGather", k::CommOp::kAllGather});
@@ -174,7 +181,7 @@ int main(int argc, char** argv) {
   const int failed = fusedcomm::testing::run_processes(
       world, [&](fusedcomm::testing::ProcessGroup& g) {
         return bench(g, ops, min_bytes, max_bytes, num_ctas, parse_list(algos), parse_list(chunks),
-                     label, out);
+                     label, out, inplace);
       },
       500);
   return failed == 0 ? 0 : 1;

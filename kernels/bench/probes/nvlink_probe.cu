@@ -5,7 +5,10 @@
 // allReduce reaches ~355 GB/s busbw at 4 GPUs; does a ring (one peer per GPU) or stores instead
 // of loads get more? Patterns: ring-push, ring-pull, all-push, all-pull, bidir-ring-push (G >= 3),
 // each over 16-132 CTAs of 512 threads, and a cudaMemcpyPeerAsync ring (copy engines) for
-// reference. Prints `pattern ctas min_GBps mean_GBps` (over GPUs; bytes a GPU moved to or from
+// reference. Two more ways to load over NVLink, since loads are what caps our pulls: `-l2h`
+// patterns load with the ld.global.L2::256B hint (one 256-byte request per 16 warp lanes?), and
+// `-tma` patterns move 32 KiB pieces with bulk copies (cp.async.bulk global -> shared ->
+// global, one thread per CTA issuing, kTmaStages pieces of shared memory, loads in flight). Prints `pattern ctas min_GBps mean_GBps` (over GPUs; bytes a GPU moved to or from
 // peers / its kernel time), a best-per-pattern table, and a sampled check of the copied data.
 // Build and run (CUDA 13, >= 2 GPUs with peer access; finishes in seconds, a watchdog ends it at 55 s):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o nvlink_probe kernels/bench/probes/nvlink_probe.cu
@@ -71,6 +74,21 @@ struct Segs {
   unsigned long long chunks_per_seg;
 };
 
+// One 16-byte load; kHint: with the L2::256B prefetch-size hint.
+template <bool kHint>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  if constexpr (kHint) {
+    uint4 v;
+    asm volatile("ld.global.cg.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  } else {
+    return __ldcg(p);
+  }
+}
+
+template <bool kHint>
 __global__ void __launch_bounds__(kThreads) copy_kernel(const Segs s) {
   const unsigned long long total = s.chunks_per_seg * static_cast<unsigned long long>(s.n);
   for (unsigned long long c = blockIdx.x; c < total; c += gridDim.x) {
@@ -89,10 +107,83 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(const Segs s) {
     dst += base;
     uint4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcg(src + u * kThreads);
+    for (int u = 0; u < kUnroll; ++u) v[u] = load16<kHint>(src + u * kThreads);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) dst[u * kThreads] = v[u];
   }
+}
+
+// Bulk copies: one thread per CTA moves its chunks in kTmaPiece pieces through kTmaStages
+// shared-memory stages, global -> shared (cp.async.bulk, completion on the stage's mbarrier),
+// then shared -> global (bulk group). kTmaStages - 2 loads stay in flight; a stage is reloaded
+// only once the store that last read it has finished reading (wait_group.read 1).
+constexpr int kTmaStages = 6;
+constexpr unsigned kTmaPiece = 32 << 10;
+constexpr size_t kTmaSmem = size_t(kTmaStages) * kTmaPiece;
+constexpr int kTmaAhead = kTmaStages - 2;
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__global__ void __launch_bounds__(32) tma_copy_kernel(const Segs s) {
+  extern __shared__ __align__(128) unsigned char buf[];
+  __shared__ __align__(8) unsigned long long bar[kTmaStages];
+  if (threadIdx.x != 0) return;
+  for (int i = 0; i < kTmaStages; ++i)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bar[i])));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  const unsigned long long total = s.chunks_per_seg * static_cast<unsigned long long>(s.n);
+  constexpr unsigned per_chunk = static_cast<unsigned>(kChunk / kTmaPiece);
+  // This CTA's pieces: chunk blockIdx.x + k * gridDim.x, pieces 0..per_chunk-1 of each.
+  const unsigned long long my_chunks = total > blockIdx.x ? (total - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const unsigned long long n = my_chunks * per_chunk;
+  auto piece_ptrs = [&](unsigned long long q, const unsigned char** src, unsigned char** dst) {
+    const unsigned long long c = blockIdx.x + (q / per_chunk) * gridDim.x;
+    const int k = static_cast<int>(c % static_cast<unsigned long long>(s.n));
+    const unsigned long long off = (c / s.n) * kChunk + (q % per_chunk) * kTmaPiece;
+    *src = reinterpret_cast<const unsigned char*>(s.src[k]) + off;
+    *dst = reinterpret_cast<unsigned char*>(s.dst[k]) + off;
+  };
+  unsigned phase = 0;  // bit i: parity to wait for on stage i
+  for (unsigned long long q = 0; q < n + kTmaAhead; ++q) {
+    if (q < n) {  // load piece q
+      const int st = static_cast<int>(q % kTmaStages);
+      if (q >= kTmaStages) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+      const unsigned char* src;
+      unsigned char* dst;
+      piece_ptrs(q, &src, &dst);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bar[st])),
+                   "r"(kTmaPiece) : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              smem_addr(buf + size_t(st) * kTmaPiece)),
+          "l"(src), "r"(kTmaPiece), "r"(smem_addr(&bar[st]))
+          : "memory");
+    }
+    if (q >= static_cast<unsigned long long>(kTmaAhead)) {  // store piece q - ahead
+      const unsigned long long p = q - kTmaAhead;
+      const int st = static_cast<int>(p % kTmaStages);
+      const unsigned par = (phase >> st) & 1u;
+      unsigned done = 0;
+      while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_addr(&bar[st])), "r"(par)
+            : "memory");
+      }
+      phase ^= 1u << st;
+      const unsigned char* src;
+      unsigned char* dst;
+      piece_ptrs(p, &src, &dst);
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+                   "r"(smem_addr(buf + size_t(st) * kTmaPiece)), "r"(kTmaPiece)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 // Host description of one segment (byte offsets into the src / dst buffers of the GPUs named).
@@ -103,9 +194,11 @@ struct HostSeg {
   size_t dst_off;
 };
 
+enum class Mover { kLoadStore, kLoadHint, kBulk, kCopyEngine };
+
 struct Plan {
   std::string name;
-  bool copy_engine = false;
+  Mover mover = Mover::kLoadStore;
   size_t seg_bytes = 0;                        // multiple of kChunk, > 0
   std::vector<std::vector<HostSeg>> per_gpu;   // the segments GPU i's kernel (or stream) copies
 };
@@ -129,12 +222,12 @@ std::vector<Plan> make_plans(int G, size_t B) {
   std::vector<Plan> plans;
   auto nxt = [G](int i, int d) { return ((i + d) % G + G) % G; };
   {  // 1. ring-push: GPU i reads its src, stores into GPU i+1's dst.
-    Plan p{"ring-push", false, round_chunks(B), {}};
+    Plan p{"ring-push", Mover::kLoadStore, round_chunks(B), {}};
     for (int i = 0; i < G; ++i) p.per_gpu.push_back({{i, 0, nxt(i, 1), 0}});
     plans.push_back(p);
   }
   {  // 2. ring-pull: GPU i loads GPU i+1's src, stores into its own dst.
-    Plan p{"ring-pull", false, round_chunks(B), {}};
+    Plan p{"ring-pull", Mover::kLoadStore, round_chunks(B), {}};
     for (int i = 0; i < G; ++i) p.per_gpu.push_back({{nxt(i, 1), 0, i, 0}});
     plans.push_back(p);
   }
@@ -142,7 +235,7 @@ std::vector<Plan> make_plans(int G, size_t B) {
   const size_t C = round_chunks(B / (G - 1));
   auto slot = [G](int i, int p) { return ((i - p - 1) % G + G) % G; };
   {  // 3. all-push: GPU i's src part k goes to peer i+1+k.
-    Plan p{"all-push", false, C, {}};
+    Plan p{"all-push", Mover::kLoadStore, C, {}};
     for (int i = 0; i < G; ++i) {
       std::vector<HostSeg> v;
       for (int k = 0; k < G - 1; ++k) {
@@ -154,7 +247,7 @@ std::vector<Plan> make_plans(int G, size_t B) {
     plans.push_back(p);
   }
   {  // 4. all-pull: GPU i loads from peer i+1+k the part of its src kept for i, into own dst part k.
-    Plan p{"all-pull", false, C, {}};
+    Plan p{"all-pull", Mover::kLoadStore, C, {}};
     for (int i = 0; i < G; ++i) {
       std::vector<HostSeg> v;
       for (int k = 0; k < G - 1; ++k) {
@@ -167,14 +260,27 @@ std::vector<Plan> make_plans(int G, size_t B) {
   }
   if (G >= 3) {  // 5. bidir-ring-push: src half 0 -> i+1's dst half 0, src half 1 -> i-1's dst half 1.
     const size_t H = round_chunks(B / 2);
-    Plan p{"bidir-ring-push", false, H, {}};
+    Plan p{"bidir-ring-push", Mover::kLoadStore, H, {}};
     for (int i = 0; i < G; ++i) p.per_gpu.push_back({{i, 0, nxt(i, 1), 0}, {i, H, nxt(i, -1), H}});
     plans.push_back(p);
   }
   {  // 6. copy engines: cudaMemcpyPeerAsync ring, GPU i -> GPU i+1 on GPU i's stream.
-    Plan p{"ce-ring-push", true, round_chunks(B), {}};
+    Plan p{"ce-ring-push", Mover::kCopyEngine, round_chunks(B), {}};
     for (int i = 0; i < G; ++i) p.per_gpu.push_back({{i, 0, nxt(i, 1), 0}});
     plans.push_back(p);
+  }
+  // 7-12. The pulls and pushes again with the other movers (same segments).
+  const size_t n_base = plans.size();
+  for (size_t i = 0; i < n_base; ++i) {
+    const std::string& nm = plans[i].name;
+    if (nm != "ring-pull" && nm != "all-pull" && nm != "ring-push" && nm != "all-push") continue;
+    for (Mover m : {Mover::kLoadHint, Mover::kBulk}) {
+      if (m == Mover::kLoadHint && nm.find("pull") == std::string::npos) continue;  // local loads
+      Plan q = plans[i];
+      q.name = nm + (m == Mover::kBulk ? "-tma" : "-l2h");
+      q.mover = m;
+      plans.push_back(q);
+    }
   }
   return plans;
 }
@@ -196,13 +302,18 @@ Segs device_segs(const Ctx& c, const std::vector<HostSeg>& hs, size_t seg_bytes)
 
 int launch(const Ctx& c, const Plan& p, const std::vector<Segs>& segs, int g, int ctas) {
   CK(cudaSetDevice(g));
-  if (p.copy_engine) {
+  if (p.mover == Mover::kCopyEngine) {
     for (const HostSeg& h : p.per_gpu[g])
       CK(cudaMemcpyPeerAsync(c.dst[h.dst_dev] + h.dst_off / sizeof(uint4), h.dst_dev,
                              c.src[h.src_dev] + h.src_off / sizeof(uint4), h.src_dev, p.seg_bytes,
                              c.stream[g]));
   } else {
-    copy_kernel<<<ctas, kThreads, 0, c.stream[g]>>>(segs[g]);
+    if (p.mover == Mover::kBulk)
+      tma_copy_kernel<<<ctas, 32, kTmaSmem, c.stream[g]>>>(segs[g]);
+    else if (p.mover == Mover::kLoadHint)
+      copy_kernel<true><<<ctas, kThreads, 0, c.stream[g]>>>(segs[g]);
+    else
+      copy_kernel<false><<<ctas, kThreads, 0, c.stream[g]>>>(segs[g]);
     CK(cudaGetLastError());
   }
   return 0;
@@ -351,6 +462,8 @@ int run(int argc, char** argv) {
         CK(e);
       }
     }
+    CK(cudaFuncSetAttribute(tma_copy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(kTmaSmem)));
     CK(cudaMalloc(&c.src[i], c.B));
     CK(cudaMalloc(&c.dst[i], c.B));
     CK(cudaStreamCreateWithFlags(&c.stream[i], cudaStreamNonBlocking));
@@ -384,7 +497,7 @@ int run(int argc, char** argv) {
     }
     if (sync_all(c)) return 1;
     std::vector<int> sweep(std::begin(kCtas), std::end(kCtas));
-    if (p.copy_engine) sweep = {0};
+    if (p.mover == Mover::kCopyEngine) sweep = {0};
     for (int ctas : sweep) {
       if (since(c.t_start) > kBudgetS) {
         std::printf("# %s: stopping, past the %.0f s budget\n", p.name.c_str(), kBudgetS);
@@ -398,7 +511,7 @@ int run(int argc, char** argv) {
       double mean = 0;
       for (double x : gbps) mean += x;
       mean /= G;
-      const std::string cs = p.copy_engine ? std::string("-") : std::to_string(ctas);
+      const std::string cs = p.mover == Mover::kCopyEngine ? std::string("-") : std::to_string(ctas);
       std::printf("%-16s %5s %9.1f %9.1f\n", p.name.c_str(), cs.c_str(), mn, mean);
       std::fflush(stdout);
       if (!b.ran || mean > b.mean) {

@@ -23,7 +23,8 @@
 //   every rank (the producer writes them there); for one-shot launches, anywhere
 //   (CollectiveArgs::input). Output: any device pointer of this process
 //   (need not be symmetric); it must not overlap the symmetric region's data read by peers.
-//   The input is left unchanged. When the launch returns on the stream (stream order), this
+//   The input is left unchanged (except in place: an allReduce whose output is its input's
+//   place in the data area). When the launch returns on the stream (stream order), this
 //   rank's peers have finished reading its input: it may be overwritten right away.
 // - Sizes, with W = world, r = rank, and the uneven-split rule of executor-native's split.h
 //   (n items over W ranks: rank r gets n/W + (r < n%W), starting at r*(n/W) + min(r, n%W)):
@@ -74,6 +75,19 @@
 //     Push: every rank reads only its own data area except in allReduce's phase 1. Every
 //     push / pipelined launch waits for each peer's arrive flag of that launch, so the
 //     one-shot slot-reuse argument (CommFlags::ready) holds across mixed algorithms.
+//   direct (kDirect, allReduce IN PLACE only: output == this rank's data area at in_offset,
+//     on every rank; cudaErrorInvalidValue otherwise): start barrier; producers push block p
+//     of the input into peer p's scratch slot (as the push reduceScatter); consumers reduce
+//     this rank's block chunk by chunk from its own input and the slots (rank order, fp32,
+//     rounded once) and store the sums into EVERY rank's data area at the block's place (its
+//     own included), so only stores cross NVLink (NVLink reads top out ~8 % below stores on
+//     H200, kernels/bench/NOTES.md). End barrier (CommFlags::done): a peer's done flag follows
+//     all its stores into this rank's data area. Overwriting peer p's input block r is safe:
+//     p pushed that chunk to this rank (its chunk flag) before this rank's consumer could
+//     reduce it. Needs (W-1) * slot elements * elem_size <= data_bytes. kAuto takes it for a
+//     large in-place allReduce where measured faster (collective_choose_algo); in-placeness is
+//     a local fact, so it must agree across ranks (a rank that differs gets the launch-mismatch
+//     error naming both launches).
 //   pipelined (kPipelined, allReduce; other ops run two-phase): start barrier; producers
 //     reduce chunks into output + OWN scratch and release the chunk flag; consumers PULL the
 //     peers' chunks from their scratch as the flags arrive (the two phases overlap chunk by
@@ -122,7 +136,7 @@ inline constexpr uint64_t kCommStagingOffset = 1 << 20;
 
 enum class CommOp : uint32_t { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kAllToAll = 4 };
 enum class CommDtype : uint32_t { kF32 = 0, kBF16 = 1 };
-// kTwoPhasePush and kPipelined: the chunk-pipelined variants above (kAuto: the push allReduce
+// kTwoPhasePush, kPipelined and kDirect: the chunk-pipelined variants above (kAuto: the push allReduce
 // at W = 2 from 256 MiB; the rest are measurement candidates).
 enum class CommAlgo : uint32_t {
   kAuto = 0,
@@ -130,6 +144,7 @@ enum class CommAlgo : uint32_t {
   kTwoPhase = 2,
   kTwoPhasePush = 3,
   kPipelined = 4,
+  kDirect = 5,
 };
 
 // Chunk-pipelined variants: at most kCommMaxPipeCtas producer CTAs (one flag each per source
@@ -297,9 +312,9 @@ struct CollectiveArgs {
   uint64_t in_offset = 0;  // byte offset of the input in the data area (same on every rank)
   void* output = nullptr;  // this process's device memory
   CommAlgo algo = CommAlgo::kAuto;
-  int num_ctas = 0;        // 0: from the size and the SM count. kTwoPhasePush / kPipelined:
+  int num_ctas = 0;        // 0: from the size and the SM count. kTwoPhasePush / kPipelined / kDirect:
                            // producer CTAs (consumers derived), at most kCommMaxPipeCtas
-  int64_t chunk_bytes = 0; // kTwoPhasePush / kPipelined: target bytes per producer chunk
+  int64_t chunk_bytes = 0; // kTwoPhasePush / kPipelined / kDirect: target bytes per producer chunk
                            // (0: about 64 KiB); same value on every rank. Ignored otherwise.
   // reduceScatter of fp32 input only (one-shot or two-phase, e.g. kAuto): write the output in
   // bf16, each fp32 sum rounded once (what the fused ops' decomposed gemmReduceScatter needs;
@@ -319,7 +334,8 @@ struct CollectiveArgs {
 int64_t collective_output_count(CommOp op, int64_t count, int world, int rank);
 // Elements of the input of `op` on rank `rank`.
 int64_t collective_input_count(CommOp op, int64_t count, int world, int rank);
-// The algorithm kAuto picks (kOneShot, kTwoPhase, or kTwoPhasePush for a large allReduce at
+// The algorithm kAuto picks (kOneShot, kTwoPhase, kDirect for a large in-place allReduce where
+// enabled, or kTwoPhasePush for a large allReduce at
 // W = 2) for these arguments, from rank-uniform values only; a forced algorithm is returned
 // as is.
 CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& args);
