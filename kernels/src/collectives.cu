@@ -938,9 +938,13 @@ int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PU
 constexpr int64_t kAutoPushMinBytes = int64_t{256} << 20;
 constexpr int64_t kAutoPushChunkBytes = int64_t{128} << 10;
 // kAuto's direct allReduce (in place only): from this size at W = 2 and at W >= 3, with
-// kAutoPushChunkBytes chunks. 0: never (not measured at that world size yet).
+// kAutoPushChunkBytes chunks. 0: never (not measured at that world size yet). W = 2: on
+// 2 x H200 (2026-11-27, kernels/bench/results/run12_h200x2/direct_ab_w2.txt, one run) direct
+// with 128 KiB chunks moved 311 / 327 / 352 GB/s busbw at 64 MiB / 256 MiB / 1 GiB in place,
+// against two-phase's 300 / 317 / 329 and push's 302 / 330 / 339 (NCCL: 267 / 297 / 327);
+// smaller sizes were not measured.
 #ifndef FC_AUTO_DIRECT_MIN_MIB_W2
-#define FC_AUTO_DIRECT_MIN_MIB_W2 0
+#define FC_AUTO_DIRECT_MIN_MIB_W2 64
 #endif
 #ifndef FC_AUTO_DIRECT_MIN_MIB_W4
 #define FC_AUTO_DIRECT_MIN_MIB_W4 0

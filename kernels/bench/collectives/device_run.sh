@@ -26,20 +26,25 @@ if [ "$what" != test ]; then
   rows=$OUT/rows; rm -rf "$rows"; mkdir -p "$rows"
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le $ngpu ] || continue
-    timeout 200 "$bin/coll_bench" --world $w --out "$rows/ours_w$w.jsonl" --max-bytes $max >> "$OUT/bench.log" 2>&1 || echo "coll_bench w=$w rc=$?"
+    # allReduce in place, as NCCL's (nccl_bench.py: dist.all_reduce(t)); kAuto may pick direct.
+    timeout 200 "$bin/coll_bench" --world $w --out "$rows/ours_w$w.jsonl" --max-bytes $max --inplace 1 >> "$OUT/bench.log" 2>&1 || echo "coll_bench w=$w rc=$?"
     timeout 200 torchrun --nproc-per-node $w $here/nccl_bench.py --out "$rows/nccl_w$w.jsonl" --max-bytes $max >> "$OUT/nccl.log" 2>&1 || echo "nccl w=$w rc=$?"
   done
   cat "$rows"/ours_w*.jsonl "$rows"/nccl_w*.jsonl > /tmp/coll_all.jsonl 2>/dev/null
   # kAuto's large allReduce against each algorithm forced, in the same call: two-phase, and push
-  # with 128 KiB chunks (what kAuto runs at W = 2 from 256 MiB); table printed before the report.
+  # with 128 KiB chunks (what kAuto runs at W = 2 from 256 MiB), out of place; direct (in place
+  # only) with 128 KiB chunks; table printed before the report.
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le $ngpu ] && [ $max -ge 67108864 ] || continue
     timeout 120 "$bin/coll_bench" --world $w --ops ar --algos 2,3 --chunks-kib 128 --min-bytes 67108864 \
       --max-bytes $max --label forced --out "$OUT/ours_ar_forced_w$w.jsonl" >> "$OUT/bench.log" 2>&1 ||
       echo "coll_bench forced w=$w rc=$?"
+    timeout 120 "$bin/coll_bench" --world $w --ops ar --algos 5 --chunks-kib 128 --min-bytes 67108864 \
+      --max-bytes $max --label forced --inplace 1 --out "$OUT/ours_ar_direct_w$w.jsonl" >> "$OUT/bench.log" 2>&1 ||
+      echo "coll_bench direct w=$w rc=$?"
   done
   python3 $here/variants_report.py --min-bytes 67108864 --ops allReduce "$rows"/ours_w*.jsonl \
-    "$rows"/nccl_w*.jsonl "$OUT"/ours_ar_forced_w*.jsonl | tee "$OUT/allreduce_algos.txt"
+    "$rows"/nccl_w*.jsonl "$OUT"/ours_ar_forced_w*.jsonl "$OUT"/ours_ar_direct_w*.jsonl | tee "$OUT/allreduce_algos.txt"
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix "collectives_results_w$ngpu" /tmp/coll_all.jsonl | tail -40
   ls "$OUT"/collectives_results_w*.json > /dev/null 2>&1 && rm -rf "$rows"  # all in the report's JSON now
 fi
