@@ -580,6 +580,12 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
 // of round j + 1 (next iteration). See CommFlags::pipe.
 
 constexpr int kCtl = 32;  // control warp
+// Direct allReduce, producers peer by peer (1) instead of chunk by chunk (0); a build switch
+// for the 4-GPU A/B (bench/collectives/direct_ab.sh).
+#ifndef FC_DIRECT_PEER_MAJOR
+#define FC_DIRECT_PEER_MAJOR 0
+#endif
+constexpr bool kDirectPeerMajor = FC_DIRECT_PEER_MAJOR != 0;
 #ifndef FC_PIPE_COPY_UNROLL
 #define FC_PIPE_COPY_UNROLL 8
 #endif
@@ -772,7 +778,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
     }
     ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive, c == 0);
-    if (ok) {
+    if (kDirect && kDirectPeerMajor && ok) {
+      // Peer-major (measurement variant): all of block p for peer p = r + 1, then r + 2, ...:
+      // every rank pushes to one peer at a time, and the ranks together form a permutation
+      // (NVLink probe: one destination per GPU took stores 2 % faster than all at once, 4 x
+      // H200). The flag pipe[r][c] at peer p counts only p's rounds, so a reducer's wait is
+      // the same as in the default order.
+      for (int i = 1; i < W && ok; ++i) {
+        const int p = (r + i) % W;
+        const int64_t n_p = split_count(count, W, p);
+        auto work = [&](int j) {
+          const int64_t b = (c + static_cast<int64_t>(j) * P) * chunk;
+          const Dests ds{nullptr, rank_order(1u << p, r), d.scratch_offset + (slot(p, r) + b) * es};
+          pipe_copy<T, true>(d, d.base[r] + in_off + (split_offset(count, W, p) + b) * es, ds,
+                             min(chunk, n_p - b));
+        };
+        auto release = [&](int j) {
+          if (threadIdx.x == 0) {
+            __threadfence_system();
+            st_release_sys(&comm_flags(d, p)->pipe[r][c], pipe_tag(epoch, j + 1));
+          }
+        };
+        ok = pipe_rounds(rounds_of(nch(n_p), c), [](int) { return true; }, work, release);
+      }
+    } else if (ok) {
       // RS / A2A push block p (<= n_0 long) to every peer p; AR / AG handle this rank's slice.
       const int rounds = rounds_of(nch(blocks ? n_0 : n_r), c);
       auto work = [&](int j) {
