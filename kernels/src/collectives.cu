@@ -586,6 +586,13 @@ constexpr int kCtl = 32;  // control warp
 #define FC_DIRECT_PEER_MAJOR 0
 #endif
 constexpr bool kDirectPeerMajor = FC_DIRECT_PEER_MAJOR != 0;
+// Direct allReduce diagnostics (wrong results; bench only): 1 = producers move no data (flags
+// only: the reducers' half alone), 2 = reducers store only locally (the producers' half and
+// the local reduction).
+#ifndef FC_DIRECT_DIAG
+#define FC_DIRECT_DIAG 0
+#endif
+constexpr int kDirectDiag = FC_DIRECT_DIAG;
 #ifndef FC_PIPE_COPY_UNROLL
 #define FC_PIPE_COPY_UNROLL 8
 #endif
@@ -822,7 +829,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 1; i < W; ++i) {
           const int p = (r + i) % W;
           const int64_t n_p = split_count(count, W, p);
-          if (k >= nch(n_p)) continue;
+          if (k >= nch(n_p) || (kDirect && kDirectDiag == 1)) continue;
           const Dests ds{nullptr, rank_order(1u << p, r), d.scratch_offset + (slot(p, r) + b) * es};
           pipe_copy<T, true>(d, d.base[r] + in_off + (split_offset(count, W, p) + b) * es, ds,
                              min(chunk, n_p - b));
@@ -876,7 +883,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
           pipe_reduce<T, NS, false>(
               d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
-              Dests{d.base[r] + pos, rank_order(peers, r), pos}, min(chunk, n_r - b));
+              Dests{d.base[r] + pos, kDirectDiag == 2 ? 0u : rank_order(peers, r), pos},
+              min(chunk, n_r - b));
         } else if constexpr (op == CommOp::kReduceScatter) {
           if (k >= nch(n_r)) continue;
           const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
@@ -955,9 +963,15 @@ int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PU
 #define FC_PIPE_CHUNK_KIB 64
 #endif
 // Direct allReduce: producers, and reducers as a percentage of them. Both halves only store
-// over NVLink; the store-only probe (bench/probes/ar_store_probe.cu) needed 96-132 CTAs.
+// over NVLink; the store-only probe (bench/probes/ar_store_probe.cu) needed 96-132 CTAs. With
+// 128 + 128 (more CTAs than SMs: the producers take the SMs first, the reducers follow as they
+// finish, so the two halves run nearly one after the other, each on every SM) the kernel
+// matched the probe on 2 x H200 (run 12, results/run12_h200x2/direct_tune_w2.txt, 128 KiB
+// chunks: 341 / 358 / 365 GB/s busbw at 64 MiB / 256 MiB / 1 GiB, the probe's direct
+// 335 / 353 / 363; 64 + 64: 315 / 327 / 353; 96 + 96: 329 / 350 / 352). Producers never wait
+// for reducers, so the reducers need not be resident with them.
 #ifndef FC_DIRECT_PRODUCERS
-#define FC_DIRECT_PRODUCERS 64
+#define FC_DIRECT_PRODUCERS 128
 #endif
 #ifndef FC_DIRECT_REDUCERS_PCT
 #define FC_DIRECT_REDUCERS_PCT 100
@@ -969,9 +983,10 @@ constexpr int64_t kAutoPushChunkBytes = int64_t{128} << 10;
 // kAuto's direct allReduce (in place only): from this size at W = 2 and at W >= 3, with
 // kAutoPushChunkBytes chunks. 0: never (not measured at that world size yet). W = 2: on
 // 2 x H200 (2026-11-27, kernels/bench/results/run12_h200x2/direct_ab_w2.txt, one run) direct
-// with 128 KiB chunks moved 311 / 327 / 352 GB/s busbw at 64 MiB / 256 MiB / 1 GiB in place,
-// against two-phase's 300 / 317 / 329 and push's 302 / 330 / 339 (NCCL: 267 / 297 / 327);
-// smaller sizes were not measured.
+// with 64 + 64 CTAs and 128 KiB chunks moved 311 / 327 / 352 GB/s busbw at 64 MiB / 256 MiB /
+// 1 GiB in place, against two-phase's 300 / 317 / 329 and push's 302 / 330 / 339 (NCCL:
+// 267 / 297 / 327); with 128 + 128 CTAs (the default since) 341 / 358 / 365 in a second call
+// (direct_tune_w2.txt). Smaller sizes were not measured.
 #ifndef FC_AUTO_DIRECT_MIN_MIB_W2
 #define FC_AUTO_DIRECT_MIN_MIB_W2 64
 #endif

@@ -6,10 +6,10 @@
 #   run   (GPU host):    direct_ab.sh run   -> $OUT: table.txt, test logs, logs.tar.xz
 # Steps (each with its own timeout): gpu_collectives_test FC_TEST_NEW_ALGOS=1 on the GPUs, then
 # the same with every rank on GPU 0 at worlds 2-4 (FC_TEST_SHARED_GPU=4; hosts with < 4 GPUs); coll_bench --inplace 1
-# with algos 0 (auto), 2, 3, 5, chunks 64 / 128 / 256 KiB for 3 and 5; direct with 32 / 48 / 96
-# producers (--ctas; chunks 64 / 128 KiB) and a build with half as many reducers as producers
-# (r50); at W >= 3 a build whose producers go peer by peer (pm: FC_DIRECT_PEER_MAJOR=1, its
-# gpu_collectives_test first); NCCL; the
+# with algos 0 (auto), 2, 3, 5, chunks 64 / 128 / 256 KiB for 3 and 5 (direct: 128 + 128 CTAs);
+# direct with 64 / 96 producers (--ctas; chunks 64 / 128 KiB); the diagnostics FC_DIRECT_DIAG=1
+# (the reducers' half alone) and 2 (the producers' half); at W >= 3 a build whose producers go
+# peer by peer (pm: FC_DIRECT_PEER_MAJOR=1, its gpu_collectives_test first); NCCL; the
 # ratio table (variants_report.py); then the whole gpu_collectives_test (DAB_FULL=0: not).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -17,12 +17,14 @@ here=kernels/bench/collectives
 if [ "${1:-run}" = build ]; then
   set -e
   $here/build.sh build/coll-bin > /dev/null
-  COLL_OBJS=build/coll-bin COLL_NVCC_DEFS="-DFC_DIRECT_REDUCERS_PCT=50" $here/build.sh build/coll-r50 > /dev/null
   COLL_OBJS=build/coll-bin COLL_NVCC_DEFS="-DFC_DIRECT_PEER_MAJOR=1" $here/build.sh build/coll-pm > /dev/null
+  COLL_OBJS=build/coll-bin COLL_NVCC_DEFS="-DFC_DIRECT_DIAG=1" $here/build.sh build/coll-diag1 > /dev/null
+  COLL_OBJS=build/coll-bin COLL_NVCC_DEFS="-DFC_DIRECT_DIAG=2" $here/build.sh build/coll-diag2 > /dev/null
   rm -rf build/dab && mkdir -p build/dab
   cp build/coll-bin/coll_bench build/dab/coll_bench_def
   cp build/coll-bin/gpu_collectives_test build/dab/
-  cp build/coll-r50/coll_bench build/dab/coll_bench_r50
+  cp build/coll-diag1/coll_bench build/dab/coll_bench_diag1
+  cp build/coll-diag2/coll_bench build/dab/coll_bench_diag2
   cp build/coll-pm/coll_bench build/dab/coll_bench_pm
   cp build/coll-pm/gpu_collectives_test build/dab/gpu_collectives_test_pm
   strip --strip-unneeded build/dab/*
@@ -47,13 +49,13 @@ bench() {  # label binary extra-args...
   echo "$label done [$((SECONDS - t0)) s]"
 }
 bench ip $b/coll_bench_def --algos 0,2,3,5 --chunks-kib 0,128,256
-for p in 32 48 96; do bench p$p $b/coll_bench_def --algos 5 --ctas $p --chunks-kib 0,128; done
-bench r50 $b/coll_bench_r50 --algos 5 --chunks-kib 0,128,256
+for p in 64 96; do bench p$p $b/coll_bench_def --algos 5 --ctas $p --chunks-kib 64,128; done
+for v in diag1 diag2; do bench $v $b/coll_bench_$v --algos 5 --chunks-kib 128; done
 if [ "$w" -ge 3 ]; then  # peer-major producers: the same as the default order at W = 2
   FC_TEST_NEW_ALGOS=1 timeout 120 $b/gpu_collectives_test_pm > "$OUT/test_pm.log" 2>&1
   echo "gpu_collectives_test (peer-major build, new algos) rc=$? [$((SECONDS - t0)) s]"
   bench pm $b/coll_bench_pm --algos 5 --chunks-kib 0,128,256
-  bench pm96 $b/coll_bench_pm --algos 5 --ctas 96 --chunks-kib 0,128
+  bench pm96 $b/coll_bench_pm --algos 5 --ctas 96 --chunks-kib 64,128
 fi
 timeout 120 torchrun --nproc-per-node $w $here/nccl_bench.py --ops ar --min-bytes $min \
   --max-bytes $max --out "$o/nccl_w$w.jsonl" >> "$o/nccl.log" 2>&1 || echo "nccl rc=$?"
