@@ -580,8 +580,8 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
 // of round j + 1 (next iteration). See CommFlags::pipe.
 
 constexpr int kCtl = 32;  // control warp
-// Direct allReduce, producers peer by peer (1) instead of chunk by chunk (0); a build switch
-// for the 4-GPU A/B (bench/collectives/direct_ab.sh).
+// Direct allReduce, producers and reducers' broadcast peer by peer (1) instead of chunk by
+// chunk to every peer (0); a build switch for the 4-GPU A/B (bench/collectives/direct_ab.sh).
 #ifndef FC_DIRECT_PEER_MAJOR
 #define FC_DIRECT_PEER_MAJOR 0
 #endif
@@ -790,7 +790,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // every rank pushes to one peer at a time, and the ranks together form a permutation
       // (NVLink probe: one destination per GPU took stores 2 % faster than all at once, 4 x
       // H200). The flag pipe[r][c] at peer p counts only p's rounds, so a reducer's wait is
-      // the same as in the default order.
+      // the same as in the default order. The reducers likewise store to peer r + 1 first and
+      // to r + 2, ... after their rounds.
       for (int i = 1; i < W && ok; ++i) {
         const int p = (r + i) % W;
         const int64_t n_p = split_count(count, W, p);
@@ -881,10 +882,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t pos = in_off + (off_r + b) * es;
           const uint8_t* own = d.base[r] + pos;
           const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
+          // Peer-major: the sums go here and to peer r + 1 now, to the other peers after the
+          // rounds (below), so that the reducers too store to one peer at a time.
+          const uint32_t to = kDirectDiag == 2 ? 0u
+                              : kDirectPeerMajor ? rank_order(W > 1 ? 1u << ((r + 1) % W) : 0u, r)
+                                                 : rank_order(peers, r);
           pipe_reduce<T, NS, false>(
               d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
-              Dests{d.base[r] + pos, kDirectDiag == 2 ? 0u : rank_order(peers, r), pos},
-              min(chunk, n_r - b));
+              Dests{d.base[r] + pos, to, pos}, min(chunk, n_r - b));
         } else if constexpr (op == CommOp::kReduceScatter) {
           if (k >= nch(n_r)) continue;
           const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
@@ -913,6 +918,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     ok = pipe_rounds(rounds, acquire, work, [](int) {});
+    if (kDirect && kDirectPeerMajor && kDirectDiag == 0 && ok && threadIdx.x >= kCtl) {
+      // Peer-major, the rest of the broadcast: peer r + i (i >= 2) gets every chunk this CTA
+      // reduced, copied from this rank's data area (written by this CTA's data threads before
+      // pipe_rounds' last barrier).
+      for (int i = 2; i < W; ++i) {
+        const int p = (r + i) % W;
+        for (int j = 0; j < rounds; ++j) {
+          for (int ci = 0; ci < ncov; ++ci) {
+            const int64_t k = q + ci * C + static_cast<int64_t>(j) * P, b = k * chunk;
+            if (k >= nch(n_r)) continue;
+            const uint64_t pos = in_off + (off_r + b) * es;
+            pipe_copy<T, false>(d, d.base[r] + pos, Dests{nullptr, rank_order(1u << p, r), pos},
+                                min(chunk, n_r - b));
+          }
+        }
+      }
+    }
   }
 
   if constexpr (push && !kDirect) {
