@@ -13,62 +13,36 @@
 # ratio table (variants_report.py); then the whole gpu_collectives_test (DAB_FULL=0: not).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-here=kernels/bench/collectives
+. kernels/bench/collectives/ab_lib.sh
 if [ "${1:-run}" = build ]; then
-  set -e
-  $here/build.sh build/coll-bin > /dev/null
-  COLL_OBJS=build/coll-bin COLL_NVCC_DEFS="-DFC_DIRECT_PEER_MAJOR=1" $here/build.sh build/coll-pm > /dev/null
-  COLL_OBJS=build/coll-bin COLL_NVCC_DEFS="-DFC_DIRECT_DIAG=1" $here/build.sh build/coll-diag1 > /dev/null
-  COLL_OBJS=build/coll-bin COLL_NVCC_DEFS="-DFC_DIRECT_DIAG=2" $here/build.sh build/coll-diag2 > /dev/null
-  rm -rf build/dab && mkdir -p build/dab
-  cp build/coll-bin/coll_bench build/dab/coll_bench_def
-  cp build/coll-bin/gpu_collectives_test build/dab/
-  cp build/coll-diag1/coll_bench build/dab/coll_bench_diag1
-  cp build/coll-diag2/coll_bench build/dab/coll_bench_diag2
-  cp build/coll-pm/coll_bench build/dab/coll_bench_pm
-  cp build/coll-pm/gpu_collectives_test build/dab/gpu_collectives_test_pm
-  strip --strip-unneeded build/dab/*
-  git rev-parse --short HEAD > build/dab/commit.txt
+  ab_build build/dab "pm -DFC_DIRECT_PEER_MAJOR=1" "diag1 -DFC_DIRECT_DIAG=1" "diag2 -DFC_DIRECT_DIAG=2" || exit 1
   tar cJf build/dab.tar.xz -C build dab; du -sh build/dab.tar.xz; exit 0
 fi
 [ -d build/dab ] || tar xJf build/dab.tar.xz -C build || { echo "no build/dab.tar.xz"; exit 1; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/dab_out}; o=$OUT/logs; mkdir -p "$o"
-b=build/dab; t0=$SECONDS
-w=$(nvidia-smi -L | wc -l); [ "$w" -gt 4 ] && w=4
-echo "commit $(cat $b/commit.txt), world $w"
-nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
-FC_TEST_NEW_ALGOS=1 timeout 150 $b/gpu_collectives_test > "$OUT/test_new_algos.log" 2>&1; rc=$?
+ab_setup build/dab
+FC_TEST_NEW_ALGOS=1 timeout 150 $b/gpu_collectives_test_def > "$OUT/test_new_algos.log" 2>&1; rc=$?
 grep -E "^==|FAIL|gpu_collectives_test:" "$OUT/test_new_algos.log" | head -30
 echo "gpu_collectives_test (new algos) rc=$rc [$((SECONDS - t0)) s]"
-min=67108864; max=1073741824
-bench() {  # label binary extra-args...
-  local label=$1 bin=$2; shift 2
-  timeout 100 "$bin" --world $w --min-bytes $min --max-bytes $max --label "$label" --ops ar \
-    --inplace 1 --out "$o/ours_${label}_w$w.jsonl" "$@" >> "$o/bench.log" 2>&1 || echo "$label rc=$?"
-  echo "$label done [$((SECONDS - t0)) s]"
-}
-bench ip $b/coll_bench_def --algos 0,2,3,5 --chunks-kib 0,128,256
-for p in 64 96; do bench p$p $b/coll_bench_def --algos 5 --ctas $p --chunks-kib 64,128; done
-for v in diag1 diag2; do bench $v $b/coll_bench_$v --algos 5 --chunks-kib 128; done
-if [ "$w" -ge 3 ]; then  # peer-major producers: the same as the default order at W = 2
+range="--ops ar --inplace 1 --min-bytes 67108864 --max-bytes 1073741824"
+ab_bench ip $b/coll_bench_def $range --algos 0,2,3,5 --chunks-kib 0,128,256
+for p in 64 96; do ab_bench p$p $b/coll_bench_def $range --algos 5 --ctas $p --chunks-kib 64,128; done
+for v in diag1 diag2; do ab_bench $v $b/coll_bench_$v $range --algos 5 --chunks-kib 128; done
+if [ "$w" -ge 3 ]; then  # peer-major: the same as the default order at W = 2
   FC_TEST_NEW_ALGOS=1 timeout 120 $b/gpu_collectives_test_pm > "$OUT/test_pm.log" 2>&1
   echo "gpu_collectives_test (peer-major build, new algos) rc=$? [$((SECONDS - t0)) s]"
-  bench pm $b/coll_bench_pm --algos 5 --chunks-kib 0,128,256
-  bench pm96 $b/coll_bench_pm --algos 5 --ctas 96 --chunks-kib 64,128
+  ab_bench pm $b/coll_bench_pm $range --algos 5 --chunks-kib 0,128,256
+  ab_bench pm96 $b/coll_bench_pm $range --algos 5 --ctas 96 --chunks-kib 64,128
 fi
-timeout 120 torchrun --nproc-per-node $w $here/nccl_bench.py --ops ar --min-bytes $min \
-  --max-bytes $max --out "$o/nccl_w$w.jsonl" >> "$o/nccl.log" 2>&1 || echo "nccl rc=$?"
-echo "nccl done [$((SECONDS - t0)) s]"
-python3 $here/variants_report.py "$o"/ours_*.jsonl "$o"/nccl_w$w.jsonl > "$OUT/table.txt"
+ab_nccl ar 67108864 1073741824
+python3 $ab_here/variants_report.py "$o"/ours_*.jsonl "$o"/nccl_w$w.jsonl > "$OUT/table.txt"
 # Shared-GPU protocol check of the worlds this host cannot give (every rank on GPU 0).
 if [ "$w" -lt 4 ]; then
-  FC_TEST_SHARED_GPU=4 FC_TEST_NEW_ALGOS=1 timeout 150 $b/gpu_collectives_test > "$OUT/test_shared_gpu.log" 2>&1
+  FC_TEST_SHARED_GPU=4 FC_TEST_NEW_ALGOS=1 timeout 150 $b/gpu_collectives_test_def > "$OUT/test_shared_gpu.log" 2>&1
   echo "gpu_collectives_test (shared GPU, worlds 2-4, new algos) rc=$? [$((SECONDS - t0)) s]"
   grep -E "^==|gpu_collectives_test:" "$OUT/test_shared_gpu.log" | head -12
 fi
 # The whole suite on the GPUs last (in-place kAuto cases run every algorithm kAuto picks).
-[ "${DAB_FULL:-1}" = 1 ] && { timeout 240 $b/gpu_collectives_test > "$OUT/test_full.log" 2>&1
+[ "${DAB_FULL:-1}" = 1 ] && { timeout 240 $b/gpu_collectives_test_def > "$OUT/test_full.log" 2>&1
   echo "gpu_collectives_test (full) rc=$? [$((SECONDS - t0)) s]"
   grep -E "^==|FAIL|gpu_collectives_test:" "$OUT/test_full.log" | head -20; }
 tar cJf "$OUT/logs.tar.xz" -C "$OUT" logs && rm -rf "$o"

@@ -9,36 +9,19 @@
 #   run   (GPU host):    poll_ab.sh run    -> $OUT: table.txt, logs.tar.xz
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-here=kernels/bench/collectives
+. kernels/bench/collectives/ab_lib.sh
 if [ "${1:-run}" = build ]; then
-  set -e
-  $here/build.sh build/coll-bin > /dev/null
-  COLL_NVCC_DEFS="-DFC_COMM_POLL_SLEEP_NS=1024u" $here/build.sh build/coll-p1k > /dev/null
-  COLL_NVCC_DEFS="-DFC_COMM_POLL_SLEEP_NS=4096u -DFC_COMM_POLL_SLEEP_LATE_NS=4096u" $here/build.sh build/coll-p4k > /dev/null
-  rm -rf build/pollab && mkdir -p build/pollab
-  cp build/coll-bin/coll_bench build/pollab/coll_bench_def
-  cp build/coll-p1k/coll_bench build/pollab/coll_bench_p1k
-  cp build/coll-p4k/coll_bench build/pollab/coll_bench_p4k
-  strip --strip-unneeded build/pollab/*
-  git rev-parse --short HEAD > build/pollab/commit.txt
+  ab_build build/pollab "p1k -DFC_COMM_POLL_SLEEP_NS=1024u" \
+    "p4k -DFC_COMM_POLL_SLEEP_NS=4096u -DFC_COMM_POLL_SLEEP_LATE_NS=4096u" || exit 1
   tar cJf build/pollab.tar.xz -C build pollab; du -sh build/pollab.tar.xz; exit 0
 fi
 [ -d build/pollab ] || tar xJf build/pollab.tar.xz -C build || { echo "no build/pollab.tar.xz"; exit 1; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/pollab_out}; o=$OUT/logs; mkdir -p "$o"
-b=build/pollab; t0=$SECONDS
-w=$(nvidia-smi -L | wc -l); [ "$w" -gt 4 ] && w=4
-echo "commit $(cat $b/commit.txt), world $w"
-min=67108864; max=1073741824
+ab_setup build/pollab
+range="--min-bytes 67108864 --max-bytes 1073741824"
 for v in def p1k p4k; do
-  timeout 100 $b/coll_bench_$v --world $w --min-bytes $min --max-bytes $max --label $v --ops ar \
-    --algos 2,3 --out "$o/ours_${v}_ar_w$w.jsonl" >> "$o/bench.log" 2>&1 || echo "$v ar rc=$?"
-  timeout 100 $b/coll_bench_$v --world $w --min-bytes $min --max-bytes $max --label $v --ops ag,rs \
-    --algos 2 --out "$o/ours_${v}_agrs_w$w.jsonl" >> "$o/bench.log" 2>&1 || echo "$v ag,rs rc=$?"
-  echo "$v done [$((SECONDS - t0)) s]"
+  ab_bench ${v}_ar $b/coll_bench_$v $range --ops ar --algos 2,3
+  ab_bench ${v}_agrs $b/coll_bench_$v $range --ops ag,rs --algos 2
 done
-timeout 120 torchrun --nproc-per-node $w $here/nccl_bench.py --ops ar,ag,rs --min-bytes $min \
-  --max-bytes $max --out "$o/nccl_w$w.jsonl" >> "$o/nccl.log" 2>&1 || echo "nccl rc=$?"
-echo "nccl done [$((SECONDS - t0)) s]"
-python3 $here/variants_report.py "$o"/ours_*.jsonl "$o"/nccl_w$w.jsonl | tee "$OUT/table.txt"
+ab_nccl ar,ag,rs 67108864 1073741824
+python3 $ab_here/variants_report.py "$o"/ours_*.jsonl "$o"/nccl_w$w.jsonl | tee "$OUT/table.txt"
 tar cJf "$OUT/logs.tar.xz" -C "$OUT" logs && rm -rf "$o"
