@@ -943,9 +943,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     finish_launch(d, epoch);
     return;
   }
-  // End barrier. Direct: no peer reads this rank's memory, but peers' consumers store into its
-  // data area (the output); done[p] >= epoch says all of p's CTAs, stores included, are done.
-  // End barrier: peers read this rank's scratch.
+  // End barrier. Pipelined: peers read this rank's scratch. Direct: no peer reads this rank's
+  // memory, but the peers' reducers store into its data area (the output); done[p] >= epoch
+  // says all of p's CTAs, those stores included, are done.
   finish_with_end_barrier(d, epoch, op);
   (void)ok;
 }
