@@ -8,7 +8,9 @@
 // reference. Two more ways to load over NVLink, since loads are what caps our pulls: `-l2h`
 // patterns load with the ld.global.L2::256B hint (one 256-byte request per 16 warp lanes?), and
 // `-tma` patterns move 32 KiB pieces with bulk copies (cp.async.bulk global -> shared ->
-// global, one thread per CTA issuing, kTmaStages pieces of shared memory, loads in flight). Prints `pattern ctas min_GBps mean_GBps` (over GPUs; bytes a GPU moved to or from
+// global, one thread per CTA issuing, kTmaStages pieces of shared memory, loads in flight).
+// all-push-seq (G >= 3): all-push's segments one peer at a time, every CTA on the same peer
+// (what the direct allReduce's peer-major build does), against all-push's interleaving. Prints `pattern ctas min_GBps mean_GBps` (over GPUs; bytes a GPU moved to or from
 // peers / its kernel time), a best-per-pattern table, and a sampled check of the copied data.
 // Build and run (CUDA 13, >= 2 GPUs with peer access; finishes in seconds, a watchdog ends it at 55 s):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o nvlink_probe kernels/bench/probes/nvlink_probe.cu
@@ -72,6 +74,7 @@ struct Segs {
   uint4* dst[kMaxSeg];
   int n;
   unsigned long long chunks_per_seg;
+  int seq;  // 1: segment by segment (all CTAs on segment 0, then 1, ...); 0: interleaved
 };
 
 // One 16-byte load; kHint: with the L2::256B prefetch-size hint.
@@ -92,8 +95,8 @@ template <bool kHint>
 __global__ void __launch_bounds__(kThreads) copy_kernel(const Segs s) {
   const unsigned long long total = s.chunks_per_seg * static_cast<unsigned long long>(s.n);
   for (unsigned long long c = blockIdx.x; c < total; c += gridDim.x) {
-    const int k = static_cast<int>(c % static_cast<unsigned long long>(s.n));
-    const unsigned long long j = c / static_cast<unsigned long long>(s.n);
+    const int k = static_cast<int>(s.seq ? c / s.chunks_per_seg : c % static_cast<unsigned long long>(s.n));
+    const unsigned long long j = s.seq ? c % s.chunks_per_seg : c / static_cast<unsigned long long>(s.n);
     const uint4* src = s.src[0];
     uint4* dst = s.dst[0];
 #pragma unroll
@@ -199,6 +202,7 @@ enum class Mover { kLoadStore, kLoadHint, kBulk, kCopyEngine };
 struct Plan {
   std::string name;
   Mover mover = Mover::kLoadStore;
+  bool seq = false;  // Segs::seq
   size_t seg_bytes = 0;                        // multiple of kChunk, > 0
   std::vector<std::vector<HostSeg>> per_gpu;   // the segments GPU i's kernel (or stream) copies
 };
@@ -269,6 +273,16 @@ std::vector<Plan> make_plans(int G, size_t B) {
     for (int i = 0; i < G; ++i) p.per_gpu.push_back({{i, 0, nxt(i, 1), 0}});
     plans.push_back(p);
   }
+  if (G >= 3) {  // all-push-seq: all-push's segments one peer at a time (peer i+1, then i+2, ...)
+    for (size_t i = 0; i < plans.size(); ++i) {
+      if (plans[i].name != "all-push") continue;
+      Plan q = plans[i];
+      q.name = "all-push-seq";
+      q.seq = true;
+      plans.push_back(q);
+      break;
+    }
+  }
   // 7-12. The pulls and pushes again with the other movers (same segments).
   const size_t n_base = plans.size();
   for (size_t i = 0; i < n_base; ++i) {
@@ -289,6 +303,7 @@ Segs device_segs(const Ctx& c, const std::vector<HostSeg>& hs, size_t seg_bytes)
   Segs s{};
   s.n = static_cast<int>(hs.size());
   s.chunks_per_seg = seg_bytes / kChunk;
+  s.seq = 0;
   for (int k = 0; k < s.n; ++k) {
     s.src[k] = c.src[hs[k].src_dev] + hs[k].src_off / sizeof(uint4);
     s.dst[k] = c.dst[hs[k].dst_dev] + hs[k].dst_off / sizeof(uint4);
@@ -330,7 +345,10 @@ int sync_all(const Ctx& c) {
 // Times one (pattern, ctas); GB/s per GPU into gbps.
 int run_config(const Ctx& c, const Plan& p, int ctas, std::vector<double>& gbps) {
   std::vector<Segs> segs;
-  for (int g = 0; g < c.G; ++g) segs.push_back(device_segs(c, p.per_gpu[g], p.seg_bytes));
+  for (int g = 0; g < c.G; ++g) {
+    segs.push_back(device_segs(c, p.per_gpu[g], p.seg_bytes));
+    segs.back().seq = p.seq ? 1 : 0;
+  }
   for (int w = 0; w < kWarmups; ++w)
     for (int g = 0; g < c.G; ++g)
       if (launch(c, p, segs, g, ctas)) return 1;
