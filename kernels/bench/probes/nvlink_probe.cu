@@ -202,9 +202,9 @@ enum class Mover { kLoadStore, kLoadHint, kBulk, kCopyEngine };
 struct Plan {
   std::string name;
   Mover mover = Mover::kLoadStore;
-  bool seq = false;  // Segs::seq
   size_t seg_bytes = 0;                        // multiple of kChunk, > 0
   std::vector<std::vector<HostSeg>> per_gpu;   // the segments GPU i's kernel (or stream) copies
+  bool seq = false;                            // Segs::seq (set after the aggregate inits)
 };
 
 struct Ctx {
