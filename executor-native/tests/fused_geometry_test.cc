@@ -235,8 +235,8 @@ void test_collective_choice() {
   check(algo(AR, B, 1, 1024 * MiB) == k::CommAlgo::kOneShot, "allReduce W=1: one-shot (a copy)");
   check(algo(AG, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "allGather W=2 1 GiB: two-phase");
   check(algo(RS, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "reduceScatter W=2 1 GiB: two-phase");
-  // In place (output = the input's place in the data area): direct at W = 2 from 64 MiB; not at
-  // W = 4 (not measured there yet), not out of place, not for other ops.
+  // In place (output = the input's place in the data area): direct at W = 2 and 4 from 64 MiB;
+  // not out of place, not for other ops.
   auto in_place = [](k::CommOp op, int W, int64_t bytes, bool place) {
     k::CommDevice d = device(W, 1, 132);
     static uint8_t fake[1];  // addresses only: nothing is dereferenced
@@ -255,7 +255,8 @@ void test_collective_choice() {
   check(in_place(AR, 2, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 1 GiB in place: direct");
   check(in_place(AR, 2, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase, "allReduce W=2 64 MiB - 2 B in place: two-phase");
   check(in_place(AR, 2, 1024 * MiB, false) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 1 GiB out of place: push");
-  check(in_place(AR, 4, 1024 * MiB, true) == k::CommAlgo::kTwoPhase, "allReduce W=4 1 GiB in place: two-phase");
+  check(in_place(AR, 4, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=4 1 GiB in place: direct");
+  check(in_place(AR, 4, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase, "allReduce W=4 64 MiB - 2 B in place: two-phase");
   check(in_place(AG, 2, 1024 * MiB, true) == k::CommAlgo::kTwoPhase, "allGather W=2 1 GiB 'in place': two-phase");
   k::CommDevice d = device(2, 0, 132);
   d.slot_bytes = 1 << 20;

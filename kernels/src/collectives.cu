@@ -1002,8 +1002,8 @@ int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PU
 // kAuto's push allReduce (collective_choose_algo): from this size, with these chunks.
 constexpr int64_t kAutoPushMinBytes = int64_t{256} << 20;
 constexpr int64_t kAutoPushChunkBytes = int64_t{128} << 10;
-// kAuto's direct allReduce (in place only): from this size at W = 2 and at W >= 3, with
-// kAutoPushChunkBytes chunks. 0: never (not measured at that world size yet). W = 2: on
+// kAuto's direct allReduce (in place only): from this size at W = 2 and at W >= 3, with the
+// default chunk (FC_PIPE_CHUNK_KIB). 0: never. W = 2: on
 // 2 x H200 (2026-11-27, kernels/bench/results/run12_h200x2/direct_ab_w2.txt, one run) direct
 // with 64 + 64 CTAs and 128 KiB chunks moved 311 / 327 / 352 GB/s busbw at 64 MiB / 256 MiB /
 // 1 GiB in place, against two-phase's 300 / 317 / 329 and push's 302 / 330 / 339 (NCCL:
@@ -1012,8 +1012,11 @@ constexpr int64_t kAutoPushChunkBytes = int64_t{128} << 10;
 #ifndef FC_AUTO_DIRECT_MIN_MIB_W2
 #define FC_AUTO_DIRECT_MIN_MIB_W2 64
 #endif
+// W >= 3: on 4 x H200 (run 12, results/run12_h200x4/direct_ab_w4.txt) direct with the default
+// plan (64 KiB chunks) moved 325 / 339 / 340 GB/s at W = 4 against two-phase's 292 / 317 / 327
+// and NCCL's 311 / 338 / 355; with 128 KiB chunks 317 / 332 / 342.
 #ifndef FC_AUTO_DIRECT_MIN_MIB_W4
-#define FC_AUTO_DIRECT_MIN_MIB_W4 0
+#define FC_AUTO_DIRECT_MIN_MIB_W4 64
 #endif
 
 // True when the allReduce's output is its input's place in this rank's data area.
@@ -1151,9 +1154,7 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
   const int64_t direct_min = int64_t{dev.world <= 2 ? FC_AUTO_DIRECT_MIN_MIB_W2 : FC_AUTO_DIRECT_MIN_MIB_W4} << 20;
   if (args.op == CommOp::kAllReduce && direct_min > 0 && bytes >= direct_min && in_place(dev, args)) {
     Params prm{args, 0, 0};
-    CollectiveArgs planned = args;
-    planned.chunk_bytes = args.chunk_bytes > 0 ? args.chunk_bytes : kAutoPushChunkBytes;
-    if (pipe_plan(dev, planned, CommAlgo::kDirect, prm)) return CommAlgo::kDirect;
+    if (pipe_plan(dev, args, CommAlgo::kDirect, prm)) return CommAlgo::kDirect;
   }
   // allReduce at W = 2 from kAutoPushMinBytes: the push variant (with kAutoPushChunkBytes
   // chunks) moved 2-3 % more than two-phase (W = 2 on a 4 x H200 host, 2026-11-22, one run,
@@ -1266,7 +1267,11 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
   } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined ||
              algo == CommAlgo::kDirect) {
     CollectiveArgs planned = a;
-    if (a.algo == CommAlgo::kAuto && a.chunk_bytes == 0) planned.chunk_bytes = kAutoPushChunkBytes;
+    // kAuto's push: kAutoPushChunkBytes; its direct: the default chunk (64 KiB: at 64 and
+    // 256 MiB faster than 128 KiB in both run-12 calls that had both, equal at 1 GiB).
+    if (a.algo == CommAlgo::kAuto && a.chunk_bytes == 0 && algo != CommAlgo::kDirect) {
+      planned.chunk_bytes = kAutoPushChunkBytes;
+    }
     if (!pipe_plan(d, planned, algo, prm)) return cudaErrorInvalidValue;
     prm.a.algo = algo;  // launch_pipe picks the kernel from it (kAuto may resolve to these)
     const int grid = prm.pull_ctas + prm.consumers;
