@@ -23,8 +23,9 @@ def main():
     keys = sorted({(r["op"], r["world"]) for r in rows})
     md = [f"# Collectives: fusedcomm vs NCCL ({a.device}, commit {a.commit}, {date})", "",
           "bf16; medians of 10 batches of back-to-back calls (CUDA events, rank 0) after 5 warm-up "
-          "calls; NCCL through torch.distributed with NCCL_NVLS_ENABLE=0. Ours: input in symmetric "
-          "memory, output in ordinary device memory. busbw as nccl-tests. Targets (issue 3): busbw "
+          "calls; NCCL through torch.distributed with NCCL_NVLS_ENABLE=0 (its allReduce in place). "
+          "Ours: input in symmetric memory; allReduce in place there when its algo says so "
+          "(/inplace: output = input, as NCCL's), other outputs in ordinary device memory. busbw as nccl-tests. Targets (issue 3): busbw "
           "ratio >= 1.0 at >= 64 MiB, latency ratio (ours/NCCL) <= 0.7 at <= 256 KiB.", ""]
     verdicts = []
     for op, w in keys:
