@@ -586,6 +586,14 @@ constexpr int kCtl = 32;  // control warp
 #define FC_DIRECT_PEER_MAJOR 0
 #endif
 constexpr bool kDirectPeerMajor = FC_DIRECT_PEER_MAJOR != 0;
+// Direct allReduce, the reducers' broadcast split by peer (1): each chunk's sums go here and to
+// one peer with the reduction, then are copied from here to the other peers one at a time
+// (first peer rotating with the chunk), instead of every vector to every peer (0). A build
+// switch for the 4-GPU A/B.
+#ifndef FC_DIRECT_BCAST_SPLIT
+#define FC_DIRECT_BCAST_SPLIT 0
+#endif
+constexpr bool kDirectBcastSplit = FC_DIRECT_BCAST_SPLIT != 0;
 // Direct allReduce diagnostics (wrong results; bench only): 1 = producers move no data (flags
 // only: the reducers' half alone), 2 = reducers store only locally (the producers' half and
 // the local reduction).
@@ -884,12 +892,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
           // Peer-major: the sums go here and to peer r + 1 now, to the other peers after the
           // rounds (below), so that the reducers too store to one peer at a time.
+          // Split: the first peer rotates with the chunk, so that the CTAs spread over peers.
+          auto split_peer = [&](int t) { return (r + 1 + static_cast<int>((k + t) % (W - 1))) % W; };
           const uint32_t to = kDirectDiag == 2 ? 0u
                               : kDirectPeerMajor ? rank_order(W > 1 ? 1u << ((r + 1) % W) : 0u, r)
-                                                 : rank_order(peers, r);
+                              : kDirectBcastSplit ? rank_order(W > 1 ? 1u << split_peer(0) : 0u, r)
+                                                  : rank_order(peers, r);
           pipe_reduce<T, NS, false>(
               d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
               Dests{d.base[r] + pos, to, pos}, min(chunk, n_r - b));
+          if (kDirectBcastSplit && !kDirectPeerMajor && kDirectDiag == 0 && W > 2) {
+            // The data threads' stores above precede their loads below (named barrier 1 of
+            // the data warps only: the control warp is acquiring the next round meanwhile).
+            asm volatile("bar.sync 1, %0;" ::"r"(static_cast<int>(blockDim.x) - kCtl) : "memory");
+            for (int t = 1; t < W - 1; ++t) {
+              pipe_copy<T, false>(d, d.base[r] + pos,
+                                  Dests{nullptr, rank_order(1u << split_peer(t), r), pos},
+                                  min(chunk, n_r - b));
+            }
+          }
         } else if constexpr (op == CommOp::kReduceScatter) {
           if (k >= nch(n_r)) continue;
           const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
