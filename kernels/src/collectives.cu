@@ -580,20 +580,6 @@ __global__ void __launch_bounds__(kThreads, kTwoPhaseCtasPerSm) two_phase_kernel
 // of round j + 1 (next iteration). See CommFlags::pipe.
 
 constexpr int kCtl = 32;  // control warp
-// Direct allReduce, producers and reducers' broadcast peer by peer (1) instead of chunk by
-// chunk to every peer (0); a build switch for the 4-GPU A/B (bench/collectives/direct_ab.sh).
-#ifndef FC_DIRECT_PEER_MAJOR
-#define FC_DIRECT_PEER_MAJOR 0
-#endif
-constexpr bool kDirectPeerMajor = FC_DIRECT_PEER_MAJOR != 0;
-// Direct allReduce, the reducers' broadcast split by peer (1): each chunk's sums go here and to
-// one peer with the reduction, then are copied from here to the other peers one at a time
-// (first peer rotating with the chunk), instead of every vector to every peer (0). A build
-// switch for the 4-GPU A/B.
-#ifndef FC_DIRECT_BCAST_SPLIT
-#define FC_DIRECT_BCAST_SPLIT 0
-#endif
-constexpr bool kDirectBcastSplit = FC_DIRECT_BCAST_SPLIT != 0;
 // Direct allReduce diagnostics (wrong results; bench only): 1 = producers move no data (flags
 // only: the reducers' half alone), 2 = reducers store only locally (the producers' half and
 // the local reduction).
@@ -793,31 +779,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
     }
     ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive, c == 0);
-    if (kDirect && kDirectPeerMajor && ok) {
-      // Peer-major (measurement variant): all of block p for peer p = r + 1, then r + 2, ...:
-      // every rank pushes to one peer at a time, and the ranks together form a permutation
-      // (NVLink probe: one destination per GPU took stores 2 % faster than all at once, 4 x
-      // H200). The flag pipe[r][c] at peer p counts only p's rounds, so a reducer's wait is
-      // the same as in the default order. The reducers likewise store to peer r + 1 first and
-      // to r + 2, ... after their rounds.
-      for (int i = 1; i < W && ok; ++i) {
-        const int p = (r + i) % W;
-        const int64_t n_p = split_count(count, W, p);
-        auto work = [&](int j) {
-          const int64_t b = (c + static_cast<int64_t>(j) * P) * chunk;
-          const Dests ds{nullptr, rank_order(1u << p, r), d.scratch_offset + (slot(p, r) + b) * es};
-          pipe_copy<T, true>(d, d.base[r] + in_off + (split_offset(count, W, p) + b) * es, ds,
-                             min(chunk, n_p - b));
-        };
-        auto release = [&](int j) {
-          if (threadIdx.x == 0) {
-            __threadfence_system();
-            st_release_sys(&comm_flags(d, p)->pipe[r][c], pipe_tag(epoch, j + 1));
-          }
-        };
-        ok = pipe_rounds(rounds_of(nch(n_p), c), [](int) { return true; }, work, release);
-      }
-    } else if (ok) {
+    if (ok) {
       // RS / A2A push block p (<= n_0 long) to every peer p; AR / AG handle this rank's slice.
       const int rounds = rounds_of(nch(blocks ? n_0 : n_r), c);
       auto work = [&](int j) {
@@ -890,27 +852,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t pos = in_off + (off_r + b) * es;
           const uint8_t* own = d.base[r] + pos;
           const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
-          // Peer-major: the sums go here and to peer r + 1 now, to the other peers after the
-          // rounds (below), so that the reducers too store to one peer at a time.
-          // Split: the first peer rotates with the chunk, so that the CTAs spread over peers.
-          auto split_peer = [&](int t) { return (r + 1 + static_cast<int>((k + t) % (W - 1))) % W; };
-          const uint32_t to = kDirectDiag == 2 ? 0u
-                              : kDirectPeerMajor ? rank_order(W > 1 ? 1u << ((r + 1) % W) : 0u, r)
-                              : kDirectBcastSplit ? rank_order(W > 1 ? 1u << split_peer(0) : 0u, r)
-                                                  : rank_order(peers, r);
           pipe_reduce<T, NS, false>(
               d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
-              Dests{d.base[r] + pos, to, pos}, min(chunk, n_r - b));
-          if (kDirectBcastSplit && !kDirectPeerMajor && kDirectDiag == 0 && W > 2) {
-            // The data threads' stores above precede their loads below (named barrier 1 of
-            // the data warps only: the control warp is acquiring the next round meanwhile).
-            asm volatile("bar.sync 1, %0;" ::"r"(static_cast<int>(blockDim.x) - kCtl) : "memory");
-            for (int t = 1; t < W - 1; ++t) {
-              pipe_copy<T, false>(d, d.base[r] + pos,
-                                  Dests{nullptr, rank_order(1u << split_peer(t), r), pos},
-                                  min(chunk, n_r - b));
-            }
-          }
+              Dests{d.base[r] + pos, kDirectDiag == 2 ? 0u : rank_order(peers, r), pos},
+              min(chunk, n_r - b));
         } else if constexpr (op == CommOp::kReduceScatter) {
           if (k >= nch(n_r)) continue;
           const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
@@ -939,23 +884,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     ok = pipe_rounds(rounds, acquire, work, [](int) {});
-    if (kDirect && kDirectPeerMajor && kDirectDiag == 0 && ok && threadIdx.x >= kCtl) {
-      // Peer-major, the rest of the broadcast: peer r + i (i >= 2) gets every chunk this CTA
-      // reduced, copied from this rank's data area (written by this CTA's data threads before
-      // pipe_rounds' last barrier).
-      for (int i = 2; i < W; ++i) {
-        const int p = (r + i) % W;
-        for (int j = 0; j < rounds; ++j) {
-          for (int ci = 0; ci < ncov; ++ci) {
-            const int64_t k = q + ci * C + static_cast<int64_t>(j) * P, b = k * chunk;
-            if (k >= nch(n_r)) continue;
-            const uint64_t pos = in_off + (off_r + b) * es;
-            pipe_copy<T, false>(d, d.base[r] + pos, Dests{nullptr, rank_order(1u << p, r), pos},
-                                min(chunk, n_r - b));
-          }
-        }
-      }
-    }
   }
 
   if constexpr (push && !kDirect) {

@@ -8,15 +8,15 @@
 # the same with every rank on GPU 0 at worlds 2-4 (FC_TEST_SHARED_GPU=4; hosts with < 4 GPUs); coll_bench --inplace 1
 # with algos 0 (auto), 2, 3, 5, chunks 64 / 128 / 256 KiB for 3 and 5 (direct: 128 + 128 CTAs);
 # direct with 64 / 96 producers (--ctas; chunks 64 / 128 KiB); the diagnostics FC_DIRECT_DIAG=1
-# (the reducers' half alone) and 2 (the producers' half); at W >= 3 a build whose producers go
-# peer by peer (pm: FC_DIRECT_PEER_MAJOR=1, its gpu_collectives_test first, and the NVLink
-# probe's all-push against all-push-seq, the same order in isolation); NCCL; the
-# ratio table (variants_report.py); then the whole gpu_collectives_test (DAB_FULL=0: not).
+# (the reducers' half alone) and 2 (the producers' half); at W >= 3 the NVLink probe
+# (all-push against all-push-seq); NCCL; the ratio table (variants_report.py); then the whole
+# gpu_collectives_test (DAB_FULL=0: not). Run 12's call at da25a02 also had a peer-major build
+# (FC_DIRECT_PEER_MAJOR, removed after it measured slower; kernels/bench/NOTES.md).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 . kernels/bench/collectives/ab_lib.sh
 if [ "${1:-run}" = build ]; then
-  ab_build build/dab "pm -DFC_DIRECT_PEER_MAJOR=1" "diag1 -DFC_DIRECT_DIAG=1" "diag2 -DFC_DIRECT_DIAG=2" || exit 1
+  ab_build build/dab "diag1 -DFC_DIRECT_DIAG=1" "diag2 -DFC_DIRECT_DIAG=2" || exit 1
   rm -f build/dab/gpu_collectives_test_diag*  # benches only
   nvcc -O3 -std=c++17 -arch=sm_90a -o build/dab/nvlink_probe kernels/bench/probes/nvlink_probe.cu || exit 1
   tar cJf build/dab.tar.xz -C build dab; du -sh build/dab.tar.xz; exit 0
@@ -30,13 +30,9 @@ range="--ops ar --inplace 1 --min-bytes 67108864 --max-bytes 1073741824"
 ab_bench ip $b/coll_bench_def $range --algos 0,2,3,5 --chunks-kib 0,128,256
 for p in 64 96; do ab_bench p$p $b/coll_bench_def $range --algos 5 --ctas $p --chunks-kib 64,128; done
 for v in diag1 diag2; do ab_bench $v $b/coll_bench_$v $range --algos 5 --chunks-kib 128; done
-if [ "$w" -ge 3 ]; then  # peer-major: the same as the default order at W = 2
-  timeout 60 $b/nvlink_probe --gpus $w > "$OUT/nvlink_probe.txt" 2>&1  # all-push vs all-push-seq
+if [ "$w" -ge 3 ]; then  # all-push vs all-push-seq: one peer at a time (no difference at W = 2)
+  timeout 60 $b/nvlink_probe --gpus $w > "$OUT/nvlink_probe.txt" 2>&1
   grep -A20 "best per pattern" "$OUT/nvlink_probe.txt"
-  FC_TEST_NEW_ALGOS=1 timeout 120 $b/gpu_collectives_test_pm > "$OUT/test_pm.log" 2>&1
-  echo "gpu_collectives_test (peer-major build, new algos) rc=$? [$((SECONDS - t0)) s]"
-  ab_bench pm $b/coll_bench_pm $range --algos 5 --chunks-kib 0,128,256
-  ab_bench pm96 $b/coll_bench_pm $range --algos 5 --ctas 96 --chunks-kib 64,128
 fi
 ab_nccl ar 67108864 1073741824
 python3 $ab_here/variants_report.py "$o"/ours_*.jsonl "$o"/nccl_w$w.jsonl > "$OUT/table.txt"
