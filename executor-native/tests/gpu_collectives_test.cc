@@ -245,7 +245,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 
   // One case, synchronously: upload, poison, launch, sync, check.
   void run_case(const Case& c, uint64_t key) {
-    uint8_t* data_in = static_cast<uint8_t*>(sm->data()) + c.in_offset;
+    uint8_t* data_in = data_at(c.in_offset);
     if (c.direct) {
       const size_t in_bytes = k::collective_input_count(c.op, c.count, W, r) * esize(c.dtype);
       CUDA_OK(cudaMemsetAsync(data_in, 0xFF, in_bytes, stream));  // a read there shows as NaN

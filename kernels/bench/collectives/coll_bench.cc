@@ -98,11 +98,12 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
      if (!pipelined && chunk_kib != chunks_kib.front()) continue;  // chunk: variants 3, 4 only
      for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
       if (bytes < min_bytes) continue;
+      const bool in_place = inplace && oi.op == k::CommOp::kAllReduce;
       k::CollectiveArgs a;
       a.op = oi.op;
       a.dtype = k::CommDtype::kBF16;
       a.count = bytes / 2;
-      a.output = inplace && oi.op == k::CommOp::kAllReduce ? sm->data() : out;
+      a.output = in_place ? sm->data() : out;
       a.num_ctas = num_ctas;
       a.algo = static_cast<k::CommAlgo>(algo_req);
       a.chunk_bytes = pipelined ? chunk_kib << 10 : 0;
@@ -130,7 +131,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const std::vector<OpInfo>& ops, i
       std::string aname = repeat ? "two-phase(rep)" : algo_name(algo);
       if (pipelined && chunk_kib != 0) aname += "/" + std::to_string(chunk_kib) + "K";
       if (num_ctas != 0) aname += "/c" + std::to_string(num_ctas);
-      if (inplace && oi.op == k::CommOp::kAllReduce) aname += "/inplace";
+      if (in_place) aname += "/inplace";
       if (f) {
         std::fprintf(f,
                      "{\"op\": \"%s\", \"impl\": \"fusedcomm\", \"world\": %d, \"bytes\": %lld, "

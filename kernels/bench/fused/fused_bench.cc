@@ -187,8 +187,10 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
   const k::FusedLaunchInfo info = k::all_gather_gemm_info(dev, a);
   const int64_t mb = (a.M + 127) / 128, nb = (a.N + info.tile_n - 1) / info.tile_n;
   const int P = info.comm_ctas, C = info.chunks;
-  const int64_t tiles_words = 2 * mb * 4096;
-  const int64_t words = tiles_words + C + 3 * P + info.gemm_ctas + P;
+  // Layout (fused_gemm.cuh): tile waits, chunk flags, pullers' [start, end), pullers' SM ids,
+  // every CTA's entry time.
+  const int64_t tiles_words = 2 * mb * 4096, smid_at = tiles_words + C + 2 * P;
+  const int64_t words = smid_at + P + info.gemm_ctas + P;
   uint8_t* tr = dev.base[dev.rank] + dev.scratch_offset;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -212,13 +214,13 @@ void trace_ag(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
     CK(cudaMemcpy(t.data(), tr, words * 8, cudaMemcpyDeviceToHost));
     uint64_t t0 = UINT64_MAX, t_end = 0;
     for (int64_t i = 0; i < words; ++i) {
-      if (i >= tiles_words + C + 2 * P && i < tiles_words + C + 3 * P) continue;  // SM ids
+      if (i >= smid_at && i < smid_at + P) continue;  // SM ids, not times
       if (t[i]) t0 = std::min(t0, t[i]), t_end = std::max(t_end, t[i]);
     }
     auto us = [&](uint64_t v) { return v ? (v - t0) / 1000.0 : -1.0; };
     const uint64_t* chunk = t.data() + tiles_words;
     const uint64_t* pull = chunk + C;
-    const uint64_t* smid = pull + 2 * P;
+    const uint64_t* smid = t.data() + smid_at;
     const uint64_t* entry = smid + P;
     std::string o;
     char buf[256];
