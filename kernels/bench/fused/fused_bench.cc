@@ -24,7 +24,10 @@
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs,ar] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
-//                    [--shared-gpu] [--print-batches]
+//                    [--shared-gpu] [--print-batches] [--clocks]
+// --clocks: every rank samples its GPU's SM clock and power through NVML while each batch runs
+// (gpu_clocks.h) and prints, per shape and impl, the mean clock (min-max), power and
+// clock-event reasons: is a fused kernel's time over our GEMM alone a lower clock?
 // --print-batches: every rank prints, per shape and impl, its batches' per-launch times in the
 // order they ran (does a process stay in one mode?).
 // --shared-gpu: every rank on GPU 0 (a one-GPU host checks the bench's own mechanics at W > 1;
@@ -58,6 +61,7 @@
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/kernels/gemm.h"
+#include "gpu_clocks.h"
 #include "fusedcomm/kernels/detail/rs_trace.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "process_group.h"
@@ -156,6 +160,7 @@ struct Options {
   int phantom_world = 2;    // --phantom-world P: the phantom-peer build's world (2..8)
   bool shared_gpu = false;  // --shared-gpu: every rank on GPU 0 (the bench's mechanics only)
   bool print_batches = false;  // --print-batches: every rank prints each impl's batch times
+  bool clocks = false;         // --clocks: NVML samples of the SM clock during each batch
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -429,6 +434,12 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     CK(cudaGetDeviceProperties(&p, o.shared_gpu ? 0 : r));
     std::snprintf(device, sizeof device, "%s", p.name);
   }
+  fusedcomm::bench::GpuClocks clocks;
+  if (o.clocks) {
+    char pci[32] = {};
+    CK(cudaDeviceGetPCIBusId(pci, sizeof pci, o.shared_gpu ? 0 : r));
+    if (!clocks.open(pci)) std::printf("rank %d: --clocks: NVML not available, no samples\n", r);
+  }
 
   // Times the impls of one shape; every rank runs the same sequence. Each impl: 2 warm-up
   // launches and one timed launch that sizes its batches (rank 0's estimate, shared); then the
@@ -498,12 +509,21 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         CK(cudaEventRecord(e0, st));
         for (int k = 0; k < iters[i]; ++k) launches[i]();
         CK(cudaEventRecord(e1, st));
+        while (clocks.on() && cudaEventQuery(e1) == cudaErrorNotReady) clocks.sample(i);
         CK(cudaEventSynchronize(e1));
         float ms = 0;
         CK(cudaEventElapsedTime(&ms, e0, e1));
         per[i].push_back(ms / iters[i]);
         sm->raise_if_failed();
       }
+    }
+    if (clocks.on()) {  // one line per rank and impl; the samples start afresh per shape
+      for (size_t i = 0; i < n; ++i) {
+        std::printf("clocks %s impl %zu rank %d: %s\n", what.c_str(), i, r,
+                    clocks.summary(i).c_str());
+      }
+      std::fflush(stdout);
+      clocks.reset();
     }
     if (o.print_batches) {  // in batch order, before the sort; one line per rank and impl
       for (size_t i = 0; i < n; ++i) {
@@ -749,6 +769,7 @@ int main(int argc, char** argv) {
     else if (a == "--phantom-world") o.phantom_world = std::atoi(next());
     else if (a == "--shared-gpu") o.shared_gpu = true;
     else if (a == "--print-batches") o.print_batches = true;
+    else if (a == "--clocks") o.clocks = true;
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;
