@@ -42,7 +42,9 @@
 // timeline of a fused allGatherGemm launch after a barrier and one after 20 back-to-back launches. Bench build: -DFUSEDCOMM_PHANTOM_PEER makes ours_fused at world
 // 1 run either fused kernel as rank 0 of W = P (--phantom-world P, 2..8, default 2) with this
 // process as every peer (what W = P costs on the SMs without NVLink; detail/fused_gemm.cuh);
-// rows carry "phantom_world" (0 in other builds).
+// rows carry "phantom_world" (0 in other builds). Bench build: -DFC_GEMM_TRACE prints, per shape
+// and rank, where the GEMM engine's consumers spend a launch of ours_gemm and of ours_fused
+// (engine_trace).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -320,6 +322,79 @@ void trace_rs(fusedcomm::testing::ProcessGroup& g, const k::CommDevice& dev, k::
                 v[d::kRtOwnWaits], us(d::kRtOwnWaitMax), us(d::kRtStartWait), us(d::kRtStores),
                 us(d::kRtFenceFlags), v[d::kRtHandoffs], us(d::kRtFinishMax));
   }
+  std::fflush(stdout);
+}
+#endif
+
+#if defined(FC_GEMM_TRACE)
+extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count);        // gemm.cu
+extern "C" int fc_fused_gemm_trace_copy(uint64_t* host, size_t count);  // fused.cu
+// Bench build (-DFC_GEMM_TRACE): where the GEMM engine's consumers spend one launch (the last of
+// 5 back to back after a barrier; detail/gemm_sm90.cuh's trace points, warpgroup 0 of each CTA),
+// for ours_gemm and ours_fused of the same shape: does the fused kernel's excess over the GEMM
+// alone sit in its tiles' main loops, its epilogues, the waits for a tile's first stage, or a
+// tail? Every rank prints its own line: µs from the earliest CTA start; per tile after a CTA's
+// first, the mean gap between one tile's last wgmma and the next one's first (its epilogue and
+// its first-stage wait inside), and the mean main loop (the rest).
+void engine_trace(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, const std::string& what,
+                  const std::function<void()>& launch, bool fused) {
+  constexpr int kCtas = 1024, kWords = kCtas * 2 * 10;
+  std::vector<uint64_t> tr(kWords, 0);
+  auto copy = [&](uint64_t* h) {
+    return static_cast<cudaError_t>(fused ? fc_fused_gemm_trace_copy(h, kWords)
+                                          : fc_gemm_trace_copy(h, kWords));
+  };
+  CK(cudaStreamSynchronize(st));
+  g.barrier();
+  CK(copy(nullptr));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 5; ++i) {
+    if (i == 4) CK(cudaEventRecord(e0, st));
+    launch();
+  }
+  CK(cudaEventRecord(e1, st));
+  CK(cudaStreamSynchronize(st));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(copy(tr.data()));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  auto at = [&](int c, int point) { return tr[(c * 2) * 10 + point]; };
+  uint64_t t0 = ~0ull;
+  int ctas = 0;
+  for (int c = 0; c < kCtas; ++c) {
+    if (at(c, 0) == 0) continue;
+    t0 = std::min(t0, at(c, 0));
+    ++ctas;
+  }
+  if (ctas == 0) {
+    std::printf("engine_trace %s rank %d: no trace points\n", what.c_str(), g.rank);
+    return;
+  }
+  std::vector<double> start, whole, end;
+  double gap = 0, epi = 0, wait = 0, gaps = 0;
+  for (int c = 0; c < kCtas; ++c) {
+    if (at(c, 0) == 0) continue;
+    start.push_back((at(c, 0) - t0) * 1e-3);
+    whole.push_back((at(c, 1) - t0) * 1e-3);
+    end.push_back((at(c, 4) - t0) * 1e-3);
+    gap += at(c, 6), epi += at(c, 8), wait += at(c, 9), gaps += at(c, 7);
+  }
+  auto q = [](std::vector<double> v, double f) {
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<size_t>(f * v.size()))];
+  };
+  const double per = gaps > 0 ? 1e-3 / gaps : 0.0;
+  // Whole tiles of the median CTA: its time from start to the end of its tiles over its tiles.
+  const double tiles = gaps / ctas + 1;
+  std::printf("engine_trace %s rank %d: launch %.1f us, %d CTAs, %.2f tiles each; start p50/max "
+              "%.1f/%.1f; tiles done min/p50/max %.1f/%.1f/%.1f; end p50/max %.1f/%.1f; per tile: "
+              "gap %.2f us (epilogue %.2f, first-stage wait %.2f), main loop %.2f us\n",
+              what.c_str(), g.rank, ms * 1e3, ctas, tiles, q(start, 0.5), q(start, 1.0),
+              q(whole, 0.0), q(whole, 0.5), q(whole, 1.0), q(end, 0.5), q(end, 1.0), gap * per,
+              epi * per, wait * per, (q(whole, 0.5) - q(start, 0.5)) / tiles - gap * per);
   std::fflush(stdout);
 }
 #endif
@@ -663,6 +738,14 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       if (W == 1) d = phantom_peer(dev, Wf);  // a phantom build with the trace: rank 0's waits
 #endif
       trace_rs(g, d, rs, st, s.label);
+    }
+#endif
+#if defined(FC_GEMM_TRACE)
+    for (const Impl& im : impls) {
+      const std::string name = im.name;
+      if (name == "ours_gemm" || (name == "ours_fused" && !is_ar)) {
+        engine_trace(g, st, s.op + " " + s.label + " " + name, im.launch, name == "ours_fused");
+      }
     }
 #endif
     if (o.alternate) {  // ours_fused and ours_gemm only: each runs right after the other
