@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
       std::printf("trace %s %dx%dx%d sk=%d:", op.c_str(), M, N, K, plan.stream_k_tiles);
       const char* names[5] = {"start", "whole", "sk_main", "barrier", "end"};
       for (int p = 0; p < 5; ++p) {
-        if (plan.pingpong && (p == 2 || p == 3)) continue;  // no stream-K points
+        // No stream-K points (without stream-K, 2 and 3 hold clock64 values, not times).
+        if ((plan.pingpong || plan.stream_k_tiles == 0) && (p == 2 || p == 3)) continue;
         std::printf(" %s %.1f/%.1f/%.1f", names[p], pct(p, 0), pct(p, 0.5), pct(p, 0.999));
       }
       const double per = gaps ? 1e-3 / gaps : 0.0;

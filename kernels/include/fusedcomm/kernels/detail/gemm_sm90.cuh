@@ -160,7 +160,8 @@ __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t
 // segments (2), after the barrier before the sums (3), at the end (4), the tiles summed (5),
 // and over the whole tiles, the time from one tile's last wgmma to the next one's first (6),
 // the number of such gaps (7), the epilogues' time (8) and the waits for a tile's first stage
-// after the first tile (9).
+// after the first tile (9). Without stream-K, points 2 and 3 hold clock64 at 0 and at 1 instead
+// (cycles over nanoseconds: the SM clock the tiles ran at).
 #if defined(FC_GEMM_TRACE)
 __device__ uint64_t g_gemm_trace[1024 * 2 * 10];
 #define FC_GEMM_TRACE_POINT(i, v) \
@@ -1001,6 +1002,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     FC_GEMM_TRACE_POINT(0, globaltimer_ns());
 #if defined(FC_GEMM_TRACE)
     uint64_t tr_done = 0, tr_gap = 0, tr_gaps = 0, tr_epi = 0, tr_wait = 0;
+    const uint64_t tr_clock0 = clock64();
 #endif
     for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.sweep;
          t += kDyn ? 0 : sched.num_ctas()) {
@@ -1071,6 +1073,10 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
 #endif
     }
     FC_GEMM_TRACE_POINT(1, globaltimer_ns());
+    if constexpr (!kStreamK) {
+      FC_GEMM_TRACE_POINT(2, tr_clock0);
+      FC_GEMM_TRACE_POINT(3, clock64());
+    }
     FC_GEMM_TRACE_POINT(8, tr_epi);
     FC_GEMM_TRACE_POINT(9, tr_wait);
     FC_GEMM_TRACE_POINT(6, tr_gap);

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Where the fused kernels' time over our GEMM alone goes, tile by tile (fused_bench built with
+# -DFC_GEMM_TRACE: engine_trace), on a host with 2+ GPUs, in one device call (~1-2 min at W = 2):
+#   build (CPU machine): kernels/bench/fused/engine_trace_run.sh build -> build/etr.tar.xz (carry it)
+#   run   (GPU host):    kernels/bench/fused/engine_trace_run.sh run [world=2] -> $OUT/etr/*
+# Builds: def (the default kernels) and tma (-DFUSEDCOMM_RS_TMA_PUSH: the consumers' TMA pushes,
+# 4 operand stages instead of the pusher warps' 3). Prints per shape, impl and rank 0's two traces:
+# the launch, the SM clock (cycles over ns), the main loop and the epilogue per tile.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+here=kernels/bench/fused
+out=build/etr
+if [ "${1:-run}" = build ]; then
+  FC_NVCC_FLAGS=-DFC_GEMM_TRACE $here/build.sh build/w2-etrace | tail -1 || exit 1
+  FC_NVCC_FLAGS="-DFC_GEMM_TRACE -DFUSEDCOMM_RS_TMA_PUSH" $here/build.sh build/w2-etrace-tma | tail -1 || exit 1
+  rm -rf $out && mkdir -p $out/def $out/tma
+  cp build/w2-etrace/fused_bench $out/def/ && cp build/w2-etrace-tma/fused_bench $out/tma/
+  strip --strip-unneeded $out/*/*
+  git rev-parse --short HEAD > $out/commit.txt
+  tar cJf build/etr.tar.xz -C build etr && du -sh build/etr.tar.xz; exit 0
+fi
+[ -d $out ] || tar xJf build/etr.tar.xz -C build || { echo "no build/etr.tar.xz: build first"; exit 1; }
+world=${2:-2}
+OUT=${OUT:-/tmp/etr_out}; o=$OUT/etr; mkdir -p "$o"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+echo "commit $(cat $out/commit.txt)"
+for b in def tma; do
+  ops=rs; [ $b = def ] && ops=ag,rs
+  timeout 200 $out/$b/fused_bench --world "$world" --ops $ops --rs-partials bf16 --batches 2 \
+    --out "$o/rows_$b.jsonl" > "$o/trace_$b.log" 2>&1; echo "$b rc=$?"
+done
+python3 - "$o" <<'PY'
+import re, sys, glob, os
+pat = re.compile(r"engine_trace (\S+) (.+?) (ours_\w+) rank 0: launch ([\d.]+) us.*?SM clock p50 (\d+) MHz.*?"
+                 r"epilogue ([\d.]+), first-stage wait ([\d.]+)\), main loop ([\d.]+) us")
+print(f"{'build':5} {'op':18} {'shape':20} {'impl':11} {'launch us':>19} {'MHz':>11} {'main loop us':>15} {'epilogue us':>13}")
+for log in sorted(glob.glob(os.path.join(sys.argv[1], "trace_*.log"))):
+    b = os.path.basename(log)[6:-4]
+    rows = {}
+    for line in open(log):
+        m = pat.search(line)
+        if m:
+            op, shape, impl, launch, mhz, epi, wait, main = m.groups()
+            rows.setdefault((op, shape, impl), []).append((float(launch), int(mhz), float(main), float(epi)))
+    for (op, shape, impl), v in rows.items():
+        f = lambda i, fmt: "/".join(fmt.format(x[i]) for x in v)
+        print(f"{b:5} {op:18} {shape:20} {impl:11} {f(0, '{:.0f}'):>19} {f(1, '{}'):>11} {f(2, '{:.2f}'):>15} {f(3, '{:.2f}'):>13}")
+PY
