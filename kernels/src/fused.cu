@@ -219,7 +219,7 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.accumulate = rs_accumulates(W, a) ? 1 : 0;
   // One received slot of bf16 partials, which the staging buffer holds (the pusher warps' two
   // rounds) or half of (the TMA pushes' one): detail/fused_gemm.cuh, "Early fetch".
-  p.prefetch = W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
+  p.prefetch = W == 2 && p.bf16_partials && cnt > 0 && !(detail::kRsDiag & 1) ? 1 : 0;
 #ifdef FUSEDCOMM_RS_INTERLEAVE  // bench switch (detail/fused_gemm.cuh, rs_interleaved)
   p.interleave = W == 2 && a.M % (2 * detail::kTileM) == 0 ? 1 : 0;
 #endif

@@ -3,18 +3,21 @@
 # -DFC_GEMM_TRACE: engine_trace), on a host with 2+ GPUs, in one device call (~1-2 min at W = 2):
 #   build (CPU machine): kernels/bench/fused/engine_trace_run.sh build -> build/etr.tar.xz (carry it)
 #   run   (GPU host):    kernels/bench/fused/engine_trace_run.sh run [world=2] -> $OUT/etr/*
-# Builds: def (the default kernels) and tma (-DFUSEDCOMM_RS_TMA_PUSH: the consumers' TMA pushes,
-# 4 operand stages instead of the pusher warps' 3). Prints per shape, impl and rank 0's two traces:
-# the launch, the SM clock (cycles over ns), the main loop and the epilogue per tile.
+# Builds (each with -DFC_GEMM_TRACE): d0 the default kernels; d1, d2, d4, d7 with
+# -DFUSEDCOMM_RS_DIAG=1/2/4/7 (fused_gemm.cuh: no early fetch / pushes store nothing / own
+# half-tiles add nothing / all three; timing only). Prints per build, shape and impl rank 0's
+# two traces of gemmReduceScatter (bf16 partials): the launch, the SM clock (cycles over ns),
+# the main loop and the epilogue per tile.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/etr
 if [ "${1:-run}" = build ]; then
-  FC_NVCC_FLAGS=-DFC_GEMM_TRACE $here/build.sh build/w2-etrace | tail -1 || exit 1
-  FC_NVCC_FLAGS="-DFC_GEMM_TRACE -DFUSEDCOMM_RS_TMA_PUSH" $here/build.sh build/w2-etrace-tma | tail -1 || exit 1
-  rm -rf $out && mkdir -p $out/def $out/tma
-  cp build/w2-etrace/fused_bench $out/def/ && cp build/w2-etrace-tma/fused_bench $out/tma/
+  rm -rf $out && mkdir -p $out
+  for d in 0 1 2 4 7; do
+    FC_NVCC_FLAGS="-DFC_GEMM_TRACE -DFUSEDCOMM_RS_DIAG=$d" $here/build.sh build/w2-diag$d | tail -1 || exit 1
+    mkdir -p $out/d$d && cp build/w2-diag$d/fused_bench $out/d$d/
+  done
   strip --strip-unneeded $out/*/*
   git rev-parse --short HEAD > $out/commit.txt
   tar cJf build/etr.tar.xz -C build etr && du -sh build/etr.tar.xz; exit 0
@@ -24,9 +27,8 @@ world=${2:-2}
 OUT=${OUT:-/tmp/etr_out}; o=$OUT/etr; mkdir -p "$o"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "commit $(cat $out/commit.txt)"
-for b in def tma; do
-  ops=rs; [ $b = def ] && ops=ag,rs
-  timeout 200 $out/$b/fused_bench --world "$world" --ops $ops --rs-partials bf16 --batches 2 \
+for b in $(ls $out | grep -v commit.txt); do
+  timeout 120 $out/$b/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
     --out "$o/rows_$b.jsonl" > "$o/trace_$b.log" 2>&1; echo "$b rc=$?"
 done
 python3 - "$o" <<'PY'

@@ -338,7 +338,8 @@ extern "C" int fc_fused_gemm_trace_copy(uint64_t* host, size_t count);  // fused
 // its first-stage wait inside), and the mean main loop (the rest).
 void engine_trace(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, const std::string& what,
                   const std::function<void()>& launch, bool fused) {
-  constexpr int kCtas = 1024, kWords = kCtas * 2 * 10;
+  // Points per warpgroup: detail::kGemmTraceWords (gemm_sm90.cuh, not included here).
+  constexpr int kCtas = 1024, kPoints = 12, kWords = kCtas * 2 * kPoints;
   std::vector<uint64_t> tr(kWords, 0);
   auto copy = [&](uint64_t* h) {
     return static_cast<cudaError_t>(fused ? fc_fused_gemm_trace_copy(h, kWords)
@@ -361,7 +362,7 @@ void engine_trace(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, const st
   CK(copy(tr.data()));
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
-  auto at = [&](int c, int point) { return tr[(c * 2) * 10 + point]; };
+  auto at = [&](int c, int point) { return tr[(c * 2) * kPoints + point]; };
   uint64_t t0 = ~0ull;
   int ctas = 0;
   for (int c = 0; c < kCtas; ++c) {
@@ -380,8 +381,8 @@ void engine_trace(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, const st
     start.push_back((at(c, 0) - t0) * 1e-3);
     whole.push_back((at(c, 1) - t0) * 1e-3);
     end.push_back((at(c, 4) - t0) * 1e-3);
-    // Cycles over nanoseconds between points 0 and 1 (points 2 and 3: clock64 there).
-    if (at(c, 1) > at(c, 0)) mhz.push_back(1e3 * (at(c, 3) - at(c, 2)) / (at(c, 1) - at(c, 0)));
+    // Cycles over nanoseconds between points 0 and 1 (points 10 and 11: clock64 there).
+    if (at(c, 1) > at(c, 0)) mhz.push_back(1e3 * (at(c, 11) - at(c, 10)) / (at(c, 1) - at(c, 0)));
     gap += at(c, 6), epi += at(c, 8), wait += at(c, 9), gaps += at(c, 7);
   }
   auto q = [](std::vector<double> v, double f) {

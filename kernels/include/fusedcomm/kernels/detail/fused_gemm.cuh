@@ -423,6 +423,15 @@ inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch
   comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
+// Bench-only diagnostics (-DFUSEDCOMM_RS_DIAG=bits; fused/NOTES.md "Run 13"): what slows the
+// fused kernel's main loops against the GEMM alone. 1: no early fetch (rs_geometry); 2: the
+// pusher warps store nothing (the flags still rise); 4: own half-tiles add nothing. Bits 2 and
+// 4 give wrong sums: timing only.
+#ifndef FUSEDCOMM_RS_DIAG
+#define FUSEDCOMM_RS_DIAG 0
+#endif
+constexpr int kRsDiag = FUSEDCOMM_RS_DIAG;
+
 // Pusher warps (RsEpilogue::kWarpPush): warp 1 + cw of the producer warpgroup sends consumer
 // warpgroup cw's pushes. Handoff k: the warpgroup waits until handoff k-1 is `freed`, writes
 // the staging buffer (2 rounds: a bf16 half-tile, or half an fp32 one) and this mail, and
@@ -777,7 +786,8 @@ struct RsEpilogue {
     const bool lo_ok = row_lo >= own_off && row_lo < own_end;
     const bool hi_ok = row_lo + 8 >= own_off && row_lo + 8 < own_end;
     const uint32_t fetched = *reinterpret_cast<volatile uint32_t*>(&fetch->state);
-    if (p->bf16_partials) {
+    if (kRsDiag & 4) {
+    } else if (p->bf16_partials) {
       if (fetched & 1) {
         add_fetched(acc, stage);
         // Columns that did not fit the staging buffer: loaded from the slot.
@@ -971,7 +981,8 @@ struct RsEpilogue {
         if (!ok) continue;  // recorded: the launch has failed
         sent |= 1u << o;
         t0 = rs_trace_clock();
-        if (p->bf16_partials) {
+        if (kRsDiag & 2) {
+        } else if (p->bf16_partials) {
           send_rows<false>(stage, o, h0, h1, col, rounds);
         } else {
           send_rows<true>(stage, o, h0, h1, col, rounds);

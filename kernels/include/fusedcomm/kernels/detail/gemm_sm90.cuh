@@ -160,12 +160,13 @@ __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t
 // segments (2), after the barrier before the sums (3), at the end (4), the tiles summed (5),
 // and over the whole tiles, the time from one tile's last wgmma to the next one's first (6),
 // the number of such gaps (7), the epilogues' time (8) and the waits for a tile's first stage
-// after the first tile (9). Without stream-K, points 2 and 3 hold clock64 at 0 and at 1 instead
-// (cycles over nanoseconds: the SM clock the tiles ran at).
+// after the first tile (9); clock64 at 0 (10) and at 1 (11): cycles over nanoseconds, the SM
+// clock the tiles ran at. kGemmTraceWords points per warpgroup.
 #if defined(FC_GEMM_TRACE)
-__device__ uint64_t g_gemm_trace[1024 * 2 * 10];
+constexpr int kGemmTraceWords = 12;
+__device__ uint64_t g_gemm_trace[1024 * 2 * kGemmTraceWords];
 #define FC_GEMM_TRACE_POINT(i, v) \
-  if (threadIdx.x % 128 == 0) g_gemm_trace[(blockIdx.x * 2 + cw) * 10 + (i)] = (v)
+  if (threadIdx.x % 128 == 0) g_gemm_trace[(blockIdx.x * 2 + cw) * kGemmTraceWords + (i)] = (v)
 #else
 #define FC_GEMM_TRACE_POINT(i, v)
 #endif
@@ -1073,10 +1074,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
 #endif
     }
     FC_GEMM_TRACE_POINT(1, globaltimer_ns());
-    if constexpr (!kStreamK) {
-      FC_GEMM_TRACE_POINT(2, tr_clock0);
-      FC_GEMM_TRACE_POINT(3, clock64());
-    }
+    FC_GEMM_TRACE_POINT(10, tr_clock0);
+    FC_GEMM_TRACE_POINT(11, clock64());
     FC_GEMM_TRACE_POINT(8, tr_epi);
     FC_GEMM_TRACE_POINT(9, tr_wait);
     FC_GEMM_TRACE_POINT(6, tr_gap);
