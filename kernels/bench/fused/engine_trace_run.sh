@@ -3,7 +3,8 @@
 # -DFC_GEMM_TRACE: engine_trace), on a host with 2+ GPUs, in one device call (~1-2 min at W = 2):
 #   build (CPU machine): kernels/bench/fused/engine_trace_run.sh build -> build/etr.tar.xz (carry it)
 #   run   (GPU host):    kernels/bench/fused/engine_trace_run.sh run [world=2] -> $OUT/etr/*
-# Builds (each with -DFC_GEMM_TRACE): d0 the default kernels; d1, d2, d4, d7 with
+# Builds (each with -DFC_GEMM_TRACE; `build name=FLAGS ...` for others, FC_ETR_TEST=name to carry
+# that build's gpu_fused_test too, run first): d0 the default kernels; d1, d2, d4, d7 with
 # -DFUSEDCOMM_RS_DIAG=1/2/4/7 (fused_gemm.cuh: no early fetch / pushes store nothing / own
 # half-tiles add nothing / all three; timing only). Prints per build, shape and impl rank 0's
 # two traces of gemmReduceScatter (bf16 partials): the launch, the SM clock (cycles over ns),
@@ -13,11 +14,17 @@ cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/etr
 if [ "${1:-run}" = build ]; then
+  shift
+  # Builds as name=FLAGS (each also gets -DFC_GEMM_TRACE); by default the diagnostics above.
+  builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(d0= d1=-DFUSEDCOMM_RS_DIAG=1 \
+    d2=-DFUSEDCOMM_RS_DIAG=2 d4=-DFUSEDCOMM_RS_DIAG=4 d7=-DFUSEDCOMM_RS_DIAG=7)
   rm -rf $out && mkdir -p $out
-  for d in 0 1 2 4 7; do
-    FC_NVCC_FLAGS="-DFC_GEMM_TRACE -DFUSEDCOMM_RS_DIAG=$d" $here/build.sh build/w2-diag$d | tail -1 || exit 1
-    mkdir -p $out/d$d && cp build/w2-diag$d/fused_bench $out/d$d/
+  for b in "${builds[@]}"; do
+    name=${b%%=*}
+    FC_NVCC_FLAGS="-DFC_GEMM_TRACE ${b#*=}" $here/build.sh build/etr-$name | tail -1 || exit 1
+    mkdir -p $out/$name && cp build/etr-$name/fused_bench $out/$name/
   done
+  [ -n "${FC_ETR_TEST:-}" ] && cp build/etr-$FC_ETR_TEST/gpu_fused_test $out/$FC_ETR_TEST/
   strip --strip-unneeded $out/*/*
   git rev-parse --short HEAD > $out/commit.txt
   tar cJf build/etr.tar.xz -C build etr && du -sh build/etr.tar.xz; exit 0
@@ -28,6 +35,10 @@ OUT=${OUT:-/tmp/etr_out}; o=$OUT/etr; mkdir -p "$o"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "commit $(cat $out/commit.txt)"
 for b in $(ls $out | grep -v commit.txt); do
+  if [ -x $out/$b/gpu_fused_test ]; then
+    timeout 150 $out/$b/gpu_fused_test > "$o/test_$b.log" 2>&1
+    echo "gpu_fused_test ($b) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/test_$b.log" | tr '\n' ' ')"
+  fi
   timeout 120 $out/$b/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
     --out "$o/rows_$b.jsonl" > "$o/trace_$b.log" 2>&1; echo "$b rc=$?"
 done

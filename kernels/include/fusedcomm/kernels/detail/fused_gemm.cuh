@@ -431,6 +431,13 @@ inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch
 #define FUSEDCOMM_RS_DIAG 0
 #endif
 constexpr int kRsDiag = FUSEDCOMM_RS_DIAG;
+// Bench switch -DFUSEDCOMM_RS_L2HINT=bits (fused/NOTES.md "Run 13"): L2 evict-first policies for
+// the data the kernel moves besides its operands, which slows its main loops (1: own half-tiles'
+// early fetch and output stores; 2: the pusher warps' stores into the owners' slots).
+#ifndef FUSEDCOMM_RS_L2HINT
+#define FUSEDCOMM_RS_L2HINT 0
+#endif
+constexpr int kRsL2Hint = FUSEDCOMM_RS_L2HINT;
 
 // Pusher warps (RsEpilogue::kWarpPush): warp 1 + cw of the producer warpgroup sends consumer
 // warpgroup cw's pushes. Handoff k: the warpgroup waits until handoff k-1 is `freed`, writes
@@ -461,6 +468,7 @@ static_assert(sizeof(RsPushMail) == 32, "a mail's size (RsEpilogue::kFetchAt)");
 inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
                                                 int bytes, int ld, int rounds, bool add_f32) {
   const int lane = threadIdx.x % 32;
+  const uint64_t policy = (kRsL2Hint & 2) != 0 ? l2_policy_evict_first() : 0;
 #pragma unroll 1
   for (int it = 0; it < 32 * rounds; ++it) {
     const int i = it * 32 + lane;
@@ -476,6 +484,10 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
       asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(g),
                    "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)),
                    "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                   : "memory");
+    } else if (policy != 0) {
+      asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(g),
+                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
                    : "memory");
     } else {
       asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y),
@@ -802,7 +814,7 @@ struct RsEpilogue {
       add_sources<float>(acc, row_lo, col0, lo_ok, hi_ok);
     }
     if (o_lo == o_hi) {
-      store_tile_tma<BN, false, kFrag, false, kStagingRounds>(
+      store_tile_tma<BN, false, kFrag, false, kStagingRounds, (kRsL2Hint & 1) != 0>(
           acc, stage, &p->tm_out, cw, static_cast<int>(h0 - own_off), col, true);
       return;
     }
@@ -868,7 +880,12 @@ struct RsEpilogue {
     const int row = kFusedRsSlotPadRows + h0 - static_cast<int>(split_offset(p->M, W, r));
     mbar_arrive_expect_tx(&fetch->bar, static_cast<uint32_t>(boxes) * 8192u);
     for (int b = 0; b < boxes; ++b) {
-      tma_load_2d(stage + b * 8192, &p->tm_recv, &fetch->bar, col + 64 * b, row);
+      if constexpr ((kRsL2Hint & 1) != 0) {
+        tma_load_2d_hint(stage + b * 8192, &p->tm_recv, &fetch->bar, col + 64 * b, row,
+                         l2_policy_evict_first());
+      } else {
+        tma_load_2d(stage + b * 8192, &p->tm_recv, &fetch->bar, col + 64 * b, row);
+      }
     }
     const uint32_t c = fetch->count;
     fetch->state = 1u | (c & 1u) << 1;
