@@ -425,8 +425,9 @@ inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch
 
 // Bench-only diagnostics (-DFUSEDCOMM_RS_DIAG=bits; fused/NOTES.md "Run 13"): what slows the
 // fused kernel's main loops against the GEMM alone. 1: no early fetch (rs_geometry); 2: the
-// pusher warps store nothing (the flags still rise); 4: own half-tiles add nothing. Bits 2 and
-// 4 give wrong sums: timing only.
+// pusher warps store nothing (the flags still rise); 4: own half-tiles add nothing; 8: the
+// pusher warps store into this rank's own memory instead of the owner's (local, not NVLink).
+// Bits 2, 4 and 8 give wrong sums: timing only.
 #ifndef FUSEDCOMM_RS_DIAG
 #define FUSEDCOMM_RS_DIAG 0
 #endif
@@ -438,6 +439,12 @@ constexpr int kRsDiag = FUSEDCOMM_RS_DIAG;
 #define FUSEDCOMM_RS_L2HINT 0
 #endif
 constexpr int kRsL2Hint = FUSEDCOMM_RS_L2HINT;
+// Bench switch -DFUSEDCOMM_RS_PUSH_PACE_NS=N: the pusher warps sleep N ns after every 2 KiB of
+// stores, so that fewer of its NVLink stores are in flight at once (fused/NOTES.md "Run 13").
+#ifndef FUSEDCOMM_RS_PUSH_PACE_NS
+#define FUSEDCOMM_RS_PUSH_PACE_NS 0
+#endif
+constexpr int kRsPushPaceNs = FUSEDCOMM_RS_PUSH_PACE_NS;
 
 // Pusher warps (RsEpilogue::kWarpPush): warp 1 + cw of the producer warpgroup sends consumer
 // warpgroup cw's pushes. Handoff k: the warpgroup waits until handoff k-1 is `freed`, writes
@@ -493,6 +500,9 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
       asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y),
                    "r"(v.z), "r"(v.w)
                    : "memory");
+    }
+    if constexpr (kRsPushPaceNs > 0) {
+      if ((it & 3) == 3) __nanosleep(kRsPushPaceNs);
     }
   }
 }
@@ -1040,7 +1050,7 @@ struct RsEpilogue {
     const int64_t slot = p->accumulate ? 0 : (r < o ? r : r - 1);
     constexpr int kESize = kF32 ? 4 : 2, kElems = 16 / kESize;  // elements per 16-byte chunk
     // The handoff's row h0, column col in o's slot (h0 may precede o's rows: never stored).
-    char* const at = reinterpret_cast<char*>(d.base[o] + d.data_offset + p->ws_offset) +
+    char* const at = reinterpret_cast<char*>(d.base[(kRsDiag & 8) ? r : o] + d.data_offset + p->ws_offset) +
                      (slot * static_cast<int64_t>(p->slot_elems) +
                       static_cast<int64_t>(kFusedRsSlotPadRows + h0 - off) * p->N + col) *
                          kESize;
