@@ -33,6 +33,8 @@ fi
 world=${2:-2}
 OUT=${OUT:-/tmp/etr_out}; o=$OUT/etr; mkdir -p "$o"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# At most ~8 files come back: all but the trace logs go into one archive.
+trap 'kernels/bench/pack_out.sh "$OUT" etr_rest.tar.xz "etr/trace_*.log"' EXIT
 echo "commit $(cat $out/commit.txt)"
 for b in $(ls $out | grep -v commit.txt); do
   if [ -x $out/$b/gpu_fused_test ]; then
@@ -47,6 +49,7 @@ import re, sys, glob, os
 pat = re.compile(r"engine_trace (\S+) (.+?) (ours_\w+) rank 0: launch ([\d.]+) us.*?SM clock p50 (\d+) MHz.*?"
                  r"epilogue ([\d.]+), first-stage wait ([\d.]+)\), main loop ([\d.]+) us")
 print(f"{'build':5} {'op':18} {'shape':20} {'impl':11} {'launch us':>19} {'MHz':>11} {'main loop us':>15} {'epilogue us':>13}")
+all_rows = {}
 for log in sorted(glob.glob(os.path.join(sys.argv[1], "trace_*.log"))):
     b = os.path.basename(log)[6:-4]
     rows = {}
@@ -58,4 +61,17 @@ for log in sorted(glob.glob(os.path.join(sys.argv[1], "trace_*.log"))):
     for (op, shape, impl), v in rows.items():
         f = lambda i, fmt: "/".join(fmt.format(x[i]) for x in v)
         print(f"{b:5} {op:18} {shape:20} {impl:11} {f(0, '{:.0f}'):>19} {f(1, '{}'):>11} {f(2, '{:.2f}'):>15} {f(3, '{:.2f}'):>13}")
+    all_rows[b] = rows
+# Main-loop cycles per tile (MHz x us, both traces), fused over GEMM alone, per build and shape.
+builds = sorted(all_rows)
+shapes = sorted({(op, sh) for r in all_rows.values() for (op, sh, _) in r})
+print("main-loop cycles per tile, ours_fused / ours_gemm:")
+print(f"{'op':18} {'shape':20}" + "".join(f"{b:>8}" for b in builds))
+for op, sh in shapes:
+    line = f"{op:18} {sh:20}"
+    for b in builds:
+        f, g = all_rows[b].get((op, sh, "ours_fused")), all_rows[b].get((op, sh, "ours_gemm"))
+        cyc = lambda v: sum(x[1] * x[2] for x in v) / len(v)
+        line += f"{cyc(f) / cyc(g):8.3f}" if f and g and cyc(g) > 0 else f"{'-':>8}"
+    print(line)
 PY
