@@ -24,7 +24,7 @@ fi
 [ -d $out ] || tar xJf build/pace.tar.xz -C build || { echo "no build/pace.tar.xz: build first"; exit 1; }
 OUT=${OUT:-/tmp/pace_out}; o=$OUT/pace; mkdir -p "$o"
 echo "commit $(cat $out/commit.txt)"
-bins=$(ls -d $out/p* | sort -t p -k2 -n | tr '\n' ' ')
+bins=$(ls $out | grep '^p[0-9]' | sort -k1.2n | sed "s|^|$out/|" | tr '\n' ' ')
 OUT=$o FC_DEADLINE_S=420 $here/local_run.sh "$bins" "${2:-2}" rs "bf16 f32" full 2 > "$o/local_report.md"
 python3 - "$o/local.jsonl" <<'PY'
 import json, statistics, sys
