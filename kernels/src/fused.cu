@@ -197,6 +197,30 @@ bool rs_accumulates(int world, const GemmRsArgs& a) {
   return world >= 3 && a.partials == RsPartials::kF32AnyOrder;
 }
 
+// Pacing of the pusher warps' NVLink stores (RsParams::push_pace_ns). Their stores in flight slow
+// the GEMM's main loops on the same SM (2 x H200, W = 2: the main loops took 1.06-1.20 x the GEMM
+// alone's cycles per tile at the mid shapes, 1.03-1.07 x with the same stores into local
+// memory; bench/fused/NOTES.md "Run 13"), so the pusher spreads a handoff over part of the next
+// tile's main loop instead of issuing it at once: a sleep after every 2 KiB. Bench switches:
+// FUSEDCOMM_RS_PUSH_PACE_NS = a fixed sleep; FUSEDCOMM_RS_PUSH_SPREAD_PCT = the share of the next
+// tile's main loop (estimated from K at ~1.5 GHz: BN * K / 24 ns) over which to spread.
+#ifndef FUSEDCOMM_RS_PUSH_PACE_NS
+#define FUSEDCOMM_RS_PUSH_PACE_NS 0
+#endif
+#ifndef FUSEDCOMM_RS_PUSH_SPREAD_PCT
+#define FUSEDCOMM_RS_PUSH_SPREAD_PCT 0
+#endif
+uint32_t rs_push_pace_ns(int W, const GemmRsArgs& a, const RsParams& p) {
+  // bf16 partials only: a half-tile is one handoff there, so the consumer never waits for the
+  // pusher within a tile (with fp32 partials it does, and pacing measured slower).
+  if (W != 2 || !p.bf16_partials) return 0;
+  if (FUSEDCOMM_RS_PUSH_PACE_NS > 0) return FUSEDCOMM_RS_PUSH_PACE_NS;
+  if (FUSEDCOMM_RS_PUSH_SPREAD_PCT <= 0) return 0;
+  const double tile_ns = static_cast<double>(p.tile_n) * a.K / 24.0;
+  const int chunks = p.tile_n / 16;  // 2 KiB pieces of a 64-row bf16 half-tile
+  return static_cast<uint32_t>(tile_ns * FUSEDCOMM_RS_PUSH_SPREAD_PCT / 100.0 / chunks);
+}
+
 // The fused kernel's geometry (detail/fused_gemm.cuh, gemmReduceScatter), all but the device
 // handle, pointers and tensor maps. The tile width comes from M, N and the SM count only (never
 // K_r): every rank must sweep the same tile grid, since flags are per half-tile and tile column
@@ -220,6 +244,7 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   // One received slot of bf16 partials, which the staging buffer holds (the pusher warps' two
   // rounds) or half of (the TMA pushes' one): detail/fused_gemm.cuh, "Early fetch".
   p.prefetch = W == 2 && p.bf16_partials && cnt > 0 && !(detail::kRsDiag & 1) ? 1 : 0;
+  p.push_pace_ns = rs_push_pace_ns(W, a, p);
 #ifdef FUSEDCOMM_RS_INTERLEAVE  // bench switch (detail/fused_gemm.cuh, rs_interleaved)
   p.interleave = W == 2 && a.M % (2 * detail::kTileM) == 0 ? 1 : 0;
 #endif

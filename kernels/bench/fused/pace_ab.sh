@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A/B of the pusher's pacing (-DFUSEDCOMM_RS_PUSH_PACE_NS, fused_gemm.cuh) for the fused
 # gemmReduceScatter at W = 2 over NVLink, in one device call (~5 min on 2 x H200):
-#   build (CPU machine): kernels/bench/fused/pace_ab.sh build [ns ...]  -> build/pace.tar.xz
+#   build (CPU machine): kernels/bench/fused/pace_ab.sh build [name=FLAGS ...]  -> build/pace.tar.xz
 #   run   (GPU host):    kernels/bench/fused/pace_ab.sh run [rounds=2]  -> $OUT/pace/*
-# Runs local_run.sh over the builds round by round (bf16 and fp32 partials, the 12 TP-2 shapes)
+# Runs local_run.sh over the builds round by round (bf16 and fp32 partials, or FC_PACE_PARTIALS;
+# the 12 TP-2 shapes)
 # and prints per shape and partials each build's median fused time over the first build's, and
 # its fused / GEMM.
 set -uo pipefail
@@ -11,11 +12,16 @@ cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/pace
 if [ "${1:-run}" = build ]; then
-  shift; paces=("$@"); [ ${#paces[@]} -gt 0 ] || paces=(0 300 500 1000)
+  # Builds as name=FLAGS, in the order given (the first is the reference); by default fixed paces.
+  shift; builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(p0= p300=-DFUSEDCOMM_RS_PUSH_PACE_NS=300 \
+    p500=-DFUSEDCOMM_RS_PUSH_PACE_NS=500 p1000=-DFUSEDCOMM_RS_PUSH_PACE_NS=1000)
   rm -rf $out && mkdir -p $out
-  for v in "${paces[@]}"; do
-    FC_NVCC_FLAGS="-DFUSEDCOMM_RS_PUSH_PACE_NS=$v" $here/build.sh build/pace$v | tail -1 || exit 1
-    mkdir -p $out/p$v && cp build/pace$v/fused_bench $out/p$v/
+  i=0
+  for b in "${builds[@]}"; do
+    name=${b%%=*}
+    FC_NVCC_FLAGS="${b#*=}" $here/build.sh build/pace-$name | tail -1 || exit 1
+    mkdir -p $out/$i-$name && cp build/pace-$name/fused_bench $out/$i-$name/
+    i=$((i + 1))
   done
   strip --strip-unneeded $out/*/*
   git rev-parse --short HEAD > $out/commit.txt
@@ -24,8 +30,8 @@ fi
 [ -d $out ] || tar xJf build/pace.tar.xz -C build || { echo "no build/pace.tar.xz: build first"; exit 1; }
 OUT=${OUT:-/tmp/pace_out}; o=$OUT/pace; mkdir -p "$o"
 echo "commit $(cat $out/commit.txt)"
-bins=$(ls $out | grep '^p[0-9]' | sort -k1.2n | sed "s|^|$out/|" | tr '\n' ' ')
-OUT=$o FC_DEADLINE_S=420 $here/local_run.sh "$bins" "${2:-2}" rs "bf16 f32" full 2 > "$o/local_report.md"
+bins=$(ls $out | grep -v commit.txt | sort -n | sed "s|^|$out/|" | tr '\n' ' ')
+OUT=$o FC_DEADLINE_S=420 $here/local_run.sh "$bins" "${2:-2}" rs "${FC_PACE_PARTIALS:-bf16 f32}" full 2 > "$o/local_report.md"
 python3 - "$o/local.jsonl" <<'PY'
 import json, statistics, sys
 rows, builds = {}, []

@@ -396,6 +396,8 @@ struct RsParams {
   int tile_n;           // the GEMM's tile width, the same on every rank
   int n_blocks;         // tile columns
   int own_b0, own_nb;   // this rank's M-blocks: those holding any of its rows
+  // The pusher warps' sleep after every 2 KiB of stores (0: none): rs_geometry's pacing.
+  uint32_t push_pace_ns;
   int halves;           // half-tile rows of one slot's flags (ceil(ceil(M/W) / 64) + 1)
   int bf16_partials;    // 1: the pushed partials are bf16, else fp32
   // Own half-tiles fetch their one received slot early ("Early fetch" above; W = 2, bf16
@@ -439,12 +441,6 @@ constexpr int kRsDiag = FUSEDCOMM_RS_DIAG;
 #define FUSEDCOMM_RS_L2HINT 0
 #endif
 constexpr int kRsL2Hint = FUSEDCOMM_RS_L2HINT;
-// Bench switch -DFUSEDCOMM_RS_PUSH_PACE_NS=N: the pusher warps sleep N ns after every 2 KiB of
-// stores, so that fewer of its NVLink stores are in flight at once (fused/NOTES.md "Run 13").
-#ifndef FUSEDCOMM_RS_PUSH_PACE_NS
-#define FUSEDCOMM_RS_PUSH_PACE_NS 0
-#endif
-constexpr int kRsPushPaceNs = FUSEDCOMM_RS_PUSH_PACE_NS;
 
 // Pusher warps (RsEpilogue::kWarpPush): warp 1 + cw of the producer warpgroup sends consumer
 // warpgroup cw's pushes. Handoff k: the warpgroup waits until handoff k-1 is `freed`, writes
@@ -472,8 +468,10 @@ static_assert(sizeof(RsPushMail) == 32, "a mail's size (RsEpilogue::kFetchAt)");
 // 16 bytes per lane and instruction: a warp writes 4 rows × 128 B at a time. add_f32: vector
 // fp32 reduce-adds instead of stores (an accumulating slot). Out of line: the producer
 // warpgroup's 56 registers (RegisterSplit).
+// pace_ns > 0: a sleep after every 2 KiB (RsParams::push_pace_ns).
 inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
-                                                int bytes, int ld, int rounds, bool add_f32) {
+                                                int bytes, int ld, int rounds, bool add_f32,
+                                                uint32_t pace_ns) {
   const int lane = threadIdx.x % 32;
   const uint64_t policy = (kRsL2Hint & 2) != 0 ? l2_policy_evict_first() : 0;
 #pragma unroll 1
@@ -501,9 +499,7 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
                    "r"(v.z), "r"(v.w)
                    : "memory");
     }
-    if constexpr (kRsPushPaceNs > 0) {
-      if ((it & 3) == 3) __nanosleep(kRsPushPaceNs);
-    }
+    if (pace_ns != 0 && (it & 3) == 3) __nanosleep(pace_ns);
   }
 }
 
@@ -1056,7 +1052,7 @@ struct RsEpilogue {
                          kESize;
     push_chunks(smem_u32(stage), at, max(off - h0, 0), end - h0,
                 min(rounds * 16 * kElems, p->N - col) * kESize, p->N * kESize, rounds,
-                kF32 && p->accumulate);
+                kF32 && p->accumulate, p->push_pace_ns);
   }
 };
 
