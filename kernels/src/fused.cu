@@ -198,22 +198,28 @@ bool rs_accumulates(int world, const GemmRsArgs& a) {
 }
 
 // Pacing of the pusher warps' NVLink stores (RsParams::push_pace_ns). Their stores in flight slow
-// the GEMM's main loops on the same SM (2 x H200, W = 2: the main loops took 1.06-1.20 x the GEMM
-// alone's cycles per tile at the mid shapes, 1.03-1.07 x with the same stores into local
-// memory; bench/fused/NOTES.md "Run 13"), so the pusher spreads a handoff over part of the next
-// tile's main loop instead of issuing it at once: a sleep after every 2 KiB. Bench switches:
-// FUSEDCOMM_RS_PUSH_PACE_NS = a fixed sleep; FUSEDCOMM_RS_PUSH_SPREAD_PCT = the share of the next
-// tile's main loop (estimated from K at ~1.5 GHz: BN * K / 24 ns) over which to spread.
+// the GEMM's main loops on the same SM: on 2 x H200 at W = 2 the main loops took 1.06-1.20 x
+// the GEMM alone's cycles per tile at the mid shapes, and 1.03-1.07 x with the same stores into
+// local memory (bench/fused/NOTES.md "Run 13"). So the pusher spreads a handoff over a share of
+// the next tile's main loop (estimated from K at ~1.5 GHz: BN * K / 24 ns) instead of issuing
+// it at once: a sleep after every 2 KiB. A/B on 2 x H200, bf16 partials, 3 rounds: a quarter of
+// the main loop took 0.92-1.00 x the unpaced time at the shapes kAuto runs fused (geomean 0.98),
+// and cost up to 2.3 x at one- and two-wave shapes, where the own tiles wait for the pushes: so
+// only from 3 waves of tiles. Bench switches: FUSEDCOMM_RS_PUSH_SPREAD_PCT (0: off),
+// FUSEDCOMM_RS_PUSH_PACE_NS (a fixed sleep instead).
 #ifndef FUSEDCOMM_RS_PUSH_PACE_NS
 #define FUSEDCOMM_RS_PUSH_PACE_NS 0
 #endif
 #ifndef FUSEDCOMM_RS_PUSH_SPREAD_PCT
-#define FUSEDCOMM_RS_PUSH_SPREAD_PCT 0
+#define FUSEDCOMM_RS_PUSH_SPREAD_PCT 25
 #endif
-uint32_t rs_push_pace_ns(int W, const GemmRsArgs& a, const RsParams& p) {
-  // bf16 partials only: a half-tile is one handoff there, so the consumer never waits for the
-  // pusher within a tile (with fp32 partials it does, and pacing measured slower).
-  if (W != 2 || !p.bf16_partials) return 0;
+uint32_t rs_push_pace_ns(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
+  // W = 2 only (W >= 3 not measured yet); bf16 partials only: a half-tile is one handoff there,
+  // so the consumer never waits for the pusher within a tile (with fp32 partials it does, and a
+  // fixed pace measured 1.00-1.07 x slower).
+  if (d.world != 2 || !p.bf16_partials) return 0;
+  const int64_t tiles = static_cast<int64_t>(ceil_div(a.M, detail::kTileM)) * p.n_blocks;
+  if (tiles < 3 * static_cast<int64_t>(device_sms(d))) return 0;
   if (FUSEDCOMM_RS_PUSH_PACE_NS > 0) return FUSEDCOMM_RS_PUSH_PACE_NS;
   if (FUSEDCOMM_RS_PUSH_SPREAD_PCT <= 0) return 0;
   const double tile_ns = static_cast<double>(p.tile_n) * a.K / 24.0;
@@ -243,8 +249,8 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.accumulate = rs_accumulates(W, a) ? 1 : 0;
   // One received slot of bf16 partials, which the staging buffer holds (the pusher warps' two
   // rounds) or half of (the TMA pushes' one): detail/fused_gemm.cuh, "Early fetch".
-  p.prefetch = W == 2 && p.bf16_partials && cnt > 0 && !(detail::kRsDiag & 1) ? 1 : 0;
-  p.push_pace_ns = rs_push_pace_ns(W, a, p);
+  p.prefetch = W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
+  p.push_pace_ns = rs_push_pace_ns(d, a, p);
 #ifdef FUSEDCOMM_RS_INTERLEAVE  // bench switch (detail/fused_gemm.cuh, rs_interleaved)
   p.interleave = W == 2 && a.M % (2 * detail::kTileM) == 0 ? 1 : 0;
 #endif

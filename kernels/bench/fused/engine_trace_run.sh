@@ -3,21 +3,20 @@
 # -DFC_GEMM_TRACE: engine_trace), on a host with 2+ GPUs, in one device call (~1-2 min at W = 2):
 #   build (CPU machine): kernels/bench/fused/engine_trace_run.sh build -> build/etr.tar.xz (carry it)
 #   run   (GPU host):    kernels/bench/fused/engine_trace_run.sh run [world=2] -> $OUT/etr/*
-# Builds (each with -DFC_GEMM_TRACE; `build name=FLAGS ...` for others, FC_ETR_TEST=name to carry
-# that build's gpu_fused_test too, run first): d0 the default kernels; d1, d2, d4, d7 with
-# -DFUSEDCOMM_RS_DIAG=1/2/4/7 (fused_gemm.cuh: no early fetch / pushes store nothing / own
-# half-tiles add nothing / all three; timing only). Prints per build, shape and impl rank 0's
-# two traces of gemmReduceScatter (bf16 partials): the launch, the SM clock (cycles over ns),
-# the main loop and the epilogue per tile.
+# Builds (each with -DFC_GEMM_TRACE): `build name=FLAGS ...` (default: def, the default kernels);
+# FC_ETR_TEST=name carries that build's gpu_fused_test too (run first). Run 13's diagnostic
+# switches (FUSEDCOMM_RS_DIAG, FUSEDCOMM_RS_L2HINT; fused/NOTES.md "Run 13") stand at ab11138.
+# Prints per build, shape and impl rank 0's two traces of gemmReduceScatter (bf16 partials): the
+# launch, the SM clock (cycles over ns), the main loop and the epilogue per tile; then the
+# main-loop cycles per tile of ours_fused over ours_gemm.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/etr
 if [ "${1:-run}" = build ]; then
   shift
-  # Builds as name=FLAGS (each also gets -DFC_GEMM_TRACE); by default the diagnostics above.
-  builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(d0= d1=-DFUSEDCOMM_RS_DIAG=1 \
-    d2=-DFUSEDCOMM_RS_DIAG=2 d4=-DFUSEDCOMM_RS_DIAG=4 d7=-DFUSEDCOMM_RS_DIAG=7)
+  # Builds as name=FLAGS (each also gets -DFC_GEMM_TRACE).
+  builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(def=)
   rm -rf $out && mkdir -p $out
   for b in "${builds[@]}"; do
     name=${b%%=*}

@@ -425,23 +425,6 @@ inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch
   comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
-// Bench-only diagnostics (-DFUSEDCOMM_RS_DIAG=bits; fused/NOTES.md "Run 13"): what slows the
-// fused kernel's main loops against the GEMM alone. 1: no early fetch (rs_geometry); 2: the
-// pusher warps store nothing (the flags still rise); 4: own half-tiles add nothing; 8: the
-// pusher warps store into this rank's own memory instead of the owner's (local, not NVLink).
-// Bits 2, 4 and 8 give wrong sums: timing only.
-#ifndef FUSEDCOMM_RS_DIAG
-#define FUSEDCOMM_RS_DIAG 0
-#endif
-constexpr int kRsDiag = FUSEDCOMM_RS_DIAG;
-// Bench switch -DFUSEDCOMM_RS_L2HINT=bits (fused/NOTES.md "Run 13"): L2 evict-first policies for
-// the data the kernel moves besides its operands, which slows its main loops (1: own half-tiles'
-// early fetch and output stores; 2: the pusher warps' stores into the owners' slots).
-#ifndef FUSEDCOMM_RS_L2HINT
-#define FUSEDCOMM_RS_L2HINT 0
-#endif
-constexpr int kRsL2Hint = FUSEDCOMM_RS_L2HINT;
-
 // Pusher warps (RsEpilogue::kWarpPush): warp 1 + cw of the producer warpgroup sends consumer
 // warpgroup cw's pushes. Handoff k: the warpgroup waits until handoff k-1 is `freed`, writes
 // the staging buffer (2 rounds: a bf16 half-tile, or half an fp32 one) and this mail, and
@@ -467,13 +450,12 @@ static_assert(sizeof(RsPushMail) == 32, "a mail's size (RsEpilogue::kFetchAt)");
 // 64 rows of 128 B, 16-byte chunk c of row i at c ^ (i % 8)) to `at` (row i at at + i * ld),
 // 16 bytes per lane and instruction: a warp writes 4 rows × 128 B at a time. add_f32: vector
 // fp32 reduce-adds instead of stores (an accumulating slot). Out of line: the producer
-// warpgroup's 56 registers (RegisterSplit).
-// pace_ns > 0: a sleep after every 2 KiB (RsParams::push_pace_ns).
+// warpgroup's 56 registers (RegisterSplit). pace_ns > 0: a sleep after every 2 KiB
+// (RsParams::push_pace_ns).
 inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
                                                 int bytes, int ld, int rounds, bool add_f32,
                                                 uint32_t pace_ns) {
   const int lane = threadIdx.x % 32;
-  const uint64_t policy = (kRsL2Hint & 2) != 0 ? l2_policy_evict_first() : 0;
 #pragma unroll 1
   for (int it = 0; it < 32 * rounds; ++it) {
     const int i = it * 32 + lane;
@@ -489,10 +471,6 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
       asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(g),
                    "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)),
                    "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
-                   : "memory");
-    } else if (policy != 0) {
-      asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(g),
-                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
                    : "memory");
     } else {
       asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y),
@@ -804,8 +782,7 @@ struct RsEpilogue {
     const bool lo_ok = row_lo >= own_off && row_lo < own_end;
     const bool hi_ok = row_lo + 8 >= own_off && row_lo + 8 < own_end;
     const uint32_t fetched = *reinterpret_cast<volatile uint32_t*>(&fetch->state);
-    if (kRsDiag & 4) {
-    } else if (p->bf16_partials) {
+    if (p->bf16_partials) {
       if (fetched & 1) {
         add_fetched(acc, stage);
         // Columns that did not fit the staging buffer: loaded from the slot.
@@ -820,7 +797,7 @@ struct RsEpilogue {
       add_sources<float>(acc, row_lo, col0, lo_ok, hi_ok);
     }
     if (o_lo == o_hi) {
-      store_tile_tma<BN, false, kFrag, false, kStagingRounds, (kRsL2Hint & 1) != 0>(
+      store_tile_tma<BN, false, kFrag, false, kStagingRounds>(
           acc, stage, &p->tm_out, cw, static_cast<int>(h0 - own_off), col, true);
       return;
     }
@@ -886,12 +863,7 @@ struct RsEpilogue {
     const int row = kFusedRsSlotPadRows + h0 - static_cast<int>(split_offset(p->M, W, r));
     mbar_arrive_expect_tx(&fetch->bar, static_cast<uint32_t>(boxes) * 8192u);
     for (int b = 0; b < boxes; ++b) {
-      if constexpr ((kRsL2Hint & 1) != 0) {
-        tma_load_2d_hint(stage + b * 8192, &p->tm_recv, &fetch->bar, col + 64 * b, row,
-                         l2_policy_evict_first());
-      } else {
-        tma_load_2d(stage + b * 8192, &p->tm_recv, &fetch->bar, col + 64 * b, row);
-      }
+      tma_load_2d(stage + b * 8192, &p->tm_recv, &fetch->bar, col + 64 * b, row);
     }
     const uint32_t c = fetch->count;
     fetch->state = 1u | (c & 1u) << 1;
@@ -1004,8 +976,7 @@ struct RsEpilogue {
         if (!ok) continue;  // recorded: the launch has failed
         sent |= 1u << o;
         t0 = rs_trace_clock();
-        if (kRsDiag & 2) {
-        } else if (p->bf16_partials) {
+        if (p->bf16_partials) {
           send_rows<false>(stage, o, h0, h1, col, rounds);
         } else {
           send_rows<true>(stage, o, h0, h1, col, rounds);
@@ -1046,7 +1017,7 @@ struct RsEpilogue {
     const int64_t slot = p->accumulate ? 0 : (r < o ? r : r - 1);
     constexpr int kESize = kF32 ? 4 : 2, kElems = 16 / kESize;  // elements per 16-byte chunk
     // The handoff's row h0, column col in o's slot (h0 may precede o's rows: never stored).
-    char* const at = reinterpret_cast<char*>(d.base[(kRsDiag & 8) ? r : o] + d.data_offset + p->ws_offset) +
+    char* const at = reinterpret_cast<char*>(d.base[o] + d.data_offset + p->ws_offset) +
                      (slot * static_cast<int64_t>(p->slot_elems) +
                       static_cast<int64_t>(kFusedRsSlotPadRows + h0 - off) * p->N + col) *
                          kESize;

@@ -613,9 +613,7 @@ __device__ __forceinline__ void stage_round(const float (&acc)[kFrag], uint8_t* 
     }
   }
 }
-// kEvictFirst: the stores carry an L2 evict-first policy (output read by no one in the launch).
-template <int BN, bool kF32, int kFrag, bool kReduce = false, int kBufRounds = 1,
-          bool kEvictFirst = false>
+template <int BN, bool kF32, int kFrag, bool kReduce = false, int kBufRounds = 1>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
                                                const CUtensorMap* tm, int cw, int row, int col,
                                                bool issue) {
@@ -637,10 +635,6 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_
       if constexpr (kReduce) {
         tma_reduce_add_2d(tm, part, c, row);
         tma_reduce_add_2d(tm, part + 8192, c + kColsPerRound / 2, row);
-      } else if constexpr (kEvictFirst) {
-        const uint64_t policy = l2_policy_evict_first();
-        tma_store_2d_hint(tm, part, c, row, policy);
-        tma_store_2d_hint(tm, part + 8192, c + kColsPerRound / 2, row, policy);
       } else {
         tma_store_2d(tm, part, c, row);
         tma_store_2d(tm, part + 8192, c + kColsPerRound / 2, row);

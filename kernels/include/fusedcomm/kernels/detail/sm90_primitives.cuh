@@ -108,23 +108,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// An L2 cache policy that evicts the lines it touches first (createpolicy): for data that is
-// read or written once, so that it does not push a GEMM's operands out of L2.
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-// tma_load_2d with an L2 cache policy (l2_policy_evict_first).
-__device__ __forceinline__ void tma_load_2d_hint(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                                 int32_t c0, int32_t c1, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "l"(policy)
-      : "memory");
-}
-
 // tma_load_2d into the same CTA-relative offset of every CTA in `cta_mask` (cluster ranks),
 // completing `bytes` on the mbarrier at bar's offset in each of them.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
@@ -144,15 +127,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
                    "l"(reinterpret_cast<uint64_t>(map)),
                "r"(smem_u32(src)), "r"(c0), "r"(c1)
                : "memory");
-}
-// tma_store_2d with an L2 cache policy (l2_policy_evict_first).
-__device__ __forceinline__ void tma_store_2d_hint(const CUtensorMap* map, const void* src,
-                                                  int32_t c0, int32_t c1, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;" ::
-          "l"(reinterpret_cast<uint64_t>(map)),
-      "r"(smem_u32(src)), "r"(c0), "r"(c1), "l"(policy)
-      : "memory");
 }
 // As tma_store_2d, but the box is added into global memory (element type from the map; the
 // adds are atomic per element, in no defined order between different bulk operations).
