@@ -213,11 +213,14 @@ bool rs_accumulates(int world, const GemmRsArgs& a) {
 #ifndef FUSEDCOMM_RS_PUSH_SPREAD_PCT
 #define FUSEDCOMM_RS_PUSH_SPREAD_PCT 25
 #endif
+#ifndef FUSEDCOMM_RS_PUSH_PACE_ALL_W  // bench switch: pace at W >= 3 too (the W = 4 A/B)
+#define FUSEDCOMM_RS_PUSH_PACE_ALL_W 0
+#endif
 uint32_t rs_push_pace_ns(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
   // W = 2 only (W >= 3 not measured yet); bf16 partials only: a half-tile is one handoff there,
   // so the consumer never waits for the pusher within a tile (with fp32 partials it does, and a
   // fixed pace measured 1.00-1.07 x slower).
-  if (d.world != 2 || !p.bf16_partials) return 0;
+  if ((d.world != 2 && !FUSEDCOMM_RS_PUSH_PACE_ALL_W) || d.world < 2 || !p.bf16_partials) return 0;
   const int64_t tiles = static_cast<int64_t>(ceil_div(a.M, detail::kTileM)) * p.n_blocks;
   if (tiles < 3 * static_cast<int64_t>(device_sms(d))) return 0;
   if (FUSEDCOMM_RS_PUSH_PACE_NS > 0) return FUSEDCOMM_RS_PUSH_PACE_NS;

@@ -2,7 +2,7 @@
 # A/B of the pusher's pacing (-DFUSEDCOMM_RS_PUSH_PACE_NS, fused_gemm.cuh) for the fused
 # gemmReduceScatter at W = 2 over NVLink, in one device call (~5 min on 2 x H200):
 #   build (CPU machine): kernels/bench/fused/pace_ab.sh build [name=FLAGS ...]  -> build/pace.tar.xz
-#   run   (GPU host):    kernels/bench/fused/pace_ab.sh run [rounds=2]  -> $OUT/pace/*
+#   run   (GPU host):    kernels/bench/fused/pace_ab.sh run [rounds=2] [world=2]  -> $OUT/pace/*
 # Runs local_run.sh over the builds round by round (bf16 and fp32 partials, or FC_PACE_PARTIALS;
 # the 12 TP-2 shapes)
 # and prints per shape and partials each build's median fused time over the first build's, and
@@ -31,7 +31,7 @@ fi
 OUT=${OUT:-/tmp/pace_out}; o=$OUT/pace; mkdir -p "$o"
 echo "commit $(cat $out/commit.txt)"
 bins=$(ls $out | grep -v commit.txt | sort -n | sed "s|^|$out/|" | tr '\n' ' ')
-OUT=$o FC_DEADLINE_S=420 $here/local_run.sh "$bins" "${2:-2}" rs "${FC_PACE_PARTIALS:-bf16 f32}" full 2 > "$o/local_report.md"
+OUT=$o FC_DEADLINE_S=420 $here/local_run.sh "$bins" "${2:-2}" rs "${FC_PACE_PARTIALS:-bf16 f32}" full "${3:-2}" > "$o/local_report.md"
 python3 - "$o/local.jsonl" <<'PY'
 import json, statistics, sys
 rows, builds = {}, []
