@@ -202,25 +202,22 @@ bool rs_accumulates(int world, const GemmRsArgs& a) {
 // the GEMM alone's cycles per tile at the mid shapes, and 1.03-1.07 x with the same stores into
 // local memory (bench/fused/NOTES.md "Run 13"). So the pusher spreads a handoff over a share of
 // the next tile's main loop (estimated from K at ~1.5 GHz: BN * K / 24 ns) instead of issuing
-// it at once: a sleep after every 2 KiB. A/B on 2 x H200, bf16 partials, 3 rounds: a quarter of
-// the main loop took 0.92-1.00 x the unpaced time at the shapes kAuto runs fused (geomean 0.98),
-// and cost up to 2.3 x at one- and two-wave shapes, where the own tiles wait for the pushes: so
-// only from 3 waves of tiles. Bench switches: FUSEDCOMM_RS_PUSH_SPREAD_PCT (0: off),
-// FUSEDCOMM_RS_PUSH_PACE_NS (a fixed sleep instead).
+// it at once: a sleep after every 2 KiB. A/B with bf16 partials, a quarter of the main loop
+// against no pacing, at the shapes kAuto runs fused: 0.92-1.00 x the time on 2 x H200 (W = 2,
+// geomean 0.98), 0.93-1.01 x on 4 x H200 (W = 4); up to 2.3 x slower at one- and two-wave
+// shapes, where the own tiles wait for the pushes: so only from 3 waves of tiles. Bench
+// switches: FUSEDCOMM_RS_PUSH_SPREAD_PCT (0: off), FUSEDCOMM_RS_PUSH_PACE_NS (a fixed sleep).
 #ifndef FUSEDCOMM_RS_PUSH_PACE_NS
 #define FUSEDCOMM_RS_PUSH_PACE_NS 0
 #endif
 #ifndef FUSEDCOMM_RS_PUSH_SPREAD_PCT
 #define FUSEDCOMM_RS_PUSH_SPREAD_PCT 25
 #endif
-#ifndef FUSEDCOMM_RS_PUSH_PACE_ALL_W  // bench switch: pace at W >= 3 too (the W = 4 A/B)
-#define FUSEDCOMM_RS_PUSH_PACE_ALL_W 0
-#endif
 uint32_t rs_push_pace_ns(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
-  // W = 2 only (W >= 3 not measured yet); bf16 partials only: a half-tile is one handoff there,
-  // so the consumer never waits for the pusher within a tile (with fp32 partials it does, and a
-  // fixed pace measured 1.00-1.07 x slower).
-  if ((d.world != 2 && !FUSEDCOMM_RS_PUSH_PACE_ALL_W) || d.world < 2 || !p.bf16_partials) return 0;
+  // bf16 partials only: a half-tile is one handoff there, so the consumer never waits for the
+  // pusher within a tile (with fp32 partials it does, and a fixed pace measured 1.00-1.07 x
+  // slower at W = 2).
+  if (d.world < 2 || !p.bf16_partials) return 0;
   const int64_t tiles = static_cast<int64_t>(ceil_div(a.M, detail::kTileM)) * p.n_blocks;
   if (tiles < 3 * static_cast<int64_t>(device_sms(d))) return 0;
   if (FUSEDCOMM_RS_PUSH_PACE_NS > 0) return FUSEDCOMM_RS_PUSH_PACE_NS;
