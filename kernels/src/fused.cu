@@ -251,9 +251,6 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   // rounds) or half of (the TMA pushes' one): detail/fused_gemm.cuh, "Early fetch".
   p.prefetch = W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
   p.push_pace_ns = rs_push_pace_ns(d, a, p);
-#ifdef FUSEDCOMM_RS_INTERLEAVE  // bench switch (detail/fused_gemm.cuh, rs_interleaved)
-  p.interleave = W == 2 && a.M % (2 * detail::kTileM) == 0 ? 1 : 0;
-#endif
   return p;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A/B builds of the fused gemmReduceScatter on a host with 2 or more GPUs (step 2 below: at
-# W = 2 the default against the interleaved sweep, at W >= 3 the pusher warps, the default since
-# run 9, against the TMA pushes; NOTES.md), with the tests on separate GPUs and the trace, in
+# A/B builds of the fused gemmReduceScatter on a host with 2 or more GPUs (step 2 below: the
+# pusher warps, the default since run 9, against the TMA pushes; NOTES.md), with the tests on
+# separate GPUs and the trace, in
 # ONE device call of ~7 minutes at W = 2:
 #   build (CPU machine): kernels/bench/fused/pusher_ab.sh build   -> build/pab and its archive
 #                        build/pab.tar.xz (~8 MB: carry the archive, the folder is ~85 MB)
@@ -13,13 +13,11 @@
 #   build/pab/coll  coll_bench and gpu_collectives_test (collectives/device_run.sh's bin)
 #   build/pab/trace fused_bench with -DFUSEDCOMM_RS_TRACE (where the fused gemmReduceScatter
 #                   waits, per shape: detail/rs_trace.h)
-#   build/pab/ilv   fused_bench with -DFUSEDCOMM_RS_INTERLEAVE (W = 2: own tiles interleaved
-#                   with the pushes, RsSchedule::coord)
 # Run steps, each with its own timeout:
 #   1. gpu_fused_test of the default build (every world 1..GPUs, on separate GPUs);
-#   2. local_run.sh, 2 rounds, bf16 and fp32 partials, the 12 TP shapes at W = world: at W = 2
-#      the default against the interleaved sweep, at W >= 3 the TMA pushes against the pusher
-#      warps;
+#   2. local_run.sh, 2 rounds, bf16 and fp32 partials, the 12 TP shapes at W = world: the TMA
+#      pushes against the pusher warps (the interleaved sweep that W = 2 used to compare lost in
+#      run 13 and was removed; it stands at 75be861);
 #   3. gpu_proxy_test, gpu_hier_test and gpu_runtime_hosts_test (2 hosts x 1 GPU) on separate
 #      GPUs;
 #   4. the trace build: per TP shape, bf16 partials, where the fused gemmReduceScatter waits
@@ -38,12 +36,10 @@ if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TMA_PUSH $here/build.sh build/pab-tma | tail -1 || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TRACE $here/build.sh build/pab-trace | tail -1 || exit 1
-  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_INTERLEAVE $here/build.sh build/pab-ilv | tail -1 || exit 1
   cmake --build executor-native/target/cmake --target gpu_proxy_test gpu_hier_test gpu_runtime_hosts_test > /dev/null || exit 1
   kernels/bench/collectives/build.sh build/coll-bin > /dev/null || exit 1
-  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll $out/trace $out/ilv
+  rm -rf $out && mkdir -p $out/tma $out/pusher $out/coll $out/trace
   cp build/pab-trace/fused_bench $out/trace/
-  cp build/pab-ilv/fused_bench $out/ilv/
   cp build/pab-def/fused_bench build/pab-def/gpu_fused_test $out/pusher/
   cp build/coll-bin/coll_bench build/coll-bin/gpu_collectives_test $out/coll/
   cp build/pab-tma/fused_bench build/pab-tma/gpu_fused_test $out/tma/
@@ -72,7 +68,7 @@ FC_TEST_JSON=$o/hier.jsonl timeout 60 $out/gpu_hier_test > "$o/gpu_hier_test.log
 grep -E "proxy step" "$o/gpu_hier_test.log"
 timeout 120 $out/gpu_runtime_hosts_test > "$o/gpu_runtime_hosts_test.log" 2>&1; echo "gpu_runtime_hosts_test rc=$?"
 grep -E "^FAIL|missing host|== gpu_runtime" "$o/gpu_runtime_hosts_test.log" | head -8
-ab="$out/tma $out/pusher"; [ "$world" = 2 ] && ab="$out/pusher $out/ilv"
+ab="$out/tma $out/pusher"
 # No outer `timeout` here: it would not reach local_run's own timed runs (each its own process
 # group), which would go on beside the next steps; FC_DEADLINE_S stops it starting new ones.
 OUT=$o FC_DEADLINE_S=300 $here/local_run.sh "$ab" 2 rs "bf16 f32" full "$world" | tail -30

@@ -44,7 +44,8 @@ def grouped_raster(t, rows, group, n_blocks):
 
 
 def interleave_part(t, n_rest, n_own, lead):
-    """rs_interleaved (fused_gemm.cuh): sweep position t -> (own part?, index in that part)."""
+    """The interleaved sweep (fused_gemm.cuh's rs_interleaved until run 13, which measured it
+    slower and removed it; it stands at 75be861): sweep position t -> (own part?, index)."""
     head = min(lead, n_rest)
     if t < head:
         return False, t

@@ -1,32 +1,26 @@
 #!/usr/bin/env bash
 # Where the fused gemmReduceScatter's time over our GEMM alone goes at W = 2, over NVLink
 # (issue 5's target 2 misses at square 8192 and 70B M = 4096; fused/NOTES.md "Run 13"), in ONE
-# device call of ~4 minutes on a 2-GPU host:
+# device call of ~1-2 minutes on a 2-GPU host:
 #   build (CPU machine): kernels/bench/fused/rs_w2_probe.sh build  -> build/r13.tar.xz (carry it)
 #   run   (GPU host):    kernels/bench/fused/rs_w2_probe.sh run    -> $OUT/r13/*
-# Builds in the archive: def (the default fused_bench and gpu_fused_test), ilv
-# (-DFUSEDCOMM_RS_INTERLEAVE: own tiles interleaved with the pushes), trace
-# (-DFUSEDCOMM_RS_TRACE: where the kernel waits).
+# Builds in the archive: def (the default fused_bench) and trace (-DFUSEDCOMM_RS_TRACE: where
+# the kernel waits). Run 13 also A/B-tested the interleaved sweep here (-DFUSEDCOMM_RS_INTERLEAVE,
+# removed after it lost; the script as run stands at 75be861).
 # Run steps:
 #   1. clocks: the default build with --clocks (NVML SM clock and power during every batch) at
 #      square 8192 (allGatherGemm and gemmReduceScatter) and 70B M = 4096 (gemmReduceScatter),
 #      bf16 partials, 100 ms batches: does the GPU clock lower while the fused kernels move data?
-#   2. local_run.sh: the default against the interleaved sweep, 2 rounds, bf16 partials, the 12
-#      TP-2 shapes (never measured over NVLink before);
-#   3. the trace build: per TP-2 shape, where the fused kernel waits (never run at W = 2 on two
-#      GPUs);
-#   4. gpu_fused_test of the interleaved build at W = 1-2 on separate GPUs.
+#   2. the trace build: per TP-2 shape, where the fused kernel waits.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/r13
 if [ "${1:-run}" = build ]; then
   $here/build.sh build/w2-def > /dev/null || exit 1
-  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_INTERLEAVE $here/build.sh build/w2-ilv | tail -1 || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TRACE $here/build.sh build/w2-trace | tail -1 || exit 1
-  rm -rf $out && mkdir -p $out/def $out/ilv $out/trace
+  rm -rf $out && mkdir -p $out/def $out/trace
   cp build/w2-def/fused_bench $out/def/
-  cp build/w2-ilv/fused_bench build/w2-ilv/gpu_fused_test $out/ilv/
   cp build/w2-trace/fused_bench $out/trace/
   strip --strip-unneeded $out/*/*
   git rev-parse --short HEAD > $out/commit.txt
@@ -47,11 +41,8 @@ for sh in "S=8192" "70b M=4096"; do
   echo "clocks $sh rc=$?" | tee -a "$s"
 done
 grep -E "^clocks|W=2" "$o/clocks.log" | sed 's/(ours_fused,ours_decomposed,ours_gemm,ours_collective)//' | tee -a "$s"
-OUT=$o FC_DEADLINE_S=240 $here/local_run.sh "$out/def $out/ilv" 2 rs bf16 full 2 | tail -20 | tee -a "$s"
 timeout 150 $out/trace/fused_bench --world 2 --ops rs --rs-partials bf16 --batches 2 \
   --out "$o/trace_rows.jsonl" > "$o/trace.log" 2>&1; echo "trace rc=$?" | tee -a "$s"
 grep '^rs_trace' "$o/trace.log" | sed 's/(per launch[^)]*)//' >> "$s"
 grep -E 'ours_(fused|gemm) ' "$o/trace.log" >> "$s"
-timeout 150 $out/ilv/gpu_fused_test > "$o/fused_test_ilv.log" 2>&1
-echo "gpu_fused_test (interleaved build) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/fused_test_ilv.log" | tr '\n' ' ')" | tee -a "$s"
 grep '^rs_trace' "$s" | grep -E 'S=8192|70b M=4096' | grep 'rank 0'

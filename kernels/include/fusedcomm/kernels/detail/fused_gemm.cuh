@@ -404,9 +404,6 @@ struct RsParams {
   // partials): tm_recv maps this rank's slot (padding + its rows, × N bf16, 64×64 boxes).
   int prefetch;
   CUtensorMap tm_recv;
-  // Bench switch FUSEDCOMM_RS_INTERLEAVE (W = 2, M a multiple of 256: rs_geometry): the sweep
-  // interleaves the own tiles with the pushes (RsSchedule::coord).
-  int interleave;
 };
 
 // The flag of half-tile (h, n) pushed by `src` into `owner`'s receive slot, in owner's region.
@@ -1027,35 +1024,9 @@ struct RsEpilogue {
   }
 };
 
-// Interleaved sweep (bench switch FUSEDCOMM_RS_INTERLEAVE): the first `lead` positions push,
-// then own and pushed tiles alternate (own first in each pair) while both last, then the rest.
-// Why: the two-part sweep sends every push in the first half of the kernel, at twice the
-// average rate (fp32 partials at W = 2 need about the whole link there: consumers wait for the
-// pushers). No deadlock where the own blocks of the two ranks are disjoint (W = 2, M a multiple
-// of 256) and lead >= 1: own tile k sits at position lead + 2k, and the peer's push of it at
-// position k (k < lead) or lead + 2(k - lead) + 1, always earlier, so the argument above holds
-// with "smallest position" in place of "own blocks after the pushes"
-// (rs_protocol_model.py --pusher --interleave: no deadlock at M = 256..3072, leads 1-8; lead 0
-// and blocks shared by both ranks' rows do deadlock). The lead keeps the peer's pushes about
-// three waves ahead of the own tiles that wait for them.
-constexpr int kRsInterleaveLead = 384;
-// Sweep position t -> its position in the two-part sweep (pushes [0, n_rest), own tiles after).
-__host__ __device__ __forceinline__ int rs_interleaved(int t, int n_rest, int n_own, int lead) {
-  const int head = min(lead, n_rest);
-  if (t < head) return t;
-  const int u = t - head, pairs = min(n_own, n_rest - head);
-  if (u < 2 * pairs) return u % 2 == 0 ? n_rest + u / 2 : head + u / 2;
-  const int v = u - 2 * pairs;
-  return n_own > pairs ? n_rest + pairs + v : head + pairs + v;
-}
-
 // The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
 struct RsSchedule : FusedClaims<RsParams> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
-    if (p->interleave) {
-      t = rs_interleaved(t, (prob.m_blocks - p->own_nb) * prob.n_blocks,
-                         p->own_nb * prob.n_blocks, kRsInterleaveLead);
-    }
     return two_part_raster(prob, t, p->own_b0, p->own_nb, false);
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
