@@ -9,6 +9,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 
 
 def report_args(default_prefix):
@@ -41,6 +42,41 @@ def join_rows(a):
     with open(os.path.join(a.out_dir, a.prefix + ".json"), "w") as f:
         json.dump(rows, f, indent=1)
     return rows, date
+
+
+def merge_rounds(rows, key):
+    """Rows of one (op, world, shape, impl, ...) measured in several rounds (the benches run in
+    alternating order, ours then the baselines and back: device_run.sh's FC_BENCH_ROUNDS) become
+    one row: ms_median the median over the rounds, ms_ranks the per-rank medians, and
+    ms_rounds every round's value. key(row) -> the identity tuple. First-seen order is kept."""
+    groups, order = {}, []
+    for r in rows:
+        k = key(r)
+        if k not in groups:
+            groups[k] = []
+            order.append(k)
+        groups[k].append(r)
+    out = []
+    for k in order:
+        g = groups[k]
+        if len(g) == 1:
+            out.append(g[0])
+            continue
+        m = dict(g[0])
+        vals = [r["ms_median"] for r in g if isinstance(r.get("ms_median"), (int, float))]
+        if vals:
+            m["ms_median"] = statistics.median(vals)
+            m["ms_rounds"] = vals
+            # Rates computed from the time: rescaled to the median.
+            first = g[0].get("ms_median")
+            for rate in ("tflops", "gbps"):
+                if isinstance(m.get(rate), (int, float)) and first and m["ms_median"] > 0:
+                    m[rate] = m[rate] * first / m["ms_median"]
+        per = [r.get("ms_ranks") for r in g if r.get("ms_ranks")]
+        if per and all(len(v) == len(per[0]) for v in per):
+            m["ms_ranks"] = [statistics.median(col) for col in zip(*per)]
+        out.append(m)
+    return out
 
 
 def write_markdown(a, md):

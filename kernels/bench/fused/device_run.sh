@@ -8,6 +8,7 @@
 # FC_RS_PARTIALS=bf16: gemmReduceScatter with bf16 partials (fused_bench --rs-partials), the
 # baselines' numerics; f32any: fp32 partials summed in any order (the accumulating slot at W >= 3).
 # FC_OPS: the ops to time (fused_bench / torch_baselines --ops; default ag,rs; ar: gemmAllReduce).
+# FC_BENCH_ROUNDS: rounds per world, in alternating order (default 1; see below).
 # Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick (on
 # an 8-GPU host, FC_WORLDS=8 with `bench` keeps one call within the 10-minute limit).
 set -uo pipefail
@@ -36,12 +37,22 @@ if [ "$what" != test ]; then
   # The rows go straight to $OUT: a call cut at the device's limit still returns them (the
   # report, which joins them into fused_results.json, comes last).
   rows=$OUT/rows; rm -rf "$rows"; mkdir -p "$rows"
+  # FC_BENCH_ROUNDS=N: N rounds per world in alternating order (ours, torch, torch, ours, ...);
+  # the report takes each impl's median over the rounds (a GPU warms through a run, and power
+  # caps its clock: whoever runs first would otherwise always get the cooler GPU).
+  ours() {
+    echo "== world $w, round $k: ours" | tee -a "$OUT/bench.log"
+    timeout 280 "$bin/fused_bench" --world $w --out "$rows/fused_w${w}_r$k.jsonl" $q --ops "${FC_OPS:-ag,rs}" --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
+  }
+  theirs() {
+    echo "== world $w, round $k: torch" | tee -a "$OUT/bench.log"
+    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out "$rows/torch_w${w}_r$k.jsonl" $q --ops "${FC_OPS:-ag,rs}" >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
+  }
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le "$ngpu" ] || continue
-    echo "== world $w: ours" | tee -a "$OUT/bench.log"
-    timeout 280 "$bin/fused_bench" --world $w --out "$rows/fused_w$w.jsonl" $q --ops "${FC_OPS:-ag,rs}" --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
-    echo "== world $w: torch" | tee -a "$OUT/bench.log"
-    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out "$rows/torch_w$w.jsonl" $q --ops "${FC_OPS:-ag,rs}" >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
+    for k in $(seq 1 "${FC_BENCH_ROUNDS:-1}"); do
+      if [ $((k % 2)) = 1 ]; then ours; theirs; else theirs; ours; fi
+    done
   done
   python3 $here/report.py --out-dir "$OUT" --device "$device" --commit "$commit" --prefix fused_results \
     "$rows"/*.jsonl | tail -60

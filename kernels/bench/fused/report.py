@@ -54,9 +54,22 @@ def partials_sentence(rows):
     return f"Ours reduces {ours}; the NCCL and symmetric-memory baselines reduce bf16 partials."
 
 
+def rounds_sentence(rows):
+    """What FC_BENCH_ROUNDS > 1 did, if it did."""
+    n = max((len(r.get("ms_rounds") or []) for r in rows), default=0)
+    if n < 2:
+        return ""
+    return (f" Each time is the median of {n} rounds run in alternating order (ours, the "
+            "baselines, the baselines, ours, ...), so that neither side always runs first on a "
+            "cooler GPU; fused_results.json keeps every round's row.")
+
+
 def main():
     a = bench_common.report_args("fused_results")
     rows, date = bench_common.join_rows(a)
+    # Several rounds (FC_BENCH_ROUNDS): one row per impl and shape, the median over the rounds.
+    rows = bench_common.merge_rounds(
+        rows, lambda r: (r["op"], r["world"], r["shape"], r["impl"], r.get("partials")))
 
     by = {}
     order = []  # (op, world, shape) in first-seen order (the bench's shape order)
@@ -88,7 +101,7 @@ def main():
           "N = hidden); square S: M = K = S, N_r = S/TP (AG) and M = N = S, K_r = S/TP (RS, AR). "
           "TF/s per GPU = 2*M*N*K / time "
           "with the rank's local N or K. Ratios are time ratios (< 1: ours faster). "
-          + partials_sentence(rows), ""]
+          + partials_sentence(rows) + rounds_sentence(rows), ""]
     summary = defaultdict(list)
     auto_rows = []
     for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce"):
