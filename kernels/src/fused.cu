@@ -205,8 +205,10 @@ bool rs_accumulates(int world, const GemmRsArgs& a) {
 // it at once: a sleep after every 2 KiB. A/B with bf16 partials, a quarter of the main loop
 // against no pacing, at the shapes kAuto runs fused: 0.92-1.00 x the time on 2 x H200 (W = 2,
 // geomean 0.98), 0.93-1.01 x on 4 x H200 (W = 4); up to 2.3 x slower at one- and two-wave
-// shapes, where the own tiles wait for the pushes: so only from 3 waves of tiles. Bench
-// switches: FUSEDCOMM_RS_PUSH_SPREAD_PCT (0: off), FUSEDCOMM_RS_PUSH_PACE_NS (a fixed sleep).
+// shapes, where the own tiles wait for the pushes: so only from 3 waves of tiles. No new wait:
+// a paced pusher is only a slower one, which the deadlock argument (fused_gemm.cuh) and
+// rs_protocol_model.py's random schedules already allow. Bench switches:
+// FUSEDCOMM_RS_PUSH_SPREAD_PCT (0: off), FUSEDCOMM_RS_PUSH_PACE_NS (a fixed sleep).
 #ifndef FUSEDCOMM_RS_PUSH_PACE_NS
 #define FUSEDCOMM_RS_PUSH_PACE_NS 0
 #endif
