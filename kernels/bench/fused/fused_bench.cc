@@ -24,10 +24,12 @@
 // Usage: fused_bench --world W --out ours.jsonl [--quick] [--ops ag,rs,ar] [--ctas N (allGatherGemm)]
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
-//                    [--shared-gpu] [--print-batches] [--clocks]
+//                    [--shared-gpu] [--print-batches] [--clocks] [--split-decomposed]
 // --clocks: every rank samples its GPU's SM clock and power through NVML while each batch runs
 // (gpu_clocks.h) and prints, per shape and impl, the mean clock (min-max), power and
 // clock-event reasons: is a fused kernel's time over our GEMM alone a lower clock?
+// --split-decomposed: every rank also runs the decomposed path's two launches in its order, back
+// to back with events between them, and prints each part's median time inside that sequence.
 // --print-batches: every rank prints, per shape and impl, its batches' per-launch times in the
 // order they ran (does a process stay in one mode?).
 // --shared-gpu: every rank on GPU 0 (a one-GPU host checks the bench's own mechanics at W > 1;
@@ -163,6 +165,7 @@ struct Options {
   bool shared_gpu = false;  // --shared-gpu: every rank on GPU 0 (the bench's mechanics only)
   bool print_batches = false;  // --print-batches: every rank prints each impl's batch times
   bool clocks = false;         // --clocks: NVML samples of the SM clock during each batch
+  bool split_decomposed = false;  // --split-decomposed: the decomposed pair with events between
 };
 
 const char* algo_name(k::FusedAlgo a) {
@@ -771,6 +774,53 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     std::string what = s.op + " " + s.label + " (";
     for (size_t i = 0; i < impls.size(); ++i) what += (i ? "," : "") + std::string(impls[i].name);
     const std::vector<double> ms_of = time_ops(launches, iters_of, what + ")");
+    if (o.split_decomposed && !is_ar) {
+      // The decomposed path's two launches in its order (allGatherGemm: the allGather, then the
+      // GEMM; gemmReduceScatter: the GEMM, then the reduceScatter), back to back, with events
+      // between them: each part's time inside the sequence against its time alone.
+      const auto find = [&](const char* name) {
+        for (const Impl& im : impls) {
+          if (std::string(im.name) == name) return im.launch;
+        }
+        return std::function<void()>{};
+      };
+      const std::function<void()> first = find(is_ag ? "ours_collective" : "ours_gemm");
+      const std::function<void()> second = find(is_ag ? "ours_gemm" : "ours_collective");
+      constexpr int kPairs = 40;
+      std::vector<cudaEvent_t> ev(3 * kPairs);
+      for (cudaEvent_t& e : ev) CK(cudaEventCreate(&e));
+      CK(cudaStreamSynchronize(st));
+      g.barrier();
+      for (int i = 0; i < kPairs; ++i) {
+        CK(cudaEventRecord(ev[3 * i], st));
+        first();
+        CK(cudaEventRecord(ev[3 * i + 1], st));
+        second();
+        CK(cudaEventRecord(ev[3 * i + 2], st));
+      }
+      CK(cudaStreamSynchronize(st));
+      std::vector<double> a, b, whole;
+      for (int i = kPairs / 4; i < kPairs; ++i) {  // the first quarter warms up
+        float x = 0, y = 0, z = 0;
+        CK(cudaEventElapsedTime(&x, ev[3 * i], ev[3 * i + 1]));
+        CK(cudaEventElapsedTime(&y, ev[3 * i + 1], ev[3 * i + 2]));
+        if (i + 1 < kPairs) CK(cudaEventElapsedTime(&z, ev[3 * i], ev[3 * (i + 1)]));
+        a.push_back(x), b.push_back(y);
+        if (i + 1 < kPairs) whole.push_back(z);
+      }
+      for (cudaEvent_t& e : ev) CK(cudaEventDestroy(e));
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      std::printf("split %s %s rank %d: %s %.4f ms, then %s %.4f ms; pair to pair %.4f ms "
+                  "(alone: %s %.4f, %s %.4f; decomposed %.4f)\n",
+                  s.op.c_str(), s.label.c_str(), r, is_ag ? "allGather" : "GEMM", median(a),
+                  is_ag ? "GEMM" : "reduceScatter", median(b), median(whole),
+                  is_ag ? "allGather" : "GEMM", ms_of[is_ag ? 3 : 2], is_ag ? "GEMM" : "reduceScatter",
+                  ms_of[is_ag ? 2 : 3], ms_of[1]);
+      std::fflush(stdout);
+    }
     // Every rank's own medians too: an impl that waits for its peers (the fused kernels, the
     // collectives) ends on every rank together, but ours_gemm times each GPU alone, and the
     // slowest GPU's GEMM bounds the fused op (report.py's "vs floor, slowest GPU").
@@ -862,6 +912,7 @@ int main(int argc, char** argv) {
     else if (a == "--shared-gpu") o.shared_gpu = true;
     else if (a == "--print-batches") o.print_batches = true;
     else if (a == "--clocks") o.clocks = true;
+    else if (a == "--split-decomposed") o.split_decomposed = true;
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;
