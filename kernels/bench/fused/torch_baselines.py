@@ -57,6 +57,10 @@ def main():
     ap.add_argument("--ops", default="ag,rs", help="any of ag, rs, ar")
     ap.add_argument("--batch-ms", type=float, default=25.0)
     ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--shape", default="", help="only the shapes whose label contains this")
+    ap.add_argument("--split", action="store_true",
+                    help="also time torch serial's two calls in its order with events between "
+                         "them (each part's median inside the sequence, every rank prints)")
     args = ap.parse_args()
     rank, world, dev = bench_common.init_nccl()
     group_name = dist.group.WORLD.group_name
@@ -102,10 +106,32 @@ def main():
         per.sort()
         return per[len(per) // 2], iters
 
+    def split_serial(op, label, first, second, first_name, second_name, pairs=40):
+        """torch serial's two calls back to back with events between them: each part's median
+        inside the sequence (after a quarter of the pairs to warm up), as fused_bench's
+        --split-decomposed does for ours."""
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3 * pairs)]
+        torch.cuda.synchronize()
+        dist.barrier()
+        for i in range(pairs):
+            ev[3 * i].record()
+            first()
+            ev[3 * i + 1].record()
+            second()
+            ev[3 * i + 2].record()
+        torch.cuda.synchronize()
+        keep = range(pairs // 4, pairs - 1)
+        med = lambda v: sorted(v)[len(v) // 2]
+        a = med([ev[3 * i].elapsed_time(ev[3 * i + 1]) for i in keep])
+        b = med([ev[3 * i + 1].elapsed_time(ev[3 * i + 2]) for i in keep])
+        whole = med([ev[3 * i].elapsed_time(ev[3 * (i + 1)]) for i in keep])
+        print(f"split torch {op} {label} rank {rank}: {first_name} {a:.4f} ms, then {second_name} "
+              f"{b:.4f} ms; pair to pair {whole:.4f} ms", flush=True)
+
     for label, op, M, N, K in shapes(world, args.quick):
         is_ag, is_ar = op == "allGatherGemm", op == "gemmAllReduce"
         key = "ag" if is_ag else "ar" if is_ar else "rs"
-        if key not in args.ops.split(","):
+        if key not in args.ops.split(",") or args.shape not in label:
             continue
         flops = 2.0 * M * N * K
         wire = (2 if is_ar else 1) * (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
@@ -162,6 +188,10 @@ def main():
                 calls["torch_symm_mem"] = lambda: symm._fused_matmul_reduce_scatter(a, w.t(), "sum", 0, group_name)
             calls["torch_gemm"] = lambda: torch.matmul(a, w.t(), out=p)
             calls["torch_collective"] = lambda: dist.reduce_scatter_tensor(out, p)
+        if args.split and not is_ar:
+            split_serial(op, label, calls["torch_collective"] if is_ag else calls["torch_gemm"],
+                         calls["torch_gemm"] if is_ag else calls["torch_collective"],
+                         "allGather" if is_ag else "GEMM", "GEMM" if is_ag else "reduceScatter")
         for impl, call in calls.items():
             try:
                 ms, iters = time_call(call)
