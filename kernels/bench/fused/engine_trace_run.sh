@@ -40,14 +40,16 @@ for b in $(ls $out | grep -v commit.txt); do
     timeout 150 $out/$b/gpu_fused_test > "$o/test_$b.log" 2>&1
     echo "gpu_fused_test ($b) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/test_$b.log" | tr '\n' ' ')"
   fi
+  # FC_ETR_ARGS: more fused_bench arguments, e.g. "--ops ag,rs --shape M=1024 --split-decomposed"
+  # (then ours_gemm is traced after a collective too, as the decomposed path runs it).
   timeout 120 $out/$b/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \
-    --out "$o/rows_$b.jsonl" > "$o/trace_$b.log" 2>&1; echo "$b rc=$?"
+    ${FC_ETR_ARGS:-} --out "$o/rows_$b.jsonl" > "$o/trace_$b.log" 2>&1; echo "$b rc=$?"
 done
 python3 - "$o" <<'PY'
 import re, sys, glob, os
-pat = re.compile(r"engine_trace (\S+) (.+?) (ours_\w+) rank 0: launch ([\d.]+) us.*?SM clock p50 (\d+) MHz.*?"
+pat = re.compile(r"engine_trace (\S+) (.+?) (ours_\w+(?: after collective)?) rank 0: launch ([\d.]+) us.*?SM clock p50 (\d+) MHz.*?"
                  r"epilogue ([\d.]+), first-stage wait ([\d.]+)\), main loop ([\d.]+) us")
-print(f"{'build':5} {'op':18} {'shape':20} {'impl':11} {'launch us':>19} {'MHz':>11} {'main loop us':>15} {'epilogue us':>13}")
+print(f"{'build':5} {'op':18} {'shape':20} {'impl':26} {'launch us':>19} {'MHz':>11} {'main loop us':>15} {'epilogue us':>13}")
 all_rows = {}
 for log in sorted(glob.glob(os.path.join(sys.argv[1], "trace_*.log"))):
     b = os.path.basename(log)[6:-4]
@@ -59,7 +61,7 @@ for log in sorted(glob.glob(os.path.join(sys.argv[1], "trace_*.log"))):
             rows.setdefault((op, shape, impl), []).append((float(launch), int(mhz), float(main), float(epi)))
     for (op, shape, impl), v in rows.items():
         f = lambda i, fmt: "/".join(fmt.format(x[i]) for x in v)
-        print(f"{b:5} {op:18} {shape:20} {impl:11} {f(0, '{:.0f}'):>19} {f(1, '{}'):>11} {f(2, '{:.2f}'):>15} {f(3, '{:.2f}'):>13}")
+        print(f"{b:5} {op:18} {shape:20} {impl:26} {f(0, '{:.0f}'):>19} {f(1, '{}'):>11} {f(2, '{:.2f}'):>15} {f(3, '{:.2f}'):>13}")
     all_rows[b] = rows
 # Main-loop cycles per tile (MHz x us, both traces), fused over GEMM alone, per build and shape.
 builds = sorted(all_rows)

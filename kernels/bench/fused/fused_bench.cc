@@ -339,8 +339,11 @@ extern "C" int fc_fused_gemm_trace_copy(uint64_t* host, size_t count);  // fused
 // tail? Every rank prints its own line: µs from the earliest CTA start; per tile after a CTA's
 // first, the mean gap between one tile's last wgmma and the next one's first (its epilogue and
 // its first-stage wait inside), and the mean main loop (the rest).
+// `before` (optional): a launch enqueued before each traced one (--split-decomposed: the
+// collective, so that the GEMM is traced where the decomposed path runs it).
 void engine_trace(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, const std::string& what,
-                  const std::function<void()>& launch, bool fused) {
+                  const std::function<void()>& launch, bool fused,
+                  const std::function<void()>& before = {}) {
   // Points per warpgroup: detail::kGemmTraceWords (gemm_sm90.cuh, not included here).
   constexpr int kCtas = 1024, kPoints = 12, kWords = kCtas * 2 * kPoints;
   std::vector<uint64_t> tr(kWords, 0);
@@ -355,6 +358,7 @@ void engine_trace(fusedcomm::testing::ProcessGroup& g, cudaStream_t st, const st
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   for (int i = 0; i < 5; ++i) {
+    if (before) before();
     if (i == 4) CK(cudaEventRecord(e0, st));
     launch();
   }
@@ -819,6 +823,12 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                   is_ag ? "GEMM" : "reduceScatter", median(b), median(whole),
                   is_ag ? "allGather" : "GEMM", ms_of[is_ag ? 3 : 2], is_ag ? "GEMM" : "reduceScatter",
                   ms_of[is_ag ? 2 : 3], ms_of[1]);
+#if defined(FC_GEMM_TRACE)
+      // The GEMM traced after a collective, as the decomposed path runs it, against alone
+      // (the engine_trace lines of ours_gemm above).
+      engine_trace(g, st, s.op + " " + s.label + " ours_gemm after collective",
+                   find("ours_gemm"), false, find("ours_collective"));
+#endif
       std::fflush(stdout);
     }
     // Every rank's own medians too: an impl that waits for its peers (the fused kernels, the
