@@ -81,6 +81,17 @@ void test_rs() {
                 check(info.chunks == (W - 1) * halves * ceil_div(N, info.tile_n) &&
                           info.chunks <= k::kFusedRsTileFlags,
                       what + ": half-tile flags " + std::to_string(info.chunks) + " fit");
+                // The pusher's pacing (fused.cu, rs_push_pace_ns): bf16 partials at W >= 2 from
+                // three waves of tiles, a quarter of the next tile's estimated main loop
+                // (tile_n * K_r / 24 ns) over the tile_n / 16 pieces of 2 KiB of a half-tile.
+                const bool paced = W >= 2 && bf16 && tiles >= 3 * sms;
+                const uint32_t pace =
+                    paced ? static_cast<uint32_t>(double(info.tile_n) * K_r / 24.0 * 25 / 100.0 /
+                                                  (info.tile_n / 16))
+                          : 0u;
+                check(info.push_pace_ns == pace,
+                      what + ": pusher pace " + std::to_string(info.push_pace_ns) + " ns, expected " +
+                          std::to_string(pace));
               }
         }
   // kAuto (fused.cu, choose_rs): fused at W = 2-4 from M*N = 2^24, any partial precision,

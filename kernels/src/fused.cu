@@ -461,6 +461,7 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
     info.gemm_ctas = static_cast<int>(std::min<int64_t>(device_sms(d), tiles));
     info.comm_ctas = 0;
     info.chunks = static_cast<int>(rs_flags_needed(d, p));
+    info.push_pace_ns = p.push_pace_ns;
   }
   return info;
 }

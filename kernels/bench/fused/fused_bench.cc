@@ -856,7 +856,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
                      "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"ag_gathered\": %s, "
-                     "\"phantom_world\": %d, \"ms_ranks\": [%s], \"gpu\": \"%s\"}\n",
+                     "\"phantom_world\": %d, \"push_pace_ns\": %u, \"ms_ranks\": [%s], \"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
@@ -864,7 +864,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      im.info.chunks, iters, o.batches,
                      is_ag ? "" : o.rs_partials.c_str(),
                      o.tp > 0 ? o.tp : W,
-                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, per_rank.c_str(), device);
+                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, im.info.push_pace_ns,
+                     per_rank.c_str(), device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
                     s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,

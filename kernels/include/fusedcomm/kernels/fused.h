@@ -238,6 +238,9 @@ struct FusedLaunchInfo {
   int comm_ctas;   // kFused: CTAs that pull first (allGatherGemm; gemmReduceScatter: 0)
   int tile_n;      // GEMM tile width
   int chunks;      // kFused: flag chunks (gemmReduceScatter: half-tile flags per owner)
+  // kFused gemmReduceScatter: the pusher warps' sleep after every 2 KiB they store, in ns
+  // (0: not paced; fused.cu, rs_push_pace_ns).
+  uint32_t push_pace_ns;
 };
 FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& args);
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
