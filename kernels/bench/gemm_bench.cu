@@ -189,39 +189,40 @@ int main(int argc, char** argv) {
     }
 #if defined(FC_GEMM_TRACE)
     {  // one more launch, alone: where its CTAs spend the time (µs from the first CTA's start)
-      std::vector<uint64_t> tr(1024 * 2 * 12, 0);  // detail::kGemmTraceWords per warpgroup
+      constexpr int kPts = 12;  // trace points per warpgroup: detail::kGemmTraceWords
+      std::vector<uint64_t> tr(1024 * 2 * kPts, 0);
       CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_trace_copy(nullptr, tr.size())));
       CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_pp_timeline_copy(nullptr)));
       CHECK_CUDA(launch_gemm(a, nullptr));
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK_CUDA(static_cast<cudaError_t>(fc_gemm_trace_copy(tr.data(), tr.size())));
       uint64_t t0 = ~0ull;
-      for (int c = 0; c < 2 * plan.ctas; ++c) t0 = std::min(t0, tr[c * 12]);
+      for (int c = 0; c < 2 * plan.ctas; ++c) t0 = std::min(t0, tr[c * kPts]);
       auto pct = [&](int point, double q) {
         std::vector<double> v;
         for (int c = 0; c < plan.ctas; ++c)
-          for (int w = 0; w < 2; ++w) v.push_back((tr[(c * 2 + w) * 12 + point] - t0) * 1e-3);
+          for (int w = 0; w < 2; ++w) v.push_back((tr[(c * 2 + w) * kPts + point] - t0) * 1e-3);
         std::sort(v.begin(), v.end());
         return v[std::min(v.size() - 1, size_t(q * v.size()))];
       };
       int sums = 0;
       uint64_t gap = 0, gaps = 0, epi = 0, waitn = 0;
       for (int c = 0; c < plan.ctas; ++c) {
-        sums += int(tr[(c * 2) * 12 + 5] + tr[(c * 2 + 1) * 12 + 5]);
+        sums += int(tr[(c * 2) * kPts + 5] + tr[(c * 2 + 1) * kPts + 5]);
         // Ping-pong: each warpgroup its own tiles (7: tiles after its first, 8: epilogues,
         // 9: waits for the turn and the first slice of those tiles); otherwise warpgroup 0
         // speaks for the tile.
         for (int w = 0; w < (plan.pingpong ? 2 : 1); ++w) {
-          gap += tr[(c * 2 + w) * 12 + 6];
-          gaps += tr[(c * 2 + w) * 12 + 7];
-          epi += tr[(c * 2 + w) * 12 + 8];
-          waitn += tr[(c * 2 + w) * 12 + 9];
+          gap += tr[(c * 2 + w) * kPts + 6];
+          gaps += tr[(c * 2 + w) * kPts + 7];
+          epi += tr[(c * 2 + w) * kPts + 8];
+          waitn += tr[(c * 2 + w) * kPts + 9];
         }
       }
       std::printf("trace %s %dx%dx%d sk=%d:", op.c_str(), M, N, K, plan.stream_k_tiles);
       const char* names[5] = {"start", "whole", "sk_main", "barrier", "end"};
       for (int p = 0; p < 5; ++p) {
-        // No stream-K points (without stream-K, 2 and 3 hold clock64 values, not times).
+        // Points 2 and 3 are stream-K's: never written without it.
         if ((plan.pingpong || plan.stream_k_tiles == 0) && (p == 2 || p == 3)) continue;
         std::printf(" %s %.1f/%.1f/%.1f", names[p], pct(p, 0), pct(p, 0.5), pct(p, 0.999));
       }

@@ -879,12 +879,7 @@ cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __n
 // them where host is null. gemm.cu's fc_gemm_trace_copy reads the plain GEMM's (its own copy
 // of the symbol).
 extern "C" int fc_fused_gemm_trace_copy(uint64_t* host, size_t count) {
-  const size_t bytes = count * sizeof(uint64_t);
-  if (host != nullptr) {
-    return static_cast<int>(cudaMemcpyFromSymbol(host, fusedcomm::kernels::detail::g_gemm_trace, bytes));
-  }
-  void* p = nullptr;
-  const cudaError_t e = cudaGetSymbolAddress(&p, fusedcomm::kernels::detail::g_gemm_trace);
-  return static_cast<int>(e != cudaSuccess ? e : cudaMemset(p, 0, bytes));
+  namespace d = fusedcomm::kernels::detail;
+  return d::trace_copy(d::g_gemm_trace, host, count * sizeof(uint64_t));
 }
 #endif

@@ -402,23 +402,15 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
 }  // namespace fusedcomm::kernels
 
 #if defined(FC_GEMM_TRACE)
-// Bench-only (gemm_bench built with -DFC_GEMM_TRACE): copies `bytes` of a trace symbol to
-// host, or zeroes them where host is null (before a traced launch).
-namespace {
-template <class Symbol>
-int trace_copy(const Symbol& symbol, uint64_t* host, size_t bytes) {
-  if (host != nullptr) return static_cast<int>(cudaMemcpyFromSymbol(host, symbol, bytes));
-  void* p = nullptr;
-  const cudaError_t e = cudaGetSymbolAddress(&p, symbol);
-  return static_cast<int>(e != cudaSuccess ? e : cudaMemset(p, 0, bytes));
-}
-}  // namespace
+// Bench-only (gemm_bench built with -DFC_GEMM_TRACE; detail::trace_copy, gemm_sm90.cuh).
 // The last launch's trace points (the first `count`).
 extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count) {
-  return trace_copy(fusedcomm::kernels::detail::g_gemm_trace, host, count * sizeof(uint64_t));
+  namespace d = fusedcomm::kernels::detail;
+  return d::trace_copy(d::g_gemm_trace, host, count * sizeof(uint64_t));
 }
 // CTA 0's ping-pong timeline (32 tiles × 4 points).
 extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host) {
-  return trace_copy(fusedcomm::kernels::detail::g_pp_timeline, host, 32 * 4 * sizeof(uint64_t));
+  namespace d = fusedcomm::kernels::detail;
+  return d::trace_copy(d::g_pp_timeline, host, 32 * 4 * sizeof(uint64_t));
 }
 #endif

@@ -167,6 +167,16 @@ constexpr int kGemmTraceWords = 12;
 __device__ uint64_t g_gemm_trace[1024 * 2 * kGemmTraceWords];
 #define FC_GEMM_TRACE_POINT(i, v) \
   if (threadIdx.x % 128 == 0) g_gemm_trace[(blockIdx.x * 2 + cw) * kGemmTraceWords + (i)] = (v)
+// Host side: copies `bytes` of a trace symbol to host, or zeroes them where host is null
+// (before a traced launch). Each .cu file has its own copy of the symbols (gemm.cu: the plain
+// GEMM's; fused.cu: the fused kernels'), hence internal linkage.
+template <class Symbol>
+static int trace_copy(const Symbol& symbol, uint64_t* host, size_t bytes) {
+  if (host != nullptr) return static_cast<int>(cudaMemcpyFromSymbol(host, symbol, bytes));
+  void* p = nullptr;
+  const cudaError_t e = cudaGetSymbolAddress(&p, symbol);
+  return static_cast<int>(e != cudaSuccess ? e : cudaMemset(p, 0, bytes));
+}
 #else
 #define FC_GEMM_TRACE_POINT(i, v)
 #endif
