@@ -17,16 +17,10 @@ if [ "${1:-run}" = build ]; then
   shift
   # Builds as name=FLAGS (each also gets -DFC_GEMM_TRACE).
   builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(def=)
-  rm -rf $out && mkdir -p $out
-  for b in "${builds[@]}"; do
-    name=${b%%=*}
-    FC_NVCC_FLAGS="-DFC_GEMM_TRACE ${b#*=}" $here/build.sh build/etr-$name | tail -1 || exit 1
-    mkdir -p $out/$name && cp build/etr-$name/fused_bench $out/$name/
-  done
+  . $here/builds_lib.sh
+  fused_variants $out etr -DFC_GEMM_TRACE "${builds[@]}" || exit 1
   [ -n "${FC_ETR_TEST:-}" ] && cp build/etr-$FC_ETR_TEST/gpu_fused_test $out/$FC_ETR_TEST/
-  strip --strip-unneeded $out/*/*
-  git rev-parse --short HEAD > $out/commit.txt
-  tar cJf build/etr.tar.xz -C build etr && du -sh build/etr.tar.xz; exit 0
+  pack_builds $out; exit
 fi
 [ -d $out ] || tar xJf build/etr.tar.xz -C build || { echo "no build/etr.tar.xz: build first"; exit 1; }
 world=${2:-2}
@@ -35,7 +29,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # At most ~8 files come back: all but the trace logs go into one archive.
 trap 'kernels/bench/pack_out.sh "$OUT" etr_rest.tar.xz "etr/trace_*.log"' EXIT
 echo "commit $(cat $out/commit.txt)"
-for b in $(ls $out | grep -v commit.txt); do
+for b in $(cat $out/order.txt); do
   if [ -x $out/$b/gpu_fused_test ]; then
     timeout 150 $out/$b/gpu_fused_test > "$o/test_$b.log" 2>&1
     echo "gpu_fused_test ($b) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/test_$b.log" | tr '\n' ' ')"

@@ -15,22 +15,14 @@ if [ "${1:-run}" = build ]; then
   # Builds as name=FLAGS, in the order given (the first is the reference); by default fixed paces.
   shift; builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(p0= p300=-DFUSEDCOMM_RS_PUSH_PACE_NS=300 \
     p500=-DFUSEDCOMM_RS_PUSH_PACE_NS=500 p1000=-DFUSEDCOMM_RS_PUSH_PACE_NS=1000)
-  rm -rf $out && mkdir -p $out
-  i=0
-  for b in "${builds[@]}"; do
-    name=${b%%=*}
-    FC_NVCC_FLAGS="${b#*=}" $here/build.sh build/pace-$name | tail -1 || exit 1
-    mkdir -p $out/$i-$name && cp build/pace-$name/fused_bench $out/$i-$name/
-    i=$((i + 1))
-  done
-  strip --strip-unneeded $out/*/*
-  git rev-parse --short HEAD > $out/commit.txt
-  tar cJf build/pace.tar.xz -C build pace && du -sh build/pace.tar.xz; exit 0
+  . $here/builds_lib.sh
+  fused_variants $out pace "" "${builds[@]}" || exit 1
+  pack_builds $out; exit
 fi
 [ -d $out ] || tar xJf build/pace.tar.xz -C build || { echo "no build/pace.tar.xz: build first"; exit 1; }
 OUT=${OUT:-/tmp/pace_out}; o=$OUT/pace; mkdir -p "$o"
 echo "commit $(cat $out/commit.txt)"
-bins=$(ls $out | grep -v commit.txt | sort -n | sed "s|^|$out/|" | tr '\n' ' ')
+bins=$(sed "s|^|$out/|" $out/order.txt | tr '\n' ' ')
 OUT=$o FC_DEADLINE_S=420 $here/local_run.sh "$bins" "${2:-2}" rs "${FC_PACE_PARTIALS:-bf16 f32}" full "${3:-2}" > "$o/local_report.md"
 python3 - "$o/local.jsonl" <<'PY'
 import json, statistics, sys

@@ -46,11 +46,8 @@ if [ "${1:-run}" = build ]; then
   cp executor-native/target/cmake/executor-native/gpu_proxy_test \
      executor-native/target/cmake/executor-native/gpu_hier_test \
      executor-native/target/cmake/executor-native/gpu_runtime_hosts_test $out/
-  strip --strip-unneeded $out/*_test $out/*/*  # host symbols only
-  git rev-parse --short HEAD > $out/commit.txt
-  # The binaries share most of their code: the archive is about a tenth of the folder.
-  tar cJf build/pab.tar.xz -C build pab
-  du -sh $out build/pab.tar.xz; exit 0
+  . $here/builds_lib.sh
+  pack_builds $out; exit
 fi
 [ -d $out ] || tar xJf build/pab.tar.xz -C build || { echo "no $out and no build/pab.tar.xz: build first"; exit 1; }
 world=${2:-2}

@@ -17,15 +17,9 @@ cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/r13
 if [ "${1:-run}" = build ]; then
-  $here/build.sh build/w2-def > /dev/null || exit 1
-  FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TRACE $here/build.sh build/w2-trace | tail -1 || exit 1
-  rm -rf $out && mkdir -p $out/def $out/trace
-  cp build/w2-def/fused_bench $out/def/
-  cp build/w2-trace/fused_bench $out/trace/
-  strip --strip-unneeded $out/*/*
-  git rev-parse --short HEAD > $out/commit.txt
-  tar cJf build/r13.tar.xz -C build r13
-  du -sh build/r13.tar.xz; exit 0
+  . $here/builds_lib.sh
+  fused_variants $out w2 "" def= trace=-DFUSEDCOMM_RS_TRACE || exit 1
+  pack_builds $out; exit
 fi
 [ -d $out ] || tar xJf build/r13.tar.xz -C build || { echo "no build/r13.tar.xz: build first"; exit 1; }
 OUT=${OUT:-/tmp/r13_out}; o=$OUT/r13; mkdir -p "$o"

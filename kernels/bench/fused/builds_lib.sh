@@ -1,0 +1,28 @@
+# Sourced by the fused benches' one-call scripts (pace_ab.sh, engine_trace_run.sh,
+# rs_w2_probe.sh, pusher_ab.sh; from the repository root): build variants here, carry one
+# archive to the GPU host.
+
+# fused_variants DIR PREFIX EXTRA_FLAGS name=FLAGS...: each variant's fused_bench, built by
+# build.sh with EXTRA_FLAGS and FLAGS into build/PREFIX-name, copied to DIR/name; DIR/order.txt
+# lists the names in the order given (the run order: the first is the A/B's reference).
+fused_variants() {
+  local dir=$1 prefix=$2 extra=$3 b name
+  shift 3
+  rm -rf "$dir" && mkdir -p "$dir" || return 1
+  for b in "$@"; do
+    name=${b%%=*}
+    FC_NVCC_FLAGS="$extra ${b#*=}" kernels/bench/fused/build.sh "build/$prefix-$name" | tail -1 || return 1
+    mkdir -p "$dir/$name" && cp "build/$prefix-$name/fused_bench" "$dir/$name/" || return 1
+    echo "$name" >> "$dir/order.txt"
+  done
+}
+
+# pack_builds DIR: strips DIR's executables (host symbols only), records the commit in
+# DIR/commit.txt and writes DIR.tar.xz beside DIR (the binaries share most of their code: the
+# archive is about a tenth of the folder).
+pack_builds() {
+  local dir=$1
+  find "$dir" -type f -perm -u+x -exec strip --strip-unneeded {} + || return 1
+  git rev-parse --short HEAD > "$dir/commit.txt"
+  tar cJf "$dir.tar.xz" -C "$(dirname "$dir")" "$(basename "$dir")" && du -sh "$dir" "$dir.tar.xz"
+}
