@@ -20,9 +20,11 @@ Run: torchrun --nproc-per-node W torch_baselines.py --out torch.jsonl [--quick]
 NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 must be set (device_run.sh does).
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -50,6 +52,53 @@ def shapes(tp, quick):
     return out
 
 
+class Clocks:
+    """--clocks: this rank's GPU's SM clock and board power, sampled through NVML by a thread
+    while each timed batch runs, per impl (fused_bench --clocks does the same for ours; gpu_clocks.h).
+    Why: a collective that draws more power leaves the power-capped GPU at a lower clock for
+    the GEMM after it. Off (no samples) where NVML is missing."""
+
+    def __init__(self, dev):
+        self.nvml, self.handle, self.stats, self.key = None, None, {}, None
+        self.stop = threading.Event()
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            p = torch.cuda.get_device_properties(dev)
+            pci = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0".encode()
+            h = ctypes.c_void_p()
+            if nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetHandleByPciBusId_v2(pci, ctypes.byref(h)) == 0:
+                self.nvml, self.handle = nvml, h
+        except (OSError, AttributeError) as e:
+            print(f"--clocks: NVML not available ({e!r}), no samples", file=sys.stderr)
+
+    def _run(self, key):
+        mhz, mw = ctypes.c_uint(), ctypes.c_uint()
+        s = self.stats.setdefault(key, [0, 0.0, 0.0])
+        while not self.stop.is_set():
+            if self.nvml.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(mhz)) != 0:  # NVML_CLOCK_SM
+                return
+            self.nvml.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(mw))
+            s[0] += 1
+            s[1] += mhz.value
+            s[2] += mw.value
+
+    def start(self, key):
+        if self.nvml is None:
+            return
+        self.stop.clear()
+        self.thread = threading.Thread(target=self._run, args=(key,), daemon=True)
+        self.thread.start()
+
+    def end(self):
+        if self.nvml is not None:
+            self.stop.set()
+            self.thread.join()
+
+    def summary(self, key):
+        n, mhz, mw = self.stats.get(key, (0, 0, 0))
+        return f"sm {mhz / n:.0f} MHz, {mw / n / 1000:.0f} W, {n} samples" if n else "no samples"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="torch.jsonl")
@@ -61,8 +110,12 @@ def main():
     ap.add_argument("--split", action="store_true",
                     help="also time torch serial's two calls in its order with events between "
                          "them (each part's median inside the sequence, every rank prints)")
+    ap.add_argument("--clocks", action="store_true",
+                    help="sample the SM clock and power through NVML during each impl's batches "
+                         "(every rank prints a 'clocks torch' line per impl)")
     args = ap.parse_args()
     rank, world, dev = bench_common.init_nccl()
+    clocks = Clocks(dev) if args.clocks else None
     group_name = dist.group.WORLD.group_name
     symm = None
     try:
@@ -81,7 +134,7 @@ def main():
     def rand(*shape):
         return torch.rand(*shape, generator=gen, device=dev, dtype=torch.float32).mul_(2).sub_(1).to(torch.bfloat16)
 
-    def time_call(call):
+    def time_call(call, key=None):
         for _ in range(2):
             call()
         torch.cuda.synchronize()
@@ -101,7 +154,11 @@ def main():
             for _ in range(iters):
                 call()
             end.record()
+            if clocks and key:
+                clocks.start(key)
             end.synchronize()
+            if clocks and key:
+                clocks.end()
             per.append(start.elapsed_time(end) / iters)
         per.sort()
         return per[len(per) // 2], iters
@@ -194,7 +251,7 @@ def main():
                          "allGather" if is_ag else "GEMM", "GEMM" if is_ag else "reduceScatter")
         for impl, call in calls.items():
             try:
-                ms, iters = time_call(call)
+                ms, iters = time_call(call, (op, label, impl))
                 err = None
             except Exception as e:  # keep going: the row records the failure
                 ms, iters, err = float("nan"), 0, repr(e)[:300]
@@ -216,6 +273,9 @@ def main():
                 f.flush()
                 print(f"{op:18s} W={world} {label:20s} {impl:16s} {ms:9.4f} ms"
                       + (f"  ERROR {err}" if err else ""), flush=True)
+            if clocks:
+                print(f"clocks torch {op} {label} {impl} rank {rank}: {clocks.summary((op, label, impl))}",
+                      flush=True)
         del calls
         torch.cuda.empty_cache()
     bench_common.finish_nccl(f)

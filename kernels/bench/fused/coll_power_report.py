@@ -1,0 +1,61 @@
+"""The table of coll_power_ab.sh: per world, op and shape, the decomposed pair and its parts
+(ms, medians over rounds) with the collective's and the GEMM's power and SM clock (NVML, mean
+over ranks and rounds), for every build of ours and for torch (serial = cuBLAS then NCCL).
+Usage: python3 coll_power_report.py DIR  (DIR/rows.jsonl and DIR/logs/*.log)"""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+d = sys.argv[1]
+ms = {}  # (world, op, shape, build, impl) -> [ms per round]
+builds = []
+for line in open(os.path.join(d, "rows.jsonl")):
+    r = json.loads(line)
+    if r["build"] not in builds:
+        builds.append(r["build"])
+    ms.setdefault((r["world"], r["op"], r["shape"], r["build"], r["impl"]), []).append(r["ms_median"])
+
+ours_pat = re.compile(r"^clocks (\S+) (.+?) \(([\w,]+)\) impl (\d+) rank \d+: sm (\d+) MHz .*?, (\d+) W")
+torch_pat = re.compile(r"^clocks torch (\S+) (.+?) (torch_\w+) rank \d+: sm (\d+) MHz, (\d+) W")
+power = {}  # (world, op, shape, build, impl) -> [(MHz, W)]
+for log in glob.glob(os.path.join(d, "logs", "*.log")):
+    name = os.path.basename(log)[:-4]
+    m = re.match(r"ours_w(\d+)_(.+)_r\d+$", name) or re.match(r"torch_w(\d+)_r\d+$", name)
+    if not m:
+        continue
+    w, build = int(m.group(1)), m.group(2) if name.startswith("ours") else "torch"
+    for line in open(log):
+        if (x := ours_pat.match(line)):
+            op, shape, impls, i, mhz, watts = x.groups()
+            impl = impls.split(",")[int(i)]
+        elif (x := torch_pat.match(line)):
+            op, shape, impl, mhz, watts = x.groups()
+        else:
+            continue
+        power.setdefault((w, op, shape, build, impl), []).append((int(mhz), int(watts)))
+
+
+def cell(key):
+    v = ms.get(key)
+    if not v:
+        return "-"
+    p = power.get(key)
+    s = f"{statistics.median(v):.4f}"
+    if p:
+        s += f" ({statistics.mean(x[1] for x in p):.0f} W, {statistics.mean(x[0] for x in p):.0f} MHz)"
+    return s
+
+
+parts = {"ours": ["ours_decomposed", "ours_collective", "ours_gemm"],
+         "torch": ["torch_serial", "torch_collective", "torch_gemm"]}
+keys = sorted({k[:3] for k in ms})
+print("ms (median over rounds), with power and SM clock (NVML means over ranks and rounds)")
+for w, op, shape in keys:
+    print(f"\n## W = {w}, {op}, {shape}")
+    print(f"{'build':8} {'pair (decomposed / serial)':>34} {'collective alone':>30} {'GEMM alone':>30}")
+    for b in builds:
+        names = parts["torch" if b == "torch" else "ours"]
+        print(f"{b:8} " + " ".join(f"{cell((w, op, shape, b, n)):>30}" for n in names))
