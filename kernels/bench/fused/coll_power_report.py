@@ -1,7 +1,10 @@
-"""The table of coll_power_ab.sh: per world, op and shape, the decomposed pair and its parts
-(ms, medians over rounds) with the collective's and the GEMM's power and SM clock (NVML, mean
-over ranks and rounds), for every build of ours and for torch (serial = cuBLAS then NCCL).
-Usage: python3 coll_power_report.py DIR  (DIR/rows.jsonl and DIR/logs/*.log)"""
+"""The table of coll_power_ab.sh and sustain_ab.sh: per world, op and shape, the decomposed
+pair (ours_decomposed / torch_serial), the fused op (ours_fused / torch_symm_mem) and the parts
+alone (ms, medians over rounds), each with the power and SM clock that NVML sampled while its
+batches ran (means over ranks and rounds), for every build or protocol ("build": names
+starting with "torch" are torch_baselines.py rows).
+Usage: python3 coll_power_report.py DIR  (DIR/rows.jsonl; DIR/logs/<build>_w<W>_r<round>.log
+for the clocks; coll_power_ab.sh's ours_w<W>_<build>_r<round>.log too)"""
 import glob
 import json
 import os
@@ -23,10 +26,12 @@ torch_pat = re.compile(r"^clocks torch (\S+) (.+?) (torch_\w+) rank \d+: sm (\d+
 power = {}  # (world, op, shape, build, impl) -> [(MHz, W)]
 for log in glob.glob(os.path.join(d, "logs", "*.log")):
     name = os.path.basename(log)[:-4]
-    m = re.match(r"ours_w(\d+)_(.+)_r\d+$", name) or re.match(r"torch_w(\d+)_r\d+$", name)
-    if not m:
+    if (m := re.match(r"ours_w(\d+)_(.+)_r\d+$", name)):  # coll_power_ab.sh's names
+        w, build = int(m.group(1)), m.group(2)
+    elif (m := re.match(r"(.+)_w(\d+)_r\d+$", name)):
+        w, build = int(m.group(2)), m.group(1)
+    else:
         continue
-    w, build = int(m.group(1)), m.group(2) if name.startswith("ours") else "torch"
     for line in open(log):
         if (x := ours_pat.match(line)):
             op, shape, impls, i, mhz, watts = x.groups()
@@ -49,13 +54,14 @@ def cell(key):
     return s
 
 
-parts = {"ours": ["ours_decomposed", "ours_collective", "ours_gemm"],
-         "torch": ["torch_serial", "torch_collective", "torch_gemm"]}
+parts = {"ours": ["ours_decomposed", "ours_fused", "ours_collective", "ours_gemm"],
+         "torch": ["torch_serial", "torch_symm_mem", "torch_collective", "torch_gemm"]}
 keys = sorted({k[:3] for k in ms})
 print("ms (median over rounds), with power and SM clock (NVML means over ranks and rounds)")
 for w, op, shape in keys:
     print(f"\n## W = {w}, {op}, {shape}")
-    print(f"{'build':8} {'pair (decomposed / serial)':>34} {'collective alone':>30} {'GEMM alone':>30}")
+    print(f"{'build':12} {'decomposed / serial':>30} {'fused / symm_mem':>30} {'collective alone':>30} "
+          f"{'GEMM alone':>30}")
     for b in builds:
-        names = parts["torch" if b == "torch" else "ours"]
-        print(f"{b:8} " + " ".join(f"{cell((w, op, shape, b, n)):>30}" for n in names))
+        names = parts["torch" if b.startswith("torch") else "ours"]
+        print(f"{b:12} " + " ".join(f"{cell((w, op, shape, b, n)):>30}" for n in names))

@@ -25,6 +25,11 @@
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
 //                    [--shared-gpu] [--print-batches] [--clocks] [--split-decomposed]
+//                    [--sustain-ms MS]
+// --sustain-ms MS: each impl in turn runs back to back for MS ms, then its batches follow one
+// after another (no other impl in between), instead of the batches round robin over the impls:
+// every impl is timed at the clock its own power draw sustains on a power-capped GPU (the
+// protocol of torch_baselines.py --sustain-ms; kernels/bench/fused/NOTES.md, "Run 14").
 // --clocks: every rank samples its GPU's SM clock and power through NVML while each batch runs
 // (gpu_clocks.h) and prints, per shape and impl, the mean clock (min-max), power and
 // clock-event reasons: is a fused kernel's time over our GEMM alone a lower clock?
@@ -159,14 +164,26 @@ struct Options {
   k::RsPartials rs_code = k::RsPartials::kF32;
   bool rs_bf16() const { return rs_code == k::RsPartials::kBF16; }
   bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
-  std::string shape;        // --shape S: only the shapes whose label contains S
+  std::string shape;        // --shape S: only the shapes whose label contains S (or a|b|...)
   bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
   int phantom_world = 2;    // --phantom-world P: the phantom-peer build's world (2..8)
   bool shared_gpu = false;  // --shared-gpu: every rank on GPU 0 (the bench's mechanics only)
   bool print_batches = false;  // --print-batches: every rank prints each impl's batch times
   bool clocks = false;         // --clocks: NVML samples of the SM clock during each batch
   bool split_decomposed = false;  // --split-decomposed: the decomposed pair with events between
+  double sustain_ms = 0;          // --sustain-ms: per impl, a sustained run, then its batches
 };
+
+// --shape: "8b M=1024|square" keeps the labels that contain any of the '|'-separated parts.
+bool label_matches(const std::string& label, const std::string& filter) {
+  size_t b = 0;
+  for (;;) {
+    const size_t e = std::min(filter.find('|', b), filter.size());
+    if (label.find(filter.substr(b, e - b)) != std::string::npos) return true;
+    if (e == filter.size()) return false;
+    b = e + 1;
+  }
+}
 
 const char* algo_name(k::FusedAlgo a) {
   return a == k::FusedAlgo::kFused ? "fused" : a == k::FusedAlgo::kDecomposed ? "decomposed" : "auto";
@@ -422,7 +439,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                               const bool on = s.op == "allGatherGemm"       ? o.ag
                                               : s.op == "gemmReduceScatter" ? o.rs
                                                                             : o.ar;
-                              return !on || s.label.find(o.shape) == std::string::npos;
+                              return !on || !label_matches(s.label, o.shape);
                             }),
              list.end());
   if (list.empty()) throw std::runtime_error("no shape matches --shape " + o.shape);
@@ -555,6 +572,19 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       iters[i] = std::clamp(static_cast<int>(o.batch_ms / std::max(one, 1e-3f)), 1, 200);
     }
     std::vector<std::vector<double>> per(n);
+    auto batch = [&](size_t i) {  // one timed batch of impl i
+      CK(cudaStreamSynchronize(st));
+      g.barrier();
+      CK(cudaEventRecord(e0, st));
+      for (int k = 0; k < iters[i]; ++k) launches[i]();
+      CK(cudaEventRecord(e1, st));
+      while (clocks.on() && cudaEventQuery(e1) == cudaErrorNotReady) clocks.sample(i);
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      per[i].push_back(ms / iters[i]);
+      sm->raise_if_failed();
+    };
     if (o.alternate) {
       // Launch by launch: impl 0, 1, ..., n-1, 0, 1, ... with one event pair per launch and no
       // sync in between, so that every impl follows another kernel. (What runs just before a
@@ -588,20 +618,17 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         }
       }
       for (cudaEvent_t& e : ev) CK(cudaEventDestroy(e));
-    }
-    for (int b = 0; b < o.batches && !o.alternate; ++b) {
+    } else if (o.sustain_ms > 0) {  // impl by impl, each after a sustained run of its own
       for (size_t i = 0; i < n; ++i) {
+        const int k_sustain = static_cast<int>(o.sustain_ms / o.batch_ms * iters[i]) + 1;
         CK(cudaStreamSynchronize(st));
         g.barrier();
-        CK(cudaEventRecord(e0, st));
-        for (int k = 0; k < iters[i]; ++k) launches[i]();
-        CK(cudaEventRecord(e1, st));
-        while (clocks.on() && cudaEventQuery(e1) == cudaErrorNotReady) clocks.sample(i);
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        per[i].push_back(ms / iters[i]);
-        sm->raise_if_failed();
+        for (int k = 0; k < k_sustain; ++k) launches[i]();
+        for (int b = 0; b < o.batches; ++b) batch(i);
+      }
+    } else {  // round robin
+      for (int b = 0; b < o.batches; ++b) {
+        for (size_t i = 0; i < n; ++i) batch(i);
       }
     }
     if (clocks.on()) {  // one line per rank and impl; the samples start afresh per shape
@@ -856,7 +883,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
                      "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"ag_gathered\": %s, "
-                     "\"phantom_world\": %d, \"push_pace_ns\": %u, \"ms_ranks\": [%s], \"gpu\": \"%s\"}\n",
+                     "\"phantom_world\": %d, \"push_pace_ns\": %u, \"sustain_ms\": %g, \"ms_ranks\": [%s], "
+                     "\"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
                      im.info.algo == k::FusedAlgo::kAuto ? "" : algo_name(im.info.algo),
@@ -865,7 +893,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      is_ag ? "" : o.rs_partials.c_str(),
                      o.tp > 0 ? o.tp : W,
                      o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, im.info.push_pace_ns,
-                     per_rank.c_str(), device);
+                     o.alternate ? 0.0 : o.sustain_ms, per_rank.c_str(), device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
                     s.label.c_str(), im.name, ms, flops / (ms * 1e-3) / 1e12,
@@ -924,6 +952,7 @@ int main(int argc, char** argv) {
     else if (a == "--print-batches") o.print_batches = true;
     else if (a == "--clocks") o.clocks = true;
     else if (a == "--split-decomposed") o.split_decomposed = true;
+    else if (a == "--sustain-ms") o.sustain_ms = std::atof(next());
     else if (a == "--ops") {
       const std::string ops = next();
       o.ag = ops.find("ag") != std::string::npos;

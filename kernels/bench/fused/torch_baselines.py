@@ -106,10 +106,13 @@ def main():
     ap.add_argument("--ops", default="ag,rs", help="any of ag, rs, ar")
     ap.add_argument("--batch-ms", type=float, default=25.0)
     ap.add_argument("--batches", type=int, default=7)
-    ap.add_argument("--shape", default="", help="only the shapes whose label contains this")
+    ap.add_argument("--shape", default="", help="only the shapes whose label contains this (or any part of a|b|...)")
     ap.add_argument("--split", action="store_true",
                     help="also time torch serial's two calls in its order with events between "
                          "them (each part's median inside the sequence, every rank prints)")
+    ap.add_argument("--sustain-ms", type=float, default=0.0,
+                    help="each impl runs back to back this long before its batches, so that it is "
+                         "timed at the clock its own power draw sustains (fused_bench --sustain-ms)")
     ap.add_argument("--clocks", action="store_true",
                     help="sample the SM clock and power through NVML during each impl's batches "
                          "(every rank prints a 'clocks torch' line per impl)")
@@ -146,6 +149,11 @@ def main():
         est = torch.tensor([start.elapsed_time(end)], device=dev)
         dist.broadcast(est, 0)
         iters = int(min(200, max(1, args.batch_ms / max(est.item(), 1e-3))))
+        if args.sustain_ms > 0:
+            torch.cuda.synchronize()
+            dist.barrier()
+            for _ in range(int(args.sustain_ms / args.batch_ms * iters) + 1):
+                call()
         per = []
         for _ in range(args.batches):
             torch.cuda.synchronize()
@@ -188,7 +196,7 @@ def main():
     for label, op, M, N, K in shapes(world, args.quick):
         is_ag, is_ar = op == "allGatherGemm", op == "gemmAllReduce"
         key = "ag" if is_ag else "ar" if is_ar else "rs"
-        if key not in args.ops.split(",") or args.shape not in label:
+        if key not in args.ops.split(",") or not any(p in label for p in args.shape.split("|")):
             continue
         flops = 2.0 * M * N * K
         wire = (2 if is_ar else 1) * (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
@@ -265,7 +273,8 @@ def main():
                 row = dict(op=op, impl=impl, world=world, shape=label, M=M, N=N, K=K, dtype="bf16",
                            ms_median=ms, tflops=flops / (ms * 1e-3) / 1e12 if ms == ms else None,
                            gbps=wire / (ms * 1e-3) / 1e9 if ms == ms else None, iters=iters,
-                           batches=args.batches, ms_ranks=ms_ranks, gpu=gpu, torch=torch.__version__,
+                           batches=args.batches, sustain_ms=args.sustain_ms, ms_ranks=ms_ranks, gpu=gpu,
+                           torch=torch.__version__,
                            nccl=".".join(map(str, torch.cuda.nccl.version())))
                 if err:
                     row["error"] = err
