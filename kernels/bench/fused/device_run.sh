@@ -9,6 +9,8 @@
 # baselines' numerics; f32any: fp32 partials summed in any order (the accumulating slot at W >= 3).
 # FC_OPS: the ops to time (fused_bench / torch_baselines --ops; default ag,rs; ar: gemmAllReduce).
 # FC_BENCH_ROUNDS: rounds per world, in alternating order (default 1; see below).
+# FC_SUSTAIN_MS: both benches' --sustain-ms (default 500: every impl runs back to back that long,
+# then its batches; 0: ours round robin, the baselines impl by impl, as before run 14).
 # Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick (on
 # an 8-GPU host, FC_WORLDS=8 with `bench` keeps one call within the 10-minute limit).
 set -uo pipefail
@@ -42,11 +44,11 @@ if [ "$what" != test ]; then
   # caps its clock: whoever runs first would otherwise always get the cooler GPU).
   ours() {
     echo "== world $w, round $k: ours" | tee -a "$OUT/bench.log"
-    timeout 280 "$bin/fused_bench" --world $w --out "$rows/fused_w${w}_r$k.jsonl" $q --ops "${FC_OPS:-ag,rs}" --rs-partials "${FC_RS_PARTIALS:-f32}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
+    timeout 280 "$bin/fused_bench" --world $w --out "$rows/fused_w${w}_r$k.jsonl" $q --ops "${FC_OPS:-ag,rs}" --rs-partials "${FC_RS_PARTIALS:-f32}" --sustain-ms "${FC_SUSTAIN_MS:-500}" >> "$OUT/bench.log" 2>&1 || echo "fused_bench w=$w rc=$?" | tee -a "$OUT/bench.log"
   }
   theirs() {
     echo "== world $w, round $k: torch" | tee -a "$OUT/bench.log"
-    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out "$rows/torch_w${w}_r$k.jsonl" $q --ops "${FC_OPS:-ag,rs}" >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
+    timeout 280 torchrun --nproc-per-node $w $here/torch_baselines.py --out "$rows/torch_w${w}_r$k.jsonl" $q --ops "${FC_OPS:-ag,rs}" --sustain-ms "${FC_SUSTAIN_MS:-500}" >> "$OUT/bench.log" 2>&1 || echo "torch_baselines w=$w rc=$?" | tee -a "$OUT/bench.log"
   }
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le "$ngpu" ] || continue

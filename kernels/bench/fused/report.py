@@ -64,6 +64,19 @@ def rounds_sentence(rows):
             "cooler GPU; fused_results.json keeps every round's row.")
 
 
+def protocol_sentence(rows):
+    """How the batches were ordered: sustained per impl (--sustain-ms) or round robin."""
+    sus = sorted({r.get("sustain_ms") or 0 for r in rows})
+    if sus == [0]:
+        return (" Protocol: ours' batches round robin over its impls; the baselines' impl by "
+                "impl (the first, torch serial, right after the shape's setup).")
+    if 0 in sus:
+        return " Protocol: mixed (some rows sustained, some not): compare with care."
+    return (f" Protocol: impl by impl on both sides, each run back to back for {sus[0]:g} ms "
+            "before its batches (--sustain-ms), so that each is timed at the clock its own "
+            "power draw sustains on the power-capped GPUs.")
+
+
 def main():
     a = bench_common.report_args("fused_results")
     rows, date = bench_common.join_rows(a)
@@ -101,7 +114,7 @@ def main():
           "N = hidden); square S: M = K = S, N_r = S/TP (AG) and M = N = S, K_r = S/TP (RS, AR). "
           "TF/s per GPU = 2*M*N*K / time "
           "with the rank's local N or K. Ratios are time ratios (< 1: ours faster). "
-          + partials_sentence(rows) + rounds_sentence(rows), ""]
+          + partials_sentence(rows) + rounds_sentence(rows) + protocol_sentence(rows), ""]
     summary = defaultdict(list)
     auto_rows = []
     for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce"):
