@@ -8,7 +8,8 @@
 # FC_RS_PARTIALS=bf16: gemmReduceScatter with bf16 partials (fused_bench --rs-partials), the
 # baselines' numerics; f32any: fp32 partials summed in any order (the accumulating slot at W >= 3).
 # FC_OPS: the ops to time (fused_bench / torch_baselines --ops; default ag,rs; ar: gemmAllReduce).
-# FC_BENCH_ROUNDS: rounds per world, in alternating order (default 1; see below).
+# FC_BENCH_ROUNDS: rounds per world, in alternating order (default 1; see below); FC_ROUND_FROM=k
+# starts at round k (another call's rounds, merged by report.py with this one's rows).
 # FC_SUSTAIN_MS: both benches' --sustain-ms (default 500: every impl runs back to back that long,
 # then its batches; 0: ours round robin, the baselines impl by impl, as before run 14).
 # Time: the test ~1-2 min; the bench ~2-3 min per world size in full mode, ~1 min quick (on
@@ -52,7 +53,7 @@ if [ "$what" != test ]; then
   }
   for w in ${FC_WORLDS:-2 4 8}; do
     [ $w -le "$ngpu" ] || continue
-    for k in $(seq 1 "${FC_BENCH_ROUNDS:-1}"); do
+    for k in $(seq "${FC_ROUND_FROM:-1}" "${FC_BENCH_ROUNDS:-1}"); do
       if [ $((k % 2)) = 1 ]; then ours; theirs; else theirs; ours; fi
     done
   done
