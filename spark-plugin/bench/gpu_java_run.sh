@@ -56,6 +56,13 @@ flags=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.la
   --add-opens=java.base/sun.security.action=ALL-UNNAMED --add-opens=java.base/sun.util.calendar=ALL-UNNAMED
   -Djdk.reflect.useDirectMethodHandle=false -Dio.netty.tryReflectionSetAccessible=true)
 rc=0
+# executor_logs NAME: every executor's stderr of the last cluster test, its last 150 lines each,
+# into $OUT/executors-NAME.log (an executor that dies, e.g. with code 134, says why only there).
+executor_logs() {
+  for e in /tmp/fusedcomm-spark-home*/work/*/*/stderr; do
+    [ -f "$e" ] && { echo "==== $e"; tail -150 "$e"; }
+  done > "$OUT/executors-$1.log" 2>/dev/null
+}
 if [ "$mode" = classes ]; then
   select=(); for c in "$@"; do select+=(--select-class "$c"); done
   rm -rf /tmp/fusedcomm-spark-home* /tmp/fusedcomm-gpu-claims
@@ -64,6 +71,7 @@ if [ "$mode" = classes ]; then
   timeout 300 java "${flags[@]}" -Dfusedcomm.repo.root="$repo" ${JAVA_PROPS:-} \
     -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree "${select[@]}" \
     > "$OUT/java-classes.log" 2>&1 || rc=1
+  executor_logs classes
   grep -E "✔|✘|↷|tests (successful|failed|skipped)|Exception" "$OUT/java-classes.log" | head -40
   exit $rc
 fi
@@ -78,6 +86,7 @@ for w in "${worlds[@]}"; do
     -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
     --select-class io.fusedcomm.gpu.GpuClusterCollectivesTest > "$OUT/spark-gpu-w$w.log" 2>&1 || rc=1
   grep -h "fusedcomm runtime started" /tmp/fusedcomm-spark-home*/work/*/*/stderr > "$OUT/executor-uuids-w$w.log" 2>/dev/null
+  executor_logs "w$w"
   echo "== world $w: executors' logs"; cat "$OUT/executor-uuids-w$w.log"
   grep -E "^rank |overhead|stage 2|FAIL|✔|✘|↷|tests (successful|failed|skipped)|Exception" "$OUT/spark-gpu-w$w.log" | head -40
 done
