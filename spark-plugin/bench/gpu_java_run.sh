@@ -56,12 +56,16 @@ flags=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.la
   --add-opens=java.base/sun.security.action=ALL-UNNAMED --add-opens=java.base/sun.util.calendar=ALL-UNNAMED
   -Djdk.reflect.useDirectMethodHandle=false -Dio.netty.tryReflectionSetAccessible=true)
 rc=0
-# executor_logs NAME: every executor's stderr of the last cluster test, its last 150 lines each,
-# into $OUT/executors-NAME.log (an executor that dies, e.g. with code 134, says why only there).
+# executor_logs NAME: every executor's stdout and stderr of the last cluster test (the last 150
+# lines of each) and the head of any JVM fatal-error log, into $OUT/executors-NAME.log: an
+# executor that dies (run 14: exit code 134, a SIGABRT) says why only there.
 executor_logs() {
-  for e in /tmp/fusedcomm-spark-home*/work/*/*/stderr; do
+  for e in /tmp/fusedcomm-spark-home*/work/*/*/stderr /tmp/fusedcomm-spark-home*/work/*/*/stdout; do
     [ -f "$e" ] && { echo "==== $e"; tail -150 "$e"; }
   done > "$OUT/executors-$1.log" 2>/dev/null
+  for e in /tmp/fusedcomm-spark-home*/work/*/*/hs_err_pid*.log; do
+    [ -f "$e" ] && { echo "==== $e"; head -80 "$e"; }
+  done >> "$OUT/executors-$1.log" 2>/dev/null
 }
 if [ "$mode" = classes ]; then
   select=(); for c in "$@"; do select+=(--select-class "$c"); done
