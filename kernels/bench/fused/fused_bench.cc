@@ -29,7 +29,9 @@
 // --sustain-ms MS: each impl in turn runs back to back for MS ms, then its batches follow one
 // after another (no other impl in between), instead of the batches round robin over the impls:
 // every impl is timed at the clock its own power draw sustains on a power-capped GPU (the
-// protocol of torch_baselines.py --sustain-ms; kernels/bench/fused/NOTES.md, "Run 14").
+// protocol of torch_baselines.py --sustain-ms; kernels/bench/fused/NOTES.md, "Run 14"). With
+// --clocks the sustained run's second half is sampled too, so that a long MS (2000+) makes
+// NVML's power reading (a ~1 s average) the impl's own: a power probe.
 // --clocks: every rank samples its GPU's SM clock and power through NVML while each batch runs
 // (gpu_clocks.h) and prints, per shape and impl, the mean clock (min-max), power and
 // clock-event reasons: is a fused kernel's time over our GEMM alone a lower clock?
@@ -623,7 +625,17 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         const int k_sustain = static_cast<int>(o.sustain_ms / o.batch_ms * iters[i]) + 1;
         CK(cudaStreamSynchronize(st));
         g.barrier();
-        for (int k = 0; k < k_sustain; ++k) launches[i]();
+        // With --clocks the second half of the sustained run is sampled too: NVML's power
+        // reading averages over about a second, so a long --sustain-ms (2000+) makes it this
+        // impl's own.
+        for (int k = 0; k < k_sustain / 2; ++k) launches[i]();
+        CK(cudaEventRecord(e0, st));
+        for (int k = k_sustain / 2; k < k_sustain; ++k) launches[i]();
+        CK(cudaEventRecord(e1, st));
+        if (clocks.on()) {
+          CK(cudaEventSynchronize(e0));
+          while (cudaEventQuery(e1) == cudaErrorNotReady) clocks.sample(i);
+        }
         for (int b = 0; b < o.batches; ++b) batch(i);
       }
     } else {  // round robin

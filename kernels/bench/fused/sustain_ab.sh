@@ -10,7 +10,9 @@
 #                        kernels/bench/fused/sustain_ab.sh build -> build/sab.tar.xz (carry it)
 #   run   (GPU host):    kernels/bench/fused/sustain_ab.sh run [rounds=1] -> $OUT/sab/*
 # FC_SA_SHAPES (--shape of both benches, default "M=1024|M=2048|square S=8192"), FC_SA_WORLDS
-# (default "2 4"), FC_SA_SUSTAIN_MS (default 500).
+# (default "2 4"), FC_SA_SUSTAIN_MS (default 500). A power probe (NVML's power reading is a
+# ~1 s average; both benches sample the sustained run's second half):
+# FC_SA_ONLY_SUSTAINED=1 FC_SA_SUSTAIN_MS=3000, few shapes.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
@@ -41,7 +43,10 @@ theirs() {
 for w in ${FC_SA_WORLDS:-2 4}; do
   [ $w -le "$ngpu" ] || continue
   for k in $(seq 1 "${2:-1}"); do
-    if [ $((k % 2)) = 1 ]; then
+    if [ "${FC_SA_ONLY_SUSTAINED:-0}" = 1 ]; then
+      if [ $((k % 2)) = 1 ]; then ours ours-sus "--sustain-ms $sus"; theirs torch-sus "--sustain-ms $sus"
+      else theirs torch-sus "--sustain-ms $sus"; ours ours-sus "--sustain-ms $sus"; fi
+    elif [ $((k % 2)) = 1 ]; then
       ours ours-rr ""; theirs torch "" ; ours ours-sus "--sustain-ms $sus"; theirs torch-sus "--sustain-ms $sus"
     else
       theirs torch-sus "--sustain-ms $sus"; ours ours-sus "--sustain-ms $sus"; theirs torch ""; ours ours-rr ""

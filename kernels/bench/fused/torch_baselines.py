@@ -152,8 +152,18 @@ def main():
         if args.sustain_ms > 0:
             torch.cuda.synchronize()
             dist.barrier()
-            for _ in range(int(args.sustain_ms / args.batch_ms * iters) + 1):
+            k = int(args.sustain_ms / args.batch_ms * iters) + 1
+            for _ in range(k // 2):
                 call()
+            start.record()
+            for _ in range(k - k // 2):
+                call()
+            end.record()
+            if clocks and key:  # the second half sampled too (fused_bench's note on NVML power)
+                start.synchronize()
+                clocks.start(key)
+                end.synchronize()
+                clocks.end()
         per = []
         for _ in range(args.batches):
             torch.cuda.synchronize()
