@@ -2,6 +2,9 @@
 # One device call: (re)build if needed, correctness (gemm_test), SASS/ptxas facts, then ours vs
 # cuBLAS on gemm_shapes.txt. Logs and results under $OUT. Usage (repo root, on the GPU host):
 #   kernels/bench/device_run.sh [bin_dir=.devbin] [test|bench|all]
+# FC_GEMM_SHAPES (default kernels/bench/gemm_shapes.txt) and FC_GEMM_ARGS (more
+# run_gemm_bench.py arguments, e.g. "--sustain-ms 500 --cluster 2": run 14's sustained protocol,
+# CTA pairs) for the bench.
 set -uo pipefail
 bin=${1:-.devbin}; what=${2:-all}
 OUT=${OUT:-/tmp/gemm_out}; mkdir -p "$OUT"
@@ -23,8 +26,9 @@ if [ "$what" != bench ]; then
   rc=${PIPESTATUS[0]}; echo "gemm_test rc=$rc"
 fi
 if [ "$what" != test ] && [ $rc -ne 124 ]; then
-  timeout 300 python3 kernels/bench/run_gemm_bench.py --shapes kernels/bench/gemm_shapes.txt \
-    --lib "$bin/libfc_gemm_bench.so" --out-dir "$OUT" > "$OUT/bench.log" 2>&1
+  # shellcheck disable=SC2086  # FC_GEMM_ARGS: words on purpose
+  timeout 300 python3 kernels/bench/run_gemm_bench.py --shapes "${FC_GEMM_SHAPES:-kernels/bench/gemm_shapes.txt}" \
+    --lib "$bin/libfc_gemm_bench.so" --out-dir "$OUT" ${FC_GEMM_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   [ -f "$OUT/sass.txt" ] && { printf '\n## Build facts\n\n```\n'; cat "$OUT/sass.txt"; printf '```\n'; } >> "$OUT/gemm_results.md"
   grep -vE "^[a-z_0-9]+ [0-9]+ [0-9]+ [0-9]+ (nk|kn):" "$OUT/bench.log"

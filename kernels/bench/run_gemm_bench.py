@@ -41,7 +41,7 @@ def time_launches(fn, iters):
     return [e0.elapsed_time(e1) for e0, e1 in ev]
 
 
-def bench_shape(lib, M, N, K, layout, warmup, iters, rounds):
+def bench_shape(lib, M, N, K, layout, warmup, iters, rounds, sustain_ms=0.0, ours_first=True):
     g = torch.Generator(device="cuda").manual_seed(1234)
     a = (torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
     kn = layout == "kn"
@@ -65,9 +65,21 @@ def bench_shape(lib, M, N, K, layout, warmup, iters, rounds):
     torch.cuda.synchronize()
     err = ((c.float() - ref.float()).norm() / ref.float().norm()).item()
     t_ours, t_cub = [], []
-    for _ in range(rounds):
-        t_ours += time_launches(ours, iters)
-        t_cub += time_launches(cublas, iters)
+    if sustain_ms > 0:
+        # Sustained (fused/NOTES.md "Run 14"): each impl back to back for sustain_ms, then its
+        # rounds, so that each runs at the clock its own power draw sustains on a power-capped
+        # GPU instead of the clock the alternation shares. Which goes first alternates by shape.
+        order = ((ours, t_ours), (cublas, t_cub))
+        for fn, t in order if ours_first else order[::-1]:
+            one = statistics.median(time_launches(fn, 5))
+            for _ in range(int(sustain_ms / max(one, 1e-3)) + 1):
+                fn()
+            for _ in range(rounds):
+                t += time_launches(fn, iters)
+    else:
+        for _ in range(rounds):
+            t_ours += time_launches(ours, iters)
+            t_cub += time_launches(cublas, iters)
     return statistics.median(t_ours), statistics.median(t_cub), min(t_ours), min(t_cub), err
 
 
@@ -146,6 +158,8 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cluster", type=int, default=0)
+    ap.add_argument("--sustain-ms", type=float, default=0.0,
+                    help="each impl back to back this long, then its rounds (not alternating)")
     ap.add_argument("--stream-k", type=int, default=-1,
                     help="GemmArgs::stream_k with a workspace (0 chosen, 1 off, 2 forced); -1: none")
     args = ap.parse_args()
@@ -163,6 +177,7 @@ def main():
     lib.fc_gemm_set_stream_k(args.stream_k)
 
     records = []
+    n_shapes = 0
     with open(args.shapes) as f:
         for line in f:
             if not line.strip() or line.startswith("#"):
@@ -170,12 +185,14 @@ def main():
             op, M, N, K, layout = line.split()[:5]
             M, N, K = int(M), int(N), int(K)
             ms_o, ms_c, min_o, min_c, err = bench_shape(lib, M, N, K, layout, args.warmup,
-                                                        args.iters, args.rounds)
+                                                        args.iters, args.rounds, args.sustain_ms,
+                                                        ours_first=n_shapes % 2 == 0)
+            n_shapes += 1
             flops = 2.0 * M * N * K
             tile_n = lib.fc_gemm_tile_n(M, N, 0)
             base = dict(op=op, shape=dict(M=M, N=N, K=K, layout=layout), dtype="bf16",
                         device=device, commit=args.commit, date=date, cluster_arg=args.cluster,
-                        stream_k_arg=args.stream_k)
+                        stream_k_arg=args.stream_k, sustain_ms=args.sustain_ms)
             cub = dict(base, impl="cublas", ms_median=ms_c, ms_min=min_c,
                        tflops=flops / (ms_c * 1e-3) / 1e12)
             our = dict(base, impl="fusedcomm", ms_median=ms_o, ms_min=min_o,
@@ -192,8 +209,10 @@ def main():
         json.dump(records, f, indent=1)
     rows = rows_from_records(records)
 
+    how = (f"each implementation sustained for {args.sustain_ms:g} ms, then {args.rounds} rounds of"
+           if args.sustain_ms > 0 else f"{args.rounds} alternating rounds of")
     lines = [f"# fusedcomm GEMM vs cuBLAS — {device}, {date}, commit {args.commit}", "",
-             f"Median of per-launch CUDA-event times ({args.rounds} alternating rounds of "
+             f"Median of per-launch CUDA-event times ({how} "
              f"{args.iters} launches per implementation after {args.warmup} warm-ups, no sync "
              "between launches); TFLOP/s = 2MNK / time; rel. err = ||ours - cuBLAS||_F / "
              "||cuBLAS||_F.", "", *TABLE_HEAD]
