@@ -556,6 +556,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                       const std::string& what) {
     const size_t n = launches.size();
     iters.assign(n, 1);
+    std::vector<float> one_ms(n, 1.0f);  // rank 0's time of one launch, per impl
     for (size_t i = 0; i < n; ++i) {
       g.barrier();
       for (int w = 0; w < 2; ++w) launches[i]();
@@ -571,7 +572,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       std::memcpy(mine.data(), &one, sizeof one);
       const auto all = g.all_gather(mine);
       std::memcpy(&one, all[0].data(), sizeof one);
-      iters[i] = std::clamp(static_cast<int>(o.batch_ms / std::max(one, 1e-3f)), 1, 200);
+      one_ms[i] = std::max(one, 1e-3f);
+      iters[i] = std::clamp(static_cast<int>(o.batch_ms / one_ms[i]), 1, 200);
     }
     std::vector<std::vector<double>> per(n);
     auto batch = [&](size_t i) {  // one timed batch of impl i
@@ -622,7 +624,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       for (cudaEvent_t& e : ev) CK(cudaEventDestroy(e));
     } else if (o.sustain_ms > 0) {  // impl by impl, each after a sustained run of its own
       for (size_t i = 0; i < n; ++i) {
-        const int k_sustain = static_cast<int>(o.sustain_ms / o.batch_ms * iters[i]) + 1;
+        const int k_sustain = static_cast<int>(o.sustain_ms / one_ms[i]) + 1;
         CK(cudaStreamSynchronize(st));
         g.barrier();
         // With --clocks the second half of the sustained run is sampled too: NVML's power

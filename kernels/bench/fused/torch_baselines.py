@@ -152,7 +152,7 @@ def main():
         if args.sustain_ms > 0:
             torch.cuda.synchronize()
             dist.barrier()
-            k = int(args.sustain_ms / args.batch_ms * iters) + 1
+            k = int(args.sustain_ms / max(est.item(), 1e-3)) + 1
             for _ in range(k // 2):
                 call()
             start.record()
