@@ -116,6 +116,7 @@ def main():
           "with the rank's local N or K. Ratios are time ratios (< 1: ours faster). "
           + partials_sentence(rows) + rounds_sentence(rows) + protocol_sentence(rows), ""]
     summary = defaultdict(list)
+    targets = defaultdict(lambda: ([], []))  # (op, world) -> ([(shape, t1)], [(shape, t2)])
     auto_rows = []
     for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce"):
         for world in sorted({k[1] for k in order if k[0] == op}):
@@ -162,12 +163,30 @@ def main():
                           f"{auto}{'' if auto_ok is None else (' ok' if auto_ok else ' MISS')} |")
                 if vs_best is not None:
                     summary[(op, world)].append(vs_best)
+                # Issue 5's targets for the time kAuto gives (its pick of fused / decomposed).
+                t_auto = tf if auto == "fused" else td if auto == "decomposed" else None
+                if t_auto and base:
+                    targets[(op, world)][0].append((key[2], t_auto / base))
+                lib_floor = vs(ms(g, "torch_gemm"), ms(g, "torch_collective"))
+                if t_auto and lib_floor is not None:
+                    targets[(op, world)][1].append((key[2], lib_floor * t_auto / tf))
             md.append("")
     md += ["## Summary (geometric mean of ours_fused / best baseline; < 1 = ours faster)", "",
            "| op | GPUs | shapes | geomean | best | worst |", "|---|---:|---:|---:|---:|---:|"]
     for (op, world), v in sorted(summary.items()):
         gm = math.exp(sum(math.log(x) for x in v) / len(v))
         md.append(f"| {op} | {world} | {len(v)} | {gm:.3f} | {min(v):.3f} | {max(v):.3f} |")
+    if targets:
+        md += ["", "## Issue 5's targets, for kAuto's pick", "",
+               "Target 1: kAuto's time ≤ 1.0 × the best baseline (torch serial, symm_mem). Target 2, "
+               "where torch serial exceeds 1 ms: kAuto's time ≤ 1.05 × max(cuBLAS GEMM alone, NCCL "
+               "collective alone).", "",
+               "| op | GPUs | target 1 met | misses | target 2 met | misses |", "|---|---:|---:|---|---:|---|"]
+        for (op, world), (t1, t2) in sorted(targets.items()):
+            m1 = [f"{sh} {x:.3f}" for sh, x in t1 if x > 1.0]
+            m2 = [f"{sh} {x:.3f}" for sh, x in t2 if x > 1.05]
+            md.append(f"| {op} | {world} | {len(t1) - len(m1)} / {len(t1)} | {'; '.join(m1) or '-'} | "
+                      f"{len(t2) - len(m2)} / {len(t2)} | {'; '.join(m2) or '-'} |")
     if auto_rows:
         md += ["", "## kAuto crossover (fused vs decomposed, ours)", "",
                "| op | GPUs | shape | auto picked | faster | fused ms | decomposed ms |",
