@@ -1,6 +1,6 @@
 # Sourced by the fused benches' one-call scripts (pace_ab.sh, engine_trace_run.sh,
-# rs_w2_probe.sh, pusher_ab.sh; from the repository root): build variants here, carry one
-# archive to the GPU host.
+# rs_w2_probe.sh, pusher_ab.sh, coll_power_ab.sh, sustain_ab.sh; from the repository root): build
+# variants here, carry one archive to the GPU host, unpack it there.
 
 # fused_variants DIR PREFIX EXTRA_FLAGS name=FLAGS...: each variant's fused_bench, built by
 # build.sh with EXTRA_FLAGS and FLAGS into build/PREFIX-name, copied to DIR/name; DIR/order.txt
@@ -25,4 +25,10 @@ pack_builds() {
   find "$dir" -type f -perm -u+x -exec strip --strip-unneeded {} + || return 1
   git rev-parse --short HEAD > "$dir/commit.txt"
   tar cJf "$dir.tar.xz" -C "$(dirname "$dir")" "$(basename "$dir")" && du -sh "$dir" "$dir.tar.xz"
+}
+
+# unpack_builds DIR: on the GPU host, DIR from the carried DIR.tar.xz (pack_builds' archive),
+# unless DIR is there already.
+unpack_builds() {
+  [ -d "$1" ] || tar xJf "$1.tar.xz" -C "$(dirname "$1")" || { echo "no $1 and no $1.tar.xz: build first"; return 1; }
 }

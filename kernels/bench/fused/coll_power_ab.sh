@@ -11,16 +11,16 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/cpab
+. $here/builds_lib.sh
 if [ "${1:-run}" = build ]; then
   # Builds as name=FLAGS (the first is the reference); by default the two-phase collectives'
   # pulling CTAs (collectives.cu FC_PULL_CTAS_W2 / _W4) at their defaults, half and a quarter.
   shift; builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(def= \
     half="-DFC_PULL_CTAS_W2=32 -DFC_PULL_CTAS_W4=24" quarter="-DFC_PULL_CTAS_W2=16 -DFC_PULL_CTAS_W4=12")
-  . $here/builds_lib.sh
   fused_variants $out cpab "" "${builds[@]}" || exit 1
   pack_builds $out; exit
 fi
-[ -d $out ] || tar xJf build/cpab.tar.xz -C build || { echo "no build/cpab.tar.xz: build first"; exit 1; }
+unpack_builds $out || exit 1
 rounds=${2:-2}
 OUT=${OUT:-/tmp/cpab_out}; o=$OUT/cpab; mkdir -p "$o/logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -13,16 +13,16 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/etr
+. $here/builds_lib.sh
 if [ "${1:-run}" = build ]; then
   shift
   # Builds as name=FLAGS (each also gets -DFC_GEMM_TRACE).
   builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(def=)
-  . $here/builds_lib.sh
   fused_variants $out etr -DFC_GEMM_TRACE "${builds[@]}" || exit 1
   [ -n "${FC_ETR_TEST:-}" ] && cp build/etr-$FC_ETR_TEST/gpu_fused_test $out/$FC_ETR_TEST/
   pack_builds $out; exit
 fi
-[ -d $out ] || tar xJf build/etr.tar.xz -C build || { echo "no build/etr.tar.xz: build first"; exit 1; }
+unpack_builds $out || exit 1
 world=${2:-2}
 OUT=${OUT:-/tmp/etr_out}; o=$OUT/etr; mkdir -p "$o"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -11,15 +11,15 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/pace
+. $here/builds_lib.sh
 if [ "${1:-run}" = build ]; then
   # Builds as name=FLAGS, in the order given (the first is the reference); by default fixed paces.
   shift; builds=("$@"); [ ${#builds[@]} -gt 0 ] || builds=(p0= p300=-DFUSEDCOMM_RS_PUSH_PACE_NS=300 \
     p500=-DFUSEDCOMM_RS_PUSH_PACE_NS=500 p1000=-DFUSEDCOMM_RS_PUSH_PACE_NS=1000)
-  . $here/builds_lib.sh
   fused_variants $out pace "" "${builds[@]}" || exit 1
   pack_builds $out; exit
 fi
-[ -d $out ] || tar xJf build/pace.tar.xz -C build || { echo "no build/pace.tar.xz: build first"; exit 1; }
+unpack_builds $out || exit 1
 OUT=${OUT:-/tmp/pace_out}; o=$OUT/pace; mkdir -p "$o"
 echo "commit $(cat $out/commit.txt)"
 bins=$(sed "s|^|$out/|" $out/order.txt | tr '\n' ' ')

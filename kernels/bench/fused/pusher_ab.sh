@@ -32,6 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/pab
+. $here/builds_lib.sh
 if [ "${1:-run}" = build ]; then
   $here/build.sh build/pab-def > /dev/null || exit 1
   FC_NVCC_FLAGS=-DFUSEDCOMM_RS_TMA_PUSH $here/build.sh build/pab-tma | tail -1 || exit 1
@@ -46,10 +47,9 @@ if [ "${1:-run}" = build ]; then
   cp executor-native/target/cmake/executor-native/gpu_proxy_test \
      executor-native/target/cmake/executor-native/gpu_hier_test \
      executor-native/target/cmake/executor-native/gpu_runtime_hosts_test $out/
-  . $here/builds_lib.sh
   pack_builds $out; exit
 fi
-[ -d $out ] || tar xJf build/pab.tar.xz -C build || { echo "no $out and no build/pab.tar.xz: build first"; exit 1; }
+unpack_builds $out || exit 1
 world=${2:-2}
 OUT=${OUT:-/tmp/pab_out}; o=$OUT/pab; mkdir -p "$o"
 # At most ~8 files come back from $OUT: on any exit, all but the trace's summary go into one archive.

@@ -16,12 +16,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/r13
+. $here/builds_lib.sh
 if [ "${1:-run}" = build ]; then
-  . $here/builds_lib.sh
   fused_variants $out w2 "" def= trace=-DFUSEDCOMM_RS_TRACE || exit 1
   pack_builds $out; exit
 fi
-[ -d $out ] || tar xJf build/r13.tar.xz -C build || { echo "no build/r13.tar.xz: build first"; exit 1; }
+unpack_builds $out || exit 1
 OUT=${OUT:-/tmp/r13_out}; o=$OUT/r13; mkdir -p "$o"
 trap 'kernels/bench/pack_out.sh "$OUT" r13_logs.tar.xz r13/summary.txt' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -17,12 +17,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=kernels/bench/fused
 out=build/sab
+. $here/builds_lib.sh
 if [ "${1:-run}" = build ]; then
   rm -rf $out && mkdir -p $out && cp build/sab-bin/fused_bench $out/ || exit 1
-  . $here/builds_lib.sh
   pack_builds $out; exit
 fi
-[ -d $out ] || tar xJf build/sab.tar.xz -C build || { echo "no build/sab.tar.xz: build first"; exit 1; }
+unpack_builds $out || exit 1
 OUT=${OUT:-/tmp/sab_out}; o=$OUT/sab; mkdir -p "$o/logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 trap 'kernels/bench/pack_out.sh "$OUT" sab_logs.tar.xz "sab/table.txt" "sab/rows.jsonl"' EXIT
