@@ -20,6 +20,7 @@ Run: torchrun --nproc-per-node W torch_baselines.py --out torch.jsonl [--quick]
 NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 must be set (device_run.sh does).
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -59,7 +60,7 @@ class Clocks:
     the GEMM after it. Off (no samples) where NVML is missing."""
 
     def __init__(self, dev):
-        self.nvml, self.handle, self.stats, self.key = None, None, {}, None
+        self.nvml, self.handle, self.stats = None, None, {}
         self.stop = threading.Event()
         try:
             nvml = ctypes.CDLL("libnvidia-ml.so.1")
@@ -82,17 +83,20 @@ class Clocks:
             s[1] += mhz.value
             s[2] += mw.value
 
-    def start(self, key):
+    @contextlib.contextmanager
+    def sampling(self, key):
+        """Samples into `key` from a thread while the body runs (nothing without NVML)."""
         if self.nvml is None:
+            yield
             return
         self.stop.clear()
-        self.thread = threading.Thread(target=self._run, args=(key,), daemon=True)
-        self.thread.start()
-
-    def end(self):
-        if self.nvml is not None:
+        thread = threading.Thread(target=self._run, args=(key,), daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
             self.stop.set()
-            self.thread.join()
+            thread.join()
 
     def summary(self, key):
         n, mhz, mw = self.stats.get(key, (0, 0, 0))
@@ -137,6 +141,9 @@ def main():
     def rand(*shape):
         return torch.rand(*shape, generator=gen, device=dev, dtype=torch.float32).mul_(2).sub_(1).to(torch.bfloat16)
 
+    def sample(key):  # NVML samples while a timed batch runs (--clocks)
+        return clocks.sampling(key) if clocks and key else contextlib.nullcontext()
+
     def time_call(call, key=None):
         for _ in range(2):
             call()
@@ -159,11 +166,9 @@ def main():
             for _ in range(k - k // 2):
                 call()
             end.record()
-            if clocks and key:  # the second half sampled too (fused_bench's note on NVML power)
-                start.synchronize()
-                clocks.start(key)
+            start.synchronize()
+            with sample(key):  # the second half too (fused_bench's note on NVML power)
                 end.synchronize()
-                clocks.end()
         per = []
         for _ in range(args.batches):
             torch.cuda.synchronize()
@@ -172,11 +177,8 @@ def main():
             for _ in range(iters):
                 call()
             end.record()
-            if clocks and key:
-                clocks.start(key)
-            end.synchronize()
-            if clocks and key:
-                clocks.end()
+            with sample(key):
+                end.synchronize()
             per.append(start.elapsed_time(end) / iters)
         per.sort()
         return per[len(per) // 2], iters
