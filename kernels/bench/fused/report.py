@@ -137,14 +137,15 @@ def main():
                 t_coll = best(ms(g, "ours_collective"), ms(g, "torch_collective"))
                 vs_best = tf / base if tf and base else None
                 best_vs = ours_best / base if ours_best and base else None
-                def vs(gemm, coll):  # ours_fused / max(gemm, coll), where serial exceeds 1 ms
-                    return tf / max(gemm, coll) if tf and gemm and coll and ts and ts > 1.0 else None
-                vs_floor = vs(t_gemm, t_coll)
-                vs_lib_floor = vs(ms(g, "torch_gemm"), ms(g, "torch_collective"))
+                def vs(t, gemm, coll):  # t / max(gemm, coll), where serial exceeds 1 ms
+                    return t / max(gemm, coll) if t and gemm and coll and ts and ts > 1.0 else None
+                lib_gemm, lib_coll = ms(g, "torch_gemm"), ms(g, "torch_collective")
+                vs_floor = vs(tf, t_gemm, t_coll)
+                vs_lib_floor = vs(tf, lib_gemm, lib_coll)
                 og_ranks, tg_ranks = ranks(g, "ours_gemm"), ranks(g, "torch_gemm")
                 gemm_spread = max(og_ranks) / min(og_ranks) if og_ranks else None
-                vs_slow_floor = vs(best(max(og_ranks) if og_ranks else None,
-                                        max(tg_ranks) if tg_ranks else None), t_coll) if og_ranks else None
+                vs_slow_floor = vs(tf, best(max(og_ranks) if og_ranks else None,
+                                            max(tg_ranks) if tg_ranks else None), t_coll) if og_ranks else None
                 og, oc = ms(g, "ours_gemm"), ms(g, "ours_collective")
                 overlap = (og + oc - tf) / min(og, oc) if tf and og and oc else None
                 fr = g.get("ours_fused", {})
@@ -167,9 +168,9 @@ def main():
                 t_auto = tf if auto == "fused" else td if auto == "decomposed" else None
                 if t_auto and base:
                     targets[(op, world)][0].append((key[2], t_auto / base))
-                lib_floor = vs(ms(g, "torch_gemm"), ms(g, "torch_collective"))
-                if t_auto and lib_floor is not None:
-                    targets[(op, world)][1].append((key[2], lib_floor * t_auto / tf))
+                auto_vs_lib_floor = vs(t_auto, lib_gemm, lib_coll)
+                if auto_vs_lib_floor is not None:
+                    targets[(op, world)][1].append((key[2], auto_vs_lib_floor))
             md.append("")
     md += ["## Summary (geometric mean of ours_fused / best baseline; < 1 = ours faster)", "",
            "| op | GPUs | shapes | geomean | best | worst |", "|---|---:|---:|---:|---:|---:|"]
