@@ -3,7 +3,7 @@
 #
 # Two bundles travel as ignored folders of the checkout (the device tool's `carry`):
 #   .sparkbundle/pN   the stable part: a jlink'ed Java 17 runtime + Spark, JCuda and JUnit jars
-#                     (/work/shared/gpu-host/make-bundle.sh; ~3 parts of <= 55 MB, one per call)
+#                     (make_spark_bundle.sh; ~95 MB as 30 MiB parts, one per call)
 #   .fcbundle         what changes: the plugin's classes and test classes and libfusedcomm.so
 #                     (spark-plugin/bench/make_fc_bundle.sh)
 #
@@ -56,20 +56,41 @@ flags=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.la
   --add-opens=java.base/sun.security.action=ALL-UNNAMED --add-opens=java.base/sun.util.calendar=ALL-UNNAMED
   -Djdk.reflect.useDirectMethodHandle=false -Dio.netty.tryReflectionSetAccessible=true)
 rc=0
-# executor_logs NAME: every executor's stdout and stderr of the last cluster test (the last 150
-# lines of each) and the head of any JVM fatal-error log, into $OUT/executors-NAME.log: an
-# executor that dies (run 14: exit code 134, a SIGABRT) says why only there.
+# Spark's local-cluster (spark.testing) gives each worker a temporary folder, /tmp/worker-*/APP/ID
+# per executor, that is deleted when the driver JVM exits (run 15 found this: the logs the
+# script looked for were gone). keep_start copies every executor's stdout, stderr and any JVM
+# fatal-error log (hs_err_pid*.log, written to the executor's folder) into /tmp/fc-executors
+# twice a second until keep_stop; executor_logs NAME then writes the last 150 lines of each log
+# and the head of each fatal-error log to $OUT/executors-NAME.log: an executor that dies (run 14:
+# exit code 134, a SIGABRT) says why only there.
+keep_start() {
+  rm -rf /tmp/fc-executors; mkdir -p /tmp/fc-executors
+  (
+    while :; do
+      for d in /tmp/worker-*/*/*/; do
+        [ -d "$d" ] || continue
+        k=/tmp/fc-executors/$(basename "$(dirname "$d")")-$(basename "$d"); mkdir -p "$k"
+        cp "$d"stdout "$d"stderr "$d"hs_err_pid*.log "$k"/ 2>/dev/null
+      done
+      sleep 0.5
+    done
+  ) &
+  keeper=$!
+}
+keep_stop() { kill "$keeper" 2>/dev/null; wait "$keeper" 2>/dev/null; }
 executor_logs() {
-  for e in /tmp/fusedcomm-spark-home*/work/*/*/stderr /tmp/fusedcomm-spark-home*/work/*/*/stdout; do
+  keep_stop
+  for e in /tmp/fc-executors/*/stderr /tmp/fc-executors/*/stdout; do
     [ -f "$e" ] && { echo "==== $e"; tail -150 "$e"; }
   done > "$OUT/executors-$1.log" 2>/dev/null
-  for e in /tmp/fusedcomm-spark-home*/work/*/*/hs_err_pid*.log; do
+  for e in /tmp/fc-executors/*/hs_err_pid*.log; do
     [ -f "$e" ] && { echo "==== $e"; head -80 "$e"; }
   done >> "$OUT/executors-$1.log" 2>/dev/null
 }
 if [ "$mode" = classes ]; then
   select=(); for c in "$@"; do select+=(--select-class "$c"); done
-  rm -rf /tmp/fusedcomm-spark-home* /tmp/fusedcomm-gpu-claims
+  rm -rf /tmp/fusedcomm-spark-home* /tmp/worker-* /tmp/fusedcomm-gpu-claims
+  keep_start
   # JAVA_PROPS is split into words on purpose: one -D option per word.
   # shellcheck disable=SC2086
   timeout 300 java "${flags[@]}" -Dfusedcomm.repo.root="$repo" ${JAVA_PROPS:-} \
@@ -85,19 +106,20 @@ java "${flags[@]}" -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --
 grep -E "✔|✘|↷|tests (successful|failed|skipped)|cuda runtime opened" "$OUT/java-single-gpu.log" | head -30
 for w in "${worlds[@]}"; do
   [ "$w" -le "$ngpu" ] || continue
-  rm -rf /tmp/fusedcomm-spark-home* /tmp/fusedcomm-gpu-claims
+  rm -rf /tmp/fusedcomm-spark-home* /tmp/worker-* /tmp/fusedcomm-gpu-claims
+  keep_start
   timeout 300 java "${flags[@]}" -Dfusedcomm.repo.root="$repo" -Dfusedcomm.test.gpuWorld="$w" \
     -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
     --select-class io.fusedcomm.gpu.GpuClusterCollectivesTest > "$OUT/spark-gpu-w$w.log" 2>&1 || rc=1
-  grep -h "fusedcomm runtime started" /tmp/fusedcomm-spark-home*/work/*/*/stderr > "$OUT/executor-uuids-w$w.log" 2>/dev/null
   executor_logs "w$w"
+  grep -h "fusedcomm runtime started" /tmp/fc-executors/*/stderr > "$OUT/executor-uuids-w$w.log" 2>/dev/null
   echo "== world $w: executors' logs"; cat "$OUT/executor-uuids-w$w.log"
   grep -E "^rank |overhead|stage 2|FAIL|✔|✘|↷|tests (successful|failed|skipped)|Exception" "$OUT/spark-gpu-w$w.log" | head -40
 done
 # Between hosts: every GPU of this host, split into two virtual hosts (proxy + socket path); on a
 # one-GPU host two executors share it (correctness only).
 if [ "$ngpu" -ge 1 ]; then
-  rm -rf /tmp/fusedcomm-spark-home* /tmp/fusedcomm-gpu-claims
+  rm -rf /tmp/fusedcomm-spark-home* /tmp/worker-* /tmp/fusedcomm-gpu-claims
   timeout 300 java "${flags[@]}" -Dfusedcomm.repo.root="$repo" -cp "$cp_fc:$BUNDLE_CP" $launcher execute \
     --disable-banner --details=tree --select-class io.fusedcomm.gpu.GpuClusterHostsTest \
     > "$OUT/spark-gpu-hosts.log" 2>&1 || rc=1

@@ -145,6 +145,7 @@ class GpuClusterCollectivesTest {
           for (String op : new String[] {"allGather", "reduceScatter", "allReduce", "allToAll"}) {
             boolean onStream = (trial++ % 2) == 1;
             String what = op + " " + t.label() + " n=" + n + (onStream ? " on stream" : "");
+            progress(r, what);
             try {
               checkCollective(comm, op, t, n, Data.seed(seed, trial, 0), onStream ? stream : null);
               checks++;
@@ -156,6 +157,7 @@ class GpuClusterCollectivesTest {
       }
       // Larger than the data area: allReduce runs in pieces; reduceScatter is refused everywhere.
       int big = (int) (SYMMETRIC_BYTES / 4 * 2 + 11);
+      progress(r, "allReduce in pieces n=" + big);
       try {
         checkCollective(comm, "allReduce", DType.F32, big, Data.seed(seed, 9999, 0), null);
         checks++;
@@ -185,6 +187,7 @@ class GpuClusterCollectivesTest {
         int[][] shapes = w >= 2 ? new int[][] {{128 * w + 40, 264}, {2048, 4096}} : new int[][] {{128 * w + 40, 264}};
         for (int[] mk : shapes) {
           String what = "allGatherGemm " + layout + " M=" + mk[0] + " K=" + mk[1];
+          progress(r, what);
           try {
             checkAllGatherGemm(comm, layout, mk[0], mk[1], Data.seed(seed, 7000 + mk[1] + layout.ordinal(), 0), on);
             checks++;
@@ -195,6 +198,7 @@ class GpuClusterCollectivesTest {
         for (boolean all : new boolean[] {false, true}) {
           for (PartialPrecision p : PartialPrecision.values()) {
             String what = (all ? "gemmAllReduce " : "gemmReduceScatter ") + layout + " partials " + p;
+            progress(r, what);
             try {
               checkGemmReduce(comm, all, layout, p,
                   Data.seed(seed, 7100 + (all ? 50 : 0) + 4 * layout.ordinal() + p.ordinal(), 0), on);
@@ -205,17 +209,28 @@ class GpuClusterCollectivesTest {
           }
         }
       }
+      progress(r, "CUDA graph");
       try {
         checks += checkGraph(comm, Data.seed(seed, 8000, 0), stream, 0);
       } catch (Throwable e) {
         out.add("FAIL rank " + r + " CUDA graph of the collectives and GEMM ops: " + e);
       }
       out.add("rank " + r + " checks passed: " + checks);
+      progress(r, "overhead");
       out.add(overhead(comm));
     } finally {
       JCuda.cudaStreamDestroy(stream);
     }
     return out;
+  }
+
+  /**
+   * The check a rank starts, on the executor's stderr (its worker keeps it): the lines this
+   * rank returns are lost if its executor dies, and this says which check was in flight.
+   */
+  private static void progress(int rank, String what) {
+    System.err.println("GpuClusterCollectivesTest rank " + rank + " starts: " + what);
+    System.err.flush();
   }
 
   /** Runs one collective on device tensors and compares every element with the reference. */
