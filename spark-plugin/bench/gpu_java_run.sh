@@ -22,6 +22,8 @@
 #                                    $OUT/java-classes.log; JAVA_PROPS: extra -D options (e.g.
 #                                    -Dfusedcomm.test.gpuWorld=1)
 set -uo pipefail
+# No core files: an executor that aborts would otherwise dump a process that maps GPU memory.
+ulimit -c 0
 OUT=${OUT:-/tmp/java_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 repo=$(pwd)
