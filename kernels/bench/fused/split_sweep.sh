@@ -12,7 +12,7 @@
 # GPU count allows. FC_SPLIT_SHAPES_W2 / FC_SPLIT_SHAPES_W4: fused_bench --shape filters
 # (default: run 14's target misses and their neighbours). FC_SPLIT_ROUNDS=2 runs the counts
 # again in reverse order (a drift in the GPUs' state then shows as a disagreement).
-# FC_SPLIT_SUSTAIN_MS: default 500.
+# FC_SPLIT_WORLDS: default "2 4". FC_SPLIT_SUSTAIN_MS: default 500.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source kernels/bench/fused/builds_lib.sh
@@ -40,7 +40,7 @@ one() {  # world ctas round
     > "$logs/w${w}_c${c}_r$k.log" 2>&1
   echo "W=$w ctas=$c round $k rc=$? ($(date +%T))"
 }
-for w in 2 4; do
+for w in ${FC_SPLIT_WORLDS:-2 4}; do
   [ "$w" -le "$ngpu" ] || continue
   for c in $(counts "$w"); do one "$w" "$c" 1; done
   if [ "${FC_SPLIT_ROUNDS:-1}" -ge 2 ]; then
