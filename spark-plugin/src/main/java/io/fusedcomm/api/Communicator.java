@@ -58,12 +58,17 @@ public final class Communicator implements AutoCloseable {
   private final List<RankInfo> ranks;
   private final HostLayout hosts;
   private final long leakId;
+  private final ExecutorRuntime.Lease lease;
   private volatile long handle;
   private final Object lock = new Object();
+  // Guards the native handle between abort() (any thread) and close(): close zeroes it under
+  // this lock before freeing it, so an abort never reaches freed memory.
+  private final Object handleLock = new Object();
 
-  private Communicator(
-      ExecutorRuntime runtime, long handle, int rank, int world, List<RankInfo> ranks, HostLayout hosts) {
+  private Communicator(ExecutorRuntime runtime, ExecutorRuntime.Lease lease, long handle, int rank, int world,
+                       List<RankInfo> ranks, HostLayout hosts) {
     this.runtime = runtime;
+    this.lease = lease;
     this.hosts = hosts;
     this.handle = handle;
     this.rank = rank;
@@ -110,8 +115,25 @@ public final class Communicator implements AutoCloseable {
     if (world < 1 || rank < 0 || rank >= world) {
       throw new IllegalArgumentException("rank " + rank + " of world " + world + " is not valid");
     }
-    runtime.pinGpu();
-    long handle = NativeApi.commCreate(runtime.handle(), rank, world);
+    ExecutorRuntime.Lease lease = runtime.lease();
+    long handle;
+    try {
+      runtime.pinGpu();
+      handle = NativeApi.commCreate(runtime.handle(), rank, world);
+    } catch (RuntimeException | Error e) {
+      lease.close();
+      throw e;
+    }
+    // Until the Communicator exists, a runtime that closes aborts the native half directly;
+    // the failure path below zeroes `live` under the same lock before freeing it.
+    long[] live = {handle};
+    lease.onAbort(() -> {
+      synchronized (live) {
+        if (live[0] != 0) {
+          NativeApi.commAbort(live[0]);
+        }
+      }
+    });
     try {
       // Every rank must split hosts (and share GPUs) the same way: the settings join the plan's
       // fingerprint.
@@ -141,13 +163,21 @@ public final class Communicator implements AutoCloseable {
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
       NativeApi.commConnect(
           handle, endpoints, rank, exchange.commNonce(), deviceHandles, layout.hostIds());
-      return new Communicator(runtime, handle, rank, world, infos, layout);
+      Communicator comm = new Communicator(runtime, lease, handle, rank, world, infos, layout);
+      lease.onAbort(comm::abort);
+      return comm;
     } catch (RuntimeException | Error e) {
-      NativeApi.commAbort(handle);
+      // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
+      synchronized (live) {
+        live[0] = 0;
+      }
       try {
+        NativeApi.commAbort(handle);
         NativeApi.commClose(handle);
       } catch (RuntimeException suppressed) {
         e.addSuppressed(suppressed);
+      } finally {
+        lease.close();
       }
       throw e;
     }
@@ -535,9 +565,11 @@ public final class Communicator implements AutoCloseable {
    * Safe to call from any thread, any number of times; {@link #close()} is still needed.
    */
   public void abort() {
-    long h = handle;
-    if (h != 0) {
-      NativeApi.commAbort(h);
+    synchronized (handleLock) {
+      long h = handle;
+      if (h != 0) {
+        NativeApi.commAbort(h);
+      }
     }
   }
 
@@ -550,13 +582,20 @@ public final class Communicator implements AutoCloseable {
   @Override
   public void close() {
     synchronized (lock) {
-      long h = handle;
-      if (h == 0) {
-        return;
+      long h;
+      synchronized (handleLock) {
+        h = handle;
+        if (h == 0) {
+          return;
+        }
+        handle = 0;
       }
-      handle = 0;
       LeakTracker.closed(leakId);
-      NativeApi.commClose(h);
+      try {
+        NativeApi.commClose(h);
+      } finally {
+        lease.close();
+      }
     }
   }
 

@@ -5,7 +5,13 @@ import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.errors.BackendUnavailableException;
 import java.net.InetAddress;
 import java.net.UnknownHostException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashSet;
+import java.util.List;
 import java.util.Optional;
+import java.util.Set;
+import java.util.concurrent.TimeUnit;
 import java.util.logging.Logger;
 
 /**
@@ -17,8 +23,14 @@ import java.util.logging.Logger;
  * to this executor and fails with {@link BackendUnavailableException} otherwise; {@code auto}
  * picks host until the cuda backend's ops are built (the GPU runtime is opened only for {@code
  * cuda}).
+ *
+ * <p>Communicators hold a {@link Lease} on the runtime from before their native half exists until
+ * after it is freed. {@link #close} aborts the holders still open and waits for them (bounded)
+ * before it frees the native runtime, which their native halves point into.
  */
 public final class ExecutorRuntime implements AutoCloseable {
+  /** The longest {@link #close} waits for aborted communicators to be closed by their tasks. */
+  private static final Duration MAX_CLOSE_WAIT = Duration.ofSeconds(10);
   private static final Logger LOG = Logger.getLogger(ExecutorRuntime.class.getName());
   private static volatile ExecutorRuntime current;
 
@@ -33,6 +45,8 @@ public final class ExecutorRuntime implements AutoCloseable {
   private final String description;
   private final long leakId;
   private long handle;
+  private boolean closing;  // guarded by this: no new leases
+  private final Set<Lease> leases = new HashSet<>();  // guarded by itself
 
   private ExecutorRuntime(
       FusedCommConf conf, String executorId, Optional<String> gpuAddress, long jobToken) {
@@ -62,6 +76,16 @@ public final class ExecutorRuntime implements AutoCloseable {
             jobToken,
             conf.cudaShareGpu());
     this.backend = Backend.values()[NativeApi.runtimeBackend(handle)];
+    if (backend == Backend.CUDA) {
+      // Before any task touches JCuda: executors of one host must not load its libraries at
+      // the same instant (JCudaNatives says why).
+      try {
+        JCudaNatives.load();
+      } catch (LinkageError | RuntimeException e) {
+        NativeApi.runtimeClose(handle);
+        throw new BackendUnavailableException("cuda", "JCuda's native libraries did not load: " + e, e);
+      }
+    }
     this.gpuUuid = NativeApi.runtimeGpuUuid(handle);
     this.description = NativeApi.runtimeDescribe(handle);
     this.host = localHost(conf.transportBindHost());
@@ -185,13 +209,76 @@ public final class ExecutorRuntime implements AutoCloseable {
     return jobToken;
   }
 
-  @Override
-  public synchronized void close() {
-    if (handle == 0) {
-      return;
+  /**
+   * Internal: a communicator's hold on this runtime (see the class comment). Taken before the
+   * communicator's native half is created, closed after it is freed.
+   */
+  public final class Lease implements AutoCloseable {
+    private volatile Runnable abort = () -> {};
+
+    private Lease() {}
+
+    /** What {@link ExecutorRuntime#close} runs, from its own thread, to stop the holder's ops. */
+    public void onAbort(Runnable action) {
+      abort = action;
     }
-    NativeApi.runtimeClose(handle);
-    handle = 0;
+
+    @Override
+    public void close() {
+      synchronized (leases) {
+        if (leases.remove(this)) {
+          leases.notifyAll();
+        }
+      }
+    }
+  }
+
+  /** Internal: a hold on this runtime for a communicator; refused once the runtime closes. */
+  public synchronized Lease lease() {
+    if (handle == 0 || closing) {
+      throw new IllegalStateException("the fusedcomm runtime of executor " + executorId + " is closed");
+    }
+    Lease lease = new Lease();
+    synchronized (leases) {
+      leases.add(lease);
+    }
+    return lease;
+  }
+
+  /** Communicators open on this runtime (leases held). */
+  public int openCommunicators() {
+    synchronized (leases) {
+      return leases.size();
+    }
+  }
+
+  /**
+   * Frees the runtime. Communicators still open (a task that has not reached its close, e.g.
+   * one still waiting for a peer that died when the executor is told to shut down) are aborted
+   * first, and their tasks get up to the op timeout (at most 10 s) to close them. If some stay
+   * open, the native runtime is not freed but left to the process's exit: freeing it under them
+   * crashed an executor (run 15: SIGSEGV in the native close of a communicator whose runtime
+   * the executor's shutdown had freed). Idempotent.
+   */
+  @Override
+  public void close() {
+    synchronized (this) {
+      if (handle == 0 || closing) {
+        return;
+      }
+      closing = true;
+    }
+    boolean drained = abortAndAwaitLeases();
+    synchronized (this) {
+      if (drained) {
+        NativeApi.runtimeClose(handle);
+      } else {
+        LOG.warning("fusedcomm runtime of executor " + executorId + ": " + openCommunicators()
+            + " communicator(s) still open " + closeWait().toMillis() + " ms after they were aborted;"
+            + " the native runtime is left to the process's exit");
+      }
+      handle = 0;
+    }
     LeakTracker.closed(leakId);
     synchronized (ExecutorRuntime.class) {
       if (current == this) {
@@ -204,6 +291,46 @@ public final class ExecutorRuntime implements AutoCloseable {
         LOG.warning("fusedcomm handle never closed: " + leak);
       }
     }
+  }
+
+  private Duration closeWait() {
+    return conf.timeout().compareTo(MAX_CLOSE_WAIT) < 0 ? conf.timeout() : MAX_CLOSE_WAIT;
+  }
+
+  /** Aborts every leaseholder and waits for all leases to be closed; false on the deadline. */
+  private boolean abortAndAwaitLeases() {
+    List<Lease> open;
+    synchronized (leases) {
+      open = new ArrayList<>(leases);
+    }
+    if (open.isEmpty()) {
+      return true;
+    }
+    LOG.warning("fusedcomm runtime of executor " + executorId + " closes with " + open.size()
+        + " communicator(s) open: aborting them");
+    for (Lease lease : open) {
+      try {
+        lease.abort.run();
+      } catch (RuntimeException e) {
+        LOG.warning("aborting a communicator at runtime close: " + e);
+      }
+    }
+    long deadline = System.nanoTime() + closeWait().toNanos();
+    synchronized (leases) {
+      while (!leases.isEmpty()) {
+        long left = deadline - System.nanoTime();
+        if (left <= 0) {
+          return false;
+        }
+        try {
+          TimeUnit.NANOSECONDS.timedWait(leases, left);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          return false;
+        }
+      }
+    }
+    return true;
   }
 
   @Override

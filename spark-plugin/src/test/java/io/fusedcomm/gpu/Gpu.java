@@ -36,8 +36,9 @@ final class Gpu {
   /**
    * Settings of a GPU {@code local-cluster}: the cuda backend, a 30 s timeout, the given
    * symmetric data area, one GPU per worker / executor / task from conf/gpu-discovery.sh, and
-   * JCuda's native library where this JVM unpacked it (executors load it instead of racing to
-   * unpack the same file). A mutable copy: callers add their own keys.
+   * the folder where JCuda unpacks its native libraries on the executors' library path (the
+   * executors load them under JCudaNatives' host lock). A mutable copy: callers add their own
+   * keys.
    */
   static Map<String, String> clusterSettings(long symmetricBytes) {
     String script = Path.of(System.getProperty("fusedcomm.repo.root", "..")).resolve("conf/gpu-discovery.sh")

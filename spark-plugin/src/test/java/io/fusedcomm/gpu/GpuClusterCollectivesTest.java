@@ -72,7 +72,7 @@ class GpuClusterCollectivesTest {
   void collectivesOnDeviceTensorsInBarrierStages() {
     Gpu.require();
     int[] count = {0};
-    JCuda.cudaGetDeviceCount(count);  // also unpacks JCuda's library before executors race on it
+    JCuda.cudaGetDeviceCount(count);
     int requested = Integer.getInteger("fusedcomm.test.gpuWorld", count[0]);
     boolean runnable = count[0] >= 2 || (count[0] == 1 && requested == 1);
     if (!runnable) {

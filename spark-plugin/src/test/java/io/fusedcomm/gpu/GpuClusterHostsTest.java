@@ -59,7 +59,7 @@ class GpuClusterHostsTest {
   void collectivesBetweenVirtualHosts() {
     Gpu.require();
     int[] count = {0};
-    JCuda.cudaGetDeviceCount(count);  // also unpacks JCuda's library before executors race on it
+    JCuda.cudaGetDeviceCount(count);
     int gpus = count[0];
     // One GPU: two executors share it (spark.fusedcomm.cuda.shareGpu; correctness only).
     boolean shared = gpus == 1;
