@@ -4,7 +4,8 @@
 # back to back before its batches, so each is timed at the clock its own power draw sustains).
 # kAgSplit was tuned in runs 10-11 with the round-robin protocol, which favoured the fused
 # kernel; this sweep asks again, ours only: the fused time per count of pulling CTAs, each
-# against our GEMM alone from the same process.
+# against our GEMM alone from the same process, for each build variant (FC_SPLIT_BUILDS, default
+# "base= bulk=-DFUSEDCOMM_AG_BULK_PULL": the pulls by register loads, and by bulk copies).
 #   build (CPU machine): kernels/bench/fused/split_sweep.sh build  -> build/split.tar.xz (carry it)
 #   run   (GPU host):    kernels/bench/fused/split_sweep.sh run    -> $OUT/split_table.txt,
 #                        $OUT/split_rows.jsonl, $OUT/split_logs.tar.xz
@@ -17,8 +18,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source kernels/bench/fused/builds_lib.sh
 if [ "${1:-run}" = build ]; then
-  rm -rf build/split && mkdir -p build/split || exit 1
-  kernels/bench/fused/build.sh build/split-bin | tail -1 && cp build/split-bin/fused_bench build/split/ || exit 1
+  # One build per variant (name=nvcc flags; the first is the reference), each with its own
+  # gpu_fused_test, which the run calls first for every variant but the first.
+  # shellcheck disable=SC2086  # FC_SPLIT_BUILDS: words on purpose
+  fused_variants build/split split "" ${FC_SPLIT_BUILDS:-base= bulk=-DFUSEDCOMM_AG_BULK_PULL} || exit 1
+  while read -r v; do cp "build/split-$v/gpu_fused_test" "build/split/$v/" || exit 1; done < build/split/order.txt
   pack_builds build/split; exit $?
 fi
 unpack_builds build/split || exit 1
@@ -32,19 +36,26 @@ shapes() {
   if [ "$1" = 2 ]; then echo "${FC_SPLIT_SHAPES_W2:-S=8192|S=16384|8b M=16384|70b M=2048}"
   else echo "${FC_SPLIT_SHAPES_W4:-S=8192|S=16384|8b M=16384|70b M=2048|70b M=4096}"; fi
 }
-one() {  # world ctas round
-  local w=$1 c=$2 k=$3 extra=()
+variants=$(cat build/split/order.txt)
+# Every variant but the reference passes gpu_fused_test (W = 1 to the GPU count) before it is timed.
+for v in $(echo "$variants" | tail -n +2); do
+  timeout 300 "build/split/$v/gpu_fused_test" > "$logs/test_$v.log" 2>&1
+  rc=$?; echo "gpu_fused_test $v rc=$rc: $(grep -E '^== world [0-9]+: ' "$logs/test_$v.log" | tr '\n' ' ')"
+  [ $rc = 0 ] || variants=$(echo "$variants" | grep -vx "$v")
+done
+one() {  # variant world ctas round
+  local v=$1 w=$2 c=$3 k=$4 extra=()
   [ "$c" != 0 ] && extra=(--ctas "$c")
-  timeout 240 build/split/fused_bench --world "$w" --ops ag --batches 3 --sustain-ms "$sus" \
-    --shape "$(shapes "$w")" "${extra[@]}" --out "$logs/w${w}_c${c}_r$k.jsonl" \
-    > "$logs/w${w}_c${c}_r$k.log" 2>&1
-  echo "W=$w ctas=$c round $k rc=$? ($(date +%T))"
+  timeout 240 "build/split/$v/fused_bench" --world "$w" --ops ag --batches 3 --sustain-ms "$sus" \
+    --shape "$(shapes "$w")" "${extra[@]}" --out "$logs/w${w}_${v}_c${c}_r$k.jsonl" \
+    > "$logs/w${w}_${v}_c${c}_r$k.log" 2>&1
+  echo "W=$w $v ctas=$c round $k rc=$? ($(date +%T))"
 }
 for w in ${FC_SPLIT_WORLDS:-2 4}; do
   [ "$w" -le "$ngpu" ] || continue
-  for c in $(counts "$w"); do one "$w" "$c" 1; done
+  for c in $(counts "$w"); do for v in $variants; do one "$v" "$w" "$c" 1; done; done
   if [ "${FC_SPLIT_ROUNDS:-1}" -ge 2 ]; then
-    for c in $(counts "$w" | tr ' ' '\n' | tac); do one "$w" "$c" 2; done
+    for c in $(counts "$w" | tr ' ' '\n' | tac); do for v in $(echo "$variants" | tac); do one "$v" "$w" "$c" 2; done; done
   fi
 done
 cat "$logs"/*.jsonl > "$OUT/split_rows.jsonl" 2>/dev/null
@@ -53,7 +64,7 @@ import collections, glob, json, re, statistics, sys
 # (world, shape) -> ctas label -> [(fused ms, gemm ms, pulling CTAs)] over rounds
 cell = collections.defaultdict(lambda: collections.defaultdict(list))
 for f in glob.glob(sys.argv[1] + "/*.jsonl"):
-    m = re.search(r"w(\d+)_c(\d+)_r(\d+)\.jsonl$", f)
+    m = re.search(r"w(\d+)_([A-Za-z0-9-]+)_c(\d+)_r(\d+)\.jsonl$", f)
     rows = collections.defaultdict(dict)
     for line in open(f):
         r = json.loads(line)
@@ -61,20 +72,21 @@ for f in glob.glob(sys.argv[1] + "/*.jsonl"):
     for shape, v in rows.items():
         if "ours_fused" in v and "ours_gemm" in v:
             fu = v["ours_fused"]
-            label = "table" if m.group(2) == "0" else m.group(2)
+            label = (m.group(2), "table" if m.group(3) == "0" else m.group(3))
             cell[(int(m.group(1)), shape)][label].append((fu["ms_median"], v["ours_gemm"]["ms_median"], fu["comm_ctas"]))
-print("allGatherGemm fused time / our GEMM alone (same process), sustained; per pulling-CTA count")
-print("(table = kAgSplit's own count, in brackets); fused ms in parentheses; median over rounds")
+print("allGatherGemm fused time / our GEMM alone (same process), sustained; per build variant and")
+print("pulling-CTA count (table = kAgSplit's own count, in brackets); fused ms in parentheses;")
+print("median over rounds")
 for key in sorted(cell):
     w, shape = key
     parts = []
-    def order(l): return -1 if l == "table" else int(l)
+    def order(l): return (l[0], -1 if l[1] == "table" else int(l[1]))
     best = None
     for label in sorted(cell[key], key=order):
         xs = cell[key][label]
         ratio = statistics.median(f / g for f, g, _ in xs)
         fused = statistics.median(f for f, _, _ in xs)
-        name = f"table[{xs[0][2]}]" if label == "table" else label
+        name = label[0] + ":" + (f"table[{xs[0][2]}]" if label[1] == "table" else label[1])
         parts.append(f"{name} {ratio:.3f} ({fused:.4f})")
         if best is None or ratio < best[1]:
             best = (name, ratio)

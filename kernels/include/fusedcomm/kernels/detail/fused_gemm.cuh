@@ -215,6 +215,14 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
 #endif
   uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
   bool ok = true;
+#ifdef FUSEDCOMM_AG_BULK_PULL
+  static_assert(FusedBulkCopier::kSmemBytes <= GemmTileConfig<128>::kSmemBytes &&
+                    FusedBulkCopier::kSmemBytes <= GemmTileConfig<256>::kSmemBytes,
+                "the bulk pull's staging fits the kernel's dynamic shared memory");
+  extern __shared__ __align__(128) uint8_t pull_smem[];
+  FusedBulkCopier bulk;
+  if (threadIdx.x == 0) bulk.init(pull_smem);
+#endif
   const int chunk_rows = p.mg * kTileM;
   const int items = p.chunks * p.slices;
   const size_t row_bytes = static_cast<size_t>(p.K) * 2;
@@ -254,8 +262,15 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
           arrived |= 1u << o;
         }
         const uint8_t* src = d.base[o] + d.data_offset + p.in_offset + (ra - off) * row_bytes;
+#ifdef FUSEDCOMM_AG_BULK_PULL
+        if (threadIdx.x == 0) {
+          bulk.copy(reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes, src,
+                    (rb - ra) * static_cast<int64_t>(row_bytes));
+        }
+#else
         fused_cta_copy(reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes, src,
                        (rb - ra) * static_cast<int64_t>(row_bytes));
+#endif
       }
     }
     if (!ok) break;
@@ -276,6 +291,9 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
     }
   }
   // Every load of a peer's memory by this CTA is complete (its values were stored).
+#ifdef FUSEDCOMM_AG_BULK_PULL
+  if (threadIdx.x == 0) bulk.release();
+#endif
   __syncthreads();
 #ifdef FUSEDCOMM_AG_TRACE
   if (threadIdx.x == 0) trace[2 * j + 1] = globaltimer_ns();

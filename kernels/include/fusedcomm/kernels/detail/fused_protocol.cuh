@@ -162,4 +162,73 @@ __device__ __forceinline__ void fused_cta_copy(void* dst, const void* src, int64
   for (; i < nv; i += nt) o[i] = __ldcg(s + i);
 }
 
+#ifdef FUSEDCOMM_AG_BULK_PULL
+// Bench switch, off by default (bench/fused/NOTES.md "Run 15"): allGatherGemm's pulling CTAs
+// move each slice with bulk copies (cp.async.bulk, the peer's memory -> shared -> this rank's
+// gathered A) that one thread issues, kStages pieces of kPiece bytes in flight (128 KiB),
+// instead of 384 threads' register loads (fused_cta_copy: 48 KiB in flight). Why: in run 15's
+// sweep the fused allGatherGemm at W = 4 needed 48 pulling CTAs where the NVLink probe reaches
+// 331 GB/s with 16 (16 in the kernel: 2.0 x our GEMM alone), so the pulls beside the GEMM are
+// latency-bound, and more bytes in flight per CTA would free SMs for the GEMM.
+// The staging area is the CTA's dynamic shared memory, which its GEMM role only takes after
+// the pull role ends (release() first invalidates the mbarriers).
+struct FusedBulkCopier {
+  static constexpr int kStages = 4;
+  static constexpr uint32_t kPiece = 32u << 10;
+  static constexpr size_t kSmemBytes = size_t(kStages) * kPiece + kStages * sizeof(uint64_t);
+  uint8_t* buf;    // kStages pieces
+  uint64_t* bar;   // one mbarrier per stage, after them
+  uint32_t phase;  // bit s: the parity the next wait on stage s expects
+
+  // All three below: the CTA's thread 0 only.
+  __device__ __forceinline__ void init(uint8_t* smem) {
+    buf = smem;
+    bar = reinterpret_cast<uint64_t*>(smem + size_t(kStages) * kPiece);
+    phase = 0;
+    for (int s = 0; s < kStages; ++s) mbar_init(&bar[s], 1);
+    mbar_init_fence();
+  }
+  // Copies `bytes` (a multiple of 16; both pointers 16-byte aligned) from src to dst and returns
+  // once the stores are complete (the caller then publishes them).
+  __device__ __forceinline__ void copy(void* dst, const void* src, int64_t bytes) {
+    const int64_t n = (bytes + kPiece - 1) / kPiece;
+    auto piece_bytes = [&](int64_t q) {
+      return static_cast<uint32_t>(min(static_cast<int64_t>(kPiece), bytes - q * kPiece));
+    };
+    int64_t issued = 0;
+    for (int64_t q = 0; q < n; ++q) {
+      while (issued < n && issued - q < kStages) {
+        const int st = static_cast<int>(issued % kStages);
+        // The stage's last store has read it (all stores: the oldest pending one is that one).
+        if (issued >= kStages) bulk_wait_read_all();
+        const uint32_t b = piece_bytes(issued);
+        mbar_arrive_expect_tx(&bar[st], b);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+                "r"(smem_u32(buf + size_t(st) * kPiece)),
+            "l"(static_cast<const uint8_t*>(src) + issued * kPiece), "r"(b), "r"(smem_u32(&bar[st]))
+            : "memory");
+        ++issued;
+      }
+      const int st = static_cast<int>(q % kStages);
+      mbar_wait(&bar[st], (phase >> st) & 1u);
+      phase ^= 1u << st;
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                       static_cast<uint8_t*>(dst) + q * kPiece),
+                   "r"(smem_u32(buf + size_t(st) * kPiece)), "r"(piece_bytes(q))
+                   : "memory");
+      bulk_commit();
+    }
+    bulk_wait_all();
+  }
+  // Before the CTA's shared memory changes hands (the GEMM role initialises its own barriers).
+  __device__ __forceinline__ void release() {
+    bulk_wait_all();
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(&bar[s])) : "memory");
+    }
+  }
+};
+#endif
+
 }  // namespace fusedcomm::kernels::detail
