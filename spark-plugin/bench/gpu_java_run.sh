@@ -109,6 +109,9 @@ grep -E "✔|✘|↷|tests (successful|failed|skipped)|cuda runtime opened" "$OU
 for w in "${worlds[@]}"; do
   [ "$w" -le "$ngpu" ] || continue
   rm -rf /tmp/fusedcomm-spark-home* /tmp/worker-* /tmp/fusedcomm-gpu-claims
+  # As on a fresh host: the executors unpack JCuda's libraries themselves (run 15: they raced
+  # there until JCudaNatives' lock), so every cluster run here checks that the race stays fixed.
+  rm -f /tmp/libJCuda*.so
   keep_start
   timeout 300 java "${flags[@]}" -Dfusedcomm.repo.root="$repo" -Dfusedcomm.test.gpuWorld="$w" \
     -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
