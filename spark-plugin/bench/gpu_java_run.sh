@@ -8,7 +8,8 @@
 #                     (spark-plugin/bench/make_fc_bundle.sh)
 #
 #   gpu_java_run.sh stage N          copy part N into /root/stage (stays while the machine is warm)
-#   gpu_java_run.sh run [worlds...]  unpack, then the GPU JUnit classes: CudaBackendTest, and
+#   gpu_java_run.sh run [worlds...]  unpack, then the GPU JUnit classes: CudaBackendTest and
+#                                    JCudaNativesRaceTest, and
 #                                    GpuClusterCollectivesTest once per world size (default: 2
 #                                    and the GPU count; `run 1` on a one-GPU host: one
 #                                    executor), GpuClusterHostsTest (all GPUs as two virtual
@@ -103,7 +104,7 @@ if [ "$mode" = classes ]; then
   exit $rc
 fi
 java "${flags[@]}" -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
-  --select-class io.fusedcomm.gpu.CudaBackendTest \
+  --select-class io.fusedcomm.gpu.CudaBackendTest --select-class io.fusedcomm.gpu.JCudaNativesRaceTest \
   > "$OUT/java-single-gpu.log" 2>&1 || rc=1
 grep -E "✔|✘|↷|tests (successful|failed|skipped)|cuda runtime opened" "$OUT/java-single-gpu.log" | head -30
 for w in "${worlds[@]}"; do
