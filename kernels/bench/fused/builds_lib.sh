@@ -1,5 +1,6 @@
 # Sourced by the fused benches' one-call scripts (pace_ab.sh, engine_trace_run.sh,
-# rs_w2_probe.sh, pusher_ab.sh, coll_power_ab.sh, sustain_ab.sh; from the repository root): build
+# rs_w2_probe.sh, pusher_ab.sh, coll_power_ab.sh, sustain_ab.sh, split_sweep.sh; from the
+# repository root): build
 # variants here, carry one archive to the GPU host, unpack it there.
 
 # fused_variants DIR PREFIX EXTRA_FLAGS name=FLAGS...: each variant's fused_bench, built by
@@ -32,3 +33,14 @@ pack_builds() {
 unpack_builds() {
   [ -d "$1" ] || tar xJf "$1.tar.xz" -C "$(dirname "$1")" || { echo "no $1 and no $1.tar.xz: build first"; return 1; }
 }
+
+# fused_test BIN LOG LABEL [TIMEOUT=240]: on the GPU host, a build's gpu_fused_test (every
+# world from 1 to the GPU count) into LOG, then one line: LABEL, the exit code and each world's
+# verdict. Returns the test's exit code.
+fused_test() {
+  local rc
+  timeout "${4:-240}" "$1" > "$2" 2>&1; rc=$?
+  echo "gpu_fused_test ($3) rc=$rc: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$2" | tr '\n' ' ')"
+  return $rc
+}
+

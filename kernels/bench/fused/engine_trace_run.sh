@@ -30,10 +30,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 trap 'kernels/bench/pack_out.sh "$OUT" etr_rest.tar.xz "etr/trace_*.log"' EXIT
 echo "commit $(cat $out/commit.txt)"
 for b in $(cat $out/order.txt); do
-  if [ -x $out/$b/gpu_fused_test ]; then
-    timeout 150 $out/$b/gpu_fused_test > "$o/test_$b.log" 2>&1
-    echo "gpu_fused_test ($b) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/test_$b.log" | tr '\n' ' ')"
-  fi
+  [ -x $out/$b/gpu_fused_test ] && fused_test $out/$b/gpu_fused_test "$o/test_$b.log" "$b" 150
   # FC_ETR_ARGS: more fused_bench arguments, e.g. "--ops ag,rs --shape M=1024 --split-decomposed"
   # (then ours_gemm is traced after a collective too, as the decomposed path runs it).
   timeout 120 $out/$b/fused_bench --world "$world" --ops rs --rs-partials bf16 --batches 2 \

@@ -57,8 +57,7 @@ trap 'kernels/bench/pack_out.sh "$OUT" pab_logs.tar.xz pab/rs_trace.txt' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -2
 echo "commit $(cat $out/commit.txt 2>/dev/null)"
-timeout 240 $out/pusher/gpu_fused_test > "$o/fused_test_pusher.log" 2>&1
-echo "gpu_fused_test (default: pusher warps) rc=$?: $(grep -E '^== world [0-9]+.*: (PASS|FAIL)' "$o/fused_test_pusher.log" | tr '\n' ' ')"
+fused_test $out/pusher/gpu_fused_test "$o/fused_test_pusher.log" "default: pusher warps" 240
 timeout 60 $out/gpu_proxy_test > "$o/gpu_proxy_test.log" 2>&1; echo "gpu_proxy_test rc=$?"
 grep -E "round trip|stream|one way|allReduce across" "$o/gpu_proxy_test.log"
 FC_TEST_JSON=$o/hier.jsonl timeout 60 $out/gpu_hier_test > "$o/gpu_hier_test.log" 2>&1; echo "gpu_hier_test rc=$?"

@@ -39,9 +39,8 @@ shapes() {
 variants=$(cat build/split/order.txt)
 # Every variant but the reference passes gpu_fused_test (W = 1 to the GPU count) before it is timed.
 for v in $(echo "$variants" | tail -n +2); do
-  timeout 300 "build/split/$v/gpu_fused_test" > "$logs/test_$v.log" 2>&1
-  rc=$?; echo "gpu_fused_test $v rc=$rc: $(grep -E '^== world [0-9]+: ' "$logs/test_$v.log" | tr '\n' ' ')"
-  [ $rc = 0 ] || variants=$(echo "$variants" | grep -vx "$v")
+  fused_test "build/split/$v/gpu_fused_test" "$logs/test_$v.log" "$v" 300 ||
+    variants=$(echo "$variants" | grep -vx "$v")
 done
 one() {  # variant world ctas round
   local v=$1 w=$2 c=$3 k=$4 extra=()

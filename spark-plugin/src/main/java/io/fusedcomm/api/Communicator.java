@@ -59,14 +59,41 @@ public final class Communicator implements AutoCloseable {
   private final HostLayout hosts;
   private final long leakId;
   private final ExecutorRuntime.Lease lease;
-  private volatile long handle;
+  private final NativeHandle handle;
   private final Object lock = new Object();
-  // Guards the native handle between abort() (any thread) and close(): close zeroes it under
-  // this lock before freeing it, so an abort never reaches freed memory.
-  private final Object handleLock = new Object();
 
-  private Communicator(ExecutorRuntime runtime, ExecutorRuntime.Lease lease, long handle, int rank, int world,
-                       List<RankInfo> ranks, HostLayout hosts) {
+  /**
+   * The native communicator, shared by {@link #abort} (any thread, or the runtime's close through
+   * the lease) and the one close that frees it: {@link #take} zeroes it under the lock before the
+   * caller frees it, so an abort never reaches freed memory.
+   */
+  private static final class NativeHandle {
+    private volatile long value;
+
+    NativeHandle(long value) {
+      this.value = value;
+    }
+
+    long get() {
+      return value;
+    }
+
+    synchronized void abort() {
+      if (value != 0) {
+        NativeApi.commAbort(value);
+      }
+    }
+
+    /** The handle, zero from now on here (0 if already taken); the caller frees it. */
+    synchronized long take() {
+      long h = value;
+      value = 0;
+      return h;
+    }
+  }
+
+  private Communicator(ExecutorRuntime runtime, ExecutorRuntime.Lease lease, NativeHandle handle, int rank,
+                       int world, List<RankInfo> ranks, HostLayout hosts) {
     this.runtime = runtime;
     this.lease = lease;
     this.hosts = hosts;
@@ -124,16 +151,8 @@ public final class Communicator implements AutoCloseable {
       lease.close();
       throw e;
     }
-    // Until the Communicator exists, a runtime that closes aborts the native half directly;
-    // the failure path below zeroes `live` under the same lock before freeing it.
-    long[] live = {handle};
-    lease.onAbort(() -> {
-      synchronized (live) {
-        if (live[0] != 0) {
-          NativeApi.commAbort(live[0]);
-        }
-      }
-    });
+    NativeHandle owned = new NativeHandle(handle);
+    lease.onAbort(owned::abort);  // a runtime that closes meanwhile aborts it (and waits)
     try {
       // Every rank must split hosts (and share GPUs) the same way: the settings join the plan's
       // fingerprint.
@@ -163,17 +182,13 @@ public final class Communicator implements AutoCloseable {
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
       NativeApi.commConnect(
           handle, endpoints, rank, exchange.commNonce(), deviceHandles, layout.hostIds());
-      Communicator comm = new Communicator(runtime, lease, handle, rank, world, infos, layout);
-      lease.onAbort(comm::abort);
-      return comm;
+      return new Communicator(runtime, lease, owned, rank, world, infos, layout);
     } catch (RuntimeException | Error e) {
       // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
-      synchronized (live) {
-        live[0] = 0;
-      }
+      long h = owned.take();
       try {
-        NativeApi.commAbort(handle);
-        NativeApi.commClose(handle);
+        NativeApi.commAbort(h);
+        NativeApi.commClose(h);
       } catch (RuntimeException suppressed) {
         e.addSuppressed(suppressed);
       } finally {
@@ -565,30 +580,21 @@ public final class Communicator implements AutoCloseable {
    * Safe to call from any thread, any number of times; {@link #close()} is still needed.
    */
   public void abort() {
-    synchronized (handleLock) {
-      long h = handle;
-      if (h != 0) {
-        NativeApi.commAbort(h);
-      }
-    }
+    handle.abort();
   }
 
   /** True once closed. */
   public boolean isClosed() {
-    return handle == 0;
+    return handle.get() == 0;
   }
 
   /** Finishes (unless aborted or broken) and frees everything; idempotent. */
   @Override
   public void close() {
     synchronized (lock) {
-      long h;
-      synchronized (handleLock) {
-        h = handle;
-        if (h == 0) {
-          return;
-        }
-        handle = 0;
+      long h = handle.take();
+      if (h == 0) {
+        return;
       }
       LeakTracker.closed(leakId);
       try {
@@ -600,7 +606,7 @@ public final class Communicator implements AutoCloseable {
   }
 
   private long handle() {
-    long h = handle;
+    long h = handle.get();
     if (h == 0) {
       throw new IllegalStateException("the communicator (rank " + rank + " of " + world + ") is closed");
     }
