@@ -44,19 +44,26 @@ constexpr uint64_t ag_fused_min_bytes(int world) {
 }
 
 // SM split of allGatherGemm: CTAs that pull first, by world size and the GEMM's FLOPs per
-// exchanged byte (N_r). First row with world <= max_world and dim >= min_dim wins. Model (H200: ~790 TFLOP/s, ~330 GB/s
-// of NVLink pulls per GPU; one CTA with 48 KiB of loads in flight pulls ~15-25 GB/s):
+// exchanged byte (N_r). First row with world <= max_world and dim >= min_dim wins. Model (H200:
+// ~790 TFLOP/s, ~330 GB/s of NVLink pulls per GPU; one pulling CTA keeps 128 KiB of bulk copies
+// in flight, fused_protocol.cuh FusedBulkCopier):
 // - allGatherGemm: the GEMM consumes the peers' rows at (W-1)/W * 790e12 / N_r B/s (N_r =
 //   8192, W = 2: 48 GB/s; N_r = 2048, W = 4: 290 GB/s, the NVLink ceiling), but its first wave
 //   already needs peers' rows when this rank's shard is under a raster group (8 M-blocks), so
 //   the pull should run near the link's speed from the start. Pulling CTAs join the GEMM when
-//   their chunks are done, so generous counts cost little (P SMs idle from the GEMM for the
-//   pull time only): the rows aim at >= 330 GB/s of pulls.
+//   their chunks are done, so a few too many cost little (P SMs idle from the GEMM for the
+//   pull time only).
 // (gemmReduceScatter has no split: every CTA runs the GEMM, its epilogue pushes and reduces.)
-// Model values, tuned where measured: at W = 4, N_r = 2048 (square 8192) 48 pulling CTAs took
-// 0.79x the decomposed time against 0.85x with 32 (4 x H200, run 11, with the 8 us chunk polls;
-// 24 at N_r >= 4096 stayed best there: 48 was 0-6 % slower); the row below N_r = 2048 follows
-// it unmeasured. bench/fused reports the split of each row (fused_bench --ctas overrides it).
+// Measured with the bulk-copy pulls, fused time per count, sustained protocol, one round
+// (4 x H200, run 16, bench/fused/NOTES.md "Run 16"; a round's noise is about +-2 %):
+// - W = 4 (rows max_world 8): N_r = 2048 (square 8192) 24 CTAs 0.524 ms, 16 0.541, 48 0.658,
+//   8 0.788; N_r = 4096 (square 16384) 16 best, 8 +0.7 %, 24 +1.4 %; N_r = 7168 (8B) 8 = 16
+//   best, 24 +0.7 %; N_r = 14336 (70B M = 2048) 8 to 24 within 0.6 %. The register-load pulls
+//   (until run 16), at their best count of the same sweep, were 1-5 % slower at each shape.
+// - W = 2: every count from 4 to 20 within the round's noise (N_r = 4096: 20 best; 8192 and
+//   up: 4-16 within 2.5 %): the rows of runs 10-11 stay. The rows below N_r = 2048 and W = 3 follow
+//   the model unmeasured. bench/fused reports the split of each row (fused_bench --ctas
+//   overrides it).
 struct SplitRow {
   int max_world;
   int min_dim;
@@ -64,7 +71,7 @@ struct SplitRow {
 };
 constexpr SplitRow kAgSplit[] = {
     {2, 8192, 16}, {2, 4096, 20}, {2, 2048, 24}, {2, 0, 32},
-    {8, 8192, 20}, {8, 4096, 24}, {8, 2048, 48}, {8, 0, 48},
+    {8, 8192, 8}, {8, 4096, 16}, {8, 2048, 24}, {8, 0, 32},
 };
 template <size_t N>
 int split_ctas(const SplitRow (&rows)[N], int world, int dim) {

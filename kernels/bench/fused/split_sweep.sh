@@ -4,8 +4,9 @@
 # back to back before its batches, so each is timed at the clock its own power draw sustains).
 # kAgSplit was tuned in runs 10-11 with the round-robin protocol, which favoured the fused
 # kernel; this sweep asks again, ours only: the fused time per count of pulling CTAs, each
-# against our GEMM alone from the same process, for each build variant (FC_SPLIT_BUILDS, default
-# "base= bulk=-DFUSEDCOMM_AG_BULK_PULL": the pulls by register loads, and by bulk copies).
+# against our GEMM alone from the same process, for each build variant (FC_SPLIT_BUILDS: name=nvcc
+# flags words, default "base=": the default build alone; run 16 compared the register-load and
+# bulk-copy pulls this way, before the bulk copies became the only path).
 #   build (CPU machine): kernels/bench/fused/split_sweep.sh build  -> build/split.tar.xz (carry it)
 #   run   (GPU host):    kernels/bench/fused/split_sweep.sh run    -> $OUT/split_table.txt,
 #                        $OUT/split_rows.jsonl, $OUT/split_logs.tar.xz
@@ -21,7 +22,7 @@ if [ "${1:-run}" = build ]; then
   # One build per variant (name=nvcc flags; the first is the reference), each with its own
   # gpu_fused_test, which the run calls first for every variant but the first.
   # shellcheck disable=SC2086  # FC_SPLIT_BUILDS: words on purpose
-  fused_variants build/split split "" ${FC_SPLIT_BUILDS:-base= bulk=-DFUSEDCOMM_AG_BULK_PULL} || exit 1
+  fused_variants build/split split "" ${FC_SPLIT_BUILDS:-base=} || exit 1
   while read -r v; do cp "build/split-$v/gpu_fused_test" "build/split/$v/" || exit 1; done < build/split/order.txt
   pack_builds build/split; exit $?
 fi

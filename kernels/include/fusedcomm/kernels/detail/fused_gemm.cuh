@@ -193,7 +193,7 @@ struct AgSchedule : FusedClaims<AgParams> {
   }
 };
 
-// The pulling role (all 384 threads of CTA j of the P pulling CTAs). Returns when the CTA's
+// The pulling role (CTA j of the P pulling CTAs; thread 0 moves the bytes, FusedBulkCopier). Returns when the CTA's
 // items are done (or a wait gave up); the CTA then joins the GEMM. Out of line: role code
 // inlined before the engine perturbed ptxas's register allocation of the engine's consumers
 // (see fused_wait); as a function of its own it is allocated on its own.
@@ -215,14 +215,12 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
 #endif
   uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
   bool ok = true;
-#ifdef FUSEDCOMM_AG_BULK_PULL
   static_assert(FusedBulkCopier::kSmemBytes <= GemmTileConfig<128>::kSmemBytes &&
                     FusedBulkCopier::kSmemBytes <= GemmTileConfig<256>::kSmemBytes,
                 "the bulk pull's staging fits the kernel's dynamic shared memory");
   extern __shared__ __align__(128) uint8_t pull_smem[];
   FusedBulkCopier bulk;
   if (threadIdx.x == 0) bulk.init(pull_smem);
-#endif
   const int chunk_rows = p.mg * kTileM;
   const int items = p.chunks * p.slices;
   const size_t row_bytes = static_cast<size_t>(p.K) * 2;
@@ -262,22 +260,18 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
           arrived |= 1u << o;
         }
         const uint8_t* src = d.base[o] + d.data_offset + p.in_offset + (ra - off) * row_bytes;
-#ifdef FUSEDCOMM_AG_BULK_PULL
         if (threadIdx.x == 0) {
           bulk.copy(reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes, src,
                     (rb - ra) * static_cast<int64_t>(row_bytes));
         }
-#else
-        fused_cta_copy(reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes, src,
-                       (rb - ra) * static_cast<int64_t>(row_bytes));
-#endif
       }
     }
     if (!ok) break;
     // Publish the slice; the last slice of the chunk raises its flag (ordering: FusedFlags::
     // ag_chunk). Empty slices (past M) count too: every chunk expects `slices` arrivals. The
-    // GEMM's producers read the gathered rows with TMA: each thread's proxy fence covers its
-    // own copies (the readers fence after their acquire as well).
+    // GEMM's producers read the gathered rows with TMA. Thread 0's bulk stores are complete
+    // (FusedBulkCopier::copy waits for them) before its release below; the proxy fence is kept
+    // for the async-proxy reads that follow (the readers fence after their acquire as well).
     fence_proxy_async_global();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -291,9 +285,7 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
     }
   }
   // Every load of a peer's memory by this CTA is complete (its values were stored).
-#ifdef FUSEDCOMM_AG_BULK_PULL
   if (threadIdx.x == 0) bulk.release();
-#endif
   __syncthreads();
 #ifdef FUSEDCOMM_AG_TRACE
   if (threadIdx.x == 0) trace[2 * j + 1] = globaltimer_ns();

@@ -141,37 +141,17 @@ inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t e
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
 
-// The CTA copies `bytes` (a multiple of 16; both pointers 16-byte aligned) from src to dst with
-// 16-byte vectors, kUnroll loads in flight per thread (384 threads x 8 x 16 B = 48 KiB per CTA:
-// NVLink reads need many outstanding). Loads bypass L1 (ld.global.cg): the source is a peer's
-// memory or data another CTA wrote.
-template <int kUnroll = 8>
-__device__ __forceinline__ void fused_cta_copy(void* dst, const void* src, int64_t bytes) {
-  const uint4* s = static_cast<const uint4*>(src);
-  uint4* o = static_cast<uint4*>(dst);
-  const int64_t nv = bytes / 16;
-  const int tid = threadIdx.x, nt = blockDim.x;
-  int64_t i = tid;
-  for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcg(s + i + u * nt);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) o[i + u * nt] = v[u];
-  }
-  for (; i < nv; i += nt) o[i] = __ldcg(s + i);
-}
-
-#ifdef FUSEDCOMM_AG_BULK_PULL
-// Bench switch, off by default (bench/fused/NOTES.md "Run 15"): allGatherGemm's pulling CTAs
-// move each slice with bulk copies (cp.async.bulk, the peer's memory -> shared -> this rank's
-// gathered A) that one thread issues, kStages pieces of kPiece bytes in flight (128 KiB),
-// instead of 384 threads' register loads (fused_cta_copy: 48 KiB in flight). Why: in run 15's
-// sweep the fused allGatherGemm at W = 4 needed 48 pulling CTAs where the NVLink probe reaches
-// 331 GB/s with 16 (16 in the kernel: 2.0 x our GEMM alone), so the pulls beside the GEMM are
-// latency-bound, and more bytes in flight per CTA would free SMs for the GEMM.
+// allGatherGemm's pulls (ag_pull_role): one thread of a pulling CTA moves each slice with bulk
+// copies (cp.async.bulk: the peer's memory -> this CTA's shared memory -> this rank's gathered
+// A), kStages pieces of kPiece bytes in flight (128 KiB per CTA). Until run 16 the pulls were
+// 384 threads' 16-byte register loads, 48 KiB in flight per CTA: beside the GEMM those were
+// latency-bound (run 15: at W = 4 square 8192 needed 48 pulling CTAs where the NVLink probe
+// reaches 331 GB/s with 16). With bulk copies 8-24 CTAs do it, and the fused time fell 2-5 % at
+// W = 4 (4 x H200, bench/fused/NOTES.md "Run 16"; kAgSplit in fused.cu).
 // The staging area is the CTA's dynamic shared memory, which its GEMM role only takes after
-// the pull role ends (release() first invalidates the mbarriers).
+// the pull role ends (release() first invalidates the mbarriers). The waits below are on this
+// CTA's own copies, which complete whatever the peer does: its memory stays mapped here (CUDA
+// IPC) until this process closes the communicator, so they need no timeout.
 struct FusedBulkCopier {
   static constexpr int kStages = 4;
   static constexpr uint32_t kPiece = 32u << 10;
@@ -229,6 +209,5 @@ struct FusedBulkCopier {
     }
   }
 };
-#endif
 
 }  // namespace fusedcomm::kernels::detail
