@@ -150,8 +150,9 @@ inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t e
 // W = 4 (4 x H200, bench/fused/NOTES.md "Run 16"; kAgSplit in fused.cu).
 // The staging area is the CTA's dynamic shared memory, which its GEMM role only takes after
 // the pull role ends (release() first invalidates the mbarriers). The waits below are on this
-// CTA's own copies, which complete whatever the peer does: its memory stays mapped here (CUDA
-// IPC) until this process closes the communicator, so they need no timeout.
+// CTA's own copies, not on a peer's progress: the bytes are in the peer's mapped memory (CUDA
+// IPC, open until this process closes the communicator) once its arrive flag was seen, so they
+// need no timeout, as the register loads they replaced needed none.
 struct FusedBulkCopier {
   static constexpr int kStages = 4;
   static constexpr uint32_t kPiece = 32u << 10;
