@@ -152,9 +152,9 @@ void test_ag() {
           }
 }
 
-// allGatherGemm's kAuto (fused.cu, choose_ag): fused from a gathered A of 16 MiB at W = 2, or
-// 8 MiB at W = 4 (no row minimum); decomposed at every other world. Whatever N_r (which may
-// differ by rank).
+// allGatherGemm's kAuto (fused.cu, choose_ag): fused from a gathered A of 16 MiB at W = 2 and
+// W = 4 (no row minimum); decomposed at every other world. Whatever N_r (which may differ by
+// rank).
 void test_ag_auto() {
   auto algo = [](int W, int M, int N_r, int K) {
     k::AgGemmArgs a;
@@ -170,11 +170,14 @@ void test_ag_auto() {
     check(algo(2, 1024, N_r, 8192) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=2 M=1024 K=8192: fused" + n);
     check(algo(2, 1024, N_r, 4096) == k::FusedAlgo::kDecomposed, "allGatherGemm kAuto W=2 8 MiB: decomposed" + n);
     check(algo(2, 4096, N_r, 1024) == k::FusedAlgo::kDecomposed, "allGatherGemm kAuto W=2 M=4096 K=1024: decomposed" + n);
-    check(algo(4, 1024, N_r, 4096) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=4 M=1024 K=4096 (8 MiB): fused" + n);
+    check(algo(4, 1024, N_r, 4096) == k::FusedAlgo::kDecomposed,
+          "allGatherGemm kAuto W=4 M=1024 K=4096 (8 MiB): decomposed" + n);
     check(algo(4, 1024, N_r, 8192) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=4 M=1024 K=8192: fused" + n);
     check(algo(4, 16384, N_r, 4096) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=4 128 MiB: fused" + n);
     check(algo(4, 1024, N_r, 2048) == k::FusedAlgo::kDecomposed, "allGatherGemm kAuto W=4 4 MiB: decomposed" + n);
-    check(algo(4, 512, N_r, 8192) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=4 M=512 K=8192 (8 MiB): fused" + n);
+    check(algo(4, 512, N_r, 8192) == k::FusedAlgo::kDecomposed,
+          "allGatherGemm kAuto W=4 M=512 K=8192 (8 MiB): decomposed" + n);
+    check(algo(4, 512, N_r, 16384) == k::FusedAlgo::kFused, "allGatherGemm kAuto W=4 M=512 K=16384 (16 MiB): fused" + n);
     for (int W : {1, 3, 5, 8})
       check(algo(W, 16384, N_r, 16384) == k::FusedAlgo::kDecomposed,
             "allGatherGemm kAuto W=" + std::to_string(W) + ": decomposed" + n);

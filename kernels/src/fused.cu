@@ -25,22 +25,21 @@ using detail::split_offset;
 
 // ---- tuning (model values; bench/fused reports both algorithms and the split to tune them) ------
 //
-// kAuto (allGatherGemm, W = 2): decomposed below this exchanged size, fused above. Model
+// kAuto (allGatherGemm, W = 2 and 4): decomposed below this exchanged size, fused from it. Model
 // (H200, DESIGN.md §7: ~790 TFLOP/s GEMM, ~330 GB/s NVLink pulls): the fused kernel hides the
 // exchange, bytes * (W-1)/W / 330 GB/s, but costs a fixed ~10-20 us (chunk flags, SMs that
 // start on communication, the first chunks' latency), which a small exchange does not repay.
-// Measured (2 x H200 on a 4-GPU host, 2026-11-27, bench/fused/NOTES.md "Run 10", two runs):
-// fused 0.85-0.93x the decomposed time from a 16 MiB gathered A (8B M=2048, 70B M=1024 included:
-// the own-first sweep removed run 4's loss at M = 1024), 1.055-1.059x at 8 MiB (8B M=1024).
+// Measured, W = 2 (2 x H200 on a 4-GPU host, 2026-11-27, bench/fused/NOTES.md "Run 10", two
+// runs): fused 0.85-0.93x the decomposed time from a 16 MiB gathered A (8B M=2048, 70B M=1024
+// included: the own-first sweep removed run 4's loss at M = 1024), 1.055-1.059x at 8 MiB (8B
+// M=1024). W = 4 (4 x H200): with the register-load pulls fused took 0.80-0.96x from 8 MiB
+// (run 11; 8B M=1024 0.88-0.89x; 0.987x sustained in run 14); with the bulk-copy pulls of run
+// 16, 1.045-1.053x at 8 MiB (8B M=1024, three rounds on three hosts) and 0.97-1.005x at 16 MiB
+// (70B M=1024), so the W = 2 bar serves both.
 constexpr uint64_t kAgFusedMinBytes = 16ull << 20;  // M*K*2: the gathered A
-// At W = 4 (4 x H200, run 11): with the chunk polls' 8 us back-off (fused_protocol.cuh,
-// fused_wait_flag) fused took 0.80-0.96x the decomposed time at all 12 TP-4 shapes, from
-// 8 MiB (8B M=1024: 0.88-0.89x) to 512 MiB, two runs. (Run 10, with 1 us polls, had a slow mode
-// below 128 MiB: the waiting GEMM producers' polls slowed the pulls.) Below 8 MiB: unmeasured.
-constexpr uint64_t kAgFusedMinBytesW4 = 8ull << 20;
 // The bar for world W, or 0 where fused is not measured (W = 3, W >= 5): decomposed there.
 constexpr uint64_t ag_fused_min_bytes(int world) {
-  return world == 2 ? kAgFusedMinBytes : world == 4 ? kAgFusedMinBytesW4 : 0;
+  return world == 2 || world == 4 ? kAgFusedMinBytes : 0;
 }
 
 // SM split of allGatherGemm: CTAs that pull first, by world size and the GEMM's FLOPs per
@@ -115,7 +114,7 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 // From the measurements (bench/fused/NOTES.md, 2 x H200, run 3):
 // - allGatherGemm: with the own rows moved by the copy engine, fused was faster than
 //   decomposed at all five shapes measured at W = 2 (0.94-0.98 of its time, 0.90 at 70B
-//   M=8192). Fused at W = 2 from kAgFusedMinBytes, at W = 4 from kAgFusedMinBytesW4; W = 3
+//   M=8192). Fused at W = 2 and 4 from kAgFusedMinBytes; W = 3
 //   and W >= 5 are not measured for speed: decomposed.
 // - gemmReduceScatter (2 x H200, run 9, the pusher warps; bench/fused/NOTES.md): fused took
 //   0.87-0.96 of the decomposed time at every shape with M*N >= 2^24 for both partial
