@@ -193,8 +193,9 @@ struct AgSchedule : FusedClaims<AgParams> {
   }
 };
 
-// The pulling role (CTA j of the P pulling CTAs; thread 0 moves the bytes, FusedBulkCopier). Returns when the CTA's
-// items are done (or a wait gave up); the CTA then joins the GEMM. Out of line: role code
+// The pulling role (CTA j of the P pulling CTAs; its thread 0 moves the bytes with
+// FusedBulkCopier). Returns when the CTA's items are done (or a wait gave up); the CTA then
+// joins the GEMM. Out of line: role code
 // inlined before the engine perturbed ptxas's register allocation of the engine's consumers
 // (see fused_wait); as a function of its own it is allocated on its own.
 inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epoch, int j) {

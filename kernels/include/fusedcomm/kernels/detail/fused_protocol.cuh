@@ -146,7 +146,7 @@ inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t e
 // A), kStages pieces of kPiece bytes in flight (128 KiB per CTA). Until run 16 the pulls were
 // 384 threads' 16-byte register loads, 48 KiB in flight per CTA: beside the GEMM those were
 // latency-bound (run 15: at W = 4 square 8192 needed 48 pulling CTAs where the NVLink probe
-// reaches 331 GB/s with 16). With bulk copies 8-24 CTAs do it, and the fused time fell 2-5 % at
+// reaches 331 GB/s with 16). With bulk copies 8-24 CTAs do it, and the fused time fell 1-5 % at
 // W = 4 (4 x H200, bench/fused/NOTES.md "Run 16"; kAgSplit in fused.cu).
 // The staging area is the CTA's dynamic shared memory, which its GEMM role only takes after
 // the pull role ends (release() first invalidates the mbarriers). The waits below are on this
