@@ -15,6 +15,13 @@
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/kernels/gemm.h"
 
+#ifdef FUSEDCOMM_AG_CE_PULL
+#include <cudaTypedefs.h>
+
+#include <cstddef>
+#include <mutex>
+#endif
+
 namespace fusedcomm::kernels {
 namespace {
 
@@ -188,6 +195,9 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   const int items = p.chunks * p.slices;
   int comm = a.comm_ctas > 0 ? a.comm_ctas : split_ctas(kAgSplit, W, a.N);
   comm = std::clamp(comm, 1, std::max(1, std::min(items, sms / 2)));
+#ifdef FUSEDCOMM_AG_CE_PULL
+  comm = 1;  // the copy-engine build: one CTA turns the side stream's progress into chunk flags
+#endif
   g.comm_ctas = comm;
   g.gemm_ctas = std::max(1, sms - comm);
   return g;
@@ -472,6 +482,99 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
   return info;
 }
 
+#ifdef FUSEDCOMM_AG_CE_PULL
+// ---- allGatherGemm's copy-engine exchange (bench build) ---------------------------------------
+// The host half of fused_gemm.cuh ag_ce_role (which says why). A side stream per device with a
+// fork and a join event, made once and kept for the process; one fused launch at a time per
+// device (enough for the bench and the tests, not for concurrent callers). Stream memory
+// operations come through the runtime's driver entry points (no link against libcuda).
+struct AgCeSide {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+template <typename Fn>
+Fn driver_entry(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 11070, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(p);
+}
+cudaError_t ag_ce_side(AgCeSide** out) {
+  static std::mutex mu;
+  static AgCeSide sides[64];
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  std::lock_guard<std::mutex> lock(mu);
+  AgCeSide& s = sides[dev];
+  if (s.stream == nullptr) {
+    if (cudaError_t e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      s.stream = nullptr;
+      return e;
+    }
+    if (cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming) != cudaSuccess) {
+      return cudaErrorMemoryAllocation;
+    }
+  }
+  *out = &s;
+  return cudaSuccess;
+}
+// After the kernel's launch (so that the side stream never waits for a kernel that did not
+// start): on the side stream, after side.fork (recorded on `stream` before the kernel), the
+// wait for ce_go, then per chunk in ag_ce_role's order the copies of its peers' rows and
+// ce_progress = its position, then the end mark; then `stream` waits for the side stream.
+cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& side,
+                           cudaStream_t stream) {
+  static const auto wait_value =
+      driver_entry<PFN_cuStreamWaitValue64_v11070>("cuStreamWaitValue64");
+  static const auto write_value =
+      driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64");
+  if (wait_value == nullptr || write_value == nullptr) return cudaErrorNotSupported;
+  if (cudaError_t e = cudaStreamWaitEvent(side.stream, side.fork, 0); e != cudaSuccess) return e;
+  uint8_t* flags = d.base[d.rank] + kFusedFlagsOffset;
+  const auto go = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_go));
+  const auto progress = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_progress));
+  auto* cs = reinterpret_cast<CUstream>(side.stream);
+  if (wait_value(cs, go, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) return cudaErrorUnknown;
+  const int W = d.world, r = d.rank;
+  const int64_t mb = ceil_div(p.M, detail::kTileM), chunk_rows = int64_t{p.mg} * detail::kTileM;
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
+  uint64_t pos = 0;
+  for (int k = 0; k < p.chunks; ++k) {
+    const int c = (p.c_start + k) % p.chunks;
+    if (int64_t{c} * p.mg >= p.own_b0 && std::min(int64_t{c + 1} * p.mg, mb) <= p.own_b1) continue;
+    const int64_t a = c * chunk_rows, b = std::min<int64_t>((c + 1) * chunk_rows, p.M);
+    const int o1 = a < b ? detail::split_owner(p.M, W, b - 1) : -1;
+    for (int o = a < b ? detail::split_owner(p.M, W, a) : 0; o <= o1; ++o) {
+      const int64_t off = split_offset(p.M, W, o), cnt = split_count(p.M, W, o);
+      const int64_t ra = std::max(a, off), rb = std::min(b, off + cnt);
+      if (ra >= rb || o == r) continue;  // this rank's rows: copied before the kernel
+      const uint8_t* src = d.base[o] + d.data_offset + p.in_offset + (ra - off) * row_bytes;
+      uint8_t* dst = reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes;
+      if (cudaError_t e = cudaMemcpyAsync(dst, src, (rb - ra) * row_bytes,
+                                          cudaMemcpyDeviceToDevice, side.stream);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+    if (write_value(cs, progress, ++pos, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+      return cudaErrorUnknown;
+    }
+  }
+  // The end mark, after every copy: ag_ce_role resets ce_go only once it has seen this.
+  if (write_value(cs, progress, pos + 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+    return cudaErrorUnknown;
+  }
+  if (cudaError_t e = cudaEventRecord(side.join, side.stream); e != cudaSuccess) return e;
+  return cudaStreamWaitEvent(stream, side.join, 0);
+}
+#endif
+
 // ---- allGatherGemm ------------------------------------------------------------------------------
 cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, cudaStream_t stream) {
   if (!ag_args_ok(dev, a)) return cudaErrorInvalidValue;
@@ -578,12 +681,25 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   p.in_offset = a.in_offset;
   p.gemm_ctas = std::min(geo.gemm_ctas, plan.prob.num_tiles);
   p.comm_ctas = geo.comm_ctas;
+#ifdef FUSEDCOMM_AG_CE_PULL
+  // Also at W = 1: a chunk holding a partial M-block of this rank's rows still waits for its
+  // flag, which the side stream's progress (no copies) releases.
+  AgCeSide* side = nullptr;
+  if (cudaError_t e = ag_ce_side(&side); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaEventRecord(side->fork, stream); e != cudaSuccess) return e;
+#endif
+  cudaError_t launched;
   if (plan.tile_n == 256) {
-    return plan.kn ? launch_ag_instance<256, true>(plan, p, stream)
-                   : launch_ag_instance<256, false>(plan, p, stream);
+    launched = plan.kn ? launch_ag_instance<256, true>(plan, p, stream)
+                       : launch_ag_instance<256, false>(plan, p, stream);
+  } else {
+    launched = plan.kn ? launch_ag_instance<128, true>(plan, p, stream)
+                       : launch_ag_instance<128, false>(plan, p, stream);
   }
-  return plan.kn ? launch_ag_instance<128, true>(plan, p, stream)
-                 : launch_ag_instance<128, false>(plan, p, stream);
+#ifdef FUSEDCOMM_AG_CE_PULL
+  if (launched == cudaSuccess) return ag_ce_exchange(d, p, *side, stream);
+#endif
+  return launched;
 }
 
 // ---- gemmReduceScatter --------------------------------------------------------------------------
