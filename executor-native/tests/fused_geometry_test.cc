@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "check.h"
 #include "fusedcomm/kernels/collectives.h"
@@ -184,6 +186,75 @@ void test_ag_auto() {
   }
 }
 
+// allGatherGemm's exchange on the copy engines (the bench build FUSEDCOMM_AG_CE_PULL; fused.h
+// all_gather_gemm_ce_plan): the side stream copies every peer row exactly once and no row of
+// this rank, each copy from one peer's rows and within the merge size (or one chunk); its
+// progress marks rise, and mark n comes only after copies holding every peer row of the chunks
+// at positions <= n (the kernel's pulling CTA then raises those chunks' flags, and the GEMM
+// reads them); the end mark, the position count + 1, comes last.
+void test_ag_ce_plan() {
+  auto count = [](int64_t M, int W, int o) { return M / W + (o < M % W ? 1 : 0); };
+  auto offset = [](int64_t M, int W, int o) { return o * (M / W) + std::min<int64_t>(o, M % W); };
+  for (int W = 1; W <= 8; ++W)
+    for (int r : {0, W / 2, W - 1})
+      for (int M : {3, 1001, 2048, 8200})
+        for (int K : {64, 4096})
+          for (int64_t cap : {int64_t{1}, int64_t{2} << 20, int64_t{8} << 20, int64_t{1} << 40}) {
+            k::AgGemmArgs a;
+            a.M = M;
+            a.N = 2048;
+            a.K = K;
+            a.algo = k::FusedAlgo::kFused;
+            std::vector<std::pair<int64_t, int64_t>> rows;
+            const std::vector<k::AgCeStep> steps =
+                k::all_gather_gemm_ce_plan(device(W, r, 132), a, cap, &rows);
+            const std::string what = "allGatherGemm copy-engine plan W=" + std::to_string(W) +
+                                     " r=" + std::to_string(r) + " M=" + std::to_string(M) +
+                                     " K=" + std::to_string(K) + " cap=" + std::to_string(cap);
+            auto owner = [&](int64_t i) {
+              int o = 0;
+              while (o + 1 < W && i >= offset(M, W, o + 1)) ++o;
+              return o;
+            };
+            std::vector<char> covered(M, 0);
+            bool in_range = true, once = true, sized = true, rising = true, ready = true;
+            uint64_t mark = 0;
+            bool ended = false, after_end = false;
+            for (const k::AgCeStep& st : steps) {
+              after_end = after_end || ended;
+              if (st.peer >= 0) {
+                in_range = in_range && st.peer < W && st.peer != r && st.row0 < st.row1 &&
+                           st.row0 >= offset(M, W, st.peer) &&
+                           st.row1 <= offset(M, W, st.peer) + count(M, W, st.peer);
+                sized = sized && ((st.row1 - st.row0) * K * 2 <= cap || st.row1 - st.row0 <= 128);
+                for (int64_t i = std::max<int64_t>(0, st.row0); i < std::min<int64_t>(M, st.row1); ++i) {
+                  once = once && !covered[i];
+                  covered[i] = 1;
+                }
+                continue;
+              }
+              rising = rising && st.progress > mark;
+              if (st.progress == rows.size() + 1) {
+                ended = true;
+              } else {
+                for (uint64_t q = mark; q < std::min<uint64_t>(st.progress, rows.size()); ++q)
+                  for (int64_t i = rows[q].first; i < rows[q].second; ++i)
+                    ready = ready && (owner(i) == r || covered[i]);
+              }
+              mark = st.progress;
+            }
+            bool all = true;
+            for (int64_t i = 0; i < M; ++i) all = all && (covered[i] != 0) == (owner(i) != r);
+            check(!steps.empty() && ended && !after_end, what + ": ends with the end mark");
+            check(in_range, what + ": copies within one peer's rows");
+            check(once, what + ": no row copied twice");
+            check(all, what + ": every peer row copied, no own row");
+            check(sized, what + ": copies within the merge size or one chunk");
+            check(rising, what + ": marks rise");
+            check(ready, what + ": a mark only after its chunks' copies");
+          }
+}
+
 // gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
 // takes its fused kernel, and the fused path's workspace fits the data area; at W = 2, or at
 // W = 4 with bf16 partials and M*N >= 2^25.
@@ -286,6 +357,7 @@ int main() {
   test_rs();
   test_ag();
   test_ag_auto();
+  test_ag_ce_plan();
   test_ar();
   test_collective_choice();
   std::printf("fused_geometry_test: %d passed, %d failed\n", g_passed, g_failed);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/copy_segments.h"
@@ -201,6 +202,54 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   g.comm_ctas = comm;
   g.gemm_ctas = std::max(1, sms - comm);
   return g;
+}
+
+// allGatherGemm's copy-engine exchange (bench build FUSEDCOMM_AG_CE_PULL; fused_gemm.cuh
+// ag_ce_role): the side stream's steps, after its wait for ce_go. The chunks in the pulls'
+// order (from c_start, none made only of blocks read from A_r); a chunk's peer rows go into
+// copies, and consecutive rows of one peer merge up to `copy_bytes` (a 2 MiB chunk alone is a
+// few microseconds of copy engine, about what a copy costs to start). A mark n follows the
+// copy that holds the last rows of the chunk at position n (so every chunk at a position <= n
+// is then complete); the last step is the end mark, positions + 1. `position_rows`, if not
+// null, gets each position's chunk rows [r0, r1) (for the test).
+std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int64_t copy_bytes,
+                                  std::vector<std::pair<int64_t, int64_t>>* position_rows) {
+  std::vector<AgCeStep> steps;
+  const int64_t mb = ceil_div(p.M, detail::kTileM), chunk_rows = int64_t{p.mg} * detail::kTileM;
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
+  AgCeStep run{-1, 0, 0, 0};
+  uint64_t pos = 0, marked = 0;
+  auto flush = [&](uint64_t complete) {  // issue the run; positions <= complete are then done
+    if (run.peer >= 0) steps.push_back(run);
+    run.peer = -1;
+    if (complete > marked) {
+      steps.push_back({-1, 0, 0, complete});
+      marked = complete;
+    }
+  };
+  for (int k = 0; k < p.chunks; ++k) {
+    const int c = (p.c_start + k) % p.chunks;
+    if (int64_t{c} * p.mg >= p.own_b0 && std::min(int64_t{c + 1} * p.mg, mb) <= p.own_b1) continue;
+    ++pos;
+    const int64_t a = c * chunk_rows, b = std::min<int64_t>((c + 1) * chunk_rows, p.M);
+    if (position_rows != nullptr) position_rows->push_back({a, b});
+    const int o1 = a < b ? detail::split_owner(p.M, W, b - 1) : -1;
+    for (int o = a < b ? detail::split_owner(p.M, W, a) : 0; o <= o1; ++o) {
+      const int64_t off = split_offset(p.M, W, o), cnt = split_count(p.M, W, o);
+      const int64_t ra = std::max(a, off), rb = std::min(b, off + cnt);
+      if (ra >= rb || o == r) continue;  // this rank's rows: copied before the kernel
+      if (run.peer == o && run.row1 == ra && (rb - run.row0) * row_bytes <= copy_bytes) {
+        run.row1 = rb;
+        continue;
+      }
+      flush(pos - 1);  // the run holds every earlier chunk's remaining rows
+      run = {o, ra, rb, 0};
+    }
+    if (run.peer < 0) flush(pos);  // nothing of this chunk waits in a run
+  }
+  flush(pos);
+  steps.push_back({-1, 0, 0, pos + 1});  // the end mark
+  return steps;
 }
 
 // ---- gemmReduceScatter geometry -----------------------------------------------------------------
@@ -462,6 +511,16 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
   return info;
 }
 
+std::vector<AgCeStep> all_gather_gemm_ce_plan(
+    const CommDevice& d, const AgGemmArgs& a, int64_t copy_bytes,
+    std::vector<std::pair<int64_t, int64_t>>* position_rows) {
+  if (!valid_shape(a.M, a.N, a.K) || d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 ||
+      d.rank >= d.world) {
+    return {};
+  }
+  return ag_ce_steps(ag_geometry(d, a).p, d.world, d.rank, copy_bytes, position_rows);
+}
+
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& a) {
   FusedLaunchInfo info{};
   if (!valid_shape(a.M, a.N, a.K) || d.world < 1) {
@@ -483,6 +542,9 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 }
 
 #ifdef FUSEDCOMM_AG_CE_PULL
+#ifndef FUSEDCOMM_AG_CE_COPY_MIB
+#define FUSEDCOMM_AG_CE_COPY_MIB 8
+#endif
 // ---- allGatherGemm's copy-engine exchange (bench build) ---------------------------------------
 // The host half of fused_gemm.cuh ag_ce_role (which says why). A side stream per device with a
 // fork and a join event, made once and kept for the process; one fused launch at a time per
@@ -541,34 +603,23 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& sid
   const auto progress = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_progress));
   auto* cs = reinterpret_cast<CUstream>(side.stream);
   if (wait_value(cs, go, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) return cudaErrorUnknown;
-  const int W = d.world, r = d.rank;
-  const int64_t mb = ceil_div(p.M, detail::kTileM), chunk_rows = int64_t{p.mg} * detail::kTileM;
-  const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
-  uint64_t pos = 0;
-  for (int k = 0; k < p.chunks; ++k) {
-    const int c = (p.c_start + k) % p.chunks;
-    if (int64_t{c} * p.mg >= p.own_b0 && std::min(int64_t{c + 1} * p.mg, mb) <= p.own_b1) continue;
-    const int64_t a = c * chunk_rows, b = std::min<int64_t>((c + 1) * chunk_rows, p.M);
-    const int o1 = a < b ? detail::split_owner(p.M, W, b - 1) : -1;
-    for (int o = a < b ? detail::split_owner(p.M, W, a) : 0; o <= o1; ++o) {
-      const int64_t off = split_offset(p.M, W, o), cnt = split_count(p.M, W, o);
-      const int64_t ra = std::max(a, off), rb = std::min(b, off + cnt);
-      if (ra >= rb || o == r) continue;  // this rank's rows: copied before the kernel
-      const uint8_t* src = d.base[o] + d.data_offset + p.in_offset + (ra - off) * row_bytes;
-      uint8_t* dst = reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes;
-      if (cudaError_t e = cudaMemcpyAsync(dst, src, (rb - ra) * row_bytes,
-                                          cudaMemcpyDeviceToDevice, side.stream);
-          e != cudaSuccess) {
-        return e;
+  for (const AgCeStep& st : ag_ce_steps(p, d.world, d.rank, int64_t{FUSEDCOMM_AG_CE_COPY_MIB} << 20,
+                                        nullptr)) {
+    if (st.peer < 0) {
+      if (write_value(cs, progress, st.progress, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+        return cudaErrorUnknown;
       }
+      continue;
     }
-    if (write_value(cs, progress, ++pos, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
-      return cudaErrorUnknown;
+    const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
+    const int64_t off = split_offset(p.M, d.world, st.peer);
+    const uint8_t* src = d.base[st.peer] + d.data_offset + p.in_offset + (st.row0 - off) * row_bytes;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(p.gathered) + st.row0 * row_bytes;
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, (st.row1 - st.row0) * row_bytes,
+                                        cudaMemcpyDeviceToDevice, side.stream);
+        e != cudaSuccess) {
+      return e;
     }
-  }
-  // The end mark, after every copy: ag_ce_role resets ce_go only once it has seen this.
-  if (write_value(cs, progress, pos + 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
-    return cudaErrorUnknown;
   }
   if (cudaError_t e = cudaEventRecord(side.join, side.stream); e != cudaSuccess) return e;
   return cudaStreamWaitEvent(stream, side.join, 0);

@@ -102,6 +102,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/gemm.h"
@@ -251,6 +253,22 @@ struct FusedLaunchInfo {
 };
 FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& args);
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
+
+// allGatherGemm's exchange on the copy engines, a bench build (FUSEDCOMM_AG_CE_PULL; fused.cu
+// ag_ce_steps, fused_gemm.cuh ag_ce_role): the steps its side stream takes for these
+// arguments, in order, copies merged up to `copy_bytes`. peer >= 0: copy rows [row0, row1) of
+// the gathered A from that peer's input; peer < 0: write ce_progress = progress (every chunk
+// at a position <= progress is then complete; the last step, the end mark, is the position
+// count + 1). position_rows, if not null, gets the rows [r0, r1) of each position's chunk.
+// The same function in every build, so that fused_geometry_test checks it on the CPU.
+struct AgCeStep {
+  int peer;
+  int64_t row0, row1;
+  uint64_t progress;
+};
+std::vector<AgCeStep> all_gather_gemm_ce_plan(
+    const CommDevice& dev, const AgGemmArgs& args, int64_t copy_bytes,
+    std::vector<std::pair<int64_t, int64_t>>* position_rows = nullptr);
 
 // Enqueue one op on `stream` (contract above). cudaErrorInvalidValue for bad arguments.
 cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args,
