@@ -553,6 +553,8 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 struct AgCeSide {
   cudaStream_t stream = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
+  PFN_cuStreamWaitValue64_v11070 wait_value = nullptr;
+  PFN_cuStreamWriteValue64_v11070 write_value = nullptr;
 };
 template <typename Fn>
 Fn driver_entry(const char* name) {
@@ -572,6 +574,13 @@ cudaError_t ag_ce_side(AgCeSide** out) {
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   std::lock_guard<std::mutex> lock(mu);
   AgCeSide& s = sides[dev];
+  // Looked up before the kernel's launch: a kernel launched without its side stream would wait
+  // for its chunks until the timeout.
+  if (s.wait_value == nullptr || s.write_value == nullptr) {
+    s.wait_value = driver_entry<PFN_cuStreamWaitValue64_v11070>("cuStreamWaitValue64");
+    s.write_value = driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64");
+    if (s.wait_value == nullptr || s.write_value == nullptr) return cudaErrorNotSupported;
+  }
   if (s.stream == nullptr) {
     if (cudaError_t e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
         e != cudaSuccess) {
@@ -592,21 +601,17 @@ cudaError_t ag_ce_side(AgCeSide** out) {
 // ce_progress = its position, then the end mark; then `stream` waits for the side stream.
 cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& side,
                            cudaStream_t stream) {
-  static const auto wait_value =
-      driver_entry<PFN_cuStreamWaitValue64_v11070>("cuStreamWaitValue64");
-  static const auto write_value =
-      driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64");
-  if (wait_value == nullptr || write_value == nullptr) return cudaErrorNotSupported;
   if (cudaError_t e = cudaStreamWaitEvent(side.stream, side.fork, 0); e != cudaSuccess) return e;
   uint8_t* flags = d.base[d.rank] + kFusedFlagsOffset;
   const auto go = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_go));
   const auto progress = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_progress));
   auto* cs = reinterpret_cast<CUstream>(side.stream);
-  if (wait_value(cs, go, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) return cudaErrorUnknown;
+  if (side.wait_value(cs, go, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) return cudaErrorUnknown;
   for (const AgCeStep& st : ag_ce_steps(p, d.world, d.rank, int64_t{FUSEDCOMM_AG_CE_COPY_MIB} << 20,
                                         nullptr)) {
     if (st.peer < 0) {
-      if (write_value(cs, progress, st.progress, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+      if (side.write_value(cs, progress, st.progress, CU_STREAM_WRITE_VALUE_DEFAULT) !=
+          CUDA_SUCCESS) {
         return cudaErrorUnknown;
       }
       continue;
