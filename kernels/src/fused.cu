@@ -42,7 +42,7 @@ using detail::split_offset;
 // included: the own-first sweep removed run 4's loss at M = 1024), 1.055-1.059x at 8 MiB (8B
 // M=1024). W = 4 (4 x H200): with the register-load pulls fused took 0.80-0.96x from 8 MiB
 // (run 11; 8B M=1024 0.88-0.89x; 0.987x sustained in run 14); with the bulk-copy pulls of run
-// 16, 1.045-1.053x at 8 MiB (8B M=1024, three rounds on three hosts) and 0.97-1.005x at 16 MiB
+// 16, 1.045-1.053x at 8 MiB (8B M=1024, three rounds on two hosts) and 0.97-1.005x at 16 MiB
 // (70B M=1024), so the W = 2 bar serves both.
 constexpr uint64_t kAgFusedMinBytes = 16ull << 20;  // M*K*2: the gathered A
 // The bar for world W, or 0 where fused is not measured (W = 3, W >= 5): decomposed there.
