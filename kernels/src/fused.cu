@@ -20,7 +20,6 @@
 #include <cudaTypedefs.h>
 
 #include <cstddef>
-#include <mutex>
 #endif
 
 namespace fusedcomm::kernels {
@@ -546,10 +545,10 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 #define FUSEDCOMM_AG_CE_COPY_MIB 8
 #endif
 // ---- allGatherGemm's copy-engine exchange (bench build) ---------------------------------------
-// The host half of fused_gemm.cuh ag_ce_role (which says why). A side stream per device with a
-// fork and a join event, made once and kept for the process; one fused launch at a time per
-// device (enough for the bench and the tests, not for concurrent callers). Stream memory
-// operations come through the runtime's driver entry points (no link against libcuda).
+// The host half of fused_gemm.cuh ag_ce_role (which says why). A side stream per device and
+// calling thread, with a fork and a join event, made once and kept for the thread's life (a
+// bench build: the product would give each communicator its own). Stream memory operations
+// come through the runtime's driver entry points (no link against libcuda).
 struct AgCeSide {
   cudaStream_t stream = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
@@ -567,12 +566,10 @@ Fn driver_entry(const char* name) {
   return reinterpret_cast<Fn>(p);
 }
 cudaError_t ag_ce_side(AgCeSide** out) {
-  static std::mutex mu;
-  static AgCeSide sides[64];
+  thread_local AgCeSide sides[64];  // per thread: two threads' fork events never mix
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  std::lock_guard<std::mutex> lock(mu);
   AgCeSide& s = sides[dev];
   // Looked up before the kernel's launch: a kernel launched without its side stream would wait
   // for its chunks until the timeout.
