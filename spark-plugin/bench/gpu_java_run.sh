@@ -30,8 +30,18 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 repo=$(pwd)
 case "${1:-}" in
   stage)
-    mkdir -p /root/stage && cp .sparkbundle/p"$2"/bundle.part.* /root/stage/ && ls -la /root/stage
-    exit $? ;;
+    mkdir -p /root/stage && cp .sparkbundle/p"$2"/bundle.part.* /root/stage/ && ls -la /root/stage || exit 1
+    # Parts of earlier calls are gone when a call lands on a fresh machine (run 16: the device
+    # reply's "warm": false). The parts are numbered files (bundle.part.00, .01, ...): name any
+    # lower-numbered one missing here, to be staged again before the run.
+    last=$(ls .sparkbundle/p"$2"/bundle.part.* | sed 's/.*\.//' | sort | tail -1)
+    missing=""
+    for ((k = 0; 10#$last > k; k++)); do
+      f=$(printf 'bundle.part.%02d' "$k")
+      [ -f "/root/stage/$f" ] || missing="$missing $f"
+    done
+    [ -z "$missing" ] || echo "stage: missing here (a fresh machine?):$missing; stage their parts again"
+    exit 0 ;;
   run) mode=run; shift ;;
   classes)
     mode=classes; shift
