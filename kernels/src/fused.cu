@@ -204,7 +204,7 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 }
 
 // allGatherGemm's copy-engine exchange (bench build FUSEDCOMM_AG_CE_PULL; fused_gemm.cuh
-// ag_ce_role): the side stream's steps, after its wait for ce_go. The chunks in the pulls'
+// ag_ce_role): the side stream's steps, after the start barrier. The chunks in the pulls'
 // order (from c_start, none made only of blocks read from A_r); a chunk's peer rows go into
 // copies, and consecutive rows of one peer merge up to `copy_bytes` (a 2 MiB chunk alone is a
 // few microseconds of copy engine, about what a copy costs to start). A mark n follows the
@@ -547,12 +547,11 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 // ---- allGatherGemm's copy-engine exchange (bench build) ---------------------------------------
 // The host half of fused_gemm.cuh ag_ce_role (which says why). A side stream per device and
 // calling thread, with a fork and a join event, made once and kept for the thread's life (a
-// bench build: the product would give each communicator its own). Stream memory operations
-// come through the runtime's driver entry points (no link against libcuda).
+// bench build: the product would give each communicator its own). The progress writes are
+// stream memory operations, through the runtime's driver entry point (no link against libcuda).
 struct AgCeSide {
   cudaStream_t stream = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
-  PFN_cuStreamWaitValue64_v11070 wait_value = nullptr;
   PFN_cuStreamWriteValue64_v11070 write_value = nullptr;
 };
 template <typename Fn>
@@ -571,12 +570,11 @@ cudaError_t ag_ce_side(AgCeSide** out) {
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   AgCeSide& s = sides[dev];
-  // Looked up before the kernel's launch: a kernel launched without its side stream would wait
+  // Looked up before the kernels' launch: a kernel launched without its side stream would wait
   // for its chunks until the timeout.
-  if (s.wait_value == nullptr || s.write_value == nullptr) {
-    s.wait_value = driver_entry<PFN_cuStreamWaitValue64_v11070>("cuStreamWaitValue64");
+  if (s.write_value == nullptr) {
     s.write_value = driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64");
-    if (s.wait_value == nullptr || s.write_value == nullptr) return cudaErrorNotSupported;
+    if (s.write_value == nullptr) return cudaErrorNotSupported;
   }
   if (s.stream == nullptr) {
     if (cudaError_t e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
@@ -592,18 +590,15 @@ cudaError_t ag_ce_side(AgCeSide** out) {
   *out = &s;
   return cudaSuccess;
 }
-// After the kernel's launch (so that the side stream never waits for a kernel that did not
-// start): on the side stream, after side.fork (recorded on `stream` before the kernel), the
-// wait for ce_go, then per chunk in ag_ce_role's order the copies of its peers' rows and
-// ce_progress = its position, then the end mark; then `stream` waits for the side stream.
+// After the fused kernel's launch: on the side stream, after side.fork (recorded on `stream`
+// after ag_ce_barrier_kernel, before the fused kernel), the copies and ce_progress marks of
+// ag_ce_steps; then `stream` waits for the side stream.
 cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& side,
                            cudaStream_t stream) {
   if (cudaError_t e = cudaStreamWaitEvent(side.stream, side.fork, 0); e != cudaSuccess) return e;
   uint8_t* flags = d.base[d.rank] + kFusedFlagsOffset;
-  const auto go = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_go));
   const auto progress = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_progress));
   auto* cs = reinterpret_cast<CUstream>(side.stream);
-  if (side.wait_value(cs, go, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) return cudaErrorUnknown;
   for (const AgCeStep& st : ag_ce_steps(p, d.world, d.rank, int64_t{FUSEDCOMM_AG_CE_COPY_MIB} << 20,
                                         nullptr)) {
     if (st.peer < 0) {
@@ -739,6 +734,8 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   // flag, which the side stream's progress (no copies) releases.
   AgCeSide* side = nullptr;
   if (cudaError_t e = ag_ce_side(&side); e != cudaSuccess) return e;
+  detail::ag_ce_barrier_kernel<<<1, 32, 0, stream>>>(d);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (cudaError_t e = cudaEventRecord(side->fork, stream); e != cudaSuccess) return e;
 #endif
   cudaError_t launched;

@@ -172,14 +172,13 @@ struct alignas(64) FusedFlags {
   uint32_t chunk_count[kFusedMaxChunks];
   uint32_t tile_claim;  // the GEMM's dynamic tile counter; reset by the launch's last CTA
   uint32_t role_exit;   // CTAs that finished reading peers' memory; reset by the last of them
-  // The copy-engine exchange of allGatherGemm (bench build FUSEDCOMM_AG_CE_PULL, fused.cu
-  // ag_ce_exchange; unused by the default build). Local. ce_go: 1 once this rank's pulling CTA
-  // has seen every peer's arrive flag (or gave up): the side stream's copies wait for it. Then
-  // the stream writes ce_progress = n after the copies of the n-th chunk it moves. The CTA
-  // resets both to 0 before its kernel ends (after a failed launch the region is discarded).
-  uint64_t ce_go;
+  // The copy-engine exchange of allGatherGemm (bench build FUSEDCOMM_AG_CE_PULL, fused_gemm.cuh
+  // ag_ce_role; unused by the default build). Local: the side stream writes n once the copy
+  // holding the last rows of the n-th chunk it moves is complete, then the end mark; the
+  // pulling CTA resets it to 0 before its kernel ends (after a failed launch the region is
+  // discarded).
   uint64_t ce_progress;
-  uint32_t reserved[10];
+  uint32_t reserved[12];
 };
 static_assert(sizeof(FusedFlags) == 8 * (kFusedRsTileFlags + kFusedMaxChunks) +
                                         4 * kFusedMaxChunks + 64,

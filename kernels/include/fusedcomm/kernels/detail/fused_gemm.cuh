@@ -194,37 +194,48 @@ struct AgSchedule : FusedClaims<AgParams> {
 };
 
 #ifdef FUSEDCOMM_AG_CE_PULL
-// Bench switch, off by default: allGatherGemm's exchange by the copy engines. The launcher
-// (fused.cu ag_ce_exchange) enqueues on a side stream, forked from the caller's stream before
-// the kernel: a wait for FusedFlags::ce_go; per chunk in this function's order the copies of
-// its peers' rows (cudaMemcpyAsync from their data areas), then ce_progress = the chunk's
-// position; last ce_progress = that count + 1, the end mark. One pulling CTA (ag_geometry
-// gives one) turns the positions into the chunk flags the GEMM waits for. Why: beside the
+// Bench switch, off by default: allGatherGemm's exchange by the copy engines. Why: beside the
 // GEMM the pulls take SMs from it (run 16: square 8192 at W = 4 is 1.27 x our GEMM alone with
 // 24 pulling CTAs), and the copy engines move 390 GB/s per GPU without SMs
-// (kernels/bench/probes: nvlink_probe, ce_gemm_probe).
-// Every wait here is bounded; the side stream's one wait is on ce_go, which this CTA always
-// sets and resets only after the end mark, so the stream cannot hang the caller's stream that
-// joins it. Returns once every chunk flag is raised (or a wait gave up); the CTA then joins
-// the GEMM.
+// (kernels/bench/probes: nvlink_probe, ce_gemm_probe). On the caller's stream the launcher
+// (fused.cu) enqueues ag_ce_barrier_kernel, records an event, then the fused kernel; a side
+// stream waits for that event and copies the peers' rows chunk by chunk in ag_ce_role's order
+// (cudaMemcpyAsync from their data areas), writing FusedFlags::ce_progress = the position of
+// each chunk once the copy holding its last rows is issued, then the end mark (the position
+// count + 1); the caller's stream joins it after the kernel. One pulling CTA (ag_geometry gives
+// one) turns the positions into the chunk flags the GEMM waits for.
+// The side stream waits on nothing but the event: a stream wait on a value that the fused
+// kernel writes could be scheduled ahead of that kernel in a graph replay and never end. The
+// kernel's waits on ce_progress are bounded.
+
+// The start barrier (what ag_pull_role's CTA 0 does in the default build), as a kernel of one
+// CTA before the fused kernel: this rank's signature and arrive flag to every peer, then every
+// peer's arrive flag (ordering: CommFlags::arrive). The fused kernel that follows reads the same
+// epoch (CommControl::epoch changes only at its end).
+__global__ void ag_ce_barrier_kernel(const __grid_constant__ CommDevice d) {
+  const uint64_t epoch = comm_launch_epoch(d);
+  if (threadIdx.x != 0 || d.world < 2) return;
+  const int W = d.world, r = d.rank;
+  comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
+  __threadfence_system();
+  comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+  bool ok = true;
+  for (int i = 1; i < W && ok; ++i) {
+    const int o = (r + i) % W;
+    ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm, kCommStepArrive,
+                    o, 1);
+  }
+}
+
+// CTA 0 of the pulling CTAs, the only one: raises each chunk's flag once the side stream has
+// marked its position. Returns once every flag is raised (or a wait gave up); the CTA then
+// joins the GEMM.
 inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch) {
   const CommDevice& d = p.dev;
   const int W = d.world, r = d.rank;
   FusedFlags* ff = fused_flags(d, r);
   if (threadIdx.x == 0) {
     bool ok = true;
-    // Start barrier, wait side (ordering: CommFlags::arrive), every peer up front: the copies
-    // read any peer's rows from the first chunk on.
-    for (int i = 1; i < W && ok; ++i) {
-      const int o = (r + i) % W;
-      ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm,
-                      kCommStepArrive, o, 1);
-    }
-    // The side stream's copies start after this store (its wait reads ce_go): the acquires
-    // above, then a system-scope fence. Set even when a wait gave up, so that the stream drains
-    // (its copies then move stale rows of a launch that reports the timeout).
-    __threadfence_system();
-    *reinterpret_cast<volatile uint64_t*>(&ff->ce_go) = 1;
     const int mb = (p.M + kTileM - 1) / kTileM;
     const int chunk_rows = p.mg * kTileM;
     uint64_t pos = 0;
@@ -237,7 +248,7 @@ inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch
       const int64_t r1 = min(static_cast<int64_t>(p.M), r0 + chunk_rows) - 1;
       int peer = split_owner(p.M, W, r0);
       if (peer == r) peer = split_owner(p.M, W, r1);
-      // ce_progress is written by this GPU's stream (a memory operation after the copies
+      // ce_progress is written by this GPU's side stream (a memory operation after the copies
       // complete, with its default memory barrier); acquired at system scope, then the chunk
       // flag is released as the register pulls release it (FusedFlags::ag_chunk).
       ok = fused_wait(d, &ff->ce_progress, pos, kFusedOpAllGatherGemm, kFusedStepChunk, peer, 2);
@@ -246,18 +257,15 @@ inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch
         st_release_gpu(&ff->ag_chunk[c], epoch);
       }
     }
-    // The stream's last write, pos + 1, follows all its copies, and tells that it is past its
-    // wait for ce_go (even with no chunk to move, e.g. W = 1): only then may ce_go go back to 0.
+    // The end mark follows every copy: then this rank has finished reading peers' memory, and
+    // ce_progress goes back to 0 for the next launch (whose side stream starts after this
+    // kernel: its event follows the next launch's barrier kernel on the same stream).
     if (ok) {
       ok = fused_wait(d, &ff->ce_progress, pos + 1, kFusedOpAllGatherGemm, kFusedStepChunk, r, 2);
     }
-    if (ok) {  // every copy of this launch is complete: 0 for the next launch's stream
-      *reinterpret_cast<volatile uint64_t*>(&ff->ce_progress) = 0;
-      *reinterpret_cast<volatile uint64_t*>(&ff->ce_go) = 0;
-    }
+    if (ok) *reinterpret_cast<volatile uint64_t*>(&ff->ce_progress) = 0;
   }
   __syncthreads();
-  // This rank's copies of peers' memory are complete (the last progress write follows them).
   if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
 }
 #endif
@@ -271,6 +279,10 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   const CommDevice& d = p.dev;
   const int W = d.world, r = d.rank;
   FusedFlags* ff = fused_flags(d, r);
+#ifdef FUSEDCOMM_AG_CE_PULL
+  ag_ce_role(p, epoch);  // the start barrier ran as ag_ce_barrier_kernel
+  return;
+#endif
   __shared__ int s_ok;
   // Start barrier, signal side (ordering: CommFlags::arrive): stream order puts this rank's
   // input before the kernel; the fence publishes it at system scope.
@@ -282,10 +294,6 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
 #ifdef FUSEDCOMM_AG_TRACE
   uint64_t* trace = ag_trace_chunks(p) + p.chunks;
   if (threadIdx.x == 0) trace[2 * j] = globaltimer_ns(), trace[2 * p.comm_ctas + j] = sm_id();
-#endif
-#ifdef FUSEDCOMM_AG_CE_PULL
-  ag_ce_role(p, epoch);
-  return;
 #endif
   uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
   bool ok = true;
