@@ -214,7 +214,7 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int64_t copy_bytes,
                                   std::vector<std::pair<int64_t, int64_t>>* position_rows) {
   std::vector<AgCeStep> steps;
-  const int64_t mb = ceil_div(p.M, detail::kTileM), chunk_rows = int64_t{p.mg} * detail::kTileM;
+  const int64_t chunk_rows = int64_t{p.mg} * detail::kTileM;
   const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
   AgCeStep run{-1, 0, 0, 0};
   uint64_t pos = 0, marked = 0;
@@ -228,7 +228,7 @@ std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int64_t copy_
   };
   for (int k = 0; k < p.chunks; ++k) {
     const int c = (p.c_start + k) % p.chunks;
-    if (int64_t{c} * p.mg >= p.own_b0 && std::min(int64_t{c + 1} * p.mg, mb) <= p.own_b1) continue;
+    if (detail::ag_chunk_is_own(p, c)) continue;  // the same positions as ag_ce_role's
     ++pos;
     const int64_t a = c * chunk_rows, b = std::min<int64_t>((c + 1) * chunk_rows, p.M);
     if (position_rows != nullptr) position_rows->push_back({a, b});
@@ -599,6 +599,7 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& sid
   uint8_t* flags = d.base[d.rank] + kFusedFlagsOffset;
   const auto progress = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_progress));
   auto* cs = reinterpret_cast<CUstream>(side.stream);
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
   for (const AgCeStep& st : ag_ce_steps(p, d.world, d.rank, int64_t{FUSEDCOMM_AG_CE_COPY_MIB} << 20,
                                         nullptr)) {
     if (st.peer < 0) {
@@ -608,7 +609,6 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& sid
       }
       continue;
     }
-    const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
     const int64_t off = split_offset(p.M, d.world, st.peer);
     const uint8_t* src = d.base[st.peer] + d.data_offset + p.in_offset + (st.row0 - off) * row_bytes;
     uint8_t* dst = reinterpret_cast<uint8_t*>(p.gathered) + st.row0 * row_bytes;

@@ -86,6 +86,22 @@ struct AgParams {
   int comm_ctas;   // CTAs [gemm_ctas, gemm_ctas + comm_ctas) pull first
 };
 
+// Chunk c holds only M-blocks read from A_r: it needs neither rows nor its flag (no tile waits
+// for it: AgSchedule::wait). The pulls (ag_pull_role) and the copy-engine build (ag_ce_role,
+// and fused.cu ag_ce_steps, whose positions must match that role's) skip the same chunks.
+__host__ __device__ __forceinline__ bool ag_chunk_is_own(const AgParams& p, int c) {
+  const int mb = (p.M + kTileM - 1) / kTileM;
+  const int end = (c + 1) * p.mg < mb ? (c + 1) * p.mg : mb;
+  return c * p.mg >= p.own_b0 && end <= p.own_b1;
+}
+// The rank whose rows chunk c waits for (the first one not this rank), for a timeout's report.
+__device__ __forceinline__ int ag_chunk_peer(const AgParams& p, int c) {
+  const int64_t r0 = static_cast<int64_t>(c) * p.mg * kTileM;
+  const int64_t r1 = min(static_cast<int64_t>(p.M), r0 + p.mg * kTileM) - 1;
+  const int peer = split_owner(p.M, p.dev.world, r0);
+  return peer == p.dev.rank ? split_owner(p.M, p.dev.world, r1) : peer;
+}
+
 #ifdef FUSEDCOMM_AG_TRACE
 // Debug build only: a timeline in this rank's scratch area (%globaltimer ns): per GEMM tile
 // (m_block * n_blocks + n_block) the producer's wait [start, end); per chunk the flag time;
@@ -178,14 +194,11 @@ struct AgSchedule : FusedClaims<AgParams> {
     // gpu scope: this GPU's pulling CTAs raise the flag (FusedFlags::ag_chunk). Up to G
     // producers poll it while the pull runs; .sys polls slowed the pull ~10x (NOTES, run 4).
     if (ld_acquire_gpu(flag) >= epoch) return true;
-    // Slow path: name the rank whose rows the chunk waits for (the first one not this rank).
-    const int64_t r0 = static_cast<int64_t>(c) * p->mg * kTileM;
-    const int64_t r1 = min(static_cast<int64_t>(p->M), r0 + p->mg * kTileM) - 1;
-    int peer = split_owner(p->M, p->dev.world, r0);
-    if (peer == p->dev.rank) peer = split_owner(p->M, p->dev.world, r1);
-    // Twice the timeout: a chunk is late only because a pulling CTA waits for a peer, and that
-    // CTA's record (the peer and its start-barrier step) is the one to keep.
-    return fused_wait_flag(p->dev, flag, epoch, kFusedOpAllGatherGemm, kFusedStepChunk, peer, 2);
+    // Slow path, naming the rank whose rows the chunk waits for. Twice the timeout: a chunk is
+    // late only because a pulling CTA waits for a peer, and that CTA's record (the peer and its
+    // start-barrier step) is the one to keep.
+    return fused_wait_flag(p->dev, flag, epoch, kFusedOpAllGatherGemm, kFusedStepChunk,
+                           ag_chunk_peer(*p, c), 2);
   }
   __device__ __forceinline__ void consumers_done() const {
     named_barrier_sync(1, 256);
@@ -232,26 +245,20 @@ __global__ void ag_ce_barrier_kernel(const __grid_constant__ CommDevice d) {
 // joins the GEMM.
 inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch) {
   const CommDevice& d = p.dev;
-  const int W = d.world, r = d.rank;
+  const int r = d.rank;
   FusedFlags* ff = fused_flags(d, r);
   if (threadIdx.x == 0) {
     bool ok = true;
-    const int mb = (p.M + kTileM - 1) / kTileM;
-    const int chunk_rows = p.mg * kTileM;
     uint64_t pos = 0;
     for (int k = 0; k < p.chunks && ok; ++k) {
       const int c = (p.c_start + k) % p.chunks;
-      // The same chunks as the side stream's: none made only of blocks read from A_r.
-      if (c * p.mg >= p.own_b0 && min((c + 1) * p.mg, mb) <= p.own_b1) continue;
+      if (ag_chunk_is_own(p, c)) continue;  // the same positions as the side stream's plan
       ++pos;
-      const int64_t r0 = static_cast<int64_t>(c) * chunk_rows;
-      const int64_t r1 = min(static_cast<int64_t>(p.M), r0 + chunk_rows) - 1;
-      int peer = split_owner(p.M, W, r0);
-      if (peer == r) peer = split_owner(p.M, W, r1);
       // ce_progress is written by this GPU's side stream (a memory operation after the copies
       // complete, with its default memory barrier); acquired at system scope, then the chunk
       // flag is released as the register pulls release it (FusedFlags::ag_chunk).
-      ok = fused_wait(d, &ff->ce_progress, pos, kFusedOpAllGatherGemm, kFusedStepChunk, peer, 2);
+      ok = fused_wait(d, &ff->ce_progress, pos, kFusedOpAllGatherGemm, kFusedStepChunk,
+                      ag_chunk_peer(p, c), 2);
       if (ok) {
         fence_acq_rel_gpu();
         st_release_gpu(&ff->ag_chunk[c], epoch);
@@ -306,12 +313,10 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   const int chunk_rows = p.mg * kTileM;
   const int items = p.chunks * p.slices;
   const size_t row_bytes = static_cast<size_t>(p.K) * 2;
-  const int mb = (p.M + kTileM - 1) / kTileM;
   for (int k = j; k < items && ok; k += p.comm_ctas) {
     const int c = (p.c_start + k / p.slices) % p.chunks;
-    // A chunk made only of blocks the GEMM reads from A_r needs neither rows nor its flag (no
-    // tile waits for it: AgSchedule::wait); skipped before any barrier, so CTA-uniformly.
-    if (c * p.mg >= p.own_b0 && min((c + 1) * p.mg, mb) <= p.own_b1) continue;
+    // Skipped before any barrier, so CTA-uniformly.
+    if (ag_chunk_is_own(p, c)) continue;
     const int64_t a = static_cast<int64_t>(c) * chunk_rows +
                       static_cast<int64_t>(k % p.slices) * p.slice_rows;
     const int64_t b = min(min(a + p.slice_rows, static_cast<int64_t>(c + 1) * chunk_rows),
