@@ -20,6 +20,8 @@
 #include <cudaTypedefs.h>
 
 #include <cstddef>
+
+#include "fusedcomm/kernels/detail/driver_entry.h"
 #endif
 
 namespace fusedcomm::kernels {
@@ -554,16 +556,6 @@ struct AgCeSide {
   cudaEvent_t fork = nullptr, join = nullptr;
   PFN_cuStreamWriteValue64_v11070 write_value = nullptr;
 };
-template <typename Fn>
-Fn driver_entry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, 11070, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(p);
-}
 cudaError_t ag_ce_side(AgCeSide** out) {
   thread_local AgCeSide sides[64];  // per thread: two threads' fork events never mix
   int dev = 0;
@@ -573,7 +565,8 @@ cudaError_t ag_ce_side(AgCeSide** out) {
   // Looked up before the kernels' launch: a kernel launched without its side stream would wait
   // for its chunks until the timeout.
   if (s.write_value == nullptr) {
-    s.write_value = driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64");
+    s.write_value =
+        detail::driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64", 11070);
     if (s.write_value == nullptr) return cudaErrorNotSupported;
   }
   if (s.stream == nullptr) {

@@ -2,6 +2,7 @@
 // (detail::gemm_plan, shared with the fused launchers), and the eight instantiations of the plain
 // kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs) with the default epilogue,
 // and the two of the kernel whose consumers take turns (B layout NK/KN).
+#include "fusedcomm/kernels/detail/driver_entry.h"
 #include "fusedcomm/kernels/detail/early_launch.h"
 #include "fusedcomm/kernels/detail/gemm_pingpong.cuh"
 #include "fusedcomm/kernels/detail/gemm_sm90.cuh"
@@ -20,16 +21,8 @@ using detail::GemmTileConfig;
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point: no link against libcuda.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      p = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
+  static const auto fn =
+      detail::driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
   return fn;
 }
 
