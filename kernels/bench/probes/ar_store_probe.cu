@@ -22,22 +22,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
+#include "probe_common.h"
 
 namespace {
 
@@ -254,12 +245,7 @@ bool check(int s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::seconds(100));
-    std::printf("# watchdog: 100 s, exiting\n");
-    std::fflush(stdout);
-    std::_Exit(2);
-  }).detach();
+  start_watchdog(100, "# watchdog: 100 s, exiting", 2);
   int want = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--gpus") && i + 1 < argc) want = std::atoi(argv[++i]);
@@ -272,19 +258,7 @@ int main(int argc, char** argv) {
     std::printf("ar_store_probe: needs >= 2 GPUs with peer access (found %d); nothing measured\n", n);
     return 0;
   }
-  for (int a = 0; a < G; ++a) {
-    CK(cudaSetDevice(a));
-    for (int b = 0; b < G; ++b) {
-      if (a == b) continue;
-      int can = 0;
-      CK(cudaDeviceCanAccessPeer(&can, a, b));
-      if (!can) {
-        std::printf("ar_store_probe: GPU %d cannot access GPU %d; nothing measured\n", a, b);
-        return 0;
-      }
-      CK(cudaDeviceEnablePeerAccess(b, 0));
-    }
-  }
+  if (!enable_peer_access(G, "ar_store_probe", "; nothing measured")) return 0;
   const size_t sizes[] = {64ull << 20, 256ull << 20, 1ull << 30};
   const size_t max_bytes = sizes[2];
   gpu.resize(G);

@@ -36,21 +36,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fusedcomm/kernels/gemm.h"
+#include "probe_common.h"
 
 namespace k = fusedcomm::kernels;
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::printf("%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));         \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 namespace {
 
@@ -299,12 +291,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::thread([] {  // bounds the run even if something blocks in the driver
-    std::this_thread::sleep_for(std::chrono::seconds(kWatchdogS));
-    std::printf("ce_gemm_probe: watchdog: still running after %d s, exiting\n", kWatchdogS);
-    std::fflush(stdout);
-    std::_Exit(3);
-  }).detach();
+  start_watchdog(kWatchdogS,
+                 "ce_gemm_probe: watchdog: still running after " + std::to_string(kWatchdogS) +
+                     " s, exiting",
+                 3);
   int n = 0;
   CK(cudaGetDeviceCount(&n));
   const int G = o.gpus > 0 ? std::min(o.gpus, n) : n;
@@ -312,21 +302,7 @@ int main(int argc, char** argv) {
     std::printf("ce_gemm_probe: needs 2-%d GPUs, %d visible\n", kMaxGpus, n);
     return 1;
   }
-  for (int i = 0; i < G; ++i) {
-    CK(cudaSetDevice(i));
-    for (int j = 0; j < G; ++j) {
-      if (i == j) continue;
-      int can = 0;
-      CK(cudaDeviceCanAccessPeer(&can, i, j));
-      if (!can) {
-        std::printf("ce_gemm_probe: GPU %d cannot access GPU %d\n", i, j);
-        return 1;
-      }
-      const cudaError_t e = cudaDeviceEnablePeerAccess(j, 0);
-      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CK(e);
-      (void)cudaGetLastError();
-    }
-  }
+  if (!enable_peer_access(G, "ce_gemm_probe", "")) return 1;
   std::printf("ce_gemm_probe: %d GPUs, %d timed reps after %d ms sustained per phase, copies in %s\n",
               G, o.reps, o.sustain_ms,
               o.chunk_mib > 0 ? (std::to_string(o.chunk_mib) + " MiB pieces").c_str() : "one piece per peer");
