@@ -71,7 +71,8 @@ int64_t first_row(int M, int G, int o) {
   return static_cast<int64_t>(o) * (M / G) + std::min(o, M % G);
 }
 
-// The value GPU g writes at element e of its own rows (never the zero the others start with).
+// The value GPU g writes at element e of its own rows: positive, while the rows of the others
+// start as fill_noise's negative values.
 __host__ __device__ inline uint16_t own_value(int g, uint64_t e) {
   return static_cast<uint16_t>(0x3c00u + ((e * 2654435761ull + g * 97u) & 0x3ffu));
 }
@@ -80,6 +81,20 @@ __global__ void fill_own(uint16_t* p, uint64_t first, uint64_t n, int g) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
        i += uint64_t{gridDim.x} * blockDim.x)
     p[i] = own_value(g, first + i);
+}
+
+// Operand values with random mantissas, for the GEMM to draw the power it draws in fused_bench
+// (random data). Run 17's first call had B zero and the peers' rows of A zero until the first
+// copy: its GEMM alone ran at 827 TF/s at 8B M = 16384 against ~670 in fused_bench, likely the
+// power-capped clock staying high at a low draw. `negative`: -[0.5, 1) only, never one of
+// own_value's (positive) values, so the copies' check still sees a missed row.
+__global__ void fill_noise(uint16_t* p, uint64_t n, int g, bool negative) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t h = ((i + 0x9E3779B97F4A7C15ull * (g + 1)) * 0xD6E8FEB86659FD93ull) >> 32;
+    const uint32_t sign_and_mantissa = h & (negative ? 0x7fu : 0x807fu);
+    p[i] = static_cast<uint16_t>(sign_and_mantissa | (negative ? 0xbf00u : 0x3f00u));
+  }
 }
 
 struct Gpu {
@@ -117,8 +132,8 @@ class Probe {
       x.ws_bytes = k::gemm_workspace_bytes(0);
       CK(cudaMalloc(&x.ws, x.ws_bytes));
       CK(cudaMemset(x.ws, 0, x.ws_bytes));
-      CK(cudaMemset(x.a, 0, size_t(s.M) * s.K * 2));
-      CK(cudaMemset(x.b, 0, size_t(s.N_r) * s.K * 2));
+      fill_noise<<<264, 512>>>(reinterpret_cast<uint16_t*>(x.a), uint64_t(s.M) * s.K, g, true);
+      fill_noise<<<264, 512>>>(reinterpret_cast<uint16_t*>(x.b), uint64_t(s.N_r) * s.K, g, false);
       const uint64_t first = uint64_t(first_row(s.M, G_, g)) * s.K;
       const uint64_t n = uint64_t(rows_of(s.M, G_, g)) * s.K;
       fill_own<<<264, 512>>>(reinterpret_cast<uint16_t*>(x.a) + first, first, n, g);
