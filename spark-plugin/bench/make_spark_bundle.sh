@@ -3,21 +3,22 @@
 # gpu_java_run.sh): a jlink'ed Java 17 runtime with spark-plugin's test classpath (Spark, JCuda,
 # JUnit) and the JUnit console launcher, as one tar.xz split into parts. Run from anywhere on
 # the CPU machine after `mvn -B -DskipTests install`:
-#   spark-plugin/bench/make_spark_bundle.sh [PART_MiB]      (default 30)
+#   spark-plugin/bench/make_spark_bundle.sh [PART_MiB]      (default 24)
 # The classpath changes only when the pom's dependencies do, so one bundle serves many runs;
 # what changes with the code goes in .fcbundle (make_fc_bundle.sh).
 #
 # Why not /work/shared/gpu-host/make-bundle.sh as is: every part costs one device call, and
-# each call carries at most 64 MiB together with the working tree (~31 MiB of it tracked
-# results), so the bundle's size sets the number of staging calls. Here the runtime image is
+# each call carries at most 64 MiB together with the working tree (~35 MiB tracked in run 17,
+# counted in disk blocks: a 30 MiB part no longer fit), so the bundle's size sets the number of
+# staging calls. Here the runtime image is
 # left uncompressed (jlink --compress=0) with libjvm.so stripped, and the jars are rewritten
 # with stored (uncompressed) entries, so that xz sees the class files themselves rather than
-# deflate streams: ~95 MB in all against make-bundle.sh's 176 MB (3-4 parts instead of 8).
+# deflate streams: ~95 MB in all against make-bundle.sh's 176 MB (4 parts of 24 MiB instead of 8).
 # The layout (bundle/jre, bundle/jars, bundle/classes, bundle/env.sh) is make-bundle.sh's.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
-part_mib=${1:-30}
+part_mib=${1:-24}
 junit=1.11.4
 jdk=${JDK_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}
 work=$(mktemp -d)
