@@ -12,8 +12,14 @@
 // (allGatherGemm under TP = G: the gathered A is M x K, split by rows; B is N_r x K):
 //   gemm  our GEMM alone (launch_gemm, every SM), on stream A
 //   ce    the exchange alone: for each peer o, cudaMemcpyPeerAsync of o's rows from o's gathered
-//         A into g's, on stream B (every GPU at once: each GPU pulls G-1 shards)
-//   both  per repetition: stream B forks from A, the copies on B and the GEMM on A, A joins B
+//         A into g's, on a copy stream that forks from A and that A joins (every GPU at once:
+//         each GPU pulls G-1 shards)
+//   both  per repetition: the copies on the copy stream and the GEMM on A, A joins
+// --issue push: each GPU's copy engines push its own rows into every peer instead (the NVLink
+// probe's 388 GB/s ring was a push). --streams per-peer: one copy stream per peer, so that the
+// copies to or from different peers can run on different copy engines at once (run 17 on
+// 4 x H200: one stream, pulls one peer after another, moved only 132-144 GB/s into each GPU,
+// against 367-386 at W = 2 with one peer).
 // Each phase first runs back to back for --sustain-ms on every GPU (the GPUs' power-capped
 // clock settles, as in fused_bench --sustain-ms), then --reps timed repetitions (events on
 // each GPU). --chunk-mib C splits each peer's copy into C MiB pieces (what per-chunk flags
@@ -25,6 +31,7 @@
 //   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -Ikernels/include -o build/ce_gemm_probe kernels/bench/probes/ce_gemm_probe.cu build/devbin/gemm.o
 //   ./ce_gemm_probe [--gpus N] [--shape substring] [--reps R] [--sustain-ms S] [--chunk-mib C]
+//                   [--issue pull|push] [--streams one|per-peer]
 // A watchdog ends the run after 170 s.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -102,8 +109,10 @@ struct Gpu {
   __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr;  // gathered A, B (N_r x K), C
   void* ws = nullptr;
   size_t ws_bytes = 0;
-  cudaStream_t sa = nullptr, sb = nullptr;
-  cudaEvent_t t0 = nullptr, t1 = nullptr, fork = nullptr, join = nullptr;
+  cudaStream_t sa = nullptr;                 // the GEMM's stream; every phase is timed on it
+  std::vector<cudaStream_t> sc;               // copy streams: one, or one per peer
+  std::vector<cudaEvent_t> joins;             // one per copy stream
+  cudaEvent_t t0 = nullptr, t1 = nullptr, fork = nullptr;
 };
 
 struct Opts {
@@ -112,6 +121,8 @@ struct Opts {
   int reps = 20;
   int sustain_ms = 500;
   int chunk_mib = 0;
+  bool push = false;       // --issue push: copies of the own rows into the peers
+  bool per_peer = false;   // --streams per-peer
 };
 
 enum class Phase { kGemm, kCe, kBoth };
@@ -139,11 +150,15 @@ class Probe {
       fill_own<<<264, 512>>>(reinterpret_cast<uint16_t*>(x.a) + first, first, n, g);
       CK(cudaGetLastError());
       CK(cudaStreamCreateWithFlags(&x.sa, cudaStreamNonBlocking));
-      CK(cudaStreamCreateWithFlags(&x.sb, cudaStreamNonBlocking));
+      x.sc.resize(o_.per_peer ? G_ - 1 : 1);
+      x.joins.resize(x.sc.size());
+      for (size_t i = 0; i < x.sc.size(); ++i) {
+        CK(cudaStreamCreateWithFlags(&x.sc[i], cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&x.joins[i], cudaEventDisableTiming));
+      }
       CK(cudaEventCreate(&x.t0));
       CK(cudaEventCreate(&x.t1));
       CK(cudaEventCreateWithFlags(&x.fork, cudaEventDisableTiming));
-      CK(cudaEventCreateWithFlags(&x.join, cudaEventDisableTiming));
     }
     sync_all();
   }
@@ -156,11 +171,13 @@ class Probe {
       CK(cudaFree(x.c));
       CK(cudaFree(x.ws));
       CK(cudaStreamDestroy(x.sa));
-      CK(cudaStreamDestroy(x.sb));
+      for (size_t i = 0; i < x.sc.size(); ++i) {
+        CK(cudaStreamDestroy(x.sc[i]));
+        CK(cudaEventDestroy(x.joins[i]));
+      }
       CK(cudaEventDestroy(x.t0));
       CK(cudaEventDestroy(x.t1));
       CK(cudaEventDestroy(x.fork));
-      CK(cudaEventDestroy(x.join));
       x = Gpu{};
     }
   }
@@ -174,13 +191,13 @@ class Probe {
     }
     for (Gpu& x : gpu_) {
       CK(cudaSetDevice(x.dev));
-      CK(cudaEventRecord(x.t0, p == Phase::kCe ? x.sb : x.sa));
+      CK(cudaEventRecord(x.t0, x.sa));
     }
     for (int r = 0; r < o_.reps; ++r) rep_all(p);
     std::vector<double> ms(G_);
     for (Gpu& x : gpu_) {
       CK(cudaSetDevice(x.dev));
-      CK(cudaEventRecord(x.t1, p == Phase::kCe ? x.sb : x.sa));
+      CK(cudaEventRecord(x.t1, x.sa));
     }
     for (int g = 0; g < G_; ++g) {
       CK(cudaSetDevice(g));
@@ -241,36 +258,42 @@ class Probe {
     CK(k::launch_gemm(a, x.sa));
   }
 
+  // The exchange of GPU x: its peers' rows pulled into x (or, --issue push, x's rows pushed
+  // into its peers), each peer on x's copy stream i % streams.
   void copies(Gpu& x) {
     const size_t row_bytes = size_t(s_.K) * 2;
     const size_t piece = o_.chunk_mib > 0 ? size_t(o_.chunk_mib) << 20 : SIZE_MAX;
     // Peers in the order g+1, g+2, ...: every GPU starts on a different peer.
     for (int i = 1; i < G_; ++i) {
       const int o = (x.dev + i) % G_;
-      const size_t off = size_t(first_row(s_.M, G_, o)) * row_bytes;
-      const size_t bytes = size_t(rows_of(s_.M, G_, o)) * row_bytes;
+      const int owner = o_.push ? x.dev : o;  // whose rows move
+      const int dst = o_.push ? o : x.dev;
+      const size_t off = size_t(first_row(s_.M, G_, owner)) * row_bytes;
+      const size_t bytes = size_t(rows_of(s_.M, G_, owner)) * row_bytes;
+      cudaStream_t st = x.sc[(i - 1) % x.sc.size()];
       for (size_t done = 0; done < bytes; done += std::min(piece, bytes - done)) {
         const size_t n = std::min(piece, bytes - done);
-        CK(cudaMemcpyPeerAsync(reinterpret_cast<uint8_t*>(x.a) + off + done, x.dev,
-                               reinterpret_cast<const uint8_t*>(gpu_[o].a) + off + done, o, n, x.sb));
+        CK(cudaMemcpyPeerAsync(reinterpret_cast<uint8_t*>(gpu_[dst].a) + off + done, dst,
+                               reinterpret_cast<const uint8_t*>(gpu_[owner].a) + off + done, owner, n, st));
       }
     }
   }
 
+  // Every phase runs on stream A: the copy streams fork from it and A joins them.
   void rep_all(Phase p) {
     for (Gpu& x : gpu_) {
       CK(cudaSetDevice(x.dev));
       if (p == Phase::kGemm) {
         gemm(x);
-      } else if (p == Phase::kCe) {
-        copies(x);
-      } else {
-        CK(cudaEventRecord(x.fork, x.sa));
-        CK(cudaStreamWaitEvent(x.sb, x.fork, 0));
-        copies(x);
-        gemm(x);
-        CK(cudaEventRecord(x.join, x.sb));
-        CK(cudaStreamWaitEvent(x.sa, x.join, 0));
+        continue;
+      }
+      CK(cudaEventRecord(x.fork, x.sa));
+      for (cudaStream_t st : x.sc) CK(cudaStreamWaitEvent(st, x.fork, 0));
+      copies(x);
+      if (p == Phase::kBoth) gemm(x);
+      for (size_t i = 0; i < x.sc.size(); ++i) {
+        CK(cudaEventRecord(x.joins[i], x.sc[i]));
+        CK(cudaStreamWaitEvent(x.sa, x.joins[i], 0));
       }
     }
   }
@@ -301,6 +324,8 @@ int main(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::max(1, std::atoi(next()));
     else if (a == "--sustain-ms") o.sustain_ms = std::max(0, std::atoi(next()));
     else if (a == "--chunk-mib") o.chunk_mib = std::max(0, std::atoi(next()));
+    else if (a == "--issue") o.push = std::string(next()) == "push";
+    else if (a == "--streams") o.per_peer = std::string(next()) == "per-peer";
     else {
       std::printf("unknown option %s\n", a.c_str());
       return 2;
@@ -318,9 +343,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!enable_peer_access(G, "ce_gemm_probe", "")) return 1;
-  std::printf("ce_gemm_probe: %d GPUs, %d timed reps after %d ms sustained per phase, copies in %s\n",
-              G, o.reps, o.sustain_ms,
-              o.chunk_mib > 0 ? (std::to_string(o.chunk_mib) + " MiB pieces").c_str() : "one piece per peer");
+  std::printf("ce_gemm_probe: %d GPUs, %d timed reps after %d ms sustained per phase, copies in %s, %s, "
+              "%s\n", G, o.reps, o.sustain_ms,
+              o.chunk_mib > 0 ? (std::to_string(o.chunk_mib) + " MiB pieces").c_str() : "one piece per peer",
+              o.push ? "pushed" : "pulled", o.per_peer ? "one stream per peer" : "one stream");
   std::printf("%-20s %6s %6s %6s | %9s %9s %8s %9s | %7s %7s | %s\n", "shape", "M", "N_r", "K",
               "gemm ms", "ce ms", "ce GB/s", "both ms", "both/g", "floor/g", "check");
   Probe probe(o, G);
@@ -339,9 +365,10 @@ int main(int argc, char** argv) {
                 s.M, s.N_r, s.K, g, c, gbps, b, b / g, std::max(g, c) / g,
                 bad == 0 ? "ok" : (std::to_string(bad) + " BAD").c_str());
     std::printf("{\"probe\": \"ce_gemm\", \"shape\": \"%s\", \"gpus\": %d, \"M\": %d, \"N_r\": %d, \"K\": %d, "
-                "\"chunk_mib\": %d, \"gemm_ms\": %.5f, \"ce_ms\": %.5f, \"ce_gbps\": %.1f, \"both_ms\": %.5f, "
+                "\"chunk_mib\": %d, \"issue\": \"%s\", \"streams\": \"%s\", \"gemm_ms\": %.5f, \"ce_ms\": %.5f, \"ce_gbps\": %.1f, \"both_ms\": %.5f, "
                 "\"gemm_ms_gpus\": [",
-                s.label.c_str(), G, s.M, s.N_r, s.K, o.chunk_mib, g, c, gbps, b);
+                s.label.c_str(), G, s.M, s.N_r, s.K, o.chunk_mib, o.push ? "push" : "pull",
+                o.per_peer ? "per-peer" : "one", g, c, gbps, b);
     for (int i = 0; i < G; ++i) std::printf("%s%.5f", i ? ", " : "", tg[i]);
     std::printf("], \"both_ms_gpus\": [");
     for (int i = 0; i < G; ++i) std::printf("%s%.5f", i ? ", " : "", tb[i]);
