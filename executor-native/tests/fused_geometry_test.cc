@@ -187,11 +187,13 @@ void test_ag_auto() {
 }
 
 // allGatherGemm's exchange on the copy engines (the bench build FUSEDCOMM_AG_CE_PULL; fused.h
-// all_gather_gemm_ce_plan): the side stream copies every peer row exactly once and no row of
-// this rank, each copy from one peer's rows and within the merge size (or one chunk); its
-// progress marks rise, and mark n comes only after copies holding every peer row of the chunks
-// at positions <= n (the kernel's pulling CTA then raises those chunks' flags, and the GEMM
-// reads them); the end mark, the position count + 1, comes last.
+// all_gather_gemm_ce_plan), one side stream per peer: together the streams copy every peer row
+// exactly once and no row of this rank; a stream copies only its peer's rows, each copy within
+// the merge size (or one chunk); its positions are distinct chunks, each holding rows of its
+// peer, and every chunk with rows of that peer is one of them; its progress marks rise, and
+// mark n comes only after copies holding its peer's rows of the chunks at positions <= n (the
+// kernel's pulling CTA then raises a chunk's flag once every peer in it has marked it); the
+// end mark, the position count + 1, comes last. The stream for this rank itself has no steps.
 void test_ag_ce_plan() {
   auto count = [](int64_t M, int W, int o) { return M / W + (o < M % W ? 1 : 0); };
   auto offset = [](int64_t M, int W, int o) { return o * (M / W) + std::min<int64_t>(o, M % W); };
@@ -205,9 +207,6 @@ void test_ag_ce_plan() {
             a.N = 2048;
             a.K = K;
             a.algo = k::FusedAlgo::kFused;
-            std::vector<std::pair<int64_t, int64_t>> rows;
-            const std::vector<k::AgCeStep> steps =
-                k::all_gather_gemm_ce_plan(device(W, r, 132), a, cap, &rows);
             const std::string what = "allGatherGemm copy-engine plan W=" + std::to_string(W) +
                                      " r=" + std::to_string(r) + " M=" + std::to_string(M) +
                                      " K=" + std::to_string(K) + " cap=" + std::to_string(cap);
@@ -217,41 +216,65 @@ void test_ag_ce_plan() {
               return o;
             };
             std::vector<char> covered(M, 0);
+            bool own_empty = k::all_gather_gemm_ce_plan(device(W, r, 132), a, r, cap).empty();
             bool in_range = true, once = true, sized = true, rising = true, ready = true;
-            uint64_t mark = 0;
-            bool ended = false, after_end = false;
-            for (const k::AgCeStep& st : steps) {
-              after_end = after_end || ended;
-              if (st.peer >= 0) {
-                in_range = in_range && st.peer < W && st.peer != r && st.row0 < st.row1 &&
-                           st.row0 >= offset(M, W, st.peer) &&
-                           st.row1 <= offset(M, W, st.peer) + count(M, W, st.peer);
-                sized = sized && ((st.row1 - st.row0) * K * 2 <= cap || st.row1 - st.row0 <= 128);
-                for (int64_t i = std::max<int64_t>(0, st.row0); i < std::min<int64_t>(M, st.row1); ++i) {
-                  once = once && !covered[i];
-                  covered[i] = 1;
+            bool ends = true, distinct = true, holds = true, every = true;
+            for (int from = 0; from < W; ++from) {
+              if (from == r) continue;
+              std::vector<std::pair<int64_t, int64_t>> rows;
+              const std::vector<k::AgCeStep> steps =
+                  k::all_gather_gemm_ce_plan(device(W, r, 132), a, from, cap, &rows);
+              uint64_t mark = 0;
+              bool ended = false, after_end = false;
+              for (const k::AgCeStep& st : steps) {
+                after_end = after_end || ended;
+                if (st.peer >= 0) {
+                  in_range = in_range && st.peer == from && st.row0 < st.row1 &&
+                             st.row0 >= offset(M, W, from) &&
+                             st.row1 <= offset(M, W, from) + count(M, W, from);
+                  sized = sized && ((st.row1 - st.row0) * K * 2 <= cap || st.row1 - st.row0 <= 128);
+                  for (int64_t i = std::max<int64_t>(0, st.row0); i < std::min<int64_t>(M, st.row1); ++i) {
+                    once = once && !covered[i];
+                    covered[i] = 1;
+                  }
+                  continue;
                 }
-                continue;
+                rising = rising && st.progress > mark;
+                if (st.progress == rows.size() + 1) {
+                  ended = true;
+                } else {
+                  for (uint64_t q = mark; q < std::min<uint64_t>(st.progress, rows.size()); ++q)
+                    for (int64_t i = rows[q].first; i < rows[q].second; ++i)
+                      ready = ready && (owner(i) != from || covered[i]);
+                }
+                mark = st.progress;
               }
-              rising = rising && st.progress > mark;
-              if (st.progress == rows.size() + 1) {
-                ended = true;
-              } else {
-                for (uint64_t q = mark; q < std::min<uint64_t>(st.progress, rows.size()); ++q)
-                  for (int64_t i = rows[q].first; i < rows[q].second; ++i)
-                    ready = ready && (owner(i) == r || covered[i]);
+              ends = ends && !steps.empty() && ended && !after_end;
+              // Positions: distinct chunks, each with rows of `from`; together every such chunk.
+              std::vector<std::pair<int64_t, int64_t>> sorted = rows;
+              std::sort(sorted.begin(), sorted.end());
+              distinct = distinct && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+              int64_t rows_of_from = 0;
+              for (const auto& [r0, r1] : rows) {
+                bool has = false;
+                for (int64_t i = r0; i < r1; ++i) has = has || owner(i) == from;
+                holds = holds && has;
+                for (int64_t i = r0; i < r1; ++i) rows_of_from += owner(i) == from ? 1 : 0;
               }
-              mark = st.progress;
+              every = every && rows_of_from == count(M, W, from);
             }
             bool all = true;
             for (int64_t i = 0; i < M; ++i) all = all && (covered[i] != 0) == (owner(i) != r);
-            check(!steps.empty() && ended && !after_end, what + ": ends with the end mark");
-            check(in_range, what + ": copies within one peer's rows");
+            check(own_empty, what + ": no stream for this rank's own rows");
+            check(ends, what + ": each stream ends with its end mark");
+            check(in_range, what + ": each stream copies only its peer's rows");
             check(once, what + ": no row copied twice");
             check(all, what + ": every peer row copied, no own row");
             check(sized, what + ": copies within the merge size or one chunk");
             check(rising, what + ": marks rise");
             check(ready, what + ": a mark only after its chunks' copies");
+            check(distinct && holds, what + ": positions are distinct chunks with the peer's rows");
+            check(every, what + ": every chunk with the peer's rows is a position");
           }
 }
 

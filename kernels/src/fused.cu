@@ -206,18 +206,23 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 }
 
 // allGatherGemm's copy-engine exchange (bench build FUSEDCOMM_AG_CE_PULL; fused_gemm.cuh
-// ag_ce_role): the side stream's steps, after the start barrier. The chunks in the pulls'
-// order (from c_start, none made only of blocks read from A_r); a chunk's peer rows go into
-// copies, and consecutive rows of one peer merge up to `copy_bytes` (a 2 MiB chunk alone is a
-// few microseconds of copy engine, about what a copy costs to start). A mark n follows the
-// copy that holds the last rows of the chunk at position n (so every chunk at a position <= n
-// is then complete); the last step is the end mark, positions + 1. `position_rows`, if not
-// null, gets each position's chunk rows [r0, r1) (for the test).
-std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int64_t copy_bytes,
+// ag_ce_role): the steps of the side stream that pulls peer `from`'s rows, after the start
+// barrier. One stream per peer: at W = 4 one stream pulling peer after peer moved 105-144 GB/s
+// into each GPU, one per peer 200-232 (ce_gemm_probe, bench/fused/NOTES.md "Run 17"). Its
+// positions are the chunks in the pulls' order (from c_start, none made only of blocks read
+// from A_r) that hold rows of `from`; their rows of `from` go into copies, and consecutive
+// rows merge up to `copy_bytes` (a 2 MiB chunk alone is a few microseconds of copy engine,
+// about what a copy costs to start). A mark n follows the copy that holds the last rows of
+// `from` in the chunk at position n (so every chunk at a position <= n then has them); the
+// last step is the end mark, positions + 1. `position_rows`, if not null, gets each
+// position's chunk rows [r0, r1) (for the test).
+std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int from, int64_t copy_bytes,
                                   std::vector<std::pair<int64_t, int64_t>>* position_rows) {
   std::vector<AgCeStep> steps;
+  if (from < 0 || from >= W || from == r) return steps;
   const int64_t chunk_rows = int64_t{p.mg} * detail::kTileM;
   const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
+  const int64_t off = split_offset(p.M, W, from), end = off + split_count(p.M, W, from);
   AgCeStep run{-1, 0, 0, 0};
   uint64_t pos = 0, marked = 0;
   auto flush = [&](uint64_t complete) {  // issue the run; positions <= complete are then done
@@ -230,23 +235,20 @@ std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int64_t copy_
   };
   for (int k = 0; k < p.chunks; ++k) {
     const int c = (p.c_start + k) % p.chunks;
-    if (detail::ag_chunk_is_own(p, c)) continue;  // the same positions as ag_ce_role's
+    if (detail::ag_chunk_is_own(p, c)) continue;  // the same chunks as ag_ce_role's
+    const int64_t a = std::max(c * chunk_rows, off);
+    const int64_t b = std::min({(c + 1) * chunk_rows, static_cast<int64_t>(p.M), end});
+    if (a >= b) continue;  // no rows of `from`: not a position of this stream
     ++pos;
-    const int64_t a = c * chunk_rows, b = std::min<int64_t>((c + 1) * chunk_rows, p.M);
-    if (position_rows != nullptr) position_rows->push_back({a, b});
-    const int o1 = a < b ? detail::split_owner(p.M, W, b - 1) : -1;
-    for (int o = a < b ? detail::split_owner(p.M, W, a) : 0; o <= o1; ++o) {
-      const int64_t off = split_offset(p.M, W, o), cnt = split_count(p.M, W, o);
-      const int64_t ra = std::max(a, off), rb = std::min(b, off + cnt);
-      if (ra >= rb || o == r) continue;  // this rank's rows: copied before the kernel
-      if (run.peer == o && run.row1 == ra && (rb - run.row0) * row_bytes <= copy_bytes) {
-        run.row1 = rb;
-        continue;
-      }
-      flush(pos - 1);  // the run holds every earlier chunk's remaining rows
-      run = {o, ra, rb, 0};
+    if (position_rows != nullptr) {
+      position_rows->push_back({c * chunk_rows, std::min<int64_t>((c + 1) * chunk_rows, p.M)});
     }
-    if (run.peer < 0) flush(pos);  // nothing of this chunk waits in a run
+    if (run.peer >= 0 && run.row1 == a && (b - run.row0) * row_bytes <= copy_bytes) {
+      run.row1 = b;
+      continue;
+    }
+    flush(pos - 1);  // the run holds every earlier position's remaining rows
+    run = {from, a, b, 0};
   }
   flush(pos);
   steps.push_back({-1, 0, 0, pos + 1});  // the end mark
@@ -513,13 +515,13 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
 }
 
 std::vector<AgCeStep> all_gather_gemm_ce_plan(
-    const CommDevice& d, const AgGemmArgs& a, int64_t copy_bytes,
+    const CommDevice& d, const AgGemmArgs& a, int from, int64_t copy_bytes,
     std::vector<std::pair<int64_t, int64_t>>* position_rows) {
   if (!valid_shape(a.M, a.N, a.K) || d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 ||
       d.rank >= d.world) {
     return {};
   }
-  return ag_ce_steps(ag_geometry(d, a).p, d.world, d.rank, copy_bytes, position_rows);
+  return ag_ce_steps(ag_geometry(d, a).p, d.world, d.rank, from, copy_bytes, position_rows);
 }
 
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& a) {
@@ -547,72 +549,88 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 #define FUSEDCOMM_AG_CE_COPY_MIB 8
 #endif
 // ---- allGatherGemm's copy-engine exchange (bench build) ---------------------------------------
-// The host half of fused_gemm.cuh ag_ce_role (which says why). A side stream per device and
-// calling thread, with a fork and a join event, made once and kept for the thread's life (a
-// bench build: the product would give each communicator its own). The progress writes are
-// stream memory operations, through the runtime's driver entry point (no link against libcuda).
+// The host half of fused_gemm.cuh ag_ce_role (which says why). Side streams per device and
+// calling thread, one per peer slot, with a fork event and a join event per stream, made once
+// and kept for the thread's life (a bench build: the product would give each communicator its
+// own). The progress writes are stream memory operations, through the runtime's driver entry
+// point (no link against libcuda).
 struct AgCeSide {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
+  cudaStream_t streams[kCommMaxRanks - 1] = {};  // slot i pulls peer (rank + 1 + i) % W
+  cudaEvent_t joins[kCommMaxRanks - 1] = {};
+  cudaEvent_t fork = nullptr;
   PFN_cuStreamWriteValue64_v11070 write_value = nullptr;
 };
-cudaError_t ag_ce_side(AgCeSide** out) {
+cudaError_t ag_ce_side(int world, AgCeSide** out) {
   thread_local AgCeSide sides[64];  // per thread: two threads' fork events never mix
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   AgCeSide& s = sides[dev];
-  // Looked up before the kernels' launch: a kernel launched without its side stream would wait
-  // for its chunks until the timeout.
+  // Looked up before the kernels' launch: a kernel launched without its side streams would
+  // wait for its chunks until the timeout.
   if (s.write_value == nullptr) {
     s.write_value =
         detail::driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64", 11070);
     if (s.write_value == nullptr) return cudaErrorNotSupported;
   }
-  if (s.stream == nullptr) {
-    if (cudaError_t e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+  if (s.fork == nullptr &&
+      cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess) {
+    s.fork = nullptr;
+    return cudaErrorMemoryAllocation;
+  }
+  for (int i = 0; i + 1 < world; ++i) {
+    if (s.streams[i] != nullptr) continue;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&s.streams[i], cudaStreamNonBlocking);
         e != cudaSuccess) {
-      s.stream = nullptr;
+      s.streams[i] = nullptr;
       return e;
     }
-    if (cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming) != cudaSuccess) {
+    if (cudaEventCreateWithFlags(&s.joins[i], cudaEventDisableTiming) != cudaSuccess) {
+      s.joins[i] = nullptr;
+      cudaStreamDestroy(s.streams[i]);
+      s.streams[i] = nullptr;
       return cudaErrorMemoryAllocation;
     }
   }
   *out = &s;
   return cudaSuccess;
 }
-// After the fused kernel's launch: on the side stream, after side.fork (recorded on `stream`
-// after ag_ce_barrier_kernel, before the fused kernel), the copies and ce_progress marks of
-// ag_ce_steps; then `stream` waits for the side stream.
+// After the fused kernel's launch: on each peer's side stream, after side.fork (recorded on
+// `stream` after ag_ce_barrier_kernel, before the fused kernel), the copies and progress marks
+// of ag_ce_steps for that peer; then `stream` waits for every side stream.
 cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& side,
                            cudaStream_t stream) {
-  if (cudaError_t e = cudaStreamWaitEvent(side.stream, side.fork, 0); e != cudaSuccess) return e;
-  uint8_t* flags = d.base[d.rank] + kFusedFlagsOffset;
-  const auto progress = reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_progress));
-  auto* cs = reinterpret_cast<CUstream>(side.stream);
+  const int W = d.world, r = d.rank;
+  uint8_t* flags = d.base[r] + kFusedFlagsOffset;
   const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
-  for (const AgCeStep& st : ag_ce_steps(p, d.world, d.rank, int64_t{FUSEDCOMM_AG_CE_COPY_MIB} << 20,
-                                        nullptr)) {
-    if (st.peer < 0) {
-      if (side.write_value(cs, progress, st.progress, CU_STREAM_WRITE_VALUE_DEFAULT) !=
-          CUDA_SUCCESS) {
-        return cudaErrorUnknown;
+  for (int i = 0; i + 1 < W; ++i) {
+    const int from = (r + 1 + i) % W;
+    cudaStream_t st = side.streams[i];
+    if (cudaError_t e = cudaStreamWaitEvent(st, side.fork, 0); e != cudaSuccess) return e;
+    const auto progress = reinterpret_cast<CUdeviceptr>(
+        flags + offsetof(FusedFlags, ce_progress) + i * sizeof(uint64_t));
+    const int64_t off = split_offset(p.M, W, from);
+    for (const AgCeStep& step :
+         ag_ce_steps(p, W, r, from, int64_t{FUSEDCOMM_AG_CE_COPY_MIB} << 20, nullptr)) {
+      if (step.peer < 0) {
+        if (side.write_value(reinterpret_cast<CUstream>(st), progress, step.progress,
+                             CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+          return cudaErrorUnknown;
+        }
+        continue;
       }
-      continue;
+      const uint8_t* src = d.base[from] + d.data_offset + p.in_offset + (step.row0 - off) * row_bytes;
+      uint8_t* dst = reinterpret_cast<uint8_t*>(p.gathered) + step.row0 * row_bytes;
+      if (cudaError_t e = cudaMemcpyAsync(dst, src, (step.row1 - step.row0) * row_bytes,
+                                          cudaMemcpyDeviceToDevice, st);
+          e != cudaSuccess) {
+        return e;
+      }
     }
-    const int64_t off = split_offset(p.M, d.world, st.peer);
-    const uint8_t* src = d.base[st.peer] + d.data_offset + p.in_offset + (st.row0 - off) * row_bytes;
-    uint8_t* dst = reinterpret_cast<uint8_t*>(p.gathered) + st.row0 * row_bytes;
-    if (cudaError_t e = cudaMemcpyAsync(dst, src, (st.row1 - st.row0) * row_bytes,
-                                        cudaMemcpyDeviceToDevice, side.stream);
-        e != cudaSuccess) {
-      return e;
-    }
+    if (cudaError_t e = cudaEventRecord(side.joins[i], st); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaStreamWaitEvent(stream, side.joins[i], 0); e != cudaSuccess) return e;
   }
-  if (cudaError_t e = cudaEventRecord(side.join, side.stream); e != cudaSuccess) return e;
-  return cudaStreamWaitEvent(stream, side.join, 0);
+  return cudaSuccess;
 }
 #endif
 
@@ -723,10 +741,10 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   p.gemm_ctas = std::min(geo.gemm_ctas, plan.prob.num_tiles);
   p.comm_ctas = geo.comm_ctas;
 #ifdef FUSEDCOMM_AG_CE_PULL
-  // Also at W = 1: a chunk holding a partial M-block of this rank's rows still waits for its
-  // flag, which the side stream's progress (no copies) releases.
+  // Also at W = 1 (no side stream): the pulling CTA still raises the flags of chunks that
+  // hold a partial M-block of this rank's rows, which the GEMM waits for.
   AgCeSide* side = nullptr;
-  if (cudaError_t e = ag_ce_side(&side); e != cudaSuccess) return e;
+  if (cudaError_t e = ag_ce_side(W, &side); e != cudaSuccess) return e;
   detail::ag_ce_barrier_kernel<<<1, 32, 0, stream>>>(d);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (cudaError_t e = cudaEventRecord(side->fork, stream); e != cudaSuccess) return e;

@@ -173,12 +173,12 @@ struct alignas(64) FusedFlags {
   uint32_t tile_claim;  // the GEMM's dynamic tile counter; reset by the launch's last CTA
   uint32_t role_exit;   // CTAs that finished reading peers' memory; reset by the last of them
   // The copy-engine exchange of allGatherGemm (bench build FUSEDCOMM_AG_CE_PULL, fused_gemm.cuh
-  // ag_ce_role; unused by the default build). Local: the side stream writes n once the copy
-  // holding the last rows of the n-th chunk it moves is complete, then the end mark; the
-  // pulling CTA resets it to 0 before its kernel ends (after a failed launch the region is
+  // ag_ce_role; unused by the default build), one slot per peer: slot i is peer (rank + 1 + i)
+  // % W. Local: the side stream of that peer writes n once the copy holding its last rows of
+  // the n-th chunk with rows of that peer is complete, then the end mark; the pulling CTA
+  // resets every slot to 0 before its kernel ends (after a failed launch the region is
   // discarded).
-  uint64_t ce_progress;
-  uint32_t reserved[12];
+  uint64_t ce_progress[kCommMaxRanks - 1];
 };
 static_assert(sizeof(FusedFlags) == 8 * (kFusedRsTileFlags + kFusedMaxChunks) +
                                         4 * kFusedMaxChunks + 64,
@@ -254,19 +254,22 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& ar
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
 
 // allGatherGemm's exchange on the copy engines, a bench build (FUSEDCOMM_AG_CE_PULL; fused.cu
-// ag_ce_steps, fused_gemm.cuh ag_ce_role): the steps its side stream takes for these
-// arguments, in order, copies merged up to `copy_bytes`. peer >= 0: copy rows [row0, row1) of
-// the gathered A from that peer's input; peer < 0: write ce_progress = progress (every chunk
-// at a position <= progress is then complete; the last step, the end mark, is the position
-// count + 1). position_rows, if not null, gets the rows [r0, r1) of each position's chunk.
-// The same function in every build, so that fused_geometry_test checks it on the CPU.
+// ag_ce_steps, fused_gemm.cuh ag_ce_role): the steps of the side stream that pulls peer
+// `from`'s rows, for these arguments, in order, copies merged up to `copy_bytes`. Its
+// positions are the chunks that hold rows of `from`, in the GEMM's order. peer >= 0 (always
+// `from`): copy rows [row0, row1) of the gathered A from that peer's input; peer < 0: write
+// that peer's ce_progress slot = progress (its rows of every chunk at a position <= progress
+// are then complete; the last step, the end mark, is the position count + 1). position_rows,
+// if not null, gets the rows [r0, r1) of each position's chunk. Empty for from == rank or
+// out of range. The same function in every build, so that fused_geometry_test checks it on
+// the CPU.
 struct AgCeStep {
   int peer;
   int64_t row0, row1;
   uint64_t progress;
 };
 std::vector<AgCeStep> all_gather_gemm_ce_plan(
-    const CommDevice& dev, const AgGemmArgs& args, int64_t copy_bytes,
+    const CommDevice& dev, const AgGemmArgs& args, int from, int64_t copy_bytes,
     std::vector<std::pair<int64_t, int64_t>>* position_rows = nullptr);
 
 // Enqueue one op on `stream` (contract above). cudaErrorInvalidValue for bad arguments.

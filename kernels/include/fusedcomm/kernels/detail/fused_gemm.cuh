@@ -209,15 +209,18 @@ struct AgSchedule : FusedClaims<AgParams> {
 #ifdef FUSEDCOMM_AG_CE_PULL
 // Bench switch, off by default: allGatherGemm's exchange by the copy engines. Why: beside the
 // GEMM the pulls take SMs from it (run 16: square 8192 at W = 4 is 1.27 x our GEMM alone with
-// 24 pulling CTAs), and the copy engines move 390 GB/s per GPU without SMs
-// (kernels/bench/probes: nvlink_probe, ce_gemm_probe). On the caller's stream the launcher
-// (fused.cu) enqueues ag_ce_barrier_kernel, records an event, then the fused kernel; a side
-// stream waits for that event and copies the peers' rows chunk by chunk in ag_ce_role's order
-// (cudaMemcpyAsync from their data areas), writing FusedFlags::ce_progress = the position of
-// each chunk once the copy holding its last rows is issued, then the end mark (the position
-// count + 1); the caller's stream joins it after the kernel. One pulling CTA (ag_geometry gives
-// one) turns the positions into the chunk flags the GEMM waits for.
-// The side stream waits on nothing but the event: a stream wait on a value that the fused
+// 24 pulling CTAs), and copy engines move the shards without SMs (kernels/bench/probes:
+// nvlink_probe, ce_gemm_probe). On the caller's stream the launcher (fused.cu) enqueues
+// ag_ce_barrier_kernel, records an event, then the fused kernel; one side stream per peer
+// waits for that event and copies that peer's rows chunk by chunk in ag_ce_role's order
+// (cudaMemcpyAsync from its data area), writing the peer's FusedFlags::ce_progress slot = the
+// position of each chunk (among the chunks holding rows of that peer) once the copy holding
+// its last rows of it is issued, then the end mark (the position count + 1); the caller's
+// stream joins them after the kernel. One stream per peer because at W = 4 a copy engine's
+// pulls from one peer at a time moved 105-144 GB/s into each GPU, one stream per peer 200-232
+// (NOTES.md "Run 17"). One pulling CTA (ag_geometry gives one) turns the positions into the
+// chunk flags the GEMM waits for.
+// The side streams wait on nothing but the event: a stream wait on a value that the fused
 // kernel writes could be scheduled ahead of that kernel in a graph replay and never end. The
 // kernel's waits on ce_progress are bounded.
 
@@ -240,37 +243,48 @@ __global__ void ag_ce_barrier_kernel(const __grid_constant__ CommDevice d) {
   }
 }
 
-// CTA 0 of the pulling CTAs, the only one: raises each chunk's flag once the side stream has
-// marked its position. Returns once every flag is raised (or a wait gave up); the CTA then
-// joins the GEMM.
+// CTA 0 of the pulling CTAs, the only one: raises each chunk's flag once the side stream of
+// every peer with rows in it has marked the chunk's position in its own order. Returns once
+// every flag is raised (or a wait gave up); the CTA then joins the GEMM.
 inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch) {
   const CommDevice& d = p.dev;
-  const int r = d.rank;
+  const int W = d.world, r = d.rank;
   FusedFlags* ff = fused_flags(d, r);
   if (threadIdx.x == 0) {
     bool ok = true;
-    uint64_t pos = 0;
+    uint64_t pos[kCommMaxRanks - 1] = {};  // per peer slot: chunks with its rows so far
+    const int64_t chunk_rows = static_cast<int64_t>(p.mg) * kTileM;
     for (int k = 0; k < p.chunks && ok; ++k) {
       const int c = (p.c_start + k) % p.chunks;
-      if (ag_chunk_is_own(p, c)) continue;  // the same positions as the side stream's plan
-      ++pos;
-      // ce_progress is written by this GPU's side stream (a memory operation after the copies
-      // complete, with its default memory barrier); acquired at system scope, then the chunk
-      // flag is released as the register pulls release it (FusedFlags::ag_chunk).
-      ok = fused_wait(d, &ff->ce_progress, pos, kFusedOpAllGatherGemm, kFusedStepChunk,
-                      ag_chunk_peer(p, c), 2);
+      if (ag_chunk_is_own(p, c)) continue;  // the same chunks as the side streams' plans
+      const int64_t a = c * chunk_rows;
+      const int64_t b = min(a + chunk_rows, static_cast<int64_t>(p.M));
+      // The owners of rows [a, b), this rank's own (copied before the launch) excepted; a
+      // chunk of this rank's rows alone (a partial M-block) waits for nothing.
+      for (int o = split_owner(p.M, W, a); o <= split_owner(p.M, W, b - 1) && ok; ++o) {
+        if (o == r || split_count(p.M, W, o) == 0) continue;
+        const int i = (o - r - 1 + W) % W;
+        // ce_progress[i] is written by this GPU's side stream for peer o (a memory operation
+        // after its copies complete, with its default memory barrier); acquired at system scope.
+        ok = fused_wait(d, &ff->ce_progress[i], ++pos[i], kFusedOpAllGatherGemm, kFusedStepChunk,
+                        o, 2);
+      }
+      // Then the chunk flag is released as the pulls release it (FusedFlags::ag_chunk).
       if (ok) {
         fence_acq_rel_gpu();
         st_release_gpu(&ff->ag_chunk[c], epoch);
       }
     }
-    // The end mark follows every copy: then this rank has finished reading peers' memory, and
-    // ce_progress goes back to 0 for the next launch (whose side stream starts after this
-    // kernel: its event follows the next launch's barrier kernel on the same stream).
-    if (ok) {
-      ok = fused_wait(d, &ff->ce_progress, pos + 1, kFusedOpAllGatherGemm, kFusedStepChunk, r, 2);
+    // The end marks follow every copy: then this rank has finished reading peers' memory, and
+    // each slot goes back to 0 for the next launch (whose side streams start after this kernel:
+    // their event follows the next launch's barrier kernel on the same stream).
+    for (int i = 0; i + 1 < W && ok; ++i) {
+      ok = fused_wait(d, &ff->ce_progress[i], pos[i] + 1, kFusedOpAllGatherGemm, kFusedStepChunk,
+                      (r + 1 + i) % W, 2);
     }
-    if (ok) *reinterpret_cast<volatile uint64_t*>(&ff->ce_progress) = 0;
+    if (ok) {
+      for (int i = 0; i + 1 < W; ++i) *reinterpret_cast<volatile uint64_t*>(&ff->ce_progress[i]) = 0;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
