@@ -23,7 +23,7 @@ OUT=${OUT:-/tmp/ce_gemm_out}; mkdir -p "$OUT"
 { echo "commit $(cat build/ce_gemm_probe.commit 2>/dev/null || echo unknown), $(date -u +%FT%TZ)"; nvidia-smi -L; } > "$OUT/ce_gemm.txt"
 rc=0
 # FC_CE_MODES: chunk MiB:pull|push:one|per-peer, one probe run each.
-for mode in ${FC_CE_MODES:-0:pull:one 4:pull:one}; do
+for mode in ${FC_CE_MODES:-0:pull:one 0:pull:per-peer 0:push:one 4:pull:per-peer}; do
   IFS=: read -r chunk issue streams <<< "$mode"
   timeout 180 build/ce_gemm_probe --chunk-mib "$chunk" --issue "$issue" --streams "$streams" \
     > /tmp/ce_gemm_run.txt 2>&1 || rc=1
