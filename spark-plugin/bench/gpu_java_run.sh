@@ -3,7 +3,7 @@
 #
 # Two bundles travel as ignored folders of the checkout (the device tool's `carry`):
 #   .sparkbundle/pN   the stable part: a jlink'ed Java 17 runtime + Spark, JCuda and JUnit jars
-#                     (make_spark_bundle.sh; ~95 MB as 24 MiB parts, one per call)
+#                     (make_spark_bundle.sh; ~95 MB as 20 MiB parts, one per call; carry_size.sh says what a call would carry)
 #   .fcbundle         what changes: the plugin's classes and test classes and libfusedcomm.so
 #                     (spark-plugin/bench/make_fc_bundle.sh)
 #

@@ -3,7 +3,7 @@
 # gpu_java_run.sh): a jlink'ed Java 17 runtime with spark-plugin's test classpath (Spark, JCuda,
 # JUnit) and the JUnit console launcher, as one tar.xz split into parts. Run from anywhere on
 # the CPU machine after `mvn -B -DskipTests install`:
-#   spark-plugin/bench/make_spark_bundle.sh [PART_MiB]      (default 24)
+#   spark-plugin/bench/make_spark_bundle.sh [PART_MiB]      (default 20)
 # The classpath changes only when the pom's dependencies do, so one bundle serves many runs;
 # what changes with the code goes in .fcbundle (make_fc_bundle.sh).
 #
@@ -13,12 +13,12 @@
 # staging calls. Here the runtime image is
 # left uncompressed (jlink --compress=0) with libjvm.so stripped, and the jars are rewritten
 # with stored (uncompressed) entries, so that xz sees the class files themselves rather than
-# deflate streams: ~95 MB in all against make-bundle.sh's 176 MB (4 parts of 24 MiB instead of 8).
+# deflate streams: ~95 MB in all against make-bundle.sh's 176 MB (5 parts of 20 MiB instead of 8).
 # The layout (bundle/jre, bundle/jars, bundle/classes, bundle/env.sh) is make-bundle.sh's.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
-part_mib=${1:-24}
+part_mib=${1:-20}
 junit=1.11.4
 jdk=${JDK_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}
 work=$(mktemp -d)
