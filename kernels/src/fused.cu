@@ -550,7 +550,7 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 #endif
 // ---- allGatherGemm's copy-engine exchange (bench build) ---------------------------------------
 // The host half of fused_gemm.cuh ag_ce_role (which says why). Side streams per device and
-// calling thread, one per peer slot, with a fork event and a join event per stream, made once
+// calling thread, one per peer slot, with one fork event and a join event per stream, made once
 // and kept for the thread's life (a bench build: the product would give each communicator its
 // own). The progress writes are stream memory operations, through the runtime's driver entry
 // point (no link against libcuda).
