@@ -222,7 +222,6 @@ std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int from, int
   if (from < 0 || from >= W || from == r) return steps;
   const int64_t chunk_rows = int64_t{p.mg} * detail::kTileM;
   const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
-  const int64_t off = split_offset(p.M, W, from), end = off + split_count(p.M, W, from);
   AgCeStep run{-1, 0, 0, 0};
   uint64_t pos = 0, marked = 0;
   auto flush = [&](uint64_t complete) {  // issue the run; positions <= complete are then done
@@ -236,8 +235,8 @@ std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int from, int
   for (int k = 0; k < p.chunks; ++k) {
     const int c = (p.c_start + k) % p.chunks;
     if (detail::ag_chunk_is_own(p, c)) continue;  // the same chunks as ag_ce_role's
-    const int64_t a = std::max(c * chunk_rows, off);
-    const int64_t b = std::min({(c + 1) * chunk_rows, static_cast<int64_t>(p.M), end});
+    int64_t a, b;
+    detail::ag_chunk_rows_of(p, W, c, from, &a, &b);
     if (a >= b) continue;  // no rows of `from`: not a position of this stream
     ++pos;
     if (position_rows != nullptr) {

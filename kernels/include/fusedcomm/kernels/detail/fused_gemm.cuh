@@ -94,6 +94,18 @@ __host__ __device__ __forceinline__ bool ag_chunk_is_own(const AgParams& p, int 
   const int end = (c + 1) * p.mg < mb ? (c + 1) * p.mg : mb;
   return c * p.mg >= p.own_b0 && end <= p.own_b1;
 }
+// Rows [*r0, *r1) of chunk c that rank o holds (the copy-engine build: the side stream for
+// peer o copies them, ag_ce_role waits for them; fused.cu ag_ce_steps and ag_ce_role use this
+// one predicate, so that the stream's positions are the chunks the role counts). Empty when
+// *r0 >= *r1.
+__host__ __device__ __forceinline__ void ag_chunk_rows_of(const AgParams& p, int W, int c, int o,
+                                                          int64_t* r0, int64_t* r1) {
+  const int64_t chunk_rows = static_cast<int64_t>(p.mg) * kTileM;
+  const int64_t off = split_offset(p.M, W, o), end = off + split_count(p.M, W, o);
+  const int64_t a = static_cast<int64_t>(c) * chunk_rows, b = a + chunk_rows;
+  *r0 = a > off ? a : off;
+  *r1 = b < end ? b : end;  // end <= M
+}
 // The rank whose rows chunk c waits for (the first one not this rank), for a timeout's report.
 __device__ __forceinline__ int ag_chunk_peer(const AgParams& p, int c) {
   const int64_t r0 = static_cast<int64_t>(c) * p.mg * kTileM;
@@ -253,17 +265,16 @@ inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch
   if (threadIdx.x == 0) {
     bool ok = true;
     uint64_t pos[kCommMaxRanks - 1] = {};  // per peer slot: chunks with its rows so far
-    const int64_t chunk_rows = static_cast<int64_t>(p.mg) * kTileM;
     for (int k = 0; k < p.chunks && ok; ++k) {
       const int c = (p.c_start + k) % p.chunks;
       if (ag_chunk_is_own(p, c)) continue;  // the same chunks as the side streams' plans
-      const int64_t a = c * chunk_rows;
-      const int64_t b = min(a + chunk_rows, static_cast<int64_t>(p.M));
-      // The owners of rows [a, b), this rank's own (copied before the launch) excepted; a
-      // chunk of this rank's rows alone (a partial M-block) waits for nothing.
-      for (int o = split_owner(p.M, W, a); o <= split_owner(p.M, W, b - 1) && ok; ++o) {
-        if (o == r || split_count(p.M, W, o) == 0) continue;
-        const int i = (o - r - 1 + W) % W;
+      // Every peer with rows in the chunk (this rank's own were copied before the launch; a
+      // chunk of this rank's rows alone, a partial M-block, waits for nothing).
+      for (int i = 0; i + 1 < W && ok; ++i) {
+        const int o = (r + 1 + i) % W;
+        int64_t r0, r1;
+        ag_chunk_rows_of(p, W, c, o, &r0, &r1);
+        if (r0 >= r1) continue;
         // ce_progress[i] is written by this GPU's side stream for peer o (a memory operation
         // after its copies complete, with its default memory barrier); acquired at system scope.
         ok = fused_wait(d, &ff->ce_progress[i], ++pos[i], kFusedOpAllGatherGemm, kFusedStepChunk,
