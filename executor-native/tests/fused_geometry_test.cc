@@ -96,8 +96,9 @@ void test_rs() {
                           std::to_string(pace));
               }
         }
-  // kAuto (fused.cu, choose_rs): fused at W = 2-4 from M*N = 2^24, any partial precision,
-  // else decomposed; the same choice whatever K_r (which may differ by rank).
+  // kAuto (fused.cu, choose_rs): fused at W = 2-4 from M*N = 2^24 with at least 1024 rows per
+  // owner (M / W), any partial precision, else decomposed; the same choice whatever K_r (which
+  // may differ by rank).
   auto auto_algo = [](int W, int M, int N, int K_r, bool bf16) {
     k::GemmRsArgs a = rs_args(M, N, K_r, bf16);
     a.algo = k::FusedAlgo::kAuto;
@@ -114,15 +115,22 @@ void test_rs() {
           "kAuto W=2 1024x8192 bf16 partials: decomposed" + kr);
     check(auto_algo(2, 16384, 4096, K_r, true) == k::FusedAlgo::kFused,
           "kAuto W=2 16384x4096 bf16 partials: fused" + kr);
-    // W = 3-4: the W = 2 threshold (run 10 measured it at W = 4); W >= 5: decomposed.
+    // W = 3-4: the W = 2 threshold (run 10 measured it at W = 4) and the rows per owner (runs
+    // 14-17: 70B M = 2048 at W = 4 slower fused); W >= 5: decomposed.
     for (int W : {3, 4}) {
       const std::string w = " W=" + std::to_string(W);
       check(auto_algo(W, 8192, 8192, K_r, false) == k::FusedAlgo::kFused, "kAuto 8192x8192 f32: fused" + w + kr);
-      check(auto_algo(W, 2048, 8192, K_r, true) == k::FusedAlgo::kFused,
-            "kAuto 2048x8192 bf16 partials: fused" + w + kr);
+      check(auto_algo(W, 4096, 4096, K_r, true) == k::FusedAlgo::kFused,
+            "kAuto 4096x4096 bf16 partials: fused" + w + kr);
+      check(auto_algo(W, 2048, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
+            "kAuto 2048x8192 bf16 partials (under 1024 rows per owner): decomposed" + w + kr);
       check(auto_algo(W, 1024, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
             "kAuto 1024x8192 bf16 partials: decomposed" + w + kr);
     }
+    check(auto_algo(3, 3072, 8192, K_r, true) == k::FusedAlgo::kFused,
+          "kAuto W=3 3072x8192 bf16 partials (1024 rows per owner): fused" + kr);
+    check(auto_algo(4, 4092, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
+          "kAuto W=4 4092x8192 bf16 partials (1023 rows per owner): decomposed" + kr);
     check(auto_algo(5, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=5: decomposed" + kr);
     check(auto_algo(8, 16384, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=8: decomposed" + kr);
     check(auto_algo(1, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=1: decomposed" + kr);

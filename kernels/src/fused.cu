@@ -134,7 +134,8 @@ uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_off
 //   fp32-any-order partials: fused 0.75-0.98x the decomposed time at every shape with
 //   M*N >= 2^24 (8B M=4096 and 70B M=2048 included), 1.11-2.03x below. W = 3, between two
 //   measured worlds with one threshold, takes it too (correct on separate GPUs, speed not
-//   measured); W >= 5 is not measured: decomposed.
+//   measured); W >= 5 is not measured: decomposed. Since run 17 also at least 1024 rows per
+//   owner (kRsFusedMinOwnerRows: the sustained runs had 70B M=2048 at W = 4 slower fused).
 bool rs_fused_fits(const CommDevice& d, const RsParams& p);
 FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
@@ -149,12 +150,22 @@ FusedAlgo choose_ag(const CommDevice& d, const AgGemmArgs& a) {
   return bytes >= min_bytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
 constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;  // M*N of the partial product
+// And at least 1024 rows (eight M-blocks) per owner. Under the sustained protocol (runs 14, 16
+// and 17 on 4 x H200, several hosts) 70B M = 2048 at W = 4 (512 rows per owner) took 1.030,
+// 1.011 and 1.027 x the decomposed time fused, while 8B M = 4096, the same M*N with 1024 rows
+// per owner, took 0.954, 0.949 and 0.952 x; run 10's 0.75-0.98 x at every shape from 2^24 came
+// from the round-robin protocol that favoured the fused kernel (NOTES.md "Run 14"). At W = 2
+// every shape from 2^24 has 1024 rows per owner or more (70B M = 2048 fused: 0.94 x in run 17).
+// W = 3 (not measured for speed) takes the same rows bar: fused from M = 3072.
+constexpr int64_t kRsFusedMinOwnerRows = 1024;
 // p: rs_geometry(d, a) (computed once per launch). kF32AnyOrder is kF32 at W = 2.
 FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
   if (a.algo != FusedAlgo::kAuto) return a.algo;
   if (d.world < 2 || d.world > 4) return FusedAlgo::kDecomposed;
   const uint64_t elems = static_cast<uint64_t>(a.M) * static_cast<uint64_t>(a.N);
-  if (elems < kRsFusedMinElems || !rs_fused_fits(d, p)) return FusedAlgo::kDecomposed;
+  if (elems < kRsFusedMinElems || a.M / d.world < kRsFusedMinOwnerRows || !rs_fused_fits(d, p)) {
+    return FusedAlgo::kDecomposed;
+  }
   return FusedAlgo::kFused;
 }
 
