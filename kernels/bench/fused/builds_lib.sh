@@ -5,14 +5,16 @@
 
 # fused_variants DIR PREFIX EXTRA_FLAGS name=FLAGS...: each variant's fused_bench, built by
 # build.sh with EXTRA_FLAGS and FLAGS into build/PREFIX-name, copied to DIR/name; DIR/order.txt
-# lists the names in the order given (the run order: the first is the A/B's reference).
+# lists the names in the order given (the run order: the first is the A/B's reference). FLAGS
+# with several nvcc words joins them by commas (ce32=-DA,-DB=32), since spaces separate variants.
 fused_variants() {
-  local dir=$1 prefix=$2 extra=$3 b name
+  local dir=$1 prefix=$2 extra=$3 b name flags
   shift 3
   rm -rf "$dir" && mkdir -p "$dir" || return 1
   for b in "$@"; do
     name=${b%%=*}
-    FC_NVCC_FLAGS="$extra ${b#*=}" kernels/bench/fused/build.sh "build/$prefix-$name" | tail -1 || return 1
+    flags=${b#*=}
+    FC_NVCC_FLAGS="$extra ${flags//,/ }" kernels/bench/fused/build.sh "build/$prefix-$name" | tail -1 || return 1
     mkdir -p "$dir/$name" && cp "build/$prefix-$name/fused_bench" "$dir/$name/" || return 1
     echo "$name" >> "$dir/order.txt"
   done
