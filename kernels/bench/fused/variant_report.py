@@ -9,17 +9,23 @@ Usage: variant_report.py --table fused_results.json --name NAME [--op allGatherG
 """
 import argparse
 import json
+import os
 import statistics
-from collections import defaultdict
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common
 
 
-def medians(rows, op, impls):
-    """(world, shape) -> impl -> median ms over the rows given."""
-    acc = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r["op"] == op and r["impl"] in impls:
-            acc[(r["world"], r["shape"])][r["impl"]].append(r["ms_median"])
-    return {k: {i: statistics.median(v) for i, v in d.items()} for k, d in acc.items()}
+def merged(rows, op, impls):
+    """(world, shape) -> impl -> the row, its ms_median the median over its rounds (report.py's
+    merge: bench_common.merge_rounds)."""
+    out = {}
+    rows = [r for r in rows if r["op"] == op and r["impl"] in impls]
+    for r in bench_common.merge_rounds(
+            rows, lambda r: (r["world"], r["shape"], r["impl"], r.get("partials"))):
+        out.setdefault((r["world"], r["shape"]), {})[r["impl"]] = r
+    return out
 
 
 def main():
@@ -30,13 +36,9 @@ def main():
     ap.add_argument("rows", nargs="+")
     a = ap.parse_args()
     table = json.load(open(a.table))
-    base = medians(table, a.op, {"ours_fused", "torch_serial", "torch_symm_mem"})
+    base = merged(table, a.op, {"ours_fused", "torch_serial", "torch_symm_mem"})
     var_rows = [json.loads(line) for f in a.rows for line in open(f) if line.strip()]
-    var = medians(var_rows, a.op, {"ours_fused"})
-    runs = defaultdict(int)
-    for r in var_rows:
-        if r["op"] == a.op and r["impl"] == "ours_fused":
-            runs[(r["world"], r["shape"])] += 1
+    var = merged(var_rows, a.op, {"ours_fused"})
     print(f"| world | shape | default fused ms | {a.name} fused ms ({a.name} runs) | "
           f"{a.name} / default | best baseline ms | {a.name} / best baseline |")
     print("|---:|---|---:|---:|---:|---:|---:|")
@@ -47,10 +49,12 @@ def main():
     for key in sorted(var, key=lambda k: (k[0], order.get(k[1], len(order)))):
         if key not in base or "ours_fused" not in base[key]:
             continue
-        b, v = base[key], var[key]["ours_fused"]
+        b = {i: row["ms_median"] for i, row in base[key].items()}
+        vrow = var[key]["ours_fused"]
+        v, runs = vrow["ms_median"], len(vrow.get("ms_rounds", [vrow["ms_median"]]))
         best = min(b.get(i, float("inf")) for i in ("torch_serial", "torch_symm_mem"))
         ratios.append(v / b["ours_fused"])
-        print(f"| {key[0]} | {key[1]} | {b['ours_fused']:.4f} | {v:.4f} ({runs[key]}) | "
+        print(f"| {key[0]} | {key[1]} | {b['ours_fused']:.4f} | {v:.4f} ({runs}) | "
               f"{v / b['ours_fused']:.3f} | {best:.4f} | {v / best:.3f} |")
     if ratios:
         gm = statistics.geometric_mean(ratios)
