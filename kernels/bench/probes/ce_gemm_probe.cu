@@ -306,6 +306,14 @@ class Probe {
 
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
+// An option with two values: false for `no`, true for `yes`; any other value ends the run (a
+// misspelt mode would otherwise time the default one under the wrong name).
+bool one_of(const std::string& opt, const std::string& v, const char* no, const char* yes) {
+  if (v == no || v == yes) return v == yes;
+  std::printf("%s takes %s or %s, not %s\n", opt.c_str(), no, yes, v.c_str());
+  std::exit(2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -324,8 +332,8 @@ int main(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::max(1, std::atoi(next()));
     else if (a == "--sustain-ms") o.sustain_ms = std::max(0, std::atoi(next()));
     else if (a == "--chunk-mib") o.chunk_mib = std::max(0, std::atoi(next()));
-    else if (a == "--issue") o.push = std::string(next()) == "push";
-    else if (a == "--streams") o.per_peer = std::string(next()) == "per-peer";
+    else if (a == "--issue") o.push = one_of(a, next(), "pull", "push");
+    else if (a == "--streams") o.per_peer = one_of(a, next(), "one", "per-peer");
     else {
       std::printf("unknown option %s\n", a.c_str());
       return 2;
