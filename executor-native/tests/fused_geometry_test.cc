@@ -202,6 +202,8 @@ void test_ag_auto() {
 // mark n comes only after copies holding its peer's rows of the chunks at positions <= n (the
 // kernel's pulling CTA then raises a chunk's flag once every peer in it has marked it); the
 // end mark, the position count + 1, comes last. The stream for this rank itself has no steps.
+// The plans are checked with the sweep in either order (AgGemmArgs::interleave_peers), and
+// each stream's positions must come in the sweep's order (all_gather_gemm_sweep).
 void test_ag_ce_plan() {
   auto count = [](int64_t M, int W, int o) { return M / W + (o < M % W ? 1 : 0); };
   auto offset = [](int64_t M, int W, int o) { return o * (M / W) + std::min<int64_t>(o, M % W); };
@@ -209,15 +211,23 @@ void test_ag_ce_plan() {
     for (int r : {0, W / 2, W - 1})
       for (int M : {3, 1001, 2048, 8200})
         for (int K : {64, 4096})
-          for (int64_t cap : {int64_t{1}, int64_t{2} << 20, int64_t{8} << 20, int64_t{1} << 40}) {
+          for (int64_t cap : {int64_t{1}, int64_t{2} << 20, int64_t{8} << 20, int64_t{1} << 40})
+          for (int interleave : {0, 1}) {
             k::AgGemmArgs a;
             a.M = M;
             a.N = 2048;
             a.K = K;
             a.algo = k::FusedAlgo::kFused;
+            a.interleave_peers = interleave;
             const std::string what = "allGatherGemm copy-engine plan W=" + std::to_string(W) +
                                      " r=" + std::to_string(r) + " M=" + std::to_string(M) +
-                                     " K=" + std::to_string(K) + " cap=" + std::to_string(cap);
+                                     " K=" + std::to_string(K) + " cap=" + std::to_string(cap) +
+                                     " interleave=" + std::to_string(interleave);
+            // Sweep position of each chunk (a chunk is one M-block at these M).
+            const std::vector<int> sweep = k::all_gather_gemm_sweep(device(W, r, 132), a);
+            std::vector<int> at(sweep.size(), -1);
+            for (size_t i = 0; i < sweep.size(); ++i) at[sweep[i]] = static_cast<int>(i);
+            bool in_order = sweep.size() == static_cast<size_t>((M + 127) / 128);
             auto owner = [&](int64_t i) {
               int o = 0;
               while (o + 1 < W && i >= offset(M, W, o + 1)) ++o;
@@ -262,6 +272,11 @@ void test_ag_ce_plan() {
               std::vector<std::pair<int64_t, int64_t>> sorted = rows;
               std::sort(sorted.begin(), sorted.end());
               distinct = distinct && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+              for (size_t q = 0; in_order && q < rows.size(); ++q) {
+                const int c = static_cast<int>(rows[q].first / 128);
+                in_order = c < static_cast<int>(at.size()) &&
+                           (q == 0 || at[c] > at[rows[q - 1].first / 128]);
+              }
               int64_t rows_of_from = 0;
               for (const auto& [r0, r1] : rows) {
                 bool has = false;
@@ -283,7 +298,75 @@ void test_ag_ce_plan() {
             check(ready, what + ": a mark only after its chunks' copies");
             check(distinct && holds, what + ": positions are distinct chunks with the peer's rows");
             check(every, what + ": every chunk with the peer's rows is a position");
+            check(in_order, what + ": a stream's positions in the sweep's order");
           }
+}
+
+// allGatherGemm's sweep (all_gather_gemm_sweep; fused_gemm.cuh ag_sweep_chunk), which the GEMM,
+// the pulls and the copy-engine streams share: every flag chunk once; this rank's own chunks
+// (M-blocks made only of its rows) first (two blocks per chunk: from the chunk of the first);
+// sequential: consecutive chunks from the first,
+// wrapping around; interleaved (W >= 3, one M-block per chunk): where the peers' rows are whole
+// blocks of equal count, position own + i holds a block of peer (r + 1 + i % (W - 1)) % W, each
+// peer's blocks in rising order; at M > 128 * kFusedMaxChunks (two blocks per chunk) the order
+// stays sequential.
+void test_ag_sweep() {
+  auto offset = [](int64_t M, int W, int o) { return o * (M / W) + std::min<int64_t>(o, M % W); };
+  for (int W = 1; W <= 8; ++W)
+    for (int r = 0; r < W; ++r)
+      for (int M : {3, 1001, 2048, 8200, 3 * 4096, 16384, 128 * k::kFusedMaxChunks + 128 * 8})
+        for (int interleave : {0, 1}) {
+          k::AgGemmArgs a;
+          a.M = M;
+          a.N = 2048;
+          a.K = 4096;
+          a.algo = k::FusedAlgo::kFused;
+          a.interleave_peers = interleave;
+          const std::string what = "allGatherGemm sweep W=" + std::to_string(W) + " r=" +
+                                   std::to_string(r) + " M=" + std::to_string(M) +
+                                   " interleave=" + std::to_string(interleave);
+          const std::vector<int> sweep = k::all_gather_gemm_sweep(device(W, r, 132), a);
+          const int mb = (M + 127) / 128;
+          const int mg = (mb + k::kFusedMaxChunks - 1) / k::kFusedMaxChunks;
+          const int chunks = (mb + mg - 1) / mg;
+          std::vector<int> seen(chunks, 0);
+          bool perm = static_cast<int>(sweep.size()) == chunks;
+          for (int c : sweep) perm = perm && c >= 0 && c < chunks && seen[c]++ == 0;
+          check(perm, what + ": every chunk once");
+          if (!perm) continue;
+          const int64_t off = offset(M, W, r), cnt = offset(M, W, r + 1) - off;
+          const int own_b0 = static_cast<int>((off + 127) / 128);
+          const int own_b1 = std::max(own_b0, static_cast<int>((off + cnt) / 128));
+          auto own = [&](int c) { return c * mg >= own_b0 && std::min((c + 1) * mg, mb) <= own_b1; };
+          int nown = 0;
+          bool own_first = true;
+          for (int i = 0; i < chunks; ++i) {
+            if (own(sweep[i])) own_first = own_first && i == nown++;
+          }
+          // Two blocks per chunk: the sweep starts at the chunk of the first own block (or of
+          // the first own row), which may hold a peer's block too.
+          const int first_block = own_b1 > own_b0 ? own_b0 : static_cast<int>(off / 128);
+          check(mg == 1 ? own_first : sweep[0] == first_block / mg,
+                what + (mg == 1 ? ": the own chunks first" : ": from the chunk of the first own block"));
+          const bool interleaved = interleave == 1 && W >= 3 && mg == 1;
+          if (!interleaved) {
+            bool seq = true;
+            for (int i = 0; i < chunks; ++i) seq = seq && sweep[i] == (sweep[0] + i) % chunks;
+            check(seq, what + ": sequential from the first chunk");
+            continue;
+          }
+          if (M % (128 * W) != 0) continue;  // uneven runs: the permutation checks above
+          bool turns = true;
+          std::vector<int> last(W, -1);
+          for (int i = nown; i < chunks; ++i) {
+            const int peer = (r + 1 + (i - nown) % (W - 1)) % W;
+            const int64_t row = int64_t{sweep[i]} * 128;
+            turns = turns && row >= offset(M, W, peer) && row < offset(M, W, peer + 1) &&
+                    sweep[i] > last[peer];
+            last[peer] = sweep[i];
+          }
+          check(turns, what + ": the peers' blocks in turn, each peer's rising");
+        }
 }
 
 // gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
@@ -389,6 +472,7 @@ int main() {
   test_ag();
   test_ag_auto();
   test_ag_ce_plan();
+  test_ag_sweep();
   test_ar();
   test_collective_choice();
   std::printf("fused_geometry_test: %d passed, %d failed\n", g_passed, g_failed);

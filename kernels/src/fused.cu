@@ -175,6 +175,16 @@ struct AgGeometry {
   AgParams p;
 };
 
+// allGatherGemm's sweep order when AgGemmArgs::interleave_peers is -1 (bench builds may set
+// it: -DFUSEDCOMM_AG_INTERLEAVE=0 or 1).
+#ifndef FUSEDCOMM_AG_INTERLEAVE
+#ifdef FUSEDCOMM_AG_CE_PULL
+#define FUSEDCOMM_AG_INTERLEAVE 1
+#else
+#define FUSEDCOMM_AG_INTERLEAVE 0
+#endif
+#endif
+
 // Fills everything but the device handle, pointers and tile width dependent parts.
 AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   const int W = d.world, r = d.rank, sms = device_sms(d);
@@ -205,6 +215,11 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   p.own_row0 = static_cast<int>(off);
   p.own_b0 = static_cast<int>(ceil_div(off, detail::kTileM));
   p.own_b1 = std::max(p.own_b0, static_cast<int>((off + cnt) / detail::kTileM));
+  // The peers' chunks in turn (detail::ag_sweep_chunk) where a chunk is one M-block and there
+  // are two peers or more; by default in the copy-engine build only (its streams pull every
+  // peer at once).
+  const int interleave = a.interleave_peers >= 0 ? a.interleave_peers : FUSEDCOMM_AG_INTERLEAVE;
+  p.interleave = interleave > 0 && p.mg == 1 && W >= 3 ? W - 1 : 0;
   const int items = p.chunks * p.slices;
   int comm = a.comm_ctas > 0 ? a.comm_ctas : split_ctas(kAgSplit, W, a.N);
   comm = std::clamp(comm, 1, std::max(1, std::min(items, sms / 2)));
@@ -244,7 +259,7 @@ std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int from, int
     }
   };
   for (int k = 0; k < p.chunks; ++k) {
-    const int c = (p.c_start + k) % p.chunks;
+    const int c = detail::ag_sweep_chunk(p, k);
     if (detail::ag_chunk_is_own(p, c)) continue;  // the same chunks as ag_ce_role's
     int64_t a, b;
     detail::ag_chunk_rows_of(p, W, c, from, &a, &b);
@@ -522,6 +537,17 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
     info.tile_n = gemm_tile_grid(a.M, a.N, 0, device_sms(d)).tile_n;
   }
   return info;
+}
+
+std::vector<int> all_gather_gemm_sweep(const CommDevice& d, const AgGemmArgs& a) {
+  if (!valid_shape(a.M, a.N, a.K) || d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 ||
+      d.rank >= d.world) {
+    return {};
+  }
+  const AgParams p = ag_geometry(d, a).p;
+  std::vector<int> order(p.chunks);
+  for (int k = 0; k < p.chunks; ++k) order[k] = detail::ag_sweep_chunk(p, k);
+  return order;
 }
 
 std::vector<AgCeStep> all_gather_gemm_ce_plan(

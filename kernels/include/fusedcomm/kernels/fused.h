@@ -205,6 +205,10 @@ struct AgGemmArgs {
   __nv_bfloat16* gathered = nullptr;
   FusedAlgo algo = FusedAlgo::kAuto;
   int comm_ctas = 0;  // kFused: CTAs that pull A (0: the table in fused.cu; clamped to 1..SMs/2)
+  // kFused, benches and tests: the GEMM and the pulls take the peers' M-blocks in turn (1) or
+  // peer after peer (0); -1: the build's default (fused.cu FUSEDCOMM_AG_INTERLEAVE). Honoured
+  // at W >= 3 where a flag chunk is one M-block (M <= 128 * kFusedMaxChunks).
+  int interleave_peers = -1;
   // kDecomposed: a stream-K workspace for its GEMM (gemm.h; this process's memory, launches
   // that share it stream-ordered); the fused kernel has no use for one.
   GemmWorkspace gemm_ws{};
@@ -263,6 +267,11 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs
 // if not null, gets the rows [r0, r1) of each position's chunk. Empty for from == rank or
 // out of range. The same function in every build, so that fused_geometry_test checks it on
 // the CPU.
+// allGatherGemm's sweep, for these arguments: the flag chunks in the order the GEMM takes
+// their M-blocks and the pulls move them (fused_gemm.cuh ag_sweep_chunk); with the peers
+// interleaved (AgGemmArgs::interleave_peers) a chunk is one M-block. Empty for bad arguments.
+std::vector<int> all_gather_gemm_sweep(const CommDevice& dev, const AgGemmArgs& args);
+
 struct AgCeStep {
   int peer;
   int64_t row0, row1;

@@ -62,8 +62,8 @@ __device__ __forceinline__ TileCoord two_part_raster(const GemmProblem& prob, in
 // whole number of GEMM M-blocks, so a tile waits for exactly one flag). Each chunk is pulled
 // as `slices` slices of slice_rows rows (one work item each, 64-128 KiB, so that many CTAs
 // work on the chunks the GEMM needs next); the slice that completes a chunk raises its flag.
-// Work item k = slice k % slices of chunk (c_start + k / slices) % chunks: the order of the
-// GEMM's sweep after its own blocks (AgSchedule::coord): from this rank's rows on, wrapping around.
+// Work item k = slice k % slices of chunk ag_sweep_chunk(k / slices): the order of the GEMM's
+// sweep (AgSchedule::coord).
 struct AgParams {
   // A_r in this rank's data area (split_count(M,W,r) rows × K): the GEMM reads the M-blocks
   // made only of this rank's rows, [own_b0, own_b1), from it directly (AgSchedule::a_source),
@@ -84,7 +84,34 @@ struct AgParams {
   int c_start;     // chunk of the GEMM's first M-block
   int gemm_ctas;   // CTAs [0, gemm_ctas) start on the GEMM
   int comm_ctas;   // CTAs [gemm_ctas, gemm_ctas + comm_ctas) pull first
+  int interleave;  // 0: sequential; else W - 1, the runs whose chunks the sweep takes in turn
+                   // (ag_sweep_chunk; only where mg == 1)
 };
+
+// The chunk at position k (0 <= k < chunks) of the sweep: the order of the GEMM's M-blocks
+// (AgSchedule::coord), of the pulls (ag_pull_role) and of the copy-engine build's positions
+// (ag_ce_role, fused.cu ag_ce_steps), which all take it from here. Sequential: from c_start
+// on, wrapping around (this rank's own chunks first, then peer r + 1's, r + 2's, ...).
+// Interleaved (mg == 1, so a chunk is an M-block): the own blocks [own_b0, own_b1) first,
+// then the other R blocks (from own_b1 on, or from c_start where there is no own block) cut
+// into W - 1 runs of near-equal length (the peers' rows when W divides M in whole blocks),
+// taken one block of each run in turn. Why: the copy-engine build pulls each peer on its own
+// stream, all at once, so every peer's rows arrive at a third of the rate at W = 4; a GEMM
+// that took peer r + 1's blocks first waited for them while the others' were landing
+// (bench/fused/NOTES.md, "Run 18").
+__host__ __device__ __forceinline__ int ag_sweep_chunk(const AgParams& p, int k) {
+  if (!p.interleave) return (p.c_start + k) % p.chunks;
+  const int nb = p.own_b1 - p.own_b0;
+  if (k < nb) return p.own_b0 + k;
+  const int q = p.interleave;
+  const int rest = p.chunks - nb, v = k - nb, base = rest / q, extra = rest % q;
+  // Runs s < extra hold base + 1 blocks: positions [0, q * base) take run v % q, block v / q;
+  // the last `extra` positions take block `base` of runs 0 .. extra - 1.
+  const int s = v < q * base ? v % q : v - q * base;
+  const int j = v < q * base ? v / q : base;
+  const int run0 = s * base + (s < extra ? s : extra);
+  return ((nb > 0 ? p.own_b1 : p.c_start) + run0 + j) % p.chunks;
+}
 
 // Chunk c holds only M-blocks read from A_r: it needs neither rows nor its flag (no tile waits
 // for it: AgSchedule::wait). The pulls (ag_pull_role) and the copy-engine build (ag_ce_role,
@@ -176,6 +203,14 @@ struct AgSchedule : FusedClaims<AgParams> {
   // pulls' order): a first group that mixed in peers' rows (M < 16 blocks at W = 2, < 32 at
   // W = 4) had half or more of the first wave waiting on pulls (bench/fused/NOTES.md, run 4).
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
+    if (p->interleave) {  // mg == 1: the sweep's chunks are its M-blocks (ag_sweep_chunk)
+      const int nb = p->own_b1 - p->own_b0, own_tiles = nb * prob.n_blocks;
+      TileCoord tc = t < own_tiles
+                         ? grouped_raster(t, nb, prob.group_m, prob.n_blocks)
+                         : grouped_raster(t - own_tiles, prob.m_blocks - nb, prob.group_m, prob.n_blocks);
+      tc.m = ag_sweep_chunk(*p, t < own_tiles ? tc.m : nb + tc.m);
+      return tc;
+    }
     if (p->own_b1 == p->own_b0) return tile_coord(prob, t);  // from the block of the first row
     return two_part_raster(prob, t, p->own_b0, p->own_b1 - p->own_b0, true);
   }
@@ -266,7 +301,7 @@ inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch
     bool ok = true;
     uint64_t pos[kCommMaxRanks - 1] = {};  // per peer slot: chunks with its rows so far
     for (int k = 0; k < p.chunks && ok; ++k) {
-      const int c = (p.c_start + k) % p.chunks;
+      const int c = ag_sweep_chunk(p, k);
       if (ag_chunk_is_own(p, c)) continue;  // the same chunks as the side streams' plans
       // Every peer with rows in the chunk (this rank's own were copied before the launch; a
       // chunk of this rank's rows alone, a partial M-block, waits for nothing).
@@ -339,7 +374,7 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   const int items = p.chunks * p.slices;
   const size_t row_bytes = static_cast<size_t>(p.K) * 2;
   for (int k = j; k < items && ok; k += p.comm_ctas) {
-    const int c = (p.c_start + k / p.slices) % p.chunks;
+    const int c = ag_sweep_chunk(p, k / p.slices);
     // Skipped before any barrier, so CTA-uniformly.
     if (ag_chunk_is_own(p, c)) continue;
     const int64_t a = static_cast<int64_t>(c) * chunk_rows +
