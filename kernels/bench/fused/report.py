@@ -116,7 +116,8 @@ def main():
           "with the rank's local N or K. Ratios are time ratios (< 1: ours faster). "
           + partials_sentence(rows) + rounds_sentence(rows) + protocol_sentence(rows), ""]
     summary = defaultdict(list)
-    targets = defaultdict(lambda: ([], []))  # (op, world) -> ([(shape, t1)], [(shape, t2)])
+    # (op, world) -> ([(shape, t1)], [(shape, t2)], [(shape, t2 on the slowest GPU's cuBLAS)])
+    targets = defaultdict(lambda: ([], [], []))
     auto_rows = []
     for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce"):
         for world in sorted({k[1] for k in order if k[0] == op}):
@@ -171,6 +172,9 @@ def main():
                 auto_vs_lib_floor = vs(t_auto, lib_gemm, lib_coll)
                 if auto_vs_lib_floor is not None:
                     targets[(op, world)][1].append((key[2], auto_vs_lib_floor))
+                    auto_vs_slow_lib = vs(t_auto, max(tg_ranks), lib_coll) if tg_ranks else None
+                    if auto_vs_slow_lib is not None:
+                        targets[(op, world)][2].append((key[2], auto_vs_slow_lib))
             md.append("")
     md += ["## Summary (geometric mean of ours_fused / best baseline; < 1 = ours faster)", "",
            "| op | GPUs | shapes | geomean | best | worst |", "|---|---:|---:|---:|---:|---:|"]
@@ -181,13 +185,19 @@ def main():
         md += ["", "## Issue 5's targets, for kAuto's pick", "",
                "Target 1: kAuto's time ≤ 1.0 × the best baseline (torch serial, symm_mem). Target 2, "
                "where torch serial exceeds 1 ms: kAuto's time ≤ 1.05 × max(cuBLAS GEMM alone, NCCL "
-               "collective alone).", "",
-               "| op | GPUs | target 1 met | misses | target 2 met | misses |", "|---|---:|---:|---|---:|---|"]
-        for (op, world), (t1, t2) in sorted(targets.items()):
+               "collective alone), cuBLAS timed on rank 0 as the issue's floor is written; the last two "
+               "columns take cuBLAS's time on its slowest GPU instead (torch_gemm's ms_ranks: an op over "
+               "W GPUs ends on every rank together, so it cannot end before the slowest GPU's GEMM). "
+               "They are a second reading, not the target.", "",
+               "| op | GPUs | target 1 met | misses | target 2 met | misses | target 2, slowest GPU | misses |",
+               "|---|---:|---:|---|---:|---|---:|---|"]
+        for (op, world), (t1, t2, t2s) in sorted(targets.items()):
             m1 = [f"{sh} {x:.3f}" for sh, x in t1 if x > 1.0]
             m2 = [f"{sh} {x:.3f}" for sh, x in t2 if x > 1.05]
+            m2s = [f"{sh} {x:.3f}" for sh, x in t2s if x > 1.05]
+            slow = f"{len(t2s) - len(m2s)} / {len(t2s)} | {'; '.join(m2s) or '-'}" if t2s else "- | -"
             md.append(f"| {op} | {world} | {len(t1) - len(m1)} / {len(t1)} | {'; '.join(m1) or '-'} | "
-                      f"{len(t2) - len(m2)} / {len(t2)} | {'; '.join(m2) or '-'} |")
+                      f"{len(t2) - len(m2)} / {len(t2)} | {'; '.join(m2) or '-'} | {slow} |")
     if auto_rows:
         md += ["", "## kAuto crossover (fused vs decomposed, ours)", "",
                "| op | GPUs | shape | auto picked | faster | fused ms | decomposed ms |",
