@@ -257,6 +257,11 @@ struct FusedLaunchInfo {
 FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& args);
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
 
+// allGatherGemm's sweep, for these arguments: the flag chunks in the order the GEMM takes
+// their M-blocks and the pulls move them (fused_gemm.cuh ag_sweep_chunk); with the peers
+// interleaved (AgGemmArgs::interleave_peers) a chunk is one M-block. Empty for bad arguments.
+std::vector<int> all_gather_gemm_sweep(const CommDevice& dev, const AgGemmArgs& args);
+
 // allGatherGemm's exchange on the copy engines, a bench build (FUSEDCOMM_AG_CE_PULL; fused.cu
 // ag_ce_steps, fused_gemm.cuh ag_ce_role): the steps of the side stream that pulls peer
 // `from`'s rows, for these arguments, in order, copies merged up to `copy_bytes`. Its
@@ -267,11 +272,6 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs
 // if not null, gets the rows [r0, r1) of each position's chunk. Empty for from == rank or
 // out of range. The same function in every build, so that fused_geometry_test checks it on
 // the CPU.
-// allGatherGemm's sweep, for these arguments: the flag chunks in the order the GEMM takes
-// their M-blocks and the pulls move them (fused_gemm.cuh ag_sweep_chunk); with the peers
-// interleaved (AgGemmArgs::interleave_peers) a chunk is one M-block. Empty for bad arguments.
-std::vector<int> all_gather_gemm_sweep(const CommDevice& dev, const AgGemmArgs& args);
-
 struct AgCeStep {
   int peer;
   int64_t row0, row1;
