@@ -235,8 +235,8 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 // ag_ce_role): the steps of the side stream that pulls peer `from`'s rows, after the start
 // barrier. One stream per peer: at W = 4 one stream pulling peer after peer moved 105-144 GB/s
 // into each GPU, one per peer 200-232 (ce_gemm_probe, bench/fused/NOTES.md "Run 17"). Its
-// positions are the chunks in the pulls' order (from c_start, none made only of blocks read
-// from A_r) that hold rows of `from`; their rows of `from` go into copies, and consecutive
+// positions are the chunks in the sweep's order (detail::ag_sweep_chunk; none made only of
+// blocks read from A_r) that hold rows of `from`; their rows of `from` go into copies, and consecutive
 // rows merge up to `copy_bytes` (a 2 MiB chunk alone is a few microseconds of copy engine,
 // about what a copy costs to start). A mark n follows the copy that holds the last rows of
 // `from` in the chunk at position n (so every chunk at a position <= n then has them); the
