@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A model of the fused gemmReduceScatter's push protocol (detail/fused_gemm.cuh), searched for
-deadlocks under random scheduling. Usage: rs_protocol_model.py [--quick] [--pusher] [--interleave LEAD...]
+deadlocks under random scheduling. Usage: rs_protocol_model.py [--quick] [--pusher] [--interleave LEAD...] [--spread LEAD...]
 
 What is modelled, per rank: the tile sweep of RsSchedule::coord (other ranks' M-blocks first,
 starting after the own ones, then the own blocks, each part in the grouped raster), CTAs whose
@@ -57,10 +57,45 @@ def interleave_part(t, n_rest, n_own, lead):
     return (True, pairs + v) if n_own > pairs else (False, head + pairs + v)
 
 
-def sweep(M, W, rank, n_blocks, group, interleave=None):
+def spread_sweep(M, W, rank, n_blocks, group, lead):
+    """A candidate for W >= 2 (not in the kernel; fused/NOTES.md "Run 18", item 7): the own
+    tiles spread through the sweep, so that the pushes are too. Only where every rank's rows
+    are whole M-blocks (M a multiple of 128 W). The other ranks' blocks in turn, block j of
+    owner r + 1, r + 2, ..., r + W - 1, then block j + 1 (a grouped raster over that order);
+    the first `lead` positions push, then each own tile (the own part's grouped raster) is
+    followed by W - 1 pushes while both last, then the rest. Returns (M-block, column) per
+    position, or None where it does not apply."""
+    if M % (128 * W):
+        return None
+    if lead < 0:  # the lead the model finds enough: a raster group of every other rank's blocks
+        lead = (W - 1) * group * n_blocks
+    per = M // (128 * W)  # blocks per rank
+    rest_blocks = [((rank + 1 + i) % W) * per + j for j in range(per) for i in range(W - 1)]
+    rest = []
+    for t in range(len(rest_blocks) * n_blocks):
+        v, n = grouped_raster(t, len(rest_blocks), group, n_blocks)
+        rest.append((rest_blocks[v], n))
+    own = []
+    for t in range(per * n_blocks):
+        m, n = grouped_raster(t, per, group, n_blocks)
+        own.append((rank * per + m, n))
+    head = min(lead, len(rest))
+    out, ri = rest[:head], head
+    for tile in own:
+        out.append(tile)
+        out += rest[ri:ri + W - 1]
+        ri += W - 1
+    return out + rest[ri:]
+
+
+def sweep(M, W, rank, n_blocks, group, interleave=None, spread=None):
     """RsSchedule::coord for every sweep position of `rank`: (M-block, tile column).
     interleave: the lead (in tiles) of the interleaved order, or None for the two parts; as
     rs_geometry, only at W = 2 with M a multiple of 256 (elsewhere it deadlocks)."""
+    if spread is not None:
+        out = spread_sweep(M, W, rank, n_blocks, group, spread)
+        if out is not None:
+            return out
     if W != 2 or M % 256:
         interleave = None
     mb = (M + 127) // 128
@@ -82,9 +117,10 @@ def sweep(M, W, rank, n_blocks, group, interleave=None):
     return out
 
 
-def run(M, W, ctas, n_blocks, group, lookahead, lead, seed, pusher=False, interleave=None):
+def run(M, W, ctas, n_blocks, group, lookahead, lead, seed, pusher=False, interleave=None,
+        spread=None):
     rng = random.Random(seed)
-    seqs = [sweep(M, W, r, n_blocks, group, interleave) for r in range(W)]
+    seqs = [sweep(M, W, r, n_blocks, group, interleave, spread) for r in range(W)]
     for s in seqs:
         assert len(set(s)) == len(s) == ((M + 127) // 128) * n_blocks, "sweep is not a permutation"
     flags = set()  # (owner, source, half, column): raised
@@ -175,12 +211,18 @@ def main():
     ap.add_argument("--pusher", action="store_true")
     ap.add_argument("--interleave", type=int, nargs="*", default=None,
                     help="leads (tiles) of the interleaved sweep (RsSchedule, W = 2) to try")
+    ap.add_argument("--spread", type=int, nargs="*", default=None,
+                    help="leads (tiles) of the spread sweep (spread_sweep, any W) to try; -1: "
+                         "(W - 1) x group x columns")
     args = ap.parse_args()
+    if args.spread is not None:
+        args.interleave = args.spread  # the same loop over leads, with aligned M
     worlds = [2, 3, 4] if args.quick else [2, 3, 4, 5, 6, 8]
     step_m = 37 if args.quick else 7
     cases, bad = 0, []
     for W in worlds:
-        aligned = [256 * i for i in range(1, 13)] if W == 2 and args.interleave else []
+        aligned = ([128 * W * i for i in range(1, 9)] if args.spread is not None
+                   else [256 * i for i in range(1, 13)] if W == 2 and args.interleave else [])
         for M in list(range(W, 900, step_m)) + [128 * W, 128 * W + 64] + aligned:
             for n_blocks in (1, 3):
                 for ctas in (1, 2, 3):
@@ -188,8 +230,10 @@ def main():
                         for lookahead, lead in ((2, 1), (3, 2), (6, 6)):
                             for il in (args.interleave if args.interleave is not None else [None]):
                                 cases += 1
+                                spread = il if args.spread is not None else None
                                 if not run(M, W, ctas, n_blocks, group, lookahead, lead, cases,
-                                           args.pusher, il):
+                                           args.pusher, None if spread is not None else il,
+                                           spread):
                                     bad.append((M, W, ctas, n_blocks, group, lookahead, lead, il))
     print(f"{cases} configurations, {len(bad)} deadlocks", bad[:10])
     sys.exit(1 if bad else 0)
