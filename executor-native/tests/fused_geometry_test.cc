@@ -369,6 +369,53 @@ void test_ag_sweep() {
         }
 }
 
+// gemmReduceScatter's spread sweep (the bench switch FUSEDCOMM_RS_SPREAD; fused.h
+// gemm_reduce_scatter_spread_sweep): every tile once on every rank, and the property its
+// deadlock freedom rests on: every peer pushes each half-tile of an owner at an earlier
+// position of its own sweep than the owner's position of that tile (the owner's tile waits
+// only for work that comes before it everywhere; rs_protocol_model.py --spread checks the
+// protocol around it). Past the lead, while pushes remain, the own tiles come every W
+// positions.
+void test_rs_spread_sweep() {
+  for (int W = 2; W <= 8; ++W)
+    for (int per : {1, 2, 3, 5})
+      for (int nb : {1, 2, 3, 7})
+        for (int group : {1, 2, 8}) {
+          const std::string what = "gemmReduceScatter spread sweep W=" + std::to_string(W) +
+                                   " blocks/rank=" + std::to_string(per) + " columns=" +
+                                   std::to_string(nb) + " group=" + std::to_string(group);
+          const int tiles = W * per * nb;
+          std::vector<std::vector<int>> pos(W, std::vector<int>(tiles, -1));
+          bool perm = true;
+          for (int r = 0; r < W; ++r) {
+            const auto sweep = k::gemm_reduce_scatter_spread_sweep(W, r, per, nb, group);
+            perm = perm && static_cast<int>(sweep.size()) == tiles;
+            for (int t = 0; perm && t < tiles; ++t) {
+              const auto [m, n] = sweep[t];
+              const int id = m * nb + n;
+              perm = m >= 0 && m < W * per && n >= 0 && n < nb && pos[r][id] < 0;
+              if (perm) pos[r][id] = t;
+            }
+          }
+          check(perm, what + ": every tile once on every rank");
+          if (!perm) continue;
+          bool before = true, spread = true;
+          for (int id = 0; id < tiles; ++id) {
+            const int o = id / nb / per;
+            for (int p = 0; p < W; ++p) before = before && (p == o || pos[p][id] < pos[o][id]);
+          }
+          // Rank 0's own tiles past the lead: W positions apart while pushes remain.
+          const int lead = std::min((W - 1) * group * nb, (W - 1) * per * nb);
+          const int pairs = std::min(per * nb, ((W - 1) * per * nb - lead) / (W - 1));
+          std::vector<int> own;
+          for (int id = 0; id < per * nb; ++id) own.push_back(pos[0][id]);
+          std::sort(own.begin(), own.end());
+          for (int k = 0; k < pairs; ++k) spread = spread && own[k] == lead + W * k;
+          check(before, what + ": every peer pushes a tile before its owner's turn for it");
+          check(spread, what + ": own tiles every W positions after the lead");
+        }
+}
+
 // gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
 // takes its fused kernel, and the fused path's workspace fits the data area; at W = 2, or at
 // W = 4 with bf16 partials and M*N >= 2^25.
@@ -473,6 +520,7 @@ int main() {
   test_ag_auto();
   test_ag_ce_plan();
   test_ag_sweep();
+  test_rs_spread_sweep();
   test_ar();
   test_collective_choice();
   std::printf("fused_geometry_test: %d passed, %d failed\n", g_passed, g_failed);

@@ -346,6 +346,9 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   // rounds) or half of (the TMA pushes' one): detail/fused_gemm.cuh, "Early fetch".
   p.prefetch = W == 2 && p.bf16_partials && cnt > 0 ? 1 : 0;
   p.push_pace_ns = rs_push_pace_ns(d, a, p);
+#ifdef FUSEDCOMM_RS_SPREAD  // bench switch (detail/fused_gemm.cuh, rs_spread_coord)
+  p.spread = W >= 2 && a.M % (W * detail::kTileM) == 0 ? 1 : 0;
+#endif
   return p;
 }
 
@@ -548,6 +551,23 @@ std::vector<int> all_gather_gemm_sweep(const CommDevice& d, const AgGemmArgs& a)
   std::vector<int> order(p.chunks);
   for (int k = 0; k < p.chunks; ++k) order[k] = detail::ag_sweep_chunk(p, k);
   return order;
+}
+
+std::vector<std::pair<int, int>> gemm_reduce_scatter_spread_sweep(int world, int rank,
+                                                                  int blocks_per_rank,
+                                                                  int n_blocks, int group) {
+  if (world < 2 || world > kCommMaxRanks || rank < 0 || rank >= world || blocks_per_rank < 1 ||
+      n_blocks < 1 || group < 1) {
+    return {};
+  }
+  const int tiles = world * blocks_per_rank * n_blocks;
+  std::vector<std::pair<int, int>> out(tiles);
+  for (int t = 0; t < tiles; ++t) {
+    const detail::TileCoord tc =
+        detail::rs_spread_coord(t, world, rank, blocks_per_rank, n_blocks, group);
+    out[t] = {tc.m, tc.n};
+  }
+  return out;
 }
 
 std::vector<AgCeStep> all_gather_gemm_ce_plan(

@@ -58,8 +58,9 @@ def interleave_part(t, n_rest, n_own, lead):
 
 
 def spread_sweep(M, W, rank, n_blocks, group, lead):
-    """A candidate for W >= 2 (not in the kernel; fused/NOTES.md "Run 18", item 7): the own
-    tiles spread through the sweep, so that the pushes are too. Only where every rank's rows
+    """The spread sweep for W >= 2 (the kernel's bench switch FUSEDCOMM_RS_SPREAD,
+    fused_gemm.cuh rs_spread_coord; fused/NOTES.md "Run 18", item 7): the own tiles spread
+    through the sweep, so that the pushes are too. Only where every rank's rows
     are whole M-blocks (M a multiple of 128 W). The other ranks' blocks in turn, block j of
     owner r + 1, r + 2, ..., r + W - 1, then block j + 1 (a grouped raster over that order);
     the first `lead` positions push, then each own tile (the own part's grouped raster) is

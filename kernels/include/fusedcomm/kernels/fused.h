@@ -262,6 +262,15 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs
 // interleaved (AgGemmArgs::interleave_peers) a chunk is one M-block. Empty for bad arguments.
 std::vector<int> all_gather_gemm_sweep(const CommDevice& dev, const AgGemmArgs& args);
 
+// gemmReduceScatter's spread sweep, a bench build (FUSEDCOMM_RS_SPREAD; fused_gemm.cuh
+// rs_spread_coord): the (M-block, tile column) at each sweep position of rank `rank` of
+// `world`, whose rows are M-blocks [rank * blocks_per_rank, +blocks_per_rank), with `n_blocks`
+// columns and raster groups of `group` M-blocks. The same function in every build, so that
+// fused_geometry_test checks it on the CPU. Empty for bad arguments.
+std::vector<std::pair<int, int>> gemm_reduce_scatter_spread_sweep(int world, int rank,
+                                                                  int blocks_per_rank,
+                                                                  int n_blocks, int group);
+
 // allGatherGemm's exchange on the copy engines, a bench build (FUSEDCOMM_AG_CE_PULL; fused.cu
 // ag_ce_steps, fused_gemm.cuh ag_ce_role): the steps of the side stream that pulls peer
 // `from`'s rows, for these arguments, in order, copies merged up to `copy_bytes`. Its

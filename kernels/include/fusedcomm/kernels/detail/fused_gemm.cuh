@@ -557,6 +557,9 @@ struct RsParams {
   uint32_t push_pace_ns;
   int halves;           // half-tile rows of one slot's flags (ceil(ceil(M/W) / 64) + 1)
   int bf16_partials;    // 1: the pushed partials are bf16, else fp32
+  // Bench switch FUSEDCOMM_RS_SPREAD (rs_geometry: W >= 2, every rank's rows whole M-blocks):
+  // the sweep spreads the own tiles through it (rs_spread_coord).
+  int spread;
   // Own half-tiles fetch their one received slot early ("Early fetch" above; W = 2, bf16
   // partials): tm_recv maps this rank's slot (padding + its rows, × N bf16, 64×64 boxes).
   int prefetch;
@@ -1182,8 +1185,59 @@ struct RsEpilogue {
 };
 
 // The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
+// The spread sweep (bench switch FUSEDCOMM_RS_SPREAD; not the default): sweep position t ->
+// tile, for rank r of W whose rows are M-blocks [r * per, (r + 1) * per), `nb` tile columns,
+// raster groups of `group` M-blocks. The other ranks' blocks in turn (block j of owner r + 1,
+// r + 2, ..., r + W - 1, then block j + 1; a grouped raster over that order); the first
+// (W - 1) * group * nb positions push, then each own tile (the own blocks' grouped raster) is
+// followed by W - 1 pushes while both last, then the rest. Why: the two-part sweep puts every
+// push into its first (W - 1) / W, at W / (W - 1) times the average rate, and at W = 4 square
+// 8192 the pushes are then NVLink-bound (bench/fused/NOTES.md, "Run 18", item 7). Safety: with
+// that lead, every peer pushes a half-tile at an earlier position of its sweep than the
+// owner's position of it (fused_geometry_test checks this), and rs_protocol_model.py
+// --pusher --spread -1 finds no deadlock at W = 2-8; smaller leads deadlock at W >= 3.
+__host__ __device__ __forceinline__ TileCoord rs_spread_coord(int t, int W, int r, int per,
+                                                              int nb, int group) {
+  const int q = W - 1, n_own = per * nb, n_rest = q * per * nb;
+  const int lead = q * group * nb;
+  const int head = lead < n_rest ? lead : n_rest;
+  bool own = false;
+  int i = t;  // index in its part
+  if (t >= head) {
+    const int u = t - head, rest = n_rest - head;
+    const int full = rest / q < n_own ? rest / q : n_own;  // whole groups: an own tile, q pushes
+    if (u < W * full) {
+      own = u % W == 0;
+      i = own ? u / W : head + q * (u / W) + u % W - 1;
+    } else {
+      const int v = u - W * full, left = rest - q * full;  // pushes after the whole groups
+      if (full == n_own) {
+        i = head + q * full + v;
+      } else if (v == 0 || v > left) {  // own tile `full`, then the own tiles after the pushes
+        own = true;
+        i = full + (v == 0 ? 0 : v - left);
+      } else {
+        i = head + q * full + v - 1;
+      }
+    }
+  }
+  if (own) {
+    TileCoord tc = grouped_raster(i, per, group, nb);
+    tc.m += r * per;
+    return tc;
+  }
+  TileCoord tc = grouped_raster(i, q * per, group, nb);
+  tc.m = ((r + 1 + tc.m % q) % W) * per + tc.m / q;
+  return tc;
+}
+
 struct RsSchedule : FusedClaims<RsParams> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
+#ifdef FUSEDCOMM_RS_SPREAD  // compiled into the bench build only: the default kernel's code stays
+    if (p->spread) {
+      return rs_spread_coord(t, p->dev.world, p->dev.rank, p->own_nb, prob.n_blocks, prob.group_m);
+    }
+#endif
     return two_part_raster(prob, t, p->own_b0, p->own_nb, false);
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }

@@ -119,11 +119,12 @@ struct TileCoord {
 
 // Grouped raster over `rows` row units: group g covers units [g*group, +group), swept column
 // by column, so the CTAs running at once share a few A panels and a few B panels in L2.
-__device__ __forceinline__ TileCoord grouped_raster(int t, int rows, int group, int n_blocks) {
+// (Host too: fused.cu's sweep checks for fused_geometry_test.)
+__host__ __device__ __forceinline__ TileCoord grouped_raster(int t, int rows, int group, int n_blocks) {
   const int per_group = group * n_blocks;
   const int g = t / per_group;
   const int first = g * group;
-  const int height = min(rows - first, group);
+  const int height = rows - first < group ? rows - first : group;
   const int r = t - g * per_group;
   return {first + r % height, r / height};
 }
