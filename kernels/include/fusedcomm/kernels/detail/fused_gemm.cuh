@@ -99,18 +99,23 @@ struct AgParams {
 // stream, all at once, so every peer's rows arrive at a third of the rate at W = 4; a GEMM
 // that took peer r + 1's blocks first waited for them while the others' were landing
 // (bench/fused/NOTES.md, "Run 18").
+// Position v (0 <= v < n) of n units cut into q consecutive runs of near-equal length (runs
+// s < n % q one unit longer), taken one unit of each run in turn -> the unit's offset from the
+// first. The peers' blocks in turn: ag_sweep_chunk and rs_spread_coord.
+__host__ __device__ __forceinline__ int runs_in_turn(int v, int n, int q) {
+  const int base = n / q, extra = n % q;
+  // Positions [0, q * base) take run v % q, unit v / q; the last `extra` positions take unit
+  // `base` of runs 0 .. extra - 1.
+  const int s = v < q * base ? v % q : v - q * base;
+  const int j = v < q * base ? v / q : base;
+  return s * base + (s < extra ? s : extra) + j;
+}
 __host__ __device__ __forceinline__ int ag_sweep_chunk(const AgParams& p, int k) {
   if (!p.interleave) return (p.c_start + k) % p.chunks;
   const int nb = p.own_b1 - p.own_b0;
   if (k < nb) return p.own_b0 + k;
-  const int q = p.interleave;
-  const int rest = p.chunks - nb, v = k - nb, base = rest / q, extra = rest % q;
-  // Runs s < extra hold base + 1 blocks: positions [0, q * base) take run v % q, block v / q;
-  // the last `extra` positions take block `base` of runs 0 .. extra - 1.
-  const int s = v < q * base ? v % q : v - q * base;
-  const int j = v < q * base ? v / q : base;
-  const int run0 = s * base + (s < extra ? s : extra);
-  return ((nb > 0 ? p.own_b1 : p.c_start) + run0 + j) % p.chunks;
+  return ((nb > 0 ? p.own_b1 : p.c_start) + runs_in_turn(k - nb, p.chunks - nb, p.interleave)) %
+         p.chunks;
 }
 
 // Chunk c holds only M-blocks read from A_r: it needs neither rows nor its flag (no tile waits
@@ -1184,7 +1189,6 @@ struct RsEpilogue {
   }
 };
 
-// The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
 // The spread sweep (bench switch FUSEDCOMM_RS_SPREAD; not the default): sweep position t ->
 // tile, for rank r of W whose rows are M-blocks [r * per, (r + 1) * per), `nb` tile columns,
 // raster groups of `group` M-blocks. The other ranks' blocks in turn (block j of owner r + 1,
@@ -1227,10 +1231,11 @@ __host__ __device__ __forceinline__ TileCoord rs_spread_coord(int t, int W, int 
     return tc;
   }
   TileCoord tc = grouped_raster(i, q * per, group, nb);
-  tc.m = ((r + 1 + tc.m % q) % W) * per + tc.m / q;
+  tc.m = ((r + 1) * per + runs_in_turn(tc.m, q * per, q)) % (W * per);
   return tc;
 }
 
+// The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
 struct RsSchedule : FusedClaims<RsParams> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
 #ifdef FUSEDCOMM_RS_SPREAD  // compiled into the bench build only: the default kernel's code stays
