@@ -236,9 +236,9 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
 // barrier. One stream per peer: at W = 4 one stream pulling peer after peer moved 105-144 GB/s
 // into each GPU, one per peer 200-232 (ce_gemm_probe, bench/fused/NOTES.md "Run 17"). Its
 // positions are the chunks in the sweep's order (detail::ag_sweep_chunk; none made only of
-// blocks read from A_r) that hold rows of `from`; their rows of `from` go into copies, and consecutive
-// rows merge up to `copy_bytes` (a 2 MiB chunk alone is a few microseconds of copy engine,
-// about what a copy costs to start). A mark n follows the copy that holds the last rows of
+// blocks read from A_r) that hold rows of `from`; their rows of `from` go into copies, and
+// consecutive rows merge up to `copy_bytes` (a 2 MiB chunk alone is a few microseconds of copy
+// engine, about what a copy costs to start). A mark n follows the copy that holds the last rows of
 // `from` in the chunk at position n (so every chunk at a position <= n then has them); the
 // last step is the end mark, positions + 1. `position_rows`, if not null, gets each
 // position's chunk rows [r0, r1) (for the test).
@@ -441,6 +441,13 @@ cudaError_t copy_rows_layout(uint8_t* dst, const uint8_t* src, int64_t M, int W,
   return cudaSuccess;
 }
 
+// The host-side plans' arguments (all_gather_gemm_sweep, all_gather_gemm_ce_plan): a valid
+// shape on a rank of a valid world (no pointers, unlike ag_args_ok).
+bool ag_plan_args_ok(const CommDevice& d, const AgGemmArgs& a) {
+  return valid_shape(a.M, a.N, a.K) && d.world >= 1 && d.world <= kCommMaxRanks && d.rank >= 0 &&
+         d.rank < d.world;
+}
+
 bool ag_args_ok(const CommDevice& d, const AgGemmArgs& a) {
   if (!valid_device(d) || !valid_shape(a.M, a.N, a.K)) return false;
   if (a.B == nullptr || a.C == nullptr || !aligned16(a.B) || !aligned16(a.C) ||
@@ -543,10 +550,7 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
 }
 
 std::vector<int> all_gather_gemm_sweep(const CommDevice& d, const AgGemmArgs& a) {
-  if (!valid_shape(a.M, a.N, a.K) || d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 ||
-      d.rank >= d.world) {
-    return {};
-  }
+  if (!ag_plan_args_ok(d, a)) return {};
   const AgParams p = ag_geometry(d, a).p;
   std::vector<int> order(p.chunks);
   for (int k = 0; k < p.chunks; ++k) order[k] = detail::ag_sweep_chunk(p, k);
@@ -573,10 +577,7 @@ std::vector<std::pair<int, int>> gemm_reduce_scatter_spread_sweep(int world, int
 std::vector<AgCeStep> all_gather_gemm_ce_plan(
     const CommDevice& d, const AgGemmArgs& a, int from, int64_t copy_bytes,
     std::vector<std::pair<int64_t, int64_t>>* position_rows) {
-  if (!valid_shape(a.M, a.N, a.K) || d.world < 1 || d.world > kCommMaxRanks || d.rank < 0 ||
-      d.rank >= d.world) {
-    return {};
-  }
+  if (!ag_plan_args_ok(d, a)) return {};
   return ag_ce_steps(ag_geometry(d, a).p, d.world, d.rank, from, copy_bytes, position_rows);
 }
 
