@@ -35,27 +35,7 @@ s=$o/summary.txt
 bins=$(grep -vx trace $out/order.txt | sed "s|^|$out/|" | tr '\n' ' ')
 OUT=$o FC_DEADLINE_S=300 FC_BENCH_ARGS="--sustain-ms 500 --shape $shapes" \
   $here/local_run.sh "$bins" 2 rs bf16 full "$w" > "$o/local_report.md"
-python3 - "$o/local.jsonl" <<'PY' | tee -a "$s"
-import json, statistics, sys
-rows, builds, keys = {}, [], []
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["build"] not in builds:
-        builds.append(r["build"])
-    if r["shape"] not in keys:
-        keys.append(r["shape"])
-    rows.setdefault((r["shape"], r["build"], r["impl"]), []).append(r["ms_median"])
-med = {k: statistics.median(v) for k, v in rows.items()}
-b0 = builds[0]
-print(f"fused ms of {b0}; each build's fused time / {b0}'s (its fused / GEMM alone in brackets)")
-for sh in keys:
-    f0 = med.get((sh, b0, "ours_fused"))
-    line = f"{sh:20} {f0:8.4f}" if f0 else f"{sh:20} {'-':>8}"
-    for b in builds:
-        f, g = med.get((sh, b, "ours_fused")), med.get((sh, b, "ours_gemm"))
-        line += f"  {b} {f / f0:.3f} ({f / g:.2f})" if f and g and f0 else f"  {b} -"
-    print(line)
-PY
+tee -a "$s" < "$o/local_report.md"  # local_report.py's table: fused / GEMM, each build / the first
 timeout 150 $out/trace/fused_bench --world "$w" --ops rs --rs-partials bf16 --batches 2 \
   --shape "$shapes" --out "$o/trace_rows.jsonl" > "$o/trace.log" 2>&1
 echo "trace rc=$?" | tee -a "$s"
