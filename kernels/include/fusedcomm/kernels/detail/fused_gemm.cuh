@@ -1148,7 +1148,13 @@ struct RsEpilogue {
       const int col = mail->col, n = mail->n, last = mail->bits & 1, rounds = mail->bits >> 1;
 #ifdef FUSEDCOMM_RS_FORWARD
       if (p->fwd_ctas > 0) {
-        to_outbox(stage, mail, h0, col, n, rounds, last);
+        tma_handoff<false>(stage, mail, h0, col, n, rounds, last);
+        continue;
+      }
+#endif
+#ifdef FUSEDCOMM_RS_PUSHER_TMA
+      if (p->bf16_partials && !p->accumulate) {
+        tma_handoff<true>(stage, mail, h0, col, n, rounds, last);
         continue;
       }
 #endif
@@ -1196,35 +1202,59 @@ struct RsEpilogue {
     }
   }
 
-#ifdef FUSEDCOMM_RS_FORWARD
-  // The forwarding build's pusher warp (bf16 partials: one handoff per half-tile): the staged
-  // boxes to this rank's outbox for each other owner of the rows (TMA stores, local), the
-  // handoff freed once they have read the buffer, then, once they are complete, the outbox
-  // flags (rs_outbox_flag's ordering). Lane 0 does it all.
-  __device__ __forceinline__ void to_outbox(const uint8_t* stage, RsPushMail* mail, int h0,
-                                            int col, int n, int rounds, int last) const {
+#if defined(FUSEDCOMM_RS_FORWARD) || defined(FUSEDCOMM_RS_PUSHER_TMA)
+  // The pusher warp by TMA (bench builds; bf16 partials, per-source slots: one handoff per
+  // half-tile), lane 0 alone: the staged boxes to each other owner of the rows, the handoff
+  // freed once the stores have read the buffer, then, once they are complete, the flags.
+  // kRemote (FUSEDCOMM_RS_PUSHER_TMA): into the owners' receive slots (tm_push, over NVLink,
+  // after each owner's start), then fence.sc.sys and the owners' rs_flag (st.release.sys): no
+  // 16-byte st.global from the SM's lanes. Else (FUSEDCOMM_RS_FORWARD): into this rank's outbox
+  // (tm_outbox, local) and the outbox flags (rs_outbox_flag's ordering), which the forwarding
+  // CTAs take from there.
+  template <bool kRemote>
+  __device__ __forceinline__ void tma_handoff(const uint8_t* stage, RsPushMail* mail, int h0,
+                                              int col, int n, int rounds, int last) const {
     const CommDevice& d = p->dev;
     const int W = d.world, r = d.rank;
     if (threadIdx.x % 32 != 0) return;
     const int h1 = min(h0 + 64, p->M);
     const int o_lo = split_owner(p->M, W, h0), o_hi = split_owner(p->M, W, h1 - 1);
+    uint32_t sent = 0;
     for (int o = o_lo; o <= o_hi; ++o) {
       if (o == r) continue;
+      if (kRemote && !observe_start(o)) continue;  // recorded: the launch has failed
+      sent |= 1u << o;
       const int row = h0 - static_cast<int>(split_offset(p->M, W, o)) + kFusedRsSlotPadRows;
+#ifdef FUSEDCOMM_RS_FORWARD
+      const CUtensorMap* map = kRemote ? &p->tm_push[o] : &p->tm_outbox[o];
+#else
+      const CUtensorMap* map = &p->tm_push[o];
+#endif
       for (int b = 0; b < 2 * rounds && col + 64 * b < p->N; ++b) {
-        tma_store_2d(&p->tm_outbox[o], stage + b * 8192, col + 64 * b, row);
+        tma_store_2d(map, stage + b * 8192, col + 64 * b, row);
       }
     }
     bulk_commit();
     bulk_wait_read_all();
     mbar_arrive(&mail->freed);
     rs_trace_count(kRtHandoffs);
-    if (!last) return;
+    if (!last || sent == 0) return;
     bulk_wait_all();
     fence_proxy_async_global();  // the TMA writes (async proxy) before the generic release
-    fence_acq_rel_gpu();
+    if (kRemote) {
+      __threadfence_system();
+    } else {
+      fence_acq_rel_gpu();
+    }
     for (int o = o_lo; o <= o_hi; ++o) {
-      if (o != r) st_release_gpu(rs_outbox_flag(*p, o, h0 / 64, n), epoch);
+      if ((sent & (1u << o)) == 0) continue;
+#ifdef FUSEDCOMM_RS_FORWARD
+      if (!kRemote) {
+        st_release_gpu(rs_outbox_flag(*p, o, h0 / 64, n), epoch);
+        continue;
+      }
+#endif
+      st_release_sys(rs_flag(*p, o, r, h0 / 64, n), epoch);
     }
   }
 #endif
