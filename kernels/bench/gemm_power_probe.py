@@ -55,16 +55,20 @@ def main():
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--out", default="gemm_power.jsonl")
+    ap.add_argument("--clusters", default="",
+                    help="comma list of GemmArgs::cluster values (0 chosen, 1 single CTAs, 2 CTA "
+                         "pairs): ours once per value (impl ours_cN), else once as chosen")
     args = ap.parse_args()
     lib = ctypes.CDLL(args.lib)
     lib.fc_gemm_bf16.restype = ctypes.c_int
     lib.fc_gemm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    lib.fc_gemm_set_cluster.argtypes = [ctypes.c_int]
     clocks = Clocks(torch.cuda.current_device())
     if clocks.nvml is None:
         raise SystemExit("NVML not available: no power samples, nothing to report")
     gpu = torch.cuda.get_device_name()
     out = open(args.out, "w")
-    print(f"{'shape':28} {'impl':7} {'ms':>8} {'TF/s':>7} {'MHz':>6} {'W':>5} {'kcyc':>8} {'GF/J':>6}")
+    print(f"{'shape':28} {'impl':8} {'ms':>8} {'TF/s':>7} {'MHz':>6} {'W':>5} {'kcyc':>8} {'GF/J':>6}")
     for i, (op, M, N, K, layout) in enumerate(shapes_of(args.shapes)):
         g = torch.Generator(device="cuda").manual_seed(1234)
         a = (torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
@@ -80,8 +84,12 @@ def main():
                 raise RuntimeError("fc_gemm_bf16 failed")
 
         cublas = (lambda: torch.matmul(a, b)) if kn else (lambda: torch.matmul(a, b.t()))
-        impls = [("ours", ours), ("cublas", cublas)]
-        for name, fn in impls if i % 2 == 0 else impls[::-1]:  # who goes first alternates
+        clusters = [int(c) for c in args.clusters.split(",") if c != ""]
+        impls = [(f"ours_c{c}", ours, c) for c in clusters] or [("ours", ours, 0)]
+        impls.append(("cublas", cublas, None))
+        for name, fn, cluster in impls if i % 2 == 0 else impls[::-1]:  # who goes first alternates
+            if cluster is not None:
+                lib.fc_gemm_set_cluster(cluster)
             run_for(fn, args.seconds / 2)  # reach the clock this impl's draw sustains
             key = (op, M, N, K, name)
             with clocks.sampling(key):
@@ -93,9 +101,10 @@ def main():
             row = {"op": op, "M": M, "N": N, "K": K, "layout": layout, "impl": name, "ms": ms,
                    "tflops": tflops, "sm_mhz": mhz, "watts": watts, "kcycles": ms * mhz,
                    "gflop_per_j": tflops * 1000 / watts, "samples": cnt, "launches": n,
+                   "cluster": cluster,
                    "gpu": gpu}
             out.write(json.dumps(row) + "\n")
-            print(f"{op + f' {M}x{N}x{K}':28} {name:7} {ms:8.4f} {tflops:7.1f} {mhz:6.0f} "
+            print(f"{op + f' {M}x{N}x{K}':28} {name:8} {ms:8.4f} {tflops:7.1f} {mhz:6.0f} "
                   f"{watts:5.0f} {ms * mhz:8.1f} {row['gflop_per_j']:6.2f}", flush=True)
     out.close()
 
