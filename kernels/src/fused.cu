@@ -290,18 +290,6 @@ bool rs_accumulates(int world, const GemmRsArgs& a) {
   return world >= 3 && a.partials == RsPartials::kF32AnyOrder;
 }
 
-#ifdef FUSEDCOMM_RS_FORWARD
-// Bench switch: forwarding CTAs move the fused kernel's pushes (detail/fused_gemm.cuh,
-// "Forwarding CTAs"), bf16 per-source slots only, with an outbox of W - 1 slots in the
-// scratch area and outbox flags after the received ones. FUSEDCOMM_RS_FWD_CTAS: how many.
-#ifndef FUSEDCOMM_RS_FWD_CTAS
-#define FUSEDCOMM_RS_FWD_CTAS 8
-#endif
-bool rs_forwards(int world, const GemmRsArgs& a) {
-  return world >= 2 && a.partials == RsPartials::kBF16;
-}
-#endif
-
 // Pacing of the pusher warps' NVLink stores (RsParams::push_pace_ns). Their stores in flight slow
 // the GEMM's main loops on the same SM: on 2 x H200 at W = 2 the main loops took 1.06-1.20 x
 // the GEMM alone's cycles per tile at the mid shapes, and 1.03-1.07 x with the same stores into
@@ -361,21 +349,12 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
 #ifdef FUSEDCOMM_RS_SPREAD  // bench switch (detail/fused_gemm.cuh, rs_spread_coord)
   p.spread = W >= 2 && a.M % (W * detail::kTileM) == 0 ? 1 : 0;
 #endif
-#ifdef FUSEDCOMM_RS_FORWARD  // bench switch (detail/fused_gemm.cuh, "Forwarding CTAs")
-  p.fwd_ctas = rs_forwards(W, a) ? FUSEDCOMM_RS_FWD_CTAS : 0;
-  p.fwd_flags = static_cast<int>(int64_t{W - 1} * p.halves * p.n_blocks);
-  p.push_pace_ns = p.fwd_ctas > 0 ? 0 : p.push_pace_ns;  // local stores: nothing to pace
-#endif
   return p;
 }
 
 // Half-tile flags per owner that the fused kernel needs (FusedFlags::rs_tile).
 int64_t rs_flags_needed(const CommDevice& d, const RsParams& p) {
-  const int64_t received = int64_t{d.world - 1} * p.halves * p.n_blocks;
-#ifdef FUSEDCOMM_RS_FORWARD
-  if (p.fwd_ctas > 0) return 2 * received;  // and as many outbox flags (rs_outbox_flag)
-#endif
-  return received;
+  return int64_t{d.world - 1} * p.halves * p.n_blocks;
 }
 bool rs_fused_fits(const CommDevice& d, const RsParams& p) {
   return rs_flags_needed(d, p) <= kFusedRsTileFlags;
@@ -541,9 +520,6 @@ FusedWorkspace rs_workspace(const GemmRsArgs& a, int world, FusedAlgo path) {
   if (path == FusedAlgo::kFused) {
     const uint64_t nslots = rs_accumulates(W, a) ? 1 : W - 1;
     const uint64_t slots = W > 1 ? nslots * (ceil_rows + kFusedRsSlotPadRows) : 0;
-#ifdef FUSEDCOMM_RS_FORWARD
-    if (rs_forwards(W, a)) return {a.ws_offset + slots * row, slots * row};  // the outbox
-#endif
     return {a.ws_offset + slots * row, 0};
   }
   return {a.ws_offset + W * ceil_rows * row, (M % W != 0 ? M : ceil_rows) * row};
@@ -945,19 +921,6 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
                                 a.N, a.N, false)) {
     return cudaErrorInvalidValue;
   }
-#ifdef FUSEDCOMM_RS_FORWARD
-  // The outbox: for each other owner o, a slot of o's slot's shape in this rank's scratch area,
-  // in the same order (slot o < r ? o : o - 1).
-  for (int o = 0; o < W && p.fwd_ctas > 0; ++o) {
-    const int64_t rows = split_count(a.M, W, o);
-    if (o == r || rows == 0) continue;
-    uint8_t* base = scratch_of(d) + (o < r ? o : o - 1) * slot;
-    if (!detail::encode_store_map(&p.tm_outbox[o], base,
-                                  static_cast<int>(rows) + kFusedRsSlotPadRows, a.N, a.N, false)) {
-      return cudaErrorInvalidValue;
-    }
-  }
-#endif
   p.dev = d;
   p.out = a.out;
   p.ws_offset = a.ws_offset;
@@ -971,9 +934,6 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
     }
   }
   const int grid = std::min(device_sms(d), plan.prob.num_tiles);
-#ifdef FUSEDCOMM_RS_FORWARD
-  if (grid < 4 * p.fwd_ctas) p.fwd_ctas = 0;  // (its flag count stays rank-uniform: unused)
-#endif
   if (plan.tile_n == 256) {
     return plan.kn ? launch_rs_instance<256, true>(plan, p, grid, stream)
                    : launch_rs_instance<256, false>(plan, p, grid, stream);

@@ -569,16 +569,6 @@ struct RsParams {
   // partials): tm_recv maps this rank's slot (padding + its rows, × N bf16, 64×64 boxes).
   int prefetch;
   CUtensorMap tm_recv;
-#ifdef FUSEDCOMM_RS_FORWARD
-  // Bench switch FUSEDCOMM_RS_FORWARD ("Forwarding CTAs" below): the last fwd_ctas CTAs of the
-  // grid forward the pushes (0: the default pushes); the pusher warps store each half-tile
-  // into this rank's outbox for its owner instead (tm_outbox[o]: o's slot's shape, in this
-  // rank's scratch area) and raise its outbox flag, rs_tile[fwd_flags + ...] in this rank's
-  // FusedFlags (rs_outbox_flag).
-  int fwd_ctas;
-  int fwd_flags;
-  CUtensorMap tm_outbox[kCommMaxRanks];
-#endif
 };
 
 // The flag of half-tile (h, n) pushed by `src` into `owner`'s receive slot, in owner's region.
@@ -588,20 +578,6 @@ __device__ __forceinline__ uint64_t* rs_flag(const RsParams& p, int owner, int s
   const int h_first = static_cast<int>(split_offset(p.M, W, owner) / 64);
   return &fused_flags(p.dev, owner)->rs_tile[(slot * p.halves + h - h_first) * p.n_blocks + n];
 }
-
-#ifdef FUSEDCOMM_RS_FORWARD
-// The forwarding build: this rank's outbox flag of half-tile (h, n) for owner o, in this rank's
-// region, after the received flags (rs_flags_needed of them; the same layout per owner slot).
-// Local: written by this rank's pusher warp (st.release.gpu after its TMA stores completed and
-// fence.proxy.async.global), read by its forwarding CTAs (ld.acquire.gpu, then
-// fence.proxy.async.global before their TMA loads). Only ever raised to a larger epoch.
-__device__ __forceinline__ uint64_t* rs_outbox_flag(const RsParams& p, int o, int h, int n) {
-  const int W = p.dev.world, r = p.dev.rank;
-  const int slot = o < r ? o : o - 1;
-  const int h_first = static_cast<int>(split_offset(p.M, W, o) / 64);
-  return &fused_flags(p.dev, r)->rs_tile[p.fwd_flags + (slot * p.halves + h - h_first) * p.n_blocks + n];
-}
-#endif
 
 // Kernel start, one thread: the signature, then the arrive flags (start barrier, signal side;
 // CommFlags::arrive ordering: stream order puts this rank's earlier ops before the kernel).
@@ -1146,18 +1122,6 @@ struct RsEpilogue {
         return;
       }
       const int col = mail->col, n = mail->n, last = mail->bits & 1, rounds = mail->bits >> 1;
-#ifdef FUSEDCOMM_RS_FORWARD
-      if (p->fwd_ctas > 0) {
-        tma_handoff<false>(stage, mail, h0, col, n, rounds, last);
-        continue;
-      }
-#endif
-#ifdef FUSEDCOMM_RS_PUSHER_TMA
-      if (p->bf16_partials && !p->accumulate) {
-        tma_handoff<true>(stage, mail, h0, col, n, rounds, last);
-        continue;
-      }
-#endif
       const CommDevice& d = p->dev;
       const int W = d.world, r = d.rank;
       const int h1 = min(h0 + 64, p->M);
@@ -1201,63 +1165,6 @@ struct RsEpilogue {
       }
     }
   }
-
-#if defined(FUSEDCOMM_RS_FORWARD) || defined(FUSEDCOMM_RS_PUSHER_TMA)
-  // The pusher warp by TMA (bench builds; bf16 partials, per-source slots: one handoff per
-  // half-tile), lane 0 alone: the staged boxes to each other owner of the rows, the handoff
-  // freed once the stores have read the buffer, then, once they are complete, the flags.
-  // kRemote (FUSEDCOMM_RS_PUSHER_TMA): into the owners' receive slots (tm_push, over NVLink,
-  // after each owner's start), then fence.sc.sys and the owners' rs_flag (st.release.sys): no
-  // 16-byte st.global from the SM's lanes. Else (FUSEDCOMM_RS_FORWARD): into this rank's outbox
-  // (tm_outbox, local) and the outbox flags (rs_outbox_flag's ordering), which the forwarding
-  // CTAs take from there.
-  template <bool kRemote>
-  __device__ __forceinline__ void tma_handoff(const uint8_t* stage, RsPushMail* mail, int h0,
-                                              int col, int n, int rounds, int last) const {
-    const CommDevice& d = p->dev;
-    const int W = d.world, r = d.rank;
-    if (threadIdx.x % 32 != 0) return;
-    const int h1 = min(h0 + 64, p->M);
-    const int o_lo = split_owner(p->M, W, h0), o_hi = split_owner(p->M, W, h1 - 1);
-    uint32_t sent = 0;
-    for (int o = o_lo; o <= o_hi; ++o) {
-      if (o == r) continue;
-      if (kRemote && !observe_start(o)) continue;  // recorded: the launch has failed
-      sent |= 1u << o;
-      const int row = h0 - static_cast<int>(split_offset(p->M, W, o)) + kFusedRsSlotPadRows;
-#ifdef FUSEDCOMM_RS_FORWARD
-      const CUtensorMap* map = kRemote ? &p->tm_push[o] : &p->tm_outbox[o];
-#else
-      const CUtensorMap* map = &p->tm_push[o];
-#endif
-      for (int b = 0; b < 2 * rounds && col + 64 * b < p->N; ++b) {
-        tma_store_2d(map, stage + b * 8192, col + 64 * b, row);
-      }
-    }
-    bulk_commit();
-    bulk_wait_read_all();
-    mbar_arrive(&mail->freed);
-    rs_trace_count(kRtHandoffs);
-    if (!last || sent == 0) return;
-    bulk_wait_all();
-    fence_proxy_async_global();  // the TMA writes (async proxy) before the generic release
-    if (kRemote) {
-      __threadfence_system();
-    } else {
-      fence_acq_rel_gpu();
-    }
-    for (int o = o_lo; o <= o_hi; ++o) {
-      if ((sent & (1u << o)) == 0) continue;
-#ifdef FUSEDCOMM_RS_FORWARD
-      if (!kRemote) {
-        st_release_gpu(rs_outbox_flag(*p, o, h0 / 64, n), epoch);
-        continue;
-      }
-#endif
-      st_release_sys(rs_flag(*p, o, r, h0 / 64, n), epoch);
-    }
-  }
-#endif
 
   // One handoff's rows of owner o (rows [max(h0, off_o), min(h1, end_o)), `rounds` store
   // rounds from column col, clipped to N) from the staging buffer to o's receive slot for this
@@ -1359,123 +1266,6 @@ struct RsSchedule : FusedClaims<RsParams> {
   }
 };
 
-#ifdef FUSEDCOMM_RS_FORWARD
-#ifdef FUSEDCOMM_RS_SPREAD
-#error "FUSEDCOMM_RS_FORWARD follows the two-part sweep; build it without FUSEDCOMM_RS_SPREAD"
-#endif
-// Forwarding CTAs (bench switch FUSEDCOMM_RS_FORWARD; RsParams::fwd_ctas > 0). Why: at W = 4
-// the fused gemmReduceScatter took 1.12-1.34 x our GEMM alone, and its wait trace put the cost
-// in the main loops of SMs whose pusher warps had NVLink stores in flight (bench/fused/NOTES.md
-// "Run 18"; at W = 2 the same stores into local memory cost a third as much, "Run 13"). Here
-// the GEMM's SMs store their pushed half-tiles locally (to_outbox), and the last fwd_ctas CTAs
-// of the grid move them to the owners before they join the GEMM: thread 0 takes the half-tiles
-// j, j + fwd_ctas, ... of the sweep (RsSchedule's order; rows of other owners only), waits for
-// each one's outbox flag, TMA-loads it into one of kStages 32 KiB stages of the CTA's dynamic
-// shared memory (the GEMM role takes it afterwards) and TMA-stores it to the owner's receive
-// slot (tm_push); a batch of stages is completed (bulk wait), fenced (fence.proxy.async.global,
-// fence.sc.sys) and flagged (rs_flag, st.release.sys) together, and before any wait on a flag
-// that is not yet raised. No deadlock beyond the default's argument: a forwarding CTA waits only
-// for half-tiles in the sweep's order, whose pushes need nothing but their tile's main loop
-// (the pusher warps no longer wait for an owner's start), and the start barrier of each owner.
-struct RsForwarder {
-  static constexpr int kStages = 4;
-  static constexpr uint32_t kStageBytes = 32u << 10;
-  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + kStages * 8;
-  struct Unit {
-    int o, row, col, h, n, boxes;
-  };
-};
-static_assert(RsForwarder::kSmemBytes <= GemmTileConfig<128, RsEpilogue::kStagingRounds>::kSmemBytes &&
-                  RsForwarder::kSmemBytes <= GemmTileConfig<256, RsEpilogue::kStagingRounds>::kSmemBytes,
-              "the forwarding stages fit the kernel's dynamic shared memory");
-
-inline __device__ __noinline__ void rs_forward_role(const RsParams& p, const GemmProblem& prob,
-                                                    uint64_t epoch, int j) {
-  using F = RsForwarder;
-  extern __shared__ uint8_t fwd_smem[];
-  const CommDevice& d = p.dev;
-  const int W = d.world, r = d.rank;
-  // 1024-byte aligned: the boxes are 128-byte swizzled.
-  uint8_t* const buf = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(fwd_smem) + 1023) & ~static_cast<uintptr_t>(1023));
-  uint64_t* const bar = reinterpret_cast<uint64_t*>(buf + size_t(F::kStages) * F::kStageBytes);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < F::kStages; ++s) mbar_init(&bar[s], 1);
-    mbar_init_fence();
-    F::Unit u[F::kStages];
-    int nu = 0;
-    uint32_t phase = 0;          // bit s: the parity the next wait on stage s expects
-    uint32_t arrived = 1u << r;  // owners whose start this thread has observed
-    bool ok = true;
-    // The batch's loads, then its stores (only if every wait so far passed), then its flags.
-    auto complete = [&]() {
-      for (int i = 0; i < nu; ++i) {
-        mbar_wait(&bar[i], (phase >> i) & 1u);
-        phase ^= 1u << i;
-        if (!ok) continue;
-        for (int b = 0; b < u[i].boxes; ++b) {
-          tma_store_2d(&p.tm_push[u[i].o], buf + i * F::kStageBytes + b * 8192, u[i].col + 64 * b,
-                       u[i].row);
-        }
-        bulk_commit();
-      }
-      bulk_wait_all();
-      if (ok && nu > 0) {
-        fence_proxy_async_global();  // the TMA writes before the generic release
-        __threadfence_system();
-        for (int i = 0; i < nu; ++i) st_release_sys(rs_flag(p, u[i].o, r, u[i].h, u[i].n), epoch);
-      }
-      nu = 0;
-    };
-    const int items = 2 * prob.num_tiles;  // half-tiles in sweep order
-    for (int k = j; k < items && ok; k += p.fwd_ctas) {
-      const TileCoord tc = two_part_raster(prob, k / 2, p.own_b0, p.own_nb, false);
-      const int h0 = tc.m * kTileM + (k % 2) * 64;
-      if (h0 >= p.M) continue;
-      const int h1 = min(h0 + 64, p.M), col = tc.n * p.tile_n;
-      const int o_lo = split_owner(p.M, W, h0), o_hi = split_owner(p.M, W, h1 - 1);
-      for (int o = o_lo; o <= o_hi && ok; ++o) {
-        if (o == r) continue;
-        if ((arrived & (1u << o)) == 0) {
-          if (nu > 0) complete();
-#ifndef FUSEDCOMM_PHANTOM_PEER
-          ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpGemmReduceScatter,
-                          kCommStepArrive, o, 1);
-#endif
-          arrived |= 1u << o;
-          if (!ok) break;
-        }
-        const uint64_t* flag = rs_outbox_flag(p, o, h0 / 64, tc.n);
-        if (ld_acquire_gpu(flag) < epoch) {
-          if (nu > 0) complete();  // what is loaded goes out before this wait
-          ok = fused_wait(d, flag, epoch, kFusedOpGemmReduceScatter, kFusedStepPartial, r, 2, true);
-          if (!ok) break;
-        }
-        fence_proxy_async_global();  // the acquired flag, then the TMA's reads of the outbox
-        F::Unit& x = u[nu];
-        x.o = o;
-        x.row = h0 - static_cast<int>(split_offset(p.M, W, o)) + kFusedRsSlotPadRows;
-        x.col = col;
-        x.h = h0 / 64;
-        x.n = tc.n;
-        x.boxes = min(p.tile_n, p.N - col + 63) / 64;
-        mbar_arrive_expect_tx(&bar[nu], static_cast<uint32_t>(x.boxes) * 8192u);
-        for (int b = 0; b < x.boxes; ++b) {
-          tma_load_2d(buf + nu * F::kStageBytes + b * 8192, &p.tm_outbox[o], &bar[nu], col + 64 * b,
-                      x.row);
-        }
-        if (++nu == F::kStages) complete();
-      }
-    }
-    complete();
-    for (int s = 0; s < F::kStages; ++s) {
-      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(&bar[s])) : "memory");
-    }
-  }
-  __syncthreads();  // then the CTA joins the GEMM, which sets up the same shared memory
-}
-#endif
-
 template <int BN, bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     rs_gemm_kernel(const __grid_constant__ CUtensorMap tm_a,
@@ -1488,12 +1278,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (blockIdx.x == 0 && threadIdx.x == 0) g_rs_trace[kRtStartNs] = globaltimer_ns();
 #endif
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.dev.world > 1) rs_start(p.dev, epoch);
-#ifdef FUSEDCOMM_RS_FORWARD
-  const int first_fwd = static_cast<int>(gridDim.x) - p.fwd_ctas;
-  if (p.fwd_ctas > 0 && static_cast<int>(blockIdx.x) >= first_fwd) {
-    rs_forward_role(p, prob, epoch, static_cast<int>(blockIdx.x) - first_fwd);
-  }
-#endif
   gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch}, RsSchedule{{&p, epoch}});
 }
 
