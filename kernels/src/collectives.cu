@@ -941,11 +941,8 @@ int two_phase_pull_ctas(int world) { return world <= 2 ? FC_PULL_CTAS_W2 : FC_PU
 // chunks: 341 / 358 / 365 GB/s busbw at 64 MiB / 256 MiB / 1 GiB, the probe's direct
 // 335 / 353 / 363; 64 + 64: 315 / 327 / 353; 96 + 96: 329 / 350 / 352). Producers never wait
 // for reducers, so the reducers need not be resident with them.
-// 0 (the default): one producer per SM (CommDevice::sm_count, the same on every rank), at most
-// kCommMaxPipeCtas. Until run 19 the cap was 128, so 4 of the 132 SMs idled in each half
-// (bench/NOTES.md, "The direct allReduce at W = 4").
 #ifndef FC_DIRECT_PRODUCERS
-#define FC_DIRECT_PRODUCERS 0
+#define FC_DIRECT_PRODUCERS 128
 #endif
 #ifndef FC_DIRECT_REDUCERS_PCT
 #define FC_DIRECT_REDUCERS_PCT 100
@@ -1038,7 +1035,7 @@ bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Para
   const bool direct = algo == CommAlgo::kDirect;
   const bool push = algo == CommAlgo::kTwoPhasePush || direct;
   int P = a.num_ctas > 0 ? a.num_ctas
-          : direct       ? (FC_DIRECT_PRODUCERS > 0 ? FC_DIRECT_PRODUCERS : std::max(1, d.sm_count))
+          : direct       ? FC_DIRECT_PRODUCERS
           : push         ? (W <= 2 ? FC_PUSH_PRODUCERS_W2 : FC_PUSH_PRODUCERS_W4)
                          : (W <= 2 ? FC_PIPE_PRODUCERS_W2 : FC_PIPE_PRODUCERS_W4);
   P = std::clamp(P, 1, kCommMaxPipeCtas);

@@ -150,9 +150,8 @@ enum class CommAlgo : uint32_t {
 // Chunk-pipelined variants: at most kCommMaxPipeCtas producer CTAs (one flag each per source
 // rank), and a chunk flag holds (epoch << kCommPipeRoundBits) | rounds_done, so a producer does
 // at most kCommPipeMaxRounds rounds per launch (the launcher grows the chunk to stay below);
-// tags stay monotone for 2^44 launches per CommDevice. 160: room for one producer per SM on
-// an H100 / H200 (132 SMs), which the direct allReduce takes (collectives.cu, FC_DIRECT_PRODUCERS).
-inline constexpr int kCommMaxPipeCtas = 160;
+// tags stay monotone for 2^44 launches per CommDevice.
+inline constexpr int kCommMaxPipeCtas = 128;
 inline constexpr int kCommPipeRoundBits = 20;
 inline constexpr int64_t kCommPipeMaxRounds = (int64_t{1} << kCommPipeRoundBits) - 2;
 
