@@ -9,6 +9,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 
 
@@ -77,6 +78,24 @@ def merge_rounds(rows, key):
             m["ms_ranks"] = [statistics.median(col) for col in zip(*per)]
         out.append(m)
     return out
+
+
+# The NVML lines of the benches' --clocks (fused_bench.cc: "clocks <op> <shape> (<impl>,...)
+# impl <i> rank <r>: sm <MHz> MHz (<min>-<max>), <W> W, ..."; torch_baselines.py: "clocks torch
+# <op> <shape> <impl> rank <r>: sm <MHz> MHz, <W> W").
+_OURS_CLOCKS = re.compile(r"^clocks (\S+) (.+?) \(([\w,]+)\) impl (\d+) rank (\d+): sm (\d+) MHz .*?, (\d+) W")
+_TORCH_CLOCKS = re.compile(r"^clocks torch (\S+) (.+?) (torch_\w+) rank (\d+): sm (\d+) MHz, (\d+) W")
+
+
+def clock_sample(line):
+    """One --clocks line -> (op, shape, impl, rank, MHz, W), or None for any other line."""
+    if (x := _OURS_CLOCKS.match(line)):
+        op, shape, impls, i, rank, mhz, watts = x.groups()
+        return op, shape, impls.split(",")[int(i)], int(rank), int(mhz), int(watts)
+    if (x := _TORCH_CLOCKS.match(line)):
+        op, shape, impl, rank, mhz, watts = x.groups()
+        return op, shape, impl, int(rank), int(mhz), int(watts)
+    return None
 
 
 def write_markdown(a, md):

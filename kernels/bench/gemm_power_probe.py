@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -67,6 +66,7 @@ def main():
     if clocks.nvml is None:
         raise SystemExit("NVML not available: no power samples, nothing to report")
     gpu = torch.cuda.get_device_name()
+    clusters = [int(v) for v in args.clusters.split(",") if v != ""]
     out = open(args.out, "w")
     print(f"{'shape':28} {'impl':8} {'ms':>8} {'TF/s':>7} {'MHz':>6} {'W':>5} {'kcyc':>8} {'GF/J':>6}")
     for i, (op, M, N, K, layout) in enumerate(shapes_of(args.shapes)):
@@ -84,8 +84,7 @@ def main():
                 raise RuntimeError("fc_gemm_bf16 failed")
 
         cublas = (lambda: torch.matmul(a, b)) if kn else (lambda: torch.matmul(a, b.t()))
-        clusters = [int(c) for c in args.clusters.split(",") if c != ""]
-        impls = [(f"ours_c{c}", ours, c) for c in clusters] or [("ours", ours, 0)]
+        impls = [(f"ours_c{v}", ours, v) for v in clusters] or [("ours", ours, 0)]
         impls.append(("cublas", cublas, None))
         for name, fn, cluster in impls if i % 2 == 0 else impls[::-1]:  # who goes first alternates
             if cluster is not None:

@@ -2,16 +2,20 @@
 """Power or cycles? Per shape, the fused kernel's time, mean SM clock and cycles against our GEMM
 alone's, from one local_run.sh run with `--clocks` in FC_BENCH_ARGS:
   clocks_report.py LOCAL_LOG LOCAL_JSONL [--op gemmReduceScatter] [--build NAME]
-LOCAL_LOG holds fused_bench's lines "clocks <op> <shape> (<impls>) impl <i> rank <r>: sm <MHz>
-MHz ..." (impl i indexes the parenthesised list); LOCAL_JSONL its rows (ms_median per impl).
+LOCAL_LOG holds fused_bench's --clocks lines (bench_common.clock_sample); LOCAL_JSONL its rows
+(ms_median per impl).
 The clock is the mean over the ranks; cycles = time × clock. A fused / GEMM cycle ratio near
 the time ratio says the excess is cycles; a clock ratio below 1 says power (the cap leaves the
 fused kernel a lower clock). Used for results/run19_h200x4 (README, section 4).
 """
 import argparse
 import json
-import re
+import os
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common  # noqa: E402
 
 
 def main():
@@ -21,14 +25,11 @@ def main():
     ap.add_argument("--op", default="gemmReduceScatter")
     ap.add_argument("--build", default=None, help="rows of this build only (local_run.sh's field)")
     a = ap.parse_args()
-    line = re.compile(r"^clocks (\S+) (.+?) \(([^)]*)\) impl (\d+) rank (\d+): sm (\d+) MHz")
     mhz = {}  # (shape, impl name) -> [MHz per rank]
     for text in open(a.log):
-        m = line.match(text)
-        if not m or m.group(1) != a.op:
-            continue
-        impl = m.group(3).split(",")[int(m.group(4))]
-        mhz.setdefault((m.group(2), impl), []).append(int(m.group(6)))
+        x = bench_common.clock_sample(text)
+        if x and x[0] == a.op:
+            mhz.setdefault((x[1], x[2]), []).append(x[4])
     ms = {}
     for text in open(a.jsonl):
         r = json.loads(text)

@@ -12,6 +12,9 @@ import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common  # noqa: E402
+
 d = sys.argv[1]
 ms = {}  # (world, op, shape, build, impl) -> [ms per round]
 builds = []
@@ -21,8 +24,6 @@ for line in open(os.path.join(d, "rows.jsonl")):
         builds.append(r["build"])
     ms.setdefault((r["world"], r["op"], r["shape"], r["build"], r["impl"]), []).append(r["ms_median"])
 
-ours_pat = re.compile(r"^clocks (\S+) (.+?) \(([\w,]+)\) impl (\d+) rank \d+: sm (\d+) MHz .*?, (\d+) W")
-torch_pat = re.compile(r"^clocks torch (\S+) (.+?) (torch_\w+) rank \d+: sm (\d+) MHz, (\d+) W")
 power = {}  # (world, op, shape, build, impl) -> [(MHz, W)]
 for log in glob.glob(os.path.join(d, "logs", "*.log")):
     name = os.path.basename(log)[:-4]
@@ -33,14 +34,9 @@ for log in glob.glob(os.path.join(d, "logs", "*.log")):
     else:
         continue
     for line in open(log):
-        if (x := ours_pat.match(line)):
-            op, shape, impls, i, mhz, watts = x.groups()
-            impl = impls.split(",")[int(i)]
-        elif (x := torch_pat.match(line)):
-            op, shape, impl, mhz, watts = x.groups()
-        else:
-            continue
-        power.setdefault((w, op, shape, build, impl), []).append((int(mhz), int(watts)))
+        if (x := bench_common.clock_sample(line)):
+            op, shape, impl, _, mhz, watts = x
+            power.setdefault((w, op, shape, build, impl), []).append((mhz, watts))
 
 
 def cell(key):
