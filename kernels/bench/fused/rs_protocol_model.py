@@ -216,25 +216,25 @@ def main():
                     help="leads (tiles) of the spread sweep (spread_sweep, any W) to try; -1: "
                          "(W - 1) x group x columns")
     args = ap.parse_args()
-    if args.spread is not None:
-        args.interleave = args.spread  # the same loop over leads, with aligned M
+    # One loop over the leads of the sweep asked for (spread before interleave), or the default.
+    spreading = args.spread is not None
+    leads = args.spread if spreading else args.interleave if args.interleave is not None else [None]
     worlds = [2, 3, 4] if args.quick else [2, 3, 4, 5, 6, 8]
     step_m = 37 if args.quick else 7
     cases, bad = 0, []
     for W in worlds:
-        aligned = ([128 * W * i for i in range(1, 9)] if args.spread is not None
+        aligned = ([128 * W * i for i in range(1, 9)] if spreading
                    else [256 * i for i in range(1, 13)] if W == 2 and args.interleave else [])
         for M in list(range(W, 900, step_m)) + [128 * W, 128 * W + 64] + aligned:
             for n_blocks in (1, 3):
                 for ctas in (1, 2, 3):
                     for group in (1, 8):
                         for lookahead, lead in ((2, 1), (3, 2), (6, 6)):
-                            for il in (args.interleave if args.interleave is not None else [None]):
+                            for il in leads:
                                 cases += 1
-                                spread = il if args.spread is not None else None
                                 if not run(M, W, ctas, n_blocks, group, lookahead, lead, cases,
-                                           args.pusher, None if spread is not None else il,
-                                           spread):
+                                           args.pusher, None if spreading else il,
+                                           il if spreading else None):
                                     bad.append((M, W, ctas, n_blocks, group, lookahead, lead, il))
     print(f"{cases} configurations, {len(bad)} deadlocks", bad[:10])
     sys.exit(1 if bad else 0)
