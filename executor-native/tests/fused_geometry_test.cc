@@ -20,10 +20,14 @@
 #include "check.h"
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/fused.h"
+#include "fusedcomm/runtime/split.h"
 
 namespace {
 
 namespace k = fusedcomm::kernels;
+// The documented split rule (docs/ops.md): the rows each rank holds.
+using fusedcomm::split_count;
+using fusedcomm::split_offset;
 
 using fusedcomm::testing::check;
 using fusedcomm::testing::g_failed;
@@ -205,8 +209,6 @@ void test_ag_auto() {
 // The plans are checked with the sweep in either order (AgGemmArgs::interleave_peers), and
 // each stream's positions must come in the sweep's order (all_gather_gemm_sweep).
 void test_ag_ce_plan() {
-  auto count = [](int64_t M, int W, int o) { return M / W + (o < M % W ? 1 : 0); };
-  auto offset = [](int64_t M, int W, int o) { return o * (M / W) + std::min<int64_t>(o, M % W); };
   for (int W = 1; W <= 8; ++W)
     for (int r : {0, W / 2, W - 1})
       for (int M : {3, 1001, 2048, 8200})
@@ -230,7 +232,7 @@ void test_ag_ce_plan() {
             bool in_order = sweep.size() == static_cast<size_t>((M + 127) / 128);
             auto owner = [&](int64_t i) {
               int o = 0;
-              while (o + 1 < W && i >= offset(M, W, o + 1)) ++o;
+              while (o + 1 < W && i >= split_offset(M, W, o + 1)) ++o;
               return o;
             };
             std::vector<char> covered(M, 0);
@@ -248,8 +250,8 @@ void test_ag_ce_plan() {
                 after_end = after_end || ended;
                 if (st.peer >= 0) {
                   in_range = in_range && st.peer == from && st.row0 < st.row1 &&
-                             st.row0 >= offset(M, W, from) &&
-                             st.row1 <= offset(M, W, from) + count(M, W, from);
+                             st.row0 >= split_offset(M, W, from) &&
+                             st.row1 <= split_offset(M, W, from) + split_count(M, W, from);
                   sized = sized && ((st.row1 - st.row0) * K * 2 <= cap || st.row1 - st.row0 <= 128);
                   for (int64_t i = std::max<int64_t>(0, st.row0); i < std::min<int64_t>(M, st.row1); ++i) {
                     once = once && !covered[i];
@@ -284,7 +286,7 @@ void test_ag_ce_plan() {
                 holds = holds && has;
                 for (int64_t i = r0; i < r1; ++i) rows_of_from += owner(i) == from ? 1 : 0;
               }
-              every = every && rows_of_from == count(M, W, from);
+              every = every && rows_of_from == split_count(M, W, from);
             }
             bool all = true;
             for (int64_t i = 0; i < M; ++i) all = all && (covered[i] != 0) == (owner(i) != r);
@@ -311,7 +313,6 @@ void test_ag_ce_plan() {
 // peer's blocks in rising order; at M > 128 * kFusedMaxChunks (two blocks per chunk) the order
 // stays sequential.
 void test_ag_sweep() {
-  auto offset = [](int64_t M, int W, int o) { return o * (M / W) + std::min<int64_t>(o, M % W); };
   for (int W = 1; W <= 8; ++W)
     for (int r = 0; r < W; ++r)
       for (int M : {3, 1001, 2048, 8200, 3 * 4096, 16384, 128 * k::kFusedMaxChunks + 128 * 8})
@@ -334,7 +335,7 @@ void test_ag_sweep() {
           for (int c : sweep) perm = perm && c >= 0 && c < chunks && seen[c]++ == 0;
           check(perm, what + ": every chunk once");
           if (!perm) continue;
-          const int64_t off = offset(M, W, r), cnt = offset(M, W, r + 1) - off;
+          const int64_t off = split_offset(M, W, r), cnt = split_offset(M, W, r + 1) - off;
           const int own_b0 = static_cast<int>((off + 127) / 128);
           const int own_b1 = std::max(own_b0, static_cast<int>((off + cnt) / 128));
           auto own = [&](int c) { return c * mg >= own_b0 && std::min((c + 1) * mg, mb) <= own_b1; };
@@ -361,8 +362,8 @@ void test_ag_sweep() {
           for (int i = nown; i < chunks; ++i) {
             const int peer = (r + 1 + (i - nown) % (W - 1)) % W;
             const int64_t row = int64_t{sweep[i]} * 128;
-            turns = turns && row >= offset(M, W, peer) && row < offset(M, W, peer + 1) &&
-                    sweep[i] > last[peer];
+            turns = turns && row >= split_offset(M, W, peer) &&
+                    row < split_offset(M, W, peer + 1) && sweep[i] > last[peer];
             last[peer] = sweep[i];
           }
           check(turns, what + ": the peers' blocks in turn, each peer's rising");
