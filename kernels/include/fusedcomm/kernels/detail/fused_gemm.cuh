@@ -30,7 +30,6 @@
 
 #include "fusedcomm/kernels/detail/fused_protocol.cuh"
 #include "fusedcomm/kernels/detail/gemm_sm90.cuh"
-#include "fusedcomm/kernels/detail/pull_stream.h"
 #include "fusedcomm/kernels/detail/rs_trace.h"
 #include "fusedcomm/kernels/fused.h"
 
@@ -343,164 +342,6 @@ inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch
 }
 #endif
 
-#ifdef FUSEDCOMM_AG_STREAM_PULL
-// The device engine of the pulling CTAs' PullStream (pull_stream.h states the contract): pieces
-// of kPiece bytes through kStages stages of the CTA's dynamic shared memory, peer -> shared by
-// cp.async.bulk with completion on the stage's mbarrier, shared -> this rank's gathered A by a
-// bulk store, one bulk group per piece; publish() raises a chunk's flag after its last slice
-// (ordering: FusedFlags::ag_chunk; the waited store groups are complete, the proxy fence is kept
-// for the GEMM's async-proxy reads, which fence after their acquire as well). Thread 0 only.
-struct AgPullEngine {
-  static constexpr int kStages = 6;
-  static constexpr uint32_t kPiece = 32u << 10;
-  static constexpr size_t kSmemBytes = size_t(kStages) * kPiece + kStages * sizeof(uint64_t);
-  uint8_t* buf;
-  uint64_t* bar;
-  uint32_t phase;  // bit s: the parity the next wait on stage s expects
-  FusedFlags* ff;
-  uint64_t epoch;
-  uint32_t slices;  // arrivals that complete a chunk
-  const AgParams* p;
-
-  __device__ __forceinline__ void init(uint8_t* smem) {
-    buf = smem;
-    bar = reinterpret_cast<uint64_t*>(smem + size_t(kStages) * kPiece);
-    phase = 0;
-    for (int s = 0; s < kStages; ++s) mbar_init(&bar[s], 1);
-    mbar_init_fence();
-  }
-  __device__ __forceinline__ void load(int st, const uint8_t* src, uint32_t n) {
-    mbar_arrive_expect_tx(&bar[st], n);
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(smem_u32(buf + size_t(st) * kPiece)), "l"(src), "r"(n), "r"(smem_u32(&bar[st]))
-        : "memory");
-  }
-  __device__ __forceinline__ void wait_loaded(int st) {
-    mbar_wait(&bar[st], (phase >> st) & 1u);
-    phase ^= 1u << st;
-  }
-  __device__ __forceinline__ void store(int st, uint8_t* dst, uint32_t n) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
-                 "r"(smem_u32(buf + size_t(st) * kPiece)), "r"(n)
-                 : "memory");
-    bulk_commit();
-  }
-  template <int N>
-  __device__ __forceinline__ void wait_read() {
-    bulk_wait_read_keep<N>();
-  }
-  template <int N>
-  __device__ __forceinline__ void wait_done() {
-    bulk_wait_keep<N>();
-  }
-  __device__ __forceinline__ void publish(int c) {
-    fence_proxy_async_global();
-    fence_acq_rel_gpu();
-    if (fused_last_of(&ff->chunk_count[c], slices)) {
-      st_release_gpu(&ff->ag_chunk[c], epoch);
-#ifdef FUSEDCOMM_AG_TRACE
-      ag_trace_chunks(*p)[c] = globaltimer_ns();
-#endif
-    }
-  }
-  // Before the CTA's shared memory changes hands (the GEMM role initialises its own barriers).
-  __device__ __forceinline__ void release() {
-    bulk_wait_all();
-    for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(&bar[s])) : "memory");
-    }
-  }
-};
-
-// The pulling role (CTA j of the P pulling CTAs): its thread 0 streams the CTA's slices
-// (items k = j, j + P, ... of the sweep) through one PullStream, so that the loads of the next
-// slices are in flight while earlier ones are stored and published; the other threads wait at
-// the role's last barrier. Returns when the CTA's items are done (or a wait gave up); the CTA
-// then joins the GEMM. Out of line, as the slice version below.
-inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epoch, int j) {
-  const CommDevice& d = p.dev;
-  const int W = d.world, r = d.rank;
-  FusedFlags* ff = fused_flags(d, r);
-#ifdef FUSEDCOMM_AG_CE_PULL
-  ag_ce_role(p, epoch);  // the start barrier ran as ag_ce_barrier_kernel
-  return;
-#endif
-  // Start barrier, signal side (ordering: CommFlags::arrive): stream order puts this rank's
-  // input before the kernel; the fence publishes it at system scope.
-  if (j == 0 && threadIdx.x == 0 && W > 1) {
-    comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
-    __threadfence_system();
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
-  }
-#ifdef FUSEDCOMM_AG_TRACE
-  uint64_t* trace = ag_trace_chunks(p) + p.chunks;
-  if (threadIdx.x == 0) trace[2 * j] = globaltimer_ns(), trace[2 * p.comm_ctas + j] = sm_id();
-#endif
-  static_assert(AgPullEngine::kSmemBytes <= GemmTileConfig<128>::kSmemBytes &&
-                    AgPullEngine::kSmemBytes <= GemmTileConfig<256>::kSmemBytes,
-                "the pull stream's stages fit the kernel's dynamic shared memory");
-  extern __shared__ __align__(128) uint8_t pull_smem[];
-  if (threadIdx.x == 0) {
-    AgPullEngine eng;
-    eng.init(pull_smem);
-    eng.ff = ff;
-    eng.epoch = epoch;
-    eng.slices = static_cast<uint32_t>(p.slices);
-    eng.p = &p;
-    PullStream<AgPullEngine, AgPullEngine::kStages, AgPullEngine::kPiece> stream(eng);
-    uint32_t arrived = 1u << r;  // peers whose arrive flag this thread has observed
-    bool ok = true;
-    const int chunk_rows = p.mg * kTileM;
-    const int items = p.chunks * p.slices;
-    const size_t row_bytes = static_cast<size_t>(p.K) * 2;
-    for (int k = j; k < items && ok; k += p.comm_ctas) {
-      const int c = ag_sweep_chunk(p, k / p.slices);
-      if (ag_chunk_is_own(p, c)) continue;
-      const int64_t a = static_cast<int64_t>(c) * chunk_rows +
-                        static_cast<int64_t>(k % p.slices) * p.slice_rows;
-      const int64_t b = min(min(a + p.slice_rows, static_cast<int64_t>(c + 1) * chunk_rows),
-                            static_cast<int64_t>(p.M));
-      if (a < b) {
-        const int o0 = split_owner(p.M, W, a), o1 = split_owner(p.M, W, b - 1);
-        for (int o = o0; o <= o1 && ok; ++o) {
-          const int64_t off = split_offset(p.M, W, o), cnt = split_count(p.M, W, o);
-          const int64_t ra = max(a, off), rb = min(b, off + cnt);
-          // This rank's own rows were copied by the copy engine before the launch (fused.cu).
-          if (ra >= rb || o == r) continue;
-          if ((arrived & (1u << o)) == 0) {
-            // Start barrier, wait side: o's input for this epoch is written and o has finished
-            // its previous launch. What is already loaded is stored and published first: no
-            // chunk of another peer waits behind this wait.
-            stream.flush();
-#ifndef FUSEDCOMM_PHANTOM_PEER  // phantom-peer bench build (top of this file): no peer process
-            ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm,
-                            kCommStepArrive, o, 1);
-#endif
-            if (!ok) break;
-            fence_proxy_async_global();  // the acquire, then this thread's async-proxy loads
-            arrived |= 1u << o;
-          }
-          stream.add(reinterpret_cast<uint8_t*>(p.gathered) + ra * row_bytes,
-                     d.base[o] + d.data_offset + p.in_offset + (ra - off) * row_bytes,
-                     (rb - ra) * static_cast<int64_t>(row_bytes));
-        }
-      }
-      // Empty slices (past M) count too: every chunk expects `slices` arrivals.
-      if (ok) stream.end_item(c);
-    }
-    // Also after a failed wait: every store in flight completes before the role ends (the
-    // chunks published then hold complete rows; the failed one is never flagged).
-    stream.flush();
-    eng.release();  // every load of a peer's memory by this CTA is complete
-  }
-  __syncthreads();
-#ifdef FUSEDCOMM_AG_TRACE
-  if (threadIdx.x == 0) trace[2 * j + 1] = globaltimer_ns();
-#endif
-  if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
-}
-#else
 // The pulling role (CTA j of the P pulling CTAs; its thread 0 moves the bytes with
 // FusedBulkCopier). Returns when the CTA's items are done (or a wait gave up); the CTA then
 // joins the GEMM. Out of line: role code
@@ -603,8 +444,6 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
 #endif
   if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
 }
-
-#endif  // FUSEDCOMM_AG_STREAM_PULL
 
 template <int BN, bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
