@@ -198,7 +198,48 @@ void test_ag_auto() {
   }
 }
 
-// allGatherGemm's exchange on the copy engines (the bench build FUSEDCOMM_AG_CE_PULL; fused.h
+// allGatherGemm's exchange (fused.h AgExchange): kAuto takes the copy engines at W = 2 up to
+// N_r = 4096 when side streams are given, never without them or at other worlds; forced, they
+// are taken at every W >= 2 (with streams) and SM pulls never move to them. With the copy
+// engines one CTA raises the chunk flags (the others run the GEMM), and the sweep interleaves
+// the peers by default (W >= 3, one M-block per chunk). No CUDA call: the streams are made at
+// the first launch.
+void test_ag_exchange() {
+  k::FusedSideStreams side;
+  for (int W = 1; W <= 8; ++W) {
+    for (int N_r : {2048, 4096, 4104, 14336}) {
+      for (auto x : {k::AgExchange::kAuto, k::AgExchange::kSmPulls, k::AgExchange::kCopyEngines}) {
+        for (bool with_side : {false, true}) {
+          k::AgGemmArgs a;
+          a.M = 16384;
+          a.N = N_r;
+          a.K = 8192;
+          a.algo = k::FusedAlgo::kFused;
+          a.exchange = x;
+          a.side = with_side ? &side : nullptr;
+          const bool ce = with_side && W >= 2 &&
+                          (x == k::AgExchange::kCopyEngines || (x == k::AgExchange::kAuto && W == 2 && N_r <= 4096));
+          const std::string what = "allGatherGemm exchange W=" + std::to_string(W) + " N_r=" + std::to_string(N_r) +
+                                   " exchange=" + std::to_string(static_cast<int>(x)) + (with_side ? " with" : " without") +
+                                   " side streams";
+          const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, 132), a);
+          check(info.copy_engines == (ce ? 1 : 0), what + ": copy engines " + (ce ? "taken" : "not taken"));
+          if (ce) check(info.comm_ctas == 1 && info.gemm_ctas == 131, what + ": one flag CTA, 131 GEMM CTAs");
+          if (ce && W >= 3) {
+            // Interleaved by default: the first peer chunk after the own ones is not peer r+1's
+            // whole run (its second position holds another peer's block).
+            const std::vector<int> order = k::all_gather_gemm_sweep(device(W, 0, 132), a);
+            const int own = 16384 / 128 / W;
+            check(order.size() > static_cast<size_t>(own + 1) && order[own + 1] - order[own] != 1,
+                  what + ": the peers' blocks in turn");
+          }
+        }
+      }
+    }
+  }
+}
+
+// allGatherGemm's exchange on the copy engines (AgExchange::kCopyEngines; fused.h
 // all_gather_gemm_ce_plan), one side stream per peer: together the streams copy every peer row
 // exactly once and no row of this rank; a stream copies only its peer's rows, each copy within
 // the merge size (or one chunk); its positions are distinct chunks, each holding rows of its
@@ -519,6 +560,7 @@ int main() {
   test_rs();
   test_ag();
   test_ag_auto();
+  test_ag_exchange();
   test_ag_ce_plan();
   test_ag_sweep();
   test_rs_spread_sweep();

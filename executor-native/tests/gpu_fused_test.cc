@@ -15,6 +15,9 @@
 //     partials adds 2^-9 sum|a*b|, their own rounding); the gathered A bit-exact;
 //     gemmReduceScatter's workspace poisoned too (a partial read before it is stored shows as
 //     NaN); the fused ops' counters back at 0 after every launch.
+//   allGatherGemm's fused and auto cases run with each exchange (kernels/fused.h AgExchange:
+//     SM pulls, copy engines on side streams), then auto cases as chosen; back-to-back, graph
+//     replay, the late rank and the dead rank cover both exchanges too.
 //   gemmReduceScatter also with bf16 partials and with fp32 partials in any order (W >= 3:
 //     the fused kernel's one accumulating slot per owner).
 //   gemmAllReduce (the fused gemmReduceScatter + allGather, and GEMM + allReduce): every row
@@ -159,10 +162,21 @@ struct AgCase {
   k::FusedAlgo algo;
   bool gathered_out;
   uint64_t in_offset;
+  // The fused kernel's exchange (kAuto: copy engines at W = 2 for these N_r <= 4096, since
+  // every launch passes side streams; SM pulls elsewhere).
+  k::AgExchange exchange = k::AgExchange::kAuto;
+  AgCase with(k::AgExchange x) const {
+    AgCase c = *this;
+    c.exchange = x;
+    return c;
+  }
   std::string name(int W) const {
-    char b[200];
-    std::snprintf(b, sizeof b, "allGatherGemm W=%d M=%d N=%d+8r K=%d %s %s%s", W, M, n0, K,
-                  layout_name(layout), algo_name(algo), gathered_out ? " +gathered" : "");
+    char b[220];
+    const char* x = exchange == k::AgExchange::kSmPulls        ? " sm-pulls"
+                    : exchange == k::AgExchange::kCopyEngines ? " copy-engines"
+                                                               : "";
+    std::snprintf(b, sizeof b, "allGatherGemm W=%d M=%d N=%d+8r K=%d %s %s%s%s", W, M, n0, K,
+                  layout_name(layout), algo_name(algo), gathered_out ? " +gathered" : "", x);
     return b;
   }
 };
@@ -234,6 +248,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     return k::GemmWorkspace{gemm_ws.p, gemm_ws.bytes};
   }
 
+  // allGatherGemm's copy-engine exchange streams, passed to every launch as DeviceComm does.
+  k::FusedSideStreams side;
+
   using SymmetricRank::SymmetricRank;
 
   uint8_t* data() const { return static_cast<uint8_t*>(sm->data()); }
@@ -296,6 +313,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     a.C = o.C.as<__nv_bfloat16>();
     a.gathered = o.gathered.as<__nv_bfloat16>();
     a.algo = o.c.algo;
+    a.exchange = o.c.exchange;
+    a.side = &side;
     a.gemm_ws = gemm_workspace();
     return a;
   }
@@ -337,7 +356,14 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     const int64_t bad = ag_verify(o, c.name(W));
     const k::FusedLaunchInfo info = k::all_gather_gemm_info(sm->device(), a);
     check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " +
-                        algo_name(info.algo) + "): " + std::to_string(bad) + " bad");
+                        algo_name(info.algo) + (info.copy_engines ? ", copy engines" : "") +
+                        "): " + std::to_string(bad) + " bad");
+    // The exchange the launch reports: forced copy engines take them wherever there are peers,
+    // forced SM pulls never.
+    if (info.algo == k::FusedAlgo::kFused && W > 1 && c.exchange != k::AgExchange::kAuto) {
+      check(info.copy_engines == (c.exchange == k::AgExchange::kCopyEngines ? 1 : 0),
+            c.name(W) + ": the exchange reported by all_gather_gemm_info");
+    }
     check_flags(c.name(W));
   }
 
@@ -666,7 +692,17 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {16, 2048, 8192, NK, D, 0},          {24, 1024, 8192, KN, A, 0, true},
     };
     uint64_t id = 0;
-    for (const AgCase& c : ag) run_ag(c, mix(seed ^ (0xA600 + ++id)));
+    // Every case that may run fused with each exchange (the same inputs), then as listed.
+    for (const AgCase& c : ag) {
+      const uint64_t key = mix(seed ^ (0xA600 + ++id));
+      if (c.algo == k::FusedAlgo::kDecomposed) {
+        run_ag(c, key);
+        continue;
+      }
+      run_ag(c.with(k::AgExchange::kSmPulls), key);
+      run_ag(c.with(k::AgExchange::kCopyEngines), key);
+      if (c.algo == k::FusedAlgo::kAuto) run_ag(c, key);
+    }
     for (const RsCase& c : rs) run_rs(c, mix(seed ^ (0x4500 + ++id)));
     for (const RsCase& c : ar) run_ar(c, mix(seed ^ (0xA400 + ++id)));
   }
@@ -694,7 +730,13 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       const int j = i % 4;
       if (j % 2 == 0) {
         ag_write_input(ag[j / 2], data(), true);
-        CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag[j / 2]), stream));
+        // The fused one alternates its exchange: SM pulls, then the copy engines (whose
+        // progress slots the pulling CTA leaves at 0 for whichever launch comes next).
+        k::AgGemmArgs a = ag_args(ag[j / 2]);
+        if (j == 0) {
+          a.exchange = (i / 4) % 2 == 0 ? k::AgExchange::kSmPulls : k::AgExchange::kCopyEngines;
+        }
+        CUDA_OK(k::launch_all_gather_gemm(sm->device(), a, stream));
       } else {
         // The fused one alternates fp32 partials in rank order and in any order (one slot per
         // owner at W >= 3, zeroed before each launch: a missed zeroing would double the last
@@ -717,7 +759,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   }
 
   // Capture [write AG input; AG fused; RS fused; AG decomposed (same input)] x2, replay 10x.
-  // The second RS launch sums its partials in any order (its slot's zeroing is in the graph).
+  // The first AG fused moves its exchange with the copy engines (their side streams forked and
+  // joined inside the graph), the second with SM pulls. The second RS launch sums its partials
+  // in any order (its slot's zeroing is in the graph).
   void graph() {
     const auto F = k::FusedAlgo::kFused;
     const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
@@ -731,7 +775,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int rep = 0; rep < 2; ++rep) {
       ag_write_input(ag, data());
-      CUDA_OK(k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream));
+      k::AgGemmArgs x = ag_args(ag);
+      x.exchange = rep == 0 ? k::AgExchange::kCopyEngines : k::AgExchange::kSmPulls;
+      CUDA_OK(k::launch_all_gather_gemm(sm->device(), x, stream));
       k::GemmRsArgs a = rs_args(rs);
       if (rep == 1) a.partials = k::RsPartials::kF32AnyOrder;
       CUDA_OK(k::launch_gemm_reduce_scatter(sm->device(), a, stream));
@@ -758,11 +804,14 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     cudaGraphDestroy(graph);
   }
 
-  // The last rank launches 200 ms after the others.
+  // The last rank launches 200 ms after the others, once per allGatherGemm exchange.
   void late_rank() {
+    for (k::AgExchange x : {k::AgExchange::kCopyEngines, k::AgExchange::kSmPulls}) late_rank(x);
+  }
+  void late_rank(k::AgExchange x) {
     const auto F = k::FusedAlgo::kFused;
     const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
-    AgOperands ag = ag_prepare({2999, 520, 1032, KN, F, true, 0}, mix(seed ^ 0x1A7E));
+    AgOperands ag = ag_prepare(AgCase{2999, 520, 1032, KN, F, true, 0}.with(x), mix(seed ^ 0x1A7E));
     RsOperands rs = rs_prepare({2999, 1032, 520, NK, F, 16 << 20}, mix(seed ^ 0x1A7F));
     ag_write_input(ag, data());
     ag_poison(ag);
@@ -892,13 +941,17 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     cfg.timeout_ns = 1000ull * 1000 * 1000;  // 1 s
     const auto F = k::FusedAlgo::kFused;
     const auto NK = k::GemmLayoutB::kNK;
-    {
+    for (k::AgExchange x : {k::AgExchange::kSmPulls, k::AgExchange::kCopyEngines}) {
+      // Copy engines: the start barrier kernel gives up first, then the fused kernel's end
+      // barrier (about twice the timeout; the record keeps the first).
       open(cfg);
-      AgOperands ag = ag_prepare({2999, 520, 1032, NK, F, false, 0}, mix(seed ^ 0xDEAD));
+      AgOperands ag =
+          ag_prepare(AgCase{2999, 520, 1032, NK, F, false, 0}.with(x), mix(seed ^ 0xDEAD));
       ag_write_input(ag, data());
       CUDA_OK(cudaStreamSynchronize(stream));
-      expect_timeout("allGatherGemm", k::kFusedOpAllGatherGemm, k::kCommStepArrive,
-                     k::kFusedStepChunk, [&] {
+      expect_timeout(x == k::AgExchange::kSmPulls ? "allGatherGemm, SM pulls"
+                                                  : "allGatherGemm, copy engines",
+                     k::kFusedOpAllGatherGemm, k::kCommStepArrive, k::kFusedStepChunk, [&] {
                        return k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream);
                      });
     }

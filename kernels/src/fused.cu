@@ -16,13 +16,11 @@
 #include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/kernels/gemm.h"
 
-#ifdef FUSEDCOMM_AG_CE_PULL
 #include <cudaTypedefs.h>
 
 #include <cstddef>
 
 #include "fusedcomm/kernels/detail/driver_entry.h"
-#endif
 
 namespace fusedcomm::kernels {
 namespace {
@@ -175,15 +173,25 @@ struct AgGeometry {
   AgParams p;
 };
 
-// allGatherGemm's sweep order when AgGemmArgs::interleave_peers is -1 (bench builds may set
-// it: -DFUSEDCOMM_AG_INTERLEAVE=0 or 1).
-#ifndef FUSEDCOMM_AG_INTERLEAVE
-#ifdef FUSEDCOMM_AG_CE_PULL
-#define FUSEDCOMM_AG_INTERLEAVE 1
-#else
-#define FUSEDCOMM_AG_INTERLEAVE 0
+// kAuto's copy-engine exchange (AgExchange): at W = 2 up to this N_r. Run 17 (2 x H200, the
+// copy-engine build against the SM pulls, two rounds): 0.926 x the time at square 8192 (N_r =
+// 4096, whose exchange is the largest against its GEMM: 64 MiB beside 0.82 ms), 0.995-1.016 x
+// at the eleven wider shapes. At W = 4 one stream per peer pulled 200-232 GB/s into each GPU and
+// lost 1.07-1.46 x at the narrow shapes (run 18): not taken there.
+constexpr int kAgCeMaxN = 4096;
+// The copy engines' copies merge consecutive rows of a peer up to this many bytes
+// (ag_ce_steps): a 2 MiB chunk alone is a few microseconds of copy engine, about what a copy
+// costs to start (run 17 tried 32 MiB: no better).
+constexpr int64_t kAgCeCopyBytes = int64_t{8} << 20;
+
+// Whether this rank's fused allGatherGemm moves the peers' rows with the copy engines.
+bool ag_uses_ce(const CommDevice& d, const AgGemmArgs& a) {
+#ifdef FUSEDCOMM_PHANTOM_PEER
+  return false;  // bench build: no peer process, so no start barrier kernel to pass
 #endif
-#endif
+  if (d.world < 2 || a.side == nullptr || a.exchange == AgExchange::kSmPulls) return false;
+  return a.exchange == AgExchange::kCopyEngines || (d.world == 2 && a.N <= kAgCeMaxN);
+}
 
 // Fills everything but the device handle, pointers and tile width dependent parts.
 AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
@@ -215,23 +223,22 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   p.own_row0 = static_cast<int>(off);
   p.own_b0 = static_cast<int>(ceil_div(off, detail::kTileM));
   p.own_b1 = std::max(p.own_b0, static_cast<int>((off + cnt) / detail::kTileM));
+  p.ce = ag_uses_ce(d, a) ? 1 : 0;
   // The peers' chunks in turn (detail::ag_sweep_chunk) where a chunk is one M-block and there
-  // are two peers or more; by default in the copy-engine build only (its streams pull every
+  // are two peers or more; by default with the copy engines only (their streams pull every
   // peer at once).
-  const int interleave = a.interleave_peers >= 0 ? a.interleave_peers : FUSEDCOMM_AG_INTERLEAVE;
+  const int interleave = a.interleave_peers >= 0 ? a.interleave_peers : p.ce;
   p.interleave = interleave > 0 && p.mg == 1 && W >= 3 ? W - 1 : 0;
   const int items = p.chunks * p.slices;
   int comm = a.comm_ctas > 0 ? a.comm_ctas : split_ctas(kAgSplit, W, a.N);
   comm = std::clamp(comm, 1, std::max(1, std::min(items, sms / 2)));
-#ifdef FUSEDCOMM_AG_CE_PULL
-  comm = 1;  // the copy-engine build: one CTA turns the side stream's progress into chunk flags
-#endif
+  if (p.ce) comm = 1;  // one CTA turns the side streams' progress into chunk flags
   g.comm_ctas = comm;
   g.gemm_ctas = std::max(1, sms - comm);
   return g;
 }
 
-// allGatherGemm's copy-engine exchange (bench build FUSEDCOMM_AG_CE_PULL; fused_gemm.cuh
+// allGatherGemm's copy-engine exchange (AgExchange::kCopyEngines; fused_gemm.cuh
 // ag_ce_role): the steps of the side stream that pulls peer `from`'s rows, after the start
 // barrier. One stream per peer: at W = 4 one stream pulling peer after peer moved 105-144 GB/s
 // into each GPU, one per peer 200-232 (ce_gemm_probe, bench/fused/NOTES.md "Run 17"). Its
@@ -454,6 +461,12 @@ bool ag_args_ok(const CommDevice& d, const AgGemmArgs& a) {
       !aligned16(a.gathered) || a.in_offset % 16 != 0) {
     return false;
   }
+  if (a.exchange != AgExchange::kAuto && a.exchange != AgExchange::kSmPulls &&
+      a.exchange != AgExchange::kCopyEngines) {
+    return false;
+  }
+  // The copy engines need their streams (at W = 1 there is nothing to move).
+  if (a.exchange == AgExchange::kCopyEngines && a.side == nullptr && d.world > 1) return false;
   const FusedWorkspace ws = all_gather_gemm_workspace(a, d.world);
   return ws.data_bytes <= d.data_bytes && ws.scratch_bytes <= d.data_bytes;
 }
@@ -542,6 +555,7 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
     info.gemm_ctas = g.gemm_ctas;
     info.comm_ctas = g.comm_ctas;
     info.chunks = g.p.chunks;
+    info.copy_engines = g.p.ce;
     info.tile_n = gemm_tile_grid(a.M, a.N, 0, g.gemm_ctas).tile_n;
   } else if (valid_shape(a.M, a.N, a.K)) {
     info.tile_n = gemm_tile_grid(a.M, a.N, 0, device_sms(d)).tile_n;
@@ -601,76 +615,74 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
   return info;
 }
 
-#ifdef FUSEDCOMM_AG_CE_PULL
-#ifndef FUSEDCOMM_AG_CE_COPY_MIB
-#define FUSEDCOMM_AG_CE_COPY_MIB 8
-#endif
-// ---- allGatherGemm's copy-engine exchange (bench build) ---------------------------------------
-// The host half of fused_gemm.cuh ag_ce_role (which says why). Side streams per device and
-// calling thread, one per peer slot, with one fork event and a join event per stream, made once
-// and kept for the thread's life (a bench build: the product would give each communicator its
-// own). The progress writes are stream memory operations, through the runtime's driver entry
-// point (no link against libcuda).
-struct AgCeSide {
-  cudaStream_t streams[kCommMaxRanks - 1] = {};  // slot i pulls peer (rank + 1 + i) % W
-  cudaEvent_t joins[kCommMaxRanks - 1] = {};
-  cudaEvent_t fork = nullptr;
-  PFN_cuStreamWriteValue64_v11070 write_value = nullptr;
-};
-cudaError_t ag_ce_side(int world, AgCeSide** out) {
-  thread_local AgCeSide sides[64];  // per thread: two threads' fork events never mix
+// ---- allGatherGemm's copy-engine exchange ----------------------------------------------------
+FusedSideStreams::~FusedSideStreams() {
+  // Called with the communicator's device current or not: stream and event destruction need
+  // no current device, and a stream with queued copies is released once they are done.
+  for (int i = 0; i + 1 < kCommMaxRanks; ++i) {
+    if (joins_[i] != nullptr) cudaEventDestroy(joins_[i]);
+    if (streams_[i] != nullptr) cudaStreamDestroy(streams_[i]);
+  }
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
+}
+
+// The host half of fused_gemm.cuh ag_ce_role (which says why). The progress writes are stream
+// memory operations, through the runtime's driver entry point (no link against libcuda).
+cudaError_t FusedSideStreams::prepare(int world) {
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  AgCeSide& s = sides[dev];
+  if (device_ >= 0 && device_ != dev) return cudaErrorInvalidDevice;
+  device_ = dev;
   // Looked up before the kernels' launch: a kernel launched without its side streams would
   // wait for its chunks until the timeout.
-  if (s.write_value == nullptr) {
-    s.write_value =
-        detail::driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64", 11070);
-    if (s.write_value == nullptr) return cudaErrorNotSupported;
+  if (write_value_ == nullptr) {
+    write_value_ = reinterpret_cast<void*>(
+        detail::driver_entry<PFN_cuStreamWriteValue64_v11070>("cuStreamWriteValue64", 11070));
+    if (write_value_ == nullptr) return cudaErrorNotSupported;
   }
-  if (s.fork == nullptr &&
-      cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess) {
-    s.fork = nullptr;
+  if (fork_ == nullptr && cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming) != cudaSuccess) {
+    fork_ = nullptr;
     return cudaErrorMemoryAllocation;
   }
-  for (int i = 0; i + 1 < world; ++i) {
-    if (s.streams[i] != nullptr) continue;
-    if (cudaError_t e = cudaStreamCreateWithFlags(&s.streams[i], cudaStreamNonBlocking);
+  for (int i = 0; i + 1 < world && i + 1 < kCommMaxRanks; ++i) {
+    if (streams_[i] != nullptr) continue;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking);
         e != cudaSuccess) {
-      s.streams[i] = nullptr;
+      streams_[i] = nullptr;
       return e;
     }
-    if (cudaEventCreateWithFlags(&s.joins[i], cudaEventDisableTiming) != cudaSuccess) {
-      s.joins[i] = nullptr;
-      cudaStreamDestroy(s.streams[i]);
-      s.streams[i] = nullptr;
+    if (cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming) != cudaSuccess) {
+      joins_[i] = nullptr;
+      cudaStreamDestroy(streams_[i]);
+      streams_[i] = nullptr;
       return cudaErrorMemoryAllocation;
     }
   }
-  *out = &s;
   return cudaSuccess;
 }
+
+namespace {
+
 // After the fused kernel's launch: on each peer's side stream, after side.fork (recorded on
 // `stream` after ag_ce_barrier_kernel, before the fused kernel), the copies and progress marks
 // of ag_ce_steps for that peer; then `stream` waits for every side stream.
-cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& side,
+cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, const FusedSideStreams& side,
                            cudaStream_t stream) {
+  const auto write_value = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(side.write_value());
   const int W = d.world, r = d.rank;
   uint8_t* flags = d.base[r] + kFusedFlagsOffset;
   const int64_t row_bytes = static_cast<int64_t>(p.K) * 2;
   for (int i = 0; i + 1 < W; ++i) {
     const int from = (r + 1 + i) % W;
-    cudaStream_t st = side.streams[i];
-    if (cudaError_t e = cudaStreamWaitEvent(st, side.fork, 0); e != cudaSuccess) return e;
+    cudaStream_t st = side.stream(i);
+    if (cudaError_t e = cudaStreamWaitEvent(st, side.fork(), 0); e != cudaSuccess) return e;
     const auto progress = reinterpret_cast<CUdeviceptr>(
         flags + offsetof(FusedFlags, ce_progress) + i * sizeof(uint64_t));
     const int64_t off = split_offset(p.M, W, from);
     for (const AgCeStep& step :
-         ag_ce_steps(p, W, r, from, int64_t{FUSEDCOMM_AG_CE_COPY_MIB} << 20, nullptr)) {
+         ag_ce_steps(p, W, r, from, kAgCeCopyBytes, nullptr)) {
       if (step.peer < 0) {
-        if (side.write_value(reinterpret_cast<CUstream>(st), progress, step.progress,
+        if (write_value(reinterpret_cast<CUstream>(st), progress, step.progress,
                              CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
           return cudaErrorUnknown;
         }
@@ -684,12 +696,12 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, AgCeSide& sid
         return e;
       }
     }
-    if (cudaError_t e = cudaEventRecord(side.joins[i], st); e != cudaSuccess) return e;
-    if (cudaError_t e = cudaStreamWaitEvent(stream, side.joins[i], 0); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaEventRecord(side.join(i), st); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaStreamWaitEvent(stream, side.join(i), 0); e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
-#endif
+}  // namespace
 
 // ---- allGatherGemm ------------------------------------------------------------------------------
 cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, cudaStream_t stream) {
@@ -797,15 +809,14 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   p.in_offset = a.in_offset;
   p.gemm_ctas = std::min(geo.gemm_ctas, plan.prob.num_tiles);
   p.comm_ctas = geo.comm_ctas;
-#ifdef FUSEDCOMM_AG_CE_PULL
-  // Also at W = 1 (no side stream): the pulling CTA still raises the flags of chunks that
-  // hold a partial M-block of this rank's rows, which the GEMM waits for.
-  AgCeSide* side = nullptr;
-  if (cudaError_t e = ag_ce_side(W, &side); e != cudaSuccess) return e;
-  detail::ag_ce_barrier_kernel<<<1, 32, 0, stream>>>(d);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaEventRecord(side->fork, stream); e != cudaSuccess) return e;
-#endif
+  if (p.ce) {
+    // The side streams first (a failure then enqueues nothing); then the start barrier as a
+    // kernel of its own, whose completion the side streams wait for (fused_gemm.cuh ag_ce_role).
+    if (cudaError_t e = a.side->prepare(W); e != cudaSuccess) return e;
+    detail::ag_ce_barrier_kernel<<<1, 32, 0, stream>>>(d);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaEventRecord(a.side->fork(), stream); e != cudaSuccess) return e;
+  }
   cudaError_t launched;
   if (plan.tile_n == 256) {
     launched = plan.kn ? launch_ag_instance<256, true>(plan, p, stream)
@@ -814,9 +825,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
     launched = plan.kn ? launch_ag_instance<128, true>(plan, p, stream)
                        : launch_ag_instance<128, false>(plan, p, stream);
   }
-#ifdef FUSEDCOMM_AG_CE_PULL
-  if (launched == cudaSuccess) return ag_ce_exchange(d, p, *side, stream);
-#endif
+  if (launched == cudaSuccess && p.ce) return ag_ce_exchange(d, p, *a.side, stream);
   return launched;
 }
 

@@ -518,6 +518,7 @@ void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, vo
   args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
   args.C = static_cast<__nv_bfloat16*>(c);
   args.gathered = static_cast<__nv_bfloat16*>(gathered);
+  args.side = ag_side_.get();  // kAuto may move the exchange with the copy engines
   const k::FusedWorkspace ws = k::all_gather_gemm_workspace(args, sm_->world());
   require_fits("allGatherGemm", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);
@@ -741,6 +742,7 @@ void DeviceComm::close() noexcept {
     sm_.reset();
   }
   link_.reset();
+  ag_side_.reset();  // its copies ended with the device synchronisation above
   if (work_ != nullptr) cudaFree(work_);
   work_ = nullptr;
   if (gemm_ws_.ptr != nullptr) cudaFree(gemm_ws_.ptr);

@@ -25,7 +25,7 @@
 //                    [--batch-ms 25] [--batches 7] [--rs-partials f32|bf16|f32any] [--tp T]
 //                    [--ag-gathered 1|0] [--shape LABEL_PART] [--alternate] [--phantom-world P]
 //                    [--shared-gpu] [--print-batches] [--clocks] [--split-decomposed]
-//                    [--sustain-ms MS]
+//                    [--sustain-ms MS] [--ag-exchange auto|sm|ce]
 // --sustain-ms MS: each impl in turn runs back to back for MS ms, then its batches follow one
 // after another (no other impl in between), instead of the batches round robin over the impls:
 // every impl is timed at the clock its own power draw sustains on a power-capped GPU (the
@@ -166,6 +166,9 @@ struct Options {
   k::RsPartials rs_code = k::RsPartials::kF32;
   bool rs_bf16() const { return rs_code == k::RsPartials::kBF16; }
   bool ag_gathered = true;  // --ag-gathered 0: allGatherGemm without the gathered A output
+  // --ag-exchange auto|sm|ce: the fused allGatherGemm's exchange (kernels/fused.h AgExchange;
+  // the bench passes side streams, as DeviceComm does, so auto may take the copy engines)
+  k::AgExchange ag_exchange = k::AgExchange::kAuto;
   std::string shape;        // --shape S: only the shapes whose label contains S (or a|b|...)
   bool alternate = false;   // --alternate: impls alternate launch by launch (time_ops)
   int phantom_world = 2;    // --phantom-world P: the phantom-peer build's world (2..8)
@@ -506,6 +509,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   cfg.data_bytes = (data_need + 4095) / 4096 * 4096;
   cfg.allow_shared_gpu = o.shared_gpu;
   auto sm = std::make_unique<fusedcomm::SymmetricMemory>(r, W, cfg);
+  k::FusedSideStreams side;  // allGatherGemm's copy-engine exchange (--ag-exchange)
   sm->connect(g.all_gather(sm->export_handle()));
   const k::CommDevice& dev = sm->device();
 
@@ -691,6 +695,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       ag.C = static_cast<__nv_bfloat16*>(C);
       ag.gathered = o.ag_gathered ? static_cast<__nv_bfloat16*>(G) : nullptr;
       ag.comm_ctas = o.ctas;
+      ag.exchange = o.ag_exchange;
+      ag.side = &side;
     } else {
       rs.M = s.M;
       rs.N = s.N;
@@ -897,7 +903,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
                      "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"ag_gathered\": %s, "
-                     "\"phantom_world\": %d, \"push_pace_ns\": %u, \"sustain_ms\": %g, \"ms_ranks\": [%s], "
+                     "\"phantom_world\": %d, \"push_pace_ns\": %u, \"ag_copy_engines\": %d, \"sustain_ms\": %g, \"ms_ranks\": [%s], "
                      "\"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
@@ -906,7 +912,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      im.info.chunks, iters, o.batches,
                      is_ag ? "" : o.rs_partials.c_str(),
                      o.tp > 0 ? o.tp : W,
-                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, im.info.push_pace_ns,
+                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, im.info.push_pace_ns, im.info.copy_engines,
                      o.alternate ? 0.0 : o.sustain_ms, per_rank.c_str(), device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
@@ -959,6 +965,16 @@ int main(int argc, char** argv) {
                                   : k::RsPartials::kF32;
     }
     else if (a == "--ag-gathered") o.ag_gathered = std::string(next()) != "0";
+    else if (a == "--ag-exchange") {
+      const std::string v = next();
+      if (v != "auto" && v != "sm" && v != "ce") {
+        std::fprintf(stderr, "--ag-exchange takes auto, sm or ce\n");
+        return 2;
+      }
+      o.ag_exchange = v == "sm"   ? k::AgExchange::kSmPulls
+                      : v == "ce" ? k::AgExchange::kCopyEngines
+                                  : k::AgExchange::kAuto;
+    }
     else if (a == "--shape") o.shape = next();
     else if (a == "--alternate") o.alternate = true;
     else if (a == "--phantom-world") o.phantom_world = std::atoi(next());

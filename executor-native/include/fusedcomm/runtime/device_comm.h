@@ -62,6 +62,7 @@
 
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/copy_segments.h"
+#include "fusedcomm/kernels/fused.h"
 #include "fusedcomm/kernels/gemm.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/host_layout.h"
@@ -169,6 +170,9 @@ class DeviceComm {
   uint64_t work_bytes_ = 0;
   kernels::GemmWorkspace gemm_ws_{};  // gemm_workspace()
   bool gemm_ws_tried_ = false;
+  // allGatherGemm's copy-engine exchange (kernels/fused.h AgExchange): its side streams, made at
+  // the first launch that uses them, destroyed by close() after the device is synchronised.
+  std::unique_ptr<kernels::FusedSideStreams> ag_side_ = std::make_unique<kernels::FusedSideStreams>();
   cudaStream_t own_ = nullptr;
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
   cudaStream_t last_ = nullptr;      // stream of the previous op

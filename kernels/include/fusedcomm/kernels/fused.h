@@ -50,6 +50,12 @@
 //       waits for a tile's chunk flag before loading it.
 //       Once a pulling CTA has finished its chunks it joins the GEMM (tiles are claimed from a
 //       shared counter), so the SMs lent to communication are not lost for the rest of the op.
+//       Or (AgExchange::kCopyEngines, which kAuto takes at W = 2 for N_r <= 4096 when the caller
+//       passes side streams) the copy engines pull the peers' rows, one side stream per peer
+//       forked from `stream` and joined back into it after the kernel, chunk by chunk in the
+//       GEMM's order; a single CTA turns their progress into the chunk flags, and every other
+//       SM runs the GEMM (a pulling SM moves ~16 GB/s beside the GEMM, so where the exchange
+//       is large against the GEMM the pulls cost it SM time that the copy engines do not).
 //     gemmReduceScatter: every CTA runs the GEMM (one per SM). A 64-row half-tile of rows
 //       that another rank o owns is PUSHED as soon as it is computed: staged in shared memory
 //       and stored over NVLink into o's receive slot for this rank (o's data area at
@@ -172,8 +178,8 @@ struct alignas(64) FusedFlags {
   uint32_t chunk_count[kFusedMaxChunks];
   uint32_t tile_claim;  // the GEMM's dynamic tile counter; reset by the launch's last CTA
   uint32_t role_exit;   // CTAs that finished reading peers' memory; reset by the last of them
-  // The copy-engine exchange of allGatherGemm (bench build FUSEDCOMM_AG_CE_PULL, fused_gemm.cuh
-  // ag_ce_role; unused by the default build), one slot per peer: slot i is peer (rank + 1 + i)
+  // The copy-engine exchange of allGatherGemm (AgExchange::kCopyEngines; fused_gemm.cuh
+  // ag_ce_role; unused by the SM pulls), one slot per peer: slot i is peer (rank + 1 + i)
   // % W. Local: the side stream of that peer writes n once the copy holding its last rows of
   // the n-th chunk with rows of that peer is complete, then the end mark; the pulling CTA
   // resets every slot to 0 before its kernel ends (after a failed launch the region is
@@ -189,6 +195,45 @@ static_assert(kFusedFlagsOffset + sizeof(FusedFlags) <= kCommStagingOffset,
               "FusedFlags overlaps collectives.h's staging slots");
 
 // ---- arguments ------------------------------------------------------------------------------
+// allGatherGemm's exchange in the fused kernel (contract above, "kFused").
+//   kSmPulls      pulling CTAs move the peers' rows, then join the GEMM;
+//   kCopyEngines  the copy engines move them on side streams (AgGemmArgs::side, required);
+//   kAuto         kCopyEngines at W = 2 where N_r <= 4096 and side streams were given, else
+//                 kSmPulls (run 17, 2 x H200: 0.926 x the SM pulls' time at square 8192,
+//                 N_r = 4096; 0.995-1.016 x at the wider shapes; at W = 4 one stream per peer
+//                 lost up to 1.46 x, run 18). A rank-local choice: ranks that differ interoperate
+//                 (both start with the same barrier and end with the same done flags).
+enum class AgExchange : uint32_t { kAuto = 0, kSmPulls = 1, kCopyEngines = 2 };
+
+// The side streams of allGatherGemm's copy-engine exchange: one per peer slot, a join event per
+// stream and a fork event, made on the current device at the first launch that uses them and kept
+// until destruction. A communicator owns one (executor-native's DeviceComm) and passes it to
+// every allGatherGemm; one launching thread at a time, always the same device. Destroying it with
+// copies still queued is safe (CUDA releases a stream once its work is done), but the
+// communicator's stream must not be waited on through a destroyed object.
+class FusedSideStreams {
+ public:
+  FusedSideStreams() = default;
+  ~FusedSideStreams();
+  FusedSideStreams(const FusedSideStreams&) = delete;
+  FusedSideStreams& operator=(const FusedSideStreams&) = delete;
+
+  // fused.cu: the streams and events for `world - 1` peers on the current device, created on
+  // first use; cudaErrorInvalidDevice if it was made on another device.
+  cudaError_t prepare(int world);
+  cudaStream_t stream(int slot) const { return streams_[slot]; }
+  cudaEvent_t join(int slot) const { return joins_[slot]; }
+  cudaEvent_t fork() const { return fork_; }
+  void* write_value() const { return write_value_; }  // cuStreamWriteValue64, from the driver
+
+ private:
+  int device_ = -1;
+  cudaStream_t streams_[kCommMaxRanks - 1] = {};  // slot i pulls peer (rank + 1 + i) % W
+  cudaEvent_t joins_[kCommMaxRanks - 1] = {};
+  cudaEvent_t fork_ = nullptr;
+  void* write_value_ = nullptr;
+};
+
 struct AgGemmArgs {
   int M = 0;  // rows of the gathered A and of C (same on every rank)
   int N = 0;  // N_r: columns of this rank's C (rows of W_r in kNK)
@@ -204,10 +249,15 @@ struct AgGemmArgs {
   // area (from its offset 0), which the op then overwrites.
   __nv_bfloat16* gathered = nullptr;
   FusedAlgo algo = FusedAlgo::kAuto;
-  int comm_ctas = 0;  // kFused: CTAs that pull A (0: the table in fused.cu; clamped to 1..SMs/2)
+  int comm_ctas = 0;  // kFused SM pulls: CTAs that pull A (0: the table in fused.cu; clamped to
+                      // 1..SMs/2). The copy-engine exchange takes one.
+  // kFused: how the peers' rows move (AgExchange); kCopyEngines needs `side`.
+  AgExchange exchange = AgExchange::kAuto;
+  FusedSideStreams* side = nullptr;  // the copy-engine exchange's streams; null: SM pulls
   // kFused, benches and tests: the GEMM and the pulls take the peers' M-blocks in turn (1) or
-  // peer after peer (0); -1: the build's default (fused.cu FUSEDCOMM_AG_INTERLEAVE). Honoured
-  // at W >= 3 where a flag chunk is one M-block (M <= 128 * kFusedMaxChunks).
+  // peer after peer (0); -1: in turn with the copy engines (their streams pull every peer at
+  // once), else peer after peer. Honoured at W >= 3 where a flag chunk is one M-block
+  // (M <= 128 * kFusedMaxChunks).
   int interleave_peers = -1;
   // kDecomposed: a stream-K workspace for its GEMM (gemm.h; this process's memory, launches
   // that share it stream-ordered); the fused kernel has no use for one.
@@ -253,6 +303,7 @@ struct FusedLaunchInfo {
   // kFused gemmReduceScatter: the pusher warps' sleep after every 2 KiB they store, in ns
   // (0: not paced; fused.cu, rs_push_pace_ns).
   uint32_t push_pace_ns;
+  int copy_engines;  // kFused allGatherGemm: 1 if the copy engines move the peers' rows
 };
 FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& args);
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
@@ -271,8 +322,8 @@ std::vector<std::pair<int, int>> gemm_reduce_scatter_spread_sweep(int world, int
                                                                   int blocks_per_rank,
                                                                   int n_blocks, int group);
 
-// allGatherGemm's exchange on the copy engines, a bench build (FUSEDCOMM_AG_CE_PULL; fused.cu
-// ag_ce_steps, fused_gemm.cuh ag_ce_role): the steps of the side stream that pulls peer
+// allGatherGemm's exchange on the copy engines (AgExchange::kCopyEngines; fused.cu ag_ce_steps,
+// fused_gemm.cuh ag_ce_role): the steps of the side stream that pulls peer
 // `from`'s rows, for these arguments, in order, copies merged up to `copy_bytes`. Its
 // positions are the chunks that hold rows of `from`, in the GEMM's order. peer >= 0 (always
 // `from`): copy rows [row0, row1) of the gathered A from that peer's input; peer < 0: write

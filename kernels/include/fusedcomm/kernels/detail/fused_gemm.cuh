@@ -86,6 +86,7 @@ struct AgParams {
   int comm_ctas;   // CTAs [gemm_ctas, gemm_ctas + comm_ctas) pull first
   int interleave;  // 0: sequential; else W - 1, the runs whose chunks the sweep takes in turn
                    // (ag_sweep_chunk; only where mg == 1)
+  int ce;          // 1: the copy engines move the peers' rows (ag_ce_role), 0: the SMs pull
 };
 
 // The chunk at position k (0 <= k < chunks) of the sweep: the order of the GEMM's M-blocks
@@ -258,10 +259,9 @@ struct AgSchedule : FusedClaims<AgParams> {
   }
 };
 
-#ifdef FUSEDCOMM_AG_CE_PULL
-// Bench switch, off by default: allGatherGemm's exchange by the copy engines. Why: beside the
-// GEMM the pulls take SMs from it (run 16: square 8192 at W = 4 is 1.27 x our GEMM alone with
-// 24 pulling CTAs), and copy engines move the shards without SMs (kernels/bench/probes:
+// allGatherGemm's exchange by the copy engines (AgParams::ce; AgExchange::kCopyEngines). Why:
+// beside the GEMM the pulls take SMs from it (a pulling SM moves ~16 GB/s there: bench/fused/
+// NOTES.md "Run 20"), and copy engines move the shards without SMs (kernels/bench/probes:
 // nvlink_probe, ce_gemm_probe). On the caller's stream the launcher (fused.cu) enqueues
 // ag_ce_barrier_kernel, records an event, then the fused kernel; one side stream per peer
 // waits for that event and copies that peer's rows chunk by chunk in ag_ce_role's order
@@ -340,7 +340,6 @@ inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch
   __syncthreads();
   if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
 }
-#endif
 
 // The pulling role (CTA j of the P pulling CTAs; its thread 0 moves the bytes with
 // FusedBulkCopier). Returns when the CTA's items are done (or a wait gave up); the CTA then
@@ -351,10 +350,10 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   const CommDevice& d = p.dev;
   const int W = d.world, r = d.rank;
   FusedFlags* ff = fused_flags(d, r);
-#ifdef FUSEDCOMM_AG_CE_PULL
-  ag_ce_role(p, epoch);  // the start barrier ran as ag_ce_barrier_kernel
-  return;
-#endif
+  if (p.ce) {  // CTA-uniform: the copy engines move the rows; ag_ce_barrier_kernel ran the
+    ag_ce_role(p, epoch);  // start barrier
+    return;
+  }
   __shared__ int s_ok;
   // Start barrier, signal side (ordering: CommFlags::arrive): stream order puts this rank's
   // input before the kernel; the fence publishes it at system scope.
