@@ -497,6 +497,16 @@ void check_fused_launch(cudaError_t e, const char* op) {
 }
 }  // namespace
 
+bool DeviceComm::peers_on_other_gpus() const {
+  const std::vector<PeerLink>& peers = sm_->peers();  // by local rank, this rank's own included
+  const int me = sm_->rank();
+  if (me < 0 || me >= static_cast<int>(peers.size())) return false;
+  for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
+    if (p != me && peers[p].pci_bus_id == peers[me].pci_bus_id) return false;
+  }
+  return true;
+}
+
 void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered,
                                  int64_t m, int64_t n_local, int64_t k, int layout,
                                  cudaStream_t stream) {
@@ -518,7 +528,9 @@ void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, vo
   args.b_layout = layout == 0 ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
   args.C = static_cast<__nv_bfloat16*>(c);
   args.gathered = static_cast<__nv_bfloat16*>(gathered);
-  args.side = ag_side_.get();  // kAuto may move the exchange with the copy engines
+  // kAuto may move the exchange with the copy engines, which need every peer on another GPU
+  // (kernels/fused.h FusedSideStreams; the tests' shared-GPU mode has them all on one).
+  args.side = peers_on_other_gpus() ? ag_side_.get() : nullptr;
   const k::FusedWorkspace ws = k::all_gather_gemm_workspace(args, sm_->world());
   require_fits("allGatherGemm", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);

@@ -696,7 +696,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       ag.gathered = o.ag_gathered ? static_cast<__nv_bfloat16*>(G) : nullptr;
       ag.comm_ctas = o.ctas;
       ag.exchange = o.ag_exchange;
-      ag.side = &side;
+      ag.side = o.shared_gpu ? nullptr : &side;  // (a copy within one GPU may need SMs)
     } else {
       rs.M = s.M;
       rs.N = s.N;

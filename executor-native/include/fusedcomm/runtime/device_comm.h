@@ -160,6 +160,9 @@ class DeviceComm {
   // stream-ordered (begin()), so one serves them all. None is made while a stream captures a
   // graph, nor after a failed allocation: those GEMMs run without stream-K.
   kernels::GemmWorkspace gemm_workspace(cudaStream_t s);
+  // Every peer's region is on another GPU than this rank's (by PCI bus id): the copy engines
+  // may then move allGatherGemm's exchange.
+  bool peers_on_other_gpus() const;
   kernels::GemmArgs with_gemm_workspace(kernels::GemmArgs g, cudaStream_t s);
 
   Runtime& runtime_;

@@ -207,7 +207,9 @@ enum class AgExchange : uint32_t { kAuto = 0, kSmPulls = 1, kCopyEngines = 2 };
 
 // The side streams of allGatherGemm's copy-engine exchange: one per peer slot, a join event per
 // stream and a fork event, made on the current device at the first launch that uses them and kept
-// until destruction. A communicator owns one (executor-native's DeviceComm) and passes it to
+// until destruction. Pass them only where every peer's memory is on another GPU: a copy within
+// one GPU may run as a kernel, which the fused kernel's cooperative grid (every SM) starves until
+// the chunk waits time out (seen with every rank on one H200, run 20). A communicator owns one (executor-native's DeviceComm) and passes it to
 // every allGatherGemm; one launching thread at a time, always the same device. Destroying it with
 // copies still queued is safe (CUDA releases a stream once its work is done), but the
 // communicator's stream must not be waited on through a destroyed object.

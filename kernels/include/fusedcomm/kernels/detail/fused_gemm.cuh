@@ -9,7 +9,9 @@
 //   allGatherGemm      [0, G)     GEMM from the start
 //                      [G, G+P)   pull A's chunks (peers' rows; the GEMM reads the own rows'
 //                                 whole M-blocks from A_r, the copy engine copies the rest
-//                                 before the launch), then GEMM
+//                                 before the launch), then GEMM; with the copy-engine
+//                                 exchange (AgParams::ce) P = 1, raising the chunk flags as
+//                                 the side streams report their copies (ag_ce_role)
 //   gemmReduceScatter  all        GEMM; the epilogue pushes peers' rows and reduces its own
 // Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
 //
