@@ -704,9 +704,21 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, const FusedSi
 }  // namespace
 
 // ---- allGatherGemm ------------------------------------------------------------------------------
-cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, cudaStream_t stream) {
-  if (!ag_args_ok(dev, a)) return cudaErrorInvalidValue;
+cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args,
+                                   cudaStream_t stream) {
+  if (!ag_args_ok(dev, args)) return cudaErrorInvalidValue;
   const int W = dev.world;
+  // The copy engines' streams and driver entry point, before anything is enqueued. Where they
+  // cannot be had, kAuto falls back to the SM pulls (a rank-local choice); a forced exchange
+  // returns the error.
+  AgGemmArgs a = args;
+  if (choose_ag(dev, a) == FusedAlgo::kFused && ag_uses_ce(dev, a)) {
+    if (cudaError_t e = a.side->prepare(W); e != cudaSuccess) {
+      if (a.exchange == AgExchange::kCopyEngines) return e;
+      cudaGetLastError();
+      a.side = nullptr;
+    }
+  }
   __nv_bfloat16* gathered =
       a.gathered != nullptr ? a.gathered : reinterpret_cast<__nv_bfloat16*>(scratch_of(dev));
   const FusedAlgo algo = choose_ag(dev, a);
@@ -810,9 +822,8 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& a, c
   p.gemm_ctas = std::min(geo.gemm_ctas, plan.prob.num_tiles);
   p.comm_ctas = geo.comm_ctas;
   if (p.ce) {
-    // The side streams first (a failure then enqueues nothing); then the start barrier as a
-    // kernel of its own, whose completion the side streams wait for (fused_gemm.cuh ag_ce_role).
-    if (cudaError_t e = a.side->prepare(W); e != cudaSuccess) return e;
+    // The start barrier as a kernel of its own, whose completion the side streams wait for
+    // (fused_gemm.cuh ag_ce_role); the streams were prepared above.
     detail::ag_ce_barrier_kernel<<<1, 32, 0, stream>>>(d);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (cudaError_t e = cudaEventRecord(a.side->fork(), stream); e != cudaSuccess) return e;

@@ -202,7 +202,9 @@ static_assert(kFusedFlagsOffset + sizeof(FusedFlags) <= kCommStagingOffset,
 //                 kSmPulls (run 17, 2 x H200: 0.926 x the SM pulls' time at square 8192,
 //                 N_r = 4096; 0.995-1.016 x at the wider shapes; at W = 4 one stream per peer
 //                 lost up to 1.46 x, run 18). A rank-local choice: ranks that differ interoperate
-//                 (both start with the same barrier and end with the same done flags).
+//                 (both start with the same barrier and end with the same done flags), so kAuto
+//                 also falls back to SM pulls where the side streams cannot be made (the launch
+//                 makes them first; a forced kCopyEngines returns that error instead).
 enum class AgExchange : uint32_t { kAuto = 0, kSmPulls = 1, kCopyEngines = 2 };
 
 // The side streams of allGatherGemm's copy-engine exchange: one per peer slot, a join event per
