@@ -72,6 +72,7 @@ import java.util.List;
 import java.util.Locale;
 import java.util.function.Function;
 import java.util.stream.Collectors;
+import java.util.stream.IntStream;
 import org.apache.spark.SparkConf;
 
 /** Example 02: a tensor-parallel MLP forward and backward with the fused ops, checked against fp64. */
@@ -386,6 +387,18 @@ public final class TensorParallelMlpExample {
      * No averaging anywhere: every element must be within its own bound.
      */
     Reference(Problem p) {
+      this(p, true);
+    }
+
+    /**
+     * With {@code parallel}, rows (tokens) on the common fork-join pool: each row's values and
+     * bounds are computed by the same sums in the same order either way, so the results are
+     * identical (a test compares them). The weights are read through transposed copies so that
+     * every sum walks memory contiguously: with W1 and W2 as given, the dX and dA sums stride by
+     * H or F elements, and at M = 2048, H = 4096, F = 2048 the single-threaded strided check did
+     * not finish in 300 s on the GPU host (docs/status.md, examples, run 20).
+     */
+    Reference(Problem p, boolean parallel) {
       float[] x = p.x();
       float[] w1 = p.w1();
       float[] w2 = p.w2();
@@ -393,27 +406,30 @@ public final class TensorParallelMlpExample {
       int m = p.m();
       int h = p.h();
       int f = p.f();
+      float[] w1t = transpose(w1, f, h);  // W1ᵀ: H × F, W1_fk at w1t[k·F + f]
+      float[] w2t = transpose(w2, h, f);  // W2ᵀ: F × H, W2_if at w2t[f·H + i]
       double u = SeededValues.unitRoundoff(p.dtype());
       double v = 0x1p-24;
       y = new double[m * h];
       yTolerance = new double[m * h];
       dx = new double[m * h];
       dxTolerance = new double[m * h];
-      double[] act = new double[f];
-      double[] actErr = new double[f];
-      double[] dz = new double[f];
-      double[] dzErr = new double[f];
-      for (int row = 0; row < m; row++) {
+      IntStream rows = IntStream.range(0, m);
+      (parallel ? rows.parallel() : rows).forEach(row -> {
+        double[] act = new double[f];
+        double[] actErr = new double[f];
+        double[] dz = new double[f];
+        double[] dzErr = new double[f];
         for (int j = 0; j < f; j++) {
           // Z_f = Σ_k X_k·W1_fk: W1_fk at w1[f·H + k].
-          Dot zDot = Dot.of(x, row * h, w1, j * h, 1, h, u, v);
+          Dot zDot = Dot.of(x, row * h, w1, j * h, h, u, v);
           double z = zDot.value();
           double zErr = zDot.bound();
           act[j] = gelu(z);
           actErr[j] = GELU_LIPSCHITZ * zErr + (u + v) * Math.abs(act[j]);
 
-          // dA_f = Σ_i dY_i·W2_if: W2_if at w2[i·F + f].
-          Dot daDot = Dot.of(dy, row * h, w2, j, f, h, u, v);
+          // dA_f = Σ_i dY_i·W2_if: W2_if at w2t[f·H + i].
+          Dot daDot = Dot.of(dy, row * h, w2t, j * h, h, u, v);
           double da = daDot.value();
           double daErr = daDot.bound();
           double g = geluGrad(z);
@@ -423,24 +439,35 @@ public final class TensorParallelMlpExample {
         }
         for (int i = 0; i < h; i++) {
           // Y_i = Σ_f A_f·W2_if: weight f at w2[i·F + f].
-          reduce(p, act, actErr, w2, i * f, 1, y, yTolerance, row * h + i);
-          // dX_k = Σ_f dZ_f·W1_fk: weight f at w1[f·H + k].
-          reduce(p, dz, dzErr, w1, i, h, dx, dxTolerance, row * h + i);
+          reduce(p, act, actErr, w2, i * f, y, yTolerance, row * h + i);
+          // dX_k = Σ_f dZ_f·W1_fk: weight f at w1t[k·F + f].
+          reduce(p, dz, dzErr, w1t, i * f, dx, dxTolerance, row * h + i);
+        }
+      });
+    }
+
+    /** The {@code cols × rows} transpose of a row-major {@code rows × cols} matrix. */
+    private static float[] transpose(float[] a, int rows, int cols) {
+      float[] t = new float[a.length];
+      for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+          t[c * rows + r] = a[r * cols + c];
         }
       }
+      return t;
     }
 
     /**
-     * The first GEMM of a pass for one element: {@code value = Σ_k a[aBase + k]·b[bBase + k·bStride]}
+     * The first GEMM of a pass for one element: {@code value = Σ_k a[aBase + k]·b[bBase + k]}
      * over {@code k < n}, in fp64, and {@code bound}, the first line of its bounds above
      * ({@code u·|value| + λ·√n·v·Σ_k |a·b|}: the dtype GEMM accumulates, then rounds).
      */
     private record Dot(double value, double bound) {
-      static Dot of(float[] a, int aBase, float[] b, int bBase, int bStride, int n, double u, double v) {
+      static Dot of(float[] a, int aBase, float[] b, int bBase, int n, double u, double v) {
         double sum = 0;
         double abs = 0;
         for (int k = 0; k < n; k++) {
-          double t = (double) a[aBase + k] * b[bBase + k * bStride];
+          double t = (double) a[aBase + k] * b[bBase + k];
           sum += t;
           abs += Math.abs(t);
         }
@@ -450,11 +477,11 @@ public final class TensorParallelMlpExample {
 
     /**
      * The second GEMM of a pass for one output element: {@code out[at] = Σ_f in_f·wt_f} with
-     * weight f at {@code wt[base + f·stride]}, F split over the ranks by {@link Split} as the
-     * ops split it, and in {@code tolerance[at]} the last four lines of the bounds above, given
+     * weight f at {@code wt[base + f]}, F split over the ranks by {@link Split} as the ops split
+     * it, and in {@code tolerance[at]} the last four lines of the bounds above, given
      * {@code inErr_f}, the bound on input f's error.
      */
-    private static void reduce(Problem p, double[] in, double[] inErr, float[] wt, int base, int stride,
+    private static void reduce(Problem p, double[] in, double[] inErr, float[] wt, int base,
         double[] out, double[] tolerance, int at) {
       int f = p.f();
       int w = p.world();
@@ -469,7 +496,7 @@ public final class TensorParallelMlpExample {
         int to = from + (int) Split.count(f, w, r);
         double partial = 0;
         for (int j = from; j < to; j++) {
-          double wj = wt[base + j * stride];
+          double wj = wt[base + j];
           partial += in[j] * wj;
           propagated += (wj * inErr[j]) * (wj * inErr[j]);
           magnitude += Math.abs(in[j] * wj);

@@ -41,6 +41,58 @@ class TensorParallelMlpReferenceTest {
     }
   }
 
+  /** The reference's rows on the fork-join pool give the very bits of the sequential loop. */
+  @ParameterizedTest
+  @CsvSource({"2, 125, 64, 256, bf16", "3, 50, 32, 100, f32", "4, 37, 48, 130, bf16"})
+  void parallelReferenceIsIdenticalToSequential(int world, int m, int h, int f, String dtype) {
+    Problem p = new Problem(world, m, h, f, TensorParallelMlpExample.parseDType(dtype), 5);
+    Reference seq = new Reference(p, false);
+    Reference par = new Reference(p, true);
+    assertTrue(Arrays.equals(seq.y, par.y) && Arrays.equals(seq.yTolerance, par.yTolerance), "Y");
+    assertTrue(Arrays.equals(seq.dx, par.dx) && Arrays.equals(seq.dxTolerance, par.dxTolerance), "dX");
+  }
+
+  /**
+   * Y and dX against a direct fp64 evaluation of the formulas (W1 and W2 read as given, not
+   * through the reference's transposed copies), to the last bits a different summation order
+   * may move.
+   */
+  @Test
+  void referenceMatchesTheFormulas() {
+    Problem p = new Problem(2, 7, 24, 40, DType.F32, 3);
+    Reference ref = new Reference(p);
+    float[] x = p.x();
+    float[] w1 = p.w1();
+    float[] w2 = p.w2();
+    float[] dy = p.dy();
+    int h = p.h();
+    int f = p.f();
+    for (int row = 0; row < p.m(); row++) {
+      double[] act = new double[f];
+      double[] dz = new double[f];
+      for (int j = 0; j < f; j++) {
+        double z = 0;
+        double da = 0;
+        for (int k = 0; k < h; k++) {
+          z += (double) x[row * h + k] * w1[j * h + k];
+          da += (double) dy[row * h + k] * w2[k * f + j];
+        }
+        act[j] = TensorParallelMlpExample.gelu(z);
+        dz[j] = da * TensorParallelMlpExample.geluGrad(z);
+      }
+      for (int i = 0; i < h; i++) {
+        double yi = 0;
+        double dxi = 0;
+        for (int j = 0; j < f; j++) {
+          yi += act[j] * w2[i * f + j];
+          dxi += dz[j] * w1[j * h + i];
+        }
+        assertEquals(yi, ref.y[row * h + i], 1e-12 * (1 + Math.abs(yi)), "Y row " + row + " col " + i);
+        assertEquals(dxi, ref.dx[row * h + i], 1e-12 * (1 + Math.abs(dxi)), "dX row " + row + " col " + i);
+      }
+    }
+  }
+
   @ParameterizedTest
   @CsvSource({"2, 125, 64, 256, bf16", "3, 50, 32, 100, f32"})
   void missingRankContributionFails(int world, int m, int h, int f, String dtype) {
