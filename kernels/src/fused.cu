@@ -712,7 +712,8 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
   // cannot be had, kAuto falls back to the SM pulls (a rank-local choice); a forced exchange
   // returns the error.
   AgGemmArgs a = args;
-  if (choose_ag(dev, a) == FusedAlgo::kFused && ag_uses_ce(dev, a)) {
+  const FusedAlgo algo = choose_ag(dev, a);  // from sizes and world only: side plays no part
+  if (algo == FusedAlgo::kFused && ag_uses_ce(dev, a)) {
     if (cudaError_t e = a.side->prepare(W); e != cudaSuccess) {
       if (a.exchange == AgExchange::kCopyEngines) return e;
       cudaGetLastError();
@@ -721,7 +722,6 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
   }
   __nv_bfloat16* gathered =
       a.gathered != nullptr ? a.gathered : reinterpret_cast<__nv_bfloat16*>(scratch_of(dev));
-  const FusedAlgo algo = choose_ag(dev, a);
   // Both paths carry the op's signature (its collective too): the rank-uniform M, K, offset.
   CommDevice d = dev;
   d.launch_sig = comm_launch_signature(kFusedOpAllGatherGemm, static_cast<uint32_t>(CommDtype::kBF16),
