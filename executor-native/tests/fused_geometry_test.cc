@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "check.h"
 #include "fusedcomm/kernels/collectives.h"
 #include "fusedcomm/kernels/fused.h"
@@ -236,6 +238,44 @@ void test_ag_exchange() {
         }
       }
     }
+  }
+}
+
+// kAuto's fallback when the side streams cannot be made (fused.h FusedSideStreams::usable): a
+// failed prepare turns kAuto to the SM pulls for that object's later launches, and the info says
+// so; a forced kCopyEngines still asks for the streams. The one CUDA call here is prepare: on a
+// machine without a GPU it fails (the fallback is checked), on a GPU host it makes the streams
+// (the copy engines stay taken). Either way the outcome is printed.
+void test_ag_exchange_fallback() {
+  k::FusedSideStreams side;
+  check(side.usable(), "allGatherGemm side streams: usable before any prepare");
+  k::AgGemmArgs a;
+  a.M = 16384;
+  a.N = 4096;
+  a.K = 8192;
+  a.algo = k::FusedAlgo::kFused;
+  a.side = &side;
+  const k::CommDevice d = device(2, 0, 132);
+  check(k::all_gather_gemm_info(d, a).copy_engines == 1, "allGatherGemm kAuto W=2 N_r=4096: copy engines before prepare");
+  k::AgGemmArgs pulls = a;
+  pulls.side = nullptr;
+  const k::FusedLaunchInfo sm = k::all_gather_gemm_info(d, pulls);
+  const cudaError_t e = side.prepare(2);
+  cudaGetLastError();
+  std::printf("fused_geometry_test: FusedSideStreams::prepare(2) returned %s (%s)\n", cudaGetErrorName(e),
+              e == cudaSuccess ? "a GPU: the copy engines stay taken" : "no streams: the fallback is checked");
+  check(side.usable() == (e == cudaSuccess), "allGatherGemm side streams: usable exactly when prepare succeeded");
+  const k::FusedLaunchInfo info = k::all_gather_gemm_info(d, a);
+  if (e == cudaSuccess) {
+    check(info.copy_engines == 1 && info.comm_ctas == 1, "allGatherGemm kAuto W=2: copy engines after a good prepare");
+  } else {
+    check(info.copy_engines == 0, "allGatherGemm kAuto W=2: SM pulls after a failed prepare");
+    check(info.comm_ctas == sm.comm_ctas && info.gemm_ctas == sm.gemm_ctas && sm.comm_ctas > 1,
+          "allGatherGemm kAuto W=2 after a failed prepare: the SM pulls' split, as without side streams");
+    k::AgGemmArgs forced = a;
+    forced.exchange = k::AgExchange::kCopyEngines;
+    check(k::all_gather_gemm_info(d, forced).copy_engines == 1,
+          "allGatherGemm forced copy engines: still taken after a failed prepare (the launch asks again)");
   }
 }
 
@@ -561,6 +601,7 @@ int main() {
   test_ag();
   test_ag_auto();
   test_ag_exchange();
+  test_ag_exchange_fallback();
   test_ag_ce_plan();
   test_ag_sweep();
   test_rs_spread_sweep();

@@ -190,7 +190,8 @@ bool ag_uses_ce(const CommDevice& d, const AgGemmArgs& a) {
   return false;  // bench build: no peer process, so no start barrier kernel to pass
 #endif
   if (d.world < 2 || a.side == nullptr || a.exchange == AgExchange::kSmPulls) return false;
-  return a.exchange == AgExchange::kCopyEngines || (d.world == 2 && a.N <= kAgCeMaxN);
+  if (a.exchange == AgExchange::kCopyEngines) return true;
+  return a.side->usable() && d.world == 2 && a.N <= kAgCeMaxN;
 }
 
 // Fills everything but the device handle, pointers and tile width dependent parts.
@@ -629,6 +630,12 @@ FusedSideStreams::~FusedSideStreams() {
 // The host half of fused_gemm.cuh ag_ce_role (which says why). The progress writes are stream
 // memory operations, through the runtime's driver entry point (no link against libcuda).
 cudaError_t FusedSideStreams::prepare(int world) {
+  const cudaError_t e = make(world);
+  failed_ = e != cudaSuccess;
+  return e;
+}
+
+cudaError_t FusedSideStreams::make(int world) {
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (device_ >= 0 && device_ != dev) return cudaErrorInvalidDevice;

@@ -204,7 +204,9 @@ static_assert(kFusedFlagsOffset + sizeof(FusedFlags) <= kCommStagingOffset,
 //                 lost up to 1.46 x, run 18). A rank-local choice: ranks that differ interoperate
 //                 (both start with the same barrier and end with the same done flags), so kAuto
 //                 also falls back to SM pulls where the side streams cannot be made (the launch
-//                 makes them first; a forced kCopyEngines returns that error instead).
+//                 makes them first; a forced kCopyEngines returns that error instead). The
+//                 fallback sticks to that FusedSideStreams (FusedSideStreams::usable), so that
+//                 all_gather_gemm_info reports it for every later launch.
 enum class AgExchange : uint32_t { kAuto = 0, kSmPulls = 1, kCopyEngines = 2 };
 
 // The side streams of allGatherGemm's copy-engine exchange: one per peer slot, a join event per
@@ -223,8 +225,13 @@ class FusedSideStreams {
   FusedSideStreams& operator=(const FusedSideStreams&) = delete;
 
   // fused.cu: the streams and events for `world - 1` peers on the current device, created on
-  // first use; cudaErrorInvalidDevice if it was made on another device.
+  // first use; cudaErrorInvalidDevice if it was made on another device. A failure marks the
+  // object unusable: kAuto then takes the SM pulls without asking again (a rank-local choice,
+  // so a rank may differ from its peers); only a forced kCopyEngines asks again, and its
+  // success makes the object usable again.
   cudaError_t prepare(int world);
+  // False after a failed prepare: kAuto's launches and all_gather_gemm_info take SM pulls.
+  bool usable() const { return !failed_; }
   cudaStream_t stream(int slot) const { return streams_[slot]; }
   cudaEvent_t join(int slot) const { return joins_[slot]; }
   cudaEvent_t fork() const { return fork_; }
@@ -236,6 +243,9 @@ class FusedSideStreams {
   cudaEvent_t joins_[kCommMaxRanks - 1] = {};
   cudaEvent_t fork_ = nullptr;
   void* write_value_ = nullptr;
+  bool failed_ = false;
+
+  cudaError_t make(int world);  // prepare's work
 };
 
 struct AgGemmArgs {
