@@ -15,8 +15,9 @@
 #                                    executor), GpuClusterHostsTest (all GPUs as two virtual
 #                                    hosts; one GPU: two executors share it), then example 02
 #                                    on the cuda backend (and across two virtual hosts)
-#                                    at the same world sizes (EXAMPLE_ARGS: M H F dtype seed);
-#                                    logs under $OUT
+#                                    at the same world sizes, a small problem (EXAMPLE_ARGS:
+#                                    M H F dtype seed) and one kAuto runs fused
+#                                    (EXAMPLE_FUSED_ARGS); logs under $OUT
 #   gpu_java_run.sh classes C...     after a `run` on the same warm machine (or with the bundle
 #                                    staged): only the JUnit classes named (e.g.
 #                                    io.fusedcomm.gpu.GpuGemmTest), within 300 s, log
@@ -145,12 +146,18 @@ fi
 # Example 02 (TP MLP forward + backward, fused ops) on the cuda backend, one executor per GPU,
 # the example's own main class and checks (as spark-submit would run it, with the conf as
 # system properties). JCuda was unpacked into /tmp by the test above; executors load it there.
-# The example's F at world w: 2048 rounded up to a multiple of 8·w (on cuda every rank's share
-# of F must be a multiple of 8: 2048 itself at w = 1, 2, 4, 8; 2064 at 3, 2080 at 5).
-example_f() { echo $(( (2048 + 8 * $1 - 1) / (8 * $1) * 8 * $1 )); }
-# example02 WORLD LOG [extra -D settings...]
+# The example's F at world w: F0 (default 2048) rounded up to a multiple of 8·w (on cuda every
+# rank's share of F must be a multiple of 8: 2048 itself at w = 1, 2, 4, 8; 2064 at 3, 2080 at 5).
+example_f() { local f0=${2:-2048}; echo $(( (f0 + 8 * $1 - 1) / (8 * $1) * 8 * $1 )); }
+# Two problems per world. The small one (EXAMPLE_ARGS: M H F dtype seed; default M = 1000,
+# H = 512) is one kAuto runs decomposed everywhere. The large one (EXAMPLE_FUSED_ARGS; default
+# M = H = 4096, F = 1024) is one kAuto runs fused at W = 2 and 4 (kernels/src/fused.cu): each
+# allGatherGemm gathers 32 MiB (choose_ag: from 16 MiB) and each gemmReduceScatter's partial
+# product has 2^24 elements with M / W >= 1024 rows per owner (choose_rs). Its fp64 check on the
+# driver takes ~45 core-seconds (2 cores: ~40 s; parallel over rows).
+# example02 WORLD LOG ARGS [extra -D settings...]   (ARGS: one word, "M H F dtype seed")
 example02() {
-  local w=$1 log=$2; shift 2
+  local w=$1 log=$2 args=$3; shift 3
   rm -rf /tmp/fusedcomm-gpu-claims; local home; home=$(mktemp -d)
   timeout 300 java "${flags[@]}" -cp "$repo/.fcbundle/examples:$cp_fc:$BUNDLE_CP" \
     -Dspark.master="local-cluster[$w,1,1024]" -Dspark.testing=1 -Dspark.test.home="$home" \
@@ -160,7 +167,7 @@ example02() {
     -Dspark.task.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
     -Dspark.executor.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
     -Dspark.executor.extraLibraryPath=/tmp "$@" \
-    io.fusedcomm.examples.TensorParallelMlpExample "$w" ${EXAMPLE_ARGS:-1000 512 $(example_f "$w") bf16 11} \
+    io.fusedcomm.examples.TensorParallelMlpExample "$w" $args \
     > "$OUT/$log" 2>&1 || rc=1
   grep -vE "^\s+at |INFO|WARN" "$OUT/$log" | tail -22
 }
@@ -168,21 +175,23 @@ if [ -d "$repo/.fcbundle/examples" ]; then
   for w in "${worlds[@]}"; do
     [ "$w" -le "$ngpu" ] || continue
     echo "== example 02 on cuda, world $w"
-    example02 "$w" "example02-w$w.log"
+    example02 "$w" "example02-w$w.log" "${EXAMPLE_ARGS:-1000 512 $(example_f "$w") bf16 11}"
+    echo "== example 02 on cuda, world $w, a problem kAuto runs fused"
+    example02 "$w" "example02-fused-w$w.log" "${EXAMPLE_FUSED_ARGS:-4096 4096 $(example_f "$w" 1024) bf16 12}"
   done
   # Between two virtual hosts: the fused ops' decomposed path across hosts. On one GPU both
   # executors share it (a discovery script that reports GPU 0 to each).
   if [ "$ngpu" -eq 1 ]; then
     printf '#!/bin/sh\necho '"'"'{"name":"gpu","addresses":["0"]}'"'"'\n' > /tmp/gpu0.sh; chmod +x /tmp/gpu0.sh
     echo "== example 02 on cuda, two virtual hosts, both executors on the one GPU"
-    example02 2 example02-hosts.log -Dspark.fusedcomm.cuda.virtualHosts=2 -Dspark.fusedcomm.cuda.shareGpu=true \
+    example02 2 example02-hosts.log "${EXAMPLE_ARGS:-1000 512 $(example_f 2) bf16 11}" -Dspark.fusedcomm.cuda.virtualHosts=2 -Dspark.fusedcomm.cuda.shareGpu=true \
       -Dspark.worker.resource.gpu.discoveryScript=/tmp/gpu0.sh -Dspark.executor.resource.gpu.discoveryScript=/tmp/gpu0.sh
   elif [ $((ngpu % 2)) -eq 0 ]; then
     echo "== example 02 on cuda, two virtual hosts of $((ngpu / 2)) GPU(s)"
-    example02 "$ngpu" example02-hosts.log -Dspark.fusedcomm.cuda.virtualHosts=2
+    example02 "$ngpu" example02-hosts.log "${EXAMPLE_ARGS:-1000 512 $(example_f "$ngpu") bf16 11}" -Dspark.fusedcomm.cuda.virtualHosts=2
   fi
 fi
 echo "gpu_java_run rc=$rc"
 # At most ~8 files come back from $OUT (two world sizes make 10): the rest go into one archive.
-"$repo/kernels/bench/pack_out.sh" "$OUT" java_logs.tar.xz gpus.txt 'spark-gpu-w*.log' 'example02-w*.log'
+"$repo/kernels/bench/pack_out.sh" "$OUT" java_logs.tar.xz gpus.txt 'spark-gpu-w*.log' 'example02-*w*.log'
 exit $rc
