@@ -295,6 +295,25 @@ FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong comm, jstring d, j
   FC_JNI_END()
 }
 
+// How a fused op (0 allGatherGemm, 1 gemmReduceScatter, 2 gemmAllReduce) would run here, in a
+// phrase: the device half's choice (DeviceComm::describe_fused), or the host backend's one path.
+FC_NATIVE(jstring, commDescribeFused)(JNIEnv* env, jclass, jlong c, jint op, jlong m, jlong n, jlong k,
+                                      jint partials) {
+  FC_JNI_BEGIN
+  auto* h = comm_handle(c);
+  if (h->device != nullptr) {
+    return fusedcomm::jni::to_jstring(env, h->device->describe_fused(op, m, n, k, partials));
+  }
+  partial_precision(partials);
+  FC_REQUIRE(op >= 0 && op <= 2, "unknown fused op " + std::to_string(op));
+  static const char* const kHost[] = {
+      "host backend: allGather over the executors' transport, then the GEMM on the CPU",
+      "host backend: the GEMM on the CPU, then reduceScatter over the executors' transport",
+      "host backend: the GEMM on the CPU, then reduceScatter and allGather over the executors' transport"};
+  return fusedcomm::jni::to_jstring(env, kHost[op]);
+  FC_JNI_END(nullptr)
+}
+
 FC_NATIVE(void, gemmAllReduce)(JNIEnv* env, jclass, jlong comm, jstring d, jlong fp, jint t, jlong a, jlong w,
                                jlong c, jlong m, jlong n, jlong k_local, jint l, jint partials, jlong stream) {
   FC_JNI_BEGIN

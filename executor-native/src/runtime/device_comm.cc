@@ -487,6 +487,22 @@ void require_gemm_reduce_args(const char* op, int64_t m, int64_t n, int64_t k_lo
                  ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
 }
 
+// The shapes that allGatherGemm accepts on the GPU.
+void require_ag_args(int64_t m, int64_t n_local, int64_t k) {
+  FC_REQUIRE(m >= 1 && n_local >= 8 && k >= 8 && n_local % 8 == 0 && k % 8 == 0 && m < (1ll << 31) &&
+                 n_local < (1ll << 31) && k < (1ll << 31),
+             "allGatherGemm on the GPU: M >= 1, N_r and K multiples of 8 (got M=" + std::to_string(m) +
+                 ", N_r=" + std::to_string(n_local) + ", K=" + std::to_string(k) + ")");
+}
+
+const char* partials_name(k::RsPartials p) {
+  switch (p) {
+    case k::RsPartials::kBF16: return "bf16";
+    case k::RsPartials::kF32AnyOrder: return "fp32, summed in any order";
+    default: return "fp32";
+  }
+}
+
 void check_fused_launch(cudaError_t e, const char* op) {
   if (e == cudaErrorInvalidValue) {
     cudaGetLastError();
@@ -511,10 +527,7 @@ void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, vo
                                  int64_t m, int64_t n_local, int64_t k, int layout,
                                  cudaStream_t stream) {
   check_usable();
-  FC_REQUIRE(m >= 1 && n_local >= 8 && k >= 8 && n_local % 8 == 0 && k % 8 == 0 && m < (1ll << 31) &&
-                 n_local < (1ll << 31) && k < (1ll << 31),
-             "allGatherGemm on the GPU: M >= 1, N_r and K multiples of 8 (got M=" + std::to_string(m) +
-                 ", N_r=" + std::to_string(n_local) + ", K=" + std::to_string(k) + ")");
+  require_ag_args(m, n_local, k);
   if (link_ != nullptr) {
     all_gather_gemm_across_hosts(a_local, w, c, gathered, m, n_local, k, layout, stream);
     return;
@@ -764,6 +777,99 @@ void DeviceComm::close() noexcept {
   last_done_ = nullptr;
   own_ = nullptr;
   cudaGetLastError();
+}
+
+std::string DeviceComm::describe_fused(int op, int64_t m, int64_t n, int64_t k, int partials) const {
+  check_usable();
+  FC_REQUIRE(op >= 0 && op <= 2, "unknown fused op " + std::to_string(op));
+  const char* name = op == 0 ? "allGatherGemm" : op == 1 ? "gemmReduceScatter" : "gemmAllReduce";
+  if (op == 0) {
+    require_ag_args(m, n, k);
+  } else {
+    require_gemm_reduce_args(name, m, n, k, partials);
+  }
+  const int W = layout_.world();
+  const k::CommDevice& dev = sm_->device();
+  const uint64_t area = sm_->data_bytes();
+  std::string out;
+  uint64_t needs = 0;            // bytes of the data area the chosen path needs
+  uint64_t unless_gathered = 0;  // allGatherGemm: what it needs without the gathered A, if more
+                                 // than the area (and `needs` fits)
+  const auto fused_split = [](const k::FusedLaunchInfo& i) {
+    return std::to_string(i.gemm_ctas) + " GEMM CTAs, tile width " + std::to_string(i.tile_n);
+  };
+  if (op == 0) {
+    k::AgGemmArgs args;  // as all_gather_gemm passes them (no pointers: the info reads sizes)
+    args.M = static_cast<int>(m);
+    args.N = static_cast<int>(n);
+    args.K = static_cast<int>(k);
+    args.side = peers_on_other_gpus() ? ag_side_.get() : nullptr;
+    // Without the gathered A as an output the op builds it in the scratch area: it may fit only
+    // with one. (The workspace reads only whether a pointer is given, never the pointer.)
+    const k::FusedWorkspace bare = k::all_gather_gemm_workspace(args, sm_->world());
+    k::AgGemmArgs given = args;
+    given.gathered = reinterpret_cast<__nv_bfloat16*>(uintptr_t{256});
+    const k::FusedWorkspace ws = k::all_gather_gemm_workspace(given, sm_->world());
+    needs = std::max(ws.data_bytes, ws.scratch_bytes);
+    if (needs <= area && std::max(bare.data_bytes, bare.scratch_bytes) > area) {
+      unless_gathered = std::max(bare.data_bytes, bare.scratch_bytes);
+    }
+    if (link_ != nullptr) {
+      out = "decomposed across hosts: the hierarchical allGather, then our GEMM";
+      needs = needs_across_hosts(k::CommOp::kAllGather, 2, RowBlocks{m, W}.count(k)).data_bytes;
+      unless_gathered = 0;  // there the gathered A goes to the communicator's own workspace
+    } else if (const k::FusedLaunchInfo i = k::all_gather_gemm_info(dev, args); i.algo == k::FusedAlgo::kFused) {
+      out = "fused: " + fused_split(i) + ", " + std::to_string(i.chunks) + " row chunks; " +
+            (i.copy_engines ? "the copy engines move the peers' rows (1 CTA raises their flags)"
+                            : std::to_string(i.comm_ctas) + " CTAs pull the peers' rows, then join the GEMM");
+    } else {
+      out = W == 1 ? "decomposed: our GEMM on the local rows (world 1)" : "decomposed: our allGather, then our GEMM";
+    }
+  } else if (op == 1) {
+    auto args = gemm_reduce_operands<k::GemmRsArgs>(nullptr, nullptr, m, n, k, 0, partials);
+    const k::FusedWorkspace ws = k::gemm_reduce_scatter_workspace(args, sm_->world());
+    needs = std::max(ws.data_bytes, ws.scratch_bytes);
+    const std::string p = std::string(partials_name(args.partials)) + " partials";
+    if (link_ != nullptr) {
+      out = "decomposed across hosts: our GEMM, then the hierarchical reduceScatter (" + p + ")";
+      const uint64_t pes = args.partials == k::RsPartials::kBF16 ? 2 : 4;
+      needs = needs_across_hosts(k::CommOp::kReduceScatter, pes, RowBlocks{m, W}.count(n)).data_bytes;
+    } else if (const k::FusedLaunchInfo i = k::gemm_reduce_scatter_info(dev, args); i.algo == k::FusedAlgo::kFused) {
+      out = "fused: " + fused_split(i) + "; each output tile's partial goes to the rank owning its rows (" + p +
+            ")";
+    } else {
+      out = W == 1 ? "decomposed: our GEMM (world 1)" : "decomposed: our GEMM, then our reduceScatter (" + p + ")";
+    }
+  } else {
+    auto args = gemm_reduce_operands<k::GemmArArgs>(nullptr, nullptr, m, n, k, 0, partials);
+    const std::string p =
+        std::string(args.partials == k::RsPartials::kBF16 ? "bf16" : "fp32") + " partials";
+    const k::FusedLaunchInfo i = k::gemm_all_reduce_info(dev, args);
+    args.algo = i.algo;
+    const k::FusedWorkspace ws = k::gemm_all_reduce_workspace(args, W);
+    if (link_ == nullptr && std::max(ws.data_bytes, ws.scratch_bytes) <= area) {
+      if (W == 1) {
+        out = "our GEMM (world 1)";
+      } else if (i.algo == k::FusedAlgo::kFused) {
+        out = "fused: gemmReduceScatter's kernel (" + fused_split(i) + ", " + p + "), then our allGather";
+      } else {
+        out = "decomposed: our GEMM, then our allReduce (" + p + ")";
+      }
+    } else {
+      out = std::string(link_ != nullptr ? "across hosts" : "larger than the data area") +
+            ": our GEMM, then our allReduce" + (link_ != nullptr ? " (hierarchical)" : "") +
+            (W == 1 ? "" : " in pieces of the data area's size") + " (" + p + ")";
+    }
+  }
+  if (needs > area) {
+    out += "; refused: needs " + std::to_string(needs) + " bytes of symmetric memory, more than its " +
+           std::to_string(area) + "-byte data area (raise spark.fusedcomm.cuda.symmetricBytes)";
+  } else if (unless_gathered > 0) {
+    out += "; refused unless the gathered A is asked for: without it the op needs " +
+           std::to_string(unless_gathered) + " bytes of symmetric memory, more than its " + std::to_string(area) +
+           "-byte data area (raise spark.fusedcomm.cuda.symmetricBytes)";
+  }
+  return out;
 }
 
 }  // namespace fusedcomm

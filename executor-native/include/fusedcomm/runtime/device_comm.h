@@ -58,6 +58,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fusedcomm/kernels/collectives.h"
@@ -104,6 +105,14 @@ class DeviceComm {
   // workspace: run the op once before capturing it in a CUDA graph (workspace()).
   void gemm_all_reduce(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
                        int layout, int partials, cudaStream_t stream);
+
+  // How all_gather_gemm (op 0), gemm_reduce_scatter (1) or gemm_all_reduce (2) would run on this
+  // rank with these sizes (as the op takes them; partials as gemm_reduce_scatter's), in a phrase
+  // for logs: the path kAuto picks and, fused, the SM split and how peers' data moves, from
+  // kernels/fused.h's *_info with the arguments the op itself passes. Nothing is launched or
+  // exchanged. Throws what the op would for sizes it refuses; says so where the data area is too
+  // small. The path is the same on every rank; allGatherGemm's exchange is a rank-local choice.
+  std::string describe_fused(int op, int64_t m, int64_t n, int64_t k, int partials) const;
 
   // Waits for every op enqueued so far and throws the first device failure.
   void synchronize();

@@ -10,6 +10,7 @@ import io.fusedcomm.runtime.LeakTracker;
 import io.fusedcomm.runtime.NativeApi;
 import io.fusedcomm.spark.BarrierContextExchange;
 import java.util.List;
+import java.util.Locale;
 import jcuda.runtime.cudaStream_t;
 import org.apache.spark.BarrierTaskContext;
 
@@ -443,6 +444,53 @@ public final class Communicator implements AutoCloseable {
       }
     }
   }
+
+  /** The fused ops {@link #describeFusedOp} knows, in the native layer's numbering. */
+  private static final List<String> FUSED_OPS = List.of("allGatherGemm", "gemmReduceScatter", "gemmAllReduce");
+
+  /** {@link #describeFusedOp(String, long, long, long, PartialPrecision)} with fp32 partials. */
+  public String describeFusedOp(String op, long m, long n, long k) {
+    return describeFusedOp(op, m, n, k, PartialPrecision.F32);
+  }
+
+  /**
+   * How this rank would run a fused GEMM + communication op on these sizes, in one line for logs,
+   * e.g. {@code allGatherGemm M=4096 N_r=512 K=4096 on rank 0 of 2 (cuda): fused: 131 GEMM CTAs,
+   * tile width 128, 32 row chunks; the copy engines move the peers' rows (1 CTA raises their
+   * flags)}. On the cuda backend it is the path that the op's size rule picks (fused or
+   * decomposed; across hosts always decomposed), and, fused, the SM split and how the peers'
+   * data moves (the copy engines or pulling CTAs: a choice each rank makes for itself); a size
+   * the data area cannot hold is said to be refused. On the host backend it is the reference
+   * path. Local: nothing is launched or exchanged, and no other rank takes part. Sizes as the op
+   * takes them: {@code allGatherGemm} (M, N_r, K), {@code gemmReduceScatter} and {@code
+   * gemmAllReduce} (M, N, K_r); {@code partials} as those two ops take it (allGatherGemm has
+   * none).
+   *
+   * @throws IllegalArgumentException for an unknown op, sizes below 1, or sizes the backend's op
+   *     would refuse (on cuda: N and K not multiples of 8)
+   */
+  public String describeFusedOp(String op, long m, long n, long k, PartialPrecision partials) {
+    int code = FUSED_OPS.indexOf(op);
+    if (code < 0) {
+      throw new IllegalArgumentException("describeFusedOp: unknown op '" + op + "' (one of " + FUSED_OPS + ")");
+    }
+    if (m < 1 || n < 1 || k < 1) {
+      throw new IllegalArgumentException("describeFusedOp: " + op + " sizes must be positive, got M=" + m
+          + ", N=" + n + ", K=" + k);
+    }
+    if (partials == null) {
+      throw new IllegalArgumentException("describeFusedOp: partials must not be null");
+    }
+    String path;
+    synchronized (lock) {
+      path = NativeApi.commDescribeFused(handle(), code, m, n, k, partials.ordinal());
+    }
+    boolean gather = code == 0;
+    return op + " M=" + m + (gather ? " N_r=" : " N=") + n + (gather ? " K=" : " K_r=") + k
+        + (gather ? "" : " " + partials.name().toLowerCase(Locale.ROOT) + " partials")
+        + " on rank " + rank + " of " + world + " (" + runtime.backend().configName() + "): " + path;
+  }
+
 
   // ---- MoE ---------------------------------------------------------------------------------
 

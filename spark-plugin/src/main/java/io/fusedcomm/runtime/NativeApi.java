@@ -70,6 +70,12 @@ public final class NativeApi {
 
   public static native String commEndpoint(long comm);
 
+  /**
+   * How a fused op (0 allGatherGemm, 1 gemmReduceScatter, 2 gemmAllReduce) would run on this
+   * communicator with these sizes, in a phrase; nothing launched or exchanged.
+   */
+  public static native String commDescribeFused(long comm, int op, long m, long n, long k, int partials);
+
   /** The symmetric memory's IPC blob for the bootstrap; empty with the host backend. */
   public static native byte[] commDeviceHandle(long comm);
 

@@ -170,6 +170,45 @@ class CommunicatorValidationTest {
     }
   }
 
+  /**
+   * describeFusedOp on the host backend: each op's one path, with the sizes named as the op takes
+   * them and the rank; bad arguments refused before the native layer; nothing exchanged (ranks
+   * ask different questions and the communicator stays usable).
+   */
+  @Test
+  void describeFusedOpNamesTheHostPath() {
+    List<List<String>> seen = world.run(2, comm -> {
+      List<String> d = new ArrayList<>();
+      d.add(comm.describeFusedOp("allGatherGemm", 10, 3, 4));
+      d.add(comm.describeFusedOp("gemmReduceScatter", 10 + comm.rank(), 3, 4, PartialPrecision.BF16));
+      d.add(comm.describeFusedOp("gemmAllReduce", 10, 3, 4));
+      for (Runnable bad : List.<Runnable>of(() -> comm.describeFusedOp("allGather", 10, 3, 4),
+          () -> comm.describeFusedOp("allGatherGemm", 0, 3, 4),
+          () -> comm.describeFusedOp("gemmReduceScatter", 10, 3, -4),
+          () -> comm.describeFusedOp("gemmAllReduce", 10, 3, 4, null))) {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, bad::run);
+        assertTrue(e.getMessage().startsWith("describeFusedOp: "), e.getMessage());
+      }
+      // Nothing was exchanged: an allReduce of the ranks' ones gives the world size.
+      try (TensorScope s = new TensorScope()) {
+        HostTensor ones = s.of(new float[] {1, 1, 1}, DType.F32, 3);
+        comm.allReduce(ones, ones);
+        d.add(java.util.Arrays.toString(ones.toFloatArray()));
+      }
+      return d;
+    });
+    for (int r = 0; r < 2; r++) {
+      List<String> d = seen.get(r);
+      assertEquals("allGatherGemm M=10 N_r=3 K=4 on rank " + r + " of 2 (host): host backend: allGather over the"
+          + " executors' transport, then the GEMM on the CPU", d.get(0));
+      assertEquals("gemmReduceScatter M=" + (10 + r) + " N=3 K_r=4 bf16 partials on rank " + r + " of 2 (host):"
+          + " host backend: the GEMM on the CPU, then reduceScatter over the executors' transport", d.get(1));
+      assertEquals("gemmAllReduce M=10 N=3 K_r=4 f32 partials on rank " + r + " of 2 (host): host backend: the"
+          + " GEMM on the CPU, then reduceScatter and allGather over the executors' transport", d.get(2));
+      assertEquals("[2.0, 2.0, 2.0]", d.get(3));
+    }
+  }
+
   @Test
   void pureJavaArgumentsAreChecked() {
     assertThrows(IllegalArgumentException.class, () -> AttentionOptions.sequence(0));

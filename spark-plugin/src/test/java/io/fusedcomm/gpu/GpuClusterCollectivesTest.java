@@ -52,6 +52,8 @@ import org.junit.jupiter.api.Test;
  *   <li>allGatherGemm (with the gathered A; uneven M, one shape the fused kernel takes at
  *       W = 2), gemmReduceScatter and gemmAllReduce with every partial precision, both weight
  *       layouts (KN on the task's stream), against the fp64 reference (the gathered A exactly);
+ *   <li>{@code describeFusedOp} names the path each fused op's size rule picks (fused or
+ *       decomposed, the exchange) and a size the data area cannot hold;
  *   <li>the four collectives and the three GEMM-shaped ops captured in a CUDA graph on the
  *       task's stream and the graph launched 3 times with fresh inputs, every output checked
  *       after each launch;
@@ -208,6 +210,12 @@ class GpuClusterCollectivesTest {
             }
           }
         }
+      }
+      progress(r, "describeFusedOp");
+      try {
+        checks += checkDescriptions(comm, out);
+      } catch (Throwable e) {
+        out.add("FAIL rank " + r + " describeFusedOp: " + e);
       }
       progress(r, "CUDA graph");
       try {
@@ -404,6 +412,50 @@ class GpuClusterCollectivesTest {
       }
     }
     return checks;
+  }
+
+  /**
+   * {@link Communicator#describeFusedOp} against the size rules (kernels/src/fused.cu choose_ag,
+   * ag_uses_ce): the small allGatherGemm above runs decomposed; the 16 MiB one fused at W = 2
+   * and 4 (with one executor per GPU, the copy engines at W = 2, pulling CTAs at W = 4) and
+   * decomposed at other worlds; a gemmReduceScatter whose fused workspace cannot fit
+   * SYMMETRIC_BYTES is said to be refused, naming the key; sizes the op refuses throw. Each
+   * description goes to the rank's lines. Returns the checks passed.
+   */
+  private static int checkDescriptions(Communicator comm, List<String> out) {
+    int w = comm.world();
+    int r = comm.rank();
+    int nLocal = 136 + 8 * r;  // FusedCase.AllGatherGemm's N_r
+    String small = comm.describeFusedOp("allGatherGemm", 128L * w + 40, nLocal, 264);
+    String large = comm.describeFusedOp("allGatherGemm", 2048, nLocal, 4096);
+    String refused = comm.describeFusedOp("gemmReduceScatter", 4096, 4096, 1024, PartialPrecision.F32);
+    for (String d : new String[] {small, large, refused}) {
+      out.add("rank " + r + " " + d);
+    }
+    List<String> bad = new ArrayList<>();
+    if (!small.contains(": decomposed")) {
+      bad.add("the small allGatherGemm is not decomposed: " + small);
+    }
+    boolean fusedWorld = w == 2 || w == 4;
+    if (fusedWorld != large.contains(": fused: ")) {
+      bad.add("the 16 MiB allGatherGemm at W=" + w + (fusedWorld ? " is not fused: " : " is fused: ") + large);
+    }
+    if (fusedWorld && !large.contains(w == 2 ? "the copy engines move the peers' rows" : "CTAs pull the peers' rows")) {
+      bad.add("the 16 MiB allGatherGemm at W=" + w + " does not name its exchange: " + large);
+    }
+    if (w > 1 && !(refused.contains("refused") && refused.contains("spark.fusedcomm.cuda.symmetricBytes"))) {
+      bad.add("a gemmReduceScatter past the data area is not said to be refused: " + refused);
+    }
+    try {
+      comm.describeFusedOp("gemmReduceScatter", 100, 12, 8);
+      bad.add("N = 12 (not a multiple of 8) was described, not refused");
+    } catch (IllegalArgumentException expected) {
+      // the op itself refuses N = 12 on the GPU
+    }
+    if (!bad.isEmpty()) {
+      throw new AssertionError(String.join("; ", bad));
+    }
+    return 1;
   }
 
   /** allGatherGemm (FusedCase.AllGatherGemm) once; stream may be null. */
