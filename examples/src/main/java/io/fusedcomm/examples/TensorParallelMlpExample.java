@@ -110,9 +110,13 @@ public final class TensorParallelMlpExample {
   /** Wall time of one pass's three steps on one rank, in ms. */
   record Timings(double allGatherGemmMs, double elementwiseMs, double gemmReduceScatterMs) implements Serializable {}
 
-  /** One rank's output rows of Y and dX, where it ran (executor and GPU) and its timings. */
+  /**
+   * One rank's output rows of Y and dX, where it ran (executor and GPU), its timings, and how its
+   * backend ran the two fused ops ({@link Communicator#describeFusedOp}: the backward's calls have
+   * the forward's sizes, so the same lines).
+   */
   record Shard(int rank, int rowOffset, int rows, float[] y, float[] dx, String backend, String device,
-      Timings forward, Timings backward) implements Serializable {}
+      Timings forward, Timings backward, List<String> paths) implements Serializable {}
 
   /**
    * Runs the example (driver side): {@code [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32]
@@ -250,9 +254,11 @@ public final class TensorParallelMlpExample {
       RankInfo me = comm.ranks().get(r);
       String device = "executor " + me.executorId()
           + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuId() + " " + me.gpuUuid());
+      List<String> paths = List.of(comm.describeFusedOp("allGatherGemm", m, fLocal, h),
+          comm.describeFusedOp("gemmReduceScatter", m, h, fLocal));
       return new Shard(r, rowOffset, rows, t.read(y), t.read(dx), comm.backend().configName(), device,
           new Timings((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6),
-          new Timings((t4 - t3) / 1e6, (t5 - t4) / 1e6, (t6 - t5) / 1e6));
+          new Timings((t4 - t3) / 1e6, (t5 - t4) / 1e6, (t6 - t5) / 1e6), paths);
     }
   }
 
@@ -522,6 +528,11 @@ public final class TensorParallelMlpExample {
     List<Shard> sorted = shards.stream().sorted(Comparator.comparingInt(Shard::rank)).collect(Collectors.toList());
     for (Shard shard : sorted) {
       System.out.printf(Locale.ROOT, "rank %d ran on %s (%s backend)%n", shard.rank(), shard.device(), shard.backend());
+    }
+    for (Shard shard : sorted) {
+      for (String path : shard.paths()) {
+        System.out.println("  " + path);
+      }
     }
     printTimings("forward (NK): Z = allGatherGemm(X, W1), A = GELU(Z), Y = gemmReduceScatter(A, W2)", "Y rows",
         "gelu ms", sorted, Shard::forward);

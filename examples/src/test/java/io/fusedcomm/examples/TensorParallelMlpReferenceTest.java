@@ -125,7 +125,7 @@ class TensorParallelMlpReferenceTest {
     // Rank 1's values reported at rank 0's rows (same row count would be needed to tile, so the
     // rows/offsets mismatch is caught, as well as the values).
     swapped.set(0, new Shard(0, a.rowOffset(), a.rows(), copyRows(b.y(), a.y().length),
-        copyRows(b.dx(), a.dx().length), "model", "test", NO_TIME, NO_TIME));
+        copyRows(b.dx(), a.dx().length), "model", "test", NO_TIME, NO_TIME, List.of()));
     assertFalse(TensorParallelMlpExample.check(p, swapped));
 
     for (Function<Shard, float[]> tensor : List.<Function<Shard, float[]>>of(Shard::y, Shard::dx)) {
@@ -275,7 +275,7 @@ class TensorParallelMlpReferenceTest {
       int off = (int) Split.offset(m, p.world(), r);
       int rows = (int) Split.count(m, p.world(), r);
       shards.add(new Shard(r, off, rows, Arrays.copyOfRange(y, off * h, (off + rows) * h),
-          Arrays.copyOfRange(dx, off * h, (off + rows) * h), "model", "test", NO_TIME, NO_TIME));
+          Arrays.copyOfRange(dx, off * h, (off + rows) * h), "model", "test", NO_TIME, NO_TIME, List.of()));
     }
     assertEquals(m, shards.stream().mapToInt(Shard::rows).sum());
     return shards;
