@@ -53,6 +53,12 @@ extern "C" __attribute__((visibility("default"))) void fc_gemm_set_cluster(int c
   g_cluster = cluster;
 }
 
+// GemmArgs::group_m for fc_gemm_bf16 (gemm_power_probe.py --group-ms), 0: the launch's default.
+static int g_group_m = 0;
+extern "C" __attribute__((visibility("default"))) void fc_gemm_set_group_m(int group_m) {
+  g_group_m = group_m;
+}
+
 // A stream-K workspace for every launch of this process (launches on one stream at a time).
 static void* g_workspace = nullptr;
 static size_t g_workspace_bytes = 0;
@@ -91,6 +97,7 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(
   a.b_layout = kn ? GemmLayoutB::kKN : GemmLayoutB::kNK;
   a.tile_n = tile_n;
   a.cluster = g_cluster;
+  a.group_m = g_group_m;
   set_stream_k(a, g_stream_k);
   return static_cast<int>(launch_gemm(a, static_cast<cudaStream_t>(stream)));
 }

@@ -57,16 +57,24 @@ def main():
     ap.add_argument("--clusters", default="",
                     help="comma list of GemmArgs::cluster values (0 chosen, 1 single CTAs, 2 CTA "
                          "pairs): ours once per value (impl ours_cN), else once as chosen")
+    ap.add_argument("--group-ms", default="",
+                    help="comma list of GemmArgs::group_m values (M-blocks per raster group; 0 the "
+                         "default, 8): ours once per value (impl ours_gN), single CTAs; DRAM and "
+                         "L2 traffic, and so energy per FLOP, depend on it")
     args = ap.parse_args()
     lib = ctypes.CDLL(args.lib)
     lib.fc_gemm_bf16.restype = ctypes.c_int
     lib.fc_gemm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
     lib.fc_gemm_set_cluster.argtypes = [ctypes.c_int]
+    lib.fc_gemm_set_group_m.argtypes = [ctypes.c_int]
     clocks = Clocks(torch.cuda.current_device())
     if clocks.nvml is None:
         raise SystemExit("NVML not available: no power samples, nothing to report")
     gpu = torch.cuda.get_device_name()
     clusters = [int(v) for v in args.clusters.split(",") if v != ""]
+    group_ms = [int(v) for v in args.group_ms.split(",") if v != ""]
+    if clusters and group_ms:
+        raise SystemExit("--clusters and --group-ms: one at a time")
     out = open(args.out, "w")
     print(f"{'shape':28} {'impl':8} {'ms':>8} {'TF/s':>7} {'MHz':>6} {'W':>5} {'kcyc':>8} {'GF/J':>6}")
     for i, (op, M, N, K, layout) in enumerate(shapes_of(args.shapes)):
@@ -84,11 +92,14 @@ def main():
                 raise RuntimeError("fc_gemm_bf16 failed")
 
         cublas = (lambda: torch.matmul(a, b)) if kn else (lambda: torch.matmul(a, b.t()))
-        impls = [(f"ours_c{v}", ours, v) for v in clusters] or [("ours", ours, 0)]
-        impls.append(("cublas", cublas, None))
-        for name, fn, cluster in impls if i % 2 == 0 else impls[::-1]:  # who goes first alternates
+        # (name, fn, cluster, group_m); None: cuBLAS, nothing to set
+        impls = ([(f"ours_c{v}", ours, v, 0) for v in clusters] +
+                 [(f"ours_g{v}", ours, 0, v) for v in group_ms]) or [("ours", ours, 0, 0)]
+        impls.append(("cublas", cublas, None, None))
+        for name, fn, cluster, group_m in impls if i % 2 == 0 else impls[::-1]:  # who goes first alternates
             if cluster is not None:
                 lib.fc_gemm_set_cluster(cluster)
+                lib.fc_gemm_set_group_m(group_m)
             run_for(fn, args.seconds / 2)  # reach the clock this impl's draw sustains
             key = (op, M, N, K, name)
             with clocks.sampling(key):
@@ -100,7 +111,7 @@ def main():
             row = {"op": op, "M": M, "N": N, "K": K, "layout": layout, "impl": name, "ms": ms,
                    "tflops": tflops, "sm_mhz": mhz, "watts": watts, "kcycles": ms * mhz,
                    "gflop_per_j": tflops * 1000 / watts, "samples": cnt, "launches": n,
-                   "cluster": cluster,
+                   "cluster": cluster, "group_m": group_m,
                    "gpu": gpu}
             out.write(json.dumps(row) + "\n")
             print(f"{op + f' {M}x{N}x{K}':28} {name:8} {ms:8.4f} {tflops:7.1f} {mhz:6.0f} "
