@@ -67,6 +67,7 @@ def main():
     lib.fc_gemm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
     lib.fc_gemm_set_cluster.argtypes = [ctypes.c_int]
     lib.fc_gemm_set_group_m.argtypes = [ctypes.c_int]
+    lib.fc_gemm_tile_n.argtypes = [ctypes.c_int] * 3
     clocks = Clocks(torch.cuda.current_device())
     if clocks.nvml is None:
         raise SystemExit("NVML not available: no power samples, nothing to report")
@@ -112,6 +113,7 @@ def main():
                    "tflops": tflops, "sm_mhz": mhz, "watts": watts, "kcycles": ms * mhz,
                    "gflop_per_j": tflops * 1000 / watts, "samples": cnt, "launches": n,
                    "cluster": cluster, "group_m": group_m,
+                   "tile_n": lib.fc_gemm_tile_n(M, N, 0) if cluster is not None else None,
                    "gpu": gpu}
             out.write(json.dumps(row) + "\n")
             print(f"{op + f' {M}x{N}x{K}':28} {name:8} {ms:8.4f} {tflops:7.1f} {mhz:6.0f} "
