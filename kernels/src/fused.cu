@@ -167,6 +167,13 @@ FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p)
   return FusedAlgo::kFused;
 }
 
+// The fused kernels' raster group height: the GEMM's default (gemm.h GemmArgs::group_m: 16 on
+// 256-wide tiles, 8 on 128-wide) up to W = 2, where it was measured; 8 from W = 3, as every
+// W = 4 table so far ran. A taller group there asks for more peers' rows before the first wave
+// of the peers' part (allGatherGemm) and changes which owners the first waves' pushes go to
+// (gemmReduceScatter): not taken before a 4-GPU host measures it.
+int fused_group_m(int world) { return world <= 2 ? 0 : 8; }
+
 // ---- allGatherGemm geometry ---------------------------------------------------------------------
 struct AgGeometry {
   int gemm_ctas, comm_ctas, m_block_start;
@@ -789,6 +796,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
   g.num_ctas = geo.gemm_ctas;  // the tile width is chosen for the CTAs that start on the GEMM
   g.m_block_start = geo.m_block_start;
   g.cluster = 1;  // the fused kernel's GEMM CTAs claim tiles one by one (no CTA pairs)
+  g.group_m = fused_group_m(W);
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
   // The own rows: the GEMM reads the M-blocks made only of them from A_r itself (tm_own), and
@@ -920,6 +928,7 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   g.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
   g.tile_n = p.tile_n;  // shared by every rank (rs_geometry)
   g.cluster = 1;        // dynamic claims, no CTA pairs
+  g.group_m = fused_group_m(W);
   detail::GemmPlan plan;
   if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
   plan.prob.c_tma = 0;  // RsEpilogue stores every half-tile itself (kOwnsTile)

@@ -253,6 +253,16 @@ bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t 
                    f32 ? 32 : 64, f32);
 }
 
+// The raster group's height where the caller leaves it (GemmArgs::group_m = 0). A wave of C
+// CTAs on 128×BN tiles covers about g M-blocks by C/g N-blocks, and reads g·128 rows of A and
+// (C/g)·BN columns of B from L2 and HBM per K slice: least at g ≈ √(C·BN/128), 16 for BN = 256
+// on 132 SMs. Under the 700 W cap that traffic is energy, so clock: sustained on 1 × H200
+// (kernels/bench/results/run21_h200x2/gemm_power_groupm_round*.txt), g = 16 against 8 took
+// 0.988-0.994 × the time at ten runs of seven 256-wide shapes (two rounds for three of them), at
+// a 6-21 MHz higher clock and the same cycles per launch; 12 and 24 within 0.6 % of 16, 4 and 32
+// up to 2.6 % and 1.2 % slower than it. 128-wide tiles keep 8 (not measured).
+int default_group_m(int tile_n) { return tile_n == 256 ? 16 : 8; }
+
 cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
   if (a.M < 1 || a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
@@ -312,7 +322,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   prob.n_blocks = g.n_blocks;
   prob.k_blocks = k_blocks;
   prob.num_tiles = g.m_blocks * g.n_blocks;
-  prob.group_m = std::max(1, a.group_m > 0 ? a.group_m : 8);
+  prob.group_m = std::max(1, a.group_m > 0 ? a.group_m : default_group_m(g.tile_n));
   prob.m_block_start = ((a.m_block_start % g.m_blocks) + g.m_blocks) % g.m_blocks;
   prob.wait = a.wait;
   plan->tile_n = g.tile_n;

@@ -185,7 +185,7 @@ struct GemmArgs {
   // Scheduling (hooks 3 and 4).
   int num_ctas = 0;       // CTAs that compute; 0: one per SM
   int tile_n = 0;         // 0: chosen from the shape; or 128 / 256
-  int group_m = 0;        // M-blocks per raster group; 0: 8
+  int group_m = 0;        // M-blocks per raster group; 0: 16 on 256-wide tiles, 8 on 128-wide
   int m_block_start = 0;  // first M-block of the sweep (taken modulo the M-block count)
   int cluster = 0;        // CTA pairs (hook 5): 0 chosen (single CTAs), 1 off, 2 on
   GemmWaitConfig wait{};  // hook 1
