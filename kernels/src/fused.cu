@@ -172,7 +172,12 @@ FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p)
 // W = 4 table so far ran. A taller group there asks for more peers' rows before the first wave
 // of the peers' part (allGatherGemm) and changes which owners the first waves' pushes go to
 // (gemmReduceScatter): not taken before a 4-GPU host measures it.
-int fused_group_m(int world) { return world <= 2 ? 0 : 8; }
+int fused_group_m(int world) {
+#ifdef FUSEDCOMM_FUSED_TALL_GROUPS
+  return 0;  // bench build: the GEMM's default at every W, for the W = 4 A/B owed (docs/gpu-runs-owed.md)
+#endif
+  return world <= 2 ? 0 : 8;
+}
 
 // ---- allGatherGemm geometry ---------------------------------------------------------------------
 struct AgGeometry {
