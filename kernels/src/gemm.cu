@@ -258,8 +258,8 @@ bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t 
 // (C/g)·BN columns of B from L2 and HBM per K slice: least at g ≈ √(C·BN/128), 16 for BN = 256
 // on 132 SMs. Under the 700 W cap that traffic is energy, so clock: sustained on 1 × H200
 // (kernels/bench/results/run21_h200x2/gemm_power_groupm_round*.txt), g = 16 against 8 took
-// 0.988-0.994 × the time at ten runs of seven 256-wide shapes (two rounds for three of them), at
-// a 6-21 MHz higher clock and the same cycles per launch; 12 and 24 within 0.6 % of 16, 4 and 32
+// 0.988-0.994 × the time at ten runs of seven 256-wide shapes (two rounds for three of them) and
+// 0.986-0.993 × at four with M = 2048, at a 6-23 MHz higher clock and the same cycles per launch; 12 and 24 within 0.6 % of 16, 4 and 32
 // up to 2.6 % and 1.2 % slower than it. 128-wide tiles keep 8 (not measured).
 int default_group_m(int tile_n) { return tile_n == 256 ? 16 : 8; }
 
