@@ -205,7 +205,11 @@ struct AgSchedule : FusedClaims<AgParams> {
   // copy engine no longer copies them before the launch.
   static constexpr bool kStoresA = true;
   __device__ __forceinline__ bool stores_a(TileCoord tc) const {
+#if defined(FUSEDCOMM_AG_SPREAD_STORES)
+    return p->store_own && from_own(tc.m);  // bench build: each tile a share of the slices
+#else
     return p->store_own && tc.n == 0 && from_own(tc.m);
+#endif
   }
   // The own blocks first, in a raster group of their own, then the others from own_b1 on (the
   // pulls' order): a first group that mixed in peers' rows (M < 16 blocks at W = 2, < 32 at
