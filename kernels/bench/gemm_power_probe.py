@@ -59,7 +59,7 @@ def main():
                          "pairs): ours once per value (impl ours_cN), else once as chosen")
     ap.add_argument("--group-ms", default="",
                     help="comma list of GemmArgs::group_m values (M-blocks per raster group; 0 the "
-                         "default, 8): ours once per value (impl ours_gN), single CTAs; DRAM and "
+                         "launch's default, gemm.h): ours once per value (impl ours_gN), single CTAs; DRAM and "
                          "L2 traffic, and so energy per FLOP, depend on it")
     args = ap.parse_args()
     lib = ctypes.CDLL(args.lib)

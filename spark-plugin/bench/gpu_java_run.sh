@@ -155,6 +155,8 @@ example_f() { local f0=${2:-2048}; echo $(( (f0 + 8 * $1 - 1) / (8 * $1) * 8 * $
 # allGatherGemm gathers 32 MiB (choose_ag: from 16 MiB) and each gemmReduceScatter's partial
 # product has 2^24 elements with M / W >= 1024 rows per owner (choose_rs). Its fp64 check on the
 # driver takes ~45 core-seconds (2 cores: ~40 s; parallel over rows).
+small_args() { echo "${EXAMPLE_ARGS:-1000 512 $(example_f "$1") bf16 11}"; }
+fused_args() { echo "${EXAMPLE_FUSED_ARGS:-4096 4096 $(example_f "$1" 1024) bf16 12}"; }
 # example02 WORLD LOG ARGS [extra -D settings...]   (ARGS: one word, "M H F dtype seed")
 example02() {
   local w=$1 log=$2 args=$3; shift 3
@@ -175,20 +177,20 @@ if [ -d "$repo/.fcbundle/examples" ]; then
   for w in "${worlds[@]}"; do
     [ "$w" -le "$ngpu" ] || continue
     echo "== example 02 on cuda, world $w"
-    example02 "$w" "example02-w$w.log" "${EXAMPLE_ARGS:-1000 512 $(example_f "$w") bf16 11}"
+    example02 "$w" "example02-w$w.log" "$(small_args "$w")"
     echo "== example 02 on cuda, world $w, a problem kAuto runs fused"
-    example02 "$w" "example02-fused-w$w.log" "${EXAMPLE_FUSED_ARGS:-4096 4096 $(example_f "$w" 1024) bf16 12}"
+    example02 "$w" "example02-fused-w$w.log" "$(fused_args "$w")"
   done
   # Between two virtual hosts: the fused ops' decomposed path across hosts. On one GPU both
   # executors share it (a discovery script that reports GPU 0 to each).
   if [ "$ngpu" -eq 1 ]; then
     printf '#!/bin/sh\necho '"'"'{"name":"gpu","addresses":["0"]}'"'"'\n' > /tmp/gpu0.sh; chmod +x /tmp/gpu0.sh
     echo "== example 02 on cuda, two virtual hosts, both executors on the one GPU"
-    example02 2 example02-hosts.log "${EXAMPLE_ARGS:-1000 512 $(example_f 2) bf16 11}" -Dspark.fusedcomm.cuda.virtualHosts=2 -Dspark.fusedcomm.cuda.shareGpu=true \
+    example02 2 example02-hosts.log "$(small_args 2)" -Dspark.fusedcomm.cuda.virtualHosts=2 -Dspark.fusedcomm.cuda.shareGpu=true \
       -Dspark.worker.resource.gpu.discoveryScript=/tmp/gpu0.sh -Dspark.executor.resource.gpu.discoveryScript=/tmp/gpu0.sh
   elif [ $((ngpu % 2)) -eq 0 ]; then
     echo "== example 02 on cuda, two virtual hosts of $((ngpu / 2)) GPU(s)"
-    example02 "$ngpu" example02-hosts.log "${EXAMPLE_ARGS:-1000 512 $(example_f "$ngpu") bf16 11}" -Dspark.fusedcomm.cuda.virtualHosts=2
+    example02 "$ngpu" example02-hosts.log "$(small_args "$ngpu")" -Dspark.fusedcomm.cuda.virtualHosts=2
   fi
 fi
 echo "gpu_java_run rc=$rc"

@@ -165,11 +165,15 @@ void DeviceComm::end(cudaStream_t s, bool sync) {
   }
 }
 
+std::string DeviceComm::shortfall(uint64_t bytes) const {
+  return "needs " + std::to_string(bytes) + " bytes of symmetric memory, more than its " +
+         std::to_string(sm_->data_bytes()) + "-byte data area";
+}
+
 void DeviceComm::require_fits(const char* op, uint64_t bytes) const {
   if (bytes > sm_->data_bytes()) {
     fail(ErrorKind::kInvalidArgument,
-         std::string(op) + " needs " + std::to_string(bytes) + " bytes of symmetric memory, more than its " +
-             std::to_string(sm_->data_bytes()) + "-byte data area; raise spark.fusedcomm.cuda.symmetricBytes");
+         std::string(op) + " " + shortfall(bytes) + "; raise spark.fusedcomm.cuda.symmetricBytes");
   }
 }
 
@@ -523,15 +527,8 @@ bool DeviceComm::peers_on_other_gpus() const {
   return true;
 }
 
-void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered,
-                                 int64_t m, int64_t n_local, int64_t k, int layout,
-                                 cudaStream_t stream) {
-  check_usable();
-  require_ag_args(m, n_local, k);
-  if (link_ != nullptr) {
-    all_gather_gemm_across_hosts(a_local, w, c, gathered, m, n_local, k, layout, stream);
-    return;
-  }
+k::AgGemmArgs DeviceComm::ag_operands(const void* w, void* c, void* gathered, int64_t m, int64_t n_local,
+                                      int64_t k, int layout) const {
   k::AgGemmArgs args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n_local);
@@ -544,6 +541,19 @@ void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, vo
   // kAuto may move the exchange with the copy engines, which need every peer on another GPU
   // (kernels/fused.h FusedSideStreams; the tests' shared-GPU mode has them all on one).
   args.side = peers_on_other_gpus() ? ag_side_.get() : nullptr;
+  return args;
+}
+
+void DeviceComm::all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered,
+                                 int64_t m, int64_t n_local, int64_t k, int layout,
+                                 cudaStream_t stream) {
+  check_usable();
+  require_ag_args(m, n_local, k);
+  if (link_ != nullptr) {
+    all_gather_gemm_across_hosts(a_local, w, c, gathered, m, n_local, k, layout, stream);
+    return;
+  }
+  k::AgGemmArgs args = ag_operands(w, c, gathered, m, n_local, k, layout);
   const k::FusedWorkspace ws = k::all_gather_gemm_workspace(args, sm_->world());
   require_fits("allGatherGemm", std::max(ws.data_bytes, ws.scratch_bytes));
   cudaStream_t s = begin(stream);
@@ -799,11 +809,8 @@ std::string DeviceComm::describe_fused(int op, int64_t m, int64_t n, int64_t k, 
     return std::to_string(i.gemm_ctas) + " GEMM CTAs, tile width " + std::to_string(i.tile_n);
   };
   if (op == 0) {
-    k::AgGemmArgs args;  // as all_gather_gemm passes them (no pointers: the info reads sizes)
-    args.M = static_cast<int>(m);
-    args.N = static_cast<int>(n);
-    args.K = static_cast<int>(k);
-    args.side = peers_on_other_gpus() ? ag_side_.get() : nullptr;
+    // As all_gather_gemm passes them, without pointers: the info and workspaces read sizes.
+    const k::AgGemmArgs args = ag_operands(nullptr, nullptr, nullptr, m, n, k, 0);
     // Without the gathered A as an output the op builds it in the scratch area: it may fit only
     // with one. (The workspace reads only whether a pointer is given, never the pointer.)
     const k::FusedWorkspace bare = k::all_gather_gemm_workspace(args, sm_->world());
@@ -862,12 +869,10 @@ std::string DeviceComm::describe_fused(int op, int64_t m, int64_t n, int64_t k, 
     }
   }
   if (needs > area) {
-    out += "; refused: needs " + std::to_string(needs) + " bytes of symmetric memory, more than its " +
-           std::to_string(area) + "-byte data area (raise spark.fusedcomm.cuda.symmetricBytes)";
+    out += "; refused: " + shortfall(needs) + " (raise spark.fusedcomm.cuda.symmetricBytes)";
   } else if (unless_gathered > 0) {
-    out += "; refused unless the gathered A is asked for: without it the op needs " +
-           std::to_string(unless_gathered) + " bytes of symmetric memory, more than its " + std::to_string(area) +
-           "-byte data area (raise spark.fusedcomm.cuda.symmetricBytes)";
+    out += "; refused unless the gathered A is asked for: without it the op " + shortfall(unless_gathered) +
+           " (raise spark.fusedcomm.cuda.symmetricBytes)";
   }
   return out;
 }

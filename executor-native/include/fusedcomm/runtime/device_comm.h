@@ -139,6 +139,8 @@ class DeviceComm {
   void join_previous(cudaStream_t s);
   cudaStream_t begin(cudaStream_t stream);        // checks, pins, orders after the previous op
   void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
+  // "needs <bytes> bytes of symmetric memory, more than its <area>-byte data area"
+  std::string shortfall(uint64_t bytes) const;
   void require_fits(const char* op, uint64_t bytes) const;
   // allReduce of `count` elements on s (begun): one kernel where the input fits the data area,
   // else pieces of its size; across hosts, each piece hierarchically. in may alias out.
@@ -172,6 +174,9 @@ class DeviceComm {
   // Every peer's region is on another GPU than this rank's (by PCI bus id): the copy engines
   // may then move allGatherGemm's exchange.
   bool peers_on_other_gpus() const;
+  // allGatherGemm's kernel arguments as all_gather_gemm passes them (describe_fused too).
+  kernels::AgGemmArgs ag_operands(const void* w, void* c, void* gathered, int64_t m, int64_t n_local,
+                                  int64_t k, int layout) const;
   kernels::GemmArgs with_gemm_workspace(kernels::GemmArgs g, cudaStream_t s);
 
   Runtime& runtime_;

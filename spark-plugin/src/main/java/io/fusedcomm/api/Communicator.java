@@ -491,7 +491,6 @@ public final class Communicator implements AutoCloseable {
         + " on rank " + rank + " of " + world + " (" + runtime.backend().configName() + "): " + path;
   }
 
-
   // ---- MoE ---------------------------------------------------------------------------------
 
   /**
