@@ -5,7 +5,8 @@
 #   kernels/bench/fused/spread_ab.sh run [world=1] [rounds=2]   (GPU host, $OUT set)
 # world 1 runs every rank's work on one GPU with no peer (fused_bench --tp 2, gathered A asked):
 # what is left is the own rows' stores. world >= 2 needs that many GPUs. The spread build's
-# gpu_fused_test runs first (every world up to the GPU count, then W = 1-4 on one GPU); a
+# gpu_fused_test runs first (every world up to the GPU count when there are 2 or more, then
+# W = 1-4 on one GPU); a
 # failure stops the timing. Prints each shape's spread / base fused time and fused / GEMM.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -26,7 +27,10 @@ world=${2:-1}; rounds=${3:-2}
 OUT=${OUT:-/tmp/spread_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "commit $(cat $dir/commit.txt), world $world, rounds $rounds"
-fused_test "$dir/spread/gpu_fused_test" "$OUT/spread_test.log" "spread, separate GPUs" || exit 1
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+if [ "$gpus" -ge 2 ]; then
+  fused_test "$dir/spread/gpu_fused_test" "$OUT/spread_test.log" "spread, separate GPUs" || exit 1
+fi
 FC_TEST_SHARED_GPU=4 fused_test "$dir/spread/gpu_fused_test" "$OUT/spread_test_shared4.log" "spread, W = 1-4 on one GPU" || exit 1
 shapes=${FC_SPREAD_SHAPES:-70b M=16384|S=16384|70b M=8192|S=8192}
 rows=$OUT/spread_ab.jsonl; rm -f "$rows"
