@@ -28,6 +28,7 @@
 //     the same epoch: every rank gets Error(kCommunicator) naming both launches (record code
 //     kCommLaunchMismatch, a peer of the other parity, both signatures) within 2 s although the
 //     timeout is 10 s; then a fresh SymmetricMemory works.
+// FC_TEST_WORLDS=<w,...>: only those worlds (gpu_test_support.h).
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
 // protocol and numerics only; the back-to-back loops run 200 launches instead of 1,000).
 // FC_TEST_NEW_ALGOS=1: only the chunk-pipelined variants (kTwoPhasePush, kPipelined, kDirect) in every
@@ -696,6 +697,7 @@ int main() {
   }
   int failed = 0;
   for (const Config& c : configs) {
+    if (!fusedcomm::testing::test_world_selected(static_cast<int>(c.gpus.size()))) continue;
     std::string list;
     for (int gpu : c.gpus) {
       if (!list.empty()) list += ',';

@@ -36,6 +36,7 @@
 //     than even ranks at the same epoch: every
 //     rank gets Error(kCommunicator) naming both launches (kCommLaunchMismatch, a peer of the
 //     other parity) within 3 s although the timeout is 10 s.
+// FC_TEST_WORLDS=<w,...>: only those worlds (gpu_test_support.h).
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 1..max (gpu_test_support.h:
 // protocol and numerics only; 24 back-to-back launches instead of 120).
 // Exit 77 (skip) with a reason where fewer than 2 Hopper GPUs with peer access are visible
@@ -1080,6 +1081,7 @@ int main() {
   const int max_world = std::min(shared > 0 ? shared : n, k::kCommMaxRanks);
   int failed = 0;
   for (int w = 1; w <= max_world; ++w) {
+    if (!fusedcomm::testing::test_world_selected(w)) continue;  // FC_TEST_WORLDS
     std::vector<int> gpus;
     for (int i = 0; i < w; ++i) gpus.push_back(shared > 0 ? 0 : i);
     std::printf("== world %d%s\n", w, shared > 0 ? " (all ranks on GPU 0)" : "");

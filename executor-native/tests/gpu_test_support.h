@@ -53,6 +53,23 @@ inline int shared_gpu_world() {
   const int w = s ? std::atoi(s) : 0;
   return w >= 2 ? w : 0;
 }
+// FC_TEST_WORLDS=<w,w,...> (tests only): run only these worlds of the test's usual list (e.g.
+// "5,8" on an 8-GPU host after 1-4 passed elsewhere, or with FC_TEST_SHARED_GPU=8). Unset or
+// empty: every world. A listed world the test would not run (above the GPU count) is skipped.
+inline bool test_world_selected(int world) {
+  const char* s = std::getenv("FC_TEST_WORLDS");
+  if (s == nullptr || *s == '\0') return true;
+  for (const char* p = s; *p != '\0';) {
+    char* end = nullptr;
+    const long w = std::strtol(p, &end, 10);
+    if (end == p) return false;  // not a number: nothing matches (the log shows no world)
+    if (w == world) return true;
+    if (*end == '\0') break;
+    if (*end != ',') return false;
+    p = end + 1;
+  }
+  return false;
+}
 // Iteration counts of long loops: n, or n / 5 (at least 1) in the shared-GPU mode.
 inline int shared_gpu_scale(int n) { return g_shared_gpu ? (n / 5 > 0 ? n / 5 : 1) : n; }
 
