@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The native calls of docs/gpu-runs-owed.md's runbook, one per device call, so that each is
 # sent as one short command (repo root of the GPU host, carrying build/pab.tar.xz):
-#   kernels/bench/gpu_runbook.sh x2 1|2|3|4      x4 1|2|3|5|6      x8 1|2a|2b|3
+#   kernels/bench/gpu_runbook.sh x2 1|2|3|4      x4 1|2|3|5|6      x8 1|2a|2b|3      x1 w8
+# (x1 w8: the 8-GPU list's correctness items as a dry run on one GPU, every rank sharing it:
+# worlds 5 and 8 of both suites, then 2 virtual hosts x 4 ranks; protocol and numerics only.)
 # Each item fits the 600 s limit and leaves at most ~8 files in $OUT (the rest archived). The
 # Java items stay spark-plugin/bench/gpu_java_run.sh's (stage 1..5, then run).
 # Never give the benches a world of 3, 5 or 6: their Llama shapes at TP = W need W | 8 (the
@@ -60,9 +62,18 @@ case "$kind:$item" in
     grep -E 'round trip|one way|allReduce across|PASS|FAIL' "$O/proxy.log"
     timeout 200 build/pab/gpu_runtime_hosts_test > "$O/hosts_2x4.log" 2>&1; echo "gpu_runtime_hosts_test (2 x 4) rc=$?"
     grep -E '^FAIL|missing host|== ' "$O/hosts_2x4.log" | head ;;
+  x1:w8)
+    export FC_TEST_SHARED_GPU=8 FC_TEST_WORLDS=${FC_TEST_WORLDS:-5,8}
+    mkdir -p build/pab/tst && cp build/pab/pusher/gpu_fused_test build/pab/coll/gpu_collectives_test build/pab/tst/
+    OUT=$O executor-native/tests/device/shared_gpu_run.sh build/pab/tst 8 all | tail -2
+    unset FC_TEST_WORLDS
+    for t in gpu_hier_test gpu_runtime_hosts_test; do
+      FC_TEST_HOSTS=2 FC_TEST_LOCAL=4 timeout 200 build/pab/$t > "$O/${t}_2x4_shared.log" 2>&1
+      echo "$t (2 x 4, one GPU) rc=$?: $(grep -E '^== gpu_|^FAIL' "$O/${t}_2x4_shared.log" | head -3 | tr '\n' ' ')"
+    done ;;
   *) echo "no item $kind $item (see the usage at the top)"; exit 2 ;;
 esac
 rc=$?
-kernels/bench/pack_out.sh "$O" runbook_logs.tar.xz '*.tar.xz' '*results*' 'topo.txt' '*test.log' 'hier_s*.jsonl'
+kernels/bench/pack_out.sh "$O" runbook_logs.tar.xz '*.tar.xz' '*results*' 'topo.txt' '*test.log' 'hier_s*.jsonl' 'shared_*.log' '*_shared.log'
 ls -la "$O"
 exit $rc
