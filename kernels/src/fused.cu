@@ -167,6 +167,18 @@ FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p)
   return FusedAlgo::kFused;
 }
 
+// How the fused allGatherGemm's GEMM stores the own rows into the gathered A (AgParams::store_own):
+// spread over every tile of an own M-block where the gathered A is large, else by the column-0
+// tile. Measured (bench/fused/NOTES.md, run 26, two rounds each): the spread took 0.977-0.992 ×
+// the fused time with M·K·2 >= 256 MiB (70B M = 16384, square 16384) at W = 1 and 2, and
+// 1.001-1.013 × with 128 MiB (70B M = 8192, square 8192). W >= 3 keeps the column-0 tile
+// (not measured there).
+int ag_store_own(bool gathered, int world, int M, int K) {
+  if (!gathered) return 0;
+  const bool spread = world <= 2 && int64_t{M} * K * 2 >= (int64_t{256} << 20);
+  return spread ? detail::kAgStoreSpread : 1;
+}
+
 // The fused kernels' raster group height: the GEMM's default (gemm.h GemmArgs::group_m: 16 on
 // 256-wide tiles, 8 on 128-wide) up to W = 2, where it was measured; 8 from W = 3, as every
 // W = 4 table so far ran. A taller group there asks for more peers' rows before the first wave
@@ -835,7 +847,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
       e != cudaSuccess) {
     return e;
   }
-  p.store_own = a.gathered != nullptr ? 1 : 0;
+  p.store_own = ag_store_own(a.gathered != nullptr, W, a.M, a.K);
   p.dev = d;
   p.gathered = gathered;
   p.in_offset = a.in_offset;

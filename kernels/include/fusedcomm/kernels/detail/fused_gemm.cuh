@@ -66,6 +66,7 @@ __device__ __forceinline__ TileCoord two_part_raster(const GemmProblem& prob, in
 // work on the chunks the GEMM needs next); the slice that completes a chunk raises its flag.
 // Work item k = slice k % slices of chunk ag_sweep_chunk(k / slices): the order of the GEMM's
 // sweep (AgSchedule::coord).
+inline constexpr int kAgStoreSpread = 2;  // AgParams::store_own: the stores spread over the tiles
 struct AgParams {
   // A_r in this rank's data area (split_count(M,W,r) rows × K): the GEMM reads the M-blocks
   // made only of this rank's rows, [own_b0, own_b1), from it directly (AgSchedule::a_source),
@@ -73,8 +74,11 @@ struct AgParams {
   CUtensorMap tm_own;
   int own_b0, own_b1;  // M-blocks read from tm_own (own_b0 == own_b1: none)
   int own_row0;        // the first row of A_r in the gathered A (split_offset(M,W,r))
-  int store_own;       // the caller asked for the gathered A: the GEMM stores blocks
-                       // [own_b0, own_b1) into it (AgSchedule::stores_a)
+  int store_own;       // the caller asked for the gathered A, so the GEMM stores blocks
+                       // [own_b0, own_b1) into it (AgSchedule::stores_a): 0 no; 1 the tile
+                       // in column 0 of each block stores all its K slices; 2 (kAgStoreSpread)
+                       // every tile of the block stores the slices kb ≡ its column (mod
+                       // n_blocks)
   CommDevice dev;
   __nv_bfloat16* gathered;
   uint64_t in_offset;  // A_p in every rank's data area
@@ -184,6 +188,7 @@ struct FusedClaims {
   __device__ __forceinline__ int cta() const { return 0; }
   __device__ __forceinline__ int num_ctas() const { return 1; }
   __device__ __forceinline__ bool stores_a(TileCoord) const { return false; }
+  __device__ __forceinline__ int a_store_stride(const GemmProblem&) const { return 1; }
   __device__ __forceinline__ int claim() const {
     return static_cast<int>(atomicAdd(&fused_flags(p->dev, p->dev.rank)->tile_claim, 1u));
   }
@@ -200,16 +205,17 @@ struct FusedClaims {
 struct AgSchedule : FusedClaims<AgParams> {
   // M-block m is read from A_r (made only of this rank's rows): no copy, no flag.
   __device__ __forceinline__ bool from_own(int m) const { return m >= p->own_b0 && m < p->own_b1; }
-  // With a gathered output, the tile in column 0 of each such block also writes the block's
-  // rows into the gathered A as they pass through shared memory (engine hook kStoresA): the
-  // copy engine no longer copies them before the launch.
+  // With a gathered output, the tiles of each such block also write the block's rows into
+  // the gathered A as they pass through shared memory (engine hook kStoresA): the copy engine
+  // no longer copies them before the launch. Either the tile in column 0 stores every K slice,
+  // or (store_own == kAgStoreSpread) every tile of the block stores those of its stride
+  // (a_store_stride: slice kb by the tile in column kb mod n_blocks), each slice once.
   static constexpr bool kStoresA = true;
   __device__ __forceinline__ bool stores_a(TileCoord tc) const {
-#if defined(FUSEDCOMM_AG_SPREAD_STORES)
-    return p->store_own && from_own(tc.m);  // bench build: each tile a share of the slices
-#else
-    return p->store_own && tc.n == 0 && from_own(tc.m);
-#endif
+    return p->store_own != 0 && (tc.n == 0 || p->store_own == kAgStoreSpread) && from_own(tc.m);
+  }
+  __device__ __forceinline__ int a_store_stride(const GemmProblem& prob) const {
+    return p->store_own == kAgStoreSpread ? prob.n_blocks : 1;
   }
   // The own blocks first, in a raster group of their own, then the others from own_b1 on (the
   // pulls' order): a first group that mixed in peers' rows (M < 16 blocks at W = 2, < 32 at

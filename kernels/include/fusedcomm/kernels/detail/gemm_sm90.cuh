@@ -721,6 +721,7 @@ struct PlainSchedule {
   static constexpr bool kStreamK = !kPair;
   static constexpr bool kStoresA = false;
   __device__ __forceinline__ bool stores_a(TileCoord) const { return false; }
+  __device__ __forceinline__ int a_store_stride(const GemmProblem&) const { return 1; }
   __device__ __forceinline__ int cta() const { return static_cast<int>(blockIdx.x) / kCluster; }
   __device__ __forceinline__ int num_ctas() const { return static_cast<int>(gridDim.x) / kCluster; }
   __device__ __forceinline__ int claim() const { return 0; }
@@ -1041,22 +1042,16 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         return;
       }
       const bool store_a = kStoresA && threadIdx.x == 128 && sched.stores_a(tc);
-#if defined(FUSEDCOMM_AG_SPREAD_STORES)
-      // Bench build: every tile of a storing M-block stores the slices kb ≡ tc.n (mod n_blocks),
-      // so each slice is stored once and no tile waits on a store per slice (run 25: the
-      // column-0 tile storing all of them cost the fused allGatherGemm up to 3.3 %).
+      // The slices this tile stores: kb ≡ a_phase (mod a_stride); a stride of 1 stores all.
+      const int a_stride = store_a ? sched.a_store_stride(prob) : 1;
+      const int a_phase = tc.n % a_stride;
       bool stored_prev = false;
-#endif
 #if defined(FC_GEMM_TRACE)
       if (tr_done != 0) tr_gap += globaltimer_ns() - tr_done, ++tr_gaps;
 #endif
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         if (kb > 0) mbar_wait(&full[stage], phase);
-#if defined(FUSEDCOMM_AG_SPREAD_STORES)
-        const bool store_slice = store_a && kb % prob.n_blocks == tc.n;
-#else
-        const bool store_slice = store_a;
-#endif
+        const bool store_slice = store_a && kb % a_stride == a_phase;
         if (store_slice) {
           // The slice landed (full barrier, async proxy); the store reads it in that proxy.
           tma_store_2d(&tm_a, smem_a + stage * Cfg::kABytes, kb * kTileK, tc.m * kTileM);
@@ -1068,8 +1063,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
           // the previous tile's main loop, whatever the other warpgroup does next.
           if (kb == min(prob.k_blocks, kStages) - 1) epi.template main_loop_point<BN>(tc, cw);
         }
-        // The previous slice's store (all but the one just issued) has read its stage.
-#if defined(FUSEDCOMM_AG_SPREAD_STORES)
+        // The previous slice's store has read its stage before the stage is released (all
+        // but the store just issued, if any).
         if (stored_prev) {
           if (store_slice) {
             bulk_wait_read_keep<1>();
@@ -1078,9 +1073,6 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
           }
         }
         stored_prev = store_slice;
-#else
-        if (store_a && kb > 0) bulk_wait_read_keep<1>();
-#endif
         if (kb > 0 && lane == 0) release(prev);
         prev = stage;
         if (++stage == kStages) {
