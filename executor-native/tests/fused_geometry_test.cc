@@ -201,7 +201,7 @@ void test_ag_auto() {
 }
 
 // allGatherGemm's exchange (fused.h AgExchange): kAuto takes the copy engines at W = 2 up to
-// N_r = 4096 when side streams are given, never without them or at other worlds; forced, they
+// N_r = 4096 or from 64 MiB of gathered A (M·K·2) when side streams are given, never without them or at other worlds; forced, they
 // are taken at every W >= 2 (with streams) and SM pulls never move to them. With the copy
 // engines one CTA raises the chunk flags (the others run the GEMM), and the sweep interleaves
 // the peers by default (W >= 3, one M-block per chunk). No CUDA call: the streams are made at
@@ -210,30 +210,34 @@ void test_ag_exchange() {
   k::FusedSideStreams side;
   for (int W = 1; W <= 8; ++W) {
     for (int N_r : {2048, 4096, 4104, 14336}) {
-      for (auto x : {k::AgExchange::kAuto, k::AgExchange::kSmPulls, k::AgExchange::kCopyEngines}) {
-        for (bool with_side : {false, true}) {
-          k::AgGemmArgs a;
-          a.M = 16384;
-          a.N = N_r;
-          a.K = 8192;
-          a.algo = k::FusedAlgo::kFused;
-          a.exchange = x;
-          a.side = with_side ? &side : nullptr;
-          const bool ce = with_side && W >= 2 &&
-                          (x == k::AgExchange::kCopyEngines || (x == k::AgExchange::kAuto && W == 2 && N_r <= 4096));
-          const std::string what = "allGatherGemm exchange W=" + std::to_string(W) + " N_r=" + std::to_string(N_r) +
-                                   " exchange=" + std::to_string(static_cast<int>(x)) + (with_side ? " with" : " without") +
-                                   " side streams";
-          const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, 132), a);
-          check(info.copy_engines == (ce ? 1 : 0), what + ": copy engines " + (ce ? "taken" : "not taken"));
-          if (ce) check(info.comm_ctas == 1 && info.gemm_ctas == 131, what + ": one flag CTA, 131 GEMM CTAs");
-          if (ce && W >= 3) {
-            // Interleaved by default: the first peer chunk after the own ones is not peer r+1's
-            // whole run (its second position holds another peer's block).
-            const std::vector<int> order = k::all_gather_gemm_sweep(device(W, 0, 132), a);
-            const int own = 16384 / 128 / W;
-            check(order.size() > static_cast<size_t>(own + 1) && order[own + 1] - order[own] != 1,
-                  what + ": the peers' blocks in turn");
+      for (int M : {2048, 4096, 16384}) {  // gathered A of 32, 64 and 256 MiB at K = 8192
+        for (auto x : {k::AgExchange::kAuto, k::AgExchange::kSmPulls, k::AgExchange::kCopyEngines}) {
+          for (bool with_side : {false, true}) {
+            k::AgGemmArgs a;
+            a.M = M;
+            a.N = N_r;
+            a.K = 8192;
+            a.algo = k::FusedAlgo::kFused;
+            a.exchange = x;
+            a.side = with_side ? &side : nullptr;
+            const bool large = int64_t{M} * a.K * 2 >= (int64_t{64} << 20);
+            const bool ce = with_side && W >= 2 &&
+                            (x == k::AgExchange::kCopyEngines ||
+                             (x == k::AgExchange::kAuto && W == 2 && (N_r <= 4096 || large)));
+            const std::string what = "allGatherGemm exchange W=" + std::to_string(W) + " M=" + std::to_string(M) +
+                                     " N_r=" + std::to_string(N_r) + " exchange=" + std::to_string(static_cast<int>(x)) +
+                                     (with_side ? " with" : " without") + " side streams";
+            const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, 132), a);
+            check(info.copy_engines == (ce ? 1 : 0), what + ": copy engines " + (ce ? "taken" : "not taken"));
+            if (ce) check(info.comm_ctas == 1 && info.gemm_ctas == 131, what + ": one flag CTA, 131 GEMM CTAs");
+            if (ce && W >= 3) {
+              // Interleaved by default: the first peer chunk after the own ones is not peer r+1's
+              // whole run (its second position holds another peer's block).
+              const std::vector<int> order = k::all_gather_gemm_sweep(device(W, 0, 132), a);
+              const int own = M / 128 / W;
+              check(order.size() > static_cast<size_t>(own + 1) && order[own + 1] - order[own] != 1,
+                    what + ": the peers' blocks in turn");
+            }
           }
         }
       }

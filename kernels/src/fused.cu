@@ -203,6 +203,11 @@ struct AgGeometry {
 // at the eleven wider shapes. At W = 4 one stream per peer pulled 200-232 GB/s into each GPU and
 // lost 1.07-1.46 x at the narrow shapes (run 18): not taken there.
 constexpr int kAgCeMaxN = 4096;
+// ... and from this much gathered A (M·K·2) at any N_r. Run 33 (2 x H200, f3181c4, two rounds in
+// alternating order, slowest rank): 0.982-0.998 x the SM pulls' time at 8B M = 16384 and 70B
+// M = 4096, 8192 and 16384 (64-256 MiB; 8 of 8 rounds faster), square 16384 0.990 and 1.002;
+// run 20 had 1.004-1.011 x at 32 MiB (70B M = 2048, 8B M = 4096), where the pulls stay.
+constexpr int64_t kAgCeMinGatheredBytes = int64_t{64} << 20;
 // The copy engines' copies merge consecutive rows of a peer up to this many bytes
 // (ag_ce_steps): a 2 MiB chunk alone is a few microseconds of copy engine, about what a copy
 // costs to start (run 17 tried 32 MiB: no better).
@@ -215,7 +220,8 @@ bool ag_uses_ce(const CommDevice& d, const AgGemmArgs& a) {
 #endif
   if (d.world < 2 || a.side == nullptr || a.exchange == AgExchange::kSmPulls) return false;
   if (a.exchange == AgExchange::kCopyEngines) return true;
-  return a.side->usable() && d.world == 2 && a.N <= kAgCeMaxN;
+  return a.side->usable() && d.world == 2 &&
+         (a.N <= kAgCeMaxN || int64_t{a.M} * a.K * 2 >= kAgCeMinGatheredBytes);
 }
 
 // Fills everything but the device handle, pointers and tile width dependent parts.
