@@ -245,6 +245,32 @@ void test_ag_exchange() {
   }
 }
 
+// allGatherGemm's own-row stores (fused.h FusedLaunchInfo::spread_stores): spread over the tiles
+// of an own M-block only with the gathered A asked for, at W <= 2, from M·K·2 = 256 MiB.
+void test_ag_spread_stores() {
+  for (int W = 1; W <= 4; ++W) {
+    for (int M : {8192, 16384}) {
+      for (int K : {8192, 16384}) {
+        for (bool gathered : {false, true}) {
+          k::AgGemmArgs a;
+          a.M = M;
+          a.N = 8192;
+          a.K = K;
+          a.algo = k::FusedAlgo::kFused;
+          a.exchange = k::AgExchange::kSmPulls;
+          if (gathered) a.gathered = reinterpret_cast<__nv_bfloat16*>(uintptr_t{256});
+          const bool spread = gathered && W <= 2 && int64_t{M} * K * 2 >= (int64_t{256} << 20);
+          const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, 132), a);
+          check(info.spread_stores == (spread ? 1 : 0),
+                "allGatherGemm W=" + std::to_string(W) + " M=" + std::to_string(M) + " K=" + std::to_string(K) +
+                    (gathered ? " gathered" : " not gathered") + ": own rows stored " +
+                    (spread ? "by every tile" : "by the column-0 tile (or not at all)"));
+        }
+      }
+    }
+  }
+}
+
 // kAuto's fallback when the side streams cannot be made (fused.h FusedSideStreams::usable): a
 // failed prepare turns kAuto to the SM pulls for that object's later launches, and the info says
 // so; a forced kCopyEngines still asks for the streams. The one CUDA call here is prepare: on a
@@ -605,6 +631,7 @@ int main() {
   test_ag();
   test_ag_auto();
   test_ag_exchange();
+  test_ag_spread_stores();
   test_ag_exchange_fallback();
   test_ag_ce_plan();
   test_ag_sweep();

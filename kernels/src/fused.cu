@@ -231,6 +231,7 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   AgParams& p = g.p;
   p.M = a.M;
   p.K = a.K;
+  p.store_own = ag_store_own(a.gathered != nullptr, W, a.M, a.K);
   const int mb = static_cast<int>(ceil_div(a.M, detail::kTileM));
   p.mg = static_cast<int>(ceil_div(mb, kFusedMaxChunks));
   p.chunks = static_cast<int>(ceil_div(mb, p.mg));
@@ -587,6 +588,7 @@ FusedLaunchInfo all_gather_gemm_info(const CommDevice& d, const AgGemmArgs& a) {
     info.comm_ctas = g.comm_ctas;
     info.chunks = g.p.chunks;
     info.copy_engines = g.p.ce;
+    info.spread_stores = g.p.store_own == detail::kAgStoreSpread ? 1 : 0;
     info.tile_n = gemm_tile_grid(a.M, a.N, 0, g.gemm_ctas).tile_n;
   } else if (valid_shape(a.M, a.N, a.K)) {
     info.tile_n = gemm_tile_grid(a.M, a.N, 0, device_sms(d)).tile_n;
@@ -853,7 +855,6 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
       e != cudaSuccess) {
     return e;
   }
-  p.store_own = ag_store_own(a.gathered != nullptr, W, a.M, a.K);
   p.dev = d;
   p.gathered = gathered;
   p.in_offset = a.in_offset;

@@ -903,7 +903,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      "\"gbps\": %.1f, \"algo\": \"%s\", \"auto_algo\": \"%s\", \"gemm_ctas\": %d, "
                      "\"comm_ctas\": %d, \"tile_n\": %d, \"chunks\": %d, \"iters\": %d, "
                      "\"batches\": %d, \"partials\": \"%s\", \"tp\": %d, \"ag_gathered\": %s, "
-                     "\"phantom_world\": %d, \"push_pace_ns\": %u, \"ag_copy_engines\": %d, \"sustain_ms\": %g, \"ms_ranks\": [%s], "
+                     "\"phantom_world\": %d, \"push_pace_ns\": %u, \"ag_copy_engines\": %d, \"ag_spread_stores\": %d, \"sustain_ms\": %g, \"ms_ranks\": [%s], "
                      "\"gpu\": \"%s\"}\n",
                      s.op.c_str(), im.name, W, s.label.c_str(), s.M, s.N, s.K, ms,
                      flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9,
@@ -912,7 +912,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
                      im.info.chunks, iters, o.batches,
                      is_ag ? "" : o.rs_partials.c_str(),
                      o.tp > 0 ? o.tp : W,
-                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, im.info.push_pace_ns, im.info.copy_engines,
+                     o.ag_gathered ? "true" : "false", Wf != W ? Wf : 0, im.info.push_pace_ns, im.info.copy_engines, im.info.spread_stores,
                      o.alternate ? 0.0 : o.sustain_ms, per_rank.c_str(), device);
         std::fflush(f);
         std::printf("%-18s W=%d %-20s %-16s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,

@@ -319,6 +319,10 @@ struct FusedLaunchInfo {
   // (0: not paced; fused.cu, rs_push_pace_ns).
   uint32_t push_pace_ns;
   int copy_engines;  // kFused allGatherGemm: 1 if the copy engines move the peers' rows
+  // kFused allGatherGemm with the gathered A asked for: 1 if every tile of an own M-block stores
+  // a share of its rows into it (W <= 2, M·K·2 >= 256 MiB; fused.cu ag_store_own), 0 if the
+  // tile in column 0 stores them all.
+  int spread_stores;
 };
 FusedLaunchInfo all_gather_gemm_info(const CommDevice& dev, const AgGemmArgs& args);
 FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs& args);
