@@ -175,6 +175,9 @@ FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p)
 // (not measured there).
 int ag_store_own(bool gathered, int world, int M, int K) {
   if (!gathered) return 0;
+#ifdef FUSEDCOMM_AG_SPREAD_ANY_W
+  world = 1;  // bench build: the rule at every W, for the W = 4 A/B (w4_owed.sh)
+#endif
   const bool spread = world <= 2 && int64_t{M} * K * 2 >= (int64_t{256} << 20);
   return spread ? detail::kAgStoreSpread : 1;
 }

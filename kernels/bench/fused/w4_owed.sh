@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The fused ops' owed 4-GPU items (docs/gpu-runs-owed.md) in ONE device call of ~7 minutes on
+# `nvidia-h200-x4`, the W = 4 table left to a second call:
+#   build (CPU machine): kernels/bench/fused/w4_owed.sh build   -> build/w4.tar.xz (carry it)
+#   run   (GPU host):    kernels/bench/fused/w4_owed.sh run [rounds=2]   -> $OUT/w4_*
+#   then, second call:   FC_WORLDS=4 FC_OPS=ag,rs FC_BENCH_ROUNDS=2 FC_RS_PARTIALS=bf16 \
+#                          kernels/bench/fused/device_run.sh build/w4/base bench full <sha>
+#                        (<sha> in build/w4/commit.txt; its fused_results.* replace this call's)
+# Builds: base (HEAD); tall (-DFUSEDCOMM_FUSED_TALL_GROUPS: raster groups of 16 in the fused
+# kernels at W >= 3 too, run 23's W = 2 gain); spread (-DFUSEDCOMM_AG_SPREAD_ANY_W: the own-row
+# stores spread over the tiles at every W, run 26-32's W <= 2 rule). And base with the copy
+# engines forced (`--ag-exchange ce`, bd66aa0's W = 2 rule; at W = 4 they lost in run 18 with
+# one stream per peer).
+# Steps, each under its own timeout:
+#   1. gpu_fused_test: base on separate GPUs (W = 1-4) and with every rank on GPU 0 (W = 1-4);
+#      tall and spread on separate GPUs. A failure skips that build's timing.
+#   2. fused_bench --world 4, bf16 partials, sustained, the shapes of the W = 4 misses (run 18)
+#      and the two large squares, every variant per round, the order rotated between rounds.
+#   3. The table: per shape and op, each variant's fused time (slowest rank) over base's.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+here=kernels/bench/fused
+dir=build/w4
+. $here/builds_lib.sh
+if [ "${1:-run}" = build ]; then
+  rm -rf "$dir"; mkdir -p "$dir"
+  for b in base= tall=-DFUSEDCOMM_FUSED_TALL_GROUPS spread=-DFUSEDCOMM_AG_SPREAD_ANY_W; do
+    n=${b%%=*}
+    FC_NVCC_FLAGS="${b#*=}" $here/build.sh "build/w4-full/$n" | tail -1 || exit 1
+    mkdir -p "$dir/$n" && cp "build/w4-full/$n/fused_bench" "build/w4-full/$n/gpu_fused_test" "$dir/$n/" || exit 1
+  done
+  cp build/w4-full/base/ptxas.txt "$dir/base/" || exit 1
+  pack_builds "$dir"; exit
+fi
+unpack_builds "$dir" || exit 1
+rounds=${2:-2}
+OUT=${OUT:-/tmp/w4_out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+echo "commit $(cat $dir/commit.txt), $(nvidia-smi -L | grep -c '^GPU') GPUs, rounds $rounds"
+nvidia-smi -L > "$OUT/w4_gpus.txt"
+ok=(base)
+fused_test "$dir/base/gpu_fused_test" "$OUT/w4_test_base.log" "base, separate GPUs" 240 || ok=()
+FC_TEST_SHARED_GPU=4 fused_test "$dir/base/gpu_fused_test" "$OUT/w4_test_base_shared.log" "base, W = 1-4 on GPU 0" 150 || ok=()
+for b in tall spread; do
+  fused_test "$dir/$b/gpu_fused_test" "$OUT/w4_test_$b.log" "$b, separate GPUs" 240 && ok+=("$b")
+done
+[ ${#ok[@]} -gt 0 ] && [ "${ok[0]}" = base ] || { echo "base failed its test: no timing"; exit 1; }
+variants=("${ok[@]}" ce)  # ce: base with the copy engines forced
+shapes=${FC_W4_SHAPES:-70b M=2048|70b M=8192|70b M=16384|8b M=8192|S=8192|S=16384}
+rows=$OUT/w4_ab.jsonl; rm -f "$rows"
+for r in $(seq 1 "$rounds"); do
+  n=${#variants[@]}; order=()
+  for i in $(seq 0 $((n - 1))); do order+=("${variants[$(((i + r - 1) % n))]}"); done
+  for v in "${order[@]}"; do
+    b=$v; x=(); [ "$v" = ce ] && { b=base; x=(--ag-exchange ce); }
+    rm -f /tmp/w4_rows.jsonl  # a failed run must not re-append the previous rows
+    timeout 200 "$dir/$b/fused_bench" --world 4 --ops ag,rs --rs-partials bf16 --sustain-ms 500 \
+      --batches 5 --ag-gathered 1 --shape "$shapes" "${x[@]}" --out /tmp/w4_rows.jsonl \
+      >> "$OUT/w4_bench.log" 2>&1 || echo "fused_bench $v round $r: rc=$?"
+    [ -f /tmp/w4_rows.jsonl ] && sed "s/}\$/, \"variant\": \"$v\", \"round\": $r}/" /tmp/w4_rows.jsonl >> "$rows"
+  done
+done
+python3 - "$rows" <<'PY' | tee "$OUT/w4_table.txt"
+import collections, json, statistics, sys
+d = collections.defaultdict(list)
+variants = []
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["variant"] not in variants:
+        variants.append(r["variant"])
+    d[(r["op"], r["shape"], r["impl"], r["variant"])].append(max(r["ms_ranks"]))
+med = {k: statistics.median(v) for k, v in d.items()}
+print("fused ms of base (slowest rank, median of rounds); each variant's fused time / base's;"
+      " base fused / base GEMM")
+print(f"{'op':15} {'shape':22} {'base ms':>9}" + "".join(f"{v:>9}" for v in variants[1:]) + f"{'f/GEMM':>9}")
+for op, s in dict.fromkeys((k[0], k[1]) for k in med):
+    b = med.get((op, s, "ours_fused", "base"))
+    g = med.get((op, s, "ours_gemm", "base"))
+    if not b:
+        continue
+    cells = "".join(f"{med[(op, s, 'ours_fused', v)] / b:9.3f}" if (op, s, "ours_fused", v) in med
+                    else f"{'-':>9}" for v in variants[1:])
+    print(f"{op:15} {s:22} {b:9.4f}{cells}{b / g if g else float('nan'):9.3f}")
+PY
