@@ -200,12 +200,12 @@ void test_ag_auto() {
   }
 }
 
-// allGatherGemm's exchange (fused.h AgExchange): kAuto takes the copy engines at W = 2 up to
-// N_r = 4096 or from 64 MiB of gathered A (M·K·2) when side streams are given, never without them or at other worlds; forced, they
-// are taken at every W >= 2 (with streams) and SM pulls never move to them. With the copy
-// engines one CTA raises the chunk flags (the others run the GEMM), and the sweep interleaves
-// the peers by default (W >= 3, one M-block per chunk). No CUDA call: the streams are made at
-// the first launch.
+// allGatherGemm's exchange (fused.h AgExchange): kAuto takes the copy engines at W = 2 up to N_r =
+// 4096 or from 64 MiB of gathered A (M·K·2) when side streams are given, never without them or at
+// other worlds; forced, they are taken at every W >= 2 (with streams) and SM pulls never move to
+// them. With the copy engines one CTA raises the chunk flags (the others run the GEMM), and the
+// sweep interleaves the peers by default (W >= 3, one M-block per chunk). No CUDA call: the streams
+// are made at the first launch.
 void test_ag_exchange() {
   k::FusedSideStreams side;
   for (int W = 1; W <= 8; ++W) {

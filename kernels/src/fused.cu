@@ -173,12 +173,15 @@ FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p)
 // the fused time with M·K·2 >= 256 MiB (70B M = 16384, square 16384) at W = 1 and 2, and
 // 1.001-1.013 × with 128 MiB (70B M = 8192, square 8192). W >= 3 keeps the column-0 tile
 // (not measured there).
+// The gathered A's bytes (M rows of K bf16), which both of allGatherGemm's size rules read.
+int64_t ag_gathered_bytes(int M, int K) { return int64_t{M} * K * 2; }
+
 int ag_store_own(bool gathered, int world, int M, int K) {
   if (!gathered) return 0;
 #ifdef FUSEDCOMM_AG_SPREAD_ANY_W
   world = 1;  // bench build: the rule at every W, for the W = 4 A/B (w4_owed.sh)
 #endif
-  const bool spread = world <= 2 && int64_t{M} * K * 2 >= (int64_t{256} << 20);
+  const bool spread = world <= 2 && ag_gathered_bytes(M, K) >= (int64_t{256} << 20);
   return spread ? detail::kAgStoreSpread : 1;
 }
 
@@ -224,7 +227,7 @@ bool ag_uses_ce(const CommDevice& d, const AgGemmArgs& a) {
   if (d.world < 2 || a.side == nullptr || a.exchange == AgExchange::kSmPulls) return false;
   if (a.exchange == AgExchange::kCopyEngines) return true;
   return a.side->usable() && d.world == 2 &&
-         (a.N <= kAgCeMaxN || int64_t{a.M} * a.K * 2 >= kAgCeMinGatheredBytes);
+         (a.N <= kAgCeMaxN || ag_gathered_bytes(a.M, a.K) >= kAgCeMinGatheredBytes);
 }
 
 // Fills everything but the device handle, pointers and tile width dependent parts.

@@ -1,6 +1,6 @@
 # Sourced by the fused benches' one-call scripts (pace_ab.sh, engine_trace_run.sh,
-# rs_w2_probe.sh, pusher_ab.sh, coll_power_ab.sh, sustain_ab.sh, split_sweep.sh; from the
-# repository root): build
+# rs_w2_probe.sh, pusher_ab.sh, coll_power_ab.sh, sustain_ab.sh, split_sweep.sh, w4_owed.sh,
+# ag_split_w2.sh; from the repository root): build
 # variants here, carry one archive to the GPU host, unpack it there.
 
 # fused_variants DIR PREFIX EXTRA_FLAGS name=FLAGS...: each variant's fused_bench, built by
@@ -46,3 +46,24 @@ fused_test() {
   return $rc
 }
 
+# variant_rounds ROWS ROUNDS DEADLINE_S V...: ROUNDS rounds over the variants V, the order rotated
+# by one each round, each a call of the caller's `run_variant V FILE` (it writes fused_bench's
+# rows to FILE); every row is appended to ROWS with "variant" and "round". No run starts after
+# DEADLINE_S seconds of the script (0: no deadline). Tables: variant_ratios.py ROWS V1.
+variant_rounds() {
+  local rows=$1 rounds=$2 deadline=$3 r i v n
+  shift 3
+  local variants=("$@") tmp=/tmp/variant_rows.jsonl
+  n=${#variants[@]}
+  for r in $(seq 1 "$rounds"); do
+    for i in $(seq 0 $((n - 1))); do
+      v=${variants[$(((i + r - 1) % n))]}
+      if [ "$deadline" -gt 0 ] && [ "$SECONDS" -ge "$deadline" ]; then
+        echo "deadline: round $r from $v on not run"; return 0
+      fi
+      rm -f "$tmp"  # a failed run must not re-append the previous rows
+      run_variant "$v" "$tmp" || echo "variant $v round $r: rc=$?"
+      [ -f "$tmp" ] && sed "s/}\$/, \"variant\": \"$v\", \"round\": $r}/" "$tmp" >> "$rows"
+    done
+  done
+}

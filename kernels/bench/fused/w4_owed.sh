@@ -49,38 +49,11 @@ done
 variants=("${ok[@]}" ce)  # ce: base with the copy engines forced
 shapes=${FC_W4_SHAPES:-70b M=2048|70b M=8192|70b M=16384|8b M=8192|S=8192|S=16384}
 rows=$OUT/w4_ab.jsonl; rm -f "$rows"
-for r in $(seq 1 "$rounds"); do
-  n=${#variants[@]}; order=()
-  for i in $(seq 0 $((n - 1))); do order+=("${variants[$(((i + r - 1) % n))]}"); done
-  for v in "${order[@]}"; do
-    [ "$SECONDS" -lt "${FC_W4_DEADLINE_S:-540}" ] || { echo "deadline: round $r from $v on not run"; break 2; }
-    b=$v; x=(); [ "$v" = ce ] && { b=base; x=(--ag-exchange ce); }
-    rm -f /tmp/w4_rows.jsonl  # a failed run must not re-append the previous rows
-    timeout 200 "$dir/$b/fused_bench" --world 4 --ops ag,rs --rs-partials bf16 --sustain-ms 500 \
-      --batches 5 --ag-gathered 1 --shape "$shapes" "${x[@]}" --out /tmp/w4_rows.jsonl \
-      >> "$OUT/w4_bench.log" 2>&1 || echo "fused_bench $v round $r: rc=$?"
-    [ -f /tmp/w4_rows.jsonl ] && sed "s/}\$/, \"variant\": \"$v\", \"round\": $r}/" /tmp/w4_rows.jsonl >> "$rows"
-  done
-done
-python3 - "$rows" <<'PY' | tee "$OUT/w4_table.txt"
-import collections, json, statistics, sys
-d = collections.defaultdict(list)
-variants = []
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["variant"] not in variants:
-        variants.append(r["variant"])
-    d[(r["op"], r["shape"], r["impl"], r["variant"])].append(max(r["ms_ranks"]))
-med = {k: statistics.median(v) for k, v in d.items()}
-print("fused ms of base (slowest rank, median of rounds); each variant's fused time / base's;"
-      " base fused / base GEMM")
-print(f"{'op':15} {'shape':22} {'base ms':>9}" + "".join(f"{v:>9}" for v in variants[1:]) + f"{'f/GEMM':>9}")
-for op, s in dict.fromkeys((k[0], k[1]) for k in med):
-    b = med.get((op, s, "ours_fused", "base"))
-    g = med.get((op, s, "ours_gemm", "base"))
-    if not b:
-        continue
-    cells = "".join(f"{med[(op, s, 'ours_fused', v)] / b:9.3f}" if (op, s, "ours_fused", v) in med
-                    else f"{'-':>9}" for v in variants[1:])
-    print(f"{op:15} {s:22} {b:9.4f}{cells}{b / g if g else float('nan'):9.3f}")
-PY
+run_variant() {  # ce: base with the copy engines forced
+  local b=$1 x=()
+  [ "$1" = ce ] && { b=base; x=(--ag-exchange ce); }
+  timeout 200 "$dir/$b/fused_bench" --world 4 --ops ag,rs --rs-partials bf16 --sustain-ms 500 \
+    --batches 5 --ag-gathered 1 --shape "$shapes" "${x[@]}" --out "$2" >> "$OUT/w4_bench.log" 2>&1
+}
+variant_rounds "$rows" "$rounds" "${FC_W4_DEADLINE_S:-540}" "${variants[@]}"
+python3 $here/variant_ratios.py "$rows" base | tee "$OUT/w4_table.txt"

@@ -50,12 +50,12 @@
 //       waits for a tile's chunk flag before loading it.
 //       Once a pulling CTA has finished its chunks it joins the GEMM (tiles are claimed from a
 //       shared counter), so the SMs lent to communication are not lost for the rest of the op.
-//       Or (AgExchange::kCopyEngines, which kAuto takes at W = 2 for N_r <= 4096 or a
-//       gathered A of 64 MiB or more, when the caller passes side streams) the copy engines pull the peers' rows, one side stream per peer
-//       forked from `stream` and joined back into it after the kernel, chunk by chunk in the
-//       GEMM's order; a single CTA turns their progress into the chunk flags, and every other
-//       SM runs the GEMM (a pulling SM moves ~16 GB/s beside the GEMM, so where the exchange
-//       is large against the GEMM the pulls cost it SM time that the copy engines do not).
+//       Or (AgExchange::kCopyEngines, which kAuto takes at W = 2 for N_r <= 4096 or a gathered A of
+//       64 MiB or more, when the caller passes side streams) the copy engines pull the peers' rows,
+//       one side stream per peer forked from `stream` and joined back into it after the kernel,
+//       chunk by chunk in the GEMM's order; a single CTA turns their progress into the chunk flags,
+//       and every other SM runs the GEMM (a pulling SM moves ~16 GB/s beside the GEMM, so where the
+//       exchange is large against the GEMM the pulls cost it SM time that the copy engines do not).
 //     gemmReduceScatter: every CTA runs the GEMM (one per SM). A 64-row half-tile of rows
 //       that another rank o owns is PUSHED as soon as it is computed: staged in shared memory
 //       and stored over NVLink into o's receive slot for this rank (o's data area at
@@ -198,15 +198,15 @@ static_assert(kFusedFlagsOffset + sizeof(FusedFlags) <= kCommStagingOffset,
 // allGatherGemm's exchange in the fused kernel (contract above, "kFused").
 //   kSmPulls      pulling CTAs move the peers' rows, then join the GEMM;
 //   kCopyEngines  the copy engines move them on side streams (AgGemmArgs::side, required);
-//   kAuto         kCopyEngines at W = 2 where N_r <= 4096 or M·K·2 >= 64 MiB and side
-//                 streams were given, else kSmPulls (run 17, 2 x H200: 0.926 x the SM pulls'
-//                 time at square 8192, N_r = 4096; run 33: 0.982-0.998 x at the wider shapes
-//                 from 64 MiB of gathered A, run 20: 1.004-1.011 x at 32 MiB; at W = 4 one
-//                 stream per peer lost up to 1.46 x, run 18). A rank-local choice: ranks that differ interoperate
-//                 (both start with the same barrier and end with the same done flags), so kAuto
-//                 also falls back to SM pulls where the side streams cannot be made (the launch
-//                 makes them first; a forced kCopyEngines returns that error instead). The
-//                 fallback sticks to that FusedSideStreams (FusedSideStreams::usable), so that
+//   kAuto         kCopyEngines at W = 2 where N_r <= 4096 or M·K·2 >= 64 MiB and side streams were
+//                 given, else kSmPulls (run 17, 2 x H200: 0.926 x the SM pulls' time at square
+//                 8192, N_r = 4096; run 33: 0.982-0.998 x at the wider shapes from 64 MiB of
+//                 gathered A, run 20: 1.004-1.011 x at 32 MiB; at W = 4 one stream per peer lost up
+//                 to 1.46 x, run 18). A rank-local choice: ranks that differ interoperate (both
+//                 start with the same barrier and end with the same done flags), so kAuto also
+//                 falls back to SM pulls where the side streams cannot be made (the launch makes
+//                 them first; a forced kCopyEngines returns that error instead). The fallback
+//                 sticks to that FusedSideStreams (FusedSideStreams::usable), so that
 //                 all_gather_gemm_info reports it for every later launch.
 enum class AgExchange : uint32_t { kAuto = 0, kSmPulls = 1, kCopyEngines = 2 };
 
