@@ -167,15 +167,15 @@ FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p)
   return FusedAlgo::kFused;
 }
 
+// The gathered A's bytes (M rows of K bf16), which both of allGatherGemm's size rules read.
+int64_t ag_gathered_bytes(int M, int K) { return int64_t{M} * K * 2; }
+
 // How the fused allGatherGemm's GEMM stores the own rows into the gathered A (AgParams::store_own):
 // spread over every tile of an own M-block where the gathered A is large, else by the column-0
 // tile. Measured (bench/fused/NOTES.md, run 26, two rounds each): the spread took 0.977-0.992 ×
 // the fused time with M·K·2 >= 256 MiB (70B M = 16384, square 16384) at W = 1 and 2, and
 // 1.001-1.013 × with 128 MiB (70B M = 8192, square 8192). W >= 3 keeps the column-0 tile
 // (not measured there).
-// The gathered A's bytes (M rows of K bf16), which both of allGatherGemm's size rules read.
-int64_t ag_gathered_bytes(int M, int K) { return int64_t{M} * K * 2; }
-
 int ag_store_own(bool gathered, int world, int M, int K) {
   if (!gathered) return 0;
 #ifdef FUSEDCOMM_AG_SPREAD_ANY_W

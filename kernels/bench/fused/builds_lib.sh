@@ -20,6 +20,13 @@ fused_variants() {
   done
 }
 
+# variant_tests DIR PREFIX: after fused_variants DIR PREFIX ..., each variant's gpu_fused_test
+# (built beside its fused_bench) into DIR/name too, for scripts that test a build before timing it.
+variant_tests() {
+  local v
+  while read -r v; do cp "build/$2-$v/gpu_fused_test" "$1/$v/" || return 1; done < "$1/order.txt"
+}
+
 # pack_builds DIR: strips DIR's executables (host symbols only), records the commit in
 # DIR/commit.txt and writes DIR.tar.xz beside DIR (the binaries share most of their code: the
 # archive is about a tenth of the folder).

@@ -23,7 +23,7 @@ if [ "${1:-run}" = build ]; then
   # gpu_fused_test, which the run calls first for every variant but the first.
   # shellcheck disable=SC2086  # FC_SPLIT_BUILDS: words on purpose
   fused_variants build/split split "" ${FC_SPLIT_BUILDS:-base=} || exit 1
-  while read -r v; do cp "build/split-$v/gpu_fused_test" "build/split/$v/" || exit 1; done < build/split/order.txt
+  variant_tests build/split split || exit 1
   pack_builds build/split; exit $?
 fi
 unpack_builds build/split || exit 1

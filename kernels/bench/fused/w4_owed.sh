@@ -25,13 +25,10 @@ here=kernels/bench/fused
 dir=build/w4
 . $here/builds_lib.sh
 if [ "${1:-run}" = build ]; then
-  rm -rf "$dir"; mkdir -p "$dir"
-  for b in base= tall=-DFUSEDCOMM_FUSED_TALL_GROUPS spread=-DFUSEDCOMM_AG_SPREAD_ANY_W; do
-    n=${b%%=*}
-    FC_NVCC_FLAGS="${b#*=}" $here/build.sh "build/w4-full/$n" | tail -1 || exit 1
-    mkdir -p "$dir/$n" && cp "build/w4-full/$n/fused_bench" "build/w4-full/$n/gpu_fused_test" "$dir/$n/" || exit 1
-  done
-  cp build/w4-full/base/ptxas.txt "$dir/base/" || exit 1
+  fused_variants "$dir" w4 "" base= tall=-DFUSEDCOMM_FUSED_TALL_GROUPS \
+    spread=-DFUSEDCOMM_AG_SPREAD_ANY_W || exit 1
+  variant_tests "$dir" w4 || exit 1
+  cp build/w4-base/ptxas.txt "$dir/base/" || exit 1
   pack_builds "$dir"; exit
 fi
 unpack_builds "$dir" || exit 1
