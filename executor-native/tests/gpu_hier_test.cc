@@ -27,14 +27,14 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
+#include "kernels/collectives/collectives.h"
 #include "fusedcomm/runtime/inter_host.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
-#include "gpu_test_support.h"
-#include "process_group.h"
-#include "proxy_test_support.h"
+#include "support/gpu_test_support.h"
+#include "support/process_group.h"
+#include "support/proxy_test_support.h"
 
 namespace {
 

@@ -39,8 +39,8 @@
 
 #include "fusedcomm/runtime/inter_host.h"
 #include "fusedcomm/runtime/runtime.h"
-#include "gpu_test_support.h"
-#include "proxy_test_support.h"
+#include "support/gpu_test_support.h"
+#include "support/proxy_test_support.h"
 
 namespace {
 

@@ -50,15 +50,15 @@
 #include <thread>
 #include <vector>
 
-#include "fusedcomm/kernels/fused.h"
+#include "kernels/fused/fused.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/device_comm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
-#include "gpu_test_support.h"
-#include "process_group.h"
-#include "proxy_test_support.h"
+#include "support/gpu_test_support.h"
+#include "support/process_group.h"
+#include "support/proxy_test_support.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
+#include "support/check.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/host_layout.h"
 

@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
+#include "support/check.h"
 #include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
-#include "thread_exchanger.h"
+#include "support/thread_exchanger.h"
 
 namespace {
 

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <string>
 
-#include "check.h"
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/fused.h"
+#include "support/check.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/fused/fused.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 
 namespace {

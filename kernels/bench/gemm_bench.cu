@@ -12,7 +12,7 @@
 // shapes.txt: one shape per line, "<op> <M> <N> <K> <nk|kn> [tile_n] [f32]" (op is a free
 // label, e.g. the layer name; f32: C in fp32, else bf16). Inputs are uniform random bf16 in
 // [-1, 1) (never zeros: see METHOD.md).
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

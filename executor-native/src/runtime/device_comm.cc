@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "fusedcomm/kernels/copy_segments.h"
-#include "fusedcomm/kernels/fused.h"
+#include "kernels/collectives/copy_segments.h"
+#include "kernels/fused/fused.h"
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"

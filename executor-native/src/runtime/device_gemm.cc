@@ -7,7 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 #include "fusedcomm/runtime/errors.h"
 
 namespace fusedcomm {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "fusedcomm/kernels/selftest.h"
+#include "kernels/common/selftest.h"
 #include "fusedcomm/runtime/errors.h"
 
 namespace fusedcomm {

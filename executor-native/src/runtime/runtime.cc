@@ -1,6 +1,6 @@
 #include "fusedcomm/runtime/runtime.h"
 
-#include "fusedcomm/kernels/proxy.h"
+#include "kernels/proxy/proxy.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "fusedcomm/kernels/fused.h"
+#include "kernels/fused/fused.h"
 
 #include "fusedcomm/runtime/errors.h"
 

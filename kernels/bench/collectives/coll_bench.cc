@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
+#include "kernels/collectives/collectives.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "process_group.h"
 

@@ -69,11 +69,11 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/fused.h"
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/fused/fused.h"
+#include "kernels/gemm/gemm.h"
 #include "gpu_clocks.h"
-#include "fusedcomm/kernels/detail/rs_trace.h"
+#include "kernels/fused/detail/rs_trace.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "process_group.h"
 

@@ -45,7 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 #include "probe_common.h"
 
 namespace k = fusedcomm::kernels;

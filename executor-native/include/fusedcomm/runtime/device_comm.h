@@ -61,10 +61,10 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/copy_segments.h"
-#include "fusedcomm/kernels/fused.h"
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/collectives/copy_segments.h"
+#include "kernels/fused/fused.h"
+#include "kernels/gemm/gemm.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/host_layout.h"
 #include "fusedcomm/runtime/inter_host.h"

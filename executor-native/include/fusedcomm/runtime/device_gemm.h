@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fusedcomm {
 

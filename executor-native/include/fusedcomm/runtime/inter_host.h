@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/proxy.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/proxy/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/runtime/mapped_host.h"
 #include "fusedcomm/runtime/runtime.h"

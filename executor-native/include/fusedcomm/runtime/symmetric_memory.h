@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
+#include "kernels/collectives/collectives.h"
 
 namespace fusedcomm {
 

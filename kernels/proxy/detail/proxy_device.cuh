@@ -2,8 +2,8 @@
 // signal word in mapped host memory. One thread calls each; both are bounded.
 #pragma once
 
-#include "fusedcomm/kernels/detail/sm90_primitives.cuh"
-#include "fusedcomm/kernels/proxy.h"
+#include "kernels/common/sm90_primitives.cuh"
+#include "kernels/proxy/proxy.h"
 
 namespace fusedcomm::kernels::detail {
 

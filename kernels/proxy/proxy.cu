@@ -1,7 +1,7 @@
 // The GPU producers of the proxy ring (kernels/proxy.h): collectives across hosts, and the
 // streaming test pair of gpu_proxy_test.
-#include "fusedcomm/kernels/detail/proxy_device.cuh"
-#include "fusedcomm/kernels/proxy.h"
+#include "kernels/proxy/detail/proxy_device.cuh"
+#include "kernels/proxy/proxy.h"
 
 #include <cuda_bf16.h>
 

@@ -30,8 +30,8 @@
 
 #include <cstdint>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/detail/sm90_primitives.cuh"
+#include "kernels/collectives/collectives.h"
+#include "kernels/common/sm90_primitives.cuh"
 
 namespace fusedcomm::kernels::detail {
 

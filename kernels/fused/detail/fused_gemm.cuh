@@ -30,10 +30,10 @@
 
 #include <cstdint>
 
-#include "fusedcomm/kernels/detail/fused_protocol.cuh"
-#include "fusedcomm/kernels/detail/gemm_sm90.cuh"
-#include "fusedcomm/kernels/detail/rs_trace.h"
-#include "fusedcomm/kernels/fused.h"
+#include "kernels/fused/detail/fused_protocol.cuh"
+#include "kernels/gemm/detail/gemm_sm90.cuh"
+#include "kernels/fused/detail/rs_trace.h"
+#include "kernels/fused/fused.h"
 
 namespace fusedcomm::kernels::detail {
 

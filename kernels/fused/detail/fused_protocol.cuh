@@ -17,10 +17,10 @@
 
 #include <cstdint>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/fused.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/fused/fused.h"
 
-#include "fusedcomm/kernels/detail/comm_protocol.cuh"
+#include "kernels/common/comm_protocol.cuh"
 
 namespace fusedcomm::kernels::detail {
 

@@ -1,6 +1,6 @@
-#include "fusedcomm/kernels/selftest.h"
+#include "kernels/common/selftest.h"
 
-#include "fusedcomm/kernels/detail/sm90_primitives.cuh"
+#include "kernels/common/sm90_primitives.cuh"
 
 namespace fusedcomm::kernels {
 namespace {

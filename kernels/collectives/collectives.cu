@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/detail/comm_protocol.cuh"
-#include "fusedcomm/kernels/detail/early_launch.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/common/comm_protocol.cuh"
+#include "kernels/common/early_launch.h"
 
 namespace fusedcomm::kernels {
 namespace {

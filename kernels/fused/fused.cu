@@ -10,17 +10,17 @@
 #include <utility>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/copy_segments.h"
-#include "fusedcomm/kernels/detail/fused_gemm.cuh"
-#include "fusedcomm/kernels/fused.h"
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/collectives/copy_segments.h"
+#include "kernels/fused/detail/fused_gemm.cuh"
+#include "kernels/fused/fused.h"
+#include "kernels/gemm/gemm.h"
 
 #include <cudaTypedefs.h>
 
 #include <cstddef>
 
-#include "fusedcomm/kernels/detail/driver_entry.h"
+#include "kernels/common/driver_entry.h"
 
 namespace fusedcomm::kernels {
 namespace {

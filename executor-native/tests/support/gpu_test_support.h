@@ -29,12 +29,12 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
+#include "kernels/collectives/collectives.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
-#include "check.h"
+#include "support/check.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
-#include "process_group.h"
+#include "support/process_group.h"
 
 #define CUDA_OK(x)                                                                          \
   do {                                                                                      \

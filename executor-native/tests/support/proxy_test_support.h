@@ -20,13 +20,13 @@
 #include <string>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/proxy.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/proxy/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
 #include "fusedcomm/runtime/mapped_host.h"
-#include "gpu_test_support.h"
-#include "process_group.h"
+#include "support/gpu_test_support.h"
+#include "support/process_group.h"
 
 namespace fusedcomm::testing {
 

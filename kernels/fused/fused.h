@@ -111,8 +111,8 @@
 #include <utility>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fusedcomm::kernels {
 

@@ -2,11 +2,11 @@
 // (detail::gemm_plan, shared with the fused launchers), and the eight instantiations of the plain
 // kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs) with the default epilogue,
 // and the two of the kernel whose consumers take turns (B layout NK/KN).
-#include "fusedcomm/kernels/detail/driver_entry.h"
-#include "fusedcomm/kernels/detail/early_launch.h"
-#include "fusedcomm/kernels/detail/gemm_pingpong.cuh"
-#include "fusedcomm/kernels/detail/gemm_sm90.cuh"
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/common/driver_entry.h"
+#include "kernels/common/early_launch.h"
+#include "kernels/gemm/detail/gemm_pingpong.cuh"
+#include "kernels/gemm/detail/gemm_sm90.cuh"
+#include "kernels/gemm/gemm.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 

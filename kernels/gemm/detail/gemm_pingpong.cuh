@@ -27,7 +27,7 @@
 // gemm_plan decides); no error paths (no waits).
 #pragma once
 
-#include "fusedcomm/kernels/detail/gemm_sm90.cuh"
+#include "kernels/gemm/detail/gemm_sm90.cuh"
 
 namespace fusedcomm::kernels::detail {
 

@@ -54,9 +54,9 @@
 // nowhere: both CTAs must run the same stages, since each loads half of the other's B.
 #pragma once
 
-#include "fusedcomm/kernels/detail/sm90_primitives.cuh"
-#include "fusedcomm/kernels/detail/wgmma_ops.cuh"
-#include "fusedcomm/kernels/gemm.h"
+#include "kernels/common/sm90_primitives.cuh"
+#include "kernels/common/wgmma_ops.cuh"
+#include "kernels/gemm/gemm.h"
 
 #include <cuda_bf16.h>
 

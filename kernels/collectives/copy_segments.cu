@@ -1,4 +1,4 @@
-#include "fusedcomm/kernels/copy_segments.h"
+#include "kernels/collectives/copy_segments.h"
 
 #include <cuda_bf16.h>
 

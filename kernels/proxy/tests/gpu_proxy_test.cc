@@ -28,12 +28,12 @@
 #include <thread>
 #include <vector>
 
-#include "fusedcomm/kernels/proxy.h"
+#include "kernels/proxy/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
-#include "gpu_test_support.h"
-#include "process_group.h"
-#include "proxy_test_support.h"
+#include "support/gpu_test_support.h"
+#include "support/process_group.h"
+#include "support/proxy_test_support.h"
 
 namespace {
 

@@ -19,9 +19,9 @@
 
 #include <cuda_runtime.h>
 
-#include "check.h"
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/fused.h"
+#include "support/check.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/fused/fused.h"
 #include "fusedcomm/runtime/split.h"
 
 namespace {

@@ -125,7 +125,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fusedcomm/kernels/gemm.h"  // kDefaultWaitTimeoutNs, GemmErrorCode (shared codes)
+#include "kernels/gemm/gemm.h"  // kDefaultWaitTimeoutNs, GemmErrorCode (shared codes)
 
 namespace fusedcomm::kernels {
 

@@ -13,8 +13,8 @@
 //
 // Exit codes: 0 pass, 1 failure, 77 skipped (no GPU or not Hopper), with the reason printed.
 // GEMM_TEST_SEED=<n> reproduces a run; GEMM_TEST_SHAPES=<n> changes the sweep size.
-#include "fusedcomm/kernels/gemm.h"
-#include "fusedcomm/kernels/selftest.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/common/selftest.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -53,13 +53,13 @@
 #include <thread>
 #include <vector>
 
-#include "fusedcomm/kernels/collectives.h"
-#include "fusedcomm/kernels/selftest.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/common/selftest.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
-#include "gpu_test_support.h"
-#include "process_group.h"
+#include "support/gpu_test_support.h"
+#include "support/process_group.h"
 
 namespace {
 
