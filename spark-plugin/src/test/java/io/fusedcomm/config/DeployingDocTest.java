@@ -24,9 +24,11 @@ import org.junit.jupiter.api.Test;
  */
 class DeployingDocTest {
   private static final String DOC = "docs/deploying.md";
-  /** Where the messages a user can meet are written. */
+  /** Where the messages a user can meet are written (source files below these folders). */
   private static final List<String> SOURCE_DIRS =
-      List.of("spark-plugin/src/main/java", "executor-native/src", "rdma/src", "kernels/src");
+      List.of("spark-plugin/src/main/java", "executor-native", "rdma", "kernels");
+
+  private static final Pattern SOURCE_FILE = Pattern.compile(".*\\.(java|cc|cu|cuh|h)$");
 
   private static String doc;
   private static String sources;
@@ -38,7 +40,12 @@ class DeployingDocTest {
     StringBuilder sb = new StringBuilder();
     for (String dir : SOURCE_DIRS) {
       try (Stream<Path> files = Files.walk(root.resolve(dir))) {
-        for (Path f : files.filter(Files::isRegularFile).collect(Collectors.toList())) {
+        List<Path> sourceFiles =
+            files
+                .filter(f -> Files.isRegularFile(f) && SOURCE_FILE.matcher(f.toString()).matches())
+                .filter(f -> !f.toString().contains("/target/"))
+                .collect(Collectors.toList());
+        for (Path f : sourceFiles) {
           sb.append(read(f)).append('\n');
         }
       }
