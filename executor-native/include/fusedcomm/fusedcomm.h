@@ -160,13 +160,14 @@ FC_API fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a
 /* Life cycle, every rank the same: create -> endpoint + device handle into the launcher's
  * allGather -> connect(all ranks' endpoints and handles) -> ops -> close. */
 FC_API fc_status_t fc_comm_create(fc_runtime_t rt, int32_t rank, int32_t world, fc_comm_t* out);
-/* "host:port#regionKey": what peers need to reach this rank (valid until the comm is closed). */
+/* "host:port#regionKey": what peers need to reach this rank's transport staging region. */
 FC_API fc_status_t fc_comm_endpoint(fc_comm_t comm, const char** out);
 /* The cuda backend's symmetric memory handle for the bootstrap (empty with the host backend). */
 FC_API fc_status_t fc_comm_device_handle(fc_comm_t comm, const uint8_t** data, size_t* bytes);
 /* endpoints[r], device_handles[r] (device_handle_bytes[r] bytes) and host_ids[r] (rank r's
- * host, 0..H-1) for each of the `ranks` ranks. Builds the connections (bounded by the connect
- * timeout); ends with a barrier of all ranks. */
+ * host, 0..H-1) for each of the `ranks` ranks; device_handles or device_handle_bytes NULL: none
+ * (host backend); host_ids NULL: every rank on host 0. Builds the connections (bounded by the
+ * connect timeout); ends with a barrier of all ranks. */
 FC_API fc_status_t fc_comm_connect(fc_comm_t comm, int32_t rank, uint64_t comm_id, int32_t ranks,
                                    const char* const* endpoints,
                                    const uint8_t* const* device_handles,
