@@ -1,4 +1,4 @@
-// gpu_hier_test: the steps of a hierarchical allReduce over "virtual hosts" (DESIGN.md §2b),
+// gpu_hier_test: the steps of a hierarchical allReduce over "virtual hosts" (docs/architecture.md),
 // timed one by one: H hosts of L ranks each, one forked process per rank, rank g = h * L + l on
 // GPU g % (GPU count). Inside a host the ranks share symmetric memory over CUDA IPC (NVLink);
 // between hosts every rank talks to its counterparts (same l) through the runtime's
@@ -6,7 +6,7 @@
 //   allReduce(x) = intra-host reduceScatter (NVLink kernel) -> allReduce of the rank's block
 //   across hosts (InterHostLink::all_reduce: GPU -> ring -> proxy -> TCP -> peer host memory)
 //   -> intra-host allGather (NVLink kernel), all on one stream.
-// (gpu_runtime_hosts_test checks the same path end to end through DeviceComm; this test times
+// (gpu_runtime_hosts_test checks the same path end to end through CudaComm; this test times
 // its steps.)
 // Checks: fp32 inputs of small integers (every sum exact, whatever the order), fresh per run
 // (seed printed), outputs poisoned first, every element bit-exact, counts 0, 7, 1,000,003 and

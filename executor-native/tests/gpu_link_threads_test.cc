@@ -13,7 +13,7 @@
 // and the bytes each end sends per second (to all its peers, all ends at once); and an
 // allGather in which only host 0's block is not empty, for one direction alone; and allReduces
 // 30 ms apart (the proxies asleep in between), their median time per launch and the process's
-// CPU time meanwhile. FC_TEST_CHUNK=<bytes> sets the link's chunk (default: what DeviceComm gives
+// CPU time meanwhile. FC_TEST_CHUNK=<bytes> sets the link's chunk (default: what CudaComm gives
 // the link, spark.fusedcomm.host.chunkBytes's default of 1 MiB per stream), FC_TEST_STREAMS=<1..4>
 // the link's lanes and the transports' receiver threads, FC_TEST_BUSY_POLL_US their busy-poll
 // window (defaults: RuntimeConfig's). FC_TEST_JSON=<file>: one JSON row per op, appended. First, two ends with different stream counts, then two with
@@ -340,7 +340,7 @@ int main() {
   const int H = hs ? std::atoi(hs) : 2;
   const int64_t count = cs ? std::atoll(cs) : int64_t{16} << 20;
   const int streams = fusedcomm::testing::test_streams();
-  // The link's chunk (FC_TEST_CHUNK): by default what DeviceComm gives it, the default
+  // The link's chunk (FC_TEST_CHUNK): by default what CudaComm gives it, the default
   // spark.fusedcomm.host.chunkBytes per stream.
   fusedcomm::RuntimeConfig defaults;
   defaults.transport_streams = streams;

@@ -1,6 +1,6 @@
-// gpu_runtime_hosts_test: the cuda backend's communicator across "virtual hosts" (DESIGN.md
-// §2b), through the same runtime objects the JNI layer drives (Runtime, Communicator,
-// DeviceComm): one forked process per rank, each with its own Runtime (GPU, socket transport on
+// gpu_runtime_hosts_test: the cuda backend's communicator across "virtual hosts"
+// (docs/architecture.md), through the same runtime objects the C API drives (Runtime,
+// CudaComm): one forked process per rank, each with its own Runtime (GPU, socket transport on
 // the loopback); the bootstrap blobs go through the parent (the stand-in for Spark's barrier
 // allGather); each rank is given a host id, and the ranks of one id share symmetric memory while
 // different ids talk through the GPU-posted proxy path.
@@ -21,7 +21,7 @@
 //   - gemmAllReduce at M = 4096, N = 8192 on one host, every element bit-exact, the same bits on
 //     every rank: at W = 2 through gemmReduceScatter's fused kernel and an allGather;
 //   - every rank on one host: the four collectives fp32 and bf16 at one-shot sizes, their input
-//     read where it lies (no copy: DeviceComm::input_copies), 20 back to back on a caller stream,
+//     read where it lies (no copy: CudaComm::input_copies), 20 back to back on a caller stream,
 //     and in place (in == out: copied);
 //   - CUDA graphs: the four collectives and the three GEMM ops captured on a caller stream, the
 //     graph replayed 3 times with fresh inputs, every output checked; across hosts and with
@@ -51,8 +51,7 @@
 #include <vector>
 
 #include "kernels/fused/fused.h"
-#include "fusedcomm/runtime/communicator.h"
-#include "fusedcomm/runtime/device_comm.h"
+#include "fusedcomm/comm/cuda_comm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
@@ -63,10 +62,12 @@
 namespace {
 
 namespace k = fusedcomm::kernels;
-using fusedcomm::Communicator;
-using fusedcomm::DeviceComm;
+using fusedcomm::CudaComm;
+using fusedcomm::DType;
 using fusedcomm::Error;
 using fusedcomm::ErrorKind;
+using fusedcomm::Op;
+using fusedcomm::PartialPrecision;
 using fusedcomm::Runtime;
 using fusedcomm::testing::check;
 using fusedcomm::testing::ProcessGroup;
@@ -75,39 +76,43 @@ constexpr int64_t kSymmetricBytes = 4 << 20;     // small: 3,000,001 fp32 elemen
 constexpr int64_t kTimeoutMs = 20000;
 constexpr int64_t kLargeCount = 3000001;
 
-// Both halves of one communicator, built like the JNI layer builds them.
+// One communicator, bootstrapped as the C API's callers do it (the parent stands in for the
+// launcher's allGather).
 struct Comm {
-  std::unique_ptr<Communicator> host;
-  std::unique_ptr<DeviceComm> device;
+  std::unique_ptr<CudaComm> device;
 
   Comm(Runtime& rt, ProcessGroup& g, const std::vector<int>& host_of, uint64_t comm_id) {
-    host = std::make_unique<Communicator>(rt, g.world);
-    device = std::make_unique<DeviceComm>(rt, g.rank, g.world);
-    const std::string ep = host->endpoint();
+    device = std::make_unique<CudaComm>(rt, g.rank, g.world);
+    const std::string ep = device->endpoint();
     const auto eps = g.all_gather(std::vector<uint8_t>(ep.begin(), ep.end()));
-    const auto blobs = g.all_gather(device->export_handle());
-    std::vector<std::string> endpoints;
-    for (const auto& e : eps) endpoints.emplace_back(e.begin(), e.end());
-    host->connect(endpoints, g.rank, comm_id);
-    device->connect(blobs, host_of, *host, comm_id);
+    fusedcomm::Bootstrap b;
+    b.rank = g.rank;
+    b.comm_id = comm_id;
+    b.device_handles = g.all_gather(device->device_handle());
+    b.host_ids = host_of;
+    for (const auto& e : eps) b.endpoints.emplace_back(e.begin(), e.end());
+    device->connect(b);
   }
-  // commClose's clean path: ops done, a barrier, then the device half.
-  void close() {
-    device->synchronize();
-    host->close();
-    device->close();
-  }
-  // commClose's failure path: both halves stop now.
+  // Ops done, the closing barrier, then the GPU half back to the pool.
+  void close() { device->close(); }
+  // Both halves stop now; the region is dropped.
   void abort_and_close() {
     device->abort();
-    device->close();
-    host->abort();
     try {
-      host->close();
+      device->close();
     } catch (const std::exception&) {
     }
   }
 };
+
+// The kernels' numbering of ops and dtypes is the C API's (static_asserts in the runtime).
+Op op_of(k::CommOp op) { return static_cast<Op>(op); }
+DType dtype_of(k::CommDtype d) { return static_cast<DType>(d); }
+fusedcomm::WeightLayout layout_of(int wl) {
+  return wl == 0 ? fusedcomm::WeightLayout::kNK : fusedcomm::WeightLayout::kKN;
+}
+PartialPrecision partials_of(int p) { return static_cast<PartialPrecision>(p); }
+const fusedcomm::OpDesc kDesc{"gpu_runtime_hosts_test", 0};
 
 float value(uint64_t seed, int rank, int64_t i) { return fusedcomm::testing::small_value(seed, rank, i); }
 std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
@@ -116,7 +121,7 @@ std::vector<uint8_t> encode(const std::vector<float>& v, k::CommDtype dtype) {
 
 const char* op_name(k::CommOp op) { return k::comm_op_name(static_cast<uint32_t>(op)); }
 
-// One collective's data (`count` elements, kernels/collectives.h): rank r's full vector is
+// One collective's data (`count` elements, kernels/collectives/collectives.h): rank r's full vector is
 // value(seed, r, i), i < count; its input is the vector (allReduce, reduceScatter, allToAll) or
 // its block of it (allGather: split_count(count, W, r) elements at split_offset); `want` is
 // this rank's expected output, bit for bit.
@@ -167,7 +172,7 @@ void check_output(const void* out, const std::vector<uint8_t>& want, size_t es, 
 // One collective case: on the own stream (stream == nullptr) once, or `reps` times back to
 // back on `stream` with one synchronisation; every element of the last result checked
 // bit-exact, and a guard after the output.
-void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
+void collective_case(CudaComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
                      int64_t count, cudaStream_t stream, int reps, const std::string& layout) {
   const size_t es = dtype == k::CommDtype::kF32 ? 4 : 2;
   const CollData d = coll_data(op, rank, world, seed, dtype, count);
@@ -180,7 +185,7 @@ void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t
                            std::to_string(count) + (stream ? " x" + std::to_string(reps) + " on a caller stream" : "") +
                            ", rank " + std::to_string(rank);
   try {
-    for (int i = 0; i < reps; ++i) dc.collective(op, dtype, in, out, count, stream);
+    for (int i = 0; i < reps; ++i) dc.collective(op_of(op), dtype_of(dtype), in, out, count, stream);
     dc.synchronize();
     check_output(out, d.want, es, what);
   } catch (const std::exception& e) {
@@ -191,10 +196,10 @@ void collective_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t
 }
 
 // One collective in place (in == out, the buffer as large as the larger of the two): the input
-// overlaps the output, so DeviceComm must copy it into the data area even where the launch is
-// one-shot (which otherwise reads it where it lies): checked through DeviceComm::input_copies,
+// overlaps the output, so CudaComm must copy it into the data area even where the launch is
+// one-shot (which otherwise reads it where it lies): checked through CudaComm::input_copies,
 // and the result as collective_case.
-void in_place_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
+void in_place_case(CudaComm& dc, k::CommOp op, int rank, int world, uint64_t seed, k::CommDtype dtype,
                    int64_t count, const std::string& layout) {
   const CollData d = coll_data(op, rank, world, seed, dtype, count);
   const size_t bytes = std::max(d.in.size(), d.want.size());
@@ -206,7 +211,7 @@ void in_place_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t s
                            std::to_string(count) + " in place, rank " + std::to_string(rank);
   try {
     const uint64_t copies = dc.input_copies();
-    dc.collective(op, dtype, buf, buf, count, nullptr);
+    dc.collective(op_of(op), dtype_of(dtype), buf, buf, count, nullptr);
     check(dc.input_copies() == copies + 1, what + ": the input was not copied");
     std::vector<uint8_t> got(d.want.size());
     CUDA_OK(cudaMemcpy(got.data(), buf, got.size(), cudaMemcpyDeviceToHost));
@@ -217,7 +222,7 @@ void in_place_case(DeviceComm& dc, k::CommOp op, int rank, int world, uint64_t s
   cudaFree(buf);
 }
 
-void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::CommDtype dtype, int64_t count,
+void all_reduce_case(CudaComm& dc, int rank, int world, uint64_t seed, k::CommDtype dtype, int64_t count,
                      cudaStream_t stream, int reps, const std::string& layout) {
   collective_case(dc, k::CommOp::kAllReduce, rank, world, seed, dtype, count, stream, reps, layout);
 }
@@ -225,7 +230,7 @@ void all_reduce_case(DeviceComm& dc, int rank, int world, uint64_t seed, k::Comm
 // Ops of different kinds back to back on a caller stream, one synchronisation at the end: each
 // op's signal values start where the previous op's ended, whatever its kind. Checked through
 // the last op of each kind (the others' results are overwritten in place).
-void mixed_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+void mixed_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
   for (int i = 0; i < 3; ++i) {
     for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllReduce,
                                k::CommOp::kAllToAll}) {
@@ -236,13 +241,13 @@ void mixed_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
 }
 
 // Larger than the data area takes: allGather needs H equal block slots of it.
-void too_large(DeviceComm& dc, int rank, int world, const std::string& layout) {
+void too_large(CudaComm& dc, int rank, int world, const std::string& layout) {
   const int H = dc.layout().hosts;
   const int64_t count = (kSymmetricBytes / 4 / H + 1) * world;  // H slots of more than data / H
   void* buf = nullptr;
   CUDA_OK(cudaMalloc(&buf, count * 4));
   try {
-    dc.collective(k::CommOp::kAllGather, k::CommDtype::kF32, buf, buf, count, nullptr);
+    dc.collective(Op::kAllGather, DType::kF32, buf, buf, count, nullptr);
     check(false, layout + ": an allGather larger than the data area ran on rank " + std::to_string(rank));
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -361,7 +366,7 @@ int64_t rs_wrong(const RsData& d, const void* out, int partials) {
 // gemmAllReduce with each partial precision: every element checked (as gemmReduceScatter's),
 // a guard after the output, and the same bits on every rank (the outputs' bytes compared
 // through the process group). `reps` launches back to back on `stream` (null: the own stream).
-void all_reduce_gemm_case(DeviceComm& dc, ProcessGroup& g, uint64_t seed, int64_t m, int wl, cudaStream_t stream,
+void all_reduce_gemm_case(CudaComm& dc, ProcessGroup& g, uint64_t seed, int64_t m, int wl, cudaStream_t stream,
                           int reps, const std::string& what) {
   const RsData d = rs_data(seed, m, wl, g.rank, g.world, /*all_rows=*/true);
   for (const int partials : {0, 1, 2}) {
@@ -375,7 +380,7 @@ void all_reduce_gemm_case(DeviceComm& dc, ProcessGroup& g, uint64_t seed, int64_
                           (reps > 1 ? " x" + std::to_string(reps) : "");
     bool ran = false;
     try {
-      for (int i = 0; i < reps; ++i) dc.gemm_all_reduce(a, wt, c, m, d.n, d.kd, wl, partials, stream);
+      for (int i = 0; i < reps; ++i) dc.gemm_all_reduce(kDesc, DType::kBF16, a, wt, c, m, d.n, d.kd, layout_of(wl), partials_of(partials), stream);
       dc.synchronize();
       ran = true;
     } catch (const std::exception& e) {
@@ -402,7 +407,7 @@ void all_reduce_gemm_case(DeviceComm& dc, ProcessGroup& g, uint64_t seed, int64_
 // The fused ops (across hosts the decomposed path: hierarchical collective and our GEMM), M
 // divisible by W and not, NK and KN; allGatherGemm asks for the gathered A with NK;
 // gemmReduceScatter and gemmAllReduce with each partial precision.
-void fused_cases(DeviceComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stream, const std::string& layout) {
   const int rank = g.rank, world = g.world;
   for (const int64_t m : {int64_t{32} * world, int64_t{16} * world + 3}) {
     for (const int wl : {0, 1}) {
@@ -419,7 +424,7 @@ void fused_cases(DeviceComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t st
           CUDA_OK(cudaMemset(g, 0xFF, m * d.kd * 2));
         }
         try {
-          dc.all_gather_gemm(a, wt, c, g, m, d.n, d.kd, wl, nullptr);
+          dc.all_gather_gemm(kDesc, DType::kBF16, a, wt, c, g, m, d.n, d.kd, layout_of(wl), nullptr);
           check(download_bf16(c, m * d.n) == d.want_c, what + ": allGatherGemm C differs from the exact product");
           if (g != nullptr) check(download_bf16(g, m * d.kd) == d.want_g, what + ": allGatherGemm gathered A differs");
         } catch (const std::exception& e) {
@@ -435,7 +440,7 @@ void fused_cases(DeviceComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t st
         CUDA_OK(cudaMalloc(&out, d.rows * d.n * 2 + 16));
         CUDA_OK(cudaMemset(out, 0xFF, d.rows * d.n * 2 + 16));
         try {
-          dc.gemm_reduce_scatter(a, wt, out, m, d.n, d.kd, wl, partials, nullptr);
+          dc.gemm_reduce_scatter(kDesc, DType::kBF16, a, wt, out, m, d.n, d.kd, layout_of(wl), partials_of(partials), nullptr);
           const int64_t bad = rs_wrong(d, out, partials);
           check(bad == 0, what + ": gemmReduceScatter partials " + std::to_string(partials) + ": " +
                               std::to_string(bad) + " elements wrong");
@@ -456,13 +461,13 @@ void fused_cases(DeviceComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t st
                        layout + ": M=16001 NK (fp32 product larger than the data area), rank " + std::to_string(rank));
 }
 
-// CUDA graphs (device_comm.h): the four collectives and both fused ops, each twice, captured
+// CUDA graphs (cuda_comm.h): the four collectives and both fused ops, each twice, captured
 // on a caller stream after one eager run (which sizes the workspace), then the graph replayed
 // 3 times, each with fresh inputs uploaded and outputs poisoned on the same stream before the
 // launch; every output checked after each replay. Across hosts, a capture before that eager
 // run is refused (the workspace cannot grow inside a capture), and the communicator stays
 // usable.
-void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+void graph_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
   struct Coll {
     k::CommOp op;
     k::CommDtype dtype;
@@ -491,10 +496,13 @@ void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
                                   ar0.a.size() * 2, ar0.w.size() * 2, size_t(m * ar0.n * 2)};
   for (int i = 0; i < 10; ++i) CUDA_OK(cudaMalloc(&fused[i], fused_bytes[i] + 16));
   auto enqueue_all = [&] {
-    for (const Coll& c : colls) dc.collective(c.op, c.dtype, c.in, c.out, c.count, stream);
-    dc.all_gather_gemm(fused[0], fused[1], fused[2], fused[3], m, ag0.n, ag0.kd, 0, stream);
-    dc.gemm_reduce_scatter(fused[4], fused[5], fused[6], m, rs0.n, rs0.kd, 1, 0, stream);
-    dc.gemm_all_reduce(fused[7], fused[8], fused[9], m, ar0.n, ar0.kd, 0, 0, stream);
+    for (const Coll& c : colls) dc.collective(op_of(c.op), dtype_of(c.dtype), c.in, c.out, c.count, stream);
+    dc.all_gather_gemm(kDesc, DType::kBF16, fused[0], fused[1], fused[2], fused[3], m, ag0.n, ag0.kd, layout_of(0),
+                       stream);
+    dc.gemm_reduce_scatter(kDesc, DType::kBF16, fused[4], fused[5], fused[6], m, rs0.n, rs0.kd, layout_of(1),
+                           PartialPrecision::kF32, stream);
+    dc.gemm_all_reduce(kDesc, DType::kBF16, fused[7], fused[8], fused[9], m, ar0.n, ar0.kd, layout_of(0),
+                       PartialPrecision::kF32, stream);
   };
   const std::string what = layout + ": graph, rank " + std::to_string(rank);
   cudaGraph_t graph = nullptr;
@@ -505,7 +513,7 @@ void graph_case(DeviceComm& dc, int rank, int world, uint64_t seed, cudaStream_t
       CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       std::string message;
       try {
-        dc.collective(colls[2].op, colls[2].dtype, colls[2].in, colls[2].out, colls[2].count, stream);
+        dc.collective(op_of(colls[2].op), dtype_of(colls[2].dtype), colls[2].in, colls[2].out, colls[2].count, stream);
       } catch (const Error& e) {
         message = e.kind() == ErrorKind::kInvalidArgument ? e.what() : std::string("wrong kind: ") + e.what();
       }
@@ -634,7 +642,8 @@ void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed
                              std::to_string(partials) + ", rank " + std::to_string(rank);
     CUDA_OK(cudaMemset(dc, 0xFF, bytes));
     try {
-      for (int rep = 0; rep < 2; ++rep) c.device->gemm_all_reduce(da, dw, dc, M, N, K, 0, partials, stream);
+      for (int rep = 0; rep < 2; ++rep) c.device->gemm_all_reduce(kDesc, DType::kBF16, da, dw, dc, M, N, K, layout_of(0),
+                                                                  partials_of(partials), stream);
       c.device->synchronize();
       CUDA_OK(cudaStreamSynchronize(stream));
     } catch (const std::exception& e) {
@@ -718,7 +727,7 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     c.close();
   }
 
-  // Every rank on one host: one-shot launches read the input where it lies (DeviceComm::enqueue),
+  // Every rank on one host: one-shot launches read the input where it lies (LocalCollectives),
   // on the own stream and 20 back to back on a caller stream (launches with no copy between);
   // in place, the input is copied into the data area first.
   if (world <= k::kCommMaxRanks) {
@@ -751,7 +760,7 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     Comm c(rt, g, host_of, ++comm_id);
     const std::string name =
         one_host ? "1 x " + std::to_string(world) : std::to_string(H) + " x " + std::to_string(L) + " blocks";
-    // The fused ops' one-host path as the JNI layer drives it (across hosts: above).
+    // The fused ops' one-host path as the C API drives it (across hosts: above).
     if (one_host) fused_cases(*c.device, g, seed ^ comm_id ^ 0xF, stream, name);
     graph_case(*c.device, rank, world, seed ^ comm_id, stream, name);
     g.barrier();
@@ -759,7 +768,7 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
   }
 
   // A host that never arrives: host 1's ranks skip one allToAll (the error names the op that
-  // gave up between hosts; an allReduce's timeout ran in earlier sessions' logs).
+  // gave up between hosts).
   {
     const std::vector<int>& host_of = layouts[0].host_of;
     Comm c(rt, g, host_of, ++comm_id);
@@ -772,7 +781,7 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
       CUDA_OK(cudaMalloc(&buf, 4096 * 4));
       CUDA_OK(cudaMemset(buf, 0, 4096 * 4));
       try {
-        c.device->collective(k::CommOp::kAllToAll, k::CommDtype::kF32, buf, buf, 4096, nullptr);
+        c.device->collective(Op::kAllToAll, DType::kF32, buf, buf, 4096, nullptr);
       } catch (const Error& e) {
         message = e.what();
         kind = e.kind();
@@ -805,7 +814,7 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
       ErrorKind kind = ErrorKind::kState;
       const auto t0 = std::chrono::steady_clock::now();
       try {
-        c.device->collective(k::CommOp::kAllReduce, k::CommDtype::kBF16, buf, buf, 4096, nullptr);
+        c.device->collective(Op::kAllReduce, DType::kBF16, buf, buf, 4096, nullptr);
       } catch (const Error& e) {
         message = e.what();
         kind = e.kind();

@@ -1,65 +1,106 @@
 // The one error boundary between Java and native code. Every JNI entry point wraps its body in
-// FC_JNI_BEGIN / FC_JNI_END(value): C++ errors become Java exceptions of io.fusedcomm.errors
-// (or the JDK's IllegalArgument/IllegalState/OutOfMemory), and nothing escapes to abort the JVM.
+// FC_JNI_BEGIN / FC_JNI_END(value) and calls the C API (fusedcomm/fusedcomm.h) through check():
+// a failing status becomes a Java exception of io.fusedcomm.errors (or the JDK's
+// IllegalArgument/IllegalState/OutOfMemory) with the C API's message, and nothing escapes to
+// abort the JVM. This layer sees the C API only: it converts arguments and calls.
 #pragma once
 
 #include <jni.h>
 
+#include <cstring>
 #include <new>
 #include <string>
 #include <vector>
 
-#include "fusedcomm/rdma/errors.h"
-#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/fusedcomm.h"
 
 namespace fusedcomm::jni {
 
-inline void throw_java(JNIEnv* env, const char* cls, const std::string& msg) {
+// A failed call, thrown inside an entry and turned into a Java exception by FC_JNI_END: a C API
+// status with its message, or an argument this layer could not convert.
+struct Failure {
+  fc_status_t status;
+  std::string message;
+};
+
+inline const char* java_class(fc_status_t status) {
+  switch (status) {
+    case FC_STATUS_INVALID_ARGUMENT: return "java/lang/IllegalArgumentException";
+    case FC_STATUS_STATE: return "java/lang/IllegalStateException";
+    case FC_STATUS_TIMEOUT: return "io/fusedcomm/errors/CommTimeoutException";
+    case FC_STATUS_TRANSPORT: return "io/fusedcomm/errors/TransportException";
+    case FC_STATUS_FATAL_GPU: return "io/fusedcomm/errors/FatalGpuException";
+    case FC_STATUS_UNAVAILABLE: return "io/fusedcomm/errors/BackendUnavailableException";
+    case FC_STATUS_OUT_OF_MEMORY: return "java/lang/OutOfMemoryError";
+    default: return "io/fusedcomm/errors/CommunicatorException";
+  }
+}
+
+inline void throw_java(JNIEnv* env, fc_status_t status, const std::string& msg) {
   if (env->ExceptionCheck()) return;  // keep the first exception
-  jclass c = env->FindClass(cls);
+  jclass c = env->FindClass(java_class(status));
   if (c == nullptr) return;  // FindClass already threw NoClassDefFoundError
   env->ThrowNew(c, msg.c_str());
 }
 
-inline const char* java_class(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kInvalidArgument: return "java/lang/IllegalArgumentException";
-    case ErrorKind::kState: return "java/lang/IllegalStateException";
-    case ErrorKind::kTimeout: return "io/fusedcomm/errors/CommTimeoutException";
-    case ErrorKind::kTransport: return "io/fusedcomm/errors/TransportException";
-    case ErrorKind::kFatalGpu: return "io/fusedcomm/errors/FatalGpuException";
-    case ErrorKind::kUnavailable: return "io/fusedcomm/errors/BackendUnavailableException";
-    case ErrorKind::kCommunicator: break;
-  }
-  return "io/fusedcomm/errors/CommunicatorException";
+// A C API call must succeed; a failing status throws its Failure.
+inline void check(fc_status_t status) {
+  if (status != FC_STATUS_SUCCESS) throw Failure{status, fc_last_error_message()};
 }
 
-inline std::string to_string(JNIEnv* env, jstring s) {
-  if (s == nullptr) fail(ErrorKind::kInvalidArgument, "unexpected null string");
-  const char* chars = env->GetStringUTFChars(s, nullptr);
-  std::string out(chars);
-  env->ReleaseStringUTFChars(s, chars);
-  return out;
-}
+[[noreturn]] inline void invalid(const std::string& message) { throw Failure{FC_STATUS_INVALID_ARGUMENT, message}; }
+
+// A Java string as UTF-8 for the duration of a call (short ones without allocating).
+class Utf8 {
+ public:
+  Utf8(JNIEnv* env, jstring s) {
+    if (s == nullptr) invalid("unexpected null string");
+    const jsize bytes = env->GetStringUTFLength(s);
+    char* dst = small_;
+    if (static_cast<size_t>(bytes) >= sizeof small_) {
+      large_.resize(static_cast<size_t>(bytes) + 1);
+      dst = large_.data();
+    }
+    env->GetStringUTFRegion(s, 0, env->GetStringLength(s), dst);
+    dst[bytes] = '\0';
+    chars_ = dst;
+  }
+  Utf8(const Utf8&) = delete;
+  Utf8& operator=(const Utf8&) = delete;
+  const char* c_str() const { return chars_; }
+
+ private:
+  char small_[512];
+  std::vector<char> large_;
+  const char* chars_ = nullptr;
+};
 
 inline std::vector<std::string> to_strings(JNIEnv* env, jobjectArray a) {
-  if (a == nullptr) fail(ErrorKind::kInvalidArgument, "unexpected null array");
+  if (a == nullptr) invalid("unexpected null array");
   std::vector<std::string> out;
   jsize n = env->GetArrayLength(a);
   for (jsize i = 0; i < n; ++i) {
     auto s = static_cast<jstring>(env->GetObjectArrayElement(a, i));
-    out.push_back(to_string(env, s));
+    out.emplace_back(Utf8(env, s).c_str());
     env->DeleteLocalRef(s);
   }
   return out;
 }
 
-inline jstring to_jstring(JNIEnv* env, const std::string& s) { return env->NewStringUTF(s.c_str()); }
+inline jstring to_jstring(JNIEnv* env, const char* s) { return env->NewStringUTF(s); }
 
+inline jbyteArray to_jbytes(JNIEnv* env, const uint8_t* data, size_t bytes) {
+  jbyteArray a = env->NewByteArray(static_cast<jsize>(bytes));
+  if (a != nullptr && bytes > 0) {
+    env->SetByteArrayRegion(a, 0, static_cast<jsize>(bytes), reinterpret_cast<const jbyte*>(data));
+  }
+  return a;
+}
+
+// Handles and addresses cross the JNI as jlong.
 template <typename T>
-T* from_handle(jlong handle, const char* what) {
-  if (handle == 0) fail(ErrorKind::kState, std::string(what) + " is closed");
-  return reinterpret_cast<T*>(handle);
+T as(jlong value) {
+  return reinterpret_cast<T>(value);
 }
 
 }  // namespace fusedcomm::jni
@@ -68,25 +109,18 @@ T* from_handle(jlong handle, const char* what) {
 #define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
 
 #define FC_JNI_BEGIN try {
-#define FC_JNI_END(ret)                                                                          \
-  }                                                                                              \
-  catch (const ::fusedcomm::Error& e) {                                                          \
-    ::fusedcomm::jni::throw_java(env, ::fusedcomm::jni::java_class(e.kind()), e.what());         \
-  }                                                                                              \
-  catch (const ::fusedcomm::rdma::ConnectTimeout& e) {                                           \
-    ::fusedcomm::jni::throw_java(env, "io/fusedcomm/errors/CommTimeoutException", e.what());     \
-  }                                                                                              \
-  catch (const ::fusedcomm::rdma::TransportError& e) {                                           \
-    ::fusedcomm::jni::throw_java(env, "io/fusedcomm/errors/TransportException", e.what());       \
-  }                                                                                              \
-  catch (const std::bad_alloc&) {                                                                \
-    ::fusedcomm::jni::throw_java(env, "java/lang/OutOfMemoryError", "native allocation failed"); \
-  }                                                                                              \
-  catch (const std::exception& e) {                                                              \
-    ::fusedcomm::jni::throw_java(env, "io/fusedcomm/errors/CommunicatorException", e.what());    \
-  }                                                                                              \
-  catch (...) {                                                                                  \
-    ::fusedcomm::jni::throw_java(env, "io/fusedcomm/errors/CommunicatorException",               \
-                                 "unknown native error");                                        \
-  }                                                                                              \
+#define FC_JNI_END(ret)                                                                                 \
+  }                                                                                                     \
+  catch (const ::fusedcomm::jni::Failure& f) {                                                          \
+    ::fusedcomm::jni::throw_java(env, f.status, f.message);                                             \
+  }                                                                                                     \
+  catch (const std::bad_alloc&) {                                                                       \
+    ::fusedcomm::jni::throw_java(env, FC_STATUS_OUT_OF_MEMORY, "native allocation failed");             \
+  }                                                                                                     \
+  catch (const std::exception& e) {                                                                     \
+    ::fusedcomm::jni::throw_java(env, FC_STATUS_INTERNAL, e.what());                                    \
+  }                                                                                                     \
+  catch (...) {                                                                                         \
+    ::fusedcomm::jni::throw_java(env, FC_STATUS_INTERNAL, "unknown native error");                      \
+  }                                                                                                     \
   return ret;

@@ -1,22 +1,18 @@
-// JNI for io.fusedcomm.runtime.NativeApi: availability, the executor runtime, host memory.
-// Argument conversion only; the work is in the runtime.
+// JNI for io.fusedcomm.runtime.NativeApi: availability, the executor runtime, host memory, the
+// single-rank GEMM, JCuda handles. Argument conversion and one C API call each.
 #include <jni.h>
 
-#include "fusedcomm/runtime/gpu.h"
-#include "fusedcomm/runtime/memory.h"
-#include "fusedcomm/runtime/runtime.h"
-#include "jni/jni_boundary.h"
+#include "jni_boundary.h"
 
-using fusedcomm::jni::from_handle;
+using fusedcomm::jni::as;
+using fusedcomm::jni::check;
 using fusedcomm::jni::to_jstring;
-
-namespace {
-fusedcomm::Runtime* runtime(jlong rt) { return from_handle<fusedcomm::Runtime>(rt, "the runtime"); }
-}  // namespace
 
 FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
   FC_JNI_BEGIN
-  return to_jstring(env, fusedcomm::availability_report());
+  const char* report = nullptr;
+  check(fc_availability(&report));
+  return to_jstring(env, report);
   FC_JNI_END(nullptr)
 }
 
@@ -25,87 +21,109 @@ FC_NATIVE(jlong, runtimeCreate)(JNIEnv* env, jclass, jint backend, jlong timeout
                                 jint transport_streams, jlong busy_poll_us, jint gpu_ordinal,
                                 jlong job_token, jboolean allow_shared_gpu) {
   FC_JNI_BEGIN
-  FC_REQUIRE(backend >= 0 && backend <= 2, "unknown backend " + std::to_string(backend));
-  fusedcomm::RuntimeConfig c;
-  c.backend = static_cast<fusedcomm::Backend>(backend);
+  const fusedcomm::jni::Utf8 host(env, bind_host);
+  fc_runtime_config_t c;
+  check(fc_runtime_config_init(&c));
+  c.backend = static_cast<fc_backend_t>(backend);
   c.timeout_ms = timeout_ms;
   c.connect_timeout_ms = connect_timeout_ms;
   c.chunk_bytes = chunk_bytes;
   c.symmetric_bytes = symmetric_bytes;
-  c.bind_host = fusedcomm::jni::to_string(env, bind_host);
+  c.bind_host = host.c_str();
   c.transport_streams = transport_streams;
   c.busy_poll_us = busy_poll_us;
   c.gpu_ordinal = gpu_ordinal;
   c.job_token = static_cast<uint64_t>(job_token);
   c.allow_shared_gpu = allow_shared_gpu == JNI_TRUE;
-  return reinterpret_cast<jlong>(new fusedcomm::Runtime(c));
+  fc_runtime_t rt = nullptr;
+  check(fc_runtime_create(&c, &rt));
+  return reinterpret_cast<jlong>(rt);
   FC_JNI_END(0)
 }
 
 FC_NATIVE(jint, runtimeBackend)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return static_cast<jint>(runtime(rt)->backend());
+  fc_backend_t backend = FC_BACKEND_AUTO;
+  check(fc_runtime_backend(as<fc_runtime_t>(rt), &backend));
+  return static_cast<jint>(backend);
   FC_JNI_END(0)
 }
 
 FC_NATIVE(jstring, runtimeDescribe)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return to_jstring(env, runtime(rt)->describe());
+  const char* s = nullptr;
+  check(fc_runtime_describe(as<fc_runtime_t>(rt), &s));
+  return to_jstring(env, s);
   FC_JNI_END(nullptr)
 }
 
 FC_NATIVE(jstring, runtimeGpuUuid)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return to_jstring(env, runtime(rt)->gpu().uuid);
+  const char* s = nullptr;
+  check(fc_runtime_gpu_uuid(as<fc_runtime_t>(rt), &s));
+  return to_jstring(env, s);
   FC_JNI_END(nullptr)
 }
 
 FC_NATIVE(jint, runtimePooledRegions)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  return static_cast<jint>(runtime(rt)->pooled_regions());
+  int32_t n = 0;
+  check(fc_runtime_pooled_regions(as<fc_runtime_t>(rt), &n));
+  return n;
   FC_JNI_END(0)
 }
 
 FC_NATIVE(void, runtimePinGpu)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  auto* r = runtime(rt);
-  if (r->gpu().ordinal >= 0) fusedcomm::pin_gpu(r->gpu().ordinal);
+  check(fc_runtime_pin_gpu(as<fc_runtime_t>(rt)));
   FC_JNI_END()
 }
 
 FC_NATIVE(void, runtimeClose)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
-  delete reinterpret_cast<fusedcomm::Runtime*>(rt);
+  check(fc_runtime_destroy(as<fc_runtime_t>(rt)));
   FC_JNI_END()
 }
 
 FC_NATIVE(jlong, memAlloc)(JNIEnv* env, jclass, jlong bytes) {
   FC_JNI_BEGIN
-  FC_REQUIRE(bytes >= 0, "negative allocation size");
-  return reinterpret_cast<jlong>(fusedcomm::host_alloc(static_cast<size_t>(bytes)));
+  if (bytes < 0) fusedcomm::jni::invalid("negative allocation size");
+  void* p = nullptr;
+  check(fc_host_alloc(static_cast<size_t>(bytes), &p));
+  return reinterpret_cast<jlong>(p);
   FC_JNI_END(0)
 }
 
 FC_NATIVE(void, memFree)(JNIEnv* env, jclass, jlong address) {
   FC_JNI_BEGIN
-  fusedcomm::host_free(reinterpret_cast<void*>(address));
+  check(fc_host_free(as<void*>(address)));
   FC_JNI_END()
 }
 
 FC_NATIVE(jobject, memView)(JNIEnv* env, jclass, jlong address, jlong bytes) {
   FC_JNI_BEGIN
-  return env->NewDirectByteBuffer(reinterpret_cast<void*>(address), bytes);
+  return env->NewDirectByteBuffer(as<void*>(address), bytes);
   FC_JNI_END(nullptr)
 }
 
 FC_NATIVE(jlongArray, memStats)(JNIEnv* env, jclass) {
   FC_JNI_BEGIN
-  auto s = fusedcomm::memory_stats();
-  jlong v[2] = {static_cast<jlong>(s.live_bytes), static_cast<jlong>(s.live_allocations)};
+  uint64_t live_bytes = 0, live_allocations = 0;
+  check(fc_memory_stats(&live_bytes, &live_allocations));
+  jlong v[2] = {static_cast<jlong>(live_bytes), static_cast<jlong>(live_allocations)};
   jlongArray a = env->NewLongArray(2);
   env->SetLongArrayRegion(a, 0, 2, v);
   return a;
   FC_JNI_END(nullptr)
+}
+
+// backend: cuda (device memory, bf16) or host.
+FC_NATIVE(void, gemm)(JNIEnv* env, jclass, jint backend, jint t, jlong a, jlong w, jlong c, jlong m, jlong n, jlong k,
+                      jint l) {
+  FC_JNI_BEGIN
+  check(fc_gemm(static_cast<fc_backend_t>(backend), static_cast<fc_dtype_t>(t), as<const void*>(a),
+                as<const void*>(w), as<void*>(c), m, n, k, static_cast<fc_weight_layout_t>(l)));
+  FC_JNI_END()
 }
 
 // JCuda keeps a native handle in NativePointerObject.nativePointer, and a device pointer's byte
@@ -121,11 +139,12 @@ const JcudaFields& jcuda_fields(JNIEnv* env) {
     JcudaFields f;
     jclass npo = env->FindClass("jcuda/NativePointerObject");
     jclass ptr = env->FindClass("jcuda/Pointer");
-    FC_REQUIRE(npo != nullptr && ptr != nullptr, "JCuda classes are not on the classpath");
+    if (npo == nullptr || ptr == nullptr) fusedcomm::jni::invalid("JCuda classes are not on the classpath");
     f.native_pointer = env->GetFieldID(npo, "nativePointer", "J");
     f.byte_offset = env->GetFieldID(ptr, "byteOffset", "J");
-    FC_REQUIRE(f.native_pointer != nullptr && f.byte_offset != nullptr,
-               "unexpected JCuda version: pointer fields not found");
+    if (f.native_pointer == nullptr || f.byte_offset == nullptr) {
+      fusedcomm::jni::invalid("unexpected JCuda version: pointer fields not found");
+    }
     return f;
   }();
   return fields;
@@ -134,7 +153,7 @@ const JcudaFields& jcuda_fields(JNIEnv* env) {
 
 FC_NATIVE(jlong, pointerAddress)(JNIEnv* env, jclass, jobject pointer) {
   FC_JNI_BEGIN
-  FC_REQUIRE(pointer != nullptr, "null JCuda pointer");
+  if (pointer == nullptr) fusedcomm::jni::invalid("null JCuda pointer");
   const JcudaFields& f = jcuda_fields(env);
   return env->GetLongField(pointer, f.native_pointer) + env->GetLongField(pointer, f.byte_offset);
   FC_JNI_END(0)
@@ -143,7 +162,7 @@ FC_NATIVE(jlong, pointerAddress)(JNIEnv* env, jclass, jobject pointer) {
 // A JCuda handle object (cudaStream_t, CUstream): its native pointer.
 FC_NATIVE(jlong, nativeHandle)(JNIEnv* env, jclass, jobject handle) {
   FC_JNI_BEGIN
-  FC_REQUIRE(handle != nullptr, "null JCuda handle");
+  if (handle == nullptr) fusedcomm::jni::invalid("null JCuda handle");
   return env->GetLongField(handle, jcuda_fields(env).native_pointer);
   FC_JNI_END(0)
 }

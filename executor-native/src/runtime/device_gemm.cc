@@ -14,7 +14,7 @@ namespace fusedcomm {
 
 namespace {
 
-// The stream-K workspace of one device (kernels/gemm.h "Stream-K"; gemm_workspace_bytes(), ~33
+// The stream-K workspace of one device (kernels/gemm/gemm.h "Stream-K"; gemm_workspace_bytes(), ~33
 // MiB on a 132-SM GPU): made by the first device_gemm_bf16 on that device and kept for the
 // process's life (the driver frees it at exit), so that every later GEMM the launch runs with
 // stream-K (small M, long K) finds it. Launches sharing it must not overlap: `mu` is held from
@@ -53,7 +53,8 @@ kernels::GemmWorkspace make_gemm_workspace(cudaStream_t s) {
 }
 
 kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
-                                  int layout, kernels::GemmOutType c_type) {
+                                  WeightLayout layout, kernels::GemmOutType c_type) {
+  const bool nk = layout == WeightLayout::kNK;
   kernels::GemmArgs g;
   g.A = static_cast<const __nv_bfloat16*>(a);
   g.B = static_cast<const __nv_bfloat16*>(w);
@@ -62,15 +63,15 @@ kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t
   g.N = static_cast<int>(n);
   g.K = static_cast<int>(k);
   g.lda = k;
-  g.ldb = layout == 0 ? k : n;
+  g.ldb = nk ? k : n;
   g.ldc = n;
-  g.b_layout = layout == 0 ? kernels::GemmLayoutB::kNK : kernels::GemmLayoutB::kKN;
+  g.b_layout = nk ? kernels::GemmLayoutB::kNK : kernels::GemmLayoutB::kKN;
   g.c_type = c_type;
   return g;
 }
 
 void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
-                      int layout) {
+                      WeightLayout layout) {
   const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
   FC_REQUIRE(m >= 0 && n >= 0 && k >= 0, "gemm: negative dimension in " + shape);
   if (m == 0 || n == 0) return;

@@ -13,11 +13,11 @@ namespace {
 
 namespace k = fusedcomm::kernels;
 
-// Chunks in flight per counterpart (kernels/proxy.h, ProxyCollective::depth): the kernel stages
+// Chunks in flight per counterpart (kernels/proxy/proxy.h, ProxyCollective::depth): the kernel stages
 // and reads one while the proxies and the transport move the other. With 2 (and the kernel's
 // unrolled copies) 64 MiB per end moved at 2.1-2.4 GB/s each way over the loopback on 1 x H100,
-// against 1.3-1.4 with 1, and 3.6 (median) with a connection per direction (gpu_link_threads_test;
-// kernels/bench/NOTES.md).
+// against 1.3-1.4 with 1, and 3.6 (median) with a connection per direction
+// (gpu_link_threads_test).
 constexpr uint32_t kDepth = 2;
 // A pipeline iteration posts at most 2 (hosts - 1) = 14 commands, and up to kDepth iterations'
 // commands may wait in the ring.
@@ -143,7 +143,7 @@ void InterHostLink::all_reduce(void* x, int64_t count, k::CommDtype dtype, cudaS
   launch(a, dtype, stream);
 }
 
-// An op's per-host blocks (kernels/proxy.h, ProxyCollective::blocks and counts).
+// An op's per-host blocks (kernels/proxy/proxy.h, ProxyCollective::blocks and counts).
 k::ProxyCollective InterHostLink::per_host(uint32_t op, const std::vector<void*>& blocks,
                                            const std::vector<int64_t>& counts) const {
   FC_REQUIRE(static_cast<int>(blocks.size()) == hosts_ && static_cast<int>(counts.size()) == hosts_,

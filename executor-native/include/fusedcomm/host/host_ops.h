@@ -1,11 +1,11 @@
-// The host backend: a C++ reference implementation of every op of DESIGN.md §4, written
+// The host backend: a C++ reference implementation of every op of docs/ops.md, written
 // against the Exchanger primitive. It is the oracle for the GPU kernels and the backend for
 // hosts without a GPU. Arithmetic: inputs converted to fp32, fp32 accumulation, one rounding
 // at the output (bf16: round to nearest even). Reductions over ranks add in rank order, so
 // results are bitwise reproducible for a given world size.
 //
 // Row-major everywhere. W = ex.world(), r = ex.rank(). Uneven splits follow split.h.
-// All pointers are host memory; no argument is checked twice: callers (the JNI layer) validate
+// All pointers are host memory; no argument is checked twice: callers (the Java API) validate
 // shapes, these functions FC_REQUIRE only what they cannot work without.
 #pragma once
 
@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "fusedcomm/runtime/exchange.h"
+#include "fusedcomm/types.h"
 
 namespace fusedcomm::host {
 
-enum class DType : int32_t { kF32 = 0, kBF16 = 1 };  // same order as io.fusedcomm.api.DType
-inline int dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+using fusedcomm::DType;  // fusedcomm/types.h; the ops take kF32 and kBF16
+inline int dtype_size(DType t) { return t == DType::kBF16 ? 2 : 4; }
 
 uint16_t f32_to_bf16(float x);  // round to nearest even; NaN stays NaN (quiet)
 float bf16_to_f32(uint16_t x);
@@ -34,16 +35,10 @@ void all_reduce(Exchanger& ex, DType t, const void* in, void* out, int64_t count
 void all_to_all(Exchanger& ex, DType t, const void* in, void* out, int64_t count);
 
 // ---- GEMM ---------------------------------------------------------------------------------
-enum class WeightLayout : int32_t {
-  kNK = 0,  // C = A · Wᵀ, W: N×K (a linear layer's weight)
-  kKN = 1,  // C = A · B,  B: K×N (backward passes)
-};
-// gemmReduceScatter's and gemmAllReduce's partial products: the precision they are kept and
-// exchanged in (the kernels' RsPartials, the Java PartialPrecision; same codes). The sum is
-// fp32 either way and rounded once, at the output; kBF16 rounds each rank's partial to bf16
-// first (RNE); kF32AnyOrder allows any order of the sum (this backend keeps rank order: kF32's
-// result).
-enum class PartialPrecision : int32_t { kF32 = 0, kBF16 = 1, kF32AnyOrder = 2 };
+using fusedcomm::WeightLayout;  // fusedcomm/types.h
+// fusedcomm/types.h. kF32AnyOrder allows any order of the sum; this backend keeps rank order
+// (kF32's result).
+using fusedcomm::PartialPrecision;
 // c (m×n) = a (m×k) · op(w); accumulate: c += instead of c = (c read in dtype t).
 void gemm(DType t, const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
           WeightLayout layout, bool accumulate = false);

@@ -6,27 +6,28 @@
 #include <cstdint>
 
 #include "kernels/gemm/gemm.h"
+#include "fusedcomm/types.h"
 
 namespace fusedcomm {
 
 // The engine's arguments for c (m×n, c_type) = a (m×k, bf16) · op(w), dense row-major operands
-// (layout 0 = NK, 1 = KN, as below); the engine chooses the schedule.
+// (kNK or kKN, as below); the engine chooses the schedule.
 kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
-                                  int layout, kernels::GemmOutType c_type);
+                                  WeightLayout layout, kernels::GemmOutType c_type);
 
-// A stream-K workspace (kernels/gemm.h) for the current device: gemm_workspace_bytes(0) bytes,
+// A stream-K workspace (kernels/gemm/gemm.h) for the current device: gemm_workspace_bytes(0) bytes,
 // allocated and zeroed on stream `s`, so launches on s or ordered after it find its counters
 // zero. None ({}) when that fails, the error cleared: GEMMs without one only lose stream-K.
 // The caller owns it (cudaFree).
 kernels::GemmWorkspace make_gemm_workspace(cudaStream_t s);
 
-// c (m×n, bf16) = a (m×k, bf16) · op(w): layout 0 = NK (w: n×k, C = A·Wᵀ), 1 = KN (w: k×n).
+// c (m×n, bf16) = a (m×k, bf16) · op(w): kNK (w: n×k, C = A·Wᵀ) or kKN (w: k×n).
 // Device pointers, 16-byte aligned; n and k multiples of 8 (Error(kInvalidArgument) otherwise).
 // Synchronous: returns after the kernel finished; a CUDA failure is Error(kFatalGpu). The first
 // call on a device allocates that device's stream-K workspace (~33 MiB, kept for the process),
 // which the launch uses where it chooses stream-K (small M, long K); calls on one device
 // serialise on it.
 void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
-                      int layout);
+                      WeightLayout layout);
 
 }  // namespace fusedcomm

@@ -1,7 +1,7 @@
 // The one data-movement primitive the host backend's ops are written against: every rank sends
 // a block to every rank (itself included) and receives one from each, sizes agreed pairwise.
-// The runtime implements it over the transport + proxy (src/runtime/socket_exchanger.cc); tests
-// implement it in-process with threads (tests/thread_exchanger.h).
+// The runtime implements it over the transport + proxy (transport_exchanger.h); tests
+// implement it in-process with threads (tests/support/thread_exchanger.h).
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,10 @@
-// The cuda backend's path between hosts (DESIGN.md §2b): one rank's link to its counterparts,
+// The cuda backend's path between hosts (docs/architecture.md): one rank's link to its counterparts,
 // the ranks with the same local index on the other hosts. Kernels post one-sided writes into a
-// proxy ring in mapped host memory (kernels/proxy.h); a proxy thread drains it into a peer
+// proxy ring in mapped host memory (kernels/proxy/proxy.h); a proxy thread drains it into a peer
 // group of the executor's transport; payloads and signal words arrive in mapped host memory
 // that the kernels poll.
 //
-// Life cycle (DeviceComm drives it; every counterpart the same):
+// Life cycle (CudaComm's CrossHostPaths drives it; every counterpart the same):
 //   InterHostLink link(runtime, host, hosts, chunk_bytes);   // regions registered
 //   blobs = exchange(link.blob());                           // over the host communicator
 //   link.connect(counterparts' blobs, comm_id);              // peer group + proxy thread
@@ -17,7 +17,7 @@
 // Lanes: the link stripes each chunk over `lanes` (RuntimeConfig::transport_streams) peer
 // groups, each with its own proxy ring and thread and its own connections (which the socket
 // transport's receiver threads read in parallel), because a TCP stream's throughput is bounded
-// by the one core that copies it (kernels/proxy.h, "Lanes").
+// by the one core that copies it (kernels/proxy/proxy.h, "Lanes").
 //
 // Memory (pinned, mapped for the GPU; registered with the transport): an outbox and an inbox
 // of 2 stages x `hosts` chunk slots each (two chunks in flight per counterpart), a page of
@@ -26,7 +26,7 @@
 // above the previous op's, from a counter on the device), so no word is reset between ops and
 // every op, replayed in a CUDA graph or not, gets fresh values.
 //
-// Not thread-safe (DeviceComm serialises its ops); abort() may come from any thread.
+// Not thread-safe (CudaComm serialises its ops); abort() may come from any thread.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -63,7 +63,7 @@ class InterHostLink {
   // The chunk a runtime's link uses: spark.fusedcomm.host.chunkBytes for each of its
   // transport_streams lanes, because a lane's part below ~1 MiB leaves too little in flight (on
   // 1 x H100, 2 streams moved 5.0 GB/s per end with 512 KiB parts, 7.5 with 1 MiB; 4 streams 7.0
-  // with 256 KiB, 10.4 with 1 MiB; kernels/bench/NOTES.md, "Chunk size per stream").
+  // with 256 KiB, 10.4 with 1 MiB).
   static uint64_t chunk_bytes_for(const RuntimeConfig& config);
   ~InterHostLink();
   InterHostLink(const InterHostLink&) = delete;
@@ -76,7 +76,7 @@ class InterHostLink {
   void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names,
                uint64_t comm_id);
 
-  // The ops (kernels/proxy.h, ProxyCollective), enqueued on `stream`; device memory; every
+  // The ops (kernels/proxy/proxy.h, ProxyCollective), enqueued on `stream`; device memory; every
   // counterpart calls the same op with the same counts and dtype. Sums are in fp32, in host
   // order, rounded once.
   // allReduce: the sum over hosts of `count` elements at x, in place.
@@ -118,7 +118,7 @@ class InterHostLink {
   std::unique_ptr<MappedHostMemory> outbox_, inbox_, signals_, ring_memory_;
   std::vector<rdma::Region> regions_;  // outbox, inbox, signals
   unsigned long long* next_slot_ = nullptr;  // device memory: each lane's ring's next slot,
-                                             // then each lane's signal value base (kernels/proxy.h)
+                                             // then each lane's signal value base (kernels/proxy/proxy.h)
   volatile uint32_t* status_ = nullptr;      // in ring_memory_, after the rings (host address)
   uint32_t* status_dev_ = nullptr;           // the same word, device address
   kernels::ProxyRingDevice ring_devices_[kernels::kProxyMaxLanes]{};

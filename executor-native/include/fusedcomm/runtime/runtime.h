@@ -11,12 +11,11 @@
 
 #include "fusedcomm/rdma/transport.h"
 #include "fusedcomm/runtime/gpu.h"
+#include "fusedcomm/types.h"
 
 namespace fusedcomm {
 
 class SymmetricRegion;
-
-enum class Backend : int32_t { kAuto = 0, kCuda = 1, kHost = 2 };  // io.fusedcomm.api.Backend
 
 // Everything the native side is configured with; built once from the typed Java config.
 // Native code never reads environment variables.

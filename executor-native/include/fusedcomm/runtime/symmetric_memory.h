@@ -1,5 +1,5 @@
 // Symmetric memory among the processes of one host: every rank allocates one device region of
-// the same layout (kernels/collectives.h), exports a CUDA IPC handle, and maps every peer's
+// the same layout (kernels/collectives/collectives.h), exports a CUDA IPC handle, and maps every peer's
 // region; kernels then read and write peers' memory over NVLink with plain loads and stores.
 //
 // Bootstrap: the handles travel as opaque byte blobs through whatever the caller has (the Java
@@ -59,12 +59,12 @@ struct SymmetricConfig {
 };
 
 // "allReduce (bf16, 4096 elements, one-shot)" / "allGatherGemm (fused, sizes #1a2b...)": what a
-// launch signature (kernels/collectives.h) says, for error messages.
+// launch signature (kernels/collectives/collectives.h) says, for error messages.
 std::string describe_launch(uint64_t signature);
 // The message SymmetricMemory::raise_if_failed gives for a kCommLaunchMismatch record.
 std::string launch_mismatch_message(const kernels::CommErrorRecord& record);
 
-// One process's device region (layout in kernels/collectives.h), its CUDA IPC handle and the
+// One process's device region (layout in kernels/collectives/collectives.h), its CUDA IPC handle and the
 // host-mapped control page (abort word + error record). Allocated on the current device.
 class SymmetricRegion {
  public:

@@ -402,7 +402,7 @@ public final class TensorParallelMlpExample {
      * identical (a test compares them). The weights are read through transposed copies so that
      * every sum walks memory contiguously: with W1 and W2 as given, the dX and dA sums stride by
      * H or F elements, and at M = 2048, H = 4096, F = 2048 the single-threaded strided check did
-     * not finish in 300 s on the GPU host (docs/status.md, examples, run 20).
+     * not finish in 300 s on the GPU host.
      */
     Reference(Problem p, boolean parallel) {
       float[] x = p.x();

@@ -24,6 +24,6 @@ public final class CommDiagnostics {
     if (iters < 1) {
       throw new IllegalArgumentException("iters must be positive, got " + iters);
     }
-    return comm.timeNative(3, in, out, in.numel(), iters);
+    return comm.timeNative(Op.ALL_REDUCE, in, out, in.numel(), iters);
   }
 }

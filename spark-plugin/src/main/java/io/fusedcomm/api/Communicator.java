@@ -8,7 +8,6 @@ import io.fusedcomm.bootstrap.RankInfoCodec;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
 import io.fusedcomm.runtime.NativeApi;
-import io.fusedcomm.spark.BarrierContextExchange;
 import java.util.List;
 import java.util.Locale;
 import jcuda.runtime.cudaStream_t;
@@ -17,7 +16,7 @@ import org.apache.spark.BarrierTaskContext;
 /**
  * A communicator among the tasks of one barrier stage: rank = the task's partition id, world =
  * the number of tasks. It is built with exactly one {@code BarrierTaskContext.allGather} (see
- * {@link #create(BarrierTaskContext, CommOptions)}) and runs the ops of DESIGN.md §4 on the
+ * {@link #create(BarrierTaskContext, CommOptions)}) and runs the ops of docs/ops.md on the
  * executor runtime's backend.
  *
  * <p>Contract shared by every op: all ranks call the same ops in the same order with the same
@@ -244,7 +243,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("in", in, Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.allGather(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n,
+      NativeApi.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
           streamHandle(stream));
     }
   }
@@ -264,7 +263,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("out", out, Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n,
+      NativeApi.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
           streamHandle(stream));
     }
   }
@@ -280,7 +279,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("out", out, in.numel());
     Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
     synchronized (lock) {
-      NativeApi.allReduce(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), in.numel(),
+      NativeApi.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), in.numel(),
           streamHandle(stream));
     }
   }
@@ -301,7 +300,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("out", out, world * Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.allToAll(handle(), fp.description(), fp.value(), in.dtype().ordinal(), in.address(), out.address(), n,
+      NativeApi.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
           streamHandle(stream));
     }
   }
@@ -322,9 +321,10 @@ public final class Communicator implements AutoCloseable {
   }
 
   /** Native-initiated timing of a collective, for {@link CommDiagnostics}. */
-  long timeNative(int op, Tensor in, Tensor out, long count, int iters) {
+  long timeNative(Op op, Tensor in, Tensor out, long count, int iters) {
     synchronized (lock) {
-      return NativeApi.commTimeCollective(handle(), op, in.dtype().ordinal(), in.address(), out.address(), count, iters);
+      return NativeApi.commTimeCollective(handle(), op.code(), in.dtype().code(), in.address(), out.address(), count,
+          iters);
     }
   }
 
@@ -364,8 +364,8 @@ public final class Communicator implements AutoCloseable {
     }
     Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
     synchronized (lock) {
-      NativeApi.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().ordinal(), aLocal.address(),
-          w.address(), c.address(), gatheredA == null ? 0 : gatheredA.address(), m, nLocal, kDim, layout.ordinal(),
+      NativeApi.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(), aLocal.address(),
+          w.address(), c.address(), gatheredA == null ? 0 : gatheredA.address(), m, nLocal, kDim, layout.code(),
           streamHandle(stream));
     }
   }
@@ -436,17 +436,14 @@ public final class Communicator implements AutoCloseable {
         .add("partials", partials.name()).build();
     synchronized (lock) {
       if (scatter) {
-        NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
-            w.address(), c.address(), m, n, kLocal, layout.ordinal(), partials.ordinal(), streamHandle(stream));
+        NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
+            w.address(), c.address(), m, n, kLocal, layout.code(), partials.code(), streamHandle(stream));
       } else {
-        NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().ordinal(), a.address(),
-            w.address(), c.address(), m, n, kLocal, layout.ordinal(), partials.ordinal(), streamHandle(stream));
+        NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
+            w.address(), c.address(), m, n, kLocal, layout.code(), partials.code(), streamHandle(stream));
       }
     }
   }
-
-  /** The fused ops {@link #describeFusedOp} knows, in the native layer's numbering. */
-  private static final List<String> FUSED_OPS = List.of("allGatherGemm", "gemmReduceScatter", "gemmAllReduce");
 
   /** {@link #describeFusedOp(String, long, long, long, PartialPrecision)} with fp32 partials. */
   public String describeFusedOp(String op, long m, long n, long k) {
@@ -470,9 +467,9 @@ public final class Communicator implements AutoCloseable {
    *     would refuse (on cuda: N and K not multiples of 8)
    */
   public String describeFusedOp(String op, long m, long n, long k, PartialPrecision partials) {
-    int code = FUSED_OPS.indexOf(op);
-    if (code < 0) {
-      throw new IllegalArgumentException("describeFusedOp: unknown op '" + op + "' (one of " + FUSED_OPS + ")");
+    Op fused = Op.fusedByLabel(op);
+    if (fused == null) {
+      throw new IllegalArgumentException("describeFusedOp: unknown op '" + op + "' (one of " + Op.fusedLabels() + ")");
     }
     if (m < 1 || n < 1 || k < 1) {
       throw new IllegalArgumentException("describeFusedOp: " + op + " sizes must be positive, got M=" + m
@@ -483,9 +480,9 @@ public final class Communicator implements AutoCloseable {
     }
     String path;
     synchronized (lock) {
-      path = NativeApi.commDescribeFused(handle(), code, m, n, k, partials.ordinal());
+      path = NativeApi.commDescribeFused(handle(), fused.code(), m, n, k, partials.code());
     }
-    boolean gather = code == 0;
+    boolean gather = fused == Op.ALL_GATHER_GEMM;
     return op + " M=" + m + (gather ? " N_r=" : " N=") + n + (gather ? " K=" : " K_r=") + k
         + (gather ? "" : " " + partials.name().toLowerCase(Locale.ROOT) + " partials")
         + " on rank " + rank + " of " + world + " (" + runtime.backend().configName() + "): " + path;
@@ -517,7 +514,7 @@ public final class Communicator implements AutoCloseable {
     long ffn = w1Local.dim(1);
     Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
     synchronized (lock) {
-      long h = NativeApi.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().ordinal(), x.address(),
+      long h = NativeApi.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(), x.address(),
           tokens, hidden, topkIds.address(), topkWeights.address(), (int) topk, numExperts, w1Local.address(), ffn);
       try {
         return new MoeDispatch(this, h, x.dtype(), hidden, ffn);
@@ -543,7 +540,7 @@ public final class Communicator implements AutoCloseable {
     k.dim("expertOut", expertOut, 0, dispatch.rows()).dim("expertOut", expertOut, 1, width).dim("out", out, 0, dispatch.tokens());
     Fingerprint fp = k.fingerprint().add("width", width).build();
     synchronized (lock) {
-      NativeApi.moeCombine(handle(), fp.description(), fp.value(), out.dtype().ordinal(), dispatch.handle(),
+      NativeApi.moeCombine(handle(), fp.description(), fp.value(), out.dtype().code(), dispatch.handle(),
           expertOut.address(), width, out.address());
     }
   }
@@ -581,7 +578,7 @@ public final class Communicator implements AutoCloseable {
     Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
         .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
     synchronized (lock) {
-      NativeApi.ringAttention(handle(), fp.description(), fp.value(), q.dtype().ordinal(), b, s, hq, hkv, d,
+      NativeApi.ringAttention(handle(), fp.description(), fp.value(), q.dtype().code(), b, s, hq, hkv, d,
           options.causal(), options.scale(), q.address(), k.address(), v.address(), o.address(), lse.address());
     }
   }
@@ -600,14 +597,11 @@ public final class Communicator implements AutoCloseable {
     OpCheck k = new OpCheck("gemm", device ? Backend.CUDA : Backend.HOST).floating("a", a).same("w", w, a).same("c", c, a);
     k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
     k.dim("c", c, 0, a.dim(0)).weight(w, layout, c.dim(1), a.dim(1));
-    if (device) {
-      if (a.dtype() != DType.BF16) {
-        throw new IllegalArgumentException("gemm: the GPU GEMM takes bf16 tensors, got " + a.dtype().label());
-      }
-      NativeApi.gemmDevice(a.address(), w.address(), c.address(), a.dim(0), c.dim(1), a.dim(1), layout.ordinal());
-    } else {
-      NativeApi.gemm(a.dtype().ordinal(), a.address(), w.address(), c.address(), a.dim(0), c.dim(1), a.dim(1), layout.ordinal());
+    if (device && a.dtype() != DType.BF16) {
+      throw new IllegalArgumentException("gemm: the GPU GEMM takes bf16 tensors, got " + a.dtype().label());
     }
+    NativeApi.gemm((device ? Backend.CUDA : Backend.HOST).code(), a.dtype().code(), a.address(), w.address(),
+        c.address(), a.dim(0), c.dim(1), a.dim(1), layout.code());
   }
 
   // ---- teardown ------------------------------------------------------------------------------

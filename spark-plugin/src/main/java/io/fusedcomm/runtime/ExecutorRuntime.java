@@ -64,7 +64,7 @@ public final class ExecutorRuntime implements AutoCloseable {
     Backend nativeBackend = requested == Backend.AUTO ? Backend.HOST : requested;
     this.handle =
         NativeApi.runtimeCreate(
-            nativeBackend.ordinal(),
+            nativeBackend.code(),
             conf.timeout().toMillis(),
             conf.connectTimeout().toMillis(),
             conf.hostChunkBytes(),
@@ -75,7 +75,7 @@ public final class ExecutorRuntime implements AutoCloseable {
             ordinal,
             jobToken,
             conf.cudaShareGpu());
-    this.backend = Backend.values()[NativeApi.runtimeBackend(handle)];
+    this.backend = Backend.fromCode(NativeApi.runtimeBackend(handle));
     if (backend == Backend.CUDA) {
       // Before any task touches JCuda: executors of one host must not load its libraries at
       // the same instant (JCudaNatives says why).
@@ -257,7 +257,7 @@ public final class ExecutorRuntime implements AutoCloseable {
    * one still waiting for a peer that died when the executor is told to shut down) are aborted
    * first, and their tasks get up to the op timeout (at most 10 s) to close them. If some stay
    * open, the native runtime is not freed but left to the process's exit: freeing it under them
-   * crashed an executor (run 15: SIGSEGV in the native close of a communicator whose runtime
+   * crashed an executor (SIGSEGV in the native close of a communicator whose runtime
    * the executor's shutdown had freed). Idempotent.
    */
   @Override

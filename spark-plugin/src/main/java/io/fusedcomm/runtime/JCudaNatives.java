@@ -15,9 +15,9 @@ import java.util.logging.Logger;
  * <p>Why: JCuda extracts each library from its jar into {@code java.io.tmpdir} under a fixed name,
  * and writes it only if the file does not exist yet. Two JVMs loading the same library at the
  * same time race: one creates the file and writes it, the other sees it exist and loads it half
- * written, and the dynamic loader dies with SIGBUS (run 15 on 4 x H200: two executors reached
+ * written, and the dynamic loader dies with SIGBUS (seen on 4 x H200: two executors reached
  * their first driver-API call, a CUDA graph capture, in the same instant on a host where the
- * file did not exist yet; exit code 134 in run 14 and run 15). Holding an exclusive lock on a
+ * file did not exist yet; exit code 134). Holding an exclusive lock on a
  * file beside them while the classes initialise (initialisation extracts and loads) makes the
  * second JVM find the file complete. Libraries already loaded in this JVM make this a no-op.
  */

@@ -6,8 +6,11 @@ import java.nio.ByteBuffer;
  * The JNI surface of libfusedcomm.so. Internal: use {@link io.fusedcomm.api.Communicator} and
  * the tensor classes. Every method may throw the exceptions of {@code io.fusedcomm.errors},
  * {@link IllegalArgumentException} or {@link IllegalStateException}; handles are raw native
- * pointers owned by exactly one {@link AutoCloseable} Java object. Int codes: dtype = {@code
- * DType.ordinal()}, backend = {@code Backend.ordinal()}, layout = {@code WeightLayout.ordinal()}.
+ * pointers owned by exactly one {@link AutoCloseable} Java object. Each native method converts its
+ * arguments and calls one function of the C API ({@code executor-native/include/fusedcomm/fusedcomm.h}).
+ * Enums cross as the C API's values: dtype = {@code DType.code()}, backend = {@code
+ * Backend.code()}, layout = {@code WeightLayout.code()}, partials = {@code PartialPrecision.code()},
+ * op = the {@code fc_op_t} value ({@code io.fusedcomm.api.Op}).
  */
 public final class NativeApi {
   private NativeApi() {}
@@ -62,17 +65,14 @@ public final class NativeApi {
   /** {live bytes, live allocations} of runtime-allocated host memory. */
   public static native long[] memStats();
 
-  /** bf16 GEMM on the calling thread's current GPU (device pointers), synchronous. */
-  public static native void gemmDevice(long a, long w, long c, long m, long n, long k, int layout);
-
   /** With the cuda backend this also allocates (or borrows) the rank's symmetric memory. */
   public static native long commCreate(long runtime, int rank, int world);
 
   public static native String commEndpoint(long comm);
 
   /**
-   * How a fused op (0 allGatherGemm, 1 gemmReduceScatter, 2 gemmAllReduce) would run on this
-   * communicator with these sizes, in a phrase; nothing launched or exchanged.
+   * How a fused op ({@code op}: its {@code fc_op_t} value) would run on this communicator with
+   * these sizes, in a phrase; nothing launched or exchanged.
    */
   public static native String commDescribeFused(long comm, int op, long m, long n, long k, int partials);
 
@@ -88,7 +88,7 @@ public final class NativeApi {
 
   /**
    * Diagnostics: {@code iters} synchronous collectives initiated from native code; wall
-   * nanoseconds. {@code op}: 1 allGather, 2 reduceScatter, 3 allReduce, 4 allToAll.
+   * nanoseconds. {@code op}: the {@code fc_op_t} value of a collective.
    */
   public static native long commTimeCollective(
       long comm, int op, int dtype, long in, long out, long count, int iters);
@@ -115,15 +115,19 @@ public final class NativeApi {
   public static native void allToAll(
       long comm, String desc, long fp, int dtype, long in, long out, long count, long stream);
 
+  /**
+   * Single-rank GEMM, synchronous: {@code backend} cuda (bf16, device pointers of the calling
+   * thread's current GPU) or host (host memory).
+   */
   public static native void gemm(
-      int dtype, long a, long w, long c, long m, long n, long k, int layout);
+      int backend, int dtype, long a, long w, long c, long m, long n, long k, int layout);
 
   /** {@code stream}: 0 runs synchronously; else a CUDA stream to enqueue on (cuda backend). */
   public static native void allGatherGemm(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long gathered, long m,
       long nLocal, long k, int layout, long stream);
 
-  /** {@code partials}: {@code PartialPrecision} ordinal; {@code stream} as for allGatherGemm. */
+  /** {@code partials}: {@code PartialPrecision.code()}; {@code stream} as for allGatherGemm. */
   public static native void gemmReduceScatter(
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
       long kLocal, int layout, int partials, long stream);

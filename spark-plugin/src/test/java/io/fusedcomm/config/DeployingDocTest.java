@@ -24,11 +24,13 @@ import org.junit.jupiter.api.Test;
  */
 class DeployingDocTest {
   private static final String DOC = "docs/deploying.md";
-  /** Where the messages a user can meet are written (source files below these folders). */
+  /**
+   * Where the messages a user can meet are written: the product sources of these trees (tests
+   * and benchmarks left out), whatever their layout inside.
+   */
   private static final List<String> SOURCE_DIRS =
       List.of("spark-plugin/src/main/java", "executor-native", "rdma", "kernels");
-
-  private static final Pattern SOURCE_FILE = Pattern.compile(".*\\.(java|cc|cu|cuh|h)$");
+  private static final Pattern SOURCE_FILE = Pattern.compile(".*\\.(java|cc|h|cu|cuh)");
 
   private static String doc;
   private static String sources;
@@ -40,12 +42,7 @@ class DeployingDocTest {
     StringBuilder sb = new StringBuilder();
     for (String dir : SOURCE_DIRS) {
       try (Stream<Path> files = Files.walk(root.resolve(dir))) {
-        List<Path> sourceFiles =
-            files
-                .filter(f -> Files.isRegularFile(f) && SOURCE_FILE.matcher(f.toString()).matches())
-                .filter(f -> !f.toString().contains("/target/"))
-                .collect(Collectors.toList());
-        for (Path f : sourceFiles) {
+        for (Path f : files.filter(p -> Files.isRegularFile(p) && isProductSource(root.relativize(p))).toList()) {
           sb.append(read(f)).append('\n');
         }
       }
@@ -95,6 +92,17 @@ class DeployingDocTest {
       out.add(m.group(1));
     }
     return out;
+  }
+
+  /** {@code f}: relative to the repository root. */
+  private static boolean isProductSource(Path f) {
+    for (Path part : f) {
+      String name = part.toString();
+      if (name.equals("tests") || name.equals("test") || name.equals("bench") || name.equals("target")) {
+        return false;
+      }
+    }
+    return SOURCE_FILE.matcher(f.getFileName().toString()).matches();
   }
 
   private static String read(Path f) {

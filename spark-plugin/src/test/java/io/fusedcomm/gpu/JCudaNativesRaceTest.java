@@ -14,7 +14,7 @@ import java.util.stream.Stream;
 import org.junit.jupiter.api.Test;
 
 /**
- * Executors of one host that load JCuda's native libraries at the same instant (run 15 on
+ * Executors of one host that load JCuda's native libraries at the same instant (seen on
  * 4 x H200: the first driver-API call of two executors, in lockstep in a barrier stage, on a host
  * where JCuda had not unpacked its driver library yet; one died with SIGBUS in the dynamic loader,
  * exit code 134): {@link io.fusedcomm.runtime.JCudaNatives#load} holds a host lock while JCuda

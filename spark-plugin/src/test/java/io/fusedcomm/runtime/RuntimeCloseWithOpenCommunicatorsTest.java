@@ -20,7 +20,7 @@ import org.junit.jupiter.api.Test;
 
 /**
  * An executor told to shut down closes its runtime while a task may still hold a communicator
- * (run 15 on 4 x H200: a task waiting for a peer that had died reached its communicator's close
+ * (seen on 4 x H200: a task waiting for a peer that had died reached its communicator's close
  * after the shutdown had freed the runtime: SIGSEGV in native code). The runtime now aborts the
  * communicators still open, waits (bounded) for their tasks to close them, and frees itself only
  * when none is left; otherwise it leaves the native runtime to the process's exit. Host backend:

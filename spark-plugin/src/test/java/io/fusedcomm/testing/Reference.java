@@ -7,7 +7,7 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * Independent fp64 references for the ops of DESIGN.md §4, written as naive loops straight from
+ * Independent fp64 references for the ops of docs/ops.md, written as naive loops straight from
  * the contract (docs/ops.md, the Communicator javadoc), sharing no code with the backends. Inputs
  * are float arrays (already rounded to the op's dtype); results carry magnitudes for {@link
  * Check}.

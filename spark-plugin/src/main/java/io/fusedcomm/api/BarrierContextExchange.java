@@ -1,7 +1,5 @@
-package io.fusedcomm.spark;
+package io.fusedcomm.api;
 
-import io.fusedcomm.api.BootstrapExchange;
-import io.fusedcomm.api.Communicator;
 import io.fusedcomm.bootstrap.Fingerprint;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
@@ -22,8 +20,12 @@ import org.apache.spark.util.TaskFailureListener;
  * <p>It also ties the communicator to the task: a failed task aborts it, a completed task closes
  * what the user forgot to close, and a watchdog aborts it when Spark kills the task (a kill only
  * interrupts the Java thread, which does not reach a native wait).
+ *
+ * <p>Internal to {@link Communicator#create(BarrierTaskContext, CommOptions)}; it lives in this
+ * package so that {@code io.fusedcomm.api} does not depend on {@code io.fusedcomm.spark} (which
+ * depends on the API).
  */
-public final class BarrierContextExchange implements BootstrapExchange {
+final class BarrierContextExchange implements BootstrapExchange {
   private static final Map<Long, AtomicInteger> CREATED = new ConcurrentHashMap<>();
   private static final Map<Communicator, BarrierTaskContext> WATCHED = new ConcurrentHashMap<>();
   private static final ScheduledExecutorService WATCHDOG =
@@ -42,7 +44,7 @@ public final class BarrierContextExchange implements BootstrapExchange {
   private final long nonce;
 
   /** An exchange for {@code context}; {@code name} distinguishes several communicators of a task. */
-  public BarrierContextExchange(BarrierTaskContext context, String name) {
+  BarrierContextExchange(BarrierTaskContext context, String name) {
     this.context = context;
     long attemptId = context.taskAttemptId();
     int sequence = CREATED.computeIfAbsent(attemptId, id -> {
@@ -80,7 +82,7 @@ public final class BarrierContextExchange implements BootstrapExchange {
   }
 
   /** Ties {@code comm}'s life to the task (see the class comment). */
-  public void watch(Communicator comm) {
+  void watch(Communicator comm) {
     WATCHED.put(comm, context);
     context.addTaskFailureListener((TaskFailureListener) (c, error) -> comm.abort());
     context.addTaskCompletionListener(

@@ -1,4 +1,4 @@
-#include "fusedcomm/runtime/communicator.h"
+#include "fusedcomm/runtime/transport_exchanger.h"
 
 #include <algorithm>
 #include <atomic>
@@ -77,23 +77,23 @@ static_assert(sizeof(ChunkHeader) == 512);
 // Two slots per pair: chunk c may be sent once the receiver has consumed chunk c-2
 // (c - credit < 2). Flags only grow; they are written by the transport with release ordering
 // after the payload, and read here with acquire loads.
-size_t Communicator::slot_stride() const { return sizeof(ChunkHeader) + chunk_bytes_; }
-size_t Communicator::recv_slot(int src, uint64_t chunk) const {
+size_t TransportExchanger::slot_stride() const { return sizeof(ChunkHeader) + chunk_bytes_; }
+size_t TransportExchanger::recv_slot(int src, uint64_t chunk) const {
   return (2 * static_cast<size_t>(src) + chunk % 2) * slot_stride();
 }
-size_t Communicator::send_slot(int dst, uint64_t chunk) const {
+size_t TransportExchanger::send_slot(int dst, uint64_t chunk) const {
   return 2 * world_ * slot_stride() + recv_slot(dst, chunk);
 }
-size_t Communicator::data_flag(int src) const { return 4 * world_ * slot_stride() + 8 * src; }
-size_t Communicator::credit_flag(int dst) const {
+size_t TransportExchanger::data_flag(int src) const { return 4 * world_ * slot_stride() + 8 * src; }
+size_t TransportExchanger::credit_flag(int dst) const {
   return 4 * world_ * slot_stride() + 8 * world_ + 8 * dst;
 }
-uint64_t Communicator::load_flag(size_t offset) const {
+uint64_t TransportExchanger::load_flag(size_t offset) const {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(staging_ + offset))
       .load(std::memory_order_acquire);
 }
 
-Communicator::Communicator(Runtime& runtime, int world)
+TransportExchanger::TransportExchanger(Runtime& runtime, int world)
     : runtime_(runtime), chunk_bytes_(runtime.config().chunk_bytes), world_(world) {
   FC_REQUIRE(world >= 1, "world size must be at least 1, got " + std::to_string(world));
   staging_bytes_ = 4 * world_ * slot_stride() + 16 * static_cast<size_t>(world_);
@@ -106,7 +106,7 @@ Communicator::Communicator(Runtime& runtime, int world)
   }
 }
 
-Communicator::~Communicator() {
+TransportExchanger::~TransportExchanger() {
   try {
     if (!closed_) {
       abort();
@@ -116,11 +116,11 @@ Communicator::~Communicator() {
   }
 }
 
-std::string Communicator::endpoint() const {
+std::string TransportExchanger::endpoint() const {
   return runtime_.transport().address() + "#" + std::to_string(region_.key);
 }
 
-void Communicator::connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id) {
+void TransportExchanger::connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id) {
   FC_REQUIRE(!connected_ && !closed_, "connect: the communicator is already connected or closed");
   FC_REQUIRE(static_cast<int>(endpoints.size()) == world_,
              "connect: " + std::to_string(endpoints.size()) + " endpoints for world " + std::to_string(world_));
@@ -157,7 +157,7 @@ void Communicator::connect(const std::vector<std::string>& endpoints, int rank, 
   barrier("connect", "connect barrier");
 }
 
-void Communicator::barrier(const char* name, const char* step) {
+void TransportExchanger::barrier(const char* name, const char* step) {
   if (world_ == 1) return;
   begin_op(name, barrier_fingerprint(name));
   std::vector<SendBlock> s(world_);
@@ -165,11 +165,11 @@ void Communicator::barrier(const char* name, const char* step) {
   exchange(s, r, step);
 }
 
-std::string Communicator::peer_name(int peer) const {
+std::string TransportExchanger::peer_name(int peer) const {
   return "rank " + std::to_string(peer) + " at " + peer_addresses_.at(peer);
 }
 
-void Communicator::check_usable(const char* what) const {
+void TransportExchanger::check_usable(const char* what) const {
   if (closed_) fail(ErrorKind::kState, std::string(what) + ": the communicator is closed");
   if (!connected_) fail(ErrorKind::kState, std::string(what) + ": the communicator is not connected");
   if (aborted_.load()) fail(ErrorKind::kCommunicator, std::string(what) + ": the communicator was aborted");
@@ -178,7 +178,7 @@ void Communicator::check_usable(const char* what) const {
   }
 }
 
-void Communicator::fail_broken(ErrorKind kind, const std::string& message) {
+void TransportExchanger::fail_broken(ErrorKind kind, const std::string& message) {
   if (broken_.empty()) broken_ = message;
   // The group stays up until close(): every rank exchanges with every peer directly, so each
   // finds the rank really at fault itself; tearing our connections down first would make the
@@ -186,13 +186,13 @@ void Communicator::fail_broken(ErrorKind kind, const std::string& message) {
   fail(kind, message);
 }
 
-void Communicator::begin_op(const std::string& description, uint64_t fingerprint) {
+void TransportExchanger::begin_op(const std::string& description, uint64_t fingerprint) {
   check_usable(description.c_str());
   op_description_ = description;
   op_fingerprint_ = fingerprint;
 }
 
-void Communicator::post(const rdma::WriteOp& op) {
+void TransportExchanger::post(const rdma::WriteOp& op) {
   try {
     proxy_->ring().post(op, std::chrono::milliseconds(runtime_.config().timeout_ms));
   } catch (const rdma::TransportError& e) {
@@ -203,7 +203,7 @@ void Communicator::post(const rdma::WriteOp& op) {
   }
 }
 
-void Communicator::exchange(const std::vector<SendBlock>& send, const std::vector<RecvBlock>& recv,
+void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std::vector<RecvBlock>& recv,
                             const char* step) {
   check_usable(step);
   FC_REQUIRE(static_cast<int>(send.size()) == world_ && static_cast<int>(recv.size()) == world_,
@@ -364,12 +364,12 @@ void Communicator::exchange(const std::vector<SendBlock>& send, const std::vecto
   }
 }
 
-void Communicator::finish() {
+void TransportExchanger::finish() {
   if (!connected_ || closed_) return;
   barrier("finish", "finish barrier");
 }
 
-void Communicator::close() {
+void TransportExchanger::close() {
   if (closed_) return;
   bool clean = connected_ && !aborted_.load() && broken_.empty();
   std::string error;
@@ -409,7 +409,7 @@ void Communicator::close() {
   if (!error.empty()) fail(ErrorKind::kCommunicator, "close: " + error);
 }
 
-void Communicator::abort() noexcept {
+void TransportExchanger::abort() noexcept {
   aborted_.store(true);
   try {
     if (group_) group_->abort();

@@ -1,10 +1,12 @@
-// A communicator: `world` ranks (one per executor task of a barrier stage) connected through the
-// executor runtime's transport, and the host backend's Exchanger over it.
+// A communicator's host half: `world` ranks (one per executor task of a barrier stage)
+// connected through the executor runtime's transport, and the Exchanger over it that the host
+// backend's ops are written against. Both backends own one: HostComm runs its ops on it;
+// CudaComm uses it for the bootstrap barriers, finish() and peer-failure detection.
 //
-// Life cycle (driven from Java): construct with the world size (registers the staging region, so
-// that endpoint() can go into the bootstrap blob) -> connect(endpoints of all ranks, rank, the
-// communicator id all ranks agreed on) -> ops -> close(). abort() may be called from any thread
-// at any time; waits in flight then fail at once.
+// Life cycle (driven by the Comm that owns it): construct with the world size (registers the
+// staging region, so that endpoint() can go into the bootstrap blob) -> connect(endpoints of all
+// ranks, rank, the communicator id all ranks agreed on) -> ops -> close(). abort() may be called
+// from any thread at any time; waits in flight then fail at once.
 //
 // Every op calls begin_op(description, fingerprint) first. The fingerprint covers the op's global
 // parameters (op, dtype, global shapes); it travels in every chunk header, so a rank whose
@@ -26,12 +28,12 @@
 
 namespace fusedcomm {
 
-class Communicator final : public Exchanger {
+class TransportExchanger final : public Exchanger {
  public:
-  Communicator(Runtime& runtime, int world);
-  ~Communicator() override;
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  TransportExchanger(Runtime& runtime, int world);
+  ~TransportExchanger() override;
+  TransportExchanger(const TransportExchanger&) = delete;
+  TransportExchanger& operator=(const TransportExchanger&) = delete;
 
   // "host:port#regionKey": what peers need to reach this rank's staging region.
   std::string endpoint() const;
@@ -69,7 +71,7 @@ class Communicator final : public Exchanger {
   int rank_ = -1;
   bool connected_ = false, closed_ = false;
 
-  char* staging_ = nullptr;  // registered region, layout in communicator.cc
+  char* staging_ = nullptr;  // registered region, layout in transport_exchanger.cc
   size_t staging_bytes_ = 0;
   rdma::Region region_;
   std::vector<uint64_t> peer_keys_;

@@ -1,0 +1,191 @@
+// The cuda backend's communicator. Its host half (TransportExchanger) carries the bootstrap
+// barriers, finish() and peer-failure detection; its GPU half is the symmetric memory its ops
+// run on (one region per rank, mapped by every rank of the host through CUDA IPC), the streams
+// they are enqueued on and, with ranks on several hosts, the paths between hosts
+// (src/comm/cross_host_paths.h). Ops not on the GPU yet (MoE, ring attention) refuse with
+// Error(kUnavailable).
+//
+// Ops take device pointers of this process (the caller's tensors, any alignment) and bf16 for
+// the GEMM ops. A collective copies its input into this rank's data area where the launch
+// needs it (stream-ordered, device to device) and launches one persistent collective kernel
+// (kernels/collectives/collectives.h) on the same stream:
+// - stream == nullptr: the communicator's own stream; the call returns when the op is done and
+//   throws Error(kTimeout) naming rank, peer, op and step if a peer never arrived. The own
+//   stream is a blocking stream: it waits for work issued before on the legacy default stream,
+//   e.g. a cudaMemcpy from pageable memory, which may return before its DMA has landed.
+// - otherwise the caller's stream; the call returns once enqueued. A device failure is reported
+//   by the next op, synchronize() or close(). Ops on different streams are ordered in call
+//   order (an event joins the previous op's stream), as the kernels require.
+// CUDA graphs: ops on a caller's stream may be captured (any capture mode) and the graph
+// replayed any number of times; every launch takes fresh signal values on the device, so a
+// replay never sees a stale flag (docs/architecture.md, the GPU protocol rules). While
+// capturing, an op records and joins no event: capture the communicator's ops on one stream,
+// and launch the graph in stream order with its other ops (on their stream, or after an event).
+// Some ops use a private workspace that only grows; growing is refused while capturing
+// (Error(kInvalidArgument)), so run each op once, at its largest size, before the capture.
+// allReduce larger than the data area runs in data-area-sized pieces; other ops must fit (the
+// largest rank's input <= data area), else Error(kInvalidArgument) naming the config key.
+//
+// The fused ops: where each runs is decided in one place (src/comm/fused_plan.h), which the
+// ops and describe_fused() share: on one host the kernels' launchers (kernels/fused/fused.h),
+// whose size rule picks the fused kernel or our GEMM then our collective; across hosts our
+// GEMM and the hierarchical collective; gemmAllReduce larger than the data area our GEMM then
+// our allReduce in pieces. allGatherGemm copies A_r into the data area; gemmReduceScatter keeps
+// its partial product there (M×N×4 bytes must fit, M×N×2 with bf16 partials).
+//
+// Not thread-safe (the Java Communicator serialises its ops); abort() may come from any thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/collectives/collectives.h"
+#include "kernels/fused/fused.h"
+#include "kernels/gemm/gemm.h"
+#include "fusedcomm/comm/comm.h"
+#include "fusedcomm/runtime/host_layout.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "fusedcomm/runtime/transport_exchanger.h"
+
+namespace fusedcomm {
+
+class CrossHostPaths;
+class LocalCollectives;
+struct FusedContext;
+
+class CudaComm final : public Comm {
+ public:
+  // The host half first (its staging region), then a symmetric region borrowed from the
+  // runtime's pool.
+  CudaComm(Runtime& runtime, int rank, int world);
+  ~CudaComm() override;
+  CudaComm(const CudaComm&) = delete;
+  CudaComm& operator=(const CudaComm&) = delete;
+
+  Backend backend() const override { return Backend::kCuda; }
+  std::string endpoint() const override { return host_.endpoint(); }
+  std::vector<uint8_t> device_handle() const override;
+  // The host half's connections first (they end with a barrier, so every rank has created its
+  // symmetric memory), then the peers' memory is mapped; with ranks on several hosts
+  // (peers.host_ids) each rank also connects to its counterparts on the other hosts.
+  void connect(const Bootstrap& peers) override;
+
+  void all_gather(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
+                  cudaStream_t stream) override;
+  void reduce_scatter(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
+                      cudaStream_t stream) override;
+  void all_reduce(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
+                  cudaStream_t stream) override;
+  void all_to_all(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
+                  cudaStream_t stream) override;
+  int64_t time_collective(Op op, DType dtype, const void* in, void* out, int64_t count,
+                          int iters) override;
+  // The four collectives above (op: one of them); `count` as in fusedcomm.h.
+  void collective(Op op, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream);
+
+  void all_gather_gemm(const OpDesc& desc, DType dtype, const void* a_local, const void* w, void* c,
+                       void* gathered, int64_t m, int64_t n_local, int64_t k, WeightLayout layout,
+                       cudaStream_t stream) override;
+  // Row block r of Σ_s A_s · op(W_s): A M×K_r, out split_count(M,W,r)×N.
+  void gemm_reduce_scatter(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
+                           int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
+                           PartialPrecision partials, cudaStream_t stream) override;
+  // Σ_s A_s · op(W_s) (M×N) on every rank, the same bits everywhere (kF32AnyOrder is summed
+  // like kF32). fp32 partials may use the communicator's workspace: run the op once before
+  // capturing it in a CUDA graph.
+  void gemm_all_reduce(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
+                       int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
+                       PartialPrecision partials, cudaStream_t stream) override;
+  // The path the op's plan picks and, fused, the SM split and how peers' data moves, from the
+  // kernels' *_info with the arguments the op itself passes. Throws what the op would for
+  // sizes it refuses; says so where the data area is too small. The path is the same on every
+  // rank; allGatherGemm's exchange is a rank-local choice.
+  std::string describe_fused(Op op, int64_t m, int64_t n, int64_t k,
+                             PartialPrecision partials) const override;
+
+  std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
+      const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden,
+      const int32_t* topk_ids, const float* topk_weights, int topk, int64_t num_experts,
+      const void* w1_local, int64_t ffn) override;
+  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout,
+                   const void* expert_out, int64_t width, void* out) override;
+  void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                      const void* q, const void* k, const void* v, void* o, float* lse) override;
+
+  void synchronize() override;
+  // This rank's ops are complete (device), then the host half's barrier.
+  void finish() override;
+  void abort() noexcept override;
+  // Waits for this rank's ops, passes the host half's closing barrier, then releases the GPU
+  // half: after the barrier no peer uses this rank's memory, so its region goes back to the
+  // runtime's pool. If anything failed the region is dropped instead and the host half aborted.
+  void close() override;
+
+  // For tests.
+  const HostLayout& layout() const { return layout_; }
+  const SymmetricMemory& memory() const { return *sm_; }
+  bool failed() const { return failed_; }
+  // Inputs copied into the data area by the collectives so far (enqueue): one-shot launches
+  // read their input in place unless it overlaps the output.
+  uint64_t input_copies() const;
+
+ private:
+  void check_usable() const;
+  void raise_device_failure();                    // the error record, as an exception
+  cudaStream_t begin(cudaStream_t stream);        // checks, pins, orders after the previous op
+  void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
+  void join_previous(cudaStream_t s);
+  // "needs <bytes> bytes of symmetric memory, more than its <area>-byte data area"
+  std::string shortfall(uint64_t bytes) const;
+  void require_fits(const char* op, uint64_t bytes) const;
+  // allReduce of `count` elements on s (begun): one kernel where the input fits the data area,
+  // else pieces of its size; across hosts, each piece hierarchically. in may alias out.
+  void enqueue_all_reduce(kernels::CommDtype dtype, const void* in, void* out, int64_t count,
+                          cudaStream_t s);
+  void* workspace(uint64_t bytes);
+  // The stream-K workspace (kernels/gemm/gemm.h) of the GEMMs this communicator launches
+  // itself (the decomposed paths), made on the first such op (~33 MiB, zeroed on s): its ops
+  // are stream-ordered (begin()), so one serves them all. None is made while a stream captures
+  // a graph, nor after a failed allocation: those GEMMs run without stream-K.
+  kernels::GemmWorkspace gemm_workspace(cudaStream_t s);
+  kernels::GemmArgs with_gemm_workspace(kernels::GemmArgs g, cudaStream_t s);
+  // Every peer's region is on another GPU than this rank's (by PCI bus id): the copy engines
+  // may then move allGatherGemm's exchange.
+  bool peers_on_other_gpus() const;
+  // The fused ops' kernel arguments as the ops pass them (describe_fused too).
+  kernels::AgGemmArgs ag_operands(const void* w, void* c, void* gathered, int64_t m, int64_t n_local,
+                                  int64_t k, WeightLayout layout) const;
+  FusedContext fused_context() const;
+  // Ops not on the GPU yet.
+  [[noreturn]] void unavailable(const OpDesc& desc) const;
+
+  Runtime& runtime_;
+  TransportExchanger host_;
+  std::unique_ptr<SymmetricMemory> sm_;
+  std::unique_ptr<LocalCollectives> local_;
+  HostLayout layout_;
+  std::unique_ptr<CrossHostPaths> hosts_;  // null on one host
+  void* work_ = nullptr;                   // device memory of some paths (workspace())
+  uint64_t work_bytes_ = 0;
+  kernels::GemmWorkspace gemm_ws_{};  // gemm_workspace()
+  bool gemm_ws_tried_ = false;
+  // allGatherGemm's copy-engine exchange (kernels/fused/fused.h AgExchange): its side streams,
+  // made at the first launch that uses them, destroyed after the device is synchronised.
+  std::unique_ptr<kernels::FusedSideStreams> ag_side_ = std::make_unique<kernels::FusedSideStreams>();
+  cudaStream_t own_ = nullptr;
+  cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
+  cudaStream_t last_ = nullptr;      // stream of the previous op
+  bool any_op_ = false, connected_ = false, closed_ = false, gpu_closed_ = false;
+  bool capturing_ = false;  // the current op's stream is capturing a CUDA graph (begin())
+  std::atomic<bool> failed_{false};
+
+  void abort_gpu() noexcept;  // running and future device waits give up at once
+  void close_gpu() noexcept;  // the GPU half: region back to the pool unless failed; idempotent
+};
+
+}  // namespace fusedcomm

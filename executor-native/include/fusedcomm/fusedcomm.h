@@ -1,0 +1,278 @@
+/*
+ * fusedcomm: the plain C API of libfusedcomm.so, in the spirit of nccl.h. The JNI layer of the
+ * Spark plugin is written against it, and so is any other binding (Python, C++).
+ *
+ * Objects are opaque handles: a runtime per executor process (transport, GPU), communicators
+ * that borrow it, and MoE dispatch results. Every function returns an fc_status_t and never
+ * throws; on failure fc_last_error_message() holds the detail (thread-local). Strings and byte
+ * arrays a function hands out through `const char**` / `const uint8_t**` are owned by the library
+ * and stay valid until the next fusedcomm call on the same thread, unless said otherwise.
+ *
+ * The enums below are the one definition of their values: the C++ runtime's enums are defined
+ * from them (fusedcomm/types.h), and the Java mirrors (io.fusedcomm.api: DType,
+ * WeightLayout, PartialPrecision, Backend, Op) carry the same names and values, which a unit
+ * test checks against this file. Values never change; new ones are appended.
+ *
+ * Op semantics, shapes and uneven splits: docs/ops.md. Threading: a communicator's ops are
+ * called from one thread at a time; fc_comm_abort() may be called from any thread at any time.
+ */
+#ifndef FUSEDCOMM_FUSEDCOMM_H_
+#define FUSEDCOMM_FUSEDCOMM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FC_API __attribute__((visibility("default")))
+#else
+#define FC_API
+#endif
+
+/* Version of this interface: bumped when a function or a struct changes. */
+#define FUSEDCOMM_API_VERSION 1
+
+/* ---- status ------------------------------------------------------------------------------- */
+typedef enum {
+  FC_STATUS_SUCCESS = 0,
+  FC_STATUS_INVALID_ARGUMENT = 1, /* caught before any data moves */
+  FC_STATUS_STATE = 2,            /* closed communicator, wrong backend for the call */
+  FC_STATUS_COMMUNICATOR = 3,     /* ranks disagree, aborted, unusable after an earlier error */
+  FC_STATUS_TIMEOUT = 4,          /* a bounded wait gave up; the message names rank, peer, op */
+  FC_STATUS_TRANSPORT = 5,        /* a connection failed or closed */
+  FC_STATUS_FATAL_GPU = 6,        /* the executor's GPU context is unusable */
+  FC_STATUS_UNAVAILABLE = 7,      /* backend or op not available here; the message says why */
+  FC_STATUS_OUT_OF_MEMORY = 8,    /* a host allocation failed */
+  FC_STATUS_INTERNAL = 9          /* anything else */
+} fc_status_t;
+
+/* A constant name for a status ("invalid argument", ...). */
+FC_API const char* fc_status_string(fc_status_t status);
+/* The detail of the last failing call on this thread ("" if none); calls that succeed leave it. */
+FC_API const char* fc_last_error_message(void);
+FC_API fc_status_t fc_get_version(int* version); /* FUSEDCOMM_API_VERSION */
+
+/* ---- enums ---------------------------------------------------------------------------------- */
+typedef enum {
+  FC_DTYPE_F32 = 0,  /* IEEE-754 binary32 */
+  FC_DTYPE_BF16 = 1, /* bfloat16, round to nearest even */
+  FC_DTYPE_I32 = 2   /* index tensors only (MoE routing); no op takes it as its dtype */
+} fc_dtype_t;
+
+typedef enum {
+  FC_LAYOUT_NK = 0, /* C = A · Wᵀ, W: N×K (a linear layer's weight) */
+  FC_LAYOUT_KN = 1  /* C = A · B, B: K×N */
+} fc_weight_layout_t;
+
+/* gemmReduceScatter's and gemmAllReduce's partial products: the precision they are kept and
+ * exchanged in. The sum is fp32 either way, rounded once at the output. */
+typedef enum {
+  FC_PARTIALS_F32 = 0,
+  FC_PARTIALS_BF16 = 1,         /* each rank's partial rounded to bf16 first */
+  FC_PARTIALS_F32_ANY_ORDER = 2 /* fp32, summed in any order (cuda fused kernel at W >= 3) */
+} fc_partials_t;
+
+typedef enum {
+  FC_BACKEND_AUTO = 0, /* cuda where a GPU is assigned and usable, else host (runtime config) */
+  FC_BACKEND_CUDA = 1, /* the GPU kernels */
+  FC_BACKEND_HOST = 2  /* the C++ reference implementation on the CPU */
+} fc_backend_t;
+
+/* The ops of a communicator. The collectives' values are those of the kernels' CommOp. */
+typedef enum {
+  FC_OP_ALL_GATHER = 1,
+  FC_OP_REDUCE_SCATTER = 2,
+  FC_OP_ALL_REDUCE = 3,
+  FC_OP_ALL_TO_ALL = 4,
+  FC_OP_ALL_GATHER_GEMM = 5, /* fused GEMM + communication */
+  FC_OP_GEMM_REDUCE_SCATTER = 6,
+  FC_OP_GEMM_ALL_REDUCE = 7,
+  FC_OP_MOE_DISPATCH_GEMM = 8,
+  FC_OP_MOE_COMBINE = 9,
+  FC_OP_RING_ATTENTION = 10
+} fc_op_t;
+
+/* ---- handles -------------------------------------------------------------------------------- */
+typedef struct fc_runtime* fc_runtime_t;           /* one per executor process */
+typedef struct fc_comm* fc_comm_t;                 /* a communicator of `world` ranks */
+typedef struct fc_moe_dispatch* fc_moe_dispatch_t; /* fc_moe_dispatch_gemm's result */
+/* A CUDA stream (cudaStream_t). NULL: the op runs synchronously (cuda: on the communicator's
+ * own stream). The host backend takes NULL only. */
+typedef struct CUstream_st* fc_stream_t;
+
+/* Names an op call: a description for error messages and a fingerprint of its global
+ * parameters (op, dtype, global shapes). The host backend sends both with every chunk, so a
+ * rank whose parameters differ is named on every rank. NULL: "" and 0. */
+typedef struct {
+  const char* description;
+  uint64_t fingerprint;
+} fc_op_desc_t;
+
+/* ---- availability, host memory -------------------------------------------------------------- */
+/* One line per backend and transport: "name: available|unavailable: reason". */
+FC_API fc_status_t fc_availability(const char** report);
+/* Host memory for tensors (128-byte aligned, zeroed), counted in fc_memory_stats. */
+FC_API fc_status_t fc_host_alloc(size_t bytes, void** out);
+FC_API fc_status_t fc_host_free(void* ptr);
+FC_API fc_status_t fc_memory_stats(uint64_t* live_bytes, uint64_t* live_allocations);
+
+/* ---- runtime -------------------------------------------------------------------------------- */
+/* Everything the native side is configured with (built once from the typed Java config). */
+typedef struct {
+  fc_backend_t backend;
+  int64_t timeout_ms;         /* every wait inside an op */
+  int64_t connect_timeout_ms; /* building a communicator's connections */
+  int64_t chunk_bytes;        /* host backend: staging chunk per peer (>= 4096) */
+  int64_t symmetric_bytes;    /* cuda backend: data area of the symmetric memory */
+  const char* bind_host;      /* transport listener; NULL or "": this host */
+  int32_t transport_streams;  /* TCP streams per direction between hosts: 1..4 */
+  int64_t busy_poll_us;       /* threads between hosts poll this long before sleeping */
+  int32_t gpu_ordinal;        /* the executor's GPU, -1: none assigned */
+  uint64_t job_token;         /* the application's token */
+  int32_t allow_shared_gpu;   /* native tests only: ranks of one host may share a GPU */
+} fc_runtime_config_t;
+
+/* The defaults (backend auto, no GPU). */
+FC_API fc_status_t fc_runtime_config_init(fc_runtime_config_t* config);
+/* Resolves the backend (cuda: the GPU must open, else FC_STATUS_UNAVAILABLE with the reason)
+ * and starts the transport. */
+FC_API fc_status_t fc_runtime_create(const fc_runtime_config_t* config, fc_runtime_t* out);
+FC_API fc_status_t fc_runtime_backend(fc_runtime_t rt, fc_backend_t* out); /* cuda or host */
+FC_API fc_status_t fc_runtime_describe(fc_runtime_t rt, const char** out);
+FC_API fc_status_t fc_runtime_gpu_uuid(fc_runtime_t rt, const char** out); /* "" without GPU */
+/* Makes the runtime's GPU current on the calling thread (a no-op without one). */
+FC_API fc_status_t fc_runtime_pin_gpu(fc_runtime_t rt);
+/* Symmetric regions kept for the next communicator (cuda backend). */
+FC_API fc_status_t fc_runtime_pooled_regions(fc_runtime_t rt, int32_t* out);
+/* Frees the runtime; its communicators must be closed first. NULL is a no-op. */
+FC_API fc_status_t fc_runtime_destroy(fc_runtime_t rt);
+
+/* A single-rank GEMM, c (m×n) = a (m×k) · op(w), synchronous. FC_BACKEND_HOST: host memory,
+ * f32 or bf16. FC_BACKEND_CUDA: device memory of the calling thread's current GPU, bf16, n and
+ * k multiples of 8, 16-byte aligned pointers. */
+FC_API fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w,
+                           void* c, int64_t m, int64_t n, int64_t k, fc_weight_layout_t layout);
+
+/* ---- communicator: bootstrap ---------------------------------------------------------------- */
+/* Life cycle, every rank the same: create -> endpoint + device handle into the launcher's
+ * allGather -> connect(all ranks' endpoints and handles) -> ops -> close. */
+FC_API fc_status_t fc_comm_create(fc_runtime_t rt, int32_t rank, int32_t world, fc_comm_t* out);
+/* "host:port#regionKey": what peers need to reach this rank's transport staging region. */
+FC_API fc_status_t fc_comm_endpoint(fc_comm_t comm, const char** out);
+/* The cuda backend's symmetric memory handle for the bootstrap (empty with the host backend). */
+FC_API fc_status_t fc_comm_device_handle(fc_comm_t comm, const uint8_t** data, size_t* bytes);
+/* endpoints[r], device_handles[r] (device_handle_bytes[r] bytes) and host_ids[r] (rank r's
+ * host, 0..H-1) for each of the `ranks` ranks; device_handles or device_handle_bytes NULL: none
+ * (host backend); host_ids NULL: every rank on host 0. Builds the connections (bounded by the
+ * connect timeout); ends with a barrier of all ranks. */
+FC_API fc_status_t fc_comm_connect(fc_comm_t comm, int32_t rank, uint64_t comm_id, int32_t ranks,
+                                   const char* const* endpoints,
+                                   const uint8_t* const* device_handles,
+                                   const size_t* device_handle_bytes, const int32_t* host_ids);
+
+/* ---- communicator: teardown ----------------------------------------------------------------- */
+/* Waits for the ops enqueued on streams (cuda) and reports a device failure. */
+FC_API fc_status_t fc_comm_synchronize(fc_comm_t comm);
+/* Drains: this rank's ops are complete and every rank got here (a barrier). */
+FC_API fc_status_t fc_comm_finish(fc_comm_t comm);
+/* Stops now: waits in flight on any thread give up; peers learn at once. Close still needed. */
+FC_API fc_status_t fc_comm_abort(fc_comm_t comm);
+/* Finishes (unless aborted or broken) and frees the communicator whatever happens; a failure
+ * of the closing barrier is reported after. NULL is a no-op. */
+FC_API fc_status_t fc_comm_close(fc_comm_t comm);
+
+/* ---- collectives: `count` is the element count of the whole (unsplit) tensor ---------------- */
+/* in: split_count(count, W, r) elements; out: count elements, rank blocks in rank order. */
+FC_API fc_status_t fc_all_gather(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                 const void* in, void* out, int64_t count, fc_stream_t stream);
+/* in: count elements; out: block r (split_count(count, W, r) elements) of the sum. */
+FC_API fc_status_t fc_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                     const void* in, void* out, int64_t count, fc_stream_t stream);
+/* in, out: count elements (may alias); out = the sum over ranks. */
+FC_API fc_status_t fc_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                 const void* in, void* out, int64_t count, fc_stream_t stream);
+/* in: W blocks (split rule), block p to rank p; out: block r of every rank, in rank order. */
+FC_API fc_status_t fc_all_to_all(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                 const void* in, void* out, int64_t count, fc_stream_t stream);
+/* Diagnostics (cuda backend): `iters` synchronous collectives (op: one of the four above)
+ * initiated here; wall nanoseconds in *nanos. */
+FC_API fc_status_t fc_comm_time_collective(fc_comm_t comm, fc_op_t op, fc_dtype_t dtype,
+                                           const void* in, void* out, int64_t count,
+                                           int32_t iters, int64_t* nanos);
+
+/* ---- fused GEMM + communication -------------------------------------------------------------- */
+/* c (M×N_r) = allGather(a_local) · op(w); a_local: split_count(M, W, r) × K; gathered (M×K)
+ * receives the gathered A, or NULL. */
+FC_API fc_status_t fc_all_gather_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                      const void* a_local, const void* w, void* c, void* gathered,
+                                      int64_t m, int64_t n_local, int64_t k,
+                                      fc_weight_layout_t layout, fc_stream_t stream);
+/* c: row block r (split_count(M, W, r) × N) of Σ_s a_s · op(w_s); a: M × K_r. */
+FC_API fc_status_t fc_gemm_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc,
+                                          fc_dtype_t dtype, const void* a, const void* w, void* c,
+                                          int64_t m, int64_t n, int64_t k_local,
+                                          fc_weight_layout_t layout, fc_partials_t partials,
+                                          fc_stream_t stream);
+/* c (M×N) = Σ_s a_s · op(w_s) on every rank, the same bits everywhere. */
+FC_API fc_status_t fc_gemm_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                      const void* a, const void* w, void* c, int64_t m, int64_t n,
+                                      int64_t k_local, fc_weight_layout_t layout,
+                                      fc_partials_t partials, fc_stream_t stream);
+/* How a fused op (FC_OP_ALL_GATHER_GEMM: m, n_local, k; FC_OP_GEMM_REDUCE_SCATTER and
+ * FC_OP_GEMM_ALL_REDUCE: m, n, k_local) would run on this rank with these sizes, in a phrase
+ * for logs (fused or decomposed, and why). Nothing is launched or exchanged. */
+FC_API fc_status_t fc_comm_describe_fused(fc_comm_t comm, fc_op_t op, int64_t m, int64_t n,
+                                          int64_t k, fc_partials_t partials, const char** out);
+
+/* ---- MoE (host backend) ---------------------------------------------------------------------- */
+/* x: tokens × hidden; topk_ids, topk_weights: tokens × topk; w1_local: E_r × ffn × hidden. */
+FC_API fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc,
+                                        fc_dtype_t dtype, const void* x, int64_t tokens,
+                                        int64_t hidden, const int32_t* topk_ids,
+                                        const float* topk_weights, int32_t topk,
+                                        int64_t num_experts, const void* w1_local, int64_t ffn,
+                                        fc_moe_dispatch_t* out);
+/* Where the routed rows came from; the arrays stay valid until the dispatch is freed. */
+typedef struct {
+  int64_t rows;               /* routed rows received by this rank */
+  int64_t first_local_expert; /* this rank's experts: [first, first + local_experts) */
+  int64_t local_experts;
+  int64_t tokens; /* this rank's tokens */
+  int32_t topk;
+  const int64_t* expert_offsets; /* local_experts + 1 row offsets */
+  const int32_t* src_rank;       /* per row */
+  const int32_t* src_token;      /* per row */
+  const int32_t* src_slot;       /* per row */
+  const float* weight;           /* per row */
+} fc_moe_layout_t;
+FC_API fc_status_t fc_moe_dispatch_layout(fc_moe_dispatch_t dispatch, fc_moe_layout_t* out);
+/* Copies the expert outputs (rows × ffn) and the routed tokens (rows × hidden); either NULL. */
+FC_API fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out,
+                                        void* routed_x);
+/* expert_out: rows × width in the dispatch's row order; out: tokens × width. */
+FC_API fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                  fc_moe_dispatch_t dispatch, const void* expert_out,
+                                  int64_t width, void* out);
+FC_API fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch); /* NULL is a no-op */
+
+/* ---- ring attention (host backend) ----------------------------------------------------------- */
+typedef struct {
+  int64_t batch, seq;        /* seq: the whole sequence; rank r holds split_count(seq, W, r) */
+  int64_t q_heads, kv_heads; /* q_heads % kv_heads == 0 */
+  int64_t head_dim;
+  int32_t causal; /* by global position */
+  float scale;    /* 0: 1 / sqrt(head_dim) */
+} fc_attention_shape_t;
+/* q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32. */
+FC_API fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                     const fc_attention_shape_t* shape, const void* q,
+                                     const void* k, const void* v, void* o, float* lse);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FUSEDCOMM_FUSEDCOMM_H_ */

@@ -1,0 +1,552 @@
+#include "fusedcomm/comm/cuda_comm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "cross_host_paths.h"
+#include "fused_plan.h"
+#include "local_collectives.h"
+#include "fusedcomm/runtime/device_gemm.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/split.h"
+
+namespace fusedcomm {
+namespace {
+
+namespace k = kernels;
+
+// The operands that gemmReduceScatter's and gemmAllReduce's kernel arguments (k::GemmRsArgs,
+// k::GemmArArgs) share; kAuto, the workspace at the data area's start.
+template <typename Args>
+Args gemm_reduce_operands(const void* a, const void* w, int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
+                          PartialPrecision partials) {
+  Args args;
+  args.M = static_cast<int>(m);
+  args.N = static_cast<int>(n);
+  args.K = static_cast<int>(k_local);
+  args.A = static_cast<const __nv_bfloat16*>(a);
+  args.B = static_cast<const __nv_bfloat16*>(w);
+  args.b_layout = layout == WeightLayout::kNK ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+  args.ws_offset = 0;
+  args.partials = static_cast<k::RsPartials>(partials);  // the same values
+  return args;
+}
+
+// The shapes that gemmReduceScatter and gemmAllReduce accept on the GPU.
+void require_gemm_reduce_args(const char* op, int64_t m, int64_t n, int64_t k_local) {
+  FC_REQUIRE(m >= 1 && n >= 8 && k_local >= 8 && n % 8 == 0 && k_local % 8 == 0 && m < (1ll << 31) &&
+                 n < (1ll << 31) && k_local < (1ll << 31),
+             std::string(op) + " on the GPU: M >= 1, N and K_r multiples of 8 (got M=" + std::to_string(m) +
+                 ", N=" + std::to_string(n) + ", K_r=" + std::to_string(k_local) + ")");
+}
+
+// The shapes that allGatherGemm accepts on the GPU.
+void require_ag_args(int64_t m, int64_t n_local, int64_t k) {
+  FC_REQUIRE(m >= 1 && n_local >= 8 && k >= 8 && n_local % 8 == 0 && k % 8 == 0 && m < (1ll << 31) &&
+                 n_local < (1ll << 31) && k < (1ll << 31),
+             "allGatherGemm on the GPU: M >= 1, N_r and K multiples of 8 (got M=" + std::to_string(m) +
+                 ", N_r=" + std::to_string(n_local) + ", K=" + std::to_string(k) + ")");
+}
+
+void require_bf16(DType t, const char* op) {
+  FC_REQUIRE(t == DType::kBF16, std::string(op) + " on the cuda backend takes bf16 tensors");
+}
+
+}  // namespace
+
+CudaComm::CudaComm(Runtime& runtime, int rank, int world) : runtime_(runtime), host_(runtime, world) {
+  if (runtime.backend() != Backend::kCuda) {
+    fail(ErrorKind::kState, "a device communicator needs the cuda backend");
+  }
+  pin_gpu(runtime.gpu().ordinal);
+  // Pooled regions are staged for kCommMaxRanks: enough for one host's ranks, which is what
+  // shares the region when the world (across hosts) is larger.
+  sm_ = std::make_unique<SymmetricMemory>(rank, world, runtime.acquire_region(std::min(world, k::kCommMaxRanks)));
+  local_ = std::make_unique<LocalCollectives>(*sm_);
+  try {
+    // Blocking (not cudaStreamNonBlocking): callers fill tensors with plain cudaMemcpy (JCuda)
+    // on the legacy default stream; see cuda_comm.h.
+    check_cuda(cudaStreamCreateWithFlags(&own_, cudaStreamDefault), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming), "cudaEventCreate");
+  } catch (...) {
+    close_gpu();
+    throw;
+  }
+}
+
+CudaComm::~CudaComm() {
+  if (closed_) return;
+  abort();
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+std::vector<uint8_t> CudaComm::device_handle() const { return sm_->export_handle(); }
+
+void CudaComm::connect(const Bootstrap& peers) {
+  host_.connect(peers.endpoints, peers.rank, peers.comm_id);
+  FC_REQUIRE(static_cast<int>(peers.host_ids.size()) == host_.world(),
+             "connect: " + std::to_string(peers.host_ids.size()) + " host ids for world " +
+                 std::to_string(host_.world()));
+  pin_gpu(runtime_.gpu().ordinal);
+  layout_ = make_host_layout(peers.host_ids, host_.rank());
+  if (layout_.hosts > 1) sm_->restrict_to(layout_.members());
+  sm_->connect(peers.device_handles);
+  if (layout_.hosts > 1) hosts_ = std::make_unique<CrossHostPaths>(runtime_, layout_, *local_, host_, peers.comm_id);
+  connected_ = true;
+}
+
+uint64_t CudaComm::input_copies() const { return local_ != nullptr ? local_->input_copies() : 0; }
+
+void CudaComm::check_usable() const {
+  if (closed_ || gpu_closed_) fail(ErrorKind::kState, "the device communicator is closed");
+  if (!connected_) fail(ErrorKind::kState, "the device communicator is not connected");
+  if (failed_) {
+    fail(ErrorKind::kCommunicator,
+         "the device communicator failed earlier (see the first error); close it and build a new one");
+  }
+}
+
+// Kernels on one CommDevice must not overlap (collectives.h): an op on a new stream waits for
+// the previous op's stream. Costs nothing while the caller keeps to one stream.
+void CudaComm::join_previous(cudaStream_t s) {
+  if (any_op_ && s != last_) check_cuda(cudaStreamWaitEvent(s, last_done_, 0), "cudaStreamWaitEvent");
+}
+
+cudaStream_t CudaComm::begin(cudaStream_t stream) {
+  check_usable();
+  pin_gpu(runtime_.gpu().ordinal);
+  raise_device_failure();  // an earlier asynchronous op's failure surfaces here
+  cudaStream_t s = stream == nullptr ? own_ : stream;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
+  FC_REQUIRE(status != cudaStreamCaptureStatusInvalidated,
+             "the stream's CUDA graph capture was invalidated by an earlier call; end it and capture again");
+  capturing_ = status == cudaStreamCaptureStatusActive;
+  // A captured op runs when its graph is launched; the order against earlier ops is the
+  // graph launch's stream order (the header's contract), not an event of this communicator.
+  if (!capturing_) join_previous(s);
+  return s;
+}
+
+void CudaComm::end(cudaStream_t s, bool sync) {
+  if (capturing_) return;  // nothing ran: the previous op stays the one to order after
+  check_cuda(cudaEventRecord(last_done_, s), "cudaEventRecord");
+  last_ = s;
+  any_op_ = true;
+  if (sync) {
+    check_cuda(cudaStreamSynchronize(s), "waiting for the op");
+    raise_device_failure();
+  }
+}
+
+std::string CudaComm::shortfall(uint64_t bytes) const {
+  return "needs " + std::to_string(bytes) + " bytes of symmetric memory, more than its " +
+         std::to_string(sm_->data_bytes()) + "-byte data area";
+}
+
+void CudaComm::require_fits(const char* op, uint64_t bytes) const {
+  if (bytes > sm_->data_bytes()) {
+    fail(ErrorKind::kInvalidArgument,
+         std::string(op) + " " + shortfall(bytes) + "; raise spark.fusedcomm.cuda.symmetricBytes");
+  }
+}
+
+// ---- collectives ----------------------------------------------------------------------------
+
+void CudaComm::all_gather(const OpDesc&, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream) {
+  collective(Op::kAllGather, dtype, in, out, count, stream);
+}
+void CudaComm::reduce_scatter(const OpDesc&, DType dtype, const void* in, void* out, int64_t count,
+                              cudaStream_t stream) {
+  collective(Op::kReduceScatter, dtype, in, out, count, stream);
+}
+void CudaComm::all_reduce(const OpDesc&, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream) {
+  collective(Op::kAllReduce, dtype, in, out, count, stream);
+}
+void CudaComm::all_to_all(const OpDesc&, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream) {
+  collective(Op::kAllToAll, dtype, in, out, count, stream);
+}
+
+void CudaComm::collective(Op op, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream) {
+  FC_REQUIRE(is_collective(op), "unknown collective " + std::to_string(static_cast<int>(op)));
+  FC_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16,
+             "unsupported dtype " + std::to_string(static_cast<int>(dtype)) + " (f32 or bf16)");
+  FC_REQUIRE(count >= 0, "negative element count");
+  check_usable();
+  const k::CommOp kop = comm_op(op);
+  const k::CommDtype kdt = comm_dtype(dtype);
+  const char* name = k::comm_op_name(static_cast<uint32_t>(kop));
+  if (op == Op::kAllReduce) {
+    cudaStream_t s = begin(stream);
+    enqueue_all_reduce(kdt, in, out, count, s);
+    end(s, stream == nullptr);
+    return;
+  }
+  if (hosts_ != nullptr) {
+    const CrossHostPaths::Needs need = hosts_->collective_needs(kop, element_bytes(kdt), count);
+    require_fits(name, need.data_bytes);
+    cudaStream_t s = begin(stream);
+    char* work = static_cast<char*>(workspace(need.work_bytes));
+    hosts_->enqueue_collective(kop, kdt, in, UINT64_MAX, out, count, work, s);
+    end(s, stream == nullptr);
+    return;
+  }
+  const int world = sm_->world(), rank = sm_->rank();
+  const size_t esize = element_bytes(kdt);
+  // The largest input of any rank decides, so that every rank takes the same branch.
+  require_fits(name, static_cast<uint64_t>(k::collective_input_count(kop, count, world, 0)) * esize);
+  cudaStream_t s = begin(stream);
+  k::CollectiveArgs args;
+  args.op = kop;
+  args.dtype = kdt;
+  args.count = count;
+  args.output = out;
+  local_->enqueue(args, in, static_cast<size_t>(k::collective_input_count(kop, count, world, rank)) * esize, s);
+  end(s, stream == nullptr);
+}
+
+// allReduce is element-wise: pieces of the data area's size (16-byte multiples) are
+// independent ops.
+void CudaComm::enqueue_all_reduce(k::CommDtype dtype, const void* in, void* out, int64_t count, cudaStream_t s) {
+  const size_t esize = element_bytes(dtype);
+  const uint64_t capacity = sm_->data_bytes();
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  k::CollectiveArgs args;
+  args.op = k::CommOp::kAllReduce;
+  args.dtype = dtype;
+  if (hosts_ == nullptr && static_cast<uint64_t>(count) * esize <= capacity) {
+    args.count = count;
+    args.output = out;
+    local_->enqueue(args, in, static_cast<size_t>(count) * esize, s);
+    return;
+  }
+  const int64_t piece = static_cast<int64_t>(capacity / esize) / 8 * 8;
+  for (int64_t done = 0; done < count; done += piece) {
+    const int64_t n = std::min(piece, count - done);
+    if (hosts_ != nullptr) {
+      hosts_->all_reduce(dtype, src + done * esize, dst + done * esize, n, s);
+    } else {
+      args.count = n;
+      args.output = dst + done * esize;
+      local_->enqueue(args, src + done * esize, n * esize, s);
+    }
+  }
+}
+
+int64_t CudaComm::time_collective(Op op, DType dtype, const void* in, void* out, int64_t count, int iters) {
+  FC_REQUIRE(is_collective(op), "unknown collective " + std::to_string(static_cast<int>(op)));
+  FC_REQUIRE(iters > 0, "iterations must be positive");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) collective(op, dtype, in, out, count, nullptr);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- fused ops --------------------------------------------------------------------------------
+
+FusedContext CudaComm::fused_context() const {
+  return FusedContext{sm_->device(), sm_->data_bytes(), layout_.world(), hosts_.get()};
+}
+
+bool CudaComm::peers_on_other_gpus() const {
+  const std::vector<PeerLink>& peers = sm_->peers();  // by local rank, this rank's own included
+  const int me = sm_->rank();
+  if (me < 0 || me >= static_cast<int>(peers.size())) return false;
+  for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
+    if (p != me && peers[p].pci_bus_id == peers[me].pci_bus_id) return false;
+  }
+  return true;
+}
+
+k::AgGemmArgs CudaComm::ag_operands(const void* w, void* c, void* gathered, int64_t m, int64_t n_local, int64_t k,
+                                    WeightLayout layout) const {
+  k::AgGemmArgs args;
+  args.M = static_cast<int>(m);
+  args.N = static_cast<int>(n_local);
+  args.K = static_cast<int>(k);
+  args.in_offset = 0;
+  args.B = static_cast<const __nv_bfloat16*>(w);
+  args.b_layout = layout == WeightLayout::kNK ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+  args.C = static_cast<__nv_bfloat16*>(c);
+  args.gathered = static_cast<__nv_bfloat16*>(gathered);
+  // kAuto may move the exchange with the copy engines, which need every peer on another GPU
+  // (kernels/fused/fused.h FusedSideStreams; the tests' shared-GPU mode has them all on one).
+  args.side = peers_on_other_gpus() ? ag_side_.get() : nullptr;
+  return args;
+}
+
+void CudaComm::all_gather_gemm(const OpDesc&, DType dtype, const void* a_local, const void* w, void* c,
+                               void* gathered, int64_t m, int64_t n_local, int64_t k, WeightLayout layout,
+                               cudaStream_t stream) {
+  require_bf16(dtype, "allGatherGemm");
+  check_usable();
+  require_ag_args(m, n_local, k);
+  k::AgGemmArgs args = ag_operands(w, c, gathered, m, n_local, k, layout);
+  const FusedPlan plan = plan_all_gather_gemm(fused_context(), args);
+  require_fits("allGatherGemm", plan.needs);
+  if (plan.route == FusedRoute::kAcrossHosts) {
+    const CrossHostPaths::Needs need = hosts_->all_gather_gemm_needs(m, k, gathered != nullptr);
+    cudaStream_t s = begin(stream);
+    char* work = static_cast<char*>(workspace(need.work_bytes));
+    hosts_->all_gather_gemm(a_local, w, c, gathered, m, n_local, k, layout, work, gemm_workspace(s), s);
+    end(s, stream == nullptr);
+    return;
+  }
+  cudaStream_t s = begin(stream);
+  args.gemm_ws = gemm_workspace(s);
+  const int64_t rows = static_cast<int64_t>(split_count(m, sm_->world(), sm_->rank()));
+  if (rows > 0) {
+    check_cuda(cudaMemcpyAsync(sm_->data(), a_local, static_cast<size_t>(rows * k * 2), cudaMemcpyDeviceToDevice, s),
+               "copying A into symmetric memory");
+  }
+  check_fused_launch(k::launch_all_gather_gemm(sm_->device(), args, s), "allGatherGemm");
+  end(s, stream == nullptr);
+}
+
+void CudaComm::gemm_reduce_scatter(const OpDesc&, DType dtype, const void* a, const void* w, void* out, int64_t m,
+                                   int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                                   cudaStream_t stream) {
+  require_bf16(dtype, "gemmReduceScatter");
+  check_usable();
+  require_gemm_reduce_args("gemmReduceScatter", m, n, k_local);
+  k::GemmRsArgs args = gemm_reduce_operands<k::GemmRsArgs>(a, w, m, n, k_local, layout, partials);
+  args.out = static_cast<__nv_bfloat16*>(out);
+  const FusedPlan plan = plan_gemm_reduce_scatter(fused_context(), args);
+  require_fits("gemmReduceScatter", plan.needs);
+  if (plan.route == FusedRoute::kAcrossHosts) {
+    const CrossHostPaths::Needs need = hosts_->gemm_reduce_scatter_needs(m, n, partials);
+    cudaStream_t s = begin(stream);
+    char* work = static_cast<char*>(workspace(need.work_bytes));
+    hosts_->gemm_reduce_scatter(a, w, out, m, n, k_local, layout, partials, work, gemm_workspace(s), s);
+    end(s, stream == nullptr);
+    return;
+  }
+  cudaStream_t s = begin(stream);
+  args.gemm_ws = gemm_workspace(s);
+  check_fused_launch(k::launch_gemm_reduce_scatter(sm_->device(), args, s), "gemmReduceScatter");
+  end(s, stream == nullptr);
+}
+
+// kKernels: the kernels' gemmAllReduce (the fused gemmReduceScatter then an allGather, or our
+// GEMM into the data area then our allReduce, as its rule picks). Otherwise our GEMM, then our
+// allReduce, in pieces where needed and hierarchical across hosts: bf16 partials: the GEMM
+// rounds each rank's product into c and the allReduce sums c in place (fp32 sums, rounded once
+// more; across hosts, per host and then between hosts); fp32 partials: the product stays fp32
+// in the workspace until the sum is rounded once into c. Every path gives every rank the same
+// bits; at world 1 each is the GEMM.
+void CudaComm::gemm_all_reduce(const OpDesc&, DType dtype, const void* a, const void* w, void* c, int64_t m,
+                               int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                               cudaStream_t stream) {
+  require_bf16(dtype, "gemmAllReduce");
+  check_usable();
+  require_gemm_reduce_args("gemmAllReduce", m, n, k_local);
+  const int W = layout_.world();
+  const bool bf16 = partials == PartialPrecision::kBF16;
+  k::GemmArArgs args = gemm_reduce_operands<k::GemmArArgs>(a, w, m, n, k_local, layout, partials);
+  args.C = static_cast<__nv_bfloat16*>(c);
+  const FusedPlan plan = plan_gemm_all_reduce(fused_context(), args);
+  if (plan.route == FusedRoute::kKernels) {
+    args.algo = plan.info.algo;
+    cudaStream_t s = begin(stream);
+    args.gemm_ws = gemm_workspace(s);
+    if (W > 1 && args.algo == k::FusedAlgo::kDecomposed && !bf16) {
+      args.sums = static_cast<float*>(workspace(round16(static_cast<uint64_t>(m * n) * 4)));
+    }
+    check_fused_launch(k::launch_gemm_all_reduce(sm_->device(), args, s), "gemmAllReduce");
+    end(s, stream == nullptr);
+    return;
+  }
+  cudaStream_t s = begin(stream);
+  if (W == 1 || bf16) {
+    check_fused_launch(
+        k::launch_gemm(with_gemm_workspace(dense_gemm_args(a, w, c, m, n, k_local, layout, k::GemmOutType::kBF16), s), s),
+        "gemmAllReduce");
+    if (W > 1) enqueue_all_reduce(k::CommDtype::kBF16, c, c, m * n, s);
+  } else {
+    auto* sums = static_cast<float*>(workspace(round16(static_cast<uint64_t>(m * n) * 4)));
+    check_fused_launch(
+        k::launch_gemm(with_gemm_workspace(dense_gemm_args(a, w, sums, m, n, k_local, layout, k::GemmOutType::kF32), s), s),
+        "gemmAllReduce");
+    enqueue_all_reduce(k::CommDtype::kF32, sums, sums, m * n, s);
+    check_cuda(k::launch_narrow_to_bf16(sums, c, m * n, s), "gemmAllReduce: rounding the sums");
+  }
+  end(s, stream == nullptr);
+}
+
+std::string CudaComm::describe_fused(Op op, int64_t m, int64_t n, int64_t k, PartialPrecision partials) const {
+  check_usable();
+  FC_REQUIRE(is_fused(op), "unknown fused op " + std::to_string(static_cast<int>(op)));
+  const FusedContext ctx = fused_context();
+  // The kernels' arguments as the op passes them, without pointers: the plan reads sizes only.
+  if (op == Op::kAllGatherGemm) {
+    require_ag_args(m, n, k);
+    return describe_plan(ctx, op, plan_all_gather_gemm(ctx, ag_operands(nullptr, nullptr, nullptr, m, n, k,
+                                                                         WeightLayout::kNK)),
+                         partials);
+  }
+  require_gemm_reduce_args(op_name(op), m, n, k);
+  if (op == Op::kGemmReduceScatter) {
+    const auto args = gemm_reduce_operands<k::GemmRsArgs>(nullptr, nullptr, m, n, k, WeightLayout::kNK, partials);
+    return describe_plan(ctx, op, plan_gemm_reduce_scatter(ctx, args), partials);
+  }
+  const auto args = gemm_reduce_operands<k::GemmArArgs>(nullptr, nullptr, m, n, k, WeightLayout::kNK, partials);
+  return describe_plan(ctx, op, plan_gemm_all_reduce(ctx, args), partials);
+}
+
+// ---- ops not on the GPU yet -------------------------------------------------------------------
+
+void CudaComm::unavailable(const OpDesc& desc) const {
+  fail(ErrorKind::kUnavailable,
+       std::string(desc.description) +
+           ": not available on the cuda backend yet (it runs allGather, reduceScatter, allReduce, allToAll, "
+           "allGatherGemm, gemmReduceScatter, gemmAllReduce and gemm); use spark.fusedcomm.backend=host for this op");
+}
+
+std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDesc& desc, DType, const void*, int64_t,
+                                                                     int64_t, const int32_t*, const float*, int,
+                                                                     int64_t, const void*, int64_t) {
+  unavailable(desc);
+}
+void CudaComm::moe_combine(const OpDesc& desc, DType, const host::MoeLayout&, const void*, int64_t, void*) {
+  unavailable(desc);
+}
+void CudaComm::ring_attention(const OpDesc& desc, DType, const host::AttentionShape&, const void*, const void*,
+                              const void*, void*, float*) {
+  unavailable(desc);
+}
+
+// ---- workspaces -----------------------------------------------------------------------------
+
+// Grows (never shrinks) this communicator's private device buffer. Growing waits for the
+// previous op, which may still use the old buffer; the caller has not enqueued anything of its
+// op yet.
+void* CudaComm::workspace(uint64_t bytes) {
+  if (bytes <= work_bytes_) return work_;
+  if (capturing_) {
+    // Growing frees and allocates, which a capture forbids (and a replay could not see).
+    fail(ErrorKind::kInvalidArgument,
+         "this op needs " + std::to_string(bytes) + " bytes of the communicator's workspace, more than the " +
+             std::to_string(work_bytes_) + " it has, and the stream is capturing a CUDA graph: run the op "
+             "(or a larger one of its kind) once before the capture; the workspace only grows");
+  }
+  if (any_op_) check_cuda(cudaEventSynchronize(last_done_), "waiting for the previous op");
+  if (work_ != nullptr) check_cuda(cudaFree(work_), "cudaFree (workspace)");
+  work_ = nullptr;
+  work_bytes_ = 0;
+  check_cuda(cudaMalloc(&work_, bytes), "cudaMalloc of the workspace (" + std::to_string(bytes) + " bytes)");
+  work_bytes_ = bytes;
+  return work_;
+}
+
+k::GemmWorkspace CudaComm::gemm_workspace(cudaStream_t s) {
+  if (gemm_ws_.ptr == nullptr && !gemm_ws_tried_ && !capturing_) {
+    gemm_ws_tried_ = true;
+    gemm_ws_ = make_gemm_workspace(s);
+  }
+  return gemm_ws_;
+}
+
+k::GemmArgs CudaComm::with_gemm_workspace(k::GemmArgs g, cudaStream_t s) {
+  k::use_workspace(g, gemm_workspace(s));
+  return g;
+}
+
+// ---- teardown -------------------------------------------------------------------------------
+
+void CudaComm::raise_device_failure() {
+  try {
+    sm_->raise_if_failed();
+    if (hosts_ != nullptr) hosts_->raise_if_failed();
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
+}
+
+void CudaComm::synchronize() {
+  if (closed_ || gpu_closed_ || !any_op_) return;
+  pin_gpu(runtime_.gpu().ordinal);
+  check_cuda(cudaEventSynchronize(last_done_), "waiting for the communicator's ops");
+  raise_device_failure();
+}
+
+void CudaComm::finish() {
+  synchronize();
+  host_.finish();
+}
+
+void CudaComm::abort_gpu() noexcept {
+  failed_ = true;
+  if (sm_ != nullptr) sm_->abort();
+  if (hosts_ != nullptr) hosts_->abort();
+}
+
+void CudaComm::abort() noexcept {
+  abort_gpu();
+  host_.abort();
+}
+
+void CudaComm::close() {
+  if (closed_) return;
+  try {
+    synchronize();
+    host_.close();
+  } catch (...) {
+    // The region is dropped, not pooled; peers learn at once that this rank left.
+    closed_ = true;
+    abort_gpu();
+    close_gpu();
+    host_.abort();
+    try {
+      host_.close();
+    } catch (...) {
+    }
+    throw;
+  }
+  closed_ = true;
+  close_gpu();
+}
+
+// Waits for this rank's ops (best effort), unmaps peers, and returns the region to the pool
+// unless something failed. The caller has passed a barrier with every rank first (or aborted),
+// so no peer still uses this rank's memory.
+void CudaComm::close_gpu() noexcept {
+  if (gpu_closed_) return;
+  gpu_closed_ = true;
+  if (sm_ != nullptr) {
+    try {
+      pin_gpu(runtime_.gpu().ordinal);
+      if (hosts_ != nullptr) {
+        // The link's kernels need its proxy until they end (or give up: abort()).
+        cudaDeviceSynchronize();
+        if (hosts_->failed()) failed_ = true;
+        hosts_->close(!failed_);
+      }
+      sm_->close();  // synchronises the device first
+      std::unique_ptr<SymmetricRegion> region = failed_ ? nullptr : sm_->take_region();
+      if (region != nullptr) runtime_.release_region(std::move(region));
+    } catch (...) {
+      // close_gpu() never throws: a failing GPU here is reported by the next op on the runtime.
+    }
+  }
+  hosts_.reset();
+  local_.reset();
+  sm_.reset();
+  ag_side_.reset();  // its copies ended with the device synchronisation above
+  if (work_ != nullptr) cudaFree(work_);
+  work_ = nullptr;
+  if (gemm_ws_.ptr != nullptr) cudaFree(gemm_ws_.ptr);
+  gemm_ws_ = k::GemmWorkspace{};
+  if (last_done_ != nullptr) cudaEventDestroy(last_done_);
+  if (own_ != nullptr) cudaStreamDestroy(own_);
+  last_done_ = nullptr;
+  own_ = nullptr;
+  cudaGetLastError();
+}
+
+}  // namespace fusedcomm

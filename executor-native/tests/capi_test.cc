@@ -1,0 +1,227 @@
+// capi_test: the C API (fusedcomm/fusedcomm.h) on the host backend, as a C caller sees it: a
+// status for every call and the detail in fc_last_error_message() (per thread); a closed
+// (null) handle, a null output pointer and out-of-range enum values refused; a runtime and a
+// one-rank communicator over the socket transport running a collective, a GEMM, describe_fused
+// and an MoE round trip with the results checked; the teardown verbs; and libfusedcomm.so
+// exporting the C API and the JNI entries. Host code only: runs everywhere.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fusedcomm/fusedcomm.h"
+#include "support/check.h"
+
+namespace {
+
+using fusedcomm::testing::check;
+
+// The call failed with `status` and its message contains `text`.
+void check_fails(fc_status_t got, fc_status_t status, const std::string& text, const std::string& what) {
+  const std::string message = fc_last_error_message();
+  check(got == status && message.find(text) != std::string::npos,
+        what + ": got '" + fc_status_string(got) + "': " + message);
+}
+
+void status_strings() {
+  check(std::strcmp(fc_status_string(FC_STATUS_SUCCESS), "success") == 0, "success's name");
+  std::vector<std::string> names;
+  for (int s = FC_STATUS_SUCCESS; s <= FC_STATUS_INTERNAL; ++s) {
+    const std::string name = fc_status_string(static_cast<fc_status_t>(s));
+    for (const std::string& n : names) check(n != name, "status names are distinct: " + name);
+    names.push_back(name);
+  }
+  int version = 0;
+  check(fc_get_version(&version) == FC_STATUS_SUCCESS && version == FUSEDCOMM_API_VERSION, "fc_get_version");
+}
+
+void refusals() {
+  float x = 0;
+  check_fails(fc_all_reduce(nullptr, nullptr, FC_DTYPE_F32, &x, &x, 1, nullptr), FC_STATUS_STATE,
+              "the communicator is closed", "an op on a null communicator");
+  fc_backend_t backend;
+  check_fails(fc_runtime_backend(nullptr, &backend), FC_STATUS_STATE, "the runtime is closed",
+              "a null runtime");
+  check_fails(fc_get_version(nullptr), FC_STATUS_INVALID_ARGUMENT, "null output pointer", "a null output");
+  fc_runtime_config_t c;
+  check(fc_runtime_config_init(&c) == FC_STATUS_SUCCESS && c.backend == FC_BACKEND_AUTO && c.gpu_ordinal == -1,
+        "config defaults");
+  fc_runtime_t rt = nullptr;
+  c.backend = static_cast<fc_backend_t>(7);
+  check_fails(fc_runtime_create(&c, &rt), FC_STATUS_INVALID_ARGUMENT, "unknown backend 7", "an unknown backend");
+  c.backend = FC_BACKEND_HOST;
+  c.chunk_bytes = 100;
+  check_fails(fc_runtime_create(&c, &rt), FC_STATUS_INVALID_ARGUMENT, "chunk bytes must be at least 4096",
+              "a too small chunk");
+  check(rt == nullptr, "no runtime after a refusal");
+  c.backend = FC_BACKEND_CUDA;
+  c.chunk_bytes = 1 << 20;
+  check_fails(fc_runtime_create(&c, &rt), FC_STATUS_UNAVAILABLE, "no GPU assigned", "cuda without a GPU");
+  // The message is per thread, and a call that succeeds leaves it.
+  int version = 0;
+  check(fc_get_version(&version) == FC_STATUS_SUCCESS &&
+            std::string(fc_last_error_message()).find("no GPU assigned") != std::string::npos,
+        "a success keeps the last error message");
+  std::string other = "unset";
+  std::thread([&] { other = fc_last_error_message(); }).join();
+  check(other.empty(), "another thread's last error message is its own: '" + other + "'");
+  check(fc_comm_close(nullptr) == FC_STATUS_SUCCESS && fc_runtime_destroy(nullptr) == FC_STATUS_SUCCESS &&
+            fc_moe_dispatch_free(nullptr) == FC_STATUS_SUCCESS,
+        "freeing null handles is a no-op");
+}
+
+void one_rank(fc_runtime_t rt) {
+  fc_comm_t comm = nullptr;
+  check(fc_comm_create(rt, 0, 1, &comm) == FC_STATUS_SUCCESS, "fc_comm_create");
+  const char* ep = nullptr;
+  check(fc_comm_endpoint(comm, &ep) == FC_STATUS_SUCCESS && std::strchr(ep, '#') != nullptr,
+        std::string("endpoint: ") + (ep ? ep : "null"));
+  const std::string endpoint = ep;
+  const uint8_t* blob = nullptr;
+  size_t blob_bytes = 1;
+  check(fc_comm_device_handle(comm, &blob, &blob_bytes) == FC_STATUS_SUCCESS && blob_bytes == 0,
+        "the host backend has no device handle");
+  const char* endpoints[] = {endpoint.c_str()};
+  check(fc_comm_connect(comm, 0, 42, 1, endpoints, nullptr, nullptr, nullptr) == FC_STATUS_SUCCESS,
+        std::string("connect: ") + fc_last_error_message());
+
+  const fc_op_desc_t desc{"capi_test allReduce", 1};
+  std::vector<float> in = {1.5f, -2.f, 3.25f}, out(3, 0.f);
+  check(fc_all_reduce(comm, &desc, FC_DTYPE_F32, in.data(), out.data(), 3, nullptr) == FC_STATUS_SUCCESS &&
+            out == in,
+        "allReduce at world 1 copies its input");
+  check_fails(fc_all_reduce(comm, &desc, FC_DTYPE_I32, in.data(), out.data(), 3, nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "unsupported dtype 2 (f32 or bf16)", "an I32 allReduce");
+  check_fails(fc_all_reduce(comm, &desc, FC_DTYPE_F32, in.data(), out.data(), 3, reinterpret_cast<fc_stream_t>(8)),
+              FC_STATUS_INVALID_ARGUMENT, "the host backend runs ops synchronously", "a stream on the host backend");
+  int64_t nanos = 0;
+  check_fails(fc_comm_time_collective(comm, FC_OP_ALL_REDUCE, FC_DTYPE_F32, in.data(), out.data(), 3, 1, &nanos),
+              FC_STATUS_STATE, "needs the cuda backend", "native timing on the host backend");
+
+  const char* phrase = nullptr;
+  check(fc_comm_describe_fused(comm, FC_OP_GEMM_ALL_REDUCE, 8, 8, 8, FC_PARTIALS_F32, &phrase) == FC_STATUS_SUCCESS &&
+            std::string(phrase).find("host backend") != std::string::npos,
+        std::string("describe gemmAllReduce: ") + (phrase ? phrase : fc_last_error_message()));
+  check_fails(fc_comm_describe_fused(comm, FC_OP_ALL_REDUCE, 8, 8, 8, FC_PARTIALS_F32, &phrase),
+              FC_STATUS_INVALID_ARGUMENT, "unknown fused op 3", "describe a collective");
+  check_fails(fc_comm_describe_fused(comm, FC_OP_ALL_GATHER_GEMM, 8, 8, 8, static_cast<fc_partials_t>(9), &phrase),
+              FC_STATUS_INVALID_ARGUMENT, "unknown partial precision 9", "an unknown partial precision");
+
+  // gemmAllReduce at world 1: the GEMM. c = a · wᵀ with a = [[1, 2]], w = [[3, 4], [5, 6]].
+  const float a[] = {1, 2}, w[] = {3, 4, 5, 6};
+  float c[2] = {0, 0};
+  const fc_op_desc_t gdesc{"capi_test gemmAllReduce", 2};
+  check(fc_gemm_all_reduce(comm, &gdesc, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_NK, FC_PARTIALS_F32, nullptr) ==
+                FC_STATUS_SUCCESS &&
+            c[0] == 11 && c[1] == 17,
+        "gemmAllReduce at world 1");
+  check_fails(fc_gemm_all_reduce(comm, &gdesc, FC_DTYPE_F32, a, w, c, 1, 2, 2, static_cast<fc_weight_layout_t>(5),
+                                 FC_PARTIALS_F32, nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "unknown weight layout 5", "an unknown layout");
+
+  // MoE with one expert (an identity W1): every token is routed to rank 0 and combined back.
+  const float x[] = {1, 2, 3, 4, 5, 6, 7, 8};  // 2 tokens x 4
+  const int32_t ids[] = {0, 0};
+  const float weights[] = {1, 1};
+  float w1[16] = {};
+  for (int i = 0; i < 4; ++i) w1[i * 4 + i] = 1;
+  fc_moe_dispatch_t dispatch = nullptr;
+  const fc_op_desc_t mdesc{"capi_test moe", 3};
+  check(fc_moe_dispatch_gemm(comm, &mdesc, FC_DTYPE_F32, x, 2, 4, ids, weights, 1, 1, w1, 4, &dispatch) ==
+            FC_STATUS_SUCCESS,
+        std::string("moeDispatchGemm: ") + fc_last_error_message());
+  fc_moe_layout_t layout{};
+  check(fc_moe_dispatch_layout(dispatch, &layout) == FC_STATUS_SUCCESS && layout.rows == 2 &&
+            layout.local_experts == 1 && layout.expert_offsets[1] == 2 && layout.src_token[1] == 1,
+        "the dispatch's layout");
+  float expert_out[8] = {}, combined[8] = {};
+  check(fc_moe_dispatch_copy(dispatch, expert_out, nullptr) == FC_STATUS_SUCCESS &&
+            std::memcmp(expert_out, x, sizeof x) == 0,
+        "expert outputs: the routed tokens times the identity");
+  check(fc_moe_combine(comm, &mdesc, FC_DTYPE_F32, dispatch, expert_out, 4, combined) == FC_STATUS_SUCCESS &&
+            std::memcmp(combined, x, sizeof x) == 0,
+        "moeCombine returns each token");
+  check(fc_moe_dispatch_free(dispatch) == FC_STATUS_SUCCESS, "fc_moe_dispatch_free");
+  check_fails(fc_moe_dispatch_layout(nullptr, &layout), FC_STATUS_STATE, "the MoE dispatch is closed",
+              "a null dispatch");
+
+  check(fc_comm_synchronize(comm) == FC_STATUS_SUCCESS && fc_comm_finish(comm) == FC_STATUS_SUCCESS,
+        "synchronize and finish");
+  check(fc_comm_close(comm) == FC_STATUS_SUCCESS, "fc_comm_close");
+
+  // Aborted, then closed: closing frees it without the barrier.
+  check(fc_comm_create(rt, 0, 1, &comm) == FC_STATUS_SUCCESS && fc_comm_abort(comm) == FC_STATUS_SUCCESS &&
+            fc_comm_close(comm) == FC_STATUS_SUCCESS,
+        "abort, then close");
+}
+
+void single_rank_gemm_and_memory() {
+  uint64_t bytes0 = 0, allocs0 = 0, bytes1 = 0, allocs1 = 0;
+  check(fc_memory_stats(&bytes0, &allocs0) == FC_STATUS_SUCCESS, "fc_memory_stats");
+  void* p = nullptr;
+  check(fc_host_alloc(1000, &p) == FC_STATUS_SUCCESS && p != nullptr && reinterpret_cast<uintptr_t>(p) % 128 == 0,
+        "fc_host_alloc");
+  fc_memory_stats(&bytes1, &allocs1);
+  check(bytes1 == bytes0 + 1000 && allocs1 == allocs0 + 1, "a host allocation is counted");
+  check(fc_host_free(p) == FC_STATUS_SUCCESS, "fc_host_free");
+  fc_memory_stats(&bytes1, &allocs1);
+  check(bytes1 == bytes0 && allocs1 == allocs0, "freed");
+
+  const float a[] = {1, 2}, w[] = {3, 5, 4, 6};  // KN: the same product as above
+  float c[2] = {0, 0};
+  check(fc_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_KN) == FC_STATUS_SUCCESS && c[0] == 11 &&
+            c[1] == 17,
+        "host GEMM, KN");
+  check_fails(fc_gemm(FC_BACKEND_AUTO, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_KN), FC_STATUS_INVALID_ARGUMENT,
+              "not auto", "a GEMM on backend auto");
+  const char* report = nullptr;
+  check(fc_availability(&report) == FC_STATUS_SUCCESS && std::string(report).find("host: available") != std::string::npos,
+        "availability report");
+}
+
+// libfusedcomm.so exports the C API and the JNI, and keeps the C++ runtime to itself.
+void exports() {
+  void* lib = dlopen(FC_LIBFUSEDCOMM, RTLD_NOW | RTLD_LOCAL);
+  check(lib != nullptr, std::string("dlopen libfusedcomm.so: ") + (lib ? "" : dlerror()));
+  if (lib == nullptr) return;
+  for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
+                          "fc_comm_describe_fused", "Java_io_fusedcomm_runtime_NativeApi_allReduce"}) {
+    check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
+  }
+  check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr, "the C++ runtime is not exported");
+  using StatusString = const char* (*)(fc_status_t);
+  auto name = reinterpret_cast<StatusString>(dlsym(lib, "fc_status_string"));
+  check(name != nullptr && std::strcmp(name(FC_STATUS_TIMEOUT), "timeout") == 0, "the library's fc_status_string");
+  dlclose(lib);
+}
+
+}  // namespace
+
+int main() {
+  status_strings();
+  refusals();
+  single_rank_gemm_and_memory();
+  fc_runtime_config_t c;
+  fc_runtime_config_init(&c);
+  c.backend = FC_BACKEND_HOST;
+  c.bind_host = "127.0.0.1";
+  c.timeout_ms = 20000;
+  fc_runtime_t rt = nullptr;
+  check(fc_runtime_create(&c, &rt) == FC_STATUS_SUCCESS, std::string("host runtime: ") + fc_last_error_message());
+  if (rt != nullptr) {
+    fc_backend_t backend = FC_BACKEND_AUTO;
+    const char* describe = nullptr;
+    check(fc_runtime_backend(rt, &backend) == FC_STATUS_SUCCESS && backend == FC_BACKEND_HOST, "resolved backend");
+    check(fc_runtime_describe(rt, &describe) == FC_STATUS_SUCCESS &&
+              std::string(describe).find("backend=host") != std::string::npos,
+          "describe");
+    one_rank(rt);
+    check(fc_runtime_destroy(rt) == FC_STATUS_SUCCESS, "fc_runtime_destroy");
+  }
+  exports();
+  std::printf("capi_test: %d checks passed, %d failed\n", fusedcomm::testing::g_passed, fusedcomm::testing::g_failed);
+  return fusedcomm::testing::g_failed == 0 ? 0 : 1;
+}
