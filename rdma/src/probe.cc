@@ -1,5 +1,5 @@
-// Backend availability probes. libibverbs and libefa are opened with dlopen at run time and
-// never linked, so the library loads on hosts without rdma-core and says why a backend is
+// Backend availability probes. libibverbs, libefa and libfabric are opened with dlopen at run
+// time and never linked, so the library loads on hosts without them and says why a backend is
 // unavailable.
 #include <dlfcn.h>
 #include <sys/socket.h>
@@ -109,8 +109,9 @@ Availability probe_socket() {
   return a;
 }
 
-// The ibverbs and efa backends are not built yet: when the host has the hardware the probe says
-// so, but reports the backend unavailable (the socket backend is used instead).
+// The ibverbs, efa and libfabric backends are not built yet: when the host has the hardware (or
+// the library) the probe says so, but reports the backend unavailable (the socket backend is
+// used instead).
 Availability probe_ibverbs() {
   Availability a;
   const VerbsTable& verbs = VerbsTable::get();
@@ -153,6 +154,29 @@ Availability probe_efa() {
   }
   a.reason = "EFA device(s) " + join(devices) +
              " present, but this build has no efa backend yet (socket backend only)";
+  return a;
+}
+
+Availability probe_libfabric() {
+  Availability a;
+  static void* const fabric = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);  // kept, like libibverbs
+  if (!fabric) {
+    a.reason = "libfabric.so.1 not found (install libfabric)";
+    return a;
+  }
+  a.reason = "libfabric.so.1 present, but this build has no libfabric backend yet (socket backend only)";
+  return a;
+}
+
+Availability probe(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kSocket: return probe_socket();
+    case TransportKind::kIbverbs: return probe_ibverbs();
+    case TransportKind::kEfa: return probe_efa();
+    case TransportKind::kLibfabric: return probe_libfabric();
+  }
+  Availability a;
+  a.reason = "unknown transport kind " + std::to_string(static_cast<uint32_t>(kind));
   return a;
 }
 

@@ -20,7 +20,7 @@
 #include <sstream>
 #include <vector>
 
-#include "../src/socket_wire.h"
+#include "../socket/wire.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
 #include "test_util.h"

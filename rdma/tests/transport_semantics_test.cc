@@ -395,7 +395,7 @@ void test_proxy_wraps_and_reports_errors() {
   p.g0->close(500ms);
 }
 
-// The GPU producers' protocol (kernels/detail/proxy_device.cuh), played by host threads: slots
+// The GPU producers' protocol (kernels/proxy/detail/proxy_device.cuh), played by host threads: slots
 // from a counter outside the ring (header.reserved stays 0), a wait for space against
 // header.consumed, the fields, then seq released; four producers publish out of order.
 void test_gpu_style_producers() {
@@ -590,7 +590,7 @@ void test_lanes() {
 // (Proxy::expect_commands, Transport::expect_traffic) wake them and every write lands; once the
 // window has passed they sleep again instead of spinning. The times from hint to arrival,
 // with the window and without, are printed for information only (a 2-core CI machine times
-// nothing reliably); kernels/bench/NOTES.md has the measured effect on an op between hosts.
+// nothing reliably); the effect on an op between hosts is measured on GPU hosts, not here.
 void test_busy_poll_hints() {
   using std::chrono::microseconds;
   auto cpu_time = [] {

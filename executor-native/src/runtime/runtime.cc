@@ -40,7 +40,7 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   options.bind_host = config.bind_host;
   options.receive_threads = config.transport_streams;
   options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
-  transport_ = rdma::make_socket_transport(options);
+  transport_ = rdma::make_transport(rdma::TransportKind::kSocket, {options});
 }
 
 Runtime::~Runtime() {

@@ -3,10 +3,9 @@
 //
 // Why: a thread that has gone to sleep takes tens of microseconds to run again (a timer's
 // slack, a wake-up from epoll), and an op between hosts passes through several such threads
-// in turn: a small op launched after a quiet spell took ~220 us against ~40 us back to back
-// (kernels/bench/NOTES.md, "Where a spaced small op's ~200 us go"). Spinning forever would
-// cost a core per thread for as long as the executor lives, so the window opens only when
-// traffic is expected or seen:
+// in turn: a small op launched after a quiet spell took ~220 us against ~40 us back to back,
+// most of the difference in those wake-ups. Spinning forever would cost a core per thread for
+// as long as the executor lives, so the window opens only when traffic is expected or seen:
 //   - open() on a hint that traffic is coming (the runtime calls it as it enqueues an op
 //     between hosts) and at every bit of traffic the thread handles, so it stays open through
 //     an op and for `length` after its last traffic;

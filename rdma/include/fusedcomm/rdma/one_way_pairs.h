@@ -6,9 +6,9 @@
 // Why: with the socket transport a group has one TCP connection per pair, and Linux copies a
 // socket's sends and receives under the same lock, so traffic both ways on a pair shares one
 // connection's copy rate: 2.8-3.0 GB/s each way on the H100 host's loopback, against 3.9-4.2
-// with a connection per direction (rdma/bench/loopback_duplex.cc). The GPU proxy's collectives
-// send both ways at once, so the cuda backend's link between hosts (inter_host.h) connects its
-// counterparts this way.
+// with a connection per direction (the transport bench's loopback_duplex). The GPU proxy's
+// collectives send both ways at once, so the cuda backend's link between hosts (inter_host.h)
+// connects its counterparts this way.
 //
 // Ordering: every write from r to p travels on one connection, so writes between a pair land in
 // the order r posted them, each payload before its signal, as with one group.

@@ -15,7 +15,7 @@
 //             A producer that gives up after its atomicAdd leaves a hole the consumer would
 //             wait on forever, so it must set header.abort. The host producer (post) avoids
 //             that: it reserves with a compare-and-swap only once slot - consumed < capacity,
-//             so its timeout leaves nothing behind. GPU producers (kernels/proxy.h) take
+//             so its timeout leaves nothing behind. GPU producers (kernels/proxy/) take
 //             their slots from a counter in device memory instead of header.reserved (PCIe
 //             atomics on host memory are not portable), so one ring has GPU producers or host
 //             producers, never both.

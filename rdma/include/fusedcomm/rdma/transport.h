@@ -1,7 +1,8 @@
-// The inter-process transport interface, version 1.
+// The inter-process transport interface, version 1 (kTransportApiVersion), its backends and
+// the factory that makes them.
 //
-// Model (chosen so that RDMA NICs implement it directly; ibverbs RC and EFA SRD backends come
-// later, the socket backend exists now):
+// Model (chosen so that RDMA NICs implement it directly; the socket backend is built, and
+// ibverbs RC, EFA SRD and libfabric backends have room beside it: rdma/libfabric/README.md):
 //   - A Transport lives as long as its executor. It owns a listener and a registry of local
 //     memory regions. A region is named to peers by its 64-bit key (socket: a registry id;
 //     ibverbs: rkey and address packed by the backend).
@@ -28,6 +29,9 @@
 
 namespace fusedcomm::rdma {
 
+// The version of this interface. A backend reports it (Transport::api_version) and the socket
+// handshake carries it: peers of different versions reject each other. Bump it when the
+// interface's contract or a backend's wire format changes.
 inline constexpr uint32_t kTransportApiVersion = 1;
 
 // A registered local region. `key` is what peers put in WriteOp::dst_key.
@@ -119,6 +123,24 @@ class Transport {
   virtual void expect_traffic() noexcept {}
 };
 
+// ---------------------------------------------------------------------------------------------
+// Backends and the factory
+
+// The backends this interface knows. Only kSocket is built; make_transport() and probe() report
+// the others unavailable, with the reason.
+enum class TransportKind : uint32_t {
+  kSocket,     // TCP sockets (rdma/socket/)
+  kIbverbs,    // RDMA verbs, reliable-connected queue pairs (InfiniBand, RoCE)
+  kEfa,        // AWS EFA, SRD
+  kLibfabric,  // libfabric providers: efa, verbs;ofi_rxm, tcp;ofi_rxm, shm (rdma/libfabric/)
+};
+inline constexpr TransportKind kTransportKinds[] = {TransportKind::kSocket, TransportKind::kIbverbs,
+                                                    TransportKind::kEfa, TransportKind::kLibfabric};
+// "socket", "ibverbs", "efa", "libfabric": the name Transport::name() and the availability
+// report use.
+const char* transport_kind_name(TransportKind kind);
+
+// The socket backend's options.
 struct SocketOptions {
   std::string bind_host;       // empty: the host's primary address
   uint16_t port = 0;           // 0: ephemeral
@@ -133,17 +155,30 @@ struct SocketOptions {
   std::chrono::microseconds busy_poll{0};
 };
 
+// What make_transport() needs; each backend reads its own part.
+struct TransportOptions {
+  SocketOptions socket;
+};
+
+// A transport of `kind`. Throws TransportError(-1, "<name> transport is unavailable: <reason>")
+// for a kind this build or host cannot run (the reason is probe(kind)'s), and what the backend
+// throws when it cannot start (e.g. its listener cannot bind).
+std::unique_ptr<Transport> make_transport(TransportKind kind, const TransportOptions& options);
+
 // The socket backend: TCP, one connection per peer pair, SocketOptions::receive_threads
-// receiver threads per transport.
+// receiver threads per transport; what make_transport(TransportKind::kSocket, ...) returns.
 std::unique_ptr<Transport> make_socket_transport(const SocketOptions& options);
 
-// Whether a backend can run on this host, and if not, a sentence saying why.
+// Whether a backend can run on this host, and if not, a sentence saying why. Optional system
+// libraries are opened with dlopen, never linked: the library loads on any host.
 struct Availability {
   bool available = false;
   std::string reason;
 };
+Availability probe(TransportKind kind);
 Availability probe_socket();
-Availability probe_ibverbs();  // dlopen("libibverbs.so.1") and at least one device
-Availability probe_efa();      // dlopen("libefa.so.1") and an EFA device
+Availability probe_ibverbs();    // dlopen("libibverbs.so.1") and at least one device
+Availability probe_efa();        // dlopen("libefa.so.1") and an EFA device
+Availability probe_libfabric();  // dlopen("libfabric.so.1")
 
 }  // namespace fusedcomm::rdma

@@ -1,4 +1,5 @@
-// Wire format of the socket backend (private to rdma/; tests include it to craft bad peers).
+// Wire format of the socket backend (private to rdma/socket/; tests include it to craft bad
+// peers).
 //
 // One TCP connection per pair of ranks of a group. The higher rank dials the lower rank's
 // listener, so every pair has exactly one connection and it carries writes both ways.
