@@ -50,7 +50,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/fused/fused.h"
+#include "kernels/gemm_ar/gemm_ar.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/device_comm.h"
 #include "fusedcomm/runtime/errors.h"

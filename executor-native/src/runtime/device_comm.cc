@@ -6,7 +6,9 @@
 #include <string>
 
 #include "kernels/collectives/copy_segments.h"
-#include "kernels/fused/fused.h"
+#include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"

@@ -7,7 +7,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "kernels/fused/fused.h"
+#include "kernels/common/fused.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 
 #include "fusedcomm/runtime/errors.h"
 

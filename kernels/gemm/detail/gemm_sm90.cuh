@@ -751,7 +751,7 @@ struct PlainSchedule {
 template <int BN, int kStagingRounds>
 __device__ __forceinline__ uint8_t* gemm_aux_smem() {
   using Cfg = GemmTileConfig<BN, kStagingRounds>;
-  extern __shared__ uint8_t smem_raw[];
+  extern __shared__ __align__(128) uint8_t smem_raw[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023};
   return reinterpret_cast<uint8_t*>(base) + Cfg::kStages * Cfg::kStageBytes +
          2 * Cfg::kStagingBytes;
@@ -876,7 +876,11 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
                               !Epilogue::kOwnsTile && !Epilogue::kInitAux),
                 "stream-K: static single-CTA schedules, epilogues that leave the tile and the "
                 "aux region to the engine");
-  extern __shared__ uint8_t smem_raw[];
+  // 128-byte aligned, as the fused allGatherGemm's pulls stage their bulk copies there (every
+  // kernel of a module shares one base): each kernel of the engine sees the same base whichever
+  // other kernels its translation unit holds. The ring itself starts at the next 1024 bytes
+  // (the 128-byte swizzle's pattern repeats every 1024).
+  extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   uint8_t* smem_a = smem;

@@ -63,7 +63,9 @@
 
 #include "kernels/collectives/collectives.h"
 #include "kernels/collectives/copy_segments.h"
-#include "kernels/fused/fused.h"
+#include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 #include "kernels/gemm/gemm.h"
 #include "fusedcomm/runtime/communicator.h"
 #include "fusedcomm/runtime/host_layout.h"
