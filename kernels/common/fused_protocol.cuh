@@ -1,7 +1,6 @@
 // Device helpers of the fused ops (kernels/common/fused.h) on top of the collectives' flag
-// protocol (comm_protocol.cuh): the row-split rule, the FusedFlags block, a bounded wait with a
-// longer timeout for waits that only follow other waits, arrival counters, and the
-// end-of-launch sequence.
+// protocol (comm_protocol.cuh): the FusedFlags block, a bounded wait with a longer timeout for
+// waits that only follow other waits, arrival counters, and the end-of-launch sequence.
 //
 // Scopes (PTX memory model). Flags that cross GPUs (CommFlags::arrive/done, rs_tile) are
 // written with st.release.sys and read with ld.acquire.sys, as in comm_protocol.cuh. Counters
@@ -20,24 +19,10 @@
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/comm_protocol.cuh"
 #include "kernels/common/fused.h"
+#include "kernels/common/split.h"
 #include "kernels/common/tuning.h"
 
 namespace fusedcomm::kernels::detail {
-
-// ---- the row split (executor-native/include/fusedcomm/runtime/split.h) ----------------------
-__host__ __device__ __forceinline__ int64_t split_count(int64_t n, int w, int r) {
-  return n / w + (r < n % w ? 1 : 0);
-}
-__host__ __device__ __forceinline__ int64_t split_offset(int64_t n, int w, int r) {
-  const int64_t rem = n % w;
-  return static_cast<int64_t>(r) * (n / w) + (r < rem ? r : rem);
-}
-// The rank whose block holds item i (0 <= i < n).
-__host__ __device__ __forceinline__ int split_owner(int64_t n, int w, int64_t i) {
-  const int64_t q = n / w, rem = n % w;
-  if (i < rem * (q + 1)) return static_cast<int>(i / (q + 1));
-  return static_cast<int>(rem + (i - rem * (q + 1)) / q);  // q > 0 here: i < n
-}
 
 __device__ __forceinline__ FusedFlags* fused_flags(const CommDevice& d, int rank) {
   return reinterpret_cast<FusedFlags*>(d.base[rank] + kFusedFlagsOffset);
