@@ -2,10 +2,10 @@
 //
 // Why: in the engine of gemm_sm90.cuh both consumer warpgroups work on one 128×BN tile and
 // stage its C together, so the tensor cores idle while they do (~0.8 µs per 128-wide bf16
-// tile, ~2 µs per 256-wide one, measured on H200). Here each consumer warpgroup computes whole 128×128 tiles of its own: the CTA's
-// tiles (round robin over the sweep, as PlainSchedule) alternate between warpgroup 0 (even
-// local index) and warpgroup 1 (odd), so one warpgroup's epilogue runs under the other's
-// main loop. The price is the tile: 128×128 reads 1/3 more A+B bytes from L2 per FLOP than
+// tile, ~2 µs per 256-wide one, measured on H200). Here each consumer warpgroup computes whole
+// 128×128 tiles of its own: the CTA's tiles (round robin over the sweep, as PlainSchedule)
+// alternate between warpgroup 0 (even local index) and warpgroup 1 (odd), so one warpgroup's
+// epilogue runs under the other's main loop. The price is the tile: 128×128 reads 1/3 more A+B bytes from L2 per FLOP than
 // 128×256.
 //
 // Same CTA shape, shared-memory layout and producer as the engine at BN = 128

@@ -1,7 +1,7 @@
 // The GEMM engine's kernel template (see ../gemm.h for the contract). The engine is a device
-// function, gemm_sm90_body (main_loop.cuh), parameterised by the epilogue (where finished tiles go) and the tile
-// schedule (this CTA's index among the computing CTAs and their number, which tiles it computes
-// in what order, and what it waits for before loading one). gemm_sm90_kernel is the plain
+// function, gemm_sm90_body (main_loop.cuh), parameterised by the epilogue (where finished tiles
+// go) and the tile schedule (this CTA's index among the computing CTAs and their number, which
+// tiles it computes in what order, and what it waits for before loading one). gemm_sm90_kernel is the plain
 // GEMM: every CTA computes, round robin over the tiles, hook-1 waits from GemmWaitConfig;
 // launch_gemm() uses it with DefaultEpilogue. The fused kernels (ag_gemm_kernel.cuh,
 // gemm_rs_kernel.cuh) call the same body from CTAs they give the GEMM role, with their own
