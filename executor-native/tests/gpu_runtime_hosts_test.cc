@@ -50,7 +50,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/fused/fused.h"
+#include "kernels/gemm_ar/gemm_ar.h"
 #include "fusedcomm/comm/cuda_comm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"

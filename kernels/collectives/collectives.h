@@ -81,7 +81,7 @@
 //     this rank's block chunk by chunk from its own input and the slots (rank order, fp32,
 //     rounded once) and store the sums into EVERY rank's data area at the block's place (its
 //     own included), so only stores cross NVLink (NVLink reads top out ~8 % below stores on
-//     H200, kernels/bench/NOTES.md). End barrier (CommFlags::done): a peer's done flag follows
+//     H200: docs/performance.md). End barrier (CommFlags::done): a peer's done flag follows
 //     all its stores into this rank's data area. Overwriting peer p's input block r is safe:
 //     p pushed that chunk to this rank (its chunk flag) before this rank's consumer could
 //     reduce it. Needs (W-1) * slot elements * elem_size <= data_bytes. kAuto takes it for a
@@ -92,7 +92,7 @@
 //     reduce chunks into output + OWN scratch and release the chunk flag; consumers PULL the
 //     peers' chunks from their scratch as the flags arrive (the two phases overlap chunk by
 //     chunk, no grid barrier); end barrier as two-phase (peers read this rank's scratch).
-// - Protocol (DESIGN.md §3): each launch gets a 64-bit epoch = this rank's launch count on the
+// - Protocol (docs/architecture.md): each launch gets a 64-bit epoch = this rank's launch count on the
 //   CommDevice, kept on the device (CommControl::epoch: read by every CTA at start, bumped by
 //   the last CTA to finish), so back-to-back launches and CUDA-graph replay get fresh epochs
 //   without host involvement, and every rank computes the same epoch for the same launch.

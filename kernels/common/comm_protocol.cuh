@@ -32,6 +32,7 @@
 
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/sm90_primitives.cuh"
+#include "kernels/common/tuning.h"
 
 namespace fusedcomm::kernels::detail {
 
@@ -152,19 +153,11 @@ __device__ __forceinline__ bool comm_failed(const CommDevice& d) {
 // comm_wait_flag_inline is the same wait, inlined: for waits inside a kernel's main loop,
 // where a call would make the caller save every live register around it (spills).
 inline constexpr uint64_t kCommSlowCheckNs = 20000;
-// The collectives' sleep between polls, up to 4096 polls and after (sleep_cap_ns == 0). Bench
-// switches (-D...): do long-running waits slow the same GPU's NVLink transfers, as the fused
-// allGatherGemm's chunk polls did (kernels/bench/fused/NOTES.md, "Run 11")?
-#ifndef FC_COMM_POLL_SLEEP_NS
-#define FC_COMM_POLL_SLEEP_NS 128u
-#endif
-#ifndef FC_COMM_POLL_SLEEP_LATE_NS
-#define FC_COMM_POLL_SLEEP_LATE_NS 1024u
-#endif
 // timeout_scale: the wait gives up after timeout_scale × the CommDevice's timeout (waits that
 // legitimately span a whole GEMM, e.g. the fused ops' chunk flags, use more than 1).
 // local: the flag is written by this GPU (gpu-scope acquire suffices and polls are cheaper).
-// sleep_cap_ns: the longest sleep between polls (0: 128 ns, then 1 us after 4096 polls).
+// sleep_cap_ns: the longest sleep between polls (0: tuning.h's kCommPollSleepNs, then
+// kCommPollSleepLateNs after kCommPollLatePolls polls).
 __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const uint64_t* flag,
                                                       uint64_t epoch, uint32_t op, uint32_t step,
                                                       int peer, uint32_t timeout_scale = 1,
@@ -213,7 +206,8 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
     // Short sleeps while a peer is merely a few microseconds behind; longer once it is late.
     __nanosleep(sleep_ns);
     const uint32_t cap = sleep_cap_ns ? sleep_cap_ns
-                         : polls < 4096 ? FC_COMM_POLL_SLEEP_NS : FC_COMM_POLL_SLEEP_LATE_NS;
+                         : polls < tuning::kCommPollLatePolls ? tuning::kCommPollSleepNs
+                                                              : tuning::kCommPollSleepLateNs;
     sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
   }
 }

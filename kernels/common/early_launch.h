@@ -8,8 +8,8 @@
 // and the collectives' protocol (comm_protocol.cuh) rely on it, holds unchanged. The kernels
 // here also call pdl_release_dependents() at their start (all but a GEMM with readiness waits,
 // below), so that the next one may be scheduled on the SMs they leave free (a CTA that does not
-// fit waits for an SM, as without PDL). The
-// fused kernels do neither; a kernel launched early after one of them starts at its completion.
+// fit waits for an SM, as without PDL). The fused kernels do neither; a kernel launched early
+// after one of them starts at its completion.
 //
 // A CTA waiting in pdl_wait holds its SM. So a kernel that releases its dependents early must
 // not depend on a kernel of another stream (or of another process sharing the GPU under MPS)
@@ -17,8 +17,6 @@
 // other GPUs (ranks sharing one GPU, a testing mode, are separate contexts, which time-slice
 // it); a plain GEMM with readiness waits (gemm.h hook 1) waits for other streams' kernels, so it
 // does not release early.
-//
-// Bench-only: -DFC_NO_PDL launches every such kernel without the attribute (the A/B baseline).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,14 +31,12 @@ cudaError_t launch_early_with(const cudaLaunchAttribute* attrs, int n, void (*ke
                               Args&&... args) {
   cudaLaunchAttribute all[4];
   for (int i = 0; i < n; ++i) all[i] = attrs[i];
-#if !defined(FC_NO_PDL)
   // Not on the legacy default stream, whose order with every other stream is implicit.
   if (stream != nullptr && stream != cudaStreamLegacy) {
     all[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     all[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
-#endif
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;

@@ -7,6 +7,7 @@
 #include "kernels/gemm/detail/gemm_pingpong.cuh"
 #include "kernels/gemm/detail/gemm_sm90.cuh"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/tuning.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
@@ -52,10 +53,8 @@ int sm_count() {
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// A tile's time in units of a 256-wide tile's: 128-wide tiles run ~10% slower per FLOP (more
-// L2 traffic per FLOP, wgmma n128 vs n256), so they win only when they fill the grid
-// noticeably better.
-double tile_time(int bn) { return bn == 128 ? 0.55 : 1.0; }
+// A tile's time in units of a 256-wide tile's (tuning.h).
+double tile_time(int bn) { return bn == 128 ? tuning::kTileTime128 : 1.0; }
 
 // Fewest "waves × tile time".
 int choose_tile_n(int M, int N, int ctas) {
@@ -74,59 +73,47 @@ int choose_tile_n(int M, int N, int ctas) {
   return best_bn;
 }
 
-// Stream-K (gemm.h). Chosen (mode 0) only where it measured faster on 1 × H200
-// (kernels/bench/NOTES.md, "Stream-K for the last wave" and "Stream-K's sum through a copy
-// ring"), in two cases, both with K >= 8192 (at K = 4096 the fix-up costs what the spread
-// gains):
-// - at most 64 rows, tiles keeping at most 3/4 of the CTAs busy: the time is B's bytes over
-//   the CTAs that stream them, and stream-K streams with every CTA (0.52-0.95 ×);
-// - a short last wave after whole ones (at most 1/4 of the CTAs), where the wave model below
-//   puts stream-K at <= kSkBar × the plain plan: 0.80-0.99 × at every such shape measured
-//   (bar 0.95; raised to 0.985 in the seventeenth session: the six shapes that brought in
-//   ran 0.948-0.991 ×); with longer last waves, or none before them, the fix-up ate the gain
-//   (0.98-1.31 ×).
-// The wave model charges the fix-up (the partials through L2, the segments' ends, the CTAs'
-// skew; ~20-30 µs) as kSkFixupSlices K slices of a tile. Forced (mode 2): stream-K wherever a
-// wave is partial, at the tile width the model prefers.
+// Stream-K (gemm.h). Chosen (mode 0) only where it measured faster, in two cases (tuning.h):
+// few rows, or a short last wave after whole ones where the wave model below expects a gain.
+// Forced (mode 2): stream-K wherever a wave is partial, at the tile width the model prefers.
 struct TilePlan {
   int tile_n;
   bool stream_k;
 };
 
-constexpr double kSkFixupSlices = 48;
-// The second case's bar: stream-K where the wave model puts it at most this fraction of the
-// plain plan's time.
-constexpr double kSkBar = 0.985;
-
 // The wave model's cost of stream-K at tile width bn (tile-time units), or -1: no partial wave.
 double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn) {
   const int tiles = mb * ceil_div(N, bn);
   if (tiles % ctas == 0) return -1;
-  return (tiles / ctas + double(tiles % ctas) / ctas + kSkFixupSlices / k_blocks) * tile_time(bn);
+  return (tiles / ctas + double(tiles % ctas) / ctas + tuning::kStreamKFixupSlices / k_blocks) *
+         tile_time(bn);
 }
 
 TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode) {
   const int mb = ceil_div(M, detail::kTileM);
   const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas), false};
   if (mode == 0) {
-    if (k_blocks < 128) return plain;
-    if (M <= 64 && 4 * mb * ceil_div(N, plain.tile_n) <= 3 * ctas) {
-      // 256-wide tiles unless that splits a tile over more than ~9 CTAs (each segment's
-      // partial is read back by the tile's last one): M = 64, N = 2560 ran 0.60 × with
-      // 128-wide tiles, 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide, 0.81 × with
-      // 128-wide.
-      const int bn = forced_bn != 0 ? forced_bn : (9 * mb * ceil_div(N, 256) >= ctas ? 256 : 128);
+    if (k_blocks < tuning::kStreamKMinKBlocks) return plain;
+    if (M <= tuning::kStreamKSmallM &&
+        tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
+            tuning::kStreamKSmallMBusyNum * ctas) {
+      // 256-wide tiles unless that splits a tile over too many CTAs: M = 64, N = 2560 ran
+      // 0.60 × with 128-wide tiles, 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide,
+      // 0.81 × with 128-wide.
+      const bool wide = tuning::kStreamKMaxCtasPerTile * mb * ceil_div(N, 256) >= ctas;
+      const int bn = forced_bn != 0 ? forced_bn : (wide ? 256 : 128);
       return {bn, true};
     }
     const int plain_tiles = mb * ceil_div(N, plain.tile_n);
     const double plain_cost =
         ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n);
     TilePlan best = plain;
-    double best_cost = kSkBar * plain_cost;
+    double best_cost = tuning::kStreamKBar * plain_cost;
     for (int bn : {256, 128}) {
       if (forced_bn != 0 && bn != forced_bn) continue;
       const int tiles = mb * ceil_div(N, bn);
-      if (tiles < ctas || 4 * (tiles % ctas) > ctas) continue;  // no whole wave, or a long last one
+      // No whole wave, or a long last one.
+      if (tiles < ctas || tuning::kStreamKLastWaveDen * (tiles % ctas) > ctas) continue;
       const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn);
       if (cost >= 0 && cost <= best_cost) {
         best = {bn, true};
@@ -253,15 +240,10 @@ bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t 
                    f32 ? 32 : 64, f32);
 }
 
-// The raster group's height where the caller leaves it (GemmArgs::group_m = 0). A wave of C
-// CTAs on 128×BN tiles covers about g M-blocks by C/g N-blocks, and reads g·128 rows of A and
-// (C/g)·BN columns of B from L2 and HBM per K slice: least at g ≈ √(C·BN/128), 16 for BN = 256
-// on 132 SMs. Under the 700 W cap that traffic is energy, so clock: sustained on 1 × H200
-// (kernels/bench/results/run21_h200x2/gemm_power_groupm_round*.txt), g = 16 against 8 took
-// 0.988-0.994 × the time at ten runs of seven 256-wide shapes (two rounds for three of them) and
-// 0.986-0.993 × at four with M = 2048, at a 6-23 MHz higher clock and the same cycles per launch; 12 and 24 within 0.6 % of 16, 4 and 32
-// up to 2.6 % and 1.2 % slower than it. 128-wide tiles keep 8 (not measured).
-int default_group_m(int tile_n) { return tile_n == 256 ? 16 : 8; }
+// The raster group's height where the caller leaves it (GemmArgs::group_m = 0; tuning.h).
+int default_group_m(int tile_n) {
+  return tile_n == 256 ? tuning::kGroupM256 : tuning::kGroupM128;
+}
 
 cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
@@ -333,7 +315,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // has no flag), and for at least two CTAs.
   if (a.cluster == 2 && (hooks || ctas < 2)) return cudaErrorInvalidValue;
   // The launch's own choice (cluster = 0) is single CTAs: pairs measured even with them on
-  // 1 × H200, within ±2 % per shape (bench/NOTES.md, run 5).
+  // H200, within ±2 % per shape.
   plan->cluster = a.cluster == 2 ? 2 : 1;
   if (plan->cluster == 2) {
     prob.sweep = detail::pair_sweep(g.m_blocks, g.n_blocks);
@@ -403,17 +385,3 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace fusedcomm::kernels
-
-#if defined(FC_GEMM_TRACE)
-// Bench-only (gemm_bench built with -DFC_GEMM_TRACE; detail::trace_copy, gemm_sm90.cuh).
-// The last launch's trace points (the first `count`).
-extern "C" int fc_gemm_trace_copy(uint64_t* host, size_t count) {
-  namespace d = fusedcomm::kernels::detail;
-  return d::trace_copy(d::g_gemm_trace, host, count * sizeof(uint64_t));
-}
-// CTA 0's ping-pong timeline (32 tiles × 4 points).
-extern "C" int fc_gemm_pp_timeline_copy(uint64_t* host) {
-  namespace d = fusedcomm::kernels::detail;
-  return d::trace_copy(d::g_pp_timeline, host, 32 * 4 * sizeof(uint64_t));
-}
-#endif

@@ -208,7 +208,7 @@ struct GemmArgs {
 // any CTA count up to that (stream-K needs num_ctas <= 1024).
 size_t gemm_workspace_bytes(int num_ctas);
 // A stream-K workspace as one value (GemmArgs::workspace / workspace_bytes; null: none), for the
-// ops that launch GEMMs of their own (fused.h).
+// ops that launch GEMMs of their own (ag_gemm.h, gemm_rs.h, gemm_ar.h).
 struct GemmWorkspace {
   void* ptr = nullptr;
   size_t bytes = 0;

@@ -1,8 +1,8 @@
-// GPU producers of the proxy ring (DESIGN.md §2b; the ring's layout is rdma/proxy_ring.h, its
-// protocol rdma/proxy.h): a kernel posts one-sided writes to peers on other hosts into a ring
-// in host memory mapped into the device's address space; a host thread (rdma::Proxy) drains
-// it into the transport, and the receiver learns arrival from a signal word that its kernel
-// polls. For the socket transport every region named in a write (payload source, destination,
+// GPU producers of the proxy ring (docs/architecture.md; the ring's layout is
+// rdma/proxy_ring.h, its protocol rdma/proxy.h): a kernel posts one-sided writes to peers on
+// other hosts into a ring in host memory mapped into the device's address space; a host thread
+// (rdma::Proxy) drains it into the transport, and the receiver learns arrival from a signal word
+// that its kernel polls. For the socket transport every region named in a write (payload source, destination,
 // signal) is host memory, mapped for the GPU: the kernels write payloads there and read what
 // arrives from there.
 //
@@ -110,7 +110,7 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 //     source s, word (lanes + l) * hosts + s = lane l's chunks that source s has consumed of
 //     this rank's (credits);
 // with signal offsets 8 * (base_word + word). Signal words only grow and are never reset
-// (DESIGN.md §3). With `value_counter` (device memory, `lanes` words, zero before the first op
+// (docs/architecture.md). With `value_counter` (device memory, `lanes` words, zero before the first op
 // on these words) lane l reads B from word l and adds its chunks when done, so back-to-back
 // launches and CUDA-graph replays each get fresh values with no host involvement; without it,
 // B = `value_base`, which the caller advances. Every rank uses the same depth and lanes.
@@ -124,12 +124,11 @@ cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stre
 // counter, so the lanes never wait for each other; they share nothing but disjoint regions of
 // the same slots, which is why a region is fixed per slot and not per chunk size. Why lanes: a
 // TCP stream moves what one core copies, and one CTA stages and reads what its loads in flight
-// over PCIe allow; both bound a single lane at about 4 GB/s each way on the H100 host
-// (kernels/bench/NOTES.md).
+// over PCIe allow; both bound a single lane at about 4 GB/s each way on an H100 host
+// (docs/performance.md).
 // Each lane is a software pipeline: for i = 0 .. chunks + depth - 2 it sends chunk i, then
 // receives chunk i - (depth - 1), so up to `depth` chunks are in flight per peer while the CTA
-// stages and reads (kernels/bench/proxy_protocol_model.py checks it, with lanes and lane-0-only
-// ops):
+// stages and reads (tests/proxy_protocol_model.py checks it, with lanes and lane-0-only ops):
 //   send chunk g: wait until every peer consumed this lane's part of this rank's chunk g -
 //     depth (its credit word >= g + 1 - depth; of this op or an earlier one, so back-to-back
 //     ops need no host synchronisation: the lane's region of stage k is then free in this

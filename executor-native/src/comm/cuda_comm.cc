@@ -275,7 +275,7 @@ k::AgGemmArgs CudaComm::ag_operands(const void* w, void* c, void* gathered, int6
   args.C = static_cast<__nv_bfloat16*>(c);
   args.gathered = static_cast<__nv_bfloat16*>(gathered);
   // kAuto may move the exchange with the copy engines, which need every peer on another GPU
-  // (kernels/fused/fused.h FusedSideStreams; the tests' shared-GPU mode has them all on one).
+  // (kernels/ag_gemm/ag_gemm.h FusedSideStreams; the tests' shared-GPU mode has them all on one).
   args.side = peers_on_other_gpus() ? ag_side_.get() : nullptr;
   return args;
 }

@@ -2,7 +2,7 @@
 // and describe_fused(), so that the phrase a user reads is the path the op takes.
 //
 //   kKernels      one host, the op fits the data area: the kernels' launcher
-//                 (kernels/fused/fused.h), whose own size rule (kAuto, read through the kernels'
+//                 (kernels/<op>/<op>.h), whose own size rule (kAuto, read through the kernels'
 //                 *_info) picks the fused kernel or our GEMM then our collective;
 //   kAcrossHosts  ranks on several hosts: our GEMM and the hierarchical collective
 //                 (cross_host_paths.h); gemmAllReduce: our GEMM, then our allReduce,
@@ -17,7 +17,10 @@
 #include <string>
 
 #include "kernels/collectives/collectives.h"
-#include "kernels/fused/fused.h"
+#include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/common/fused.h"
+#include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 #include "fusedcomm/types.h"
 
 namespace fusedcomm {

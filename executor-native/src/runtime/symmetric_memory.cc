@@ -7,7 +7,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "kernels/fused/fused.h"
+#include "kernels/common/fused.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 
 #include "fusedcomm/runtime/errors.h"
 
@@ -73,7 +74,7 @@ std::string describe_launch(uint64_t sig) {
   const char* dtype = k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::CommDtype::kBF16) ? "bf16" : "fp32";
   char buf[160];
   if (op >= k::kFusedOpAllGatherGemm) {
-    // gemmReduceScatter's dtype field is its partials' code (fused.h, RsPartials).
+    // gemmReduceScatter's dtype field is its partials' code (kernels/gemm_rs/gemm_rs.h, RsPartials).
     const bool rs = op == k::kFusedOpGemmReduceScatter;
     const bool any_order =
         rs && k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::RsPartials::kF32AnyOrder);

@@ -2,11 +2,10 @@
 //
 // Why: in the engine of gemm_sm90.cuh both consumer warpgroups work on one 128×BN tile and
 // stage its C together, so the tensor cores idle while they do (~0.8 µs per 128-wide bf16
-// tile, ~2 µs per 256-wide one: kernels/bench/NOTES.md, "What the plain GEMM's epilogue
-// costs"). Here each consumer warpgroup computes whole 128×128 tiles of its own: the CTA's
-// tiles (round robin over the sweep, as PlainSchedule) alternate between warpgroup 0 (even
-// local index) and warpgroup 1 (odd), so one warpgroup's epilogue runs under the other's
-// main loop. The price is the tile: 128×128 reads 1/3 more A+B bytes from L2 per FLOP than
+// tile, ~2 µs per 256-wide one, measured on H200). Here each consumer warpgroup computes whole
+// 128×128 tiles of its own: the CTA's tiles (round robin over the sweep, as PlainSchedule)
+// alternate between warpgroup 0 (even local index) and warpgroup 1 (odd), so one warpgroup's
+// epilogue runs under the other's main loop. The price is the tile: 128×128 reads 1/3 more A+B bytes from L2 per FLOP than
 // 128×256.
 //
 // Same CTA shape, shared-memory layout and producer as the engine at BN = 128
@@ -69,17 +68,6 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-#if defined(FC_GEMM_TRACE)
-// Bench-only: CTA 0's timeline, per local tile i < 32: before the turn, its first slice full,
-// its last wgmma done, its epilogue done. (No point between the turn and the first slice:
-// ptxas may move a %globaltimer read above a bar.sync, which orders memory, not the timer.)
-__device__ uint64_t g_pp_timeline[32][4];
-#define FC_PP_TIMELINE(i, k, v) \
-  if (blockIdx.x == 0 && threadIdx.x % 128 == 0 && (i) < 32) g_pp_timeline[i][k] = (v)
-#else
-#define FC_PP_TIMELINE(i, k, v)
-#endif
-
 template <bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_pingpong_kernel(const __grid_constant__ CUtensorMap tm_a,
@@ -141,30 +129,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const uint32_t a_base = smem_u32(smem_a), b_base = smem_u32(smem_b);
   const bool f32 = prob.c_tma == kCTmaF32;
   float lo[64], hi[64];
-  FC_GEMM_TRACE_POINT(0, globaltimer_ns());
-#if defined(FC_GEMM_TRACE)
-  // Bench-only: per warpgroup, over its tiles after the first (slot 7 counts them), the waits
-  // for the turn and the tile's first slice (9) and the epilogues (8).
-  uint64_t tr_first = 0, tr_epi = 0, tr_tiles = 0;
-#endif
   for (int i = cw; i < tiles; i += 2) {
     const TileCoord tc = tile_coord(prob, cta + i * ctas);
-#if defined(FC_GEMM_TRACE)
-    const uint64_t tr_0 = globaltimer_ns();
-#endif
     if (i > 0) named_barrier_sync(4 + cw, 256);  // the other warpgroup saw its last slice
     // Slices are numbered across the CTA's tiles: this tile's first is i * k_blocks.
     const int64_t first = static_cast<int64_t>(i) * prob.k_blocks;
     int stage = static_cast<int>(first % kStages);
     uint32_t phase = static_cast<uint32_t>(first / kStages) & 1;
     int prev = 0;
-#if defined(FC_GEMM_TRACE)
-    mbar_wait(&full[stage], phase);
-    const uint64_t tr_1 = globaltimer_ns();
-    if (i > cw) tr_first += tr_1 - tr_0, ++tr_tiles;
-    FC_PP_TIMELINE(i, 0, tr_0);
-    FC_PP_TIMELINE(i, 1, tr_1);
-#endif
     for (int kb = 0; kb < prob.k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
       if (kb == prob.k_blocks - 1 && i + 1 < tiles) named_barrier_arrive(4 + (cw ^ 1), 256);
@@ -179,10 +151,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (lane == 0) mbar_arrive(&empty[prev]);
     // C: the two 64-row halves through this warpgroup's staging buffer (each store round waits
     // for the previous one's TMA read of the buffer; stores clip at M and N).
-#if defined(FC_GEMM_TRACE)
-    const uint64_t tr_3 = globaltimer_ns();
-    FC_PP_TIMELINE(i, 2, tr_3);
-#endif
     const int row = tc.m * kTileM, col = tc.n * 128;
     if (f32) {
       store_tile_tma<128, true, 64>(lo, my_staging, &tm_c, cw, row, col, row < prob.M);
@@ -191,16 +159,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       store_tile_tma<128, false, 64>(lo, my_staging, &tm_c, cw, row, col, row < prob.M);
       store_tile_tma<128, false, 64>(hi, my_staging, &tm_c, cw, row + 64, col, row + 64 < prob.M);
     }
-#if defined(FC_GEMM_TRACE)
-    if (i > cw) tr_epi += globaltimer_ns() - tr_3;
-    FC_PP_TIMELINE(i, 3, globaltimer_ns());
-#endif
   }
-  FC_GEMM_TRACE_POINT(1, globaltimer_ns());
-  FC_GEMM_TRACE_POINT(7, tr_tiles);
-  FC_GEMM_TRACE_POINT(8, tr_epi);
-  FC_GEMM_TRACE_POINT(9, tr_first);
-  FC_GEMM_TRACE_POINT(4, globaltimer_ns());
   // Shared memory must outlive the stores' reads.
   if (threadIdx.x % 128 == 0) bulk_wait_all();
 }

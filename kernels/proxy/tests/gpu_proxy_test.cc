@@ -1,4 +1,4 @@
-// gpu_proxy_test: GPU producers of the proxy ring (kernels/proxy.h, DESIGN.md §2b) over the
+// gpu_proxy_test: GPU producers of the proxy ring (proxy.h, docs/architecture.md) over the
 // socket transport. Two forked processes play two hosts (each its own socket transport, ring,
 // proxy thread and mapped host regions), rank r on GPU r % (GPU count); every write goes
 // GPU -> ring -> proxy -> TCP -> peer's transport -> host memory -> the peer kernel's poll.

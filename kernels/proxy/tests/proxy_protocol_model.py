@@ -34,7 +34,7 @@ connection that lands the payload before the signal word.
 Checked: (a) when a proxy reads an outbox unit it holds the chunk the command was posted for;
 (b) when a lane reads an inbox unit it holds the chunk it waits for; (c) every rank finishes (no
 deadlock). Two broken variants must be found: --no-chunk0-credit (an op's first chunks skip the
-credit wait: the bug fixed on 2026-11-24) and --regions-per-chunk (a lane's units cut from each
+credit wait: a bug the kernel once had) and --regions-per-chunk (a lane's units cut from each
 chunk's own size, ceil(n / L) units per lane, instead of fixed regions: a short chunk's lane 1
 then writes units that a peer's lane 0 may still read).
 Not modelled: timeouts and abort, ring capacity (the kernel waits for a free slot; the proxy

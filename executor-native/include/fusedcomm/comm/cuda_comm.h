@@ -27,7 +27,7 @@
 // largest rank's input <= data area), else Error(kInvalidArgument) naming the config key.
 //
 // The fused ops: where each runs is decided in one place (src/comm/fused_plan.h), which the
-// ops and describe_fused() share: on one host the kernels' launchers (kernels/fused/fused.h),
+// ops and describe_fused() share: on one host the kernels' launchers (kernels/<op>/<op>.h),
 // whose size rule picks the fused kernel or our GEMM then our collective; across hosts our
 // GEMM and the hierarchical collective; gemmAllReduce larger than the data area our GEMM then
 // our allReduce in pieces. allGatherGemm copies A_r into the data area; gemmReduceScatter keeps
@@ -45,7 +45,10 @@
 #include <vector>
 
 #include "kernels/collectives/collectives.h"
-#include "kernels/fused/fused.h"
+#include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/common/fused.h"
+#include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 #include "kernels/gemm/gemm.h"
 #include "fusedcomm/comm/comm.h"
 #include "fusedcomm/runtime/host_layout.h"
@@ -174,7 +177,7 @@ class CudaComm final : public Comm {
   uint64_t work_bytes_ = 0;
   kernels::GemmWorkspace gemm_ws_{};  // gemm_workspace()
   bool gemm_ws_tried_ = false;
-  // allGatherGemm's copy-engine exchange (kernels/fused/fused.h AgExchange): its side streams,
+  // allGatherGemm's copy-engine exchange (kernels/ag_gemm/ag_gemm.h AgExchange): its side streams,
   // made at the first launch that uses them, destroyed after the device is synchronised.
   std::unique_ptr<kernels::FusedSideStreams> ag_side_ = std::make_unique<kernels::FusedSideStreams>();
   cudaStream_t own_ = nullptr;

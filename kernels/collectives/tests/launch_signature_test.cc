@@ -1,4 +1,4 @@
-// launch_signature_test: the launch signatures of kernels/collectives/collectives.h (how a rank tells that a
+// launch_signature_test: the launch signatures of collectives.h (how a rank tells that a
 // peer launched a different op, size, dtype or algorithm at the same epoch) and the message the
 // host gives for a mismatch record. Host code only: runs everywhere (CI included). The device
 // side (publication, checks, the error record) is exercised by gpu_collectives_test and
@@ -9,7 +9,8 @@
 
 #include "support/check.h"
 #include "kernels/collectives/collectives.h"
-#include "kernels/fused/fused.h"
+#include "kernels/common/fused.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 
 namespace {

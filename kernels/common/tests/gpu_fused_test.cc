@@ -1,6 +1,7 @@
-// gpu_fused_test: the fused ops of kernels/fused.h (allGatherGemm, gemmReduceScatter) over
-// SymmetricMemory, one forked process per GPU, handles exchanged through pipes
-// (process_group.h).
+// gpu_fused_test: the fused ops (kernels/common/fused.h: allGatherGemm, gemmReduceScatter,
+// gemmAllReduce) and the protocol they share (start and end barriers, FusedFlags, launch
+// signatures across ops) over SymmetricMemory, one forked process per GPU, handles exchanged
+// through pipes (process_group.h).
 //   worlds: 1 (GPU 0; correctness, back-to-back and graph replay only), then every world W
 //     from 2 to the GPU count (at most 8) on GPUs 0..W-1.
 //   correctness: both ops x {fused, decomposed, auto} x both weight layouts, M not divisible
@@ -15,7 +16,7 @@
 //     partials adds 2^-9 sum|a*b|, their own rounding); the gathered A bit-exact;
 //     gemmReduceScatter's workspace poisoned too (a partial read before it is stored shows as
 //     NaN); the fused ops' counters back at 0 after every launch.
-//   allGatherGemm's fused and auto cases run with each exchange (kernels/fused.h AgExchange:
+//   allGatherGemm's fused and auto cases run with each exchange (ag_gemm.h AgExchange:
 //     SM pulls, copy engines on side streams), then auto cases as chosen; back-to-back, graph
 //     replay, the late rank and the dead rank cover both exchanges too.
 //   gemmReduceScatter also with bf16 partials and with fp32 partials in any order (W >= 3:
@@ -60,10 +61,13 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/ag_gemm/ag_gemm.h"
 #include "kernels/collectives/collectives.h"
-#include "kernels/fused/detail/rs_trace.h"
-#include "kernels/fused/fused.h"
+#include "kernels/common/fused.h"
 #include "kernels/common/selftest.h"
+#include "kernels/gemm/gemm_reference.h"
+#include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
@@ -129,9 +133,9 @@ struct DevBuf {
 
 // On `stream`, and complete on return. Not cudaMemcpy: from pageable memory it may return
 // before its DMA has landed, and it orders only the legacy default stream, not the test's
-// non-blocking stream: a kernel launched there next could read the buffer half written. (That
-// was the "gemmReduceScatter race" of 2026-11-22: the reference GEMM read the last rows of a
-// weight still in flight; the fused kernel's own results were right.)
+// non-blocking stream: a kernel launched there next could read the buffer half written (the
+// reference GEMM once read the last rows of a weight still in flight, and the test blamed the
+// fused kernel, whose results were right).
 template <typename T>
 DevBuf upload(const std::vector<T>& v, cudaStream_t stream) {
   DevBuf b(v.size() * sizeof(T));
@@ -200,7 +204,7 @@ struct RsCase {
     return bf16_partials ? k::RsPartials::kBF16
                          : any_order ? k::RsPartials::kF32AnyOrder : k::RsPartials::kF32;
   }
-  // The partials' rounding, per unit of Σ|a·b| (fused.h, RsPartials): 2^-9 for bf16.
+  // The partials' rounding, per unit of Σ|a·b| (gemm_rs.h, RsPartials): 2^-9 for bf16.
   float partial_rel() const { return bf16_partials ? 1.0f / 512 : 0.f; }
 };
 
@@ -238,7 +242,7 @@ bool guard_intact(const void* dev_end) {
 }
 
 struct Rank : fusedcomm::testing::SymmetricRank {
-  // A stream-K workspace for the decomposed paths' GEMMs, as DeviceComm passes one (kernels'
+  // A stream-K workspace for the decomposed paths' GEMMs, as CudaComm passes one (kernels'
   // gemm.h; zeroed once, every launch leaves its counters zero): every case runs with it.
   DevBuf gemm_ws;
   k::GemmWorkspace gemm_workspace() {
@@ -249,7 +253,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     return k::GemmWorkspace{gemm_ws.p, gemm_ws.bytes};
   }
 
-  // allGatherGemm's copy-engine exchange streams, passed to every launch as DeviceComm does:
+  // allGatherGemm's copy-engine exchange streams, passed to every launch as CudaComm does:
   // where the peers are on other GPUs. In the shared-GPU mode none is passed and the copy
   // engines are not forced (a copy within one GPU may need SMs that the fused kernels hold).
   k::FusedSideStreams side;
@@ -485,7 +489,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     report_rs_info(a, bad != 0, c.name(W));
   }
 
-  // gemmAllReduce (fused.h) with RsCase's shapes and algorithm: every row of the sum checked as
+  // gemmAllReduce (gemm_ar.h) with RsCase's shapes and algorithm: every row of the sum checked as
   // gemmReduceScatter's block (bf16 partials: the same bound), the data area poisoned first, and
   // the same bits on every rank. A forced kFused where W does not divide M is refused
   // (cudaErrorInvalidValue) on every rank before anything runs.
@@ -1020,18 +1024,6 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     }
     t0 = t1;
   };
-  // Test build with -DFUSEDCOMM_RS_TRACE: how many own half-tiles of the fused
-  // gemmReduceScatter fetched their partial early (detail/fused_gemm.cuh, "Early fetch"),
-  // since the process started (detail/rs_trace.h).
-  auto fetch_stats = [&] {
-#ifdef FUSEDCOMM_RS_TRACE
-    unsigned long long st[k::detail::kRsTraceWords] = {};
-    CUDA_OK(k::rs_trace_take(st, k::detail::kRsTraceWords, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    std::printf("  rank %d: fused gemmReduceScatter own half-tiles %llu, fetched early %llu\n",
-                g.rank, st[k::detail::kRtOwnTiles], st[k::detail::kRtOwnFetched]);
-#endif
-  };
   auto finish = [&] {
     R.sm.reset();
     std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
@@ -1046,12 +1038,10 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
       R.correctness();
     }
     lap("correctness sweep rounds");
-    fetch_stats();
     return finish();
   }
   R.correctness();
   lap("correctness sweep");
-  fetch_stats();
   R.back_to_back();
   lap("back-to-back x120");
   R.graph();

@@ -1,15 +1,10 @@
-// fused_geometry_test: the fused ops' launch geometry as fused.h reports it (FusedLaunchInfo),
-// for a device described by its SM count alone. Host code only: runs everywhere (CI included).
-// What every launch relies on:
-// - gemmReduceScatter's tile width and flag count depend only on values every rank shares (M,
-//   N, the world, the SM count), never on the rank, K_r or the partials' precision, which may
-//   differ by rank (its flags are per half-tile and tile column: ranks with different tile
-//   grids would wait on flags never raised);
-// - its grid is every SM (at most one CTA per tile), and its flags fit FusedFlags wherever the
-//   fused kernel is chosen;
-// - allGatherGemm's SM split stays in range: 1 <= pulling CTAs <= SMs / 2, GEMM CTAs + pulling
-//   CTAs <= SMs (a cooperative launch larger than the device would fail);
-// - kAuto's choice uses rank-uniform inputs only (the same for any K_r).
+// ag_gemm_geometry_test: allGatherGemm's launch geometry as ag_gemm.h reports it
+// (FusedLaunchInfo, the sweep, the copy-engine plan), for a device described by its SM count
+// alone. Host code only: runs everywhere (CI included). What every launch relies on:
+// - the SM split stays in range: 1 <= pulling CTAs <= SMs / 2, GEMM CTAs + pulling CTAs <= SMs
+//   (a cooperative launch larger than the device would fail);
+// - kAuto's choice uses rank-uniform inputs only (the same for any N_r);
+// - the sweep, the pulls and the copy-engine streams agree on the chunks and their order.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -20,8 +15,9 @@
 #include <cuda_runtime.h>
 
 #include "support/check.h"
+#include "kernels/ag_gemm/ag_gemm.h"
 #include "kernels/collectives/collectives.h"
-#include "kernels/fused/fused.h"
+#include "kernels/common/tests/geometry_test_support.h"
 #include "fusedcomm/runtime/split.h"
 
 namespace {
@@ -34,117 +30,7 @@ using fusedcomm::split_offset;
 using fusedcomm::testing::check;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
-
-k::CommDevice device(int world, int rank, int sms) {
-  k::CommDevice d{};
-  d.world = world;
-  d.rank = rank;
-  d.sm_count = sms;
-  return d;
-}
-
-k::GemmRsArgs rs_args(int M, int N, int K_r, bool bf16) {
-  k::GemmRsArgs a;
-  a.M = M;
-  a.N = N;
-  a.K = K_r;
-  a.algo = k::FusedAlgo::kFused;
-  a.partials = bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
-  return a;
-}
-
-std::string shape(int W, int sms, int M, int N, int K_r, bool bf16) {
-  return "W=" + std::to_string(W) + " sms=" + std::to_string(sms) + " M=" + std::to_string(M) +
-         " N=" + std::to_string(N) + " K_r=" + std::to_string(K_r) + (bf16 ? " bf16" : " f32");
-}
-
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-void test_rs() {
-  const int sms_list[] = {132, 114, 78};
-  const int Ms[] = {3, 1001, 1024, 4096, 8192, 16384};
-  const int Ns[] = {64, 4096, 8192, 16384};
-  const int Ks[] = {64, 1024, 3584, 7168, 14336};
-  for (int sms : sms_list)
-    for (int W = 1; W <= 8; ++W)
-      for (int M : Ms)
-        for (int N : Ns) {
-          const k::FusedLaunchInfo ref =
-              k::gemm_reduce_scatter_info(device(W, 0, sms), rs_args(M, N, Ks[0], false));
-          for (int rank = 0; rank < W; ++rank)
-            for (int K_r : Ks)
-              for (bool bf16 : {false, true}) {
-                const std::string what = shape(W, sms, M, N, K_r, bf16) + " rank " + std::to_string(rank);
-                const k::FusedLaunchInfo info =
-                    k::gemm_reduce_scatter_info(device(W, rank, sms), rs_args(M, N, K_r, bf16));
-                check(info.algo == k::FusedAlgo::kFused, what + ": fused as asked");
-                check(info.tile_n == ref.tile_n && info.chunks == ref.chunks,
-                      what + ": tile width and flags do not depend on the rank, K_r or the partials");
-                const int tiles = ceil_div(M, 128) * ceil_div(N, info.tile_n);
-                check(info.comm_ctas == 0 && info.gemm_ctas == std::min(sms, tiles),
-                      what + ": every CTA runs the GEMM, one per SM and at most one per tile (" +
-                          std::to_string(info.gemm_ctas) + ")");
-                // (W-1) slots x half-tile rows of a slot (ceil(ceil(M/W) / 64) + 1) x columns.
-                const int halves = ceil_div(ceil_div(M, W), 64) + 1;
-                check(info.chunks == (W - 1) * halves * ceil_div(N, info.tile_n) &&
-                          info.chunks <= k::kFusedRsTileFlags,
-                      what + ": half-tile flags " + std::to_string(info.chunks) + " fit");
-                // The pusher's pacing (fused.cu, rs_push_pace_ns): bf16 partials at W >= 2 from
-                // three waves of tiles, a quarter of the next tile's estimated main loop
-                // (tile_n * K_r / 24 ns) over the tile_n / 16 pieces of 2 KiB of a half-tile.
-                const bool paced = W >= 2 && bf16 && tiles >= 3 * sms;
-                const uint32_t pace =
-                    paced ? static_cast<uint32_t>(double(info.tile_n) * K_r / 24.0 * 25 / 100.0 /
-                                                  (info.tile_n / 16))
-                          : 0u;
-                check(info.push_pace_ns == pace,
-                      what + ": pusher pace " + std::to_string(info.push_pace_ns) + " ns, expected " +
-                          std::to_string(pace));
-              }
-        }
-  // kAuto (fused.cu, choose_rs): fused at W = 2-4 from M*N = 2^24 with at least 1024 rows per
-  // owner (M / W), any partial precision, else decomposed; the same choice whatever K_r (which
-  // may differ by rank).
-  auto auto_algo = [](int W, int M, int N, int K_r, bool bf16) {
-    k::GemmRsArgs a = rs_args(M, N, K_r, bf16);
-    a.algo = k::FusedAlgo::kAuto;
-    return k::gemm_reduce_scatter_info(device(W, 0, 132), a).algo;
-  };
-  for (int K_r : {64, 7168, 14336}) {
-    const std::string kr = " K_r=" + std::to_string(K_r);
-    check(auto_algo(2, 4096, 4096, K_r, false) == k::FusedAlgo::kFused, "kAuto W=2 4096x4096 f32: fused" + kr);
-    check(auto_algo(2, 2048, 4096, K_r, false) == k::FusedAlgo::kDecomposed,
-          "kAuto W=2 2048x4096 f32: decomposed" + kr);
-    check(auto_algo(2, 2048, 8192, K_r, true) == k::FusedAlgo::kFused,
-          "kAuto W=2 2048x8192 bf16 partials: fused" + kr);
-    check(auto_algo(2, 1024, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
-          "kAuto W=2 1024x8192 bf16 partials: decomposed" + kr);
-    check(auto_algo(2, 16384, 4096, K_r, true) == k::FusedAlgo::kFused,
-          "kAuto W=2 16384x4096 bf16 partials: fused" + kr);
-    // W = 3-4: the W = 2 threshold (run 10 measured it at W = 4) and the rows per owner (runs
-    // 14-17: 70B M = 2048 at W = 4 slower fused); W >= 5: decomposed.
-    for (int W : {3, 4}) {
-      const std::string w = " W=" + std::to_string(W);
-      check(auto_algo(W, 8192, 8192, K_r, false) == k::FusedAlgo::kFused, "kAuto 8192x8192 f32: fused" + w + kr);
-      check(auto_algo(W, 4096, 4096, K_r, true) == k::FusedAlgo::kFused,
-            "kAuto 4096x4096 bf16 partials: fused" + w + kr);
-      check(auto_algo(W, 2048, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
-            "kAuto 2048x8192 bf16 partials (under 1024 rows per owner): decomposed" + w + kr);
-      check(auto_algo(W, 1024, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
-            "kAuto 1024x8192 bf16 partials: decomposed" + w + kr);
-    }
-    check(auto_algo(3, 3072, 8192, K_r, true) == k::FusedAlgo::kFused,
-          "kAuto W=3 3072x8192 bf16 partials (1024 rows per owner): fused" + kr);
-    check(auto_algo(4, 4092, 8192, K_r, true) == k::FusedAlgo::kDecomposed,
-          "kAuto W=4 4092x8192 bf16 partials (1023 rows per owner): decomposed" + kr);
-    check(auto_algo(5, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=5: decomposed" + kr);
-    check(auto_algo(8, 16384, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=8: decomposed" + kr);
-    check(auto_algo(1, 8192, 8192, K_r, false) == k::FusedAlgo::kDecomposed, "kAuto W=1: decomposed" + kr);
-    // Half-tile flags beyond FusedFlags (W = 2: 1 slot x 1025 half-tile rows x 512 columns):
-    check(auto_algo(2, 131072, 131072, K_r, false) == k::FusedAlgo::kDecomposed,
-          "kAuto W=2 131072x131072: decomposed (its half-tile flags would not fit)" + kr);
-  }
-}
+using fusedcomm::testing::geometry_device;
 
 void test_ag() {
   for (int sms : {132, 78})
@@ -157,7 +43,7 @@ void test_ag() {
             a.N = N;
             a.K = K;
             a.algo = k::FusedAlgo::kFused;
-            const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, sms), a);
+            const k::FusedLaunchInfo info = k::all_gather_gemm_info(geometry_device(W, 0, sms), a);
             const std::string what = "allGatherGemm W=" + std::to_string(W) + " sms=" +
                                      std::to_string(sms) + " M=" + std::to_string(M) + " N=" +
                                      std::to_string(N) + " K=" + std::to_string(K);
@@ -168,7 +54,7 @@ void test_ag() {
           }
 }
 
-// allGatherGemm's kAuto (fused.cu, choose_ag): fused from a gathered A of 16 MiB at W = 2 and
+// allGatherGemm's kAuto (fused_choice.h, choose_all_gather_gemm): fused from a gathered A of 16 MiB at W = 2 and
 // W = 4 (no row minimum); decomposed at every other world. Whatever N_r (which may differ by
 // rank).
 void test_ag_auto() {
@@ -178,7 +64,7 @@ void test_ag_auto() {
     a.N = N_r;
     a.K = K;
     a.algo = k::FusedAlgo::kAuto;
-    return k::all_gather_gemm_info(device(W, 0, 132), a).algo;
+    return k::all_gather_gemm_info(geometry_device(W, 0, 132), a).algo;
   };
   for (int N_r : {2048, 7168, 14336}) {
     const std::string n = " N_r=" + std::to_string(N_r);
@@ -200,7 +86,7 @@ void test_ag_auto() {
   }
 }
 
-// allGatherGemm's exchange (fused.h AgExchange): kAuto takes the copy engines at W = 2 up to N_r =
+// allGatherGemm's exchange (ag_gemm.h AgExchange): kAuto takes the copy engines at W = 2 up to N_r =
 // 4096 or from 64 MiB of gathered A (M·K·2) when side streams are given, never without them or at
 // other worlds; forced, they are taken at every W >= 2 (with streams) and SM pulls never move to
 // them. With the copy engines one CTA raises the chunk flags (the others run the GEMM), and the
@@ -227,13 +113,13 @@ void test_ag_exchange() {
             const std::string what = "allGatherGemm exchange W=" + std::to_string(W) + " M=" + std::to_string(M) +
                                      " N_r=" + std::to_string(N_r) + " exchange=" + std::to_string(static_cast<int>(x)) +
                                      (with_side ? " with" : " without") + " side streams";
-            const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, 132), a);
+            const k::FusedLaunchInfo info = k::all_gather_gemm_info(geometry_device(W, 0, 132), a);
             check(info.copy_engines == (ce ? 1 : 0), what + ": copy engines " + (ce ? "taken" : "not taken"));
             if (ce) check(info.comm_ctas == 1 && info.gemm_ctas == 131, what + ": one flag CTA, 131 GEMM CTAs");
             if (ce && W >= 3) {
               // Interleaved by default: the first peer chunk after the own ones is not peer r+1's
               // whole run (its second position holds another peer's block).
-              const std::vector<int> order = k::all_gather_gemm_sweep(device(W, 0, 132), a);
+              const std::vector<int> order = k::all_gather_gemm_sweep(geometry_device(W, 0, 132), a);
               const int own = M / 128 / W;
               check(order.size() > static_cast<size_t>(own + 1) && order[own + 1] - order[own] != 1,
                     what + ": the peers' blocks in turn");
@@ -260,7 +146,7 @@ void test_ag_spread_stores() {
           a.exchange = k::AgExchange::kSmPulls;
           if (gathered) a.gathered = reinterpret_cast<__nv_bfloat16*>(uintptr_t{256});
           const bool spread = gathered && W <= 2 && int64_t{M} * K * 2 >= (int64_t{256} << 20);
-          const k::FusedLaunchInfo info = k::all_gather_gemm_info(device(W, 0, 132), a);
+          const k::FusedLaunchInfo info = k::all_gather_gemm_info(geometry_device(W, 0, 132), a);
           check(info.spread_stores == (spread ? 1 : 0),
                 "allGatherGemm W=" + std::to_string(W) + " M=" + std::to_string(M) + " K=" + std::to_string(K) +
                     (gathered ? " gathered" : " not gathered") + ": own rows stored " +
@@ -271,7 +157,7 @@ void test_ag_spread_stores() {
   }
 }
 
-// kAuto's fallback when the side streams cannot be made (fused.h FusedSideStreams::usable): a
+// kAuto's fallback when the side streams cannot be made (ag_gemm.h FusedSideStreams::usable): a
 // failed prepare turns kAuto to the SM pulls for that object's later launches, and the info says
 // so; a forced kCopyEngines still asks for the streams. The one CUDA call here is prepare: on a
 // machine without a GPU it fails (the fallback is checked), on a GPU host it makes the streams
@@ -285,14 +171,14 @@ void test_ag_exchange_fallback() {
   a.K = 8192;
   a.algo = k::FusedAlgo::kFused;
   a.side = &side;
-  const k::CommDevice d = device(2, 0, 132);
+  const k::CommDevice d = geometry_device(2, 0, 132);
   check(k::all_gather_gemm_info(d, a).copy_engines == 1, "allGatherGemm kAuto W=2 N_r=4096: copy engines before prepare");
   k::AgGemmArgs pulls = a;
   pulls.side = nullptr;
   const k::FusedLaunchInfo sm = k::all_gather_gemm_info(d, pulls);
   const cudaError_t e = side.prepare(2);
   cudaGetLastError();
-  std::printf("fused_geometry_test: FusedSideStreams::prepare(2) returned %s (%s)\n", cudaGetErrorName(e),
+  std::printf("ag_gemm_geometry_test: FusedSideStreams::prepare(2) returned %s (%s)\n", cudaGetErrorName(e),
               e == cudaSuccess ? "a GPU: the copy engines stay taken" : "no streams: the fallback is checked");
   check(side.usable() == (e == cudaSuccess), "allGatherGemm side streams: usable exactly when prepare succeeded");
   const k::FusedLaunchInfo info = k::all_gather_gemm_info(d, a);
@@ -309,7 +195,7 @@ void test_ag_exchange_fallback() {
   }
 }
 
-// allGatherGemm's exchange on the copy engines (AgExchange::kCopyEngines; fused.h
+// allGatherGemm's exchange on the copy engines (AgExchange::kCopyEngines; ag_gemm.h
 // all_gather_gemm_ce_plan), one side stream per peer: together the streams copy every peer row
 // exactly once and no row of this rank; a stream copies only its peer's rows, each copy within
 // the merge size (or one chunk); its positions are distinct chunks, each holding rows of its
@@ -337,7 +223,7 @@ void test_ag_ce_plan() {
                                      " K=" + std::to_string(K) + " cap=" + std::to_string(cap) +
                                      " interleave=" + std::to_string(interleave);
             // Sweep position of each chunk (a chunk is one M-block at these M).
-            const std::vector<int> sweep = k::all_gather_gemm_sweep(device(W, r, 132), a);
+            const std::vector<int> sweep = k::all_gather_gemm_sweep(geometry_device(W, r, 132), a);
             std::vector<int> at(sweep.size(), -1);
             for (size_t i = 0; i < sweep.size(); ++i) at[sweep[i]] = static_cast<int>(i);
             bool in_order = sweep.size() == static_cast<size_t>((M + 127) / 128);
@@ -347,14 +233,14 @@ void test_ag_ce_plan() {
               return o;
             };
             std::vector<char> covered(M, 0);
-            bool own_empty = k::all_gather_gemm_ce_plan(device(W, r, 132), a, r, cap).empty();
+            bool own_empty = k::all_gather_gemm_ce_plan(geometry_device(W, r, 132), a, r, cap).empty();
             bool in_range = true, once = true, sized = true, rising = true, ready = true;
             bool ends = true, distinct = true, holds = true, every = true;
             for (int from = 0; from < W; ++from) {
               if (from == r) continue;
               std::vector<std::pair<int64_t, int64_t>> rows;
               const std::vector<k::AgCeStep> steps =
-                  k::all_gather_gemm_ce_plan(device(W, r, 132), a, from, cap, &rows);
+                  k::all_gather_gemm_ce_plan(geometry_device(W, r, 132), a, from, cap, &rows);
               uint64_t mark = 0;
               bool ended = false, after_end = false;
               for (const k::AgCeStep& st : steps) {
@@ -415,7 +301,7 @@ void test_ag_ce_plan() {
           }
 }
 
-// allGatherGemm's sweep (all_gather_gemm_sweep; fused_gemm.cuh ag_sweep_chunk), which the GEMM,
+// allGatherGemm's sweep (all_gather_gemm_sweep; ag_gemm_kernel.cuh ag_sweep_chunk), which the GEMM,
 // the pulls and the copy-engine streams share: every flag chunk once; this rank's own chunks
 // (M-blocks made only of its rows) first (two blocks per chunk: from the chunk of the first);
 // sequential: consecutive chunks from the first,
@@ -437,7 +323,7 @@ void test_ag_sweep() {
           const std::string what = "allGatherGemm sweep W=" + std::to_string(W) + " r=" +
                                    std::to_string(r) + " M=" + std::to_string(M) +
                                    " interleave=" + std::to_string(interleave);
-          const std::vector<int> sweep = k::all_gather_gemm_sweep(device(W, r, 132), a);
+          const std::vector<int> sweep = k::all_gather_gemm_sweep(geometry_device(W, r, 132), a);
           const int mb = (M + 127) / 128;
           const int mg = (mb + k::kFusedMaxChunks - 1) / k::kFusedMaxChunks;
           const int chunks = (mb + mg - 1) / mg;
@@ -480,154 +366,9 @@ void test_ag_sweep() {
           check(turns, what + ": the peers' blocks in turn, each peer's rising");
         }
 }
-
-// gemmReduceScatter's spread sweep (the bench switch FUSEDCOMM_RS_SPREAD; fused.h
-// gemm_reduce_scatter_spread_sweep): every tile once on every rank, and the property its
-// deadlock freedom rests on: every peer pushes each half-tile of an owner at an earlier
-// position of its own sweep than the owner's position of that tile (the owner's tile waits
-// only for work that comes before it everywhere; rs_protocol_model.py --spread checks the
-// protocol around it). Past the lead, while pushes remain, the own tiles come every W
-// positions.
-void test_rs_spread_sweep() {
-  for (int W = 2; W <= 8; ++W)
-    for (int per : {1, 2, 3, 5})
-      for (int nb : {1, 2, 3, 7})
-        for (int group : {1, 2, 8}) {
-          const std::string what = "gemmReduceScatter spread sweep W=" + std::to_string(W) +
-                                   " blocks/rank=" + std::to_string(per) + " columns=" +
-                                   std::to_string(nb) + " group=" + std::to_string(group);
-          const int tiles = W * per * nb;
-          std::vector<std::vector<int>> pos(W, std::vector<int>(tiles, -1));
-          bool perm = true;
-          for (int r = 0; r < W; ++r) {
-            const auto sweep = k::gemm_reduce_scatter_spread_sweep(W, r, per, nb, group);
-            perm = perm && static_cast<int>(sweep.size()) == tiles;
-            for (int t = 0; perm && t < tiles; ++t) {
-              const auto [m, n] = sweep[t];
-              const int id = m * nb + n;
-              perm = m >= 0 && m < W * per && n >= 0 && n < nb && pos[r][id] < 0;
-              if (perm) pos[r][id] = t;
-            }
-          }
-          check(perm, what + ": every tile once on every rank");
-          if (!perm) continue;
-          bool before = true, spread = true;
-          for (int id = 0; id < tiles; ++id) {
-            const int o = id / nb / per;
-            for (int p = 0; p < W; ++p) before = before && (p == o || pos[p][id] < pos[o][id]);
-          }
-          // Rank 0's own tiles past the lead: W positions apart while pushes remain.
-          const int lead = std::min((W - 1) * group * nb, (W - 1) * per * nb);
-          const int pairs = std::min(per * nb, ((W - 1) * per * nb - lead) / (W - 1));
-          std::vector<int> own;
-          for (int id = 0; id < per * nb; ++id) own.push_back(pos[0][id]);
-          std::sort(own.begin(), own.end());
-          for (int k = 0; k < pairs; ++k) spread = spread && own[k] == lead + W * k;
-          check(before, what + ": every peer pushes a tile before its owner's turn for it");
-          check(spread, what + ": own tiles every W positions after the lead");
-        }
-}
-
-// gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
-// takes its fused kernel, and the fused path's workspace fits the data area; at W = 2, or at
-// W = 4 with bf16 partials and M*N >= 2^25.
-void test_ar() {
-  auto algo = [](int W, int M, int N, int K_r, bool bf16, uint64_t data_bytes) {
-    k::CommDevice d = device(W, 0, 132);
-    d.data_bytes = data_bytes;
-    k::GemmArArgs a;
-    a.M = M;
-    a.N = N;
-    a.K = K_r;
-    a.partials = bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
-    return k::gemm_all_reduce_info(d, a).algo;
-  };
-  const uint64_t big = uint64_t{1} << 31;
-  for (int K_r : {1024, 7168}) {
-    const std::string kr = " (K_r=" + std::to_string(K_r) + ")";
-    check(algo(2, 8192, 8192, K_r, false, big) == k::FusedAlgo::kFused,
-          "gemmAllReduce kAuto W=2 8192x8192: fused" + kr);
-    check(algo(2, 8192, 8192, K_r, true, big) == k::FusedAlgo::kFused,
-          "gemmAllReduce kAuto W=2 8192x8192 bf16 partials: fused" + kr);
-    check(algo(2, 8191, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=2, W does not divide M: decomposed" + kr);
-    check(algo(2, 1024, 4096, K_r, false, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=2 1024x4096 (small): decomposed" + kr);
-    check(algo(4, 8192, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=4 fp32 partials: decomposed" + kr);
-    check(algo(4, 8192, 4096, K_r, true, big) == k::FusedAlgo::kFused,
-          "gemmAllReduce kAuto W=4 bf16 partials M*N = 2^25: fused" + kr);
-    check(algo(4, 4096, 4096, K_r, true, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=4 bf16 partials M*N = 2^24: decomposed" + kr);
-    check(algo(3, 8190, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=3: decomposed" + kr);
-    check(algo(1, 8192, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=1: decomposed (the GEMM alone)" + kr);
-    check(algo(2, 8192, 8192, K_r, false, 64ull << 20) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=2 8192x8192 with a 64 MiB data area: decomposed" + kr);
-  }
-}
-
-// The collectives' kAuto: one-shot for small messages, two-phase for large ones, and the push
-// allReduce at W = 2 from 256 MiB (collectives.cu, collective_choose_algo).
-void test_collective_choice() {
-  auto algo = [](k::CommOp op, k::CommDtype dt, int W, int64_t bytes) {
-    k::CommDevice d = device(W, 0, 132);
-    d.slot_bytes = 1 << 20;
-    d.data_bytes = uint64_t{2} << 30;
-    k::CollectiveArgs a;
-    a.op = op;
-    a.dtype = dt;
-    a.count = bytes / (dt == k::CommDtype::kBF16 ? 2 : 4);
-    return k::collective_choose_algo(d, a);
-  };
-  const auto AR = k::CommOp::kAllReduce, AG = k::CommOp::kAllGather, RS = k::CommOp::kReduceScatter;
-  const auto B = k::CommDtype::kBF16, F = k::CommDtype::kF32;
-  const int64_t MiB = 1 << 20;
-  check(algo(AR, B, 2, 4096) == k::CommAlgo::kOneShot, "allReduce W=2 4 KiB: one-shot");
-  check(algo(AR, B, 2, 64 * MiB) == k::CommAlgo::kTwoPhase, "allReduce W=2 64 MiB: two-phase");
-  check(algo(AR, B, 2, 256 * MiB - 2) == k::CommAlgo::kTwoPhase, "allReduce W=2 256 MiB - 2 B: two-phase");
-  check(algo(AR, B, 2, 256 * MiB) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 256 MiB bf16: push");
-  check(algo(AR, F, 2, 1024 * MiB) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 1 GiB fp32: push");
-  check(algo(AR, B, 4, 1024 * MiB) == k::CommAlgo::kTwoPhase, "allReduce W=4 1 GiB: two-phase");
-  check(algo(AR, B, 1, 1024 * MiB) == k::CommAlgo::kOneShot, "allReduce W=1: one-shot (a copy)");
-  check(algo(AG, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "allGather W=2 1 GiB: two-phase");
-  check(algo(RS, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "reduceScatter W=2 1 GiB: two-phase");
-  // In place (output = the input's place in the data area): direct at W = 2 and 4 from 64 MiB;
-  // not out of place, not for other ops.
-  auto in_place = [](k::CommOp op, int W, int64_t bytes, bool place) {
-    k::CommDevice d = device(W, 1, 132);
-    static uint8_t fake[1];  // addresses only: nothing is dereferenced
-    for (int p = 0; p < W; ++p) d.base[p] = fake + p;
-    d.slot_bytes = 1 << 20;
-    d.data_offset = 4 << 20;
-    d.data_bytes = uint64_t{2} << 30;
-    k::CollectiveArgs a;
-    a.op = op;
-    a.count = bytes / 2;
-    a.in_offset = 4096;
-    a.output = place ? d.base[1] + d.data_offset + a.in_offset : d.base[1];
-    return k::collective_choose_algo(d, a);
-  };
-  check(in_place(AR, 2, 64 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 64 MiB in place: direct");
-  check(in_place(AR, 2, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 1 GiB in place: direct");
-  check(in_place(AR, 2, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase, "allReduce W=2 64 MiB - 2 B in place: two-phase");
-  check(in_place(AR, 2, 1024 * MiB, false) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 1 GiB out of place: push");
-  check(in_place(AR, 4, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=4 1 GiB in place: direct");
-  check(in_place(AR, 4, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase, "allReduce W=4 64 MiB - 2 B in place: two-phase");
-  check(in_place(AG, 2, 1024 * MiB, true) == k::CommAlgo::kTwoPhase, "allGather W=2 1 GiB 'in place': two-phase");
-  k::CommDevice d = device(2, 0, 132);
-  d.slot_bytes = 1 << 20;
-  k::CollectiveArgs forced;
-  forced.count = 512 * MiB;
-  forced.algo = k::CommAlgo::kTwoPhase;
-  check(k::collective_choose_algo(d, forced) == k::CommAlgo::kTwoPhase, "a forced algorithm is kept");
-}
-
 }  // namespace
 
 int main() {
-  test_rs();
   test_ag();
   test_ag_auto();
   test_ag_exchange();
@@ -635,9 +376,6 @@ int main() {
   test_ag_exchange_fallback();
   test_ag_ce_plan();
   test_ag_sweep();
-  test_rs_spread_sweep();
-  test_ar();
-  test_collective_choice();
-  std::printf("fused_geometry_test: %d passed, %d failed\n", g_passed, g_failed);
+  std::printf("ag_gemm_geometry_test: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -1,0 +1,316 @@
+// What every collective kernel shares (collectives.h): element types and 16-byte vectors, the
+// CTA-wide copy and reduction loops, the kernels' parameter block, and the start and end of a
+// launch (epoch, end barrier).
+// Included by collectives.cu only, inside its anonymous namespace: the kernels keep internal
+// linkage (and their symbols) in that translation unit.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/collectives/collectives.h"
+#include "kernels/collectives/detail/select.h"
+#include "kernels/collectives/tuning.h"
+#include "kernels/common/comm_protocol.cuh"
+#include "kernels/common/split.h"
+
+namespace fusedcomm::kernels {
+namespace {
+
+using namespace detail;
+
+// Part `c` of `parts` of [0, n), cut at multiples of `unit` elements (16-byte vectors).
+__device__ __forceinline__ void part_range(int64_t n, int parts, int c, int unit, int64_t& b,
+                                           int64_t& e) {
+  const int64_t units = (n + unit - 1) / unit;
+  const int64_t ub = split_offset(units, parts, c);
+  const int64_t ue = ub + split_count(units, parts, c);
+  b = min(ub * unit, n);
+  e = min(ue * unit, n);
+}
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  using Raw = uint32_t;
+  __device__ static float load(const float* p) { return __ldcg(p); }
+  __device__ static void store(float* p, float v) { *p = v; }
+  __device__ static void add_vec(float (&acc)[4], uint4 v) {
+    acc[0] += __uint_as_float(v.x);
+    acc[1] += __uint_as_float(v.y);
+    acc[2] += __uint_as_float(v.z);
+    acc[3] += __uint_as_float(v.w);
+  }
+  __device__ static uint4 pack(const float (&acc)[4]) {
+    return make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]),
+                      __float_as_uint(acc[3]));
+  }
+};
+template <>
+struct Elem<__nv_bfloat16> {
+  using Raw = uint16_t;
+  __device__ static float load(const __nv_bfloat16* p) {
+    const uint16_t raw = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    return __uint_as_float(static_cast<uint32_t>(raw) << 16);
+  }
+  __device__ static void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+  __device__ static void add2(float* acc, uint32_t w) {
+    acc[0] += __uint_as_float(w << 16);
+    acc[1] += __uint_as_float(w & 0xFFFF0000u);
+  }
+  __device__ static void add_vec(float (&acc)[8], uint4 v) {
+    add2(acc + 0, v.x);
+    add2(acc + 2, v.y);
+    add2(acc + 4, v.z);
+    add2(acc + 6, v.w);
+  }
+  __device__ static uint32_t pack2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ static uint4 pack(const float (&acc)[8]) {
+    return make_uint4(pack2(acc[0], acc[1]), pack2(acc[2], acc[3]), pack2(acc[4], acc[5]),
+                      pack2(acc[6], acc[7]));
+  }
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+// 16-byte load of data pulled from a peer (or local): ld.global.cg (no L1; peers write
+// scratch and staging during the kernel).
+__device__ __forceinline__ uint4 ld_vec(const uint4* p) { return __ldcg(p); }
+
+// The CTA copies n elements src -> dst (either may be peer memory). 16-byte vectors when both
+// are 16-byte aligned, with kUnroll loads in flight per thread (NVLink reads need many; the
+// one-shot path, small parts, keeps its 4).
+template <typename T, int kUnroll = tuning::kTwoPhaseCopyUnroll>
+__device__ void cta_copy(T* dst, const T* src, int64_t n) {
+  using Raw = typename Elem<T>::Raw;
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int64_t done = 0;
+  if (aligned16(dst) && aligned16(src)) {
+    const int64_t nv = n / kEpv;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* o = reinterpret_cast<uint4*>(dst);
+    int64_t i = tid;
+    for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = ld_vec(s + i + u * nt);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) o[i + u * nt] = v[u];
+    }
+    for (; i < nv; i += nt) o[i] = ld_vec(s + i);
+    done = nv * kEpv;
+  }
+  const Raw* s = reinterpret_cast<const Raw*>(src);
+  Raw* o = reinterpret_cast<Raw*>(dst);
+  for (int64_t i = done + tid; i < n; i += nt) o[i] = __ldcg(s + i);
+}
+
+// Where a reduction's sums go, one vector of kVecBytes / sizeof(T) elements at a time: vector i
+// of dst in the output type Out (T: 16 bytes; bf16 from fp32 sums: 8 bytes, each sum rounded
+// once), and, if dst2 is set, vector i of dst2 in T (allReduce's scratch copy).
+template <typename T, typename Out>
+struct VecOut {
+  static_assert(std::is_same_v<T, Out>, "only fp32 sums may be stored as bf16");
+  static constexpr int64_t kAlign = kVecBytes;
+  template <int kEpv>
+  __device__ static void put(Out* dst, T* dst2, int64_t i, const float (&acc)[kEpv]) {
+    const uint4 packed = Elem<T>::pack(acc);
+    reinterpret_cast<uint4*>(dst)[i] = packed;
+    if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[i] = packed;
+  }
+};
+template <>
+struct VecOut<float, __nv_bfloat16> {
+  static constexpr int64_t kAlign = 8;
+  __device__ static void put(__nv_bfloat16* dst, float* dst2, int64_t i, const float (&acc)[4]) {
+    reinterpret_cast<uint2*>(dst)[i] = make_uint2(Elem<__nv_bfloat16>::pack2(acc[0], acc[1]),
+                                                  Elem<__nv_bfloat16>::pack2(acc[2], acc[3]));
+    if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[i] = Elem<float>::pack(acc);
+  }
+};
+
+// Vector part of cta_reduce with the source count NS known at compile time: kRedUnroll
+// vectors per source per thread are loaded before the first add, so a thread keeps
+// NS * kRedUnroll independent 16-byte loads in flight (NVLink reads need many).
+template <typename T, typename Out, int NS, int kRedUnroll>
+__device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const* src,
+                                               int64_t nv) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const uint4* s[NS];
+#pragma unroll
+  for (int k = 0; k < NS; ++k) s[k] = reinterpret_cast<const uint4*>(src[k]);
+  int64_t i = tid;
+  for (; i + (kRedUnroll - 1) * nt < nv; i += kRedUnroll * nt) {
+    uint4 v[kRedUnroll][NS];
+#pragma unroll
+    for (int u = 0; u < kRedUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < NS; ++k) v[u][k] = ld_vec(s[k] + i + u * nt);
+#pragma unroll
+    for (int u = 0; u < kRedUnroll; ++u) {
+      float acc[kEpv];
+#pragma unroll
+      for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
+#pragma unroll
+      for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[u][k]);
+      VecOut<T, Out>::put(dst, dst2, i + u * nt, acc);
+    }
+  }
+  for (; i < nv; i += nt) {
+    uint4 v[NS];
+#pragma unroll
+    for (int k = 0; k < NS; ++k) v[k] = ld_vec(s[k] + i);
+    float acc[kEpv];
+#pragma unroll
+    for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
+#pragma unroll
+    for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[k]);
+    VecOut<T, Out>::put(dst, dst2, i, acc);
+  }
+}
+
+// True when the vector paths may run: every source 16-byte aligned, dst aligned for Out's
+// vectors, dst2 (if set) 16-byte aligned.
+template <typename T, typename Out>
+__device__ __forceinline__ bool reduce_vectorizable(const Out* dst, const T* dst2,
+                                                    const T* const* src, int nsrc) {
+  bool vec = (reinterpret_cast<uintptr_t>(dst) & (VecOut<T, Out>::kAlign - 1)) == 0 &&
+             (dst2 == nullptr || aligned16(dst2));
+  for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
+  return vec;
+}
+
+// dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order,
+// stored as Out in dst (T, or bf16 from fp32 inputs) and as T in dst2.
+// U: vectors per source in flight per thread (used by the two-phase kernel).
+template <typename T, int U, typename Out = T>
+__device__ void cta_reduce(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int64_t done = 0;
+  if (reduce_vectorizable(dst, dst2, src, nsrc)) {
+    const int64_t nv = n / kEpv;
+    switch (nsrc) {
+      case 1: cta_reduce_vec<T, Out, 1, U>(dst, dst2, src, nv); break;
+      case 2: cta_reduce_vec<T, Out, 2, U>(dst, dst2, src, nv); break;
+      case 3: cta_reduce_vec<T, Out, 3, U>(dst, dst2, src, nv); break;
+      case 4: cta_reduce_vec<T, Out, 4, U>(dst, dst2, src, nv); break;
+      case 5: cta_reduce_vec<T, Out, 5, U>(dst, dst2, src, nv); break;
+      case 6: cta_reduce_vec<T, Out, 6, U>(dst, dst2, src, nv); break;
+      case 7: cta_reduce_vec<T, Out, 7, U>(dst, dst2, src, nv); break;
+      default: cta_reduce_vec<T, Out, 8, U>(dst, dst2, src, nv); break;
+    }
+    done = nv * kEpv;
+  }
+  for (int64_t i = done + tid; i < n; i += nt) {
+    float acc = 0.f;
+    for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
+    Elem<Out>::store(dst + i, acc);
+    if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
+  }
+}
+
+// One-shot's reduction (local staging, small parts): one vector per source in flight, the source
+// count a run-time value. Same result as cta_reduce.
+template <typename T, typename Out = T>
+__device__ void cta_reduce_small(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int64_t done = 0;
+  if (reduce_vectorizable(dst, dst2, src, nsrc)) {
+    const int64_t nv = n / kEpv;
+    for (int64_t i = tid; i < nv; i += nt) {
+      uint4 v[kCommMaxRanks];
+#pragma unroll
+      for (int s = 0; s < kCommMaxRanks; ++s)
+        if (s < nsrc) v[s] = __ldcg(reinterpret_cast<const uint4*>(src[s]) + i);
+      float acc[kEpv];
+#pragma unroll
+      for (int k = 0; k < kEpv; ++k) acc[k] = 0.f;
+#pragma unroll
+      for (int s = 0; s < kCommMaxRanks; ++s)
+        if (s < nsrc) Elem<T>::add_vec(acc, v[s]);
+      VecOut<T, Out>::put(dst, dst2, i, acc);
+    }
+    done = nv * kEpv;
+  }
+  for (int64_t i = done + tid; i < n; i += nt) {
+    float acc = 0.f;
+    for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
+    Elem<Out>::store(dst + i, acc);
+    if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
+  }
+}
+
+struct Params {
+  CollectiveArgs a;
+  int64_t chunk;  // two-phase, pipelined: elements per work item (multiple of the vector width)
+  int pull_ctas;  // two-phase: CTAs [0, pull_ctas) read peers; the rest copy the local segment.
+                  // pipelined kernel: the producer CTAs
+  int consumers;  // pipelined kernel: CTAs [pull_ctas, pull_ctas + consumers)
+  int64_t slot_stride;  // push reduceScatter / allToAll: elements between scratch slots
+};
+
+template <typename T>
+__device__ __forceinline__ T* data_of(const CommDevice& d, const CollectiveArgs& a, int p) {
+  return reinterpret_cast<T*>(d.base[p] + d.data_offset + a.in_offset);
+}
+template <typename T>
+__device__ __forceinline__ T* slot_of(const CommDevice& d, int owner, uint64_t parity, int src) {
+  return reinterpret_cast<T*>(comm_slot(d, owner, parity, src));
+}
+
+// Every collective kernel's first call (all threads). The kernels are launched early
+// (start_kernel): the stream's previous kernel is complete, its memory visible, once pdl_wait
+// returns, so the protocol's "the next launch is stream-ordered after this one" holds as at a
+// kernel boundary. Then the stream's next kernel may be scheduled on the SMs this grid leaves
+// free, and the launch's epoch is read.
+__device__ __forceinline__ uint64_t enter_collective(const CommDevice& d) {
+  pdl_wait();
+  pdl_release_dependents();
+  return comm_launch_epoch(d);
+}
+
+// Last CTA of the launch: record the epoch for the next launch (thread 0, after the CTA's work).
+// The count makes it the last CTA, so every CTA has read the old epoch (comm_launch_epoch)
+// before it changes. No fence (comm_arrive_last, not comm_last_cta): no peer reads CommControl,
+// and the next launch reads it only after this one has completed (pdl_wait).
+__device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0 && comm_arrive_last(&comm_control(d)->exit_count)) {
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+}
+
+// Last CTA of a launch whose peers read this rank's memory (ordering: CommFlags::done): it
+// tells every peer this rank is done reading theirs, waits until every peer is done reading
+// ours, then records the epoch for the next launch. A wait that fails (abort or timeout, the
+// error record written) stops the loop; the epoch is recorded either way.
+__device__ __forceinline__ void finish_with_end_barrier(const CommDevice& d, uint64_t epoch,
+                                                        CommOp op) {
+  comm_publish_fence();
+  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
+    const int r = d.rank, W = d.world;
+    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
+    CommFlags* const mine = comm_flags(d, r);
+    for (int i = 1; i < W; ++i) {
+      const int p = (r + i) % W;
+      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(op), kCommStepDone, p))
+        break;
+    }
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+}
+
+}  // namespace
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,77 @@
+// The collectives' tuned values (collectives.h: the algorithms; select.cu: kAuto's choice;
+// collectives.cu: the launch). Chosen on H200 (2 and 4 GPUs, NVLink); docs/performance.md has
+// the measurements.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedcomm::kernels::tuning {
+
+// Threads per CTA of every collective kernel.
+inline constexpr int kCollectiveThreads = 512;
+
+// ---- one-shot ----------------------------------------------------------------------------------
+// Vectors in flight per thread in the one-shot copies (small parts).
+inline constexpr int kOneShotCopyUnroll = 4;
+// CTAs: about this many bytes per CTA and peer (remote stores from few SMs do not fill NVLink).
+inline constexpr int64_t kOneShotBytesPerCta = 8192;
+// kAuto: one-shot up to these total message bytes (it moves (W-1)× the payload per rank but
+// needs a single flag exchange; two-phase is bandwidth-optimal but needs two or three).
+inline constexpr int64_t kOneShotMaxAllReduceBytesW2 = 512 << 10;
+inline constexpr int64_t kOneShotMaxAllReduceBytes = 256 << 10;  // W >= 3
+inline constexpr int64_t kOneShotMaxBytesW2 = 1 << 20;           // the other ops
+inline constexpr int64_t kOneShotMaxBytes = 512 << 10;           // the other ops, W >= 3
+
+// ---- two-phase ---------------------------------------------------------------------------------
+// 16-byte loads in flight per thread: copies (NVLink reads need many), and reductions (per
+// source; NS × this many in flight).
+inline constexpr int kTwoPhaseCopyUnroll = 8;
+inline constexpr int kTwoPhaseRedUnroll = 2;
+// Resident CTAs per SM (the launch bounds; the allReduce's grid barrier needs every CTA
+// resident).
+inline constexpr int kTwoPhaseCtasPerSm = 1;
+// CTAs that pull from peers, by world: more CTAs keep more NVLink reads outstanding and go
+// slower (measured on 4 GPUs).
+inline constexpr int kTwoPhasePullCtasW2 = 64;
+inline constexpr int kTwoPhasePullCtas = 48;  // W >= 3
+// Work items: from 8 KiB, doubled while every CTA keeps two items of each phase, up to this.
+inline constexpr int64_t kTwoPhaseMaxChunkBytes = int64_t{64} << 10;
+
+// ---- chunk-pipelined variants (kTwoPhasePush, kPipelined, kDirect) ------------------------------
+// Vectors in flight per data thread: copies, and loads of a reduction (over all its sources).
+inline constexpr int kPipeCopyUnroll = 8;
+inline constexpr int kPipeRedLoads = 8;
+// Producers (CollectiveArgs::num_ctas overrides): push allReduce ...
+inline constexpr int kPushProducersW2 = 64;
+inline constexpr int kPushProducers = 48;  // W >= 3
+// ... with one consumer (local copies) per kPushCopyDiv producers; pipelined: as many consumers
+// (pulls of peers' scratch) as producers, so that about as many CTAs pull as in two-phase.
+inline constexpr int kPushCopyDiv = 2;
+inline constexpr int kPipeProducersW2 = 32;
+inline constexpr int kPipeProducers = 24;  // W >= 3
+// The default chunk (CollectiveArgs::chunk_bytes overrides).
+inline constexpr int64_t kPipeChunkBytes = int64_t{64} << 10;
+// Direct allReduce: producers, and reducers as a percentage of them. Both halves only store over
+// NVLink; a store-only probe needed 96-132 CTAs. With 128 + 128 (more CTAs than SMs: the
+// producers take the SMs first, the reducers follow as they finish, so the two halves run
+// nearly one after the other, each on every SM) the kernel matched the probe on 2 GPUs (341 /
+// 358 / 365 GB/s bus bandwidth at 64 MiB / 256 MiB / 1 GiB; 64 + 64: 315 / 327 / 353). Producers
+// never wait for reducers, so the reducers need not be resident with them.
+inline constexpr int kDirectProducers = 128;
+inline constexpr int kDirectReducersPct = 100;
+
+// ---- kAuto (select.cu) -------------------------------------------------------------------------
+// allReduce in place from this size: the direct variant (only stores cross NVLink), at W = 2 and
+// at W >= 3, with the default chunk. It moved 341 / 358 / 365 GB/s at 64 MiB / 256 MiB / 1 GiB
+// on 2 GPUs against two-phase's 300 / 317 / 329 and NCCL's 267 / 297 / 327; 325 / 339 / 340 on 4
+// GPUs against two-phase's 292 / 317 / 327 and NCCL's 311 / 338 / 355. Smaller sizes were not
+// measured. 0: never.
+inline constexpr int64_t kAutoDirectMinBytesW2 = int64_t{64} << 20;
+inline constexpr int64_t kAutoDirectMinBytes = int64_t{64} << 20;  // W >= 3
+// allReduce at W = 2 from this size: the push variant with these chunks (2-3 % more bus
+// bandwidth than two-phase at 256 MiB and 1 GiB; two-phase led at 64 MiB, and at W = 4 at every
+// size).
+inline constexpr int64_t kAutoPushMinBytes = int64_t{256} << 20;
+inline constexpr int64_t kAutoPushChunkBytes = int64_t{128} << 10;
+
+}  // namespace fusedcomm::kernels::tuning

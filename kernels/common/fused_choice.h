@@ -1,0 +1,77 @@
+// kAuto of the fused ops: fused kernel or decomposed path (our GEMM, then our collective), for
+// allGatherGemm, gemmReduceScatter and gemmAllReduce, all in this one place. The launchers, their
+// *_info() and so the runtime's planning call these functions.
+//
+// Every input of a rule must be the same on every rank (M, N or K as the op shares it, W, the SM
+// count), never K_r or N_r: ranks that chose differently would wait for each other until the
+// timeout. The bars were measured on H200 (2 and 4 GPUs, NVLink): docs/performance.md has the
+// figures. Worlds that were not measured for speed take the decomposed path, except where a
+// world lies between two measured ones with one bar (W = 3 for gemmReduceScatter).
+//
+// Facts that need the op's geometry (whether the fused kernel's flags or workspace fit) come in
+// as callables, evaluated only where the size rules allow the fused kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/fused.h"
+
+namespace fusedcomm::kernels {
+
+// allGatherGemm: fused from this much gathered A (M·K·2 bytes) at W = 2 and W = 4. The fused
+// kernel hides the exchange but costs a fixed ~10-20 us (chunk flags, SMs that start on
+// communication, the first chunks' latency), which a smaller exchange does not repay: below it
+// the decomposed path was faster at both worlds.
+inline constexpr uint64_t kAgFusedMinGatheredBytes = uint64_t{16} << 20;
+
+// gemmReduceScatter: fused at W = 2-4 from this many elements of the partial product (M·N), for
+// every partial precision, and ...
+inline constexpr uint64_t kRsFusedMinElems = uint64_t{1} << 24;
+// ... at least this many rows per owner (M / W, eight M-blocks): with fewer (e.g. 512 rows per
+// owner at W = 4) the fused kernel ran slower than the decomposed path at the same M·N.
+inline constexpr int64_t kRsFusedMinOwnerRows = 1024;
+
+// gemmAllReduce at W = 4: fused with bf16 partials from this many elements (M·N); fp32 partials
+// at W = 4 and W = 3 were not measured for speed. At W = 2 it follows gemmReduceScatter's rule.
+inline constexpr uint64_t kArFusedMinElemsW4 = uint64_t{1} << 25;
+
+// allGatherGemm (M, K and W are rank-uniform; N_r is not).
+inline FusedAlgo choose_all_gather_gemm(FusedAlgo algo, int world, int M, int K) {
+  if (algo != FusedAlgo::kAuto) return algo;
+  if (world != 2 && world != 4) return FusedAlgo::kDecomposed;
+  const uint64_t bytes = static_cast<uint64_t>(M) * K * 2;
+  return bytes >= kAgFusedMinGatheredBytes ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+}
+
+// gemmReduceScatter (M, N and W are rank-uniform; K_r is not). fused_fits(): the fused kernel's
+// half-tile flags fit FusedFlags.
+template <class FusedFits>
+FusedAlgo choose_gemm_reduce_scatter(FusedAlgo algo, int world, int M, int N,
+                                     FusedFits fused_fits) {
+  if (algo != FusedAlgo::kAuto) return algo;
+  if (world < 2 || world > 4) return FusedAlgo::kDecomposed;
+  const uint64_t elems = static_cast<uint64_t>(M) * static_cast<uint64_t>(N);
+  if (elems < kRsFusedMinElems || M / world < kRsFusedMinOwnerRows || !fused_fits()) {
+    return FusedAlgo::kDecomposed;
+  }
+  return FusedAlgo::kFused;
+}
+
+// gemmAllReduce (M, N, W and the partials are rank-uniform). rs_fused_fits(): gemmReduceScatter's
+// kAuto takes its fused kernel for the same M, N and partials, and the fused path's workspace
+// fits the data area. The fused path needs W to divide M (its allGather splits elements).
+template <class RsFusedFits>
+FusedAlgo choose_gemm_all_reduce(FusedAlgo algo, int world, int M, int N, bool bf16_partials,
+                                 RsFusedFits rs_fused_fits) {
+  if (algo != FusedAlgo::kAuto) return algo;
+  if (M % world != 0) return FusedAlgo::kDecomposed;
+  if (world == 4) {
+    const uint64_t elems = static_cast<uint64_t>(M) * static_cast<uint64_t>(N);
+    if (!bf16_partials || elems < kArFusedMinElemsW4) return FusedAlgo::kDecomposed;
+  } else if (world != 2) {
+    return FusedAlgo::kDecomposed;
+  }
+  return rs_fused_fits() ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+}
+
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,42 @@
+// The plain GEMM's tuned choices (gemm.cu): tile width, stream-K, raster group. Chosen on H200
+// (one GPU, 132 SMs); docs/performance.md has the measurements.
+#pragma once
+
+namespace fusedcomm::kernels::tuning {
+
+// A 128-wide tile's time in units of a 256-wide tile's: 128-wide tiles run ~10 % slower per FLOP
+// (more L2 traffic per FLOP, wgmma n128 against n256), so they win only when they fill the grid
+// noticeably better ("waves × tile time").
+inline constexpr double kTileTime128 = 0.55;
+
+// Stream-K for the last wave (GemmArgs::stream_k = 0, chosen), only with at least this many
+// 64-deep K slices (K >= 8192): at K = 4096 the fix-up costs what the spread gains.
+inline constexpr int kStreamKMinKBlocks = 128;
+// Case 1, few rows: M <= kStreamKSmallM with tiles keeping at most kStreamKSmallMBusyNum /
+// kStreamKSmallMBusyDen of the CTAs busy: the time is B's bytes over the CTAs that stream them,
+// and stream-K streams with every CTA (0.52-0.95 × the time). 256-wide tiles unless that splits
+// a tile over more than ~kStreamKMaxCtasPerTile CTAs (each segment's partial is read back by the
+// tile's last one).
+inline constexpr int kStreamKSmallM = 64;
+inline constexpr int kStreamKSmallMBusyNum = 3;
+inline constexpr int kStreamKSmallMBusyDen = 4;
+inline constexpr int kStreamKMaxCtasPerTile = 9;
+// Case 2, a short last wave after whole ones (at most 1 / kStreamKLastWaveDen of the CTAs),
+// where the wave model puts stream-K at <= kStreamKBar × the plain plan's time (0.80-0.99 × at
+// every such shape measured; with longer last waves, or none before them, the fix-up ate the
+// gain). The model charges the fix-up (the partials through L2, the segments' ends, the CTAs'
+// skew; ~20-30 us) as kStreamKFixupSlices K slices of a tile.
+inline constexpr int kStreamKLastWaveDen = 4;
+inline constexpr double kStreamKBar = 0.985;
+inline constexpr double kStreamKFixupSlices = 48;
+
+// The raster group's height where the caller leaves it (GemmArgs::group_m = 0). A wave of C
+// CTAs on 128×BN tiles covers about g M-blocks by C/g N-blocks and reads g·128 rows of A and
+// (C/g)·BN columns of B per K slice: least at g ≈ √(C·BN/128), 16 for BN = 256 on 132 SMs.
+// Under the power cap that traffic is energy, so clock: 16 took 0.986-0.994 × the time of 8 at
+// 256-wide shapes (a higher sustained clock, the same cycles); 12 and 24 were within 0.6 %, 4
+// and 32 up to 2.6 % slower. 128-wide tiles keep 8 (not measured).
+inline constexpr int kGroupM256 = 16;
+inline constexpr int kGroupM128 = 8;
+
+}  // namespace fusedcomm::kernels::tuning
