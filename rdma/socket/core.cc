@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <random>
 
 namespace fusedcomm::rdma::socket_backend {
