@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
-# Packs the stable half of the GPU-host Java run into .sparkbundle/pN (ignored; see
-# gpu_java_run.sh): a jlink'ed Java 17 runtime with spark-plugin's test classpath (Spark, JCuda,
-# JUnit) and the JUnit console launcher, as one tar.xz split into parts. Run from anywhere on
-# the CPU machine after `mvn -B -DskipTests install`:
-#   spark-plugin/bench/make_spark_bundle.sh [PART_MiB]      (default 20)
+# Packs the stable half of the GPU-host Java run into .sparkbundle/pN (ignored; see run_java.sh):
+# a jlink'ed Java 17 runtime with spark-plugin's test classpath (Spark, JCuda, JUnit) and the
+# JUnit console launcher, as one tar.xz split into parts. Run from anywhere on a machine with the
+# JDK and Maven, after `mvn -B -DskipTests install`:
+#   bench/gpu-tests/make_spark_bundle.sh [PART_MiB]      (default 20)
 # The classpath changes only when the pom's dependencies do, so one bundle serves many runs;
 # what changes with the code goes in .fcbundle (make_fc_bundle.sh).
 #
-# Why not /work/shared/gpu-host/make-bundle.sh as is: every part costs one device call, and
-# each call carries at most 64 MiB together with the working tree (~35 MiB tracked in run 17,
-# counted in disk blocks: a 30 MiB part no longer fit), so the bundle's size sets the number of
-# staging calls. Here the runtime image is
-# left uncompressed (jlink --compress=0) with libjvm.so stripped, and the jars are rewritten
-# with stored (uncompressed) entries, so that xz sees the class files themselves rather than
-# deflate streams: ~95 MB in all against make-bundle.sh's 176 MB (5 parts of 20 MiB instead of 8).
-# The layout (bundle/jre, bundle/jars, bundle/classes, bundle/env.sh) is make-bundle.sh's.
+# Small parts, because each part is one transfer to the GPU host when transfers are size-limited:
+# the runtime image is left uncompressed (jlink --compress=0) with libjvm.so stripped, and the
+# jars are rewritten with stored (uncompressed) entries, so that xz sees the class files
+# themselves rather than deflate streams (about half the size of compressing them as they are).
+# Layout: bundle/jre, bundle/jars, bundle/classes, bundle/env.sh.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
