@@ -121,7 +121,9 @@ def main():
         flops = 2.0 * M * N * K
         wire = (2 if is_ar else 1) * (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
         w = rand(N, K)  # a linear layer's weight: C = A @ w.t()
-        calls, outputs = {}, {}
+        # calls: impl -> the call; checks: op impl -> (its output buffer, poisoned before the
+        # check, or None; the output from the call's return value).
+        calls, checks = {}, {}
         if is_ag:
             a_shard = rand(M // world, K)
             a_full = torch.empty(M, K, device=dev, dtype=torch.bfloat16)
@@ -131,10 +133,10 @@ def main():
                 dist.all_gather_into_tensor(a_full, a_shard)
                 torch.matmul(a_full, w.t(), out=c)
 
-            calls["torch_serial"], outputs["torch_serial"] = serial, lambda: c
+            calls["torch_serial"], checks["torch_serial"] = serial, (c, lambda _: c)
             if symm is not None:
                 calls["torch_symm_mem"] = lambda: symm._fused_all_gather_matmul(a_shard, [w.t()], 0, group_name)
-                outputs["torch_symm_mem"] = lambda: calls["torch_symm_mem"]()[1][0]
+                checks["torch_symm_mem"] = (None, lambda res: res[1][0])
             calls["cublas_gemm_only"] = lambda: torch.matmul(a_full, w.t(), out=c)
             calls["nccl_comm_only"] = lambda: dist.all_gather_into_tensor(a_full, a_shard)
             dist.all_gather_into_tensor(a_full, a_shard)  # the reference's gathered A (a bit copy)
@@ -153,7 +155,7 @@ def main():
                     torch.matmul(a, w.t(), out=p)
                     dist.all_reduce(p)
 
-                calls["torch_serial"], outputs["torch_serial"] = serial, lambda: p
+                calls["torch_serial"], checks["torch_serial"] = serial, (p, lambda _: p)
                 if symm is not None:
                     try:
                         p_symm = symm.empty(M, N, device=dev, dtype=torch.bfloat16)
@@ -163,7 +165,7 @@ def main():
                             torch.matmul(a, w.t(), out=p_symm)
                             torch.ops.symm_mem.two_shot_all_reduce_(p_symm, "sum", group_name)
 
-                        calls["torch_symm_mem"], outputs["torch_symm_mem"] = symm_ar, lambda: p_symm
+                        calls["torch_symm_mem"], checks["torch_symm_mem"] = symm_ar, (p_symm, lambda _: p_symm)
                     except Exception as e:  # e.g. an older torch: the serial baseline remains
                         print(f"rank {rank}: no symm_mem allReduce for {label}: {e!r}", file=sys.stderr)
                 calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
@@ -177,17 +179,19 @@ def main():
                     torch.matmul(a, w.t(), out=p)
                     dist.reduce_scatter_tensor(out, p)
 
-                calls["torch_serial"], outputs["torch_serial"] = serial, lambda: out
+                calls["torch_serial"], checks["torch_serial"] = serial, (out, lambda _: out)
                 if symm is not None:
                     calls["torch_symm_mem"] = lambda: symm._fused_matmul_reduce_scatter(a, w.t(), "sum", 0, group_name)
-                    outputs["torch_symm_mem"] = calls["torch_symm_mem"]
+                    checks["torch_symm_mem"] = (None, lambda res: res)
                 calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
                 calls["nccl_comm_only"] = lambda: dist.reduce_scatter_tensor(out, p)
-        # The check: each op impl once (outputs() runs it), every rank, before any timing.
+        # The check: each op impl once, output poisoned first, every rank, before any timing.
         bad_impls = []
-        for impl, run in outputs.items():
+        for impl, (buf, output) in checks.items():
             try:
-                got = run()
+                if buf is not None:
+                    buf.fill_(float("nan"))
+                got = output(calls[impl]())
                 torch.cuda.synchronize()
                 bad = int((~((got.float() - ref).abs() <= 8e-3 * ref.abs() + (2e-5 + partial_rel) * absdot + 1e-6)).sum())
             except Exception as e:
@@ -215,13 +219,13 @@ def main():
                            batches=args.batches, sustain_ms=args.sustain_ms,
                            ms_ranks=[t.item() for t in ranks], torch=torch.__version__,
                            nccl=".".join(map(str, torch.cuda.nccl.version())))
-                if op != "allGatherGemm" and impl in outputs:
+                if op != "allGatherGemm" and impl in checks:
                     row["partials"] = "bf16"
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 print(f"{op:18s} W={world} {label:12s} M={M:<6d} {impl:21s} {ms:9.4f} ms "
                       f"{row['tflops']:7.1f} TF/s {row['gbps']:7.1f} GB/s", flush=True)
-        del calls, outputs
+        del calls, checks
         torch.cuda.empty_cache()
     torch_dist.finish(f)
     sys.exit(1 if failed else 0)
