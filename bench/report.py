@@ -187,8 +187,8 @@ def shape_cells(family, r):
 
 def markdown(family, rows, device, commit, date):
     f = FAMILIES[family]
-    md = [f"# {f['title']}", "", f"{device}; commit {commit}; {date}.", "", f["protocol"],
-          "Ratios are time ratios, ours / the other: below 1, ours is faster.", ""]
+    md = [f"# {f['title']}", "", f"{device}; commit {commit}; {date}.", "",
+          f["protocol"] + " Ratios are time ratios, ours / the other: below 1, ours is faster.", ""]
     summary = []
     for op, world, shapes in tables(family, rows):
         present = {i for _, g in shapes for i in g}
@@ -201,9 +201,12 @@ def markdown(family, rows, device, commit, date):
         head += [f"ours {f['rate_name']}", "vs best baseline"]
         if has_floor:
             head.append("vs floor")
-        head.append("ours ran")
+        show_ran = any((g.get(OURS) or {}).get("algo") for _, g in shapes)
+        if show_ran:
+            head.append("ours ran")
         gpus = "1 GPU" if world == 1 else f"{world} {f.get('world_name', 'GPUs')}"
-        aligns = ["---"] * len(f["columns"]) + ["---:"] * (len(head) - len(f["columns"]) - 1) + ["---"]
+        aligns = ["---"] * len(f["columns"]) + ["---:"] * (len(head) - len(f["columns"]) - show_ran)
+        aligns += ["---"] * show_ran
         md += [f"## {op}, {gpus}", "", "| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
         vs_best, vs_floor = [], []
         for _, g in shapes:
@@ -231,7 +234,8 @@ def markdown(family, rows, device, commit, date):
             if ran in ("fused", "decomposed") and tf and td:
                 faster = "fused" if tf <= td else "decomposed"
                 ran += "" if faster == ran else f" (faster: {faster})"
-            cells.append(ran)
+            if show_ran:
+                cells.append(ran)
             md.append("| " + " | ".join(cells) + " |")
         md.append("")
         summary.append((op, world, len(shapes), geomean(vs_best), vs_best, geomean(vs_floor)))

@@ -66,11 +66,13 @@ class Args {
     return it == values_.end() ? fallback : it->second;
   }
   double num(const std::string& name, double fallback) {
-    const std::string v = str(name, "");
-    if (v.empty()) return fallback;
+    seen_.push_back(name);
+    auto it = values_.find(name);
+    if (it == values_.end()) return fallback;
+    const std::string& v = it->second;
     char* end = nullptr;
     const double d = std::strtod(v.c_str(), &end);
-    if (*end != '\0') fail("--" + name + " takes a number, not " + v);
+    if (v.empty() || *end != '\0') fail("--" + name + " takes a number, not '" + v + "'");
     return d;
   }
   bool flag(const std::string& name) {
