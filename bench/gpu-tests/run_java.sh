@@ -53,7 +53,8 @@ esac
 mkdir -p "$stage"
 [ -d "$repo/.sparkbundle" ] && cp "$repo"/.sparkbundle/p*/bundle.part.* "$stage/" 2>/dev/null
 if [ ! -d "$home/bundle" ]; then
-  (cd "$home" && cat stage/bundle.part.* | tar -xJf -) || { echo "bundle incomplete: $(ls "$stage")"; exit 3; }
+  (cd "$home" && cat stage/bundle.part.* | tar -xJf -) ||
+    { rm -rf "$home/bundle"; echo "bundle incomplete: $(ls "$stage")"; exit 3; }
 fi
 # shellcheck disable=SC1091  # made by make_spark_bundle.sh
 source "$home/bundle/env.sh"
