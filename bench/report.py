@@ -185,10 +185,28 @@ def shape_cells(family, r):
     return cells
 
 
+PARTIALS = {"f32": "fp32 partial products (rounded once)", "bf16": "bf16 partial products",
+            "f32any": "fp32 partial products summed in any order"}
+
+
+def notes(rows):
+    """What the rows say about how they were measured: the rounds, ours' partial precision."""
+    out = []
+    rounds = max((len(r.get("ms_repeats") or []) for r in rows), default=0)
+    if rounds > 1:
+        out.append(f"Each time is the median of {rounds} rounds, run in alternating order.")
+    used = sorted({r["partials"] for r in rows if r.get("partials") and r["impl"].startswith(OURS)})
+    if used:
+        out.append("gemmReduceScatter and gemmAllReduce: ours reduces "
+                   + "; ".join(PARTIALS.get(p, p) for p in used) + ", the baselines bf16 ones.")
+    return out
+
+
 def markdown(family, rows, device, commit, date):
     f = FAMILIES[family]
     md = [f"# {f['title']}", "", f"{device}; commit {commit}; {date}.", "",
-          f["protocol"] + " Ratios are time ratios, ours / the other: below 1, ours is faster.", ""]
+          " ".join([f["protocol"], *notes(rows), "Ratios are time ratios, ours / the other: below 1, "
+                    "ours is faster."]), ""]
     summary = []
     for op, world, shapes in tables(family, rows):
         present = {i for _, g in shapes for i in g}

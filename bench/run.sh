@@ -12,6 +12,13 @@
 #                    <build>/bench/bin); else built into FC_BENCH_BUILD
 #   FC_BENCH_BUILD   build folder (default ${TMPDIR:-/tmp}/fusedcomm-bench-build)
 #   FC_BENCH_WORLDS  world sizes, e.g. "2" or "2 4 8"
+#   FC_BENCH_ROUNDS  rounds of the multi-GPU families (default 1), in alternating order (ours,
+#                    the baselines, the baselines, ours, ...): a GPU warms through a run and its
+#                    power cap lowers its clock, so whoever runs first gets the cooler GPU; the
+#                    report takes the median over the rounds
+#   FC_RS_PARTIALS   partial products of ours' gemmReduceScatter / gemmAllReduce: bf16 (default,
+#                    the baselines' precision, so that the tables compare like with like), f32
+#                    (the API's default) or f32any
 #   FC_HOST_KIND     the host kind named in the rows' device field (e.g. nvidia-h200-x2)
 #   FC_COMMIT        the commit measured (default: the checkout's HEAD, else "unknown")
 # Exit status 0 when every step ran and passed its checks; 1 otherwise (the tables then hold
@@ -94,22 +101,35 @@ run_gemm() {
     step gemm 600 "$bin/gemm_bench" --shapes "$shapes/gemm.txt" --out "$out/rows/gemm.jsonl"
   fi
 }
-run_collectives() {
+# rounds OURS THEIRS: per world size and round, the two functions (argument: the world size;
+# $tag names the round's files), in alternating order.
+rounds() {
+  local ours=$1 theirs=$2 w k
   for w in "${worlds[@]}"; do
-    step "collectives-w$w-fusedcomm" 300 "$bin/coll_bench" --world "$w" --shapes "$shapes/collectives.txt" \
-      --out "$out/rows/collectives-fusedcomm-w$w.jsonl"
-    step "collectives-w$w-nccl" 300 "${torchrun[@]}" --nproc-per-node "$w" "$here/collectives/nccl_bench.py" \
-      --shapes "$shapes/collectives.txt" --out "$out/rows/collectives-nccl-w$w.jsonl"
+    for k in $(seq 1 "${FC_BENCH_ROUNDS:-1}"); do
+      tag=w$w-r$k
+      if [ $((k % 2)) = 1 ]; then "$ours" "$w"; "$theirs" "$w"; else "$theirs" "$w"; "$ours" "$w"; fi
+    done
   done
 }
-run_fused() {
-  for w in "${worlds[@]}"; do
-    step "fused-w$w-fusedcomm" 500 "$bin/fused_bench" --world "$w" --shapes "$shapes/fused.txt" \
-      --out "$out/rows/fused-fusedcomm-w$w.jsonl"
-    step "fused-w$w-torch" 500 "${torchrun[@]}" --nproc-per-node "$w" "$here/fused/torch_fused.py" \
-      --shapes "$shapes/fused.txt" --out "$out/rows/fused-torch-w$w.jsonl"
-  done
+coll_ours() {
+  step "collectives-$tag-fusedcomm" 300 "$bin/coll_bench" --world "$1" --shapes "$shapes/collectives.txt" \
+    --out "$out/rows/collectives-fusedcomm-$tag.jsonl"
 }
+coll_nccl() {
+  step "collectives-$tag-nccl" 300 "${torchrun[@]}" --nproc-per-node "$1" "$here/collectives/nccl_bench.py" \
+    --shapes "$shapes/collectives.txt" --out "$out/rows/collectives-nccl-$tag.jsonl"
+}
+fused_ours() {
+  step "fused-$tag-fusedcomm" 500 "$bin/fused_bench" --world "$1" --shapes "$shapes/fused.txt" \
+    --rs-partials "${FC_RS_PARTIALS:-bf16}" --out "$out/rows/fused-fusedcomm-$tag.jsonl"
+}
+fused_torch() {
+  step "fused-$tag-torch" 500 "${torchrun[@]}" --nproc-per-node "$1" "$here/fused/torch_fused.py" \
+    --shapes "$shapes/fused.txt" --out "$out/rows/fused-torch-$tag.jsonl"
+}
+run_collectives() { rounds coll_ours coll_nccl; }
+run_fused() { rounds fused_ours fused_torch; }
 run_transport() {
   step transport 300 "$bin/transport_bench" --shapes "$shapes/transport.txt" --out "$out/rows/transport.jsonl"
 }

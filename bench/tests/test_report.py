@@ -71,6 +71,15 @@ class ReportTest(unittest.TestCase):
         self.assertIn("## allGatherGemm, 2 GPUs", md)
         self.assertNotIn("fusedcomm_gemm_only ms", md)  # the floor's parts are not columns
 
+    def test_fused_rounds_and_partials_are_stated(self):
+        shape = dict(m=2048, n=8192, k=14336)
+        rows = [row("fused", "gemmReduceScatter", impl, 2, shape, t, label="llama3-70b", partials="bf16")
+                for impl, t in (("fusedcomm", 1.0), ("fusedcomm", 1.1), ("torch_serial", 1.2), ("torch_serial", 1.3))]
+        _, rows_out, md = self.run_report("fused", rows)
+        self.assertEqual(len(rows_out), 2)
+        self.assertIn("median of 2 rounds", md)
+        self.assertIn("ours reduces bf16 partial products", md)
+
     def test_gemm_repeats_merge_and_json_array_input(self):
         shape = dict(m=8192, n=8192, k=8192, layout="nk")
         rows = [row("gemm", "gemm", "fusedcomm", 1, shape, t, label="square", tflops=1100 / t)
