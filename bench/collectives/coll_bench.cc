@@ -1,0 +1,237 @@
+// coll_bench: our collectives (launch_collective) among one forked process per GPU, bf16, on the
+// ops and sizes of a list. For each (op, size): the input written with check values, the output
+// poisoned, one launch checked on every rank (reductions exact: check.h's values sum exactly),
+// then timed: 5 warm-up launches, then 10 batches of `iters` back-to-back launches between CUDA
+// events on rank 0 (a barrier before each batch); the row holds the median of the batches'
+// per-launch means, and busbw as nccl-tests counts it. nccl_bench.py times NCCL the same way.
+//
+// The input sits in the symmetric memory's data area, as the runtime places it; the output in
+// ordinary device memory, except allReduce, which runs in place (as NCCL's in nccl_bench.py)
+// unless --out-of-place. The algorithm is the automatic choice (impl "fusedcomm") or, with
+// --algo, forced (impl "fusedcomm_<algo>").
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/common/bench_util.h"
+#include "bench/common/check.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "kernels/collectives/collectives.h"
+#include "support/process_group.h"
+
+namespace b = fusedcomm::bench;
+namespace k = fusedcomm::kernels;
+
+namespace {
+
+const char* kUsage =
+    "usage: coll_bench --world W --shapes FILE [--out ROWS.jsonl] [--algo NAME] [--out-of-place]\n"
+    "  FILE: one op per line, \"<op> <bytes>...\" (bench/shapes/collectives.txt); op: allGather,\n"
+    "  reduceScatter, allReduce or allToAll; bytes as nccl-tests counts them (allGather: the\n"
+    "  output, reduceScatter: the input, allToAll: the input per rank).\n"
+    "  --algo: one-shot, two-phase, push, pipelined or direct (allReduce in place only) instead of\n"
+    "  the automatic choice. Rows go to --out as JSON lines (rank 0).\n"
+    "  Exit 0: every check passed; 1: a mismatch or an error; 77: fewer than W GPUs.\n";
+
+struct OpSizes {
+  std::string name;
+  k::CommOp op;
+  std::vector<int64_t> bytes;
+};
+
+std::vector<OpSizes> read_shapes(const std::string& path) {
+  std::vector<OpSizes> v;
+  for (const auto& w : b::read_shape_lines(path)) {
+    OpSizes o{w[0], k::CommOp::kAllGather, {}};
+    if (w[0] == "allGather") o.op = k::CommOp::kAllGather;
+    else if (w[0] == "reduceScatter") o.op = k::CommOp::kReduceScatter;
+    else if (w[0] == "allReduce") o.op = k::CommOp::kAllReduce;
+    else if (w[0] == "allToAll") o.op = k::CommOp::kAllToAll;
+    else throw std::runtime_error(path + ": unknown op " + w[0]);
+    for (size_t i = 1; i < w.size(); ++i) o.bytes.push_back(std::stoll(w[i]));
+    v.push_back(o);
+  }
+  return v;
+}
+
+struct AlgoName {
+  const char* name;
+  k::CommAlgo algo;
+};
+constexpr AlgoName kAlgos[] = {{"auto", k::CommAlgo::kAuto},          {"one-shot", k::CommAlgo::kOneShot},
+                               {"two-phase", k::CommAlgo::kTwoPhase}, {"push", k::CommAlgo::kTwoPhasePush},
+                               {"pipelined", k::CommAlgo::kPipelined}, {"direct", k::CommAlgo::kDirect}};
+
+const char* algo_name(k::CommAlgo a) {
+  for (const AlgoName& n : kAlgos) {
+    if (n.algo == a) return n.name;
+  }
+  return "?";
+}
+
+struct Options {
+  int world = 2;
+  std::vector<OpSizes> ops;
+  std::string out;
+  std::string algo = "auto";
+  k::CommAlgo algo_code = k::CommAlgo::kAuto;
+  bool out_of_place = false;
+};
+
+int64_t split_offset(int64_t n, int w, int r) { return r * (n / w) + (r < n % w ? r : n % w); }
+
+int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
+  const int W = g.world, r = g.rank;
+  FC_BENCH_CUDA(cudaSetDevice(r));
+  int64_t max_bytes = 0;
+  for (const OpSizes& s : o.ops) {
+    for (int64_t x : s.bytes) max_bytes = std::max(max_bytes, x);
+  }
+  fusedcomm::SymmetricConfig cfg;
+  cfg.data_bytes = static_cast<uint64_t>(max_bytes) + 4096;
+  auto sm = std::make_unique<fusedcomm::SymmetricMemory>(r, W, cfg);
+  sm->connect(g.all_gather(sm->export_handle()));
+  const k::CommDevice& dev = sm->device();
+  void* out = nullptr;
+  FC_BENCH_CUDA(cudaMalloc(&out, max_bytes + 4096));
+  cudaStream_t st;
+  FC_BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t ev0, ev1;
+  FC_BENCH_CUDA(cudaEventCreate(&ev0));
+  FC_BENCH_CUDA(cudaEventCreate(&ev1));
+  b::RowWriter rows(r == 0 ? o.out : "");
+  const std::string impl = o.algo == "auto" ? "fusedcomm" : "fusedcomm_" + o.algo;
+  int failed = 0;
+  for (const OpSizes& s : o.ops) {
+    const bool is_ar = s.op == k::CommOp::kAllReduce;
+    if (o.algo_code == k::CommAlgo::kDirect && (!is_ar || o.out_of_place)) continue;
+    for (const int64_t bytes : s.bytes) {
+      const bool in_place = is_ar && !o.out_of_place;
+      k::CollectiveArgs a;
+      a.op = s.op;
+      a.dtype = k::CommDtype::kBF16;
+      a.count = bytes / 2;
+      a.output = in_place ? sm->data() : out;
+      a.algo = o.algo_code;
+      // The check: this rank's input at the data area's start, the output poisoned.
+      const int64_t n_in = k::collective_input_count(s.op, a.count, W, r);
+      const int64_t first = s.op == k::CommOp::kAllGather ? split_offset(a.count, W, r) : 0;
+      b::fill_pattern(static_cast<__nv_bfloat16*>(sm->data()), n_in, first, r, st);
+      if (!in_place) {
+        const int64_t n_out = k::collective_output_count(s.op, a.count, W, r);
+        FC_BENCH_CUDA(cudaMemsetAsync(out, 0xFF, n_out * 2, st));  // bf16 NaN
+      }
+      FC_BENCH_CUDA(cudaStreamSynchronize(st));
+      g.barrier();
+      const cudaError_t launched = k::launch_collective(dev, a, st);
+      if (launched == cudaErrorInvalidValue && o.algo_code != k::CommAlgo::kAuto) {
+        // A forced algorithm outside its domain (a one-shot payload over a slot, ...): no row.
+        cudaGetLastError();
+        if (r == 0) std::printf("%-14s W=%d %11lld B  %s: not available at this size\n", s.name.c_str(),
+                                W, static_cast<long long>(bytes), o.algo.c_str());
+        continue;
+      }
+      FC_BENCH_CUDA(launched);
+      FC_BENCH_CUDA(cudaStreamSynchronize(st));
+      sm->raise_if_failed();
+      const b::Mismatch m =
+          b::check_collective(static_cast<int>(s.op), static_cast<const __nv_bfloat16*>(a.output),
+                              a.count, W, r, st);
+      std::vector<uint8_t> mine(sizeof m);
+      std::memcpy(mine.data(), &m, sizeof m);
+      const auto all = g.all_gather(mine);
+      bool ok = true;
+      for (int p = 0; p < W; ++p) {
+        b::Mismatch q;
+        std::memcpy(&q, all[p].data(), sizeof q);
+        if (q.count == 0) continue;
+        ok = false;
+        if (r == 0) {
+          std::printf("%-14s W=%d %11lld B  check FAILED on rank %d: %lld mismatches, first out[%lld] = %g, "
+                      "expected %g\n", s.name.c_str(), W, static_cast<long long>(bytes), p,
+                      static_cast<long long>(q.count), static_cast<long long>(q.index), q.got, q.want);
+        }
+      }
+      if (!ok) {
+        ++failed;
+        continue;
+      }
+      const int iters = bytes <= (1 << 20) ? 200 : bytes <= (64 << 20) ? 20 : 5;
+      const int batches = 10;
+      for (int i = 0; i < 5; ++i) FC_BENCH_CUDA(k::launch_collective(dev, a, st));
+      FC_BENCH_CUDA(cudaStreamSynchronize(st));
+      std::vector<double> per;
+      for (int i = 0; i < batches; ++i) {
+        g.barrier();
+        FC_BENCH_CUDA(cudaEventRecord(ev0, st));
+        for (int j = 0; j < iters; ++j) FC_BENCH_CUDA(k::launch_collective(dev, a, st));
+        FC_BENCH_CUDA(cudaEventRecord(ev1, st));
+        FC_BENCH_CUDA(cudaEventSynchronize(ev1));
+        float ms = 0;
+        FC_BENCH_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
+        per.push_back(ms / iters);
+      }
+      sm->raise_if_failed();
+      const double med = b::median(per);
+      const double algbw = bytes / (med * 1e-3) / 1e9;
+      const double bus = is_ar ? 2.0 * (W - 1) / W : double(W - 1) / W;
+      const char* ran = algo_name(k::collective_choose_algo(dev, a));
+      if (r == 0) {
+        b::Row shape;
+        shape.integer("bytes", bytes);
+        b::Row row;
+        row.str("family", "collectives").str("op", s.name).str("impl", impl).integer("world", W)
+            .obj("shape", shape).str("dtype", "bf16").num("ms_median", med).null("tflops")
+            .num("gbps", algbw * bus).num("algbw", algbw).str("algo", ran)
+            .str("placement", in_place ? "in-place" : "out-of-place");
+        rows.write(row);
+        std::printf("%-14s W=%d %11lld B  check passed  %9.4f ms  busbw %7.1f GB/s  (%s)\n",
+                    s.name.c_str(), W, static_cast<long long>(bytes), med, algbw * bus, ran);
+        std::fflush(stdout);
+      }
+    }
+  }
+  g.barrier();
+  FC_BENCH_CUDA(cudaFree(out));
+  sm->close();
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  b::Args args(argc, argv, kUsage);
+  Options o;
+  o.world = static_cast<int>(args.num("world", 2));
+  const std::string shapes = args.str("shapes", "");
+  o.out = args.str("out", "");
+  o.algo = args.str("algo", "auto");
+  o.out_of_place = args.flag("out-of-place");
+  args.done();
+  if (shapes.empty()) args.fail("--shapes is required");
+  if (o.world < 1 || o.world > k::kCommMaxRanks) args.fail("--world must be 1..8");
+  bool known = false;
+  for (const AlgoName& n : kAlgos) {
+    if (o.algo == n.name) o.algo_code = n.algo, known = true;
+  }
+  if (!known) args.fail("unknown --algo " + o.algo);
+  try {
+    o.ops = read_shapes(shapes);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "coll_bench: %s\n", e.what());
+    return 1;
+  }
+  const int gpus = b::count_gpus_in_child();
+  if (gpus < o.world) {
+    std::printf("SKIP: --world %d needs %d GPUs, %d visible\n", o.world, o.world, gpus);
+    return 77;
+  }
+  const int failed = fusedcomm::testing::run_processes(
+      o.world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, o); }, 500);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Fused-op baselines (torch.distributed, one process per GPU, bf16) on fused_bench's shape list,
+timed as fused_bench.cc times ours (2 warm-up calls, one timed call that sizes the batches, each
+impl run back to back for --sustain-ms, then --batches batches of back-to-back calls between CUDA
+events on rank 0, a barrier and a sync before each; the median of the per-call batch means).
+
+impls per (op, shape):
+  torch_serial      cuBLAS + NCCL on one stream: all_gather_into_tensor then A @ W.t()
+                    (allGatherGemm); A @ W.t() then reduce_scatter_tensor (gemmReduceScatter,
+                    bf16 partials, as NCCL sums them); A @ W.t() then all_reduce (gemmAllReduce)
+  torch_symm_mem    PyTorch symmetric memory's fused ops, multicast off:
+                    _fused_all_gather_matmul, _fused_matmul_reduce_scatter; gemmAllReduce (no
+                    fused op in torch): A @ W.t() into a symmetric buffer, then
+                    torch.ops.symm_mem.two_shot_all_reduce_
+  cublas_gemm_only  the cuBLAS GEMM alone (this rank's local shape)
+  nccl_comm_only    the NCCL collective alone (bf16)
+Each op impl's output is checked against an fp32 reference before it is timed.
+
+  torchrun --nproc-per-node W torch_fused.py --shapes bench/shapes/fused.txt --out rows.jsonl
+
+NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 must be set (run.sh does).
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import torch_dist  # noqa: E402
+
+OPS = {"ag": "allGatherGemm", "rs": "gemmReduceScatter", "ar": "gemmAllReduce"}
+
+
+def read_shapes(path, world, ops):
+    """(op, label, M, N, K) with N (allGatherGemm) or K (the others) split over the world."""
+    out = []
+    for line in open(path):
+        w = line.split("#")[0].split()
+        if not w:
+            continue
+        if len(w) != 5 or w[0] not in OPS.values():
+            raise SystemExit(f"{path}: expected '<op> <label> <M> <N> <K>', got {line!r}")
+        op, label, m, n, k = w[0], w[1], int(w[2]), int(w[3]), int(w[4])
+        if op not in ops:
+            continue
+        if op == "allGatherGemm":
+            n //= world
+        else:
+            k //= world
+        out.append((op, label, m, n, k))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", required=True)
+    ap.add_argument("--out", required=True, help="rows as JSON lines (rank 0)")
+    ap.add_argument("--ops", default="ag,rs,ar", help="any of ag, rs, ar")
+    ap.add_argument("--batch-ms", type=float, default=25.0)
+    ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--sustain-ms", type=float, default=500.0,
+                    help="each impl back to back this long before its batches (0: none)")
+    args = ap.parse_args()
+    ops = {OPS[x] for x in args.ops.split(",") if x in OPS}
+
+    import torch
+    import torch.distributed as dist
+    torch.backends.cuda.matmul.allow_tf32 = False  # the references are fp32
+    rank, world, dev = torch_dist.init()
+    shapes = read_shapes(args.shapes, world, ops)
+    group_name = dist.group.WORLD.group_name
+    try:
+        import torch.distributed._symmetric_memory as symm
+        if hasattr(symm, "enable_symm_mem_for_group"):
+            symm.enable_symm_mem_for_group(group_name)
+    except Exception as e:  # the rows then lack torch_symm_mem; the log says why
+        print(f"rank {rank}: symmetric memory unavailable: {e!r}", file=sys.stderr)
+        symm = None
+    f = open(args.out, "w") if rank == 0 else None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(1234 + rank)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, device=dev, dtype=torch.float32).mul_(2).sub_(1).to(torch.bfloat16)
+
+    def time_call(call):
+        for _ in range(2):
+            call()
+        torch.cuda.synchronize()
+        dist.barrier()
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        est = torch.tensor([start.elapsed_time(end)], device=dev)
+        dist.broadcast(est, 0)
+        one = max(est.item(), 1e-3)
+        iters = int(min(200, max(1, args.batch_ms / one)))
+        if args.sustain_ms > 0:
+            torch.cuda.synchronize()
+            dist.barrier()
+            for _ in range(int(args.sustain_ms / one) + 1):
+                call()
+        per = []
+        for _ in range(args.batches):
+            torch.cuda.synchronize()
+            dist.barrier()
+            start.record()
+            for _ in range(iters):
+                call()
+            end.record()
+            end.synchronize()
+            per.append(start.elapsed_time(end) / iters)
+        per.sort()
+        return per[len(per) // 2], iters
+
+    failed = 0
+    for op, label, M, N, K in shapes:
+        is_ag, is_ar = op == "allGatherGemm", op == "gemmAllReduce"
+        flops = 2.0 * M * N * K
+        wire = (2 if is_ar else 1) * (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
+        w = rand(N, K)  # a linear layer's weight: C = A @ w.t()
+        # calls: impl -> the call; checks: op impl -> (its output buffer, poisoned before the
+        # check, or None; the output from the call's return value).
+        calls, checks = {}, {}
+        if is_ag:
+            a_shard = rand(M // world, K)
+            a_full = torch.empty(M, K, device=dev, dtype=torch.bfloat16)
+            c = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+
+            def serial():
+                dist.all_gather_into_tensor(a_full, a_shard)
+                torch.matmul(a_full, w.t(), out=c)
+
+            calls["torch_serial"], checks["torch_serial"] = serial, (c, lambda _: c)
+            if symm is not None:
+                calls["torch_symm_mem"] = lambda: symm._fused_all_gather_matmul(a_shard, [w.t()], 0, group_name)
+                checks["torch_symm_mem"] = (None, lambda res: res[1][0])
+            calls["cublas_gemm_only"] = lambda: torch.matmul(a_full, w.t(), out=c)
+            calls["nccl_comm_only"] = lambda: dist.all_gather_into_tensor(a_full, a_shard)
+            dist.all_gather_into_tensor(a_full, a_shard)  # the reference's gathered A (a bit copy)
+            ref, absdot = a_full.float() @ w.float().t(), a_full.float().abs() @ w.float().abs().t()
+            partial_rel = 0.0
+        else:
+            a = rand(M, K)
+            p = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+            ref, absdot = a.float() @ w.float().t(), a.float().abs() @ w.float().abs().t()
+            dist.all_reduce(ref)
+            dist.all_reduce(absdot)
+            # NCCL sums bf16 partials in bf16 steps: up to one rounding per rank.
+            partial_rel = world / 512
+            if is_ar:
+                def serial():
+                    torch.matmul(a, w.t(), out=p)
+                    dist.all_reduce(p)
+
+                calls["torch_serial"], checks["torch_serial"] = serial, (p, lambda _: p)
+                if symm is not None:
+                    try:
+                        p_symm = symm.empty(M, N, device=dev, dtype=torch.bfloat16)
+                        symm.rendezvous(p_symm, group_name)
+
+                        def symm_ar():
+                            torch.matmul(a, w.t(), out=p_symm)
+                            torch.ops.symm_mem.two_shot_all_reduce_(p_symm, "sum", group_name)
+
+                        calls["torch_symm_mem"], checks["torch_symm_mem"] = symm_ar, (p_symm, lambda _: p_symm)
+                    except Exception as e:  # e.g. an older torch: the serial baseline remains
+                        print(f"rank {rank}: no symm_mem allReduce for {label}: {e!r}", file=sys.stderr)
+                calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
+                calls["nccl_comm_only"] = lambda: dist.all_reduce(p)
+            else:
+                out = torch.empty(M // world, N, device=dev, dtype=torch.bfloat16)
+                rows = slice(rank * (M // world), (rank + 1) * (M // world))
+                ref, absdot = ref[rows].contiguous(), absdot[rows].contiguous()
+
+                def serial():
+                    torch.matmul(a, w.t(), out=p)
+                    dist.reduce_scatter_tensor(out, p)
+
+                calls["torch_serial"], checks["torch_serial"] = serial, (out, lambda _: out)
+                if symm is not None:
+                    calls["torch_symm_mem"] = lambda: symm._fused_matmul_reduce_scatter(a, w.t(), "sum", 0, group_name)
+                    checks["torch_symm_mem"] = (None, lambda res: res)
+                calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
+                calls["nccl_comm_only"] = lambda: dist.reduce_scatter_tensor(out, p)
+        # The check: each op impl once, output poisoned first, every rank, before any timing.
+        bad_impls = []
+        for impl, (buf, output) in checks.items():
+            try:
+                if buf is not None:
+                    buf.fill_(float("nan"))
+                got = output(calls[impl]())
+                torch.cuda.synchronize()
+                bad = int((~((got.float() - ref).abs() <= 8e-3 * ref.abs() + (2e-5 + partial_rel) * absdot + 1e-6)).sum())
+            except Exception as e:
+                print(f"rank {rank}: {impl} {op} {label} failed: {e!r}", file=sys.stderr)
+                bad = -1
+            t = torch.tensor([bad != 0], device=dev, dtype=torch.int32)
+            dist.all_reduce(t)
+            if t.item():
+                bad_impls.append(impl)
+                if f:
+                    print(f"{op:18s} W={world} {label:12s} M={M:<6d} {impl}: check FAILED", flush=True)
+        del ref, absdot
+        for impl in bad_impls:
+            del calls[impl]
+        failed += len(bad_impls)
+        for impl, call in calls.items():
+            ms, iters = time_call(call)
+            mine = torch.tensor([ms], dtype=torch.float64, device=dev)
+            ranks = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(ranks, mine)
+            if f:
+                row = dict(family="fused", op=op, impl=impl, world=world, shape=dict(m=M, n=N, k=K),
+                           dtype="bf16", ms_median=ms, tflops=flops / (ms * 1e-3) / 1e12,
+                           gbps=wire / (ms * 1e-3) / 1e9, label=label, iters=iters,
+                           batches=args.batches, sustain_ms=args.sustain_ms,
+                           ms_ranks=[t.item() for t in ranks], torch=torch.__version__,
+                           nccl=".".join(map(str, torch.cuda.nccl.version())))
+                if op != "allGatherGemm" and impl in checks:
+                    row["partials"] = "bf16"
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                print(f"{op:18s} W={world} {label:12s} M={M:<6d} {impl:21s} {ms:9.4f} ms "
+                      f"{row['tflops']:7.1f} TF/s {row['gbps']:7.1f} GB/s", flush=True)
+        del calls, checks
+        torch.cuda.empty_cache()
+    torch_dist.finish(f)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

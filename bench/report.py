@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Joins a family's result rows into its table: OUT_DIR/<family>.json (every row, stamped with
+device, gpus, commit and date), OUT_DIR/<family>.md (one table per op and world size, with the
+ratio of ours to the best baseline and, where the family has one, to the floor) and
+OUT_DIR/<family>.png (one plot; skipped with a message where matplotlib is missing).
+
+  report.py --family fused --out-dir DIR [--device NAME] [--gpus N] [--commit SHA] ROWS...
+
+ROWS: JSON-lines files of rows (the drivers' --out) or JSON arrays (an earlier <family>.json);
+a missing file is skipped. Rows measured more than once (same op, impl, world, shape) become one,
+with the median time. Ratios are time ratios, ours / the other: below 1, ours is faster.
+The row schema is bench/README.md's.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+
+# Per family: the title, the protocol sentence, the shape columns, the rate shown and plotted,
+# the complete-op baselines, and the parts whose times give the floor (fused only).
+FAMILIES = {
+    "gemm": dict(
+        title="GEMM: fusedcomm vs cuBLAS",
+        protocol="bf16 in, fp32 accumulation, bf16 out, one GPU. Ours (through ctypes) and cuBLAS "
+                 "(torch.matmul) interleaved in one process on the same random tensors: alternating "
+                 "rounds of back-to-back launches, one CUDA event pair per launch; medians. Every "
+                 "output checked element by element against an fp32 reference before timing.",
+        columns=("label", "m", "n", "k", "layout"), rate="tflops", rate_name="TFLOP/s",
+        baselines=("cublas",), parts=None, xlog=False),
+    "collectives": dict(
+        title="Collectives: fusedcomm vs NCCL",
+        protocol="bf16, one process per GPU. Medians of 10 batches of back-to-back calls (CUDA "
+                 "events, rank 0) after 5 warm-up calls; every (op, size) checked once first. NCCL "
+                 "through torch.distributed with NCCL_NVLS_ENABLE=0; allReduce in place on both "
+                 "sides. Sizes and busbw as nccl-tests counts them.",
+        columns=("bytes",), rate="gbps", rate_name="busbw GB/s",
+        baselines=("nccl",), parts=None, xlog=True),
+    "fused": dict(
+        title="Fused GEMM + communication: fusedcomm vs baselines",
+        protocol="bf16 in, fp32 accumulation. One process per GPU; each impl run back to back for a "
+                 "while (its sustained clock), then batches of back-to-back launches between CUDA "
+                 "events on rank 0; medians. Shapes: Llama-3 MLP layers under tensor parallelism "
+                 "TP = world (allGatherGemm: gate+up projection, N split; gemmReduceScatter and "
+                 "gemmAllReduce: down projection, K split); m, n, k are a rank's. TFLOP/s per GPU. "
+                 "Baselines: cuBLAS + NCCL on one stream (torch serial) and PyTorch symmetric "
+                 "memory's fused ops (multicast off). Floor: max(GEMM alone, exchange alone), each "
+                 "the faster of ours and cuBLAS / NCCL. Every op path checked against an fp32 "
+                 "reference before timing.",
+        columns=("label", "m", "n", "k"), rate="tflops", rate_name="TFLOP/s",
+        baselines=("torch_serial", "torch_symm_mem"),
+        parts=(("fusedcomm_gemm_only", "cublas_gemm_only"), ("fusedcomm_comm_only", "nccl_comm_only")),
+        xlog=False),
+    "transport": dict(
+        title="Socket transport: fusedcomm vs plain TCP (loopback)",
+        protocol="Two ranks of one host over 127.0.0.1. Ours: one-sided writes with a signal per "
+                 "message through the socket transport (the runtime's default receiver threads and "
+                 "busy-poll window); tcp: the same bytes through one pair of blocking sockets. "
+                 "Median of 5 batches of at least 256 MiB per direction; GB/s per direction.",
+        columns=("bytes",), rate="gbps", rate_name="GB/s",
+        baselines=("tcp",), parts=None, xlog=True, world_name="ranks"),
+}
+OURS = "fusedcomm"
+
+
+def human_bytes(b):
+    for unit, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= s and b % s == 0:
+            return f"{b // s} {unit}"
+    return f"{b} B"
+
+
+def read_rows(paths):
+    rows = []
+    for p in paths:
+        if not os.path.exists(p):
+            print(f"report: {p} missing, skipped", file=sys.stderr)
+            continue
+        text = open(p).read().strip()
+        if not text:
+            continue
+        if text.startswith("["):
+            rows += json.loads(text)
+        else:
+            rows += [json.loads(line) for line in text.splitlines() if line.strip()]
+    return rows
+
+
+def ok(r):
+    return r is not None and isinstance(r.get("ms_median"), (int, float)) and math.isfinite(r["ms_median"])
+
+
+def shape_key(r):
+    return json.dumps(r.get("shape", {}), sort_keys=True), r.get("label", "")
+
+
+def merge(rows):
+    """Rows of one (op, impl, world, shape, partials) measured more than once: one row with the
+    median time (rates rescaled to it) and every time in ms_repeats. First-seen order."""
+    groups, order = {}, []
+    for r in rows:
+        k = (r.get("op"), r.get("impl"), r.get("world"), shape_key(r), r.get("partials"))
+        if k not in groups:
+            groups[k] = []
+            order.append(k)
+        groups[k].append(r)
+    out = []
+    for k in order:
+        g = [r for r in groups[k] if ok(r)] or groups[k]
+        m = dict(g[0])
+        if len(g) > 1:
+            times = [r["ms_median"] for r in g]
+            m["ms_median"] = statistics.median(times)
+            m["ms_repeats"] = times
+            for rate in ("tflops", "gbps"):
+                if isinstance(g[0].get(rate), (int, float)):
+                    m[rate] = g[0][rate] * g[0]["ms_median"] / m["ms_median"]
+        out.append(m)
+    return out
+
+
+def fmt(x, d=3):
+    return "-" if x is None else f"{x:.{d}f}"
+
+
+def geomean(xs):
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else None
+
+
+def tables(family, rows):
+    """The per-(op, world) groups: [(op, world, [(shape_key, {impl: row})])], first-seen order."""
+    groups, order = {}, []
+    for r in rows:
+        k = (r["op"], r["world"])
+        if k not in groups:
+            groups[k] = {}
+            order.append(k)
+        groups[k].setdefault(shape_key(r), {})[r["impl"]] = r
+    return [(op, w, list(groups[(op, w)].items())) for op, w in order]
+
+
+def impl_order(family, present):
+    """Ours, our forced paths, the baselines, then anything else (the floor's parts excluded)."""
+    f = FAMILIES[family]
+    parts = [p for pair in f["parts"] or () for p in pair]
+    ours = [OURS] if OURS in present else []
+    first = [OURS + "_fused", OURS + "_decomposed"]  # the fused ops' forced paths, in this order
+    forced = [i for i in first if i in present]
+    forced += sorted(i for i in present if i.startswith(OURS + "_") and i not in parts + first)
+    base = [b for b in f["baselines"] if b in present]
+    rest = sorted(i for i in present if i not in parts and i not in ours + forced + base)
+    return ours + forced + base + rest
+
+
+def ms(g, impl):
+    r = g.get(impl)
+    return r["ms_median"] if ok(r) else None
+
+
+def best(*xs):
+    xs = [x for x in xs if x is not None]
+    return min(xs) if xs else None
+
+
+def floor_ms(family, g):
+    parts = FAMILIES[family]["parts"]
+    if not parts:
+        return None
+    t = [best(*(ms(g, i) for i in pair)) for pair in parts]
+    return max(t) if all(x is not None for x in t) else None
+
+
+def shape_cells(family, r):
+    s = r.get("shape", {})
+    cells = []
+    for c in FAMILIES[family]["columns"]:
+        if c == "label":
+            cells.append(str(r.get("label", "")))
+        elif c == "bytes":
+            cells.append(human_bytes(s.get("bytes", 0)))
+        else:
+            cells.append(str(s.get(c, "")))
+    return cells
+
+
+PARTIALS = {"f32": "fp32 partial products (rounded once)", "bf16": "bf16 partial products",
+            "f32any": "fp32 partial products summed in any order"}
+
+
+def notes(rows):
+    """What the rows say about how they were measured: the rounds, ours' partial precision."""
+    out = []
+    rounds = max((len(r.get("ms_repeats") or []) for r in rows), default=0)
+    if rounds > 1:
+        out.append(f"Each time is the median of {rounds} rounds, run in alternating order.")
+    used = sorted({r["partials"] for r in rows if r.get("partials") and r["impl"].startswith(OURS)})
+    if used:
+        out.append("gemmReduceScatter and gemmAllReduce: ours reduces "
+                   + "; ".join(PARTIALS.get(p, p) for p in used) + ", the baselines bf16 ones.")
+    return out
+
+
+def markdown(family, rows, device, commit, date):
+    f = FAMILIES[family]
+    md = [f"# {f['title']}", "", f"{device}; commit {commit}; {date}.", "",
+          " ".join([f["protocol"], *notes(rows), "Ratios are time ratios, ours / the other: below 1, "
+                    "ours is faster."]), ""]
+    summary = []
+    for op, world, shapes in tables(family, rows):
+        present = {i for _, g in shapes for i in g}
+        impls = impl_order(family, present)
+        has_floor = f["parts"] is not None
+        head = [c if c != "label" else "shape" for c in f["columns"]]
+        head += [f"{i} ms" for i in impls]
+        if has_floor:
+            head.append("floor ms")
+        head += [f"ours {f['rate_name']}", "vs best baseline"]
+        if has_floor:
+            head.append("vs floor")
+        show_ran = any((g.get(OURS) or {}).get("algo") for _, g in shapes)
+        if show_ran:
+            head.append("ours ran")
+        gpus = "1 GPU" if world == 1 else f"{world} {f.get('world_name', 'GPUs')}"
+        aligns = ["---"] * len(f["columns"]) + ["---:"] * (len(head) - len(f["columns"]) - show_ran)
+        aligns += ["---"] * show_ran
+        md += [f"## {op}, {gpus}", "", "| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
+        vs_best, vs_floor = [], []
+        for _, g in shapes:
+            any_row = next(iter(g.values()))
+            cells = shape_cells(family, any_row)
+            cells += [fmt(ms(g, i), 4) for i in impls]
+            t_ours, t_base = ms(g, OURS), best(*(ms(g, b) for b in f["baselines"]))
+            t_floor = floor_ms(family, g)
+            if has_floor:
+                cells.append(fmt(t_floor, 4))
+            ours = g.get(OURS)
+            rate = ours.get(f["rate"]) if ok(ours) else None
+            cells.append(fmt(rate, 1))
+            rb = t_ours / t_base if t_ours and t_base else None
+            cells.append(fmt(rb))
+            if rb:
+                vs_best.append(rb)
+            if has_floor:
+                rf = t_ours / t_floor if t_ours and t_floor else None
+                cells.append(fmt(rf))
+                if rf:
+                    vs_floor.append(rf)
+            ran = (ours or {}).get("algo", "")
+            tf, td = ms(g, "fusedcomm_fused"), ms(g, "fusedcomm_decomposed")
+            if ran in ("fused", "decomposed") and tf and td:
+                faster = "fused" if tf <= td else "decomposed"
+                ran += "" if faster == ran else f" (faster: {faster})"
+            if show_ran:
+                cells.append(ran)
+            md.append("| " + " | ".join(cells) + " |")
+        md.append("")
+        summary.append((op, world, len(shapes), geomean(vs_best), vs_best, geomean(vs_floor)))
+    md += ["## Summary", "", "Geometric means over each table's shapes, ours (the automatic choice) "
+           "against the best baseline" + (" and the floor." if f["parts"] else "."), "",
+           f"| op | {f.get('world_name', 'GPUs')} | shapes | vs best baseline | best | worst |"
+           + (" vs floor |" if f["parts"] else ""),
+           "|---|---:|---:|---:|---:|---:|" + ("---:|" if f["parts"] else "")]
+    for op, world, n, gm, v, gf in summary:
+        line = f"| {op} | {world} | {n} | {fmt(gm)} | {fmt(min(v) if v else None)} | {fmt(max(v) if v else None)} |"
+        md.append(line + (f" {fmt(gf)} |" if f["parts"] else ""))
+    errors = [r for r in rows if r.get("error")]
+    if errors:
+        md += ["", "## Errors", ""] + [f"- {r['op']} {r['impl']} W={r['world']} {r.get('label', '')} "
+                                       f"{r.get('shape')}: {r['error']}" for r in errors]
+    return md
+
+
+def plot(family, rows, path, device):
+    """One figure: a panel per (op, world), the rate per shape, a line per impl."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"report: no plot ({e})", file=sys.stderr)
+        return False
+    f = FAMILIES[family]
+    panels = tables(family, rows)
+    cols = min(len(panels), 4)
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (op, world, shapes) in zip(axes.flat, panels):
+        present = {i for _, g in shapes for i in g}
+        for impl in impl_order(family, present):
+            style = "o-" if impl == OURS else "o--" if impl.startswith(OURS) else "s:"
+            if f["xlog"]:
+                pts = sorted((g[impl]["shape"]["bytes"], g[impl].get(f["rate"])) for _, g in shapes
+                             if ok(g.get(impl)) and g[impl].get(f["rate"]) is not None)
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            else:
+                xs = list(range(len(shapes)))
+                ys = [g[impl].get(f["rate"]) if ok(g.get(impl)) else None for _, g in shapes]
+                ys = [math.nan if y is None else y for y in ys]
+            if xs:
+                ax.plot(xs, ys, style, label=impl, ms=3)
+        if f["xlog"]:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("bytes")
+        else:
+            labels = [" ".join(shape_cells(family, next(iter(g.values())))[:2]) for _, g in shapes]
+            ax.set_xticks(range(len(shapes)))
+            ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=6)
+        ax.set_title(f"{op}, W={world}", fontsize=9)
+        ax.set_ylabel(f["rate_name"])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{f['title']} ({device})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--device", default="unknown device")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs of the host")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--date", default=None, help="default: now (UTC)")
+    ap.add_argument("rows", nargs="+")
+    a = ap.parse_args(argv)
+    date = a.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    rows = [r for r in read_rows(a.rows) if r.get("family", a.family) == a.family]
+    for r in rows:
+        r.setdefault("family", a.family)
+        r.setdefault("device", a.device)
+        r.setdefault("gpus", a.gpus)
+        r.setdefault("commit", a.commit)
+        r.setdefault("date", date)
+    rows = merge(rows)
+    if not rows:
+        print(f"report: no {a.family} rows", file=sys.stderr)
+        return 1
+    os.makedirs(a.out_dir, exist_ok=True)
+    base = os.path.join(a.out_dir, a.family)
+    with open(base + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+        f.write("\n")
+    device, commit, date = rows[0]["device"], rows[0]["commit"], rows[0]["date"]
+    md = markdown(a.family, rows, device, commit, date)
+    with open(base + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+    plot(a.family, rows, base + ".png", device)
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

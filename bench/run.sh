@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The benchmark suite on a GPU host, in one command, from any folder:
+#   bench/run.sh <out-dir> [family ...]        families: gemm collectives fused transport (all)
+# Builds the drivers (CMake, no JDK needed) unless FC_BENCH_BIN names a folder of prebuilt ones,
+# writes the GPU facts, then per family checks and times ours and the baselines on the same GPUs
+# and writes <out-dir>/<family>.{json,md,png} (bench/report.py), the drivers' rows in
+# <out-dir>/rows/ and their logs in <out-dir>/logs/. gemm runs on one GPU, the multi-GPU
+# families at each world size of FC_BENCH_WORLDS (default: 2 and 4, where the GPUs allow).
+#
+# Environment (all optional):
+#   FC_BENCH_BIN     prebuilt drivers (the CMake target bench_drivers puts them in
+#                    <build>/bench/bin); else built into FC_BENCH_BUILD
+#   FC_BENCH_BUILD   build folder (default ${TMPDIR:-/tmp}/fusedcomm-bench-build)
+#   FC_BENCH_WORLDS  world sizes, e.g. "2" or "2 4 8"
+#   FC_BENCH_ROUNDS  rounds of the multi-GPU families (default 1), in alternating order (ours,
+#                    the baselines, the baselines, ours, ...): a GPU warms through a run and its
+#                    power cap lowers its clock, so whoever runs first gets the cooler GPU; the
+#                    report takes the median over the rounds
+#   FC_RS_PARTIALS   partial products of ours' gemmReduceScatter / gemmAllReduce: bf16 (default,
+#                    the baselines' precision, so that the tables compare like with like), f32
+#                    (the API's default) or f32any
+#   FC_HOST_KIND     the host kind named in the rows' device field (e.g. nvidia-h200-x2)
+#   FC_COMMIT        the commit measured (default: the checkout's HEAD, else "unknown")
+# Exit status 0 when every step ran and passed its checks; 1 otherwise (the tables then hold
+# what passed, and the logs say what did not).
+set -uo pipefail
+
+usage() { sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || usage
+case "$1" in -h|--help) usage ;; esac
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$here")
+mkdir -p "$1" || exit 2
+out=$(cd "$1" && pwd)
+shift
+families=("$@")
+[ ${#families[@]} -gt 0 ] || families=(gemm collectives fused transport)
+for f in "${families[@]}"; do
+  case "$f" in gemm|collectives|fused|transport) ;; *) echo "unknown family: $f" >&2; usage ;; esac
+done
+
+# NVLink multicast stays off (NCCL, PyTorch symmetric memory, NVSHMEM): on a shared host a
+# program that uses it can take every GPU out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+mkdir -p "$out/rows" "$out/logs"
+rc=0
+fail() { echo "FAILED: $*"; rc=1; }
+# step NAME TIMEOUT CMD...: runs CMD with its output in logs/NAME.log and on stdout.
+step() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout "$limit" "$@" 2>&1 | tee "$out/logs/$name.log"
+  local s=${PIPESTATUS[0]}
+  [ "$s" = 0 ] || fail "$name (exit $s$([ "$s" = 124 ] && echo ", timed out after ${limit}s"))"
+}
+
+# ---- facts ------------------------------------------------------------------------------------
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+device="${gpu_name:-no GPU} (${FC_HOST_KIND:-$ngpu GPUs})"
+commit=${FC_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+{
+  echo "device: $device; commit: $commit; date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu \
+    --format=csv 2>&1
+  nvidia-smi topo -m 2>&1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
+    ".".join(map(str, torch.cuda.nccl.version())), "GPUs", torch.cuda.device_count())' 2>&1
+  nvcc --version 2>&1 | tail -1
+} > "$out/gpu.txt"
+cat "$out/gpu.txt"
+worlds=()
+for w in ${FC_BENCH_WORLDS:-2 4}; do [ "$w" -le "$ngpu" ] && worlds+=("$w"); done
+
+# ---- build ------------------------------------------------------------------------------------
+bin=
+if [ -n "${FC_BENCH_BIN:-}" ]; then
+  bin=$(cd "$FC_BENCH_BIN" && pwd) || exit 1
+  # Drivers built on another machine may not run here (a newer C library there): build then.
+  "$bin/transport_bench" --help > /dev/null 2>&1 || { echo "prebuilt drivers in $bin cannot run here"; bin=; }
+fi
+if [ -z "$bin" ]; then
+  build=${FC_BENCH_BUILD:-${TMPDIR:-/tmp}/fusedcomm-bench-build}
+  bin=$build/bench/bin
+  step build 1200 bash -c "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DFUSEDCOMM_BENCH=ON \
+    -DFUSEDCOMM_JNI=OFF > /dev/null && cmake --build '$build' -j$(nproc) --target bench_drivers > '$out/logs/build-full.log' 2>&1 \
+    || { tail -40 '$out/logs/build-full.log'; exit 1; }"
+  [ $rc = 0 ] || exit 1
+fi
+echo "drivers: $bin"
+shapes=$here/shapes
+torchrun=(python3 -m torch.distributed.run --standalone)
+
+# ---- families ---------------------------------------------------------------------------------
+run_gemm() {
+  if python3 -c 'import torch' 2>/dev/null; then  # ours and cuBLAS interleaved in one process
+    step gemm 600 python3 "$here/gemm/torch_gemm.py" --shapes "$shapes/gemm.txt" \
+      --lib "$bin/libfc_gemm_bench.so" --out "$out/rows/gemm.jsonl"
+  else
+    echo "(no torch: ours alone, no cuBLAS baseline)"
+    step gemm 600 "$bin/gemm_bench" --shapes "$shapes/gemm.txt" --out "$out/rows/gemm.jsonl"
+  fi
+}
+# rounds OURS THEIRS: per world size and round, the two functions (argument: the world size;
+# $tag names the round's files), in alternating order.
+rounds() {
+  local ours=$1 theirs=$2 w k
+  for w in "${worlds[@]}"; do
+    for k in $(seq 1 "${FC_BENCH_ROUNDS:-1}"); do
+      tag=w$w-r$k
+      if [ $((k % 2)) = 1 ]; then "$ours" "$w"; "$theirs" "$w"; else "$theirs" "$w"; "$ours" "$w"; fi
+    done
+  done
+}
+coll_ours() {
+  step "collectives-$tag-fusedcomm" 300 "$bin/coll_bench" --world "$1" --shapes "$shapes/collectives.txt" \
+    --out "$out/rows/collectives-fusedcomm-$tag.jsonl"
+}
+coll_nccl() {
+  step "collectives-$tag-nccl" 300 "${torchrun[@]}" --nproc-per-node "$1" "$here/collectives/nccl_bench.py" \
+    --shapes "$shapes/collectives.txt" --out "$out/rows/collectives-nccl-$tag.jsonl"
+}
+fused_ours() {
+  step "fused-$tag-fusedcomm" 500 "$bin/fused_bench" --world "$1" --shapes "$shapes/fused.txt" \
+    --rs-partials "${FC_RS_PARTIALS:-bf16}" --out "$out/rows/fused-fusedcomm-$tag.jsonl"
+}
+fused_torch() {
+  step "fused-$tag-torch" 500 "${torchrun[@]}" --nproc-per-node "$1" "$here/fused/torch_fused.py" \
+    --shapes "$shapes/fused.txt" --out "$out/rows/fused-torch-$tag.jsonl"
+}
+run_collectives() { rounds coll_ours coll_nccl; }
+run_fused() { rounds fused_ours fused_torch; }
+run_transport() {
+  step transport 300 "$bin/transport_bench" --shapes "$shapes/transport.txt" --out "$out/rows/transport.jsonl"
+}
+
+for f in "${families[@]}"; do
+  t0=$SECONDS
+  if [ "$f" != transport ] && [ "$ngpu" -eq 0 ]; then
+    fail "$f: no GPU visible"
+    continue
+  fi
+  if { [ "$f" = collectives ] || [ "$f" = fused ]; } && [ ${#worlds[@]} -eq 0 ]; then
+    fail "$f: needs 2 or more GPUs ($ngpu visible, FC_BENCH_WORLDS=${FC_BENCH_WORLDS:-2 4})"
+    continue
+  fi
+  rm -f "$out/rows/$f"*.jsonl "$out/$f".{json,md,png}
+  "run_$f"
+  # The table of whatever passed, even after a failure.
+  python3 "$here/report.py" --family "$f" --out-dir "$out" --device "$device" --gpus "$ngpu" \
+    --commit "$commit" "$out/rows/$f"*.jsonl > "$out/logs/report-$f.log" 2>&1 || fail "report $f"
+  echo "== $f: $((SECONDS - t0)) s; $out/$f.md"
+done
+for f in "${families[@]}"; do
+  [ -f "$out/$f.md" ] && sed -n '/^## Summary/,$p' "$out/$f.md"
+done
+echo "bench/run.sh: $([ $rc = 0 ] && echo "all passed" || echo "some steps FAILED (see above)"); results in $out"
+exit $rc

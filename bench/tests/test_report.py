@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""bench/report.py on synthetic rows of every family: the stamped JSON, the markdown's ratios
+and floors, repeated rows merged, JSON-array input, and the plot where matplotlib is present."""
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import report  # noqa: E402
+
+
+def row(family, op, impl, world, shape, ms, **extra):
+    r = dict(family=family, op=op, impl=impl, world=world, shape=shape, dtype="bf16", ms_median=ms,
+             tflops=None, gbps=None)
+    r.update(extra)
+    return r
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_report(self, family, rows, *extra_files):
+        path = os.path.join(self.dir, f"{family}-rows.jsonl")
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        out = os.path.join(self.dir, "out")
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            rc = report.main(["--family", family, "--out-dir", out, "--device", "NVIDIA H200 (nvidia-h200-x2)",
+                              "--gpus", "2", "--commit", "abc1234", "--date", "2030-01-01 00:00 UTC", path,
+                              *extra_files])
+        self.assertEqual(rc, 0)
+        with open(os.path.join(out, family + ".json")) as f:
+            rows_out = json.load(f)
+        with open(os.path.join(out, family + ".md")) as f:
+            md = f.read()
+        return out, rows_out, md
+
+    def test_fused_ratios_floor_and_schema(self):
+        shape = dict(m=8192, n=14336, k=8192)
+        times = dict(fusedcomm=1.0, fusedcomm_fused=1.0, fusedcomm_decomposed=1.2, torch_serial=1.25,
+                     torch_symm_mem=1.1, fusedcomm_gemm_only=0.9, cublas_gemm_only=0.95,
+                     fusedcomm_comm_only=0.3, nccl_comm_only=0.25)
+        rows = [row("fused", "allGatherGemm", impl, 2, shape, t, label="llama3-70b",
+                    tflops=2 * 8192 * 14336 * 8192 / (t * 1e-3) / 1e12,
+                    **({"algo": "fused"} if impl == "fusedcomm" else {})) for impl, t in times.items()]
+        out, rows_out, md = self.run_report("fused", rows)
+        self.assertEqual(len(rows_out), len(rows))
+        keys = {"family", "op", "impl", "world", "shape", "dtype", "ms_median", "tflops", "gbps", "device",
+                "gpus", "commit", "date"}
+        for r in rows_out:
+            self.assertTrue(keys <= set(r), keys - set(r))
+            self.assertEqual(r["device"], "NVIDIA H200 (nvidia-h200-x2)")
+            self.assertEqual(r["gpus"], 2)
+        table = [l for l in md.splitlines() if l.startswith("| llama3-70b")]
+        self.assertEqual(len(table), 1)
+        cells = [c.strip() for c in table[0].strip("|").split("|")]
+        # vs best baseline: 1.0 / min(1.25, 1.1); floor: max(min(0.9, 0.95), min(0.3, 0.25)) = 0.9.
+        self.assertIn(f"{1.0 / 1.1:.3f}", cells)
+        self.assertIn("0.9000", cells)
+        self.assertIn(f"{1.0 / 0.9:.3f}", cells)
+        self.assertEqual(cells[-1], "fused")
+        self.assertIn("## allGatherGemm, 2 GPUs", md)
+        self.assertNotIn("fusedcomm_gemm_only ms", md)  # the floor's parts are not columns
+
+    def test_fused_rounds_and_partials_are_stated(self):
+        shape = dict(m=2048, n=8192, k=14336)
+        rows = [row("fused", "gemmReduceScatter", impl, 2, shape, t, label="llama3-70b", partials="bf16")
+                for impl, t in (("fusedcomm", 1.0), ("fusedcomm", 1.1), ("torch_serial", 1.2), ("torch_serial", 1.3))]
+        _, rows_out, md = self.run_report("fused", rows)
+        self.assertEqual(len(rows_out), 2)
+        self.assertIn("median of 2 rounds", md)
+        self.assertIn("ours reduces bf16 partial products", md)
+
+    def test_gemm_repeats_merge_and_json_array_input(self):
+        shape = dict(m=8192, n=8192, k=8192, layout="nk")
+        rows = [row("gemm", "gemm", "fusedcomm", 1, shape, t, label="square", tflops=1100 / t)
+                for t in (1.0, 1.2, 1.1)]
+        rows.append(row("gemm", "gemm", "cublas", 1, shape, 1.21, label="square", tflops=1100 / 1.21))
+        earlier = os.path.join(self.dir, "earlier.json")
+        with open(earlier, "w") as f:
+            json.dump([row("gemm", "gemm", "cublas", 1, dict(shape, layout="kn"), 2.0, label="square")], f)
+        _, rows_out, md = self.run_report("gemm", rows, earlier, os.path.join(self.dir, "missing.jsonl"))
+        ours = [r for r in rows_out if r["impl"] == "fusedcomm"]
+        self.assertEqual(len(ours), 1)
+        self.assertAlmostEqual(ours[0]["ms_median"], 1.1)
+        self.assertEqual(ours[0]["ms_repeats"], [1.0, 1.2, 1.1])
+        self.assertAlmostEqual(ours[0]["tflops"], 1000.0)  # rescaled to the median time
+        self.assertEqual(len(rows_out), 3)
+        self.assertIn(f"| {1.1 / 1.21:.3f} |", md)
+        self.assertIn("| square | 8192 | 8192 | 8192 | kn | - | 2.0000 |", md)
+
+    def test_collectives_and_transport_bytes(self):
+        rows = []
+        for b, t in ((4096, 0.01), (1 << 30, 3.0)):
+            rows.append(row("collectives", "allReduce", "fusedcomm", 2, dict(bytes=b), t, gbps=b / t / 1e6,
+                            algo="one-shot"))
+            rows.append(row("collectives", "allReduce", "nccl", 2, dict(bytes=b), 2 * t, gbps=b / t / 2e6))
+        _, _, md = self.run_report("collectives", rows)
+        self.assertIn("| 4 KiB |", md)
+        self.assertIn("| 1 GiB |", md)
+        self.assertIn("| 0.500 |", md)
+        self.assertIn("| allReduce | 2 | 2 | 0.500 | 0.500 | 0.500 |", md)
+        rows = [row("transport", "write", impl, 2, dict(bytes=1 << 20), t, gbps=1.0 / t)
+                for impl, t in (("fusedcomm", 0.2), ("tcp", 0.25))]
+        _, _, md = self.run_report("transport", rows)
+        self.assertIn(f"| 1 MiB | 0.2000 | 0.2500 | 5.0 | {0.2 / 0.25:.3f} |", md)
+
+    def test_plot_where_matplotlib_is_present(self):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.skipTest("matplotlib missing: the report skips its plot")
+        rows = [row("collectives", "allGather", impl, 2, dict(bytes=b), 1.0, gbps=float(b) / 1e9)
+                for impl in ("fusedcomm", "nccl") for b in (4096, 65536)]
+        out, _, _ = self.run_report("collectives", rows)
+        self.assertGreater(os.path.getsize(os.path.join(out, "collectives.png")), 1000)
+
+
+if __name__ == "__main__":
+    unittest.main()
