@@ -415,10 +415,11 @@ class GpuClusterCollectivesTest {
   }
 
   /**
-   * {@link Communicator#describeFusedOp} against the size rules (kernels/src/fused.cu choose_ag,
-   * ag_uses_ce): the small allGatherGemm above runs decomposed; the 16 MiB one fused at W = 2
-   * and 4 (with one executor per GPU, the copy engines at W = 2, pulling CTAs at W = 4) and
-   * decomposed at other worlds; a gemmReduceScatter whose fused workspace cannot fit
+   * {@link Communicator#describeFusedOp} against the size rules (kernels/common/fused_choice.h,
+   * and ag_uses_ce in kernels/ag_gemm/ag_gemm.cu): the small allGatherGemm above runs
+   * decomposed; the 16 MiB one fused at W = 2 and 4 (with one executor per GPU, the copy
+   * engines at W = 2, pulling CTAs at W = 4) and decomposed at other worlds; a
+   * gemmReduceScatter whose fused workspace cannot fit
    * SYMMETRIC_BYTES is said to be refused, naming the key; sizes the op refuses throw. Each
    * description goes to the rank's lines. Returns the checks passed.
    */
