@@ -115,8 +115,9 @@ def main():
         per.sort()
         return per[len(per) // 2], iters
 
-    failed = 0
-    for op, label, M, N, K in shapes:
+    def setup(op, label, M, N, K, checking):
+        """The calls of one shape and its checks; with `checking`, the fp32 reference too."""
+        ref = absdot = None
         is_ag, is_ar = op == "allGatherGemm", op == "gemmAllReduce"
         flops = 2.0 * M * N * K
         wire = (2 if is_ar else 1) * (world - 1) / world * M * (K if is_ag else N) * 2.0  # bf16 on the wire
@@ -140,14 +141,16 @@ def main():
             calls["cublas_gemm_only"] = lambda: torch.matmul(a_full, w.t(), out=c)
             calls["nccl_comm_only"] = lambda: dist.all_gather_into_tensor(a_full, a_shard)
             dist.all_gather_into_tensor(a_full, a_shard)  # the reference's gathered A (a bit copy)
-            ref, absdot = a_full.float() @ w.float().t(), a_full.float().abs() @ w.float().abs().t()
+            if checking:
+                ref, absdot = a_full.float() @ w.float().t(), a_full.float().abs() @ w.float().abs().t()
             partial_rel = 0.0
         else:
             a = rand(M, K)
             p = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
-            ref, absdot = a.float() @ w.float().t(), a.float().abs() @ w.float().abs().t()
-            dist.all_reduce(ref)
-            dist.all_reduce(absdot)
+            if checking:
+                ref, absdot = a.float() @ w.float().t(), a.float().abs() @ w.float().abs().t()
+                dist.all_reduce(ref)
+                dist.all_reduce(absdot)
             # NCCL sums bf16 partials in bf16 steps: up to one rounding per rank.
             partial_rel = world / 512
             if is_ar:
@@ -173,7 +176,8 @@ def main():
             else:
                 out = torch.empty(M // world, N, device=dev, dtype=torch.bfloat16)
                 rows = slice(rank * (M // world), (rank + 1) * (M // world))
-                ref, absdot = ref[rows].contiguous(), absdot[rows].contiguous()
+                if checking:
+                    ref, absdot = ref[rows].contiguous(), absdot[rows].contiguous()
 
                 def serial():
                     torch.matmul(a, w.t(), out=p)
@@ -185,7 +189,14 @@ def main():
                     checks["torch_symm_mem"] = (None, lambda res: res)
                 calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
                 calls["nccl_comm_only"] = lambda: dist.reduce_scatter_tensor(out, p)
-        # The check: each op impl once, output poisoned first, every rank, before any timing.
+        return calls, checks, ref, absdot, partial_rel, flops, wire
+
+    # Two passes, as fused_bench: every shape is checked first (each op impl once, output poisoned
+    # first, every rank), then every shape is timed, so that no timing follows the fp32 reference.
+    failed = 0
+    bad = {}
+    for op, label, M, N, K in shapes:
+        calls, checks, ref, absdot, partial_rel, flops, wire = setup(op, label, M, N, K, True)
         bad_impls = []
         for impl, (buf, output) in checks.items():
             try:
@@ -193,20 +204,24 @@ def main():
                     buf.fill_(float("nan"))
                 got = output(calls[impl]())
                 torch.cuda.synchronize()
-                bad = int((~((got.float() - ref).abs() <= 8e-3 * ref.abs() + (2e-5 + partial_rel) * absdot + 1e-6)).sum())
+                wrong = int((~((got.float() - ref).abs() <= 8e-3 * ref.abs() + (2e-5 + partial_rel) * absdot + 1e-6)).sum())
             except Exception as e:
                 print(f"rank {rank}: {impl} {op} {label} failed: {e!r}", file=sys.stderr)
-                bad = -1
-            t = torch.tensor([bad != 0], device=dev, dtype=torch.int32)
+                wrong = -1
+            t = torch.tensor([wrong != 0], device=dev, dtype=torch.int32)
             dist.all_reduce(t)
             if t.item():
                 bad_impls.append(impl)
                 if f:
                     print(f"{op:18s} W={world} {label:12s} M={M:<6d} {impl}: check FAILED", flush=True)
-        del ref, absdot
-        for impl in bad_impls:
-            del calls[impl]
+        bad[(op, label, M)] = bad_impls
         failed += len(bad_impls)
+        del calls, checks, ref, absdot
+        torch.cuda.empty_cache()
+    for op, label, M, N, K in shapes:
+        calls, checks, _, _, _, flops, wire = setup(op, label, M, N, K, False)
+        for impl in bad[(op, label, M)]:
+            del calls[impl]
         for impl, call in calls.items():
             ms, iters = time_call(call)
             mine = torch.tensor([ms], dtype=torch.float64, device=dev)
