@@ -48,11 +48,16 @@ std::vector<OpSizes> read_shapes(const std::string& path) {
   std::vector<OpSizes> v;
   for (const auto& w : b::read_shape_lines(path)) {
     OpSizes o{w[0], k::CommOp::kAllGather, {}};
-    if (w[0] == "allGather") o.op = k::CommOp::kAllGather;
-    else if (w[0] == "reduceScatter") o.op = k::CommOp::kReduceScatter;
-    else if (w[0] == "allReduce") o.op = k::CommOp::kAllReduce;
-    else if (w[0] == "allToAll") o.op = k::CommOp::kAllToAll;
-    else throw std::runtime_error(path + ": unknown op " + w[0]);
+    if (w[0] == "allGather")
+      o.op = k::CommOp::kAllGather;
+    else if (w[0] == "reduceScatter")
+      o.op = k::CommOp::kReduceScatter;
+    else if (w[0] == "allReduce")
+      o.op = k::CommOp::kAllReduce;
+    else if (w[0] == "allToAll")
+      o.op = k::CommOp::kAllToAll;
+    else
+      throw std::runtime_error(path + ": unknown op " + w[0]);
     for (size_t i = 1; i < w.size(); ++i) o.bytes.push_back(std::stoll(w[i]));
     v.push_back(o);
   }
@@ -63,8 +68,8 @@ struct AlgoName {
   const char* name;
   k::CommAlgo algo;
 };
-constexpr AlgoName kAlgos[] = {{"auto", k::CommAlgo::kAuto},          {"one-shot", k::CommAlgo::kOneShot},
-                               {"two-phase", k::CommAlgo::kTwoPhase}, {"push", k::CommAlgo::kTwoPhasePush},
+constexpr AlgoName kAlgos[] = {{"auto", k::CommAlgo::kAuto},           {"one-shot", k::CommAlgo::kOneShot},
+                               {"two-phase", k::CommAlgo::kTwoPhase},  {"push", k::CommAlgo::kTwoPhasePush},
                                {"pipelined", k::CommAlgo::kPipelined}, {"direct", k::CommAlgo::kDirect}};
 
 const char* algo_name(k::CommAlgo a) {
@@ -132,16 +137,16 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       if (launched == cudaErrorInvalidValue && o.algo_code != k::CommAlgo::kAuto) {
         // A forced algorithm outside its domain (a one-shot payload over a slot, ...): no row.
         cudaGetLastError();
-        if (r == 0) std::printf("%-14s W=%d %11lld B  %s: not available at this size\n", s.name.c_str(),
-                                W, static_cast<long long>(bytes), o.algo.c_str());
+        if (r == 0)
+          std::printf("%-14s W=%d %11lld B  %s: not available at this size\n", s.name.c_str(), W,
+                      static_cast<long long>(bytes), o.algo.c_str());
         continue;
       }
       FC_BENCH_CUDA(launched);
       FC_BENCH_CUDA(cudaStreamSynchronize(st));
       sm->raise_if_failed();
-      const b::Mismatch m =
-          b::check_collective(static_cast<int>(s.op), static_cast<const __nv_bfloat16*>(a.output),
-                              a.count, W, r, st);
+      const b::Mismatch m = b::check_collective(
+          static_cast<int>(s.op), static_cast<const __nv_bfloat16*>(a.output), a.count, W, r, st);
       std::vector<uint8_t> mine(sizeof m);
       std::memcpy(mine.data(), &m, sizeof m);
       const auto all = g.all_gather(mine);
@@ -152,9 +157,11 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         if (q.count == 0) continue;
         ok = false;
         if (r == 0) {
-          std::printf("%-14s W=%d %11lld B  check FAILED on rank %d: %lld mismatches, first out[%lld] = %g, "
-                      "expected %g\n", s.name.c_str(), W, static_cast<long long>(bytes), p,
-                      static_cast<long long>(q.count), static_cast<long long>(q.index), q.got, q.want);
+          std::printf(
+              "%-14s W=%d %11lld B  check FAILED on rank %d: %lld mismatches, first out[%lld] = %g, "
+              "expected %g\n",
+              s.name.c_str(), W, static_cast<long long>(bytes), p, static_cast<long long>(q.count),
+              static_cast<long long>(q.index), q.got, q.want);
         }
       }
       if (!ok) {
@@ -185,13 +192,21 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         b::Row shape;
         shape.integer("bytes", bytes);
         b::Row row;
-        row.str("family", "collectives").str("op", s.name).str("impl", impl).integer("world", W)
-            .obj("shape", shape).str("dtype", "bf16").num("ms_median", med).null("tflops")
-            .num("gbps", algbw * bus).num("algbw", algbw).str("algo", ran)
+        row.str("family", "collectives")
+            .str("op", s.name)
+            .str("impl", impl)
+            .integer("world", W)
+            .obj("shape", shape)
+            .str("dtype", "bf16")
+            .num("ms_median", med)
+            .null("tflops")
+            .num("gbps", algbw * bus)
+            .num("algbw", algbw)
+            .str("algo", ran)
             .str("placement", in_place ? "in-place" : "out-of-place");
         rows.write(row);
-        std::printf("%-14s W=%d %11lld B  check passed  %9.4f ms  busbw %7.1f GB/s  (%s)\n",
-                    s.name.c_str(), W, static_cast<long long>(bytes), med, algbw * bus, ran);
+        std::printf("%-14s W=%d %11lld B  check passed  %9.4f ms  busbw %7.1f GB/s  (%s)\n", s.name.c_str(),
+                    W, static_cast<long long>(bytes), med, algbw * bus, ran);
         std::fflush(stdout);
       }
     }

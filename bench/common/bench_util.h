@@ -20,11 +20,10 @@
 
 namespace fusedcomm::bench {
 
-#define FC_BENCH_CUDA(x)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess)                                                                 \
-      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_));           \
+#define FC_BENCH_CUDA(x)                                                                              \
+  do {                                                                                                \
+    cudaError_t e_ = (x);                                                                             \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
 // Visible CUDA GPUs, counted in a child process: a process that forks its ranks must not have

@@ -23,7 +23,9 @@ __host__ __device__ inline float pattern(int64_t i, int rank) {
   return static_cast<float>(static_cast<int>((7 * i + 13 * rank + 5) % 31) - 15);
 }
 
-__host__ __device__ inline int64_t split_count(int64_t n, int w, int r) { return n / w + (r < n % w ? 1 : 0); }
+__host__ __device__ inline int64_t split_count(int64_t n, int w, int r) {
+  return n / w + (r < n % w ? 1 : 0);
+}
 __host__ __device__ inline int64_t split_offset(int64_t n, int w, int r) {
   return r * (n / w) + (r < n % w ? r : n % w);
 }
@@ -48,8 +50,8 @@ __global__ void fill_pattern_kernel(__nv_bfloat16* p, int64_t n, int64_t first, 
 constexpr int kTile = 64, kSlice = 16;
 
 __global__ void reference_gemm_kernel(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
-                                      int64_t ldb, bool kn, int M, int N, int K, float* ref,
-                                      float* absdot, bool accumulate) {
+                                      int64_t ldb, bool kn, int M, int N, int K, float* ref, float* absdot,
+                                      bool accumulate) {
   __shared__ float as[kSlice][kTile + 1];  // [k][m]
   __shared__ float bs[kSlice][kTile + 1];  // [k][n]
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -66,8 +68,7 @@ __global__ void reference_gemm_kernel(const __nv_bfloat16* A, int64_t lda, const
         nn = e / kSlice, kb = e % kSlice;  // N×K: along k
       }
       const int n = n0 + nn, k2 = k0 + kb;
-      bs[kb][nn] = n < N && k2 < K ? __bfloat162float(kn ? B[int64_t(k2) * ldb + n] : B[n * ldb + k2])
-                                   : 0.f;
+      bs[kb][nn] = n < N && k2 < K ? __bfloat162float(kn ? B[int64_t(k2) * ldb + n] : B[n * ldb + k2]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -110,8 +111,7 @@ __device__ inline void record(DeviceMismatch* d, int64_t i) {
 }
 
 __global__ void compare_gemm_kernel(const __nv_bfloat16* out, int64_t ldo, const float* ref,
-                                    const float* absdot, int M, int N, float partial_rel,
-                                    DeviceMismatch* d) {
+                                    const float* absdot, int M, int N, float partial_rel, DeviceMismatch* d) {
   const int64_t n = int64_t(M) * N;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -134,8 +134,8 @@ __host__ __device__ float collective_expected(int op, int64_t count, int world, 
   switch (op) {
     case 1: {  // allGather: element i belongs to the rank whose block holds it
       const int64_t q = count / world, rem = count % world;
-      const int owner = i < rem * (q + 1) ? static_cast<int>(i / (q + 1))
-                                          : static_cast<int>(rem + (i - rem * (q + 1)) / q);
+      const int owner =
+          i < rem * (q + 1) ? static_cast<int>(i / (q + 1)) : static_cast<int>(rem + (i - rem * (q + 1)) / q);
       return pattern(i, owner);
     }
     case 2:    // reduceScatter: block `rank` of the sum
@@ -153,8 +153,8 @@ __host__ __device__ float collective_expected(int op, int64_t count, int world, 
   }
 }
 
-__global__ void check_collective_kernel(int op, const __nv_bfloat16* out, int64_t n, int64_t count,
-                                        int world, int rank, DeviceMismatch* d) {
+__global__ void check_collective_kernel(int op, const __nv_bfloat16* out, int64_t n, int64_t count, int world,
+                                        int rank, DeviceMismatch* d) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     if (__bfloat162float(out[i]) != collective_expected(op, count, world, rank, i)) record(d, i);
@@ -206,17 +206,15 @@ void fill_pattern(__nv_bfloat16* p, int64_t n, int64_t first_index, int rank, cu
   ok(cudaGetLastError(), "fill_pattern");
 }
 
-void reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B, int64_t ldb,
-                    bool kn, int M, int N, int K, float* ref, float* absdot, bool accumulate,
-                    cudaStream_t stream) {
+void reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B, int64_t ldb, bool kn, int M,
+                    int N, int K, float* ref, float* absdot, bool accumulate, cudaStream_t stream) {
   const dim3 grid((N + kTile - 1) / kTile, (M + kTile - 1) / kTile);
-  reference_gemm_kernel<<<grid, kBlock, 0, stream>>>(A, lda, B, ldb, kn, M, N, K, ref, absdot,
-                                                     accumulate);
+  reference_gemm_kernel<<<grid, kBlock, 0, stream>>>(A, lda, B, ldb, kn, M, N, K, ref, absdot, accumulate);
   ok(cudaGetLastError(), "reference_gemm");
 }
 
-Mismatch compare_gemm(const __nv_bfloat16* out, int64_t ldo, const float* ref, const float* absdot,
-                      int M, int N, float partial_rel, cudaStream_t stream) {
+Mismatch compare_gemm(const __nv_bfloat16* out, int64_t ldo, const float* ref, const float* absdot, int M,
+                      int N, float partial_rel, cudaStream_t stream) {
   return run_compare(
       stream,
       [&](DeviceMismatch* d) {
@@ -228,11 +226,9 @@ Mismatch compare_gemm(const __nv_bfloat16* out, int64_t ldo, const float* ref, c
       });
 }
 
-Mismatch compare_exact(const __nv_bfloat16* got, const __nv_bfloat16* want, int64_t n,
-                       cudaStream_t stream) {
+Mismatch compare_exact(const __nv_bfloat16* got, const __nv_bfloat16* want, int64_t n, cudaStream_t stream) {
   return run_compare(
-      stream,
-      [&](DeviceMismatch* d) { compare_exact_kernel<<<kGrid, kBlock, 0, stream>>>(got, want, n, d); },
+      stream, [&](DeviceMismatch* d) { compare_exact_kernel<<<kGrid, kBlock, 0, stream>>>(got, want, n, d); },
       [&](Mismatch& m) {
         m.got = element(got, m.index);
         m.want = element(want, m.index);

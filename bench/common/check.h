@@ -22,9 +22,8 @@ void fill_pattern(__nv_bfloat16* p, int64_t n, int64_t first_index, int rank, cu
 // ref (+)= A · op(B) in fp32 (op(B) = Bᵀ for B: N×K, `kn` false; B for K×N, `kn` true), and
 // absdot (+)= |A| · |op(B)|, which scales the tolerance; row-major, leading dimensions in
 // elements; accumulate into the existing values or overwrite them.
-void reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B, int64_t ldb,
-                    bool kn, int M, int N, int K, float* ref, float* absdot, bool accumulate,
-                    cudaStream_t stream);
+void reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B, int64_t ldb, bool kn, int M,
+                    int N, int K, float* ref, float* absdot, bool accumulate, cudaStream_t stream);
 
 // The first mismatch of a comparison, and how many there were (0: the output passed).
 struct Mismatch {
@@ -37,12 +36,11 @@ struct Mismatch {
 // |got - want| <= 8e-3 |want| + (2e-5 + partial_rel) absdot + 1e-6 (the output's bf16 rounding,
 // the summation order, and partial_rel per unit of absdot for partials rounded before their
 // sum). NaN, the poison, always fails. Synchronises `stream`.
-Mismatch compare_gemm(const __nv_bfloat16* out, int64_t ldo, const float* ref, const float* absdot,
-                      int M, int N, float partial_rel, cudaStream_t stream);
+Mismatch compare_gemm(const __nv_bfloat16* out, int64_t ldo, const float* ref, const float* absdot, int M,
+                      int N, float partial_rel, cudaStream_t stream);
 
 // Two bf16 arrays bit for bit. Synchronises `stream`.
-Mismatch compare_exact(const __nv_bfloat16* got, const __nv_bfloat16* want, int64_t n,
-                       cudaStream_t stream);
+Mismatch compare_exact(const __nv_bfloat16* got, const __nv_bfloat16* want, int64_t n, cudaStream_t stream);
 
 // A collective's output on rank `rank` of `world` against the values fill_pattern gave every
 // rank's input (op: collectives.h's CommOp values 1-4; `count` as CollectiveArgs::count; the

@@ -34,12 +34,12 @@
 #include "bench/common/bench_util.h"
 #include "bench/common/check.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
-#include "kernels/collectives/collectives.h"
 #include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/collectives/collectives.h"
 #include "kernels/common/fused.h"
+#include "kernels/gemm/gemm.h"
 #include "kernels/gemm_ar/gemm_ar.h"
 #include "kernels/gemm_rs/gemm_rs.h"
-#include "kernels/gemm/gemm.h"
 #include "support/process_group.h"
 
 namespace b = fusedcomm::bench;
@@ -376,7 +376,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       ca.dtype = is_ag || o.rs_bf16() ? k::CommDtype::kBF16 : k::CommDtype::kF32;
       ca.count = static_cast<int64_t>(s.M) * (is_ag ? s.K : s.N);
       ca.in_offset = is_ag ? 0 : ws_offset;
-      ca.output = is_ag ? static_cast<void*>(G)
+      ca.output = is_ag   ? static_cast<void*>(G)
                   : is_ar ? (o.rs_bf16() ? static_cast<void*>(C) : static_cast<void*>(S))
                           : static_cast<void*>(reinterpret_cast<uint8_t*>(dev.base[r]) + dev.scratch_offset);
       impls.push_back({"fusedcomm_comm_only", [&, ca] { FC_BENCH_CUDA(k::launch_collective(dev, ca, st)); },
@@ -405,17 +405,27 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         b::Row shape;
         shape.integer("m", s.M).integer("n", s.N).integer("k", s.K);
         b::Row row;
-        row.str("family", "fused").str("op", s.op).str("impl", im.name).integer("world", W).obj("shape", shape)
-            .str("dtype", "bf16").num("ms_median", ms).num("tflops", flops / (ms * 1e-3) / 1e12)
-            .num("gbps", wire / (ms * 1e-3) / 1e9).str("label", s.label);
+        row.str("family", "fused")
+            .str("op", s.op)
+            .str("impl", im.name)
+            .integer("world", W)
+            .obj("shape", shape)
+            .str("dtype", "bf16")
+            .num("ms_median", ms)
+            .num("tflops", flops / (ms * 1e-3) / 1e12)
+            .num("gbps", wire / (ms * 1e-3) / 1e9)
+            .str("label", s.label);
         if (im.checked) row.str("algo", im.algo == k::FusedAlgo::kFused ? "fused" : "decomposed");
         if (!is_ag) row.str("partials", o.rs_partials);
         if (is_ag) row.integer("ag_gathered", o.ag_gathered ? 1 : 0);
-        row.integer("iters", iters[i]).integer("batches", o.batches).num("sustain_ms", o.sustain_ms)
+        row.integer("iters", iters[i])
+            .integer("batches", o.batches)
+            .num("sustain_ms", o.sustain_ms)
             .nums("ms_ranks", per_rank);
         rows.write(row);
         std::printf("%-18s W=%d %-12s M=%-6d %-21s %9.4f ms %7.1f TF/s %7.1f GB/s\n", s.op.c_str(), W,
-                    s.label.c_str(), s.M, im.name.c_str(), ms, flops / (ms * 1e-3) / 1e12, wire / (ms * 1e-3) / 1e9);
+                    s.label.c_str(), s.M, im.name.c_str(), ms, flops / (ms * 1e-3) / 1e12,
+                    wire / (ms * 1e-3) / 1e9);
       }
       std::fflush(stdout);
       continue;
@@ -454,9 +464,11 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       if (q.count == 0) continue;
       ok = false;
       if (r == 0) {
-        std::printf("%-18s W=%d %-12s M=%d: check FAILED on rank %d: %lld mismatches, first [%lld] = %g, "
-                    "expected %g\n", s.op.c_str(), W, s.label.c_str(), s.M, p, static_cast<long long>(q.count),
-                    static_cast<long long>(q.index), q.got, q.want);
+        std::printf(
+            "%-18s W=%d %-12s M=%d: check FAILED on rank %d: %lld mismatches, first [%lld] = %g, "
+            "expected %g\n",
+            s.op.c_str(), W, s.label.c_str(), s.M, p, static_cast<long long>(q.count),
+            static_cast<long long>(q.index), q.got, q.want);
       }
     }
     if (!ok) {
@@ -495,18 +507,27 @@ int main(int argc, char** argv) {
   args.done();
   if (o.shapes.empty()) args.fail("--shapes is required");
   if (o.world < 1 || o.world > k::kCommMaxRanks) args.fail("--world must be 1..8");
-  if (o.batches < 1 || o.batch_ms <= 0 || o.sustain_ms < 0) args.fail("bad --batches, --batch-ms or --sustain-ms");
+  if (o.batches < 1 || o.batch_ms <= 0 || o.sustain_ms < 0)
+    args.fail("bad --batches, --batch-ms or --sustain-ms");
   o.ag = ops.find("ag") != std::string::npos;
   o.rs = ops.find("rs") != std::string::npos;
   o.ar = ops.find("ar") != std::string::npos;
-  if (o.rs_partials == "f32") o.rs_code = k::RsPartials::kF32;
-  else if (o.rs_partials == "bf16") o.rs_code = k::RsPartials::kBF16;
-  else if (o.rs_partials == "f32any") o.rs_code = k::RsPartials::kF32AnyOrder;
-  else args.fail("--rs-partials takes f32, bf16 or f32any");
-  if (o.ag_exchange == "auto") o.ag_exchange_code = k::AgExchange::kAuto;
-  else if (o.ag_exchange == "sm") o.ag_exchange_code = k::AgExchange::kSmPulls;
-  else if (o.ag_exchange == "ce") o.ag_exchange_code = k::AgExchange::kCopyEngines;
-  else args.fail("--ag-exchange takes auto, sm or ce");
+  if (o.rs_partials == "f32")
+    o.rs_code = k::RsPartials::kF32;
+  else if (o.rs_partials == "bf16")
+    o.rs_code = k::RsPartials::kBF16;
+  else if (o.rs_partials == "f32any")
+    o.rs_code = k::RsPartials::kF32AnyOrder;
+  else
+    args.fail("--rs-partials takes f32, bf16 or f32any");
+  if (o.ag_exchange == "auto")
+    o.ag_exchange_code = k::AgExchange::kAuto;
+  else if (o.ag_exchange == "sm")
+    o.ag_exchange_code = k::AgExchange::kSmPulls;
+  else if (o.ag_exchange == "ce")
+    o.ag_exchange_code = k::AgExchange::kCopyEngines;
+  else
+    args.fail("--ag-exchange takes auto, sm or ce");
   try {
     read_shapes(o, o.world);  // a bad list fails here, before any process starts
   } catch (const std::exception& e) {

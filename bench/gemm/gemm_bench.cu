@@ -47,8 +47,7 @@ std::vector<Shape> read_shapes(const std::string& path) {
   return v;
 }
 
-int run(const std::vector<Shape>& shapes, const std::string& out, int warmup, int iters,
-        bool check_only) {
+int run(const std::vector<Shape>& shapes, const std::string& out, int warmup, int iters, bool check_only) {
   b::RowWriter rows(out);
   k::GemmWorkspace ws;
   ws.bytes = k::gemm_workspace_bytes(0);
@@ -85,11 +84,11 @@ int run(const std::vector<Shape>& shapes, const std::string& out, int warmup, in
     const b::Mismatch m = b::compare_gemm(C, s.N, ref, absdot, s.M, s.N, 0.f, nullptr);
     FC_BENCH_CUDA(cudaFree(ref));
     FC_BENCH_CUDA(cudaFree(absdot));
-    std::printf("%-24s %6d %6d %6d %s: check %s", s.label.c_str(), s.M, s.N, s.K,
-                s.kn ? "kn" : "nk", m.count ? "FAILED" : "passed");
+    std::printf("%-24s %6d %6d %6d %s: check %s", s.label.c_str(), s.M, s.N, s.K, s.kn ? "kn" : "nk",
+                m.count ? "FAILED" : "passed");
     if (m.count) {
-      std::printf(" (%lld mismatches, first C[%lld] = %g, expected %g)\n",
-                  static_cast<long long>(m.count), static_cast<long long>(m.index), m.got, m.want);
+      std::printf(" (%lld mismatches, first C[%lld] = %g, expected %g)\n", static_cast<long long>(m.count),
+                  static_cast<long long>(m.index), m.got, m.want);
       ++failed;
     } else if (!check_only) {
       for (int i = 0; i < warmup; ++i) FC_BENCH_CUDA(k::launch_gemm(a, nullptr));
@@ -118,9 +117,16 @@ int run(const std::vector<Shape>& shapes, const std::string& out, int warmup, in
       b::Row shape;
       shape.integer("m", s.M).integer("n", s.N).integer("k", s.K).str("layout", s.kn ? "kn" : "nk");
       b::Row r;
-      r.str("family", "gemm").str("op", "gemm").str("impl", "fusedcomm").integer("world", 1)
-          .obj("shape", shape).str("dtype", "bf16").num("ms_median", med).num("tflops", tflops)
-          .null("gbps").str("label", s.label);
+      r.str("family", "gemm")
+          .str("op", "gemm")
+          .str("impl", "fusedcomm")
+          .integer("world", 1)
+          .obj("shape", shape)
+          .str("dtype", "bf16")
+          .num("ms_median", med)
+          .num("tflops", tflops)
+          .null("gbps")
+          .str("label", s.label);
       rows.write(r);
     } else {
       std::printf("\n");

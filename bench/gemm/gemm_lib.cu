@@ -16,9 +16,9 @@ int g_ws_device = -1;
 
 // C = A·Bᵀ (kn = 0, B: N×K) or A·B (kn = 1, B: K×N), dense row-major bf16, on `stream`.
 // Returns the launch's cudaError_t (0: enqueued).
-extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(const void* A, const void* B,
-                                                                    void* C, int M, int N, int K,
-                                                                    int kn, void* stream) {
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(const void* A, const void* B, void* C,
+                                                                   int M, int N, int K, int kn,
+                                                                   void* stream) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return static_cast<int>(e);

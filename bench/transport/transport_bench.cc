@@ -163,7 +163,8 @@ std::pair<int, int> tcp_pair() {
   socklen_t n = sizeof a;
   getsockname(l, reinterpret_cast<sockaddr*>(&a), &n);
   const int c = socket(AF_INET, SOCK_STREAM, 0);
-  if (c < 0 || connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("connect failed");
+  if (c < 0 || connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+    throw std::runtime_error("connect failed");
   const int s = accept(l, nullptr, nullptr);
   close(l);
   if (s < 0) throw std::runtime_error("accept failed");
@@ -237,7 +238,8 @@ int main(int argc, char** argv) {
     b::RowWriter rows(out);
     int failed = 0;
     for (const auto& w : b::read_shape_lines(shapes)) {
-      if (w[0] != "write" && w[0] != "write_duplex") throw std::runtime_error(shapes + ": unknown op " + w[0]);
+      if (w[0] != "write" && w[0] != "write_duplex")
+        throw std::runtime_error(shapes + ": unknown op " + w[0]);
       const bool duplex = w[0] == "write_duplex";
       for (size_t i = 1; i < w.size(); ++i) {
         const int64_t bytes = std::stoll(w[i]);
@@ -245,7 +247,8 @@ int main(int argc, char** argv) {
           const bool ours = std::string(impl) == "fusedcomm";
           const Result res = ours ? bench_transport(bytes, duplex) : bench_tcp(bytes, duplex);
           if (!res.ok) {
-            std::printf("%-13s %11lld B %-9s check FAILED\n", w[0].c_str(), static_cast<long long>(bytes), impl);
+            std::printf("%-13s %11lld B %-9s check FAILED\n", w[0].c_str(), static_cast<long long>(bytes),
+                        impl);
             ++failed;
             continue;
           }
@@ -254,8 +257,15 @@ int main(int argc, char** argv) {
           b::Row shape;
           shape.integer("bytes", bytes);
           b::Row row;
-          row.str("family", "transport").str("op", w[0]).str("impl", impl).integer("world", 2)
-              .obj("shape", shape).str("dtype", "bytes").num("ms_median", ms).null("tflops").num("gbps", gbps);
+          row.str("family", "transport")
+              .str("op", w[0])
+              .str("impl", impl)
+              .integer("world", 2)
+              .obj("shape", shape)
+              .str("dtype", "bytes")
+              .num("ms_median", ms)
+              .null("tflops")
+              .num("gbps", gbps);
           rows.write(row);
           std::printf("%-13s %11lld B %-9s check passed %9.4f ms per message %6.2f GB/s per direction\n",
                       w[0].c_str(), static_cast<long long>(bytes), impl, ms, gbps);

@@ -47,11 +47,13 @@ void refusals() {
               "a null runtime");
   check_fails(fc_get_version(nullptr), FC_STATUS_INVALID_ARGUMENT, "null output pointer", "a null output");
   fc_runtime_config_t c;
-  check(fc_runtime_config_init(&c) == FC_STATUS_SUCCESS && c.backend == FC_BACKEND_AUTO && c.gpu_ordinal == -1,
-        "config defaults");
+  check(
+      fc_runtime_config_init(&c) == FC_STATUS_SUCCESS && c.backend == FC_BACKEND_AUTO && c.gpu_ordinal == -1,
+      "config defaults");
   fc_runtime_t rt = nullptr;
   c.backend = static_cast<fc_backend_t>(7);
-  check_fails(fc_runtime_create(&c, &rt), FC_STATUS_INVALID_ARGUMENT, "unknown backend 7", "an unknown backend");
+  check_fails(fc_runtime_create(&c, &rt), FC_STATUS_INVALID_ARGUMENT, "unknown backend 7",
+              "an unknown backend");
   c.backend = FC_BACKEND_HOST;
   c.chunk_bytes = 100;
   check_fails(fc_runtime_create(&c, &rt), FC_STATUS_INVALID_ARGUMENT, "chunk bytes must be at least 4096",
@@ -95,31 +97,35 @@ void one_rank(fc_runtime_t rt) {
         "allReduce at world 1 copies its input");
   check_fails(fc_all_reduce(comm, &desc, FC_DTYPE_I32, in.data(), out.data(), 3, nullptr),
               FC_STATUS_INVALID_ARGUMENT, "unsupported dtype 2 (f32 or bf16)", "an I32 allReduce");
-  check_fails(fc_all_reduce(comm, &desc, FC_DTYPE_F32, in.data(), out.data(), 3, reinterpret_cast<fc_stream_t>(8)),
-              FC_STATUS_INVALID_ARGUMENT, "the host backend runs ops synchronously", "a stream on the host backend");
+  check_fails(
+      fc_all_reduce(comm, &desc, FC_DTYPE_F32, in.data(), out.data(), 3, reinterpret_cast<fc_stream_t>(8)),
+      FC_STATUS_INVALID_ARGUMENT, "the host backend runs ops synchronously", "a stream on the host backend");
   int64_t nanos = 0;
-  check_fails(fc_comm_time_collective(comm, FC_OP_ALL_REDUCE, FC_DTYPE_F32, in.data(), out.data(), 3, 1, &nanos),
-              FC_STATUS_STATE, "needs the cuda backend", "native timing on the host backend");
+  check_fails(
+      fc_comm_time_collective(comm, FC_OP_ALL_REDUCE, FC_DTYPE_F32, in.data(), out.data(), 3, 1, &nanos),
+      FC_STATUS_STATE, "needs the cuda backend", "native timing on the host backend");
 
   const char* phrase = nullptr;
-  check(fc_comm_describe_fused(comm, FC_OP_GEMM_ALL_REDUCE, 8, 8, 8, FC_PARTIALS_F32, &phrase) == FC_STATUS_SUCCESS &&
+  check(fc_comm_describe_fused(comm, FC_OP_GEMM_ALL_REDUCE, 8, 8, 8, FC_PARTIALS_F32, &phrase) ==
+                FC_STATUS_SUCCESS &&
             std::string(phrase).find("host backend") != std::string::npos,
         std::string("describe gemmAllReduce: ") + (phrase ? phrase : fc_last_error_message()));
   check_fails(fc_comm_describe_fused(comm, FC_OP_ALL_REDUCE, 8, 8, 8, FC_PARTIALS_F32, &phrase),
               FC_STATUS_INVALID_ARGUMENT, "unknown fused op 3", "describe a collective");
-  check_fails(fc_comm_describe_fused(comm, FC_OP_ALL_GATHER_GEMM, 8, 8, 8, static_cast<fc_partials_t>(9), &phrase),
-              FC_STATUS_INVALID_ARGUMENT, "unknown partial precision 9", "an unknown partial precision");
+  check_fails(
+      fc_comm_describe_fused(comm, FC_OP_ALL_GATHER_GEMM, 8, 8, 8, static_cast<fc_partials_t>(9), &phrase),
+      FC_STATUS_INVALID_ARGUMENT, "unknown partial precision 9", "an unknown partial precision");
 
   // gemmAllReduce at world 1: the GEMM. c = a · wᵀ with a = [[1, 2]], w = [[3, 4], [5, 6]].
   const float a[] = {1, 2}, w[] = {3, 4, 5, 6};
   float c[2] = {0, 0};
   const fc_op_desc_t gdesc{"capi_test gemmAllReduce", 2};
-  check(fc_gemm_all_reduce(comm, &gdesc, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_NK, FC_PARTIALS_F32, nullptr) ==
-                FC_STATUS_SUCCESS &&
+  check(fc_gemm_all_reduce(comm, &gdesc, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_NK, FC_PARTIALS_F32,
+                           nullptr) == FC_STATUS_SUCCESS &&
             c[0] == 11 && c[1] == 17,
         "gemmAllReduce at world 1");
-  check_fails(fc_gemm_all_reduce(comm, &gdesc, FC_DTYPE_F32, a, w, c, 1, 2, 2, static_cast<fc_weight_layout_t>(5),
-                                 FC_PARTIALS_F32, nullptr),
+  check_fails(fc_gemm_all_reduce(comm, &gdesc, FC_DTYPE_F32, a, w, c, 1, 2, 2,
+                                 static_cast<fc_weight_layout_t>(5), FC_PARTIALS_F32, nullptr),
               FC_STATUS_INVALID_ARGUMENT, "unknown weight layout 5", "an unknown layout");
 
   // MoE with one expert (an identity W1): every token is routed to rank 0 and combined back.
@@ -162,7 +168,8 @@ void single_rank_gemm_and_memory() {
   uint64_t bytes0 = 0, allocs0 = 0, bytes1 = 0, allocs1 = 0;
   check(fc_memory_stats(&bytes0, &allocs0) == FC_STATUS_SUCCESS, "fc_memory_stats");
   void* p = nullptr;
-  check(fc_host_alloc(1000, &p) == FC_STATUS_SUCCESS && p != nullptr && reinterpret_cast<uintptr_t>(p) % 128 == 0,
+  check(fc_host_alloc(1000, &p) == FC_STATUS_SUCCESS && p != nullptr &&
+            reinterpret_cast<uintptr_t>(p) % 128 == 0,
         "fc_host_alloc");
   fc_memory_stats(&bytes1, &allocs1);
   check(bytes1 == bytes0 + 1000 && allocs1 == allocs0 + 1, "a host allocation is counted");
@@ -172,13 +179,14 @@ void single_rank_gemm_and_memory() {
 
   const float a[] = {1, 2}, w[] = {3, 5, 4, 6};  // KN: the same product as above
   float c[2] = {0, 0};
-  check(fc_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_KN) == FC_STATUS_SUCCESS && c[0] == 11 &&
-            c[1] == 17,
+  check(fc_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_KN) == FC_STATUS_SUCCESS &&
+            c[0] == 11 && c[1] == 17,
         "host GEMM, KN");
-  check_fails(fc_gemm(FC_BACKEND_AUTO, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_KN), FC_STATUS_INVALID_ARGUMENT,
-              "not auto", "a GEMM on backend auto");
+  check_fails(fc_gemm(FC_BACKEND_AUTO, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_KN),
+              FC_STATUS_INVALID_ARGUMENT, "not auto", "a GEMM on backend auto");
   const char* report = nullptr;
-  check(fc_availability(&report) == FC_STATUS_SUCCESS && std::string(report).find("host: available") != std::string::npos,
+  check(fc_availability(&report) == FC_STATUS_SUCCESS &&
+            std::string(report).find("host: available") != std::string::npos,
         "availability report");
 }
 
@@ -195,10 +203,12 @@ void exports() {
                           "fc_comm_describe_fused", "Java_io_fusedcomm_runtime_NativeApi_allReduce"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
-  check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr, "the C++ runtime is not exported");
+  check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,
+        "the C++ runtime is not exported");
   using StatusString = const char* (*)(fc_status_t);
   auto name = reinterpret_cast<StatusString>(dlsym(lib, "fc_status_string"));
-  check(name != nullptr && std::strcmp(name(FC_STATUS_TIMEOUT), "timeout") == 0, "the library's fc_status_string");
+  check(name != nullptr && std::strcmp(name(FC_STATUS_TIMEOUT), "timeout") == 0,
+        "the library's fc_status_string");
   dlclose(lib);
 #endif
 }
@@ -215,11 +225,13 @@ int main() {
   c.bind_host = "127.0.0.1";
   c.timeout_ms = 20000;
   fc_runtime_t rt = nullptr;
-  check(fc_runtime_create(&c, &rt) == FC_STATUS_SUCCESS, std::string("host runtime: ") + fc_last_error_message());
+  check(fc_runtime_create(&c, &rt) == FC_STATUS_SUCCESS,
+        std::string("host runtime: ") + fc_last_error_message());
   if (rt != nullptr) {
     fc_backend_t backend = FC_BACKEND_AUTO;
     const char* describe = nullptr;
-    check(fc_runtime_backend(rt, &backend) == FC_STATUS_SUCCESS && backend == FC_BACKEND_HOST, "resolved backend");
+    check(fc_runtime_backend(rt, &backend) == FC_STATUS_SUCCESS && backend == FC_BACKEND_HOST,
+          "resolved backend");
     check(fc_runtime_describe(rt, &describe) == FC_STATUS_SUCCESS &&
               std::string(describe).find("backend=host") != std::string::npos,
           "describe");
@@ -227,6 +239,7 @@ int main() {
     check(fc_runtime_destroy(rt) == FC_STATUS_SUCCESS, "fc_runtime_destroy");
   }
   exports();
-  std::printf("capi_test: %d checks passed, %d failed\n", fusedcomm::testing::g_passed, fusedcomm::testing::g_failed);
+  std::printf("capi_test: %d checks passed, %d failed\n", fusedcomm::testing::g_passed,
+              fusedcomm::testing::g_failed);
   return fusedcomm::testing::g_failed == 0 ? 0 : 1;
 }

@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/collectives/collectives.h"
 #include "fusedcomm/runtime/inter_host.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
+#include "kernels/collectives/collectives.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 #include "support/proxy_test_support.h"
@@ -89,7 +89,8 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
   for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
   // Small integers in [-64, 64): sums over up to 64 ranks stay exact in fp32 in any order.
   auto value = [&](int r, int64_t i) {
-    return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(r) << 48 ^ uint64_t(i)) % 128) - 64);
+    return static_cast<float>(
+        static_cast<int>(fusedcomm::testing::mix(seed ^ uint64_t(r) << 48 ^ uint64_t(i)) % 128) - 64);
   };
   for (const int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000003}, kMaxCount}) {
     std::vector<float> x(count);
@@ -122,9 +123,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     std::string link_error;
     try {
       link.raise_if_failed();
-    } catch (const std::exception& e) {
-      link_error = e.what();
-    }
+    } catch (const std::exception& e) { link_error = e.what(); }
     CUDA_OK(cudaMemcpy(x.data(), out, count * 4, cudaMemcpyDeviceToHost));
     int64_t bad = 0;
     for (int64_t i = 0; i < count; ++i) {
@@ -132,16 +131,17 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       for (int r = 0; r < H * L; ++r) want += value(r, i);
       bad += std::memcmp(&x[i], &want, 4) != 0;
     }
-    const std::string what = "allReduce of " + std::to_string(count) + " fp32, rank " +
-                             std::to_string(rank) + " (host " + std::to_string(h) + ")";
+    const std::string what = "allReduce of " + std::to_string(count) + " fp32, rank " + std::to_string(rank) +
+                             " (host " + std::to_string(h) + ")";
     check(link_error.empty(), what + ": the step between hosts failed: " + link_error);
     check(bad == 0, what + ": " + std::to_string(bad) + " elements wrong");
     if (count == kMaxCount) {
       float ms[3];
       for (int s = 0; s < 3; ++s) CUDA_OK(cudaEventElapsedTime(&ms[s], ev[s], ev[s + 1]));
-      std::printf("  rank %d (host %d, local %d): 64 MiB allReduce: intra reduceScatter %.3f ms, "
-                  "inter-host proxy step %.3f ms (%.2f GB/s of its block), intra allGather %.3f ms\n",
-                  rank, h, l, ms[0], ms[1], n_l * 4.0 / (ms[1] * 1e-3) / 1e9, ms[2]);
+      std::printf(
+          "  rank %d (host %d, local %d): 64 MiB allReduce: intra reduceScatter %.3f ms, "
+          "inter-host proxy step %.3f ms (%.2f GB/s of its block), intra allGather %.3f ms\n",
+          rank, h, l, ms[0], ms[1], n_l * 4.0 / (ms[1] * 1e-3) / 1e9, ms[2]);
       if (const char* path = std::getenv("FC_TEST_JSON")) {  // one row per rank, appended
         if (FILE* f = std::fopen(path, "a")) {
           std::fprintf(f,
@@ -149,8 +149,8 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
                        "\"local\": %d, \"rank\": %d, \"dtype\": \"fp32\", \"bytes\": %lld, "
                        "\"shared_gpu\": %s, \"intra_rs_ms\": %.4f, \"proxy_ms\": %.4f, "
                        "\"proxy_block_gbps\": %.3f, \"intra_ag_ms\": %.4f}\n",
-                       H, L, rank, static_cast<long long>(count * 4), shared ? "true" : "false",
-                       ms[0], ms[1], n_l * 4.0 / (ms[1] * 1e-3) / 1e9, ms[2]);
+                       H, L, rank, static_cast<long long>(count * 4), shared ? "true" : "false", ms[0], ms[1],
+                       n_l * 4.0 / (ms[1] * 1e-3) / 1e9, ms[2]);
           std::fclose(f);
         }
       }

@@ -21,8 +21,8 @@
 // Hopper GPU is visible.
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <barrier>
 #include <chrono>
 #include <cstdint>
@@ -61,8 +61,15 @@ float value(uint64_t seed, int host, int64_t i) { return fusedcomm::testing::sma
 
 struct Shared {
   explicit Shared(int hosts)
-      : H(hosts), sync(hosts), blobs(hosts), gbps(hosts), us(hosts), spaced_ms(hosts), launch_ns(hosts),
-        behind_start(hosts), behind_end(hosts) {}
+      : H(hosts),
+        sync(hosts),
+        blobs(hosts),
+        gbps(hosts),
+        us(hosts),
+        spaced_ms(hosts),
+        launch_ns(hosts),
+        behind_start(hosts),
+        behind_end(hosts) {}
   const int H;
   // A thread that throws drops out (arrive_and_drop), so the others never wait for it here;
   // their link ops then time out (bounded).
@@ -95,7 +102,6 @@ double process_cpu_ms() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
-
 
 // One op: every end calls it at the same point. Returns this end's sent GB/s (to all its peers)
 // over the timed launches, after checking the first launch's result.
@@ -137,7 +143,8 @@ Timing run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   };
   // allReduce works in place on out[0], allGather from the own block of the output.
   if (op == k::kProxyAllReduce || op == k::kProxyAllGather) {
-    CUDA_OK(cudaMemcpyAsync(out[op == k::kProxyAllReduce ? 0 : host], in[0], bytes, cudaMemcpyDeviceToDevice, s));
+    CUDA_OK(
+        cudaMemcpyAsync(out[op == k::kProxyAllReduce ? 0 : host], in[0], bytes, cudaMemcpyDeviceToDevice, s));
   }
   CUDA_OK(cudaStreamSynchronize(s));
   sh.sync.arrive_and_wait();
@@ -148,16 +155,14 @@ Timing run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
                            std::to_string(host) + " of " + std::to_string(H);
   try {
     link.raise_if_failed();
-  } catch (const std::exception& e) {
-    check(false, what + ": " + e.what());
-  }
+  } catch (const std::exception& e) { check(false, what + ": " + e.what()); }
   // What arrived, per output block b: allReduce (b = 0): the sum of every host's in[0];
   // allGather: host b's own block (b != host); reduceScatter (b = host): the sum of every
   // host's block for this host; allToAll: what host b sent this one (b != host).
   std::vector<uint8_t> got(bytes);
   std::vector<float> want(count);
   for (int b = 0; b < H; ++b) {
-    const bool checked = op == k::kProxyAllReduce      ? b == 0
+    const bool checked = op == k::kProxyAllReduce       ? b == 0
                          : op == k::kProxyReduceScatter ? b == host
                          : op == k::kProxyAllGather     ? b != host && (!one_way || b == 0)
                                                         : b != host;
@@ -195,9 +200,7 @@ Timing run_op(InterHostLink& link, Shared& sh, int host, uint32_t op, k::CommDty
   CUDA_OK(cudaEventElapsedTime(&ms, t0, t1));
   try {
     link.raise_if_failed();
-  } catch (const std::exception& e) {
-    check(false, what + " (timed): " + e.what());
-  }
+  } catch (const std::exception& e) { check(false, what + " (timed): " + e.what()); }
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
   for (int h = 0; h < H; ++h) {
@@ -227,7 +230,8 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
       sh.gbps[host][d][op] = t.gbps;
       sh.us[host][d][op] = t.us_per_launch;
     }
-    const double g = run_op(link, sh, host, k::kProxyAllGather, dtype, count, seed ^ (0x500 + d), s, true).gbps;
+    const double g =
+        run_op(link, sh, host, k::kProxyAllGather, dtype, count, seed ^ (0x500 + d), s, true).gbps;
     if (host == 0) sh.one_way[d] = g;
     // Spaced: 5 allReduces, each after 30 ms of idleness (as between the steps of a job: the
     // proxies have gone to sleep); the median time from launch to done, per end.
@@ -253,7 +257,8 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
     sh.sync.arrive_and_wait();
     if (host == 0) {
       sh.spaced_cpu_ms[d] = process_cpu_ms() - cpu0;
-      sh.spaced_wall_ms[d] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+      sh.spaced_wall_ms[d] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
     }
     // Spaced and enqueued behind two 1 GiB memsets (milliseconds of GPU work).
     void* filler = nullptr;
@@ -302,7 +307,8 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
 // Two ends that disagree on what shapes the protocol's slots, the streams between hosts (1 and 2)
 // or the chunk (1 and 2 MiB at 2 streams): connect() must refuse on both, naming the setting,
 // before any connection is tried.
-void mismatch_case(uint64_t seed, const int streams[2], const uint64_t chunks[2], const std::string& setting) {
+void mismatch_case(uint64_t seed, const int streams[2], const uint64_t chunks[2],
+                   const std::string& setting) {
   InterHostLink::Blob blobs[2];
   std::barrier<> sync(2);
   std::string errors[2];
@@ -316,9 +322,7 @@ void mismatch_case(uint64_t seed, const int streams[2], const uint64_t chunks[2]
     sync.arrive_and_wait();
     try {
       link.connect({blobs[0], blobs[1]}, {"host 0", "host 1"}, 11);
-    } catch (const std::exception& e) {
-      errors[host] = e.what();
-    }
+    } catch (const std::exception& e) { errors[host] = e.what(); }
     link.close(false);
   };
   std::thread other(end, 1);
@@ -326,7 +330,8 @@ void mismatch_case(uint64_t seed, const int streams[2], const uint64_t chunks[2]
   other.join();
   for (int h = 0; h < 2; ++h) {
     check(errors[h].find(setting + " must be the same") != std::string::npos,
-          "host " + std::to_string(h) + " refuses a counterpart with another " + setting + ": '" + errors[h] + "'");
+          "host " + std::to_string(h) + " refuses a counterpart with another " + setting + ": '" + errors[h] +
+              "'");
   }
 }
 
@@ -351,8 +356,10 @@ int main() {
     return 1;
   }
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_link_threads_test", 1);
-  std::printf("== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks, %d streams, busy poll %lld us\n",
-              H, H, static_cast<long long>(count), static_cast<long long>(chunk), streams, busy_poll_us);
+  std::printf(
+      "== %d hosts as %d threads on GPU 0: %lld elements per block, %lld-byte chunks, %d streams, busy poll "
+      "%lld us\n",
+      H, H, static_cast<long long>(count), static_cast<long long>(chunk), streams, busy_poll_us);
   {
     const int one_two[2] = {1, 2}, two_two[2] = {2, 2};
     const uint64_t same[2] = {1 << 20, 1 << 20}, other[2] = {1 << 20, 2 << 20};
@@ -391,30 +398,38 @@ int main() {
           hi = std::max(hi, sh.gbps[h][d][op]);
           us = std::max(us, sh.us[h][d][op]);
         }
-        std::printf("  %-13s %s %6.2f - %6.2f GB/s sent per end to its %d peers, %8.1f us per launch (%lld bytes per block, %d launches)\n",
-                    k::proxy_op_name(op), dt, lo, hi, H - 1, us, block, kTimed);
+        std::printf(
+            "  %-13s %s %6.2f - %6.2f GB/s sent per end to its %d peers, %8.1f us per launch (%lld bytes per "
+            "block, %d launches)\n",
+            k::proxy_op_name(op), dt, lo, hi, H - 1, us, block, kTimed);
         if (f) {
-          std::fprintf(f, "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"streams\": %d, "
-                          "\"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, \"gbps_min\": %.3f, "
-                          "\"gbps_max\": %.3f, \"us_per_launch\": %.2f}\n",
-                       k::proxy_op_name(op), H, streams, busy_poll_us, dt, block, static_cast<long long>(chunk), lo, hi, us);
+          std::fprintf(
+              f,
+              "{\"op\": \"%s\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, \"streams\": %d, "
+              "\"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, "
+              "\"gbps_min\": %.3f, "
+              "\"gbps_max\": %.3f, \"us_per_launch\": %.2f}\n",
+              k::proxy_op_name(op), H, streams, busy_poll_us, dt, block, static_cast<long long>(chunk), lo,
+              hi, us);
         }
       }
-      std::printf("  %-13s %s %6.2f GB/s sent by host 0 to its %d peers (the other blocks empty)\n", "allGather", dt,
-                  sh.one_way[d], H - 1);
+      std::printf("  %-13s %s %6.2f GB/s sent by host 0 to its %d peers (the other blocks empty)\n",
+                  "allGather", dt, sh.one_way[d], H - 1);
       double spaced = 0;
       for (int h = 0; h < H; ++h) {
         std::array<float, Shared::kSpaced> ms = sh.spaced_ms[h][d];
         std::sort(ms.begin(), ms.end());
         spaced = std::max(spaced, ms[Shared::kSpaced / 2] * 1e3);
       }
-      std::printf("  %-13s %s %8.1f us per launch, launches 30 ms apart (median; the slowest end)\n", "allReduce", dt,
-                  spaced);
+      std::printf("  %-13s %s %8.1f us per launch, launches 30 ms apart (median; the slowest end)\n",
+                  "allReduce", dt, spaced);
       std::array<float, Shared::kSpaced> behind_us = sh.behind_us[d];
       std::sort(behind_us.begin(), behind_us.end());
       const double behind = behind_us[Shared::kSpaced / 2];
-      std::printf("  %-13s %s %8.1f us per launch, 30 ms apart, each behind ms of other GPU work (median; last start to last end)\n",
-                  "allReduce", dt, behind);
+      std::printf(
+          "  %-13s %s %8.1f us per launch, 30 ms apart, each behind ms of other GPU work (median; last start "
+          "to last end)\n",
+          "allReduce", dt, behind);
       std::vector<double> last_us, skew_us;
       for (int rep = 0; rep < Shared::kSpaced; ++rep) {
         int last = 0, first = 0;
@@ -427,22 +442,30 @@ int main() {
       }
       std::sort(last_us.begin(), last_us.end());
       std::sort(skew_us.begin(), skew_us.end());
-      std::printf("  %-13s %s %8.1f us per launch at the end that launched last (median; launches %.1f us apart)\n",
-                  "allReduce", dt, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2]);
+      std::printf(
+          "  %-13s %s %8.1f us per launch at the end that launched last (median; launches %.1f us apart)\n",
+          "allReduce", dt, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2]);
       const double cpu_per_op_end = sh.spaced_cpu_ms[d] * 1e3 / Shared::kSpaced / H;
-      std::printf("  %-13s %s %8.0f us of CPU per end per spaced launch (the process: %.1f ms of CPU in %.1f ms)\n",
-                  "allReduce", dt, cpu_per_op_end, sh.spaced_cpu_ms[d], sh.spaced_wall_ms[d]);
+      std::printf(
+          "  %-13s %s %8.0f us of CPU per end per spaced launch (the process: %.1f ms of CPU in %.1f ms)\n",
+          "allReduce", dt, cpu_per_op_end, sh.spaced_cpu_ms[d], sh.spaced_wall_ms[d]);
       if (f) {
-        std::fprintf(f, "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
-                        "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"chunk_bytes\": %lld, "
-                        "\"gbps_host0\": %.3f}\n",
+        std::fprintf(f,
+                     "{\"op\": \"allGather_one_way\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
+                     "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, "
+                     "\"chunk_bytes\": %lld, "
+                     "\"gbps_host0\": %.3f}\n",
                      H, streams, busy_poll_us, dt, block, static_cast<long long>(chunk), sh.one_way[d]);
-        std::fprintf(f, "{\"op\": \"allReduce_spaced_30ms\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
-                        "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, \"us_median_slowest_end\": %.1f, "
-                        "\"us_median_last_launcher\": %.1f, \"launch_skew_us_median\": %.1f, \"cpu_us_per_end_per_launch\": %.0f, "
-                        "\"us_median_behind_gpu_work\": %.1f}\n",
-                     H, streams, busy_poll_us, dt, block, spaced, last_us[Shared::kSpaced / 2], skew_us[Shared::kSpaced / 2],
-                     cpu_per_op_end, behind);
+        std::fprintf(
+            f,
+            "{\"op\": \"allReduce_spaced_30ms\", \"impl\": \"inter_host_link_threads\", \"hosts\": %d, "
+            "\"streams\": %d, \"busy_poll_us\": %lld, \"dtype\": \"%s\", \"bytes\": %lld, "
+            "\"us_median_slowest_end\": %.1f, "
+            "\"us_median_last_launcher\": %.1f, \"launch_skew_us_median\": %.1f, "
+            "\"cpu_us_per_end_per_launch\": %.0f, "
+            "\"us_median_behind_gpu_work\": %.1f}\n",
+            H, streams, busy_poll_us, dt, block, spaced, last_us[Shared::kSpaced / 2],
+            skew_us[Shared::kSpaced / 2], cpu_per_op_end, behind);
       }
     }
     if (f) std::fclose(f);

@@ -50,11 +50,11 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/gemm_ar/gemm_ar.h"
 #include "fusedcomm/comm/cuda_comm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
+#include "kernels/gemm_ar/gemm_ar.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 #include "support/proxy_test_support.h"
@@ -72,7 +72,7 @@ using fusedcomm::Runtime;
 using fusedcomm::testing::check;
 using fusedcomm::testing::ProcessGroup;
 
-constexpr int64_t kSymmetricBytes = 4 << 20;     // small: 3,000,001 fp32 elements take 3 pieces
+constexpr int64_t kSymmetricBytes = 4 << 20;  // small: 3,000,001 fp32 elements take 3 pieces
 constexpr int64_t kTimeoutMs = 20000;
 constexpr int64_t kLargeCount = 3000001;
 
@@ -100,8 +100,7 @@ struct Comm {
     device->abort();
     try {
       device->close();
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
 };
 
@@ -136,7 +135,8 @@ CollData coll_data(k::CommOp op, int rank, int world, uint64_t seed, k::CommDtyp
   if (op == k::CommOp::kAllGather) {
     for (int64_t i = mine_at; i < mine_at + mine_n; ++i) in_v.push_back(value(seed, rank, i));
     for (int g = 0; g < world; ++g) {
-      for (int64_t i = split_offset(count, world, g); i < split_offset(count, world, g) + split_count(count, world, g); ++i) {
+      for (int64_t i = split_offset(count, world, g);
+           i < split_offset(count, world, g) + split_count(count, world, g); ++i) {
         want.push_back(value(seed, g, i));
       }
     }
@@ -182,15 +182,14 @@ void collective_case(CudaComm& dc, k::CommOp op, int rank, int world, uint64_t s
   CUDA_OK(cudaMemcpy(in, d.in.data(), d.in.size(), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(out, 0xFF, d.want.size() + 16));  // NaN, and a guard after the end
   const std::string what = layout + ": " + op_name(op) + (dtype == k::CommDtype::kF32 ? " fp32 " : " bf16 ") +
-                           std::to_string(count) + (stream ? " x" + std::to_string(reps) + " on a caller stream" : "") +
-                           ", rank " + std::to_string(rank);
+                           std::to_string(count) +
+                           (stream ? " x" + std::to_string(reps) + " on a caller stream" : "") + ", rank " +
+                           std::to_string(rank);
   try {
     for (int i = 0; i < reps; ++i) dc.collective(op_of(op), dtype_of(dtype), in, out, count, stream);
     dc.synchronize();
     check_output(out, d.want, es, what);
-  } catch (const std::exception& e) {
-    check(false, what + ": threw " + e.what());
-  }
+  } catch (const std::exception& e) { check(false, what + ": threw " + e.what()); }
   cudaFree(in);
   cudaFree(out);
 }
@@ -216,9 +215,7 @@ void in_place_case(CudaComm& dc, k::CommOp op, int rank, int world, uint64_t see
     std::vector<uint8_t> got(d.want.size());
     CUDA_OK(cudaMemcpy(got.data(), buf, got.size(), cudaMemcpyDeviceToHost));
     check(got == d.want, what + ": wrong output");
-  } catch (const std::exception& e) {
-    check(false, what + ": threw " + e.what());
-  }
+  } catch (const std::exception& e) { check(false, what + ": threw " + e.what()); }
   cudaFree(buf);
 }
 
@@ -230,10 +227,11 @@ void all_reduce_case(CudaComm& dc, int rank, int world, uint64_t seed, k::CommDt
 // Ops of different kinds back to back on a caller stream, one synchronisation at the end: each
 // op's signal values start where the previous op's ended, whatever its kind. Checked through
 // the last op of each kind (the others' results are overwritten in place).
-void mixed_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+void mixed_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream,
+                const std::string& layout) {
   for (int i = 0; i < 3; ++i) {
-    for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllReduce,
-                               k::CommOp::kAllToAll}) {
+    for (const k::CommOp op :
+         {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllReduce, k::CommOp::kAllToAll}) {
       collective_case(dc, op, rank, world, seed + 31 * i + static_cast<int>(op), k::CommDtype::kBF16,
                       300007 + i, stream, 2, layout + " (mixed)");
     }
@@ -332,8 +330,10 @@ RsData rs_data(uint64_t seed, int64_t m, int wl, int rank, int world, bool all_r
     for (int64_t kk = 0; kk < kd; ++kk) d.a[i * kd + kk] = a_of(rank, i, kk);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t kk = 0; kk < kd; ++kk) {
-      if (wl == 0) d.w[j * kd + kk] = w_of(rank, j, kk);
-      else d.w[kk * n + j] = w_of(rank, j, kk);
+      if (wl == 0)
+        d.w[j * kd + kk] = w_of(rank, j, kk);
+      else
+        d.w[kk * n + j] = w_of(rank, j, kk);
     }
   }
   for (int64_t i = 0; i < d.rows; ++i) {
@@ -358,7 +358,8 @@ int64_t rs_wrong(const RsData& d, const void* out, int partials) {
   const std::vector<float> got = download_bf16(out, d.rows * d.n);
   int64_t bad = 0;
   for (size_t e = 0; e < got.size(); ++e) {
-    bad += partials == 1 ? !(std::fabs(got[e] - d.exact[e]) <= d.mag[e] / 128) : got[e] != bf16_round(d.exact[e]);
+    bad += partials == 1 ? !(std::fabs(got[e] - d.exact[e]) <= d.mag[e] / 128)
+                         : got[e] != bf16_round(d.exact[e]);
   }
   return bad;
 }
@@ -366,8 +367,8 @@ int64_t rs_wrong(const RsData& d, const void* out, int partials) {
 // gemmAllReduce with each partial precision: every element checked (as gemmReduceScatter's),
 // a guard after the output, and the same bits on every rank (the outputs' bytes compared
 // through the process group). `reps` launches back to back on `stream` (null: the own stream).
-void all_reduce_gemm_case(CudaComm& dc, ProcessGroup& g, uint64_t seed, int64_t m, int wl, cudaStream_t stream,
-                          int reps, const std::string& what) {
+void all_reduce_gemm_case(CudaComm& dc, ProcessGroup& g, uint64_t seed, int64_t m, int wl,
+                          cudaStream_t stream, int reps, const std::string& what) {
   const RsData d = rs_data(seed, m, wl, g.rank, g.world, /*all_rows=*/true);
   for (const int partials : {0, 1, 2}) {
     void* a = upload_bf16(d.a);
@@ -380,12 +381,12 @@ void all_reduce_gemm_case(CudaComm& dc, ProcessGroup& g, uint64_t seed, int64_t 
                           (reps > 1 ? " x" + std::to_string(reps) : "");
     bool ran = false;
     try {
-      for (int i = 0; i < reps; ++i) dc.gemm_all_reduce(kDesc, DType::kBF16, a, wt, c, m, d.n, d.kd, layout_of(wl), partials_of(partials), stream);
+      for (int i = 0; i < reps; ++i)
+        dc.gemm_all_reduce(kDesc, DType::kBF16, a, wt, c, m, d.n, d.kd, layout_of(wl), partials_of(partials),
+                           stream);
       dc.synchronize();
       ran = true;
-    } catch (const std::exception& e) {
-      check(false, w + " threw " + e.what());
-    }
+    } catch (const std::exception& e) { check(false, w + " threw " + e.what()); }
     std::vector<uint8_t> got(bytes + 16);
     CUDA_OK(cudaMemcpy(got.data(), c, got.size(), cudaMemcpyDeviceToHost));
     if (ran) {
@@ -407,11 +408,13 @@ void all_reduce_gemm_case(CudaComm& dc, ProcessGroup& g, uint64_t seed, int64_t 
 // The fused ops (across hosts the decomposed path: hierarchical collective and our GEMM), M
 // divisible by W and not, NK and KN; allGatherGemm asks for the gathered A with NK;
 // gemmReduceScatter and gemmAllReduce with each partial precision.
-void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stream,
+                 const std::string& layout) {
   const int rank = g.rank, world = g.world;
   for (const int64_t m : {int64_t{32} * world, int64_t{16} * world + 3}) {
     for (const int wl : {0, 1}) {
-      const std::string what = layout + ": M=" + std::to_string(m) + (wl ? " KN" : " NK") + ", rank " + std::to_string(rank);
+      const std::string what =
+          layout + ": M=" + std::to_string(m) + (wl ? " KN" : " NK") + ", rank " + std::to_string(rank);
       {
         const AgData d = ag_data(seed, m, wl, rank, world);
         void* a = upload_bf16(d.a);
@@ -425,11 +428,11 @@ void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stre
         }
         try {
           dc.all_gather_gemm(kDesc, DType::kBF16, a, wt, c, g, m, d.n, d.kd, layout_of(wl), nullptr);
-          check(download_bf16(c, m * d.n) == d.want_c, what + ": allGatherGemm C differs from the exact product");
-          if (g != nullptr) check(download_bf16(g, m * d.kd) == d.want_g, what + ": allGatherGemm gathered A differs");
-        } catch (const std::exception& e) {
-          check(false, what + ": allGatherGemm threw " + e.what());
-        }
+          check(download_bf16(c, m * d.n) == d.want_c,
+                what + ": allGatherGemm C differs from the exact product");
+          if (g != nullptr)
+            check(download_bf16(g, m * d.kd) == d.want_g, what + ": allGatherGemm gathered A differs");
+        } catch (const std::exception& e) { check(false, what + ": allGatherGemm threw " + e.what()); }
         for (void* p : {a, wt, c, g}) cudaFree(p);
       }
       const RsData d = rs_data(seed, m, wl, rank, world);
@@ -440,13 +443,12 @@ void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stre
         CUDA_OK(cudaMalloc(&out, d.rows * d.n * 2 + 16));
         CUDA_OK(cudaMemset(out, 0xFF, d.rows * d.n * 2 + 16));
         try {
-          dc.gemm_reduce_scatter(kDesc, DType::kBF16, a, wt, out, m, d.n, d.kd, layout_of(wl), partials_of(partials), nullptr);
+          dc.gemm_reduce_scatter(kDesc, DType::kBF16, a, wt, out, m, d.n, d.kd, layout_of(wl),
+                                 partials_of(partials), nullptr);
           const int64_t bad = rs_wrong(d, out, partials);
           check(bad == 0, what + ": gemmReduceScatter partials " + std::to_string(partials) + ": " +
                               std::to_string(bad) + " elements wrong");
-        } catch (const std::exception& e) {
-          check(false, what + ": gemmReduceScatter threw " + e.what());
-        }
+        } catch (const std::exception& e) { check(false, what + ": gemmReduceScatter threw " + e.what()); }
         for (void* p : {a, wt, out}) cudaFree(p);
       }
       all_reduce_gemm_case(dc, g, seed ^ 0xE, m, wl, nullptr, 1, what);
@@ -457,8 +459,9 @@ void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stre
                            std::to_string(rank));
   // An fp32 product larger than the data area (16001 x 72 x 4 B > 4 MiB): the runtime's GEMM
   // then allReduce in pieces.
-  all_reduce_gemm_case(dc, g, seed ^ 0xE2, 16001, 0, nullptr, 1,
-                       layout + ": M=16001 NK (fp32 product larger than the data area), rank " + std::to_string(rank));
+  all_reduce_gemm_case(
+      dc, g, seed ^ 0xE2, 16001, 0, nullptr, 1,
+      layout + ": M=16001 NK (fp32 product larger than the data area), rank " + std::to_string(rank));
 }
 
 // CUDA graphs (cuda_comm.h): the four collectives and both fused ops, each twice, captured
@@ -467,7 +470,8 @@ void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stre
 // launch; every output checked after each replay. Across hosts, a capture before that eager
 // run is refused (the workspace cannot grow inside a capture), and the communicator stays
 // usable.
-void graph_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream, const std::string& layout) {
+void graph_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t stream,
+                const std::string& layout) {
   struct Coll {
     k::CommOp op;
     k::CommDtype dtype;
@@ -491,14 +495,15 @@ void graph_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t s
   const RsData rs0 = rs_data(seed, m, 1, rank, world);
   const RsData ar0 = rs_data(seed, m, 0, rank, world, /*all_rows=*/true);
   std::vector<void*> fused(10, nullptr);  // ag: a, w, c, gathered; rs: a, w, out; ar: a, w, c
-  const size_t fused_bytes[10] = {ag0.a.size() * 2, ag0.w.size() * 2, size_t(m * ag0.n * 2), size_t(m * ag0.kd * 2),
-                                  rs0.a.size() * 2, rs0.w.size() * 2, size_t(rs0.rows * rs0.n * 2),
-                                  ar0.a.size() * 2, ar0.w.size() * 2, size_t(m * ar0.n * 2)};
+  const size_t fused_bytes[10] = {
+      ag0.a.size() * 2, ag0.w.size() * 2,     size_t(m * ag0.n * 2),        size_t(m * ag0.kd * 2),
+      rs0.a.size() * 2, rs0.w.size() * 2,     size_t(rs0.rows * rs0.n * 2), ar0.a.size() * 2,
+      ar0.w.size() * 2, size_t(m * ar0.n * 2)};
   for (int i = 0; i < 10; ++i) CUDA_OK(cudaMalloc(&fused[i], fused_bytes[i] + 16));
   auto enqueue_all = [&] {
     for (const Coll& c : colls) dc.collective(op_of(c.op), dtype_of(c.dtype), c.in, c.out, c.count, stream);
-    dc.all_gather_gemm(kDesc, DType::kBF16, fused[0], fused[1], fused[2], fused[3], m, ag0.n, ag0.kd, layout_of(0),
-                       stream);
+    dc.all_gather_gemm(kDesc, DType::kBF16, fused[0], fused[1], fused[2], fused[3], m, ag0.n, ag0.kd,
+                       layout_of(0), stream);
     dc.gemm_reduce_scatter(kDesc, DType::kBF16, fused[4], fused[5], fused[6], m, rs0.n, rs0.kd, layout_of(1),
                            PartialPrecision::kF32, stream);
     dc.gemm_all_reduce(kDesc, DType::kBF16, fused[7], fused[8], fused[9], m, ar0.n, ar0.kd, layout_of(0),
@@ -513,15 +518,18 @@ void graph_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t s
       CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       std::string message;
       try {
-        dc.collective(op_of(colls[2].op), dtype_of(colls[2].dtype), colls[2].in, colls[2].out, colls[2].count, stream);
+        dc.collective(op_of(colls[2].op), dtype_of(colls[2].dtype), colls[2].in, colls[2].out, colls[2].count,
+                      stream);
       } catch (const Error& e) {
         message = e.kind() == ErrorKind::kInvalidArgument ? e.what() : std::string("wrong kind: ") + e.what();
       }
       cudaGraph_t partial = nullptr;
-      check(cudaStreamEndCapture(stream, &partial) == cudaSuccess, what + ": the refused capture could not end");
+      check(cudaStreamEndCapture(stream, &partial) == cudaSuccess,
+            what + ": the refused capture could not end");
       if (partial != nullptr) cudaGraphDestroy(partial);
-      check(message.find("before the capture") != std::string::npos,
-            what + ": growing the workspace inside a capture: " + (message.empty() ? "not refused" : message));
+      check(
+          message.find("before the capture") != std::string::npos,
+          what + ": growing the workspace inside a capture: " + (message.empty() ? "not refused" : message));
     }
     enqueue_all();  // eager: sizes the workspace, warms the launches
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -542,9 +550,10 @@ void graph_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t s
       const AgData ag = ag_data(s, m, 0, rank, world);
       const RsData rs = rs_data(s, m, 1, rank, world);
       const RsData ar = rs_data(s, m, 0, rank, world, /*all_rows=*/true);
-      const std::vector<uint8_t> up[6] = {encode(ag.a, k::CommDtype::kBF16), encode(ag.w, k::CommDtype::kBF16),
-                                          encode(rs.a, k::CommDtype::kBF16), encode(rs.w, k::CommDtype::kBF16),
-                                          encode(ar.a, k::CommDtype::kBF16), encode(ar.w, k::CommDtype::kBF16)};
+      const std::vector<uint8_t> up[6] = {
+          encode(ag.a, k::CommDtype::kBF16), encode(ag.w, k::CommDtype::kBF16),
+          encode(rs.a, k::CommDtype::kBF16), encode(rs.w, k::CommDtype::kBF16),
+          encode(ar.a, k::CommDtype::kBF16), encode(ar.w, k::CommDtype::kBF16)};
       const int at[6] = {0, 1, 4, 5, 7, 8};
       for (int i = 0; i < 6; ++i) {
         CUDA_OK(cudaMemcpyAsync(fused[at[i]], up[i].data(), up[i].size(), cudaMemcpyHostToDevice, stream));
@@ -558,7 +567,8 @@ void graph_case(CudaComm& dc, int rank, int world, uint64_t seed, cudaStream_t s
         check_output(colls[i].out, want[i].want, colls[i].dtype == k::CommDtype::kF32 ? 4 : 2,
                      r + ": " + op_name(colls[i].op));
       }
-      check(download_bf16(fused[2], m * ag.n) == ag.want_c, r + ": allGatherGemm C differs from the exact product");
+      check(download_bf16(fused[2], m * ag.n) == ag.want_c,
+            r + ": allGatherGemm C differs from the exact product");
       check(download_bf16(fused[3], m * ag.kd) == ag.want_g, r + ": allGatherGemm gathered A differs");
       const int64_t bad = rs_wrong(rs, fused[6], 0);
       check(bad == 0, r + ": gemmReduceScatter: " + std::to_string(bad) + " elements wrong");
@@ -602,7 +612,8 @@ uint64_t fnv1a(const uint8_t* p, size_t n) {
 void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed) {
   constexpr int64_t M = 4096, N = 8192, K = 64;
   const int rank = g.rank, world = g.world;
-  Runtime rt(fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, kTimeoutMs, int64_t{160} << 20, shared));
+  Runtime rt(
+      fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, kTimeoutMs, int64_t{160} << 20, shared));
   Comm c(rt, g, std::vector<int>(world, 0), 5000);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -626,10 +637,12 @@ void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed
   probe.N = N;
   probe.K = K;
   const bool fused = k::gemm_all_reduce_info(c.device->memory().device(), probe).algo == k::FusedAlgo::kFused;
-  if (world == 2) check(fused, "large gemmAllReduce: the fused gemmReduceScatter path is not chosen at W = 2");
+  if (world == 2)
+    check(fused, "large gemmAllReduce: the fused gemmReduceScatter path is not chosen at W = 2");
   if (rank == 0) {
-    std::printf("  gemmAllReduce M=%lld N=%lld at W=%d: %s\n", static_cast<long long>(M), static_cast<long long>(N),
-                world, fused ? "fused gemmReduceScatter, then allGather" : "GEMM, then allReduce");
+    std::printf("  gemmAllReduce M=%lld N=%lld at W=%d: %s\n", static_cast<long long>(M),
+                static_cast<long long>(N), world,
+                fused ? "fused gemmReduceScatter, then allGather" : "GEMM, then allReduce");
   }
   void* da = upload_bf16(a);
   void* dw = upload_bf16(w);
@@ -642,13 +655,12 @@ void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed
                              std::to_string(partials) + ", rank " + std::to_string(rank);
     CUDA_OK(cudaMemset(dc, 0xFF, bytes));
     try {
-      for (int rep = 0; rep < 2; ++rep) c.device->gemm_all_reduce(kDesc, DType::kBF16, da, dw, dc, M, N, K, layout_of(0),
-                                                                  partials_of(partials), stream);
+      for (int rep = 0; rep < 2; ++rep)
+        c.device->gemm_all_reduce(kDesc, DType::kBF16, da, dw, dc, M, N, K, layout_of(0),
+                                  partials_of(partials), stream);
       c.device->synchronize();
       CUDA_OK(cudaStreamSynchronize(stream));
-    } catch (const std::exception& e) {
-      check(false, what + " threw " + e.what());
-    }
+    } catch (const std::exception& e) { check(false, what + " threw " + e.what()); }
     CUDA_OK(cudaMemcpy(got.data(), dc, bytes, cudaMemcpyDeviceToHost));
     // bf16 partials: every rank's term rounded, except (fused kernel) the owner's own.
     int64_t bad = 0;
@@ -711,7 +723,8 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
       all_reduce_case(*c.device, rank, world, seed ^ 77 ^ comm_id, dt, 65536 + 3, stream, 20, name);
       for (const k::CommOp op : {k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllToAll}) {
         for (const int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000003}}) {
-          collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 3, dt, count, nullptr, 1, name);
+          collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 3, dt, count, nullptr, 1,
+                          name);
         }
         collective_case(*c.device, op, rank, world, seed ^ 78 ^ comm_id, dt, 65536 + 5, stream, 20, name);
       }
@@ -721,8 +734,8 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     too_large(*c.device, rank, world, name);
     all_reduce_case(*c.device, rank, world, seed ^ 5 ^ comm_id, k::CommDtype::kF32, 4099, nullptr, 1,
                     name + " after the refusal");
-    collective_case(*c.device, k::CommOp::kAllGather, rank, world, seed ^ 6 ^ comm_id, k::CommDtype::kF32, 4099,
-                    nullptr, 1, name + " after the refusal");
+    collective_case(*c.device, k::CommOp::kAllGather, rank, world, seed ^ 6 ^ comm_id, k::CommDtype::kF32,
+                    4099, nullptr, 1, name + " after the refusal");
     g.barrier();
     c.close();
   }
@@ -734,11 +747,12 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     Comm c(rt, g, std::vector<int>(world, 0), ++comm_id);
     const std::string name = "1 x " + std::to_string(world);
     for (const k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
-      for (const k::CommOp op : {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter,
-                                 k::CommOp::kAllToAll}) {
+      for (const k::CommOp op :
+           {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllToAll}) {
         const uint64_t copies = c.device->input_copies();
         for (const int64_t count : {int64_t{7}, int64_t{4099}, int64_t{30001}}) {
-          collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 11, dt, count, nullptr, 1, name);
+          collective_case(*c.device, op, rank, world, seed ^ count ^ comm_id ^ 11, dt, count, nullptr, 1,
+                          name);
         }
         // All one-shot (kAuto picks it up to 256 KiB at any world; these are <= 120 KB): read in
         // place, no copy.
@@ -788,9 +802,10 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
       }
       cudaFree(buf);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      check(kind == ErrorKind::kTimeout && message.find("allToAll [between hosts]") != std::string::npos &&
-                message.find("(host 1)") != std::string::npos,
-            "missing host: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
+      check(
+          kind == ErrorKind::kTimeout && message.find("allToAll [between hosts]") != std::string::npos &&
+              message.find("(host 1)") != std::string::npos,
+          "missing host: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
       check(s < kTimeoutMs / 1000.0 + 15, "missing host: the timeout took " + std::to_string(s) + " s");
       if (rank == 0) std::printf("  missing host, rank 0 after %.1f s: %s\n", s, message.c_str());
     }

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "support/check.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/host_layout.h"
+#include "support/check.h"
 
 namespace {
 
@@ -52,12 +52,14 @@ int main() {
         "blocks: rank 3");
   // One host: everyone a member, no one else to reach.
   const auto one = make_host_layout({0, 0, 0}, 2);
-  check(one.hosts == 1 && one.local_world == 3 && one.local_rank == 2 && one.counterparts == std::vector<int>{2},
+  check(one.hosts == 1 && one.local_world == 3 && one.local_rank == 2 &&
+            one.counterparts == std::vector<int>{2},
         "one host");
 
   ErrorKind kind = ErrorKind::kState;
   std::string m = refusal({0, 0, 1}, 2, &kind);
-  check(kind == ErrorKind::kUnavailable && m.find("same number of ranks on every host: host 1 has 1") != std::string::npos,
+  check(kind == ErrorKind::kUnavailable &&
+            m.find("same number of ranks on every host: host 1 has 1") != std::string::npos,
         "uneven hosts refused: " + m);
   m = refusal({0, 2, 2, 0}, 0, &kind);
   check(kind == ErrorKind::kInvalidArgument && m.find("host id 1 has no rank") != std::string::npos,

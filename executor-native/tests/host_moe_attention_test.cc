@@ -44,7 +44,8 @@ struct MoeCase {
 void run_moe_case(int w, DType t, const MoeCase& mc, bool& saw_duplicate, bool& saw_empty) {
   const int64_t e_count = mc.experts, hidden = mc.hidden, ffn = mc.ffn, width = mc.width;
   const int topk = mc.topk;
-  const std::string what = ctx("moe", w, t) + " E=" + std::to_string(e_count) + " topk=" + std::to_string(topk);
+  const std::string what =
+      ctx("moe", w, t) + " E=" + std::to_string(e_count) + " topk=" + std::to_string(topk);
   std::uniform_int_distribution<int64_t> pick(0, e_count - 1);
   const int64_t cold = pick(g_rng);  // an expert nobody routes to
   std::vector<int64_t> tokens(w);
@@ -69,8 +70,8 @@ void run_moe_case(int w, DType t, const MoeCase& mc, bool& saw_duplicate, bool& 
   std::vector<MoeDispatchResult> res(w);
   auto errors = run_ranks(w, [&](Exchanger& ex) {
     const int r = ex.rank();
-    res[r] = moe_dispatch_gemm(ex, t, x[r].data(), tokens[r], hidden, ids[r].data(),
-                               weights[r].data(), topk, e_count, w1[r].data(), ffn);
+    res[r] = moe_dispatch_gemm(ex, t, x[r].data(), tokens[r], hidden, ids[r].data(), weights[r].data(), topk,
+                               e_count, w1[r].data(), ffn);
     const MoeLayout& l = res[r].layout;
     Tensor eo(t, l.rows() * width);
     for (int64_t row = 0; row < l.rows(); ++row)
@@ -113,7 +114,8 @@ void run_moe_case(int w, DType t, const MoeCase& mc, bool& saw_duplicate, bool& 
       saw_duplicate = saw_duplicate || (src_rank[i] == src_rank[i - 1] && src_token[i] == src_token[i - 1]);
     std::vector<std::vector<int64_t>> pairs(w);
     for (int64_t tok = 0; tok < tokens[r]; ++tok)
-      for (int k = 0; k < topk; ++k) pairs[ref_owner(ids[r][tok * topk + k], e_count, w)].push_back(tok * topk + k);
+      for (int k = 0; k < topk; ++k)
+        pairs[ref_owner(ids[r][tok * topk + k], e_count, w)].push_back(tok * topk + k);
     CHECK(l.sent_pairs == pairs, rr + " sent_pairs");
     if (!layout_ok) continue;
     // routed_x rows are the source tokens, bit for bit; out = routed row · W1_eᵀ.
@@ -131,8 +133,8 @@ void run_moe_case(int w, DType t, const MoeCase& mc, bool& saw_duplicate, bool& 
         for (int64_t f = 0; f < ffn; ++f) {
           double v = 0, mag = 0;
           for (int64_t h = 0; h < hidden; ++h) {
-            const double p = x[src_rank[row]].at(src_token[row] * hidden + h) *
-                             w1[r].at((le * ffn + f) * hidden + h);
+            const double p =
+                x[src_rank[row]].at(src_token[row] * hidden + h) * w1[r].at((le * ffn + f) * hidden + h);
             v += p;
             mag += std::fabs(p);
           }
@@ -176,13 +178,14 @@ void test_moe() {
     const std::vector<float> wts(6, 0.5f);
     auto errors = run_ranks(2, [&](Exchanger& ex) {
       std::vector<int32_t> ids = {0, 1, 2, 3, 4, 0};  // 3 tokens × topk 2, E = 5
-      if (ex.rank() == 1) ids[4] = bad;                // token 2, slot 0
+      if (ex.rank() == 1) ids[4] = bad;               // token 2, slot 0
       moe_dispatch_gemm(ex, DType::kF32, xx.data(), 3, 4, ids.data(), wts.data(), 2, 5, ww.data(), 2);
     });
     CHECK(error_is(errors[1], ErrorKind::kInvalidArgument,
                    {"moeDispatchGemm", "token 2", "expert id " + std::to_string(bad)}),
           "moe id " + std::to_string(bad) + " out of range: " + describe(errors[1]));
-    CHECK(error_is(errors[0], ErrorKind::kCommunicator, {}), "moe bad id releases the peer: " + describe(errors[0]));
+    CHECK(error_is(errors[0], ErrorKind::kCommunicator, {}),
+          "moe bad id releases the peer: " + describe(errors[0]));
   }
 }
 
@@ -198,8 +201,9 @@ void run_attention_case(int w, DType t, bool causal, const AttnCase& ac) {
   shape.head_dim = ac.d, shape.causal = causal, shape.scale = ac.scale;
   const int64_t b = ac.batch, s = ac.seq, hq = ac.hq, hkv = ac.hkv, d = ac.d;
   const std::string what = ctx("ringAttention", w, t) + (causal ? " causal" : " full") +
-                           " B=" + std::to_string(b) + " S=" + std::to_string(s) + " Hq=" +
-                           std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " D=" + std::to_string(d);
+                           " B=" + std::to_string(b) + " S=" + std::to_string(s) +
+                           " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) +
+                           " D=" + std::to_string(d);
   std::vector<Tensor> q(w), k(w), v(w), o(w), lse(w);
   for (int r = 0; r < w; ++r) {
     const int64_t n = split_count(s, w, r);

@@ -35,7 +35,11 @@ void test_split() {
 // ---- bf16 -----------------------------------------------------------------------------------
 void test_bf16() {
   auto f = [](uint32_t u) { return std::bit_cast<float>(u); };
-  struct Case { uint32_t in; uint16_t out; const char* what; };
+  struct Case {
+    uint32_t in;
+    uint16_t out;
+    const char* what;
+  };
   const Case cases[] = {
       {0x3f800000u, 0x3f80, "1.0"},
       {0x3f808000u, 0x3f80, "tie 1+2^-8 -> even (down)"},
@@ -60,17 +64,15 @@ void test_bf16() {
   for (const Case& c : cases) {
     const uint16_t got = f32_to_bf16(f(c.in));
     char buf[128];
-    std::snprintf(buf, sizeof buf, "f32_to_bf16(0x%08x) = 0x%04x, want 0x%04x (%s)", c.in, got,
-                  c.out, c.what);
+    std::snprintf(buf, sizeof buf, "f32_to_bf16(0x%08x) = 0x%04x, want 0x%04x (%s)", c.in, got, c.out,
+                  c.what);
     CHECK(got == c.out, buf);
   }
-  const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u,
-                           0x7f80ffffu};
+  const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u, 0x7f80ffffu};
   for (uint32_t n : nans) {
     const uint16_t got = f32_to_bf16(f(n));
     char buf[96];
-    std::snprintf(buf, sizeof buf, "f32_to_bf16(NaN 0x%08x) = 0x%04x is a quiet NaN, same sign", n,
-                  got);
+    std::snprintf(buf, sizeof buf, "f32_to_bf16(NaN 0x%08x) = 0x%04x is a quiet NaN, same sign", n, got);
     CHECK((got & 0x7fc0) == 0x7fc0 && (got & 0x8000) == ((n >> 16) & 0x8000), buf);
   }
   // Every bf16 value converts to fp32 exactly and back unchanged.
@@ -78,8 +80,8 @@ void test_bf16() {
   for (uint32_t b = 0; b < 65536; ++b) {
     const float x = bf16_to_f32(static_cast<uint16_t>(b));
     const bool nan = (b & 0x7fff) > 0x7f80;
-    if (nan ? !std::isnan(x) : (static_cast<double>(x) != bf16_value(static_cast<uint16_t>(b)) ||
-                                f32_to_bf16(x) != b))
+    if (nan ? !std::isnan(x)
+            : (static_cast<double>(x) != bf16_value(static_cast<uint16_t>(b)) || f32_to_bf16(x) != b))
       ++bad;
   }
   CHECK(bad == 0, "bf16 -> f32 -> bf16 round trip of all 65536 values (" + std::to_string(bad) + " bad)");
@@ -93,7 +95,8 @@ void test_bf16() {
     const float x = f(u);
     if (std::isnan(x)) continue;
     if (f32_to_bf16(x) != ref_round_bf16(x)) {
-      if (bad < 4) std::fprintf(stderr, "  0x%08x -> 0x%04x, want 0x%04x\n", u, f32_to_bf16(x), ref_round_bf16(x));
+      if (bad < 4)
+        std::fprintf(stderr, "  0x%08x -> 0x%04x, want 0x%04x\n", u, f32_to_bf16(x), ref_round_bf16(x));
       ++bad;
     }
   }
@@ -137,12 +140,12 @@ void test_exchanger() {
       if (r == s) send[d].bytes = 8;
       ex.exchange(send, recv, "test/mismatch");
     });
-    const std::string pair = "rank " + std::to_string(s) + " sends 8 bytes to rank " +
-                             std::to_string(d) + ", which expects 4";
+    const std::string pair =
+        "rank " + std::to_string(s) + " sends 8 bytes to rank " + std::to_string(d) + ", which expects 4";
     for (int r = 0; r < w; ++r)
-      CHECK(error_is(errors[r], ErrorKind::kCommunicator, {"size mismatch", pair, "test/mismatch"}),
-            "size mismatch W=" + std::to_string(w) + " rank " + std::to_string(r) + ": " +
-                describe(errors[r]));
+      CHECK(
+          error_is(errors[r], ErrorKind::kCommunicator, {"size mismatch", pair, "test/mismatch"}),
+          "size mismatch W=" + std::to_string(w) + " rank " + std::to_string(r) + ": " + describe(errors[r]));
   }
   {
     auto errors = run_ranks(2, [&](Exchanger& ex) {
@@ -175,10 +178,11 @@ void test_exchanger() {
 void test_collectives() {
   for (int w = 1; w <= 4; ++w) {
     for (DType t : {DType::kF32, DType::kBF16}) {
-      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{w - 1}, int64_t{4} * w, int64_t{103}, int64_t{1000}}) {
+      for (int64_t count :
+           {int64_t{0}, int64_t{1}, int64_t{w - 1}, int64_t{4} * w, int64_t{103}, int64_t{1000}}) {
         const std::string what = ctx("", w, t) + " count=" + std::to_string(count);
-        std::vector<Tensor> ag_in(w), rs_in(w), a2a_in(w), ag_out(w), rs_out(w), ar_out(w),
-            ar_inplace(w), a2a_out(w);
+        std::vector<Tensor> ag_in(w), rs_in(w), a2a_in(w), ag_out(w), rs_out(w), ar_out(w), ar_inplace(w),
+            a2a_out(w);
         for (int r = 0; r < w; ++r) {
           const int64_t mine = split_count(count, w, r);
           ag_in[r] = random_tensor(t, mine);
@@ -203,7 +207,9 @@ void test_collectives() {
         // References: concatenation, fp64 sums, and the fp32 rank-order sum rounded once.
         Tensor concat(t, count);
         for (int s = 0, i = 0; s < w; ++s)
-          for (int64_t j = 0; j < ag_in[s].size(); ++j, ++i) std::memcpy(concat.bytes.data() + i * dtype_size(t), ag_in[s].bytes.data() + j * dtype_size(t), dtype_size(t));
+          for (int64_t j = 0; j < ag_in[s].size(); ++j, ++i)
+            std::memcpy(concat.bytes.data() + i * dtype_size(t), ag_in[s].bytes.data() + j * dtype_size(t),
+                        dtype_size(t));
         Expect sum;
         Tensor ordered(t, count);
         for (int64_t i = 0; i < count; ++i) {
@@ -215,18 +221,25 @@ void test_collectives() {
             f = s == 0 ? static_cast<float>(rs_in[s].at(i)) : f + static_cast<float>(rs_in[s].at(i));
           }
           sum.push(v, sum_tol(t, v, mag, w));
-          if (t == DType::kF32) ordered.set(i, f);
-          else { const uint16_t b = ref_round_bf16(f); std::memcpy(ordered.bytes.data() + 2 * i, &b, 2); }
+          if (t == DType::kF32)
+            ordered.set(i, f);
+          else {
+            const uint16_t b = ref_round_bf16(f);
+            std::memcpy(ordered.bytes.data() + 2 * i, &b, 2);
+          }
         }
         for (int r = 0; r < w; ++r) {
           const std::string rr = what + " rank " + std::to_string(r);
           const int64_t mine = split_count(count, w, r), off = split_offset(count, w, r);
           CHECK(same_bits(ag_out[r], 0, concat, 0, count), "allGather" + rr + " equals the concatenation");
           check_close("reduceScatter" + rr, rs_out[r], sum.slice(off, mine));
-          CHECK(same_bits(rs_out[r], 0, ordered, off, mine), "reduceScatter" + rr + " adds in rank order (bitwise)");
+          CHECK(same_bits(rs_out[r], 0, ordered, off, mine),
+                "reduceScatter" + rr + " adds in rank order (bitwise)");
           check_close("allReduce" + rr, ar_out[r], sum);
-          CHECK(same_bits(ar_out[r], 0, ordered, 0, count), "allReduce" + rr + " adds in rank order (bitwise)");
-          CHECK(same_bits(ar_inplace[r], 0, ar_out[r], 0, count), "allReduce in place" + rr + " equals out of place");
+          CHECK(same_bits(ar_out[r], 0, ordered, 0, count),
+                "allReduce" + rr + " adds in rank order (bitwise)");
+          CHECK(same_bits(ar_inplace[r], 0, ar_out[r], 0, count),
+                "allReduce in place" + rr + " equals out of place");
           bool a2a = true;
           for (int s = 0; s < w; ++s) a2a = a2a && same_bits(a2a_out[r], s * mine, a2a_in[s], off, mine);
           CHECK(a2a, "allToAll" + rr + ": block s is rank s's block r");
@@ -260,8 +273,8 @@ Expect ref_gemm(DType t, const Tensor& a, const Tensor& w, int64_t m, int64_t n,
 }
 
 void test_gemm() {
-  const int64_t shapes[][3] = {{0, 4, 3},   {3, 0, 5},    {4, 3, 0},    {1, 1, 1},     {1, 9, 1},
-                               {2, 1, 7},   {17, 13, 29}, {33, 65, 257}, {96, 80, 300}, {5, 131, 64}};
+  const int64_t shapes[][3] = {{0, 4, 3}, {3, 0, 5},    {4, 3, 0},     {1, 1, 1},     {1, 9, 1},
+                               {2, 1, 7}, {17, 13, 29}, {33, 65, 257}, {96, 80, 300}, {5, 131, 64}};
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
       for (const auto& s : shapes) {
@@ -283,7 +296,8 @@ void test_gemm() {
   try {
     gemm(DType::kF32, nullptr, nullptr, nullptr, -1, 2, 3, WeightLayout::kNK);
   } catch (const Error& e) {
-    threw = e.kind() == ErrorKind::kInvalidArgument && std::string(e.what()).find("gemm") != std::string::npos &&
+    threw = e.kind() == ErrorKind::kInvalidArgument &&
+            std::string(e.what()).find("gemm") != std::string::npos &&
             std::string(e.what()).find("-1") != std::string::npos;
   }
   CHECK(threw, "gemm m=-1 fails with a message naming the op and the value");
@@ -297,8 +311,8 @@ void test_all_gather_gemm() {
         for (int64_t m : {int64_t{0}, int64_t{2}, int64_t{3} * w, int64_t{13}})
           for (int64_t k : {int64_t{1}, int64_t{37}}) {
             const bool keep_a = (m + k) % 2 == 1;
-            const std::string what = ctx("allGatherGemm", w, t) + " " + name(layout) + " m=" +
-                                     std::to_string(m) + " k=" + std::to_string(k);
+            const std::string what = ctx("allGatherGemm", w, t) + " " + name(layout) +
+                                     " m=" + std::to_string(m) + " k=" + std::to_string(k);
             std::vector<Tensor> a(w), wt(w), c(w), ga(w);
             std::vector<int64_t> n_local(w);
             for (int r = 0; r < w; ++r) {
@@ -310,8 +324,8 @@ void test_all_gather_gemm() {
             }
             auto errors = run_ranks(w, [&](Exchanger& ex) {
               const int r = ex.rank();
-              all_gather_gemm(ex, t, a[r].data(), wt[r].data(), c[r].data(),
-                              keep_a ? ga[r].data() : nullptr, m, n_local[r], k, layout);
+              all_gather_gemm(ex, t, a[r].data(), wt[r].data(), c[r].data(), keep_a ? ga[r].data() : nullptr,
+                              m, n_local[r], k, layout);
             });
             if (!all_ok(errors, what)) continue;
             Tensor full(t, m * k);
@@ -323,7 +337,8 @@ void test_all_gather_gemm() {
               check_close(what + " rank " + std::to_string(r), c[r],
                           ref_gemm(t, full, wt[r], m, n_local[r], k, layout));
               if (keep_a)
-                CHECK(same_bits(ga[r], 0, full, 0, m * k), what + " rank " + std::to_string(r) + " gathered_a");
+                CHECK(same_bits(ga[r], 0, full, 0, m * k),
+                      what + " rank " + std::to_string(r) + " gathered_a");
             }
           }
 }
@@ -392,10 +407,13 @@ void test_gemm_reduce() {
               for (int r = 0; r < w; ++r) {
                 const int64_t off = split_offset(m, w, r) * n, cnt = split_count(m, w, r) * n;
                 CHECK(rs[r].size() == cnt, "gemmReduceScatter" + what + " block size");
-                check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], full.slice(off, cnt));
+                check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r],
+                            full.slice(off, cnt));
                 check_close("gemmAllReduce" + what + " rank " + std::to_string(r), ar[r], full);
-                CHECK(same_bits(ar[r], 0, ar[0], 0, m * n), "gemmAllReduce" + what + " same bits on every rank");
-                CHECK(same_bits(rs[r], 0, ar[r], off, cnt), "gemmReduceScatter" + what + " equals its allReduce block");
+                CHECK(same_bits(ar[r], 0, ar[0], 0, m * n),
+                      "gemmAllReduce" + what + " same bits on every rank");
+                CHECK(same_bits(rs[r], 0, ar[r], off, cnt),
+                      "gemmReduceScatter" + what + " equals its allReduce block");
               }
             }
 }
@@ -450,21 +468,22 @@ void test_gemm_reduce_bf16_partials() {
       for (WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN})
         for (int64_t m : {int64_t{1}, int64_t{2} * w + 1}) {
           const int64_t k = 45, n = 19;
-          const std::string what = ctx("", w, t) + " " + name(layout) + " m=" + std::to_string(m) +
-                                   " bf16 partials";
+          const std::string what =
+              ctx("", w, t) + " " + name(layout) + " m=" + std::to_string(m) + " bf16 partials";
           auto [a, wt, rs, ar] = gemm_reduce_tensors(t, w, m, n, k);
           auto errors = run_ranks(w, [&](Exchanger& ex) {
             const int r = ex.rank();
-            gemm_reduce_scatter(ex, t, a[r].data(), wt[r].data(), rs[r].data(), m, n,
-                                split_count(k, w, r), layout, PartialPrecision::kBF16);
-            gemm_all_reduce(ex, t, a[r].data(), wt[r].data(), ar[r].data(), m, n,
-                            split_count(k, w, r), layout, PartialPrecision::kBF16);
+            gemm_reduce_scatter(ex, t, a[r].data(), wt[r].data(), rs[r].data(), m, n, split_count(k, w, r),
+                                layout, PartialPrecision::kBF16);
+            gemm_all_reduce(ex, t, a[r].data(), wt[r].data(), ar[r].data(), m, n, split_count(k, w, r),
+                            layout, PartialPrecision::kBF16);
           });
           if (!all_ok(errors, "gemmReduceScatter / gemmAllReduce" + what)) continue;
           const Expect full = ref_gemm_sum(t, a, wt, m, n, k, w, layout, /*bf16_partials=*/true);
           for (int r = 0; r < w; ++r) {
             const int64_t off = split_offset(m, w, r) * n, cnt = split_count(m, w, r) * n;
-            check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r], full.slice(off, cnt));
+            check_close("gemmReduceScatter" + what + " rank " + std::to_string(r), rs[r],
+                        full.slice(off, cnt));
             check_close("gemmAllReduce" + what + " rank " + std::to_string(r), ar[r], full);
             CHECK(std::memcmp(ar[r].data(), ar[0].data(), static_cast<size_t>(m * n * dtype_size(t))) == 0,
                   "gemmAllReduce" + what + ": rank " + std::to_string(r) + " got other bits than rank 0");

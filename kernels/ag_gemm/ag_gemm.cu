@@ -1,9 +1,9 @@
 // Host side of ag_gemm.h: argument checks, workspace sizes, the SM split, the chunk geometry
 // of the fused kernel (detail/ag_gemm_kernel.cuh) and its launch, the copy-engine exchange on
 // side streams, and the decomposed path (launch_collective + launch_gemm).
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
@@ -59,8 +59,8 @@ int64_t ag_gathered_bytes(int M, int K) { return int64_t{M} * K * 2; }
 // column-0 tile.
 int ag_store_own(bool gathered, int world, int M, int K) {
   if (!gathered) return 0;
-  const bool spread = world <= tuning::kAgSpreadStoresMaxWorld &&
-                      ag_gathered_bytes(M, K) >= tuning::kAgSpreadStoresMinBytes;
+  const bool spread =
+      world <= tuning::kAgSpreadStoresMaxWorld && ag_gathered_bytes(M, K) >= tuning::kAgSpreadStoresMinBytes;
   return spread ? detail::kAgStoreSpread : 1;
 }
 
@@ -74,8 +74,7 @@ bool ag_uses_ce(const CommDevice& d, const AgGemmArgs& a) {
   if (d.world < 2 || a.side == nullptr || a.exchange == AgExchange::kSmPulls) return false;
   if (a.exchange == AgExchange::kCopyEngines) return true;
   return a.side->usable() && d.world == 2 &&
-         (a.N <= tuning::kAgCeMaxN ||
-          ag_gathered_bytes(a.M, a.K) >= tuning::kAgCeMinGatheredBytes);
+         (a.N <= tuning::kAgCeMaxN || ag_gathered_bytes(a.M, a.K) >= tuning::kAgCeMinGatheredBytes);
 }
 
 // Fills everything but the device handle, pointers and tile width dependent parts.
@@ -91,8 +90,7 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   p.chunks = static_cast<int>(ceil_div(mb, p.mg));
   const int chunk_rows = p.mg * detail::kTileM;
   const int64_t chunk_bytes = static_cast<int64_t>(chunk_rows) * a.K * 2;
-  int slices = static_cast<int>(
-      std::clamp<int64_t>(chunk_bytes / tuning::kAgSliceBytes, 1, chunk_rows));
+  int slices = static_cast<int>(std::clamp<int64_t>(chunk_bytes / tuning::kAgSliceBytes, 1, chunk_rows));
   p.slice_rows = static_cast<int>(ceil_div(chunk_rows, slices));
   p.slices = static_cast<int>(ceil_div(chunk_rows, p.slice_rows));
   // The GEMM starts at the first M-block made only of this rank's rows (no wait at all), else
@@ -175,13 +173,12 @@ std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int from, int
 
 // ---- launch helpers -----------------------------------------------------------------------------
 template <int BN, bool kBKN>
-cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p,
-                               cudaStream_t stream) {
+cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
   return detail::launch_fused_instance(
       detail::ag_gemm_kernel<BN, kBKN>,
-      detail::GemmTileConfig<BN, detail::DefaultEpilogue::kStagingRounds>::kSmemBytes, opted,
-      plan, p.gemm_ctas + p.comm_ctas, stream, plan.epi, p);
+      detail::GemmTileConfig<BN, detail::DefaultEpilogue::kStagingRounds>::kSmemBytes, opted, plan,
+      p.gemm_ctas + p.comm_ctas, stream, plan.epi, p);
 }
 
 // The host-side plans' arguments (all_gather_gemm_sweep, all_gather_gemm_ce_plan): a valid
@@ -193,8 +190,8 @@ bool ag_plan_args_ok(const CommDevice& d, const AgGemmArgs& a) {
 
 bool ag_args_ok(const CommDevice& d, const AgGemmArgs& a) {
   if (!valid_device(d) || !valid_shape(a.M, a.N, a.K)) return false;
-  if (a.B == nullptr || a.C == nullptr || !aligned16(a.B) || !aligned16(a.C) ||
-      !aligned16(a.gathered) || a.in_offset % 16 != 0) {
+  if (a.B == nullptr || a.C == nullptr || !aligned16(a.B) || !aligned16(a.C) || !aligned16(a.gathered) ||
+      a.in_offset % 16 != 0) {
     return false;
   }
   if (a.exchange != AgExchange::kAuto && a.exchange != AgExchange::kSmPulls &&
@@ -249,9 +246,9 @@ std::vector<int> all_gather_gemm_sweep(const CommDevice& d, const AgGemmArgs& a)
   return order;
 }
 
-std::vector<AgCeStep> all_gather_gemm_ce_plan(
-    const CommDevice& d, const AgGemmArgs& a, int from, int64_t copy_bytes,
-    std::vector<std::pair<int64_t, int64_t>>* position_rows) {
+std::vector<AgCeStep> all_gather_gemm_ce_plan(const CommDevice& d, const AgGemmArgs& a, int from,
+                                              int64_t copy_bytes,
+                                              std::vector<std::pair<int64_t, int64_t>>* position_rows) {
   if (!ag_plan_args_ok(d, a)) return {};
   return ag_ce_steps(ag_geometry(d, a).p, d.world, d.rank, from, copy_bytes, position_rows);
 }
@@ -293,8 +290,7 @@ cudaError_t FusedSideStreams::make(int world) {
   }
   for (int i = 0; i + 1 < world && i + 1 < kCommMaxRanks; ++i) {
     if (streams_[i] != nullptr) continue;
-    if (cudaError_t e = cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking);
-        e != cudaSuccess) {
+    if (cudaError_t e = cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking); e != cudaSuccess) {
       streams_[i] = nullptr;
       return e;
     }
@@ -323,8 +319,8 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, const FusedSi
     const int from = (r + 1 + i) % W;
     cudaStream_t st = side.stream(i);
     if (cudaError_t e = cudaStreamWaitEvent(st, side.fork(), 0); e != cudaSuccess) return e;
-    const auto progress = reinterpret_cast<CUdeviceptr>(
-        flags + offsetof(FusedFlags, ce_progress) + i * sizeof(uint64_t));
+    const auto progress =
+        reinterpret_cast<CUdeviceptr>(flags + offsetof(FusedFlags, ce_progress) + i * sizeof(uint64_t));
     const int64_t off = split_offset(p.M, W, from);
     for (const AgCeStep& step : ag_ce_steps(p, W, r, from, tuning::kAgCeCopyBytes, nullptr)) {
       if (step.peer < 0) {
@@ -336,8 +332,8 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, const FusedSi
       }
       const uint8_t* src = d.base[from] + d.data_offset + p.in_offset + (step.row0 - off) * row_bytes;
       uint8_t* dst = reinterpret_cast<uint8_t*>(p.gathered) + step.row0 * row_bytes;
-      if (cudaError_t e = cudaMemcpyAsync(dst, src, (step.row1 - step.row0) * row_bytes,
-                                          cudaMemcpyDeviceToDevice, st);
+      if (cudaError_t e =
+              cudaMemcpyAsync(dst, src, (step.row1 - step.row0) * row_bytes, cudaMemcpyDeviceToDevice, st);
           e != cudaSuccess) {
         return e;
       }
@@ -350,8 +346,7 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, const FusedSi
 }  // namespace
 
 // ---- launch -------------------------------------------------------------------------------------
-cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args,
-                                   cudaStream_t stream) {
+cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args, cudaStream_t stream) {
   if (!ag_args_ok(dev, args)) return cudaErrorInvalidValue;
   const int W = dev.world;
   // The copy engines' streams and driver entry point, before anything is enqueued. Where they
@@ -370,16 +365,14 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
       a.gathered != nullptr ? a.gathered : reinterpret_cast<__nv_bfloat16*>(scratch_of(dev));
   // Both paths carry the op's signature (its collective too): the rank-uniform M, K, offset.
   CommDevice d = dev;
-  d.launch_sig = comm_launch_signature(kFusedOpAllGatherGemm, static_cast<uint32_t>(CommDtype::kBF16),
-                                       static_cast<uint32_t>(algo),
-                                       comm_sig_hash(static_cast<uint64_t>(a.M),
-                                                     static_cast<uint64_t>(a.K), a.in_offset));
+  d.launch_sig = comm_launch_signature(
+      kFusedOpAllGatherGemm, static_cast<uint32_t>(CommDtype::kBF16), static_cast<uint32_t>(algo),
+      comm_sig_hash(static_cast<uint64_t>(a.M), static_cast<uint64_t>(a.K), a.in_offset));
 
   if (algo == FusedAlgo::kDecomposed && W == 1) {
     // Alone, the gathered A is A_r: the GEMM reads it in place, and it is copied out only when
     // asked for (no allGather launch, which would copy it anyway).
-    const auto* own =
-        reinterpret_cast<const __nv_bfloat16*>(d.base[0] + d.data_offset + a.in_offset);
+    const auto* own = reinterpret_cast<const __nv_bfloat16*>(d.base[0] + d.data_offset + a.in_offset);
     if (a.gathered != nullptr) {
       if (cudaError_t e = cudaMemcpyAsync(a.gathered, own, static_cast<size_t>(a.M) * a.K * 2,
                                           cudaMemcpyDeviceToDevice, stream);
@@ -409,8 +402,8 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
       c.count = W * ceil_div(a.M, W) * a.K;
       c.output = padded;
       if (cudaError_t e = launch_collective(d, c, stream); e != cudaSuccess) return e;
-      if (cudaError_t e = copy_rows_layout(reinterpret_cast<uint8_t*>(gathered), padded, a.M, W,
-                                           row_bytes, false, stream);
+      if (cudaError_t e = copy_rows_layout(reinterpret_cast<uint8_t*>(gathered), padded, a.M, W, row_bytes,
+                                           false, stream);
           e != cudaSuccess) {
         return e;
       }
@@ -440,16 +433,15 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
   const int64_t own_off = split_offset(a.M, W, d.rank), own_cnt = split_count(a.M, W, d.rank);
   const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
   const uint8_t* own = d.base[d.rank] + d.data_offset + a.in_offset;
-  if (p.own_b1 > p.own_b0 &&
-      !detail::encode_a_map(&p.tm_own, reinterpret_cast<const __nv_bfloat16*>(own),
-                            static_cast<int>(own_cnt), a.K, a.K)) {
+  if (p.own_b1 > p.own_b0 && !detail::encode_a_map(&p.tm_own, reinterpret_cast<const __nv_bfloat16*>(own),
+                                                   static_cast<int>(own_cnt), a.K, a.K)) {
     return cudaErrorInvalidValue;
   }
   auto copy_own = [&](int64_t r0, int64_t r1) {  // gathered rows [r0, r1) from A_r
     if (r1 <= r0) return cudaSuccess;
     return cudaMemcpyAsync(reinterpret_cast<uint8_t*>(gathered) + r0 * row_bytes,
-                           own + (r0 - own_off) * row_bytes, (r1 - r0) * row_bytes,
-                           cudaMemcpyDeviceToDevice, stream);
+                           own + (r0 - own_off) * row_bytes, (r1 - r0) * row_bytes, cudaMemcpyDeviceToDevice,
+                           stream);
   };
   const int64_t direct0 = int64_t{p.own_b0} * detail::kTileM;
   const int64_t direct1 = int64_t{p.own_b1} * detail::kTileM;
@@ -457,8 +449,7 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
   if (cudaError_t e = copy_own(own_off, copy_all ? own_off + own_cnt : direct0); e != cudaSuccess) {
     return e;
   }
-  if (cudaError_t e = copy_own(copy_all ? own_off + own_cnt : direct1, own_off + own_cnt);
-      e != cudaSuccess) {
+  if (cudaError_t e = copy_own(copy_all ? own_off + own_cnt : direct1, own_off + own_cnt); e != cudaSuccess) {
     return e;
   }
   p.dev = d;

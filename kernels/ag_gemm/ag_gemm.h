@@ -108,7 +108,7 @@ struct AgGemmArgs {
   uint64_t in_offset = 0;
   const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
   GemmLayoutB b_layout = GemmLayoutB::kNK;
-  __nv_bfloat16* C = nullptr;        // M×N, this process's memory
+  __nv_bfloat16* C = nullptr;  // M×N, this process's memory
   // Optional output M×K: the gathered A. Null: the gathered A is built in this rank's scratch
   // area (from its offset 0), which the op then overwrites.
   __nv_bfloat16* gathered = nullptr;
@@ -157,7 +157,6 @@ std::vector<AgCeStep> all_gather_gemm_ce_plan(
     std::vector<std::pair<int64_t, int64_t>>* position_rows = nullptr);
 
 // Enqueue one op on `stream` (contract above). cudaErrorInvalidValue for bad arguments.
-cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args,
-                                   cudaStream_t stream);
+cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args, cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels

@@ -28,12 +28,8 @@ cudaError_t start_kernel(Kernel kernel, int grid, cudaStream_t stream, const Com
 
 template <typename T, CommOp kOp, bool kPush, bool kDirect = false>
 cudaError_t launch_pipe_ns(const CommDevice& d, const Params& prm, int grid, cudaStream_t stream) {
-  if (d.world <= 2) {
-    return start_kernel(pipe_kernel<T, kOp, kPush, 2, kDirect>, grid, stream, d, prm);
-  }
-  if (d.world <= 4) {
-    return start_kernel(pipe_kernel<T, kOp, kPush, 4, kDirect>, grid, stream, d, prm);
-  }
+  if (d.world <= 2) { return start_kernel(pipe_kernel<T, kOp, kPush, 2, kDirect>, grid, stream, d, prm); }
+  if (d.world <= 4) { return start_kernel(pipe_kernel<T, kOp, kPush, 4, kDirect>, grid, stream, d, prm); }
   return start_kernel(pipe_kernel<T, kOp, kPush, 8, kDirect>, grid, stream, d, prm);
 }
 template <typename T>
@@ -46,8 +42,7 @@ cudaError_t launch_pipe(const CommDevice& d, const Params& prm, int grid, cudaSt
     case CommOp::kAllReduce:
       return push ? launch_pipe_ns<T, CommOp::kAllReduce, true>(d, prm, grid, stream)
                   : launch_pipe_ns<T, CommOp::kAllReduce, false>(d, prm, grid, stream);
-    case CommOp::kReduceScatter:
-      return launch_pipe_ns<T, CommOp::kReduceScatter, true>(d, prm, grid, stream);
+    case CommOp::kReduceScatter: return launch_pipe_ns<T, CommOp::kReduceScatter, true>(d, prm, grid, stream);
     case CommOp::kAllGather:
       return start_kernel(pipe_kernel<T, CommOp::kAllGather, true, 1>, grid, stream, d, prm);
     case CommOp::kAllToAll:
@@ -87,9 +82,8 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     return cudaErrorInvalidValue;
   }
   if (d.launch_sig == 0) {
-    d.launch_sig =
-        comm_launch_signature(static_cast<uint32_t>(a.op), static_cast<uint32_t>(a.dtype),
-                              static_cast<uint32_t>(algo), static_cast<uint64_t>(a.count));
+    d.launch_sig = comm_launch_signature(static_cast<uint32_t>(a.op), static_cast<uint32_t>(a.dtype),
+                                         static_cast<uint32_t>(algo), static_cast<uint64_t>(a.count));
   }
   const int sms = d.sm_count > 0 ? d.sm_count : 1;
   Params prm{a, 0, 0};
@@ -101,16 +95,15 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     // tuning::kOneShotBytesPerCta per CTA and peer.
     const int64_t pushed = payload * std::max(1, d.world - 1);
     const int64_t per_cta = tuning::kOneShotBytesPerCta;
-    int grid = a.num_ctas > 0 ? a.num_ctas
-                              : static_cast<int>(std::min<int64_t>((pushed + per_cta - 1) / per_cta,
-                                                                   kCommMaxOneShotCtas));
+    int grid =
+        a.num_ctas > 0
+            ? a.num_ctas
+            : static_cast<int>(std::min<int64_t>((pushed + per_cta - 1) / per_cta, kCommMaxOneShotCtas));
     grid = std::clamp(grid, 1, std::min(kCommMaxOneShotCtas, sms));
     if (a.dtype == CommDtype::kBF16) {
       return start_kernel(one_shot_kernel<__nv_bfloat16>, grid, stream, d, prm);
     }
-    if (a.out_bf16) {
-      return start_kernel(one_shot_kernel<float, __nv_bfloat16>, grid, stream, d, prm);
-    }
+    if (a.out_bf16) { return start_kernel(one_shot_kernel<float, __nv_bfloat16>, grid, stream, d, prm); }
     return start_kernel(one_shot_kernel<float>, grid, stream, d, prm);
   } else if (algo == CommAlgo::kTwoPhase) {
     const int64_t bytes = two_phase_bytes(a, d.world, d.rank);
@@ -144,12 +137,9 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     if (a.dtype == CommDtype::kBF16) {
       return start_kernel(two_phase_kernel<__nv_bfloat16>, grid, stream, d, prm);
     }
-    if (a.out_bf16) {
-      return start_kernel(two_phase_kernel<float, __nv_bfloat16>, grid, stream, d, prm);
-    }
+    if (a.out_bf16) { return start_kernel(two_phase_kernel<float, __nv_bfloat16>, grid, stream, d, prm); }
     return start_kernel(two_phase_kernel<float>, grid, stream, d, prm);
-  } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined ||
-             algo == CommAlgo::kDirect) {
+  } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined || algo == CommAlgo::kDirect) {
     CollectiveArgs planned = a;
     // kAuto's push: kAutoPushChunkBytes; its direct: the default chunk (64 KiB: faster than
     // 128 KiB at 64 and 256 MiB, equal at 1 GiB).

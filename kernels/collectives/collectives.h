@@ -130,7 +130,7 @@
 namespace fusedcomm::kernels {
 
 inline constexpr int kCommMaxRanks = 8;
-inline constexpr int kCommMaxOneShotCtas = 64;     // one-shot grid cap (flags per source)
+inline constexpr int kCommMaxOneShotCtas = 64;  // one-shot grid cap (flags per source)
 inline constexpr uint64_t kCommControlOffset = 16 << 10;
 inline constexpr uint64_t kCommStagingOffset = 1 << 20;
 
@@ -157,12 +157,12 @@ inline constexpr int64_t kCommPipeMaxRounds = (int64_t{1} << kCommPipeRoundBits)
 
 // Where a wait gave up (CommErrorRecord::step).
 enum CommStep : uint32_t {
-  kCommStepArrive = 1,   // two-phase start barrier: peer's input not ready
-  kCommStepReady = 2,    // one-shot: peer's pushed data not arrived
-  kCommStepPhase = 3,    // two-phase allReduce: peer's reduced slice not ready
-  kCommStepDone = 4,     // two-phase end barrier: peer still reading our memory
-  kCommStepChunk = 5,    // pipelined variants: peer's chunk flag (CommErrorRecord::epoch holds
-                         // the awaited (epoch << kCommPipeRoundBits) | round)
+  kCommStepArrive = 1,  // two-phase start barrier: peer's input not ready
+  kCommStepReady = 2,   // one-shot: peer's pushed data not arrived
+  kCommStepPhase = 3,   // two-phase allReduce: peer's reduced slice not ready
+  kCommStepDone = 4,    // two-phase end barrier: peer still reading our memory
+  kCommStepChunk = 5,   // pipelined variants: peer's chunk flag (CommErrorRecord::epoch holds
+                        // the awaited (epoch << kCommPipeRoundBits) | round)
 };
 
 // CommErrorRecord::code beyond GemmErrorCode (kGemmWaitTimeout, kGemmAborted): a peer's launch
@@ -179,10 +179,10 @@ inline constexpr int kSigSizeBits = 43;
 inline constexpr uint64_t kSigSizeMask = (uint64_t{1} << kSigSizeBits) - 1;
 inline constexpr uint64_t kSigBodyMask = (uint64_t{1} << 56) - 1;  // everything but the epoch
 
-__host__ __device__ constexpr uint64_t comm_launch_signature(uint32_t op, uint32_t dtype,
-                                                             uint32_t algo, uint64_t size) {
-  return (uint64_t{algo & 7u} << 50) | (uint64_t{dtype & 3u} << 48) |
-         (uint64_t{op & 31u} << 43) | (size & kSigSizeMask);
+__host__ __device__ constexpr uint64_t comm_launch_signature(uint32_t op, uint32_t dtype, uint32_t algo,
+                                                             uint64_t size) {
+  return (uint64_t{algo & 7u} << 50) | (uint64_t{dtype & 3u} << 48) | (uint64_t{op & 31u} << 43) |
+         (size & kSigSizeMask);
 }
 __host__ __device__ constexpr uint64_t comm_signature_at(uint64_t body, uint64_t epoch) {
   return (body & kSigBodyMask) | ((epoch & 0xFF) << 56);
@@ -289,8 +289,8 @@ struct CommDevice {
   uint64_t slot_bytes;           // one-shot staging slot size (multiple of 16)
   uint64_t data_offset;          // data area (callers' inputs)
   uint64_t data_bytes;
-  uint64_t scratch_offset;       // allReduce scratch, data_bytes long
-  uint64_t timeout_ns;           // every wait; 0: kDefaultWaitTimeoutNs
+  uint64_t scratch_offset;              // allReduce scratch, data_bytes long
+  uint64_t timeout_ns;                  // every wait; 0: kDefaultWaitTimeoutNs
   const volatile uint32_t* abort_word;  // host-mapped; non-zero stops every wait (may be null)
   CommErrorRecord* error;               // host-mapped; required
   int32_t rank;
@@ -312,10 +312,10 @@ struct CollectiveArgs {
   uint64_t in_offset = 0;  // byte offset of the input in the data area (same on every rank)
   void* output = nullptr;  // this process's device memory
   CommAlgo algo = CommAlgo::kAuto;
-  int num_ctas = 0;        // 0: from the size and the SM count. kTwoPhasePush / kPipelined / kDirect:
-                           // producer CTAs (consumers derived), at most kCommMaxPipeCtas
-  int64_t chunk_bytes = 0; // kTwoPhasePush / kPipelined / kDirect: target bytes per producer chunk
-                           // (0: about 64 KiB); same value on every rank. Ignored otherwise.
+  int num_ctas = 0;         // 0: from the size and the SM count. kTwoPhasePush / kPipelined / kDirect:
+                            // producer CTAs (consumers derived), at most kCommMaxPipeCtas
+  int64_t chunk_bytes = 0;  // kTwoPhasePush / kPipelined / kDirect: target bytes per producer chunk
+                            // (0: about 64 KiB); same value on every rank. Ignored otherwise.
   // reduceScatter of fp32 input only (one-shot or two-phase, e.g. kAuto): write the output in
   // bf16, each fp32 sum rounded once (what the fused ops' decomposed gemmReduceScatter needs;
   // saves a conversion pass). `output` then holds bf16 elements. A local choice: ranks may
@@ -346,8 +346,7 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
 // Launched early (detail/early_launch.h; not on the legacy default stream): the kernel may be
 // scheduled while the stream's previous kernel runs, touches memory only once it has completed,
 // and lets the stream's next kernel be scheduled early too.
-cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& args,
-                              cudaStream_t stream);
+cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& args, cudaStream_t stream);
 
 inline const char* comm_op_name(uint32_t op) {
   switch (op) {

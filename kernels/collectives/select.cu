@@ -55,8 +55,8 @@ bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Pipe
   // small targets; spread over all producers when the longest slice / block n_0 has fewer
   // chunks than producers; grown if a producer would exceed kCommPipeMaxRounds rounds.
   const int64_t n0 = split_count(a.count, W, 0);
-  const int64_t target = std::max<int64_t>(
-      epv, (a.chunk_bytes > 0 ? a.chunk_bytes : tuning::kPipeChunkBytes) / es);
+  const int64_t target =
+      std::max<int64_t>(epv, (a.chunk_bytes > 0 ? a.chunk_bytes : tuning::kPipeChunkBytes) / es);
   const int64_t batch = int64_t{tuning::kCollectiveThreads - kCtl} * epv;  // a vector per thread
   const int64_t copy_batch = batch * tuning::kPipeCopyUnroll;
   auto round_up = [](int64_t x, int64_t g) { return (x + g - 1) / g * g; };
@@ -72,10 +72,9 @@ bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Pipe
   }
   plan->chunk = chunk;
   plan->producers = P;
-  plan->consumers =
-      direct ? std::max(1, P * tuning::kDirectReducersPct / 100)
-      : push ? std::max(1, (P + tuning::kPushCopyDiv - 1) / tuning::kPushCopyDiv)
-             : P;
+  plan->consumers = direct ? std::max(1, P * tuning::kDirectReducersPct / 100)
+                    : push ? std::max(1, (P + tuning::kPushCopyDiv - 1) / tuning::kPushCopyDiv)
+                           : P;
   plan->slot_stride = (n0 + epv - 1) / epv * epv;
   if (push && W > 1) {
     const uint64_t need = direct ? static_cast<uint64_t>((W - 1) * plan->slot_stride * es)
@@ -114,10 +113,8 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
   // allReduce in place, large: the direct variant (only stores cross NVLink), where measured
   // faster (tuning.h). In-placeness is this rank's own fact: callers do it on every rank or on
   // none (a rank that differs gets the launch-mismatch error, not a hang).
-  const int64_t direct_min =
-      dev.world <= 2 ? tuning::kAutoDirectMinBytesW2 : tuning::kAutoDirectMinBytes;
-  if (args.op == CommOp::kAllReduce && direct_min > 0 && bytes >= direct_min &&
-      detail::in_place(dev, args)) {
+  const int64_t direct_min = dev.world <= 2 ? tuning::kAutoDirectMinBytesW2 : tuning::kAutoDirectMinBytes;
+  if (args.op == CommOp::kAllReduce && direct_min > 0 && bytes >= direct_min && detail::in_place(dev, args)) {
     detail::PipePlan plan;
     if (detail::pipe_plan(dev, args, CommAlgo::kDirect, &plan)) return CommAlgo::kDirect;
   }
@@ -132,8 +129,7 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
   int64_t limit = 0;
   switch (args.op) {
     case CommOp::kAllReduce:
-      limit = dev.world <= 2 ? tuning::kOneShotMaxAllReduceBytesW2
-                             : tuning::kOneShotMaxAllReduceBytes;
+      limit = dev.world <= 2 ? tuning::kOneShotMaxAllReduceBytesW2 : tuning::kOneShotMaxAllReduceBytes;
       break;
     case CommOp::kAllGather:
     case CommOp::kReduceScatter:

@@ -43,8 +43,7 @@ __device__ __forceinline__ CommControl* comm_control(const CommDevice& d) {
   return reinterpret_cast<CommControl*>(d.base[d.rank] + kCommControlOffset);
 }
 // Staging slot [parity][src] of rank `owner`'s region.
-__device__ __forceinline__ uint8_t* comm_slot(const CommDevice& d, int owner, uint64_t parity,
-                                              int src) {
+__device__ __forceinline__ uint8_t* comm_slot(const CommDevice& d, int owner, uint64_t parity, int src) {
   return d.base[owner] + kCommStagingOffset + (parity * d.world + src) * d.slot_bytes;
 }
 
@@ -78,16 +77,14 @@ __device__ __forceinline__ void comm_publish_signature(const CommDevice& d, uint
 }
 
 // Rank `peer`'s signature for the launch `epoch` as far as this rank can see it (local load).
-__device__ __forceinline__ uint64_t comm_peer_signature(const CommDevice& d, int peer,
-                                                        uint64_t epoch) {
+__device__ __forceinline__ uint64_t comm_peer_signature(const CommDevice& d, int peer, uint64_t epoch) {
   return ld_relaxed_sys(&reinterpret_cast<const CommFlags*>(d.base[d.rank])->launch[peer][epoch & 1]);
 }
 
 // One thread: claims the error record (first failure of this rank only) and fills it.
-__device__ __forceinline__ void comm_record_failure(const CommDevice& d, uint32_t code,
-                                                    uint64_t epoch, uint64_t observed,
-                                                    uint64_t elapsed, uint32_t op, uint32_t step,
-                                                    int peer) {
+__device__ __forceinline__ void comm_record_failure(const CommDevice& d, uint32_t code, uint64_t epoch,
+                                                    uint64_t observed, uint64_t elapsed, uint32_t op,
+                                                    uint32_t step, int peer) {
   if (atomicCAS(&comm_control(d)->error_claim, 0u, code) != 0u) return;
   volatile CommErrorRecord* e = d.error;
   e->rank = static_cast<uint32_t>(d.rank);
@@ -106,8 +103,7 @@ __device__ __forceinline__ void comm_record_failure(const CommDevice& d, uint32_
 
 // True if `peer`'s slot proves that its launch `epoch` differs from this one (slot of this
 // epoch, other signature); false if it matches or holds an older launch (no verdict yet).
-__device__ __forceinline__ bool comm_signature_differs(const CommDevice& d, int peer,
-                                                       uint64_t epoch) {
+__device__ __forceinline__ bool comm_signature_differs(const CommDevice& d, int peer, uint64_t epoch) {
   const uint64_t seen = comm_peer_signature(d, peer, epoch);
   return comm_sig_epoch8(seen) == (epoch & 0xFF) && seen != comm_signature_at(d.launch_sig, epoch);
 }
@@ -125,8 +121,8 @@ __device__ __forceinline__ int comm_mismatched_peer(const CommDevice& d, uint64_
 
 // One thread, after it acquired a flag that each peer released after publishing its signature
 // for `epoch`: false (and the error record filled) if some peer launched something else.
-__device__ __forceinline__ bool comm_check_signatures(const CommDevice& d, uint64_t epoch,
-                                                      uint32_t op, uint32_t step) {
+__device__ __forceinline__ bool comm_check_signatures(const CommDevice& d, uint64_t epoch, uint32_t op,
+                                                      uint32_t step) {
   const uint64_t mine = comm_signature_at(d.launch_sig, epoch);
   for (int i = 1; i < d.world; ++i) {
     const int p = (d.rank + i) % d.world;
@@ -159,9 +155,8 @@ inline constexpr uint64_t kCommSlowCheckNs = 20000;
 // sleep_cap_ns: the longest sleep between polls (0: tuning.h's kCommPollSleepNs, then
 // kCommPollSleepLateNs after kCommPollLatePolls polls).
 __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const uint64_t* flag,
-                                                      uint64_t epoch, uint32_t op, uint32_t step,
-                                                      int peer, uint32_t timeout_scale = 1,
-                                                      bool local = false,
+                                                      uint64_t epoch, uint32_t op, uint32_t step, int peer,
+                                                      uint32_t timeout_scale = 1, bool local = false,
                                                       uint32_t sleep_cap_ns = 0) {
   auto load = [&] { return local ? ld_acquire_gpu(flag) : ld_acquire_sys(flag); };
   uint64_t v = load();
@@ -197,23 +192,22 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
         if (code != 0) {
           const bool mismatch = code == kCommLaunchMismatch;
           comm_record_failure(d, code, mismatch ? launch_epoch : epoch,
-                              mismatch ? comm_peer_signature(d, who, launch_epoch) : v, elapsed,
-                              op, step, mismatch ? who : peer);
+                              mismatch ? comm_peer_signature(d, who, launch_epoch) : v, elapsed, op, step,
+                              mismatch ? who : peer);
           return false;
         }
       }
     }
     // Short sleeps while a peer is merely a few microseconds behind; longer once it is late.
     __nanosleep(sleep_ns);
-    const uint32_t cap = sleep_cap_ns ? sleep_cap_ns
+    const uint32_t cap = sleep_cap_ns                         ? sleep_cap_ns
                          : polls < tuning::kCommPollLatePolls ? tuning::kCommPollSleepNs
                                                               : tuning::kCommPollSleepLateNs;
     sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
   }
 }
-inline __device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag,
-                                                   uint64_t epoch, uint32_t op, uint32_t step,
-                                                   int peer) {
+inline __device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
+                                                   uint32_t op, uint32_t step, int peer) {
   return comm_wait_flag_inline(d, flag, epoch, op, step, peer);
 }
 
@@ -221,16 +215,16 @@ inline __device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const ui
 // indexed by source rank with `stride` uint64 between sources); returns false (to every
 // thread) if a wait gave up. check_signatures: the flags are each peer's first release of the
 // launch, after its signature (CommFlags::launch): compare them too.
-__device__ __forceinline__ bool comm_wait_peers(const CommDevice& d, const uint64_t* flags,
-                                                int stride, uint64_t epoch, CommOp op,
-                                                uint32_t step, bool check_signatures = false) {
+__device__ __forceinline__ bool comm_wait_peers(const CommDevice& d, const uint64_t* flags, int stride,
+                                                uint64_t epoch, CommOp op, uint32_t step,
+                                                bool check_signatures = false) {
   __shared__ int s_ok;
   if (threadIdx.x == 0) {
     int ok = 1;
     for (int i = 1; i < d.world && ok; ++i) {
       const int p = (d.rank + i) % d.world;
-      ok = comm_wait_flag(d, flags + static_cast<int64_t>(p) * stride, epoch,
-                          static_cast<uint32_t>(op), step, p);
+      ok = comm_wait_flag(d, flags + static_cast<int64_t>(p) * stride, epoch, static_cast<uint32_t>(op), step,
+                          p);
     }
     if (ok && check_signatures) ok = comm_check_signatures(d, epoch, static_cast<uint32_t>(op), step);
     s_ok = ok;

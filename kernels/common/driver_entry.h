@@ -11,8 +11,7 @@ template <typename Fn>
 Fn driver_entry(const char* name, int cuda_version) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, cuda_version, cudaEnableDefault, &q) !=
-          cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, &p, cuda_version, cudaEnableDefault, &q) != cudaSuccess ||
       q != cudaDriverEntryPointSuccess) {
     return nullptr;
   }

@@ -26,9 +26,8 @@ namespace fusedcomm::kernels::detail {
 // cudaLaunchKernelEx with programmatic stream serialization added to `attrs` (n of them, at most
 // 3; e.g. a cluster dimension).
 template <class... Params, class... Args>
-cudaError_t launch_early_with(const cudaLaunchAttribute* attrs, int n, void (*kernel)(Params...),
-                              dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                              Args&&... args) {
+cudaError_t launch_early_with(const cudaLaunchAttribute* attrs, int n, void (*kernel)(Params...), dim3 grid,
+                              dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute all[4];
   for (int i = 0; i < n; ++i) all[i] = attrs[i];
   // Not on the legacy default stream, whose order with every other stream is implicit.
@@ -44,17 +43,15 @@ cudaError_t launch_early_with(const cudaLaunchAttribute* attrs, int n, void (*ke
   cfg.stream = stream;
   cfg.attrs = all;
   cfg.numAttrs = static_cast<unsigned>(n);
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
-      e != cudaSuccess) {
+  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...); e != cudaSuccess) {
     return e;
   }
   return cudaGetLastError();
 }
 template <class... Params, class... Args>
-cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                         cudaStream_t stream, Args&&... args) {
-  return launch_early_with(nullptr, 0, kernel, grid, block, smem, stream,
-                           static_cast<Args&&>(args)...);
+cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         Args&&... args) {
+  return launch_early_with(nullptr, 0, kernel, grid, block, smem, stream, static_cast<Args&&>(args)...);
 }
 
 }  // namespace fusedcomm::kernels::detail

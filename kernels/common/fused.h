@@ -108,8 +108,7 @@ struct alignas(64) FusedFlags {
   // discarded).
   uint64_t ce_progress[kCommMaxRanks - 1];
 };
-static_assert(sizeof(FusedFlags) == 8 * (kFusedRsTileFlags + kFusedMaxChunks) +
-                                        4 * kFusedMaxChunks + 64,
+static_assert(sizeof(FusedFlags) == 8 * (kFusedRsTileFlags + kFusedMaxChunks) + 4 * kFusedMaxChunks + 64,
               "FusedFlags layout is shared between ranks");
 static_assert(kCommControlOffset + sizeof(CommControl) <= kFusedFlagsOffset,
               "FusedFlags overlaps collectives.h's control block");

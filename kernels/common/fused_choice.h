@@ -46,8 +46,7 @@ inline FusedAlgo choose_all_gather_gemm(FusedAlgo algo, int world, int M, int K)
 // gemmReduceScatter (M, N and W are rank-uniform; K_r is not). fused_fits(): the fused kernel's
 // half-tile flags fit FusedFlags.
 template <class FusedFits>
-FusedAlgo choose_gemm_reduce_scatter(FusedAlgo algo, int world, int M, int N,
-                                     FusedFits fused_fits) {
+FusedAlgo choose_gemm_reduce_scatter(FusedAlgo algo, int world, int M, int N, FusedFits fused_fits) {
   if (algo != FusedAlgo::kAuto) return algo;
   if (world < 2 || world > 4) return FusedAlgo::kDecomposed;
   const uint64_t elems = static_cast<uint64_t>(M) * static_cast<uint64_t>(N);

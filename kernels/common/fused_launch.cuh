@@ -58,8 +58,8 @@ inline int fused_group_m(int world) {
 }
 
 // A dense row-major GEMM of the op's operands (C and its type left to the caller).
-inline GemmArgs base_gemm_args(int M, int N, int K, const __nv_bfloat16* A,
-                               const __nv_bfloat16* B, GemmLayoutB layout) {
+inline GemmArgs base_gemm_args(int M, int N, int K, const __nv_bfloat16* A, const __nv_bfloat16* B,
+                               GemmLayoutB layout) {
   GemmArgs g;
   g.A = A;
   g.lda = K;
@@ -76,12 +76,12 @@ inline GemmArgs base_gemm_args(int M, int N, int K, const __nv_bfloat16* A,
 // Rows [0, W*ceil) of a "padded" layout (block p of ceil rows at p*ceil, rank p's
 // split_count rows first in it) <-> the compact layout (rank p's rows at split_offset).
 // Ranks p < M%W have ceil rows at the same offset in both: one copy; the rest one each.
-inline cudaError_t copy_rows_layout(uint8_t* dst, const uint8_t* src, int64_t M, int W,
-                                    int64_t row_bytes, bool to_padded, cudaStream_t stream) {
+inline cudaError_t copy_rows_layout(uint8_t* dst, const uint8_t* src, int64_t M, int W, int64_t row_bytes,
+                                    bool to_padded, cudaStream_t stream) {
   const int64_t ceil_rows = ceil_div(M, W), rem = M % W;
   if (rem > 0) {
-    if (cudaError_t e = cudaMemcpyAsync(dst, src, rem * ceil_rows * row_bytes,
-                                        cudaMemcpyDeviceToDevice, stream);
+    if (cudaError_t e =
+            cudaMemcpyAsync(dst, src, rem * ceil_rows * row_bytes, cudaMemcpyDeviceToDevice, stream);
         e != cudaSuccess) {
       return e;
     }
@@ -103,8 +103,8 @@ inline cudaError_t copy_rows_layout(uint8_t* dst, const uint8_t* src, int64_t M,
 // Cooperative: the driver refuses a grid that cannot be resident at once (every CTA of the
 // fused kernels waits for others) instead of letting it hang until a timeout.
 template <typename... Exp, typename... Act>
-cudaError_t launch_cooperative(void (*kernel)(Exp...), int grid, size_t smem,
-                               cudaStream_t stream, Act&&... args) {
+cudaError_t launch_cooperative(void (*kernel)(Exp...), int grid, size_t smem, cudaStream_t stream,
+                               Act&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kGemmThreads);
@@ -129,8 +129,7 @@ cudaError_t launch_fused_instance(Kernel kernel, size_t smem, std::atomic<uint64
       e != cudaSuccess) {
     return e;
   }
-  return launch_cooperative(kernel, grid, smem, stream, plan.ta, plan.tb, plan.tc, plan.prob,
-                            extra...);
+  return launch_cooperative(kernel, grid, smem, stream, plan.ta, plan.tb, plan.tc, plan.prob, extra...);
 }
 
 }  // namespace fusedcomm::kernels::detail

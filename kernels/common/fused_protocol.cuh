@@ -43,9 +43,9 @@ __device__ __forceinline__ FusedFlags* fused_flags(const CommDevice& d, int rank
 // use this inline version; comm_protocol.cuh's comm_wait_flag is not used.
 // The polls back off to tuning.h's kFusedPollSleepCapNs (the collectives' waits stay at their
 // shorter sleeps, latency first).
-__device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* flag,
-                                           uint64_t epoch, uint32_t op, uint32_t step, int peer,
-                                           uint32_t timeout_scale, bool local = false) {
+__device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
+                                           uint32_t op, uint32_t step, int peer, uint32_t timeout_scale,
+                                           bool local = false) {
   return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale, local,
                                tuning::kFusedPollSleepCapNs);
 }
@@ -53,9 +53,9 @@ __device__ __forceinline__ bool fused_wait(const CommDevice& d, const uint64_t* 
 // The GEMM producer's out-of-line wait (its 40-register region stays small), for flags this
 // GPU writes (allGatherGemm's chunk flags): gpu-scope polls, backing off to tuning.h's
 // kFusedProducerPollSleepCapNs between polls (it says why so long).
-inline __device__ __noinline__ bool fused_wait_flag(const CommDevice& d, const uint64_t* flag,
-                                                    uint64_t epoch, uint32_t op, uint32_t step,
-                                                    int peer, uint32_t timeout_scale) {
+inline __device__ __noinline__ bool fused_wait_flag(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
+                                                    uint32_t op, uint32_t step, int peer,
+                                                    uint32_t timeout_scale) {
   return comm_wait_flag_inline(d, flag, epoch, op, step, peer, timeout_scale, true,
                                tuning::kFusedProducerPollSleepCapNs);
 }
@@ -82,7 +82,8 @@ __device__ __forceinline__ void fused_role_done(const CommDevice& d, uint64_t ep
   __threadfence_system();
   if (fused_last_of(&fused_flags(d, d.rank)->role_exit, n)) {
     __threadfence_system();
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
   }
 }
 

@@ -14,8 +14,8 @@ namespace fusedcomm::kernels::detail {
 // others from b0 + nb on (cyclically), each part a grouped raster of its own; `own_first`
 // says which part comes first (allGatherGemm: the own rows, ready at the launch;
 // gemmReduceScatter: the others, whose partials the owners wait for).
-__device__ __forceinline__ TileCoord two_part_raster(const GemmProblem& prob, int t, int b0,
-                                                     int nb, bool own_first) {
+__device__ __forceinline__ TileCoord two_part_raster(const GemmProblem& prob, int t, int b0, int nb,
+                                                     bool own_first) {
   const int mb = prob.m_blocks;
   const int own_tiles = nb * prob.n_blocks, rest_tiles = (mb - nb) * prob.n_blocks;
   const int own_t = own_first ? t : t - rest_tiles;

@@ -20,12 +20,10 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 }
 // Makes the inits visible to the async proxy (TMA) and to the other threads after a barrier.
 __device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::
-                   : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
@@ -33,17 +31,18 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 }
 // The spin on mbarrier.try_wait.parity (operands: %0 the barrier's shared::cta address, %1 the
 // parity); `sem` is the try_wait's semantics qualifier ("" = acquire at CTA scope).
-#define FC_MBAR_WAIT_ASM(sem)                                               \
-  "{\n"                                                                     \
-  ".reg .pred done;\n"                                                      \
-  "WAIT_%=:\n"                                                              \
-  "mbarrier.try_wait.parity" sem ".shared::cta.b64 done, [%0], %1;\n"      \
-  "@!done bra WAIT_%=;\n"                                                   \
+#define FC_MBAR_WAIT_ASM(sem)          \
+  "{\n"                                \
+  ".reg .pred done;\n"                 \
+  "WAIT_%=:\n"                         \
+  "mbarrier.try_wait.parity" sem       \
+  ".shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra WAIT_%=;\n"              \
   "}\n"
 
 // Blocks until the phase with the given parity has completed (acquire, CTA scope).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(FC_MBAR_WAIT_ASM("") ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+  asm volatile(FC_MBAR_WAIT_ASM("")::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 
 // Whether the phase with the given parity has completed, without waiting (acquire, CTA scope,
@@ -74,8 +73,7 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
 // Arrival on an mbarrier of another CTA of the cluster (address from mapa_shared), releasing
 // this thread's prior accesses at cluster scope.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr)
-               : "memory");
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
 // Arrival on another CTA's mbarrier with the default semantics (release at CTA scope: no
 // cluster-scope fence, which stalled the consumer warps for half their cycles as a per-slice
@@ -86,7 +84,7 @@ __device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_addr) {
 }
 // mbar_wait with cluster-scope acquire: for barriers that other CTAs of the cluster arrive on.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(FC_MBAR_WAIT_ASM(".acquire.cluster") ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+  asm volatile(FC_MBAR_WAIT_ASM(".acquire.cluster")::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 // Every thread of every CTA of the cluster (not .aligned: threads arrive from different
 // branches); release/acquire at cluster scope.
@@ -99,8 +97,8 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 // 2-D tile load: box at (c0 = inner coordinate, c1 = outer) into smem, completing on bar.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                            int32_t c0, int32_t c1) {
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                            int32_t c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_u32(dst)),
@@ -110,9 +108,8 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
 
 // tma_load_2d into the same CTA-relative offset of every CTA in `cta_mask` (cluster ranks),
 // completing `bytes` on the mbarrier at bar's offset in each of them.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
-                                                      uint64_t* bar, int32_t c0, int32_t c1,
-                                                      uint16_t cta_mask) {
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                                      int32_t c0, int32_t c1, uint16_t cta_mask) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
@@ -123,24 +120,22 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // 2-D tile store from shared memory (bulk group); out-of-bounds parts of the box are clipped.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int32_t c0,
                                              int32_t c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::
-                   "l"(reinterpret_cast<uint64_t>(map)),
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
                "r"(smem_u32(src)), "r"(c0), "r"(c1)
                : "memory");
 }
 // As tma_store_2d, but the box is added into global memory (element type from the map; the
 // adds are atomic per element, in no defined order between different bulk operations).
-__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* src,
-                                                  int32_t c0, int32_t c1) {
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* src, int32_t c0,
+                                                  int32_t c1) {
   asm volatile(
-      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::
-          "l"(reinterpret_cast<uint64_t>(map)),
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
       "r"(smem_u32(src)), "r"(c0), "r"(c1)
       : "memory");
 }
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Waits until the committed bulk stores have finished reading shared memory.
 __device__ __forceinline__ void bulk_wait_read_all() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -152,9 +147,7 @@ __device__ __forceinline__ void bulk_wait_read_keep() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kKeep) : "memory");
 }
 // Waits until the committed bulk stores are complete.
-__device__ __forceinline__ void bulk_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Waits until at most the kKeep most recently committed bulk groups are incomplete (every older
 // group's stores are complete).
 template <int kKeep>
@@ -165,13 +158,10 @@ __device__ __forceinline__ void bulk_wait_keep() {
 // other SMs wrote the source). A thread sees its own copies' data after a wait that covers
 // their group; no other thread is ordered by it.
 __device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
-               "l"(__cvta_generic_to_global(src))
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(__cvta_generic_to_global(src))
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most the kKeep most recently committed groups are incomplete.
 template <int kKeep>
 __device__ __forceinline__ void cp_async_wait_keep() {
@@ -202,9 +192,7 @@ __device__ __forceinline__ __nv_bfloat162 ld_shared_bf16x2(uint32_t addr) {
 }
 
 // ---- wgmma ----------------------------------------------------------------------------------
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
@@ -260,15 +248,15 @@ __device__ __forceinline__ void pdl_release_dependents() {
 
 // ---- flags and time -------------------------------------------------------------------------
 // 64-bit flag loads and stores with a memory-order qualifier ("acquire.sys", ...).
-#define FC_FLAG_LOAD(name, qual)                                                        \
-  __device__ __forceinline__ uint64_t name(const uint64_t* p) {                         \
-    uint64_t v;                                                                         \
-    asm volatile("ld." qual ".global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");    \
-    return v;                                                                           \
+#define FC_FLAG_LOAD(name, qual)                                                    \
+  __device__ __forceinline__ uint64_t name(const uint64_t* p) {                     \
+    uint64_t v;                                                                     \
+    asm volatile("ld." qual ".global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); \
+    return v;                                                                       \
   }
-#define FC_FLAG_STORE(name, qual)                                                       \
-  __device__ __forceinline__ void name(uint64_t* p, uint64_t v) {                       \
-    asm volatile("st." qual ".global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");      \
+#define FC_FLAG_STORE(name, qual)                                                 \
+  __device__ __forceinline__ void name(uint64_t* p, uint64_t v) {                 \
+    asm volatile("st." qual ".global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); \
   }
 FC_FLAG_LOAD(ld_acquire_sys, "acquire.sys")
 FC_FLAG_STORE(st_release_sys, "release.sys")
@@ -305,9 +293,7 @@ __device__ __forceinline__ float2 ld_cg_l2_256(const float2* p) {
 }
 __device__ __forceinline__ __nv_bfloat162 ld_cg_l2_256(const __nv_bfloat162* p) {
   __nv_bfloat162 v;
-  asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];"
-               : "=r"(*reinterpret_cast<uint32_t*>(&v))
-               : "l"(p));
+  asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];" : "=r"(*reinterpret_cast<uint32_t*>(&v)) : "l"(p));
   return v;
 }
 // Orders this thread's generic-proxy accesses (e.g. a flag acquire) before its later

@@ -38,9 +38,8 @@ bool encode_2d(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols,
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   return encode(map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                const_cast<void*>(base), dims, strides,
-                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -94,9 +93,8 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
   const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas), false};
   if (mode == 0) {
     if (k_blocks < tuning::kStreamKMinKBlocks) return plain;
-    if (M <= tuning::kStreamKSmallM &&
-        tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
-            tuning::kStreamKSmallMBusyNum * ctas) {
+    if (M <= tuning::kStreamKSmallM && tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
+                                           tuning::kStreamKSmallMBusyNum * ctas) {
       // 256-wide tiles unless that splits a tile over too many CTAs: M = 64, N = 2560 ran
       // 0.60 × with 128-wide tiles, 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide,
       // 0.81 × with 128-wide.
@@ -150,14 +148,13 @@ cudaError_t launch_kernel(const detail::GemmPlan& p, cudaStream_t stream) {
   auto kernel = detail::gemm_sm90_kernel<BN, kBKN, kPair, detail::DefaultEpilogue>;
   constexpr size_t smem = GemmTileConfig<BN, detail::DefaultEpilogue::kStagingRounds>::kSmemBytes;
   static std::atomic<uint64_t> opted_in{0};
-  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
-                                               opted_in);
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted_in);
       e != cudaSuccess) {
     return e;
   }
   if constexpr (!kPair) {
-    return detail::launch_early(kernel, dim3(p.grid), dim3(detail::kGemmThreads), smem, stream,
-                                p.ta, p.tb, p.tc, p.prob, p.epi);
+    return detail::launch_early(kernel, dim3(p.grid), dim3(detail::kGemmThreads), smem, stream, p.ta, p.tb,
+                                p.tc, p.prob, p.epi);
   }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -177,15 +174,14 @@ cudaError_t launch_kernel(const detail::GemmPlan& p, cudaStream_t stream) {
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   int clusters = fit[dev & 63].load(std::memory_order_relaxed);
   if (clusters == 0) {
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-        e != cudaSuccess) {
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg); e != cudaSuccess) {
       return e;
     }
     if (clusters < 1) return cudaErrorInvalidConfiguration;  // a pair never fits
     fit[dev & 63].store(clusters, std::memory_order_relaxed);
   }
-  return detail::launch_early_with(attr, 1, kernel, dim3(2 * std::min(p.grid / 2, clusters)),
-                                   cfg.blockDim, smem, stream, p.ta, p.tb, p.tc, p.prob, p.epi);
+  return detail::launch_early_with(attr, 1, kernel, dim3(2 * std::min(p.grid / 2, clusters)), cfg.blockDim,
+                                   smem, stream, p.ta, p.tb, p.tc, p.prob, p.epi);
 }
 
 // The kernel whose consumers take turns (gemm_pingpong.cuh): 128-wide tiles, single CTAs.
@@ -194,13 +190,12 @@ cudaError_t launch_pingpong(const detail::GemmPlan& p, cudaStream_t stream) {
   auto kernel = detail::gemm_pingpong_kernel<kBKN>;
   constexpr size_t smem = GemmTileConfig<128, 1>::kSmemBytes;
   static std::atomic<uint64_t> opted_in{0};
-  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem,
-                                               opted_in);
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted_in);
       e != cudaSuccess) {
     return e;
   }
-  return detail::launch_early(kernel, dim3(p.grid), dim3(detail::kGemmThreads), smem, stream,
-                              p.ta, p.tb, p.tc, p.prob);
+  return detail::launch_early(kernel, dim3(p.grid), dim3(detail::kGemmThreads), smem, stream, p.ta, p.tb,
+                              p.tc, p.prob);
 }
 
 template <int BN, bool kBKN>
@@ -231,19 +226,16 @@ GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas) {
 namespace detail {
 
 bool encode_a_map(CUtensorMap* map, const __nv_bfloat16* A, int rows, int K, int64_t lda) {
-  return encode_2d(map, A, static_cast<uint64_t>(rows), static_cast<uint64_t>(K), lda, kTileM,
-                   kTileK);
+  return encode_2d(map, A, static_cast<uint64_t>(rows), static_cast<uint64_t>(K), lda, kTileM, kTileK);
 }
 
 bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t ld, bool f32) {
-  return encode_2d(map, base, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld, 64,
-                   f32 ? 32 : 64, f32);
+  return encode_2d(map, base, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld, 64, f32 ? 32 : 64,
+                   f32);
 }
 
 // The raster group's height where the caller leaves it (GemmArgs::group_m = 0; tuning.h).
-int default_group_m(int tile_n) {
-  return tile_n == 256 ? tuning::kGroupM256 : tuning::kGroupM128;
-}
+int default_group_m(int tile_n) { return tile_n == 256 ? tuning::kGroupM256 : tuning::kGroupM128; }
 
 cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
@@ -262,9 +254,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (a.pingpong < 0 || a.pingpong > 2) return cudaErrorInvalidValue;
   const GemmWaitConfig& w = a.wait;
   if (!valid_flags(w.a) || !valid_flags(w.b)) return cudaErrorInvalidValue;
-  if ((w.a.flags != nullptr || w.b.flags != nullptr) && w.error == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  if ((w.a.flags != nullptr || w.b.flags != nullptr) && w.error == nullptr) { return cudaErrorInvalidValue; }
   const GemmTileSink& s = a.sink;
   if (s.mode != GemmSinkMode::kNone) {
     if (s.num_dests < 1 || s.num_dests > kGemmMaxSinkDests || s.ld < a.N || s.ld % 8) {
@@ -281,18 +271,16 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   const bool hooks = w.a.flags != nullptr || w.b.flags != nullptr || s.tile_flags != nullptr;
   // Stream-K: plain launches with C and a workspace (gemm.h); k_blocks bounded so that the
   // iteration count and its products stay in range.
-  const bool sk_able =
-      a.workspace != nullptr && (reinterpret_cast<uintptr_t>(a.workspace) & 255) == 0 &&
-      a.workspace_bytes >= gemm_workspace_bytes(ctas) && !hooks &&
-      s.mode == GemmSinkMode::kNone && a.C != nullptr && a.cluster != 2 && a.stream_k != 1 &&
-      k_blocks <= 65536 && ctas <= kSkMaxCtas;
-  const TilePlan tiles = sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k)
-                                 : TilePlan{0, false};
+  const bool sk_able = a.workspace != nullptr && (reinterpret_cast<uintptr_t>(a.workspace) & 255) == 0 &&
+                       a.workspace_bytes >= gemm_workspace_bytes(ctas) && !hooks &&
+                       s.mode == GemmSinkMode::kNone && a.C != nullptr && a.cluster != 2 && a.stream_k != 1 &&
+                       k_blocks <= 65536 && ctas <= kSkMaxCtas;
+  const TilePlan tiles =
+      sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k) : TilePlan{0, false};
   int tile_n = tiles.stream_k ? tiles.tile_n : a.tile_n;
   // Consumers that take turns: plain launches that store C through TMA, 128-wide tiles.
-  const bool pp_able = a.pingpong != 1 && !tiles.stream_k && !hooks &&
-                       s.mode == GemmSinkMode::kNone && a.C != nullptr && a.cluster != 2 &&
-                       tile_n != 256;
+  const bool pp_able = a.pingpong != 1 && !tiles.stream_k && !hooks && s.mode == GemmSinkMode::kNone &&
+                       a.C != nullptr && a.cluster != 2 && tile_n != 256;
   if (pp_able && a.pingpong == 2) tile_n = 128;
   const GemmTileGrid g = gemm_tile_grid(a.M, a.N, tile_n, ctas);
   GemmProblem& prob = plan->prob;
@@ -334,13 +322,10 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   }
 
   // ---- tensor maps ----
-  if (!detail::encode_a_map(&plan->ta, a.A, a.M, a.K, a.lda)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!detail::encode_a_map(&plan->ta, a.A, a.M, a.K, a.lda)) { return cudaErrorInvalidValue; }
   // kNK B boxes: the tile's rows, or each pair member's half of them.
   const bool ok_b = kn ? encode_2d(&plan->tb, a.B, a.K, a.N, a.ldb, detail::kTileK, 64)
-                       : encode_2d(&plan->tb, a.B, a.N, a.K, a.ldb, g.tile_n / plan->cluster,
-                                   detail::kTileK);
+                       : encode_2d(&plan->tb, a.B, a.N, a.K, a.ldb, g.tile_n / plan->cluster, detail::kTileK);
   if (!ok_b) return cudaErrorInvalidValue;
 
   // C goes through shared memory and TMA stores (full-line writes, asynchronous) unless tile

@@ -164,7 +164,7 @@ enum class GemmSinkMode : uint32_t {
 // elements (a multiple of 8). Destinations may be peer memory (CUDA IPC / P2P).
 struct GemmTileSink {
   GemmSinkMode mode;
-  uint32_t num_dests;                 // 1..kGemmMaxSinkDests when mode != kNone
+  uint32_t num_dests;  // 1..kGemmMaxSinkDests when mode != kNone
   uint32_t rows_per_dest;
   uint32_t reserved;
   int64_t ld;
@@ -195,7 +195,7 @@ struct GemmArgs {
   // no stream-K.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  int stream_k = 0;       // 0 chosen, 1 off, 2 wherever the last wave is partial
+  int stream_k = 0;  // 0 chosen, 1 off, 2 wherever the last wave is partial
   // Consumers that take turns (above): 0 chosen, 1 off, 2 wherever allowed: 128-wide tiles
   // unless tile_n = 256 is forced; never with hooks 1-2, CTA pairs or a launch that runs
   // stream-K (which then takes precedence).

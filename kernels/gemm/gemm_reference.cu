@@ -10,8 +10,8 @@
 namespace fusedcomm::kernels {
 namespace {
 __global__ void reference_gemm_kernel(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
-                                      int64_t ldb, bool kn, int M, int N, int K, float* ref,
-                                      float* absdot, bool accumulate) {
+                                      int64_t ldb, bool kn, int M, int N, int K, float* ref, float* absdot,
+                                      bool accumulate) {
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= N) return;
   for (int m = blockIdx.y; m < M; m += gridDim.y) {
@@ -29,19 +29,15 @@ __global__ void reference_gemm_kernel(const __nv_bfloat16* A, int64_t lda, const
 }
 }  // namespace
 
-cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
-                                  int64_t ldb, GemmLayoutB b_layout, int M, int N, int K,
-                                  float* ref, float* absdot, bool accumulate,
-                                  cudaStream_t stream) {
+cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B, int64_t ldb,
+                                  GemmLayoutB b_layout, int M, int N, int K, float* ref, float* absdot,
+                                  bool accumulate, cudaStream_t stream) {
   if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-  if (M > 0 && N > 0 && (A == nullptr || B == nullptr || ref == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (M > 0 && N > 0 && (A == nullptr || B == nullptr || ref == nullptr)) { return cudaErrorInvalidValue; }
   if (M == 0 || N == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((N + 127) / 128),
-                  static_cast<unsigned>(std::min(M, 65535)));
-  reference_gemm_kernel<<<grid, 128, 0, stream>>>(A, lda, B, ldb, b_layout == GemmLayoutB::kKN, M,
-                                                  N, K, ref, absdot, accumulate);
+  const dim3 grid(static_cast<unsigned>((N + 127) / 128), static_cast<unsigned>(std::min(M, 65535)));
+  reference_gemm_kernel<<<grid, 128, 0, stream>>>(A, lda, B, ldb, b_layout == GemmLayoutB::kKN, M, N, K, ref,
+                                                  absdot, accumulate);
   return cudaGetLastError();
 }
 

@@ -15,9 +15,8 @@
 
 namespace fusedcomm::kernels {
 
-cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
-                                  int64_t ldb, GemmLayoutB b_layout, int M, int N, int K,
-                                  float* ref, float* absdot, bool accumulate,
-                                  cudaStream_t stream);
+cudaError_t launch_reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B, int64_t ldb,
+                                  GemmLayoutB b_layout, int M, int N, int K, float* ref, float* absdot,
+                                  bool accumulate, cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels

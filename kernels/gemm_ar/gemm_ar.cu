@@ -59,16 +59,14 @@ FusedAlgo choose_ar(const CommDevice& d, const GemmArArgs& a) {
     GemmRsArgs rs = ar_rs_args(a);
     rs.algo = FusedAlgo::kAuto;
     const FusedWorkspace ws = ar_workspace(a, d.world, FusedAlgo::kFused);
-    return gemm_reduce_scatter_info(d, rs).algo == FusedAlgo::kFused &&
-           ws.data_bytes <= d.data_bytes;
+    return gemm_reduce_scatter_info(d, rs).algo == FusedAlgo::kFused && ws.data_bytes <= d.data_bytes;
   });
 }
 }  // namespace
 
 FusedWorkspace gemm_all_reduce_workspace(const GemmArArgs& a, int world) {
   if (a.algo != FusedAlgo::kAuto) return ar_workspace(a, world, a.algo);
-  return larger(ar_workspace(a, world, FusedAlgo::kFused),
-                ar_workspace(a, world, FusedAlgo::kDecomposed));
+  return larger(ar_workspace(a, world, FusedAlgo::kFused), ar_workspace(a, world, FusedAlgo::kDecomposed));
 }
 
 FusedLaunchInfo gemm_all_reduce_info(const CommDevice& d, const GemmArArgs& a) {
@@ -94,7 +92,7 @@ cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& a, c
   uint8_t* data = dev.base[dev.rank] + dev.data_offset;
   GemmArgs gm = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
   use_workspace(gm, a.gemm_ws);  // gm runs only on the W = 1 and decomposed paths
-  if (W == 1) {  // either path is the GEMM, rounded once
+  if (W == 1) {                  // either path is the GEMM, rounded once
     gm.C = a.C;
     return launch_gemm(gm, stream);
   }

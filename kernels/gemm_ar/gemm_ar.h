@@ -30,9 +30,9 @@
 namespace fusedcomm::kernels {
 
 struct GemmArArgs {
-  int M = 0;  // rows of A_r and of C (same on every rank)
-  int N = 0;  // columns of C (same on every rank)
-  int K = 0;  // K_r: this rank's inner dimension (may differ by rank)
+  int M = 0;                         // rows of A_r and of C (same on every rank)
+  int N = 0;                         // columns of C (same on every rank)
+  int K = 0;                         // K_r: this rank's inner dimension (may differ by rank)
   const __nv_bfloat16* A = nullptr;  // M×K, this process's memory
   const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
   GemmLayoutB b_layout = GemmLayoutB::kNK;
@@ -51,7 +51,6 @@ FusedWorkspace gemm_all_reduce_workspace(const GemmArArgs& args, int world);
 // gemmReduceScatter's).
 FusedLaunchInfo gemm_all_reduce_info(const CommDevice& dev, const GemmArArgs& args);
 // Enqueue one op on `stream` (contract above). cudaErrorInvalidValue for bad arguments.
-cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& args,
-                                   cudaStream_t stream);
+cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& args, cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels

@@ -64,8 +64,7 @@ RsParams rs_geometry(const CommDevice& d, const GemmRsArgs& a) {
   p.n_blocks = tg.n_blocks;
   p.tile_n = tg.tile_n;
   const int64_t ceil_rows = ceil_div(a.M, W);
-  p.slot_elems =
-      static_cast<uint64_t>(ceil_rows + kFusedRsSlotPadRows) * static_cast<uint64_t>(a.N);
+  p.slot_elems = static_cast<uint64_t>(ceil_rows + kFusedRsSlotPadRows) * static_cast<uint64_t>(a.N);
   p.halves = static_cast<int>(ceil_div(ceil_rows, 64)) + 1;
   const int64_t off = split_offset(a.M, W, r), cnt = split_count(a.M, W, r);
   p.own_b0 = cnt > 0 ? static_cast<int>(off / detail::kTileM) : 0;
@@ -88,8 +87,7 @@ bool rs_fused_fits(const CommDevice& d, const RsParams& p) {
 }
 
 FusedAlgo choose_rs(const CommDevice& d, const GemmRsArgs& a, const RsParams& p) {
-  return choose_gemm_reduce_scatter(a.algo, d.world, a.M, a.N,
-                                    [&] { return rs_fused_fits(d, p); });
+  return choose_gemm_reduce_scatter(a.algo, d.world, a.M, a.N, [&] { return rs_fused_fits(d, p); });
 }
 
 // ---- launch helpers -----------------------------------------------------------------------------
@@ -99,14 +97,14 @@ cudaError_t launch_rs_instance(const detail::GemmPlan& plan, const RsParams& p, 
   static std::atomic<uint64_t> opted{0};
   return detail::launch_fused_instance(
       detail::rs_gemm_kernel<BN, kBKN>,
-      detail::GemmTileConfig<BN, detail::RsEpilogue::kStagingRounds>::kSmemBytes, opted, plan,
-      grid, stream, p);
+      detail::GemmTileConfig<BN, detail::RsEpilogue::kStagingRounds>::kSmemBytes, opted, plan, grid, stream,
+      p);
 }
 
 bool rs_args_ok(const CommDevice& d, const GemmRsArgs& a) {
   if (!valid_device(d) || !valid_shape(a.M, a.N, a.K)) return false;
-  if (a.A == nullptr || a.B == nullptr || !aligned16(a.A) || !aligned16(a.B) ||
-      !aligned16(a.out) || a.ws_offset % 16 != 0) {
+  if (a.A == nullptr || a.B == nullptr || !aligned16(a.A) || !aligned16(a.B) || !aligned16(a.out) ||
+      a.ws_offset % 16 != 0) {
     return false;
   }
   if (a.partials != RsPartials::kF32 && a.partials != RsPartials::kBF16 &&
@@ -168,8 +166,7 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& d, const GemmRsArgs& 
 }
 
 // ---- launch -------------------------------------------------------------------------------------
-cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& a,
-                                       cudaStream_t stream) {
+cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& a, cudaStream_t stream) {
   if (!rs_args_ok(dev, a)) return cudaErrorInvalidValue;
   RsParams p = rs_geometry(dev, a);
   if (a.algo == FusedAlgo::kFused && !rs_fused_fits(dev, p)) return cudaErrorInvalidValue;
@@ -183,11 +180,9 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
                              ? comm_sig_hash(a.ws_offset, static_cast<uint64_t>(p.tile_n), 0)
                              : a.ws_offset;
   CommDevice d = dev;
-  d.launch_sig = comm_launch_signature(kFusedOpGemmReduceScatter,
-                                       static_cast<uint32_t>(a.partials),
-                                       static_cast<uint32_t>(algo),
-                                       comm_sig_hash(static_cast<uint64_t>(a.M),
-                                                     static_cast<uint64_t>(a.N), shape));
+  d.launch_sig = comm_launch_signature(
+      kFusedOpGemmReduceScatter, static_cast<uint32_t>(a.partials), static_cast<uint32_t>(algo),
+      comm_sig_hash(static_cast<uint64_t>(a.M), static_cast<uint64_t>(a.N), shape));
   const int W = d.world, r = d.rank;
   uint8_t* ws = d.base[r] + d.data_offset + a.ws_offset;
 
@@ -212,8 +207,7 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
     if (cudaError_t e = launch_gemm(g, stream); e != cudaSuccess) return e;
     if (!even) {
       // The collective splits elements, not rows: W blocks of ceil(M/W) rows (pad rows unused).
-      if (cudaError_t e = copy_rows_layout(ws, scratch, a.M, W, row_bytes, true, stream);
-          e != cudaSuccess) {
+      if (cudaError_t e = copy_rows_layout(ws, scratch, a.M, W, row_bytes, true, stream); e != cudaSuccess) {
         return e;
       }
     }
@@ -230,8 +224,8 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
     c.output = even ? static_cast<void*>(a.out) : static_cast<void*>(scratch);
     if (cudaError_t e = launch_collective(d, c, stream); e != cudaSuccess) return e;
     if (even) return cudaSuccess;
-    return cudaMemcpyAsync(a.out, scratch, split_count(a.M, W, r) * a.N * 2,
-                           cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyAsync(a.out, scratch, split_count(a.M, W, r) * a.N * 2, cudaMemcpyDeviceToDevice,
+                           stream);
   }
   if (algo != FusedAlgo::kFused) return cudaErrorInvalidValue;
 
@@ -253,8 +247,8 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
     if (o == r || rows == 0) continue;
     const int64_t slot_index = p.accumulate ? 0 : (r < o ? r : r - 1);
     uint8_t* base = d.base[o] + d.data_offset + a.ws_offset + slot_index * slot;
-    if (!detail::encode_store_map(&p.tm_push[o], base,
-                                  static_cast<int>(rows) + kFusedRsSlotPadRows, a.N, a.N, !bf16)) {
+    if (!detail::encode_store_map(&p.tm_push[o], base, static_cast<int>(rows) + kFusedRsSlotPadRows, a.N, a.N,
+                                  !bf16)) {
       return cudaErrorInvalidValue;
     }
   }
@@ -264,9 +258,8 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
     return cudaErrorInvalidValue;
   }
   // This rank's one receive slot, for the early fetches of its own half-tiles.
-  if (p.prefetch &&
-      !detail::encode_store_map(&p.tm_recv, ws, static_cast<int>(own_rows) + kFusedRsSlotPadRows,
-                                a.N, a.N, false)) {
+  if (p.prefetch && !detail::encode_store_map(
+                        &p.tm_recv, ws, static_cast<int>(own_rows) + kFusedRsSlotPadRows, a.N, a.N, false)) {
     return cudaErrorInvalidValue;
   }
   p.dev = d;

@@ -60,9 +60,9 @@ enum class RsPartials : uint32_t { kF32 = 0, kBF16 = 1, kF32AnyOrder = 2 };
 inline constexpr int kFusedRsSlotPadRows = 64;
 
 struct GemmRsArgs {
-  int M = 0;  // rows of every partial product (same on every rank)
-  int N = 0;  // columns of the partial products and of the output (same on every rank)
-  int K = 0;  // K_r: this rank's inner dimension (may differ by rank)
+  int M = 0;                         // rows of every partial product (same on every rank)
+  int N = 0;                         // columns of the partial products and of the output (same on every rank)
+  int K = 0;                         // K_r: this rank's inner dimension (may differ by rank)
   const __nv_bfloat16* A = nullptr;  // M×K, this process's memory
   const __nv_bfloat16* B = nullptr;  // W_r: N×K (kNK) or K×N (kKN), this process's memory
   GemmLayoutB b_layout = GemmLayoutB::kNK;
@@ -87,8 +87,7 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs
 
 // Enqueue one op on `stream` (contract above). cudaErrorInvalidValue for bad arguments, and for
 // a forced kFused whose half-tile flags would not fit FusedFlags (kAuto takes kDecomposed there).
-cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& args,
-                                       cudaStream_t stream);
+cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& args, cudaStream_t stream);
 
 namespace detail {
 // The workspace of one path (gemm_all_reduce runs the fused one).

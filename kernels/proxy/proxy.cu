@@ -34,9 +34,8 @@ __global__ void proxy_stream_kernel(ProxyStreamTest t) {
     if (t.role == 0) {
       auto* dst = reinterpret_cast<uint4*>(t.outbox + off);
       for (uint64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
-        dst[i] = make_uint4(
-            proxy_stream_word(t.seed, m, 4 * i), proxy_stream_word(t.seed, m, 4 * i + 1),
-            proxy_stream_word(t.seed, m, 4 * i + 2), proxy_stream_word(t.seed, m, 4 * i + 3));
+        dst[i] = make_uint4(proxy_stream_word(t.seed, m, 4 * i), proxy_stream_word(t.seed, m, 4 * i + 1),
+                            proxy_stream_word(t.seed, m, 4 * i + 2), proxy_stream_word(t.seed, m, 4 * i + 3));
       }
       __threadfence_system();  // this thread's payload writes before the post (cumulative)
     } else if (t.check) {
@@ -133,7 +132,8 @@ __device__ void copy_elems(T* dst, const T* src, int64_t n) {
   for (; i + (kCopyUnroll - 1) * step < nv; i += kCopyUnroll * step) {
     uint4 v[kCopyUnroll];
 #pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) v[u] = kFromInbox ? detail::ld_volatile_v4(from + i + u * step) : from[i + u * step];
+    for (int u = 0; u < kCopyUnroll; ++u)
+      v[u] = kFromInbox ? detail::ld_volatile_v4(from + i + u * step) : from[i + u * step];
 #pragma unroll
     for (int u = 0; u < kCopyUnroll; ++u) to[i + u * step] = v[u];
   }
@@ -146,8 +146,8 @@ __device__ void copy_elems(T* dst, const T* src, int64_t n) {
 // dst[i] = sum over sources s in rank order of (s == me ? own[i] : inbox slot s [i]), in fp32,
 // rounded once; n elements. dst may be own.
 template <typename T>
-__device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t slot_bytes, int hosts,
-                          int me, int64_t n) {
+__device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t slot_bytes, int hosts, int me,
+                          int64_t n) {
   using E = ProxyElems<T>;
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(own) % 16 == 0;
   const int64_t nv = vec ? n / E::kPerVec : 0;
@@ -168,7 +168,8 @@ __device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t s
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
 #pragma unroll
-        for (int j = 0; j < E::kPerVec; ++j) sum[u][j] = s == 0 ? E::get(v[u], j) : sum[u][j] + E::get(v[u], j);
+        for (int j = 0; j < E::kPerVec; ++j)
+          sum[u][j] = s == 0 ? E::get(v[u], j) : sum[u][j] + E::get(v[u], j);
       }
     }
 #pragma unroll
@@ -187,7 +188,8 @@ __device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t s
   for (int64_t e = nv * E::kPerVec + threadIdx.x; e < n; e += step) {
     float sum = 0.f;
     for (int s = 0; s < hosts; ++s) {
-      const float v = E::widen(s == me ? own[e] : E::load_volatile(reinterpret_cast<const T*>(inbox + s * slot_bytes) + e));
+      const float v = E::widen(
+          s == me ? own[e] : E::load_volatile(reinterpret_cast<const T*>(inbox + s * slot_bytes) + e));
       sum = s == 0 ? v : sum + v;
     }
     dst[e] = E::narrow(sum);
@@ -215,8 +217,8 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
   // Elements of host h's block in chunk c.
   auto part = [&](int h, int64_t c) { return max(int64_t{0}, min(per_chunk, a.counts[h] - c * per_chunk)); };
   auto block = [&](int h, int64_t c) { return static_cast<T*>(a.blocks[h]) + c * per_chunk; };
-  const uint64_t* recv = a.signals + a.base_word + lane * H;              // word s: from source s
-  const uint64_t* credit = a.signals + a.base_word + (L + lane) * H;      // word s: credits from s
+  const uint64_t* recv = a.signals + a.base_word + lane * H;          // word s: from source s
+  const uint64_t* credit = a.signals + a.base_word + (L + lane) * H;  // word s: credits from s
   const ProxyRingDevice ring = a.rings[lane];
   const ProxyRingDevice waits = a.rings[0];  // every wait polls lane 0's abort word
   const uint64_t D = a.depth;
@@ -252,11 +254,13 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
         for (int p = 0; p < H; ++p) {
           if (p == me) continue;
           const int64_t n = part(p, i);
-          copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, p)) + lo(n), block(p, i) + lo(n), hi(n) - lo(n));
+          copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, p)) + lo(n), block(p, i) + lo(n),
+                               hi(n) - lo(n));
         }
       } else {
         const int64_t n = part(me, i);
-        copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, 0)) + lo(n), block(me, i) + lo(n), hi(n) - lo(n));
+        copy_elems<T, false>(reinterpret_cast<T*>(a.outbox + slot(g, 0)) + lo(n), block(me, i) + lo(n),
+                             hi(n) - lo(n));
       }
       __threadfence_system();  // the staged chunks before the posts (cumulative)
       __syncthreads();
@@ -337,10 +341,9 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
 }  // namespace
 
 cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream) {
-  if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts ||
-      a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 || a.depth < 1 || a.depth > kProxyMaxDepth ||
-      a.op > kProxyAllToAll || a.lanes < 1 || a.lanes > kProxyMaxLanes ||
-      (a.dtype != kProxyF32 && a.dtype != kProxyBF16)) {
+  if (a.hosts < 1 || a.hosts > kProxyMaxHosts || a.rank < 0 || a.rank >= a.hosts || a.chunk_bytes == 0 ||
+      a.chunk_bytes % 16 != 0 || a.depth < 1 || a.depth > kProxyMaxDepth || a.op > kProxyAllToAll ||
+      a.lanes < 1 || a.lanes > kProxyMaxLanes || (a.dtype != kProxyF32 && a.dtype != kProxyBF16)) {
     return cudaErrorInvalidValue;
   }
   for (uint32_t l = 0; l < a.lanes; ++l) {
@@ -352,12 +355,14 @@ cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t strea
     if (a.op == kProxyAllToAll && h != a.rank && a.recv_counts[h] > 0 && a.recv[h] == nullptr) {
       return cudaErrorInvalidValue;
     }
-    if (a.recv_counts[h] < 0 || (a.op != kProxyAllToAll && a.recv_counts[h] != 0)) return cudaErrorInvalidValue;
+    if (a.recv_counts[h] < 0 || (a.op != kProxyAllToAll && a.recv_counts[h] != 0))
+      return cudaErrorInvalidValue;
   }
   if (a.op == kProxyReduceScatter && a.counts[a.rank] > 0 && a.out == nullptr) return cudaErrorInvalidValue;
   if (a.hosts == 1) {  // nothing to move, but reduceScatter's output is the own contribution
     if (a.op == kProxyReduceScatter && a.out != a.blocks[0] && a.counts[0] > 0) {
-      return cudaMemcpyAsync(a.out, a.blocks[0], static_cast<size_t>(a.counts[0]) * (a.dtype == kProxyF32 ? 4 : 2),
+      return cudaMemcpyAsync(a.out, a.blocks[0],
+                             static_cast<size_t>(a.counts[0]) * (a.dtype == kProxyF32 ? 4 : 2),
                              cudaMemcpyDeviceToDevice, stream);
     }
     return cudaSuccess;
@@ -372,8 +377,8 @@ cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t strea
 }
 
 cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stream) {
-  if (t.bytes % 16 != 0 || t.depth == 0 || (t.role != 0 && t.role != 1) ||
-      t.ring.capacity == 0 || (t.ring.capacity & (t.ring.capacity - 1)) != 0) {
+  if (t.bytes % 16 != 0 || t.depth == 0 || (t.role != 0 && t.role != 1) || t.ring.capacity == 0 ||
+      (t.ring.capacity & (t.ring.capacity - 1)) != 0) {
     return cudaErrorInvalidValue;
   }
   proxy_stream_kernel<<<1, 512, 0, stream>>>(t);

@@ -20,10 +20,10 @@ namespace fusedcomm::kernels {
 
 // A ring as GPU producers see it. Trivially copyable; passed by value to kernels.
 struct ProxyRingDevice {
-  rdma::RingHeader* header;    // the ring's header (host memory, device address)
-  rdma::ProxyCommand* slots;   // its capacity slots (host memory, device address)
-  unsigned long long* next;    // device memory, zeroed with the ring: the producers' next slot
-  uint32_t capacity;           // a power of two
+  rdma::RingHeader* header;   // the ring's header (host memory, device address)
+  rdma::ProxyCommand* slots;  // its capacity slots (host memory, device address)
+  unsigned long long* next;   // device memory, zeroed with the ring: the producers' next slot
+  uint32_t capacity;          // a power of two
   uint32_t reserved;
 };
 static_assert(sizeof(ProxyRingDevice) == 32, "device-handle layout");
@@ -40,8 +40,8 @@ inline ProxyRingDevice proxy_ring_device(void* ring, unsigned long long* next, u
 
 // Result codes of the device-side waits and posts (ProxyStreamTest::status).
 inline constexpr uint32_t kProxyOk = 0;
-inline constexpr uint32_t kProxyAborted = 1;   // the ring's abort word was set
-inline constexpr uint32_t kProxyTimeout = 2;   // a bounded wait ran out
+inline constexpr uint32_t kProxyAborted = 1;  // the ring's abort word was set
+inline constexpr uint32_t kProxyTimeout = 2;  // a bounded wait ran out
 
 // ---- test support: a credit-controlled stream of messages through the proxy --------------
 // The sender writes `count` messages of `bytes` bytes, message m carrying the 32-bit words
@@ -59,23 +59,23 @@ __host__ __device__ inline uint32_t proxy_stream_word(uint32_t seed, uint32_t m,
 // depth >= count: the sender never waits for credits (a receiver without a kernel: the host
 // polls the signal word).
 struct ProxyStreamTest {
-  ProxyRingDevice ring;       // this rank's ring
-  int role;                   // 0: sender, 1: receiver
-  int peer;                   // the other rank
-  uint8_t* outbox;            // sender: device address of its outbox region
-  const uint8_t* inbox;       // receiver: device address of its inbox region
-  const uint64_t* my_signal;  // device address of this rank's signal word
+  ProxyRingDevice ring;                 // this rank's ring
+  int role;                             // 0: sender, 1: receiver
+  int peer;                             // the other rank
+  uint8_t* outbox;                      // sender: device address of its outbox region
+  const uint8_t* inbox;                 // receiver: device address of its inbox region
+  const uint64_t* my_signal;            // device address of this rank's signal word
   uint64_t outbox_key, peer_inbox_key;  // sender: regions of the writes
-  uint64_t peer_signal_key;   // the peer's signal region
-  uint64_t signal_offset;     // the signal word's offset in both ranks' signal regions
-  uint64_t bytes;             // per message, a multiple of 16
-  uint32_t depth;             // slots in the boxes
-  uint32_t count;             // messages
+  uint64_t peer_signal_key;             // the peer's signal region
+  uint64_t signal_offset;               // the signal word's offset in both ranks' signal regions
+  uint64_t bytes;                       // per message, a multiple of 16
+  uint32_t depth;                       // slots in the boxes
+  uint32_t count;                       // messages
   uint32_t seed;
-  uint32_t check;             // receiver: 1 checks every word, 0 only waits (throughput)
-  uint64_t timeout_ns;        // every wait
-  uint32_t* status;           // device memory: kProxy* of the first failure
-  uint32_t* mismatches;       // device memory: words that differed (receiver)
+  uint32_t check;        // receiver: 1 checks every word, 0 only waits (throughput)
+  uint64_t timeout_ns;   // every wait
+  uint32_t* status;      // device memory: kProxy* of the first failure
+  uint32_t* mismatches;  // device memory: words that differed (receiver)
 };
 cudaError_t launch_proxy_stream_test(const ProxyStreamTest& t, cudaStream_t stream);
 
@@ -155,7 +155,7 @@ __host__ __device__ inline int proxy_status_peer(uint32_t status) {
   return static_cast<int>((status >> 8) & 0xFF) - 1;
 }
 __host__ __device__ inline uint32_t proxy_status_op(uint32_t status) { return (status >> 16) & 0xFF; }
-inline constexpr uint32_t kProxyF32 = 0;   // element codes (CommDtype's, collectives.h)
+inline constexpr uint32_t kProxyF32 = 0;  // element codes (CommDtype's, collectives.h)
 inline constexpr uint32_t kProxyBF16 = 1;
 inline constexpr uint32_t kProxyAllReduce = 0;  // ops
 inline constexpr uint32_t kProxyAllGather = 1;
@@ -172,28 +172,28 @@ inline const char* proxy_op_name(uint32_t op) {
 }
 struct ProxyCollective {
   ProxyRingDevice rings[kProxyMaxLanes];  // lane l's ring; the waits poll rings[0]'s abort word
-  uint32_t lanes;                    // 1..kProxyMaxLanes (CTAs), the same on every rank
-  uint32_t op;                       // kProxyAllReduce, ..., kProxyAllToAll
-  uint32_t dtype;                    // kProxyF32 or kProxyBF16
+  uint32_t lanes;                         // 1..kProxyMaxLanes (CTAs), the same on every rank
+  uint32_t op;                            // kProxyAllReduce, ..., kProxyAllToAll
+  uint32_t dtype;                         // kProxyF32 or kProxyBF16
   int rank, hosts;
-  void* blocks[kProxyMaxHosts];      // device memory, one per host (above)
-  int64_t counts[kProxyMaxHosts];    // elements, the same on every rank
-  void* out;                         // reduceScatter: device memory, counts[rank] elements
-  void* recv[kProxyMaxHosts];        // allToAll: device memory, one per source host
+  void* blocks[kProxyMaxHosts];    // device memory, one per host (above)
+  int64_t counts[kProxyMaxHosts];  // elements, the same on every rank
+  void* out;                       // reduceScatter: device memory, counts[rank] elements
+  void* recv[kProxyMaxHosts];      // allToAll: device memory, one per source host
   int64_t recv_counts[kProxyMaxHosts];
-  uint8_t* outbox;                   // device address of this rank's outbox
-  const uint8_t* inbox;              // device address of this rank's inbox
-  const uint64_t* signals;           // device address of this rank's signal words (base_word 0)
+  uint8_t* outbox;          // device address of this rank's outbox
+  const uint8_t* inbox;     // device address of this rank's inbox
+  const uint64_t* signals;  // device address of this rank's signal words (base_word 0)
   uint64_t outbox_key;
   uint64_t inbox_keys[kProxyMaxHosts];
   uint64_t signal_keys[kProxyMaxHosts];
-  uint64_t base_word;                // first signal word of this op in every signal region
-  uint64_t value_base;               // signal values of this op start above it (no counter)
-  unsigned long long* value_counter; // or null: the value bases, one per lane, kept on the device (above)
+  uint64_t base_word;                 // first signal word of this op in every signal region
+  uint64_t value_base;                // signal values of this op start above it (no counter)
+  unsigned long long* value_counter;  // or null: the value bases, one per lane, kept on the device (above)
   uint64_t chunk_bytes;
-  uint32_t depth;                    // stages per box, 1..kProxyMaxDepth (above)
+  uint32_t depth;  // stages per box, 1..kProxyMaxDepth (above)
   uint64_t timeout_ns;
-  uint32_t* status;                  // device-visible memory (device, or mapped host)
+  uint32_t* status;  // device-visible memory (device, or mapped host)
 };
 inline constexpr uint32_t kProxyMaxDepth = 8;
 cudaError_t launch_proxy_collective(const ProxyCollective& a, cudaStream_t stream);

@@ -53,8 +53,7 @@ ProxyRing::ProxyRing(void* memory, uint32_t capacity)
     throw std::invalid_argument("ProxyRing: memory must be 128-byte aligned");
   }
   if (capacity == 0 || (capacity & (capacity - 1)) != 0) {
-    throw std::invalid_argument("ProxyRing: capacity " + std::to_string(capacity) +
-                                " is not a power of two");
+    throw std::invalid_argument("ProxyRing: capacity " + std::to_string(capacity) + " is not a power of two");
   }
 }
 
@@ -67,8 +66,8 @@ uint64_t ProxyRing::post(const WriteOp& op, std::chrono::milliseconds timeout) {
   uint64_t slot;
   while (true) {
     if (aborted.load(std::memory_order_acquire)) {
-      throw TransportError(-1, "proxy ring was aborted; the write to rank " + std::to_string(op.peer) +
-                                   " was not posted");
+      throw TransportError(
+          -1, "proxy ring was aborted; the write to rank " + std::to_string(op.peer) + " was not posted");
     }
     // consumed is read first: it never passes reserved, so slot - cons cannot wrap.
     const uint64_t cons = consumed.load(std::memory_order_acquire);
@@ -81,8 +80,8 @@ uint64_t ProxyRing::post(const WriteOp& op, std::chrono::milliseconds timeout) {
       continue;
     }
     if (Clock::now() >= deadline) {
-      throw TransportError(-1, "proxy ring stayed full for " + std::to_string(timeout.count()) +
-                                   " ms (" + std::to_string(capacity_) +
+      throw TransportError(-1, "proxy ring stayed full for " + std::to_string(timeout.count()) + " ms (" +
+                                   std::to_string(capacity_) +
                                    " commands outstanding; is the proxy running?)");
     }
     backoff(idle);
@@ -225,8 +224,7 @@ void Proxy::stop(bool drain, std::chrono::milliseconds timeout) {
     while (true) {
       const uint64_t done = word(h->completed).load(std::memory_order_acquire);
       const uint64_t reserved = word(h->reserved).load(std::memory_order_acquire);
-      if (done >= reserved || failed_peer_.load() != -2 ||
-          word(h->abort).load(std::memory_order_acquire)) {
+      if (done >= reserved || failed_peer_.load() != -2 || word(h->abort).load(std::memory_order_acquire)) {
         break;
       }
       if (Clock::now() >= deadline) {

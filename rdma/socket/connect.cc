@@ -98,8 +98,8 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     std::lock_guard<std::mutex> l(groups_mu_);
     auto it = groups_.find(spec.comm_id);
     if (it != groups_.end() && !it->second.expired()) {
-      throw TransportError(-1, "connect: communicator " + hex(spec.comm_id) +
-                                   " is already open on this transport");
+      throw TransportError(
+          -1, "connect: communicator " + hex(spec.comm_id) + " is already open on this transport");
     }
     groups_[spec.comm_id] = g;
   }
@@ -206,8 +206,8 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
         d.got = 0;
         d.last_error = "connected, but it has not accepted the handshake (has it called connect?)";
       } else {
-        ssize_t r = ::recv(d.fd, reinterpret_cast<char*>(&d.reply) + d.got, sizeof d.reply - d.got,
-                           MSG_DONTWAIT);
+        ssize_t r =
+            ::recv(d.fd, reinterpret_cast<char*>(&d.reply) + d.got, sizeof d.reply - d.got, MSG_DONTWAIT);
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         if (r <= 0) {
           d.retry(r == 0 ? "closed the connection during the handshake" : errno_text(errno), now);
@@ -224,9 +224,8 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
           throw TransportError(d.peer, g->self() + ": " + g->who(d.peer) +
                                            " rejected the handshake: " + wire::reject_text(rep.reason));
         }
-        if (rep.kind != wire::kAccept || rep.version != kTransportApiVersion ||
-            rep.comm_id != spec.comm_id || rep.job_token != spec.job_token || rep.rank != d.peer ||
-            rep.world != spec.world) {
+        if (rep.kind != wire::kAccept || rep.version != kTransportApiVersion || rep.comm_id != spec.comm_id ||
+            rep.job_token != spec.job_token || rep.rank != d.peer || rep.world != spec.world) {
           d.retry("answered the handshake for a different group", now);
           continue;
         }
@@ -262,8 +261,8 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
       }
       if (first < 0) first = r;
       missing += missing.empty() ? "" : "; ";
-      missing += who + " (" +
-                 (r < spec.rank ? dials[r].last_error : std::string("it never connected to us")) + ")";
+      missing +=
+          who + " (" + (r < spec.rank ? dials[r].last_error : std::string("it never connected to us")) + ")";
     }
     if (first < 0) {
       first = first_lost;
@@ -274,8 +273,8 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
     l.unlock();
     throw ConnectTimeout(first, g->self() + " (world " + std::to_string(spec.world) +
-                                    "): connect timed out after " + std::to_string(ms) +
-                                    " ms; missing " + missing);
+                                    "): connect timed out after " + std::to_string(ms) + " ms; missing " +
+                                    missing);
   }
   g->phase = Phase::kLive;
   ok = true;

@@ -66,9 +66,7 @@ void Core::shutdown() {
   }
   running_ = false;
   for (auto& r : receivers_) r->conns.clear();
-  {
-    std::lock_guard<std::mutex> l(detach_mu_);
-  }
+  { std::lock_guard<std::mutex> l(detach_mu_); }
   detach_cv_.notify_all();
   std::vector<std::shared_ptr<GroupState>> live;
   {

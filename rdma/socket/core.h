@@ -66,12 +66,12 @@ namespace fusedcomm::rdma::socket_backend {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr milliseconds kParkTimeout{60000};      // a matched-later dial waits this long at most
-constexpr milliseconds kHelloTimeout{10000};     // an accepted socket must say hello by then
+constexpr milliseconds kParkTimeout{60000};       // a matched-later dial waits this long at most
+constexpr milliseconds kHelloTimeout{10000};      // an accepted socket must say hello by then
 constexpr milliseconds kSendStallTimeout{60000};  // a write making no progress this long fails
-constexpr milliseconds kDetachWait{5000};        // close/destroy wait for the receiver this long
+constexpr milliseconds kDetachWait{5000};         // close/destroy wait for the receiver this long
 constexpr int kPollSliceMs = 50;                  // writers re-check peer state this often
-constexpr size_t kMaxConns = 65536;            // accepted sockets the receiver keeps at most
+constexpr size_t kMaxConns = 65536;               // accepted sockets the receiver keeps at most
 constexpr size_t kRecvChunk = size_t{4} << 20;
 constexpr uint64_t kRecvBudget = uint64_t{16} << 20;  // bytes per connection per wakeup
 
@@ -104,12 +104,12 @@ struct Conn {
   int peer = -1;
   std::string peer_addr;  // the peer's listener address (data) or its socket address (pending)
   std::weak_ptr<GroupState> group;
-  bool is_data = false;   // set before the receiver reads it as data (adoption or attach)
+  bool is_data = false;  // set before the receiver reads it as data (adoption or attach)
   std::atomic<PeerState> state{PeerState::kConnected};
-  std::string error;      // failure message; guarded by the group's mutex
+  std::string error;                       // failure message; guarded by the group's mutex
   std::atomic<bool> with_receiver{false};  // attach queued or in the epoll set
-  std::atomic<int> reader{0};  // the receiver that owns it; set before it is handed over
-  std::mutex send_mu;     // one message at a time on the wire
+  std::atomic<int> reader{0};              // the receiver that owns it; set before it is handed over
+  std::mutex send_mu;                      // one message at a time on the wire
   std::atomic<uint64_t>* open_counter;
   bool counted = false;
 
@@ -138,21 +138,19 @@ struct GroupState {
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  Phase phase = Phase::kConnecting;            // guarded by mu
-  std::vector<std::shared_ptr<Conn>> peers;    // by rank; null for self and missing; mu
-  int connected = 0;                           // non-null entries of peers; mu
-  std::vector<bool> lost;                      // connected during connect(), then went away; mu
-  int failed_peer = -1;                        // first failure; mu
-  std::string failed_msg;                      // mu
+  Phase phase = Phase::kConnecting;          // guarded by mu
+  std::vector<std::shared_ptr<Conn>> peers;  // by rank; null for self and missing; mu
+  int connected = 0;                         // non-null entries of peers; mu
+  std::vector<bool> lost;                    // connected during connect(), then went away; mu
+  int failed_peer = -1;                      // first failure; mu
+  std::string failed_msg;                    // mu
   std::atomic<bool> aborted{false};
 
   std::string who(int r) const {
     return "peer rank " + std::to_string(r) + " at " +
            (r >= 0 && r < static_cast<int>(addresses.size()) ? addresses[r] : std::string("?"));
   }
-  std::string self() const {
-    return "rank " + std::to_string(rank) + " of communicator " + hex(comm_id);
-  }
+  std::string self() const { return "rank " + std::to_string(rank) + " of communicator " + hex(comm_id); }
 
   // Records a failure of `c` (mu held); the first failure of the group is what check() throws.
   void fail_locked(Conn& c, const std::string& msg) {
@@ -230,7 +228,7 @@ class Core : public std::enable_shared_from_this<Core> {
     int epoll_fd = -1;
     std::thread thread;
     std::mutex cmd_mu;
-    std::deque<Command> commands;  // cmd_mu
+    std::deque<Command> commands;       // cmd_mu
     std::atomic<bool> sleeping{false};  // in a blocking epoll_wait (see expect_traffic)
     // Receiver-thread-only.
     std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns;

@@ -23,8 +23,8 @@ void Core::open_listener(const SocketOptions& o) {
   std::string port = std::to_string(o.port);
   int rc = getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), port.c_str(), &hints, &res);
   if (rc != 0) {
-    throw TransportError(-1, "socket transport: cannot resolve bind host '" + bind_host +
-                                 "': " + gai_strerror(rc));
+    throw TransportError(
+        -1, "socket transport: cannot resolve bind host '" + bind_host + "': " + gai_strerror(rc));
   }
   int err = 0;
   for (addrinfo* p = res; p; p = p->ai_next) {

@@ -19,9 +19,8 @@ bool Core::validate(const wire::WireHeader& h, std::string* why) const {
       return false;
     }
     if (!in_range(it->second, h.dst_offset, h.bytes)) {
-      *why = "wrote out of range: offset " + std::to_string(h.dst_offset) + " + " +
-             std::to_string(h.bytes) + " bytes exceeds region " + hex(h.dst_key) + " of " +
-             std::to_string(it->second.bytes) + " bytes";
+      *why = "wrote out of range: offset " + std::to_string(h.dst_offset) + " + " + std::to_string(h.bytes) +
+             " bytes exceeds region " + hex(h.dst_key) + " of " + std::to_string(it->second.bytes) + " bytes";
       return false;
     }
   }
@@ -33,8 +32,8 @@ bool Core::validate(const wire::WireHeader& h, std::string* why) const {
     }
     const uintptr_t addr = reinterpret_cast<uintptr_t>(it->second.base) + h.signal_offset;
     if (!in_range(it->second, h.signal_offset, 8) || addr % 8 != 0) {
-      *why = "signalled an invalid word: offset " + std::to_string(h.signal_offset) +
-             " in region " + hex(h.signal_key) + " of " + std::to_string(it->second.bytes) +
+      *why = "signalled an invalid word: offset " + std::to_string(h.signal_offset) + " in region " +
+             hex(h.signal_key) + " of " + std::to_string(it->second.bytes) +
              " bytes (must be in range and 8-byte aligned)";
       return false;
     }
@@ -94,8 +93,10 @@ void Core::read_data(Conn* c) {
       auto it = regions_.find(c->hdr.dst_key);
       if (it == regions_.end()) {
         l.unlock();
-        end_data_conn(c, who() + " wrote to region " + hex(c->hdr.dst_key) +
-                             ", which was deregistered during the write", true);
+        end_data_conn(
+            c,
+            who() + " wrote to region " + hex(c->hdr.dst_key) + ", which was deregistered during the write",
+            true);
         return;
       }
       char* dst = static_cast<char*>(it->second.base) + c->hdr.dst_offset + c->payload_got;

@@ -120,8 +120,7 @@ void Core::run(Receiver& r) {
 
 void Core::process_commands(Receiver& r, bool* stop) {
   uint64_t v;
-  while (::read(r.event_fd, &v, sizeof v) > 0) {
-  }
+  while (::read(r.event_fd, &v, sizeof v) > 0) {}
   std::deque<Command> batch;
   {
     std::lock_guard<std::mutex> l(r.cmd_mu);
@@ -160,9 +159,7 @@ void Core::process_commands(Receiver& r, bool* stop) {
         for (auto& c : parked) try_match(c);
         break;
       }
-      case Command::kStop:
-        *stop = true;
-        break;
+      case Command::kStop: *stop = true; break;
     }
   }
 }

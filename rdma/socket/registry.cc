@@ -57,8 +57,7 @@ void store_max_release(void* word, uint64_t value) {
   std::atomic_ref<uint64_t> w(*static_cast<uint64_t*>(word));
   uint64_t old = w.load(std::memory_order_relaxed);
   while (old < value &&
-         !w.compare_exchange_weak(old, value, std::memory_order_release, std::memory_order_relaxed)) {
-  }
+         !w.compare_exchange_weak(old, value, std::memory_order_release, std::memory_order_relaxed)) {}
 }
 
 void Core::local_write(const WriteOp& op) {

@@ -51,8 +51,8 @@ void GroupState::send_message(Conn& c, const wire::WireHeader& h, const char* pa
     if (e == EINTR) continue;
     if (e != EAGAIN && e != EWOULDBLOCK) {
       if (aborted) throw TransportError(-1, self() + ": the group was aborted");
-      fail(who(c.peer) + (e == EPIPE || e == ECONNRESET ? " closed the connection"
-                                                          : ": send failed: " + errno_text(e)));
+      fail(who(c.peer) +
+           (e == EPIPE || e == ECONNRESET ? " closed the connection" : ": send failed: " + errno_text(e)));
     }
     pollfd p{c.fd, POLLOUT, 0};
     ::poll(&p, 1, kPollSliceMs);

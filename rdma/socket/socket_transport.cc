@@ -42,9 +42,7 @@ class SocketTransport final : public Transport {
   ~SocketTransport() override { core_->shutdown(); }
   const char* name() const override { return "socket"; }
   std::string address() const override { return core_->address(); }
-  Region register_memory(void* base, uint64_t bytes) override {
-    return core_->register_memory(base, bytes);
-  }
+  Region register_memory(void* base, uint64_t bytes) override { return core_->register_memory(base, bytes); }
   void deregister_memory(const Region& region) override { core_->deregister_memory(region); }
   std::unique_ptr<PeerGroup> connect(const GroupSpec& spec) override {
     return std::make_unique<SocketPeerGroup>(core_->connect(spec));

@@ -44,15 +44,15 @@ inline const char* reject_text(uint32_t reason) {
 }
 
 struct alignas(8) WireHello {
-  uint64_t magic;        // kHelloMagic
-  uint32_t version;      // sender's kTransportApiVersion
-  uint32_t kind;         // HelloKind
-  uint64_t job_token;    // GroupSpec::job_token
-  uint64_t comm_id;      // GroupSpec::comm_id
-  int32_t rank;          // sender's rank in the group
-  int32_t world;         // group size
-  int32_t target_rank;   // hello: the rank the dialer wants to reach; replies: the dialer's rank
-  uint32_t reason;       // kReject: RejectReason; else 0
+  uint64_t magic;       // kHelloMagic
+  uint32_t version;     // sender's kTransportApiVersion
+  uint32_t kind;        // HelloKind
+  uint64_t job_token;   // GroupSpec::job_token
+  uint64_t comm_id;     // GroupSpec::comm_id
+  int32_t rank;         // sender's rank in the group
+  int32_t world;        // group size
+  int32_t target_rank;  // hello: the rank the dialer wants to reach; replies: the dialer's rank
+  uint32_t reason;      // kReject: RejectReason; else 0
 };
 static_assert(sizeof(WireHello) == 48);
 

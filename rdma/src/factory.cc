@@ -17,15 +17,13 @@ const char* transport_kind_name(TransportKind kind) {
 
 std::unique_ptr<Transport> make_transport(TransportKind kind, const TransportOptions& options) {
   switch (kind) {
-    case TransportKind::kSocket:
-      return make_socket_transport(options.socket);
+    case TransportKind::kSocket: return make_socket_transport(options.socket);
     case TransportKind::kIbverbs:
     case TransportKind::kEfa:
-    case TransportKind::kLibfabric:
-      break;  // no backend in this build: probe() says what the host has
+    case TransportKind::kLibfabric: break;  // no backend in this build: probe() says what the host has
   }
-  throw TransportError(-1, std::string(transport_kind_name(kind)) +
-                               " transport is unavailable: " + probe(kind).reason);
+  throw TransportError(
+      -1, std::string(transport_kind_name(kind)) + " transport is unavailable: " + probe(kind).reason);
 }
 
 }  // namespace fusedcomm::rdma

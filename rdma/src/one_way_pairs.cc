@@ -24,7 +24,8 @@ class OneWayPairsGroup final : public PeerGroup {
   void close(std::chrono::milliseconds timeout) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     up_->close(timeout);
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     down_->close(std::max(left, std::chrono::milliseconds(0)));
   }
   void abort() override {

@@ -29,26 +29,25 @@ inline void fail_at(const char* file, int line, const std::string& what) {
   g_report(std::string("CHECK FAILED ") + file + ":" + std::to_string(line) + ": " + what);
 }
 
-#define FC_CHECK(cond, msg)                                                              \
-  do {                                                                                   \
+#define FC_CHECK(cond, msg)                                                                  \
+  do {                                                                                       \
     if (!(cond)) ::fctest::fail_at(__FILE__, __LINE__, std::string(#cond) + " -- " + (msg)); \
   } while (0)
 
 // Evaluates `expr`, which must throw `Type`; binds the caught exception to `var` in `body`.
-#define FC_EXPECT_THROW(Type, expr, var, ...)                                              \
-  do {                                                                                     \
-    bool fc_thrown_ = false;                                                               \
-    try {                                                                                  \
-      expr;                                                                                \
-    } catch (const Type& var) {                                                            \
-      fc_thrown_ = true;                                                                   \
-      __VA_ARGS__;                                                                         \
-    } catch (const std::exception& fc_e_) {                                                \
-      ::fctest::fail_at(__FILE__, __LINE__,                                                \
-                        std::string(#expr " threw another exception: ") + fc_e_.what());   \
-      fc_thrown_ = true;                                                                   \
-    }                                                                                      \
-    if (!fc_thrown_) ::fctest::fail_at(__FILE__, __LINE__, #expr " did not throw " #Type); \
+#define FC_EXPECT_THROW(Type, expr, var, ...)                                                                \
+  do {                                                                                                       \
+    bool fc_thrown_ = false;                                                                                 \
+    try {                                                                                                    \
+      expr;                                                                                                  \
+    } catch (const Type& var) {                                                                              \
+      fc_thrown_ = true;                                                                                     \
+      __VA_ARGS__;                                                                                           \
+    } catch (const std::exception& fc_e_) {                                                                  \
+      ::fctest::fail_at(__FILE__, __LINE__, std::string(#expr " threw another exception: ") + fc_e_.what()); \
+      fc_thrown_ = true;                                                                                     \
+    }                                                                                                        \
+    if (!fc_thrown_) ::fctest::fail_at(__FILE__, __LINE__, #expr " did not throw " #Type);                   \
   } while (0)
 
 struct Tally {

@@ -35,8 +35,7 @@ GroupSpec spec(int rank, const std::vector<std::string>& addrs) {
 void test_kind_names() {
   std::vector<std::string> names;
   for (TransportKind k : kTransportKinds) names.push_back(transport_kind_name(k));
-  FC_CHECK((names == std::vector<std::string>{"socket", "ibverbs", "efa", "libfabric"}),
-           "kind names");
+  FC_CHECK((names == std::vector<std::string>{"socket", "ibverbs", "efa", "libfabric"}), "kind names");
 }
 
 void test_socket_through_the_factory() {

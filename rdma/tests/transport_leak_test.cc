@@ -71,9 +71,7 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
       } else {
         g->close(5000ms);
       }
-    } catch (const std::exception& e) {
-      FC_CHECK(false, std::string("rank 1: ") + e.what());
-    }
+    } catch (const std::exception& e) { FC_CHECK(false, std::string("rank 1: ") + e.what()); }
   });
   try {
     auto g = t0.connect(spec(0, addrs, comm));
@@ -96,9 +94,7 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
     expect_signal(0, m0, comm);
     FC_CHECK(m0[2] == comm * 3, "payload before signal, cycle " + std::to_string(comm));
     g->close(abort1 ? 2000ms : 5000ms);
-  } catch (const std::exception& e) {
-    FC_CHECK(false, std::string("rank 0: ") + e.what());
-  }
+  } catch (const std::exception& e) { FC_CHECK(false, std::string("rank 0: ") + e.what()); }
   peer.join();
   FC_CHECK(m1[2] == comm * 5, "rank 1 payload, cycle " + std::to_string(comm));
 }
@@ -122,8 +118,10 @@ void test_no_leaks() {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int fds1 = fctest::open_fds(), threads1 = fctest::live_threads();
   std::printf("  1000 cycles in %.2f s; fds %d -> %d, threads %d -> %d\n", s, fds0, fds1, threads0, threads1);
-  FC_CHECK(fds0 > 0 && fds1 == fds0, "fd count flat: " + std::to_string(fds0) + " -> " + std::to_string(fds1));
-  FC_CHECK(threads1 == threads0, "thread count flat: " + std::to_string(threads0) + " -> " + std::to_string(threads1));
+  FC_CHECK(fds0 > 0 && fds1 == fds0,
+           "fd count flat: " + std::to_string(fds0) + " -> " + std::to_string(fds1));
+  FC_CHECK(threads1 == threads0,
+           "thread count flat: " + std::to_string(threads0) + " -> " + std::to_string(threads1));
   FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "no open connections");
   t0->deregister_memory(r0);
   t1->deregister_memory(r1);

@@ -4,13 +4,13 @@
 // transport on 127.0.0.1, sends "ADDR host:port" up its pipe, receives every rank's address,
 // runs its part and reports "FAIL ..." lines and a final "DONE". Children exchange nothing but
 // what the transport carries.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -123,7 +123,9 @@ std::vector<Child> launch(int world, const ChildFn& fn) {
       ctx.world = world;
       ctx.up = up[1];
       ctx.down.fd = down[0];
-      fctest::g_report = [&ctx](const std::string& s) { ctx.say("FAIL rank " + std::to_string(ctx.rank) + ": " + s); };
+      fctest::g_report = [&ctx](const std::string& s) {
+        ctx.say("FAIL rank " + std::to_string(ctx.rank) + ": " + s);
+      };
       int code = 0;
       try {
         SocketOptions o;
@@ -179,8 +181,8 @@ void finish_children(std::vector<Child>& kids, std::chrono::milliseconds timeout
   const int64_t deadline = monotonic_ns() + timeout.count() * 1000000;
   for (size_t r = 0; r < kids.size(); ++r) {
     Child& k = kids[r];
-    bool killed = std::find(expect_killed.begin(), expect_killed.end(), static_cast<int>(r)) !=
-                  expect_killed.end();
+    bool killed =
+        std::find(expect_killed.begin(), expect_killed.end(), static_cast<int>(r)) != expect_killed.end();
     std::string line;
     bool done = killed;
     while (!done) {
@@ -353,8 +355,8 @@ void receive_and_verify(Buffers& b, PeerGroup& g, int phase, int rank, int world
       }
       if (dword >= base + 7) {
         FC_CHECK(v == base + plans[s].size(), "phase " + std::to_string(phase) + ": signal from rank " +
-                                                  std::to_string(s) + " is " + std::to_string(v) +
-                                                  ", want " + std::to_string(base + plans[s].size()) +
+                                                  std::to_string(s) + " is " + std::to_string(v) + ", want " +
+                                                  std::to_string(base + plans[s].size()) +
                                                   " (a stale value must not lower it)");
         FC_CHECK(seen[s] == plans[s].size(), "not every chunk was seen");
         int64_t bad = fctest::first_mismatch(b.recv.data() + s * kSlotBytes, plan_total(s, rank),
@@ -379,8 +381,8 @@ void receive_and_verify(Buffers& b, PeerGroup& g, int phase, int rank, int world
 }
 
 // Every rank signals every rank (itself included) and waits for all: a barrier out of signals.
-void signal_barrier(Buffers& b, PeerGroup& g, const std::vector<uint64_t>& peer_keys_sig, int rank,
-                    int world, uint64_t value) {
+void signal_barrier(Buffers& b, PeerGroup& g, const std::vector<uint64_t>& peer_keys_sig, int rank, int world,
+                    uint64_t value) {
   for (int d = 0; d < world; ++d) {
     WriteOp op;
     op.peer = d;
@@ -389,12 +391,14 @@ void signal_barrier(Buffers& b, PeerGroup& g, const std::vector<uint64_t>& peer_
     op.signal_value = value;
     g.write(op);
   }
-  bool ok = fctest::wait_for([&] {
-    for (int s = 0; s < world; ++s) {
-      if (load_acquire(b.sig, s * kSigStride + kSigAck) < value) return false;
-    }
-    return true;
-  }, 30s);
+  bool ok = fctest::wait_for(
+      [&] {
+        for (int s = 0; s < world; ++s) {
+          if (load_acquire(b.sig, s * kSigStride + kSigAck) < value) return false;
+        }
+        return true;
+      },
+      30s);
   FC_CHECK(ok, "barrier " + std::to_string(value) + " timed out");
 }
 
@@ -459,8 +463,9 @@ void child_traffic(ChildCtx& c) {
     FC_CHECK(proxy.error().empty(), "proxy error: " + proxy.error());
     FC_CHECK(proxy.failed_peer() == -2, "no failed peer");
     const RingHeader* h = ring.header();
-    FC_CHECK(h->completed == ops.size() && h->consumed == ops.size() && h->reserved == ops.size(),
-             "ring counters: completed " + std::to_string(h->completed) + " of " + std::to_string(ops.size()));
+    FC_CHECK(
+        h->completed == ops.size() && h->consumed == ops.size() && h->reserved == ops.size(),
+        "ring counters: completed " + std::to_string(h->completed) + " of " + std::to_string(ops.size()));
   }
   std::free(ring_mem);
   receive_and_verify(b, *g, 2, c.rank, W);
@@ -480,7 +485,8 @@ void child_traffic(ChildCtx& c) {
                ", received " + std::to_string(st.bytes_received) + " want " + std::to_string(want_received));
   const auto t0 = std::chrono::steady_clock::now();
   g->close(10000ms);
-  const auto close_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  const auto close_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   FC_CHECK(close_ms < 5000, "polite close took " + std::to_string(close_ms) + " ms");
   FC_CHECK(c.transport->stats().open_connections == 0, "connections released by close");
   g.reset();
@@ -582,9 +588,8 @@ void test_bad_handshakes() {
         ::close(fd);
       }
     });
-    FC_EXPECT_THROW(ConnectTimeout, c.transport->connect(spec_for(c, 0x600D, 12, 2500ms)), e, {
-      FC_CHECK(e.peer() == 1, "names rank 1");
-    });
+    FC_EXPECT_THROW(ConnectTimeout, c.transport->connect(spec_for(c, 0x600D, 12, 2500ms)), e,
+                    { FC_CHECK(e.peer() == 1, "names rank 1"); });
     raw.join();
     FC_CHECK(c.transport->stats().open_connections == 0, "nothing accepted into the group");
   });
@@ -664,7 +669,8 @@ void test_kill_mid_traffic() {
         break;
       }
     }
-    for (char& ch : msg) if (ch == '\n') ch = ' ';
+    for (char& ch : msg)
+      if (ch == '\n') ch = ' ';
     c.say("DETECT " + std::to_string(when) + " " + std::to_string(peer) + " " + msg);
     c.hear(&line, 30s);  // stay alive (connections open) until the parent has seen everyone
     g->abort();
@@ -695,10 +701,12 @@ void test_kill_mid_traffic() {
     in >> when >> peer;
     std::string msg;
     std::getline(in, msg);
-    FC_CHECK(peer == victim, "rank " + std::to_string(r) + " blames rank " + std::to_string(peer) + ": " + msg);
+    FC_CHECK(peer == victim,
+             "rank " + std::to_string(r) + " blames rank " + std::to_string(peer) + ": " + msg);
     FC_CHECK(msg.find("rank 3 at " + kids[victim].addr) != std::string::npos, "message names rank 3: " + msg);
     const double delay = (when - killed_at) / 1e9;
-    FC_CHECK(when > 0 && delay < 5.0, "rank " + std::to_string(r) + " noticed after " + std::to_string(delay) + " s");
+    FC_CHECK(when > 0 && delay < 5.0,
+             "rank " + std::to_string(r) + " noticed after " + std::to_string(delay) + " s");
     std::printf("  rank %d saw the kill after %.3f s: %s\n", r, delay, msg.c_str());
   }
   for (int r = 0; r < W; ++r) {

@@ -91,8 +91,7 @@ void test_addresses() {
   // Default options: wildcard bind, advertised under the host's own address; reachable.
   auto d = make_socket_transport(SocketOptions{});
   std::string da = d->address();
-  FC_CHECK(da.find("0.0.0.0") == std::string::npos && da.rfind(':') != std::string::npos &&
-               da.rfind(':') > 0,
+  FC_CHECK(da.find("0.0.0.0") == std::string::npos && da.rfind(':') != std::string::npos && da.rfind(':') > 0,
            "advertised address " + da);
   auto p = connect_pair(*d, *t, 1);
   FC_CHECK(p.g0->status(1) == PeerState::kConnected, "default-bound transport is reachable at " + da);
@@ -260,9 +259,8 @@ void test_connect_errors() {
   FC_CHECK(std::chrono::steady_clock::now() - start < 3000ms, "bounded");
   // One communicator id cannot be open twice on one transport.
   auto p = connect_pair(*t0, *t1, 31);
-  FC_EXPECT_THROW(TransportError, t0->connect(spec(0, 2, {t0->address(), t1->address()}, 31, 200ms)), e, {
-    FC_CHECK(std::string(e.what()).find("already open") != std::string::npos, e.what());
-  });
+  FC_EXPECT_THROW(TransportError, t0->connect(spec(0, 2, {t0->address(), t1->address()}, 31, 200ms)), e,
+                  { FC_CHECK(std::string(e.what()).find("already open") != std::string::npos, e.what()); });
   FC_EXPECT_THROW(std::invalid_argument, t0->connect(spec(2, 2, {"a:1", "b:1"}, 32)), e, {});
   FC_EXPECT_THROW(std::invalid_argument, t0->connect(spec(0, 3, {"a:1", "b:1"}, 33)), e, {});
   p.g0->abort();
@@ -310,19 +308,18 @@ void test_ring_basics() {
   op.peer = 1;
   op.bytes = 5;
   for (uint64_t i = 1; i <= 8; ++i) FC_CHECK(ring.post(op, 100ms) == i, "sequence numbers");
-  FC_CHECK(ring.slots()[3].seq == 4 && ring.slots()[3].bytes == 5 && ring.slots()[3].peer == 1, "command stored");
+  FC_CHECK(ring.slots()[3].seq == 4 && ring.slots()[3].bytes == 5 && ring.slots()[3].peer == 1,
+           "command stored");
   const auto t = std::chrono::steady_clock::now();
-  FC_EXPECT_THROW(TransportError, ring.post(op, 150ms), e, {
-    FC_CHECK(std::string(e.what()).find("full") != std::string::npos, e.what());
-  });
+  FC_EXPECT_THROW(TransportError, ring.post(op, 150ms), e,
+                  { FC_CHECK(std::string(e.what()).find("full") != std::string::npos, e.what()); });
   const auto waited = std::chrono::steady_clock::now() - t;
   FC_CHECK(waited >= 140ms && waited < 2000ms, "bounded wait while full");
   FC_CHECK(ring.header()->reserved == 8, "a timed-out post leaves no hole");
   ring.header()->abort = 1;
   ring.header()->consumed = 8;
-  FC_EXPECT_THROW(TransportError, ring.post(op, 100ms), e, {
-    FC_CHECK(std::string(e.what()).find("aborted") != std::string::npos, e.what());
-  });
+  FC_EXPECT_THROW(TransportError, ring.post(op, 100ms), e,
+                  { FC_CHECK(std::string(e.what()).find("aborted") != std::string::npos, e.what()); });
 }
 
 void test_proxy_wraps_and_reports_errors() {
@@ -436,9 +433,8 @@ void test_gpu_style_producers() {
   }
   for (auto& th : threads) th.join();
   const uint64_t n = kThreads * kPerThread;
-  FC_CHECK(fctest::wait_for([&] {
-             return std::atomic_ref<uint64_t>(ring.header()->completed).load() == n;
-           }, 10000ms),
+  FC_CHECK(fctest::wait_for([&] { return std::atomic_ref<uint64_t>(ring.header()->completed).load() == n; },
+                            10000ms),
            "every command handed to the transport");
   // Writes between one pair are delivered in order: a last, signal-only write fences them.
   WriteOp last;
@@ -471,7 +467,8 @@ void test_one_way_pairs() {
   }
   std::vector<std::string> addrs = {t0->address(), t1->address()};
   for (int round = 0; round < 2; ++round) {
-    auto f = std::async(std::launch::async, [&] { return connect_one_way_pairs(*t1, spec(1, 2, addrs, 60 + round)); });
+    auto f = std::async(std::launch::async,
+                        [&] { return connect_one_way_pairs(*t1, spec(1, 2, addrs, 60 + round)); });
     std::unique_ptr<PeerGroup> g0 = connect_one_way_pairs(*t0, spec(0, 2, addrs, 60 + round));
     std::unique_ptr<PeerGroup> g1 = f.get();
     FC_CHECK(g0->rank() == 0 && g1->rank() == 1 && g0->world() == 2, "ranks and world");
@@ -498,9 +495,12 @@ void test_one_way_pairs() {
     auto w1 = std::async(std::launch::async, [&] { writer(*g1, b1, b0, 0); });
     writer(*g0, b0, b1, 1);
     w1.get();
-    FC_CHECK(fctest::wait_for([&] { return b0.load(1024) == 64 && b1.load(1024) == 64; }, 5000ms), "signals both ways");
-    FC_CHECK(std::equal(want0.begin(), want0.end(), b0.words.begin() + 512), "rank 1's words landed at rank 0");
-    FC_CHECK(std::equal(want1.begin(), want1.end(), b1.words.begin() + 512), "rank 0's words landed at rank 1");
+    FC_CHECK(fctest::wait_for([&] { return b0.load(1024) == 64 && b1.load(1024) == 64; }, 5000ms),
+             "signals both ways");
+    FC_CHECK(std::equal(want0.begin(), want0.end(), b0.words.begin() + 512),
+             "rank 1's words landed at rank 0");
+    FC_CHECK(std::equal(want1.begin(), want1.end(), b1.words.begin() + 512),
+             "rank 0's words landed at rank 1");
     std::atomic_ref<uint64_t>(b0.words[1024]).store(0);
     std::atomic_ref<uint64_t>(b1.words[1024]).store(0);
     FC_CHECK(g0->status(1) == PeerState::kConnected && g1->status(0) == PeerState::kConnected, "connected");
@@ -508,7 +508,8 @@ void test_one_way_pairs() {
       auto closing = std::async(std::launch::async, [&] { g1->close(5000ms); });
       g0->close(5000ms);
       closing.get();
-      FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "both groups' sockets released");
+      FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0,
+               "both groups' sockets released");
     } else {
       g1->abort();
       FC_CHECK(fctest::wait_for([&] { return g0->status(1) == PeerState::kFailed; }, 3000ms),
@@ -517,7 +518,8 @@ void test_one_way_pairs() {
       op.peer = 1;
       op.signal_key = b1.r.key;
       op.signal_value = 1;
-      FC_EXPECT_THROW(TransportError, g0->write(op), e, { FC_CHECK(e.peer() == 1, "the write names rank 1"); });
+      FC_EXPECT_THROW(TransportError, g0->write(op), e,
+                      { FC_CHECK(e.peer() == 1, "the write names rank 1"); });
       g0->abort();
     }
   }
@@ -567,23 +569,30 @@ void test_lanes() {
     writers.push_back(std::async(std::launch::async, [&, l] { writer(*g1[l], s1, d0, 0, l); }));
   }
   for (auto& w : writers) w.get();
-  FC_CHECK(fctest::wait_for([&] {
-             for (int l = 0; l < kLanes; ++l) {
-               if (d0.load(kLanes * area + l) != kWrites || d1.load(kLanes * area + l) != kWrites) return false;
-             }
-             return true;
-           }, 5000ms),
+  FC_CHECK(fctest::wait_for(
+               [&] {
+                 for (int l = 0; l < kLanes; ++l) {
+                   if (d0.load(kLanes * area + l) != kWrites || d1.load(kLanes * area + l) != kWrites)
+                     return false;
+                 }
+                 return true;
+               },
+               5000ms),
            "every lane's last signal arrived, both ways");
   for (int l = 0; l < kLanes; ++l) {
-    FC_CHECK(std::equal(s1.words.begin(), s1.words.end(), d0.words.begin() + l * area), "lane " + std::to_string(l) + " to rank 0");
-    FC_CHECK(std::equal(s0.words.begin(), s0.words.end(), d1.words.begin() + l * area), "lane " + std::to_string(l) + " to rank 1");
+    FC_CHECK(std::equal(s1.words.begin(), s1.words.end(), d0.words.begin() + l * area),
+             "lane " + std::to_string(l) + " to rank 0");
+    FC_CHECK(std::equal(s0.words.begin(), s0.words.end(), d1.words.begin() + l * area),
+             "lane " + std::to_string(l) + " to rank 1");
   }
   FC_CHECK(t0->stats().open_connections == 2 * kLanes, "two connections per lane");
   std::vector<std::future<void>> closing;
-  for (int l = 0; l < kLanes; ++l) closing.push_back(std::async(std::launch::async, [&, l] { g1[l]->close(5000ms); }));
+  for (int l = 0; l < kLanes; ++l)
+    closing.push_back(std::async(std::launch::async, [&, l] { g1[l]->close(5000ms); }));
   for (int l = 0; l < kLanes; ++l) g0[l]->close(5000ms);
   for (auto& c : closing) c.get();
-  FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "every lane's sockets released");
+  FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0,
+           "every lane's sockets released");
 }
 
 // Busy polling (busy_poll.h): after a quiet spell the proxy and the receivers sleep; the hints
@@ -626,7 +635,8 @@ void test_busy_poll_hints() {
       op.signal_value = round;
       ring.post(op, 1000ms);
       while (dst.load(64) < round && std::chrono::steady_clock::now() - start < 5s) std::this_thread::yield();
-      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+      us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
       FC_CHECK(dst.load(64) == round, "round " + std::to_string(round) + "'s write landed");
     }
     // Past the window nothing spins: over a quiet 300 ms the process takes well under a core
@@ -637,10 +647,11 @@ void test_busy_poll_hints() {
     const auto busy = std::chrono::duration_cast<std::chrono::milliseconds>(cpu_time() - c0);
     FC_CHECK(busy < 150ms, "CPU time while quiet after the window: " + std::to_string(busy.count()) + " ms");
     std::sort(us.begin(), us.end());
-    std::printf("  busy poll %lld us: hint to arrival after 20 ms quiet, median %.0f us (min %.0f, max %.0f); "
-                "CPU while quiet %lld ms of 300\n",
-                static_cast<long long>(window.count()), us[kRounds / 2], us.front(), us.back(),
-                static_cast<long long>(busy.count()));
+    std::printf(
+        "  busy poll %lld us: hint to arrival after 20 ms quiet, median %.0f us (min %.0f, max %.0f); "
+        "CPU while quiet %lld ms of 300\n",
+        static_cast<long long>(window.count()), us[kRounds / 2], us.front(), us.back(),
+        static_cast<long long>(busy.count()));
     proxy.stop(true, 1000ms);
     FC_CHECK(proxy.error().empty(), proxy.error());
     auto f = std::async(std::launch::async, [&] { p.g1->close(5000ms); });
@@ -668,8 +679,8 @@ int main() {
   for (int threads : {1, 3}) {
     g_receive_threads = threads;
     g_busy_poll = std::chrono::microseconds(threads == 1 ? 0 : 200);
-    const std::string pass = std::to_string(threads) + " receiver(s), busy poll " +
-                             std::to_string(g_busy_poll.count()) + " us: ";
+    const std::string pass =
+        std::to_string(threads) + " receiver(s), busy poll " + std::to_string(g_busy_poll.count()) + " us: ";
     for (const auto& [name, body] : cases) fctest::run_case((pass + name).c_str(), body);
   }
   fctest::run_case("busy poll: hints wake sleeping threads, which sleep again after the window",

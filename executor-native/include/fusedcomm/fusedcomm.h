@@ -153,8 +153,8 @@ FC_API fc_status_t fc_runtime_destroy(fc_runtime_t rt);
 /* A single-rank GEMM, c (m×n) = a (m×k) · op(w), synchronous. FC_BACKEND_HOST: host memory,
  * f32 or bf16. FC_BACKEND_CUDA: device memory of the calling thread's current GPU, bf16, n and
  * k multiples of 8, 16-byte aligned pointers. */
-FC_API fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w,
-                           void* c, int64_t m, int64_t n, int64_t k, fc_weight_layout_t layout);
+FC_API fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w, void* c,
+                           int64_t m, int64_t n, int64_t k, fc_weight_layout_t layout);
 
 /* ---- communicator: bootstrap ---------------------------------------------------------------- */
 /* Life cycle, every rank the same: create -> endpoint + device handle into the launcher's
@@ -169,8 +169,7 @@ FC_API fc_status_t fc_comm_device_handle(fc_comm_t comm, const uint8_t** data, s
  * (host backend); host_ids NULL: every rank on host 0. Builds the connections (bounded by the
  * connect timeout); ends with a barrier of all ranks. */
 FC_API fc_status_t fc_comm_connect(fc_comm_t comm, int32_t rank, uint64_t comm_id, int32_t ranks,
-                                   const char* const* endpoints,
-                                   const uint8_t* const* device_handles,
+                                   const char* const* endpoints, const uint8_t* const* device_handles,
                                    const size_t* device_handle_bytes, const int32_t* host_ids);
 
 /* ---- communicator: teardown ----------------------------------------------------------------- */
@@ -186,53 +185,50 @@ FC_API fc_status_t fc_comm_close(fc_comm_t comm);
 
 /* ---- collectives: `count` is the element count of the whole (unsplit) tensor ---------------- */
 /* in: split_count(count, W, r) elements; out: count elements, rank blocks in rank order. */
-FC_API fc_status_t fc_all_gather(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
-                                 const void* in, void* out, int64_t count, fc_stream_t stream);
+FC_API fc_status_t fc_all_gather(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
+                                 void* out, int64_t count, fc_stream_t stream);
 /* in: count elements; out: block r (split_count(count, W, r) elements) of the sum. */
 FC_API fc_status_t fc_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                      const void* in, void* out, int64_t count, fc_stream_t stream);
 /* in, out: count elements (may alias); out = the sum over ranks. */
-FC_API fc_status_t fc_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
-                                 const void* in, void* out, int64_t count, fc_stream_t stream);
+FC_API fc_status_t fc_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
+                                 void* out, int64_t count, fc_stream_t stream);
 /* in: W blocks (split rule), block p to rank p; out: block r of every rank, in rank order. */
-FC_API fc_status_t fc_all_to_all(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
-                                 const void* in, void* out, int64_t count, fc_stream_t stream);
+FC_API fc_status_t fc_all_to_all(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
+                                 void* out, int64_t count, fc_stream_t stream);
 /* Diagnostics (cuda backend): `iters` synchronous collectives (op: one of the four above)
  * initiated here; wall nanoseconds in *nanos. */
-FC_API fc_status_t fc_comm_time_collective(fc_comm_t comm, fc_op_t op, fc_dtype_t dtype,
-                                           const void* in, void* out, int64_t count,
-                                           int32_t iters, int64_t* nanos);
+FC_API fc_status_t fc_comm_time_collective(fc_comm_t comm, fc_op_t op, fc_dtype_t dtype, const void* in,
+                                           void* out, int64_t count, int32_t iters, int64_t* nanos);
 
 /* ---- fused GEMM + communication -------------------------------------------------------------- */
 /* c (M×N_r) = allGather(a_local) · op(w); a_local: split_count(M, W, r) × K; gathered (M×K)
  * receives the gathered A, or NULL. */
 FC_API fc_status_t fc_all_gather_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
-                                      const void* a_local, const void* w, void* c, void* gathered,
-                                      int64_t m, int64_t n_local, int64_t k,
-                                      fc_weight_layout_t layout, fc_stream_t stream);
+                                      const void* a_local, const void* w, void* c, void* gathered, int64_t m,
+                                      int64_t n_local, int64_t k, fc_weight_layout_t layout,
+                                      fc_stream_t stream);
 /* c: row block r (split_count(M, W, r) × N) of Σ_s a_s · op(w_s); a: M × K_r. */
-FC_API fc_status_t fc_gemm_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc,
-                                          fc_dtype_t dtype, const void* a, const void* w, void* c,
-                                          int64_t m, int64_t n, int64_t k_local,
-                                          fc_weight_layout_t layout, fc_partials_t partials,
+FC_API fc_status_t fc_gemm_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                          const void* a, const void* w, void* c, int64_t m, int64_t n,
+                                          int64_t k_local, fc_weight_layout_t layout, fc_partials_t partials,
                                           fc_stream_t stream);
 /* c (M×N) = Σ_s a_s · op(w_s) on every rank, the same bits everywhere. */
 FC_API fc_status_t fc_gemm_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                       const void* a, const void* w, void* c, int64_t m, int64_t n,
-                                      int64_t k_local, fc_weight_layout_t layout,
-                                      fc_partials_t partials, fc_stream_t stream);
+                                      int64_t k_local, fc_weight_layout_t layout, fc_partials_t partials,
+                                      fc_stream_t stream);
 /* How a fused op (FC_OP_ALL_GATHER_GEMM: m, n_local, k; FC_OP_GEMM_REDUCE_SCATTER and
  * FC_OP_GEMM_ALL_REDUCE: m, n, k_local) would run on this rank with these sizes, in a phrase
  * for logs (fused or decomposed, and why). Nothing is launched or exchanged. */
-FC_API fc_status_t fc_comm_describe_fused(fc_comm_t comm, fc_op_t op, int64_t m, int64_t n,
-                                          int64_t k, fc_partials_t partials, const char** out);
+FC_API fc_status_t fc_comm_describe_fused(fc_comm_t comm, fc_op_t op, int64_t m, int64_t n, int64_t k,
+                                          fc_partials_t partials, const char** out);
 
 /* ---- MoE (host backend) ---------------------------------------------------------------------- */
 /* x: tokens × hidden; topk_ids, topk_weights: tokens × topk; w1_local: E_r × ffn × hidden. */
-FC_API fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc,
-                                        fc_dtype_t dtype, const void* x, int64_t tokens,
-                                        int64_t hidden, const int32_t* topk_ids,
-                                        const float* topk_weights, int32_t topk,
+FC_API fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                        const void* x, int64_t tokens, int64_t hidden,
+                                        const int32_t* topk_ids, const float* topk_weights, int32_t topk,
                                         int64_t num_experts, const void* w1_local, int64_t ffn,
                                         fc_moe_dispatch_t* out);
 /* Where the routed rows came from; the arrays stay valid until the dispatch is freed. */
@@ -250,12 +246,11 @@ typedef struct {
 } fc_moe_layout_t;
 FC_API fc_status_t fc_moe_dispatch_layout(fc_moe_dispatch_t dispatch, fc_moe_layout_t* out);
 /* Copies the expert outputs (rows × ffn) and the routed tokens (rows × hidden); either NULL. */
-FC_API fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out,
-                                        void* routed_x);
+FC_API fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out, void* routed_x);
 /* expert_out: rows × width in the dispatch's row order; out: tokens × width. */
 FC_API fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
-                                  fc_moe_dispatch_t dispatch, const void* expert_out,
-                                  int64_t width, void* out);
+                                  fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width,
+                                  void* out);
 FC_API fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch); /* NULL is a no-op */
 
 /* ---- ring attention (host backend) ----------------------------------------------------------- */
@@ -268,8 +263,8 @@ typedef struct {
 } fc_attention_shape_t;
 /* q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32. */
 FC_API fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
-                                     const fc_attention_shape_t* shape, const void* q,
-                                     const void* k, const void* v, void* o, float* lse);
+                                     const fc_attention_shape_t* shape, const void* q, const void* k,
+                                     const void* v, void* o, float* lse);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -57,9 +57,7 @@ fc_status_t guarded(F&& body) noexcept {
     return failed(FC_STATUS_TRANSPORT, e.what());
   } catch (const std::bad_alloc&) {
     return failed(FC_STATUS_OUT_OF_MEMORY, "native allocation failed");
-  } catch (const std::exception& e) {
-    return failed(FC_STATUS_INTERNAL, e.what());
-  } catch (...) {
+  } catch (const std::exception& e) { return failed(FC_STATUS_INTERNAL, e.what()); } catch (...) {
     return failed(FC_STATUS_INTERNAL, "unknown native error");
   }
 }
@@ -95,7 +93,8 @@ inline DType floating(fc_dtype_t t) {
   return static_cast<DType>(t);
 }
 inline WeightLayout weight_layout(fc_weight_layout_t l) {
-  FC_REQUIRE(l == FC_LAYOUT_NK || l == FC_LAYOUT_KN, "unknown weight layout " + std::to_string(static_cast<int>(l)));
+  FC_REQUIRE(l == FC_LAYOUT_NK || l == FC_LAYOUT_KN,
+             "unknown weight layout " + std::to_string(static_cast<int>(l)));
   return static_cast<WeightLayout>(l);
 }
 inline PartialPrecision partial_precision(fc_partials_t p) {

@@ -48,7 +48,8 @@ fc_status_t fc_comm_connect(fc_comm_t comm, int32_t rank, uint64_t comm_id, int3
     for (int32_t r = 0; r < ranks; ++r) {
       FC_REQUIRE(endpoints[r] != nullptr, "connect: null endpoint of rank " + std::to_string(r));
       b.endpoints.emplace_back(endpoints[r]);
-      const size_t n = device_handles != nullptr && device_handle_bytes != nullptr ? device_handle_bytes[r] : 0;
+      const size_t n =
+          device_handles != nullptr && device_handle_bytes != nullptr ? device_handle_bytes[r] : 0;
       const uint8_t* blob = n > 0 ? device_handles[r] : nullptr;
       FC_REQUIRE(n == 0 || blob != nullptr, "connect: null device handle of rank " + std::to_string(r));
       b.device_handles.emplace_back(blob, blob + n);
@@ -78,23 +79,24 @@ fc_status_t fc_comm_close(fc_comm_t comm) {
   });
 }
 
-fc_status_t fc_all_gather(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in, void* out,
-                          int64_t count, fc_stream_t stream) {
+fc_status_t fc_all_gather(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
+                          void* out, int64_t count, fc_stream_t stream) {
   return guarded([&] { comm_of(comm).all_gather(op_desc(desc), floating(dtype), in, out, count, stream); });
 }
 
 fc_status_t fc_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
                               void* out, int64_t count, fc_stream_t stream) {
-  return guarded([&] { comm_of(comm).reduce_scatter(op_desc(desc), floating(dtype), in, out, count, stream); });
+  return guarded(
+      [&] { comm_of(comm).reduce_scatter(op_desc(desc), floating(dtype), in, out, count, stream); });
 }
 
-fc_status_t fc_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in, void* out,
-                          int64_t count, fc_stream_t stream) {
+fc_status_t fc_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
+                          void* out, int64_t count, fc_stream_t stream) {
   return guarded([&] { comm_of(comm).all_reduce(op_desc(desc), floating(dtype), in, out, count, stream); });
 }
 
-fc_status_t fc_all_to_all(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in, void* out,
-                          int64_t count, fc_stream_t stream) {
+fc_status_t fc_all_to_all(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
+                          void* out, int64_t count, fc_stream_t stream) {
   return guarded([&] { comm_of(comm).all_to_all(op_desc(desc), floating(dtype), in, out, count, stream); });
 }
 
@@ -106,9 +108,9 @@ fc_status_t fc_comm_time_collective(fc_comm_t comm, fc_op_t op, fc_dtype_t dtype
   });
 }
 
-fc_status_t fc_all_gather_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* a_local,
-                               const void* w, void* c, void* gathered, int64_t m, int64_t n_local, int64_t k,
-                               fc_weight_layout_t layout, fc_stream_t stream) {
+fc_status_t fc_all_gather_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                               const void* a_local, const void* w, void* c, void* gathered, int64_t m,
+                               int64_t n_local, int64_t k, fc_weight_layout_t layout, fc_stream_t stream) {
   return guarded([&] {
     comm_of(comm).all_gather_gemm(op_desc(desc), floating(dtype), a_local, w, c, gathered, m, n_local, k,
                                   capi::weight_layout(layout), stream);
@@ -128,8 +130,8 @@ fc_status_t fc_gemm_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtyp
                                const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
                                fc_weight_layout_t layout, fc_partials_t partials, fc_stream_t stream) {
   return guarded([&] {
-    comm_of(comm).gemm_all_reduce(op_desc(desc), floating(dtype), a, w, c, m, n, k_local, capi::weight_layout(layout),
-                                  capi::partial_precision(partials), stream);
+    comm_of(comm).gemm_all_reduce(op_desc(desc), floating(dtype), a, w, c, m, n, k_local,
+                                  capi::weight_layout(layout), capi::partial_precision(partials), stream);
   });
 }
 
@@ -138,19 +140,21 @@ fc_status_t fc_comm_describe_fused(fc_comm_t comm, fc_op_t op, int64_t m, int64_
   return guarded([&] {
     const char*& result = require_out(out);
     Comm& c = comm_of(comm);
-    result = capi::result_string(c.describe_fused(static_cast<Op>(op), m, n, k, capi::partial_precision(partials)));
+    result = capi::result_string(
+        c.describe_fused(static_cast<Op>(op), m, n, k, capi::partial_precision(partials)));
   });
 }
 
 fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* x,
-                                 int64_t tokens, int64_t hidden, const int32_t* topk_ids, const float* topk_weights,
-                                 int32_t topk, int64_t num_experts, const void* w1_local, int64_t ffn,
-                                 fc_moe_dispatch_t* out) {
+                                 int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+                                 const float* topk_weights, int32_t topk, int64_t num_experts,
+                                 const void* w1_local, int64_t ffn, fc_moe_dispatch_t* out) {
   return guarded([&] {
     fc_moe_dispatch_t& result = require_out(out);
     auto handle = std::make_unique<fc_moe_dispatch>();
-    handle->result = comm_of(comm).moe_dispatch_gemm(op_desc(desc), floating(dtype), x, tokens, hidden, topk_ids,
-                                                     topk_weights, topk, num_experts, w1_local, ffn);
+    handle->result =
+        comm_of(comm).moe_dispatch_gemm(op_desc(desc), floating(dtype), x, tokens, hidden, topk_ids,
+                                        topk_weights, topk, num_experts, w1_local, ffn);
     result = handle.release();
   });
 }
@@ -176,12 +180,13 @@ fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out, v
   return guarded([&] {
     const host::MoeDispatchResult& r = capi::dispatch_of(dispatch);
     if (expert_out != nullptr && !r.out.empty()) std::memcpy(expert_out, r.out.data(), r.out.size());
-    if (routed_x != nullptr && !r.routed_x.empty()) std::memcpy(routed_x, r.routed_x.data(), r.routed_x.size());
+    if (routed_x != nullptr && !r.routed_x.empty())
+      std::memcpy(routed_x, r.routed_x.data(), r.routed_x.size());
   });
 }
 
-fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, fc_moe_dispatch_t dispatch,
-                           const void* expert_out, int64_t width, void* out) {
+fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                           fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width, void* out) {
   return guarded([&] {
     const host::MoeLayout& l = capi::dispatch_of(dispatch).layout;
     comm_of(comm).moe_combine(op_desc(desc), floating(dtype), l, expert_out, width, out);
@@ -193,8 +198,8 @@ fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch) {
 }
 
 fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
-                              const fc_attention_shape_t* shape, const void* q, const void* k, const void* v, void* o,
-                              float* lse) {
+                              const fc_attention_shape_t* shape, const void* q, const void* k, const void* v,
+                              void* o, float* lse) {
   return guarded([&] {
     FC_REQUIRE(shape != nullptr, "ringAttention: null shape");
     host::AttentionShape s;

@@ -17,9 +17,7 @@ thread_local std::vector<uint8_t> t_bytes;
 fc_status_t failed(fc_status_t status, const char* message) noexcept {
   try {
     t_error = message;
-  } catch (...) {
-    t_error.clear();
-  }
+  } catch (...) { t_error.clear(); }
   return status;
 }
 
@@ -163,8 +161,7 @@ fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const
         FC_REQUIRE(dtype == FC_DTYPE_BF16, "gemm on the cuda backend takes bf16 tensors");
         device_gemm_bf16(a, w, c, m, n, k, capi::weight_layout(layout));
         return;
-      case Backend::kAuto:
-        break;
+      case Backend::kAuto: break;
     }
     fail(ErrorKind::kInvalidArgument, "gemm: name the backend to run on (cuda or host), not auto");
   });

@@ -60,8 +60,9 @@ struct RowBlocks {
   int64_t count(int64_t row) const { return (even() ? m : world * ceil()) * row; }
 };
 
-void launch_dense_gemm(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k, WeightLayout layout,
-                       k::GemmOutType c_type, k::GemmWorkspace gemm_ws, const char* op, cudaStream_t s) {
+void launch_dense_gemm(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
+                       WeightLayout layout, k::GemmOutType c_type, k::GemmWorkspace gemm_ws, const char* op,
+                       cudaStream_t s) {
   k::GemmArgs g = dense_gemm_args(a, w, c, m, n, k, layout, c_type);
   k::use_workspace(g, gemm_ws);
   check_fused_launch(k::launch_gemm(g, s), op);
@@ -93,7 +94,8 @@ CrossHostPaths::CrossHostPaths(Runtime& runtime, const HostLayout& layout, Local
     names.push_back("rank " + std::to_string(r) + " (host " + std::to_string(h) + ")");
   }
   // One group per local rank: an id of its own, distinct from the host half's.
-  const uint64_t group_id = (comm_id ^ 0x696e746572686f73ull) * 0x9E3779B97F4A7C15ull + layout_.local_rank + 1;
+  const uint64_t group_id =
+      (comm_id ^ 0x696e746572686f73ull) * 0x9E3779B97F4A7C15ull + layout_.local_rank + 1;
   link_->connect(peers, names, group_id);
 }
 
@@ -190,7 +192,8 @@ void CrossHostPaths::enqueue_collective(k::CommOp op, k::CommDtype dtype, const 
     for (int l = 0; l < L; ++l) {  // lane l: for local rank l of this host
       const int p = layout_.host_ranks[host][l];
       for (int h = 0; h < H; ++h) {
-        lanes.push_back({static_cast<char*>(recvs[h]) + b.in_host(host, l), data + l * lane + h * b.bytes(p), b.bytes(p)});
+        lanes.push_back({static_cast<char*>(recvs[h]) + b.in_host(host, l), data + l * lane + h * b.bytes(p),
+                         b.bytes(p)});
       }
     }
     copy_segments(lanes, s);
@@ -224,7 +227,8 @@ void CrossHostPaths::enqueue_collective(k::CommOp op, k::CommDtype dtype, const 
       local_.enqueue(local, nullptr, 0, s);
       if (!b.consecutive(h)) {
         std::vector<k::CopySegment> blocks;
-        for (int l = 0; l < L; ++l) blocks.push_back({work + b.in_host(h, l), dst + b.offset(ranks[l]), b.bytes(ranks[l])});
+        for (int l = 0; l < L; ++l)
+          blocks.push_back({work + b.in_host(h, l), dst + b.offset(ranks[l]), b.bytes(ranks[l])});
         copy_segments(blocks, s);
       }
     }
@@ -234,10 +238,12 @@ void CrossHostPaths::enqueue_collective(k::CommOp op, k::CommDtype dtype, const 
       local.count = b.host_count(h);
       local.output = slots[h];
       if (b.consecutive(h)) {
-        copy_segments({{src + b.offset(ranks.front()), data, static_cast<uint64_t>(local.count) * b.esize}}, s);
+        copy_segments({{src + b.offset(ranks.front()), data, static_cast<uint64_t>(local.count) * b.esize}},
+                      s);
       } else {
         std::vector<k::CopySegment> blocks;
-        for (int l = 0; l < L; ++l) blocks.push_back({src + b.offset(ranks[l]), data + b.in_host(h, l), b.bytes(ranks[l])});
+        for (int l = 0; l < L; ++l)
+          blocks.push_back({src + b.offset(ranks[l]), data + b.in_host(h, l), b.bytes(ranks[l])});
         copy_segments(blocks, s);
       }
       local_.enqueue(local, nullptr, 0, s);
@@ -273,7 +279,8 @@ void CrossHostPaths::all_gather_gemm(const void* a_local, const void* w, void* c
                      work + own_g + padded, s);
   if (!rb.even()) {
     std::vector<k::CopySegment> unpack;
-    for (int p = 0; p < W; ++p) unpack.push_back({blocks + p * rb.ceil() * row, full + rb.first(p) * row, rb.rows(p) * row});
+    for (int p = 0; p < W; ++p)
+      unpack.push_back({blocks + p * rb.ceil() * row, full + rb.first(p) * row, rb.rows(p) * row});
     copy_segments(unpack, s);
   }
   launch_dense_gemm(full, w, c, m, n_local, k, layout, k::GemmOutType::kBF16, gemm_ws, "allGatherGemm", s);
@@ -282,7 +289,8 @@ void CrossHostPaths::all_gather_gemm(const void* a_local, const void* w, void* c
 // The workspace: the partial product, then (W not dividing M) its padded blocks, then (unless
 // bf16 sums land in the output as they are) this rank's block of sums, then the hierarchical
 // reduceScatter's own.
-CrossHostPaths::Needs CrossHostPaths::gemm_reduce_scatter_needs(int64_t m, int64_t n, PartialPrecision partials) const {
+CrossHostPaths::Needs CrossHostPaths::gemm_reduce_scatter_needs(int64_t m, int64_t n,
+                                                                PartialPrecision partials) const {
   const RowBlocks rb{m, layout_.world()};
   const bool bf16 = partials == PartialPrecision::kBF16;
   const uint64_t pes = bf16 ? 2 : 4, row = static_cast<uint64_t>(n) * pes;
@@ -295,8 +303,8 @@ CrossHostPaths::Needs CrossHostPaths::gemm_reduce_scatter_needs(int64_t m, int64
 }
 
 void CrossHostPaths::gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n,
-                                         int64_t k_local, WeightLayout layout, PartialPrecision partials, char* work,
-                                         k::GemmWorkspace gemm_ws, cudaStream_t s) {
+                                         int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                                         char* work, k::GemmWorkspace gemm_ws, cudaStream_t s) {
   const int W = layout_.world(), r = layout_.rank();
   const RowBlocks rb{m, W};
   const bool bf16 = partials == PartialPrecision::kBF16;
@@ -312,10 +320,12 @@ void CrossHostPaths::gemm_reduce_scatter(const void* a, const void* w, void* out
   launch_dense_gemm(a, w, work, m, n, k_local, layout, c_type, gemm_ws, "gemmReduceScatter", s);
   if (!rb.even()) {
     std::vector<k::CopySegment> pack;
-    for (int p = 0; p < W; ++p) pack.push_back({work + rb.first(p) * row, blocks + p * rb.ceil() * row, rb.rows(p) * row});
+    for (int p = 0; p < W; ++p)
+      pack.push_back({work + rb.first(p) * row, blocks + p * rb.ceil() * row, rb.rows(p) * row});
     copy_segments(pack, s);
   }
-  enqueue_collective(k::CommOp::kReduceScatter, pd, blocks, UINT64_MAX, sums, count, work + product + padded + mine, s);
+  enqueue_collective(k::CommOp::kReduceScatter, pd, blocks, UINT64_MAX, sums, count,
+                     work + product + padded + mine, s);
   if (!bf16) {
     check_cuda(k::launch_narrow_to_bf16(reinterpret_cast<const float*>(sums), out, rb.rows(r) * n, s),
                "gemmReduceScatter: rounding the sums");

@@ -22,13 +22,13 @@
 #include <cstdint>
 #include <memory>
 
-#include "kernels/collectives/collectives.h"
-#include "kernels/gemm/gemm.h"
 #include "fusedcomm/runtime/host_layout.h"
 #include "fusedcomm/runtime/inter_host.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/transport_exchanger.h"
 #include "fusedcomm/types.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/gemm/gemm.h"
 #include "local_collectives.h"
 
 namespace fusedcomm {

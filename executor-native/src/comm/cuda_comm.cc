@@ -7,10 +7,10 @@
 
 #include "cross_host_paths.h"
 #include "fused_plan.h"
-#include "local_collectives.h"
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
+#include "local_collectives.h"
 
 namespace fusedcomm {
 namespace {
@@ -20,8 +20,8 @@ namespace k = kernels;
 // The operands that gemmReduceScatter's and gemmAllReduce's kernel arguments (k::GemmRsArgs,
 // k::GemmArArgs) share; kAuto, the workspace at the data area's start.
 template <typename Args>
-Args gemm_reduce_operands(const void* a, const void* w, int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
-                          PartialPrecision partials) {
+Args gemm_reduce_operands(const void* a, const void* w, int64_t m, int64_t n, int64_t k_local,
+                          WeightLayout layout, PartialPrecision partials) {
   Args args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n);
@@ -63,7 +63,8 @@ CudaComm::CudaComm(Runtime& runtime, int rank, int world) : runtime_(runtime), h
   pin_gpu(runtime.gpu().ordinal);
   // Pooled regions are staged for kCommMaxRanks: enough for one host's ranks, which is what
   // shares the region when the world (across hosts) is larger.
-  sm_ = std::make_unique<SymmetricMemory>(rank, world, runtime.acquire_region(std::min(world, k::kCommMaxRanks)));
+  sm_ = std::make_unique<SymmetricMemory>(rank, world,
+                                          runtime.acquire_region(std::min(world, k::kCommMaxRanks)));
   local_ = std::make_unique<LocalCollectives>(*sm_);
   try {
     // Blocking (not cudaStreamNonBlocking): callers fill tensors with plain cudaMemcpy (JCuda)
@@ -81,8 +82,7 @@ CudaComm::~CudaComm() {
   abort();
   try {
     close();
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 std::vector<uint8_t> CudaComm::device_handle() const { return sm_->export_handle(); }
@@ -96,7 +96,8 @@ void CudaComm::connect(const Bootstrap& peers) {
   layout_ = make_host_layout(peers.host_ids, host_.rank());
   if (layout_.hosts > 1) sm_->restrict_to(layout_.members());
   sm_->connect(peers.device_handles);
-  if (layout_.hosts > 1) hosts_ = std::make_unique<CrossHostPaths>(runtime_, layout_, *local_, host_, peers.comm_id);
+  if (layout_.hosts > 1)
+    hosts_ = std::make_unique<CrossHostPaths>(runtime_, layout_, *local_, host_, peers.comm_id);
   connected_ = true;
 }
 
@@ -158,17 +159,20 @@ void CudaComm::require_fits(const char* op, uint64_t bytes) const {
 
 // ---- collectives ----------------------------------------------------------------------------
 
-void CudaComm::all_gather(const OpDesc&, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream) {
+void CudaComm::all_gather(const OpDesc&, DType dtype, const void* in, void* out, int64_t count,
+                          cudaStream_t stream) {
   collective(Op::kAllGather, dtype, in, out, count, stream);
 }
 void CudaComm::reduce_scatter(const OpDesc&, DType dtype, const void* in, void* out, int64_t count,
                               cudaStream_t stream) {
   collective(Op::kReduceScatter, dtype, in, out, count, stream);
 }
-void CudaComm::all_reduce(const OpDesc&, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream) {
+void CudaComm::all_reduce(const OpDesc&, DType dtype, const void* in, void* out, int64_t count,
+                          cudaStream_t stream) {
   collective(Op::kAllReduce, dtype, in, out, count, stream);
 }
-void CudaComm::all_to_all(const OpDesc&, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream) {
+void CudaComm::all_to_all(const OpDesc&, DType dtype, const void* in, void* out, int64_t count,
+                          cudaStream_t stream) {
   collective(Op::kAllToAll, dtype, in, out, count, stream);
 }
 
@@ -206,13 +210,15 @@ void CudaComm::collective(Op op, DType dtype, const void* in, void* out, int64_t
   args.dtype = kdt;
   args.count = count;
   args.output = out;
-  local_->enqueue(args, in, static_cast<size_t>(k::collective_input_count(kop, count, world, rank)) * esize, s);
+  local_->enqueue(args, in, static_cast<size_t>(k::collective_input_count(kop, count, world, rank)) * esize,
+                  s);
   end(s, stream == nullptr);
 }
 
 // allReduce is element-wise: pieces of the data area's size (16-byte multiples) are
 // independent ops.
-void CudaComm::enqueue_all_reduce(k::CommDtype dtype, const void* in, void* out, int64_t count, cudaStream_t s) {
+void CudaComm::enqueue_all_reduce(k::CommDtype dtype, const void* in, void* out, int64_t count,
+                                  cudaStream_t s) {
   const size_t esize = element_bytes(dtype);
   const uint64_t capacity = sm_->data_bytes();
   const auto* src = static_cast<const char*>(in);
@@ -263,8 +269,8 @@ bool CudaComm::peers_on_other_gpus() const {
   return true;
 }
 
-k::AgGemmArgs CudaComm::ag_operands(const void* w, void* c, void* gathered, int64_t m, int64_t n_local, int64_t k,
-                                    WeightLayout layout) const {
+k::AgGemmArgs CudaComm::ag_operands(const void* w, void* c, void* gathered, int64_t m, int64_t n_local,
+                                    int64_t k, WeightLayout layout) const {
   k::AgGemmArgs args;
   args.M = static_cast<int>(m);
   args.N = static_cast<int>(n_local);
@@ -301,16 +307,17 @@ void CudaComm::all_gather_gemm(const OpDesc&, DType dtype, const void* a_local, 
   args.gemm_ws = gemm_workspace(s);
   const int64_t rows = static_cast<int64_t>(split_count(m, sm_->world(), sm_->rank()));
   if (rows > 0) {
-    check_cuda(cudaMemcpyAsync(sm_->data(), a_local, static_cast<size_t>(rows * k * 2), cudaMemcpyDeviceToDevice, s),
-               "copying A into symmetric memory");
+    check_cuda(
+        cudaMemcpyAsync(sm_->data(), a_local, static_cast<size_t>(rows * k * 2), cudaMemcpyDeviceToDevice, s),
+        "copying A into symmetric memory");
   }
   check_fused_launch(k::launch_all_gather_gemm(sm_->device(), args, s), "allGatherGemm");
   end(s, stream == nullptr);
 }
 
-void CudaComm::gemm_reduce_scatter(const OpDesc&, DType dtype, const void* a, const void* w, void* out, int64_t m,
-                                   int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
-                                   cudaStream_t stream) {
+void CudaComm::gemm_reduce_scatter(const OpDesc&, DType dtype, const void* a, const void* w, void* out,
+                                   int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
+                                   PartialPrecision partials, cudaStream_t stream) {
   require_bf16(dtype, "gemmReduceScatter");
   check_usable();
   require_gemm_reduce_args("gemmReduceScatter", m, n, k_local);
@@ -364,13 +371,17 @@ void CudaComm::gemm_all_reduce(const OpDesc&, DType dtype, const void* a, const 
   cudaStream_t s = begin(stream);
   if (W == 1 || bf16) {
     check_fused_launch(
-        k::launch_gemm(with_gemm_workspace(dense_gemm_args(a, w, c, m, n, k_local, layout, k::GemmOutType::kBF16), s), s),
+        k::launch_gemm(
+            with_gemm_workspace(dense_gemm_args(a, w, c, m, n, k_local, layout, k::GemmOutType::kBF16), s),
+            s),
         "gemmAllReduce");
     if (W > 1) enqueue_all_reduce(k::CommDtype::kBF16, c, c, m * n, s);
   } else {
     auto* sums = static_cast<float*>(workspace(round16(static_cast<uint64_t>(m * n) * 4)));
     check_fused_launch(
-        k::launch_gemm(with_gemm_workspace(dense_gemm_args(a, w, sums, m, n, k_local, layout, k::GemmOutType::kF32), s), s),
+        k::launch_gemm(
+            with_gemm_workspace(dense_gemm_args(a, w, sums, m, n, k_local, layout, k::GemmOutType::kF32), s),
+            s),
         "gemmAllReduce");
     enqueue_all_reduce(k::CommDtype::kF32, sums, sums, m * n, s);
     check_cuda(k::launch_narrow_to_bf16(sums, c, m * n, s), "gemmAllReduce: rounding the sums");
@@ -378,23 +389,27 @@ void CudaComm::gemm_all_reduce(const OpDesc&, DType dtype, const void* a, const 
   end(s, stream == nullptr);
 }
 
-std::string CudaComm::describe_fused(Op op, int64_t m, int64_t n, int64_t k, PartialPrecision partials) const {
+std::string CudaComm::describe_fused(Op op, int64_t m, int64_t n, int64_t k,
+                                     PartialPrecision partials) const {
   check_usable();
   FC_REQUIRE(is_fused(op), "unknown fused op " + std::to_string(static_cast<int>(op)));
   const FusedContext ctx = fused_context();
   // The kernels' arguments as the op passes them, without pointers: the plan reads sizes only.
   if (op == Op::kAllGatherGemm) {
     require_ag_args(m, n, k);
-    return describe_plan(ctx, op, plan_all_gather_gemm(ctx, ag_operands(nullptr, nullptr, nullptr, m, n, k,
-                                                                         WeightLayout::kNK)),
-                         partials);
+    return describe_plan(
+        ctx, op,
+        plan_all_gather_gemm(ctx, ag_operands(nullptr, nullptr, nullptr, m, n, k, WeightLayout::kNK)),
+        partials);
   }
   require_gemm_reduce_args(op_name(op), m, n, k);
   if (op == Op::kGemmReduceScatter) {
-    const auto args = gemm_reduce_operands<k::GemmRsArgs>(nullptr, nullptr, m, n, k, WeightLayout::kNK, partials);
+    const auto args =
+        gemm_reduce_operands<k::GemmRsArgs>(nullptr, nullptr, m, n, k, WeightLayout::kNK, partials);
     return describe_plan(ctx, op, plan_gemm_reduce_scatter(ctx, args), partials);
   }
-  const auto args = gemm_reduce_operands<k::GemmArArgs>(nullptr, nullptr, m, n, k, WeightLayout::kNK, partials);
+  const auto args =
+      gemm_reduce_operands<k::GemmArArgs>(nullptr, nullptr, m, n, k, WeightLayout::kNK, partials);
   return describe_plan(ctx, op, plan_gemm_all_reduce(ctx, args), partials);
 }
 
@@ -404,19 +419,21 @@ void CudaComm::unavailable(const OpDesc& desc) const {
   fail(ErrorKind::kUnavailable,
        std::string(desc.description) +
            ": not available on the cuda backend yet (it runs allGather, reduceScatter, allReduce, allToAll, "
-           "allGatherGemm, gemmReduceScatter, gemmAllReduce and gemm); use spark.fusedcomm.backend=host for this op");
+           "allGatherGemm, gemmReduceScatter, gemmAllReduce and gemm); use spark.fusedcomm.backend=host for "
+           "this op");
 }
 
-std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDesc& desc, DType, const void*, int64_t,
-                                                                     int64_t, const int32_t*, const float*, int,
-                                                                     int64_t, const void*, int64_t) {
+std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDesc& desc, DType, const void*,
+                                                                     int64_t, int64_t, const int32_t*,
+                                                                     const float*, int, int64_t, const void*,
+                                                                     int64_t) {
   unavailable(desc);
 }
 void CudaComm::moe_combine(const OpDesc& desc, DType, const host::MoeLayout&, const void*, int64_t, void*) {
   unavailable(desc);
 }
-void CudaComm::ring_attention(const OpDesc& desc, DType, const host::AttentionShape&, const void*, const void*,
-                              const void*, void*, float*) {
+void CudaComm::ring_attention(const OpDesc& desc, DType, const host::AttentionShape&, const void*,
+                              const void*, const void*, void*, float*) {
   unavailable(desc);
 }
 
@@ -431,7 +448,8 @@ void* CudaComm::workspace(uint64_t bytes) {
     // Growing frees and allocates, which a capture forbids (and a replay could not see).
     fail(ErrorKind::kInvalidArgument,
          "this op needs " + std::to_string(bytes) + " bytes of the communicator's workspace, more than the " +
-             std::to_string(work_bytes_) + " it has, and the stream is capturing a CUDA graph: run the op "
+             std::to_string(work_bytes_) +
+             " it has, and the stream is capturing a CUDA graph: run the op "
              "(or a larger one of its kind) once before the capture; the workspace only grows");
   }
   if (any_op_) check_cuda(cudaEventSynchronize(last_done_), "waiting for the previous op");
@@ -504,8 +522,7 @@ void CudaComm::close() {
     host_.abort();
     try {
       host_.close();
-    } catch (...) {
-    }
+    } catch (...) {}
     throw;
   }
   closed_ = true;

@@ -32,8 +32,8 @@ std::string fused_split(const k::FusedLaunchInfo& i) {
 
 // "needs <bytes> bytes of symmetric memory, more than its <area>-byte data area"
 std::string shortfall(uint64_t bytes, uint64_t area) {
-  return "needs " + std::to_string(bytes) + " bytes of symmetric memory, more than its " + std::to_string(area) +
-         "-byte data area";
+  return "needs " + std::to_string(bytes) + " bytes of symmetric memory, more than its " +
+         std::to_string(area) + "-byte data area";
 }
 
 }  // namespace
@@ -107,7 +107,8 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
             (i.copy_engines ? "the copy engines move the peers' rows (1 CTA raises their flags)"
                             : std::to_string(i.comm_ctas) + " CTAs pull the peers' rows, then join the GEMM");
     } else {
-      out = W == 1 ? "decomposed: our GEMM on the local rows (world 1)" : "decomposed: our allGather, then our GEMM";
+      out = W == 1 ? "decomposed: our GEMM on the local rows (world 1)"
+                   : "decomposed: our allGather, then our GEMM";
     }
   } else if (op == Op::kGemmReduceScatter) {
     needs = plan.needs;
@@ -115,9 +116,11 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
     if (across) {
       out = "decomposed across hosts: our GEMM, then the hierarchical reduceScatter (" + p + ")";
     } else if (fused) {
-      out = "fused: " + fused_split(i) + "; each output tile's partial goes to the rank owning its rows (" + p + ")";
+      out = "fused: " + fused_split(i) + "; each output tile's partial goes to the rank owning its rows (" +
+            p + ")";
     } else {
-      out = W == 1 ? "decomposed: our GEMM (world 1)" : "decomposed: our GEMM, then our reduceScatter (" + p + ")";
+      out = W == 1 ? "decomposed: our GEMM (world 1)"
+                   : "decomposed: our GEMM, then our reduceScatter (" + p + ")";
     }
   } else {
     const std::string p = std::string(rs == k::RsPartials::kBF16 ? "bf16" : "fp32") + " partials";
@@ -130,15 +133,16 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
         out = "decomposed: our GEMM, then our allReduce (" + p + ")";
       }
     } else {
-      out = std::string(across ? "across hosts" : "larger than the data area") + ": our GEMM, then our allReduce" +
-            (across ? " (hierarchical)" : "") + (W == 1 ? "" : " in pieces of the data area's size") + " (" + p + ")";
+      out = std::string(across ? "across hosts" : "larger than the data area") +
+            ": our GEMM, then our allReduce" + (across ? " (hierarchical)" : "") +
+            (W == 1 ? "" : " in pieces of the data area's size") + " (" + p + ")";
     }
   }
   if (needs > ctx.area) {
     out += "; refused: " + shortfall(needs, ctx.area) + " (raise spark.fusedcomm.cuda.symmetricBytes)";
   } else if (unless_gathered > 0) {
-    out += "; refused unless the gathered A is asked for: without it the op " + shortfall(unless_gathered, ctx.area) +
-           " (raise spark.fusedcomm.cuda.symmetricBytes)";
+    out += "; refused unless the gathered A is asked for: without it the op " +
+           shortfall(unless_gathered, ctx.area) + " (raise spark.fusedcomm.cuda.symmetricBytes)";
   }
   return out;
 }

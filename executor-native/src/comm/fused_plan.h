@@ -16,12 +16,12 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/collectives/collectives.h"
+#include "fusedcomm/types.h"
 #include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/collectives/collectives.h"
 #include "kernels/common/fused.h"
 #include "kernels/gemm_ar/gemm_ar.h"
 #include "kernels/gemm_rs/gemm_rs.h"
-#include "fusedcomm/types.h"
 
 namespace fusedcomm {
 

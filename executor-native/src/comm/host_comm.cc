@@ -70,25 +70,25 @@ std::string HostComm::describe_fused(Op op, int64_t, int64_t, int64_t, PartialPr
     case Op::kGemmAllReduce:
       return "host backend: the GEMM on the CPU, then reduceScatter and allGather over the executors' "
              "transport";
-    default:
-      fail(ErrorKind::kInvalidArgument, "unknown fused op " + std::to_string(static_cast<int>(op)));
+    default: fail(ErrorKind::kInvalidArgument, "unknown fused op " + std::to_string(static_cast<int>(op)));
   }
 }
 
 std::unique_ptr<host::MoeDispatchResult> HostComm::moe_dispatch_gemm(
     const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
     const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) {
-  return std::make_unique<host::MoeDispatchResult>(host::moe_dispatch_gemm(
-      start(desc, nullptr), dtype, x, tokens, hidden, topk_ids, topk_weights, topk, num_experts, w1_local, ffn));
+  return std::make_unique<host::MoeDispatchResult>(
+      host::moe_dispatch_gemm(start(desc, nullptr), dtype, x, tokens, hidden, topk_ids, topk_weights, topk,
+                              num_experts, w1_local, ffn));
 }
 
-void HostComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout, const void* expert_out,
-                           int64_t width, void* out) {
+void HostComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout,
+                           const void* expert_out, int64_t width, void* out) {
   host::moe_combine(start(desc, nullptr), dtype, layout, expert_out, width, out);
 }
 
-void HostComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
-                              const void* k, const void* v, void* o, float* lse) {
+void HostComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                              const void* q, const void* k, const void* v, void* o, float* lse) {
   host::ring_attention(start(desc, nullptr), dtype, shape, q, k, v, o, lse);
 }
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/collectives/collectives.h"
-#include "kernels/collectives/copy_segments.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "fusedcomm/types.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/collectives/copy_segments.h"
 
 namespace fusedcomm {
 

@@ -27,13 +27,12 @@ void require_dtype(DType t, const char* op) {
 }
 
 void require_nonneg(int64_t value, const char* op, const char* name) {
-  FC_REQUIRE(value >= 0, std::string(op) + ": " + name + " = " + std::to_string(value) +
-                             " must be >= 0");
+  FC_REQUIRE(value >= 0, std::string(op) + ": " + name + " = " + std::to_string(value) + " must be >= 0");
 }
 
 void require_data(const void* ptr, int64_t elems, const char* op, const char* name) {
-  FC_REQUIRE(ptr != nullptr || elems == 0, std::string(op) + ": " + name + " is null but holds " +
-                                               std::to_string(elems) + " elements");
+  FC_REQUIRE(ptr != nullptr || elems == 0,
+             std::string(op) + ": " + name + " is null but holds " + std::to_string(elems) + " elements");
 }
 
 void to_f32(DType t, const void* src, int64_t n, float* dst) {

@@ -17,8 +17,7 @@ void all_gather_rows(Exchanger& ex, const void* in, void* out, int64_t rows, int
   std::vector<RecvBlock> recv(w);
   for (int p = 0; p < w; ++p) {
     const int64_t bytes = split_count(rows, w, p) * row_bytes;
-    recv[p] = {bytes ? dst + split_offset(rows, w, p) * row_bytes : nullptr,
-               static_cast<uint64_t>(bytes)};
+    recv[p] = {bytes ? dst + split_offset(rows, w, p) * row_bytes : nullptr, static_cast<uint64_t>(bytes)};
   }
   ex.exchange(send, recv, step);
 }
@@ -36,8 +35,7 @@ void reduce_scatter_rows(Exchanger& ex, DType wire, const void* in, float* out, 
     const int64_t bytes = split_count(rows, w, p) * row_elems * esize;
     send[p] = {bytes ? src + split_offset(rows, w, p) * row_elems * esize : nullptr,
                static_cast<uint64_t>(bytes)};
-    recv[p] = {mine ? staged.data() + p * mine * esize : nullptr,
-               static_cast<uint64_t>(mine * esize)};
+    recv[p] = {mine ? staged.data() + p * mine * esize : nullptr, static_cast<uint64_t>(mine * esize)};
   }
   ex.exchange(send, recv, step);
 
@@ -53,8 +51,8 @@ void reduce_scatter_rows(Exchanger& ex, DType wire, const void* in, float* out, 
 
 namespace {
 
-void require_collective(DType t, const void* in, int64_t in_elems, const void* out,
-                        int64_t out_elems, int64_t count, const char* op) {
+void require_collective(DType t, const void* in, int64_t in_elems, const void* out, int64_t out_elems,
+                        int64_t count, const char* op) {
   detail::require_dtype(t, op);
   detail::require_nonneg(count, op, "count");
   detail::require_data(in, in_elems, op, "in");
@@ -65,8 +63,7 @@ void require_collective(DType t, const void* in, int64_t in_elems, const void* o
 
 void all_gather(Exchanger& ex, DType t, const void* in, void* out, int64_t count) {
   const int w = ex.world(), r = ex.rank();
-  require_collective(t, in, count < 0 ? 0 : split_count(count, w, r), out, count, count,
-                     "allGather");
+  require_collective(t, in, count < 0 ? 0 : split_count(count, w, r), out, count, count, "allGather");
   detail::all_gather_rows(ex, in, out, count, dtype_size(t), "allGather");
 }
 
@@ -103,8 +100,7 @@ void all_to_all(Exchanger& ex, DType t, const void* in, void* out, int64_t count
   std::vector<RecvBlock> recv(w);
   for (int p = 0; p < w; ++p) {
     const int64_t bytes = split_count(count, w, p) * esize;
-    send[p] = {bytes ? src + split_offset(count, w, p) * esize : nullptr,
-               static_cast<uint64_t>(bytes)};
+    send[p] = {bytes ? src + split_offset(count, w, p) * esize : nullptr, static_cast<uint64_t>(bytes)};
     recv[p] = {mine ? dst + p * mine * esize : nullptr, static_cast<uint64_t>(mine * esize)};
   }
   ex.exchange(send, recv, kOp);

@@ -21,8 +21,8 @@ void require_data(const void* ptr, int64_t elems, const char* op, const char* na
 // The checks a GEMM-shaped op (c = a · op(w), m×n×k) makes first, in this order: dtype; m, n, k
 // >= 0; weight layout. n_name and k_name are the op's own names for n and k ("n_local",
 // "k_local"), which the messages quote.
-void require_gemm_shape(DType t, int64_t m, int64_t n, int64_t k, WeightLayout layout,
-                        const char* op, const char* n_name = "n", const char* k_name = "k");
+void require_gemm_shape(DType t, int64_t m, int64_t n, int64_t k, WeightLayout layout, const char* op,
+                        const char* n_name = "n", const char* k_name = "k");
 
 // ---- dtype <-> fp32 -------------------------------------------------------------------------
 std::vector<float> to_f32(DType t, const void* src, int64_t n);

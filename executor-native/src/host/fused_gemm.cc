@@ -9,8 +9,8 @@ namespace fusedcomm::host {
 namespace {
 
 // m×n fp32 partial product a (m×k) · op(w), not rounded.
-std::vector<float> partial_product(DType t, const void* a, const void* w, int64_t m, int64_t n,
-                                   int64_t k, WeightLayout layout) {
+std::vector<float> partial_product(DType t, const void* a, const void* w, int64_t m, int64_t n, int64_t k,
+                                   WeightLayout layout) {
   const std::vector<float> af = detail::to_f32(t, a, m * k);
   const std::vector<float> wf = detail::weight_as_nk(t, w, n, k, layout);
   std::vector<float> c(static_cast<size_t>(m * n));
@@ -18,9 +18,8 @@ std::vector<float> partial_product(DType t, const void* a, const void* w, int64_
   return c;
 }
 
-void require_gemm_collective(DType t, const void* a, const void* w, const void* c, int64_t m,
-                             int64_t n, int64_t k_local, int64_t c_rows, WeightLayout layout,
-                             const char* op) {
+void require_gemm_collective(DType t, const void* a, const void* w, const void* c, int64_t m, int64_t n,
+                             int64_t k_local, int64_t c_rows, WeightLayout layout, const char* op) {
   detail::require_gemm_shape(t, m, n, k_local, layout, op, "n", "k_local");
   detail::require_data(a, m * k_local, op, "a");
   detail::require_data(w, n * k_local, op, "w");
@@ -29,8 +28,8 @@ void require_gemm_collective(DType t, const void* a, const void* w, const void* 
 
 }  // namespace
 
-void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w, void* c,
-                     void* gathered_a, int64_t m, int64_t n_local, int64_t k, WeightLayout layout) {
+void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w, void* c, void* gathered_a,
+                     int64_t m, int64_t n_local, int64_t k, WeightLayout layout) {
   constexpr const char* kOp = "allGatherGemm";
   const int world = ex.world(), r = ex.rank();
   detail::require_gemm_shape(t, m, n_local, k, layout, kOp, "n_local");
@@ -78,9 +77,8 @@ void reduce_scatter_product(Exchanger& ex, DType t, const void* a, const void* w
 
 }  // namespace
 
-void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                         int64_t n, int64_t k_local, WeightLayout layout,
-                         PartialPrecision partials) {
+void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m, int64_t n,
+                         int64_t k_local, WeightLayout layout, PartialPrecision partials) {
   constexpr const char* kOp = "gemmReduceScatter";
   const int64_t mine = m < 0 ? 0 : split_count(m, ex.world(), ex.rank());
   require_gemm_collective(t, a, w, c, m, n, k_local, mine, layout, kOp);
@@ -88,8 +86,8 @@ void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, v
 }
 
 // The reduce-scatter's rounded blocks are gathered, so every rank gets the same bits.
-void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                     int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials) {
+void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m, int64_t n,
+                     int64_t k_local, WeightLayout layout, PartialPrecision partials) {
   constexpr const char* kOp = "gemmAllReduce";
   require_gemm_collective(t, a, w, c, m, n, k_local, m, layout, kOp);
   const int64_t mine = split_count(m, ex.world(), ex.rank());

@@ -49,8 +49,7 @@ void gemm_f32(const float* a, const float* w_nk, float* c, int64_t m, int64_t n,
   }
 }
 
-std::vector<float> weight_as_nk(DType t, const void* w, int64_t n, int64_t k,
-                                WeightLayout layout) {
+std::vector<float> weight_as_nk(DType t, const void* w, int64_t n, int64_t k, WeightLayout layout) {
   if (layout == WeightLayout::kNK) return to_f32(t, w, n * k);
   std::vector<float> kn = to_f32(t, w, k * n);  // transpose K×N into N×K
   std::vector<float> nk(static_cast<size_t>(n * k));
@@ -59,15 +58,14 @@ std::vector<float> weight_as_nk(DType t, const void* w, int64_t n, int64_t k,
   return nk;
 }
 
-void require_gemm_shape(DType t, int64_t m, int64_t n, int64_t k, WeightLayout layout,
-                        const char* op, const char* n_name, const char* k_name) {
+void require_gemm_shape(DType t, int64_t m, int64_t n, int64_t k, WeightLayout layout, const char* op,
+                        const char* n_name, const char* k_name) {
   require_dtype(t, op);
   require_nonneg(m, op, "m");
   require_nonneg(n, op, n_name);
   require_nonneg(k, op, k_name);
   FC_REQUIRE(layout == WeightLayout::kNK || layout == WeightLayout::kKN,
-             std::string(op) + ": unknown weight layout " +
-                 std::to_string(static_cast<int>(layout)));
+             std::string(op) + ": unknown weight layout " + std::to_string(static_cast<int>(layout)));
 }
 
 }  // namespace detail

@@ -30,10 +30,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens,
-                                    int64_t hidden, const int32_t* topk_ids,
-                                    const float* topk_weights, int topk, int64_t num_experts,
-                                    const void* w1_local, int64_t ffn) {
+MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens, int64_t hidden,
+                                    const int32_t* topk_ids, const float* topk_weights, int topk,
+                                    int64_t num_experts, const void* w1_local, int64_t ffn) {
   constexpr const char* kOp = "moeDispatchGemm";
   const int world = ex.world(), r = ex.rank();
   detail::require_dtype(t, kOp);
@@ -41,19 +40,17 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
   detail::require_nonneg(hidden, kOp, "hidden");
   detail::require_nonneg(topk, kOp, "topk");
   detail::require_nonneg(ffn, kOp, "ffn");
-  FC_REQUIRE(num_experts >= 1, std::string(kOp) + ": num_experts = " + str(num_experts) +
-                                   " must be >= 1");
+  FC_REQUIRE(num_experts >= 1, std::string(kOp) + ": num_experts = " + str(num_experts) + " must be >= 1");
   detail::require_data(x, tokens * hidden, kOp, "x");
   detail::require_data(topk_ids, tokens * topk, kOp, "topk_ids");
   detail::require_data(topk_weights, tokens * topk, kOp, "topk_weights");
-  detail::require_data(w1_local, split_count(num_experts, world, r) * ffn * hidden, kOp,
-                       "w1_local");
+  detail::require_data(w1_local, split_count(num_experts, world, r) * ffn * hidden, kOp, "w1_local");
   for (int64_t tok = 0; tok < tokens; ++tok) {
     for (int k = 0; k < topk; ++k) {
       const int32_t id = topk_ids[tok * topk + k];
-      FC_REQUIRE(id >= 0 && id < num_experts,
-                 std::string(kOp) + ": token " + str(tok) + " slot " + str(k) + " routes to expert id " +
-                     str(id) + ", outside [0, " + str(num_experts) + ")");
+      FC_REQUIRE(id >= 0 && id < num_experts, std::string(kOp) + ": token " + str(tok) + " slot " + str(k) +
+                                                  " routes to expert id " + str(id) + ", outside [0, " +
+                                                  str(num_experts) + ")");
     }
   }
 
@@ -166,15 +163,15 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
   return result;
 }
 
-void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out,
-                 int64_t width, void* out) {
+void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out, int64_t width,
+                 void* out) {
   constexpr const char* kOp = "moeCombine";
   const int world = ex.world(), r = ex.rank();
   detail::require_dtype(t, kOp);
   detail::require_nonneg(width, kOp, "width");
   FC_REQUIRE(layout.world == world && layout.rank == r,
-             std::string(kOp) + ": layout is for rank " + str(layout.rank) + " of " +
-                 str(layout.world) + ", called on rank " + str(r) + " of " + str(world));
+             std::string(kOp) + ": layout is for rank " + str(layout.rank) + " of " + str(layout.world) +
+                 ", called on rank " + str(r) + " of " + str(world));
   const int64_t rows = layout.rows();
   FC_REQUIRE(static_cast<int64_t>(layout.sent_pairs.size()) == world &&
                  static_cast<int64_t>(layout.src_rank.size()) == rows &&
@@ -194,9 +191,7 @@ void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* ex
   std::vector<std::vector<int64_t>> back(world);
   for (int64_t row = 0; row < rows; ++row) back[layout.src_rank[row]].push_back(row);
   const auto* eo = static_cast<const uint8_t*>(expert_out);
-  const auto block_bytes = [&](int64_t n) {
-    return n * static_cast<int64_t>(sizeof(float) + row_bytes);
-  };
+  const auto block_bytes = [&](int64_t n) { return n * static_cast<int64_t>(sizeof(float) + row_bytes); };
   std::vector<std::vector<uint8_t>> out_blocks(world), in_blocks(world);
   std::vector<SendBlock> send(world);
   std::vector<RecvBlock> recv(world);

@@ -26,15 +26,14 @@ struct SoftmaxState {
 };
 
 // Merges the keys [key_begin, key_begin + n_keys) (global positions) into the state.
-void attend_block(const AttentionShape& s, float scale, const float* q, int64_t q_rows,
-                  int64_t q_begin, const float* k, const float* v, int64_t n_keys,
-                  int64_t key_begin, SoftmaxState& st, std::vector<float>& scores) {
+void attend_block(const AttentionShape& s, float scale, const float* q, int64_t q_rows, int64_t q_begin,
+                  const float* k, const float* v, int64_t n_keys, int64_t key_begin, SoftmaxState& st,
+                  std::vector<float>& scores) {
   const int64_t hq = s.q_heads, hkv = s.kv_heads, d = s.head_dim, group = hq / hkv;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t i = 0; i < q_rows; ++i) {
       // Causal: query at global position p sees keys at positions <= p.
-      const int64_t visible =
-          s.causal ? std::clamp<int64_t>(q_begin + i - key_begin + 1, 0, n_keys) : n_keys;
+      const int64_t visible = s.causal ? std::clamp<int64_t>(q_begin + i - key_begin + 1, 0, n_keys) : n_keys;
       if (visible == 0) continue;
       for (int64_t h = 0; h < hq; ++h) {
         const int64_t row = (b * q_rows + i) * hq + h;
@@ -69,18 +68,17 @@ void attend_block(const AttentionShape& s, float scale, const float* q, int64_t 
 
 }  // namespace
 
-void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const void* q,
-                    const void* k, const void* v, void* o, float* lse) {
+void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const void* q, const void* k,
+                    const void* v, void* o, float* lse) {
   constexpr const char* kOp = "ringAttention";
   const int world = ex.world(), r = ex.rank();
   detail::require_dtype(t, kOp);
   detail::require_nonneg(shape.batch, kOp, "batch");
   detail::require_nonneg(shape.seq, kOp, "seq");
-  FC_REQUIRE(shape.head_dim >= 1,
-             std::string(kOp) + ": head_dim = " + str(shape.head_dim) + " must be >= 1");
+  FC_REQUIRE(shape.head_dim >= 1, std::string(kOp) + ": head_dim = " + str(shape.head_dim) + " must be >= 1");
   FC_REQUIRE(shape.kv_heads >= 1 && shape.q_heads >= 1 && shape.q_heads % shape.kv_heads == 0,
-             std::string(kOp) + ": q_heads = " + str(shape.q_heads) + " must be a positive multiple of kv_heads = " +
-                 str(shape.kv_heads));
+             std::string(kOp) + ": q_heads = " + str(shape.q_heads) +
+                 " must be a positive multiple of kv_heads = " + str(shape.kv_heads));
   FC_REQUIRE(std::isfinite(shape.scale),
              std::string(kOp) + ": scale = " + std::to_string(shape.scale) + " must be finite");
 
@@ -91,8 +89,7 @@ void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const v
   detail::require_data(k, b * q_rows * hkv * d, kOp, "k");
   detail::require_data(v, b * q_rows * hkv * d, kOp, "v");
   detail::require_data(o, b * q_rows * hq * d, kOp, "o");
-  const float scale =
-      shape.scale != 0.f ? shape.scale : 1.f / std::sqrt(static_cast<float>(d));
+  const float scale = shape.scale != 0.f ? shape.scale : 1.f / std::sqrt(static_cast<float>(d));
   const int64_t esize = dtype_size(t);
   const auto kv_elems = [&](int owner) { return b * split_count(shape.seq, world, owner) * hkv * d; };
 
@@ -123,8 +120,8 @@ void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const v
       vf.resize(elems);
       detail::to_f32(t, held.data(), elems, kf.data());
       detail::to_f32(t, held.data() + elems * esize, elems, vf.data());
-      attend_block(shape, scale, qf.data(), q_rows, q_begin, kf.data(), vf.data(), n_keys,
-                   key_begin, st, scores);
+      attend_block(shape, scale, qf.data(), q_rows, q_begin, kf.data(), vf.data(), n_keys, key_begin, st,
+                   scores);
     }
     if (step == world - 1) break;
     const int incoming_owner = (owner - 1 + world) % world;
@@ -144,8 +141,7 @@ void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const v
       for (int64_t h = 0; h < hq; ++h) {
         const int64_t row = (bi * q_rows + i) * hq + h;
         const float sum = st.sum[row];
-        for (int64_t x = 0; x < d; ++x)
-          of[row * d + x] = sum > 0.f ? st.acc[row * d + x] / sum : 0.f;
+        for (int64_t x = 0; x < d; ++x) of[row * d + x] = sum > 0.f ? st.acc[row * d + x] / sum : 0.f;
         if (lse != nullptr)
           lse[(bi * hq + h) * q_rows + i] =
               sum > 0.f ? st.max[row] + std::log(sum) : -std::numeric_limits<float>::infinity();

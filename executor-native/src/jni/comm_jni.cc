@@ -56,8 +56,9 @@ FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
 }
 
 // endpoints, device handles and host ids: one per rank, by rank.
-FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id,
-                             jobjectArray device_handles, jintArray host_ids) {
+FC_NATIVE(void, commConnect)
+(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id, jobjectArray device_handles,
+ jintArray host_ids) {
   FC_JNI_BEGIN
   const std::vector<std::string> eps = fusedcomm::jni::to_strings(env, endpoints);
   const jsize n = static_cast<jsize>(eps.size());
@@ -74,7 +75,8 @@ FC_NATIVE(void, commConnect)(JNIEnv* env, jclass, jlong c, jobjectArray endpoint
     auto a = static_cast<jbyteArray>(env->GetObjectArrayElement(device_handles, i));
     blobs[i].resize(a == nullptr ? 0 : env->GetArrayLength(a));
     if (!blobs[i].empty()) {
-      env->GetByteArrayRegion(a, 0, static_cast<jsize>(blobs[i].size()), reinterpret_cast<jbyte*>(blobs[i].data()));
+      env->GetByteArrayRegion(a, 0, static_cast<jsize>(blobs[i].size()),
+                              reinterpret_cast<jbyte*>(blobs[i].data()));
     }
     env->DeleteLocalRef(a);
     blob_ptrs.push_back(blobs[i].data());
@@ -111,74 +113,81 @@ FC_NATIVE(void, commClose)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_END()
 }
 
-FC_NATIVE(jlong, commTimeCollective)(JNIEnv* env, jclass, jlong c, jint op, jint t, jlong in, jlong out, jlong count,
-                                     jint iters) {
+FC_NATIVE(jlong, commTimeCollective)
+(JNIEnv* env, jclass, jlong c, jint op, jint t, jlong in, jlong out, jlong count, jint iters) {
   FC_JNI_BEGIN
   int64_t nanos = 0;
-  check(fc_comm_time_collective(comm_of(c), static_cast<fc_op_t>(op), dtype(t), as<const void*>(in), as<void*>(out),
-                                count, iters, &nanos));
+  check(fc_comm_time_collective(comm_of(c), static_cast<fc_op_t>(op), dtype(t), as<const void*>(in),
+                                as<void*>(out), count, iters, &nanos));
   return nanos;
   FC_JNI_END(0)
 }
 
-FC_NATIVE(void, allGather)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
-                           jlong stream) {
+FC_NATIVE(void, allGather)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count, jlong stream) {
   FC_JNI_BEGIN
-  check(fc_all_gather(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out), count,
-                      stream_of(stream)));
+  check(fc_all_gather(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out),
+                      count, stream_of(stream)));
   FC_JNI_END()
 }
 
-FC_NATIVE(void, reduceScatter)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out,
-                               jlong count, jlong stream) {
+FC_NATIVE(void, reduceScatter)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count, jlong stream) {
   FC_JNI_BEGIN
-  check(fc_reduce_scatter(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out), count,
-                          stream_of(stream)));
+  check(fc_reduce_scatter(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out),
+                          count, stream_of(stream)));
   FC_JNI_END()
 }
 
-FC_NATIVE(void, allReduce)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
-                           jlong stream) {
+FC_NATIVE(void, allReduce)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count, jlong stream) {
   FC_JNI_BEGIN
-  check(fc_all_reduce(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out), count,
-                      stream_of(stream)));
+  check(fc_all_reduce(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out),
+                      count, stream_of(stream)));
   FC_JNI_END()
 }
 
-FC_NATIVE(void, allToAll)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count,
-                          jlong stream) {
+FC_NATIVE(void, allToAll)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong in, jlong out, jlong count, jlong stream) {
   FC_JNI_BEGIN
-  check(fc_all_to_all(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out), count,
-                      stream_of(stream)));
+  check(fc_all_to_all(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(in), as<void*>(out),
+                      count, stream_of(stream)));
   FC_JNI_END()
 }
 
-FC_NATIVE(void, allGatherGemm)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong a, jlong w, jlong out,
-                               jlong gathered, jlong m, jlong n_local, jlong k, jint l, jlong stream) {
+FC_NATIVE(void, allGatherGemm)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong a, jlong w, jlong out, jlong gathered,
+ jlong m, jlong n_local, jlong k, jint l, jlong stream) {
   FC_JNI_BEGIN
-  check(fc_all_gather_gemm(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(a), as<const void*>(w),
-                           as<void*>(out), as<void*>(gathered), m, n_local, k, layout(l), stream_of(stream)));
+  check(fc_all_gather_gemm(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(a),
+                           as<const void*>(w), as<void*>(out), as<void*>(gathered), m, n_local, k, layout(l),
+                           stream_of(stream)));
   FC_JNI_END()
 }
 
-FC_NATIVE(void, gemmReduceScatter)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong a, jlong w,
-                                   jlong out, jlong m, jlong n, jlong k_local, jint l, jint p, jlong stream) {
+FC_NATIVE(void, gemmReduceScatter)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong a, jlong w, jlong out, jlong m, jlong n,
+ jlong k_local, jint l, jint p, jlong stream) {
   FC_JNI_BEGIN
-  check(fc_gemm_reduce_scatter(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(a), as<const void*>(w),
-                               as<void*>(out), m, n, k_local, layout(l), partials(p), stream_of(stream)));
+  check(fc_gemm_reduce_scatter(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(a),
+                               as<const void*>(w), as<void*>(out), m, n, k_local, layout(l), partials(p),
+                               stream_of(stream)));
   FC_JNI_END()
 }
 
-FC_NATIVE(void, gemmAllReduce)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong a, jlong w, jlong out,
-                               jlong m, jlong n, jlong k_local, jint l, jint p, jlong stream) {
+FC_NATIVE(void, gemmAllReduce)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong a, jlong w, jlong out, jlong m, jlong n,
+ jlong k_local, jint l, jint p, jlong stream) {
   FC_JNI_BEGIN
-  check(fc_gemm_all_reduce(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(a), as<const void*>(w),
-                           as<void*>(out), m, n, k_local, layout(l), partials(p), stream_of(stream)));
+  check(fc_gemm_all_reduce(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(a),
+                           as<const void*>(w), as<void*>(out), m, n, k_local, layout(l), partials(p),
+                           stream_of(stream)));
   FC_JNI_END()
 }
 
 // op: Op.code() of a fused op.
-FC_NATIVE(jstring, commDescribeFused)(JNIEnv* env, jclass, jlong c, jint op, jlong m, jlong n, jlong k, jint p) {
+FC_NATIVE(jstring, commDescribeFused)
+(JNIEnv* env, jclass, jlong c, jint op, jlong m, jlong n, jlong k, jint p) {
   FC_JNI_BEGIN
   const char* phrase = nullptr;
   check(fc_comm_describe_fused(comm_of(c), static_cast<fc_op_t>(op), m, n, k, partials(p), &phrase));
@@ -186,9 +195,9 @@ FC_NATIVE(jstring, commDescribeFused)(JNIEnv* env, jclass, jlong c, jint op, jlo
   FC_JNI_END(nullptr)
 }
 
-FC_NATIVE(jlong, moeDispatchGemm)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong x, jlong tokens,
-                                  jlong hidden, jlong ids, jlong weights, jint topk, jlong num_experts, jlong w1,
-                                  jlong ffn) {
+FC_NATIVE(jlong, moeDispatchGemm)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong x, jlong tokens, jlong hidden, jlong ids,
+ jlong weights, jint topk, jlong num_experts, jlong w1, jlong ffn) {
   FC_JNI_BEGIN
   fc_moe_dispatch_t dispatch = nullptr;
   check(fc_moe_dispatch_gemm(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(x), tokens, hidden,
@@ -217,8 +226,8 @@ FC_NATIVE(void, moeCopy)(JNIEnv* env, jclass, jlong h, jlong expert_out, jlong r
   FC_JNI_END()
 }
 
-FC_NATIVE(void, moeRowMeta)(JNIEnv* env, jclass, jlong h, jintArray src_rank, jintArray src_token, jintArray slot,
-                            jfloatArray weight) {
+FC_NATIVE(void, moeRowMeta)
+(JNIEnv* env, jclass, jlong h, jintArray src_rank, jintArray src_token, jintArray slot, jfloatArray weight) {
   FC_JNI_BEGIN
   fc_moe_layout_t l;
   check(fc_moe_dispatch_layout(as<fc_moe_dispatch_t>(h), &l));
@@ -230,11 +239,12 @@ FC_NATIVE(void, moeRowMeta)(JNIEnv* env, jclass, jlong h, jintArray src_rank, ji
   FC_JNI_END()
 }
 
-FC_NATIVE(void, moeCombine)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong h, jlong expert_out,
-                            jlong width, jlong out) {
+FC_NATIVE(void, moeCombine)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong h, jlong expert_out, jlong width,
+ jlong out) {
   FC_JNI_BEGIN
-  check(fc_moe_combine(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<fc_moe_dispatch_t>(h), as<const void*>(expert_out),
-                       width, as<void*>(out)));
+  check(fc_moe_combine(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<fc_moe_dispatch_t>(h),
+                       as<const void*>(expert_out), width, as<void*>(out)));
   FC_JNI_END()
 }
 
@@ -244,12 +254,13 @@ FC_NATIVE(void, moeFree)(JNIEnv* env, jclass, jlong h) {
   FC_JNI_END()
 }
 
-FC_NATIVE(void, ringAttention)(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong batch, jlong seq,
-                               jlong q_heads, jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jlong q,
-                               jlong k, jlong v, jlong o, jlong lse) {
+FC_NATIVE(void, ringAttention)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong batch, jlong seq, jlong q_heads,
+ jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jlong q, jlong k, jlong v, jlong o,
+ jlong lse) {
   FC_JNI_BEGIN
   const fc_attention_shape_t s{batch, seq, q_heads, kv_heads, head_dim, causal == JNI_TRUE ? 1 : 0, scale};
-  check(fc_ring_attention(comm_of(c), Desc(env, d, fp).get(), dtype(t), &s, as<const void*>(q), as<const void*>(k),
-                          as<const void*>(v), as<void*>(o), as<float*>(lse)));
+  check(fc_ring_attention(comm_of(c), Desc(env, d, fp).get(), dtype(t), &s, as<const void*>(q),
+                          as<const void*>(k), as<const void*>(v), as<void*>(o), as<float*>(lse)));
   FC_JNI_END()
 }

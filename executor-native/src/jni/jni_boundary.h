@@ -48,7 +48,9 @@ inline void check(fc_status_t status) {
   if (status != FC_STATUS_SUCCESS) throw Failure{status, fc_last_error_message()};
 }
 
-[[noreturn]] inline void invalid(const std::string& message) { throw Failure{FC_STATUS_INVALID_ARGUMENT, message}; }
+[[noreturn]] inline void invalid(const std::string& message) {
+  throw Failure{FC_STATUS_INVALID_ARGUMENT, message};
+}
 
 // A Java string as UTF-8 for the duration of a call (short ones without allocating).
 class Utf8 {
@@ -109,18 +111,18 @@ T as(jlong value) {
 #define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
 
 #define FC_JNI_BEGIN try {
-#define FC_JNI_END(ret)                                                                                 \
-  }                                                                                                     \
-  catch (const ::fusedcomm::jni::Failure& f) {                                                          \
-    ::fusedcomm::jni::throw_java(env, f.status, f.message);                                             \
-  }                                                                                                     \
-  catch (const std::bad_alloc&) {                                                                       \
-    ::fusedcomm::jni::throw_java(env, FC_STATUS_OUT_OF_MEMORY, "native allocation failed");             \
-  }                                                                                                     \
-  catch (const std::exception& e) {                                                                     \
-    ::fusedcomm::jni::throw_java(env, FC_STATUS_INTERNAL, e.what());                                    \
-  }                                                                                                     \
-  catch (...) {                                                                                         \
-    ::fusedcomm::jni::throw_java(env, FC_STATUS_INTERNAL, "unknown native error");                      \
-  }                                                                                                     \
+#define FC_JNI_END(ret)                                                                     \
+  }                                                                                         \
+  catch (const ::fusedcomm::jni::Failure& f) {                                              \
+    ::fusedcomm::jni::throw_java(env, f.status, f.message);                                 \
+  }                                                                                         \
+  catch (const std::bad_alloc&) {                                                           \
+    ::fusedcomm::jni::throw_java(env, FC_STATUS_OUT_OF_MEMORY, "native allocation failed"); \
+  }                                                                                         \
+  catch (const std::exception& e) {                                                         \
+    ::fusedcomm::jni::throw_java(env, FC_STATUS_INTERNAL, e.what());                        \
+  }                                                                                         \
+  catch (...) {                                                                             \
+    ::fusedcomm::jni::throw_java(env, FC_STATUS_INTERNAL, "unknown native error");          \
+  }                                                                                         \
   return ret;

@@ -16,10 +16,10 @@ FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
   FC_JNI_END(nullptr)
 }
 
-FC_NATIVE(jlong, runtimeCreate)(JNIEnv* env, jclass, jint backend, jlong timeout_ms, jlong connect_timeout_ms,
-                                jlong chunk_bytes, jlong symmetric_bytes, jstring bind_host,
-                                jint transport_streams, jlong busy_poll_us, jint gpu_ordinal,
-                                jlong job_token, jboolean allow_shared_gpu) {
+FC_NATIVE(jlong, runtimeCreate)
+(JNIEnv* env, jclass, jint backend, jlong timeout_ms, jlong connect_timeout_ms, jlong chunk_bytes,
+ jlong symmetric_bytes, jstring bind_host, jint transport_streams, jlong busy_poll_us, jint gpu_ordinal,
+ jlong job_token, jboolean allow_shared_gpu) {
   FC_JNI_BEGIN
   const fusedcomm::jni::Utf8 host(env, bind_host);
   fc_runtime_config_t c;
@@ -118,8 +118,8 @@ FC_NATIVE(jlongArray, memStats)(JNIEnv* env, jclass) {
 }
 
 // backend: cuda (device memory, bf16) or host.
-FC_NATIVE(void, gemm)(JNIEnv* env, jclass, jint backend, jint t, jlong a, jlong w, jlong c, jlong m, jlong n, jlong k,
-                      jint l) {
+FC_NATIVE(void, gemm)
+(JNIEnv* env, jclass, jint backend, jint t, jlong a, jlong w, jlong c, jlong m, jlong n, jlong k, jint l) {
   FC_JNI_BEGIN
   check(fc_gemm(static_cast<fc_backend_t>(backend), static_cast<fc_dtype_t>(t), as<const void*>(a),
                 as<const void*>(w), as<void*>(c), m, n, k, static_cast<fc_weight_layout_t>(l)));

@@ -7,8 +7,8 @@
 #include <mutex>
 #include <string>
 
-#include "kernels/gemm/gemm.h"
 #include "fusedcomm/runtime/errors.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fusedcomm {
 
@@ -92,10 +92,12 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   std::lock_guard<std::mutex> lock(ws.mu);
   kernels::use_workspace(args, ws.ws);
   e = kernels::launch_gemm(args, nullptr);
-  if (e == cudaErrorInvalidValue) fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
+  if (e == cudaErrorInvalidValue)
+    fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
   if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
   if (e != cudaSuccess) {
-    fail(ErrorKind::kFatalGpu, "gemm " + shape + " failed on the GPU: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+    fail(ErrorKind::kFatalGpu,
+         "gemm " + shape + " failed on the GPU: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
   }
 }
 

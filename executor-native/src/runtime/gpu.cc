@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/common/selftest.h"
 #include "fusedcomm/runtime/errors.h"
+#include "kernels/common/selftest.h"
 
 namespace fusedcomm {
 namespace {
@@ -18,10 +18,9 @@ std::string cuda_message(cudaError_t e) {
 std::string format_uuid(const cudaUUID_t& u) {
   const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
   char s[64];
-  std::snprintf(s, sizeof s,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
+  std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+                b[15]);
   return s;
 }
 
@@ -35,8 +34,8 @@ CudaAvailability probe_cuda() {
   CudaAvailability a;
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice ||
-      e == cudaErrorInitializationError || e == cudaErrorCompatNotSupportedOnDevice) {
+  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || e == cudaErrorInitializationError ||
+      e == cudaErrorCompatNotSupportedOnDevice) {
     a.reason = "no usable NVIDIA GPU on this host (" + cuda_message(e) +
                "); run on a GPU host or set spark.fusedcomm.backend=host";
     cudaGetLastError();
@@ -70,8 +69,8 @@ GpuInfo open_gpu(int ordinal) {
   CudaAvailability a = probe_cuda();
   if (!a.available) fail(ErrorKind::kUnavailable, "the cuda backend is unavailable: " + a.reason);
   if (ordinal < 0 || ordinal >= a.device_count) {
-    fail(ErrorKind::kUnavailable, "GPU address " + std::to_string(ordinal) +
-                                      " is not a visible device (" + std::to_string(a.device_count) +
+    fail(ErrorKind::kUnavailable, "GPU address " + std::to_string(ordinal) + " is not a visible device (" +
+                                      std::to_string(a.device_count) +
                                       " visible); check the GPU discovery script");
   }
   check(cudaSetDevice(ordinal), ErrorKind::kUnavailable, "cudaSetDevice(" + std::to_string(ordinal) + ")");
@@ -93,7 +92,8 @@ GpuInfo open_gpu(int ordinal) {
   // Self-test: proves the sm_90a code in this library loads and runs on the device.
   constexpr uint32_t n = 4096;
   uint32_t* d = nullptr;
-  check(cudaMalloc(reinterpret_cast<void**>(&d), n * sizeof(uint32_t)), ErrorKind::kFatalGpu, "cudaMalloc (self-test)");
+  check(cudaMalloc(reinterpret_cast<void**>(&d), n * sizeof(uint32_t)), ErrorKind::kFatalGpu,
+        "cudaMalloc (self-test)");
   std::vector<uint32_t> h(n, 0);
   cudaError_t e = kernels::launch_selftest(d, n, nullptr);
   if (e == cudaSuccess) e = cudaMemcpy(h.data(), d, n * sizeof(uint32_t), cudaMemcpyDeviceToHost);

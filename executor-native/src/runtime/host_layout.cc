@@ -9,8 +9,8 @@ namespace fusedcomm {
 
 HostLayout make_host_layout(const std::vector<int>& host_of, int rank) {
   const int world = static_cast<int>(host_of.size());
-  FC_REQUIRE(rank >= 0 && rank < world, "host layout: rank " + std::to_string(rank) + " outside world " +
-                                            std::to_string(world));
+  FC_REQUIRE(rank >= 0 && rank < world,
+             "host layout: rank " + std::to_string(rank) + " outside world " + std::to_string(world));
   HostLayout l;
   l.hosts = *std::max_element(host_of.begin(), host_of.end()) + 1;
   std::vector<std::vector<int>> ranks_of(l.hosts);
@@ -21,10 +21,11 @@ HostLayout make_host_layout(const std::vector<int>& host_of, int rank) {
   for (int h = 0; h < l.hosts; ++h) {
     FC_REQUIRE(!ranks_of[h].empty(), "host layout: host id " + std::to_string(h) + " has no rank");
     if (ranks_of[h].size() != ranks_of[0].size()) {
-      fail(ErrorKind::kUnavailable,
-           "the cuda backend needs the same number of ranks on every host: host " + std::to_string(h) + " has " +
-               std::to_string(ranks_of[h].size()) + " (ranks " + std::to_string(ranks_of[h].front()) + ", ...) and host 0 has " +
-               std::to_string(ranks_of[0].size()) + "; give every host the same number of executors");
+      fail(ErrorKind::kUnavailable, "the cuda backend needs the same number of ranks on every host: host " +
+                                        std::to_string(h) + " has " + std::to_string(ranks_of[h].size()) +
+                                        " (ranks " + std::to_string(ranks_of[h].front()) +
+                                        ", ...) and host 0 has " + std::to_string(ranks_of[0].size()) +
+                                        "; give every host the same number of executors");
     }
   }
   l.host = host_of[rank];

@@ -35,15 +35,16 @@ void check(cudaError_t e, const std::string& what) {
 
 InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chunk_bytes, int lanes)
     : runtime_(runtime), host_(host), hosts_(hosts), chunk_bytes_(chunk_bytes), lanes_(lanes) {
-  FC_REQUIRE(hosts >= 2 && hosts <= k::kProxyMaxHosts,
-             "between hosts the cuda backend connects 2.." + std::to_string(k::kProxyMaxHosts) +
-                 " hosts, not " + std::to_string(hosts));
+  FC_REQUIRE(hosts >= 2 && hosts <= k::kProxyMaxHosts, "between hosts the cuda backend connects 2.." +
+                                                           std::to_string(k::kProxyMaxHosts) +
+                                                           " hosts, not " + std::to_string(hosts));
   FC_REQUIRE(host >= 0 && host < hosts, "inter-host link: host index out of range");
-  FC_REQUIRE(chunk_bytes >= 16 && chunk_bytes % 16 == 0,
-             "inter-host staging chunk must be a positive multiple of 16 bytes (spark.fusedcomm.host.chunkBytes)");
+  FC_REQUIRE(
+      chunk_bytes >= 16 && chunk_bytes % 16 == 0,
+      "inter-host staging chunk must be a positive multiple of 16 bytes (spark.fusedcomm.host.chunkBytes)");
   FC_REQUIRE(lanes >= 1 && lanes <= static_cast<int>(k::kProxyMaxLanes),
-             "inter-host link: 1.." + std::to_string(k::kProxyMaxLanes) + " streams (spark.fusedcomm.transport.streams), not " +
-                 std::to_string(lanes));
+             "inter-host link: 1.." + std::to_string(k::kProxyMaxLanes) +
+                 " streams (spark.fusedcomm.transport.streams), not " + std::to_string(lanes));
   // Never reallocated after this: abort() may read them from another thread during connect().
   groups_.reserve(static_cast<size_t>(lanes));
   proxies_.reserve(static_cast<size_t>(lanes));
@@ -64,7 +65,8 @@ InterHostLink::InterHostLink(Runtime& runtime, int host, int hosts, uint64_t chu
     regions_.push_back(t.register_memory(signals_->host, kSignalBytes));
     // Device words: each lane's ring's next slot, then each lane's signal value base.
     const size_t words = 2 * static_cast<size_t>(lanes);
-    check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), words * sizeof *next_slot_), "cudaMalloc (ring counters)");
+    check(cudaMalloc(reinterpret_cast<void**>(&next_slot_), words * sizeof *next_slot_),
+          "cudaMalloc (ring counters)");
     check(cudaMemset(next_slot_, 0, words * sizeof *next_slot_), "cudaMemset (ring counters)");
   } catch (...) {
     close(false);
@@ -106,12 +108,12 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
   for (int h = 0; h < hosts_; ++h) {
     // Every rank sees the same blobs, so a mismatch fails every rank here, before any connect.
     FC_REQUIRE(blobs[h].lanes == static_cast<uint32_t>(lanes_),
-               names[h] + " uses " + std::to_string(blobs[h].lanes) + " streams between hosts and " + names[host_] +
-                   " uses " + std::to_string(lanes_) +
+               names[h] + " uses " + std::to_string(blobs[h].lanes) + " streams between hosts and " +
+                   names[host_] + " uses " + std::to_string(lanes_) +
                    ": spark.fusedcomm.transport.streams must be the same on every executor");
     FC_REQUIRE(blobs[h].chunk_bytes == chunk_bytes_,
-               names[h] + " moves chunks of " + std::to_string(blobs[h].chunk_bytes) + " bytes between hosts and " +
-                   names[host_] + " of " + std::to_string(chunk_bytes_) +
+               names[h] + " moves chunks of " + std::to_string(blobs[h].chunk_bytes) +
+                   " bytes between hosts and " + names[host_] + " of " + std::to_string(chunk_bytes_) +
                    ": spark.fusedcomm.host.chunkBytes must be the same on every executor");
   }
   peers_ = blobs;
@@ -128,12 +130,14 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
   uint64_t* lane0_abort = &static_cast<rdma::RingHeader*>(ring(0, false))->abort;
   for (int l = 0; l < lanes_; ++l) {
     spec.lane = static_cast<uint32_t>(l);
-    spec.comm_id = l == 0 ? comm_id : (comm_id ^ (0x6c616e6500000000ull | static_cast<uint64_t>(l))) * 0xBF58476D1CE4E5B9ull;
+    spec.comm_id =
+        l == 0 ? comm_id
+               : (comm_id ^ (0x6c616e6500000000ull | static_cast<uint64_t>(l))) * 0xBF58476D1CE4E5B9ull;
     groups_.push_back(rdma::connect_one_way_pairs(runtime_.transport(), spec));
     // A failing lane also sets lane 0's abort word, which every wait of the kernel polls.
-    proxies_.push_back(std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring(l, false), kRingCapacity), *groups_.back(),
-                                                     l == 0 ? nullptr : lane0_abort,
-                                                     std::chrono::microseconds(runtime_.config().busy_poll_us)));
+    proxies_.push_back(std::make_unique<rdma::Proxy>(
+        rdma::ProxyRing(ring(l, false), kRingCapacity), *groups_.back(), l == 0 ? nullptr : lane0_abort,
+        std::chrono::microseconds(runtime_.config().busy_poll_us)));
   }
 }
 
@@ -163,8 +167,9 @@ void InterHostLink::all_gather(const std::vector<void*>& blocks, const std::vect
   launch(a, dtype, stream);
 }
 
-void InterHostLink::reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts,
-                                   void* out, k::CommDtype dtype, cudaStream_t stream) {
+void InterHostLink::reduce_scatter(const std::vector<void*>& contributions,
+                                   const std::vector<int64_t>& counts, void* out, k::CommDtype dtype,
+                                   cudaStream_t stream) {
   k::ProxyCollective a = per_host(k::kProxyReduceScatter, contributions, counts);
   a.out = out;
   launch(a, dtype, stream);
@@ -220,7 +225,8 @@ void InterHostLink::raise_if_failed() {
   const uint32_t status = *status_;
   if (k::proxy_status_code(status) == k::kProxyOk) return;
   const int peer = k::proxy_status_peer(status);
-  const std::string where = std::string(k::proxy_op_name(k::proxy_status_op(status))) + " [between hosts] on " + names_.at(host_);
+  const std::string where =
+      std::string(k::proxy_op_name(k::proxy_status_op(status))) + " [between hosts] on " + names_.at(host_);
   std::string proxy_error;
   int failed = -1;
   for (const auto& proxy : proxies_) {
@@ -229,9 +235,10 @@ void InterHostLink::raise_if_failed() {
     if (!proxy_error.empty()) break;
   }
   if (!proxy_error.empty()) {
-    fail(ErrorKind::kTransport, where + ": the connection to " +
-                                    (failed >= 0 && failed < hosts_ ? names_[failed] : std::string("a counterpart")) +
-                                    " failed: " + proxy_error);
+    fail(ErrorKind::kTransport,
+         where + ": the connection to " +
+             (failed >= 0 && failed < hosts_ ? names_[failed] : std::string("a counterpart")) +
+             " failed: " + proxy_error);
   }
   if (k::proxy_status_code(status) == k::kProxyAborted || aborted_) {
     fail(ErrorKind::kCommunicator, where + ": aborted");
@@ -249,7 +256,8 @@ void InterHostLink::abort() noexcept {
     // The kernels' bounded waits poll lane 0's word, producers waiting for space their lane's
     // (kernels/detail/proxy_device.cuh).
     for (int l = 0; l < lanes_; ++l) {
-      std::atomic_ref<uint64_t>(static_cast<rdma::RingHeader*>(ring(l, false))->abort).store(1, std::memory_order_release);
+      std::atomic_ref<uint64_t>(static_cast<rdma::RingHeader*>(ring(l, false))->abort)
+          .store(1, std::memory_order_release);
     }
   }
   for (auto& group : groups_) group->abort();
@@ -276,8 +284,7 @@ void InterHostLink::close(bool drain) noexcept {
   for (const rdma::Region& r : regions_) {
     try {
       runtime_.transport().deregister_memory(r);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   regions_.clear();
   if (next_slot_ != nullptr) cudaFree(next_slot_);

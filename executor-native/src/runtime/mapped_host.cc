@@ -18,8 +18,8 @@ MappedHostMemory::MappedHostMemory(size_t bytes) {
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
-    fail(ErrorKind::kFatalGpu, "mapped host memory of " + std::to_string(bytes) + " bytes: " +
-                                   cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+    fail(ErrorKind::kFatalGpu, "mapped host memory of " + std::to_string(bytes) +
+                                   " bytes: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
   }
 }
 

@@ -17,7 +17,8 @@ constexpr size_t kHeader = kAlign;
 }  // namespace
 
 void* host_alloc(size_t bytes) {
-  FC_REQUIRE(bytes <= (size_t{1} << 40), "host allocation of " + std::to_string(bytes) + " bytes is too large");
+  FC_REQUIRE(bytes <= (size_t{1} << 40),
+             "host allocation of " + std::to_string(bytes) + " bytes is too large");
   size_t total = kHeader + ((bytes + kAlign - 1) / kAlign) * kAlign;
   void* raw = std::aligned_alloc(kAlign, total);
   if (raw == nullptr) throw std::bad_alloc();

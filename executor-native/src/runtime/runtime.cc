@@ -1,8 +1,8 @@
 #include "fusedcomm/runtime/runtime.h"
 
-#include "kernels/proxy/proxy.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
+#include "kernels/proxy/proxy.h"
 
 namespace fusedcomm {
 
@@ -10,16 +10,16 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   FC_REQUIRE(config.timeout_ms > 0, "timeout must be positive");
   FC_REQUIRE(config.connect_timeout_ms > 0, "connect timeout must be positive");
   FC_REQUIRE(config.chunk_bytes >= 4096, "chunk bytes must be at least 4096");
-  FC_REQUIRE(config.transport_streams >= 1 && config.transport_streams <= static_cast<int>(kernels::kProxyMaxLanes),
-             "transport streams must be 1.." + std::to_string(kernels::kProxyMaxLanes) + ", not " +
-                 std::to_string(config.transport_streams));
+  FC_REQUIRE(
+      config.transport_streams >= 1 && config.transport_streams <= static_cast<int>(kernels::kProxyMaxLanes),
+      "transport streams must be 1.." + std::to_string(kernels::kProxyMaxLanes) + ", not " +
+          std::to_string(config.transport_streams));
   FC_REQUIRE(config.busy_poll_us >= 0 && config.busy_poll_us <= 1000000,
              "transport busy-poll window must be 0..1000000 us, not " + std::to_string(config.busy_poll_us));
   FC_REQUIRE(config.symmetric_bytes >= 4096 && config.symmetric_bytes % 4096 == 0,
              "symmetric bytes must be a positive multiple of 4096");
   switch (config.backend) {
-    case Backend::kHost:
-      break;
+    case Backend::kHost: break;
     case Backend::kCuda:
       if (config.gpu_ordinal < 0) {
         fail(ErrorKind::kUnavailable,
@@ -92,7 +92,8 @@ std::string Runtime::describe() const {
                   " transport=" + transport_->name() + " address=" + transport_->address() +
                   " streams=" + std::to_string(config_.transport_streams) +
                   " busyPoll=" + std::to_string(config_.busy_poll_us) + "us";
-  if (gpu_.ordinal >= 0) s += " gpu=" + std::to_string(gpu_.ordinal) + " uuid=" + gpu_.uuid + " (" + gpu_.name + ")";
+  if (gpu_.ordinal >= 0)
+    s += " gpu=" + std::to_string(gpu_.ordinal) + " uuid=" + gpu_.uuid + " (" + gpu_.name + ")";
   return s;
 }
 

@@ -18,19 +18,19 @@ namespace {
 namespace k = fusedcomm::kernels;
 
 constexpr uint32_t kBlobMagic = 0x46435331;  // "FCS1"
-constexpr uint32_t kBlobVersion = 2;  // 2: CommFlags::launch (launch signatures)
+constexpr uint32_t kBlobVersion = 2;         // 2: CommFlags::launch (launch signatures)
 constexpr uint64_t kPage = 4096;
 
 // Blob layout (little-endian host order; all ranks are on one host).
 struct BlobHeader {
-  uint32_t magic;         // kBlobMagic
-  uint32_t version;       // kBlobVersion
+  uint32_t magic;    // kBlobMagic
+  uint32_t version;  // kBlobVersion
   int32_t rank;
   int32_t world;
   uint64_t region_bytes;  // must match on every rank
   uint64_t data_bytes;
   uint64_t slot_bytes;
-  char pci_bus_id[32];    // NUL-terminated
+  char pci_bus_id[32];  // NUL-terminated
   uint8_t ipc_handle[CUDA_IPC_HANDLE_SIZE];
 };
 static_assert(sizeof(BlobHeader) == 24 + 16 + 32 + CUDA_IPC_HANDLE_SIZE, "blob layout");
@@ -44,8 +44,7 @@ uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 void check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) {
     cudaGetLastError();
-    fail(ErrorKind::kFatalGpu, what + " failed (" + cudaGetErrorName(e) + ": " +
-                                   cudaGetErrorString(e) + ")");
+    fail(ErrorKind::kFatalGpu, what + " failed (" + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")");
   }
 }
 
@@ -76,10 +75,11 @@ std::string describe_launch(uint64_t sig) {
   if (op >= k::kFusedOpAllGatherGemm) {
     // gemmReduceScatter's dtype field is its partials' code (kernels/gemm_rs/gemm_rs.h, RsPartials).
     const bool rs = op == k::kFusedOpGemmReduceScatter;
-    const bool any_order =
-        rs && k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::RsPartials::kF32AnyOrder);
+    const bool any_order = rs && k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::RsPartials::kF32AnyOrder);
     std::snprintf(buf, sizeof buf, "%s (%s%s, %s, sizes #%011llx)", k::fused_op_name(op), dtype,
-                  any_order ? " partials, any order" : rs ? " partials" : "",
+                  any_order ? " partials, any order"
+                  : rs      ? " partials"
+                            : "",
                   algo_name(op, algo), static_cast<unsigned long long>(k::comm_sig_size(sig)));
   } else {
     std::snprintf(buf, sizeof buf, "%s (%s, %llu elements, %s)", k::fused_op_name(op), dtype,
@@ -93,13 +93,13 @@ std::string launch_mismatch_message(const k::CommErrorRecord& r) {
   const bool fused = k::comm_sig_op(r.launch_sig) >= k::kFusedOpAllGatherGemm;
   std::string hint = "every rank must launch the same ops in the same order with the same sizes";
   if (same_op && fused) {
-    hint = "the ranks disagree on the sizes every rank must share (M and K for allGatherGemm, "
-           "M and N for gemmReduceScatter), on the algorithm or on gemmReduceScatter's partials";
+    hint =
+        "the ranks disagree on the sizes every rank must share (M and K for allGatherGemm, "
+        "M and N for gemmReduceScatter), on the algorithm or on gemmReduceScatter's partials";
   }
-  return "launch mismatch at launch " + std::to_string(r.epoch) + ": rank " +
-         std::to_string(r.rank) + " launched " + describe_launch(r.launch_sig) + " but rank " +
-         std::to_string(r.peer) + " launched " + describe_launch(r.observed) + "; " + hint +
-         "; this symmetric memory must be closed and rebuilt";
+  return "launch mismatch at launch " + std::to_string(r.epoch) + ": rank " + std::to_string(r.rank) +
+         " launched " + describe_launch(r.launch_sig) + " but rank " + std::to_string(r.peer) + " launched " +
+         describe_launch(r.observed) + "; " + hint + "; this symmetric memory must be closed and rebuilt";
 }
 
 // ---- SymmetricRegion ----------------------------------------------------------------------
@@ -236,12 +236,13 @@ std::vector<uint8_t> SymmetricMemory::export_handle() const {
 }
 
 void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
-  if (closed_ || connected_) fail(ErrorKind::kState, "symmetric memory: connect() on a closed or connected object");
+  if (closed_ || connected_)
+    fail(ErrorKind::kState, "symmetric memory: connect() on a closed or connected object");
   if (world_ > region_->staging_ranks()) {
-    fail(ErrorKind::kUnavailable, "symmetric memory: " + std::to_string(world_) +
-                                      " ranks share it, more than the " + std::to_string(region_->staging_ranks()) +
-                                      " its region is staged for (one host holds at most " +
-                                      std::to_string(k::kCommMaxRanks) + " ranks of a communicator)");
+    fail(ErrorKind::kUnavailable,
+         "symmetric memory: " + std::to_string(world_) + " ranks share it, more than the " +
+             std::to_string(region_->staging_ranks()) + " its region is staged for (one host holds at most " +
+             std::to_string(k::kCommMaxRanks) + " ranks of a communicator)");
   }
   if (static_cast<int>(blobs.size()) != global_world_) {
     fail(ErrorKind::kCommunicator, "symmetric memory: got " + std::to_string(blobs.size()) +
@@ -257,17 +258,18 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     const std::string peer = std::to_string(q);
     BlobHeader b{};
     if (blobs[q].size() != sizeof b) {
-      fail(ErrorKind::kCommunicator, "symmetric memory: rank " + peer +
-                                         "'s handle has " + std::to_string(blobs[q].size()) +
-                                         " bytes, expected " + std::to_string(sizeof b));
+      fail(ErrorKind::kCommunicator, "symmetric memory: rank " + peer + "'s handle has " +
+                                         std::to_string(blobs[q].size()) + " bytes, expected " +
+                                         std::to_string(sizeof b));
     }
     std::memcpy(&b, blobs[q].data(), sizeof b);
     if (b.magic != kBlobMagic || b.version != kBlobVersion || b.rank != q || b.world != global_world_ ||
         b.region_bytes != region_->bytes() || b.data_bytes != region_->config().data_bytes ||
         b.slot_bytes != region_->config().slot_bytes) {
-      fail(ErrorKind::kCommunicator,
-           "symmetric memory: rank " + peer + "'s handle does not match rank " + me + "'s (version, rank/world or sizes differ: every rank must "
-               "use the same SymmetricConfig)");
+      fail(ErrorKind::kCommunicator, "symmetric memory: rank " + peer + "'s handle does not match rank " +
+                                         me +
+                                         "'s (version, rank/world or sizes differ: every rank must "
+                                         "use the same SymmetricConfig)");
     }
     PeerLink link;
     link.rank = q;
@@ -287,8 +289,9 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
       }
       link.can_access = can;
       if (ordinal == device && !region_->config().allow_shared_gpu) {
-        fail(ErrorKind::kUnavailable, "symmetric memory: ranks " + me + " and " + peer + " use the same GPU " +
-                                          link.pci_bus_id + "; give each executor its own GPU");
+        fail(ErrorKind::kUnavailable, "symmetric memory: ranks " + me + " and " + peer +
+                                          " use the same GPU " + link.pci_bus_id +
+                                          "; give each executor its own GPU");
       }
       if (!can) {
         fail(ErrorKind::kUnavailable, "symmetric memory: GPU " + bus_id + " (rank " + me +
@@ -305,8 +308,8 @@ void SymmetricMemory::connect(const std::vector<std::vector<uint8_t>>& blobs) {
     if (e != cudaSuccess) {
       cudaGetLastError();
       fail(ErrorKind::kUnavailable, "symmetric memory: rank " + me + " could not map rank " + peer +
-                                        "'s memory (GPU " + link.pci_bus_id + "): " +
-                                        cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+                                        "'s memory (GPU " + link.pci_bus_id + "): " + cudaGetErrorName(e) +
+                                        ": " + cudaGetErrorString(e));
     }
     mapped_[p] = static_cast<uint8_t*>(ptr);
     dev_.base[p] = mapped_[p];
@@ -321,12 +324,14 @@ void* SymmetricMemory::data() const { return region_->base() + region_->data_off
 uint64_t SymmetricMemory::data_bytes() const { return region_->config().data_bytes; }
 
 std::string SymmetricMemory::describe() const {
-  std::string s = "symmetric memory rank " + std::to_string(rank_) + "/" + std::to_string(world_) +
-                  " on " + region_->pci_bus_id() + ", region " + std::to_string(region_->bytes()) + " bytes";
+  std::string s = "symmetric memory rank " + std::to_string(rank_) + "/" + std::to_string(world_) + " on " +
+                  region_->pci_bus_id() + ", region " + std::to_string(region_->bytes()) + " bytes";
   for (const PeerLink& l : peers_) {
     s += "\n  peer " + std::to_string(l.rank) + ": " + l.pci_bus_id + " ordinal " +
          std::to_string(l.local_ordinal) + " access " +
-         (l.can_access == 1 ? "yes" : l.can_access == 0 ? "no" : "unknown");
+         (l.can_access == 1   ? "yes"
+          : l.can_access == 0 ? "no"
+                              : "unknown");
   }
   return s;
 }
@@ -354,14 +359,14 @@ void SymmetricMemory::raise_if_failed() {
     named.peer = global_rank(r.peer);
     fail(ErrorKind::kCommunicator, launch_mismatch_message(named));
   }
-  const std::string where =
-      "rank " + global(r.rank) + " " + k::fused_op_name(r.op) + " (epoch " +
-      std::to_string(r.epoch) + ") waiting for peer " + global(r.peer) + " at step " +
-      k::fused_step_name(r.step) + ", CTA " + std::to_string(r.cta) + ", observed " +
-      std::to_string(r.observed) + " after " + std::to_string(r.elapsed_ns / 1000000) + " ms";
+  const std::string where = "rank " + global(r.rank) + " " + k::fused_op_name(r.op) + " (epoch " +
+                            std::to_string(r.epoch) + ") waiting for peer " + global(r.peer) + " at step " +
+                            k::fused_step_name(r.step) + ", CTA " + std::to_string(r.cta) + ", observed " +
+                            std::to_string(r.observed) + " after " + std::to_string(r.elapsed_ns / 1000000) +
+                            " ms";
   if (r.code == k::kGemmAborted) fail(ErrorKind::kCommunicator, "collective aborted: " + where);
-  fail(ErrorKind::kTimeout, "collective timed out: " + where +
-                                "; this symmetric memory must be closed and rebuilt");
+  fail(ErrorKind::kTimeout,
+       "collective timed out: " + where + "; this symmetric memory must be closed and rebuilt");
 }
 
 void SymmetricMemory::abort() {

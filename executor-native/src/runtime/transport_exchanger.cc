@@ -61,8 +61,8 @@ struct alignas(64) ChunkHeader {
   uint64_t offset;        // of this chunk's payload within the block
   uint64_t bytes;         // payload bytes in this chunk
   uint64_t reserved[2];
-  char op[320];           // the sender's op description, NUL-terminated
-  char step[128];         // the exchange step, NUL-terminated
+  char op[320];    // the sender's op description, NUL-terminated
+  char step[128];  // the exchange step, NUL-terminated
 };
 static_assert(sizeof(ChunkHeader) == 512);
 
@@ -112,8 +112,7 @@ TransportExchanger::~TransportExchanger() {
       abort();
       close();
     }
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 std::string TransportExchanger::endpoint() const {
@@ -122,9 +121,11 @@ std::string TransportExchanger::endpoint() const {
 
 void TransportExchanger::connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id) {
   FC_REQUIRE(!connected_ && !closed_, "connect: the communicator is already connected or closed");
-  FC_REQUIRE(static_cast<int>(endpoints.size()) == world_,
-             "connect: " + std::to_string(endpoints.size()) + " endpoints for world " + std::to_string(world_));
-  FC_REQUIRE(rank >= 0 && rank < world_, "connect: rank " + std::to_string(rank) + " outside world " + std::to_string(world_));
+  FC_REQUIRE(
+      static_cast<int>(endpoints.size()) == world_,
+      "connect: " + std::to_string(endpoints.size()) + " endpoints for world " + std::to_string(world_));
+  FC_REQUIRE(rank >= 0 && rank < world_,
+             "connect: rank " + std::to_string(rank) + " outside world " + std::to_string(world_));
   rank_ = rank;
   peer_keys_.assign(world_, 0);
   for (int i = 0; i < world_; ++i) {
@@ -134,7 +135,8 @@ void TransportExchanger::connect(const std::vector<std::string>& endpoints, int 
     peer_addresses_.push_back(e.substr(0, hash));
     peer_keys_[i] = std::stoull(e.substr(hash + 1));
   }
-  FC_REQUIRE(peer_keys_[rank_] == region_.key, "connect: endpoint of rank " + std::to_string(rank) + " is not this communicator's");
+  FC_REQUIRE(peer_keys_[rank_] == region_.key,
+             "connect: endpoint of rank " + std::to_string(rank) + " is not this communicator's");
 
   rdma::GroupSpec spec;
   spec.job_token = runtime_.config().job_token;
@@ -174,7 +176,8 @@ void TransportExchanger::check_usable(const char* what) const {
   if (!connected_) fail(ErrorKind::kState, std::string(what) + ": the communicator is not connected");
   if (aborted_.load()) fail(ErrorKind::kCommunicator, std::string(what) + ": the communicator was aborted");
   if (!broken_.empty()) {
-    fail(ErrorKind::kCommunicator, std::string(what) + ": the communicator is unusable after an earlier error: " + broken_);
+    fail(ErrorKind::kCommunicator,
+         std::string(what) + ": the communicator is unusable after an earlier error: " + broken_);
   }
 }
 
@@ -204,7 +207,7 @@ void TransportExchanger::post(const rdma::WriteOp& op) {
 }
 
 void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std::vector<RecvBlock>& recv,
-                            const char* step) {
+                                  const char* step) {
   check_usable(step);
   FC_REQUIRE(static_cast<int>(send.size()) == world_ && static_cast<int>(recv.size()) == world_,
              std::string(step) + ": exchange needs one send and one receive block per rank");
@@ -220,8 +223,8 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
   const uint64_t seq = ++exchange_seq_;
 
   struct Pair {
-    uint64_t send_chunks = 0, sent = 0;     // this exchange
-    uint64_t recv_chunks = 0, received = 0; // recv_chunks known from the first header
+    uint64_t send_chunks = 0, sent = 0;      // this exchange
+    uint64_t recv_chunks = 0, received = 0;  // recv_chunks known from the first header
     bool header_seen = false;
   };
   std::vector<Pair> pairs(world_);
@@ -258,7 +261,8 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
           h->bytes = n;
           copy_text(h->op, sizeof h->op, op_description_);
           copy_text(h->step, sizeof h->step, step);
-          if (n > 0) std::memcpy(reinterpret_cast<char*>(h + 1), static_cast<const char*>(send[p].data) + off, n);
+          if (n > 0)
+            std::memcpy(reinterpret_cast<char*>(h + 1), static_cast<const char*>(send[p].data) + off, n);
           rdma::WriteOp w;
           w.peer = p;
           w.src_key = region_.key;
@@ -282,10 +286,10 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
             fail_broken(ErrorKind::kTransport, where + ": corrupt chunk header from " + peer_name(p));
           }
           if (h->fingerprint != op_fingerprint_ || h->exchange_seq != seq) {
-            fail_broken(ErrorKind::kCommunicator,
-                        "op parameters differ across ranks: " + peer_name(p) + " called " +
-                            std::string(h->op) + " [" + h->step + "], but rank " + std::to_string(rank_) +
-                            " called " + op_description_ + " [" + step + "]");
+            fail_broken(ErrorKind::kCommunicator, "op parameters differ across ranks: " + peer_name(p) +
+                                                      " called " + std::string(h->op) + " [" + h->step +
+                                                      "], but rank " + std::to_string(rank_) + " called " +
+                                                      op_description_ + " [" + step + "]");
           }
           if (!pr.header_seen) {
             pr.header_seen = true;
@@ -300,7 +304,8 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
             fail_broken(ErrorKind::kTransport, where + ": chunk out of range from " + peer_name(p));
           }
           if (h->bytes > 0) {
-            std::memcpy(static_cast<char*>(recv[p].data) + h->offset, reinterpret_cast<const char*>(h + 1), h->bytes);
+            std::memcpy(static_cast<char*>(recv[p].data) + h->offset, reinterpret_cast<const char*>(h + 1),
+                        h->bytes);
           }
           ++consumed_chunks_[p];
           rdma::WriteOp credit;
@@ -331,8 +336,9 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
         bool waiting = pr.received < pr.recv_chunks || pr.sent < pr.send_chunks;
         if (waiting && group_->status(p) != rdma::PeerState::kConnected) {
           if (peer_gone_seen) {
-            fail_broken(ErrorKind::kTransport, where + ": " + peer_name(p) +
-                                                   " left (connection closed or failed) while this rank waited for it");
+            fail_broken(ErrorKind::kTransport,
+                        where + ": " + peer_name(p) +
+                            " left (connection closed or failed) while this rank waited for it");
           }
           gone = true;
         }
@@ -347,11 +353,11 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
           if (p == rank_) continue;
           const Pair& pr = pairs[p];
           if (pr.received < pr.recv_chunks) {
-            who += (who.empty() ? "" : ", ") + peer_name(p) + " (received " + std::to_string(pr.received) + " of " +
-                   std::to_string(pr.recv_chunks) + " chunks)";
+            who += (who.empty() ? "" : ", ") + peer_name(p) + " (received " + std::to_string(pr.received) +
+                   " of " + std::to_string(pr.recv_chunks) + " chunks)";
           } else if (pr.sent < pr.send_chunks) {
-            who += (who.empty() ? "" : ", ") + peer_name(p) + " (no credit to send chunk " + std::to_string(pr.sent + 1) +
-                   " of " + std::to_string(pr.send_chunks) + ")";
+            who += (who.empty() ? "" : ", ") + peer_name(p) + " (no credit to send chunk " +
+                   std::to_string(pr.sent + 1) + " of " + std::to_string(pr.send_chunks) + ")";
           }
         }
         fail_broken(ErrorKind::kTimeout, where + ": timed out after " + std::to_string(timeout.count()) +
@@ -359,9 +365,7 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
       }
       backoff.pause();
     }
-  } catch (const rdma::TransportError& e) {
-    fail_broken(ErrorKind::kTransport, where + ": " + e.what());
-  }
+  } catch (const rdma::TransportError& e) { fail_broken(ErrorKind::kTransport, where + ": " + e.what()); }
 }
 
 void TransportExchanger::finish() {
@@ -413,8 +417,7 @@ void TransportExchanger::abort() noexcept {
   aborted_.store(true);
   try {
     if (group_) group_->abort();
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 }  // namespace fusedcomm

@@ -29,18 +29,17 @@
 #include <string>
 #include <vector>
 
-#include "kernels/collectives/collectives.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
-#include "support/check.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
+#include "kernels/collectives/collectives.h"
+#include "support/check.h"
 #include "support/process_group.h"
 
-#define CUDA_OK(x)                                                                          \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess)                                                                  \
-      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_));            \
+#define CUDA_OK(x)                                                                                    \
+  do {                                                                                                \
+    cudaError_t e_ = (x);                                                                             \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
 namespace fusedcomm::testing {
@@ -144,8 +143,7 @@ inline uint64_t test_seed(const char* test, int gpus) {
 
 // Replaces `sm` by a fresh, connected symmetric memory (every rank calls it at the same point;
 // the barrier first makes sure no rank still uses the old one).
-inline void reopen(ProcessGroup& g, std::unique_ptr<SymmetricMemory>& sm,
-                   const SymmetricConfig& cfg) {
+inline void reopen(ProcessGroup& g, std::unique_ptr<SymmetricMemory>& sm, const SymmetricConfig& cfg) {
   if (sm) {
     g.barrier();
     sm->close();
@@ -167,8 +165,7 @@ struct SymmetricRank {
   std::unique_ptr<SymmetricMemory> sm;
   cudaStream_t stream{};
 
-  SymmetricRank(ProcessGroup& group, uint64_t s)
-      : g(group), W(group.world), r(group.rank), seed(s) {}
+  SymmetricRank(ProcessGroup& group, uint64_t s) : g(group), W(group.world), r(group.rank), seed(s) {}
 
   void open(const SymmetricConfig& cfg) { reopen(g, sm, cfg); }
 };
@@ -178,9 +175,7 @@ struct SymmetricRank {
 inline std::optional<Error> raised(SymmetricMemory& sm) {
   try {
     sm.raise_if_failed();
-  } catch (const Error& e) {
-    return e;
-  }
+  } catch (const Error& e) { return e; }
   return std::nullopt;
 }
 
@@ -267,9 +262,10 @@ inline int peer_gpus_or_skip(const char* test, int shared) {
   std::string reason;
   const int n = probe_peer_gpus(reason);
   if (n >= 2 || (n == 1 && shared > 0)) return n;
-  std::printf("SKIP: %s needs >= 2 Hopper GPUs with peer access "
-              "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
-              test, n < 0 ? reason.c_str() : "only 1 GPU visible");
+  std::printf(
+      "SKIP: %s needs >= 2 Hopper GPUs with peer access "
+      "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
+      test, n < 0 ? reason.c_str() : "only 1 GPU visible");
   return 0;
 }
 

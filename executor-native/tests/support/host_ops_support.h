@@ -41,7 +41,8 @@ using namespace fusedcomm::host;
 using fusedcomm::testing::check;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
-#define CHECK(cond, what) check((cond), std::string(what) + "  [" #cond ", line " + std::to_string(__LINE__) + "]")
+#define CHECK(cond, what) \
+  check((cond), std::string(what) + "  [" #cond ", line " + std::to_string(__LINE__) + "]")
 
 inline std::mt19937_64 g_rng;
 
@@ -57,9 +58,7 @@ inline std::string describe(const std::exception_ptr& e) {
     std::rethrow_exception(e);
   } catch (const Error& err) {
     return "Error(kind " + std::to_string(static_cast<int>(err.kind())) + "): " + err.what();
-  } catch (const std::exception& err) {
-    return std::string("exception: ") + err.what();
-  }
+  } catch (const std::exception& err) { return std::string("exception: ") + err.what(); }
   return "unknown exception";
 }
 
@@ -161,8 +160,7 @@ struct Expect {
   }
   // The expectations of elements [off, off + n) (a rank's block of a reduceScatter).
   Expect slice(int64_t off, int64_t n) const {
-    return Expect{{val.begin() + off, val.begin() + off + n},
-                  {tol.begin() + off, tol.begin() + off + n}};
+    return Expect{{val.begin() + off, val.begin() + off + n}, {tol.begin() + off, tol.begin() + off + n}};
   }
 };
 
@@ -184,8 +182,8 @@ inline void check_close(const std::string& what, const Tensor& got, const Expect
       ++bad;
     }
   }
-  CHECK(size_ok && bad == 0, what + ": " + std::to_string(bad) + " of " + std::to_string(n) +
-                                 " elements outside tolerance");
+  CHECK(size_ok && bad == 0,
+        what + ": " + std::to_string(bad) + " of " + std::to_string(n) + " elements outside tolerance");
 }
 
 // got[got_off + i] == want[want_off + i] bit for bit, i < n.
@@ -206,11 +204,9 @@ inline bool error_is(const std::exception_ptr& e, ErrorKind kind, const std::vec
     for (const auto& w : words)
       if (msg.find(w) == std::string::npos) return false;
     return true;
-  } catch (...) {
-  }
+  } catch (...) {}
   return false;
 }
-
 
 // Runs each group of checks, timed, with its counts and the tightest tolerance it reached;
 // FC_TEST_SEED=<n> replays a run. The process's exit code.
@@ -232,15 +228,14 @@ inline int run_groups(const char* test, const std::vector<Group>& groups) {
     g_worst_what.clear();
     try {
       g.fn();
-    } catch (const std::exception& e) {
-      check(false, std::string(g.name) + " threw: " + e.what());
-    }
+    } catch (const std::exception& e) { check(false, std::string(g.name) + " threw: " + e.what()); }
     std::printf("  %-32s %5d passed, %d failed (%.2f s); worst |error|/tol %.3g in %s\n", g.name,
                 g_passed - before_pass, g_failed - before_fail,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                g_worst_ratio, g_worst_what.empty() ? "-" : g_worst_what.c_str());
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), g_worst_ratio,
+                g_worst_what.empty() ? "-" : g_worst_what.c_str());
   }
-  std::printf("total %.2f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::printf("total %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/collectives/collectives.h"
-#include "kernels/proxy/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
 #include "fusedcomm/runtime/mapped_host.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/proxy/proxy.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 
@@ -38,10 +38,12 @@ struct ProxyBlob {
 
 class ProxyEndpoint {
  public:
-  ProxyEndpoint(uint64_t outbox_bytes, uint64_t inbox_bytes, uint64_t signal_bytes,
-                uint32_t capacity)
-      : outbox(outbox_bytes), inbox(inbox_bytes), signal(signal_bytes),
-        ring_mem_(rdma::ProxyRing::bytes_for(capacity)), ring_(ring_mem_.host, capacity) {
+  ProxyEndpoint(uint64_t outbox_bytes, uint64_t inbox_bytes, uint64_t signal_bytes, uint32_t capacity)
+      : outbox(outbox_bytes),
+        inbox(inbox_bytes),
+        signal(signal_bytes),
+        ring_mem_(rdma::ProxyRing::bytes_for(capacity)),
+        ring_(ring_mem_.host, capacity) {
     rdma::SocketOptions o;
     o.bind_host = "127.0.0.1";
     transport_ = rdma::make_socket_transport(o);
@@ -163,7 +165,8 @@ inline int gpus_or_skip(const char* test) {
 // (FC_TEST_HOSTS, default 2) of L ranks (FC_TEST_LOCAL, default GPUs / H, at least 1), one
 // forked process per rank, rank g on GPU g % GPUs; with FC_TEST_SHARED_GPU=<n> ranks may share
 // GPUs (timings meaningless). Returns the exit code: 0 pass, 1 fail, 77 skip (reason printed).
-using HostsRankMain = std::function<int(ProcessGroup& g, int hosts, int local, int gpus, bool shared, uint64_t seed)>;
+using HostsRankMain =
+    std::function<int(ProcessGroup& g, int hosts, int local, int gpus, bool shared, uint64_t seed)>;
 inline int run_virtual_hosts(const char* test, const HostsRankMain& rank_main) {
   const int n = gpus_or_skip(test);
   if (n == 0) return 77;
@@ -177,8 +180,10 @@ inline int run_virtual_hosts(const char* test, const HostsRankMain& rank_main) {
     return 1;
   }
   if (H * L > n && shared == 0) {
-    std::printf("SKIP: %d hosts x %d ranks need %d GPUs (%d visible; FC_TEST_SHARED_GPU=<n> lets "
-                "ranks share GPUs)\n", H, L, H * L, n);
+    std::printf(
+        "SKIP: %d hosts x %d ranks need %d GPUs (%d visible; FC_TEST_SHARED_GPU=<n> lets "
+        "ranks share GPUs)\n",
+        H, L, H * L, n);
     return 77;
   }
   if (shared) g_shared_gpu = true;

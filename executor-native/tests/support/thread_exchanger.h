@@ -44,9 +44,9 @@ class ThreadGroup {
   void exchange(int rank, const std::vector<SendBlock>& send, const std::vector<RecvBlock>& recv,
                 const char* step) {
     if (static_cast<int>(send.size()) != world_ || static_cast<int>(recv.size()) != world_)
-      fail(ErrorKind::kInvalidArgument,
-           where(rank, step) + "expected " + std::to_string(world_) + " send and recv blocks, got " +
-               std::to_string(send.size()) + " and " + std::to_string(recv.size()));
+      fail(ErrorKind::kInvalidArgument, where(rank, step) + "expected " + std::to_string(world_) +
+                                            " send and recv blocks, got " + std::to_string(send.size()) +
+                                            " and " + std::to_string(recv.size()));
     {
       std::unique_lock<std::mutex> lock(mu_);
       posted_[rank] = {&send, &recv, step ? step : "?"};
@@ -121,8 +121,7 @@ class ThreadGroup {
           if (!arrived_[p]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
         aborted_ = true;
         cv_.notify_all();
-        fail(ErrorKind::kTimeout, where(rank, step) + "timed out after " +
-                                      std::to_string(timeout_.count()) +
+        fail(ErrorKind::kTimeout, where(rank, step) + "timed out after " + std::to_string(timeout_.count()) +
                                       " ms waiting for rank(s) " + missing);
       }
     }

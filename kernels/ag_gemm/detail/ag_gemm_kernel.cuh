@@ -48,9 +48,9 @@ struct AgParams {
   __nv_bfloat16* gathered;
   uint64_t in_offset;  // A_p in every rank's data area
   int M, K;
-  int mg;          // M-blocks per chunk
+  int mg;  // M-blocks per chunk
   int chunks;
-  int slices;      // work items per chunk
+  int slices;  // work items per chunk
   int slice_rows;
   int c_start;     // chunk of the GEMM's first M-block
   int gemm_ctas;   // CTAs [0, gemm_ctas) start on the GEMM
@@ -85,8 +85,7 @@ __host__ __device__ __forceinline__ int ag_sweep_chunk(const AgParams& p, int k)
   if (!p.interleave) return (p.c_start + k) % p.chunks;
   const int nb = p.own_b1 - p.own_b0;
   if (k < nb) return p.own_b0 + k;
-  return ((nb > 0 ? p.own_b1 : p.c_start) + runs_in_turn(k - nb, p.chunks - nb, p.interleave)) %
-         p.chunks;
+  return ((nb > 0 ? p.own_b1 : p.c_start) + runs_in_turn(k - nb, p.chunks - nb, p.interleave)) % p.chunks;
 }
 
 // Chunk c holds only M-blocks read from A_r: it needs neither rows nor its flag (no tile waits
@@ -101,8 +100,8 @@ __host__ __device__ __forceinline__ bool ag_chunk_is_own(const AgParams& p, int 
 // peer o copies them, ag_ce_role waits for them; ag_gemm.cu ag_ce_steps and ag_ce_role use this
 // one predicate, so that the stream's positions are the chunks the role counts). Empty when
 // *r0 >= *r1.
-__host__ __device__ __forceinline__ void ag_chunk_rows_of(const AgParams& p, int W, int c, int o,
-                                                          int64_t* r0, int64_t* r1) {
+__host__ __device__ __forceinline__ void ag_chunk_rows_of(const AgParams& p, int W, int c, int o, int64_t* r0,
+                                                          int64_t* r1) {
   const int64_t chunk_rows = static_cast<int64_t>(p.mg) * kTileM;
   const int64_t off = split_offset(p.M, W, o), end = off + split_count(p.M, W, o);
   const int64_t a = static_cast<int64_t>(c) * chunk_rows, b = a + chunk_rows;
@@ -116,7 +115,6 @@ __device__ __forceinline__ int ag_chunk_peer(const AgParams& p, int c) {
   const int peer = split_owner(p.M, p.dev.world, r0);
   return peer == p.dev.rank ? split_owner(p.M, p.dev.world, r1) : peer;
 }
-
 
 // The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
 // before each tile its chunk's flag (hook 1, from device memory with the launch's epoch).
@@ -172,8 +170,8 @@ struct AgSchedule : FusedClaims<AgParams> {
     // Slow path, naming the rank whose rows the chunk waits for. Twice the timeout: a chunk is
     // late only because a pulling CTA waits for a peer, and that CTA's record (the peer and its
     // start-barrier step) is the one to keep.
-    return fused_wait_flag(p->dev, flag, epoch, kFusedOpAllGatherGemm, kFusedStepChunk,
-                           ag_chunk_peer(*p, c), 2);
+    return fused_wait_flag(p->dev, flag, epoch, kFusedOpAllGatherGemm, kFusedStepChunk, ag_chunk_peer(*p, c),
+                           2);
   }
   __device__ __forceinline__ void consumers_done() const {
     named_barrier_sync(1, 256);
@@ -207,12 +205,12 @@ __global__ void ag_ce_barrier_kernel(const __grid_constant__ CommDevice d) {
   const int W = d.world, r = d.rank;
   comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
   __threadfence_system();
-  comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+  comm_signal_peers(
+      d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
   bool ok = true;
   for (int i = 1; i < W && ok; ++i) {
     const int o = (r + i) % W;
-    ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm, kCommStepArrive,
-                    o, 1);
+    ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm, kCommStepArrive, o, 1);
   }
 }
 
@@ -238,8 +236,7 @@ inline __device__ __noinline__ void ag_ce_role(const AgParams& p, uint64_t epoch
         if (r0 >= r1) continue;
         // ce_progress[i] is written by this GPU's side stream for peer o (a memory operation
         // after its copies complete, with its default memory barrier); acquired at system scope.
-        ok = fused_wait(d, &ff->ce_progress[i], ++pos[i], kFusedOpAllGatherGemm, kFusedStepChunk,
-                        o, 2);
+        ok = fused_wait(d, &ff->ce_progress[i], ++pos[i], kFusedOpAllGatherGemm, kFusedStepChunk, o, 2);
       }
       // Then the chunk flag is released as the pulls release it (FusedFlags::ag_chunk).
       if (ok) {
@@ -304,8 +301,8 @@ struct FusedBulkCopier {
         const uint32_t b = piece_bytes(issued);
         mbar_arrive_expect_tx(&bar[st], b);
         asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-                "r"(smem_u32(buf + size_t(st) * kPiece)),
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_u32(buf + size_t(st) * kPiece)),
             "l"(static_cast<const uint8_t*>(src) + issued * kPiece), "r"(b), "r"(smem_u32(&bar[st]))
             : "memory");
         ++issued;
@@ -339,7 +336,7 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   const CommDevice& d = p.dev;
   const int W = d.world, r = d.rank;
   FusedFlags* ff = fused_flags(d, r);
-  if (p.ce) {  // CTA-uniform: the copy engines move the rows; ag_ce_barrier_kernel ran the
+  if (p.ce) {              // CTA-uniform: the copy engines move the rows; ag_ce_barrier_kernel ran the
     ag_ce_role(p, epoch);  // start barrier
     return;
   }
@@ -349,7 +346,8 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   if (j == 0 && threadIdx.x == 0 && W > 1) {
     comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
     __threadfence_system();
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
   }
   uint32_t arrived = 1u << r;  // peers whose arrive flag this CTA has observed (uniform)
   bool ok = true;
@@ -366,10 +364,10 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
     const int c = ag_sweep_chunk(p, k / p.slices);
     // Skipped before any barrier, so CTA-uniformly.
     if (ag_chunk_is_own(p, c)) continue;
-    const int64_t a = static_cast<int64_t>(c) * chunk_rows +
-                      static_cast<int64_t>(k % p.slices) * p.slice_rows;
-    const int64_t b = min(min(a + p.slice_rows, static_cast<int64_t>(c + 1) * chunk_rows),
-                          static_cast<int64_t>(p.M));
+    const int64_t a =
+        static_cast<int64_t>(c) * chunk_rows + static_cast<int64_t>(k % p.slices) * p.slice_rows;
+    const int64_t b =
+        min(min(a + p.slice_rows, static_cast<int64_t>(c + 1) * chunk_rows), static_cast<int64_t>(p.M));
     if (a < b) {
       const int o0 = split_owner(p.M, W, a), o1 = split_owner(p.M, W, b - 1);
       for (int o = o0; o <= o1; ++o) {
@@ -382,8 +380,8 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
           // Start barrier, wait side: o's input for this epoch is written and o has finished
           // its previous launch. Observe pattern: acquire by thread 0, then bar.sync.
           if (threadIdx.x == 0) {
-            s_ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm,
-                              kCommStepArrive, o, 1);
+            s_ok = fused_wait(d, &comm_flags(d, r)->arrive[o], epoch, kFusedOpAllGatherGemm, kCommStepArrive,
+                              o, 1);
           }
           __syncthreads();
           ok = s_ok != 0;
@@ -421,12 +419,9 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
 
 template <int BN, bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
-    ag_gemm_kernel(const __grid_constant__ CUtensorMap tm_a,
-                   const __grid_constant__ CUtensorMap tm_b,
-                   const __grid_constant__ CUtensorMap tm_c,
-                   const __grid_constant__ GemmProblem prob,
-                   const __grid_constant__ DefaultEpilogue epi,
-                   const __grid_constant__ AgParams p) {
+    ag_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                   const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob,
+                   const __grid_constant__ DefaultEpilogue epi, const __grid_constant__ AgParams p) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
   if (static_cast<int>(blockIdx.x) >= p.gemm_ctas) {
     ag_pull_role(p, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);

@@ -22,8 +22,7 @@ namespace {
 using namespace detail;
 
 // Part `c` of `parts` of [0, n), cut at multiples of `unit` elements (16-byte vectors).
-__device__ __forceinline__ void part_range(int64_t n, int parts, int c, int unit, int64_t& b,
-                                           int64_t& e) {
+__device__ __forceinline__ void part_range(int64_t n, int parts, int c, int unit, int64_t& b, int64_t& e) {
   const int64_t units = (n + unit - 1) / unit;
   const int64_t ub = split_offset(units, parts, c);
   const int64_t ue = ub + split_count(units, parts, c);
@@ -132,8 +131,8 @@ template <>
 struct VecOut<float, __nv_bfloat16> {
   static constexpr int64_t kAlign = 8;
   __device__ static void put(__nv_bfloat16* dst, float* dst2, int64_t i, const float (&acc)[4]) {
-    reinterpret_cast<uint2*>(dst)[i] = make_uint2(Elem<__nv_bfloat16>::pack2(acc[0], acc[1]),
-                                                  Elem<__nv_bfloat16>::pack2(acc[2], acc[3]));
+    reinterpret_cast<uint2*>(dst)[i] =
+        make_uint2(Elem<__nv_bfloat16>::pack2(acc[0], acc[1]), Elem<__nv_bfloat16>::pack2(acc[2], acc[3]));
     if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[i] = Elem<float>::pack(acc);
   }
 };
@@ -142,8 +141,7 @@ struct VecOut<float, __nv_bfloat16> {
 // vectors per source per thread are loaded before the first add, so a thread keeps
 // NS * kRedUnroll independent 16-byte loads in flight (NVLink reads need many).
 template <typename T, typename Out, int NS, int kRedUnroll>
-__device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const* src,
-                                               int64_t nv) {
+__device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const* src, int64_t nv) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
   const uint4* s[NS];
@@ -182,8 +180,8 @@ __device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const
 // True when the vector paths may run: every source 16-byte aligned, dst aligned for Out's
 // vectors, dst2 (if set) 16-byte aligned.
 template <typename T, typename Out>
-__device__ __forceinline__ bool reduce_vectorizable(const Out* dst, const T* dst2,
-                                                    const T* const* src, int nsrc) {
+__device__ __forceinline__ bool reduce_vectorizable(const Out* dst, const T* dst2, const T* const* src,
+                                                    int nsrc) {
   bool vec = (reinterpret_cast<uintptr_t>(dst) & (VecOut<T, Out>::kAlign - 1)) == 0 &&
              (dst2 == nullptr || aligned16(dst2));
   for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
@@ -254,10 +252,10 @@ __device__ void cta_reduce_small(Out* dst, T* dst2, const T* const* src, int nsr
 
 struct Params {
   CollectiveArgs a;
-  int64_t chunk;  // two-phase, pipelined: elements per work item (multiple of the vector width)
-  int pull_ctas;  // two-phase: CTAs [0, pull_ctas) read peers; the rest copy the local segment.
-                  // pipelined kernel: the producer CTAs
-  int consumers;  // pipelined kernel: CTAs [pull_ctas, pull_ctas + consumers)
+  int64_t chunk;        // two-phase, pipelined: elements per work item (multiple of the vector width)
+  int pull_ctas;        // two-phase: CTAs [0, pull_ctas) read peers; the rest copy the local segment.
+                        // pipelined kernel: the producer CTAs
+  int consumers;        // pipelined kernel: CTAs [pull_ctas, pull_ctas + consumers)
   int64_t slot_stride;  // push reduceScatter / allToAll: elements between scratch slots
 };
 
@@ -296,17 +294,16 @@ __device__ __forceinline__ void finish_launch(const CommDevice& d, uint64_t epoc
 // tells every peer this rank is done reading theirs, waits until every peer is done reading
 // ours, then records the epoch for the next launch. A wait that fails (abort or timeout, the
 // error record written) stops the loop; the epoch is recorded either way.
-__device__ __forceinline__ void finish_with_end_barrier(const CommDevice& d, uint64_t epoch,
-                                                        CommOp op) {
+__device__ __forceinline__ void finish_with_end_barrier(const CommDevice& d, uint64_t epoch, CommOp op) {
   comm_publish_fence();
   if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
     const int r = d.rank, W = d.world;
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
     CommFlags* const mine = comm_flags(d, r);
     for (int i = 1; i < W; ++i) {
       const int p = (r + i) % W;
-      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(op), kCommStepDone, p))
-        break;
+      if (!comm_wait_flag(d, &mine->done[p], epoch, static_cast<uint32_t>(op), kCommStepDone, p)) break;
     }
     *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
   }

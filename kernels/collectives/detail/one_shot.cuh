@@ -14,8 +14,7 @@ namespace {
 // (__launch_bounds__(threads, 1) asks for one resident CTA per SM, which lets ptxas use the
 // registers it needs; with the thread count alone it held the bf16 instance to 64 and spilled.)
 template <typename T, typename Out = T>
-__global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
-    one_shot_kernel(CommDevice d, Params prm) {
+__global__ void __launch_bounds__(tuning::kCollectiveThreads, 1) one_shot_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
   constexpr int kEpv = kVecBytes / sizeof(T);
   const uint64_t epoch = enter_collective(d);
@@ -64,12 +63,13 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
   if (W > 1) {
     comm_publish_fence();
     if (threadIdx.x == 0) {
-      comm_signal_peers(d, [&](CommFlags* f) { return &f->ready[r][c]; }, epoch);
+      comm_signal_peers(
+          d, [&](CommFlags* f) { return &f->ready[r][c]; }, epoch);
     }
   }
   // 3. Wait for every peer's CTA c, then combine from local staging.
-  const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][c], kCommMaxOneShotCtas, epoch,
-                                  a.op, kCommStepReady, c == 0);
+  const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][c], kCommMaxOneShotCtas, epoch, a.op,
+                                  kCommStepReady, c == 0);
   if (ok) {
     switch (a.op) {
       case CommOp::kAllReduce:
@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
         for (int p = 0; p < W; ++p) {
           if (p == r) continue;
           part_range(split_count(count, W, p), G, c, kEpv, b, e);
-          cta_copy<T, tuning::kOneShotCopyUnroll>(out + split_offset(count, W, p) + b, slot_of<T>(d, r, par, p) + b, e - b);
+          cta_copy<T, tuning::kOneShotCopyUnroll>(out + split_offset(count, W, p) + b,
+                                                  slot_of<T>(d, r, par, p) + b, e - b);
         }
         break;
       case CommOp::kAllToAll:

@@ -59,8 +59,8 @@ __device__ __forceinline__ void dests_store(const CommDevice& d, const Dests& ds
 // Data warps: n elements from src to every destination. tuning::kPipeCopyUnroll vectors in
 // flight per thread, the last batch predicated (no serial tail loop on NVLink latency).
 template <typename T>
-__device__ __forceinline__ void pipe_copy(const CommDevice& d, const uint8_t* src,
-                                          const Dests& ds, int64_t n) {
+__device__ __forceinline__ void pipe_copy(const CommDevice& d, const uint8_t* src, const Dests& ds,
+                                          int64_t n) {
   using Raw = typename Elem<T>::Raw;
   constexpr int kEpv = kVecBytes / sizeof(T);
   constexpr int U = tuning::kPipeCopyUnroll;
@@ -106,9 +106,7 @@ __device__ __forceinline__ void pipe_reduce(const CommDevice& d, int ns, Src src
         if (i + u * nt < nv) {
 #pragma unroll
           for (int k = 0; k < NS; ++k)
-            if (k < ns) {
-              v[u][k] = ld_vec(reinterpret_cast<const uint4*>(src(k)) + i + u * nt);
-            }
+            if (k < ns) { v[u][k] = ld_vec(reinterpret_cast<const uint4*>(src(k)) + i + u * nt); }
         }
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -138,8 +136,7 @@ __device__ __forceinline__ void pipe_reduce(const CommDevice& d, int ns, Src src
 // release(j): control warp (thread 0 acts) publishes round j. Returns false, to every
 // thread, if an acquire gave up.
 template <typename Acquire, typename Work, typename Release>
-__device__ __forceinline__ bool pipe_rounds(int rounds, Acquire acquire, Work work,
-                                            Release release) {
+__device__ __forceinline__ bool pipe_rounds(int rounds, Acquire acquire, Work work, Release release) {
   __shared__ int s_ok[2];  // [round parity]: written by thread 0 one iteration ahead
   const bool ctl = threadIdx.x < kCtl;
   if (ctl) {
@@ -185,7 +182,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
   constexpr int64_t es = sizeof(T);
   const int64_t count = a.count, chunk = prm.chunk;
   const int64_t n_r = split_count(count, W, r), off_r = split_offset(count, W, r);
-  const int64_t n_0 = split_count(count, W, 0);  // the longest slice / block
+  const int64_t n_0 = split_count(count, W, 0);         // the longest slice / block
   const uint64_t in_off = d.data_offset + a.in_offset;  // input's byte offset in every region
   uint8_t* const out = static_cast<uint8_t*>(a.output);
   CommFlags* const mine = comm_flags(d, r);
@@ -206,7 +203,8 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
     if (c == 0 && threadIdx.x == 0) {
       comm_publish_signature(d, epoch);
       __threadfence_system();
-      comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+      comm_signal_peers(
+          d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
     }
     ok = comm_wait_peers(d, mine->arrive, 1, epoch, op, kCommStepArrive, c == 0);
     if (ok) {
@@ -218,37 +216,38 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
           if (k >= nch(n_r)) return;
           const int64_t n = min(chunk, n_r - b);
           const uint64_t pos = (off_r + b) * es;  // the slice's place in output and scratch
-          const Dests ds{out + pos, rank_order(push ? peers : (1u << r), r),
-                         d.scratch_offset + pos};
+          const Dests ds{out + pos, rank_order(push ? peers : (1u << r), r), d.scratch_offset + pos};
           if constexpr (op == CommOp::kAllReduce) {
             const uint64_t so = in_off + pos;
-            pipe_reduce<T, NS>(d, W, [&](int s) { return d.base[s] + so; }, ds, n);
+            pipe_reduce<T, NS>(
+                d, W, [&](int s) { return d.base[s] + so; }, ds, n);
           } else {  // allGather (push): this rank's block
             pipe_copy<T>(d, d.base[r] + in_off + b * es, ds, n);
           }
         } else {
-        for (int i = 1; i < W; ++i) {
-          const int p = (r + i) % W;
-          const int64_t n_p = split_count(count, W, p);
-          if (k >= nch(n_p)) continue;
-          const Dests ds{nullptr, rank_order(1u << p, r), d.scratch_offset + (slot(p, r) + b) * es};
-          pipe_copy<T>(d, d.base[r] + in_off + (split_offset(count, W, p) + b) * es, ds,
-                             min(chunk, n_p - b));
-        }
-        if (op == CommOp::kAllToAll && k < nch(n_r)) {
-          const Dests ds{out + (r * n_r + b) * es, 0u, 0};
-          pipe_copy<T>(d, d.base[r] + in_off + (off_r + b) * es, ds, min(chunk, n_r - b));
-        }
+          for (int i = 1; i < W; ++i) {
+            const int p = (r + i) % W;
+            const int64_t n_p = split_count(count, W, p);
+            if (k >= nch(n_p)) continue;
+            const Dests ds{nullptr, rank_order(1u << p, r), d.scratch_offset + (slot(p, r) + b) * es};
+            pipe_copy<T>(d, d.base[r] + in_off + (split_offset(count, W, p) + b) * es, ds,
+                         min(chunk, n_p - b));
+          }
+          if (op == CommOp::kAllToAll && k < nch(n_r)) {
+            const Dests ds{out + (r * n_r + b) * es, 0u, 0};
+            pipe_copy<T>(d, d.base[r] + in_off + (off_r + b) * es, ds, min(chunk, n_r - b));
+          }
         }
       };
       auto release = [&](int j) {
         if (threadIdx.x == 0) {
           __threadfence_system();
-          comm_signal_peers(d, [&](CommFlags* f) { return &f->pipe[r][c]; },
-                            pipe_tag(epoch, j + 1));
+          comm_signal_peers(
+              d, [&](CommFlags* f) { return &f->pipe[r][c]; }, pipe_tag(epoch, j + 1));
         }
       };
-      pipe_rounds(rounds, [](int) { return true; }, work, release);
+      pipe_rounds(
+          rounds, [](int) { return true; }, work, release);
     }
   } else {
     // ---- consumer q: chunks of producers c = q, q + C, ... (< P) of every peer.
@@ -284,32 +283,31 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
           const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
           pipe_reduce<T, NS>(
               d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
-              Dests{d.base[r] + pos, rank_order(peers, r), pos},
-              min(chunk, n_r - b));
+              Dests{d.base[r] + pos, rank_order(peers, r), pos}, min(chunk, n_r - b));
         } else if constexpr (op == CommOp::kReduceScatter) {
           if (k >= nch(n_r)) continue;
           const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
           const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
           pipe_reduce<T, NS>(
-              d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
-              Dests{out + b * es, 0u, 0}, min(chunk, n_r - b));
+              d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; }, Dests{out + b * es, 0u, 0},
+              min(chunk, n_r - b));
         } else {
-        for (int i = 1; i < W; ++i) {
-          const int s = (r + i) % W;
-          if constexpr (op == CommOp::kAllToAll) {
-            if (k >= nch(n_r)) continue;
-            pipe_copy<T>(d, d.base[r] + d.scratch_offset + (slot(r, s) + b) * es,
-                                Dests{out + (s * n_r + b) * es, 0u, 0}, min(chunk, n_r - b));
-          } else {  // allReduce, allGather: slice s at its output position
-            const int64_t n_s = split_count(count, W, s);
-            if (k >= nch(n_s)) continue;
-            const uint64_t pos = (split_offset(count, W, s) + b) * es;
-            // push: the peer stored it into this rank's scratch; pipelined: pull it from the
-            // peer's own scratch.
-            pipe_copy<T>(d, d.base[push ? r : s] + d.scratch_offset + pos,
-                                Dests{out + pos, 0u, 0}, min(chunk, n_s - b));
+          for (int i = 1; i < W; ++i) {
+            const int s = (r + i) % W;
+            if constexpr (op == CommOp::kAllToAll) {
+              if (k >= nch(n_r)) continue;
+              pipe_copy<T>(d, d.base[r] + d.scratch_offset + (slot(r, s) + b) * es,
+                           Dests{out + (s * n_r + b) * es, 0u, 0}, min(chunk, n_r - b));
+            } else {  // allReduce, allGather: slice s at its output position
+              const int64_t n_s = split_count(count, W, s);
+              if (k >= nch(n_s)) continue;
+              const uint64_t pos = (split_offset(count, W, s) + b) * es;
+              // push: the peer stored it into this rank's scratch; pipelined: pull it from the
+              // peer's own scratch.
+              pipe_copy<T>(d, d.base[push ? r : s] + d.scratch_offset + pos, Dests{out + pos, 0u, 0},
+                           min(chunk, n_s - b));
+            }
           }
-        }
         }
       }
     };

@@ -20,8 +20,8 @@ namespace {
 // otherwise every CTA takes remote items first, then local ones.
 // Calls f(p, elem_begin, elem_end) for each item of this CTA.
 template <typename SegLen, typename F>
-__device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_len, F f,
-                                       bool skip_self, int pull_ctas) {
+__device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_len, F f, bool skip_self,
+                                       int pull_ctas) {
   int64_t max_chunks = 0;
   for (int p = 0; p < W; ++p) {
     if (p != r) max_chunks = max(max_chunks, (seg_len(p) + chunk - 1) / chunk);
@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     comm_publish_signature(d, epoch);
     __threadfence_system();
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->arrive[r]; }, epoch);
   }
   bool ok = comm_wait_peers(d, mine->arrive, 1, epoch, a.op, kCommStepArrive, blockIdx.x == 0);
 
@@ -82,8 +83,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
         for_interleaved_chunks(
             W, r, chunk, [&](int p) { return split_count(count, W, p); },
             [&](int p, int64_t b, int64_t e) {
-              cta_copy<T>(out + split_offset(count, W, p) + b,
-                                                     data_of<T>(d, a, p) + b, e - b);
+              cta_copy<T>(out + split_offset(count, W, p) + b, data_of<T>(d, a, p) + b, e - b);
             },
             false, prm.pull_ctas);
         break;
@@ -91,8 +91,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
         for_interleaved_chunks(
             W, r, chunk, [&](int) { return n_r; },
             [&](int p, int64_t b, int64_t e) {
-              cta_copy<T>(
-                  out + p * n_r + b, data_of<T>(d, a, p) + split_offset(count, W, r) + b, e - b);
+              cta_copy<T>(out + p * n_r + b, data_of<T>(d, a, p) + split_offset(count, W, r) + b, e - b);
             },
             false, prm.pull_ctas);
         break;
@@ -107,13 +106,14 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
           const T* srcs[kCommMaxRanks];
           for (int p = 0; p < W; ++p) srcs[p] = data_of<T>(d, a, p) + off_r + b;
           cta_reduce<T, tuning::kTwoPhaseRedUnroll, Out>(dst + b, ar ? scratch_r + b : nullptr, srcs, W,
-                                                 e - b);
+                                                         e - b);
         }
         if (!ar) break;
         // Grid barrier + publish (ordering: CommFlags::phase).
         comm_publish_fence();
         if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->phase_count)) {
-          comm_signal_peers(d, [&](CommFlags* f) { return &f->phase[r]; }, epoch);
+          comm_signal_peers(
+              d, [&](CommFlags* f) { return &f->phase[r]; }, epoch);
         }
         ok = comm_wait_peers(d, mine->phase, 1, epoch, a.op, kCommStepPhase);
         if (!ok) break;

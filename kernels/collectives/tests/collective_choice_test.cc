@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <string>
 
-#include "support/check.h"
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/tests/geometry_test_support.h"
+#include "support/check.h"
 
 namespace {
 
@@ -61,11 +61,15 @@ void test_collective_choice() {
   };
   check(in_place(AR, 2, 64 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 64 MiB in place: direct");
   check(in_place(AR, 2, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 1 GiB in place: direct");
-  check(in_place(AR, 2, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase, "allReduce W=2 64 MiB - 2 B in place: two-phase");
-  check(in_place(AR, 2, 1024 * MiB, false) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 1 GiB out of place: push");
+  check(in_place(AR, 2, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase,
+        "allReduce W=2 64 MiB - 2 B in place: two-phase");
+  check(in_place(AR, 2, 1024 * MiB, false) == k::CommAlgo::kTwoPhasePush,
+        "allReduce W=2 1 GiB out of place: push");
   check(in_place(AR, 4, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=4 1 GiB in place: direct");
-  check(in_place(AR, 4, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase, "allReduce W=4 64 MiB - 2 B in place: two-phase");
-  check(in_place(AG, 2, 1024 * MiB, true) == k::CommAlgo::kTwoPhase, "allGather W=2 1 GiB 'in place': two-phase");
+  check(in_place(AR, 4, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase,
+        "allReduce W=4 64 MiB - 2 B in place: two-phase");
+  check(in_place(AG, 2, 1024 * MiB, true) == k::CommAlgo::kTwoPhase,
+        "allGather W=2 1 GiB 'in place': two-phase");
   k::CommDevice d = geometry_device(2, 0, 132);
   d.slot_bytes = 1 << 20;
   k::CollectiveArgs forced;

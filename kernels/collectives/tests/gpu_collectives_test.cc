@@ -53,11 +53,11 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/collectives/collectives.h"
-#include "kernels/common/selftest.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/common/selftest.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 
@@ -66,15 +66,14 @@ namespace {
 namespace k = fusedcomm::kernels;
 using fusedcomm::Error;
 using fusedcomm::ErrorKind;
-using fusedcomm::SymmetricConfig;
 using fusedcomm::split_count;
 using fusedcomm::split_offset;
-using fusedcomm::testing::ProcessGroup;
+using fusedcomm::SymmetricConfig;
 using fusedcomm::testing::check;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
 using fusedcomm::testing::mix;
-
+using fusedcomm::testing::ProcessGroup;
 
 float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
 
@@ -88,7 +87,9 @@ float input_value(uint64_t key, int p, int64_t i, bool bf16, bool ints) {
 }
 
 template <typename T>
-cudaError_t dmalloc(T** p, size_t n) { return cudaMalloc(reinterpret_cast<void**>(p), n); }
+cudaError_t dmalloc(T** p, size_t n) {
+  return cudaMalloc(reinterpret_cast<void**>(p), n);
+}
 
 size_t esize(k::CommDtype t) { return t == k::CommDtype::kBF16 ? 2 : 4; }
 
@@ -117,7 +118,7 @@ struct Case {
   k::CommDtype dtype;
   int64_t count;
   k::CommAlgo algo;
-  uint64_t in_offset;  // bytes
+  uint64_t in_offset;   // bytes
   uint64_t out_offset;  // bytes into the output buffer
   bool ints;
   int num_ctas = 0;         // CollectiveArgs::num_ctas
@@ -138,12 +139,11 @@ bool is_new_algo(k::CommAlgo a) {
 std::string name(const Case& c) {
   return std::string(k::comm_op_name(static_cast<uint32_t>(c.op))) +
          (c.dtype == k::CommDtype::kBF16 ? " bf16" : " f32") + " count=" + std::to_string(c.count) +
-         " algo=" + std::to_string(static_cast<int>(c.algo)) + " in_off=" +
-         std::to_string(c.in_offset) + " out_off=" + std::to_string(c.out_offset) +
+         " algo=" + std::to_string(static_cast<int>(c.algo)) + " in_off=" + std::to_string(c.in_offset) +
+         " out_off=" + std::to_string(c.out_offset) +
          (c.num_ctas ? " ctas=" + std::to_string(c.num_ctas) : std::string()) +
          (c.chunk_bytes ? " chunk=" + std::to_string(c.chunk_bytes) : std::string()) +
-         (c.out_bf16 ? " out=bf16" : "") + (c.direct ? " direct" : "") +
-         (c.in_place ? " in-place" : "");
+         (c.out_bf16 ? " out=bf16" : "") + (c.direct ? " direct" : "") + (c.in_place ? " in-place" : "");
 }
 
 // Host input of rank r for a case.
@@ -156,8 +156,8 @@ std::vector<float> make_input(const Case& c, uint64_t key, int W, int r) {
 
 // Checks rank r's downloaded output of a case against the fp64 reference. Returns mismatches.
 int64_t verify(const Case& c, uint64_t key, int W, int r, const uint8_t* got) {
-  const bool bf = c.dtype == k::CommDtype::kBF16;                // inputs
-  const bool bf_out = out_dtype(c) == k::CommDtype::kBF16;       // output (rounding tolerance)
+  const bool bf = c.dtype == k::CommDtype::kBF16;           // inputs
+  const bool bf_out = out_dtype(c) == k::CommDtype::kBF16;  // output (rounding tolerance)
   const int64_t n_out = k::collective_output_count(c.op, c.count, W, r);
   int64_t bad = 0;
   auto exact = [&](int64_t i, float ref) {
@@ -181,8 +181,8 @@ int64_t verify(const Case& c, uint64_t key, int W, int r, const uint8_t* got) {
     const double tol = acc + (bf_out ? 0x1p-8 : 1e-6) * (std::fabs(ref) + acc);
     const double g = from_bytes(got, out_dtype(c), i);
     if (!(std::fabs(g - ref) <= tol) && bad++ < 3) {
-      std::fprintf(stderr, "  rank %d %s: out[%lld] = %.8g, expected %.8g (tol %.3g)\n", r,
-                   name(c).c_str(), static_cast<long long>(i), g, ref, tol);
+      std::fprintf(stderr, "  rank %d %s: out[%lld] = %.8g, expected %.8g (tol %.3g)\n", r, name(c).c_str(),
+                   static_cast<long long>(i), g, ref, tol);
     }
   };
   switch (c.op) {
@@ -275,22 +275,28 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 
   void correctness() {
     // out_bf16 is refused (before any launch) outside fp32 reduceScatter one-shot / two-phase.
-    for (const Case& c : {Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0, true},
-                          Case{k::CommOp::kReduceScatter, k::CommDtype::kBF16, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0, true},
-                          Case{k::CommOp::kReduceScatter, k::CommDtype::kF32, 1000, k::CommAlgo::kTwoPhasePush, 0, 0, false, 0, 0, true},
-                          // An input outside the data area is refused outside one-shot.
-                          Case{k::CommOp::kAllGather, k::CommDtype::kBF16, 1000, k::CommAlgo::kTwoPhase, 0, 0, false, 0, 0, false, true},
-                          Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kPipelined, 0, 0, false, 0, 0, false, true},
-                          // Direct: allReduce in place only.
-                          Case{k::CommOp::kAllReduce, k::CommDtype::kBF16, 1000, k::CommAlgo::kDirect, 0, 0, false},
-                          Case{k::CommOp::kAllGather, k::CommDtype::kBF16, 1000, k::CommAlgo::kDirect, 0, 0, false, 0, 0, false, false, true}}) {
+    for (const Case& c :
+         {Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0, true},
+          Case{k::CommOp::kReduceScatter, k::CommDtype::kBF16, 1000, k::CommAlgo::kAuto, 0, 0, false, 0, 0,
+               true},
+          Case{k::CommOp::kReduceScatter, k::CommDtype::kF32, 1000, k::CommAlgo::kTwoPhasePush, 0, 0, false,
+               0, 0, true},
+          // An input outside the data area is refused outside one-shot.
+          Case{k::CommOp::kAllGather, k::CommDtype::kBF16, 1000, k::CommAlgo::kTwoPhase, 0, 0, false, 0, 0,
+               false, true},
+          Case{k::CommOp::kAllReduce, k::CommDtype::kF32, 1000, k::CommAlgo::kPipelined, 0, 0, false, 0, 0,
+               false, true},
+          // Direct: allReduce in place only.
+          Case{k::CommOp::kAllReduce, k::CommDtype::kBF16, 1000, k::CommAlgo::kDirect, 0, 0, false},
+          Case{k::CommOp::kAllGather, k::CommDtype::kBF16, 1000, k::CommAlgo::kDirect, 0, 0, false, 0, 0,
+               false, false, true}}) {
       check(k::launch_collective(sm->device(), args(c, out), stream) == cudaErrorInvalidValue,
             "rank " + std::to_string(r) + " refuses " + name(c));
     }
     const int64_t counts[] = {0, 1, 7, 8L * W - 1, 1000, 4099, 65536, 131075, 300001, 2000003};
     uint64_t case_id = 0;
-    for (k::CommOp op : {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter,
-                         k::CommOp::kAllToAll}) {
+    for (k::CommOp op :
+         {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllToAll}) {
       for (k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
         for (int64_t n : counts) {
           for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
@@ -299,8 +305,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
             if (g_new_only && !is_new_algo(algo)) continue;
             Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u, false};
             if (algo == k::CommAlgo::kOneShot && W > 1) {
-              const int64_t payload =
-                  (op == k::CommOp::kAllReduce ? n : split_count(n, W, 0)) * esize(dt);
+              const int64_t payload = (op == k::CommOp::kAllReduce ? n : split_count(n, W, 0)) * esize(dt);
               if (payload > static_cast<int64_t>(sm->device().slot_bytes)) continue;
             }
             run_case(c, mix(seed ^ case_id));
@@ -318,8 +323,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
             for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase}) {
               ++case_id;
               if (g_new_only) continue;
-              Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u,
-                     false, 0, 0, true};
+              Case c{op,    dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u,
+                     false, 0,  0, true};
               if (algo == k::CommAlgo::kOneShot && W > 1 &&
                   split_count(n, W, 0) * 4 > static_cast<int64_t>(sm->device().slot_bytes)) {
                 continue;
@@ -334,7 +339,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
           for (int64_t n : counts) {
             for (const auto& pc : {std::pair<int, int64_t>{0, 0}, {1, 4096}, {5, 1024}, {3, 96 << 10}}) {
               ++case_id;
-              Case c{op, dt, n, k::CommAlgo::kDirect, (case_id % 3 == 1) ? 4u : 0u, 0, false, pc.first, pc.second};
+              Case c{op,    dt,       n,        k::CommAlgo::kDirect, (case_id % 3 == 1) ? 4u : 0u, 0,
+                     false, pc.first, pc.second};
               c.in_place = true;
               run_case(c, mix(seed ^ case_id));
             }
@@ -351,8 +357,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
           for (k::CommAlgo algo : {k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
             for (const auto& pc : {std::pair<int, int64_t>{1, 4096}, {5, 1024}, {3, 96 << 10}}) {
               ++case_id;
-              Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u,
-                     false, pc.first, pc.second};
+              Case c{
+                  op,    dt,       n,        algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u,
+                  false, pc.first, pc.second};
               run_case(c, mix(seed ^ case_id));
             }
           }
@@ -374,7 +381,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     // Direct (allReduce in place): every launch an allReduce, its result copied out of the
     // data area on the stream (the next launch's input copy follows it).
     const bool in_place = algo == k::CommAlgo::kDirect;
-    const k::CommOp ops[2] = {k::CommOp::kAllReduce, in_place ? k::CommOp::kAllReduce : k::CommOp::kAllGather};
+    const k::CommOp ops[2] = {k::CommOp::kAllReduce,
+                              in_place ? k::CommOp::kAllReduce : k::CommOp::kAllGather};
     std::vector<uint8_t*> pool(K), outs(K), alt(K);
     const size_t in_bytes = count * 4;
     auto key = [&](int j, int set) { return mix(seed ^ ((set ? 0xB2C000 : 0xB2B000) + j)); };
@@ -415,8 +423,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       CUDA_OK(cudaMemcpy(got.data(), outs[j], in_bytes, cudaMemcpyDeviceToHost));
       const int i_last = (kIters - 1 - j) / K * K + j;  // the last launch that used j
       const int64_t bad = verify(c, key(j, direct ? (i_last / K) % 2 : 0), W, r, got.data());
-      check(bad == 0, "rank " + std::to_string(r) + " back-to-back x" + std::to_string(kIters) +
-                          " " + name(c) + (direct ? " direct" : ""));
+      check(bad == 0, "rank " + std::to_string(r) + " back-to-back x" + std::to_string(kIters) + " " +
+                          name(c) + (direct ? " direct" : ""));
       cudaFree(pool[j]);
       cudaFree(outs[j]);
       if (direct) cudaFree(alt[j]);
@@ -481,7 +489,12 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     CUDA_OK(dmalloc(&big, static_cast<size_t>(bytes) + 4096));
     uint64_t id = 0;
     for (k::CommDtype dt : {k::CommDtype::kBF16, k::CommDtype::kF32}) {
-      const Case c{k::CommOp::kAllReduce, dt, bytes / static_cast<int64_t>(esize(dt)), k::CommAlgo::kAuto, 0, 0,
+      const Case c{k::CommOp::kAllReduce,
+                   dt,
+                   bytes / static_cast<int64_t>(esize(dt)),
+                   k::CommAlgo::kAuto,
+                   0,
+                   0,
                    false};
       check(k::collective_choose_algo(sm->device(), args(c, big)) == k::CommAlgo::kTwoPhasePush,
             "rank " + std::to_string(r) + " " + name(c) + ": kAuto picks the push allReduce");
@@ -495,8 +508,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 
   // The last rank launches 200 ms after the others.
   void late_rank() {
-    for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
-                             k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined, k::CommAlgo::kDirect}) {
+    for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase, k::CommAlgo::kTwoPhasePush,
+                             k::CommAlgo::kPipelined, k::CommAlgo::kDirect}) {
       if (g_new_only && !is_new_algo(algo)) continue;
       Case c{k::CommOp::kAllReduce, k::CommDtype::kBF16, 70001, algo, 0, 0, false};
       c.in_place = algo == k::CommAlgo::kDirect;
@@ -527,16 +540,21 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     };
     const Pair pairs[] = {
         {{AR, F, 1000, k::CommAlgo::kOneShot, 0, 0, true},
-         {AR, F, 2000, k::CommAlgo::kOneShot, 0, 0, true}, "count (one-shot)"},
+         {AR, F, 2000, k::CommAlgo::kOneShot, 0, 0, true},
+         "count (one-shot)"},
         {{AR, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false},
-         {AG, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false}, "op (two-phase)"},
+         {AG, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false},
+         "op (two-phase)"},
         {{AR, F, 4096, k::CommAlgo::kOneShot, 0, 0, true},
-         {AR, F, 4096, k::CommAlgo::kTwoPhase, 0, 0, true}, "algorithm (one-shot vs two-phase)"},
+         {AR, F, 4096, k::CommAlgo::kTwoPhase, 0, 0, true},
+         "algorithm (one-shot vs two-phase)"},
         {{RS, B, 300001, k::CommAlgo::kTwoPhasePush, 0, 0, false},
-         {RS, F, 300001, k::CommAlgo::kTwoPhasePush, 0, 0, false}, "dtype (push)"},
+         {RS, F, 300001, k::CommAlgo::kTwoPhasePush, 0, 0, false},
+         "dtype (push)"},
         // The even ranks in place (direct), the odd ones not.
         {{AR, B, 1 << 20, k::CommAlgo::kDirect, 0, 0, false, 0, 0, false, false, true},
-         {AR, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false}, "in place (direct vs two-phase)"},
+         {AR, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false},
+         "in place (direct vs two-phase)"},
     };
     SymmetricConfig cfg;
     cfg.data_bytes = 16 << 20;
@@ -553,8 +571,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       CUDA_OK(cudaStreamSynchronize(stream));  // returns: no hang
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string who = "rank " + std::to_string(r) + " mismatch " + p.what;
-      const k::CommErrorRecord rec =
-          fusedcomm::testing::expect_launch_mismatch(*sm, r, W, who, s, 2.0);
+      const k::CommErrorRecord rec = fusedcomm::testing::expect_launch_mismatch(*sm, r, W, who, s, 2.0);
       check(k::comm_sig_op(rec.launch_sig) == static_cast<uint32_t>(c.op) &&
                 k::comm_sig_size(rec.launch_sig) == static_cast<uint64_t>(c.count) &&
                 k::comm_sig_dtype(rec.launch_sig) == static_cast<uint32_t>(c.dtype) &&
@@ -589,8 +606,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       check(threw, "rank " + std::to_string(r) + ": dead peer -> Error(kTimeout)");
       check(rec.code == k::kGemmWaitTimeout && rec.rank == static_cast<uint32_t>(r) &&
                 rec.peer == static_cast<uint32_t>(W - 1) &&
-                rec.op == static_cast<uint32_t>(k::CommOp::kAllReduce) &&
-                rec.step == k::kCommStepReady && rec.epoch == 1,
+                rec.op == static_cast<uint32_t>(k::CommOp::kAllReduce) && rec.step == k::kCommStepReady &&
+                rec.epoch == 1,
             "rank " + std::to_string(r) + ": error record names rank/peer/op/step (got rank " +
                 std::to_string(rec.rank) + " peer " + std::to_string(rec.peer) + " op " +
                 std::to_string(rec.op) + " step " + std::to_string(rec.step) + ")");
@@ -662,8 +679,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
   R.sm.reset();
   cudaFree(R.out);
   cudaFree(R.in_direct);
-  std::printf("  rank %d: %d passed, %d failed (correctness sweep %.1f s)\n", g.rank, g_passed,
-              g_failed, t_corr);
+  std::printf("  rank %d: %d passed, %d failed (correctness sweep %.1f s)\n", g.rank, g_passed, g_failed,
+              t_corr);
   return g_failed == 0 ? 0 : 1;
 }
 
@@ -708,8 +725,8 @@ int main() {
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const int f = fusedcomm::testing::run_processes(
-        static_cast<int>(c.gpus.size()),
-        [&](ProcessGroup& g) { return rank_main(g, c.gpus, seed, c.full); }, 240);
+        static_cast<int>(c.gpus.size()), [&](ProcessGroup& g) { return rank_main(g, c.gpus, seed, c.full); },
+        240);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("== world %zu on GPUs %s: %s (%.1f s)\n", c.gpus.size(), list.c_str(),
                 f == 0 ? "PASS" : "FAIL", s);

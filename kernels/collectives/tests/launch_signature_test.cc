@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <string>
 
-#include "support/check.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/fused.h"
 #include "kernels/gemm_rs/gemm_rs.h"
-#include "fusedcomm/runtime/symmetric_memory.h"
+#include "support/check.h"
 
 namespace {
 
@@ -38,16 +38,14 @@ void test_fields() {
       for (uint32_t algo = 0; algo <= 4; ++algo) {
         for (uint64_t size : sizes) {
           const uint64_t body = k::comm_launch_signature(op, dt, algo, size);
-          for (uint64_t epoch : {uint64_t{1}, uint64_t{2}, uint64_t{255}, uint64_t{256},
-                                 uint64_t{1} << 40}) {
+          for (uint64_t epoch : {uint64_t{1}, uint64_t{2}, uint64_t{255}, uint64_t{256}, uint64_t{1} << 40}) {
             const uint64_t s = k::comm_signature_at(body, epoch);
             const bool ok = k::comm_sig_op(s) == op && k::comm_sig_dtype(s) == dt &&
                             k::comm_sig_algo(s) == algo && k::comm_sig_size(s) == size &&
-                            k::comm_sig_epoch8(s) == (epoch & 0xFF) &&
-                            (s & k::kSigBodyMask) == body;
+                            k::comm_sig_epoch8(s) == (epoch & 0xFF) && (s & k::kSigBodyMask) == body;
             if (!ok) {
-              check(false, "round trip op " + std::to_string(op) + " size " +
-                               std::to_string(size) + " epoch " + std::to_string(epoch));
+              check(false, "round trip op " + std::to_string(op) + " size " + std::to_string(size) +
+                               " epoch " + std::to_string(epoch));
               return;
             }
           }
@@ -77,13 +75,17 @@ void test_distinct() {
   const uint64_t base = k::comm_launch_signature(u(k::CommOp::kAllReduce), u(k::CommDtype::kBF16),
                                                  u(k::CommAlgo::kTwoPhase), 1 << 20);
   check(base != k::comm_launch_signature(u(k::CommOp::kAllGather), u(k::CommDtype::kBF16),
-                                         u(k::CommAlgo::kTwoPhase), 1 << 20), "op");
+                                         u(k::CommAlgo::kTwoPhase), 1 << 20),
+        "op");
   check(base != k::comm_launch_signature(u(k::CommOp::kAllReduce), u(k::CommDtype::kF32),
-                                         u(k::CommAlgo::kTwoPhase), 1 << 20), "dtype");
+                                         u(k::CommAlgo::kTwoPhase), 1 << 20),
+        "dtype");
   check(base != k::comm_launch_signature(u(k::CommOp::kAllReduce), u(k::CommDtype::kBF16),
-                                         u(k::CommAlgo::kOneShot), 1 << 20), "algorithm");
+                                         u(k::CommAlgo::kOneShot), 1 << 20),
+        "algorithm");
   check(base != k::comm_launch_signature(u(k::CommOp::kAllReduce), u(k::CommDtype::kBF16),
-                                         u(k::CommAlgo::kTwoPhase), (1 << 20) + 1), "count");
+                                         u(k::CommAlgo::kTwoPhase), (1 << 20) + 1),
+        "count");
   // The fused ops' size hash separates the shapes of gpu_fused_test's mismatch cases and
   // neighbours of typical shapes (M, K or N, offset).
   const uint64_t h = k::comm_sig_hash(2999, 1032, 0);
@@ -99,32 +101,32 @@ void test_distinct() {
       collisions += k::comm_sig_hash(m * 128, n, 0) == k::comm_sig_hash(m * 128 + 1, n, 0);
     }
   }
-  check(collisions == 0, "hash: no collisions between neighbouring M (" +
-                             std::to_string(collisions) + ")");
+  check(collisions == 0, "hash: no collisions between neighbouring M (" + std::to_string(collisions) + ")");
 }
 
 void test_messages() {
-  const uint64_t mine = k::comm_signature_at(
-      k::comm_launch_signature(u(k::CommOp::kAllReduce), u(k::CommDtype::kBF16),
-                               u(k::CommAlgo::kOneShot), 4096), 17);
-  const uint64_t theirs = k::comm_signature_at(
-      k::comm_launch_signature(u(k::CommOp::kAllGather), u(k::CommDtype::kF32),
-                               u(k::CommAlgo::kTwoPhase), 8192), 17);
+  const uint64_t mine =
+      k::comm_signature_at(k::comm_launch_signature(u(k::CommOp::kAllReduce), u(k::CommDtype::kBF16),
+                                                    u(k::CommAlgo::kOneShot), 4096),
+                           17);
+  const uint64_t theirs =
+      k::comm_signature_at(k::comm_launch_signature(u(k::CommOp::kAllGather), u(k::CommDtype::kF32),
+                                                    u(k::CommAlgo::kTwoPhase), 8192),
+                           17);
   const std::string d = fusedcomm::describe_launch(mine);
   check(d == "allReduce (bf16, 4096 elements, one-shot)", "describe a collective: " + d);
-  const std::string f = fusedcomm::describe_launch(k::comm_launch_signature(
-      k::kFusedOpGemmReduceScatter, u(k::CommDtype::kBF16), u(k::FusedAlgo::kDecomposed),
-      k::comm_sig_hash(4100, 2056, 0)));
-  check(contains(f, "gemmReduceScatter (bf16 partials, decomposed, sizes #"),
-        "describe a fused op: " + f);
+  const std::string f = fusedcomm::describe_launch(
+      k::comm_launch_signature(k::kFusedOpGemmReduceScatter, u(k::CommDtype::kBF16),
+                               u(k::FusedAlgo::kDecomposed), k::comm_sig_hash(4100, 2056, 0)));
+  check(contains(f, "gemmReduceScatter (bf16 partials, decomposed, sizes #"), "describe a fused op: " + f);
   // gemmReduceScatter's dtype field is the partials' code: fp32 in rank order and in any order
   // are different launches, and said so.
-  const uint64_t any = k::comm_launch_signature(
-      k::kFusedOpGemmReduceScatter, static_cast<uint32_t>(k::RsPartials::kF32AnyOrder),
-      u(k::FusedAlgo::kFused), k::comm_sig_hash(4100, 2056, 0));
-  const uint64_t ordered = k::comm_launch_signature(
-      k::kFusedOpGemmReduceScatter, static_cast<uint32_t>(k::RsPartials::kF32),
-      u(k::FusedAlgo::kFused), k::comm_sig_hash(4100, 2056, 0));
+  const uint64_t any = k::comm_launch_signature(k::kFusedOpGemmReduceScatter,
+                                                static_cast<uint32_t>(k::RsPartials::kF32AnyOrder),
+                                                u(k::FusedAlgo::kFused), k::comm_sig_hash(4100, 2056, 0));
+  const uint64_t ordered =
+      k::comm_launch_signature(k::kFusedOpGemmReduceScatter, static_cast<uint32_t>(k::RsPartials::kF32),
+                               u(k::FusedAlgo::kFused), k::comm_sig_hash(4100, 2056, 0));
   check(any != ordered, "any-order partials change the signature");
   const std::string fa = fusedcomm::describe_launch(any);
   check(contains(fa, "gemmReduceScatter (fp32 partials, any order, fused, sizes #"),
@@ -150,12 +152,14 @@ void test_messages() {
 
   // Same fused op, other sizes: the hint names the sizes that must agree.
   r.op = k::kFusedOpAllGatherGemm;
-  r.launch_sig = k::comm_signature_at(
-      k::comm_launch_signature(k::kFusedOpAllGatherGemm, u(k::CommDtype::kBF16),
-                               u(k::FusedAlgo::kFused), k::comm_sig_hash(2999, 1032, 0)), 3);
-  r.observed = k::comm_signature_at(
-      k::comm_launch_signature(k::kFusedOpAllGatherGemm, u(k::CommDtype::kBF16),
-                               u(k::FusedAlgo::kFused), k::comm_sig_hash(1001, 1032, 0)), 3);
+  r.launch_sig =
+      k::comm_signature_at(k::comm_launch_signature(k::kFusedOpAllGatherGemm, u(k::CommDtype::kBF16),
+                                                    u(k::FusedAlgo::kFused), k::comm_sig_hash(2999, 1032, 0)),
+                           3);
+  r.observed =
+      k::comm_signature_at(k::comm_launch_signature(k::kFusedOpAllGatherGemm, u(k::CommDtype::kBF16),
+                                                    u(k::FusedAlgo::kFused), k::comm_sig_hash(1001, 1032, 0)),
+                           3);
   const std::string mf = fusedcomm::launch_mismatch_message(r);
   check(contains(mf, "allGatherGemm (bf16, fused, sizes #") && contains(mf, "M and K"),
         "fused mismatch message: " + mf);

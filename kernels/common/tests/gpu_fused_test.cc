@@ -61,6 +61,9 @@
 #include <thread>
 #include <vector>
 
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/split.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
 #include "kernels/ag_gemm/ag_gemm.h"
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/fused.h"
@@ -68,9 +71,6 @@
 #include "kernels/gemm/gemm_reference.h"
 #include "kernels/gemm_ar/gemm_ar.h"
 #include "kernels/gemm_rs/gemm_rs.h"
-#include "fusedcomm/runtime/errors.h"
-#include "fusedcomm/runtime/split.h"
-#include "fusedcomm/runtime/symmetric_memory.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 
@@ -79,16 +79,14 @@ namespace {
 namespace k = fusedcomm::kernels;
 using fusedcomm::Error;
 using fusedcomm::ErrorKind;
-using fusedcomm::SymmetricConfig;
 using fusedcomm::split_count;
 using fusedcomm::split_offset;
-using fusedcomm::testing::ProcessGroup;
+using fusedcomm::SymmetricConfig;
 using fusedcomm::testing::check;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
 using fusedcomm::testing::mix;
-
-
+using fusedcomm::testing::ProcessGroup;
 
 // Element i of tensor `tag` of a case: uniform in [-1, 1), a bf16 value. Every rank can make
 // every rank's inputs (the reference needs them all).
@@ -128,7 +126,9 @@ struct DevBuf {
     if (p != nullptr) cudaFree(p);
   }
   template <typename T>
-  T* as() const { return static_cast<T*>(p); }
+  T* as() const {
+    return static_cast<T*>(p);
+  }
 };
 
 // On `stream`, and complete on return. Not cudaMemcpy: from pageable memory it may return
@@ -177,9 +177,9 @@ struct AgCase {
   }
   std::string name(int W) const {
     char b[220];
-    const char* x = exchange == k::AgExchange::kSmPulls        ? " sm-pulls"
+    const char* x = exchange == k::AgExchange::kSmPulls       ? " sm-pulls"
                     : exchange == k::AgExchange::kCopyEngines ? " copy-engines"
-                                                               : "";
+                                                              : "";
     std::snprintf(b, sizeof b, "allGatherGemm W=%d M=%d N=%d+8r K=%d %s %s%s%s", W, M, n0, K,
                   layout_name(layout), algo_name(algo), gathered_out ? " +gathered" : "", x);
     return b;
@@ -197,12 +197,15 @@ struct RsCase {
     char b[200];
     std::snprintf(b, sizeof b, "gemmReduceScatter W=%d M=%d N=%d K=%d+8r %s %s%s", W, M, N, k0,
                   layout_name(layout), algo_name(algo),
-                  bf16_partials ? " bf16-partials" : any_order ? " any-order" : "");
+                  bf16_partials ? " bf16-partials"
+                  : any_order   ? " any-order"
+                                : "");
     return b;
   }
   k::RsPartials partials() const {
     return bf16_partials ? k::RsPartials::kBF16
-                         : any_order ? k::RsPartials::kF32AnyOrder : k::RsPartials::kF32;
+           : any_order   ? k::RsPartials::kF32AnyOrder
+                         : k::RsPartials::kF32;
   }
   // The partials' rounding, per unit of Σ|a·b| (gemm_rs.h, RsPartials): 2^-9 for bf16.
   float partial_rel() const { return bf16_partials ? 1.0f / 512 : 0.f; }
@@ -225,8 +228,8 @@ int64_t compare(const std::vector<__nv_bfloat16>& got, const std::vector<float>&
     const float tol = tolerance(ref[i], absdot[i], partial_rel);
     if (!(std::fabs(g - ref[i]) <= tol)) {
       if (bad++ < 3) {
-        std::fprintf(stderr, "  rank %d %s: out[%lld] = %.6g, expected %.6g (tol %.3g)\n", rank,
-                     what.c_str(), static_cast<long long>(i), g, ref[i], tol);
+        std::fprintf(stderr, "  rank %d %s: out[%lld] = %.6g, expected %.6g (tol %.3g)\n", rank, what.c_str(),
+                     static_cast<long long>(i), g, ref[i], tol);
       }
     }
   }
@@ -282,9 +285,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     o.ref = DevBuf(M * N * 4);
     o.absdot = DevBuf(M * N * 4);
     CUDA_OK(k::launch_reference_gemm(o.a_full.as<__nv_bfloat16>(), K, o.w.as<__nv_bfloat16>(),
-                                     c.layout == k::GemmLayoutB::kNK ? K : N, c.layout, c.M,
-                                     o.N, c.K, o.ref.as<float>(), o.absdot.as<float>(), false,
-                                     stream));
+                                     c.layout == k::GemmLayoutB::kNK ? K : N, c.layout, c.M, o.N, c.K,
+                                     o.ref.as<float>(), o.absdot.as<float>(), false, stream));
     o.C = DevBuf(M * N * 2 + kGuard);
     if (c.gathered_out) o.gathered = DevBuf(M * K * 2 + kGuard);
     return o;
@@ -344,8 +346,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       bad += diff;
       if (!guard_intact(o.gathered.as<uint8_t>() + na * 2)) {
         ++bad;
-        std::fprintf(stderr, "  rank %d %s: bytes behind the gathered A were written\n", r,
-                     what.c_str());
+        std::fprintf(stderr, "  rank %d %s: bytes behind the gathered A were written\n", r, what.c_str());
       }
     }
     return bad;
@@ -363,9 +364,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     sm->raise_if_failed();
     const int64_t bad = ag_verify(o, c.name(W));
     const k::FusedLaunchInfo info = k::all_gather_gemm_info(sm->device(), a);
-    check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " +
-                        algo_name(info.algo) + (info.copy_engines ? ", copy engines" : "") +
-                        "): " + std::to_string(bad) + " bad");
+    check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " + algo_name(info.algo) +
+                        (info.copy_engines ? ", copy engines" : "") + "): " + std::to_string(bad) + " bad");
     // The exchange the launch reports: forced copy engines take them wherever there are peers,
     // forced SM pulls never.
     if (info.algo == k::FusedAlgo::kFused && W > 1 && c.exchange != k::AgExchange::kAuto) {
@@ -402,8 +402,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       DevBuf ws = upload(make_tensor(key, kTagW + s, 0, N * ks), stream);
       CUDA_OK(k::launch_reference_gemm(as.as<__nv_bfloat16>(), ks, ws.as<__nv_bfloat16>(),
                                        c.layout == k::GemmLayoutB::kNK ? ks : N, c.layout,
-                                       static_cast<int>(cnt), c.N, static_cast<int>(ks),
-                                       o.ref.as<float>(), o.absdot.as<float>(), s > 0, stream));
+                                       static_cast<int>(cnt), c.N, static_cast<int>(ks), o.ref.as<float>(),
+                                       o.absdot.as<float>(), s > 0, stream));
       CUDA_OK(cudaStreamSynchronize(stream));  // `as`, `ws` are freed at scope exit
     }
     o.out = DevBuf(cnt * N * 2 + kGuard);
@@ -452,8 +452,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   // a split / tile width / chunk count that differs between ranks is visible.
   void report_rs_info(const k::GemmRsArgs& a, bool failed, const std::string& what) {
     const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(sm->device(), a);
-    const int32_t m[7] = {failed ? 1 : 0,     static_cast<int32_t>(info.algo), a.K,
-                          info.gemm_ctas,     info.comm_ctas, info.tile_n, info.chunks};
+    const int32_t m[7] = {
+        failed ? 1 : 0, static_cast<int32_t>(info.algo), a.K, info.gemm_ctas, info.comm_ctas, info.tile_n,
+        info.chunks};
     std::vector<uint8_t> mine(sizeof m);
     std::memcpy(mine.data(), m, sizeof m);
     const std::vector<std::vector<uint8_t>> all = g.all_gather(mine);
@@ -466,8 +467,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       std::fprintf(stderr,
                    "  info %s: rank %d %s algo %s K=%d gemm_ctas %d comm_ctas %d tile_n %d "
                    "chunks %d\n",
-                   what.c_str(), p, q[0] ? "FAILED" : "ok",
-                   algo_name(static_cast<k::FusedAlgo>(q[1])), q[2], q[3], q[4], q[5], q[6]);
+                   what.c_str(), p, q[0] ? "FAILED" : "ok", algo_name(static_cast<k::FusedAlgo>(q[1])), q[2],
+                   q[3], q[4], q[5], q[6]);
     }
   }
 
@@ -482,8 +483,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     sm->raise_if_failed();
     const int64_t bad = rs_verify(o, c.name(W));
     const k::FusedLaunchInfo info = k::gemm_reduce_scatter_info(sm->device(), a);
-    check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " +
-                        algo_name(info.algo) + "): " + std::to_string(bad) + " bad");
+    check(bad == 0, "rank " + std::to_string(r) + " " + c.name(W) + " (ran " + algo_name(info.algo) +
+                        "): " + std::to_string(bad) + " bad");
     if (bad != 0) rs_diagnose(o);
     check_flags(c.name(W));
     report_rs_info(a, bad != 0, c.name(W));
@@ -512,7 +513,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     a.partials = c.partials();
     if (c.algo == k::FusedAlgo::kFused && c.M % W != 0) {
       check(k::launch_gemm_all_reduce(sm->device(), a, stream) == cudaErrorInvalidValue,
-            "rank " + std::to_string(r) + " " + what + ": a fused launch with W not dividing M was not refused");
+            "rank " + std::to_string(r) + " " + what +
+                ": a fused launch with W not dividing M was not refused");
       cudaGetLastError();
       return;
     }
@@ -526,8 +528,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     sm->raise_if_failed();
     const int64_t bad = rs_verify(o, what, /*all_rows=*/true);
     const k::FusedLaunchInfo info = k::gemm_all_reduce_info(sm->device(), a);
-    check(bad == 0, "rank " + std::to_string(r) + " " + what + " (ran " + algo_name(info.algo) + "): " +
-                        std::to_string(bad) + " bad");
+    check(bad == 0, "rank " + std::to_string(r) + " " + what + " (ran " + algo_name(info.algo) +
+                        "): " + std::to_string(bad) + " bad");
     const std::vector<uint8_t> mine = download<uint8_t>(o.out.p, int64_t{c.M} * c.N * 2);
     const auto all = g.all_gather(mine);
     for (int p = 0; p < W; ++p) {
@@ -543,8 +545,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   int flags_dirty(const std::string& what) {
     auto flags = std::make_unique<k::FusedFlags>();  // ~0.9 MiB: not on the stack
     k::FusedFlags& f = *flags;
-    CUDA_OK(cudaMemcpy(&f, sm->device().base[r] + k::kFusedFlagsOffset, sizeof f,
-                       cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&f, sm->device().base[r] + k::kFusedFlagsOffset, sizeof f, cudaMemcpyDeviceToHost));
     int n = 0;
     auto report = [&](const char* name, int i, uint32_t v) {
       if (v == 0) return;
@@ -580,9 +581,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       DevBuf ref(cnt * N * 4);
       CUDA_OK(k::launch_reference_gemm(as.as<__nv_bfloat16>(), ks, ws.as<__nv_bfloat16>(),
                                        o.c.layout == k::GemmLayoutB::kNK ? ks : N, o.c.layout,
-                                       static_cast<int>(cnt), static_cast<int>(N),
-                                       static_cast<int>(ks), ref.as<float>(), nullptr, false,
-                                       stream));
+                                       static_cast<int>(cnt), static_cast<int>(N), static_cast<int>(ks),
+                                       ref.as<float>(), nullptr, false, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       ref_s.push_back(download<float>(ref.p, cnt * N));
       // Decomposed: source s's partial product in s's workspace (rows at their place). Fused:
@@ -615,15 +615,15 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     }
     std::vector<float> sum_now, sum_ref(cnt * N, 0.f);
     if (accumulate) {
-      sum_now = download<float>(dev.base[r] + dev.data_offset + o.c.ws_offset +
-                                    k::kFusedRsSlotPadRows * N * 4, cnt * N);
+      sum_now = download<float>(
+          dev.base[r] + dev.data_offset + o.c.ws_offset + k::kFusedRsSlotPadRows * N * 4, cnt * N);
       int64_t wrong = 0;
       for (int64_t i = 0; i < cnt * N; ++i) {
         for (int s = 0; s < W; ++s) sum_ref[i] += s == r ? 0.f : ref_s[s][i];
         wrong += std::fabs(sum_now[i] - sum_ref[i]) <= 1e-3f * std::fabs(sum_ref[i]) + 1e-3f ? 0 : 1;
       }
-      std::fprintf(stderr, "  diag rank %d: the peers' summed partials of my rows: %lld wrong\n",
-                   r, static_cast<long long>(wrong));
+      std::fprintf(stderr, "  diag rank %d: the peers' summed partials of my rows: %lld wrong\n", r,
+                   static_cast<long long>(wrong));
     }
     const auto got = download<__nv_bfloat16>(o.out.p, cnt * N);
     const auto ref = download<float>(o.ref.p, cnt * N);
@@ -644,8 +644,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         v += b;
       }
       std::fprintf(stderr, "  diag rank %d row %lld col %lld: out %.5g, reference %.5g;%s\n", r,
-                   static_cast<long long>(off + i / N), static_cast<long long>(i % N), g, ref[i],
-                   v.c_str());
+                   static_cast<long long>(off + i / N), static_cast<long long>(i % N), g, ref[i], v.c_str());
     }
   }
 
@@ -654,50 +653,72 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
     const auto F = k::FusedAlgo::kFused, D = k::FusedAlgo::kDecomposed, A = k::FusedAlgo::kAuto;
     const std::vector<AgCase> ag = {
-        {1001, 264, 520, NK, F, true, 4096},   {1001, 264, 520, NK, D, true, 4096},
-        {2999, 1032, 1032, KN, F, false, 0},   {2999, 1032, 1032, KN, D, false, 0},
-        {3, 64, 64, NK, F, true, 16},          {3, 64, 64, KN, A, false, 16},
-        {4100, 2048, 2048, NK, F, false, 0},   {4100, 2048, 2048, NK, A, true, 0},
+        {1001, 264, 520, NK, F, true, 4096},
+        {1001, 264, 520, NK, D, true, 4096},
+        {2999, 1032, 1032, KN, F, false, 0},
+        {2999, 1032, 1032, KN, D, false, 0},
+        {3, 64, 64, NK, F, true, 16},
+        {3, 64, 64, KN, A, false, 16},
+        {4100, 2048, 2048, NK, F, false, 0},
+        {4100, 2048, 2048, NK, A, true, 0},
         {640, 128, 4096, KN, F, true, 1 << 20},
         // No gathered output and an input offset: the GEMM reads the own rows' whole M-blocks
         // from A_r at that offset (AgParams::tm_own), the rest are copied.
         {1001, 264, 520, KN, F, false, 4096},
         // Decode-sized M with long K: the decomposed path's GEMM runs stream-K (gemm_ws).
-        {16, 2048, 8192, NK, D, true, 0},    {40, 1024, 8200, KN, D, false, 0},
+        {16, 2048, 8192, NK, D, true, 0},
+        {40, 1024, 8200, KN, D, false, 0},
     };
     const std::vector<RsCase> rs = {
-        {1001, 264, 520, NK, F, 0},    {1001, 264, 520, NK, D, 0},
-        {2999, 1032, 1032, KN, F, 64}, {2999, 1032, 1032, KN, D, 64},
-        {3, 64, 64, NK, F, 0},         {3, 64, 64, KN, A, 16},
-        {4100, 2056, 1024, NK, F, 0},  {4100, 2056, 1024, KN, A, 0},
+        {1001, 264, 520, NK, F, 0},
+        {1001, 264, 520, NK, D, 0},
+        {2999, 1032, 1032, KN, F, 64},
+        {2999, 1032, 1032, KN, D, 64},
+        {3, 64, 64, NK, F, 0},
+        {3, 64, 64, KN, A, 16},
+        {4100, 2056, 1024, NK, F, 0},
+        {4100, 2056, 1024, KN, A, 0},
         {640, 4096, 128, NK, F, 1 << 20},
         // W = 4: owners change at rows 192 and 576, inside M-blocks but on half-tile bounds: one
         // warpgroup of the tile pushes while the other sums (the fused kernel's deadlock case).
         {768, 520, 1032, KN, F, 0},
         // bf16 partials (RsPartials::kBF16): even and uneven M, both layouts, both algorithms.
-        {1001, 264, 520, NK, F, 0, true},    {1001, 264, 520, NK, D, 0, true},
-        {2999, 1032, 1032, KN, F, 64, true}, {2999, 1032, 1032, KN, D, 64, true},
-        {4100, 2056, 1024, NK, A, 0, true},  {3, 64, 64, NK, F, 16, true},
+        {1001, 264, 520, NK, F, 0, true},
+        {1001, 264, 520, NK, D, 0, true},
+        {2999, 1032, 1032, KN, F, 64, true},
+        {2999, 1032, 1032, KN, D, 64, true},
+        {4100, 2056, 1024, NK, A, 0, true},
+        {3, 64, 64, NK, F, 16, true},
         // Several waves of tiles, so that at W = 2 the own half-tiles come after the peer's
         // pushes were flagged and fetch their partial early (RsParams::prefetch); the second
         // with a last tile column of 8 (its fetch skips the boxes past N).
-        {4096, 2048, 1024, NK, F, 0, true},  {4096, 1032, 1024, KN, F, 0, true},
+        {4096, 2048, 1024, NK, F, 0, true},
+        {4096, 1032, 1024, KN, F, 0, true},
         // fp32 partials in any order (RsPartials::kF32AnyOrder): at W >= 3 the fused kernel's
         // peers add into one slot per owner (zeroed before each launch).
-        {1001, 264, 520, NK, F, 0, false, true},    {2999, 1032, 1032, KN, F, 64, false, true},
-        {768, 520, 1032, KN, F, 0, false, true},    {3, 64, 64, NK, F, 16, false, true},
-        {4100, 2056, 1024, NK, A, 0, false, true},  {1001, 264, 520, NK, D, 0, false, true},
+        {1001, 264, 520, NK, F, 0, false, true},
+        {2999, 1032, 1032, KN, F, 64, false, true},
+        {768, 520, 1032, KN, F, 0, false, true},
+        {3, 64, 64, NK, F, 16, false, true},
+        {4100, 2056, 1024, NK, A, 0, false, true},
+        {1001, 264, 520, NK, D, 0, false, true},
         // Decode-sized M with long K: the decomposed path's GEMM runs stream-K (gemm_ws).
-        {16, 2048, 8192, NK, D, 0},          {33, 1024, 8192, KN, D, 64, true},
+        {16, 2048, 8192, NK, D, 0},
+        {33, 1024, 8192, KN, D, 64, true},
     };
     // gemmAllReduce: M = 1008 divides by W = 1-4, 6-8 (the fused path), 1001 by none of 2-8;
     // each partial precision; kAuto (decomposed at these sizes).
     const std::vector<RsCase> ar = {
-        {1008, 264, 520, NK, F, 0},          {1008, 264, 520, NK, D, 0},
-        {1008, 1032, 1032, KN, F, 64, true}, {1008, 1032, 1032, KN, D, 64, true},
-        {1001, 264, 520, KN, F, 0},          {1001, 264, 520, KN, A, 16},
-        {1008, 520, 264, NK, F, 0, false, true}, {3, 64, 64, NK, D, 0},
-        {16, 2048, 8192, NK, D, 0},          {24, 1024, 8192, KN, A, 0, true},
+        {1008, 264, 520, NK, F, 0},
+        {1008, 264, 520, NK, D, 0},
+        {1008, 1032, 1032, KN, F, 64, true},
+        {1008, 1032, 1032, KN, D, 64, true},
+        {1001, 264, 520, KN, F, 0},
+        {1001, 264, 520, KN, A, 16},
+        {1008, 520, 264, NK, F, 0, false, true},
+        {3, 64, 64, NK, D, 0},
+        {16, 2048, 8192, NK, D, 0},
+        {24, 1024, 8192, KN, A, 0, true},
     };
     uint64_t id = 0;
     // Every case that may run fused with each exchange (the same inputs), then as listed.
@@ -843,8 +864,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 
   // Launches `launch` on every rank but the last, expects a timeout naming the last rank.
   template <typename Launch>
-  void expect_timeout(const char* what, uint32_t op, uint32_t step_a, uint32_t step_b,
-                      Launch launch) {
+  void expect_timeout(const char* what, uint32_t op, uint32_t step_a, uint32_t step_b, Launch launch) {
     if (r == W - 1) return;
     const auto t0 = std::chrono::steady_clock::now();
     CUDA_OK(launch());
@@ -854,19 +874,19 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     const bool threw = e && e->kind() == ErrorKind::kTimeout;
     const k::CommErrorRecord rec = sm->error();
     if (r == 0) {
-      std::printf("  rank 0, %s: timed out after %.2f s: rank %u peer %u op %s step %s "
-                  "epoch %llu\n",
-                  what, s, rec.rank, rec.peer, k::fused_op_name(rec.op),
-                  k::fused_step_name(rec.step), static_cast<unsigned long long>(rec.epoch));
+      std::printf(
+          "  rank 0, %s: timed out after %.2f s: rank %u peer %u op %s step %s "
+          "epoch %llu\n",
+          what, s, rec.rank, rec.peer, k::fused_op_name(rec.op), k::fused_step_name(rec.step),
+          static_cast<unsigned long long>(rec.epoch));
     }
     check(threw, "rank " + std::to_string(r) + " " + what + ": dead peer -> Error(kTimeout)");
     check(rec.code == k::kGemmWaitTimeout && rec.rank == static_cast<uint32_t>(r) &&
               rec.peer == static_cast<uint32_t>(W - 1) && rec.op == op &&
               (rec.step == step_a || rec.step == step_b) && rec.epoch == 1,
-          "rank " + std::to_string(r) + " " + what +
-              ": error record names rank/peer/op/step (got rank " + std::to_string(rec.rank) +
-              " peer " + std::to_string(rec.peer) + " op " + std::to_string(rec.op) + " step " +
-              std::to_string(rec.step) + ")");
+          "rank " + std::to_string(r) + " " + what + ": error record names rank/peer/op/step (got rank " +
+              std::to_string(rec.rank) + " peer " + std::to_string(rec.peer) + " op " +
+              std::to_string(rec.op) + " step " + std::to_string(rec.step) + ")");
     check(s > 0.9 && s < 6.0,
           std::string(what) + ": timeout took " + std::to_string(s) + " s (configured 1 s)");
     check(cudaGetLastError() == cudaSuccess, "the CUDA context survives a timeout");
@@ -900,7 +920,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {{true, 2999, F}, {true, 2999, D}, "algorithm (allGatherGemm fused vs decomposed)"},
         {{false, 2999, F}, {false, 2999, F, true}, "partials (gemmReduceScatter fp32 vs bf16)"},
         // One rank would store into per-source slots, the other add into one slot.
-        {{false, 2999, F}, {false, 2999, F, false, true},
+        {{false, 2999, F},
+         {false, 2999, F, false, true},
          "partials (gemmReduceScatter fp32 in rank order vs in any order)"},
     };
     uint64_t id = 0;
@@ -930,8 +951,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       CUDA_OK(cudaStreamSynchronize(stream));  // returns: no hang
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string who = "rank " + std::to_string(r) + " mismatch " + p.what;
-      const k::CommErrorRecord rec =
-          fusedcomm::testing::expect_launch_mismatch(*sm, r, W, who, s, 3.0);
+      const k::CommErrorRecord rec = fusedcomm::testing::expect_launch_mismatch(*sm, r, W, who, s, 3.0);
       auto op_of = [](const Launch& l) {
         return l.ag ? k::kFusedOpAllGatherGemm : k::kFusedOpGemmReduceScatter;
       };
@@ -955,15 +975,12 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       if (x == k::AgExchange::kCopyEngines && !copy_engines()) continue;
       // Copy engines: the start barrier kernel's wait gives up first; its record is kept.
       open(cfg);
-      AgOperands ag =
-          ag_prepare(AgCase{2999, 520, 1032, NK, F, false, 0}.with(x), mix(seed ^ 0xDEAD));
+      AgOperands ag = ag_prepare(AgCase{2999, 520, 1032, NK, F, false, 0}.with(x), mix(seed ^ 0xDEAD));
       ag_write_input(ag, data());
       CUDA_OK(cudaStreamSynchronize(stream));
-      expect_timeout(x == k::AgExchange::kSmPulls ? "allGatherGemm, SM pulls"
-                                                  : "allGatherGemm, copy engines",
-                     k::kFusedOpAllGatherGemm, k::kCommStepArrive, k::kFusedStepChunk, [&] {
-                       return k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream);
-                     });
+      expect_timeout(x == k::AgExchange::kSmPulls ? "allGatherGemm, SM pulls" : "allGatherGemm, copy engines",
+                     k::kFusedOpAllGatherGemm, k::kCommStepArrive, k::kFusedStepChunk,
+                     [&] { return k::launch_all_gather_gemm(sm->device(), ag_args(ag), stream); });
     }
     {
       open(cfg);
@@ -972,9 +989,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       // A rank waits for the dead one's start flag before its first push there, and for its
       // partials before summing its own rows: whichever wait gives up first is recorded.
       expect_timeout("gemmReduceScatter", k::kFusedOpGemmReduceScatter, k::kCommStepArrive,
-                     k::kFusedStepPartial, [&] {
-                       return k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream);
-                     });
+                     k::kFusedStepPartial,
+                     [&] { return k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream); });
     }
     {
       // Abort: a fused allGatherGemm waiting for the dead rank is stopped by the abort word.

@@ -78,8 +78,8 @@ struct DefaultEpilogue {
   // Applies op(T* element, v0, v1) to the thread's in-range column pairs of rows row0 and
   // row0 + 8 (pointers to column 0 of those rows in the destination).
   template <class T, int kFrag, class Op>
-  __device__ __forceinline__ static void apply(const float (&acc)[kFrag], T* row_lo, T* row_hi,
-                                               int row0, int col0, const GemmProblem& p, Op op) {
+  __device__ __forceinline__ static void apply(const float (&acc)[kFrag], T* row_lo, T* row_hi, int row0,
+                                               int col0, const GemmProblem& p, Op op) {
     const bool lo_ok = row0 < p.M;
     const bool hi_ok = row0 + 8 < p.M;
 #pragma unroll
@@ -148,8 +148,7 @@ struct DefaultEpilogue {
         apply(acc, reinterpret_cast<__nv_bfloat16*>(sink_row(row0, 2)),
               reinterpret_cast<__nv_bfloat16*>(sink_row(row0 + 8, 2)), row0, col0, p, add_bf16);
         break;
-      default:
-        break;
+      default: break;
     }
   }
 
@@ -217,8 +216,7 @@ __device__ __forceinline__ void stage_round(const float (&acc)[kFrag], uint8_t* 
 }
 template <int BN, bool kF32, int kFrag, bool kReduce = false, int kBufRounds = 1>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
-                                               const CUtensorMap* tm, int cw, int row, int col,
-                                               bool issue) {
+                                               const CUtensorMap* tm, int cw, int row, int col, bool issue) {
   constexpr int kColsPerRound = kF32 ? 64 : 128;
   const int t = threadIdx.x % 128;
   const uint32_t bar_id = 2 + cw;
@@ -248,12 +246,10 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_
 // The engine's own C store: the warpgroup's 64 rows of tile tc.
 template <int BN, bool kF32, int kBufRounds, int kFrag>
 __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* stage_buf,
-                                            const CUtensorMap* tm_c, TileCoord tc, int cw,
-                                            bool rows_in) {
-  store_tile_tma<BN, kF32, kFrag, false, kBufRounds>(acc, stage_buf, tm_c, cw,
-                                                     tc.m * kTileM + cw * 64, tc.n * BN, rows_in);
+                                            const CUtensorMap* tm_c, TileCoord tc, int cw, bool rows_in) {
+  store_tile_tma<BN, kF32, kFrag, false, kBufRounds>(acc, stage_buf, tm_c, cw, tc.m * kTileM + cw * 64,
+                                                     tc.n * BN, rows_in);
 }
-
 
 // ---- the engine's shared memory, seen from an epilogue ---------------------------------------
 // The dynamic shared memory's aux region (layout above) of an engine with this configuration,
@@ -263,8 +259,7 @@ __device__ __forceinline__ uint8_t* gemm_aux_smem() {
   using Cfg = GemmTileConfig<BN, kStagingRounds>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023};
-  return reinterpret_cast<uint8_t*>(base) + Cfg::kStages * Cfg::kStageBytes +
-         2 * Cfg::kStagingBytes;
+  return reinterpret_cast<uint8_t*>(base) + Cfg::kStages * Cfg::kStageBytes + 2 * Cfg::kStagingBytes;
 }
 
 // Consumer warpgroup cw's staging buffer (layout above), found the same way: an address derived

@@ -30,8 +30,8 @@ struct GemmTileConfig {
   // Per consumer warpgroup: kStagingRounds × 64×128 bf16 (two 64×64 TMA-store boxes each).
   static constexpr uint32_t kStagingBytes = kStagingRounds * 2 * 64 * 128;
   static constexpr uint32_t kAuxBytes = 128;
-  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes +
-                                       2 * kStagingBytes + kAuxBytes + kStages * 20 + 8;
+  static constexpr size_t kSmemBytes =
+      1024 + size_t(kStages) * kStageBytes + 2 * kStagingBytes + kAuxBytes + kStages * 20 + 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 opt-in shared memory");
 };
 
@@ -52,8 +52,8 @@ struct GemmProblem {
   // sk_ctas() CTAs (sk_bound); 0: none. sk_tiles < the grid, so a CTA's run spans at most two
   // tiles.
   int sk_tiles;
-  float4* sk_partials;     // [2 * CTA + its segment j][consumer warpgroup][kSkHalfF4]
-  uint32_t* sk_counters;   // [stream-K tile][consumer warpgroup]: segments arrived, left at 0
+  float4* sk_partials;    // [2 * CTA + its segment j][consumer warpgroup][kSkHalfF4]
+  uint32_t* sk_counters;  // [stream-K tile][consumer warpgroup]: segments arrived, left at 0
 };
 
 inline constexpr int kCTmaBF16 = 1;

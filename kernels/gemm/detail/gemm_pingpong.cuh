@@ -70,10 +70,8 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
 
 template <bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
-    gemm_pingpong_kernel(const __grid_constant__ CUtensorMap tm_a,
-                         const __grid_constant__ CUtensorMap tm_b,
-                         const __grid_constant__ CUtensorMap tm_c,
-                         const __grid_constant__ GemmProblem prob) {
+    gemm_pingpong_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                         const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob) {
   // Launched early (early_launch.h): the stream's previous kernel is complete after this. (No
   // readiness waits here, so releasing the next kernel early holds no SM another needs.)
   pdl_wait();
@@ -113,8 +111,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const TileCoord tc = tile_coord(prob, t);
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
-        load_stage<128, kBKN, 1, Cfg>(smem_a, smem_b, full, stage, &tm_a, tm_b, kb,
-                                      tc.m * kTileM, tc.n);
+        load_stage<128, kBKN, 1, Cfg>(smem_a, smem_b, full, stage, &tm_a, tm_b, kb, tc.m * kTileM, tc.n);
         ring_next<kStages>(stage, phase);
       }
     }

@@ -87,10 +87,8 @@ namespace fusedcomm::kernels::detail {
 // hold SMs that the kernels it waits for, on other streams, may need.
 template <int BN, bool kBKN, bool kPair, class Epilogue>
 __global__ void __launch_bounds__(kGemmThreads, 1)
-    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a,
-                     const __grid_constant__ CUtensorMap tm_b,
-                     const __grid_constant__ CUtensorMap tm_c,
-                     const __grid_constant__ GemmProblem prob,
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                     const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob,
                      const __grid_constant__ Epilogue epi) {
   pdl_wait();
   if (prob.wait.a.flags == nullptr && prob.wait.b.flags == nullptr) pdl_release_dependents();
@@ -102,14 +100,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 struct GemmPlan {
   CUtensorMap ta, tb, tc;  // A, B, and C (C only when prob.c_tma)
   GemmProblem prob;
-  DefaultEpilogue epi;     // C (when not through TMA) and the tile sink of the arguments
-  int grid;                // CTAs of a plain launch: min(computing CTAs, tiles), or 2 × the
-                           // pairs (min(computing CTAs / 2, pair sweep)); the launcher may
-                           // lower it to the clusters that fit at once
-  int tile_n;              // 128 or 256
-  int cluster;             // 1, or 2: CTA pairs share B (plain launches only)
-  bool kn;                 // B is K×N
-  bool pingpong;           // plain launches: consumers take turns (gemm_pingpong.cuh)
+  DefaultEpilogue epi;  // C (when not through TMA) and the tile sink of the arguments
+  int grid;             // CTAs of a plain launch: min(computing CTAs, tiles), or 2 × the
+                        // pairs (min(computing CTAs / 2, pair sweep)); the launcher may
+                        // lower it to the clusters that fit at once
+  int tile_n;           // 128 or 256
+  int cluster;          // 1, or 2: CTA pairs share B (plain launches only)
+  bool kn;              // B is K×N
+  bool pingpong;        // plain launches: consumers take turns (gemm_pingpong.cuh)
 };
 
 // The tensor map of an A operand as gemm_plan encodes it (rows × K bf16, row stride lda
@@ -125,14 +123,13 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan);
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per
 // device (the attribute is per device; `opted` remembers which of the first 64 have it).
-inline cudaError_t gemm_opt_in_smem(const void* kernel, size_t bytes,
-                                    std::atomic<uint64_t>& opted) {
+inline cudaError_t gemm_opt_in_smem(const void* kernel, size_t bytes, std::atomic<uint64_t>& opted) {
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   const uint64_t bit = 1ull << (dev & 63);
   if ((opted.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bytes));
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
       e != cudaSuccess) {
     return e;
   }

@@ -19,10 +19,9 @@ namespace fusedcomm::kernels::detail {
 // Producer: arms stage `stage` for one K slice and issues its TMA loads (A rows a_row.. of
 // a_map; B's N-block n_block, or this CTA's half of it in a CTA pair).
 template <int BN, bool kBKN, int kCluster, class Cfg>
-__device__ __forceinline__ void load_stage(uint8_t* smem_a, uint8_t* smem_b, uint64_t* full,
-                                           int stage, const CUtensorMap* a_map,
-                                           const CUtensorMap& tm_b, int kb, int a_row,
-                                           int n_block) {
+__device__ __forceinline__ void load_stage(uint8_t* smem_a, uint8_t* smem_b, uint64_t* full, int stage,
+                                           const CUtensorMap* a_map, const CUtensorMap& tm_b, int kb,
+                                           int a_row, int n_block) {
   mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
   tma_load_2d(smem_a + stage * Cfg::kABytes, a_map, &full[stage], kb * kTileK, a_row);
   uint8_t* b_dst = smem_b + stage * Cfg::kBBytes;
@@ -32,15 +31,14 @@ __device__ __forceinline__ void load_stage(uint8_t* smem_a, uint8_t* smem_b, uin
     constexpr uint16_t kBoth = 3;
     const uint32_t crank = cluster_ctarank();  // read here: the producer has 40 registers
     if constexpr (!kBKN) {
-      tma_load_2d_multicast(b_dst + crank * (Cfg::kBBytes / 2), &tm_b, &full[stage],
-                            kb * kTileK, n_block * BN + static_cast<int>(crank) * (BN / 2),
-                            kBoth);
+      tma_load_2d_multicast(b_dst + crank * (Cfg::kBBytes / 2), &tm_b, &full[stage], kb * kTileK,
+                            n_block * BN + static_cast<int>(crank) * (BN / 2), kBoth);
     } else {
 #pragma unroll
       for (int j = 0; j < BN / 128; ++j) {
         const int slab = static_cast<int>(crank) * (BN / 128) + j;
-        tma_load_2d_multicast(b_dst + slab * 8192, &tm_b, &full[stage], n_block * BN + slab * 64,
-                              kb * kTileK, kBoth);
+        tma_load_2d_multicast(b_dst + slab * 8192, &tm_b, &full[stage], n_block * BN + slab * 64, kb * kTileK,
+                              kBoth);
       }
     }
   } else if constexpr (!kBKN) {
@@ -56,8 +54,8 @@ __device__ __forceinline__ void load_stage(uint8_t* smem_a, uint8_t* smem_b, uin
 // Consumer warpgroup: the 4 wgmma (k16) of the K slice in `stage` into acc (accumulate false:
 // the slice starts the sum), one wgmma group left in flight.
 template <int BN, bool kBKN, class Cfg>
-__device__ __forceinline__ void mma_stage(float (&acc)[BN / 2], uint32_t a_base, uint32_t b_base,
-                                          int stage, bool accumulate) {
+__device__ __forceinline__ void mma_stage(float (&acc)[BN / 2], uint32_t a_base, uint32_t b_base, int stage,
+                                          bool accumulate) {
   const uint64_t da = smem_desc_sw128(a_base + stage * Cfg::kABytes, 16, 1024);
   uint64_t db;
   if constexpr (!kBKN) {
@@ -122,8 +120,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   constexpr int kCluster = Schedule::kCluster;
   static_assert(kCluster == 1 || (kCluster == 2 && !kDyn), "CTA pairs: static schedules only");
   constexpr bool kStreamK = schedule_stream_k<Schedule>::value;
-  static_assert(!kStreamK || (!kDyn && kCluster == 1 && !Schedule::kStoresA &&
-                              !Epilogue::kOwnsTile && !Epilogue::kInitAux),
+  static_assert(!kStreamK || (!kDyn && kCluster == 1 && !Schedule::kStoresA && !Epilogue::kOwnsTile &&
+                              !Epilogue::kInitAux),
                 "stream-K: static single-CTA schedules, epilogues that leave the tile and the "
                 "aux region to the engine");
   // 128-byte aligned, as the fused allGatherGemm's pulls stage their bulk copies there (every
@@ -131,8 +129,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   // other kernels its translation unit holds. The ring itself starts at the next 1024 bytes
   // (the 128-byte swizzle's pattern repeats every 1024).
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + kStages * Cfg::kABytes;
   uint8_t* staging = smem_b + kStages * Cfg::kBBytes;
@@ -209,8 +207,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if (kDyn && kb == 0) status[stage] = static_cast<uint32_t>(t);
-        load_stage<BN, kBKN, kCluster, Cfg>(smem_a, smem_b, full, stage, a_map, tm_b, kb, a_row,
-                                            tc.n);
+        load_stage<BN, kBKN, kCluster, Cfg>(smem_a, smem_b, full, stage, a_map, tm_b, kb, a_row, tc.n);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -266,8 +263,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
     uint32_t phase = 0;
     // Schedule::kStoresA: the thread that copies the tile's A slices (see the concept above).
     constexpr bool kStoresA = Schedule::kStoresA;
-    for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.sweep;
-         t += kDyn ? 0 : sched.num_ctas()) {
+    for (int t = kDyn ? 0 : sched.cta(); kDyn || t < prob.sweep; t += kDyn ? 0 : sched.num_ctas()) {
       TileCoord tc;
       if constexpr (!kDyn) tc = sched.coord(prob, t);
       int prev = 0;
@@ -328,8 +324,8 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       if constexpr (Epilogue::kOwnsTile) {
         epi.template tile<BN>(acc, staging + cw * Cfg::kStagingBytes, tc, cw, prob);
       } else {
-        finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c,
-                                                  tc, cw, prob, epi);
+        finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c, tc, cw, prob,
+                                                  epi);
       }
     }
     if constexpr (kStreamK) {
@@ -378,11 +374,10 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
         const int ts = i == 0 ? store0 : store1;
         if (ts < 0) break;
         const TileCoord tc = sched.coord(prob, prob.sweep + ts);
-        sk_sum<BN, sk_sum_depth<Cfg>()>(acc, prob, ts, run.G, cw,
-                                        prob.M - (tc.m * kTileM + cw * 64),
+        sk_sum<BN, sk_sum_depth<Cfg>()>(acc, prob, ts, run.G, cw, prob.M - (tc.m * kTileM + cw * 64),
                                         smem + (cw == 0 ? 0 : kStages * Cfg::kStageBytes / 2));
-        finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c, tc,
-                                                  cw, prob, epi);
+        finish_tile<BN, Epilogue::kStagingRounds>(acc, staging + cw * Cfg::kStagingBytes, tm_c, tc, cw, prob,
+                                                  epi);
       }
     }
     // Smem must outlive the stores' reads, and the A stores must be complete.

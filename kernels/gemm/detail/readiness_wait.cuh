@@ -12,9 +12,8 @@ namespace fusedcomm::kernels::detail {
 
 // Out of line (the producer's 40-register region stays small) but `inline` for the linker:
 // this header is included by more than one translation unit (gemm.cu, ag_gemm.cu, gemm_rs.cu).
-inline __device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint32_t code,
-                                                        uint32_t operand, uint32_t chunk,
-                                                        TileCoord tc, uint64_t observed,
+inline __device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint32_t code, uint32_t operand,
+                                                        uint32_t chunk, TileCoord tc, uint64_t observed,
                                                         uint64_t elapsed) {
   if (atomicCAS_system(&e->code, 0u, code) != 0u) return;  // someone else reported first
   volatile GemmErrorRecord* v = e;
@@ -30,11 +29,9 @@ inline __device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint
 
 // Returns true once flag >= epoch; false if it timed out, was aborted, or another CTA failed.
 // Scalars by value: a reference into the kernel's parameter space would force a local copy.
-inline __device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epoch,
-                                              uint64_t timeout,
-                                              const volatile uint32_t* abort_word,
-                                              GemmErrorRecord* error, uint32_t operand,
-                                              uint32_t chunk, TileCoord tc) {
+inline __device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epoch, uint64_t timeout,
+                                              const volatile uint32_t* abort_word, GemmErrorRecord* error,
+                                              uint32_t operand, uint32_t chunk, TileCoord tc) {
   uint64_t v = ld_acquire_sys(flag);
   if (v >= epoch) return true;
   const uint64_t t0 = globaltimer_ns();
@@ -63,16 +60,15 @@ inline __device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epo
 }
 
 __device__ __forceinline__ bool wait_operand(const GemmReadyFlags& f, const GemmWaitConfig& w,
-                                             uint32_t operand, int row_begin, int row_end,
-                                             TileCoord tc) {
+                                             uint32_t operand, int row_begin, int row_end, TileCoord tc) {
   if (f.flags == nullptr) return true;
   uint32_t c0 = static_cast<uint32_t>(row_begin) / f.chunk_rows;
   uint32_t c1 = static_cast<uint32_t>(row_end - 1) / f.chunk_rows;
   if (c0 >= f.num_chunks) c0 = f.num_chunks - 1;
   if (c1 >= f.num_chunks) c1 = f.num_chunks - 1;
   for (uint32_t c = c0; c <= c1; ++c) {
-    if (!wait_flag(f.flags + c, w.epoch, w.timeout_ns ? w.timeout_ns : kDefaultWaitTimeoutNs,
-                   w.abort_word, w.error, operand, c, tc)) {
+    if (!wait_flag(f.flags + c, w.epoch, w.timeout_ns ? w.timeout_ns : kDefaultWaitTimeoutNs, w.abort_word,
+                   w.error, operand, c, tc)) {
       return false;
     }
   }

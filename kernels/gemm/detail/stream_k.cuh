@@ -54,11 +54,10 @@ __device__ __forceinline__ int sk_last_cta(const GemmProblem& p, int ts, int G) 
 }
 // Consumer thread t of warpgroup cw: its first float4 in CTA c's partial of stream-K tile ts
 // (layout [float4 k][thread]: acc[4k..4k+3] of thread t at k * 128 + t, coalesced).
-__device__ __forceinline__ float4* sk_partial(const GemmProblem& p, int c, int G, int ts, int cw,
-                                              int t) {
+__device__ __forceinline__ float4* sk_partial(const GemmProblem& p, int c, int G, int ts, int cw, int t) {
   const int kb = p.k_blocks;
-  return p.sk_partials +
-         (static_cast<size_t>(sk_slot(p.sk_tiles * kb, kb, c, G, ts)) * 2 + cw) * kSkHalfF4 + t;
+  return p.sk_partials + (static_cast<size_t>(sk_slot(p.sk_tiles * kb, kb, c, G, ts)) * 2 + cw) * kSkHalfF4 +
+         t;
 }
 
 // Consumer warpgroup cw of CTA c (of G) has finished its segment of stream-K tile ts in acc,
@@ -70,8 +69,8 @@ __device__ __forceinline__ float4* sk_partial(const GemmProblem& p, int c, int G
 // atomicAdd (release); the last arriver's atomicAdd reads every earlier one, and its fence
 // (acquire) and the barrier order the warpgroup's later loads (sk_sum) after them.
 template <int BN>
-__device__ __forceinline__ bool sk_arrive(const float (&acc)[BN / 2], const GemmProblem& p,
-                                          int ts, int c, int G, int cw, int rows, uint8_t* aux) {
+__device__ __forceinline__ bool sk_arrive(const float (&acc)[BN / 2], const GemmProblem& p, int ts, int c,
+                                          int G, int cw, int rows, uint8_t* aux) {
   const int t = threadIdx.x % 128;
   float4* mine = sk_partial(p, c, G, ts, cw, t);
   if ((t / 32) * 16 < rows) {
@@ -142,8 +141,8 @@ struct SkCopier {
 // thread copies its own unit slots and reads back only those, so no barrier is needed; a slot
 // is refilled after the adds that consumed its registers.
 template <int BN, int kDepth>
-__device__ __forceinline__ void sk_sum(float (&acc)[BN / 2], const GemmProblem& p, int ts, int G,
-                                       int cw, int rows, uint8_t* ring) {
+__device__ __forceinline__ void sk_sum(float (&acc)[BN / 2], const GemmProblem& p, int ts, int G, int cw,
+                                       int rows, uint8_t* ring) {
   static_assert(kDepth >= 2 && (BN / 2) % (4 * kSkUnitF4) == 0, "sum ring");
   constexpr int kChunks = BN / 2 / (4 * kSkUnitF4);
   const int t = threadIdx.x % 128;
@@ -152,8 +151,8 @@ __device__ __forceinline__ void sk_sum(float (&acc)[BN / 2], const GemmProblem& 
   const int n = (t / 32) * 16 < rows ? sk_last_cta(p, ts, G) - first + 1 : 0;
   const uint32_t ring0 = smem_u32(ring) + t * 16;
   const int kb = p.k_blocks;
-  SkCopier cp{p.sk_partials + cw * kSkHalfF4 + t, ring0, first,
-              sk_slot(p.sk_tiles * kb, kb, first, G, ts), n, kChunks * n};
+  SkCopier cp{p.sk_partials + cw * kSkHalfF4 + t,         ring0, first,
+              sk_slot(p.sk_tiles * kb, kb, first, G, ts), n,     kChunks * n};
 #pragma unroll 1
   for (int d = 0; d < kDepth; ++d) cp.next<kDepth>();
   int take = 0;  // slot of the unit to add next

@@ -96,8 +96,8 @@ inline constexpr uint32_t kStageStop = 0xFFFFFFFFu;  // dynamic: the producer st
 template <class S, class = void>
 struct schedule_stream_k : std::false_type {};
 template <class S>
-struct schedule_stream_k<S, std::void_t<decltype(S::kStreamK)>>
-    : std::integral_constant<bool, S::kStreamK> {};
+struct schedule_stream_k<S, std::void_t<decltype(S::kStreamK)>> : std::integral_constant<bool, S::kStreamK> {
+};
 
 // The plain GEMM's schedule: round robin, hook-1 waits from GemmProblem::wait (gemm.h), then
 // the stream-K run where the plan asks for one. With kPair, each cluster of two CTAs takes the

@@ -13,8 +13,8 @@
 //
 // Exit codes: 0 pass, 1 failure, 77 skipped (no GPU or not Hopper), with the reason printed.
 // GEMM_TEST_SEED=<n> reproduces a run; GEMM_TEST_SHAPES=<n> changes the sweep size.
-#include "kernels/gemm/gemm.h"
 #include "kernels/common/selftest.h"
+#include "kernels/gemm/gemm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -35,24 +35,23 @@ namespace {
 
 int g_failures = 0;
 
-#define CHECK_CUDA(x)                                                                       \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #x,                     \
-                   cudaGetErrorString(e_));                                                 \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+#define CHECK_CUDA(x)                                                                            \
+  do {                                                                                           \
+    cudaError_t e_ = (x);                                                                        \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
-#define EXPECT(cond, ...)                        \
-  do {                                           \
-    if (!(cond)) {                               \
-      ++g_failures;                              \
-      std::printf("  FAIL %s: ", #cond);         \
-      std::printf(__VA_ARGS__);                  \
-      std::printf("\n");                         \
-    }                                            \
+#define EXPECT(cond, ...)                \
+  do {                                   \
+    if (!(cond)) {                       \
+      ++g_failures;                      \
+      std::printf("  FAIL %s: ", #cond); \
+      std::printf(__VA_ARGS__);          \
+      std::printf("\n");                 \
+    }                                    \
   } while (0)
 
 // ---- device helpers -----------------------------------------------------------------------
@@ -65,32 +64,28 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
 
 // Uniform in [-1, 1) as bf16, over rows × ld (padding included).
 __global__ void fill_random(__nv_bfloat16* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const uint64_t r = mix64(seed ^ mix64(i));
     p[i] = __float2bfloat16(static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f);
   }
 }
 
 __global__ void to_f32(const __nv_bfloat16* in, float* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     out[i] = __bfloat162float(in[i]);
   }
 }
 
 __global__ void fill_f32(float* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     p[i] = static_cast<float>(mix64(seed ^ mix64(i)) >> 40) * (8.0f / 16777216.0f) - 4.0f;
   }
 }
 
 // The obviously-correct reference: one thread per output, fp32 sum over k in order, plus the
 // sum of |a*b| that scales the tolerance.
-__global__ void reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B,
-                               int64_t ldb, bool kn, int M, int N, int K, float* ref,
-                               float* absdot) {
+__global__ void reference_gemm(const __nv_bfloat16* A, int64_t lda, const __nv_bfloat16* B, int64_t ldb,
+                               bool kn, int M, int N, int K, float* ref, float* absdot) {
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   const int m = blockIdx.y;
   if (n >= N || m >= M) return;
@@ -114,8 +109,8 @@ struct CompareResult {
 // Checks rows [0, rows_total) × [0, ld) of out: inside M×N against ref (+ base when given),
 // outside (padding columns, guard rows) for the untouched poison pattern.
 __global__ void compare(const void* out, bool out_f32, int64_t ld, int M, int N, int rows_total,
-                        const float* ref, const float* absdot, const float* base, float rtol,
-                        float atol_rel, CompareResult* res) {
+                        const float* ref, const float* absdot, const float* base, float rtol, float atol_rel,
+                        CompareResult* res) {
   const int64_t total = int64_t(rows_total) * ld;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -149,9 +144,8 @@ __global__ void compare(const void* out, bool out_f32, int64_t ld, int M, int N,
 
 // Publishes chunks of `dst` (copied from `src`) in reverse order, `delay_ns` apart, each
 // followed by a release store of its flag: the writer side of hook 1.
-__global__ void publish_chunks(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t ld,
-                               int rows, int chunk_rows, uint64_t* flags, uint64_t epoch,
-                               uint64_t delay_ns) {
+__global__ void publish_chunks(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t ld, int rows,
+                               int chunk_rows, uint64_t* flags, uint64_t epoch, uint64_t delay_ns) {
   const int chunks = (rows + chunk_rows - 1) / chunk_rows;
   for (int c = chunks - 1; c >= 0; --c) {
     if (threadIdx.x == 0) {
@@ -169,8 +163,7 @@ __global__ void publish_chunks(__nv_bfloat16* dst, const __nv_bfloat16* src, int
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flags + c), "l"(epoch)
-                   : "memory");
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flags + c), "l"(epoch) : "memory");
     }
   }
 }
@@ -186,7 +179,7 @@ struct Shape {
   GemmOutType out;
   int pad_a, pad_b, pad_c;
   int tile_n, num_ctas, group_m, m_block_start;
-  int cluster;  // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
+  int cluster;        // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
   int stream_k = -1;  // -1: no workspace; else GemmArgs::stream_k with the shared workspace
   int pingpong = 0;   // GemmArgs::pingpong: 0 chosen, 1 off, 2 wherever allowed
 };
@@ -217,9 +210,8 @@ std::string describe(const Shape& s) {
                 "M=%d N=%d K=%d %s C=%s pads=%d/%d/%d tile_n=%d ctas=%d group=%d mstart=%d "
                 "cluster=%d stream_k=%d pingpong=%d",
                 s.M, s.N, s.K, s.layout == GemmLayoutB::kNK ? "NK" : "KN",
-                s.out == GemmOutType::kBF16 ? "bf16" : "f32", s.pad_a, s.pad_b, s.pad_c,
-                s.tile_n, s.num_ctas, s.group_m, s.m_block_start, s.cluster, s.stream_k,
-                s.pingpong);
+                s.out == GemmOutType::kBF16 ? "bf16" : "f32", s.pad_a, s.pad_b, s.pad_c, s.tile_n, s.num_ctas,
+                s.group_m, s.m_block_start, s.cluster, s.stream_k, s.pingpong);
   return buf;
 }
 
@@ -261,8 +253,8 @@ Reference make_reference(const Shape& s, const Operands& o) {
   CHECK_CUDA(cudaMalloc(&r.ref, size_t(s.M) * s.N * 4));
   CHECK_CUDA(cudaMalloc(&r.absdot, size_t(s.M) * s.N * 4));
   dim3 grid((s.N + 127) / 128, s.M);
-  reference_gemm<<<grid, 128>>>(o.A, o.lda, o.B, o.ldb, s.layout == GemmLayoutB::kKN, s.M, s.N,
-                                s.K, r.ref, r.absdot);
+  reference_gemm<<<grid, 128>>>(o.A, o.lda, o.B, o.ldb, s.layout == GemmLayoutB::kKN, s.M, s.N, s.K, r.ref,
+                                r.absdot);
   CHECK_CUDA(cudaGetLastError());
   return r;
 }
@@ -354,8 +346,8 @@ bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullpt
     std::exit(1);
   }
   if (ok) {
-    CompareResult c = check_output(C, s.out == GemmOutType::kF32, ldc, s.M, s.N,
-                                   s.M + kGuardRows, r, nullptr);
+    CompareResult c =
+        check_output(C, s.out == GemmOutType::kF32, ldc, s.M, s.N, s.M + kGuardRows, r, nullptr);
     if (c.bad != 0) {
       ok = false;
       std::printf("  %llu bad elements; first at row %lld col %lld: got %g want %g\n", c.bad,
@@ -433,8 +425,8 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
 // ---- hook tests ---------------------------------------------------------------------------
 struct HookFixture {
   Shape s;
-  Operands final_ops;   // the data the publisher delivers
-  Operands gemm_ops;    // what the GEMM reads: poisoned until published
+  Operands final_ops;  // the data the publisher delivers
+  Operands gemm_ops;   // what the GEMM reads: poisoned until published
   Reference ref;
 };
 
@@ -493,14 +485,12 @@ void test_late_flags(int sms, uint64_t seed) {
     a.wait.timeout_ns = 5'000'000'000ull;
     a.wait.error = err;
     CHECK_CUDA(launch_gemm(a, s1));
-    publish_chunks<<<1, 256, 0, s2>>>(f.gemm_ops.A, f.final_ops.A, K, M, a_chunk, a_flags, epoch,
-                                      300'000);
-    publish_chunks<<<1, 256, 0, s3>>>(f.gemm_ops.B, f.final_ops.B, K, N, b_chunk, b_flags, epoch,
-                                      500'000);
+    publish_chunks<<<1, 256, 0, s2>>>(f.gemm_ops.A, f.final_ops.A, K, M, a_chunk, a_flags, epoch, 300'000);
+    publish_chunks<<<1, 256, 0, s3>>>(f.gemm_ops.B, f.final_ops.B, K, N, b_chunk, b_flags, epoch, 500'000);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
-    EXPECT(err->code == kGemmOk, "epoch %llu: error code %u (chunk %u)", (unsigned long long)epoch,
-           err->code, err->chunk);
+    EXPECT(err->code == kGemmOk, "epoch %llu: error code %u (chunk %u)", (unsigned long long)epoch, err->code,
+           err->chunk);
     CompareResult c = check_output(C, false, N, M, N, M + kGuardRows, f.ref, nullptr);
     EXPECT(c.bad == 0, "epoch %llu: %llu bad elements, first row %llu col %llu got %g want %g",
            (unsigned long long)epoch, c.bad, c.first_bad / N, c.first_bad % N, c.got, c.want);
@@ -552,13 +542,12 @@ void test_timeout_and_abort(uint64_t seed) {
       *reinterpret_cast<volatile uint32_t*>(abort_word) = 1;
     }
     const cudaError_t e = cudaDeviceSynchronize();
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("  returned %s after %.3f s; code %u operand %u chunk %u cta %u tile (%u,%u) "
-                "observed %llu waited %.1f ms\n",
-                cudaGetErrorString(e), secs, err->code, err->operand, err->chunk, err->cta,
-                err->tile_m, err->tile_n, (unsigned long long)err->observed,
-                err->elapsed_ns / 1e6);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf(
+        "  returned %s after %.3f s; code %u operand %u chunk %u cta %u tile (%u,%u) "
+        "observed %llu waited %.1f ms\n",
+        cudaGetErrorString(e), secs, err->code, err->operand, err->chunk, err->cta, err->tile_m, err->tile_n,
+        (unsigned long long)err->observed, err->elapsed_ns / 1e6);
     EXPECT(e == cudaSuccess, "kernel must exit cleanly, got %s", cudaGetErrorString(e));
     EXPECT(secs < 3.0, "took %.3f s", secs);
     const uint32_t want = mode == 0 ? kGemmWaitTimeout : kGemmAborted;
@@ -612,8 +601,8 @@ void test_tile_sink(uint64_t seed) {
   CompareResult c = check_output(C, false, N, M, N, M + kGuardRows, f.ref, nullptr);
   EXPECT(c.bad == 0, "local C: %llu bad", c.bad);
   c = check_output(dst, true, ld, M, N, M, f.ref, base);
-  EXPECT(c.bad == 0, "sink: %llu bad, first row %llu col %llu got %g want %g", c.bad,
-         c.first_bad / ld, c.first_bad % ld, c.got, c.want);
+  EXPECT(c.bad == 0, "sink: %llu bad, first row %llu col %llu got %g want %g", c.bad, c.first_bad / ld,
+         c.first_bad % ld, c.got, c.want);
   std::vector<uint64_t> h(tiles);
   CHECK_CUDA(cudaMemcpy(h.data(), tile_flags, tiles * 8, cudaMemcpyDeviceToHost));
   int unset = 0;
@@ -646,8 +635,8 @@ void test_tile_sink(uint64_t seed) {
   CHECK_CUDA(launch_gemm(b, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   c = check_output(dst16, false, ld, M, N, M + kGuardRows, fk.ref, nullptr);
-  EXPECT(c.bad == 0, "bf16 sink: %llu bad, first row %llu col %llu got %g want %g", c.bad,
-         c.first_bad / ld, c.first_bad % ld, c.got, c.want);
+  EXPECT(c.bad == 0, "bf16 sink: %llu bad, first row %llu col %llu got %g want %g", c.bad, c.first_bad / ld,
+         c.first_bad % ld, c.got, c.want);
 
   // (c) bf16x2 atomic add into two pre-filled bf16 destinations, C = null. Each element is
   // base + bf16(acc) rounded to bf16: besides the bf16 output bound, up to 2^-8 of |acc|
@@ -769,8 +758,9 @@ void test_pingpong(uint64_t seed) {
   int passed = 0, total = 0;
   for (const P& c : cases) {
     for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
-      Shape s{c.M, c.N, c.K, l, c.f32 ? GemmOutType::kF32 : GemmOutType::kBF16, 0, 0, 0, 0,
-              c.ctas, c.group, c.mstart, 0, -1, 2};
+      Shape s{c.M,     c.N,      c.K, l,  c.f32 ? GemmOutType::kF32 : GemmOutType::kBF16,
+              0,       0,        0,   0,  c.ctas,
+              c.group, c.mstart, 0,   -1, 2};
       if (total % 3 == 2) s.pad_a = s.pad_b = s.pad_c = 8;
       const bool planned = plan_of(s).pingpong;
       const bool ok = planned && run_shape(s, seed + total);
@@ -797,8 +787,8 @@ void test_pingpong(uint64_t seed) {
   q.pingpong = 3;
   EXPECT(plan_of(q).ctas == 0, "pingpong = 3 accepted");
   // Hooks and the sink (plans only; their launches are tested below).
-  GemmArgs h = plan_args(Shape{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0,
-                               0, 0, 0, 0, 0, 0, -1, 2});
+  GemmArgs h = plan_args(
+      Shape{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, -1, 2});
   GemmLaunchPlan plan{};
   uint64_t flag_storage = 0;
   GemmErrorRecord record{};
@@ -841,8 +831,8 @@ void test_early_launch(uint64_t seed) {
   CHECK_CUDA(cudaDeviceSynchronize());
   Shape stage[kStages];
   for (int i = 0; i < kStages; ++i) {
-    stage[i] = Shape{M, widths[i + 1], widths[i], GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0,
-                     0, 0, 0, 0, 1, -1, 1};
+    stage[i] = Shape{
+        M, widths[i + 1], widths[i], GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 1, -1, 1};
   }
   stage[0].tile_n = 256;
   stage[1].pingpong = 2;
@@ -868,20 +858,18 @@ void test_early_launch(uint64_t seed) {
       o.lda = widths[i];
       o.ldb = widths[i];
       Reference r = make_reference(stage[i], o);
-      const CompareResult c = check_output(act[i + 1], false, widths[i + 1], M, widths[i + 1], M,
-                                           r, nullptr);
+      const CompareResult c = check_output(act[i + 1], false, widths[i + 1], M, widths[i + 1], M, r, nullptr);
       free_reference(r);
       ok = c.bad == 0;
-      EXPECT(ok, "early launch round %d: stage %d (%s): %llu bad elements, first got %g want %g",
-             round, i, describe(stage[i]).c_str(), c.bad, c.got, c.want);
+      EXPECT(ok, "early launch round %d: stage %d (%s): %llu bad elements, first got %g want %g", round, i,
+             describe(stage[i]).c_str(), c.bad, c.got, c.want);
     }
     if (!workspace_counters_zero()) {
       ok = false;
       EXPECT(false, "early launch: stream-K counters left set");
     }
   }
-  std::printf("[early-launch] %s: a 4-GEMM chain behind a slow producer, twice\n",
-              ok ? "passed" : "FAILED");
+  std::printf("[early-launch] %s: a 4-GEMM chain behind a slow producer, twice\n", ok ? "passed" : "FAILED");
   for (int i = 0; i <= kStages; ++i) cudaFree(act[i]);
   for (int i = 0; i < kStages; ++i) cudaFree(weight[i]);
   cudaFree(a_src);
@@ -899,8 +887,8 @@ int main() {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   if (prop.major != 9) {
-    std::printf("SKIP: gemm_test needs a Hopper GPU (sm_90a); found %s (sm_%d%d)\n", prop.name,
-                prop.major, prop.minor);
+    std::printf("SKIP: gemm_test needs a Hopper GPU (sm_90a); found %s (sm_%d%d)\n", prop.name, prop.major,
+                prop.minor);
     return 77;
   }
   uint64_t seed = std::chrono::steady_clock::now().time_since_epoch().count();

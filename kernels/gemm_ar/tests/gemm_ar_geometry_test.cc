@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <string>
 
-#include "support/check.h"
 #include "kernels/common/tests/geometry_test_support.h"
 #include "kernels/gemm_ar/gemm_ar.h"
+#include "support/check.h"
 
 namespace {
 

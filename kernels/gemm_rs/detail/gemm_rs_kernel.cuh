@@ -92,21 +92,21 @@ struct RsParams {
   // as a 2-D tensor: the launch encodes (so checks) each; the pusher warps store with plain
   // addresses (send_rows).
   CUtensorMap tm_push[kCommMaxRanks];
-  CUtensorMap tm_out;                  // this rank's output rows (split_count × N bf16)
+  CUtensorMap tm_out;  // this rank's output rows (split_count × N bf16)
   CommDevice dev;
   __nv_bfloat16* out;
   uint64_t ws_offset;   // the receive slots in every rank's data area
   uint64_t slot_elems;  // (kFusedRsSlotPadRows + ceil(M/W)) * N: a slot, its padding first
   int accumulate;       // 1: every source adds into one slot (see above); 0: per-source slots
   int M, N;
-  int tile_n;           // the GEMM's tile width, the same on every rank
-  int n_blocks;         // tile columns
-  int own_b0, own_nb;   // this rank's M-blocks: those holding any of its rows
+  int tile_n;          // the GEMM's tile width, the same on every rank
+  int n_blocks;        // tile columns
+  int own_b0, own_nb;  // this rank's M-blocks: those holding any of its rows
   // The pusher warps' sleep after every 2 KiB of stores (0: none): rs_geometry's pacing.
   uint32_t push_pace_ns;
-  int halves;           // half-tile rows of one slot's flags (ceil(ceil(M/W) / 64) + 1)
-  int bf16_partials;    // 1: the pushed partials are bf16, else fp32
-  int reserved;         // 0 (keeps the parameter layout of the kernels)
+  int halves;         // half-tile rows of one slot's flags (ceil(ceil(M/W) / 64) + 1)
+  int bf16_partials;  // 1: the pushed partials are bf16, else fp32
+  int reserved;       // 0 (keeps the parameter layout of the kernels)
   // Own half-tiles fetch their one received slot early ("Early fetch" above; W = 2, bf16
   // partials): tm_recv maps this rank's slot (padding + its rows, × N bf16, 64×64 boxes).
   int prefetch;
@@ -126,7 +126,8 @@ __device__ __forceinline__ uint64_t* rs_flag(const RsParams& p, int owner, int s
 inline __device__ __noinline__ void rs_start(const CommDevice& d, uint64_t epoch) {
   comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
   __threadfence_system();
-  comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
+  comm_signal_peers(
+      d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
 // Pusher warps (RsEpilogue::aux_warp): warp 1 + cw of the producer warpgroup sends consumer
@@ -156,9 +157,8 @@ static_assert(sizeof(RsPushMail) == 32, "a mail's size (RsEpilogue::kFetchAt)");
 // fp32 reduce-adds instead of stores (an accumulating slot). Out of line: the producer
 // warpgroup's 56 registers (RegisterSplit). pace_ns > 0: a sleep after every 2 KiB
 // (RsParams::push_pace_ns).
-inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi,
-                                                int bytes, int ld, int rounds, bool add_f32,
-                                                uint32_t pace_ns) {
+inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int row_lo, int row_hi, int bytes,
+                                                int ld, int rounds, bool add_f32, uint32_t pace_ns) {
   const int lane = threadIdx.x % 32;
 #pragma unroll 1
   for (int it = 0; it < 32 * rounds; ++it) {
@@ -173,12 +173,11 @@ inline __device__ __noinline__ void push_chunks(uint32_t stage, char* at, int ro
     char* g = at + (static_cast<uint32_t>(row) * static_cast<uint32_t>(ld) + byte);
     if (add_f32) {
       asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(g),
-                   "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)),
-                   "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                   "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)),
+                   "f"(__uint_as_float(v.w))
                    : "memory");
     } else {
-      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y),
-                   "r"(v.z), "r"(v.w)
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                    : "memory");
     }
     if (pace_ns != 0 && (it & 3) == 3) __nanosleep(pace_ns);
@@ -244,8 +243,7 @@ struct RsEpilogue {
   __device__ __forceinline__ void wait_freed(RsPushMail* mail) const {
     mbar_wait(&mail->freed, (posts & 1) ^ 1);
   }
-  __device__ __forceinline__ void post(RsPushMail* mail, int h0, int col, int n, int last,
-                                       int rounds) const {
+  __device__ __forceinline__ void post(RsPushMail* mail, int h0, int col, int n, int last, int rounds) const {
     mail->h0 = h0;
     mail->col = col;
     mail->n = n;
@@ -258,8 +256,8 @@ struct RsEpilogue {
   __device__ __forceinline__ bool observe_start(int o) const {
     if (started & (1u << o)) return true;
     const CommDevice& d = p->dev;
-    if (!fused_wait(d, &comm_flags(d, d.rank)->arrive[o], epoch, kFusedOpGemmReduceScatter,
-                    kCommStepArrive, o, 1)) {
+    if (!fused_wait(d, &comm_flags(d, d.rank)->arrive[o], epoch, kFusedOpGemmReduceScatter, kCommStepArrive,
+                    o, 1)) {
       return false;
     }
     fence_proxy_async_global();  // the acquire before any async-proxy access to o's memory
@@ -278,8 +276,8 @@ struct RsEpilogue {
   // kB column groups of slot `slot` at the thread's rows (0 where !lo_ok / !hi_ok), in the
   // fragment's order: v[4b + 0..1] row_lo, v[4b + 2..3] row_lo + 8, columns 8(jb + b) + {0,1}.
   template <class T, int kB>
-  __device__ __forceinline__ void load_source(float (&v)[4 * kB], int slot, int64_t row_lo,
-                                              int col, bool lo_ok, bool hi_ok) const {
+  __device__ __forceinline__ void load_source(float (&v)[4 * kB], int slot, int64_t row_lo, int col,
+                                              bool lo_ok, bool hi_ok) const {
     const T* lo = slot_at<T>(slot, row_lo, col);
     const T* hi = lo + 8 * static_cast<int64_t>(p->N);
 #pragma unroll
@@ -310,8 +308,8 @@ struct RsEpilogue {
   // the later slots are added in place.
   // kJ0: the first column group (the ones before it were added from a fetch).
   template <class T, int kJ0 = 0, int kFrag>
-  __device__ __forceinline__ void add_sources(float (&acc)[kFrag], int64_t row_lo, int col0,
-                                              bool lo_ok, bool hi_ok) const {
+  __device__ __forceinline__ void add_sources(float (&acc)[kFrag], int64_t row_lo, int col0, bool lo_ok,
+                                              bool hi_ok) const {
     constexpr int kJ = kFrag / 4, kB = kJ < 8 ? kJ : 8;
     const int W = p->dev.world;
     const int prefix = p->accumulate ? 0 : p->dev.rank;  // slots summed before acc
@@ -345,8 +343,8 @@ struct RsEpilogue {
   __device__ __forceinline__ void wait_sources(int h, int n) const {
     const CommDevice& d = p->dev;
     for (int s = 0; s < d.world; ++s) {
-      if (s != d.rank && !fused_wait(d, rs_flag(*p, d.rank, s, h, n), epoch,
-                                     kFusedOpGemmReduceScatter, kFusedStepPartial, s, 1)) {
+      if (s != d.rank && !fused_wait(d, rs_flag(*p, d.rank, s, h, n), epoch, kFusedOpGemmReduceScatter,
+                                     kFusedStepPartial, s, 1)) {
         return;  // recorded; the warpgroup sums what is there (the launch has failed)
       }
     }
@@ -394,9 +392,7 @@ struct RsEpilogue {
         add_fetched(acc, stage);
         // Columns that did not fit the staging buffer: loaded from the slot.
         constexpr int kJ0 = kFetchBoxes * 8;
-        if constexpr (kJ0 < kFrag / 4) {
-          add_sources<__nv_bfloat16, kJ0>(acc, row_lo, col0, lo_ok, hi_ok);
-        }
+        if constexpr (kJ0 < kFrag / 4) { add_sources<__nv_bfloat16, kJ0>(acc, row_lo, col0, lo_ok, hi_ok); }
       } else {
         add_sources<__nv_bfloat16>(acc, row_lo, col0, lo_ok, hi_ok);
       }
@@ -404,8 +400,8 @@ struct RsEpilogue {
       add_sources<float>(acc, row_lo, col0, lo_ok, hi_ok);
     }
     if (o_lo == o_hi) {
-      store_tile_tma<BN, false, kFrag, false, kStagingRounds>(
-          acc, stage, &p->tm_out, cw, static_cast<int>(h0 - own_off), col, true);
+      store_tile_tma<BN, false, kFrag, false, kStagingRounds>(acc, stage, &p->tm_out, cw,
+                                                              static_cast<int>(h0 - own_off), col, true);
       return;
     }
     // A half-tile that begins before this rank's rows (the output has no padding): the
@@ -507,8 +503,8 @@ struct RsEpilogue {
   // The warpgroup's half-tile (rows [h0, h0 + 64), columns [col, col + BN)) to the pusher, in
   // handoffs of two store rounds (bf16: one; fp32: BN / 128).
   template <int BN, int kFrag>
-  __device__ __forceinline__ void hand_off(const float (&acc)[kFrag], uint8_t* stage, int cw,
-                                           int h0, int col, int n) const {
+  __device__ __forceinline__ void hand_off(const float (&acc)[kFrag], uint8_t* stage, int cw, int h0, int col,
+                                           int n) const {
     RsPushMail* mail = mail_of<BN>(cw);
     if (p->bf16_partials) {
       hand_off_rounds<BN, false>(acc, stage, cw, mail, h0, col, n);
@@ -517,9 +513,8 @@ struct RsEpilogue {
     }
   }
   template <int BN, bool kF32, int kFrag>
-  __device__ __forceinline__ void hand_off_rounds(const float (&acc)[kFrag], uint8_t* stage,
-                                                  int cw, RsPushMail* mail, int h0, int col,
-                                                  int n) const {
+  __device__ __forceinline__ void hand_off_rounds(const float (&acc)[kFrag], uint8_t* stage, int cw,
+                                                  RsPushMail* mail, int h0, int col, int n) const {
     constexpr int kRounds = kStoreRounds<BN, kF32>, kCols = kF32 ? 64 : 128;
     const int t = threadIdx.x % 128;
 #pragma unroll
@@ -605,8 +600,8 @@ struct RsEpilogue {
                       static_cast<int64_t>(kFusedRsSlotPadRows + h0 - off) * p->N + col) *
                          kESize;
     push_chunks(smem_u32(stage), at, max(off - h0, 0), end - h0,
-                min(rounds * 16 * kElems, p->N - col) * kESize, p->N * kESize, rounds,
-                kF32 && p->accumulate, p->push_pace_ns);
+                min(rounds * 16 * kElems, p->N - col) * kESize, p->N * kESize, rounds, kF32 && p->accumulate,
+                p->push_pace_ns);
   }
 };
 
@@ -633,10 +628,8 @@ struct RsSchedule : FusedClaims<RsParams> {
 
 template <int BN, bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
-    rs_gemm_kernel(const __grid_constant__ CUtensorMap tm_a,
-                   const __grid_constant__ CUtensorMap tm_b,
-                   const __grid_constant__ CUtensorMap tm_c,
-                   const __grid_constant__ GemmProblem prob,
+    rs_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                   const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob,
                    const __grid_constant__ RsParams p) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.dev.world > 1) rs_start(p.dev, epoch);

@@ -17,10 +17,10 @@
 
 #include <cuda_runtime.h>
 
-#include "support/check.h"
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/tests/geometry_test_support.h"
 #include "kernels/gemm_rs/gemm_rs.h"
+#include "support/check.h"
 
 namespace {
 
@@ -81,13 +81,11 @@ void test_rs() {
                 // three waves of tiles, a quarter of the next tile's estimated main loop
                 // (tile_n * K_r / 24 ns) over the tile_n / 16 pieces of 2 KiB of a half-tile.
                 const bool paced = W >= 2 && bf16 && tiles >= 3 * sms;
-                const uint32_t pace =
-                    paced ? static_cast<uint32_t>(double(info.tile_n) * K_r / 24.0 * 25 / 100.0 /
-                                                  (info.tile_n / 16))
-                          : 0u;
-                check(info.push_pace_ns == pace,
-                      what + ": pusher pace " + std::to_string(info.push_pace_ns) + " ns, expected " +
-                          std::to_string(pace));
+                const uint32_t pace = paced ? static_cast<uint32_t>(double(info.tile_n) * K_r / 24.0 * 25 /
+                                                                    100.0 / (info.tile_n / 16))
+                                            : 0u;
+                check(info.push_pace_ns == pace, what + ": pusher pace " + std::to_string(info.push_pace_ns) +
+                                                     " ns, expected " + std::to_string(pace));
               }
         }
   // kAuto (fused_choice.h, choose_gemm_reduce_scatter): fused at W = 2-4 from M*N = 2^24 with at least 1024 rows per
@@ -100,7 +98,8 @@ void test_rs() {
   };
   for (int K_r : {64, 7168, 14336}) {
     const std::string kr = " K_r=" + std::to_string(K_r);
-    check(auto_algo(2, 4096, 4096, K_r, false) == k::FusedAlgo::kFused, "kAuto W=2 4096x4096 f32: fused" + kr);
+    check(auto_algo(2, 4096, 4096, K_r, false) == k::FusedAlgo::kFused,
+          "kAuto W=2 4096x4096 f32: fused" + kr);
     check(auto_algo(2, 2048, 4096, K_r, false) == k::FusedAlgo::kDecomposed,
           "kAuto W=2 2048x4096 f32: decomposed" + kr);
     check(auto_algo(2, 2048, 8192, K_r, true) == k::FusedAlgo::kFused,
@@ -113,7 +112,8 @@ void test_rs() {
     // at W = 4 was slower fused); W >= 5: decomposed.
     for (int W : {3, 4}) {
       const std::string w = " W=" + std::to_string(W);
-      check(auto_algo(W, 8192, 8192, K_r, false) == k::FusedAlgo::kFused, "kAuto 8192x8192 f32: fused" + w + kr);
+      check(auto_algo(W, 8192, 8192, K_r, false) == k::FusedAlgo::kFused,
+            "kAuto 8192x8192 f32: fused" + w + kr);
       check(auto_algo(W, 4096, 4096, K_r, true) == k::FusedAlgo::kFused,
             "kAuto 4096x4096 bf16 partials: fused" + w + kr);
       check(auto_algo(W, 2048, 8192, K_r, true) == k::FusedAlgo::kDecomposed,

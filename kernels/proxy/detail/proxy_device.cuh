@@ -19,8 +19,7 @@ struct ProxyWrite {
 // Polls until ready() holds: kProxyOk, or kProxyAborted once the ring's abort word is set (the
 // proxy failed or the host aborted), or kProxyTimeout after timeout_ns. Backs off up to 2 us.
 template <class Ready>
-__device__ __forceinline__ uint32_t proxy_poll(const ProxyRingDevice& r, uint64_t timeout_ns,
-                                               Ready ready) {
+__device__ __forceinline__ uint32_t proxy_poll(const ProxyRingDevice& r, uint64_t timeout_ns, Ready ready) {
   if (ready()) return kProxyOk;
   const uint64_t t0 = globaltimer_ns();
   uint32_t backoff = 32;
@@ -39,15 +38,13 @@ __device__ __forceinline__ uint32_t proxy_poll(const ProxyRingDevice& r, uint64_
 // the release of the command's seq is cumulative over them.
 // Returns kProxyOk, or kProxyAborted / kProxyTimeout while the ring stayed full (then the ring
 // is aborted: a reserved slot that is never filled would stall the proxy).
-inline __device__ __noinline__ uint32_t proxy_post_write(const ProxyRingDevice& r,
-                                                         const ProxyWrite& w,
+inline __device__ __noinline__ uint32_t proxy_post_write(const ProxyRingDevice& r, const ProxyWrite& w,
                                                          uint64_t timeout_ns) {
   const uint64_t slot = atomicAdd(r.next, 1ull);
   // consumed only grows and never passes this slot's predecessors, so slot - consumed is
   // well-defined; acquire: the proxy's reads of the old command in this slot are done.
-  const uint32_t s = proxy_poll(r, timeout_ns, [&] {
-    return slot - ld_acquire_sys(&r.header->consumed) < r.capacity;
-  });
+  const uint32_t s =
+      proxy_poll(r, timeout_ns, [&] { return slot - ld_acquire_sys(&r.header->consumed) < r.capacity; });
   if (s == kProxyTimeout) st_release_sys(&r.header->abort, 1);
   if (s != kProxyOk) return s;
   rdma::ProxyCommand* c = &r.slots[slot & (r.capacity - 1)];
@@ -69,9 +66,8 @@ inline __device__ __noinline__ uint32_t proxy_post_write(const ProxyRingDevice& 
 // Waits until *signal >= value (a word the transport raises with release ordering after the
 // payload; acquire here: this thread's later reads, and those of threads that synchronise with
 // it through a barrier, see the payload). Results as proxy_poll.
-inline __device__ __noinline__ uint32_t proxy_wait_signal(const ProxyRingDevice& r,
-                                                          const uint64_t* signal, uint64_t value,
-                                                          uint64_t timeout_ns) {
+inline __device__ __noinline__ uint32_t proxy_wait_signal(const ProxyRingDevice& r, const uint64_t* signal,
+                                                          uint64_t value, uint64_t timeout_ns) {
   return proxy_poll(r, timeout_ns, [&] { return ld_acquire_sys(signal) >= value; });
 }
 

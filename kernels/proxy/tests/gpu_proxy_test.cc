@@ -28,9 +28,9 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/proxy/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
+#include "kernels/proxy/proxy.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 #include "support/proxy_test_support.h"
@@ -46,7 +46,7 @@ using namespace std::chrono_literals;
 
 constexpr uint32_t kRingCapacity = 64;
 constexpr uint64_t kBoxBytes = 192ull << 20;  // outbox and inbox: up to 48 slots of 4 MiB
-constexpr uint64_t kSignalBytes = 4096;      // one 8-byte signal word per stream
+constexpr uint64_t kSignalBytes = 4096;       // one 8-byte signal word per stream
 
 struct StreamResult {
   uint32_t status = 0, mismatches = 0;
@@ -54,9 +54,9 @@ struct StreamResult {
 };
 
 // Runs one stream (both ranks call it with the same sizes; `sig` picks a fresh signal word).
-StreamResult run_stream(const ProxyEndpoint& ep, int rank, const ProxyBlob& peer, int sig,
-                        uint64_t bytes, uint32_t depth, uint32_t count, uint32_t seed,
-                        bool check_words, uint64_t timeout_ns, int role = -1) {
+StreamResult run_stream(const ProxyEndpoint& ep, int rank, const ProxyBlob& peer, int sig, uint64_t bytes,
+                        uint32_t depth, uint32_t count, uint32_t seed, bool check_words, uint64_t timeout_ns,
+                        int role = -1) {
   uint32_t* d = nullptr;
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d), 8));
   CUDA_OK(cudaMemset(d, 0, 8));
@@ -67,8 +67,7 @@ StreamResult run_stream(const ProxyEndpoint& ep, int rank, const ProxyBlob& peer
   t.outbox = static_cast<uint8_t*>(ep.outbox.dev);
   t.inbox = static_cast<const uint8_t*>(ep.inbox.dev);
   t.signal_offset = 8ull * sig;
-  t.my_signal =
-      reinterpret_cast<const uint64_t*>(static_cast<uint8_t*>(ep.signal.dev) + t.signal_offset);
+  t.my_signal = reinterpret_cast<const uint64_t*>(static_cast<uint8_t*>(ep.signal.dev) + t.signal_offset);
   t.outbox_key = ep.out_key;
   t.peer_inbox_key = peer.inbox_key;
   t.peer_signal_key = peer.signal_key;
@@ -105,11 +104,9 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
   int sig = 0;
   auto stream = [&](const char* name, uint64_t bytes, uint32_t depth, uint32_t count, bool chk) {
     const uint32_t s = static_cast<uint32_t>(fusedcomm::testing::mix(seed + sig));
-    const StreamResult res = run_stream(ep, rank, peer, sig++, bytes, depth, count, s, chk,
-                                        20 * second);
-    check(res.status == k::kProxyOk, std::string(name) + ": rank " + std::to_string(rank) +
-                                         " status " + std::to_string(res.status) + ", proxy: " +
-                                         ep.proxy_error());
+    const StreamResult res = run_stream(ep, rank, peer, sig++, bytes, depth, count, s, chk, 20 * second);
+    check(res.status == k::kProxyOk, std::string(name) + ": rank " + std::to_string(rank) + " status " +
+                                         std::to_string(res.status) + ", proxy: " + ep.proxy_error());
     check(res.mismatches == 0, std::string(name) + ": rank " + std::to_string(rank) + " " +
                                    std::to_string(res.mismatches) + " words differ");
     g.barrier();
@@ -137,14 +134,12 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
     g.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     if (rank == 0) {
-      const StreamResult res = run_stream(ep, rank, peer, sig, kMsg, kCount, kCount, s, false,
-                                          20 * second);
+      const StreamResult res = run_stream(ep, rank, peer, sig, kMsg, kCount, kCount, s, false, 20 * second);
       check(res.status == k::kProxyOk, "one way: sender status " + std::to_string(res.status));
     } else {
-      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(
-          static_cast<uint8_t*>(ep.signal.host) + 8ull * sig));
-      while (word.load(std::memory_order_acquire) < kCount &&
-             std::chrono::steady_clock::now() - t0 < 20s) {
+      std::atomic_ref<uint64_t> word(
+          *reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(ep.signal.host) + 8ull * sig));
+      while (word.load(std::memory_order_acquire) < kCount && std::chrono::steady_clock::now() - t0 < 20s) {
         std::this_thread::yield();
       }
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -159,8 +154,10 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
         }
       }
       check(bad == 0, "one way: " + std::to_string(bad) + " words differ");
-      std::printf("  one way, 48 x 4 MiB (GPU -> ring -> proxy -> TCP loopback -> host memory, "
-                  "no kernel on the receiver): %.2f GB/s\n", kCount * kMsg / secs / 1e9);
+      std::printf(
+          "  one way, 48 x 4 MiB (GPU -> ring -> proxy -> TCP loopback -> host memory, "
+          "no kernel on the receiver): %.2f GB/s\n",
+          kCount * kMsg / secs / 1e9);
     }
     ++sig;
     g.barrier();
@@ -206,14 +203,16 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
         const float want = value(0, i) + value(1, i);
         bad += std::memcmp(&x[i], &want, 4) != 0;
       }
-      const std::string what = "allReduce of " + std::to_string(count) + " fp32: rank " +
-                               std::to_string(rank);
+      const std::string what =
+          "allReduce of " + std::to_string(count) + " fp32: rank " + std::to_string(rank);
       check(st == k::kProxyOk, what + " status " + std::to_string(st) + ", proxy: " + ep.proxy_error());
       check(bad == 0, what + ": " + std::to_string(bad) + " elements differ from x_0 + x_1");
       if (rank == 0 && count == (int64_t{4} << 20)) {
-        std::printf("  allReduce across 2 hosts, 16 MiB fp32 (256 KiB chunks): %.3f ms, %.2f GB/s "
-                    "algbw%s\n", secs * 1e3, count * 4.0 / secs / 1e9,
-                    gpus == 1 ? " (one GPU: each chunk waits for a context switch)" : "");
+        std::printf(
+            "  allReduce across 2 hosts, 16 MiB fp32 (256 KiB chunks): %.3f ms, %.2f GB/s "
+            "algbw%s\n",
+            secs * 1e3, count * 4.0 / secs / 1e9,
+            gpus == 1 ? " (one GPU: each chunk waits for a context switch)" : "");
       }
     }
     CUDA_OK(cudaFree(status));
@@ -251,8 +250,11 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int replay = 0; replay < 5; ++replay) {
       auto value = [&](int r, int64_t i) {
-        return static_cast<float>(static_cast<int>(fusedcomm::testing::mix(seed ^ (uint64_t(r) << 40) ^
-                                                                           (uint64_t(replay) << 32) ^ uint64_t(i)) % 64) - 32);
+        return static_cast<float>(
+            static_cast<int>(
+                fusedcomm::testing::mix(seed ^ (uint64_t(r) << 40) ^ (uint64_t(replay) << 32) ^ uint64_t(i)) %
+                64) -
+            32);
       };
       std::vector<float> x(count);
       for (int64_t i = 0; i < count; ++i) x[i] = value(rank, i);
@@ -265,8 +267,8 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
       CUDA_OK(cudaMemcpy(x.data(), d, count * 4, cudaMemcpyDeviceToHost));
       int64_t bad = 0;
       for (int64_t i = 0; i < count; ++i) bad += x[i] != value(0, i) + value(1, i);
-      const std::string what = "graph replay " + std::to_string(replay) + " of a captured allReduce: rank " +
-                               std::to_string(rank);
+      const std::string what =
+          "graph replay " + std::to_string(replay) + " of a captured allReduce: rank " + std::to_string(rank);
       check(st == k::kProxyOk, what + " status " + std::to_string(st) + ", proxy: " + ep.proxy_error());
       check(bad == 0, what + ": " + std::to_string(bad) + " elements differ from x_0 + x_1");
       g.barrier();  // both ranks checked before the next replay's input overwrites d
@@ -274,11 +276,13 @@ int rank_main(ProcessGroup& g, int gpus, uint64_t seed) {
     unsigned long long used = 0;
     CUDA_OK(cudaMemcpy(&used, counter, 8, cudaMemcpyDeviceToHost));
     check(used == 5 * k::proxy_collective_chunks(a), "graph replay: the device counter advanced by " +
-                                                         std::to_string(used) + " values, not 5 x the op's chunks");
+                                                         std::to_string(used) +
+                                                         " values, not 5 x the op's chunks");
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaStreamDestroy(s));
-    for (void* p : {static_cast<void*>(status), static_cast<void*>(counter), static_cast<void*>(d)}) cudaFree(p);
+    for (void* p : {static_cast<void*>(status), static_cast<void*>(counter), static_cast<void*>(d)})
+      cudaFree(p);
     g.barrier();
   }
 

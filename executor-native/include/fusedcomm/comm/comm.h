@@ -65,8 +65,8 @@ class Comm {
   // ---- collectives (fusedcomm.h: `count` is the whole tensor's element count) ---------------
   virtual void all_gather(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
                           cudaStream_t stream) = 0;
-  virtual void reduce_scatter(const OpDesc& desc, DType dtype, const void* in, void* out,
-                              int64_t count, cudaStream_t stream) = 0;
+  virtual void reduce_scatter(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
+                              cudaStream_t stream) = 0;
   virtual void all_reduce(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
                           cudaStream_t stream) = 0;
   virtual void all_to_all(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
@@ -77,15 +77,14 @@ class Comm {
                                   int iters) = 0;
 
   // ---- fused GEMM + communication ----------------------------------------------------------
-  virtual void all_gather_gemm(const OpDesc& desc, DType dtype, const void* a_local, const void* w,
-                               void* c, void* gathered, int64_t m, int64_t n_local, int64_t k,
-                               WeightLayout layout, cudaStream_t stream) = 0;
-  virtual void gemm_reduce_scatter(const OpDesc& desc, DType dtype, const void* a, const void* w,
-                                   void* c, int64_t m, int64_t n, int64_t k_local,
-                                   WeightLayout layout, PartialPrecision partials,
-                                   cudaStream_t stream) = 0;
-  virtual void gemm_all_reduce(const OpDesc& desc, DType dtype, const void* a, const void* w,
-                               void* c, int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
+  virtual void all_gather_gemm(const OpDesc& desc, DType dtype, const void* a_local, const void* w, void* c,
+                               void* gathered, int64_t m, int64_t n_local, int64_t k, WeightLayout layout,
+                               cudaStream_t stream) = 0;
+  virtual void gemm_reduce_scatter(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
+                                   int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
+                                   PartialPrecision partials, cudaStream_t stream) = 0;
+  virtual void gemm_all_reduce(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
+                               int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
                                PartialPrecision partials, cudaStream_t stream) = 0;
   // How a fused op (kAllGatherGemm: m, n_local, k; the other two: m, n, k_local) would run on
   // this rank with these sizes, in a phrase for logs. Nothing is launched or exchanged.
@@ -94,14 +93,12 @@ class Comm {
 
   // ---- MoE and attention ------------------------------------------------------------------
   virtual std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
-      const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden,
-      const int32_t* topk_ids, const float* topk_weights, int topk, int64_t num_experts,
-      const void* w1_local, int64_t ffn) = 0;
+      const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+      const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) = 0;
   virtual void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout,
                            const void* expert_out, int64_t width, void* out) = 0;
   virtual void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
-                              const void* q, const void* k, const void* v, void* o,
-                              float* lse) = 0;
+                              const void* q, const void* k, const void* v, void* o, float* lse) = 0;
 
   // ---- teardown: finish (drain), close (free), abort (stop now) -----------------------------
   // Waits for the ops enqueued on streams and throws the first device failure (cuda).

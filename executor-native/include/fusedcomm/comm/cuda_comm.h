@@ -44,16 +44,16 @@
 #include <string>
 #include <vector>
 
-#include "kernels/collectives/collectives.h"
-#include "kernels/ag_gemm/ag_gemm.h"
-#include "kernels/common/fused.h"
-#include "kernels/gemm_ar/gemm_ar.h"
-#include "kernels/gemm_rs/gemm_rs.h"
-#include "kernels/gemm/gemm.h"
 #include "fusedcomm/comm/comm.h"
 #include "fusedcomm/runtime/host_layout.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "fusedcomm/runtime/transport_exchanger.h"
+#include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/common/fused.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 
 namespace fusedcomm {
 
@@ -86,8 +86,7 @@ class CudaComm final : public Comm {
                   cudaStream_t stream) override;
   void all_to_all(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
                   cudaStream_t stream) override;
-  int64_t time_collective(Op op, DType dtype, const void* in, void* out, int64_t count,
-                          int iters) override;
+  int64_t time_collective(Op op, DType dtype, const void* in, void* out, int64_t count, int iters) override;
   // The four collectives above (op: one of them); `count` as in fusedcomm.h.
   void collective(Op op, DType dtype, const void* in, void* out, int64_t count, cudaStream_t stream);
 
@@ -95,15 +94,15 @@ class CudaComm final : public Comm {
                        void* gathered, int64_t m, int64_t n_local, int64_t k, WeightLayout layout,
                        cudaStream_t stream) override;
   // Row block r of Σ_s A_s · op(W_s): A M×K_r, out split_count(M,W,r)×N.
-  void gemm_reduce_scatter(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
-                           int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
-                           PartialPrecision partials, cudaStream_t stream) override;
+  void gemm_reduce_scatter(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c, int64_t m,
+                           int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                           cudaStream_t stream) override;
   // Σ_s A_s · op(W_s) (M×N) on every rank, the same bits everywhere (kF32AnyOrder is summed
   // like kF32). fp32 partials may use the communicator's workspace: run the op once before
   // capturing it in a CUDA graph.
-  void gemm_all_reduce(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
-                       int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
-                       PartialPrecision partials, cudaStream_t stream) override;
+  void gemm_all_reduce(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c, int64_t m,
+                       int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                       cudaStream_t stream) override;
   // The path the op's plan picks and, fused, the SM split and how peers' data moves, from the
   // kernels' *_info with the arguments the op itself passes. Throws what the op would for
   // sizes it refuses; says so where the data area is too small. The path is the same on every
@@ -112,13 +111,12 @@ class CudaComm final : public Comm {
                              PartialPrecision partials) const override;
 
   std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
-      const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden,
-      const int32_t* topk_ids, const float* topk_weights, int topk, int64_t num_experts,
-      const void* w1_local, int64_t ffn) override;
-  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout,
-                   const void* expert_out, int64_t width, void* out) override;
-  void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
-                      const void* q, const void* k, const void* v, void* o, float* lse) override;
+      const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+      const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) override;
+  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout, const void* expert_out,
+                   int64_t width, void* out) override;
+  void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
+                      const void* k, const void* v, void* o, float* lse) override;
 
   void synchronize() override;
   // This rank's ops are complete (device), then the host half's barrier.
@@ -139,17 +137,16 @@ class CudaComm final : public Comm {
 
  private:
   void check_usable() const;
-  void raise_device_failure();                    // the error record, as an exception
-  cudaStream_t begin(cudaStream_t stream);        // checks, pins, orders after the previous op
-  void end(cudaStream_t s, bool sync);            // records the op; waits and raises if sync
+  void raise_device_failure();              // the error record, as an exception
+  cudaStream_t begin(cudaStream_t stream);  // checks, pins, orders after the previous op
+  void end(cudaStream_t s, bool sync);      // records the op; waits and raises if sync
   void join_previous(cudaStream_t s);
   // "needs <bytes> bytes of symmetric memory, more than its <area>-byte data area"
   std::string shortfall(uint64_t bytes) const;
   void require_fits(const char* op, uint64_t bytes) const;
   // allReduce of `count` elements on s (begun): one kernel where the input fits the data area,
   // else pieces of its size; across hosts, each piece hierarchically. in may alias out.
-  void enqueue_all_reduce(kernels::CommDtype dtype, const void* in, void* out, int64_t count,
-                          cudaStream_t s);
+  void enqueue_all_reduce(kernels::CommDtype dtype, const void* in, void* out, int64_t count, cudaStream_t s);
   void* workspace(uint64_t bytes);
   // The stream-K workspace (kernels/gemm/gemm.h) of the GEMMs this communicator launches
   // itself (the decomposed paths), made on the first such op (~33 MiB, zeroed on s): its ops

@@ -29,29 +29,27 @@ class HostComm final : public Comm {
                   cudaStream_t stream) override;
   void all_to_all(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,
                   cudaStream_t stream) override;
-  int64_t time_collective(Op op, DType dtype, const void* in, void* out, int64_t count,
-                          int iters) override;
+  int64_t time_collective(Op op, DType dtype, const void* in, void* out, int64_t count, int iters) override;
 
   void all_gather_gemm(const OpDesc& desc, DType dtype, const void* a_local, const void* w, void* c,
                        void* gathered, int64_t m, int64_t n_local, int64_t k, WeightLayout layout,
                        cudaStream_t stream) override;
-  void gemm_reduce_scatter(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
-                           int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
-                           PartialPrecision partials, cudaStream_t stream) override;
-  void gemm_all_reduce(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c,
-                       int64_t m, int64_t n, int64_t k_local, WeightLayout layout,
-                       PartialPrecision partials, cudaStream_t stream) override;
+  void gemm_reduce_scatter(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c, int64_t m,
+                           int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                           cudaStream_t stream) override;
+  void gemm_all_reduce(const OpDesc& desc, DType dtype, const void* a, const void* w, void* c, int64_t m,
+                       int64_t n, int64_t k_local, WeightLayout layout, PartialPrecision partials,
+                       cudaStream_t stream) override;
   std::string describe_fused(Op op, int64_t m, int64_t n, int64_t k,
                              PartialPrecision partials) const override;
 
   std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
-      const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden,
-      const int32_t* topk_ids, const float* topk_weights, int topk, int64_t num_experts,
-      const void* w1_local, int64_t ffn) override;
-  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout,
-                   const void* expert_out, int64_t width, void* out) override;
-  void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
-                      const void* q, const void* k, const void* v, void* o, float* lse) override;
+      const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+      const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) override;
+  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout, const void* expert_out,
+                   int64_t width, void* out) override;
+  void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
+                      const void* k, const void* v, void* o, float* lse) override;
 
   void synchronize() override {}
   void finish() override;

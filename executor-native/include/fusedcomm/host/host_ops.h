@@ -45,16 +45,16 @@ void gemm(DType t, const void* a, const void* w, void* c, int64_t m, int64_t n, 
 
 // a_local: split_count(m, W, r) × k; w: n_local × k (kNK) or k × n_local (kKN);
 // c: m × n_local = allGather(a) · op(w); gathered_a: m × k or nullptr.
-void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w, void* c,
-                     void* gathered_a, int64_t m, int64_t n_local, int64_t k, WeightLayout layout);
+void all_gather_gemm(Exchanger& ex, DType t, const void* a_local, const void* w, void* c, void* gathered_a,
+                     int64_t m, int64_t n_local, int64_t k, WeightLayout layout);
 // a: m × k_local; w: n × k_local (kNK) or k_local × n (kKN);
 // c: rows block r (split_count(m, W, r) × n) of sum_s a_s · op(w_s).
-void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                         int64_t n, int64_t k_local, WeightLayout layout,
+void gemm_reduce_scatter(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m, int64_t n,
+                         int64_t k_local, WeightLayout layout,
                          PartialPrecision partials = PartialPrecision::kF32);
 // as above, c: m × n, the whole sum on every rank (the same bits on every rank).
-void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m,
-                     int64_t n, int64_t k_local, WeightLayout layout,
+void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void* c, int64_t m, int64_t n,
+                     int64_t k_local, WeightLayout layout,
                      PartialPrecision partials = PartialPrecision::kF32);
 
 // ---- MoE ----------------------------------------------------------------------------------
@@ -65,8 +65,8 @@ void gemm_all_reduce(Exchanger& ex, DType t, const void* a, const void* w, void*
 struct MoeLayout {
   int world = 1, rank = 0, topk = 0;
   int64_t num_experts = 0, first_local_expert = 0, local_experts = 0;
-  int64_t tokens = 0;                   // this rank's T
-  std::vector<int64_t> expert_offsets;  // local_experts + 1 row offsets into the received rows
+  int64_t tokens = 0;                                  // this rank's T
+  std::vector<int64_t> expert_offsets;                 // local_experts + 1 row offsets into the received rows
   std::vector<int32_t> src_rank, src_token, src_slot;  // per received row
   std::vector<float> weight;                           // per received row
   // For combine: this rank's (token, slot) pairs in the order they were sent, per destination.
@@ -82,27 +82,26 @@ struct MoeDispatchResult {
 
 // x: tokens × hidden; topk_ids, topk_weights: tokens × topk (ids in [0, num_experts));
 // w1_local: local_experts × ffn × hidden (each W1_e in kNK layout).
-MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens,
-                                    int64_t hidden, const int32_t* topk_ids,
-                                    const float* topk_weights, int topk, int64_t num_experts,
-                                    const void* w1_local, int64_t ffn);
+MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens, int64_t hidden,
+                                    const int32_t* topk_ids, const float* topk_weights, int topk,
+                                    int64_t num_experts, const void* w1_local, int64_t ffn);
 // expert_out: layout.rows() × width (rows in the layout's order); out: layout.tokens × width,
 // out[t] = sum over slots k of weight(t, k) · expert_out[row of (t, k)], fp32, slot order.
-void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out,
-                 int64_t width, void* out);
+void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out, int64_t width,
+                 void* out);
 
 // ---- ring attention -------------------------------------------------------------------------
 struct AttentionShape {
-  int64_t batch = 1, seq = 0;          // seq: the whole sequence; rank r holds split_count(seq,W,r)
-  int64_t q_heads = 1, kv_heads = 1;   // q_heads % kv_heads == 0 (grouped-query)
+  int64_t batch = 1, seq = 0;         // seq: the whole sequence; rank r holds split_count(seq,W,r)
+  int64_t q_heads = 1, kv_heads = 1;  // q_heads % kv_heads == 0 (grouped-query)
   int64_t head_dim = 0;
-  bool causal = false;                 // by global position: query i sees keys j <= i
-  float scale = 0.f;                   // 0: 1 / sqrt(head_dim)
+  bool causal = false;  // by global position: query i sees keys j <= i
+  float scale = 0.f;    // 0: 1 / sqrt(head_dim)
 };
 // q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32, natural log of the
 // softmax denominator over the whole (visible) sequence. K/V blocks travel around the ring
 // (rank r sends to r+1), W-1 steps.
-void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const void* q,
-                    const void* k, const void* v, void* o, float* lse);
+void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const void* q, const void* k,
+                    const void* v, void* o, float* lse);
 
 }  // namespace fusedcomm::host

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "kernels/gemm/gemm.h"
 #include "fusedcomm/types.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fusedcomm {
 

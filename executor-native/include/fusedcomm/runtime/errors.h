@@ -28,8 +28,8 @@ class Error : public std::runtime_error {
 
 [[noreturn]] inline void fail(ErrorKind kind, const std::string& what) { throw Error(kind, what); }
 
-#define FC_REQUIRE(cond, msg)                                                  \
-  do {                                                                         \
+#define FC_REQUIRE(cond, msg)                                                      \
+  do {                                                                             \
     if (!(cond)) ::fusedcomm::fail(::fusedcomm::ErrorKind::kInvalidArgument, msg); \
   } while (0)
 

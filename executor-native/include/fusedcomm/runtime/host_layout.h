@@ -11,9 +11,9 @@
 namespace fusedcomm {
 
 struct HostLayout {
-  int hosts = 1, host = 0;          // host ids 0..hosts-1 (the caller's numbering)
+  int hosts = 1, host = 0;  // host ids 0..hosts-1 (the caller's numbering)
   int local_rank = 0, local_world = 1;
-  std::vector<int> counterparts;    // [h]: the rank with this local rank on host h
+  std::vector<int> counterparts;             // [h]: the rank with this local rank on host h
   std::vector<std::vector<int>> host_ranks;  // [h]: the global ranks on host h, ascending
 
   // The global ranks on this rank's host, ascending.

@@ -36,11 +36,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/collectives/collectives.h"
-#include "kernels/proxy/proxy.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/runtime/mapped_host.h"
 #include "fusedcomm/runtime/runtime.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/proxy/proxy.h"
 
 namespace fusedcomm {
 
@@ -73,8 +73,7 @@ class InterHostLink {
   // blobs[h]: host h's counterpart (this rank's own at `host`). names[h]: how messages name it
   // ("rank 5 (host 1)"). comm_id: unique among the groups of this job on these transports.
   // Bounded by the runtime's connect timeout.
-  void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names,
-               uint64_t comm_id);
+  void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names, uint64_t comm_id);
 
   // The ops (kernels/proxy/proxy.h, ProxyCollective), enqueued on `stream`; device memory; every
   // counterpart calls the same op with the same counts and dtype. Sums are in fp32, in host
@@ -86,8 +85,8 @@ class InterHostLink {
                   kernels::CommDtype dtype, cudaStream_t stream);
   // reduceScatter: contributions[h] (counts[h] elements) is this rank's part of host h's block;
   // out (counts[host] elements; may be contributions[host]) gets the sum of this host's block.
-  void reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts,
-                      void* out, kernels::CommDtype dtype, cudaStream_t stream);
+  void reduce_scatter(const std::vector<void*>& contributions, const std::vector<int64_t>& counts, void* out,
+                      kernels::CommDtype dtype, cudaStream_t stream);
   // allToAll: sends[h] (send_counts[h] elements) goes to host h's counterpart; recvs[s]
   // (recv_counts[s]) gets what host s's counterpart sent. The own entries are not touched.
   void all_to_all(const std::vector<void*>& sends, const std::vector<int64_t>& send_counts,
@@ -116,7 +115,7 @@ class InterHostLink {
   const uint64_t chunk_bytes_;
   const int lanes_;
   std::unique_ptr<MappedHostMemory> outbox_, inbox_, signals_, ring_memory_;
-  std::vector<rdma::Region> regions_;  // outbox, inbox, signals
+  std::vector<rdma::Region> regions_;        // outbox, inbox, signals
   unsigned long long* next_slot_ = nullptr;  // device memory: each lane's ring's next slot,
                                              // then each lane's signal value base (kernels/proxy/proxy.h)
   volatile uint32_t* status_ = nullptr;      // in ring_memory_, after the rings (host address)

@@ -21,11 +21,11 @@ class SymmetricRegion;
 // Native code never reads environment variables.
 struct RuntimeConfig {
   Backend backend = Backend::kAuto;
-  int64_t timeout_ms = 60000;          // every wait inside an op
-  int64_t connect_timeout_ms = 30000;  // building a communicator's connections
-  int64_t chunk_bytes = 1 << 20;       // host backend: staging chunk per peer
-  int64_t symmetric_bytes = 128 << 20; // cuda backend: data area of the symmetric memory
-  std::string bind_host;               // transport listener; empty: this host
+  int64_t timeout_ms = 60000;           // every wait inside an op
+  int64_t connect_timeout_ms = 30000;   // building a communicator's connections
+  int64_t chunk_bytes = 1 << 20;        // host backend: staging chunk per peer
+  int64_t symmetric_bytes = 128 << 20;  // cuda backend: data area of the symmetric memory
+  std::string bind_host;                // transport listener; empty: this host
   // TCP streams per direction between counterparts on different hosts (InterHostLink's lanes),
   // and the transport's receiver threads: 1..4.
   int transport_streams = 2;
@@ -33,8 +33,8 @@ struct RuntimeConfig {
   // after an op between hosts is enqueued and after their last traffic (rdma/busy_poll.h):
   // 0..1,000,000 us; 0: they sleep whenever idle.
   int64_t busy_poll_us = 1000;
-  int gpu_ordinal = -1;                // the executor's GPU, -1: none assigned
-  uint64_t job_token = 0;              // the application's token (driver plugin)
+  int gpu_ordinal = -1;    // the executor's GPU, -1: none assigned
+  uint64_t job_token = 0;  // the application's token (driver plugin)
   // Native tests only (never set from Java): ranks of one host may share a GPU
   // (SymmetricConfig::allow_shared_gpu; correctness on a 1-GPU machine, timings meaningless).
   bool allow_shared_gpu = false;

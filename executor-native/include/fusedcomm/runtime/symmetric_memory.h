@@ -140,7 +140,7 @@ class SymmetricMemory {
 
   // The by-value handle for kernels (valid after connect(), until close()).
   const kernels::CommDevice& device() const { return dev_; }
-  int rank() const { return rank_; }    // local (see restrict_to)
+  int rank() const { return rank_; }  // local (see restrict_to)
   int world() const { return world_; }
   // This rank's data area (device pointer) and its size: callers place inputs here.
   void* data() const;
@@ -163,9 +163,9 @@ class SymmetricMemory {
 
  private:
   void bind_local(const std::vector<int>& members);  // rank_, world_, members_, dev_ from them
-  int rank_, world_;                  // as the kernels see them (local after restrict_to)
-  int global_rank_, global_world_;    // the communicator's, in the blob
-  std::vector<int> members_;          // global rank of each local rank
+  int rank_, world_;                                 // as the kernels see them (local after restrict_to)
+  int global_rank_, global_world_;                   // the communicator's, in the blob
+  std::vector<int> members_;                         // global rank of each local rank
   std::unique_ptr<SymmetricRegion> region_;
   std::vector<uint8_t*> mapped_;  // peers' regions opened here (null for self)
   kernels::CommDevice dev_{};

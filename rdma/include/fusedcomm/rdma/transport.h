@@ -44,20 +44,20 @@ struct Region {
 // One one-sided write. Offsets are in bytes from the start of the named region; both ranges
 // must lie inside their regions (the receiver checks and fails the connection otherwise).
 struct WriteOp {
-  int peer = -1;              // destination rank in the group
-  uint64_t src_key = 0;       // local region holding the payload
+  int peer = -1;         // destination rank in the group
+  uint64_t src_key = 0;  // local region holding the payload
   uint64_t src_offset = 0;
-  uint64_t dst_key = 0;       // peer's region receiving the payload
+  uint64_t dst_key = 0;  // peer's region receiving the payload
   uint64_t dst_offset = 0;
-  uint64_t bytes = 0;         // may be 0: a signal alone
-  uint64_t signal_key = 0;    // 0: no signal; else the peer region holding the 64-bit word
-  uint64_t signal_offset = 0; // 8-byte aligned
-  uint64_t signal_value = 0;  // receiver stores max(old, value), after the payload is visible
+  uint64_t bytes = 0;          // may be 0: a signal alone
+  uint64_t signal_key = 0;     // 0: no signal; else the peer region holding the 64-bit word
+  uint64_t signal_offset = 0;  // 8-byte aligned
+  uint64_t signal_value = 0;   // receiver stores max(old, value), after the payload is visible
 };
 
 struct GroupSpec {
-  uint64_t job_token = 0;     // the application's random token (driver plugin)
-  uint64_t comm_id = 0;       // distinguishes communicators of one job
+  uint64_t job_token = 0;  // the application's random token (driver plugin)
+  uint64_t comm_id = 0;    // distinguishes communicators of one job
   int rank = 0;
   int world = 1;
   std::vector<std::string> addresses;  // every rank's Transport::address(), by rank
