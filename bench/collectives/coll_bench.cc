@@ -20,9 +20,9 @@
 
 #include "bench/common/bench_util.h"
 #include "bench/common/check.h"
+#include "bench/common/ranks.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "kernels/collectives/collectives.h"
-#include "support/process_group.h"
 
 namespace b = fusedcomm::bench;
 namespace k = fusedcomm::kernels;
@@ -147,16 +147,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       sm->raise_if_failed();
       const b::Mismatch m = b::check_collective(
           static_cast<int>(s.op), static_cast<const __nv_bfloat16*>(a.output), a.count, W, r, st);
-      std::vector<uint8_t> mine(sizeof m);
-      std::memcpy(mine.data(), &m, sizeof m);
-      const auto all = g.all_gather(mine);
-      bool ok = true;
-      for (int p = 0; p < W; ++p) {
-        b::Mismatch q;
-        std::memcpy(&q, all[p].data(), sizeof q);
-        if (q.count == 0) continue;
-        ok = false;
-        if (r == 0) {
+      const auto bad = b::failed_ranks(g, m);
+      if (r == 0) {
+        for (const auto& [p, q] : bad) {
           std::printf(
               "%-14s W=%d %11lld B  check FAILED on rank %d: %lld mismatches, first out[%lld] = %g, "
               "expected %g\n",
@@ -164,7 +157,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
               static_cast<long long>(q.index), q.got, q.want);
         }
       }
-      if (!ok) {
+      if (!bad.empty()) {
         ++failed;
         continue;
       }
@@ -241,12 +234,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "coll_bench: %s\n", e.what());
     return 1;
   }
-  const int gpus = b::count_gpus_in_child();
-  if (gpus < o.world) {
-    std::printf("SKIP: --world %d needs %d GPUs, %d visible\n", o.world, o.world, gpus);
-    return 77;
-  }
-  const int failed = fusedcomm::testing::run_processes(
-      o.world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, o); }, 500);
-  return failed == 0 ? 0 : 1;
+  return b::run_ranks(o.world, 500, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, o); });
 }

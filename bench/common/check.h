@@ -7,6 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
 
 namespace fusedcomm::bench {
 
@@ -38,6 +41,23 @@ struct Mismatch {
 // sum). NaN, the poison, always fails. Synchronises `stream`.
 Mismatch compare_gemm(const __nv_bfloat16* out, int64_t ldo, const float* ref, const float* absdot, int M,
                       int N, float partial_rel, cudaStream_t stream);
+
+// Every rank's result of one check, gathered through the drivers' process group (`all_gather`
+// of byte vectors): the ranks whose check failed, with their first mismatch, the same list on
+// every rank.
+template <typename Group>
+std::vector<std::pair<int, Mismatch>> failed_ranks(Group& g, const Mismatch& mine) {
+  std::vector<uint8_t> bytes(sizeof mine);
+  std::memcpy(bytes.data(), &mine, sizeof mine);
+  const auto all = g.all_gather(bytes);
+  std::vector<std::pair<int, Mismatch>> failed;
+  for (int p = 0; p < static_cast<int>(all.size()); ++p) {
+    Mismatch q;
+    std::memcpy(&q, all[p].data(), sizeof q);
+    if (q.count != 0) failed.emplace_back(p, q);
+  }
+  return failed;
+}
 
 // Two bf16 arrays bit for bit. Synchronises `stream`.
 Mismatch compare_exact(const __nv_bfloat16* got, const __nv_bfloat16* want, int64_t n, cudaStream_t stream);

@@ -33,6 +33,7 @@
 
 #include "bench/common/bench_util.h"
 #include "bench/common/check.h"
+#include "bench/common/ranks.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "kernels/ag_gemm/ag_gemm.h"
 #include "kernels/collectives/collectives.h"
@@ -40,7 +41,6 @@
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm_ar/gemm_ar.h"
 #include "kernels/gemm_rs/gemm_rs.h"
-#include "support/process_group.h"
 
 namespace b = fusedcomm::bench;
 namespace k = fusedcomm::kernels;
@@ -453,17 +453,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       }
       if (m.count > worst.count) worst = m, worst_what = what;
     }
-    if (is_ag) b::fill_uniform(G, int64_t(g_max), 98 + r, st);  // the GEMM alone reads G
-    std::vector<uint8_t> mine(sizeof worst);
-    std::memcpy(mine.data(), &worst, sizeof worst);
-    const auto checks = g.all_gather(mine);
-    bool ok = true;
-    for (int p = 0; p < W; ++p) {
-      b::Mismatch q;
-      std::memcpy(&q, checks[p].data(), sizeof q);
-      if (q.count == 0) continue;
-      ok = false;
-      if (r == 0) {
+    const auto bad = b::failed_ranks(g, worst);
+    if (r == 0) {
+      for (const auto& [p, q] : bad) {
         std::printf(
             "%-18s W=%d %-12s M=%d: check FAILED on rank %d: %lld mismatches, first [%lld] = %g, "
             "expected %g\n",
@@ -471,7 +463,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
             static_cast<long long>(q.index), q.got, q.want);
       }
     }
-    if (!ok) {
+    if (!bad.empty()) {
       if (r == 0 && !worst_what.empty()) std::printf("  (rank 0: %s)\n", worst_what.c_str());
       ++failed;
       continue;
@@ -534,12 +526,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fused_bench: %s\n", e.what());
     return 1;
   }
-  const int gpus = b::count_gpus_in_child();
-  if (gpus < o.world) {
-    std::printf("SKIP: --world %d needs %d GPUs, %d visible\n", o.world, o.world, gpus);
-    return 77;
-  }
-  const int failed = fusedcomm::testing::run_processes(
-      o.world, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, o); }, 600);
-  return failed == 0 ? 0 : 1;
+  return b::run_ranks(o.world, 600, [&](fusedcomm::testing::ProcessGroup& g) { return bench(g, o); });
 }
