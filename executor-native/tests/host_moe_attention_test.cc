@@ -8,16 +8,7 @@
 namespace {
 
 using namespace fusedcomm::testing::host_ops;
-using fusedcomm::Error;
-using fusedcomm::ErrorKind;
-using fusedcomm::Exchanger;
-using fusedcomm::RecvBlock;
-using fusedcomm::SendBlock;
-using fusedcomm::split_count;
-using fusedcomm::split_offset;
 using fusedcomm::testing::check;
-using fusedcomm::testing::run_ranks;
-using namespace fusedcomm::host;
 
 // ---- MoE --------------------------------------------------------------------------------------
 int ref_owner(int64_t expert, int64_t experts, int w) {

@@ -10,16 +10,7 @@
 namespace {
 
 using namespace fusedcomm::testing::host_ops;
-using fusedcomm::Error;
-using fusedcomm::ErrorKind;
-using fusedcomm::Exchanger;
-using fusedcomm::RecvBlock;
-using fusedcomm::SendBlock;
-using fusedcomm::split_count;
-using fusedcomm::split_offset;
 using fusedcomm::testing::check;
-using fusedcomm::testing::run_ranks;
-using namespace fusedcomm::host;
 
 // ---- split rule -----------------------------------------------------------------------------
 void test_split() {

@@ -15,5 +15,10 @@ inline void check(bool ok, const std::string& what) {
     std::fprintf(stderr, "FAIL: %s\n", what.c_str());
   }
 }
+// The last line of a one-process test: its counts, and its exit status (0: every check passed).
+inline int report(const char* test) {
+  std::printf("%s: %d passed, %d failed\n", test, g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
 
 }  // namespace fusedcomm::testing

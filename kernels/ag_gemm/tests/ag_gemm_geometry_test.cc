@@ -28,8 +28,6 @@ using fusedcomm::split_count;
 using fusedcomm::split_offset;
 
 using fusedcomm::testing::check;
-using fusedcomm::testing::g_failed;
-using fusedcomm::testing::g_passed;
 using fusedcomm::testing::geometry_device;
 
 void test_ag() {
@@ -388,6 +386,5 @@ int main() {
   test_ag_exchange_fallback();
   test_ag_ce_plan();
   test_ag_sweep();
-  std::printf("ag_gemm_geometry_test: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return fusedcomm::testing::report("ag_gemm_geometry_test");
 }

@@ -14,8 +14,6 @@ namespace {
 namespace k = fusedcomm::kernels;
 
 using fusedcomm::testing::check;
-using fusedcomm::testing::g_failed;
-using fusedcomm::testing::g_passed;
 using fusedcomm::testing::geometry_device;
 
 // The collectives' kAuto: one-shot for small messages, two-phase for large ones, and the push
@@ -82,6 +80,5 @@ void test_collective_choice() {
 
 int main() {
   test_collective_choice();
-  std::printf("collective_choice_test: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return fusedcomm::testing::report("collective_choice_test");
 }

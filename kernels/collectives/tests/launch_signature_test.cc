@@ -18,8 +18,6 @@ namespace {
 namespace k = fusedcomm::kernels;
 
 using fusedcomm::testing::check;
-using fusedcomm::testing::g_failed;
-using fusedcomm::testing::g_passed;
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 uint32_t u(k::CommOp op) { return static_cast<uint32_t>(op); }
@@ -172,6 +170,5 @@ int main() {
   test_fields();
   test_distinct();
   test_messages();
-  std::printf("launch_signature_test: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return fusedcomm::testing::report("launch_signature_test");
 }

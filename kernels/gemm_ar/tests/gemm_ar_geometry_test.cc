@@ -14,8 +14,6 @@ namespace {
 namespace k = fusedcomm::kernels;
 
 using fusedcomm::testing::check;
-using fusedcomm::testing::g_failed;
-using fusedcomm::testing::g_passed;
 using fusedcomm::testing::geometry_device;
 
 // gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
@@ -61,6 +59,5 @@ void test_ar() {
 
 int main() {
   test_ar();
-  std::printf("gemm_ar_geometry_test: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return fusedcomm::testing::report("gemm_ar_geometry_test");
 }

@@ -27,8 +27,6 @@ namespace {
 namespace k = fusedcomm::kernels;
 
 using fusedcomm::testing::check;
-using fusedcomm::testing::g_failed;
-using fusedcomm::testing::g_passed;
 using fusedcomm::testing::geometry_device;
 
 k::GemmRsArgs rs_args(int M, int N, int K_r, bool bf16) {
@@ -137,6 +135,5 @@ void test_rs() {
 
 int main() {
   test_rs();
-  std::printf("gemm_rs_geometry_test: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return fusedcomm::testing::report("gemm_rs_geometry_test");
 }
