@@ -8,7 +8,7 @@
 #   - with SPARK_HOME set: $SPARK_HOME/bin/spark-submit;
 #   - without: Spark's own org.apache.spark.deploy.SparkSubmit from the Maven classpath
 #     (examples/target/classpath.txt) on an embedded local-cluster, in Spark's testing mode
-#     (executors inherit the driver's classpath; see /work/shared/gpu-host/README.md).
+#     (spark.testing: local-cluster executors inherit the driver's classpath).
 # Either way the plugin jar arrives with --jars and is enabled with spark.plugins.
 #
 # Environment:

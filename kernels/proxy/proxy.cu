@@ -1,4 +1,4 @@
-// The GPU producers of the proxy ring (kernels/proxy.h): collectives across hosts, and the
+// The GPU producers of the proxy ring (kernels/proxy/proxy.h): collectives across hosts, and the
 // streaming test pair of gpu_proxy_test.
 #include "kernels/proxy/detail/proxy_device.cuh"
 #include "kernels/proxy/proxy.h"
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kProxyThreads, 1) proxy_collective_kernel(Prox
   __shared__ uint64_t value_base;
   int bad_peer = -1;  // thread 0: the host whose signal a failed wait was for
   // This CTA is lane `lane`: an independent pipeline over its region of every slot, with its own
-  // ring, receive and credit words and value counter (kernels/proxy.h, "Lanes").
+  // ring, receive and credit words and value counter (kernels/proxy/proxy.h, "Lanes").
   const uint32_t L = a.lanes, lane = blockIdx.x;
   if (threadIdx.x == 0) {
     status = kProxyOk;

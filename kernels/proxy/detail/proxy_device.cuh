@@ -1,4 +1,4 @@
-// The device side of the proxy ring (kernels/proxy.h): posting a write, and waiting for a
+// The device side of the proxy ring (kernels/proxy/proxy.h): posting a write, and waiting for a
 // signal word in mapped host memory. One thread calls each; both are bounded.
 #pragma once
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A model of the proxy collectives' chunk protocol (kernels/proxy.h, launch_proxy_collective),
+"""A model of the proxy collectives' chunk protocol (kernels/proxy/proxy.h, launch_proxy_collective),
 checked under random scheduling.
 Usage: proxy_protocol_model.py [--quick] [--depth D] [--lanes L] [--no-chunk0-credit] [--regions-per-chunk]
 

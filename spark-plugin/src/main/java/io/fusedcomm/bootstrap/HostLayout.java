@@ -22,7 +22,7 @@ import java.util.StringJoiner;
  * exception on every rank.
  */
 public final class HostLayout {
-  /** The most hosts one communicator spans (the proxy collectives' limit, kernels/proxy.h). */
+  /** The most hosts one communicator spans (the proxy collectives' limit, kernels/proxy/proxy.h). */
   public static final int MAX_HOSTS = 8;
 
   private final int[] hostOf;
