@@ -219,7 +219,8 @@ void exports() {
   check(lib != nullptr, std::string("dlopen libfusedcomm.so: ") + (lib ? "" : dlerror()));
   if (lib == nullptr) return;
   for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
-                          "fc_comm_describe_fused", "Java_io_fusedcomm_runtime_NativeApi_allReduce"}) {
+                          "fc_comm_describe_fused", "Java_io_fusedcomm_api_NativeOps_allReduce",
+                          "Java_io_fusedcomm_runtime_NativeApi_memStats"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
   check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,

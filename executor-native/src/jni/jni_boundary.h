@@ -107,8 +107,13 @@ T as(jlong value) {
 
 }  // namespace fusedcomm::jni
 
-// Declares a native method of io.fusedcomm.runtime.NativeApi.
-#define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
+// Declares a native method of io.fusedcomm.api.NativeOps: the entries that take addresses or
+// native handles (tensors, communicators, ops), package-private in Java.
+#define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_api_NativeOps_##name
+// Declares a native method of io.fusedcomm.runtime.NativeApi: availability, the executor runtime
+// and memory statistics.
+#define FC_RUNTIME_NATIVE(ret, name) \
+  extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
 
 #define FC_JNI_BEGIN try {
 #define FC_JNI_END(ret)                                                                     \

@@ -7,7 +7,6 @@ import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.bootstrap.RankInfoCodec;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
-import io.fusedcomm.runtime.NativeApi;
 import java.util.List;
 import java.util.Locale;
 import jcuda.runtime.cudaStream_t;
@@ -80,7 +79,7 @@ public final class Communicator implements AutoCloseable {
 
     synchronized void abort() {
       if (value != 0) {
-        NativeApi.commAbort(value);
+        NativeOps.commAbort(value);
       }
     }
 
@@ -146,7 +145,7 @@ public final class Communicator implements AutoCloseable {
     long handle;
     try {
       runtime.pinGpu();
-      handle = NativeApi.commCreate(runtime.handle(), rank, world);
+      handle = NativeOps.commCreate(runtime.handle(), rank, world);
     } catch (RuntimeException | Error e) {
       lease.close();
       throw e;
@@ -167,28 +166,28 @@ public final class Communicator implements AutoCloseable {
               runtime.gpuAddress().orElse(""),
               runtime.gpuUuid(),
               runtime.backend(),
-              NativeApi.commEndpoint(handle),
+              NativeOps.commEndpoint(handle),
               runtime.jobToken(),
               exchange.commNonce(),
               world,
               rank,
               plan.value(),
               plan.description(),
-              NativeApi.commDeviceHandle(handle));
+              NativeOps.commDeviceHandle(handle));
       List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
       BootstrapCheck.check(infos, world, rank, !shareGpu);
       HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
-      NativeApi.commConnect(
+      NativeOps.commConnect(
           handle, endpoints, rank, exchange.commNonce(), deviceHandles, layout.hostIds());
       return new Communicator(runtime, lease, owned, rank, world, infos, layout);
     } catch (RuntimeException | Error e) {
       // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
       long h = owned.take();
       try {
-        NativeApi.commAbort(h);
-        NativeApi.commClose(h);
+        NativeOps.commAbort(h);
+        NativeOps.commClose(h);
       } catch (RuntimeException suppressed) {
         e.addSuppressed(suppressed);
       } finally {
@@ -243,7 +242,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("in", in, Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
+      NativeOps.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
           streamHandle(stream));
     }
   }
@@ -263,7 +262,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("out", out, Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
+      NativeOps.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
           streamHandle(stream));
     }
   }
@@ -279,7 +278,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("out", out, in.numel());
     Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
     synchronized (lock) {
-      NativeApi.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), in.numel(),
+      NativeOps.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), in.numel(),
           streamHandle(stream));
     }
   }
@@ -300,7 +299,7 @@ public final class Communicator implements AutoCloseable {
     c.numel("out", out, world * Split.count(n, world, rank));
     Fingerprint fp = c.fingerprint().add("count", n).build();
     synchronized (lock) {
-      NativeApi.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
+      NativeOps.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
           streamHandle(stream));
     }
   }
@@ -312,18 +311,18 @@ public final class Communicator implements AutoCloseable {
    */
   public void synchronize() {
     synchronized (lock) {
-      NativeApi.commSynchronize(handle());
+      NativeOps.commSynchronize(handle());
     }
   }
 
   private static long streamHandle(cudaStream_t stream) {
-    return stream == null ? 0 : NativeApi.nativeHandle(stream);
+    return stream == null ? 0 : NativeOps.nativeHandle(stream);
   }
 
   /** Native-initiated timing of a collective, for {@link CommDiagnostics}. */
   long timeNative(Op op, Tensor in, Tensor out, long count, int iters) {
     synchronized (lock) {
-      return NativeApi.commTimeCollective(handle(), op.code(), in.dtype().code(), in.address(), out.address(), count,
+      return NativeOps.commTimeCollective(handle(), op.code(), in.dtype().code(), in.address(), out.address(), count,
           iters);
     }
   }
@@ -364,7 +363,7 @@ public final class Communicator implements AutoCloseable {
     }
     Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
     synchronized (lock) {
-      NativeApi.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(), aLocal.address(),
+      NativeOps.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(), aLocal.address(),
           w.address(), c.address(), gatheredA == null ? 0 : gatheredA.address(), m, nLocal, kDim, layout.code(),
           streamHandle(stream));
     }
@@ -436,10 +435,10 @@ public final class Communicator implements AutoCloseable {
         .add("partials", partials.name()).build();
     synchronized (lock) {
       if (scatter) {
-        NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
+        NativeOps.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
             w.address(), c.address(), m, n, kLocal, layout.code(), partials.code(), streamHandle(stream));
       } else {
-        NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
+        NativeOps.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
             w.address(), c.address(), m, n, kLocal, layout.code(), partials.code(), streamHandle(stream));
       }
     }
@@ -480,7 +479,7 @@ public final class Communicator implements AutoCloseable {
     }
     String path;
     synchronized (lock) {
-      path = NativeApi.commDescribeFused(handle(), fused.code(), m, n, k, partials.code());
+      path = NativeOps.commDescribeFused(handle(), fused.code(), m, n, k, partials.code());
     }
     boolean gather = fused == Op.ALL_GATHER_GEMM;
     return op + " M=" + m + (gather ? " N_r=" : " N=") + n + (gather ? " K=" : " K_r=") + k
@@ -514,12 +513,12 @@ public final class Communicator implements AutoCloseable {
     long ffn = w1Local.dim(1);
     Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
     synchronized (lock) {
-      long h = NativeApi.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(), x.address(),
+      long h = NativeOps.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(), x.address(),
           tokens, hidden, topkIds.address(), topkWeights.address(), (int) topk, numExperts, w1Local.address(), ffn);
       try {
         return new MoeDispatch(this, h, x.dtype(), hidden, ffn);
       } catch (RuntimeException e) {
-        NativeApi.moeFree(h);
+        NativeOps.moeFree(h);
         throw e;
       }
     }
@@ -540,7 +539,7 @@ public final class Communicator implements AutoCloseable {
     k.dim("expertOut", expertOut, 0, dispatch.rows()).dim("expertOut", expertOut, 1, width).dim("out", out, 0, dispatch.tokens());
     Fingerprint fp = k.fingerprint().add("width", width).build();
     synchronized (lock) {
-      NativeApi.moeCombine(handle(), fp.description(), fp.value(), out.dtype().code(), dispatch.handle(),
+      NativeOps.moeCombine(handle(), fp.description(), fp.value(), out.dtype().code(), dispatch.handle(),
           expertOut.address(), width, out.address());
     }
   }
@@ -578,7 +577,7 @@ public final class Communicator implements AutoCloseable {
     Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
         .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
     synchronized (lock) {
-      NativeApi.ringAttention(handle(), fp.description(), fp.value(), q.dtype().code(), b, s, hq, hkv, d,
+      NativeOps.ringAttention(handle(), fp.description(), fp.value(), q.dtype().code(), b, s, hq, hkv, d,
           options.causal(), options.scale(), q.address(), k.address(), v.address(), o.address(), lse.address());
     }
   }
@@ -600,7 +599,7 @@ public final class Communicator implements AutoCloseable {
     if (device && a.dtype() != DType.BF16) {
       throw new IllegalArgumentException("gemm: the GPU GEMM takes bf16 tensors, got " + a.dtype().label());
     }
-    NativeApi.gemm((device ? Backend.CUDA : Backend.HOST).code(), a.dtype().code(), a.address(), w.address(),
+    NativeOps.gemm((device ? Backend.CUDA : Backend.HOST).code(), a.dtype().code(), a.address(), w.address(),
         c.address(), a.dim(0), c.dim(1), a.dim(1), layout.code());
   }
 
@@ -612,7 +611,7 @@ public final class Communicator implements AutoCloseable {
    */
   public void finish() {
     synchronized (lock) {
-      NativeApi.commFinish(handle());
+      NativeOps.commFinish(handle());
     }
   }
 
@@ -639,7 +638,7 @@ public final class Communicator implements AutoCloseable {
       }
       LeakTracker.closed(leakId);
       try {
-        NativeApi.commClose(h);
+        NativeOps.commClose(h);
       } finally {
         lease.close();
       }

@@ -1,7 +1,6 @@
 package io.fusedcomm.api;
 
 import io.fusedcomm.runtime.LeakTracker;
-import io.fusedcomm.runtime.NativeApi;
 import jcuda.Pointer;
 import jcuda.runtime.JCuda;
 import jcuda.runtime.cudaMemcpyKind;
@@ -80,7 +79,7 @@ public final class DeviceTensor extends AbstractTensor implements AutoCloseable 
   @Override
   public synchronized long address() {
     if (address == 0) {
-      address = NativeApi.pointerAddress(pointer());
+      address = NativeOps.pointerAddress(pointer());
     }
     return address;
   }

@@ -1,7 +1,6 @@
 package io.fusedcomm.api;
 
 import io.fusedcomm.runtime.LeakTracker;
-import io.fusedcomm.runtime.NativeApi;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 
@@ -18,7 +17,7 @@ public final class HostTensor extends AbstractTensor implements AutoCloseable {
 
   private HostTensor(DType dtype, long[] shape) {
     super(dtype, shape);
-    this.address = NativeApi.memAlloc(numel * dtype.bytes());
+    this.address = NativeOps.memAlloc(numel * dtype.bytes());
     this.leakId = LeakTracker.opened("HostTensor" + java.util.Arrays.toString(shape));
   }
 
@@ -114,7 +113,7 @@ public final class HostTensor extends AbstractTensor implements AutoCloseable {
   public synchronized ByteBuffer buffer() {
     checkOpen();
     if (view == null) {
-      view = NativeApi.memView(address, byteSize()).order(ByteOrder.LITTLE_ENDIAN);
+      view = NativeOps.memView(address, byteSize()).order(ByteOrder.LITTLE_ENDIAN);
     }
     return view.duplicate().order(ByteOrder.LITTLE_ENDIAN);
   }
@@ -145,7 +144,7 @@ public final class HostTensor extends AbstractTensor implements AutoCloseable {
   @Override
   public synchronized void close() {
     if (address != 0) {
-      NativeApi.memFree(address);
+      NativeOps.memFree(address);
       address = 0;
       view = null;
       LeakTracker.closed(leakId);

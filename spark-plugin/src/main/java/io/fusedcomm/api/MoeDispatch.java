@@ -1,7 +1,6 @@
 package io.fusedcomm.api;
 
 import io.fusedcomm.runtime.LeakTracker;
-import io.fusedcomm.runtime.NativeApi;
 
 /**
  * The result of {@link Communicator#moeDispatchGemm}: this rank's routed rows (expert-major;
@@ -28,7 +27,7 @@ public final class MoeDispatch implements AutoCloseable {
   MoeDispatch(Communicator owner, long handle, DType dtype, long hidden, long ffn) {
     this.owner = owner;
     this.handle = handle;
-    long[] info = NativeApi.moeInfo(handle);
+    long[] info = NativeOps.moeInfo(handle);
     this.rows = info[0];
     this.firstLocalExpert = info[1];
     int localExperts = Math.toIntExact(info[2]);
@@ -37,7 +36,7 @@ public final class MoeDispatch implements AutoCloseable {
     this.expertOffsets = java.util.Arrays.copyOfRange(info, 5, 5 + localExperts + 1);
     this.expertOutput = HostTensor.allocate(dtype, rows, ffn);
     this.routedTokens = HostTensor.allocate(dtype, rows, hidden);
-    NativeApi.moeCopy(handle, expertOutput.address(), routedTokens.address());
+    NativeOps.moeCopy(handle, expertOutput.address(), routedTokens.address());
     this.leakId = LeakTracker.opened("MoeDispatch(" + rows + " rows)");
   }
 
@@ -111,7 +110,7 @@ public final class MoeDispatch implements AutoCloseable {
       srcToken = new int[n];
       slot = new int[n];
       weight = new float[n];
-      NativeApi.moeRowMeta(handle(), srcRank, srcToken, slot, weight);
+      NativeOps.moeRowMeta(handle(), srcRank, srcToken, slot, weight);
     }
   }
 
@@ -129,7 +128,7 @@ public final class MoeDispatch implements AutoCloseable {
   @Override
   public synchronized void close() {
     if (handle != 0) {
-      NativeApi.moeFree(handle);
+      NativeOps.moeFree(handle);
       handle = 0;
       expertOutput.close();
       routedTokens.close();
