@@ -220,7 +220,7 @@ void exports() {
   if (lib == nullptr) return;
   for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
                           "fc_comm_describe_fused", "Java_io_fusedcomm_api_NativeOps_allReduce",
-                          "Java_io_fusedcomm_runtime_NativeApi_memStats"}) {
+                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "JNI_OnLoad"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
   check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,
