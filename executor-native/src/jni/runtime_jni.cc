@@ -3,6 +3,9 @@
 // single-rank GEMM, JCuda handles). Argument conversion and one C API call each.
 #include <jni.h>
 
+#include <cstdint>
+#include <string>
+
 #include "jni_boundary.h"
 
 using fusedcomm::jni::as;
@@ -101,8 +104,14 @@ FC_NATIVE(void, memFree)(JNIEnv* env, jclass, jlong address) {
   FC_JNI_END()
 }
 
+// A direct ByteBuffer's capacity is a Java int: a larger view is refused, never wrapped.
 FC_NATIVE(jobject, memView)(JNIEnv* env, jclass, jlong address, jlong bytes) {
   FC_JNI_BEGIN
+  if (bytes < 0 || bytes > INT32_MAX) {
+    fusedcomm::jni::invalid("a view of " + std::to_string(bytes) + " bytes: a ByteBuffer holds 0 to " +
+                            std::to_string(INT32_MAX));
+  }
+  if (address == 0 && bytes > 0) fusedcomm::jni::invalid("a view of null memory");
   return env->NewDirectByteBuffer(as<void*>(address), bytes);
   FC_JNI_END(nullptr)
 }

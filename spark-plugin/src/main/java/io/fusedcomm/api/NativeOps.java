@@ -6,7 +6,8 @@ import java.nio.ByteBuffer;
 /**
  * The JNI entries of libfusedcomm.so that take memory addresses or native handles: host memory,
  * JCuda handles, communicators and the ops. Package-private on purpose: an address reaches
- * native code only from the tensor classes and {@link Communicator}. Each native method
+ * native code only from the tensor classes and {@link Communicator}, which hold the tensor for
+ * the call (so it cannot be freed under it) and have checked its size. Each native method
  * converts its arguments and calls one function of the C API ({@code
  * executor-native/include/fusedcomm/fusedcomm.h}); every one may throw the exceptions of {@code
  * io.fusedcomm.errors}, {@link IllegalArgumentException} or {@link IllegalStateException}.
@@ -36,7 +37,10 @@ final class NativeOps {
 
   static native void memFree(long address);
 
-  /** A direct buffer over {@code bytes} at {@code address}; it neither owns nor frees the memory. */
+  /**
+   * A direct buffer over {@code bytes} (0 to {@link Integer#MAX_VALUE}) at {@code address}; it
+   * neither owns nor frees the memory. Larger views are refused, never wrapped.
+   */
   static native ByteBuffer memView(long address, long bytes);
 
   /** With the cuda backend this also allocates (or borrows) the rank's symmetric memory. */
