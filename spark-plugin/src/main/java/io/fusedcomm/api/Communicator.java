@@ -5,6 +5,7 @@ import io.fusedcomm.bootstrap.Fingerprint;
 import io.fusedcomm.bootstrap.HostLayout;
 import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.bootstrap.RankInfoCodec;
+import io.fusedcomm.errors.CommunicatorException;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
 import java.util.List;
@@ -182,6 +183,7 @@ public final class Communicator implements AutoCloseable {
               plan.description(),
               NativeOps.commDeviceHandle(handle));
       List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
+      requireOneRankPerExecutor(infos);
       BootstrapCheck.check(infos, world, rank, !shareGpu);
       HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
@@ -202,6 +204,35 @@ public final class Communicator implements AutoCloseable {
       }
       throw e;
     }
+  }
+
+  /**
+   * Fails, on every rank alike, when two ranks run on one executor: their communicators would
+   * share the executor's transport (and GPU), which holds one rank of a communicator. Two ranks
+   * announce the same executor and the same transport listener only then.
+   */
+  private static void requireOneRankPerExecutor(List<RankInfo> infos) {
+    for (int j = 1; j < infos.size(); j++) {
+      for (int i = 0; i < j; i++) {
+        RankInfo a = infos.get(i);
+        RankInfo b = infos.get(j);
+        if (a.executorId().equals(b.executorId()) && listener(a).equals(listener(b))) {
+          throw new CommunicatorException("ranks " + i + " and " + j + " of this barrier stage run as tasks"
+              + " of one executor (executor " + a.executorId() + " on " + a.host() + "), but a communicator"
+              + " takes one task per executor: its transport and GPU serve one rank. Give each barrier task a"
+              + " whole executor: set spark.task.cpus to spark.executor.cores, or, with GPUs,"
+              + " spark.executor.resource.gpu.amount=1 and spark.task.resource.gpu.amount=1", j,
+              CommunicatorException.UNKNOWN, "bootstrap", CommunicatorException.UNKNOWN, null);
+        }
+      }
+    }
+  }
+
+  /** The transport listener of a rank's endpoint ("host:port#region"): what one executor shares. */
+  private static String listener(RankInfo info) {
+    String endpoint = info.transportAddress();
+    int hash = endpoint.lastIndexOf('#');
+    return hash < 0 ? endpoint : endpoint.substring(0, hash);
   }
 
   /** This rank. */

@@ -7,16 +7,23 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.fusedcomm.config.FusedCommConf;
+import io.fusedcomm.errors.CommunicatorException;
+import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.NativeApi;
 import io.fusedcomm.testing.HostWorld;
+import io.fusedcomm.testing.InJvmExchange;
 import java.lang.ref.Reference;
 import java.lang.reflect.Method;
 import java.lang.reflect.Modifier;
 import java.nio.ByteBuffer;
 import java.nio.FloatBuffer;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.CyclicBarrier;
 import java.util.concurrent.ExecutorService;
@@ -36,7 +43,8 @@ import org.junit.jupiter.api.Test;
  * Uses of the public API that once crashed the JVM or corrupted memory, each now ending in a
  * clear exception with the JVM alive (host backend, ranks as threads of this JVM): sizes that
  * overflow, a tensor closed by another thread while an op uses it, a view read after close, a
- * tensor class of the user's own, views over 2 GiB, and two threads in ops on one communicator. GPU variants: io.fusedcomm.gpu.GpuTensorSafetyTest;
+ * tensor class of the user's own, views over 2 GiB, two threads in ops on one communicator, and
+ * two ranks of one stage on one executor. GPU variants: io.fusedcomm.gpu.GpuTensorSafetyTest;
  * the exception classes loaded at start: ErrorClassesLoadedTest.
  */
 class MemorySafetyTest {
@@ -360,6 +368,43 @@ class MemorySafetyTest {
       }
     } finally {
       opThread.shutdownNow();
+    }
+  }
+
+  // ---- one rank per executor -----------------------------------------------------------------
+
+  @Test
+  void twoRanksOfOneStageOnOneExecutorNameTheCauseAndTheFix() throws Exception {
+    Map<String, String> conf = new HashMap<>(Map.of("spark.fusedcomm.backend", "host",
+        "spark.fusedcomm.timeout", "5s", "spark.fusedcomm.connectTimeout", "5s"));
+    String lib = System.getProperty("fusedcomm.test.nativeLibraryPath", "");
+    if (!lib.isEmpty()) {
+      conf.put("spark.fusedcomm.native.libraryPath", lib);
+    }
+    FusedCommConf host = FusedCommConf.fromMap(conf);
+    try (ExecutorRuntime shared = ExecutorRuntime.create(host, "7", Optional.empty(), 9L)) {
+      List<InJvmExchange> exchanges = InJvmExchange.group(2, 77L, 20_000);
+      ExecutorService ranks = Executors.newFixedThreadPool(2);
+      try {
+        List<Future<Communicator>> futures = new ArrayList<>();
+        for (InJvmExchange ex : exchanges) {
+          futures.add(ranks.submit(() -> Communicator.bootstrap(shared, ex, CommOptions.defaults())));
+        }
+        for (Future<Communicator> f : futures) {
+          java.util.concurrent.ExecutionException e =
+              assertThrows(java.util.concurrent.ExecutionException.class, () -> f.get(30, TimeUnit.SECONDS));
+          assertTrue(e.getCause() instanceof CommunicatorException, String.valueOf(e.getCause()));
+          String m = e.getCause().getMessage();
+          assertTrue(m.contains("ranks 0 and 1 of this barrier stage run as tasks of one executor"
+                  + " (executor 7")
+              && m.contains("one task per executor")
+              && m.contains("set spark.task.cpus to spark.executor.cores")
+              && m.contains("spark.task.resource.gpu.amount=1"), m);
+        }
+      } finally {
+        ranks.shutdownNow();
+      }
+      assertEquals(0, shared.openCommunicators(), "both failed bootstraps released the runtime");
     }
   }
 }
