@@ -1,9 +1,10 @@
 // capi_test: the C API (fusedcomm/fusedcomm.h) on the host backend, as a C caller sees it: a
 // status for every call and the detail in fc_last_error_message() (per thread); a closed
-// (null) handle, a null output pointer and out-of-range enum values refused; a runtime and a
-// one-rank communicator over the socket transport running a collective, a GEMM, describe_fused
-// and an MoE round trip with the results checked; the teardown verbs; and libfusedcomm.so
-// exporting the C API and the JNI entries. Host code only: runs everywhere.
+// (null) handle, a null output pointer, out-of-range enum values and sizes whose byte count
+// overflows refused; a runtime and a one-rank communicator over the socket transport running a
+// collective, a GEMM, describe_fused and an MoE round trip with the results checked; the
+// teardown verbs; and libfusedcomm.so exporting the C API and the JNI entries. Host code only:
+// runs everywhere.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -97,6 +98,18 @@ void one_rank(fc_runtime_t rt) {
         "allReduce at world 1 copies its input");
   check_fails(fc_all_reduce(comm, &desc, FC_DTYPE_I32, in.data(), out.data(), 3, nullptr),
               FC_STATUS_INVALID_ARGUMENT, "unsupported dtype 2 (f32 or bf16)", "an I32 allReduce");
+  // Sizes whose byte count overflows int64 are refused before any data moves (2^62 f32
+  // elements would wrap to 0 bytes).
+  check_fails(fc_all_to_all(comm, &desc, FC_DTYPE_F32, in.data(), out.data(), int64_t{1} << 62, nullptr),
+              FC_STATUS_INVALID_ARGUMENT,
+              "allToAll: in: 4611686018427387904 elements of 4 bytes are more than",
+              "an allToAll of 2^62 f32 elements");
+  check_fails(fc_all_gather(comm, &desc, FC_DTYPE_BF16, in.data(), out.data(), INT64_MAX, nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "more than a tensor can hold",
+              "an allGather of INT64_MAX elements");
+  check(fc_all_reduce(comm, &desc, FC_DTYPE_F32, in.data(), out.data(), 3, nullptr) == FC_STATUS_SUCCESS &&
+            out == in,
+        "the communicator still works after the refusals");
   check_fails(
       fc_all_reduce(comm, &desc, FC_DTYPE_F32, in.data(), out.data(), 3, reinterpret_cast<fc_stream_t>(8)),
       FC_STATUS_INVALID_ARGUMENT, "the host backend runs ops synchronously", "a stream on the host backend");
@@ -184,6 +197,12 @@ void single_rank_gemm_and_memory() {
         "host GEMM, KN");
   check_fails(fc_gemm(FC_BACKEND_AUTO, FC_DTYPE_F32, a, w, c, 1, 2, 2, FC_LAYOUT_KN),
               FC_STATUS_INVALID_ARGUMENT, "not auto", "a GEMM on backend auto");
+  check_fails(
+      fc_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w, c, int64_t{1} << 31, 2, int64_t{1} << 31, FC_LAYOUT_KN),
+      FC_STATUS_INVALID_ARGUMENT, "gemm: a: 2147483648 x 2147483648 elements", "a GEMM whose A overflows");
+  void* huge = nullptr;
+  check_fails(fc_host_alloc(size_t{1} << 62, &huge), FC_STATUS_INVALID_ARGUMENT, "is too large",
+              "a host allocation of 2^62 bytes");
   const char* report = nullptr;
   check(fc_availability(&report) == FC_STATUS_SUCCESS &&
             std::string(report).find("host: available") != std::string::npos,
@@ -200,7 +219,8 @@ void exports() {
   check(lib != nullptr, std::string("dlopen libfusedcomm.so: ") + (lib ? "" : dlerror()));
   if (lib == nullptr) return;
   for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
-                          "fc_comm_describe_fused", "Java_io_fusedcomm_runtime_NativeApi_allReduce"}) {
+                          "fc_comm_describe_fused", "Java_io_fusedcomm_api_NativeOps_allReduce",
+                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "JNI_OnLoad"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
   check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,

@@ -13,6 +13,7 @@
 #include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/rdma/errors.h"
 #include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/memory.h"
 #include "fusedcomm/runtime/runtime.h"
 
 // The opaque handles of fusedcomm.h.
@@ -107,6 +108,25 @@ inline Backend backend(fc_backend_t b) {
              "unknown backend " + std::to_string(static_cast<int>(b)));
   return static_cast<Backend>(b);
 }
+// The tensor `name` of `op`, `dims` elements of `elem_bytes` bytes, has a size that fits the
+// runtime's size arithmetic (memory.h: checked_bytes). Called for every tensor an op entry
+// receives, before the op derives a size from it.
+inline void require_size(const char* op, const char* name, int64_t elem_bytes,
+                         std::initializer_list<int64_t> dims) {
+  checked_bytes(dims, elem_bytes, std::string(op) + ": " + name);
+}
+inline void require_size(const char* op, const char* name, fc_dtype_t dtype,
+                         std::initializer_list<int64_t> dims) {
+  require_size(op, name, dtype == FC_DTYPE_BF16 ? 2 : 4, dims);
+}
+
+// The three matrices of a GEMM-shaped op (a: m x k, w: n x k or k x n, c: m x n).
+inline void require_gemm_sizes(const char* op, fc_dtype_t dtype, int64_t m, int64_t n, int64_t k) {
+  require_size(op, "a", dtype, {m, k});
+  require_size(op, "w", dtype, {n, k});
+  require_size(op, "c", dtype, {m, n});
+}
+
 inline OpDesc op_desc(const fc_op_desc_t* d) {
   if (d == nullptr) return {};
   return OpDesc{d->description != nullptr ? d->description : "", d->fingerprint};

@@ -81,29 +81,41 @@ fc_status_t fc_comm_close(fc_comm_t comm) {
 
 fc_status_t fc_all_gather(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
                           void* out, int64_t count, fc_stream_t stream) {
-  return guarded([&] { comm_of(comm).all_gather(op_desc(desc), floating(dtype), in, out, count, stream); });
+  return guarded([&] {
+    capi::require_size("allGather", "out", dtype, {count});
+    comm_of(comm).all_gather(op_desc(desc), floating(dtype), in, out, count, stream);
+  });
 }
 
 fc_status_t fc_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
                               void* out, int64_t count, fc_stream_t stream) {
-  return guarded(
-      [&] { comm_of(comm).reduce_scatter(op_desc(desc), floating(dtype), in, out, count, stream); });
+  return guarded([&] {
+    capi::require_size("reduceScatter", "in", dtype, {count});
+    comm_of(comm).reduce_scatter(op_desc(desc), floating(dtype), in, out, count, stream);
+  });
 }
 
 fc_status_t fc_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
                           void* out, int64_t count, fc_stream_t stream) {
-  return guarded([&] { comm_of(comm).all_reduce(op_desc(desc), floating(dtype), in, out, count, stream); });
+  return guarded([&] {
+    capi::require_size("allReduce", "in", dtype, {count});
+    comm_of(comm).all_reduce(op_desc(desc), floating(dtype), in, out, count, stream);
+  });
 }
 
 fc_status_t fc_all_to_all(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* in,
                           void* out, int64_t count, fc_stream_t stream) {
-  return guarded([&] { comm_of(comm).all_to_all(op_desc(desc), floating(dtype), in, out, count, stream); });
+  return guarded([&] {
+    capi::require_size("allToAll", "in", dtype, {count});
+    comm_of(comm).all_to_all(op_desc(desc), floating(dtype), in, out, count, stream);
+  });
 }
 
 fc_status_t fc_comm_time_collective(fc_comm_t comm, fc_op_t op, fc_dtype_t dtype, const void* in, void* out,
                                     int64_t count, int32_t iters, int64_t* nanos) {
   return guarded([&] {
     int64_t& result = require_out(nanos);
+    capi::require_size("timeCollective", "in", dtype, {count});
     result = comm_of(comm).time_collective(static_cast<Op>(op), floating(dtype), in, out, count, iters);
   });
 }
@@ -112,6 +124,9 @@ fc_status_t fc_all_gather_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtyp
                                const void* a_local, const void* w, void* c, void* gathered, int64_t m,
                                int64_t n_local, int64_t k, fc_weight_layout_t layout, fc_stream_t stream) {
   return guarded([&] {
+    capi::require_size("allGatherGemm", "gathered A", dtype, {m, k});
+    capi::require_size("allGatherGemm", "w", dtype, {n_local, k});
+    capi::require_size("allGatherGemm", "c", dtype, {m, n_local});
     comm_of(comm).all_gather_gemm(op_desc(desc), floating(dtype), a_local, w, c, gathered, m, n_local, k,
                                   capi::weight_layout(layout), stream);
   });
@@ -121,6 +136,7 @@ fc_status_t fc_gemm_reduce_scatter(fc_comm_t comm, const fc_op_desc_t* desc, fc_
                                    const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
                                    fc_weight_layout_t layout, fc_partials_t partials, fc_stream_t stream) {
   return guarded([&] {
+    capi::require_gemm_sizes("gemmReduceScatter", dtype, m, n, k_local);
     comm_of(comm).gemm_reduce_scatter(op_desc(desc), floating(dtype), a, w, c, m, n, k_local,
                                       capi::weight_layout(layout), capi::partial_precision(partials), stream);
   });
@@ -130,6 +146,7 @@ fc_status_t fc_gemm_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtyp
                                const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
                                fc_weight_layout_t layout, fc_partials_t partials, fc_stream_t stream) {
   return guarded([&] {
+    capi::require_gemm_sizes("gemmAllReduce", dtype, m, n, k_local);
     comm_of(comm).gemm_all_reduce(op_desc(desc), floating(dtype), a, w, c, m, n, k_local,
                                   capi::weight_layout(layout), capi::partial_precision(partials), stream);
   });
@@ -151,6 +168,9 @@ fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dt
                                  const void* w1_local, int64_t ffn, fc_moe_dispatch_t* out) {
   return guarded([&] {
     fc_moe_dispatch_t& result = require_out(out);
+    capi::require_size("moeDispatchGemm", "x", dtype, {tokens, hidden});
+    capi::require_size("moeDispatchGemm", "topk ids", 4, {tokens, topk});
+    capi::require_size("moeDispatchGemm", "w1", dtype, {num_experts, ffn, hidden});
     auto handle = std::make_unique<fc_moe_dispatch>();
     handle->result =
         comm_of(comm).moe_dispatch_gemm(op_desc(desc), floating(dtype), x, tokens, hidden, topk_ids,
@@ -189,6 +209,8 @@ fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t 
                            fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width, void* out) {
   return guarded([&] {
     const host::MoeLayout& l = capi::dispatch_of(dispatch).layout;
+    capi::require_size("moeCombine", "expertOut", dtype, {l.rows(), width});
+    capi::require_size("moeCombine", "out", dtype, {l.tokens, width});
     comm_of(comm).moe_combine(op_desc(desc), floating(dtype), l, expert_out, width, out);
   });
 }
@@ -202,6 +224,11 @@ fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype
                               void* o, float* lse) {
   return guarded([&] {
     FC_REQUIRE(shape != nullptr, "ringAttention: null shape");
+    capi::require_size("ringAttention", "q", dtype,
+                       {shape->batch, shape->seq, shape->q_heads, shape->head_dim});
+    capi::require_size("ringAttention", "k", dtype,
+                       {shape->batch, shape->seq, shape->kv_heads, shape->head_dim});
+    capi::require_size("ringAttention", "lse", 4, {shape->batch, shape->q_heads, shape->seq});
     host::AttentionShape s;
     s.batch = shape->batch;
     s.seq = shape->seq;

@@ -153,6 +153,7 @@ fc_status_t fc_runtime_destroy(fc_runtime_t rt) {
 fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w, void* c, int64_t m,
                     int64_t n, int64_t k, fc_weight_layout_t layout) {
   return guarded([&] {
+    capi::require_gemm_sizes("gemm", dtype, m, n, k);
     switch (capi::backend(backend)) {
       case Backend::kHost:
         host::gemm(capi::floating(dtype), a, w, c, m, n, k, capi::weight_layout(layout));

@@ -1,4 +1,4 @@
-// JNI for io.fusedcomm.runtime.NativeApi: communicators and the ops. Java has validated the
+// JNI for io.fusedcomm.api.NativeOps: communicators and the ops. Java has validated the
 // arguments (shapes, dtypes, tensor sizes) before any call here; each entry converts its
 // arguments and calls the C API, whose communicator is the backend's (fusedcomm/comm/comm.h).
 // Enums cross as the C API's values (io.fusedcomm.api's code()).

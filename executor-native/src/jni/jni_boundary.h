@@ -23,23 +23,63 @@ struct Failure {
   std::string message;
 };
 
-inline const char* java_class(fc_status_t status) {
+// The Java exception classes the entries throw, one per kind of failure. JNI_OnLoad
+// (jni_onload.cc) loads them all and keeps global references while the library is loaded: the
+// error path must not need to load a class, which fails exactly when the process is out of file
+// descriptors or memory (NoClassDefFoundError instead of the error that happened).
+enum class JavaError : int {
+  kIllegalArgument,
+  kIllegalState,
+  kOutOfMemory,
+  kCommunicator,
+  kTimeout,
+  kTransport,
+  kFatalGpu,
+  kUnavailable,
+  kCount
+};
+
+inline const char* class_name(JavaError e) {
+  switch (e) {
+    case JavaError::kIllegalArgument: return "java/lang/IllegalArgumentException";
+    case JavaError::kIllegalState: return "java/lang/IllegalStateException";
+    case JavaError::kOutOfMemory: return "java/lang/OutOfMemoryError";
+    case JavaError::kTimeout: return "io/fusedcomm/errors/CommTimeoutException";
+    case JavaError::kTransport: return "io/fusedcomm/errors/TransportException";
+    case JavaError::kFatalGpu: return "io/fusedcomm/errors/FatalGpuException";
+    case JavaError::kUnavailable: return "io/fusedcomm/errors/BackendUnavailableException";
+    case JavaError::kCommunicator:
+    case JavaError::kCount: break;
+  }
+  return "io/fusedcomm/errors/CommunicatorException";
+}
+
+inline JavaError java_error(fc_status_t status) {
   switch (status) {
-    case FC_STATUS_INVALID_ARGUMENT: return "java/lang/IllegalArgumentException";
-    case FC_STATUS_STATE: return "java/lang/IllegalStateException";
-    case FC_STATUS_TIMEOUT: return "io/fusedcomm/errors/CommTimeoutException";
-    case FC_STATUS_TRANSPORT: return "io/fusedcomm/errors/TransportException";
-    case FC_STATUS_FATAL_GPU: return "io/fusedcomm/errors/FatalGpuException";
-    case FC_STATUS_UNAVAILABLE: return "io/fusedcomm/errors/BackendUnavailableException";
-    case FC_STATUS_OUT_OF_MEMORY: return "java/lang/OutOfMemoryError";
-    default: return "io/fusedcomm/errors/CommunicatorException";
+    case FC_STATUS_INVALID_ARGUMENT: return JavaError::kIllegalArgument;
+    case FC_STATUS_STATE: return JavaError::kIllegalState;
+    case FC_STATUS_TIMEOUT: return JavaError::kTimeout;
+    case FC_STATUS_TRANSPORT: return JavaError::kTransport;
+    case FC_STATUS_FATAL_GPU: return JavaError::kFatalGpu;
+    case FC_STATUS_UNAVAILABLE: return JavaError::kUnavailable;
+    case FC_STATUS_OUT_OF_MEMORY: return JavaError::kOutOfMemory;
+    default: return JavaError::kCommunicator;
   }
 }
 
+// Global references to the classes of JavaError, filled by JNI_OnLoad before any entry runs and
+// dropped by JNI_OnUnload; read-only in between.
+inline jclass g_java_errors[static_cast<int>(JavaError::kCount)] = {};
+
 inline void throw_java(JNIEnv* env, fc_status_t status, const std::string& msg) {
   if (env->ExceptionCheck()) return;  // keep the first exception
-  jclass c = env->FindClass(java_class(status));
-  if (c == nullptr) return;  // FindClass already threw NoClassDefFoundError
+  const JavaError e = java_error(status);
+  jclass c = g_java_errors[static_cast<int>(e)];
+  if (c == nullptr) {
+    // Only if JNI_OnLoad has not run.
+    c = env->FindClass(class_name(e));
+    if (c == nullptr) return;  // FindClass already threw NoClassDefFoundError
+  }
   env->ThrowNew(c, msg.c_str());
 }
 
@@ -107,8 +147,13 @@ T as(jlong value) {
 
 }  // namespace fusedcomm::jni
 
-// Declares a native method of io.fusedcomm.runtime.NativeApi.
-#define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
+// Declares a native method of io.fusedcomm.api.NativeOps: the entries that take addresses or
+// native handles (tensors, communicators, ops), package-private in Java.
+#define FC_NATIVE(ret, name) extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_api_NativeOps_##name
+// Declares a native method of io.fusedcomm.runtime.NativeApi: availability, the executor runtime
+// and memory statistics.
+#define FC_RUNTIME_NATIVE(ret, name) \
+  extern "C" JNIEXPORT ret JNICALL Java_io_fusedcomm_runtime_NativeApi_##name
 
 #define FC_JNI_BEGIN try {
 #define FC_JNI_END(ret)                                                                     \

@@ -1,6 +1,10 @@
-// JNI for io.fusedcomm.runtime.NativeApi: availability, the executor runtime, host memory, the
-// single-rank GEMM, JCuda handles. Argument conversion and one C API call each.
+// JNI for io.fusedcomm.runtime.NativeApi (availability, the executor runtime, memory statistics)
+// and for the memory entries of io.fusedcomm.api.NativeOps (host memory and its views, the
+// single-rank GEMM, JCuda handles). Argument conversion and one C API call each.
 #include <jni.h>
+
+#include <cstdint>
+#include <string>
 
 #include "jni_boundary.h"
 
@@ -8,7 +12,7 @@ using fusedcomm::jni::as;
 using fusedcomm::jni::check;
 using fusedcomm::jni::to_jstring;
 
-FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
+FC_RUNTIME_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
   FC_JNI_BEGIN
   const char* report = nullptr;
   check(fc_availability(&report));
@@ -16,7 +20,7 @@ FC_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
   FC_JNI_END(nullptr)
 }
 
-FC_NATIVE(jlong, runtimeCreate)
+FC_RUNTIME_NATIVE(jlong, runtimeCreate)
 (JNIEnv* env, jclass, jint backend, jlong timeout_ms, jlong connect_timeout_ms, jlong chunk_bytes,
  jlong symmetric_bytes, jstring bind_host, jint transport_streams, jlong busy_poll_us, jint gpu_ordinal,
  jlong job_token, jboolean allow_shared_gpu) {
@@ -41,7 +45,7 @@ FC_NATIVE(jlong, runtimeCreate)
   FC_JNI_END(0)
 }
 
-FC_NATIVE(jint, runtimeBackend)(JNIEnv* env, jclass, jlong rt) {
+FC_RUNTIME_NATIVE(jint, runtimeBackend)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
   fc_backend_t backend = FC_BACKEND_AUTO;
   check(fc_runtime_backend(as<fc_runtime_t>(rt), &backend));
@@ -49,7 +53,7 @@ FC_NATIVE(jint, runtimeBackend)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_END(0)
 }
 
-FC_NATIVE(jstring, runtimeDescribe)(JNIEnv* env, jclass, jlong rt) {
+FC_RUNTIME_NATIVE(jstring, runtimeDescribe)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
   const char* s = nullptr;
   check(fc_runtime_describe(as<fc_runtime_t>(rt), &s));
@@ -57,7 +61,7 @@ FC_NATIVE(jstring, runtimeDescribe)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_END(nullptr)
 }
 
-FC_NATIVE(jstring, runtimeGpuUuid)(JNIEnv* env, jclass, jlong rt) {
+FC_RUNTIME_NATIVE(jstring, runtimeGpuUuid)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
   const char* s = nullptr;
   check(fc_runtime_gpu_uuid(as<fc_runtime_t>(rt), &s));
@@ -65,7 +69,7 @@ FC_NATIVE(jstring, runtimeGpuUuid)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_END(nullptr)
 }
 
-FC_NATIVE(jint, runtimePooledRegions)(JNIEnv* env, jclass, jlong rt) {
+FC_RUNTIME_NATIVE(jint, runtimePooledRegions)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
   int32_t n = 0;
   check(fc_runtime_pooled_regions(as<fc_runtime_t>(rt), &n));
@@ -73,13 +77,13 @@ FC_NATIVE(jint, runtimePooledRegions)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_END(0)
 }
 
-FC_NATIVE(void, runtimePinGpu)(JNIEnv* env, jclass, jlong rt) {
+FC_RUNTIME_NATIVE(void, runtimePinGpu)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
   check(fc_runtime_pin_gpu(as<fc_runtime_t>(rt)));
   FC_JNI_END()
 }
 
-FC_NATIVE(void, runtimeClose)(JNIEnv* env, jclass, jlong rt) {
+FC_RUNTIME_NATIVE(void, runtimeClose)(JNIEnv* env, jclass, jlong rt) {
   FC_JNI_BEGIN
   check(fc_runtime_destroy(as<fc_runtime_t>(rt)));
   FC_JNI_END()
@@ -100,13 +104,19 @@ FC_NATIVE(void, memFree)(JNIEnv* env, jclass, jlong address) {
   FC_JNI_END()
 }
 
+// A direct ByteBuffer's capacity is a Java int: a larger view is refused, never wrapped.
 FC_NATIVE(jobject, memView)(JNIEnv* env, jclass, jlong address, jlong bytes) {
   FC_JNI_BEGIN
+  if (bytes < 0 || bytes > INT32_MAX) {
+    fusedcomm::jni::invalid("a view of " + std::to_string(bytes) + " bytes: a ByteBuffer holds 0 to " +
+                            std::to_string(INT32_MAX));
+  }
+  if (address == 0 && bytes > 0) fusedcomm::jni::invalid("a view of null memory");
   return env->NewDirectByteBuffer(as<void*>(address), bytes);
   FC_JNI_END(nullptr)
 }
 
-FC_NATIVE(jlongArray, memStats)(JNIEnv* env, jclass) {
+FC_RUNTIME_NATIVE(jlongArray, memStats)(JNIEnv* env, jclass) {
   FC_JNI_BEGIN
   uint64_t live_bytes = 0, live_allocations = 0;
   check(fc_memory_stats(&live_bytes, &live_allocations));

@@ -1,21 +1,27 @@
 package io.fusedcomm.api;
 
+import java.util.logging.Level;
+import java.util.logging.Logger;
+
 /**
- * What {@link HostTensor} and {@link DeviceTensor} share: the element type and the checked
- * shape, fixed at construction. Subclasses own the memory and its lifetime.
+ * What {@link HostTensor} and {@link DeviceTensor} share: the element type, the checked shape
+ * and byte size, fixed at construction, and the {@link UseCount} that keeps the memory alive
+ * while an op (or a view) uses it. Subclasses own the memory and free it in {@link #free}.
  */
-abstract class AbstractTensor implements Tensor {
+abstract sealed class AbstractTensor implements Tensor permits HostTensor, DeviceTensor {
+  private static final Logger LOG = Logger.getLogger(AbstractTensor.class.getName());
+
   final DType dtype;
   final long[] shape;
   final long numel;
+  final long byteSize;
+  final UseCount uses = new UseCount();
 
   AbstractTensor(DType dtype, long[] shape) {
-    if (dtype == null) {
-      throw new IllegalArgumentException("dtype must not be null");
-    }
-    this.dtype = dtype;
+    this.dtype = Shapes.requireDtype(dtype);
     this.shape = Shapes.checked(shape);
     this.numel = Shapes.numel(this.shape);
+    this.byteSize = Shapes.byteSize(dtype, this.shape);
   }
 
   @Override
@@ -41,5 +47,56 @@ abstract class AbstractTensor implements Tensor {
   @Override
   public long numel() {
     return numel;
+  }
+
+  @Override
+  public long byteSize() {
+    return byteSize;
+  }
+
+  @Override
+  public boolean isClosed() {
+    return uses.isClosed();
+  }
+
+  /** The address of the first element; only valid between {@link #acquire} and {@link #release}. */
+  abstract long address();
+
+  /** Frees the memory; called exactly once, when the tensor is closed and nothing uses it. */
+  abstract void free();
+
+  /**
+   * Holds the tensor for a native call and returns its address; throws {@link
+   * IllegalStateException} once closed. Every acquire is paired with one {@link #release}.
+   */
+  final long acquire() {
+    uses.acquire(this);
+    try {
+      return address();
+    } catch (RuntimeException | Error e) {
+      release();
+      throw e;
+    }
+  }
+
+  /**
+   * Ends a hold. The last one after {@code close()} frees the memory here, on the op's thread; a
+   * failure of that free belongs to the close, not to the op, so it is logged rather than thrown.
+   */
+  final void release() {
+    if (uses.release()) {
+      try {
+        free();
+      } catch (RuntimeException e) {
+        LOG.log(Level.WARNING, "freeing " + this + " after its last use failed", e);
+      }
+    }
+  }
+
+  /** Drops the owner's hold: frees now, or leaves the free to the last op or view still holding it. */
+  final void closeUses() {
+    if (uses.close()) {
+      free();
+    }
   }
 }

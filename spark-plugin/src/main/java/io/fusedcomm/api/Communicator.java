@@ -5,11 +5,12 @@ import io.fusedcomm.bootstrap.Fingerprint;
 import io.fusedcomm.bootstrap.HostLayout;
 import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.bootstrap.RankInfoCodec;
+import io.fusedcomm.errors.CommunicatorException;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
-import io.fusedcomm.runtime.NativeApi;
 import java.util.List;
 import java.util.Locale;
+import java.util.concurrent.atomic.AtomicReference;
 import jcuda.runtime.cudaStream_t;
 import org.apache.spark.BarrierTaskContext;
 
@@ -49,7 +50,11 @@ import org.apache.spark.BarrierTaskContext;
  * {@code spark.fusedcomm.cuda.virtualHosts} splits one machine's ranks into virtual hosts to
  * exercise this path.
  *
- * <p>Ops on one communicator are serialised: call them from one thread.
+ * <p>Threads: call the ops of one communicator from one thread at a time (every rank must call
+ * them in the same order, and calls that overlap have no order); a second thread that enters an
+ * op while another is in one gets an {@link IllegalStateException}. Each op holds the tensors it
+ * is given until it returns: a tensor closed meanwhile on another thread is freed only then, and
+ * a closed tensor is refused. {@link #abort()} and {@link #close()} may come from any thread.
  */
 public final class Communicator implements AutoCloseable {
   private final ExecutorRuntime runtime;
@@ -61,6 +66,8 @@ public final class Communicator implements AutoCloseable {
   private final ExecutorRuntime.Lease lease;
   private final NativeHandle handle;
   private final Object lock = new Object();
+  /** The op call in progress, if any: at most one at a time. */
+  private final AtomicReference<OpCall> inOp = new AtomicReference<>();
 
   /**
    * The native communicator, shared by {@link #abort} (any thread, or the runtime's close through
@@ -80,7 +87,7 @@ public final class Communicator implements AutoCloseable {
 
     synchronized void abort() {
       if (value != 0) {
-        NativeApi.commAbort(value);
+        NativeOps.commAbort(value);
       }
     }
 
@@ -146,7 +153,7 @@ public final class Communicator implements AutoCloseable {
     long handle;
     try {
       runtime.pinGpu();
-      handle = NativeApi.commCreate(runtime.handle(), rank, world);
+      handle = NativeOps.commCreate(runtime.handle(), rank, world);
     } catch (RuntimeException | Error e) {
       lease.close();
       throw e;
@@ -167,28 +174,29 @@ public final class Communicator implements AutoCloseable {
               runtime.gpuAddress().orElse(""),
               runtime.gpuUuid(),
               runtime.backend(),
-              NativeApi.commEndpoint(handle),
+              NativeOps.commEndpoint(handle),
               runtime.jobToken(),
               exchange.commNonce(),
               world,
               rank,
               plan.value(),
               plan.description(),
-              NativeApi.commDeviceHandle(handle));
+              NativeOps.commDeviceHandle(handle));
       List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
+      requireOneRankPerExecutor(infos);
       BootstrapCheck.check(infos, world, rank, !shareGpu);
       HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
-      NativeApi.commConnect(
+      NativeOps.commConnect(
           handle, endpoints, rank, exchange.commNonce(), deviceHandles, layout.hostIds());
       return new Communicator(runtime, lease, owned, rank, world, infos, layout);
     } catch (RuntimeException | Error e) {
       // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
       long h = owned.take();
       try {
-        NativeApi.commAbort(h);
-        NativeApi.commClose(h);
+        NativeOps.commAbort(h);
+        NativeOps.commClose(h);
       } catch (RuntimeException suppressed) {
         e.addSuppressed(suppressed);
       } finally {
@@ -196,6 +204,35 @@ public final class Communicator implements AutoCloseable {
       }
       throw e;
     }
+  }
+
+  /**
+   * Fails, on every rank alike, when two ranks run on one executor: their communicators would
+   * share the executor's transport (and GPU), which holds one rank of a communicator. Two ranks
+   * announce the same executor and the same transport listener only then.
+   */
+  private static void requireOneRankPerExecutor(List<RankInfo> infos) {
+    for (int j = 1; j < infos.size(); j++) {
+      for (int i = 0; i < j; i++) {
+        RankInfo a = infos.get(i);
+        RankInfo b = infos.get(j);
+        if (a.executorId().equals(b.executorId()) && listener(a).equals(listener(b))) {
+          throw new CommunicatorException("ranks " + i + " and " + j + " of this barrier stage run as tasks"
+              + " of one executor (executor " + a.executorId() + " on " + a.host() + "), but a communicator"
+              + " takes one task per executor: its transport and GPU serve one rank. Give each barrier task a"
+              + " whole executor: set spark.task.cpus to spark.executor.cores, or, with GPUs,"
+              + " spark.executor.resource.gpu.amount=1 and spark.task.resource.gpu.amount=1", j,
+              CommunicatorException.UNKNOWN, "bootstrap", CommunicatorException.UNKNOWN, null);
+        }
+      }
+    }
+  }
+
+  /** The transport listener of a rank's endpoint ("host:port#region"): what one executor shares. */
+  private static String listener(RankInfo info) {
+    String endpoint = info.transportAddress();
+    int hash = endpoint.lastIndexOf('#');
+    return hash < 0 ? endpoint : endpoint.substring(0, hash);
   }
 
   /** This rank. */
@@ -238,13 +275,15 @@ public final class Communicator implements AutoCloseable {
    * device tensors): returns once enqueued; see {@link #synchronize()} for errors.
    */
   public void allGather(Tensor in, Tensor out, cudaStream_t stream) {
-    OpCheck c = check("allGather").floating("in", in).same("out", out, in).stream(stream);
-    long n = out.numel();
-    c.numel("in", in, Split.count(n, world, rank));
-    Fingerprint fp = c.fingerprint().add("count", n).build();
-    synchronized (lock) {
-      NativeApi.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
-          streamHandle(stream));
+    try (OpCall call = enter("allGather", stream)) {
+      OpCheck c = check("allGather").floating("in", in).same("out", out, in).stream(stream);
+      long n = out.numel();
+      c.numel("in", in, Split.count(n, world, rank));
+      Fingerprint fp = c.fingerprint().add("count", n).build();
+      synchronized (lock) {
+        NativeOps.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+            call.address(out), n, streamHandle(stream));
+      }
     }
   }
 
@@ -258,13 +297,15 @@ public final class Communicator implements AutoCloseable {
 
   /** {@link #reduceScatter(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
   public void reduceScatter(Tensor in, Tensor out, cudaStream_t stream) {
-    OpCheck c = check("reduceScatter").floating("in", in).same("out", out, in).stream(stream);
-    long n = in.numel();
-    c.numel("out", out, Split.count(n, world, rank));
-    Fingerprint fp = c.fingerprint().add("count", n).build();
-    synchronized (lock) {
-      NativeApi.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
-          streamHandle(stream));
+    try (OpCall call = enter("reduceScatter", stream)) {
+      OpCheck c = check("reduceScatter").floating("in", in).same("out", out, in).stream(stream);
+      long n = in.numel();
+      c.numel("out", out, Split.count(n, world, rank));
+      Fingerprint fp = c.fingerprint().add("count", n).build();
+      synchronized (lock) {
+        NativeOps.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+            call.address(out), n, streamHandle(stream));
+      }
     }
   }
 
@@ -275,12 +316,14 @@ public final class Communicator implements AutoCloseable {
 
   /** {@link #allReduce(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
   public void allReduce(Tensor in, Tensor out, cudaStream_t stream) {
-    OpCheck c = check("allReduce").floating("in", in).same("out", out, in).stream(stream);
-    c.numel("out", out, in.numel());
-    Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
-    synchronized (lock) {
-      NativeApi.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), in.numel(),
-          streamHandle(stream));
+    try (OpCall call = enter("allReduce", stream)) {
+      OpCheck c = check("allReduce").floating("in", in).same("out", out, in).stream(stream);
+      c.numel("out", out, in.numel());
+      Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
+      synchronized (lock) {
+        NativeOps.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+            call.address(out), in.numel(), streamHandle(stream));
+      }
     }
   }
 
@@ -295,13 +338,15 @@ public final class Communicator implements AutoCloseable {
 
   /** {@link #allToAll(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
   public void allToAll(Tensor in, Tensor out, cudaStream_t stream) {
-    OpCheck c = check("allToAll").floating("in", in).same("out", out, in).stream(stream);
-    long n = in.numel();
-    c.numel("out", out, world * Split.count(n, world, rank));
-    Fingerprint fp = c.fingerprint().add("count", n).build();
-    synchronized (lock) {
-      NativeApi.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), in.address(), out.address(), n,
-          streamHandle(stream));
+    try (OpCall call = enter("allToAll", stream)) {
+      OpCheck c = check("allToAll").floating("in", in).same("out", out, in).stream(stream);
+      long n = in.numel();
+      c.numel("out", out, world * Split.count(n, world, rank));
+      Fingerprint fp = c.fingerprint().add("count", n).build();
+      synchronized (lock) {
+        NativeOps.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+            call.address(out), n, streamHandle(stream));
+      }
     }
   }
 
@@ -312,19 +357,31 @@ public final class Communicator implements AutoCloseable {
    */
   public void synchronize() {
     synchronized (lock) {
-      NativeApi.commSynchronize(handle());
+      NativeOps.commSynchronize(handle());
+    }
+  }
+
+  /** {@link #synchronize()} unless closed (a close has drained the ops already). */
+  void synchronizeIfOpen() {
+    synchronized (lock) {
+      long h = handle.get();
+      if (h != 0) {
+        NativeOps.commSynchronize(h);
+      }
     }
   }
 
   private static long streamHandle(cudaStream_t stream) {
-    return stream == null ? 0 : NativeApi.nativeHandle(stream);
+    return stream == null ? 0 : NativeOps.nativeHandle(stream);
   }
 
   /** Native-initiated timing of a collective, for {@link CommDiagnostics}. */
   long timeNative(Op op, Tensor in, Tensor out, long count, int iters) {
-    synchronized (lock) {
-      return NativeApi.commTimeCollective(handle(), op.code(), in.dtype().code(), in.address(), out.address(), count,
-          iters);
+    try (OpCall call = enter(op.label(), null)) {
+      synchronized (lock) {
+        return NativeOps.commTimeCollective(handle(), op.code(), in.dtype().code(), call.address(in),
+            call.address(out), count, iters);
+      }
     }
   }
 
@@ -351,22 +408,24 @@ public final class Communicator implements AutoCloseable {
    */
   public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout,
                             cudaStream_t stream) {
-    OpCheck k = check("allGatherGemm").floating("aLocal", aLocal).same("w", w, aLocal).same("c", c, aLocal)
-        .stream(stream);
-    k.rank2("aLocal", aLocal).rank2("w", w).rank2("c", c).layout(layout);
-    long m = c.dim(0);
-    long kDim = aLocal.dim(1);
-    long nLocal = c.dim(1);
-    k.dim("aLocal", aLocal, 0, Split.count(m, world, rank)).weight(w, layout, nLocal, kDim);
-    if (gatheredA != null) {
-      k.same("gatheredA", gatheredA, aLocal).rank2("gatheredA", gatheredA);
-      k.dim("gatheredA", gatheredA, 0, m).dim("gatheredA", gatheredA, 1, kDim);
-    }
-    Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
-    synchronized (lock) {
-      NativeApi.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(), aLocal.address(),
-          w.address(), c.address(), gatheredA == null ? 0 : gatheredA.address(), m, nLocal, kDim, layout.code(),
-          streamHandle(stream));
+    try (OpCall call = enter("allGatherGemm", stream)) {
+      OpCheck k = check("allGatherGemm").floating("aLocal", aLocal).same("w", w, aLocal).same("c", c, aLocal)
+          .stream(stream);
+      k.rank2("aLocal", aLocal).rank2("w", w).rank2("c", c).layout(layout);
+      long m = c.dim(0);
+      long kDim = aLocal.dim(1);
+      long nLocal = c.dim(1);
+      k.dim("aLocal", aLocal, 0, Split.count(m, world, rank)).weight(w, layout, nLocal, kDim);
+      if (gatheredA != null) {
+        k.same("gatheredA", gatheredA, aLocal).rank2("gatheredA", gatheredA);
+        k.dim("gatheredA", gatheredA, 0, m).dim("gatheredA", gatheredA, 1, kDim);
+      }
+      Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
+      synchronized (lock) {
+        NativeOps.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(),
+            call.address(aLocal), call.address(w), call.address(c), call.address(gatheredA), m, nLocal, kDim,
+            layout.code(), streamHandle(stream));
+      }
     }
   }
 
@@ -422,25 +481,29 @@ public final class Communicator implements AutoCloseable {
 
   private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
                           cudaStream_t stream) {
-    if (partials == null) {
-      throw new IllegalArgumentException(op + ": partials must not be null");
-    }
-    boolean scatter = op.equals("gemmReduceScatter");
-    OpCheck k = check(op).floating("a", a).same("w", w, a).same("c", c, a).stream(stream);
-    k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
-    long m = a.dim(0);
-    long kLocal = a.dim(1);
-    long n = c.dim(1);
-    k.weight(w, layout, n, kLocal).dim("c", c, 0, scatter ? Split.count(m, world, rank) : m);
-    Fingerprint fp = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name())
-        .add("partials", partials.name()).build();
-    synchronized (lock) {
-      if (scatter) {
-        NativeApi.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
-            w.address(), c.address(), m, n, kLocal, layout.code(), partials.code(), streamHandle(stream));
-      } else {
-        NativeApi.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().code(), a.address(),
-            w.address(), c.address(), m, n, kLocal, layout.code(), partials.code(), streamHandle(stream));
+    try (OpCall call = enter(op, stream)) {
+      if (partials == null) {
+        throw new IllegalArgumentException(op + ": partials must not be null");
+      }
+      boolean scatter = op.equals("gemmReduceScatter");
+      OpCheck k = check(op).floating("a", a).same("w", w, a).same("c", c, a).stream(stream);
+      k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
+      long m = a.dim(0);
+      long kLocal = a.dim(1);
+      long n = c.dim(1);
+      k.weight(w, layout, n, kLocal).dim("c", c, 0, scatter ? Split.count(m, world, rank) : m);
+      Fingerprint fp = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name())
+          .add("partials", partials.name()).build();
+      synchronized (lock) {
+        if (scatter) {
+          NativeOps.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(),
+              call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
+              streamHandle(stream));
+        } else {
+          NativeOps.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().code(),
+              call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
+              streamHandle(stream));
+        }
       }
     }
   }
@@ -480,7 +543,7 @@ public final class Communicator implements AutoCloseable {
     }
     String path;
     synchronized (lock) {
-      path = NativeApi.commDescribeFused(handle(), fused.code(), m, n, k, partials.code());
+      path = NativeOps.commDescribeFused(handle(), fused.code(), m, n, k, partials.code());
     }
     boolean gather = fused == Op.ALL_GATHER_GEMM;
     return op + " M=" + m + (gather ? " N_r=" : " N=") + n + (gather ? " K=" : " K_r=") + k
@@ -497,30 +560,33 @@ public final class Communicator implements AutoCloseable {
    * topkWeights: T × k} ({@link DType#F32}), {@code w1Local: E_r × F × H}. T may differ per rank.
    */
   public MoeDispatch moeDispatchGemm(Tensor x, Tensor topkIds, Tensor topkWeights, long numExperts, Tensor w1Local) {
-    OpCheck k = check("moeDispatchGemm").floating("x", x).same("w1Local", w1Local, x).rank2("x", x);
-    k.typed("topkIds", topkIds, DType.I32).typed("topkWeights", topkWeights, DType.F32);
-    k.rank2("topkIds", topkIds).rank2("topkWeights", topkWeights).rank3("w1Local", w1Local);
-    if (numExperts < 1) {
-      throw new IllegalArgumentException("moeDispatchGemm: numExperts must be positive, got " + numExperts);
-    }
-    long tokens = x.dim(0);
-    long hidden = x.dim(1);
-    long topk = topkIds.dim(1);
-    k.dim("topkIds", topkIds, 0, tokens).dim("topkWeights", topkWeights, 0, tokens).dim("topkWeights", topkWeights, 1, topk);
-    if (topk < 1) {
-      throw new IllegalArgumentException("moeDispatchGemm: top-k must be at least 1");
-    }
-    k.dim("w1Local", w1Local, 0, Split.count(numExperts, world, rank)).dim("w1Local", w1Local, 2, hidden);
-    long ffn = w1Local.dim(1);
-    Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
-    synchronized (lock) {
-      long h = NativeApi.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(), x.address(),
-          tokens, hidden, topkIds.address(), topkWeights.address(), (int) topk, numExperts, w1Local.address(), ffn);
-      try {
-        return new MoeDispatch(this, h, x.dtype(), hidden, ffn);
-      } catch (RuntimeException e) {
-        NativeApi.moeFree(h);
-        throw e;
+    try (OpCall call = enter("moeDispatchGemm", null)) {
+      OpCheck k = check("moeDispatchGemm").floating("x", x).same("w1Local", w1Local, x).rank2("x", x);
+      k.typed("topkIds", topkIds, DType.I32).typed("topkWeights", topkWeights, DType.F32);
+      k.rank2("topkIds", topkIds).rank2("topkWeights", topkWeights).rank3("w1Local", w1Local);
+      if (numExperts < 1) {
+        throw new IllegalArgumentException("moeDispatchGemm: numExperts must be positive, got " + numExperts);
+      }
+      long tokens = x.dim(0);
+      long hidden = x.dim(1);
+      long topk = topkIds.dim(1);
+      k.dim("topkIds", topkIds, 0, tokens).dim("topkWeights", topkWeights, 0, tokens).dim("topkWeights", topkWeights, 1, topk);
+      if (topk < 1) {
+        throw new IllegalArgumentException("moeDispatchGemm: top-k must be at least 1");
+      }
+      k.dim("w1Local", w1Local, 0, Split.count(numExperts, world, rank)).dim("w1Local", w1Local, 2, hidden);
+      long ffn = w1Local.dim(1);
+      Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
+      synchronized (lock) {
+        long h = NativeOps.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(),
+            call.address(x), tokens, hidden, call.address(topkIds), call.address(topkWeights), (int) topk, numExperts,
+            call.address(w1Local), ffn);
+        try {
+          return new MoeDispatch(this, h, x.dtype(), hidden, ffn);
+        } catch (RuntimeException e) {
+          NativeOps.moeFree(h);
+          throw e;
+        }
       }
     }
   }
@@ -531,17 +597,19 @@ public final class Communicator implements AutoCloseable {
    * row(t,k)}.
    */
   public void moeCombine(MoeDispatch dispatch, Tensor expertOut, Tensor out) {
-    if (dispatch == null || dispatch.owner() != this) {
-      throw new IllegalArgumentException("moeCombine: the dispatch must come from this communicator");
-    }
-    OpCheck k = check("moeCombine").floating("expertOut", expertOut).same("out", out, expertOut);
-    k.rank2("expertOut", expertOut).rank2("out", out);
-    long width = out.dim(1);
-    k.dim("expertOut", expertOut, 0, dispatch.rows()).dim("expertOut", expertOut, 1, width).dim("out", out, 0, dispatch.tokens());
-    Fingerprint fp = k.fingerprint().add("width", width).build();
-    synchronized (lock) {
-      NativeApi.moeCombine(handle(), fp.description(), fp.value(), out.dtype().code(), dispatch.handle(),
-          expertOut.address(), width, out.address());
+    try (OpCall call = enter("moeCombine", null)) {
+      if (dispatch == null || dispatch.owner() != this) {
+        throw new IllegalArgumentException("moeCombine: the dispatch must come from this communicator");
+      }
+      OpCheck k = check("moeCombine").floating("expertOut", expertOut).same("out", out, expertOut);
+      k.rank2("expertOut", expertOut).rank2("out", out);
+      long width = out.dim(1);
+      k.dim("expertOut", expertOut, 0, dispatch.rows()).dim("expertOut", expertOut, 1, width).dim("out", out, 0, dispatch.tokens());
+      Fingerprint fp = k.fingerprint().add("width", width).build();
+      synchronized (lock) {
+        NativeOps.moeCombine(handle(), fp.description(), fp.value(), out.dtype().code(),
+            call.handle(dispatch), call.address(expertOut), width, call.address(out));
+      }
     }
   }
 
@@ -554,32 +622,35 @@ public final class Communicator implements AutoCloseable {
    * denominator.
    */
   public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options) {
-    if (options == null) {
-      throw new IllegalArgumentException("ringAttention: options must not be null");
-    }
-    OpCheck c = check("ringAttention").floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q);
-    c.typed("lse", lse, DType.F32).rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse);
-    long b = q.dim(0);
-    long s = options.sequenceLength();
-    long sr = Split.count(s, world, rank);
-    long hq = q.dim(2);
-    long d = q.dim(3);
-    long hkv = k.dim(2);
-    c.dim("q", q, 1, sr);
-    for (Tensor t : new Tensor[] {k, v}) {
-      String name = t == k ? "k" : "v";
-      c.dim(name, t, 0, b).dim(name, t, 1, sr).dim(name, t, 2, hkv).dim(name, t, 3, d);
-    }
-    c.dim("o", o, 0, b).dim("o", o, 1, sr).dim("o", o, 2, hq).dim("o", o, 3, d);
-    c.dim("lse", lse, 0, b).dim("lse", lse, 1, hq).dim("lse", lse, 2, sr);
-    if (hkv < 1 || hq % hkv != 0) {
-      throw new IllegalArgumentException("ringAttention: q heads (" + hq + ") must be a multiple of kv heads (" + hkv + ")");
-    }
-    Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
-        .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
-    synchronized (lock) {
-      NativeApi.ringAttention(handle(), fp.description(), fp.value(), q.dtype().code(), b, s, hq, hkv, d,
-          options.causal(), options.scale(), q.address(), k.address(), v.address(), o.address(), lse.address());
+    try (OpCall call = enter("ringAttention", null)) {
+      if (options == null) {
+        throw new IllegalArgumentException("ringAttention: options must not be null");
+      }
+      OpCheck c = check("ringAttention").floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q);
+      c.typed("lse", lse, DType.F32).rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse);
+      long b = q.dim(0);
+      long s = options.sequenceLength();
+      long sr = Split.count(s, world, rank);
+      long hq = q.dim(2);
+      long d = q.dim(3);
+      long hkv = k.dim(2);
+      c.dim("q", q, 1, sr);
+      for (Tensor t : new Tensor[] {k, v}) {
+        String name = t == k ? "k" : "v";
+        c.dim(name, t, 0, b).dim(name, t, 1, sr).dim(name, t, 2, hkv).dim(name, t, 3, d);
+      }
+      c.dim("o", o, 0, b).dim("o", o, 1, sr).dim("o", o, 2, hq).dim("o", o, 3, d);
+      c.dim("lse", lse, 0, b).dim("lse", lse, 1, hq).dim("lse", lse, 2, sr);
+      if (hkv < 1 || hq % hkv != 0) {
+        throw new IllegalArgumentException("ringAttention: q heads (" + hq + ") must be a multiple of kv heads (" + hkv + ")");
+      }
+      Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
+          .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
+      synchronized (lock) {
+        NativeOps.ringAttention(handle(), fp.description(), fp.value(), q.dtype().code(), b, s, hq, hkv, d,
+            options.causal(), options.scale(), call.address(q), call.address(k), call.address(v), call.address(o),
+            call.address(lse));
+      }
     }
   }
 
@@ -600,8 +671,10 @@ public final class Communicator implements AutoCloseable {
     if (device && a.dtype() != DType.BF16) {
       throw new IllegalArgumentException("gemm: the GPU GEMM takes bf16 tensors, got " + a.dtype().label());
     }
-    NativeApi.gemm((device ? Backend.CUDA : Backend.HOST).code(), a.dtype().code(), a.address(), w.address(),
-        c.address(), a.dim(0), c.dim(1), a.dim(1), layout.code());
+    try (OpCall call = new OpCall(null, "gemm", false)) {
+      NativeOps.gemm((device ? Backend.CUDA : Backend.HOST).code(), a.dtype().code(), call.address(a),
+          call.address(w), call.address(c), a.dim(0), c.dim(1), a.dim(1), layout.code());
+    }
   }
 
   // ---- teardown ------------------------------------------------------------------------------
@@ -611,8 +684,10 @@ public final class Communicator implements AutoCloseable {
    * barrier), bounded by the timeout.
    */
   public void finish() {
-    synchronized (lock) {
-      NativeApi.commFinish(handle());
+    try (OpCall call = enter("finish", null)) {
+      synchronized (lock) {
+        NativeOps.commFinish(handle());
+      }
     }
   }
 
@@ -639,7 +714,7 @@ public final class Communicator implements AutoCloseable {
       }
       LeakTracker.closed(leakId);
       try {
-        NativeApi.commClose(h);
+        NativeOps.commClose(h);
       } finally {
         lease.close();
       }
@@ -657,6 +732,33 @@ public final class Communicator implements AutoCloseable {
   private OpCheck check(String op) {
     handle();
     return new OpCheck(op, runtime.backend());
+  }
+
+  /**
+   * Starts an op call on the calling thread; {@link IllegalStateException} when the
+   * communicator is closed or another thread is in an op on it (see the class comment).
+   */
+  private OpCall enter(String op, cudaStream_t stream) {
+    handle();
+    OpCall call = new OpCall(this, op, stream != null);
+    OpCall other = inOp.compareAndExchange(null, call);
+    if (other != null) {
+      throw new IllegalStateException(this + ": " + op + " was called on thread '" + call.thread.getName()
+          + "' while thread '" + other.thread.getName() + "' is in " + other.op + "; the ops of one communicator"
+          + " must be called from one thread at a time, in the same order on every rank");
+    }
+    return call;
+  }
+
+  /** Ends {@code call}, which {@link #enter} started. */
+  void leave(OpCall call) {
+    inOp.compareAndSet(call, null);
+  }
+
+  /** The op a thread is in now, or null (for tests). */
+  String opInProgress() {
+    OpCall call = inOp.get();
+    return call == null ? null : call.op;
   }
 
   @Override

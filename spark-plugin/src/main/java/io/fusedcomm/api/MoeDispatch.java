@@ -1,13 +1,13 @@
 package io.fusedcomm.api;
 
 import io.fusedcomm.runtime.LeakTracker;
-import io.fusedcomm.runtime.NativeApi;
 
 /**
  * The result of {@link Communicator#moeDispatchGemm}: this rank's routed rows (expert-major;
  * within an expert ordered by source rank, source token, slot), their GEMM output, and the layout
  * {@link Communicator#moeCombine} needs to send results home. Owns native memory: close it after
- * the combine.
+ * the combine. A combine running on another thread holds it: a close meanwhile frees the layout
+ * when that combine returns, and a closed dispatch is refused.
  */
 public final class MoeDispatch implements AutoCloseable {
   private final Communicator owner;
@@ -19,7 +19,8 @@ public final class MoeDispatch implements AutoCloseable {
   private final HostTensor expertOutput;
   private final HostTensor routedTokens;
   private final long leakId;
-  private long handle;
+  private final long handle;  // valid while uses holds it
+  private final UseCount uses = new UseCount();
   private int[] srcRank;
   private int[] srcToken;
   private int[] slot;
@@ -28,7 +29,7 @@ public final class MoeDispatch implements AutoCloseable {
   MoeDispatch(Communicator owner, long handle, DType dtype, long hidden, long ffn) {
     this.owner = owner;
     this.handle = handle;
-    long[] info = NativeApi.moeInfo(handle);
+    long[] info = NativeOps.moeInfo(handle);
     this.rows = info[0];
     this.firstLocalExpert = info[1];
     int localExperts = Math.toIntExact(info[2]);
@@ -37,7 +38,9 @@ public final class MoeDispatch implements AutoCloseable {
     this.expertOffsets = java.util.Arrays.copyOfRange(info, 5, 5 + localExperts + 1);
     this.expertOutput = HostTensor.allocate(dtype, rows, ffn);
     this.routedTokens = HostTensor.allocate(dtype, rows, hidden);
-    NativeApi.moeCopy(handle, expertOutput.address(), routedTokens.address());
+    try (OpCall copy = new OpCall(null, "moeDispatchGemm", false)) {
+      NativeOps.moeCopy(handle, copy.address(expertOutput), copy.address(routedTokens));
+    }
     this.leakId = LeakTracker.opened("MoeDispatch(" + rows + " rows)");
   }
 
@@ -111,7 +114,12 @@ public final class MoeDispatch implements AutoCloseable {
       srcToken = new int[n];
       slot = new int[n];
       weight = new float[n];
-      NativeApi.moeRowMeta(handle(), srcRank, srcToken, slot, weight);
+      long h = acquire();
+      try {
+        NativeOps.moeRowMeta(h, srcRank, srcToken, slot, weight);
+      } finally {
+        release();
+      }
     }
   }
 
@@ -119,21 +127,29 @@ public final class MoeDispatch implements AutoCloseable {
     return owner;
   }
 
-  synchronized long handle() {
-    if (handle == 0) {
-      throw new IllegalStateException("the MoE dispatch is closed");
-    }
+  /** Holds the dispatch for a native call and returns its handle; {@link #release} after. */
+  long acquire() {
+    uses.acquire("the MoE dispatch");
     return handle;
   }
 
+  void release() {
+    if (uses.release()) {
+      NativeOps.moeFree(handle);
+    }
+  }
+
+  /** Frees the layout (now, or when a combine using it returns) and closes both tensors. */
   @Override
-  public synchronized void close() {
-    if (handle != 0) {
-      NativeApi.moeFree(handle);
-      handle = 0;
-      expertOutput.close();
-      routedTokens.close();
-      LeakTracker.closed(leakId);
+  public void close() {
+    if (uses.isClosed()) {
+      return;
+    }
+    LeakTracker.closed(leakId);
+    expertOutput.close();
+    routedTokens.close();
+    if (uses.close()) {
+      NativeOps.moeFree(handle);
     }
   }
 }

@@ -67,7 +67,9 @@ public final class NativeLibrary {
     } catch (BackendUnavailableException e) {
       failure = e;
       throw e;
-    } catch (IOException | UnsatisfiedLinkError e) {
+    } catch (IOException | LinkageError e) {
+      // LinkageError: UnsatisfiedLinkError, or NoClassDefFoundError from JNI_OnLoad, which loads
+      // the exception classes the error paths throw (jni_onload.cc) and names one it cannot load.
       failure = e;
       throw new BackendUnavailableException(
           null, "fusedcomm's native library could not be loaded (" + e.getMessage() + ")", e);
