@@ -155,6 +155,9 @@ void TransportExchanger::connect(const std::vector<std::string>& endpoints, int 
   }
   FC_REQUIRE(peer_keys_[rank_] == region_.key,
              "connect: endpoint of rank " + std::to_string(rank) + " is not this communicator's");
+  const std::string self =
+      "connect of rank " + std::to_string(rank) + " (world " + std::to_string(world_) + ")";
+  if (aborted_.load()) fail(ErrorKind::kCommunicator, self + ": the communicator was aborted");
 
   rdma::GroupSpec spec;
   spec.job_token = runtime_.config().job_token;
@@ -163,7 +166,25 @@ void TransportExchanger::connect(const std::vector<std::string>& endpoints, int 
   spec.world = world_;
   spec.addresses = peer_addresses_;
   spec.connect_timeout = std::chrono::milliseconds(runtime_.config().connect_timeout_ms);
-  group_ = runtime_.transport().connect(spec);
+  // abort() from another thread reaches the transport's connect wait through this flag.
+  spec.cancel = &aborted_;
+  std::unique_ptr<rdma::PeerGroup> group;
+  try {
+    group = runtime_.transport().connect(spec);
+  } catch (const rdma::TransportError&) {
+    if (aborted_.load()) fail(ErrorKind::kCommunicator, self + ": aborted while connecting");
+    throw;
+  }
+  {
+    // abort() sees either the group (and aborts it) or nothing, in which case the flag it set
+    // before is seen here.
+    std::lock_guard<std::mutex> l(group_mu_);
+    group_ = std::move(group);
+  }
+  if (aborted_.load()) {
+    group_->abort();
+    fail(ErrorKind::kCommunicator, self + ": aborted while connecting");
+  }
 
   ring_memory_ = host_alloc(rdma::ProxyRing::bytes_for(kRingSlots));
   proxy_ = std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring_memory_, kRingSlots), *group_);
@@ -468,7 +489,10 @@ void TransportExchanger::close() {
     }
   }
   proxy_.reset();
-  group_.reset();
+  {
+    std::lock_guard<std::mutex> l(group_mu_);
+    group_.reset();
+  }
   host_free(ring_memory_);
   ring_memory_ = nullptr;
   if (staging_ != nullptr) {
@@ -482,6 +506,7 @@ void TransportExchanger::close() {
 void TransportExchanger::abort() noexcept {
   aborted_.store(true);
   try {
+    std::lock_guard<std::mutex> l(group_mu_);
     if (group_) group_->abort();
   } catch (...) {}
 }

@@ -6,7 +6,8 @@
 // Life cycle (driven by the Comm that owns it): construct with the world size (registers the
 // staging region, so that endpoint() can go into the bootstrap blob) -> connect(endpoints of all
 // ranks, rank, the communicator id all ranks agreed on) -> ops -> close(). abort() may be called
-// from any thread at any time; waits in flight then fail at once.
+// from any thread at any time, also while connect() waits for its peers; waits in flight then
+// fail at once.
 //
 // Everything a peer writes (chunk headers, flags, op descriptions) is checked before it is used;
 // a violation fails the op with an error naming the peer (src/runtime/chunk_wire.h).
@@ -87,6 +88,9 @@ class TransportExchanger final : public Exchanger {
   rdma::Region region_;
   std::vector<uint64_t> peer_keys_;
   std::vector<std::string> peer_addresses_;
+  // Set once by connect(); abort() may read it from another thread meanwhile, so both hold
+  // group_mu_ (and close(), which resets it).
+  std::mutex group_mu_;
   std::unique_ptr<rdma::PeerGroup> group_;
   void* ring_memory_ = nullptr;
   std::unique_ptr<rdma::Proxy> proxy_;
