@@ -133,8 +133,9 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   const auto start = Clock::now();
   const auto deadline = start + spec.connect_timeout;
   auto all_connected = [&] { return g->connected == spec.world - 1; };
+  auto cancelled = [&] { return g->aborted.load() || (spec.cancel != nullptr && spec.cancel->load()); };
   while (true) {
-    if (g->aborted) throw TransportError(-1, g->self() + ": connect was aborted");
+    if (cancelled()) throw TransportError(-1, g->self() + ": connect was aborted");
     auto now = Clock::now();
     std::vector<pollfd> pfds;
     std::vector<Dial*> polled;
@@ -176,8 +177,10 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
       if (all_connected()) break;
       if (now >= deadline) break;
       if (pfds.empty()) {
-        // Nothing to dial now: wait for the higher ranks (or the next retry).
-        g->cv.wait_until(l, wake, [&] { return all_connected() || g->aborted.load(); });
+        // Nothing to dial now: wait for the higher ranks (or the next retry). A cancel flag is
+        // not a condition the group's cv hears of, so it is polled every slice.
+        if (spec.cancel != nullptr) wake = std::min(wake, now + milliseconds(kPollSliceMs));
+        g->cv.wait_until(l, wake, [&] { return all_connected() || cancelled(); });
         continue;
       }
     }

@@ -1,13 +1,18 @@
 // MoE expert parallelism on the host: dispatch (route token rows to their experts' ranks, then
 // one GEMM per local expert) and combine (send expert rows home, weighted sum per token).
 //
-// Wire format of the dispatch row exchange, one block per destination rank d, n_d routed rows:
+// Wire format of the dispatch: first one RowCounts per destination rank d (n_d, the rows the
+// sender routes to d, and its token count T), then one block per destination rank d:
 //   [RoutedRowMeta × n_d][n_d × hidden elements of dtype t]
-// rows in the sender's (token, slot) order. The combine exchange returns, per home rank s:
+// rows in the sender's (token, slot) order, each pair at most once, so n_d <= T × topk. The
+// receiver checks the counts before it sizes anything from them, and every row's identity
+// before it uses it: a peer's numbers are its word until they fit. The combine exchange returns,
+// per home rank s:
 //   [float weight × n_s][n_s × width elements of dtype t]
 // rows again in s's (token, slot) order, which is the order of layout.sent_pairs[d] on s.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "detail.h"
@@ -26,7 +31,30 @@ struct alignas(4) RoutedRowMeta {
 };
 static_assert(sizeof(RoutedRowMeta) == 16, "RoutedRowMeta travels between ranks");
 
+// What a rank announces to each destination before the rows.
+struct alignas(8) RowCounts {
+  int64_t rows;    // rows it routes to the destination
+  int64_t tokens;  // its own token count T (RoutedRowMeta::token < T)
+};
+static_assert(sizeof(RowCounts) == 16, "RowCounts travels between ranks");
+
 std::string str(int64_t v) { return std::to_string(v); }
+
+// a · b for non-negative a, b, or -1 when it does not fit an int64.
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? -1 : r;
+}
+
+// The byte size of `rows` rows of `row_bytes` each, refused (naming the op) when it overflows.
+size_t checked_bytes(int64_t rows, int64_t row_bytes, const char* op, const char* what) {
+  const int64_t b = checked_mul(rows, row_bytes);
+  if (b < 0 || static_cast<uint64_t>(b) > std::numeric_limits<size_t>::max()) {
+    fail(ErrorKind::kInvalidArgument, std::string(op) + ": " + what + " of " + str(rows) + " rows of " +
+                                          str(row_bytes) + " bytes overflows a byte count");
+  }
+  return static_cast<size_t>(b);
+}
 
 }  // namespace
 
@@ -45,6 +73,10 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
   detail::require_data(topk_ids, tokens * topk, kOp, "topk_ids");
   detail::require_data(topk_weights, tokens * topk, kOp, "topk_weights");
   detail::require_data(w1_local, split_count(num_experts, world, r) * ffn * hidden, kOp, "w1_local");
+  // Rows travel with an int32 token index (RoutedRowMeta).
+  FC_REQUIRE(tokens <= std::numeric_limits<int32_t>::max(), std::string(kOp) + ": tokens = " + str(tokens) +
+                                                                " exceeds " +
+                                                                str(std::numeric_limits<int32_t>::max()));
   for (int64_t tok = 0; tok < tokens; ++tok) {
     for (int k = 0; k < topk; ++k) {
       const int32_t id = topk_ids[tok * topk + k];
@@ -76,30 +108,50 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
     for (int k = 0; k < topk; ++k)
       layout.sent_pairs[owner[topk_ids[tok * topk + k]]].push_back(tok * topk + k);
 
-  // 1. Row counts, so every rank can size its receive blocks.
-  std::vector<int64_t> send_rows(world), recv_rows(world);
-  for (int p = 0; p < world; ++p) send_rows[p] = static_cast<int64_t>(layout.sent_pairs[p].size());
+  // 1. Row counts, so every rank can size its receive blocks; checked before anything is sized
+  // from them: a peer's token count fits RoutedRowMeta's int32, and its rows for this rank are
+  // at most its tokens × topk (topk is in the op's fingerprint, the same on every rank).
+  std::vector<int64_t> send_rows(world), recv_rows(world), recv_tokens(world);
   {
+    std::vector<RowCounts> out(world), in(world);
     std::vector<SendBlock> send(world);
     std::vector<RecvBlock> recv(world);
     for (int p = 0; p < world; ++p) {
-      send[p] = {&send_rows[p], sizeof(int64_t)};
-      recv[p] = {&recv_rows[p], sizeof(int64_t)};
+      send_rows[p] = static_cast<int64_t>(layout.sent_pairs[p].size());
+      out[p] = {send_rows[p], tokens};
+      send[p] = {&out[p], sizeof(RowCounts)};
+      recv[p] = {&in[p], sizeof(RowCounts)};
     }
     ex.exchange(send, recv, "moeDispatch/counts");
+    for (int p = 0; p < world; ++p) {
+      const RowCounts c = in[p];
+      if (c.tokens < 0 || c.tokens > std::numeric_limits<int32_t>::max()) {
+        fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(p) + " announced " + str(c.tokens) +
+                                           " tokens, outside [0, " +
+                                           str(std::numeric_limits<int32_t>::max()) + "]");
+      }
+      const int64_t most = c.tokens * topk;  // < 2^31 · 2^31: no overflow
+      if (c.rows < 0 || c.rows > most) {
+        fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(p) + " announced " + str(c.rows) +
+                                           " rows for rank " + str(r) + ", outside [0, " + str(most) +
+                                           "] (its " + str(c.tokens) + " tokens x topk " + str(topk) + ")");
+      }
+      recv_rows[p] = c.rows;
+      recv_tokens[p] = c.tokens;
+    }
   }
 
   // 2. The routed rows with their metadata.
   const auto* xb = static_cast<const uint8_t*>(x);
   const auto block_bytes = [&](int64_t rows) {
-    return rows * static_cast<int64_t>(sizeof(RoutedRowMeta) + row_bytes);
+    return checked_bytes(rows, static_cast<int64_t>(sizeof(RoutedRowMeta)) + row_bytes, kOp, "a row block");
   };
   std::vector<std::vector<uint8_t>> out_blocks(world), in_blocks(world);
   std::vector<SendBlock> send(world);
   std::vector<RecvBlock> recv(world);
   for (int p = 0; p < world; ++p) {
     const int64_t n = send_rows[p];
-    out_blocks[p].resize(static_cast<size_t>(block_bytes(n)));
+    out_blocks[p].resize(block_bytes(n));
     auto* meta = reinterpret_cast<RoutedRowMeta*>(out_blocks[p].data());
     uint8_t* rows = out_blocks[p].data() + n * sizeof(RoutedRowMeta);
     for (int64_t i = 0; i < n; ++i) {
@@ -109,23 +161,34 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
                  topk_weights[pair]};
       if (row_bytes) std::memcpy(rows + i * row_bytes, xb + tok * row_bytes, row_bytes);
     }
-    in_blocks[p].resize(static_cast<size_t>(block_bytes(recv_rows[p])));
+    in_blocks[p].resize(block_bytes(recv_rows[p]));
     send[p] = {out_blocks[p].data(), out_blocks[p].size()};
     recv[p] = {in_blocks[p].data(), in_blocks[p].size()};
   }
   ex.exchange(send, recv, "moeDispatch/rows");
 
   // 3. Expert-major layout; a counting sort keeps (source rank, token, slot) order per expert.
+  // Each row's identity is checked first: an expert this rank owns, a token of the sender's, a
+  // slot below topk, pairs strictly ascending (each at most once, as the combine returns them).
   const int64_t local = layout.local_experts, first = layout.first_local_expert;
   layout.expert_offsets.assign(local + 1, 0);
   for (int s = 0; s < world; ++s) {
     const auto* meta = reinterpret_cast<const RoutedRowMeta*>(in_blocks[s].data());
+    int64_t previous = -1;
     for (int64_t i = 0; i < recv_rows[s]; ++i) {
-      const int64_t e = meta[i].expert - first;
+      const int64_t e = static_cast<int64_t>(meta[i].expert) - first;
       if (e < 0 || e >= local)
         fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(r) + " received a row for expert " +
                                            str(meta[i].expert) + " from rank " + str(s) +
                                            ", which it does not own");
+      const int64_t tok = meta[i].token, slot = meta[i].slot;
+      if (tok < 0 || tok >= recv_tokens[s] || slot < 0 || slot >= topk || tok * topk + slot <= previous) {
+        fail(ErrorKind::kCommunicator,
+             std::string(kOp) + ": rank " + str(r) + " received row " + str(i) + " from rank " + str(s) +
+                 " for token " + str(tok) + " slot " + str(slot) + ": not a new (token, slot) of its " +
+                 str(recv_tokens[s]) + " tokens x topk " + str(topk) + " in ascending order");
+      }
+      previous = tok * topk + slot;
       ++layout.expert_offsets[e + 1];
     }
   }
@@ -135,7 +198,7 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
   layout.src_token.resize(rows);
   layout.src_slot.resize(rows);
   layout.weight.resize(rows);
-  result.routed_x.resize(static_cast<size_t>(rows * row_bytes));
+  result.routed_x.resize(checked_bytes(rows, row_bytes, kOp, "the routed rows"));
   std::vector<int64_t> cursor(layout.expert_offsets.begin(), layout.expert_offsets.end() - 1);
   for (int s = 0; s < world; ++s) {
     const auto* meta = reinterpret_cast<const RoutedRowMeta*>(in_blocks[s].data());
@@ -152,7 +215,7 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
   }
 
   // 4. One GEMM per local expert over its contiguous rows.
-  result.out.resize(static_cast<size_t>(rows * ffn * esize));
+  result.out.resize(checked_bytes(rows, checked_mul(ffn, esize), kOp, "the expert outputs"));
   const auto* w1 = static_cast<const uint8_t*>(w1_local);
   for (int64_t e = 0; e < local; ++e) {
     const int64_t begin = layout.expert_offsets[e], n = layout.expert_offsets[e + 1] - begin;

@@ -4,6 +4,8 @@
 // Enums cross as the C API's values (io.fusedcomm.api's code()).
 #include <jni.h>
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "jni_boundary.h"
@@ -214,7 +216,9 @@ FC_NATIVE(jlongArray, moeInfo)(JNIEnv* env, jclass, jlong h) {
   check(fc_moe_dispatch_layout(as<fc_moe_dispatch_t>(h), &l));
   std::vector<jlong> v = {l.rows, l.first_local_expert, l.local_experts, l.tokens, l.topk};
   v.insert(v.end(), l.expert_offsets, l.expert_offsets + l.local_experts + 1);
-  jlongArray a = env->NewLongArray(static_cast<jsize>(v.size()));
+  if (v.size() > static_cast<size_t>(INT32_MAX)) fusedcomm::jni::invalid("moeInfo: too many local experts");
+  jlongArray a =
+      fusedcomm::jni::non_null(env, env->NewLongArray(static_cast<jsize>(v.size())), "NewLongArray");
   env->SetLongArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
   return a;
   FC_JNI_END(nullptr)
@@ -226,12 +230,26 @@ FC_NATIVE(void, moeCopy)(JNIEnv* env, jclass, jlong h, jlong expert_out, jlong r
   FC_JNI_END()
 }
 
+// Each array: one element per routed row (rows of moeInfo). Their lengths are checked before
+// the first copy: a copy that throws leaves an exception pending, and no JNI call may follow it.
 FC_NATIVE(void, moeRowMeta)
 (JNIEnv* env, jclass, jlong h, jintArray src_rank, jintArray src_token, jintArray slot, jfloatArray weight) {
   FC_JNI_BEGIN
   fc_moe_layout_t l;
   check(fc_moe_dispatch_layout(as<fc_moe_dispatch_t>(h), &l));
+  if (l.rows < 0 || l.rows > INT32_MAX)
+    fusedcomm::jni::invalid("moeRowMeta: " + std::to_string(l.rows) + " rows");
   const auto n = static_cast<jsize>(l.rows);
+  const jarray arrays[] = {src_rank, src_token, slot, weight};
+  const char* names[] = {"srcRank", "srcToken", "slot", "weight"};
+  for (int i = 0; i < 4; ++i) {
+    if (arrays[i] == nullptr) fusedcomm::jni::invalid(std::string("moeRowMeta: null ") + names[i]);
+    const jsize length = env->GetArrayLength(arrays[i]);
+    if (length != n) {
+      fusedcomm::jni::invalid(std::string("moeRowMeta: ") + names[i] + " has " + std::to_string(length) +
+                              " elements for " + std::to_string(n) + " rows");
+    }
+  }
   env->SetIntArrayRegion(src_rank, 0, n, l.src_rank);
   env->SetIntArrayRegion(src_token, 0, n, l.src_token);
   env->SetIntArrayRegion(slot, 0, n, l.src_slot);

@@ -7,6 +7,7 @@
 
 #include <jni.h>
 
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <string>
@@ -92,18 +93,39 @@ inline void check(fc_status_t status) {
   throw Failure{FC_STATUS_INVALID_ARGUMENT, message};
 }
 
+// After a JNI call that can throw: a pending Java exception ends the entry here (no further JNI
+// call may be made with one pending), and FC_JNI_END leaves that exception to the caller.
+inline void check_pending(JNIEnv* env, const char* call) {
+  if (env->ExceptionCheck()) throw Failure{FC_STATUS_INTERNAL, std::string(call) + " failed"};
+}
+
+// What a JNI call returned must not be null: a null with an exception pending ends the entry
+// (as check_pending), a null without one is reported as `what`.
+template <typename T>
+T non_null(JNIEnv* env, T value, const char* what) {
+  if (value == nullptr) {
+    check_pending(env, what);
+    throw Failure{FC_STATUS_INTERNAL, std::string(what) + " returned null"};
+  }
+  return value;
+}
+
 // A Java string as UTF-8 for the duration of a call (short ones without allocating).
 class Utf8 {
  public:
   Utf8(JNIEnv* env, jstring s) {
     if (s == nullptr) invalid("unexpected null string");
     const jsize bytes = env->GetStringUTFLength(s);
+    check_pending(env, "GetStringUTFLength");
+    // A length past jsize's range wraps negative (strings of over 2 GiB of UTF-8).
+    if (bytes < 0) invalid("string too long to convert to UTF-8");
     char* dst = small_;
     if (static_cast<size_t>(bytes) >= sizeof small_) {
       large_.resize(static_cast<size_t>(bytes) + 1);
       dst = large_.data();
     }
     env->GetStringUTFRegion(s, 0, env->GetStringLength(s), dst);
+    check_pending(env, "GetStringUTFRegion");
     dst[bytes] = '\0';
     chars_ = dst;
   }
@@ -123,17 +145,23 @@ inline std::vector<std::string> to_strings(JNIEnv* env, jobjectArray a) {
   jsize n = env->GetArrayLength(a);
   for (jsize i = 0; i < n; ++i) {
     auto s = static_cast<jstring>(env->GetObjectArrayElement(a, i));
+    check_pending(env, "GetObjectArrayElement");
     out.emplace_back(Utf8(env, s).c_str());
     env->DeleteLocalRef(s);
   }
   return out;
 }
 
-inline jstring to_jstring(JNIEnv* env, const char* s) { return env->NewStringUTF(s); }
+// A C API string (never null on success; refused if it is) as a Java string.
+inline jstring to_jstring(JNIEnv* env, const char* s) {
+  if (s == nullptr) throw Failure{FC_STATUS_INTERNAL, "a native call returned a null string"};
+  return non_null(env, env->NewStringUTF(s), "NewStringUTF");
+}
 
 inline jbyteArray to_jbytes(JNIEnv* env, const uint8_t* data, size_t bytes) {
-  jbyteArray a = env->NewByteArray(static_cast<jsize>(bytes));
-  if (a != nullptr && bytes > 0) {
+  if (bytes > static_cast<size_t>(INT32_MAX)) invalid("a native byte blob is too large for a Java array");
+  jbyteArray a = non_null(env, env->NewByteArray(static_cast<jsize>(bytes)), "NewByteArray");
+  if (bytes > 0) {
     env->SetByteArrayRegion(a, 0, static_cast<jsize>(bytes), reinterpret_cast<const jbyte*>(data));
   }
   return a;

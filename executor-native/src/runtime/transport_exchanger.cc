@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
+#include "chunk_wire.h"
 #include "fusedcomm/rdma/errors.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/memory.h"
@@ -14,23 +16,57 @@ namespace fusedcomm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint64_t kChunkMagic = 0x6663636b6e6b6331ull;  // "fcckn kc1"
+using chunk_wire::barrier_fingerprint;
+using chunk_wire::ChunkHeader;
+using chunk_wire::kChunkMagic;
 constexpr uint32_t kRingSlots = 1024;
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-
-// Fingerprint of one of the communicator's own barriers: a hash of its name (FNV-1a), so that a
-// rank in the finish barrier and a rank in an op are told apart.
-uint64_t barrier_fingerprint(const char* name) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const char* p = name; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
-  return h;
-}
 
 void copy_text(char* dst, size_t cap, const std::string& s) {
   size_t n = std::min(cap - 1, s.size());
   std::memcpy(dst, s.data(), n);
   dst[n] = '\0';
+}
+
+// A text field a peer wrote (at most `cap` bytes, NUL-terminated within them), as it may appear
+// in an error message: the bytes before the NUL, or all `cap` if there is none, with every byte
+// that is not printable ASCII or part of a well-formed UTF-8 sequence of up to three bytes
+// written as \xNN (messages end up in Java exceptions, whose text must be valid modified
+// UTF-8). Returns whether the field was terminated.
+bool peer_text(const char* field, size_t cap, std::string* out) {
+  const auto* b = reinterpret_cast<const unsigned char*>(field);
+  const size_t n = strnlen(field, cap);
+  out->clear();
+  static const char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    size_t len = 0;  // of a well-formed sequence starting at i; 0: escape this byte
+    if (c >= 0x20 && c < 0x7f) {
+      len = 1;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+    }
+    for (size_t k = 1; k < len; ++k) {
+      if (i + k >= n || (b[i + k] & 0xc0) != 0x80) len = 0;
+    }
+    if (len == 3) {
+      const unsigned cp = (c & 0x0fu) << 12 | (b[i + 1] & 0x3fu) << 6 | (b[i + 2] & 0x3fu);
+      if (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff)) len = 0;  // overlong, or a surrogate
+    }
+    if (len == 0) {
+      *out += "\\x";
+      *out += kHex[c >> 4];
+      *out += kHex[c & 15];
+      ++i;
+    } else {
+      out->append(field + i, len);
+      i += len;
+    }
+  }
+  return n < cap;
 }
 
 // Waiting without burning the cores the other ranks (and the transport's receiver thread) need:
@@ -51,43 +87,15 @@ class Backoff {
   uint64_t n_ = 0;
 };
 
-// Each chunk slot starts with this header; the payload follows it. It is written by the sender
-// into its own send slot, then travels with the payload in one transport write.
-struct alignas(64) ChunkHeader {
-  uint64_t magic;         // kChunkMagic
-  uint64_t exchange_seq;  // the sender's exchange counter: ranks must call ops in one order
-  uint64_t fingerprint;   // the op's global parameters (begin_op)
-  uint64_t total_bytes;   // whole block this exchange sends to the receiver
-  uint64_t offset;        // of this chunk's payload within the block
-  uint64_t bytes;         // payload bytes in this chunk
-  uint64_t reserved[2];
-  char op[320];    // the sender's op description, NUL-terminated
-  char step[128];  // the exchange step, NUL-terminated
-};
-static_assert(sizeof(ChunkHeader) == 512);
-
 }  // namespace
 
-// Staging region layout (one registered region per communicator), W = world,
-// S = slot stride = sizeof(ChunkHeader) + chunk_bytes:
-//   recv slots  [0, 2WS)        slot (src, b) at (2 src + b) S: chunks from rank src, b = chunk % 2
-//   send slots  [2WS, 4WS)      slot (dst, b): my chunk for rank dst, staged before posting
-//   data flags  [4WS, 4WS+8W)   data[src]: chunks src has delivered here (written by src)
-//   credits     [4WS+8W, +8W)   credit[dst]: my chunks dst has consumed (written by dst)
-// Two slots per pair: chunk c may be sent once the receiver has consumed chunk c-2
-// (c - credit < 2). Flags only grow; they are written by the transport with release ordering
-// after the payload, and read here with acquire loads.
-size_t TransportExchanger::slot_stride() const { return sizeof(ChunkHeader) + chunk_bytes_; }
-size_t TransportExchanger::recv_slot(int src, uint64_t chunk) const {
-  return (2 * static_cast<size_t>(src) + chunk % 2) * slot_stride();
-}
-size_t TransportExchanger::send_slot(int dst, uint64_t chunk) const {
-  return 2 * world_ * slot_stride() + recv_slot(dst, chunk);
-}
-size_t TransportExchanger::data_flag(int src) const { return 4 * world_ * slot_stride() + 8 * src; }
-size_t TransportExchanger::credit_flag(int dst) const {
-  return 4 * world_ * slot_stride() + 8 * world_ + 8 * dst;
-}
+// The staging region's layout and the chunk header: chunk_wire.h.
+size_t TransportExchanger::slot_stride() const { return layout().slot_stride(); }
+size_t TransportExchanger::recv_slot(int src, uint64_t chunk) const { return layout().recv_slot(src, chunk); }
+size_t TransportExchanger::send_slot(int dst, uint64_t chunk) const { return layout().send_slot(dst, chunk); }
+size_t TransportExchanger::data_flag(int src) const { return layout().data_flag(src); }
+size_t TransportExchanger::credit_flag(int dst) const { return layout().credit_flag(dst); }
+chunk_wire::StagingLayout TransportExchanger::layout() const { return {world_, chunk_bytes_}; }
 uint64_t TransportExchanger::load_flag(size_t offset) const {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(staging_ + offset))
       .load(std::memory_order_acquire);
@@ -96,7 +104,7 @@ uint64_t TransportExchanger::load_flag(size_t offset) const {
 TransportExchanger::TransportExchanger(Runtime& runtime, int world)
     : runtime_(runtime), chunk_bytes_(runtime.config().chunk_bytes), world_(world) {
   FC_REQUIRE(world >= 1, "world size must be at least 1, got " + std::to_string(world));
-  staging_bytes_ = 4 * world_ * slot_stride() + 16 * static_cast<size_t>(world_);
+  staging_bytes_ = layout().bytes();
   staging_ = static_cast<char*>(host_alloc(staging_bytes_));
   try {
     region_ = runtime_.transport().register_memory(staging_, staging_bytes_);
@@ -127,16 +135,29 @@ void TransportExchanger::connect(const std::vector<std::string>& endpoints, int 
   FC_REQUIRE(rank >= 0 && rank < world_,
              "connect: rank " + std::to_string(rank) + " outside world " + std::to_string(world_));
   rank_ = rank;
+  // Endpoints come from every rank's bootstrap blob: parsed strictly, never trusted.
   peer_keys_.assign(world_, 0);
+  peer_addresses_.clear();
   for (int i = 0; i < world_; ++i) {
     const std::string& e = endpoints[i];
-    auto hash = e.rfind('#');
-    FC_REQUIRE(hash != std::string::npos && hash + 1 < e.size(), "connect: malformed endpoint '" + e + "'");
+    const auto hash = e.rfind('#');
+    const char* key_begin = e.data() + (hash == std::string::npos ? e.size() : hash + 1);
+    const char* key_end = e.data() + e.size();
+    const auto parsed = std::from_chars(key_begin, key_end, peer_keys_[i]);
+    if (hash == std::string::npos || hash == 0 || key_begin == key_end || parsed.ec != std::errc() ||
+        parsed.ptr != key_end) {
+      std::string shown;
+      peer_text(e.c_str(), std::min<size_t>(e.size(), 200) + 1, &shown);
+      fail(ErrorKind::kInvalidArgument, "connect: the endpoint of rank " + std::to_string(i) + " ('" + shown +
+                                            "') is malformed (want host:port#regionKey)");
+    }
     peer_addresses_.push_back(e.substr(0, hash));
-    peer_keys_[i] = std::stoull(e.substr(hash + 1));
   }
   FC_REQUIRE(peer_keys_[rank_] == region_.key,
              "connect: endpoint of rank " + std::to_string(rank) + " is not this communicator's");
+  const std::string self =
+      "connect of rank " + std::to_string(rank) + " (world " + std::to_string(world_) + ")";
+  if (aborted_.load()) fail(ErrorKind::kCommunicator, self + ": the communicator was aborted");
 
   rdma::GroupSpec spec;
   spec.job_token = runtime_.config().job_token;
@@ -145,7 +166,25 @@ void TransportExchanger::connect(const std::vector<std::string>& endpoints, int 
   spec.world = world_;
   spec.addresses = peer_addresses_;
   spec.connect_timeout = std::chrono::milliseconds(runtime_.config().connect_timeout_ms);
-  group_ = runtime_.transport().connect(spec);
+  // abort() from another thread reaches the transport's connect wait through this flag.
+  spec.cancel = &aborted_;
+  std::unique_ptr<rdma::PeerGroup> group;
+  try {
+    group = runtime_.transport().connect(spec);
+  } catch (const rdma::TransportError&) {
+    if (aborted_.load()) fail(ErrorKind::kCommunicator, self + ": aborted while connecting");
+    throw;
+  }
+  {
+    // abort() sees either the group (and aborts it) or nothing, in which case the flag it set
+    // before is seen here.
+    std::lock_guard<std::mutex> l(group_mu_);
+    group_ = std::move(group);
+  }
+  if (aborted_.load()) {
+    group_->abort();
+    fail(ErrorKind::kCommunicator, self + ": aborted while connecting");
+  }
 
   ring_memory_ = host_alloc(rdma::ProxyRing::bytes_for(kRingSlots));
   proxy_ = std::make_unique<rdma::Proxy>(rdma::ProxyRing(ring_memory_, kRingSlots), *group_);
@@ -206,6 +245,52 @@ void TransportExchanger::post(const rdma::WriteOp& op) {
   }
 }
 
+// A received chunk header (a copy) against the chunk this rank waits for: chunk `off / chunk
+// bytes` of a `total`-byte block of exchange `seq`, `n` payload bytes at `off`. Every field is
+// the peer's word until it matches exactly; a mismatch fails the op naming the peer.
+void TransportExchanger::check_chunk(const ChunkHeader& h, int p, uint64_t seq, uint64_t total, uint64_t off,
+                                     uint64_t n, const char* step, const std::string& where) {
+  if (h.magic != kChunkMagic) {
+    fail_broken(ErrorKind::kTransport,
+                where + ": corrupt chunk header from " + peer_name(p) + " (bad magic)");
+  }
+  std::string op, peer_step;
+  const bool op_ended = peer_text(h.op, sizeof h.op, &op);
+  const bool step_ended = peer_text(h.step, sizeof h.step, &peer_step);
+  if (!op_ended || !step_ended) {
+    std::string start;  // a bounded prefix, for the message
+    peer_text(op_ended ? h.step : h.op, 64, &start);
+    fail_broken(ErrorKind::kTransport, where + ": malformed chunk header from " + peer_name(p) + ": its " +
+                                           (op_ended ? "step name" : "op description") +
+                                           " is not NUL-terminated within its " +
+                                           std::to_string(op_ended ? sizeof h.step : sizeof h.op) +
+                                           "-byte field (it starts '" + start + "...')");
+  }
+  if (h.fingerprint != op_fingerprint_ || h.exchange_seq != seq) {
+    fail_broken(ErrorKind::kCommunicator,
+                "op parameters differ across ranks: " + peer_name(p) + " called " + op + " [" + peer_step +
+                    "], but rank " + std::to_string(rank_) + " called " + op_description_ + " [" + step +
+                    "]" +
+                    (h.exchange_seq != seq
+                         ? " (its exchange " + std::to_string(h.exchange_seq) + ", this rank's " +
+                               std::to_string(seq) + ": the ranks have not called the same sequence of ops)"
+                         : ""));
+  }
+  if (h.total_bytes != total) {
+    fail_broken(ErrorKind::kCommunicator, where + ": " + peer_name(p) + " sends " +
+                                              std::to_string(h.total_bytes) +
+                                              " bytes but this rank expects " + std::to_string(total) +
+                                              " (shapes inconsistent across ranks)");
+  }
+  if (h.offset != off || h.bytes != n) {
+    fail_broken(ErrorKind::kTransport,
+                where + ": chunk out of range from " + peer_name(p) + ": " + std::to_string(h.bytes) +
+                    " bytes at offset " + std::to_string(h.offset) + " where this rank expects " +
+                    std::to_string(n) + " bytes at offset " + std::to_string(off) + " of the " +
+                    std::to_string(total) + "-byte block (protocol violation)");
+  }
+}
+
 void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std::vector<RecvBlock>& recv,
                                   const char* step) {
   check_usable(step);
@@ -223,9 +308,8 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
   const uint64_t seq = ++exchange_seq_;
 
   struct Pair {
-    uint64_t send_chunks = 0, sent = 0;      // this exchange
-    uint64_t recv_chunks = 0, received = 0;  // recv_chunks known from the first header
-    bool header_seen = false;
+    uint64_t send_chunks = 0, sent = 0;  // this exchange
+    uint64_t recv_chunks = 0, received = 0;
   };
   std::vector<Pair> pairs(world_);
   int pending = 0;
@@ -246,8 +330,17 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
       for (int p = 0; p < world_; ++p) {
         if (p == rank_) continue;
         Pair& pr = pairs[p];
-        // Send what the credits allow.
-        while (pr.sent < pr.send_chunks && sent_chunks_[p] - load_flag(credit_flag(p)) < 2) {
+        // Send what the credits allow. The peer's credit counts chunks it consumed: never more
+        // than were sent to it.
+        while (pr.sent < pr.send_chunks) {
+          const uint64_t credit = load_flag(credit_flag(p));
+          if (credit > sent_chunks_[p]) {
+            fail_broken(ErrorKind::kTransport, where + ": " + peer_name(p) + " credited " +
+                                                   std::to_string(credit) + " chunks but only " +
+                                                   std::to_string(sent_chunks_[p]) +
+                                                   " were sent to it (protocol violation)");
+          }
+          if (sent_chunks_[p] - credit >= 2) break;
           const uint64_t chunk = sent_chunks_[p];
           const uint64_t off = pr.sent * chunk_bytes_;
           const uint64_t n = std::min<uint64_t>(chunk_bytes_, send[p].bytes - std::min(off, send[p].bytes));
@@ -278,34 +371,28 @@ void TransportExchanger::exchange(const std::vector<SendBlock>& send, const std:
           if (++pr.sent == pr.send_chunks) --pending;
           progress = true;
         }
-        // Consume what has arrived.
-        while (pr.received < pr.recv_chunks && load_flag(data_flag(p)) > consumed_chunks_[p]) {
-          const uint64_t chunk = consumed_chunks_[p];
-          const auto* h = reinterpret_cast<const ChunkHeader*>(staging_ + recv_slot(p, chunk));
-          if (h->magic != kChunkMagic) {
-            fail_broken(ErrorKind::kTransport, where + ": corrupt chunk header from " + peer_name(p));
+        // Consume what has arrived. The data flag counts chunks the peer delivered; the credits
+        // let it run at most two ahead of what this rank consumed.
+        while (pr.received < pr.recv_chunks) {
+          const uint64_t delivered = load_flag(data_flag(p));
+          if (delivered <= consumed_chunks_[p]) break;
+          if (delivered - consumed_chunks_[p] > 2) {
+            fail_broken(ErrorKind::kTransport, where + ": " + peer_name(p) + " signalled " +
+                                                   std::to_string(delivered) + " chunks delivered while " +
+                                                   std::to_string(consumed_chunks_[p]) +
+                                                   " were consumed here, at most 2 may be in flight "
+                                                   "(protocol violation)");
           }
-          if (h->fingerprint != op_fingerprint_ || h->exchange_seq != seq) {
-            fail_broken(ErrorKind::kCommunicator, "op parameters differ across ranks: " + peer_name(p) +
-                                                      " called " + std::string(h->op) + " [" + h->step +
-                                                      "], but rank " + std::to_string(rank_) + " called " +
-                                                      op_description_ + " [" + step + "]");
-          }
-          if (!pr.header_seen) {
-            pr.header_seen = true;
-            if (h->total_bytes != recv[p].bytes) {
-              fail_broken(ErrorKind::kCommunicator,
-                          where + ": " + peer_name(p) + " sends " + std::to_string(h->total_bytes) +
-                              " bytes but this rank expects " + std::to_string(recv[p].bytes) +
-                              " (shapes inconsistent across ranks)");
-            }
-          }
-          if (h->offset + h->bytes > recv[p].bytes || h->bytes > chunk_bytes_) {
-            fail_broken(ErrorKind::kTransport, where + ": chunk out of range from " + peer_name(p));
-          }
-          if (h->bytes > 0) {
-            std::memcpy(static_cast<char*>(recv[p].data) + h->offset, reinterpret_cast<const char*>(h + 1),
-                        h->bytes);
+          // A copy: the peer can write the slot again at any time, and what was checked is what
+          // gets used.
+          ChunkHeader h;
+          std::memcpy(&h, staging_ + recv_slot(p, consumed_chunks_[p]), sizeof h);
+          const uint64_t off = pr.received * chunk_bytes_;
+          const uint64_t n = std::min<uint64_t>(chunk_bytes_, recv[p].bytes - std::min(off, recv[p].bytes));
+          check_chunk(h, p, seq, recv[p].bytes, off, n, step, where);
+          if (n > 0) {
+            std::memcpy(static_cast<char*>(recv[p].data) + off,
+                        staging_ + recv_slot(p, consumed_chunks_[p]) + sizeof(ChunkHeader), n);
           }
           ++consumed_chunks_[p];
           rdma::WriteOp credit;
@@ -402,7 +489,10 @@ void TransportExchanger::close() {
     }
   }
   proxy_.reset();
-  group_.reset();
+  {
+    std::lock_guard<std::mutex> l(group_mu_);
+    group_.reset();
+  }
   host_free(ring_memory_);
   ring_memory_ = nullptr;
   if (staging_ != nullptr) {
@@ -416,6 +506,7 @@ void TransportExchanger::close() {
 void TransportExchanger::abort() noexcept {
   aborted_.store(true);
   try {
+    std::lock_guard<std::mutex> l(group_mu_);
     if (group_) group_->abort();
   } catch (...) {}
 }

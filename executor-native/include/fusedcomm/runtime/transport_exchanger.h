@@ -6,7 +6,11 @@
 // Life cycle (driven by the Comm that owns it): construct with the world size (registers the
 // staging region, so that endpoint() can go into the bootstrap blob) -> connect(endpoints of all
 // ranks, rank, the communicator id all ranks agreed on) -> ops -> close(). abort() may be called
-// from any thread at any time; waits in flight then fail at once.
+// from any thread at any time, also while connect() waits for its peers; waits in flight then
+// fail at once.
+//
+// Everything a peer writes (chunk headers, flags, op descriptions) is checked before it is used;
+// a violation fails the op with an error naming the peer (src/runtime/chunk_wire.h).
 //
 // Every op calls begin_op(description, fingerprint) first. The fingerprint covers the op's global
 // parameters (op, dtype, global shapes); it travels in every chunk header, so a rank whose
@@ -27,6 +31,11 @@
 #include "fusedcomm/runtime/runtime.h"
 
 namespace fusedcomm {
+
+namespace chunk_wire {
+struct ChunkHeader;
+struct StagingLayout;
+}  // namespace chunk_wire
 
 class TransportExchanger final : public Exchanger {
  public:
@@ -53,6 +62,7 @@ class TransportExchanger final : public Exchanger {
   void abort() noexcept;
 
  private:
+  chunk_wire::StagingLayout layout() const;
   size_t slot_stride() const;
   size_t recv_slot(int src, uint64_t chunk) const;
   size_t send_slot(int dst, uint64_t chunk) const;
@@ -62,6 +72,8 @@ class TransportExchanger final : public Exchanger {
   void check_usable(const char* what) const;
   void post(const rdma::WriteOp& op);
   void barrier(const char* name, const char* step);  // an exchange of empty blocks
+  void check_chunk(const chunk_wire::ChunkHeader& h, int peer, uint64_t seq, uint64_t total, uint64_t offset,
+                   uint64_t bytes, const char* step, const std::string& where);
   [[noreturn]] void fail_broken(ErrorKind kind, const std::string& message);
   std::string peer_name(int peer) const;
 
@@ -76,6 +88,9 @@ class TransportExchanger final : public Exchanger {
   rdma::Region region_;
   std::vector<uint64_t> peer_keys_;
   std::vector<std::string> peer_addresses_;
+  // Set once by connect(); abort() may read it from another thread meanwhile, so both hold
+  // group_mu_ (and close(), which resets it).
+  std::mutex group_mu_;
   std::unique_ptr<rdma::PeerGroup> group_;
   void* ring_memory_ = nullptr;
   std::unique_ptr<rdma::Proxy> proxy_;

@@ -19,6 +19,7 @@
 //     and by any later write() to it; nothing in the transport blocks without a bound.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -67,6 +68,10 @@ struct GroupSpec {
   // (the socket one) reads lane l's connection to peer p on thread (l + p) % threads. The
   // same on every rank of the group; it changes nothing about delivery.
   uint32_t lane = 0;
+  // Optional: a flag another thread sets to give the connect up (the communicator was
+  // aborted). connect() reads it at least every few tens of milliseconds and then throws
+  // TransportError, so an abort never waits for connect_timeout.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // kClosed: the peer closed the group politely (close()), or this side closed or aborted it;

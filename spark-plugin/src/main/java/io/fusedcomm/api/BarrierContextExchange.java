@@ -19,7 +19,9 @@ import org.apache.spark.util.TaskFailureListener;
  *
  * <p>It also ties the communicator to the task: a failed task aborts it, a completed task closes
  * what the user forgot to close, and a watchdog aborts it when Spark kills the task (a kill only
- * interrupts the Java thread, which does not reach a native wait).
+ * interrupts the Java thread, which does not reach a native wait), from before the exchange and
+ * the connect (a task killed while its peers never connect stops at once, not after the connect
+ * timeout) until the task ends.
  *
  * <p>Internal to {@link Communicator#create(BarrierTaskContext, CommOptions)}; it lives in this
  * package so that {@code io.fusedcomm.api} does not depend on {@code io.fusedcomm.spark} (which
@@ -28,6 +30,8 @@ import org.apache.spark.util.TaskFailureListener;
 final class BarrierContextExchange implements BootstrapExchange {
   private static final Map<Long, AtomicInteger> CREATED = new ConcurrentHashMap<>();
   private static final Map<Communicator, BarrierTaskContext> WATCHED = new ConcurrentHashMap<>();
+  /** Aborts of communicators still in {@link Communicator#create}, by the task they belong to. */
+  private static final Map<Runnable, BarrierTaskContext> BOOTSTRAPPING = new ConcurrentHashMap<>();
   private static final ScheduledExecutorService WATCHDOG =
       Executors.newSingleThreadScheduledExecutor(
           r -> {
@@ -81,6 +85,15 @@ final class BarrierContextExchange implements BootstrapExchange {
     return context.allGather(mine);
   }
 
+  /**
+   * Runs {@code abort} (the native communicator's, safe at any moment) if the task is killed
+   * before the watch ends; returns what ends it.
+   */
+  Runnable watchBootstrap(Runnable abort) {
+    BOOTSTRAPPING.put(abort, context);
+    return () -> BOOTSTRAPPING.remove(abort);
+  }
+
   /** Ties {@code comm}'s life to the task (see the class comment). */
   void watch(Communicator comm) {
     WATCHED.put(comm, context);
@@ -96,6 +109,11 @@ final class BarrierContextExchange implements BootstrapExchange {
   }
 
   private static void abortKilled() {
+    for (Map.Entry<Runnable, BarrierTaskContext> e : BOOTSTRAPPING.entrySet()) {
+      if (e.getValue().isInterrupted() && BOOTSTRAPPING.remove(e.getKey()) != null) {
+        e.getKey().run();
+      }
+    }
     for (Map.Entry<Communicator, BarrierTaskContext> e : WATCHED.entrySet()) {
       if (e.getValue().isInterrupted() || e.getKey().isClosed()) {
         WATCHED.remove(e.getKey());

@@ -11,6 +11,7 @@ import io.fusedcomm.runtime.LeakTracker;
 import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.atomic.AtomicReference;
+import java.util.function.Function;
 import jcuda.runtime.cudaStream_t;
 import org.apache.spark.BarrierTaskContext;
 
@@ -132,7 +133,7 @@ public final class Communicator implements AutoCloseable {
                             + " with --conf spark.plugins=io.fusedcomm.FusedCommPlugin and the fusedcomm"
                             + " jar in --jars"));
     BarrierContextExchange exchange = new BarrierContextExchange(context, options.name());
-    Communicator comm = bootstrap(runtime, exchange, options);
+    Communicator comm = bootstrap(runtime, exchange, options, exchange::watchBootstrap);
     exchange.watch(comm);
     return comm;
   }
@@ -144,6 +145,17 @@ public final class Communicator implements AutoCloseable {
    */
   public static Communicator bootstrap(
       ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options) {
+    return bootstrap(runtime, exchange, options, abort -> () -> {});
+  }
+
+  /**
+   * {@link #bootstrap(ExecutorRuntime, BootstrapExchange, CommOptions)}; {@code watch} gets, once
+   * the native communicator exists and before the exchange and the connect, an action that aborts
+   * it from any thread (a task kill does not reach a native wait by itself), and returns what
+   * ends that watch, which runs once bootstrap has returned or failed.
+   */
+  static Communicator bootstrap(ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options,
+                                Function<Runnable, Runnable> watch) {
     int world = exchange.world();
     int rank = exchange.rank();
     if (world < 1 || rank < 0 || rank >= world) {
@@ -160,6 +172,7 @@ public final class Communicator implements AutoCloseable {
     }
     NativeHandle owned = new NativeHandle(handle);
     lease.onAbort(owned::abort);  // a runtime that closes meanwhile aborts it (and waits)
+    Runnable unwatch = watch.apply(owned::abort);
     try {
       // Every rank must split hosts (and share GPUs) the same way: the settings join the plan's
       // fingerprint.
@@ -203,6 +216,8 @@ public final class Communicator implements AutoCloseable {
         lease.close();
       }
       throw e;
+    } finally {
+      unwatch.run();
     }
   }
 
