@@ -46,7 +46,7 @@ class JniBoundaryTest {
         HostTensor w1 = s.of(new float[] {1, 0, 0, 1}, DType.F32, 1, 2, 2);
         try (MoeDispatch d = comm.moeDispatchGemm(x, ids, weights, 1, w1)) {
           assertEquals(3, d.rows());
-          long h = d.handle();
+          long h = d.acquire();  // the raw handle, held for the direct calls below
           int[] three = new int[3];
           float[] threeF = new float[3];
           IllegalArgumentException shortArray = assertThrows(IllegalArgumentException.class,
@@ -58,6 +58,7 @@ class JniBoundaryTest {
           IllegalArgumentException nullArray = assertThrows(IllegalArgumentException.class,
               () -> NativeOps.moeRowMeta(h, null, three, three, threeF));
           assertTrue(nullArray.getMessage().contains("null srcRank"), nullArray.getMessage());
+          d.release();
           // Nothing was copied into the arrays of the refused calls, and the dispatch still works.
           assertArrayEquals(new int[3], three);
           assertEquals(0.25f, d.weight(1));
