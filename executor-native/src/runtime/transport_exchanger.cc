@@ -119,13 +119,17 @@ std::string TransportExchanger::endpoint() const {
   return runtime_.transport().address() + "#" + std::to_string(region_.key);
 }
 
-void TransportExchanger::connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id) {
+void TransportExchanger::connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id,
+                                 const std::vector<rdma::auth::Share>& shares) {
   FC_REQUIRE(!connected_ && !closed_, "connect: the communicator is already connected or closed");
   FC_REQUIRE(
       static_cast<int>(endpoints.size()) == world_,
       "connect: " + std::to_string(endpoints.size()) + " endpoints for world " + std::to_string(world_));
   FC_REQUIRE(rank >= 0 && rank < world_,
              "connect: rank " + std::to_string(rank) + " outside world " + std::to_string(world_));
+  FC_REQUIRE(world_ == 1 || static_cast<int>(shares.size()) == world_,
+             "connect: " + std::to_string(shares.size()) + " authentication shares for world " +
+                 std::to_string(world_) + " (one per rank, from the bootstrap)");
   rank_ = rank;
   peer_keys_.assign(world_, 0);
   for (int i = 0; i < world_; ++i) {
@@ -138,8 +142,9 @@ void TransportExchanger::connect(const std::vector<std::string>& endpoints, int 
   FC_REQUIRE(peer_keys_[rank_] == region_.key,
              "connect: endpoint of rank " + std::to_string(rank) + " is not this communicator's");
 
+  key_ = rdma::auth::derive_comm_key(runtime_.config().job_token, comm_id, shares);
   rdma::GroupSpec spec;
-  spec.job_token = runtime_.config().job_token;
+  spec.key = key_;
   spec.comm_id = comm_id;
   spec.rank = rank;
   spec.world = world_;

@@ -5,7 +5,8 @@
 //
 // Life cycle (driven by the Comm that owns it): construct with the world size (registers the
 // staging region, so that endpoint() can go into the bootstrap blob) -> connect(endpoints of all
-// ranks, rank, the communicator id all ranks agreed on) -> ops -> close(). abort() may be called
+// ranks, rank, the communicator id all ranks agreed on, every rank's bootstrap share) -> ops ->
+// close(). abort() may be called
 // from any thread at any time; waits in flight then fail at once.
 //
 // Every op calls begin_op(description, fingerprint) first. The fingerprint covers the op's global
@@ -37,8 +38,14 @@ class TransportExchanger final : public Exchanger {
 
   // "host:port#regionKey": what peers need to reach this rank's staging region.
   std::string endpoint() const;
-  // Builds the connections; endpoints[i] is rank i's endpoint(). Bounded by the connect timeout.
-  void connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id);
+  // Builds the connections; endpoints[i] is rank i's endpoint(), shares[i] the random share rank
+  // i published in the bootstrap (one per rank; none for a world of one). The connections are
+  // authenticated with the communicator's key, rdma::auth::derive_comm_key(job token, comm_id,
+  // shares). Bounded by the connect timeout.
+  void connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id,
+               const std::vector<rdma::auth::Share>& shares);
+  // The communicator's key (after connect): the cuda backend's groups between hosts use it too.
+  const rdma::auth::Key& key() const { return key_; }
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
@@ -76,6 +83,7 @@ class TransportExchanger final : public Exchanger {
   rdma::Region region_;
   std::vector<uint64_t> peer_keys_;
   std::vector<std::string> peer_addresses_;
+  rdma::auth::Key key_{};
   std::unique_ptr<rdma::PeerGroup> group_;
   void* ring_memory_ = nullptr;
   std::unique_ptr<rdma::Proxy> proxy_;

@@ -8,6 +8,7 @@ import io.fusedcomm.bootstrap.RankInfoCodec;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
 import io.fusedcomm.runtime.NativeApi;
+import java.security.SecureRandom;
 import java.util.List;
 import java.util.Locale;
 import jcuda.runtime.cudaStream_t;
@@ -52,6 +53,8 @@ import org.apache.spark.BarrierTaskContext;
  * <p>Ops on one communicator are serialised: call them from one thread.
  */
 public final class Communicator implements AutoCloseable {
+  private static final SecureRandom SHARES = new SecureRandom();
+
   private final ExecutorRuntime runtime;
   private final int rank;
   private final int world;
@@ -133,7 +136,9 @@ public final class Communicator implements AutoCloseable {
   /**
    * Builds a communicator over any launcher's {@link BootstrapExchange} (calls its allGather
    * exactly once). Every rank checks every rank's bootstrap blob; an inconsistent world, job,
-   * plan or GPU assignment fails on all ranks with the same message.
+   * plan or GPU assignment fails on all ranks with the same message. Each rank's blob carries a
+   * fresh random share; all of them, with the job token, make the key that authenticates the
+   * communicator's connections, so only the allGather carries secrets (docs/deploying.md).
    */
   public static Communicator bootstrap(
       ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options) {
@@ -170,6 +175,7 @@ public final class Communicator implements AutoCloseable {
               NativeApi.commEndpoint(handle),
               runtime.jobToken(),
               exchange.commNonce(),
+              authShare(),
               world,
               rank,
               plan.value(),
@@ -179,9 +185,10 @@ public final class Communicator implements AutoCloseable {
       BootstrapCheck.check(infos, world, rank, !shareGpu);
       HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
+      byte[][] authShares = infos.stream().map(RankInfo::authShare).toArray(byte[][]::new);
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
       NativeApi.commConnect(
-          handle, endpoints, rank, exchange.commNonce(), deviceHandles, layout.hostIds());
+          handle, endpoints, rank, exchange.commNonce(), authShares, deviceHandles, layout.hostIds());
       return new Communicator(runtime, lease, owned, rank, world, infos, layout);
     } catch (RuntimeException | Error e) {
       // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
@@ -196,6 +203,13 @@ public final class Communicator implements AutoCloseable {
       }
       throw e;
     }
+  }
+
+  /** A fresh random share of the communicator's key ({@link RankInfo#authShare()}). */
+  private static byte[] authShare() {
+    byte[] share = new byte[RankInfo.AUTH_SHARE_BYTES];
+    SHARES.nextBytes(share);
+    return share;
   }
 
   /** This rank. */
