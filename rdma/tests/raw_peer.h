@@ -329,7 +329,7 @@ inline StrangerReport run_stranger(const StrangerPlan& plan) {
         if (v == 3) m->world = 1 << 30;
         if (v == 4) m->target_rank = m->rank;
         if (v == 5) m->comm_id = rng();
-        fire(t, h, true);
+        fire(t, h, false);
       }
       // A replayed hello, twice on one connection (a second message where a proof belongs).
       auto twice = hello_bytes(plan.comm_id, 1, 0);
