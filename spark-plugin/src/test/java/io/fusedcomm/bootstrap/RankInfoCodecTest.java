@@ -149,7 +149,9 @@ class RankInfoCodecTest {
   @Test
   void malformedVarint() {
     // magic, version, then a host length varint that never ends.
-    byte[] b = {'F', 'C', RankInfoCodec.VERSION, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, 0};
+    byte[] b = {
+      'F', 'C', RankInfoCodec.VERSION, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, 0
+    };
     assertMessage("malformed number in field host", Base64.getEncoder().encodeToString(b));
   }
 
