@@ -32,6 +32,21 @@ bool for_group(const wire::WireHandshake& m, int from, const Side& side) {
          m.world == side.world && m.target_rank == side.rank;
 }
 
+// An acceptor's answer to the dialer: kOk when it is a `kind` message of the dialer's group from
+// `target`; a kReject is kRetry (kNotReady) or kFail; anything else kRetry.
+Check check_answer(const wire::WireHandshake& reply, uint32_t kind, int target, const Side& dialer) {
+  if (reply.magic != wire::kHelloMagic)
+    return retry("answered with something that is not a fusedcomm handshake");
+  if (reply.kind == wire::kReject) {
+    if (reply.reason == wire::kNotReady) return retry(wire::reject_text(wire::kNotReady));
+    return fail(reply.reason, std::string("rejected the handshake: ") + wire::reject_text(reply.reason));
+  }
+  if (reply.kind != kind || !for_group(reply, target, dialer)) {
+    return retry("answered the handshake for a different group");
+  }
+  return ok();
+}
+
 }  // namespace
 
 bool parse(const void* bytes, size_t n, wire::WireHandshake* m) {
@@ -115,15 +130,8 @@ wire::WireHandshake hello(const Side& dialer, int target, const auth::Nonce& nd)
 
 Check check_challenge(const wire::WireHandshake& reply, const wire::WireHandshake& sent, int target,
                       const Side& dialer) {
-  if (reply.magic != wire::kHelloMagic)
-    return retry("answered with something that is not a fusedcomm handshake");
-  if (reply.kind == wire::kReject) {
-    if (reply.reason == wire::kNotReady) return retry(wire::reject_text(wire::kNotReady));
-    return fail(reply.reason, std::string("rejected the handshake: ") + wire::reject_text(reply.reason));
-  }
-  if (reply.kind != wire::kChallenge || !for_group(reply, target, dialer)) {
-    return retry("answered the handshake for a different group");
-  }
+  const Check answer = check_answer(reply, wire::kChallenge, target, dialer);
+  if (answer.verdict != Verdict::kOk) return answer;
   if (!auth::check_proof(*dialer.key, auth::Role::kAcceptor, transcript(sent, reply, *dialer.addresses),
                          reply.mac)) {
     return fail(wire::kBadAuth, std::string("failed the handshake: ") + wire::reject_text(wire::kBadAuth));
@@ -141,16 +149,7 @@ wire::WireHandshake proof(const wire::WireHandshake& sent, const wire::WireHands
 }
 
 Check check_accept(const wire::WireHandshake& reply, int target, const Side& dialer) {
-  if (reply.magic != wire::kHelloMagic)
-    return retry("answered with something that is not a fusedcomm handshake");
-  if (reply.kind == wire::kReject) {
-    if (reply.reason == wire::kNotReady) return retry(wire::reject_text(wire::kNotReady));
-    return fail(reply.reason, std::string("rejected the handshake: ") + wire::reject_text(reply.reason));
-  }
-  if (reply.kind != wire::kAccept || !for_group(reply, target, dialer)) {
-    return retry("answered the handshake for a different group");
-  }
-  return ok();
+  return check_answer(reply, wire::kAccept, target, dialer);
 }
 
 }  // namespace fusedcomm::rdma::socket_backend::handshake

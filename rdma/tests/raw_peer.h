@@ -119,6 +119,20 @@ inline int64_t drain_to_eof(int fd, milliseconds limit) {
   return -1;
 }
 
+// A listening socket on 127.0.0.1 at an ephemeral port; its "host:port" in *address.
+inline int listen_loopback(std::string* address) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  ::listen(fd, 64);
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  *address = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  return fd;
+}
+
 // ---------------------------------------------------------------------------------------------
 // A dialer's handshake with any key: what a stranger who holds `key` (right or wrong) can do.
 
@@ -163,16 +177,7 @@ inline DialResult dial_with_key(const std::string& addr, const auth::Key& key, u
 
 class Proxy {
  public:
-  explicit Proxy(const std::string& target) : target_(target) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-    ::listen(listen_fd_, 64);
-    socklen_t len = sizeof sa;
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len);
-    address_ = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  explicit Proxy(const std::string& target) : target_(target), listen_fd_(listen_loopback(&address_)) {
     thread_ = std::thread([this] { run(); });
   }
   ~Proxy() {
@@ -241,7 +246,7 @@ class Proxy {
     }
   }
   std::string target_, address_;
-  int listen_fd_ = -1;
+  int listen_fd_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::vector<Pair> pairs_;  // proxy thread only

@@ -89,6 +89,14 @@ void send_pattern(PeerGroup& g, int to, const Region& src, const Region& dst, ui
   g.write(op);
 }
 
+// Waits for the signal word after `n` pattern bytes of `seed` in `dst`, then checks the bytes.
+void expect_pattern(const std::vector<uint8_t>& dst, uint64_t n, uint64_t seed, const std::string& what) {
+  FC_CHECK(fctest::wait_for(
+               [&] { return std::atomic_ref<uint8_t>(const_cast<uint8_t&>(dst[n])).load() == 1; }, 5000ms),
+           what);
+  FC_CHECK(fctest::first_mismatch(dst.data(), n, seed) < 0, what + ": intact");
+}
+
 // Closes both ends of a pair at once (each close waits for the other's goodbye).
 void close_both(std::unique_ptr<PeerGroup>& a, std::unique_ptr<PeerGroup>& b) {
   auto f = std::async(std::launch::async, [&] { b->close(2000ms); });
@@ -116,9 +124,7 @@ void test_capture_and_replay() {
     auto g0 = t0->connect(spec(0, addrs, comm, key));
     auto g1 = f.get();
     send_pattern(*g1, 0, rs, rd, 256);
-    FC_CHECK(fctest::wait_for([&] { return std::atomic_ref<uint8_t>(dst[256]).load() == 1; }, 5000ms),
-             "the payload crossed the proxy");
-    FC_CHECK(fctest::first_mismatch(dst.data(), 256, 7) < 0, "and arrived intact");
+    expect_pattern(dst, 256, 7, "the payload crossed the proxy");
     close_both(g0, g1);
   }
   const std::vector<uint8_t> up = proxy.up(), down = proxy.down();
@@ -193,9 +199,7 @@ void test_stranger_with_sniffed_token() {
   auto g1 = t1->connect(spec(1, addrs, comm, key));
   auto g0 = f0.get();
   send_pattern(*g0, 1, rs, rd, 4096);
-  FC_CHECK(fctest::wait_for([&] { return std::atomic_ref<uint8_t>(dst[4096]).load() == 1; }, 5000ms),
-           "rank 0's data reached the real rank 1");
-  FC_CHECK(fctest::first_mismatch(dst.data(), 4096, 11) < 0, "intact");
+  expect_pattern(dst, 4096, 11, "rank 0's data reached the real rank 1");
   close_both(g0, g1);
 
   // When only the stranger comes, rank 0's timeout says what happened to rank 1's slot.
@@ -212,15 +216,9 @@ void test_fake_listener() {
   auto t1 = loopback();
   // A listener without the key where rank 0 is published: it answers hellos with challenges
   // proved with a wrong key, and records what the dialer sends next.
-  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  ::listen(lfd, 4);
-  socklen_t len = sizeof sa;
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len);
-  const std::vector<std::string> addrs = {"127.0.0.1:" + std::to_string(ntohs(sa.sin_port)), t1->address()};
+  std::string fake_address;
+  const int lfd = rawpeer::listen_loopback(&fake_address);
+  const std::vector<std::string> addrs = {fake_address, t1->address()};
   const uint64_t comm = 0xFA4E;
   const auth::Key key = auth::derive_comm_key(kToken, comm, shares(2));
   const auth::Key wrong = auth::derive_comm_key(kToken, comm, {});

@@ -9,9 +9,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.bootstrap.RankInfoCodec;
-import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.errors.CommTimeoutException;
-import io.fusedcomm.runtime.ExecutorRuntime;
+import io.fusedcomm.testing.HostWorld;
 import io.fusedcomm.testing.InJvmExchange;
 import java.io.IOException;
 import java.io.InputStream;
@@ -28,10 +27,8 @@ import java.security.GeneralSecurityException;
 import java.security.MessageDigest;
 import java.security.SecureRandom;
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Optional;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
@@ -66,33 +63,22 @@ import org.junit.jupiter.api.Test;
  * the native SHA-256.
  */
 class StrangerTest {
-  private static final long TOKEN = 0x5eed_1234L;
   private static final AtomicLong NONCES = new AtomicLong(53_000);
 
-  private final List<ExecutorRuntime> runtimes = new ArrayList<>();
+  /** Two host-backend runtimes (5 s timeouts); this test builds their communicators itself. */
+  private HostWorld world;
   private ExecutorService threads;
 
   @BeforeEach
   void start() {
-    Map<String, String> conf = new HashMap<>();
-    conf.put("spark.fusedcomm.backend", "host");
-    conf.put("spark.fusedcomm.timeout", "5s");
-    conf.put("spark.fusedcomm.connectTimeout", "5s");
-    String lib = System.getProperty("fusedcomm.test.nativeLibraryPath", "");
-    if (!lib.isEmpty()) {
-      conf.put("spark.fusedcomm.native.libraryPath", lib);
-    }
-    FusedCommConf c = FusedCommConf.fromMap(conf);
-    for (int r = 0; r < 2; r++) {
-      runtimes.add(ExecutorRuntime.create(c, "exec-" + r, Optional.empty(), TOKEN));
-    }
+    world = new HostWorld(2, Map.of(), 60_000);
     threads = Executors.newCachedThreadPool();
   }
 
   @AfterEach
   void stop() {
     threads.shutdownNow();
-    runtimes.forEach(ExecutorRuntime::close);
+    world.close();
   }
 
   // ---- the rows --------------------------------------------------------------------------------
@@ -103,7 +89,9 @@ class StrangerTest {
     List<InJvmExchange> ex = InJvmExchange.group(2, NONCES.incrementAndGet(), 30_000);
     // Rank 1 lets the stranger dial rank 0 first, between the allGather and its own connect.
     long commId = ex.get(1).commNonce();
-    BootstrapExchange rank1 = new Interposed(ex.get(1), blobs -> attempt.set(dialFirst(blobs, commId)));
+    long token = world.runtime(0).jobToken();
+    BootstrapExchange rank1 =
+        new Interposed(ex.get(1), blobs -> attempt.set(dialFirst(blobs, commId, token)));
     List<float[]> sums = run(List.of(ex.get(0), rank1), StrangerTest::allReduceOfRanks);
 
     Attempt a = attempt.get();
@@ -152,8 +140,8 @@ class StrangerTest {
       BootstrapExchange leaving = new Interposed(ex.get(1), blobs -> {
         throw new IllegalStateException("rank 1 leaves before it connects");
       });
-      List<Throwable> errors = runAll(List.of(ex.get(0), leaving), comm -> null);
-      CommTimeoutException timeout = assertInstanceOf(CommTimeoutException.class, errors.get(0));
+      List<Outcome<Object>> outcomes = runAll(List.of(ex.get(0), leaving), comm -> null);
+      CommTimeoutException timeout = assertInstanceOf(CommTimeoutException.class, outcomes.get(0).error());
       assertTrue(timeout.getMessage().contains("rank 1"), timeout.getMessage());
 
       // The listener closed every one of the stranger's sockets (at most 128 were ever in a
@@ -195,49 +183,42 @@ class StrangerTest {
     }
   }
 
-  /** Builds a communicator per rank on its runtime and returns the bodies' values; fails on any error. */
+  /** One rank's result: the body's value, or what it threw. */
+  private record Outcome<T>(T value, RuntimeException error) {}
+
+  /** Builds a communicator per rank on its runtime (a thread each) and runs the body on it. */
+  private <T> List<Outcome<T>> runAll(List<? extends BootstrapExchange> ex, Function<Communicator, T> body)
+      throws Exception {
+    List<Future<Outcome<T>>> futures = new ArrayList<>();
+    for (int r = 0; r < ex.size(); r++) {
+      final int rank = r;
+      futures.add(threads.submit(() -> {
+        try (Communicator comm =
+            Communicator.bootstrap(world.runtime(rank), ex.get(rank), CommOptions.defaults())) {
+          return new Outcome<>(body.apply(comm), null);
+        } catch (RuntimeException e) {
+          return new Outcome<T>(null, e);
+        }
+      }));
+    }
+    List<Outcome<T>> out = new ArrayList<>();
+    for (Future<Outcome<T>> f : futures) {
+      out.add(f.get(60, TimeUnit.SECONDS));
+    }
+    return out;
+  }
+
+  /** As {@link #runAll}, returning the values; throws the first rank's error. */
   private <T> List<T> run(List<? extends BootstrapExchange> ex, Function<Communicator, T> body)
       throws Exception {
-    List<Future<T>> futures = new ArrayList<>();
-    for (int r = 0; r < ex.size(); r++) {
-      final int rank = r;
-      futures.add(threads.submit(() -> {
-        try (Communicator comm = bootstrap(rank, ex.get(rank))) {
-          return body.apply(comm);
-        }
-      }));
+    List<T> values = new ArrayList<>();
+    for (Outcome<T> o : runAll(ex, body)) {
+      if (o.error() != null) {
+        throw o.error();
+      }
+      values.add(o.value());
     }
-    List<T> out = new ArrayList<>();
-    for (Future<T> f : futures) {
-      out.add(f.get(60, TimeUnit.SECONDS));
-    }
-    return out;
-  }
-
-  /** As {@link #run}, returning each rank's error (null where it had none). */
-  private List<Throwable> runAll(List<? extends BootstrapExchange> ex, Function<Communicator, Object> body)
-      throws Exception {
-    List<Future<Throwable>> futures = new ArrayList<>();
-    for (int r = 0; r < ex.size(); r++) {
-      final int rank = r;
-      futures.add(threads.submit(() -> {
-        try (Communicator comm = bootstrap(rank, ex.get(rank))) {
-          body.apply(comm);
-          return null;
-        } catch (RuntimeException e) {
-          return e;
-        }
-      }));
-    }
-    List<Throwable> out = new ArrayList<>();
-    for (Future<Throwable> f : futures) {
-      out.add(f.get(60, TimeUnit.SECONDS));
-    }
-    return out;
-  }
-
-  private Communicator bootstrap(int rank, BootstrapExchange exchange) {
-    return Communicator.bootstrap(runtimes.get(rank), exchange, CommOptions.defaults());
+    return values;
   }
 
   /** An exchange that runs {@code after} on the gathered blobs before handing them back. */
@@ -280,11 +261,11 @@ class StrangerTest {
    * Dials rank 0 as rank 1 with the key the sniffed token gives (no shares). Rank 0 may still be
    * on its way to connect: a parked hello is answered once it is, or told to dial again.
    */
-  private static Attempt dialFirst(String[] blobs, long commId) {
+  private static Attempt dialFirst(String[] blobs, long commId, long token) {
     List<RankInfo> infos = RankInfoCodec.decodeAll(blobs);
     String[] addresses = infos.stream().map(i -> endpointHost(i.transportAddress())).toArray(String[]::new);
-    byte[] tokenOnly = Wire.commKey(TOKEN, commId, new byte[0][]);
-    byte[] real = Wire.commKey(TOKEN, commId, infos.stream().map(RankInfo::authShare).toArray(byte[][]::new));
+    byte[] tokenOnly = Wire.commKey(token, commId, new byte[0][]);
+    byte[] real = Wire.commKey(token, commId, infos.stream().map(RankInfo::authShare).toArray(byte[][]::new));
     String[] hp = splitHostPort(addresses[0]);
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
     while (true) {
