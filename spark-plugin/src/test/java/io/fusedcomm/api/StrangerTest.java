@@ -63,7 +63,7 @@ import org.junit.jupiter.api.Test;
  * the native SHA-256.
  */
 class StrangerTest {
-  private static final AtomicLong NONCES = new AtomicLong(53_000);
+  private static final AtomicLong NONCES = new AtomicLong(71_000);
 
   /** Two host-backend runtimes (5 s timeouts); this test builds their communicators itself. */
   private HostWorld world;
