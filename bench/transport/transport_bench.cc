@@ -104,8 +104,8 @@ Result bench_transport(int64_t bytes, bool duplex) {
   so.busy_poll = std::chrono::microseconds(defaults.busy_poll_us);
   auto t0 = rdma::make_socket_transport(so), t1 = rdma::make_socket_transport(so);
   rdma::GroupSpec spec;
-  spec.job_token = 0x5eed;
   spec.comm_id = 1;
+  spec.key = rdma::auth::derive_comm_key(0x5eed, spec.comm_id, {});
   spec.world = 2;
   spec.addresses = {t0->address(), t1->address()};
   auto later = std::async(std::launch::async, [&] {

@@ -88,7 +88,7 @@ void one_rank(fc_runtime_t rt) {
   check(fc_comm_device_handle(comm, &blob, &blob_bytes) == FC_STATUS_SUCCESS && blob_bytes == 0,
         "the host backend has no device handle");
   const char* endpoints[] = {endpoint.c_str()};
-  check(fc_comm_connect(comm, 0, 42, 1, endpoints, nullptr, nullptr, nullptr) == FC_STATUS_SUCCESS,
+  check(fc_comm_connect(comm, 0, 42, 1, endpoints, nullptr, nullptr, nullptr, nullptr) == FC_STATUS_SUCCESS,
         std::string("connect: ") + fc_last_error_message());
 
   const fc_op_desc_t desc{"capi_test allReduce", 1};

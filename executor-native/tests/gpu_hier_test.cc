@@ -77,7 +77,7 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       std::memcpy(&peers[q], all[q * L + l].data(), sizeof(InterHostLink::Blob));
       names.push_back("rank " + std::to_string(q * L + l) + " (host " + std::to_string(q) + ")");
     }
-    link.connect(peers, names, 100 + l);
+    link.connect(peers, names, 100 + l, fusedcomm::rdma::auth::derive_comm_key(seed, 100 + l, {}));
   }
 
   cudaStream_t stream;

@@ -220,7 +220,7 @@ void end_main(Shared& sh, int host, uint64_t seed, int64_t count, int64_t chunk)
   sh.sync.arrive_and_wait();
   std::vector<std::string> names;
   for (int h = 0; h < sh.H; ++h) names.push_back("host " + std::to_string(h));
-  link.connect(sh.blobs, names, 7);
+  link.connect(sh.blobs, names, 7, fusedcomm::rdma::auth::derive_comm_key(seed, 7, {}));
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (int d = 0; d < 2; ++d) {
@@ -321,7 +321,8 @@ void mismatch_case(uint64_t seed, const int streams[2], const uint64_t chunks[2]
     blobs[host] = link.blob();
     sync.arrive_and_wait();
     try {
-      link.connect({blobs[0], blobs[1]}, {"host 0", "host 1"}, 11);
+      link.connect({blobs[0], blobs[1]}, {"host 0", "host 1"}, 11,
+                   fusedcomm::rdma::auth::derive_comm_key(seed, 11, {}));
     } catch (const std::exception& e) { errors[host] = e.what(); }
     link.close(false);
   };

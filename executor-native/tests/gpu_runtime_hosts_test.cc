@@ -89,6 +89,10 @@ struct Comm {
     b.rank = g.rank;
     b.comm_id = comm_id;
     b.device_handles = g.all_gather(device->device_handle());
+    const fusedcomm::rdma::auth::Share share = fusedcomm::rdma::auth::random_share();
+    for (const auto& s : g.all_gather(std::vector<uint8_t>(share.begin(), share.end()))) {
+      std::memcpy(b.auth_shares.emplace_back().data(), s.data(), share.size());
+    }
     b.host_ids = host_of;
     for (const auto& e : eps) b.endpoints.emplace_back(e.begin(), e.end());
     device->connect(b);

@@ -1,5 +1,6 @@
 // connect(): building a group. The caller's thread dials the lower ranks (the dialer's half of
-// the handshake) and waits for receiver 0 to match the higher ranks' dials to the group.
+// the handshake: hello, check the acceptor's proof, send ours, wait for the accept; wire.h) and
+// waits for receiver 0 to authenticate the higher ranks' dials and match them to the group.
 #include "core.h"
 
 #include <netdb.h>
@@ -17,10 +18,11 @@ namespace {
 struct Dial {
   int peer = -1;
   int fd = -1;
-  enum State { kIdle, kConnecting, kAwaitReply, kDone } state = kIdle;
+  enum State { kIdle, kConnecting, kAwaitChallenge, kAwaitAccept, kDone } state = kIdle;
   Clock::time_point retry_at;
   milliseconds backoff{10};
-  wire::WireHello reply{};
+  wire::WireHandshake sent{};  // our hello (its nonce is new on every dial)
+  wire::WireHandshake reply{};
   size_t got = 0;
   std::string last_error = "no answer yet";
   std::vector<sockaddr_storage> addrs;
@@ -78,9 +80,14 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     throw std::invalid_argument("connect: " + std::to_string(spec.addresses.size()) +
                                 " addresses for a world of " + std::to_string(spec.world));
   }
+  if (spec.world > 1 && !auth::is_set(spec.key)) {
+    throw std::invalid_argument(
+        "connect: the group has no key (GroupSpec::key): its connections cannot be"
+        " authenticated");
+  }
   auto g = std::make_shared<GroupState>();
   g->core = shared_from_this();
-  g->job_token = spec.job_token;
+  g->key = spec.key;
   g->comm_id = spec.comm_id;
   g->rank = spec.rank;
   g->world = spec.world;
@@ -89,6 +96,7 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   g->addresses.resize(spec.world);
   g->peers.assign(spec.world, nullptr);
   g->lost.assign(spec.world, false);
+  g->refused.assign(spec.world, std::string());
   if (spec.world == 1) {
     g->phase = Phase::kLive;
     return g;
@@ -121,14 +129,16 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     }
   } cleanup{g.get(), &dials, &ok};
 
-  wire::WireHello hello{};
-  hello.magic = wire::kHelloMagic;
-  hello.version = kTransportApiVersion;
-  hello.kind = wire::kHello;
-  hello.job_token = spec.job_token;
-  hello.comm_id = spec.comm_id;
-  hello.rank = spec.rank;
-  hello.world = spec.world;
+  const handshake::Side me = g->side();
+  // A failed handshake that ends the group: tell the acceptor why when it failed our check of
+  // its proof (so that its own error can say so), then throw naming it.
+  auto give_up = [&](Dial& d, const handshake::Check& check) {
+    if (check.reason == wire::kBadAuth && d.state == Dial::kAwaitChallenge) {
+      const wire::WireHandshake no = handshake::reject(d.reply, spec.rank, wire::kBadAuth);
+      send_now(d.fd, &no, sizeof no);
+    }
+    throw TransportError(d.peer, g->self() + ": " + g->who(d.peer) + " " + check.why);
+  };
 
   const auto start = Clock::now();
   const auto deadline = start + spec.connect_timeout;
@@ -165,7 +175,7 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
       if (d.state == Dial::kConnecting) {
         pfds.push_back({d.fd, POLLOUT, 0});
         polled.push_back(&d);
-      } else if (d.state == Dial::kAwaitReply) {
+      } else if (d.state == Dial::kAwaitChallenge || d.state == Dial::kAwaitAccept) {
         pfds.push_back({d.fd, POLLIN, 0});
         polled.push_back(&d);
       } else if (d.state == Dial::kIdle) {
@@ -200,14 +210,14 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
           d.retry(errno_text(err), now);
           continue;
         }
-        hello.target_rank = d.peer;
-        if (!send_now(d.fd, &hello, sizeof hello)) {
+        d.sent = handshake::hello(me, d.peer, auth::random_nonce());
+        if (!send_now(d.fd, &d.sent, sizeof d.sent)) {
           d.retry("could not send the handshake", now);
           continue;
         }
-        d.state = Dial::kAwaitReply;
+        d.state = Dial::kAwaitChallenge;
         d.got = 0;
-        d.last_error = "connected, but it has not accepted the handshake (has it called connect?)";
+        d.last_error = "connected, but it has not answered the handshake (has it called connect?)";
       } else {
         ssize_t r =
             ::recv(d.fd, reinterpret_cast<char*>(&d.reply) + d.got, sizeof d.reply - d.got, MSG_DONTWAIT);
@@ -218,20 +228,30 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
         }
         d.got += static_cast<size_t>(r);
         if (d.got < sizeof d.reply) continue;
-        const wire::WireHello& rep = d.reply;
-        if (rep.magic != wire::kHelloMagic) {
-          d.retry("answered with something that is not a fusedcomm handshake", now);
+        d.got = 0;
+        if (d.state == Dial::kAwaitChallenge) {
+          const handshake::Check check = handshake::check_challenge(d.reply, d.sent, d.peer, me);
+          if (check.verdict == handshake::Verdict::kRetry) {
+            d.retry(check.why, now);
+          } else if (check.verdict != handshake::Verdict::kOk) {
+            give_up(d, check);
+          } else {
+            const wire::WireHandshake mine = handshake::proof(d.sent, d.reply, me);
+            if (!send_now(d.fd, &mine, sizeof mine)) {
+              d.retry("could not send the handshake", now);
+            } else {
+              d.state = Dial::kAwaitAccept;
+              d.last_error = "it proved the key but has not accepted our proof";
+            }
+          }
           continue;
         }
-        if (rep.kind == wire::kReject) {
-          throw TransportError(d.peer, g->self() + ": " + g->who(d.peer) +
-                                           " rejected the handshake: " + wire::reject_text(rep.reason));
-        }
-        if (rep.kind != wire::kAccept || rep.version != kTransportApiVersion || rep.comm_id != spec.comm_id ||
-            rep.job_token != spec.job_token || rep.rank != d.peer || rep.world != spec.world) {
-          d.retry("answered the handshake for a different group", now);
+        const handshake::Check check = handshake::check_accept(d.reply, d.peer, me);
+        if (check.verdict == handshake::Verdict::kRetry) {
+          d.retry(check.why, now);
           continue;
         }
+        if (check.verdict != handshake::Verdict::kOk) give_up(d, check);
         auto c = std::make_shared<Conn>(d.fd, new_conn_id(), &open_connections);
         d.fd = -1;  // now owned by c
         d.state = Dial::kDone;
@@ -264,8 +284,11 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
       }
       if (first < 0) first = r;
       missing += missing.empty() ? "" : "; ";
-      missing +=
-          who + " (" + (r < spec.rank ? dials[r].last_error : std::string("it never connected to us")) + ")";
+      std::string why = r < spec.rank ? dials[r].last_error : std::string("it never connected to us");
+      if (r > spec.rank && !g->refused[r].empty()) {
+        why = "no authenticated connection from it; " + g->refused[r];
+      }
+      missing += who + " (" + why + ")";
     }
     if (first < 0) {
       first = first_lost;

@@ -5,9 +5,11 @@
 // a group (GroupState) and the per-transport core (Core: listener, receiver threads, registry
 // of regions). The files beside it implement them, one concern each:
 //   net.cc               plain socket helpers (net.h)
+//   handshake.cc         the handshake's messages and checks, without sockets (handshake.h)
 //   core.cc              Core's construction (listener, receiver threads) and shutdown
 //   registry.cc          registered regions; writes to self
-//   listener.cc          accepting, and the acceptor's half of the handshake
+//   listener.cc          the listener, accepting (bounded, backing off), the acceptor's half
+//                        of the handshake
 //   receiver.cc          the receiver threads: event loop, commands, attach/detach
 //   receive.cc           reading data connections: checks, payloads, signals, end of stream
 //   send.cc              the send path (PeerGroup::write)
@@ -17,7 +19,11 @@
 //
 // Threads and ownership
 //   - Receiver 0 owns the listener, its epoll set and every connection that is still in its
-//     handshake (accepted but not yet matched to a group). Every receiver reads the data
+//     handshake (accepted but not yet authenticated and matched to a group): at most
+//     kMaxHandshakes of them (the oldest is closed to make room), each closed unless it
+//     completes within kHandshakeTimeout of its accept. When accept() fails for want of
+//     resources (EMFILE, ENFILE, ENOBUFS, ENOMEM) the listener leaves the epoll set for a
+//     growing pause (kAcceptPauseMin..kAcceptPauseMax), so the receiver never spins on it. Every receiver reads the data
 //     connections in its own epoll set and lands payloads straight in registered memory; a
 //     group's connection to peer p is read by receiver (GroupSpec::lane + p) % receivers, so
 //     that the lanes of a striped link are received in parallel (one receiving copy per core).
@@ -58,6 +64,7 @@
 
 #include "fusedcomm/rdma/busy_poll.h"
 #include "fusedcomm/rdma/transport.h"
+#include "handshake.h"
 #include "net.h"
 #include "wire.h"
 
@@ -66,12 +73,17 @@ namespace fusedcomm::rdma::socket_backend {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr milliseconds kParkTimeout{60000};       // a matched-later dial waits this long at most
-constexpr milliseconds kHelloTimeout{10000};      // an accepted socket must say hello by then
+// An accepted socket must finish its handshake within this of its accept, or it is closed (a
+// dial whose group was not connecting yet hears kNotReady first, and dials again).
+constexpr milliseconds kHandshakeTimeout{1500};
+constexpr milliseconds kHandshakeSweep{100};      // how often receiver 0 closes expired handshakes
+constexpr size_t kMaxHandshakes = 128;            // accepted sockets in their handshake at once
+constexpr int kAcceptBatch = 64;                  // accepts per wake-up of receiver 0
+constexpr milliseconds kAcceptPauseMin{50};       // after accept() ran out of resources ...
+constexpr milliseconds kAcceptPauseMax{1000};     // ... doubling up to this
 constexpr milliseconds kSendStallTimeout{60000};  // a write making no progress this long fails
 constexpr milliseconds kDetachWait{5000};         // close/destroy wait for the receiver this long
 constexpr int kPollSliceMs = 50;                  // writers re-check peer state this often
-constexpr size_t kMaxConns = 65536;               // accepted sockets the receiver keeps at most
 constexpr size_t kRecvChunk = size_t{4} << 20;
 constexpr uint64_t kRecvBudget = uint64_t{16} << 20;  // bytes per connection per wakeup
 
@@ -85,12 +97,15 @@ struct Conn {
   ~Conn() {
     if (fd >= 0) ::close(fd);
     if (counted) open_counter->fetch_sub(1, std::memory_order_relaxed);
+    if (handshake_counter) handshake_counter->fetch_sub(1, std::memory_order_relaxed);
   }
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
 
   // Marks this a data connection of a group (counted in stats until the socket closes).
   void make_data(int peer_rank, const std::string& addr, const std::shared_ptr<GroupState>& g) {
+    if (handshake_counter) handshake_counter->fetch_sub(1, std::memory_order_relaxed);
+    handshake_counter = nullptr;
     is_data = true;
     peer = peer_rank;
     peer_addr = addr;
@@ -113,10 +128,22 @@ struct Conn {
   std::atomic<uint64_t>* open_counter;
   bool counted = false;
 
+  // Counts this accepted socket among the transport's handshakes until it becomes data or closes.
+  void start_handshake(std::atomic<uint64_t>* counter) {
+    handshake_counter = counter;
+    counter->fetch_add(1, std::memory_order_relaxed);
+  }
+  std::atomic<uint64_t>* handshake_counter = nullptr;
+
   // Receiver-thread-only state.
-  Clock::time_point since;
-  wire::WireHello hello{};
-  size_t hello_got = 0;
+  Clock::time_point since;  // accepted at (handshakes); attached at (data)
+  // An accepted socket's handshake (wire.h): waiting for the hello; parked (hello read, its
+  // group not connecting here yet); challenged (our challenge sent, waiting for the proof).
+  enum class Stage { kAwaitHello, kParked, kAwaitProof } stage = Stage::kAwaitHello;
+  wire::WireHandshake in{};  // the message being read
+  size_t in_got = 0;
+  wire::WireHandshake hello{};  // the dialer's hello (parked, challenged)
+  wire::WireHandshake sent{};   // our challenge (challenged)
   wire::WireHeader hdr{};
   size_t hdr_got = 0;
   bool in_payload = false;
@@ -129,7 +156,7 @@ enum class Phase { kConnecting, kLive, kClosing, kDone };
 // The shared state of one PeerGroup: what the receiver thread and the group's callers share.
 struct GroupState {
   std::shared_ptr<Core> core;
-  uint64_t job_token = 0;
+  auth::Key key{};  // GroupSpec::key; never sent
   uint64_t comm_id = 0;
   int rank = 0;
   int world = 1;
@@ -142,6 +169,7 @@ struct GroupState {
   std::vector<std::shared_ptr<Conn>> peers;  // by rank; null for self and missing; mu
   int connected = 0;                         // non-null entries of peers; mu
   std::vector<bool> lost;                    // connected during connect(), then went away; mu
+  std::vector<std::string> refused;          // why a dial claiming that rank was refused; mu
   int failed_peer = -1;                      // first failure; mu
   std::string failed_msg;                    // mu
   std::atomic<bool> aborted{false};
@@ -151,6 +179,8 @@ struct GroupState {
            (r >= 0 && r < static_cast<int>(addresses.size()) ? addresses[r] : std::string("?"));
   }
   std::string self() const { return "rank " + std::to_string(rank) + " of communicator " + hex(comm_id); }
+  // The group as the handshake sees it (fixed once connect() started: read without mu).
+  handshake::Side side() const { return {&key, comm_id, rank, world, &addresses}; }
 
   // Records a failure of `c` (mu held); the first failure of the group is what check() throws.
   void fail_locked(Conn& c, const std::string& msg) {
@@ -212,6 +242,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> open_connections{0};
+  std::atomic<uint64_t> handshakes{0};  // accepted sockets in their handshake (<= kMaxHandshakes)
 
  private:
   // Commands to a receiver. Only kAttach carries a reference: a queued detach must not keep
@@ -244,29 +275,47 @@ class Core : public std::enable_shared_from_this<Core> {
   // Binds and listens as the options say; sets listen_fd_ and address_.
   void open_listener(const SocketOptions& o);
   void accept_all();
+  // accept() ran out of resources: the listener leaves receiver 0's epoll set until
+  // accept_resume_ (logged once); resume_accepts() puts it back.
+  void pause_accepts(int err);
+  void resume_accepts();
+  // Closes the oldest connection still in its handshake (the cap is reached).
+  void evict_oldest_handshake();
   // The receivers' functions take Conn*: the owning receiver's conns holds its only reference,
   // so that drop() can release it before it tells a waiting group (whose reference is then the
   // last, and whose release closes the socket deterministically). After drop(c), c is not
-  // touched. Handshakes (accept_all, read_hello, try_match, reject, expire_pending) run on
-  // receiver 0 only; drop() and the data path on the connection's owner.
+  // touched. Handshakes (accept_all, read_handshake, try_match, on_proof, adopt, reject,
+  // expire_handshakes) run on receiver 0 only; drop() and the data path on the connection's
+  // owner.
   void on_readable(Conn* c);
-  void read_hello(Conn* c);
-  enum class Match { kAdopted, kParked, kDropped };
-  Match try_match(Conn* c);
-  void reject(Conn* c, uint32_t reason);
+  void read_handshake(Conn* c);
+  // A parked hello: challenged once its group is connecting here; else it stays parked.
+  void try_match(Conn* c);
+  void on_proof(Conn* c);
+  void adopt(Conn* c, const std::shared_ptr<GroupState>& g);
+  // Answers `to` with kReject(reason) from rank `rank`, then drops c.
+  void reject(Conn* c, const wire::WireHandshake& to, int rank, uint32_t reason);
   void read_data(Conn* c);
   // Receiver: a data connection ended or broke; `protocol_error` also cuts it both ways.
   void end_data_conn(Conn* c, const std::string& msg, bool protocol_error);
-  bool validate(const wire::WireHeader& h, std::string* why) const;
+  bool validate(const wire::WireHeader& h, std::string* why) const;  // check_header on the registry
   void apply_signal(const wire::WireHeader& h);
   void drop(Conn* c);
-  void expire_pending();
+  void expire_handshakes();
   void close_fds();
 
   int listen_fd_ = -1;
   std::string address_;
   std::vector<std::unique_ptr<Receiver>> receivers_;  // [0] also accepts; fixed after construction
   std::atomic<bool> running_{false};
+  // Receiver 0 only: handshakes in accept order (entries of sockets since matched or closed are
+  // skipped when they reach the front), and the listener's pause after accept() failed.
+  std::deque<uint64_t> handshake_order_;
+  bool accepts_paused_ = false;
+  Clock::time_point accept_resume_{};
+  milliseconds accept_pause_{kAcceptPauseMin};
+  std::atomic<bool> logged_accept_error_{false};
+  std::atomic<bool> logged_evictions_{false};
   BusyPollWindow busy_poll_;  // shared by the receivers: one hint serves every group
 
   mutable std::shared_mutex reg_mu_;
@@ -286,6 +335,11 @@ class Core : public std::enable_shared_from_this<Core> {
 
 // Whether [offset, offset + bytes) lies inside the region.
 bool in_range(const Region& r, uint64_t offset, uint64_t bytes);
+// Whether a peer's data header (magic and kind already checked) may be applied to `regions`:
+// the payload's destination and the signal word lie inside registered regions, the word 8-byte
+// aligned, no sum wrapping; else false with *why. Pure: the fuzzer calls it directly.
+bool check_header(const wire::WireHeader& h, const std::unordered_map<uint64_t, Region>& regions,
+                  std::string* why);
 // Stores max(*word, value) with release ordering: a signal word only grows.
 void store_max_release(void* word, uint64_t value);
 

@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <sstream>
 #include <system_error>
 
@@ -67,7 +68,11 @@ std::string numeric_host(const sockaddr* sa, socklen_t len) {
   return buf;
 }
 
-std::string primary_host_address() {
+std::vector<std::string> host_address_candidates() {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& a) {
+    if (!a.empty() && a != "?" && std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  };
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) == 0) {
     addrinfo hints{};
@@ -75,28 +80,27 @@ std::string primary_host_address() {
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
     if (getaddrinfo(name, nullptr, &hints, &res) == 0) {
-      std::string found;
-      for (addrinfo* p = res; p && found.empty(); p = p->ai_next) {
-        if (!is_loopback(p->ai_addr)) found = numeric_host(p->ai_addr, p->ai_addrlen);
+      for (addrinfo* p = res; p; p = p->ai_next) {
+        if (!is_loopback(p->ai_addr)) add(numeric_host(p->ai_addr, p->ai_addrlen));
       }
       freeaddrinfo(res);
-      if (!found.empty()) return found;
     }
   }
   ifaddrs* ifs = nullptr;
   if (getifaddrs(&ifs) == 0) {
-    std::string found;
-    for (ifaddrs* p = ifs; p && found.empty(); p = p->ifa_next) {
+    for (ifaddrs* p = ifs; p; p = p->ifa_next) {
       if (p->ifa_addr && p->ifa_addr->sa_family == AF_INET && (p->ifa_flags & IFF_UP) &&
           !(p->ifa_flags & IFF_LOOPBACK)) {
-        found = numeric_host(p->ifa_addr, sizeof(sockaddr_in));
+        add(numeric_host(p->ifa_addr, sizeof(sockaddr_in)));
       }
     }
     freeifaddrs(ifs);
-    if (!found.empty()) return found;
   }
-  return name[0] ? std::string(name) : std::string("127.0.0.1");
+  add("127.0.0.1");
+  return out;
 }
+
+std::string primary_host_address() { return host_address_candidates().front(); }
 
 void set_nodelay(int fd) {
   int one = 1;

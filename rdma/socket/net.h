@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fusedcomm::rdma::socket_backend {
 
@@ -22,8 +23,11 @@ bool split_host_port(const std::string& a, std::string* host, std::string* port)
 std::string join_host_port(const std::string& host, int port);
 // The numeric host of a socket address, "?" if it has none.
 std::string numeric_host(const sockaddr* sa, socklen_t len);
-// The address peers should use when the options name none: the host name's first
-// non-loopback address, else the first up, non-loopback IPv4 interface, else the host name.
+// The host's own addresses, best first: the host name's non-loopback addresses, then the up,
+// non-loopback IPv4 interfaces; 127.0.0.1 last (a host without a network). The listener binds
+// the first that it can when the options name no bind host.
+std::vector<std::string> host_address_candidates();
+// The address peers should use when the options name none: the first candidate above.
 std::string primary_host_address();
 
 void set_nodelay(int fd);

@@ -12,9 +12,14 @@ namespace fusedcomm::rdma::socket_backend {
 
 bool Core::validate(const wire::WireHeader& h, std::string* why) const {
   std::shared_lock<std::shared_mutex> l(reg_mu_);
+  return check_header(h, regions_, why);
+}
+
+bool check_header(const wire::WireHeader& h, const std::unordered_map<uint64_t, Region>& regions,
+                  std::string* why) {
   if (h.bytes) {
-    auto it = regions_.find(h.dst_key);
-    if (it == regions_.end()) {
+    auto it = regions.find(h.dst_key);
+    if (it == regions.end()) {
       *why = "wrote " + std::to_string(h.bytes) + " bytes to unknown region key " + hex(h.dst_key);
       return false;
     }
@@ -25,8 +30,8 @@ bool Core::validate(const wire::WireHeader& h, std::string* why) const {
     }
   }
   if (h.signal_key) {
-    auto it = regions_.find(h.signal_key);
-    if (it == regions_.end()) {
+    auto it = regions.find(h.signal_key);
+    if (it == regions.end()) {
       *why = "signalled unknown region key " + hex(h.signal_key);
       return false;
     }

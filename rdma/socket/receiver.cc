@@ -5,6 +5,8 @@
 #include <sched.h>
 #include <sys/epoll.h>
 
+#include <algorithm>
+
 namespace fusedcomm::rdma::socket_backend {
 
 void Core::post(int receiver, Command c) {
@@ -86,6 +88,16 @@ void Core::run(Receiver& r) {
     // Inside the busy-poll window the receiver polls (epoll_wait with no timeout) instead of
     // sleeping: a message then lands within a syscall's time instead of a wake-up's.
     int timeout_ms = 200;
+    if (r.index == 0) {
+      // Handshakes expire and a paused listener comes back on time, without a busy loop.
+      if (handshakes.load(std::memory_order_relaxed) > 0) {
+        timeout_ms = static_cast<int>(kHandshakeSweep.count());
+      }
+      if (accepts_paused_) {
+        const auto left = std::chrono::duration_cast<milliseconds>(accept_resume_ - Clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, timeout_ms));
+      }
+    }
     if (busy_poll_.is_open()) {
       timeout_ms = 0;
     } else if (busy_poll_.enabled()) {
@@ -111,9 +123,13 @@ void Core::run(Receiver& r) {
         on_readable(it->second.get());
       }
     }
-    if (r.index == 0 && Clock::now() - last_sweep > milliseconds(200)) {
-      expire_pending();
-      last_sweep = Clock::now();
+    if (r.index == 0) {
+      const auto now = Clock::now();
+      if (now - last_sweep >= kHandshakeSweep) {
+        expire_handshakes();
+        last_sweep = now;
+      }
+      if (accepts_paused_ && now >= accept_resume_ && !stop) resume_accepts();
     }
   }
 }
@@ -154,7 +170,7 @@ void Core::process_commands(Receiver& r, bool* stop) {
       case Command::kRescan: {
         std::vector<Conn*> parked;
         for (auto& [id, c] : r.conns) {
-          if (!c->is_data && c->hello_got == sizeof(wire::WireHello)) parked.push_back(c.get());
+          if (!c->is_data && c->stage == Conn::Stage::kParked) parked.push_back(c.get());
         }
         for (auto& c : parked) try_match(c);
         break;
@@ -168,7 +184,7 @@ void Core::on_readable(Conn* c) {
   if (c->is_data) {
     read_data(c);
   } else {
-    read_hello(c);
+    read_handshake(c);
   }
 }
 

@@ -30,6 +30,7 @@ TransportStats Core::stats() const {
     s.registered_bytes = registered_bytes_;
   }
   s.open_connections = open_connections.load();
+  s.handshakes = handshakes.load();
   s.bytes_sent = bytes_sent.load();
   s.bytes_received = bytes_received.load();
   return s;

@@ -23,8 +23,8 @@ std::unique_ptr<Transport> loopback() {
 
 GroupSpec spec(int rank, const std::vector<std::string>& addrs) {
   GroupSpec s;
-  s.job_token = 0x5EED;
   s.comm_id = 0xFAC;
+  s.key = auth::derive_comm_key(0x5EED, s.comm_id, {});
   s.rank = rank;
   s.world = 2;
   s.addresses = addrs;

@@ -16,8 +16,8 @@ namespace {
 
 GroupSpec spec(int rank, const std::vector<std::string>& addrs, uint64_t comm) {
   GroupSpec s;
-  s.job_token = 42;
   s.comm_id = comm;
+  s.key = auth::derive_comm_key(42, comm, {});
   s.rank = rank;
   s.world = 2;
   s.addresses = addrs;

@@ -220,8 +220,8 @@ void finish_children(std::vector<Child>& kids, std::chrono::milliseconds timeout
 
 GroupSpec spec_for(const ChildCtx& c, uint64_t token, uint64_t comm, std::chrono::milliseconds timeout) {
   GroupSpec s;
-  s.job_token = token;
   s.comm_id = comm;
+  s.key = auth::derive_comm_key(token, comm, {});
   s.rank = c.rank;
   s.world = c.world;
   s.addresses = c.addresses;
@@ -525,11 +525,13 @@ void test_wrong_token() {
         FC_CHECK(e.peer() == 1, "timeout names rank 1, got " + std::to_string(e.peer()));
         FC_CHECK(std::string(e.what()).find("rank 1 at " + c.addresses[1]) != std::string::npos,
                  std::string("message names rank 1 and its address: ") + e.what());
+        FC_CHECK(std::string(e.what()).find("authentication") != std::string::npos,
+                 std::string("and that its dial failed authentication: ") + e.what());
       });
     } else {
       FC_EXPECT_THROW(TransportError, c.transport->connect(s), e, {
         FC_CHECK(e.peer() == 0, "rejection names rank 0");
-        FC_CHECK(std::string(e.what()).find("wrong job token") != std::string::npos,
+        FC_CHECK(std::string(e.what()).find("authentication failed") != std::string::npos,
                  std::string("says why: ") + e.what());
         FC_CHECK(dynamic_cast<const ConnectTimeout*>(&e) == nullptr, "a rejection, not a timeout");
       });
@@ -560,17 +562,16 @@ void test_bad_handshakes() {
       };
       {
         int fd = dial();
-        wire::WireHello h{};
+        wire::WireHandshake h{};
         h.magic = wire::kHelloMagic;
         h.version = kTransportApiVersion + 41;
         h.kind = wire::kHello;
-        h.job_token = 0x600D;
         h.comm_id = 12;
         h.rank = 1;
         h.world = 2;
         h.target_rank = 0;
         FC_CHECK(::send(fd, &h, sizeof h, 0) == sizeof h, "send hello");
-        wire::WireHello reply{};
+        wire::WireHandshake reply{};
         ssize_t n = ::recv(fd, &reply, sizeof reply, MSG_WAITALL);
         FC_CHECK(n == sizeof reply && reply.kind == wire::kReject && reply.reason == wire::kBadVersion,
                  "a wrong version gets a reject: n=" + std::to_string(n));
@@ -580,7 +581,7 @@ void test_bad_handshakes() {
       }
       {
         int fd = dial();
-        char junk[48];
+        char junk[sizeof(wire::WireHandshake)];
         std::memset(junk, 0x5a, sizeof junk);
         FC_CHECK(::send(fd, junk, sizeof junk, 0) == sizeof junk, "send junk");
         char b;
@@ -720,7 +721,7 @@ void test_kill_mid_traffic() {
 int main() {
   signal(SIGPIPE, SIG_IGN);
   fctest::run_case("all-to-all traffic, 4 processes, direct and through the proxy", test_all_to_all);
-  fctest::run_case("wrong job token is rejected", test_wrong_token);
+  fctest::run_case("a wrong job token fails authentication", test_wrong_token);
   fctest::run_case("wrong version and garbage handshakes are dropped", test_bad_handshakes);
   fctest::run_case("a rank that never connects gives ConnectTimeout naming it", test_missing_rank);
   fctest::run_case("SIGKILL of a rank mid-traffic is reported naming it", test_kill_mid_traffic);

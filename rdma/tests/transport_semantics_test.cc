@@ -37,8 +37,8 @@ std::unique_ptr<Transport> loopback() {
 GroupSpec spec(int rank, int world, std::vector<std::string> addrs, uint64_t comm,
                std::chrono::milliseconds timeout = 5000ms) {
   GroupSpec s;
-  s.job_token = 0xABCDEF;
   s.comm_id = comm;
+  s.key = auth::derive_comm_key(0xABCDEF, comm, {});
   s.rank = rank;
   s.world = world;
   s.addresses = std::move(addrs);

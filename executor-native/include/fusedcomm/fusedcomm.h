@@ -157,20 +157,27 @@ FC_API fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a
                            int64_t m, int64_t n, int64_t k, fc_weight_layout_t layout);
 
 /* ---- communicator: bootstrap ---------------------------------------------------------------- */
-/* Life cycle, every rank the same: create -> endpoint + device handle into the launcher's
- * allGather -> connect(all ranks' endpoints and handles) -> ops -> close. */
+/* Life cycle, every rank the same: create -> endpoint + device handle + FC_AUTH_SHARE_BYTES
+ * fresh random bytes (the rank's auth share) into the launcher's allGather -> connect(all ranks'
+ * endpoints, shares and handles) -> ops -> close. The shares and the runtime's job token make
+ * the communicator's key, which authenticates its connections (challenge-response; the key,
+ * the token and the shares never travel on them): keep them secret, as the allGather does. */
+#define FC_AUTH_SHARE_BYTES 32
 FC_API fc_status_t fc_comm_create(fc_runtime_t rt, int32_t rank, int32_t world, fc_comm_t* out);
 /* "host:port#regionKey": what peers need to reach this rank's transport staging region. */
 FC_API fc_status_t fc_comm_endpoint(fc_comm_t comm, const char** out);
 /* The cuda backend's symmetric memory handle for the bootstrap (empty with the host backend). */
 FC_API fc_status_t fc_comm_device_handle(fc_comm_t comm, const uint8_t** data, size_t* bytes);
-/* endpoints[r], device_handles[r] (device_handle_bytes[r] bytes) and host_ids[r] (rank r's
- * host, 0..H-1) for each of the `ranks` ranks; device_handles or device_handle_bytes NULL: none
- * (host backend); host_ids NULL: every rank on host 0. Builds the connections (bounded by the
- * connect timeout); ends with a barrier of all ranks. */
+/* endpoints[r], auth_shares[r] (FC_AUTH_SHARE_BYTES bytes), device_handles[r]
+ * (device_handle_bytes[r] bytes) and host_ids[r] (rank r's host, 0..H-1) for each of the
+ * `ranks` ranks; auth_shares NULL: only for a single rank; device_handles or
+ * device_handle_bytes NULL: none (host backend); host_ids NULL: every rank on host 0. Builds
+ * the connections (bounded by the connect timeout; a peer that cannot prove the key is
+ * refused); ends with a barrier of all ranks. */
 FC_API fc_status_t fc_comm_connect(fc_comm_t comm, int32_t rank, uint64_t comm_id, int32_t ranks,
-                                   const char* const* endpoints, const uint8_t* const* device_handles,
-                                   const size_t* device_handle_bytes, const int32_t* host_ids);
+                                   const char* const* endpoints, const uint8_t* const* auth_shares,
+                                   const uint8_t* const* device_handles, const size_t* device_handle_bytes,
+                                   const int32_t* host_ids);
 
 /* ---- communicator: teardown ----------------------------------------------------------------- */
 /* Waits for the ops enqueued on streams (cuda) and reports a device failure. */

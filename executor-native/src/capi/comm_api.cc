@@ -36,18 +36,28 @@ fc_status_t fc_comm_device_handle(fc_comm_t comm, const uint8_t** data, size_t* 
 }
 
 fc_status_t fc_comm_connect(fc_comm_t comm, int32_t rank, uint64_t comm_id, int32_t ranks,
-                            const char* const* endpoints, const uint8_t* const* device_handles,
-                            const size_t* device_handle_bytes, const int32_t* host_ids) {
+                            const char* const* endpoints, const uint8_t* const* auth_shares,
+                            const uint8_t* const* device_handles, const size_t* device_handle_bytes,
+                            const int32_t* host_ids) {
   return guarded([&] {
     Comm& c = comm_of(comm);
     FC_REQUIRE(ranks >= 0, "connect: negative rank count " + std::to_string(ranks));
     FC_REQUIRE(ranks == 0 || endpoints != nullptr, "connect: null endpoints");
+    FC_REQUIRE(
+        ranks <= 1 || auth_shares != nullptr,
+        "connect: null auth shares (every rank's FC_AUTH_SHARE_BYTES random bytes from the bootstrap)");
+    static_assert(FC_AUTH_SHARE_BYTES == rdma::auth::kShareBytes);
     Bootstrap b;
     b.rank = rank;
     b.comm_id = comm_id;
     for (int32_t r = 0; r < ranks; ++r) {
       FC_REQUIRE(endpoints[r] != nullptr, "connect: null endpoint of rank " + std::to_string(r));
       b.endpoints.emplace_back(endpoints[r]);
+      if (auth_shares != nullptr) {
+        FC_REQUIRE(auth_shares[r] != nullptr, "connect: null auth share of rank " + std::to_string(r));
+        rdma::auth::Share& share = b.auth_shares.emplace_back();
+        std::memcpy(share.data(), auth_shares[r], share.size());
+      }
       const size_t n =
           device_handles != nullptr && device_handle_bytes != nullptr ? device_handle_bytes[r] : 0;
       const uint8_t* blob = n > 0 ? device_handles[r] : nullptr;

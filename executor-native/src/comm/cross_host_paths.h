@@ -37,7 +37,8 @@ class CrossHostPaths {
  public:
   // Builds this rank's link to its counterparts: their link blobs travel as one exchange of
   // `host_half` (connected; every rank at this point), and the link's peer groups get ids
-  // derived from comm_id. `layout` and `local` outlive this object.
+  // derived from comm_id, authenticated with the host half's key. `layout` and `local` outlive
+  // this object.
   CrossHostPaths(Runtime& runtime, const HostLayout& layout, LocalCollectives& local,
                  TransportExchanger& host_half, uint64_t comm_id);
   ~CrossHostPaths();

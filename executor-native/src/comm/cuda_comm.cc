@@ -88,7 +88,7 @@ CudaComm::~CudaComm() {
 std::vector<uint8_t> CudaComm::device_handle() const { return sm_->export_handle(); }
 
 void CudaComm::connect(const Bootstrap& peers) {
-  host_.connect(peers.endpoints, peers.rank, peers.comm_id);
+  host_.connect(peers.endpoints, peers.rank, peers.comm_id, peers.auth_shares);
   FC_REQUIRE(static_cast<int>(peers.host_ids.size()) == host_.world(),
              "connect: " + std::to_string(peers.host_ids.size()) + " host ids for world " +
                  std::to_string(host_.world()));

@@ -10,7 +10,9 @@ HostComm::~HostComm() = default;  // the exchanger aborts and frees itself if st
 
 std::string HostComm::endpoint() const { return ex_.endpoint(); }
 
-void HostComm::connect(const Bootstrap& peers) { ex_.connect(peers.endpoints, peers.rank, peers.comm_id); }
+void HostComm::connect(const Bootstrap& peers) {
+  ex_.connect(peers.endpoints, peers.rank, peers.comm_id, peers.auth_shares);
+}
 
 Exchanger& HostComm::start(const OpDesc& desc, cudaStream_t stream) {
   FC_REQUIRE(stream == nullptr, "a stream was given, but the host backend runs ops synchronously");

@@ -57,16 +57,36 @@ FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_END(nullptr)
 }
 
-// endpoints, device handles and host ids: one per rank, by rank.
+// endpoints, auth shares (FC_AUTH_SHARE_BYTES each), device handles and host ids: one per rank,
+// by rank.
 FC_NATIVE(void, commConnect)
-(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id, jobjectArray device_handles,
- jintArray host_ids) {
+(JNIEnv* env, jclass, jlong c, jobjectArray endpoints, jint rank, jlong comm_id, jobjectArray auth_shares,
+ jobjectArray device_handles, jintArray host_ids) {
   FC_JNI_BEGIN
   const std::vector<std::string> eps = fusedcomm::jni::to_strings(env, endpoints);
   const jsize n = static_cast<jsize>(eps.size());
-  if (device_handles == nullptr || host_ids == nullptr || env->GetArrayLength(device_handles) != n ||
+  if (auth_shares == nullptr || device_handles == nullptr || host_ids == nullptr ||
+      env->GetArrayLength(auth_shares) != n || env->GetArrayLength(device_handles) != n ||
       env->GetArrayLength(host_ids) != n) {
-    fusedcomm::jni::invalid("connect: endpoints, device handles and host ids must have one entry per rank");
+    fusedcomm::jni::invalid(
+        "connect: endpoints, auth shares, device handles and host ids must have one entry per rank");
+  }
+  std::vector<uint8_t> shares(static_cast<size_t>(n) * FC_AUTH_SHARE_BYTES);
+  std::vector<const uint8_t*> share_ptrs;
+  for (jsize i = 0; i < n; ++i) {
+    auto a = static_cast<jbyteArray>(env->GetObjectArrayElement(auth_shares, i));
+    const bool ok = a != nullptr && env->GetArrayLength(a) == FC_AUTH_SHARE_BYTES;
+    if (ok) {
+      env->GetByteArrayRegion(
+          a, 0, FC_AUTH_SHARE_BYTES,
+          reinterpret_cast<jbyte*>(shares.data() + static_cast<size_t>(i) * FC_AUTH_SHARE_BYTES));
+    }
+    env->DeleteLocalRef(a);
+    if (!ok) {
+      fusedcomm::jni::invalid("connect: the auth share of rank " + std::to_string(i) + " is not " +
+                              std::to_string(FC_AUTH_SHARE_BYTES) + " bytes");
+    }
+    share_ptrs.push_back(shares.data() + static_cast<size_t>(i) * FC_AUTH_SHARE_BYTES);
   }
   std::vector<const char*> ep_ptrs;
   std::vector<std::vector<uint8_t>> blobs(n);
@@ -86,8 +106,8 @@ FC_NATIVE(void, commConnect)
   }
   std::vector<int32_t> hosts(n);
   env->GetIntArrayRegion(host_ids, 0, n, reinterpret_cast<jint*>(hosts.data()));
-  check(fc_comm_connect(comm_of(c), rank, static_cast<uint64_t>(comm_id), n, ep_ptrs.data(), blob_ptrs.data(),
-                        blob_bytes.data(), hosts.data()));
+  check(fc_comm_connect(comm_of(c), rank, static_cast<uint64_t>(comm_id), n, ep_ptrs.data(),
+                        share_ptrs.data(), blob_ptrs.data(), blob_bytes.data(), hosts.data()));
   FC_JNI_END()
 }
 

@@ -101,7 +101,7 @@ InterHostLink::Blob InterHostLink::blob() const {
 }
 
 void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names,
-                            uint64_t comm_id) {
+                            uint64_t comm_id, const rdma::auth::Key& key) {
   FC_REQUIRE(!closed_ && groups_.empty(), "inter-host link: connect() on a closed or connected link");
   FC_REQUIRE(static_cast<int>(blobs.size()) == hosts_ && static_cast<int>(names.size()) == hosts_,
              "inter-host link: one blob and one name per host");
@@ -119,7 +119,7 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
   peers_ = blobs;
   names_ = names;
   rdma::GroupSpec spec;
-  spec.job_token = runtime_.config().job_token;
+  spec.key = key;
   spec.comm_id = comm_id;
   spec.rank = host_;
   spec.world = hosts_;

@@ -127,13 +127,17 @@ std::string TransportExchanger::endpoint() const {
   return runtime_.transport().address() + "#" + std::to_string(region_.key);
 }
 
-void TransportExchanger::connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id) {
+void TransportExchanger::connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id,
+                                 const std::vector<rdma::auth::Share>& shares) {
   FC_REQUIRE(!connected_ && !closed_, "connect: the communicator is already connected or closed");
   FC_REQUIRE(
       static_cast<int>(endpoints.size()) == world_,
       "connect: " + std::to_string(endpoints.size()) + " endpoints for world " + std::to_string(world_));
   FC_REQUIRE(rank >= 0 && rank < world_,
              "connect: rank " + std::to_string(rank) + " outside world " + std::to_string(world_));
+  FC_REQUIRE(world_ == 1 || static_cast<int>(shares.size()) == world_,
+             "connect: " + std::to_string(shares.size()) + " authentication shares for world " +
+                 std::to_string(world_) + " (one per rank, from the bootstrap)");
   rank_ = rank;
   // Endpoints come from every rank's bootstrap blob: parsed strictly, never trusted.
   peer_keys_.assign(world_, 0);
@@ -159,8 +163,9 @@ void TransportExchanger::connect(const std::vector<std::string>& endpoints, int 
       "connect of rank " + std::to_string(rank) + " (world " + std::to_string(world_) + ")";
   if (aborted_.load()) fail(ErrorKind::kCommunicator, self + ": the communicator was aborted");
 
+  key_ = rdma::auth::derive_comm_key(runtime_.config().job_token, comm_id, shares);
   rdma::GroupSpec spec;
-  spec.job_token = runtime_.config().job_token;
+  spec.key = key_;
   spec.comm_id = comm_id;
   spec.rank = rank;
   spec.world = world_;

@@ -83,8 +83,8 @@ class ProxyEndpoint {
   // starts the proxy.
   void connect(const std::vector<ProxyBlob>& members, int rank, uint64_t token, uint64_t comm_id) {
     rdma::GroupSpec spec;
-    spec.job_token = token;
     spec.comm_id = comm_id;
+    spec.key = rdma::auth::derive_comm_key(token, comm_id, {});
     spec.rank = rank;
     spec.world = static_cast<int>(members.size());
     for (const auto& b : members) spec.addresses.push_back(b.address);

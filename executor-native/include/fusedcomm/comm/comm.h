@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "fusedcomm/host/host_ops.h"
+#include "fusedcomm/rdma/auth.h"
 #include "fusedcomm/types.h"
 
 namespace fusedcomm {
@@ -42,6 +43,10 @@ struct Bootstrap {
   int rank = 0;
   uint64_t comm_id = 0;                              // the same on every rank of the communicator
   std::vector<std::string> endpoints;                // [r]: rank r's endpoint()
+  // [r]: the random share rank r published in the bootstrap (rdma/auth.h): with the job token
+  // and comm_id it makes the communicator's key, which authenticates its connections. Empty
+  // only for a world of one.
+  std::vector<rdma::auth::Share> auth_shares;
   std::vector<std::vector<uint8_t>> device_handles;  // [r]: rank r's device_handle()
   std::vector<int> host_ids;                         // [r]: rank r's host, 0..H-1
 };

@@ -7,7 +7,7 @@
 // Life cycle (CudaComm's CrossHostPaths drives it; every counterpart the same):
 //   InterHostLink link(runtime, host, hosts, chunk_bytes);   // regions registered
 //   blobs = exchange(link.blob());                           // over the host communicator
-//   link.connect(counterparts' blobs, comm_id);              // peer group + proxy thread
+//   link.connect(counterparts' blobs, comm_id, key);         // peer group + proxy thread
 //   link.all_reduce(x, count, dtype, stream) ...             // or all_gather, reduce_scatter,
 //                                                            // all_to_all:
 //                                                            // enqueued, stream-ordered
@@ -72,8 +72,10 @@ class InterHostLink {
   Blob blob() const;
   // blobs[h]: host h's counterpart (this rank's own at `host`). names[h]: how messages name it
   // ("rank 5 (host 1)"). comm_id: unique among the groups of this job on these transports.
-  // Bounded by the runtime's connect timeout.
-  void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names, uint64_t comm_id);
+  // key: authenticates the connections (rdma/auth.h; the communicator's key: the handshake
+  // covers comm_id, so groups sharing it stay apart). Bounded by the runtime's connect timeout.
+  void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names, uint64_t comm_id,
+               const rdma::auth::Key& key);
 
   // The ops (kernels/proxy/proxy.h, ProxyCollective), enqueued on `stream`; device memory; every
   // counterpart calls the same op with the same counts and dtype. Sums are in fp32, in host

@@ -5,9 +5,9 @@
 //
 // Life cycle (driven by the Comm that owns it): construct with the world size (registers the
 // staging region, so that endpoint() can go into the bootstrap blob) -> connect(endpoints of all
-// ranks, rank, the communicator id all ranks agreed on) -> ops -> close(). abort() may be called
-// from any thread at any time, also while connect() waits for its peers; waits in flight then
-// fail at once.
+// ranks, rank, the communicator id all ranks agreed on, every rank's bootstrap share) -> ops ->
+// close(). abort() may be called from any thread at any time, also while connect() waits for its
+// peers; waits in flight then fail at once.
 //
 // Everything a peer writes (chunk headers, flags, op descriptions) is checked before it is used;
 // a violation fails the op with an error naming the peer (src/runtime/chunk_wire.h).
@@ -46,8 +46,14 @@ class TransportExchanger final : public Exchanger {
 
   // "host:port#regionKey": what peers need to reach this rank's staging region.
   std::string endpoint() const;
-  // Builds the connections; endpoints[i] is rank i's endpoint(). Bounded by the connect timeout.
-  void connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id);
+  // Builds the connections; endpoints[i] is rank i's endpoint(), shares[i] the random share rank
+  // i published in the bootstrap (one per rank; none for a world of one). The connections are
+  // authenticated with the communicator's key, rdma::auth::derive_comm_key(job token, comm_id,
+  // shares). Bounded by the connect timeout.
+  void connect(const std::vector<std::string>& endpoints, int rank, uint64_t comm_id,
+               const std::vector<rdma::auth::Share>& shares);
+  // The communicator's key (after connect): the cuda backend's groups between hosts use it too.
+  const rdma::auth::Key& key() const { return key_; }
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
@@ -88,6 +94,7 @@ class TransportExchanger final : public Exchanger {
   rdma::Region region_;
   std::vector<uint64_t> peer_keys_;
   std::vector<std::string> peer_addresses_;
+  rdma::auth::Key key_{};
   // Set once by connect(); abort() may read it from another thread meanwhile, so both hold
   // group_mu_ (and close(), which resets it).
   std::mutex group_mu_;

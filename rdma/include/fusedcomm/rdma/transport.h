@@ -1,4 +1,4 @@
-// The inter-process transport interface, version 1 (kTransportApiVersion), its backends and
+// The inter-process transport interface, version 2 (kTransportApiVersion), its backends and
 // the factory that makes them.
 //
 // Model (chosen so that RDMA NICs implement it directly; the socket backend is built, and
@@ -8,7 +8,10 @@
 //     ibverbs: rkey and address packed by the backend).
 //   - A PeerGroup is the set of connections of one communicator: `world` ranks, all-to-all.
 //     It is built from every rank's listening address (exchanged through Spark's barrier
-//     allGather), the job token and a communicator id, which authenticate the handshake.
+//     allGather), a communicator id and the group's key (auth.h: derived from the job token and
+//     every rank's bootstrap share). Every backend authenticates each connection with the
+//     key's challenge-response handshake (auth.h) before it carries anything, talks only to the
+//     addresses of the bootstrap, and never sends the key.
 //   - The only data operation is a one-sided write into a peer's registered region, optionally
 //     followed by a signal: a 64-bit word in a peer region that only grows (the receiver
 //     stores max(old, value)) and becomes visible with release ordering after the data. The
@@ -26,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "fusedcomm/rdma/auth.h"
 #include "fusedcomm/rdma/errors.h"
 
 namespace fusedcomm::rdma {
@@ -33,7 +37,7 @@ namespace fusedcomm::rdma {
 // The version of this interface. A backend reports it (Transport::api_version) and the socket
 // handshake carries it: peers of different versions reject each other. Bump it when the
 // interface's contract or a backend's wire format changes.
-inline constexpr uint32_t kTransportApiVersion = 1;
+inline constexpr uint32_t kTransportApiVersion = 2;
 
 // A registered local region. `key` is what peers put in WriteOp::dst_key.
 struct Region {
@@ -57,8 +61,11 @@ struct WriteOp {
 };
 
 struct GroupSpec {
-  uint64_t job_token = 0;  // the application's random token (driver plugin)
-  uint64_t comm_id = 0;    // distinguishes communicators of one job
+  // The group's key (auth.h), the same on every rank: auth::derive_comm_key of the job token,
+  // the communicator id and every rank's bootstrap share. Never sent. connect() refuses a group
+  // of more than one rank without one (all zero).
+  auth::Key key{};
+  uint64_t comm_id = 0;  // distinguishes communicators of one job; covered by the handshake
   int rank = 0;
   int world = 1;
   std::vector<std::string> addresses;  // every rank's Transport::address(), by rank
@@ -106,6 +113,7 @@ struct TransportStats {
   uint64_t registered_bytes = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t handshakes = 0;  // accepted connections still in their handshake (bounded; auth.h)
 };
 
 class Transport {
@@ -118,8 +126,9 @@ class Transport {
   virtual Region register_memory(void* base, uint64_t bytes) = 0;
   virtual void deregister_memory(const Region& region) = 0;
   // Builds the all-to-all connections of one group. Every rank calls it with the same spec
-  // (but its own rank); returns once all world-1 connections are up and authenticated, or
-  // throws ConnectTimeout / TransportError naming the missing peer.
+  // (but its own rank); returns once all world-1 connections are up and authenticated (each
+  // side proved the spec's key, auth.h), or throws ConnectTimeout / TransportError naming the
+  // missing peer, or the peer that failed authentication.
   virtual std::unique_ptr<PeerGroup> connect(const GroupSpec& spec) = 0;
   virtual TransportStats stats() const = 0;
   // A hint that traffic for this transport's groups is about to arrive (an op between hosts is
@@ -147,7 +156,10 @@ const char* transport_kind_name(TransportKind kind);
 
 // The socket backend's options.
 struct SocketOptions {
-  std::string bind_host;       // empty: the host's primary address
+  // The address the listener binds. Empty: the host's primary address (the host name's first
+  // non-loopback address that can be bound, else the first up non-loopback IPv4 interface), and
+  // only that one; "0.0.0.0" or "::": every interface (advertising the primary address).
+  std::string bind_host;
   uint16_t port = 0;           // 0: ephemeral
   std::string advertise_host;  // empty: bind_host, or the resolved host name
   // Threads reading the data connections (GroupSpec::lane says which reads which). A TCP

@@ -8,6 +8,7 @@ import io.fusedcomm.bootstrap.RankInfoCodec;
 import io.fusedcomm.errors.CommunicatorException;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
+import java.security.SecureRandom;
 import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.atomic.AtomicReference;
@@ -58,6 +59,8 @@ import org.apache.spark.BarrierTaskContext;
  * a closed tensor is refused. {@link #abort()} and {@link #close()} may come from any thread.
  */
 public final class Communicator implements AutoCloseable {
+  private static final SecureRandom SHARES = new SecureRandom();
+
   private final ExecutorRuntime runtime;
   private final int rank;
   private final int world;
@@ -141,7 +144,9 @@ public final class Communicator implements AutoCloseable {
   /**
    * Builds a communicator over any launcher's {@link BootstrapExchange} (calls its allGather
    * exactly once). Every rank checks every rank's bootstrap blob; an inconsistent world, job,
-   * plan or GPU assignment fails on all ranks with the same message.
+   * plan or GPU assignment fails on all ranks with the same message. Each rank's blob carries a
+   * fresh random share; all of them, with the job token, make the key that authenticates the
+   * communicator's connections, so only the allGather carries secrets (docs/deploying.md).
    */
   public static Communicator bootstrap(
       ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options) {
@@ -190,6 +195,7 @@ public final class Communicator implements AutoCloseable {
               NativeOps.commEndpoint(handle),
               runtime.jobToken(),
               exchange.commNonce(),
+              authShare(),
               world,
               rank,
               plan.value(),
@@ -200,9 +206,10 @@ public final class Communicator implements AutoCloseable {
       BootstrapCheck.check(infos, world, rank, !shareGpu);
       HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
       String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
+      byte[][] authShares = infos.stream().map(RankInfo::authShare).toArray(byte[][]::new);
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
       NativeOps.commConnect(
-          handle, endpoints, rank, exchange.commNonce(), deviceHandles, layout.hostIds());
+          handle, endpoints, rank, exchange.commNonce(), authShares, deviceHandles, layout.hostIds());
       return new Communicator(runtime, lease, owned, rank, world, infos, layout);
     } catch (RuntimeException | Error e) {
       // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
@@ -248,6 +255,13 @@ public final class Communicator implements AutoCloseable {
     String endpoint = info.transportAddress();
     int hash = endpoint.lastIndexOf('#');
     return hash < 0 ? endpoint : endpoint.substring(0, hash);
+  }
+
+  /** A fresh random share of the communicator's key ({@link RankInfo#authShare()}). */
+  private static byte[] authShare() {
+    byte[] share = new byte[RankInfo.AUTH_SHARE_BYTES];
+    SHARES.nextBytes(share);
+    return share;
   }
 
   /** This rank. */

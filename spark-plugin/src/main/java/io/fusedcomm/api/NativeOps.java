@@ -57,9 +57,18 @@ final class NativeOps {
   /** The symmetric memory's IPC blob for the bootstrap; empty with the host backend. */
   static native byte[] commDeviceHandle(long comm);
 
-  /** Connects the host half, then the device half; hostIds[r]: rank r's host (HostLayout). */
+  /**
+   * Connects the host half, then the device half; authShares[r]: rank r's bootstrap share
+   * (RankInfo.authShare, 32 bytes); hostIds[r]: rank r's host (HostLayout).
+   */
   static native void commConnect(
-      long comm, String[] endpoints, int rank, long commId, byte[][] deviceHandles, int[] hostIds);
+      long comm,
+      String[] endpoints,
+      int rank,
+      long commId,
+      byte[][] authShares,
+      byte[][] deviceHandles,
+      int[] hostIds);
 
   /** Waits for the ops enqueued on streams (cuda backend) and throws a device failure. */
   static native void commSynchronize(long comm);

@@ -20,6 +20,10 @@ import java.util.Objects;
  * @param jobToken the application's random token from the driver plugin
  * @param commNonce identifies this communicator instance; the same on every rank of it (derived
  *     from the stage and attempt), so tasks of different attempts never pair up
+ * @param authShare this rank's {@link #AUTH_SHARE_BYTES} fresh random bytes: with the job token
+ *     and the communicator id, every rank's share makes the communicator's key, which
+ *     authenticates its transport connections (challenge-response: neither the key, the token nor
+ *     a share travels on them). Secret as the blob is; never printed
  * @param world the world size this rank expects
  * @param rank this rank, equal to its barrier task's partition id
  * @param fingerprint {@link Fingerprint#value()} of the requested op parameters
@@ -36,13 +40,20 @@ public record RankInfo(
     String transportAddress,
     long jobToken,
     long commNonce,
+    byte[] authShare,
     int world,
     int rank,
     long fingerprint,
     String opDescription,
     byte[] ipcHandles) {
 
-  /** Checks for nulls and takes a copy of {@code ipcHandles}. */
+  /** Bytes of {@link #authShare()}: the native side's {@code FC_AUTH_SHARE_BYTES}. */
+  public static final int AUTH_SHARE_BYTES = 32;
+
+  /**
+   * Checks for nulls and the share's length, and takes copies of {@code authShare} and {@code
+   * ipcHandles}.
+   */
   public RankInfo {
     Objects.requireNonNull(host, "host");
     Objects.requireNonNull(executorId, "executorId");
@@ -51,7 +62,19 @@ public record RankInfo(
     Objects.requireNonNull(backend, "backend");
     Objects.requireNonNull(transportAddress, "transportAddress");
     Objects.requireNonNull(opDescription, "opDescription");
+    Objects.requireNonNull(authShare, "authShare");
+    if (authShare.length != AUTH_SHARE_BYTES) {
+      throw new IllegalArgumentException(
+          "authShare must be " + AUTH_SHARE_BYTES + " bytes, got " + authShare.length);
+    }
+    authShare = authShare.clone();
     ipcHandles = ipcHandles == null ? new byte[0] : ipcHandles.clone();
+  }
+
+  /** A copy of the auth share. */
+  @Override
+  public byte[] authShare() {
+    return authShare.clone();
   }
 
   /** A copy of the IPC handle bytes. */
@@ -80,6 +103,7 @@ public record RankInfo(
         && transportAddress.equals(r.transportAddress)
         && jobToken == r.jobToken
         && commNonce == r.commNonce
+        && Arrays.equals(authShare, r.authShare)
         && world == r.world
         && rank == r.rank
         && fingerprint == r.fingerprint
@@ -93,10 +117,11 @@ public record RankInfo(
             blobVersion, host, executorId, gpuId, gpuUuid, backend, transportAddress, jobToken,
             commNonce, world, rank, fingerprint, opDescription)
         * 31
-        + Arrays.hashCode(ipcHandles);
+        + Arrays.hashCode(ipcHandles)
+        + 17 * Arrays.hashCode(authShare);
   }
 
-  /** A log-friendly summary; the job token is left out. */
+  /** A log-friendly summary; the job token and the auth share are left out. */
   @Override
   public String toString() {
     return "RankInfo[rank "

@@ -12,12 +12,12 @@ import java.util.List;
  * Versioned compact binary encoding of {@link RankInfo}, carried as a Base64 string through
  * {@code BarrierTaskContext.allGather}.
  *
- * <p>Layout, version 1 (integers big-endian; {@code varint} is unsigned LEB128; a {@code string}
+ * <p>Layout, version 2 (integers big-endian; {@code varint} is unsigned LEB128; a {@code string}
  * is a varint byte length then UTF-8 bytes):
  *
  * <pre>
  * magic            2 bytes   'F' 'C'
- * version          1 byte    1
+ * version          1 byte    2
  * host             string
  * executorId       string
  * gpuId            string
@@ -26,6 +26,7 @@ import java.util.List;
  * transportAddress string
  * jobToken         8 bytes
  * commNonce        8 bytes
+ * authShare        32 bytes  (RankInfo.AUTH_SHARE_BYTES)
  * world            varint
  * rank             varint
  * fingerprint      8 bytes
@@ -39,7 +40,7 @@ import java.util.List;
  */
 public final class RankInfoCodec {
   /** The encoding version this code writes and reads. */
-  public static final int VERSION = 1;
+  public static final int VERSION = 2;
 
   private static final byte MAGIC_0 = 'F';
   private static final byte MAGIC_1 = 'C';
@@ -73,6 +74,8 @@ public final class RankInfoCodec {
     writeString(out, info.transportAddress());
     writeLong(out, info.jobToken());
     writeLong(out, info.commNonce());
+    byte[] share = info.authShare();
+    out.write(share, 0, share.length);
     writeVarint(out, info.world());
     writeVarint(out, info.rank());
     writeLong(out, info.fingerprint());
@@ -139,6 +142,7 @@ public final class RankInfoCodec {
     String transport = r.string("transportAddress");
     long jobToken = r.int64("jobToken");
     long commNonce = r.int64("commNonce");
+    byte[] authShare = r.fixed(RankInfo.AUTH_SHARE_BYTES, "authShare");
     int world = r.varint("world");
     int rank = r.varint("rank");
     long fingerprint = r.int64("fingerprint");
@@ -156,8 +160,8 @@ public final class RankInfoCodec {
               + ")");
     }
     return new RankInfo(
-        version, host, executorId, gpuId, gpuUuid, backend, transport, jobToken, commNonce, world,
-        rank, fingerprint, opDescription, ipc);
+        version, host, executorId, gpuId, gpuUuid, backend, transport, jobToken, commNonce,
+        authShare, world, rank, fingerprint, opDescription, ipc);
   }
 
   private static int backendCode(Backend b) {
@@ -269,7 +273,10 @@ public final class RankInfoCodec {
     }
 
     byte[] bytes(String field) {
-      int n = varint(field);
+      return fixed(varint(field), field);
+    }
+
+    byte[] fixed(int n, String field) {
       need(n, field);
       byte[] out = new byte[n];
       System.arraycopy(b, pos, out, 0, n);

@@ -80,7 +80,10 @@ public final class FusedCommConf {
       ConfigEntry.builder(PREFIX + "transport.bindHost")
           .doc(
               "Host name or IP address the executor's transport listener binds to and"
-                  + " advertises to its peers. Empty: the executor's host as Spark knows it.")
+                  + " advertises to its peers. Empty: this host's own address (its host name's"
+                  + " first non-loopback address, else its first non-loopback IPv4 interface), and"
+                  + " only that one. 0.0.0.0 (or ::) listens on every interface, advertising that"
+                  + " same address.")
           .stringConf()
           .check(s -> s.equals(s.trim()) && !s.contains(" "), "a host name or IP address, or empty")
           .createWithDefault("");

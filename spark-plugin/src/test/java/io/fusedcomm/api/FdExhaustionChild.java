@@ -1,5 +1,6 @@
 package io.fusedcomm.api;
 
+import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import java.io.FileInputStream;
@@ -43,8 +44,9 @@ public final class FdExhaustionChild {
       }
       try {
         // Rank 1 dials rank 0, whose address no one listens on; it needs a socket first.
+        byte[] share = new byte[RankInfo.AUTH_SHARE_BYTES];
         NativeOps.commConnect(comm, new String[] {"127.0.0.1:1#1", mine}, 1, 99L,
-            new byte[][] {new byte[0], new byte[0]}, new int[] {0, 0});
+            new byte[][] {share, share}, new byte[][] {new byte[0], new byte[0]}, new int[] {0, 0});
       } catch (Throwable t) {
         thrown = t;
       }

@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.testing.HostWorld;
 import io.fusedcomm.testing.TensorScope;
 import java.util.List;
@@ -75,8 +76,8 @@ class JniBoundaryTest {
     // A bare one-rank native communicator, so that the test can hand the JNI any description.
     long h = NativeOps.commCreate(world.runtime(0).handle(), 0, 1);
     try (TensorScope s = new TensorScope()) {
-      NativeOps.commConnect(h, new String[] {NativeOps.commEndpoint(h)}, 0, 77, new byte[][] {new byte[0]},
-          new int[] {0});
+      NativeOps.commConnect(h, new String[] {NativeOps.commEndpoint(h)}, 0, 77,
+          new byte[][] {new byte[RankInfo.AUTH_SHARE_BYTES]}, new byte[][] {new byte[0]}, new int[] {0});
       HostTensor x = s.of(new float[] {1, 2}, DType.F32, 2);
       IllegalArgumentException nullText = assertThrows(IllegalArgumentException.class,
           () -> NativeOps.allReduce(h, null, 1, DType.F32.code(), x.address(), x.address(), 2, 0));

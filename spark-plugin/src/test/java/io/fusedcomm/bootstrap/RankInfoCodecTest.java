@@ -40,6 +40,7 @@ class RankInfoCodecTest {
             "[::1]:65535",
             Long.MIN_VALUE,
             -1L,
+            RankInfos.share(0xbf),
             Integer.MAX_VALUE,
             Integer.MAX_VALUE - 1,
             Long.MAX_VALUE,
@@ -64,6 +65,25 @@ class RankInfoCodecTest {
     info.ipcHandles()[1] = 0;
     assertEquals(9, info.ipcHandles()[1]);
     assertTrue(!info.toString().contains(Long.toString(RankInfos.TOKEN)), info.toString());
+  }
+
+  @Test
+  void authShareIsCopiedCheckedAndNeverPrinted() {
+    byte[] share = RankInfos.share(5);
+    RankInfo info = RankInfos.with(RankInfos.rank(0, 1), b -> b.authShare = share);
+    share[0] = 0;
+    assertEquals(0x45, info.authShare()[0]);
+    info.authShare()[1] = 0;
+    assertEquals(0x45, info.authShare()[1]);
+    assertArrayEquals(RankInfos.share(5), RankInfoCodec.decode(RankInfoCodec.encode(info)).authShare());
+    assertTrue(!info.toString().contains("EEEE"), info.toString());
+    IllegalArgumentException e =
+        assertThrows(
+            IllegalArgumentException.class,
+            () -> RankInfos.with(RankInfos.rank(0, 1), b -> b.authShare = new byte[31]));
+    assertTrue(e.getMessage().contains("32 bytes"), e.getMessage());
+    RankInfo other = RankInfos.with(RankInfos.rank(0, 2), b -> b.authShare = RankInfos.share(9));
+    assertTrue(!RankInfos.rank(0, 2).equals(other), "the share takes part in equals");
   }
 
   @Test
@@ -95,12 +115,12 @@ class RankInfoCodecTest {
   @Test
   void badVersion() {
     byte[] b = Base64.getDecoder().decode(RankInfoCodec.encode(RankInfos.rank(0, 1)));
-    b[2] = 2;
+    b[2] = 1;
     CommunicatorException e =
         assertThrows(
             CommunicatorException.class,
             () -> RankInfoCodec.decode(Base64.getEncoder().encodeToString(b)));
-    assertTrue(e.getMessage().contains("version 2"), e.getMessage());
+    assertTrue(e.getMessage().contains("version 1"), e.getMessage());
     assertTrue(e.getMessage().contains("same fusedcomm jar"), e.getMessage());
   }
 
@@ -129,7 +149,9 @@ class RankInfoCodecTest {
   @Test
   void malformedVarint() {
     // magic, version, then a host length varint that never ends.
-    byte[] b = {'F', 'C', 1, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, 0};
+    byte[] b = {
+      'F', 'C', RankInfoCodec.VERSION, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff, 0
+    };
     assertMessage("malformed number in field host", Base64.getEncoder().encodeToString(b));
   }
 

@@ -26,11 +26,19 @@ final class RankInfos {
         host + ":" + (40000 + r),
         TOKEN,
         NONCE,
+        share(r),
         world,
         r,
         OP.value(),
         OP.description(),
         new byte[] {1, 2, (byte) r});
+  }
+
+  /** A distinct auth share per rank. */
+  static byte[] share(int r) {
+    byte[] s = new byte[RankInfo.AUTH_SHARE_BYTES];
+    java.util.Arrays.fill(s, (byte) (0x40 + r));
+    return s;
   }
 
   static List<RankInfo> world(int world) {
@@ -66,6 +74,7 @@ final class RankInfos {
     String transportAddress;
     long jobToken;
     long commNonce;
+    byte[] authShare;
     int world;
     int rank;
     long fingerprint;
@@ -82,6 +91,7 @@ final class RankInfos {
       transportAddress = i.transportAddress();
       jobToken = i.jobToken();
       commNonce = i.commNonce();
+      authShare = i.authShare();
       world = i.world();
       rank = i.rank();
       fingerprint = i.fingerprint();
@@ -92,7 +102,7 @@ final class RankInfos {
     RankInfo build() {
       return new RankInfo(
           blobVersion, host, executorId, gpuId, gpuUuid, backend, transportAddress, jobToken,
-          commNonce, world, rank, fingerprint, opDescription, ipcHandles);
+          commNonce, authShare, world, rank, fingerprint, opDescription, ipcHandles);
     }
   }
 }
