@@ -26,6 +26,7 @@ namespace {
 using namespace fusedcomm;
 using Clock = std::chrono::steady_clock;
 using fusedcomm::testing::check;
+using fusedcomm::testing::test_shares;
 using std::chrono::milliseconds;
 
 constexpr uint64_t kToken = 0xab07'0c0d'e000'0002ull;
@@ -64,7 +65,7 @@ struct Outcome {
 void connect_into(TransportExchanger& ex, const std::vector<std::string>& endpoints, int rank, uint64_t id,
                   Clock::time_point start, Outcome* o) {
   try {
-    ex.connect(endpoints, rank, id);
+    ex.connect(endpoints, rank, id, test_shares(endpoints.size()));
     o->connected = true;
   } catch (const Error& e) {
     o->message = e.what();

@@ -27,6 +27,7 @@ namespace {
 
 using namespace fusedcomm;
 using fusedcomm::testing::check;
+using fusedcomm::testing::test_shares;
 using fusedcomm::testing::FakePeer;
 using Header = FakePeer::Header;
 
@@ -75,7 +76,7 @@ struct Pair {
     std::exception_ptr error;
     std::thread connecting([&] {
       try {
-        ex.connect({ex.endpoint(), peer.endpoint()}, 0, id);
+        ex.connect({ex.endpoint(), peer.endpoint()}, 0, id, test_shares(2));
       } catch (...) { error = std::current_exception(); }
     });
     try {
@@ -282,7 +283,7 @@ void endpoints(Runtime& rt) {
     std::string message = "no error";
     bool refused = false;
     try {
-      ex.connect({ex.endpoint(), bad}, 0, ++g_comm_id);
+      ex.connect({ex.endpoint(), bad}, 0, ++g_comm_id, test_shares(2));
     } catch (const Error& e) {
       message = e.what();
       refused = e.kind() == ErrorKind::kInvalidArgument &&

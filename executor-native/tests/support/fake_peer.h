@@ -12,12 +12,22 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../../src/runtime/chunk_wire.h"
+#include "fusedcomm/rdma/auth.h"
 #include "fusedcomm/rdma/transport.h"
 #include "fusedcomm/runtime/memory.h"
 
 namespace fusedcomm::testing {
+
+// The bootstrap shares of a test communicator of `world` ranks (fixed: both sides of a test derive
+// the same key from them, as ranks do from the real bootstrap's).
+inline std::vector<rdma::auth::Share> test_shares(size_t world) {
+  std::vector<rdma::auth::Share> shares(world);
+  for (size_t r = 0; r < world; ++r) shares[r].fill(static_cast<uint8_t>(r + 1));
+  return shares;
+}
 
 class FakePeer {
  public:
@@ -46,7 +56,7 @@ class FakePeer {
     const auto hash = exchanger.rfind('#');
     peer_key_ = std::stoull(exchanger.substr(hash + 1));
     rdma::GroupSpec spec;
-    spec.job_token = job_token;
+    spec.key = rdma::auth::derive_comm_key(job_token, comm_id, test_shares(kWorld));
     spec.comm_id = comm_id;
     spec.rank = kRank;
     spec.world = kWorld;
