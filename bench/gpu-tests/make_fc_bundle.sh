@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what changes between GPU-host runs into .fcbundle/ (ignored; it travels with the
 # checkout): the plugin's classes and test classes, the examples' classes, and libfusedcomm.so as
-# a classpath resource (native/linux/amd64/). Run after `mvn -B -DskipTests install`; see run_java.sh.
+# a classpath resource (native/linux/amd64/). Run after `mvn -B -DskipTests install`; see java.sh.
 #   make_fc_bundle.sh [path/to/libfusedcomm.so]   (default: the one in executor-native's jar)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs the stable half of the GPU-host Java run into .sparkbundle/pN (ignored; see run_java.sh):
+# Packs the stable half of the GPU-host Java run into .sparkbundle/pN (ignored; see java.sh):
 # a jlink'ed Java 17 runtime with spark-plugin's test classpath (Spark, JCuda, JUnit) and the
 # JUnit console launcher, as one tar.xz split into parts. Run from anywhere on a machine with the
 # JDK and Maven, after `mvn -B -DskipTests install`:

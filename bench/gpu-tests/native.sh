@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The native GPU tests (the gpu tier: gemm_test and every gpu_*_test) on a GPU host, from any
 # folder, each binary under its own timeout, logs in <out-dir>:
-#   bench/gpu-tests/run_native.sh <out-dir> [--shared N] [test ...]      (default: every test)
+#   bench/gpu-tests/native.sh <out-dir> [--shared N] [test ...]      (default: every test)
 # Without --shared each rank of the multi-process tests runs on its own GPU, and every test runs
 # all its world sizes that the GPUs allow (1..GPUs; the tests choose). --shared N: up to N ranks
 # share GPU 0 (FC_TEST_SHARED_GPU=N; correctness only, timings meaningless): how a one-GPU host

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Java and Spark GPU suite (the gpu-spark tier) on a GPU host that has no JDK, Maven or
 # network, from any folder; logs in <out-dir>:
-#   bench/gpu-tests/run_java.sh <out-dir> stage N          copy bundle part N into the stage
-#   bench/gpu-tests/run_java.sh <out-dir> run [worlds...]   the whole suite
-#   bench/gpu-tests/run_java.sh <out-dir> classes C...      only the JUnit classes named
+#   bench/gpu-tests/java.sh <out-dir> stage N          copy bundle part N into the stage
+#   bench/gpu-tests/java.sh <out-dir> run [worlds...]   the whole suite
+#   bench/gpu-tests/java.sh <out-dir> classes C...      only the JUnit classes named
 #
 # Two bundles travel inside the checkout as ignored folders, made on a machine with the JDK:
 #   .sparkbundle/pN   the stable part: a jlink'ed Java 17 runtime with Spark, JCuda and JUnit
@@ -197,5 +197,5 @@ if [ -d "$repo/.fcbundle/examples" ]; then
     example02 "$ngpu" example02-hosts.log "$(small_args "$ngpu")" -Dspark.fusedcomm.cuda.virtualHosts=2
   fi
 fi
-echo "run_java rc=$rc"
+echo "java.sh rc=$rc"
 exit $rc
