@@ -96,7 +96,8 @@ CrossHostPaths::CrossHostPaths(Runtime& runtime, const HostLayout& layout, Local
   // One group per local rank: an id of its own, distinct from the host half's.
   const uint64_t group_id =
       (comm_id ^ 0x696e746572686f73ull) * 0x9E3779B97F4A7C15ull + layout_.local_rank + 1;
-  link_->connect(peers, names, group_id, host_half.key());
+  // An abort of the communicator aborts host_half first, so its flag ends this connect too.
+  link_->connect(peers, names, group_id, host_half.key(), &host_half.aborted_flag());
 }
 
 CrossHostPaths::~CrossHostPaths() = default;

@@ -101,7 +101,7 @@ InterHostLink::Blob InterHostLink::blob() const {
 }
 
 void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names,
-                            uint64_t comm_id, const rdma::auth::Key& key) {
+                            uint64_t comm_id, const rdma::auth::Key& key, const std::atomic<bool>* cancel) {
   FC_REQUIRE(!closed_ && groups_.empty(), "inter-host link: connect() on a closed or connected link");
   FC_REQUIRE(static_cast<int>(blobs.size()) == hosts_ && static_cast<int>(names.size()) == hosts_,
              "inter-host link: one blob and one name per host");
@@ -125,6 +125,7 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
   spec.world = hosts_;
   for (const Blob& b : blobs) spec.addresses.emplace_back(b.address, strnlen(b.address, sizeof b.address));
   spec.connect_timeout = std::chrono::milliseconds(runtime_.config().connect_timeout_ms);
+  spec.cancel = cancel;
   // Per lane, a connection per direction between counterparts: the ops send both ways at once
   // (one_way_pairs.h says why). Every counterpart connects the lanes in the same order.
   uint64_t* lane0_abort = &static_cast<rdma::RingHeader*>(ring(0, false))->abort;
@@ -133,7 +134,14 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
     spec.comm_id =
         l == 0 ? comm_id
                : (comm_id ^ (0x6c616e6500000000ull | static_cast<uint64_t>(l))) * 0xBF58476D1CE4E5B9ull;
-    groups_.push_back(rdma::connect_one_way_pairs(runtime_.transport(), spec));
+    try {
+      groups_.push_back(rdma::connect_one_way_pairs(runtime_.transport(), spec));
+    } catch (const rdma::TransportError&) {
+      if (cancel != nullptr && cancel->load()) {
+        fail(ErrorKind::kCommunicator, names_[host_] + ": aborted while connecting to the other hosts");
+      }
+      throw;
+    }
     // A failing lane also sets lane 0's abort word, which every wait of the kernel polls.
     proxies_.push_back(std::make_unique<rdma::Proxy>(
         rdma::ProxyRing(ring(l, false), kRingCapacity), *groups_.back(), l == 0 ? nullptr : lane0_abort,

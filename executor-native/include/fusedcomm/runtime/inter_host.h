@@ -31,6 +31,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -73,9 +74,11 @@ class InterHostLink {
   // blobs[h]: host h's counterpart (this rank's own at `host`). names[h]: how messages name it
   // ("rank 5 (host 1)"). comm_id: unique among the groups of this job on these transports.
   // key: authenticates the connections (rdma/auth.h; the communicator's key: the handshake
-  // covers comm_id, so groups sharing it stay apart). Bounded by the runtime's connect timeout.
+  // covers comm_id, so groups sharing it stay apart). Bounded by the runtime's connect timeout;
+  // `cancel` (may be null), once set from another thread, ends the wait at once with
+  // Error(kCommunicator).
   void connect(const std::vector<Blob>& blobs, const std::vector<std::string>& names, uint64_t comm_id,
-               const rdma::auth::Key& key);
+               const rdma::auth::Key& key, const std::atomic<bool>* cancel = nullptr);
 
   // The ops (kernels/proxy/proxy.h, ProxyCollective), enqueued on `stream`; device memory; every
   // counterpart calls the same op with the same counts and dtype. Sums are in fp32, in host

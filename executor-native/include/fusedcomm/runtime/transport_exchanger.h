@@ -54,6 +54,9 @@ class TransportExchanger final : public Exchanger {
                const std::vector<rdma::auth::Share>& shares);
   // The communicator's key (after connect): the cuda backend's groups between hosts use it too.
   const rdma::auth::Key& key() const { return key_; }
+  // Set by abort(): connects that other parts of the communicator make (the cuda backend's links
+  // between hosts) poll it, so one abort reaches every connect wait.
+  const std::atomic<bool>& aborted_flag() const { return aborted_; }
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
