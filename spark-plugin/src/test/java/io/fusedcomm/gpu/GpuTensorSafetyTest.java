@@ -47,6 +47,11 @@ class GpuTensorSafetyTest {
     return ExecutorRuntime.create(FusedCommConf.fromMap(conf), "0", Optional.of("0"), 1L);
   }
 
+  /** A communicator of one rank on the runtime's GPU; {@code id} keeps tests' groups apart. */
+  private static Communicator worldOfOne(ExecutorRuntime rt, long id) {
+    return Communicator.bootstrap(rt, InJvmExchange.group(1, id, 30_000).get(0), CommOptions.defaults());
+  }
+
   private static long freeDeviceBytes() {
     long[] free = new long[1];
     long[] total = new long[1];
@@ -59,8 +64,7 @@ class GpuTensorSafetyTest {
     Gpu.require();
     final long n = 32L << 20;  // 64 MiB of bf16 per tensor: each allReduce takes a while
     try (ExecutorRuntime rt = cudaRuntime();
-         Communicator comm = Communicator.bootstrap(rt, InJvmExchange.group(1, 41L, 30_000).get(0),
-             CommOptions.defaults())) {
+         Communicator comm = worldOfOne(rt, 41L)) {
       cudaStream_t stream = new cudaStream_t();
       JCuda.setExceptionsEnabled(true);
       JCuda.cudaStreamCreate(stream);
@@ -93,8 +97,7 @@ class GpuTensorSafetyTest {
   void aClosedDeviceTensorIsRefusedAndTheCommunicatorStaysUsable() {
     Gpu.require();
     try (ExecutorRuntime rt = cudaRuntime();
-         Communicator comm = Communicator.bootstrap(rt, InJvmExchange.group(1, 42L, 30_000).get(0),
-             CommOptions.defaults());
+         Communicator comm = worldOfOne(rt, 42L);
          DeviceTensor t = DeviceTensor.allocate(DType.BF16, 1024)) {
       DeviceTensor closed = DeviceTensor.allocate(DType.BF16, 1024);
       closed.close();
@@ -140,8 +143,7 @@ class GpuTensorSafetyTest {
     Gpu.require();
     ExecutorService opThread = Executors.newSingleThreadExecutor(r -> new Thread(r, "gemm-thread"));
     try (ExecutorRuntime rt = cudaRuntime();
-         Communicator comm = Communicator.bootstrap(rt, InJvmExchange.group(1, 43L, 30_000).get(0),
-             CommOptions.defaults());
+         Communicator comm = worldOfOne(rt, 43L);
          DeviceTensor w = filled(0.125f, N, K);
          DeviceTensor c = DeviceTensor.allocate(DType.BF16, M, N)) {
       DeviceTensor a = filled(1f, M, K);
@@ -185,8 +187,7 @@ class GpuTensorSafetyTest {
     Gpu.require();
     ExecutorService opThread = Executors.newSingleThreadExecutor(r -> new Thread(r, "first-op-thread"));
     try (ExecutorRuntime rt = cudaRuntime();
-         Communicator comm = Communicator.bootstrap(rt, InJvmExchange.group(1, 44L, 30_000).get(0),
-             CommOptions.defaults());
+         Communicator comm = worldOfOne(rt, 44L);
          DeviceTensor a = filled(1f, M, K);
          DeviceTensor w = filled(0.125f, N, K);
          DeviceTensor c = DeviceTensor.allocate(DType.BF16, M, N);
