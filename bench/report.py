@@ -46,11 +46,13 @@ FAMILIES = {
                  "TP = world (allGatherGemm: gate+up projection, N split; gemmReduceScatter and "
                  "gemmAllReduce: down projection, K split); m, n, k are a rank's. TFLOP/s per GPU. "
                  "Baselines: cuBLAS + NCCL on one stream (torch serial) and PyTorch symmetric "
-                 "memory's fused ops (multicast off). Floor: max(GEMM alone, exchange alone), each "
+                 "memory's fused ops (multicast off); gemmAllReduce also cuBLAS + NCCL and cuBLAS + "
+                 "symmetric memory's one-shot / two-shot allReduce captured in a CUDA graph. Floor: max(GEMM alone, exchange alone), each "
                  "the faster of ours and cuBLAS / NCCL. Every op path checked against an fp32 "
                  "reference before timing.",
         columns=("label", "m", "n", "k"), rate="tflops", rate_name="TFLOP/s",
-        baselines=("torch_serial", "torch_symm_mem"),
+        baselines=("torch_serial", "torch_symm_mem", "torch_serial_graph", "torch_symm_one_shot_graph",
+                   "torch_symm_two_shot_graph"),
         parts=(("fusedcomm_gemm_only", "cublas_gemm_only"), ("fusedcomm_comm_only", "nccl_comm_only")),
         xlog=False),
     "transport": dict(
@@ -146,7 +148,7 @@ def impl_order(family, present):
     f = FAMILIES[family]
     parts = [p for pair in f["parts"] or () for p in pair]
     ours = [OURS] if OURS in present else []
-    first = [OURS + "_fused", OURS + "_decomposed"]  # the fused ops' forced paths, in this order
+    first = [OURS + "_fused", OURS + "_decomposed", OURS + "_oneshot"]  # forced paths, in this order
     forced = [i for i in first if i in present]
     forced += sorted(i for i in present if i.startswith(OURS + "_") and i not in parts + first)
     base = [b for b in f["baselines"] if b in present]

@@ -4,6 +4,7 @@
 //                         which path kAuto took)
 //   fusedcomm_fused       the fused kernel, forced
 //   fusedcomm_decomposed  launch_gemm + launch_collective, forced
+//   fusedcomm_oneshot     gemmAllReduce's one-shot kernel, forced (M <= 2048)
 //   fusedcomm_gemm_only   this rank's GEMM alone (same local shape)
 //   fusedcomm_comm_only   the exchange alone (allGather of A; reduceScatter / allReduce of the
 //                         partials the decomposed path moves)
@@ -103,6 +104,13 @@ std::vector<Shape> read_shapes(const Options& o, int W) {
   return v;
 }
 
+// gemmAllReduce: the forced one-shot kernel is timed up to this M.
+constexpr int kOneShotMaxBenchM = 2048;
+
+const char* algo_name(k::FusedAlgo a) {
+  return a == k::FusedAlgo::kFused ? "fused" : a == k::FusedAlgo::kOneShot ? "one-shot" : "decomposed";
+}
+
 int64_t split_count(int64_t n, int w, int r) { return n / w + (r < n % w ? 1 : 0); }
 int64_t split_offset(int64_t n, int w, int r) { return r * (n / w) + (r < n % w ? r : n % w); }
 
@@ -142,7 +150,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     } else if (s.op == "gemmAllReduce") {
       k::GemmArArgs a;
       a.M = s.M, a.N = s.N, a.K = s.K, a.partials = o.rs_code;
-      const k::FusedWorkspace ws = k::gemm_all_reduce_workspace(a, W);
+      k::FusedWorkspace ws = k::gemm_all_reduce_workspace(a, W);
+      if (s.M <= kOneShotMaxBenchM) {  // the forced one-shot kernel's too
+        k::GemmArArgs one = a;
+        one.algo = k::FusedAlgo::kOneShot;
+        const k::FusedWorkspace o1 = k::gemm_all_reduce_workspace(one, W);
+        ws = {std::max(ws.data_bytes, o1.data_bytes), std::max(ws.scratch_bytes, o1.scratch_bytes)};
+      }
       // The GEMM alone and the allReduce alone use the product's place and the allReduce's
       // scratch.
       const uint64_t product = uint64_t{M} * N * (o.rs_bf16() ? 2 : 4);
@@ -330,11 +344,16 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       bool checked;       // its output is the op's
     };
     std::vector<Impl> impls;
-    const k::FusedAlgo algos[] = {k::FusedAlgo::kAuto, k::FusedAlgo::kFused, k::FusedAlgo::kDecomposed};
+    const k::FusedAlgo algos[] = {k::FusedAlgo::kAuto, k::FusedAlgo::kFused, k::FusedAlgo::kDecomposed,
+                                  k::FusedAlgo::kOneShot};
     for (k::FusedAlgo algo : algos) {
-      const std::string name = algo == k::FusedAlgo::kAuto    ? "fusedcomm"
-                               : algo == k::FusedAlgo::kFused ? "fusedcomm_fused"
-                                                              : "fusedcomm_decomposed";
+      // gemmAllReduce's one-shot kernel, forced, up to kOneShotMaxBenchM rows (its slots hold
+      // every rank's partial product: past that it is far from being chosen).
+      if (algo == k::FusedAlgo::kOneShot && (!is_ar || s.M > kOneShotMaxBenchM)) continue;
+      const std::string name = algo == k::FusedAlgo::kAuto      ? "fusedcomm"
+                               : algo == k::FusedAlgo::kFused   ? "fusedcomm_fused"
+                               : algo == k::FusedAlgo::kOneShot ? "fusedcomm_oneshot"
+                                                                : "fusedcomm_decomposed";
       if (is_ag) {
         k::AgGemmArgs a = ag;
         a.algo = algo;
@@ -415,7 +434,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
             .num("tflops", flops / (ms * 1e-3) / 1e12)
             .num("gbps", wire / (ms * 1e-3) / 1e9)
             .str("label", s.label);
-        if (im.checked) row.str("algo", im.algo == k::FusedAlgo::kFused ? "fused" : "decomposed");
+        if (im.checked) row.str("algo", algo_name(im.algo));
         if (!is_ag) row.str("partials", o.rs_partials);
         if (is_ag) row.integer("ag_gathered", o.ag_gathered ? 1 : 0);
         row.integer("iters", iters[i])

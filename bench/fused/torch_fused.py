@@ -12,6 +12,10 @@ impls per (op, shape):
                     _fused_all_gather_matmul, _fused_matmul_reduce_scatter; gemmAllReduce (no
                     fused op in torch): A @ W.t() into a symmetric buffer, then
                     torch.ops.symm_mem.two_shot_all_reduce_
+  gemmAllReduce only, captured in a CUDA graph (as inference engines run decode steps):
+  torch_serial_graph          torch_serial's cuBLAS + NCCL all_reduce
+  torch_symm_one_shot_graph   A @ W.t() into a symmetric buffer, then one_shot_all_reduce
+  torch_symm_two_shot_graph   torch_symm_mem's calls (two_shot_all_reduce_)
   cublas_gemm_only  the cuBLAS GEMM alone (this rank's local shape)
   nccl_comm_only    the NCCL collective alone (bf16)
 Each op impl's output is checked against an fp32 reference before it is timed.
@@ -115,6 +119,25 @@ def main():
         per.sort()
         return per[len(per) // 2], iters
 
+    graphs = []  # kept alive until the shape's calls are dropped
+
+    def graphed(fn):
+        """fn captured in a CUDA graph after two warm-up calls on the capture's side stream: the
+        graph and fn's return value (its output tensor, static across replays)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn()
+        torch.cuda.synchronize()
+        graphs.append(g)
+        return g, out
+
     def setup(op, label, M, N, K, checking):
         """The calls of one shape and its checks; with `checking`, the fp32 reference too."""
         ref = absdot = None
@@ -171,6 +194,27 @@ def main():
                         calls["torch_symm_mem"], checks["torch_symm_mem"] = symm_ar, (p_symm, lambda _: p_symm)
                     except Exception as e:  # e.g. an older torch: the serial baseline remains
                         print(f"rank {rank}: no symm_mem allReduce for {label}: {e!r}", file=sys.stderr)
+                    # What inference engines run at decode sizes: the GEMM and the allReduce
+                    # captured in a CUDA graph (one_shot_all_reduce: out of place, every rank
+                    # reads every peer's buffer; two_shot_all_reduce_: in place). Up to 2^24
+                    # elements (32 MiB): past that no engine runs these.
+                    try:
+                        if M * N > 1 << 24:
+                            raise ValueError("not timed above 2^24 elements")
+                        g_one, out_one = graphed(lambda: (
+                            torch.matmul(a, w.t(), out=p_symm),
+                            torch.ops.symm_mem.one_shot_all_reduce(p_symm, "sum", group_name))[1])
+                        calls["torch_symm_one_shot_graph"] = g_one.replay
+                        checks["torch_symm_one_shot_graph"] = (out_one, lambda _, o=out_one: o)
+                        g_two, _ = graphed(symm_ar)
+                        calls["torch_symm_two_shot_graph"] = g_two.replay
+                        checks["torch_symm_two_shot_graph"] = (p_symm, lambda _: p_symm)
+                    except Exception as e:
+                        print(f"rank {rank}: no graph-captured symm_mem allReduce for {label}: {e!r}",
+                              file=sys.stderr)
+                g_serial, _ = graphed(serial)
+                calls["torch_serial_graph"] = g_serial.replay
+                checks["torch_serial_graph"] = (p, lambda _: p)
                 calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
                 calls["nccl_comm_only"] = lambda: dist.all_reduce(p)
             else:
@@ -217,6 +261,7 @@ def main():
         bad[(op, label, M)] = bad_impls
         failed += len(bad_impls)
         del calls, checks, ref, absdot
+        graphs.clear()
         torch.cuda.empty_cache()
     for op, label, M, N, K in shapes:
         calls, checks, _, _, _, flops, wire = setup(op, label, M, N, K, False)
@@ -241,6 +286,7 @@ def main():
                 print(f"{op:18s} W={world} {label:12s} M={M:<6d} {impl:21s} {ms:9.4f} ms "
                       f"{row['tflops']:7.1f} TF/s {row['gbps']:7.1f} GB/s", flush=True)
         del calls, checks
+        graphs.clear()
         torch.cuda.empty_cache()
     torch_dist.finish(f)
     sys.exit(1 if failed else 0)

@@ -55,14 +55,19 @@ namespace fusedcomm::kernels {
 // and end barriers: kCommStepArrive, kCommStepDone).
 inline constexpr uint32_t kFusedOpAllGatherGemm = 16;
 inline constexpr uint32_t kFusedOpGemmReduceScatter = 17;
+inline constexpr uint32_t kFusedOpGemmAllReduce = 18;  // its one-shot kernel (its other paths
+                                                       // run the ops they compose)
 inline constexpr uint32_t kFusedStepChunk = 16;    // allGatherGemm: a GEMM CTA waited for a
                                                    // gathered chunk (peer = its rows' owner)
 inline constexpr uint32_t kFusedStepPartial = 17;  // gemmReduceScatter: an owner waited for a
                                                    // peer's partial half-tile
+inline constexpr uint32_t kFusedStepTile = 18;     // gemmAllReduce one-shot: a CTA waited for a
+                                                   // rank's partial tile (peer = that rank)
 
 // kFused: the one persistent kernel; kDecomposed: launch_gemm and launch_collective,
-// stream-ordered; kAuto: the choice of fused_choice.h, the same on every rank.
-enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2 };
+// stream-ordered; kOneShot (gemmAllReduce only): its small-M persistent kernel, each tile
+// pushed to every rank (gemm_ar.h); kAuto: the choice of fused_choice.h, the same on every rank.
+enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2, kOneShot = 3 };
 
 // ---- the fused ops' flags in the symmetric region -------------------------------------------
 // collectives.h's region layout leaves [kCommControlOffset + sizeof(CommControl),
@@ -84,6 +89,10 @@ struct alignas(64) FusedFlags {
   // the half-tile: ld.acquire.sys by one thread, then a named barrier and the warpgroup's loads,
   // or that thread's fence.proxy.async.global and the TMA load of the early fetch. A flag is
   // only ever raised to a larger epoch; slots a launch does not use keep older ones.
+  // gemmAllReduce's one-shot kernel uses the same array for its tile flags: rs_tile[t * W + s]
+  // = e (in rank q's region): rank s has stored launch e's partial of tile t into q's receive
+  // slot for s (gemm_ar/detail/ar_oneshot_kernel.cuh). Launches of the two ops never overlap
+  // (end barrier), and every flag is compared against its own launch's epoch.
   uint64_t rs_tile[kFusedRsTileFlags];
   // ag_chunk[c] = e: rows [c*chunk_rows, (c+1)*chunk_rows) of this rank's gathered A hold
   // launch e's data. Local only: written by this rank's pulling CTAs, read by its GEMM
@@ -94,7 +103,8 @@ struct alignas(64) FusedFlags {
   // by the stream. A chunk made only of M-blocks read from A_r gets no arrivals and no flag
   // (no tile waits for it); its slot keeps an older epoch.
   uint64_t ag_chunk[kFusedMaxChunks];
-  // Arrival counters of the chunks above (slices of an allGatherGemm chunk). Local; the
+  // Arrival counters of the chunks above (slices of an allGatherGemm chunk), and of the K
+  // splits of gemmAllReduce's one-shot tiles (chunk_count[t]). Local; the
   // arrival that completes a chunk resets its counter to 0, so every counter is 0 between
   // launches (after a failed launch the region is discarded).
   uint32_t chunk_count[kFusedMaxChunks];
@@ -125,7 +135,7 @@ struct FusedWorkspace {
 
 // What a launch with given arguments would do (benchmarks and logs): *_info() of each op.
 struct FusedLaunchInfo {
-  FusedAlgo algo;  // kFused or kDecomposed (kAuto resolved)
+  FusedAlgo algo;  // kFused, kDecomposed or kOneShot (kAuto resolved)
   int gemm_ctas;   // kFused: CTAs that start on the GEMM
   int comm_ctas;   // kFused: CTAs that pull first (allGatherGemm; gemmReduceScatter: 0)
   int tile_n;      // GEMM tile width
@@ -138,6 +148,9 @@ struct FusedLaunchInfo {
   // a share of its rows into it (ag_gemm/tuning.h: W <= 2 and a large gathered A; ag_gemm.cu
   // ag_store_own), 0 if the tile in column 0 stores them all.
   int spread_stores;
+  // kOneShot gemmAllReduce: this rank's K splits per tile (its chunks: tiles; tile_n: the tile
+  // width; gemm_ctas: the grid).
+  int k_splits;
 };
 
 // Names for CommErrorRecord::op / ::step, the collectives' codes included.
@@ -145,6 +158,7 @@ inline const char* fused_op_name(uint32_t op) {
   switch (op) {
     case kFusedOpAllGatherGemm: return "allGatherGemm";
     case kFusedOpGemmReduceScatter: return "gemmReduceScatter";
+    case kFusedOpGemmAllReduce: return "gemmAllReduce";
     default: return comm_op_name(op);
   }
 }
@@ -152,6 +166,7 @@ inline const char* fused_step_name(uint32_t step) {
   switch (step) {
     case kFusedStepChunk: return "chunk (gathered rows of A)";
     case kFusedStepPartial: return "partial (a peer's partial product)";
+    case kFusedStepTile: return "tile (a rank's partial tile)";
     default: return comm_step_name(step);
   }
 }

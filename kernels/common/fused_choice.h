@@ -56,13 +56,21 @@ FusedAlgo choose_gemm_reduce_scatter(FusedAlgo algo, int world, int M, int N, Fu
   return FusedAlgo::kFused;
 }
 
-// gemmAllReduce (M, N, W and the partials are rank-uniform). rs_fused_fits(): gemmReduceScatter's
-// kAuto takes its fused kernel for the same M, N and partials, and the fused path's workspace
-// fits the data area. The fused path needs W to divide M (its allGather splits elements).
-template <class RsFusedFits>
+// gemmAllReduce's one-shot kernel (FusedAlgo::kOneShot) up to this many rows, at W = 2: there
+// the product is bound by reading W_r and the exchange is a few hundred KiB, which the kernel
+// pushes tile by tile while the GEMM runs, in one launch instead of two or three.
+inline constexpr int kArOneShotMaxM = 256;
+
+// gemmAllReduce (M, N, W and the partials are rank-uniform). one_shot_fits(): the one-shot
+// kernel's tile flags and split counters fit FusedFlags and its workspace the data area.
+// rs_fused_fits(): gemmReduceScatter's kAuto takes its fused kernel for the same M, N and
+// partials, and the fused path's workspace fits the data area. The fused path needs W to
+// divide M (its allGather splits elements).
+template <class OneShotFits, class RsFusedFits>
 FusedAlgo choose_gemm_all_reduce(FusedAlgo algo, int world, int M, int N, bool bf16_partials,
-                                 RsFusedFits rs_fused_fits) {
+                                 OneShotFits one_shot_fits, RsFusedFits rs_fused_fits) {
   if (algo != FusedAlgo::kAuto) return algo;
+  if (world == 2 && M <= kArOneShotMaxM && one_shot_fits()) return FusedAlgo::kOneShot;
   if (M % world != 0) return FusedAlgo::kDecomposed;
   if (world == 4) {
     const uint64_t elems = static_cast<uint64_t>(M) * static_cast<uint64_t>(N);

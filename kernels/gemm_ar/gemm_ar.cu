@@ -1,9 +1,11 @@
-// Host side of gemm_ar.h: gemmAllReduce as gemmReduceScatter's fused kernel then an allGather,
-// or our GEMM then an allReduce (no kernel of its own).
+// Host side of gemm_ar.h: gemmAllReduce as its one-shot kernel (detail/ar_oneshot_kernel.cuh:
+// geometry, workspace, launch), as gemmReduceScatter's fused kernel then an allGather, or as our
+// GEMM then an allReduce.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/collectives/collectives.h"
@@ -11,7 +13,9 @@
 #include "kernels/common/fused_choice.h"
 #include "kernels/common/fused_launch.cuh"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm_ar/detail/ar_oneshot_kernel.cuh"
 #include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_ar/tuning.h"
 #include "kernels/gemm_rs/gemm_rs.h"
 
 namespace fusedcomm::kernels {
@@ -19,6 +23,10 @@ namespace {
 
 using detail::aligned16;
 using detail::base_gemm_args;
+using detail::ceil_div;
+using detail::device_sms;
+using detail::kArBK;
+using detail::kArBN;
 using detail::larger;
 using detail::round_up;
 using detail::valid_device;
@@ -43,10 +51,50 @@ GemmRsArgs ar_rs_args(const GemmArArgs& a) {
 uint64_t ar_block_offset(const GemmArArgs& a, int world) {
   return round_up(detail::rs_workspace(ar_rs_args(a), world, FusedAlgo::kFused).data_bytes, 256);
 }
+
+// ---- the one-shot kernel's geometry (detail/ar_oneshot_kernel.cuh) -----------------------------
+// The tile grid, from M and N only (every rank's slots and flags are per tile), and the largest
+// split any rank may pick (rank-uniform: it sizes the workspace).
+struct ArTiles {
+  int bm, tiles_n, tiles, max_splits;
+};
+ArTiles ar_tiles(int M, int N) {
+  ArTiles g{};
+  g.bm = M <= tuning::kArTileM16MaxM ? 16 : M <= tuning::kArTileM32MaxM ? 32 : 64;
+  g.tiles_n = static_cast<int>(ceil_div(std::max(N, 1), kArBN));
+  const int64_t tiles = ceil_div(std::max(M, 1), g.bm) * g.tiles_n;
+  g.tiles = static_cast<int>(std::min<int64_t>(tiles, int64_t{1} << 30));
+  g.max_splits = std::clamp(tuning::kArSplitUnits / g.tiles, 1, tuning::kArMaxSplits);
+  return g;
+}
+uint64_t ar_partial_bytes(const GemmArArgs& a) { return a.partials == RsPartials::kBF16 ? 2 : 4; }
+// One source's receive slot: every tile's BM × kArBN partials.
+uint64_t ar_slot_bytes(const GemmArArgs& a, const ArTiles& g) {
+  return round_up(static_cast<uint64_t>(g.tiles) * g.bm * kArBN * ar_partial_bytes(a), 256);
+}
+// The tile flags (W per tile) and, where a tile may be split, its arrival counter fit FusedFlags.
+bool ar_one_shot_flags_fit(int world, const ArTiles& g) {
+  return static_cast<int64_t>(g.tiles) * world <= kFusedRsTileFlags &&
+         (g.max_splits == 1 || g.tiles <= kFusedMaxChunks);
+}
+// This rank's split of every tile (K_r and the SM count: local, see the kernel's header).
+int ar_splits(const CommDevice& d, const GemmArArgs& a, const ArTiles& g) {
+  const int k_tiles = static_cast<int>(ceil_div(a.K, kArBK));
+  const int by_sms = std::max(1, device_sms(d) / g.tiles);
+  const int by_k = std::max(1, k_tiles / tuning::kArMinSplitKTiles);
+  return std::min({g.max_splits, by_sms, by_k});
+}
+
 FusedWorkspace ar_workspace(const GemmArArgs& a, int world, FusedAlgo path) {
   const int W = std::max(1, world);
   const uint64_t M = static_cast<uint64_t>(std::max(0, a.M));
   const uint64_t N = static_cast<uint64_t>(std::max(0, a.N));
+  if (path == FusedAlgo::kOneShot) {
+    // W receive slots in the data area; the split partials in the scratch area.
+    const ArTiles g = ar_tiles(a.M, a.N);
+    const uint64_t split = g.max_splits > 1 ? uint64_t(g.max_splits) * g.tiles * g.bm * kArBN * 4 : 0;
+    return {a.ws_offset + W * ar_slot_bytes(a, g), split};
+  }
   if (W == 1) return {a.ws_offset, 0};  // the GEMM alone
   if (path == FusedAlgo::kFused) return {ar_block_offset(a, W) + (M + W - 1) / W * N * 2, 0};
   // The partial product at ws_offset; the allReduce's reduced slices in the scratch area.
@@ -55,24 +103,107 @@ FusedWorkspace ar_workspace(const GemmArArgs& a, int world, FusedAlgo path) {
 }
 // kAuto (fused_choice.h).
 FusedAlgo choose_ar(const CommDevice& d, const GemmArArgs& a) {
-  return choose_gemm_all_reduce(a.algo, d.world, a.M, a.N, a.partials == RsPartials::kBF16, [&] {
+  const auto one_shot_fits = [&] {
+    const FusedWorkspace ws = ar_workspace(a, d.world, FusedAlgo::kOneShot);
+    return ar_one_shot_flags_fit(d.world, ar_tiles(a.M, a.N)) && ws.data_bytes <= d.data_bytes &&
+           ws.scratch_bytes <= d.data_bytes;
+  };
+  return choose_gemm_all_reduce(a.algo, d.world, a.M, a.N, a.partials == RsPartials::kBF16, one_shot_fits, [&] {
     GemmRsArgs rs = ar_rs_args(a);
     rs.algo = FusedAlgo::kAuto;
     const FusedWorkspace ws = ar_workspace(a, d.world, FusedAlgo::kFused);
     return gemm_reduce_scatter_info(d, rs).algo == FusedAlgo::kFused && ws.data_bytes <= d.data_bytes;
   });
 }
+
+template <int BM, bool kKN>
+cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  const auto kernel = detail::ar_oneshot_kernel<BM, kKN>;
+  const int smem = detail::ar_smem_bytes(BM);
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
+      e != cudaSuccess) {
+    return e;
+  }
+  // Cooperative: every CTA waits for others (the sums for every rank's pushes), so a grid that
+  // cannot be resident at once fails instead of hanging.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(detail::kArThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// The one-shot kernel (arguments checked by the caller; W = 1 runs it too, pushing to itself).
+cudaError_t launch_ar_one_shot(const CommDevice& dev, const GemmArArgs& a, cudaStream_t stream) {
+  if (a.A == nullptr || a.B == nullptr || !aligned16(a.A) || !aligned16(a.B)) return cudaErrorInvalidValue;
+  if (a.partials != RsPartials::kF32 && a.partials != RsPartials::kBF16 &&
+      a.partials != RsPartials::kF32AnyOrder) {
+    return cudaErrorInvalidValue;
+  }
+  const int W = dev.world;
+  const ArTiles g = ar_tiles(a.M, a.N);
+  if (!ar_one_shot_flags_fit(W, g)) return cudaErrorInvalidValue;
+  const FusedWorkspace ws = ar_workspace(a, W, FusedAlgo::kOneShot);
+  if (ws.data_bytes > dev.data_bytes || ws.scratch_bytes > dev.data_bytes) return cudaErrorInvalidValue;
+  detail::ArParams p{};
+  p.dev = dev;
+  // The signature: the rank-uniform sizes, the slots' offset and tile height, and (dtype
+  // field) the partials' precision, which sets the slots' layout.
+  const bool bf16 = a.partials == RsPartials::kBF16;
+  p.dev.launch_sig = comm_launch_signature(
+      kFusedOpGemmAllReduce, bf16 ? 1u : 0u, static_cast<uint32_t>(FusedAlgo::kOneShot),
+      comm_sig_hash(static_cast<uint64_t>(a.M), static_cast<uint64_t>(a.N),
+                    comm_sig_hash(a.ws_offset, static_cast<uint64_t>(g.bm), 0)));
+  p.A = a.A;
+  p.B = a.B;
+  p.C = a.C;
+  p.ws_offset = a.ws_offset;
+  p.slot_bytes = ar_slot_bytes(a, g);
+  p.M = a.M;
+  p.N = a.N;
+  p.K = a.K;
+  p.tiles_n = g.tiles_n;
+  p.tiles = g.tiles;
+  p.splits = ar_splits(dev, a, g);
+  p.k_tiles = static_cast<int>(ceil_div(a.K, kArBK));
+  p.bf16_partials = bf16 ? 1 : 0;
+  p.split_ws = p.splits > 1 ? reinterpret_cast<float*>(detail::scratch_of(dev)) : nullptr;
+  const int grid = std::min(device_sms(dev), g.tiles * p.splits);
+  const bool kn = a.b_layout == GemmLayoutB::kKN;
+  switch (g.bm) {
+    case 16: return kn ? launch_ar_instance<16, true>(p, grid, stream) : launch_ar_instance<16, false>(p, grid, stream);
+    case 32: return kn ? launch_ar_instance<32, true>(p, grid, stream) : launch_ar_instance<32, false>(p, grid, stream);
+    default: return kn ? launch_ar_instance<64, true>(p, grid, stream) : launch_ar_instance<64, false>(p, grid, stream);
+  }
+}
 }  // namespace
 
 FusedWorkspace gemm_all_reduce_workspace(const GemmArArgs& a, int world) {
   if (a.algo != FusedAlgo::kAuto) return ar_workspace(a, world, a.algo);
-  return larger(ar_workspace(a, world, FusedAlgo::kFused), ar_workspace(a, world, FusedAlgo::kDecomposed));
+  const FusedWorkspace composed =
+      larger(ar_workspace(a, world, FusedAlgo::kFused), ar_workspace(a, world, FusedAlgo::kDecomposed));
+  // kAuto takes the one-shot kernel only where kArOneShotMaxM allows it.
+  return a.M <= kArOneShotMaxM ? larger(composed, ar_workspace(a, world, FusedAlgo::kOneShot)) : composed;
 }
 
 FusedLaunchInfo gemm_all_reduce_info(const CommDevice& d, const GemmArArgs& a) {
   FusedLaunchInfo info{};
   info.algo = choose_ar(d, a);
-  if (info.algo == FusedAlgo::kFused) {
+  if (info.algo == FusedAlgo::kOneShot && valid_shape(a.M, a.N, a.K)) {
+    const ArTiles g = ar_tiles(a.M, a.N);
+    const int splits = ar_splits(d, a, g);
+    info.gemm_ctas = std::min(device_sms(d), g.tiles * splits);
+    info.tile_n = kArBN;
+    info.chunks = g.tiles;
+    info.k_splits = splits;
+  } else if (info.algo == FusedAlgo::kFused) {
     GemmRsArgs rs = ar_rs_args(a);
     info = gemm_reduce_scatter_info(d, rs);
   }
@@ -89,6 +220,7 @@ cudaError_t launch_gemm_all_reduce(const CommDevice& dev, const GemmArArgs& a, c
   const FusedWorkspace ws = ar_workspace(a, W, algo);
   if (ws.data_bytes > dev.data_bytes || ws.scratch_bytes > dev.data_bytes) return cudaErrorInvalidValue;
   const int64_t count = static_cast<int64_t>(a.M) * a.N;
+  if (algo == FusedAlgo::kOneShot) return launch_ar_one_shot(dev, a, stream);
   uint8_t* data = dev.base[dev.rank] + dev.data_offset;
   GemmArgs gm = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
   use_workspace(gm, a.gemm_ws);  // gm runs only on the W = 1 and decomposed paths

@@ -1,5 +1,22 @@
-// gemmAllReduce has no tuned values of its own: it runs gemmReduceScatter's fused kernel
-// (gemm_rs/tuning.h) and the collectives (collectives/tuning.h), and its fused-vs-decomposed bar
-// is in kernels/common/fused_choice.h with the other fused ops'. Chosen on H200 (2 and 4 GPUs,
-// NVLink), as theirs.
+// gemmAllReduce's tuned values. Its composed paths run gemmReduceScatter's fused kernel
+// (gemm_rs/tuning.h) and the collectives (collectives/tuning.h); the choice among its paths is
+// in kernels/common/fused_choice.h with the other fused ops'. The one-shot kernel's values
+// below were chosen on H200 (2 GPUs, NVLink); docs/performance.md has the measurements.
 #pragma once
+
+namespace fusedcomm::kernels::tuning {
+
+// One-shot kernel (gemm_ar/detail/ar_oneshot_kernel.cuh): tile height from M (16, 32, then 64
+// rows: a decode batch of one row still runs a whole m16 fragment, the cheapest for a product
+// bound by reading W_r).
+inline constexpr int kArTileM16MaxM = 16;
+inline constexpr int kArTileM32MaxM = 32;
+// Split-K: at most kArMaxSplits splits of a tile, as many as fill the SMs with tiles · splits
+// units, each split at least kArMinSplitKTiles slices of 64 along K (shorter ones pay the
+// split's store and sum more than they gain). The workspace is sized for the largest split
+// any rank may pick: min(kArMaxSplits, kArSplitUnits / tiles) (rank-uniform).
+inline constexpr int kArMaxSplits = 8;
+inline constexpr int kArSplitUnits = 256;
+inline constexpr int kArMinSplitKTiles = 4;
+
+}  // namespace fusedcomm::kernels::tuning

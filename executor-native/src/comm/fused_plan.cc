@@ -70,8 +70,8 @@ FusedPlan plan_gemm_reduce_scatter(const FusedContext& ctx, const k::GemmRsArgs&
   return plan;
 }
 
-// The kernels' gemmAllReduce (its fused composition or its decomposed one, chosen by its own
-// rule) where it fits the data area on one host; otherwise our GEMM and our allReduce, which
+// The kernels' gemmAllReduce (its one-shot kernel, its fused composition or its decomposed one,
+// chosen by its own rule) where it fits the data area on one host; otherwise our GEMM and our allReduce, which
 // runs in pieces and, across hosts, hierarchically: never refused for its size.
 FusedPlan plan_gemm_all_reduce(const FusedContext& ctx, const k::GemmArArgs& args) {
   FusedPlan plan;
@@ -125,7 +125,11 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
   } else {
     const std::string p = std::string(rs == k::RsPartials::kBF16 ? "bf16" : "fp32") + " partials";
     if (plan.route == FusedRoute::kKernels) {
-      if (W == 1) {
+      if (i.algo == k::FusedAlgo::kOneShot) {
+        out = "one-shot: one kernel, " + std::to_string(i.gemm_ctas) + " CTAs over " + std::to_string(i.chunks) +
+              " tiles (K split " + std::to_string(i.k_splits) + "); each tile's partial goes to every rank, " +
+              "which sums them in rank order (" + p + ")";
+      } else if (W == 1) {
         out = "our GEMM (world 1)";
       } else if (fused) {
         out = "fused: gemmReduceScatter's kernel (" + fused_split(i) + ", " + p + "), then our allGather";

@@ -53,6 +53,7 @@ const char* algo_name(uint32_t op, uint32_t algo) {
     switch (static_cast<k::FusedAlgo>(algo)) {
       case k::FusedAlgo::kFused: return "fused";
       case k::FusedAlgo::kDecomposed: return "decomposed";
+      case k::FusedAlgo::kOneShot: return "one-shot";
       default: return "?";
     }
   }
@@ -73,8 +74,9 @@ std::string describe_launch(uint64_t sig) {
   const char* dtype = k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::CommDtype::kBF16) ? "bf16" : "fp32";
   char buf[160];
   if (op >= k::kFusedOpAllGatherGemm) {
-    // gemmReduceScatter's dtype field is its partials' code (kernels/gemm_rs/gemm_rs.h, RsPartials).
-    const bool rs = op == k::kFusedOpGemmReduceScatter;
+    // gemmReduceScatter's dtype field is its partials' code (kernels/gemm_rs/gemm_rs.h,
+    // RsPartials), gemmAllReduce's one-shot kernel's too (1: bf16).
+    const bool rs = op == k::kFusedOpGemmReduceScatter || op == k::kFusedOpGemmAllReduce;
     const bool any_order = rs && k::comm_sig_dtype(sig) == static_cast<uint32_t>(k::RsPartials::kF32AnyOrder);
     std::snprintf(buf, sizeof buf, "%s (%s%s, %s, sizes #%011llx)", k::fused_op_name(op), dtype,
                   any_order ? " partials, any order"
@@ -95,7 +97,7 @@ std::string launch_mismatch_message(const k::CommErrorRecord& r) {
   if (same_op && fused) {
     hint =
         "the ranks disagree on the sizes every rank must share (M and K for allGatherGemm, "
-        "M and N for gemmReduceScatter), on the algorithm or on gemmReduceScatter's partials";
+        "M and N for gemmReduceScatter and gemmAllReduce), on the algorithm or on gemmReduceScatter's partials";
   }
   return "launch mismatch at launch " + std::to_string(r.epoch) + ": rank " + std::to_string(r.rank) +
          " launched " + describe_launch(r.launch_sig) + " but rank " + std::to_string(r.peer) + " launched " +

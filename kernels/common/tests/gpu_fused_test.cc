@@ -154,6 +154,7 @@ std::vector<T> download(const void* p, size_t n) {
 
 const char* algo_name(k::FusedAlgo a) {
   if (a == k::FusedAlgo::kFused) return "fused";
+  if (a == k::FusedAlgo::kOneShot) return "one-shot";
   return a == k::FusedAlgo::kDecomposed ? "decomposed" : "auto";
 }
 const char* layout_name(k::GemmLayoutB l) { return l == k::GemmLayoutB::kNK ? "NK" : "KN"; }
@@ -490,27 +491,46 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     report_rs_info(a, bad != 0, c.name(W));
   }
 
+  // gemmAllReduce's arguments for operands made with rs_prepare(all_rows) (out: all M rows);
+  // `sums`: the fp32 sums of the decomposed path with fp32 partials (M×N fp32).
+  k::GemmArArgs ar_args(const RsOperands& o, const DevBuf& sums) {
+    k::GemmArArgs a;
+    a.M = o.c.M;
+    a.N = o.c.N;
+    a.K = o.K;
+    a.A = o.a.as<__nv_bfloat16>();
+    a.B = o.w.as<__nv_bfloat16>();
+    a.b_layout = o.c.layout;
+    a.ws_offset = o.c.ws_offset;
+    a.C = o.out.as<__nv_bfloat16>();
+    a.sums = sums.as<float>();
+    a.gemm_ws = gemm_workspace();
+    a.algo = o.c.algo;
+    a.partials = o.c.partials();
+    return a;
+  }
+  // Every rank's bytes of an all-rows output equal this rank's (exchanged through the group).
+  void check_same_bits(const RsOperands& o, const std::string& what) {
+    const std::vector<uint8_t> mine = download<uint8_t>(o.out.p, int64_t{o.c.M} * o.c.N * 2);
+    const auto all = g.all_gather(mine);
+    for (int p = 0; p < W; ++p) {
+      check(all[p] == mine, "rank " + std::to_string(r) + " " + what + ": rank " + std::to_string(p) +
+                                "'s result differs in its bits");
+    }
+  }
+  static std::string ar_name(const RsCase& c, int W) {
+    return "gemmAllReduce" + c.name(W).substr(std::string("gemmReduceScatter").size());
+  }
+
   // gemmAllReduce (gemm_ar.h) with RsCase's shapes and algorithm: every row of the sum checked as
   // gemmReduceScatter's block (bf16 partials: the same bound), the data area poisoned first, and
   // the same bits on every rank. A forced kFused where W does not divide M is refused
   // (cudaErrorInvalidValue) on every rank before anything runs.
   void run_ar(const RsCase& c, uint64_t key) {
-    const std::string what = "gemmAllReduce" + c.name(W).substr(std::string("gemmReduceScatter").size());
+    const std::string what = ar_name(c, W);
     RsOperands o = rs_prepare(c, key, /*all_rows=*/true);
     DevBuf sums(int64_t{c.M} * c.N * 4);
-    k::GemmArArgs a;
-    a.M = c.M;
-    a.N = c.N;
-    a.K = o.K;
-    a.A = o.a.as<__nv_bfloat16>();
-    a.B = o.w.as<__nv_bfloat16>();
-    a.b_layout = c.layout;
-    a.ws_offset = c.ws_offset;
-    a.C = o.out.as<__nv_bfloat16>();
-    a.sums = sums.as<float>();
-    a.gemm_ws = gemm_workspace();
-    a.algo = c.algo;
-    a.partials = c.partials();
+    const k::GemmArArgs a = ar_args(o, sums);
     if (c.algo == k::FusedAlgo::kFused && c.M % W != 0) {
       check(k::launch_gemm_all_reduce(sm->device(), a, stream) == cudaErrorInvalidValue,
             "rank " + std::to_string(r) + " " + what +
@@ -530,12 +550,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     const k::FusedLaunchInfo info = k::gemm_all_reduce_info(sm->device(), a);
     check(bad == 0, "rank " + std::to_string(r) + " " + what + " (ran " + algo_name(info.algo) +
                         "): " + std::to_string(bad) + " bad");
-    const std::vector<uint8_t> mine = download<uint8_t>(o.out.p, int64_t{c.M} * c.N * 2);
-    const auto all = g.all_gather(mine);
-    for (int p = 0; p < W; ++p) {
-      check(all[p] == mine, "rank " + std::to_string(r) + " " + what + ": rank " + std::to_string(p) +
-                                "'s result differs in its bits");
-    }
+    check_same_bits(o, what);
     check_flags(what);
   }
 
@@ -652,6 +667,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   void correctness() {
     const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
     const auto F = k::FusedAlgo::kFused, D = k::FusedAlgo::kDecomposed, A = k::FusedAlgo::kAuto;
+    const auto O = k::FusedAlgo::kOneShot;
     const std::vector<AgCase> ag = {
         {1001, 264, 520, NK, F, true, 4096},
         {1001, 264, 520, NK, D, true, 4096},
@@ -719,6 +735,24 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {3, 64, 64, NK, D, 0},
         {16, 2048, 8192, NK, D, 0},
         {24, 1024, 8192, KN, A, 0, true},
+        // The one-shot kernel (kOneShot, forced): decode-sized M (tile heights 16, 32, 64; split
+        // K where the tiles are few, K_r not a multiple of 64) up to M = 8192, both layouts,
+        // each partial precision; then kAuto at decode sizes (one-shot at W = 2).
+        {1, 4096, 1024, NK, O, 0},
+        {1, 1032, 2048, KN, O, 16, true},
+        {3, 1032, 2048, KN, O, 64, true},
+        {8, 2056, 520, NK, O, 16},
+        {32, 1024, 1032, KN, O, 0, false, true},
+        {64, 1024, 4096, KN, O, 0},
+        {64, 2048, 1024, NK, O, 0, true},
+        {127, 520, 1032, NK, O, 0, true},
+        {127, 264, 776, KN, O, 0},
+        {1000, 264, 520, KN, O, 16},
+        {8192, 136, 264, NK, O, 0, true},
+        {1, 4096, 2048, NK, A, 0, true},
+        {8, 2048, 1024, KN, A, 0},
+        {64, 2048, 1024, NK, A, 16, true},
+        {127, 1032, 520, KN, A, 0},
     };
     uint64_t id = 0;
     // Every case that may run fused with each exchange (the same inputs), then as listed.
@@ -831,6 +865,79 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     check_flags("graph replay");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+  }
+
+  // gemmAllReduce's one-shot kernel, 1,000 launches without host sync (200 with a shared GPU):
+  // two one-shot ops in turn (fp32 partials with split K, bf16 partials in the other layout),
+  // every 50th launch the decomposed path instead (a collective between them: the launch epoch
+  // and the flags are shared). Inputs stay; a stale tile flag or a slot overwritten early would
+  // show in the last outputs. Then the same ops captured in a CUDA graph (two of each per
+  // replay) and replayed 10 times, outputs poisoned before the replays.
+  void one_shot_repeats() {
+    const auto O = k::FusedAlgo::kOneShot, D = k::FusedAlgo::kDecomposed;
+    const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
+    const int kIters = fusedcomm::testing::shared_gpu_scale(1000);
+    RsOperands ops[3] = {rs_prepare({8, 2056, 1024, NK, O, 0}, mix(seed ^ 0x05B0), true),
+                         rs_prepare({127, 1032, 520, KN, O, 8 << 20, true}, mix(seed ^ 0x05B1), true),
+                         rs_prepare({64, 1024, 520, NK, D, 16 << 20}, mix(seed ^ 0x05B2), true)};
+    DevBuf sums(int64_t{64} * 1024 * 4);
+    auto poison = [&] {
+      for (auto& o : ops) CUDA_OK(cudaMemsetAsync(o.out.p, 0xFF, o.out.bytes, stream));
+    };
+    auto verify = [&](const std::string& how) {
+      for (auto& o : ops) {
+        const std::string what = how + " " + ar_name(o.c, W);
+        check(rs_verify(o, how, true) == 0, "rank " + std::to_string(r) + " " + what);
+        check_same_bits(o, what);
+      }
+      check_flags(how);
+    };
+    poison();
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    for (int i = 0; i < kIters; ++i) {
+      const int j = i % 50 == 49 ? 2 : i % 2;
+      CUDA_OK(k::launch_gemm_all_reduce(sm->device(), ar_args(ops[j], sums), stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    verify("one-shot back-to-back x" + std::to_string(kIters));
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int rep = 0; rep < 2; ++rep) {
+      for (auto& o : ops) CUDA_OK(k::launch_gemm_all_reduce(sm->device(), ar_args(o, sums), stream));
+    }
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    poison();
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    for (int i = 0; i < 10; ++i) CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    verify("one-shot graph replay");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+
+  // gemmAllReduce's one-shot kernel with the last rank launching 200 ms after the others.
+  void late_rank_one_shot() {
+    RsOperands o = rs_prepare({64, 2048, 1032, k::GemmLayoutB::kKN, k::FusedAlgo::kOneShot, 0, true},
+                              mix(seed ^ 0x1A80), true);
+    DevBuf sums;
+    CUDA_OK(cudaMemsetAsync(o.out.p, 0xFF, o.out.bytes, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    if (r == W - 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CUDA_OK(k::launch_gemm_all_reduce(sm->device(), ar_args(o, sums), stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const std::string what = "late rank " + ar_name(o.c, W);
+    check(rs_verify(o, "late", true) == 0, "rank " + std::to_string(r) + " " + what);
+    check_same_bits(o, what);
+    check_flags(what);
   }
 
   // The last rank launches 200 ms after the others, once per allGatherGemm exchange.
@@ -993,6 +1100,16 @@ struct Rank : fusedcomm::testing::SymmetricRank {
                      [&] { return k::launch_gemm_reduce_scatter(sm->device(), rs_args(rs), stream); });
     }
     {
+      open(cfg);
+      RsOperands o = rs_prepare({8, 2048, 1024, NK, k::FusedAlgo::kOneShot, 0}, mix(seed ^ 0xDEB0), true);
+      DevBuf sums;
+      CUDA_OK(cudaStreamSynchronize(stream));
+      // A rank waits for the dead one's start flag before its first push, and for its tiles
+      // before summing them: whichever wait gives up first is recorded.
+      expect_timeout("gemmAllReduce one-shot", k::kFusedOpGemmAllReduce, k::kCommStepArrive, k::kFusedStepTile,
+                     [&] { return k::launch_gemm_all_reduce(sm->device(), ar_args(o, sums), stream); });
+    }
+    {
       // Abort: a fused allGatherGemm waiting for the dead rank is stopped by the abort word.
       cfg.timeout_ns = 0;
       open(cfg);
@@ -1020,6 +1137,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     open(fresh);
     run_ag({1001, 264, 520, k::GemmLayoutB::kNK, F, true, 0}, mix(seed ^ 0xF2E5));
     run_rs({1001, 264, 520, k::GemmLayoutB::kKN, F, 0}, mix(seed ^ 0xF2E6));
+    run_ar({64, 1032, 520, k::GemmLayoutB::kNK, k::FusedAlgo::kOneShot, 0}, mix(seed ^ 0xF2E7));
   }
 };
 
@@ -1062,12 +1180,15 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   lap("back-to-back x120");
   R.graph();
   lap("graph replay");
+  R.one_shot_repeats();
+  lap("one-shot repeats + graph");
   if (g.world == 1) {
     // World 1 (every row this rank's own): no peer to be late, to disagree or to die.
     if (g.rank == 0) std::printf("  late, mismatched and dead ranks need W >= 2: not run\n");
     return finish();
   }
   R.late_rank();
+  R.late_rank_one_shot();
   lap("late rank");
   R.mismatch();
   lap("launch mismatch");

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "kernels/common/fused_choice.h"
 #include "kernels/common/tests/geometry_test_support.h"
 #include "kernels/gemm_ar/gemm_ar.h"
 #include "support/check.h"
@@ -16,7 +17,8 @@ namespace k = fusedcomm::kernels;
 using fusedcomm::testing::check;
 using fusedcomm::testing::geometry_device;
 
-// gemmAllReduce's kAuto: the fused path only where W divides M, gemmReduceScatter's kAuto
+// gemmAllReduce's kAuto: the one-shot kernel at W = 2 up to kArOneShotMaxM rows where its
+// workspace fits; otherwise the fused path only where W divides M, gemmReduceScatter's kAuto
 // takes its fused kernel, and the fused path's workspace fits the data area; at W = 2, or at
 // W = 4 with bf16 partials and M*N >= 2^25.
 void test_ar() {
@@ -53,11 +55,77 @@ void test_ar() {
           "gemmAllReduce kAuto W=1: decomposed (the GEMM alone)" + kr);
     check(algo(2, 8192, 8192, K_r, false, 64ull << 20) == k::FusedAlgo::kDecomposed,
           "gemmAllReduce kAuto W=2 8192x8192 with a 64 MiB data area: decomposed" + kr);
+    // The one-shot kernel: decode sizes at W = 2 (M <= kArOneShotMaxM), either partials, odd M
+    // included; not above the bar, not at unmeasured worlds, not where its slots do not fit.
+    for (int M : {1, 3, 8, 64, 127, 128, 256}) {
+      const std::string m = " M=" + std::to_string(M) + kr;
+      check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kOneShot, "gemmAllReduce kAuto W=2 one-shot" + m);
+      check(algo(2, M, 4096, K_r, true, big) == k::FusedAlgo::kOneShot,
+            "gemmAllReduce kAuto W=2 one-shot, bf16 partials" + m);
+      check(algo(4, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=4: decomposed" + m);
+      check(algo(1, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=1: the GEMM" + m);
+    }
+    check(k::kArOneShotMaxM == 256, "the one-shot bar this test assumes");
+    check(algo(2, 258, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=2 M=258 (above the one-shot bar): decomposed" + kr);
+    // M = 64, N = 8192: 64 tiles of 64 x 128 fp32 partials = 2 MiB per rank's slot.
+    check(algo(2, 64, 8192, K_r, false, 4ull << 20) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=2 M=64 with a 4 MiB data area (the slots need 4 MiB + the split "
+          "workspace): decomposed" + kr);
   }
+}
+
+// The one-shot kernel's geometry as reported (tile grid, K split, grid) and its workspace:
+// W receive slots of every tile's BM x 128 partials in the data area, the split partials
+// (sized for the largest split any rank may pick) in the scratch area.
+void test_one_shot_geometry() {
+  k::CommDevice d = geometry_device(2, 0, 132);
+  d.data_bytes = uint64_t{1} << 30;
+  auto info = [&](int M, int N, int K, bool bf16) {
+    k::GemmArArgs a;
+    a.M = M, a.N = N, a.K = K;
+    a.partials = bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+    a.algo = k::FusedAlgo::kOneShot;
+    return k::gemm_all_reduce_info(d, a);
+  };
+  // M = 1, N = 4096: 32 tiles of 16 rows; K_r = 2048 (32 slices of 64): 132 / 32 = 4 splits.
+  k::FusedLaunchInfo i = info(1, 4096, 2048, false);
+  check(i.algo == k::FusedAlgo::kOneShot && i.chunks == 32 && i.k_splits == 4 && i.gemm_ctas == 128 &&
+            i.tile_n == 128,
+        "one-shot M=1 N=4096 K=2048: 32 tiles, 4 splits, 128 CTAs");
+  // A short K limits the split (at least 4 slices each): K_r = 512 -> 2 splits.
+  i = info(1, 4096, 512, false);
+  check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=4096 K=512: 2 splits");
+  // M = 128, N = 8192: 2 x 64 tiles of 64 rows: one wave, no split.
+  i = info(128, 8192, 4096, true);
+  check(i.chunks == 128 && i.k_splits == 1 && i.gemm_ctas == 128, "one-shot M=128 N=8192: 128 tiles, no split");
+  // M = 8192 at N = 136: 128 x 2 tiles, more than the SMs.
+  i = info(8192, 136, 264, true);
+  check(i.chunks == 256 && i.k_splits == 1 && i.gemm_ctas == 132, "one-shot M=8192 N=136: 256 tiles, 132 CTAs");
+
+  k::GemmArArgs a;
+  a.M = 1, a.N = 4096, a.K = 2048, a.ws_offset = 4096;
+  a.algo = k::FusedAlgo::kOneShot;
+  k::FusedWorkspace ws = k::gemm_all_reduce_workspace(a, 2);
+  // Slots: 32 tiles x 16 x 128 fp32 = 256 KiB each; splits: min(8, 256 / 32) = 8 x 256 KiB.
+  check(ws.data_bytes == 4096 + 2 * (256u << 10) && ws.scratch_bytes == 8 * (256u << 10),
+        "one-shot workspace M=1 N=4096 fp32: 2 slots of 256 KiB, 2 MiB of split partials");
+  a.partials = k::RsPartials::kBF16;
+  a.M = 128, a.N = 8192;
+  ws = k::gemm_all_reduce_workspace(a, 2);
+  // 128 tiles x 64 x 128 bf16 = 2 MiB per slot; 256 / 128 = 2 splits at most.
+  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == 2 * 128 * 64 * 128 * 4,
+        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, fp32 split partials for 2 splits");
+  // kAuto sizes the larger of every path it may take (the one-shot one included at M <= 256).
+  a.algo = k::FusedAlgo::kAuto;
+  const k::FusedWorkspace any = k::gemm_all_reduce_workspace(a, 2);
+  check(any.data_bytes >= ws.data_bytes && any.scratch_bytes >= ws.scratch_bytes,
+        "kAuto's workspace covers the one-shot kernel's");
 }
 }  // namespace
 
 int main() {
   test_ar();
+  test_one_shot_geometry();
   return fusedcomm::testing::report("gemm_ar_geometry_test");
 }

@@ -1,0 +1,391 @@
+// gemmAllReduce's one-shot kernel (gemm_ar.h, FusedAlgo::kOneShot): one persistent launch per
+// rank for small M (tensor-parallel decode), in which every CTA first computes GEMM work units
+// and pushes each finished tile to every rank, then sums the tiles it is assigned from every
+// rank's partial. Host side: gemm_ar.cu (geometry, workspace, launch).
+//
+// Tiles: BM × kArBN (BM = 16, 32 or 64 from M; kArBN = 128) of the M×N product, numbered
+// t = m-block · tiles_n + n-block; the grid is the same on every rank (from M and N only).
+// Work units: tile t, K split s (u = s · tiles + t; the split factor S comes from this rank's
+// K_r and SM count: it only changes which CTAs of this rank compute which part). A unit runs
+// the tensor cores with mma.sync m16n8k16 (bf16 in, fp32 accumulators) over a 4-stage cp.async
+// pipeline of 64-wide K slices (A: BM rows, W_r: 128 columns; rows and K past the operands are
+// zero-filled), 8 warps of BM/WARPS_M × 128/WARPS_N each. Small M is bound by reading W_r, and
+// split-K keeps every SM streaming it where one row of tiles is too few units.
+//
+// Partials (ArParams): at S > 1 each unit stores its fp32 partial into this rank's split
+// workspace (scratch area) and the last of the tile's S units (arrival counter
+// FusedFlags::chunk_count[t]) sums them in split order, so the rank's partial of a tile does
+// not depend on which CTA finished last. The rank's partial (fp32, or rounded to bf16 with
+// bf16 partials) is then PUSHED into every rank's receive slot for this rank (its own
+// included): rank q's data area at ws_offset holds W slots (slot s: rank s's partials), each
+// `tiles` tiles of BM × kArBN partials, tile-major, rows past M never written nor read. Once a
+// tile's stores are complete the pushing CTA raises its flag in every rank's region,
+// FusedFlags::rs_tile[t · W + r] = epoch (publish: stores, bar.sync, fence.sc.sys by thread 0,
+// st.release.sys per rank).
+//
+// Sums: after its last unit a CTA takes tiles t = blockIdx.x, + gridDim.x, ...: one thread waits
+// for the W flags of the tile in this rank's region (ld.acquire.sys), then the CTA loads the W
+// partials from the local slots and adds them in rank order 0..W-1 in fp32, rounds once to bf16
+// and stores C. Every rank adds the same W values in the same order: the same bits on every
+// rank, whatever K_r and split each rank had.
+//
+// No deadlock: the only waits before a CTA's last push are the start barrier's (every rank
+// raises its arrive flags at its kernel start, unconditionally), and the split counters never
+// wait; so every rank pushes every tile, and the sums' waits (after the pushes) complete.
+// Every wait is bounded (fused_wait): the first to give up records rank, peer, op
+// (kFusedOpGemmAllReduce) and step (kCommStepArrive, kFusedStepTile or kCommStepDone); the
+// others see the record and stop.
+//
+// Start barrier: a rank stores into q's slots only after q's arrive flag for this launch (q's
+// earlier ops, which may still read its slots or data area, are complete). End barrier as the
+// other fused ops (fused_role_done, fused_finish), which also compares the launch signatures,
+// resets nothing of this kernel's (the split counters are reset by their last arrival) and
+// publishes the epoch for the next launch, so back-to-back launches and graph replay need no
+// host work.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/common/fused.h"
+#include "kernels/common/fused_protocol.cuh"
+#include "kernels/common/sm90_primitives.cuh"
+
+namespace fusedcomm::kernels::detail {
+
+inline constexpr int kArBN = 128;     // tile width
+inline constexpr int kArBK = 64;      // K slice per pipeline stage
+inline constexpr int kArStages = 4;   // pipeline depth
+inline constexpr int kArThreads = 256;
+inline constexpr int kArCsStride = kArBN + 4;  // the epilogue's fp32 tile rows in shared memory
+
+// Shared memory of the instance with tile height BM: the pipeline's stages (the epilogue's fp32
+// tile reuses them).
+__host__ __device__ constexpr int ar_smem_bytes(int bm) {
+  return kArStages * (bm * kArBK * 2 + kArBN * kArBK * 2);
+}
+static_assert(64 * kArCsStride * 4 <= ar_smem_bytes(64) && 16 * kArCsStride * 4 <= ar_smem_bytes(16),
+              "the epilogue's tile fits the pipeline's shared memory");
+
+struct ArParams {
+  CommDevice dev;
+  const __nv_bfloat16* A;  // M×K_r, row-major
+  const __nv_bfloat16* B;  // W_r: N×K_r (kNK) or K_r×N (kKN), row-major
+  __nv_bfloat16* C;        // M×N
+  float* split_ws;         // splits × tiles × BM × kArBN fp32 (this rank's scratch; splits > 1)
+  uint64_t ws_offset;      // the receive slots in every rank's data area
+  uint64_t slot_bytes;     // one source's slot: tiles × BM × kArBN partials
+  int M, N, K;
+  int tiles_n, tiles;  // tile columns; tiles in all
+  int splits;          // K splits of every tile (this rank's)
+  int k_tiles;         // ceil(K_r / kArBK)
+  int bf16_partials;   // 1: the pushed partials are bf16, else fp32
+};
+
+__device__ __forceinline__ void ar_cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void ar_ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ar_ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ar_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t ar_pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// 8 partials (fp32, or bf16 widened) at element `i` of a slot.
+__device__ __forceinline__ void ar_load8(const uint8_t* slot, uint64_t i, bool bf16, float (&v)[8]) {
+  if (bf16) {
+    const uint4 u = __ldcg(reinterpret_cast<const uint4*>(slot + i * 2));
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+      v[2 * j] = f.x;
+      v[2 * j + 1] = f.y;
+    }
+  } else {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(slot + i * 4));
+    const float4 b = __ldcg(reinterpret_cast<const float4*>(slot + i * 4 + 16));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
+// The kernel's start, one thread: the signature, then the arrive flags (start barrier, signal
+// side; stream order puts this rank's earlier ops before the kernel).
+inline __device__ void ar_start(const CommDevice& d, uint64_t epoch) {
+  comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
+  __threadfence_system();
+  comm_signal_peers(
+      d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
+}
+
+template <int BM, bool kKN>
+__global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_constant__ ArParams p) {
+  constexpr int kWarpsM = BM >= 64 ? 2 : 1, kWarpsN = 8 / kWarpsM;
+  constexpr int kWTM = BM / kWarpsM, kWTN = kArBN / kWarpsN;
+  constexpr int kMF = kWTM / 16, kNF = kWTN / 8, kNP = kWTN / 16;
+  constexpr int kABytes = BM * kArBK * 2, kStageBytes = kABytes + kArBN * kArBK * 2;
+  constexpr int kGroups = kArBN / 8;  // 8-element groups per tile row
+  extern __shared__ __align__(128) uint8_t smem[];
+  // Thread 0's verdicts, one variable per use (a thread may still read one when the next is set).
+  __shared__ int s_last, s_started, s_ready;
+
+  const CommDevice& d = p.dev;
+  const int W = d.world, r = d.rank;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+  const uint64_t epoch = comm_launch_epoch(d);
+  if (blockIdx.x == 0 && tid == 0 && W > 1) ar_start(d, epoch);
+  const uint32_t smem0 = smem_u32(smem);
+  const bool bf16 = p.bf16_partials != 0;
+  const int esize = bf16 ? 2 : 4;
+  bool started = W == 1;  // this CTA has observed every peer's arrive flag
+  bool failed = false;    // a wait of this CTA gave up (recorded): no more pushes
+
+  // ---- GEMM units and pushes ---------------------------------------------------------------
+  const int units = p.tiles * p.splits;
+  const int per_split = (p.k_tiles + p.splits - 1) / p.splits;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const int t = u % p.tiles, s = u / p.tiles;
+    const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * kArBN;
+    const int kt0 = s * per_split, kt1 = min(p.k_tiles, kt0 + per_split);
+    const int nk = max(0, kt1 - kt0);
+
+    auto load = [&](int kt, int stage) {
+      const uint32_t as = smem0 + stage * kStageBytes, bs = as + kABytes;
+      const int k0 = kt * kArBK;
+      for (int i = tid; i < BM * 8; i += kArThreads) {
+        const int row = i / 8, c = i % 8, gm = m0 + row, gk = k0 + c * 8;
+        const bool ok = gm < p.M && gk < p.K;
+        ar_cp_async16(as + row * 128 + ((c ^ (row & 7)) << 4), ok ? p.A + static_cast<int64_t>(gm) * p.K + gk : p.A,
+                      ok);
+      }
+      if constexpr (!kKN) {
+#pragma unroll
+        for (int i = tid; i < kArBN * 8; i += kArThreads) {
+          const int n = i / 8, c = i % 8, gn = n0 + n, gk = k0 + c * 8;
+          const bool ok = gn < p.N && gk < p.K;
+          ar_cp_async16(bs + n * 128 + ((c ^ (n & 7)) << 4), ok ? p.B + static_cast<int64_t>(gn) * p.K + gk : p.B,
+                        ok);
+        }
+      } else {
+#pragma unroll
+        for (int i = tid; i < kArBK * 16; i += kArThreads) {
+          const int k = i / 16, c = i % 16, gk = k0 + k, gn = n0 + c * 8;
+          const bool ok = gk < p.K && gn < p.N;
+          ar_cp_async16(bs + k * 256 + ((c ^ (k & 7)) << 4), ok ? p.B + static_cast<int64_t>(gk) * p.N + gn : p.B,
+                        ok);
+        }
+      }
+    };
+
+    float acc[kMF][kNF][4];
+#pragma unroll
+    for (int i = 0; i < kMF; ++i)
+#pragma unroll
+      for (int j = 0; j < kNF; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+    for (int st = 0; st < kArStages - 1; ++st) {
+      if (st < nk) load(kt0 + st, st);
+      cp_async_commit();
+    }
+#pragma unroll 1
+    for (int kt = 0; kt < nk; ++kt) {
+      cp_async_wait_keep<kArStages - 2>();
+      __syncthreads();  // slice kt landed for every thread; slice kt-1's stage is free
+      if (kt + kArStages - 1 < nk) load(kt0 + kt + kArStages - 1, (kt + kArStages - 1) % kArStages);
+      cp_async_commit();
+      const uint32_t as = smem0 + (kt % kArStages) * kStageBytes, bs = as + kABytes;
+#pragma unroll
+      for (int kk = 0; kk < kArBK / 16; ++kk) {
+        uint32_t a[kMF][4], b[kNF][2];
+#pragma unroll
+        for (int mf = 0; mf < kMF; ++mf) {
+          const int row = wm * kWTM + mf * 16 + (lane % 8) + ((lane / 8) & 1) * 8;
+          const int c = kk * 2 + (lane / 8) / 2;
+          ar_ldmatrix_x4(a[mf], as + row * 128 + ((c ^ (row & 7)) << 4));
+        }
+#pragma unroll
+        for (int np = 0; np < kNP; ++np) {
+          uint32_t q[4];
+          if constexpr (!kKN) {
+            const int n = wn * kWTN + np * 16 + (lane % 8) + ((lane / 8) / 2) * 8;
+            const int c = kk * 2 + ((lane / 8) & 1);
+            ar_ldmatrix_x4(q, bs + n * 128 + ((c ^ (n & 7)) << 4));
+          } else {
+            const int k = kk * 16 + (lane % 8) + ((lane / 8) & 1) * 8;
+            const int c = (wn * kWTN + np * 16) / 8 + (lane / 8) / 2;
+            ar_ldmatrix_x4_trans(q, bs + k * 256 + ((c ^ (k & 7)) << 4));
+          }
+          b[2 * np][0] = q[0], b[2 * np][1] = q[1], b[2 * np + 1][0] = q[2], b[2 * np + 1][1] = q[3];
+        }
+#pragma unroll
+        for (int mf = 0; mf < kMF; ++mf)
+#pragma unroll
+          for (int nf = 0; nf < kNF; ++nf) ar_mma(acc[mf][nf], a[mf], b[nf][0], b[nf][1]);
+      }
+    }
+    cp_async_wait_keep<0>();
+    __syncthreads();  // every stage read: the epilogue's tile reuses the buffers
+
+    // The unit's partial into shared memory (fp32, rows of kArCsStride).
+    float* cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int mf = 0; mf < kMF; ++mf)
+#pragma unroll
+      for (int nf = 0; nf < kNF; ++nf) {
+        const int row = wm * kWTM + mf * 16 + lane / 4, col = wn * kWTN + nf * 8 + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(cs + row * kArCsStride + col) = make_float2(acc[mf][nf][0], acc[mf][nf][1]);
+        *reinterpret_cast<float2*>(cs + (row + 8) * kArCsStride + col) =
+            make_float2(acc[mf][nf][2], acc[mf][nf][3]);
+      }
+    __syncthreads();
+    const int rows = min(BM, p.M - m0), groups = rows * kGroups;
+    const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * kArBN;
+    bool push = true;
+    if (p.splits > 1) {
+      float* mine = p.split_ws + (static_cast<uint64_t>(s) * p.tiles * BM * kArBN + tile_elem);
+      for (int g = tid; g < groups; g += kArThreads) {
+        const int row = g / kGroups, c8 = g % kGroups;
+        const float* src = cs + row * kArCsStride + c8 * 8;
+        __stcg(reinterpret_cast<float4*>(mine + row * kArBN + c8 * 8), *reinterpret_cast<const float4*>(src));
+        __stcg(reinterpret_cast<float4*>(mine + row * kArBN + c8 * 8 + 4), *reinterpret_cast<const float4*>(src + 4));
+      }
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();  // this CTA's stores, then its arrival (release)
+        s_last = fused_last_of(&fused_flags(d, r)->chunk_count[t], static_cast<uint32_t>(p.splits)) ? 1 : 0;
+      }
+      __syncthreads();
+      push = s_last != 0;
+    }
+    if (push && !failed) {
+      if (!started) {
+        if (tid == 0) {
+          int ok = 1;
+          for (int i = 1; i < W && ok; ++i) {
+            const int q = (r + i) % W;
+            ok = fused_wait(d, &comm_flags(d, r)->arrive[q], epoch, kFusedOpGemmAllReduce, kCommStepArrive, q, 1);
+          }
+          s_started = ok;
+        }
+        __syncthreads();
+        started = true;
+        failed = s_started == 0;
+      }
+      if (!failed) {
+        for (int g = tid; g < groups; g += kArThreads) {
+          const int row = g / kGroups, c8 = g % kGroups;
+          float v[8];
+          if (p.splits > 1) {
+            // The tile's partial: its splits' in split order (the same whichever unit came last).
+            for (int sp = 0; sp < p.splits; ++sp) {
+              const float* src =
+                  p.split_ws + (static_cast<uint64_t>(sp) * p.tiles * BM * kArBN + tile_elem + row * kArBN + c8 * 8);
+              const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
+              const float4 y = __ldcg(reinterpret_cast<const float4*>(src + 4));
+              const float w8[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+#pragma unroll
+              for (int j = 0; j < 8; ++j) v[j] = sp == 0 ? w8[j] : v[j] + w8[j];
+            }
+          } else {
+            const float* src = cs + row * kArCsStride + c8 * 8;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = src[j];
+          }
+          const uint64_t at = p.ws_offset + static_cast<uint64_t>(r) * p.slot_bytes +
+                              (tile_elem + static_cast<uint64_t>(row) * kArBN + c8 * 8) * esize;
+          if (bf16) {
+            const uint4 w4 = make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]),
+                                        ar_pack_bf16(v[4], v[5]), ar_pack_bf16(v[6], v[7]));
+            for (int i = 0; i < W; ++i) {
+              const int q = (r + 1 + i) % W;  // peers first, own slot last
+              *reinterpret_cast<uint4*>(d.base[q] + d.data_offset + at) = w4;
+            }
+          } else {
+            const float4 x = make_float4(v[0], v[1], v[2], v[3]), y = make_float4(v[4], v[5], v[6], v[7]);
+            for (int i = 0; i < W; ++i) {
+              const int q = (r + 1 + i) % W;
+              float4* dst = reinterpret_cast<float4*>(d.base[q] + d.data_offset + at);
+              dst[0] = x;
+              dst[1] = y;
+            }
+          }
+        }
+        __syncthreads();  // every thread's stores before thread 0's fence (publish)
+        if (tid == 0) {
+          __threadfence_system();
+          for (int i = 0; i < W; ++i) {
+            const int q = (r + 1 + i) % W;
+            st_release_sys(&fused_flags(d, q)->rs_tile[t * W + r], epoch);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the tile in shared memory is read: the next unit's loads may overwrite it
+  }
+
+  // ---- sums --------------------------------------------------------------------------------
+  const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
+  for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    if (tid == 0) {
+      int ok = 1;
+      for (int src = 0; src < W && ok; ++src) {
+        ok = fused_wait(d, &fused_flags(d, r)->rs_tile[t * W + src], epoch, kFusedOpGemmAllReduce, kFusedStepTile,
+                        src, 1);
+      }
+      s_ready = ok;
+    }
+    __syncthreads();  // observe pattern: thread 0's acquires, then every thread's loads
+    if (s_ready != 0) {
+      const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * kArBN;
+      const int rows = min(BM, p.M - m0);
+      const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * kArBN;
+      for (int g = tid; g < rows * kGroups; g += kArThreads) {
+        const int row = g / kGroups, c8 = g % kGroups, col = n0 + c8 * 8;
+        if (col >= p.N) continue;
+        const uint64_t i = tile_elem + static_cast<uint64_t>(row) * kArBN + c8 * 8;
+        float v[8], x[8];
+        ar_load8(slots, i, bf16, v);
+        for (int src = 1; src < W; ++src) {
+          ar_load8(slots + static_cast<uint64_t>(src) * p.slot_bytes, i, bf16, x);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] += x[j];
+        }
+        *reinterpret_cast<uint4*>(p.C + static_cast<int64_t>(m0 + row) * p.N + col) =
+            make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]), ar_pack_bf16(v[4], v[5]),
+                       ar_pack_bf16(v[6], v[7]));
+      }
+    }
+    __syncthreads();
+  }
+
+  // ---- end barrier -------------------------------------------------------------------------
+  __syncthreads();
+  if (tid == 0) {
+    fused_role_done(d, epoch, gridDim.x);
+    fused_finish(d, epoch, kFusedOpGemmAllReduce);
+  }
+}
+
+}  // namespace fusedcomm::kernels::detail
