@@ -25,7 +25,6 @@ using detail::aligned16;
 using detail::base_gemm_args;
 using detail::ceil_div;
 using detail::device_sms;
-using detail::kArBK;
 using detail::kArBN;
 using detail::larger;
 using detail::round_up;
@@ -79,9 +78,8 @@ bool ar_one_shot_flags_fit(int world, const ArTiles& g) {
 }
 // This rank's split of every tile (K_r and the SM count: local, see the kernel's header).
 int ar_splits(const CommDevice& d, const GemmArArgs& a, const ArTiles& g) {
-  const int k_tiles = static_cast<int>(ceil_div(a.K, kArBK));
   const int by_sms = std::max(1, device_sms(d) / g.tiles);
-  const int by_k = std::max(1, k_tiles / tuning::kArMinSplitKTiles);
+  const int by_k = std::max(1, a.K / tuning::kArMinSplitK);
   return std::min({g.max_splits, by_sms, by_k});
 }
 
@@ -172,7 +170,7 @@ cudaError_t launch_ar_one_shot(const CommDevice& dev, const GemmArArgs& a, cudaS
   p.tiles_n = g.tiles_n;
   p.tiles = g.tiles;
   p.splits = ar_splits(dev, a, g);
-  p.k_tiles = static_cast<int>(ceil_div(a.K, kArBK));
+  p.k_tiles = static_cast<int>(ceil_div(a.K, detail::ar_bk(g.bm)));
   p.bf16_partials = bf16 ? 1 : 0;
   p.split_ws = p.splits > 1 ? reinterpret_cast<float*>(detail::scratch_of(dev)) : nullptr;
   const int grid = std::min(device_sms(dev), g.tiles * p.splits);

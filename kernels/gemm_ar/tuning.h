@@ -12,11 +12,11 @@ namespace fusedcomm::kernels::tuning {
 inline constexpr int kArTileM16MaxM = 16;
 inline constexpr int kArTileM32MaxM = 32;
 // Split-K: at most kArMaxSplits splits of a tile, as many as fill the SMs with tiles · splits
-// units, each split at least kArMinSplitKTiles slices of 64 along K (shorter ones pay the
-// split's store and sum more than they gain). The workspace is sized for the largest split
+// units, each split at least kArMinSplitK long along K (shorter ones pay the split's store and
+// sum more than they gain). The workspace is sized for the largest split
 // any rank may pick: min(kArMaxSplits, kArSplitUnits / tiles) (rank-uniform).
 inline constexpr int kArMaxSplits = 8;
 inline constexpr int kArSplitUnits = 256;
-inline constexpr int kArMinSplitKTiles = 4;
+inline constexpr int kArMinSplitK = 512;
 
 }  // namespace fusedcomm::kernels::tuning

@@ -38,9 +38,9 @@
 //
 // Start barrier: a rank stores into q's slots only after q's arrive flag for this launch (q's
 // earlier ops, which may still read its slots or data area, are complete). End barrier as the
-// other fused ops (fused_role_done, fused_finish), which also compares the launch signatures,
-// resets nothing of this kernel's (the split counters are reset by their last arrival) and
-// publishes the epoch for the next launch, so back-to-back launches and graph replay need no
+// other fused ops (fused_role_done, then ar_finish: fused_finish's sequence), which also
+// compares the launch signatures and publishes the epoch for the next launch (the split
+// counters are reset by their last arrival), so back-to-back launches and graph replay need no
 // host work.
 #pragma once
 
@@ -51,20 +51,26 @@
 #include "kernels/common/fused.h"
 #include "kernels/common/fused_protocol.cuh"
 #include "kernels/common/sm90_primitives.cuh"
+#include "kernels/common/tuning.h"
 
 namespace fusedcomm::kernels::detail {
 
-inline constexpr int kArBN = 128;     // tile width
-inline constexpr int kArBK = 64;      // K slice per pipeline stage
-inline constexpr int kArStages = 4;   // pipeline depth
+inline constexpr int kArBN = 128;  // tile width
 inline constexpr int kArThreads = 256;
 inline constexpr int kArCsStride = kArBN + 4;  // the epilogue's fp32 tile rows in shared memory
 
-// Shared memory of the instance with tile height BM: the pipeline's stages (the epilogue's fp32
-// tile reuses them).
+// The pipeline of the instance with tile height BM: K slice per stage and stages. Small M reads
+// W_r alone: long slices (512 contiguous bytes of each W_r row at BM = 16) and ~140-200 KiB in
+// flight per SM; at BM = 64 the tensor cores bound it and 4 stages of 128 suffice.
+__host__ __device__ constexpr int ar_bk(int bm) { return bm <= 16 ? 256 : 128; }
+__host__ __device__ constexpr int ar_stages(int bm) { return bm <= 16 ? 3 : bm <= 32 ? 5 : 4; }
+// Shared memory of the instance: the pipeline's stages (the epilogue's fp32 tile reuses them).
 __host__ __device__ constexpr int ar_smem_bytes(int bm) {
-  return kArStages * (bm * kArBK * 2 + kArBN * kArBK * 2);
+  return ar_stages(bm) * (bm * ar_bk(bm) * 2 + kArBN * ar_bk(bm) * 2);
 }
+static_assert(ar_smem_bytes(16) <= 227 * 1024 && ar_smem_bytes(32) <= 227 * 1024 &&
+                  ar_smem_bytes(64) <= 227 * 1024,
+              "the pipeline fits a CTA's shared memory");
 static_assert(64 * kArCsStride * 4 <= ar_smem_bytes(64) && 16 * kArCsStride * 4 <= ar_smem_bytes(16),
               "the epilogue's tile fits the pipeline's shared memory");
 
@@ -79,7 +85,7 @@ struct ArParams {
   int M, N, K;
   int tiles_n, tiles;  // tile columns; tiles in all
   int splits;          // K splits of every tile (this rank's)
-  int k_tiles;         // ceil(K_r / kArBK)
+  int k_tiles;         // ceil(K_r / ar_bk(BM))
   int bf16_partials;   // 1: the pushed partials are bf16, else fp32
 };
 
@@ -127,6 +133,30 @@ __device__ __forceinline__ void ar_load8(const uint8_t* slot, uint64_t i, bool b
   }
 }
 
+// A bounded wait (fused_wait's record on failure) with the collectives' short sleeps between
+// polls: the kernel's waits are on its critical path, microseconds each at decode sizes.
+__device__ __forceinline__ bool ar_wait(const CommDevice& d, const uint64_t* flag, uint64_t epoch, uint32_t step,
+                                        int peer) {
+  return comm_wait_flag_inline(d, flag, epoch, kFusedOpGemmAllReduce, step, peer, 1, false,
+                               tuning::kCommPollSleepNs);
+}
+
+// fused_finish with ar_wait's polling (one thread per CTA, once, when the CTA is done): the last
+// CTA waits for every peer's done flag (end barrier), compares the launch signatures and
+// publishes the epoch for the next launch.
+inline __device__ __noinline__ void ar_finish(const CommDevice& d, uint64_t epoch) {
+  __threadfence();
+  if (!comm_last_cta(&comm_control(d)->exit_count)) return;
+  CommFlags* mine = comm_flags(d, d.rank);
+  bool ok = true;
+  for (int i = 1; i < d.world && ok; ++i) {
+    const int p = (d.rank + i) % d.world;
+    ok = ar_wait(d, &mine->done[p], epoch, kCommStepDone, p);
+  }
+  if (ok) comm_check_signatures(d, epoch, kFusedOpGemmAllReduce, kCommStepDone);
+  *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+}
+
 // The kernel's start, one thread: the signature, then the arrive flags (start barrier, signal
 // side; stream order puts this rank's earlier ops before the kernel).
 inline __device__ void ar_start(const CommDevice& d, uint64_t epoch) {
@@ -141,7 +171,8 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
   constexpr int kWarpsM = BM >= 64 ? 2 : 1, kWarpsN = 8 / kWarpsM;
   constexpr int kWTM = BM / kWarpsM, kWTN = kArBN / kWarpsN;
   constexpr int kMF = kWTM / 16, kNF = kWTN / 8, kNP = kWTN / 16;
-  constexpr int kABytes = BM * kArBK * 2, kStageBytes = kABytes + kArBN * kArBK * 2;
+  constexpr int kBK = ar_bk(BM), kStages = ar_stages(BM), kRow = kBK * 2, kChunks = kBK / 8;
+  constexpr int kABytes = BM * kRow, kStageBytes = kABytes + kArBN * kRow;
   constexpr int kGroups = kArBN / 8;  // 8-element groups per tile row
   extern __shared__ __align__(128) uint8_t smem[];
   // Thread 0's verdicts, one variable per use (a thread may still read one when the next is set).
@@ -170,24 +201,25 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
 
     auto load = [&](int kt, int stage) {
       const uint32_t as = smem0 + stage * kStageBytes, bs = as + kABytes;
-      const int k0 = kt * kArBK;
-      for (int i = tid; i < BM * 8; i += kArThreads) {
-        const int row = i / 8, c = i % 8, gm = m0 + row, gk = k0 + c * 8;
+      const int k0 = kt * kBK;
+#pragma unroll
+      for (int i = tid; i < BM * kChunks; i += kArThreads) {
+        const int row = i / kChunks, c = i % kChunks, gm = m0 + row, gk = k0 + c * 8;
         const bool ok = gm < p.M && gk < p.K;
-        ar_cp_async16(as + row * 128 + ((c ^ (row & 7)) << 4), ok ? p.A + static_cast<int64_t>(gm) * p.K + gk : p.A,
+        ar_cp_async16(as + row * kRow + ((c ^ (row & 7)) << 4), ok ? p.A + static_cast<int64_t>(gm) * p.K + gk : p.A,
                       ok);
       }
       if constexpr (!kKN) {
 #pragma unroll
-        for (int i = tid; i < kArBN * 8; i += kArThreads) {
-          const int n = i / 8, c = i % 8, gn = n0 + n, gk = k0 + c * 8;
+        for (int i = tid; i < kArBN * kChunks; i += kArThreads) {
+          const int n = i / kChunks, c = i % kChunks, gn = n0 + n, gk = k0 + c * 8;
           const bool ok = gn < p.N && gk < p.K;
-          ar_cp_async16(bs + n * 128 + ((c ^ (n & 7)) << 4), ok ? p.B + static_cast<int64_t>(gn) * p.K + gk : p.B,
+          ar_cp_async16(bs + n * kRow + ((c ^ (n & 7)) << 4), ok ? p.B + static_cast<int64_t>(gn) * p.K + gk : p.B,
                         ok);
         }
       } else {
 #pragma unroll
-        for (int i = tid; i < kArBK * 16; i += kArThreads) {
+        for (int i = tid; i < kBK * 16; i += kArThreads) {
           const int k = i / 16, c = i % 16, gk = k0 + k, gn = n0 + c * 8;
           const bool ok = gk < p.K && gn < p.N;
           ar_cp_async16(bs + k * 256 + ((c ^ (k & 7)) << 4), ok ? p.B + static_cast<int64_t>(gk) * p.N + gn : p.B,
@@ -205,25 +237,25 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
 #pragma unroll
-    for (int st = 0; st < kArStages - 1; ++st) {
+    for (int st = 0; st < kStages - 1; ++st) {
       if (st < nk) load(kt0 + st, st);
       cp_async_commit();
     }
 #pragma unroll 1
     for (int kt = 0; kt < nk; ++kt) {
-      cp_async_wait_keep<kArStages - 2>();
+      cp_async_wait_keep<kStages - 2>();
       __syncthreads();  // slice kt landed for every thread; slice kt-1's stage is free
-      if (kt + kArStages - 1 < nk) load(kt0 + kt + kArStages - 1, (kt + kArStages - 1) % kArStages);
+      if (kt + kStages - 1 < nk) load(kt0 + kt + kStages - 1, (kt + kStages - 1) % kStages);
       cp_async_commit();
-      const uint32_t as = smem0 + (kt % kArStages) * kStageBytes, bs = as + kABytes;
+      const uint32_t as = smem0 + (kt % kStages) * kStageBytes, bs = as + kABytes;
 #pragma unroll
-      for (int kk = 0; kk < kArBK / 16; ++kk) {
+      for (int kk = 0; kk < kBK / 16; ++kk) {
         uint32_t a[kMF][4], b[kNF][2];
 #pragma unroll
         for (int mf = 0; mf < kMF; ++mf) {
           const int row = wm * kWTM + mf * 16 + (lane % 8) + ((lane / 8) & 1) * 8;
           const int c = kk * 2 + (lane / 8) / 2;
-          ar_ldmatrix_x4(a[mf], as + row * 128 + ((c ^ (row & 7)) << 4));
+          ar_ldmatrix_x4(a[mf], as + row * kRow + ((c ^ (row & 7)) << 4));
         }
 #pragma unroll
         for (int np = 0; np < kNP; ++np) {
@@ -231,7 +263,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
           if constexpr (!kKN) {
             const int n = wn * kWTN + np * 16 + (lane % 8) + ((lane / 8) / 2) * 8;
             const int c = kk * 2 + ((lane / 8) & 1);
-            ar_ldmatrix_x4(q, bs + n * 128 + ((c ^ (n & 7)) << 4));
+            ar_ldmatrix_x4(q, bs + n * kRow + ((c ^ (n & 7)) << 4));
           } else {
             const int k = kk * 16 + (lane % 8) + ((lane / 8) & 1) * 8;
             const int c = (wn * kWTN + np * 16) / 8 + (lane / 8) / 2;
@@ -285,7 +317,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
           int ok = 1;
           for (int i = 1; i < W && ok; ++i) {
             const int q = (r + i) % W;
-            ok = fused_wait(d, &comm_flags(d, r)->arrive[q], epoch, kFusedOpGemmAllReduce, kCommStepArrive, q, 1);
+            ok = ar_wait(d, &comm_flags(d, r)->arrive[q], epoch, kCommStepArrive, q);
           }
           s_started = ok;
         }
@@ -351,8 +383,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
     if (tid == 0) {
       int ok = 1;
       for (int src = 0; src < W && ok; ++src) {
-        ok = fused_wait(d, &fused_flags(d, r)->rs_tile[t * W + src], epoch, kFusedOpGemmAllReduce, kFusedStepTile,
-                        src, 1);
+        ok = ar_wait(d, &fused_flags(d, r)->rs_tile[t * W + src], epoch, kFusedStepTile, src);
       }
       s_ready = ok;
     }
@@ -384,7 +415,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
   __syncthreads();
   if (tid == 0) {
     fused_role_done(d, epoch, gridDim.x);
-    fused_finish(d, epoch, kFusedOpGemmAllReduce);
+    ar_finish(d, epoch);
   }
 }
 

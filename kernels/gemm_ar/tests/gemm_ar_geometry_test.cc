@@ -93,9 +93,11 @@ void test_one_shot_geometry() {
   check(i.algo == k::FusedAlgo::kOneShot && i.chunks == 32 && i.k_splits == 4 && i.gemm_ctas == 128 &&
             i.tile_n == 128,
         "one-shot M=1 N=4096 K=2048: 32 tiles, 4 splits, 128 CTAs");
-  // A short K limits the split (at least 4 slices each): K_r = 512 -> 2 splits.
+  // A short K limits the split (at least 512 each): K_r = 1032 -> 2 splits, 512 -> none.
+  i = info(1, 4096, 1032, false);
+  check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=4096 K=1032: 2 splits");
   i = info(1, 4096, 512, false);
-  check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=4096 K=512: 2 splits");
+  check(i.k_splits == 1 && i.gemm_ctas == 32, "one-shot M=1 N=4096 K=512: no split");
   // M = 128, N = 8192: 2 x 64 tiles of 64 rows: one wave, no split.
   i = info(128, 8192, 4096, true);
   check(i.chunks == 128 && i.k_splits == 1 && i.gemm_ctas == 128, "one-shot M=128 N=8192: 128 tiles, no split");
