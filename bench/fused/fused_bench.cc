@@ -5,6 +5,8 @@
 //   fusedcomm_fused       the fused kernel, forced
 //   fusedcomm_decomposed  launch_gemm + launch_collective, forced
 //   fusedcomm_oneshot     gemmAllReduce's one-shot kernel, forced (M <= 2048)
+//   fusedcomm_graph       gemmAllReduce as users get it, captured in a CUDA graph (a replay
+//                         per call, as decode loops run it)
 //   fusedcomm_gemm_only   this rank's GEMM alone (same local shape)
 //   fusedcomm_comm_only   the exchange alone (allGather of A; reduceScatter / allReduce of the
 //                         partials the decomposed path moves)
@@ -118,6 +120,16 @@ int64_t split_offset(int64_t n, int w, int r) { return r * (n / w) + (r < n % w 
 // i, so a prefix of a longer fill is the fill of the shorter tensor).
 uint64_t seed_a(int r) { return 1000 + r; }
 uint64_t seed_b(int r) { return 2000 + r; }
+
+// Instantiated CUDA graphs, destroyed at scope exit.
+struct GraphExecs : std::vector<cudaGraphExec_t> {
+  GraphExecs() = default;
+  GraphExecs(const GraphExecs&) = delete;
+  GraphExecs& operator=(const GraphExecs&) = delete;
+  ~GraphExecs() {
+    for (cudaGraphExec_t e : *this) cudaGraphExecDestroy(e);
+  }
+};
 
 template <class T>
 T* device_alloc(size_t count) {
@@ -344,6 +356,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       bool checked;       // its output is the op's
     };
     std::vector<Impl> impls;
+    GraphExecs graphs;  // the graph-captured impls' graphs, destroyed with the shape's impls
     const k::FusedAlgo algos[] = {k::FusedAlgo::kAuto, k::FusedAlgo::kFused, k::FusedAlgo::kDecomposed,
                                   k::FusedAlgo::kOneShot};
     for (k::FusedAlgo algo : algos) {
@@ -366,6 +379,18 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         // The fused path needs W to divide M (its allGather splits elements).
         if (path == k::FusedAlgo::kFused && s.M % W != 0) continue;
         impls.push_back({name, [&, a] { FC_BENCH_CUDA(k::launch_gemm_all_reduce(dev, a, st)); }, path, true});
+        if (algo == k::FusedAlgo::kAuto) {
+          // The op as a decode loop runs it: captured once in a CUDA graph, each call a replay.
+          FC_BENCH_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          FC_BENCH_CUDA(k::launch_gemm_all_reduce(dev, a, st));
+          cudaGraph_t graph;
+          FC_BENCH_CUDA(cudaStreamEndCapture(st, &graph));
+          cudaGraphExec_t exec;
+          FC_BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+          FC_BENCH_CUDA(cudaGraphDestroy(graph));
+          graphs.emplace_back(exec);
+          impls.push_back({"fusedcomm_graph", [&, exec] { FC_BENCH_CUDA(cudaGraphLaunch(exec, st)); }, path, true});
+        }
       } else {
         k::GemmRsArgs a = rs;
         a.algo = algo;

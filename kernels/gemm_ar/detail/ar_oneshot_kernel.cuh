@@ -37,11 +37,10 @@
 // others see the record and stop.
 //
 // Start barrier: a rank stores into q's slots only after q's arrive flag for this launch (q's
-// earlier ops, which may still read its slots or data area, are complete). End barrier as the
-// other fused ops (fused_role_done, then ar_finish: fused_finish's sequence), which also
-// compares the launch signatures and publishes the epoch for the next launch (the split
-// counters are reset by their last arrival), so back-to-back launches and graph replay need no
-// host work.
+// earlier ops, which may still read its slots or data area, are complete). End barrier with the
+// other fused ops' flags (CommFlags::done; ar_end), which also compares the launch signatures
+// and publishes the epoch for the next launch (the split counters are reset by their last
+// arrival), so back-to-back launches and graph replay need no host work.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -141,12 +140,18 @@ __device__ __forceinline__ bool ar_wait(const CommDevice& d, const uint64_t* fla
                                tuning::kCommPollSleepNs);
 }
 
-// fused_finish with ar_wait's polling (one thread per CTA, once, when the CTA is done): the last
-// CTA waits for every peer's done flag (end barrier), compares the launch signatures and
-// publishes the epoch for the next launch.
-inline __device__ __noinline__ void ar_finish(const CommDevice& d, uint64_t epoch) {
-  __threadfence();
+// The end barrier, one thread per CTA once the CTA is done (after a bar.sync that follows its
+// last load of the receive slots and its last push): fused_role_done and fused_finish's
+// sequence in one grid-level chain. The last CTA of this rank tells every peer that this rank
+// is done with the launch (CommFlags::done), waits for every peer's done flag, compares the
+// launch signatures and publishes the epoch for the next launch. (Every CTA's fence.sc.sys, then
+// the counter, orders its pushes and loads before the last CTA's release, as in
+// comm_protocol.cuh's grid-level argument.)
+inline __device__ __noinline__ void ar_end(const CommDevice& d, uint64_t epoch) {
+  __threadfence_system();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
+  comm_signal_peers(
+      d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
   CommFlags* mine = comm_flags(d, d.rank);
   bool ok = true;
   for (int i = 1; i < d.world && ok; ++i) {
@@ -414,8 +419,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
   // ---- end barrier -------------------------------------------------------------------------
   __syncthreads();
   if (tid == 0) {
-    fused_role_done(d, epoch, gridDim.x);
-    ar_finish(d, epoch);
+    ar_end(d, epoch);
   }
 }
 
