@@ -26,7 +26,7 @@ cd "$ROOT"
 usage() {
   echo "usage: examples/run.sh <01_collectives|02_tensor_parallel_mlp> [args...]" >&2
   echo "  01_collectives [world=2] [seed]" >&2
-  echo "  02_tensor_parallel_mlp [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32] [seed]" >&2
+  echo "  02_tensor_parallel_mlp [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32] [seed|fresh] [mode=train|infer]" >&2
   echo "    with FUSEDCOMM_BACKEND=cuda: dtype bf16, and H and every rank's share of F" >&2
   echo "    (Split.count(F, world, r)) positive multiples of 8, e.g. F divisible by 8*world" >&2
 }

@@ -1,9 +1,15 @@
 // gemmAllReduce: rank r holds A_r: M×K_r and W_r (as gemmReduceScatter); every rank gets the
 // whole Σ_s A_s · op(W_s) : M×N, the same bits on every rank (kernels/common/fused.h: the
-// contract every fused op keeps, the notation). No kernel of its own: two or three launches on
-// the stream.
+// contract every fused op keeps, the notation).
 //
 // Algorithms (FusedAlgo):
+//   kOneShot: one persistent kernel (detail/ar_oneshot_kernel.cuh), for small M (tensor-parallel
+//     decode): tiles of this rank's product (mma.sync, split along K where the tiles are too few
+//     to fill the SMs), each finished tile stored into every rank's receive slot for this rank
+//     and flagged there; every rank then sums the W partials of each tile in rank order and
+//     rounds once. One launch, no pass over a partial product between two kernels. Any M
+//     (its slots hold every rank's partial product: W × ~M×N partials in the data area; fp32
+//     split partials in the scratch area).
 //   kFused: gemmReduceScatter's fused kernel (gemm_rs.h) writes this rank's row block of the sum
 //     into its data area right after the reduce-scatter workspace (gemm_all_reduce_workspace),
 //     then an allGather of those blocks fills C. The GEMM overlaps the reduce-scatter half of an
@@ -13,8 +19,15 @@
 //     or fp32), then an allReduce of it: into C (bf16 partials: fp32 sums rounded once more), or
 //     into `sums` (fp32) and one pass rounds them into C.
 //   kAuto: kernels/common/fused_choice.h (choose_gemm_all_reduce), from M, N, W and the partials.
-// Numerics as gemmReduceScatter (the fused kernel keeps the owner's own bf16-partials term in
-// fp32), sums in rank order. Input lifetime and the protocol: those of the two ops it runs.
+// Numerics: sums in rank order, in fp32, rounded once. kOneShot: each rank's partial in fp32
+// (bf16 partials: rounded to bf16 once, every rank's own included, so that every rank adds the
+// same values); kFused as gemmReduceScatter (the owner's own bf16-partials term stays fp32).
+// Input lifetime and the protocol: fused.h's, or those of the ops the composed paths run.
+// kOneShot: its own start barrier, tile flags in FusedFlags::rs_tile and launch signature (op
+// kFusedOpGemmAllReduce); it raises its done flag but, unlike fused.h's end barrier, does not
+// wait for the peers': no peer reads this rank's memory, and a launch completes only after every
+// peer's tiles of it arrived, so no rank runs more than one launch ahead all the same
+// (detail/ar_oneshot_kernel.cuh, ar_end).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,9 +53,11 @@ struct GemmArArgs {
   __nv_bfloat16* C = nullptr;  // M×N, this process's memory
   float* sums = nullptr;       // M×N fp32, this process's memory: kDecomposed with fp32 partials
   FusedAlgo algo = FusedAlgo::kAuto;
-  // kF32AnyOrder: as kF32 (its fused path runs the reduce-scatter with rank-order partials).
+  // kF32AnyOrder: as kF32 (its fused path runs the reduce-scatter with rank-order partials; the
+  // one-shot kernel always sums in rank order).
   RsPartials partials = RsPartials::kF32;
   GemmWorkspace gemm_ws{};  // the GEMM of kDecomposed and of W = 1 (gemm_rs.h GemmRsArgs::gemm_ws)
+  // (kOneShot at W = 1 runs its kernel too, storing into its own slot.)
 };
 
 // The data and scratch bytes of `args.algo` (kAuto: the larger of the two paths).

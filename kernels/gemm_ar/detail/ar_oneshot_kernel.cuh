@@ -32,15 +32,15 @@
 // No deadlock: the only waits before a CTA's last push are the start barrier's (every rank
 // raises its arrive flags at its kernel start, unconditionally), and the split counters never
 // wait; so every rank pushes every tile, and the sums' waits (after the pushes) complete.
-// Every wait is bounded (fused_wait): the first to give up records rank, peer, op
-// (kFusedOpGemmAllReduce) and step (kCommStepArrive, kFusedStepTile or kCommStepDone); the
-// others see the record and stop.
+// Every wait is bounded (ar_wait): the first to give up records rank, peer, op
+// (kFusedOpGemmAllReduce) and step (kCommStepArrive or kFusedStepTile); the others see the
+// record and stop.
 //
 // Start barrier: a rank stores into q's slots only after q's arrive flag for this launch (q's
-// earlier ops, which may still read its slots or data area, are complete). End barrier with the
-// other fused ops' flags (CommFlags::done; ar_end), which also compares the launch signatures
-// and publishes the epoch for the next launch (the split counters are reset by their last
-// arrival), so back-to-back launches and graph replay need no host work.
+// earlier ops, which may still read its slots or data area, are complete). The end (ar_end)
+// raises this rank's done flag without waiting for the peers' (it says why), compares the launch
+// signatures and publishes the epoch for the next launch (the split counters are reset by their
+// last arrival), so back-to-back launches and graph replay need no host work.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -140,13 +140,20 @@ __device__ __forceinline__ bool ar_wait(const CommDevice& d, const uint64_t* fla
                                tuning::kCommPollSleepNs);
 }
 
-// The end barrier, one thread per CTA once the CTA is done (after a bar.sync that follows its
-// last load of the receive slots and its last push): fused_role_done and fused_finish's
-// sequence in one grid-level chain. The last CTA of this rank tells every peer that this rank
-// is done with the launch (CommFlags::done), waits for every peer's done flag, compares the
-// launch signatures and publishes the epoch for the next launch. (Every CTA's fence.sc.sys, then
-// the counter, orders its pushes and loads before the last CTA's release, as in
-// comm_protocol.cuh's grid-level argument.)
+// The end, one thread per CTA once the CTA is done (after a bar.sync that follows its last load
+// of the receive slots and its last push). The last CTA of this rank (grid-level counter, as
+// comm_protocol.cuh's argument: every CTA's fence.sc.sys, then the counter) raises its done
+// flag in every peer (CommFlags::done, which other fused ops' end barriers count on), compares
+// the launch signatures (each peer's arrive flag, acquired here, was released after its
+// signature) and publishes the epoch for the next launch. It does not wait for the peers' done
+// flags, the end barrier of the other fused ops, since nothing here needs it:
+// - input lifetime: no peer reads this rank's memory; peers only store into its receive slots,
+//   and every such store of this launch completed before this rank's sums read the tile's flag;
+// - at most one launch ahead (what the collectives' slot reuse needs, collectives.h
+//   CommFlags::ready): this launch completes on a rank only after its sums have read every
+//   peer's tiles of this launch, so only after every peer has started it, i.e. completed its
+//   previous launch; a rank therefore reaches launch e+2 only after every peer finished e.
+// This saves a round trip between the GPUs per launch, which decode-sized launches feel.
 inline __device__ __noinline__ void ar_end(const CommDevice& d, uint64_t epoch) {
   __threadfence_system();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
@@ -156,9 +163,9 @@ inline __device__ __noinline__ void ar_end(const CommDevice& d, uint64_t epoch) 
   bool ok = true;
   for (int i = 1; i < d.world && ok; ++i) {
     const int p = (d.rank + i) % d.world;
-    ok = ar_wait(d, &mine->done[p], epoch, kCommStepDone, p);
+    ok = ar_wait(d, &mine->arrive[p], epoch, kCommStepArrive, p);
   }
-  if (ok) comm_check_signatures(d, epoch, kFusedOpGemmAllReduce, kCommStepDone);
+  if (ok) comm_check_signatures(d, epoch, kFusedOpGemmAllReduce, kCommStepArrive);
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
 
@@ -188,7 +195,6 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / kWarpsN, wn = warp % kWarpsN;
   const uint64_t epoch = comm_launch_epoch(d);
-  if (blockIdx.x == 0 && tid == 0 && W > 1) ar_start(d, epoch);
   const uint32_t smem0 = smem_u32(smem);
   const bool bf16 = p.bf16_partials != 0;
   const int esize = bf16 ? 2 : 4;
@@ -246,6 +252,9 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
       if (st < nk) load(kt0 + st, st);
       cp_async_commit();
     }
+    // The start barrier's signal, once the first unit's loads are in flight (CTA 0's first
+    // unit is u = 0: the grid never exceeds the units).
+    if (u == 0 && tid == 0 && W > 1) ar_start(d, epoch);
 #pragma unroll 1
     for (int kt = 0; kt < nk; ++kt) {
       cp_async_wait_keep<kStages - 2>();

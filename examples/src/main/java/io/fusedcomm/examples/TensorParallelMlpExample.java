@@ -19,6 +19,20 @@
  * The driver computes the whole Y and dX in fp64 from the same seeded inputs and checks every
  * element of every rank's Y_r and dX_r against its own error bound (see Reference).
  *
+ * Inference mode (mode=infer): a few decode steps of the same block as tensor-parallel inference
+ * runs it, activations replicated on every rank, with the decode batch M_t in 1, 3, 8, 17, 64
+ * (those up to M):
+ *
+ *   rank r holds   X_t  : M_t × H, the same on every rank     (a step's hidden states, seeded)
+ *                  W1_r, W2_r as above
+ *   1. GEMM (local)       Z_r = X_t · W1_rᵀ                                : M_t × F_r
+ *   2. GELU, in Java on the host: A_r = GELU(Z_r)                         : M_t × F_r
+ *   3. gemmAllReduce      Y_t = Σ_s A_s · W2_sᵀ, on every rank            : M_t × H
+ *
+ * The driver checks every element of every rank's Y_t against the fp64 reference (Reference's Y
+ * bound: the same roundings) and that every rank got the same bits. describeFusedOp says which
+ * path each step's gemmAllReduce took (on cuda with 2 GPUs, the one-shot kernel at these sizes).
+ *
  * Backends: the example asks the communicator (comm.backend()) at run time. With
  * spark.fusedcomm.backend=host the ops take HostTensors; with cuda they take DeviceTensors on the
  * executor's GPU: the shards are uploaded, Z and dA come back to the host for steps 2 and 5 and
@@ -33,9 +47,10 @@
  *     --conf spark.plugins=io.fusedcomm.FusedCommPlugin \
  *     --conf spark.fusedcomm.backend=host \
  *     --class io.fusedcomm.examples.TensorParallelMlpExample \
- *     examples/target/fusedcomm-examples-0.1.0-SNAPSHOT.jar [world=2] [M=125] [H=64] [F=256] [dtype=bf16] [seed=fresh]
+ *     examples/target/fusedcomm-examples-0.1.0-SNAPSHOT.jar [world=2] [M=125] [H=64] [F=256] [dtype=bf16]
+ *     [seed=fresh] [mode=train|infer]
  *
- * or, with no Spark installation:  examples/run.sh 02_tensor_parallel_mlp [world] [M] [H] [F] [dtype] [seed]
+ * or, with no Spark installation:  examples/run.sh 02_tensor_parallel_mlp [world] [M] [H] [F] [dtype] [seed] [mode]
  *
  * On one host's GPUs (one executor per GPU), the same with the cuda backend and Spark's GPU
  * scheduling:
@@ -46,7 +61,8 @@
  *     --conf spark.executor.resource.gpu.discoveryScript=$PWD/conf/gpu-discovery.sh
  *     --conf spark.task.resource.gpu.amount=1" examples/run.sh 02_tensor_parallel_mlp 2 125 64 256 bf16
  *
- * Exit status 0 when every element of Y and dX is within its bound, 1 otherwise.
+ * Exit status 0 when every element of Y and dX (inference: of every step's Y, the same bits on
+ * every rank) is within its bound, 1 otherwise.
  */
 package io.fusedcomm.examples;
 
@@ -82,9 +98,19 @@ public final class TensorParallelMlpExample {
   private TensorParallelMlpExample() {}
 
   /** Global problem: shapes, dtype and seed; every rank derives its shards from it. */
-  record Problem(int world, int m, int h, int f, DType dtype, long seed) implements Serializable {
+  record Problem(int world, int m, int h, int f, DType dtype, long seed, int step) implements Serializable {
+    /** The training problem (step 0). */
+    Problem(int world, int m, int h, int f, DType dtype, long seed) {
+      this(world, m, h, f, dtype, seed, 0);
+    }
+
+    /** Decode step {@code step} (from 1) with batch {@code batch}: the same weights, its own X. */
+    Problem decodeStep(int step, int batch) {
+      return new Problem(world, batch, h, f, dtype, seed, step);
+    }
+
     float[] x() {
-      return SeededValues.uniform(SeededValues.seed(seed, 1), m * h, 1.0, dtype);
+      return SeededValues.uniform(SeededValues.seed(seed, step == 0 ? 1 : 100 + step), m * h, 1.0, dtype);
     }
 
     /** W1: F × H, scaled so that Z has unit-order entries. */
@@ -128,12 +154,17 @@ public final class TensorParallelMlpExample {
     int h = Math.toIntExact(ExampleContext.positiveArg(args, 2, "H", 64));
     int f = Math.toIntExact(ExampleContext.positiveArg(args, 3, "F", 256));
     DType dtype = args.length > 4 ? parseDType(args[4]) : DType.BF16;
-    long seed = args.length > 5 ? Long.parseLong(args[5].trim()) : System.nanoTime();
+    long seed = args.length > 5 && !args[5].trim().equals("fresh") ? Long.parseLong(args[5].trim()) : System.nanoTime();
+    boolean infer = args.length > 6 && parseMode(args[6]);
     Problem p = new Problem(world, m, h, f, dtype, seed);
     // spark-submit hands its --conf settings to the driver as system properties, which a fresh
     // SparkConf reads: a problem the requested backend cannot run fails here, before any
     // executor starts. (auto is resolved on the executors; each rank checks again.)
     requireSupported(p, FusedCommConf.fromSparkConf(new SparkConf()).backend());
+    if (infer) {
+      infer(p);
+      return;
+    }
 
     ExampleContext.run(NAME, world, (sc, tasks) -> {
       System.out.printf(Locale.ROOT, "%s: %s seed=%d master=%s%n", NAME, p.describe(), seed, sc.master());
@@ -147,6 +178,39 @@ public final class TensorParallelMlpExample {
           (comm, context, rows) -> List.of(forwardAndBackward(comm, p)).iterator()).collect();
       return check(p, shards);
     });
+  }
+
+  /** Decode batches of the inference mode: those of 1, 3, 8, 17, 64 up to {@code m}. */
+  static List<Integer> decodeBatches(int m) {
+    return IntStream.of(1, 3, 8, 17, 64).filter(b -> b <= m).boxed().collect(Collectors.toList());
+  }
+
+  /** The inference mode's job (driver side); exits 1 unless every step checks. */
+  static void infer(Problem p) throws Exception {
+    List<Integer> batches = decodeBatches(p.m());
+    ExampleContext.run(NAME, p.world(), (sc, tasks) -> {
+      System.out.printf(Locale.ROOT, "%s: inference, %s, decode batches %s, seed=%d master=%s%n", NAME, p.describe(),
+          batches, p.seed(), sc.master());
+      CommOptions options = CommOptions.defaults().name("tp-decode");
+      for (int b : batches) {
+        options.expectOp("gemmAllReduce", p.dtype(), b, p.h(), p.f());
+      }
+      List<DecodeShard> shards = BarrierStage.withCommunicator(tasks, options,
+          (comm, context, rows) -> List.of(decode(comm, p, batches)).iterator()).collect();
+      return checkDecode(p, batches, shards);
+    });
+  }
+
+  /** train (the default) or infer. */
+  static boolean parseMode(String s) {
+    switch (s.trim().toLowerCase(Locale.ROOT)) {
+      case "train":
+        return false;
+      case "infer":
+        return true;
+      default:
+        throw new IllegalArgumentException("mode must be train or infer, got '" + s + "'");
+    }
   }
 
   static DType parseDType(String s) {
@@ -260,6 +324,143 @@ public final class TensorParallelMlpExample {
           new Timings((t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6),
           new Timings((t4 - t3) / 1e6, (t5 - t4) / 1e6, (t6 - t5) / 1e6), paths);
     }
+  }
+
+  /** One decode step on one rank: its Y (all rows), and the wall time of its three steps in ms. */
+  record DecodeStep(int batch, float[] y, double gemmMs, double geluMs, double gemmAllReduceMs, String path)
+      implements Serializable {}
+
+  /** One rank's decode steps and where it ran. */
+  record DecodeShard(int rank, String backend, String device, List<DecodeStep> steps) implements Serializable {}
+
+  /**
+   * The decode steps on one rank (inference mode): per step the local GEMM with its W1 shard,
+   * GELU, then gemmAllReduce with its W2 shard; the weights stay in place across steps.
+   */
+  static DecodeShard decode(Communicator comm, Problem p, List<Integer> batches) {
+    int w = comm.world();
+    int r = comm.rank();
+    if (w != p.world()) {
+      throw new IllegalStateException("the stage has " + w + " tasks, the problem expects " + p.world());
+    }
+    requireSupported(p, comm.backend());
+    int h = p.h();
+    int fOffset = (int) Split.offset(p.f(), w, r);
+    int fLocal = (int) Split.count(p.f(), w, r);
+    float[] w1Local = Arrays.copyOfRange(p.w1(), fOffset * h, (fOffset + fLocal) * h);
+    float[] w2 = p.w2();
+    float[] w2Local = new float[h * fLocal];
+    for (int i = 0; i < h; i++) {
+      System.arraycopy(w2, i * p.f() + fOffset, w2Local, i * fLocal, fLocal);
+    }
+    List<DecodeStep> steps = new ArrayList<>();
+    try (OpTensors t = new OpTensors(comm.backend(), p.dtype())) {
+      Tensor w1T = t.of(w1Local, fLocal, h);  // NK: F_r × H
+      Tensor w2T = t.of(w2Local, h, fLocal);  // NK: H × F_r
+      for (int s = 0; s < batches.size(); s++) {
+        int b = batches.get(s);
+        Problem step = p.decodeStep(s + 1, b);
+        Tensor x = t.of(step.x(), b, h);
+        Tensor hidden = t.output(b, fLocal);
+        Tensor y = t.output(b, h);
+        long t0 = System.nanoTime();
+        Communicator.gemm(x, w1T, hidden, WeightLayout.NK);
+        long t1 = System.nanoTime();
+        float[] z = t.read(hidden);
+        for (int i = 0; i < z.length; i++) {
+          z[i] = (float) gelu(z[i]);
+        }
+        t.write(hidden, z);
+        long t2 = System.nanoTime();
+        comm.gemmAllReduce(hidden, w2T, y, WeightLayout.NK);
+        float[] out = t.read(y);
+        long t3 = System.nanoTime();
+        steps.add(new DecodeStep(b, out, (t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6,
+            comm.describeFusedOp("gemmAllReduce", b, h, fLocal)));
+      }
+    }
+    RankInfo me = comm.ranks().get(r);
+    String device = "executor " + me.executorId()
+        + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuId() + " " + me.gpuUuid());
+    return new DecodeShard(r, comm.backend().configName(), device, steps);
+  }
+
+  /**
+   * Checks every step's Y on every rank against the fp64 reference, and that every rank got the
+   * same bits; prints the per-step table, the paths and the final line.
+   */
+  static boolean checkDecode(Problem p, List<Integer> batches, List<DecodeShard> shards) {
+    List<DecodeShard> sorted =
+        shards.stream().sorted(Comparator.comparingInt(DecodeShard::rank)).collect(Collectors.toList());
+    boolean passed = sorted.size() == p.world();
+    for (DecodeShard shard : sorted) {
+      System.out.printf(Locale.ROOT, "rank %d ran on %s (%s backend)%n", shard.rank(), shard.device(), shard.backend());
+      passed &= shard.steps().size() == batches.size();
+    }
+    System.out.println("decode: Z = gemm(X, W1), A = GELU(Z), Y = gemmAllReduce(A, W2)");
+    System.out.printf(Locale.ROOT, "%-5s %5s %9s %9s %18s%n", "rank", "M", "gemm ms", "gelu ms", "gemmAllReduce ms");
+    for (DecodeShard shard : sorted) {
+      for (DecodeStep st : shard.steps()) {
+        System.out.printf(Locale.ROOT, "%-5d %5d %9.3f %9.3f %18.3f%n", shard.rank(), st.batch(), st.gemmMs(),
+            st.geluMs(), st.gemmAllReduceMs());
+      }
+    }
+    double maxErr = 0;
+    long bad = 0;
+    for (int s = 0; s < batches.size() && passed; s++) {
+      Problem step = p.decodeStep(s + 1, batches.get(s));
+      Reference ref = new Reference(step);
+      float[] first = sorted.get(0).steps().get(s).y();
+      for (DecodeShard shard : sorted) {
+        DecodeStep st = shard.steps().get(s);
+        if (shard.rank() == 0) {
+          System.out.println("  " + st.path());
+        }
+        if (!Arrays.equals(st.y(), first)) {
+          System.out.printf(Locale.ROOT, "  step %d (M=%d): rank %d's Y differs from rank 0's%n", s + 1, st.batch(),
+              shard.rank());
+          passed = false;
+        }
+        Errors e = compareRows("Y (step " + (s + 1) + ", rank " + shard.rank() + ")", st.y(), ref.y, ref.yTolerance);
+        bad += e.bad();
+        maxErr = Math.max(maxErr, e.maxErr());
+      }
+    }
+    passed &= bad == 0;
+    String backend = shards.stream().map(DecodeShard::backend).distinct().collect(Collectors.joining(","));
+    String steps = batches.stream().map(String::valueOf).collect(Collectors.joining(","));
+    if (passed) {
+      System.out.printf(Locale.ROOT, "%s: check passed for inference (world=%d, H=%d, F=%d, dtype=%s, backend=%s,"
+          + " decode M=%s, same bits on every rank, max_abs_err Y=%.3e)%n", NAME, p.world(), p.h(), p.f(),
+          p.dtype().label(), backend, steps, maxErr);
+    } else {
+      System.out.printf(Locale.ROOT, "%s: FAILED inference (world=%d, H=%d, F=%d, dtype=%s, backend=%s, decode M=%s:"
+          + " %d elements out of bounds, %d of %d ranks reported)%n", NAME, p.world(), p.h(), p.f(), p.dtype().label(),
+          backend, steps, bad, shards.size(), p.world());
+    }
+    return passed;
+  }
+
+  /** Every element of one all-rows output against the reference; prints the first mismatches. */
+  private static Errors compareRows(String name, float[] got, double[] ref, double[] tolerance) {
+    long bad = 0;
+    double maxErr = 0;
+    if (got.length != ref.length) {
+      System.out.printf(Locale.ROOT, "  %s: %d elements, expected %d%n", name, got.length, ref.length);
+      return new Errors(Math.max(1, ref.length), Double.POSITIVE_INFINITY);
+    }
+    for (int i = 0; i < got.length; i++) {
+      double err = Double.isNaN(got[i]) ? Double.POSITIVE_INFINITY : Math.abs(got[i] - ref[i]);
+      if (!(err <= tolerance[i])) {
+        if (bad < 5) {
+          System.out.printf(Locale.ROOT, "  mismatch %s[%d]: got %.6g, reference %.6g, tolerance %.3g%n", name, i,
+              got[i], ref[i], tolerance[i]);
+        }
+        bad++;
+      }
+      maxErr = Math.max(maxErr, err);
+    }
+    return new Errors(bad, maxErr);
   }
 
   /**

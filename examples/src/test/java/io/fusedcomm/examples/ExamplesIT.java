@@ -85,6 +85,15 @@ class ExamplesIT {
   }
 
   @Test
+  void tensorParallelMlpInference() throws Exception {
+    // Decode steps M = 1, 3, 8, 17, 64 with gemmAllReduce; every rank's Y checked and compared.
+    String out = run("02_tensor_parallel_mlp", "2", "64", "64", "256", "bf16", "fresh", "infer");
+    assertTrue(Pattern.compile("(?m)^02_tensor_parallel_mlp: check passed for inference \\(world=2, H=64, F=256,"
+        + " dtype=bf16, backend=host, decode M=1,3,8,17,64, same bits on every rank, max_abs_err Y=\\S+\\)$")
+        .matcher(out).find(), "no success line");
+  }
+
+  @Test
   void unknownExampleIsRefused() throws Exception {
     Result r = exec(List.of("bash", "examples/run.sh", "03_nope"), 30);
     assertEquals(2, r.exitCode, r.output);

@@ -10,6 +10,8 @@ import io.fusedcomm.api.Backend;
 import io.fusedcomm.api.Bf16;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.Split;
+import io.fusedcomm.examples.TensorParallelMlpExample.DecodeShard;
+import io.fusedcomm.examples.TensorParallelMlpExample.DecodeStep;
 import io.fusedcomm.examples.TensorParallelMlpExample.Problem;
 import io.fusedcomm.examples.TensorParallelMlpExample.Reference;
 import io.fusedcomm.examples.TensorParallelMlpExample.Shard;
@@ -314,5 +316,52 @@ class TensorParallelMlpReferenceTest {
 
   private static float round(Problem p, float v) {
     return p.dtype() == DType.BF16 ? Bf16.round(v) : v;
+  }
+
+  /**
+   * The inference mode's checker: every step's Y within its bound on every rank passes; one
+   * element one ulp off on one rank (still within its bound) fails, since every rank must get
+   * the same bits; a missing step fails.
+   */
+  @Test
+  void decodeCheckNeedsEveryStepAndTheSameBitsOnEveryRank() {
+    Problem p = new Problem(2, 64, 32, 64, DType.BF16, 3);
+    List<Integer> batches = TensorParallelMlpExample.decodeBatches(p.m());
+    assertEquals(List.of(1, 3, 8, 17, 64), batches);
+    assertEquals(List.of(1, 3, 8), TensorParallelMlpExample.decodeBatches(10));
+    List<DecodeShard> shards = new ArrayList<>();
+    for (int r = 0; r < p.world(); r++) {
+      List<DecodeStep> steps = new ArrayList<>();
+      for (int s = 0; s < batches.size(); s++) {
+        Reference ref = new Reference(p.decodeStep(s + 1, batches.get(s)));
+        float[] y = new float[ref.y.length];
+        for (int i = 0; i < y.length; i++) {
+          y[i] = (float) ref.y[i];
+        }
+        steps.add(new DecodeStep(batches.get(s), y, 0, 0, 0, "path"));
+      }
+      shards.add(new DecodeShard(r, "host", "here", steps));
+    }
+    assertTrue(TensorParallelMlpExample.checkDecode(p, batches, shards));
+    float[] y = shards.get(1).steps().get(4).y();
+    y[5] = Math.nextUp(y[5]);
+    assertFalse(TensorParallelMlpExample.checkDecode(p, batches, shards));
+    y[5] = Math.nextDown(y[5]);
+    assertTrue(TensorParallelMlpExample.checkDecode(p, batches, shards));
+    shards.get(0).steps().remove(4);
+    assertFalse(TensorParallelMlpExample.checkDecode(p, batches, shards));
+  }
+
+  @Test
+  void decodeStepsShareTheWeightsNotTheInputs() {
+    Problem p = new Problem(2, 64, 32, 64, DType.BF16, 3);
+    Problem s1 = p.decodeStep(1, 8);
+    Problem s2 = p.decodeStep(2, 8);
+    assertTrue(Arrays.equals(p.w1(), s1.w1()) && Arrays.equals(p.w2(), s2.w2()));
+    assertFalse(Arrays.equals(s1.x(), s2.x()));
+    assertEquals(8 * 32, s1.x().length);
+    assertThrows(IllegalArgumentException.class, () -> TensorParallelMlpExample.parseMode("decode"));
+    assertTrue(TensorParallelMlpExample.parseMode("infer"));
+    assertFalse(TensorParallelMlpExample.parseMode("train"));
   }
 }
