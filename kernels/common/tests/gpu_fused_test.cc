@@ -737,7 +737,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {24, 1024, 8192, KN, A, 0, true},
         // The one-shot kernel (kOneShot, forced): decode-sized M (tile heights 16, 32, 64; split
         // K where the tiles are few, K_r not a multiple of 64) up to M = 8192, both layouts,
-        // each partial precision; then kAuto at decode sizes (one-shot at W = 2).
+        // each partial precision; then kAuto at decode sizes (one-shot at W = 2 up to M = 64).
         {1, 4096, 1024, NK, O, 0},
         {1, 1032, 2048, KN, O, 16, true},
         {3, 1032, 2048, KN, O, 64, true},

@@ -325,8 +325,8 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
       __syncthreads();
       push = s_last != 0;
     }
-    if (push && !failed) {
-      if (!started) {
+    if (push) {
+      if (!started && !failed) {
         if (tid == 0) {
           int ok = 1;
           for (int i = 1; i < W && ok; ++i) {
@@ -339,7 +339,10 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
         started = true;
         failed = s_started == 0;
       }
-      if (!failed) {
+      // After a failed start wait (recorded) the tile still goes to this rank's own slot, with
+      // its flag: no CTA of this rank then waits for its own tiles until the timeout, and the
+      // record keeps naming the peer that never arrived.
+      {
         for (int g = tid; g < groups; g += kArThreads) {
           const int row = g / kGroups, c8 = g % kGroups;
           float v[8];
@@ -364,13 +367,13 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
           if (bf16) {
             const uint4 w4 = make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]),
                                         ar_pack_bf16(v[4], v[5]), ar_pack_bf16(v[6], v[7]));
-            for (int i = 0; i < W; ++i) {
+            for (int i = failed ? W - 1 : 0; i < W; ++i) {
               const int q = (r + 1 + i) % W;  // peers first, own slot last
               *reinterpret_cast<uint4*>(d.base[q] + d.data_offset + at) = w4;
             }
           } else {
             const float4 x = make_float4(v[0], v[1], v[2], v[3]), y = make_float4(v[4], v[5], v[6], v[7]);
-            for (int i = 0; i < W; ++i) {
+            for (int i = failed ? W - 1 : 0; i < W; ++i) {
               const int q = (r + 1 + i) % W;
               float4* dst = reinterpret_cast<float4*>(d.base[q] + d.data_offset + at);
               dst[0] = x;
@@ -381,7 +384,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
         __syncthreads();  // every thread's stores before thread 0's fence (publish)
         if (tid == 0) {
           __threadfence_system();
-          for (int i = 0; i < W; ++i) {
+          for (int i = failed ? W - 1 : 0; i < W; ++i) {
             const int q = (r + 1 + i) % W;
             st_release_sys(&fused_flags(d, q)->rs_tile[t * W + r], epoch);
           }

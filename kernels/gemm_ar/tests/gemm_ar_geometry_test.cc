@@ -57,7 +57,7 @@ void test_ar() {
           "gemmAllReduce kAuto W=2 8192x8192 with a 64 MiB data area: decomposed" + kr);
     // The one-shot kernel: decode sizes at W = 2 (M <= kArOneShotMaxM), either partials, odd M
     // included; not above the bar, not at unmeasured worlds, not where its slots do not fit.
-    for (int M : {1, 3, 8, 64, 127, 128, 256}) {
+    for (int M : {1, 3, 8, 33, 64}) {
       const std::string m = " M=" + std::to_string(M) + kr;
       check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kOneShot, "gemmAllReduce kAuto W=2 one-shot" + m);
       check(algo(2, M, 4096, K_r, true, big) == k::FusedAlgo::kOneShot,
@@ -65,9 +65,11 @@ void test_ar() {
       check(algo(4, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=4: decomposed" + m);
       check(algo(1, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=1: the GEMM" + m);
     }
-    check(k::kArOneShotMaxM == 256, "the one-shot bar this test assumes");
-    check(algo(2, 258, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=2 M=258 (above the one-shot bar): decomposed" + kr);
+    check(k::kArOneShotMaxM == 64, "the one-shot bar this test assumes");
+    for (int M : {65, 127, 128, 256}) {
+      check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
+            "gemmAllReduce kAuto W=2 M=" + std::to_string(M) + " (above the one-shot bar): decomposed" + kr);
+    }
     // M = 64, N = 8192: 64 tiles of 64 x 128 fp32 partials = 2 MiB per rank's slot.
     check(algo(2, 64, 8192, K_r, false, 4ull << 20) == k::FusedAlgo::kDecomposed,
           "gemmAllReduce kAuto W=2 M=64 with a 4 MiB data area (the slots need 4 MiB + the split "
@@ -118,7 +120,10 @@ void test_one_shot_geometry() {
   // 128 tiles x 64 x 128 bf16 = 2 MiB per slot; 256 / 128 = 2 splits at most.
   check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == 2 * 128 * 64 * 128 * 4,
         "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, fp32 split partials for 2 splits");
-  // kAuto sizes the larger of every path it may take (the one-shot one included at M <= 256).
+  // kAuto sizes the larger of every path it may take (the one-shot one included at M <= 64).
+  a.M = 64;
+  a.algo = k::FusedAlgo::kOneShot;
+  ws = k::gemm_all_reduce_workspace(a, 2);
   a.algo = k::FusedAlgo::kAuto;
   const k::FusedWorkspace any = k::gemm_all_reduce_workspace(a, 2);
   check(any.data_bytes >= ws.data_bytes && any.scratch_bytes >= ws.scratch_bytes,
