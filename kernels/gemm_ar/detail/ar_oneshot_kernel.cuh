@@ -398,8 +398,11 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
   const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
   for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     if (tid == 0) {
+      // The peers' flags first (from r + 1 on), this rank's own last: its own tiles come only
+      // after its start waits, so a peer that never arrives is what a timeout here names.
       int ok = 1;
-      for (int src = 0; src < W && ok; ++src) {
+      for (int i = 1; i <= W && ok; ++i) {
+        const int src = (r + i) % W;
         ok = ar_wait(d, &fused_flags(d, r)->rs_tile[t * W + src], epoch, kFusedStepTile, src);
       }
       s_ready = ok;
