@@ -396,11 +396,20 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
 
   // ---- sums --------------------------------------------------------------------------------
   const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
+  bool arrivals_seen = false;  // thread 0's: every peer's arrive flag acquired
   for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     if (tid == 0) {
-      // The peers' flags first (from r + 1 on), this rank's own last: its own tiles come only
-      // after its start waits, so a peer that never arrives is what a timeout here names.
+      // Every peer's arrival first (once per CTA), then the peers' tile flags (from r + 1 on),
+      // this rank's own last. A live peer pushes its tiles only after its own start wait, which
+      // a dead rank holds up for the whole timeout; waiting for a live peer's tiles would then
+      // race that timeout and could blame the live peer. Waiting for the arrivals first makes a
+      // timeout here name the rank that never arrived.
       int ok = 1;
+      for (int i = 1; i < W && ok && !arrivals_seen; ++i) {
+        const int q = (r + i) % W;
+        ok = ar_wait(d, &comm_flags(d, r)->arrive[q], epoch, kCommStepArrive, q);
+      }
+      arrivals_seen = true;
       for (int i = 1; i <= W && ok; ++i) {
         const int src = (r + i) % W;
         ok = ar_wait(d, &fused_flags(d, r)->rs_tile[t * W + src], epoch, kFusedStepTile, src);
