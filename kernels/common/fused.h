@@ -145,6 +145,9 @@ inline const char* fused_op_name(uint32_t op) {
   switch (op) {
     case kFusedOpAllGatherGemm: return "allGatherGemm";
     case kFusedOpGemmReduceScatter: return "gemmReduceScatter";
+    case 18: return "moeDispatchGemm (counts)";  // kernels/moe/moe.h kMoeOp*
+    case 19: return "moeDispatchGemm (rows)";
+    case 20: return "moeCombine";
     default: return comm_op_name(op);
   }
 }
@@ -152,6 +155,7 @@ inline const char* fused_step_name(uint32_t step) {
   switch (step) {
     case kFusedStepChunk: return "chunk (gathered rows of A)";
     case kFusedStepPartial: return "partial (a peer's partial product)";
+    case 18: return "counts (a peer's per-expert counts)";  // kernels/moe/moe.h kMoeStepCounts
     default: return comm_step_name(step);
   }
 }
