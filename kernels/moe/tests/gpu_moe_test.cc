@@ -37,7 +37,9 @@
 #include <string>
 #include <vector>
 
+#include "fusedcomm/comm/cuda_comm.h"
 #include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "kernels/collectives/collectives.h"
@@ -275,14 +277,43 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     }
   }
 
-  // Checks this rank's dispatch outputs against the contract; returns the row count.
+  // What a dispatch gave this rank, on the host.
+  struct Got {
+    std::vector<int64_t> offsets;
+    std::vector<int32_t> src_rank, src_token, src_slot;
+    std::vector<float> weight;
+    std::vector<__nv_bfloat16> routed, out;
+  };
+
+  // Checks this rank's dispatch outputs (kernel launch: on the device) against the contract;
+  // returns the row count.
   int64_t check_dispatch(Run& R, const std::string& what) {
     const Case& c = R.c;
+    const int64_t El = split_count(c.E, W, r);
+    const k::MoeStatus st = status(R);
+    check(st.code == k::kMoeOk, what + ": status ok (got " + std::to_string(st.code) + ")");
+    std::vector<int32_t> counts(static_cast<size_t>(W) * c.E, 0);
+    for (int s = 0; s < W; ++s)
+      for (int32_t id : (s == r ? R.in : make_inputs(c, R.key, s)).ids) ++counts[s * c.E + id];
+    check(download<int32_t>(R.counts.p, counts.size()) == counts, what + ": count matrix");
+    Got g;
+    g.offsets = download<int64_t>(R.offsets.p, El + 1);
+    const int64_t n = std::min(g.offsets.back(), R.capacity);
+    g.src_rank = download<int32_t>(R.src_rank.p, n);
+    g.src_token = download<int32_t>(R.src_token.p, n);
+    g.src_slot = download<int32_t>(R.src_slot.p, n);
+    g.weight = download<float>(R.wts.p, n);
+    g.routed = download<__nv_bfloat16>(R.routed.p, n * c.H);
+    g.out = download<__nv_bfloat16>(R.out.p, n * c.F);
+    return check_rows(c, R.key, R.in, g, what);
+  }
+
+  // The contract's rows at this rank against `g`.
+  int64_t check_rows(const Case& c, uint64_t key, const Inputs& mine, const Got& g, const std::string& what) {
     const int E = c.E;
     const int64_t El = split_count(E, W, r), first = split_offset(E, W, r);
     std::vector<Inputs> ins;
-    for (int s = 0; s < W; ++s) ins.push_back(s == r ? R.in : make_inputs(c, R.key, s));
-    // The contract's rows at this rank.
+    for (int s = 0; s < W; ++s) ins.push_back(s == r ? mine : make_inputs(c, key, s));
     struct Row {
       int s;
       int64_t t;
@@ -300,29 +331,20 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     }
     offsets[El] = static_cast<int64_t>(rows.size());
     const int64_t n = offsets[El];
-    const k::MoeStatus st = status(R);
-    check(st.code == k::kMoeOk, what + ": status ok (got " + std::to_string(st.code) + ")");
-    const auto got_off = download<int64_t>(R.offsets.p, El + 1);
-    check(got_off == offsets, what + ": expert offsets");
-    std::vector<int32_t> counts(static_cast<size_t>(W) * E, 0);
-    for (int s = 0; s < W; ++s)
-      for (int32_t id : ins[s].ids) ++counts[s * E + id];
-    check(download<int32_t>(R.counts.p, counts.size()) == counts, what + ": count matrix");
-    if (got_off != offsets || n > R.capacity) return n;
-    const auto sr = download<int32_t>(R.src_rank.p, n), stok = download<int32_t>(R.src_token.p, n),
-               ss = download<int32_t>(R.src_slot.p, n);
-    const auto wt = download<float>(R.wts.p, n);
-    const auto rx = download<__nv_bfloat16>(R.routed.p, n * c.H);
-    const auto out = download<__nv_bfloat16>(R.out.p, n * c.F);
-    const auto w1 = make_w1(c, R.key, W, r);
+    check(g.offsets == offsets, what + ": expert offsets");
+    if (g.offsets != offsets || static_cast<int64_t>(g.src_rank.size()) < n) return n;
+    const auto w1 = make_w1(c, key, W, r);
     int64_t bad_meta = 0, bad_rows = 0, bad_out = 0;
     double worst = 0;
     for (int64_t i = 0; i < n; ++i) {
       const Row& w = rows[i];
       const int64_t pair = w.t * c.topk + w.slot;
-      if (sr[i] != w.s || stok[i] != w.t || ss[i] != w.slot || wt[i] != ins[w.s].weights[pair]) ++bad_meta;
+      if (g.src_rank[i] != w.s || g.src_token[i] != w.t || g.src_slot[i] != w.slot ||
+          g.weight[i] != ins[w.s].weights[pair]) {
+        ++bad_meta;
+      }
       for (int h = 0; h < c.H; ++h)
-        if (bits(rx[i * c.H + h]) != bits(ins[w.s].x[w.t * c.H + h])) {
+        if (bits(g.routed[i * c.H + h]) != bits(ins[w.s].x[w.t * c.H + h])) {
           ++bad_rows;
           break;
         }
@@ -335,8 +357,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
           ref += p;
           mag += std::fabs(p);
         }
-        const double g = bf(out[i * c.F + col]);
-        const double err = std::fabs(g - ref), bound = 8e-3 * std::fabs(ref) + 2e-5 * mag + 1e-6;
+        const double got = bf(g.out[i * c.F + col]);
+        const double err = std::fabs(got - ref), bound = 8e-3 * std::fabs(ref) + 2e-5 * mag + 1e-6;
         if (!(err <= bound)) ++bad_out;
         if (bound > 0) worst = std::max(worst, std::isnan(err) ? 1e9 : err / bound);
       }
@@ -348,21 +370,27 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     return n;
   }
 
+  // The combine's expected sums at this rank, bit for bit.
+  int64_t combine_mismatches(const Case& c, const Inputs& mine, int width, const std::vector<__nv_bfloat16>& got) {
+    const int64_t T = c.tokens[r];
+    int64_t bad = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int col = 0; col < width; ++col) {
+        volatile float acc = 0.f;
+        for (int q = 0; q < c.topk; ++q) {
+          volatile float p = mine.weights[t * c.topk + q] * bf(combine_value(r, t, q, col));
+          acc = acc + p;
+        }
+        if (bits(got[t * width + col]) != bits(__float2bfloat16_rn(acc))) ++bad;
+      }
+    return bad;
+  }
+
   void check_combine(Run& R, const std::string& what) {
     const k::MoeStatus st = status(R);
     check(st.code == k::kMoeOk, what + ": combine status ok (got " + std::to_string(st.code) + ")");
-    const int64_t T = R.c.tokens[r];
-    const auto got = download<__nv_bfloat16>(R.combined.p, T * R.width);
-    int64_t bad = 0;
-    for (int64_t t = 0; t < T; ++t)
-      for (int col = 0; col < R.width; ++col) {
-        volatile float acc = 0.f;
-        for (int q = 0; q < R.c.topk; ++q) {
-          volatile float p = R.in.weights[t * R.c.topk + q] * bf(combine_value(r, t, q, col));
-          acc = acc + p;
-        }
-        if (bits(got[t * R.width + col]) != bits(__float2bfloat16_rn(acc))) ++bad;
-      }
+    const auto got = download<__nv_bfloat16>(R.combined.p, R.c.tokens[r] * R.width);
+    const int64_t bad = combine_mismatches(R.c, R.in, R.width, got);
     check(bad == 0, what + ": combine bit-exact (" + std::to_string(bad) + " elements differ)");
   }
 
@@ -456,7 +484,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       sm->raise_if_failed();
       write_expert_out(*R, download<int64_t>(R->offsets.p, split_count(R->c.E, W, r) + 1).back());
     }
-    const int n = fusedcomm::testing::shared_gpu_scale(500);
+    const int n = 250;  // x 4 ops
     for (int i = 0; i < n; ++i) {
       for (Run* R : {A.get(), B.get()}) {
         CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
@@ -536,6 +564,92 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   }
 };
 
+// The same ops through the runtime objects the C API drives (Runtime, CudaComm), bootstrapped
+// as the C API's callers do it: results as the host reads them (the layout copied when the op
+// returns, the outputs through MoeDeviceResult::copy), a bad id as Error(kInvalidArgument) on
+// every rank, and the next op after it.
+void runtime_path(Rank& R, int gpu) {
+  const int W = R.W, r = R.r;
+  fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(gpu, R.seed, 20000, 64 << 20,
+                                                                   fusedcomm::testing::g_shared_gpu));
+  auto dc = std::make_unique<fusedcomm::CudaComm>(rt, r, W);
+  {
+    const std::string ep = dc->endpoint();
+    const auto eps = R.g.all_gather(std::vector<uint8_t>(ep.begin(), ep.end()));
+    fusedcomm::Bootstrap b;
+    b.rank = r;
+    b.comm_id = 4242;
+    b.device_handles = R.g.all_gather(dc->device_handle());
+    const fusedcomm::rdma::auth::Share share = fusedcomm::rdma::auth::random_share();
+    for (const auto& sh : R.g.all_gather(std::vector<uint8_t>(share.begin(), share.end()))) {
+      std::memcpy(b.auth_shares.emplace_back().data(), sh.data(), share.size());
+    }
+    b.host_ids.assign(W, 0);
+    for (const auto& e : eps) b.endpoints.emplace_back(e.begin(), e.end());
+    dc->connect(b);
+  }
+  const Case c{R.tokens_of({300, 0, 77}), 256, 128, 2 * W + 1, 4, Routing::kUniform, k::GemmLayoutB::kNK};
+  const uint64_t key = mix(R.seed ^ 0x4C);
+  Inputs in = make_inputs(c, key, r);
+  DevBuf x = upload(in.x, R.stream), ids = upload(in.ids, R.stream), wts = upload(in.weights, R.stream),
+         w1 = upload(make_w1(c, key, W, r), R.stream);
+  const fusedcomm::OpDesc desc{"moeDispatchGemm (test)", 0};
+  auto dispatch = [&] {
+    return dc->moe_dispatch_gemm(desc, fusedcomm::DType::kBF16, x.p, c.tokens[r], c.H, ids.as<int32_t>(),
+                                 wts.as<float>(), c.topk, c.E, w1.p, c.F);
+  };
+  const std::string what = "CudaComm " + c.name();
+  for (int round = 0; round < 2; ++round) {
+    auto res = dispatch();
+    const fusedcomm::host::MoeLayout& l = res->layout;
+    Rank::Got g;
+    g.offsets = l.expert_offsets;
+    g.src_rank = l.src_rank;
+    g.src_token = l.src_token;
+    g.src_slot = l.src_slot;
+    g.weight = l.weight;
+    const int64_t rows = l.rows();
+    g.routed.resize(static_cast<size_t>(rows * c.H));
+    g.out.resize(static_cast<size_t>(rows * c.F));
+    check(res->device != nullptr, what + ": the result stays on the GPU");
+    res->device->copy(g.out.data(), g.routed.data());
+    R.check_rows(c, key, in, g, what + (round ? " (after a failed op)" : ""));
+    // Combine: rows that carry their identity, home.
+    const int width = 40;
+    std::vector<__nv_bfloat16> eo(static_cast<size_t>(rows * width));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int col = 0; col < width; ++col)
+        eo[i * width + col] = combine_value(l.src_rank[i], l.src_token[i], l.src_slot[i], col);
+    DevBuf eod = upload(eo, R.stream), outd(static_cast<size_t>(c.tokens[r] * width * 2));
+    dc->moe_combine({"moeCombine (test)", 0}, fusedcomm::DType::kBF16, *res, eod.p, width, outd.p);
+    const int64_t bad = R.combine_mismatches(c, in, width, download<__nv_bfloat16>(outd.p, c.tokens[r] * width));
+    check(bad == 0, what + ": combine bit-exact (" + std::to_string(bad) + " elements differ)");
+    if (round == 0) {
+      // A bad id on the last rank: every rank throws, naming it.
+      std::vector<int32_t> bad_ids = in.ids;
+      int bad_rank = 0;
+      for (int q = 0; q < W; ++q)
+        if (c.tokens[q] > 0) bad_rank = q;
+      if (r == bad_rank) bad_ids[1] = c.E + 5;
+      DevBuf saved = std::move(ids);
+      ids = upload(bad_ids, R.stream);
+      std::string msg;
+      bool invalid = false;
+      try {
+        dispatch();
+      } catch (const Error& e) {
+        msg = e.what();
+        invalid = e.kind() == ErrorKind::kInvalidArgument;
+      }
+      if (r == 0) std::printf("  bad id through CudaComm: %s\n", msg.c_str());
+      check(invalid && msg.find("expert id " + std::to_string(c.E + 5)) != std::string::npos,
+            what + ": a bad id is Error(kInvalidArgument) naming it on every rank (got '" + msg + "')");
+      ids = std::move(saved);
+    }
+  }
+  dc->close();
+}
+
 int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   CUDA_OK(cudaSetDevice(gpus[g.rank]));
   Rank R(g, seed);
@@ -566,6 +680,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     lap("back-to-back");
     R.graph();
     lap("graph replay");
+    runtime_path(R, gpus[g.rank]);
+    lap("through CudaComm");
     if (g.world > 1) {
       R.dead_rank();
       lap("dead rank");
