@@ -48,7 +48,8 @@ template <int BN, bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                         const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob,
-                        const __grid_constant__ GroupedEpilogue epi, const __grid_constant__ GroupedSchedule sched) {
+                        const __grid_constant__ GroupedEpilogue epi,
+                        const __grid_constant__ GroupedSchedule sched) {
   gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, sched);
 }
 
@@ -58,7 +59,8 @@ cudaError_t launch_engine(const GemmPlan& p, const GroupedEpilogue& epi, const G
   auto kernel = grouped_gemm_kernel<BN, kBKN>;
   constexpr size_t smem = GemmTileConfig<BN, GroupedEpilogue::kStagingRounds>::kSmemBytes;
   static std::atomic<uint64_t> opted_in{0};
-  if (cudaError_t e = gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted_in); e != cudaSuccess) {
+  if (cudaError_t e = gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted_in);
+      e != cudaSuccess) {
     return e;
   }
   kernel<<<p.grid, kGemmThreads, smem, stream>>>(p.ta, p.tb, p.tc, p.prob, epi, sched);
@@ -82,10 +84,12 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   }
   if (a.groups == 0 || a.rows_capacity == 0) return cudaSuccess;  // nothing to compute
   if (a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
-  if (a.A == nullptr || a.B == nullptr || a.C == nullptr || a.offsets == nullptr) return cudaErrorInvalidValue;
+  if (a.A == nullptr || a.B == nullptr || a.C == nullptr || a.offsets == nullptr)
+    return cudaErrorInvalidValue;
   if (!aligned16(a.A) || !aligned16(a.B) || !aligned16(a.C)) return cudaErrorInvalidValue;
   const size_t need = grouped_gemm_workspace_bytes(a.rows_capacity, a.groups);
-  if (a.workspace == nullptr || a.workspace_bytes < need || (reinterpret_cast<uintptr_t>(a.workspace) & 255)) {
+  if (a.workspace == nullptr || a.workspace_bytes < need ||
+      (reinterpret_cast<uintptr_t>(a.workspace) & 255)) {
     return cudaErrorInvalidValue;
   }
   const bool kn = a.b_layout == GemmLayoutB::kKN;
@@ -118,7 +122,8 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   if (cudaError_t e = gemm_plan(g, &plan); e != cudaSuccess) return e;
   if (!encode_a_map(&plan.ta, a.A, static_cast<int>(a.rows_capacity), a.K, a.K)) return cudaErrorInvalidValue;
   const int64_t b_rows = static_cast<int64_t>(a.groups) * (kn ? a.K : a.N);
-  if (!encode_b_map(&plan.tb, a.B, b_rows, kn ? a.N : a.K, g.ldb, kn, plan.tile_n)) return cudaErrorInvalidValue;
+  if (!encode_b_map(&plan.tb, a.B, b_rows, kn ? a.N : a.K, g.ldb, kn, plan.tile_n))
+    return cudaErrorInvalidValue;
   plan.prob.c_tma = 0;  // the epilogue stores each row of a tile's group only
 
   GroupedEpilogue epi;
@@ -134,9 +139,11 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   grouped_table_kernel<<<1, kTableThreads, 0, stream>>>(a.offsets, a.groups, header, table);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (plan.tile_n == 256) {
-    return kn ? launch_engine<256, true>(plan, epi, sched, stream) : launch_engine<256, false>(plan, epi, sched, stream);
+    return kn ? launch_engine<256, true>(plan, epi, sched, stream)
+              : launch_engine<256, false>(plan, epi, sched, stream);
   }
-  return kn ? launch_engine<128, true>(plan, epi, sched, stream) : launch_engine<128, false>(plan, epi, sched, stream);
+  return kn ? launch_engine<128, true>(plan, epi, sched, stream)
+            : launch_engine<128, false>(plan, epi, sched, stream);
 }
 
 }  // namespace fusedcomm::kernels

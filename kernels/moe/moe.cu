@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(32)
     }
     __syncwarp();
   }
-  for (int e = lane; e < num_experts; e += 32) chunk_counts[blockIdx.x * static_cast<int64_t>(num_experts) + e] = hist[e];
+  for (int e = lane; e < num_experts; e += 32)
+    chunk_counts[blockIdx.x * static_cast<int64_t>(num_experts) + e] = hist[e];
 }
 
 struct CountsParams {
@@ -141,7 +142,8 @@ __global__ void __launch_bounds__(kCountsThreads) moe_counts_kernel(const __grid
   if (tid == 0) comm_publish_signature(d, epoch);
   comm_publish_fence();
   if (tid == 0) {
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->ready[r][0]; }, epoch);
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->ready[r][0]; }, epoch);
   }
   const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][0], kCommMaxOneShotCtas, epoch,
                                   static_cast<CommOp>(kMoeOpCounts), kMoeStepCounts, true);
@@ -198,7 +200,7 @@ struct alignas(16) RowMeta {
 
 struct RowsParams {
   CommDevice dev;
-  const uint4* x;  // tokens × hidden bf16, as 16-byte vectors
+  const uint4* x;    // tokens × hidden bf16, as 16-byte vectors
   int64_t row_vecs;  // hidden / 8
   int64_t pairs;
   int topk;
@@ -225,7 +227,8 @@ __device__ __forceinline__ void moe_finish(const CommDevice& d, uint64_t epoch, 
     comm_publish_signature(d, epoch);
     __threadfence_system();
   }
-  comm_signal_peers(d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
+  comm_signal_peers(
+      d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
   bool ok = true;
   for (int i = 1; i < d.world && ok; ++i) {
     const int q = (d.rank + i) % d.world;
@@ -304,10 +307,11 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const __grid_c
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     comm_publish_signature(d, epoch);
     __threadfence_system();
-    comm_signal_peers(d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
   }
-  const bool ok = comm_wait_peers(d, comm_flags(d, d.rank)->arrive, 1, epoch, static_cast<CommOp>(kMoeOpCombine),
-                                  kCommStepArrive, true);
+  const bool ok = comm_wait_peers(d, comm_flags(d, d.rank)->arrive, 1, epoch,
+                                  static_cast<CommOp>(kMoeOpCombine), kCommStepArrive, true);
   // Every home rank's slots must fit its data area; every rank sees every T_s, so all agree.
   const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
   int worst = 0;
@@ -321,8 +325,9 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const __grid_c
   }
   const bool fits = most <= d.data_bytes;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    *p.status = fits ? MoeStatus{} : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
-                                                static_cast<int64_t>(d.data_bytes), 0};
+    *p.status = fits ? MoeStatus{}
+                     : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
+                                 static_cast<int64_t>(d.data_bytes), 0};
   }
   if (ok && fits) {
     const int64_t rows = *p.rows_at;
@@ -342,8 +347,8 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const __grid_c
 // Combine 2. out[t] = Σ_slot w[t, slot] · row(t, slot), 8 columns per thread, fp32 products and
 // sums rounded as written (no contraction into FMAs), rounded once to bf16.
 __global__ void __launch_bounds__(kRowThreads)
-    moe_weighted_sum_kernel(const uint8_t* area, int64_t tokens, int topk, int64_t row_vecs, const float* weights,
-                            uint4* out, const MoeStatus* status) {
+    moe_weighted_sum_kernel(const uint8_t* area, int64_t tokens, int topk, int64_t row_vecs,
+                            const float* weights, uint4* out, const MoeStatus* status) {
   if (reinterpret_cast<const volatile MoeStatus*>(status)->code != kMoeOk) return;
   const int64_t n = tokens * row_vecs;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -411,17 +416,18 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   if (W < 1 || W > kCommMaxRanks || E < 1 || E > kMoeMaxExperts || a.topk < 1 || a.topk > kMoeMaxTopk) {
     return cudaErrorInvalidValue;
   }
-  if (a.tokens < 0 || a.tokens * a.topk >= (1ll << 31) || a.hidden < 8 || a.hidden % 8 != 0 || a.capacity < 0 ||
-      a.capacity >= (1ll << 31)) {
+  if (a.tokens < 0 || a.tokens * a.topk >= (1ll << 31) || a.hidden < 8 || a.hidden % 8 != 0 ||
+      a.capacity < 0 || a.capacity >= (1ll << 31)) {
     return cudaErrorInvalidValue;
   }
-  if (a.tokens > 0 && (a.x == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr || !aligned16(a.x))) {
+  if (a.tokens > 0 &&
+      (a.x == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr || !aligned16(a.x))) {
     return cudaErrorInvalidValue;
   }
   const MoeDeviceLayout& L = a.layout;
   if (L.expert_offsets == nullptr || L.counts == nullptr || L.tokens == nullptr || L.status == nullptr ||
-      (a.capacity > 0 && (L.src_rank == nullptr || L.src_token == nullptr || L.src_slot == nullptr ||
-                          L.weight == nullptr))) {
+      (a.capacity > 0 &&
+       (L.src_rank == nullptr || L.src_token == nullptr || L.src_slot == nullptr || L.weight == nullptr))) {
     return cudaErrorInvalidValue;
   }
   const int local = static_cast<int>(split_count(E, W, r));
@@ -433,7 +439,8 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   if (static_cast<uint64_t>(E) * 4 + kSlotHeaderBytes > dev.slot_bytes) return cudaErrorInvalidValue;
   if (moe_dispatch_data_bytes(a.capacity, a.hidden) > dev.data_bytes) return cudaErrorInvalidValue;
   const DispatchWs ws = dispatch_ws(a.tokens, a.topk, E, local, a.capacity);
-  if (a.workspace == nullptr || a.workspace_bytes < ws.total || (reinterpret_cast<uintptr_t>(a.workspace) & 255)) {
+  if (a.workspace == nullptr || a.workspace_bytes < ws.total ||
+      (reinterpret_cast<uintptr_t>(a.workspace) & 255)) {
     return cudaErrorInvalidValue;
   }
   auto* base = static_cast<uint8_t*>(a.workspace);
@@ -455,7 +462,7 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   }
   if (chunks > 0) {
     moe_count_kernel<<<static_cast<unsigned>(chunks), 32, 0, stream>>>(a.topk_ids, pairs, chunk_pairs, E,
-                                                                      chunk_counts, pair_pos, bad_pair);
+                                                                       chunk_counts, pair_pos, bad_pair);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   CountsParams cp{};
@@ -494,8 +501,9 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
 
   const uint8_t* area = dev.base[r] + dev.data_offset;
   if (a.capacity > 0) {
-    moe_unpack_kernel<<<row_grid(a.capacity), kRowThreads, 0, stream>>>(
-        area, rp.meta_offset, a.hidden / 8, L.expert_offsets + local, L, reinterpret_cast<uint4*>(a.routed_x));
+    moe_unpack_kernel<<<row_grid(a.capacity), kRowThreads, 0, stream>>>(area, rp.meta_offset, a.hidden / 8,
+                                                                        L.expert_offsets + local, L,
+                                                                        reinterpret_cast<uint4*>(a.routed_x));
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   if (gemm && a.capacity > 0) {
@@ -526,15 +534,17 @@ cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& a, c
   if (a.width < 0 || a.width % 8 != 0 || a.tokens < 0 || a.capacity < 0) return cudaErrorInvalidValue;
   const MoeDeviceLayout& L = a.layout;
   if (L.expert_offsets == nullptr || L.tokens == nullptr || L.status == nullptr) return cudaErrorInvalidValue;
-  if (a.width > 0 && ((a.capacity > 0 && (a.expert_out == nullptr || !aligned16(a.expert_out))) ||
-                      (a.tokens > 0 && (a.out == nullptr || !aligned16(a.out) || a.topk_weights == nullptr)))) {
+  if (a.width > 0 &&
+      ((a.capacity > 0 && (a.expert_out == nullptr || !aligned16(a.expert_out))) ||
+       (a.tokens > 0 && (a.out == nullptr || !aligned16(a.out) || a.topk_weights == nullptr)))) {
     return cudaErrorInvalidValue;
   }
   const int local = static_cast<int>(split_count(E, W, r));
   CommDevice d = dev;
-  d.launch_sig = comm_launch_signature(kMoeOpCombine, static_cast<uint32_t>(CommDtype::kBF16), 0,
-                                       comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
-                                                     static_cast<uint64_t>(a.width), 0));
+  d.launch_sig =
+      comm_launch_signature(kMoeOpCombine, static_cast<uint32_t>(CommDtype::kBF16), 0,
+                            comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
+                                          static_cast<uint64_t>(a.width), 0));
   CombineParams cp{};
   cp.dev = d;
   cp.expert_out = reinterpret_cast<const uint4*>(a.expert_out);
@@ -552,8 +562,8 @@ cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& a, c
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int64_t n = a.tokens * (a.width / 8);
   if (n > 0) {
-    const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kRowThreads - 1) / kRowThreads,
-                                                                             8LL * sm_count())));
+    const int grid = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>((n + kRowThreads - 1) / kRowThreads, 8LL * sm_count())));
     moe_weighted_sum_kernel<<<grid, kRowThreads, 0, stream>>>(dev.base[r] + dev.data_offset, a.tokens, a.topk,
                                                               a.width / 8, a.topk_weights,
                                                               reinterpret_cast<uint4*>(a.out), L.status);

@@ -72,9 +72,9 @@ inline constexpr int kMoeMaxExperts = 1024;
 inline constexpr int kMoeMaxTopk = 64;
 
 // CommErrorRecord::op of the MoE launches (after fused.h's 16, 17) and ::step of their waits.
-inline constexpr uint32_t kMoeOpCounts = 18;   // dispatch: the count exchange
-inline constexpr uint32_t kMoeOpRows = 19;     // dispatch: the rows
-inline constexpr uint32_t kMoeOpCombine = 20;  // combine: the rows back home
+inline constexpr uint32_t kMoeOpCounts = 18;    // dispatch: the count exchange
+inline constexpr uint32_t kMoeOpRows = 19;      // dispatch: the rows
+inline constexpr uint32_t kMoeOpCombine = 20;   // combine: the rows back home
 inline constexpr uint32_t kMoeStepCounts = 18;  // a peer's counts never came
 // (the rows' and the combine's barriers use kCommStepArrive / kCommStepDone)
 
@@ -111,7 +111,7 @@ struct MoeDispatchArgs {
   const __nv_bfloat16* x = nullptr;  // tokens × hidden
   int64_t tokens = 0;
   int hidden = 0;
-  const int32_t* topk_ids = nullptr;   // tokens × topk, device
+  const int32_t* topk_ids = nullptr;    // tokens × topk, device
   const float* topk_weights = nullptr;  // tokens × topk, device
   int topk = 0;
   int num_experts = 0;
@@ -138,8 +138,8 @@ struct MoeCombineArgs {
   MoeDeviceLayout layout{};  // the dispatch's (read only)
   int num_experts = 0;
   int topk = 0;
-  int64_t capacity = 0;  // the dispatch's
-  int64_t tokens = 0;    // this rank's T
+  int64_t capacity = 0;                 // the dispatch's
+  int64_t tokens = 0;                   // this rank's T
   const float* topk_weights = nullptr;  // tokens × topk, this rank's (as passed to the dispatch)
   __nv_bfloat16* out = nullptr;         // tokens × width
 };

@@ -10,8 +10,8 @@
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
-#include "local_collectives.h"
 #include "kernels/moe/moe.h"
+#include "local_collectives.h"
 
 namespace fusedcomm {
 namespace {
@@ -420,8 +420,8 @@ void CudaComm::unavailable(const OpDesc& desc) const {
   fail(ErrorKind::kUnavailable,
        std::string(desc.description) +
            ": not available on the cuda backend yet (it runs allGather, reduceScatter, allReduce, allToAll, "
-           "allGatherGemm, gemmReduceScatter, gemmAllReduce, gemm, and moeDispatchGemm and moeCombine among the GPUs "
-           "of one host); use spark.fusedcomm.backend=host for this op");
+           "allGatherGemm, gemmReduceScatter, gemmAllReduce, gemm, and moeDispatchGemm and moeCombine among "
+           "the GPUs of one host); use spark.fusedcomm.backend=host for this op");
 }
 
 // ---- MoE (kernels/moe/moe.h) --------------------------------------------------------------------
@@ -454,8 +454,8 @@ class DeviceBuffer {
 // the combine reads, and a copy of this rank's routing weights (the combine's weights).
 class CudaMoeResult final : public MoeDeviceResult {
  public:
-  CudaMoeResult(const void* owner, int gpu, int world, int64_t experts, int64_t local, int64_t tokens, int topk,
-                int64_t capacity, int64_t hidden, int64_t ffn)
+  CudaMoeResult(const void* owner, int gpu, int world, int64_t experts, int64_t local, int64_t tokens,
+                int topk, int64_t capacity, int64_t hidden, int64_t ffn)
       : owner(owner),
         gpu(gpu),
         capacity(capacity),
@@ -474,15 +474,17 @@ class CudaMoeResult final : public MoeDeviceResult {
         topk_weights(static_cast<size_t>(tokens * topk) * 4) {}
 
   k::MoeDeviceLayout layout() const {
-    return {offsets.as<int64_t>(), src_rank.as<int32_t>(), src_token.as<int32_t>(), src_slot.as<int32_t>(),
-            weight.as<float>(),    counts.as<int32_t>(),   tokens.as<int32_t>(),    status.as<k::MoeStatus>()};
+    return {offsets.as<int64_t>(),  src_rank.as<int32_t>(),   src_token.as<int32_t>(),
+            src_slot.as<int32_t>(), weight.as<float>(),       counts.as<int32_t>(),
+            tokens.as<int32_t>(),   status.as<k::MoeStatus>()};
   }
 
   void copy(void* expert_out, void* routed_x) const override {
     pin_gpu(gpu);
     if (expert_out != nullptr && rows > 0) {
-      check_cuda(cudaMemcpy(expert_out, out.as<void>(), static_cast<size_t>(rows * ffn * 2), cudaMemcpyDefault),
-                 "copying the MoE expert outputs");
+      check_cuda(
+          cudaMemcpy(expert_out, out.as<void>(), static_cast<size_t>(rows * ffn * 2), cudaMemcpyDefault),
+          "copying the MoE expert outputs");
     }
     if (routed_x != nullptr && rows > 0) {
       check_cuda(
@@ -496,7 +498,8 @@ class CudaMoeResult final : public MoeDeviceResult {
   int64_t capacity, hidden, ffn;
   int64_t rows = 0;
   std::vector<int32_t> all_tokens;  // every rank's T (host copy)
-  DeviceBuffer routed, out, offsets, src_rank, src_token, src_slot, weight, counts, tokens, status, topk_weights;
+  DeviceBuffer routed, out, offsets, src_rank, src_token, src_slot, weight, counts, tokens, status,
+      topk_weights;
 };
 
 k::MoeStatus read_status(const k::MoeStatus* status) {
@@ -509,12 +512,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 }  // namespace
 
-std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDesc& desc, DType dtype,
-                                                                     const void* x, int64_t tokens, int64_t hidden,
-                                                                     const int32_t* topk_ids,
-                                                                     const float* topk_weights, int topk,
-                                                                     int64_t num_experts, const void* w1_local,
-                                                                     int64_t ffn) {
+std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
+    const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) {
   constexpr const char* kOp = "moeDispatchGemm";
   require_bf16(dtype, kOp);
   check_usable();
@@ -522,11 +522,12 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDes
   const int world = sm_->world(), rank = sm_->rank();
   FC_REQUIRE(num_experts >= 1 && num_experts <= k::kMoeMaxExperts && topk >= 1 && topk <= k::kMoeMaxTopk,
              std::string(kOp) + " on the GPU: 1 <= experts <= " + std::to_string(k::kMoeMaxExperts) +
-                 " and 1 <= topk <= " + std::to_string(k::kMoeMaxTopk) + " (got " + std::to_string(num_experts) +
-                 ", " + std::to_string(topk) + ")");
-  FC_REQUIRE(hidden >= 8 && ffn >= 8 && hidden % 8 == 0 && ffn % 8 == 0 && hidden < (1 << 30) && ffn < (1 << 30),
-             std::string(kOp) + " on the GPU: hidden and ffn multiples of 8, at least 8 (got " +
-                 std::to_string(hidden) + ", " + std::to_string(ffn) + ")");
+                 " and 1 <= topk <= " + std::to_string(k::kMoeMaxTopk) + " (got " +
+                 std::to_string(num_experts) + ", " + std::to_string(topk) + ")");
+  FC_REQUIRE(
+      hidden >= 8 && ffn >= 8 && hidden % 8 == 0 && ffn % 8 == 0 && hidden < (1 << 30) && ffn < (1 << 30),
+      std::string(kOp) + " on the GPU: hidden and ffn multiples of 8, at least 8 (got " +
+          std::to_string(hidden) + ", " + std::to_string(ffn) + ")");
   FC_REQUIRE(tokens >= 0 && tokens * topk < (1ll << 31),
              std::string(kOp) + ": tokens x topk must stay below 2^31");
   FC_REQUIRE(aligned16(x) && aligned16(w1_local),
@@ -536,12 +537,12 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDes
   const int64_t capacity =
       std::min<int64_t>(k::moe_capacity_for(sm_->data_bytes(), static_cast<int>(hidden)), (1ll << 31) - 1);
   auto result = std::make_unique<host::MoeDispatchResult>();
-  auto dev = std::make_shared<CudaMoeResult>(this, runtime_.gpu().ordinal, world, num_experts, local, tokens, topk,
-                                             capacity, hidden, ffn);
+  auto dev = std::make_shared<CudaMoeResult>(this, runtime_.gpu().ordinal, world, num_experts, local, tokens,
+                                             topk, capacity, hidden, ffn);
   cudaStream_t s = begin(nullptr);
   if (tokens > 0) {
-    check_cuda(cudaMemcpyAsync(dev->topk_weights.as<void>(), topk_weights, static_cast<size_t>(tokens * topk) * 4,
-                               cudaMemcpyDeviceToDevice, s),
+    check_cuda(cudaMemcpyAsync(dev->topk_weights.as<void>(), topk_weights,
+                               static_cast<size_t>(tokens * topk) * 4, cudaMemcpyDeviceToDevice, s),
                "copying the routing weights");
   }
   k::MoeDispatchArgs a;
@@ -567,9 +568,10 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDes
   const k::MoeStatus st = read_status(dev->status.as<k::MoeStatus>());
   if (st.code == k::kMoeBadExpert) {
     fail(ErrorKind::kInvalidArgument,
-         std::string(kOp) + ": " + (st.rank == rank ? std::string() : "rank " + std::to_string(st.rank) + ": ") +
-             "token " + std::to_string(st.a / topk) + " slot " + std::to_string(st.a % topk) +
-             " routes to expert id " + std::to_string(st.b) + ", outside [0, " + std::to_string(num_experts) + ")");
+         std::string(kOp) + ": " +
+             (st.rank == rank ? std::string() : "rank " + std::to_string(st.rank) + ": ") + "token " +
+             std::to_string(st.a / topk) + " slot " + std::to_string(st.a % topk) + " routes to expert id " +
+             std::to_string(st.b) + ", outside [0, " + std::to_string(num_experts) + ")");
   }
   if (st.code == k::kMoeOverflow) {
     fail(ErrorKind::kInvalidArgument,
@@ -592,8 +594,9 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDes
   l.tokens = tokens;
   l.sent_pairs.assign(world, {});
   l.expert_offsets.resize(local + 1);
-  check_cuda(cudaMemcpy(l.expert_offsets.data(), dev->offsets.as<void>(), (local + 1) * 8, cudaMemcpyDeviceToHost),
-             "reading the MoE layout");
+  check_cuda(
+      cudaMemcpy(l.expert_offsets.data(), dev->offsets.as<void>(), (local + 1) * 8, cudaMemcpyDeviceToHost),
+      "reading the MoE layout");
   const int64_t rows = l.expert_offsets.back();
   dev->rows = rows;
   l.src_rank.resize(rows);
@@ -606,7 +609,8 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDes
                                                   {l.src_slot.data(), dev->src_slot.as<void>()},
                                                   {l.weight.data(), dev->weight.as<void>()}};
   for (const auto& [to, from] : copies) {
-    if (rows > 0) check_cuda(cudaMemcpy(to, from, rows * 4, cudaMemcpyDeviceToHost), "reading the MoE layout");
+    if (rows > 0)
+      check_cuda(cudaMemcpy(to, from, rows * 4, cudaMemcpyDeviceToHost), "reading the MoE layout");
   }
   check_cuda(cudaMemcpy(dev->all_tokens.data(), dev->tokens.as<void>(), world * 4, cudaMemcpyDeviceToHost),
              "reading the MoE layout");
@@ -624,8 +628,9 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
   FC_REQUIRE(dev != nullptr && dev->owner == this,
              std::string(kOp) + ": the dispatch must come from this communicator's moeDispatchGemm");
   const host::MoeLayout& l = dispatch.layout;
-  FC_REQUIRE(width >= 0 && width % 8 == 0 && width < (1 << 30),
-             std::string(kOp) + " on the GPU: width must be a multiple of 8 (got " + std::to_string(width) + ")");
+  FC_REQUIRE(
+      width >= 0 && width % 8 == 0 && width < (1 << 30),
+      std::string(kOp) + " on the GPU: width must be a multiple of 8 (got " + std::to_string(width) + ")");
   FC_REQUIRE(aligned16(expert_out) && aligned16(out),
              std::string(kOp) + " on the GPU: expertOut and out must be 16-byte aligned device memory");
   // Every home rank's rows must fit its data area; every rank knows every T_s, so all agree.
@@ -646,7 +651,8 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
   check_fused_launch(k::launch_moe_combine(sm_->device(), a, s), kOp);
   end(s, true);
   const k::MoeStatus st = read_status(dev->status.as<k::MoeStatus>());
-  if (st.code != k::kMoeOk) fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
+  if (st.code != k::kMoeOk)
+    fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
 }
 
 void CudaComm::ring_attention(const OpDesc& desc, DType, const host::AttentionShape&, const void*,

@@ -86,7 +86,8 @@ std::unique_ptr<host::MoeDispatchResult> HostComm::moe_dispatch_gemm(
 
 void HostComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                            const void* expert_out, int64_t width, void* out) {
-  FC_REQUIRE(dispatch.device == nullptr, "moeCombine: the dispatch ran on the cuda backend, not on this host one");
+  FC_REQUIRE(dispatch.device == nullptr,
+             "moeCombine: the dispatch ran on the cuda backend, not on this host one");
   host::moe_combine(start(desc, nullptr), dtype, dispatch.layout, expert_out, width, out);
 }
 

@@ -44,7 +44,8 @@ struct GroupedSchedule {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& p, int t) const {
     return grouped_raster(t, blocks(), p.group_m, p.n_blocks);
   }
-  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc, int& row) const {
+  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
+                                                         int& row) const {
     row = table[tc.m].x;
     return tm_a;
   }
@@ -69,7 +70,8 @@ struct GroupedEpilogue {
 
   // row0 = block · 128 + the thread's row in the tile (finish_tile).
   template <int kFrag>
-  __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0, const GemmProblem& p) const {
+  __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
+                                        const GemmProblem& p) const {
     const int4 b = table[row0 / kTileM];
     const int row = b.x + row0 % kTileM;
     const bool lo_ok = row < b.y, hi_ok = row + 8 < b.y;
@@ -79,9 +81,11 @@ struct GroupedEpilogue {
     for (int j = 0; j < kFrag / 4; ++j) {
       const int col = col0 + 8 * j;
       if (col < p.N) {
-        if (lo_ok) *reinterpret_cast<__nv_bfloat162*>(lo + col) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+        if (lo_ok)
+          *reinterpret_cast<__nv_bfloat162*>(lo + col) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
         if (hi_ok) {
-          *reinterpret_cast<__nv_bfloat162*>(hi + col) = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+          *reinterpret_cast<__nv_bfloat162*>(hi + col) =
+              __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
         }
       }
     }

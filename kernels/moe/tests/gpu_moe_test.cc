@@ -90,8 +90,8 @@ struct Case {
     std::string t;
     for (size_t i = 0; i < tokens.size(); ++i) t += (i ? "," : "") + std::to_string(tokens[i]);
     char b[240];
-    std::snprintf(b, sizeof b, "W=%zu T=[%s] H=%d F=%d E=%d k=%d %s %s", tokens.size(), t.c_str(), H, F, E, topk,
-                  routing_name(routing), layout == k::GemmLayoutB::kNK ? "NK" : "KN");
+    std::snprintf(b, sizeof b, "W=%zu T=[%s] H=%d F=%d E=%d k=%d %s %s", tokens.size(), t.c_str(), H, F, E,
+                  topk, routing_name(routing), layout == k::GemmLayoutB::kNK ? "NK" : "KN");
     return b;
   }
 };
@@ -106,7 +106,8 @@ Inputs make_inputs(const Case& c, uint64_t key, int s) {
   Inputs in;
   const int64_t T = c.tokens[s];
   in.x.resize(static_cast<size_t>(T * c.H));
-  for (int64_t i = 0; i < T * c.H; ++i) in.x[i] = __float2bfloat16_rn(unit(mix(key ^ mix(0x100 + s) ^ mix(i))));
+  for (int64_t i = 0; i < T * c.H; ++i)
+    in.x[i] = __float2bfloat16_rn(unit(mix(key ^ mix(0x100 + s) ^ mix(i))));
   in.ids.resize(static_cast<size_t>(T * c.topk));
   in.weights.resize(in.ids.size());
   for (int64_t j = 0; j < T * c.topk; ++j) {
@@ -129,7 +130,8 @@ std::vector<__nv_bfloat16> make_w1(const Case& c, uint64_t key, int W, int p) {
       for (int kk = 0; kk < c.H; ++kk) {
         const __nv_bfloat16 v =
             __float2bfloat16_rn(unit(mix(key ^ mix(0x300 + first + i) ^ mix(int64_t(n) << 32 | kk))) * 0.25f);
-        const int64_t at = c.layout == k::GemmLayoutB::kNK ? (i * c.F + n) * c.H + kk : (i * c.H + kk) * c.F + n;
+        const int64_t at =
+            c.layout == k::GemmLayoutB::kNK ? (i * c.F + n) * c.H + kk : (i * c.H + kk) * c.F + n;
         w[at] = v;
       }
   return w;
@@ -186,8 +188,8 @@ struct Run {
   uint64_t key;
   int64_t capacity;
   Inputs in;
-  DevBuf x, ids, weights, w1, routed, out, offsets, src_rank, src_token, src_slot, wts, counts, tokens, status,
-      ws, expert_out, combined;
+  DevBuf x, ids, weights, w1, routed, out, offsets, src_rank, src_token, src_slot, wts, counts, tokens,
+      status, ws, expert_out, combined;
   k::MoeDispatchArgs d;
   k::MoeCombineArgs cb;
   int width;
@@ -235,9 +237,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     d.capacity = cap;
     d.routed_x = R.routed.as<__nv_bfloat16>();
     d.out = R.out.as<__nv_bfloat16>();
-    d.layout = {R.offsets.as<int64_t>(), R.src_rank.as<int32_t>(), R.src_token.as<int32_t>(),
-                R.src_slot.as<int32_t>(), R.wts.as<float>(), R.counts.as<int32_t>(), R.tokens.as<int32_t>(),
-                R.status.as<k::MoeStatus>()};
+    d.layout = {R.offsets.as<int64_t>(),  R.src_rank.as<int32_t>(),   R.src_token.as<int32_t>(),
+                R.src_slot.as<int32_t>(), R.wts.as<float>(),          R.counts.as<int32_t>(),
+                R.tokens.as<int32_t>(),   R.status.as<k::MoeStatus>()};
     d.workspace = R.ws.p;
     d.workspace_bytes = R.ws.bytes;
     R.width = 64;
@@ -352,7 +354,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       for (int col = 0; col < c.F; ++col) {
         double ref = 0, mag = 0;
         for (int h = 0; h < c.H; ++h) {
-          const int64_t at = c.layout == k::GemmLayoutB::kNK ? (le * c.F + col) * c.H + h : (le * c.H + h) * c.F + col;
+          const int64_t at =
+              c.layout == k::GemmLayoutB::kNK ? (le * c.F + col) * c.H + h : (le * c.H + h) * c.F + col;
           const double p = double(bf(ins[w.s].x[w.t * c.H + h])) * bf(w1[at]);
           ref += p;
           mag += std::fabs(p);
@@ -365,13 +368,14 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     }
     check(bad_meta == 0, what + ": row identities and weights (" + std::to_string(bad_meta) + " wrong)");
     check(bad_rows == 0, what + ": routed_x bit-exact (" + std::to_string(bad_rows) + " rows differ)");
-    check(bad_out == 0, what + ": out within the bound (" + std::to_string(bad_out) + " elements outside; worst " +
-                            std::to_string(worst) + " of the bound)");
+    check(bad_out == 0, what + ": out within the bound (" + std::to_string(bad_out) +
+                            " elements outside; worst " + std::to_string(worst) + " of the bound)");
     return n;
   }
 
   // The combine's expected sums at this rank, bit for bit.
-  int64_t combine_mismatches(const Case& c, const Inputs& mine, int width, const std::vector<__nv_bfloat16>& got) {
+  int64_t combine_mismatches(const Case& c, const Inputs& mine, int width,
+                             const std::vector<__nv_bfloat16>& got) {
     const int64_t T = c.tokens[r];
     int64_t bad = 0;
     for (int64_t t = 0; t < T; ++t)
@@ -553,8 +557,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       const std::optional<Error> e = fusedcomm::testing::raised(*sm);
       const k::CommErrorRecord rec = sm->error();
       if (r == 0) std::printf("  dead rank after %.2f s: %s\n", s, e ? e->what() : "(no error)");
-      check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpCounts && rec.step == k::kMoeStepCounts &&
-                rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
+      check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpCounts &&
+                rec.step == k::kMoeStepCounts && rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
             "dead rank: a clear timeout naming the count exchange and rank " + std::to_string(W - 1));
     }
     SymmetricConfig fresh;
@@ -571,7 +575,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 void runtime_path(Rank& R, int gpu) {
   const int W = R.W, r = R.r;
   fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(gpu, R.seed, 20000, 64 << 20,
-                                                                   fusedcomm::testing::g_shared_gpu));
+                                                                 fusedcomm::testing::g_shared_gpu));
   auto dc = std::make_unique<fusedcomm::CudaComm>(rt, r, W);
   {
     const std::string ep = dc->endpoint();
@@ -622,7 +626,8 @@ void runtime_path(Rank& R, int gpu) {
         eo[i * width + col] = combine_value(l.src_rank[i], l.src_token[i], l.src_slot[i], col);
     DevBuf eod = upload(eo, R.stream), outd(static_cast<size_t>(c.tokens[r] * width * 2));
     dc->moe_combine({"moeCombine (test)", 0}, fusedcomm::DType::kBF16, *res, eod.p, width, outd.p);
-    const int64_t bad = R.combine_mismatches(c, in, width, download<__nv_bfloat16>(outd.p, c.tokens[r] * width));
+    const int64_t bad =
+        R.combine_mismatches(c, in, width, download<__nv_bfloat16>(outd.p, c.tokens[r] * width));
     check(bad == 0, what + ": combine bit-exact (" + std::to_string(bad) + " elements differ)");
     if (round == 0) {
       // A bad id on the last rank: every rank throws, naming it.

@@ -70,7 +70,8 @@ void run(int W, int E, int topk, const std::vector<int64_t>& T, int mode, uint64
     for (int64_t j = 0; j < pairs; ++j) {
       const int e = ids[s][j];
       const int p = d::split_owner(E, W, e);
-      const int64_t row = d::moe_send_base(m.data(), totals.data(), W, E, s, e) + prefix[(j / cp) * E + e] + pos[j];
+      const int64_t row =
+          d::moe_send_base(m.data(), totals.data(), W, E, s, e) + prefix[(j / cp) * E + e] + pos[j];
       if (row < 0 || row >= static_cast<int64_t>(got[p].size()) || got[p][row] != -1) {
         placed = false;
         continue;
@@ -78,8 +79,9 @@ void run(int W, int E, int topk, const std::vector<int64_t>& T, int mode, uint64
       got[p][row] = int64_t(s) << 40 | j;
     }
   }
-  const std::string what = "W=" + std::to_string(W) + " E=" + std::to_string(E) + " k=" + std::to_string(topk) +
-                           " mode " + std::to_string(mode) + " seed " + std::to_string(seed);
+  const std::string what = "W=" + std::to_string(W) + " E=" + std::to_string(E) +
+                           " k=" + std::to_string(topk) + " mode " + std::to_string(mode) + " seed " +
+                           std::to_string(seed);
   check(placed, what + ": every pair on a row of its own");
   check(got == expect, what + ": rows in the contract's order");
   for (int p = 0; p < W; ++p) {
@@ -94,9 +96,11 @@ int main() {
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     for (int W : {1, 2, 3, 4, 8}) {
       std::vector<int64_t> T;
-      for (int s = 0; s < W; ++s) T.push_back(s % 3 == 2 ? 0 : 100 + 37 * s + static_cast<int64_t>(seed) * 11);
+      for (int s = 0; s < W; ++s)
+        T.push_back(s % 3 == 2 ? 0 : 100 + 37 * s + static_cast<int64_t>(seed) * 11);
       for (int E : {1, 3, W, 2 * W + 1, 64}) {
-        for (int mode : {0, 1, 2}) run(W, E, 1 + static_cast<int>(seed % 3) * 3, T, mode, seed * 977 + W * 31 + E);
+        for (int mode : {0, 1, 2})
+          run(W, E, 1 + static_cast<int>(seed % 3) * 3, T, mode, seed * 977 + W * 31 + E);
       }
     }
   }

@@ -41,8 +41,8 @@ class Runtime;
 // What connect() needs from the launcher's bootstrap exchange, one entry per rank.
 struct Bootstrap {
   int rank = 0;
-  uint64_t comm_id = 0;                              // the same on every rank of the communicator
-  std::vector<std::string> endpoints;                // [r]: rank r's endpoint()
+  uint64_t comm_id = 0;                // the same on every rank of the communicator
+  std::vector<std::string> endpoints;  // [r]: rank r's endpoint()
   // [r]: the random share rank r published in the bootstrap (rdma/auth.h): with the job token
   // and comm_id it makes the communicator's key, which authenticates its connections. Empty
   // only for a world of one.
