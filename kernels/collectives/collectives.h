@@ -172,7 +172,7 @@ inline constexpr uint32_t kCommLaunchMismatch = 3;
 // ---- launch signatures ----------------------------------------------------------------------
 // 64 bits: [63:56] epoch & 0xFF (which launch; set on the device), [55:53] zero, [52:50] the
 // resolved algorithm (CommAlgo, or FusedAlgo for the fused ops), [49:48] dtype (CommDtype),
-// [47:43] op (CommOp 1-4, fused.h's kFusedOp* 16-17), [42:0] size: the element count for the
+// [47:43] op (CommOp 1-4, fused.h's kFusedOp* 16-18, kernels/moe/moe.h's kMoeOp* 19-21), [42:0] size: the element count for the
 // collectives (counts are < 2^43 since they fit a data area), a hash of the rank-uniform sizes
 // for the fused ops. Two launches match iff their signatures are equal.
 inline constexpr int kSigSizeBits = 43;

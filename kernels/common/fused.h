@@ -159,6 +159,9 @@ inline const char* fused_op_name(uint32_t op) {
     case kFusedOpAllGatherGemm: return "allGatherGemm";
     case kFusedOpGemmReduceScatter: return "gemmReduceScatter";
     case kFusedOpGemmAllReduce: return "gemmAllReduce";
+    case 19: return "moeDispatchGemm (counts)";  // kernels/moe/moe.h kMoeOp*
+    case 20: return "moeDispatchGemm (rows)";
+    case 21: return "moeCombine";
     default: return comm_op_name(op);
   }
 }
@@ -167,6 +170,7 @@ inline const char* fused_step_name(uint32_t step) {
     case kFusedStepChunk: return "chunk (gathered rows of A)";
     case kFusedStepPartial: return "partial (a peer's partial product)";
     case kFusedStepTile: return "tile (a rank's partial tile)";
+    case 19: return "counts (a peer's per-expert counts)";  // kernels/moe/moe.h kMoeStepCounts
     default: return comm_step_name(step);
   }
 }

@@ -229,6 +229,13 @@ bool encode_a_map(CUtensorMap* map, const __nv_bfloat16* A, int rows, int K, int
   return encode_2d(map, A, static_cast<uint64_t>(rows), static_cast<uint64_t>(K), lda, kTileM, kTileK);
 }
 
+bool encode_b_map(CUtensorMap* map, const __nv_bfloat16* B, int64_t rows, int cols, int64_t ldb, bool kn,
+                  int tile_n) {
+  return kn ? encode_2d(map, B, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ldb, kTileK, 64)
+            : encode_2d(map, B, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ldb,
+                        static_cast<uint32_t>(tile_n), kTileK);
+}
+
 bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t ld, bool f32) {
   return encode_2d(map, base, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld, 64, f32 ? 32 : 64,
                    f32);

@@ -231,8 +231,13 @@ FC_API fc_status_t fc_gemm_all_reduce(fc_comm_t comm, const fc_op_desc_t* desc, 
 FC_API fc_status_t fc_comm_describe_fused(fc_comm_t comm, fc_op_t op, int64_t m, int64_t n, int64_t k,
                                           fc_partials_t partials, const char** out);
 
-/* ---- MoE (host backend) ---------------------------------------------------------------------- */
-/* x: tokens × hidden; topk_ids, topk_weights: tokens × topk; w1_local: E_r × ffn × hidden. */
+/* ---- MoE ------------------------------------------------------------------------------------- */
+/* x: tokens × hidden; topk_ids, topk_weights: tokens × topk; w1_local: E_r × ffn × hidden.
+ * Host backend: host memory. Cuda backend (the ranks of one host): device memory of the
+ * runtime's GPU, bf16, hidden and ffn multiples of 8, x and w1 16-byte aligned; routing runs on
+ * the GPU; the result keeps the outputs on the GPU and the layout below is copied to the host
+ * when the call returns; a rank receiving more rows than its symmetric data area holds fails on
+ * every rank (FC_STATUS_INVALID_ARGUMENT). Both: synchronous. */
 FC_API fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                         const void* x, int64_t tokens, int64_t hidden,
                                         const int32_t* topk_ids, const float* topk_weights, int32_t topk,
@@ -252,9 +257,11 @@ typedef struct {
   const float* weight;           /* per row */
 } fc_moe_layout_t;
 FC_API fc_status_t fc_moe_dispatch_layout(fc_moe_dispatch_t dispatch, fc_moe_layout_t* out);
-/* Copies the expert outputs (rows × ffn) and the routed tokens (rows × hidden); either NULL. */
+/* Copies the expert outputs (rows × ffn) and the routed tokens (rows × hidden); either NULL.
+ * Cuda backend: into host or device memory. */
 FC_API fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out, void* routed_x);
-/* expert_out: rows × width in the dispatch's row order; out: tokens × width. */
+/* expert_out: rows × width in the dispatch's row order; out: tokens × width (cuda backend: device
+ * memory, width a multiple of 8, 16-byte aligned; the dispatch from the same communicator). */
 FC_API fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                   fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width,
                                   void* out);

@@ -209,6 +209,10 @@ fc_status_t fc_moe_dispatch_layout(fc_moe_dispatch_t dispatch, fc_moe_layout_t* 
 fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out, void* routed_x) {
   return guarded([&] {
     const host::MoeDispatchResult& r = capi::dispatch_of(dispatch);
+    if (r.device != nullptr) {
+      r.device->copy(expert_out, routed_x);
+      return;
+    }
     if (expert_out != nullptr && !r.out.empty()) std::memcpy(expert_out, r.out.data(), r.out.size());
     if (routed_x != nullptr && !r.routed_x.empty())
       std::memcpy(routed_x, r.routed_x.data(), r.routed_x.size());
@@ -218,10 +222,11 @@ fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out, v
 fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                            fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width, void* out) {
   return guarded([&] {
-    const host::MoeLayout& l = capi::dispatch_of(dispatch).layout;
+    const host::MoeDispatchResult& d = capi::dispatch_of(dispatch);
+    const host::MoeLayout& l = d.layout;
     capi::require_size("moeCombine", "expertOut", dtype, {l.rows(), width});
     capi::require_size("moeCombine", "out", dtype, {l.tokens, width});
-    comm_of(comm).moe_combine(op_desc(desc), floating(dtype), l, expert_out, width, out);
+    comm_of(comm).moe_combine(op_desc(desc), floating(dtype), d, expert_out, width, out);
   });
 }
 

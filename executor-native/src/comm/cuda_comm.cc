@@ -10,6 +10,7 @@
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
+#include "kernels/moe/moe.h"
 #include "local_collectives.h"
 
 namespace fusedcomm {
@@ -419,19 +420,241 @@ void CudaComm::unavailable(const OpDesc& desc) const {
   fail(ErrorKind::kUnavailable,
        std::string(desc.description) +
            ": not available on the cuda backend yet (it runs allGather, reduceScatter, allReduce, allToAll, "
-           "allGatherGemm, gemmReduceScatter, gemmAllReduce and gemm); use spark.fusedcomm.backend=host for "
-           "this op");
+           "allGatherGemm, gemmReduceScatter, gemmAllReduce, gemm, and moeDispatchGemm and moeCombine among "
+           "the GPUs of one host); use spark.fusedcomm.backend=host for this op");
 }
 
-std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(const OpDesc& desc, DType, const void*,
-                                                                     int64_t, int64_t, const int32_t*,
-                                                                     const float*, int, int64_t, const void*,
-                                                                     int64_t) {
-  unavailable(desc);
+// ---- MoE (kernels/moe/moe.h) --------------------------------------------------------------------
+
+namespace {
+
+// Device memory of one MoE dispatch result (cudaMalloc'd; the result may outlive the op's stream).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) {
+    check_cuda(cudaMalloc(&p_, std::max<size_t>(bytes, 256)),
+               "cudaMalloc of a MoE result (" + std::to_string(bytes) + " bytes)");
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// What moeDispatchGemm leaves on the GPU: the outputs at the capacity's size, the device layout
+// the combine reads, and a copy of this rank's routing weights (the combine's weights).
+class CudaMoeResult final : public MoeDeviceResult {
+ public:
+  CudaMoeResult(const void* owner, int gpu, int world, int64_t experts, int64_t local, int64_t tokens,
+                int topk, int64_t capacity, int64_t hidden, int64_t ffn)
+      : owner(owner),
+        gpu(gpu),
+        capacity(capacity),
+        hidden(hidden),
+        ffn(ffn),
+        routed(static_cast<size_t>(capacity * hidden * 2)),
+        out(static_cast<size_t>(capacity * ffn * 2)),
+        offsets(static_cast<size_t>(local + 1) * 8),
+        src_rank(static_cast<size_t>(capacity) * 4),
+        src_token(static_cast<size_t>(capacity) * 4),
+        src_slot(static_cast<size_t>(capacity) * 4),
+        weight(static_cast<size_t>(capacity) * 4),
+        counts(static_cast<size_t>(world * experts) * 4),
+        tokens(static_cast<size_t>(world) * 4),
+        status(sizeof(k::MoeStatus)),
+        topk_weights(static_cast<size_t>(tokens * topk) * 4) {}
+
+  k::MoeDeviceLayout layout() const {
+    return {offsets.as<int64_t>(),  src_rank.as<int32_t>(),   src_token.as<int32_t>(),
+            src_slot.as<int32_t>(), weight.as<float>(),       counts.as<int32_t>(),
+            tokens.as<int32_t>(),   status.as<k::MoeStatus>()};
+  }
+
+  void copy(void* expert_out, void* routed_x) const override {
+    pin_gpu(gpu);
+    if (expert_out != nullptr && rows > 0) {
+      check_cuda(
+          cudaMemcpy(expert_out, out.as<void>(), static_cast<size_t>(rows * ffn * 2), cudaMemcpyDefault),
+          "copying the MoE expert outputs");
+    }
+    if (routed_x != nullptr && rows > 0) {
+      check_cuda(
+          cudaMemcpy(routed_x, routed.as<void>(), static_cast<size_t>(rows * hidden * 2), cudaMemcpyDefault),
+          "copying the MoE routed tokens");
+    }
+  }
+
+  const void* owner;  // the communicator
+  int gpu;
+  int64_t capacity, hidden, ffn;
+  int64_t rows = 0;
+  std::vector<int32_t> all_tokens;  // every rank's T (host copy)
+  DeviceBuffer routed, out, offsets, src_rank, src_token, src_slot, weight, counts, tokens, status,
+      topk_weights;
+};
+
+k::MoeStatus read_status(const k::MoeStatus* status) {
+  k::MoeStatus st{};
+  check_cuda(cudaMemcpy(&st, status, sizeof st, cudaMemcpyDeviceToHost), "reading the MoE status");
+  return st;
 }
-void CudaComm::moe_combine(const OpDesc& desc, DType, const host::MoeLayout&, const void*, int64_t, void*) {
-  unavailable(desc);
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
+    const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) {
+  constexpr const char* kOp = "moeDispatchGemm";
+  require_bf16(dtype, kOp);
+  check_usable();
+  if (hosts_ != nullptr) unavailable(desc);
+  const int world = sm_->world(), rank = sm_->rank();
+  FC_REQUIRE(num_experts >= 1 && num_experts <= k::kMoeMaxExperts && topk >= 1 && topk <= k::kMoeMaxTopk,
+             std::string(kOp) + " on the GPU: 1 <= experts <= " + std::to_string(k::kMoeMaxExperts) +
+                 " and 1 <= topk <= " + std::to_string(k::kMoeMaxTopk) + " (got " +
+                 std::to_string(num_experts) + ", " + std::to_string(topk) + ")");
+  FC_REQUIRE(
+      hidden >= 8 && ffn >= 8 && hidden % 8 == 0 && ffn % 8 == 0 && hidden < (1 << 30) && ffn < (1 << 30),
+      std::string(kOp) + " on the GPU: hidden and ffn multiples of 8, at least 8 (got " +
+          std::to_string(hidden) + ", " + std::to_string(ffn) + ")");
+  FC_REQUIRE(tokens >= 0 && tokens * topk < (1ll << 31),
+             std::string(kOp) + ": tokens x topk must stay below 2^31");
+  FC_REQUIRE(aligned16(x) && aligned16(w1_local),
+             std::string(kOp) + " on the GPU: x and w1 must be 16-byte aligned device memory");
+  const int64_t local = split_count(num_experts, world, rank);
+  // The receive capacity: every row the data area holds (the same on every rank).
+  const int64_t capacity =
+      std::min<int64_t>(k::moe_capacity_for(sm_->data_bytes(), static_cast<int>(hidden)), (1ll << 31) - 1);
+  auto result = std::make_unique<host::MoeDispatchResult>();
+  auto dev = std::make_shared<CudaMoeResult>(this, runtime_.gpu().ordinal, world, num_experts, local, tokens,
+                                             topk, capacity, hidden, ffn);
+  cudaStream_t s = begin(nullptr);
+  if (tokens > 0) {
+    check_cuda(cudaMemcpyAsync(dev->topk_weights.as<void>(), topk_weights,
+                               static_cast<size_t>(tokens * topk) * 4, cudaMemcpyDeviceToDevice, s),
+               "copying the routing weights");
+  }
+  k::MoeDispatchArgs a;
+  a.x = static_cast<const __nv_bfloat16*>(x);
+  a.tokens = tokens;
+  a.hidden = static_cast<int>(hidden);
+  a.topk_ids = topk_ids;
+  a.topk_weights = topk_weights;
+  a.topk = topk;
+  a.num_experts = static_cast<int>(num_experts);
+  a.w1 = static_cast<const __nv_bfloat16*>(w1_local);
+  a.ffn = static_cast<int>(ffn);
+  a.capacity = capacity;
+  a.routed_x = dev->routed.as<__nv_bfloat16>();
+  a.out = dev->out.as<__nv_bfloat16>();
+  a.layout = dev->layout();
+  a.workspace_bytes =
+      k::moe_dispatch_workspace_bytes(tokens, topk, static_cast<int>(num_experts), world, rank, capacity);
+  a.workspace = workspace(a.workspace_bytes);
+  check_fused_launch(k::launch_moe_dispatch(sm_->device(), a, s), kOp);
+  end(s, true);
+
+  const k::MoeStatus st = read_status(dev->status.as<k::MoeStatus>());
+  if (st.code == k::kMoeBadExpert) {
+    fail(ErrorKind::kInvalidArgument,
+         std::string(kOp) + ": " +
+             (st.rank == rank ? std::string() : "rank " + std::to_string(st.rank) + ": ") + "token " +
+             std::to_string(st.a / topk) + " slot " + std::to_string(st.a % topk) + " routes to expert id " +
+             std::to_string(st.b) + ", outside [0, " + std::to_string(num_experts) + ")");
+  }
+  if (st.code == k::kMoeOverflow) {
+    fail(ErrorKind::kInvalidArgument,
+         std::string(kOp) + ": rank " + std::to_string(st.rank) + " would receive " + std::to_string(st.a) +
+             " routed rows, more than the " + std::to_string(st.b) + " its symmetric data area holds (" +
+             std::to_string(hidden) + " x 2 + 16 bytes each); raise spark.fusedcomm.cuda.symmetricBytes");
+  }
+  if (st.code != k::kMoeOk) {
+    fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
+  }
+
+  // The layout on the host (docs/ops.md: an explicit copy when the synchronous op returns).
+  host::MoeLayout& l = result->layout;
+  l.world = world;
+  l.rank = rank;
+  l.topk = topk;
+  l.num_experts = num_experts;
+  l.first_local_expert = split_offset(num_experts, world, rank);
+  l.local_experts = local;
+  l.tokens = tokens;
+  l.sent_pairs.assign(world, {});
+  l.expert_offsets.resize(local + 1);
+  check_cuda(
+      cudaMemcpy(l.expert_offsets.data(), dev->offsets.as<void>(), (local + 1) * 8, cudaMemcpyDeviceToHost),
+      "reading the MoE layout");
+  const int64_t rows = l.expert_offsets.back();
+  dev->rows = rows;
+  l.src_rank.resize(rows);
+  l.src_token.resize(rows);
+  l.src_slot.resize(rows);
+  l.weight.resize(rows);
+  dev->all_tokens.resize(world);
+  const std::pair<void*, const void*> copies[] = {{l.src_rank.data(), dev->src_rank.as<void>()},
+                                                  {l.src_token.data(), dev->src_token.as<void>()},
+                                                  {l.src_slot.data(), dev->src_slot.as<void>()},
+                                                  {l.weight.data(), dev->weight.as<void>()}};
+  for (const auto& [to, from] : copies) {
+    if (rows > 0)
+      check_cuda(cudaMemcpy(to, from, rows * 4, cudaMemcpyDeviceToHost), "reading the MoE layout");
+  }
+  check_cuda(cudaMemcpy(dev->all_tokens.data(), dev->tokens.as<void>(), world * 4, cudaMemcpyDeviceToHost),
+             "reading the MoE layout");
+  result->device = std::move(dev);
+  return result;
 }
+
+void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                           const void* expert_out, int64_t width, void* out) {
+  constexpr const char* kOp = "moeCombine";
+  require_bf16(dtype, kOp);
+  check_usable();
+  if (hosts_ != nullptr) unavailable(desc);
+  const auto* dev = dynamic_cast<const CudaMoeResult*>(dispatch.device.get());
+  FC_REQUIRE(dev != nullptr && dev->owner == this,
+             std::string(kOp) + ": the dispatch must come from this communicator's moeDispatchGemm");
+  const host::MoeLayout& l = dispatch.layout;
+  FC_REQUIRE(
+      width >= 0 && width % 8 == 0 && width < (1 << 30),
+      std::string(kOp) + " on the GPU: width must be a multiple of 8 (got " + std::to_string(width) + ")");
+  FC_REQUIRE(aligned16(expert_out) && aligned16(out),
+             std::string(kOp) + " on the GPU: expertOut and out must be 16-byte aligned device memory");
+  // Every home rank's rows must fit its data area; every rank knows every T_s, so all agree.
+  int64_t most = 0;
+  for (int32_t t : dev->all_tokens) most = std::max<int64_t>(most, t);
+  require_fits(kOp, k::moe_combine_data_bytes(most, l.topk, static_cast<int>(width)));
+  cudaStream_t s = begin(nullptr);
+  k::MoeCombineArgs a;
+  a.expert_out = static_cast<const __nv_bfloat16*>(expert_out);
+  a.width = static_cast<int>(width);
+  a.layout = dev->layout();
+  a.num_experts = static_cast<int>(l.num_experts);
+  a.topk = l.topk;
+  a.capacity = dev->capacity;
+  a.tokens = l.tokens;
+  a.topk_weights = dev->topk_weights.as<float>();
+  a.out = static_cast<__nv_bfloat16*>(out);
+  check_fused_launch(k::launch_moe_combine(sm_->device(), a, s), kOp);
+  end(s, true);
+  const k::MoeStatus st = read_status(dev->status.as<k::MoeStatus>());
+  if (st.code != k::kMoeOk)
+    fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
+}
+
 void CudaComm::ring_attention(const OpDesc& desc, DType, const host::AttentionShape&, const void*,
                               const void*, const void*, void*, float*) {
   unavailable(desc);

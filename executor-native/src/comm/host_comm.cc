@@ -84,9 +84,11 @@ std::unique_ptr<host::MoeDispatchResult> HostComm::moe_dispatch_gemm(
                               num_experts, w1_local, ffn));
 }
 
-void HostComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout,
+void HostComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                            const void* expert_out, int64_t width, void* out) {
-  host::moe_combine(start(desc, nullptr), dtype, layout, expert_out, width, out);
+  FC_REQUIRE(dispatch.device == nullptr,
+             "moeCombine: the dispatch ran on the cuda backend, not on this host one");
+  host::moe_combine(start(desc, nullptr), dtype, dispatch.layout, expert_out, width, out);
 }
 
 void HostComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,

@@ -113,6 +113,11 @@ struct GemmPlan {
 // The tensor map of an A operand as gemm_plan encodes it (rows × K bf16, row stride lda
 // elements, 128 × 64 boxes): for schedules that read some A blocks from another tensor.
 bool encode_a_map(CUtensorMap* map, const __nv_bfloat16* A, int rows, int K, int64_t lda);
+// The tensor map of a B operand of single CTAs as gemm_plan encodes it, over `rows` rows of
+// `cols` (kNK: rows of N × K columns, boxes of tile_n × 64; kKN: rows of K × N columns, 64 × 64
+// boxes): for a grouped GEMM whose groups' weights lie one after the other in one map.
+bool encode_b_map(CUtensorMap* map, const __nv_bfloat16* B, int64_t rows, int cols, int64_t ldb, bool kn,
+                  int tile_n);
 // A tensor map that store_tile_tma writes: rows × cols, row stride ld elements, bf16 or fp32
 // (the 64-row boxes of the engine's C store).
 bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t ld, bool f32);

@@ -17,11 +17,13 @@ namespace fusedcomm::kernels::detail {
 
 // ---- the engine's steps, shared by its round-robin and stream-K loops ------------------------
 // Producer: arms stage `stage` for one K slice and issues its TMA loads (A rows a_row.. of
-// a_map; B's N-block n_block, or this CTA's half of it in a CTA pair).
+// a_map; B's N-block n_block, or this CTA's half of it in a CTA pair). b_off: rows of B's tensor
+// map to skip (the schedule's b_offset: a grouped GEMM's weight of the tile's group), along N
+// (kNK) or K (kKN).
 template <int BN, bool kBKN, int kCluster, class Cfg>
 __device__ __forceinline__ void load_stage(uint8_t* smem_a, uint8_t* smem_b, uint64_t* full, int stage,
                                            const CUtensorMap* a_map, const CUtensorMap& tm_b, int kb,
-                                           int a_row, int n_block) {
+                                           int a_row, int n_block, int b_off = 0) {
   mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
   tma_load_2d(smem_a + stage * Cfg::kABytes, a_map, &full[stage], kb * kTileK, a_row);
   uint8_t* b_dst = smem_b + stage * Cfg::kBBytes;
@@ -32,21 +34,21 @@ __device__ __forceinline__ void load_stage(uint8_t* smem_a, uint8_t* smem_b, uin
     const uint32_t crank = cluster_ctarank();  // read here: the producer has 40 registers
     if constexpr (!kBKN) {
       tma_load_2d_multicast(b_dst + crank * (Cfg::kBBytes / 2), &tm_b, &full[stage], kb * kTileK,
-                            n_block * BN + static_cast<int>(crank) * (BN / 2), kBoth);
+                            b_off + n_block * BN + static_cast<int>(crank) * (BN / 2), kBoth);
     } else {
 #pragma unroll
       for (int j = 0; j < BN / 128; ++j) {
         const int slab = static_cast<int>(crank) * (BN / 128) + j;
-        tma_load_2d_multicast(b_dst + slab * 8192, &tm_b, &full[stage], n_block * BN + slab * 64, kb * kTileK,
-                              kBoth);
+        tma_load_2d_multicast(b_dst + slab * 8192, &tm_b, &full[stage], n_block * BN + slab * 64,
+                              b_off + kb * kTileK, kBoth);
       }
     }
   } else if constexpr (!kBKN) {
-    tma_load_2d(b_dst, &tm_b, &full[stage], kb * kTileK, n_block * BN);
+    tma_load_2d(b_dst, &tm_b, &full[stage], kb * kTileK, b_off + n_block * BN);
   } else {
 #pragma unroll
     for (int j = 0; j < BN / 64; ++j) {
-      tma_load_2d(b_dst + j * 8192, &tm_b, &full[stage], n_block * BN + j * 64, kb * kTileK);
+      tma_load_2d(b_dst + j * 8192, &tm_b, &full[stage], n_block * BN + j * 64, b_off + kb * kTileK);
     }
   }
 }
@@ -204,10 +206,11 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
       }
       int a_row = 0;
       const CUtensorMap* a_map = sched.a_source(&tm_a, tc, a_row);
+      const int b_off = schedule_b_offset(sched, tc);
       for (int kb = 0; kb < prob.k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if (kDyn && kb == 0) status[stage] = static_cast<uint32_t>(t);
-        load_stage<BN, kBKN, kCluster, Cfg>(smem_a, smem_b, full, stage, a_map, tm_b, kb, a_row, tc.n);
+        load_stage<BN, kBKN, kCluster, Cfg>(smem_a, smem_b, full, stage, a_map, tm_b, kb, a_row, tc.n, b_off);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/sm90_primitives.cuh"
 #include "kernels/gemm/detail/gemm_config.cuh"
@@ -92,6 +93,23 @@ __device__ __forceinline__ TileCoord pair_tile_coord(const GemmProblem& p, int t
 //     the tile; the plain GEMM). cta() and num_ctas() place it in the split.
 inline constexpr uint32_t kStageEnd = 0xFFFFFFFEu;   // dynamic: no more tiles
 inline constexpr uint32_t kStageStop = 0xFFFFFFFFu;  // dynamic: the producer stopped (failure)
+
+//   int b_offset(TileCoord) const;  (optional, 0 when absent)
+//     producer thread, once per tile: rows of B's tensor map before the tile's weight, along N
+//     (kNK) or K (kKN); a grouped GEMM (kernels/moe/) keeps every group's weight in one map.
+template <class S, class = void>
+struct schedule_has_b_offset : std::false_type {};
+template <class S>
+struct schedule_has_b_offset<S, std::void_t<decltype(std::declval<const S&>().b_offset(TileCoord{}))>>
+    : std::true_type {};
+template <class S>
+__device__ __forceinline__ int schedule_b_offset(const S& s, TileCoord tc) {
+  if constexpr (schedule_has_b_offset<S>::value) {
+    return s.b_offset(tc);
+  } else {
+    return 0;
+  }
+}
 
 template <class S, class = void>
 struct schedule_stream_k : std::false_type {};

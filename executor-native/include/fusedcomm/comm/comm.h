@@ -41,14 +41,23 @@ class Runtime;
 // What connect() needs from the launcher's bootstrap exchange, one entry per rank.
 struct Bootstrap {
   int rank = 0;
-  uint64_t comm_id = 0;                              // the same on every rank of the communicator
-  std::vector<std::string> endpoints;                // [r]: rank r's endpoint()
+  uint64_t comm_id = 0;                // the same on every rank of the communicator
+  std::vector<std::string> endpoints;  // [r]: rank r's endpoint()
   // [r]: the random share rank r published in the bootstrap (rdma/auth.h): with the job token
   // and comm_id it makes the communicator's key, which authenticates its connections. Empty
   // only for a world of one.
   std::vector<rdma::auth::Share> auth_shares;
   std::vector<std::vector<uint8_t>> device_handles;  // [r]: rank r's device_handle()
   std::vector<int> host_ids;                         // [r]: rank r's host, 0..H-1
+};
+
+// A moeDispatchGemm result that stays on the GPU (cuda backend; host::MoeDispatchResult::device).
+class MoeDeviceResult {
+ public:
+  virtual ~MoeDeviceResult() = default;
+  // Copies the expert outputs (rows × ffn) and the routed tokens (rows × hidden) into memory of
+  // this process, device or host (either may be null). Synchronous.
+  virtual void copy(void* expert_out, void* routed_x) const = 0;
 };
 
 class Comm {
@@ -100,7 +109,8 @@ class Comm {
   virtual std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
       const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
       const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) = 0;
-  virtual void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout,
+  // `dispatch`: a result of this communicator's moe_dispatch_gemm.
+  virtual void moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                            const void* expert_out, int64_t width, void* out) = 0;
   virtual void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                               const void* q, const void* k, const void* v, void* o, float* lse) = 0;

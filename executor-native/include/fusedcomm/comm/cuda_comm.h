@@ -2,8 +2,15 @@
 // barriers, finish() and peer-failure detection; its GPU half is the symmetric memory its ops
 // run on (one region per rank, mapped by every rank of the host through CUDA IPC), the streams
 // they are enqueued on and, with ranks on several hosts, the paths between hosts
-// (src/comm/cross_host_paths.h). Ops not on the GPU yet (MoE, ring attention) refuse with
-// Error(kUnavailable).
+// (src/comm/cross_host_paths.h). Ops not on the GPU yet (ring attention; MoE across hosts)
+// refuse with Error(kUnavailable).
+//
+// MoE (kernels/moe/moe.h), synchronous: moe_dispatch_gemm routes on the GPU (no host round
+// trip inside the op), receives up to the rows that the data area holds (hidden × 2 + 16 bytes
+// each; more: Error(kInvalidArgument) on every rank, naming the rank and the config key), keeps
+// routed_x, out and the layout on the GPU (MoeDeviceResult, outputs sized by that capacity) and
+// copies the layout to the host when it returns. moe_combine takes such a result of this
+// communicator; every home rank's T · topk · width · 2 bytes must fit the data area.
 //
 // Ops take device pointers of this process (the caller's tensors, any alignment) and bf16 for
 // the GEMM ops. A collective copies its input into this rank's data area where the launch
@@ -113,8 +120,8 @@ class CudaComm final : public Comm {
   std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
       const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
       const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) override;
-  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout, const void* expert_out,
-                   int64_t width, void* out) override;
+  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                   const void* expert_out, int64_t width, void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
                       const void* k, const void* v, void* o, float* lse) override;
 

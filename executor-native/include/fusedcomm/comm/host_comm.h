@@ -46,8 +46,8 @@ class HostComm final : public Comm {
   std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
       const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
       const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) override;
-  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeLayout& layout, const void* expert_out,
-                   int64_t width, void* out) override;
+  void moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                   const void* expert_out, int64_t width, void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
                       const void* k, const void* v, void* o, float* lse) override;
 

@@ -10,10 +10,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "fusedcomm/runtime/exchange.h"
 #include "fusedcomm/types.h"
+
+namespace fusedcomm {
+class MoeDeviceResult;  // comm/comm.h
+}  // namespace fusedcomm
 
 namespace fusedcomm::host {
 
@@ -78,6 +83,10 @@ struct MoeDispatchResult {
   MoeLayout layout;
   std::vector<uint8_t> routed_x;  // rows × hidden, dtype t (the tokens as received)
   std::vector<uint8_t> out;       // rows × ffn, dtype t: routed_x[e rows] · W1_eᵀ
+  // The cuda backend keeps routed_x and out on the GPU (comm.h's MoeDeviceResult; the vectors
+  // above stay empty) and fills `layout` from the device when the op returns (sent_pairs
+  // empty). Null on the host backend.
+  std::shared_ptr<MoeDeviceResult> device;
 };
 
 // x: tokens × hidden; topk_ids, topk_weights: tokens × topk (ids in [0, num_experts));

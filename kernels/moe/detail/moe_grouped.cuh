@@ -1,0 +1,97 @@
+// The grouped GEMM's pieces for the engine (gemm_sm90.cuh's schedule and epilogue concepts):
+// a table of 128-row blocks (block b: its first row, its group's end row, its group), a
+// schedule that claims the table's tiles dynamically, and an epilogue that stores only the
+// rows of the tile's group. A tile of block b reads A rows [first, first + 128) whatever group
+// they belong to (rows are independent in a GEMM) and its group's weight through b_offset; the
+// rows past its group's end are computed and dropped.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/gemm/detail/gemm_sm90.cuh"
+
+namespace fusedcomm::kernels::detail {
+
+// The grouped GEMM's workspace header (the block table follows it).
+struct alignas(256) GroupedHeader {
+  uint32_t claim;   // the engine's dynamic tile counter; reset by the table kernel
+  int32_t vblocks;  // blocks in the table
+};
+
+struct GroupedSchedule {
+  static constexpr int kCluster = 1;
+  static constexpr bool kDynamic = true;
+  static constexpr bool kStoresA = false;
+  GroupedHeader* header;
+  const int4* table;
+  int b_stride;  // rows of B's map per group (N for kNK, K for kKN)
+
+  __device__ __forceinline__ int blocks() const {
+    return *reinterpret_cast<const volatile int32_t*>(&header->vblocks);
+  }
+  __device__ __forceinline__ int cta() const { return 0; }
+  __device__ __forceinline__ int num_ctas() const { return 1; }
+  __device__ __forceinline__ bool stores_a(TileCoord) const { return false; }
+  __device__ __forceinline__ int a_store_stride(const GemmProblem&) const { return 1; }
+  // A sweep position past the table's tiles ends the CTA's loop (>= every prob.sweep).
+  __device__ __forceinline__ int claim() const {
+    const int t = static_cast<int>(atomicAdd(&header->claim, 1u));
+    return t < blocks() * n_blocks_ ? t : INT_MAX;
+  }
+  __device__ __forceinline__ TileCoord coord(const GemmProblem& p, int t) const {
+    return grouped_raster(t, blocks(), p.group_m, p.n_blocks);
+  }
+  __device__ __forceinline__ const CUtensorMap* a_source(const CUtensorMap* tm_a, TileCoord tc,
+                                                         int& row) const {
+    row = table[tc.m].x;
+    return tm_a;
+  }
+  __device__ __forceinline__ int b_offset(TileCoord tc) const { return table[tc.m].z * b_stride; }
+  __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
+  template <int BN>
+  __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord) const {
+    return true;
+  }
+  __device__ __forceinline__ void consumers_done() const {}
+  int n_blocks_;  // the problem's N-blocks (claim() has no GemmProblem)
+};
+
+struct GroupedEpilogue {
+  static constexpr bool kOwnsTile = false;
+  static constexpr int kStagingRounds = 1;
+  static constexpr bool kInitAux = false;
+  static constexpr bool kAuxWarps = false;
+  __nv_bfloat16* c;
+  int64_t ldc;
+  const int4* table;
+
+  // row0 = block · 128 + the thread's row in the tile (finish_tile).
+  template <int kFrag>
+  __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
+                                        const GemmProblem& p) const {
+    const int4 b = table[row0 / kTileM];
+    const int row = b.x + row0 % kTileM;
+    const bool lo_ok = row < b.y, hi_ok = row + 8 < b.y;
+    __nv_bfloat16* lo = c + static_cast<int64_t>(row) * ldc;
+    __nv_bfloat16* hi = lo + 8 * ldc;
+#pragma unroll
+    for (int j = 0; j < kFrag / 4; ++j) {
+      const int col = col0 + 8 * j;
+      if (col < p.N) {
+        if (lo_ok)
+          *reinterpret_cast<__nv_bfloat162*>(lo + col) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+        if (hi_ok) {
+          *reinterpret_cast<__nv_bfloat162*>(hi + col) =
+              __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ bool wants_tile_done() const { return false; }
+  __device__ __forceinline__ void tile_done(TileCoord, const GemmProblem&) const {}
+};
+
+}  // namespace fusedcomm::kernels::detail

@@ -1,0 +1,575 @@
+// launch_moe_dispatch and launch_moe_combine (moe.h): routing on the GPU, the rows over NVLink,
+// the grouped GEMM, and the combine's weighted sum. The steps and their protocol: moe.h.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "kernels/collectives/collectives.h"
+#include "kernels/common/comm_protocol.cuh"
+#include "kernels/common/split.h"
+#include "kernels/moe/detail/moe_layout.h"
+#include "kernels/moe/moe.h"
+
+namespace fusedcomm::kernels {
+namespace detail {
+namespace {
+
+constexpr int kCountsThreads = 1024;
+constexpr int kRowThreads = 256;
+constexpr int kSlotHeaderBytes = 16;  // int32 tokens, int32 bad id, int64 bad pair (-1: none)
+
+// The dispatch's workspace (private device memory), in this order, each 256-byte aligned.
+struct DispatchWs {
+  size_t bad_pair, chunk_counts, pair_pos, send_base, gemm, total;
+};
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+DispatchWs dispatch_ws(int64_t tokens, int topk, int num_experts, int local_experts, int64_t capacity) {
+  const int64_t pairs = tokens * topk;
+  DispatchWs w{};
+  size_t at = 0;
+  w.bad_pair = at;
+  at += 256;
+  w.chunk_counts = at;
+  at += align256(static_cast<size_t>(moe_chunks(pairs)) * num_experts * 4);
+  w.pair_pos = at;
+  at += align256(static_cast<size_t>(pairs) * 4);
+  w.send_base = at;
+  at += align256(static_cast<size_t>(num_experts) * 8);
+  w.gemm = at;
+  at += align256(grouped_gemm_workspace_bytes(capacity, local_experts));
+  w.total = at;
+  return w;
+}
+
+__device__ __forceinline__ uint32_t lanemask_lt() {
+  uint32_t m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+// 1. One warp per chunk of pairs: the chunk's per-expert counts, and each pair's rank among the
+// chunk's pairs of its expert (pairs in order, 32 at a time: __match_any_sync groups the lanes
+// of one expert, the lanes below in the group come first, then the group's leader advances the
+// expert's count). Bad ids are counted nowhere; the lowest such pair is kept (atomicMin).
+__global__ void __launch_bounds__(32)
+    moe_count_kernel(const int32_t* ids, int64_t pairs, int64_t chunk_pairs, int num_experts,
+                     int32_t* chunk_counts, int32_t* pair_pos, unsigned long long* bad_pair) {
+  __shared__ int32_t hist[kMoeMaxExperts];
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int e = lane; e < num_experts; e += 32) hist[e] = 0;
+  __syncwarp();
+  const int64_t begin = blockIdx.x * chunk_pairs;
+  const int64_t end = min(pairs, begin + chunk_pairs);
+  for (int64_t base = begin; base < end; base += 32) {
+    const int64_t j = base + lane;
+    int id = -1;
+    if (j < end) {
+      id = ids[j];
+      if (id < 0 || id >= num_experts) {
+        atomicMin(bad_pair, static_cast<unsigned long long>(j));
+        id = -1;
+      }
+    }
+    const uint32_t group = __match_any_sync(0xFFFFFFFFu, id);
+    const int before = hist[id < 0 ? 0 : id];
+    __syncwarp();
+    if (id >= 0) {
+      if (lane == __ffs(group) - 1) hist[id] = before + __popc(group);
+      pair_pos[j] = before + __popc(group & lanemask_lt());
+    }
+    __syncwarp();
+  }
+  for (int e = lane; e < num_experts; e += 32)
+    chunk_counts[blockIdx.x * static_cast<int64_t>(num_experts) + e] = hist[e];
+}
+
+struct CountsParams {
+  CommDevice dev;
+  int32_t* chunk_counts;  // in: per chunk counts; out: per chunk exclusive prefix
+  int64_t chunks;
+  int num_experts;
+  int64_t tokens;
+  const int32_t* ids;
+  const unsigned long long* bad_pair;
+  int64_t* send_base;  // E: the first row at e's owner of this rank's pairs for e
+  MoeDeviceLayout layout;
+  int64_t capacity;
+};
+
+// 2. The count exchange (one CTA of kCountsThreads; a launch of the epoch sequence).
+__global__ void __launch_bounds__(kCountsThreads) moe_counts_kernel(const __grid_constant__ CountsParams p) {
+  __shared__ int32_t s_m[kCommMaxRanks * kMoeMaxExperts];
+  __shared__ int64_t s_tot[kMoeMaxExperts];
+  __shared__ int64_t s_bad[kCommMaxRanks];  // bad pair per rank (-1: none)
+  __shared__ int32_t s_bad_id[kCommMaxRanks];
+  __shared__ int32_t s_tokens[kCommMaxRanks];
+  __shared__ MoeStatus s_status;
+  const CommDevice& d = p.dev;
+  const int W = d.world, r = d.rank, E = p.num_experts;
+  const int tid = static_cast<int>(threadIdx.x);
+  const uint64_t epoch = comm_launch_epoch(d);
+  const uint64_t parity = epoch & 1;
+
+  for (int e = tid; e < E; e += blockDim.x) {
+    int32_t run = 0;
+    for (int64_t c = 0; c < p.chunks; ++c) {
+      int32_t* cc = p.chunk_counts + c * E + e;
+      const int32_t v = *cc;
+      *cc = run;
+      run += v;
+    }
+    s_m[r * E + e] = run;
+  }
+  if (tid == 0) {
+    const unsigned long long b = *p.bad_pair;
+    s_bad[r] = b == ~0ull ? -1 : static_cast<int64_t>(b);
+    s_bad_id[r] = b == ~0ull ? 0 : p.ids[b];
+    s_tokens[r] = static_cast<int32_t>(p.tokens);
+  }
+  __syncthreads();
+  for (int i = 1; i < W; ++i) {
+    const int q = (r + i) % W;
+    auto* slot = reinterpret_cast<int32_t*>(comm_slot(d, q, parity, r));
+    for (int e = tid; e < E; e += blockDim.x) slot[kSlotHeaderBytes / 4 + e] = s_m[r * E + e];
+    if (tid == 0) {
+      slot[0] = s_tokens[r];
+      slot[1] = s_bad_id[r];
+      reinterpret_cast<int64_t*>(slot)[1] = s_bad[r];
+    }
+  }
+  if (tid == 0) comm_publish_signature(d, epoch);
+  comm_publish_fence();
+  if (tid == 0) {
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->ready[r][0]; }, epoch);
+  }
+  const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][0], kCommMaxOneShotCtas, epoch,
+                                  static_cast<CommOp>(kMoeOpCounts), kMoeStepCounts, true);
+  if (ok) {
+    for (int i = 1; i < W; ++i) {
+      const int q = (r + i) % W;
+      const auto* slot = reinterpret_cast<const int32_t*>(comm_slot(d, r, parity, q));
+      for (int e = tid; e < E; e += blockDim.x) s_m[q * E + e] = __ldcg(slot + kSlotHeaderBytes / 4 + e);
+      if (tid == 0) {
+        s_tokens[q] = __ldcg(slot);
+        s_bad_id[q] = __ldcg(slot + 1);
+        s_bad[q] = __ldcg(reinterpret_cast<const long long*>(slot) + 1);
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += blockDim.x) s_tot[e] = moe_expert_total(s_m, W, E, e);
+  __syncthreads();
+  if (tid == 0) {
+    MoeStatus st{};
+    if (!ok) {
+      st.code = kMoeProtocol;
+      st.rank = r;
+    } else {
+      for (int s = 0; s < W && st.code == kMoeOk; ++s) {
+        if (s_bad[s] >= 0) st = MoeStatus{kMoeBadExpert, s, s_bad[s], s_bad_id[s], 0};
+      }
+      for (int q = 0; q < W && st.code == kMoeOk; ++q) {
+        const int64_t rows = moe_owner_rows(s_tot, W, E, q);
+        if (rows > p.capacity) st = MoeStatus{kMoeOverflow, q, rows, p.capacity, 0};
+      }
+    }
+    s_status = st;
+    *p.layout.status = st;
+  }
+  __syncthreads();
+  const bool good = s_status.code == kMoeOk;
+  for (int i = tid; i < W * E; i += blockDim.x) p.layout.counts[i] = good ? s_m[i] : 0;
+  if (tid < W) p.layout.tokens[tid] = ok ? s_tokens[tid] : 0;
+  for (int e = tid; e < E; e += blockDim.x) p.send_base[e] = moe_send_base(s_m, s_tot, W, E, r, e);
+  const int first = static_cast<int>(split_offset(E, W, r)), local = static_cast<int>(split_count(E, W, r));
+  for (int i = tid; i <= local; i += blockDim.x) {
+    const int64_t off = i < local ? moe_owner_offset(s_tot, W, E, first + i) : moe_owner_rows(s_tot, W, E, r);
+    p.layout.expert_offsets[i] = good ? off : 0;
+  }
+  if (tid == 0) *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+}
+
+// The identity of a routed row, beside the rows in the owner's data area.
+struct alignas(16) RowMeta {
+  int32_t rank, token, slot;
+  float weight;
+};
+
+struct RowsParams {
+  CommDevice dev;
+  const uint4* x;    // tokens × hidden bf16, as 16-byte vectors
+  int64_t row_vecs;  // hidden / 8
+  int64_t pairs;
+  int topk;
+  int num_experts;
+  const int32_t* ids;
+  const float* weights;
+  const int32_t* chunk_prefix;
+  const int32_t* pair_pos;
+  const int64_t* send_base;
+  int64_t chunk_pairs;
+  uint64_t meta_offset;  // from the data area's start
+  const MoeStatus* status;
+};
+
+// The end of a launch of the epoch sequence whose CTAs stored into peers' memory: the last CTA
+// tells every peer (done[r]), waits for every peer's done of this epoch, compares signatures
+// and publishes the epoch. publish_signature: this launch has not released a flag before.
+__device__ __forceinline__ void moe_finish(const CommDevice& d, uint64_t epoch, uint32_t op,
+                                           bool publish_signature) {
+  comm_publish_fence();
+  if (threadIdx.x != 0) return;
+  if (!comm_last_cta(&comm_control(d)->exit_count)) return;
+  if (publish_signature) {
+    comm_publish_signature(d, epoch);
+    __threadfence_system();
+  }
+  comm_signal_peers(
+      d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
+  bool ok = true;
+  for (int i = 1; i < d.world && ok; ++i) {
+    const int q = (d.rank + i) % d.world;
+    ok = comm_wait_flag(d, &comm_flags(d, d.rank)->done[q], epoch, op, kCommStepDone, q);
+  }
+  if (ok) comm_check_signatures(d, epoch, op, kCommStepDone);
+  *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+}
+
+// 3. The rows: one warp per pair, to the owner's data area at the pair's row.
+__global__ void __launch_bounds__(kRowThreads) moe_rows_kernel(const __grid_constant__ RowsParams p) {
+  const CommDevice& d = p.dev;
+  const uint64_t epoch = comm_launch_epoch(d);
+  if (reinterpret_cast<const volatile MoeStatus*>(p.status)->code == kMoeOk) {
+    const int lane = threadIdx.x % 32;
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
+    const int E = p.num_experts;
+    const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
+    for (int64_t j = blockIdx.x * (kRowThreads / 32) + threadIdx.x / 32; j < p.pairs; j += warps) {
+      const int e = p.ids[j];
+      const int64_t t = j / p.topk;
+      const int q = split_owner(E, d.world, e);
+      const int64_t row = p.send_base[e] + p.chunk_prefix[(j / p.chunk_pairs) * E + e] + p.pair_pos[j];
+      uint8_t* area = d.base[q] + d.data_offset;
+      auto* dst = reinterpret_cast<uint4*>(area + row * row_bytes);
+      const uint4* src = p.x + t * p.row_vecs;
+      for (int64_t v = lane; v < p.row_vecs; v += 32) dst[v] = __ldg(src + v);
+      if (lane == 0) {
+        RowMeta m{d.rank, static_cast<int32_t>(t), static_cast<int32_t>(j - t * p.topk), p.weights[j]};
+        *reinterpret_cast<RowMeta*>(area + p.meta_offset + row * sizeof(RowMeta)) = m;
+      }
+    }
+  }
+  moe_finish(d, epoch, kMoeOpRows, true);
+}
+
+// 4. The received rows' identities into the layout, the rows into routed_x (if any).
+__global__ void __launch_bounds__(kRowThreads)
+    moe_unpack_kernel(const uint8_t* area, uint64_t meta_offset, int64_t row_vecs, const int64_t* rows_at,
+                      MoeDeviceLayout layout, uint4* routed_x) {
+  const int64_t rows = *rows_at;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
+  for (int64_t i = blockIdx.x * (kRowThreads / 32) + threadIdx.x / 32; i < rows; i += warps) {
+    if (lane == 0) {
+      const RowMeta m = *reinterpret_cast<const RowMeta*>(area + meta_offset + i * sizeof(RowMeta));
+      layout.src_rank[i] = m.rank;
+      layout.src_token[i] = m.token;
+      layout.src_slot[i] = m.slot;
+      layout.weight[i] = m.weight;
+    }
+    if (routed_x != nullptr) {
+      const auto* src = reinterpret_cast<const uint4*>(area + i * row_vecs * 16);
+      for (int64_t v = lane; v < row_vecs; v += 32) routed_x[i * row_vecs + v] = __ldcg(src + v);
+    }
+  }
+}
+
+struct CombineParams {
+  CommDevice dev;
+  const uint4* expert_out;
+  int64_t row_vecs;  // width / 8
+  const int64_t* rows_at;
+  const int32_t* src_rank;
+  const int32_t* src_token;
+  const int32_t* src_slot;
+  const int32_t* tokens;  // W
+  int topk;
+  MoeStatus* status;
+};
+
+// Combine 1. The rows home: start barrier, one warp per row, end barrier.
+__global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const __grid_constant__ CombineParams p) {
+  const CommDevice& d = p.dev;
+  const uint64_t epoch = comm_launch_epoch(d);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    comm_publish_signature(d, epoch);
+    __threadfence_system();
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
+  }
+  const bool ok = comm_wait_peers(d, comm_flags(d, d.rank)->arrive, 1, epoch,
+                                  static_cast<CommOp>(kMoeOpCombine), kCommStepArrive, true);
+  // Every home rank's slots must fit its data area; every rank sees every T_s, so all agree.
+  const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
+  int worst = 0;
+  uint64_t most = 0;
+  for (int s = 0; s < d.world; ++s) {
+    const uint64_t b = static_cast<uint64_t>(p.tokens[s]) * p.topk * row_bytes;
+    if (b > most) {
+      most = b;
+      worst = s;
+    }
+  }
+  const bool fits = most <= d.data_bytes;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *p.status = fits ? MoeStatus{}
+                     : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
+                                 static_cast<int64_t>(d.data_bytes), 0};
+  }
+  if (ok && fits) {
+    const int64_t rows = *p.rows_at;
+    const int lane = threadIdx.x % 32;
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
+    for (int64_t i = blockIdx.x * (kRowThreads / 32) + threadIdx.x / 32; i < rows; i += warps) {
+      const int s = p.src_rank[i];
+      const int64_t slot = static_cast<int64_t>(p.src_token[i]) * p.topk + p.src_slot[i];
+      auto* dst = reinterpret_cast<uint4*>(d.base[s] + d.data_offset + slot * row_bytes);
+      const uint4* src = p.expert_out + i * p.row_vecs;
+      for (int64_t v = lane; v < p.row_vecs; v += 32) dst[v] = __ldg(src + v);
+    }
+  }
+  moe_finish(d, epoch, kMoeOpCombine, false);
+}
+
+// Combine 2. out[t] = Σ_slot w[t, slot] · row(t, slot), 8 columns per thread, fp32 products and
+// sums rounded as written (no contraction into FMAs), rounded once to bf16.
+__global__ void __launch_bounds__(kRowThreads)
+    moe_weighted_sum_kernel(const uint8_t* area, int64_t tokens, int topk, int64_t row_vecs,
+                            const float* weights, uint4* out, const MoeStatus* status) {
+  if (reinterpret_cast<const volatile MoeStatus*>(status)->code != kMoeOk) return;
+  const int64_t n = tokens * row_vecs;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / row_vecs, v = i - t * row_vecs;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < topk; ++k) {
+      const float w = weights[t * topk + k];
+      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(area) + (t * topk + k) * row_vecs + v);
+      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(h[q]);
+        acc[2 * q] = __fadd_rn(acc[2 * q], __fmul_rn(w, f.x));
+        acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], __fmul_rn(w, f.y));
+      }
+    }
+    uint4 o;
+    auto* ho = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) ho[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    out[i] = o;
+  }
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
+  return n;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int row_grid(int64_t rows) {
+  const int64_t want = (rows + kRowThreads / 32 - 1) / (kRowThreads / 32);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, 4LL * sm_count())));
+}
+
+}  // namespace
+}  // namespace detail
+
+uint64_t moe_dispatch_data_bytes(int64_t capacity, int hidden) {
+  return static_cast<uint64_t>(capacity) * (static_cast<uint64_t>(hidden) * 2 + sizeof(detail::RowMeta));
+}
+
+int64_t moe_capacity_for(uint64_t data_bytes, int hidden) {
+  return static_cast<int64_t>(data_bytes / (static_cast<uint64_t>(hidden) * 2 + sizeof(detail::RowMeta)));
+}
+
+uint64_t moe_combine_data_bytes(int64_t tokens, int topk, int width) {
+  return static_cast<uint64_t>(tokens) * topk * width * 2;
+}
+
+size_t moe_dispatch_workspace_bytes(int64_t tokens, int topk, int num_experts, int world, int rank,
+                                    int64_t capacity) {
+  return detail::dispatch_ws(tokens, topk, num_experts,
+                             static_cast<int>(detail::split_count(num_experts, world, rank)), capacity)
+      .total;
+}
+
+cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a, cudaStream_t stream) {
+  using namespace detail;
+  const int W = dev.world, r = dev.rank, E = a.num_experts;
+  if (W < 1 || W > kCommMaxRanks || E < 1 || E > kMoeMaxExperts || a.topk < 1 || a.topk > kMoeMaxTopk) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.tokens < 0 || a.tokens * a.topk >= (1ll << 31) || a.hidden < 8 || a.hidden % 8 != 0 ||
+      a.capacity < 0 || a.capacity >= (1ll << 31)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.tokens > 0 &&
+      (a.x == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr || !aligned16(a.x))) {
+    return cudaErrorInvalidValue;
+  }
+  const MoeDeviceLayout& L = a.layout;
+  if (L.expert_offsets == nullptr || L.counts == nullptr || L.tokens == nullptr || L.status == nullptr ||
+      (a.capacity > 0 &&
+       (L.src_rank == nullptr || L.src_token == nullptr || L.src_slot == nullptr || L.weight == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  const int local = static_cast<int>(split_count(E, W, r));
+  const bool gemm = a.out != nullptr && local > 0;
+  if (gemm && (a.w1 == nullptr || a.ffn < 8 || a.ffn % 8 != 0 || !aligned16(a.w1) || !aligned16(a.out))) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.routed_x != nullptr && !aligned16(a.routed_x)) return cudaErrorInvalidValue;
+  if (static_cast<uint64_t>(E) * 4 + kSlotHeaderBytes > dev.slot_bytes) return cudaErrorInvalidValue;
+  if (moe_dispatch_data_bytes(a.capacity, a.hidden) > dev.data_bytes) return cudaErrorInvalidValue;
+  const DispatchWs ws = dispatch_ws(a.tokens, a.topk, E, local, a.capacity);
+  if (a.workspace == nullptr || a.workspace_bytes < ws.total ||
+      (reinterpret_cast<uintptr_t>(a.workspace) & 255)) {
+    return cudaErrorInvalidValue;
+  }
+  auto* base = static_cast<uint8_t*>(a.workspace);
+  auto* bad_pair = reinterpret_cast<unsigned long long*>(base + ws.bad_pair);
+  auto* chunk_counts = reinterpret_cast<int32_t*>(base + ws.chunk_counts);
+  auto* pair_pos = reinterpret_cast<int32_t*>(base + ws.pair_pos);
+  auto* send_base = reinterpret_cast<int64_t*>(base + ws.send_base);
+  const int64_t pairs = a.tokens * a.topk;
+  const int64_t chunks = moe_chunks(pairs);
+  const int64_t chunk_pairs = moe_chunk_pairs(pairs);
+
+  // The launches' signatures: what every rank must share (E, topk, hidden, capacity).
+  CommDevice d = dev;
+  const uint64_t sizes = comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
+                                       static_cast<uint64_t>(a.hidden), static_cast<uint64_t>(a.capacity));
+
+  if (cudaError_t e = cudaMemsetAsync(bad_pair, 0xFF, sizeof(unsigned long long), stream); e != cudaSuccess) {
+    return e;
+  }
+  if (chunks > 0) {
+    moe_count_kernel<<<static_cast<unsigned>(chunks), 32, 0, stream>>>(a.topk_ids, pairs, chunk_pairs, E,
+                                                                       chunk_counts, pair_pos, bad_pair);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  CountsParams cp{};
+  d.launch_sig = comm_launch_signature(kMoeOpCounts, static_cast<uint32_t>(CommDtype::kBF16), 0, sizes);
+  cp.dev = d;
+  cp.chunk_counts = chunk_counts;
+  cp.chunks = chunks;
+  cp.num_experts = E;
+  cp.tokens = a.tokens;
+  cp.ids = a.topk_ids;
+  cp.bad_pair = bad_pair;
+  cp.send_base = send_base;
+  cp.layout = L;
+  cp.capacity = a.capacity;
+  moe_counts_kernel<<<1, kCountsThreads, 0, stream>>>(cp);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+
+  RowsParams rp{};
+  d.launch_sig = comm_launch_signature(kMoeOpRows, static_cast<uint32_t>(CommDtype::kBF16), 0, sizes);
+  rp.dev = d;
+  rp.x = reinterpret_cast<const uint4*>(a.x);
+  rp.row_vecs = a.hidden / 8;
+  rp.pairs = pairs;
+  rp.topk = a.topk;
+  rp.num_experts = E;
+  rp.ids = a.topk_ids;
+  rp.weights = a.topk_weights;
+  rp.chunk_prefix = chunk_counts;
+  rp.pair_pos = pair_pos;
+  rp.send_base = send_base;
+  rp.chunk_pairs = chunk_pairs;
+  rp.meta_offset = static_cast<uint64_t>(a.capacity) * a.hidden * 2;
+  rp.status = L.status;
+  moe_rows_kernel<<<row_grid(pairs), kRowThreads, 0, stream>>>(rp);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+
+  const uint8_t* area = dev.base[r] + dev.data_offset;
+  if (a.capacity > 0) {
+    moe_unpack_kernel<<<row_grid(a.capacity), kRowThreads, 0, stream>>>(area, rp.meta_offset, a.hidden / 8,
+                                                                        L.expert_offsets + local, L,
+                                                                        reinterpret_cast<uint4*>(a.routed_x));
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  if (gemm && a.capacity > 0) {
+    GroupedGemmArgs g;
+    g.A = reinterpret_cast<const __nv_bfloat16*>(area);
+    g.rows_capacity = a.capacity;
+    g.offsets = L.expert_offsets;
+    g.groups = local;
+    g.B = a.w1;
+    g.b_layout = a.w1_layout;
+    g.N = a.ffn;
+    g.K = a.hidden;
+    g.C = a.out;
+    g.workspace = base + ws.gemm;
+    g.workspace_bytes = ws.total - ws.gemm;
+    g.num_ctas = a.gemm_ctas;
+    return launch_grouped_gemm(g, stream);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& a, cudaStream_t stream) {
+  using namespace detail;
+  const int W = dev.world, r = dev.rank, E = a.num_experts;
+  if (W < 1 || W > kCommMaxRanks || E < 1 || E > kMoeMaxExperts || a.topk < 1 || a.topk > kMoeMaxTopk) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.width < 0 || a.width % 8 != 0 || a.tokens < 0 || a.capacity < 0) return cudaErrorInvalidValue;
+  const MoeDeviceLayout& L = a.layout;
+  if (L.expert_offsets == nullptr || L.tokens == nullptr || L.status == nullptr) return cudaErrorInvalidValue;
+  if (a.width > 0 &&
+      ((a.capacity > 0 && (a.expert_out == nullptr || !aligned16(a.expert_out))) ||
+       (a.tokens > 0 && (a.out == nullptr || !aligned16(a.out) || a.topk_weights == nullptr)))) {
+    return cudaErrorInvalidValue;
+  }
+  const int local = static_cast<int>(split_count(E, W, r));
+  CommDevice d = dev;
+  d.launch_sig =
+      comm_launch_signature(kMoeOpCombine, static_cast<uint32_t>(CommDtype::kBF16), 0,
+                            comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
+                                          static_cast<uint64_t>(a.width), 0));
+  CombineParams cp{};
+  cp.dev = d;
+  cp.expert_out = reinterpret_cast<const uint4*>(a.expert_out);
+  cp.row_vecs = a.width / 8;
+  cp.rows_at = L.expert_offsets + local;
+  cp.src_rank = L.src_rank;
+  cp.src_token = L.src_token;
+  cp.src_slot = L.src_slot;
+  cp.tokens = L.tokens;
+  cp.topk = a.topk;
+  cp.status = L.status;
+  // With width 0 nothing travels; the launch still keeps the epoch sequence in step.
+  if (a.width == 0) cp.rows_at = L.expert_offsets;  // expert_offsets[0] == 0: no rows
+  moe_combine_kernel<<<row_grid(a.width > 0 ? a.capacity : 0), kRowThreads, 0, stream>>>(cp);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const int64_t n = a.tokens * (a.width / 8);
+  if (n > 0) {
+    const int grid = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>((n + kRowThreads - 1) / kRowThreads, 8LL * sm_count())));
+    moe_weighted_sum_kernel<<<grid, kRowThreads, 0, stream>>>(dev.base[r] + dev.data_offset, a.tokens, a.topk,
+                                                              a.width / 8, a.topk_weights,
+                                                              reinterpret_cast<uint4*>(a.out), L.status);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,201 @@
+// Expert parallelism on the GPU among the processes of one host over NVLink: moeDispatchGemm
+// (route each token's top-k rows to the ranks owning the experts, then the grouped GEMM of the
+// received rows with each expert's W1) and moeCombine (send expert rows home, weighted sum per
+// token), over the symmetric memory of collectives.h (CommDevice). Contracts: docs/ops.md.
+//
+// W = world, r = rank, E experts split over ranks by split.h's rule (rank p owns experts
+// [split_offset(E, W, p), + split_count(E, W, p))), T_r tokens on rank r (may differ, may be 0),
+// k = topk. Each (token, slot) pair is one routed row.
+//
+// Dispatch: launch_moe_dispatch enqueues, on one stream and with no host round trip:
+//   1. counts (local): per chunk of pairs, per expert, the pairs' count and each pair's rank
+//      among its chunk's pairs of the same expert (stable: pair order), and any expert id outside
+//      [0, E) (the first one is kept);
+//   2. the count exchange (one CTA, a launch of the CommDevice's epoch sequence): this rank's E
+//      per-expert totals, its token count and whether it saw a bad id go into every peer's staging
+//      slot [epoch & 1][r] (collectives.h), released by CommFlags::ready[r][0]; every rank then
+//      holds the whole W × E count matrix and derives, identically: each owner's row count
+//      (overflow if above `capacity`), each owner's expert offsets, and for this rank as a sender
+//      the first row of (expert e, source r) at e's owner. Rows at an owner are ordered by
+//      (local expert, source rank, token, slot) (docs/ops.md), so that first row is the owner's
+//      rows of the experts before e plus the rows of e from ranks below r;
+//   3. the rows (a launch of the epoch sequence): every pair's token row goes to its owner's data
+//      area at its row (16-byte NVLink stores) with its identity (source rank, token, slot,
+//      weight) beside it; the last CTA then tells every peer (CommFlags::done[r]) and waits until
+//      every peer has told it (end barrier: all rows for this rank have arrived);
+//   4. unpack (local): the received identities into MoeDeviceLayout, the rows into `routed_x`;
+//   5. the grouped GEMM (launch_grouped_gemm) of the received rows, read in place in the data
+//      area, with the local experts' W1 into `out`.
+// A bad expert id or an overflow is reported in MoeDeviceLayout::status on every rank (all
+// ranks derive it from the same matrix) and no row moves; every rank still runs each launch's
+// protocol, so nothing hangs. The host reads the status after synchronising (a clear error,
+// never a silent drop).
+//
+// Combine: launch_moe_combine enqueues
+//   1. the rows (a launch of the epoch sequence): start barrier (CommFlags::arrive: each home
+//      rank's data area is free), then row i of `expert_out` goes to its home rank's data area
+//      at slot (token · k + slot); end barrier (CommFlags::done);
+//   2. the sum (local): out[t] = Σ_slot topk_weights[t, slot] · row(t, slot), fp32 products and
+//      sums (no fused multiply-add: the host backend's arithmetic), slot order, rounded once.
+//
+// Protocol (collectives.h, fused.h): every launch that communicates takes the next epoch of the
+// CommDevice (CommControl::epoch + 1, read on the device, bumped by its last CTA), so MoE
+// launches interleave with the collectives and the fused ops; back-to-back launches and CUDA
+// graph replay need no host work. Each ends by waiting for a flag that every peer writes in its
+// launch of the same epoch (ready, done), so no rank runs more than one launch ahead: the
+// staging slots' reuse argument holds. A peer writes this rank's data area only after a flag
+// this rank raised once its earlier work on the stream had completed (the count exchange before
+// the rows; arrive before the combine's rows). Every wait is bounded (comm_protocol.cuh): a
+// timeout, an abort or a peer in another op fills the CommErrorRecord (op kMoeOp*, step
+// kMoeStep* or kCommStepArrive / kCommStepDone); SymmetricMemory::raise_if_failed throws.
+//
+// Requirements (else cudaErrorInvalidValue): bf16 rows; hidden, ffn and width multiples of 8 (16-byte
+// rows; hidden, ffn >= 8 for the GEMM); x, w1, routed_x, out, expert_out 16-byte aligned;
+// 1 <= E <= kMoeMaxExperts; 1 <= topk <= kMoeMaxTopk; E · 4 + 64 bytes within a staging slot;
+// the data area holds moe_dispatch_data_bytes(capacity, hidden) (dispatch) and
+// moe_combine_data_bytes(max over ranks of T_s, topk, width) (combine; checked on the device
+// against every rank's T_s, reported in the status).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/collectives/collectives.h"
+#include "kernels/gemm/gemm.h"
+
+namespace fusedcomm::kernels {
+
+inline constexpr int kMoeMaxExperts = 1024;
+inline constexpr int kMoeMaxTopk = 64;
+
+// CommErrorRecord::op of the MoE launches (after fused.h's 16, 17) and ::step of their waits.
+inline constexpr uint32_t kMoeOpCounts = 19;    // dispatch: the count exchange
+inline constexpr uint32_t kMoeOpRows = 20;      // dispatch: the rows
+inline constexpr uint32_t kMoeOpCombine = 21;   // combine: the rows back home
+inline constexpr uint32_t kMoeStepCounts = 19;  // a peer's counts never came
+// (the rows' and the combine's barriers use kCommStepArrive / kCommStepDone)
+
+// MoeStatus::code.
+enum MoeStatusCode : int32_t {
+  kMoeOk = 0,
+  kMoeBadExpert = 1,    // rank `rank` routed pair `a` (token · k + slot) to expert id `b`
+  kMoeOverflow = 2,     // rank `rank` would receive `a` rows, more than the capacity `b`
+  kMoeCombineArea = 3,  // rank `rank`'s T · k · width · 2 = `a` bytes exceed the data area `b`
+  kMoeProtocol = 4,     // a wait gave up (the CommErrorRecord says where)
+};
+struct alignas(16) MoeStatus {
+  int32_t code;
+  int32_t rank;
+  int64_t a, b;
+  int64_t reserved;
+};
+static_assert(sizeof(MoeStatus) == 32, "MoeStatus is read by the host");
+
+// A dispatch's result as the owner of the experts keeps it on the device (docs/ops.md's
+// MoeLayout). capacity = MoeDispatchArgs::capacity.
+struct MoeDeviceLayout {
+  int64_t* expert_offsets;  // local_experts + 1 row offsets (the last is the row count)
+  int32_t* src_rank;        // capacity each: per received row
+  int32_t* src_token;
+  int32_t* src_slot;
+  float* weight;
+  int32_t* counts;    // W × E: counts[s * E + e] = pairs rank s routed to expert e
+  int32_t* tokens;    // W: every rank's T_s
+  MoeStatus* status;  // one
+};
+
+struct MoeDispatchArgs {
+  const __nv_bfloat16* x = nullptr;  // tokens × hidden
+  int64_t tokens = 0;
+  int hidden = 0;
+  const int32_t* topk_ids = nullptr;    // tokens × topk, device
+  const float* topk_weights = nullptr;  // tokens × topk, device
+  int topk = 0;
+  int num_experts = 0;
+  // Local experts' W1: local_experts × ffn × hidden (kNK) or local_experts × hidden × ffn (kKN).
+  // kKN with hidden not a multiple of 64: the last K slice of expert i also reads the first rows
+  // of expert i + 1's weight, multiplied by zeros (finite weights assumed).
+  const __nv_bfloat16* w1 = nullptr;
+  int ffn = 0;
+  GemmLayoutB w1_layout = GemmLayoutB::kNK;
+  // Rows this rank can receive: the outputs' rows and the data area's receive buffer. The same
+  // on every rank (part of the launch signature). A larger count is reported (kMoeOverflow).
+  int64_t capacity = 0;
+  __nv_bfloat16* routed_x = nullptr;  // capacity × hidden; null: not copied out
+  __nv_bfloat16* out = nullptr;       // capacity × ffn; null: no GEMM (dispatch only)
+  MoeDeviceLayout layout{};
+  void* workspace = nullptr;  // moe_dispatch_workspace_bytes, 256-byte aligned
+  size_t workspace_bytes = 0;
+  int gemm_ctas = 0;  // the grouped GEMM's CTAs (0: one per SM)
+};
+
+struct MoeCombineArgs {
+  const __nv_bfloat16* expert_out = nullptr;  // rows × width, the dispatch's row order
+  int width = 0;
+  MoeDeviceLayout layout{};  // the dispatch's (read only)
+  int num_experts = 0;
+  int topk = 0;
+  int64_t capacity = 0;                 // the dispatch's
+  int64_t tokens = 0;                   // this rank's T
+  const float* topk_weights = nullptr;  // tokens × topk, this rank's (as passed to the dispatch)
+  __nv_bfloat16* out = nullptr;         // tokens × width
+};
+
+// Bytes of the data area the dispatch uses: capacity rows of hidden bf16, then one 16-byte
+// identity per row.
+uint64_t moe_dispatch_data_bytes(int64_t capacity, int hidden);
+// The largest capacity whose rows fit `data_bytes` of data area.
+int64_t moe_capacity_for(uint64_t data_bytes, int hidden);
+// Bytes of the data area the combine uses at a home rank of `tokens` tokens.
+uint64_t moe_combine_data_bytes(int64_t tokens, int topk, int width);
+// Bytes of the dispatch's workspace (private device memory of this rank).
+size_t moe_dispatch_workspace_bytes(int64_t tokens, int topk, int num_experts, int world, int rank,
+                                    int64_t capacity);
+
+cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& args, cudaStream_t stream);
+cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& args, cudaStream_t stream);
+
+// ---- grouped GEMM ---------------------------------------------------------------------------
+// C[rows of group g] = A[rows of group g] · op(B_g) for g < groups, where group g owns rows
+// [offsets[g], offsets[g+1]) of A and C (offsets on the device, non-decreasing, offsets[0] >= 0,
+// offsets[groups] <= rows_capacity; any length, 0 included). B holds the groups' weights one
+// after the other: groups × N × K (kNK) or groups × K × N (kKN). bf16 in and out, fp32
+// accumulation, each element rounded once. One launch of a small kernel that turns the offsets
+// into a table of 128-row blocks, then the Hopper engine (kernels/gemm/) over that table: its
+// CTAs claim tiles dynamically; a tile loads 128 rows of A from its group's start (rows past
+// the group's end are computed and not stored) and the group's B through an offset, so no
+// padding and no host round trip. Rows outside every group are not written.
+// Requirements: N, K >= 8 and multiples of 8; A, B, C 16-byte aligned; groups <=
+// kMoeMaxExperts; workspace of grouped_gemm_workspace_bytes, 256-byte aligned.
+struct GroupedGemmArgs {
+  const __nv_bfloat16* A = nullptr;  // rows_capacity × K
+  int64_t rows_capacity = 0;
+  const int64_t* offsets = nullptr;  // groups + 1, device
+  int groups = 0;
+  const __nv_bfloat16* B = nullptr;
+  GemmLayoutB b_layout = GemmLayoutB::kNK;
+  int N = 0, K = 0;
+  __nv_bfloat16* C = nullptr;  // rows_capacity × N
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int num_ctas = 0;  // 0: one per SM
+  int tile_n = 0;    // 0: chosen; or 128 / 256
+};
+size_t grouped_gemm_workspace_bytes(int64_t rows_capacity, int groups);
+cudaError_t launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream);
+
+inline const char* moe_status_name(int32_t code) {
+  switch (code) {
+    case kMoeOk: return "ok";
+    case kMoeBadExpert: return "expert id out of range";
+    case kMoeOverflow: return "receive capacity exceeded";
+    case kMoeCombineArea: return "combine rows exceed the data area";
+    case kMoeProtocol: return "a wait gave up";
+    default: return "?";
+  }
+}
+
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,725 @@
+// gpu_moe_test: moeDispatchGemm and moeCombine on the GPU (kernels/moe/moe.h) over
+// SymmetricMemory, one forked process per rank, handles exchanged through pipes
+// (process_group.h).
+//   worlds: 1 (GPU 0), then every world W from 2 to the GPU count (at most 8) on GPUs 0..W-1;
+//     FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0 (protocol and numerics only).
+//   correctness: random routings from several seeds (uniform; heavily unbalanced: most pairs
+//     to expert 0; an expert that receives nothing; every pair to one expert), empty ranks
+//     (T_r = 0), tokens that choose the same expert twice (ids drawn with replacement), E < W,
+//     E not divisible by W, both weight layouts, hidden not a multiple of 64. Every rank makes
+//     every rank's inputs (seeded) and derives the contract's rows (docs/ops.md: by local
+//     expert, then source rank, token, slot) on the host: expert offsets, the count matrix,
+//     every row's identity and weight, and routed_x bit for bit; out against an fp32
+//     reference, |got - ref| <= 8e-3 |ref| + 2e-5 Σ|x·w| + 1e-6 for every element (outputs
+//     poisoned with NaN first). The combine sends rows whose values encode their identity
+//     home; the weighted sums are checked bit for bit against the contract's arithmetic (fp32
+//     products and sums in slot order, rounded once).
+//   errors: an expert id out of range on one rank, a capacity below the rows of one owner: every
+//     rank gets the same status, no row moves, nothing hangs, and the next op works.
+//   1,000 back-to-back launches (dispatch and combine of two routings alternating, an allReduce
+//     between them every tenth time), no host synchronisation, the last outputs checked; CUDA
+//     graph capture of dispatch + combine and 10 replays (outputs poisoned between replays);
+//     a rank that never launches: the others time out (1 s) with an error record naming the
+//     count exchange and the dead rank; a fresh SymmetricMemory then works.
+// FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
+// Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/comm/cuda_comm.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/runtime.h"
+#include "fusedcomm/runtime/split.h"
+#include "fusedcomm/runtime/symmetric_memory.h"
+#include "kernels/collectives/collectives.h"
+#include "kernels/common/fused.h"
+#include "kernels/moe/moe.h"
+#include "support/gpu_test_support.h"
+#include "support/process_group.h"
+
+namespace {
+
+namespace k = fusedcomm::kernels;
+using fusedcomm::Error;
+using fusedcomm::ErrorKind;
+using fusedcomm::split_count;
+using fusedcomm::split_offset;
+using fusedcomm::SymmetricConfig;
+using fusedcomm::testing::check;
+using fusedcomm::testing::g_failed;
+using fusedcomm::testing::g_passed;
+using fusedcomm::testing::mix;
+using fusedcomm::testing::ProcessGroup;
+
+float bf(__nv_bfloat16 v) { return __bfloat162float(v); }
+uint16_t bits(__nv_bfloat16 v) {
+  uint16_t b;
+  std::memcpy(&b, &v, 2);
+  return b;
+}
+// Uniform in [-1, 1) from a key.
+float unit(uint64_t h) { return static_cast<float>(static_cast<double>(h >> 11) * 0x1p-53 * 2.0 - 1.0); }
+
+enum class Routing { kUniform, kSkewed, kNoLastExpert, kOneExpert };
+const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::kUniform: return "uniform";
+    case Routing::kSkewed: return "skewed";
+    case Routing::kNoLastExpert: return "last-expert-empty";
+    default: return "one-expert";
+  }
+}
+
+struct Case {
+  std::vector<int64_t> tokens;  // per rank
+  int H, F, E, topk;
+  Routing routing;
+  k::GemmLayoutB layout;
+  std::string name() const {
+    std::string t;
+    for (size_t i = 0; i < tokens.size(); ++i) t += (i ? "," : "") + std::to_string(tokens[i]);
+    char b[240];
+    std::snprintf(b, sizeof b, "W=%zu T=[%s] H=%d F=%d E=%d k=%d %s %s", tokens.size(), t.c_str(), H, F, E,
+                  topk, routing_name(routing), layout == k::GemmLayoutB::kNK ? "NK" : "KN");
+    return b;
+  }
+};
+
+// Rank s's inputs under `key` (every rank can make every rank's).
+struct Inputs {
+  std::vector<__nv_bfloat16> x;  // T × H
+  std::vector<int32_t> ids;      // T × topk
+  std::vector<float> weights;    // T × topk
+};
+Inputs make_inputs(const Case& c, uint64_t key, int s) {
+  Inputs in;
+  const int64_t T = c.tokens[s];
+  in.x.resize(static_cast<size_t>(T * c.H));
+  for (int64_t i = 0; i < T * c.H; ++i)
+    in.x[i] = __float2bfloat16_rn(unit(mix(key ^ mix(0x100 + s) ^ mix(i))));
+  in.ids.resize(static_cast<size_t>(T * c.topk));
+  in.weights.resize(in.ids.size());
+  for (int64_t j = 0; j < T * c.topk; ++j) {
+    const uint64_t h = mix(key ^ mix(0x200 + s) ^ mix(j));
+    int e = static_cast<int>(h % c.E);
+    if (c.routing == Routing::kSkewed && (h >> 40) % 8 != 0) e = 0;  // ~7/8 of the pairs
+    if (c.routing == Routing::kNoLastExpert && c.E > 1) e = static_cast<int>(h % (c.E - 1));
+    if (c.routing == Routing::kOneExpert) e = c.E / 2;
+    in.ids[j] = e;
+    in.weights[j] = unit(mix(h)) * 0.5f + 0.75f;
+  }
+  return in;
+}
+// Rank p's W1: E_p × F × H (NK) or E_p × H × F (KN), values of element (expert, n, k).
+std::vector<__nv_bfloat16> make_w1(const Case& c, uint64_t key, int W, int p) {
+  const int64_t El = split_count(c.E, W, p), first = split_offset(c.E, W, p);
+  std::vector<__nv_bfloat16> w(static_cast<size_t>(El * c.F * c.H));
+  for (int64_t i = 0; i < El; ++i)
+    for (int n = 0; n < c.F; ++n)
+      for (int kk = 0; kk < c.H; ++kk) {
+        const __nv_bfloat16 v =
+            __float2bfloat16_rn(unit(mix(key ^ mix(0x300 + first + i) ^ mix(int64_t(n) << 32 | kk))) * 0.25f);
+        const int64_t at =
+            c.layout == k::GemmLayoutB::kNK ? (i * c.F + n) * c.H + kk : (i * c.H + kk) * c.F + n;
+        w[at] = v;
+      }
+  return w;
+}
+// The value a combine row carries: a function of its identity and column.
+__nv_bfloat16 combine_value(int s, int64_t t, int slot, int col) {
+  return __float2bfloat16_rn(unit(mix(uint64_t(s) << 56 ^ uint64_t(t) << 20 ^ uint64_t(slot) << 12 ^ col)));
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  explicit DevBuf(size_t n) : bytes(n) { CUDA_OK(cudaMalloc(&p, std::max<size_t>(n, 256))); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      if (p != nullptr) cudaFree(p);
+      p = o.p;
+      bytes = o.bytes;
+      o.p = nullptr;
+    }
+    return *this;
+  }
+  ~DevBuf() {
+    if (p != nullptr) cudaFree(p);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+template <typename T>
+DevBuf upload(const std::vector<T>& v, cudaStream_t s) {
+  DevBuf b(v.size() * sizeof(T));
+  if (!v.empty()) {
+    CUDA_OK(cudaMemcpyAsync(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+  }
+  return b;
+}
+template <typename T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) CUDA_OK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// One rank's buffers of a case: inputs, outputs, the device layout, the workspace.
+struct Run {
+  Case c;
+  uint64_t key;
+  int64_t capacity;
+  Inputs in;
+  DevBuf x, ids, weights, w1, routed, out, offsets, src_rank, src_token, src_slot, wts, counts, tokens,
+      status, ws, expert_out, combined;
+  k::MoeDispatchArgs d;
+  k::MoeCombineArgs cb;
+  int width;
+};
+
+struct Rank : fusedcomm::testing::SymmetricRank {
+  using SymmetricRank::SymmetricRank;
+
+  std::unique_ptr<Run> prepare(const Case& c, uint64_t key, int64_t capacity = -1) {
+    auto run = std::make_unique<Run>();
+    Run& R = *run;
+    R.c = c;
+    R.key = key;
+    int64_t all = 0;
+    for (int64_t t : c.tokens) all += t * c.topk;
+    R.capacity = capacity >= 0 ? capacity : all;
+    R.in = make_inputs(c, key, r);
+    R.x = upload(R.in.x, stream);
+    R.ids = upload(R.in.ids, stream);
+    R.weights = upload(R.in.weights, stream);
+    R.w1 = upload(make_w1(c, key, W, r), stream);
+    const int64_t cap = R.capacity, El = split_count(c.E, W, r);
+    R.routed = DevBuf(cap * c.H * 2);
+    R.out = DevBuf(cap * c.F * 2);
+    R.offsets = DevBuf((El + 1) * 8);
+    R.src_rank = DevBuf(cap * 4);
+    R.src_token = DevBuf(cap * 4);
+    R.src_slot = DevBuf(cap * 4);
+    R.wts = DevBuf(cap * 4);
+    R.counts = DevBuf(static_cast<size_t>(W) * c.E * 4);
+    R.tokens = DevBuf(W * 4);
+    R.status = DevBuf(sizeof(k::MoeStatus));
+    R.ws = DevBuf(k::moe_dispatch_workspace_bytes(c.tokens[r], c.topk, c.E, W, r, cap));
+    k::MoeDispatchArgs& d = R.d;
+    d.x = R.x.as<__nv_bfloat16>();
+    d.tokens = c.tokens[r];
+    d.hidden = c.H;
+    d.topk_ids = R.ids.as<int32_t>();
+    d.topk_weights = R.weights.as<float>();
+    d.topk = c.topk;
+    d.num_experts = c.E;
+    d.w1 = R.w1.as<__nv_bfloat16>();
+    d.ffn = c.F;
+    d.w1_layout = c.layout;
+    d.capacity = cap;
+    d.routed_x = R.routed.as<__nv_bfloat16>();
+    d.out = R.out.as<__nv_bfloat16>();
+    d.layout = {R.offsets.as<int64_t>(),  R.src_rank.as<int32_t>(),   R.src_token.as<int32_t>(),
+                R.src_slot.as<int32_t>(), R.wts.as<float>(),          R.counts.as<int32_t>(),
+                R.tokens.as<int32_t>(),   R.status.as<k::MoeStatus>()};
+    d.workspace = R.ws.p;
+    d.workspace_bytes = R.ws.bytes;
+    R.width = 64;
+    R.expert_out = DevBuf(cap * R.width * 2);
+    R.combined = DevBuf(c.tokens[r] * R.width * 2);
+    k::MoeCombineArgs& cb = R.cb;
+    cb.expert_out = R.expert_out.as<__nv_bfloat16>();
+    cb.width = R.width;
+    cb.layout = d.layout;
+    cb.num_experts = c.E;
+    cb.topk = c.topk;
+    cb.capacity = cap;
+    cb.tokens = c.tokens[r];
+    cb.topk_weights = R.weights.as<float>();
+    cb.out = R.combined.as<__nv_bfloat16>();
+    return run;
+  }
+
+  void poison(Run& R) {
+    CUDA_OK(cudaMemsetAsync(R.routed.p, 0xFF, R.routed.bytes, stream));
+    CUDA_OK(cudaMemsetAsync(R.out.p, 0xFF, R.out.bytes, stream));
+    CUDA_OK(cudaMemsetAsync(R.combined.p, 0xFF, R.combined.bytes, stream));
+  }
+
+  k::MoeStatus status(Run& R) { return download<k::MoeStatus>(R.status.p, 1)[0]; }
+
+  // The expert rows of the combine, from the downloaded identities.
+  void write_expert_out(Run& R, int64_t rows) {
+    const auto sr = download<int32_t>(R.src_rank.p, rows), st = download<int32_t>(R.src_token.p, rows),
+               ss = download<int32_t>(R.src_slot.p, rows);
+    std::vector<__nv_bfloat16> eo(static_cast<size_t>(rows * R.width));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int col = 0; col < R.width; ++col) eo[i * R.width + col] = combine_value(sr[i], st[i], ss[i], col);
+    if (rows > 0) {
+      CUDA_OK(cudaMemcpyAsync(R.expert_out.p, eo.data(), eo.size() * 2, cudaMemcpyHostToDevice, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+    }
+  }
+
+  // What a dispatch gave this rank, on the host.
+  struct Got {
+    std::vector<int64_t> offsets;
+    std::vector<int32_t> src_rank, src_token, src_slot;
+    std::vector<float> weight;
+    std::vector<__nv_bfloat16> routed, out;
+  };
+
+  // Checks this rank's dispatch outputs (kernel launch: on the device) against the contract;
+  // returns the row count.
+  int64_t check_dispatch(Run& R, const std::string& what) {
+    const Case& c = R.c;
+    const int64_t El = split_count(c.E, W, r);
+    const k::MoeStatus st = status(R);
+    check(st.code == k::kMoeOk, what + ": status ok (got " + std::to_string(st.code) + ")");
+    std::vector<int32_t> counts(static_cast<size_t>(W) * c.E, 0);
+    for (int s = 0; s < W; ++s)
+      for (int32_t id : (s == r ? R.in : make_inputs(c, R.key, s)).ids) ++counts[s * c.E + id];
+    check(download<int32_t>(R.counts.p, counts.size()) == counts, what + ": count matrix");
+    Got g;
+    g.offsets = download<int64_t>(R.offsets.p, El + 1);
+    const int64_t n = std::min(g.offsets.back(), R.capacity);
+    g.src_rank = download<int32_t>(R.src_rank.p, n);
+    g.src_token = download<int32_t>(R.src_token.p, n);
+    g.src_slot = download<int32_t>(R.src_slot.p, n);
+    g.weight = download<float>(R.wts.p, n);
+    g.routed = download<__nv_bfloat16>(R.routed.p, n * c.H);
+    g.out = download<__nv_bfloat16>(R.out.p, n * c.F);
+    return check_rows(c, R.key, R.in, g, what);
+  }
+
+  // The contract's rows at this rank against `g`.
+  int64_t check_rows(const Case& c, uint64_t key, const Inputs& mine, const Got& g, const std::string& what) {
+    const int E = c.E;
+    const int64_t El = split_count(E, W, r), first = split_offset(E, W, r);
+    std::vector<Inputs> ins;
+    for (int s = 0; s < W; ++s) ins.push_back(s == r ? mine : make_inputs(c, key, s));
+    struct Row {
+      int s;
+      int64_t t;
+      int slot;
+      int64_t e;
+    };
+    std::vector<Row> rows;
+    std::vector<int64_t> offsets(El + 1, 0);
+    for (int64_t i = 0; i < El; ++i) {
+      offsets[i] = static_cast<int64_t>(rows.size());
+      for (int s = 0; s < W; ++s)
+        for (int64_t t = 0; t < c.tokens[s]; ++t)
+          for (int q = 0; q < c.topk; ++q)
+            if (ins[s].ids[t * c.topk + q] == first + i) rows.push_back({s, t, q, first + i});
+    }
+    offsets[El] = static_cast<int64_t>(rows.size());
+    const int64_t n = offsets[El];
+    check(g.offsets == offsets, what + ": expert offsets");
+    if (g.offsets != offsets || static_cast<int64_t>(g.src_rank.size()) < n) return n;
+    const auto w1 = make_w1(c, key, W, r);
+    int64_t bad_meta = 0, bad_rows = 0, bad_out = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const Row& w = rows[i];
+      const int64_t pair = w.t * c.topk + w.slot;
+      if (g.src_rank[i] != w.s || g.src_token[i] != w.t || g.src_slot[i] != w.slot ||
+          g.weight[i] != ins[w.s].weights[pair]) {
+        ++bad_meta;
+      }
+      for (int h = 0; h < c.H; ++h)
+        if (bits(g.routed[i * c.H + h]) != bits(ins[w.s].x[w.t * c.H + h])) {
+          ++bad_rows;
+          break;
+        }
+      const int64_t le = w.e - first;
+      for (int col = 0; col < c.F; ++col) {
+        double ref = 0, mag = 0;
+        for (int h = 0; h < c.H; ++h) {
+          const int64_t at =
+              c.layout == k::GemmLayoutB::kNK ? (le * c.F + col) * c.H + h : (le * c.H + h) * c.F + col;
+          const double p = double(bf(ins[w.s].x[w.t * c.H + h])) * bf(w1[at]);
+          ref += p;
+          mag += std::fabs(p);
+        }
+        const double got = bf(g.out[i * c.F + col]);
+        const double err = std::fabs(got - ref), bound = 8e-3 * std::fabs(ref) + 2e-5 * mag + 1e-6;
+        if (!(err <= bound)) ++bad_out;
+        if (bound > 0) worst = std::max(worst, std::isnan(err) ? 1e9 : err / bound);
+      }
+    }
+    check(bad_meta == 0, what + ": row identities and weights (" + std::to_string(bad_meta) + " wrong)");
+    check(bad_rows == 0, what + ": routed_x bit-exact (" + std::to_string(bad_rows) + " rows differ)");
+    check(bad_out == 0, what + ": out within the bound (" + std::to_string(bad_out) +
+                            " elements outside; worst " + std::to_string(worst) + " of the bound)");
+    return n;
+  }
+
+  // The combine's expected sums at this rank, bit for bit.
+  int64_t combine_mismatches(const Case& c, const Inputs& mine, int width,
+                             const std::vector<__nv_bfloat16>& got) {
+    const int64_t T = c.tokens[r];
+    int64_t bad = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int col = 0; col < width; ++col) {
+        volatile float acc = 0.f;
+        for (int q = 0; q < c.topk; ++q) {
+          volatile float p = mine.weights[t * c.topk + q] * bf(combine_value(r, t, q, col));
+          acc = acc + p;
+        }
+        if (bits(got[t * width + col]) != bits(__float2bfloat16_rn(acc))) ++bad;
+      }
+    return bad;
+  }
+
+  void check_combine(Run& R, const std::string& what) {
+    const k::MoeStatus st = status(R);
+    check(st.code == k::kMoeOk, what + ": combine status ok (got " + std::to_string(st.code) + ")");
+    const auto got = download<__nv_bfloat16>(R.combined.p, R.c.tokens[r] * R.width);
+    const int64_t bad = combine_mismatches(R.c, R.in, R.width, got);
+    check(bad == 0, what + ": combine bit-exact (" + std::to_string(bad) + " elements differ)");
+  }
+
+  void run_case(const Case& c, uint64_t key) {
+    auto R = prepare(c, key);
+    const std::string what = c.name();
+    poison(*R);
+    CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const int64_t rows = check_dispatch(*R, what);
+    write_expert_out(*R, std::min(rows, R->capacity));
+    CUDA_OK(k::launch_moe_combine(sm->device(), R->cb, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    check_combine(*R, what);
+  }
+
+  std::vector<int64_t> tokens_of(std::initializer_list<int64_t> pattern) {
+    std::vector<int64_t> t;
+    auto it = pattern.begin();
+    for (int s = 0; s < W; ++s) {
+      t.push_back(*it);
+      if (++it == pattern.end()) it = pattern.begin();
+    }
+    return t;
+  }
+
+  void correctness() {
+    const auto NK = k::GemmLayoutB::kNK, KN = k::GemmLayoutB::kKN;
+    for (int round = 0; round < 3; ++round) {
+      const uint64_t key = mix(seed + round);
+      run_case({tokens_of({300, 171, 64}), 264, 136, 8, 2, Routing::kUniform, NK}, key);
+      run_case({tokens_of({257}), 512, 256, 2 * W + 1, 4, Routing::kSkewed, NK}, mix(key ^ 1));
+      run_case({tokens_of({0, 200}), 136, 264, 5, 3, Routing::kNoLastExpert, KN}, mix(key ^ 2));
+    }
+    run_case({tokens_of({129}), 256, 128, 1, 2, Routing::kUniform, NK}, mix(seed ^ 3));  // E = 1 (< W)
+    run_case({tokens_of({100, 7}), 128, 128, 3, 8, Routing::kOneExpert, KN}, mix(seed ^ 4));
+    run_case({tokens_of({0}), 128, 128, 4, 2, Routing::kUniform, NK}, mix(seed ^ 5));  // no tokens at all
+    run_case({tokens_of({1000}), 1024, 512, 64, 8, Routing::kUniform, NK}, mix(seed ^ 6));
+  }
+
+  void errors() {
+    const auto NK = k::GemmLayoutB::kNK;
+    // An expert id out of range on the last rank: every rank gets the same status.
+    {
+      const Case c{tokens_of({64}), 128, 128, 6, 2, Routing::kUniform, NK};
+      auto R = prepare(c, mix(seed ^ 0xBAD));
+      if (r == W - 1) {
+        R->in.ids[3 * c.topk + 1] = c.E;
+        CUDA_OK(cudaMemcpy(R->ids.p, R->in.ids.data(), R->in.ids.size() * 4, cudaMemcpyHostToDevice));
+      }
+      CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      sm->raise_if_failed();
+      const k::MoeStatus st = status(*R);
+      check(st.code == k::kMoeBadExpert && st.rank == W - 1 && st.a == 3 * c.topk + 1 && st.b == c.E,
+            "bad expert id: every rank names rank " + std::to_string(W - 1) + " pair 7 id 6 (got code " +
+                std::to_string(st.code) + " rank " + std::to_string(st.rank) + " a " + std::to_string(st.a) +
+                " b " + std::to_string(st.b) + ")");
+    }
+    // A capacity below one owner's rows.
+    {
+      const Case c{tokens_of({200}), 128, 128, 4, 2, Routing::kSkewed, NK};
+      auto R = prepare(c, mix(seed ^ 0xCAB), 16);
+      CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      sm->raise_if_failed();
+      const k::MoeStatus st = status(*R);
+      check(st.code == k::kMoeOverflow && st.b == 16 && st.a > 16,
+            "overflow: every rank gets the same status (got code " + std::to_string(st.code) + " rank " +
+                std::to_string(st.rank) + " rows " + std::to_string(st.a) + ")");
+      const auto off = download<int64_t>(R->offsets.p, split_count(c.E, W, r) + 1);
+      check(off.back() == 0, "overflow: no rows received");
+    }
+    // The next op works.
+    run_case({tokens_of({77}), 128, 128, 4, 2, Routing::kUniform, NK}, mix(seed ^ 0xCAC));
+  }
+
+  void back_to_back() {
+    const auto NK = k::GemmLayoutB::kNK;
+    const Case a{tokens_of({96, 33}), 256, 128, 6, 2, Routing::kUniform, NK};
+    const Case b{tokens_of({40, 128}), 256, 128, 6, 3, Routing::kSkewed, NK};
+    auto A = prepare(a, mix(seed ^ 0xB2B1)), B = prepare(b, mix(seed ^ 0xB2B2));
+    DevBuf ar_in(4096 * 2), ar_out(4096 * 2);
+    CUDA_OK(cudaMemsetAsync(ar_in.p, 0, ar_in.bytes, stream));
+    // The expert rows: identity-valued rows need the layouts, so run each once first.
+    for (Run* R : {A.get(), B.get()}) {
+      CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      sm->raise_if_failed();
+      write_expert_out(*R, download<int64_t>(R->offsets.p, split_count(R->c.E, W, r) + 1).back());
+    }
+    const int n = 250;  // x 4 ops
+    for (int i = 0; i < n; ++i) {
+      for (Run* R : {A.get(), B.get()}) {
+        CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+        CUDA_OK(k::launch_moe_combine(sm->device(), R->cb, stream));
+      }
+      if (i % 10 == 0) {
+        k::CollectiveArgs ar;
+        ar.op = k::CommOp::kAllReduce;
+        ar.dtype = k::CommDtype::kBF16;
+        ar.count = 4096;
+        ar.algo = k::CommAlgo::kOneShot;
+        ar.input = ar_in.p;
+        ar.output = ar_out.p;
+        CUDA_OK(k::launch_collective(sm->device(), ar, stream));
+      }
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    const std::string what = std::to_string(4 * n) + " back-to-back launches";
+    check_dispatch(*A, what + " (a)");
+    check_combine(*A, what + " (a)");
+    check_dispatch(*B, what + " (b)");
+    check_combine(*B, what + " (b)");
+  }
+
+  void graph() {
+    const Case c{tokens_of({150, 61}), 256, 128, 5, 2, Routing::kUniform, k::GemmLayoutB::kNK};
+    auto R = prepare(c, mix(seed ^ 0x6A));
+    CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    write_expert_out(*R, download<int64_t>(R->offsets.p, split_count(c.E, W, r) + 1).back());
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+    CUDA_OK(k::launch_moe_combine(sm->device(), R->cb, stream));
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 10; ++i) {
+      poison(*R);
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      sm->raise_if_failed();
+      if (i == 0 || i == 9) {
+        const std::string what = "graph replay " + std::to_string(i);
+        check_dispatch(*R, what);
+        check_combine(*R, what);
+      }
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+
+  void dead_rank() {
+    SymmetricConfig cfg;
+    cfg.data_bytes = 32 << 20;
+    cfg.timeout_ns = 1000ull * 1000 * 1000;
+    open(cfg);
+    const Case c{tokens_of({64}), 128, 128, 4, 2, Routing::kUniform, k::GemmLayoutB::kNK};
+    auto R = prepare(c, mix(seed ^ 0xDEAD));
+    if (r != W - 1) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::optional<Error> e = fusedcomm::testing::raised(*sm);
+      const k::CommErrorRecord rec = sm->error();
+      if (r == 0) std::printf("  dead rank after %.2f s: %s\n", s, e ? e->what() : "(no error)");
+      check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpCounts &&
+                rec.step == k::kMoeStepCounts && rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
+            "dead rank: a clear timeout naming the count exchange and rank " + std::to_string(W - 1));
+    }
+    SymmetricConfig fresh;
+    fresh.data_bytes = 64 << 20;
+    open(fresh);
+    run_case({tokens_of({90}), 128, 128, 4, 2, Routing::kUniform, k::GemmLayoutB::kNK}, mix(seed ^ 0xF2));
+  }
+};
+
+// The same ops through the runtime objects the C API drives (Runtime, CudaComm), bootstrapped
+// as the C API's callers do it: results as the host reads them (the layout copied when the op
+// returns, the outputs through MoeDeviceResult::copy), a bad id as Error(kInvalidArgument) on
+// every rank, and the next op after it.
+void runtime_path(Rank& R, int gpu) {
+  const int W = R.W, r = R.r;
+  fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(gpu, R.seed, 20000, 64 << 20,
+                                                                 fusedcomm::testing::g_shared_gpu));
+  auto dc = std::make_unique<fusedcomm::CudaComm>(rt, r, W);
+  {
+    const std::string ep = dc->endpoint();
+    const auto eps = R.g.all_gather(std::vector<uint8_t>(ep.begin(), ep.end()));
+    fusedcomm::Bootstrap b;
+    b.rank = r;
+    b.comm_id = 4242;
+    b.device_handles = R.g.all_gather(dc->device_handle());
+    const fusedcomm::rdma::auth::Share share = fusedcomm::rdma::auth::random_share();
+    for (const auto& sh : R.g.all_gather(std::vector<uint8_t>(share.begin(), share.end()))) {
+      std::memcpy(b.auth_shares.emplace_back().data(), sh.data(), share.size());
+    }
+    b.host_ids.assign(W, 0);
+    for (const auto& e : eps) b.endpoints.emplace_back(e.begin(), e.end());
+    dc->connect(b);
+  }
+  const Case c{R.tokens_of({300, 0, 77}), 256, 128, 2 * W + 1, 4, Routing::kUniform, k::GemmLayoutB::kNK};
+  const uint64_t key = mix(R.seed ^ 0x4C);
+  Inputs in = make_inputs(c, key, r);
+  DevBuf x = upload(in.x, R.stream), ids = upload(in.ids, R.stream), wts = upload(in.weights, R.stream),
+         w1 = upload(make_w1(c, key, W, r), R.stream);
+  const fusedcomm::OpDesc desc{"moeDispatchGemm (test)", 0};
+  auto dispatch = [&] {
+    return dc->moe_dispatch_gemm(desc, fusedcomm::DType::kBF16, x.p, c.tokens[r], c.H, ids.as<int32_t>(),
+                                 wts.as<float>(), c.topk, c.E, w1.p, c.F);
+  };
+  const std::string what = "CudaComm " + c.name();
+  for (int round = 0; round < 2; ++round) {
+    auto res = dispatch();
+    const fusedcomm::host::MoeLayout& l = res->layout;
+    Rank::Got g;
+    g.offsets = l.expert_offsets;
+    g.src_rank = l.src_rank;
+    g.src_token = l.src_token;
+    g.src_slot = l.src_slot;
+    g.weight = l.weight;
+    const int64_t rows = l.rows();
+    g.routed.resize(static_cast<size_t>(rows * c.H));
+    g.out.resize(static_cast<size_t>(rows * c.F));
+    check(res->device != nullptr, what + ": the result stays on the GPU");
+    res->device->copy(g.out.data(), g.routed.data());
+    R.check_rows(c, key, in, g, what + (round ? " (after a failed op)" : ""));
+    // Combine: rows that carry their identity, home.
+    const int width = 40;
+    std::vector<__nv_bfloat16> eo(static_cast<size_t>(rows * width));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int col = 0; col < width; ++col)
+        eo[i * width + col] = combine_value(l.src_rank[i], l.src_token[i], l.src_slot[i], col);
+    DevBuf eod = upload(eo, R.stream), outd(static_cast<size_t>(c.tokens[r] * width * 2));
+    dc->moe_combine({"moeCombine (test)", 0}, fusedcomm::DType::kBF16, *res, eod.p, width, outd.p);
+    const int64_t bad =
+        R.combine_mismatches(c, in, width, download<__nv_bfloat16>(outd.p, c.tokens[r] * width));
+    check(bad == 0, what + ": combine bit-exact (" + std::to_string(bad) + " elements differ)");
+    if (round == 0) {
+      // A bad id on the last rank: every rank throws, naming it.
+      std::vector<int32_t> bad_ids = in.ids;
+      int bad_rank = 0;
+      for (int q = 0; q < W; ++q)
+        if (c.tokens[q] > 0) bad_rank = q;
+      if (r == bad_rank) bad_ids[1] = c.E + 5;
+      DevBuf saved = std::move(ids);
+      ids = upload(bad_ids, R.stream);
+      std::string msg;
+      bool invalid = false;
+      try {
+        dispatch();
+      } catch (const Error& e) {
+        msg = e.what();
+        invalid = e.kind() == ErrorKind::kInvalidArgument;
+      }
+      if (r == 0) std::printf("  bad id through CudaComm: %s\n", msg.c_str());
+      check(invalid && msg.find("expert id " + std::to_string(c.E + 5)) != std::string::npos,
+            what + ": a bad id is Error(kInvalidArgument) naming it on every rank (got '" + msg + "')");
+      ids = std::move(saved);
+    }
+  }
+  dc->close();
+}
+
+int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
+  CUDA_OK(cudaSetDevice(gpus[g.rank]));
+  Rank R(g, seed);
+  CUDA_OK(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
+  SymmetricConfig cfg;
+  cfg.data_bytes = 64 << 20;
+  R.open(cfg);
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&](const char* what) {
+    const auto t1 = std::chrono::steady_clock::now();
+    if (g.rank == 0) {
+      std::printf("  %-24s %.1f s\n", what, std::chrono::duration<double>(t1 - t0).count());
+      std::fflush(stdout);
+    }
+    t0 = t1;
+  };
+  auto finish = [&] {
+    R.sm.reset();
+    std::printf("  rank %d: %d passed, %d failed\n", g.rank, g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+  };
+  try {
+    R.correctness();
+    lap("correctness");
+    R.errors();
+    lap("errors");
+    R.back_to_back();
+    lap("back-to-back");
+    R.graph();
+    lap("graph replay");
+    runtime_path(R, gpus[g.rank]);
+    lap("through CudaComm");
+    if (g.world > 1) {
+      R.dead_rank();
+      lap("dead rank");
+    }
+  } catch (const std::exception& e) {
+    check(false, std::string("rank ") + std::to_string(g.rank) + " threw: " + e.what());
+  }
+  return finish();
+}
+
+}  // namespace
+
+int main() {
+  const int shared = fusedcomm::testing::shared_gpu_world();
+  const int n = fusedcomm::testing::peer_gpus_or_skip("gpu_moe_test", shared);
+  if (n == 0) return 77;
+  const uint64_t seed = fusedcomm::testing::test_seed("gpu_moe_test", n);
+  fusedcomm::testing::g_shared_gpu = shared > 0;
+  const int max_world = std::min(shared > 0 ? shared : n, k::kCommMaxRanks);
+  int failed = 0;
+  for (int w = 1; w <= max_world; ++w) {
+    if (!fusedcomm::testing::test_world_selected(w)) continue;
+    std::vector<int> gpus;
+    for (int i = 0; i < w; ++i) gpus.push_back(shared > 0 ? 0 : i);
+    std::printf("== world %d%s\n", w, shared > 0 ? " (all ranks on GPU 0)" : "");
+    std::fflush(stdout);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int f = fusedcomm::testing::run_processes(
+        w, [&](ProcessGroup& g) { return rank_main(g, gpus, seed); }, 240);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("== world %d: %s (%.1f s)\n", w, f == 0 ? "PASS" : "FAIL", s);
+    failed += f;
+  }
+  std::printf(failed == 0 ? "gpu_moe_test: PASS\n" : "gpu_moe_test: FAIL\n");
+  return failed == 0 ? 0 : 1;
+}
