@@ -1,11 +1,13 @@
 // 1000 connect / write / close cycles of a 2-rank group (two transports in this process) must
-// leave the process's fd count and thread count where they were after warm-up.
+// leave the process's fd count and thread count where they were after warm-up, on the backend
+// named by the first argument (backends.h).
 #include <cstdlib>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "fusedcomm/rdma/proxy.h"
+#include "backends.h"
 #include "fusedcomm/rdma/transport.h"
 #include "test_util.h"
 
@@ -13,6 +15,8 @@ using namespace fusedcomm::rdma;
 using namespace std::chrono_literals;
 
 namespace {
+
+fctest::TestBackend g_backend;
 
 GroupSpec spec(int rank, const std::vector<std::string>& addrs, uint64_t comm) {
   GroupSpec s;
@@ -100,10 +104,8 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
 }
 
 void test_no_leaks() {
-  SocketOptions o;
-  o.bind_host = "127.0.0.1";
-  auto t0 = make_socket_transport(o);
-  auto t1 = make_socket_transport(o);
+  auto t0 = g_backend.make();
+  auto t1 = g_backend.make();
   std::vector<uint64_t> m0(8, 0), m1(8, 0);
   Region r0 = t0->register_memory(m0.data(), 64);
   Region r1 = t1->register_memory(m1.data(), 64);
@@ -132,9 +134,7 @@ void test_transport_lifetime() {
   // Transports themselves: create and destroy; their thread and fds go with them.
   const int fds0 = fctest::open_fds(), threads0 = fctest::live_threads();
   for (int i = 0; i < 100; ++i) {
-    SocketOptions o;
-    o.bind_host = "127.0.0.1";
-    auto t = make_socket_transport(o);
+    auto t = g_backend.make();
     FC_CHECK(!t->address().empty(), "address");
   }
   FC_CHECK(fctest::open_fds() == fds0, "fds back to " + std::to_string(fds0));
@@ -143,7 +143,8 @@ void test_transport_lifetime() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  g_backend = fctest::backend_from_args(argc, argv);
   fctest::run_case("1000 connect/close cycles leave fds and threads flat", test_no_leaks);
   fctest::run_case("transport create/destroy leaves fds and threads flat", test_transport_lifetime);
   return fctest::finish();

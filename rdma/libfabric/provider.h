@@ -1,0 +1,71 @@
+// Choosing a libfabric provider and reading what it can do: the hints this backend asks with,
+// the providers behind each LibfabricProvider, the capabilities that decide how signals travel
+// and how GPU memory would be registered, and the per-provider probe.
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api.h"
+#include "fusedcomm/rdma/transport.h"
+
+namespace fusedcomm::rdma::libfabric {
+
+// fi_info lists freed with the library's fi_freeinfo.
+struct InfoDeleter {
+  const FabricApi* api = nullptr;
+  void operator()(fi_info* i) const {
+    if (i) api->freeinfo(i);
+  }
+};
+using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
+
+// What a provider's fi_info says about the features this backend uses.
+struct Caps {
+  std::string provider;           // fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
+  std::string domain;             // domain_attr->name (the NIC, or "shm")
+  size_t cq_data_bytes = 0;       // remote CQ data size; >= 4: signals ride on the CQ data
+  bool virt_addr = false;         // FI_MR_VIRT_ADDR: remote addresses are virtual, not offsets
+  bool prov_key = false;          // FI_MR_PROV_KEY: the provider picks remote keys
+  bool mr_local = false;          // FI_MR_LOCAL: local buffers need a registration's descriptor
+  bool mr_endpoint = false;       // FI_MR_ENDPOINT: registrations are bound to the endpoint
+  bool rx_cq_data = false;        // FI_RX_CQ_DATA: remote CQ data consumes a posted receive
+  size_t key_bytes = 8;           // mr_key_size
+  uint64_t max_write = 0;         // the largest single write (ep_attr->max_msg_size, capped)
+  bool hmem = false;              // FI_HMEM: the provider registers GPU memory
+  bool signal_cq_data() const { return cq_data_bytes >= 4; }
+};
+
+Caps caps_of(const fi_info& info);
+
+// The libfabric provider names behind one choice, in order of preference:
+// efa -> "efa"; verbs -> "verbs;ofi_rxm"; tcp -> "tcp;ofi_rxm", "tcp"; shm -> "shm".
+// kAuto is not a provider: see pick_provider().
+std::vector<std::string> provider_names(LibfabricProvider p);
+
+// fi_getinfo for one provider name with this backend's hints (reliable datagrams, messages and
+// RMA writes, the registration modes it handles; `hmem` adds FI_HMEM). `node`: the address to
+// bind (tcp), or empty. Null with *why on failure.
+InfoPtr query(const FabricApi& api, const std::string& prov_name, const std::string& node, bool hmem,
+              std::string* why);
+
+// The first provider name of `p` that answers, with its info list; null with *why (every name
+// tried and what it said) if none does.
+InfoPtr find_provider(const FabricApi& api, LibfabricProvider p, const std::string& node, std::string* why);
+
+// kAuto: efa where present, else verbs, else tcp (shm only by name: it reaches one host).
+// Returns the provider chosen, or kAuto with *why when none answers.
+LibfabricProvider pick_provider(const FabricApi& api, const std::string& node, std::string* why);
+
+// How the transport would move signals and GPU memory with this provider, for describe() and
+// the probe: "signals on remote CQ data (8 bytes); GPU memory: FI_HMEM" or "... host staging".
+std::string describe_caps(const Caps& caps, LibfabricSignal signal);
+
+// Whether provider `p` can run this backend here, and what it would use. The library is
+// `library` (LibfabricOptions::library).
+Availability probe_provider(LibfabricProvider p, const std::string& library);
+
+}  // namespace fusedcomm::rdma::libfabric
