@@ -120,7 +120,7 @@ Availability probe_provider(LibfabricProvider p, const std::string& library) {
   }
   InfoPtr info = find_provider(api, p, "", &why);
   if (!info) {
-    a.reason = std::string(libfabric_provider_name(p)) + ": " + why;
+    a.reason = why;
     return a;
   }
   Caps caps = caps_of(*info);
