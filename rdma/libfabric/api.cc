@@ -2,12 +2,40 @@
 #include "api.h"
 
 #include <dlfcn.h>
+#include <signal.h>
+
+#include <cstring>
 
 #include <map>
 #include <memory>
 #include <mutex>
 
 namespace fusedcomm::rdma::libfabric {
+
+struct SignalGuard::Saved {
+  struct sigaction actions[NSIG];
+  bool have[NSIG];
+};
+
+SignalGuard::SignalGuard() : saved_(new Saved) {
+  for (int s = 1; s < NSIG; ++s) {
+    saved_->have[s] = s != SIGKILL && s != SIGSTOP && sigaction(s, nullptr, &saved_->actions[s]) == 0;
+  }
+}
+
+SignalGuard::~SignalGuard() {
+  for (int s = 1; s < NSIG; ++s) {
+    if (!saved_->have[s]) continue;
+    struct sigaction now {};
+    if (sigaction(s, nullptr, &now) != 0) continue;
+    const bool same = now.sa_flags == saved_->actions[s].sa_flags &&
+                      ((now.sa_flags & SA_SIGINFO) ? now.sa_sigaction == saved_->actions[s].sa_sigaction
+                                                    : now.sa_handler == saved_->actions[s].sa_handler);
+    if (!same) sigaction(s, &saved_->actions[s], nullptr);
+  }
+  delete saved_;
+}
+
 namespace {
 
 template <class Fn>
@@ -19,7 +47,10 @@ bool resolve(void* handle, const char* name, Fn* out) {
 std::unique_ptr<FabricApi> open_library(const std::string& library) {
   auto api = std::make_unique<FabricApi>();
   api->library = library;
-  api->handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  {
+    const SignalGuard keep;
+    api->handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
   if (!api->handle) {
     const char* e = dlerror();
     api->error = library + " not found (install libfabric 1.17 or newer, e.g. the libfabric1 package)" +

@@ -22,6 +22,23 @@ namespace fusedcomm::rdma::libfabric {
 // own if that is older.
 inline constexpr uint32_t kMinVersion = FI_VERSION(1, 10);
 
+// Keeps the process's signal handlers across a call into libfabric. Loading libfabric loads
+// its providers' libraries, and some of them (libinfinipath, under the psm provider) install
+// handlers for SIGSEGV, SIGBUS, SIGILL, SIGINT, SIGTERM and SIGABRT when loaded or initialised:
+// in a JVM, whose own SIGSEGV handler is part of normal execution, that crashes the process.
+// Every handler that changed during the guard's life is put back when it ends.
+class SignalGuard {
+ public:
+  SignalGuard();
+  ~SignalGuard();
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+ private:
+  struct Saved;
+  Saved* saved_;
+};
+
 struct FabricApi {
   void* handle = nullptr;
   int (*getinfo)(uint32_t version, const char* node, const char* service, uint64_t flags,

@@ -57,6 +57,7 @@ InfoPtr query(const FabricApi& api, const std::string& prov_name, const std::str
   hints->domain_attr->av_type = FI_AV_TABLE;
   hints->fabric_attr->prov_name = strdup(prov_name.c_str());  // freed by fi_freeinfo
   fi_info* out = nullptr;
+  const SignalGuard keep;  // the first fi_getinfo loads and initialises every provider
   const int rc = api.getinfo(api.api_version(), node.empty() ? nullptr : node.c_str(), nullptr,
                              node.empty() ? 0 : FI_SOURCE, hints.get(), &out);
   if (rc != 0 || out == nullptr) {

@@ -33,6 +33,7 @@ Rail::Rail(const FabricApi& api, const fi_info& info, int index) : api_(api), in
     close();
     throw TransportError(-1, text);
   };
+  const SignalGuard keep;  // opening a provider's objects may initialise its libraries
   int rc = api_.fabric(in.fabric_attr, &fabric_, nullptr);
   if (rc) fail("fi_fabric", rc);
   open_ = true;

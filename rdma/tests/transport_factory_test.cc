@@ -1,6 +1,8 @@
 // The transport factory: make_transport builds the socket backend, which then works like one
 // from make_socket_transport; the libfabric backend where its probe says it can run (and the
 // probe's reason where not); every other kind unavailable with the probe's reason.
+#include <signal.h>
+
 #include <atomic>
 #include <cstdio>
 #include <future>
@@ -96,6 +98,37 @@ void test_libfabric_through_the_factory() {
   FC_CHECK(!m.available && m.reason.find("not found") != std::string::npos, m.reason);
 }
 
+// Loading libfabric loads provider libraries that install signal handlers of their own
+// (libinfinipath); a JVM's SIGSEGV handler must survive the probe and a transport.
+void on_signal(int) {}
+void test_libfabric_keeps_signal_handlers() {
+  const int signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGINT, SIGTERM, SIGABRT};
+  struct sigaction mine {};
+  mine.sa_handler = on_signal;
+  struct sigaction before[6];
+  for (int i = 0; i < 6; ++i) {
+    sigaction(signals[i], nullptr, &before[i]);
+    sigaction(signals[i], &mine, nullptr);
+  }
+  const Availability a = probe(TransportKind::kLibfabric);
+  if (a.available) {
+    for (LibfabricProvider p : {LibfabricProvider::kTcp, LibfabricProvider::kShm}) {
+      if (!probe_libfabric(p).available) continue;
+      TransportOptions o;
+      o.libfabric.provider = p;
+      o.libfabric.bind_host = "127.0.0.1";
+      auto t = make_transport(TransportKind::kLibfabric, o);
+      FC_CHECK(!t->address().empty(), "a transport");
+    }
+  }
+  for (int i = 0; i < 6; ++i) {
+    struct sigaction now {};
+    sigaction(signals[i], nullptr, &now);
+    FC_CHECK(now.sa_handler == on_signal, "signal " + std::to_string(signals[i]) + " keeps its handler");
+    sigaction(signals[i], &before[i], nullptr);
+  }
+}
+
 void test_other_kinds_are_unavailable() {
   for (TransportKind k : kTransportKinds) {
     if (k == TransportKind::kSocket || k == TransportKind::kLibfabric) continue;
@@ -115,6 +148,8 @@ void test_other_kinds_are_unavailable() {
 }  // namespace
 
 int main() {
+  // First: the library is loaded (and its providers' libraries with it) inside this case.
+  fctest::run_case("libfabric leaves the process's signal handlers alone", test_libfabric_keeps_signal_handlers);
   fctest::run_case("transport kinds and their names", test_kind_names);
   fctest::run_case("make_transport(kSocket) is a working socket transport", test_socket_through_the_factory);
   fctest::run_case("libfabric: made where the probe says it runs, refused with its reason",
