@@ -77,20 +77,10 @@ Core::Core(const LibfabricOptions& o)
     rails_.push_back(std::make_unique<Rail>(api_, *picked[r], static_cast<int>(r)));
   }
   caps_ = rails_[0]->caps();
-  std::string ignored;
-  caps_.hmem = static_cast<bool>(query(api_, caps_.provider, provider == LibfabricProvider::kTcp ? node : "",
-                                       true, &ignored));
-  switch (o.signal) {
-    case LibfabricSignal::kAuto: cq_data_ = caps_.signal_cq_data(); break;
-    case LibfabricSignal::kCqData:
-      if (!caps_.signal_cq_data()) {
-        throw TransportError(-1, unavailable + caps_.provider + " has no remote CQ data for the signals");
-      }
-      cq_data_ = true;
-      break;
-    case LibfabricSignal::kMessage: cq_data_ = false; break;
-  }
-  layout_ = wire::CqDataLayout::for_bytes(caps_.cq_data_bytes);
+  caps_.hmem = hmem_offered(api_, caps_.provider, provider == LibfabricProvider::kTcp ? node : "");
+  plan_ = plan_for(caps_, o.signal);
+  cq_data_ = plan_.cq_data;
+  layout_ = plan_.layout;
   streams_.resize(size_t{layout_.max_stream()} + 1);
 
   address_ = address_prefix(caps_.provider);
@@ -146,10 +136,8 @@ void Core::shutdown() {
 std::string Core::describe() const {
   std::string domains;
   for (const auto& r : rails_) domains += (domains.empty() ? "" : "+") + r->caps().domain;
-  Caps c = caps_;
-  return "libfabric " + c.provider + " on " + domains + " (" + std::to_string(rails_.size()) +
-         (rails_.size() == 1 ? " rail" : " rails") + "; " +
-         describe_caps(c, cq_data_ ? LibfabricSignal::kCqData : LibfabricSignal::kMessage) + ")";
+  return "libfabric " + caps_.provider + " on " + domains + " (" + std::to_string(rails_.size()) +
+         (rails_.size() == 1 ? " rail" : " rails") + "; " + describe_plan(caps_, plan_) + ")";
 }
 
 std::string Core::peer_name(const std::string& address, int r, int rail) const {

@@ -280,6 +280,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const FabricApi& api_;
   std::vector<std::unique_ptr<Rail>> rails_;
   Caps caps_;  // rail 0's, with hmem from a second query
+  Plan plan_;
   bool cq_data_ = false;
   wire::CqDataLayout layout_;
   std::string address_;

@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "fusedcomm/rdma/errors.h"
+
 namespace fusedcomm::rdma::libfabric {
 
 Caps caps_of(const fi_info& info) {
@@ -23,8 +25,59 @@ Caps caps_of(const fi_info& info) {
   constexpr uint64_t kWriteCap = uint64_t{1} << 30;  // larger writes go in pieces
   const uint64_t max_msg = info.ep_attr ? info.ep_attr->max_msg_size : 0;
   c.max_write = max_msg == 0 || max_msg > kWriteCap ? kWriteCap : max_msg;
-  c.hmem = info.caps & FI_HMEM;
+  c.hmem = (info.caps & FI_HMEM) != 0;
   return c;
+}
+
+std::string unusable(const fi_info& info) {
+  const std::string name = info.fabric_attr && info.fabric_attr->prov_name ? info.fabric_attr->prov_name : "?";
+  if (!info.ep_attr || info.ep_attr->type != FI_EP_RDM) return name + ": not reliable-datagram endpoints (FI_EP_RDM)";
+  if (!info.domain_attr) return name + ": no domain attributes";
+  constexpr uint64_t kNeeded = FI_MSG | FI_RMA;
+  if ((info.caps & kNeeded) != kNeeded) {
+    return name + ": no " + (info.caps & FI_RMA ? "messages (FI_MSG)" : "RMA (FI_RMA)");
+  }
+  // Primary capabilities without direction bits mean both directions (fi_getinfo(3)).
+  const uint64_t rma_dirs = info.caps & (FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ);
+  if (rma_dirs != 0 && (rma_dirs & (FI_WRITE | FI_REMOTE_WRITE)) != (FI_WRITE | FI_REMOTE_WRITE)) {
+    return name + ": RMA writes are not offered both ways (FI_WRITE and FI_REMOTE_WRITE)";
+  }
+  const uint64_t msg_dirs = info.caps & (FI_SEND | FI_RECV);
+  if (msg_dirs != 0 && msg_dirs != (FI_SEND | FI_RECV)) return name + ": messages are not offered both ways";
+  constexpr uint64_t kModes = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+  if (info.mode & ~kModes) return name + ": asks for operation modes this backend does not honour (FI_MSG_PREFIX?)";
+  constexpr uint64_t kMrModes =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | FI_MR_HMEM;
+  const uint64_t mr = static_cast<uint64_t>(info.domain_attr->mr_mode);
+  if (mr & ~kMrModes) return name + ": asks for registration modes this backend does not honour (FI_MR_RMA_EVENT, FI_MR_RAW?)";
+  return {};
+}
+
+Plan plan_for(const Caps& caps, LibfabricSignal signal) {
+  Plan p;
+  switch (signal) {
+    case LibfabricSignal::kAuto: p.cq_data = caps.signal_cq_data(); break;
+    case LibfabricSignal::kCqData:
+      if (!caps.signal_cq_data()) {
+        throw TransportError(-1, "libfabric transport is unavailable: " + caps.provider + " has " +
+                                     std::to_string(caps.cq_data_bytes) +
+                                     " bytes of remote CQ data, too few for the signals (4 or more)");
+      }
+      p.cq_data = true;
+      break;
+    case LibfabricSignal::kMessage: p.cq_data = false; break;
+  }
+  p.hmem = caps.hmem;
+  p.layout = wire::CqDataLayout::for_bytes(caps.cq_data_bytes);
+  return p;
+}
+
+std::string describe_plan(const Caps& caps, const Plan& plan) {
+  std::string s = plan.cq_data ? "signals on remote CQ data (" + std::to_string(caps.cq_data_bytes) + " bytes)"
+                               : "signals as messages after delivery-complete writes";
+  s += plan.hmem ? "; GPU memory: host staging (FI_HMEM offered, not used yet)"
+                 : "; GPU memory: host staging (no FI_HMEM)";
+  return s;
 }
 
 std::vector<std::string> provider_names(LibfabricProvider p) {
@@ -70,6 +123,15 @@ InfoPtr query(const FabricApi& api, const std::string& prov_name, const std::str
   return InfoPtr(out, InfoDeleter{&api});
 }
 
+bool hmem_offered(const FabricApi& api, const std::string& prov_name, const std::string& node) {
+  std::string ignored;
+  InfoPtr info = query(api, prov_name, node, true, &ignored);
+  for (const fi_info* i = info.get(); i; i = i->next) {
+    if (unusable(*i).empty() && (i->caps & FI_HMEM)) return true;
+  }
+  return false;
+}
+
 InfoPtr find_provider(const FabricApi& api, LibfabricProvider p, const std::string& node, std::string* why) {
   std::string tried;
   // Only tcp binds to an IP address; the RDMA providers name their devices themselves.
@@ -77,7 +139,25 @@ InfoPtr find_provider(const FabricApi& api, LibfabricProvider p, const std::stri
   for (const std::string& name : provider_names(p)) {
     std::string one;
     InfoPtr info = query(api, name, bind, false, &one);
-    if (info) return info;
+    if (info) {
+      // Keep the usable answers, in the provider's order.
+      fi_info* usable_head = nullptr;
+      std::string refused;
+      for (fi_info* i = info.get(); i; i = i->next) {
+        const std::string why_not = unusable(*i);
+        if (why_not.empty()) {
+          usable_head = i;
+          break;
+        }
+        refused = why_not;
+      }
+      if (usable_head == info.get()) return info;
+      if (usable_head != nullptr) {
+        fi_info* copy = api.dupinfo(usable_head);  // one entry; the transport asks for one rail
+        if (copy) return InfoPtr(copy, InfoDeleter{&api});
+      }
+      one = refused.empty() ? name + ": no usable answer" : refused;
+    }
     tried += (tried.empty() ? "" : "; ") + one;
   }
   *why = tried.empty() ? "no provider named" : tried;
@@ -96,12 +176,10 @@ LibfabricProvider pick_provider(const FabricApi& api, const std::string& node, s
 }
 
 std::string describe_caps(const Caps& caps, LibfabricSignal signal) {
-  const bool cq_data = signal == LibfabricSignal::kCqData ||
-                       (signal == LibfabricSignal::kAuto && caps.signal_cq_data());
-  std::string s = cq_data ? "signals on remote CQ data (" + std::to_string(caps.cq_data_bytes) + " bytes)"
-                          : "signals as messages after delivery-complete writes";
-  s += caps.hmem ? "; GPU memory: FI_HMEM registration" : "; GPU memory: host staging (no FI_HMEM)";
-  return s;
+  Plan p;
+  p.cq_data = signal == LibfabricSignal::kCqData || (signal == LibfabricSignal::kAuto && caps.signal_cq_data());
+  p.hmem = caps.hmem;
+  return describe_plan(caps, p);
 }
 
 Availability probe_provider(LibfabricProvider p, const std::string& library) {
@@ -125,8 +203,7 @@ Availability probe_provider(LibfabricProvider p, const std::string& library) {
     return a;
   }
   Caps caps = caps_of(*info);
-  std::string ignored;
-  caps.hmem = static_cast<bool>(query(api, caps.provider, "", true, &ignored));
+  caps.hmem = hmem_offered(api, caps.provider, "");
   a.available = true;
   a.reason = caps.provider + " on " + caps.domain + ": " + describe_caps(caps, LibfabricSignal::kAuto);
   return a;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api.h"
+#include "wire.h"
 #include "fusedcomm/rdma/transport.h"
 
 namespace fusedcomm::rdma::libfabric {
@@ -41,6 +42,27 @@ struct Caps {
 
 Caps caps_of(const fi_info& info);
 
+// Why this backend cannot run on what `info` describes, or empty if it can: it needs reliable
+// datagram endpoints, messages both ways, RMA writes both ways, and only the operation modes
+// (FI_CONTEXT, FI_CONTEXT2, FI_RX_CQ_DATA) and registration modes (FI_MR_LOCAL, _VIRT_ADDR,
+// _ALLOCATED, _PROV_KEY, _ENDPOINT, _HMEM) it honours. fi_getinfo filters by the hints, but a
+// provider may answer with more than was asked: each answer is checked again here.
+std::string unusable(const fi_info& info);
+
+// What the transport does with a usable provider.
+struct Plan {
+  bool cq_data = false;  // signals ride on remote CQ data (wire.h), else messages after writes
+  // Whether the provider could register GPU memory (asked with FI_HMEM, it answers with
+  // FI_HMEM). The runtime stages GPU data through pinned host memory either way: registering
+  // GPU memory with the NIC is not built yet, and describe() says so.
+  bool hmem = false;
+  wire::CqDataLayout layout;
+};
+// The plan for `caps` (hmem: whether the FI_HMEM query answered with FI_HMEM in its caps) and
+// the signal choice; throws TransportError(-1, "... unavailable: ...") for kCqData without
+// remote CQ data.
+Plan plan_for(const Caps& caps, LibfabricSignal signal);
+
 // The libfabric provider names behind one choice, in order of preference:
 // efa -> "efa"; verbs -> "verbs;ofi_rxm"; tcp -> "tcp;ofi_rxm", "tcp"; shm -> "shm".
 // kAuto is not a provider: see pick_provider().
@@ -51,6 +73,10 @@ std::vector<std::string> provider_names(LibfabricProvider p);
 // bind (tcp), or empty. Null with *why on failure.
 InfoPtr query(const FabricApi& api, const std::string& prov_name, const std::string& node, bool hmem,
               std::string* why);
+
+// Whether `prov_name` registers GPU memory here: asked with FI_HMEM (and FI_MR_HMEM), it
+// answers, usable, with FI_HMEM in its capabilities.
+bool hmem_offered(const FabricApi& api, const std::string& prov_name, const std::string& node);
 
 // The first provider name of `p` that answers, with its info list; null with *why (every name
 // tried and what it said) if none does.
@@ -63,6 +89,7 @@ LibfabricProvider pick_provider(const FabricApi& api, const std::string& node, s
 // How the transport would move signals and GPU memory with this provider, for describe() and
 // the probe: "signals on remote CQ data (8 bytes); GPU memory: FI_HMEM" or "... host staging".
 std::string describe_caps(const Caps& caps, LibfabricSignal signal);
+std::string describe_plan(const Caps& caps, const Plan& plan);
 
 // Whether provider `p` can run this backend here, and what it would use. The library is
 // `library` (LibfabricOptions::library).

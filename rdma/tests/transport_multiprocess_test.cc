@@ -739,6 +739,15 @@ int main(int argc, char** argv) {
     std::printf("[SKIP] raw TCP handshakes: the socket backend's listener only\n");
   }
   fctest::run_case("a rank that never connects gives ConnectTimeout naming it", test_missing_rank);
-  fctest::run_case("SIGKILL of a rank mid-traffic is reported naming it", test_kill_mid_traffic);
+  if (g_backend.label != "libfabric-shm") {
+    fctest::run_case("SIGKILL of a rank mid-traffic is reported naming it", test_kill_mid_traffic);
+  } else {
+    // libfabric's shm provider (1.17) guards each process's shared-memory queues with spin
+    // locks in the shared segment: a process killed while it holds one leaves its peers
+    // spinning inside fi_send / fi_cq_read for ever, where no transport can bound the wait.
+    // shm only reaches ranks of one host; killed peers are tested on tcp and on sockets.
+    std::printf("[SKIP] SIGKILL mid-traffic on shm: a process killed inside libfabric's shm provider can leave"
+                " its peers spinning on a lock in their shared segment (provider limitation)\n");
+  }
   return fctest::finish();
 }
