@@ -68,8 +68,9 @@ struct Backend {
   rdma::TransportKind kind = rdma::TransportKind::kSocket;
   rdma::LibfabricProvider provider = rdma::LibfabricProvider::kAuto;
   std::string impl() const {
-    return kind == rdma::TransportKind::kSocket ? "fusedcomm"
-                                                : "fusedcomm_libfabric_" + std::string(rdma::libfabric_provider_name(provider));
+    return kind == rdma::TransportKind::kSocket
+               ? "fusedcomm"
+               : "fusedcomm_libfabric_" + std::string(rdma::libfabric_provider_name(provider));
   }
   std::unique_ptr<rdma::Transport> make() const {
     const fusedcomm::RuntimeConfig defaults;
@@ -90,9 +91,9 @@ Backend parse_backend(const std::string& name) {
   if (name == "socket") return b;
   const std::string prefix = "libfabric-";
   if (name.rfind(prefix, 0) == 0) {
-    for (rdma::LibfabricProvider p : {rdma::LibfabricProvider::kAuto, rdma::LibfabricProvider::kEfa,
-                                      rdma::LibfabricProvider::kVerbs, rdma::LibfabricProvider::kTcp,
-                                      rdma::LibfabricProvider::kShm}) {
+    for (rdma::LibfabricProvider p :
+         {rdma::LibfabricProvider::kAuto, rdma::LibfabricProvider::kEfa, rdma::LibfabricProvider::kVerbs,
+          rdma::LibfabricProvider::kTcp, rdma::LibfabricProvider::kShm}) {
       if (name.substr(prefix.size()) == rdma::libfabric_provider_name(p)) {
         b.kind = rdma::TransportKind::kLibfabric;
         b.provider = p;
@@ -346,8 +347,8 @@ int main(int argc, char** argv) {
     for (size_t start = 0; start <= transports.size();) {
       const size_t comma = std::min(transports.find(',', start), transports.size());
       const Backend bk = parse_backend(transports.substr(start, comma - start));
-      const rdma::Availability a = bk.kind == rdma::TransportKind::kSocket ? rdma::probe_socket()
-                                                                           : rdma::probe_libfabric(bk.provider);
+      const rdma::Availability a =
+          bk.kind == rdma::TransportKind::kSocket ? rdma::probe_socket() : rdma::probe_libfabric(bk.provider);
       if (a.available) {
         backends.push_back(bk);
         std::printf("%s: %s\n", bk.name.c_str(), a.reason.c_str());
@@ -369,8 +370,8 @@ int main(int argc, char** argv) {
           const bool ours = k < backends.size();
           const std::string impl_name = ours ? backends[k].impl() : "tcp";
           const char* impl = impl_name.c_str();
-          const Result res =
-              ours ? bench_transport(backends[k], bytes, duplex, pingpong) : bench_tcp(bytes, duplex, pingpong);
+          const Result res = ours ? bench_transport(backends[k], bytes, duplex, pingpong)
+                                  : bench_tcp(bytes, duplex, pingpong);
           if (!res.ok) {
             std::printf("%-13s %11lld B %-24s check FAILED\n", w[0].c_str(), static_cast<long long>(bytes),
                         impl);

@@ -254,8 +254,9 @@ void transport_choice() {
   };
   fc_runtime_config_t d;
   fc_runtime_config_init(&d);
-  check(d.transport == FC_TRANSPORT_AUTO && d.libfabric_provider == FC_LIBFABRIC_AUTO && d.libfabric_rails == 1,
-        "transport defaults: auto, provider auto, 1 rail");
+  check(
+      d.transport == FC_TRANSPORT_AUTO && d.libfabric_provider == FC_LIBFABRIC_AUTO && d.libfabric_rails == 1,
+      "transport defaults: auto, provider auto, 1 rail");
   fc_runtime_t rt = nullptr;
   check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 1, &rt) == FC_STATUS_SUCCESS &&
             describe(rt).find("transport=socket (socket: as configured") != std::string::npos,
@@ -268,7 +269,8 @@ void transport_choice() {
   std::printf("  auto: %s\n", rt ? describe(rt).c_str() : "");
   fc_runtime_destroy(rt);
   rt = nullptr;
-  const fusedcomm::rdma::Availability tcp = fusedcomm::rdma::probe_libfabric(fusedcomm::rdma::LibfabricProvider::kTcp);
+  const fusedcomm::rdma::Availability tcp =
+      fusedcomm::rdma::probe_libfabric(fusedcomm::rdma::LibfabricProvider::kTcp);
   const fc_status_t s = make(FC_TRANSPORT_LIBFABRIC, FC_LIBFABRIC_TCP, 1, &rt);
   if (tcp.available) {
     check(s == FC_STATUS_SUCCESS && describe(rt).find("transport=libfabric") != std::string::npos &&
@@ -282,12 +284,14 @@ void transport_choice() {
           std::string("8 rails on loopback: ") + fc_last_error_message());
   } else {
     std::printf("  SKIPPED libfabric tcp runtime: %s\n", tcp.reason.c_str());
-    check(s == FC_STATUS_UNAVAILABLE && std::string(fc_last_error_message()).find("libfabric") != std::string::npos,
+    check(s == FC_STATUS_UNAVAILABLE &&
+              std::string(fc_last_error_message()).find("libfabric") != std::string::npos,
           std::string("libfabric unavailable, with the reason: ") + fc_last_error_message());
   }
   check(make(7, FC_LIBFABRIC_AUTO, 1, &rt) == FC_STATUS_INVALID_ARGUMENT, "unknown transport refused");
   check(make(FC_TRANSPORT_SOCKET, 9, 1, &rt) == FC_STATUS_INVALID_ARGUMENT, "unknown provider refused");
-  check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 0, &rt) == FC_STATUS_INVALID_ARGUMENT, "0 rails refused");
+  check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 0, &rt) == FC_STATUS_INVALID_ARGUMENT,
+        "0 rails refused");
 }
 
 }  // namespace

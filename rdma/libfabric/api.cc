@@ -30,7 +30,7 @@ SignalGuard::~SignalGuard() {
     if (sigaction(s, nullptr, &now) != 0) continue;
     const bool same = now.sa_flags == saved_->actions[s].sa_flags &&
                       ((now.sa_flags & SA_SIGINFO) ? now.sa_sigaction == saved_->actions[s].sa_sigaction
-                                                    : now.sa_handler == saved_->actions[s].sa_handler);
+                                                   : now.sa_handler == saved_->actions[s].sa_handler);
     if (!same) sigaction(s, &saved_->actions[s], nullptr);
   }
   delete saved_;

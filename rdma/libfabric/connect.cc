@@ -55,9 +55,10 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     // Only the addresses of the bootstrap ever enter the address vector.
     const std::string name = peer_name(spec.addresses[r], r, g->rail);
     if (shm_peer_gone(caps_.provider, name)) {
-      throw ConnectTimeout(r, g->self() + " (world " + std::to_string(spec.world) + "): missing rank " +
-                                  std::to_string(r) + " at " + spec.addresses[r] +
-                                  " (its shared-memory endpoint is gone: the process ended or closed its transport)");
+      throw ConnectTimeout(
+          r, g->self() + " (world " + std::to_string(spec.world) + "): missing rank " + std::to_string(r) +
+                 " at " + spec.addresses[r] +
+                 " (its shared-memory endpoint is gone: the process ended or closed its transport)");
     }
     g->peers[r].addr = rail.insert(name);
   }
@@ -77,7 +78,8 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     std::lock_guard<std::mutex> l(groups_mu_);
     auto it = groups_.find(spec.comm_id);
     if (it != groups_.end() && !it->second.expired()) {
-      throw TransportError(-1, "connect: communicator " + hex(spec.comm_id) + " is already open on this transport");
+      throw TransportError(
+          -1, "connect: communicator " + hex(spec.comm_id) + " is already open on this transport");
     }
     groups_[spec.comm_id] = g;
   }
@@ -150,8 +152,8 @@ std::string Core::timeout_message(const GroupState& g, const GroupSpec& spec, Cl
   }
   missing = missing.empty() ? lost.substr(std::min<size_t>(2, lost.size())) : missing + lost;
   const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
-  return g.self() + " (world " + std::to_string(spec.world) + "): connect timed out after " + std::to_string(ms) +
-         " ms; missing " + missing;
+  return g.self() + " (world " + std::to_string(spec.world) + "): connect timed out after " +
+         std::to_string(ms) + " ms; missing " + missing;
 }
 
 }  // namespace fusedcomm::rdma::libfabric

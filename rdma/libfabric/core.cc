@@ -54,7 +54,8 @@ Core::Core(const LibfabricOptions& o)
   std::string why;
   if (provider == LibfabricProvider::kAuto) {
     provider = pick_provider(api_, node, &why);
-    if (provider == LibfabricProvider::kAuto) throw TransportError(-1, unavailable + "no provider answers: " + why);
+    if (provider == LibfabricProvider::kAuto)
+      throw TransportError(-1, unavailable + "no provider answers: " + why);
   }
   InfoPtr infos = find_provider(api_, provider, node, &why);
   if (!infos) throw TransportError(-1, unavailable + libfabric_provider_name(provider) + ": " + why);
@@ -143,10 +144,12 @@ std::string Core::describe() const {
 std::string Core::peer_name(const std::string& address, int r, int rail) const {
   const std::string prefix = address_prefix(caps_.provider);
   auto refuse = [&](const std::string& what) -> TransportError {
-    return TransportError(r, "connect: the address of rank " + std::to_string(r) + " ('" + address.substr(0, 120) +
-                                 "') " + what + " (every executor must use the same transport, provider and rails)");
+    return TransportError(r, "connect: the address of rank " + std::to_string(r) + " ('" +
+                                 address.substr(0, 120) + "') " + what +
+                                 " (every executor must use the same transport, provider and rails)");
   };
-  if (address.compare(0, prefix.size(), prefix) != 0) throw refuse("is not a libfabric " + caps_.provider + " endpoint");
+  if (address.compare(0, prefix.size(), prefix) != 0)
+    throw refuse("is not a libfabric " + caps_.provider + " endpoint");
   std::vector<std::string> parts;
   size_t start = prefix.size();
   while (true) {
@@ -292,8 +295,9 @@ void Core::run(int i) {
     if (++spins < 64) continue;
     // Idle: sleep in slices that grow with the quiet, never past the next housekeeping.
     const auto quiet = now - idle_since;
-    microseconds slice = quiet < milliseconds(10) ? microseconds(20)
-                         : quiet < milliseconds(100) ? microseconds(200) : microseconds(1000);
+    microseconds slice = quiet < milliseconds(10)    ? microseconds(20)
+                         : quiet < milliseconds(100) ? microseconds(200)
+                                                     : microseconds(1000);
     const auto until_housekeeping = std::chrono::duration_cast<microseconds>(next_housekeeping - now);
     if (until_housekeeping < slice) slice = std::max(until_housekeeping, microseconds(1));
     sleeping_[i]->store(true, std::memory_order_seq_cst);
@@ -327,8 +331,8 @@ void Core::housekeeping(int rail, Clock::time_point now) {
       if (!pe.up || pe.state != PeerState::kConnected) continue;
       if (now - pe.last_heard > options_.peer_timeout) {
         const auto ms = std::chrono::duration_cast<milliseconds>(now - pe.last_heard).count();
-        const std::string why = g->who(p) + " stopped answering: nothing heard from it for " + std::to_string(ms) +
-                                " ms (killed, hung, or unreachable)";
+        const std::string why = g->who(p) + " stopped answering: nothing heard from it for " +
+                                std::to_string(ms) + " ms (killed, hung, or unreachable)";
         if (g->phase == Phase::kConnecting) {
           g->lose_locked(p);
         } else {

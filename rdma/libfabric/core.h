@@ -69,17 +69,17 @@ using std::chrono::milliseconds;
 constexpr milliseconds kHandshakeTimeout{1500};
 constexpr size_t kMaxParked = 128;
 constexpr size_t kChallengesPerPeer = 4;
-constexpr milliseconds kHelloRetry{250};       // a dialer repeats its hello this often
-constexpr milliseconds kHousekeeping{20};      // heartbeats, silence and expiry checks
+constexpr milliseconds kHelloRetry{250};          // a dialer repeats its hello this often
+constexpr milliseconds kHousekeeping{20};         // heartbeats, silence and expiry checks
 constexpr milliseconds kSendStallTimeout{60000};  // a write making no progress this long fails
-constexpr int kPollBatch = 64;                 // completions handled per poll
+constexpr int kPollBatch = 64;                    // completions handled per poll
 
 enum class Phase { kConnecting, kLive, kClosing, kDone };
 
 // Where a peer's region lives, from its kRegion answer.
 struct RemoteRegion {
-  uint64_t addr = 0;   // remote address of the region's first byte (0 with offset addressing)
-  uint64_t key = 0;    // remote key on the group's rail
+  uint64_t addr = 0;  // remote address of the region's first byte (0 with offset addressing)
+  uint64_t key = 0;   // remote key on the group's rail
   uint64_t bytes = 0;
 };
 
@@ -95,14 +95,14 @@ struct RxOp {
 struct Peer {
   fi_addr_t addr = FI_ADDR_NOTAVAIL;  // the peer's published endpoint on the group's rail
   // Authentication.
-  bool up = false;             // both proofs checked: the pair carries data (counted open)
+  bool up = false;  // both proofs checked: the pair carries data (counted open)
   PeerState state = PeerState::kConnected;
   std::string error;
-  uint64_t session = 0;        // the pair's tag (wire.h); set once the proofs are known
-  uint32_t out_stream = 0;     // the peer's stream id for our payload writes
-  uint32_t in_stream = 0;      // ours for its payload writes
-  bool lost = false;           // was up during connect(), then went away
-  std::string refused;         // why a dial claiming to be it failed (acceptor side)
+  uint64_t session = 0;     // the pair's tag (wire.h); set once the proofs are known
+  uint32_t out_stream = 0;  // the peer's stream id for our payload writes
+  uint32_t in_stream = 0;   // ours for its payload writes
+  bool lost = false;        // was up during connect(), then went away
+  std::string refused;      // why a dial claiming to be it failed (acceptor side)
   // The dial to a lower rank.
   struct Dial {
     enum Stage { kIdle, kAwaitChallenge, kAwaitAccept, kDone } stage = kIdle;
@@ -119,15 +119,15 @@ struct Peer {
   };
   std::vector<Challenge> challenges;
   // Sending.
-  uint64_t next_seq = 0;        // last sequence number given (remote CQ data mode)
-  uint64_t acked = 0;           // the peer has every op up to this
+  uint64_t next_seq = 0;  // last sequence number given (remote CQ data mode)
+  uint64_t acked = 0;     // the peer has every op up to this
   uint64_t signals_sent = 0, bytes_sent = 0;
   std::unordered_map<uint64_t, RemoteRegion> regions;  // by the peer's region key
   uint64_t next_query = 0;
   std::unordered_map<uint64_t, std::pair<bool, RemoteRegion>> answers;  // kRegion by request id
   Clock::time_point last_sent{};
   // Receiving.
-  uint64_t delivered = 0;       // every op up to this arrived and its signal is applied
+  uint64_t delivered = 0;  // every op up to this arrived and its signal is applied
   uint64_t ack_sent = 0;
   uint64_t signals_received = 0, bytes_received = 0;
   std::map<uint64_t, RxOp> early;  // ops past `delivered + 1` or incomplete
@@ -245,7 +245,7 @@ class Core : public std::enable_shared_from_this<Core> {
     Clock::time_point at{};
   };
 
-  void run(int rail);                     // a rail's progress thread
+  void run(int rail);  // a rail's progress thread
   void housekeeping(int rail, Clock::time_point now);
   void handle(int rail, Event& e);
   // receive.cc

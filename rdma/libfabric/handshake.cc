@@ -112,7 +112,8 @@ void Core::on_hello(const std::shared_ptr<GroupState>& gp, const wire::Msg& m) {
   if (check.verdict == hs::Verdict::kOk) check = hs::check_hello_for(h, g.side());
   const bool known = h.rank >= 0 && h.rank < g.world && h.rank != g.rank;
   if (check.verdict != hs::Verdict::kOk) {
-    if (known) send_handshake(g, h.rank, hs::reject(h, g.rank, check.reason), nonce_of(m.dialer_nonce), {}, 0);
+    if (known)
+      send_handshake(g, h.rank, hs::reject(h, g.rank, check.reason), nonce_of(m.dialer_nonce), {}, 0);
     return;
   }
   Peer& pe = g.peers[h.rank];
@@ -154,7 +155,8 @@ void Core::on_proof(GroupState& g, const wire::Msg& m) {
   const hs::Check check = hs::check_proof(h, c.hello, c.sent, g.side());
   if (check.verdict != hs::Verdict::kOk) {
     if (check.verdict == hs::Verdict::kReject) {
-      pe.refused = "a dial claiming to be it failed authentication (it does not hold this communicator's key)";
+      pe.refused =
+          "a dial claiming to be it failed authentication (it does not hold this communicator's key)";
       send_handshake(g, m.rank, hs::reject(c.hello, g.rank, check.reason), nd, na, 0);
     } else if (h.kind == rdma::wire::kReject) {
       pe.refused = std::string("it refused our challenge: ") + rdma::wire::reject_text(h.reason);

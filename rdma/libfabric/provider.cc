@@ -30,8 +30,10 @@ Caps caps_of(const fi_info& info) {
 }
 
 std::string unusable(const fi_info& info) {
-  const std::string name = info.fabric_attr && info.fabric_attr->prov_name ? info.fabric_attr->prov_name : "?";
-  if (!info.ep_attr || info.ep_attr->type != FI_EP_RDM) return name + ": not reliable-datagram endpoints (FI_EP_RDM)";
+  const std::string name =
+      info.fabric_attr && info.fabric_attr->prov_name ? info.fabric_attr->prov_name : "?";
+  if (!info.ep_attr || info.ep_attr->type != FI_EP_RDM)
+    return name + ": not reliable-datagram endpoints (FI_EP_RDM)";
   if (!info.domain_attr) return name + ": no domain attributes";
   constexpr uint64_t kNeeded = FI_MSG | FI_RMA;
   if ((info.caps & kNeeded) != kNeeded) {
@@ -45,11 +47,13 @@ std::string unusable(const fi_info& info) {
   const uint64_t msg_dirs = info.caps & (FI_SEND | FI_RECV);
   if (msg_dirs != 0 && msg_dirs != (FI_SEND | FI_RECV)) return name + ": messages are not offered both ways";
   constexpr uint64_t kModes = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
-  if (info.mode & ~kModes) return name + ": asks for operation modes this backend does not honour (FI_MSG_PREFIX?)";
+  if (info.mode & ~kModes)
+    return name + ": asks for operation modes this backend does not honour (FI_MSG_PREFIX?)";
   constexpr uint64_t kMrModes =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | FI_MR_HMEM;
   const uint64_t mr = static_cast<uint64_t>(info.domain_attr->mr_mode);
-  if (mr & ~kMrModes) return name + ": asks for registration modes this backend does not honour (FI_MR_RMA_EVENT, FI_MR_RAW?)";
+  if (mr & ~kMrModes)
+    return name + ": asks for registration modes this backend does not honour (FI_MR_RMA_EVENT, FI_MR_RAW?)";
   return {};
 }
 
@@ -73,8 +77,9 @@ Plan plan_for(const Caps& caps, LibfabricSignal signal) {
 }
 
 std::string describe_plan(const Caps& caps, const Plan& plan) {
-  std::string s = plan.cq_data ? "signals on remote CQ data (" + std::to_string(caps.cq_data_bytes) + " bytes)"
-                               : "signals as messages after delivery-complete writes";
+  std::string s = plan.cq_data
+                      ? "signals on remote CQ data (" + std::to_string(caps.cq_data_bytes) + " bytes)"
+                      : "signals as messages after delivery-complete writes";
   s += plan.hmem ? "; GPU memory: host staging (FI_HMEM offered, not used yet)"
                  : "; GPU memory: host staging (no FI_HMEM)";
   return s;
@@ -103,8 +108,8 @@ InfoPtr query(const FabricApi& api, const std::string& prov_name, const std::str
   // data: the modes a provider may ask for that this backend honours.
   hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | (hmem ? FI_MR_HMEM : 0);
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                                FI_MR_ENDPOINT | (hmem ? FI_MR_HMEM : 0);
   // Every call on a rail's objects holds the rail's mutex (core.h).
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->av_type = FI_AV_TABLE;
@@ -116,7 +121,7 @@ InfoPtr query(const FabricApi& api, const std::string& prov_name, const std::str
   if (rc != 0 || out == nullptr) {
     *why = prov_name + (node.empty() ? "" : " at " + node) + ": " +
            (rc == -FI_ENODATA || out == nullptr ? std::string("no such provider or device here")
-                                                 : api.error_text(rc));
+                                                : api.error_text(rc));
     if (out) api.freeinfo(out);
     return InfoPtr(nullptr, InfoDeleter{&api});
   }
@@ -177,7 +182,8 @@ LibfabricProvider pick_provider(const FabricApi& api, const std::string& node, s
 
 std::string describe_caps(const Caps& caps, LibfabricSignal signal) {
   Plan p;
-  p.cq_data = signal == LibfabricSignal::kCqData || (signal == LibfabricSignal::kAuto && caps.signal_cq_data());
+  p.cq_data =
+      signal == LibfabricSignal::kCqData || (signal == LibfabricSignal::kAuto && caps.signal_cq_data());
   p.hmem = caps.hmem;
   return describe_plan(caps, p);
 }

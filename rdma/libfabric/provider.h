@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "api.h"
-#include "wire.h"
 #include "fusedcomm/rdma/transport.h"
+#include "wire.h"
 
 namespace fusedcomm::rdma::libfabric {
 
@@ -26,17 +26,17 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
 // What a provider's fi_info says about the features this backend uses.
 struct Caps {
-  std::string provider;           // fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
-  std::string domain;             // domain_attr->name (the NIC, or "shm")
-  size_t cq_data_bytes = 0;       // remote CQ data size; >= 4: signals ride on the CQ data
-  bool virt_addr = false;         // FI_MR_VIRT_ADDR: remote addresses are virtual, not offsets
-  bool prov_key = false;          // FI_MR_PROV_KEY: the provider picks remote keys
-  bool mr_local = false;          // FI_MR_LOCAL: local buffers need a registration's descriptor
-  bool mr_endpoint = false;       // FI_MR_ENDPOINT: registrations are bound to the endpoint
-  bool rx_cq_data = false;        // FI_RX_CQ_DATA: remote CQ data consumes a posted receive
-  size_t key_bytes = 8;           // mr_key_size
-  uint64_t max_write = 0;         // the largest single write (ep_attr->max_msg_size, capped)
-  bool hmem = false;              // FI_HMEM: the provider registers GPU memory
+  std::string provider;      // fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
+  std::string domain;        // domain_attr->name (the NIC, or "shm")
+  size_t cq_data_bytes = 0;  // remote CQ data size; >= 4: signals ride on the CQ data
+  bool virt_addr = false;    // FI_MR_VIRT_ADDR: remote addresses are virtual, not offsets
+  bool prov_key = false;     // FI_MR_PROV_KEY: the provider picks remote keys
+  bool mr_local = false;     // FI_MR_LOCAL: local buffers need a registration's descriptor
+  bool mr_endpoint = false;  // FI_MR_ENDPOINT: registrations are bound to the endpoint
+  bool rx_cq_data = false;   // FI_RX_CQ_DATA: remote CQ data consumes a posted receive
+  size_t key_bytes = 8;      // mr_key_size
+  uint64_t max_write = 0;    // the largest single write (ep_attr->max_msg_size, capped)
+  bool hmem = false;         // FI_HMEM: the provider registers GPU memory
   bool signal_cq_data() const { return cq_data_bytes >= 4; }
 };
 

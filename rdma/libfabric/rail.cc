@@ -12,9 +12,9 @@
 namespace fusedcomm::rdma::libfabric {
 namespace {
 
-constexpr uint32_t kRecvBuffers = 256;  // messages a rail can have arrived but unread
-constexpr uint32_t kSendBuffers = 512;  // messages in flight; more wait in the outbox
-constexpr int kKeyAttempts = 16;        // requested remote keys tried before giving up
+constexpr uint32_t kRecvBuffers = 256;                  // messages a rail can have arrived but unread
+constexpr uint32_t kSendBuffers = 512;                  // messages in flight; more wait in the outbox
+constexpr int kKeyAttempts = 16;                        // requested remote keys tried before giving up
 constexpr std::chrono::milliseconds kQueuedMax{10000};  // a message the provider never takes
 
 template <class Fid>
@@ -25,11 +25,12 @@ void close_fid(Fid*& f) {
 
 }  // namespace
 
-Rail::Rail(const FabricApi& api, const fi_info& info, int index) : api_(api), index_(index), caps_(caps_of(info)) {
+Rail::Rail(const FabricApi& api, const fi_info& info, int index)
+    : api_(api), index_(index), caps_(caps_of(info)) {
   fi_info& in = const_cast<fi_info&>(info);  // libfabric's constructors take non-const pointers
   auto fail = [&](const char* what, int rc) {
-    const std::string text = "libfabric " + caps_.provider + " on " + caps_.domain + ": " + what + " failed: " +
-                             api_.error_text(rc);
+    const std::string text = "libfabric " + caps_.provider + " on " + caps_.domain + ": " + what +
+                             " failed: " + api_.error_text(rc);
     close();
     throw TransportError(-1, text);
   };
@@ -125,8 +126,10 @@ fi_addr_t Rail::insert(const std::string& raw_name) {
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   const int n = fi_av_insert(av_, raw_name.data(), 1, &addr, 0, nullptr);
   if (n != 1 || addr == FI_ADDR_NOTAVAIL) {
-    throw TransportError(-1, "libfabric " + caps_.provider + ": cannot insert a peer's address into the address"
-                             " vector: " + (n < 0 ? api_.error_text(n) : std::string("rejected")));
+    throw TransportError(-1, "libfabric " + caps_.provider +
+                                 ": cannot insert a peer's address into the address"
+                                 " vector: " +
+                                 (n < 0 ? api_.error_text(n) : std::string("rejected")));
   }
   av_index_.emplace(raw_name, addr);
   return addr;
@@ -179,8 +182,9 @@ void Rail::flush_locked(std::vector<Event>* failed) {
     e.peer = q.peer;
     e.counted = q.counted;
     e.error = static_cast<int>(rc);
-    e.error_text = rc == -FI_EAGAIN ? "the provider refused it for " + std::to_string(kQueuedMax.count()) + " ms"
-                                    : api_.error_text(static_cast<int>(rc));
+    e.error_text = rc == -FI_EAGAIN
+                       ? "the provider refused it for " + std::to_string(kQueuedMax.count()) + " ms"
+                       : api_.error_text(static_cast<int>(rc));
     failed->push_back(std::move(e));
   }
 }
@@ -356,8 +360,10 @@ RailMr Rail::register_memory(void* base, uint64_t bytes) {
     if (rc == 0) rc = fi_mr_enable(out.mr);
     if (rc) {
       fi_close(&out.mr->fid);
-      throw TransportError(-1, "libfabric " + caps_.provider + ": binding a registration to the endpoint"
-                               " failed: " + api_.error_text(rc));
+      throw TransportError(-1, "libfabric " + caps_.provider +
+                                   ": binding a registration to the endpoint"
+                                   " failed: " +
+                                   api_.error_text(rc));
     }
   }
   out.key = fi_mr_key(out.mr);

@@ -51,15 +51,15 @@ struct Op {
 // What a completion says, for the core to act on.
 struct Event {
   enum Kind { kMessage, kPayload, kSendDone, kWriteDone } kind = kMessage;
-  wire::Msg msg{};         // kMessage: a copy (the buffer is posted again at once)
-  size_t msg_bytes = 0;    // kMessage: how many bytes arrived
-  uint64_t data = 0;       // kPayload: the remote CQ data
-  Op* op = nullptr;        // kSendDone, kWriteDone (kWriteDone: the core deletes it)
+  wire::Msg msg{};                  // kMessage: a copy (the buffer is posted again at once)
+  size_t msg_bytes = 0;             // kMessage: how many bytes arrived
+  uint64_t data = 0;                // kPayload: the remote CQ data
+  Op* op = nullptr;                 // kSendDone, kWriteDone (kWriteDone: the core deletes it)
   std::weak_ptr<GroupState> group;  // kSendDone
   int peer = -1;                    // kSendDone
   bool counted = false;             // kSendDone: in the group's outstanding count
-  int error = 0;           // kSendDone, kWriteDone: 0, or the provider's error code
-  std::string error_text;  // with error: fi_cq_strerror's text
+  int error = 0;                    // kSendDone, kWriteDone: 0, or the provider's error code
+  std::string error_text;           // with error: fi_cq_strerror's text
 };
 
 // A registration of one region on one rail.
@@ -140,7 +140,7 @@ class Rail {
   // Control buffers: [0, kRecvBuffers) posted receives, then the send slots.
   std::vector<char> slab_;
   RailMr slab_mr_;
-  std::vector<Op> ops_;             // one per buffer
+  std::vector<Op> ops_;  // one per buffer
   std::vector<uint32_t> free_send_;
   std::vector<uint32_t> unposted_;  // receive buffers whose fi_recv failed (posted again by poll)
   struct Queued {
@@ -152,7 +152,7 @@ class Rail {
     std::chrono::steady_clock::time_point queued;
   };
   std::deque<Queued> outbox_;
-  std::vector<Event> failed_;  // sends that failed in send(); poll() reports them
+  std::vector<Event> failed_;       // sends that failed in send(); poll() reports them
   std::unordered_set<Op*> writes_;  // posted writes whose completion has not come back
 };
 

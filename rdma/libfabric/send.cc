@@ -50,10 +50,10 @@ RemoteRegion GroupState::remote_region(int peer, const WriteOp& op) {
   if (it == peers[peer].answers.end()) {
     if (aborted) throw TransportError(-1, self() + ": the group was aborted");
     const Peer& p = peers[peer];
-    throw TransportError(peer, p.error.empty() ? (answered ? who(peer) + " has closed the group"
-                                                           : who(peer) + " did not answer for its region " +
-                                                                 hex(op.dst_key))
-                                               : p.error);
+    throw TransportError(
+        peer, p.error.empty() ? (answered ? who(peer) + " has closed the group"
+                                          : who(peer) + " did not answer for its region " + hex(op.dst_key))
+                              : p.error);
   }
   const auto [found, rr] = it->second;
   peers[peer].answers.erase(it);
@@ -118,9 +118,12 @@ void GroupState::write(const WriteOp& op) {
           // The peer has not confirmed enough: wait, so that truncated sequence numbers stay
           // unambiguous at its end.
           l.unlock();
-          progress_until([&] { return peers[p].next_seq - peers[p].acked < layout.window() ||
-                                      peers[p].state != PeerState::kConnected; },
-                         deadline);
+          progress_until(
+              [&] {
+                return peers[p].next_seq - peers[p].acked < layout.window() ||
+                       peers[p].state != PeerState::kConnected;
+              },
+              deadline);
           continue;
         }
         seq = ++peers[p].next_seq;
@@ -135,8 +138,9 @@ void GroupState::write(const WriteOp& op) {
     wait->left.fetch_add(1);
     outstanding.fetch_add(1);
     int rc;
-    while ((rc = core->rail(rail).post_write(ctx, src + done, n, desc, peers[p].addr, rr.addr + op.dst_offset + done,
-                                             rr.key, cq_data, data)) == -FI_EAGAIN) {
+    while ((rc = core->rail(rail).post_write(ctx, src + done, n, desc, peers[p].addr,
+                                             rr.addr + op.dst_offset + done, rr.key, cq_data, data)) ==
+           -FI_EAGAIN) {
       // The provider's queue is full: make room, unless the peer is gone.
       core->progress(rail);
       std::lock_guard<std::mutex> l(mu);
@@ -149,9 +153,10 @@ void GroupState::write(const WriteOp& op) {
       std::lock_guard<std::mutex> l(mu);
       if (aborted) throw TransportError(-1, self() + ": the group was aborted");
       refuse_if_down();
-      const std::string msg = "writing to " + who(p) + " failed: " +
-                              (rc == -FI_EAGAIN ? "no progress for " + std::to_string(kSendStallTimeout.count()) + " ms"
-                                                : core->api_.error_text(rc));
+      const std::string msg =
+          "writing to " + who(p) + " failed: " +
+          (rc == -FI_EAGAIN ? "no progress for " + std::to_string(kSendStallTimeout.count()) + " ms"
+                            : core->api_.error_text(rc));
       fail_locked(p, msg);
       throw TransportError(p, msg);
     }
@@ -190,10 +195,11 @@ void GroupState::write(const WriteOp& op) {
         std::lock_guard<std::mutex> wl(wait->mu);
         err = wait->error;
       }
-      const std::string msg = err.empty() ? (peers[p].error.empty() ? "writing to " + who(p) + " made no progress for " +
-                                                                         std::to_string(kSendStallTimeout.count()) + " ms"
-                                                                   : peers[p].error)
-                                          : "writing to " + who(p) + " failed: " + err;
+      const std::string msg =
+          err.empty() ? (peers[p].error.empty() ? "writing to " + who(p) + " made no progress for " +
+                                                      std::to_string(kSendStallTimeout.count()) + " ms"
+                                                : peers[p].error)
+                      : "writing to " + who(p) + " failed: " + err;
       fail_locked(p, msg);
       throw TransportError(p, msg);
     }

@@ -43,7 +43,8 @@ struct FakeInfo {
 // virtual addresses, local registration, FI_HMEM where the query asked for it.
 FakeInfo efa(bool hmem) {
   FakeInfo f("efa", "rdmap16s27-rdm");
-  f.domain.mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | (hmem ? FI_MR_HMEM : 0);
+  f.domain.mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | (hmem ? FI_MR_HMEM : 0);
   f.domain.cq_data_size = 4;
   f.domain.mr_key_size = 4;
   f.info.mode = FI_CONTEXT2;
@@ -73,7 +74,9 @@ void test_efa_with_hmem() {
   FC_CHECK(p.cq_data && p.hmem, "CQ-data signals, FI_HMEM offered");
   FC_CHECK(p.layout.stream_bits == 12 && p.layout.seq_bits == 19, "4-byte layout");
   const std::string d = describe_plan(c, p);
-  FC_CHECK(d.find("remote CQ data (4 bytes)") != std::string::npos && d.find("FI_HMEM offered") != std::string::npos, d);
+  FC_CHECK(d.find("remote CQ data (4 bytes)") != std::string::npos &&
+               d.find("FI_HMEM offered") != std::string::npos,
+           d);
 }
 
 void test_efa_without_hmem_stages() {
@@ -183,7 +186,8 @@ void test_cq_data_layout() {
         const uint64_t data = l.encode(l.max_stream(), ahead % 2 == 1, seq);
         FC_CHECK(l.stream_of(data) == l.max_stream(), "stream");
         FC_CHECK(l.has_signal(data) == (ahead % 2 == 1), "signal bit");
-        FC_CHECK(l.seq_of(data, next) == seq, "sequence " + std::to_string(seq) + " from " + std::to_string(next));
+        FC_CHECK(l.seq_of(data, next) == seq,
+                 "sequence " + std::to_string(seq) + " from " + std::to_string(next));
       }
     }
     FC_CHECK(l.window() <= (uint64_t{1} << (l.seq_bits - 2)), "window well inside the sequence space");
@@ -197,7 +201,8 @@ int main() {
   fctest::run_case("efa without FI_HMEM: host staging", test_efa_without_hmem_stages);
   fctest::run_case("verbs;ofi_rxm: FI_RX_CQ_DATA, host staging", test_verbs);
   fctest::run_case("remote CQ data absent or small: signals as messages", test_no_cq_data);
-  fctest::run_case("providers refused: no RMA, no messages, one-way writes, modes not honoured", test_refusals);
+  fctest::run_case("providers refused: no RMA, no messages, one-way writes, modes not honoured",
+                   test_refusals);
   fctest::run_case("writes in pieces of the provider's largest message", test_write_size_cap);
   fctest::run_case("remote CQ data: stream, signal bit and sequence round-trip", test_cq_data_layout);
   return fctest::finish();

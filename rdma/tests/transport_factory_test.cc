@@ -92,7 +92,8 @@ void test_libfabric_through_the_factory() {
   missing.libfabric.library = "libfabric-not-installed.so.1";
   FC_EXPECT_THROW(TransportError, make_transport(TransportKind::kLibfabric, missing), e, {
     const std::string what = e.what();
-    FC_CHECK(what.rfind("libfabric transport is unavailable: libfabric-not-installed.so.1 not found", 0) == 0, what);
+    FC_CHECK(what.rfind("libfabric transport is unavailable: libfabric-not-installed.so.1 not found", 0) == 0,
+             what);
   });
   const Availability m = probe_libfabric(LibfabricProvider::kTcp, "libfabric-not-installed.so.1");
   FC_CHECK(!m.available && m.reason.find("not found") != std::string::npos, m.reason);
@@ -149,7 +150,8 @@ void test_other_kinds_are_unavailable() {
 
 int main() {
   // First: the library is loaded (and its providers' libraries with it) inside this case.
-  fctest::run_case("libfabric leaves the process's signal handlers alone", test_libfabric_keeps_signal_handlers);
+  fctest::run_case("libfabric leaves the process's signal handlers alone",
+                   test_libfabric_keeps_signal_handlers);
   fctest::run_case("transport kinds and their names", test_kind_names);
   fctest::run_case("make_transport(kSocket) is a working socket transport", test_socket_through_the_factory);
   fctest::run_case("libfabric: made where the probe says it runs, refused with its reason",

@@ -129,8 +129,9 @@ fc_status_t fc_runtime_create(const fc_runtime_config_t* config, fc_runtime_t* o
     c.allow_shared_gpu = config->allow_shared_gpu != 0;
     FC_REQUIRE(config->transport >= FC_TRANSPORT_AUTO && config->transport <= FC_TRANSPORT_LIBFABRIC,
                "unknown transport " + std::to_string(config->transport));
-    FC_REQUIRE(config->libfabric_provider >= FC_LIBFABRIC_AUTO && config->libfabric_provider <= FC_LIBFABRIC_SHM,
-               "unknown libfabric provider " + std::to_string(config->libfabric_provider));
+    FC_REQUIRE(
+        config->libfabric_provider >= FC_LIBFABRIC_AUTO && config->libfabric_provider <= FC_LIBFABRIC_SHM,
+        "unknown libfabric provider " + std::to_string(config->libfabric_provider));
     c.transport = static_cast<TransportChoice>(config->transport);
     c.libfabric_provider = static_cast<rdma::LibfabricProvider>(config->libfabric_provider);
     c.libfabric_rails = config->libfabric_rails;

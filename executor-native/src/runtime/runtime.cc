@@ -52,8 +52,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   try {
     transport_ = rdma::make_transport(kind, options);
   } catch (const rdma::TransportError& e) {
-    fail(ErrorKind::kUnavailable, std::string("spark.fusedcomm.transport=") + transport_choice_name(config.transport) +
-                                      ": " + e.what());
+    fail(ErrorKind::kUnavailable, std::string("spark.fusedcomm.transport=") +
+                                      transport_choice_name(config.transport) + ": " + e.what());
   }
 }
 
@@ -66,7 +66,8 @@ const char* transport_choice_name(TransportChoice t) {
   return "unknown";
 }
 
-rdma::TransportKind resolve_transport(TransportChoice choice, rdma::LibfabricProvider provider, std::string* why) {
+rdma::TransportKind resolve_transport(TransportChoice choice, rdma::LibfabricProvider provider,
+                                      std::string* why) {
   switch (choice) {
     case TransportChoice::kSocket: *why = "as configured"; return rdma::TransportKind::kSocket;
     case TransportChoice::kLibfabric: *why = "as configured"; return rdma::TransportKind::kLibfabric;
@@ -86,8 +87,8 @@ rdma::TransportKind resolve_transport(TransportChoice choice, rdma::LibfabricPro
     tried += std::string(tried.empty() ? "" : "; ") + a.reason;
   }
   *why = "no RDMA provider through libfabric (" +
-         (tried.empty() ? std::string("spark.fusedcomm.libfabric.provider=") + rdma::libfabric_provider_name(provider) +
-                              " is not an RDMA provider"
+         (tried.empty() ? std::string("spark.fusedcomm.libfabric.provider=") +
+                              rdma::libfabric_provider_name(provider) + " is not an RDMA provider"
                         : tried) +
          ")";
   return rdma::TransportKind::kSocket;
@@ -139,8 +140,8 @@ size_t Runtime::pooled_regions() const {
 
 std::string Runtime::describe() const {
   std::string s = std::string("backend=") + (backend_ == Backend::kCuda ? "cuda" : "host") +
-                  " transport=" + transport_->name() + " (" + transport_choice_ + "; " + transport_->describe() +
-                  ") address=" + transport_->address() +
+                  " transport=" + transport_->name() + " (" + transport_choice_ + "; " +
+                  transport_->describe() + ") address=" + transport_->address() +
                   " streams=" + std::to_string(config_.transport_streams) +
                   " busyPoll=" + std::to_string(config_.busy_poll_us) + "us";
   if (gpu_.ordinal >= 0)

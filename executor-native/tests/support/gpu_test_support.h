@@ -136,16 +136,17 @@ inline void apply_test_transport(RuntimeConfig* c) {
     std::exit(2);
   }
   bool known = false;
-  for (rdma::LibfabricProvider lp : {rdma::LibfabricProvider::kAuto, rdma::LibfabricProvider::kEfa,
-                                     rdma::LibfabricProvider::kVerbs, rdma::LibfabricProvider::kTcp,
-                                     rdma::LibfabricProvider::kShm}) {
+  for (rdma::LibfabricProvider lp :
+       {rdma::LibfabricProvider::kAuto, rdma::LibfabricProvider::kEfa, rdma::LibfabricProvider::kVerbs,
+        rdma::LibfabricProvider::kTcp, rdma::LibfabricProvider::kShm}) {
     if (p == rdma::libfabric_provider_name(lp)) {
       c->libfabric_provider = lp;
       known = true;
     }
   }
   if (!known) {
-    std::fprintf(stderr, "FUSEDCOMM_LIBFABRIC_PROVIDER=%s: expected auto, efa, verbs, tcp or shm\n", p.c_str());
+    std::fprintf(stderr, "FUSEDCOMM_LIBFABRIC_PROVIDER=%s: expected auto, efa, verbs, tcp or shm\n",
+                 p.c_str());
     std::exit(2);
   }
 }
