@@ -57,8 +57,9 @@ void expect_signal(int rank, const std::vector<uint64_t>& m, uint64_t comm) {
 }
 
 // One cycle: both ranks connect, exchange a payload with a signal each way, and close.
-// Every 50th cycle rank 0 sends through a ring and a Proxy (one more thread to clean up),
-// every 7th cycle rank 1 aborts instead of closing.
+// Rank 0 writes from a region it registers for the cycle and deregisters after it (registered
+// memory must not pile up). Every 50th cycle rank 0 sends through a ring and a Proxy (one more
+// thread to clean up), every 7th cycle rank 1 aborts instead of closing.
 void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m0, std::vector<uint64_t>& m1,
            const Region& r0, const Region& r1) {
   const std::vector<std::string> addrs = {t0.address(), t1.address()};
@@ -77,10 +78,12 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
       }
     } catch (const std::exception& e) { FC_CHECK(false, std::string("rank 1: ") + e.what()); }
   });
+  std::vector<uint64_t> scratch(512, 0);
+  scratch[0] = comm * 5;
+  const Region rs = t0.register_memory(scratch.data(), scratch.size() * sizeof scratch[0]);
   try {
     auto g = t0.connect(spec(0, addrs, comm));
-    const WriteOp op = cycle_write(1, r0, r1, comm);
-    m0[0] = comm * 5;
+    const WriteOp op = cycle_write(1, rs, r1, comm);
     if (use_proxy) {
       void* mem = std::aligned_alloc(4096, 4096);
       std::memset(mem, 0, 4096);
@@ -100,6 +103,7 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
     g->close(abort1 ? 2000ms : 5000ms);
   } catch (const std::exception& e) { FC_CHECK(false, std::string("rank 0: ") + e.what()); }
   peer.join();
+  t0.deregister_memory(rs);
   FC_CHECK(m1[2] == comm * 5, "rank 1 payload, cycle " + std::to_string(comm));
 }
 
@@ -125,6 +129,9 @@ void test_no_leaks() {
   FC_CHECK(threads1 == threads0,
            "thread count flat: " + std::to_string(threads0) + " -> " + std::to_string(threads1));
   FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "no open connections");
+  FC_CHECK(t0->stats().registered_regions == 1 && t0->stats().registered_bytes == 64,
+           "registered memory flat: " + std::to_string(t0->stats().registered_regions) + " regions, " +
+               std::to_string(t0->stats().registered_bytes) + " bytes");
   t0->deregister_memory(r0);
   t1->deregister_memory(r1);
   FC_CHECK(t0->stats().registered_regions == 0, "regions gone");
