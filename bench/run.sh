@@ -12,6 +12,8 @@
 #                    <build>/bench/bin); else built into FC_BENCH_BUILD
 #   FC_BENCH_BUILD   build folder (default ${TMPDIR:-/tmp}/fusedcomm-bench-build)
 #   FC_BENCH_WORLDS  world sizes, e.g. "2" or "2 4 8"
+#   FC_BENCH_TRANSPORTS  the transport family's backends (transport_bench --transports), default
+#                    socket; e.g. socket,libfabric-tcp (or libfabric-efa, libfabric-verbs)
 #   FC_BENCH_ROUNDS  rounds of the multi-GPU families (default 1), in alternating order (ours,
 #                    the baselines, the baselines, ours, ...): a GPU warms through a run and its
 #                    power cap lowers its clock, so whoever runs first gets the cooler GPU; the
@@ -131,7 +133,8 @@ fused_torch() {
 run_collectives() { rounds coll_ours coll_nccl; }
 run_fused() { rounds fused_ours fused_torch; }
 run_transport() {
-  step transport 300 "$bin/transport_bench" --shapes "$shapes/transport.txt" --out "$out/rows/transport.jsonl"
+  step transport 600 "$bin/transport_bench" --shapes "$shapes/transport.txt" --out "$out/rows/transport.jsonl" \
+    --transports "${FC_BENCH_TRANSPORTS:-socket}"
 }
 
 for f in "${families[@]}"; do

@@ -1,14 +1,19 @@
-// transport_bench: what the socket transport (rdma/transport.h) carries between two ranks of
-// one host over the loopback, against plain TCP on the same loopback (the floor: the transport
-// moves its payloads over one TCP connection per pair of ranks). No GPU.
+// transport_bench: what a transport (rdma/transport.h) carries between two ranks of one host
+// over the loopback, against plain TCP on the same loopback (the floor for the socket transport,
+// which moves its payloads over one TCP connection per pair of ranks). No GPU.
 //
 //   write         rank 0 writes messages of `bytes` into rank 1's registered region, each with a
 //                 signal; the time runs from the first write to rank 1 seeing the last signal
-//   write_duplex  both ranks write to each other at once (one connection carries both ways)
+//                 (per message: the inverse of the message rate at small sizes)
+//   write_duplex  both ranks write to each other at once
+//   pingpong      rank 0 writes with a signal, rank 1 waits for it and writes back the same way;
+//                 the row's time is half a round trip: the latency of one write and its signal
 // The tcp rows send the same bytes through one connected pair of blocking sockets (TCP_NODELAY).
-// The transport gets the runtime's defaults (RuntimeConfig: receiver threads, busy-poll window).
-// Per (op, size, impl): one message checked byte for byte first, then 5 batches of at least
-// 256 MiB per direction; the row holds the median batch's per-message time and GB/s per
+// --transports names the backends measured (socket: impl "fusedcomm"; libfabric-<provider>:
+// impl "fusedcomm_libfabric_<provider>"); each gets the runtime's defaults (RuntimeConfig:
+// receiver threads, busy-poll window). Per (op, size, impl): one message checked byte for byte
+// first, then 5 batches of at least 256 MiB per direction (at most 100,000 messages; pingpong:
+// at most 2,000 round trips); the row holds the median batch's per-message time and GB/s per
 // direction.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,6 +21,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -38,13 +44,65 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 const char* kUsage =
-    "usage: transport_bench --shapes FILE [--out ROWS.jsonl]\n"
-    "  FILE: one op per line, \"<write|write_duplex> <bytes>...\" (bench/shapes/transport.txt).\n"
-    "  Rows (impl fusedcomm: the socket transport; tcp: plain sockets) go to --out as JSON lines.\n"
+    "usage: transport_bench --shapes FILE [--out ROWS.jsonl] [--transports LIST]\n"
+    "  FILE: one op per line, \"<write|write_duplex|pingpong> <bytes>...\" (bench/shapes/transport.txt).\n"
+    "  LIST: comma-separated backends, socket (default), libfabric-tcp, libfabric-shm, libfabric-efa,\n"
+    "  libfabric-verbs, libfabric-auto; a libfabric provider absent here is reported and skipped.\n"
+    "  Rows (impl fusedcomm: the socket transport; fusedcomm_libfabric_<provider>; tcp: plain\n"
+    "  sockets) go to --out as JSON lines.\n"
     "  Exit 0: every check passed; 1: a mismatch or an error.\n";
 
 constexpr int kBatches = 5;
 constexpr int64_t kBatchBytes = int64_t{256} << 20;
+constexpr int64_t kMaxMessages = 100000;  // small messages: the batch is this many, not 256 MiB
+constexpr int64_t kMaxRoundTrips = 2000;
+
+int messages_for(int64_t bytes, bool pingpong) {
+  const int64_t n = std::max<int64_t>(8, kBatchBytes / bytes);
+  return static_cast<int>(std::min(n, pingpong ? kMaxRoundTrips : kMaxMessages));
+}
+
+// A backend to measure: "socket" or "libfabric-<provider>".
+struct Backend {
+  std::string name;
+  rdma::TransportKind kind = rdma::TransportKind::kSocket;
+  rdma::LibfabricProvider provider = rdma::LibfabricProvider::kAuto;
+  std::string impl() const {
+    return kind == rdma::TransportKind::kSocket
+               ? "fusedcomm"
+               : "fusedcomm_libfabric_" + std::string(rdma::libfabric_provider_name(provider));
+  }
+  std::unique_ptr<rdma::Transport> make() const {
+    const fusedcomm::RuntimeConfig defaults;
+    rdma::TransportOptions o;
+    o.socket.bind_host = "127.0.0.1";
+    o.socket.receive_threads = defaults.transport_streams;
+    o.socket.busy_poll = std::chrono::microseconds(defaults.busy_poll_us);
+    o.libfabric.provider = provider;
+    o.libfabric.bind_host = "127.0.0.1";
+    o.libfabric.busy_poll = std::chrono::microseconds(defaults.busy_poll_us);
+    return rdma::make_transport(kind, o);
+  }
+};
+
+Backend parse_backend(const std::string& name) {
+  Backend b;
+  b.name = name;
+  if (name == "socket") return b;
+  const std::string prefix = "libfabric-";
+  if (name.rfind(prefix, 0) == 0) {
+    for (rdma::LibfabricProvider p :
+         {rdma::LibfabricProvider::kAuto, rdma::LibfabricProvider::kEfa, rdma::LibfabricProvider::kVerbs,
+          rdma::LibfabricProvider::kTcp, rdma::LibfabricProvider::kShm}) {
+      if (name.substr(prefix.size()) == rdma::libfabric_provider_name(p)) {
+        b.kind = rdma::TransportKind::kLibfabric;
+        b.provider = p;
+        return b;
+      }
+    }
+  }
+  throw std::runtime_error("unknown transport '" + name + "' (socket, libfabric-tcp, libfabric-shm, ...)");
+}
 
 void fill(std::vector<uint8_t>& v, int salt) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 131 + salt);
@@ -69,6 +127,9 @@ struct End {
 void wait_signal(End& e, uint64_t value, rdma::PeerGroup& g) {
   const auto limit = Clock::now() + std::chrono::seconds(30);
   for (uint64_t polls = 1; e.signal() < value; ++polls) {
+    // Polls, yielding the core: the transport's own threads may need it (on a small machine
+    // a spinning waiter would hold the core its signal has to arrive through).
+    if (polls > 64) std::this_thread::yield();
     if (polls % 4096 != 0) continue;
     g.check();  // a broken connection, named
     if (Clock::now() > limit) throw std::runtime_error("no signal within 30 s");
@@ -96,13 +157,8 @@ struct Result {
   int messages = 0;    // per batch and direction
 };
 
-Result bench_transport(int64_t bytes, bool duplex) {
-  rdma::SocketOptions so;
-  const fusedcomm::RuntimeConfig defaults;
-  so.bind_host = "127.0.0.1";
-  so.receive_threads = defaults.transport_streams;
-  so.busy_poll = std::chrono::microseconds(defaults.busy_poll_us);
-  auto t0 = rdma::make_socket_transport(so), t1 = rdma::make_socket_transport(so);
+Result bench_transport(const Backend& backend, int64_t bytes, bool duplex, bool pingpong) {
+  auto t0 = backend.make(), t1 = backend.make();
   rdma::GroupSpec spec;
   spec.comm_id = 1;
   spec.key = rdma::auth::derive_comm_key(0x5eed, spec.comm_id, {});
@@ -118,14 +174,39 @@ Result bench_transport(int64_t bytes, bool duplex) {
   End e0(*t0, bytes, 1), e1(*t1, bytes, 2);
   Result res;
   // The check: one message each way in use, every byte.
+  const bool both = duplex || pingpong;
   post(*g0, 1, e0, e1, 1, 0);
-  if (duplex) post(*g1, 0, e1, e0, 1, 0);
+  if (both) post(*g1, 0, e1, e0, 1, 0);
   wait_signal(e1, 1, *g0);
-  if (duplex) wait_signal(e0, 1, *g1);
+  if (both) wait_signal(e0, 1, *g1);
   res.ok = std::memcmp(e1.dst.data(), e0.src.data(), bytes) == 0 &&
-           (!duplex || std::memcmp(e0.dst.data(), e1.src.data(), bytes) == 0);
-  if (res.ok) {
-    res.messages = static_cast<int>(std::max<int64_t>(8, kBatchBytes / bytes));
+           (!both || std::memcmp(e0.dst.data(), e1.src.data(), bytes) == 0);
+  if (res.ok && pingpong) {
+    // Rank 1 answers each signal with its own write; rank 0 waits for each answer.
+    res.messages = messages_for(bytes, true);
+    std::vector<double> secs;
+    uint64_t seq = 1;
+    for (int batch = 0; batch < kBatches; ++batch) {
+      const uint64_t first = seq;
+      std::thread echo([&, first] {
+        for (int i = 1; i <= res.messages; ++i) {
+          wait_signal(e1, first + i, *g1);
+          post(*g1, 0, e1, e0, 1, first + i - 1);
+        }
+      });
+      const auto start = Clock::now();
+      for (int i = 1; i <= res.messages; ++i) {
+        post(*g0, 1, e0, e1, 1, first + i - 1);
+        wait_signal(e0, first + i, *g0);
+      }
+      // Half a round trip per message: the row's time is one write's latency.
+      secs.push_back(std::chrono::duration<double>(Clock::now() - start).count() / 2);
+      echo.join();
+      seq += res.messages;
+    }
+    res.seconds = b::median(secs);
+  } else if (res.ok) {
+    res.messages = messages_for(bytes, false);
     std::vector<double> secs;
     uint64_t seq = 1;
     for (int batch = 0; batch < kBatches; ++batch) {
@@ -193,8 +274,34 @@ void recv_all(int fd, std::vector<uint8_t>& buf, int n) {
   }
 }
 
-Result bench_tcp(int64_t bytes, bool duplex) {
+Result bench_tcp(int64_t bytes, bool duplex, bool pingpong) {
   auto [a, z] = tcp_pair();
+  if (pingpong) {
+    std::vector<uint8_t> src_a(bytes), src_z(bytes), dst_a(bytes), dst_z(bytes);
+    fill(src_a, 1), fill(src_z, 2);
+    auto trips = [&](int n) {
+      std::thread echo([&] {
+        for (int i = 0; i < n; ++i) recv_all(z, dst_z, 1), send_all(z, src_z, 1);
+      });
+      for (int i = 0; i < n; ++i) send_all(a, src_a, 1), recv_all(a, dst_a, 1);
+      echo.join();
+    };
+    Result res;
+    trips(1);
+    res.ok = dst_z == src_a && dst_a == src_z;
+    if (res.ok) {
+      res.messages = messages_for(bytes, true);
+      std::vector<double> secs;
+      for (int batch = 0; batch < kBatches; ++batch) {
+        const auto start = Clock::now();
+        trips(res.messages);
+        secs.push_back(std::chrono::duration<double>(Clock::now() - start).count() / 2);
+      }
+      res.seconds = b::median(secs);
+    }
+    close(a), close(z);
+    return res;
+  }
   std::vector<uint8_t> src_a(bytes), src_z(bytes), dst_a(bytes), dst_z(bytes);
   fill(src_a, 1), fill(src_z, 2);
   // One round: a sends n messages to z (and z to a at once when duplex).
@@ -213,7 +320,7 @@ Result bench_tcp(int64_t bytes, bool duplex) {
   round(1);
   res.ok = dst_z == src_a && (!duplex || dst_a == src_z);
   if (res.ok) {
-    res.messages = static_cast<int>(std::max<int64_t>(8, kBatchBytes / bytes));
+    res.messages = messages_for(bytes, false);
     std::vector<double> secs;
     for (int batch = 0; batch < kBatches; ++batch) {
       const auto start = Clock::now();
@@ -232,22 +339,41 @@ int main(int argc, char** argv) {
   b::Args args(argc, argv, kUsage);
   const std::string shapes = args.str("shapes", "");
   const std::string out = args.str("out", "");
+  const std::string transports = args.str("transports", "socket");
   args.done();
   if (shapes.empty()) args.fail("--shapes is required");
   try {
+    std::vector<Backend> backends;
+    for (size_t start = 0; start <= transports.size();) {
+      const size_t comma = std::min(transports.find(',', start), transports.size());
+      const Backend bk = parse_backend(transports.substr(start, comma - start));
+      const rdma::Availability a =
+          bk.kind == rdma::TransportKind::kSocket ? rdma::probe_socket() : rdma::probe_libfabric(bk.provider);
+      if (a.available) {
+        backends.push_back(bk);
+        std::printf("%s: %s\n", bk.name.c_str(), a.reason.c_str());
+      } else {
+        std::printf("%s: SKIPPED: %s\n", bk.name.c_str(), a.reason.c_str());
+      }
+      start = comma + 1;
+    }
     b::RowWriter rows(out);
     int failed = 0;
     for (const auto& w : b::read_shape_lines(shapes)) {
-      if (w[0] != "write" && w[0] != "write_duplex")
+      if (w[0] != "write" && w[0] != "write_duplex" && w[0] != "pingpong")
         throw std::runtime_error(shapes + ": unknown op " + w[0]);
       const bool duplex = w[0] == "write_duplex";
+      const bool pingpong = w[0] == "pingpong";
       for (size_t i = 1; i < w.size(); ++i) {
         const int64_t bytes = std::stoll(w[i]);
-        for (const char* impl : {"fusedcomm", "tcp"}) {
-          const bool ours = std::string(impl) == "fusedcomm";
-          const Result res = ours ? bench_transport(bytes, duplex) : bench_tcp(bytes, duplex);
+        for (size_t k = 0; k <= backends.size(); ++k) {
+          const bool ours = k < backends.size();
+          const std::string impl_name = ours ? backends[k].impl() : "tcp";
+          const char* impl = impl_name.c_str();
+          const Result res = ours ? bench_transport(backends[k], bytes, duplex, pingpong)
+                                  : bench_tcp(bytes, duplex, pingpong);
           if (!res.ok) {
-            std::printf("%-13s %11lld B %-9s check FAILED\n", w[0].c_str(), static_cast<long long>(bytes),
+            std::printf("%-13s %11lld B %-24s check FAILED\n", w[0].c_str(), static_cast<long long>(bytes),
                         impl);
             ++failed;
             continue;
@@ -267,7 +393,7 @@ int main(int argc, char** argv) {
               .null("tflops")
               .num("gbps", gbps);
           rows.write(row);
-          std::printf("%-13s %11lld B %-9s check passed %9.4f ms per message %6.2f GB/s per direction\n",
+          std::printf("%-13s %11lld B %-24s check passed %9.4f ms per message %6.2f GB/s per direction\n",
                       w[0].c_str(), static_cast<long long>(bytes), impl, ms, gbps);
           std::fflush(stdout);
         }

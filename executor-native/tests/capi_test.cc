@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fusedcomm/fusedcomm.h"
+#include "fusedcomm/rdma/transport.h"
 #include "support/check.h"
 
 namespace {
@@ -233,12 +234,73 @@ void exports() {
 #endif
 }
 
+// spark.fusedcomm.transport through the C API: socket and auto start on any host (auto says
+// what it chose), libfabric on tcp where libfabric is installed (its reason printed where not),
+// unknown values are refused.
+void transport_choice() {
+  auto make = [](int32_t transport, int32_t provider, int32_t rails, fc_runtime_t* rt) {
+    fc_runtime_config_t c;
+    fc_runtime_config_init(&c);
+    c.backend = FC_BACKEND_HOST;
+    c.bind_host = "127.0.0.1";
+    c.transport = transport;
+    c.libfabric_provider = provider;
+    c.libfabric_rails = rails;
+    return fc_runtime_create(&c, rt);
+  };
+  auto describe = [](fc_runtime_t rt) {
+    const char* d = nullptr;
+    return fc_runtime_describe(rt, &d) == FC_STATUS_SUCCESS ? std::string(d) : std::string();
+  };
+  fc_runtime_config_t d;
+  fc_runtime_config_init(&d);
+  check(
+      d.transport == FC_TRANSPORT_AUTO && d.libfabric_provider == FC_LIBFABRIC_AUTO && d.libfabric_rails == 1,
+      "transport defaults: auto, provider auto, 1 rail");
+  fc_runtime_t rt = nullptr;
+  check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 1, &rt) == FC_STATUS_SUCCESS &&
+            describe(rt).find("transport=socket (socket: as configured") != std::string::npos,
+        "socket as configured: " + (rt ? describe(rt) : std::string(fc_last_error_message())));
+  fc_runtime_destroy(rt);
+  rt = nullptr;
+  check(make(FC_TRANSPORT_AUTO, FC_LIBFABRIC_AUTO, 1, &rt) == FC_STATUS_SUCCESS &&
+            describe(rt).find("(auto: ") != std::string::npos,
+        "auto says what it chose: " + (rt ? describe(rt) : std::string(fc_last_error_message())));
+  std::printf("  auto: %s\n", rt ? describe(rt).c_str() : "");
+  fc_runtime_destroy(rt);
+  rt = nullptr;
+  const fusedcomm::rdma::Availability tcp =
+      fusedcomm::rdma::probe_libfabric(fusedcomm::rdma::LibfabricProvider::kTcp);
+  const fc_status_t s = make(FC_TRANSPORT_LIBFABRIC, FC_LIBFABRIC_TCP, 1, &rt);
+  if (tcp.available) {
+    check(s == FC_STATUS_SUCCESS && describe(rt).find("transport=libfabric") != std::string::npos &&
+              describe(rt).find("tcp;ofi_rxm") != std::string::npos,
+          "libfabric tcp: " + (rt ? describe(rt) : std::string(fc_last_error_message())));
+    fc_runtime_destroy(rt);
+    rt = nullptr;
+    // More rails than the provider has NICs: refused at start-up, naming the NICs.
+    check(make(FC_TRANSPORT_LIBFABRIC, FC_LIBFABRIC_TCP, 8, &rt) == FC_STATUS_UNAVAILABLE &&
+              std::string(fc_last_error_message()).find("rails asked for") != std::string::npos,
+          std::string("8 rails on loopback: ") + fc_last_error_message());
+  } else {
+    std::printf("  SKIPPED libfabric tcp runtime: %s\n", tcp.reason.c_str());
+    check(s == FC_STATUS_UNAVAILABLE &&
+              std::string(fc_last_error_message()).find("libfabric") != std::string::npos,
+          std::string("libfabric unavailable, with the reason: ") + fc_last_error_message());
+  }
+  check(make(7, FC_LIBFABRIC_AUTO, 1, &rt) == FC_STATUS_INVALID_ARGUMENT, "unknown transport refused");
+  check(make(FC_TRANSPORT_SOCKET, 9, 1, &rt) == FC_STATUS_INVALID_ARGUMENT, "unknown provider refused");
+  check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 0, &rt) == FC_STATUS_INVALID_ARGUMENT,
+        "0 rails refused");
+}
+
 }  // namespace
 
 int main() {
   status_strings();
   refusals();
   single_rank_gemm_and_memory();
+  transport_choice();
   fc_runtime_config_t c;
   fc_runtime_config_init(&c);
   c.backend = FC_BACKEND_HOST;

@@ -41,6 +41,7 @@ RuntimeConfig config() {
   RuntimeConfig c;
   c.backend = Backend::kHost;
   c.bind_host = "127.0.0.1";
+  c.transport = TransportChoice::kSocket;  // the socket backend's wire, which these peers speak
   c.chunk_bytes = 4096;
   c.timeout_ms = 5000;
   c.connect_timeout_ms = kConnectTimeoutMs;

@@ -43,6 +43,7 @@ RuntimeConfig config() {
   RuntimeConfig c;
   c.backend = Backend::kHost;
   c.bind_host = "127.0.0.1";
+  c.transport = TransportChoice::kSocket;  // the socket backend's wire, which these peers speak
   c.chunk_bytes = kChunk;
   c.timeout_ms = 3000;
   c.connect_timeout_ms = 10000;

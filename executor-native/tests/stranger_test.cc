@@ -66,6 +66,7 @@ RuntimeConfig host_config() {
   RuntimeConfig c;
   c.backend = Backend::kHost;
   c.bind_host = "127.0.0.1";
+  c.transport = TransportChoice::kSocket;  // the socket backend's wire, which these peers speak
   c.busy_poll_us = 0;  // idle threads sleep: the CPU baseline is the process at rest
   c.timeout_ms = 30000;
   c.connect_timeout_ms = 60000;

@@ -72,19 +72,7 @@ bool resolve(const std::string& address, Dial* d, std::string* err) {
 }  // namespace
 
 std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
-  if (spec.world < 1 || spec.rank < 0 || spec.rank >= spec.world) {
-    throw std::invalid_argument("connect: rank " + std::to_string(spec.rank) + " is not in [0, " +
-                                std::to_string(spec.world) + ")");
-  }
-  if (spec.world > 1 && spec.addresses.size() != static_cast<size_t>(spec.world)) {
-    throw std::invalid_argument("connect: " + std::to_string(spec.addresses.size()) +
-                                " addresses for a world of " + std::to_string(spec.world));
-  }
-  if (spec.world > 1 && !auth::is_set(spec.key)) {
-    throw std::invalid_argument(
-        "connect: the group has no key (GroupSpec::key): its connections cannot be"
-        " authenticated");
-  }
+  check_group_spec(spec);
   auto g = std::make_shared<GroupState>();
   g->core = shared_from_this();
   g->key = spec.key;

@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "fusedcomm/rdma/busy_poll.h"
+#include "../src/regions.h"
 #include "fusedcomm/rdma/transport.h"
 #include "handshake.h"
 #include "net.h"
@@ -333,14 +334,9 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<uint64_t> next_conn_id_{2};  // 0: listener, 1: eventfd
 };
 
-// Whether [offset, offset + bytes) lies inside the region.
-bool in_range(const Region& r, uint64_t offset, uint64_t bytes);
 // Whether a peer's data header (magic and kind already checked) may be applied to `regions`:
-// the payload's destination and the signal word lie inside registered regions, the word 8-byte
-// aligned, no sum wrapping; else false with *why. Pure: the fuzzer calls it directly.
+// check_write (../src/regions.h) of its fields. Pure: the fuzzer calls it directly.
 bool check_header(const wire::WireHeader& h, const std::unordered_map<uint64_t, Region>& regions,
                   std::string* why);
-// Stores max(*word, value) with release ordering: a signal word only grows.
-void store_max_release(void* word, uint64_t value);
 
 }  // namespace fusedcomm::rdma::socket_backend

@@ -36,12 +36,6 @@ std::string errno_text(int e) { return std::error_code(e, std::generic_category(
   throw TransportError(-1, "socket transport: " + what + ": " + errno_text(e));
 }
 
-std::string hex(uint64_t v) {
-  std::ostringstream s;
-  s << "0x" << std::hex << v;
-  return s.str();
-}
-
 bool split_host_port(const std::string& a, std::string* host, std::string* port) {
   if (!a.empty() && a[0] == '[') {
     size_t close = a.find(']');

@@ -15,8 +15,6 @@ namespace fusedcomm::rdma::socket_backend {
 std::string errno_text(int e);
 // Throws TransportError(-1, "socket transport: <what>: <errno text>").
 [[noreturn]] void throw_sys(const std::string& what, int e);
-// "0x..." for region keys and communicator ids in messages.
-std::string hex(uint64_t v);
 
 // "host:port" or "[v6 host]:port"; false if `a` is not of that shape.
 bool split_host_port(const std::string& a, std::string* host, std::string* port);

@@ -17,33 +17,7 @@ bool Core::validate(const wire::WireHeader& h, std::string* why) const {
 
 bool check_header(const wire::WireHeader& h, const std::unordered_map<uint64_t, Region>& regions,
                   std::string* why) {
-  if (h.bytes) {
-    auto it = regions.find(h.dst_key);
-    if (it == regions.end()) {
-      *why = "wrote " + std::to_string(h.bytes) + " bytes to unknown region key " + hex(h.dst_key);
-      return false;
-    }
-    if (!in_range(it->second, h.dst_offset, h.bytes)) {
-      *why = "wrote out of range: offset " + std::to_string(h.dst_offset) + " + " + std::to_string(h.bytes) +
-             " bytes exceeds region " + hex(h.dst_key) + " of " + std::to_string(it->second.bytes) + " bytes";
-      return false;
-    }
-  }
-  if (h.signal_key) {
-    auto it = regions.find(h.signal_key);
-    if (it == regions.end()) {
-      *why = "signalled unknown region key " + hex(h.signal_key);
-      return false;
-    }
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(it->second.base) + h.signal_offset;
-    if (!in_range(it->second, h.signal_offset, 8) || addr % 8 != 0) {
-      *why = "signalled an invalid word: offset " + std::to_string(h.signal_offset) + " in region " +
-             hex(h.signal_key) + " of " + std::to_string(it->second.bytes) +
-             " bytes (must be in range and 8-byte aligned)";
-      return false;
-    }
-  }
-  return true;
+  return check_write(regions, h.dst_key, h.dst_offset, h.bytes, h.signal_key, h.signal_offset, why);
 }
 
 void Core::apply_signal(const wire::WireHeader& h) {

@@ -36,49 +36,14 @@ TransportStats Core::stats() const {
   return s;
 }
 
-bool in_range(const Region& r, uint64_t offset, uint64_t bytes) {
-  return offset <= r.bytes && bytes <= r.bytes - offset;
-}
-
 const char* Core::source(uint64_t key, uint64_t offset, uint64_t bytes) const {
   std::shared_lock<std::shared_mutex> l(reg_mu_);
-  auto it = regions_.find(key);
-  if (it == regions_.end()) {
-    throw std::invalid_argument("write: source region " + hex(key) + " is not registered");
-  }
-  if (!in_range(it->second, offset, bytes)) {
-    throw std::invalid_argument("write: source range [" + std::to_string(offset) + ", +" +
-                                std::to_string(bytes) + ") exceeds region " + hex(key) + " of " +
-                                std::to_string(it->second.bytes) + " bytes");
-  }
-  return static_cast<const char*>(it->second.base) + offset;
-}
-
-void store_max_release(void* word, uint64_t value) {
-  std::atomic_ref<uint64_t> w(*static_cast<uint64_t*>(word));
-  uint64_t old = w.load(std::memory_order_relaxed);
-  while (old < value &&
-         !w.compare_exchange_weak(old, value, std::memory_order_release, std::memory_order_relaxed)) {}
+  return source_of(regions_, key, offset, bytes);
 }
 
 void Core::local_write(const WriteOp& op) {
   std::shared_lock<std::shared_mutex> l(reg_mu_);
-  auto find = [&](uint64_t key, uint64_t off, uint64_t n, const char* what) -> char* {
-    auto it = regions_.find(key);
-    if (it == regions_.end() || !in_range(it->second, off, n)) {
-      throw std::invalid_argument(std::string("write to self: ") + what + " range is invalid");
-    }
-    return static_cast<char*>(it->second.base) + off;
-  };
-  if (op.bytes) {
-    const char* src = find(op.src_key, op.src_offset, op.bytes, "source");
-    char* dst = find(op.dst_key, op.dst_offset, op.bytes, "destination");
-    std::memmove(dst, src, op.bytes);
-  }
-  if (op.signal_key) {
-    if (op.signal_offset % 8) throw std::invalid_argument("write to self: unaligned signal");
-    store_max_release(find(op.signal_key, op.signal_offset, 8, "signal"), op.signal_value);
-  }
+  rdma::local_write(regions_, op);
 }
 
 }  // namespace fusedcomm::rdma::socket_backend

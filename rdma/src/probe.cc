@@ -1,6 +1,6 @@
 // Backend availability probes. libibverbs, libefa and libfabric are opened with dlopen at run
 // time and never linked, so the library loads on hosts without them and says why a backend is
-// unavailable.
+// unavailable (libfabric's per-provider probe is the backend's own: libfabric/provider.cc).
 #include <dlfcn.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -109,9 +109,8 @@ Availability probe_socket() {
   return a;
 }
 
-// The ibverbs, efa and libfabric backends are not built yet: when the host has the hardware (or
-// the library) the probe says so, but reports the backend unavailable (the socket backend is
-// used instead).
+// The raw ibverbs and efa backends are not built (the libfabric backend drives those NICs): when
+// the host has the hardware the probe says so, but reports the backend unavailable.
 Availability probe_ibverbs() {
   Availability a;
   const VerbsTable& verbs = VerbsTable::get();
@@ -154,17 +153,6 @@ Availability probe_efa() {
   }
   a.reason = "EFA device(s) " + join(devices) +
              " present, but this build has no efa backend yet (socket backend only)";
-  return a;
-}
-
-Availability probe_libfabric() {
-  Availability a;
-  static void* const fabric = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);  // kept, like libibverbs
-  if (!fabric) {
-    a.reason = "libfabric.so.1 not found (install libfabric)";
-    return a;
-  }
-  a.reason = "libfabric.so.1 present, but this build has no libfabric backend yet (socket backend only)";
   return a;
 }
 

@@ -1,5 +1,8 @@
 // The transport factory: make_transport builds the socket backend, which then works like one
-// from make_socket_transport, and reports every other kind unavailable with the probe's reason.
+// from make_socket_transport; the libfabric backend where its probe says it can run (and the
+// probe's reason where not); every other kind unavailable with the probe's reason.
+#include <signal.h>
+
 #include <atomic>
 #include <cstdio>
 #include <future>
@@ -72,9 +75,64 @@ void test_socket_through_the_factory() {
   FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "closed");
 }
 
+void test_libfabric_through_the_factory() {
+  const Availability a = probe(TransportKind::kLibfabric);
+  std::printf("  libfabric: %s\n", a.reason.c_str());
+  FC_CHECK(!a.reason.empty(), "a reason either way");
+  if (!a.available) {
+    FC_EXPECT_THROW(TransportError, make_transport(TransportKind::kLibfabric, TransportOptions{}), e, {
+      const std::string what = e.what();
+      FC_CHECK(what.rfind("libfabric transport is unavailable: ", 0) == 0, what);
+      FC_CHECK(e.peer() == -1, "no peer at fault");
+    });
+    return;
+  }
+  // A library that is not there: refused with the reason, as on a host without libfabric.
+  TransportOptions missing;
+  missing.libfabric.library = "libfabric-not-installed.so.1";
+  FC_EXPECT_THROW(TransportError, make_transport(TransportKind::kLibfabric, missing), e, {
+    const std::string what = e.what();
+    FC_CHECK(what.rfind("libfabric transport is unavailable: libfabric-not-installed.so.1 not found", 0) == 0,
+             what);
+  });
+  const Availability m = probe_libfabric(LibfabricProvider::kTcp, "libfabric-not-installed.so.1");
+  FC_CHECK(!m.available && m.reason.find("not found") != std::string::npos, m.reason);
+}
+
+// Loading libfabric loads provider libraries that install signal handlers of their own
+// (libinfinipath); a JVM's SIGSEGV handler must survive the probe and a transport.
+void on_signal(int) {}
+void test_libfabric_keeps_signal_handlers() {
+  const int signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGINT, SIGTERM, SIGABRT};
+  struct sigaction mine {};
+  mine.sa_handler = on_signal;
+  struct sigaction before[6];
+  for (int i = 0; i < 6; ++i) {
+    sigaction(signals[i], nullptr, &before[i]);
+    sigaction(signals[i], &mine, nullptr);
+  }
+  const Availability a = probe(TransportKind::kLibfabric);
+  if (a.available) {
+    for (LibfabricProvider p : {LibfabricProvider::kTcp, LibfabricProvider::kShm}) {
+      if (!probe_libfabric(p).available) continue;
+      TransportOptions o;
+      o.libfabric.provider = p;
+      o.libfabric.bind_host = "127.0.0.1";
+      auto t = make_transport(TransportKind::kLibfabric, o);
+      FC_CHECK(!t->address().empty(), "a transport");
+    }
+  }
+  for (int i = 0; i < 6; ++i) {
+    struct sigaction now {};
+    sigaction(signals[i], nullptr, &now);
+    FC_CHECK(now.sa_handler == on_signal, "signal " + std::to_string(signals[i]) + " keeps its handler");
+    sigaction(signals[i], &before[i], nullptr);
+  }
+}
+
 void test_other_kinds_are_unavailable() {
   for (TransportKind k : kTransportKinds) {
-    if (k == TransportKind::kSocket) continue;
+    if (k == TransportKind::kSocket || k == TransportKind::kLibfabric) continue;
     const std::string name = transport_kind_name(k);
     const Availability a = probe(k);
     std::printf("  %s: %s\n", name.c_str(), a.reason.c_str());
@@ -91,8 +149,13 @@ void test_other_kinds_are_unavailable() {
 }  // namespace
 
 int main() {
+  // First: the library is loaded (and its providers' libraries with it) inside this case.
+  fctest::run_case("libfabric leaves the process's signal handlers alone",
+                   test_libfabric_keeps_signal_handlers);
   fctest::run_case("transport kinds and their names", test_kind_names);
   fctest::run_case("make_transport(kSocket) is a working socket transport", test_socket_through_the_factory);
+  fctest::run_case("libfabric: made where the probe says it runs, refused with its reason",
+                   test_libfabric_through_the_factory);
   fctest::run_case("other kinds: unavailable, with the probe's reason", test_other_kinds_are_unavailable);
   return fctest::finish();
 }

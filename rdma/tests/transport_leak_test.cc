@@ -1,11 +1,13 @@
 // 1000 connect / write / close cycles of a 2-rank group (two transports in this process) must
-// leave the process's fd count and thread count where they were after warm-up.
+// leave the process's fd count and thread count where they were after warm-up, on the backend
+// named by the first argument (backends.h).
 #include <cstdlib>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "fusedcomm/rdma/proxy.h"
+#include "backends.h"
 #include "fusedcomm/rdma/transport.h"
 #include "test_util.h"
 
@@ -13,6 +15,8 @@ using namespace fusedcomm::rdma;
 using namespace std::chrono_literals;
 
 namespace {
+
+fctest::TestBackend g_backend;
 
 GroupSpec spec(int rank, const std::vector<std::string>& addrs, uint64_t comm) {
   GroupSpec s;
@@ -53,8 +57,9 @@ void expect_signal(int rank, const std::vector<uint64_t>& m, uint64_t comm) {
 }
 
 // One cycle: both ranks connect, exchange a payload with a signal each way, and close.
-// Every 50th cycle rank 0 sends through a ring and a Proxy (one more thread to clean up),
-// every 7th cycle rank 1 aborts instead of closing.
+// Rank 0 writes from a region it registers for the cycle and deregisters after it (registered
+// memory must not pile up). Every 50th cycle rank 0 sends through a ring and a Proxy (one more
+// thread to clean up), every 7th cycle rank 1 aborts instead of closing.
 void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m0, std::vector<uint64_t>& m1,
            const Region& r0, const Region& r1) {
   const std::vector<std::string> addrs = {t0.address(), t1.address()};
@@ -73,10 +78,12 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
       }
     } catch (const std::exception& e) { FC_CHECK(false, std::string("rank 1: ") + e.what()); }
   });
+  std::vector<uint64_t> scratch(512, 0);
+  scratch[0] = comm * 5;
+  const Region rs = t0.register_memory(scratch.data(), scratch.size() * sizeof scratch[0]);
   try {
     auto g = t0.connect(spec(0, addrs, comm));
-    const WriteOp op = cycle_write(1, r0, r1, comm);
-    m0[0] = comm * 5;
+    const WriteOp op = cycle_write(1, rs, r1, comm);
     if (use_proxy) {
       void* mem = std::aligned_alloc(4096, 4096);
       std::memset(mem, 0, 4096);
@@ -96,14 +103,13 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
     g->close(abort1 ? 2000ms : 5000ms);
   } catch (const std::exception& e) { FC_CHECK(false, std::string("rank 0: ") + e.what()); }
   peer.join();
+  t0.deregister_memory(rs);
   FC_CHECK(m1[2] == comm * 5, "rank 1 payload, cycle " + std::to_string(comm));
 }
 
 void test_no_leaks() {
-  SocketOptions o;
-  o.bind_host = "127.0.0.1";
-  auto t0 = make_socket_transport(o);
-  auto t1 = make_socket_transport(o);
+  auto t0 = g_backend.make();
+  auto t1 = g_backend.make();
   std::vector<uint64_t> m0(8, 0), m1(8, 0);
   Region r0 = t0->register_memory(m0.data(), 64);
   Region r1 = t1->register_memory(m1.data(), 64);
@@ -123,6 +129,9 @@ void test_no_leaks() {
   FC_CHECK(threads1 == threads0,
            "thread count flat: " + std::to_string(threads0) + " -> " + std::to_string(threads1));
   FC_CHECK(t0->stats().open_connections == 0 && t1->stats().open_connections == 0, "no open connections");
+  FC_CHECK(t0->stats().registered_regions == 1 && t0->stats().registered_bytes == 64,
+           "registered memory flat: " + std::to_string(t0->stats().registered_regions) + " regions, " +
+               std::to_string(t0->stats().registered_bytes) + " bytes");
   t0->deregister_memory(r0);
   t1->deregister_memory(r1);
   FC_CHECK(t0->stats().registered_regions == 0, "regions gone");
@@ -132,9 +141,7 @@ void test_transport_lifetime() {
   // Transports themselves: create and destroy; their thread and fds go with them.
   const int fds0 = fctest::open_fds(), threads0 = fctest::live_threads();
   for (int i = 0; i < 100; ++i) {
-    SocketOptions o;
-    o.bind_host = "127.0.0.1";
-    auto t = make_socket_transport(o);
+    auto t = g_backend.make();
     FC_CHECK(!t->address().empty(), "address");
   }
   FC_CHECK(fctest::open_fds() == fds0, "fds back to " + std::to_string(fds0));
@@ -143,7 +150,8 @@ void test_transport_lifetime() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  g_backend = fctest::backend_from_args(argc, argv);
   fctest::run_case("1000 connect/close cycles leave fds and threads flat", test_no_leaks);
   fctest::run_case("transport create/destroy leaves fds and threads flat", test_transport_lifetime);
   return fctest::finish();

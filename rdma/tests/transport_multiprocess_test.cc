@@ -1,11 +1,13 @@
-// The socket transport and the proxy across real processes.
+// A transport and the proxy across real processes, on the backend named by the first argument
+// (backends.h).
 //
 // The parent never creates a transport or a thread (it forks). Each child creates its
-// transport on 127.0.0.1, sends "ADDR host:port" up its pipe, receives every rank's address,
+// transport on 127.0.0.1, sends "ADDR <address>" up its pipe, receives every rank's address,
 // runs its part and reports "FAIL ..." lines and a final "DONE". Children exchange nothing but
 // what the transport carries.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "../socket/wire.h"
+#include "backends.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
 #include "test_util.h"
@@ -30,6 +33,8 @@ using namespace std::chrono_literals;
 using fctest::monotonic_ns;
 
 namespace {
+
+fctest::TestBackend g_backend;
 
 // ------------------------------------------------------------------------------------------
 // Process harness
@@ -128,13 +133,12 @@ std::vector<Child> launch(int world, const ChildFn& fn) {
       };
       int code = 0;
       try {
-        SocketOptions o;
-        o.bind_host = "127.0.0.1";
-        // Ranks differ in receiver threads and busy polling (per-process choices): 1, 2, 3, 1,
-        // ... receivers; odd ranks poll for 500 us after each message.
-        o.receive_threads = 1 + r % 3;
-        o.busy_poll = std::chrono::microseconds(r % 2 ? 500 : 0);
-        auto t = make_socket_transport(o);
+        // Ranks differ in per-process choices: socket receivers 1, 2, 3, 1, ...; odd ranks
+        // poll for 500 us after each message; on libfabric, ranks from 2 on send their signals
+        // as messages (every receiver takes both kinds).
+        fctest::TestBackend b = g_backend;
+        if (r >= 2) b.signal = LibfabricSignal::kMessage;
+        auto t = b.make(1 + r % 3, std::chrono::microseconds(r % 2 ? 500 : 0));
         ctx.transport = t.get();
         ctx.say("ADDR " + t->address());
         std::string line;
@@ -706,7 +710,7 @@ void test_kill_mid_traffic() {
              "rank " + std::to_string(r) + " blames rank " + std::to_string(peer) + ": " + msg);
     FC_CHECK(msg.find("rank 3 at " + kids[victim].addr) != std::string::npos, "message names rank 3: " + msg);
     const double delay = (when - killed_at) / 1e9;
-    FC_CHECK(when > 0 && delay < 5.0,
+    FC_CHECK(when > 0 && delay <= 1.0,
              "rank " + std::to_string(r) + " noticed after " + std::to_string(delay) + " s");
     std::printf("  rank %d saw the kill after %.3f s: %s\n", r, delay, msg.c_str());
   }
@@ -714,16 +718,36 @@ void test_kill_mid_traffic() {
     if (r != victim) write_all(kids[r].to_child, "EXIT\n");
   }
   finish_children(kids, 30s, {victim});
+  // A killed process cannot remove its shm region (/dev/shm/<pid>:...): the test does.
+  glob_t found{};
+  if (glob(("/dev/shm/" + std::to_string(kids[victim].pid) + ":*").c_str(), 0, nullptr, &found) == 0) {
+    for (size_t i = 0; i < found.gl_pathc; ++i) ::unlink(found.gl_pathv[i]);
+  }
+  globfree(&found);
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
+  g_backend = fctest::backend_from_args(argc, argv);
   fctest::run_case("all-to-all traffic, 4 processes, direct and through the proxy", test_all_to_all);
   fctest::run_case("a wrong job token fails authentication", test_wrong_token);
-  fctest::run_case("wrong version and garbage handshakes are dropped", test_bad_handshakes);
+  if (g_backend.socket()) {
+    fctest::run_case("wrong version and garbage handshakes are dropped", test_bad_handshakes);
+  } else {
+    std::printf("[SKIP] raw TCP handshakes: the socket backend's listener only\n");
+  }
   fctest::run_case("a rank that never connects gives ConnectTimeout naming it", test_missing_rank);
-  fctest::run_case("SIGKILL of a rank mid-traffic is reported naming it", test_kill_mid_traffic);
+  if (g_backend.label != "libfabric-shm") {
+    fctest::run_case("SIGKILL of a rank mid-traffic is reported naming it", test_kill_mid_traffic);
+  } else {
+    // libfabric's shm provider (1.17) guards each process's shared-memory queues with spin
+    // locks in the shared segment: a process killed while it holds one leaves its peers
+    // spinning inside fi_send / fi_cq_read for ever, where no transport can bound the wait.
+    // shm only reaches ranks of one host; killed peers are tested on tcp and on sockets.
+    std::printf("[SKIP] SIGKILL mid-traffic on shm: a process killed inside libfabric's shm provider can leave"
+                " its peers spinning on a lock in their shared segment (provider limitation)\n");
+  }
   return fctest::finish();
 }

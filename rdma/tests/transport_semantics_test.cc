@@ -1,5 +1,6 @@
-// Contract details of the socket transport and the proxy, in one process: two transports talk
-// over loopback (rank 1's half of every connect runs on a helper thread).
+// Contract details of a transport and the proxy, in one process: two transports talk over
+// loopback (rank 1's half of every connect runs on a helper thread), on the backend named by
+// the first argument (backends.h).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends.h"
 #include "fusedcomm/rdma/one_way_pairs.h"
 #include "fusedcomm/rdma/proxy.h"
 #include "fusedcomm/rdma/transport.h"
@@ -20,19 +22,14 @@ using namespace std::chrono_literals;
 namespace {
 
 // main() runs the cases with one receiver thread per transport and no busy polling, then again
-// with three receivers (connections then move from the accepting receiver to their readers:
-// each case exercises that hand-over) and a busy-poll window for receivers and proxies (the
-// polling paths then carry every case).
+// with three receivers (socket: connections then move from the accepting receiver to their
+// readers, so each case exercises that hand-over) and a busy-poll window for receivers,
+// progress threads and proxies (the polling paths then carry every case).
+fctest::TestBackend g_backend;
 int g_receive_threads = 1;
 std::chrono::microseconds g_busy_poll{0};
 
-std::unique_ptr<Transport> loopback() {
-  SocketOptions o;
-  o.bind_host = "127.0.0.1";
-  o.receive_threads = g_receive_threads;
-  o.busy_poll = g_busy_poll;
-  return make_socket_transport(o);
-}
+std::unique_ptr<Transport> loopback() { return g_backend.make(g_receive_threads, g_busy_poll); }
 
 GroupSpec spec(int rank, int world, std::vector<std::string> addrs, uint64_t comm,
                std::chrono::milliseconds timeout = 5000ms) {
@@ -74,8 +71,11 @@ void test_probes() {
   FC_CHECK(s.available, "socket backend available: " + s.reason);
   Availability v = probe_ibverbs();
   Availability e = probe_efa();
-  std::printf("  ibverbs: %s\n  efa: %s\n", v.reason.c_str(), e.reason.c_str());
-  // No RDMA backend is built yet, so they are unavailable everywhere, with a reason.
+  Availability f = probe_libfabric();
+  std::printf("  ibverbs: %s\n  efa: %s\n  libfabric: %s\n", v.reason.c_str(), e.reason.c_str(), f.reason.c_str());
+  FC_CHECK(!f.reason.empty(), "libfabric reason");
+  // The raw ibverbs and efa backends are not built (libfabric drives those NICs), so they are
+  // unavailable everywhere, with a reason.
   FC_CHECK(!v.available && !v.reason.empty(), "ibverbs reason");
   FC_CHECK(!e.available && !e.reason.empty(), "efa reason");
   FC_CHECK(v.reason.find("libibverbs") != std::string::npos || v.reason.find("RDMA") != std::string::npos,
@@ -85,14 +85,27 @@ void test_probes() {
 void test_addresses() {
   auto t = loopback();
   std::string a = t->address();
-  FC_CHECK(a.rfind("127.0.0.1:", 0) == 0 && std::stoi(a.substr(10)) > 0, "loopback address " + a);
-  FC_CHECK(std::string(t->name()) == "socket" && t->api_version() == kTransportApiVersion, "name, version");
-
-  // Default options: wildcard bind, advertised under the host's own address; reachable.
-  auto d = make_socket_transport(SocketOptions{});
-  std::string da = d->address();
-  FC_CHECK(da.find("0.0.0.0") == std::string::npos && da.rfind(':') != std::string::npos && da.rfind(':') > 0,
-           "advertised address " + da);
+  FC_CHECK(t->api_version() == kTransportApiVersion, "version");
+  FC_CHECK(std::string(t->name()) == transport_kind_name(g_backend.kind), std::string("name ") + t->name());
+  FC_CHECK(t->describe().rfind(t->name(), 0) == 0, "describe() starts with the name: " + t->describe());
+  std::unique_ptr<Transport> d;
+  if (g_backend.socket()) {
+    FC_CHECK(a.rfind("127.0.0.1:", 0) == 0 && std::stoi(a.substr(10)) > 0, "loopback address " + a);
+    // Default options: wildcard bind, advertised under the host's own address; reachable.
+    d = make_socket_transport(SocketOptions{});
+    std::string da = d->address();
+    FC_CHECK(da.find("0.0.0.0") == std::string::npos && da.rfind(':') != std::string::npos && da.rfind(':') > 0,
+             "advertised address " + da);
+  } else {
+    // "ofi:<provider>:<endpoint name in hex>", no separator the bootstrap uses.
+    FC_CHECK(a.rfind("ofi:", 0) == 0 && a.find_first_of(" #") == std::string::npos, "libfabric address " + a);
+    std::printf("  %s\n", t->describe().c_str());
+    // Default options: the provider's own choice of interface (tcp: the host's primary address).
+    TransportOptions o;
+    o.libfabric.provider = g_backend.provider;
+    d = make_transport(TransportKind::kLibfabric, o);
+  }
+  const std::string da = d->address();
   auto p = connect_pair(*d, *t, 1);
   FC_CHECK(p.g0->status(1) == PeerState::kConnected, "default-bound transport is reachable at " + da);
   auto f = std::async(std::launch::async, [&] { p.g1->close(5000ms); });
@@ -193,7 +206,13 @@ void test_receiver_validates_writes() {
       op.signal_offset = 128 * 8;  // one past the last word
       op.signal_value = 1;
     }
-    p.g0->write(op);  // the sender cannot know; the receiver refuses
+    // The socket writer cannot know and the receiver refuses; the libfabric writer asks the
+    // receiver where the region lives, and the receiver refuses then (the write throws).
+    if (g_backend.socket()) {
+      p.g0->write(op);
+    } else {
+      FC_EXPECT_THROW(TransportError, p.g0->write(op), e, { FC_CHECK(e.peer() == 1, "names the receiver"); });
+    }
     bool failed = fctest::wait_for([&] { return p.g1->status(0) == PeerState::kFailed; }, 3000ms);
     FC_CHECK(failed, "receiver failed the connection (kind " + std::to_string(kind) + ")");
     FC_EXPECT_THROW(TransportError, p.g1->check(), e, {
@@ -254,7 +273,8 @@ void test_connect_errors() {
   FC_EXPECT_THROW(ConnectTimeout, t1->connect(spec(1, 2, {dead, t1->address()}, 30, 800ms)), e, {
     FC_CHECK(e.peer() == 0, "names rank 0");
     std::string m = e.what();
-    FC_CHECK(m.find("rank 0 at " + dead) != std::string::npos && m.find("refused") != std::string::npos, m);
+    FC_CHECK(m.find("rank 0 at " + dead) != std::string::npos, m);
+    FC_CHECK(!g_backend.socket() || m.find("refused") != std::string::npos, m);
   });
   FC_CHECK(std::chrono::steady_clock::now() - start < 3000ms, "bounded");
   // One communicator id cannot be open twice on one transport.
@@ -608,11 +628,7 @@ void test_busy_poll_hints() {
     return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
   };
   for (microseconds window : {microseconds(0), microseconds(2000)}) {
-    SocketOptions o;
-    o.bind_host = "127.0.0.1";
-    o.receive_threads = 2;
-    o.busy_poll = window;
-    auto t0 = make_socket_transport(o), t1 = make_socket_transport(o);
+    auto t0 = g_backend.make(2, window), t1 = g_backend.make(2, window);
     Buf src(*t0, 64), dst(*t1, 64 + 8);
     auto p = connect_pair(*t0, *t1, 60);
     RingMem m(8);
@@ -660,7 +676,8 @@ void test_busy_poll_hints() {
   }
 }
 
-int main() {
+int main(int argc, char** argv) {
+  g_backend = fctest::backend_from_args(argc, argv);
   const std::pair<const char*, void (*)()> cases[] = {
       {"probes report availability with a reason", test_probes},
       {"listener addresses", test_addresses},
@@ -676,11 +693,16 @@ int main() {
       {"a connection per direction (connect_one_way_pairs)", test_one_way_pairs},
       {"lanes: groups striped between the same ranks", test_lanes},
   };
+  // libfabric's second pass sends signals as messages after delivery-complete writes, the path
+  // of providers without remote CQ data.
   for (int threads : {1, 3}) {
     g_receive_threads = threads;
     g_busy_poll = std::chrono::microseconds(threads == 1 ? 0 : 200);
+    if (!g_backend.socket()) g_backend.signal = threads == 1 ? LibfabricSignal::kAuto : LibfabricSignal::kMessage;
     const std::string pass =
-        std::to_string(threads) + " receiver(s), busy poll " + std::to_string(g_busy_poll.count()) + " us: ";
+        (g_backend.socket() ? std::to_string(threads) + " receiver(s)"
+                            : std::string(threads == 1 ? "signals on CQ data" : "signals as messages")) +
+        ", busy poll " + std::to_string(g_busy_poll.count()) + " us: ";
     for (const auto& [name, body] : cases) fctest::run_case((pass + name).c_str(), body);
   }
   fctest::run_case("busy poll: hints wake sleeping threads, which sleep again after the window",

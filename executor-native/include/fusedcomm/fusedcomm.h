@@ -81,6 +81,22 @@ typedef enum {
   FC_BACKEND_HOST = 2  /* the C++ reference implementation on the CPU */
 } fc_backend_t;
 
+/* The transport between executors (spark.fusedcomm.transport). */
+typedef enum {
+  FC_TRANSPORT_AUTO = 0,     /* libfabric where an RDMA provider (efa, verbs) answers, else socket */
+  FC_TRANSPORT_SOCKET = 1,   /* TCP sockets */
+  FC_TRANSPORT_LIBFABRIC = 2 /* libfabric (opened at run time), provider below */
+} fc_transport_t;
+
+/* The libfabric provider (spark.fusedcomm.libfabric.provider). */
+typedef enum {
+  FC_LIBFABRIC_AUTO = 0,  /* efa, else verbs, else tcp */
+  FC_LIBFABRIC_EFA = 1,   /* AWS EFA */
+  FC_LIBFABRIC_VERBS = 2, /* verbs;ofi_rxm: InfiniBand, RoCE */
+  FC_LIBFABRIC_TCP = 3,   /* tcp;ofi_rxm: any network */
+  FC_LIBFABRIC_SHM = 4    /* shared memory: ranks of one host */
+} fc_libfabric_provider_t;
+
 /* The ops of a communicator. The collectives' values are those of the kernels' CommOp. */
 typedef enum {
   FC_OP_ALL_GATHER = 1,
@@ -133,6 +149,9 @@ typedef struct {
   int32_t gpu_ordinal;        /* the executor's GPU, -1: none assigned */
   uint64_t job_token;         /* the application's token */
   int32_t allow_shared_gpu;   /* native tests only: ranks of one host may share a GPU */
+  int32_t transport;          /* fc_transport_t */
+  int32_t libfabric_provider; /* fc_libfabric_provider_t */
+  int32_t libfabric_rails;    /* NICs per executor for libfabric: 1..8 */
 } fc_runtime_config_t;
 
 /* The defaults (backend auto, no GPU). */

@@ -39,6 +39,13 @@ using namespace fusedcomm;
 using capi::guarded;
 using capi::require_out;
 
+static_assert(static_cast<int>(TransportChoice::kLibfabric) == FC_TRANSPORT_LIBFABRIC &&
+              static_cast<int>(TransportChoice::kSocket) == FC_TRANSPORT_SOCKET);
+static_assert(static_cast<int>(rdma::LibfabricProvider::kEfa) == FC_LIBFABRIC_EFA &&
+              static_cast<int>(rdma::LibfabricProvider::kVerbs) == FC_LIBFABRIC_VERBS &&
+              static_cast<int>(rdma::LibfabricProvider::kTcp) == FC_LIBFABRIC_TCP &&
+              static_cast<int>(rdma::LibfabricProvider::kShm) == FC_LIBFABRIC_SHM);
+
 extern "C" {
 
 const char* fc_status_string(fc_status_t status) {
@@ -98,6 +105,9 @@ fc_status_t fc_runtime_config_init(fc_runtime_config_t* config) {
     c.gpu_ordinal = d.gpu_ordinal;
     c.job_token = d.job_token;
     c.allow_shared_gpu = d.allow_shared_gpu ? 1 : 0;
+    c.transport = static_cast<int32_t>(d.transport);
+    c.libfabric_provider = static_cast<int32_t>(d.libfabric_provider);
+    c.libfabric_rails = d.libfabric_rails;
   });
 }
 
@@ -117,6 +127,14 @@ fc_status_t fc_runtime_create(const fc_runtime_config_t* config, fc_runtime_t* o
     c.gpu_ordinal = config->gpu_ordinal;
     c.job_token = config->job_token;
     c.allow_shared_gpu = config->allow_shared_gpu != 0;
+    FC_REQUIRE(config->transport >= FC_TRANSPORT_AUTO && config->transport <= FC_TRANSPORT_LIBFABRIC,
+               "unknown transport " + std::to_string(config->transport));
+    FC_REQUIRE(
+        config->libfabric_provider >= FC_LIBFABRIC_AUTO && config->libfabric_provider <= FC_LIBFABRIC_SHM,
+        "unknown libfabric provider " + std::to_string(config->libfabric_provider));
+    c.transport = static_cast<TransportChoice>(config->transport);
+    c.libfabric_provider = static_cast<rdma::LibfabricProvider>(config->libfabric_provider);
+    c.libfabric_rails = config->libfabric_rails;
     auto handle = std::make_unique<fc_runtime>();
     handle->runtime = std::make_unique<Runtime>(c);
     result = handle.release();

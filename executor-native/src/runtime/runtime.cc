@@ -36,11 +36,62 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
       }
       break;
   }
-  rdma::SocketOptions options;
-  options.bind_host = config.bind_host;
-  options.receive_threads = config.transport_streams;
-  options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
-  transport_ = rdma::make_transport(rdma::TransportKind::kSocket, {options});
+  FC_REQUIRE(config.libfabric_rails >= 1 && config.libfabric_rails <= 8,
+             "libfabric rails must be 1..8, not " + std::to_string(config.libfabric_rails));
+  rdma::TransportOptions options;
+  options.socket.bind_host = config.bind_host;
+  options.socket.receive_threads = config.transport_streams;
+  options.socket.busy_poll = std::chrono::microseconds(config.busy_poll_us);
+  options.libfabric.provider = config.libfabric_provider;
+  options.libfabric.rails = config.libfabric_rails;
+  options.libfabric.bind_host = config.bind_host;
+  options.libfabric.busy_poll = std::chrono::microseconds(config.busy_poll_us);
+  std::string why;
+  const rdma::TransportKind kind = resolve_transport(config.transport, config.libfabric_provider, &why);
+  transport_choice_ = std::string(transport_choice_name(config.transport)) + ": " + why;
+  try {
+    transport_ = rdma::make_transport(kind, options);
+  } catch (const rdma::TransportError& e) {
+    fail(ErrorKind::kUnavailable, std::string("spark.fusedcomm.transport=") +
+                                      transport_choice_name(config.transport) + ": " + e.what());
+  }
+}
+
+const char* transport_choice_name(TransportChoice t) {
+  switch (t) {
+    case TransportChoice::kAuto: return "auto";
+    case TransportChoice::kSocket: return "socket";
+    case TransportChoice::kLibfabric: return "libfabric";
+  }
+  return "unknown";
+}
+
+rdma::TransportKind resolve_transport(TransportChoice choice, rdma::LibfabricProvider provider,
+                                      std::string* why) {
+  switch (choice) {
+    case TransportChoice::kSocket: *why = "as configured"; return rdma::TransportKind::kSocket;
+    case TransportChoice::kLibfabric: *why = "as configured"; return rdma::TransportKind::kLibfabric;
+    case TransportChoice::kAuto: break;
+  }
+  // auto: an RDMA NIC through libfabric, where one answers; TCP through libfabric is no better
+  // than the socket backend, so tcp and shm are used only when asked for.
+  std::string tried;
+  const bool any = provider == rdma::LibfabricProvider::kAuto;
+  for (rdma::LibfabricProvider p : {rdma::LibfabricProvider::kEfa, rdma::LibfabricProvider::kVerbs}) {
+    if (!any && provider != p) continue;
+    const rdma::Availability a = rdma::probe_libfabric(p);
+    if (a.available) {
+      *why = "libfabric " + std::string(rdma::libfabric_provider_name(p)) + " found (" + a.reason + ")";
+      return rdma::TransportKind::kLibfabric;
+    }
+    tried += std::string(tried.empty() ? "" : "; ") + a.reason;
+  }
+  *why = "no RDMA provider through libfabric (" +
+         (tried.empty() ? std::string("spark.fusedcomm.libfabric.provider=") +
+                              rdma::libfabric_provider_name(provider) + " is not an RDMA provider"
+                        : tried) +
+         ")";
+  return rdma::TransportKind::kSocket;
 }
 
 Runtime::~Runtime() {
@@ -89,7 +140,8 @@ size_t Runtime::pooled_regions() const {
 
 std::string Runtime::describe() const {
   std::string s = std::string("backend=") + (backend_ == Backend::kCuda ? "cuda" : "host") +
-                  " transport=" + transport_->name() + " address=" + transport_->address() +
+                  " transport=" + transport_->name() + " (" + transport_choice_ + "; " +
+                  transport_->describe() + ") address=" + transport_->address() +
                   " streams=" + std::to_string(config_.transport_streams) +
                   " busyPoll=" + std::to_string(config_.busy_poll_us) + "us";
   if (gpu_.ordinal >= 0)
@@ -110,6 +162,8 @@ std::string availability_report() {
   r += line("transport.ibverbs", ib.available, ib.reason);
   auto efa = rdma::probe_efa();
   r += line("transport.efa", efa.available, efa.reason);
+  auto fabric = rdma::probe_libfabric();
+  r += line("transport.libfabric", fabric.available, fabric.reason);
   return r;
 }
 

@@ -114,8 +114,45 @@ inline int64_t test_busy_poll_us() {
   return s ? std::atoll(s) : RuntimeConfig{}.busy_poll_us;
 }
 
-// A cuda-backend Runtime's config for the multi-rank tests: GPU `gpu`, the socket transport on
-// the loopback, the run's job token (from its seed), every op bounded by timeout_ms, a data
+// The transport the native multi-rank tests use (spark.fusedcomm.transport and
+// spark.fusedcomm.libfabric.provider): FUSEDCOMM_TRANSPORT=socket|libfabric|auto (default
+// socket) and FUSEDCOMM_LIBFABRIC_PROVIDER=auto|efa|verbs|tcp|shm (default tcp), so that the
+// virtual-host tests run between hosts over libfabric too. An unknown name ends the test.
+inline void apply_test_transport(RuntimeConfig* c) {
+  auto env = [](const char* name, const char* fallback) {
+    const char* v = std::getenv(name);
+    return std::string(v && *v ? v : fallback);
+  };
+  const std::string t = env("FUSEDCOMM_TRANSPORT", "socket");
+  const std::string p = env("FUSEDCOMM_LIBFABRIC_PROVIDER", "tcp");
+  if (t == "socket") {
+    c->transport = TransportChoice::kSocket;
+  } else if (t == "libfabric") {
+    c->transport = TransportChoice::kLibfabric;
+  } else if (t == "auto") {
+    c->transport = TransportChoice::kAuto;
+  } else {
+    std::fprintf(stderr, "FUSEDCOMM_TRANSPORT=%s: expected socket, libfabric or auto\n", t.c_str());
+    std::exit(2);
+  }
+  bool known = false;
+  for (rdma::LibfabricProvider lp :
+       {rdma::LibfabricProvider::kAuto, rdma::LibfabricProvider::kEfa, rdma::LibfabricProvider::kVerbs,
+        rdma::LibfabricProvider::kTcp, rdma::LibfabricProvider::kShm}) {
+    if (p == rdma::libfabric_provider_name(lp)) {
+      c->libfabric_provider = lp;
+      known = true;
+    }
+  }
+  if (!known) {
+    std::fprintf(stderr, "FUSEDCOMM_LIBFABRIC_PROVIDER=%s: expected auto, efa, verbs, tcp or shm\n",
+                 p.c_str());
+    std::exit(2);
+  }
+}
+
+// A cuda-backend Runtime's config for the multi-rank tests: GPU `gpu`, the transport of
+// apply_test_transport (socket unless the environment says otherwise) on the loopback, the run's job token (from its seed), every op bounded by timeout_ms, a data
 // area of symmetric_bytes; `shared`: ranks may share the GPU (correctness only).
 inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeout_ms, int64_t symmetric_bytes,
                                           bool shared) {
@@ -129,6 +166,7 @@ inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeou
   c.allow_shared_gpu = shared;
   c.transport_streams = test_streams();
   c.busy_poll_us = test_busy_poll_us();
+  apply_test_transport(&c);
   return c;
 }
 

@@ -49,7 +49,9 @@ class InterHostLink {
  public:
   // What a counterpart needs to reach this rank: its transport address and region keys.
   struct Blob {
-    char address[256];  // Transport::address(), NUL-terminated
+    // Transport::address(), NUL-terminated: a libfabric address names each rail's endpoint
+    // in hex (EFA: about 70 characters a rail, up to 8 rails).
+    char address[640];
     uint64_t inbox_key, signal_key;
     // This rank's chunk and lanes: both shape the protocol's slots, so connect() refuses
     // counterparts that differ in either.

@@ -17,6 +17,12 @@ namespace fusedcomm {
 
 class SymmetricRegion;
 
+// spark.fusedcomm.transport: which backend of rdma/ carries the bytes between executors.
+// kAuto: libfabric where it finds an RDMA provider (efa, or verbs on InfiniBand / RoCE), else
+// socket; the runtime's describe() says what it chose and why.
+enum class TransportChoice : int32_t { kAuto = 0, kSocket = 1, kLibfabric = 2 };
+const char* transport_choice_name(TransportChoice t);
+
 // Everything the native side is configured with; built once from the typed Java config.
 // Native code never reads environment variables.
 struct RuntimeConfig {
@@ -33,6 +39,11 @@ struct RuntimeConfig {
   // after an op between hosts is enqueued and after their last traffic (rdma/busy_poll.h):
   // 0..1,000,000 us; 0: they sleep whenever idle.
   int64_t busy_poll_us = 1000;
+  TransportChoice transport = TransportChoice::kAuto;
+  // The libfabric backend's provider (spark.fusedcomm.libfabric.provider; kAuto: efa, else
+  // verbs, else tcp) and its NICs per executor (spark.fusedcomm.libfabric.rails, 1..8).
+  rdma::LibfabricProvider libfabric_provider = rdma::LibfabricProvider::kAuto;
+  int libfabric_rails = 1;
   int gpu_ordinal = -1;    // the executor's GPU, -1: none assigned
   uint64_t job_token = 0;  // the application's token (driver plugin)
   // Native tests only (never set from Java): ranks of one host may share a GPU
@@ -67,11 +78,16 @@ class Runtime {
   Backend backend_;
   GpuInfo gpu_;
   std::unique_ptr<rdma::Transport> transport_;
+  std::string transport_choice_;  // what spark.fusedcomm.transport resolved to, and why
   mutable std::mutex pool_mutex_;
   std::vector<std::unique_ptr<SymmetricRegion>> pool_;
 };
 
 // One line per backend and transport: "name: available|unavailable: reason".
 std::string availability_report();
+
+// What spark.fusedcomm.transport=auto resolves to on this host: libfabric where an RDMA
+// provider (efa or verbs) answers, else socket; *why says which (one phrase for describe()).
+rdma::TransportKind resolve_transport(TransportChoice choice, rdma::LibfabricProvider provider, std::string* why);
 
 }  // namespace fusedcomm

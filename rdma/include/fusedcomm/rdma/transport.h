@@ -1,8 +1,8 @@
-// The inter-process transport interface, version 2 (kTransportApiVersion), its backends and
+// The inter-process transport interface, version 3 (kTransportApiVersion), its backends and
 // the factory that makes them.
 //
-// Model (chosen so that RDMA NICs implement it directly; the socket backend is built, and
-// ibverbs RC, EFA SRD and libfabric backends have room beside it: rdma/libfabric/README.md):
+// Model (chosen so that RDMA NICs implement it directly; the socket and libfabric backends are
+// built, and raw ibverbs RC and EFA SRD backends have room beside them):
 //   - A Transport lives as long as its executor. It owns a listener and a registry of local
 //     memory regions. A region is named to peers by its 64-bit key (socket: a registry id;
 //     ibverbs: rkey and address packed by the backend).
@@ -16,8 +16,10 @@
 //     followed by a signal: a 64-bit word in a peer region that only grows (the receiver
 //     stores max(old, value)) and becomes visible with release ordering after the data. The
 //     receiver learns arrival by reading the word with acquire ordering (flag >= expected).
-//   - Writes between one pair of ranks are delivered in order. Nothing is acknowledged:
-//     protocols build credits out of signals in the other direction.
+//   - Writes between one pair of ranks are delivered in order: a signal becomes visible after
+//     the payload of its own write and of every write the same rank posted to the same peer
+//     before it (a backend over an unordered fabric reorders signals, not just payloads).
+//     Nothing is acknowledged: protocols build credits out of signals in the other direction.
 //   - A peer that dies or closes its connection is reported, naming it, by status()/check()
 //     and by any later write() to it; nothing in the transport blocks without a bound.
 #pragma once
@@ -37,7 +39,7 @@ namespace fusedcomm::rdma {
 // The version of this interface. A backend reports it (Transport::api_version) and the socket
 // handshake carries it: peers of different versions reject each other. Bump it when the
 // interface's contract or a backend's wire format changes.
-inline constexpr uint32_t kTransportApiVersion = 2;
+inline constexpr uint32_t kTransportApiVersion = 3;
 
 // A registered local region. `key` is what peers put in WriteOp::dst_key.
 struct Region {
@@ -93,8 +95,9 @@ class PeerGroup {
   virtual ~PeerGroup() = default;
   virtual int rank() const = 0;
   virtual int world() const = 0;
-  // Posts the write. May block while the connection's send buffer is full, but never past the
-  // point where the peer is known dead; throws TransportError naming the peer then.
+  // Posts the write. Returns once the source bytes may be reused (they were copied or sent),
+  // which may mean waiting while the connection's send buffer is full, but never past the point
+  // where the peer is known dead; throws TransportError naming the peer then.
   virtual void write(const WriteOp& op) = 0;
   virtual PeerState status(int peer) const = 0;
   // Throws TransportError naming the first failed peer ("peer rank 2 at host:port closed the
@@ -121,6 +124,9 @@ class Transport {
   virtual ~Transport() = default;
   virtual uint32_t api_version() const { return kTransportApiVersion; }
   virtual const char* name() const = 0;
+  // One line for the runtime's description and logs: the backend and what it chose (provider,
+  // how signals travel, how GPU memory would be registered). Default: name().
+  virtual std::string describe() const { return name(); }
   // The address peers connect to ("host:port" for sockets), for the bootstrap blob.
   virtual std::string address() const = 0;
   virtual Region register_memory(void* base, uint64_t bytes) = 0;
@@ -140,8 +146,9 @@ class Transport {
 // ---------------------------------------------------------------------------------------------
 // Backends and the factory
 
-// The backends this interface knows. Only kSocket is built; make_transport() and probe() report
-// the others unavailable, with the reason.
+// The backends this interface knows. kSocket and kLibfabric are built (kLibfabric where the build
+// found libfabric's headers); make_transport() and probe() report the others unavailable, with
+// the reason.
 enum class TransportKind : uint32_t {
   kSocket,     // TCP sockets (rdma/socket/)
   kIbverbs,    // RDMA verbs, reliable-connected queue pairs (InfiniBand, RoCE)
@@ -172,9 +179,48 @@ struct SocketOptions {
   std::chrono::microseconds busy_poll{0};
 };
 
+// The libfabric providers the libfabric backend runs on.
+enum class LibfabricProvider : uint32_t {
+  kAuto,   // efa where present, else verbs, else tcp (shm only when asked for: one host)
+  kEfa,    // "efa": AWS EFA (SRD)
+  kVerbs,  // "verbs;ofi_rxm": InfiniBand, RoCE
+  kTcp,    // "tcp;ofi_rxm": any network (and the CI machine)
+  kShm,    // "shm": ranks of one host
+};
+// "auto", "efa", "verbs", "tcp", "shm": the names of spark.fusedcomm.libfabric.provider.
+const char* libfabric_provider_name(LibfabricProvider p);
+
+// How the libfabric backend orders a signal after its payload (rdma/libfabric/wire.h).
+enum class LibfabricSignal : uint32_t {
+  kAuto,     // remote CQ data where the provider has it, else messages
+  kCqData,   // payload writes carry remote CQ data; the receiver orders the signal messages
+  kMessage,  // a write with delivery completion, then the signal message
+};
+
+// The libfabric backend's options.
+struct LibfabricOptions {
+  LibfabricProvider provider = LibfabricProvider::kAuto;
+  // NICs (libfabric domains) per transport; a group uses rail GroupSpec::lane % rails. A
+  // provider with fewer domains than this refuses to start, naming what it has.
+  int rails = 1;
+  // tcp: the address to bind. Empty: the host's primary address, as the socket backend's.
+  std::string bind_host;
+  LibfabricSignal signal = LibfabricSignal::kAuto;
+  // How long the progress threads poll without sleeping after expect_traffic() and after each
+  // event (busy_poll.h); zero: they back off from spinning to sleeping in slices up to 1 ms.
+  std::chrono::microseconds busy_poll{0};
+  // Liveness: every pair sends a heartbeat this often, and a peer silent for peer_timeout is
+  // failed (a datagram endpoint has no connection whose end would say so).
+  std::chrono::milliseconds heartbeat{100};
+  std::chrono::milliseconds peer_timeout{750};
+  // What dlopen is given; tests name a missing library to see the refusal.
+  std::string library = "libfabric.so.1";
+};
+
 // What make_transport() needs; each backend reads its own part.
 struct TransportOptions {
   SocketOptions socket;
+  LibfabricOptions libfabric;
 };
 
 // A transport of `kind`. Throws TransportError(-1, "<name> transport is unavailable: <reason>")
@@ -186,6 +232,12 @@ std::unique_ptr<Transport> make_transport(TransportKind kind, const TransportOpt
 // receiver threads per transport; what make_transport(TransportKind::kSocket, ...) returns.
 std::unique_ptr<Transport> make_socket_transport(const SocketOptions& options);
 
+// The libfabric backend (rdma/libfabric/): reliable-datagram endpoints, RMA writes into
+// registered regions, signals after their payloads; what make_transport(kLibfabric, ...)
+// returns. Throws TransportError(-1, "libfabric transport is unavailable: <reason>") where the
+// library, the provider or this build's headers are missing.
+std::unique_ptr<Transport> make_libfabric_transport(const LibfabricOptions& options);
+
 // Whether a backend can run on this host, and if not, a sentence saying why. Optional system
 // libraries are opened with dlopen, never linked: the library loads on any host.
 struct Availability {
@@ -196,6 +248,10 @@ Availability probe(TransportKind kind);
 Availability probe_socket();
 Availability probe_ibverbs();    // dlopen("libibverbs.so.1") and at least one device
 Availability probe_efa();        // dlopen("libefa.so.1") and an EFA device
-Availability probe_libfabric();  // dlopen("libfabric.so.1")
+// dlopen("libfabric.so.1") and the providers it answers for: available when one of them can
+// run the libfabric backend; the reason lists each provider and what it would use.
+Availability probe_libfabric();
+// One provider (kAuto: the one auto would pick), through `library`.
+Availability probe_libfabric(LibfabricProvider provider, const std::string& library = "libfabric.so.1");
 
 }  // namespace fusedcomm::rdma

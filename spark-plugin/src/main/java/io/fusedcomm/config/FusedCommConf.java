@@ -70,10 +70,40 @@ public final class FusedCommConf {
   public static final ConfigEntry<TransportKind> TRANSPORT =
       ConfigEntry.builder(PREFIX + "transport")
           .doc(
-              "Inter-process transport between executors. auto: the best one available"
-                  + " (socket today). socket: TCP sockets.")
+              "Inter-process transport between executors. auto: libfabric where it finds an"
+                  + " RDMA provider (efa, or verbs on InfiniBand / RoCE), else socket; each"
+                  + " executor logs its choice in the runtime's start-up line. socket: TCP"
+                  + " sockets. libfabric: libfabric (1.17 or newer, opened at run time) on"
+                  + " spark.fusedcomm.libfabric.provider; an executor where it cannot start"
+                  + " fails at start-up with the reason. The same on every executor: a"
+                  + " communicator refuses peers of another transport.")
           .enumConf(TransportKind.class, TransportKind::configName)
           .createWithDefault(TransportKind.AUTO);
+
+  /** {@code spark.fusedcomm.libfabric.provider}: the libfabric provider. */
+  public static final ConfigEntry<LibfabricProvider> LIBFABRIC_PROVIDER =
+      ConfigEntry.builder(PREFIX + "libfabric.provider")
+          .doc(
+              "The libfabric provider of the libfabric transport. auto: efa where present,"
+                  + " else verbs, else tcp. efa: AWS EFA. verbs: InfiniBand or RoCE (verbs;ofi_rxm)."
+                  + " tcp: any network (tcp;ofi_rxm). shm: executors of one host only. GPU memory is"
+                  + " staged through pinned host memory unless the provider registers GPU memory"
+                  + " (FI_HMEM); the runtime's start-up line says which.")
+          .enumConf(LibfabricProvider.class, LibfabricProvider::configName)
+          .createWithDefault(LibfabricProvider.AUTO);
+
+  /** {@code spark.fusedcomm.libfabric.rails}: NICs per executor for the libfabric transport. */
+  public static final ConfigEntry<Integer> LIBFABRIC_RAILS =
+      ConfigEntry.builder(PREFIX + "libfabric.rails")
+          .doc(
+              "NICs (libfabric domains) each executor's libfabric transport opens, in the"
+                  + " provider's order; stream s between hosts (spark.fusedcomm.transport.streams)"
+                  + " uses NIC s mod rails, so rails above the streams add nothing. An executor"
+                  + " whose provider offers fewer NICs fails at start-up, naming the ones it has."
+                  + " The same on every executor.")
+          .intConf()
+          .check(v -> v >= 1 && v <= 8, "a whole number from 1 to 8")
+          .createWithDefault(1);
 
   /** {@code spark.fusedcomm.transport.bindHost}: the address the transport listens on. */
   public static final ConfigEntry<String> TRANSPORT_BIND_HOST =
@@ -217,6 +247,8 @@ public final class FusedCommConf {
           TIMEOUT,
           CONNECT_TIMEOUT,
           TRANSPORT,
+          LIBFABRIC_PROVIDER,
+          LIBFABRIC_RAILS,
           TRANSPORT_BIND_HOST,
           TRANSPORT_STREAMS,
           TRANSPORT_BUSY_POLL,
@@ -343,6 +375,16 @@ public final class FusedCommConf {
   /** The requested inter-process transport. */
   public TransportKind transport() {
     return get(TRANSPORT);
+  }
+
+  /** The libfabric transport's provider. */
+  public LibfabricProvider libfabricProvider() {
+    return get(LIBFABRIC_PROVIDER);
+  }
+
+  /** NICs per executor for the libfabric transport. */
+  public int libfabricRails() {
+    return get(LIBFABRIC_RAILS);
   }
 
   /** Address the transport binds to; empty for the executor's host. */

@@ -1,21 +1,36 @@
 package io.fusedcomm.config;
 
-/** The inter-process transport, as chosen by {@code spark.fusedcomm.transport}. */
+/**
+ * The inter-process transport, as chosen by {@code spark.fusedcomm.transport}. Mirrors {@code
+ * fc_transport_t} of the native C API: the same names and {@link #code()} values.
+ */
 public enum TransportKind {
-  /** The best transport available between the executors' processes: {@link #SOCKET} today. */
-  AUTO("auto"),
+  /**
+   * {@link #LIBFABRIC} where libfabric finds an RDMA provider (efa, or verbs on InfiniBand /
+   * RoCE), else {@link #SOCKET}; each executor logs what it chose.
+   */
+  AUTO("auto", 0),
   /** TCP sockets; works on every host. */
-  SOCKET("socket");
+  SOCKET("socket", 1),
+  /** libfabric, opened at run time, on {@code spark.fusedcomm.libfabric.provider}. */
+  LIBFABRIC("libfabric", 2);
 
   private final String configName;
+  private final int code;
 
-  TransportKind(String configName) {
+  TransportKind(String configName, int code) {
     this.configName = configName;
+    this.code = code;
   }
 
   /** The spelling used in configuration. */
   public String configName() {
     return configName;
+  }
+
+  /** The value of {@code FC_TRANSPORT_<name>} in the native C API. */
+  public int code() {
+    return code;
   }
 
   @Override

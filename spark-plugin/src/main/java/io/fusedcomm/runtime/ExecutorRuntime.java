@@ -74,7 +74,10 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.transportBusyPoll().toNanos() / 1000,
             ordinal,
             jobToken,
-            conf.cudaShareGpu());
+            conf.cudaShareGpu(),
+            conf.transport().code(),
+            conf.libfabricProvider().code(),
+            conf.libfabricRails());
     this.backend = Backend.fromCode(NativeApi.runtimeBackend(handle));
     if (backend == Backend.CUDA) {
       // Before any task touches JCuda: executors of one host must not load its libraries at

@@ -33,7 +33,10 @@ public final class NativeApi {
       long busyPollMicros,
       int gpuOrdinal,
       long jobToken,
-      boolean allowSharedGpu);
+      boolean allowSharedGpu,
+      int transport,
+      int libfabricProvider,
+      int libfabricRails);
 
   static native int runtimeBackend(long runtime);
 

@@ -6,6 +6,8 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.fusedcomm.config.LibfabricProvider;
+import io.fusedcomm.config.TransportKind;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -45,7 +47,10 @@ class NativeEnumsTest {
           "fc_weight_layout_t", new Mirror<>("FC_LAYOUT_", WeightLayout.class, WeightLayout::code),
           "fc_partials_t", new Mirror<>("FC_PARTIALS_", PartialPrecision.class, PartialPrecision::code),
           "fc_backend_t", new Mirror<>("FC_BACKEND_", Backend.class, Backend::code),
-          "fc_op_t", new Mirror<>("FC_OP_", Op.class, Op::code));
+          "fc_op_t", new Mirror<>("FC_OP_", Op.class, Op::code),
+          "fc_transport_t", new Mirror<>("FC_TRANSPORT_", TransportKind.class, TransportKind::code),
+          "fc_libfabric_provider_t",
+              new Mirror<>("FC_LIBFABRIC_", LibfabricProvider.class, LibfabricProvider::code));
 
   /** Every {@code typedef enum { ... } name;} of the header: name -> (enumerator -> value). */
   static Map<String, Map<String, Integer>> parseEnums(String header) {

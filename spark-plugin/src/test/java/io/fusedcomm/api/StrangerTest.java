@@ -307,7 +307,7 @@ class StrangerTest {
   /** The socket handshake's messages (rdma/socket/wire.h) and proofs (rdma/auth.h), in Java. */
   private static final class Wire {
     static final long MAGIC = 0x324d4f4344455346L;  // "FSEDCOM2"
-    static final int VERSION = 2;  // kTransportApiVersion
+    static final int VERSION = 3;  // kTransportApiVersion
     static final int HELLO = 1;
     static final int REJECT = 3;
     static final int CHALLENGE = 4;

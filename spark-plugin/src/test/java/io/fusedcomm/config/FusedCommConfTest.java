@@ -27,6 +27,8 @@ class FusedCommConfTest {
     assertEquals(Duration.ofSeconds(60), c.timeout());
     assertEquals(Duration.ofSeconds(30), c.connectTimeout());
     assertEquals(TransportKind.AUTO, c.transport());
+    assertEquals(LibfabricProvider.AUTO, c.libfabricProvider());
+    assertEquals(1, c.libfabricRails());
     assertEquals("", c.transportBindHost());
     assertEquals(1L << 20, c.hostChunkBytes());
     assertEquals(2, c.transportStreams());
@@ -48,7 +50,9 @@ class FusedCommConfTest {
                 Map.entry("spark.fusedcomm.backend", "CUDA"),
                 Map.entry("spark.fusedcomm.timeout", "500ms"),
                 Map.entry("spark.fusedcomm.connectTimeout", "2m"),
-                Map.entry("spark.fusedcomm.transport", "socket"),
+                Map.entry("spark.fusedcomm.transport", "libfabric"),
+                Map.entry("spark.fusedcomm.libfabric.provider", "Verbs"),
+                Map.entry("spark.fusedcomm.libfabric.rails", "2"),
                 Map.entry("spark.fusedcomm.transport.bindHost", "10.0.0.7"),
                 Map.entry("spark.fusedcomm.transport.streams", "4"),
                 Map.entry("spark.fusedcomm.transport.busyPoll", "250us"),
@@ -60,7 +64,9 @@ class FusedCommConfTest {
     assertEquals(Backend.CUDA, c.backend());
     assertEquals(Duration.ofMillis(500), c.timeout());
     assertEquals(Duration.ofMinutes(2), c.connectTimeout());
-    assertEquals(TransportKind.SOCKET, c.transport());
+    assertEquals(TransportKind.LIBFABRIC, c.transport());
+    assertEquals(LibfabricProvider.VERBS, c.libfabricProvider());
+    assertEquals(2, c.libfabricRails());
     assertEquals("10.0.0.7", c.transportBindHost());
     assertEquals(4, c.transportStreams());
     assertEquals(Duration.ofNanos(250_000), c.transportBusyPoll());
@@ -119,7 +125,11 @@ class FusedCommConfTest {
     assertTrue(e.getMessage().contains("a duration >= 1ms"), e.getMessage());
 
     assertTrue(bad("spark.fusedcomm.backend", "gpu").getMessage().contains("auto|cuda|host"));
-    assertTrue(bad("spark.fusedcomm.transport", "rdma").getMessage().contains("auto|socket"));
+    assertTrue(bad("spark.fusedcomm.transport", "rdma").getMessage().contains("auto|socket|libfabric"));
+    assertTrue(
+        bad("spark.fusedcomm.libfabric.provider", "psm3").getMessage().contains("auto|efa|verbs|tcp|shm"));
+    assertTrue(bad("spark.fusedcomm.libfabric.rails", "9").getMessage().contains("from 1 to 8"));
+    bad("spark.fusedcomm.libfabric.rails", "0");
     assertTrue(bad("spark.fusedcomm.debug.leakTracking", "yes").getMessage().contains("true or false"));
     assertTrue(bad("spark.fusedcomm.transport.bindHost", "a b").getMessage().contains("host name"));
     assertTrue(bad("spark.fusedcomm.gpu.resourceName", "").getMessage().contains("non-empty"));

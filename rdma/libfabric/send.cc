@@ -1,0 +1,223 @@
+// The write path (PeerGroup::write): the destination's region from the peer (kQuery, once per
+// region and group), its bounds checked, the payload as RMA writes in pieces, the signal as a
+// message, and a wait for the writes' local completions so that the source may be reused.
+#include "core.h"
+
+#include <rdma/fi_errno.h>
+
+namespace fusedcomm::rdma::libfabric {
+
+// Where the peer's destination region lives: cached, or asked for. The first write into a region
+// is checked by the peer against its registry (as the socket backend's receiver checks every
+// write); later ones against the bounds it answered with. Throws TransportError naming the peer.
+RemoteRegion GroupState::remote_region(int peer, const WriteOp& op) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    auto it = peers[peer].regions.find(op.dst_key);
+    if (it != peers[peer].regions.end()) {
+      const RemoteRegion rr = it->second;
+      std::string why;
+      const RegionMap bounds{{op.dst_key, Region{nullptr, rr.bytes, op.dst_key}}};
+      if (check_write(bounds, op.dst_key, op.dst_offset, op.bytes, 0, 0, &why)) return rr;
+      // The peer decides with its own registry, and fails us with its own words.
+      wire::Msg v{};
+      v.kind = wire::kViolation;
+      v.w[1] = op.dst_key;
+      v.w[2] = op.dst_offset;
+      v.w[3] = op.bytes;
+      send_locked(peer, v, true);
+      const std::string msg = "a write to " + who(peer) + " was refused: " + why;
+      fail_locked(peer, msg);
+      throw TransportError(peer, msg);
+    }
+    id = ++peers[peer].next_query;
+    wire::Msg q{};
+    q.kind = wire::kQuery;
+    q.w[0] = id;
+    q.w[1] = op.dst_key;
+    q.w[2] = op.dst_offset;
+    q.w[3] = op.bytes;
+    q.w[4] = op.signal_key;
+    q.w[5] = op.signal_offset;
+    send_locked(peer, q, true);
+  }
+  const bool answered = progress_until(
+      [&] { return peers[peer].answers.count(id) || peers[peer].state != PeerState::kConnected; },
+      Clock::now() + kSendStallTimeout);
+  std::lock_guard<std::mutex> l(mu);
+  auto it = peers[peer].answers.find(id);
+  if (it == peers[peer].answers.end()) {
+    if (aborted) throw TransportError(-1, self() + ": the group was aborted");
+    const Peer& p = peers[peer];
+    throw TransportError(
+        peer, p.error.empty() ? (answered ? who(peer) + " has closed the group"
+                                          : who(peer) + " did not answer for its region " + hex(op.dst_key))
+                              : p.error);
+  }
+  const auto [found, rr] = it->second;
+  peers[peer].answers.erase(it);
+  if (!found) {
+    const std::string msg = who(peer) + " refused our write to region " + hex(op.dst_key) + " (offset " +
+                            std::to_string(op.dst_offset) + ", " + std::to_string(op.bytes) +
+                            " bytes; signal region " + hex(op.signal_key) + " offset " +
+                            std::to_string(op.signal_offset) + "): its error names the check that failed";
+    fail_locked(peer, msg);
+    throw TransportError(peer, msg);
+  }
+  peers[peer].regions[op.dst_key] = rr;
+  return rr;
+}
+
+void GroupState::write(const WriteOp& op) {
+  if (aborted) throw TransportError(-1, self() + ": the group was aborted");
+  if (op.peer < 0 || op.peer >= world) {
+    throw std::invalid_argument("write: peer " + std::to_string(op.peer) + " is not in [0, " +
+                                std::to_string(world) + ")");
+  }
+  if (op.signal_key && op.signal_offset % 8) {
+    throw std::invalid_argument("write: signal_offset must be 8-byte aligned");
+  }
+  if (op.peer == rank) {
+    core->local_write(op);
+    return;
+  }
+  const int p = op.peer;
+  auto refuse_if_down = [&] {  // mu held
+    if (phase != Phase::kLive) throw TransportError(-1, self() + ": the group is closed");
+    const Peer& pe = peers[p];
+    if (!pe.up) throw TransportError(p, who(p) + " is not connected");
+    if (pe.state != PeerState::kConnected) {
+      throw TransportError(p, pe.error.empty() ? who(p) + " has closed the group" : pe.error);
+    }
+  };
+  {
+    std::lock_guard<std::mutex> l(mu);
+    refuse_if_down();
+  }
+  void* desc = nullptr;
+  const char* src = op.bytes ? core->source(op.src_key, op.src_offset, op.bytes, rail, &desc) : nullptr;
+  RemoteRegion rr;
+  if (op.bytes) rr = remote_region(p, op);
+
+  const bool cq_data = core->cq_data();
+  const wire::CqDataLayout& layout = core->layout();
+  const uint64_t piece_max = core->caps().max_write;
+  auto wait = std::make_shared<WriteWait>();
+  uint64_t last_seq = 0;
+  const auto deadline = Clock::now() + kSendStallTimeout;
+  for (uint64_t done = 0; done < op.bytes;) {
+    const uint64_t n = std::min(op.bytes - done, piece_max);
+    const bool last = done + n == op.bytes;
+    uint64_t seq = 0, data = 0;
+    {
+      std::unique_lock<std::mutex> l(mu);
+      refuse_if_down();
+      if (cq_data) {
+        if (peers[p].next_seq - peers[p].acked >= layout.window()) {
+          // The peer has not confirmed enough: wait, so that truncated sequence numbers stay
+          // unambiguous at its end.
+          l.unlock();
+          progress_until(
+              [&] {
+                return peers[p].next_seq - peers[p].acked < layout.window() ||
+                       peers[p].state != PeerState::kConnected;
+              },
+              deadline);
+          continue;
+        }
+        seq = ++peers[p].next_seq;
+        data = layout.encode(peers[p].out_stream, last && op.signal_key, seq);
+      }
+    }
+    auto* ctx = new Op;
+    ctx->kind = Op::kWrite;
+    ctx->group = weak_from_this();
+    ctx->peer = p;
+    ctx->wait = wait;
+    wait->left.fetch_add(1);
+    outstanding.fetch_add(1);
+    int rc;
+    while ((rc = core->rail(rail).post_write(ctx, src + done, n, desc, peers[p].addr,
+                                             rr.addr + op.dst_offset + done, rr.key, cq_data, data)) ==
+           -FI_EAGAIN) {
+      // The provider's queue is full: make room, unless the peer is gone.
+      core->progress(rail);
+      std::lock_guard<std::mutex> l(mu);
+      if (aborted || peers[p].state != PeerState::kConnected || Clock::now() > deadline) break;
+    }
+    if (rc != 0) {
+      wait->left.fetch_sub(1);
+      outstanding.fetch_sub(1);
+      delete ctx;
+      std::lock_guard<std::mutex> l(mu);
+      if (aborted) throw TransportError(-1, self() + ": the group was aborted");
+      refuse_if_down();
+      const std::string msg =
+          "writing to " + who(p) + " failed: " +
+          (rc == -FI_EAGAIN ? "no progress for " + std::to_string(kSendStallTimeout.count()) + " ms"
+                            : core->api_.error_text(rc));
+      fail_locked(p, msg);
+      throw TransportError(p, msg);
+    }
+    last_seq = seq;
+    done += n;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    peers[p].bytes_sent += op.bytes;
+    if (op.signal_key && cq_data) {
+      // Sent before the payload completes: the peer applies it once op `seq` and every op
+      // before it have arrived.
+      wire::Msg s{};
+      s.kind = wire::kSignal;
+      s.flags = op.bytes ? wire::kHasPayload : 0;
+      s.w[0] = op.bytes ? last_seq : ++peers[p].next_seq;
+      s.w[1] = op.signal_key;
+      s.w[2] = op.signal_offset;
+      s.w[3] = op.signal_value;
+      s.w[4] = peers[p].bytes_sent;
+      peers[p].signals_sent++;
+      send_locked(p, s, true);
+    }
+  }
+  if (op.bytes) {
+    // The source may be reused only once the provider is done with it (the proxy publishes
+    // `completed` when this returns).
+    // A peer that closed politely meanwhile still receives until our goodbye; one that failed
+    // needs nothing more.
+    progress_until([&] { return wait->left.load() == 0 || peers[p].state == PeerState::kFailed; }, deadline);
+    if (wait->left.load() != 0 || wait->failed.load()) {
+      std::lock_guard<std::mutex> l(mu);
+      if (aborted) throw TransportError(-1, self() + ": the group was aborted");
+      std::string err;
+      {
+        std::lock_guard<std::mutex> wl(wait->mu);
+        err = wait->error;
+      }
+      const std::string msg =
+          err.empty() ? (peers[p].error.empty() ? "writing to " + who(p) + " made no progress for " +
+                                                      std::to_string(kSendStallTimeout.count()) + " ms"
+                                                : peers[p].error)
+                      : "writing to " + who(p) + " failed: " + err;
+      fail_locked(p, msg);
+      throw TransportError(p, msg);
+    }
+  }
+  if (op.signal_key && !cq_data) {
+    // The payload is placed (delivery completion): the signal may follow.
+    std::lock_guard<std::mutex> l(mu);
+    refuse_if_down();
+    wire::Msg s{};
+    s.kind = wire::kSignal;
+    s.w[1] = op.signal_key;
+    s.w[2] = op.signal_offset;
+    s.w[3] = op.signal_value;
+    s.w[4] = peers[p].bytes_sent;
+    peers[p].signals_sent++;
+    send_locked(p, s, true);
+  }
+  core->bytes_sent.fetch_add(op.bytes, std::memory_order_relaxed);
+}
+
+}  // namespace fusedcomm::rdma::libfabric
