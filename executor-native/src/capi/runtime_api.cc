@@ -4,6 +4,7 @@
 
 #include "boundary.h"
 #include "fusedcomm/runtime/device_gemm.h"
+#include "fusedcomm/runtime/device_memory.h"
 #include "fusedcomm/runtime/gpu.h"
 #include "fusedcomm/runtime/memory.h"
 
@@ -87,6 +88,36 @@ fc_status_t fc_memory_stats(uint64_t* live_bytes, uint64_t* live_allocations) {
     const MemoryStats s = memory_stats();
     require_out(live_bytes) = s.live_bytes;
     require_out(live_allocations) = s.live_allocations;
+  });
+}
+
+fc_status_t fc_pointer_info(const void* ptr, fc_pointer_info_t* out) {
+  return guarded([&] {
+    fc_pointer_info_t& result = require_out(out);
+    const PointerInfo info = pointer_info(ptr);
+    result.type = static_cast<fc_memory_type_t>(info.type);
+    result.device = info.device;
+    result.range_base = info.range_base;
+    result.range_bytes = info.range_bytes;
+  });
+}
+
+fc_status_t fc_stream_device(fc_stream_t stream, int32_t* device) {
+  return guarded([&] { require_out(device) = stream_device(reinterpret_cast<cudaStream_t>(stream)); });
+}
+
+fc_status_t fc_device_alloc(size_t bytes, void** out) {
+  return guarded([&] { require_out(out) = device_alloc(bytes); });
+}
+
+fc_status_t fc_device_free(void* ptr) {
+  return guarded([&] { device_free(ptr); });
+}
+
+fc_status_t fc_device_copy(void* dst, const void* src, size_t bytes) {
+  return guarded([&] {
+    FC_REQUIRE(bytes == 0 || (dst != nullptr && src != nullptr), "a copy to or from null memory");
+    device_copy(dst, src, bytes);
   });
 }
 
