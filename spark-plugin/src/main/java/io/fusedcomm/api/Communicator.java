@@ -1,18 +1,13 @@
 package io.fusedcomm.api;
 
-import io.fusedcomm.bootstrap.BootstrapCheck;
-import io.fusedcomm.bootstrap.Fingerprint;
-import io.fusedcomm.bootstrap.HostLayout;
-import io.fusedcomm.bootstrap.RankInfo;
-import io.fusedcomm.bootstrap.RankInfoCodec;
-import io.fusedcomm.errors.CommunicatorException;
+import io.fusedcomm.internal.bootstrap.Fingerprint;
+import io.fusedcomm.internal.bootstrap.HostLayout;
+import io.fusedcomm.internal.bootstrap.RankInfo;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
-import java.security.SecureRandom;
 import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.atomic.AtomicReference;
-import java.util.function.Function;
 import jcuda.runtime.cudaStream_t;
 import org.apache.spark.BarrierTaskContext;
 
@@ -44,8 +39,8 @@ import org.apache.spark.BarrierTaskContext;
  * io.fusedcomm.errors.BackendUnavailableException}.
  *
  * <p>Across hosts (cuda backend): the ranks of each host share NVLink, and each rank reaches its
- * counterparts on the other hosts through the GPU-driven proxy and the transport ({@link
- * io.fusedcomm.bootstrap.HostLayout}: the same number of ranks on every host, at most 8 hosts).
+ * counterparts on the other hosts through the GPU-driven proxy and the transport (the same number
+ * of ranks on every host, at most 8 hosts).
  * allReduce, allGather, reduceScatter and allToAll run there, hierarchically (docs/ops.md,
  * "Collectives across hosts"; bf16 sums are rounded once per host and once across hosts), and the
  * fused ops by their decomposed path (the hierarchical collective and our GEMM);
@@ -59,9 +54,8 @@ import org.apache.spark.BarrierTaskContext;
  * a closed tensor is refused. {@link #abort()} and {@link #close()} may come from any thread.
  */
 public final class Communicator implements AutoCloseable {
-  private static final SecureRandom SHARES = new SecureRandom();
-
   private final ExecutorRuntime runtime;
+  private final String name;
   private final int rank;
   private final int world;
   private final List<RankInfo> ranks;
@@ -78,7 +72,7 @@ public final class Communicator implements AutoCloseable {
    * the lease) and the one close that frees it: {@link #take} zeroes it under the lock before the
    * caller frees it, so an abort never reaches freed memory.
    */
-  private static final class NativeHandle {
+  static final class NativeHandle {
     private volatile long value;
 
     NativeHandle(long value) {
@@ -103,9 +97,11 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
-  private Communicator(ExecutorRuntime runtime, ExecutorRuntime.Lease lease, NativeHandle handle, int rank,
-                       int world, List<RankInfo> ranks, HostLayout hosts) {
+  /** Made by {@link CommBootstrap} once every rank is connected. */
+  Communicator(ExecutorRuntime runtime, ExecutorRuntime.Lease lease, NativeHandle handle, String name, int rank,
+               int world, List<RankInfo> ranks, HostLayout hosts) {
     this.runtime = runtime;
+    this.name = name;
     this.lease = lease;
     this.hosts = hosts;
     this.handle = handle;
@@ -136,132 +132,9 @@ public final class Communicator implements AutoCloseable {
                             + " with --conf spark.plugins=io.fusedcomm.FusedCommPlugin and the fusedcomm"
                             + " jar in --jars"));
     BarrierContextExchange exchange = new BarrierContextExchange(context, options.name());
-    Communicator comm = bootstrap(runtime, exchange, options, exchange::watchBootstrap);
+    Communicator comm = CommBootstrap.bootstrap(runtime, exchange, options, exchange::watchBootstrap);
     exchange.watch(comm);
     return comm;
-  }
-
-  /**
-   * Builds a communicator over any launcher's {@link BootstrapExchange} (calls its allGather
-   * exactly once). Every rank checks every rank's bootstrap blob; an inconsistent world, job,
-   * plan or GPU assignment fails on all ranks with the same message. Each rank's blob carries a
-   * fresh random share; all of them, with the job token, make the key that authenticates the
-   * communicator's connections, so only the allGather carries secrets (docs/deploying.md).
-   */
-  public static Communicator bootstrap(
-      ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options) {
-    return bootstrap(runtime, exchange, options, abort -> () -> {});
-  }
-
-  /**
-   * {@link #bootstrap(ExecutorRuntime, BootstrapExchange, CommOptions)}; {@code watch} gets, once
-   * the native communicator exists and before the exchange and the connect, an action that aborts
-   * it from any thread (a task kill does not reach a native wait by itself), and returns what
-   * ends that watch, which runs once bootstrap has returned or failed.
-   */
-  static Communicator bootstrap(ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options,
-                                Function<Runnable, Runnable> watch) {
-    int world = exchange.world();
-    int rank = exchange.rank();
-    if (world < 1 || rank < 0 || rank >= world) {
-      throw new IllegalArgumentException("rank " + rank + " of world " + world + " is not valid");
-    }
-    ExecutorRuntime.Lease lease = runtime.lease();
-    long handle;
-    try {
-      runtime.pinGpu();
-      handle = NativeOps.commCreate(runtime.handle(), rank, world);
-    } catch (RuntimeException | Error e) {
-      lease.close();
-      throw e;
-    }
-    NativeHandle owned = new NativeHandle(handle);
-    lease.onAbort(owned::abort);  // a runtime that closes meanwhile aborts it (and waits)
-    Runnable unwatch = watch.apply(owned::abort);
-    try {
-      // Every rank must split hosts (and share GPUs) the same way: the settings join the plan's
-      // fingerprint.
-      int virtualHosts = runtime.conf().cudaVirtualHosts();
-      boolean shareGpu = runtime.conf().cudaShareGpu();
-      Fingerprint plan = options.planFingerprint(world, virtualHosts, shareGpu);
-      RankInfo mine =
-          new RankInfo(
-              RankInfoCodec.VERSION,
-              runtime.host(),
-              runtime.executorId(),
-              runtime.gpuAddress().orElse(""),
-              runtime.gpuUuid(),
-              runtime.backend(),
-              NativeOps.commEndpoint(handle),
-              runtime.jobToken(),
-              exchange.commNonce(),
-              authShare(),
-              world,
-              rank,
-              plan.value(),
-              plan.description(),
-              NativeOps.commDeviceHandle(handle));
-      List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
-      requireOneRankPerExecutor(infos);
-      BootstrapCheck.check(infos, world, rank, !shareGpu);
-      HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
-      String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
-      byte[][] authShares = infos.stream().map(RankInfo::authShare).toArray(byte[][]::new);
-      byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
-      NativeOps.commConnect(
-          handle, endpoints, rank, exchange.commNonce(), authShares, deviceHandles, layout.hostIds());
-      return new Communicator(runtime, lease, owned, rank, world, infos, layout);
-    } catch (RuntimeException | Error e) {
-      // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
-      long h = owned.take();
-      try {
-        NativeOps.commAbort(h);
-        NativeOps.commClose(h);
-      } catch (RuntimeException suppressed) {
-        e.addSuppressed(suppressed);
-      } finally {
-        lease.close();
-      }
-      throw e;
-    } finally {
-      unwatch.run();
-    }
-  }
-
-  /**
-   * Fails, on every rank alike, when two ranks run on one executor: their communicators would
-   * share the executor's transport (and GPU), which holds one rank of a communicator. Two ranks
-   * announce the same executor and the same transport listener only then.
-   */
-  private static void requireOneRankPerExecutor(List<RankInfo> infos) {
-    for (int j = 1; j < infos.size(); j++) {
-      for (int i = 0; i < j; i++) {
-        RankInfo a = infos.get(i);
-        RankInfo b = infos.get(j);
-        if (a.executorId().equals(b.executorId()) && listener(a).equals(listener(b))) {
-          throw new CommunicatorException("ranks " + i + " and " + j + " of this barrier stage run as tasks"
-              + " of one executor (executor " + a.executorId() + " on " + a.host() + "), but a communicator"
-              + " takes one task per executor: its transport and GPU serve one rank. Give each barrier task a"
-              + " whole executor: set spark.task.cpus to spark.executor.cores, or, with GPUs,"
-              + " spark.executor.resource.gpu.amount=1 and spark.task.resource.gpu.amount=1", j,
-              CommunicatorException.UNKNOWN, "bootstrap", CommunicatorException.UNKNOWN, null);
-        }
-      }
-    }
-  }
-
-  /** The transport listener of a rank's endpoint ("host:port#region"): what one executor shares. */
-  private static String listener(RankInfo info) {
-    String endpoint = info.transportAddress();
-    int hash = endpoint.lastIndexOf('#');
-    return hash < 0 ? endpoint : endpoint.substring(0, hash);
-  }
-
-  /** A fresh random share of the communicator's key ({@link RankInfo#authShare()}). */
-  private static byte[] authShare() {
-    byte[] share = new byte[RankInfo.AUTH_SHARE_BYTES];
-    SHARES.nextBytes(share);
-    return share;
   }
 
   /** This rank. */
@@ -279,13 +152,25 @@ public final class Communicator implements AutoCloseable {
     return runtime.backend();
   }
 
+  /** The communicator's name ({@link CommOptions#name(String)}). */
+  public String name() {
+    return name;
+  }
+
+  /** Where each rank runs (host, executor, GPU), by rank. */
+  public List<RankPlacement> placements() {
+    return ranks.stream()
+        .map(r -> new RankPlacement(r.rank(), r.host(), r.executorId(), r.gpuId(), r.gpuUuid()))
+        .toList();
+  }
+
   /** Which (virtual) host each rank is on, as the cuda backend connects them. */
-  public HostLayout hosts() {
+  HostLayout hosts() {
     return hosts;
   }
 
-  /** What every rank announced at bootstrap (host, executor, GPU, endpoint), by rank. */
-  public List<RankInfo> ranks() {
+  /** What every rank announced at bootstrap, secrets included: internal. */
+  List<RankInfo> ranks() {
     return ranks;
   }
 
@@ -404,7 +289,7 @@ public final class Communicator implements AutoCloseable {
     return stream == null ? 0 : NativeOps.nativeHandle(stream);
   }
 
-  /** Native-initiated timing of a collective, for {@link CommDiagnostics}. */
+  /** Native-initiated timing of a collective: the reference for the Java layer's per-op cost (tests). */
   long timeNative(Op op, Tensor in, Tensor out, long count, int iters) {
     try (OpCall call = enter(op.label(), null)) {
       synchronized (lock) {

@@ -1,6 +1,6 @@
 package io.fusedcomm.api;
 
-import io.fusedcomm.bootstrap.Fingerprint;
+import io.fusedcomm.internal.bootstrap.Fingerprint;
 
 /**
  * Argument checks of one op call, run before any data moves; every failure is an {@link

@@ -9,6 +9,7 @@ import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.api.WeightLayout;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.runtime.ExecutorRuntime;
@@ -49,7 +50,7 @@ class GpuTensorSafetyTest {
 
   /** A communicator of one rank on the runtime's GPU; {@code id} keeps tests' groups apart. */
   private static Communicator worldOfOne(ExecutorRuntime rt, long id) {
-    return Communicator.bootstrap(rt, InJvmExchange.group(1, id, 30_000).get(0), CommOptions.defaults());
+    return InternalAccess.bootstrap(rt, InJvmExchange.group(1, id, 30_000).get(0), CommOptions.defaults());
   }
 
   private static long freeDeviceBytes() {
