@@ -8,7 +8,6 @@ import io.fusedcomm.runtime.LeakTracker;
 import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.atomic.AtomicReference;
-import jcuda.runtime.cudaStream_t;
 import org.apache.spark.BarrierTaskContext;
 
 /**
@@ -30,9 +29,11 @@ import org.apache.spark.BarrierTaskContext;
  * <p>Backends: with the host backend ops take {@link HostTensor}s and run on the CPU. With the
  * cuda backend the collectives (allGather, reduceScatter, allReduce, allToAll) take {@link
  * DeviceTensor}s on the executor's GPU and run as GPU-driven kernels over NVLink among the GPUs
- * of one host; each has a form that enqueues on the caller's CUDA stream. The forms without a
- * stream run on the communicator's own stream, which is ordered after work the caller issued on
- * the legacy default stream (e.g. JCuda's {@code cudaMemcpy}), and return when the op is done.
+ * of one host; each has a form that enqueues on the caller's CUDA stream, given as the raw {@code
+ * cudaStream_t} handle any CUDA user has (a {@code long}: PyTorch, cuDF, RMM) or as a JCuda stream.
+ * The forms without a stream run on the communicator's own stream, which is ordered after work
+ * the caller issued on the legacy default stream (e.g. a {@code cudaMemcpy}), and return when the
+ * op is done.
  * allGatherGemm and gemmReduceScatter run there too (bf16, also on the caller's stream; one fused
  * kernel or our GEMM then our collective, chosen by size the same way on every rank). The other ops are not
  * on the cuda backend yet and refuse with {@link
@@ -181,14 +182,29 @@ public final class Communicator implements AutoCloseable {
    * {@code out} all {@code n = out.numel()}, blocks in rank order. Returns when done.
    */
   public void allGather(Tensor in, Tensor out) {
-    allGather(in, out, null);
+    allGather(in, out, 0L);
+  }
+
+  /**
+   * {@link #allGather(Tensor, Tensor, long)} on a JCuda stream: {@code stream} is a {@code
+   * jcuda.runtime.cudaStream_t} or {@code jcuda.driver.CUstream} (null: no stream, the op runs
+   * synchronously). Declared as {@code Object} so that code without JCuda on its classpath
+   * compiles against this class.
+   */
+  public void allGather(Tensor in, Tensor out, Object stream) {
+    allGather(in, out, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #allGather(Tensor, Tensor)} enqueued on a CUDA stream of the caller (cuda backend,
-   * device tensors): returns once enqueued; see {@link #synchronize()} for errors.
+   * device tensors): returns once enqueued; see {@link #synchronize()} for errors. {@code stream}
+   * is the raw {@code cudaStream_t} handle from any CUDA user (PyTorch's {@code
+   * torch.cuda.current_stream().cuda_stream}, cuDF's {@code Cuda.Stream.getStream()}, a JCuda
+   * stream through the {@code cudaStream_t} form); it must be a live stream of the
+   * communicator's GPU (the GPU is checked), and stay alive until the op has run on it. 0 (the
+   * legacy default stream's handle) runs the op synchronously, as the form without a stream.
    */
-  public void allGather(Tensor in, Tensor out, cudaStream_t stream) {
+  public void allGather(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("allGather", stream)) {
       OpCheck c = check("allGather").floating("in", in).same("out", out, in).stream(stream);
       long n = out.numel();
@@ -196,7 +212,7 @@ public final class Communicator implements AutoCloseable {
       Fingerprint fp = c.fingerprint().add("count", n).build();
       synchronized (lock) {
         NativeOps.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, streamHandle(stream));
+            call.address(out), n, stream);
       }
     }
   }
@@ -206,11 +222,19 @@ public final class Communicator implements AutoCloseable {
    * this rank's block ({@code Split.count(n, world, rank)} elements) in {@code out}.
    */
   public void reduceScatter(Tensor in, Tensor out) {
-    reduceScatter(in, out, null);
+    reduceScatter(in, out, 0L);
   }
 
-  /** {@link #reduceScatter(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
-  public void reduceScatter(Tensor in, Tensor out, cudaStream_t stream) {
+  /**
+   * {@link #reduceScatter(Tensor, Tensor, long)} on a JCuda stream (see {@link #allGather(Tensor,
+   * Tensor, Object)}).
+   */
+  public void reduceScatter(Tensor in, Tensor out, Object stream) {
+    reduceScatter(in, out, JCudaInterop.stream(stream));
+  }
+
+  /** {@link #reduceScatter(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}). */
+  public void reduceScatter(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("reduceScatter", stream)) {
       OpCheck c = check("reduceScatter").floating("in", in).same("out", out, in).stream(stream);
       long n = in.numel();
@@ -218,25 +242,33 @@ public final class Communicator implements AutoCloseable {
       Fingerprint fp = c.fingerprint().add("count", n).build();
       synchronized (lock) {
         NativeOps.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, streamHandle(stream));
+            call.address(out), n, stream);
       }
     }
   }
 
   /** Sums {@code in} over ranks into {@code out} (same element count; may be the same tensor). */
   public void allReduce(Tensor in, Tensor out) {
-    allReduce(in, out, null);
+    allReduce(in, out, 0L);
   }
 
-  /** {@link #allReduce(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
-  public void allReduce(Tensor in, Tensor out, cudaStream_t stream) {
+  /**
+   * {@link #allReduce(Tensor, Tensor, long)} on a JCuda stream (see {@link #allGather(Tensor,
+   * Tensor, Object)}).
+   */
+  public void allReduce(Tensor in, Tensor out, Object stream) {
+    allReduce(in, out, JCudaInterop.stream(stream));
+  }
+
+  /** {@link #allReduce(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}). */
+  public void allReduce(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("allReduce", stream)) {
       OpCheck c = check("allReduce").floating("in", in).same("out", out, in).stream(stream);
       c.numel("out", out, in.numel());
       Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
       synchronized (lock) {
         NativeOps.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), in.numel(), streamHandle(stream));
+            call.address(out), in.numel(), stream);
       }
     }
   }
@@ -247,11 +279,19 @@ public final class Communicator implements AutoCloseable {
    * in rank order: {@code world · Split.count(n, world, rank)} elements.
    */
   public void allToAll(Tensor in, Tensor out) {
-    allToAll(in, out, null);
+    allToAll(in, out, 0L);
   }
 
-  /** {@link #allToAll(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
-  public void allToAll(Tensor in, Tensor out, cudaStream_t stream) {
+  /**
+   * {@link #allToAll(Tensor, Tensor, long)} on a JCuda stream (see {@link #allGather(Tensor,
+   * Tensor, Object)}).
+   */
+  public void allToAll(Tensor in, Tensor out, Object stream) {
+    allToAll(in, out, JCudaInterop.stream(stream));
+  }
+
+  /** {@link #allToAll(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}). */
+  public void allToAll(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("allToAll", stream)) {
       OpCheck c = check("allToAll").floating("in", in).same("out", out, in).stream(stream);
       long n = in.numel();
@@ -259,7 +299,7 @@ public final class Communicator implements AutoCloseable {
       Fingerprint fp = c.fingerprint().add("count", n).build();
       synchronized (lock) {
         NativeOps.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, streamHandle(stream));
+            call.address(out), n, stream);
       }
     }
   }
@@ -285,13 +325,9 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
-  private static long streamHandle(cudaStream_t stream) {
-    return stream == null ? 0 : NativeOps.nativeHandle(stream);
-  }
-
   /** Native-initiated timing of a collective: the reference for the Java layer's per-op cost (tests). */
   long timeNative(Op op, Tensor in, Tensor out, long count, int iters) {
-    try (OpCall call = enter(op.label(), null)) {
+    try (OpCall call = enter(op.label(), 0)) {
       synchronized (lock) {
         return NativeOps.commTimeCollective(handle(), op.code(), in.dtype().code(), call.address(in),
             call.address(out), count, iters);
@@ -312,16 +348,25 @@ public final class Communicator implements AutoCloseable {
    * {@code gatheredA} ({@code M × K}, may be null) receives the gathered A for a backward pass.
    */
   public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout) {
-    allGatherGemm(aLocal, w, c, gatheredA, layout, null);
+    allGatherGemm(aLocal, w, c, gatheredA, layout, 0L);
+  }
+
+  /**
+   * {@link #allGatherGemm(Tensor, Tensor, Tensor, Tensor, WeightLayout, long)} on a JCuda stream
+   * (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout,
+                            Object stream) {
+    allGatherGemm(aLocal, w, c, gatheredA, layout, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #allGatherGemm(Tensor, Tensor, Tensor, Tensor, WeightLayout)} enqueued on a CUDA
    * stream of the caller (cuda backend, device tensors): returns once enqueued; see {@link
-   * #synchronize()} for errors.
+   * #synchronize()} for errors, and {@link #allGather(Tensor, Tensor, long)} for the stream.
    */
   public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout,
-                            cudaStream_t stream) {
+                            long stream) {
     try (OpCall call = enter("allGatherGemm", stream)) {
       OpCheck k = check("allGatherGemm").floating("aLocal", aLocal).same("w", w, aLocal).same("c", c, aLocal)
           .stream(stream);
@@ -338,7 +383,7 @@ public final class Communicator implements AutoCloseable {
       synchronized (lock) {
         NativeOps.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(),
             call.address(aLocal), call.address(w), call.address(c), call.address(gatheredA), m, nLocal, kDim,
-            layout.code(), streamHandle(stream));
+            layout.code(), stream);
       }
     }
   }
@@ -356,15 +401,24 @@ public final class Communicator implements AutoCloseable {
    * products kept and exchanged in {@code partials} precision (the same on every rank).
    */
   public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
-    gemmReduceScatter(a, w, c, layout, partials, null);
+    gemmReduceScatter(a, w, c, layout, partials, 0L);
+  }
+
+  /**
+   * {@link #gemmReduceScatter(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision, long)} on a
+   * JCuda stream (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
+                                Object stream) {
+    gemmReduceScatter(a, w, c, layout, partials, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #gemmReduceScatter(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision)} enqueued
-   * on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}).
+   * on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}).
    */
   public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
-                                cudaStream_t stream) {
+                                long stream) {
     gemmReduce("gemmReduceScatter", a, w, c, layout, partials, stream);
   }
 
@@ -381,20 +435,29 @@ public final class Communicator implements AutoCloseable {
    * kept and exchanged in {@code partials} precision (the same on every rank).
    */
   public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
-    gemmAllReduce(a, w, c, layout, partials, null);
+    gemmAllReduce(a, w, c, layout, partials, 0L);
+  }
+
+  /**
+   * {@link #gemmAllReduce(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision, long)} on a JCuda
+   * stream (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
+                            Object stream) {
+    gemmAllReduce(a, w, c, layout, partials, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #gemmAllReduce(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision)} enqueued on a
-   * CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}).
+   * CUDA stream (see {@link #allGather(Tensor, Tensor, long)}).
    */
   public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
-                            cudaStream_t stream) {
+                            long stream) {
     gemmReduce("gemmAllReduce", a, w, c, layout, partials, stream);
   }
 
   private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
-                          cudaStream_t stream) {
+                          long stream) {
     try (OpCall call = enter(op, stream)) {
       if (partials == null) {
         throw new IllegalArgumentException(op + ": partials must not be null");
@@ -412,11 +475,11 @@ public final class Communicator implements AutoCloseable {
         if (scatter) {
           NativeOps.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(),
               call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
-              streamHandle(stream));
+              stream);
         } else {
           NativeOps.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().code(),
               call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
-              streamHandle(stream));
+              stream);
         }
       }
     }
@@ -474,7 +537,7 @@ public final class Communicator implements AutoCloseable {
    * topkWeights: T × k} ({@link DType#F32}), {@code w1Local: E_r × F × H}. T may differ per rank.
    */
   public MoeDispatch moeDispatchGemm(Tensor x, Tensor topkIds, Tensor topkWeights, long numExperts, Tensor w1Local) {
-    try (OpCall call = enter("moeDispatchGemm", null)) {
+    try (OpCall call = enter("moeDispatchGemm", 0)) {
       OpCheck k = check("moeDispatchGemm").floating("x", x).same("w1Local", w1Local, x).rank2("x", x);
       k.typed("topkIds", topkIds, DType.I32).typed("topkWeights", topkWeights, DType.F32);
       k.rank2("topkIds", topkIds).rank2("topkWeights", topkWeights).rank3("w1Local", w1Local);
@@ -511,7 +574,7 @@ public final class Communicator implements AutoCloseable {
    * row(t,k)}.
    */
   public void moeCombine(MoeDispatch dispatch, Tensor expertOut, Tensor out) {
-    try (OpCall call = enter("moeCombine", null)) {
+    try (OpCall call = enter("moeCombine", 0)) {
       if (dispatch == null || dispatch.owner() != this) {
         throw new IllegalArgumentException("moeCombine: the dispatch must come from this communicator");
       }
@@ -536,7 +599,7 @@ public final class Communicator implements AutoCloseable {
    * denominator.
    */
   public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options) {
-    try (OpCall call = enter("ringAttention", null)) {
+    try (OpCall call = enter("ringAttention", 0)) {
       if (options == null) {
         throw new IllegalArgumentException("ringAttention: options must not be null");
       }
@@ -579,7 +642,7 @@ public final class Communicator implements AutoCloseable {
       throw new IllegalArgumentException("gemm: a must not be null");
     }
     boolean device = a.isDevice();
-    OpCheck k = new OpCheck("gemm", device ? Backend.CUDA : Backend.HOST).floating("a", a).same("w", w, a).same("c", c, a);
+    OpCheck k = new OpCheck("gemm", device ? Backend.CUDA : Backend.HOST, -1).floating("a", a).same("w", w, a).same("c", c, a);
     k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
     k.dim("c", c, 0, a.dim(0)).weight(w, layout, c.dim(1), a.dim(1));
     if (device && a.dtype() != DType.BF16) {
@@ -598,7 +661,7 @@ public final class Communicator implements AutoCloseable {
    * barrier), bounded by the timeout.
    */
   public void finish() {
-    try (OpCall call = enter("finish", null)) {
+    try (OpCall call = enter("finish", 0)) {
       synchronized (lock) {
         NativeOps.commFinish(handle());
       }
@@ -645,16 +708,16 @@ public final class Communicator implements AutoCloseable {
 
   private OpCheck check(String op) {
     handle();
-    return new OpCheck(op, runtime.backend());
+    return new OpCheck(op, runtime.backend(), runtime.gpuOrdinal());
   }
 
   /**
    * Starts an op call on the calling thread; {@link IllegalStateException} when the
    * communicator is closed or another thread is in an op on it (see the class comment).
    */
-  private OpCall enter(String op, cudaStream_t stream) {
+  private OpCall enter(String op, long stream) {
     handle();
-    OpCall call = new OpCall(this, op, stream != null);
+    OpCall call = new OpCall(this, op, stream != 0);
     OpCall other = inOp.compareAndExchange(null, call);
     if (other != null) {
       throw new IllegalStateException(this + ": " + op + " was called on thread '" + call.thread.getName()

@@ -79,14 +79,15 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.libfabricProvider().code(),
             conf.libfabricRails());
     this.backend = Backend.fromCode(NativeApi.runtimeBackend(handle));
-    if (backend == Backend.CUDA) {
-      // Before any task touches JCuda: executors of one host must not load its libraries at
-      // the same instant (JCudaNatives says why).
+    if (backend == Backend.CUDA && JCudaNatives.onClasspath()) {
+      // Where the application brought JCuda, before any of its tasks touches it: executors of one
+      // host must not load its libraries at the same instant (JCudaNatives says why).
       try {
         JCudaNatives.load();
       } catch (LinkageError | RuntimeException e) {
-        NativeApi.runtimeClose(handle);
-        throw new BackendUnavailableException("cuda", "JCuda's native libraries did not load: " + e, e);
+        LOG.warning("JCuda is on the classpath but its native libraries did not load (" + e + "); fusedcomm"
+            + " does not need them, but the application's own JCuda calls will fail: use the jcuda and"
+            + " jcuda-natives jars of one version that matches the CUDA driver");
       }
     }
     this.gpuUuid = NativeApi.runtimeGpuUuid(handle);
@@ -163,14 +164,14 @@ public final class ExecutorRuntime implements AutoCloseable {
   }
 
   /**
-   * Makes this executor's GPU current on the calling thread, for the native runtime and for
-   * JCuda (whose own CUDA runtime keeps its own current device per thread), so that {@link
-   * io.fusedcomm.api.DeviceTensor#allocate} lands on it. A no-op with the host backend.
+   * Makes this executor's GPU current on the calling thread, for the native runtime (so that
+   * {@link io.fusedcomm.api.DeviceTensor#allocate} lands on it) and, where the application
+   * brought JCuda, for JCuda's own CUDA runtime. A no-op with the host backend.
    */
   public void pinGpu() {
     NativeApi.runtimePinGpu(handle());
-    if (backend == Backend.CUDA) {
-      jcuda.runtime.JCuda.cudaSetDevice(gpuOrdinal);
+    if (backend == Backend.CUDA && JCudaNatives.loaded()) {
+      JCudaNatives.setDevice(gpuOrdinal);
     }
   }
 
@@ -201,6 +202,11 @@ public final class ExecutorRuntime implements AutoCloseable {
 
   public Optional<String> gpuAddress() {
     return gpuAddress;
+  }
+
+  /** The executor's GPU as a CUDA device ordinal; -1 with the host backend. */
+  public int gpuOrdinal() {
+    return backend == Backend.CUDA ? gpuOrdinal : -1;
   }
 
   /** The GPU's UUID as nvidia-smi prints it, or "" with the host backend. */

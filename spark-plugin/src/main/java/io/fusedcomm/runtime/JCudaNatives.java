@@ -20,13 +20,37 @@ import java.util.logging.Logger;
  * file did not exist yet; exit code 134). Holding an exclusive lock on a
  * file beside them while the classes initialise (initialisation extracts and loads) makes the
  * second JVM find the file complete. Libraries already loaded in this JVM make this a no-op.
+ *
+ * <p>fusedcomm itself does not need JCuda (its tensors and streams are raw addresses and
+ * handles); this runs only where the application brought JCuda, so that the application's own
+ * JCuda calls find the executor's GPU current and its libraries whole.
  */
 public final class JCudaNatives {
   private static final Logger LOG = Logger.getLogger(JCudaNatives.class.getName());
   private static final String[] CLASSES = {"jcuda.runtime.JCuda", "jcuda.driver.JCudaDriver"};
-  private static boolean loaded;
+  private static volatile boolean loaded;
 
   private JCudaNatives() {}
+
+  /** True when JCuda's classes are on this class loader's classpath (nothing is loaded). */
+  public static boolean onClasspath() {
+    try {
+      Class.forName(CLASSES[0], false, JCudaNatives.class.getClassLoader());
+      return true;
+    } catch (ClassNotFoundException | LinkageError e) {
+      return false;
+    }
+  }
+
+  /** True once {@link #load} succeeded. */
+  public static boolean loaded() {
+    return loaded;
+  }
+
+  /** Makes {@code ordinal} JCuda's current device on the calling thread; only after {@link #load}. */
+  static void setDevice(int ordinal) {
+    jcuda.runtime.JCuda.cudaSetDevice(ordinal);
+  }
 
   /**
    * Initialises JCuda's runtime and driver classes (which load their libraries) under this

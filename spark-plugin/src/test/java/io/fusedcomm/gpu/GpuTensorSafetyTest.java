@@ -103,7 +103,7 @@ class GpuTensorSafetyTest {
       DeviceTensor closed = DeviceTensor.allocate(DType.BF16, 1024);
       closed.close();
       IllegalStateException e = assertThrows(IllegalStateException.class, () -> comm.allReduce(t, closed));
-      assertTrue(e.getMessage().contains("DeviceTensor[bf16 [1024]] is closed"), e.getMessage());
+      assertTrue(e.getMessage().contains("DeviceTensor[bf16 [1024], GPU 0] is closed"), e.getMessage());
       IllegalArgumentException huge =
           assertThrows(IllegalArgumentException.class, () -> DeviceTensor.allocate(DType.F32, 1L << 62));
       assertTrue(huge.getMessage().contains("more than a tensor can hold"), huge.getMessage());
