@@ -230,6 +230,10 @@ void device_memory() {
     int32_t device = 0;
     check_fails(fc_stream_device(nullptr, &device), FC_STATUS_UNAVAILABLE, "cudaStreamGetDevice: ",
                 "a stream's device without a GPU");
+    uint64_t free_bytes = 0;
+    uint64_t total_bytes = 0;
+    check_fails(fc_device_memory(&free_bytes, &total_bytes), FC_STATUS_UNAVAILABLE, "cudaMemGetInfo: ",
+                "GPU memory without a GPU");
   } else {
     check(info.type == FC_MEMORY_UNREGISTERED && info.device == -1 && info.range_bytes == 0,
           "a pageable host address is unregistered");
@@ -246,6 +250,27 @@ void device_memory() {
     check(fc_device_copy(p, up.data(), kBytes) == FC_STATUS_SUCCESS &&
               fc_device_copy(down.data(), p, kBytes) == FC_STATUS_SUCCESS && down == up,
           "a round trip through device memory");
+    // Three int columns of 1000 rows interleaved into a 1000 x 3 row-major matrix on the GPU.
+    constexpr size_t kRows = 1000;
+    int* cols = static_cast<int*>(p);
+    int* matrix = cols + 3 * kRows;
+    for (size_t c = 0; c < 3; ++c) {
+      check(fc_device_copy_2d(matrix + c, 3 * sizeof(int), cols + c * kRows, sizeof(int), sizeof(int), kRows) ==
+                FC_STATUS_SUCCESS,
+            "fc_device_copy_2d");
+    }
+    std::vector<int> packed(3 * kRows, 0);
+    check(fc_device_copy(packed.data(), matrix, packed.size() * sizeof(int)) == FC_STATUS_SUCCESS,
+          "copy the packed matrix down");
+    bool interleaved = true;
+    for (size_t r = 0; r < kRows; ++r)
+      for (size_t c = 0; c < 3; ++c) interleaved &= packed[r * 3 + c] == up[c * kRows + r];
+    check(interleaved, "columns interleaved row-major by fc_device_copy_2d");
+    uint64_t free_bytes = 0;
+    uint64_t total_bytes = 0;
+    check(fc_device_memory(&free_bytes, &total_bytes) == FC_STATUS_SUCCESS && total_bytes >= kBytes &&
+              free_bytes <= total_bytes,
+          "fc_device_memory");
     int32_t device = -1;
     check(fc_stream_device(nullptr, &device) == FC_STATUS_SUCCESS && device == info.device,
           "the legacy stream is on the current GPU");
@@ -257,6 +282,14 @@ void device_memory() {
               "a copy to null");
   check(fc_device_copy(nullptr, nullptr, 0) == FC_STATUS_SUCCESS && fc_device_free(nullptr) == FC_STATUS_SUCCESS,
         "an empty copy and freeing null are no-ops");
+  check_fails(fc_device_copy_2d(&host_value, 2, &host_value, 4, 4, 1), FC_STATUS_INVALID_ARGUMENT,
+              "a pitch narrower than the row width", "a 2D copy with overlapping rows");
+  check_fails(fc_device_copy_2d(nullptr, 4, &host_value, 4, 4, 1), FC_STATUS_INVALID_ARGUMENT, "null memory",
+              "a 2D copy to null");
+  check(fc_device_copy_2d(nullptr, 0, nullptr, 0, 0, 5) == FC_STATUS_SUCCESS, "an empty 2D copy is a no-op");
+  uint64_t total_only = 0;
+  check_fails(fc_device_memory(nullptr, &total_only), FC_STATUS_INVALID_ARGUMENT, "null output pointer",
+              "GPU memory without an output");
 }
 
 // libfusedcomm.so exports the C API and the JNI, and keeps the C++ runtime to itself. Builds

@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 /* Version of this interface: bumped when a function or a struct changes. */
-#define FUSEDCOMM_API_VERSION 2
+#define FUSEDCOMM_API_VERSION 3
 
 /* ---- status ------------------------------------------------------------------------------- */
 typedef enum {
@@ -164,6 +164,14 @@ FC_API fc_status_t fc_device_free(void* ptr);
 /* A synchronous copy of `bytes` between host and device memory in either direction
  * (cudaMemcpyDefault). */
 FC_API fc_status_t fc_device_copy(void* dst, const void* src, size_t bytes);
+/* A synchronous 2D copy (cudaMemcpy2D, cudaMemcpyDefault): `height` rows of `width` bytes, the
+ * rows `src_pitch` bytes apart in the source and `dst_pitch` in the destination (each pitch at
+ * least `width`). Between device buffers the GPU does it: e.g. columns interleaved into a
+ * row-major matrix. */
+FC_API fc_status_t fc_device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                     size_t width, size_t height);
+/* Free and total memory of the calling thread's current GPU (cudaMemGetInfo). */
+FC_API fc_status_t fc_device_memory(uint64_t* free_bytes, uint64_t* total_bytes);
 
 /* ---- runtime -------------------------------------------------------------------------------- */
 /* Everything the native side is configured with (built once from the typed Java config). */

@@ -121,6 +121,20 @@ fc_status_t fc_device_copy(void* dst, const void* src, size_t bytes) {
   });
 }
 
+fc_status_t fc_device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                              size_t height) {
+  return guarded([&] {
+    const bool empty = width == 0 || height == 0;
+    FC_REQUIRE(empty || (dst != nullptr && src != nullptr), "a copy to or from null memory");
+    FC_REQUIRE(empty || (dst_pitch >= width && src_pitch >= width), "a pitch narrower than the row width");
+    device_copy_2d(dst, dst_pitch, src, src_pitch, width, height);
+  });
+}
+
+fc_status_t fc_device_memory(uint64_t* free_bytes, uint64_t* total_bytes) {
+  return guarded([&] { device_memory(&require_out(free_bytes), &require_out(total_bytes)); });
+}
+
 fc_status_t fc_runtime_config_init(fc_runtime_config_t* config) {
   return guarded([&] {
     const RuntimeConfig d;

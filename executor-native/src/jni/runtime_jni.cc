@@ -163,6 +163,28 @@ FC_NATIVE(void, deviceCopy)(JNIEnv* env, jclass, jlong dst, jlong src, jlong byt
   FC_JNI_END()
 }
 
+FC_NATIVE(void, deviceCopy2d)(JNIEnv* env, jclass, jlong dst, jlong dstPitch, jlong src, jlong srcPitch,
+                              jlong width, jlong height) {
+  FC_JNI_BEGIN
+  if (dstPitch < 0 || srcPitch < 0 || width < 0 || height < 0) fusedcomm::jni::invalid("negative copy size");
+  check(fc_device_copy_2d(as<void*>(dst), static_cast<size_t>(dstPitch), as<const void*>(src),
+                          static_cast<size_t>(srcPitch), static_cast<size_t>(width), static_cast<size_t>(height)));
+  FC_JNI_END()
+}
+
+// {free, total} bytes of the calling thread's current GPU.
+FC_RUNTIME_NATIVE(jlongArray, deviceMemory)(JNIEnv* env, jclass) {
+  FC_JNI_BEGIN
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+  check(fc_device_memory(&free_bytes, &total_bytes));
+  jlong v[2] = {static_cast<jlong>(free_bytes), static_cast<jlong>(total_bytes)};
+  jlongArray a = env->NewLongArray(2);
+  if (a != nullptr) env->SetLongArrayRegion(a, 0, 2, v);
+  return a;
+  FC_JNI_END(nullptr)
+}
+
 FC_RUNTIME_NATIVE(jlongArray, memStats)(JNIEnv* env, jclass) {
   FC_JNI_BEGIN
   uint64_t live_bytes = 0, live_allocations = 0;

@@ -85,4 +85,21 @@ void device_copy(void* dst, const void* src, size_t bytes) {
   if (e != cudaSuccess) fail_cuda(e, "cudaMemcpy of " + std::to_string(bytes) + " bytes");
 }
 
+void device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                    size_t height) {
+  if (width == 0 || height == 0) return;
+  const cudaError_t e = cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDefault);
+  if (e != cudaSuccess)
+    fail_cuda(e, "cudaMemcpy2D of " + std::to_string(height) + " rows of " + std::to_string(width) + " bytes");
+}
+
+void device_memory(uint64_t* free_bytes, uint64_t* total_bytes) {
+  size_t free_b = 0;
+  size_t total_b = 0;
+  const cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+  if (e != cudaSuccess) fail_cuda(e, "cudaMemGetInfo");
+  *free_bytes = free_b;
+  *total_bytes = total_b;
+}
+
 }  // namespace fusedcomm

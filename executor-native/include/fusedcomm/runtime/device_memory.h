@@ -38,5 +38,11 @@ void* device_alloc(size_t bytes);
 void device_free(void* ptr);  // null: a no-op
 // cudaMemcpy with cudaMemcpyDefault: host or device memory on either side; synchronous.
 void device_copy(void* dst, const void* src, size_t bytes);
+// cudaMemcpy2D with cudaMemcpyDefault: `height` rows of `width` bytes, the rows `src_pitch`
+// bytes apart in the source and `dst_pitch` in the destination; synchronous. On device memory
+// the GPU does it (e.g. interleaving columns into a row-major matrix without a host trip).
+void device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height);
+// The calling thread's current GPU's memory (cudaMemGetInfo): {free, total} bytes.
+void device_memory(uint64_t* free_bytes, uint64_t* total_bytes);
 
 }  // namespace fusedcomm

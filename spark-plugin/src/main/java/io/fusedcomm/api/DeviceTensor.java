@@ -122,6 +122,42 @@ public final class DeviceTensor extends AbstractTensor implements AutoCloseable 
     return wrap(JCudaInterop.address(devicePointer), dtype, shape);
   }
 
+  /**
+   * A new {@code rows × columns.length} row-major tensor whose column {@code c} is the {@code
+   * rows} elements at device address {@code columns[c]}: columns as column stores keep them
+   * (cuDF, Arrow on the GPU), packed into the row-major layout the ops take. The GPU interleaves
+   * them (one strided device-to-device copy per column; nothing passes through the host). The
+   * columns are only read, and may be freed once this returns. Synchronous.
+   *
+   * @throws IllegalArgumentException for no columns, a negative row count, or an address that
+   *     is not GPU memory holding {@code rows} elements
+   */
+  public static DeviceTensor packColumns(DType dtype, long rows, long... columns) {
+    if (columns == null || columns.length == 0) {
+      throw new IllegalArgumentException("packColumns needs at least one column");
+    }
+    long bytes = Shapes.byteSize(Shapes.requireDtype(dtype), Shapes.checked(new long[] {rows}));
+    int[] devices = new int[columns.length];
+    for (int c = 0; c < columns.length; c++) {
+      devices[c] = checkedDevice(columns[c], bytes);
+    }
+    DeviceTensor out = allocate(dtype, rows, columns.length);
+    try {
+      long es = dtype.bytes();
+      for (int c = 0; c < columns.length; c++) {
+        if (devices[c] != out.device) {
+          throw new IllegalArgumentException("column " + c + " is on GPU " + devices[c] + ", but the packed tensor"
+              + " is allocated on the current GPU " + out.device);
+        }
+        NativeOps.deviceCopy2d(out.address + c * es, columns.length * es, columns[c], es, es, rows);
+      }
+      return out;
+    } catch (RuntimeException | Error e) {
+      out.close();
+      throw e;
+    }
+  }
+
   /** The GPU of the memory at {@code address}, after checking it can hold {@code bytes}. */
   private static int checkedDevice(long address, long bytes) {
     if (address == 0) {

@@ -49,6 +49,9 @@ final class NativeOps {
   /** A synchronous copy between host and device memory, either direction. */
   static native void deviceCopy(long dst, long src, long bytes);
 
+  /** A synchronous 2D copy: {@code height} rows of {@code width} bytes, pitches in bytes. */
+  static native void deviceCopy2d(long dst, long dstPitch, long src, long srcPitch, long width, long height);
+
   /** Host memory of {@code bytes} (0 to 1 TiB): 128-byte aligned, zero-filled. */
   static native long memAlloc(long bytes);
 
