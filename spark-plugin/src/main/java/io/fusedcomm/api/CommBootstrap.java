@@ -11,6 +11,8 @@ import io.fusedcomm.runtime.ExecutorRuntime;
 import java.security.SecureRandom;
 import java.util.List;
 import java.util.function.Function;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * How a {@link Communicator} comes to be: one rank's bootstrap blob, the launcher's one allGather,
@@ -18,6 +20,7 @@ import java.util.function.Function;
  * Communicator#create}, tests and tools through any {@link BootstrapExchange}.
  */
 final class CommBootstrap {
+  private static final Logger LOG = LoggerFactory.getLogger(CommBootstrap.class);
   private static final SecureRandom SHARES = new SecureRandom();
 
   private CommBootstrap() {}
@@ -90,7 +93,14 @@ final class CommBootstrap {
       byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
       NativeOps.commConnect(
           handle, endpoints, rank, exchange.commNonce(), authShares, deviceHandles, layout.hostIds());
-      return new Communicator(runtime, lease, owned, options.name(), rank, world, infos, layout);
+      Communicator comm = new Communicator(runtime, lease, owned, options.name(), rank, world, infos, layout);
+      // The one line per communicator (per rank); ops log only at DEBUG.
+      LOG.info("communicator '{}' rank {} of {} ready on executor {}: {}; hosts {}; links {}; symmetric memory"
+              + " {} bytes; algorithms: collectives and fused ops choose theirs per call by size (each choice"
+              + " at DEBUG, or Communicator.describeFusedOp)",
+          options.name(), rank, world, runtime.executorId(), runtime.description(), layout, comm.linkSummary(),
+          comm.symmetricBytes());
+      return comm;
     } catch (RuntimeException | Error e) {
       // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
       long h = owned.take();

@@ -1,14 +1,25 @@
 package io.fusedcomm.api;
 
+import io.fusedcomm.errors.CommTimeoutException;
+import io.fusedcomm.errors.CommunicatorException;
 import io.fusedcomm.internal.bootstrap.Fingerprint;
 import io.fusedcomm.internal.bootstrap.HostLayout;
 import io.fusedcomm.internal.bootstrap.RankInfo;
+import io.fusedcomm.internal.metrics.CommMetrics;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
+import java.time.Duration;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
+import java.util.Map;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
+import java.util.function.IntToLongFunction;
+import java.util.function.Supplier;
 import org.apache.spark.BarrierTaskContext;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * A communicator among the tasks of one barrier stage: rank = the task's partition id, world =
@@ -55,6 +66,10 @@ import org.apache.spark.BarrierTaskContext;
  * a closed tensor is refused. {@link #abort()} and {@link #close()} may come from any thread.
  */
 public final class Communicator implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(Communicator.class);
+  /** Fused-op paths remembered per communicator (by op and sizes), for the metrics. */
+  private static final int MAX_REMEMBERED_PATHS = 64;
+
   private final ExecutorRuntime runtime;
   private final String name;
   private final int rank;
@@ -67,6 +82,19 @@ public final class Communicator implements AutoCloseable {
   private final Object lock = new Object();
   /** The op call in progress, if any: at most one at a time. */
   private final AtomicReference<OpCall> inOp = new AtomicReference<>();
+  private final CommMetrics metrics;
+  /** How this rank reaches each peer (its own entry unused). */
+  private final CommMetrics.Link[] links;
+  private final long symmetricBytes;
+  private final AtomicLong opNanos = new AtomicLong();
+  /** Fused-op path by op and sizes: true when fused; guarded by {@link #lock}. */
+  private final Map<String, Boolean> fusedPaths =
+      new LinkedHashMap<>(16, 0.75f, true) {
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<String, Boolean> eldest) {
+          return size() > MAX_REMEMBERED_PATHS;
+        }
+      };
 
   /**
    * The native communicator, shared by {@link #abort} (any thread, or the runtime's close through
@@ -109,7 +137,39 @@ public final class Communicator implements AutoCloseable {
     this.rank = rank;
     this.world = world;
     this.ranks = List.copyOf(ranks);
+    this.metrics = runtime.metrics();
+    this.links = links(runtime.backend(), hosts.hostIds(), rank);
+    this.symmetricBytes = NativeOps.commSymmetricBytes(handle.get());
     this.leakId = LeakTracker.opened("Communicator(rank " + rank + " of " + world + ")");
+    metrics.opened(symmetricBytes);
+  }
+
+  /** NVLink to the peers of this rank's host on the cuda backend; the transport otherwise. */
+  static CommMetrics.Link[] links(Backend backend, int[] hostIds, int rank) {
+    CommMetrics.Link[] out = new CommMetrics.Link[hostIds.length];
+    for (int p = 0; p < hostIds.length; p++) {
+      out[p] = backend == Backend.CUDA && hostIds[p] == hostIds[rank] ? CommMetrics.Link.NVLINK
+          : CommMetrics.Link.NETWORK;
+    }
+    return out;
+  }
+
+  /** GPU memory this communicator holds as symmetric memory (0 on the host backend). */
+  long symmetricBytes() {
+    return symmetricBytes;
+  }
+
+  /** The links this communicator uses, for its log line: e.g. {@code nvlink+network}. */
+  String linkSummary() {
+    boolean nvlink = false;
+    boolean network = false;
+    for (int p = 0; p < world; p++) {
+      if (p != rank) {
+        nvlink |= links[p] == CommMetrics.Link.NVLINK;
+        network |= links[p] == CommMetrics.Link.NETWORK;
+      }
+    }
+    return nvlink && network ? "nvlink+network" : nvlink ? "nvlink" : network ? "network" : "none (world 1)";
   }
 
   /** {@link #create(BarrierTaskContext, CommOptions)} with default options. */
@@ -122,16 +182,18 @@ public final class Communicator implements AutoCloseable {
    * plugin: {@code --conf spark.plugins=io.fusedcomm.FusedCommPlugin}). Calls {@code
    * context.allGather} exactly once. A task that fails or is killed aborts its communicator, so
    * the other ranks fail fast instead of waiting for the timeout.
+   *
+   * @throws io.fusedcomm.errors.BackendUnavailableException when the plugin could not start on
+   *     this executor (e.g. {@code backend=cuda} without a usable GPU), with the reason
    */
   public static Communicator create(BarrierTaskContext context, CommOptions options) {
-    ExecutorRuntime runtime =
-        ExecutorRuntime.current()
-            .orElseThrow(
-                () ->
-                    new IllegalStateException(
-                        "the fusedcomm plugin is not running on this executor: start the application"
-                            + " with --conf spark.plugins=io.fusedcomm.FusedCommPlugin and the fusedcomm"
-                            + " jar in --jars"));
+    ExecutorRuntime runtime = ExecutorRuntime.current().orElseThrow(() -> ExecutorRuntime.startFailure()
+        .<RuntimeException>map(reason -> new io.fusedcomm.errors.BackendUnavailableException(
+            "fusedcomm could not start on executor " + org.apache.spark.SparkEnv.get().executorId() + ": " + reason))
+        .orElseGet(() -> new IllegalStateException(
+            "the fusedcomm plugin is not running on this executor: start the application"
+                + " with --conf spark.plugins=io.fusedcomm.FusedCommPlugin and the fusedcomm"
+                + " jar in --jars")));
     BarrierContextExchange exchange = new BarrierContextExchange(context, options.name());
     Communicator comm = CommBootstrap.bootstrap(runtime, exchange, options, exchange::watchBootstrap);
     exchange.watch(comm);
@@ -210,10 +272,10 @@ public final class Communicator implements AutoCloseable {
       long n = out.numel();
       c.numel("in", in, Split.count(n, world, rank));
       Fingerprint fp = c.fingerprint().add("count", n).build();
-      synchronized (lock) {
-        NativeOps.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, stream);
-      }
+      long es = in.dtype().bytes();
+      runNative(call, p -> Split.count(n, world, rank) * es, p -> Split.count(n, world, p) * es,
+          () -> NativeOps.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+              call.address(out), n, stream));
     }
   }
 
@@ -240,10 +302,10 @@ public final class Communicator implements AutoCloseable {
       long n = in.numel();
       c.numel("out", out, Split.count(n, world, rank));
       Fingerprint fp = c.fingerprint().add("count", n).build();
-      synchronized (lock) {
-        NativeOps.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, stream);
-      }
+      long es = in.dtype().bytes();
+      runNative(call, p -> Split.count(n, world, p) * es, p -> Split.count(n, world, rank) * es,
+          () -> NativeOps.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(),
+              call.address(in), call.address(out), n, stream));
     }
   }
 
@@ -266,10 +328,12 @@ public final class Communicator implements AutoCloseable {
       OpCheck c = check("allReduce").floating("in", in).same("out", out, in).stream(stream);
       c.numel("out", out, in.numel());
       Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
-      synchronized (lock) {
-        NativeOps.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), in.numel(), stream);
-      }
+      long n = in.numel();
+      long es = in.dtype().bytes();
+      // A reduceScatter then an allGather of the sums: the same bytes each way.
+      IntToLongFunction each = p -> (Split.count(n, world, p) + Split.count(n, world, rank)) * es;
+      runNative(call, each, each, () -> NativeOps.allReduce(handle(), fp.description(), fp.value(),
+          in.dtype().code(), call.address(in), call.address(out), n, stream));
     }
   }
 
@@ -297,10 +361,10 @@ public final class Communicator implements AutoCloseable {
       long n = in.numel();
       c.numel("out", out, world * Split.count(n, world, rank));
       Fingerprint fp = c.fingerprint().add("count", n).build();
-      synchronized (lock) {
-        NativeOps.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, stream);
-      }
+      long es = in.dtype().bytes();
+      runNative(call, p -> Split.count(n, world, p) * es, p -> Split.count(n, world, rank) * es,
+          () -> NativeOps.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+              call.address(out), n, stream));
     }
   }
 
@@ -380,11 +444,13 @@ public final class Communicator implements AutoCloseable {
         k.dim("gatheredA", gatheredA, 0, m).dim("gatheredA", gatheredA, 1, kDim);
       }
       Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
-      synchronized (lock) {
-        NativeOps.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(),
-            call.address(aLocal), call.address(w), call.address(c), call.address(gatheredA), m, nLocal, kDim,
-            layout.code(), stream);
-      }
+      Boolean fused = runsFused(Op.ALL_GATHER_GEMM, m, nLocal, kDim, PartialPrecision.F32);
+      long row = kDim * aLocal.dtype().bytes();
+      runNative(call, p -> Split.count(m, world, rank) * row, p -> Split.count(m, world, p) * row,
+          () -> NativeOps.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(),
+              call.address(aLocal), call.address(w), call.address(c), call.address(gatheredA), m, nLocal, kDim,
+              layout.code(), stream));
+      countPath("allGatherGemm", fused);
     }
   }
 
@@ -471,7 +537,15 @@ public final class Communicator implements AutoCloseable {
       k.weight(w, layout, n, kLocal).dim("c", c, 0, scatter ? Split.count(m, world, rank) : m);
       Fingerprint fp = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name())
           .add("partials", partials.name()).build();
-      synchronized (lock) {
+      Boolean fused = runsFused(scatter ? Op.GEMM_REDUCE_SCATTER : Op.GEMM_ALL_REDUCE, m, n, kLocal, partials);
+      // Partial rows go to the rank owning them (in the partials' precision); gemmAllReduce then
+      // gathers the summed rows (in the output's dtype).
+      long partialRow = n * (partials == PartialPrecision.BF16 ? 2 : 4);
+      long outRow = scatter ? 0 : n * c.dtype().bytes();
+      IntToLongFunction sendTo = p -> Split.count(m, world, p) * partialRow + Split.count(m, world, rank) * outRow;
+      IntToLongFunction receiveFrom =
+          p -> Split.count(m, world, rank) * partialRow + Split.count(m, world, p) * outRow;
+      runNative(call, sendTo, receiveFrom, () -> {
         if (scatter) {
           NativeOps.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(),
               call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
@@ -481,7 +555,8 @@ public final class Communicator implements AutoCloseable {
               call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
               stream);
         }
-      }
+      });
+      countPath(op, fused);
     }
   }
 
@@ -554,7 +629,7 @@ public final class Communicator implements AutoCloseable {
       k.dim("w1Local", w1Local, 0, Split.count(numExperts, world, rank)).dim("w1Local", w1Local, 2, hidden);
       long ffn = w1Local.dim(1);
       Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
-      synchronized (lock) {
+      return callNative(call, null, null, () -> {
         long h = NativeOps.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(),
             call.address(x), tokens, hidden, call.address(topkIds), call.address(topkWeights), (int) topk, numExperts,
             call.address(w1Local), ffn);
@@ -564,7 +639,7 @@ public final class Communicator implements AutoCloseable {
           NativeOps.moeFree(h);
           throw e;
         }
-      }
+      });
     }
   }
 
@@ -583,10 +658,8 @@ public final class Communicator implements AutoCloseable {
       long width = out.dim(1);
       k.dim("expertOut", expertOut, 0, dispatch.rows()).dim("expertOut", expertOut, 1, width).dim("out", out, 0, dispatch.tokens());
       Fingerprint fp = k.fingerprint().add("width", width).build();
-      synchronized (lock) {
-        NativeOps.moeCombine(handle(), fp.description(), fp.value(), out.dtype().code(),
-            call.handle(dispatch), call.address(expertOut), width, call.address(out));
-      }
+      runNative(call, null, null, () -> NativeOps.moeCombine(handle(), fp.description(), fp.value(),
+          out.dtype().code(), call.handle(dispatch), call.address(expertOut), width, call.address(out)));
     }
   }
 
@@ -623,11 +696,9 @@ public final class Communicator implements AutoCloseable {
       }
       Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
           .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
-      synchronized (lock) {
-        NativeOps.ringAttention(handle(), fp.description(), fp.value(), q.dtype().code(), b, s, hq, hkv, d,
-            options.causal(), options.scale(), call.address(q), call.address(k), call.address(v), call.address(o),
-            call.address(lse));
-      }
+      runNative(call, null, null, () -> NativeOps.ringAttention(handle(), fp.description(), fp.value(),
+          q.dtype().code(), b, s, hq, hkv, d, options.causal(), options.scale(), call.address(q), call.address(k),
+          call.address(v), call.address(o), call.address(lse)));
     }
   }
 
@@ -654,6 +725,80 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
+  // ---- accounting ----------------------------------------------------------------------------
+
+  /**
+   * Runs an op's native call under the lock and counts it: when it returns, the call's time since
+   * {@link #enter} and the payload to and from each peer ({@code sendTo}, {@code receiveFrom}:
+   * bytes by peer rank; null: not counted); when it fails with a communicator error, the failure.
+   */
+  private void runNative(OpCall call, IntToLongFunction sendTo, IntToLongFunction receiveFrom, Runnable op) {
+    callNative(call, sendTo, receiveFrom, () -> {
+      op.run();
+      return null;
+    });
+  }
+
+  private <T> T callNative(OpCall call, IntToLongFunction sendTo, IntToLongFunction receiveFrom, Supplier<T> op) {
+    T result;
+    synchronized (lock) {
+      try {
+        result = op.get();
+      } catch (CommTimeoutException e) {
+        metrics.timeout();
+        throw e;
+      } catch (io.fusedcomm.errors.BackendUnavailableException e) {
+        throw e;  // an op the backend does not run: refused before anything moved
+      } catch (CommunicatorException e) {
+        metrics.failure();
+        throw e;
+      }
+    }
+    long nanos = System.nanoTime() - call.startNanos;
+    opNanos.addAndGet(nanos);
+    metrics.op(call.op, nanos);
+    if (sendTo != null) {
+      for (int p = 0; p < world; p++) {
+        if (p != rank) {
+          metrics.bytes(links[p], sendTo.applyAsLong(p), receiveFrom.applyAsLong(p));
+        }
+      }
+    }
+    if (LOG.isDebugEnabled()) {
+      LOG.debug("{} {}: {} us", this, call.op, nanos / 1000);
+    }
+    return result;
+  }
+
+  /**
+   * Whether a fused op on these sizes runs fused (the path {@link #describeFusedOp} names),
+   * remembered per sizes; null when the backend cannot say (the op's own checks then speak).
+   */
+  private Boolean runsFused(Op op, long m, long n, long k, PartialPrecision partials) {
+    String key = op.code() + ":" + m + ":" + n + ":" + k + ":" + partials.code();
+    synchronized (lock) {
+      Boolean fused = fusedPaths.get(key);
+      if (fused == null) {
+        String path;
+        try {
+          path = NativeOps.commDescribeFused(handle(), op.code(), m, n, k, partials.code());
+        } catch (IllegalArgumentException e) {
+          return null;
+        }
+        fused = path.startsWith("fused");
+        fusedPaths.put(key, fused);
+        LOG.debug("{} {} M={} N={} K={}: {}", this, op.label(), m, n, k, path);
+      }
+      return fused;
+    }
+  }
+
+  private void countPath(String op, Boolean fused) {
+    if (fused != null) {
+      metrics.path(op, fused);
+    }
+  }
+
   // ---- teardown ------------------------------------------------------------------------------
 
   /**
@@ -673,7 +818,19 @@ public final class Communicator implements AutoCloseable {
    * Safe to call from any thread, any number of times; {@link #close()} is still needed.
    */
   public void abort() {
+    if (handle.get() != 0) {
+      metrics.abort();
+    }
     handle.abort();
+  }
+
+  /**
+   * The time this rank's calls of this communicator's ops took, summed over the calls that
+   * returned normally (for the stream forms: the time to check and enqueue, not the GPU's time).
+   * {@code BarrierStage} adds it to the stage's task accumulator.
+   */
+  public Duration opTime() {
+    return Duration.ofNanos(opNanos.get());
   }
 
   /** True once closed. */
@@ -690,6 +847,7 @@ public final class Communicator implements AutoCloseable {
         return;
       }
       LeakTracker.closed(leakId);
+      metrics.closed(symmetricBytes);
       try {
         NativeOps.commClose(h);
       } finally {

@@ -5,7 +5,8 @@ import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Loads JCuda's two native libraries (runtime API and driver API) with the other processes of
@@ -26,7 +27,7 @@ import java.util.logging.Logger;
  * JCuda calls find the executor's GPU current and its libraries whole.
  */
 public final class JCudaNatives {
-  private static final Logger LOG = Logger.getLogger(JCudaNatives.class.getName());
+  private static final Logger LOG = LoggerFactory.getLogger(JCudaNatives.class);
   private static final String[] CLASSES = {"jcuda.runtime.JCuda", "jcuda.driver.JCudaDriver"};
   private static volatile boolean loaded;
 
@@ -67,7 +68,7 @@ public final class JCudaNatives {
         FileLock lock = channel.lock()) {
       initialiseClasses();
     } catch (IOException e) {
-      LOG.warning("loading JCuda's native libraries without the host lock " + lockFile + ": " + e);
+      LOG.warn("loading JCuda's native libraries without the host lock {}: {}", lockFile, e.toString());
       initialiseClasses();
     }
     loaded = true;
