@@ -132,7 +132,8 @@ public final class ExecutorRuntime implements AutoCloseable {
 
   /**
    * Records why the executor plugin could not start the runtime: the executor stays up, and each
-   * communicator its tasks ask for fails with this reason ({@link #startFailure()}).
+   * communicator its tasks ask for fails with this reason ({@link #startFailure()}); null clears
+   * it.
    */
   public static void recordStartFailure(String reason) {
     startFailure = reason;
