@@ -47,4 +47,9 @@ public final class InternalAccess {
     }
     return comm.timeNative(Op.ALL_REDUCE, in, out, in.numel(), iters);
   }
+
+  /** The host address of a host tensor's memory (for tests of what device APIs refuse). */
+  public static long hostAddress(HostTensor t) {
+    return t.address();
+  }
 }
