@@ -38,12 +38,15 @@ class FailFastClusterTest {
           }
         };
     capture.start();
-    LoggerContext logs = (LoggerContext) LogManager.getContext(false);
-    logs.getConfiguration().getRootLogger().addAppender(capture, Level.ERROR, null);
-    logs.updateLoggers();
     long start = System.nanoTime();
+    LoggerContext logs = null;
     try (SparkCluster cluster =
         SparkCluster.start("fail-fast", 2, Map.of("spark.fusedcomm.backend", "cuda"), false)) {
+      // After the SparkContext started: Spark 3.5 reconfigures logging as it starts, dropping
+      // appenders added before. The executors' reports come seconds later, from their JVMs.
+      logs = (LoggerContext) LogManager.getContext(false);
+      logs.getConfiguration().getRootLogger().addAppender(capture, Level.ERROR, null);
+      logs.updateLoggers();
       SparkException e = assertThrows(SparkException.class, () ->
           BarrierStage.withCommunicator(cluster.context().parallelize(List.of(0, 1), 2), CommOptions.defaults(),
               (comm, ctx, rows) -> List.of(comm.rank()).iterator()).collect());
@@ -67,8 +70,10 @@ class FailFastClusterTest {
       // The executors stayed up (nothing to relaunch): the same two as at the start.
       assertEquals(2, cluster.executors(), "executors registered");
     } finally {
-      logs.getConfiguration().getRootLogger().removeAppender("capture-driver-errors");
-      logs.updateLoggers();
+      if (logs != null) {
+        logs.getConfiguration().getRootLogger().removeAppender("capture-driver-errors");
+        logs.updateLoggers();
+      }
       capture.stop();
     }
   }
