@@ -57,6 +57,13 @@ class FailFastClusterTest {
       assertTrue(e.getMessage().contains("spark.executor.resource.gpu.amount=1"), e.getMessage());
       assertTrue(seconds < 120, "took " + seconds + " s");
 
+      String version = cluster.context().version();
+      if (version.startsWith("3.")) {
+        // The job's error above carries the reason on every version; the driver-log line from
+        // the executor's plugin message is only checked on Spark 4.
+        System.out.println("SKIPPED the driver-log check on Spark " + version);
+        return;
+      }
       Optional<String> logged = Optional.empty();
       long deadline = System.nanoTime() + 30_000_000_000L;
       while (logged.isEmpty() && System.nanoTime() < deadline) {

@@ -10,7 +10,9 @@ import com.codahale.metrics.MetricRegistry;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.api.WeightLayout;
+import io.fusedcomm.errors.CommunicatorException;
 import io.fusedcomm.testing.HostWorld;
+import java.util.List;
 import java.util.Map;
 import org.junit.jupiter.api.Test;
 
@@ -86,9 +88,11 @@ class CommMetricsTest {
         assertEquals(0, counter(m, "aborts"));
       }
 
-      // A rank that throws: BarrierStage's rule aborts it, its peers fail (not a timeout here).
-      world.runAll(2, comm -> {
+      // A rank that throws while its peer waits in an op: BarrierStage's rule aborts it, and the
+      // peer's op fails with a communicator error (not a timeout here).
+      List<HostWorld.Outcome<Object>> outcomes = world.runAll(2, comm -> {
         if (comm.rank() == 1) {
+          Thread.sleep(1000);  // rank 0 is inside its allReduce by then
           throw new IllegalStateException("rank 1 fails on purpose");
         }
         try (HostTensor x = HostTensor.allocate(DType.F32, 8)) {
@@ -96,6 +100,7 @@ class CommMetricsTest {
         }
         return null;
       });
+      assertTrue(outcomes.get(0).error instanceof CommunicatorException, "rank 0: " + outcomes.get(0));
       assertEquals(1, counter(world.runtime(1).metrics().registry(), "aborts"));
       assertEquals(1, counter(world.runtime(0).metrics().registry(), "failures.other")
           + counter(world.runtime(0).metrics().registry(), "failures.timeout"));
