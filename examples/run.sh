@@ -3,8 +3,8 @@
 #
 #   examples/run.sh <01_collectives|02_tensor_parallel_mlp> [example args...]
 #
-# Builds what is missing first (the plugin jar, the examples jar, the Spark classpath file), never
-# anything that exists. Then:
+# Builds what is missing first (the plugin jar, the examples jar, the Spark classpath file) in one
+# Maven run, never anything that exists. Then:
 #   - with SPARK_HOME set: $SPARK_HOME/bin/spark-submit;
 #   - without: Spark's own org.apache.spark.deploy.SparkSubmit from the Maven classpath
 #     (examples/target/classpath.txt) on an embedded local-cluster, in Spark's testing mode
@@ -17,6 +17,9 @@
 #   FUSEDCOMM_BACKEND  spark.fusedcomm.backend (default host)
 #   EXTRA_SUBMIT_ARGS  more spark-submit arguments, split on blanks (e.g. --conf k=v ...)
 #   SPARK_HOME         a Spark 4.1 (Scala 2.13) installation to submit with (optional)
+#
+# First use builds without tests and prints Maven's progress; it installs nothing into the
+# local Maven repository (it downloads Spark there, once).
 #   JAVA_HOME          Java 17 (default: the java on PATH)
 set -euo pipefail
 
@@ -43,9 +46,11 @@ case "$1" in
 esac
 shift
 
-# The project version: the first top-level <version> of the parent pom.
+# The project version: the first top-level <version> of the parent pom; the Scala version of the
+# default build (the plugin's artifact is fusedcomm_<scala>).
 VERSION="$(sed -n 's:^  <version>\(.*\)</version>.*:\1:p' pom.xml | head -n 1)"
-PLUGIN_JAR="$ROOT/spark-plugin/target/fusedcomm-$VERSION.jar"
+SCALA="$(sed -n 's:^    <scala.binary.version>\(.*\)</scala.binary.version>.*:\1:p' pom.xml | head -n 1)"
+PLUGIN_JAR="$ROOT/spark-plugin/target/fusedcomm_$SCALA-$VERSION.jar"
 EXAMPLES_JAR="$ROOT/examples/target/fusedcomm-examples-$VERSION.jar"
 CLASSPATH_FILE="$ROOT/examples/target/classpath.txt"
 LOG4J_CONF="$ROOT/conf/log4j2.properties"
@@ -55,12 +60,17 @@ run_mvn() {
   mvn "$@"
 }
 
-if [[ ! -f "$PLUGIN_JAR" ]]; then
-  # The shaded plugin jar (classes + native library + JCuda); builds the native library too.
-  run_mvn -B -q -DskipTests install
-fi
-if [[ ! -f "$EXAMPLES_JAR" ]]; then
-  run_mvn -B -q -DskipTests -pl examples package
+if [[ ! -f "$PLUGIN_JAR" || ! -f "$EXAMPLES_JAR" || ! -f "$CLASSPATH_FILE" ]]; then
+  # One reactor build of what the examples need, with Maven's progress shown. It installs
+  # nothing: the jars stay under */target. Maven does download, once, into its local repository
+  # (~/.m2/repository): Spark and its dependencies and Maven's plugins, about 240 MB.
+  cat >&2 <<EOM
+fusedcomm: building the native library (CMake + nvcc, a few minutes on first use), the plugin jar
+  $PLUGIN_JAR
+  and the examples jar, without tests. First use downloads Spark $(sed -n 's:^    <spark.version>\(.*\)</spark.version>.*:\1:p' pom.xml | head -n 1) and Maven's plugins (about 240 MB)
+  into ~/.m2/repository; nothing is installed there of fusedcomm's.
+EOM
+  run_mvn -B -DskipTests -pl examples -am package
 fi
 
 WORLD=2
@@ -85,11 +95,7 @@ if [[ -n "${SPARK_HOME:-}" ]]; then
   exec "${CMD[@]}"
 fi
 
-# No Spark installation: Spark from the Maven repository.
-if [[ ! -f "$CLASSPATH_FILE" ]]; then
-  run_mvn -B -q -pl examples dependency:build-classpath "-Dmdep.outputFile=$CLASSPATH_FILE" \
-    -Dmdep.includeScope=compile -Dmdep.excludeGroupIds=io.fusedcomm,org.jcuda
-fi
+# No Spark installation: Spark from the Maven repository (examples/target/classpath.txt).
 if [[ -z "${JAVA_HOME:-}" ]]; then
   # Workers start executors with $JAVA_HOME/bin/java.
   JAVA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")"
@@ -115,7 +121,7 @@ TAIL=(org.apache.spark.deploy.SparkSubmit
   --jars "$PLUGIN_JAR"
   --conf spark.plugins=io.fusedcomm.FusedCommPlugin
   --conf "spark.fusedcomm.backend=$BACKEND"
-  --conf spark.executorEnv.SPARK_SCALA_VERSION=2.13
+  --conf "spark.executorEnv.SPARK_SCALA_VERSION=$SCALA"
   --conf "spark.executor.extraJavaOptions=$JVM_FLAGS -Dlog4j.configurationFile=file:$LOG4J_CONF"
   "${EXTRA[@]}"
   --class "$MAIN" "$EXAMPLES_JAR" "$@")

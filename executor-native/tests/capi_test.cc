@@ -88,6 +88,9 @@ void one_rank(fc_runtime_t rt) {
   size_t blob_bytes = 1;
   check(fc_comm_device_handle(comm, &blob, &blob_bytes) == FC_STATUS_SUCCESS && blob_bytes == 0,
         "the host backend has no device handle");
+  uint64_t symmetric = 1;
+  check(fc_comm_symmetric_bytes(comm, &symmetric) == FC_STATUS_SUCCESS && symmetric == 0,
+        "the host backend holds no symmetric memory");
   const char* endpoints[] = {endpoint.c_str()};
   check(fc_comm_connect(comm, 0, 42, 1, endpoints, nullptr, nullptr, nullptr, nullptr) == FC_STATUS_SUCCESS,
         std::string("connect: ") + fc_last_error_message());
@@ -210,6 +213,85 @@ void single_rank_gemm_and_memory() {
         "availability report");
 }
 
+// Device memory and streams. Without a GPU every call says why; with one, the runtime's own
+// allocation is device memory whose range covers it, a pageable host address is unregistered,
+// and copies go both ways. Null arguments are refused either way.
+void device_memory() {
+  int host_value = 7;
+  fc_pointer_info_t info{};
+  const fc_status_t probe = fc_pointer_info(&host_value, &info);
+  if (probe != FC_STATUS_SUCCESS) {
+    check(probe == FC_STATUS_UNAVAILABLE &&
+              std::string(fc_last_error_message()).find("cudaPointerGetAttributes: ") == 0,
+          std::string("pointer info without a GPU: ") + fc_last_error_message());
+    void* p = nullptr;
+    check_fails(fc_device_alloc(64, &p), FC_STATUS_UNAVAILABLE, "cudaMalloc of 64 bytes: ",
+                "a device allocation without a GPU");
+    int32_t device = 0;
+    check_fails(fc_stream_device(nullptr, &device), FC_STATUS_UNAVAILABLE, "cudaStreamGetDevice: ",
+                "a stream's device without a GPU");
+    uint64_t free_bytes = 0;
+    uint64_t total_bytes = 0;
+    check_fails(fc_device_memory(&free_bytes, &total_bytes), FC_STATUS_UNAVAILABLE, "cudaMemGetInfo: ",
+                "GPU memory without a GPU");
+  } else {
+    check(info.type == FC_MEMORY_UNREGISTERED && info.device == -1 && info.range_bytes == 0,
+          "a pageable host address is unregistered");
+    constexpr size_t kBytes = 1 << 20;
+    void* p = nullptr;
+    check(fc_device_alloc(kBytes, &p) == FC_STATUS_SUCCESS && p != nullptr, "fc_device_alloc");
+    const auto at = reinterpret_cast<uint64_t>(p);
+    check(fc_pointer_info(static_cast<char*>(p) + 16, &info) == FC_STATUS_SUCCESS &&
+              info.type == FC_MEMORY_DEVICE && info.device >= 0 && info.range_base == at &&
+              info.range_bytes >= kBytes,
+          "an allocation of the runtime is device memory with its range");
+    std::vector<int> up(kBytes / sizeof(int)), down(up.size(), 0);
+    for (size_t i = 0; i < up.size(); ++i) up[i] = static_cast<int>(i * 7 + 1);
+    check(fc_device_copy(p, up.data(), kBytes) == FC_STATUS_SUCCESS &&
+              fc_device_copy(down.data(), p, kBytes) == FC_STATUS_SUCCESS && down == up,
+          "a round trip through device memory");
+    // Three int columns of 1000 rows interleaved into a 1000 x 3 row-major matrix on the GPU.
+    constexpr size_t kRows = 1000;
+    int* cols = static_cast<int*>(p);
+    int* matrix = cols + 3 * kRows;
+    for (size_t c = 0; c < 3; ++c) {
+      check(fc_device_copy_2d(matrix + c, 3 * sizeof(int), cols + c * kRows, sizeof(int), sizeof(int), kRows) ==
+                FC_STATUS_SUCCESS,
+            "fc_device_copy_2d");
+    }
+    std::vector<int> packed(3 * kRows, 0);
+    check(fc_device_copy(packed.data(), matrix, packed.size() * sizeof(int)) == FC_STATUS_SUCCESS,
+          "copy the packed matrix down");
+    bool interleaved = true;
+    for (size_t r = 0; r < kRows; ++r)
+      for (size_t c = 0; c < 3; ++c) interleaved &= packed[r * 3 + c] == up[c * kRows + r];
+    check(interleaved, "columns interleaved row-major by fc_device_copy_2d");
+    uint64_t free_bytes = 0;
+    uint64_t total_bytes = 0;
+    check(fc_device_memory(&free_bytes, &total_bytes) == FC_STATUS_SUCCESS && total_bytes >= kBytes &&
+              free_bytes <= total_bytes,
+          "fc_device_memory");
+    int32_t device = -1;
+    check(fc_stream_device(nullptr, &device) == FC_STATUS_SUCCESS && device == info.device,
+          "the legacy stream is on the current GPU");
+    check(fc_device_free(p) == FC_STATUS_SUCCESS, "fc_device_free");
+  }
+  check_fails(fc_pointer_info(&host_value, nullptr), FC_STATUS_INVALID_ARGUMENT, "null output pointer",
+              "pointer info without an output");
+  check_fails(fc_device_copy(nullptr, &host_value, 4), FC_STATUS_INVALID_ARGUMENT, "null memory",
+              "a copy to null");
+  check(fc_device_copy(nullptr, nullptr, 0) == FC_STATUS_SUCCESS && fc_device_free(nullptr) == FC_STATUS_SUCCESS,
+        "an empty copy and freeing null are no-ops");
+  check_fails(fc_device_copy_2d(&host_value, 2, &host_value, 4, 4, 1), FC_STATUS_INVALID_ARGUMENT,
+              "a pitch narrower than the row width", "a 2D copy with overlapping rows");
+  check_fails(fc_device_copy_2d(nullptr, 4, &host_value, 4, 4, 1), FC_STATUS_INVALID_ARGUMENT, "null memory",
+              "a 2D copy to null");
+  check(fc_device_copy_2d(nullptr, 0, nullptr, 0, 0, 5) == FC_STATUS_SUCCESS, "an empty 2D copy is a no-op");
+  uint64_t total_only = 0;
+  check_fails(fc_device_memory(nullptr, &total_only), FC_STATUS_INVALID_ARGUMENT, "null output pointer",
+              "GPU memory without an output");
+}
+
 // libfusedcomm.so exports the C API and the JNI, and keeps the C++ runtime to itself. Builds
 // without the JNI library (FUSEDCOMM_JNI=OFF) have nothing to open.
 void exports() {
@@ -220,7 +302,8 @@ void exports() {
   check(lib != nullptr, std::string("dlopen libfusedcomm.so: ") + (lib ? "" : dlerror()));
   if (lib == nullptr) return;
   for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
-                          "fc_comm_describe_fused", "Java_io_fusedcomm_api_NativeOps_allReduce",
+                          "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
+                          "Java_io_fusedcomm_api_NativeOps_pointerInfo",
                           "Java_io_fusedcomm_runtime_NativeApi_memStats", "JNI_OnLoad"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
@@ -301,6 +384,7 @@ int main() {
   refusals();
   single_rank_gemm_and_memory();
   transport_choice();
+  device_memory();
   fc_runtime_config_t c;
   fc_runtime_config_init(&c);
   c.backend = FC_BACKEND_HOST;

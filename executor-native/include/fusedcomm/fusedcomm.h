@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 /* Version of this interface: bumped when a function or a struct changes. */
-#define FUSEDCOMM_API_VERSION 1
+#define FUSEDCOMM_API_VERSION 3
 
 /* ---- status ------------------------------------------------------------------------------- */
 typedef enum {
@@ -135,6 +135,44 @@ FC_API fc_status_t fc_host_alloc(size_t bytes, void** out);
 FC_API fc_status_t fc_host_free(void* ptr);
 FC_API fc_status_t fc_memory_stats(uint64_t* live_bytes, uint64_t* live_allocations);
 
+/* ---- device memory and streams, whoever allocated them --------------------------------------- */
+/* Device addresses and CUDA streams from any CUDA user of the process (cuDF/RMM, PyTorch,
+ * JCuda, fc_device_alloc) are interchangeable: every CUDA runtime in a process shares each
+ * GPU's primary context. These calls let a binding check what it is handed before an op uses it. */
+typedef enum {
+  FC_MEMORY_UNREGISTERED = 0, /* unknown to CUDA: pageable host memory, or not memory at all */
+  FC_MEMORY_HOST = 1,         /* page-locked host memory (cudaMallocHost, cudaHostRegister) */
+  FC_MEMORY_DEVICE = 2,       /* GPU memory (cudaMalloc, a pool allocator's block, VMM) */
+  FC_MEMORY_MANAGED = 3       /* managed memory (cudaMallocManaged) */
+} fc_memory_type_t;
+typedef struct {
+  fc_memory_type_t type;
+  int32_t device;       /* the GPU it lives on (this process's device ordinal); -1: none */
+  uint64_t range_base;  /* start of the allocation holding the address; 0: unknown */
+  uint64_t range_bytes; /* size of that allocation from range_base; 0: unknown */
+} fc_pointer_info_t;
+/* What CUDA knows of `ptr` (cudaPointerGetAttributes; the range from cuMemGetAddressRange).
+ * FC_STATUS_UNAVAILABLE without a usable GPU. */
+FC_API fc_status_t fc_pointer_info(const void* ptr, fc_pointer_info_t* out);
+/* The GPU a live CUDA stream belongs to (cudaStreamGetDevice). A freed or made-up handle is
+ * undefined behaviour in CUDA itself: pass only streams that are alive. */
+FC_API fc_status_t fc_stream_device(fc_stream_t stream, int32_t* device);
+/* GPU memory (cudaMalloc, at least one byte) on the calling thread's current GPU, and its free
+ * (NULL is a no-op). Out of GPU memory is FC_STATUS_STATE: the GPU stays usable. */
+FC_API fc_status_t fc_device_alloc(size_t bytes, void** out);
+FC_API fc_status_t fc_device_free(void* ptr);
+/* A synchronous copy of `bytes` between host and device memory in either direction
+ * (cudaMemcpyDefault). */
+FC_API fc_status_t fc_device_copy(void* dst, const void* src, size_t bytes);
+/* A synchronous 2D copy (cudaMemcpy2D, cudaMemcpyDefault): `height` rows of `width` bytes, the
+ * rows `src_pitch` bytes apart in the source and `dst_pitch` in the destination (each pitch at
+ * least `width`). Between device buffers the GPU does it: e.g. columns interleaved into a
+ * row-major matrix. */
+FC_API fc_status_t fc_device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                     size_t width, size_t height);
+/* Free and total memory of the calling thread's current GPU (cudaMemGetInfo). */
+FC_API fc_status_t fc_device_memory(uint64_t* free_bytes, uint64_t* total_bytes);
+
 /* ---- runtime -------------------------------------------------------------------------------- */
 /* Everything the native side is configured with (built once from the typed Java config). */
 typedef struct {
@@ -187,6 +225,8 @@ FC_API fc_status_t fc_comm_create(fc_runtime_t rt, int32_t rank, int32_t world, 
 FC_API fc_status_t fc_comm_endpoint(fc_comm_t comm, const char** out);
 /* The cuda backend's symmetric memory handle for the bootstrap (empty with the host backend). */
 FC_API fc_status_t fc_comm_device_handle(fc_comm_t comm, const uint8_t** data, size_t* bytes);
+/* Bytes of GPU memory this communicator's symmetric region takes (0 with the host backend). */
+FC_API fc_status_t fc_comm_symmetric_bytes(fc_comm_t comm, uint64_t* out);
 /* endpoints[r], auth_shares[r] (FC_AUTH_SHARE_BYTES bytes), device_handles[r]
  * (device_handle_bytes[r] bytes) and host_ids[r] (rank r's host, 0..H-1) for each of the
  * `ranks` ranks; auth_shares NULL: only for a single rank; device_handles or

@@ -26,6 +26,14 @@ enum class PartialPrecision : int32_t {
   kF32AnyOrder = FC_PARTIALS_F32_ANY_ORDER,
 };
 
+// What CUDA knows of an address (device_memory.h: pointer_info).
+enum class MemoryType : int32_t {
+  kUnregistered = FC_MEMORY_UNREGISTERED,
+  kHost = FC_MEMORY_HOST,
+  kDevice = FC_MEMORY_DEVICE,
+  kManaged = FC_MEMORY_MANAGED,
+};
+
 enum class Backend : int32_t { kAuto = FC_BACKEND_AUTO, kCuda = FC_BACKEND_CUDA, kHost = FC_BACKEND_HOST };
 
 enum class Op : int32_t {

@@ -35,6 +35,10 @@ fc_status_t fc_comm_device_handle(fc_comm_t comm, const uint8_t** data, size_t* 
   });
 }
 
+fc_status_t fc_comm_symmetric_bytes(fc_comm_t comm, uint64_t* out) {
+  return guarded([&] { require_out(out) = comm_of(comm).symmetric_bytes(); });
+}
+
 fc_status_t fc_comm_connect(fc_comm_t comm, int32_t rank, uint64_t comm_id, int32_t ranks,
                             const char* const* endpoints, const uint8_t* const* auth_shares,
                             const uint8_t* const* device_handles, const size_t* device_handle_bytes,

@@ -4,6 +4,7 @@
 
 #include "boundary.h"
 #include "fusedcomm/runtime/device_gemm.h"
+#include "fusedcomm/runtime/device_memory.h"
 #include "fusedcomm/runtime/gpu.h"
 #include "fusedcomm/runtime/memory.h"
 
@@ -88,6 +89,50 @@ fc_status_t fc_memory_stats(uint64_t* live_bytes, uint64_t* live_allocations) {
     require_out(live_bytes) = s.live_bytes;
     require_out(live_allocations) = s.live_allocations;
   });
+}
+
+fc_status_t fc_pointer_info(const void* ptr, fc_pointer_info_t* out) {
+  return guarded([&] {
+    fc_pointer_info_t& result = require_out(out);
+    const PointerInfo info = pointer_info(ptr);
+    result.type = static_cast<fc_memory_type_t>(info.type);
+    result.device = info.device;
+    result.range_base = info.range_base;
+    result.range_bytes = info.range_bytes;
+  });
+}
+
+fc_status_t fc_stream_device(fc_stream_t stream, int32_t* device) {
+  return guarded([&] { require_out(device) = stream_device(reinterpret_cast<cudaStream_t>(stream)); });
+}
+
+fc_status_t fc_device_alloc(size_t bytes, void** out) {
+  return guarded([&] { require_out(out) = device_alloc(bytes); });
+}
+
+fc_status_t fc_device_free(void* ptr) {
+  return guarded([&] { device_free(ptr); });
+}
+
+fc_status_t fc_device_copy(void* dst, const void* src, size_t bytes) {
+  return guarded([&] {
+    FC_REQUIRE(bytes == 0 || (dst != nullptr && src != nullptr), "a copy to or from null memory");
+    device_copy(dst, src, bytes);
+  });
+}
+
+fc_status_t fc_device_copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                              size_t height) {
+  return guarded([&] {
+    const bool empty = width == 0 || height == 0;
+    FC_REQUIRE(empty || (dst != nullptr && src != nullptr), "a copy to or from null memory");
+    FC_REQUIRE(empty || (dst_pitch >= width && src_pitch >= width), "a pitch narrower than the row width");
+    device_copy_2d(dst, dst_pitch, src, src_pitch, width, height);
+  });
+}
+
+fc_status_t fc_device_memory(uint64_t* free_bytes, uint64_t* total_bytes) {
+  return guarded([&] { device_memory(&require_out(free_bytes), &require_out(total_bytes)); });
 }
 
 fc_status_t fc_runtime_config_init(fc_runtime_config_t* config) {

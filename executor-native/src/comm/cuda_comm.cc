@@ -88,6 +88,8 @@ CudaComm::~CudaComm() {
 
 std::vector<uint8_t> CudaComm::device_handle() const { return sm_->export_handle(); }
 
+uint64_t CudaComm::symmetric_bytes() const { return sm_ != nullptr ? sm_->region_bytes() : 0; }
+
 void CudaComm::connect(const Bootstrap& peers) {
   host_.connect(peers.endpoints, peers.rank, peers.comm_id, peers.auth_shares);
   FC_REQUIRE(static_cast<int>(peers.host_ids.size()) == host_.world(),

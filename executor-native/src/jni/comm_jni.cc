@@ -49,6 +49,14 @@ FC_NATIVE(jbyteArray, commDeviceHandle)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_END(nullptr)
 }
 
+FC_NATIVE(jlong, commSymmetricBytes)(JNIEnv* env, jclass, jlong c) {
+  FC_JNI_BEGIN
+  uint64_t bytes = 0;
+  check(fc_comm_symmetric_bytes(comm_of(c), &bytes));
+  return static_cast<jlong>(bytes);
+  FC_JNI_END(0)
+}
+
 FC_NATIVE(jstring, commEndpoint)(JNIEnv* env, jclass, jlong c) {
   FC_JNI_BEGIN
   const char* endpoint = nullptr;

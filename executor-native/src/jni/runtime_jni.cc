@@ -1,6 +1,7 @@
 // JNI for io.fusedcomm.runtime.NativeApi (availability, the executor runtime, memory statistics)
-// and for the memory entries of io.fusedcomm.api.NativeOps (host memory and its views, the
-// single-rank GEMM, JCuda handles). Argument conversion and one C API call each.
+// and for the memory entries of io.fusedcomm.api.NativeOps (host memory and its views, device
+// memory and streams, the single-rank GEMM, JCuda handles). Argument conversion and one C API
+// call each.
 #include <jni.h>
 
 #include <cstdint>
@@ -116,6 +117,71 @@ FC_NATIVE(jobject, memView)(JNIEnv* env, jclass, jlong address, jlong bytes) {
   }
   if (address == 0 && bytes > 0) fusedcomm::jni::invalid("a view of null memory");
   return env->NewDirectByteBuffer(as<void*>(address), bytes);
+  FC_JNI_END(nullptr)
+}
+
+// {type (fc_memory_type_t), device, range base, range bytes}.
+FC_NATIVE(jlongArray, pointerInfo)(JNIEnv* env, jclass, jlong address) {
+  FC_JNI_BEGIN
+  fc_pointer_info_t info;
+  check(fc_pointer_info(as<const void*>(address), &info));
+  jlong v[4] = {static_cast<jlong>(info.type), static_cast<jlong>(info.device),
+                static_cast<jlong>(info.range_base), static_cast<jlong>(info.range_bytes)};
+  jlongArray a = env->NewLongArray(4);
+  if (a != nullptr) env->SetLongArrayRegion(a, 0, 4, v);
+  return a;
+  FC_JNI_END(nullptr)
+}
+
+FC_NATIVE(jint, streamDevice)(JNIEnv* env, jclass, jlong stream) {
+  FC_JNI_BEGIN
+  int32_t device = -1;
+  check(fc_stream_device(as<fc_stream_t>(stream), &device));
+  return device;
+  FC_JNI_END(-1)
+}
+
+FC_NATIVE(jlong, deviceAlloc)(JNIEnv* env, jclass, jlong bytes) {
+  FC_JNI_BEGIN
+  if (bytes < 0) fusedcomm::jni::invalid("negative allocation size");
+  void* p = nullptr;
+  check(fc_device_alloc(static_cast<size_t>(bytes), &p));
+  return reinterpret_cast<jlong>(p);
+  FC_JNI_END(0)
+}
+
+FC_NATIVE(void, deviceFree)(JNIEnv* env, jclass, jlong address) {
+  FC_JNI_BEGIN
+  check(fc_device_free(as<void*>(address)));
+  FC_JNI_END()
+}
+
+FC_NATIVE(void, deviceCopy)(JNIEnv* env, jclass, jlong dst, jlong src, jlong bytes) {
+  FC_JNI_BEGIN
+  if (bytes < 0) fusedcomm::jni::invalid("negative copy size");
+  check(fc_device_copy(as<void*>(dst), as<const void*>(src), static_cast<size_t>(bytes)));
+  FC_JNI_END()
+}
+
+FC_NATIVE(void, deviceCopy2d)(JNIEnv* env, jclass, jlong dst, jlong dstPitch, jlong src, jlong srcPitch,
+                              jlong width, jlong height) {
+  FC_JNI_BEGIN
+  if (dstPitch < 0 || srcPitch < 0 || width < 0 || height < 0) fusedcomm::jni::invalid("negative copy size");
+  check(fc_device_copy_2d(as<void*>(dst), static_cast<size_t>(dstPitch), as<const void*>(src),
+                          static_cast<size_t>(srcPitch), static_cast<size_t>(width), static_cast<size_t>(height)));
+  FC_JNI_END()
+}
+
+// {free, total} bytes of the calling thread's current GPU.
+FC_RUNTIME_NATIVE(jlongArray, deviceMemory)(JNIEnv* env, jclass) {
+  FC_JNI_BEGIN
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+  check(fc_device_memory(&free_bytes, &total_bytes));
+  jlong v[2] = {static_cast<jlong>(free_bytes), static_cast<jlong>(total_bytes)};
+  jlongArray a = env->NewLongArray(2);
+  if (a != nullptr) env->SetLongArrayRegion(a, 0, 2, v);
+  return a;
   FC_JNI_END(nullptr)
 }
 

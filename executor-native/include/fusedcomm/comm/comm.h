@@ -74,6 +74,9 @@ class Comm {
   virtual std::string endpoint() const = 0;
   // The symmetric memory's IPC blob (cuda); empty with the host backend.
   virtual std::vector<uint8_t> device_handle() const = 0;
+  // Bytes of GPU memory the symmetric region takes (cuda; 0 with the host backend or once the
+  // region went back to the runtime's pool).
+  virtual uint64_t symmetric_bytes() const = 0;
   virtual void connect(const Bootstrap& peers) = 0;
 
   // ---- collectives (fusedcomm.h: `count` is the whole tensor's element count) ---------------

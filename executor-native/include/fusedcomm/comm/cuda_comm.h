@@ -80,6 +80,7 @@ class CudaComm final : public Comm {
   Backend backend() const override { return Backend::kCuda; }
   std::string endpoint() const override { return host_.endpoint(); }
   std::vector<uint8_t> device_handle() const override;
+  uint64_t symmetric_bytes() const override;
   // The host half's connections first (they end with a barrier, so every rank has created its
   // symmetric memory), then the peers' memory is mapped; with ranks on several hosts
   // (peers.host_ids) each rank also connects to its counterparts on the other hosts.

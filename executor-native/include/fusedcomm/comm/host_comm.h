@@ -19,6 +19,7 @@ class HostComm final : public Comm {
   Backend backend() const override { return Backend::kHost; }
   std::string endpoint() const override;
   std::vector<uint8_t> device_handle() const override { return {}; }
+  uint64_t symmetric_bytes() const override { return 0; }
   void connect(const Bootstrap& peers) override;
 
   void all_gather(const OpDesc& desc, DType dtype, const void* in, void* out, int64_t count,

@@ -145,6 +145,7 @@ class SymmetricMemory {
   // This rank's data area (device pointer) and its size: callers place inputs here.
   void* data() const;
   uint64_t data_bytes() const;
+  uint64_t region_bytes() const { return region_ != nullptr ? region_->bytes() : 0; }  // 0 once taken
   const std::vector<PeerLink>& peers() const { return peers_; }
   std::string describe() const;  // one line per peer: rank, bus id, access
 

@@ -72,10 +72,10 @@ import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.api.RankPlacement;
 import io.fusedcomm.api.Split;
 import io.fusedcomm.api.Tensor;
 import io.fusedcomm.api.WeightLayout;
-import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.spark.BarrierStage;
 import java.io.Serializable;
@@ -315,9 +315,9 @@ public final class TensorParallelMlpExample {
       comm.gemmReduceScatter(grad, w1T, dx, WeightLayout.KN);
       long t6 = System.nanoTime();
 
-      RankInfo me = comm.ranks().get(r);
+      RankPlacement me = comm.placements().get(r);
       String device = "executor " + me.executorId()
-          + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuId() + " " + me.gpuUuid());
+          + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuAddress() + " " + me.gpuUuid());
       List<String> paths = List.of(comm.describeFusedOp("allGatherGemm", m, fLocal, h),
           comm.describeFusedOp("gemmReduceScatter", m, h, fLocal));
       return new Shard(r, rowOffset, rows, t.read(y), t.read(dx), comm.backend().configName(), device,
@@ -379,9 +379,9 @@ public final class TensorParallelMlpExample {
             comm.describeFusedOp("gemmAllReduce", b, h, fLocal)));
       }
     }
-    RankInfo me = comm.ranks().get(r);
+    RankPlacement me = comm.placements().get(r);
     String device = "executor " + me.executorId()
-        + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuId() + " " + me.gpuUuid());
+        + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuAddress() + " " + me.gpuUuid());
     return new DecodeShard(r, comm.backend().configName(), device, steps);
   }
 

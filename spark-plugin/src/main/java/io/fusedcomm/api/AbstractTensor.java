@@ -1,7 +1,7 @@
 package io.fusedcomm.api;
 
-import java.util.logging.Level;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * What {@link HostTensor} and {@link DeviceTensor} share: the element type, the checked shape
@@ -9,7 +9,7 @@ import java.util.logging.Logger;
  * while an op (or a view) uses it. Subclasses own the memory and free it in {@link #free}.
  */
 abstract sealed class AbstractTensor implements Tensor permits HostTensor, DeviceTensor {
-  private static final Logger LOG = Logger.getLogger(AbstractTensor.class.getName());
+  private static final Logger LOG = LoggerFactory.getLogger(AbstractTensor.class);
 
   final DType dtype;
   final long[] shape;
@@ -88,7 +88,7 @@ abstract sealed class AbstractTensor implements Tensor permits HostTensor, Devic
       try {
         free();
       } catch (RuntimeException e) {
-        LOG.log(Level.WARNING, "freeing " + this + " after its last use failed", e);
+        LOG.warn("freeing {} after its last use failed", this, e);
       }
     }
   }

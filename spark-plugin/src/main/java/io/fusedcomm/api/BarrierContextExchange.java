@@ -1,6 +1,7 @@
 package io.fusedcomm.api;
 
-import io.fusedcomm.bootstrap.Fingerprint;
+import io.fusedcomm.internal.bootstrap.BootstrapExchange;
+import io.fusedcomm.internal.bootstrap.Fingerprint;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executors;

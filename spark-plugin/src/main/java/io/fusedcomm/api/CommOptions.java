@@ -1,6 +1,6 @@
 package io.fusedcomm.api;
 
-import io.fusedcomm.bootstrap.Fingerprint;
+import io.fusedcomm.internal.bootstrap.Fingerprint;
 import java.util.ArrayList;
 import java.util.List;
 

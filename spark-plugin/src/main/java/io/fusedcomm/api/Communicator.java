@@ -1,20 +1,25 @@
 package io.fusedcomm.api;
 
-import io.fusedcomm.bootstrap.BootstrapCheck;
-import io.fusedcomm.bootstrap.Fingerprint;
-import io.fusedcomm.bootstrap.HostLayout;
-import io.fusedcomm.bootstrap.RankInfo;
-import io.fusedcomm.bootstrap.RankInfoCodec;
+import io.fusedcomm.errors.CommTimeoutException;
 import io.fusedcomm.errors.CommunicatorException;
+import io.fusedcomm.internal.bootstrap.Fingerprint;
+import io.fusedcomm.internal.bootstrap.HostLayout;
+import io.fusedcomm.internal.bootstrap.RankInfo;
+import io.fusedcomm.internal.metrics.CommMetrics;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.LeakTracker;
-import java.security.SecureRandom;
+import java.time.Duration;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
+import java.util.Map;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
-import java.util.function.Function;
-import jcuda.runtime.cudaStream_t;
+import java.util.function.IntToLongFunction;
+import java.util.function.Supplier;
 import org.apache.spark.BarrierTaskContext;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * A communicator among the tasks of one barrier stage: rank = the task's partition id, world =
@@ -35,17 +40,19 @@ import org.apache.spark.BarrierTaskContext;
  * <p>Backends: with the host backend ops take {@link HostTensor}s and run on the CPU. With the
  * cuda backend the collectives (allGather, reduceScatter, allReduce, allToAll) take {@link
  * DeviceTensor}s on the executor's GPU and run as GPU-driven kernels over NVLink among the GPUs
- * of one host; each has a form that enqueues on the caller's CUDA stream. The forms without a
- * stream run on the communicator's own stream, which is ordered after work the caller issued on
- * the legacy default stream (e.g. JCuda's {@code cudaMemcpy}), and return when the op is done.
+ * of one host; each has a form that enqueues on the caller's CUDA stream, given as the raw {@code
+ * cudaStream_t} handle any CUDA user has (a {@code long}: PyTorch, cuDF, RMM) or as a JCuda stream.
+ * The forms without a stream run on the communicator's own stream, which is ordered after work
+ * the caller issued on the legacy default stream (e.g. a {@code cudaMemcpy}), and return when the
+ * op is done.
  * allGatherGemm and gemmReduceScatter run there too (bf16, also on the caller's stream; one fused
  * kernel or our GEMM then our collective, chosen by size the same way on every rank). The other ops are not
  * on the cuda backend yet and refuse with {@link
  * io.fusedcomm.errors.BackendUnavailableException}.
  *
  * <p>Across hosts (cuda backend): the ranks of each host share NVLink, and each rank reaches its
- * counterparts on the other hosts through the GPU-driven proxy and the transport ({@link
- * io.fusedcomm.bootstrap.HostLayout}: the same number of ranks on every host, at most 8 hosts).
+ * counterparts on the other hosts through the GPU-driven proxy and the transport (the same number
+ * of ranks on every host, at most 8 hosts).
  * allReduce, allGather, reduceScatter and allToAll run there, hierarchically (docs/ops.md,
  * "Collectives across hosts"; bf16 sums are rounded once per host and once across hosts), and the
  * fused ops by their decomposed path (the hierarchical collective and our GEMM);
@@ -59,9 +66,12 @@ import org.apache.spark.BarrierTaskContext;
  * a closed tensor is refused. {@link #abort()} and {@link #close()} may come from any thread.
  */
 public final class Communicator implements AutoCloseable {
-  private static final SecureRandom SHARES = new SecureRandom();
+  private static final Logger LOG = LoggerFactory.getLogger(Communicator.class);
+  /** Fused-op paths remembered per communicator (by op and sizes), for the metrics. */
+  private static final int MAX_REMEMBERED_PATHS = 64;
 
   private final ExecutorRuntime runtime;
+  private final String name;
   private final int rank;
   private final int world;
   private final List<RankInfo> ranks;
@@ -72,13 +82,26 @@ public final class Communicator implements AutoCloseable {
   private final Object lock = new Object();
   /** The op call in progress, if any: at most one at a time. */
   private final AtomicReference<OpCall> inOp = new AtomicReference<>();
+  private final CommMetrics metrics;
+  /** How this rank reaches each peer (its own entry unused). */
+  private final CommMetrics.Link[] links;
+  private final long symmetricBytes;
+  private final AtomicLong opNanos = new AtomicLong();
+  /** Fused-op path by op and sizes: true when fused; guarded by {@link #lock}. */
+  private final Map<String, Boolean> fusedPaths =
+      new LinkedHashMap<>(16, 0.75f, true) {
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<String, Boolean> eldest) {
+          return size() > MAX_REMEMBERED_PATHS;
+        }
+      };
 
   /**
    * The native communicator, shared by {@link #abort} (any thread, or the runtime's close through
    * the lease) and the one close that frees it: {@link #take} zeroes it under the lock before the
    * caller frees it, so an abort never reaches freed memory.
    */
-  private static final class NativeHandle {
+  static final class NativeHandle {
     private volatile long value;
 
     NativeHandle(long value) {
@@ -103,16 +126,50 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
-  private Communicator(ExecutorRuntime runtime, ExecutorRuntime.Lease lease, NativeHandle handle, int rank,
-                       int world, List<RankInfo> ranks, HostLayout hosts) {
+  /** Made by {@link CommBootstrap} once every rank is connected. */
+  Communicator(ExecutorRuntime runtime, ExecutorRuntime.Lease lease, NativeHandle handle, String name, int rank,
+               int world, List<RankInfo> ranks, HostLayout hosts) {
     this.runtime = runtime;
+    this.name = name;
     this.lease = lease;
     this.hosts = hosts;
     this.handle = handle;
     this.rank = rank;
     this.world = world;
     this.ranks = List.copyOf(ranks);
+    this.metrics = runtime.metrics();
+    this.links = links(runtime.backend(), hosts.hostIds(), rank);
+    this.symmetricBytes = NativeOps.commSymmetricBytes(handle.get());
     this.leakId = LeakTracker.opened("Communicator(rank " + rank + " of " + world + ")");
+    metrics.opened(symmetricBytes);
+  }
+
+  /** NVLink to the peers of this rank's host on the cuda backend; the transport otherwise. */
+  static CommMetrics.Link[] links(Backend backend, int[] hostIds, int rank) {
+    CommMetrics.Link[] out = new CommMetrics.Link[hostIds.length];
+    for (int p = 0; p < hostIds.length; p++) {
+      out[p] = backend == Backend.CUDA && hostIds[p] == hostIds[rank] ? CommMetrics.Link.NVLINK
+          : CommMetrics.Link.NETWORK;
+    }
+    return out;
+  }
+
+  /** GPU memory this communicator holds as symmetric memory (0 on the host backend). */
+  long symmetricBytes() {
+    return symmetricBytes;
+  }
+
+  /** The links this communicator uses, for its log line: e.g. {@code nvlink+network}. */
+  String linkSummary() {
+    boolean nvlink = false;
+    boolean network = false;
+    for (int p = 0; p < world; p++) {
+      if (p != rank) {
+        nvlink |= links[p] == CommMetrics.Link.NVLINK;
+        network |= links[p] == CommMetrics.Link.NETWORK;
+      }
+    }
+    return nvlink && network ? "nvlink+network" : nvlink ? "nvlink" : network ? "network" : "none (world 1)";
   }
 
   /** {@link #create(BarrierTaskContext, CommOptions)} with default options. */
@@ -125,143 +182,22 @@ public final class Communicator implements AutoCloseable {
    * plugin: {@code --conf spark.plugins=io.fusedcomm.FusedCommPlugin}). Calls {@code
    * context.allGather} exactly once. A task that fails or is killed aborts its communicator, so
    * the other ranks fail fast instead of waiting for the timeout.
+   *
+   * @throws io.fusedcomm.errors.BackendUnavailableException when the plugin could not start on
+   *     this executor (e.g. {@code backend=cuda} without a usable GPU), with the reason
    */
   public static Communicator create(BarrierTaskContext context, CommOptions options) {
-    ExecutorRuntime runtime =
-        ExecutorRuntime.current()
-            .orElseThrow(
-                () ->
-                    new IllegalStateException(
-                        "the fusedcomm plugin is not running on this executor: start the application"
-                            + " with --conf spark.plugins=io.fusedcomm.FusedCommPlugin and the fusedcomm"
-                            + " jar in --jars"));
+    ExecutorRuntime runtime = ExecutorRuntime.current().orElseThrow(() -> ExecutorRuntime.startFailure()
+        .<RuntimeException>map(reason -> new io.fusedcomm.errors.BackendUnavailableException(
+            "fusedcomm could not start on executor " + org.apache.spark.SparkEnv.get().executorId() + ": " + reason))
+        .orElseGet(() -> new IllegalStateException(
+            "the fusedcomm plugin is not running on this executor: start the application"
+                + " with --conf spark.plugins=io.fusedcomm.FusedCommPlugin and the fusedcomm"
+                + " jar in --jars")));
     BarrierContextExchange exchange = new BarrierContextExchange(context, options.name());
-    Communicator comm = bootstrap(runtime, exchange, options, exchange::watchBootstrap);
+    Communicator comm = CommBootstrap.bootstrap(runtime, exchange, options, exchange::watchBootstrap);
     exchange.watch(comm);
     return comm;
-  }
-
-  /**
-   * Builds a communicator over any launcher's {@link BootstrapExchange} (calls its allGather
-   * exactly once). Every rank checks every rank's bootstrap blob; an inconsistent world, job,
-   * plan or GPU assignment fails on all ranks with the same message. Each rank's blob carries a
-   * fresh random share; all of them, with the job token, make the key that authenticates the
-   * communicator's connections, so only the allGather carries secrets (docs/deploying.md).
-   */
-  public static Communicator bootstrap(
-      ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options) {
-    return bootstrap(runtime, exchange, options, abort -> () -> {});
-  }
-
-  /**
-   * {@link #bootstrap(ExecutorRuntime, BootstrapExchange, CommOptions)}; {@code watch} gets, once
-   * the native communicator exists and before the exchange and the connect, an action that aborts
-   * it from any thread (a task kill does not reach a native wait by itself), and returns what
-   * ends that watch, which runs once bootstrap has returned or failed.
-   */
-  static Communicator bootstrap(ExecutorRuntime runtime, BootstrapExchange exchange, CommOptions options,
-                                Function<Runnable, Runnable> watch) {
-    int world = exchange.world();
-    int rank = exchange.rank();
-    if (world < 1 || rank < 0 || rank >= world) {
-      throw new IllegalArgumentException("rank " + rank + " of world " + world + " is not valid");
-    }
-    ExecutorRuntime.Lease lease = runtime.lease();
-    long handle;
-    try {
-      runtime.pinGpu();
-      handle = NativeOps.commCreate(runtime.handle(), rank, world);
-    } catch (RuntimeException | Error e) {
-      lease.close();
-      throw e;
-    }
-    NativeHandle owned = new NativeHandle(handle);
-    lease.onAbort(owned::abort);  // a runtime that closes meanwhile aborts it (and waits)
-    Runnable unwatch = watch.apply(owned::abort);
-    try {
-      // Every rank must split hosts (and share GPUs) the same way: the settings join the plan's
-      // fingerprint.
-      int virtualHosts = runtime.conf().cudaVirtualHosts();
-      boolean shareGpu = runtime.conf().cudaShareGpu();
-      Fingerprint plan = options.planFingerprint(world, virtualHosts, shareGpu);
-      RankInfo mine =
-          new RankInfo(
-              RankInfoCodec.VERSION,
-              runtime.host(),
-              runtime.executorId(),
-              runtime.gpuAddress().orElse(""),
-              runtime.gpuUuid(),
-              runtime.backend(),
-              NativeOps.commEndpoint(handle),
-              runtime.jobToken(),
-              exchange.commNonce(),
-              authShare(),
-              world,
-              rank,
-              plan.value(),
-              plan.description(),
-              NativeOps.commDeviceHandle(handle));
-      List<RankInfo> infos = RankInfoCodec.decodeAll(exchange.allGather(RankInfoCodec.encode(mine)));
-      requireOneRankPerExecutor(infos);
-      BootstrapCheck.check(infos, world, rank, !shareGpu);
-      HostLayout layout = BootstrapCheck.checkCudaReachable(infos, virtualHosts);
-      String[] endpoints = infos.stream().map(RankInfo::transportAddress).toArray(String[]::new);
-      byte[][] authShares = infos.stream().map(RankInfo::authShare).toArray(byte[][]::new);
-      byte[][] deviceHandles = infos.stream().map(RankInfo::ipcHandles).toArray(byte[][]::new);
-      NativeOps.commConnect(
-          handle, endpoints, rank, exchange.commNonce(), authShares, deviceHandles, layout.hostIds());
-      return new Communicator(runtime, lease, owned, rank, world, infos, layout);
-    } catch (RuntimeException | Error e) {
-      // The lease stays held until the native half is freed: a runtime closing meanwhile waits.
-      long h = owned.take();
-      try {
-        NativeOps.commAbort(h);
-        NativeOps.commClose(h);
-      } catch (RuntimeException suppressed) {
-        e.addSuppressed(suppressed);
-      } finally {
-        lease.close();
-      }
-      throw e;
-    } finally {
-      unwatch.run();
-    }
-  }
-
-  /**
-   * Fails, on every rank alike, when two ranks run on one executor: their communicators would
-   * share the executor's transport (and GPU), which holds one rank of a communicator. Two ranks
-   * announce the same executor and the same transport listener only then.
-   */
-  private static void requireOneRankPerExecutor(List<RankInfo> infos) {
-    for (int j = 1; j < infos.size(); j++) {
-      for (int i = 0; i < j; i++) {
-        RankInfo a = infos.get(i);
-        RankInfo b = infos.get(j);
-        if (a.executorId().equals(b.executorId()) && listener(a).equals(listener(b))) {
-          throw new CommunicatorException("ranks " + i + " and " + j + " of this barrier stage run as tasks"
-              + " of one executor (executor " + a.executorId() + " on " + a.host() + "), but a communicator"
-              + " takes one task per executor: its transport and GPU serve one rank. Give each barrier task a"
-              + " whole executor: set spark.task.cpus to spark.executor.cores, or, with GPUs,"
-              + " spark.executor.resource.gpu.amount=1 and spark.task.resource.gpu.amount=1", j,
-              CommunicatorException.UNKNOWN, "bootstrap", CommunicatorException.UNKNOWN, null);
-        }
-      }
-    }
-  }
-
-  /** The transport listener of a rank's endpoint ("host:port#region"): what one executor shares. */
-  private static String listener(RankInfo info) {
-    String endpoint = info.transportAddress();
-    int hash = endpoint.lastIndexOf('#');
-    return hash < 0 ? endpoint : endpoint.substring(0, hash);
-  }
-
-  /** A fresh random share of the communicator's key ({@link RankInfo#authShare()}). */
-  private static byte[] authShare() {
-    byte[] share = new byte[RankInfo.AUTH_SHARE_BYTES];
-    SHARES.nextBytes(share);
-    return share;
   }
 
   /** This rank. */
@@ -279,13 +215,25 @@ public final class Communicator implements AutoCloseable {
     return runtime.backend();
   }
 
+  /** The communicator's name ({@link CommOptions#name(String)}). */
+  public String name() {
+    return name;
+  }
+
+  /** Where each rank runs (host, executor, GPU), by rank. */
+  public List<RankPlacement> placements() {
+    return ranks.stream()
+        .map(r -> new RankPlacement(r.rank(), r.host(), r.executorId(), r.gpuId(), r.gpuUuid()))
+        .toList();
+  }
+
   /** Which (virtual) host each rank is on, as the cuda backend connects them. */
-  public HostLayout hosts() {
+  HostLayout hosts() {
     return hosts;
   }
 
-  /** What every rank announced at bootstrap (host, executor, GPU, endpoint), by rank. */
-  public List<RankInfo> ranks() {
+  /** What every rank announced at bootstrap, secrets included: internal. */
+  List<RankInfo> ranks() {
     return ranks;
   }
 
@@ -296,23 +244,38 @@ public final class Communicator implements AutoCloseable {
    * {@code out} all {@code n = out.numel()}, blocks in rank order. Returns when done.
    */
   public void allGather(Tensor in, Tensor out) {
-    allGather(in, out, null);
+    allGather(in, out, 0L);
+  }
+
+  /**
+   * {@link #allGather(Tensor, Tensor, long)} on a JCuda stream: {@code stream} is a {@code
+   * jcuda.runtime.cudaStream_t} or {@code jcuda.driver.CUstream} (null: no stream, the op runs
+   * synchronously). Declared as {@code Object} so that code without JCuda on its classpath
+   * compiles against this class.
+   */
+  public void allGather(Tensor in, Tensor out, Object stream) {
+    allGather(in, out, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #allGather(Tensor, Tensor)} enqueued on a CUDA stream of the caller (cuda backend,
-   * device tensors): returns once enqueued; see {@link #synchronize()} for errors.
+   * device tensors): returns once enqueued; see {@link #synchronize()} for errors. {@code stream}
+   * is the raw {@code cudaStream_t} handle from any CUDA user (PyTorch's {@code
+   * torch.cuda.current_stream().cuda_stream}, cuDF's {@code Cuda.Stream.getStream()}, a JCuda
+   * stream through the {@code cudaStream_t} form); it must be a live stream of the
+   * communicator's GPU (the GPU is checked), and stay alive until the op has run on it. 0 (the
+   * legacy default stream's handle) runs the op synchronously, as the form without a stream.
    */
-  public void allGather(Tensor in, Tensor out, cudaStream_t stream) {
+  public void allGather(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("allGather", stream)) {
       OpCheck c = check("allGather").floating("in", in).same("out", out, in).stream(stream);
       long n = out.numel();
       c.numel("in", in, Split.count(n, world, rank));
       Fingerprint fp = c.fingerprint().add("count", n).build();
-      synchronized (lock) {
-        NativeOps.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, streamHandle(stream));
-      }
+      long es = in.dtype().bytes();
+      runNative(call, p -> Split.count(n, world, rank) * es, p -> Split.count(n, world, p) * es,
+          () -> NativeOps.allGather(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+              call.address(out), n, stream));
     }
   }
 
@@ -321,38 +284,56 @@ public final class Communicator implements AutoCloseable {
    * this rank's block ({@code Split.count(n, world, rank)} elements) in {@code out}.
    */
   public void reduceScatter(Tensor in, Tensor out) {
-    reduceScatter(in, out, null);
+    reduceScatter(in, out, 0L);
   }
 
-  /** {@link #reduceScatter(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
-  public void reduceScatter(Tensor in, Tensor out, cudaStream_t stream) {
+  /**
+   * {@link #reduceScatter(Tensor, Tensor, long)} on a JCuda stream (see {@link #allGather(Tensor,
+   * Tensor, Object)}).
+   */
+  public void reduceScatter(Tensor in, Tensor out, Object stream) {
+    reduceScatter(in, out, JCudaInterop.stream(stream));
+  }
+
+  /** {@link #reduceScatter(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}). */
+  public void reduceScatter(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("reduceScatter", stream)) {
       OpCheck c = check("reduceScatter").floating("in", in).same("out", out, in).stream(stream);
       long n = in.numel();
       c.numel("out", out, Split.count(n, world, rank));
       Fingerprint fp = c.fingerprint().add("count", n).build();
-      synchronized (lock) {
-        NativeOps.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, streamHandle(stream));
-      }
+      long es = in.dtype().bytes();
+      runNative(call, p -> Split.count(n, world, p) * es, p -> Split.count(n, world, rank) * es,
+          () -> NativeOps.reduceScatter(handle(), fp.description(), fp.value(), in.dtype().code(),
+              call.address(in), call.address(out), n, stream));
     }
   }
 
   /** Sums {@code in} over ranks into {@code out} (same element count; may be the same tensor). */
   public void allReduce(Tensor in, Tensor out) {
-    allReduce(in, out, null);
+    allReduce(in, out, 0L);
   }
 
-  /** {@link #allReduce(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
-  public void allReduce(Tensor in, Tensor out, cudaStream_t stream) {
+  /**
+   * {@link #allReduce(Tensor, Tensor, long)} on a JCuda stream (see {@link #allGather(Tensor,
+   * Tensor, Object)}).
+   */
+  public void allReduce(Tensor in, Tensor out, Object stream) {
+    allReduce(in, out, JCudaInterop.stream(stream));
+  }
+
+  /** {@link #allReduce(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}). */
+  public void allReduce(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("allReduce", stream)) {
       OpCheck c = check("allReduce").floating("in", in).same("out", out, in).stream(stream);
       c.numel("out", out, in.numel());
       Fingerprint fp = c.fingerprint().add("count", in.numel()).build();
-      synchronized (lock) {
-        NativeOps.allReduce(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), in.numel(), streamHandle(stream));
-      }
+      long n = in.numel();
+      long es = in.dtype().bytes();
+      // A reduceScatter then an allGather of the sums: the same bytes each way.
+      IntToLongFunction each = p -> (Split.count(n, world, p) + Split.count(n, world, rank)) * es;
+      runNative(call, each, each, () -> NativeOps.allReduce(handle(), fp.description(), fp.value(),
+          in.dtype().code(), call.address(in), call.address(out), n, stream));
     }
   }
 
@@ -362,20 +343,28 @@ public final class Communicator implements AutoCloseable {
    * in rank order: {@code world · Split.count(n, world, rank)} elements.
    */
   public void allToAll(Tensor in, Tensor out) {
-    allToAll(in, out, null);
+    allToAll(in, out, 0L);
   }
 
-  /** {@link #allToAll(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}). */
-  public void allToAll(Tensor in, Tensor out, cudaStream_t stream) {
+  /**
+   * {@link #allToAll(Tensor, Tensor, long)} on a JCuda stream (see {@link #allGather(Tensor,
+   * Tensor, Object)}).
+   */
+  public void allToAll(Tensor in, Tensor out, Object stream) {
+    allToAll(in, out, JCudaInterop.stream(stream));
+  }
+
+  /** {@link #allToAll(Tensor, Tensor)} enqueued on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}). */
+  public void allToAll(Tensor in, Tensor out, long stream) {
     try (OpCall call = enter("allToAll", stream)) {
       OpCheck c = check("allToAll").floating("in", in).same("out", out, in).stream(stream);
       long n = in.numel();
       c.numel("out", out, world * Split.count(n, world, rank));
       Fingerprint fp = c.fingerprint().add("count", n).build();
-      synchronized (lock) {
-        NativeOps.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
-            call.address(out), n, streamHandle(stream));
-      }
+      long es = in.dtype().bytes();
+      runNative(call, p -> Split.count(n, world, p) * es, p -> Split.count(n, world, rank) * es,
+          () -> NativeOps.allToAll(handle(), fp.description(), fp.value(), in.dtype().code(), call.address(in),
+              call.address(out), n, stream));
     }
   }
 
@@ -400,13 +389,9 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
-  private static long streamHandle(cudaStream_t stream) {
-    return stream == null ? 0 : NativeOps.nativeHandle(stream);
-  }
-
-  /** Native-initiated timing of a collective, for {@link CommDiagnostics}. */
+  /** Native-initiated timing of a collective: the reference for the Java layer's per-op cost (tests). */
   long timeNative(Op op, Tensor in, Tensor out, long count, int iters) {
-    try (OpCall call = enter(op.label(), null)) {
+    try (OpCall call = enter(op.label(), 0)) {
       synchronized (lock) {
         return NativeOps.commTimeCollective(handle(), op.code(), in.dtype().code(), call.address(in),
             call.address(out), count, iters);
@@ -427,16 +412,25 @@ public final class Communicator implements AutoCloseable {
    * {@code gatheredA} ({@code M × K}, may be null) receives the gathered A for a backward pass.
    */
   public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout) {
-    allGatherGemm(aLocal, w, c, gatheredA, layout, null);
+    allGatherGemm(aLocal, w, c, gatheredA, layout, 0L);
+  }
+
+  /**
+   * {@link #allGatherGemm(Tensor, Tensor, Tensor, Tensor, WeightLayout, long)} on a JCuda stream
+   * (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout,
+                            Object stream) {
+    allGatherGemm(aLocal, w, c, gatheredA, layout, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #allGatherGemm(Tensor, Tensor, Tensor, Tensor, WeightLayout)} enqueued on a CUDA
    * stream of the caller (cuda backend, device tensors): returns once enqueued; see {@link
-   * #synchronize()} for errors.
+   * #synchronize()} for errors, and {@link #allGather(Tensor, Tensor, long)} for the stream.
    */
   public void allGatherGemm(Tensor aLocal, Tensor w, Tensor c, Tensor gatheredA, WeightLayout layout,
-                            cudaStream_t stream) {
+                            long stream) {
     try (OpCall call = enter("allGatherGemm", stream)) {
       OpCheck k = check("allGatherGemm").floating("aLocal", aLocal).same("w", w, aLocal).same("c", c, aLocal)
           .stream(stream);
@@ -450,11 +444,13 @@ public final class Communicator implements AutoCloseable {
         k.dim("gatheredA", gatheredA, 0, m).dim("gatheredA", gatheredA, 1, kDim);
       }
       Fingerprint fp = k.fingerprint().add("M", m).add("K", kDim).add("layout", layout.name()).build();
-      synchronized (lock) {
-        NativeOps.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(),
-            call.address(aLocal), call.address(w), call.address(c), call.address(gatheredA), m, nLocal, kDim,
-            layout.code(), streamHandle(stream));
-      }
+      Boolean fused = runsFused(Op.ALL_GATHER_GEMM, m, nLocal, kDim, PartialPrecision.F32);
+      long row = kDim * aLocal.dtype().bytes();
+      runNative(call, p -> Split.count(m, world, rank) * row, p -> Split.count(m, world, p) * row,
+          () -> NativeOps.allGatherGemm(handle(), fp.description(), fp.value(), aLocal.dtype().code(),
+              call.address(aLocal), call.address(w), call.address(c), call.address(gatheredA), m, nLocal, kDim,
+              layout.code(), stream));
+      countPath("allGatherGemm", fused);
     }
   }
 
@@ -471,15 +467,24 @@ public final class Communicator implements AutoCloseable {
    * products kept and exchanged in {@code partials} precision (the same on every rank).
    */
   public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
-    gemmReduceScatter(a, w, c, layout, partials, null);
+    gemmReduceScatter(a, w, c, layout, partials, 0L);
+  }
+
+  /**
+   * {@link #gemmReduceScatter(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision, long)} on a
+   * JCuda stream (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
+                                Object stream) {
+    gemmReduceScatter(a, w, c, layout, partials, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #gemmReduceScatter(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision)} enqueued
-   * on a CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}).
+   * on a CUDA stream (see {@link #allGather(Tensor, Tensor, long)}).
    */
   public void gemmReduceScatter(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
-                                cudaStream_t stream) {
+                                long stream) {
     gemmReduce("gemmReduceScatter", a, w, c, layout, partials, stream);
   }
 
@@ -496,20 +501,29 @@ public final class Communicator implements AutoCloseable {
    * kept and exchanged in {@code partials} precision (the same on every rank).
    */
   public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials) {
-    gemmAllReduce(a, w, c, layout, partials, null);
+    gemmAllReduce(a, w, c, layout, partials, 0L);
+  }
+
+  /**
+   * {@link #gemmAllReduce(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision, long)} on a JCuda
+   * stream (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
+                            Object stream) {
+    gemmAllReduce(a, w, c, layout, partials, JCudaInterop.stream(stream));
   }
 
   /**
    * {@link #gemmAllReduce(Tensor, Tensor, Tensor, WeightLayout, PartialPrecision)} enqueued on a
-   * CUDA stream (see {@link #allGather(Tensor, Tensor, cudaStream_t)}).
+   * CUDA stream (see {@link #allGather(Tensor, Tensor, long)}).
    */
   public void gemmAllReduce(Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
-                            cudaStream_t stream) {
+                            long stream) {
     gemmReduce("gemmAllReduce", a, w, c, layout, partials, stream);
   }
 
   private void gemmReduce(String op, Tensor a, Tensor w, Tensor c, WeightLayout layout, PartialPrecision partials,
-                          cudaStream_t stream) {
+                          long stream) {
     try (OpCall call = enter(op, stream)) {
       if (partials == null) {
         throw new IllegalArgumentException(op + ": partials must not be null");
@@ -523,17 +537,26 @@ public final class Communicator implements AutoCloseable {
       k.weight(w, layout, n, kLocal).dim("c", c, 0, scatter ? Split.count(m, world, rank) : m);
       Fingerprint fp = k.fingerprint().add("M", m).add("N", n).add("layout", layout.name())
           .add("partials", partials.name()).build();
-      synchronized (lock) {
+      Boolean fused = runsFused(scatter ? Op.GEMM_REDUCE_SCATTER : Op.GEMM_ALL_REDUCE, m, n, kLocal, partials);
+      // Partial rows go to the rank owning them (in the partials' precision); gemmAllReduce then
+      // gathers the summed rows (in the output's dtype).
+      long partialRow = n * (partials == PartialPrecision.BF16 ? 2 : 4);
+      long outRow = scatter ? 0 : n * c.dtype().bytes();
+      IntToLongFunction sendTo = p -> Split.count(m, world, p) * partialRow + Split.count(m, world, rank) * outRow;
+      IntToLongFunction receiveFrom =
+          p -> Split.count(m, world, rank) * partialRow + Split.count(m, world, p) * outRow;
+      runNative(call, sendTo, receiveFrom, () -> {
         if (scatter) {
           NativeOps.gemmReduceScatter(handle(), fp.description(), fp.value(), a.dtype().code(),
               call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
-              streamHandle(stream));
+              stream);
         } else {
           NativeOps.gemmAllReduce(handle(), fp.description(), fp.value(), a.dtype().code(),
               call.address(a), call.address(w), call.address(c), m, n, kLocal, layout.code(), partials.code(),
-              streamHandle(stream));
+              stream);
         }
-      }
+      });
+      countPath(op, fused);
     }
   }
 
@@ -589,7 +612,7 @@ public final class Communicator implements AutoCloseable {
    * topkWeights: T × k} ({@link DType#F32}), {@code w1Local: E_r × F × H}. T may differ per rank.
    */
   public MoeDispatch moeDispatchGemm(Tensor x, Tensor topkIds, Tensor topkWeights, long numExperts, Tensor w1Local) {
-    try (OpCall call = enter("moeDispatchGemm", null)) {
+    try (OpCall call = enter("moeDispatchGemm", 0)) {
       OpCheck k = check("moeDispatchGemm").floating("x", x).same("w1Local", w1Local, x).rank2("x", x);
       k.typed("topkIds", topkIds, DType.I32).typed("topkWeights", topkWeights, DType.F32);
       k.rank2("topkIds", topkIds).rank2("topkWeights", topkWeights).rank3("w1Local", w1Local);
@@ -606,7 +629,7 @@ public final class Communicator implements AutoCloseable {
       k.dim("w1Local", w1Local, 0, Split.count(numExperts, world, rank)).dim("w1Local", w1Local, 2, hidden);
       long ffn = w1Local.dim(1);
       Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
-      synchronized (lock) {
+      return callNative(call, null, null, () -> {
         long h = NativeOps.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(),
             call.address(x), tokens, hidden, call.address(topkIds), call.address(topkWeights), (int) topk, numExperts,
             call.address(w1Local), ffn);
@@ -616,7 +639,7 @@ public final class Communicator implements AutoCloseable {
           NativeOps.moeFree(h);
           throw e;
         }
-      }
+      });
     }
   }
 
@@ -626,7 +649,7 @@ public final class Communicator implements AutoCloseable {
    * row(t,k)}.
    */
   public void moeCombine(MoeDispatch dispatch, Tensor expertOut, Tensor out) {
-    try (OpCall call = enter("moeCombine", null)) {
+    try (OpCall call = enter("moeCombine", 0)) {
       if (dispatch == null || dispatch.owner() != this) {
         throw new IllegalArgumentException("moeCombine: the dispatch must come from this communicator");
       }
@@ -635,10 +658,8 @@ public final class Communicator implements AutoCloseable {
       long width = out.dim(1);
       k.dim("expertOut", expertOut, 0, dispatch.rows()).dim("expertOut", expertOut, 1, width).dim("out", out, 0, dispatch.tokens());
       Fingerprint fp = k.fingerprint().add("width", width).build();
-      synchronized (lock) {
-        NativeOps.moeCombine(handle(), fp.description(), fp.value(), out.dtype().code(),
-            call.handle(dispatch), call.address(expertOut), width, call.address(out));
-      }
+      runNative(call, null, null, () -> NativeOps.moeCombine(handle(), fp.description(), fp.value(),
+          out.dtype().code(), call.handle(dispatch), call.address(expertOut), width, call.address(out)));
     }
   }
 
@@ -651,7 +672,7 @@ public final class Communicator implements AutoCloseable {
    * denominator.
    */
   public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options) {
-    try (OpCall call = enter("ringAttention", null)) {
+    try (OpCall call = enter("ringAttention", 0)) {
       if (options == null) {
         throw new IllegalArgumentException("ringAttention: options must not be null");
       }
@@ -675,11 +696,9 @@ public final class Communicator implements AutoCloseable {
       }
       Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
           .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
-      synchronized (lock) {
-        NativeOps.ringAttention(handle(), fp.description(), fp.value(), q.dtype().code(), b, s, hq, hkv, d,
-            options.causal(), options.scale(), call.address(q), call.address(k), call.address(v), call.address(o),
-            call.address(lse));
-      }
+      runNative(call, null, null, () -> NativeOps.ringAttention(handle(), fp.description(), fp.value(),
+          q.dtype().code(), b, s, hq, hkv, d, options.causal(), options.scale(), call.address(q), call.address(k),
+          call.address(v), call.address(o), call.address(lse)));
     }
   }
 
@@ -694,7 +713,7 @@ public final class Communicator implements AutoCloseable {
       throw new IllegalArgumentException("gemm: a must not be null");
     }
     boolean device = a.isDevice();
-    OpCheck k = new OpCheck("gemm", device ? Backend.CUDA : Backend.HOST).floating("a", a).same("w", w, a).same("c", c, a);
+    OpCheck k = new OpCheck("gemm", device ? Backend.CUDA : Backend.HOST, -1).floating("a", a).same("w", w, a).same("c", c, a);
     k.rank2("a", a).rank2("w", w).rank2("c", c).layout(layout);
     k.dim("c", c, 0, a.dim(0)).weight(w, layout, c.dim(1), a.dim(1));
     if (device && a.dtype() != DType.BF16) {
@@ -706,6 +725,80 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
+  // ---- accounting ----------------------------------------------------------------------------
+
+  /**
+   * Runs an op's native call under the lock and counts it: when it returns, the call's time since
+   * {@link #enter} and the payload to and from each peer ({@code sendTo}, {@code receiveFrom}:
+   * bytes by peer rank; null: not counted); when it fails with a communicator error, the failure.
+   */
+  private void runNative(OpCall call, IntToLongFunction sendTo, IntToLongFunction receiveFrom, Runnable op) {
+    callNative(call, sendTo, receiveFrom, () -> {
+      op.run();
+      return null;
+    });
+  }
+
+  private <T> T callNative(OpCall call, IntToLongFunction sendTo, IntToLongFunction receiveFrom, Supplier<T> op) {
+    T result;
+    synchronized (lock) {
+      try {
+        result = op.get();
+      } catch (CommTimeoutException e) {
+        metrics.timeout();
+        throw e;
+      } catch (io.fusedcomm.errors.BackendUnavailableException e) {
+        throw e;  // an op the backend does not run: refused before anything moved
+      } catch (CommunicatorException e) {
+        metrics.failure();
+        throw e;
+      }
+    }
+    long nanos = System.nanoTime() - call.startNanos;
+    opNanos.addAndGet(nanos);
+    metrics.op(call.op, nanos);
+    if (sendTo != null) {
+      for (int p = 0; p < world; p++) {
+        if (p != rank) {
+          metrics.bytes(links[p], sendTo.applyAsLong(p), receiveFrom.applyAsLong(p));
+        }
+      }
+    }
+    if (LOG.isDebugEnabled()) {
+      LOG.debug("{} {}: {} us", this, call.op, nanos / 1000);
+    }
+    return result;
+  }
+
+  /**
+   * Whether a fused op on these sizes runs fused (the path {@link #describeFusedOp} names),
+   * remembered per sizes; null when the backend cannot say (the op's own checks then speak).
+   */
+  private Boolean runsFused(Op op, long m, long n, long k, PartialPrecision partials) {
+    String key = op.code() + ":" + m + ":" + n + ":" + k + ":" + partials.code();
+    synchronized (lock) {
+      Boolean fused = fusedPaths.get(key);
+      if (fused == null) {
+        String path;
+        try {
+          path = NativeOps.commDescribeFused(handle(), op.code(), m, n, k, partials.code());
+        } catch (IllegalArgumentException e) {
+          return null;
+        }
+        fused = path.startsWith("fused");
+        fusedPaths.put(key, fused);
+        LOG.debug("{} {} M={} N={} K={}: {}", this, op.label(), m, n, k, path);
+      }
+      return fused;
+    }
+  }
+
+  private void countPath(String op, Boolean fused) {
+    if (fused != null) {
+      metrics.path(op, fused);
+    }
+  }
+
   // ---- teardown ------------------------------------------------------------------------------
 
   /**
@@ -713,7 +806,7 @@ public final class Communicator implements AutoCloseable {
    * barrier), bounded by the timeout.
    */
   public void finish() {
-    try (OpCall call = enter("finish", null)) {
+    try (OpCall call = enter("finish", 0)) {
       synchronized (lock) {
         NativeOps.commFinish(handle());
       }
@@ -725,7 +818,19 @@ public final class Communicator implements AutoCloseable {
    * Safe to call from any thread, any number of times; {@link #close()} is still needed.
    */
   public void abort() {
+    if (handle.get() != 0) {
+      metrics.abort();
+    }
     handle.abort();
+  }
+
+  /**
+   * The time this rank's calls of this communicator's ops took, summed over the calls that
+   * returned normally (for the stream forms: the time to check and enqueue, not the GPU's time).
+   * {@code BarrierStage} adds it to the stage's task accumulator.
+   */
+  public Duration opTime() {
+    return Duration.ofNanos(opNanos.get());
   }
 
   /** True once closed. */
@@ -742,6 +847,7 @@ public final class Communicator implements AutoCloseable {
         return;
       }
       LeakTracker.closed(leakId);
+      metrics.closed(symmetricBytes);
       try {
         NativeOps.commClose(h);
       } finally {
@@ -760,16 +866,16 @@ public final class Communicator implements AutoCloseable {
 
   private OpCheck check(String op) {
     handle();
-    return new OpCheck(op, runtime.backend());
+    return new OpCheck(op, runtime.backend(), runtime.gpuOrdinal());
   }
 
   /**
    * Starts an op call on the calling thread; {@link IllegalStateException} when the
    * communicator is closed or another thread is in an op on it (see the class comment).
    */
-  private OpCall enter(String op, cudaStream_t stream) {
+  private OpCall enter(String op, long stream) {
     handle();
-    OpCall call = new OpCall(this, op, stream != null);
+    OpCall call = new OpCall(this, op, stream != 0);
     OpCall other = inOp.compareAndExchange(null, call);
     if (other != null) {
       throw new IllegalStateException(this + ": " + op + " was called on thread '" + call.thread.getName()

@@ -4,8 +4,8 @@ import io.fusedcomm.runtime.NativeLibrary;
 import java.nio.ByteBuffer;
 
 /**
- * The JNI entries of libfusedcomm.so that take memory addresses or native handles: host memory,
- * JCuda handles, communicators and the ops. Package-private on purpose: an address reaches
+ * The JNI entries of libfusedcomm.so that take memory addresses or native handles: host and
+ * device memory, streams, JCuda handles, communicators and the ops. Package-private on purpose: an address reaches
  * native code only from the tensor classes and {@link Communicator}, which hold the tensor for
  * the call (so it cannot be freed under it) and have checked its size. Each native method
  * converts its arguments and calls one function of the C API ({@code
@@ -32,6 +32,26 @@ final class NativeOps {
   /** The native handle a JCuda handle object (e.g. {@code cudaStream_t}) holds. */
   static native long nativeHandle(Object jcudaHandle);
 
+  /**
+   * What CUDA knows of a device address: {type ({@link MemoryType} code), device, base of its
+   * allocation, size of that allocation (0: unknown)}.
+   */
+  static native long[] pointerInfo(long address);
+
+  /** The GPU a live CUDA stream belongs to. */
+  static native int streamDevice(long stream);
+
+  /** Device memory of {@code bytes} (at least one byte) on the calling thread's current GPU. */
+  static native long deviceAlloc(long bytes);
+
+  static native void deviceFree(long address);
+
+  /** A synchronous copy between host and device memory, either direction. */
+  static native void deviceCopy(long dst, long src, long bytes);
+
+  /** A synchronous 2D copy: {@code height} rows of {@code width} bytes, pitches in bytes. */
+  static native void deviceCopy2d(long dst, long dstPitch, long src, long srcPitch, long width, long height);
+
   /** Host memory of {@code bytes} (0 to 1 TiB): 128-byte aligned, zero-filled. */
   static native long memAlloc(long bytes);
 
@@ -56,6 +76,9 @@ final class NativeOps {
 
   /** The symmetric memory's IPC blob for the bootstrap; empty with the host backend. */
   static native byte[] commDeviceHandle(long comm);
+
+  /** Bytes of GPU memory the communicator's symmetric region takes; 0 on the host backend. */
+  static native long commSymmetricBytes(long comm);
 
   /**
    * Connects the host half, then the device half; authShares[r]: rank r's bootstrap share

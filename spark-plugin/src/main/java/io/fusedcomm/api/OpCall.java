@@ -13,6 +13,8 @@ import java.util.List;
 final class OpCall implements AutoCloseable {
   final String op;
   final Thread thread = Thread.currentThread();
+  /** When the call began (its checks included), for the op's time. */
+  final long startNanos = System.nanoTime();
   private final Communicator comm;  // null for the single-rank gemm
   private final boolean onStream;
   private final List<AbstractTensor> tensors = new ArrayList<>(6);

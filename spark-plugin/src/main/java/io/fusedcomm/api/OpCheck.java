@@ -1,6 +1,6 @@
 package io.fusedcomm.api;
 
-import io.fusedcomm.bootstrap.Fingerprint;
+import io.fusedcomm.internal.bootstrap.Fingerprint;
 
 /**
  * Argument checks of one op call, run before any data moves; every failure is an {@link
@@ -9,11 +9,14 @@ import io.fusedcomm.bootstrap.Fingerprint;
 final class OpCheck {
   private final String op;
   private final Backend backend;
+  private final int gpu;
   private DType dtype;
 
-  OpCheck(String op, Backend backend) {
+  /** Checks for {@code op} on {@code backend}; {@code gpu}: the GPU device tensors must be on (-1: any). */
+  OpCheck(String op, Backend backend, int gpu) {
     this.op = op;
     this.backend = backend;
+    this.gpu = gpu;
   }
 
   private IllegalArgumentException error(String message) {
@@ -30,6 +33,9 @@ final class OpCheck {
     }
     if (backend == Backend.CUDA && !t.isDevice()) {
       throw error(name + " is a HostTensor, but the cuda backend takes DeviceTensor arguments");
+    }
+    if (gpu >= 0 && t instanceof DeviceTensor d && d.device() != gpu) {
+      throw error(name + " is on GPU " + d.device() + ", but this communicator runs on GPU " + gpu);
     }
     return this;
   }
@@ -112,11 +118,22 @@ final class OpCheck {
     return this;
   }
 
-  /** A stream is only for the cuda backend (the host backend's ops are synchronous). */
-  OpCheck stream(Object stream) {
-    if (stream != null && backend != Backend.CUDA) {
+  /**
+   * A stream (0: none) is only for the cuda backend (the host backend's ops are synchronous), and
+   * must belong to the communicator's GPU.
+   */
+  OpCheck stream(long stream) {
+    if (stream == 0) {
+      return this;
+    }
+    if (backend != Backend.CUDA) {
       throw error("a CUDA stream was given, but this communicator runs on the " + backend.configName()
           + " backend, whose ops are synchronous");
+    }
+    int device = NativeOps.streamDevice(stream);
+    if (gpu >= 0 && device != gpu) {
+      throw error("the stream 0x" + Long.toHexString(stream) + " belongs to GPU " + device
+          + ", but this communicator runs on GPU " + gpu);
     }
     return this;
   }

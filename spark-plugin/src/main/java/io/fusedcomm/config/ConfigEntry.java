@@ -5,8 +5,10 @@ import java.time.Duration;
 import java.util.Locale;
 import java.util.Objects;
 import java.util.StringJoiner;
+import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 import java.util.function.Predicate;
+import org.apache.spark.network.util.JavaUtils;
 
 /**
  * One typed configuration setting: its key, type, default, documentation, parser and bounds.
@@ -117,6 +119,66 @@ public final class ConfigEntry<T> {
     return key + " (" + typeName + ", default " + defaultString() + ")";
   }
 
+  /**
+   * A duration as Spark parses its own ({@code JavaUtils.timeStringAs}): a whole number, optionally
+   * negative, with unit {@code us}, {@code ms}, {@code s}, {@code m} or {@code min}, {@code h} or
+   * {@code d}, case-insensitive, no blank between number and unit; a plain number means
+   * milliseconds (as for {@code spark.network.timeout}-style settings read in milliseconds).
+   * Kept to the microsecond.
+   *
+   * @throws IllegalArgumentException when {@code text} is not a duration
+   * @throws ArithmeticException when it overflows
+   */
+  static Duration parseDuration(String text) {
+    String t = Objects.requireNonNull(text, "value").trim();
+    long micros = t.matches("-?[0-9]+")
+        ? Math.multiplyExact(JavaUtils.timeStringAsMs(t), 1000L)
+        : JavaUtils.timeStringAs(t, TimeUnit.MICROSECONDS);
+    // TimeUnit.convert saturates instead of overflowing: a saturated value overflows here.
+    return Duration.ofNanos(Math.multiplyExact(micros, 1000L));
+  }
+
+  /**
+   * Whole seconds ({@code 60s}) where exact, else milliseconds, else microseconds ({@code 200us});
+   * {@link #parseDuration} reads each back (sub-microsecond parts are dropped).
+   */
+  static String formatDuration(Duration d) {
+    long us = d.toNanos() / 1_000;
+    if (us % 1_000 != 0) {
+      return us + "us";
+    }
+    long ms = us / 1_000;
+    return ms % 1000 == 0 && ms != 0 ? (ms / 1000) + "s" : ms + "ms";
+  }
+
+  /**
+   * A byte size as Spark parses its own ({@code JavaUtils.byteStringAsBytes}): a whole number
+   * with unit {@code b}, {@code k} or {@code kb}, {@code m} or {@code mb}, {@code g} or {@code gb},
+   * {@code t} or {@code tb}, {@code p} or {@code pb} (binary: 1k = 1024 bytes), case-insensitive,
+   * no blank between number and unit; a plain number means bytes.
+   *
+   * @throws IllegalArgumentException when {@code text} is not a byte size or overflows
+   */
+  static long parseBytes(String text) {
+    return JavaUtils.byteStringAsBytes(Objects.requireNonNull(text, "value"));
+  }
+
+  /** The largest of g, m, k that divides {@code bytes} exactly, else plain bytes. */
+  static String formatBytes(long bytes) {
+    if (bytes != 0) {
+      if (bytes % (1L << 30) == 0) {
+        return (bytes >> 30) + "g";
+      }
+      if (bytes % (1L << 20) == 0) {
+        return (bytes >> 20) + "m";
+      }
+      if (bytes % (1L << 10) == 0) {
+        return (bytes >> 10) + "k";
+      }
+    }
+    return Long.toString(bytes);
+  }
+
   /** First stage of a declaration: key and documentation, then the type. */
   public static final class Builder {
     private final String key;
@@ -132,24 +194,24 @@ public final class ConfigEntry<T> {
       return this;
     }
 
-    /** A duration: see {@link Units#parseDuration}. */
+    /** A duration, spelled as Spark's own time settings: see {@link #parseDuration}. */
     public TypedBuilder<Duration> durationConf() {
       return new TypedBuilder<>(
           this,
           "duration",
           "a duration such as 60s, 500ms or 2m (a plain number means milliseconds)",
-          Units::parseDuration,
-          Units::formatDuration);
+          ConfigEntry::parseDuration,
+          ConfigEntry::formatDuration);
     }
 
-    /** A byte size, as a {@code long} number of bytes: see {@link Units#parseBytes}. */
+    /** A byte size, as a {@code long} number of bytes, spelled as Spark's: see {@link #parseBytes}. */
     public TypedBuilder<Long> bytesConf() {
       return new TypedBuilder<>(
           this,
           "bytes",
           "a byte size such as 64k, 4m or 1g (a plain number means bytes)",
-          Units::parseBytes,
-          Units::formatBytes);
+          ConfigEntry::parseBytes,
+          ConfigEntry::formatBytes);
     }
 
     /** A decimal {@code int}. */

@@ -38,8 +38,8 @@ public final class FusedCommConf {
               "Which implementation runs the fused ops. auto: host for now, because"
                   + " MoE and ring attention do not run on the GPU yet (it is to"
                   + " become cuda where the executor has a usable GPU); ask for cuda explicitly."
-                  + " cuda: the GPU kernels; an"
-                  + " executor without a usable GPU fails at start-up. host: the C++ reference"
+                  + " cuda: the GPU kernels; on an"
+                  + " executor without a usable GPU the barrier tasks fail, saying why. host: the C++ reference"
                   + " backend on the CPU (for testing and as an oracle); never chosen silently"
                   + " where cuda was requested.")
           .enumConf(Backend.class, Backend::configName)

@@ -19,6 +19,9 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Every rank puts the token in its bootstrap blob; ranks with different tokens (tasks from
  * different applications or a stale peer) refuse to form a communicator.
+ *
+ * <p>Executors that cannot start fusedcomm tell this plugin why ({@link ExecutorStartFailure}),
+ * and it logs the reason as an error in the driver's log; their barrier tasks fail with it.
  */
 public final class FusedCommDriverPlugin implements DriverPlugin {
   /** Key of the job token, as a decimal long, in the map passed to executor plugins. */
@@ -38,6 +41,16 @@ public final class FusedCommDriverPlugin implements DriverPlugin {
     return Map.of(JOB_TOKEN_KEY, Long.toString(newJobToken(new SecureRandom())));
   }
 
+  @Override
+  public Object receive(Object message) {
+    if (message instanceof ExecutorStartFailure failure) {
+      LOG.error("fusedcomm cannot start on executor {} ({}); its barrier tasks will fail: {}", failure.executorId(),
+          failure.host(), failure.reason());
+      return Boolean.TRUE;
+    }
+    throw new IllegalArgumentException("fusedcomm's driver plugin got an unknown message: " + message);
+  }
+
   /** A random non-zero 64-bit token (zero is reserved for "no token"). */
   static long newJobToken(SecureRandom random) {
     long token;
@@ -52,8 +65,8 @@ public final class FusedCommDriverPlugin implements DriverPlugin {
     if (conf.backend() == Backend.CUDA && !sparkConf.contains(amountKey)) {
       // Only a warning: in local mode the "executor" is the driver and uses driver resources.
       LOG.warn(
-          "spark.fusedcomm.backend=cuda but {} is not set; executors will fail at start-up"
-              + " unless Spark assigns each of them one GPU",
+          "spark.fusedcomm.backend=cuda but {} is not set; barrier tasks will fail"
+              + " unless Spark assigns each executor one GPU",
           amountKey);
     }
   }

@@ -3,6 +3,7 @@ package io.fusedcomm.runtime;
 import io.fusedcomm.api.Backend;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.errors.BackendUnavailableException;
+import io.fusedcomm.internal.metrics.CommMetrics;
 import java.net.InetAddress;
 import java.net.UnknownHostException;
 import java.time.Duration;
@@ -12,7 +13,8 @@ import java.util.List;
 import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The long-lived per-executor runtime: native library, transport listener and, with the cuda
@@ -31,8 +33,10 @@ import java.util.logging.Logger;
 public final class ExecutorRuntime implements AutoCloseable {
   /** The longest {@link #close} waits for aborted communicators to be closed by their tasks. */
   private static final Duration MAX_CLOSE_WAIT = Duration.ofSeconds(10);
-  private static final Logger LOG = Logger.getLogger(ExecutorRuntime.class.getName());
+  private static final Logger LOG = LoggerFactory.getLogger(ExecutorRuntime.class);
   private static volatile ExecutorRuntime current;
+  /** Why the plugin could not start the runtime of this executor, if it could not. */
+  private static volatile String startFailure;
 
   private final FusedCommConf conf;
   private final String executorId;
@@ -47,6 +51,7 @@ public final class ExecutorRuntime implements AutoCloseable {
   private long handle;
   private boolean closing;  // guarded by this: no new leases
   private final Set<Lease> leases = new HashSet<>();  // guarded by itself
+  private final CommMetrics metrics = new CommMetrics();
 
   private ExecutorRuntime(
       FusedCommConf conf, String executorId, Optional<String> gpuAddress, long jobToken) {
@@ -79,14 +84,15 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.libfabricProvider().code(),
             conf.libfabricRails());
     this.backend = Backend.fromCode(NativeApi.runtimeBackend(handle));
-    if (backend == Backend.CUDA) {
-      // Before any task touches JCuda: executors of one host must not load its libraries at
-      // the same instant (JCudaNatives says why).
+    if (backend == Backend.CUDA && JCudaNatives.onClasspath()) {
+      // Where the application brought JCuda, before any of its tasks touches it: executors of one
+      // host must not load its libraries at the same instant (JCudaNatives says why).
       try {
         JCudaNatives.load();
       } catch (LinkageError | RuntimeException e) {
-        NativeApi.runtimeClose(handle);
-        throw new BackendUnavailableException("cuda", "JCuda's native libraries did not load: " + e, e);
+        LOG.warn("JCuda is on the classpath but its native libraries did not load ({}); fusedcomm"
+            + " does not need them, but the application's own JCuda calls will fail: use the jcuda and"
+            + " jcuda-natives jars of one version that matches the CUDA driver", e.toString());
       }
     }
     this.gpuUuid = NativeApi.runtimeGpuUuid(handle);
@@ -111,7 +117,7 @@ public final class ExecutorRuntime implements AutoCloseable {
     }
     ExecutorRuntime rt = new ExecutorRuntime(conf, executorId, gpuAddress, jobToken);
     current = rt;
-    LOG.info("fusedcomm runtime started on executor " + executorId + ": " + rt.description);
+    LOG.info("fusedcomm runtime started on executor {}: {}", executorId, rt.description);
     return rt;
   }
 
@@ -122,6 +128,20 @@ public final class ExecutorRuntime implements AutoCloseable {
   public static ExecutorRuntime create(
       FusedCommConf conf, String executorId, Optional<String> gpuAddress, long jobToken) {
     return new ExecutorRuntime(conf, executorId, gpuAddress, jobToken);
+  }
+
+  /**
+   * Records why the executor plugin could not start the runtime: the executor stays up, and each
+   * communicator its tasks ask for fails with this reason ({@link #startFailure()}); null clears
+   * it.
+   */
+  public static void recordStartFailure(String reason) {
+    startFailure = reason;
+  }
+
+  /** Why the plugin could not start this executor's runtime, if it tried and could not. */
+  public static Optional<String> startFailure() {
+    return Optional.ofNullable(startFailure);
   }
 
   /** The runtime of this executor, if the plugin started one. */
@@ -163,15 +183,24 @@ public final class ExecutorRuntime implements AutoCloseable {
   }
 
   /**
-   * Makes this executor's GPU current on the calling thread, for the native runtime and for
-   * JCuda (whose own CUDA runtime keeps its own current device per thread), so that {@link
-   * io.fusedcomm.api.DeviceTensor#allocate} lands on it. A no-op with the host backend.
+   * Makes this executor's GPU current on the calling thread, for the native runtime (so that
+   * {@link io.fusedcomm.api.DeviceTensor#allocate} lands on it) and, where the application
+   * brought JCuda, for JCuda's own CUDA runtime. A no-op with the host backend.
    */
   public void pinGpu() {
     NativeApi.runtimePinGpu(handle());
-    if (backend == Backend.CUDA) {
-      jcuda.runtime.JCuda.cudaSetDevice(gpuOrdinal);
+    if (backend == Backend.CUDA && JCudaNatives.loaded()) {
+      JCudaNatives.setDevice(gpuOrdinal);
     }
+  }
+
+  /** The executor's GPU's total memory in bytes (cuda backend); 0 with the host backend. */
+  public long gpuTotalBytes() {
+    if (backend != Backend.CUDA) {
+      return 0;
+    }
+    pinGpu();
+    return NativeApi.deviceMemory()[1];
   }
 
   /**
@@ -180,6 +209,16 @@ public final class ExecutorRuntime implements AutoCloseable {
    */
   public int pooledSymmetricRegions() {
     return NativeApi.runtimePooledRegions(handle());
+  }
+
+  /** The native runtime in one line: backend, transport and its address, GPU. */
+  public String description() {
+    return description;
+  }
+
+  /** What this runtime's communicators did, for the executor plugin's metric registry. Internal. */
+  public CommMetrics metrics() {
+    return metrics;
   }
 
   public FusedCommConf conf() {
@@ -201,6 +240,11 @@ public final class ExecutorRuntime implements AutoCloseable {
 
   public Optional<String> gpuAddress() {
     return gpuAddress;
+  }
+
+  /** The executor's GPU as a CUDA device ordinal; -1 with the host backend. */
+  public int gpuOrdinal() {
+    return backend == Backend.CUDA ? gpuOrdinal : -1;
   }
 
   /** The GPU's UUID as nvidia-smi prints it, or "" with the host backend. */
@@ -276,7 +320,7 @@ public final class ExecutorRuntime implements AutoCloseable {
       if (drained) {
         NativeApi.runtimeClose(handle);
       } else {
-        LOG.warning("fusedcomm runtime of executor " + executorId + ": " + openCommunicators()
+        LOG.warn("fusedcomm runtime of executor " + executorId + ": " + openCommunicators()
             + " communicator(s) still open " + closeWait().toMillis() + " ms after they were aborted;"
             + " the native runtime is left to the process's exit");
       }
@@ -291,7 +335,7 @@ public final class ExecutorRuntime implements AutoCloseable {
     int open = LeakTracker.openCount();
     if (open > 0 && conf.leakTracking()) {
       for (String leak : LeakTracker.openHandles()) {
-        LOG.warning("fusedcomm handle never closed: " + leak);
+        LOG.warn("fusedcomm handle never closed: {}", leak);
       }
     }
   }
@@ -309,13 +353,13 @@ public final class ExecutorRuntime implements AutoCloseable {
     if (open.isEmpty()) {
       return true;
     }
-    LOG.warning("fusedcomm runtime of executor " + executorId + " closes with " + open.size()
+    LOG.warn("fusedcomm runtime of executor " + executorId + " closes with " + open.size()
         + " communicator(s) open: aborting them");
     for (Lease lease : open) {
       try {
         lease.abort.run();
       } catch (RuntimeException e) {
-        LOG.warning("aborting a communicator at runtime close: " + e);
+        LOG.warn("aborting a communicator at runtime close failed", e);
       }
     }
     long deadline = System.nanoTime() + closeWait().toNanos();

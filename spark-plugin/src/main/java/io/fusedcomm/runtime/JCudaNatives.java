@@ -5,7 +5,8 @@ import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Loads JCuda's two native libraries (runtime API and driver API) with the other processes of
@@ -20,13 +21,37 @@ import java.util.logging.Logger;
  * file did not exist yet; exit code 134). Holding an exclusive lock on a
  * file beside them while the classes initialise (initialisation extracts and loads) makes the
  * second JVM find the file complete. Libraries already loaded in this JVM make this a no-op.
+ *
+ * <p>fusedcomm itself does not need JCuda (its tensors and streams are raw addresses and
+ * handles); this runs only where the application brought JCuda, so that the application's own
+ * JCuda calls find the executor's GPU current and its libraries whole.
  */
 public final class JCudaNatives {
-  private static final Logger LOG = Logger.getLogger(JCudaNatives.class.getName());
+  private static final Logger LOG = LoggerFactory.getLogger(JCudaNatives.class);
   private static final String[] CLASSES = {"jcuda.runtime.JCuda", "jcuda.driver.JCudaDriver"};
-  private static boolean loaded;
+  private static volatile boolean loaded;
 
   private JCudaNatives() {}
+
+  /** True when JCuda's classes are on this class loader's classpath (nothing is loaded). */
+  public static boolean onClasspath() {
+    try {
+      Class.forName(CLASSES[0], false, JCudaNatives.class.getClassLoader());
+      return true;
+    } catch (ClassNotFoundException | LinkageError e) {
+      return false;
+    }
+  }
+
+  /** True once {@link #load} succeeded. */
+  public static boolean loaded() {
+    return loaded;
+  }
+
+  /** Makes {@code ordinal} JCuda's current device on the calling thread; only after {@link #load}. */
+  static void setDevice(int ordinal) {
+    jcuda.runtime.JCuda.cudaSetDevice(ordinal);
+  }
 
   /**
    * Initialises JCuda's runtime and driver classes (which load their libraries) under this
@@ -43,7 +68,7 @@ public final class JCudaNatives {
         FileLock lock = channel.lock()) {
       initialiseClasses();
     } catch (IOException e) {
-      LOG.warning("loading JCuda's native libraries without the host lock " + lockFile + ": " + e);
+      LOG.warn("loading JCuda's native libraries without the host lock {}: {}", lockFile, e.toString());
       initialiseClasses();
     }
     loaded = true;

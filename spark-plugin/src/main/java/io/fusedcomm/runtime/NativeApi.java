@@ -50,6 +50,9 @@ public final class NativeApi {
 
   static native void runtimeClose(long runtime);
 
+  /** {free, total} bytes of the calling thread's current GPU. */
+  static native long[] deviceMemory();
+
   /** {live bytes, live allocations} of runtime-allocated host memory. */
   public static native long[] memStats();
 }

@@ -9,7 +9,7 @@ import java.util.List;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.rdd.RDD;
-import scala.jdk.javaapi.CollectionConverters;
+import org.apache.spark.util.LongAccumulator;
 import scala.reflect.ClassTag;
 import scala.reflect.ClassTag$;
 import scala.runtime.AbstractFunction1;
@@ -27,8 +27,14 @@ import scala.runtime.AbstractFunction1;
  * barrier stage whose result goes straight to an action ({@code collect()}, {@code count()})
  * fails the job on its first failure. To keep it retryable (a killed executor, a peer that threw),
  * put a shuffle after it, e.g. {@code BarrierStage.withCommunicator(rdd, ...).repartition(1)}.
+ *
+ * <p>{@link #withCommunicator} adds each task's time in communicator ops to the accumulator
+ * {@value #OP_TIME_ACCUMULATOR}, which the Spark UI's stage page shows per task and per stage.
  */
 public final class BarrierStage {
+  /** The name of the accumulator of milliseconds that tasks spent in communicator ops. */
+  public static final String OP_TIME_ACCUMULATOR = "fusedcomm: time in communicator ops (ms)";
+
   private BarrierStage() {}
 
   /** A partition function that sees its barrier context. */
@@ -53,9 +59,11 @@ public final class BarrierStage {
   /**
    * Runs {@code f} in a barrier stage with a {@link Communicator} built for it and closed after
    * (aborted if {@code f} throws). The partition's output is materialised before the communicator
-   * closes.
+   * closes. The task's {@link Communicator#opTime()} goes to a new accumulator named {@value
+   * #OP_TIME_ACCUMULATOR}.
    */
   public static <T, R> JavaRDD<R> withCommunicator(JavaRDD<T> rdd, CommOptions options, CommFunction<T, R> f) {
+    LongAccumulator opTime = rdd.context().longAccumulator(OP_TIME_ACCUMULATOR);
     return mapPartitions(rdd, (context, rows) -> {
       List<R> results = new ArrayList<>();
       try (Communicator comm = Communicator.create(context, options)) {
@@ -64,6 +72,8 @@ public final class BarrierStage {
         } catch (Throwable t) {
           comm.abort();
           throw t;
+        } finally {
+          opTime.add(comm.opTime().toMillis());
         }
       }
       return results.iterator();
@@ -88,12 +98,43 @@ public final class BarrierStage {
     @Override
     public scala.collection.Iterator<R> apply(scala.collection.Iterator<T> rows) {
       try {
-        return CollectionConverters.asScala(f.call(BarrierTaskContext.get(), CollectionConverters.asJava(rows)));
+        return toScala(f.call(BarrierTaskContext.get(), toJava(rows)));
       } catch (RuntimeException | Error e) {
         throw e;
       } catch (Exception e) {
         throw new RuntimeException(e);
       }
     }
+  }
+
+  // Iterator adapters written here rather than taken from Scala's converters, whose package
+  // differs between Scala 2.12 and 2.13: the same class file serves both builds.
+
+  private static <T> java.util.Iterator<T> toJava(scala.collection.Iterator<T> it) {
+    return new java.util.Iterator<T>() {
+      @Override
+      public boolean hasNext() {
+        return it.hasNext();
+      }
+
+      @Override
+      public T next() {
+        return it.next();
+      }
+    };
+  }
+
+  private static <T> scala.collection.Iterator<T> toScala(java.util.Iterator<T> it) {
+    return new scala.collection.AbstractIterator<T>() {
+      @Override
+      public boolean hasNext() {
+        return it.hasNext();
+      }
+
+      @Override
+      public T next() {
+        return it.next();
+      }
+    };
   }
 }

@@ -562,9 +562,9 @@ class CommunicatorOpsTest {
     List<String> seen = world.run(w, comm -> {
       assertEquals(w, comm.world());
       assertEquals(Backend.HOST, comm.backend());
-      assertEquals(w, comm.ranks().size());
+      assertEquals(w, comm.placements().size());
       assertFalse(comm.isClosed());
-      return comm.rank() + ":" + comm.ranks().get(comm.rank()).executorId();
+      return comm.rank() + ":" + comm.placements().get(comm.rank()).executorId();
     });
     for (int r = 0; r < w; r++) {
       assertEquals(r + ":exec-" + r, seen.get(r), "rank " + r + " runs on runtime " + r);

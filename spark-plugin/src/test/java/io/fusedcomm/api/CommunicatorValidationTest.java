@@ -19,7 +19,6 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.function.Consumer;
-import jcuda.runtime.cudaStream_t;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -85,7 +84,7 @@ class CommunicatorValidationTest {
         HostTensor o = s.poisoned(t, 1, sr, 4, 2);
         HostTensor lse = s.poisoned(DType.F32, 1, 4, sr);
         HostTensor lseBf16 = s.poisoned(DType.BF16, 1, 4, sr);
-        DeviceTensor device = DeviceTensor.wrap(new jcuda.Pointer(), t, n);
+        DeviceTensor device = new DeviceTensor(0x1000, 0, t, new long[] {n}, false, null);  // never touched
         AttentionOptions attn = AttentionOptions.sequence(4);
         Class<IllegalArgumentException> iae = IllegalArgumentException.class;
 
@@ -110,7 +109,7 @@ class CommunicatorValidationTest {
         calls.add(new BadCall("gemmReduceScatter full-height c", iae, "c ",
             () -> comm.gemmReduceScatter(x, s.of(new float[18], t, 3, 6), w == 1 ? s.zeros(t, 5, 3) : s.zeros(t, 4, 3),
                 WeightLayout.NK)));
-        cudaStream_t stream = new cudaStream_t();  // never created: refused before any use
+        long stream = 0x10;  // not a stream: refused before any use
         calls.add(new BadCall("allReduce on a stream, host backend", iae, "a CUDA stream was given",
             () -> comm.allReduce(in, out, stream)));
         calls.add(new BadCall("allGatherGemm on a stream, host backend", iae, "a CUDA stream was given",

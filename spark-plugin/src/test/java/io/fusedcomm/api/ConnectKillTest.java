@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.fusedcomm.errors.CommunicatorException;
+import io.fusedcomm.internal.bootstrap.BootstrapExchange;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.spark.BarrierStage;
 import io.fusedcomm.testing.SparkCluster;
@@ -105,7 +106,7 @@ class ConnectKillTest {
             if (context.partitionId() == 1) {
               ExecutorRuntime runtime = ExecutorRuntime.current().orElseThrow();
               BarrierContextExchange task = new BarrierContextExchange(context, options.name());
-              Communicator.bootstrap(runtime, new LeavesBeforeConnect(task), options).close();
+              CommBootstrap.bootstrap(runtime, new LeavesBeforeConnect(task), options).close();
             } else {
               Communicator.create(context, options).close();
             }

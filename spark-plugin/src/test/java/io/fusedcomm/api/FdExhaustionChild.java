@@ -1,7 +1,7 @@
 package io.fusedcomm.api;
 
-import io.fusedcomm.bootstrap.RankInfo;
 import io.fusedcomm.config.FusedCommConf;
+import io.fusedcomm.internal.bootstrap.RankInfo;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import java.io.FileInputStream;
 import java.io.IOException;

@@ -5,7 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.fusedcomm.bootstrap.RankInfo;
+import io.fusedcomm.internal.bootstrap.RankInfo;
 import io.fusedcomm.testing.HostWorld;
 import io.fusedcomm.testing.TensorScope;
 import java.util.List;

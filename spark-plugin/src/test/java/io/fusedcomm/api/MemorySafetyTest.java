@@ -388,7 +388,7 @@ class MemorySafetyTest {
       try {
         List<Future<Communicator>> futures = new ArrayList<>();
         for (InJvmExchange ex : exchanges) {
-          futures.add(ranks.submit(() -> Communicator.bootstrap(shared, ex, CommOptions.defaults())));
+          futures.add(ranks.submit(() -> CommBootstrap.bootstrap(shared, ex, CommOptions.defaults())));
         }
         for (Future<Communicator> f : futures) {
           java.util.concurrent.ExecutionException e =

@@ -50,7 +50,8 @@ class NativeEnumsTest {
           "fc_op_t", new Mirror<>("FC_OP_", Op.class, Op::code),
           "fc_transport_t", new Mirror<>("FC_TRANSPORT_", TransportKind.class, TransportKind::code),
           "fc_libfabric_provider_t",
-              new Mirror<>("FC_LIBFABRIC_", LibfabricProvider.class, LibfabricProvider::code));
+              new Mirror<>("FC_LIBFABRIC_", LibfabricProvider.class, LibfabricProvider::code),
+          "fc_memory_type_t", new Mirror<>("FC_MEMORY_", MemoryType.class, MemoryType::code));
 
   /** Every {@code typedef enum { ... } name;} of the header: name -> (enumerator -> value). */
   static Map<String, Map<String, Integer>> parseEnums(String header) {

@@ -7,9 +7,10 @@ import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.fusedcomm.bootstrap.RankInfo;
-import io.fusedcomm.bootstrap.RankInfoCodec;
 import io.fusedcomm.errors.CommTimeoutException;
+import io.fusedcomm.internal.bootstrap.BootstrapExchange;
+import io.fusedcomm.internal.bootstrap.RankInfo;
+import io.fusedcomm.internal.bootstrap.RankInfoCodec;
 import io.fusedcomm.testing.HostWorld;
 import io.fusedcomm.testing.InJvmExchange;
 import java.io.IOException;
@@ -194,7 +195,7 @@ class StrangerTest {
       final int rank = r;
       futures.add(threads.submit(() -> {
         try (Communicator comm =
-            Communicator.bootstrap(world.runtime(rank), ex.get(rank), CommOptions.defaults())) {
+            CommBootstrap.bootstrap(world.runtime(rank), ex.get(rank), CommOptions.defaults())) {
           return new Outcome<>(body.apply(comm), null);
         } catch (RuntimeException e) {
           return new Outcome<T>(null, e);

@@ -90,29 +90,45 @@ class FusedCommConfTest {
   }
 
   @Test
-  void unitSpellings() {
-    assertEquals(Duration.ofHours(1), Units.parseDuration(" 1h "));
-    assertEquals(Duration.ofMinutes(3), Units.parseDuration("3min"));
-    assertEquals(Duration.ofSeconds(7), Units.parseDuration("7 S"));
-    assertEquals(Duration.ofNanos(200_000), Units.parseDuration("200us"));
-    assertEquals("200us", Units.formatDuration(Duration.ofNanos(200_000)));
-    assertEquals("1001us", Units.formatDuration(Duration.ofNanos(1_001_000)));
-    assertEquals("1ms", Units.formatDuration(Duration.ofNanos(1_000_000)));
-    assertEquals("0ms", Units.formatDuration(Duration.ZERO));
-    assertEquals(1L << 30, Units.parseBytes("1g"));
-    assertEquals(3L << 20, Units.parseBytes("3MB"));
-    assertEquals(5L << 10, Units.parseBytes("5KiB"));
-    assertEquals(17L, Units.parseBytes("17b"));
-    assertEquals("1500ms", Units.formatDuration(Duration.ofMillis(1500)));
-    assertEquals("120s", Units.formatDuration(Duration.ofMinutes(2)));
-    assertEquals("1g", Units.formatBytes(1L << 30));
-    assertEquals("65k", Units.formatBytes(65L << 10));
-    assertEquals("1000", Units.formatBytes(1000));
-    assertThrows(IllegalArgumentException.class, () -> Units.parseDuration("1.5s"));
-    assertThrows(IllegalArgumentException.class, () -> Units.parseDuration("5d"));
-    assertThrows(IllegalArgumentException.class, () -> Units.parseDuration("-5s"));
-    assertThrows(IllegalArgumentException.class, () -> Units.parseBytes("4t"));
-    assertThrows(ArithmeticException.class, () -> Units.parseBytes("99999999999999g"));
+  void unitSpellingsAreSparks() {
+    // The spellings of Spark's own settings (JavaUtils.timeStringAs / byteStringAsBytes).
+    assertEquals(Duration.ofHours(1), ConfigEntry.parseDuration(" 1h "));
+    assertEquals(Duration.ofMinutes(3), ConfigEntry.parseDuration("3min"));
+    assertEquals(Duration.ofSeconds(7), ConfigEntry.parseDuration("7S"));
+    assertEquals(Duration.ofDays(2), ConfigEntry.parseDuration("2d"));
+    assertEquals(Duration.ofNanos(200_000), ConfigEntry.parseDuration("200us"));
+    assertEquals(Duration.ofMillis(1500), ConfigEntry.parseDuration("1500"));
+    assertEquals("200us", ConfigEntry.formatDuration(Duration.ofNanos(200_000)));
+    assertEquals("1001us", ConfigEntry.formatDuration(Duration.ofNanos(1_001_000)));
+    assertEquals("1ms", ConfigEntry.formatDuration(Duration.ofNanos(1_000_000)));
+    assertEquals("0ms", ConfigEntry.formatDuration(Duration.ZERO));
+    assertEquals("1500ms", ConfigEntry.formatDuration(Duration.ofMillis(1500)));
+    assertEquals("120s", ConfigEntry.formatDuration(Duration.ofMinutes(2)));
+    assertEquals(1L << 30, ConfigEntry.parseBytes("1g"));
+    assertEquals(3L << 20, ConfigEntry.parseBytes("3MB"));
+    assertEquals(4L << 40, ConfigEntry.parseBytes("4t"));
+    assertEquals(17L, ConfigEntry.parseBytes("17b"));
+    assertEquals(1000L, ConfigEntry.parseBytes("1000"));
+    assertEquals("1g", ConfigEntry.formatBytes(1L << 30));
+    assertEquals("65k", ConfigEntry.formatBytes(65L << 10));
+    assertEquals("1000", ConfigEntry.formatBytes(1000));
+    // Every formatted value reads back.
+    for (long b : new long[] {0, 1, 1000, 65L << 10, 3L << 20, 1L << 30}) {
+      assertEquals(b, ConfigEntry.parseBytes(ConfigEntry.formatBytes(b)));
+    }
+    for (Duration d :
+        new Duration[] {Duration.ZERO, Duration.ofNanos(200_000), Duration.ofMillis(1500)}) {
+      assertEquals(d, ConfigEntry.parseDuration(ConfigEntry.formatDuration(d)));
+    }
+    // Spark refuses what it does not read, and so do we.
+    assertThrows(IllegalArgumentException.class, () -> ConfigEntry.parseDuration("1.5s"));
+    assertThrows(IllegalArgumentException.class, () -> ConfigEntry.parseDuration("7 s"));
+    assertThrows(IllegalArgumentException.class, () -> ConfigEntry.parseDuration("5 weeks"));
+    assertThrows(IllegalArgumentException.class, () -> ConfigEntry.parseBytes("5KiB"));
+    assertThrows(IllegalArgumentException.class, () -> ConfigEntry.parseBytes("1.5g"));
+    assertThrows(
+        IllegalArgumentException.class, () -> ConfigEntry.parseBytes("99999999999999999g"));
+    assertThrows(ArithmeticException.class, () -> ConfigEntry.parseDuration("999999999999999d"));
   }
 
   @Test

@@ -3,12 +3,12 @@ package io.fusedcomm.gpu;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.fusedcomm.api.CommDiagnostics;
 import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.api.PartialPrecision;
 import io.fusedcomm.api.Split;
 import io.fusedcomm.api.WeightLayout;
@@ -508,7 +508,7 @@ class GpuClusterCollectivesTest {
       for (int i = 0; i < 500; i++) {
         comm.allReduce(in, out);
       }
-      CommDiagnostics.nativeAllReduceNanos(comm, in, out, 500);
+      InternalAccess.nativeAllReduceNanos(comm, in, out, 500);
       double[] java = new double[5];
       double[] nat = new double[5];
       for (int round = 0; round < 5; round++) {
@@ -517,7 +517,7 @@ class GpuClusterCollectivesTest {
           comm.allReduce(in, out);
         }
         java[round] = (System.nanoTime() - t0) / 1e3 / iters;
-        nat[round] = CommDiagnostics.nativeAllReduceNanos(comm, in, out, iters) / 1e3 / iters;
+        nat[round] = InternalAccess.nativeAllReduceNanos(comm, in, out, iters) / 1e3 / iters;
       }
       double j = median(java);
       double v = median(nat);

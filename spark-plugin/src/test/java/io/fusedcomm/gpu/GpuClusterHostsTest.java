@@ -7,6 +7,7 @@ import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
+import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.api.PartialPrecision;
 import io.fusedcomm.api.WeightLayout;
 import io.fusedcomm.runtime.ExecutorRuntime;
@@ -114,9 +115,9 @@ class GpuClusterHostsTest {
     int w = comm.world();
     int r = comm.rank();
     out.add("rank " + r + " of " + w + " executor " + rt.executorId() + " uuid=" + rt.gpuUuid()
-        + " hosts: " + comm.hosts());
-    if (comm.hosts().hosts() != 2 || comm.hosts().ranksPerHost() != w / 2) {
-      out.add("FAIL rank " + r + " layout " + comm.hosts());
+        + " hosts: " + InternalAccess.hosts(comm));
+    if (InternalAccess.hosts(comm).hosts() != 2 || InternalAccess.hosts(comm).ranksPerHost() != w / 2) {
+      out.add("FAIL rank " + r + " layout " + InternalAccess.hosts(comm));
     }
     cudaStream_t stream = new cudaStream_t();
     JCuda.cudaStreamCreate(stream);

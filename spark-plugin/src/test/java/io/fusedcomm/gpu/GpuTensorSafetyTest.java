@@ -9,6 +9,7 @@ import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.api.WeightLayout;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.runtime.ExecutorRuntime;
@@ -49,7 +50,7 @@ class GpuTensorSafetyTest {
 
   /** A communicator of one rank on the runtime's GPU; {@code id} keeps tests' groups apart. */
   private static Communicator worldOfOne(ExecutorRuntime rt, long id) {
-    return Communicator.bootstrap(rt, InJvmExchange.group(1, id, 30_000).get(0), CommOptions.defaults());
+    return InternalAccess.bootstrap(rt, InJvmExchange.group(1, id, 30_000).get(0), CommOptions.defaults());
   }
 
   private static long freeDeviceBytes() {
@@ -102,7 +103,7 @@ class GpuTensorSafetyTest {
       DeviceTensor closed = DeviceTensor.allocate(DType.BF16, 1024);
       closed.close();
       IllegalStateException e = assertThrows(IllegalStateException.class, () -> comm.allReduce(t, closed));
-      assertTrue(e.getMessage().contains("DeviceTensor[bf16 [1024]] is closed"), e.getMessage());
+      assertTrue(e.getMessage().contains("DeviceTensor[bf16 [1024], GPU 0] is closed"), e.getMessage());
       IllegalArgumentException huge =
           assertThrows(IllegalArgumentException.class, () -> DeviceTensor.allocate(DType.F32, 1L << 62));
       assertTrue(huge.getMessage().contains("more than a tensor can hold"), huge.getMessage());

@@ -9,6 +9,7 @@ import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.testing.InJvmExchange;
 import java.util.List;
@@ -44,7 +45,7 @@ class RuntimeCloseWithOpenCommunicatorsTest {
     for (int r = 0; r < runtimes.length; r++) {
       int rank = r;
       f[r] = CompletableFuture.supplyAsync(
-          () -> Communicator.bootstrap(runtimes[rank], ex.get(rank), CommOptions.defaults()));
+          () -> InternalAccess.bootstrap(runtimes[rank], ex.get(rank), CommOptions.defaults()));
     }
     Communicator[] out = new Communicator[runtimes.length];
     for (int r = 0; r < runtimes.length; r++) {
@@ -101,7 +102,7 @@ class RuntimeCloseWithOpenCommunicatorsTest {
     assertTrue(closeMs >= 900 && closeMs < 5_000, "runtime close waited " + closeMs + " ms for the open communicator");
     assertEquals(1, rt.openCommunicators());
     assertThrows(IllegalStateException.class, rt::handle, "the runtime is closed");
-    assertThrows(IllegalStateException.class, () -> Communicator.bootstrap(rt,
+    assertThrows(IllegalStateException.class, () -> InternalAccess.bootstrap(rt,
         InJvmExchange.group(1, 5L, 1_000).get(0), CommOptions.defaults()), "no new communicator on a closed runtime");
     // The late close reaches a native runtime that still exists (it was not freed under it).
     comm.close();

@@ -4,7 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 
 import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.DType;
-import io.fusedcomm.bootstrap.RankInfo;
+import io.fusedcomm.api.RankPlacement;
 import io.fusedcomm.testing.OpSuite;
 import io.fusedcomm.testing.SparkCluster;
 import java.util.ArrayList;
@@ -72,7 +72,7 @@ class LocalClusterOpsTest {
       o.rank = comm.rank();
       o.world = comm.world();
       o.executor = org.apache.spark.SparkEnv.get().executorId();
-      o.executorsByRank = comm.ranks().stream().map(RankInfo::executorId).collect(Collectors.toList());
+      o.executorsByRank = comm.placements().stream().map(RankPlacement::executorId).collect(Collectors.toList());
       o.f32 = OpSuite.run(comm, DType.F32, seed);
       o.bf16 = OpSuite.run(comm, DType.BF16, seed);
       return List.of(o).iterator();

@@ -2,6 +2,7 @@ package io.fusedcomm.testing;
 
 import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
+import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import java.util.ArrayList;
@@ -110,7 +111,7 @@ public final class HostWorld implements AutoCloseable {
       final int rank = r;
       futures.add(threads.submit(() -> {
         long start = System.nanoTime();
-        try (Communicator comm = Communicator.bootstrap(runtimes.get(rank), exchanges.get(rank), options)) {
+        try (Communicator comm = InternalAccess.bootstrap(runtimes.get(rank), exchanges.get(rank), options)) {
           comms.set(rank, comm);
           try {
             T value = body.call(comm);

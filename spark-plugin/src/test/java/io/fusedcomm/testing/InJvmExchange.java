@@ -1,6 +1,6 @@
 package io.fusedcomm.testing;
 
-import io.fusedcomm.api.BootstrapExchange;
+import io.fusedcomm.internal.bootstrap.BootstrapExchange;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.BrokenBarrierException;

@@ -47,7 +47,7 @@ public final class SparkCluster implements AutoCloseable {
     SparkConf conf = new SparkConf()
         .setMaster("local-cluster[" + executors + ",1,1024]")
         .setAppName(name)
-        .set("spark.executorEnv.SPARK_SCALA_VERSION", "2.13")
+        .set("spark.executorEnv.SPARK_SCALA_VERSION", scalaBinaryVersion())
         .set("spark.plugins", "io.fusedcomm.FusedCommPlugin")
         .set("spark.fusedcomm.backend", "host")
         .set("spark.fusedcomm.timeout", "10s")
@@ -74,6 +74,12 @@ public final class SparkCluster implements AutoCloseable {
       throw e;
     }
     return cluster;
+  }
+
+  /** "2.13" or "2.12": the Scala of the Spark build on the classpath. */
+  static String scalaBinaryVersion() {
+    String v = scala.util.Properties.versionNumberString();
+    return v.substring(0, v.indexOf('.', v.indexOf('.') + 1));
   }
 
   public JavaSparkContext context() {

@@ -1,4 +1,4 @@
-package io.fusedcomm.bootstrap;
+package io.fusedcomm.internal.bootstrap;
 
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;

@@ -1,4 +1,4 @@
-package io.fusedcomm.bootstrap;
+package io.fusedcomm.internal.bootstrap;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;

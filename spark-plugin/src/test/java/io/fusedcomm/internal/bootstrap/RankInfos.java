@@ -1,4 +1,4 @@
-package io.fusedcomm.bootstrap;
+package io.fusedcomm.internal.bootstrap;
 
 import io.fusedcomm.api.Backend;
 import java.util.ArrayList;

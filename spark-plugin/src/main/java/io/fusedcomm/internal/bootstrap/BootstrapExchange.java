@@ -1,4 +1,4 @@
-package io.fusedcomm.api;
+package io.fusedcomm.internal.bootstrap;
 
 /**
  * The one collective a communicator needs from its launcher: every rank contributes a string and
