@@ -2,15 +2,32 @@ package io.fusedcomm.gpu;
 
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
+import io.fusedcomm.config.FusedCommConf;
+import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.runtime.NativeApi;
 import java.nio.file.Path;
 import java.util.HashMap;
 import java.util.Map;
+import java.util.Optional;
 import org.junit.jupiter.api.Assumptions;
 
 /** GPU test gate: skips (with the probe's reason, printed) where the cuda backend is unavailable. */
 final class Gpu {
   private Gpu() {}
+
+  /**
+   * An executor runtime of the cuda backend on GPU 0 (executor "0"), a 30 s timeout, the native
+   * library named by {@code fusedcomm.test.nativeLibraryPath} where set.
+   */
+  static ExecutorRuntime cudaRuntime() {
+    Map<String, String> conf = new HashMap<>(Map.of("spark.fusedcomm.backend", "cuda",
+        "spark.fusedcomm.timeout", "30s"));
+    String lib = System.getProperty("fusedcomm.test.nativeLibraryPath", "");
+    if (!lib.isEmpty()) {
+      conf.put("spark.fusedcomm.native.libraryPath", lib);
+    }
+    return ExecutorRuntime.create(FusedCommConf.fromMap(conf), "0", Optional.of("0"), 1L);
+  }
 
   /** The probe's line for the cuda backend, e.g. "cuda: unavailable: no usable NVIDIA GPU ...". */
   static String cudaLine() {

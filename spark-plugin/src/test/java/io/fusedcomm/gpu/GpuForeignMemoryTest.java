@@ -12,13 +12,9 @@ import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.api.PartialPrecision;
 import io.fusedcomm.api.WeightLayout;
-import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.testing.InJvmExchange;
 import java.lang.reflect.Method;
-import java.util.HashMap;
-import java.util.Map;
-import java.util.Optional;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicInteger;
 import jcuda.NativePointerObject;
@@ -40,16 +36,6 @@ import org.junit.jupiter.api.Test;
 class GpuForeignMemoryTest {
   /** CUDA's {@code cudaStreamPerThread} handle: a real stream on every thread, made by nobody. */
   private static final long PER_THREAD_STREAM = 0x2;
-
-  private static ExecutorRuntime cudaRuntime() {
-    Map<String, String> conf = new HashMap<>(Map.of("spark.fusedcomm.backend", "cuda",
-        "spark.fusedcomm.timeout", "30s"));
-    String lib = System.getProperty("fusedcomm.test.nativeLibraryPath", "");
-    if (!lib.isEmpty()) {
-      conf.put("spark.fusedcomm.native.libraryPath", lib);
-    }
-    return ExecutorRuntime.create(FusedCommConf.fromMap(conf), "0", Optional.of("0"), 1L);
-  }
 
   /** The raw handle inside a JCuda object, as a foreign library would hold it. */
   private static long rawHandle(NativePointerObject o) throws ReflectiveOperationException {
@@ -73,7 +59,7 @@ class GpuForeignMemoryTest {
     for (int i = 0; i < w.length; i++) {
       w[i] = Bf16.round((float) rnd.nextGaussian());
     }
-    try (ExecutorRuntime rt = cudaRuntime();
+    try (ExecutorRuntime rt = Gpu.cudaRuntime();
          Communicator comm = InternalAccess.bootstrap(rt, InJvmExchange.group(1, 43L, 30_000).get(0),
              CommOptions.defaults())) {
       AtomicInteger released = new AtomicInteger();

@@ -10,12 +10,8 @@ import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.api.InternalAccess;
-import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.testing.InJvmExchange;
-import java.util.HashMap;
-import java.util.Map;
-import java.util.Optional;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -25,22 +21,12 @@ import org.junit.jupiter.api.Test;
  * printed, where no GPU is visible.
  */
 class GpuPackColumnsTest {
-  private static ExecutorRuntime cudaRuntime() {
-    Map<String, String> conf = new HashMap<>(Map.of("spark.fusedcomm.backend", "cuda",
-        "spark.fusedcomm.timeout", "30s"));
-    String lib = System.getProperty("fusedcomm.test.nativeLibraryPath", "");
-    if (!lib.isEmpty()) {
-      conf.put("spark.fusedcomm.native.libraryPath", lib);
-    }
-    return ExecutorRuntime.create(FusedCommConf.fromMap(conf), "0", Optional.of("0"), 1L);
-  }
-
   @Test
   void columnsArePackedRowMajorOnTheGpuAndAnOpTakesThem() {
     Gpu.require();
     final int rows = 1000;
     final int cols = 3;
-    try (ExecutorRuntime rt = cudaRuntime()) {
+    try (ExecutorRuntime rt = Gpu.cudaRuntime()) {
       rt.pinGpu();
       long total = rt.gpuTotalBytes();
       System.out.println("GPU 0 memory: " + (total >> 20) + " MiB");

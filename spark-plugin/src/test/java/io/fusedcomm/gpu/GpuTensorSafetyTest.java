@@ -11,12 +11,8 @@ import io.fusedcomm.api.DeviceTensor;
 import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.api.InternalAccess;
 import io.fusedcomm.api.WeightLayout;
-import io.fusedcomm.config.FusedCommConf;
 import io.fusedcomm.runtime.ExecutorRuntime;
 import io.fusedcomm.testing.InJvmExchange;
-import java.util.HashMap;
-import java.util.Map;
-import java.util.Optional;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -38,16 +34,6 @@ import org.junit.jupiter.api.Test;
  * One rank on the executor's GPU; skipped, with the reason printed, where no GPU is visible.
  */
 class GpuTensorSafetyTest {
-  private static ExecutorRuntime cudaRuntime() {
-    Map<String, String> conf = new HashMap<>(Map.of("spark.fusedcomm.backend", "cuda",
-        "spark.fusedcomm.timeout", "30s"));
-    String lib = System.getProperty("fusedcomm.test.nativeLibraryPath", "");
-    if (!lib.isEmpty()) {
-      conf.put("spark.fusedcomm.native.libraryPath", lib);
-    }
-    return ExecutorRuntime.create(FusedCommConf.fromMap(conf), "0", Optional.of("0"), 1L);
-  }
-
   /** A communicator of one rank on the runtime's GPU; {@code id} keeps tests' groups apart. */
   private static Communicator worldOfOne(ExecutorRuntime rt, long id) {
     return InternalAccess.bootstrap(rt, InJvmExchange.group(1, id, 30_000).get(0), CommOptions.defaults());
@@ -64,7 +50,7 @@ class GpuTensorSafetyTest {
   void closeWithWorkQueuedOnAStreamWaitsForItBeforeFreeing() {
     Gpu.require();
     final long n = 32L << 20;  // 64 MiB of bf16 per tensor: each allReduce takes a while
-    try (ExecutorRuntime rt = cudaRuntime();
+    try (ExecutorRuntime rt = Gpu.cudaRuntime();
          Communicator comm = worldOfOne(rt, 41L)) {
       cudaStream_t stream = new cudaStream_t();
       JCuda.setExceptionsEnabled(true);
@@ -97,7 +83,7 @@ class GpuTensorSafetyTest {
   @Test
   void aClosedDeviceTensorIsRefusedAndTheCommunicatorStaysUsable() {
     Gpu.require();
-    try (ExecutorRuntime rt = cudaRuntime();
+    try (ExecutorRuntime rt = Gpu.cudaRuntime();
          Communicator comm = worldOfOne(rt, 42L);
          DeviceTensor t = DeviceTensor.allocate(DType.BF16, 1024)) {
       DeviceTensor closed = DeviceTensor.allocate(DType.BF16, 1024);
@@ -143,7 +129,7 @@ class GpuTensorSafetyTest {
   void closeOnAnotherThreadWhileAnOpRunsEndsTheNextOpClearlyAndFreesTheMemory() throws Exception {
     Gpu.require();
     ExecutorService opThread = Executors.newSingleThreadExecutor(r -> new Thread(r, "gemm-thread"));
-    try (ExecutorRuntime rt = cudaRuntime();
+    try (ExecutorRuntime rt = Gpu.cudaRuntime();
          Communicator comm = worldOfOne(rt, 43L);
          DeviceTensor w = filled(0.125f, N, K);
          DeviceTensor c = DeviceTensor.allocate(DType.BF16, M, N)) {
@@ -187,7 +173,7 @@ class GpuTensorSafetyTest {
   void aSecondThreadEnteringAnOpWhileAGpuOpRunsIsRefused() throws Exception {
     Gpu.require();
     ExecutorService opThread = Executors.newSingleThreadExecutor(r -> new Thread(r, "first-op-thread"));
-    try (ExecutorRuntime rt = cudaRuntime();
+    try (ExecutorRuntime rt = Gpu.cudaRuntime();
          Communicator comm = worldOfOne(rt, 44L);
          DeviceTensor a = filled(1f, M, K);
          DeviceTensor w = filled(0.125f, N, K);
