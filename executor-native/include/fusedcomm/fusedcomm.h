@@ -213,6 +213,23 @@ FC_API fc_status_t fc_runtime_destroy(fc_runtime_t rt);
 FC_API fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w, void* c,
                            int64_t m, int64_t n, int64_t k, fc_weight_layout_t layout);
 
+/* A single-rank attention forward (docs/ops.md "attention"). q, o: (B, q_len, Hq, D); k, v:
+ * (B, kv_len, Hkv, D); lse: (B, Hq, q_len) fp32, or NULL when not wanted. Causal: query i sees
+ * keys j <= i (top-left aligned, as torch's scaled_dot_product_attention). FC_BACKEND_HOST:
+ * host memory, f32 or bf16, stream NULL, synchronous. FC_BACKEND_CUDA: device memory of the
+ * calling thread's current GPU, bf16, head_dim 64 or 128, 16-byte aligned; enqueued on
+ * `stream` (NULL: synchronous). */
+typedef struct {
+  int64_t batch, q_len, kv_len;
+  int64_t q_heads, kv_heads; /* q_heads % kv_heads == 0 */
+  int64_t head_dim;
+  int32_t causal;
+  float scale; /* 0: 1 / sqrt(head_dim) */
+} fc_attention_local_t;
+FC_API fc_status_t fc_attention(fc_backend_t backend, fc_dtype_t dtype, const fc_attention_local_t* shape,
+                                const void* q, const void* k, const void* v, void* o, float* lse,
+                                fc_stream_t stream);
+
 /* ---- communicator: bootstrap ---------------------------------------------------------------- */
 /* Life cycle, every rank the same: create -> endpoint + device handle + FC_AUTH_SHARE_BYTES
  * fresh random bytes (the rank's auth share) into the launcher's allGather -> connect(all ranks'
@@ -326,15 +343,25 @@ FC_API fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_d
                                   void* out);
 FC_API fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch); /* NULL is a no-op */
 
-/* ---- ring attention (host backend) ----------------------------------------------------------- */
+/* ---- ring attention ------------------------------------------------------------------------- */
+/* Which positions of the sequence a rank holds (docs/ops.md "ringAttention"). */
+typedef enum {
+  /* rank r: positions [split_offset(seq, W, r), + split_count(seq, W, r)) */
+  FC_SEQ_CONTIGUOUS = 0,
+  /* the sequence in 2W chunks (chunk c: split_count(seq, 2W, c) positions); rank r holds chunks
+   * r and 2W-1-r, in that order: causal work is balanced over the ranks */
+  FC_SEQ_ZIGZAG = 1
+} fc_seq_layout_t;
 typedef struct {
-  int64_t batch, seq;        /* seq: the whole sequence; rank r holds split_count(seq, W, r) */
+  int64_t batch, seq;        /* seq: the whole sequence */
   int64_t q_heads, kv_heads; /* q_heads % kv_heads == 0 */
   int64_t head_dim;
   int32_t causal; /* by global position */
   float scale;    /* 0: 1 / sqrt(head_dim) */
+  int32_t layout; /* fc_seq_layout_t; 0: contiguous */
 } fc_attention_shape_t;
-/* q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32. */
+/* q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32; S_r: the positions
+ * rank r holds under the layout. */
 FC_API fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                      const fc_attention_shape_t* shape, const void* q, const void* k,
                                      const void* v, void* o, float* lse);
