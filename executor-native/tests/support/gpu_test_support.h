@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -305,6 +306,55 @@ inline int peer_gpus_or_skip(const char* test, int shared) {
       "(or FC_TEST_SHARED_GPU=<world> on one): %s\n",
       test, n < 0 ? reason.c_str() : "only 1 GPU visible");
   return 0;
+}
+
+// Device memory owned by a test (freed on scope exit). At least `min_bytes` are allocated, for
+// kernels that take a valid pointer even for an empty buffer; 0 bytes and no minimum: none.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  explicit DevBuf(size_t n, size_t min_bytes = 0) : bytes(n) {
+    if (std::max(n, min_bytes) > 0) CUDA_OK(cudaMalloc(&p, std::max(n, min_bytes)));
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      if (p != nullptr) cudaFree(p);
+      p = o.p;
+      bytes = o.bytes;
+      o.p = nullptr;
+    }
+    return *this;
+  }
+  ~DevBuf() {
+    if (p != nullptr) cudaFree(p);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// On `stream`, and complete on return. Not cudaMemcpy: from pageable memory it may return
+// before its DMA has landed, and it orders only the legacy default stream, not the test's
+// non-blocking stream: a kernel launched there next could read the buffer half written.
+template <typename T>
+DevBuf upload(const std::vector<T>& v, cudaStream_t stream, size_t min_bytes = 0) {
+  DevBuf b(v.size() * sizeof(T), min_bytes);
+  if (!v.empty()) {
+    CUDA_OK(cudaMemcpyAsync(b.p, v.data(), b.bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  return b;
+}
+template <typename T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) CUDA_OK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
 }
 
 }  // namespace fusedcomm::testing

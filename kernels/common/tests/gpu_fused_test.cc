@@ -83,6 +83,9 @@ using fusedcomm::split_count;
 using fusedcomm::split_offset;
 using fusedcomm::SymmetricConfig;
 using fusedcomm::testing::check;
+using fusedcomm::testing::DevBuf;
+using fusedcomm::testing::download;
+using fusedcomm::testing::upload;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
 using fusedcomm::testing::mix;
@@ -101,56 +104,6 @@ std::vector<__nv_bfloat16> make_tensor(uint64_t key, uint64_t tag, int64_t first
   return v;
 }
 constexpr uint64_t kTagA = 1, kTagW = 100;  // kTagW + rank: rank's weight; kTagA + 10 + rank
-
-// Device memory owned by the test (freed on scope exit).
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DevBuf() = default;
-  explicit DevBuf(size_t n) : bytes(n) {
-    if (n > 0) CUDA_OK(cudaMalloc(&p, n));
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf(DevBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    if (this != &o) {
-      if (p != nullptr) cudaFree(p);
-      p = o.p;
-      bytes = o.bytes;
-      o.p = nullptr;
-    }
-    return *this;
-  }
-  ~DevBuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-// On `stream`, and complete on return. Not cudaMemcpy: from pageable memory it may return
-// before its DMA has landed, and it orders only the legacy default stream, not the test's
-// non-blocking stream: a kernel launched there next could read the buffer half written (the
-// reference GEMM once read the last rows of a weight still in flight, and the test blamed the
-// fused kernel, whose results were right).
-template <typename T>
-DevBuf upload(const std::vector<T>& v, cudaStream_t stream) {
-  DevBuf b(v.size() * sizeof(T));
-  if (!v.empty()) {
-    CUDA_OK(cudaMemcpyAsync(b.p, v.data(), b.bytes, cudaMemcpyHostToDevice, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-  }
-  return b;
-}
-template <typename T>
-std::vector<T> download(const void* p, size_t n) {
-  std::vector<T> v(n);
-  if (n > 0) CUDA_OK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 
 const char* algo_name(k::FusedAlgo a) {
   if (a == k::FusedAlgo::kFused) return "fused";

@@ -396,7 +396,8 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
 
   // ---- sums --------------------------------------------------------------------------------
   const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
-  bool arrivals_seen = false;  // thread 0's: every peer's arrive flag acquired
+  // thread 0's: every peer's arrive flag acquired (a CTA that pushed already did, unless it failed)
+  bool arrivals_seen = started && !failed;
   for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     if (tid == 0) {
       // Every peer's arrival first (once per CTA), then the peers' tile flags (from r + 1 on),

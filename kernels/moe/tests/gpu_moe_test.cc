@@ -57,6 +57,8 @@ using fusedcomm::split_count;
 using fusedcomm::split_offset;
 using fusedcomm::SymmetricConfig;
 using fusedcomm::testing::check;
+using fusedcomm::testing::DevBuf;
+using fusedcomm::testing::download;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
 using fusedcomm::testing::mix;
@@ -141,45 +143,12 @@ __nv_bfloat16 combine_value(int s, int64_t t, int slot, int col) {
   return __float2bfloat16_rn(unit(mix(uint64_t(s) << 56 ^ uint64_t(t) << 20 ^ uint64_t(slot) << 12 ^ col)));
 }
 
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DevBuf() = default;
-  explicit DevBuf(size_t n) : bytes(n) { CUDA_OK(cudaMalloc(&p, std::max<size_t>(n, 256))); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf(DevBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    if (this != &o) {
-      if (p != nullptr) cudaFree(p);
-      p = o.p;
-      bytes = o.bytes;
-      o.p = nullptr;
-    }
-    return *this;
-  }
-  ~DevBuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
+// The MoE kernels take a valid pointer even for an empty buffer (no rows routed here).
+constexpr size_t kMinAlloc = 256;
+DevBuf dev(size_t n) { return DevBuf(n, kMinAlloc); }
 template <typename T>
 DevBuf upload(const std::vector<T>& v, cudaStream_t s) {
-  DevBuf b(v.size() * sizeof(T));
-  if (!v.empty()) {
-    CUDA_OK(cudaMemcpyAsync(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-  }
-  return b;
-}
-template <typename T>
-std::vector<T> download(const void* p, size_t n) {
-  std::vector<T> v(n);
-  if (n > 0) CUDA_OK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
+  return fusedcomm::testing::upload(v, s, kMinAlloc);
 }
 
 // One rank's buffers of a case: inputs, outputs, the device layout, the workspace.
@@ -212,17 +181,17 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     R.weights = upload(R.in.weights, stream);
     R.w1 = upload(make_w1(c, key, W, r), stream);
     const int64_t cap = R.capacity, El = split_count(c.E, W, r);
-    R.routed = DevBuf(cap * c.H * 2);
-    R.out = DevBuf(cap * c.F * 2);
-    R.offsets = DevBuf((El + 1) * 8);
-    R.src_rank = DevBuf(cap * 4);
-    R.src_token = DevBuf(cap * 4);
-    R.src_slot = DevBuf(cap * 4);
-    R.wts = DevBuf(cap * 4);
-    R.counts = DevBuf(static_cast<size_t>(W) * c.E * 4);
-    R.tokens = DevBuf(W * 4);
-    R.status = DevBuf(sizeof(k::MoeStatus));
-    R.ws = DevBuf(k::moe_dispatch_workspace_bytes(c.tokens[r], c.topk, c.E, W, r, cap));
+    R.routed = dev(cap * c.H * 2);
+    R.out = dev(cap * c.F * 2);
+    R.offsets = dev((El + 1) * 8);
+    R.src_rank = dev(cap * 4);
+    R.src_token = dev(cap * 4);
+    R.src_slot = dev(cap * 4);
+    R.wts = dev(cap * 4);
+    R.counts = dev(static_cast<size_t>(W) * c.E * 4);
+    R.tokens = dev(W * 4);
+    R.status = dev(sizeof(k::MoeStatus));
+    R.ws = dev(k::moe_dispatch_workspace_bytes(c.tokens[r], c.topk, c.E, W, r, cap));
     k::MoeDispatchArgs& d = R.d;
     d.x = R.x.as<__nv_bfloat16>();
     d.tokens = c.tokens[r];
@@ -243,8 +212,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     d.workspace = R.ws.p;
     d.workspace_bytes = R.ws.bytes;
     R.width = 64;
-    R.expert_out = DevBuf(cap * R.width * 2);
-    R.combined = DevBuf(c.tokens[r] * R.width * 2);
+    R.expert_out = dev(cap * R.width * 2);
+    R.combined = dev(c.tokens[r] * R.width * 2);
     k::MoeCombineArgs& cb = R.cb;
     cb.expert_out = R.expert_out.as<__nv_bfloat16>();
     cb.width = R.width;
