@@ -60,6 +60,9 @@ cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
   p.o_sh = a.o_stride_h;
   p.lse = a.lse;
   p.o_acc = a.o_acc;
+  p.lse_sh = a.lse_stride_h != 0 ? a.lse_stride_h : a.q_len;
+  p.lse_sb = a.lse_stride_b != 0 ? a.lse_stride_b : a.q_heads * a.q_len;
+  p.acc_sb = a.acc_stride_b != 0 ? a.acc_stride_b : a.q_len * a.q_heads * D;
   p.acc = static_cast<int>(a.acc);
   p.q_len = static_cast<int>(a.q_len);
   p.kv_len = static_cast<int>(a.kv_len);

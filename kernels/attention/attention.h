@@ -9,7 +9,7 @@
 // Layouts (element strides; the last dimension is contiguous):
 //   q, o: (B, q_len, Hq, D), k, v: (B, kv_len, Hkv, D): stride_b, stride_s, stride_h per tensor,
 //   so that each may be a view (e.g. a slice of a packed qkv tensor). lse: (B, Hq, q_len) fp32,
-//   natural log, contiguous. A query row that sees no key gets o = 0 and lse = -inf.
+//   natural log, contiguous unless strides are given. A query row that sees no key gets o = 0 and lse = -inf.
 //
 // Accumulation across launches (the ring): with acc != kNone the launch folds its result into a
 // running fp32 output `o_acc` ((B, q_len, Hq, D), contiguous) and the running `lse`:
@@ -41,6 +41,9 @@ struct AttentionArgs {
   int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
   float* lse = nullptr;    // (B, Hq, q_len); null: not written (required with acc != kNone)
   float* o_acc = nullptr;  // (B, q_len, Hq, D) fp32, with acc != kNone
+  // Batch and head strides of lse, batch stride of o_acc (elements; 0: dense as above), so that a
+  // launch can cover a slice of the query rows (the zigzag layout's chunks).
+  int64_t lse_stride_b = 0, lse_stride_h = 0, acc_stride_b = 0;
   AttnAccum acc = AttnAccum::kNone;
   int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = false;

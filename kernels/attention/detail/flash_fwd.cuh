@@ -46,6 +46,7 @@ struct FlashParams {
   int64_t o_sb, o_ss, o_sh;
   float* lse;
   float* o_acc;
+  int64_t lse_sb, lse_sh, acc_sb;
   int acc;  // AttnAccum
   int q_len, kv_len, q_heads, group, m_tiles;
   int causal;
@@ -94,7 +95,7 @@ __device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[
     const float lse_blk = l[half] > 0.0f ? (mx[half] * p.scale_log2 + __log2f(l[half])) * 0.69314718055994531f
                                          : -INFINITY;
     if (r >= p.q_len) continue;
-    const int64_t lse_idx = (static_cast<int64_t>(b) * p.q_heads + h) * p.q_len + r;
+    const int64_t lse_idx = b * p.lse_sb + h * p.lse_sh + r;
     __nv_bfloat16* orow = p.o == nullptr ? nullptr : p.o + b * p.o_sb + r * p.o_ss + h * p.o_sh;
     if (p.acc == 0) {
       if (orow != nullptr) {
@@ -107,7 +108,7 @@ __device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[
       if (p.lse != nullptr && lane % 4 == 0) p.lse[lse_idx] = lse_blk;
       continue;
     }
-    float* arow = p.o_acc + ((static_cast<int64_t>(b) * p.q_len + r) * p.q_heads + h) * D;
+    float* arow = p.o_acc + b * p.acc_sb + (static_cast<int64_t>(r) * p.q_heads + h) * D;
     float w_run = 0.0f, w_blk = 1.0f, lse_new = lse_blk;
     if (p.acc == 2) {
       const float lse_run = p.lse[lse_idx];
