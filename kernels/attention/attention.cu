@@ -76,7 +76,7 @@ cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
   p.delta = static_cast<int>(delta);
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = scale * 1.4426950408889634f;
-  auto kernel = detail::flash_fwd_kernel<D>;
+  auto kernel = detail::flash_fwd_kernel<D, D == 128 ? tuning::kAttnPipelined128 : tuning::kAttnPipelined64>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.m_tiles), static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.batch));

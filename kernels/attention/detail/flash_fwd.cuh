@@ -7,8 +7,12 @@
 //   warpgroups 1, 2: consumers, 64 query rows each. Per key block: S = Q·Kᵀ (wgmma, both
 //     operands in shared memory), the online softmax in fp32 registers (row max over the
 //     thread's quad, exp2 with the scale folded in), P rounded to bf16 and kept in registers as
-//     wgmma's A operand, O = O·α + P·V (wgmma, V N-major), then the stage is released. The two
-//     warpgroups run independently, so one's softmax overlaps the other's tensor-core work.
+//     wgmma's A operand, O = O·α + P·V (wgmma, V N-major), then the stage is released.
+//     At head dim 128 (tuning.h) the loop is pipelined within the warpgroup: S of block n and
+//     P·V of block n-1 are issued together and the softmax of block n runs while P·V of block
+//     n-1 is on the tensor cores; and the two warpgroups take turns issuing their matmuls
+//     (named barriers), so one's softmax overlaps the other's matmuls. At 64 each warpgroup
+//     runs the plain order and the two overlap only as the scheduler interleaves them.
 // Causal: the key blocks past the tile's last visible key are never loaded; masks are applied
 // only where a block crosses the diagonal or the key tail. Tiles are issued longest first.
 #pragma once
@@ -33,7 +37,7 @@ struct FlashCfg {
   static constexpr int kPanelBytes = 128 * 128;  // 128 rows × 128 B
   static constexpr int kQBytes = kPanels * kPanelBytes;
   static constexpr int kKVBytes = kPanels * kPanelBytes;  // one of K or V per stage
-  static constexpr int kStages = D == 128 ? 2 : 4;
+  static constexpr int kStages = D == 128 ? 3 : 4;
   static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static constexpr int kProducerRegs = 40;
@@ -61,6 +65,11 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
       " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+
+// Arrival on a named barrier without waiting (the bar.sync side waits for `threads` in all).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -141,7 +150,9 @@ __device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[
   }
 }
 
-template <int D>
+// kPipelined: false, the plain loop (each warpgroup: S, softmax, P·V in turn); true, pipelined
+// within each warpgroup and the two warpgroups' matmuls taking turns (tuning.h says where).
+template <int D, bool kPipelined>
 __global__ void __launch_bounds__(384, 1)
     flash_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                      const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
@@ -224,7 +235,7 @@ __global__ void __launch_bounds__(384, 1)
   float mx[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
 
-  if (n_blocks > 0) {
+  if (!kPipelined && n_blocks > 0) {
     mbar_wait(q_full, 0);
     const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
     const uint32_t k_base = smem_u32(sk);
@@ -326,6 +337,163 @@ __global__ void __launch_bounds__(384, 1)
         phase ^= 1;
       }
     }
+  }
+  if (kPipelined && n_blocks > 0) {
+    mbar_wait(q_full, 0);
+    const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
+    const uint32_t k_base = smem_u32(sk);
+    const uint32_t v_base = smem_u32(sv);
+    // The rows' last visible keys (inclusive), relative to key 0.
+    int lim[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t d = p.causal ? static_cast<int64_t>(row0 + 8 * half) + p.delta : INT32_MAX;
+      lim[half] = static_cast<int>(d < p.kv_len - 1 ? d : p.kv_len - 1);
+    }
+    const float sl2 = p.scale_log2;
+    float s[kBN / 2];
+    // P of two consecutive blocks: one feeds the P·V in flight while the softmax fills the
+    // other; the loop below alternates them (a register copy between them would serialise the
+    // wgmmas).
+    uint32_t pa[kBN / 16][4];
+    uint32_t pb[kBN / 16][4];
+    float alpha[2];
+
+    // S = Q·K(stage)ᵀ, issued (one wgmma group), not waited for.
+    auto issue_s = [&](int stage) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
+        const uint64_t da = smem_desc_sw128(q_base + off, 16, 1024);
+        const uint64_t db = smem_desc_sw128(k_base + stage * C::kKVBytes + off, 16, 1024);
+        wgmma_m64n128k16<0>(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    // O += P·V(stage), issued (one wgmma group), not waited for.
+    auto issue_pv = [&](int stage, const uint32_t(&pp)[kBN / 16][4]) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        // V N-major: 64-column slabs kPanelBytes apart (LBO), 8-key groups 1024 B apart (SBO),
+        // 16 keys = 2048 B per k-step.
+        const uint64_t db = smem_desc_sw128(v_base + stage * C::kKVBytes + kk * 2048, C::kPanelBytes, 1024);
+        if constexpr (D == 128) {
+          wgmma_m64n128k16_rs_tn(o, pp[kk], db, 1);
+        } else {
+          wgmma_m64n64k16_rs_tn(o, pp[kk], db, 1);
+        }
+      }
+      wgmma_commit();
+    };
+    // The online softmax of block nb's S (complete): masks, the new row maxima, alpha (the
+    // factor for O and l), P into pn. Touches neither o nor the other P (a P·V may be in flight).
+    auto softmax = [&](int nb, uint32_t(&pn)[kBN / 16][4]) {
+      reg_fence(s);
+      const int n0 = nb * kBN;
+      const bool masked = n0 + kBN > p.kv_len ||
+                          (p.causal && static_cast<int64_t>(n0) + kBN - 1 > static_cast<int64_t>(m0) + p.delta);
+      // Masked scores read as -inf through a select, never written back: s stays untouched
+      // while a P·V is in flight (a write to a wgmma accumulator there serialises the wgmmas).
+      auto sv = [&](int j, int e, int half) {
+        const float x = s[4 * j + 2 * half + e];
+        if (!masked) return x;
+        const int col = n0 + 8 * j + 2 * (lane % 4) + e;
+        return col > lim[half] ? -INFINITY : x;
+      };
+      float mnew[2] = {mx[0], mx[1]};
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        mnew[0] = fmaxf(mnew[0], fmaxf(sv(j, 0, 0), sv(j, 1, 0)));
+        mnew[1] = fmaxf(mnew[1], fmaxf(sv(j, 0, 1), sv(j, 1, 1)));
+      }
+      float mu[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
+        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
+        mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
+        alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
+        mx[half] = mnew[half];
+        l[half] *= alpha[half];
+      }
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        const float p0 = fast_exp2(fmaf(sv(j, 0, 0), sl2, -mu[0]));
+        const float p1 = fast_exp2(fmaf(sv(j, 1, 0), sl2, -mu[0]));
+        const float p2 = fast_exp2(fmaf(sv(j, 0, 1), sl2, -mu[1]));
+        const float p3 = fast_exp2(fmaf(sv(j, 1, 1), sl2, -mu[1]));
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
+        pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
+        pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+      }
+    };
+    auto rescale_o = [&] {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+    };
+
+    // Software pipeline (per warpgroup): block nb's S = Q·Kᵀ and block nb-1's O += P·V are in
+    // flight together; the softmax of S(nb) runs while P·V(nb-1) still occupies the tensor
+    // cores. O is rescaled by block nb's alpha only after P·V(nb-1) has landed.
+    int stage = 0;  // block nb - 1's stage
+    uint32_t phase = 0;
+    auto step = [&](int nb, const uint32_t(&p_prev)[kBN / 16][4], uint32_t(&p_this)[kBN / 16][4]) {
+      const int next = stage + 1 == kStages ? 0 : stage + 1;
+      const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+      mbar_wait(&k_full[next], next_phase);
+      if constexpr (kPipelined) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
+      issue_s(next);
+      mbar_wait(&v_full[stage], phase);
+      issue_pv(stage, p_prev);
+      if constexpr (kPipelined) named_barrier_arrive(3 - cw, 256);  // the other's turn
+      wgmma_wait<1>();  // S(nb) complete; P·V(nb-1) may still run
+      softmax(nb, p_this);
+      wgmma_wait<0>();  // P·V(nb-1) complete: stage free, O ready to rescale
+      reg_fence(o);
+      if (lane == 0) mbar_arrive(&empty[stage]);
+      rescale_o();
+      stage = next;
+      phase = next_phase;
+    };
+    mbar_wait(&k_full[0], 0);
+    issue_s(0);
+    wgmma_wait<0>();
+    softmax(0, pa);
+    // The warpgroups take turns issuing their matmuls (named barriers 2 and 3), so
+    // that one's softmax runs while the other's matmuls run; warpgroup 0 starts.
+    if constexpr (kPipelined) {
+      if (cw == 1) named_barrier_arrive(2, 256);
+    }
+    int nb = 1;
+    for (; nb + 1 < n_blocks; nb += 2) {
+      step(nb, pa, pb);
+      step(nb + 1, pb, pa);
+    }
+    const bool odd_tail = nb < n_blocks;  // one block left: its P ends in pb
+    if (odd_tail) step(nb, pa, pb);
+    mbar_wait(&v_full[stage], phase);
+    if constexpr (kPipelined) named_barrier_sync(2 + cw, 256);
+    if (odd_tail) {
+      issue_pv(stage, pb);
+    } else {
+      issue_pv(stage, pa);
+    }
+    // Warpgroup 1's last turn hands nothing on: every sync above has its arrival.
+    if constexpr (kPipelined) {
+      if (cw == 0) named_barrier_arrive(3, 256);
+    }
+    wgmma_wait<0>();
+    reg_fence(o);
+    if (lane == 0) mbar_arrive(&empty[stage]);
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
