@@ -10,9 +10,10 @@ namespace k = fusedcomm::kernels;
 
 // o = attention(q, k, v), dense (B, S, H, D) bf16; lse (B, Hq, Sq) fp32 or null; on `stream`.
 // Returns the launch's cudaError_t (0: enqueued).
-extern "C" __attribute__((visibility("default"))) int fc_attention_bf16(const void* q, const void* kk, const void* v,
-                                                                        void* o, float* lse, int B, int Sq, int Sk,
-                                                                        int Hq, int Hkv, int D, int causal,
+extern "C" __attribute__((visibility("default"))) int fc_attention_bf16(const void* q, const void* kk,
+                                                                        const void* v, void* o, float* lse,
+                                                                        int B, int Sq, int Sk, int Hq,
+                                                                        int Hkv, int D, int causal,
                                                                         void* stream) {
   k::AttentionArgs a;
   a.q = k::attn_dense(q, Sq, Hq, D);

@@ -14,7 +14,8 @@ namespace fusedcomm::kernels {
 
 namespace {
 
-static_assert(tuning::kAttnBlockM == detail::FlashCfg<128>::kBM && tuning::kAttnBlockN == detail::FlashCfg<128>::kBN,
+static_assert(tuning::kAttnBlockM == detail::FlashCfg<128>::kBM &&
+                  tuning::kAttnBlockN == detail::FlashCfg<128>::kBN,
               "tuning.h and the kernel's tile disagree");
 
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -32,12 +33,15 @@ bool encode_bshd(CUtensorMap* map, const AttnTensor& t, int64_t b, int64_t s, in
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(h),
                               static_cast<cuuint64_t>(s > 0 ? s : 1), static_cast<cuuint64_t>(b)};
   // A stride of an extent-1 dimension is never stepped over; give it a legal value.
-  auto stride = [](int64_t st, int64_t fallback) { return static_cast<cuuint64_t>((st > 0 ? st : fallback) * 2); };
-  const cuuint64_t strides[3] = {stride(t.stride_h, d), stride(t.stride_s, h * d), stride(t.stride_b, s * h * d)};
+  auto stride = [](int64_t st, int64_t fallback) {
+    return static_cast<cuuint64_t>((st > 0 ? st : fallback) * 2);
+  };
+  const cuuint64_t strides[3] = {stride(t.stride_h, d), stride(t.stride_s, h * d),
+                                 stride(t.stride_b, s * h * d)};
   const cuuint32_t box[4] = {64, 1, 128, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(t.ptr), dims, strides, box,
-                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(t.ptr), dims, strides,
+                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -76,10 +80,12 @@ cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
   p.delta = static_cast<int>(delta);
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = scale * 1.4426950408889634f;
-  auto kernel = detail::flash_fwd_kernel<D, D == 128 ? tuning::kAttnPipelined128 : tuning::kAttnPipelined64>;
+  auto kernel = detail::flash_fwd_kernel < D,
+       D == 128 ? tuning::kAttnPipelined128 : tuning::kAttnPipelined64 > ;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(p.m_tiles), static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.batch));
+  const dim3 grid(static_cast<unsigned>(p.m_tiles), static_cast<unsigned>(a.q_heads),
+                  static_cast<unsigned>(a.batch));
   kernel<<<grid, 384, C::kSmemBytes, stream>>>(tq, tk, tv, p);
   return cudaGetLastError();
 }

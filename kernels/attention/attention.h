@@ -47,7 +47,7 @@ struct AttentionArgs {
   AttnAccum acc = AttnAccum::kNone;
   int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = false;
-  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  float scale = 0.0f;              // 0: 1 / sqrt(head_dim)
   int64_t q_pos0 = 0, k_pos0 = 0;  // global positions of query row 0 and key row 0 (causal)
 };
 

@@ -658,8 +658,8 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
     fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
 }
 
-void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
-                              const void* k, const void* v, void* o, float* lse) {
+void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                              const void* q, const void* k, const void* v, void* o, float* lse) {
   RingAttentionShape rs;
   rs.batch = shape.batch;
   rs.seq = shape.seq;
@@ -676,8 +676,8 @@ void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::Atten
 // or late rank is a timeout naming it), then one attention launch per (query chunk, key chunk)
 // pair with a visible key, merged by log-sum-exp in fp32 (cuda_attention.h). All on one
 // stream, no host round trip between the steps.
-void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape, const void* q,
-                                  const void* k, const void* v, void* o, float* lse) {
+void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
+                                  const void* q, const void* k, const void* v, void* o, float* lse) {
   constexpr const char* kOp = "ringAttention";
   require_bf16(dtype, kOp);
   require_ring_attention_shape(shape);
@@ -688,8 +688,8 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
   const int64_t slot = ring_kv_slot_elems(shape, world);
   require_fits(kOp, static_cast<uint64_t>(slot) * 2);
   const uint64_t slot_bytes = (static_cast<uint64_t>(slot) * 2 + 255) / 256 * 256;
-  const uint64_t acc_bytes = (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) /
-                             256 * 256;
+  const uint64_t acc_bytes =
+      (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
   const uint64_t lse_bytes = static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4;
   cudaStream_t s = begin(nullptr);
   char* work = static_cast<char*>(workspace(slot_bytes * (world + 1) + acc_bytes + lse_bytes + 256));
@@ -707,7 +707,8 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
     args.output = gathered;
     local_->enqueue(args, packed, slot_bytes, s);
   } else {
-    check_cuda(cudaMemcpyAsync(gathered, packed, slot_bytes, cudaMemcpyDeviceToDevice, s), "ringAttention copy");
+    check_cuda(cudaMemcpyAsync(gathered, packed, slot_bytes, cudaMemcpyDeviceToDevice, s),
+               "ringAttention copy");
   }
   enqueue_ring_attention(shape, world, rank, q, gathered, static_cast<int64_t>(slot_bytes / 2), o, lse, o_acc,
                          lse_tmp, s);

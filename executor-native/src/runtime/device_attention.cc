@@ -11,8 +11,8 @@
 
 namespace fusedcomm {
 
-void cuda_attention_local(const fc_attention_local_t& s, DType dtype, const void* q, const void* k, const void* v,
-                          void* o, float* lse, cudaStream_t stream) {
+void cuda_attention_local(const fc_attention_local_t& s, DType dtype, const void* q, const void* k,
+                          const void* v, void* o, float* lse, cudaStream_t stream) {
   const std::string shape = "(B=" + std::to_string(s.batch) + ", q_len=" + std::to_string(s.q_len) +
                             ", kv_len=" + std::to_string(s.kv_len) + ", Hq=" + std::to_string(s.q_heads) +
                             ", Hkv=" + std::to_string(s.kv_heads) + ", D=" + std::to_string(s.head_dim) + ")";
@@ -22,13 +22,16 @@ void cuda_attention_local(const fc_attention_local_t& s, DType dtype, const void
              "attention on the cuda backend needs head_dim 64 or 128, got " + shape);
   FC_REQUIRE(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
              "attention: q_heads must be a positive multiple of kv_heads, got " + shape);
-  FC_REQUIRE(std::isfinite(s.scale) && s.scale >= 0.0f, "attention: scale must be finite and >= 0 (0: 1/sqrt(D))");
+  FC_REQUIRE(std::isfinite(s.scale) && s.scale >= 0.0f,
+             "attention: scale must be finite and >= 0 (0: 1/sqrt(D))");
   if (s.batch == 0 || s.q_len == 0) return;
   for (const void* p : {q, k, v, static_cast<const void*>(o)}) {
     FC_REQUIRE(p != nullptr, "attention: q, k, v and o must not be null");
-    FC_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0, "attention: device pointers must be 16-byte aligned");
+    FC_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+               "attention: device pointers must be 16-byte aligned");
   }
-  FC_REQUIRE(lse == nullptr || reinterpret_cast<uintptr_t>(lse) % 4 == 0, "attention: lse must be 4-byte aligned");
+  FC_REQUIRE(lse == nullptr || reinterpret_cast<uintptr_t>(lse) % 4 == 0,
+             "attention: lse must be 4-byte aligned");
   kernels::AttentionArgs a;
   a.q = kernels::attn_dense(q, s.q_len, s.q_heads, s.head_dim);
   a.k = kernels::attn_dense(k, s.kv_len, s.kv_heads, s.head_dim);
@@ -101,8 +104,8 @@ int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world) {
   return 2 * s.batch * rows * s.kv_heads * s.head_dim;
 }
 
-void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v, void* slot,
-                       cudaStream_t stream) {
+void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
+                       void* slot, cudaStream_t stream) {
   int64_t rows = 0;
   for (const SeqChunk& c : attention_seq_chunks(s.seq, world, rank, s.zigzag)) rows += c.rows;
   const size_t bytes = static_cast<size_t>(s.batch * rows * s.kv_heads * s.head_dim) * 2;
@@ -112,9 +115,9 @@ void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const v
   check_launch(cudaMemcpyAsync(dst + bytes, v, bytes, cudaMemcpyDeviceToDevice, stream), "copying v");
 }
 
-void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q, const void* gathered,
-                            int64_t slot_stride, void* o, float* lse, float* o_acc, float* lse_tmp,
-                            cudaStream_t stream) {
+void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q,
+                            const void* gathered, int64_t slot_stride, void* o, float* lse, float* o_acc,
+                            float* lse_tmp, cudaStream_t stream) {
   const int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   const std::vector<SeqChunk> mine = attention_seq_chunks(s.seq, world, rank, s.zigzag);
   int64_t s_r = 0;

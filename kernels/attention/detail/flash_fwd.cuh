@@ -22,18 +22,18 @@
 
 #include <cstdint>
 
+#include "kernels/attention/detail/wgmma_rs.cuh"
 #include "kernels/common/sm90_primitives.cuh"
 #include "kernels/common/wgmma_ops.cuh"
-#include "kernels/attention/detail/wgmma_rs.cuh"
 
 namespace fusedcomm::kernels::detail {
 
 template <int D>
 struct FlashCfg {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static constexpr int kBM = 128;  // query rows per CTA (2 consumer warpgroups × 64)
-  static constexpr int kBN = 128;  // keys per block
-  static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels of a row
+  static constexpr int kBM = 128;                // query rows per CTA (2 consumer warpgroups × 64)
+  static constexpr int kBN = 128;                // keys per block
+  static constexpr int kPanels = D / 64;         // 64-column (128-byte) swizzle panels of a row
   static constexpr int kPanelBytes = 128 * 128;  // 128 rows × 128 B
   static constexpr int kQBytes = kPanels * kPanelBytes;
   static constexpr int kKVBytes = kPanels * kPanelBytes;  // one of K or V per stage
@@ -58,8 +58,8 @@ struct FlashParams {
   float scale_log2;  // scale · log2(e)
 };
 
-__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
-                                            int32_t c2, int32_t c3) {
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                            int32_t c1, int32_t c2, int32_t c3) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
@@ -101,8 +101,8 @@ __device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[
     const int r = row0 + 8 * half;
     const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
     // natural-log lse: mx · scale + ln(l) = (mx · scale_log2 + log2(l)) · ln 2
-    const float lse_blk = l[half] > 0.0f ? (mx[half] * p.scale_log2 + __log2f(l[half])) * 0.69314718055994531f
-                                         : -INFINITY;
+    const float lse_blk =
+        l[half] > 0.0f ? (mx[half] * p.scale_log2 + __log2f(l[half])) * 0.69314718055994531f : -INFINITY;
     if (r >= p.q_len) continue;
     const int64_t lse_idx = b * p.lse_sb + h * p.lse_sh + r;
     __nv_bfloat16* orow = p.o == nullptr ? nullptr : p.o + b * p.o_sb + r * p.o_ss + h * p.o_sh;
@@ -199,7 +199,8 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x != 0 || n_blocks == 0) return;
     mbar_arrive_expect_tx(q_full, C::kQBytes);
 #pragma unroll
-    for (int pn = 0; pn < C::kPanels; ++pn) tma_load_4d(sq + pn * C::kPanelBytes, &tm_q, q_full, pn * 64, h, m0, b);
+    for (int pn = 0; pn < C::kPanels; ++pn)
+      tma_load_4d(sq + pn * C::kPanelBytes, &tm_q, q_full, pn * 64, h, m0, b);
     int stage = 0;
     uint32_t phase = 0;
     for (int nb = 0; nb < n_blocks; ++nb) {
@@ -207,12 +208,14 @@ __global__ void __launch_bounds__(384, 1)
       mbar_arrive_expect_tx(&k_full[stage], C::kKVBytes);
 #pragma unroll
       for (int pn = 0; pn < C::kPanels; ++pn) {
-        tma_load_4d(sk + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_k, &k_full[stage], pn * 64, hk, nb * kBN, b);
+        tma_load_4d(sk + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_k, &k_full[stage], pn * 64, hk,
+                    nb * kBN, b);
       }
       mbar_arrive_expect_tx(&v_full[stage], C::kKVBytes);
 #pragma unroll
       for (int pn = 0; pn < C::kPanels; ++pn) {
-        tma_load_4d(sv + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_v, &v_full[stage], pn * 64, hk, nb * kBN, b);
+        tma_load_4d(sv + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_v, &v_full[stage], pn * 64, hk,
+                    nb * kBN, b);
       }
       if (++stage == kStages) {
         stage = 0;
@@ -266,7 +269,8 @@ __global__ void __launch_bounds__(384, 1)
       reg_fence(s);
 
       const int n0 = nb * kBN;
-      const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 > static_cast<int64_t>(m0) + p.delta);
+      const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
+                                                                  static_cast<int64_t>(m0) + p.delta);
       if (masked) {
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j) {
@@ -392,8 +396,8 @@ __global__ void __launch_bounds__(384, 1)
     auto softmax = [&](int nb, uint32_t(&pn)[kBN / 16][4]) {
       reg_fence(s);
       const int n0 = nb * kBN;
-      const bool masked = n0 + kBN > p.kv_len ||
-                          (p.causal && static_cast<int64_t>(n0) + kBN - 1 > static_cast<int64_t>(m0) + p.delta);
+      const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
+                                                                  static_cast<int64_t>(m0) + p.delta);
       // Masked scores read as -inf through a select, never written back: s stays untouched
       // while a P·V is in flight (a write to a wgmma accumulator there serialises the wgmmas).
       auto sv = [&](int j, int e, int half) {

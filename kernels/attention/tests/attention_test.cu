@@ -68,8 +68,8 @@ struct View {
 };
 
 // fp32 reference: one block per (query row, head, batch); scores in shared memory.
-__global__ void reference(View q, View k, View v, float* o, float* lse, int q_len, int kv_len, int hq, int group,
-                          int d, int causal, long long delta, float scale) {
+__global__ void reference(View q, View k, View v, float* o, float* lse, int q_len, int kv_len, int hq,
+                          int group, int d, int causal, long long delta, float scale) {
   extern __shared__ float sm[];
   float* qf = sm;
   float* sc = sm + d;
@@ -115,7 +115,8 @@ __global__ void reference(View q, View k, View v, float* o, float* lse, int q_le
     }
     o[orow + c] = sum > 0.0f ? acc / sum : 0.0f;
   }
-  if (threadIdx.x == 0) lse[(static_cast<int64_t>(b) * hq + h) * q_len + i] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+  if (threadIdx.x == 0)
+    lse[(static_cast<int64_t>(b) * hq + h) * q_len + i] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
 struct Case {
@@ -131,8 +132,8 @@ struct Buffers {
   AttentionArgs args;
   size_t o_elems = 0;
   ~Buffers() {
-    for (void* p : {(void*)qkv, (void*)q, (void*)k, (void*)v, (void*)o, (void*)ref_o, (void*)ref_lse, (void*)lse,
-                    (void*)o_acc})
+    for (void* p : {(void*)qkv, (void*)q, (void*)k, (void*)v, (void*)o, (void*)ref_o, (void*)ref_lse,
+                    (void*)lse, (void*)o_acc})
       if (p) cudaFree(p);
   }
 };
@@ -169,7 +170,8 @@ void setup(const Case& c, Buffers& bf) {
       x.stride_b = c.Sq * hs * D;
     }
   } else {
-    const size_t nq = static_cast<size_t>(c.B) * c.Sq * c.Hq * D, nk = static_cast<size_t>(c.B) * c.Sk * c.Hkv * D;
+    const size_t nq = static_cast<size_t>(c.B) * c.Sq * c.Hq * D,
+                 nk = static_cast<size_t>(c.B) * c.Sk * c.Hkv * D;
     CHECK_CUDA(cudaMalloc(&bf.q, nq * 2));
     CHECK_CUDA(cudaMalloc(&bf.k, nk * 2));
     CHECK_CUDA(cudaMalloc(&bf.v, nk * 2));
@@ -200,14 +202,15 @@ void setup(const Case& c, Buffers& bf) {
   CHECK_CUDA(cudaFuncSetAttribute(reference, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   reference<<<grid, 128, sm>>>(View{a.q.ptr, a.q.stride_b, a.q.stride_s, a.q.stride_h},
                                View{a.k.ptr, a.k.stride_b, a.k.stride_s, a.k.stride_h},
-                               View{a.v.ptr, a.v.stride_b, a.v.stride_s, a.v.stride_h}, bf.ref_o, bf.ref_lse, c.Sq,
-                               c.Sk, c.Hq, c.Hq / c.Hkv, c.D, c.causal ? 1 : 0, c.qp0 - c.kp0, scale);
+                               View{a.v.ptr, a.v.stride_b, a.v.stride_s, a.v.stride_h}, bf.ref_o, bf.ref_lse,
+                               c.Sq, c.Sk, c.Hq, c.Hq / c.Hkv, c.D, c.causal ? 1 : 0, c.qp0 - c.kp0, scale);
   CHECK_CUDA(cudaGetLastError());
 }
 
 void poison(Buffers& bf) {
   CHECK_CUDA(cudaMemset(bf.o, 0xFF, bf.o_elems * 2));
-  CHECK_CUDA(cudaMemset(bf.lse, 0xFF, static_cast<size_t>(bf.args.batch) * bf.args.q_heads * bf.args.q_len * 4));
+  CHECK_CUDA(
+      cudaMemset(bf.lse, 0xFF, static_cast<size_t>(bf.args.batch) * bf.args.q_heads * bf.args.q_len * 4));
 }
 
 std::vector<uint16_t> read_o(const Buffers& bf) {
@@ -260,8 +263,11 @@ void compare(const Case& c, const Buffers& bf, const char* what) {
           if (e > max_o || std::isnan(got)) max_o = std::isnan(got) ? INFINITY : e;
         }
       }
-  std::printf("  %-10s B=%d Sq=%d Sk=%d Hq=%d Hkv=%d D=%d causal=%d pos0=(%lld,%lld)%s: max|do|=%.2e max|dlse|=%.2e\n",
-              what, c.B, c.Sq, c.Sk, c.Hq, c.Hkv, c.D, c.causal, c.qp0, c.kp0, c.packed ? " packed" : "", max_o, max_l);
+  std::printf(
+      "  %-10s B=%d Sq=%d Sk=%d Hq=%d Hkv=%d D=%d causal=%d pos0=(%lld,%lld)%s: max|do|=%.2e "
+      "max|dlse|=%.2e\n",
+      what, c.B, c.Sq, c.Sk, c.Hq, c.Hkv, c.D, c.causal, c.qp0, c.kp0, c.packed ? " packed" : "", max_o,
+      max_l);
   EXPECT(bad_o == 0, "%ld elements of o out of tolerance", bad_o);
   EXPECT(bad_l == 0, "%ld elements of lse out of tolerance", bad_l);
 }
@@ -328,8 +334,8 @@ void run_repeat(const Case& c) {
   CHECK_CUDA(cudaGraphExecDestroy(ge));
   CHECK_CUDA(cudaGraphDestroy(g));
   CHECK_CUDA(cudaStreamDestroy(s));
-  std::printf("  repeat     B=%d Sq=%d Sk=%d D=%d causal=%d: back-to-back and graph replay bit-identical\n", c.B,
-              c.Sq, c.Sk, c.D, c.causal);
+  std::printf("  repeat     B=%d Sq=%d Sk=%d D=%d causal=%d: back-to-back and graph replay bit-identical\n",
+              c.B, c.Sq, c.Sk, c.D, c.causal);
 }
 
 void check_rejects() {
@@ -357,19 +363,19 @@ int main() {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   if (prop.major != 9) {
-    std::printf("SKIP: attention_test needs a Hopper GPU (sm_90a); found %s (sm_%d%d)\n", prop.name, prop.major,
-                prop.minor);
+    std::printf("SKIP: attention_test needs a Hopper GPU (sm_90a); found %s (sm_%d%d)\n", prop.name,
+                prop.major, prop.minor);
     return 77;
   }
   if (const char* s = std::getenv("ATTN_TEST_SEED")) g_seed = std::strtoull(s, nullptr, 10);
   check_rejects();
   // B, Sq, Sk, Hq, Hkv, D, causal, q_pos0, k_pos0, packed
   const Case shapes[] = {
-      {1, 1, 1, 4, 4, 0, false, 0, 0, false},        {1, 77, 77, 8, 2, 0, false, 0, 0, false},
-      {4, 1000, 1000, 8, 1, 0, false, 0, 0, false},  {1, 4099, 4099, 4, 4, 0, false, 0, 0, false},
-      {2, 300, 1000, 16, 2, 0, false, 0, 0, false},  {1, 1000, 300, 8, 8, 0, false, 0, 0, false},
-      {1, 200, 700, 4, 1, 0, false, 500, 0, false},  {1, 256, 256, 4, 4, 0, false, 0, 300, false},
-      {2, 513, 513, 6, 2, 0, false, 0, 0, true},     {4, 128, 2048, 2, 2, 0, false, 0, 0, false},
+      {1, 1, 1, 4, 4, 0, false, 0, 0, false},       {1, 77, 77, 8, 2, 0, false, 0, 0, false},
+      {4, 1000, 1000, 8, 1, 0, false, 0, 0, false}, {1, 4099, 4099, 4, 4, 0, false, 0, 0, false},
+      {2, 300, 1000, 16, 2, 0, false, 0, 0, false}, {1, 1000, 300, 8, 8, 0, false, 0, 0, false},
+      {1, 200, 700, 4, 1, 0, false, 500, 0, false}, {1, 256, 256, 4, 4, 0, false, 0, 300, false},
+      {2, 513, 513, 6, 2, 0, false, 0, 0, true},    {4, 128, 2048, 2, 2, 0, false, 0, 0, false},
   };
   for (int d : {64, 128}) {
     for (bool causal : {false, true}) {

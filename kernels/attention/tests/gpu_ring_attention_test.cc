@@ -51,9 +51,10 @@ float unit(uint64_t h) { return static_cast<float>(static_cast<double>(h >> 11) 
 float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 std::string name(const RingAttentionShape& s) {
-  return "B=" + std::to_string(s.batch) + " seq=" + std::to_string(s.seq) + " Hq=" + std::to_string(s.q_heads) +
-         " Hkv=" + std::to_string(s.kv_heads) + " D=" + std::to_string(s.head_dim) +
-         (s.causal ? " causal" : "") + (s.zigzag ? " zigzag" : " contiguous");
+  return "B=" + std::to_string(s.batch) + " seq=" + std::to_string(s.seq) +
+         " Hq=" + std::to_string(s.q_heads) + " Hkv=" + std::to_string(s.kv_heads) +
+         " D=" + std::to_string(s.head_dim) + (s.causal ? " causal" : "") +
+         (s.zigzag ? " zigzag" : " contiguous");
 }
 
 std::unique_ptr<fusedcomm::CudaComm> make_comm(fusedcomm::Runtime& rt, ProcessGroup& g, uint64_t comm_id) {
@@ -85,7 +86,9 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
   const int W = g.world, r = g.rank;
   const int64_t B = s.batch, S = s.seq, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   // The whole sequence (every rank makes the same), bf16-exact values.
-  auto val = [&](int t, int64_t i, float amp) { return round_bf16(unit(mix(seed ^ (uint64_t(t) << 60) ^ uint64_t(i))) * amp); };
+  auto val = [&](int t, int64_t i, float amp) {
+    return round_bf16(unit(mix(seed ^ (uint64_t(t) << 60) ^ uint64_t(i))) * amp);
+  };
   const std::vector<SeqChunk> mine = fusedcomm::attention_seq_chunks(S, W, r, s.zigzag);
   std::vector<int64_t> pos;  // this rank's rows' global positions
   for (const SeqChunk& c : mine)
@@ -179,7 +182,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   const bool shared = fusedcomm::testing::g_shared_gpu;
   try {
     {
-      fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(gpus[g.rank], seed, 20000, 64 << 20, shared));
+      fusedcomm::Runtime rt(
+          fusedcomm::testing::loopback_cuda_config(gpus[g.rank], seed, 20000, 64 << 20, shared));
       auto dc = make_comm(rt, g, 5151);
       const RingAttentionShape cases[] = {
           // B, seq, Hq, Hkv, D, causal, scale, zigzag
@@ -195,7 +199,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     }
     if (g.world > 1) {
       // A rank that never arrives: the others time out, naming the op.
-      fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(gpus[g.rank], seed, 1000, 64 << 20, shared));
+      fusedcomm::Runtime rt(
+          fusedcomm::testing::loopback_cuda_config(gpus[g.rank], seed, 1000, 64 << 20, shared));
       auto dc = make_comm(rt, g, 5152);
       if (g.rank != g.world - 1) {
         const RingAttentionShape s{1, 256, 2, 2, 64, true, 0.0f, true};
@@ -212,7 +217,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
         }
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (g.rank == 0) std::printf("  dead rank: %s (%.1f s)\n", msg.c_str(), secs);
-        check(timeout && secs < 10.0, "a rank that never arrives: Error(kTimeout) within seconds (got '" + msg + "')");
+        check(timeout && secs < 10.0,
+              "a rank that never arrives: Error(kTimeout) within seconds (got '" + msg + "')");
         dc->abort();
       }
       g.barrier();
@@ -241,7 +247,8 @@ int main() {
     std::printf("== world %d%s\n", w, shared > 0 ? " (all ranks on GPU 0)" : "");
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
-    const int f = fusedcomm::testing::run_processes(w, [&](ProcessGroup& g) { return rank_main(g, gpus, seed); }, 240);
+    const int f = fusedcomm::testing::run_processes(
+        w, [&](ProcessGroup& g) { return rank_main(g, gpus, seed); }, 240);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("== world %d: %s (%.1f s)\n", w, f == 0 ? "PASS" : "FAIL", s);
     failed += f;

@@ -53,8 +53,8 @@ int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world);
 
 // Packs this rank's k and v (B, S_r, Hkv, D each) into `slot` ([K; V], ring_kv_slot_elems long),
 // on `stream`.
-void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v, void* slot,
-                       cudaStream_t stream);
+void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
+                       void* slot, cudaStream_t stream);
 
 // With every rank's slot gathered (`gathered`: W slots, rank p's at p · slot_stride): this
 // rank's o and lse over the whole sequence, by one attention launch per (query chunk, key
@@ -62,8 +62,8 @@ void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const v
 // by its log-sum-exp (kernels/attention/attention.h "Accumulation"); the rank's own chunks
 // first. lse_tmp (B · Hq · S_r fp32) stands in for a null lse.
 // slot_stride: elements between consecutive ranks' slots (>= ring_kv_slot_elems).
-void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q, const void* gathered,
-                            int64_t slot_stride, void* o, float* lse, float* o_acc, float* lse_tmp,
-                            cudaStream_t stream);
+void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q,
+                            const void* gathered, int64_t slot_stride, void* o, float* lse, float* o_acc,
+                            float* lse_tmp, cudaStream_t stream);
 
 }  // namespace fusedcomm
