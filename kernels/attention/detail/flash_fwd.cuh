@@ -145,7 +145,9 @@ __device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[
       *ap = v;
       if (orow != nullptr) *reinterpret_cast<uint32_t*>(orow + 8 * j + col0) = pack_bf16(v.x, v.y);
     }
-    __syncwarp(0xffffffffu >> 0);  // the quad's reads of lse[lse_idx] before its write
+    // The quad's reads of lse[lse_idx] before its write. A quad shares its row, so its four lanes
+    // all get here or all skipped the row above.
+    __syncwarp(0xFu << (lane & ~3));
     if (lane % 4 == 0) p.lse[lse_idx] = lse_new;
   }
 }
