@@ -691,6 +691,8 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
   const uint64_t acc_bytes =
       (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
   const uint64_t lse_bytes = static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4;
+  // Workspace: [this rank's packed K; V: slot_bytes][gathered: world × slot_bytes]
+  // [o_acc: B·S_r·Hq·D fp32, rounded up to 256 B][lse stand-in: B·Hq·S_r fp32].
   cudaStream_t s = begin(nullptr);
   char* work = static_cast<char*>(workspace(slot_bytes * (world + 1) + acc_bytes + lse_bytes + 256));
   char* packed = work;

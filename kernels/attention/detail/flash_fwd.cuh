@@ -28,6 +28,11 @@
 
 namespace fusedcomm::kernels::detail {
 
+// Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 B):
+//   Q            kPanels × 16 KiB      (128 rows × 128 B per 64-column panel)
+//   K ring       kStages × kKVBytes    (stage s: kPanels panels of 128 keys)
+//   V ring       kStages × kKVBytes
+//   barriers     q_full, k_full[kStages], v_full[kStages], empty[kStages] (8 B each)
 template <int D>
 struct FlashCfg {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
@@ -45,18 +50,23 @@ struct FlashCfg {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register file over-committed");
 };
 
+// The kernel's scalar arguments (by value; the launcher fills them from AttentionArgs).
 struct FlashParams {
-  __nv_bfloat16* o;
-  int64_t o_sb, o_ss, o_sh;
-  float* lse;
-  float* o_acc;
-  int64_t lse_sb, lse_sh, acc_sb;
-  int acc;  // AttnAccum
-  int q_len, kv_len, q_heads, group, m_tiles;
+  __nv_bfloat16* o;          // bf16 output, or null (accumulation without the final rounding)
+  int64_t o_sb, o_ss, o_sh;  // o's batch, row and head strides (elements)
+  float* lse;                // (natural-log) log-sum-exp, or null with acc == kNone
+  float* o_acc;              // running fp32 output (acc != kNone)
+  int64_t lse_sb, lse_sh;    // lse's batch and head strides (row stride 1)
+  int64_t acc_sb;            // o_acc's batch stride (row stride q_heads · D)
+  int acc;                   // AttnAccum
+  int q_len, kv_len, q_heads;
+  int group;    // q_heads / kv_heads
+  int m_tiles;  // 128-row query tiles per (batch, head)
   int causal;
   int delta;  // q_pos0 - k_pos0, clamped to [-(q_len + 1), kv_len + 1]: key j visible to row i iff j <= i + delta
   float scale_log2;  // scale · log2(e)
 };
+static_assert(sizeof(FlashParams) == 112, "kernel argument layout");
 
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
                                             int32_t c1, int32_t c2, int32_t c3) {
