@@ -30,6 +30,16 @@ FAMILIES = {
                  "output checked element by element against an fp32 reference before timing.",
         columns=("label", "m", "n", "k", "layout"), rate="tflops", rate_name="TFLOP/s",
         baselines=("cublas",), parts=None, xlog=False),
+    "attention": dict(
+        title="Attention forward: fusedcomm vs torch SDPA",
+        protocol="bf16 q, k, v, o, fp32 softmax, one GPU, (B, S, H, D) tensors. Ours (through ctypes) "
+                 "and torch's scaled_dot_product_attention with its cuDNN and flash backends "
+                 "interleaved in one process on the same random tensors: alternating rounds of "
+                 "back-to-back launches, one CUDA event pair per launch; medians. TFLOP/s = "
+                 "4·B·Hq·S²·D / t, halved when causal. Every output checked against an fp32 "
+                 "reference (sampled query rows of every batch and head) before timing.",
+        columns=("label", "batch", "s", "q_heads", "kv_heads", "d", "causal"), rate="tflops",
+        rate_name="TFLOP/s", baselines=("torch_sdpa_cudnn", "torch_sdpa_flash"), parts=None, xlog=False),
     "collectives": dict(
         title="Collectives: fusedcomm vs NCCL",
         protocol="bf16, one process per GPU. Medians of 10 batches of back-to-back calls (CUDA "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark suite on a GPU host, in one command, from any folder:
-#   bench/run.sh <out-dir> [family ...]        families: gemm collectives fused transport (all)
+#   bench/run.sh <out-dir> [family ...]        families: gemm attention collectives fused transport (all)
 # Builds the drivers (CMake, no JDK needed) unless FC_BENCH_BIN names a folder of prebuilt ones,
 # writes the GPU facts, then per family checks and times ours and the baselines on the same GPUs
 # and writes <out-dir>/<family>.{json,md,png} (bench/report.py), the drivers' rows in
@@ -36,9 +36,9 @@ mkdir -p "$1" || exit 2
 out=$(cd "$1" && pwd)
 shift
 families=("$@")
-[ ${#families[@]} -gt 0 ] || families=(gemm collectives fused transport)
+[ ${#families[@]} -gt 0 ] || families=(gemm attention collectives fused transport)
 for f in "${families[@]}"; do
-  case "$f" in gemm|collectives|fused|transport) ;; *) echo "unknown family: $f" >&2; usage ;; esac
+  case "$f" in gemm|attention|collectives|fused|transport) ;; *) echo "unknown family: $f" >&2; usage ;; esac
 done
 
 # NVLink multicast stays off (NCCL, PyTorch symmetric memory, NVSHMEM): on a shared host a
@@ -132,6 +132,15 @@ fused_torch() {
 }
 run_collectives() { rounds coll_ours coll_nccl; }
 run_fused() { rounds fused_ours fused_torch; }
+run_attention() {  # ours and torch SDPA (cuDNN, flash) interleaved in one process
+  if python3 -c 'import torch' 2>/dev/null; then
+    step attention 900 python3 "$here/attention/torch_attention.py" --shapes "$shapes/attention.txt" \
+      --lib "$bin/libfc_attn_bench.so" --out "$out/rows/attention.jsonl"
+  else
+    fail "attention: needs torch (the driver is torch_attention.py)"
+  fi
+}
+
 run_transport() {
   step transport 600 "$bin/transport_bench" --shapes "$shapes/transport.txt" --out "$out/rows/transport.jsonl" \
     --transports "${FC_BENCH_TRANSPORTS:-socket}"

@@ -7,6 +7,7 @@
 
 #include "cross_host_paths.h"
 #include "fused_plan.h"
+#include "fusedcomm/runtime/device_attention.h"
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
@@ -657,9 +658,63 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
     fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
 }
 
-void CudaComm::ring_attention(const OpDesc& desc, DType, const host::AttentionShape&, const void*,
-                              const void*, const void*, void*, float*) {
-  unavailable(desc);
+void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                              const void* q, const void* k, const void* v, void* o, float* lse) {
+  RingAttentionShape rs;
+  rs.batch = shape.batch;
+  rs.seq = shape.seq;
+  rs.q_heads = shape.q_heads;
+  rs.kv_heads = shape.kv_heads;
+  rs.head_dim = shape.head_dim;
+  rs.causal = shape.causal;
+  rs.scale = shape.scale;
+  rs.zigzag = false;  // the contiguous layout until host::AttentionShape carries fc_seq_layout_t
+  ring_attention_gpu(desc, dtype, rs, q, k, v, o, lse);
+}
+
+// Decomposed, on one host: every rank's [K; V] gathered by our allGather (bounded waits: a dead
+// or late rank is a timeout naming it), then one attention launch per (query chunk, key chunk)
+// pair with a visible key, merged by log-sum-exp in fp32 (cuda_attention.h). All on one
+// stream, no host round trip between the steps.
+void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
+                                  const void* q, const void* k, const void* v, void* o, float* lse) {
+  constexpr const char* kOp = "ringAttention";
+  require_bf16(dtype, kOp);
+  require_ring_attention_shape(shape);
+  if (hosts_ != nullptr) unavailable(desc);  // across hosts: not on the GPU yet
+  const int world = sm_->world(), rank = sm_->rank();
+  int64_t s_r = 0;
+  for (const SeqChunk& c : attention_seq_chunks(shape.seq, world, rank, shape.zigzag)) s_r += c.rows;
+  const int64_t slot = ring_kv_slot_elems(shape, world);
+  require_fits(kOp, static_cast<uint64_t>(slot) * 2);
+  const uint64_t slot_bytes = (static_cast<uint64_t>(slot) * 2 + 255) / 256 * 256;
+  const uint64_t acc_bytes =
+      (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
+  const uint64_t lse_bytes = static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4;
+  // Workspace: [this rank's packed K; V: slot_bytes][gathered: world × slot_bytes]
+  // [o_acc: B·S_r·Hq·D fp32, rounded up to 256 B][lse stand-in: B·Hq·S_r fp32].
+  cudaStream_t s = begin(nullptr);
+  char* work = static_cast<char*>(workspace(slot_bytes * (world + 1) + acc_bytes + lse_bytes + 256));
+  char* packed = work;
+  char* gathered = packed + slot_bytes;
+  float* o_acc = reinterpret_cast<float*>(gathered + slot_bytes * world);
+  float* lse_tmp = reinterpret_cast<float*>(reinterpret_cast<char*>(o_acc) + acc_bytes);
+  enqueue_ring_pack(shape, world, rank, k, v, packed, s);
+  if (world > 1) {
+    // Slots of slot_bytes: the allGather's blocks (count split evenly over the ranks).
+    k::CollectiveArgs args;
+    args.op = k::CommOp::kAllGather;
+    args.dtype = k::CommDtype::kBF16;
+    args.count = static_cast<int64_t>(slot_bytes / 2) * world;
+    args.output = gathered;
+    local_->enqueue(args, packed, slot_bytes, s);
+  } else {
+    check_cuda(cudaMemcpyAsync(gathered, packed, slot_bytes, cudaMemcpyDeviceToDevice, s),
+               "ringAttention copy");
+  }
+  enqueue_ring_attention(shape, world, rank, q, gathered, static_cast<int64_t>(slot_bytes / 2), o, lse, o_acc,
+                         lse_tmp, s);
+  end(s, true);
 }
 
 // ---- workspaces -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // barriers, finish() and peer-failure detection; its GPU half is the symmetric memory its ops
 // run on (one region per rank, mapped by every rank of the host through CUDA IPC), the streams
 // they are enqueued on and, with ranks on several hosts, the paths between hosts
-// (src/comm/cross_host_paths.h). Ops not on the GPU yet (ring attention; MoE across hosts)
+// (src/comm/cross_host_paths.h). Ops not on the GPU yet (ring attention and MoE across hosts)
 // refuse with Error(kUnavailable).
 //
 // MoE (kernels/moe/moe.h), synchronous: moe_dispatch_gemm routes on the GPU (no host round
@@ -65,6 +65,7 @@
 namespace fusedcomm {
 
 class CrossHostPaths;
+struct RingAttentionShape;
 class LocalCollectives;
 struct FusedContext;
 
@@ -125,6 +126,11 @@ class CudaComm final : public Comm {
                    const void* expert_out, int64_t width, void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
                       const void* k, const void* v, void* o, float* lse) override;
+  // The same with the layout named (device_attention.h RingAttentionShape): ring_attention runs
+  // the contiguous layout until host::AttentionShape carries fc_seq_layout_t. One host only
+  // (Error(kUnavailable) across hosts); synchronous, on the communicator's own stream.
+  void ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape, const void* q,
+                          const void* k, const void* v, void* o, float* lse);
 
   void synchronize() override;
   // This rank's ops are complete (device), then the host half's barrier.

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Attention forward baselines: torch scaled_dot_product_attention with its cuDNN and flash
+backends on the shapes of a list; with --lib, also ours (libfc_attn_bench.so, attn_lib.cu,
+through ctypes), interleaved with them in one process on the same tensors.
+
+  torch_attention.py --shapes bench/shapes/attention.txt --out rows.jsonl [--lib libfc_attn_bench.so]
+
+Protocol: q, k uniform in [-2, 2), v in [-1, 1), bf16, (B, S, H, D) as ours takes them (torch gets
+the (B, H, S, D) views of the same storage). Every output checked against an fp32 reference on
+sampled query rows of every (batch, head) before timing (tolerance 6e-3 + 1e-2·|ref|; ours'
+lse too). Then `warmup` launches of each, `rounds` rounds of `iters` launches per
+implementation, alternating, one CUDA event pair per launch; the median over all timed
+launches. TFLOP/s = 4·B·Hq·S²·D / t, halved when causal. Exit 1 on a mismatch.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+
+
+def read_shapes(path):
+    shapes = []
+    for line in open(path):
+        words = line.split("#")[0].split()
+        if not words:
+            continue
+        if len(words) != 7:
+            raise SystemExit(f"{path}: expected '<label> <B> <S> <Hq> <Hkv> <D> <causal>', got {line!r}")
+        shapes.append((words[0], *map(int, words[1:])))
+    return shapes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", required=True)
+    ap.add_argument("--out", required=True, help="rows as JSON lines")
+    ap.add_argument("--lib", help="libfc_attn_bench.so: time ours too, interleaved")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--check-rows", type=int, default=256, help="query rows checked per (batch, head)")
+    args = ap.parse_args()
+    shapes = read_shapes(args.shapes)
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.backends.cuda.matmul.allow_tf32 = False
+    lib = None
+    if args.lib:
+        lib = ctypes.CDLL(os.path.abspath(args.lib))
+        lib.fc_attention_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+        lib.fc_attention_bf16.restype = ctypes.c_int
+
+    def time_launches(fn):
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(args.iters)]
+        for e0, e1 in ev:
+            e0.record()
+            fn()
+            e1.record()
+        torch.cuda.synchronize()
+        return [e0.elapsed_time(e1) for e0, e1 in ev]
+
+    failed = 0
+    with open(args.out, "w") as out:
+        for label, B, S, Hq, Hkv, D, causal in shapes:
+            g = torch.Generator(device="cuda").manual_seed(1234)
+            q = ((torch.rand(B, S, Hq, D, device="cuda", generator=g) * 4 - 2)).to(torch.bfloat16)
+            k = ((torch.rand(B, S, Hkv, D, device="cuda", generator=g) * 4 - 2)).to(torch.bfloat16)
+            v = ((torch.rand(B, S, Hkv, D, device="cuda", generator=g) * 2 - 1)).to(torch.bfloat16)
+            o = torch.empty(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
+            lse = torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            stream = torch.cuda.current_stream().cuda_stream
+            gqa = Hq != Hkv
+
+            def ours():
+                rc = lib.fc_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                           B, S, S, Hq, Hkv, D, causal, ctypes.c_void_p(stream))
+                if rc != 0:
+                    raise RuntimeError(f"fc_attention_bf16 returned cudaError {rc}")
+                return o
+
+            def sdpa(backend):
+                def fn():
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal),
+                                                              enable_gqa=gqa).transpose(1, 2)
+                return fn
+
+            impls = ([("fusedcomm", ours)] if lib else []) + [
+                ("torch_sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+                ("torch_sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION))]
+            # fp32 reference on sampled query rows (all of them for short sequences).
+            rows = torch.linspace(0, S - 1, min(S, args.check_rows), device="cuda").round().long().unique()
+            kf = kt.float().repeat_interleave(Hq // Hkv, dim=1)
+            vf = vt.float().repeat_interleave(Hq // Hkv, dim=1)
+            qs = qt[:, :, rows].float()
+            sc = (qs @ kf.transpose(-1, -2)) / math.sqrt(D)
+            if causal:
+                sc = sc.masked_fill(torch.arange(S, device="cuda")[None, :] > rows[:, None], float("-inf"))
+            ref_lse = torch.logsumexp(sc, dim=-1)
+            ref = (torch.softmax(sc, dim=-1) @ vf).transpose(1, 2)  # (B, rows, Hq, D)
+            del kf, vf, sc, qs
+            good = []
+            for name, fn in impls:  # each checked before it is timed
+                o.fill_(float("nan"))
+                lse.fill_(float("nan"))
+                try:
+                    got = fn()[:, rows].float()
+                except RuntimeError as e:  # a backend that does not take this shape
+                    print(f"{label}: {name} unavailable: {str(e).splitlines()[0]}", flush=True)
+                    continue
+                bad = ~((got - ref).abs() <= 6e-3 + 1e-2 * ref.abs())
+                if name == "fusedcomm":
+                    bad_l = ~((lse[:, :, rows] - ref_lse).abs() <= 2e-3 + 1e-4 * ref_lse.abs())
+                    if bad_l.any():
+                        print(f"{label}: {name} lse FAILED its check: {int(bad_l.sum())} mismatches", flush=True)
+                        failed += 1
+                        continue
+                if bad.any():
+                    i = int(bad.flatten().nonzero()[0])
+                    print(f"{label}: {name} FAILED its check: {int(bad.sum())} mismatches, first "
+                          f"{got.flatten()[i].item()} vs {ref.flatten()[i].item()}", flush=True)
+                    if name == "fusedcomm":
+                        failed += 1
+                    continue
+                good.append((name, fn))
+            del ref, ref_lse
+            for _ in range(args.warmup):
+                for _, fn in good:
+                    fn()
+            times = {name: [] for name, _ in good}
+            for _ in range(args.rounds):
+                for name, fn in good:
+                    times[name] += time_launches(fn)
+            flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1)
+            line = f"{label:16s} B={B:3d} S={S:6d} Hq={Hq} Hkv={Hkv} D={D} causal={causal}:"
+            for name, _ in good:
+                ms = statistics.median(times[name])
+                row = dict(family="attention", op="attention", impl=name, world=1,
+                           shape=dict(batch=B, s=S, q_heads=Hq, kv_heads=Hkv, d=D, causal=bool(causal)),
+                           dtype="bf16", ms_median=ms, tflops=flops / (ms * 1e-3) / 1e12, gbps=None, label=label)
+                out.write(json.dumps(row) + "\n")
+                line += f" {name} {row['tflops']:.0f}"
+            out.flush()
+            print(line + " TFLOP/s", flush=True)
+            del q, k, v, o, lse, qt, kt, vt
+            torch.cuda.empty_cache()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+// Attention on the GPU through the kernels library's flash-attention forward
+// (kernels/attention/attention.h): the single-GPU op (fc_attention's cuda backend, docs/ops.md
+// "attention") with the caller's argument checks, and the pieces of CudaComm's ring attention.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "fusedcomm/fusedcomm.h"
+#include "fusedcomm/types.h"
+
+namespace fusedcomm {
+
+// o = attention(q, k, v) on the calling thread's current GPU, enqueued on `stream` (nullptr: the
+// legacy stream, and the call returns after the kernel finished). Dense tensors as
+// fc_attention_local_t says: q, o (B, q_len, Hq, D), k, v (B, kv_len, Hkv, D), bf16; lse
+// (B, Hq, q_len) fp32 natural-log, or null. Causal: top-left aligned (query i sees keys j <= i).
+// Error(kInvalidArgument) for a shape, dtype or pointer the kernel does not take (bf16 only,
+// head_dim 64 or 128, Hq a multiple of Hkv, 16-byte aligned device pointers); Error(kFatalGpu)
+// when the launch (or, synchronous, the kernel) fails.
+void cuda_attention_local(const fc_attention_local_t& shape, DType dtype, const void* q, const void* k,
+                          const void* v, void* o, float* lse, cudaStream_t stream);
+
+}  // namespace fusedcomm
+
+namespace fusedcomm {
+
+// ---- ring attention on the GPU (CudaComm::ring_attention) ------------------------------------
+// Which positions of the sequence a rank holds: one chunk (contiguous: the split rule over W) or
+// two (zigzag: chunks r and 2W-1-r of the split rule over 2W), in the rank's row order.
+struct SeqChunk {
+  int64_t pos = 0;   // global position of the chunk's first row
+  int64_t rows = 0;  // rows of the chunk
+};
+std::vector<SeqChunk> attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag);
+
+// The shape of one ring: the whole sequence as fc_attention_shape_t gives it, and the layout.
+struct RingAttentionShape {
+  int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  bool causal = false;
+  float scale = 0.0f;
+  bool zigzag = false;
+};
+
+// Throws Error(kInvalidArgument) for what the GPU ring does not take (the op name in the
+// message); what cuda_attention_local checks, over the ring's shape.
+void require_ring_attention_shape(const RingAttentionShape& s);
+
+// Elements (bf16) of one rank's slot in the gathered K/V: [K; V] of the largest rank's rows.
+int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world);
+
+// Packs this rank's k and v (B, S_r, Hkv, D each) into `slot` ([K; V], ring_kv_slot_elems long),
+// on `stream`.
+void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
+                       void* slot, cudaStream_t stream);
+
+// With every rank's slot gathered (`gathered`: W slots, rank p's at p · slot_stride): this
+// rank's o and lse over the whole sequence, by one attention launch per (query chunk, key
+// chunk) pair that has a visible key, each folded into o_acc (B · S_r · Hq · D fp32) and lse
+// by its log-sum-exp (kernels/attention/attention.h "Accumulation"); the rank's own chunks
+// first. lse_tmp (B · Hq · S_r fp32) stands in for a null lse.
+// slot_stride: elements between consecutive ranks' slots (>= ring_kv_slot_elems).
+void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q,
+                            const void* gathered, int64_t slot_stride, void* o, float* lse, float* o_acc,
+                            float* lse_tmp, cudaStream_t stream);
+
+}  // namespace fusedcomm

@@ -1,0 +1,205 @@
+#include "fusedcomm/runtime/device_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/split.h"
+#include "kernels/attention/attention.h"
+
+namespace fusedcomm {
+
+void cuda_attention_local(const fc_attention_local_t& s, DType dtype, const void* q, const void* k,
+                          const void* v, void* o, float* lse, cudaStream_t stream) {
+  const std::string shape = "(B=" + std::to_string(s.batch) + ", q_len=" + std::to_string(s.q_len) +
+                            ", kv_len=" + std::to_string(s.kv_len) + ", Hq=" + std::to_string(s.q_heads) +
+                            ", Hkv=" + std::to_string(s.kv_heads) + ", D=" + std::to_string(s.head_dim) + ")";
+  FC_REQUIRE(dtype == DType::kBF16, "attention on the cuda backend takes bf16 tensors");
+  FC_REQUIRE(s.batch >= 0 && s.q_len >= 0 && s.kv_len >= 0, "attention: negative extent in " + shape);
+  FC_REQUIRE(s.head_dim == 64 || s.head_dim == 128,
+             "attention on the cuda backend needs head_dim 64 or 128, got " + shape);
+  FC_REQUIRE(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
+             "attention: q_heads must be a positive multiple of kv_heads, got " + shape);
+  FC_REQUIRE(std::isfinite(s.scale) && s.scale >= 0.0f,
+             "attention: scale must be finite and >= 0 (0: 1/sqrt(D))");
+  if (s.batch == 0 || s.q_len == 0) return;
+  for (const void* p : {q, k, v, static_cast<const void*>(o)}) {
+    FC_REQUIRE(p != nullptr, "attention: q, k, v and o must not be null");
+    FC_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+               "attention: device pointers must be 16-byte aligned");
+  }
+  FC_REQUIRE(lse == nullptr || reinterpret_cast<uintptr_t>(lse) % 4 == 0,
+             "attention: lse must be 4-byte aligned");
+  kernels::AttentionArgs a;
+  a.q = kernels::attn_dense(q, s.q_len, s.q_heads, s.head_dim);
+  a.k = kernels::attn_dense(k, s.kv_len, s.kv_heads, s.head_dim);
+  a.v = kernels::attn_dense(v, s.kv_len, s.kv_heads, s.head_dim);
+  a.o = static_cast<__nv_bfloat16*>(o);
+  a.o_stride_h = s.head_dim;
+  a.o_stride_s = s.q_heads * s.head_dim;
+  a.o_stride_b = s.q_len * a.o_stride_s;
+  a.lse = lse;
+  a.batch = s.batch;
+  a.q_len = s.q_len;
+  a.kv_len = s.kv_len;
+  a.q_heads = s.q_heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.causal = s.causal != 0;
+  a.scale = s.scale;
+  if (const char* why = kernels::attention_check(a)) {
+    fail(ErrorKind::kInvalidArgument, std::string("attention ") + shape + ": " + why);
+  }
+  cudaError_t e = kernels::launch_attention(a, stream);
+  if (e == cudaSuccess && stream == nullptr) e = cudaStreamSynchronize(nullptr);
+  if (e != cudaSuccess) {
+    fail(ErrorKind::kFatalGpu,
+         "attention " + shape + " failed on the GPU: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  }
+}
+
+}  // namespace fusedcomm
+
+namespace fusedcomm {
+
+namespace {
+void check_launch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    fail(ErrorKind::kFatalGpu,
+         std::string("ringAttention: ") + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  }
+}
+}  // namespace
+
+std::vector<SeqChunk> attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag) {
+  if (!zigzag) return {SeqChunk{split_offset(seq, world, rank), split_count(seq, world, rank)}};
+  const int a = rank, b = 2 * world - 1 - rank;
+  return {SeqChunk{split_offset(seq, 2 * world, a), split_count(seq, 2 * world, a)},
+          SeqChunk{split_offset(seq, 2 * world, b), split_count(seq, 2 * world, b)}};
+}
+
+void require_ring_attention_shape(const RingAttentionShape& s) {
+  const std::string shape = "(B=" + std::to_string(s.batch) + ", seq=" + std::to_string(s.seq) +
+                            ", Hq=" + std::to_string(s.q_heads) + ", Hkv=" + std::to_string(s.kv_heads) +
+                            ", D=" + std::to_string(s.head_dim) + ")";
+  FC_REQUIRE(s.batch >= 0 && s.seq >= 0, "ringAttention: negative extent in " + shape);
+  FC_REQUIRE(s.head_dim == 64 || s.head_dim == 128,
+             "ringAttention on the cuda backend needs head_dim 64 or 128, got " + shape);
+  FC_REQUIRE(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
+             "ringAttention: q_heads must be a positive multiple of kv_heads, got " + shape);
+  FC_REQUIRE(s.batch <= 65535 && s.q_heads <= 65535, "ringAttention: batch and q_heads must be <= 65535");
+  FC_REQUIRE(std::isfinite(s.scale) && s.scale >= 0.0f,
+             "ringAttention: scale must be finite and >= 0 (0: 1/sqrt(D))");
+}
+
+int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world) {
+  int64_t rows = 0;
+  for (int p = 0; p < world; ++p) {
+    int64_t n = 0;
+    for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) n += c.rows;
+    rows = std::max(rows, n);
+  }
+  return 2 * s.batch * rows * s.kv_heads * s.head_dim;
+}
+
+void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
+                       void* slot, cudaStream_t stream) {
+  int64_t rows = 0;
+  for (const SeqChunk& c : attention_seq_chunks(s.seq, world, rank, s.zigzag)) rows += c.rows;
+  const size_t bytes = static_cast<size_t>(s.batch * rows * s.kv_heads * s.head_dim) * 2;
+  if (bytes == 0) return;
+  auto* dst = static_cast<char*>(slot);
+  check_launch(cudaMemcpyAsync(dst, k, bytes, cudaMemcpyDeviceToDevice, stream), "copying k");
+  check_launch(cudaMemcpyAsync(dst + bytes, v, bytes, cudaMemcpyDeviceToDevice, stream), "copying v");
+}
+
+void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q,
+                            const void* gathered, int64_t slot_stride, void* o, float* lse, float* o_acc,
+                            float* lse_tmp, cudaStream_t stream) {
+  const int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
+  const std::vector<SeqChunk> mine = attention_seq_chunks(s.seq, world, rank, s.zigzag);
+  int64_t s_r = 0;
+  for (const SeqChunk& c : mine) s_r += c.rows;
+  if (B == 0 || s_r == 0) return;
+  const int64_t slot = slot_stride;
+  float* lse_out = lse != nullptr ? lse : lse_tmp;
+  // Every key chunk of the ring: owner, its row offset in the owner's K/V, the owner's rows.
+  struct KeyChunk {
+    int owner;
+    SeqChunk c;
+    int64_t row0, owner_rows;
+  };
+  std::vector<KeyChunk> keys;
+  for (int i = 0; i < world; ++i) {
+    const int p = (rank - i + world) % world;  // own first, then the ring's order
+    const std::vector<SeqChunk> theirs = attention_seq_chunks(s.seq, world, p, s.zigzag);
+    int64_t n = 0;
+    for (const SeqChunk& c : theirs) n += c.rows;
+    int64_t row0 = 0;
+    for (const SeqChunk& c : theirs) {
+      if (c.rows > 0) keys.push_back({p, c, row0, n});
+      row0 += c.rows;
+    }
+  }
+  const auto* gq = static_cast<const __nv_bfloat16*>(q);
+  const auto* gkv = static_cast<const __nv_bfloat16*>(gathered);
+  auto* go = static_cast<__nv_bfloat16*>(o);
+  int64_t q_row0 = 0;
+  for (const SeqChunk& qc : mine) {
+    if (qc.rows == 0) continue;
+    std::vector<const KeyChunk*> seen;
+    for (const KeyChunk& kc : keys) {
+      if (!s.causal || kc.c.pos <= qc.pos + qc.rows - 1) seen.push_back(&kc);
+    }
+    kernels::AttentionArgs a;
+    a.batch = B;
+    a.q_len = qc.rows;
+    a.q_heads = Hq;
+    a.kv_heads = Hkv;
+    a.head_dim = D;
+    a.causal = s.causal;
+    a.scale = s.scale;
+    a.q_pos0 = qc.pos;
+    a.q.ptr = gq + q_row0 * Hq * D;
+    a.q.stride_h = D;
+    a.q.stride_s = Hq * D;
+    a.q.stride_b = s_r * Hq * D;
+    a.o_stride_h = D;
+    a.o_stride_s = Hq * D;
+    a.o_stride_b = s_r * Hq * D;
+    a.lse = lse_out + q_row0;
+    a.lse_stride_h = s_r;
+    a.lse_stride_b = Hq * s_r;
+    a.o_acc = o_acc + q_row0 * Hq * D;
+    a.acc_stride_b = s_r * Hq * D;
+    if (seen.empty()) {  // no visible key anywhere (empty sequence blocks): o = 0, lse = -inf
+      a.kv_len = 0;
+      a.k = a.v = a.q;
+      a.o = go + q_row0 * Hq * D;
+      a.acc = kernels::AttnAccum::kNone;
+      check_launch(kernels::launch_attention(a, stream), "attention launch");
+    }
+    for (size_t i = 0; i < seen.size(); ++i) {
+      const KeyChunk& kc = *seen[i];
+      const __nv_bfloat16* kbase = gkv + kc.owner * slot;
+      const __nv_bfloat16* vbase = kbase + B * kc.owner_rows * Hkv * D;
+      a.kv_len = kc.c.rows;
+      a.k_pos0 = kc.c.pos;
+      for (int t = 0; t < 2; ++t) {
+        kernels::AttnTensor& x = t == 0 ? a.k : a.v;
+        x.ptr = (t == 0 ? kbase : vbase) + kc.row0 * Hkv * D;
+        x.stride_h = D;
+        x.stride_s = Hkv * D;
+        x.stride_b = kc.owner_rows * Hkv * D;
+      }
+      a.acc = i == 0 ? kernels::AttnAccum::kStore : kernels::AttnAccum::kMerge;
+      a.o = i + 1 == seen.size() ? go + q_row0 * Hq * D : nullptr;
+      check_launch(kernels::launch_attention(a, stream), "attention launch");
+    }
+    q_row0 += qc.rows;
+  }
+}
+
+}  // namespace fusedcomm

@@ -1,0 +1,150 @@
+// device_attention_args_test: what the GPU attention entry points decide on the host, without a
+// GPU: cuda_attention_local's and the ring's argument checks (each refusal an
+// Error(kInvalidArgument) naming what is wrong, before any CUDA call), the kernel launcher's
+// checks, and the ring's layout math: under both layouts the ranks' chunks cover the sequence
+// exactly once, zigzag rank r holding chunks r and 2W-1-r of 2W in that order.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/runtime/device_attention.h"
+#include "fusedcomm/runtime/errors.h"
+#include "fusedcomm/runtime/split.h"
+#include "kernels/attention/attention.h"
+#include "support/check.h"
+
+namespace {
+
+using fusedcomm::DType;
+using fusedcomm::Error;
+using fusedcomm::ErrorKind;
+using fusedcomm::testing::check;
+
+// The message of the Error(kInvalidArgument) fn throws, or "" (and a failed check) otherwise.
+template <typename Fn>
+std::string refusal(Fn fn, const std::string& what) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    check(e.kind() == ErrorKind::kInvalidArgument, what + ": Error(kInvalidArgument)");
+    return e.what();
+  }
+  check(false, what + ": refused");
+  return "";
+}
+
+void local_checks() {
+  fc_attention_local_t s{};
+  s.batch = 1;
+  s.q_len = s.kv_len = 64;
+  s.q_heads = 8;
+  s.kv_heads = 2;
+  s.head_dim = 128;
+  // Aligned stand-ins: every refusal below happens before a pointer is used.
+  auto* p = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  auto run = [&](const fc_attention_local_t& x, DType t, void* q) {
+    return [=] { fusedcomm::cuda_attention_local(x, t, q, p, p, p, nullptr, nullptr); };
+  };
+  std::string m = refusal(run(s, DType::kF32, p), "f32 on the GPU");
+  check(m.find("bf16") != std::string::npos, "the dtype refusal names bf16: " + m);
+  fc_attention_local_t x = s;
+  x.head_dim = 96;
+  m = refusal(run(x, DType::kBF16, p), "head_dim 96");
+  check(m.find("head_dim 64 or 128") != std::string::npos, "the head_dim refusal says what is taken: " + m);
+  x = s;
+  x.kv_heads = 3;
+  m = refusal(run(x, DType::kBF16, p), "Hq % Hkv != 0");
+  check(m.find("multiple of kv_heads") != std::string::npos, "the GQA refusal: " + m);
+  x = s;
+  x.q_len = -1;
+  refusal(run(x, DType::kBF16, p), "negative q_len");
+  m = refusal(run(s, DType::kBF16, reinterpret_cast<void*>((uintptr_t{1} << 20) + 2)), "misaligned q");
+  check(m.find("16-byte aligned") != std::string::npos, "the alignment refusal: " + m);
+  x = s;
+  x.scale = -1.0f;
+  refusal(run(x, DType::kBF16, p), "negative scale");
+  // Nothing to compute: returns before any CUDA call (so it runs here, without a GPU).
+  x = s;
+  x.batch = 0;
+  bool ok = true;
+  try {
+    run(x, DType::kBF16, p)();
+  } catch (const Error&) { ok = false; }
+  check(ok, "batch 0 is a no-op");
+}
+
+void kernel_checks() {
+  namespace k = fusedcomm::kernels;
+  k::AttentionArgs a;
+  a.batch = 1;
+  a.q_len = a.kv_len = 16;
+  a.q_heads = a.kv_heads = 2;
+  a.head_dim = 64;
+  auto* p = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+  a.q = k::attn_dense(p, 16, 2, 64);
+  a.k = a.v = a.q;
+  a.o = static_cast<__nv_bfloat16*>(const_cast<void*>(p));
+  a.o_stride_h = 64;
+  a.o_stride_s = 128;
+  a.o_stride_b = 16 * 128;
+  check(k::attention_check(a) == nullptr, "a dense shape passes the launcher's checks");
+  k::AttentionArgs b = a;
+  b.q.stride_s = 130;
+  check(k::attention_check(b) != nullptr, "a row stride that is not a multiple of 8 elements is refused");
+  b = a;
+  b.acc = k::AttnAccum::kMerge;
+  check(k::attention_check(b) != nullptr, "accumulation without o_acc and lse is refused");
+  b = a;
+  b.head_dim = 256;
+  check(k::attention_check(b) != nullptr, "head_dim 256 is refused");
+}
+
+void layout_checks() {
+  for (int w = 1; w <= 8; ++w) {
+    for (int64_t seq : {0, 1, 5, 7, 16, 100, 1001}) {
+      for (bool zigzag : {false, true}) {
+        std::vector<int> seen(static_cast<size_t>(seq), 0);
+        bool ordered = true;
+        for (int r = 0; r < w; ++r) {
+          const std::vector<fusedcomm::SeqChunk> c = fusedcomm::attention_seq_chunks(seq, w, r, zigzag);
+          if (zigzag) {
+            ordered = ordered && c.size() == 2 && c[0].pos == fusedcomm::split_offset(seq, 2 * w, r) &&
+                      c[1].pos == fusedcomm::split_offset(seq, 2 * w, 2 * w - 1 - r) && c[0].pos <= c[1].pos;
+          } else {
+            ordered = ordered && c.size() == 1 && c[0].rows == fusedcomm::split_count(seq, w, r);
+          }
+          for (const fusedcomm::SeqChunk& x : c)
+            for (int64_t i = x.pos; i < x.pos + x.rows; ++i)
+              if (i >= 0 && i < seq) ++seen[static_cast<size_t>(i)];
+        }
+        bool once = true;
+        for (int n : seen) once = once && n == 1;
+        const std::string what =
+            "W=" + std::to_string(w) + " seq=" + std::to_string(seq) + (zigzag ? " zigzag" : " contiguous");
+        check(once, what + ": every position held by exactly one rank");
+        check(ordered, what + ": the layout's chunks");
+      }
+    }
+  }
+  fusedcomm::RingAttentionShape s;
+  s.batch = 2;
+  s.seq = 1001;
+  s.q_heads = 8;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.zigzag = true;
+  // Zigzag over W = 3: chunks of 167 (five) and 166 (the last); ranks 1 and 2 hold 334 rows.
+  check(fusedcomm::ring_kv_slot_elems(s, 3) == 2 * 2 * 334 * 2 * 64,
+        "the gathered slot fits the largest rank");
+  s.head_dim = 96;
+  refusal([&] { fusedcomm::require_ring_attention_shape(s); }, "ring head_dim 96");
+}
+
+}  // namespace
+
+int main() {
+  local_checks();
+  kernel_checks();
+  layout_checks();
+  return fusedcomm::testing::report("device_attention_args_test");
+}

@@ -1,0 +1,127 @@
+// The attention launcher: argument checks, tensor maps, the grid.
+#include "kernels/attention/attention.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <cmath>
+
+#include "kernels/attention/detail/flash_fwd.cuh"
+#include "kernels/attention/tuning.h"
+#include "kernels/common/driver_entry.h"
+
+namespace fusedcomm::kernels {
+
+namespace {
+
+static_assert(tuning::kAttnBlockM == detail::FlashCfg<128>::kBM &&
+                  tuning::kAttnBlockN == detail::FlashCfg<128>::kBN,
+              "tuning.h and the kernel's tile disagree");
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const auto fn =
+      detail::driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
+  return fn;
+}
+
+// (B, S, H, D) bf16, read in boxes of 64 columns × 1 head × 128 rows × 1 batch, 128-byte
+// swizzled: each box is one 128-row × 128-byte panel in shared memory. Rows past S read as 0.
+bool encode_bshd(CUtensorMap* map, const AttnTensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  // Extents of 0 (no keys) still need a valid map; nothing is loaded from it then.
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(h),
+                              static_cast<cuuint64_t>(s > 0 ? s : 1), static_cast<cuuint64_t>(b)};
+  // A stride of an extent-1 dimension is never stepped over; give it a legal value.
+  auto stride = [](int64_t st, int64_t fallback) {
+    return static_cast<cuuint64_t>((st > 0 ? st : fallback) * 2);
+  };
+  const cuuint64_t strides[3] = {stride(t.stride_h, d), stride(t.stride_s, h * d),
+                                 stride(t.stride_b, s * h * d)};
+  const cuuint32_t box[4] = {64, 1, 128, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(t.ptr), dims, strides,
+                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool stride_ok(int64_t s) { return s >= 0 && s % 8 == 0 && s < (int64_t{1} << 36); }
+
+template <int D>
+cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
+  using C = detail::FlashCfg<D>;
+  CUtensorMap tq, tk, tv;
+  if (!encode_bshd(&tq, a.q, a.batch, a.q_len, a.q_heads, D) ||
+      !encode_bshd(&tk, a.k, a.batch, a.kv_len, a.kv_heads, D) ||
+      !encode_bshd(&tv, a.v, a.batch, a.kv_len, a.kv_heads, D)) {
+    return cudaErrorInvalidValue;
+  }
+  detail::FlashParams p{};
+  p.o = a.o;
+  p.o_sb = a.o_stride_b;
+  p.o_ss = a.o_stride_s;
+  p.o_sh = a.o_stride_h;
+  p.lse = a.lse;
+  p.o_acc = a.o_acc;
+  p.lse_sh = a.lse_stride_h != 0 ? a.lse_stride_h : a.q_len;
+  p.lse_sb = a.lse_stride_b != 0 ? a.lse_stride_b : a.q_heads * a.q_len;
+  p.acc_sb = a.acc_stride_b != 0 ? a.acc_stride_b : a.q_len * a.q_heads * D;
+  p.acc = static_cast<int>(a.acc);
+  p.q_len = static_cast<int>(a.q_len);
+  p.kv_len = static_cast<int>(a.kv_len);
+  p.q_heads = static_cast<int>(a.q_heads);
+  p.group = static_cast<int>(a.q_heads / a.kv_heads);
+  p.m_tiles = static_cast<int>((a.q_len + C::kBM - 1) / C::kBM);
+  p.causal = a.causal ? 1 : 0;
+  int64_t delta = a.q_pos0 - a.k_pos0;
+  if (delta > a.kv_len + 1) delta = a.kv_len + 1;
+  if (delta < -(a.q_len + 1)) delta = -(a.q_len + 1);
+  p.delta = static_cast<int>(delta);
+  const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  auto kernel = detail::flash_fwd_kernel < D,
+       D == 128 ? tuning::kAttnPipelined128 : tuning::kAttnPipelined64 > ;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(p.m_tiles), static_cast<unsigned>(a.q_heads),
+                  static_cast<unsigned>(a.batch));
+  kernel<<<grid, 384, C::kSmemBytes, stream>>>(tq, tk, tv, p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const char* attention_check(const AttentionArgs& a) {
+  if (a.head_dim != 64 && a.head_dim != 128) return "head_dim must be 64 or 128";
+  if (a.batch < 0 || a.q_len < 0 || a.kv_len < 0) return "negative extent";
+  if (a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0)
+    return "q_heads must be a positive multiple of kv_heads";
+  if (a.batch > 65535 || a.q_heads > 65535) return "batch and q_heads must be at most 65535";
+  if (a.q_len >= (int64_t{1} << 31) - 256 || a.kv_len >= (int64_t{1} << 31) - 256) return "sequence too long";
+  if (a.scale < 0.0f || !std::isfinite(a.scale)) return "scale must be finite and >= 0";
+  const AttnTensor* ins[3] = {&a.q, &a.k, &a.v};
+  for (const AttnTensor* t : ins) {
+    if (t->ptr == nullptr && a.batch > 0) return "q, k and v must not be null";
+    if (!aligned16(t->ptr)) return "q, k and v must be 16-byte aligned";
+    if (!stride_ok(t->stride_b) || !stride_ok(t->stride_s) || !stride_ok(t->stride_h))
+      return "q, k and v strides must be non-negative multiples of 8 elements";
+  }
+  if (!aligned16(a.o) || !stride_ok(a.o_stride_b) || !stride_ok(a.o_stride_s) || !stride_ok(a.o_stride_h))
+    return "o must be 16-byte aligned with strides that are multiples of 8 elements";
+  if (a.acc == AttnAccum::kNone) {
+    if (a.o == nullptr && a.batch > 0 && a.q_len > 0) return "o must not be null";
+  } else {
+    if (a.o_acc == nullptr || a.lse == nullptr) return "accumulation needs o_acc and lse";
+    if (reinterpret_cast<uintptr_t>(a.o_acc) % 16 != 0) return "o_acc must be 16-byte aligned";
+  }
+  return nullptr;
+}
+
+cudaError_t launch_attention(const AttentionArgs& a, cudaStream_t stream) {
+  if (attention_check(a) != nullptr) return cudaErrorInvalidValue;
+  if (a.batch == 0 || a.q_len == 0) return cudaSuccess;
+  return a.head_dim == 128 ? launch_d<128>(a, stream) : launch_d<64>(a, stream);
+}
+
+}  // namespace fusedcomm::kernels

@@ -1,0 +1,522 @@
+// The flash-attention forward kernel (attention.h is the contract).
+//
+// CTA = 3 warpgroups (384 threads), one CTA per SM, one 128-row query tile of one (batch, head):
+//   warpgroup 0: producer. One thread loads the Q tile once and then, per 128-key block, K and
+//     V into a ring of kStages shared-memory stages (TMA, 128-byte swizzle; out-of-bounds rows
+//     arrive as zeros). K and V complete on separate barriers, so S = Q·Kᵀ starts before V lands.
+//   warpgroups 1, 2: consumers, 64 query rows each. Per key block: S = Q·Kᵀ (wgmma, both
+//     operands in shared memory), the online softmax in fp32 registers (row max over the
+//     thread's quad, exp2 with the scale folded in), P rounded to bf16 and kept in registers as
+//     wgmma's A operand, O = O·α + P·V (wgmma, V N-major), then the stage is released.
+//     At head dim 128 (tuning.h) the loop is pipelined within the warpgroup: S of block n and
+//     P·V of block n-1 are issued together and the softmax of block n runs while P·V of block
+//     n-1 is on the tensor cores; and the two warpgroups take turns issuing their matmuls
+//     (named barriers), so one's softmax overlaps the other's matmuls. At 64 each warpgroup
+//     runs the plain order and the two overlap only as the scheduler interleaves them.
+// Causal: the key blocks past the tile's last visible key are never loaded; masks are applied
+// only where a block crosses the diagonal or the key tail. Tiles are issued longest first.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/attention/detail/wgmma_rs.cuh"
+#include "kernels/common/sm90_primitives.cuh"
+#include "kernels/common/wgmma_ops.cuh"
+
+namespace fusedcomm::kernels::detail {
+
+// Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 B):
+//   Q            kPanels × 16 KiB      (128 rows × 128 B per 64-column panel)
+//   K ring       kStages × kKVBytes    (stage s: kPanels panels of 128 keys)
+//   V ring       kStages × kKVBytes
+//   barriers     q_full, k_full[kStages], v_full[kStages], empty[kStages] (8 B each)
+template <int D>
+struct FlashCfg {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static constexpr int kBM = 128;                // query rows per CTA (2 consumer warpgroups × 64)
+  static constexpr int kBN = 128;                // keys per block
+  static constexpr int kPanels = D / 64;         // 64-column (128-byte) swizzle panels of a row
+  static constexpr int kPanelBytes = 128 * 128;  // 128 rows × 128 B
+  static constexpr int kQBytes = kPanels * kPanelBytes;
+  static constexpr int kKVBytes = kPanels * kPanelBytes;  // one of K or V per stage
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register file over-committed");
+};
+
+// The kernel's scalar arguments (by value; the launcher fills them from AttentionArgs).
+struct FlashParams {
+  __nv_bfloat16* o;          // bf16 output, or null (accumulation without the final rounding)
+  int64_t o_sb, o_ss, o_sh;  // o's batch, row and head strides (elements)
+  float* lse;                // (natural-log) log-sum-exp, or null with acc == kNone
+  float* o_acc;              // running fp32 output (acc != kNone)
+  int64_t lse_sb, lse_sh;    // lse's batch and head strides (row stride 1)
+  int64_t acc_sb;            // o_acc's batch stride (row stride q_heads · D)
+  int acc;                   // AttnAccum
+  int q_len, kv_len, q_heads;
+  int group;    // q_heads / kv_heads
+  int m_tiles;  // 128-row query tiles per (batch, head)
+  int causal;
+  int delta;  // q_pos0 - k_pos0, clamped to [-(q_len + 1), kv_len + 1]: key j visible to row i iff j <= i + delta
+  float scale_log2;  // scale · log2(e)
+};
+static_assert(sizeof(FlashParams) == 112, "kernel argument layout");
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                            int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Arrival on a named barrier without waiting (the bar.sync side waits for `threads` in all).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The keys (from key 0) that query tile m0 needs: all, or up to the last row's diagonal.
+__device__ __forceinline__ int flash_tile_keys(const FlashParams& p, int m0, int bm) {
+  if (!p.causal) return p.kv_len;
+  const int64_t last = static_cast<int64_t>(m0) + bm - 1 + p.delta;  // last visible key of the tile
+  return static_cast<int>(last < 0 ? 0 : (last + 1 < p.kv_len ? last + 1 : p.kv_len));
+}
+
+// The finished rows of one consumer thread (rows r and r + 8 of its warp's 16) to o / lse, or
+// merged into o_acc / lse (attention.h "Accumulation").
+template <int D>
+__device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[D / 2], const float (&mx)[2],
+                                               const float (&l)[2], int b, int h, int row0, int lane) {
+  const int col0 = 2 * (lane % 4);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row0 + 8 * half;
+    const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
+    // natural-log lse: mx · scale + ln(l) = (mx · scale_log2 + log2(l)) · ln 2
+    const float lse_blk =
+        l[half] > 0.0f ? (mx[half] * p.scale_log2 + __log2f(l[half])) * 0.69314718055994531f : -INFINITY;
+    if (r >= p.q_len) continue;
+    const int64_t lse_idx = b * p.lse_sb + h * p.lse_sh + r;
+    __nv_bfloat16* orow = p.o == nullptr ? nullptr : p.o + b * p.o_sb + r * p.o_ss + h * p.o_sh;
+    if (p.acc == 0) {
+      if (orow != nullptr) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          *reinterpret_cast<uint32_t*>(orow + 8 * j + col0) =
+              pack_bf16(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+        }
+      }
+      if (p.lse != nullptr && lane % 4 == 0) p.lse[lse_idx] = lse_blk;
+      continue;
+    }
+    float* arow = p.o_acc + b * p.acc_sb + (static_cast<int64_t>(r) * p.q_heads + h) * D;
+    float w_run = 0.0f, w_blk = 1.0f, lse_new = lse_blk;
+    if (p.acc == 2) {
+      const float lse_run = p.lse[lse_idx];
+      const float m = fmaxf(lse_run, lse_blk);
+      if (m == -INFINITY) {
+        w_blk = 0.0f;
+        lse_new = -INFINITY;
+      } else {
+        lse_new = m + __logf(__expf(lse_run - m) + __expf(lse_blk - m));
+        w_run = __expf(lse_run - lse_new);
+        w_blk = __expf(lse_blk - lse_new);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2 v;
+      v.x = w_blk * (o[4 * j + 2 * half] * inv);
+      v.y = w_blk * (o[4 * j + 2 * half + 1] * inv);
+      float2* ap = reinterpret_cast<float2*>(arow + 8 * j + col0);
+      if (p.acc == 2 && w_run != 0.0f) {
+        const float2 run = *ap;
+        v.x += w_run * run.x;
+        v.y += w_run * run.y;
+      }
+      *ap = v;
+      if (orow != nullptr) *reinterpret_cast<uint32_t*>(orow + 8 * j + col0) = pack_bf16(v.x, v.y);
+    }
+    // The quad's reads of lse[lse_idx] before its write. A quad shares its row, so its four lanes
+    // all get here or all skipped the row above.
+    __syncwarp(0xFu << (lane & ~3));
+    if (lane % 4 == 0) p.lse[lse_idx] = lse_new;
+  }
+}
+
+// kPipelined: false, the plain loop (each warpgroup: S, softmax, P·V in turn); true, pipelined
+// within each warpgroup and the two warpgroups' matmuls taking turns (tuning.h says where).
+template <int D, bool kPipelined>
+__global__ void __launch_bounds__(384, 1)
+    flash_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                     const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
+  using C = FlashCfg<D>;
+  constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* sq = smem;
+  uint8_t* sk = sq + C::kQBytes;
+  uint8_t* sv = sk + kStages * C::kKVBytes;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kKVBytes);
+  uint64_t* k_full = q_full + 1;
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* empty = v_full + kStages;
+
+  const int m_tile = p.causal ? p.m_tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hk = h / p.group;
+  const int m0 = m_tile * kBM;
+  const int n_keys = flash_tile_keys(p, m0, kBM);
+  const int n_blocks = (n_keys + kBN - 1) / kBN;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&empty[s], 8);  // the 8 consumer warps
+    }
+    mbar_init_fence();
+  } else if (threadIdx.x == 32) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x != 0 || n_blocks == 0) return;
+    mbar_arrive_expect_tx(q_full, C::kQBytes);
+#pragma unroll
+    for (int pn = 0; pn < C::kPanels; ++pn)
+      tma_load_4d(sq + pn * C::kPanelBytes, &tm_q, q_full, pn * 64, h, m0, b);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int nb = 0; nb < n_blocks; ++nb) {
+      mbar_wait(&empty[stage], phase ^ 1);
+      mbar_arrive_expect_tx(&k_full[stage], C::kKVBytes);
+#pragma unroll
+      for (int pn = 0; pn < C::kPanels; ++pn) {
+        tma_load_4d(sk + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_k, &k_full[stage], pn * 64, hk,
+                    nb * kBN, b);
+      }
+      mbar_arrive_expect_tx(&v_full[stage], C::kKVBytes);
+#pragma unroll
+      for (int pn = 0; pn < C::kPanels; ++pn) {
+        tma_load_4d(sv + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_v, &v_full[stage], pn * 64, hk,
+                    nb * kBN, b);
+      }
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  setmaxnreg_inc<C::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // and row0 + 8
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float mx[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+
+  if (!kPipelined && n_blocks > 0) {
+    mbar_wait(q_full, 0);
+    const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
+    const uint32_t k_base = smem_u32(sk);
+    const uint32_t v_base = smem_u32(sv);
+    // The rows' last visible keys (inclusive), relative to key 0.
+    int lim[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t d = p.causal ? static_cast<int64_t>(row0 + 8 * half) + p.delta : INT32_MAX;
+      lim[half] = static_cast<int>(d < p.kv_len - 1 ? d : p.kv_len - 1);
+    }
+    const float sl2 = p.scale_log2;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int nb = 0; nb < n_blocks; ++nb) {
+      float s[kBN / 2];
+      mbar_wait(&k_full[stage], phase);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
+        const uint64_t da = smem_desc_sw128(q_base + off, 16, 1024);
+        const uint64_t db = smem_desc_sw128(k_base + stage * C::kKVBytes + off, 16, 1024);
+        wgmma_m64n128k16<0>(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(s);
+
+      const int n0 = nb * kBN;
+      const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
+                                                                  static_cast<int64_t>(m0) + p.delta);
+      if (masked) {
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = n0 + 8 * j + 2 * (lane % 4) + e;
+            if (col > lim[0]) s[4 * j + e] = -INFINITY;
+            if (col > lim[1]) s[4 * j + 2 + e] = -INFINITY;
+          }
+        }
+      }
+      // Online softmax, rows row0 (s[4j + 0..1]) and row0 + 8 (s[4j + 2..3]).
+      float mnew[2] = {mx[0], mx[1]};
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        mnew[0] = fmaxf(mnew[0], fmaxf(s[4 * j], s[4 * j + 1]));
+        mnew[1] = fmaxf(mnew[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+      }
+      float alpha[2], mu[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
+        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
+        mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
+        alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
+        mx[half] = mnew[half];
+        l[half] *= alpha[half];
+      }
+      uint32_t pa[kBN / 16][4];
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        const float p0 = fast_exp2(fmaf(s[4 * j], sl2, -mu[0]));
+        const float p1 = fast_exp2(fmaf(s[4 * j + 1], sl2, -mu[0]));
+        const float p2 = fast_exp2(fmaf(s[4 * j + 2], sl2, -mu[1]));
+        const float p3 = fast_exp2(fmaf(s[4 * j + 3], sl2, -mu[1]));
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
+        pa[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
+        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+      }
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+      mbar_wait(&v_full[stage], phase);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        // V N-major: 64-column slabs kPanelBytes apart (LBO), 8-key groups 1024 B apart (SBO),
+        // 16 keys = 2048 B per k-step.
+        const uint64_t db = smem_desc_sw128(v_base + stage * C::kKVBytes + kk * 2048, C::kPanelBytes, 1024);
+        if constexpr (D == 128) {
+          wgmma_m64n128k16_rs_tn(o, pa[kk], db, 1);
+        } else {
+          wgmma_m64n64k16_rs_tn(o, pa[kk], db, 1);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(o);
+      if (lane == 0) mbar_arrive(&empty[stage]);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  if (kPipelined && n_blocks > 0) {
+    mbar_wait(q_full, 0);
+    const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
+    const uint32_t k_base = smem_u32(sk);
+    const uint32_t v_base = smem_u32(sv);
+    // The rows' last visible keys (inclusive), relative to key 0.
+    int lim[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t d = p.causal ? static_cast<int64_t>(row0 + 8 * half) + p.delta : INT32_MAX;
+      lim[half] = static_cast<int>(d < p.kv_len - 1 ? d : p.kv_len - 1);
+    }
+    const float sl2 = p.scale_log2;
+    float s[kBN / 2];
+    // P of two consecutive blocks: one feeds the P·V in flight while the softmax fills the
+    // other; the loop below alternates them (a register copy between them would serialise the
+    // wgmmas).
+    uint32_t pa[kBN / 16][4];
+    uint32_t pb[kBN / 16][4];
+    float alpha[2];
+
+    // S = Q·K(stage)ᵀ, issued (one wgmma group), not waited for.
+    auto issue_s = [&](int stage) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
+        const uint64_t da = smem_desc_sw128(q_base + off, 16, 1024);
+        const uint64_t db = smem_desc_sw128(k_base + stage * C::kKVBytes + off, 16, 1024);
+        wgmma_m64n128k16<0>(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    // O += P·V(stage), issued (one wgmma group), not waited for.
+    auto issue_pv = [&](int stage, const uint32_t(&pp)[kBN / 16][4]) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        // V N-major: 64-column slabs kPanelBytes apart (LBO), 8-key groups 1024 B apart (SBO),
+        // 16 keys = 2048 B per k-step.
+        const uint64_t db = smem_desc_sw128(v_base + stage * C::kKVBytes + kk * 2048, C::kPanelBytes, 1024);
+        if constexpr (D == 128) {
+          wgmma_m64n128k16_rs_tn(o, pp[kk], db, 1);
+        } else {
+          wgmma_m64n64k16_rs_tn(o, pp[kk], db, 1);
+        }
+      }
+      wgmma_commit();
+    };
+    // The online softmax of block nb's S (complete): masks, the new row maxima, alpha (the
+    // factor for O and l), P into pn. Touches neither o nor the other P (a P·V may be in flight).
+    auto softmax = [&](int nb, uint32_t(&pn)[kBN / 16][4]) {
+      reg_fence(s);
+      const int n0 = nb * kBN;
+      const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
+                                                                  static_cast<int64_t>(m0) + p.delta);
+      // Masked scores read as -inf through a select, never written back: s stays untouched
+      // while a P·V is in flight (a write to a wgmma accumulator there serialises the wgmmas).
+      auto sv = [&](int j, int e, int half) {
+        const float x = s[4 * j + 2 * half + e];
+        if (!masked) return x;
+        const int col = n0 + 8 * j + 2 * (lane % 4) + e;
+        return col > lim[half] ? -INFINITY : x;
+      };
+      float mnew[2] = {mx[0], mx[1]};
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        mnew[0] = fmaxf(mnew[0], fmaxf(sv(j, 0, 0), sv(j, 1, 0)));
+        mnew[1] = fmaxf(mnew[1], fmaxf(sv(j, 0, 1), sv(j, 1, 1)));
+      }
+      float mu[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
+        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
+        mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
+        alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
+        mx[half] = mnew[half];
+        l[half] *= alpha[half];
+      }
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        const float p0 = fast_exp2(fmaf(sv(j, 0, 0), sl2, -mu[0]));
+        const float p1 = fast_exp2(fmaf(sv(j, 1, 0), sl2, -mu[0]));
+        const float p2 = fast_exp2(fmaf(sv(j, 0, 1), sl2, -mu[1]));
+        const float p3 = fast_exp2(fmaf(sv(j, 1, 1), sl2, -mu[1]));
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
+        pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
+        pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+      }
+    };
+    auto rescale_o = [&] {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+    };
+
+    // Software pipeline (per warpgroup): block nb's S = Q·Kᵀ and block nb-1's O += P·V are in
+    // flight together; the softmax of S(nb) runs while P·V(nb-1) still occupies the tensor
+    // cores. O is rescaled by block nb's alpha only after P·V(nb-1) has landed.
+    int stage = 0;  // block nb - 1's stage
+    uint32_t phase = 0;
+    auto step = [&](int nb, const uint32_t(&p_prev)[kBN / 16][4], uint32_t(&p_this)[kBN / 16][4]) {
+      const int next = stage + 1 == kStages ? 0 : stage + 1;
+      const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+      mbar_wait(&k_full[next], next_phase);
+      if constexpr (kPipelined) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
+      issue_s(next);
+      mbar_wait(&v_full[stage], phase);
+      issue_pv(stage, p_prev);
+      if constexpr (kPipelined) named_barrier_arrive(3 - cw, 256);  // the other's turn
+      wgmma_wait<1>();  // S(nb) complete; P·V(nb-1) may still run
+      softmax(nb, p_this);
+      wgmma_wait<0>();  // P·V(nb-1) complete: stage free, O ready to rescale
+      reg_fence(o);
+      if (lane == 0) mbar_arrive(&empty[stage]);
+      rescale_o();
+      stage = next;
+      phase = next_phase;
+    };
+    mbar_wait(&k_full[0], 0);
+    issue_s(0);
+    wgmma_wait<0>();
+    softmax(0, pa);
+    // The warpgroups take turns issuing their matmuls (named barriers 2 and 3), so
+    // that one's softmax runs while the other's matmuls run; warpgroup 0 starts.
+    if constexpr (kPipelined) {
+      if (cw == 1) named_barrier_arrive(2, 256);
+    }
+    int nb = 1;
+    for (; nb + 1 < n_blocks; nb += 2) {
+      step(nb, pa, pb);
+      step(nb + 1, pb, pa);
+    }
+    const bool odd_tail = nb < n_blocks;  // one block left: its P ends in pb
+    if (odd_tail) step(nb, pa, pb);
+    mbar_wait(&v_full[stage], phase);
+    if constexpr (kPipelined) named_barrier_sync(2 + cw, 256);
+    if (odd_tail) {
+      issue_pv(stage, pb);
+    } else {
+      issue_pv(stage, pa);
+    }
+    // Warpgroup 1's last turn hands nothing on: every sync above has its arrival.
+    if constexpr (kPipelined) {
+      if (cw == 0) named_barrier_arrive(3, 256);
+    }
+    wgmma_wait<0>();
+    reg_fence(o);
+    if (lane == 0) mbar_arrive(&empty[stage]);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  }
+  flash_epilogue<D>(p, o, mx, l, b, h, row0, lane);
+}
+
+}  // namespace fusedcomm::kernels::detail
