@@ -165,7 +165,17 @@ final class NativeOps {
 
   static native void moeFree(long dispatch);
 
+  /** {@code layout}: a {@link SequenceLayout} code. */
   static native void ringAttention(
       long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,
-      long headDim, boolean causal, float scale, long q, long k, long v, long o, long lse);
+      long headDim, boolean causal, float scale, int layout, long q, long k, long v, long o, long lse);
+
+  /**
+   * Single-rank attention forward: {@code backend} cuda (bf16, device pointers; {@code stream} 0
+   * runs synchronously, else enqueued there) or host (host memory, {@code stream} 0); {@code lse}
+   * 0 when not wanted.
+   */
+  static native void attention(
+      int backend, int dtype, long batch, long qLen, long kvLen, long qHeads, long kvHeads, long headDim,
+      boolean causal, float scale, long q, long k, long v, long o, long lse, long stream);
 }
