@@ -380,7 +380,8 @@ void ring_attention_ranks(int w) {
           fc_ring_attention(comms[r], nullptr, FC_DTYPE_F32, &s, nullptr, nullptr, nullptr, nullptr, nullptr);
       const bool refused =
           st == FC_STATUS_INVALID_ARGUMENT &&
-          std::string(fc_last_error_message()).find("unknown sequence layout 7") != std::string::npos;
+          std::string(fc_last_error_message()).find("ringAttention: unknown sequence layout 7") !=
+              std::string::npos;
       return refused;
     });
     check(failed.empty(), "ringAttention with layout 7 is refused on every rank:" + failed);

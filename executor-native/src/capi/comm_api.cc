@@ -243,7 +243,7 @@ fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype
                               void* o, float* lse) {
   return guarded([&] {
     FC_REQUIRE(shape != nullptr, "ringAttention: null shape");
-    const SeqLayout layout = capi::seq_layout(shape->layout);
+    const SeqLayout layout = capi::seq_layout("ringAttention", shape->layout);
     // Under either layout a rank holds at most `seq` positions: sizes of the whole sequence
     // bound every rank's tensors.
     capi::require_size("ringAttention", "q", dtype,
