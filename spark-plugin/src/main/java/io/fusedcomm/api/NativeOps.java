@@ -12,8 +12,9 @@ import java.nio.ByteBuffer;
  * executor-native/include/fusedcomm/fusedcomm.h}); every one may throw the exceptions of {@code
  * io.fusedcomm.errors}, {@link IllegalArgumentException} or {@link IllegalStateException}.
  * Enums cross as the C API's values: dtype = {@code DType.code()}, backend = {@code
- * Backend.code()}, layout = {@code WeightLayout.code()}, partials = {@code PartialPrecision.code()},
- * op = the {@code fc_op_t} value ({@link Op}). The runtime's own entries are in {@link
+ * Backend.code()}, layout = {@code WeightLayout.code()} (ringAttention: {@code
+ * SequenceLayout.code()}), partials = {@code PartialPrecision.code()}, op = the {@code fc_op_t}
+ * value ({@link Op}). The runtime's own entries are in {@link
  * io.fusedcomm.runtime.NativeApi}.
  */
 final class NativeOps {
