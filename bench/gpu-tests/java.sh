@@ -11,11 +11,12 @@
 #                     fits a transfer; `stage N` collects them on the host one at a time
 #   .fcbundle         what changes with the code: the plugin's classes and test classes, the
 #                     examples and libfusedcomm.so (make_fc_bundle.sh)
-# `run`: CudaBackendTest and JCudaNativesRaceTest on one GPU; GpuClusterCollectivesTest at each
-# world size (default: 2 and the GPU count; `run 1` on a one-GPU host); GpuClusterHostsTest (the
-# GPUs as two virtual hosts; on one GPU two executors share it); then example 02 (tensor-parallel
-# MLP, fused ops) on the cuda backend at the same world sizes, a small problem (EXAMPLE_ARGS:
-# "M H F dtype seed") and one kAuto runs fused (EXAMPLE_FUSED_ARGS), and across two virtual hosts.
+# `run`: CudaBackendTest, JCudaNativesRaceTest and GpuAttentionTest on one GPU;
+# GpuClusterCollectivesTest at each world size (default: 2 and the GPU count; `run 1` on a one-GPU
+# host); GpuClusterHostsTest (the GPUs as two virtual hosts; on one GPU two executors share it);
+# then example 02 (tensor-parallel MLP, fused ops) on the cuda backend at the same world sizes, a
+# small problem (EXAMPLE_ARGS: "M H F dtype seed") and one kAuto runs fused
+# (EXAMPLE_FUSED_ARGS), and across two virtual hosts.
 # `classes`: within 300 s, log java-classes.log; JAVA_PROPS: extra -D options (e.g.
 # -Dfusedcomm.test.gpuWorld=1). The stage and the unpacked bundle live under FC_JAVA_HOME
 # (default ${TMPDIR:-/tmp}/fusedcomm-java) and stay while the machine does.
@@ -120,7 +121,7 @@ if [ "$mode" = classes ]; then
 fi
 java "${flags[@]}" -cp "$cp_fc:$BUNDLE_CP" $launcher execute --disable-banner --details=tree \
   --select-class io.fusedcomm.gpu.CudaBackendTest --select-class io.fusedcomm.gpu.JCudaNativesRaceTest \
-  > "$out/java-single-gpu.log" 2>&1 || rc=1
+  --select-class io.fusedcomm.gpu.GpuAttentionTest > "$out/java-single-gpu.log" 2>&1 || rc=1
 grep -E "✔|✘|↷|tests (successful|failed|skipped)|cuda runtime opened" "$out/java-single-gpu.log" | head -30
 for w in "${worlds[@]}"; do
   [ "$w" -le "$ngpu" ] || continue

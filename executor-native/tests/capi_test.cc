@@ -3,10 +3,13 @@
 // (null) handle, a null output pointer, out-of-range enum values and sizes whose byte count
 // overflows refused; a runtime and a one-rank communicator over the socket transport running a
 // collective, a GEMM, describe_fused and an MoE round trip with the results checked; the
-// teardown verbs; and libfusedcomm.so exporting the C API and the JNI entries. Host code only:
+// single-rank attention op; ring attention over 1-4 runtimes of this process in both sequence
+// layouts against it; the teardown verbs; and libfusedcomm.so exporting the C API and the JNI entries. Host code only:
 // runs everywhere.
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -213,6 +216,189 @@ void single_rank_gemm_and_memory() {
         "availability report");
 }
 
+// fc_attention on the host: a worked example (one query, two keys: the softmax weights of
+// scores 0 and log 3 are 1/4 and 3/4), the refusals (unknown or auto backend, a stream on the
+// host, a null shape, sizes that overflow) and the cuda backend's answer here.
+void single_rank_attention() {
+  const fc_attention_local_t shape{1, 1, 2, 1, 1, 1, 0, 1.f};  // B=1, Lq=1, Lk=2, Hq=Hkv=1, D=1, scale 1
+  const float q[] = {1.f}, k[] = {0.f, std::log(3.f)}, v[] = {4.f, 8.f};
+  float o = 0.f, lse = 0.f;
+  check(
+      fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, &shape, q, k, v, &o, &lse, nullptr) == FC_STATUS_SUCCESS &&
+          std::fabs(o - 7.f) < 1e-5f && std::fabs(lse - std::log(4.f)) < 1e-6f,
+      "host attention: o = 1/4·4 + 3/4·8 = 7, lse = log 4; got " + std::to_string(o) + ", " +
+          std::to_string(lse));
+  fc_attention_local_t causal = shape;
+  causal.causal = 1;  // top-left: query 0 sees key 0 only
+  check(fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, &causal, q, k, v, &o, nullptr, nullptr) ==
+                FC_STATUS_SUCCESS &&
+            o == 4.f,
+        "host attention, causal, no lse: o = v[0]");
+  check_fails(fc_attention(FC_BACKEND_AUTO, FC_DTYPE_F32, &shape, q, k, v, &o, nullptr, nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "attention: name the backend", "attention on backend auto");
+  check_fails(fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, &shape, q, k, v, &o, nullptr,
+                           reinterpret_cast<fc_stream_t>(8)),
+              FC_STATUS_INVALID_ARGUMENT, "the host backend runs ops synchronously",
+              "attention with a stream on host");
+  check_fails(fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, nullptr, q, k, v, &o, nullptr, nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "attention: null shape", "attention without a shape");
+  check_fails(fc_attention(FC_BACKEND_HOST, FC_DTYPE_I32, &shape, q, k, v, &o, nullptr, nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "unsupported dtype 2", "an I32 attention");
+  fc_attention_local_t huge = shape;
+  huge.q_len = int64_t{1} << 40, huge.head_dim = int64_t{1} << 40;
+  check_fails(fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, &huge, q, k, v, &o, nullptr, nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "attention: q: ", "an attention whose q overflows");
+  const fc_status_t cuda =
+      fc_attention(FC_BACKEND_CUDA, FC_DTYPE_BF16, &shape, q, k, v, &o, nullptr, nullptr);
+  check(cuda == FC_STATUS_UNAVAILABLE || cuda == FC_STATUS_INVALID_ARGUMENT,
+        std::string("attention on cuda with host pointers is refused: ") + fc_last_error_message());
+}
+
+// fc_ring_attention over W = 1..4 ranks of this process (one host runtime each, the socket
+// transport between them), zigzag and contiguous, causal and not, GQA, S not a multiple of 2W:
+// every rank's rows against fc_attention over the whole sequence (f32; the ring merges the
+// same keys in other groups, so within a few fp32 ulps).
+void ring_attention_ranks(int w) {
+  constexpr int64_t kB = 2, kHq = 4, kHkv = 2, kD = 8;
+  const int64_t seq = 4 * w + 3;
+  std::vector<float> gq(kB * seq * kHq * kD), gk(kB * seq * kHkv * kD), gv(gk.size());
+  uint32_t state = 12345u + w;
+  const auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 16777216.f * 2.f - 1.f;
+  };
+  for (auto* vec : {&gq, &gk, &gv})
+    for (float& x : *vec) x = next();
+  std::vector<fc_runtime_t> rts(w, nullptr);
+  std::vector<fc_comm_t> comms(w, nullptr);
+  std::vector<std::string> endpoints(w);
+  std::vector<std::vector<uint8_t>> shares(w, std::vector<uint8_t>(FC_AUTH_SHARE_BYTES));
+  bool ok = true;
+  for (int r = 0; r < w && ok; ++r) {
+    fc_runtime_config_t c;
+    fc_runtime_config_init(&c);
+    c.backend = FC_BACKEND_HOST;
+    c.bind_host = "127.0.0.1";
+    c.timeout_ms = 20000;
+    c.job_token = 77;
+    const char* ep = nullptr;
+    ok = fc_runtime_create(&c, &rts[r]) == FC_STATUS_SUCCESS &&
+         fc_comm_create(rts[r], r, w, &comms[r]) == FC_STATUS_SUCCESS &&
+         fc_comm_endpoint(comms[r], &ep) == FC_STATUS_SUCCESS;
+    if (ok) endpoints[r] = ep;
+    for (size_t i = 0; i < shares[r].size(); ++i) shares[r][i] = static_cast<uint8_t>(next() * 100 + r);
+  }
+  check(ok,
+        "ring attention W=" + std::to_string(w) + ": runtimes and communicators: " + fc_last_error_message());
+  if (ok) {
+    std::vector<const char*> eps(w);
+    std::vector<const uint8_t*> sh(w);
+    for (int r = 0; r < w; ++r) eps[r] = endpoints[r].c_str(), sh[r] = shares[r].data();
+    // Runs `body(rank)` on one thread per rank; true when every rank's calls succeeded.
+    const auto on_ranks = [&](auto body) {
+      std::vector<std::string> errors(w);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < w; ++r)
+        threads.emplace_back([&, r] {
+          if (!body(r)) errors[r] = fc_last_error_message();
+        });
+      for (std::thread& t : threads) t.join();
+      std::string all;
+      for (int r = 0; r < w; ++r)
+        if (!errors[r].empty()) all += " rank " + std::to_string(r) + ": " + errors[r];
+      return all;
+    };
+    std::string failed = on_ranks([&](int r) {
+      return fc_comm_connect(comms[r], r, 900 + w, w, eps.data(), sh.data(), nullptr, nullptr, nullptr) ==
+             FC_STATUS_SUCCESS;
+    });
+    check(failed.empty(), "ring attention W=" + std::to_string(w) + ": connect:" + failed);
+    for (int32_t layout : {FC_SEQ_CONTIGUOUS, FC_SEQ_ZIGZAG})
+      for (int32_t causal : {0, 1}) {
+        const std::string what = "fc_ring_attention W=" + std::to_string(w) +
+                                 (layout == FC_SEQ_ZIGZAG ? " zigzag" : " contiguous") +
+                                 (causal ? " causal" : " full");
+        const fc_attention_local_t whole{kB, seq, seq, kHq, kHkv, kD, causal, 0.f};
+        std::vector<float> ro(gq.size()), rlse(kB * kHq * seq);
+        check(fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, &whole, gq.data(), gk.data(), gv.data(), ro.data(),
+                           rlse.data(), nullptr) == FC_STATUS_SUCCESS,
+              what + ": the reference");
+        // Each rank's positions, from the documented rule (2W chunks: r, then 2W-1-r).
+        std::vector<std::vector<int64_t>> pos(w);
+        for (int r = 0; r < w; ++r) {
+          const auto chunk = [&](int parts, int c) {
+            const int64_t first = c * (seq / parts) + std::min<int64_t>(c, seq % parts);
+            for (int64_t i = 0; i < seq / parts + (c < seq % parts ? 1 : 0); ++i) pos[r].push_back(first + i);
+          };
+          if (layout == FC_SEQ_ZIGZAG) {
+            chunk(2 * w, r);
+            chunk(2 * w, 2 * w - 1 - r);
+          } else {
+            chunk(w, r);
+          }
+        }
+        const auto rows = [&](const std::vector<float>& x, int64_t inner, const std::vector<int64_t>& p) {
+          std::vector<float> out;
+          for (int64_t b = 0; b < kB; ++b)
+            for (int64_t i : p)
+              out.insert(out.end(), x.begin() + (b * seq + i) * inner, x.begin() + (b * seq + i + 1) * inner);
+          return out;
+        };
+        std::vector<std::vector<float>> o(w), lse(w);
+        failed = on_ranks([&](int r) {
+          const int64_t n = static_cast<int64_t>(pos[r].size());
+          const std::vector<float> q = rows(gq, kHq * kD, pos[r]), k = rows(gk, kHkv * kD, pos[r]),
+                                   v = rows(gv, kHkv * kD, pos[r]);
+          o[r].assign(q.size(), NAN);
+          lse[r].assign(kB * kHq * n, NAN);
+          const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, causal, 0.f, layout};
+          const fc_op_desc_t desc{"capi_test ringAttention", 5};
+          return fc_ring_attention(comms[r], &desc, FC_DTYPE_F32, &s, q.data(), k.data(), v.data(),
+                                   o[r].data(), lse[r].data()) == FC_STATUS_SUCCESS;
+        });
+        check(failed.empty(), what + ":" + failed);
+        if (!failed.empty()) continue;
+        for (int r = 0; r < w; ++r) {
+          const std::vector<float> want = rows(ro, kHq * kD, pos[r]);
+          double worst = 0, worst_lse = 0;
+          for (size_t i = 0; i < want.size(); ++i)
+            worst = std::max<double>(worst, std::fabs(o[r][i] - want[i]));
+          const int64_t n = static_cast<int64_t>(pos[r].size());
+          for (int64_t row = 0; row < kB * kHq; ++row)
+            for (int64_t i = 0; i < n; ++i)
+              worst_lse =
+                  std::max<double>(worst_lse, std::fabs(lse[r][row * n + i] - rlse[row * seq + pos[r][i]]));
+          check(worst <= 1e-5 && worst_lse <= 1e-5, what + " rank " + std::to_string(r) +
+                                                        ": max |o - reference| " + std::to_string(worst) +
+                                                        ", |lse - reference| " + std::to_string(worst_lse));
+        }
+      }
+    // An unknown layout is refused on every rank before anything moves.
+    failed = on_ranks([&](int r) {
+      const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, 0, 0.f, 7};
+      const fc_status_t st =
+          fc_ring_attention(comms[r], nullptr, FC_DTYPE_F32, &s, nullptr, nullptr, nullptr, nullptr, nullptr);
+      const bool refused =
+          st == FC_STATUS_INVALID_ARGUMENT &&
+          std::string(fc_last_error_message()).find("ringAttention: unknown sequence layout 7") !=
+              std::string::npos;
+      return refused;
+    });
+    check(failed.empty(), "ringAttention with layout 7 is refused on every rank:" + failed);
+  }
+  // Closing ends with a barrier of all ranks: close them together.
+  std::vector<std::thread> closing;
+  std::vector<std::string> close_errors(w);
+  for (int r = 0; r < w; ++r)
+    closing.emplace_back([&, r] {
+      if (fc_comm_close(comms[r]) != FC_STATUS_SUCCESS) close_errors[r] = fc_last_error_message();
+    });
+  for (std::thread& t : closing) t.join();
+  for (int r = 0; r < w; ++r)
+    check(close_errors[r].empty(), "close rank " + std::to_string(r) + ": " + close_errors[r]);
+  for (int r = 0; r < w; ++r) fc_runtime_destroy(rts[r]);
+}
+
 // Device memory and streams. Without a GPU every call says why; with one, the runtime's own
 // allocation is device memory whose range covers it, a pageable host address is unregistered,
 // and copies go both ways. Null arguments are refused either way.
@@ -383,6 +569,8 @@ int main() {
   status_strings();
   refusals();
   single_rank_gemm_and_memory();
+  single_rank_attention();
+  for (int w = 1; w <= 4; ++w) ring_attention_ranks(w);
   transport_choice();
   device_memory();
   fc_runtime_config_t c;

@@ -34,6 +34,9 @@ enum class MemoryType : int32_t {
   kManaged = FC_MEMORY_MANAGED,
 };
 
+// Which sequence positions each rank of ringAttention holds (runtime/split.h: seq_runs).
+enum class SeqLayout : int32_t { kContiguous = FC_SEQ_CONTIGUOUS, kZigzag = FC_SEQ_ZIGZAG };
+
 enum class Backend : int32_t { kAuto = FC_BACKEND_AUTO, kCuda = FC_BACKEND_CUDA, kHost = FC_BACKEND_HOST };
 
 enum class Op : int32_t {

@@ -103,6 +103,11 @@ inline PartialPrecision partial_precision(fc_partials_t p) {
              "unknown partial precision " + std::to_string(static_cast<int>(p)));
   return static_cast<PartialPrecision>(p);
 }
+inline SeqLayout seq_layout(const char* op, int32_t l) {
+  FC_REQUIRE(l == FC_SEQ_CONTIGUOUS || l == FC_SEQ_ZIGZAG,
+             std::string(op) + ": unknown sequence layout " + std::to_string(l));
+  return static_cast<SeqLayout>(l);
+}
 inline Backend backend(fc_backend_t b) {
   FC_REQUIRE(b == FC_BACKEND_AUTO || b == FC_BACKEND_CUDA || b == FC_BACKEND_HOST,
              "unknown backend " + std::to_string(static_cast<int>(b)));

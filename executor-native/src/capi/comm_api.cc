@@ -243,6 +243,9 @@ fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype
                               void* o, float* lse) {
   return guarded([&] {
     FC_REQUIRE(shape != nullptr, "ringAttention: null shape");
+    const SeqLayout layout = capi::seq_layout("ringAttention", shape->layout);
+    // Under either layout a rank holds at most `seq` positions: sizes of the whole sequence
+    // bound every rank's tensors.
     capi::require_size("ringAttention", "q", dtype,
                        {shape->batch, shape->seq, shape->q_heads, shape->head_dim});
     capi::require_size("ringAttention", "k", dtype,
@@ -256,6 +259,7 @@ fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype
     s.head_dim = shape->head_dim;
     s.causal = shape->causal != 0;
     s.scale = shape->scale;
+    s.layout = layout;
     comm_of(comm).ring_attention(op_desc(desc), floating(dtype), s, q, k, v, o, lse);
   });
 }

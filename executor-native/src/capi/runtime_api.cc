@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "boundary.h"
+#include "fusedcomm/runtime/device_attention.h"
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/device_memory.h"
 #include "fusedcomm/runtime/gpu.h"
@@ -228,6 +229,41 @@ fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const
       case Backend::kAuto: break;
     }
     fail(ErrorKind::kInvalidArgument, "gemm: name the backend to run on (cuda or host), not auto");
+  });
+}
+
+fc_status_t fc_attention(fc_backend_t backend, fc_dtype_t dtype, const fc_attention_local_t* shape,
+                         const void* q, const void* k, const void* v, void* o, float* lse,
+                         fc_stream_t stream) {
+  return guarded([&] {
+    FC_REQUIRE(shape != nullptr, "attention: null shape");
+    capi::require_size("attention", "q", dtype,
+                       {shape->batch, shape->q_len, shape->q_heads, shape->head_dim});
+    capi::require_size("attention", "k", dtype,
+                       {shape->batch, shape->kv_len, shape->kv_heads, shape->head_dim});
+    capi::require_size("attention", "lse", 4, {shape->batch, shape->q_heads, shape->q_len});
+    host::AttentionLocalShape s;
+    s.batch = shape->batch;
+    s.q_len = shape->q_len;
+    s.kv_len = shape->kv_len;
+    s.q_heads = shape->q_heads;
+    s.kv_heads = shape->kv_heads;
+    s.head_dim = shape->head_dim;
+    s.causal = shape->causal != 0;
+    s.scale = shape->scale;
+    switch (capi::backend(backend)) {
+      case Backend::kHost:
+        FC_REQUIRE(stream == nullptr,
+                   "attention: a stream was given, but the host backend runs ops synchronously");
+        host::attention(capi::floating(dtype), s, q, k, v, o, lse);
+        return;
+      case Backend::kCuda:
+        cuda_attention_local(*shape, capi::floating(dtype), q, k, v, o, lse,
+                             reinterpret_cast<cudaStream_t>(stream));
+        return;
+      case Backend::kAuto: break;
+    }
+    fail(ErrorKind::kInvalidArgument, "attention: name the backend to run on (cuda or host), not auto");
   });
 }
 

@@ -668,7 +668,7 @@ void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::Atten
   rs.head_dim = shape.head_dim;
   rs.causal = shape.causal;
   rs.scale = shape.scale;
-  rs.zigzag = false;  // the contiguous layout until host::AttentionShape carries fc_seq_layout_t
+  rs.zigzag = shape.layout == SeqLayout::kZigzag;
   ring_attention_gpu(desc, dtype, rs, q, k, v, o, lse);
 }
 

@@ -46,4 +46,45 @@ void all_gather_rows(Exchanger& ex, const void* in, void* out, int64_t rows, int
 void reduce_scatter_rows(Exchanger& ex, DType wire, const void* in, float* out, int64_t rows,
                          int64_t row_elems, const char* step);
 
+// ---- attention core (attention.cc) ---------------------------------------------------------
+// Consecutive rows [row, row + count) of a (B, rows, heads, D) tensor holding the sequence
+// positions [pos, pos + count).
+struct SeqSpan {
+  int64_t row = 0, pos = 0, count = 0;
+};
+// The rows of a rank's tensors under a ring layout: its runs (split.h: seq_runs), one after
+// the other.
+std::vector<SeqSpan> seq_spans(int64_t seq, int world, int rank, SeqLayout layout);
+
+// The checks both attention ops make first, in this order: dtype; batch >= 0; head_dim >= 1;
+// q_heads a positive multiple of kv_heads; a finite scale. Messages name `op`.
+void require_attention(const char* op, DType t, int64_t batch, int64_t q_heads, int64_t kv_heads,
+                       int64_t head_dim, float scale);
+
+// The online softmax of a block of query rows, in fp32: for each (batch, query row, head) a
+// running max, the sum of exp(score - max) and the sum of exp(score - max) · v. Key blocks are
+// merged one at a time, in any grouping of the keys (the result changes only by fp32
+// rounding); causal masking compares global positions.
+class OnlineSoftmax {
+ public:
+  // q: (B, q_rows, Hq, D) fp32, its rows at the positions `q_spans`; scale 0: 1 / sqrt(head_dim).
+  OnlineSoftmax(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool causal, float scale,
+                std::vector<float> q, int64_t q_rows, std::vector<SeqSpan> q_spans);
+  // Merges the keys and values k, v: (B, kv_rows, Hkv, D) fp32, their rows at `kv_spans`.
+  void attend(const float* k, const float* v, int64_t kv_rows, const std::vector<SeqSpan>& kv_spans);
+  // o: (B, q_rows, Hq, D) in dtype t, rounded once; lse: (B, Hq, q_rows), or nullptr.
+  void finish(DType t, void* o, float* lse) const;
+
+ private:
+  int64_t b_, hq_, hkv_, d_;
+  bool causal_;
+  float scale_;
+  std::vector<float> q_;
+  int64_t q_rows_;
+  std::vector<SeqSpan> q_spans_;
+  std::vector<float> max_, sum_;  // (B, q_rows, Hq)
+  std::vector<float> acc_;        // (B, q_rows, Hq, D)
+  std::vector<float> scores_;
+};
+
 }  // namespace fusedcomm::host::detail

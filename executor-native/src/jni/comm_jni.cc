@@ -302,10 +302,11 @@ FC_NATIVE(void, moeFree)(JNIEnv* env, jclass, jlong h) {
 
 FC_NATIVE(void, ringAttention)
 (JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong batch, jlong seq, jlong q_heads,
- jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jlong q, jlong k, jlong v, jlong o,
- jlong lse) {
+ jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jint layout, jlong q, jlong k, jlong v,
+ jlong o, jlong lse) {
   FC_JNI_BEGIN
-  const fc_attention_shape_t s{batch, seq, q_heads, kv_heads, head_dim, causal == JNI_TRUE ? 1 : 0, scale};
+  const int32_t is_causal = causal == JNI_TRUE ? 1 : 0;
+  const fc_attention_shape_t s{batch, seq, q_heads, kv_heads, head_dim, is_causal, scale, layout};
   check(fc_ring_attention(comm_of(c), Desc(env, d, fp).get(), dtype(t), &s, as<const void*>(q),
                           as<const void*>(k), as<const void*>(v), as<void*>(o), as<float*>(lse)));
   FC_JNI_END()

@@ -74,10 +74,10 @@ void check_launch(cudaError_t e, const char* what) {
 }  // namespace
 
 std::vector<SeqChunk> attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag) {
-  if (!zigzag) return {SeqChunk{split_offset(seq, world, rank), split_count(seq, world, rank)}};
-  const int a = rank, b = 2 * world - 1 - rank;
-  return {SeqChunk{split_offset(seq, 2 * world, a), split_count(seq, 2 * world, a)},
-          SeqChunk{split_offset(seq, 2 * world, b), split_count(seq, 2 * world, b)}};
+  const SeqRuns runs = seq_runs(seq, world, rank, zigzag ? SeqLayout::kZigzag : SeqLayout::kContiguous);
+  std::vector<SeqChunk> out;
+  for (int i = 0; i < runs.n; ++i) out.push_back(SeqChunk{runs.run[i].pos, runs.run[i].count});
+  return out;
 }
 
 void require_ring_attention_shape(const RingAttentionShape& s) {

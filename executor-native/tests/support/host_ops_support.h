@@ -173,7 +173,7 @@ inline void check_close(const std::string& what, const Tensor& got, const Expect
   const int64_t n = static_cast<int64_t>(e.val.size());
   bool size_ok = got.size() >= offset + n;
   for (int64_t i = 0; size_ok && i < n; ++i) {
-    const double g = got.at(offset + i), err = std::fabs(g - e.val[i]);
+    const double g = got.at(offset + i), err = g == e.val[i] ? 0 : std::fabs(g - e.val[i]);  // inf == inf
     if (err / e.tol[i] > g_worst_ratio) g_worst_ratio = err / e.tol[i], g_worst_what = what;
     if (!(err <= e.tol[i])) {
       if (bad < 4)

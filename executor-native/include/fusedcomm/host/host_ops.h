@@ -23,6 +23,7 @@ class MoeDeviceResult;  // comm/comm.h
 namespace fusedcomm::host {
 
 using fusedcomm::DType;  // fusedcomm/types.h; the ops take kF32 and kBF16
+using fusedcomm::SeqLayout;
 inline int dtype_size(DType t) { return t == DType::kBF16 ? 2 : 4; }
 
 uint16_t f32_to_bf16(float x);  // round to nearest even; NaN stays NaN (quiet)
@@ -99,16 +100,36 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
 void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out, int64_t width,
                  void* out);
 
-// ---- ring attention -------------------------------------------------------------------------
+// ---- attention ----------------------------------------------------------------------------
+// Softmax attention forward (docs/ops.md "attention", "ringAttention"): query head h reads K/V
+// head h / (Hq / Hkv); scores scale · q·k (scale 0: 1 / sqrt(head_dim)); an online softmax (a
+// running max and sum) in fp32; o rounded once; lse = log Σ exp(score) over the visible keys,
+// natural log, fp32 (-inf and o = 0 for a query that sees no key).
+
+// The single-rank op: q, o: (B, q_len, Hq, D); k, v: (B, kv_len, Hkv, D); lse: (B, Hq, q_len)
+// or nullptr. Causal: query i sees keys j <= i (top-left aligned).
+struct AttentionLocalShape {
+  int64_t batch = 1, q_len = 0, kv_len = 0;
+  int64_t q_heads = 1, kv_heads = 1;  // q_heads % kv_heads == 0 (grouped-query)
+  int64_t head_dim = 0;
+  bool causal = false;
+  float scale = 0.f;  // 0: 1 / sqrt(head_dim)
+};
+void attention(DType t, const AttentionLocalShape& shape, const void* q, const void* k, const void* v,
+               void* o, float* lse);
+
+// Ring attention: rank r holds the positions seq_runs(seq, W, r, layout) (runtime/split.h), S_r
+// of them, in that order.
 struct AttentionShape {
-  int64_t batch = 1, seq = 0;         // seq: the whole sequence; rank r holds split_count(seq,W,r)
+  int64_t batch = 1, seq = 0;         // seq: the whole sequence
   int64_t q_heads = 1, kv_heads = 1;  // q_heads % kv_heads == 0 (grouped-query)
   int64_t head_dim = 0;
   bool causal = false;  // by global position: query i sees keys j <= i
   float scale = 0.f;    // 0: 1 / sqrt(head_dim)
+  SeqLayout layout = SeqLayout::kContiguous;
 };
-// q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32, natural log of the
-// softmax denominator over the whole (visible) sequence. K/V blocks travel around the ring
+// q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32 or nullptr, natural log of
+// the softmax denominator over the whole (visible) sequence. K/V blocks travel around the ring
 // (rank r sends to r+1), W-1 steps.
 void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const void* q, const void* k,
                     const void* v, void* o, float* lse);

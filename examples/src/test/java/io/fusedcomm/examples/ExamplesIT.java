@@ -94,6 +94,18 @@ class ExamplesIT {
   }
 
   @Test
+  void contextParallelAttentionOnThreeRanks() throws Exception {
+    // S = 1027 over 6 zigzag chunks (172, 171 × 5), causal, GQA 4:1; every element of O and LSE
+    // of every rank checked against the local op over the whole sequence.
+    String out = run("04_context_parallel_attention", "3");
+    assertTrue(Pattern.compile("(?m)^04_context_parallel_attention: check passed \\(world=3, S=1027, Hq=8, Hkv=2,"
+        + " D=64, dtype=bf16, layout=zigzag, causal, backend=host, max_abs_err O=\\S+, LSE=\\S+\\)$").matcher(out)
+        .find(), "no success line");
+    assertTrue(out.contains("O: ") && out.contains("0 of 525824 elements out of bounds"), "not every element of O");
+    assertTrue(out.contains("0 of 8216 elements out of bounds"), "not every element of LSE");
+  }
+
+  @Test
   void unknownExampleIsRefused() throws Exception {
     Result r = exec(List.of("bash", "examples/run.sh", "03_nope"), 30);
     assertEquals(2, r.exitCode, r.output);

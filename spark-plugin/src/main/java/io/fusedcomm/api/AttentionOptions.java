@@ -1,13 +1,15 @@
 package io.fusedcomm.api;
 
 /**
- * Parameters of {@link Communicator#ringAttention}: the whole sequence length (each rank holds
- * its {@link Split} block of it), causal masking by global position, and the softmax scale.
+ * Parameters of {@link Communicator#ringAttention}: the whole sequence length, which positions
+ * of it each rank holds ({@link SequenceLayout}; {@link Split#positions} lists them), causal
+ * masking by global position, and the softmax scale.
  */
 public final class AttentionOptions {
   private final long sequenceLength;
   private boolean causal;
   private float scale;
+  private SequenceLayout layout = SequenceLayout.CONTIGUOUS;
 
   private AttentionOptions(long sequenceLength) {
     if (sequenceLength < 1) {
@@ -36,6 +38,18 @@ public final class AttentionOptions {
     return this;
   }
 
+  /**
+   * Which positions each rank holds: {@link SequenceLayout#CONTIGUOUS} (the default) or {@link
+   * SequenceLayout#ZIGZAG}, which balances causal work over the ranks. Every rank passes the same.
+   */
+  public AttentionOptions layout(SequenceLayout layout) {
+    if (layout == null) {
+      throw new IllegalArgumentException("the sequence layout must not be null");
+    }
+    this.layout = layout;
+    return this;
+  }
+
   public long sequenceLength() {
     return sequenceLength;
   }
@@ -46,5 +60,14 @@ public final class AttentionOptions {
 
   public float scale() {
     return scale;
+  }
+
+  public SequenceLayout layout() {
+    return layout;
+  }
+
+  /** How many positions rank {@code rank} of {@code world} holds: {@link Split#count(long, int, int, SequenceLayout)}. */
+  public long localLength(int world, int rank) {
+    return Split.count(sequenceLength, world, rank, layout);
   }
 }

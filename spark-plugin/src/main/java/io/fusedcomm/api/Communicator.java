@@ -667,9 +667,11 @@ public final class Communicator implements AutoCloseable {
 
   /**
    * Attention over the whole sequence with K/V travelling around the ring: {@code q, o: (B, S_r,
-   * Hq, D)}, {@code k, v: (B, S_r, Hkv, D)} with {@code S_r = Split.count(S, world, rank)} and
-   * {@code Hq % Hkv == 0}; {@code lse: (B, Hq, S_r)} {@link DType#F32}, natural log of the softmax
-   * denominator.
+   * Hq, D)}, {@code k, v: (B, S_r, Hkv, D)} with {@code Hq % Hkv == 0}, where this rank holds
+   * the {@code S_r} positions {@link Split#positions}{@code (S, world, rank, options.layout())}
+   * in that order ({@code options.localLength(world, rank)}: with the default {@link
+   * SequenceLayout#CONTIGUOUS} layout its {@link Split} block); {@code lse: (B, Hq, S_r)} {@link
+   * DType#F32}, natural log of the softmax denominator. Causal masking compares global positions.
    */
   public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options) {
     try (OpCall call = enter("ringAttention", 0)) {
@@ -680,7 +682,7 @@ public final class Communicator implements AutoCloseable {
       c.typed("lse", lse, DType.F32).rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse);
       long b = q.dim(0);
       long s = options.sequenceLength();
-      long sr = Split.count(s, world, rank);
+      long sr = options.localLength(world, rank);
       long hq = q.dim(2);
       long d = q.dim(3);
       long hkv = k.dim(2);
@@ -695,10 +697,86 @@ public final class Communicator implements AutoCloseable {
         throw new IllegalArgumentException("ringAttention: q heads (" + hq + ") must be a multiple of kv heads (" + hkv + ")");
       }
       Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
-          .add("causal", options.causal()).add("scale", Float.toString(options.scale())).build();
+          .add("causal", options.causal()).add("scale", Float.toString(options.scale()))
+          .add("layout", options.layout().name()).build();
       runNative(call, null, null, () -> NativeOps.ringAttention(handle(), fp.description(), fp.value(),
-          q.dtype().code(), b, s, hq, hkv, d, options.causal(), options.scale(), call.address(q), call.address(k),
-          call.address(v), call.address(o), call.address(lse)));
+          q.dtype().code(), b, s, hq, hkv, d, options.causal(), options.scale(), options.layout().code(),
+          call.address(q), call.address(k), call.address(v), call.address(o), call.address(lse)));
+    }
+  }
+
+  /**
+   * A single-rank attention forward (docs/ops.md "attention"), synchronous: {@code q, o: (B,
+   * Lq, Hq, D)}, {@code k, v: (B, Lk, Hkv, D)} with {@code Hq % Hkv == 0} (query head {@code h}
+   * reads K/V head {@code h / (Hq / Hkv)}); {@code lse: (B, Hq, Lq)} {@link DType#F32}, the
+   * natural log of each query's softmax denominator, or null when not wanted. Causal: query
+   * {@code i} sees keys {@code j ≤ i} (top-left aligned, as torch's {@code
+   * scaled_dot_product_attention}); {@code scale} 0 means {@code 1/sqrt(D)}. On the GPU (bf16;
+   * head dims the kernel takes: 64 and 128) when the tensors are {@link DeviceTensor}s of one
+   * GPU, the calling thread's current device; on the host (reference, f32 or bf16) when they are
+   * {@link HostTensor}s.
+   */
+  public static void attention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, boolean causal, float scale) {
+    attention(q, k, v, o, lse, causal, scale, 0L);
+  }
+
+  /**
+   * {@link #attention(Tensor, Tensor, Tensor, Tensor, Tensor, boolean, float, long)} on a JCuda
+   * stream (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public static void attention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, boolean causal, float scale,
+                               Object stream) {
+    attention(q, k, v, o, lse, causal, scale, JCudaInterop.stream(stream));
+  }
+
+  /**
+   * {@link #attention(Tensor, Tensor, Tensor, Tensor, Tensor, boolean, float)} on device
+   * tensors, enqueued on a CUDA stream of the caller ({@code cudaStream_t} handle of the tensors'
+   * GPU; 0 runs it synchronously) and returning once enqueued. The tensors must stay alive until
+   * the stream has run it; errors of the kernel surface in the caller's next synchronization of
+   * that stream.
+   */
+  public static void attention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, boolean causal, float scale,
+                               long stream) {
+    final String op = "attention";
+    if (q == null) {
+      throw new IllegalArgumentException(op + ": q must not be null");
+    }
+    boolean device = q.isDevice();
+    int gpu = q instanceof DeviceTensor d ? d.device() : -1;
+    OpCheck c = new OpCheck(op, device ? Backend.CUDA : Backend.HOST, gpu)
+        .floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q);
+    c.rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o);
+    long b = q.dim(0);
+    long lq = q.dim(1);
+    long hq = q.dim(2);
+    long d = q.dim(3);
+    long lk = k.dim(1);
+    long hkv = k.dim(2);
+    c.dim("k", k, 0, b).dim("k", k, 3, d);
+    c.dim("v", v, 0, b).dim("v", v, 1, lk).dim("v", v, 2, hkv).dim("v", v, 3, d);
+    c.dim("o", o, 0, b).dim("o", o, 1, lq).dim("o", o, 2, hq).dim("o", o, 3, d);
+    if (lse != null) {
+      c.typed("lse", lse, DType.F32).rank3("lse", lse);
+      c.dim("lse", lse, 0, b).dim("lse", lse, 1, hq).dim("lse", lse, 2, lq);
+    }
+    if (hkv < 1 || hq % hkv != 0) {
+      throw new IllegalArgumentException(op + ": q heads (" + hq + ") must be a multiple of kv heads (" + hkv + ")");
+    }
+    if (d < 1) {
+      throw new IllegalArgumentException(op + ": the head dimension must be positive, got " + d);
+    }
+    if (!(scale >= 0) || Float.isInfinite(scale)) {
+      throw new IllegalArgumentException(op + ": scale must be finite and non-negative, got " + scale);
+    }
+    if (device && q.dtype() != DType.BF16) {
+      throw new IllegalArgumentException(op + ": the GPU attention takes bf16 tensors, got " + q.dtype().label());
+    }
+    c.stream(stream);
+    try (OpCall call = new OpCall(null, op, stream != 0)) {
+      NativeOps.attention((device ? Backend.CUDA : Backend.HOST).code(), q.dtype().code(), b, lq, lk, hq, hkv, d,
+          causal, scale, call.address(q), call.address(k), call.address(v), call.address(o), call.address(lse),
+          stream);
     }
   }
 

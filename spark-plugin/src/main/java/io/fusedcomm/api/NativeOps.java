@@ -12,8 +12,9 @@ import java.nio.ByteBuffer;
  * executor-native/include/fusedcomm/fusedcomm.h}); every one may throw the exceptions of {@code
  * io.fusedcomm.errors}, {@link IllegalArgumentException} or {@link IllegalStateException}.
  * Enums cross as the C API's values: dtype = {@code DType.code()}, backend = {@code
- * Backend.code()}, layout = {@code WeightLayout.code()}, partials = {@code PartialPrecision.code()},
- * op = the {@code fc_op_t} value ({@link Op}). The runtime's own entries are in {@link
+ * Backend.code()}, layout = {@code WeightLayout.code()} (ringAttention: {@code
+ * SequenceLayout.code()}), partials = {@code PartialPrecision.code()}, op = the {@code fc_op_t}
+ * value ({@link Op}). The runtime's own entries are in {@link
  * io.fusedcomm.runtime.NativeApi}.
  */
 final class NativeOps {
@@ -165,7 +166,17 @@ final class NativeOps {
 
   static native void moeFree(long dispatch);
 
+  /** {@code layout}: a {@link SequenceLayout} code. */
   static native void ringAttention(
       long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,
-      long headDim, boolean causal, float scale, long q, long k, long v, long o, long lse);
+      long headDim, boolean causal, float scale, int layout, long q, long k, long v, long o, long lse);
+
+  /**
+   * Single-rank attention forward: {@code backend} cuda (bf16, device pointers; {@code stream} 0
+   * runs synchronously, else enqueued there) or host (host memory, {@code stream} 0); {@code lse}
+   * 0 when not wanted.
+   */
+  static native void attention(
+      int backend, int dtype, long batch, long qLen, long kvLen, long qHeads, long kvHeads, long headDim,
+      boolean causal, float scale, long q, long k, long v, long o, long lse, long stream);
 }

@@ -3,6 +3,7 @@ package io.fusedcomm.api;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.fusedcomm.testing.Check;
 import io.fusedcomm.testing.Data;
@@ -502,55 +503,155 @@ class CommunicatorOpsTest {
     List<Arguments> out = new ArrayList<>();
     for (Arguments a : worldsAndTypes().toList()) {
       for (boolean causal : new boolean[] {false, true}) {
-        out.add(Arguments.of(a.get()[0], a.get()[1], causal));
+        for (SequenceLayout layout : SequenceLayout.values()) {
+          out.add(Arguments.of(a.get()[0], a.get()[1], causal, layout));
+        }
       }
     }
     return out.stream();
   }
 
-  @ParameterizedTest(name = "W={0} {1} causal={2}")
+  @ParameterizedTest(name = "W={0} {1} causal={2} {3}")
   @MethodSource("attentionCases")
-  void ringAttention(int w, DType t, boolean causal) {
+  void ringAttention(int w, DType t, boolean causal, SequenceLayout layout) {
     final int b = 2;
     final int d = 8;
-    // (Hq, Hkv): grouped-query and plain multi-head; S even over W, uneven, and short.
+    // (Hq, Hkv): grouped-query and plain multi-head; S even over 2W, uneven, and short.
     int[][] heads = {{4, 2}, {3, 3}};
-    int[] seqs = {4 * w, 4 * w + 1, Math.max(1, 2 * w - 1)};
+    int[] seqs = {4 * w, 4 * w + 1, 2 * w + 3, Math.max(1, 2 * w - 1)};
     for (int[] h : heads) {
       for (int seq : seqs) {
         float scale = seq % 2 == 0 ? 0f : 0.41f;
-        runAttention(w, t, causal, b, seq, h[0], h[1], d, scale);
+        runAttention(w, t, causal, layout, b, seq, h[0], h[1], d, scale);
       }
     }
   }
 
-  private void runAttention(int w, DType t, boolean causal, int b, int seq, int hq, int hkv, int d, float scale) {
+  private void runAttention(int w, DType t, boolean causal, SequenceLayout layout, int b, int seq, int hq, int hkv,
+                            int d, float scale) {
     long test = 130 + seq * 31L + hq * 7L + (causal ? 1 : 0);
-    int[] sr = new int[w];
+    // The whole sequence, dealt to the ranks by the layout.
+    float[] q = Data.uniform(Data.seed(SEED + test, 0, 0), b * seq * hq * d, t);
+    float[] k = Data.uniform(Data.seed(SEED + test, 0, 1), b * seq * hkv * d, t);
+    float[] v = Data.uniform(Data.seed(SEED + test, 0, 2), b * seq * hkv * d, t);
+    int[][] pos = new int[w][];
     for (int r = 0; r < w; r++) {
-      sr[r] = (int) Reference.count(seq, w, r);
+      pos[r] = Reference.seqPositions(seq, w, r, layout == SequenceLayout.ZIGZAG);
+      assertEquals(pos[r].length, Split.count(seq, w, r, layout), "Split.count under " + layout);
     }
-    float[][] q = perRank(w, test, 0, r -> b * sr[r] * hq * d, t);
-    float[][] k = perRank(w, test, 1, r -> b * sr[r] * hkv * d, t);
-    float[][] v = perRank(w, test, 2, r -> b * sr[r] * hkv * d, t);
-    Reference.Attention ref = Reference.attention(Reference.concatSeq(q, b, sr, hq * d), Reference.concatSeq(k, b, sr, hkv * d),
-        Reference.concatSeq(v, b, sr, hkv * d), b, seq, hq, hkv, d, causal, scale);
+    Reference.Attention ref = Reference.attention(q, k, v, b, seq, hq, hkv, d, causal, scale);
+    AttentionOptions options = AttentionOptions.sequence(seq).causal(causal).scale(scale).layout(layout);
     List<float[][]> outs = world.run(w, comm -> {
       int r = comm.rank();
+      int sr = pos[r].length;
       try (TensorScope s = new TensorScope()) {
-        HostTensor o = s.poisoned(t, b, sr[r], hq, d);
-        HostTensor lse = s.poisoned(DType.F32, b, hq, sr[r]);
-        comm.ringAttention(s.of(q[r], t, b, sr[r], hq, d), s.of(k[r], t, b, sr[r], hkv, d), s.of(v[r], t, b, sr[r], hkv, d),
-            o, lse, AttentionOptions.sequence(seq).causal(causal).scale(scale));
+        HostTensor o = s.poisoned(t, b, sr, hq, d);
+        HostTensor lse = s.poisoned(DType.F32, b, hq, sr);
+        comm.ringAttention(s.of(Reference.seqRows(q, b, seq, hq * d, pos[r]), t, b, sr, hq, d),
+            s.of(Reference.seqRows(k, b, seq, hkv * d, pos[r]), t, b, sr, hkv, d),
+            s.of(Reference.seqRows(v, b, seq, hkv * d, pos[r]), t, b, sr, hkv, d), o, lse, options);
         return new float[][] {o.toFloatArray(), lse.toFloatArray()};
       }
     });
+    // The single-rank op over the whole sequence: the same result within the same bounds.
+    float[][] whole;
+    try (TensorScope s = new TensorScope()) {
+      HostTensor o = s.poisoned(t, b, seq, hq, d);
+      HostTensor lse = s.poisoned(DType.F32, b, hq, seq);
+      Communicator.attention(s.of(q, t, b, seq, hq, d), s.of(k, t, b, seq, hkv, d), s.of(v, t, b, seq, hkv, d), o,
+          lse, causal, scale);
+      whole = new float[][] {o.toFloatArray(), lse.toFloatArray()};
+    }
+    String all = ctx("attention", 1, t, "causal=" + causal, "S=" + seq, "Hq=" + hq, "Hkv=" + hkv, "scale=" + scale);
+    Check.close(all + " O", ref.out, whole[0], t, 1e-5);
+    Check.closeTo(all + " LSE", ref.lse, whole[1], 2e-6, 2e-6);
     for (int r = 0; r < w; r++) {
-      String c = ctx("ringAttention", w, t, "causal=" + causal, "S=" + seq, "Hq=" + hq, "Hkv=" + hkv, "scale=" + scale, "rank " + r);
-      int from = (int) Reference.offset(seq, w, r);
+      String c = ctx("ringAttention", w, t, "causal=" + causal, layout, "S=" + seq, "Hq=" + hq, "Hkv=" + hkv,
+          "scale=" + scale, "rank " + r);
       // exp() and the division add a few fp32 ulps relative to the output's magnitude.
-      Check.close(c + " O", Reference.seqBlock(ref.out, b, seq, hq * d, from, sr[r]), outs.get(r)[0], t, 1e-5);
-      Check.closeTo(c + " LSE", Reference.lastDimBlock(ref.lse, b * hq, seq, from, sr[r]), outs.get(r)[1], 2e-6, 2e-6);
+      Check.close(c + " O", Reference.seqRows(ref.out, b, seq, hq * d, pos[r]), outs.get(r)[0], t, 1e-5);
+      Check.closeTo(c + " LSE", Reference.lastDimRows(ref.lse, b * hq, seq, pos[r]), outs.get(r)[1], 2e-6, 2e-6);
+    }
+  }
+
+  /** Split.positions: the worked example of docs/ops.md and the cover of the sequence. */
+  @Test
+  void zigzagPositionsCoverTheSequence() {
+    assertEquals(List.of(new Split.Run(0, 3), new Split.Run(8, 2)), Split.positions(10, 2, 0, SequenceLayout.ZIGZAG));
+    assertEquals(List.of(new Split.Run(3, 3), new Split.Run(6, 2)), Split.positions(10, 2, 1, SequenceLayout.ZIGZAG));
+    assertEquals(List.of(new Split.Run(5, 5)), Split.positions(10, 2, 1, SequenceLayout.CONTIGUOUS));
+    for (int w = 1; w <= 5; w++) {
+      for (long n : new long[] {0, 1, 2L * w - 1, 2L * w, 7L * w + 3}) {
+        for (SequenceLayout layout : SequenceLayout.values()) {
+          boolean[] seen = new boolean[(int) n];
+          for (int r = 0; r < w; r++) {
+            long count = 0;
+            for (Split.Run run : Split.positions(n, w, r, layout)) {
+              for (long p = run.offset(); p < run.offset() + run.count(); p++) {
+                assertFalse(seen[(int) p], layout + " n=" + n + " w=" + w + ": position " + p + " held twice");
+                seen[(int) p] = true;
+              }
+              count += run.count();
+            }
+            assertEquals(count, Split.count(n, w, r, layout));
+            if (n > 0) {
+              assertEquals(count, AttentionOptions.sequence(n).layout(layout).localLength(w, r));
+            }
+          }
+          for (int p = 0; p < n; p++) {
+            assertTrue(seen[p], layout + " n=" + n + " w=" + w + ": position " + p + " held by nobody");
+          }
+        }
+      }
+    }
+  }
+
+  // ---- single-rank attention ---------------------------------------------------------------
+
+  static Stream<Arguments> typesAndMasks() {
+    List<Arguments> out = new ArrayList<>();
+    for (DType t : new DType[] {DType.F32, DType.BF16}) {
+      for (boolean causal : new boolean[] {false, true}) {
+        out.add(Arguments.of(t, causal));
+      }
+    }
+    return out.stream();
+  }
+
+  @ParameterizedTest(name = "{0} causal={1}")
+  @MethodSource("typesAndMasks")
+  void localAttention(DType t, boolean causal) {
+    // (B, Lq, Lk, Hq, Hkv, D): square GQA, more keys than queries (MQA), fewer keys, no key.
+    int[][] shapes = {{2, 9, 9, 4, 2, 8}, {1, 5, 12, 3, 1, 16}, {3, 10, 4, 2, 2, 4}, {1, 3, 0, 2, 1, 8}};
+    for (int[] sh : shapes) {
+      int b = sh[0];
+      int lq = sh[1];
+      int lk = sh[2];
+      int hq = sh[3];
+      int hkv = sh[4];
+      int d = sh[5];
+      long test = 700 + lq * 13L + lk;
+      float[] q = Data.uniform(Data.seed(SEED + test, 0, 0), b * lq * hq * d, t);
+      float[] k = Data.uniform(Data.seed(SEED + test, 0, 1), b * lk * hkv * d, t);
+      float[] v = Data.uniform(Data.seed(SEED + test, 0, 2), b * lk * hkv * d, t);
+      float scale = lk % 2 == 0 ? 0f : 0.3f;
+      Reference.Attention ref = Reference.attention(q, k, v, b, lq, lk, hq, hkv, d, causal, scale);
+      String c = ctx("attention", 1, t, "causal=" + causal, "B=" + b, "Lq=" + lq, "Lk=" + lk, "Hq=" + hq,
+          "Hkv=" + hkv, "D=" + d);
+      try (TensorScope s = new TensorScope()) {
+        HostTensor o = s.poisoned(t, b, lq, hq, d);
+        HostTensor lse = s.poisoned(DType.F32, b, hq, lq);
+        HostTensor qt = s.of(q, t, b, lq, hq, d);
+        HostTensor kt = s.of(k, t, b, lk, hkv, d);
+        HostTensor vt = s.of(v, t, b, lk, hkv, d);
+        Communicator.attention(qt, kt, vt, o, lse, causal, scale);
+        Check.close(c + " O", ref.out, o.toFloatArray(), t, 1e-5);
+        Check.closeTo(c + " LSE", ref.lse, lse.toFloatArray(), 2e-6, 2e-6);
+        // Without lse: the same output, bit for bit.
+        HostTensor o2 = s.poisoned(t, b, lq, hq, d);
+        Communicator.attention(qt, kt, vt, o2, null, causal, scale);
+        Check.exact(c + " O without lse", o.toFloatArray(), o2.toFloatArray());
+      }
     }
   }
 

@@ -135,6 +135,21 @@ class CommunicatorValidationTest {
         calls.add(new BadCall("attention bf16 lse", iae, "lse", () -> comm.ringAttention(q, kv, kv, o, lseBf16, attn)));
         calls.add(new BadCall("attention wrong sequence", iae, "q ",
             () -> comm.ringAttention(q, kv, kv, o, lse, AttentionOptions.sequence(4L * w + 4))));
+        // The single-rank op (static: no communicator involved).
+        calls.add(new BadCall("local attention null q", iae, "attention: q must not be null",
+            () -> Communicator.attention(null, kv, kv, o, lse, false, 0f)));
+        calls.add(new BadCall("local attention heads not a multiple", iae, "multiple",
+            () -> Communicator.attention(q, kv3, kv3, o, lse, true, 0f)));
+        calls.add(new BadCall("local attention bf16 lse", iae, "lse", () -> Communicator.attention(q, kv, kv, o, lseBf16,
+            false, 0f)));
+        calls.add(new BadCall("local attention wrong o", iae, "o ", () -> Communicator.attention(q, kv, kv, kv, lse,
+            false, 0f)));
+        calls.add(new BadCall("local attention negative scale", iae, "scale",
+            () -> Communicator.attention(q, kv, kv, o, lse, false, -1f)));
+        calls.add(new BadCall("local attention device q with host tensors", iae, "DeviceTensor",
+            () -> Communicator.attention(q, device, kv, o, null, false, 0f)));
+        calls.add(new BadCall("local attention on a stream, host tensors", iae, "a CUDA stream was given",
+            () -> Communicator.attention(q, kv, kv, o, lse, false, 0f, stream)));
 
         for (BadCall call : calls) {
           RuntimeException e = assertThrows(RuntimeException.class, call.call()::run, call.name());
@@ -213,6 +228,9 @@ class CommunicatorValidationTest {
     assertThrows(IllegalArgumentException.class, () -> AttentionOptions.sequence(0));
     assertThrows(IllegalArgumentException.class, () -> AttentionOptions.sequence(4).scale(Float.NaN));
     assertThrows(IllegalArgumentException.class, () -> AttentionOptions.sequence(4).scale(-1f));
+    assertThrows(IllegalArgumentException.class, () -> AttentionOptions.sequence(4).layout(null));
+    assertThrows(IllegalArgumentException.class, () -> Split.positions(4, 2, 0, null));
+    assertThrows(IllegalArgumentException.class, () -> Split.positions(4, 2, 2, SequenceLayout.ZIGZAG));
     assertThrows(IllegalArgumentException.class, () -> CommOptions.defaults().name("a;b"));
     assertThrows(IllegalArgumentException.class, () -> HostTensor.allocate(null, 3));
     assertThrows(IllegalArgumentException.class, () -> HostTensor.allocate(DType.F32, 2, -1));

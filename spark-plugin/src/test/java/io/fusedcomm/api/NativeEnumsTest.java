@@ -51,7 +51,8 @@ class NativeEnumsTest {
           "fc_transport_t", new Mirror<>("FC_TRANSPORT_", TransportKind.class, TransportKind::code),
           "fc_libfabric_provider_t",
               new Mirror<>("FC_LIBFABRIC_", LibfabricProvider.class, LibfabricProvider::code),
-          "fc_memory_type_t", new Mirror<>("FC_MEMORY_", MemoryType.class, MemoryType::code));
+          "fc_memory_type_t", new Mirror<>("FC_MEMORY_", MemoryType.class, MemoryType::code),
+          "fc_seq_layout_t", new Mirror<>("FC_SEQ_", SequenceLayout.class, SequenceLayout::code));
 
   /** Every {@code typedef enum { ... } name;} of the header: name -> (enumerator -> value). */
   static Map<String, Map<String, Integer>> parseEnums(String header) {

@@ -5,6 +5,7 @@ import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.HostTensor;
 import io.fusedcomm.api.MoeDispatch;
+import io.fusedcomm.api.SequenceLayout;
 import io.fusedcomm.api.Split;
 import io.fusedcomm.api.WeightLayout;
 import java.io.Serializable;
@@ -146,6 +147,18 @@ public final class OpSuite {
         res.outputs.put("ringAttention.o/" + causal, o.toFloatArray());
         res.outputs.put("ringAttention.lse/" + causal, lse.toFloatArray());
       }
+      // Causal, zigzag: rank r holds chunks r and 2W-1-r of 2W; S not a multiple of 2W.
+      int zseq = 4 * w + 3;
+      int zr = (int) Split.count(zseq, w, r, SequenceLayout.ZIGZAG);
+      HostTensor zq = s.of(input(seed, r, 63, zr * 4 * 4, t), t, 1, zr, 4, 4);
+      HostTensor zk = s.of(input(seed, r, 64, zr * 2 * 4, t), t, 1, zr, 2, 4);
+      HostTensor zv = s.of(input(seed, r, 65, zr * 2 * 4, t), t, 1, zr, 2, 4);
+      HostTensor zo = s.poisoned(t, 1, zr, 4, 4);
+      HostTensor zlse = s.poisoned(DType.F32, 1, 4, zr);
+      comm.ringAttention(zq, zk, zv, zo, zlse,
+          AttentionOptions.sequence(zseq).causal(true).layout(SequenceLayout.ZIGZAG));
+      res.outputs.put("ringAttention.zigzag.o", zo.toFloatArray());
+      res.outputs.put("ringAttention.zigzag.lse", zlse.toFloatArray());
     }
     return res;
   }
@@ -264,6 +277,32 @@ public final class OpSuite {
         Check.closeTo("ringAttention LSE" + at, Reference.lastDimBlock(ref.lse, 4, seq, from, sr[r]),
             res[r].outputs.get("ringAttention.lse/" + causal), 2e-6, 2e-6);
       }
+    }
+    // Ring attention, zigzag: the whole sequence put together from the ranks' rows.
+    int zseq = 4 * w + 3;
+    float[] zq = new float[zseq * 16];
+    float[] zk = new float[zseq * 8];
+    float[] zv = new float[zseq * 8];
+    int[][] zpos = new int[w][];
+    for (int r = 0; r < w; r++) {
+      zpos[r] = Reference.seqPositions(zseq, w, r, true);
+      int n = zpos[r].length;
+      float[] rq = input(seed, r, 63, n * 16, t);
+      float[] rk = input(seed, r, 64, n * 8, t);
+      float[] rv = input(seed, r, 65, n * 8, t);
+      for (int i = 0; i < n; i++) {
+        System.arraycopy(rq, i * 16, zq, zpos[r][i] * 16, 16);
+        System.arraycopy(rk, i * 8, zk, zpos[r][i] * 8, 8);
+        System.arraycopy(rv, i * 8, zv, zpos[r][i] * 8, 8);
+      }
+    }
+    Reference.Attention zref = Reference.attention(zq, zk, zv, 1, zseq, 4, 2, 4, true, 0);
+    for (int r = 0; r < w; r++) {
+      String at = " rank " + r + " zigzag causal" + tag;
+      Check.close("ringAttention O" + at, Reference.seqRows(zref.out, 1, zseq, 16, zpos[r]),
+          res[r].outputs.get("ringAttention.zigzag.o"), t, 1e-5);
+      Check.closeTo("ringAttention LSE" + at, Reference.lastDimRows(zref.lse, 4, zseq, zpos[r]),
+          res[r].outputs.get("ringAttention.zigzag.lse"), 2e-6, 2e-6);
     }
   }
 }

@@ -244,22 +244,31 @@ public final class Reference {
    */
   public static Attention attention(float[] q, float[] k, float[] v, int b, int s, int hq, int hkv, int d,
       boolean causal, double scale) {
+    return attention(q, k, v, b, s, s, hq, hkv, d, causal, scale);
+  }
+
+  /**
+   * Softmax attention of {@code q: (B, Lq, Hq, D)} over {@code k, v: (B, Lk, Hkv, D)}; causal:
+   * query i sees keys j ≤ i (top-left aligned). A query that sees no key gets 0 and lse -inf.
+   */
+  public static Attention attention(float[] q, float[] k, float[] v, int b, int lq, int lk, int hq, int hkv, int d,
+      boolean causal, double scale) {
     double sc = scale == 0 ? 1 / Math.sqrt(d) : scale;
     int group = hq / hkv;
-    double[] o = new double[b * s * hq * d];
+    double[] o = new double[b * lq * hq * d];
     double[] mag = new double[o.length];
-    double[] lse = new double[b * hq * s];
-    double[] scores = new double[s];
+    double[] lse = new double[b * hq * lq];
+    double[] scores = new double[lk];
     for (int bi = 0; bi < b; bi++) {
       for (int h = 0; h < hq; h++) {
         int kh = h / group;
-        for (int i = 0; i < s; i++) {
-          int visible = causal ? i + 1 : s;
+        for (int i = 0; i < lq; i++) {
+          int visible = causal ? Math.min(i + 1, lk) : lk;
           double max = Double.NEGATIVE_INFINITY;
           for (int j = 0; j < visible; j++) {
             double dot = 0;
             for (int x = 0; x < d; x++) {
-              dot += (double) q[((bi * s + i) * hq + h) * d + x] * k[((bi * s + j) * hkv + kh) * d + x];
+              dot += (double) q[((bi * lq + i) * hq + h) * d + x] * k[((bi * lk + j) * hkv + kh) * d + x];
             }
             scores[j] = dot * sc;
             max = Math.max(max, scores[j]);
@@ -268,23 +277,82 @@ public final class Reference {
           for (int j = 0; j < visible; j++) {
             denom += Math.exp(scores[j] - max);
           }
-          lse[(bi * hq + h) * s + i] = max + Math.log(denom);
+          lse[(bi * hq + h) * lq + i] = visible == 0 ? Double.NEGATIVE_INFINITY : max + Math.log(denom);
           for (int x = 0; x < d; x++) {
             double acc = 0;
             double abs = 0;
             for (int j = 0; j < visible; j++) {
               double p = Math.exp(scores[j] - max) / denom;
-              double val = v[((bi * s + j) * hkv + kh) * d + x];
+              double val = v[((bi * lk + j) * hkv + kh) * d + x];
               acc += p * val;
               abs += p * Math.abs(val);
             }
-            o[((bi * s + i) * hq + h) * d + x] = acc;
-            mag[((bi * s + i) * hq + h) * d + x] = abs;
+            o[((bi * lq + i) * hq + h) * d + x] = acc;
+            mag[((bi * lq + i) * hq + h) * d + x] = abs;
           }
         }
       }
     }
-    return new Attention(new Expected(o, mag, s + d), lse);
+    return new Attention(new Expected(o, mag, lk + d), lse);
+  }
+
+  /**
+   * The global positions rank {@code r} of {@code w} holds under a sequence layout, in its
+   * tensors' order, written from docs/ops.md's rule (not from {@code Split.positions}): contiguous
+   * its block; zigzag chunks {@code r} and {@code 2w-1-r} of {@code 2w}.
+   */
+  public static int[] seqPositions(int s, int w, int r, boolean zigzag) {
+    int[] first = zigzag ? new int[] {r, 2 * w - 1 - r} : new int[] {r};
+    int parts = zigzag ? 2 * w : w;
+    int n = 0;
+    for (int c : first) {
+      n += s / parts + (c < s % parts ? 1 : 0);
+    }
+    int[] out = new int[n];
+    int at = 0;
+    for (int c : first) {
+      int from = c * (s / parts) + Math.min(c, s % parts);
+      for (int i = 0; i < s / parts + (c < s % parts ? 1 : 0); i++) {
+        out[at++] = from + i;
+      }
+    }
+    return out;
+  }
+
+  /** Rows {@code positions} (in that order) of a (B, S, inner) tensor. */
+  public static float[] seqRows(float[] full, int b, int s, int inner, int[] positions) {
+    float[] out = new float[b * positions.length * inner];
+    for (int bi = 0; bi < b; bi++) {
+      for (int i = 0; i < positions.length; i++) {
+        System.arraycopy(full, (bi * s + positions[i]) * inner, out, (bi * positions.length + i) * inner, inner);
+      }
+    }
+    return out;
+  }
+
+  /** Rows {@code positions} (in that order) of a (B, S, inner) expectation. */
+  public static Expected seqRows(Expected full, int b, int s, int inner, int[] positions) {
+    double[] v = new double[b * positions.length * inner];
+    double[] m = new double[v.length];
+    for (int bi = 0; bi < b; bi++) {
+      for (int i = 0; i < positions.length; i++) {
+        System.arraycopy(full.value, (bi * s + positions[i]) * inner, v, (bi * positions.length + i) * inner, inner);
+        System.arraycopy(full.magnitude, (bi * s + positions[i]) * inner, m, (bi * positions.length + i) * inner,
+            inner);
+      }
+    }
+    return new Expected(v, m, full.terms);
+  }
+
+  /** Columns {@code positions} (in that order) of the last dimension of a (rows, s) array. */
+  public static double[] lastDimRows(double[] full, int rows, int s, int[] positions) {
+    double[] out = new double[rows * positions.length];
+    for (int r = 0; r < rows; r++) {
+      for (int i = 0; i < positions.length; i++) {
+        out[r * positions.length + i] = full[r * s + positions[i]];
+      }
+    }
+    return out;
   }
 
   /**
