@@ -103,7 +103,7 @@ def merge(rows):
     median time (rates rescaled to it) and every time in ms_repeats. First-seen order."""
     groups, order = {}, []
     for r in rows:
-        k = (r.get("op"), r.get("impl"), r.get("world"), shape_key(r), r.get("partials"))
+        k = (r.get("op"), r.get("impl"), r.get("world"), shape_key(r), r.get("partials"), r.get("set"))
         if k not in groups:
             groups[k] = []
             order.append(k)
@@ -132,10 +132,12 @@ def geomean(xs):
 
 
 def tables(family, rows):
-    """The per-(op, world) groups: [(op, world, [(shape_key, {impl: row})])], first-seen order."""
+    """The per-(op, world, set) groups: [(name, world, [(shape_key, {impl: row})])], first-seen
+    order; name is the op, followed by the rows' shape set in parentheses where they name one
+    (`set`: e.g. gemm's seeded random set, tabulated apart from the headline shapes)."""
     groups, order = {}, []
     for r in rows:
-        k = (r["op"], r["world"])
+        k = (r["op"] + (f" ({r['set']})" if r.get("set") else ""), r["world"])
         if k not in groups:
             groups[k] = {}
             order.append(k)

@@ -246,14 +246,18 @@ int default_group_m(int tile_n) { return tile_n == 256 ? tuning::kGroupM256 : tu
 
 cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
-  if (a.M < 1 || a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
+  if (a.M < 1 || a.N < 1 || a.K < 1) return cudaErrorInvalidValue;
+  // The register path (tile sink, tile flags) stores column pairs: whole 8-column groups.
+  if ((a.sink.mode != GemmSinkMode::kNone || a.sink.tile_flags != nullptr) && a.N % 8 != 0) {
+    return cudaErrorInvalidValue;
+  }
   if (a.A == nullptr || a.B == nullptr) return cudaErrorInvalidValue;
   if (a.C == nullptr && a.sink.mode == GemmSinkMode::kNone) return cudaErrorInvalidValue;
   const bool kn = a.b_layout == GemmLayoutB::kKN;
   if (a.lda < a.K || a.ldb < (kn ? a.N : a.K) || (a.C != nullptr && a.ldc < a.N)) {
     return cudaErrorInvalidValue;
   }
-  if (a.lda % 8 || a.ldb % 8 || (a.C != nullptr && a.ldc % 8)) return cudaErrorInvalidValue;
+  if (a.lda % 8 || a.ldb % 8) return cudaErrorInvalidValue;  // TMA loads: 16-byte row strides
   if (!aligned16(a.A) || !aligned16(a.B) || !aligned16(a.C)) return cudaErrorInvalidValue;
   if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256) return cudaErrorInvalidValue;
   if (a.cluster < 0 || a.cluster > 2) return cudaErrorInvalidValue;
@@ -285,9 +289,11 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   const TilePlan tiles =
       sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k) : TilePlan{0, false};
   int tile_n = tiles.stream_k ? tiles.tile_n : a.tile_n;
+  // C through TMA stores needs a 16-byte row stride; else the register path stores it.
+  const bool c_tma = a.C != nullptr && s.tile_flags == nullptr && a.ldc % 8 == 0;
   // Consumers that take turns: plain launches that store C through TMA, 128-wide tiles.
   const bool pp_able = a.pingpong != 1 && !tiles.stream_k && !hooks && s.mode == GemmSinkMode::kNone &&
-                       a.C != nullptr && a.cluster != 2 && tile_n != 256;
+                       c_tma && a.cluster != 2 && tile_n != 256;
   if (pp_able && a.pingpong == 2) tile_n = 128;
   const GemmTileGrid g = gemm_tile_grid(a.M, a.N, tile_n, ctas);
   GemmProblem& prob = plan->prob;
@@ -336,9 +342,10 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (!ok_b) return cudaErrorInvalidValue;
 
   // C goes through shared memory and TMA stores (full-line writes, asynchronous) unless tile
-  // flags must order it, in which case the register path stores it before the release.
+  // flags must order it, in which case the register path stores it before the release, or its
+  // row stride is not a multiple of 8 (TMA's 16 bytes): then the register path stores it
+  // element by element (DefaultEpilogue).
   plan->tc = CUtensorMap{};
-  const bool c_tma = a.C != nullptr && s.tile_flags == nullptr;
   const bool f32 = a.c_type == GemmOutType::kF32;
   if (c_tma && !detail::encode_store_map(&plan->tc, a.C, a.M, a.N, a.ldc, f32)) {
     return cudaErrorInvalidValue;
@@ -374,6 +381,95 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
     return p.kn ? launch_instance<256, true>(p, stream) : launch_instance<256, false>(p, stream);
   }
   return p.kn ? launch_instance<128, true>(p, stream) : launch_instance<128, false>(p, stream);
+}
+
+namespace {
+
+// Staged launch (gemm.h): a rows × cols bf16 matrix from row stride `lds` (any) to row stride
+// `ldd` (a multiple of 8, 16-byte aligned rows). Each thread writes 8 consecutive elements of a
+// row with one 16-byte store (the pad past `cols` too: it is never read, TMA zero-fills past
+// the matrix) from 8 element loads, which a warp makes over 512 contiguous bytes.
+__global__ void __launch_bounds__(256) restride_kernel(const __nv_bfloat16* __restrict__ src, int64_t lds,
+                                                       __nv_bfloat16* __restrict__ dst, int64_t ldd, int rows,
+                                                       int cols) {
+  const int groups = (cols + 7) / 8;
+  const int64_t total = int64_t(rows) * groups;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / groups;
+    const int c0 = static_cast<int>(i - r * groups) * 8;
+    const __nv_bfloat16* s = src + r * lds + c0;
+    const int n = min(8, cols - c0);
+    alignas(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = j < n ? s[j] : __nv_bfloat16{};
+    *reinterpret_cast<uint4*>(dst + r * ldd + c0) = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
+int64_t pad8(int64_t x) { return (x + 7) / 8 * 8; }
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// The staged operands of `a`: padded row strides (0: the operand is used in place) and bytes.
+struct Staging {
+  int64_t lda, ldb;
+  size_t a_bytes, b_bytes;
+};
+
+Staging staging_of(const GemmArgs& a) {
+  const bool kn = a.b_layout == GemmLayoutB::kKN;
+  Staging st{};
+  if (a.lda % 8 != 0 && a.M > 0 && a.K > 0) {
+    st.lda = pad8(a.K);
+    st.a_bytes = align256(size_t(a.M) * st.lda * 2);
+  }
+  if (a.ldb % 8 != 0 && a.N > 0 && a.K > 0) {
+    st.ldb = pad8(kn ? a.N : a.K);
+    st.b_bytes = align256(size_t(kn ? a.K : a.N) * st.ldb * 2);
+  }
+  return st;
+}
+
+cudaError_t restride(const __nv_bfloat16* src, int64_t lds, __nv_bfloat16* dst, int64_t ldd, int rows, int cols,
+                     cudaStream_t stream) {
+  const int64_t groups = int64_t(rows) * ((cols + 7) / 8);
+  const int blocks = static_cast<int>(std::min<int64_t>((groups + 255) / 256, int64_t(sm_count()) * 16));
+  restride_kernel<<<blocks, 256, 0, stream>>>(src, lds, dst, ldd, rows, cols);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t gemm_staging_bytes(const GemmArgs& a) {
+  const Staging st = staging_of(a);
+  return st.a_bytes + st.b_bytes;
+}
+
+cudaError_t launch_gemm_staged(const GemmArgs& a, void* staging, size_t staging_bytes, cudaStream_t stream) {
+  const Staging st = staging_of(a);
+  const size_t need = st.a_bytes + st.b_bytes;
+  if (need == 0) return launch_gemm(a, stream);
+  const bool hooks = a.wait.a.flags != nullptr || a.wait.b.flags != nullptr ||
+                     a.sink.mode != GemmSinkMode::kNone || a.sink.tile_flags != nullptr;
+  const bool kn = a.b_layout == GemmLayoutB::kKN;
+  if (hooks || a.cluster == 2 || staging == nullptr || staging_bytes < need ||
+      (reinterpret_cast<uintptr_t>(staging) & 255) != 0 || a.lda < a.K || a.ldb < (kn ? a.N : a.K)) {
+    return cudaErrorInvalidValue;
+  }
+  GemmArgs p = a;
+  auto* sa = static_cast<__nv_bfloat16*>(staging);
+  auto* sb = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(staging) + st.a_bytes);
+  if (st.lda != 0) p.A = sa, p.lda = st.lda;
+  if (st.ldb != 0) p.B = sb, p.ldb = st.ldb;
+  // The padded arguments must pass launch_gemm's checks before anything is enqueued.
+  GemmLaunchPlan plan;
+  if (cudaError_t e = gemm_launch_plan(p, &plan); e != cudaSuccess) return e;
+  cudaError_t e = cudaSuccess;
+  if (st.lda != 0 && (e = restride(a.A, a.lda, sa, st.lda, a.M, a.K, stream)) != cudaSuccess) return e;
+  if (st.ldb != 0 && (e = restride(a.B, a.ldb, sb, st.ldb, kn ? a.K : a.N, kn ? a.N : a.K, stream)) != cudaSuccess) {
+    return e;
+  }
+  return launch_gemm(p, stream);
 }
 
 }  // namespace fusedcomm::kernels

@@ -7,12 +7,16 @@
 // bf16 operands, fp32 accumulation, C in bf16 (default) or fp32, row-major.
 //
 // Contract
-// - Shapes: M >= 1 (any value, M = 1 included), N >= 8 and K >= 8, both multiples of 8.
-//   Tails are handled: tiles that overhang M, N or K are loaded with zero fill by the tensor
-//   memory accelerator (TMA) and stores are guarded, so nothing outside M×N is written.
-// - Layouts and alignment: every pointer 16-byte aligned; leading dimensions in elements,
-//   multiples of 8 (TMA needs 16-byte row strides): lda >= K, ldb >= K (kNK) or ldb >= N (kKN),
-//   ldc >= N. M, N, K, lda, ldb, ldc < 2^31. Operands must not alias C.
+// - Shapes: M, N, K >= 1, any values (M = 1 included). Tails are handled: tiles that overhang
+//   M, N or K are loaded with zero fill by the tensor memory accelerator (TMA) and stores are
+//   guarded, so nothing outside M×N is written. With a tile sink or tile flags (hook 2), N must
+//   be a multiple of 8 (that path stores column pairs).
+// - Layouts and alignment: every pointer 16-byte aligned; leading dimensions in elements:
+//   lda >= K, ldb >= K (kNK) or ldb >= N (kKN), ldc >= N; lda and ldb multiples of 8 (TMA
+//   loads need 16-byte row strides; dense operands whose rows are not a multiple of 8 elements
+//   go through launch_gemm_staged()); ldc any: C goes through TMA stores where ldc is a
+//   multiple of 8, else the consumers store it from registers element by element (no ping-pong
+//   then). M, N, K, lda, ldb, ldc < 2^31. Operands must not alias C.
 // - Engine: a grid of `num_ctas` persistent CTAs (default: one per SM) walks 128×BN output
 //   tiles (BN = 256 or 128, chosen from the shape unless forced) in a grouped order: groups of
 //   `group_m` M-blocks, each group swept along N, so concurrently running CTAs share A and B
@@ -243,5 +247,17 @@ cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* plan);
 // stream order is as for any launch. It lets the stream's next kernel be scheduled early too,
 // unless it has readiness waits (hook 1).
 cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);
+
+// Staged launch: launch_gemm for A or B whose leading dimension is not a multiple of 8 (dense
+// operands with K or N off the multiple of 8). Each such operand is first copied, on `stream`,
+// into `staging` with its rows padded to a multiple of 8 elements (the pad is never read: TMA
+// zero-fills past K and N); C needs no copy (any ldc, above). The copies are part of the op and
+// of its time: (M·K or N·K) · 4 bytes of memory traffic each, against 2·M·N·K FLOP.
+// gemm_staging_bytes(a): the bytes of `staging` that `a` needs (0: none, the launch is
+// launch_gemm's). Refused (cudaErrorInvalidValue) with hooks 1-2 or CTA pairs, where the
+// staging is too small or misaligned (256 bytes, as cudaMalloc's), and where launch_gemm would
+// refuse the padded arguments. Launches sharing a staging buffer must be stream-ordered.
+size_t gemm_staging_bytes(const GemmArgs& a);
+cudaError_t launch_gemm_staged(const GemmArgs& a, void* staging, size_t staging_bytes, cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels

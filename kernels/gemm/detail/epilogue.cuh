@@ -20,7 +20,8 @@ namespace fusedcomm::kernels::detail {
 //     called by every consumer thread of a warpgroup whose rows intersect M; the thread owns
 //     rows row0 and row0 + 8, columns col0 + 8*j + {0, 1} for j < kFrag/4, with
 //     acc[4j + 0..1] at row0 and acc[4j + 2..3] at row0 + 8. Out-of-range rows/columns must be
-//     skipped by the epilogue (row < M, col < N; col + 1 < N follows from N % 8 == 0).
+//     skipped by the epilogue (row < M, col < N; col + 1 < N follows from N % 8 == 0 where a
+//     sink or tile flags are set, and DefaultEpilogue guards each column of C otherwise).
 //   bool wants_tile_done() const;  uniform over the launch
 //   void tile_done(TileCoord, const GemmProblem&) const;
 //     called by one thread after all 256 consumer threads have issued the tile's stores.
@@ -92,6 +93,26 @@ struct DefaultEpilogue {
     }
   }
 
+  // C at an odd row stride or an odd N (gemm.h: C without TMA): element by element, each
+  // column guarded (a pair's second column may lie past N, and a pair may be misaligned).
+  template <class T, int kFrag>
+  __device__ __forceinline__ static void apply_elements(const float (&acc)[kFrag], T* row_lo, T* row_hi, int row0,
+                                                        int col0, const GemmProblem& p) {
+    const bool lo_ok = row0 < p.M;
+    const bool hi_ok = row0 + 8 < p.M;
+#pragma unroll
+    for (int j = 0; j < kFrag / 4; ++j) {
+      const int col = col0 + 8 * j;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (col + e < p.N) {
+          if (lo_ok) row_lo[col + e] = static_cast<T>(acc[4 * j + e]);
+          if (hi_ok) row_hi[col + e] = static_cast<T>(acc[4 * j + 2 + e]);
+        }
+      }
+    }
+  }
+
   __device__ __forceinline__ static void put_bf16(__nv_bfloat16* d, float v0, float v1) {
     *reinterpret_cast<__nv_bfloat162*>(d) = __floats2bfloat162_rn(v0, v1);
   }
@@ -122,7 +143,15 @@ struct DefaultEpilogue {
   template <int kFrag>
   __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
                                         const GemmProblem& p) const {
-    if (c != nullptr) {
+    if (c != nullptr && ((ldc | p.N) & 1) != 0) {
+      if (c_type == GemmOutType::kBF16) {
+        auto* base = static_cast<__nv_bfloat16*>(c);
+        apply_elements(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p);
+      } else {
+        auto* base = static_cast<float*>(c);
+        apply_elements(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p);
+      }
+    } else if (c != nullptr) {
       if (c_type == GemmOutType::kBF16) {
         auto* base = static_cast<__nv_bfloat16*>(c);
         apply(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p, put_bf16);
