@@ -23,8 +23,8 @@ launches per implementation, alternating (ours, cuBLAS, ours, ...), one CUDA eve
 launch with no synchronisation in between (`iters` per round, fewer for long GEMMs: about
 --round-ms per round, at least 5); the median over all timed launches. Rows of explicit and
 random shapes name their set (`set`: "explicit" or "random-<seed>"), which the report
-tabulates apart from the shape files' rows. cuBLAS runs at ours' precision (fp32 accumulation,
-no reduced-precision split-K reductions).
+tabulates apart from the shape files' rows. cuBLAS runs as torch runs it by default (split-K
+partial sums may be rounded to bf16, so its check allows for that).
 At the end: ours / cuBLAS throughput per set, geometric mean and worst. Exit 1 on a mismatch.
 """
 import argparse
@@ -132,9 +132,6 @@ def main():
 
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32
-    # cuBLAS at ours' precision: fp32 accumulation throughout. Its default may reduce split-K
-    # partial sums in bf16, which fails the fp32 reference's tolerance at long K.
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     lib = None
     if args.lib:
         lib = ctypes.CDLL(os.path.abspath(args.lib))
@@ -179,7 +176,10 @@ def main():
             for name, fn in impls:  # each checked before it is timed
                 c.fill_(float("nan"))  # ours writes c: an unwritten element fails
                 got = fn().float()
-                bad = ~((got - ref).abs() <= 8e-3 * ref.abs() + 2e-5 * absdot + 1e-6)
+                # cuBLAS as torch runs it by default may round split-K partial sums to bf16
+                # (allow_bf16_reduced_precision_reduction): a wider bound on the sum of |a*b|.
+                atol = 1e-3 if name == "cublas" else 2e-5
+                bad = ~((got - ref).abs() <= 8e-3 * ref.abs() + atol * absdot + 1e-6)
                 if bad.any():
                     i = int(bad.flatten().nonzero()[0])
                     print(f"{label} {M}x{N}x{K}: {name} FAILED its check: {int(bad.sum())} mismatches, "

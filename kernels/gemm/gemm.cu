@@ -289,8 +289,11 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   const TilePlan tiles =
       sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k) : TilePlan{0, false};
   int tile_n = tiles.stream_k ? tiles.tile_n : a.tile_n;
-  // C through TMA stores needs a 16-byte row stride; else the register path stores it.
-  const bool c_tma = a.C != nullptr && s.tile_flags == nullptr && a.ldc % 8 == 0;
+  // C through TMA stores needs a 16-byte row stride, and N a multiple of 8 (TMA stores clip at
+  // the tensor's bounds in whole 16 bytes); else bf16 C goes out through shared memory in
+  // coalesced rows, fp32 C through the register path.
+  const bool c_tma = a.C != nullptr && s.tile_flags == nullptr && a.ldc % 8 == 0 && a.N % 8 == 0;
+  const bool c_rows = a.C != nullptr && s.tile_flags == nullptr && !c_tma && a.c_type == GemmOutType::kBF16;
   // Consumers that take turns: plain launches that store C through TMA, 128-wide tiles.
   const bool pp_able = a.pingpong != 1 && !tiles.stream_k && !hooks && s.mode == GemmSinkMode::kNone &&
                        c_tma && a.cluster != 2 && tile_n != 256;
@@ -342,19 +345,21 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (!ok_b) return cudaErrorInvalidValue;
 
   // C goes through shared memory and TMA stores (full-line writes, asynchronous) unless tile
-  // flags must order it, in which case the register path stores it before the release, or its
-  // row stride is not a multiple of 8 (TMA's 16 bytes): then the register path stores it
-  // element by element (DefaultEpilogue).
+  // flags must order it, in which case the register path stores it before the release, or TMA
+  // cannot store it (above): then bf16 C goes through shared memory in coalesced rows
+  // (store_c_rows), fp32 C through the register path element by element (DefaultEpilogue).
   plan->tc = CUtensorMap{};
   const bool f32 = a.c_type == GemmOutType::kF32;
   if (c_tma && !detail::encode_store_map(&plan->tc, a.C, a.M, a.N, a.ldc, f32)) {
     return cudaErrorInvalidValue;
   }
-  prob.c_tma = !c_tma ? 0 : f32 ? detail::kCTmaF32 : detail::kCTmaBF16;
+  prob.c_tma = c_rows ? detail::kCRowsBF16 : !c_tma ? 0 : f32 ? detail::kCTmaF32 : detail::kCTmaBF16;
+  prob.c_rows = c_rows ? static_cast<__nv_bfloat16*>(a.C) : nullptr;
+  prob.c_rows_ld = a.ldc;
 
   detail::DefaultEpilogue& epi = plan->epi;
   epi = detail::DefaultEpilogue{};
-  epi.c = c_tma ? nullptr : a.C;
+  epi.c = c_tma || c_rows ? nullptr : a.C;
   epi.ldc = a.ldc;
   epi.c_type = a.c_type;
   epi.sink = a.sink;

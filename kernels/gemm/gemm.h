@@ -14,9 +14,10 @@
 // - Layouts and alignment: every pointer 16-byte aligned; leading dimensions in elements:
 //   lda >= K, ldb >= K (kNK) or ldb >= N (kKN), ldc >= N; lda and ldb multiples of 8 (TMA
 //   loads need 16-byte row strides; dense operands whose rows are not a multiple of 8 elements
-//   go through launch_gemm_staged()); ldc any: C goes through TMA stores where ldc is a
-//   multiple of 8, else the consumers store it from registers element by element (no ping-pong
-//   then). M, N, K, lda, ldb, ldc < 2^31. Operands must not alias C.
+//   go through launch_gemm_staged()); ldc any: C goes through TMA stores where ldc and N are
+//   multiples of 8, else bf16 C through shared memory and coalesced element stores, fp32 C from
+//   registers element by element (no ping-pong then). M, N, K, lda, ldb, ldc < 2^31. Operands
+//   must not alias C.
 // - Engine: a grid of `num_ctas` persistent CTAs (default: one per SM) walks 128×BN output
 //   tiles (BN = 256 or 128, chosen from the shape unless forced) in a grouped order: groups of
 //   `group_m` M-blocks, each group swept along N, so concurrently running CTAs share A and B

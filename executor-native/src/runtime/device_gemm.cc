@@ -75,8 +75,7 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
   FC_REQUIRE(m >= 0 && n >= 0 && k >= 0, "gemm: negative dimension in " + shape);
   if (m == 0 || n == 0) return;
-  FC_REQUIRE(n % 8 == 0 && k % 8 == 0 && k > 0,
-             "gemm on the GPU needs N and K to be positive multiples of 8, got MxNxK = " + shape);
+  FC_REQUIRE(k > 0, "gemm on the GPU needs K >= 1, got MxNxK = " + shape);
   FC_REQUIRE(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31),
              "gemm: dimension too large in " + shape);
   for (const void* p : {a, w, static_cast<const void*>(c)}) {
@@ -91,10 +90,19 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   SkWorkspace& ws = sk_workspace(device);
   std::lock_guard<std::mutex> lock(ws.mu);
   kernels::use_workspace(args, ws.ws);
-  e = kernels::launch_gemm(args, nullptr);
+  // K or N off the multiple of 8: the staged launch copies A or W into rows TMA can read
+  // (kernels/gemm/gemm.h), in a buffer of this call's own.
+  const size_t staging_bytes = kernels::gemm_staging_bytes(args);
+  void* staging = nullptr;
+  if (staging_bytes > 0 && (e = cudaMalloc(&staging, staging_bytes)) != cudaSuccess) {
+    fail(ErrorKind::kFatalGpu, "gemm " + shape + ": no memory for the staged operands (" +
+                                   std::to_string(staging_bytes) + " bytes): " + cudaGetErrorString(e));
+  }
+  e = kernels::launch_gemm_staged(args, staging, staging_bytes, nullptr);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
+  if (staging != nullptr) cudaFree(staging);
   if (e == cudaErrorInvalidValue)
     fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
   if (e != cudaSuccess) {
     fail(ErrorKind::kFatalGpu,
          "gemm " + shape + " failed on the GPU: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));

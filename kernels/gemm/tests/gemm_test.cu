@@ -733,8 +733,8 @@ void test_bad_args() {
     u.A = buf;
     u.B = buf + 256 * 64;
     u.C = buf + 2 * 256 * 64;
-    u.lda = 60;
-    u.ldb = 60;
+    u.lda = 64;
+    u.ldb = 64;
     u.ldc = 13;
     EXPECT(launch_gemm(u, nullptr) == cudaSuccess, "N = 12, K = 60, ldc = 13 refused");
     CHECK_CUDA(cudaDeviceSynchronize());
@@ -742,7 +742,7 @@ void test_bad_args() {
     EXPECT(launch_gemm(u, nullptr) == cudaErrorInvalidValue, "lda %% 8 != 0 accepted by launch_gemm");
     EXPECT(gemm_staging_bytes(u) >= size_t(16) * 64 * 2, "staging bytes too few for A");
     EXPECT(launch_gemm_staged(u, nullptr, 0, nullptr) == cudaErrorInvalidValue, "staging missing accepted");
-    u.lda = 60;
+    u.lda = 64;
     u.sink.mode = GemmSinkMode::kStoreBF16;
     u.sink.num_dests = 1;
     u.sink.ld = 16;
