@@ -10,7 +10,8 @@ the same tensors, so that both run under the same clocks and temperature.
 Shapes: any mix of shape files (--shapes, repeatable: "<label> <M> <N> <K> <nk|kn>" per line),
 explicit shapes (--m/--n/--k, repeatable, each a comma list: the i-th M goes with the i-th N and
 K, a single value stands for all) and a seeded random set (--random N: M, N and K each uniform
-in [1, 16384]; --seed, else one chosen at run time, printed and written into the rows). Explicit
+in [1, 16384]; --seed, else one chosen at run time, printed and written into the rows; --align A
+rounds N and K up to multiples of A, the engine's own grid without the staged copies). Explicit
 and random shapes run in each layout of --layouts (default both: nk, C = A * B^T with B: N x K;
 kn, C = A * B with B: K x N). Tensors are dense at the shape as given, nothing padded: ours
 takes rows that are not a multiple of 8 elements through its staged launch, whose copies are
@@ -76,10 +77,14 @@ def explicit_shapes(ms, ns, ks):
     return [(pick(ms, i), pick(ns, i), pick(ks, i)) for i in range(count)]
 
 
-def random_shapes(count, seed):
+def random_shapes(count, seed, align=1):
+    """count (M, N, K), each uniform in [1, MAX_DIM]; N and K then rounded up to a multiple of
+    `align` (down where that passes MAX_DIM)."""
     import random
     rng = random.Random(seed)
-    return [tuple(rng.randint(1, MAX_DIM) for _ in range(3)) for _ in range(count)]
+    up = lambda x: min(-(-x // align) * align, MAX_DIM // align * align)
+    return [(m, up(n), up(k)) for m, n, k in (tuple(rng.randint(1, MAX_DIM) for _ in range(3))
+                                               for _ in range(count))]
 
 
 def shape_list(args):
@@ -94,12 +99,13 @@ def shape_list(args):
         out += [("explicit", f"{m}x{n}x{k}", m, n, k, lay == "kn") for lay in layouts]
     seed = None
     if args.random:
-        if args.random < 0:
-            raise SystemExit("--random: a count >= 0")
+        if args.random < 0 or args.align < 1:
+            raise SystemExit("--random: a count >= 0; --align: >= 1")
         seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
         print(f"random set: {args.random} shapes, M, N, K uniform in [1, {MAX_DIM}], seed {seed}", flush=True)
-        for m, n, k in random_shapes(args.random, seed):
-            out += [(f"random-{seed}", f"r{m}x{n}x{k}", m, n, k, lay == "kn") for lay in layouts]
+        name = f"random-{seed}" + (f"-align{args.align}" if args.align > 1 else "")
+        for m, n, k in random_shapes(args.random, seed, args.align):
+            out += [(name, f"r{m}x{n}x{k}", m, n, k, lay == "kn") for lay in layouts]
     elif args.seed is not None:
         raise SystemExit("--seed goes with --random")
     if not out:
@@ -121,6 +127,8 @@ def main():
     ap.add_argument("--random", type=int, default=0, help="this many random shapes")
     ap.add_argument("--seed", type=int, help="the random set's seed (default: chosen and printed)")
     ap.add_argument("--layouts", default="nk,kn", help="layouts of explicit and random shapes")
+    ap.add_argument("--align", type=int, default=1,
+                    help="round the random set's N and K up to a multiple of this (its set: random-<seed>-align<A>)")
     ap.add_argument("--round-ms", type=float, default=25.0, help="about this long per timed round")
     ap.add_argument("--out", required=True, help="rows as JSON lines")
     ap.add_argument("--lib", help="libfc_gemm_bench.so: time ours too, interleaved")

@@ -318,9 +318,16 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // CTA pairs: only without hooks 1-2 (a pair runs in lockstep, and its idle member's tile
   // has no flag), and for at least two CTAs.
   if (a.cluster == 2 && (hooks || ctas < 2)) return cudaErrorInvalidValue;
-  // The launch's own choice (cluster = 0) is single CTAs: pairs measured even with them on
-  // H200, within ±2 % per shape.
-  plan->cluster = a.cluster == 2 ? 2 : 1;
+  // The launch's own choice (cluster = 0) is single CTAs (pairs measured even with them on
+  // H200, within ±2 % per shape), except for the few 128-wide tiles of a short grid with long
+  // enough K (tuning.h, kPair*), where pairs replace the ping-pong: two M-blocks share each B
+  // tile, halving the L2 reads that bound 128-wide tiles.
+  const bool pairs_chosen = a.cluster == 0 && a.tile_n == 0 && a.pingpong != 2 && !hooks &&
+                            s.mode == GemmSinkMode::kNone && !tiles.stream_k && g.tile_n == 128 &&
+                            ctas >= 2 && g.m_blocks >= 2 && prob.num_tiles <= tuning::kPairMaxWaves * ctas &&
+                            k_blocks >= tuning::kPairMinKBlocks;
+  if (pairs_chosen) plan->pingpong = false;
+  plan->cluster = a.cluster == 2 || pairs_chosen ? 2 : 1;
   if (plan->cluster == 2) {
     prob.sweep = detail::pair_sweep(g.m_blocks, g.n_blocks);
     plan->grid = 2 * std::min(ctas / 2, prob.sweep);
@@ -375,6 +382,7 @@ cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* out) {
   out->ctas = p.grid;
   out->stream_k_tiles = p.prob.sk_tiles;
   out->pingpong = p.pingpong;
+  out->pairs = p.cluster == 2;
   return cudaSuccess;
 }
 

@@ -66,7 +66,9 @@
 // 5. CTA pairs (`cluster`): clusters of two CTAs compute M-blocks 2p and 2p + 1 of one N-block
 //    together, each loading half of the B tile into both CTAs' shared memory (TMA multicast),
 //    which halves the L2 reads of B. 0 lets the launch choose (today: single CTAs, as pairs
-//    measured no faster); 2 asks for pairs and needs hooks 1-2 off and num_ctas >= 2 (else
+//    measured no faster, except on grids of 128-wide tiles of at most two waves with K >= 2048,
+//    where pairs took 0.75-0.98 × the time of single CTAs at 9 of 10 cases on 1 × H200);
+//    2 asks for pairs and needs hooks 1-2 off and num_ctas >= 2 (else
 //    cudaErrorInvalidValue); the grid is then even and at most the clusters that fit at once.
 //
 // Stream-K (plain launches): with a workspace (`workspace`, gemm_workspace_bytes()), a launch
@@ -88,7 +90,7 @@
 // whole 128×128 tiles of its own, the CTA's tiles alternating between the two, so that one
 // stores C while the other's wgmma run (detail/gemm_pingpong.cuh). Only launches without hooks
 // 1-2, CTA pairs or stream-K, with C set, on 128-wide tiles. `pingpong`: 0 lets the launch
-// choose (today: wherever the plan takes 128-wide tiles, 0.93-0.99 × the time of both
+// choose (today: wherever the plan takes 128-wide tiles and no CTA pairs (hook 5), 0.93-0.99 × the time of both
 // warpgroups on one tile at 14 of 16 such shapes on 1 × H200; 128-wide turns in place of
 // 256-wide tiles measured 1.00-1.07 × at most shapes, so the tile width is chosen as before),
 // 1 off, 2 wherever allowed (tests, A/B runs).
@@ -192,7 +194,7 @@ struct GemmArgs {
   int tile_n = 0;         // 0: chosen from the shape; or 128 / 256
   int group_m = 0;        // M-blocks per raster group; 0: 16 on 256-wide tiles, 8 on 128-wide
   int m_block_start = 0;  // first M-block of the sweep (taken modulo the M-block count)
-  int cluster = 0;        // CTA pairs (hook 5): 0 chosen (single CTAs), 1 off, 2 on
+  int cluster = 0;        // CTA pairs (hook 5): 0 chosen (mostly single CTAs), 1 off, 2 on
   GemmWaitConfig wait{};  // hook 1
   GemmTileSink sink{};    // hook 2
   // Stream-K (above): device memory of at least gemm_workspace_bytes(num_ctas) bytes, 256-byte
@@ -239,6 +241,7 @@ struct GemmLaunchPlan {
   int ctas;
   int stream_k_tiles;
   bool pingpong;  // consumers that take turns, on 128×128 tiles
+  bool pairs;     // CTA pairs (hook 5), asked for or chosen
 };
 cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* plan);
 

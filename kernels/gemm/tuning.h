@@ -39,4 +39,15 @@ inline constexpr double kStreamKFixupSlices = 48;
 inline constexpr int kGroupM256 = 16;
 inline constexpr int kGroupM128 = 8;
 
+// CTA pairs chosen (GemmArgs::cluster = 0) where the plan takes 128-wide tiles, at most
+// kPairMaxWaves waves of them, at least two M-blocks and at least kPairMinKBlocks 64-deep K
+// slices: there 128-wide tiles are bound by the L2 reads of A and B (few tiles, every CTA
+// streaming), and a pair's multicast of B halves those of B. Against single CTAs (the
+// ping-pong) on 1 × H200, pairs took 0.75-0.98 × the time at 9 of 10 (shape, layout) cases
+// (1000 × 4104 × 2056, 220 × 7976 × 12576, 913 × 1368 × 4344, 8401 × 80 × 4536 and
+// 153 × 1736 × 7920, both layouts) and 1.03 × at 153 × 1736 × 7920 NK; on more waves the
+// choice is as before (pairs no faster).
+inline constexpr int kPairMaxWaves = 2;
+inline constexpr int kPairMinKBlocks = 32;
+
 }  // namespace fusedcomm::kernels::tuning

@@ -852,6 +852,24 @@ void test_pingpong(uint64_t seed) {
   q.stream_k = -1;
   q.pingpong = 3;
   EXPECT(plan_of(q).ctas == 0, "pingpong = 3 accepted");
+  // A short grid of 128-wide tiles with long K: CTA pairs instead (tuning.h kPair*), unless
+  // the ping-pong, the tile width or single CTAs are asked for.
+  Shape r{1000, 4104, 2056, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0};
+  if (g_sms >= 132) {
+    EXPECT(plan_of(r).pairs && !plan_of(r).pingpong && plan_of(r).grid.tile_n == 128,
+           "CTA pairs not chosen at 1000 x 4104 x 2056");
+  }
+  r.pingpong = 2;
+  EXPECT(!plan_of(r).pairs && plan_of(r).pingpong, "CTA pairs chosen over a forced ping-pong");
+  r.pingpong = 0;
+  r.cluster = 1;
+  EXPECT(!plan_of(r).pairs, "CTA pairs chosen while off");
+  r.cluster = 0;
+  r.K = 1024;  // 16 K slices
+  EXPECT(!plan_of(r).pairs, "CTA pairs chosen at short K");
+  r.K = 2056;
+  r.tile_n = 128;
+  EXPECT(!plan_of(r).pairs, "CTA pairs chosen at a forced tile width");
   // Hooks and the sink (plans only; their launches are tested below).
   GemmArgs h = plan_args(
       Shape{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, -1, 2});
