@@ -74,3 +74,22 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(const void* A
                                                                    void* stream) {
   return fc_gemm_bf16_forced(A, B, C, M, N, K, kn, stream, 0, 0, 0, 0, 0);
 }
+
+// launch_gemm at explicit leading dimensions (no staged copies), for A/B runs of strides.
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_ld(const void* A, const void* B, void* C, int M,
+                                                                      int N, int K, int kn, long lda, long ldb,
+                                                                      long ldc, void* stream) {
+  k::GemmArgs a;
+  a.A = static_cast<const __nv_bfloat16*>(A);
+  a.B = static_cast<const __nv_bfloat16*>(B);
+  a.C = C;
+  a.lda = lda;
+  a.ldb = ldb;
+  a.ldc = ldc;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.b_layout = kn ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
+  if (g_ws.ptr != nullptr) k::use_workspace(a, g_ws);
+  return static_cast<int>(k::launch_gemm(a, static_cast<cudaStream_t>(stream)));
+}

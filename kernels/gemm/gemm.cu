@@ -398,10 +398,12 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
 
 namespace {
 
-// Staged launch (gemm.h): a rows × cols bf16 matrix from row stride `lds` (any) to row stride
-// `ldd` (a multiple of 8, 16-byte aligned rows). Each thread writes 8 consecutive elements of a
-// row with one 16-byte store (the pad past `cols` too: it is never read, TMA zero-fills past
-// the matrix) from 8 element loads, which a warp makes over 512 contiguous bytes.
+// Staged launch (gemm.h): a rows × cols bf16 matrix from row stride `lds` to row stride `ldd`
+// (a multiple of 8, 16-byte aligned rows). Each thread writes 8 consecutive elements of a row
+// with one 16-byte store (the pad past `cols` too: it is never read, TMA zero-fills past the
+// matrix), from one 16-byte load where the source rows are 16-byte aligned (kSrcAligned), else
+// from 8 element loads, which a warp makes over 512 contiguous bytes.
+template <bool kSrcAligned>
 __global__ void __launch_bounds__(256) restride_kernel(const __nv_bfloat16* __restrict__ src, int64_t lds,
                                                        __nv_bfloat16* __restrict__ dst, int64_t ldd, int rows,
                                                        int cols) {
@@ -412,18 +414,27 @@ __global__ void __launch_bounds__(256) restride_kernel(const __nv_bfloat16* __re
     const int64_t r = i / groups;
     const int c0 = static_cast<int>(i - r * groups) * 8;
     const __nv_bfloat16* s = src + r * lds + c0;
-    const int n = min(8, cols - c0);
-    alignas(16) __nv_bfloat16 v[8];
+    uint4* d = reinterpret_cast<uint4*>(dst + r * ldd + c0);
+    if constexpr (kSrcAligned) {
+      *d = *reinterpret_cast<const uint4*>(s);  // within the row's stride: lds >= cols, lds % 8 == 0
+    } else {
+      const int n = min(8, cols - c0);
+      alignas(16) __nv_bfloat16 v[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = j < n ? s[j] : __nv_bfloat16{};
-    *reinterpret_cast<uint4*>(dst + r * ldd + c0) = *reinterpret_cast<const uint4*>(v);
+      for (int j = 0; j < 8; ++j) v[j] = j < n ? s[j] : __nv_bfloat16{};
+      *d = *reinterpret_cast<const uint4*>(v);
+    }
   }
 }
 
-int64_t pad8(int64_t x) { return (x + 7) / 8 * 8; }
+int64_t pad64(int64_t x) { return (x + 63) / 64 * 64; }
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 // The staged operands of `a`: padded row strides (0: the operand is used in place) and bytes.
+// An operand is staged where TMA cannot read its rows (a stride off the multiple of 8), and
+// where its rows are off the 128-byte lines (a stride off the multiple of 64) and the model of
+// tuning.h puts the copy at a small enough part of the GEMM's time. Staged rows are padded to
+// 64 elements.
 struct Staging {
   int64_t lda, ldb;
   size_t a_bytes, b_bytes;
@@ -432,13 +443,22 @@ struct Staging {
 Staging staging_of(const GemmArgs& a) {
   const bool kn = a.b_layout == GemmLayoutB::kKN;
   Staging st{};
-  if (a.lda % 8 != 0 && a.M > 0 && a.K > 0) {
-    st.lda = pad8(a.K);
+  if (a.M < 1 || a.N < 1 || a.K < 1) return st;
+  const double gemm_us = 2.0 * a.M * a.N * a.K / (tuning::kStageModelTflops * 1e6);
+  auto stage = [&](int64_t ld, int64_t rows, int64_t cols) {
+    if (ld % 8 != 0) return true;
+    if (ld % 64 == 0) return false;
+    const double copy_us = double(rows) * cols * 4 / (tuning::kStageModelGBps * 1e3) + tuning::kStageModelLaunchUs;
+    return copy_us <= tuning::kStageAlignMaxCost * gemm_us;
+  };
+  if (stage(a.lda, a.M, a.K)) {
+    st.lda = pad64(a.K);
     st.a_bytes = align256(size_t(a.M) * st.lda * 2);
   }
-  if (a.ldb % 8 != 0 && a.N > 0 && a.K > 0) {
-    st.ldb = pad8(kn ? a.N : a.K);
-    st.b_bytes = align256(size_t(kn ? a.K : a.N) * st.ldb * 2);
+  const int64_t b_rows = kn ? a.K : a.N, b_cols = kn ? a.N : a.K;
+  if (stage(a.ldb, b_rows, b_cols)) {
+    st.ldb = pad64(b_cols);
+    st.b_bytes = align256(size_t(b_rows) * st.ldb * 2);
   }
   return st;
 }
@@ -447,7 +467,11 @@ cudaError_t restride(const __nv_bfloat16* src, int64_t lds, __nv_bfloat16* dst, 
                      cudaStream_t stream) {
   const int64_t groups = int64_t(rows) * ((cols + 7) / 8);
   const int blocks = static_cast<int>(std::min<int64_t>((groups + 255) / 256, int64_t(sm_count()) * 16));
-  restride_kernel<<<blocks, 256, 0, stream>>>(src, lds, dst, ldd, rows, cols);
+  if (lds % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    restride_kernel<true><<<blocks, 256, 0, stream>>>(src, lds, dst, ldd, rows, cols);
+  } else {
+    restride_kernel<false><<<blocks, 256, 0, stream>>>(src, lds, dst, ldd, rows, cols);
+  }
   return cudaGetLastError();
 }
 

@@ -254,13 +254,16 @@ cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);
 
 // Staged launch: launch_gemm for A or B whose leading dimension is not a multiple of 8 (dense
 // operands with K or N off the multiple of 8). Each such operand is first copied, on `stream`,
-// into `staging` with its rows padded to a multiple of 8 elements (the pad is never read: TMA
-// zero-fills past K and N); C needs no copy (any ldc, above). The copies are part of the op and
-// of its time: (M·K or N·K) · 4 bytes of memory traffic each, against 2·M·N·K FLOP.
-// gemm_staging_bytes(a): the bytes of `staging` that `a` needs (0: none, the launch is
-// launch_gemm's). Refused (cudaErrorInvalidValue) with hooks 1-2 or CTA pairs, where the
-// staging is too small or misaligned (256 bytes, as cudaMalloc's), and where launch_gemm would
-// refuse the padded arguments. Launches sharing a staging buffer must be stream-ordered.
+// into `staging` with its rows padded to a multiple of 64 elements (the pad is never read: TMA
+// zero-fills past K and N); C needs no copy (any ldc, above). An operand whose stride is a
+// multiple of 8 but not of 64 is copied too where a model puts the copy at a small part of the
+// GEMM's time (tuning.h, kStage*: rows off the 128-byte lines cost large GEMMs up to ~1.5 ×).
+// The copies are part of the op and of its time: (M·K or N·K) · 4 bytes of memory traffic
+// each, against 2·M·N·K FLOP. gemm_staging_bytes(a): the bytes of `staging` that `a` needs
+// (0: none, the launch is launch_gemm's). Refused (cudaErrorInvalidValue) with hooks 1-2 or
+// CTA pairs asked for, where the staging is too small or misaligned (256 bytes, as
+// cudaMalloc's), and where launch_gemm would refuse the padded arguments. Launches sharing a
+// staging buffer must be stream-ordered.
 size_t gemm_staging_bytes(const GemmArgs& a);
 cudaError_t launch_gemm_staged(const GemmArgs& a, void* staging, size_t staging_bytes, cudaStream_t stream);
 

@@ -742,6 +742,18 @@ void test_bad_args() {
     EXPECT(launch_gemm(u, nullptr) == cudaErrorInvalidValue, "lda %% 8 != 0 accepted by launch_gemm");
     EXPECT(gemm_staging_bytes(u) >= size_t(16) * 64 * 2, "staging bytes too few for A");
     EXPECT(launch_gemm_staged(u, nullptr, 0, nullptr) == cudaErrorInvalidValue, "staging missing accepted");
+    // Large GEMMs copy operands whose rows are off the 128-byte lines too (tuning.h kStage*);
+    // small ones and strides on the lines do not.
+    GemmArgs big = u;
+    big.M = big.N = 8192;
+    big.K = big.lda = big.ldb = 8200;
+    big.ldc = 8192;
+    EXPECT(gemm_staging_bytes(big) >= size_t(2) * 8192 * 8256 * 2, "8192 x 8192 x 8200 not staged");
+    big.K = big.lda = big.ldb = 8192;
+    EXPECT(gemm_staging_bytes(big) == 0, "8192^3 staged");
+    big.M = big.N = 16;
+    big.K = big.lda = big.ldb = 72;
+    EXPECT(gemm_staging_bytes(big) == 0, "16 x 16 x 72 staged");
     u.lda = 64;
     u.sink.mode = GemmSinkMode::kStoreBF16;
     u.sink.num_dests = 1;
