@@ -116,11 +116,12 @@ std::vector<Shape> read_shapes(const Options& o, int W) {
   for (Shape s : all) {
     const bool is_ag = s.op == "allGatherGemm";
     if (!(is_ag ? o.ag : s.op == "gemmReduceScatter" ? o.rs : o.ar)) continue;
-    if (s.M < 1 || s.N < 1 || s.K < 1) throw std::runtime_error(s.op + " " + s.label + ": dimensions must be >= 1");
+    if (s.M < 1 || s.N < 1 || s.K < 1)
+      throw std::runtime_error(s.op + " " + s.label + ": dimensions must be >= 1");
     int& split = is_ag ? s.N : s.K;
     if (split % (8 * W) != 0) {
-      refused += "\n  " + s.op + " " + s.label + " " + std::to_string(s.M) + " x " + std::to_string(s.N) + " x " +
-                 std::to_string(s.K) + ": " + (is_ag ? "N" : "K") + " = " + std::to_string(split) +
+      refused += "\n  " + s.op + " " + s.label + " " + std::to_string(s.M) + " x " + std::to_string(s.N) +
+                 " x " + std::to_string(s.K) + ": " + (is_ag ? "N" : "K") + " = " + std::to_string(split) +
                  " does not split into multiples of 8 over " + std::to_string(W) + " ranks";
       continue;
     }
@@ -128,8 +129,10 @@ std::vector<Shape> read_shapes(const Options& o, int W) {
     v.push_back(s);
   }
   if (!refused.empty()) {
-    throw std::runtime_error("shapes refused (the fused ops take a rank's N or K in multiples of 8; nothing is "
-                             "padded):" + refused);
+    throw std::runtime_error(
+        "shapes refused (the fused ops take a rank's N or K in multiples of 8; nothing is "
+        "padded):" +
+        refused);
   }
   if (v.empty()) throw std::runtime_error("no shape of the chosen ops");
   return v;
@@ -418,7 +421,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
           FC_BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
           FC_BENCH_CUDA(cudaGraphDestroy(graph));
           graphs.emplace_back(exec);
-          impls.push_back({"fusedcomm_graph", [&, exec] { FC_BENCH_CUDA(cudaGraphLaunch(exec, st)); }, path, true});
+          impls.push_back(
+              {"fusedcomm_graph", [&, exec] { FC_BENCH_CUDA(cudaGraphLaunch(exec, st)); }, path, true});
         }
       } else {
         k::GemmRsArgs a = rs;

@@ -19,10 +19,11 @@ size_t g_staging_bytes = 0;
 
 // fc_gemm_bf16 with the launch's plan choices forced (GemmArgs: tile_n, stream_k, pingpong,
 // num_ctas, cluster; 0 leaves each to the launch), for A/B runs of the plan.
-extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const void* A, const void* B, void* C,
-                                                                          int M, int N, int K, int kn,
-                                                                          void* stream, int tile_n, int stream_k,
-                                                                          int pingpong, int num_ctas, int cluster) {
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const void* A, const void* B,
+                                                                          void* C, int M, int N, int K,
+                                                                          int kn, void* stream, int tile_n,
+                                                                          int stream_k, int pingpong,
+                                                                          int num_ctas, int cluster) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return static_cast<int>(e);
@@ -64,7 +65,8 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const 
     if ((e = cudaMalloc(&g_staging, need)) != cudaSuccess) return static_cast<int>(e);
     g_staging_bytes = need;
   }
-  return static_cast<int>(k::launch_gemm_staged(a, g_staging, g_staging_bytes, static_cast<cudaStream_t>(stream)));
+  return static_cast<int>(
+      k::launch_gemm_staged(a, g_staging, g_staging_bytes, static_cast<cudaStream_t>(stream)));
 }
 
 // C = A·Bᵀ (kn = 0, B: N×K) or A·B (kn = 1, B: K×N), dense row-major bf16, on `stream`.
@@ -76,9 +78,9 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(const void* A
 }
 
 // launch_gemm at explicit leading dimensions (no staged copies), for A/B runs of strides.
-extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_ld(const void* A, const void* B, void* C, int M,
-                                                                      int N, int K, int kn, long lda, long ldb,
-                                                                      long ldc, void* stream) {
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_ld(const void* A, const void* B, void* C,
+                                                                      int M, int N, int K, int kn, long lda,
+                                                                      long ldb, long ldc, void* stream) {
   k::GemmArgs a;
   a.A = static_cast<const __nv_bfloat16*>(A);
   a.B = static_cast<const __nv_bfloat16*>(B);

@@ -404,9 +404,9 @@ namespace {
 // matrix), from one 16-byte load where the source rows are 16-byte aligned (kSrcAligned), else
 // from 8 element loads, which a warp makes over 512 contiguous bytes.
 template <bool kSrcAligned>
-__global__ void __launch_bounds__(256) restride_kernel(const __nv_bfloat16* __restrict__ src, int64_t lds,
-                                                       __nv_bfloat16* __restrict__ dst, int64_t ldd, int rows,
-                                                       int cols) {
+__global__ void __launch_bounds__(256)
+    restride_kernel(const __nv_bfloat16* __restrict__ src, int64_t lds, __nv_bfloat16* __restrict__ dst,
+                    int64_t ldd, int rows, int cols) {
   const int groups = (cols + 7) / 8;
   const int64_t total = int64_t(rows) * groups;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
@@ -448,7 +448,8 @@ Staging staging_of(const GemmArgs& a) {
   auto stage = [&](int64_t ld, int64_t rows, int64_t cols) {
     if (ld % 8 != 0) return true;
     if (ld % 64 == 0) return false;
-    const double copy_us = double(rows) * cols * 4 / (tuning::kStageModelGBps * 1e3) + tuning::kStageModelLaunchUs;
+    const double copy_us =
+        double(rows) * cols * 4 / (tuning::kStageModelGBps * 1e3) + tuning::kStageModelLaunchUs;
     return copy_us <= tuning::kStageAlignMaxCost * gemm_us;
   };
   if (stage(a.lda, a.M, a.K)) {
@@ -463,8 +464,8 @@ Staging staging_of(const GemmArgs& a) {
   return st;
 }
 
-cudaError_t restride(const __nv_bfloat16* src, int64_t lds, __nv_bfloat16* dst, int64_t ldd, int rows, int cols,
-                     cudaStream_t stream) {
+cudaError_t restride(const __nv_bfloat16* src, int64_t lds, __nv_bfloat16* dst, int64_t ldd, int rows,
+                     int cols, cudaStream_t stream) {
   const int64_t groups = int64_t(rows) * ((cols + 7) / 8);
   const int blocks = static_cast<int>(std::min<int64_t>((groups + 255) / 256, int64_t(sm_count()) * 16));
   if (lds % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
@@ -503,7 +504,8 @@ cudaError_t launch_gemm_staged(const GemmArgs& a, void* staging, size_t staging_
   if (cudaError_t e = gemm_launch_plan(p, &plan); e != cudaSuccess) return e;
   cudaError_t e = cudaSuccess;
   if (st.lda != 0 && (e = restride(a.A, a.lda, sa, st.lda, a.M, a.K, stream)) != cudaSuccess) return e;
-  if (st.ldb != 0 && (e = restride(a.B, a.ldb, sb, st.ldb, kn ? a.K : a.N, kn ? a.N : a.K, stream)) != cudaSuccess) {
+  if (st.ldb != 0 &&
+      (e = restride(a.B, a.ldb, sb, st.ldb, kn ? a.K : a.N, kn ? a.N : a.K, stream)) != cudaSuccess) {
     return e;
   }
   return launch_gemm(p, stream);

@@ -96,8 +96,8 @@ struct DefaultEpilogue {
   // C at an odd row stride or an odd N (gemm.h: C without TMA): element by element, each
   // column guarded (a pair's second column may lie past N, and a pair may be misaligned).
   template <class T, int kFrag>
-  __device__ __forceinline__ static void apply_elements(const float (&acc)[kFrag], T* row_lo, T* row_hi, int row0,
-                                                        int col0, const GemmProblem& p) {
+  __device__ __forceinline__ static void apply_elements(const float (&acc)[kFrag], T* row_lo, T* row_hi,
+                                                        int row0, int col0, const GemmProblem& p) {
     const bool lo_ok = row0 < p.M;
     const bool hi_ok = row0 + 8 < p.M;
 #pragma unroll
@@ -288,8 +288,8 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
 // for every lane of the row). Elements past M and N are skipped. The next round's (or tile's)
 // staging waits at the warpgroup's named barrier for every thread's reads.
 template <int BN, int kFrag>
-__device__ __forceinline__ void store_c_rows(const float (&acc)[kFrag], uint8_t* stage_buf, TileCoord tc, int cw,
-                                             const GemmProblem& p) {
+__device__ __forceinline__ void store_c_rows(const float (&acc)[kFrag], uint8_t* stage_buf, TileCoord tc,
+                                             int cw, const GemmProblem& p) {
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
   const uint32_t bar_id = 2 + cw;
@@ -305,8 +305,8 @@ __device__ __forceinline__ void store_c_rows(const float (&acc)[kFrag], uint8_t*
     stage_round<false>(acc, stage_buf, h);
     named_barrier_sync(bar_id, 128);
     const int n = min(128, p.N - (tc.n * BN + h * 128)) - 4 * lane;  // this lane's columns in range
-    uint16_t* row_ptr = reinterpret_cast<uint16_t*>(p.c_rows) + int64_t(row0) * p.c_rows_ld + tc.n * BN +
-                        h * 128 + 4 * lane;
+    uint16_t* row_ptr =
+        reinterpret_cast<uint16_t*>(p.c_rows) + int64_t(row0) * p.c_rows_ld + tc.n * BN + h * 128 + 4 * lane;
 #pragma unroll 2
     for (int r = warp; r < rows; r += 4) {
       uint32_t v0, v1;

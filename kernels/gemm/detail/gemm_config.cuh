@@ -40,16 +40,16 @@ struct GemmTileConfig {
 struct GemmProblem {
   int M, N, K;
   int m_blocks, n_blocks, k_blocks;
-  int num_tiles;      // m_blocks * n_blocks
-  int group_m;        // raster group height in M-blocks (>= 1)
-  int m_block_start;  // rotation of the M-blocks, in [0, m_blocks)
-  int c_tma;          // the engine stores C itself through smem + TMA (tm_c): kCTmaBF16 /
-                      // kCTmaF32; or through smem and coalesced element stores (bf16 C that
-                      // TMA cannot store: a row stride or N off the multiple of 8):
-                      // kCRowsBF16, to c_rows / c_rows_ld; 0: C (if any) goes through the
-                      // epilogue's register path
-  int sweep;          // sweep positions of whole tiles: num_tiles, pair_sweep() for CTA pairs,
-                      // or the whole waves' tiles under stream-K
+  int num_tiles;          // m_blocks * n_blocks
+  int group_m;            // raster group height in M-blocks (>= 1)
+  int m_block_start;      // rotation of the M-blocks, in [0, m_blocks)
+  int c_tma;              // the engine stores C itself through smem + TMA (tm_c): kCTmaBF16 /
+                          // kCTmaF32; or through smem and coalesced element stores (bf16 C that
+                          // TMA cannot store: a row stride or N off the multiple of 8):
+                          // kCRowsBF16, to c_rows / c_rows_ld; 0: C (if any) goes through the
+                          // epilogue's register path
+  int sweep;              // sweep positions of whole tiles: num_tiles, pair_sweep() for CTA pairs,
+                          // or the whole waves' tiles under stream-K
   __nv_bfloat16* c_rows;  // kCRowsBF16's C, row stride c_rows_ld elements
   int64_t c_rows_ld;
   GemmWaitConfig wait;

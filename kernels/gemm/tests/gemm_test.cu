@@ -179,9 +179,9 @@ struct Shape {
   GemmOutType out;
   int pad_a, pad_b, pad_c;
   int tile_n, num_ctas, group_m, m_block_start;
-  int cluster;        // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
-  int stream_k = -1;  // -1: no workspace; else GemmArgs::stream_k with the shared workspace
-  int pingpong = 0;   // GemmArgs::pingpong: 0 chosen, 1 off, 2 wherever allowed
+  int cluster;          // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
+  int stream_k = -1;    // -1: no workspace; else GemmArgs::stream_k with the shared workspace
+  int pingpong = 0;     // GemmArgs::pingpong: 0 chosen, 1 off, 2 wherever allowed
   bool staged = false;  // through launch_gemm_staged (lda, ldb may be off the multiple of 8)
 };
 
