@@ -22,6 +22,11 @@ namespace {
 struct SkWorkspace {
   std::mutex mu;
   kernels::GemmWorkspace ws;
+  // The staged launch's copies (kernels/gemm/gemm.h, launch_gemm_staged), grown to the largest
+  // need so far and kept, as the workspace is: an allocation per call would cost large GEMMs
+  // more than the copy itself.
+  void* staging = nullptr;
+  size_t staging_bytes = 0;
 };
 
 // The current device's workspace, made on first use (on the legacy stream, which the GEMMs
@@ -90,17 +95,21 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   SkWorkspace& ws = sk_workspace(device);
   std::lock_guard<std::mutex> lock(ws.mu);
   kernels::use_workspace(args, ws.ws);
-  // K or N off the multiple of 8: the staged launch copies A or W into rows TMA can read
-  // (kernels/gemm/gemm.h), in a buffer of this call's own.
-  const size_t staging_bytes = kernels::gemm_staging_bytes(args);
-  void* staging = nullptr;
-  if (staging_bytes > 0 && (e = cudaMalloc(&staging, staging_bytes)) != cudaSuccess) {
-    fail(ErrorKind::kFatalGpu, "gemm " + shape + ": no memory for the staged operands (" +
-                                   std::to_string(staging_bytes) + " bytes): " + cudaGetErrorString(e));
+  // K or N off the multiple of 8 (or rows off the 128-byte lines of a large GEMM): the staged
+  // launch copies A or W into rows TMA reads well (kernels/gemm/gemm.h), in the device's buffer.
+  if (const size_t need = kernels::gemm_staging_bytes(args); need > ws.staging_bytes) {
+    if (ws.staging != nullptr) cudaFree(ws.staging);  // after the previous call's sync
+    ws.staging = nullptr;
+    ws.staging_bytes = 0;
+    if ((e = cudaMalloc(&ws.staging, need)) != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kFatalGpu, "gemm " + shape + ": no memory for the staged operands (" +
+                                     std::to_string(need) + " bytes): " + cudaGetErrorString(e));
+    }
+    ws.staging_bytes = need;
   }
-  e = kernels::launch_gemm_staged(args, staging, staging_bytes, nullptr);
+  e = kernels::launch_gemm_staged(args, ws.staging, ws.staging_bytes, nullptr);
   if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
-  if (staging != nullptr) cudaFree(staging);
   if (e == cudaErrorInvalidValue)
     fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
   if (e != cudaSuccess) {
