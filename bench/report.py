@@ -27,7 +27,13 @@ FAMILIES = {
         protocol="bf16 in, fp32 accumulation, bf16 out, one GPU. Ours (through ctypes) and cuBLAS "
                  "(torch.matmul) interleaved in one process on the same random tensors: alternating "
                  "rounds of back-to-back launches, one CUDA event pair per launch; medians. Every "
-                 "output checked element by element against an fp32 reference before timing.",
+                 "output checked element by element against an fp32 reference before timing. "
+                 "Tensors dense at the shape as given, nothing padded: ours copies rows that its "
+                 "loads cannot read well inside its timed call. Each shape set has its own table: "
+                 "the headline list, explicit shapes, and seeded random sets (`random-<seed>`: M, "
+                 "N, K uniform in [1, 16384], both layouts; `-align8`: N and K rounded up to "
+                 "multiples of 8). cuBLAS as torch runs it by default; its check allows for "
+                 "split-K partial sums rounded to bf16.",
         columns=("label", "m", "n", "k", "layout"), rate="tflops", rate_name="TFLOP/s",
         baselines=("cublas",), parts=None, xlog=False),
     "collectives": dict(
