@@ -401,8 +401,9 @@ namespace {
 // Staged launch (gemm.h): a rows × cols bf16 matrix from row stride `lds` to row stride `ldd`
 // (a multiple of 8, 16-byte aligned rows). Each thread writes 8 consecutive elements of a row
 // with one 16-byte store (the pad past `cols` too: it is never read, TMA zero-fills past the
-// matrix), from one 16-byte load where the source rows are 16-byte aligned (kSrcAligned), else
-// from 8 element loads, which a warp makes over 512 contiguous bytes.
+// matrix), from one 16-byte load where the source rows are 16-byte aligned (kSrcAligned) and
+// the 8 lie within `cols`, else from element loads, which a warp makes over 512 contiguous
+// bytes.
 template <bool kSrcAligned>
 __global__ void __launch_bounds__(256)
     restride_kernel(const __nv_bfloat16* __restrict__ src, int64_t lds, __nv_bfloat16* __restrict__ dst,
@@ -415,10 +416,10 @@ __global__ void __launch_bounds__(256)
     const int c0 = static_cast<int>(i - r * groups) * 8;
     const __nv_bfloat16* s = src + r * lds + c0;
     uint4* d = reinterpret_cast<uint4*>(dst + r * ldd + c0);
-    if constexpr (kSrcAligned) {
-      *d = *reinterpret_cast<const uint4*>(s);  // within the row's stride: lds >= cols, lds % 8 == 0
-    } else {
-      const int n = min(8, cols - c0);
+    const int n = min(8, cols - c0);
+    if (kSrcAligned && n == 8) {
+      *d = *reinterpret_cast<const uint4*>(s);
+    } else {  // a row's last, partial group is read element by element: nothing past `cols`
       alignas(16) __nv_bfloat16 v[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = j < n ? s[j] : __nv_bfloat16{};
