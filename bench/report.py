@@ -27,7 +27,13 @@ FAMILIES = {
         protocol="bf16 in, fp32 accumulation, bf16 out, one GPU. Ours (through ctypes) and cuBLAS "
                  "(torch.matmul) interleaved in one process on the same random tensors: alternating "
                  "rounds of back-to-back launches, one CUDA event pair per launch; medians. Every "
-                 "output checked element by element against an fp32 reference before timing.",
+                 "output checked element by element against an fp32 reference before timing. "
+                 "Tensors dense at the shape as given, nothing padded: ours copies rows that its "
+                 "loads cannot read well inside its timed call. Each shape set has its own table: "
+                 "the headline list, explicit shapes, and seeded random sets (`random-<seed>`: M, "
+                 "N, K uniform in [1, 16384], both layouts; `-align8`: N and K rounded up to "
+                 "multiples of 8). cuBLAS as torch runs it by default; its check allows for "
+                 "split-K partial sums rounded to bf16.",
         columns=("label", "m", "n", "k", "layout"), rate="tflops", rate_name="TFLOP/s",
         baselines=("cublas",), parts=None, xlog=False),
     "attention": dict(
@@ -113,7 +119,7 @@ def merge(rows):
     median time (rates rescaled to it) and every time in ms_repeats. First-seen order."""
     groups, order = {}, []
     for r in rows:
-        k = (r.get("op"), r.get("impl"), r.get("world"), shape_key(r), r.get("partials"))
+        k = (r.get("op"), r.get("impl"), r.get("world"), shape_key(r), r.get("partials"), r.get("set"))
         if k not in groups:
             groups[k] = []
             order.append(k)
@@ -142,10 +148,12 @@ def geomean(xs):
 
 
 def tables(family, rows):
-    """The per-(op, world) groups: [(op, world, [(shape_key, {impl: row})])], first-seen order."""
+    """The per-(op, world, set) groups: [(name, world, [(shape_key, {impl: row})])], first-seen
+    order; name is the op, followed by the rows' shape set in parentheses where they name one
+    (`set`: e.g. gemm's seeded random set, tabulated apart from the headline shapes)."""
     groups, order = {}, []
     for r in rows:
-        k = (r["op"], r["world"])
+        k = (r["op"] + (f" ({r['set']})" if r.get("set") else ""), r["world"])
         if k not in groups:
             groups[k] = {}
             order.append(k)

@@ -12,6 +12,9 @@
 #                    <build>/bench/bin); else built into FC_BENCH_BUILD
 #   FC_BENCH_BUILD   build folder (default ${TMPDIR:-/tmp}/fusedcomm-bench-build)
 #   FC_BENCH_WORLDS  world sizes, e.g. "2" or "2 4 8"
+#   FC_GEMM_RANDOM   gemm's random shapes (default 64, each in both layouts); FC_GEMM_SEED
+#                    their seed (default: chosen at run time and printed);
+#                    FC_GEMM_RANDOM_ALIGNED those with N and K multiples of 8 (default 32)
 #   FC_BENCH_TRANSPORTS  the transport family's backends (transport_bench --transports), default
 #                    socket; e.g. socket,libfabric-tcp (or libfabric-efa, libfabric-verbs)
 #   FC_BENCH_ROUNDS  rounds of the multi-GPU families (default 1), in alternating order (ours,
@@ -96,8 +99,15 @@ torchrun=(python3 -m torch.distributed.run --standalone)
 # ---- families ---------------------------------------------------------------------------------
 run_gemm() {
   if python3 -c 'import torch' 2>/dev/null; then  # ours and cuBLAS interleaved in one process
-    step gemm 600 python3 "$here/gemm/torch_gemm.py" --shapes "$shapes/gemm.txt" \
-      --lib "$bin/libfc_gemm_bench.so" --out "$out/rows/gemm.jsonl"
+    # The headline shapes, the off-grid shape, and a seeded random set (the seed
+    # chosen here unless FC_GEMM_SEED names one; printed and kept in the rows).
+    step gemm 900 python3 "$here/gemm/torch_gemm.py" --shapes "$shapes/gemm.txt" \
+      --m 1000,1 --n 4104,8192 --k 2056,8192 --random "${FC_GEMM_RANDOM:-64}" \
+      ${FC_GEMM_SEED:+--seed "$FC_GEMM_SEED"} --lib "$bin/libfc_gemm_bench.so" --out "$out/rows/gemm.jsonl"
+    # Random shapes on the engine's own grid (N, K multiples of 8: no staged copies, cuBLAS
+    # on its fast path), which shows the engine's tails.
+    step gemm-aligned 600 python3 "$here/gemm/torch_gemm.py" --random "${FC_GEMM_RANDOM_ALIGNED:-32}" --align 8 \
+      --lib "$bin/libfc_gemm_bench.so" --out "$out/rows/gemm-aligned.jsonl"
   else
     echo "(no torch: ours alone, no cuBLAS baseline)"
     step gemm 600 "$bin/gemm_bench" --shapes "$shapes/gemm.txt" --out "$out/rows/gemm.jsonl"

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -108,6 +109,42 @@ inline std::vector<std::vector<std::string>> read_shape_lines(const std::string&
     if (!words.empty()) lines.push_back(words);
   }
   return lines;
+}
+
+// Explicit shapes from --m/--n/--k values, each a comma list: the i-th M goes with the i-th N
+// and K, and a list of one value stands for every i. Throws on a value below 1, a non-number
+// or lists of different lengths.
+inline std::vector<std::array<int, 3>> explicit_shapes(const std::string& m, const std::string& n,
+                                                       const std::string& k) {
+  auto parse = [](const std::string& list, const char* what) {
+    std::vector<int> v;
+    std::istringstream ss(list);
+    for (std::string w; std::getline(ss, w, ',');) {
+      if (w.empty()) continue;
+      char* end = nullptr;
+      const long x = std::strtol(w.c_str(), &end, 10);
+      if (*end != '\0' || x < 1 || x >= (1l << 31)) {
+        throw std::runtime_error(std::string("--") + what + ": '" + w + "' is not a dimension >= 1");
+      }
+      v.push_back(static_cast<int>(x));
+    }
+    return v;
+  };
+  const std::vector<int> ms = parse(m, "m"), ns = parse(n, "n"), ks = parse(k, "k");
+  if (ms.empty() && ns.empty() && ks.empty()) return {};
+  if (ms.empty() || ns.empty() || ks.empty()) throw std::runtime_error("--m, --n and --k go together");
+  const size_t count = std::max({ms.size(), ns.size(), ks.size()});
+  for (const auto* v : {&ms, &ns, &ks}) {
+    if (v->size() != 1 && v->size() != count) {
+      throw std::runtime_error("--m, --n, --k: lists of " + std::to_string(ms.size()) + ", " +
+                               std::to_string(ns.size()) + " and " + std::to_string(ks.size()) +
+                               " values (each must have one value or the same count)");
+    }
+  }
+  std::vector<std::array<int, 3>> out;
+  auto at = [](const std::vector<int>& v, size_t i) { return v.size() == 1 ? v[0] : v[i]; };
+  for (size_t i = 0; i < count; ++i) out.push_back({at(ms, i), at(ns, i), at(ks, i)});
+  return out;
 }
 
 inline double median(std::vector<double> v) {

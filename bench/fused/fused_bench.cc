@@ -51,11 +51,17 @@ namespace k = fusedcomm::kernels;
 namespace {
 
 const char* kUsage =
-    "usage: fused_bench --world W --shapes FILE [--out ROWS.jsonl] [--ops ag,rs,ar]\n"
+    "usage: fused_bench --world W (--shapes FILE | --m M,... --n N,... --k K,...) [--out ROWS.jsonl]\n"
+    "                   [--ops ag,rs,ar]\n"
     "                   [--rs-partials f32|bf16|f32any] [--ag-gathered 1|0] [--ag-exchange auto|sm|ce]\n"
     "                   [--batch-ms 25] [--batches 7] [--sustain-ms 500]\n"
     "  FILE: one shape per line, \"<op> <label> <M> <N> <K>\" (bench/shapes/fused.txt); N is split\n"
     "  over the ranks for allGatherGemm, K for gemmReduceScatter and gemmAllReduce.\n"
+    "  --m/--n/--k: explicit shapes (label \"explicit\"), each a comma list, the i-th M with the i-th\n"
+    "  N and K (a single value stands for all), run for every op of --ops; with --shapes too, both.\n"
+    "  M is any count (the ranks' rows split as the ops split them); the split N or K must give\n"
+    "  each rank a multiple of 8 (the fused ops' contract): a shape that does not is refused,\n"
+    "  never padded.\n"
     "  --ops: which ops of the list (ag allGatherGemm, rs gemmReduceScatter, ar gemmAllReduce).\n"
     "  --rs-partials: the partial products' precision of gemmReduceScatter and gemmAllReduce\n"
     "  (f32: the default, rounded once; bf16: the baselines' precision; f32any: fp32 summed in any\n"
@@ -73,6 +79,7 @@ struct Shape {
 struct Options {
   int world = 2;
   std::string shapes, out;
+  std::string m, n, k;  // explicit shapes (comma lists)
   bool ag = true, rs = true, ar = true;
   double batch_ms = 25, sustain_ms = 500;
   int batches = 7;
@@ -84,25 +91,50 @@ struct Options {
   bool rs_bf16() const { return rs_code == k::RsPartials::kBF16; }
 };
 
+// The shape list: the file's lines, then the explicit shapes for each op of --ops; N
+// (allGatherGemm) or K (the others) made the rank's share. A share off the multiple of 8 is
+// refused with every such shape named.
 std::vector<Shape> read_shapes(const Options& o, int W) {
-  std::vector<Shape> v;
-  for (const auto& w : b::read_shape_lines(o.shapes)) {
-    if (w.size() != 5) throw std::runtime_error(o.shapes + ": expected \"<op> <label> <M> <N> <K>\"");
-    Shape s{w[0], w[1], std::stoi(w[2]), std::stoi(w[3]), std::stoi(w[4])};
-    const bool is_ag = s.op == "allGatherGemm";
-    if (!is_ag && s.op != "gemmReduceScatter" && s.op != "gemmAllReduce") {
-      throw std::runtime_error(o.shapes + ": unknown op " + s.op);
+  std::vector<Shape> all;
+  if (!o.shapes.empty()) {
+    for (const auto& w : b::read_shape_lines(o.shapes)) {
+      if (w.size() != 5) throw std::runtime_error(o.shapes + ": expected \"<op> <label> <M> <N> <K>\"");
+      Shape s{w[0], w[1], std::stoi(w[2]), std::stoi(w[3]), std::stoi(w[4])};
+      if (s.op != "allGatherGemm" && s.op != "gemmReduceScatter" && s.op != "gemmAllReduce") {
+        throw std::runtime_error(o.shapes + ": unknown op " + s.op);
+      }
+      all.push_back(s);
     }
+  }
+  for (const auto& [m, n, k] : b::explicit_shapes(o.m, o.n, o.k)) {
+    if (o.ag) all.push_back({"allGatherGemm", "explicit", m, n, k});
+    if (o.rs) all.push_back({"gemmReduceScatter", "explicit", m, n, k});
+    if (o.ar) all.push_back({"gemmAllReduce", "explicit", m, n, k});
+  }
+  std::vector<Shape> v;
+  std::string refused;
+  for (Shape s : all) {
+    const bool is_ag = s.op == "allGatherGemm";
     if (!(is_ag ? o.ag : s.op == "gemmReduceScatter" ? o.rs : o.ar)) continue;
+    if (s.M < 1 || s.N < 1 || s.K < 1)
+      throw std::runtime_error(s.op + " " + s.label + ": dimensions must be >= 1");
     int& split = is_ag ? s.N : s.K;
     if (split % (8 * W) != 0) {
-      throw std::runtime_error(o.shapes + ": " + s.op + " " + s.label + ": " + (is_ag ? "N" : "K") +
-                               " must split into multiples of 8 over " + std::to_string(W) + " ranks");
+      refused += "\n  " + s.op + " " + s.label + " " + std::to_string(s.M) + " x " + std::to_string(s.N) +
+                 " x " + std::to_string(s.K) + ": " + (is_ag ? "N" : "K") + " = " + std::to_string(split) +
+                 " does not split into multiples of 8 over " + std::to_string(W) + " ranks";
+      continue;
     }
     split /= W;
     v.push_back(s);
   }
-  if (v.empty()) throw std::runtime_error("no shape of the chosen ops in " + o.shapes);
+  if (!refused.empty()) {
+    throw std::runtime_error(
+        "shapes refused (the fused ops take a rank's N or K in multiples of 8; nothing is "
+        "padded):" +
+        refused);
+  }
+  if (v.empty()) throw std::runtime_error("no shape of the chosen ops");
   return v;
 }
 
@@ -389,7 +421,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
           FC_BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
           FC_BENCH_CUDA(cudaGraphDestroy(graph));
           graphs.emplace_back(exec);
-          impls.push_back({"fusedcomm_graph", [&, exec] { FC_BENCH_CUDA(cudaGraphLaunch(exec, st)); }, path, true});
+          impls.push_back(
+              {"fusedcomm_graph", [&, exec] { FC_BENCH_CUDA(cudaGraphLaunch(exec, st)); }, path, true});
         }
       } else {
         k::GemmRsArgs a = rs;
@@ -533,6 +566,9 @@ int main(int argc, char** argv) {
   o.world = static_cast<int>(args.num("world", 2));
   o.shapes = args.str("shapes", "");
   o.out = args.str("out", "");
+  o.m = args.str("m", "");
+  o.n = args.str("n", "");
+  o.k = args.str("k", "");
   const std::string ops = args.str("ops", "ag,rs,ar");
   o.rs_partials = args.str("rs-partials", "f32");
   o.ag_gathered = args.str("ag-gathered", "1") != "0";
@@ -541,7 +577,7 @@ int main(int argc, char** argv) {
   o.batches = static_cast<int>(args.num("batches", 7));
   o.sustain_ms = args.num("sustain-ms", 500);
   args.done();
-  if (o.shapes.empty()) args.fail("--shapes is required");
+  if (o.shapes.empty() && o.m.empty()) args.fail("--shapes or --m/--n/--k is required");
   if (o.world < 1 || o.world > k::kCommMaxRanks) args.fail("--world must be 1..8");
   if (o.batches < 1 || o.batch_ms <= 0 || o.sustain_ms < 0)
     args.fail("bad --batches, --batch-ms or --sustain-ms");

@@ -21,6 +21,15 @@ impls per (op, shape):
 Each op impl's output is checked against an fp32 reference before it is timed.
 
   torchrun --nproc-per-node W torch_fused.py --shapes bench/shapes/fused.txt --out rows.jsonl
+  torchrun --nproc-per-node W torch_fused.py --m 1000 --n 4104 --k 2056 [--ops rs] --out rows.jsonl
+
+Shapes: a shape file and/or explicit shapes (--m/--n/--k, comma lists, the i-th M with the i-th
+N and K, a single value for all, run for every op of --ops, label "explicit"), as fused_bench.
+M need not divide by W: allGatherGemm's and gemmReduceScatter's collectives take equal blocks,
+so where W does not divide M each rank's block of A's rows is padded with zero rows up to
+ceil(M / W) (rank r holds M // W rows, one more for r < M % W, as ours splits them), and the
+baselines compute and move those rows too, inside their timed calls; the rows' FLOP count stays
+2·M·N·K. A split N or K off a multiple of 8 per rank is refused, as fused_bench refuses it.
 
 NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 must be set (run.sh does).
 """
@@ -35,29 +44,53 @@ import torch_dist  # noqa: E402
 OPS = {"ag": "allGatherGemm", "rs": "gemmReduceScatter", "ar": "gemmAllReduce"}
 
 
-def read_shapes(path, world, ops):
-    """(op, label, M, N, K) with N (allGatherGemm) or K (the others) split over the world."""
-    out = []
-    for line in open(path):
+def read_shapes(path, world, ops, explicit=()):
+    """(op, label, M, N, K) with N (allGatherGemm) or K (the others) split over the world: the
+    file's lines (path may be None), then each explicit (M, N, K) for every op of `ops`. A split
+    off a multiple of 8 per rank is refused (SystemExit naming every such shape)."""
+    lines = []
+    for line in open(path) if path else []:
         w = line.split("#")[0].split()
         if not w:
             continue
         if len(w) != 5 or w[0] not in OPS.values():
             raise SystemExit(f"{path}: expected '<op> <label> <M> <N> <K>', got {line!r}")
-        op, label, m, n, k = w[0], w[1], int(w[2]), int(w[3]), int(w[4])
+        lines.append((w[0], w[1], int(w[2]), int(w[3]), int(w[4])))
+    for m, n, k in explicit:
+        lines += [(op, "explicit", m, n, k) for op in OPS.values() if op in ops]
+    out, refused = [], []
+    for op, label, m, n, k in lines:
         if op not in ops:
+            continue
+        split = n if op == "allGatherGemm" else k
+        if min(m, n, k) < 1 or split % (8 * world):
+            refused.append(f"{op} {label} {m} x {n} x {k}")
             continue
         if op == "allGatherGemm":
             n //= world
         else:
             k //= world
         out.append((op, label, m, n, k))
+    if refused:
+        raise SystemExit(f"shapes refused (N or K must split into multiples of 8 over {world} ranks; nothing is "
+                         "padded): " + "; ".join(refused))
     return out
+
+
+def row_split(m, world, rank):
+    """Rank `rank`'s rows of M (count, offset) as ours splits them, and the padded block
+    height ceil(M / W) of the baselines' equal-block collectives."""
+    count = m // world + (1 if rank < m % world else 0)
+    offset = rank * (m // world) + min(rank, m % world)
+    return count, offset, -(-m // world)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", required=True)
+    ap.add_argument("--shapes", help="shape file")
+    ap.add_argument("--m", help="explicit shapes' M: a comma list")
+    ap.add_argument("--n", help="explicit shapes' N (whole, before the split)")
+    ap.add_argument("--k", help="explicit shapes' K (whole, before the split)")
     ap.add_argument("--out", required=True, help="rows as JSON lines (rank 0)")
     ap.add_argument("--ops", default="ag,rs,ar", help="any of ag, rs, ar")
     ap.add_argument("--batch-ms", type=float, default=25.0)
@@ -66,12 +99,17 @@ def main():
                     help="each impl back to back this long before its batches (0: none)")
     args = ap.parse_args()
     ops = {OPS[x] for x in args.ops.split(",") if x in OPS}
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemm"))
+    from torch_gemm import explicit_shapes  # noqa: E402
+    explicit = explicit_shapes(*([v] if v else None for v in (args.m, args.n, args.k)))
+    if not args.shapes and not explicit:
+        raise SystemExit("give --shapes FILE or --m/--n/--k")
 
     import torch
     import torch.distributed as dist
     torch.backends.cuda.matmul.allow_tf32 = False  # the references are fp32
     rank, world, dev = torch_dist.init()
-    shapes = read_shapes(args.shapes, world, ops)
+    shapes = read_shapes(args.shapes, world, ops, explicit)
     group_name = dist.group.WORLD.group_name
     try:
         import torch.distributed._symmetric_memory as symm
@@ -148,10 +186,12 @@ def main():
         # calls: impl -> the call; checks: op impl -> (its output buffer, poisoned before the
         # check, or None; the output from the call's return value).
         calls, checks = {}, {}
+        rows_r, _, block = row_split(M, world, rank)  # block: the padded rows per rank
         if is_ag:
-            a_shard = rand(M // world, K)
-            a_full = torch.empty(M, K, device=dev, dtype=torch.bfloat16)
-            c = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+            a_shard = rand(block, K)
+            a_shard[rows_r:].zero_()  # padding rows where W does not divide M
+            a_full = torch.empty(block * world, K, device=dev, dtype=torch.bfloat16)
+            c = torch.empty(block * world, N, device=dev, dtype=torch.bfloat16)
 
             def serial():
                 dist.all_gather_into_tensor(a_full, a_shard)
@@ -168,8 +208,15 @@ def main():
                 ref, absdot = a_full.float() @ w.float().t(), a_full.float().abs() @ w.float().abs().t()
             partial_rel = 0.0
         else:
-            a = rand(M, K)
-            p = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+            # gemmAllReduce: A as given; gemmReduceScatter: rank r's rows of C in block r, each
+            # block padded with zero rows of A to ceil(M / W) rows.
+            if is_ar:
+                a = rand(M, K)
+            else:
+                a = rand(block * world, K)
+                for r in range(world):
+                    a[r * block + row_split(M, world, r)[0]:(r + 1) * block].zero_()
+            p = torch.empty(a.shape[0], N, device=dev, dtype=torch.bfloat16)
             if checking:
                 ref, absdot = a.float() @ w.float().t(), a.float().abs() @ w.float().abs().t()
                 dist.all_reduce(ref)
@@ -218,8 +265,8 @@ def main():
                 calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
                 calls["nccl_comm_only"] = lambda: dist.all_reduce(p)
             else:
-                out = torch.empty(M // world, N, device=dev, dtype=torch.bfloat16)
-                rows = slice(rank * (M // world), (rank + 1) * (M // world))
+                out = torch.empty(block, N, device=dev, dtype=torch.bfloat16)
+                rows = slice(rank * block, (rank + 1) * block)
                 if checking:
                     ref, absdot = ref[rows].contiguous(), absdot[rows].contiguous()
 

@@ -1,7 +1,8 @@
 // libfc_gemm_bench.so: our GEMM behind one C entry point, so that torch_gemm.py can time ours
 // and cuBLAS in one process, interleaved, on the same tensors (ctypes). The launch is
 // gemm_bench's: a stream-K workspace (made on first use, one per process and device), every plan
-// choice left to the launch.
+// choice left to the launch, and dense operands whose rows are not a multiple of 8 elements
+// through the staged launch (gemm.h: launch_gemm_staged), its copies inside the timed call.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -12,19 +13,26 @@ namespace k = fusedcomm::kernels;
 namespace {
 k::GemmWorkspace g_ws;
 int g_ws_device = -1;
+void* g_staging = nullptr;  // the staged launch's buffer, grown as shapes need (device g_ws_device)
+size_t g_staging_bytes = 0;
 }  // namespace
 
-// C = A·Bᵀ (kn = 0, B: N×K) or A·B (kn = 1, B: K×N), dense row-major bf16, on `stream`.
-// Returns the launch's cudaError_t (0: enqueued).
-extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(const void* A, const void* B, void* C,
-                                                                   int M, int N, int K, int kn,
-                                                                   void* stream) {
+// fc_gemm_bf16 with the launch's plan choices forced (GemmArgs: tile_n, stream_k, pingpong,
+// num_ctas, cluster; 0 leaves each to the launch), for A/B runs of the plan.
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const void* A, const void* B,
+                                                                          void* C, int M, int N, int K,
+                                                                          int kn, void* stream, int tile_n,
+                                                                          int stream_k, int pingpong,
+                                                                          int num_ctas, int cluster) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return static_cast<int>(e);
   if (g_ws.ptr == nullptr || g_ws_device != device) {
     if (g_ws.ptr != nullptr) cudaFree(g_ws.ptr);
+    if (g_staging != nullptr) cudaFree(g_staging);
     g_ws = {};
+    g_staging = nullptr;
+    g_staging_bytes = 0;
     const size_t bytes = k::gemm_workspace_bytes(0);
     if ((e = cudaMalloc(&g_ws.ptr, bytes)) != cudaSuccess) return static_cast<int>(e);
     if ((e = cudaMemset(g_ws.ptr, 0, bytes)) != cudaSuccess) return static_cast<int>(e);
@@ -42,6 +50,48 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(const void* A
   a.N = N;
   a.K = K;
   a.b_layout = kn ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
+  a.tile_n = tile_n;
+  a.stream_k = stream_k;
+  a.pingpong = pingpong;
+  a.num_ctas = num_ctas;
+  a.cluster = cluster;
   k::use_workspace(a, g_ws);
+  // A shape's first call (its check, untimed) grows the buffer; timed calls find it.
+  const size_t need = k::gemm_staging_bytes(a);
+  if (need > g_staging_bytes) {
+    if (g_staging != nullptr && (e = cudaFree(g_staging)) != cudaSuccess) return static_cast<int>(e);
+    g_staging = nullptr;
+    g_staging_bytes = 0;
+    if ((e = cudaMalloc(&g_staging, need)) != cudaSuccess) return static_cast<int>(e);
+    g_staging_bytes = need;
+  }
+  return static_cast<int>(
+      k::launch_gemm_staged(a, g_staging, g_staging_bytes, static_cast<cudaStream_t>(stream)));
+}
+
+// C = A·Bᵀ (kn = 0, B: N×K) or A·B (kn = 1, B: K×N), dense row-major bf16, on `stream`.
+// Returns the launch's cudaError_t (0: enqueued).
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16(const void* A, const void* B, void* C,
+                                                                   int M, int N, int K, int kn,
+                                                                   void* stream) {
+  return fc_gemm_bf16_forced(A, B, C, M, N, K, kn, stream, 0, 0, 0, 0, 0);
+}
+
+// launch_gemm at explicit leading dimensions (no staged copies), for A/B runs of strides.
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_ld(const void* A, const void* B, void* C,
+                                                                      int M, int N, int K, int kn, long lda,
+                                                                      long ldb, long ldc, void* stream) {
+  k::GemmArgs a;
+  a.A = static_cast<const __nv_bfloat16*>(A);
+  a.B = static_cast<const __nv_bfloat16*>(B);
+  a.C = C;
+  a.lda = lda;
+  a.ldb = ldb;
+  a.ldc = ldc;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.b_layout = kn ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
+  if (g_ws.ptr != nullptr) k::use_workspace(a, g_ws);
   return static_cast<int>(k::launch_gemm(a, static_cast<cudaStream_t>(stream)));
 }

@@ -98,6 +98,18 @@ class ReportTest(unittest.TestCase):
         self.assertIn(f"| {1.1 / 1.21:.3f} |", md)
         self.assertIn("| square | 8192 | 8192 | 8192 | kn | - | 2.0000 |", md)
 
+    def test_gemm_sets_get_their_own_tables(self):
+        rows = []
+        for sname, label, m, t in ((None, "square", 8192, 1.0), ("random-7", "r1000x4104x2056", 1000, 0.05)):
+            shape = dict(m=m, n=4104, k=2056, layout="nk")
+            extra = dict(set=sname) if sname else {}
+            rows.append(row("gemm", "gemm", "fusedcomm", 1, shape, t, label=label, **extra))
+            rows.append(row("gemm", "gemm", "cublas", 1, shape, 2 * t, label=label, **extra))
+        _, _, md = self.run_report("gemm", rows)
+        self.assertIn("## gemm, 1 GPU", md)
+        self.assertIn("## gemm (random-7), 1 GPU", md)
+        self.assertIn("| gemm (random-7) | 1 | 1 | 0.500 | 0.500 | 0.500 |", md)
+
     def test_collectives_and_transport_bytes(self):
         rows = []
         for b, t in ((4096, 0.01), (1 << 30, 3.0)):

@@ -246,14 +246,18 @@ int default_group_m(int tile_n) { return tile_n == 256 ? tuning::kGroupM256 : tu
 
 cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // ---- contract checks (gemm.h) ----
-  if (a.M < 1 || a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
+  if (a.M < 1 || a.N < 1 || a.K < 1) return cudaErrorInvalidValue;
+  // The register path (tile sink, tile flags) stores column pairs: whole 8-column groups.
+  if ((a.sink.mode != GemmSinkMode::kNone || a.sink.tile_flags != nullptr) && a.N % 8 != 0) {
+    return cudaErrorInvalidValue;
+  }
   if (a.A == nullptr || a.B == nullptr) return cudaErrorInvalidValue;
   if (a.C == nullptr && a.sink.mode == GemmSinkMode::kNone) return cudaErrorInvalidValue;
   const bool kn = a.b_layout == GemmLayoutB::kKN;
   if (a.lda < a.K || a.ldb < (kn ? a.N : a.K) || (a.C != nullptr && a.ldc < a.N)) {
     return cudaErrorInvalidValue;
   }
-  if (a.lda % 8 || a.ldb % 8 || (a.C != nullptr && a.ldc % 8)) return cudaErrorInvalidValue;
+  if (a.lda % 8 || a.ldb % 8) return cudaErrorInvalidValue;  // TMA loads: 16-byte row strides
   if (!aligned16(a.A) || !aligned16(a.B) || !aligned16(a.C)) return cudaErrorInvalidValue;
   if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256) return cudaErrorInvalidValue;
   if (a.cluster < 0 || a.cluster > 2) return cudaErrorInvalidValue;
@@ -285,9 +289,14 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   const TilePlan tiles =
       sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k) : TilePlan{0, false};
   int tile_n = tiles.stream_k ? tiles.tile_n : a.tile_n;
+  // C through TMA stores needs a 16-byte row stride, and N a multiple of 8 (TMA stores clip at
+  // the tensor's bounds in whole 16 bytes); else bf16 C goes out through shared memory in
+  // coalesced rows, fp32 C through the register path.
+  const bool c_tma = a.C != nullptr && s.tile_flags == nullptr && a.ldc % 8 == 0 && a.N % 8 == 0;
+  const bool c_rows = a.C != nullptr && s.tile_flags == nullptr && !c_tma && a.c_type == GemmOutType::kBF16;
   // Consumers that take turns: plain launches that store C through TMA, 128-wide tiles.
   const bool pp_able = a.pingpong != 1 && !tiles.stream_k && !hooks && s.mode == GemmSinkMode::kNone &&
-                       a.C != nullptr && a.cluster != 2 && tile_n != 256;
+                       c_tma && a.cluster != 2 && tile_n != 256;
   if (pp_able && a.pingpong == 2) tile_n = 128;
   const GemmTileGrid g = gemm_tile_grid(a.M, a.N, tile_n, ctas);
   GemmProblem& prob = plan->prob;
@@ -309,9 +318,16 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // CTA pairs: only without hooks 1-2 (a pair runs in lockstep, and its idle member's tile
   // has no flag), and for at least two CTAs.
   if (a.cluster == 2 && (hooks || ctas < 2)) return cudaErrorInvalidValue;
-  // The launch's own choice (cluster = 0) is single CTAs: pairs measured even with them on
-  // H200, within ±2 % per shape.
-  plan->cluster = a.cluster == 2 ? 2 : 1;
+  // The launch's own choice (cluster = 0) is single CTAs (pairs measured even with them on
+  // H200, within ±2 % per shape), except for the few 128-wide tiles of a short grid with long
+  // enough K (tuning.h, kPair*), where pairs replace the ping-pong: two M-blocks share each B
+  // tile, halving the L2 reads that bound 128-wide tiles.
+  const bool pairs_chosen = a.cluster == 0 && a.tile_n == 0 && a.pingpong != 2 && !hooks &&
+                            s.mode == GemmSinkMode::kNone && !tiles.stream_k && g.tile_n == 128 &&
+                            ctas >= 2 && g.m_blocks >= 2 && prob.num_tiles <= tuning::kPairMaxWaves * ctas &&
+                            k_blocks >= tuning::kPairMinKBlocks;
+  if (pairs_chosen) plan->pingpong = false;
+  plan->cluster = a.cluster == 2 || pairs_chosen ? 2 : 1;
   if (plan->cluster == 2) {
     prob.sweep = detail::pair_sweep(g.m_blocks, g.n_blocks);
     plan->grid = 2 * std::min(ctas / 2, prob.sweep);
@@ -336,18 +352,21 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   if (!ok_b) return cudaErrorInvalidValue;
 
   // C goes through shared memory and TMA stores (full-line writes, asynchronous) unless tile
-  // flags must order it, in which case the register path stores it before the release.
+  // flags must order it, in which case the register path stores it before the release, or TMA
+  // cannot store it (above): then bf16 C goes through shared memory in coalesced rows
+  // (store_c_rows), fp32 C through the register path element by element (DefaultEpilogue).
   plan->tc = CUtensorMap{};
-  const bool c_tma = a.C != nullptr && s.tile_flags == nullptr;
   const bool f32 = a.c_type == GemmOutType::kF32;
   if (c_tma && !detail::encode_store_map(&plan->tc, a.C, a.M, a.N, a.ldc, f32)) {
     return cudaErrorInvalidValue;
   }
-  prob.c_tma = !c_tma ? 0 : f32 ? detail::kCTmaF32 : detail::kCTmaBF16;
+  prob.c_tma = c_rows ? detail::kCRowsBF16 : !c_tma ? 0 : f32 ? detail::kCTmaF32 : detail::kCTmaBF16;
+  prob.c_rows = c_rows ? static_cast<__nv_bfloat16*>(a.C) : nullptr;
+  prob.c_rows_ld = a.ldc;
 
   detail::DefaultEpilogue& epi = plan->epi;
   epi = detail::DefaultEpilogue{};
-  epi.c = c_tma ? nullptr : a.C;
+  epi.c = c_tma || c_rows ? nullptr : a.C;
   epi.ldc = a.ldc;
   epi.c_type = a.c_type;
   epi.sink = a.sink;
@@ -363,6 +382,7 @@ cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* out) {
   out->ctas = p.grid;
   out->stream_k_tiles = p.prob.sk_tiles;
   out->pingpong = p.pingpong;
+  out->pairs = p.cluster == 2;
   return cudaSuccess;
 }
 
@@ -374,6 +394,122 @@ cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
     return p.kn ? launch_instance<256, true>(p, stream) : launch_instance<256, false>(p, stream);
   }
   return p.kn ? launch_instance<128, true>(p, stream) : launch_instance<128, false>(p, stream);
+}
+
+namespace {
+
+// Staged launch (gemm.h): a rows × cols bf16 matrix from row stride `lds` to row stride `ldd`
+// (a multiple of 8, 16-byte aligned rows). Each thread writes 8 consecutive elements of a row
+// with one 16-byte store (the pad past `cols` too: it is never read, TMA zero-fills past the
+// matrix), from one 16-byte load where the source rows are 16-byte aligned (kSrcAligned) and
+// the 8 lie within `cols`, else from element loads, which a warp makes over 512 contiguous
+// bytes.
+template <bool kSrcAligned>
+__global__ void __launch_bounds__(256)
+    restride_kernel(const __nv_bfloat16* __restrict__ src, int64_t lds, __nv_bfloat16* __restrict__ dst,
+                    int64_t ldd, int rows, int cols) {
+  const int groups = (cols + 7) / 8;
+  const int64_t total = int64_t(rows) * groups;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / groups;
+    const int c0 = static_cast<int>(i - r * groups) * 8;
+    const __nv_bfloat16* s = src + r * lds + c0;
+    uint4* d = reinterpret_cast<uint4*>(dst + r * ldd + c0);
+    const int n = min(8, cols - c0);
+    if (kSrcAligned && n == 8) {
+      *d = *reinterpret_cast<const uint4*>(s);
+    } else {  // a row's last, partial group is read element by element: nothing past `cols`
+      alignas(16) __nv_bfloat16 v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = j < n ? s[j] : __nv_bfloat16{};
+      *d = *reinterpret_cast<const uint4*>(v);
+    }
+  }
+}
+
+int64_t pad64(int64_t x) { return (x + 63) / 64 * 64; }
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// The staged operands of `a`: padded row strides (0: the operand is used in place) and bytes.
+// An operand is staged where TMA cannot read its rows (a stride off the multiple of 8), and
+// where its rows are off the 128-byte lines (a stride off the multiple of 64) and the model of
+// tuning.h puts the copy at a small enough part of the GEMM's time. Staged rows are padded to
+// 64 elements.
+struct Staging {
+  int64_t lda, ldb;
+  size_t a_bytes, b_bytes;
+};
+
+Staging staging_of(const GemmArgs& a) {
+  const bool kn = a.b_layout == GemmLayoutB::kKN;
+  Staging st{};
+  if (a.M < 1 || a.N < 1 || a.K < 1) return st;
+  const double gemm_us = 2.0 * a.M * a.N * a.K / (tuning::kStageModelTflops * 1e6);
+  auto stage = [&](int64_t ld, int64_t rows, int64_t cols) {
+    if (ld % 8 != 0) return true;
+    if (ld % 64 == 0) return false;
+    const double copy_us =
+        double(rows) * cols * 4 / (tuning::kStageModelGBps * 1e3) + tuning::kStageModelLaunchUs;
+    return copy_us <= tuning::kStageAlignMaxCost * gemm_us;
+  };
+  if (stage(a.lda, a.M, a.K)) {
+    st.lda = pad64(a.K);
+    st.a_bytes = align256(size_t(a.M) * st.lda * 2);
+  }
+  const int64_t b_rows = kn ? a.K : a.N, b_cols = kn ? a.N : a.K;
+  if (stage(a.ldb, b_rows, b_cols)) {
+    st.ldb = pad64(b_cols);
+    st.b_bytes = align256(size_t(b_rows) * st.ldb * 2);
+  }
+  return st;
+}
+
+cudaError_t restride(const __nv_bfloat16* src, int64_t lds, __nv_bfloat16* dst, int64_t ldd, int rows,
+                     int cols, cudaStream_t stream) {
+  const int64_t groups = int64_t(rows) * ((cols + 7) / 8);
+  const int blocks = static_cast<int>(std::min<int64_t>((groups + 255) / 256, int64_t(sm_count()) * 16));
+  if (lds % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    restride_kernel<true><<<blocks, 256, 0, stream>>>(src, lds, dst, ldd, rows, cols);
+  } else {
+    restride_kernel<false><<<blocks, 256, 0, stream>>>(src, lds, dst, ldd, rows, cols);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t gemm_staging_bytes(const GemmArgs& a) {
+  const Staging st = staging_of(a);
+  return st.a_bytes + st.b_bytes;
+}
+
+cudaError_t launch_gemm_staged(const GemmArgs& a, void* staging, size_t staging_bytes, cudaStream_t stream) {
+  const Staging st = staging_of(a);
+  const size_t need = st.a_bytes + st.b_bytes;
+  if (need == 0) return launch_gemm(a, stream);
+  const bool hooks = a.wait.a.flags != nullptr || a.wait.b.flags != nullptr ||
+                     a.sink.mode != GemmSinkMode::kNone || a.sink.tile_flags != nullptr;
+  const bool kn = a.b_layout == GemmLayoutB::kKN;
+  if (hooks || a.cluster == 2 || staging == nullptr || staging_bytes < need ||
+      (reinterpret_cast<uintptr_t>(staging) & 255) != 0 || a.lda < a.K || a.ldb < (kn ? a.N : a.K)) {
+    return cudaErrorInvalidValue;
+  }
+  GemmArgs p = a;
+  auto* sa = static_cast<__nv_bfloat16*>(staging);
+  auto* sb = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(staging) + st.a_bytes);
+  if (st.lda != 0) p.A = sa, p.lda = st.lda;
+  if (st.ldb != 0) p.B = sb, p.ldb = st.ldb;
+  // The padded arguments must pass launch_gemm's checks before anything is enqueued.
+  GemmLaunchPlan plan;
+  if (cudaError_t e = gemm_launch_plan(p, &plan); e != cudaSuccess) return e;
+  cudaError_t e = cudaSuccess;
+  if (st.lda != 0 && (e = restride(a.A, a.lda, sa, st.lda, a.M, a.K, stream)) != cudaSuccess) return e;
+  if (st.ldb != 0 &&
+      (e = restride(a.B, a.ldb, sb, st.ldb, kn ? a.K : a.N, kn ? a.N : a.K, stream)) != cudaSuccess) {
+    return e;
+  }
+  return launch_gemm(p, stream);
 }
 
 }  // namespace fusedcomm::kernels

@@ -7,12 +7,17 @@
 // bf16 operands, fp32 accumulation, C in bf16 (default) or fp32, row-major.
 //
 // Contract
-// - Shapes: M >= 1 (any value, M = 1 included), N >= 8 and K >= 8, both multiples of 8.
-//   Tails are handled: tiles that overhang M, N or K are loaded with zero fill by the tensor
-//   memory accelerator (TMA) and stores are guarded, so nothing outside M×N is written.
-// - Layouts and alignment: every pointer 16-byte aligned; leading dimensions in elements,
-//   multiples of 8 (TMA needs 16-byte row strides): lda >= K, ldb >= K (kNK) or ldb >= N (kKN),
-//   ldc >= N. M, N, K, lda, ldb, ldc < 2^31. Operands must not alias C.
+// - Shapes: M, N, K >= 1, any values (M = 1 included). Tails are handled: tiles that overhang
+//   M, N or K are loaded with zero fill by the tensor memory accelerator (TMA) and stores are
+//   guarded, so nothing outside M×N is written. With a tile sink or tile flags (hook 2), N must
+//   be a multiple of 8 (that path stores column pairs).
+// - Layouts and alignment: every pointer 16-byte aligned; leading dimensions in elements:
+//   lda >= K, ldb >= K (kNK) or ldb >= N (kKN), ldc >= N; lda and ldb multiples of 8 (TMA
+//   loads need 16-byte row strides; dense operands whose rows are not a multiple of 8 elements
+//   go through launch_gemm_staged()); ldc any: C goes through TMA stores where ldc and N are
+//   multiples of 8, else bf16 C through shared memory and coalesced element stores, fp32 C from
+//   registers element by element (no ping-pong then). M, N, K, lda, ldb, ldc < 2^31. Operands
+//   must not alias C.
 // - Engine: a grid of `num_ctas` persistent CTAs (default: one per SM) walks 128×BN output
 //   tiles (BN = 256 or 128, chosen from the shape unless forced) in a grouped order: groups of
 //   `group_m` M-blocks, each group swept along N, so concurrently running CTAs share A and B
@@ -61,7 +66,9 @@
 // 5. CTA pairs (`cluster`): clusters of two CTAs compute M-blocks 2p and 2p + 1 of one N-block
 //    together, each loading half of the B tile into both CTAs' shared memory (TMA multicast),
 //    which halves the L2 reads of B. 0 lets the launch choose (today: single CTAs, as pairs
-//    measured no faster); 2 asks for pairs and needs hooks 1-2 off and num_ctas >= 2 (else
+//    measured no faster, except on grids of 128-wide tiles of at most two waves with K >= 2048,
+//    where pairs took 0.75-0.98 × the time of single CTAs at 9 of 10 cases on 1 × H200);
+//    2 asks for pairs and needs hooks 1-2 off and num_ctas >= 2 (else
 //    cudaErrorInvalidValue); the grid is then even and at most the clusters that fit at once.
 //
 // Stream-K (plain launches): with a workspace (`workspace`, gemm_workspace_bytes()), a launch
@@ -83,7 +90,7 @@
 // whole 128×128 tiles of its own, the CTA's tiles alternating between the two, so that one
 // stores C while the other's wgmma run (detail/gemm_pingpong.cuh). Only launches without hooks
 // 1-2, CTA pairs or stream-K, with C set, on 128-wide tiles. `pingpong`: 0 lets the launch
-// choose (today: wherever the plan takes 128-wide tiles, 0.93-0.99 × the time of both
+// choose (today: wherever the plan takes 128-wide tiles and no CTA pairs (hook 5), 0.93-0.99 × the time of both
 // warpgroups on one tile at 14 of 16 such shapes on 1 × H200; 128-wide turns in place of
 // 256-wide tiles measured 1.00-1.07 × at most shapes, so the tile width is chosen as before),
 // 1 off, 2 wherever allowed (tests, A/B runs).
@@ -187,7 +194,7 @@ struct GemmArgs {
   int tile_n = 0;         // 0: chosen from the shape; or 128 / 256
   int group_m = 0;        // M-blocks per raster group; 0: 16 on 256-wide tiles, 8 on 128-wide
   int m_block_start = 0;  // first M-block of the sweep (taken modulo the M-block count)
-  int cluster = 0;        // CTA pairs (hook 5): 0 chosen (single CTAs), 1 off, 2 on
+  int cluster = 0;        // CTA pairs (hook 5): 0 chosen (mostly single CTAs), 1 off, 2 on
   GemmWaitConfig wait{};  // hook 1
   GemmTileSink sink{};    // hook 2
   // Stream-K (above): device memory of at least gemm_workspace_bytes(num_ctas) bytes, 256-byte
@@ -234,6 +241,7 @@ struct GemmLaunchPlan {
   int ctas;
   int stream_k_tiles;
   bool pingpong;  // consumers that take turns, on 128×128 tiles
+  bool pairs;     // CTA pairs (hook 5), asked for or chosen
 };
 cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* plan);
 
@@ -243,5 +251,20 @@ cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* plan);
 // stream order is as for any launch. It lets the stream's next kernel be scheduled early too,
 // unless it has readiness waits (hook 1).
 cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);
+
+// Staged launch: launch_gemm for A or B whose leading dimension is not a multiple of 8 (dense
+// operands with K or N off the multiple of 8). Each such operand is first copied, on `stream`,
+// into `staging` with its rows padded to a multiple of 64 elements (the pad is never read: TMA
+// zero-fills past K and N); C needs no copy (any ldc, above). An operand whose stride is a
+// multiple of 8 but not of 64 is copied too where a model puts the copy at a small part of the
+// GEMM's time (tuning.h, kStage*: rows off the 128-byte lines cost large GEMMs up to ~1.5 ×).
+// The copies are part of the op and of its time: (M·K or N·K) · 4 bytes of memory traffic
+// each, against 2·M·N·K FLOP. gemm_staging_bytes(a): the bytes of `staging` that `a` needs
+// (0: none, the launch is launch_gemm's). Refused (cudaErrorInvalidValue) with hooks 1-2 or
+// CTA pairs asked for, where the staging is too small or misaligned (256 bytes, as
+// cudaMalloc's), and where launch_gemm would refuse the padded arguments. Launches sharing a
+// staging buffer must be stream-ordered.
+size_t gemm_staging_bytes(const GemmArgs& a);
+cudaError_t launch_gemm_staged(const GemmArgs& a, void* staging, size_t staging_bytes, cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels

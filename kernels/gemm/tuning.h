@@ -39,4 +39,27 @@ inline constexpr double kStreamKFixupSlices = 48;
 inline constexpr int kGroupM256 = 16;
 inline constexpr int kGroupM128 = 8;
 
+// CTA pairs chosen (GemmArgs::cluster = 0) where the plan takes 128-wide tiles, at most
+// kPairMaxWaves waves of them, at least two M-blocks and at least kPairMinKBlocks 64-deep K
+// slices: there 128-wide tiles are bound by the L2 reads of A and B (few tiles, every CTA
+// streaming), and a pair's multicast of B halves those of B. Against single CTAs (the
+// ping-pong) on 1 × H200, pairs took 0.75-0.98 × the time at 9 of 10 (shape, layout) cases
+// (1000 × 4104 × 2056, 220 × 7976 × 12576, 913 × 1368 × 4344, 8401 × 80 × 4536 and
+// 153 × 1736 × 7920, both layouts) and 1.03 × at 153 × 1736 × 7920 NK; on more waves the
+// choice is as before (pairs no faster).
+inline constexpr int kPairMaxWaves = 2;
+inline constexpr int kPairMinKBlocks = 32;
+
+// The staged launch (gemm.h, launch_gemm_staged) also copies an operand whose rows TMA can
+// read but whose row stride is off the multiple of 64 elements (128 bytes): then every 128-byte
+// row of a box straddles two lines, and large GEMMs at such strides ran at ~0.55-0.65 × cuBLAS's
+// throughput on 1 × H200 (e.g. 9794 × 10792 × 16120: 7.7 ms against 4.9 ms) where strides on
+// the lines ran at ~1.0 ×. The copy is taken where its modelled time (rows × cols × 4 bytes at
+// kStageModelGBps, plus kStageModelLaunchUs) is at most kStageAlignMaxCost of the GEMM's
+// (2·M·N·K at kStageModelTflops): a fraction of the ~1.5 × it saves.
+inline constexpr double kStageModelTflops = 700;
+inline constexpr double kStageModelGBps = 3000;
+inline constexpr double kStageModelLaunchUs = 3;
+inline constexpr double kStageAlignMaxCost = 0.2;
+
 }  // namespace fusedcomm::kernels::tuning

@@ -208,8 +208,8 @@ FC_API fc_status_t fc_runtime_pooled_regions(fc_runtime_t rt, int32_t* out);
 FC_API fc_status_t fc_runtime_destroy(fc_runtime_t rt);
 
 /* A single-rank GEMM, c (m×n) = a (m×k) · op(w), synchronous. FC_BACKEND_HOST: host memory,
- * f32 or bf16. FC_BACKEND_CUDA: device memory of the calling thread's current GPU, bf16, n and
- * k multiples of 8, 16-byte aligned pointers. */
+ * f32 or bf16. FC_BACKEND_CUDA: device memory of the calling thread's current GPU, bf16, any n
+ * and k >= 1, 16-byte aligned pointers (rows off a multiple of 8 elements cost a copy). */
 FC_API fc_status_t fc_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w, void* c,
                            int64_t m, int64_t n, int64_t k, fc_weight_layout_t layout);
 

@@ -22,6 +22,11 @@ namespace {
 struct SkWorkspace {
   std::mutex mu;
   kernels::GemmWorkspace ws;
+  // The staged launch's copies (kernels/gemm/gemm.h, launch_gemm_staged), grown to the largest
+  // need so far and kept, as the workspace is: an allocation per call would cost large GEMMs
+  // more than the copy itself.
+  void* staging = nullptr;
+  size_t staging_bytes = 0;
 };
 
 // The current device's workspace, made on first use (on the legacy stream, which the GEMMs
@@ -75,8 +80,7 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
   FC_REQUIRE(m >= 0 && n >= 0 && k >= 0, "gemm: negative dimension in " + shape);
   if (m == 0 || n == 0) return;
-  FC_REQUIRE(n % 8 == 0 && k % 8 == 0 && k > 0,
-             "gemm on the GPU needs N and K to be positive multiples of 8, got MxNxK = " + shape);
+  FC_REQUIRE(k > 0, "gemm on the GPU needs K >= 1, got MxNxK = " + shape);
   FC_REQUIRE(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31),
              "gemm: dimension too large in " + shape);
   for (const void* p : {a, w, static_cast<const void*>(c)}) {
@@ -91,10 +95,23 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   SkWorkspace& ws = sk_workspace(device);
   std::lock_guard<std::mutex> lock(ws.mu);
   kernels::use_workspace(args, ws.ws);
-  e = kernels::launch_gemm(args, nullptr);
+  // K or N off the multiple of 8 (or rows off the 128-byte lines of a large GEMM): the staged
+  // launch copies A or W into rows TMA reads well (kernels/gemm/gemm.h), in the device's buffer.
+  if (const size_t need = kernels::gemm_staging_bytes(args); need > ws.staging_bytes) {
+    if (ws.staging != nullptr) cudaFree(ws.staging);  // after the previous call's sync
+    ws.staging = nullptr;
+    ws.staging_bytes = 0;
+    if ((e = cudaMalloc(&ws.staging, need)) != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kFatalGpu, "gemm " + shape + ": no memory for the staged operands (" +
+                                     std::to_string(need) + " bytes): " + cudaGetErrorString(e));
+    }
+    ws.staging_bytes = need;
+  }
+  e = kernels::launch_gemm_staged(args, ws.staging, ws.staging_bytes, nullptr);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
   if (e == cudaErrorInvalidValue)
     fail(ErrorKind::kInvalidArgument, "gemm: the GEMM engine rejected " + shape);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
   if (e != cudaSuccess) {
     fail(ErrorKind::kFatalGpu,
          "gemm " + shape + " failed on the GPU: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));

@@ -20,7 +20,8 @@ namespace fusedcomm::kernels::detail {
 //     called by every consumer thread of a warpgroup whose rows intersect M; the thread owns
 //     rows row0 and row0 + 8, columns col0 + 8*j + {0, 1} for j < kFrag/4, with
 //     acc[4j + 0..1] at row0 and acc[4j + 2..3] at row0 + 8. Out-of-range rows/columns must be
-//     skipped by the epilogue (row < M, col < N; col + 1 < N follows from N % 8 == 0).
+//     skipped by the epilogue (row < M, col < N; col + 1 < N follows from N % 8 == 0 where a
+//     sink or tile flags are set, and DefaultEpilogue guards each column of C otherwise).
 //   bool wants_tile_done() const;  uniform over the launch
 //   void tile_done(TileCoord, const GemmProblem&) const;
 //     called by one thread after all 256 consumer threads have issued the tile's stores.
@@ -92,6 +93,26 @@ struct DefaultEpilogue {
     }
   }
 
+  // C at an odd row stride or an odd N (gemm.h: C without TMA): element by element, each
+  // column guarded (a pair's second column may lie past N, and a pair may be misaligned).
+  template <class T, int kFrag>
+  __device__ __forceinline__ static void apply_elements(const float (&acc)[kFrag], T* row_lo, T* row_hi,
+                                                        int row0, int col0, const GemmProblem& p) {
+    const bool lo_ok = row0 < p.M;
+    const bool hi_ok = row0 + 8 < p.M;
+#pragma unroll
+    for (int j = 0; j < kFrag / 4; ++j) {
+      const int col = col0 + 8 * j;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (col + e < p.N) {
+          if (lo_ok) row_lo[col + e] = static_cast<T>(acc[4 * j + e]);
+          if (hi_ok) row_hi[col + e] = static_cast<T>(acc[4 * j + 2 + e]);
+        }
+      }
+    }
+  }
+
   __device__ __forceinline__ static void put_bf16(__nv_bfloat16* d, float v0, float v1) {
     *reinterpret_cast<__nv_bfloat162*>(d) = __floats2bfloat162_rn(v0, v1);
   }
@@ -122,7 +143,15 @@ struct DefaultEpilogue {
   template <int kFrag>
   __device__ __forceinline__ void store(const float (&acc)[kFrag], int row0, int col0,
                                         const GemmProblem& p) const {
-    if (c != nullptr) {
+    if (c != nullptr && ((ldc | p.N) & 1) != 0) {
+      if (c_type == GemmOutType::kBF16) {
+        auto* base = static_cast<__nv_bfloat16*>(c);
+        apply_elements(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p);
+      } else {
+        auto* base = static_cast<float*>(c);
+        apply_elements(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p);
+      }
+    } else if (c != nullptr) {
       if (c_type == GemmOutType::kBF16) {
         auto* base = static_cast<__nv_bfloat16*>(c);
         apply(acc, base + row0 * ldc, base + (row0 + 8) * ldc, row0, col0, p, put_bf16);
@@ -249,6 +278,62 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
                                             const CUtensorMap* tm_c, TileCoord tc, int cw, bool rows_in) {
   store_tile_tma<BN, kF32, kFrag, false, kBufRounds>(acc, stage_buf, tm_c, cw, tc.m * kTileM + cw * 64,
                                                      tc.n * BN, rows_in);
+}
+
+// bf16 C that TMA cannot store (row stride or N off the multiple of 8, gemm.h): each round is
+// staged as above, then the warpgroup copies it out, warp w taking rows w, w + 4, ..., each
+// lane 4 consecutive columns (one 8-byte shared read; the swizzle keeps a row's chunks within
+// its 128 bytes): a warp's stores cover 256 contiguous bytes of a row, as one 8-byte store per
+// lane where the row's address allows, else 4- and 2-byte pieces (the alignment is the same
+// for every lane of the row). Elements past M and N are skipped. The next round's (or tile's)
+// staging waits at the warpgroup's named barrier for every thread's reads.
+template <int BN, int kFrag>
+__device__ __forceinline__ void store_c_rows(const float (&acc)[kFrag], uint8_t* stage_buf, TileCoord tc,
+                                             int cw, const GemmProblem& p) {
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const uint32_t bar_id = 2 + cw;
+  const int row0 = tc.m * kTileM + cw * 64;
+  if (row0 >= p.M) return;
+  const int rows = min(64, p.M - row0);
+  const uint32_t base = smem_u32(stage_buf);
+  const uint32_t lane_at = static_cast<uint32_t>(lane / 16) * 8192 + static_cast<uint32_t>(lane % 2) * 8;
+  const uint32_t lane_chunk = static_cast<uint32_t>((lane % 16) / 2);
+#pragma unroll
+  for (int h = 0; h < BN / 128; ++h) {
+    named_barrier_sync(bar_id, 128);  // the previous round's (tile's) reads are done
+    stage_round<false>(acc, stage_buf, h);
+    named_barrier_sync(bar_id, 128);
+    const int n = min(128, p.N - (tc.n * BN + h * 128)) - 4 * lane;  // this lane's columns in range
+    uint16_t* row_ptr =
+        reinterpret_cast<uint16_t*>(p.c_rows) + int64_t(row0) * p.c_rows_ld + tc.n * BN + h * 128 + 4 * lane;
+#pragma unroll 2
+    for (int r = warp; r < rows; r += 4) {
+      uint32_t v0, v1;
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                   : "=r"(v0), "=r"(v1)
+                   : "r"(base + lane_at + static_cast<uint32_t>(r) * 128 +
+                         ((lane_chunk ^ static_cast<uint32_t>(r % 8)) << 4)));
+      uint16_t* d = row_ptr + int64_t(r) * p.c_rows_ld;
+      const uintptr_t a = reinterpret_cast<uintptr_t>(d);
+      if (n >= 4) {
+        if ((a & 7) == 0) {
+          *reinterpret_cast<uint2*>(d) = make_uint2(v0, v1);
+        } else if ((a & 3) == 0) {
+          reinterpret_cast<uint32_t*>(d)[0] = v0;
+          reinterpret_cast<uint32_t*>(d)[1] = v1;
+        } else {
+          d[0] = static_cast<uint16_t>(v0);
+          *reinterpret_cast<uint32_t*>(d + 1) = (v0 >> 16) | (v1 << 16);
+          d[3] = static_cast<uint16_t>(v1 >> 16);
+        }
+      } else if (n > 0) {
+        d[0] = static_cast<uint16_t>(v0);
+        if (n > 1) d[1] = static_cast<uint16_t>(v0 >> 16);
+        if (n > 2) d[2] = static_cast<uint16_t>(v1);
+      }
+    }
+  }
 }
 
 // ---- the engine's shared memory, seen from an epilogue ---------------------------------------

@@ -2,6 +2,7 @@
 // budget per tile width, and the problem handle every kernel of the engine receives.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -39,13 +40,18 @@ struct GemmTileConfig {
 struct GemmProblem {
   int M, N, K;
   int m_blocks, n_blocks, k_blocks;
-  int num_tiles;      // m_blocks * n_blocks
-  int group_m;        // raster group height in M-blocks (>= 1)
-  int m_block_start;  // rotation of the M-blocks, in [0, m_blocks)
-  int c_tma;          // the engine stores C itself through smem + TMA (tm_c): kCTmaBF16 /
-                      // kCTmaF32; 0: C (if any) goes through the epilogue's register path
-  int sweep;          // sweep positions of whole tiles: num_tiles, pair_sweep() for CTA pairs,
-                      // or the whole waves' tiles under stream-K
+  int num_tiles;          // m_blocks * n_blocks
+  int group_m;            // raster group height in M-blocks (>= 1)
+  int m_block_start;      // rotation of the M-blocks, in [0, m_blocks)
+  int c_tma;              // the engine stores C itself through smem + TMA (tm_c): kCTmaBF16 /
+                          // kCTmaF32; or through smem and coalesced element stores (bf16 C that
+                          // TMA cannot store: a row stride or N off the multiple of 8):
+                          // kCRowsBF16, to c_rows / c_rows_ld; 0: C (if any) goes through the
+                          // epilogue's register path
+  int sweep;              // sweep positions of whole tiles: num_tiles, pair_sweep() for CTA pairs,
+                          // or the whole waves' tiles under stream-K
+  __nv_bfloat16* c_rows;  // kCRowsBF16's C, row stride c_rows_ld elements
+  int64_t c_rows_ld;
   GemmWaitConfig wait;
   // Stream-K (gemm.h; schedules with kStreamK): the tiles at sweep positions [sweep, sweep +
   // sk_tiles) are computed as sk_tiles * k_blocks (tile, K slice) iterations split evenly over
@@ -58,6 +64,7 @@ struct GemmProblem {
 
 inline constexpr int kCTmaBF16 = 1;
 inline constexpr int kCTmaF32 = 2;
+inline constexpr int kCRowsBF16 = 3;
 
 struct TileCoord {
   int m, n;  // block indices

@@ -94,6 +94,8 @@ __device__ __forceinline__ void finish_tile(const float (&acc)[BN / 2], uint8_t*
     store_c_tma<BN, false, kStagingRounds>(acc, staging, &tm_c, tc, cw, rows_in);
   } else if (prob.c_tma == kCTmaF32) {
     store_c_tma<BN, true, kStagingRounds>(acc, staging, &tm_c, tc, cw, rows_in);
+  } else if (prob.c_tma == kCRowsBF16) {
+    store_c_rows<BN>(acc, staging, tc, cw, prob);
   }
   if (rows_in) {
     const int row0 = tc.m * kTileM + cw * 64 + warp * 16 + lane / 4;
@@ -155,7 +157,7 @@ __device__ __forceinline__ void gemm_sm90_body(const CUtensorMap& tm_a, const CU
   } else if (threadIdx.x == 32) {
     tma_prefetch_desc(&tm_a);
     tma_prefetch_desc(&tm_b);
-    if (prob.c_tma) tma_prefetch_desc(&tm_c);
+    if (prob.c_tma == kCTmaBF16 || prob.c_tma == kCTmaF32) tma_prefetch_desc(&tm_c);
   }
   __syncthreads();
   // The partner's multicasts and arrivals target this CTA's barriers: initialised first.

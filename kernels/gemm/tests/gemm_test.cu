@@ -179,9 +179,10 @@ struct Shape {
   GemmOutType out;
   int pad_a, pad_b, pad_c;
   int tile_n, num_ctas, group_m, m_block_start;
-  int cluster;        // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
-  int stream_k = -1;  // -1: no workspace; else GemmArgs::stream_k with the shared workspace
-  int pingpong = 0;   // GemmArgs::pingpong: 0 chosen, 1 off, 2 wherever allowed
+  int cluster;          // GemmArgs::cluster: 0 chosen, 1 single CTAs, 2 CTA pairs
+  int stream_k = -1;    // -1: no workspace; else GemmArgs::stream_k with the shared workspace
+  int pingpong = 0;     // GemmArgs::pingpong: 0 chosen, 1 off, 2 wherever allowed
+  bool staged = false;  // through launch_gemm_staged (lda, ldb may be off the multiple of 8)
 };
 
 // The stream-K workspace every launch of the sweep shares (stream-ordered, as gemm.h asks).
@@ -208,10 +209,10 @@ std::string describe(const Shape& s) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "M=%d N=%d K=%d %s C=%s pads=%d/%d/%d tile_n=%d ctas=%d group=%d mstart=%d "
-                "cluster=%d stream_k=%d pingpong=%d",
+                "cluster=%d stream_k=%d pingpong=%d%s",
                 s.M, s.N, s.K, s.layout == GemmLayoutB::kNK ? "NK" : "KN",
                 s.out == GemmOutType::kBF16 ? "bf16" : "f32", s.pad_a, s.pad_b, s.pad_c, s.tile_n, s.num_ctas,
-                s.group_m, s.m_block_start, s.cluster, s.stream_k, s.pingpong);
+                s.group_m, s.m_block_start, s.cluster, s.stream_k, s.pingpong, s.staged ? " staged" : "");
   return buf;
 }
 
@@ -337,7 +338,16 @@ bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullpt
   CHECK_CUDA(cudaMalloc(&C, c_bytes));
   CHECK_CUDA(cudaMemset(C, 0xFF, c_bytes));  // NaN in bf16 and fp32
 
-  cudaError_t e = launch_gemm(shape_args(s, o.A, o.B, C), nullptr);
+  void* staging = nullptr;
+  cudaError_t e;
+  if (s.staged) {
+    const GemmArgs a = shape_args(s, o.A, o.B, C);
+    const size_t bytes = gemm_staging_bytes(a);
+    if (bytes > 0) CHECK_CUDA(cudaMalloc(&staging, bytes));
+    e = launch_gemm_staged(a, staging, bytes, nullptr);
+  } else {
+    e = launch_gemm(shape_args(s, o.A, o.B, C), nullptr);
+  }
   bool ok = e == cudaSuccess;
   if (!ok) std::printf("  launch error %s\n", cudaGetErrorString(e));
   e = cudaDeviceSynchronize();
@@ -355,6 +365,7 @@ bool run_shape(const Shape& s, uint64_t seed, std::vector<uint8_t>* out = nullpt
     }
   }
   if (s.stream_k >= 0 && !workspace_counters_zero()) ok = false;
+  cudaFree(staging);
   if (out != nullptr) {
     out->resize(c_bytes);
     CHECK_CUDA(cudaMemcpy(out->data(), C, c_bytes, cudaMemcpyDeviceToHost));
@@ -383,6 +394,23 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     v.push_back(base(16384, 256, 64, l));
     v.push_back(base(2048, 2048, 2048, l));
     v.push_back(base(16384, 1032, 4104, l));
+    // N and K off the multiple of 8: strides padded to it, C at odd strides, or staged.
+    v.push_back(base(1000, 4104, 2056, l));
+    Shape t = base(1, 1, 1, l);
+    t.pad_a = t.pad_b = 7;
+    v.push_back(t);
+    t = base(129, 263, 75, l);
+    t.pad_a = 5;
+    t.pad_b = l == GemmLayoutB::kNK ? 5 : 1;
+    t.pad_c = 2;
+    v.push_back(t);
+    t = base(300, 1001, 3001, l);
+    t.staged = true;
+    v.push_back(t);
+    t = base(5, 3, 7, l);
+    t.staged = true;
+    t.pad_c = 3;
+    v.push_back(t);
   }
   auto logu = [&](double lo, double hi) {
     std::uniform_real_distribution<double> d(std::log(lo), std::log(hi));
@@ -394,9 +422,11 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     const int band = coin(rng) % 4;
     const double mlo[4] = {1, 65, 513, 4097}, mhi[4] = {64, 512, 4096, 16384};
     s.M = static_cast<int>(logu(mlo[band], mhi[band] + 1));
-    s.N = round8(static_cast<int>(logu(8, 6000)));
-    s.K = round8(static_cast<int>(logu(8, 9000)));
-    while (double(s.M) * s.N * s.K > 3e10) s.K = round8(s.K / 2);
+    // A third of the shapes with N and K anywhere, not only on multiples of 8.
+    const bool off8 = coin(rng) < 33;
+    s.N = off8 ? static_cast<int>(logu(1, 6000)) : round8(static_cast<int>(logu(8, 6000)));
+    s.K = off8 ? static_cast<int>(logu(1, 9000)) : round8(static_cast<int>(logu(8, 9000)));
+    while (double(s.M) * s.N * s.K > 3e10) s.K = off8 ? std::max(1, s.K / 2) : round8(s.K / 2);
     s.layout = coin(rng) < 50 ? GemmLayoutB::kNK : GemmLayoutB::kKN;
     s.out = coin(rng) < 80 ? GemmOutType::kBF16 : GemmOutType::kF32;
     s.pad_a = coin(rng) < 30 ? 8 * (1 + coin(rng) % 8) : 0;
@@ -417,6 +447,16 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     s.stream_k = k < 20 ? -1 : (k < 45 ? 0 : (k < 55 ? 1 : 2));
     const int p = coin(rng);
     s.pingpong = p < 40 ? 0 : (p < 55 ? 1 : 2);
+    if (off8) {
+      // Row strides of A and B up to a multiple of 8 (launch_gemm), or dense and staged; C at
+      // any stride.
+      const int b_row = s.layout == GemmLayoutB::kNK ? s.K : s.N;
+      s.staged = coin(rng) < 50;
+      s.pad_a = s.staged ? 0 : round8(s.K) - s.K + s.pad_a;
+      s.pad_b = s.staged ? 0 : round8(b_row) - b_row + s.pad_b;
+      s.pad_c = coin(rng) < 50 ? coin(rng) % 9 : 0;
+      if (s.staged && s.cluster == 2) s.cluster = 1;
+    }
     v.push_back(s);
   }
   return v;
@@ -675,14 +715,52 @@ void test_bad_args() {
   std::printf("[args] contract violations are rejected\n");
   GemmArgs a;
   a.M = 16;
-  a.N = 12;  // not a multiple of 8
+  a.N = 12;
   a.K = 64;
-  EXPECT(launch_gemm(a, nullptr) == cudaErrorInvalidValue, "N %% 8 != 0 accepted");
+  EXPECT(launch_gemm(a, nullptr) == cudaErrorInvalidValue, "null operands accepted");
   // CTA pairs: a bad value, one CTA, and hooks 1-2 (pairs run in lockstep) are refused.
   __nv_bfloat16* buf;
   CHECK_CUDA(cudaMalloc(&buf, 3 * 256 * 64 * 2));
   uint64_t* flags;
   CHECK_CUDA(cudaMalloc(&flags, 64));
+  {
+    // Row strides of A and B off the multiple of 8 (TMA) need the staged launch, which refuses
+    // a staging buffer that is missing or too small; a tile sink needs N % 8 == 0.
+    GemmArgs u;
+    u.M = 16;
+    u.N = 12;
+    u.K = 60;
+    u.A = buf;
+    u.B = buf + 256 * 64;
+    u.C = buf + 2 * 256 * 64;
+    u.lda = 64;
+    u.ldb = 64;
+    u.ldc = 13;
+    EXPECT(launch_gemm(u, nullptr) == cudaSuccess, "N = 12, K = 60, ldc = 13 refused");
+    CHECK_CUDA(cudaDeviceSynchronize());
+    u.lda = 61;
+    EXPECT(launch_gemm(u, nullptr) == cudaErrorInvalidValue, "lda %% 8 != 0 accepted by launch_gemm");
+    EXPECT(gemm_staging_bytes(u) >= size_t(16) * 64 * 2, "staging bytes too few for A");
+    EXPECT(launch_gemm_staged(u, nullptr, 0, nullptr) == cudaErrorInvalidValue, "staging missing accepted");
+    // Large GEMMs copy operands whose rows are off the 128-byte lines too (tuning.h kStage*);
+    // small ones and strides on the lines do not.
+    GemmArgs big = u;
+    big.M = big.N = 8192;
+    big.K = big.lda = big.ldb = 8200;
+    big.ldc = 8192;
+    EXPECT(gemm_staging_bytes(big) >= size_t(2) * 8192 * 8256 * 2, "8192 x 8192 x 8200 not staged");
+    big.K = big.lda = big.ldb = 8192;
+    EXPECT(gemm_staging_bytes(big) == 0, "8192^3 staged");
+    big.M = big.N = 16;
+    big.K = big.lda = big.ldb = 72;
+    EXPECT(gemm_staging_bytes(big) == 0, "16 x 16 x 72 staged");
+    u.lda = 64;
+    u.sink.mode = GemmSinkMode::kStoreBF16;
+    u.sink.num_dests = 1;
+    u.sink.ld = 16;
+    u.sink.dest[0] = buf;
+    EXPECT(launch_gemm(u, nullptr) == cudaErrorInvalidValue, "a tile sink with N %% 8 != 0 accepted");
+  }
   GemmArgs p;
   p.M = 256;
   p.N = 64;
@@ -786,6 +864,24 @@ void test_pingpong(uint64_t seed) {
   q.stream_k = -1;
   q.pingpong = 3;
   EXPECT(plan_of(q).ctas == 0, "pingpong = 3 accepted");
+  // A short grid of 128-wide tiles with long K: CTA pairs instead (tuning.h kPair*), unless
+  // the ping-pong, the tile width or single CTAs are asked for.
+  Shape r{1000, 4104, 2056, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0};
+  if (g_sms >= 132) {
+    EXPECT(plan_of(r).pairs && !plan_of(r).pingpong && plan_of(r).grid.tile_n == 128,
+           "CTA pairs not chosen at 1000 x 4104 x 2056");
+  }
+  r.pingpong = 2;
+  EXPECT(!plan_of(r).pairs && plan_of(r).pingpong, "CTA pairs chosen over a forced ping-pong");
+  r.pingpong = 0;
+  r.cluster = 1;
+  EXPECT(!plan_of(r).pairs, "CTA pairs chosen while off");
+  r.cluster = 0;
+  r.K = 1024;  // 16 K slices
+  EXPECT(!plan_of(r).pairs, "CTA pairs chosen at short K");
+  r.K = 2056;
+  r.tile_n = 128;
+  EXPECT(!plan_of(r).pairs, "CTA pairs chosen at a forced tile width");
   // Hooks and the sink (plans only; their launches are tested below).
   GemmArgs h = plan_args(
       Shape{1024, 14336, 4096, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, -1, 2});

@@ -22,7 +22,10 @@ kernels::GemmArgs dense_gemm_args(const void* a, const void* w, void* c, int64_t
 kernels::GemmWorkspace make_gemm_workspace(cudaStream_t s);
 
 // c (m×n, bf16) = a (m×k, bf16) · op(w): kNK (w: n×k, C = A·Wᵀ) or kKN (w: k×n).
-// Device pointers, 16-byte aligned; n and k multiples of 8 (Error(kInvalidArgument) otherwise).
+// Device pointers, 16-byte aligned; any n and k >= 1 (Error(kInvalidArgument) otherwise): where k
+// (or n, kKN) is not a multiple of 8, a's (w's) rows are first copied into padded rows
+// (kernels/gemm/gemm.h, launch_gemm_staged), in a buffer per device kept like the workspace
+// below at the largest size a call needed.
 // Synchronous: returns after the kernel finished; a CUDA failure is Error(kFatalGpu). The first
 // call on a device allocates that device's stream-K workspace (~33 MiB, kept for the process),
 // which the launch uses where it chooses stream-K (small M, long K); calls on one device

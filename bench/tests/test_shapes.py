@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The bench tools' shape lists without a GPU: torch_gemm.py's explicit and seeded random shapes
+and its sets, torch_fused.py's explicit shapes, refusals and row split for any M."""
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import types
+import unittest
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "gemm"))
+sys.path.insert(0, os.path.join(here, "..", "fused"))
+import torch_gemm  # noqa: E402
+import torch_fused  # noqa: E402
+
+
+def gemm_args(**kw):
+    a = dict(shapes=None, m=None, n=None, k=None, random=0, seed=None, layouts="nk,kn", align=1)
+    a.update(kw)
+    return types.SimpleNamespace(**a)
+
+
+class GemmShapesTest(unittest.TestCase):
+    def test_explicit_lists_zip_and_broadcast(self):
+        self.assertEqual(torch_gemm.explicit_shapes(["1000,1"], ["4104,8192"], ["2056"]),
+                         [(1000, 4104, 2056), (1, 8192, 2056)])
+        self.assertEqual(torch_gemm.explicit_shapes(["7"], ["3"], ["5"]), [(7, 3, 5)])
+        self.assertEqual(torch_gemm.explicit_shapes(None, None, None), [])
+        for bad in ((["1,2"], ["1,2,3"], ["4"]), (["0"], ["1"], ["1"]), (["x"], ["1"], ["1"]),
+                    (["1"], None, ["1"])):
+            with self.assertRaises(SystemExit):
+                torch_gemm.explicit_shapes(*bad)
+
+    def test_random_set_is_seeded_bounded_and_aligned_on_request(self):
+        a, b = torch_gemm.random_shapes(200, 42), torch_gemm.random_shapes(200, 42)
+        self.assertEqual(a, b)
+        self.assertNotEqual(a, torch_gemm.random_shapes(200, 43))
+        self.assertTrue(all(1 <= x <= torch_gemm.MAX_DIM for s in a for x in s))
+        self.assertTrue(any(s[1] % 8 or s[2] % 8 for s in a))  # off the grid, not padded
+        al = torch_gemm.random_shapes(200, 42, 8)
+        self.assertTrue(all(n % 8 == 0 and k % 8 == 0 and 8 <= n <= 16384 and 8 <= k <= 16384
+                            for _, n, k in al))
+        self.assertEqual([s[0] for s in al], [s[0] for s in a])  # M as drawn
+
+    def test_shape_list_sets_layouts_and_seed(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("# comment\nsquare 8192 8192 8192 nk\n")
+        try:
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                shapes, seed = torch_gemm.shape_list(gemm_args(shapes=[f.name], m=["1000"], n=["4104"], k=["2056"],
+                                                               random=3))
+        finally:
+            os.unlink(f.name)
+        self.assertIsNotNone(seed)
+        self.assertIn(f"seed {seed}", out.getvalue())  # chosen at run time, printed
+        self.assertEqual(shapes[0], (None, "square", 8192, 8192, 8192, False))
+        self.assertEqual(shapes[1:3], [("explicit", "1000x4104x2056", 1000, 4104, 2056, False),
+                                       ("explicit", "1000x4104x2056", 1000, 4104, 2056, True)])
+        self.assertEqual(len(shapes), 1 + 2 + 3 * 2)
+        self.assertTrue(all(s[0] == f"random-{seed}" for s in shapes[3:]))
+        with contextlib.redirect_stdout(io.StringIO()):
+            again, s2 = torch_gemm.shape_list(gemm_args(random=3, seed=seed, layouts="kn", align=8))
+        self.assertEqual(s2, seed)
+        self.assertEqual({s[0] for s in again}, {f"random-{seed}-align8"})
+        self.assertTrue(all(s[5] for s in again))
+        for bad in (gemm_args(), gemm_args(layouts="nt", random=1), gemm_args(seed=1)):
+            with self.assertRaises(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+                torch_gemm.shape_list(bad)
+
+
+class FusedShapesTest(unittest.TestCase):
+    def test_row_split_covers_any_m(self):
+        for m in (1, 7, 1000, 1001, 16384):
+            for w in (1, 2, 3, 4, 8):
+                parts = [torch_fused.row_split(m, w, r) for r in range(w)]
+                self.assertEqual(sum(c for c, _, _ in parts), m)
+                self.assertEqual([o for _, o, _ in parts], [sum(c for c, _, _ in parts[:r]) for r in range(w)])
+                self.assertTrue(all(b == -(-m // w) and c <= b for c, _, b in parts))
+
+    def test_explicit_shapes_split_or_are_refused(self):
+        ops = set(torch_fused.OPS.values())
+        got = torch_fused.read_shapes(None, 3, ops, [(1000, 4104 * 3, 2064 * 3)])
+        self.assertEqual(got, [(op, "explicit", 1000, n, k) for op, n, k in (
+            ("allGatherGemm", 4104, 2064 * 3), ("gemmReduceScatter", 4104 * 3, 2064),
+            ("gemmAllReduce", 4104 * 3, 2064))])
+        with self.assertRaises(SystemExit) as e:
+            torch_fused.read_shapes(None, 2, {"gemmReduceScatter"}, [(1000, 4104, 2056)])
+        self.assertIn("1000 x 4104 x 2056", str(e.exception))
+        self.assertEqual(torch_fused.read_shapes(None, 2, {"allGatherGemm"}, [(1000, 4112, 2056)]),
+                         [("allGatherGemm", "explicit", 1000, 2056, 2056)])
+
+
+if __name__ == "__main__":
+    unittest.main()
