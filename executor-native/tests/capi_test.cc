@@ -309,7 +309,7 @@ void grouped_gemm() {
     for (float& v : c) v = -100;
     const bool ok = fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, layout == FC_LAYOUT_NK ? w_nk : w_kn, c,
                                     offsets, 3, 4, 2, 2, layout) == FC_STATUS_SUCCESS;
-    const float want[] = {1, 2, 3, 4, 11, -1, -100, -100};
+    const float want[] = {1, 2, 3, 4, 11, 4, -100, -100};
     check(ok && std::memcmp(c, want, sizeof want) == 0,
           std::string("host grouped GEMM, ") + (layout == FC_LAYOUT_NK ? "NK" : "KN") + ": " + fc_last_error_message());
   }
