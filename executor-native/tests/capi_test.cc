@@ -310,8 +310,9 @@ void grouped_gemm() {
     const bool ok = fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, layout == FC_LAYOUT_NK ? w_nk : w_kn, c,
                                     offsets, 3, 4, 2, 2, layout) == FC_STATUS_SUCCESS;
     const float want[] = {1, 2, 3, 4, 11, 4, -100, -100};
-    check(ok && std::memcmp(c, want, sizeof want) == 0,
-          std::string("host grouped GEMM, ") + (layout == FC_LAYOUT_NK ? "NK" : "KN") + ": " + fc_last_error_message());
+    check(ok && std::memcmp(c, want, sizeof want) == 0, std::string("host grouped GEMM, ") +
+                                                            (layout == FC_LAYOUT_NK ? "NK" : "KN") + ": " +
+                                                            fc_last_error_message());
   }
   // bf16: 1 + 2^-8 + 2^-8 accumulated in fp32, rounded once to 1 + 2^-7 (twice would give 1).
   const uint16_t one = 0x3F80, eps = 0x3B80;  // 1.0, 2^-8
@@ -331,7 +332,8 @@ void grouped_gemm() {
   check_fails(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w_nk, c, past, 3, 4, 2, 2, FC_LAYOUT_NK),
               FC_STATUS_INVALID_ARGUMENT, "rows = 4", "grouped GEMM offsets past the rows");
   check_fails(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w_nk, c, nullptr, 3, 4, 2, 2, FC_LAYOUT_NK),
-              FC_STATUS_INVALID_ARGUMENT, "offsets must hold groups + 1 = 4 values", "grouped GEMM, null offsets");
+              FC_STATUS_INVALID_ARGUMENT, "offsets must hold groups + 1 = 4 values",
+              "grouped GEMM, null offsets");
   check_fails(fc_grouped_gemm(FC_BACKEND_AUTO, FC_DTYPE_F32, a, w_nk, c, offsets, 3, 4, 2, 2, FC_LAYOUT_NK),
               FC_STATUS_INVALID_ARGUMENT, "not auto", "grouped GEMM on backend auto");
   check_fails(fc_grouped_gemm(FC_BACKEND_CUDA, FC_DTYPE_F32, a, w_nk, c, offsets, 3, 4, 2, 2, FC_LAYOUT_NK),
@@ -348,9 +350,9 @@ void exports() {
   check(lib != nullptr, std::string("dlopen libfusedcomm.so: ") + (lib ? "" : dlerror()));
   if (lib == nullptr) return;
   for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
-                          "fc_comm_describe_fused", "fc_pointer_info", "fc_grouped_gemm", "Java_io_fusedcomm_api_NativeOps_allReduce",
+                          "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
                           "Java_io_fusedcomm_api_NativeOps_pointerInfo",
-                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "JNI_OnLoad"}) {
+                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "fc_grouped_gemm", "JNI_OnLoad"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
   check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,

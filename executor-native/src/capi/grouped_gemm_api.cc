@@ -28,7 +28,8 @@ fc_status_t fc_grouped_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* 
         return;
       case Backend::kAuto: break;
     }
-    fail(ErrorKind::kInvalidArgument, std::string(kOp) + ": name the backend to run on (cuda or host), not auto");
+    fail(ErrorKind::kInvalidArgument,
+         std::string(kOp) + ": name the backend to run on (cuda or host), not auto");
   });
 }
 

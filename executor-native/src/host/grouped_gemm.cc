@@ -10,14 +10,15 @@ void require_group_offsets(const char* op, const int64_t* offsets, int64_t group
   detail::require_nonneg(rows, op, "rows");
   FC_REQUIRE(offsets != nullptr, std::string(op) + ": offsets must hold groups + 1 = " +
                                      std::to_string(groups + 1) + " values, got null");
-  FC_REQUIRE(offsets[0] >= 0 && offsets[0] <= rows,
-             std::string(op) + ": offsets[0] = " + std::to_string(offsets[0]) + " is outside [0, " +
-                 std::to_string(rows) + "]");
+  FC_REQUIRE(offsets[0] >= 0 && offsets[0] <= rows, std::string(op) +
+                                                        ": offsets[0] = " + std::to_string(offsets[0]) +
+                                                        " is outside [0, " + std::to_string(rows) + "]");
   for (int64_t g = 0; g < groups; ++g) {
     FC_REQUIRE(offsets[g + 1] >= offsets[g] && offsets[g + 1] <= rows,
-               std::string(op) + ": offsets[" + std::to_string(g + 1) + "] = " + std::to_string(offsets[g + 1]) +
-                   " must be in [offsets[" + std::to_string(g) + "] = " + std::to_string(offsets[g]) + ", rows = " +
-                   std::to_string(rows) + "] (offsets are non-decreasing row indices of a)");
+               std::string(op) + ": offsets[" + std::to_string(g + 1) +
+                   "] = " + std::to_string(offsets[g + 1]) + " must be in [offsets[" + std::to_string(g) +
+                   "] = " + std::to_string(offsets[g]) + ", rows = " + std::to_string(rows) +
+                   "] (offsets are non-decreasing row indices of a)");
   }
 }
 

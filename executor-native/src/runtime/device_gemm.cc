@@ -111,8 +111,8 @@ void device_grouped_gemm_bf16(const void* a, const void* w, void* c, const int64
   FC_REQUIRE(n >= 0 && k >= 0, std::string(kOp) + ": negative dimension in " + shape);
   host::require_group_offsets(kOp, offsets, groups, rows);
   FC_REQUIRE(groups <= kernels::kMoeMaxExperts, std::string(kOp) + " on the GPU takes at most " +
-                                                    std::to_string(kernels::kMoeMaxExperts) + " groups, got " +
-                                                    std::to_string(groups));
+                                                    std::to_string(kernels::kMoeMaxExperts) +
+                                                    " groups, got " + std::to_string(groups));
   if (groups == 0 || offsets[groups] == offsets[0] || n == 0) return;  // no row to write
   FC_REQUIRE(n % 8 == 0 && k % 8 == 0 && k > 0,
              std::string(kOp) + " on the GPU needs n and k to be positive multiples of 8, got " + shape);
@@ -124,7 +124,8 @@ void device_grouped_gemm_bf16(const void* a, const void* w, void* c, const int64
   }
   // One buffer: the launcher's workspace (256-byte aligned, as cudaMalloc returns), then the
   // offsets.
-  const size_t ws_bytes = (kernels::grouped_gemm_workspace_bytes(rows, static_cast<int>(groups)) + 255) & ~size_t{255};
+  const size_t ws_bytes =
+      (kernels::grouped_gemm_workspace_bytes(rows, static_cast<int>(groups)) + 255) & ~size_t{255};
   const size_t off_bytes = static_cast<size_t>(groups + 1) * sizeof(int64_t);
   void* buf = nullptr;
   cudaError_t e = cudaMalloc(&buf, ws_bytes + off_bytes);
