@@ -33,8 +33,9 @@
  * (MoeDispatch holds them as host tensors) for SiLU and SiLU', which go up again for the grouped
  * GEMM; the dW GEMMs take each expert's rows transposed and padded with zero rows to a multiple of
  * 8. On cuda the ops take bf16 only, and H and F must be positive multiples of 8 (E at most
- * 1024); other problems are refused before the job starts. Every rank's received rows must fit
- * its symmetric data area (H · 2 + 16 bytes a row, spark.fusedcomm.cuda.symmetricBytes).
+ * 1024, topk at most 64); other problems are refused before the job starts. Every rank's
+ * received rows must fit its symmetric data area (H · 2 + 16 bytes a row,
+ * spark.fusedcomm.cuda.symmetricBytes).
  *
  * Run (from the repository root; examples/run.sh builds what is missing and prints this line):
  *
@@ -213,7 +214,8 @@ public final class MoeLayerExample {
 
   /**
    * Refuses a problem that {@code backend} cannot run, naming the sizes: on cuda the MoE ops and
-   * the grouped GEMM take bf16 with H and F positive multiples of 8, and at most 1024 experts.
+   * the grouped GEMM take bf16 with H and F positive multiples of 8, at most 1024 experts and a
+   * top-k of at most 64.
    */
   static void requireSupported(Problem p, Backend backend) {
     if (backend != Backend.CUDA) {
@@ -223,9 +225,9 @@ public final class MoeLayerExample {
       throw new IllegalArgumentException(NAME + ": the cuda backend's MoE ops take bf16 only, got dtype="
           + p.dtype().label() + " (use bf16, or spark.fusedcomm.backend=host for f32)");
     }
-    if (p.h() % 8 != 0 || p.f() % 8 != 0 || p.experts() > 1024) {
-      throw new IllegalArgumentException(NAME + ": on the cuda backend H and F must be positive multiples of 8 and"
-          + " E at most 1024; " + p.describe() + " does not fit");
+    if (p.h() % 8 != 0 || p.f() % 8 != 0 || p.experts() > 1024 || p.topk() > 64) {
+      throw new IllegalArgumentException(NAME + ": on the cuda backend H and F must be positive multiples of 8,"
+          + " E at most 1024 and topk at most 64; " + p.describe() + " does not fit");
     }
   }
 

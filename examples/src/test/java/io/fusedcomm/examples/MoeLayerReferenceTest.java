@@ -140,6 +140,8 @@ class MoeLayerReferenceTest {
     assertThrows(IllegalArgumentException.class, () -> MoeLayerExample.requireSupported(f32, Backend.CUDA));
     Problem odd = new Problem(2, 60, 32, 36, 4, 2, DType.BF16, 1);
     assertThrows(IllegalArgumentException.class, () -> MoeLayerExample.requireSupported(odd, Backend.CUDA));
+    Problem wide = new Problem(2, 60, 32, 40, 100, 65, DType.BF16, 1);
+    assertThrows(IllegalArgumentException.class, () -> MoeLayerExample.requireSupported(wide, Backend.CUDA));
     MoeLayerExample.requireSupported(f32, Backend.HOST);
     MoeLayerExample.requireSupported(new Problem(2, 60, 32, 40, 4, 2, DType.BF16, 1), Backend.CUDA);
   }
