@@ -390,8 +390,11 @@ public final class MoeLayerExample {
     /** L2 ≥ max |SiLU''| (0.5, at 0). */
     static final double SILU_GRAD_LIPSCHITZ = 0.5;
 
-    /** Room for the second-order terms the bounds below leave out. */
-    static final double SLACK = 2.0;
+    /**
+     * Confidence factor of the probabilistic terms, as in example 02: a sum of independent
+     * zero-mean errors |e_i| ≤ b_i exceeds λ·√(Σ b_i²) with probability at most 2·exp(-λ²/2).
+     */
+    static final double LAMBDA = 7.0;
 
     final double[] y;
     final double[] yTolerance;
@@ -403,27 +406,29 @@ public final class MoeLayerExample {
     final double[] dw2Tolerance;
 
     /**
-     * Y, dX (M × H), dW1 and dW2 (E × F × H) and their bounds. The bounds follow each rounding
-     * of the distributed path through the layer, first order, in the worst case (every error at
-     * its bound and of one sign); u = the dtype's unit roundoff, v = 2^-24 (fp32), and an fp32
-     * sum of n terms is off by at most n·v·Σ|terms|. Per routed row (token t, slot k, expert e,
-     * weight w), with S(·) the same sum over absolute values:
+     * Y, dX (M × H), dW1 and dW2 (E × F × H) and their bounds. Rounding errors are modelled as
+     * independent, zero-mean and bounded (the probabilistic analysis example 02 uses: Higham and
+     * Mary, SIAM J. Sci. Comput. 41(5), 2019), first order; u = the dtype's unit roundoff, v =
+     * 2^-24 (fp32), S(·) the sum's terms in absolute value. Per routed row (token t, slot k,
+     * expert e, weight w):
      *
      * <pre>
-     *   H1_f = Σ_i x_i·W1_fi           δH1_f ≤ (u + H·v)·S(H1_f)
-     *   A_f  = SiLU(H1_f)              δA_f  ≤ L1·δH1_f + (u + v)·|A_f|
-     *   O_j  = Σ_f A_f·W2_fj           δO_j  ≤ Σ_f |W2_fj|·δA_f + (u + F·v)·S(O_j)
-     *   Y_j  = Σ_k w·O_j               δY_j  ≤ Σ_k w·δO_j + (u + k·v)·Σ_k w·|O_j|
-     *   G_f  = Σ_j dy_j·W2_fj          δG_f  ≤ (u + H·v)·S(G_f)
-     *   D_f  = G_f·SiLU'(H1_f)         δD_f  ≤ |SiLU'|·δG_f + L2·δH1_f·|G_f| + (u + v)·|D_f|
-     *   R_j  = Σ_f D_f·W1_fj           δR_j  ≤ Σ_f |W1_fj|·δD_f + (u + F·v)·S(R_j)
-     *   dX_j = Σ_k w·R_j               δdX_j ≤ Σ_k w·δR_j + (u + k·v)·Σ_k w·|R_j|
-     *   dW2_fj = Σ_rows (w·A_f)·dy_j   δ ≤ Σ_rows |dy_j|·(w·δA_f + (u + v)·w·|A_f|) + (u + n·v)·S
-     *   dW1_fj = Σ_rows (w·D_f)·x_j    δ ≤ Σ_rows |x_j|·(w·δD_f + (u + v)·w·|D_f|) + (u + n·v)·S
+     *   H1_f = Σ_i x_i·W1_fi          δH1_f ≤ u·|H1_f| + λ·√H·v·S(H1_f)       dispatch GEMM, stored
+     *   A_f  = SiLU(H1_f)             δA_f  ≤ L1·δH1_f + (u + v)·|A_f|         in fp32, then the dtype
+     *   O_j  = Σ_f A_f·W2_fj          δO_j  ≤ λ·√(Σ_f (W2_fj·δA_f)²)           groupedGemm
+     *                                         + λ·√F·v·S(O_j) + u·|O_j|
+     *   Y_j  = Σ_k w·O_j              δY_j  ≤ Σ_k w·δO_j + k·v·Σ_k w·|O_j| + u·|Y_j|   moeCombine
+     *   G_f  = Σ_j dy_j·W2_fj         δG_f  ≤ u·|G_f| + λ·√H·v·S(G_f)         the gradient's dispatch
+     *   D_f  = G_f·SiLU'(H1_f)        δD_f  ≤ |SiLU'|·δG_f + L2·δH1_f·|G_f| + (u + v)·|D_f|
+     *   R_j  = Σ_f D_f·W1_fj          δR_j  ≤ λ·√(Σ_f (W1_fj·δD_f)²) + λ·√F·v·S(R_j) + u·|R_j|
+     *   dX_j = Σ_k w·R_j              δdX_j ≤ Σ_k w·δR_j + k·v·Σ_k w·|R_j| + u·|dX_j|
+     *   dW2_fj = Σ_rows P_f·dy_j, P = w·A (stored): δP_f ≤ w·δA_f + (u + v)·|P_f|
+     *                                 δ ≤ λ·√(Σ_rows (dy_j·δP_f)²) + λ·√n·v·S + u·|dW2_fj|
+     *   dW1_fj = Σ_rows Q_f·x_j,  Q = w·D (stored): the same with δQ_f ≤ w·δD_f + (u + v)·|Q_f|
      * </pre>
      *
-     * Each bound is multiplied by {@link #SLACK}. No averaging: every element must be within its
-     * own bound.
+     * (n: the expert's rows.) The routing weights are the same fp32 numbers on both sides. No
+     * averaging: every element must be within its own bound.
      */
     Reference(Problem p) {
       int m = p.m();
@@ -437,24 +442,25 @@ public final class MoeLayerExample {
       Routing routing = route(x, m, p.router(), h, p.experts(), topk);
       double u = SeededValues.unitRoundoff(p.dtype());
       double v = 0x1p-24;
+      double lambda = LAMBDA;
       y = new double[m * h];
       yTolerance = new double[m * h];
       dx = new double[m * h];
       dxTolerance = new double[m * h];
-      dw1 = new double[p.experts() * f * h];
-      dw1Tolerance = new double[dw1.length];
-      dw2 = new double[p.experts() * f * h];
-      dw2Tolerance = new double[dw2.length];
+      int weights = p.experts() * f * h;
+      dw1 = new double[weights];
+      dw1Tolerance = new double[weights];  // Σ_rows (x_j·δQ_f)² until the end
+      dw2 = new double[weights];
+      dw2Tolerance = new double[weights];  // Σ_rows (dy_j·δP_f)² until the end
+      double[] dw1Abs = new double[weights];
+      double[] dw2Abs = new double[weights];
       long[] rowsOf = new long[p.experts()];
       for (int id : routing.ids()) {
         rowsOf[id]++;
       }
-      double[] h1 = new double[f];
       double[] h1Err = new double[f];
       double[] act = new double[f];
       double[] actErr = new double[f];
-      double[] gd = new double[f];
-      double[] gdErr = new double[f];
       double[] d = new double[f];
       double[] dErr = new double[f];
       double[] yAbs = new double[h];
@@ -479,66 +485,67 @@ public final class MoeLayerExample {
               g += a2;
               ga += Math.abs(a2);
             }
-            h1[c] = s;
-            h1Err[c] = (u + h * v) * sa;
+            h1Err[c] = u * Math.abs(s) + lambda * Math.sqrt(h) * v * sa;
             act[c] = silu(s);
             actErr[c] = SILU_LIPSCHITZ * h1Err[c] + (u + v) * Math.abs(act[c]);
-            gd[c] = g;
-            gdErr[c] = (u + h * v) * ga;
+            double gErr = u * Math.abs(g) + lambda * Math.sqrt(h) * v * ga;
             double sg = siluGrad(s);
             d[c] = g * sg;
-            dErr[c] = Math.abs(sg) * gdErr[c] + SILU_GRAD_LIPSCHITZ * h1Err[c] * Math.abs(g) + (u + v) * Math.abs(d[c]);
+            dErr[c] = Math.abs(sg) * gErr + SILU_GRAD_LIPSCHITZ * h1Err[c] * Math.abs(g) + (u + v) * Math.abs(d[c]);
           }
           for (int j = 0; j < h; j++) {
             double o = 0;
             double oa = 0;
-            double oProp = 0;
+            double oSq = 0;
             double r = 0;
             double ra = 0;
-            double rProp = 0;
+            double rSq = 0;
+            double dyj = dy[t * h + j];
+            double xj = x[t * h + j];
             for (int c = 0; c < f; c++) {
-              double w2v = w2[we + c * h + j];
-              double w1v = w1[we + c * h + j];
+              int at = we + c * h + j;
+              double w2v = w2[at];
+              double w1v = w1[at];
               o += act[c] * w2v;
               oa += Math.abs(act[c] * w2v);
-              oProp += Math.abs(w2v) * actErr[c];
+              oSq += (w2v * actErr[c]) * (w2v * actErr[c]);
               r += d[c] * w1v;
               ra += Math.abs(d[c] * w1v);
-              rProp += Math.abs(w1v) * dErr[c];
+              rSq += (w1v * dErr[c]) * (w1v * dErr[c]);
+              // The weight gradients of expert e: this row's term of element (c, j).
+              double pc = wt * act[c];
+              double pErr = wt * actErr[c] + (u + v) * Math.abs(pc);
+              dw2[at] += pc * dyj;
+              dw2Abs[at] += Math.abs(pc * dyj);
+              dw2Tolerance[at] += (dyj * pErr) * (dyj * pErr);
+              double qc = wt * d[c];
+              double qErr = wt * dErr[c] + (u + v) * Math.abs(qc);
+              dw1[at] += qc * xj;
+              dw1Abs[at] += Math.abs(qc * xj);
+              dw1Tolerance[at] += (xj * qErr) * (xj * qErr);
             }
-            double oErr = oProp + (u + f * v) * oa;
-            double rErr = rProp + (u + f * v) * ra;
+            double oErr = lambda * Math.sqrt(oSq) + lambda * Math.sqrt(f) * v * oa + u * Math.abs(o);
+            double rErr = lambda * Math.sqrt(rSq) + lambda * Math.sqrt(f) * v * ra + u * Math.abs(r);
             y[t * h + j] += wt * o;
             yTolerance[t * h + j] += wt * oErr;
             yAbs[j] += wt * Math.abs(o);
             dx[t * h + j] += wt * r;
             dxTolerance[t * h + j] += wt * rErr;
             dxAbs[j] += wt * Math.abs(r);
-            // The weight gradients of expert e: this row's contribution to column j.
-            double dyj = dy[t * h + j];
-            double xj = x[t * h + j];
-            double n = rowsOf[e];
-            for (int c = 0; c < f; c++) {
-              int at = we + c * h + j;
-              double wa = wt * act[c];
-              dw2[at] += wa * dyj;
-              dw2Tolerance[at] += Math.abs(dyj) * (wt * actErr[c] + (u + v) * Math.abs(wa))
-                  + (u + n * v) * Math.abs(wa * dyj);
-              double wd = wt * d[c];
-              dw1[at] += wd * xj;
-              dw1Tolerance[at] += Math.abs(xj) * (wt * dErr[c] + (u + v) * Math.abs(wd))
-                  + (u + n * v) * Math.abs(wd * xj);
-            }
           }
         }
         for (int j = 0; j < h; j++) {
-          yTolerance[t * h + j] = SLACK * (yTolerance[t * h + j] + (u + topk * v) * yAbs[j]);
-          dxTolerance[t * h + j] = SLACK * (dxTolerance[t * h + j] + (u + topk * v) * dxAbs[j]);
+          int at = t * h + j;
+          yTolerance[at] += topk * v * yAbs[j] + u * Math.abs(y[at]);
+          dxTolerance[at] += topk * v * dxAbs[j] + u * Math.abs(dx[at]);
         }
       }
-      for (int i = 0; i < dw1.length; i++) {
-        dw1Tolerance[i] *= SLACK;
-        dw2Tolerance[i] *= SLACK;
+      for (int e = 0; e < p.experts(); e++) {
+        double accumulation = lambda * Math.sqrt(Math.max(rowsOf[e], 1)) * v;
+        for (int i = e * f * h; i < (e + 1) * f * h; i++) {
+          dw1Tolerance[i] = lambda * Math.sqrt(dw1Tolerance[i]) + accumulation * dw1Abs[i] + u * Math.abs(dw1[i]);
+          dw2Tolerance[i] = lambda * Math.sqrt(dw2Tolerance[i]) + accumulation * dw2Abs[i] + u * Math.abs(dw2[i]);
+        }
       }
     }
   }
