@@ -63,7 +63,6 @@
 package io.fusedcomm.examples;
 
 import io.fusedcomm.api.Backend;
-import io.fusedcomm.api.Bf16;
 import io.fusedcomm.api.CommOptions;
 import io.fusedcomm.api.Communicator;
 import io.fusedcomm.api.DType;
@@ -665,11 +664,6 @@ public final class MoeLayerExample {
     Tensors(Backend backend, DType dtype) {
       this.device = backend == Backend.CUDA;
       this.dtype = dtype;
-    }
-
-    /** {@code v} rounded to the dtype, as a tensor of it holds it. */
-    float round(float v) {
-      return dtype == DType.BF16 ? Bf16.round(v) : v;
     }
 
     /** A tensor of the dtype holding {@code values} rounded to it. */
