@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one of fusedcomm's numbered examples with spark-submit and prints the exact command.
 #
-#   examples/run.sh <01_collectives|02_tensor_parallel_mlp|04_context_parallel_attention> [example args...]
+#   examples/run.sh <01_collectives|02_tensor_parallel_mlp|03_moe_layer|04_context_parallel_attention> [example args...]
 #
 # Builds what is missing first (the plugin jar, the examples jar, the Spark classpath file) in one
 # Maven run, never anything that exists. Then:
@@ -27,11 +27,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 usage() {
-  echo "usage: examples/run.sh <01_collectives|02_tensor_parallel_mlp|04_context_parallel_attention> [args...]" >&2
+  echo "usage: examples/run.sh <01_collectives|02_tensor_parallel_mlp|03_moe_layer|04_context_parallel_attention> [args...]" >&2
   echo "  01_collectives [world=2] [seed]" >&2
   echo "  02_tensor_parallel_mlp [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32] [seed|fresh] [mode=train|infer]" >&2
   echo "    with FUSEDCOMM_BACKEND=cuda: dtype bf16, and H and every rank's share of F" >&2
   echo "    (Split.count(F, world, r)) positive multiples of 8, e.g. F divisible by 8*world" >&2
+  echo "  03_moe_layer [world=2] [M=120] [H=64] [F=96] [E=6] [topk=2] [dtype=bf16|f32] [seed|fresh]" >&2
+  echo "    with FUSEDCOMM_BACKEND=cuda: dtype bf16, H and F positive multiples of 8, E <= 1024" >&2
   echo "  04_context_parallel_attention [world=2] [S=1027] [Hq=8] [Hkv=2] [D=64] [dtype=bf16|f32] [seed|fresh] [layout=zigzag|contiguous]" >&2
   echo "    with FUSEDCOMM_BACKEND=cuda: dtype bf16, D 64 or 128" >&2
 }
@@ -43,6 +45,7 @@ fi
 case "$1" in
   01_collectives) MAIN=io.fusedcomm.examples.CollectivesExample ;;
   02_tensor_parallel_mlp) MAIN=io.fusedcomm.examples.TensorParallelMlpExample ;;
+  03_moe_layer) MAIN=io.fusedcomm.examples.MoeLayerExample ;;
   04_context_parallel_attention) MAIN=io.fusedcomm.examples.ContextParallelAttentionExample ;;
   -h | --help) usage; exit 0 ;;
   *) echo "unknown example '$1'" >&2; usage; exit 2 ;;

@@ -480,6 +480,54 @@ void device_memory() {
 
 // libfusedcomm.so exports the C API and the JNI, and keeps the C++ runtime to itself. Builds
 // without the JNI library (FUSEDCOMM_JNI=OFF) have nothing to open.
+// fc_grouped_gemm on the host backend: groups of 2, 0 and 1 rows (the empty one in the middle),
+// a row outside every group left as it was, both weight layouts giving the same product, bf16
+// rounding once, and the refusals (offsets out of order or past the rows, null offsets, backend
+// auto, f32 on cuda).
+void grouped_gemm() {
+  // a: 4 x 2; groups' weights (NK, each 2 x 2): g0 = [[1, 0], [0, 1]], g1 unused, g2 = [[1, 1], [2, -1]].
+  const float a[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const float w_nk[] = {1, 0, 0, 1, 9, 9, 9, 9, 1, 1, 2, -1};
+  const float w_kn[] = {1, 0, 0, 1, 9, 9, 9, 9, 1, 2, 1, -1};  // each group's transpose
+  const int64_t offsets[] = {0, 2, 2, 3};
+  for (fc_weight_layout_t layout : {FC_LAYOUT_NK, FC_LAYOUT_KN}) {
+    float c[8];
+    for (float& v : c) v = -100;
+    const bool ok = fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, layout == FC_LAYOUT_NK ? w_nk : w_kn, c,
+                                    offsets, 3, 4, 2, 2, layout) == FC_STATUS_SUCCESS;
+    const float want[] = {1, 2, 3, 4, 11, 4, -100, -100};
+    check(ok && std::memcmp(c, want, sizeof want) == 0, std::string("host grouped GEMM, ") +
+                                                            (layout == FC_LAYOUT_NK ? "NK" : "KN") + ": " +
+                                                            fc_last_error_message());
+  }
+  // bf16: 1 + 2^-8 + 2^-8 accumulated in fp32, rounded once to 1 + 2^-7 (twice would give 1).
+  const uint16_t one = 0x3F80, eps = 0x3B80;  // 1.0, 2^-8
+  const uint16_t ab[] = {one, eps, eps}, wb[] = {one, one, one};
+  uint16_t cb = 0;
+  const int64_t off1[] = {0, 1};
+  check(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_BF16, ab, wb, &cb, off1, 1, 1, 1, 3, FC_LAYOUT_NK) ==
+                FC_STATUS_SUCCESS &&
+            cb == 0x3F81,
+        "host grouped GEMM, bf16 rounded once");
+  float c[8] = {};
+  const int64_t backwards[] = {0, 3, 2, 4};
+  check_fails(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w_nk, c, backwards, 3, 4, 2, 2, FC_LAYOUT_NK),
+              FC_STATUS_INVALID_ARGUMENT, "groupedGemm: offsets[2] = 2 must be in [offsets[1] = 3",
+              "grouped GEMM offsets out of order");
+  const int64_t past[] = {0, 2, 2, 5};
+  check_fails(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w_nk, c, past, 3, 4, 2, 2, FC_LAYOUT_NK),
+              FC_STATUS_INVALID_ARGUMENT, "rows = 4", "grouped GEMM offsets past the rows");
+  check_fails(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w_nk, c, nullptr, 3, 4, 2, 2, FC_LAYOUT_NK),
+              FC_STATUS_INVALID_ARGUMENT, "offsets must hold groups + 1 = 4 values",
+              "grouped GEMM, null offsets");
+  check_fails(fc_grouped_gemm(FC_BACKEND_AUTO, FC_DTYPE_F32, a, w_nk, c, offsets, 3, 4, 2, 2, FC_LAYOUT_NK),
+              FC_STATUS_INVALID_ARGUMENT, "not auto", "grouped GEMM on backend auto");
+  check_fails(fc_grouped_gemm(FC_BACKEND_CUDA, FC_DTYPE_F32, a, w_nk, c, offsets, 3, 4, 2, 2, FC_LAYOUT_NK),
+              FC_STATUS_INVALID_ARGUMENT, "takes bf16", "grouped GEMM on cuda in f32");
+  check_fails(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, a, w_nk, c, offsets, -1, 4, 2, 2, FC_LAYOUT_NK),
+              FC_STATUS_INVALID_ARGUMENT, "groups = -1", "grouped GEMM with negative groups");
+}
+
 void exports() {
 #ifndef FC_LIBFUSEDCOMM
   std::printf("exports: skipped, libfusedcomm.so is not built (FUSEDCOMM_JNI=OFF)\n");
@@ -490,7 +538,7 @@ void exports() {
   for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
                           "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
                           "Java_io_fusedcomm_api_NativeOps_pointerInfo",
-                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "JNI_OnLoad"}) {
+                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "fc_grouped_gemm", "JNI_OnLoad"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
   check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,
@@ -571,6 +619,7 @@ int main() {
   single_rank_gemm_and_memory();
   single_rank_attention();
   for (int w = 1; w <= 4; ++w) ring_attention_ranks(w);
+  grouped_gemm();
   transport_choice();
   device_memory();
   fc_runtime_config_t c;

@@ -342,6 +342,18 @@ FC_API fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_d
                                   fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width,
                                   void* out);
 FC_API fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch); /* NULL is a no-op */
+/* A single-rank grouped GEMM over contiguous row segments, synchronous (docs/ops.md
+ * "groupedGemm"): group g owns rows [offsets[g], offsets[g+1]) of a (rows × k) and of c (rows ×
+ * n), and those rows of c = the same rows of a · op(w_g); w holds the groups' weights one after
+ * the other: groups × n × k (FC_LAYOUT_NK) or groups × k × n (FC_LAYOUT_KN). offsets: groups + 1
+ * int64 values in host memory, 0 <= offsets[0] <= ... <= offsets[groups] <= rows (a group may be
+ * empty: a dispatch's expert_offsets fit as they are); rows outside every group are not written.
+ * FC_BACKEND_HOST: host memory, f32 or bf16. FC_BACKEND_CUDA: device memory of the calling
+ * thread's current GPU, bf16, n and k positive multiples of 8, 16-byte aligned pointers, at most
+ * 1024 groups; with FC_LAYOUT_KN and k not a multiple of 64 the weights must be finite. */
+FC_API fc_status_t fc_grouped_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w, void* c,
+                                   const int64_t* offsets, int64_t groups, int64_t rows, int64_t n, int64_t k,
+                                   fc_weight_layout_t layout);
 
 /* ---- ring attention ------------------------------------------------------------------------- */
 /* Which positions of the sequence a rank holds (docs/ops.md "ringAttention"). */

@@ -285,6 +285,24 @@ FC_NATIVE(void, moeRowMeta)
   FC_JNI_END()
 }
 
+// The single-rank grouped GEMM: backend cuda (bf16, device pointers of the calling thread's
+// current GPU) or host; offsets: groups + 1 row offsets, copied from the Java array.
+FC_NATIVE(void, groupedGemm)
+(JNIEnv* env, jclass, jint backend, jint t, jlong a, jlong w, jlong c, jlongArray offsets, jlong groups,
+ jlong rows, jlong n, jlong k, jint l) {
+  FC_JNI_BEGIN
+  if (offsets == nullptr) fusedcomm::jni::invalid("groupedGemm: null offsets");
+  const jsize len = env->GetArrayLength(offsets);
+  if (groups < 0 || len != groups + 1)
+    fusedcomm::jni::invalid("groupedGemm: offsets must hold groups + 1 values");
+  std::vector<int64_t> off(static_cast<size_t>(len));
+  env->GetLongArrayRegion(offsets, 0, len, reinterpret_cast<jlong*>(off.data()));
+  fusedcomm::jni::check_pending(env, "GetLongArrayRegion");
+  check(fc_grouped_gemm(static_cast<fc_backend_t>(backend), dtype(t), as<const void*>(a), as<const void*>(w),
+                        as<void*>(c), off.data(), groups, rows, n, k, static_cast<fc_weight_layout_t>(l)));
+  FC_JNI_END()
+}
+
 FC_NATIVE(void, moeCombine)
 (JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong h, jlong expert_out, jlong width,
  jlong out) {

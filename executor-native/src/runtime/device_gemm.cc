@@ -7,8 +7,10 @@
 #include <mutex>
 #include <string>
 
+#include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/runtime/errors.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/moe/moe.h"
 
 namespace fusedcomm {
 
@@ -115,6 +117,62 @@ void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t 
   if (e != cudaSuccess) {
     fail(ErrorKind::kFatalGpu,
          "gemm " + shape + " failed on the GPU: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  }
+}
+
+void device_grouped_gemm_bf16(const void* a, const void* w, void* c, const int64_t* offsets, int64_t groups,
+                              int64_t rows, int64_t n, int64_t k, WeightLayout layout) {
+  constexpr const char* kOp = "groupedGemm";
+  const std::string shape = std::to_string(groups) + " groups, rows x n x k = " + std::to_string(rows) + "x" +
+                            std::to_string(n) + "x" + std::to_string(k);
+  FC_REQUIRE(n >= 0 && k >= 0, std::string(kOp) + ": negative dimension in " + shape);
+  host::require_group_offsets(kOp, offsets, groups, rows);
+  FC_REQUIRE(groups <= kernels::kMoeMaxExperts, std::string(kOp) + " on the GPU takes at most " +
+                                                    std::to_string(kernels::kMoeMaxExperts) +
+                                                    " groups, got " + std::to_string(groups));
+  if (groups == 0 || offsets[groups] == offsets[0] || n == 0) return;  // no row to write
+  FC_REQUIRE(n % 8 == 0 && k % 8 == 0 && k > 0,
+             std::string(kOp) + " on the GPU needs n and k to be positive multiples of 8, got " + shape);
+  FC_REQUIRE(rows < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31),
+             std::string(kOp) + ": dimension too large in " + shape);
+  for (const void* p : {a, w, static_cast<const void*>(c)}) {
+    FC_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+               std::string(kOp) + ": device pointers must be 16-byte aligned");
+  }
+  // One buffer: the launcher's workspace (256-byte aligned, as cudaMalloc returns), then the
+  // offsets.
+  const size_t ws_bytes =
+      (kernels::grouped_gemm_workspace_bytes(rows, static_cast<int>(groups)) + 255) & ~size_t{255};
+  const size_t off_bytes = static_cast<size_t>(groups + 1) * sizeof(int64_t);
+  void* buf = nullptr;
+  cudaError_t e = cudaMalloc(&buf, ws_bytes + off_bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail(ErrorKind::kState, std::string(kOp) + ": cudaMalloc of " + std::to_string(ws_bytes + off_bytes) +
+                                " bytes of workspace failed: " + cudaGetErrorString(e));
+  }
+  auto* dev_offsets = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(buf) + ws_bytes);
+  e = cudaMemcpy(dev_offsets, offsets, off_bytes, cudaMemcpyHostToDevice);
+  kernels::GroupedGemmArgs g;
+  g.A = static_cast<const __nv_bfloat16*>(a);
+  g.rows_capacity = rows;
+  g.offsets = dev_offsets;
+  g.groups = static_cast<int>(groups);
+  g.B = static_cast<const __nv_bfloat16*>(w);
+  g.b_layout = layout == WeightLayout::kNK ? kernels::GemmLayoutB::kNK : kernels::GemmLayoutB::kKN;
+  g.N = static_cast<int>(n);
+  g.K = static_cast<int>(k);
+  g.C = static_cast<__nv_bfloat16*>(c);
+  g.workspace = buf;
+  g.workspace_bytes = ws_bytes;
+  if (e == cudaSuccess) e = kernels::launch_grouped_gemm(g, nullptr);
+  const bool rejected = e == cudaErrorInvalidValue;
+  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
+  cudaFree(buf);
+  if (rejected) fail(ErrorKind::kInvalidArgument, std::string(kOp) + ": the GEMM engine rejected " + shape);
+  if (e != cudaSuccess) {
+    fail(ErrorKind::kFatalGpu, std::string(kOp) + " " + shape + " failed on the GPU: " + cudaGetErrorName(e) +
+                                   ": " + cudaGetErrorString(e));
   }
 }
 

@@ -100,6 +100,18 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
 void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out, int64_t width,
                  void* out);
 
+// ---- grouped GEMM (local, no communication) ------------------------------------------------
+// Group g owns rows [offsets[g], offsets[g+1]) of a (rows × k) and of c (rows × n): those rows
+// of c = the same rows of a · op(w_g), with w holding the groups' weights one after the other,
+// groups × n × k (kNK) or groups × k × n (kKN); fp32 accumulation, one rounding. offsets: groups
+// + 1 values in host memory with 0 <= offsets[0] <= … <= offsets[groups] <= rows (a group may be
+// empty); rows outside every group are not written.
+void grouped_gemm(DType t, const void* a, const void* w, void* c, const int64_t* offsets, int64_t groups,
+                  int64_t rows, int64_t n, int64_t k, WeightLayout layout);
+// The rule for `offsets` above (and groups >= 0, rows >= 0); Error(kInvalidArgument) naming
+// `op` and the first offset that breaks it. Both backends' grouped GEMMs check with it.
+void require_group_offsets(const char* op, const int64_t* offsets, int64_t groups, int64_t rows);
+
 // ---- attention ----------------------------------------------------------------------------
 // Softmax attention forward (docs/ops.md "attention", "ringAttention"): query head h reads K/V
 // head h / (Hq / Hkv); scores scale · q·k (scale 0: 1 / sqrt(head_dim)); an online softmax (a

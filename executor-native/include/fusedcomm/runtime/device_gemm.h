@@ -33,4 +33,16 @@ kernels::GemmWorkspace make_gemm_workspace(cudaStream_t s);
 void device_gemm_bf16(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k,
                       WeightLayout layout);
 
+// The grouped GEMM on the current device (kernels/moe/moe.h, launch_grouped_gemm): group g owns
+// rows [offsets[g], offsets[g+1]) of a (rows × k) and c (rows × n), and those rows of c = the
+// same rows of a · op(w_g); w: groups × n × k (kNK) or groups × k × n (kKN); bf16, fp32
+// accumulation, each element rounded once; rows outside every group are not written. offsets:
+// groups + 1 values in host memory, checked as host::require_group_offsets says; groups <=
+// kernels::kMoeMaxExperts. Device pointers, 16-byte aligned; n and k positive multiples of 8.
+// kKN with k not a multiple of 64: the last k slice of group g also reads the first rows of
+// group g + 1's weight, multiplied by zeros (so the weights must be finite). Synchronous, like
+// device_gemm_bf16; the offsets and the block table travel in a device buffer of its own.
+void device_grouped_gemm_bf16(const void* a, const void* w, void* c, const int64_t* offsets, int64_t groups,
+                              int64_t rows, int64_t n, int64_t k, WeightLayout layout);
+
 }  // namespace fusedcomm

@@ -94,6 +94,31 @@ class ExamplesIT {
   }
 
   @Test
+  void moeLayer() throws Exception {
+    String out = run("03_moe_layer");
+    assertTrue(Pattern.compile("(?m)^03_moe_layer: check passed for forward\\+backward \\(world=2, M=120, H=64,"
+        + " F=96, E=6, topk=2, dtype=bf16, backend=host, max_abs_err Y=\\S+, dX=\\S+, dW1=\\S+, dW2=\\S+\\)$")
+        .matcher(out).find(), "no success line");
+    // Every element of the four outputs was checked: Y and dX (M × H), dW1 and dW2 (E × F × H).
+    for (String tensor : List.of("Y", "dX")) {
+      assertTrue(Pattern.compile("(?m)^" + tensor + ": max \\|error\\| .* 0 of 7680 elements out of bounds$")
+          .matcher(out).find(), "not every element of " + tensor + " was checked");
+    }
+    for (String tensor : List.of("dW1", "dW2")) {
+      assertTrue(Pattern.compile("(?m)^" + tensor + ": max \\|error\\| .* 0 of 36864 elements out of bounds$")
+          .matcher(out).find(), "not every element of " + tensor + " was checked");
+    }
+  }
+
+  @Test
+  void moeLayerF32OnThreeRanksWithTopThree() throws Exception {
+    // Uneven splits of the tokens (50 = 17+17+16) and the experts (4 = 2+1+1), three slots.
+    String out = run("03_moe_layer", "3", "50", "32", "40", "4", "3", "f32");
+    assertTrue(out.contains("03_moe_layer: check passed for forward+backward (world=3, M=50, H=32, F=40, E=4, topk=3,"
+        + " dtype=f32, backend=host"), "no success line");
+  }
+
+  @Test
   void contextParallelAttentionOnThreeRanks() throws Exception {
     // S = 1027 over 6 zigzag chunks (172, 171 × 5), causal, GQA 4:1; every element of O and LSE
     // of every rank checked against the local op over the whole sequence.

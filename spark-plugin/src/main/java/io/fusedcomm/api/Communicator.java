@@ -663,6 +663,63 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
+  /**
+   * A single-rank grouped GEMM over contiguous row segments, as a MoE layer's experts run it:
+   * group {@code g} owns rows {@code [offsets[g], offsets[g + 1])} of {@code a: rows × K} and of
+   * {@code c: rows × N}, and those rows of {@code c} are the same rows of {@code a} times {@code
+   * op(w_g)}: {@code w: G × N × K} ({@link WeightLayout#NK}, {@code C = A · w_gᵀ}) or {@code G × K
+   * × N} ({@link WeightLayout#KN}, {@code C = A · w_g}), {@code G = offsets.length - 1}. Groups
+   * may be empty; offsets are non-decreasing within {@code [0, rows]}, and rows outside every
+   * group are not written. A dispatch's expert segments fit as they are: {@link
+   * MoeDispatch#expertOffsets()}. On the GPU (the Hopper engine over a table of 128-row blocks of
+   * the segments; bf16, N and K positive multiples of 8, at most 1024 groups) when all three are
+   * {@link DeviceTensor}s on the calling thread's current device, on the host (reference, f32 or
+   * bf16) when all three are {@link HostTensor}s. fp32 accumulation, one rounding. Synchronous.
+   */
+  public static void groupedGemm(Tensor a, Tensor w, Tensor c, long[] offsets, WeightLayout layout) {
+    if (a == null) {
+      throw new IllegalArgumentException("groupedGemm: a must not be null");
+    }
+    boolean device = a.isDevice();
+    OpCheck k = new OpCheck("groupedGemm", device ? Backend.CUDA : Backend.HOST, -1).floating("a", a)
+        .same("w", w, a).same("c", c, a);
+    k.rank2("a", a).rank3("w", w).rank2("c", c).layout(layout);
+    long rows = a.dim(0);
+    k.dim("c", c, 0, rows);
+    if (offsets == null || offsets.length < 1) {
+      throw new IllegalArgumentException("groupedGemm: offsets must hold groups + 1 row offsets, got "
+          + (offsets == null ? "null" : "none"));
+    }
+    long[] off = offsets.clone();  // what is checked is what runs
+    long groups = off.length - 1;
+    long n = c.dim(1);
+    long kk = a.dim(1);
+    long wRows = layout == WeightLayout.NK ? n : kk;
+    long wCols = layout == WeightLayout.NK ? kk : n;
+    if (w.dim(0) != groups || w.dim(1) != wRows || w.dim(2) != wCols) {
+      throw new IllegalArgumentException("groupedGemm: w " + w.shapeString() + " must be [" + groups + ", " + wRows
+          + ", " + wCols + "] for " + groups + " groups and layout " + layout);
+    }
+    long previous = 0;
+    for (int g = 0; g <= groups; g++) {
+      long o = off[g];
+      if (o < previous || o > rows) {
+        throw new IllegalArgumentException("groupedGemm: offsets[" + g + "] = " + o + " must be in ["
+            + (g == 0 ? "0" : "offsets[" + (g - 1) + "] = " + previous) + ", rows = " + rows
+            + "] (offsets are non-decreasing row indices of a)");
+      }
+      previous = o;
+    }
+    if (device && a.dtype() != DType.BF16) {
+      throw new IllegalArgumentException("groupedGemm: the GPU grouped GEMM takes bf16 tensors, got "
+          + a.dtype().label());
+    }
+    try (OpCall call = new OpCall(null, "groupedGemm", false)) {
+      NativeOps.groupedGemm((device ? Backend.CUDA : Backend.HOST).code(), a.dtype().code(), call.address(a),
+          call.address(w), call.address(c), off, groups, rows, n, kk, layout.code());
+    }
+  }
+
   // ---- attention ---------------------------------------------------------------------------
 
   /**

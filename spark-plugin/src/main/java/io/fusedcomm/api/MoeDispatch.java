@@ -64,6 +64,14 @@ public final class MoeDispatch implements AutoCloseable {
     return expertOffsets[e];
   }
 
+  /**
+   * The {@code localExperts() + 1} row offsets of the local experts' segments (a copy): the
+   * {@code offsets} of {@link Communicator#groupedGemm} over this dispatch's rows.
+   */
+  public long[] expertOffsets() {
+    return expertOffsets.clone();
+  }
+
   /** This rank's token count (the combine's output rows). */
   public long tokens() {
     return tokens;

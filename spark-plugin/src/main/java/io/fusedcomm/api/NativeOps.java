@@ -166,6 +166,14 @@ final class NativeOps {
 
   static native void moeFree(long dispatch);
 
+  /**
+   * Single-rank grouped GEMM, synchronous: {@code backend} cuda (bf16, device pointers of the
+   * calling thread's current GPU) or host (host memory); {@code offsets}: groups + 1 row offsets.
+   */
+  static native void groupedGemm(
+      int backend, int dtype, long a, long w, long c, long[] offsets, long groups, long rows, long n,
+      long k, int layout);
+
   /** {@code layout}: a {@link SequenceLayout} code. */
   static native void ringAttention(
       long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,

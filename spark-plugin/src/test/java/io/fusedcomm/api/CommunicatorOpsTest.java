@@ -351,6 +351,42 @@ class CommunicatorOpsTest {
     }
   }
 
+  /**
+   * The static grouped GEMM on the host backend: groups of 3, 0, 5, 1 and 0 rows over rows 1..9
+   * of 11 (rows 0 and 10 in no group), both weight layouts; each group's rows against its own
+   * fp64 GEMM, the rows outside every group still holding their poison.
+   */
+  @ParameterizedTest(name = "{0}")
+  @MethodSource("types")
+  void staticGroupedGemm(DType t) {
+    int rows = 11;
+    int n = 6;
+    int k = 13;
+    long[] offsets = {1, 4, 4, 9, 10, 10};
+    int groups = offsets.length - 1;
+    for (WeightLayout layout : WeightLayout.values()) {
+      float[] a = Data.uniform(SEED + 72, rows * k, t);
+      float[] w = Data.uniform(SEED + 73, groups * n * k, t);
+      try (TensorScope s = new TensorScope()) {
+        HostTensor c = s.poisoned(t, rows, n);
+        long[] shape = Reference.weightShape(layout, n, k);
+        Communicator.groupedGemm(s.of(a, t, rows, k), s.of(w, t, groups, shape[0], shape[1]), c, offsets, layout);
+        float[] got = c.toFloatArray();
+        for (int g = 0; g < groups; g++) {
+          int from = (int) offsets[g];
+          int len = (int) (offsets[g + 1] - from);
+          Check.close(ctx("groupedGemm", 1, t, layout, "group " + g), Reference.gemm(Data.rows(a, k, from, len),
+              Data.slice(w, (long) g * n * k, (long) n * k), len, n, k, layout), Data.rows(got, n, from, len), t);
+        }
+        for (int row : new int[] {0, rows - 1}) {
+          for (int j = 0; j < n; j++) {
+            assertEquals(true, Float.isNaN(got[row * n + j]), "row " + row + " is in no group: not written");
+          }
+        }
+      }
+    }
+  }
+
   static Stream<DType> types() {
     return Stream.of(DType.F32, DType.BF16);
   }

@@ -185,6 +185,64 @@ class CommunicatorValidationTest {
   }
 
   /**
+   * The static grouped GEMM checks its arguments before the native layer, with messages naming
+   * the argument and what was expected, and writes nothing when it refuses.
+   */
+  @Test
+  void groupedGemmArgumentsAreCheckedFirst() {
+    DType t = DType.F32;
+    try (TensorScope s = new TensorScope()) {
+      HostTensor a = s.of(Data.uniform(1, 6 * 4, t), t, 6, 4);
+      HostTensor w = s.of(Data.uniform(2, 3 * 5 * 4, t), t, 3, 5, 4);  // 3 groups, NK: 5 x 4
+      HostTensor w2d = s.of(Data.uniform(3, 5 * 4, t), t, 5, 4);
+      HostTensor c = s.poisoned(t, 6, 5);
+      HostTensor cShort = s.poisoned(t, 5, 5);
+      HostTensor bf16 = s.poisoned(DType.BF16, 6, 5);
+      DeviceTensor device = new DeviceTensor(0x1000, 0, t, new long[] {3, 5, 4}, false, null);  // never touched
+      long[] ok = {0, 2, 2, 6};
+      Class<IllegalArgumentException> iae = IllegalArgumentException.class;
+      List<BadCall> calls = List.of(
+          new BadCall("null a", iae, "groupedGemm: a must not be null",
+              () -> Communicator.groupedGemm(null, w, c, ok, WeightLayout.NK)),
+          new BadCall("null offsets", iae, "offsets must hold groups + 1 row offsets, got null",
+              () -> Communicator.groupedGemm(a, w, c, null, WeightLayout.NK)),
+          new BadCall("empty offsets", iae, "offsets must hold groups + 1 row offsets, got none",
+              () -> Communicator.groupedGemm(a, w, c, new long[0], WeightLayout.NK)),
+          new BadCall("2-D weight", iae, "w must have 3 dimensions",
+              () -> Communicator.groupedGemm(a, w2d, c, ok, WeightLayout.NK)),
+          new BadCall("weight of the other layout", iae, "w [3, 5, 4] must be [3, 4, 5] for 3 groups and layout KN",
+              () -> Communicator.groupedGemm(a, w, c, ok, WeightLayout.KN)),
+          new BadCall("groups and weights disagree", iae, "must be [2, 5, 4] for 2 groups",
+              () -> Communicator.groupedGemm(a, w, c, new long[] {0, 3, 6}, WeightLayout.NK)),
+          new BadCall("offsets out of order", iae, "offsets[2] = 1 must be in [offsets[1] = 3, rows = 6]",
+              () -> Communicator.groupedGemm(a, w, c, new long[] {0, 3, 1, 6}, WeightLayout.NK)),
+          new BadCall("offsets past the rows", iae, "offsets[3] = 7 must be in [offsets[2] = 2, rows = 6]",
+              () -> Communicator.groupedGemm(a, w, c, new long[] {0, 2, 2, 7}, WeightLayout.NK)),
+          new BadCall("negative first offset", iae, "offsets[0] = -1 must be in [0, rows = 6]",
+              () -> Communicator.groupedGemm(a, w, c, new long[] {-1, 2, 2, 6}, WeightLayout.NK)),
+          new BadCall("c of other rows", iae, "c [5, 5] has dimension 0 = 5, expected 6",
+              () -> Communicator.groupedGemm(a, w, cShort, ok, WeightLayout.NK)),
+          new BadCall("dtype mismatch", iae, "c is bf16 but must match f32",
+              () -> Communicator.groupedGemm(a, w, bf16, ok, WeightLayout.NK)),
+          new BadCall("device weight with host a", iae, "w is a DeviceTensor",
+              () -> Communicator.groupedGemm(a, device, c, ok, WeightLayout.NK)),
+          new BadCall("null layout", iae, "layout must not be null",
+              () -> Communicator.groupedGemm(a, w, c, ok, null)));
+      for (BadCall call : calls) {
+        RuntimeException e = assertThrows(RuntimeException.class, call.call()::run, call.name());
+        assertInstanceOf(call.expected(), e, call.name() + ": " + e);
+        assertTrue(e.getMessage().contains(call.messagePart()), call.name() + ": '" + e.getMessage() + "' lacks '"
+            + call.messagePart() + "'");
+        for (HostTensor p : new HostTensor[] {c, cShort, bf16}) {
+          for (float f : p.toFloatArray()) {
+            assertTrue(Float.isNaN(f), call.name() + " wrote into " + p + " before failing");
+          }
+        }
+      }
+    }
+  }
+
+  /**
    * describeFusedOp on the host backend: each op's one path, with the sizes named as the op takes
    * them and the rank; bad arguments refused before the native layer; nothing exchanged (ranks
    * ask different questions and the communicator stays usable).
