@@ -94,20 +94,21 @@ void require_ring_attention_shape(const RingAttentionShape& s) {
              "ringAttention: scale must be finite and >= 0 (0: 1/sqrt(D))");
 }
 
+int64_t ring_block_rows(const RingAttentionShape& s, int world, int p) {
+  int64_t n = 0;
+  for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) n += c.rows;
+  return n;
+}
+
 int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world) {
   int64_t rows = 0;
-  for (int p = 0; p < world; ++p) {
-    int64_t n = 0;
-    for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) n += c.rows;
-    rows = std::max(rows, n);
-  }
+  for (int p = 0; p < world; ++p) rows = std::max(rows, ring_block_rows(s, world, p));
   return 2 * s.batch * rows * s.kv_heads * s.head_dim;
 }
 
 void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
                        void* slot, cudaStream_t stream) {
-  int64_t rows = 0;
-  for (const SeqChunk& c : attention_seq_chunks(s.seq, world, rank, s.zigzag)) rows += c.rows;
+  const int64_t rows = ring_block_rows(s, world, rank);
   const size_t bytes = static_cast<size_t>(s.batch * rows * s.kv_heads * s.head_dim) * 2;
   if (bytes == 0) return;
   auto* dst = static_cast<char*>(slot);
@@ -115,36 +116,32 @@ void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const v
   check_launch(cudaMemcpyAsync(dst + bytes, v, bytes, cudaMemcpyDeviceToDevice, stream), "copying v");
 }
 
-void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q,
-                            const void* gathered, int64_t slot_stride, void* o, float* lse, float* o_acc,
-                            float* lse_tmp, cudaStream_t stream) {
+void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
+                       const void* k, const void* v, void* o, float* lse, float* o_acc, float* lse_tmp,
+                       cudaStream_t stream) {
   const int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   const std::vector<SeqChunk> mine = attention_seq_chunks(s.seq, world, rank, s.zigzag);
-  int64_t s_r = 0;
-  for (const SeqChunk& c : mine) s_r += c.rows;
+  const int64_t s_r = ring_block_rows(s, world, rank);
   if (B == 0 || s_r == 0) return;
-  const int64_t slot = slot_stride;
   float* lse_out = lse != nullptr ? lse : lse_tmp;
-  // Every key chunk of the ring: owner, its row offset in the owner's K/V, the owner's rows.
+  // Every key chunk of the ring in ring order (the owner of step i is rank - i): step, its row
+  // offset in the owner's K/V, the owner's rows.
   struct KeyChunk {
-    int owner;
+    int step;
     SeqChunk c;
     int64_t row0, owner_rows;
   };
   std::vector<KeyChunk> keys;
   for (int i = 0; i < world; ++i) {
-    const int p = (rank - i + world) % world;  // own first, then the ring's order
-    const std::vector<SeqChunk> theirs = attention_seq_chunks(s.seq, world, p, s.zigzag);
-    int64_t n = 0;
-    for (const SeqChunk& c : theirs) n += c.rows;
+    const int p = (rank - i + world) % world;
+    const int64_t n = ring_block_rows(s, world, p);
     int64_t row0 = 0;
-    for (const SeqChunk& c : theirs) {
-      if (c.rows > 0) keys.push_back({p, c, row0, n});
+    for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) {
+      if (c.rows > 0) keys.push_back({i, c, row0, n});
       row0 += c.rows;
     }
   }
   const auto* gq = static_cast<const __nv_bfloat16*>(q);
-  const auto* gkv = static_cast<const __nv_bfloat16*>(gathered);
   auto* go = static_cast<__nv_bfloat16*>(o);
   int64_t q_row0 = 0;
   for (const SeqChunk& qc : mine) {
@@ -174,7 +171,7 @@ void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, co
     a.lse_stride_b = Hq * s_r;
     a.o_acc = o_acc + q_row0 * Hq * D;
     a.acc_stride_b = s_r * Hq * D;
-    if (seen.empty()) {  // no visible key anywhere (empty sequence blocks): o = 0, lse = -inf
+    if (seen.empty() && step == 0) {  // no visible key anywhere (empty sequence blocks): o = 0, lse = -inf
       a.kv_len = 0;
       a.k = a.v = a.q;
       a.o = go + q_row0 * Hq * D;
@@ -183,13 +180,12 @@ void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, co
     }
     for (size_t i = 0; i < seen.size(); ++i) {
       const KeyChunk& kc = *seen[i];
-      const __nv_bfloat16* kbase = gkv + kc.owner * slot;
-      const __nv_bfloat16* vbase = kbase + B * kc.owner_rows * Hkv * D;
+      if (kc.step != step) continue;
       a.kv_len = kc.c.rows;
       a.k_pos0 = kc.c.pos;
       for (int t = 0; t < 2; ++t) {
         kernels::AttnTensor& x = t == 0 ? a.k : a.v;
-        x.ptr = (t == 0 ? kbase : vbase) + kc.row0 * Hkv * D;
+        x.ptr = static_cast<const __nv_bfloat16*>(t == 0 ? k : v) + kc.row0 * Hkv * D;
         x.stride_h = D;
         x.stride_s = Hkv * D;
         x.stride_b = kc.owner_rows * Hkv * D;

@@ -9,7 +9,10 @@
 //     keeps its rows, and checks every element of its o and lse (poisoned first) against an
 //     fp32 reference over the whole sequence by global position:
 //     |do| <= 6e-3 + 1e-2 |ref|, |dlse| <= 2e-3 + 1e-4 |ref|.
-//   back-to-back: the op again on the same inputs gives the same bits.
+//   back-to-back: the op again on the same inputs gives the same bits, and three more times after
+//     an allReduce of the same communicator with the ranks skewed (buffers and ring flags
+//     reused across epochs).
+//   worlds sharing GPU 0 (FC_TEST_SHARED_GPU) up to 8 ranks.
 //   a rank that never arrives: the others get Error(kTimeout) within seconds.
 // FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
 // Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
@@ -23,6 +26,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fusedcomm/comm/cuda_comm.h"
@@ -175,6 +179,19 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
   run(o2, lse2);
   check(o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0,
         what + ": back-to-back run bit-identical");
+  // Buffer and flag reuse across epochs with another op of the communicator in between and the
+  // ranks skewed: an allReduce (which shares the epoch counter and the data area), then the
+  // ring three more times, rank-dependent delays before each.
+  Dev ar(4096 * 4);
+  CUDA_OK(cudaMemset(ar.p, 0, 4096 * 4));
+  dc.all_reduce({"allReduce (test)", 0}, fusedcomm::DType::kF32, ar.p, ar.p, 4096, nullptr);
+  bool same = true;
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(((r + i) % W) * 3));
+    run(o2, lse2);
+    same = same && o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0;
+  }
+  check(same, what + ": three more runs after an allReduce, ranks skewed, bit-identical");
 }
 
 int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
@@ -238,7 +255,8 @@ int main() {
   if (n == 0) return 77;
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_ring_attention_test", n);
   fusedcomm::testing::g_shared_gpu = shared > 0;
-  const int max_world = std::min(shared > 0 ? shared : n, 4);
+  // Up to 4 GPUs; ranks sharing GPU 0 up to the collectives' rank limit (8).
+  const int max_world = shared > 0 ? std::min(shared, k::kCommMaxRanks) : std::min(n, 4);
   int failed = 0;
   for (int w = 1; w <= max_world; ++w) {
     if (!fusedcomm::testing::test_world_selected(w)) continue;
