@@ -260,8 +260,7 @@ struct alignas(64) CommFlags {
   uint64_t ring[kCommMaxRanks];
 };
 static_assert(sizeof(CommFlags) == 8 * (3 * kCommMaxRanks + kCommMaxRanks * kCommMaxOneShotCtas +
-                                        kCommMaxRanks * kCommMaxPipeCtas + 2 * kCommMaxRanks +
-                                        kCommMaxRanks),
+                                        kCommMaxRanks * kCommMaxPipeCtas + 2 * kCommMaxRanks + kCommMaxRanks),
               "CommFlags layout is shared between ranks");
 static_assert(sizeof(CommFlags) <= kCommControlOffset, "flags overlap the control block");
 

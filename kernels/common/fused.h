@@ -172,7 +172,7 @@ inline const char* fused_step_name(uint32_t step) {
     case kFusedStepPartial: return "partial (a peer's partial product)";
     case kFusedStepTile: return "tile (a rank's partial tile)";
     case 19: return "counts (a peer's per-expert counts)";  // kernels/moe/moe.h kMoeStepCounts
-    case 20: return "block (a ring neighbour's K/V block, or its read of ours)";  // kRingStepBlock
+    case 20: return "block (a ring neighbour's K/V block or its read of ours)";  // kRingStepBlock
     default: return comm_step_name(step);
   }
 }

@@ -743,7 +743,8 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
     const int owner = (rank - step + world) % world;
     if (step + 1 < world) {
       // The pull of step + 1's block: pred's block of its step `step` (owner - 1).
-      if (step > 0) check_cuda(cudaStreamWaitEvent(ring_side_, ring_computed_[step - 1], 0), "cudaStreamWaitEvent");
+      if (step > 0)
+        check_cuda(cudaStreamWaitEvent(ring_side_, ring_computed_[step - 1], 0), "cudaStreamWaitEvent");
       const size_t bytes = k_bytes((owner - 1 + world) % world);
       if (bytes > 0) {
         check_cuda(cudaMemcpyAsync(buffer(rank, (step + 1) & 1), buffer(pred, step & 1), 2 * bytes,
