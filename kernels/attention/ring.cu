@@ -5,6 +5,30 @@
 namespace fusedcomm::kernels {
 namespace {
 
+// After this rank's wait timed out (its record claimed by this thread: the ring's sync kernels
+// are the rank's only waiters): if some rank has not started this launch at all (its start
+// tag, which every rank sends to every peer, is missing), name it in the record instead of
+// the neighbour, which may only be stuck behind it. The host reads the record after the op's
+// stream has finished, so these later stores are complete by then.
+__device__ void ring_name_absent_rank(const CommDevice& d, uint64_t start_tag) {
+  using namespace detail;
+  volatile CommErrorRecord* e = d.error;
+  if (e->code != kGemmWaitTimeout || e->rank != static_cast<uint32_t>(d.rank)) return;
+  const CommFlags* mine = comm_flags(d, d.rank);
+  for (int i = 1; i < d.world; ++i) {
+    const int p = (d.rank + i) % d.world;
+    const uint64_t v = ld_acquire_sys(&mine->ring[p]);
+    if (v < start_tag) {
+      e->peer = static_cast<uint32_t>(p);
+      e->step = kCommStepArrive;
+      e->epoch = start_tag;
+      e->observed = v;
+      __threadfence_system();
+      return;
+    }
+  }
+}
+
 __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
   using namespace detail;
   const uint64_t epoch = comm_launch_epoch(d);  // CommControl::epoch + 1, bumped by `finish` only
@@ -18,9 +42,13 @@ __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
   if (ok && a.publish != 0) {
     // The copy into our buffer and the copy out of pred's completed before this kernel began
     // (stream order); the fence and the release make them precede the flag for its readers.
+    // The start tag (publish 1, with `begin`) goes to every peer: a timed-out wait then names
+    // a rank that never started the launch (ring_name_absent_rank).
     __threadfence_system();
-    st_release_sys(&comm_flags(d, pred)->ring[d.rank], tag(a.publish));
-    if (succ != pred) st_release_sys(&comm_flags(d, succ)->ring[d.rank], tag(a.publish));
+    for (int i = 1; i < d.world; ++i) {
+      const int p = (d.rank + i) % d.world;
+      if (p == pred || p == succ || a.begin) st_release_sys(&comm_flags(d, p)->ring[d.rank], tag(a.publish));
+    }
   }
   if (ok && a.wait != 0) {
     const CommFlags* mine = comm_flags(d, d.rank);
@@ -33,6 +61,7 @@ __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
                                  a.finish ? kCommStepDone : kRingStepBlock, succ, kRingTimeoutScale);
     }
   }
+  if (!ok) ring_name_absent_rank(d, tag(1));
   if (a.finish) *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
 

@@ -7,7 +7,9 @@
 // Protocol, for one launch (epoch e) at world W >= 2, rank r, predecessor r - 1, successor
 // r + 1 (mod W); every rank holds two K/V buffers in its data area, buf[0] and buf[1]; tag(j) =
 // (e << kCommPipeRoundBits) | j:
-//   start:    pack this rank's K, V into buf[0]; publish tag(1) (buf[0] holds the block of step 0).
+//   start:    pack this rank's K, V into buf[0]; publish tag(1) (buf[0] holds the block of step 0)
+//             to every peer (the others' flags go to the two neighbours only), so that a wait
+//             that times out names a rank that never started the launch, if there is one.
 //   step s (0 <= s < W - 1): wait until pred >= tag(s + 1) (its buf[s & 1] holds the block of
 //             its step s, which is ours for step s + 1) and succ >= tag(s + 1) (it has pulled
 //             from our buf[(s + 1) & 1] what it needed: its step s block, pulled at its step

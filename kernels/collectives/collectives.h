@@ -250,13 +250,13 @@ struct alignas(64) CommFlags {
   // Unordered reads (the slow check) see e's value, an older one (epoch byte differs: no
   // verdict) or nothing new; never a newer launch's, for the same reason.
   uint64_t launch[kCommMaxRanks][2];
-  // ring[p] = (e << kCommPipeRoundBits) | j: rank p, a ring neighbour (predecessor or
-  // successor) of this rank in the GPU ring attention of launch e, holds the K/V block of its
-  // ring step j - 1 in its buffer (j - 1) & 1, and (j >= 2) has finished reading the buffer of
-  // its predecessor that it pulled that block from. Writer: p's one-thread sync kernel
-  // (kernels/attention/ring.h), stream-ordered after the copy, fence.sc.sys then
-  // st.release.sys into its predecessor's and successor's regions; reader: the neighbour's sync
-  // kernel, ld.acquire.sys, before its next copy is enqueued behind it. Monotone as pipe[].
+  // ring[p] = (e << kCommPipeRoundBits) | j: in the GPU ring attention of launch e, rank p
+  // holds the K/V block of its ring step j - 1 in its buffer (j - 1) & 1, and (j >= 2) has
+  // finished reading the buffer of its predecessor that it pulled that block from. Writer: p's
+  // one-thread sync kernel (kernels/attention/ring.h), stream-ordered after the copy,
+  // fence.sc.sys then st.release.sys into its neighbours' regions (j = 1: every peer's);
+  // reader: this rank's sync kernel, ld.acquire.sys, before its next copy is enqueued behind
+  // it. Monotone as pipe[].
   uint64_t ring[kCommMaxRanks];
 };
 static_assert(sizeof(CommFlags) == 8 * (3 * kCommMaxRanks + kCommMaxRanks * kCommMaxOneShotCtas +

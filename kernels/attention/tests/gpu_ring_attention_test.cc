@@ -13,7 +13,7 @@
 //     an allReduce of the same communicator with the ranks skewed (buffers and ring flags
 //     reused across epochs).
 //   worlds sharing GPU 0 (FC_TEST_SHARED_GPU) up to 8 ranks.
-//   a rank that never arrives: the others get Error(kTimeout) within seconds.
+//   a rank that never arrives: the others get Error(kTimeout) within seconds, naming it.
 // FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
 // Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
@@ -236,6 +236,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
         if (g.rank == 0) std::printf("  dead rank: %s (%.1f s)\n", msg.c_str(), secs);
         check(timeout && secs < 10.0,
               "a rank that never arrives: Error(kTimeout) within seconds (got '" + msg + "')");
+        check(msg.find("peer " + std::to_string(g.world - 1) + " ") != std::string::npos,
+              "a rank that never arrives: the error names it (got '" + msg + "')");
         dc->abort();
       }
       g.barrier();
