@@ -679,7 +679,7 @@ void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::Atten
 // predecessor's buffer into its other buffer on the side stream, each copy gated by the ring's
 // one-thread sync kernels (epoch-tagged flags, bounded waits naming the neighbour) and by
 // events (a buffer is refilled only after this rank's attention on it). Step 0 reads the
-// caller's k and v in place. Partial results merge by log-sum-exp in fp32 (enqueue_ring_step).
+// caller's k and v in place (where aligned for TMA). Partial results merge by log-sum-exp in fp32 (enqueue_ring_step).
 // All stream-ordered: no host round trip between the steps. Memory per rank: two blocks.
 // The copy engines rather than SM copies: a block is one contiguous range, so a copy needs no
 // kernel of its own, takes no SMs from the attention kernel (whose grid fills the GPU) and
@@ -695,7 +695,10 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
   const int64_t s_r = ring_block_rows(shape, world, rank);
   const int64_t slot = ring_kv_slot_elems(shape, world);
   const uint64_t slot_bytes = (static_cast<uint64_t>(slot) * 2 + 255) / 256 * 256;
-  if (world > 1) require_fits(kOp, slot_bytes * 2);
+  // Step 0 reads the caller's k and v in place where the kernel's TMA can (16-byte aligned),
+  // else this rank's packed copy in buffer 0.
+  const bool in_place = aligned16(k) && aligned16(v);
+  if (world > 1 || !in_place) require_fits(kOp, slot_bytes * (world > 1 ? 2 : 1));
   const uint64_t acc_bytes =
       (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
   const uint64_t lse_bytes = static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4;
@@ -704,8 +707,20 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
   char* work = static_cast<char*>(workspace(acc_bytes + lse_bytes + 256));
   float* o_acc = reinterpret_cast<float*>(work);
   float* lse_tmp = reinterpret_cast<float*>(work + acc_bytes);
+  // Bytes of rank p's K (its V follows): its block's rows, not the buffer's.
+  auto k_bytes = [&](int p) {
+    return static_cast<size_t>(shape.batch * ring_block_rows(shape, world, p) * shape.kv_heads *
+                               shape.head_dim) *
+           2;
+  };
   if (world == 1) {
-    enqueue_ring_step(shape, world, rank, 0, q, k, v, o, lse, o_acc, lse_tmp, s);
+    const void *kb = k, *vb = v;
+    if (!in_place) {
+      enqueue_ring_pack(shape, world, rank, k, v, sm_->data(), s);
+      kb = sm_->data();
+      vb = static_cast<const char*>(kb) + k_bytes(rank);
+    }
+    enqueue_ring_step(shape, world, rank, 0, q, kb, vb, o, lse, o_acc, lse_tmp, s);
     end(s, true);
     return;
   }
@@ -729,15 +744,13 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
     a.finish = last;
     check_cuda(k::launch_ring_sync(dev, a, ring_side_), "ringAttention: launching the ring's sync kernel");
   };
-  // Bytes of rank p's K (its V follows): its block's rows, not the buffer's.
-  auto k_bytes = [&](int p) {
-    return static_cast<size_t>(shape.batch * ring_block_rows(shape, world, p) * shape.kv_heads *
-                               shape.head_dim) *
-           2;
-  };
   check_cuda(cudaEventRecord(ring_fork_, s), "cudaEventRecord");
   check_cuda(cudaStreamWaitEvent(ring_side_, ring_fork_, 0), "cudaStreamWaitEvent");
   enqueue_ring_pack(shape, world, rank, k, v, buffer(rank, 0), ring_side_);
+  if (!in_place) {
+    check_cuda(cudaEventRecord(ring_packed_, ring_side_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(s, ring_packed_, 0), "cudaStreamWaitEvent");
+  }
   enqueue_sync(1, 1, true, false);
   for (int step = 0; step < world; ++step) {
     const int owner = (rank - step + world) % world;
@@ -756,8 +769,8 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
                    false, false);
     }
     const void *kb = k, *vb = v;
-    if (step > 0) {
-      check_cuda(cudaStreamWaitEvent(s, ring_pulled_[step - 1], 0), "cudaStreamWaitEvent");
+    if (step > 0 || !in_place) {  // step 0: ordered after the pack above
+      if (step > 0) check_cuda(cudaStreamWaitEvent(s, ring_pulled_[step - 1], 0), "cudaStreamWaitEvent");
       kb = buffer(rank, step & 1);
       vb = static_cast<const char*>(kb) + k_bytes(owner);
     }
@@ -777,7 +790,7 @@ void CudaComm::make_ring_streams() {
   check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
   check_cuda(cudaStreamCreateWithPriority(&ring_side_, cudaStreamNonBlocking, greatest),
              "cudaStreamCreateWithPriority");
-  for (cudaEvent_t* e : {&ring_fork_, &ring_join_}) {
+  for (cudaEvent_t* e : {&ring_fork_, &ring_join_, &ring_packed_}) {
     check_cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
   }
   for (int i = 0; i < k::kCommMaxRanks; ++i) {
@@ -916,7 +929,7 @@ void CudaComm::close_gpu() noexcept {
     if (e != nullptr) cudaEventDestroy(e);
     e = nullptr;
   }
-  for (cudaEvent_t* e : {&ring_fork_, &ring_join_}) {
+  for (cudaEvent_t* e : {&ring_fork_, &ring_join_, &ring_packed_}) {
     if (*e != nullptr) cudaEventDestroy(*e);
     *e = nullptr;
   }
