@@ -59,6 +59,21 @@ int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world);
 void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
                        void* slot, cudaStream_t stream);
 
+// One attention launch of the ring: this rank's query chunk (rows [q_row0, q_row0 + q.rows) of
+// its block, at global position q.pos) against a key chunk of rank (rank - step) mod W (rows
+// [k_row0, k_row0 + key.rows) of that rank's k_block_rows-row block; key.rows 0: a query chunk
+// that sees no key anywhere, o = 0, lse = -inf). acc: 0 none, 1 store, 2 merge
+// (kernels::AttnAccum); writes_o: the query chunk's last launch, which writes o.
+struct RingLaunch {
+  int step = 0;
+  SeqChunk q, key;
+  int64_t q_row0 = 0, k_row0 = 0, k_block_rows = 0;
+  int acc = 0;
+  bool writes_o = false;
+};
+// The launches of ring step `step` on this rank, in enqueue order (enqueue_ring_step).
+std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, int rank, int step);
+
 // The attention launches of ring step `step` on this rank: its query chunks against the key
 // chunks of rank owner = (rank - step) mod W, whose K and V (B, S_owner, Hkv, D each, dense)
 // are at k and v. Each (query chunk, key chunk) pair with a visible key is folded into o_acc
