@@ -37,7 +37,8 @@ __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
   auto tag = [&](uint32_t j) { return (epoch << kCommPipeRoundBits) | j; };
   // After a failure of this rank nothing is published (a neighbour must not take a block that
   // never came) and nothing awaited (every wait would give up at once anyway).
-  bool ok = !comm_failed(d);
+  const bool failed_before = comm_failed(d);
+  bool ok = !failed_before;
   if (ok && a.begin) comm_publish_signature(d, epoch);
   if (ok && a.publish != 0) {
     // The copy into our buffer and the copy out of pred's completed before this kernel began
@@ -61,7 +62,7 @@ __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
                                  a.finish ? kCommStepDone : kRingStepBlock, succ, kRingTimeoutScale);
     }
   }
-  if (!ok) ring_name_absent_rank(d, tag(1));
+  if (!ok && !failed_before) ring_name_absent_rank(d, tag(1));  // this kernel's wait gave up
   if (a.finish) *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
 
