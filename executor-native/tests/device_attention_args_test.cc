@@ -2,9 +2,11 @@
 // GPU: cuda_attention_local's and the ring's argument checks (each refusal an
 // Error(kInvalidArgument) naming what is wrong, before any CUDA call), the kernel launcher's
 // checks, and the ring's layout math: under both layouts the ranks' chunks cover the sequence
-// exactly once, zigzag rank r holding chunks r and 2W-1-r of 2W in that order.
+// exactly once, zigzag rank r holding chunks r and 2W-1-r of 2W in that order; and the ring's
+// launch plan per step (plan_checks).
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedcomm/runtime/device_attention.h"
@@ -140,11 +142,91 @@ void layout_checks() {
   refusal([&] { fusedcomm::require_ring_attention_shape(s); }, "ring head_dim 96");
 }
 
+// The ring's launch plan (ring_step_plan) over all W steps, for every rank: each query chunk
+// meets exactly the key chunks it sees (all, or causal: those starting at or before its last
+// row), each once, at the step whose owner holds it, at that chunk's rows in the owner's block;
+// the first of them stores, the rest merge, only the last writes o; a query chunk that sees no
+// key gets one launch at step 0 without keys that writes o.
+void plan_checks() {
+  for (int w = 1; w <= 8; ++w) {
+    for (int64_t seq : {0, 1, 5, 7, 16, 100, 1001}) {
+      for (int mode = 0; mode < 4; ++mode) {
+        fusedcomm::RingAttentionShape s;
+        s.batch = 1;
+        s.seq = seq;
+        s.q_heads = s.kv_heads = 1;
+        s.head_dim = 64;
+        s.zigzag = (mode & 1) != 0;
+        s.causal = (mode & 2) != 0;
+        const std::string what = "plan W=" + std::to_string(w) + " seq=" + std::to_string(seq) +
+                                 (s.zigzag ? " zigzag" : " contiguous") + (s.causal ? " causal" : "");
+        bool ok = true;
+        for (int r = 0; r < w; ++r) {
+          std::vector<fusedcomm::RingLaunch> all;
+          for (int st = 0; st < w; ++st) {
+            for (const fusedcomm::RingLaunch& l : fusedcomm::ring_step_plan(s, w, r, st)) {
+              ok = ok && l.step == st;
+              all.push_back(l);
+            }
+          }
+          int64_t row0 = 0;
+          for (const fusedcomm::SeqChunk& qc : fusedcomm::attention_seq_chunks(seq, w, r, s.zigzag)) {
+            if (qc.rows == 0) continue;
+            // The key chunks it must meet, by position, with their owner's step.
+            std::vector<std::pair<int64_t, int>> want;  // (pos, step)
+            for (int st = 0; st < w; ++st) {
+              const int owner = (r - st + w) % w;
+              for (const fusedcomm::SeqChunk& kc : fusedcomm::attention_seq_chunks(seq, w, owner, s.zigzag)) {
+                if (kc.rows > 0 && (!s.causal || kc.pos <= qc.pos + qc.rows - 1))
+                  want.push_back({kc.pos, st});
+              }
+            }
+            std::vector<fusedcomm::RingLaunch> got;
+            for (const fusedcomm::RingLaunch& l : all) {
+              if (l.q.pos == qc.pos && l.q.rows == qc.rows) {
+                ok = ok && l.q_row0 == row0;
+                got.push_back(l);
+              }
+            }
+            if (want.empty()) {
+              ok = ok && got.size() == 1 && got[0].step == 0 && got[0].key.rows == 0 && got[0].writes_o &&
+                   got[0].acc == 0;
+            } else {
+              ok = ok && got.size() == want.size();
+              for (size_t i = 0; ok && i < got.size(); ++i) {
+                const fusedcomm::RingLaunch& l = got[i];
+                ok = ok && l.key.pos == want[i].first && l.step == want[i].second;
+                ok = ok && l.acc == (i == 0 ? 1 : 2) && l.writes_o == (i + 1 == got.size());
+                // The chunk's rows in its owner's block.
+                const int owner = (r - l.step + w) % w;
+                int64_t off = 0;
+                bool found = false;
+                for (const fusedcomm::SeqChunk& kc :
+                     fusedcomm::attention_seq_chunks(seq, w, owner, s.zigzag)) {
+                  if (kc.pos == l.key.pos && kc.rows == l.key.rows && kc.rows > 0) {
+                    found = off == l.k_row0;
+                    break;
+                  }
+                  off += kc.rows;
+                }
+                ok = ok && found && l.k_block_rows == fusedcomm::ring_block_rows(s, w, owner);
+              }
+            }
+            row0 += qc.rows;
+          }
+        }
+        check(ok, what + ": every visible key chunk once, at its owner's step; store, merges, o last");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   local_checks();
   kernel_checks();
   layout_checks();
+  plan_checks();
   return fusedcomm::testing::report("device_attention_args_test");
 }

@@ -172,7 +172,8 @@ inline constexpr uint32_t kCommLaunchMismatch = 3;
 // ---- launch signatures ----------------------------------------------------------------------
 // 64 bits: [63:56] epoch & 0xFF (which launch; set on the device), [55:53] zero, [52:50] the
 // resolved algorithm (CommAlgo, or FusedAlgo for the fused ops), [49:48] dtype (CommDtype),
-// [47:43] op (CommOp 1-4, fused.h's kFusedOp* 16-18, kernels/moe/moe.h's kMoeOp* 19-21), [42:0] size: the element count for the
+// [47:43] op (CommOp 1-4, fused.h's kFusedOp* 16-18, kernels/moe/moe.h's kMoeOp* 19-21,
+// kernels/attention/ring.h's kRingOp 22), [42:0] size: the element count for the
 // collectives (counts are < 2^43 since they fit a data area), a hash of the rank-uniform sizes
 // for the fused ops. Two launches match iff their signatures are equal.
 inline constexpr int kSigSizeBits = 43;
@@ -249,9 +250,17 @@ struct alignas(64) CommFlags {
   // Unordered reads (the slow check) see e's value, an older one (epoch byte differs: no
   // verdict) or nothing new; never a newer launch's, for the same reason.
   uint64_t launch[kCommMaxRanks][2];
+  // ring[p] = (e << kCommPipeRoundBits) | j: in the GPU ring attention of launch e, rank p
+  // holds the K/V block of its ring step j - 1 in its buffer (j - 1) & 1, and (j >= 2) has
+  // finished reading the buffer of its predecessor that it pulled that block from. Writer: p's
+  // one-thread sync kernel (kernels/attention/ring.h), stream-ordered after the copy,
+  // fence.sc.sys then st.release.sys into its neighbours' regions (j = 1: every peer's);
+  // reader: this rank's sync kernel, ld.acquire.sys, before its next copy is enqueued behind
+  // it. Monotone as pipe[].
+  uint64_t ring[kCommMaxRanks];
 };
 static_assert(sizeof(CommFlags) == 8 * (3 * kCommMaxRanks + kCommMaxRanks * kCommMaxOneShotCtas +
-                                        kCommMaxRanks * kCommMaxPipeCtas + 2 * kCommMaxRanks),
+                                        kCommMaxRanks * kCommMaxPipeCtas + 2 * kCommMaxRanks + kCommMaxRanks),
               "CommFlags layout is shared between ranks");
 static_assert(sizeof(CommFlags) <= kCommControlOffset, "flags overlap the control block");
 

@@ -162,6 +162,7 @@ inline const char* fused_op_name(uint32_t op) {
     case 19: return "moeDispatchGemm (counts)";  // kernels/moe/moe.h kMoeOp*
     case 20: return "moeDispatchGemm (rows)";
     case 21: return "moeCombine";
+    case 22: return "ringAttention";  // kernels/attention/ring.h kRingOp
     default: return comm_op_name(op);
   }
 }
@@ -171,6 +172,7 @@ inline const char* fused_step_name(uint32_t step) {
     case kFusedStepPartial: return "partial (a peer's partial product)";
     case kFusedStepTile: return "tile (a rank's partial tile)";
     case 19: return "counts (a peer's per-expert counts)";  // kernels/moe/moe.h kMoeStepCounts
+    case 20: return "block (a ring neighbour's K/V block or its read of ours)";  // kRingStepBlock
     default: return comm_step_name(step);
   }
 }

@@ -11,6 +11,7 @@
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
+#include "kernels/attention/ring.h"
 #include "kernels/moe/moe.h"
 #include "local_collectives.h"
 
@@ -672,10 +673,18 @@ void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::Atten
   ring_attention_gpu(desc, dtype, rs, q, k, v, o, lse);
 }
 
-// Decomposed, on one host: every rank's [K; V] gathered by our allGather (bounded waits: a dead
-// or late rank is a timeout naming it), then one attention launch per (query chunk, key chunk)
-// pair with a visible key, merged by log-sum-exp in fp32 (cuda_attention.h). All on one
-// stream, no host round trip between the steps.
+// A ring on one host (kernels/attention/ring.h has the protocol and its ordering argument):
+// every rank keeps two K/V buffers in its symmetric data area; at step s it computes the block
+// of rank (r - s) mod W on the op's stream while the copy engine pulls the next block from its
+// predecessor's buffer into its other buffer on the side stream, each copy gated by the ring's
+// one-thread sync kernels (epoch-tagged flags, bounded waits naming the neighbour) and by
+// events (a buffer is refilled only after this rank's attention on it). Step 0 reads the
+// caller's k and v in place (where aligned for TMA). Partial results merge by log-sum-exp in fp32 (enqueue_ring_step).
+// All stream-ordered: no host round trip between the steps. Memory per rank: two blocks.
+// The copy engines rather than SM copies: a block is one contiguous range, so a copy needs no
+// kernel of its own, takes no SMs from the attention kernel (whose grid fills the GPU) and
+// needs no grid-wide completion counter before its flag: stream order completes it before the
+// sync kernel that publishes it.
 void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
                                   const void* q, const void* k, const void* v, void* o, float* lse) {
   constexpr const char* kOp = "ringAttention";
@@ -683,38 +692,111 @@ void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAtt
   require_ring_attention_shape(shape);
   if (hosts_ != nullptr) unavailable(desc);  // across hosts: not on the GPU yet
   const int world = sm_->world(), rank = sm_->rank();
-  int64_t s_r = 0;
-  for (const SeqChunk& c : attention_seq_chunks(shape.seq, world, rank, shape.zigzag)) s_r += c.rows;
+  const int64_t s_r = ring_block_rows(shape, world, rank);
   const int64_t slot = ring_kv_slot_elems(shape, world);
-  require_fits(kOp, static_cast<uint64_t>(slot) * 2);
   const uint64_t slot_bytes = (static_cast<uint64_t>(slot) * 2 + 255) / 256 * 256;
+  // Step 0 reads the caller's k and v in place where the kernel's TMA can (16-byte aligned),
+  // else this rank's packed copy in buffer 0.
+  const bool in_place = aligned16(k) && aligned16(v);
+  if (world > 1 || !in_place) require_fits(kOp, slot_bytes * (world > 1 ? 2 : 1));
   const uint64_t acc_bytes =
       (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
   const uint64_t lse_bytes = static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4;
-  // Workspace: [this rank's packed K; V: slot_bytes][gathered: world × slot_bytes]
-  // [o_acc: B·S_r·Hq·D fp32, rounded up to 256 B][lse stand-in: B·Hq·S_r fp32].
   cudaStream_t s = begin(nullptr);
-  char* work = static_cast<char*>(workspace(slot_bytes * (world + 1) + acc_bytes + lse_bytes + 256));
-  char* packed = work;
-  char* gathered = packed + slot_bytes;
-  float* o_acc = reinterpret_cast<float*>(gathered + slot_bytes * world);
-  float* lse_tmp = reinterpret_cast<float*>(reinterpret_cast<char*>(o_acc) + acc_bytes);
-  enqueue_ring_pack(shape, world, rank, k, v, packed, s);
-  if (world > 1) {
-    // Slots of slot_bytes: the allGather's blocks (count split evenly over the ranks).
-    k::CollectiveArgs args;
-    args.op = k::CommOp::kAllGather;
-    args.dtype = k::CommDtype::kBF16;
-    args.count = static_cast<int64_t>(slot_bytes / 2) * world;
-    args.output = gathered;
-    local_->enqueue(args, packed, slot_bytes, s);
-  } else {
-    check_cuda(cudaMemcpyAsync(gathered, packed, slot_bytes, cudaMemcpyDeviceToDevice, s),
-               "ringAttention copy");
+  // Workspace: [o_acc: B·S_r·Hq·D fp32, rounded up to 256 B][lse stand-in: B·Hq·S_r fp32].
+  char* work = static_cast<char*>(workspace(acc_bytes + lse_bytes + 256));
+  float* o_acc = reinterpret_cast<float*>(work);
+  float* lse_tmp = reinterpret_cast<float*>(work + acc_bytes);
+  // Bytes of rank p's K (its V follows): its block's rows, not the buffer's.
+  auto k_bytes = [&](int p) {
+    return static_cast<size_t>(shape.batch * ring_block_rows(shape, world, p) * shape.kv_heads *
+                               shape.head_dim) *
+           2;
+  };
+  if (world == 1) {
+    const void *kb = k, *vb = v;
+    if (!in_place) {
+      enqueue_ring_pack(shape, world, rank, k, v, sm_->data(), s);
+      kb = sm_->data();
+      vb = static_cast<const char*>(kb) + k_bytes(rank);
+    }
+    enqueue_ring_step(shape, world, rank, 0, q, kb, vb, o, lse, o_acc, lse_tmp, s);
+    end(s, true);
+    return;
   }
-  enqueue_ring_attention(shape, world, rank, q, gathered, static_cast<int64_t>(slot_bytes / 2), o, lse, o_acc,
-                         lse_tmp, s);
+  make_ring_streams();
+  const k::CommDevice& dev = sm_->device();
+  const int pred = (rank + world - 1) % world;
+  // The two buffers, in every rank's data area at the same offsets.
+  auto buffer = [&](int owner, int i) {
+    return static_cast<char*>(static_cast<void*>(dev.base[owner])) + dev.data_offset + i * slot_bytes;
+  };
+  k::RingSyncArgs sync;
+  sync.sig_size = k::comm_sig_hash(
+      static_cast<uint64_t>(shape.batch), static_cast<uint64_t>(shape.seq),
+      (static_cast<uint64_t>(shape.q_heads) << 32) | (static_cast<uint64_t>(shape.kv_heads) << 12) |
+          (static_cast<uint64_t>(shape.head_dim) << 2) | (shape.causal ? 2u : 0u) | (shape.zigzag ? 1u : 0u));
+  auto enqueue_sync = [&](uint32_t publish, uint32_t wait, bool first, bool last) {
+    k::RingSyncArgs a = sync;
+    a.publish = publish;
+    a.wait = wait;
+    a.begin = first;
+    a.finish = last;
+    check_cuda(k::launch_ring_sync(dev, a, ring_side_), "ringAttention: launching the ring's sync kernel");
+  };
+  check_cuda(cudaEventRecord(ring_fork_, s), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(ring_side_, ring_fork_, 0), "cudaStreamWaitEvent");
+  enqueue_ring_pack(shape, world, rank, k, v, buffer(rank, 0), ring_side_);
+  if (!in_place) {
+    check_cuda(cudaEventRecord(ring_packed_, ring_side_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(s, ring_packed_, 0), "cudaStreamWaitEvent");
+  }
+  enqueue_sync(1, 1, true, false);
+  for (int step = 0; step < world; ++step) {
+    const int owner = (rank - step + world) % world;
+    if (step + 1 < world) {
+      // The pull of step + 1's block: pred's block of its step `step` (owner - 1).
+      if (step > 0)
+        check_cuda(cudaStreamWaitEvent(ring_side_, ring_computed_[step - 1], 0), "cudaStreamWaitEvent");
+      const size_t bytes = k_bytes((owner - 1 + world) % world);
+      if (bytes > 0) {
+        check_cuda(cudaMemcpyAsync(buffer(rank, (step + 1) & 1), buffer(pred, step & 1), 2 * bytes,
+                                   cudaMemcpyDeviceToDevice, ring_side_),
+                   "ringAttention: copying a K/V block from the predecessor");
+      }
+      check_cuda(cudaEventRecord(ring_pulled_[step], ring_side_), "cudaEventRecord");
+      enqueue_sync(static_cast<uint32_t>(step + 2), step + 2 < world ? static_cast<uint32_t>(step + 2) : 0,
+                   false, false);
+    }
+    const void *kb = k, *vb = v;
+    if (step > 0 || !in_place) {  // step 0: ordered after the pack above
+      if (step > 0) check_cuda(cudaStreamWaitEvent(s, ring_pulled_[step - 1], 0), "cudaStreamWaitEvent");
+      kb = buffer(rank, step & 1);
+      vb = static_cast<const char*>(kb) + k_bytes(owner);
+    }
+    enqueue_ring_step(shape, world, rank, step, q, kb, vb, o, lse, o_acc, lse_tmp, s);
+    check_cuda(cudaEventRecord(ring_computed_[step], s), "cudaEventRecord");
+  }
+  // End barrier: the successor's last pull from this rank's buffers is done.
+  enqueue_sync(0, static_cast<uint32_t>(world), false, true);
+  check_cuda(cudaEventRecord(ring_join_, ring_side_), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(s, ring_join_, 0), "cudaStreamWaitEvent");
   end(s, true);
+}
+
+void CudaComm::make_ring_streams() {
+  if (ring_side_ != nullptr) return;
+  int least = 0, greatest = 0;
+  check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  check_cuda(cudaStreamCreateWithPriority(&ring_side_, cudaStreamNonBlocking, greatest),
+             "cudaStreamCreateWithPriority");
+  for (cudaEvent_t* e : {&ring_fork_, &ring_join_, &ring_packed_}) {
+    check_cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  for (int i = 0; i < k::kCommMaxRanks; ++i) {
+    check_cuda(cudaEventCreateWithFlags(&ring_pulled_[i], cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&ring_computed_[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
 }
 
 // ---- workspaces -----------------------------------------------------------------------------
@@ -839,6 +921,20 @@ void CudaComm::close_gpu() noexcept {
   work_ = nullptr;
   if (gemm_ws_.ptr != nullptr) cudaFree(gemm_ws_.ptr);
   gemm_ws_ = k::GemmWorkspace{};
+  for (cudaEvent_t& e : ring_pulled_) {
+    if (e != nullptr) cudaEventDestroy(e);
+    e = nullptr;
+  }
+  for (cudaEvent_t& e : ring_computed_) {
+    if (e != nullptr) cudaEventDestroy(e);
+    e = nullptr;
+  }
+  for (cudaEvent_t* e : {&ring_fork_, &ring_join_, &ring_packed_}) {
+    if (*e != nullptr) cudaEventDestroy(*e);
+    *e = nullptr;
+  }
+  if (ring_side_ != nullptr) cudaStreamDestroy(ring_side_);
+  ring_side_ = nullptr;
   if (last_done_ != nullptr) cudaEventDestroy(last_done_);
   if (own_ != nullptr) cudaStreamDestroy(own_);
   last_done_ = nullptr;

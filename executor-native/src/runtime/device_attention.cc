@@ -94,20 +94,21 @@ void require_ring_attention_shape(const RingAttentionShape& s) {
              "ringAttention: scale must be finite and >= 0 (0: 1/sqrt(D))");
 }
 
+int64_t ring_block_rows(const RingAttentionShape& s, int world, int p) {
+  int64_t n = 0;
+  for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) n += c.rows;
+  return n;
+}
+
 int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world) {
   int64_t rows = 0;
-  for (int p = 0; p < world; ++p) {
-    int64_t n = 0;
-    for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) n += c.rows;
-    rows = std::max(rows, n);
-  }
+  for (int p = 0; p < world; ++p) rows = std::max(rows, ring_block_rows(s, world, p));
   return 2 * s.batch * rows * s.kv_heads * s.head_dim;
 }
 
 void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
                        void* slot, cudaStream_t stream) {
-  int64_t rows = 0;
-  for (const SeqChunk& c : attention_seq_chunks(s.seq, world, rank, s.zigzag)) rows += c.rows;
+  const int64_t rows = ring_block_rows(s, world, rank);
   const size_t bytes = static_cast<size_t>(s.batch * rows * s.kv_heads * s.head_dim) * 2;
   if (bytes == 0) return;
   auto* dst = static_cast<char*>(slot);
@@ -115,90 +116,106 @@ void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const v
   check_launch(cudaMemcpyAsync(dst + bytes, v, bytes, cudaMemcpyDeviceToDevice, stream), "copying v");
 }
 
-void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q,
-                            const void* gathered, int64_t slot_stride, void* o, float* lse, float* o_acc,
-                            float* lse_tmp, cudaStream_t stream) {
-  const int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
-  const std::vector<SeqChunk> mine = attention_seq_chunks(s.seq, world, rank, s.zigzag);
-  int64_t s_r = 0;
-  for (const SeqChunk& c : mine) s_r += c.rows;
-  if (B == 0 || s_r == 0) return;
-  const int64_t slot = slot_stride;
-  float* lse_out = lse != nullptr ? lse : lse_tmp;
-  // Every key chunk of the ring: owner, its row offset in the owner's K/V, the owner's rows.
+std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, int rank, int step) {
+  std::vector<RingLaunch> plan;
+  if (s.batch == 0) return plan;
+  // Every key chunk of the ring in ring order (the owner of step i is rank - i).
   struct KeyChunk {
-    int owner;
+    int step;
     SeqChunk c;
     int64_t row0, owner_rows;
   };
   std::vector<KeyChunk> keys;
   for (int i = 0; i < world; ++i) {
-    const int p = (rank - i + world) % world;  // own first, then the ring's order
-    const std::vector<SeqChunk> theirs = attention_seq_chunks(s.seq, world, p, s.zigzag);
-    int64_t n = 0;
-    for (const SeqChunk& c : theirs) n += c.rows;
+    const int p = (rank - i + world) % world;
+    const int64_t n = ring_block_rows(s, world, p);
     int64_t row0 = 0;
-    for (const SeqChunk& c : theirs) {
-      if (c.rows > 0) keys.push_back({p, c, row0, n});
+    for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) {
+      if (c.rows > 0) keys.push_back({i, c, row0, n});
       row0 += c.rows;
     }
   }
-  const auto* gq = static_cast<const __nv_bfloat16*>(q);
-  const auto* gkv = static_cast<const __nv_bfloat16*>(gathered);
-  auto* go = static_cast<__nv_bfloat16*>(o);
   int64_t q_row0 = 0;
-  for (const SeqChunk& qc : mine) {
+  for (const SeqChunk& qc : attention_seq_chunks(s.seq, world, rank, s.zigzag)) {
     if (qc.rows == 0) continue;
-    std::vector<const KeyChunk*> seen;
+    std::vector<const KeyChunk*> seen;  // causal: skip key chunks entirely after the query chunk
     for (const KeyChunk& kc : keys) {
       if (!s.causal || kc.c.pos <= qc.pos + qc.rows - 1) seen.push_back(&kc);
     }
+    RingLaunch l;
+    l.step = step;
+    l.q = qc;
+    l.q_row0 = q_row0;
+    if (seen.empty() && step == 0) {
+      l.key = SeqChunk{0, 0};
+      l.writes_o = true;
+      plan.push_back(l);
+    }
+    for (size_t i = 0; i < seen.size(); ++i) {
+      const KeyChunk& kc = *seen[i];
+      if (kc.step != step) continue;
+      l.key = kc.c;
+      l.k_row0 = kc.row0;
+      l.k_block_rows = kc.owner_rows;
+      l.acc = i == 0 ? 1 : 2;
+      l.writes_o = i + 1 == seen.size();
+      plan.push_back(l);
+    }
+    q_row0 += qc.rows;
+  }
+  return plan;
+}
+
+void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
+                       const void* k, const void* v, void* o, float* lse, float* o_acc, float* lse_tmp,
+                       cudaStream_t stream) {
+  const int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
+  const int64_t s_r = ring_block_rows(s, world, rank);
+  if (B == 0 || s_r == 0) return;
+  float* lse_out = lse != nullptr ? lse : lse_tmp;
+  const auto* gq = static_cast<const __nv_bfloat16*>(q);
+  auto* go = static_cast<__nv_bfloat16*>(o);
+  for (const RingLaunch& l : ring_step_plan(s, world, rank, step)) {
     kernels::AttentionArgs a;
     a.batch = B;
-    a.q_len = qc.rows;
+    a.q_len = l.q.rows;
     a.q_heads = Hq;
     a.kv_heads = Hkv;
     a.head_dim = D;
     a.causal = s.causal;
     a.scale = s.scale;
-    a.q_pos0 = qc.pos;
-    a.q.ptr = gq + q_row0 * Hq * D;
+    a.q_pos0 = l.q.pos;
+    a.q.ptr = gq + l.q_row0 * Hq * D;
     a.q.stride_h = D;
     a.q.stride_s = Hq * D;
     a.q.stride_b = s_r * Hq * D;
     a.o_stride_h = D;
     a.o_stride_s = Hq * D;
     a.o_stride_b = s_r * Hq * D;
-    a.lse = lse_out + q_row0;
+    a.lse = lse_out + l.q_row0;
     a.lse_stride_h = s_r;
     a.lse_stride_b = Hq * s_r;
-    a.o_acc = o_acc + q_row0 * Hq * D;
+    a.o_acc = o_acc + l.q_row0 * Hq * D;
     a.acc_stride_b = s_r * Hq * D;
-    if (seen.empty()) {  // no visible key anywhere (empty sequence blocks): o = 0, lse = -inf
+    a.o = l.writes_o ? go + l.q_row0 * Hq * D : nullptr;
+    if (l.key.rows == 0) {  // no visible key anywhere (empty sequence blocks): o = 0, lse = -inf
       a.kv_len = 0;
       a.k = a.v = a.q;
-      a.o = go + q_row0 * Hq * D;
       a.acc = kernels::AttnAccum::kNone;
       check_launch(kernels::launch_attention(a, stream), "attention launch");
+      continue;
     }
-    for (size_t i = 0; i < seen.size(); ++i) {
-      const KeyChunk& kc = *seen[i];
-      const __nv_bfloat16* kbase = gkv + kc.owner * slot;
-      const __nv_bfloat16* vbase = kbase + B * kc.owner_rows * Hkv * D;
-      a.kv_len = kc.c.rows;
-      a.k_pos0 = kc.c.pos;
-      for (int t = 0; t < 2; ++t) {
-        kernels::AttnTensor& x = t == 0 ? a.k : a.v;
-        x.ptr = (t == 0 ? kbase : vbase) + kc.row0 * Hkv * D;
-        x.stride_h = D;
-        x.stride_s = Hkv * D;
-        x.stride_b = kc.owner_rows * Hkv * D;
-      }
-      a.acc = i == 0 ? kernels::AttnAccum::kStore : kernels::AttnAccum::kMerge;
-      a.o = i + 1 == seen.size() ? go + q_row0 * Hq * D : nullptr;
-      check_launch(kernels::launch_attention(a, stream), "attention launch");
+    a.kv_len = l.key.rows;
+    a.k_pos0 = l.key.pos;
+    for (int t = 0; t < 2; ++t) {
+      kernels::AttnTensor& x = t == 0 ? a.k : a.v;
+      x.ptr = static_cast<const __nv_bfloat16*>(t == 0 ? k : v) + l.k_row0 * Hkv * D;
+      x.stride_h = D;
+      x.stride_s = Hkv * D;
+      x.stride_b = l.k_block_rows * Hkv * D;
     }
-    q_row0 += qc.rows;
+    a.acc = l.acc == 1 ? kernels::AttnAccum::kStore : kernels::AttnAccum::kMerge;
+    check_launch(kernels::launch_attention(a, stream), "attention launch");
   }
 }
 

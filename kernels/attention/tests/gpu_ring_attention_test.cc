@@ -9,8 +9,12 @@
 //     keeps its rows, and checks every element of its o and lse (poisoned first) against an
 //     fp32 reference over the whole sequence by global position:
 //     |do| <= 6e-3 + 1e-2 |ref|, |dlse| <= 2e-3 + 1e-4 |ref|.
-//   back-to-back: the op again on the same inputs gives the same bits.
-//   a rank that never arrives: the others get Error(kTimeout) within seconds.
+//   k and v not 16-byte aligned in some cases (the ring reads its packed copy at step 0).
+//   back-to-back: the op again on the same inputs gives the same bits, and three more times after
+//     an allReduce of the same communicator with the ranks skewed (buffers and ring flags
+//     reused across epochs).
+//   worlds sharing GPU 0 (FC_TEST_SHARED_GPU) up to 8 ranks.
+//   a rank that never arrives: the others get Error(kTimeout) within seconds, naming it.
 // FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
 // Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
@@ -23,6 +27,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fusedcomm/comm/cuda_comm.h"
@@ -82,7 +87,9 @@ struct Dev {
 };
 
 // One case on this rank: inputs, the op, every element checked.
-void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape& s, uint64_t seed) {
+// shift_kv: k and v 2 bytes past a 16-byte boundary (the ring then reads its packed copy).
+void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape& s, uint64_t seed,
+              bool shift_kv) {
   const int W = g.world, r = g.rank;
   const int64_t B = s.batch, S = s.seq, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   // The whole sequence (every rank makes the same), bf16-exact values.
@@ -104,14 +111,18 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
         vv[(b * Sr + i) * Hkv * D + x] = __float2bfloat16(val(2, (b * S + pos[i]) * Hkv * D + x, 1.0f));
       }
     }
-  Dev dq(q.size() * 2), dk(kk.size() * 2), dv(vv.size() * 2), dout(q.size() * 2), dlse(B * Hq * Sr * 4);
+  Dev dq(q.size() * 2), dk(kk.size() * 2 + 16), dv(vv.size() * 2 + 16), dout(q.size() * 2),
+      dlse(B * Hq * Sr * 4);
+  const size_t shift = shift_kv ? 2 : 0;
+  void* pk = static_cast<char*>(dk.p) + shift;
+  void* pv = static_cast<char*>(dv.p) + shift;
   CUDA_OK(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dk.p, kk.data(), kk.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dv.p, vv.data(), vv.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(pk, kk.data(), kk.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(pv, vv.data(), vv.size() * 2, cudaMemcpyHostToDevice));
   auto run = [&](std::vector<uint16_t>& o, std::vector<float>& lse) {
     CUDA_OK(cudaMemset(dout.p, 0xFF, q.size() * 2));
     CUDA_OK(cudaMemset(dlse.p, 0xFF, B * Hq * Sr * 4));
-    dc.ring_attention_gpu({"ringAttention (test)", 0}, fusedcomm::DType::kBF16, s, dq.p, dk.p, dv.p, dout.p,
+    dc.ring_attention_gpu({"ringAttention (test)", 0}, fusedcomm::DType::kBF16, s, dq.p, pk, pv, dout.p,
                           static_cast<float*>(dlse.p));
     o.resize(q.size());
     lse.resize(B * Hq * Sr);
@@ -168,13 +179,29 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
         }
       }
   }
-  const std::string what = "W=" + std::to_string(W) + " rank " + std::to_string(r) + " " + name(s);
-  if (r == 0) std::printf("  %s: max|do| %.2e max|dlse| %.2e\n", name(s).c_str(), max_o, max_l);
+  const std::string what = "W=" + std::to_string(W) + " rank " + std::to_string(r) + " " + name(s) +
+                           (shift_kv ? " k,v unaligned" : "");
+  if (r == 0)
+    std::printf("  %s%s: max|do| %.2e max|dlse| %.2e\n", name(s).c_str(), shift_kv ? " k,v unaligned" : "",
+                max_o, max_l);
   check(bad_o == 0, what + ": o within tolerance (" + std::to_string(bad_o) + " elements off)");
   check(bad_l == 0, what + ": lse within tolerance (" + std::to_string(bad_l) + " elements off)");
   run(o2, lse2);
   check(o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0,
         what + ": back-to-back run bit-identical");
+  // Buffer and flag reuse across epochs with another op of the communicator in between and the
+  // ranks skewed: an allReduce (which shares the epoch counter and the data area), then the
+  // ring three more times, rank-dependent delays before each.
+  Dev ar(4096 * 4);
+  CUDA_OK(cudaMemset(ar.p, 0, 4096 * 4));
+  dc.all_reduce({"allReduce (test)", 0}, fusedcomm::DType::kF32, ar.p, ar.p, 4096, nullptr);
+  bool same = true;
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(((r + i) % W) * 3));
+    run(o2, lse2);
+    same = same && o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0;
+  }
+  check(same, what + ": three more runs after an allReduce, ranks skewed, bit-identical");
 }
 
 int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
@@ -194,7 +221,10 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
           {1, 5, 2, 2, 64, true, 0.0f, true},      {2, 130, 4, 4, 128, false, 0.0f, false},
       };
       int i = 0;
-      for (const RingAttentionShape& s : cases) run_case(*dc, g, s, mix(seed ^ static_cast<uint64_t>(++i)));
+      for (const RingAttentionShape& s : cases) {
+        ++i;
+        run_case(*dc, g, s, mix(seed ^ static_cast<uint64_t>(i)), i % 4 == 0);
+      }
       dc->close();
     }
     if (g.world > 1) {
@@ -219,6 +249,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
         if (g.rank == 0) std::printf("  dead rank: %s (%.1f s)\n", msg.c_str(), secs);
         check(timeout && secs < 10.0,
               "a rank that never arrives: Error(kTimeout) within seconds (got '" + msg + "')");
+        check(msg.find("peer " + std::to_string(g.world - 1) + " ") != std::string::npos,
+              "a rank that never arrives: the error names it (got '" + msg + "')");
         dc->abort();
       }
       g.barrier();
@@ -238,7 +270,8 @@ int main() {
   if (n == 0) return 77;
   const uint64_t seed = fusedcomm::testing::test_seed("gpu_ring_attention_test", n);
   fusedcomm::testing::g_shared_gpu = shared > 0;
-  const int max_world = std::min(shared > 0 ? shared : n, 4);
+  // Up to 4 GPUs; ranks sharing GPU 0 up to the collectives' rank limit (8).
+  const int max_world = shared > 0 ? std::min(shared, k::kCommMaxRanks) : std::min(n, 4);
   int failed = 0;
   for (int w = 1; w <= max_world; ++w) {
     if (!fusedcomm::testing::test_world_selected(w)) continue;

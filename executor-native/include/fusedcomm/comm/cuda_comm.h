@@ -191,6 +191,14 @@ class CudaComm final : public Comm {
   // allGatherGemm's copy-engine exchange (kernels/ag_gemm/ag_gemm.h AgExchange): its side streams,
   // made at the first launch that uses them, destroyed after the device is synchronised.
   std::unique_ptr<kernels::FusedSideStreams> ag_side_ = std::make_unique<kernels::FusedSideStreams>();
+  // The ring attention's side stream (the K/V copies and the ring's sync kernels; highest
+  // priority, so that its one-thread kernels are scheduled between the attention's CTAs) and its
+  // events (fork, join, own block packed, and per step: block pulled, block computed); made at the first ring at
+  // W >= 2, destroyed after the device is synchronised.
+  cudaStream_t ring_side_ = nullptr;
+  cudaEvent_t ring_fork_ = nullptr, ring_join_ = nullptr, ring_packed_ = nullptr;
+  cudaEvent_t ring_pulled_[kernels::kCommMaxRanks] = {}, ring_computed_[kernels::kCommMaxRanks] = {};
+  void make_ring_streams();
   cudaStream_t own_ = nullptr;
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
   cudaStream_t last_ = nullptr;      // stream of the previous op

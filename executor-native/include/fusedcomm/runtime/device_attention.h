@@ -48,7 +48,10 @@ struct RingAttentionShape {
 // message); what cuda_attention_local checks, over the ring's shape.
 void require_ring_attention_shape(const RingAttentionShape& s);
 
-// Elements (bf16) of one rank's slot in the gathered K/V: [K; V] of the largest rank's rows.
+// Rows of rank p's block (the sum of its chunks' rows).
+int64_t ring_block_rows(const RingAttentionShape& s, int world, int p);
+
+// Elements (bf16) of one K/V buffer of the ring: [K; V] of the largest rank's rows.
 int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world);
 
 // Packs this rank's k and v (B, S_r, Hkv, D each) into `slot` ([K; V], ring_kv_slot_elems long),
@@ -56,14 +59,31 @@ int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world);
 void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
                        void* slot, cudaStream_t stream);
 
-// With every rank's slot gathered (`gathered`: W slots, rank p's at p · slot_stride): this
-// rank's o and lse over the whole sequence, by one attention launch per (query chunk, key
-// chunk) pair that has a visible key, each folded into o_acc (B · S_r · Hq · D fp32) and lse
-// by its log-sum-exp (kernels/attention/attention.h "Accumulation"); the rank's own chunks
-// first. lse_tmp (B · Hq · S_r fp32) stands in for a null lse.
-// slot_stride: elements between consecutive ranks' slots (>= ring_kv_slot_elems).
-void enqueue_ring_attention(const RingAttentionShape& s, int world, int rank, const void* q,
-                            const void* gathered, int64_t slot_stride, void* o, float* lse, float* o_acc,
-                            float* lse_tmp, cudaStream_t stream);
+// One attention launch of the ring: this rank's query chunk (rows [q_row0, q_row0 + q.rows) of
+// its block, at global position q.pos) against a key chunk of rank (rank - step) mod W (rows
+// [k_row0, k_row0 + key.rows) of that rank's k_block_rows-row block; key.rows 0: a query chunk
+// that sees no key anywhere, o = 0, lse = -inf). acc: 0 none, 1 store, 2 merge
+// (kernels::AttnAccum); writes_o: the query chunk's last launch, which writes o.
+struct RingLaunch {
+  int step = 0;
+  SeqChunk q, key;
+  int64_t q_row0 = 0, k_row0 = 0, k_block_rows = 0;
+  int acc = 0;
+  bool writes_o = false;
+};
+// The launches of ring step `step` on this rank, in enqueue order (enqueue_ring_step).
+std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, int rank, int step);
+
+// The attention launches of ring step `step` on this rank: its query chunks against the key
+// chunks of rank owner = (rank - step) mod W, whose K and V (B, S_owner, Hkv, D each, dense)
+// are at k and v. Each (query chunk, key chunk) pair with a visible key is folded into o_acc
+// (B · S_r · Hq · D fp32) and lse by its log-sum-exp (kernels/attention/attention.h
+// "Accumulation"): the pair that comes first in ring order (steps 0, 1, ..., W - 1) stores,
+// the others merge, and the last one writes o. A query chunk that sees no key at all gets
+// o = 0, lse = -inf at step 0. lse_tmp (B · Hq · S_r fp32) stands in for a null lse. Steps must
+// be enqueued in order on one stream (or ordered by events).
+void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
+                       const void* k, const void* v, void* o, float* lse, float* o_acc, float* lse_tmp,
+                       cudaStream_t stream);
 
 }  // namespace fusedcomm
