@@ -108,15 +108,15 @@ void layout_checks() {
         std::vector<int> seen(static_cast<size_t>(seq), 0);
         bool ordered = true;
         for (int r = 0; r < w; ++r) {
-          const std::vector<fusedcomm::SeqChunk> c = fusedcomm::attention_seq_chunks(seq, w, r, zigzag);
+          const fusedcomm::SeqRuns c = fusedcomm::attention_seq_chunks(seq, w, r, zigzag);
           if (zigzag) {
-            ordered = ordered && c.size() == 2 && c[0].pos == fusedcomm::split_offset(seq, 2 * w, r) &&
-                      c[1].pos == fusedcomm::split_offset(seq, 2 * w, 2 * w - 1 - r) && c[0].pos <= c[1].pos;
+            ordered = ordered && c.n == 2 && c.run[0].pos == fusedcomm::split_offset(seq, 2 * w, r) &&
+                      c.run[1].pos == fusedcomm::split_offset(seq, 2 * w, 2 * w - 1 - r) && c.run[0].pos <= c.run[1].pos;
           } else {
-            ordered = ordered && c.size() == 1 && c[0].rows == fusedcomm::split_count(seq, w, r);
+            ordered = ordered && c.n == 1 && c.run[0].count == fusedcomm::split_count(seq, w, r);
           }
-          for (const fusedcomm::SeqChunk& x : c)
-            for (int64_t i = x.pos; i < x.pos + x.rows; ++i)
+          for (const fusedcomm::SeqRun& x : c)
+            for (int64_t i = x.pos; i < x.pos + x.count; ++i)
               if (i >= 0 && i < seq) ++seen[static_cast<size_t>(i)];
         }
         bool once = true;
@@ -170,26 +170,26 @@ void plan_checks() {
             }
           }
           int64_t row0 = 0;
-          for (const fusedcomm::SeqChunk& qc : fusedcomm::attention_seq_chunks(seq, w, r, s.zigzag)) {
-            if (qc.rows == 0) continue;
+          for (const fusedcomm::SeqRun& qc : fusedcomm::attention_seq_chunks(seq, w, r, s.zigzag)) {
+            if (qc.count == 0) continue;
             // The key chunks it must meet, by position, with their owner's step.
             std::vector<std::pair<int64_t, int>> want;  // (pos, step)
             for (int st = 0; st < w; ++st) {
               const int owner = (r - st + w) % w;
-              for (const fusedcomm::SeqChunk& kc : fusedcomm::attention_seq_chunks(seq, w, owner, s.zigzag)) {
-                if (kc.rows > 0 && (!s.causal || kc.pos <= qc.pos + qc.rows - 1))
+              for (const fusedcomm::SeqRun& kc : fusedcomm::attention_seq_chunks(seq, w, owner, s.zigzag)) {
+                if (kc.count > 0 && (!s.causal || kc.pos <= qc.pos + qc.count - 1))
                   want.push_back({kc.pos, st});
               }
             }
             std::vector<fusedcomm::RingLaunch> got;
             for (const fusedcomm::RingLaunch& l : all) {
-              if (l.q.pos == qc.pos && l.q.rows == qc.rows) {
+              if (l.q.pos == qc.pos && l.q.count == qc.count) {
                 ok = ok && l.q_row0 == row0;
                 got.push_back(l);
               }
             }
             if (want.empty()) {
-              ok = ok && got.size() == 1 && got[0].step == 0 && got[0].key.rows == 0 && got[0].writes_o &&
+              ok = ok && got.size() == 1 && got[0].step == 0 && got[0].key.count == 0 && got[0].writes_o &&
                    got[0].acc == 0;
             } else {
               ok = ok && got.size() == want.size();
@@ -201,18 +201,18 @@ void plan_checks() {
                 const int owner = (r - l.step + w) % w;
                 int64_t off = 0;
                 bool found = false;
-                for (const fusedcomm::SeqChunk& kc :
+                for (const fusedcomm::SeqRun& kc :
                      fusedcomm::attention_seq_chunks(seq, w, owner, s.zigzag)) {
-                  if (kc.pos == l.key.pos && kc.rows == l.key.rows && kc.rows > 0) {
+                  if (kc.pos == l.key.pos && kc.count == l.key.count && kc.count > 0) {
                     found = off == l.k_row0;
                     break;
                   }
-                  off += kc.rows;
+                  off += kc.count;
                 }
                 ok = ok && found && l.k_block_rows == fusedcomm::ring_block_rows(s, w, owner);
               }
             }
-            row0 += qc.rows;
+            row0 += qc.count;
           }
         }
         check(ok, what + ": every visible key chunk once, at its owner's step; store, merges, o last");

@@ -73,11 +73,8 @@ void check_launch(cudaError_t e, const char* what) {
 }
 }  // namespace
 
-std::vector<SeqChunk> attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag) {
-  const SeqRuns runs = seq_runs(seq, world, rank, zigzag ? SeqLayout::kZigzag : SeqLayout::kContiguous);
-  std::vector<SeqChunk> out;
-  for (int i = 0; i < runs.n; ++i) out.push_back(SeqChunk{runs.run[i].pos, runs.run[i].count});
-  return out;
+SeqRuns attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag) {
+  return seq_runs(seq, world, rank, zigzag ? SeqLayout::kZigzag : SeqLayout::kContiguous);
 }
 
 void require_ring_attention_shape(const RingAttentionShape& s) {
@@ -95,9 +92,7 @@ void require_ring_attention_shape(const RingAttentionShape& s) {
 }
 
 int64_t ring_block_rows(const RingAttentionShape& s, int world, int p) {
-  int64_t n = 0;
-  for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) n += c.rows;
-  return n;
+  return attention_seq_chunks(s.seq, world, p, s.zigzag).total();
 }
 
 int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world) {
@@ -122,7 +117,7 @@ std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, i
   // Every key chunk of the ring in ring order (the owner of step i is rank - i).
   struct KeyChunk {
     int step;
-    SeqChunk c;
+    SeqRun c;
     int64_t row0, owner_rows;
   };
   std::vector<KeyChunk> keys;
@@ -130,24 +125,24 @@ std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, i
     const int p = (rank - i + world) % world;
     const int64_t n = ring_block_rows(s, world, p);
     int64_t row0 = 0;
-    for (const SeqChunk& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) {
-      if (c.rows > 0) keys.push_back({i, c, row0, n});
-      row0 += c.rows;
+    for (const SeqRun& c : attention_seq_chunks(s.seq, world, p, s.zigzag)) {
+      if (c.count > 0) keys.push_back({i, c, row0, n});
+      row0 += c.count;
     }
   }
   int64_t q_row0 = 0;
-  for (const SeqChunk& qc : attention_seq_chunks(s.seq, world, rank, s.zigzag)) {
-    if (qc.rows == 0) continue;
+  for (const SeqRun& qc : attention_seq_chunks(s.seq, world, rank, s.zigzag)) {
+    if (qc.count == 0) continue;
     std::vector<const KeyChunk*> seen;  // causal: skip key chunks entirely after the query chunk
     for (const KeyChunk& kc : keys) {
-      if (!s.causal || kc.c.pos <= qc.pos + qc.rows - 1) seen.push_back(&kc);
+      if (!s.causal || kc.c.pos <= qc.pos + qc.count - 1) seen.push_back(&kc);
     }
     RingLaunch l;
     l.step = step;
     l.q = qc;
     l.q_row0 = q_row0;
     if (seen.empty() && step == 0) {
-      l.key = SeqChunk{0, 0};
+      l.key = SeqRun{0, 0};
       l.writes_o = true;
       plan.push_back(l);
     }
@@ -161,7 +156,7 @@ std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, i
       l.writes_o = i + 1 == seen.size();
       plan.push_back(l);
     }
-    q_row0 += qc.rows;
+    q_row0 += qc.count;
   }
   return plan;
 }
@@ -178,7 +173,7 @@ void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int ste
   for (const RingLaunch& l : ring_step_plan(s, world, rank, step)) {
     kernels::AttentionArgs a;
     a.batch = B;
-    a.q_len = l.q.rows;
+    a.q_len = l.q.count;
     a.q_heads = Hq;
     a.kv_heads = Hkv;
     a.head_dim = D;
@@ -198,14 +193,14 @@ void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int ste
     a.o_acc = o_acc + l.q_row0 * Hq * D;
     a.acc_stride_b = s_r * Hq * D;
     a.o = l.writes_o ? go + l.q_row0 * Hq * D : nullptr;
-    if (l.key.rows == 0) {  // no visible key anywhere (empty sequence blocks): o = 0, lse = -inf
+    if (l.key.count == 0) {  // no visible key anywhere (empty sequence blocks): o = 0, lse = -inf
       a.kv_len = 0;
       a.k = a.v = a.q;
       a.acc = kernels::AttnAccum::kNone;
       check_launch(kernels::launch_attention(a, stream), "attention launch");
       continue;
     }
-    a.kv_len = l.key.rows;
+    a.kv_len = l.key.count;
     a.k_pos0 = l.key.pos;
     for (int t = 0; t < 2; ++t) {
       kernels::AttnTensor& x = t == 0 ? a.k : a.v;

@@ -45,7 +45,7 @@ namespace k = fusedcomm::kernels;
 using fusedcomm::Error;
 using fusedcomm::ErrorKind;
 using fusedcomm::RingAttentionShape;
-using fusedcomm::SeqChunk;
+using fusedcomm::SeqRun;
 using fusedcomm::testing::check;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
@@ -96,10 +96,10 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
   auto val = [&](int t, int64_t i, float amp) {
     return round_bf16(unit(mix(seed ^ (uint64_t(t) << 60) ^ uint64_t(i))) * amp);
   };
-  const std::vector<SeqChunk> mine = fusedcomm::attention_seq_chunks(S, W, r, s.zigzag);
+  const fusedcomm::SeqRuns mine = fusedcomm::attention_seq_chunks(S, W, r, s.zigzag);
   std::vector<int64_t> pos;  // this rank's rows' global positions
-  for (const SeqChunk& c : mine)
-    for (int64_t i = 0; i < c.rows; ++i) pos.push_back(c.pos + i);
+  for (const SeqRun& c : mine)
+    for (int64_t i = 0; i < c.count; ++i) pos.push_back(c.pos + i);
   const int64_t Sr = static_cast<int64_t>(pos.size());
   std::vector<__nv_bfloat16> q(B * Sr * Hq * D), kk(B * Sr * Hkv * D), vv(B * Sr * Hkv * D);
   for (int64_t b = 0; b < B; ++b)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fusedcomm/fusedcomm.h"
+#include "fusedcomm/runtime/split.h"
 #include "fusedcomm/types.h"
 
 namespace fusedcomm {
@@ -28,13 +29,9 @@ void cuda_attention_local(const fc_attention_local_t& shape, DType dtype, const 
 namespace fusedcomm {
 
 // ---- ring attention on the GPU (CudaComm::ring_attention) ------------------------------------
-// Which positions of the sequence a rank holds: one chunk (contiguous: the split rule over W) or
-// two (zigzag: chunks r and 2W-1-r of the split rule over 2W), in the rank's row order.
-struct SeqChunk {
-  int64_t pos = 0;   // global position of the chunk's first row
-  int64_t rows = 0;  // rows of the chunk
-};
-std::vector<SeqChunk> attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag);
+// Which positions of the sequence a rank holds: the host backend's rule (split.h: seq_runs), one
+// run (contiguous) or two (zigzag), in the rank's row order.
+SeqRuns attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag);
 
 // The shape of one ring: the whole sequence as fc_attention_shape_t gives it, and the layout.
 struct RingAttentionShape {
@@ -59,14 +56,14 @@ int64_t ring_kv_slot_elems(const RingAttentionShape& s, int world);
 void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const void* k, const void* v,
                        void* slot, cudaStream_t stream);
 
-// One attention launch of the ring: this rank's query chunk (rows [q_row0, q_row0 + q.rows) of
+// One attention launch of the ring: this rank's query chunk (rows [q_row0, q_row0 + q.count) of
 // its block, at global position q.pos) against a key chunk of rank (rank - step) mod W (rows
-// [k_row0, k_row0 + key.rows) of that rank's k_block_rows-row block; key.rows 0: a query chunk
+// [k_row0, k_row0 + key.count) of that rank's k_block_rows-row block; key.count 0: a query chunk
 // that sees no key anywhere, o = 0, lse = -inf). acc: 0 none, 1 store, 2 merge
 // (kernels::AttnAccum); writes_o: the query chunk's last launch, which writes o.
 struct RingLaunch {
   int step = 0;
-  SeqChunk q, key;
+  SeqRun q, key;
   int64_t q_row0 = 0, k_row0 = 0, k_block_rows = 0;
   int acc = 0;
   bool writes_o = false;

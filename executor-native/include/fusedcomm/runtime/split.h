@@ -29,6 +29,8 @@ struct SeqRun {
 struct SeqRuns {
   SeqRun run[2];
   int n = 0;  // 1 or 2
+  const SeqRun* begin() const { return run; }
+  const SeqRun* end() const { return run + n; }
   int64_t total() const { return n == 1 ? run[0].count : run[0].count + run[1].count; }
 };
 inline SeqRuns seq_runs(int64_t seq, int w, int r, SeqLayout layout) {
