@@ -229,6 +229,14 @@ typedef struct {
 FC_API fc_status_t fc_attention(fc_backend_t backend, fc_dtype_t dtype, const fc_attention_local_t* shape,
                                 const void* q, const void* k, const void* v, void* o, float* lse,
                                 fc_stream_t stream);
+/* Its backward (docs/ops.md "attentionBackward"): from the forward's q, k, v, o, its lse (fp32,
+ * required) and d_o (the gradient of o, shaped as o) writes dq (as q), dk and dv (as k and v;
+ * with grouped-query heads summed over the query heads sharing a K/V head). Gradients are
+ * accumulated in fp32 and rounded once. Backends, dtypes, alignment and stream as fc_attention. */
+FC_API fc_status_t fc_attention_backward(fc_backend_t backend, fc_dtype_t dtype, const fc_attention_local_t* shape,
+                                         const void* q, const void* k, const void* v, const void* o,
+                                         const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                         fc_stream_t stream);
 
 /* ---- communicator: bootstrap ---------------------------------------------------------------- */
 /* Life cycle, every rank the same: create -> endpoint + device handle + FC_AUTH_SHARE_BYTES
@@ -377,6 +385,14 @@ typedef struct {
 FC_API fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                      const fc_attention_shape_t* shape, const void* q, const void* k,
                                      const void* v, void* o, float* lse);
+/* Its backward (docs/ops.md "ringAttentionBackward"): each rank passes its forward inputs and
+ * outputs (q, k, v, o, lse) and d_o, rank-local shapes and the layout as the forward, and gets
+ * the gradients of its own positions: dq (as q), dk and dv (as k and v). K/V blocks travel around
+ * the ring as in the forward; their dk/dv partials travel with them back to their owner. */
+FC_API fc_status_t fc_ring_attention_backward(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                              const fc_attention_shape_t* shape, const void* q, const void* k,
+                                              const void* v, const void* o, const float* lse, const void* d_o,
+                                              void* dq, void* dk, void* dv);
 
 #ifdef __cplusplus
 } /* extern "C" */
