@@ -36,11 +36,12 @@ extern "C" __attribute__((visibility("default"))) int fc_attention_bf16(const vo
 }
 
 // dq, dk, dv = the backward of o = attention(q, k, v) from o, lse and d_o (attention_bwd.h),
-// dense bf16 gradients; delta: fp32 workspace (B, Hq, Sq). Returns the launch's cudaError_t.
+// dense bf16 gradients; delta (B, Hq, Sq) and dq_acc (B, Sq, Hq, D) fp32 workspaces; dq_path as
+// AttentionBwdArgs (0: the tuned choice). Returns the launch's cudaError_t.
 extern "C" __attribute__((visibility("default"))) int fc_attention_backward_bf16(
     const void* q, const void* kk, const void* v, const void* o, const float* lse, const void* d_o, void* dq,
-    void* dk, void* dv, float* delta, int B, int Sq, int Sk, int Hq, int Hkv, int D, int causal,
-    void* stream) {
+    void* dk, void* dv, float* delta, float* dq_acc, int dq_path, int B, int Sq, int Sk, int Hq, int Hkv,
+    int D, int causal, void* stream) {
   k::AttentionBwdArgs a;
   a.q = k::attn_dense(q, Sq, Hq, D);
   a.k = k::attn_dense(kk, Sk, Hkv, D);
@@ -49,6 +50,8 @@ extern "C" __attribute__((visibility("default"))) int fc_attention_backward_bf16
   a.d_o = k::attn_dense(d_o, Sq, Hq, D);
   a.lse = lse;
   a.delta = delta;
+  a.dq_acc = dq_acc;
+  a.dq_path = dq_path;
   a.dq.ptr = dq;
   a.dk.ptr = dk;
   a.dv.ptr = dv;

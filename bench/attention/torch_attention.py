@@ -52,6 +52,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--check-rows", type=int, default=256, help="query rows checked per (batch, head)")
     ap.add_argument("--backward", action="store_true", help="time the backward instead of the forward")
+    ap.add_argument("--dq-paths", type=lambda x: [int(i) for i in x.split(",") if i], default=[],
+                    help="backward: also time these forced dQ paths (1: separate pass, 2: atomic)")
     args = ap.parse_args()
     shapes = read_shapes(args.shapes)
     if args.backward:
@@ -176,7 +178,8 @@ def run_backward(args, shapes):
         lib = ctypes.CDLL(os.path.abspath(args.lib))
         lib.fc_attention_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
         lib.fc_attention_bf16.restype = ctypes.c_int
-        lib.fc_attention_backward_bf16.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+        lib.fc_attention_backward_bf16.argtypes = ([ctypes.c_void_p] * 11 + [ctypes.c_int] * 8 +
+                                                   [ctypes.c_void_p])
         lib.fc_attention_backward_bf16.restype = ctypes.c_int
 
     def time_launches(fn):
@@ -225,21 +228,27 @@ def run_backward(args, shapes):
                 o = torch.empty_like(q)
                 lse = torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
                 delta = torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
+                dq_acc = torch.empty(B, S, Hq, D, device="cuda", dtype=torch.float32)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
                 rc = lib.fc_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                                            B, S, S, Hq, Hkv, D, causal, ctypes.c_void_p(stream))
                 if rc != 0:
                     raise RuntimeError(f"fc_attention_bf16 returned cudaError {rc}")
 
-                def ours():
-                    rc = lib.fc_attention_backward_bf16(
-                        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), do.data_ptr(),
-                        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), delta.data_ptr(), B, S, S, Hq, Hkv, D, causal,
-                        ctypes.c_void_p(stream))
-                    if rc != 0:
-                        raise RuntimeError(f"fc_attention_backward_bf16 returned cudaError {rc}")
-                    return dq, dk, dv
-                impls.append(("fusedcomm", lambda: ours))
+                def ours(dq_path):
+                    def fn():
+                        rc = lib.fc_attention_backward_bf16(
+                            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), do.data_ptr(),
+                            dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), delta.data_ptr(), dq_acc.data_ptr(),
+                            dq_path, B, S, S, Hq, Hkv, D, causal, ctypes.c_void_p(stream))
+                        if rc != 0:
+                            raise RuntimeError(f"fc_attention_backward_bf16 returned cudaError {rc}")
+                        return dq, dk, dv
+                    return lambda: fn
+                # ours as users get it, and the dQ path tuning.h did not pick for comparison
+                impls.append(("fusedcomm", ours(0)))
+                for path in args.dq_paths:
+                    impls.append(({1: "fusedcomm_dq_pass", 2: "fusedcomm_dq_atomic"}[path], ours(path)))
 
             def sdpa(backend):
                 def make():  # the forward once, then each call one backward
@@ -265,7 +274,7 @@ def run_backward(args, shapes):
                     gq, gk, gv = fn()
                 except RuntimeError as e:  # a backend that does not take this shape
                     print(f"{label}: {name} unavailable: {str(e).splitlines()[0]}", flush=True)
-                    if name == "fusedcomm":
+                    if name.startswith("fusedcomm"):
                         failed += 1
                     continue
                 bad = []
@@ -277,7 +286,7 @@ def run_backward(args, shapes):
                         bad.append(f"{what} max|err| {err:.3e} vs max|ref| {mx:.3e}")
                 if bad:
                     print(f"{label}: {name} FAILED its check: {'; '.join(bad)}", flush=True)
-                    if name == "fusedcomm":
+                    if name.startswith("fusedcomm"):
                         failed += 1
                     continue
                 good.append((name, fn))

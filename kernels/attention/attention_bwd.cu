@@ -5,6 +5,7 @@
 
 #include "kernels/attention/detail/bshd_map.h"
 #include "kernels/attention/detail/flash_bwd.cuh"
+#include "kernels/attention/tuning.h"
 
 namespace fusedcomm::kernels {
 
@@ -37,9 +38,35 @@ AttnGrad dense_or(const AttnGrad& g, int64_t s, int64_t h, int64_t d) {
   return r;
 }
 
+bool fused_dq(const AttentionBwdArgs& a) {
+  if (a.dq_path != 0) return a.dq_path == 2;
+  return a.head_dim == 128 ? tuning::kAttnBwdFusedDq128 : tuning::kAttnBwdFusedDq64;
+}
+
+template <int D, bool kFusedDq>
+cudaError_t launch_dkdv(const AttentionBwdArgs& a, detail::BwdParams p, cudaStream_t stream) {
+  using C = detail::BwdKVCfg<D, kFusedDq>;
+  CUtensorMap tq, tk, tv, tdo;
+  if (!encode_bshd(&tq, a.q, a.batch, a.q_len, a.q_heads, D, C::kBM) ||
+      !encode_bshd(&tk, a.k, a.batch, a.kv_len, a.kv_heads, D, C::kBN) ||
+      !encode_bshd(&tv, a.v, a.batch, a.kv_len, a.kv_heads, D, C::kBN) ||
+      !encode_bshd(&tdo, a.d_o, a.batch, a.q_len, a.q_heads, D, C::kBM)) {
+    return cudaErrorInvalidValue;
+  }
+  p.tiles = static_cast<int>((a.kv_len + C::kBN - 1) / C::kBN);
+  auto kernel = detail::flash_bwd_dkdv_kernel<D, kFusedDq>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(a.kv_heads),
+                  static_cast<unsigned>(a.batch));
+  kernel<<<grid, 384, C::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
+  return cudaGetLastError();
+}
+
 template <int D>
 cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
   const bool add = a.mode == AttnGradMode::kAdd;
+  const bool fused = fused_dq(a);
   detail::BwdParams p{};
   const AttnGrad dq = dense_or(a.dq, a.q_len, a.q_heads, D);
   const AttnGrad dk = dense_or(a.dk, a.kv_len, a.kv_heads, D);
@@ -81,26 +108,26 @@ cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
                                    stream);
     if (e != cudaSuccess) return e;
   }
-  if (a.kv_len > 0 && !(add && a.q_len == 0)) {
-    using C = detail::BwdKVCfg<D>;
-    CUtensorMap tq, tk, tv, tdo;
-    if (!encode_bshd(&tq, a.q, a.batch, a.q_len, a.q_heads, D, C::kBM) ||
-        !encode_bshd(&tk, a.k, a.batch, a.kv_len, a.kv_heads, D, C::kBN) ||
-        !encode_bshd(&tv, a.v, a.batch, a.kv_len, a.kv_heads, D, C::kBN) ||
-        !encode_bshd(&tdo, a.d_o, a.batch, a.q_len, a.q_heads, D, C::kBM)) {
-      return cudaErrorInvalidValue;
-    }
-    p.tiles = static_cast<int>((a.kv_len + C::kBN - 1) / C::kBN);
-    auto kernel = detail::flash_bwd_dkdv_kernel<D>;
-    if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes)) !=
-        cudaSuccess) {
-      return e;
-    }
-    const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(a.kv_heads),
-                    static_cast<unsigned>(a.batch));
-    kernel<<<grid, 384, C::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  // dQ in the dK/dV pass, kStore: accumulated in the zeroed workspace, rounded after.
+  const bool via_acc = fused && !add && a.q_len > 0;
+  if (via_acc) {
+    p.dq = a.dq_acc;
+    p.dq_sh = D;
+    p.dq_ss = a.q_heads * D;
+    p.dq_sb = a.q_len * a.q_heads * D;
+    p.add = 0;
+    const size_t bytes = static_cast<size_t>(a.batch) * a.q_len * a.q_heads * D * sizeof(float);
+    if ((e = cudaMemsetAsync(a.dq_acc, 0, bytes, stream)) != cudaSuccess) return e;
   }
+  if (a.kv_len > 0 && !(add && a.q_len == 0)) {
+    e = fused ? launch_dkdv<D, true>(a, p, stream) : launch_dkdv<D, false>(a, p, stream);
+    if (e != cudaSuccess) return e;
+  }
+  if (via_acc) {
+    return launch_attention_grad_convert(a.dq_acc, 0, 0, 0, static_cast<__nv_bfloat16*>(dq.ptr), dq.stride_b,
+                                         dq.stride_s, dq.stride_h, a.batch, a.q_len, a.q_heads, D, stream);
+  }
+  if (fused) return cudaSuccess;
   if (a.q_len > 0) {
     using C = detail::BwdQCfg<D>;
     CUtensorMap tq, tk, tv, tdo;
@@ -151,7 +178,17 @@ const char* attention_bwd_check(const AttentionBwdArgs& a) {
     return "negative lse or delta stride";
   if (!grad_ok(a.dq) || !grad_ok(a.dk) || !grad_ok(a.dv))
     return "dq, dk and dv must not be null, 16-byte aligned, with strides that are multiples of 8 elements";
+  if (a.dq_path < 0 || a.dq_path > 2) return "dq_path must be 0, 1 or 2";
+  if (attention_bwd_dq_acc_bytes(a) > 0 && (a.dq_acc == nullptr || !aligned16(a.dq_acc)))
+    return "dq_acc (attention_bwd_dq_acc_bytes) must not be null and 16-byte aligned";
   return nullptr;
+}
+
+size_t attention_bwd_dq_acc_bytes(const AttentionBwdArgs& a) {
+  if (a.mode != AttnGradMode::kStore || !fused_dq(a) || a.batch <= 0 || a.q_len <= 0 || a.q_heads <= 0 ||
+      a.head_dim <= 0)
+    return 0;
+  return static_cast<size_t>(a.batch) * a.q_len * a.q_heads * a.head_dim * sizeof(float);
 }
 
 cudaError_t launch_attention_bwd(const AttentionBwdArgs& a, cudaStream_t stream) {

@@ -14,13 +14,15 @@
 //   mode kStore: bf16, written (rounded once from fp32);
 //   mode kAdd:   fp32 accumulators the launch adds into (a ring: one launch per visible block
 //                pair, then launch_attention_grad_convert once).
-// Within one launch every gradient element is owned by one CTA (dk, dv summed over the query
-// heads of a K/V head inside it), so kAdd needs no atomics; launches into the same accumulators
-// must be ordered (one stream).
+// dk and dv are each owned by one CTA (summed over the query heads of a K/V head inside it). dq is
+// computed by one of two paths (dq_path; tuning.h picks per head dim): in the dK/dV pass, added
+// into fp32 with atomic vector reductions (kStore: into the workspace dq_acc, zeroed first, then
+// rounded into dq), or by a separate dQ pass that owns its rows (recomputing S and dP). Launches
+// into the same accumulators must be ordered (one stream).
 //
 // Requirements (cudaErrorInvalidValue otherwise): those of attention.h; delta not null (the
-// launch's fp32 workspace when !delta_ready); gradients 16-byte aligned with strides multiples
-// of 8 elements.
+// launch's fp32 workspace when !delta_ready); dq_acc where attention_bwd_dq_acc_bytes says;
+// gradients 16-byte aligned with strides multiples of 8 elements.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,6 +50,8 @@ struct AttentionBwdArgs {
   bool delta_ready = false;  // true: delta holds δ already (an earlier launch on the same rows)
   AttnGrad dq, dk, dv;
   AttnGradMode mode = AttnGradMode::kStore;
+  float* dq_acc = nullptr;  // fp32 (B, q_len, Hq, D) dense workspace: attention_bwd_dq_acc_bytes
+  int dq_path = 0;          // 0: tuning.h's choice, 1: a separate dQ pass, 2: in the dK/dV pass
   int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = false;
   float scale = 0.0f;              // 0: 1 / sqrt(head_dim)
@@ -56,6 +60,9 @@ struct AttentionBwdArgs {
 
 // Whether the launch accepts args (nullptr) or why not (a static sentence).
 const char* attention_bwd_check(const AttentionBwdArgs& args);
+
+// Bytes of the dq_acc workspace the launch needs (0: none; kStore with dQ in the dK/dV pass).
+size_t attention_bwd_dq_acc_bytes(const AttentionBwdArgs& args);
 
 // Enqueues δ (unless delta_ready) and the backward on `stream`: a dK/dV pass (a CTA per 128 keys
 // of one K/V head) and a dQ pass (a CTA per 128 query rows of one head).

@@ -86,11 +86,15 @@ void cuda_attention_backward_local(const fc_attention_local_t& s, DType dtype, c
     fail(ErrorKind::kFatalGpu, "attentionBackward " + shape + ": " + what + ": " + cudaGetErrorName(e) +
                                    ": " + cudaGetErrorString(e));
   };
-  // δ: (B, Hq, q_len) fp32, stream-ordered. A stream being captured into a graph takes a
-  // graph-owned allocation (the graph's own pool).
-  const size_t delta_bytes = static_cast<size_t>(s.batch) * s.q_heads * s.q_len * sizeof(float);
-  float* delta = nullptr;
-  if (delta_bytes > 0) {
+  // The workspace: δ ((B, Hq, q_len) fp32) and, where the launch adds dQ up in fp32, its
+  // accumulator, stream-ordered. A stream being captured into a graph takes a graph-owned
+  // allocation (the graph's own pool).
+  const size_t delta_bytes =
+      (static_cast<size_t>(s.batch) * s.q_heads * s.q_len * sizeof(float) + 255) / 256 * 256;
+  const size_t acc_bytes = kernels::attention_bwd_dq_acc_bytes(a);
+  const size_t ws_bytes = delta_bytes + acc_bytes;
+  uint8_t* ws = nullptr;
+  if (ws_bytes > 0) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     cudaError_t e = cudaStreamIsCapturing(stream, &capture);
     if (e != cudaSuccess) gpu_fail(e, "stream query failed");
@@ -98,21 +102,22 @@ void cuda_attention_backward_local(const fc_attention_local_t& s, DType dtype, c
     if ((e = cudaGetDevice(&device)) != cudaSuccess) gpu_fail(e, "no current device");
     const cudaMemPool_t pool = capture == cudaStreamCaptureStatusNone ? bwd_pool(device) : nullptr;
     void* p = nullptr;
-    e = pool != nullptr ? cudaMallocFromPoolAsync(&p, delta_bytes, pool, stream)
-                        : cudaMallocAsync(&p, delta_bytes, stream);
+    e = pool != nullptr ? cudaMallocFromPoolAsync(&p, ws_bytes, pool, stream)
+                        : cudaMallocAsync(&p, ws_bytes, stream);
     if (e != cudaSuccess) gpu_fail(e, "workspace allocation failed");
-    delta = static_cast<float*>(p);
+    ws = static_cast<uint8_t*>(p);
+    a.delta = reinterpret_cast<float*>(ws);
+    a.dq_acc = acc_bytes > 0 ? reinterpret_cast<float*>(ws + delta_bytes) : nullptr;
   } else {
-    delta = static_cast<float*>(dq);  // never read or written: no query rows
+    a.delta = static_cast<float*>(dq);  // never read or written: no query rows
   }
-  a.delta = delta;
   if (const char* why = kernels::attention_bwd_check(a)) {
-    if (delta_bytes > 0) cudaFreeAsync(delta, stream);
+    if (ws != nullptr) cudaFreeAsync(ws, stream);
     fail(ErrorKind::kInvalidArgument, std::string("attentionBackward ") + shape + ": " + why);
   }
   cudaError_t e = kernels::launch_attention_bwd(a, stream);
-  if (delta_bytes > 0) {
-    const cudaError_t f = cudaFreeAsync(delta, stream);
+  if (ws != nullptr) {
+    const cudaError_t f = cudaFreeAsync(ws, stream);
     if (e == cudaSuccess) e = f;
   }
   if (e == cudaSuccess && stream == nullptr) e = cudaStreamSynchronize(nullptr);

@@ -29,7 +29,8 @@
 
 namespace fusedcomm::kernels::detail {
 
-// D(64×64, fp32) (+)= A(64×16, smem desc, K-major) · B(16×64, smem desc, K-major).
+// D(64×64, fp32) (+)= A(64×16, smem desc, K-major) · B(16×64, smem desc); kTransB = 1: B is N-major.
+template <int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                                    int scale_d) {
   asm volatile(
@@ -39,14 +40,42 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
       "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n"
+      "%32, %33, p, 1, 1, 0, %35;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
         "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
         "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+}
+
+// D(64×32, fp32) (+)= A(64×16, smem desc, K-major) · B(16×32, smem desc, N-major).
+__device__ __forceinline__ void wgmma_m64n32k16_ss_tn(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                      int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// Four 8×8 bf16 matrices from the mma accumulator fragment (r[i]: matrix i), each stored
+// transposed; lane l gives the shared address of row l % 8 of matrix l / 8 (after transposing).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
 // D(64×D) += A(64×16 registers) · B(16×D smem, N-major), D = 64 or 128.
@@ -130,7 +159,7 @@ __device__ __forceinline__ void bwd_store_rows(void* base, int64_t sb, int64_t s
 //   Q ring     kStages × kPanels × 8 KiB (64 query rows per panel), dO ring the same
 //   lse2, δ    kStages × 64 floats each
 //   barriers   kv_full, q_full[kStages], do_full[kStages], ld_full[kStages], empty[kStages]
-template <int D>
+template <int D, bool kFusedDq>
 struct BwdKVCfg {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kBN = 128;  // keys per CTA (2 consumer warpgroups × 64)
@@ -140,22 +169,25 @@ struct BwdKVCfg {
   static constexpr int kQPanelBytes = kBM * 128;
   static constexpr int kKBytes = kPanels * kKPanelBytes;
   static constexpr int kQBytes = kPanels * kQPanelBytes;
-  static constexpr int kStages = 4;
+  static constexpr int kStages = D == 128 && kFusedDq ? 3 : 4;
   static constexpr int kLdFloats = 2 * kBM;  // lse2 then δ
+  // With the dQ in this pass: dS (64 query rows × 128 keys, two 64-key panels, one per consumer
+  // warpgroup), double-buffered.
+  static constexpr int kDsBytes = kFusedDq ? 2 * 2 * kQPanelBytes : 0;
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
   static constexpr int kSmemBytes =
-      1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kBarrierBytes;
+      1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes + kBarrierBytes;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <int D>
+template <int D, bool kFusedDq>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                           const BwdParams p) {
-  using C = BwdKVCfg<D>;
+  using C = BwdKVCfg<D, kFusedDq>;
   constexpr int kBM = C::kBM, kStages = C::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -164,7 +196,8 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* sv = sk + C::kKBytes;
   uint8_t* sq = sv + C::kKBytes;
   uint8_t* sdo = sq + kStages * C::kQBytes;
-  float* sld = reinterpret_cast<float*>(sdo + kStages * C::kQBytes);
+  uint8_t* sds = sdo + kStages * C::kQBytes;  // kFusedDq: dS buffers
+  float* sld = reinterpret_cast<float*>(sds + C::kDsBytes);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sld + kStages * C::kLdFloats);
   uint64_t* q_full = kv_full + 1;
   uint64_t* do_full = q_full + kStages;
@@ -184,6 +217,15 @@ __global__ void __launch_bounds__(384, 1)
   }
   const int per_head = mb0 < m_blocks ? m_blocks - mb0 : 0;
   const int iters = per_head * p.group;
+  // Step it: query head hk · group + it / per_head, query block from mb0, rotated by the tile so
+  // that the tiles of one head do not all add into the same dQ rows at once.
+  const int rot = per_head > 0 ? n_tile % per_head : 0;
+  auto step_head = [&](int it) { return hk * p.group + it / per_head; };
+  auto step_m0 = [&](int it) {
+    int r = it % per_head + rot;
+    if (r >= per_head) r -= per_head;
+    return (mb0 + r) * kBM;
+  };
 
   if (threadIdx.x == 0) {
     mbar_init(kv_full, 1);
@@ -220,8 +262,8 @@ __global__ void __launch_bounds__(384, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int it = 0; it < iters; ++it) {
-      const int h = hk * p.group + it / per_head;
-      const int m0 = (mb0 + it % per_head) * kBM;
+      const int h = step_head(it);
+      const int m0 = step_m0(it);
       mbar_wait(&empty[stage], phase ^ 1);
       if (warp == 0) {
         mbar_arrive_expect_tx(&q_full[stage], C::kQBytes);
@@ -271,7 +313,8 @@ __global__ void __launch_bounds__(384, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int it = 0; it < iters; ++it) {
-      const int m0 = (mb0 + it % per_head) * kBM;
+      const int h = step_head(it);
+      const int m0 = step_m0(it);
       const uint32_t q_st = smem_u32(sq) + stage * C::kQBytes;
       const uint32_t do_st = smem_u32(sdo) + stage * C::kQBytes;
       float s[kBM / 2], dp[kBM / 2];
@@ -326,6 +369,20 @@ __global__ void __launch_bounds__(384, 1)
         pds[j / 2][(j % 2) * 2 + 0] = pack_bf16(dsv[0], dsv[1]);
         pds[j / 2][(j % 2) * 2 + 1] = pack_bf16(dsv[2], dsv[3]);
       }
+      if constexpr (kFusedDq) {
+        // dS (queries × keys) into this warpgroup's panel of the buffer: each 8×8 block of the
+        // dSᵀ fragment stored transposed, rows 128-byte swizzled as wgmma's A operand reads them.
+        const uint32_t ds_panel = smem_u32(sds) + (it & 1) * 2 * C::kQPanelBytes + cw * C::kQPanelBytes;
+        const int mi = lane / 8;
+#pragma unroll
+        for (int jj = 0; jj < kBM / 16; ++jj) {
+          const int q = 8 * (2 * jj + mi / 2) + lane % 8;
+          const int chunk = 2 * warp + mi % 2;  // the 16-byte chunk of keys warp·16 + 8·half ...
+          stmatrix_x4_trans(ds_panel + q * 128 + ((chunk ^ (q & 7)) << 4), pds[jj]);
+        }
+        fence_proxy_async_shared();
+        named_barrier_sync(1, 256);  // both panels written
+      }
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
@@ -338,7 +395,41 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      if constexpr (kFusedDq) {
+        // dQ[:, this warpgroup's half of the columns] = dS (64 × 128 keys) · K, K N-major; added
+        // into the fp32 dQ with vector reductions.
+        float dqp[D / 4];
+        const uint32_t ds_buf = smem_u32(sds) + (it & 1) * 2 * C::kQPanelBytes;
+        const uint32_t k_cols = D == 128 ? smem_u32(sk) + cw * C::kKPanelBytes : smem_u32(sk) + cw * 64;
+#pragma unroll
+        for (int kk = 0; kk < C::kBN / 16; ++kk) {
+          const uint64_t da = smem_desc_sw128(ds_buf + (kk / 4) * C::kQPanelBytes + (kk % 4) * 32, 16, 1024);
+          const uint64_t db = smem_desc_sw128(k_cols + kk * 2048, C::kKPanelBytes, 1024);
+          if constexpr (D == 128) {
+            wgmma_m64n64k16_ss<1>(dqp, da, db, kk > 0 ? 1 : 0);
+          } else {
+            wgmma_m64n32k16_ss_tn(dqp, da, db, kk > 0 ? 1 : 0);
+          }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(dqp);
+        const int col0 = cw * (D / 2) + 2 * (lane % 4);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = m0 + warp * 16 + lane / 4 + 8 * half;
+          if (r >= p.q_len) continue;
+          float* row =
+              static_cast<float*>(p.dq) + b * p.dq_sb + static_cast<int64_t>(r) * p.dq_ss + h * p.dq_sh;
+#pragma unroll
+          for (int j = 0; j < D / 16; ++j) {
+            red_add_f32x2(row + col0 + 8 * j, p.scale * dqp[4 * j + 2 * half],
+                          p.scale * dqp[4 * j + 2 * half + 1]);
+          }
+        }
+      } else {
+        wgmma_wait<0>();
+      }
       reg_fence(dk);
       reg_fence(dv);
       if (lane == 0) mbar_arrive(&empty[stage]);

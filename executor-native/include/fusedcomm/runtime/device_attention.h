@@ -29,7 +29,8 @@ void cuda_attention_local(const fc_attention_local_t& shape, DType dtype, const 
 // (nullptr: the legacy stream, and the call returns after the kernels finished). Dense tensors
 // as cuda_attention_local, plus o and d_o (as q), lse (the forward's, required) and dq (as q),
 // dk, dv (as k, v; summed over the query heads sharing a K/V head); bf16, fp32 accumulation,
-// rounded once. The δ workspace (B · Hq · q_len fp32) is stream-ordered from a per-device pool.
+// rounded once. The workspace (δ and an fp32 dQ accumulator) is stream-ordered from a per-device
+// pool.
 // Errors as cuda_attention_local.
 void cuda_attention_backward_local(const fc_attention_local_t& shape, DType dtype, const void* q,
                                    const void* k, const void* v, const void* o, const float* lse,
