@@ -37,13 +37,16 @@ FAMILIES = {
         columns=("label", "m", "n", "k", "layout"), rate="tflops", rate_name="TFLOP/s",
         baselines=("cublas",), parts=None, xlog=False),
     "attention": dict(
-        title="Attention forward: fusedcomm vs torch SDPA",
+        title="Attention forward and backward: fusedcomm vs torch SDPA",
         protocol="bf16 q, k, v, o, fp32 softmax, one GPU, (B, S, H, D) tensors. Ours (through ctypes) "
                  "and torch's scaled_dot_product_attention with its cuDNN and flash backends "
                  "interleaved in one process on the same random tensors: alternating rounds of "
-                 "back-to-back launches, one CUDA event pair per launch; medians. TFLOP/s = "
-                 "4·B·Hq·S²·D / t, halved when causal. Every output checked against an fp32 "
-                 "reference (sampled query rows of every batch and head) before timing.",
+                 "back-to-back launches, one CUDA event pair per launch; medians. Forward: TFLOP/s = "
+                 "4·B·Hq·S²·D / t, halved when causal; every output checked against an fp32 "
+                 "reference (sampled query rows of every batch and head) before timing. Backward "
+                 "(attentionBackward): one call is dq, dk, dv from q, k, v, o, lse and dO (torch: one "
+                 "autograd backward of the SDPA output); TFLOP/s = 2.5·4·B·Hq·S²·D / t, halved when "
+                 "causal; K/V head 0's gradients (batch 0) checked against an fp32 reference first.",
         columns=("label", "batch", "s", "q_heads", "kv_heads", "d", "causal"), rate="tflops",
         rate_name="TFLOP/s", baselines=("torch_sdpa_cudnn", "torch_sdpa_flash"), parts=None, xlog=False),
     "collectives": dict(

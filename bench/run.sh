@@ -146,6 +146,8 @@ run_attention() {  # ours and torch SDPA (cuDNN, flash) interleaved in one proce
   if python3 -c 'import torch' 2>/dev/null; then
     step attention 900 python3 "$here/attention/torch_attention.py" --shapes "$shapes/attention.txt" \
       --lib "$bin/libfc_attn_bench.so" --out "$out/rows/attention.jsonl"
+    step attention-backward 900 python3 "$here/attention/torch_attention.py" --backward \
+      --shapes "$shapes/attention_bwd.txt" --lib "$bin/libfc_attn_bench.so" --out "$out/rows/attention-bwd.jsonl"
   else
     fail "attention: needs torch (the driver is torch_attention.py)"
   fi

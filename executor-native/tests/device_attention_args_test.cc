@@ -1,7 +1,7 @@
 // device_attention_args_test: what the GPU attention entry points decide on the host, without a
 // GPU: cuda_attention_local's and the ring's argument checks (each refusal an
 // Error(kInvalidArgument) naming what is wrong, before any CUDA call), the kernel launcher's
-// checks, and the ring's layout math: under both layouts the ranks' chunks cover the sequence
+// checks (forward and backward), and the ring's layout math: under both layouts the ranks' chunks cover the sequence
 // exactly once, zigzag rank r holding chunks r and 2W-1-r of 2W in that order; and the ring's
 // launch plan per step (plan_checks).
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_bwd.h"
 #include "support/check.h"
 
 namespace {
@@ -75,6 +76,83 @@ void local_checks() {
   check(ok, "batch 0 is a no-op");
 }
 
+// cuda_attention_backward_local's refusals: those of the forward plus lse and the gradients.
+void backward_local_checks() {
+  fc_attention_local_t s{};
+  s.batch = 1;
+  s.q_len = s.kv_len = 64;
+  s.q_heads = 8;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  auto* p = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  auto* lse = reinterpret_cast<const float*>(p);
+  auto run = [&](const fc_attention_local_t& x, DType t, void* dq, const float* l) {
+    return [=] { fusedcomm::cuda_attention_backward_local(x, t, p, p, p, p, l, p, dq, p, p, nullptr); };
+  };
+  std::string m = refusal(run(s, DType::kF32, p, lse), "backward: f32 on the GPU");
+  check(m.find("bf16") != std::string::npos && m.find("attentionBackward") != std::string::npos,
+        "the backward's dtype refusal names the op and bf16: " + m);
+  fc_attention_local_t x = s;
+  x.head_dim = 256;
+  m = refusal(run(x, DType::kBF16, p, lse), "backward: head_dim 256");
+  check(m.find("head_dim 64 or 128") != std::string::npos, "the backward's head_dim refusal: " + m);
+  x = s;
+  x.q_heads = 7;
+  refusal(run(x, DType::kBF16, p, lse), "backward: Hq % Hkv != 0");
+  m = refusal(run(s, DType::kBF16, nullptr, lse), "backward: null dq");
+  check(m.find("must not be null") != std::string::npos, "the null-gradient refusal: " + m);
+  m = refusal(run(s, DType::kBF16, reinterpret_cast<void*>((uintptr_t{1} << 20) + 8), lse),
+              "backward: misaligned dq");
+  check(m.find("16-byte aligned") != std::string::npos, "the backward's alignment refusal: " + m);
+  m = refusal(run(s, DType::kBF16, p, nullptr), "backward: no lse");
+  check(m.find("lse") != std::string::npos, "the missing-lse refusal names lse: " + m);
+  x = s;
+  x.batch = 0;
+  bool ok = true;
+  try {
+    run(x, DType::kBF16, p, lse)();
+  } catch (const Error&) { ok = false; }
+  check(ok, "backward: batch 0 is a no-op");
+}
+
+void kernel_bwd_checks() {
+  namespace k = fusedcomm::kernels;
+  auto* p = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  k::AttentionBwdArgs a;
+  a.batch = 1;
+  a.q_len = a.kv_len = 16;
+  a.q_heads = a.kv_heads = 2;
+  a.head_dim = 128;
+  a.q = k::attn_dense(p, 16, 2, 128);
+  a.k = a.v = a.o = a.d_o = a.q;
+  a.lse = a.delta = static_cast<float*>(p);
+  a.dq.ptr = a.dk.ptr = a.dv.ptr = p;
+  a.dq_acc = static_cast<float*>(p);
+  check(k::attention_bwd_check(a) == nullptr, "a dense backward passes the launcher's checks");
+  k::AttentionBwdArgs b = a;
+  b.lse = nullptr;
+  check(k::attention_bwd_check(b) != nullptr, "a backward without lse is refused");
+  b = a;
+  b.dk.stride_s = 260;
+  check(k::attention_bwd_check(b) != nullptr, "a gradient row stride off a multiple of 8 is refused");
+  b = a;
+  b.dq_path = 2;
+  b.dq_acc = nullptr;
+  check(k::attention_bwd_check(b) != nullptr, "dQ accumulated in fp32 without its workspace is refused");
+  check(k::attention_bwd_dq_acc_bytes(b) == 16 * 2 * 128 * 4, "the dQ workspace: (B, q_len, Hq, D) fp32");
+  b.mode = k::AttnGradMode::kAdd;
+  check(k::attention_bwd_check(b) == nullptr && k::attention_bwd_dq_acc_bytes(b) == 0,
+        "accumulating into fp32 gradients needs no dQ workspace");
+  b = a;
+  b.dq_path = 1;
+  b.dq_acc = nullptr;
+  check(k::attention_bwd_check(b) == nullptr, "the separate dQ pass needs no workspace");
+  b = a;
+  b.delta_ready = true;
+  b.o.ptr = nullptr;
+  check(k::attention_bwd_check(b) == nullptr, "a ready delta needs no o");
+}
+
 void kernel_checks() {
   namespace k = fusedcomm::kernels;
   k::AttentionArgs a;
@@ -111,7 +189,8 @@ void layout_checks() {
           const fusedcomm::SeqRuns c = fusedcomm::attention_seq_chunks(seq, w, r, zigzag);
           if (zigzag) {
             ordered = ordered && c.n == 2 && c.run[0].pos == fusedcomm::split_offset(seq, 2 * w, r) &&
-                      c.run[1].pos == fusedcomm::split_offset(seq, 2 * w, 2 * w - 1 - r) && c.run[0].pos <= c.run[1].pos;
+                      c.run[1].pos == fusedcomm::split_offset(seq, 2 * w, 2 * w - 1 - r) &&
+                      c.run[0].pos <= c.run[1].pos;
           } else {
             ordered = ordered && c.n == 1 && c.run[0].count == fusedcomm::split_count(seq, w, r);
           }
@@ -201,8 +280,7 @@ void plan_checks() {
                 const int owner = (r - l.step + w) % w;
                 int64_t off = 0;
                 bool found = false;
-                for (const fusedcomm::SeqRun& kc :
-                     fusedcomm::attention_seq_chunks(seq, w, owner, s.zigzag)) {
+                for (const fusedcomm::SeqRun& kc : fusedcomm::attention_seq_chunks(seq, w, owner, s.zigzag)) {
                   if (kc.pos == l.key.pos && kc.count == l.key.count && kc.count > 0) {
                     found = off == l.k_row0;
                     break;
@@ -225,7 +303,9 @@ void plan_checks() {
 
 int main() {
   local_checks();
+  backward_local_checks();
   kernel_checks();
+  kernel_bwd_checks();
   layout_checks();
   plan_checks();
   return fusedcomm::testing::report("device_attention_args_test");

@@ -16,4 +16,11 @@ inline constexpr int kAttnBlockN = 128;
 inline constexpr bool kAttnPipelined128 = true;
 inline constexpr bool kAttnPipelined64 = false;
 
+// The backward's dQ per head dim (attention_bwd.h): added with fp32 vector reductions from the
+// dK/dV pass (true) or a separate pass that recomputes S and dP (false). At head dim 128 the
+// separate pass ran 1.16-1.26 × faster (S = 4k-16k, causal and not); at 64 the reductions ran
+// 0.98-1.05 × as fast as it, a tie that does not pay for a dQ that is no longer bit-reproducible.
+inline constexpr bool kAttnBwdFusedDq128 = false;
+inline constexpr bool kAttnBwdFusedDq64 = false;
+
 }  // namespace fusedcomm::kernels::tuning

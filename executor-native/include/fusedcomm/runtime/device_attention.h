@@ -24,6 +24,18 @@ namespace fusedcomm {
 void cuda_attention_local(const fc_attention_local_t& shape, DType dtype, const void* q, const void* k,
                           const void* v, void* o, float* lse, cudaStream_t stream);
 
+// dq, dk, dv = the backward of o = attention(q, k, v) (fc_attention_backward's cuda backend,
+// docs/ops.md "attentionBackward"), on the calling thread's current GPU, enqueued on `stream`
+// (nullptr: the legacy stream, and the call returns after the kernels finished). Dense tensors
+// as cuda_attention_local, plus o and d_o (as q), lse (the forward's, required) and dq (as q),
+// dk, dv (as k, v; summed over the query heads sharing a K/V head); bf16, fp32 accumulation,
+// rounded once. The workspace (δ and an fp32 dQ accumulator) is stream-ordered from a per-device
+// pool.
+// Errors as cuda_attention_local.
+void cuda_attention_backward_local(const fc_attention_local_t& shape, DType dtype, const void* q,
+                                   const void* k, const void* v, const void* o, const float* lse,
+                                   const void* d_o, void* dq, void* dk, void* dv, cudaStream_t stream);
+
 }  // namespace fusedcomm
 
 namespace fusedcomm {
