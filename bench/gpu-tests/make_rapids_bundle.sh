@@ -23,7 +23,8 @@ mkdir -p "$b/jars" "$b/app"
 "$jdk/bin/jlink" --add-modules java.se,jdk.unsupported,jdk.management,jdk.crypto.ec,jdk.zipfs,jdk.security.auth,jdk.security.jgss,jdk.naming.dns,jdk.localedata,jdk.incubator.vector \
   --strip-debug --no-man-pages --no-header-files --compress=0 --output "$b/jre"
 strip --strip-unneeded "$b/jre/lib/server/libjvm.so"
-tr ':' '\n' < examples/target/classpath.txt | sed '/^$/d' | grep -v -E 'rocksdbjni|osx-|aarch_64|windows|icu4j' |
+# spark-sql needs icu4j (collations), unlike spark-core alone.
+tr ':' '\n' < examples/target/classpath.txt | sed '/^$/d' | grep -v -E 'rocksdbjni|osx-|aarch_64|windows' |
   while read -r e; do cp "$e" "$b/jars/"; done
 python3 bench/gpu-tests/slim_rapids_jar.py "$rapids_jar" "$b/app/rapids-4-spark.jar" "$shim" 90
 # Stored entries, so that xz sees the class files themselves.

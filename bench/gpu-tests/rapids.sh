@@ -41,7 +41,7 @@ examples_jar=$(ls "$app"/fusedcomm-examples-*.jar)
 cp_app=$examples_jar:$(ls "$app"/fusedcomm-rapids_*.jar):$(ls "$app"/fusedcomm_*.jar)
 rapids_jar=$home/bundle/app/rapids-4-spark.jar
 jars=$rapids_jar,$(ls "$app"/fusedcomm_*.jar),$(ls "$app"/fusedcomm-rapids_*.jar)
-nvidia-smi -L | tee "$out/gpus.txt"
+nvidia-smi -L
 ngpu=$(nvidia-smi -L | grep -c '^GPU' || true)
 flags=(--add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.lang.invoke=ALL-UNNAMED
   --add-opens=java.base/java.lang.reflect=ALL-UNNAMED --add-opens=java.base/java.io=ALL-UNNAMED
@@ -100,16 +100,17 @@ example05() {
   grep -vE "^\s+at |^\s*$" "$out/$name.log" | grep -E "05_rapids|ETL:|hand-off|rank |loss|weights|FAILED|NOT_ON_GPU|cannot run on GPU|fusedcomm GPU memory|Exception" | cut -c1-400 | head -30
   # The executor's side: RMM's pool, fusedcomm's memory decision or refusal.
   cat "$home"/executors/*/stderr 2>/dev/null | grep -E "fusedcomm GPU memory|fusedcomm cannot start|RMM|pool|GPU memory|shim|Exception" |
-    cut -c1-400 | head -16 > "$out/$name-executor.log"
-  cat "$out/$name-executor.log"
+    cut -c1-400 | head -16 > "$home/$name-executor.log"
+  cat "$home/$name-executor.log"
+  { echo "==== $name"; cat "$home"/executors/*/stderr 2>/dev/null | tail -300; } >> "$out/executors.log"
   return $rc
 }
 plugins_rf=com.nvidia.spark.SQLPlugin,io.fusedcomm.FusedCommPlugin
 plugins_fr=io.fusedcomm.FusedCommPlugin,com.nvidia.spark.SQLPlugin
-rm -f "$out/summary.txt"
+rm -f "$out/summary.txt" "$out/executors.log"
 mkdir -p /tmp/fc-metrics && rm -rf /tmp/fc-metrics/*
 echo "== order1: $plugins_rf, reserve 960m, CSV metrics"
-example05 order1 180 jars -Dspark.plugins=$plugins_rf -Dspark.rapids.memory.gpu.reserve=960m \
+example05 order1 120 jars -Dspark.plugins=$plugins_rf -Dspark.rapids.memory.gpu.reserve=960m \
   -Dspark.metrics.conf.executor.sink.csv.class=org.apache.spark.metrics.sink.CsvSink \
   -Dspark.metrics.conf.executor.sink.csv.period=1 -Dspark.metrics.conf.executor.sink.csv.unit=seconds \
   -Dspark.metrics.conf.executor.sink.csv.directory=/tmp/fc-metrics
@@ -120,12 +121,12 @@ for f in /tmp/fc-metrics/*FusedCommPlugin*.csv; do
   echo "$n: max $(tail -n +2 "$f" | cut -d, -f2 | sort -g | tail -1), last $(tail -1 "$f" | cut -d, -f2)"
 done | sort > "$out/metrics.txt"
 grep -E "bytes|path|symmetric|communicators|ops.allGatherGemm|ops.allReduce" "$out/metrics.txt" | head -30
-echo "== order2: $plugins_fr, reserve 960m"
-example05 order2 180 cp -Dspark.plugins=$plugins_fr -Dspark.rapids.memory.gpu.reserve=960m
 echo "== tight: RMM's defaults (reserve 640m): the memory rule must refuse"
-example05 tight 180 jars -Dspark.plugins=$plugins_rf -Dspark.task.maxFailures=1 -Dspark.stage.maxConsecutiveAttempts=1
+example05 tight 120 jars -Dspark.plugins=$plugins_rf -Dspark.task.maxFailures=1 -Dspark.stage.maxConsecutiveAttempts=1
+echo "== order2: $plugins_fr, reserve 960m"
+example05 order2 120 cp -Dspark.plugins=$plugins_fr -Dspark.rapids.memory.gpu.reserve=960m
 echo "== large: symmetricBytes=4g, reserve 8896m"
-example05 large 180 cp -Dspark.plugins=$plugins_rf -Dspark.fusedcomm.cuda.symmetricBytes=4g \
+example05 large 120 cp -Dspark.plugins=$plugins_rf -Dspark.fusedcomm.cuda.symmetricBytes=4g \
   -Dspark.rapids.memory.gpu.reserve=8896m
 echo "== table"
 pass() { grep -q "05_rapids_etl_to_training: check passed" "$out/$1.log" && echo yes || echo no; }
@@ -133,7 +134,7 @@ printf '%-8s %-10s %-7s %s\n' run exit passed note
 while read -r name rc secs; do
   note=""
   case $name in
-    tight) note=$(grep -o -m1 "Set spark.rapids.memory.gpu.reserve=[0-9]*m" "$out/tight.log" "$out/tight-executor.log" | head -1) ;;
+    tight) note=$(grep -h -o -m1 "Set spark.rapids.memory.gpu.reserve=[0-9]*m" "$out/tight.log" "$home/tight-executor.log" | head -1) ;;
     *) note=$(grep -o -m1 "x tensor 0x[0-9a-f]* == cuDF list elements 0x[0-9a-f]*" "$out/$name.log" | head -1) ;;
   esac
   printf '%-8s %-10s %-7s %s\n' "$name" "$rc $secs" "$(pass "$name")" "$note"
