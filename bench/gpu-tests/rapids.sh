@@ -16,6 +16,8 @@
 #   tight      RMM's defaults (reserve 640m): the memory rule must refuse, naming what to set
 #   large      spark.fusedcomm.cuda.symmetricBytes=4g and the reserve the rule asks for (8896m):
 #              the rule's sizing holds for a larger symmetric area beside the pool
+# With ONLY=share2, instead: two executors sharing GPU 0 (spark.fusedcomm.cuda.shareGpu, each RMM
+# pool 0.4 of the GPU), world 2: the gather and the sums cross ranks; CSV metrics as order1.
 set -uo pipefail
 ulimit -c 0
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -105,21 +107,38 @@ example05() {
   { echo "==== $name"; cat "$home"/executors/*/stderr 2>/dev/null | tail -300; } >> "$out/executors.log"
   return $rc
 }
+# The executor's fusedcomm counters and gauges (CSV sink under /tmp/fc-metrics): the largest and
+# the last value each one wrote.
+metrics_table() {
+  for f in /tmp/fc-metrics/*FusedCommPlugin*.csv; do
+    [ -f "$f" ] || continue
+    n=$(basename "$f" .csv | sed 's/.*FusedCommPlugin\.//')
+    echo "$n: max $(tail -n +2 "$f" | cut -d, -f2 | sort -g | tail -1), last $(tail -1 "$f" | cut -d, -f2)"
+  done | sort
+}
+csv=(-Dspark.metrics.conf.executor.sink.csv.class=org.apache.spark.metrics.sink.CsvSink
+  -Dspark.metrics.conf.executor.sink.csv.period=1 -Dspark.metrics.conf.executor.sink.csv.unit=seconds
+  -Dspark.metrics.conf.executor.sink.csv.directory=/tmp/fc-metrics)
 plugins_rf=com.nvidia.spark.SQLPlugin,io.fusedcomm.FusedCommPlugin
 plugins_fr=io.fusedcomm.FusedCommPlugin,com.nvidia.spark.SQLPlugin
 rm -f "$out/summary.txt" "$out/executors.log"
 mkdir -p /tmp/fc-metrics && rm -rf /tmp/fc-metrics/*
+if [ "${ONLY:-}" = share2 ]; then
+  world=2; args=${EXAMPLE_ARGS:-"2 2048 64 30 7"}
+  printf '#!/bin/sh\necho '"'"'{"name":"gpu","addresses":["0"]}'"'"'\n' > "$home/gpu0.sh"; chmod +x "$home/gpu0.sh"
+  echo "== share2: two executors on GPU 0, world 2, $plugins_rf, allocFraction 0.4 each"
+  example05 share2 150 jars -Dspark.plugins=$plugins_rf -Dspark.rapids.memory.gpu.allocFraction=0.4 \
+    -Dspark.fusedcomm.cuda.shareGpu=true -Dspark.worker.resource.gpu.discoveryScript="$home/gpu0.sh" \
+    -Dspark.executor.resource.gpu.discoveryScript="$home/gpu0.sh" "${csv[@]}"
+  metrics_table > "$out/metrics.txt"
+  grep -E "bytes|path|symmetric|communicators|ops.allGatherGemm|ops.allReduce" "$out/metrics.txt"
+  grep -o "x tensor 0x[0-9a-f]* == cuDF list elements 0x[0-9a-f]*" "$out/share2.log"
+  cat "$out/summary.txt"
+  exit 0
+fi
 echo "== order1: $plugins_rf, reserve 960m, CSV metrics"
-example05 order1 120 jars -Dspark.plugins=$plugins_rf -Dspark.rapids.memory.gpu.reserve=960m \
-  -Dspark.metrics.conf.executor.sink.csv.class=org.apache.spark.metrics.sink.CsvSink \
-  -Dspark.metrics.conf.executor.sink.csv.period=1 -Dspark.metrics.conf.executor.sink.csv.unit=seconds \
-  -Dspark.metrics.conf.executor.sink.csv.directory=/tmp/fc-metrics
-# The last row of each fusedcomm counter and gauge the executor wrote.
-for f in /tmp/fc-metrics/*FusedCommPlugin*.csv; do
-  [ -f "$f" ] || continue
-  n=$(basename "$f" .csv | sed 's/.*FusedCommPlugin\.//')
-  echo "$n: max $(tail -n +2 "$f" | cut -d, -f2 | sort -g | tail -1), last $(tail -1 "$f" | cut -d, -f2)"
-done | sort > "$out/metrics.txt"
+example05 order1 120 jars -Dspark.plugins=$plugins_rf -Dspark.rapids.memory.gpu.reserve=960m "${csv[@]}"
+metrics_table > "$out/metrics.txt"
 grep -E "bytes|path|symmetric|communicators|ops.allGatherGemm|ops.allReduce" "$out/metrics.txt" | head -30
 echo "== tight: RMM's defaults (reserve 640m): the memory rule must refuse"
 example05 tight 120 jars -Dspark.plugins=$plugins_rf -Dspark.task.maxFailures=1 -Dspark.stage.maxConsecutiveAttempts=1
