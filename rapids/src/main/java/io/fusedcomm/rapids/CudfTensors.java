@@ -180,7 +180,7 @@ public final class CudfTensors {
   }
 
   static <T> T fromListColumn(CudfAccess cudf, TensorMaker<T> maker, Object column, DType dtype) {
-    Set<String> elements = LIST_ELEMENTS.get(dtype);
+    Set<String> elements = dtype == null ? null : LIST_ELEMENTS.get(dtype);
     if (elements == null) {
       throw new IllegalArgumentException("a list column becomes a tensor of " + LIST_ELEMENTS.keySet() + ", not "
           + (dtype == null ? "null" : dtype.label()));
