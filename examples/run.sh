@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one of fusedcomm's numbered examples with spark-submit and prints the exact command.
 #
-#   examples/run.sh <01_collectives|02_tensor_parallel_mlp|03_moe_layer|04_context_parallel_attention> [example args...]
+#   examples/run.sh <01_collectives|02_tensor_parallel_mlp|03_moe_layer|04_context_parallel_attention|05_rapids_etl_to_training> [example args...]
 #
 # Builds what is missing first (the plugin jar, the examples jar, the Spark classpath file) in one
 # Maven run, never anything that exists. Then:
@@ -17,6 +17,9 @@
 #   FUSEDCOMM_BACKEND  spark.fusedcomm.backend (default host)
 #   EXTRA_SUBMIT_ARGS  more spark-submit arguments, split on blanks (e.g. --conf k=v ...)
 #   SPARK_HOME         a Spark 4.1 (Scala 2.13) installation to submit with (optional)
+#   RAPIDS_JAR         the RAPIDS Accelerator's jar (com.nvidia:rapids-4-spark_2.13, classifier
+#                      cuda13): runs the application with both plugins, the Accelerator first, and
+#                      fusedcomm-rapids beside fusedcomm (example 05's GPU form); see README
 #
 # First use builds without tests and prints Maven's progress; it installs nothing into the
 # local Maven repository (it downloads Spark there, once).
@@ -27,7 +30,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 usage() {
-  echo "usage: examples/run.sh <01_collectives|02_tensor_parallel_mlp|03_moe_layer|04_context_parallel_attention> [args...]" >&2
+  echo "usage: examples/run.sh <01_collectives|02_tensor_parallel_mlp|03_moe_layer|04_context_parallel_attention|05_rapids_etl_to_training> [args...]" >&2
   echo "  01_collectives [world=2] [seed]" >&2
   echo "  02_tensor_parallel_mlp [world=2] [M=125] [H=64] [F=256] [dtype=bf16|f32] [seed|fresh] [mode=train|infer]" >&2
   echo "    with FUSEDCOMM_BACKEND=cuda: dtype bf16, and H and every rank's share of F" >&2
@@ -47,6 +50,7 @@ case "$1" in
   02_tensor_parallel_mlp) MAIN=io.fusedcomm.examples.TensorParallelMlpExample ;;
   03_moe_layer) MAIN=io.fusedcomm.examples.MoeLayerExample ;;
   04_context_parallel_attention) MAIN=io.fusedcomm.examples.ContextParallelAttentionExample ;;
+  05_rapids_etl_to_training) MAIN=io.fusedcomm.examples.RapidsEtlTrainingExample ;;
   -h | --help) usage; exit 0 ;;
   *) echo "unknown example '$1'" >&2; usage; exit 2 ;;
 esac
@@ -57,6 +61,7 @@ shift
 VERSION="$(sed -n 's:^  <version>\(.*\)</version>.*:\1:p' pom.xml | head -n 1)"
 SCALA="$(sed -n 's:^    <scala.binary.version>\(.*\)</scala.binary.version>.*:\1:p' pom.xml | head -n 1)"
 PLUGIN_JAR="$ROOT/spark-plugin/target/fusedcomm_$SCALA-$VERSION.jar"
+RAPIDS_MODULE_JAR="$ROOT/rapids/target/fusedcomm-rapids_$SCALA-$VERSION.jar"
 EXAMPLES_JAR="$ROOT/examples/target/fusedcomm-examples-$VERSION.jar"
 CLASSPATH_FILE="$ROOT/examples/target/classpath.txt"
 LOG4J_CONF="$ROOT/conf/log4j2.properties"
@@ -66,7 +71,7 @@ run_mvn() {
   mvn "$@"
 }
 
-if [[ ! -f "$PLUGIN_JAR" || ! -f "$EXAMPLES_JAR" || ! -f "$CLASSPATH_FILE" ]]; then
+if [[ ! -f "$PLUGIN_JAR" || ! -f "$RAPIDS_MODULE_JAR" || ! -f "$EXAMPLES_JAR" || ! -f "$CLASSPATH_FILE" ]]; then
   # One reactor build of what the examples need, with Maven's progress shown. It installs
   # nothing: the jars stay under */target. Maven does download, once, into its local repository
   # (~/.m2/repository): Spark and its dependencies and Maven's plugins, about 240 MB.
@@ -87,12 +92,23 @@ MASTER="${MASTER:-local-cluster[$WORLD,1,1024]}"
 BACKEND="${FUSEDCOMM_BACKEND:-host}"
 # shellcheck disable=SC2206 # split on blanks on purpose
 EXTRA=(${EXTRA_SUBMIT_ARGS:-})
+JARS="$PLUGIN_JAR"
+PLUGINS=io.fusedcomm.FusedCommPlugin
+if [[ -n "${RAPIDS_JAR:-}" ]]; then
+  [[ -f "$RAPIDS_JAR" ]] || { echo "RAPIDS_JAR=$RAPIDS_JAR is not a file" >&2; exit 2; }
+  # The Accelerator's RMM pool takes the GPU's free memory but spark.rapids.memory.gpu.reserve;
+  # fusedcomm's 2 x spark.fusedcomm.cuda.symmetricBytes (128m) + 64m must fit beside it (see
+  # README, "With the RAPIDS Accelerator"): 640m (the default reserve) + 320m.
+  JARS="$RAPIDS_JAR,$PLUGIN_JAR,$RAPIDS_MODULE_JAR"
+  PLUGINS=com.nvidia.spark.SQLPlugin,io.fusedcomm.FusedCommPlugin
+  EXTRA=(--conf spark.rapids.memory.gpu.reserve=960m "${EXTRA[@]}")
+fi
 
 if [[ -n "${SPARK_HOME:-}" ]]; then
   CMD=("$SPARK_HOME/bin/spark-submit"
     --master "$MASTER"
-    --jars "$PLUGIN_JAR"
-    --conf spark.plugins=io.fusedcomm.FusedCommPlugin
+    --jars "$JARS"
+    --conf "spark.plugins=$PLUGINS"
     --conf "spark.fusedcomm.backend=$BACKEND"
     --driver-java-options "-Dlog4j.configurationFile=file:$LOG4J_CONF"
     "${EXTRA[@]}"
@@ -124,8 +140,8 @@ HEAD=("$JAVA_HOME/bin/java" "${FLAGS[@]}"
   -cp)
 TAIL=(org.apache.spark.deploy.SparkSubmit
   --master "$MASTER"
-  --jars "$PLUGIN_JAR"
-  --conf spark.plugins=io.fusedcomm.FusedCommPlugin
+  --jars "$JARS"
+  --conf "spark.plugins=$PLUGINS"
   --conf "spark.fusedcomm.backend=$BACKEND"
   --conf "spark.executorEnv.SPARK_SCALA_VERSION=$SCALA"
   --conf "spark.executor.extraJavaOptions=$JVM_FLAGS -Dlog4j.configurationFile=file:$LOG4J_CONF"

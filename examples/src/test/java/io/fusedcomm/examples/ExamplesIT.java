@@ -131,6 +131,17 @@ class ExamplesIT {
   }
 
   @Test
+  void rapidsEtlToTrainingOnTheCpu() throws Exception {
+    // The CPU form (no RAPIDS Accelerator): Parquet ETL by Spark, rows to host tensors, 30 steps
+    // of tensor-parallel training on two ranks, checked against Java's ETL and an fp64 reference.
+    String out = run("05_rapids_etl_to_training", "2", "2048", "32", "30", "7");
+    assertTrue(out.contains("ETL: 2048 rows, 8 features and a label each, 0 values differ from Java's"), "ETL check");
+    assertTrue(out.contains("hand-off: allReduce and allGather of the y column, 0 mismatches"), "hand-off check");
+    assertTrue(Pattern.compile("(?m)^05_rapids_etl_to_training: check passed \\(world=2, N=2048, K=8, F=32, steps=30,"
+        + " backend=host, loss \\S+ -> \\S+, max_rel_err loss=\\S+\\)$").matcher(out).find(), "no success line");
+  }
+
+  @Test
   void unknownExampleIsRefused() throws Exception {
     Result r = exec(List.of("bash", "examples/run.sh", "03_nope"), 30);
     assertEquals(2, r.exitCode, r.output);

@@ -25,6 +25,15 @@ interface CudfAccess {
   /** Takes one more reference to a {@code ColumnVector} ({@code incRefCount}); closing it drops it. */
   AutoCloseable retain(Object columnVector);
 
+  /** The child (element) column of a {@code LIST} column ({@code getChildColumnView(0)}). */
+  Object listChild(Object listColumn);
+
+  /**
+   * The smallest and the largest list length of a {@code LIST} column, computed by cuDF on the GPU
+   * ({@code countElements()} and its {@code min()} / {@code max()}); two numbers come back.
+   */
+  long[] listLengthRange(Object listColumn);
+
   int columnCount(Object table);
 
   /** The table's column {@code i}, a {@code ColumnVector} the table owns. */

@@ -3,6 +3,7 @@ package io.fusedcomm.rapids;
 import io.fusedcomm.api.DType;
 import io.fusedcomm.api.DeviceTensor;
 import java.util.Map;
+import java.util.Set;
 
 /**
  * cuDF columns and tables as fusedcomm device tensors, and tensors back as cuDF columns, on the
@@ -25,6 +26,9 @@ import java.util.Map;
  *   <li>{@link #fromTable}: one column is {@link #retainColumn}; several are packed into a new
  *       row-major {@code rows × columns} tensor by the GPU ({@link DeviceTensor#packColumns}),
  *       which owns its memory; either way the table may be closed after the call.
+ *   <li>{@link #fromListColumn}: a {@code LIST} column of equal-length lists (Spark's {@code
+ *       array(f1, ..., fK)}) is already a row-major {@code rows × K} matrix in its child column:
+ *       the tensor borrows that memory, without a copy, like {@link #fromColumn}.
  *   <li>{@link #newColumn}: a tensor in memory from RMM (the Accelerator's pool), to write a
  *       result into and hand to cuDF as a {@code ColumnVector} without a copy.
  * </ul>
@@ -32,6 +36,14 @@ import java.util.Map;
 public final class CudfTensors {
   /** cuDF type id to tensor dtype, for the types the adapter takes. */
   static final Map<String, DType> DTYPES = Map.of("FLOAT32", DType.F32, "INT32", DType.I32);
+
+  /**
+   * Element types {@link #fromListColumn} takes, by tensor dtype. cuDF has no bfloat16 type: bf16
+   * values travel as their 16-bit patterns in an {@code INT16} (Spark {@code smallint}) or {@code
+   * UINT16} column.
+   */
+  static final Map<DType, Set<String>> LIST_ELEMENTS = Map.of(DType.F32, Set.of("FLOAT32"), DType.I32,
+      Set.of("INT32"), DType.BF16, Set.of("INT16", "UINT16"));
 
   /** How tensors are made: the real {@link DeviceTensor}s, or stand-ins in tests. */
   interface TensorMaker<T> {
@@ -72,6 +84,52 @@ public final class CudfTensors {
    */
   public static DeviceTensor retainColumn(Object columnVector) {
     return fromColumn(ReflectiveCudf.get(), DEVICE, columnVector, true);
+  }
+
+  /**
+   * A {@code rows × K} row-major tensor over the elements of a {@code LIST} column whose lists
+   * all have K elements (e.g. Spark's {@code array(f1, ..., fK)} as the RAPIDS Accelerator hands
+   * it over): its child column holds exactly that matrix, so the tensor borrows the child's data
+   * (no copy; the caller keeps the column open, as with {@link #fromColumn}).
+   *
+   * @param listColumn an {@code ai.rapids.cudf.ColumnView} of type {@code LIST}, no nulls at either
+   *     level, not a slice
+   * @param dtype the tensor's dtype: {@code F32} for {@code FLOAT32} elements, {@code I32} for
+   *     {@code INT32}, {@code BF16} for bf16 bit patterns in {@code INT16} / {@code UINT16}
+   */
+  public static DeviceTensor fromListColumn(Object listColumn, DType dtype) {
+    return fromListColumn(ReflectiveCudf.get(), DEVICE, listColumn, dtype);
+  }
+
+  /**
+   * Column {@code i} of a cuDF {@code Table} ({@code getColumn(i)}: the table still owns it), for
+   * code that compiles without cuDF.
+   */
+  public static Object column(Object table, int i) {
+    CudfAccess cudf = ReflectiveCudf.get();
+    int n = cudf.columnCount(table);
+    if (i < 0 || i >= n) {
+      throw new IllegalArgumentException("column " + i + " is not in a table of " + n + " columns");
+    }
+    return cudf.column(table, i);
+  }
+
+  /**
+   * The device address of a column's data, for a {@code LIST} column that of its elements: what
+   * {@link #fromColumn} and {@link #fromListColumn} wrap (to show that a tensor is the column's
+   * memory, not a copy).
+   */
+  public static long dataAddress(Object column) {
+    CudfAccess cudf = ReflectiveCudf.get();
+    if (!"LIST".equals(cudf.typeId(column))) {
+      return cudf.dataAddress(column);
+    }
+    Object child = cudf.listChild(column);
+    try {
+      return cudf.dataAddress(child);
+    } finally {
+      closeView(child);
+    }
   }
 
   /**
@@ -118,6 +176,68 @@ public final class CudfTensors {
     } catch (RuntimeException | Error e) {
       closeQuietly(reference, e);
       throw e;
+    }
+  }
+
+  static <T> T fromListColumn(CudfAccess cudf, TensorMaker<T> maker, Object column, DType dtype) {
+    Set<String> elements = dtype == null ? null : LIST_ELEMENTS.get(dtype);
+    if (elements == null) {
+      throw new IllegalArgumentException("a list column becomes a tensor of " + LIST_ELEMENTS.keySet() + ", not "
+          + (dtype == null ? "null" : dtype.label()));
+    }
+    String type = cudf.typeId(column);
+    if (!"LIST".equals(type)) {
+      throw new IllegalArgumentException("the column is " + type + ", not LIST (Spark: array(f1, ..., fK))");
+    }
+    long rows = cudf.rows(column);
+    if (rows < 1) {
+      throw new IllegalArgumentException("the list column has no rows");
+    }
+    if (cudf.nullCount(column) > 0) {
+      throw new IllegalArgumentException("the list column has " + cudf.nullCount(column) + " null lists: a tensor"
+          + " row cannot be null (filter them or fill them first)");
+    }
+    // The child view is cuDF's object (closed here); its data is the parent column's.
+    Object child = cudf.listChild(column);
+    try {
+      String childType = cudf.typeId(child);
+      if (!elements.contains(childType)) {
+        throw new IllegalArgumentException("the lists hold " + childType + ": a " + dtype.label() + " tensor takes "
+            + elements + " elements" + (dtype == DType.BF16 ? " (bf16 bit patterns)" : ""));
+      }
+      if (cudf.nullCount(child) > 0) {
+        throw new IllegalArgumentException("the lists hold " + cudf.nullCount(child) + " null elements, which a tensor"
+            + " cannot hold");
+      }
+      long[] range = cudf.listLengthRange(column);
+      if (range[0] != range[1] || range[0] < 1) {
+        throw new IllegalArgumentException("the lists have " + range[0] + " to " + range[1] + " elements: a tensor"
+            + " needs them all of one length, at least 1");
+      }
+      long k = range[0];
+      long childRows = cudf.rows(child);
+      if (childRows != rows * k) {
+        throw new IllegalArgumentException("the list column's child has " + childRows + " elements for " + rows
+            + " lists of " + k + " (a slice of a larger column?): copy the slice first");
+      }
+      long need = childRows * dtype.bytes();
+      if (cudf.dataBytes(child) < need || cudf.dataAddress(child) == 0) {
+        throw new IllegalArgumentException("the list column's child data has " + cudf.dataBytes(child) + " bytes for "
+            + childRows + " elements of " + dtype.label() + " (" + need + " bytes)");
+      }
+      return maker.wrap(cudf.dataAddress(child), dtype, new long[] {rows, k}, null);
+    } finally {
+      closeView(child);
+    }
+  }
+
+  private static void closeView(Object view) {
+    if (view instanceof AutoCloseable c) {
+      try {
+        c.close();
+      } catch (Exception e) {
+        throw new IllegalStateException("cuDF could not close a child column view", e);
+      }
     }
   }
 

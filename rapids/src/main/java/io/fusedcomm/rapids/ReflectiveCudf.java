@@ -29,6 +29,11 @@ final class ReflectiveCudf implements CudfAccess {
   private final Method getColumn;
   private final Method allocate;
   private final Method bufferIncRefCount;
+  private final Method getChildColumnView;
+  private final Method countElements;
+  private final Method min;
+  private final Method max;
+  private final Method scalarGetInt;
 
   private ReflectiveCudf(ClassLoader loader) throws ReflectiveOperationException {
     columnView = Class.forName("ai.rapids.cudf.ColumnView", false, loader);
@@ -49,6 +54,11 @@ final class ReflectiveCudf implements CudfAccess {
     getColumn = table.getMethod("getColumn", int.class);
     allocate = deviceBuffer.getMethod("allocate", long.class);
     bufferIncRefCount = deviceBuffer.getMethod("incRefCount");
+    getChildColumnView = columnView.getMethod("getChildColumnView", int.class);
+    countElements = columnView.getMethod("countElements");
+    min = columnView.getMethod("min");
+    max = columnView.getMethod("max");
+    scalarGetInt = Class.forName("ai.rapids.cudf.Scalar", false, loader).getMethod("getInt");
   }
 
   /** The access for the calling thread's class loader (cuDF comes with the application). */
@@ -132,6 +142,26 @@ final class ReflectiveCudf implements CudfAccess {
   @Override
   public AutoCloseable retain(Object column) {
     return (AutoCloseable) call(incRefCount, column);
+  }
+
+  @Override
+  public Object listChild(Object listColumn) {
+    return call(getChildColumnView, view(listColumn), 0);
+  }
+
+  @Override
+  public long[] listLengthRange(Object listColumn) {
+    // countElements: a new INT32 column of the list lengths; min and max: scalars. All three are
+    // cuDF resources, closed here.
+    try (AutoCloseable lengths = (AutoCloseable) call(countElements, view(listColumn));
+         AutoCloseable lo = (AutoCloseable) call(min, lengths);
+         AutoCloseable hi = (AutoCloseable) call(max, lengths)) {
+      return new long[] {(Integer) call(scalarGetInt, lo), (Integer) call(scalarGetInt, hi)};
+    } catch (RuntimeException e) {
+      throw e;
+    } catch (Exception e) {
+      throw new IllegalStateException("cuDF could not free a temporary column or scalar", e);
+    }
   }
 
   @Override

@@ -28,6 +28,9 @@ class CudfTensorsTest {
     final long bytes;
     final boolean vector;
     int refs = 1;
+    /** LIST columns: the child (elements) and the shortest and longest list. */
+    Column child;
+    long[] lengths;
 
     Column(String type, long rows, long nulls, long address, long bytes, boolean vector) {
       this.type = type;
@@ -53,6 +56,18 @@ class CudfTensorsTest {
     }
   }
 
+  /** A child column view as cuDF hands it out: closed by whoever asked for it. */
+  record ChildView(Column column, FakeCudf cudf) implements AutoCloseable {
+    @Override
+    public void close() {
+      cudf.childViewsOpen--;
+    }
+  }
+
+  static Column col(Object c) {
+    return c instanceof ChildView v ? v.column() : (Column) c;
+  }
+
   static final class FakeCudf implements CudfAccess {
     final List<Buffer> buffers = new ArrayList<>();
     final List<Object[]> newColumns = new ArrayList<>();
@@ -60,27 +75,27 @@ class CudfTensorsTest {
 
     @Override
     public String typeId(Object c) {
-      return ((Column) c).type;
+      return col(c).type;
     }
 
     @Override
     public long rows(Object c) {
-      return ((Column) c).rows;
+      return col(c).rows;
     }
 
     @Override
     public long nullCount(Object c) {
-      return ((Column) c).nulls;
+      return col(c).nulls;
     }
 
     @Override
     public long dataAddress(Object c) {
-      return ((Column) c).address;
+      return col(c).address;
     }
 
     @Override
     public long dataBytes(Object c) {
-      return ((Column) c).bytes;
+      return col(c).bytes;
     }
 
     @Override
@@ -93,6 +108,21 @@ class CudfTensorsTest {
       Column col = (Column) c;
       col.refs++;
       return () -> col.refs--;
+    }
+
+    int childViewsOpen;
+
+    @Override
+    public Object listChild(Object c) {
+      childViewsOpen++;
+      Column child = ((Column) c).child;
+      // cuDF hands out a new view that the caller closes.
+      return new ChildView(child, this);
+    }
+
+    @Override
+    public long[] listLengthRange(Object c) {
+      return ((Column) c).lengths.clone();
     }
 
     @Override
@@ -274,6 +304,55 @@ class CudfTensorsTest {
     maker.fail = true;
     assertThrows(IllegalArgumentException.class, () -> CudfTensors.wrapBuffer(cudf, maker, DType.F32, 10, other));
     assertEquals(0, other.refs, "a failed wrap frees the new buffer");
+  }
+
+  private static Column list(long rows, long k, String elementType, int elementBytes, long address) {
+    Column l = new Column("LIST", rows, 0, 0, 0, true);
+    l.child = new Column(elementType, rows * k, 0, address, rows * k * elementBytes, false);
+    l.lengths = new long[] {k, k};
+    return l;
+  }
+
+  @Test
+  void aListColumnOfEqualLengthsIsARowMajorMatrixOverItsElements() {
+    Column l = list(1000, 8, "INT16", 2, 0x7100_0000L);
+    Made t = CudfTensors.fromListColumn(cudf, maker, l, DType.BF16);
+    assertEquals(0x7100_0000L, t.address(), "the tensor is the child's memory, no copy");
+    assertEquals(DType.BF16, t.dtype());
+    assertArrayEquals(new long[] {1000, 8}, t.shape());
+    assertNull(t.owner(), "borrowed, like fromColumn");
+    assertEquals(0, cudf.childViewsOpen, "the child view was closed");
+    assertEquals(DType.F32, CudfTensors.fromListColumn(cudf, maker, list(3, 2, "FLOAT32", 4, 0x10), DType.F32).dtype());
+    assertEquals(DType.BF16, CudfTensors.fromListColumn(cudf, maker, list(3, 2, "UINT16", 2, 0x10), DType.BF16).dtype());
+  }
+
+  @Test
+  void listColumnsATensorCannotBeAreRefused() {
+    String ragged = refused(list(10, 4, "INT16", 2, 0x10), DType.BF16, l -> l.lengths = new long[] {3, 5});
+    assertTrue(ragged.contains("3 to 5 elements"), ragged);
+    String floats = refused(list(10, 4, "FLOAT32", 4, 0x10), DType.BF16, l -> { });
+    assertTrue(floats.contains("INT16") && floats.contains("bit patterns"), floats);
+    assertTrue(refused(list(10, 4, "INT16", 2, 0x10), DType.F32, l -> { }).contains("FLOAT32"));
+    String nullLists = refused(new Column("LIST", 10, 2, 0, 0, true), DType.F32, l -> { });
+    assertTrue(nullLists.contains("2 null lists"), nullLists);
+    String nullElements = refused(list(10, 4, "FLOAT32", 4, 0x10), DType.F32,
+        l -> l.child = new Column("FLOAT32", 40, 1, 0x10, 160, false));
+    assertTrue(nullElements.contains("1 null elements"), nullElements);
+    String slice = refused(list(10, 4, "FLOAT32", 4, 0x10), DType.F32,
+        l -> l.child = new Column("FLOAT32", 80, 0, 0x10, 320, false));
+    assertTrue(slice.contains("a slice"), slice);
+    String notList = assertThrows(IllegalArgumentException.class,
+        () -> CudfTensors.fromListColumn(cudf, maker, f32(10, 0x10), DType.F32)).getMessage();
+    assertTrue(notList.contains("not LIST"), notList);
+    assertThrows(IllegalArgumentException.class,
+        () -> CudfTensors.fromListColumn(cudf, maker, list(10, 4, "FLOAT32", 4, 0x10), null));
+    assertEquals(0, cudf.childViewsOpen, "every child view was closed, refusals too");
+  }
+
+  private String refused(Column l, DType dtype, java.util.function.Consumer<Column> change) {
+    change.accept(l);
+    return assertThrows(IllegalArgumentException.class, () -> CudfTensors.fromListColumn(cudf, maker, l, dtype))
+        .getMessage();
   }
 
   @Test
