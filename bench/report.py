@@ -71,6 +71,21 @@ FAMILIES = {
                    "torch_symm_two_shot_graph"),
         parts=(("fusedcomm_gemm_only", "cublas_gemm_only"), ("fusedcomm_comm_only", "nccl_comm_only")),
         xlog=False),
+    "moe": dict(
+        title="MoE grouped GEMM: fusedcomm vs torch._grouped_mm and dense cuBLAS",
+        protocol="bf16 in, fp32 accumulation, bf16 out, one GPU. The experts' rows contiguous in one "
+                 "A (rows × K), the experts' weights one after the other (experts × N × K, `nk`, or "
+                 "experts × K × N, `kn`), the segments' offsets on the device. Ours (through ctypes), "
+                 "torch._grouped_mm (offsets form) and dense cuBLAS (torch.mm of all the rows with one "
+                 "expert's weight: the same FLOPs, the dense ceiling) interleaved in one process on "
+                 "the same random tensors: alternating rounds of back-to-back launches, one CUDA event "
+                 "pair per launch; medians. TFLOP/s = 2 · rows · N · K / t. Experts: those one rank "
+                 "holds at W = 1, 2, 4 (the label's w). Routing: balanced, or skewed-<seed> (seeded "
+                 "log-normal segment sizes, one expert in eight empty). Every output checked element "
+                 "by element against an fp32 reference (per expert) before timing.",
+        columns=("label", "experts", "rows_per_expert", "n", "k", "routing", "layout"), rate="tflops",
+        rate_name="TFLOP/s", baselines=("torch_grouped_mm",), parts=None, xlog=False,
+        also=("cublas_dense",)),
     "transport": dict(
         title="Socket transport: fusedcomm vs plain TCP (loopback)",
         protocol="Two ranks of one host over 127.0.0.1. Ours: one-sided writes with a signal per "
@@ -169,7 +184,7 @@ def impl_order(family, present):
     first = [OURS + "_fused", OURS + "_decomposed", OURS + "_oneshot"]  # forced paths, in this order
     forced = [i for i in first if i in present]
     forced += sorted(i for i in present if i.startswith(OURS + "_") and i not in parts + first)
-    base = [b for b in f["baselines"] if b in present]
+    base = [b for b in f["baselines"] + tuple(f.get("also", ())) if b in present]
     rest = sorted(i for i in present if i not in parts and i not in ours + forced + base)
     return ours + forced + base + rest
 
@@ -239,6 +254,8 @@ def markdown(family, rows, device, commit, date):
         head += [f"ours {f['rate_name']}", "vs best baseline"]
         if has_floor:
             head.append("vs floor")
+        also = [i for i in f.get("also", ()) if i in present]
+        head += [f"vs {i}" for i in also]
         show_ran = any((g.get(OURS) or {}).get("algo") for _, g in shapes)
         if show_ran:
             head.append("ours ran")
@@ -267,6 +284,9 @@ def markdown(family, rows, device, commit, date):
                 cells.append(fmt(rf))
                 if rf:
                     vs_floor.append(rf)
+            for i in also:
+                t_also = ms(g, i)
+                cells.append(fmt(t_ours / t_also if t_ours and t_also else None))
             ran = (ours or {}).get("algo", "")
             tf, td = ms(g, "fusedcomm_fused"), ms(g, "fusedcomm_decomposed")
             if ran in ("fused", "decomposed") and tf and td:

@@ -115,6 +115,7 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   g.b_layout = a.b_layout;
   g.num_ctas = a.num_ctas;
   g.tile_n = a.tile_n;
+  g.group_m = a.group_m;
   g.cluster = 1;
   g.stream_k = 1;
   g.pingpong = 1;
