@@ -19,11 +19,12 @@ int g_ws_device = -1;
 
 // C[rows of group g] = A[rows of g] · W_gᵀ (kn = 0, W: groups × N × K) or A · W_g (kn = 1, W:
 // groups × K × N); offsets: groups + 1 int64 row offsets on the device. tile_n, num_ctas,
-// group_m: the launch's choices forced (0 leaves each to the launch), for A/B runs.
+// group_m, tma_store: the launch's choices forced (0 leaves each to the launch; moe.h's
+// GroupedGemmArgs), for A/B runs.
 // Returns the launch's cudaError_t (0: enqueued).
 extern "C" __attribute__((visibility("default"))) int fc_grouped_gemm_bf16_forced(
-    const void* A, const void* W, void* C, const int64_t* offsets, int groups, long rows, int N, int K, int kn,
-    void* stream, int tile_n, int num_ctas, int group_m) {
+    const void* A, const void* W, void* C, const int64_t* offsets, int groups, long rows, int N, int K,
+    int kn, void* stream, int tile_n, int num_ctas, int group_m, int tma_store) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return static_cast<int>(e);
@@ -52,12 +53,13 @@ extern "C" __attribute__((visibility("default"))) int fc_grouped_gemm_bf16_force
   a.tile_n = tile_n;
   a.num_ctas = num_ctas;
   a.group_m = group_m;
+  a.tma_store = tma_store;
   return static_cast<int>(k::launch_grouped_gemm(a, static_cast<cudaStream_t>(stream)));
 }
 
-extern "C" __attribute__((visibility("default"))) int fc_grouped_gemm_bf16(const void* A, const void* W, void* C,
-                                                                           const int64_t* offsets, int groups,
-                                                                           long rows, int N, int K, int kn,
-                                                                           void* stream) {
-  return fc_grouped_gemm_bf16_forced(A, W, C, offsets, groups, rows, N, K, kn, stream, 0, 0, 0);
+extern "C" __attribute__((visibility("default"))) int fc_grouped_gemm_bf16(const void* A, const void* W,
+                                                                           void* C, const int64_t* offsets,
+                                                                           int groups, long rows, int N,
+                                                                           int K, int kn, void* stream) {
+  return fc_grouped_gemm_bf16_forced(A, W, C, offsets, groups, rows, N, K, kn, stream, 0, 0, 0, 0);
 }
