@@ -159,8 +159,17 @@ run_moe() {  # ours, torch._grouped_mm and dense cuBLAS interleaved in one proce
   else
     fail "moe: needs torch (the driver is torch_moe.py)"
   fi
-  # The multi-GPU rows (dispatch, combine, the decomposed MoE layer against torch's
-  # all_to_all_single + _grouped_mm) are not part of the family yet: not run.
+  # The layer's ops at each world size (moeDispatchGemm, moeCombine; ours and torch's
+  # all_to_all_single + _grouped_mm), where the GPUs allow.
+  [ ${#worlds[@]} -gt 0 ] && rounds moe_ours moe_torch
+}
+moe_ours() {
+  step "moe-$tag-fusedcomm" 900 "$bin/moe_bench" --world "$1" --shapes "$shapes/moe_layer.txt" \
+    --out "$out/rows/moe-fusedcomm-$tag.jsonl"
+}
+moe_torch() {
+  step "moe-$tag-torch" 900 "${torchrun[@]}" --nproc-per-node "$1" "$here/moe/torch_moe_dist.py" \
+    --shapes "$shapes/moe_layer.txt" --out "$out/rows/moe-torch-$tag.jsonl"
 }
 
 run_transport() {

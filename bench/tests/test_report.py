@@ -138,6 +138,20 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| 0.800 | 1.250 |", md)
         self.assertIn("| groupedGemm | 1 | 1 | 0.800 | 0.800 | 0.800 |", md)
 
+    def test_moe_layer_ops_have_their_own_columns(self):
+        shape = dict(tokens=4096, hidden=7168, ffn=2048, experts=256, topk=8, routing="uniform", rows=16384)
+        rows = [row("moe", op, impl, 2, shape, t, label="deepseek_v3")
+                for op, impl, t in (("moeDispatchGemm", "fusedcomm", 1.0), ("moeDispatchGemm", "fusedcomm_gemm_only", 0.6),
+                                    ("moeDispatchGemm", "fusedcomm_dispatch_only", 0.5),
+                                    ("moeDispatchGemm", "torch_a2a_grouped_mm", 2.0),
+                                    ("moeCombine", "fusedcomm", 0.3), ("moeCombine", "torch_a2a", 0.6))]
+        _, _, md = self.run_report("moe", rows)
+        self.assertIn("## moeDispatchGemm, 2 GPUs", md)
+        self.assertIn("| shape | tokens | hidden | ffn | experts | topk | routing | fusedcomm ms |", md)
+        self.assertIn("| deepseek_v3 | 4096 | 7168 | 2048 | 256 | 8 | uniform | 1.0000 |", md)
+        self.assertIn("| moeDispatchGemm | 2 | 1 | 0.500 | 0.500 | 0.500 |", md)
+        self.assertIn("| moeCombine | 2 | 1 | 0.500 | 0.500 | 0.500 |", md)
+
     def test_plot_where_matplotlib_is_present(self):
         try:
             import matplotlib  # noqa: F401
