@@ -14,7 +14,7 @@ esac
 results=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/results
 families=("$@")
 if [ ${#families[@]} -eq 0 ]; then
-  for f in gemm attention collectives fused transport; do [ -f "$out/$f.json" ] && families+=("$f"); done
+  for f in gemm attention moe collectives fused transport; do [ -f "$out/$f.json" ] && families+=("$f"); done
 fi
 [ ${#families[@]} -gt 0 ] || { echo "no <family>.json in $out" >&2; exit 1; }
 mkdir -p "$results/$kind"

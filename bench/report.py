@@ -74,6 +74,29 @@ FAMILIES = {
                    "torch_symm_two_shot_graph"),
         parts=(("fusedcomm_gemm_only", "cublas_gemm_only"), ("fusedcomm_comm_only", "nccl_comm_only")),
         xlog=False),
+    "moe": dict(
+        title="MoE grouped GEMM: fusedcomm vs torch._grouped_mm and dense cuBLAS",
+        protocol="groupedGemm: bf16 in, fp32 accumulation, bf16 out, one GPU. The experts' rows contiguous in one "
+                 "A (rows × K), the experts' weights one after the other (experts × N × K, `nk`, or "
+                 "experts × K × N, `kn`), the segments' offsets on the device. Ours (through ctypes), "
+                 "torch._grouped_mm (offsets form) and dense cuBLAS (torch.mm of all the rows with one "
+                 "expert's weight: the same FLOPs, the dense ceiling) interleaved in one process on "
+                 "the same random tensors: alternating rounds of back-to-back launches, one CUDA event "
+                 "pair per launch; medians. TFLOP/s = 2 · rows · N · K / t. Experts: those one rank "
+                 "holds at W = 1, 2, 4 (the label's w). Routing: balanced, or skewed-<seed> (seeded "
+                 "log-normal segment sizes, one expert in eight empty). Every output checked element "
+                 "by element against an fp32 reference (per expert) before timing. moeDispatchGemm and "
+                 "moeCombine (W >= 2, one process per GPU, tokens per rank): ours (dispatch with the "
+                 "grouped GEMM, and its parts alone) against torch's counts exchange and "
+                 "all_to_all_single with _grouped_mm (and back for the combine, the weighted sum in "
+                 "fp32), the same routing on both sides, timed as the fused family; TFLOP/s of the "
+                 "rank's received rows, GB/s of the rows it sends; every output checked first.",
+        columns=("label", "experts", "rows_per_expert", "n", "k", "routing", "layout"), rate="tflops",
+        rate_name="TFLOP/s", baselines=("torch_grouped_mm", "torch_a2a_grouped_mm", "torch_a2a"), parts=None,
+        xlog=False, also=("cublas_dense",),
+        # The layer's ops at W >= 2 (moe_bench.cu, torch_moe_dist.py): their own shape columns.
+        op_columns={op: ("label", "tokens", "hidden", "ffn", "experts", "topk", "routing")
+                    for op in ("moeDispatchGemm", "moeCombine")}),
     "transport": dict(
         title="Socket transport: fusedcomm vs plain TCP (loopback)",
         protocol="Two ranks of one host over 127.0.0.1. Ours: one-sided writes with a signal per "
@@ -172,7 +195,7 @@ def impl_order(family, present):
     first = [OURS + "_fused", OURS + "_decomposed", OURS + "_oneshot"]  # forced paths, in this order
     forced = [i for i in first if i in present]
     forced += sorted(i for i in present if i.startswith(OURS + "_") and i not in parts + first)
-    base = [b for b in f["baselines"] if b in present]
+    base = [b for b in f["baselines"] + tuple(f.get("also", ())) if b in present]
     rest = sorted(i for i in present if i not in parts and i not in ours + forced + base)
     return ours + forced + base + rest
 
@@ -195,10 +218,15 @@ def floor_ms(family, g):
     return max(t) if all(x is not None for x in t) else None
 
 
+def columns(family, op):
+    f = FAMILIES[family]
+    return f.get("op_columns", {}).get(op, f["columns"])
+
+
 def shape_cells(family, r):
     s = r.get("shape", {})
     cells = []
-    for c in FAMILIES[family]["columns"]:
+    for c in columns(family, r.get("op")):
         if c == "label":
             cells.append(str(r.get("label", "")))
         elif c == "bytes":
@@ -235,18 +263,21 @@ def markdown(family, rows, device, commit, date):
         present = {i for _, g in shapes for i in g}
         impls = impl_order(family, present)
         has_floor = f["parts"] is not None
-        head = [c if c != "label" else "shape" for c in f["columns"]]
+        cols = columns(family, op.split(" (")[0])
+        head = [c if c != "label" else "shape" for c in cols]
         head += [f"{i} ms" for i in impls]
         if has_floor:
             head.append("floor ms")
         head += [f"ours {f['rate_name']}", "vs best baseline"]
         if has_floor:
             head.append("vs floor")
+        also = [i for i in f.get("also", ()) if i in present]
+        head += [f"vs {i}" for i in also]
         show_ran = any((g.get(OURS) or {}).get("algo") for _, g in shapes)
         if show_ran:
             head.append("ours ran")
         gpus = "1 GPU" if world == 1 else f"{world} {f.get('world_name', 'GPUs')}"
-        aligns = ["---"] * len(f["columns"]) + ["---:"] * (len(head) - len(f["columns"]) - show_ran)
+        aligns = ["---"] * len(cols) + ["---:"] * (len(head) - len(cols) - show_ran)
         aligns += ["---"] * show_ran
         md += [f"## {op}, {gpus}", "", "| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
         vs_best, vs_floor = [], []
@@ -270,6 +301,9 @@ def markdown(family, rows, device, commit, date):
                 cells.append(fmt(rf))
                 if rf:
                     vs_floor.append(rf)
+            for i in also:
+                t_also = ms(g, i)
+                cells.append(fmt(t_ours / t_also if t_ours and t_also else None))
             ran = (ours or {}).get("algo", "")
             tf, td = ms(g, "fusedcomm_fused"), ms(g, "fusedcomm_decomposed")
             if ran in ("fused", "decomposed") and tf and td:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The benchmark suite on a GPU host, in one command, from any folder:
-#   bench/run.sh <out-dir> [family ...]        families: gemm attention collectives fused transport (all)
+#   bench/run.sh <out-dir> [family ...]        families: gemm attention moe collectives fused transport (all)
 # Builds the drivers (CMake, no JDK needed) unless FC_BENCH_BIN names a folder of prebuilt ones,
 # writes the GPU facts, then per family checks and times ours and the baselines on the same GPUs
 # and writes <out-dir>/<family>.{json,md,png} (bench/report.py), the drivers' rows in
-# <out-dir>/rows/ and their logs in <out-dir>/logs/. gemm runs on one GPU, the multi-GPU
+# <out-dir>/rows/ and their logs in <out-dir>/logs/. gemm, attention and moe run on one GPU, the multi-GPU
 # families at each world size of FC_BENCH_WORLDS (default: 2 and 4, where the GPUs allow).
 #
 # Environment (all optional):
@@ -15,6 +15,8 @@
 #   FC_GEMM_RANDOM   gemm's random shapes (default 64, each in both layouts); FC_GEMM_SEED
 #                    their seed (default: chosen at run time and printed);
 #                    FC_GEMM_RANDOM_ALIGNED those with N and K multiples of 8 (default 32)
+#   FC_MOE_VARIANTS  moe: ours also with the launch's choices forced (torch_moe.py --variants,
+#                    e.g. t128,g1), rows fusedcomm_<variant>
 #   FC_BENCH_TRANSPORTS  the transport family's backends (transport_bench --transports), default
 #                    socket; e.g. socket,libfabric-tcp (or libfabric-efa, libfabric-verbs)
 #   FC_BENCH_ROUNDS  rounds of the multi-GPU families (default 1), in alternating order (ours,
@@ -39,9 +41,9 @@ mkdir -p "$1" || exit 2
 out=$(cd "$1" && pwd)
 shift
 families=("$@")
-[ ${#families[@]} -gt 0 ] || families=(gemm attention collectives fused transport)
+[ ${#families[@]} -gt 0 ] || families=(gemm attention moe collectives fused transport)
 for f in "${families[@]}"; do
-  case "$f" in gemm|attention|collectives|fused|transport) ;; *) echo "unknown family: $f" >&2; usage ;; esac
+  case "$f" in gemm|attention|moe|collectives|fused|transport) ;; *) echo "unknown family: $f" >&2; usage ;; esac
 done
 
 # NVLink multicast stays off (NCCL, PyTorch symmetric memory, NVSHMEM): on a shared host a
@@ -151,6 +153,25 @@ run_attention() {  # ours and torch SDPA (cuDNN, flash) interleaved in one proce
   else
     fail "attention: needs torch (the driver is torch_attention.py)"
   fi
+}
+run_moe() {  # ours, torch._grouped_mm and dense cuBLAS interleaved in one process
+  if python3 -c 'import torch' 2>/dev/null; then
+    step moe 900 python3 "$here/moe/torch_moe.py" --shapes "$shapes/moe.txt" \
+      ${FC_MOE_VARIANTS:+--variants "$FC_MOE_VARIANTS"} --lib "$bin/libfc_moe_bench.so" --out "$out/rows/moe.jsonl"
+  else
+    fail "moe: needs torch (the driver is torch_moe.py)"
+  fi
+  # The layer's ops at each world size (moeDispatchGemm, moeCombine; ours and torch's
+  # all_to_all_single + _grouped_mm), where the GPUs allow.
+  [ ${#worlds[@]} -gt 0 ] && rounds moe_ours moe_torch
+}
+moe_ours() {
+  step "moe-$tag-fusedcomm" 900 "$bin/moe_bench" --world "$1" --shapes "$shapes/moe_layer.txt" \
+    --out "$out/rows/moe-fusedcomm-$tag.jsonl"
+}
+moe_torch() {
+  step "moe-$tag-torch" 900 "${torchrun[@]}" --nproc-per-node "$1" "$here/moe/torch_moe_dist.py" \
+    --shapes "$shapes/moe_layer.txt" --out "$out/rows/moe-torch-$tag.jsonl"
 }
 
 run_transport() {

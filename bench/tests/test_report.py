@@ -126,6 +126,32 @@ class ReportTest(unittest.TestCase):
         _, _, md = self.run_report("transport", rows)
         self.assertIn(f"| 1 MiB | 0.2000 | 0.2500 | 5.0 | {0.2 / 0.25:.3f} |", md)
 
+    def test_moe_ratio_to_grouped_mm_and_to_dense(self):
+        shape = dict(experts=64, rows=8192, rows_per_expert=128, n=2048, k=7168, routing="balanced",
+                     layout="nk", empty=0, max_rows=128)
+        rows = [row("moe", "groupedGemm", impl, 1, shape, t, label="ds_up_w4")
+                for impl, t in (("fusedcomm", 1.0), ("torch_grouped_mm", 1.25), ("cublas_dense", 0.8))]
+        _, _, md = self.run_report("moe", rows)
+        self.assertIn("## groupedGemm, 1 GPU", md)
+        self.assertIn("| vs best baseline | vs cublas_dense |", md)
+        # ours / torch._grouped_mm = 0.8 (the baseline), ours / dense = 1.25 (a ceiling, not a baseline)
+        self.assertIn("| 0.800 | 1.250 |", md)
+        self.assertIn("| groupedGemm | 1 | 1 | 0.800 | 0.800 | 0.800 |", md)
+
+    def test_moe_layer_ops_have_their_own_columns(self):
+        shape = dict(tokens=4096, hidden=7168, ffn=2048, experts=256, topk=8, routing="uniform", rows=16384)
+        rows = [row("moe", op, impl, 2, shape, t, label="deepseek_v3")
+                for op, impl, t in (("moeDispatchGemm", "fusedcomm", 1.0), ("moeDispatchGemm", "fusedcomm_gemm_only", 0.6),
+                                    ("moeDispatchGemm", "fusedcomm_dispatch_only", 0.5),
+                                    ("moeDispatchGemm", "torch_a2a_grouped_mm", 2.0),
+                                    ("moeCombine", "fusedcomm", 0.3), ("moeCombine", "torch_a2a", 0.6))]
+        _, _, md = self.run_report("moe", rows)
+        self.assertIn("## moeDispatchGemm, 2 GPUs", md)
+        self.assertIn("| shape | tokens | hidden | ffn | experts | topk | routing | fusedcomm ms |", md)
+        self.assertIn("| deepseek_v3 | 4096 | 7168 | 2048 | 256 | 8 | uniform | 1.0000 |", md)
+        self.assertIn("| moeDispatchGemm | 2 | 1 | 0.500 | 0.500 | 0.500 |", md)
+        self.assertIn("| moeCombine | 2 | 1 | 0.500 | 0.500 | 0.500 |", md)
+
     def test_plot_where_matplotlib_is_present(self):
         try:
             import matplotlib  # noqa: F401

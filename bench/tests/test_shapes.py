@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The bench tools' shape lists without a GPU: torch_gemm.py's explicit and seeded random shapes
-and its sets, torch_fused.py's explicit shapes, refusals and row split for any M."""
+and its sets, torch_fused.py's explicit shapes, refusals and row split for any M, torch_moe.py's
+points, routings and variants."""
 import contextlib
 import io
 import os
@@ -12,8 +13,10 @@ import unittest
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "gemm"))
 sys.path.insert(0, os.path.join(here, "..", "fused"))
+sys.path.insert(0, os.path.join(here, "..", "moe"))
 import torch_gemm  # noqa: E402
 import torch_fused  # noqa: E402
+import torch_moe  # noqa: E402
 
 
 def gemm_args(**kw):
@@ -90,6 +93,38 @@ class FusedShapesTest(unittest.TestCase):
         self.assertIn("1000 x 4104 x 2056", str(e.exception))
         self.assertEqual(torch_fused.read_shapes(None, 2, {"allGatherGemm"}, [(1000, 4112, 2056)]),
                          [("allGatherGemm", "explicit", 1000, 2056, 2056)])
+
+
+class MoeShapesTest(unittest.TestCase):
+    def test_the_shape_file_parses(self):
+        pts = torch_moe.read_shapes(os.path.join(here, "..", "shapes", "moe.txt"))
+        self.assertGreaterEqual(len(pts), 30)
+        self.assertIn(("ds_up_w4", 7168, 2048, 64, 128, "balanced", False), pts)
+        self.assertTrue(any(p[6] for p in pts))  # some kn points
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("x 64 64 4 8 uniform nk\n")
+        try:
+            with self.assertRaises(SystemExit):
+                torch_moe.read_shapes(f.name)
+        finally:
+            os.unlink(f.name)
+
+    def test_routings_keep_the_total_and_skew_is_seeded_with_empty_experts(self):
+        self.assertEqual(torch_moe.segment_sizes(4, 128, "balanced"), [128] * 4)
+        for experts in (2, 8, 64, 256):
+            a = torch_moe.segment_sizes(experts, 256, "skewed-7")
+            self.assertEqual(sum(a), experts * 256)
+            self.assertEqual(a.count(0), max(1, experts // 8))
+            self.assertEqual(a, torch_moe.segment_sizes(experts, 256, "skewed-7"))
+        self.assertNotEqual(torch_moe.segment_sizes(64, 256, "skewed-7"),
+                            torch_moe.segment_sizes(64, 256, "skewed-8"))
+
+    def test_variants(self):
+        self.assertEqual(torch_moe.parse_variant("t128g1c66s1"),
+                         dict(tile_n=128, group_m=1, num_ctas=66, tma_store=1))
+        for bad in ("x1", "t128x", "128", ""):
+            with self.assertRaises(SystemExit):
+                torch_moe.parse_variant(bad)
 
 
 if __name__ == "__main__":

@@ -528,6 +528,58 @@ void grouped_gemm() {
               FC_STATUS_INVALID_ARGUMENT, "groups = -1", "grouped GEMM with negative groups");
 }
 
+// fc_grouped_gemm on the cuda backend where a GPU is present: against the host backend, bit for
+// bit (entries of -1, 0, 1 over K = 64: every sum exact in fp32 and in bf16), on a small
+// problem, a larger one (the device's kept workspace grows), then the small one again (it is
+// reused), with empty groups, groups longer than a 128-row block, and both weight layouts.
+void grouped_gemm_on_gpu() {
+  void* probe = nullptr;
+  if (fc_device_alloc(16, &probe) != FC_STATUS_SUCCESS) {
+    std::printf("grouped GEMM on the GPU: skipped, no GPU (%s)\n", fc_last_error_message());
+    return;
+  }
+  fc_device_free(probe);
+  struct Problem {
+    std::vector<int64_t> offsets;
+    int64_t n;
+    fc_weight_layout_t layout;
+  };
+  const Problem problems[] = {{{0, 5, 5, 135}, 16, FC_LAYOUT_NK},
+                              {{0, 0, 300, 301, 301, 1000, 1128, 1129, 2500, 2500}, 24, FC_LAYOUT_KN},
+                              {{0, 5, 5, 135}, 16, FC_LAYOUT_NK}};
+  constexpr int64_t k = 64;
+  uint32_t state = 12345;
+  auto next = [&state]() {
+    state = state * 1664525u + 1013904223u;
+    const uint16_t values[] = {0xBF80, 0x0000, 0x3F80};  // -1, 0, 1 in bf16
+    return values[(state >> 16) % 3];
+  };
+  for (const Problem& p : problems) {
+    const int64_t groups = static_cast<int64_t>(p.offsets.size()) - 1, rows = p.offsets.back();
+    std::vector<uint16_t> a(rows * k), w(groups * p.n * k), want(rows * p.n, 0x7FC0), got(rows * p.n, 0);
+    for (uint16_t& v : a) v = next();
+    for (uint16_t& v : w) v = next();
+    const bool host_ok =
+        fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_BF16, a.data(), w.data(), want.data(), p.offsets.data(),
+                        groups, rows, p.n, k, p.layout) == FC_STATUS_SUCCESS;
+    void *da = nullptr, *dw = nullptr, *dc = nullptr;
+    bool ok = host_ok && fc_device_alloc(a.size() * 2, &da) == FC_STATUS_SUCCESS &&
+              fc_device_alloc(w.size() * 2, &dw) == FC_STATUS_SUCCESS &&
+              fc_device_alloc(got.size() * 2, &dc) == FC_STATUS_SUCCESS &&
+              fc_device_copy(da, a.data(), a.size() * 2) == FC_STATUS_SUCCESS &&
+              fc_device_copy(dw, w.data(), w.size() * 2) == FC_STATUS_SUCCESS &&
+              fc_grouped_gemm(FC_BACKEND_CUDA, FC_DTYPE_BF16, da, dw, dc, p.offsets.data(), groups, rows, p.n,
+                              k, p.layout) == FC_STATUS_SUCCESS &&
+              fc_device_copy(got.data(), dc, got.size() * 2) == FC_STATUS_SUCCESS;
+    check(ok && got == want, "grouped GEMM on the GPU, " + std::to_string(groups) + " groups of " +
+                                 std::to_string(rows) +
+                                 " rows, as the host backend's: " + fc_last_error_message());
+    fc_device_free(da);
+    fc_device_free(dw);
+    fc_device_free(dc);
+  }
+}
+
 void exports() {
 #ifndef FC_LIBFUSEDCOMM
   std::printf("exports: skipped, libfusedcomm.so is not built (FUSEDCOMM_JNI=OFF)\n");
@@ -620,6 +672,7 @@ int main() {
   single_rank_attention();
   for (int w = 1; w <= 4; ++w) ring_attention_ranks(w);
   grouped_gemm();
+  grouped_gemm_on_gpu();
   transport_choice();
   device_memory();
   fc_runtime_config_t c;

@@ -183,6 +183,10 @@ struct GroupedGemmArgs {
   size_t workspace_bytes = 0;
   int num_ctas = 0;  // 0: one per SM
   int tile_n = 0;    // 0: chosen; or 128 / 256
+  int group_m = 0;   // the raster's height in table blocks (GemmArgs::group_m); 0: the engine's
+  // C's half-tiles inside their group through shared memory and TMA stores: 0 or 2 on, 1 off
+  // (every row from registers; A/B runs).
+  int tma_store = 0;
 };
 size_t grouped_gemm_workspace_bytes(int64_t rows_capacity, int groups);
 cudaError_t launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream);

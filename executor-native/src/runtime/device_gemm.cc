@@ -29,6 +29,10 @@ struct SkWorkspace {
   // more than the copy itself.
   void* staging = nullptr;
   size_t staging_bytes = 0;
+  // The grouped GEMM's workspace (its block table) followed by the groups' offsets, grown to
+  // the largest need so far and kept, for the same reason.
+  void* grouped = nullptr;
+  size_t grouped_bytes = 0;
 };
 
 // The current device's workspace, made on first use (on the legacy stream, which the GEMMs
@@ -139,18 +143,32 @@ void device_grouped_gemm_bf16(const void* a, const void* w, void* c, const int64
     FC_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0,
                std::string(kOp) + ": device pointers must be 16-byte aligned");
   }
-  // One buffer: the launcher's workspace (256-byte aligned, as cudaMalloc returns), then the
+  // One buffer of the device's (kept between calls, held under its lock until the GEMM has
+  // completed): the launcher's workspace (256-byte aligned, as cudaMalloc returns), then the
   // offsets.
   const size_t ws_bytes =
       (kernels::grouped_gemm_workspace_bytes(rows, static_cast<int>(groups)) + 255) & ~size_t{255};
   const size_t off_bytes = static_cast<size_t>(groups + 1) * sizeof(int64_t);
-  void* buf = nullptr;
-  cudaError_t e = cudaMalloc(&buf, ws_bytes + off_bytes);
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) {
-    cudaGetLastError();
-    fail(ErrorKind::kState, std::string(kOp) + ": cudaMalloc of " + std::to_string(ws_bytes + off_bytes) +
-                                " bytes of workspace failed: " + cudaGetErrorString(e));
+    fail(ErrorKind::kFatalGpu,
+         std::string(kOp) + " " + shape + ": no current device: " + cudaGetErrorString(e));
   }
+  SkWorkspace& cache = sk_workspace(device);
+  std::lock_guard<std::mutex> lock(cache.mu);
+  if (cache.grouped_bytes < ws_bytes + off_bytes) {
+    if (cache.grouped != nullptr) cudaFree(cache.grouped);  // after the previous call's sync
+    cache.grouped = nullptr;
+    cache.grouped_bytes = 0;
+    if ((e = cudaMalloc(&cache.grouped, ws_bytes + off_bytes)) != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kState, std::string(kOp) + ": cudaMalloc of " + std::to_string(ws_bytes + off_bytes) +
+                                  " bytes of workspace failed: " + cudaGetErrorString(e));
+    }
+    cache.grouped_bytes = ws_bytes + off_bytes;
+  }
+  void* buf = cache.grouped;
   auto* dev_offsets = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(buf) + ws_bytes);
   e = cudaMemcpy(dev_offsets, offsets, off_bytes, cudaMemcpyHostToDevice);
   kernels::GroupedGemmArgs g;
@@ -168,7 +186,6 @@ void device_grouped_gemm_bf16(const void* a, const void* w, void* c, const int64
   if (e == cudaSuccess) e = kernels::launch_grouped_gemm(g, nullptr);
   const bool rejected = e == cudaErrorInvalidValue;
   if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
-  cudaFree(buf);
   if (rejected) fail(ErrorKind::kInvalidArgument, std::string(kOp) + ": the GEMM engine rejected " + shape);
   if (e != cudaSuccess) {
     fail(ErrorKind::kFatalGpu, std::string(kOp) + " " + shape + " failed on the GPU: " + cudaGetErrorName(e) +
