@@ -37,7 +37,7 @@ usage() {
   echo "    (Split.count(F, world, r)) positive multiples of 8, e.g. F divisible by 8*world" >&2
   echo "  03_moe_layer [world=2] [M=120] [H=64] [F=96] [E=6] [topk=2] [dtype=bf16|f32] [seed|fresh]" >&2
   echo "    with FUSEDCOMM_BACKEND=cuda: dtype bf16, H and F positive multiples of 8, E <= 1024" >&2
-  echo "  04_context_parallel_attention [world=2] [S=1027] [Hq=8] [Hkv=2] [D=64] [dtype=bf16|f32] [seed|fresh] [layout=zigzag|contiguous]" >&2
+  echo "  04_context_parallel_attention [world=2] [S=1027] [Hq=8] [Hkv=2] [D=64] [dtype=bf16|f32] [seed|fresh] [layout=zigzag|contiguous] [mode=check|train] [steps=4] [lr=0.05]" >&2
   echo "    with FUSEDCOMM_BACKEND=cuda: dtype bf16, D 64 or 128" >&2
 }
 

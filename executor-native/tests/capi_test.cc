@@ -3,9 +3,9 @@
 // (null) handle, a null output pointer, out-of-range enum values and sizes whose byte count
 // overflows refused; a runtime and a one-rank communicator over the socket transport running a
 // collective, a GEMM, describe_fused and an MoE round trip with the results checked; the
-// single-rank attention op; ring attention over 1-4 runtimes of this process in both sequence
-// layouts against it; the teardown verbs; and libfusedcomm.so exporting the C API and the JNI entries. Host code only:
-// runs everywhere.
+// single-rank attention op and its backward; ring attention and its backward over 1-4 runtimes
+// of this process in both sequence layouts against them; the teardown verbs; and libfusedcomm.so
+// exporting the C API and the JNI entries. Host code only: runs everywhere.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fusedcomm/fusedcomm.h"
@@ -254,20 +255,68 @@ void single_rank_attention() {
         std::string("attention on cuda with host pointers is refused: ") + fc_last_error_message());
 }
 
+// fc_attention_backward on the host: the worked example above with dO = 1 (δ = o = 7; dS =
+// P (v - δ) = (-3/4, 3/4)), the refusals as the forward's, a missing lse, and the cuda
+// backend's answer here.
+void single_rank_attention_backward() {
+  const fc_attention_local_t shape{1, 1, 2, 1, 1, 1, 0, 1.f};
+  const float q[] = {1.f}, k[] = {0.f, std::log(3.f)}, v[] = {4.f, 8.f}, o[] = {7.f}, lse[] = {std::log(4.f)},
+              d_o[] = {1.f};
+  float dq = NAN, dk[2] = {NAN, NAN}, dv[2] = {NAN, NAN};
+  check(fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_F32, &shape, q, k, v, o, lse, d_o, &dq, dk, dv,
+                              nullptr) == FC_STATUS_SUCCESS &&
+            std::fabs(dv[0] - 0.25f) < 1e-6f && std::fabs(dv[1] - 0.75f) < 1e-6f &&
+            std::fabs(dk[0] + 0.75f) < 1e-6f && std::fabs(dk[1] - 0.75f) < 1e-6f &&
+            std::fabs(dq - 0.75f * std::log(3.f)) < 1e-6f,
+        "host attention backward: dV = (1/4, 3/4), dK = (-3/4, 3/4), dQ = 3/4 log 3; got dV (" +
+            std::to_string(dv[0]) + ", " + std::to_string(dv[1]) + "), dK (" + std::to_string(dk[0]) + ", " +
+            std::to_string(dk[1]) + "), dQ " + std::to_string(dq) + ": " + fc_last_error_message());
+  check_fails(fc_attention_backward(FC_BACKEND_AUTO, FC_DTYPE_F32, &shape, q, k, v, o, lse, d_o, &dq, dk, dv,
+                                    nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "attentionBackward: name the backend",
+              "attention backward on backend auto");
+  check_fails(fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_F32, &shape, q, k, v, o, lse, d_o, &dq, dk, dv,
+                                    reinterpret_cast<fc_stream_t>(8)),
+              FC_STATUS_INVALID_ARGUMENT, "the host backend runs ops synchronously",
+              "attention backward with a stream on host");
+  check_fails(fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_F32, nullptr, q, k, v, o, lse, d_o, &dq, dk, dv,
+                                    nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "attentionBackward: null shape",
+              "attention backward without a shape");
+  check_fails(fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_F32, &shape, q, k, v, o, nullptr, d_o, &dq, dk,
+                                    dv, nullptr),
+              FC_STATUS_INVALID_ARGUMENT,
+              "attentionBackward: lse (the forward's log-sum-exp, fp32) is required",
+              "attention backward without lse");
+  check_fails(fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_I32, &shape, q, k, v, o, lse, d_o, &dq, dk, dv,
+                                    nullptr),
+              FC_STATUS_INVALID_ARGUMENT, "unsupported dtype 2", "an I32 attention backward");
+  fc_attention_local_t huge = shape;
+  huge.kv_len = int64_t{1} << 40, huge.head_dim = int64_t{1} << 40;
+  check_fails(
+      fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_F32, &huge, q, k, v, o, lse, d_o, &dq, dk, dv, nullptr),
+      FC_STATUS_INVALID_ARGUMENT, "attentionBackward: k: ", "an attention backward whose k overflows");
+  const fc_status_t cuda = fc_attention_backward(FC_BACKEND_CUDA, FC_DTYPE_BF16, &shape, q, k, v, o, lse, d_o,
+                                                 &dq, dk, dv, nullptr);
+  check(cuda == FC_STATUS_UNAVAILABLE || cuda == FC_STATUS_INVALID_ARGUMENT,
+        std::string("attention backward on cuda with host pointers is refused: ") + fc_last_error_message());
+}
+
 // fc_ring_attention over W = 1..4 ranks of this process (one host runtime each, the socket
 // transport between them), zigzag and contiguous, causal and not, GQA, S not a multiple of 2W:
 // every rank's rows against fc_attention over the whole sequence (f32; the ring merges the
-// same keys in other groups, so within a few fp32 ulps).
+// same keys in other groups, so within a few fp32 ulps); fc_ring_attention_backward the same
+// against fc_attention_backward, from the same o and lse rows.
 void ring_attention_ranks(int w) {
   constexpr int64_t kB = 2, kHq = 4, kHkv = 2, kD = 8;
   const int64_t seq = 4 * w + 3;
-  std::vector<float> gq(kB * seq * kHq * kD), gk(kB * seq * kHkv * kD), gv(gk.size());
+  std::vector<float> gq(kB * seq * kHq * kD), gk(kB * seq * kHkv * kD), gv(gk.size()), gdo(gq.size());
   uint32_t state = 12345u + w;
   const auto next = [&] {
     state = state * 1664525u + 1013904223u;
     return static_cast<float>(state >> 8) / 16777216.f * 2.f - 1.f;
   };
-  for (auto* vec : {&gq, &gk, &gv})
+  for (auto* vec : {&gq, &gk, &gv, &gdo})
     for (float& x : *vec) x = next();
   std::vector<fc_runtime_t> rts(w, nullptr);
   std::vector<fc_comm_t> comms(w, nullptr);
@@ -323,6 +372,11 @@ void ring_attention_ranks(int w) {
         check(fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, &whole, gq.data(), gk.data(), gv.data(), ro.data(),
                            rlse.data(), nullptr) == FC_STATUS_SUCCESS,
               what + ": the reference");
+        std::vector<float> rdq(gq.size()), rdk(gk.size()), rdv(gk.size());
+        check(fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_F32, &whole, gq.data(), gk.data(), gv.data(),
+                                    ro.data(), rlse.data(), gdo.data(), rdq.data(), rdk.data(), rdv.data(),
+                                    nullptr) == FC_STATUS_SUCCESS,
+              what + ": the backward's reference");
         // Each rank's positions, from the documented rule (2W chunks: r, then 2W-1-r).
         std::vector<std::vector<int64_t>> pos(w);
         for (int r = 0; r < w; ++r) {
@@ -372,6 +426,38 @@ void ring_attention_ranks(int w) {
                                                         ": max |o - reference| " + std::to_string(worst) +
                                                         ", |lse - reference| " + std::to_string(worst_lse));
         }
+        // The backward, every rank from the reference's o and lse rows.
+        std::vector<std::vector<float>> dq(w), dk(w), dv(w);
+        failed = on_ranks([&](int r) {
+          const std::vector<float> q = rows(gq, kHq * kD, pos[r]), k = rows(gk, kHkv * kD, pos[r]),
+                                   v = rows(gv, kHkv * kD, pos[r]), ro_r = rows(ro, kHq * kD, pos[r]),
+                                   d_o = rows(gdo, kHq * kD, pos[r]);
+          std::vector<float> lse_r;
+          for (int64_t row = 0; row < kB * kHq; ++row)
+            for (int64_t i : pos[r]) lse_r.push_back(rlse[row * seq + i]);
+          dq[r].assign(q.size(), NAN);
+          dk[r].assign(k.size(), NAN);
+          dv[r].assign(k.size(), NAN);
+          const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, causal, 0.f, layout};
+          const fc_op_desc_t desc{"capi_test ringAttentionBackward", 6};
+          return fc_ring_attention_backward(comms[r], &desc, FC_DTYPE_F32, &s, q.data(), k.data(), v.data(),
+                                            ro_r.data(), lse_r.data(), d_o.data(), dq[r].data(), dk[r].data(),
+                                            dv[r].data()) == FC_STATUS_SUCCESS;
+        });
+        check(failed.empty(), what + " backward:" + failed);
+        if (!failed.empty()) continue;
+        for (int r = 0; r < w; ++r) {
+          double worst = 0;
+          const auto compare = [&](const std::vector<float>& got, const std::vector<float>& want) {
+            for (size_t i = 0; i < want.size(); ++i)
+              worst = std::max<double>(worst, std::fabs(got[i] - want[i]) / (1.0 + std::fabs(want[i])));
+          };
+          compare(dq[r], rows(rdq, kHq * kD, pos[r]));
+          compare(dk[r], rows(rdk, kHkv * kD, pos[r]));
+          compare(dv[r], rows(rdv, kHkv * kD, pos[r]));
+          check(worst <= 1e-5, what + " backward rank " + std::to_string(r) +
+                                   ": max |grad - reference| / (1 + |reference|) " + std::to_string(worst));
+        }
       }
     // An unknown layout is refused on every rank before anything moves.
     failed = on_ranks([&](int r) {
@@ -385,6 +471,16 @@ void ring_attention_ranks(int w) {
       return refused;
     });
     check(failed.empty(), "ringAttention with layout 7 is refused on every rank:" + failed);
+    failed = on_ranks([&](int r) {
+      const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, 0, 0.f, 7};
+      const fc_status_t st =
+          fc_ring_attention_backward(comms[r], nullptr, FC_DTYPE_F32, &s, nullptr, nullptr, nullptr, nullptr,
+                                     nullptr, nullptr, nullptr, nullptr, nullptr);
+      return st == FC_STATUS_INVALID_ARGUMENT &&
+             std::string(fc_last_error_message()).find("ringAttentionBackward: unknown sequence layout 7") !=
+                 std::string::npos;
+    });
+    check(failed.empty(), "ringAttentionBackward with layout 7 is refused on every rank:" + failed);
   }
   // Closing ends with a barrier of all ranks: close them together.
   std::vector<std::thread> closing;
@@ -476,6 +572,102 @@ void device_memory() {
   uint64_t total_only = 0;
   check_fails(fc_device_memory(nullptr, &total_only), FC_STATUS_INVALID_ARGUMENT, "null output pointer",
               "GPU memory without an output");
+}
+
+// fc_attention_backward on the cuda backend where a GPU is present: from the host backend's bf16
+// forward (o, lse), the Hopper kernel's dq, dk, dv against the host backend's backward on the same
+// inputs, each within 3 % of that gradient's largest magnitude (the kernel rounds P and dS to bf16
+// for its tensor-core products; the host keeps them in fp32), at head dims 64 and 128, causal and
+// not, grouped-query heads, lengths off the 128-row tile and Lq != Lk.
+uint16_t to_bf16(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f = 0;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void attention_backward_on_gpu() {
+  void* probe = nullptr;
+  if (fc_device_alloc(16, &probe) != FC_STATUS_SUCCESS) {
+    std::printf("attention backward on the GPU: skipped, no GPU (%s)\n", fc_last_error_message());
+    return;
+  }
+  fc_device_free(probe);
+  struct Case {
+    int64_t q_len, kv_len, q_heads, kv_heads, head_dim;
+    int32_t causal;
+  };
+  const Case cases[] = {{200, 150, 4, 2, 64, 0}, {200, 200, 4, 1, 64, 1}, {129, 300, 2, 2, 128, 0},
+                        {333, 333, 4, 2, 128, 1}};
+  uint32_t state = 2024;
+  auto uniform = [&state]() {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
+  };
+  for (const Case& c : cases) {
+    fc_attention_local_t shape{};
+    shape.batch = 1;
+    shape.q_len = c.q_len;
+    shape.kv_len = c.kv_len;
+    shape.q_heads = c.q_heads;
+    shape.kv_heads = c.kv_heads;
+    shape.head_dim = c.head_dim;
+    shape.causal = c.causal;
+    const size_t nq = static_cast<size_t>(c.q_len * c.q_heads * c.head_dim);
+    const size_t nk = static_cast<size_t>(c.kv_len * c.kv_heads * c.head_dim);
+    const size_t nl = static_cast<size_t>(c.q_heads * c.q_len);
+    std::vector<uint16_t> q(nq), k(nk), v(nk), o(nq), d_o(nq);
+    for (auto* t : {&q, &k, &v, &d_o})
+      for (uint16_t& x : *t) x = to_bf16(uniform());
+    std::vector<float> lse(nl);
+    std::vector<uint16_t> want_q(nq), want_k(nk), want_v(nk), got_q(nq), got_k(nk), got_v(nk);
+    bool ok = fc_attention(FC_BACKEND_HOST, FC_DTYPE_BF16, &shape, q.data(), k.data(), v.data(), o.data(),
+                           lse.data(), nullptr) == FC_STATUS_SUCCESS &&
+              fc_attention_backward(FC_BACKEND_HOST, FC_DTYPE_BF16, &shape, q.data(), k.data(), v.data(),
+                                    o.data(), lse.data(), d_o.data(), want_q.data(), want_k.data(),
+                                    want_v.data(), nullptr) == FC_STATUS_SUCCESS;
+    void *dq_in = nullptr, *dk_in = nullptr, *dv_in = nullptr, *d_out = nullptr, *d_do = nullptr,
+         *d_lse = nullptr, *g_q = nullptr, *g_k = nullptr, *g_v = nullptr;
+    for (auto [ptr, bytes] : {std::pair{&dq_in, nq * 2}, {&dk_in, nk * 2}, {&dv_in, nk * 2}, {&d_out, nq * 2},
+                              {&d_do, nq * 2}, {&d_lse, nl * 4}, {&g_q, nq * 2}, {&g_k, nk * 2}, {&g_v, nk * 2}})
+      ok = ok && fc_device_alloc(bytes, ptr) == FC_STATUS_SUCCESS;
+    ok = ok && fc_device_copy(dq_in, q.data(), nq * 2) == FC_STATUS_SUCCESS &&
+         fc_device_copy(dk_in, k.data(), nk * 2) == FC_STATUS_SUCCESS &&
+         fc_device_copy(dv_in, v.data(), nk * 2) == FC_STATUS_SUCCESS &&
+         fc_device_copy(d_out, o.data(), nq * 2) == FC_STATUS_SUCCESS &&
+         fc_device_copy(d_do, d_o.data(), nq * 2) == FC_STATUS_SUCCESS &&
+         fc_device_copy(d_lse, lse.data(), nl * 4) == FC_STATUS_SUCCESS &&
+         fc_attention_backward(FC_BACKEND_CUDA, FC_DTYPE_BF16, &shape, dq_in, dk_in, dv_in, d_out,
+                               static_cast<const float*>(d_lse), d_do, g_q, g_k, g_v,
+                               nullptr) == FC_STATUS_SUCCESS &&
+         fc_device_copy(got_q.data(), g_q, nq * 2) == FC_STATUS_SUCCESS &&
+         fc_device_copy(got_k.data(), g_k, nk * 2) == FC_STATUS_SUCCESS &&
+         fc_device_copy(got_v.data(), g_v, nk * 2) == FC_STATUS_SUCCESS;
+    const std::string what = "attention backward on the GPU (Lq " + std::to_string(c.q_len) + ", Lk " +
+                             std::to_string(c.kv_len) + ", Hq " + std::to_string(c.q_heads) + ", Hkv " +
+                             std::to_string(c.kv_heads) + ", D " + std::to_string(c.head_dim) +
+                             (c.causal ? ", causal" : "") + ")";
+    check(ok, what + " ran: " + fc_last_error_message());
+    const char* names[] = {"dq", "dk", "dv"};
+    const std::vector<uint16_t>* wants[] = {&want_q, &want_k, &want_v};
+    const std::vector<uint16_t>* gots[] = {&got_q, &got_k, &got_v};
+    for (int g = 0; ok && g < 3; ++g) {
+      float largest = 0, worst = 0;
+      for (size_t i = 0; i < wants[g]->size(); ++i) {
+        largest = std::max(largest, std::fabs(from_bf16((*wants[g])[i])));
+        worst = std::max(worst, std::fabs(from_bf16((*gots[g])[i]) - from_bf16((*wants[g])[i])));
+      }
+      check(largest > 0 && worst <= 0.03f * largest,
+            what + ": " + names[g] + " max |err| " + std::to_string(worst) + " of max |grad| " +
+                std::to_string(largest));
+    }
+    for (void* p : {dq_in, dk_in, dv_in, d_out, d_do, d_lse, g_q, g_k, g_v}) fc_device_free(p);
+  }
 }
 
 // libfusedcomm.so exports the C API and the JNI, and keeps the C++ runtime to itself. Builds
@@ -590,7 +782,10 @@ void exports() {
   for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
                           "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
                           "Java_io_fusedcomm_api_NativeOps_pointerInfo",
-                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "fc_grouped_gemm", "JNI_OnLoad"}) {
+                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "fc_grouped_gemm", "JNI_OnLoad",
+                          "fc_attention_backward", "fc_ring_attention_backward",
+                          "Java_io_fusedcomm_api_NativeOps_attentionBackward",
+                          "Java_io_fusedcomm_api_NativeOps_ringAttentionBackward"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
   check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,
@@ -670,9 +865,11 @@ int main() {
   refusals();
   single_rank_gemm_and_memory();
   single_rank_attention();
+  single_rank_attention_backward();
   for (int w = 1; w <= 4; ++w) ring_attention_ranks(w);
   grouped_gemm();
   grouped_gemm_on_gpu();
+  attention_backward_on_gpu();
   transport_choice();
   device_memory();
   fc_runtime_config_t c;

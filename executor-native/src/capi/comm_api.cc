@@ -264,4 +264,30 @@ fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype
   });
 }
 
+fc_status_t fc_ring_attention_backward(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                       const fc_attention_shape_t* shape, const void* q, const void* k,
+                                       const void* v, const void* o, const float* lse, const void* d_o,
+                                       void* dq, void* dk, void* dv) {
+  return guarded([&] {
+    constexpr const char* kOp = "ringAttentionBackward";
+    FC_REQUIRE(shape != nullptr, std::string(kOp) + ": null shape");
+    const SeqLayout layout = capi::seq_layout(kOp, shape->layout);
+    // As the forward: sizes of the whole sequence bound every rank's tensors.
+    capi::require_size(kOp, "q", dtype, {shape->batch, shape->seq, shape->q_heads, shape->head_dim});
+    capi::require_size(kOp, "k", dtype, {shape->batch, shape->seq, shape->kv_heads, shape->head_dim});
+    capi::require_size(kOp, "lse", 4, {shape->batch, shape->q_heads, shape->seq});
+    host::AttentionShape s;
+    s.batch = shape->batch;
+    s.seq = shape->seq;
+    s.q_heads = shape->q_heads;
+    s.kv_heads = shape->kv_heads;
+    s.head_dim = shape->head_dim;
+    s.causal = shape->causal != 0;
+    s.scale = shape->scale;
+    s.layout = layout;
+    comm_of(comm).ring_attention_backward(op_desc(desc), floating(dtype), s, q, k, v, o, lse, d_o, dq, dk,
+                                          dv);
+  });
+}
+
 }  // extern "C"

@@ -267,4 +267,40 @@ fc_status_t fc_attention(fc_backend_t backend, fc_dtype_t dtype, const fc_attent
   });
 }
 
+fc_status_t fc_attention_backward(fc_backend_t backend, fc_dtype_t dtype, const fc_attention_local_t* shape,
+                                  const void* q, const void* k, const void* v, const void* o,
+                                  const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                  fc_stream_t stream) {
+  return guarded([&] {
+    constexpr const char* kOp = "attentionBackward";
+    FC_REQUIRE(shape != nullptr, std::string(kOp) + ": null shape");
+    capi::require_size(kOp, "q", dtype, {shape->batch, shape->q_len, shape->q_heads, shape->head_dim});
+    capi::require_size(kOp, "k", dtype, {shape->batch, shape->kv_len, shape->kv_heads, shape->head_dim});
+    capi::require_size(kOp, "lse", 4, {shape->batch, shape->q_heads, shape->q_len});
+    host::AttentionLocalShape s;
+    s.batch = shape->batch;
+    s.q_len = shape->q_len;
+    s.kv_len = shape->kv_len;
+    s.q_heads = shape->q_heads;
+    s.kv_heads = shape->kv_heads;
+    s.head_dim = shape->head_dim;
+    s.causal = shape->causal != 0;
+    s.scale = shape->scale;
+    switch (capi::backend(backend)) {
+      case Backend::kHost:
+        FC_REQUIRE(stream == nullptr,
+                   std::string(kOp) + ": a stream was given, but the host backend runs ops synchronously");
+        host::attention_backward(capi::floating(dtype), s, q, k, v, o, lse, d_o, dq, dk, dv);
+        return;
+      case Backend::kCuda:
+        cuda_attention_backward_local(*shape, capi::floating(dtype), q, k, v, o, lse, d_o, dq, dk, dv,
+                                      reinterpret_cast<cudaStream_t>(stream));
+        return;
+      case Backend::kAuto: break;
+    }
+    fail(ErrorKind::kInvalidArgument,
+         std::string(kOp) + ": name the backend to run on (cuda or host), not auto");
+  });
+}
+
 }  // extern "C"

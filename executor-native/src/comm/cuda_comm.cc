@@ -673,6 +673,14 @@ void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::Atten
   ring_attention_gpu(desc, dtype, rs, q, k, v, o, lse);
 }
 
+void CudaComm::ring_attention_backward(const OpDesc&, DType, const host::AttentionShape&, const void*,
+                                       const void*, const void*, const void*, const float*, const void*,
+                                       void*, void*, void*) {
+  fail(ErrorKind::kUnavailable,
+       "ringAttentionBackward: ring attention backward on the cuda backend is not built; run it on the host "
+       "backend");
+}
+
 // A ring on one host (kernels/attention/ring.h has the protocol and its ordering argument):
 // every rank keeps two K/V buffers in its symmetric data area; at step s it computes the block
 // of rank (r - s) mod W on the op's stream while the copy engine pulls the next block from its

@@ -96,6 +96,12 @@ void HostComm::ring_attention(const OpDesc& desc, DType dtype, const host::Atten
   host::ring_attention(start(desc, nullptr), dtype, shape, q, k, v, o, lse);
 }
 
+void HostComm::ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                                       const void* q, const void* k, const void* v, const void* o,
+                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv) {
+  host::ring_attention_backward(start(desc, nullptr), dtype, shape, q, k, v, o, lse, d_o, dq, dk, dv);
+}
+
 void HostComm::finish() { ex_.finish(); }
 void HostComm::abort() noexcept { ex_.abort(); }
 void HostComm::close() { ex_.close(); }

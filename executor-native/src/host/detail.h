@@ -56,6 +56,14 @@ struct SeqSpan {
 // the other.
 std::vector<SeqSpan> seq_spans(int64_t seq, int world, int rank, SeqLayout layout);
 
+// How many keys of `span` a query at global position `pos` sees: causal, those at positions
+// <= pos (a prefix of the span); otherwise all of them.
+inline int64_t visible_keys(bool causal, const SeqSpan& span, int64_t pos) {
+  if (!causal) return span.count;
+  const int64_t n = pos - span.pos + 1;
+  return n < 0 ? 0 : (n > span.count ? span.count : n);
+}
+
 // The checks both attention ops make first, in this order: dtype; batch >= 0; head_dim >= 1;
 // q_heads a positive multiple of kv_heads; a finite scale. Messages name `op`.
 void require_attention(const char* op, DType t, int64_t batch, int64_t q_heads, int64_t kv_heads,
@@ -85,6 +93,34 @@ class OnlineSoftmax {
   std::vector<float> max_, sum_;  // (B, q_rows, Hq)
   std::vector<float> acc_;        // (B, q_rows, Hq, D)
   std::vector<float> scores_;
+};
+
+// The backward of attention for a block of query rows, in fp32 (docs/ops.md
+// "ringAttentionBackward"): holds q, dO, lse and δ = Σ_d dO·o of its rows and accumulates dQ
+// over key blocks merged one at a time, in any grouping of the keys; each block's dK/dV are
+// added into the caller's fp32 buffers (grouped-query heads summed). Causal masking compares
+// global positions, as OnlineSoftmax.
+class AttentionGrad {
+ public:
+  // q, o, d_o: (B, q_rows, Hq, D) in dtype t; lse: (B, Hq, q_rows) fp32; rows at `q_spans`.
+  AttentionGrad(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool causal, float scale,
+                DType t, const void* q, const void* o, const float* lse, const void* d_o, int64_t q_rows,
+                std::vector<SeqSpan> q_spans);
+  // k, v: (B, kv_rows, Hkv, D) fp32, their rows at `kv_spans`; dk, dv: the same shape, fp32,
+  // added to.
+  void backward(const float* k, const float* v, int64_t kv_rows, const std::vector<SeqSpan>& kv_spans,
+                float* dk, float* dv);
+  // dq: (B, q_rows, Hq, D) in dtype t, rounded once.
+  void finish(DType t, void* dq) const;
+
+ private:
+  int64_t b_, hq_, hkv_, d_;
+  bool causal_;
+  float scale_;
+  int64_t q_rows_;
+  std::vector<SeqSpan> q_spans_;
+  std::vector<float> q_, do_, dq_;  // (B, q_rows, Hq, D)
+  std::vector<float> lse_, delta_;  // (B, q_rows, Hq)
 };
 
 }  // namespace fusedcomm::host::detail

@@ -117,6 +117,10 @@ class Comm {
                            const void* expert_out, int64_t width, void* out) = 0;
   virtual void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                               const void* q, const void* k, const void* v, void* o, float* lse) = 0;
+  // Its backward (host::ring_attention_backward has the contract).
+  virtual void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                                       const void* q, const void* k, const void* v, const void* o,
+                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv) = 0;
 
   // ---- teardown: finish (drain), close (free), abort (stop now) -----------------------------
   // Waits for the ops enqueued on streams and throws the first device failure (cuda).

@@ -126,6 +126,9 @@ class CudaComm final : public Comm {
                    const void* expert_out, int64_t width, void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
                       const void* k, const void* v, void* o, float* lse) override;
+  void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                               const void* q, const void* k, const void* v, const void* o, const float* lse,
+                               const void* d_o, void* dq, void* dk, void* dv) override;
   // The same with the layout named (device_attention.h RingAttentionShape): ring_attention runs
   // the contiguous layout until host::AttentionShape carries fc_seq_layout_t. One host only
   // (Error(kUnavailable) across hosts); synchronous, on the communicator's own stream.

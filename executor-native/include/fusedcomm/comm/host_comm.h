@@ -51,6 +51,9 @@ class HostComm final : public Comm {
                    const void* expert_out, int64_t width, void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
                       const void* k, const void* v, void* o, float* lse) override;
+  void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                               const void* q, const void* k, const void* v, const void* o, const float* lse,
+                               const void* d_o, void* dq, void* dk, void* dv) override;
 
   void synchronize() override {}
   void finish() override;

@@ -130,6 +130,13 @@ struct AttentionLocalShape {
 void attention(DType t, const AttentionLocalShape& shape, const void* q, const void* k, const void* v,
                void* o, float* lse);
 
+// Its backward (docs/ops.md "attentionBackward"): from the forward's q, k, v, o, lse (required)
+// and d_o (as o) writes dq (as q), dk, dv (as k, v; summed over the query heads sharing a K/V
+// head). fp32 accumulation, one rounding.
+void attention_backward(DType t, const AttentionLocalShape& shape, const void* q, const void* k,
+                        const void* v, const void* o, const float* lse, const void* d_o, void* dq, void* dk,
+                        void* dv);
+
 // Ring attention: rank r holds the positions seq_runs(seq, W, r, layout) (runtime/split.h), S_r
 // of them, in that order.
 struct AttentionShape {
@@ -145,5 +152,13 @@ struct AttentionShape {
 // (rank r sends to r+1), W-1 steps.
 void ring_attention(Exchanger& ex, DType t, const AttentionShape& shape, const void* q, const void* k,
                     const void* v, void* o, float* lse);
+
+// Its backward (docs/ops.md "ringAttentionBackward"), rank-local shapes as the forward: lse
+// (required) and d_o from the forward, dq (as q), dk, dv (as k, v) of this rank's positions.
+// K/V blocks travel around the ring as in the forward, with their fp32 dK/dV partials; after
+// W - 1 steps one more hop takes each block's partials home to its owner.
+void ring_attention_backward(Exchanger& ex, DType t, const AttentionShape& shape, const void* q,
+                             const void* k, const void* v, const void* o, const float* lse, const void* d_o,
+                             void* dq, void* dk, void* dv);
 
 }  // namespace fusedcomm::host

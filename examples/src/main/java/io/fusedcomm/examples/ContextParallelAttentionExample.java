@@ -15,6 +15,21 @@
  * (Communicator.attention, the host backend) over the whole sequence and checks every element of
  * every rank's O_r and LSE_r against the reference's rows at that rank's positions.
  *
+ * With mode=train the ranks also train: Q, K and V themselves are the parameters (each rank
+ * keeps its rows in fp32 and rounds them to the dtype for every step), the loss is
+ * L = ½ Σ (O - T)² over the whole sequence with a fixed target T (one vector per K/V head,
+ * from the seed, at every position and for every query head of the group: V rows all equal to
+ * it reach L = 0), and each step is
+ *   2. ringAttention           O_r, LSE_r as above
+ *   3. dO_r = O_r - T_r        on the rank, rounded to the dtype
+ *   4. ringAttentionBackward   dQ_r, dK_r, dV_r; K/V blocks pass around the ring again and their
+ *                              dK/dV partials travel with them back to the rank that holds them
+ *   5. SGD                     Q_r -= lr·dQ_r, K_r -= lr·dK_r, V_r -= lr·dV_r
+ * The driver checks the first step's O and LSE as above, every element of every rank's first
+ * step gradients against the local backward (Communicator.attentionBackward on the host) over
+ * the whole sequence from the ranks' O, LSE and dO, and that the loss (summed over the ranks)
+ * goes down at every step.
+ *
  * Backends: the example asks the communicator (comm.backend()) at run time. With
  * spark.fusedcomm.backend=host the op takes HostTensors; with cuda it takes DeviceTensors on the
  * executor's GPU (bf16, head dim 64 or 128; other problems are refused before the job starts).
@@ -27,17 +42,19 @@
  *     --conf spark.fusedcomm.backend=host \
  *     --class io.fusedcomm.examples.ContextParallelAttentionExample \
  *     examples/target/fusedcomm-examples-0.1.0-SNAPSHOT.jar [world=2] [S=1027] [Hq=8] [Hkv=2] [D=64]
- *     [dtype=bf16] [seed=fresh] [layout=zigzag|contiguous]
+ *     [dtype=bf16] [seed=fresh] [layout=zigzag|contiguous] [mode=check|train] [steps=4] [lr=0.05]
  *
- * or, with no Spark installation:  examples/run.sh 04_context_parallel_attention [world] [S] [Hq] [Hkv] [D] [dtype] [seed] [layout]
+ * or, with no Spark installation:  examples/run.sh 04_context_parallel_attention [world] [S] [Hq] [Hkv] [D] [dtype] [seed] [layout] [mode] [steps] [lr]
  *
  * On one host's GPUs (one executor per GPU), the same with the cuda backend and Spark's GPU
  * scheduling (see examples/README.md):
  *
  *   FUSEDCOMM_BACKEND=cuda EXTRA_SUBMIT_ARGS="--conf spark.worker.resource.gpu.amount=1 ..." \
  *     examples/run.sh 04_context_parallel_attention 2 16384 16 2 128 bf16
+ *     examples/run.sh 04_context_parallel_attention 2 4099 16 2 128 bf16 fresh zigzag train
  *
- * Exit status 0 when every element of every rank's O and LSE is within its bound, 1 otherwise.
+ * Exit status 0 when every element of every rank's O and LSE (and with mode=train, of its
+ * gradients) is within its bound and the loss went down at every step, 1 otherwise.
  */
 package io.fusedcomm.examples;
 
@@ -105,6 +122,17 @@ public final class ContextParallelAttentionExample {
   record Shard(int rank, int[] positions, float[] o, float[] lse, String backend, String device, double ms)
       implements Serializable {}
 
+  /** The training mode's settings: SGD steps and learning rate. */
+  record Training(int steps, double lr) implements Serializable {}
+
+  /**
+   * One rank's training: the first step's forward ({@code forward}: O, LSE) with its dO, dQ, dK
+   * and dV (its positions' rows), the rank's share of the loss before each step and after the
+   * last ({@code steps + 1} values), and the first step's ringAttentionBackward time.
+   */
+  record TrainShard(Shard forward, float[] dO, float[] dq, float[] dk, float[] dv, double[] losses,
+                    double backwardMs) implements Serializable {}
+
   /**
    * Runs the example (driver side): {@code [world=2] [S=1027] [Hq=8] [Hkv=2] [D=64]
    * [dtype=bf16|f32] [seed=fresh] [layout=zigzag|contiguous]}; exits 1 unless every element
@@ -119,16 +147,51 @@ public final class ContextParallelAttentionExample {
     DType dtype = args.length > 5 ? TensorParallelMlpExample.parseDType(args[5]) : DType.BF16;
     long seed = args.length > 6 && !args[6].trim().equals("fresh") ? Long.parseLong(args[6].trim()) : System.nanoTime();
     SequenceLayout layout = args.length > 7 ? parseLayout(args[7]) : SequenceLayout.ZIGZAG;
+    boolean train = args.length > 8 && parseMode(args[8]);
+    int steps = Math.toIntExact(ExampleContext.positiveArg(args, 9, "steps", 4));
+    double lr = args.length > 10 ? parseLearningRate(args[10]) : 0.05;
     Problem p = new Problem(world, s, hq, hkv, d, dtype, seed, layout);
     requireSupported(p, FusedCommConf.fromSparkConf(new SparkConf()).backend());
+    Training tr = new Training(steps, lr);
 
     ExampleContext.run(NAME, world, (sc, tasks) -> {
-      System.out.printf(Locale.ROOT, "%s: %s seed=%d master=%s%n", NAME, p.describe(), seed, sc.master());
+      System.out.printf(Locale.ROOT, "%s: %s seed=%d master=%s%s%n", NAME, p.describe(), seed, sc.master(),
+          train ? String.format(Locale.ROOT, " mode=train steps=%d lr=%s", steps, lr) : "");
       CommOptions options = CommOptions.defaults().name("context-parallel");
-      List<Shard> shards = BarrierStage.withCommunicator(tasks, options,
-          (comm, context, rows) -> List.of(attend(comm, p)).iterator()).collect();
-      return check(p, shards);
+      if (!train) {
+        List<Shard> shards = BarrierStage.withCommunicator(tasks, options,
+            (comm, context, rows) -> List.of(attend(comm, p)).iterator()).collect();
+        return check(p, shards);
+      }
+      List<TrainShard> shards = BarrierStage.withCommunicator(tasks, options,
+          (comm, context, rows) -> List.of(train(comm, p, tr)).iterator()).collect();
+      boolean forward = check(p, shards.stream().map(TrainShard::forward).collect(Collectors.toList()));
+      return checkTraining(p, tr, shards) && forward;
     });
+  }
+
+  static boolean parseMode(String s) {
+    switch (s.trim().toLowerCase(Locale.ROOT)) {
+      case "check":
+        return false;
+      case "train":
+        return true;
+      default:
+        throw new IllegalArgumentException("mode must be check or train, got '" + s + "'");
+    }
+  }
+
+  static double parseLearningRate(String s) {
+    double lr;
+    try {
+      lr = Double.parseDouble(s.trim());
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException("lr must be a number, got '" + s + "'", e);
+    }
+    if (!(lr > 0) || Double.isInfinite(lr)) {
+      throw new IllegalArgumentException("lr must be positive and finite, got " + lr);
+    }
+    return lr;
   }
 
   static SequenceLayout parseLayout(String s) {
@@ -184,6 +247,93 @@ public final class ContextParallelAttentionExample {
           + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuAddress() + " " + me.gpuUuid());
       return new Shard(r, pos, t.read(o), t.read(lse), comm.backend().configName(), device, ms);
     }
+  }
+
+  /**
+   * The training target's rows at {@code positions} (positions × Hq × D): one vector per K/V
+   * head (tensor 4, row 0, from the seed, in the dtype), the same at every position and for every
+   * query head of the K/V head's group.
+   */
+  static float[] targetRows(Problem p, int[] positions) {
+    float[] perKvHead = SeededValues.uniform(SeededValues.seed(p.seed(), 4, 0), p.hkv() * p.d(), 1.0, p.dtype());
+    int group = p.hq() / p.hkv();
+    int width = p.hq() * p.d();
+    float[] out = new float[Math.multiplyExact(positions.length, width)];
+    for (int i = 0; i < positions.length; i++) {
+      for (int h = 0; h < p.hq(); h++) {
+        System.arraycopy(perKvHead, (h / group) * p.d(), out, i * width + h * p.d(), p.d());
+      }
+    }
+    return out;
+  }
+
+  /**
+   * One rank's training (see the class comment): {@code tr.steps()} SGD steps of forward,
+   * loss, backward and update on its rows of Q, K and V, then one more forward for the final
+   * loss. Every rank runs the same ops in the same order.
+   */
+  static TrainShard train(Communicator comm, Problem p, Training tr) {
+    int w = comm.world();
+    int r = comm.rank();
+    if (w != p.world()) {
+      throw new IllegalStateException("the stage has " + w + " tasks, the problem expects " + p.world());
+    }
+    requireSupported(p, comm.backend());
+    int[] pos = p.positions(r);
+    int n = pos.length;
+    AttentionOptions options = AttentionOptions.sequence(p.s()).causal(true).layout(p.layout());
+    float[][] params = {p.rows(1, pos), p.rows(2, pos), p.rows(3, pos)};  // fp32 masters of Q, K, V
+    float[] target = targetRows(p, pos);
+    double[] losses = new double[tr.steps() + 1];
+    Shard first = null;
+    float[][] firstGrads = null;
+    double backwardMs = 0;
+    RankPlacement me = comm.placements().get(r);
+    String device = "executor " + me.executorId()
+        + (me.gpuUuid().isEmpty() ? ", no GPU" : ", GPU " + me.gpuAddress() + " " + me.gpuUuid());
+    for (int step = 0; step <= tr.steps(); step++) {
+      try (TensorMaker t = new TensorMaker(comm.backend())) {
+        Tensor q = t.of(params[0], p.dtype(), 1, n, p.hq(), p.d());
+        Tensor k = t.of(params[1], p.dtype(), 1, n, p.hkv(), p.d());
+        Tensor v = t.of(params[2], p.dtype(), 1, n, p.hkv(), p.d());
+        Tensor o = t.nan(p.dtype(), 1, n, p.hq(), p.d());
+        Tensor lse = t.nan(DType.F32, 1, p.hq(), n);
+        long t0 = System.nanoTime();
+        comm.ringAttention(q, k, v, o, lse, options);
+        double forwardMs = (System.nanoTime() - t0) / 1e6;
+        float[] out = t.read(o);
+        float[] dO = new float[out.length];
+        double loss = 0;
+        for (int i = 0; i < out.length; i++) {
+          double diff = (double) out[i] - target[i];
+          loss += 0.5 * diff * diff;
+          dO[i] = (float) diff;
+        }
+        losses[step] = loss;
+        if (step == tr.steps()) {
+          break;
+        }
+        Tensor gradO = t.of(dO, p.dtype(), 1, n, p.hq(), p.d());
+        Tensor dq = t.nan(p.dtype(), 1, n, p.hq(), p.d());
+        Tensor dk = t.nan(p.dtype(), 1, n, p.hkv(), p.d());
+        Tensor dv = t.nan(p.dtype(), 1, n, p.hkv(), p.d());
+        t0 = System.nanoTime();
+        comm.ringAttentionBackward(q, k, v, o, lse, gradO, dq, dk, dv, options);
+        double ms = (System.nanoTime() - t0) / 1e6;
+        float[][] grads = {t.read(dq), t.read(dk), t.read(dv)};
+        if (step == 0) {
+          first = new Shard(r, pos, out, t.read(lse), comm.backend().configName(), device, forwardMs);
+          firstGrads = new float[][] {t.read(gradO), grads[0], grads[1], grads[2]};
+          backwardMs = ms;
+        }
+        for (int x = 0; x < 3; x++) {
+          for (int i = 0; i < params[x].length; i++) {
+            params[x][i] -= (float) (tr.lr() * grads[x][i]);
+          }
+        }
+      }
+    }
+    return new TrainShard(first, firstGrads[0], firstGrads[1], firstGrads[2], firstGrads[3], losses, backwardMs);
   }
 
   /** Host or device tensors for the communicator's backend, closed together. */
@@ -326,6 +476,144 @@ public final class ContextParallelAttentionExample {
       }
     }
     return new Verdict(checked, bad, maxErr, worst);
+  }
+
+  /**
+   * Per-element bound of a rank's gradient against the local backward from the same O, LSE and
+   * dO rows: each side rounds once to the dtype (2u·|ref|), and the fp32 sums run in another
+   * order (1e-4 of the tensor's largest |ref|); in bf16 2^-7 of it instead (the GPU kernel may
+   * hold P and dS in bf16 for its products). A row of another position is off by the order of
+   * the gradients and fails.
+   */
+  static double gradTolerance(DType dtype, double ref, double maxAbsRef) {
+    double products = dtype == DType.BF16 ? 0x1p-7 : 1e-4;
+    return 2 * SeededValues.unitRoundoff(dtype) * Math.abs(ref) + products * maxAbsRef;
+  }
+
+  /**
+   * Checks one gradient of every rank (positions × width, in the rank's order) against the
+   * reference's rows (S × width).
+   */
+  static Verdict checkGrad(Problem p, float[] ref, List<TrainShard> shards, int width,
+                           java.util.function.Function<TrainShard, float[]> grad) {
+    double maxAbsRef = 0;
+    for (float x : ref) {
+      maxAbsRef = Math.max(maxAbsRef, Math.abs(x));
+    }
+    long checked = 0;
+    long bad = 0;
+    double maxErr = 0;
+    double worst = 0;
+    for (TrainShard sh : shards) {
+      int[] pos = sh.forward().positions();
+      float[] got = grad.apply(sh);
+      for (int i = 0; i < pos.length; i++) {
+        for (int x = 0; x < width; x++) {
+          double want = ref[pos[i] * width + x];
+          double err = Math.abs(got[i * width + x] - want);
+          double tol = gradTolerance(p.dtype(), want, maxAbsRef);
+          checked++;
+          if (!(err <= tol)) {
+            bad++;
+          } else {
+            maxErr = Math.max(maxErr, err);
+            worst = Math.max(worst, err / tol);
+          }
+        }
+      }
+    }
+    return new Verdict(checked, bad, maxErr, worst);
+  }
+
+  /** The local backward over the whole sequence, on the host: dQ, dK, dV (S rows each). */
+  static float[][] referenceGradients(Problem p, float[] o, float[] lse, float[] dO) {
+    int[] all = java.util.stream.IntStream.range(0, p.s()).toArray();
+    try (HostTensor q = HostTensor.of(p.rows(1, all), p.dtype(), 1, p.s(), p.hq(), p.d());
+        HostTensor k = HostTensor.of(p.rows(2, all), p.dtype(), 1, p.s(), p.hkv(), p.d());
+        HostTensor v = HostTensor.of(p.rows(3, all), p.dtype(), 1, p.s(), p.hkv(), p.d());
+        HostTensor ot = HostTensor.of(o, p.dtype(), 1, p.s(), p.hq(), p.d());
+        HostTensor lt = HostTensor.of(lse, DType.F32, 1, p.hq(), p.s());
+        HostTensor gt = HostTensor.of(dO, p.dtype(), 1, p.s(), p.hq(), p.d());
+        HostTensor dq = HostTensor.allocate(p.dtype(), 1, p.s(), p.hq(), p.d());
+        HostTensor dk = HostTensor.allocate(p.dtype(), 1, p.s(), p.hkv(), p.d());
+        HostTensor dv = HostTensor.allocate(p.dtype(), 1, p.s(), p.hkv(), p.d())) {
+      Communicator.attentionBackward(q, k, v, ot, lt, gt, dq, dk, dv, true, 0f);
+      return new float[][] {dq.toFloatArray(), dk.toFloatArray(), dv.toFloatArray()};
+    }
+  }
+
+  /**
+   * The training checks: the loss (summed over the ranks) per step, going down at every step;
+   * every rank's first-step gradients against the local backward over the whole sequence, fed
+   * with the ranks' own O, LSE and dO rows (so both sides differ only in fp32 summation order
+   * and the GPU kernel's precision).
+   */
+  static boolean checkTraining(Problem p, Training tr, List<TrainShard> shards) {
+    shards = shards.stream().sorted(Comparator.comparingInt(sh -> sh.forward().rank())).collect(Collectors.toList());
+    if (shards.size() != p.world()) {
+      System.out.println(NAME + ": FAILED: expected " + p.world() + " ranks' training results, got " + shards.size());
+      return false;
+    }
+    long elements = (long) p.s() * p.hq() * p.d();
+    double[] loss = new double[tr.steps() + 1];
+    for (TrainShard sh : shards) {
+      for (int i = 0; i < loss.length; i++) {
+        loss[i] += sh.losses()[i];
+      }
+    }
+    System.out.printf(Locale.ROOT, "%-5s %18s%n", "step", "loss per element");
+    boolean down = true;
+    for (int i = 0; i < loss.length; i++) {
+      System.out.printf(Locale.ROOT, "%-5s %18.6f%n", i == tr.steps() ? "final" : Integer.toString(i),
+          loss[i] / elements);
+      down &= i == 0 || loss[i] < loss[i - 1];
+    }
+    for (TrainShard sh : shards) {
+      System.out.printf(Locale.ROOT, "rank %d: ringAttentionBackward %.3f ms%n", sh.forward().rank(), sh.backwardMs());
+    }
+    // The whole sequence's O, LSE and dO, assembled from the ranks' first step.
+    int widthQ = p.hq() * p.d();
+    int widthKv = p.hkv() * p.d();
+    float[] o = new float[p.s() * widthQ];
+    float[] dO = new float[p.s() * widthQ];
+    float[] lse = new float[p.hq() * p.s()];
+    for (TrainShard sh : shards) {
+      int[] pos = sh.forward().positions();
+      for (int i = 0; i < pos.length; i++) {
+        System.arraycopy(sh.forward().o(), i * widthQ, o, pos[i] * widthQ, widthQ);
+        System.arraycopy(sh.dO(), i * widthQ, dO, pos[i] * widthQ, widthQ);
+        for (int h = 0; h < p.hq(); h++) {
+          lse[h * p.s() + pos[i]] = sh.forward().lse()[h * pos.length + i];
+        }
+      }
+    }
+    long t0 = System.nanoTime();
+    float[][] ref = referenceGradients(p, o, lse, dO);
+    System.out.printf(Locale.ROOT,
+        "reference: Communicator.attentionBackward over the whole sequence on the host, %.0f ms%n",
+        (System.nanoTime() - t0) / 1e6);
+    Verdict dq = checkGrad(p, ref[0], shards, widthQ, TrainShard::dq);
+    Verdict dk = checkGrad(p, ref[1], shards, widthKv, TrainShard::dk);
+    Verdict dv = checkGrad(p, ref[2], shards, widthKv, TrainShard::dv);
+    String[] names = {"dQ", "dK", "dV"};
+    Verdict[] all = {dq, dk, dv};
+    for (int i = 0; i < 3; i++) {
+      System.out.printf(Locale.ROOT, "%s: max |error| %.3e, worst error/tolerance %.3f, %d of %d elements out of bounds%n",
+          names[i], all[i].maxAbsErr(), all[i].worstRatio(), all[i].bad(), all[i].checked());
+    }
+    boolean ok = down && dq.bad() == 0 && dk.bad() == 0 && dv.bad() == 0 && dq.checked() == (long) p.s() * widthQ
+        && dk.checked() == (long) p.s() * widthKv && dv.checked() == (long) p.s() * widthKv;
+    String backend = shards.get(0).forward().backend();
+    if (ok) {
+      System.out.printf(Locale.ROOT, "%s: training check passed (%s, backend=%s, steps=%d, lr=%s, loss %.6f -> %.6f,"
+          + " max_abs_err dQ=%.3e, dK=%.3e, dV=%.3e)%n", NAME, p.describe(), backend, tr.steps(), tr.lr(),
+          loss[0] / elements, loss[tr.steps()] / elements, dq.maxAbsErr(), dk.maxAbsErr(), dv.maxAbsErr());
+    } else {
+      System.out.printf(Locale.ROOT, "%s: training FAILED (%s, backend=%s): loss %s at every step; %d dQ, %d dK and"
+          + " %d dV elements out of bounds%n", NAME, p.describe(), backend, down ? "went down" : "did not go down",
+          dq.bad(), dk.bad(), dv.bad());
+    }
+    return ok;
   }
 
   /** The causal (query, key) pairs of the queries at {@code positions}: Σ (p + 1). */

@@ -11,6 +11,7 @@ import io.fusedcomm.api.SequenceLayout;
 import io.fusedcomm.examples.ContextParallelAttentionExample.Problem;
 import io.fusedcomm.examples.ContextParallelAttentionExample.Reference;
 import io.fusedcomm.examples.ContextParallelAttentionExample.Shard;
+import io.fusedcomm.examples.ContextParallelAttentionExample.TrainShard;
 import io.fusedcomm.examples.ContextParallelAttentionExample.Verdict;
 import java.util.ArrayList;
 import java.util.List;
@@ -121,6 +122,71 @@ class ContextParallelAttentionCheckTest {
     assertEquals(2, ContextParallelAttentionExample.checkO(p, ref, off, 1.0).bad());
     off.get(0).lse()[0] += 0.1f;
     assertEquals(1, ContextParallelAttentionExample.checkLse(p, ref, off).bad());
+  }
+
+  /** Each rank's rows of a (S × width) gradient, rounded to bf16, as TrainShards. */
+  private static List<TrainShard> gradShards(Problem p, float[] ref, int width) {
+    List<TrainShard> out = new ArrayList<>();
+    for (int r = 0; r < p.world(); r++) {
+      int[] pos = p.positions(r);
+      float[] g = new float[pos.length * width];
+      for (int i = 0; i < pos.length; i++) {
+        for (int x = 0; x < width; x++) {
+          g[i * width + x] = Bf16.round(ref[pos[i] * width + x]);
+        }
+      }
+      Shard fwd = new Shard(r, pos, new float[0], new float[0], "host", "test", 0);
+      out.add(new TrainShard(fwd, new float[0], g, g, g, new double[] {1, 0}, 0));
+    }
+    return out;
+  }
+
+  @Test
+  void gradientBoundsAcceptTheRoundedRowsAndRejectMistakes() {
+    Problem p = problem(3, SequenceLayout.ZIGZAG);
+    int width = 2 * D;
+    SplittableRandom rnd = new SplittableRandom(4);
+    float[] ref = new float[S * width];
+    for (int i = 0; i < ref.length; i++) {
+      ref[i] = (float) ((rnd.nextDouble() * 2 - 1) * (1 + i % 7));
+    }
+    Verdict ok = ContextParallelAttentionExample.checkGrad(p, ref, gradShards(p, ref, width), width, TrainShard::dk);
+    assertEquals(0, ok.bad());
+    assertEquals((long) S * width, ok.checked());
+    // Rank 2's first two rows swapped, and one element never written.
+    List<TrainShard> swapped = gradShards(p, ref, width);
+    float[] g = swapped.get(2).dk();
+    for (int x = 0; x < width; x++) {
+      float t = g[x];
+      g[x] = g[width + x];
+      g[width + x] = t;
+    }
+    assertTrue(ContextParallelAttentionExample.checkGrad(p, ref, swapped, width, TrainShard::dk).bad() > width / 2);
+    List<TrainShard> unwritten = gradShards(p, ref, width);
+    unwritten.get(0).dk()[7] = Float.NaN;
+    assertEquals(1, ContextParallelAttentionExample.checkGrad(p, ref, unwritten, width, TrainShard::dk).bad());
+  }
+
+  @Test
+  void trainingTargetIsOneVectorPerKvHead() {
+    Problem p = new Problem(2, S, 4, 2, D, DType.BF16, 3, SequenceLayout.ZIGZAG);
+    float[] t = ContextParallelAttentionExample.targetRows(p, new int[] {0, 5, 36});
+    int width = 4 * D;
+    for (int i = 0; i < 3; i++) {
+      for (int h = 0; h < 4; h++) {
+        for (int x = 0; x < D; x++) {
+          // Query heads 0, 1 share K/V head 0; 2, 3 share K/V head 1; every position the same.
+          assertEquals(t[(h / 2) * 2 * D + x], t[i * width + h * D + x], "position " + i + " head " + h);
+        }
+      }
+    }
+    boolean differ = false;
+    for (int x = 0; x < D; x++) {
+      differ |= t[x] != t[2 * D + x];
+    }
+    assertTrue(differ, "the two K/V heads' targets differ");
+    assertThrows(IllegalArgumentException.class, () -> ContextParallelAttentionExample.parseMode("fit"));
+    assertThrows(IllegalArgumentException.class, () -> ContextParallelAttentionExample.parseLearningRate("-1"));
   }
 
   @Test

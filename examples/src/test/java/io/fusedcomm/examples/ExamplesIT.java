@@ -119,15 +119,28 @@ class ExamplesIT {
   }
 
   @Test
-  void contextParallelAttentionOnThreeRanks() throws Exception {
+  void contextParallelAttentionTrainsOnThreeRanks() throws Exception {
     // S = 1027 over 6 zigzag chunks (172, 171 × 5), causal, GQA 4:1; every element of O and LSE
-    // of every rank checked against the local op over the whole sequence.
-    String out = run("04_context_parallel_attention", "3");
+    // of every rank checked against the local op over the whole sequence. In training mode, two
+    // SGD steps through ringAttentionBackward: the loss goes down at every step and every element
+    // of every rank's first-step dQ, dK and dV checks against the local backward.
+    String out = run("04_context_parallel_attention", "3", "1027", "8", "2", "64", "bf16", "fresh", "zigzag", "train",
+        "2");
     assertTrue(Pattern.compile("(?m)^04_context_parallel_attention: check passed \\(world=3, S=1027, Hq=8, Hkv=2,"
         + " D=64, dtype=bf16, layout=zigzag, causal, backend=host, max_abs_err O=\\S+, LSE=\\S+\\)$").matcher(out)
         .find(), "no success line");
-    assertTrue(out.contains("O: ") && out.contains("0 of 525824 elements out of bounds"), "not every element of O");
+    assertTrue(Pattern.compile("(?m)^O: max \\|error\\| .* 0 of 525824 elements out of bounds$").matcher(out).find(),
+        "not every element of O");
     assertTrue(out.contains("0 of 8216 elements out of bounds"), "not every element of LSE");
+    assertTrue(Pattern.compile("(?m)^04_context_parallel_attention: training check passed \\(world=3, S=1027, Hq=8,"
+        + " Hkv=2, D=64, dtype=bf16, layout=zigzag, causal, backend=host, steps=2, lr=0.05, loss \\S+ -> \\S+,"
+        + " max_abs_err dQ=\\S+, dK=\\S+, dV=\\S+\\)$").matcher(out).find(), "no training success line");
+    assertTrue(Pattern.compile("(?m)^dQ: max \\|error\\| .* 0 of 525824 elements out of bounds$").matcher(out).find(),
+        "not every element of dQ");
+    for (String tensor : List.of("dK", "dV")) {
+      assertTrue(Pattern.compile("(?m)^" + tensor + ": max \\|error\\| .* 0 of 131456 elements out of bounds$")
+          .matcher(out).find(), "not every element of " + tensor);
+    }
   }
 
   @Test

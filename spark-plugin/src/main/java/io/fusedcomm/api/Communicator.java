@@ -763,6 +763,58 @@ public final class Communicator implements AutoCloseable {
   }
 
   /**
+   * The backward of {@link #ringAttention} (docs/ops.md "ringAttentionBackward"): every rank
+   * passes its forward inputs {@code q, k, v}, outputs {@code o, lse} (required) and {@code dO},
+   * the gradient of its {@code o}, with the forward's options, and gets the gradients of its own
+   * positions: {@code dQ} (as {@code q}), {@code dK}, {@code dV} (as {@code k, v}; with grouped-query
+   * heads summed over the query heads sharing a K/V head). K/V blocks travel around the ring as
+   * in the forward and their dK/dV partials travel with them back to their owner; fp32
+   * accumulation, one rounding.
+   */
+  public void ringAttentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                    Tensor dK, Tensor dV, AttentionOptions options) {
+    final String op = "ringAttentionBackward";
+    try (OpCall call = enter(op, 0)) {
+      if (options == null) {
+        throw new IllegalArgumentException(op + ": options must not be null");
+      }
+      if (lse == null) {
+        throw new IllegalArgumentException(op + ": lse (the forward's log-sum-exp, f32) is required");
+      }
+      OpCheck c = check(op).floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q).same("dO", dO, q)
+          .same("dQ", dQ, q).same("dK", dK, q).same("dV", dV, q);
+      c.typed("lse", lse, DType.F32).rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse)
+          .rank4("dO", dO).rank4("dQ", dQ).rank4("dK", dK).rank4("dV", dV);
+      long b = q.dim(0);
+      long s = options.sequenceLength();
+      long sr = options.localLength(world, rank);
+      long hq = q.dim(2);
+      long d = q.dim(3);
+      long hkv = k.dim(2);
+      c.dim("q", q, 1, sr);
+      for (Tensor t : new Tensor[] {o, dO, dQ}) {
+        String name = t == o ? "o" : t == dO ? "dO" : "dQ";
+        c.dim(name, t, 0, b).dim(name, t, 1, sr).dim(name, t, 2, hq).dim(name, t, 3, d);
+      }
+      for (Tensor t : new Tensor[] {k, v, dK, dV}) {
+        String name = t == k ? "k" : t == v ? "v" : t == dK ? "dK" : "dV";
+        c.dim(name, t, 0, b).dim(name, t, 1, sr).dim(name, t, 2, hkv).dim(name, t, 3, d);
+      }
+      c.dim("lse", lse, 0, b).dim("lse", lse, 1, hq).dim("lse", lse, 2, sr);
+      if (hkv < 1 || hq % hkv != 0) {
+        throw new IllegalArgumentException(op + ": q heads (" + hq + ") must be a multiple of kv heads (" + hkv + ")");
+      }
+      Fingerprint fp = c.fingerprint().add("B", b).add("S", s).add("Hq", hq).add("Hkv", hkv).add("D", d)
+          .add("causal", options.causal()).add("scale", Float.toString(options.scale()))
+          .add("layout", options.layout().name()).build();
+      runNative(call, null, null, () -> NativeOps.ringAttentionBackward(handle(), fp.description(), fp.value(),
+          q.dtype().code(), b, s, hq, hkv, d, options.causal(), options.scale(), options.layout().code(),
+          call.address(q), call.address(k), call.address(v), call.address(o), call.address(lse),
+          call.address(dO), call.address(dQ), call.address(dK), call.address(dV)));
+    }
+  }
+
+  /**
    * A single-rank attention forward (docs/ops.md "attention"), synchronous: {@code q, o: (B,
    * Lq, Hq, D)}, {@code k, v: (B, Lk, Hkv, D)} with {@code Hq % Hkv == 0} (query head {@code h}
    * reads K/V head {@code h / (Hq / Hkv)}); {@code lse: (B, Hq, Lq)} {@link DType#F32}, the
@@ -834,6 +886,89 @@ public final class Communicator implements AutoCloseable {
       NativeOps.attention((device ? Backend.CUDA : Backend.HOST).code(), q.dtype().code(), b, lq, lk, hq, hkv, d,
           causal, scale, call.address(q), call.address(k), call.address(v), call.address(o), call.address(lse),
           stream);
+    }
+  }
+
+  /**
+   * The backward of {@link #attention(Tensor, Tensor, Tensor, Tensor, Tensor, boolean, float)}
+   * (docs/ops.md "attentionBackward"), synchronous: from the forward's {@code q, k, v}, its
+   * outputs {@code o} and {@code lse} ({@link DType#F32}, required) and {@code dO} (the gradient
+   * of {@code o}, shaped as {@code o}) writes {@code dQ} (as {@code q}), {@code dK} and {@code
+   * dV} (as {@code k} and {@code v}; with grouped-query heads summed over the query heads sharing
+   * a K/V head), accumulated in fp32 and rounded once. {@code causal} and {@code scale} as the
+   * forward's; host and device tensors as {@code attention}.
+   */
+  public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                       Tensor dK, Tensor dV, boolean causal, float scale) {
+    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, 0L);
+  }
+
+  /**
+   * {@link #attentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * Tensor, boolean, float, long)} on a JCuda stream (see {@link #allGather(Tensor, Tensor,
+   * Object)}).
+   */
+  public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                       Tensor dK, Tensor dV, boolean causal, float scale, Object stream) {
+    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, JCudaInterop.stream(stream));
+  }
+
+  /**
+   * {@link #attentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * Tensor, boolean, float)} on device tensors, enqueued on a CUDA stream of the caller ({@code
+   * cudaStream_t} handle of the tensors' GPU; 0 runs it synchronously) and returning once
+   * enqueued, as {@link #attention(Tensor, Tensor, Tensor, Tensor, Tensor, boolean, float, long)}.
+   */
+  public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                       Tensor dK, Tensor dV, boolean causal, float scale, long stream) {
+    final String op = "attentionBackward";
+    if (q == null) {
+      throw new IllegalArgumentException(op + ": q must not be null");
+    }
+    if (lse == null) {
+      throw new IllegalArgumentException(op + ": lse (the forward's log-sum-exp, f32) is required");
+    }
+    boolean device = q.isDevice();
+    int gpu = q instanceof DeviceTensor dt ? dt.device() : -1;
+    OpCheck c = new OpCheck(op, device ? Backend.CUDA : Backend.HOST, gpu)
+        .floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q).same("dO", dO, q)
+        .same("dQ", dQ, q).same("dK", dK, q).same("dV", dV, q).typed("lse", lse, DType.F32);
+    c.rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse).rank4("dO", dO)
+        .rank4("dQ", dQ).rank4("dK", dK).rank4("dV", dV);
+    long b = q.dim(0);
+    long lq = q.dim(1);
+    long hq = q.dim(2);
+    long d = q.dim(3);
+    long lk = k.dim(1);
+    long hkv = k.dim(2);
+    c.dim("k", k, 0, b).dim("k", k, 3, d);
+    for (Tensor t : new Tensor[] {v, dK, dV}) {
+      String name = t == v ? "v" : t == dK ? "dK" : "dV";
+      c.dim(name, t, 0, b).dim(name, t, 1, lk).dim(name, t, 2, hkv).dim(name, t, 3, d);
+    }
+    for (Tensor t : new Tensor[] {o, dO, dQ}) {
+      String name = t == o ? "o" : t == dO ? "dO" : "dQ";
+      c.dim(name, t, 0, b).dim(name, t, 1, lq).dim(name, t, 2, hq).dim(name, t, 3, d);
+    }
+    c.dim("lse", lse, 0, b).dim("lse", lse, 1, hq).dim("lse", lse, 2, lq);
+    if (hkv < 1 || hq % hkv != 0) {
+      throw new IllegalArgumentException(op + ": q heads (" + hq + ") must be a multiple of kv heads (" + hkv + ")");
+    }
+    if (d < 1) {
+      throw new IllegalArgumentException(op + ": the head dimension must be positive, got " + d);
+    }
+    if (!(scale >= 0) || Float.isInfinite(scale)) {
+      throw new IllegalArgumentException(op + ": scale must be finite and non-negative, got " + scale);
+    }
+    if (device && q.dtype() != DType.BF16) {
+      throw new IllegalArgumentException(op + ": the GPU attention backward takes bf16 tensors, got "
+          + q.dtype().label());
+    }
+    c.stream(stream);
+    try (OpCall call = new OpCall(null, op, stream != 0)) {
+      NativeOps.attentionBackward((device ? Backend.CUDA : Backend.HOST).code(), q.dtype().code(), b, lq, lk, hq,
+          hkv, d, causal, scale, call.address(q), call.address(k), call.address(v), call.address(o),
+          call.address(lse), call.address(dO), call.address(dQ), call.address(dK), call.address(dV), stream);
     }
   }
 

@@ -179,6 +179,12 @@ final class NativeOps {
       long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,
       long headDim, boolean causal, float scale, int layout, long q, long k, long v, long o, long lse);
 
+  /** The backward of {@link #ringAttention}: {@code lse} required, {@code dO} as {@code o}. */
+  static native void ringAttentionBackward(
+      long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,
+      long headDim, boolean causal, float scale, int layout, long q, long k, long v, long o, long lse, long dO,
+      long dQ, long dK, long dV);
+
   /**
    * Single-rank attention forward: {@code backend} cuda (bf16, device pointers; {@code stream} 0
    * runs synchronously, else enqueued there) or host (host memory, {@code stream} 0); {@code lse}
@@ -187,4 +193,10 @@ final class NativeOps {
   static native void attention(
       int backend, int dtype, long batch, long qLen, long kvLen, long qHeads, long kvHeads, long headDim,
       boolean causal, float scale, long q, long k, long v, long o, long lse, long stream);
+
+  /** The backward of {@link #attention}, the same conventions; {@code lse} required. */
+  static native void attentionBackward(
+      int backend, int dtype, long batch, long qLen, long kvLen, long qHeads, long kvHeads, long headDim,
+      boolean causal, float scale, long q, long k, long v, long o, long lse, long dO, long dQ, long dK, long dV,
+      long stream);
 }

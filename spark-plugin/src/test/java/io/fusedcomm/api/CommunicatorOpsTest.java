@@ -610,6 +610,89 @@ class CommunicatorOpsTest {
     }
   }
 
+  @ParameterizedTest(name = "W={0} {1} causal={2} {3}")
+  @MethodSource("attentionCases")
+  void ringAttentionBackward(int w, DType t, boolean causal, SequenceLayout layout) {
+    // (Hq, Hkv): grouped-query and multi-query; S uneven over W and 2W, and short.
+    int[][] heads = {{4, 2}, {3, 1}};
+    int[] seqs = {4 * w + 1, 2 * w + 3, Math.max(1, 2 * w - 1)};
+    for (int[] h : heads) {
+      for (int seq : seqs) {
+        runAttentionBackward(w, t, causal, layout, 2, seq, h[0], h[1], seq % 2 == 0 ? 8 : 5,
+            seq % 2 == 0 ? 0f : 0.37f);
+      }
+    }
+  }
+
+  private void runAttentionBackward(int w, DType t, boolean causal, SequenceLayout layout, int b, int seq, int hq,
+                                    int hkv, int d, float scale) {
+    long test = 170 + seq * 31L + hq * 7L + (causal ? 1 : 0);
+    float[] q = Data.uniform(Data.seed(SEED + test, 0, 0), b * seq * hq * d, t);
+    float[] k = Data.uniform(Data.seed(SEED + test, 0, 1), b * seq * hkv * d, t);
+    float[] v = Data.uniform(Data.seed(SEED + test, 0, 2), b * seq * hkv * d, t);
+    float[] dO = Data.uniform(Data.seed(SEED + test, 0, 3), b * seq * hq * d, t);
+    // The forward and backward over the whole sequence by the single-rank ops; every rank gets
+    // the same o and lse rows, so the ring differs from them only in fp32 summation order.
+    float[] o;
+    float[] lse;
+    float[][] whole;
+    try (TensorScope s = new TensorScope()) {
+      HostTensor qt = s.of(q, t, b, seq, hq, d);
+      HostTensor kt = s.of(k, t, b, seq, hkv, d);
+      HostTensor vt = s.of(v, t, b, seq, hkv, d);
+      HostTensor ot = s.poisoned(t, b, seq, hq, d);
+      HostTensor lt = s.poisoned(DType.F32, b, hq, seq);
+      Communicator.attention(qt, kt, vt, ot, lt, causal, scale);
+      o = ot.toFloatArray();
+      lse = lt.toFloatArray();
+      HostTensor dq = s.poisoned(t, b, seq, hq, d);
+      HostTensor dk = s.poisoned(t, b, seq, hkv, d);
+      HostTensor dv = s.poisoned(t, b, seq, hkv, d);
+      Communicator.attentionBackward(qt, kt, vt, ot, lt, s.of(dO, t, b, seq, hq, d), dq, dk, dv, causal, scale);
+      whole = new float[][] {dq.toFloatArray(), dk.toFloatArray(), dv.toFloatArray()};
+    }
+    Reference.AttentionGrads ref = Reference.attentionBackward(q, k, v, o, lse, dO, b, seq, seq, hq, hkv, d, causal,
+        scale);
+    String all = ctx("attentionBackward", 1, t, "causal=" + causal, "S=" + seq, "Hq=" + hq, "Hkv=" + hkv, "D=" + d);
+    Check.close(all + " dQ", ref.dq, whole[0], t);
+    Check.close(all + " dK", ref.dk, whole[1], t);
+    Check.close(all + " dV", ref.dv, whole[2], t);
+    int[][] pos = new int[w][];
+    for (int r = 0; r < w; r++) {
+      pos[r] = Reference.seqPositions(seq, w, r, layout == SequenceLayout.ZIGZAG);
+    }
+    AttentionOptions options = AttentionOptions.sequence(seq).causal(causal).scale(scale).layout(layout);
+    List<float[][]> outs = world.run(w, comm -> {
+      int r = comm.rank();
+      int sr = pos[r].length;
+      try (TensorScope s = new TensorScope()) {
+        HostTensor dq = s.poisoned(t, b, sr, hq, d);
+        HostTensor dk = s.poisoned(t, b, sr, hkv, d);
+        HostTensor dv = s.poisoned(t, b, sr, hkv, d);
+        float[] lseRows = new float[b * hq * sr];
+        for (int row = 0; row < b * hq; row++) {
+          for (int i = 0; i < sr; i++) {
+            lseRows[row * sr + i] = lse[row * seq + pos[r][i]];
+          }
+        }
+        comm.ringAttentionBackward(s.of(Reference.seqRows(q, b, seq, hq * d, pos[r]), t, b, sr, hq, d),
+            s.of(Reference.seqRows(k, b, seq, hkv * d, pos[r]), t, b, sr, hkv, d),
+            s.of(Reference.seqRows(v, b, seq, hkv * d, pos[r]), t, b, sr, hkv, d),
+            s.of(Reference.seqRows(o, b, seq, hq * d, pos[r]), t, b, sr, hq, d),
+            s.of(lseRows, DType.F32, b, hq, sr),
+            s.of(Reference.seqRows(dO, b, seq, hq * d, pos[r]), t, b, sr, hq, d), dq, dk, dv, options);
+        return new float[][] {dq.toFloatArray(), dk.toFloatArray(), dv.toFloatArray()};
+      }
+    });
+    for (int r = 0; r < w; r++) {
+      String c = ctx("ringAttentionBackward", w, t, "causal=" + causal, layout, "S=" + seq, "Hq=" + hq,
+          "Hkv=" + hkv, "D=" + d, "rank " + r);
+      Check.close(c + " dQ", Reference.seqRows(ref.dq, b, seq, hq * d, pos[r]), outs.get(r)[0], t);
+      Check.close(c + " dK", Reference.seqRows(ref.dk, b, seq, hkv * d, pos[r]), outs.get(r)[1], t);
+      Check.close(c + " dV", Reference.seqRows(ref.dv, b, seq, hkv * d, pos[r]), outs.get(r)[2], t);
+    }
+  }
+
   /** Split.positions: the worked example of docs/ops.md and the cover of the sequence. */
   @Test
   void zigzagPositionsCoverTheSequence() {
@@ -687,6 +770,46 @@ class CommunicatorOpsTest {
         HostTensor o2 = s.poisoned(t, b, lq, hq, d);
         Communicator.attention(qt, kt, vt, o2, null, causal, scale);
         Check.exact(c + " O without lse", o.toFloatArray(), o2.toFloatArray());
+      }
+    }
+  }
+
+  @ParameterizedTest(name = "{0} causal={1}")
+  @MethodSource("typesAndMasks")
+  void localAttentionBackward(DType t, boolean causal) {
+    // (B, Lq, Lk, Hq, Hkv, D): square GQA, more keys than queries (MQA), fewer keys, no key.
+    int[][] shapes = {{2, 9, 9, 4, 2, 8}, {1, 5, 12, 3, 1, 16}, {3, 10, 4, 2, 2, 4}, {1, 3, 0, 2, 1, 8}};
+    for (int[] sh : shapes) {
+      int b = sh[0];
+      int lq = sh[1];
+      int lk = sh[2];
+      int hq = sh[3];
+      int hkv = sh[4];
+      int d = sh[5];
+      long test = 900 + lq * 13L + lk;
+      float[] q = Data.uniform(Data.seed(SEED + test, 0, 0), b * lq * hq * d, t);
+      float[] k = Data.uniform(Data.seed(SEED + test, 0, 1), b * lk * hkv * d, t);
+      float[] v = Data.uniform(Data.seed(SEED + test, 0, 2), b * lk * hkv * d, t);
+      float[] dO = Data.uniform(Data.seed(SEED + test, 0, 3), b * lq * hq * d, t);
+      float scale = lk % 2 == 0 ? 0f : 0.3f;
+      String c = ctx("attentionBackward", 1, t, "causal=" + causal, "B=" + b, "Lq=" + lq, "Lk=" + lk, "Hq=" + hq,
+          "Hkv=" + hkv, "D=" + d);
+      try (TensorScope s = new TensorScope()) {
+        HostTensor qt = s.of(q, t, b, lq, hq, d);
+        HostTensor kt = s.of(k, t, b, lk, hkv, d);
+        HostTensor vt = s.of(v, t, b, lk, hkv, d);
+        HostTensor o = s.poisoned(t, b, lq, hq, d);
+        HostTensor lse = s.poisoned(DType.F32, b, hq, lq);
+        Communicator.attention(qt, kt, vt, o, lse, causal, scale);
+        HostTensor dq = s.poisoned(t, b, lq, hq, d);
+        HostTensor dk = s.poisoned(t, b, lk, hkv, d);
+        HostTensor dv = s.poisoned(t, b, lk, hkv, d);
+        Communicator.attentionBackward(qt, kt, vt, o, lse, s.of(dO, t, b, lq, hq, d), dq, dk, dv, causal, scale);
+        Reference.AttentionGrads ref = Reference.attentionBackward(q, k, v, o.toFloatArray(), lse.toFloatArray(), dO,
+            b, lq, lk, hq, hkv, d, causal, scale);
+        Check.close(c + " dQ", ref.dq, dq.toFloatArray(), t);
+        Check.close(c + " dK", ref.dk, dk.toFloatArray(), t);
+        Check.close(c + " dV", ref.dv, dv.toFloatArray(), t);
       }
     }
   }

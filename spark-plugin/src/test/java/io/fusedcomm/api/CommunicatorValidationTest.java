@@ -84,6 +84,10 @@ class CommunicatorValidationTest {
         HostTensor o = s.poisoned(t, 1, sr, 4, 2);
         HostTensor lse = s.poisoned(DType.F32, 1, 4, sr);
         HostTensor lseBf16 = s.poisoned(DType.BF16, 1, 4, sr);
+        HostTensor dq = s.poisoned(t, 1, sr, 4, 2);
+        HostTensor dk = s.poisoned(t, 1, sr, 2, 2);
+        HostTensor dv = s.poisoned(t, 1, sr, 2, 2);
+        HostTensor dqOther = s.poisoned(t == DType.F32 ? DType.BF16 : DType.F32, 1, sr, 4, 2);
         DeviceTensor device = new DeviceTensor(0x1000, 0, t, new long[] {n}, false, null);  // never touched
         AttentionOptions attn = AttentionOptions.sequence(4);
         Class<IllegalArgumentException> iae = IllegalArgumentException.class;
@@ -150,6 +154,34 @@ class CommunicatorValidationTest {
             () -> Communicator.attention(q, device, kv, o, null, false, 0f)));
         calls.add(new BadCall("local attention on a stream, host tensors", iae, "a CUDA stream was given",
             () -> Communicator.attention(q, kv, kv, o, lse, false, 0f, stream)));
+        calls.add(new BadCall("attention backward null options", iae, "options",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, lse, q, dq, dk, dv, null)));
+        calls.add(new BadCall("attention backward without lse", iae,
+            "ringAttentionBackward: lse (the forward's log-sum-exp, f32) is required",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, null, q, dq, dk, dv, attn)));
+        calls.add(new BadCall("attention backward bf16 lse", iae, "lse",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, lseBf16, q, dq, dk, dv, attn)));
+        calls.add(new BadCall("attention backward heads not a multiple", iae, "multiple",
+            () -> comm.ringAttentionBackward(q, kv3, kv3, q, lse, q, dq, kv3, kv3, attn)));
+        calls.add(new BadCall("attention backward dQ of another dtype", iae, "dQ",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, lse, q, dqOther, dk, dv, attn)));
+        calls.add(new BadCall("attention backward wrong dK", iae, "dK ",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, lse, q, dq, kv3, dv, attn)));
+        calls.add(new BadCall("attention backward wrong dO", iae, "dO ",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, lse, kv, dq, dk, dv, attn)));
+        calls.add(new BadCall("attention backward wrong sequence", iae, "q ",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, lse, q, dq, dk, dv, AttentionOptions.sequence(4L * w + 4))));
+        calls.add(new BadCall("local attention backward without lse", iae,
+            "attentionBackward: lse (the forward's log-sum-exp, f32) is required",
+            () -> Communicator.attentionBackward(q, kv, kv, q, null, q, dq, dk, dv, false, 0f)));
+        calls.add(new BadCall("local attention backward wrong dV", iae, "dV ",
+            () -> Communicator.attentionBackward(q, kv, kv, q, lse, q, dq, dk, kv3, false, 0f)));
+        calls.add(new BadCall("local attention backward dQ of another dtype", iae, "dQ",
+            () -> Communicator.attentionBackward(q, kv, kv, q, lse, q, dqOther, dk, dv, true, 0f)));
+        calls.add(new BadCall("local attention backward device k with host tensors", iae, "DeviceTensor",
+            () -> Communicator.attentionBackward(q, device, kv, q, lse, q, dq, dk, dv, false, 0f)));
+        calls.add(new BadCall("local attention backward on a stream, host tensors", iae, "a CUDA stream was given",
+            () -> Communicator.attentionBackward(q, kv, kv, q, lse, q, dq, dk, dv, false, 0f, stream)));
 
         for (BadCall call : calls) {
           RuntimeException e = assertThrows(RuntimeException.class, call.call()::run, call.name());
@@ -159,7 +191,7 @@ class CommunicatorValidationTest {
               + call.messagePart() + "'");
           seen.put(call.name(), e.getMessage());
           // Nothing moved: every output is still poisoned.
-          for (HostTensor p : new HostTensor[] {out, outBf16, out11, mine, c, o, lse}) {
+          for (HostTensor p : new HostTensor[] {out, outBf16, out11, mine, c, o, lse, dq, dk, dv, dqOther}) {
             for (float f : p.toFloatArray()) {
               if (!Float.isNaN(f)) {
                 throw new AssertionError(call.name() + " wrote into " + p + " before failing");

@@ -296,6 +296,84 @@ public final class Reference {
     return new Attention(new Expected(o, mag, lk + d), lse);
   }
 
+  /** Gradients of attention: {@code dq} as q, {@code dk} and {@code dv} as k and v. */
+  public static final class AttentionGrads {
+    public final Expected dq;
+    public final Expected dk;
+    public final Expected dv;
+
+    AttentionGrads(Expected dq, Expected dk, Expected dv) {
+      this.dq = dq;
+      this.dk = dk;
+      this.dv = dv;
+    }
+  }
+
+  /**
+   * The backward of {@link #attention(float[], float[], float[], int, int, int, int, int, int,
+   * boolean, double)} in fp64, from the caller's forward outputs {@code o} and {@code lse} as
+   * docs/ops.md "ringAttentionBackward" writes it: {@code P = exp(scale q·k - lse)}, {@code δ =
+   * dO·o}, {@code dV = Σ P dO}, {@code dS = P (dO·v - δ)}, {@code dQ = scale Σ dS k}, {@code dK =
+   * scale Σ dS q}; grouped-query heads summed. Each element's magnitude bounds the fp32 error of
+   * its terms: the score (through P), both dots and the sum.
+   */
+  public static AttentionGrads attentionBackward(float[] q, float[] k, float[] v, float[] o, float[] lse, float[] dO,
+      int b, int lq, int lk, int hq, int hkv, int d, boolean causal, double scale) {
+    double sc = scale == 0 ? 1 / Math.sqrt(d) : scale;
+    int group = hq / hkv;
+    double[] dq = new double[b * lq * hq * d];
+    double[] dqMag = new double[dq.length];
+    double[] dk = new double[b * lk * hkv * d];
+    double[] dkMag = new double[dk.length];
+    double[] dv = new double[dk.length];
+    double[] dvMag = new double[dk.length];
+    for (int bi = 0; bi < b; bi++) {
+      for (int h = 0; h < hq; h++) {
+        int kh = h / group;
+        for (int i = 0; i < lq; i++) {
+          int qr = ((bi * lq + i) * hq + h) * d;
+          double l = lse[(bi * hq + h) * lq + i];
+          double delta = 0;
+          double deltaMag = 0;
+          for (int x = 0; x < d; x++) {
+            delta += (double) dO[qr + x] * o[qr + x];
+            deltaMag += Math.abs((double) dO[qr + x] * o[qr + x]);
+          }
+          int visible = causal ? Math.min(i + 1, lk) : lk;
+          for (int j = 0; j < visible; j++) {
+            int kr = ((bi * lk + j) * hkv + kh) * d;
+            double dot = 0;
+            double dotMag = 0;
+            double dp = 0;
+            double dpMag = 0;
+            for (int x = 0; x < d; x++) {
+              dot += (double) q[qr + x] * k[kr + x];
+              dotMag += Math.abs((double) q[qr + x] * k[kr + x]);
+              dp += (double) dO[qr + x] * v[kr + x];
+              dpMag += Math.abs((double) dO[qr + x] * v[kr + x]);
+            }
+            double p = Math.exp(dot * sc - l);
+            double ds = p * (dp - delta);
+            // What the fp32 error of dS scales with: the score's (through P) and both dots'.
+            double dsMag = p * (dpMag + deltaMag + Math.abs(dp - delta) * (1 + Math.abs(sc) * dotMag + Math.abs(l)));
+            double pMag = p * (1 + Math.abs(sc) * dotMag + Math.abs(l));
+            for (int x = 0; x < d; x++) {
+              dq[qr + x] += sc * ds * k[kr + x];
+              dqMag[qr + x] += Math.abs(sc * k[kr + x]) * dsMag;
+              dk[kr + x] += sc * ds * q[qr + x];
+              dkMag[kr + x] += Math.abs(sc * q[qr + x]) * dsMag;
+              dv[kr + x] += p * dO[qr + x];
+              dvMag[kr + x] += pMag * Math.abs(dO[qr + x]);
+            }
+          }
+        }
+      }
+    }
+    int terms = Math.max(lq * group, lk) + d + 8;
+    return new AttentionGrads(new Expected(dq, dqMag, terms), new Expected(dk, dkMag, terms),
+        new Expected(dv, dvMag, terms));
+  }
+
   /**
    * The global positions rank {@code r} of {@code w} holds under a sequence layout, in its
    * tensors' order, written from docs/ops.md's rule (not from {@code Split.positions}): contiguous
