@@ -1,6 +1,7 @@
 // 1000 connect / write / close cycles of a 2-rank group (two transports in this process) must
 // leave the process's fd count and thread count where they were after warm-up, on the backend
 // named by the first argument (backends.h).
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <thread>
@@ -65,6 +66,9 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
   const std::vector<std::string> addrs = {t0.address(), t1.address()};
   const bool use_proxy = comm % 50 == 0;
   const bool abort1 = comm % 7 == 0;
+  // Rank 1 aborts only once rank 0's write has completed at rank 0 too: a signal can land at rank
+  // 1 before rank 0's own completion of that write, and an abort in between fails it by design.
+  std::atomic<bool> rank0_written{false};
   std::thread peer([&] {
     try {
       auto g = t1.connect(spec(1, addrs, comm));
@@ -72,6 +76,8 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
       g->write(cycle_write(0, r1, r0, comm));
       expect_signal(1, m1, comm);
       if (abort1) {
+        FC_CHECK(fctest::wait_for([&] { return rank0_written.load(); }, 10000ms),
+                 "rank 1: rank 0 never finished its write, cycle " + std::to_string(comm));
         g->abort();
       } else {
         g->close(5000ms);
@@ -99,6 +105,7 @@ void cycle(Transport& t0, Transport& t1, uint64_t comm, std::vector<uint64_t>& m
       g->write(op);
     }
     expect_signal(0, m0, comm);
+    rank0_written = true;
     FC_CHECK(m0[2] == comm * 3, "payload before signal, cycle " + std::to_string(comm));
     g->close(abort1 ? 2000ms : 5000ms);
   } catch (const std::exception& e) { FC_CHECK(false, std::string("rank 0: ") + e.what()); }
