@@ -99,8 +99,8 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc& desc, DType dtype, cons
                   "computing delta");
   }
   auto dq_out = [&] {
-    launch_failed(k::launch_attention_grad_convert(dq_acc, 0, 0, 0, static_cast<__nv_bfloat16*>(dq), 0, 0, 0, B,
-                                                   s_r, Hq, D, s),
+    launch_failed(k::launch_attention_grad_convert(dq_acc, 0, 0, 0, static_cast<__nv_bfloat16*>(dq), 0, 0, 0,
+                                                   B, s_r, Hq, D, s),
                   "rounding dQ");
   };
   const size_t own_bytes = static_cast<size_t>(block_elems(rank)) * 2;
@@ -118,10 +118,10 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc& desc, DType dtype, cons
   make_ring_streams();
   k::RingSyncArgs sync;
   sync.op = k::kRingBwdOp;
-  sync.sig_size = k::comm_sig_hash(
-      static_cast<uint64_t>(B), static_cast<uint64_t>(shape.seq),
-      (static_cast<uint64_t>(Hq) << 32) | (static_cast<uint64_t>(Hkv) << 12) | (static_cast<uint64_t>(D) << 2) |
-          (shape.causal ? 2u : 0u) | (shape.zigzag ? 1u : 0u));
+  sync.sig_size = k::comm_sig_hash(static_cast<uint64_t>(B), static_cast<uint64_t>(shape.seq),
+                                   (static_cast<uint64_t>(Hq) << 32) | (static_cast<uint64_t>(Hkv) << 12) |
+                                       (static_cast<uint64_t>(D) << 2) | (shape.causal ? 2u : 0u) |
+                                       (shape.zigzag ? 1u : 0u));
   auto enqueue_sync = [&](uint32_t publish, uint32_t wait_pred, uint32_t wait_succ, bool first, bool last) {
     k::RingSyncArgs a = sync;
     a.publish = publish;
@@ -146,7 +146,8 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc& desc, DType dtype, cons
   enqueue_sync(tag_k(0), 0, 0, true, false);
   for (int step = 0; step < world; ++step) {
     const int owner = (rank - step + world) % world;
-    if (step > 0) launch_failed(cudaStreamWaitEvent(s, ring_grads_pulled_[step - 1], 0), "cudaStreamWaitEvent");
+    if (step > 0)
+      launch_failed(cudaStreamWaitEvent(s, ring_grads_pulled_[step - 1], 0), "cudaStreamWaitEvent");
     step_on(step, kv_buf(rank, step & 1), reinterpret_cast<float*>(g_buf(rank, step & 1)), s);
     launch_failed(cudaEventRecord(ring_computed_[step], s), "cudaEventRecord");
     if (step + 1 == world) break;
