@@ -135,7 +135,8 @@ class CudaComm final : public Comm {
   // forward's o and lse, and d_o, its dq (as q), dk, dv (as k, v); bf16, fp32 accumulation. K/V
   // blocks and their fp32 dK/dV partials travel around the ring together (kernels/attention/
   // ring.h has the protocol). q, o, d_o, dq, dk, dv 16-byte aligned. One host only;
-  // synchronous, on the communicator's own stream.
+  // synchronous, on the communicator's own stream. From the Comm interface's shape:
+  // ring_attention_shape (device_attention.h).
   void ring_attention_backward_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
                                    const void* q, const void* k, const void* v, const void* o, const float* lse,
                                    const void* d_o, void* dq, void* dk, void* dv);

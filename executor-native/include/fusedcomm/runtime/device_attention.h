@@ -40,6 +40,10 @@ void cuda_attention_backward_local(const fc_attention_local_t& shape, DType dtyp
 
 namespace fusedcomm {
 
+namespace host {
+struct AttentionShape;
+}
+
 // ---- ring attention on the GPU (CudaComm::ring_attention) ------------------------------------
 // Which positions of the sequence a rank holds: the host backend's rule (split.h: seq_runs), one
 // run (contiguous) or two (zigzag), in the rank's row order.
@@ -52,6 +56,9 @@ struct RingAttentionShape {
   float scale = 0.0f;
   bool zigzag = false;
 };
+
+// The ring's shape from the Comm interface's (host_ops.h), its layout included.
+RingAttentionShape ring_attention_shape(const host::AttentionShape& s);
 
 // Throws Error(kInvalidArgument) for what the GPU ring does not take (the op name in the
 // message); what cuda_attention_local checks, over the ring's shape.
