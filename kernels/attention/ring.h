@@ -48,8 +48,8 @@ struct RingSyncArgs {
   uint32_t wait = 0;      // 0: none, else wait for tag(wait) from pred (unless `finish`) and succ
   // Where the two neighbours' tags differ (the backward): 0 takes `wait`'s.
   uint32_t wait_pred = 0, wait_succ = 0;
-  bool begin = false;     // the launch's first sync kernel: publishes the launch signature
-  bool finish = false;    // the last: waits on succ only, then CommControl::epoch = e
+  bool begin = false;   // the launch's first sync kernel: publishes the launch signature
+  bool finish = false;  // the last: waits on succ only, then CommControl::epoch = e
 };
 
 // The ring backward (CudaComm::ring_attention_backward_gpu) runs the same kernel (op kRingBwdOp)

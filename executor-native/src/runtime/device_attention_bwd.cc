@@ -125,8 +125,9 @@ void cuda_attention_backward_local(const fc_attention_local_t& s, DType dtype, c
 }
 
 void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
-                           const void* k, const void* v, const float* lse, const float* delta, const void* d_o,
-                           float* dq_acc, float* dk_acc, float* dv_acc, cudaStream_t stream) {
+                           const void* k, const void* v, const float* lse, const float* delta,
+                           const void* d_o, float* dq_acc, float* dk_acc, float* dv_acc,
+                           cudaStream_t stream) {
   const int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   const int64_t s_r = ring_block_rows(s, world, rank);
   if (B == 0 || s_r == 0) return;
@@ -152,7 +153,7 @@ void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int
       x.stride_s = Hq * D;
       x.stride_b = s_r * Hq * D;
     }
-    a.o = a.d_o;  // not read: δ is ready
+    a.o = a.d_o;                   // not read: δ is ready
     for (int t = 0; t < 2; ++t) {  // k and v: the owner's rows of the key chunk
       kernels::AttnTensor& x = t == 0 ? a.k : a.v;
       x.ptr = static_cast<const __nv_bfloat16*>(t == 0 ? k : v) + l.k_row0 * Hkv * D;
@@ -184,8 +185,8 @@ void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int
     }
     const cudaError_t e = kernels::launch_attention_bwd(a, stream);
     if (e != cudaSuccess) {
-      fail(ErrorKind::kFatalGpu, std::string("ringAttentionBackward: backward launch: ") + cudaGetErrorName(e) +
-                                     ": " + cudaGetErrorString(e));
+      fail(ErrorKind::kFatalGpu, std::string("ringAttentionBackward: backward launch: ") +
+                                     cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
     }
   }
 }

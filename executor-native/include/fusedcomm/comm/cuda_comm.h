@@ -138,8 +138,8 @@ class CudaComm final : public Comm {
   // synchronous, on the communicator's own stream. From the Comm interface's shape:
   // ring_attention_shape (device_attention.h).
   void ring_attention_backward_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
-                                   const void* q, const void* k, const void* v, const void* o, const float* lse,
-                                   const void* d_o, void* dq, void* dk, void* dv);
+                                   const void* q, const void* k, const void* v, const void* o,
+                                   const float* lse, const void* d_o, void* dq, void* dk, void* dv);
 
   void synchronize() override;
   // This rank's ops are complete (device), then the host half's barrier.

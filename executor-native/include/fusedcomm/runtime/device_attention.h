@@ -112,7 +112,7 @@ void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int ste
 // accumulator; dk_acc, dv_acc (B, S_owner, Hkv, D fp32 each) the owner's dK/dV partial. Steps
 // in order on one stream.
 void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
-                           const void* k, const void* v, const float* lse, const float* delta, const void* d_o,
-                           float* dq_acc, float* dk_acc, float* dv_acc, cudaStream_t stream);
+                           const void* k, const void* v, const float* lse, const float* delta,
+                           const void* d_o, float* dq_acc, float* dk_acc, float* dv_acc, cudaStream_t stream);
 
 }  // namespace fusedcomm
