@@ -51,14 +51,16 @@ __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
       if (p == pred || p == succ || a.begin) st_release_sys(&comm_flags(d, p)->ring[d.rank], tag(a.publish));
     }
   }
-  if (ok && a.wait != 0) {
+  const uint32_t wait_pred = a.finish ? 0 : (a.wait_pred != 0 ? a.wait_pred : a.wait);
+  const uint32_t wait_succ = a.wait_succ != 0 ? a.wait_succ : a.wait;
+  if (ok && (wait_pred != 0 || wait_succ != 0)) {
     const CommFlags* mine = comm_flags(d, d.rank);
-    if (!a.finish) {
-      ok = comm_wait_flag_inline(d, &mine->ring[pred], tag(a.wait), kRingOp, kRingStepBlock, pred,
+    if (wait_pred != 0) {
+      ok = comm_wait_flag_inline(d, &mine->ring[pred], tag(wait_pred), a.op, kRingStepBlock, pred,
                                  kRingTimeoutScale);
     }
-    if (ok) {
-      ok = comm_wait_flag_inline(d, &mine->ring[succ], tag(a.wait), kRingOp,
+    if (ok && wait_succ != 0) {
+      ok = comm_wait_flag_inline(d, &mine->ring[succ], tag(wait_succ), a.op,
                                  a.finish ? kCommStepDone : kRingStepBlock, succ, kRingTimeoutScale);
     }
   }
@@ -70,8 +72,9 @@ __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
 
 cudaError_t launch_ring_sync(const CommDevice& dev, const RingSyncArgs& args, cudaStream_t stream) {
   if (dev.world < 2 || dev.world > kCommMaxRanks) return cudaErrorInvalidValue;
+  if (args.op != kRingOp && args.op != kRingBwdOp) return cudaErrorInvalidValue;
   CommDevice d = dev;
-  d.launch_sig = comm_launch_signature(kRingOp, static_cast<uint32_t>(CommDtype::kBF16), 0, args.sig_size);
+  d.launch_sig = comm_launch_signature(args.op, static_cast<uint32_t>(CommDtype::kBF16), 0, args.sig_size);
   ring_sync_kernel<<<1, 32, 0, stream>>>(d, args);
   return cudaGetLastError();
 }

@@ -35,6 +35,7 @@
 namespace fusedcomm::kernels {
 
 inline constexpr uint32_t kRingOp = 22;         // CommErrorRecord::op, signature op field
+inline constexpr uint32_t kRingBwdOp = 23;      // the same for the ring backward (below)
 inline constexpr uint32_t kRingStepBlock = 20;  // CommErrorRecord::step: a neighbour's flag
 // A wait may span one attention launch of a neighbour (its copy waits for its own previous
 // step's attention): the configured timeout times this.
@@ -42,12 +43,36 @@ inline constexpr uint32_t kRingTimeoutScale = 2;
 
 struct RingSyncArgs {
   uint64_t sig_size = 0;  // comm_sig_hash of the rank-uniform sizes (signature's size field)
+  uint32_t op = kRingOp;  // kRingOp or kRingBwdOp: the signature's and the error record's op
   uint32_t publish = 0;   // 0: none, else publish tag(publish) into pred's and succ's regions
   uint32_t wait = 0;      // 0: none, else wait for tag(wait) from pred (unless `finish`) and succ
-  bool begin = false;     // the launch's first sync kernel: publishes the launch signature
-  bool finish = false;    // the last: waits on succ only, then CommControl::epoch = e
+  // Where the two neighbours' tags differ (the backward): 0 takes `wait`'s.
+  uint32_t wait_pred = 0, wait_succ = 0;
+  bool begin = false;   // the launch's first sync kernel: publishes the launch signature
+  bool finish = false;  // the last: waits on succ only, then CommControl::epoch = e
 };
 
+// The ring backward (CudaComm::ring_attention_backward_gpu) runs the same kernel (op kRingBwdOp)
+// over the same flags, with four buffers per rank: K/V kv[0], kv[1] (bf16, as the forward) and
+// the fp32 dK/dV partials of the block they hold, g[0], g[1]. At step s rank r holds the block of
+// rank (r - s) mod W in kv[s & 1] and its partial in g[s & 1], adds its contribution to the
+// partial, and its successor pulls both. Tags in publication order:
+//   K(0) = 1:          start: own block packed into kv[0], g[0] zeroed (to every peer);
+//   K(s) = 2s:         (1 <= s < W) kv[s & 1] holds the block of step s (pulled from pred);
+//   G(s) = 2s + 3:     (0 <= s < W) this rank's contribution of step s is in g[s & 1];
+//   F    = 2W + 2:     this rank has read its own finished partial out of pred's g[(W - 1) & 1].
+// K(s + 1) < G(s) < K(s + 2): a rank publishes each after the one before.
+//   pull K/V for step s + 1: wait pred >= K(s) and (s >= 1) succ >= K(s) (succ has pulled our
+//             kv[(s + 1) & 1] of step s - 1), and our own step s - 1 attention (event); copy.
+//   pull partial for step s + 1: after our step s attention (event), publish G(s), wait pred >= G(s)
+//             (pred's partial of step s is complete) and succ >= G(s) (succ has read our
+//             g[(s + 1) & 1] of step s - 1 before its step s attention); copy.
+//   end:      publish G(W - 1), wait pred >= G(W - 1): pred's g[(W - 1) & 1] holds this rank's
+//             finished dK/dV (the block went around the ring and came back one hop later), which
+//             is converted to bf16 straight out of pred's memory; publish F, wait succ >= F (it
+//             has read ours), then CommControl::epoch = e.
+// The dK/dV partial is on the critical path (a rank's step s + 1 needs pred's step s); the K/V
+// pull overlaps the attention as in the forward.
 // Enqueues one sync kernel on `stream` (world >= 2). cudaErrorInvalidValue for world < 2.
 cudaError_t launch_ring_sync(const CommDevice& dev, const RingSyncArgs& args, cudaStream_t stream);
 

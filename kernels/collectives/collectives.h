@@ -256,7 +256,8 @@ struct alignas(64) CommFlags {
   // one-thread sync kernel (kernels/attention/ring.h), stream-ordered after the copy,
   // fence.sc.sys then st.release.sys into its neighbours' regions (j = 1: every peer's);
   // reader: this rank's sync kernel, ld.acquire.sys, before its next copy is enqueued behind
-  // it. Monotone as pipe[].
+  // it. Monotone as pipe[]. The ring backward (op kRingBwdOp) uses the same flags with its own
+  // tags (ring.h: K/V block held, dK/dV partial added, own partial read back).
   uint64_t ring[kCommMaxRanks];
 };
 static_assert(sizeof(CommFlags) == 8 * (3 * kCommMaxRanks + kCommMaxRanks * kCommMaxOneShotCtas +

@@ -163,6 +163,7 @@ inline const char* fused_op_name(uint32_t op) {
     case 20: return "moeDispatchGemm (rows)";
     case 21: return "moeCombine";
     case 22: return "ringAttention";  // kernels/attention/ring.h kRingOp
+    case 23: return "ringAttentionBackward";
     default: return comm_op_name(op);
   }
 }

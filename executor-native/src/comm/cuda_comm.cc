@@ -804,6 +804,7 @@ void CudaComm::make_ring_streams() {
   for (int i = 0; i < k::kCommMaxRanks; ++i) {
     check_cuda(cudaEventCreateWithFlags(&ring_pulled_[i], cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&ring_computed_[i], cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&ring_grads_pulled_[i], cudaEventDisableTiming), "cudaEventCreate");
   }
 }
 
@@ -934,6 +935,10 @@ void CudaComm::close_gpu() noexcept {
     e = nullptr;
   }
   for (cudaEvent_t& e : ring_computed_) {
+    if (e != nullptr) cudaEventDestroy(e);
+    e = nullptr;
+  }
+  for (cudaEvent_t& e : ring_grads_pulled_) {
     if (e != nullptr) cudaEventDestroy(e);
     e = nullptr;
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "kernels/attention/attention.h"
@@ -75,6 +76,19 @@ void check_launch(cudaError_t e, const char* what) {
 
 SeqRuns attention_seq_chunks(int64_t seq, int world, int rank, bool zigzag) {
   return seq_runs(seq, world, rank, zigzag ? SeqLayout::kZigzag : SeqLayout::kContiguous);
+}
+
+RingAttentionShape ring_attention_shape(const host::AttentionShape& s) {
+  RingAttentionShape r;
+  r.batch = s.batch;
+  r.seq = s.seq;
+  r.q_heads = s.q_heads;
+  r.kv_heads = s.kv_heads;
+  r.head_dim = s.head_dim;
+  r.causal = s.causal;
+  r.scale = s.scale;
+  r.zigzag = s.layout == SeqLayout::kZigzag;
+  return r;
 }
 
 void require_ring_attention_shape(const RingAttentionShape& s) {

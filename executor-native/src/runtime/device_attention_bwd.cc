@@ -124,4 +124,71 @@ void cuda_attention_backward_local(const fc_attention_local_t& s, DType dtype, c
   if (e != cudaSuccess) gpu_fail(e, "failed on the GPU");
 }
 
+void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
+                           const void* k, const void* v, const float* lse, const float* delta,
+                           const void* d_o, float* dq_acc, float* dk_acc, float* dv_acc,
+                           cudaStream_t stream) {
+  const int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
+  const int64_t s_r = ring_block_rows(s, world, rank);
+  if (B == 0 || s_r == 0) return;
+  const auto* gq = static_cast<const __nv_bfloat16*>(q);
+  const auto* gdo = static_cast<const __nv_bfloat16*>(d_o);
+  for (const RingLaunch& l : ring_step_plan(s, world, rank, step)) {
+    if (l.key.count == 0) continue;  // sees no key anywhere: no gradient
+    kernels::AttentionBwdArgs a;
+    a.batch = B;
+    a.q_len = l.q.count;
+    a.kv_len = l.key.count;
+    a.q_heads = Hq;
+    a.kv_heads = Hkv;
+    a.head_dim = D;
+    a.causal = s.causal;
+    a.scale = s.scale;
+    a.q_pos0 = l.q.pos;
+    a.k_pos0 = l.key.pos;
+    for (int t = 0; t < 2; ++t) {  // q and d_o: this rank's rows of the query chunk
+      kernels::AttnTensor& x = t == 0 ? a.q : a.d_o;
+      x.ptr = (t == 0 ? gq : gdo) + l.q_row0 * Hq * D;
+      x.stride_h = D;
+      x.stride_s = Hq * D;
+      x.stride_b = s_r * Hq * D;
+    }
+    a.o = a.d_o;                   // not read: δ is ready
+    for (int t = 0; t < 2; ++t) {  // k and v: the owner's rows of the key chunk
+      kernels::AttnTensor& x = t == 0 ? a.k : a.v;
+      x.ptr = static_cast<const __nv_bfloat16*>(t == 0 ? k : v) + l.k_row0 * Hkv * D;
+      x.stride_h = D;
+      x.stride_s = Hkv * D;
+      x.stride_b = l.k_block_rows * Hkv * D;
+    }
+    a.lse = lse + l.q_row0;
+    a.lse_stride_h = s_r;
+    a.lse_stride_b = Hq * s_r;
+    a.delta = const_cast<float*>(delta) + l.q_row0;  // read only (delta_ready)
+    a.delta_stride_h = s_r;
+    a.delta_stride_b = Hq * s_r;
+    a.delta_ready = true;
+    a.mode = kernels::AttnGradMode::kAdd;
+    a.dq.ptr = dq_acc + l.q_row0 * Hq * D;
+    a.dq.stride_h = D;
+    a.dq.stride_s = Hq * D;
+    a.dq.stride_b = s_r * Hq * D;
+    for (int t = 0; t < 2; ++t) {
+      kernels::AttnGrad& g = t == 0 ? a.dk : a.dv;
+      g.ptr = (t == 0 ? dk_acc : dv_acc) + l.k_row0 * Hkv * D;
+      g.stride_h = D;
+      g.stride_s = Hkv * D;
+      g.stride_b = l.k_block_rows * Hkv * D;
+    }
+    if (const char* why = kernels::attention_bwd_check(a)) {
+      fail(ErrorKind::kInvalidArgument, std::string("ringAttentionBackward: ") + why);
+    }
+    const cudaError_t e = kernels::launch_attention_bwd(a, stream);
+    if (e != cudaSuccess) {
+      fail(ErrorKind::kFatalGpu, std::string("ringAttentionBackward: backward launch: ") +
+                                     cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+    }
+  }
+}
+
 }  // namespace fusedcomm

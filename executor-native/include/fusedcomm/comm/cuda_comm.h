@@ -134,6 +134,15 @@ class CudaComm final : public Comm {
   // (Error(kUnavailable) across hosts); synchronous, on the communicator's own stream.
   void ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape, const void* q,
                           const void* k, const void* v, void* o, float* lse);
+  // The ring's backward (docs/ops.md ringAttentionBackward): from this rank's q, k, v, the
+  // forward's o and lse, and d_o, its dq (as q), dk, dv (as k, v); bf16, fp32 accumulation. K/V
+  // blocks and their fp32 dK/dV partials travel around the ring together (kernels/attention/
+  // ring.h has the protocol). q, o, d_o, dq, dk, dv 16-byte aligned. One host only;
+  // synchronous, on the communicator's own stream. From the Comm interface's shape:
+  // ring_attention_shape (device_attention.h).
+  void ring_attention_backward_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
+                                   const void* q, const void* k, const void* v, const void* o,
+                                   const float* lse, const void* d_o, void* dq, void* dk, void* dv);
 
   void synchronize() override;
   // This rank's ops are complete (device), then the host half's barrier.
@@ -201,6 +210,8 @@ class CudaComm final : public Comm {
   cudaStream_t ring_side_ = nullptr;
   cudaEvent_t ring_fork_ = nullptr, ring_join_ = nullptr, ring_packed_ = nullptr;
   cudaEvent_t ring_pulled_[kernels::kCommMaxRanks] = {}, ring_computed_[kernels::kCommMaxRanks] = {};
+  // The backward's: per step, the block's dK/dV partial pulled.
+  cudaEvent_t ring_grads_pulled_[kernels::kCommMaxRanks] = {};
   void make_ring_streams();
   cudaStream_t own_ = nullptr;
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream

@@ -40,6 +40,10 @@ void cuda_attention_backward_local(const fc_attention_local_t& shape, DType dtyp
 
 namespace fusedcomm {
 
+namespace host {
+struct AttentionShape;
+}
+
 // ---- ring attention on the GPU (CudaComm::ring_attention) ------------------------------------
 // Which positions of the sequence a rank holds: the host backend's rule (split.h: seq_runs), one
 // run (contiguous) or two (zigzag), in the rank's row order.
@@ -52,6 +56,9 @@ struct RingAttentionShape {
   float scale = 0.0f;
   bool zigzag = false;
 };
+
+// The ring's shape from the Comm interface's (host_ops.h), its layout included.
+RingAttentionShape ring_attention_shape(const host::AttentionShape& s);
 
 // Throws Error(kInvalidArgument) for what the GPU ring does not take (the op name in the
 // message); what cuda_attention_local checks, over the ring's shape.
@@ -94,5 +101,18 @@ std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, i
 void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
                        const void* k, const void* v, void* o, float* lse, float* o_acc, float* lse_tmp,
                        cudaStream_t stream);
+
+// ---- ring attention backward on the GPU (CudaComm::ring_attention_backward_gpu) --------------
+// The backward launches of ring step `step` on this rank: for every visible (query chunk, key
+// chunk) pair of ring_step_plan (a pair without a visible key contributes nothing), one
+// kernels::launch_attention_bwd in mode kAdd at the chunks' global positions, with δ ready
+// (`delta`, (B, Hq, S_r) fp32, launch_attention_bwd_delta over the rank's rows). q, d_o
+// (B, S_r, Hq, D bf16) and lse (B, Hq, S_r) are this rank's; k, v (B, S_owner, Hkv, D bf16
+// each) the block of owner = (rank - step) mod W; dq_acc (B, S_r, Hq, D fp32) this rank's dQ
+// accumulator; dk_acc, dv_acc (B, S_owner, Hkv, D fp32 each) the owner's dK/dV partial. Steps
+// in order on one stream.
+void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
+                           const void* k, const void* v, const float* lse, const float* delta,
+                           const void* d_o, float* dq_acc, float* dk_acc, float* dv_acc, cudaStream_t stream);
 
 }  // namespace fusedcomm
