@@ -661,24 +661,13 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
 
 void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                               const void* q, const void* k, const void* v, void* o, float* lse) {
-  RingAttentionShape rs;
-  rs.batch = shape.batch;
-  rs.seq = shape.seq;
-  rs.q_heads = shape.q_heads;
-  rs.kv_heads = shape.kv_heads;
-  rs.head_dim = shape.head_dim;
-  rs.causal = shape.causal;
-  rs.scale = shape.scale;
-  rs.zigzag = shape.layout == SeqLayout::kZigzag;
-  ring_attention_gpu(desc, dtype, rs, q, k, v, o, lse);
+  ring_attention_gpu(desc, dtype, ring_attention_shape(shape), q, k, v, o, lse);
 }
 
-void CudaComm::ring_attention_backward(const OpDesc&, DType, const host::AttentionShape&, const void*,
-                                       const void*, const void*, const void*, const float*, const void*,
-                                       void*, void*, void*) {
-  fail(ErrorKind::kUnavailable,
-       "ringAttentionBackward: ring attention backward on the cuda backend is not built; run it on the host "
-       "backend");
+void CudaComm::ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
+                                       const void* q, const void* k, const void* v, const void* o,
+                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv) {
+  ring_attention_backward_gpu(desc, dtype, ring_attention_shape(shape), q, k, v, o, lse, d_o, dq, dk, dv);
 }
 
 // A ring on one host (kernels/attention/ring.h has the protocol and its ordering argument):
