@@ -132,6 +132,45 @@ inline void require_gemm_sizes(const char* op, fc_dtype_t dtype, int64_t m, int6
   require_size(op, "c", dtype, {m, n});
 }
 
+// An attention op's shape, checked: not null, its tensors' sizes within the size arithmetic
+// (q, k and lse; o, dq, dk, dv and d_o are shaped as q or k). For the ring, sizes of the whole
+// sequence bound every rank's tensors under either layout.
+inline host::AttentionLocalShape attention_local_shape(const char* op, fc_dtype_t dtype,
+                                                       const fc_attention_local_t* shape) {
+  FC_REQUIRE(shape != nullptr, std::string(op) + ": null shape");
+  require_size(op, "q", dtype, {shape->batch, shape->q_len, shape->q_heads, shape->head_dim});
+  require_size(op, "k", dtype, {shape->batch, shape->kv_len, shape->kv_heads, shape->head_dim});
+  require_size(op, "lse", 4, {shape->batch, shape->q_heads, shape->q_len});
+  host::AttentionLocalShape s;
+  s.batch = shape->batch;
+  s.q_len = shape->q_len;
+  s.kv_len = shape->kv_len;
+  s.q_heads = shape->q_heads;
+  s.kv_heads = shape->kv_heads;
+  s.head_dim = shape->head_dim;
+  s.causal = shape->causal != 0;
+  s.scale = shape->scale;
+  return s;
+}
+inline host::AttentionShape ring_attention_shape(const char* op, fc_dtype_t dtype,
+                                                 const fc_attention_shape_t* shape) {
+  FC_REQUIRE(shape != nullptr, std::string(op) + ": null shape");
+  const SeqLayout layout = seq_layout(op, shape->layout);
+  require_size(op, "q", dtype, {shape->batch, shape->seq, shape->q_heads, shape->head_dim});
+  require_size(op, "k", dtype, {shape->batch, shape->seq, shape->kv_heads, shape->head_dim});
+  require_size(op, "lse", 4, {shape->batch, shape->q_heads, shape->seq});
+  host::AttentionShape s;
+  s.batch = shape->batch;
+  s.seq = shape->seq;
+  s.q_heads = shape->q_heads;
+  s.kv_heads = shape->kv_heads;
+  s.head_dim = shape->head_dim;
+  s.causal = shape->causal != 0;
+  s.scale = shape->scale;
+  s.layout = layout;
+  return s;
+}
+
 inline OpDesc op_desc(const fc_op_desc_t* d) {
   if (d == nullptr) return {};
   return OpDesc{d->description != nullptr ? d->description : "", d->fingerprint};

@@ -242,24 +242,7 @@ fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype
                               const fc_attention_shape_t* shape, const void* q, const void* k, const void* v,
                               void* o, float* lse) {
   return guarded([&] {
-    FC_REQUIRE(shape != nullptr, "ringAttention: null shape");
-    const SeqLayout layout = capi::seq_layout("ringAttention", shape->layout);
-    // Under either layout a rank holds at most `seq` positions: sizes of the whole sequence
-    // bound every rank's tensors.
-    capi::require_size("ringAttention", "q", dtype,
-                       {shape->batch, shape->seq, shape->q_heads, shape->head_dim});
-    capi::require_size("ringAttention", "k", dtype,
-                       {shape->batch, shape->seq, shape->kv_heads, shape->head_dim});
-    capi::require_size("ringAttention", "lse", 4, {shape->batch, shape->q_heads, shape->seq});
-    host::AttentionShape s;
-    s.batch = shape->batch;
-    s.seq = shape->seq;
-    s.q_heads = shape->q_heads;
-    s.kv_heads = shape->kv_heads;
-    s.head_dim = shape->head_dim;
-    s.causal = shape->causal != 0;
-    s.scale = shape->scale;
-    s.layout = layout;
+    const host::AttentionShape s = capi::ring_attention_shape("ringAttention", dtype, shape);
     comm_of(comm).ring_attention(op_desc(desc), floating(dtype), s, q, k, v, o, lse);
   });
 }
@@ -269,22 +252,7 @@ fc_status_t fc_ring_attention_backward(fc_comm_t comm, const fc_op_desc_t* desc,
                                        const void* v, const void* o, const float* lse, const void* d_o,
                                        void* dq, void* dk, void* dv) {
   return guarded([&] {
-    constexpr const char* kOp = "ringAttentionBackward";
-    FC_REQUIRE(shape != nullptr, std::string(kOp) + ": null shape");
-    const SeqLayout layout = capi::seq_layout(kOp, shape->layout);
-    // As the forward: sizes of the whole sequence bound every rank's tensors.
-    capi::require_size(kOp, "q", dtype, {shape->batch, shape->seq, shape->q_heads, shape->head_dim});
-    capi::require_size(kOp, "k", dtype, {shape->batch, shape->seq, shape->kv_heads, shape->head_dim});
-    capi::require_size(kOp, "lse", 4, {shape->batch, shape->q_heads, shape->seq});
-    host::AttentionShape s;
-    s.batch = shape->batch;
-    s.seq = shape->seq;
-    s.q_heads = shape->q_heads;
-    s.kv_heads = shape->kv_heads;
-    s.head_dim = shape->head_dim;
-    s.causal = shape->causal != 0;
-    s.scale = shape->scale;
-    s.layout = layout;
+    const host::AttentionShape s = capi::ring_attention_shape("ringAttentionBackward", dtype, shape);
     comm_of(comm).ring_attention_backward(op_desc(desc), floating(dtype), s, q, k, v, o, lse, d_o, dq, dk,
                                           dv);
   });

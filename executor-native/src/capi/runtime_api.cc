@@ -236,21 +236,7 @@ fc_status_t fc_attention(fc_backend_t backend, fc_dtype_t dtype, const fc_attent
                          const void* q, const void* k, const void* v, void* o, float* lse,
                          fc_stream_t stream) {
   return guarded([&] {
-    FC_REQUIRE(shape != nullptr, "attention: null shape");
-    capi::require_size("attention", "q", dtype,
-                       {shape->batch, shape->q_len, shape->q_heads, shape->head_dim});
-    capi::require_size("attention", "k", dtype,
-                       {shape->batch, shape->kv_len, shape->kv_heads, shape->head_dim});
-    capi::require_size("attention", "lse", 4, {shape->batch, shape->q_heads, shape->q_len});
-    host::AttentionLocalShape s;
-    s.batch = shape->batch;
-    s.q_len = shape->q_len;
-    s.kv_len = shape->kv_len;
-    s.q_heads = shape->q_heads;
-    s.kv_heads = shape->kv_heads;
-    s.head_dim = shape->head_dim;
-    s.causal = shape->causal != 0;
-    s.scale = shape->scale;
+    const host::AttentionLocalShape s = capi::attention_local_shape("attention", dtype, shape);
     switch (capi::backend(backend)) {
       case Backend::kHost:
         FC_REQUIRE(stream == nullptr,
@@ -273,19 +259,7 @@ fc_status_t fc_attention_backward(fc_backend_t backend, fc_dtype_t dtype, const 
                                   fc_stream_t stream) {
   return guarded([&] {
     constexpr const char* kOp = "attentionBackward";
-    FC_REQUIRE(shape != nullptr, std::string(kOp) + ": null shape");
-    capi::require_size(kOp, "q", dtype, {shape->batch, shape->q_len, shape->q_heads, shape->head_dim});
-    capi::require_size(kOp, "k", dtype, {shape->batch, shape->kv_len, shape->kv_heads, shape->head_dim});
-    capi::require_size(kOp, "lse", 4, {shape->batch, shape->q_heads, shape->q_len});
-    host::AttentionLocalShape s;
-    s.batch = shape->batch;
-    s.q_len = shape->q_len;
-    s.kv_len = shape->kv_len;
-    s.q_heads = shape->q_heads;
-    s.kv_heads = shape->kv_heads;
-    s.head_dim = shape->head_dim;
-    s.causal = shape->causal != 0;
-    s.scale = shape->scale;
+    const host::AttentionLocalShape s = capi::attention_local_shape(kOp, dtype, shape);
     switch (capi::backend(backend)) {
       case Backend::kHost:
         FC_REQUIRE(stream == nullptr,

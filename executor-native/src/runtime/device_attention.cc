@@ -12,19 +12,25 @@
 
 namespace fusedcomm {
 
-void cuda_attention_local(const fc_attention_local_t& s, DType dtype, const void* q, const void* k,
-                          const void* v, void* o, float* lse, cudaStream_t stream) {
+std::string require_cuda_attention_shape(const char* op, const fc_attention_local_t& s, DType dtype) {
+  const std::string name(op);
   const std::string shape = "(B=" + std::to_string(s.batch) + ", q_len=" + std::to_string(s.q_len) +
                             ", kv_len=" + std::to_string(s.kv_len) + ", Hq=" + std::to_string(s.q_heads) +
                             ", Hkv=" + std::to_string(s.kv_heads) + ", D=" + std::to_string(s.head_dim) + ")";
-  FC_REQUIRE(dtype == DType::kBF16, "attention on the cuda backend takes bf16 tensors");
-  FC_REQUIRE(s.batch >= 0 && s.q_len >= 0 && s.kv_len >= 0, "attention: negative extent in " + shape);
+  FC_REQUIRE(dtype == DType::kBF16, name + " on the cuda backend takes bf16 tensors");
+  FC_REQUIRE(s.batch >= 0 && s.q_len >= 0 && s.kv_len >= 0, name + ": negative extent in " + shape);
   FC_REQUIRE(s.head_dim == 64 || s.head_dim == 128,
-             "attention on the cuda backend needs head_dim 64 or 128, got " + shape);
+             name + " on the cuda backend needs head_dim 64 or 128, got " + shape);
   FC_REQUIRE(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
-             "attention: q_heads must be a positive multiple of kv_heads, got " + shape);
+             name + ": q_heads must be a positive multiple of kv_heads, got " + shape);
   FC_REQUIRE(std::isfinite(s.scale) && s.scale >= 0.0f,
-             "attention: scale must be finite and >= 0 (0: 1/sqrt(D))");
+             name + ": scale must be finite and >= 0 (0: 1/sqrt(D))");
+  return shape;
+}
+
+void cuda_attention_local(const fc_attention_local_t& s, DType dtype, const void* q, const void* k,
+                          const void* v, void* o, float* lse, cudaStream_t stream) {
+  const std::string shape = require_cuda_attention_shape("attention", s, dtype);
   if (s.batch == 0 || s.q_len == 0) return;
   for (const void* p : {q, k, v, static_cast<const void*>(o)}) {
     FC_REQUIRE(p != nullptr, "attention: q, k, v and o must not be null");

@@ -44,17 +44,7 @@ cudaMemPool_t bwd_pool(int device) {
 void cuda_attention_backward_local(const fc_attention_local_t& s, DType dtype, const void* q, const void* k,
                                    const void* v, const void* o, const float* lse, const void* d_o, void* dq,
                                    void* dk, void* dv, cudaStream_t stream) {
-  const std::string shape = "(B=" + std::to_string(s.batch) + ", q_len=" + std::to_string(s.q_len) +
-                            ", kv_len=" + std::to_string(s.kv_len) + ", Hq=" + std::to_string(s.q_heads) +
-                            ", Hkv=" + std::to_string(s.kv_heads) + ", D=" + std::to_string(s.head_dim) + ")";
-  FC_REQUIRE(dtype == DType::kBF16, "attentionBackward on the cuda backend takes bf16 tensors");
-  FC_REQUIRE(s.batch >= 0 && s.q_len >= 0 && s.kv_len >= 0, "attentionBackward: negative extent in " + shape);
-  FC_REQUIRE(s.head_dim == 64 || s.head_dim == 128,
-             "attentionBackward on the cuda backend needs head_dim 64 or 128, got " + shape);
-  FC_REQUIRE(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
-             "attentionBackward: q_heads must be a positive multiple of kv_heads, got " + shape);
-  FC_REQUIRE(std::isfinite(s.scale) && s.scale >= 0.0f,
-             "attentionBackward: scale must be finite and >= 0 (0: 1/sqrt(D))");
+  const std::string shape = require_cuda_attention_shape("attentionBackward", s, dtype);
   if (s.batch == 0 || (s.q_len == 0 && s.kv_len == 0)) return;
   for (const void* p : {q, k, v, o, d_o, static_cast<const void*>(dq), static_cast<const void*>(dk),
                         static_cast<const void*>(dv)}) {

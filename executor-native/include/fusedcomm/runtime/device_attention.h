@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <string>
 
 #include <cstdint>
 #include <vector>
@@ -23,6 +24,11 @@ namespace fusedcomm {
 // when the launch (or, synchronous, the kernel) fails.
 void cuda_attention_local(const fc_attention_local_t& shape, DType dtype, const void* q, const void* k,
                           const void* v, void* o, float* lse, cudaStream_t stream);
+
+// The checks both single-GPU entries make of their shape and dtype (bf16, extents >= 0, head_dim
+// 64 or 128, Hq a positive multiple of Hkv, a finite scale >= 0), with `op` naming the op in the
+// message; returns the shape as messages print it.
+std::string require_cuda_attention_shape(const char* op, const fc_attention_local_t& shape, DType dtype);
 
 // dq, dk, dv = the backward of o = attention(q, k, v) (fc_attention_backward's cuda backend,
 // docs/ops.md "attentionBackward"), on the calling thread's current GPU, enqueued on `stream`
