@@ -4,9 +4,9 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
-#include <string>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fusedcomm/fusedcomm.h"
