@@ -4,6 +4,9 @@
 #   bench/gpu-tests/java.sh <out-dir> stage N          copy bundle part N into the stage
 #   bench/gpu-tests/java.sh <out-dir> run [worlds...]   the whole suite
 #   bench/gpu-tests/java.sh <out-dir> classes C...      only the JUnit classes named
+#   bench/gpu-tests/java.sh <out-dir> example CLASS W [ARGS...]   one example's main class on
+#                     the cuda backend at world W (io.fusedcomm.examples.CLASS; ranks share GPU 0
+#                     where W exceeds the GPUs)
 #
 # Two bundles travel inside the checkout as ignored folders, made on a machine with the JDK:
 #   .sparkbundle/pN   the stable part: a jlink'ed Java 17 runtime with Spark, JCuda and JUnit
@@ -49,6 +52,9 @@ case "$1" in
   classes)
     mode=classes; shift
     [ $# -ge 1 ] || usage ;;
+  example)
+    mode=example; shift
+    [ $# -ge 2 ] || usage ;;
   *) usage ;;
 esac
 mkdir -p "$stage"
@@ -106,6 +112,41 @@ executor_logs() {
   done >> "$out/executors-$1.log" 2>/dev/null
 }
 fresh() { rm -rf /tmp/fusedcomm-spark-home* /tmp/worker-* /tmp/fusedcomm-gpu-claims; }
+# example_main CLASS WORLD LOG ARGS [extra -D settings...]: an example's main class
+# (io.fusedcomm.examples.CLASS) on the cuda backend, one executor per GPU, with the example's own
+# checks (as spark-submit would run it, the conf as system properties; ARGS: one word, split on
+# purpose). JCuda is unpacked into /tmp by the executors (JCudaNatives' lock keeps them apart).
+example_main() {
+  local cls=$1 w=$2 log=$3 args=$4; shift 4
+  rm -rf /tmp/fusedcomm-gpu-claims; local spark_home; spark_home=$(mktemp -d)
+  # shellcheck disable=SC2086  # $args: words on purpose
+  timeout 300 java "${flags[@]}" -cp "$repo/.fcbundle/examples:$cp_fc:$BUNDLE_CP" \
+    -Dspark.master="local-cluster[$w,1,1024]" -Dspark.testing=1 -Dspark.test.home="$spark_home" \
+    -Dspark.executorEnv.SPARK_SCALA_VERSION=2.13 -Dspark.plugins=io.fusedcomm.FusedCommPlugin \
+    -Dspark.fusedcomm.backend=cuda -Dspark.driver.host=127.0.0.1 -Dspark.driver.bindAddress=127.0.0.1 \
+    -Dspark.ui.enabled=false -Dspark.worker.resource.gpu.amount=1 -Dspark.executor.resource.gpu.amount=1 \
+    -Dspark.task.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
+    -Dspark.executor.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
+    -Dspark.executor.extraLibraryPath=/tmp "$@" \
+    "io.fusedcomm.examples.$cls" "$w" $args \
+    > "$out/$log" 2>&1 || rc=1
+  grep -vE "^\s+at |INFO|WARN" "$out/$log" | tail -22
+}
+# Every executor on GPU 0 (a discovery script that reports it to each), for more ranks than GPUs.
+gpu0_settings() {
+  printf '#!/bin/sh\necho '"'"'{"name":"gpu","addresses":["0"]}'"'"'\n' > "$home/gpu0.sh"; chmod +x "$home/gpu0.sh"
+  echo -Dspark.fusedcomm.cuda.shareGpu=true -Dspark.worker.resource.gpu.discoveryScript="$home/gpu0.sh" \
+    -Dspark.executor.resource.gpu.discoveryScript="$home/gpu0.sh"
+}
+if [ "$mode" = example ]; then
+  cls=$1 w=$2; shift 2
+  fresh
+  keep_start
+  # shellcheck disable=SC2046  # gpu0_settings: one -D option per word
+  example_main "$cls" "$w" "example-$cls-w$w.log" "$*" $([ "$w" -le "$ngpu" ] || gpu0_settings)
+  executor_logs example
+  exit $rc
+fi
 if [ "$mode" = classes ]; then
   select=(); for c in "$@"; do select+=(--select-class "$c"); done
   fresh
@@ -162,22 +203,7 @@ example_f() { local f0=${2:-2048}; echo $(( (f0 + 8 * $1 - 1) / (8 * $1) * 8 * $
 small_args() { echo "${EXAMPLE_ARGS:-1000 512 $(example_f "$1") bf16 11}"; }
 fused_args() { echo "${EXAMPLE_FUSED_ARGS:-4096 4096 $(example_f "$1" 1024) bf16 12}"; }
 # example02 WORLD LOG ARGS [extra -D settings...]   (ARGS: one word, "M H F dtype seed")
-example02() {
-  local w=$1 log=$2 args=$3; shift 3
-  rm -rf /tmp/fusedcomm-gpu-claims; local spark_home; spark_home=$(mktemp -d)
-  # shellcheck disable=SC2086  # $args: five words on purpose
-  timeout 300 java "${flags[@]}" -cp "$repo/.fcbundle/examples:$cp_fc:$BUNDLE_CP" \
-    -Dspark.master="local-cluster[$w,1,1024]" -Dspark.testing=1 -Dspark.test.home="$spark_home" \
-    -Dspark.executorEnv.SPARK_SCALA_VERSION=2.13 -Dspark.plugins=io.fusedcomm.FusedCommPlugin \
-    -Dspark.fusedcomm.backend=cuda -Dspark.driver.host=127.0.0.1 -Dspark.driver.bindAddress=127.0.0.1 \
-    -Dspark.ui.enabled=false -Dspark.worker.resource.gpu.amount=1 -Dspark.executor.resource.gpu.amount=1 \
-    -Dspark.task.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
-    -Dspark.executor.resource.gpu.discoveryScript="$repo/conf/gpu-discovery.sh" \
-    -Dspark.executor.extraLibraryPath=/tmp "$@" \
-    io.fusedcomm.examples.TensorParallelMlpExample "$w" $args \
-    > "$out/$log" 2>&1 || rc=1
-  grep -vE "^\s+at |INFO|WARN" "$out/$log" | tail -22
-}
+example02() { local w=$1 log=$2 args=$3; shift 3; example_main TensorParallelMlpExample "$w" "$log" "$args" "$@"; }
 if [ -d "$repo/.fcbundle/examples" ]; then
   for w in "${worlds[@]}"; do
     [ "$w" -le "$ngpu" ] || continue
@@ -189,10 +215,9 @@ if [ -d "$repo/.fcbundle/examples" ]; then
   # Between two virtual hosts: the fused ops' decomposed path across hosts. On one GPU both
   # executors share it (a discovery script that reports GPU 0 to each).
   if [ "$ngpu" -eq 1 ]; then
-    printf '#!/bin/sh\necho '"'"'{"name":"gpu","addresses":["0"]}'"'"'\n' > "$home/gpu0.sh"; chmod +x "$home/gpu0.sh"
     echo "== example 02 on cuda, two virtual hosts, both executors on the one GPU"
-    example02 2 example02-hosts.log "$(small_args 2)" -Dspark.fusedcomm.cuda.virtualHosts=2 -Dspark.fusedcomm.cuda.shareGpu=true \
-      -Dspark.worker.resource.gpu.discoveryScript="$home/gpu0.sh" -Dspark.executor.resource.gpu.discoveryScript="$home/gpu0.sh"
+    # shellcheck disable=SC2046  # gpu0_settings: one -D option per word
+    example02 2 example02-hosts.log "$(small_args 2)" -Dspark.fusedcomm.cuda.virtualHosts=2 $(gpu0_settings)
   elif [ $((ngpu % 2)) -eq 0 ]; then
     echo "== example 02 on cuda, two virtual hosts of $((ngpu / 2)) GPU(s)"
     example02 "$ngpu" example02-hosts.log "$(small_args "$ngpu")" -Dspark.fusedcomm.cuda.virtualHosts=2
