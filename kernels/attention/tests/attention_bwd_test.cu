@@ -27,31 +27,13 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_bwd.h"
+#include "kernels/common/tests/kernel_test_check.h"
 
 using namespace fusedcomm::kernels;
 
+using fusedcomm::kernels::testing::g_failures;
+
 namespace {
-
-int g_failures = 0;
-
-#define CHECK_CUDA(x)                                                                            \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-#define EXPECT(cond, ...)                \
-  do {                                   \
-    if (!(cond)) {                       \
-      ++g_failures;                      \
-      std::printf("  FAIL %s: ", #cond); \
-      std::printf(__VA_ARGS__);          \
-      std::printf("\n");                 \
-    }                                    \
-  } while (0)
 
 uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;

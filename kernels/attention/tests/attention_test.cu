@@ -12,6 +12,7 @@
 // Exit codes: 0 pass, 1 failure, 77 skipped (no GPU or not Hopper), with the reason printed.
 // ATTN_TEST_SEED=<n> changes the inputs.
 #include "kernels/attention/attention.h"
+#include "kernels/common/tests/kernel_test_check.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -24,28 +25,9 @@
 
 using namespace fusedcomm::kernels;
 
+using fusedcomm::kernels::testing::g_failures;
+
 namespace {
-
-int g_failures = 0;
-
-#define CHECK_CUDA(x)                                                                            \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-#define EXPECT(cond, ...)                \
-  do {                                   \
-    if (!(cond)) {                       \
-      ++g_failures;                      \
-      std::printf("  FAIL %s: ", #cond); \
-      std::printf(__VA_ARGS__);          \
-      std::printf("\n");                 \
-    }                                    \
-  } while (0)
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
