@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fusedcomm/fusedcomm.h"
+#include "fusedcomm/host/host_ops.h"
 #include "fusedcomm/rdma/transport.h"
 #include "support/check.h"
 
@@ -579,19 +580,9 @@ void device_memory() {
 // inputs, each within 3 % of that gradient's largest magnitude (the kernel rounds P and dS to bf16
 // for its tensor-core products; the host keeps them in fp32), at head dims 64 and 128, causal and
 // not, grouped-query heads, lengths off the 128-row tile and Lq != Lk.
-uint16_t to_bf16(float f) {
-  uint32_t u = 0;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f = 0;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 void attention_backward_on_gpu() {
+  using fusedcomm::host::bf16_to_f32;
+  using fusedcomm::host::f32_to_bf16;
   void* probe = nullptr;
   if (fc_device_alloc(16, &probe) != FC_STATUS_SUCCESS) {
     std::printf("attention backward on the GPU: skipped, no GPU (%s)\n", fc_last_error_message());
@@ -623,7 +614,7 @@ void attention_backward_on_gpu() {
     const size_t nl = static_cast<size_t>(c.q_heads * c.q_len);
     std::vector<uint16_t> q(nq), k(nk), v(nk), o(nq), d_o(nq);
     for (auto* t : {&q, &k, &v, &d_o})
-      for (uint16_t& x : *t) x = to_bf16(uniform());
+      for (uint16_t& x : *t) x = f32_to_bf16(uniform());
     std::vector<float> lse(nl);
     std::vector<uint16_t> want_q(nq), want_k(nk), want_v(nk), got_q(nq), got_k(nk), got_v(nk);
     bool ok = fc_attention(FC_BACKEND_HOST, FC_DTYPE_BF16, &shape, q.data(), k.data(), v.data(), o.data(),
@@ -659,8 +650,8 @@ void attention_backward_on_gpu() {
     for (int g = 0; ok && g < 3; ++g) {
       float largest = 0, worst = 0;
       for (size_t i = 0; i < wants[g]->size(); ++i) {
-        largest = std::max(largest, std::fabs(from_bf16((*wants[g])[i])));
-        worst = std::max(worst, std::fabs(from_bf16((*gots[g])[i]) - from_bf16((*wants[g])[i])));
+        largest = std::max(largest, std::fabs(bf16_to_f32((*wants[g])[i])));
+        worst = std::max(worst, std::fabs(bf16_to_f32((*gots[g])[i]) - bf16_to_f32((*wants[g])[i])));
       }
       check(largest > 0 && worst <= 0.03f * largest,
             what + ": " + names[g] + " max |err| " + std::to_string(worst) + " of max |grad| " +
