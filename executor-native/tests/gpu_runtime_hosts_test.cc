@@ -55,6 +55,7 @@
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
 #include "kernels/gemm_ar/gemm_ar.h"
+#include "support/cuda_comm_support.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 #include "support/proxy_test_support.h"
@@ -81,22 +82,8 @@ constexpr int64_t kLargeCount = 3000001;
 struct Comm {
   std::unique_ptr<CudaComm> device;
 
-  Comm(Runtime& rt, ProcessGroup& g, const std::vector<int>& host_of, uint64_t comm_id) {
-    device = std::make_unique<CudaComm>(rt, g.rank, g.world);
-    const std::string ep = device->endpoint();
-    const auto eps = g.all_gather(std::vector<uint8_t>(ep.begin(), ep.end()));
-    fusedcomm::Bootstrap b;
-    b.rank = g.rank;
-    b.comm_id = comm_id;
-    b.device_handles = g.all_gather(device->device_handle());
-    const fusedcomm::rdma::auth::Share share = fusedcomm::rdma::auth::random_share();
-    for (const auto& s : g.all_gather(std::vector<uint8_t>(share.begin(), share.end()))) {
-      std::memcpy(b.auth_shares.emplace_back().data(), s.data(), share.size());
-    }
-    b.host_ids = host_of;
-    for (const auto& e : eps) b.endpoints.emplace_back(e.begin(), e.end());
-    device->connect(b);
-  }
+  Comm(Runtime& rt, ProcessGroup& g, const std::vector<int>& host_of, uint64_t comm_id)
+      : device(fusedcomm::testing::make_cuda_comm(rt, g, comm_id, host_of)) {}
   // Ops done, the closing barrier, then the GPU half back to the pool.
   void close() { device->close(); }
   // Both halves stop now; the region is dropped.

@@ -423,9 +423,8 @@ std::string CudaComm::describe_fused(Op op, int64_t m, int64_t n, int64_t k,
 void CudaComm::unavailable(const OpDesc& desc) const {
   fail(ErrorKind::kUnavailable,
        std::string(desc.description) +
-           ": not available on the cuda backend yet (it runs allGather, reduceScatter, allReduce, allToAll, "
-           "allGatherGemm, gemmReduceScatter, gemmAllReduce, gemm, and moeDispatchGemm and moeCombine among "
-           "the GPUs of one host); use spark.fusedcomm.backend=host for this op");
+           ": not available across hosts on the cuda backend yet (it runs moeDispatchGemm and moeCombine "
+           "among the GPUs of one host); use spark.fusedcomm.backend=host for this op");
 }
 
 // ---- MoE (kernels/moe/moe.h) --------------------------------------------------------------------
@@ -682,12 +681,15 @@ void CudaComm::ring_attention_backward(const OpDesc& desc, DType dtype, const ho
 // kernel of its own, takes no SMs from the attention kernel (whose grid fills the GPU) and
 // needs no grid-wide completion counter before its flag: stream order completes it before the
 // sync kernel that publishes it.
-void CudaComm::ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
+void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentionShape& shape,
                                   const void* q, const void* k, const void* v, void* o, float* lse) {
   constexpr const char* kOp = "ringAttention";
   require_bf16(dtype, kOp);
   require_ring_attention_shape(shape);
-  if (hosts_ != nullptr) unavailable(desc);  // across hosts: not on the GPU yet
+  if (hosts_ != nullptr) {
+    ring_attention_hosts(shape, q, k, v, o, lse);
+    return;
+  }
   const int world = sm_->world(), rank = sm_->rank();
   const int64_t s_r = ring_block_rows(shape, world, rank);
   const int64_t slot = ring_kv_slot_elems(shape, world);

@@ -33,13 +33,12 @@ uint64_t round256(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
 // partial starts zeroed at its owner, gathers every rank's contribution on its way around and,
 // after the last rank's step W - 1, sits in the owner's predecessor's g[(W - 1) & 1], from which
 // the owner rounds it into dk, dv directly (peer memory: one read, no extra copy).
-void CudaComm::ring_attention_backward_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
+void CudaComm::ring_attention_backward_gpu(const OpDesc&, DType dtype, const RingAttentionShape& shape,
                                            const void* q, const void* k, const void* v, const void* o,
                                            const float* lse, const void* d_o, void* dq, void* dk, void* dv) {
   constexpr const char* kOp = "ringAttentionBackward";
   FC_REQUIRE(dtype == DType::kBF16, std::string(kOp) + " on the cuda backend takes bf16 tensors");
   require_ring_attention_shape(shape);
-  if (hosts_ != nullptr) unavailable(desc);  // across hosts: not on the GPU yet
   const int world = sm_->world(), rank = sm_->rank();
   const int64_t B = shape.batch, Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim;
   const int64_t s_r = ring_block_rows(shape, world, rank);
@@ -54,6 +53,10 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc& desc, DType dtype, cons
     }
     FC_REQUIRE(lse != nullptr && reinterpret_cast<uintptr_t>(lse) % 4 == 0,
                std::string(kOp) + ": lse (the forward's, fp32) is required and must be 4-byte aligned");
+  }
+  if (hosts_ != nullptr) {
+    ring_attention_backward_hosts(shape, q, k, v, o, lse, d_o, dq, dk, dv);
+    return;
   }
   // Symmetric memory: [kv[0]][kv[1]][g[0]][g[1]], at the same offsets on every rank.
   const int64_t kv_elems = ring_kv_slot_elems(shape, world);  // 2 · B · max rows · Hkv · D

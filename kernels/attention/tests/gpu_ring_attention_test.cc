@@ -15,6 +15,8 @@
 //     reused across epochs).
 //   worlds sharing GPU 0 (FC_TEST_SHARED_GPU) up to 8 ranks.
 //   a rank that never arrives: the others get Error(kTimeout) within seconds, naming it.
+// FC_TEST_HOSTS=<H>: worlds that H divides run as H virtual hosts (rank r on host r * H / W)
+// through the cross-host decomposed form (src/comm/cuda_comm_ring_hosts.cc).
 // FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
 // Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
@@ -31,11 +33,11 @@
 #include <vector>
 
 #include "fusedcomm/comm/cuda_comm.h"
-#include "fusedcomm/rdma/auth.h"
 #include "fusedcomm/runtime/device_attention.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "kernels/collectives/collectives.h"
+#include "support/cuda_comm_support.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
 
@@ -49,8 +51,11 @@ using fusedcomm::SeqRun;
 using fusedcomm::testing::check;
 using fusedcomm::testing::g_failed;
 using fusedcomm::testing::g_passed;
+using fusedcomm::testing::host_count;
+using fusedcomm::testing::make_cuda_comm;
 using fusedcomm::testing::mix;
 using fusedcomm::testing::ProcessGroup;
+using fusedcomm::testing::virtual_hosts;
 
 float unit(uint64_t h) { return static_cast<float>(static_cast<double>(h >> 11) * 0x1p-53 * 2.0 - 1.0); }
 float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
@@ -62,23 +67,6 @@ std::string name(const RingAttentionShape& s) {
          (s.zigzag ? " zigzag" : " contiguous");
 }
 
-std::unique_ptr<fusedcomm::CudaComm> make_comm(fusedcomm::Runtime& rt, ProcessGroup& g, uint64_t comm_id) {
-  auto dc = std::make_unique<fusedcomm::CudaComm>(rt, g.rank, g.world);
-  const std::string ep = dc->endpoint();
-  const auto eps = g.all_gather(std::vector<uint8_t>(ep.begin(), ep.end()));
-  fusedcomm::Bootstrap b;
-  b.rank = g.rank;
-  b.comm_id = comm_id;
-  b.device_handles = g.all_gather(dc->device_handle());
-  const fusedcomm::rdma::auth::Share share = fusedcomm::rdma::auth::random_share();
-  for (const auto& sh : g.all_gather(std::vector<uint8_t>(share.begin(), share.end()))) {
-    std::memcpy(b.auth_shares.emplace_back().data(), sh.data(), share.size());
-  }
-  b.host_ids.assign(g.world, 0);
-  for (const auto& e : eps) b.endpoints.emplace_back(e.begin(), e.end());
-  dc->connect(b);
-  return dc;
-}
 
 struct Dev {
   void* p = nullptr;
@@ -211,7 +199,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     {
       fusedcomm::Runtime rt(
           fusedcomm::testing::loopback_cuda_config(gpus[g.rank], seed, 20000, 64 << 20, shared));
-      auto dc = make_comm(rt, g, 5151);
+      auto dc = make_cuda_comm(rt, g, 5151, virtual_hosts(g.world));
       const RingAttentionShape cases[] = {
           // B, seq, Hq, Hkv, D, causal, scale, zigzag
           {2, 1000, 4, 4, 64, false, 0.0f, false}, {2, 1000, 4, 4, 64, true, 0.0f, false},
@@ -231,7 +219,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
       // A rank that never arrives: the others time out, naming the op.
       fusedcomm::Runtime rt(
           fusedcomm::testing::loopback_cuda_config(gpus[g.rank], seed, 1000, 64 << 20, shared));
-      auto dc = make_comm(rt, g, 5152);
+      auto dc = make_cuda_comm(rt, g, 5152, virtual_hosts(g.world));
       if (g.rank != g.world - 1) {
         const RingAttentionShape s{1, 256, 2, 2, 64, true, 0.0f, true};
         Dev d(1 << 20);
@@ -249,8 +237,12 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
         if (g.rank == 0) std::printf("  dead rank: %s (%.1f s)\n", msg.c_str(), secs);
         check(timeout && secs < 10.0,
               "a rank that never arrives: Error(kTimeout) within seconds (got '" + msg + "')");
-        check(msg.find("peer " + std::to_string(g.world - 1) + " ") != std::string::npos,
-              "a rank that never arrives: the error names it (got '" + msg + "')");
+        // One host: the ring's wait names the rank. Across hosts the waits are the collectives':
+        // a rank of this host or one between hosts ("rank N (host h)"), depending on who waits.
+        const bool named = host_count(virtual_hosts(g.world)) > 1
+                               ? msg.find("(host ") != std::string::npos || msg.find("peer ") != std::string::npos
+                               : msg.find("peer " + std::to_string(g.world - 1) + " ") != std::string::npos;
+        check(named, "a rank that never arrives: the error names a rank (got '" + msg + "')");
         dc->abort();
       }
       g.barrier();
@@ -277,7 +269,8 @@ int main() {
     if (!fusedcomm::testing::test_world_selected(w)) continue;
     std::vector<int> gpus;
     for (int i = 0; i < w; ++i) gpus.push_back(shared > 0 ? 0 : i);
-    std::printf("== world %d%s\n", w, shared > 0 ? " (all ranks on GPU 0)" : "");
+    std::printf("== world %d%s, %d host(s)\n", w, shared > 0 ? " (all ranks on GPU 0)" : "",
+                fusedcomm::testing::host_count(fusedcomm::testing::virtual_hosts(w)));
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const int f = fusedcomm::testing::run_processes(

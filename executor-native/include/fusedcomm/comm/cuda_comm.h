@@ -2,8 +2,9 @@
 // barriers, finish() and peer-failure detection; its GPU half is the symmetric memory its ops
 // run on (one region per rank, mapped by every rank of the host through CUDA IPC), the streams
 // they are enqueued on and, with ranks on several hosts, the paths between hosts
-// (src/comm/cross_host_paths.h). Ops not on the GPU yet (ring attention and MoE across hosts)
-// refuse with Error(kUnavailable).
+// (src/comm/cross_host_paths.h). Ring attention across hosts takes a decomposed form
+// (src/comm/cuda_comm_ring_hosts.cc); MoE across hosts is not on the GPU yet and refuses with
+// Error(kUnavailable).
 //
 // MoE (kernels/moe/moe.h), synchronous: moe_dispatch_gemm routes on the GPU (no host round
 // trip inside the op), receives up to the rows that the data area holds (hidden × 2 + 16 bytes
@@ -130,15 +131,16 @@ class CudaComm final : public Comm {
                                const void* q, const void* k, const void* v, const void* o, const float* lse,
                                const void* d_o, void* dq, void* dk, void* dv) override;
   // The same with the layout named (device_attention.h RingAttentionShape): ring_attention runs
-  // the contiguous layout until host::AttentionShape carries fc_seq_layout_t. One host only
-  // (Error(kUnavailable) across hosts); synchronous, on the communicator's own stream.
+  // the contiguous layout until host::AttentionShape carries fc_seq_layout_t. Across hosts, the
+  // decomposed form (ring_attention_hosts); synchronous, on the communicator's own stream.
   void ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape, const void* q,
                           const void* k, const void* v, void* o, float* lse);
   // The ring's backward (docs/ops.md ringAttentionBackward): from this rank's q, k, v, the
   // forward's o and lse, and d_o, its dq (as q), dk, dv (as k, v); bf16, fp32 accumulation. K/V
   // blocks and their fp32 dK/dV partials travel around the ring together (kernels/attention/
-  // ring.h has the protocol). q, o, d_o, dq, dk, dv 16-byte aligned. One host only;
-  // synchronous, on the communicator's own stream. From the Comm interface's shape:
+  // ring.h has the protocol). q, o, d_o, dq, dk, dv 16-byte aligned. Across hosts, the
+  // decomposed form (ring_attention_backward_hosts); synchronous, on the communicator's own
+  // stream. From the Comm interface's shape:
   // ring_attention_shape (device_attention.h).
   void ring_attention_backward_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
                                    const void* q, const void* k, const void* v, const void* o,
@@ -187,6 +189,14 @@ class CudaComm final : public Comm {
   kernels::AgGemmArgs ag_operands(const void* w, void* c, void* gathered, int64_t m, int64_t n_local,
                                   int64_t k, WeightLayout layout) const;
   FusedContext fused_context() const;
+  // Ring attention across hosts (src/comm/cuda_comm_ring_hosts.cc): every K/V block gathered
+  // through the hierarchical allGather, the ring's steps over them in ring order; the backward's
+  // dK/dV partials summed at their owners by the hierarchical reduceScatter. Shapes checked.
+  void ring_attention_hosts(const RingAttentionShape& shape, const void* q, const void* k, const void* v,
+                            void* o, float* lse);
+  void ring_attention_backward_hosts(const RingAttentionShape& shape, const void* q, const void* k,
+                                     const void* v, const void* o, const float* lse, const void* d_o, void* dq,
+                                     void* dk, void* dv);
   // Ops not on the GPU yet.
   [[noreturn]] void unavailable(const OpDesc& desc) const;
 

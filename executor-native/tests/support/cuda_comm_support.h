@@ -1,0 +1,59 @@
+// The cuda backend's communicator made as the C API's callers make it, for the multi-process
+// GPU tests: the endpoints, device handles and authentication shares go through the test's
+// ProcessGroup (the stand-in for the launcher's allGather), and every rank is given a host id,
+// so that a test can lay its ranks out as "virtual hosts" (docs/architecture.md).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/comm/cuda_comm.h"
+#include "fusedcomm/rdma/auth.h"
+#include "fusedcomm/runtime/runtime.h"
+#include "support/process_group.h"
+
+namespace fusedcomm::testing {
+
+// host_of[r]: rank r's host id (every id 0..H-1 used, the same number of ranks on each).
+inline std::unique_ptr<CudaComm> make_cuda_comm(Runtime& rt, ProcessGroup& g, uint64_t comm_id,
+                                                const std::vector<int>& host_of) {
+  auto dc = std::make_unique<CudaComm>(rt, g.rank, g.world);
+  const std::string ep = dc->endpoint();
+  const auto eps = g.all_gather(std::vector<uint8_t>(ep.begin(), ep.end()));
+  Bootstrap b;
+  b.rank = g.rank;
+  b.comm_id = comm_id;
+  b.device_handles = g.all_gather(dc->device_handle());
+  const rdma::auth::Share share = rdma::auth::random_share();
+  for (const auto& sh : g.all_gather(std::vector<uint8_t>(share.begin(), share.end()))) {
+    std::memcpy(b.auth_shares.emplace_back().data(), sh.data(), share.size());
+  }
+  b.host_ids = host_of;
+  for (const auto& e : eps) b.endpoints.emplace_back(e.begin(), e.end());
+  dc->connect(b);
+  return dc;
+}
+
+// FC_TEST_HOSTS=<H> (tests that take it): H virtual hosts, rank r on host r * H / W, where H
+// divides W; 1 (unset, or a world H does not divide): every rank on one host.
+inline std::vector<int> virtual_hosts(int world) {
+  const char* s = std::getenv("FC_TEST_HOSTS");
+  const int h = s ? std::atoi(s) : 1;
+  std::vector<int> host_of(world, 0);
+  if (h > 1 && world % h == 0) {
+    for (int r = 0; r < world; ++r) host_of[r] = r * h / world;
+  }
+  return host_of;
+}
+
+inline int host_count(const std::vector<int>& host_of) {
+  int h = 0;
+  for (int x : host_of) h = x + 1 > h ? x + 1 : h;
+  return h;
+}
+
+}  // namespace fusedcomm::testing
