@@ -160,4 +160,18 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
   return cudaErrorInvalidValue;
 }
 
+namespace {
+__global__ void comm_fail_if_kernel(CommDevice d, const uint32_t* word, uint32_t code) {
+  const uint32_t w = *reinterpret_cast<const volatile uint32_t*>(word);
+  detail::comm_epoch_slot() = 0;  // read by the record (its launch signature): no launch here
+  if (w != 0) detail::comm_record_failure(d, code, 0, w, 0, 0, 0, d.rank);
+}
+}  // namespace
+
+cudaError_t launch_comm_fail_if(const CommDevice& dev, const uint32_t* word, uint32_t code, cudaStream_t stream) {
+  if (word == nullptr || code == 0) return cudaErrorInvalidValue;
+  comm_fail_if_kernel<<<1, 1, 0, stream>>>(dev, word, code);
+  return cudaGetLastError();
+}
+
 }  // namespace fusedcomm::kernels

@@ -168,6 +168,13 @@ enum CommStep : uint32_t {
 // CommErrorRecord::code beyond GemmErrorCode (kGemmWaitTimeout, kGemmAborted): a peer's launch
 // of this epoch has a different signature (see "Launch signatures" above).
 inline constexpr uint32_t kCommLaunchMismatch = 3;
+// The awaited peer had given up first (its error claim, read by the collectives' waits; its code
+// in CommErrorRecord::observed). A rank that gave up publishes nothing more: its collectives
+// return at entry, so its peers name it here instead of moving stale bytes.
+inline constexpr uint32_t kCommPeerFailed = 4;
+// This rank's step between hosts failed (launch_comm_fail_if after the proxy's collective; the
+// link's own error names the remote rank).
+inline constexpr uint32_t kCommHostsFailed = 5;
 
 // ---- launch signatures ----------------------------------------------------------------------
 // 64 bits: [63:56] epoch & 0xFF (which launch; set on the device), [55:53] zero, [52:50] the
@@ -279,7 +286,8 @@ static_assert(sizeof(CommControl) == 64, "CommControl layout");
 // Host-visible error record (host-mapped pinned memory). Zeroed by the host; the first CTA
 // that gives up fills it (fields first, then code, then a system fence).
 struct alignas(16) CommErrorRecord {
-  uint32_t code;        // kGemmWaitTimeout, kGemmAborted or kCommLaunchMismatch; 0: no error
+  uint32_t code;        // kGemmWaitTimeout, kGemmAborted, kCommLaunchMismatch, kCommPeerFailed or
+                        // kCommHostsFailed; 0: no error
   uint32_t rank;        // this rank
   uint32_t peer;        // the rank whose flag was awaited (mismatch: whose launch differs)
   uint32_t op;          // CommOp (or fused.h's kFusedOp*)
@@ -357,6 +365,10 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
 // scheduled while the stream's previous kernel runs, touches memory only once it has completed,
 // and lets the stream's next kernel be scheduled early too.
 cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& args, cudaStream_t stream);
+// One thread, stream-ordered: if *word (device-visible; e.g. the proxy's status) is non-zero,
+// claims this rank's error record with `code` (observed: the word), so that the collectives
+// enqueued after it publish nothing and their peers stop (kCommPeerFailed).
+cudaError_t launch_comm_fail_if(const CommDevice& dev, const uint32_t* word, uint32_t code, cudaStream_t stream);
 
 inline const char* comm_op_name(uint32_t op) {
   switch (op) {

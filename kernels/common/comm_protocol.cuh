@@ -141,6 +141,13 @@ __device__ __forceinline__ bool comm_failed(const CommDevice& d) {
   return *reinterpret_cast<volatile uint32_t*>(&comm_control(d)->error_claim) != 0;
 }
 
+// Rank `peer`'s error claim (its CommControl, read from its region): 0, or the code with which
+// it gave up. Unordered: a claim, once made, stays until the region is dropped.
+__device__ __forceinline__ uint32_t comm_peer_claim(const CommDevice& d, int peer) {
+  return ld_volatile_u32(
+      &reinterpret_cast<const CommControl*>(d.base[peer] + kCommControlOffset)->error_claim);
+}
+
 // Bounded wait (one thread): true once *flag >= epoch; false after timeout_ns, an abort, or
 // another CTA's failure. The first to give up fills the error record. The local error claim is
 // re-read every 16 polls; the host-mapped abort word and the clock only every
@@ -154,10 +161,14 @@ inline constexpr uint64_t kCommSlowCheckNs = 20000;
 // local: the flag is written by this GPU (gpu-scope acquire suffices and polls are cheaper).
 // sleep_cap_ns: the longest sleep between polls (0: tuning.h's kCommPollSleepNs, then
 // kCommPollSleepLateNs after kCommPollLatePolls polls).
+// peer_check: at each slow check, also read the awaited peer's error claim (one load from its
+// region): a peer that gave up first (kCommPeerFailed) publishes nothing more, and is named
+// now rather than at the timeout. The collectives' waits (comm_wait_flag) make it; the waits
+// inside the fused kernels' main loops do not (registers).
 __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const uint64_t* flag,
                                                       uint64_t epoch, uint32_t op, uint32_t step, int peer,
                                                       uint32_t timeout_scale = 1, bool local = false,
-                                                      uint32_t sleep_cap_ns = 0) {
+                                                      uint32_t sleep_cap_ns = 0, bool peer_check = false) {
   auto load = [&] { return local ? ld_acquire_gpu(flag) : ld_acquire_sys(flag); };
   uint64_t v = load();
   if (v >= epoch) return true;
@@ -174,7 +185,7 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
       const uint64_t now = globaltimer_ns();
       if (now >= next_check) {
         next_check = now + kCommSlowCheckNs;
-        uint32_t code = 0;
+        uint32_t code = 0, peer_claim = 0;
         const uint64_t elapsed = now - t0;
         const uint64_t launch_epoch = comm_epoch_slot();
         int who = -1;
@@ -186,13 +197,19 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
           // them, and the CTA that waits for the peer behind them makes the check (this also
           // keeps the check out of the GEMM producer's 40-register wait).
           code = kCommLaunchMismatch;
+        } else if (peer_check && peer >= 0 && peer < d.world && peer != d.rank &&
+                   (peer_claim = comm_peer_claim(d, peer)) != 0) {
+          // After the mismatch check: a mismatch is this rank's own finding to report.
+          code = kCommPeerFailed;
         } else if (elapsed > timeout) {
           code = kGemmWaitTimeout;
         }
         if (code != 0) {
           const bool mismatch = code == kCommLaunchMismatch;
-          comm_record_failure(d, code, mismatch ? launch_epoch : epoch,
-                              mismatch ? comm_peer_signature(d, who, launch_epoch) : v, elapsed, op, step,
+          const uint64_t observed = mismatch                   ? comm_peer_signature(d, who, launch_epoch)
+                                    : code == kCommPeerFailed ? peer_claim
+                                                              : v;
+          comm_record_failure(d, code, mismatch ? launch_epoch : epoch, observed, elapsed, op, step,
                               mismatch ? who : peer);
           return false;
         }
@@ -208,7 +225,7 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
 }
 inline __device__ __noinline__ bool comm_wait_flag(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
                                                    uint32_t op, uint32_t step, int peer) {
-  return comm_wait_flag_inline(d, flag, epoch, op, step, peer);
+  return comm_wait_flag_inline(d, flag, epoch, op, step, peer, 1, false, 0, true);
 }
 
 // All threads of a CTA: thread 0 waits for flags[p] >= epoch for every peer p != rank (flags

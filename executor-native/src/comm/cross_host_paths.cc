@@ -120,6 +120,7 @@ void CrossHostPaths::all_reduce(k::CommDtype dtype, const char* in, char* out, i
   };
   local_.enqueue(step(k::CommOp::kReduceScatter, block), in, static_cast<size_t>(n) * esize, s);
   link_->all_reduce(block, mine, dtype, s);
+  gate(s);
   local_.enqueue(step(k::CommOp::kAllGather, out), block, static_cast<size_t>(mine) * esize, s);
 }
 
@@ -190,6 +191,7 @@ void CrossHostPaths::enqueue_collective(k::CommOp op, k::CommDtype dtype, const 
     }
     copy_segments(group, s);
     link_->all_to_all(sends, send_counts, recvs, recv_counts, dtype, s);
+    gate(s);
     for (int l = 0; l < L; ++l) {  // lane l: for local rank l of this host
       const int p = layout_.host_ranks[host][l];
       for (int h = 0; h < H; ++h) {
@@ -220,6 +222,7 @@ void CrossHostPaths::enqueue_collective(k::CommOp op, k::CommDtype dtype, const 
   if (gather) {
     copy_segments({{in, slots[host], std::min<uint64_t>(in_bytes, b.bytes(me))}}, s);
     link_->all_gather(slots, counts, dtype, s);
+    gate(s);
     for (int h = 0; h < H; ++h) {
       const std::vector<int>& ranks = layout_.host_ranks[h];
       local.count = b.host_count(h);
@@ -250,6 +253,7 @@ void CrossHostPaths::enqueue_collective(k::CommOp op, k::CommDtype dtype, const 
       local_.enqueue(local, nullptr, 0, s);
     }
     link_->reduce_scatter(slots, counts, out, dtype, s);
+    gate(s);
   }
 }
 
@@ -333,6 +337,11 @@ void CrossHostPaths::gemm_reduce_scatter(const void* a, const void* w, void* out
   } else if (!direct) {
     copy_segments({{sums, out, rb.rows(r) * row}}, s);
   }
+}
+
+void CrossHostPaths::gate(cudaStream_t s) {
+  check_fused_launch(k::launch_comm_fail_if(local_.memory().device(), link_->status_device(), k::kCommHostsFailed, s),
+                     "a step between hosts");
 }
 
 void CrossHostPaths::raise_if_failed() { link_->raise_if_failed(); }

@@ -78,6 +78,11 @@ class CrossHostPaths {
   void close(bool drain) noexcept;
 
  private:
+  // After a step between hosts, on s: if it failed, this rank's symmetric memory records it
+  // (kCommHostsFailed), so that its later steps inside the host publish nothing and the host's
+  // other ranks stop, naming it, instead of finishing with the missing blocks.
+  void gate(cudaStream_t s);
+
   const HostLayout& layout_;
   LocalCollectives& local_;
   std::unique_ptr<InterHostLink> link_;

@@ -840,8 +840,10 @@ k::GemmArgs CudaComm::with_gemm_workspace(k::GemmArgs g, cudaStream_t s) {
 
 void CudaComm::raise_device_failure() {
   try {
-    sm_->raise_if_failed();
+    // The link first: its error names the remote rank, where the symmetric memory's says only
+    // that a step between hosts failed (kCommHostsFailed).
     if (hosts_ != nullptr) hosts_->raise_if_failed();
+    sm_->raise_if_failed();
   } catch (...) {
     failed_ = true;
     throw;

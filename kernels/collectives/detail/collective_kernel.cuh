@@ -273,10 +273,16 @@ __device__ __forceinline__ T* slot_of(const CommDevice& d, int owner, uint64_t p
 // returns, so the protocol's "the next launch is stream-ordered after this one" holds as at a
 // kernel boundary. Then the stream's next kernel may be scheduled on the SMs this grid leaves
 // free, and the launch's epoch is read.
+// Returns 0 (the caller returns at once) on a rank that has already given up: it publishes
+// nothing, so its peers' waits name it (kCommPeerFailed) instead of reading stale data. The
+// verdict is thread 0's, shared, so that a CTA leaves as one.
 __device__ __forceinline__ uint64_t enter_collective(const CommDevice& d) {
   pdl_wait();
   pdl_release_dependents();
-  return comm_launch_epoch(d);
+  __shared__ uint32_t s_failed;
+  if (threadIdx.x == 0) s_failed = comm_failed(d) ? 1u : 0u;
+  const uint64_t epoch = comm_launch_epoch(d);  // synchronises the CTA
+  return s_failed != 0 ? 0 : epoch;
 }
 
 // Last CTA of the launch: record the epoch for the next launch (thread 0, after the CTA's work).

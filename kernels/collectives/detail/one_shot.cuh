@@ -18,6 +18,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1) one_shot_kernel
   const CollectiveArgs& a = prm.a;
   constexpr int kEpv = kVecBytes / sizeof(T);
   const uint64_t epoch = enter_collective(d);
+  if (epoch == 0) return;  // this rank has given up (enter_collective)
   const uint64_t par = epoch & 1;
   const int W = d.world, r = d.rank, G = gridDim.x, c = blockIdx.x;
   const T* in = static_cast<const T*>(a.input);  // the launcher sets it (data area or not)

@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
     pipe_kernel(const __grid_constant__ CommDevice d, const __grid_constant__ Params prm) {
   const CollectiveArgs& a = prm.a;
   const uint64_t epoch = enter_collective(d);
+  if (epoch == 0) return;  // this rank has given up (enter_collective)
   const int W = d.world, r = d.rank;
   const int P = prm.pull_ctas, C = prm.consumers;
   constexpr bool push = kPush;

@@ -105,6 +105,9 @@ class InterHostLink {
   // host-mapped word: call it after the stream's work is done for a definite answer.
   void raise_if_failed();
   bool failed() const;
+  // The status word raise_if_failed reads (device address; 0 while every step succeeded), for
+  // a stream-ordered check after a step (kernels/collectives launch_comm_fail_if).
+  const uint32_t* status_device() const { return status_dev_; }
 
   void abort() noexcept;  // waits in flight give up, the proxy and the connections stop
   // drain: the proxy hands over what was posted and the group closes politely (bounded);
