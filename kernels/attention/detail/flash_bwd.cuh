@@ -78,6 +78,22 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
+// A box of shared memory added element-wise into a 4-D fp32 tensor (bulk group; atomic per
+// element, no order between operations; parts of the box outside the tensor are dropped).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int32_t c0, int32_t c1,
+                                                  int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::
+          "l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Where the dK/dV pass leaves dQ: to the separate dQ pass (kDqPass), or adds it into fp32 itself,
+// with per-thread vector reductions (kDqRed) or, staged in shared memory, with a TMA
+// reduce-add per 64 rows × 32 columns issued by one thread of each consumer warpgroup (kDqTma).
+enum BwdDq : int { kDqPass = 0, kDqRed = 1, kDqTma = 2 };
+
 // D(64×D) += A(64×16 registers) · B(16×D smem, N-major), D = 64 or 128.
 template <int D>
 __device__ __forceinline__ void wgmma_rs_n(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -169,8 +185,9 @@ __device__ __forceinline__ void bwd_store_rows(void* base, int64_t sb, int64_t s
 //   Q ring     kStages × kPanels × 8 KiB (64 query rows per panel), dO ring the same
 //   lse2, δ    kStages × 64 floats each
 //   barriers   kv_full, q_full[kStages], do_full[kStages], ld_full[kStages], empty[kStages]
-template <int D, bool kFusedDq>
+template <int D, int kDq>
 struct BwdKVCfg {
+  static constexpr bool kFusedDq = kDq != kDqPass;
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kBN = 128;  // keys per CTA (2 consumer warpgroups × 64)
   // Query rows per step: 64 at head dim 128 (dK, dV, S and dP fill the registers); 128 at 64,
@@ -187,20 +204,26 @@ struct BwdKVCfg {
   // With the dQ in this pass: dS (64 query rows × 128 keys, two 64-key panels, one per consumer
   // warpgroup), double-buffered.
   static constexpr int kDsBytes = kFusedDq ? 2 * 2 * kQPanelBytes : 0;
+  // kDqTma: each warpgroup's 64 rows × D/2 columns of dQ in fp32, as 64 × 32-column boxes of
+  // 8 KiB (128-byte swizzled rows, the TMA map's layout).
+  static constexpr int kDqBoxBytes = 64 * 128;
+  static constexpr int kDqBoxes = D / 2 / 32;  // per warpgroup
+  static constexpr int kDqStageBytes = kDq == kDqTma ? 2 * kDqBoxes * kDqBoxBytes : 0;
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
-  static constexpr int kSmemBytes =
-      1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes + kBarrierBytes;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes +
+                                    kDqStageBytes + kBarrierBytes;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <int D, bool kFusedDq>
+template <int D, int kDq>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                          const BwdParams p) {
-  using C = BwdKVCfg<D, kFusedDq>;
+                          const __grid_constant__ CUtensorMap tm_dq, const BwdParams p) {
+  using C = BwdKVCfg<D, kDq>;
+  constexpr bool kFusedDq = C::kFusedDq;
   constexpr int kBM = C::kBM, kStages = C::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -210,7 +233,8 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* sq = sv + C::kKBytes;
   uint8_t* sdo = sq + kStages * C::kQBytes;
   uint8_t* sds = sdo + kStages * C::kQBytes;  // kFusedDq: dS buffers
-  float* sld = reinterpret_cast<float*>(sds + C::kDsBytes);
+  uint8_t* sdq = sds + C::kDsBytes;  // kDqTma: dQ staging, 1024-byte aligned
+  float* sld = reinterpret_cast<float*>(sdq + C::kDqStageBytes);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sld + kStages * C::kLdFloats);
   uint64_t* q_full = kv_full + 1;
   uint64_t* do_full = q_full + kStages;
@@ -254,6 +278,7 @@ __global__ void __launch_bounds__(384, 1)
     tma_prefetch_desc(&tm_k);
     tma_prefetch_desc(&tm_v);
     tma_prefetch_desc(&tm_do);
+    if constexpr (kDq == kDqTma) tma_prefetch_desc(&tm_dq);
   }
   __syncthreads();
 
@@ -394,7 +419,6 @@ __global__ void __launch_bounds__(384, 1)
           stmatrix_x4_trans(ds_panel + q * 128 + ((chunk ^ (q & 7)) << 4), pds[jj]);
         }
         fence_proxy_async_shared();
-        named_barrier_sync(1, 256);  // both panels written
       }
       wgmma_fence();
 #pragma unroll
@@ -403,17 +427,20 @@ __global__ void __launch_bounds__(384, 1)
         // 16 rows = 2048 B per k-step.
         wgmma_rs_n<D>(dv, pp[kk], smem_desc_sw128(do_st + kk * 2048, C::kQPanelBytes, 1024));
       }
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
-      }
       wgmma_commit();
       if constexpr (kFusedDq) {
-        // dQ[:, this warpgroup's half of the columns] = dS (64 × 128 keys) · K, K N-major; added
-        // into the fp32 dQ with vector reductions.
+        // dV runs on the tensor cores while the warpgroups meet. The staging buffer's last
+        // reduction has been read once its issuer passes this barrier.
+        if constexpr (kDq == kDqTma) {
+          if (t == 0) bulk_wait_read_all();
+        }
+        named_barrier_sync(1, 256);  // both dS panels written
+        // dQ[:, this warpgroup's half of the columns] = dS (64 × 128 keys) · K, K N-major; then
+        // dK += dSᵀ·Q behind it, so that dQ leaves while dK is computed.
         float dqp[D / 4];
         const uint32_t ds_buf = smem_u32(sds) + (it & 1) * 2 * C::kQPanelBytes;
         const uint32_t k_cols = D == 128 ? smem_u32(sk) + cw * C::kKPanelBytes : smem_u32(sk) + cw * 64;
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < C::kBN / 16; ++kk) {
           const uint64_t da = smem_desc_sw128(ds_buf + (kk / 4) * C::kQPanelBytes + (kk % 4) * 32, 16, 1024);
@@ -425,22 +452,59 @@ __global__ void __launch_bounds__(384, 1)
           }
         }
         wgmma_commit();
-        wgmma_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk) {
+          wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dQ done
         reg_fence(dqp);
-        const int col0 = cw * (D / 2) + 2 * (lane % 4);
+        if constexpr (kDq == kDqTma) {
+          // Rows warp·16 + lane/4 (+8), columns 8j + 2·(lane%4) of this warpgroup's half: box j/4,
+          // 16-byte chunk 2·(j%4) + (lane%4)/2 of the row, swizzled by the row.
+          const uint32_t stage_base = smem_u32(sdq) + cw * C::kDqBoxes * C::kDqBoxBytes;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = m0 + warp * 16 + lane / 4 + 8 * half;
-          if (r >= p.q_len) continue;
-          float* row =
-              static_cast<float*>(p.dq) + b * p.dq_sb + static_cast<int64_t>(r) * p.dq_ss + h * p.dq_sh;
+          for (int half = 0; half < 2; ++half) {
+            const int r = warp * 16 + lane / 4 + 8 * half;
 #pragma unroll
-          for (int j = 0; j < D / 16; ++j) {
-            red_add_f32x2(row + col0 + 8 * j, p.scale * dqp[4 * j + 2 * half],
-                          p.scale * dqp[4 * j + 2 * half + 1]);
+            for (int j = 0; j < D / 16; ++j) {
+              const int chunk = 2 * (j % 4) + (lane % 4) / 2;
+              st_shared_f32x2(stage_base + (j / 4) * C::kDqBoxBytes + r * 128 + ((chunk ^ (r & 7)) << 4) +
+                                  (lane % 2) * 8,
+                              p.scale * dqp[4 * j + 2 * half], p.scale * dqp[4 * j + 2 * half + 1]);
+            }
+          }
+          fence_proxy_async_shared();
+          named_barrier_sync(2 + cw, 128);
+          if (t == 0) {
+#pragma unroll
+            for (int bx = 0; bx < C::kDqBoxes; ++bx) {
+              tma_reduce_add_4d(&tm_dq, stage_base + bx * C::kDqBoxBytes, cw * (D / 2) + bx * 32, h, m0, b);
+            }
+            bulk_commit();
+          }
+        } else {
+          const int col0 = cw * (D / 2) + 2 * (lane % 4);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = m0 + warp * 16 + lane / 4 + 8 * half;
+            if (r >= p.q_len) continue;
+            float* row =
+                static_cast<float*>(p.dq) + b * p.dq_sb + static_cast<int64_t>(r) * p.dq_ss + h * p.dq_sh;
+#pragma unroll
+            for (int j = 0; j < D / 16; ++j) {
+              red_add_f32x2(row + col0 + 8 * j, p.scale * dqp[4 * j + 2 * half],
+                            p.scale * dqp[4 * j + 2 * half + 1]);
+            }
           }
         }
+        wgmma_wait<0>();
       } else {
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk) {
+          wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
+        }
+        wgmma_commit();
         wgmma_wait<0>();
       }
       reg_fence(dk);
@@ -451,6 +515,10 @@ __global__ void __launch_bounds__(384, 1)
         phase ^= 1;
       }
     }
+  }
+  // The staged dQ reductions finish before the CTA (and its shared memory) does.
+  if constexpr (kDq == kDqTma) {
+    if (t == 0) bulk_wait_all();
   }
   // A tile no query sees still stores its zeros (kStore); adding zeros is skipped.
   if (iters == 0 && p.add) return;
