@@ -20,7 +20,7 @@ inline constexpr bool kAttnPipelined64 = false;
 // dK/dV pass (true) or a separate pass that recomputes S and dP (false). At head dim 128 the
 // separate pass ran 1.16-1.26 × faster (S = 4k-16k, causal and not); at 64 the reductions ran
 // 0.98-1.05 × as fast as it, a tie that does not pay for a dQ that is no longer bit-reproducible.
-inline constexpr int kAttnBwdDq128 = 0;  // detail::BwdDq
-inline constexpr int kAttnBwdDq64 = 0;
+inline constexpr int kAttnBwdDq128 = 2;  // detail::BwdDq
+inline constexpr int kAttnBwdDq64 = 2;
 
 }  // namespace fusedcomm::kernels::tuning

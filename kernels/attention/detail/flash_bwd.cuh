@@ -192,22 +192,25 @@ struct BwdKVCfg {
   static constexpr int kBN = 128;  // keys per CTA (2 consumer warpgroups × 64)
   // Query rows per step: 64 at head dim 128 (dK, dV, S and dP fill the registers); 128 at 64,
   // where the registers allow it: twice the matmuls' width ran 1.02-1.09 × as fast as 64 rows
-  // (S = 4k-16k). The dQ-in-this-pass variant keeps 64 (its dS tile is 64 query rows).
-  static constexpr int kBM = D == 64 && !kFusedDq ? 128 : 64;
+  // (S = 4k-16k). The vector-reduction variant keeps 64 (its dQ is one 64-row block).
+  static constexpr int kBM = D == 64 && kDq != kDqRed ? 128 : 64;
+  static constexpr int kMH = kBM / 64;  // 64-row halves of a step's dS and dQ
   static constexpr int kPanels = D / 64;
   static constexpr int kKPanelBytes = 128 * 128;
   static constexpr int kQPanelBytes = kBM * 128;
   static constexpr int kKBytes = kPanels * kKPanelBytes;
   static constexpr int kQBytes = kPanels * kQPanelBytes;
-  static constexpr int kStages = D == 128 && kFusedDq ? 3 : 4;
+  // Stages of Q and dO: what shared memory leaves beside dS and the dQ staging.
+  static constexpr int kStages = !kFusedDq ? 4 : D == 128 ? 3 : kBM == 128 ? 2 : 4;
   static constexpr int kLdFloats = 2 * kBM;  // lse2 then δ
-  // With the dQ in this pass: dS (64 query rows × 128 keys, two 64-key panels, one per consumer
+  // With the dQ in this pass: dS (kBM query rows × 128 keys, two 64-key panels, one per consumer
   // warpgroup), double-buffered.
   static constexpr int kDsBytes = kFusedDq ? 2 * 2 * kQPanelBytes : 0;
-  // kDqTma: each warpgroup's 64 rows × D/2 columns of dQ in fp32, as 64 × 32-column boxes of
-  // 8 KiB (128-byte swizzled rows, the TMA map's layout).
+  // kDqTma: each warpgroup's kBM rows × D/2 columns of dQ in fp32, as 64-row × 32-column boxes of
+  // 8 KiB (128-byte swizzled rows, the TMA map's layout), column boxes first.
   static constexpr int kDqBoxBytes = 64 * 128;
-  static constexpr int kDqBoxes = D / 2 / 32;  // per warpgroup
+  static constexpr int kDqColBoxes = D / 2 / 32;
+  static constexpr int kDqBoxes = kDqColBoxes * kMH;  // per warpgroup
   static constexpr int kDqStageBytes = kDq == kDqTma ? 2 * kDqBoxes * kDqBoxBytes : 0;
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
   static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes +
@@ -437,18 +440,22 @@ __global__ void __launch_bounds__(384, 1)
         named_barrier_sync(1, 256);  // both dS panels written
         // dQ[:, this warpgroup's half of the columns] = dS (64 × 128 keys) · K, K N-major; then
         // dK += dSᵀ·Q behind it, so that dQ leaves while dK is computed.
-        float dqp[D / 4];
+        float dqp[C::kMH][D / 4];
         const uint32_t ds_buf = smem_u32(sds) + (it & 1) * 2 * C::kQPanelBytes;
         const uint32_t k_cols = D == 128 ? smem_u32(sk) + cw * C::kKPanelBytes : smem_u32(sk) + cw * 64;
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < C::kBN / 16; ++kk) {
-          const uint64_t da = smem_desc_sw128(ds_buf + (kk / 4) * C::kQPanelBytes + (kk % 4) * 32, 16, 1024);
-          const uint64_t db = smem_desc_sw128(k_cols + kk * 2048, C::kKPanelBytes, 1024);
-          if constexpr (D == 128) {
-            wgmma_m64n64k16_ss<1>(dqp, da, db, kk > 0 ? 1 : 0);
-          } else {
-            wgmma_m64n32k16_ss_tn(dqp, da, db, kk > 0 ? 1 : 0);
+        for (int mh = 0; mh < C::kMH; ++mh) {
+#pragma unroll
+          for (int kk = 0; kk < C::kBN / 16; ++kk) {
+            const uint64_t da = smem_desc_sw128(
+                ds_buf + (kk / 4) * C::kQPanelBytes + mh * 64 * 128 + (kk % 4) * 32, 16, 1024);
+            const uint64_t db = smem_desc_sw128(k_cols + kk * 2048, C::kKPanelBytes, 1024);
+            if constexpr (D == 128) {
+              wgmma_m64n64k16_ss<1>(dqp[mh], da, db, kk > 0 ? 1 : 0);
+            } else {
+              wgmma_m64n32k16_ss_tn(dqp[mh], da, db, kk > 0 ? 1 : 0);
+            }
           }
         }
         wgmma_commit();
@@ -458,20 +465,24 @@ __global__ void __launch_bounds__(384, 1)
         }
         wgmma_commit();
         wgmma_wait<1>();  // dV and dQ done
-        reg_fence(dqp);
+#pragma unroll
+        for (int mh = 0; mh < C::kMH; ++mh) reg_fence(dqp[mh]);
         if constexpr (kDq == kDqTma) {
-          // Rows warp·16 + lane/4 (+8), columns 8j + 2·(lane%4) of this warpgroup's half: box j/4,
-          // 16-byte chunk 2·(j%4) + (lane%4)/2 of the row, swizzled by the row.
+          // Rows 64·mh + warp·16 + lane/4 (+8), columns 8j + 2·(lane%4) of this warpgroup's half:
+          // box (mh, j/4), 16-byte chunk 2·(j%4) + (lane%4)/2 of the row, swizzled by the row.
           const uint32_t stage_base = smem_u32(sdq) + cw * C::kDqBoxes * C::kDqBoxBytes;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int r = warp * 16 + lane / 4 + 8 * half;
+          for (int mh = 0; mh < C::kMH; ++mh) {
 #pragma unroll
-            for (int j = 0; j < D / 16; ++j) {
-              const int chunk = 2 * (j % 4) + (lane % 4) / 2;
-              st_shared_f32x2(stage_base + (j / 4) * C::kDqBoxBytes + r * 128 + ((chunk ^ (r & 7)) << 4) +
-                                  (lane % 2) * 8,
-                              p.scale * dqp[4 * j + 2 * half], p.scale * dqp[4 * j + 2 * half + 1]);
+            for (int half = 0; half < 2; ++half) {
+              const int r = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+              for (int j = 0; j < D / 16; ++j) {
+                const int chunk = 2 * (j % 4) + (lane % 4) / 2;
+                st_shared_f32x2(stage_base + (mh * C::kDqColBoxes + j / 4) * C::kDqBoxBytes + r * 128 +
+                                    ((chunk ^ (r & 7)) << 4) + (lane % 2) * 8,
+                                p.scale * dqp[mh][4 * j + 2 * half], p.scale * dqp[mh][4 * j + 2 * half + 1]);
+              }
             }
           }
           fence_proxy_async_shared();
@@ -479,7 +490,8 @@ __global__ void __launch_bounds__(384, 1)
           if (t == 0) {
 #pragma unroll
             for (int bx = 0; bx < C::kDqBoxes; ++bx) {
-              tma_reduce_add_4d(&tm_dq, stage_base + bx * C::kDqBoxBytes, cw * (D / 2) + bx * 32, h, m0, b);
+              tma_reduce_add_4d(&tm_dq, stage_base + bx * C::kDqBoxBytes,
+                                cw * (D / 2) + (bx % C::kDqColBoxes) * 32, h, m0 + (bx / C::kDqColBoxes) * 64, b);
             }
             bulk_commit();
           }
@@ -493,8 +505,8 @@ __global__ void __launch_bounds__(384, 1)
                 static_cast<float*>(p.dq) + b * p.dq_sb + static_cast<int64_t>(r) * p.dq_ss + h * p.dq_sh;
 #pragma unroll
             for (int j = 0; j < D / 16; ++j) {
-              red_add_f32x2(row + col0 + 8 * j, p.scale * dqp[4 * j + 2 * half],
-                            p.scale * dqp[4 * j + 2 * half + 1]);
+              red_add_f32x2(row + col0 + 8 * j, p.scale * dqp[0][4 * j + 2 * half],
+                            p.scale * dqp[0][4 * j + 2 * half + 1]);
             }
           }
         }
