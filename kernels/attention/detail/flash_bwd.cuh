@@ -1,17 +1,22 @@
 // The flash-attention backward kernels (attention_bwd.h is the contract).
 //
-// Two passes, each owning its outputs (no atomics; the accumulate mode is a read-add-write):
+// The dK/dV pass, and dQ either from a second pass or added into fp32 by the first:
 //   dK/dV pass: a CTA per 128 keys of one (batch, K/V head). Warpgroup 0 is the producer: one
-//     thread loads K and V once and then, per 64-query block of each query head of the group,
-//     Q and dO into a ring of stages (TMA, 128-byte swizzle); another warp stages the block's
-//     lse (as log2) and δ. Warpgroups 1 and 2 own 64 keys each and keep dK, dV in fp32
+//     thread loads K and V once and then, per block of kBM queries of each query head of the
+//     group, Q and dO into a ring of stages (TMA, 128-byte swizzle); another warp stages the
+//     block's lse (as log2) and δ. Warpgroups 1 and 2 own 64 keys each and keep dK, dV in fp32
 //     registers: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma, both operands in shared memory),
 //     Pᵀ = exp2(Sᵀ·scale·log2e - lse2), dSᵀ = Pᵀ·(dPᵀ - δ) in registers, then dV += Pᵀ·dO and
 //     dK += dSᵀ·Q (wgmma with Pᵀ, dSᵀ as register A operands, dO and Q N-major).
 //   dQ pass: a CTA per 128 query rows of one (batch, head), keys streamed as in the forward:
 //     S = Q·Kᵀ and dP = dO·Vᵀ (wgmma), dS in registers, dQ += dS·K (register A, K N-major).
-//   Every matmul has one of the forward's operand forms. The dQ pass recomputes S and dP
-//   (7 matmuls in all instead of 5) in exchange for no atomics and exclusive outputs.
+//     It recomputes S and dP (7 matmuls in all instead of 5) in exchange for exclusive outputs:
+//     no atomics, the same bits every run (the accumulate mode is a read-add-write).
+//   dQ in the dK/dV pass (kDqRed, kDqTma): dS stored transposed (stmatrix) into shared memory,
+//     the warpgroups meet (dV runs meanwhile), each computes dQ = dS·K for half of the columns
+//     over all 128 keys, and adds it into fp32 (dK runs meanwhile): with per-thread vector
+//     reductions, or staged in shared memory and added by one thread's TMA reduce-add per
+//     64 × 32 box. Atomic per element, in no fixed order.
 // Causal: the blocks no row of the tile sees are never loaded; masks only where a block crosses
 // the diagonal (and, in the dQ pass, the key tail). Rows past the query tail get lse2 = +inf
 // (P = 0); key rows past the tail compute values that are never stored.
@@ -182,8 +187,10 @@ __device__ __forceinline__ void bwd_store_rows(void* base, int64_t sb, int64_t s
 // ---------------------------------------------------------------------------------------------
 // dK/dV pass. Shared memory from a 1024-byte aligned base:
 //   K, V       kPanels × 16 KiB each (128 keys × 128 B per 64-column panel)
-//   Q ring     kStages × kPanels × 8 KiB (64 query rows per panel), dO ring the same
-//   lse2, δ    kStages × 64 floats each
+//   Q ring     kStages × kPanels × kBM · 128 B (kBM query rows per panel), dO ring the same
+//   dS         (dQ here) 2 buffers × 2 panels of kBM rows × 128 B
+//   dQ staging (kDqTma) 2 warpgroups × kDqBoxes × 8 KiB
+//   lse2, δ    kStages × kBM floats each
 //   barriers   kv_full, q_full[kStages], do_full[kStages], ld_full[kStages], empty[kStages]
 template <int D, int kDq>
 struct BwdKVCfg {
