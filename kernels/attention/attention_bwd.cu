@@ -41,7 +41,8 @@ AttnGrad dense_or(const AttnGrad& g, int64_t s, int64_t h, int64_t d) {
 // Where dQ is computed (detail::BwdDq): dq_path, else tuning.h's choice for the stored mode; the
 // accumulate mode (the ring) keeps the separate pass, whose sums are bit-reproducible.
 int dq_mode(const AttentionBwdArgs& a) {
-  if (a.dq_path != 0) return a.dq_path == 1 ? detail::kDqPass : a.dq_path == 2 ? detail::kDqRed : detail::kDqTma;
+  if (a.dq_path != 0)
+    return a.dq_path == 1 ? detail::kDqPass : a.dq_path == 2 ? detail::kDqRed : detail::kDqTma;
   if (a.mode == AttnGradMode::kAdd) return detail::kDqPass;
   return a.head_dim == 128 ? tuning::kAttnBwdDq128 : tuning::kAttnBwdDq64;
 }
@@ -54,7 +55,9 @@ bool encode_dq_f32(CUtensorMap* map, const detail::BwdParams& p, int64_t b, int6
   if (encode == nullptr) return false;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(h),
                               static_cast<cuuint64_t>(s > 0 ? s : 1), static_cast<cuuint64_t>(b > 0 ? b : 1)};
-  auto stride = [](int64_t st, int64_t fallback) { return static_cast<cuuint64_t>((st > 0 ? st : fallback) * 4); };
+  auto stride = [](int64_t st, int64_t fallback) {
+    return static_cast<cuuint64_t>((st > 0 ? st : fallback) * 4);
+  };
   const cuuint64_t strides[3] = {stride(p.dq_sh, d), stride(p.dq_ss, h * d), stride(p.dq_sb, s * h * d)};
   const cuuint32_t box[4] = {32, 1, 64, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
@@ -147,7 +150,7 @@ cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
     if ((e = cudaMemsetAsync(a.dq_acc, 0, bytes, stream)) != cudaSuccess) return e;
   }
   if (a.kv_len > 0 && !(add && a.q_len == 0)) {
-    e = dq_kind == detail::kDqTma  ? launch_dkdv<D, detail::kDqTma>(a, p, stream)
+    e = dq_kind == detail::kDqTma   ? launch_dkdv<D, detail::kDqTma>(a, p, stream)
         : dq_kind == detail::kDqRed ? launch_dkdv<D, detail::kDqRed>(a, p, stream)
                                     : launch_dkdv<D, detail::kDqPass>(a, p, stream);
     if (e != cudaSuccess) return e;

@@ -53,8 +53,8 @@ struct AttentionBwdArgs {
   AttnGrad dq, dk, dv;
   AttnGradMode mode = AttnGradMode::kStore;
   float* dq_acc = nullptr;  // fp32 (B, q_len, Hq, D) dense workspace: attention_bwd_dq_acc_bytes
-  int dq_path = 0;  // 0: tuning.h's (kStore) or 1 (kAdd); 1: a separate dQ pass; in the dK/dV pass
-                    // with 2: vector reductions, 3: TMA reduce-adds
+  int dq_path = 0;          // 0: tuning.h's (kStore) or 1 (kAdd); 1: a separate dQ pass; in the dK/dV pass
+                            // with 2: vector reductions, 3: TMA reduce-adds
   int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = false;
   float scale = 0.0f;              // 0: 1 / sqrt(head_dim)

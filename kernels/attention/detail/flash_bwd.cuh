@@ -85,8 +85,8 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 
 // A box of shared memory added element-wise into a 4-D fp32 tensor (bulk group; atomic per
 // element, no order between operations; parts of the box outside the tensor are dropped).
-__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int32_t c0, int32_t c1,
-                                                  int32_t c2, int32_t c3) {
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int32_t c0,
+                                                  int32_t c1, int32_t c2, int32_t c3) {
   asm volatile(
       "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::
           "l"(reinterpret_cast<uint64_t>(map)),
@@ -220,8 +220,8 @@ struct BwdKVCfg {
   static constexpr int kDqBoxes = kDqColBoxes * kMH;  // per warpgroup
   static constexpr int kDqStageBytes = kDq == kDqTma ? 2 * kDqBoxes * kDqBoxBytes : 0;
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
-  static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes +
-                                    kDqStageBytes + kBarrierBytes;
+  static constexpr int kSmemBytes =
+      1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes + kDqStageBytes + kBarrierBytes;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* sq = sv + C::kKBytes;
   uint8_t* sdo = sq + kStages * C::kQBytes;
   uint8_t* sds = sdo + kStages * C::kQBytes;  // kFusedDq: dS buffers
-  uint8_t* sdq = sds + C::kDsBytes;  // kDqTma: dQ staging, 1024-byte aligned
+  uint8_t* sdq = sds + C::kDsBytes;           // kDqTma: dQ staging, 1024-byte aligned
   float* sld = reinterpret_cast<float*>(sdq + C::kDqStageBytes);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sld + kStages * C::kLdFloats);
   uint64_t* q_full = kv_full + 1;
@@ -498,7 +498,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int bx = 0; bx < C::kDqBoxes; ++bx) {
               tma_reduce_add_4d(&tm_dq, stage_base + bx * C::kDqBoxBytes,
-                                cw * (D / 2) + (bx % C::kDqColBoxes) * 32, h, m0 + (bx / C::kDqColBoxes) * 64, b);
+                                cw * (D / 2) + (bx % C::kDqColBoxes) * 32, h, m0 + (bx / C::kDqColBoxes) * 64,
+                                b);
             }
             bulk_commit();
           }
