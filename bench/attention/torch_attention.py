@@ -53,7 +53,8 @@ def main():
     ap.add_argument("--check-rows", type=int, default=256, help="query rows checked per (batch, head)")
     ap.add_argument("--backward", action="store_true", help="time the backward instead of the forward")
     ap.add_argument("--dq-paths", type=lambda x: [int(i) for i in x.split(",") if i], default=[],
-                    help="backward: also time these forced dQ paths (1: separate pass, 2: atomic)")
+                    help="backward: also time these forced dQ paths (1: separate pass, 2: vector "
+                         "reductions, 3: TMA reduce-adds)")
     args = ap.parse_args()
     shapes = read_shapes(args.shapes)
     if args.backward:
@@ -248,7 +249,8 @@ def run_backward(args, shapes):
                 # ours as users get it, and the dQ path tuning.h did not pick for comparison
                 impls.append(("fusedcomm", ours(0)))
                 for path in args.dq_paths:
-                    impls.append(({1: "fusedcomm_dq_pass", 2: "fusedcomm_dq_atomic"}[path], ours(path)))
+                    impls.append(({1: "fusedcomm_dq_pass", 2: "fusedcomm_dq_red", 3: "fusedcomm_dq_tma"}[path],
+                                  ours(path)))
 
             def sdpa(backend):
                 def make():  # the forward once, then each call one backward

@@ -108,7 +108,7 @@ struct Case {
                                              g.dv, st);
   }
   bool same(const Grads& g) const {
-    const bool dq_exact = s.head_dim == 128 ? !k::tuning::kAttnBwdFusedDq128 : !k::tuning::kAttnBwdFusedDq64;
+    const bool dq_exact = (s.head_dim == 128 ? k::tuning::kAttnBwdDq128 : k::tuning::kAttnBwdDq64) == 0;
     const std::vector<uint16_t> dq = read(g.dq, nq);
     return read(g.dk, nk) == want_dk && read(g.dv, nk) == want_dv &&
            (dq_exact ? dq == want_dq : close(dq, want_dq));

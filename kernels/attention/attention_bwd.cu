@@ -38,35 +38,65 @@ AttnGrad dense_or(const AttnGrad& g, int64_t s, int64_t h, int64_t d) {
   return r;
 }
 
-bool fused_dq(const AttentionBwdArgs& a) {
-  if (a.dq_path != 0) return a.dq_path == 2;
-  return a.head_dim == 128 ? tuning::kAttnBwdFusedDq128 : tuning::kAttnBwdFusedDq64;
+// Where dQ is computed (detail::BwdDq): dq_path, else tuning.h's choice for the stored mode; the
+// accumulate mode (the ring) keeps the separate pass, whose sums are bit-reproducible.
+int dq_mode(const AttentionBwdArgs& a) {
+  if (a.dq_path != 0)
+    return a.dq_path == 1 ? detail::kDqPass : a.dq_path == 2 ? detail::kDqRed : detail::kDqTma;
+  if (a.mode == AttnGradMode::kAdd) return detail::kDqPass;
+  return a.head_dim == 128 ? tuning::kAttnBwdDq128 : tuning::kAttnBwdDq64;
+}
+bool fused_dq(const AttentionBwdArgs& a) { return dq_mode(a) != detail::kDqPass; }
+
+// (B, S, H, D) fp32 at p's dq pointer and strides, added into in boxes of 32 columns × 1 head ×
+// 64 rows × 1 batch from 128-byte swizzled shared memory; rows past S are dropped.
+bool encode_dq_f32(CUtensorMap* map, const detail::BwdParams& p, int64_t b, int64_t s, int64_t h, int64_t d) {
+  auto encode = detail::tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(h),
+                              static_cast<cuuint64_t>(s > 0 ? s : 1), static_cast<cuuint64_t>(b > 0 ? b : 1)};
+  auto stride = [](int64_t st, int64_t fallback) {
+    return static_cast<cuuint64_t>((st > 0 ? st : fallback) * 4);
+  };
+  const cuuint64_t strides[3] = {stride(p.dq_sh, d), stride(p.dq_ss, h * d), stride(p.dq_sb, s * h * d)};
+  const cuuint32_t box[4] = {32, 1, 64, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.dq, dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, bool kFusedDq>
+template <int D, int kDq>
 cudaError_t launch_dkdv(const AttentionBwdArgs& a, detail::BwdParams p, cudaStream_t stream) {
-  using C = detail::BwdKVCfg<D, kFusedDq>;
-  CUtensorMap tq, tk, tv, tdo;
+  using C = detail::BwdKVCfg<D, kDq>;
+  CUtensorMap tq, tk, tv, tdo, tdq;
   if (!encode_bshd(&tq, a.q, a.batch, a.q_len, a.q_heads, D, C::kBM) ||
       !encode_bshd(&tk, a.k, a.batch, a.kv_len, a.kv_heads, D, C::kBN) ||
       !encode_bshd(&tv, a.v, a.batch, a.kv_len, a.kv_heads, D, C::kBN) ||
       !encode_bshd(&tdo, a.d_o, a.batch, a.q_len, a.q_heads, D, C::kBM)) {
     return cudaErrorInvalidValue;
   }
+  if constexpr (kDq == detail::kDqTma) {
+    if (!encode_dq_f32(&tdq, p, a.batch, a.q_len, a.q_heads, D)) return cudaErrorInvalidValue;
+  } else {
+    tdq = tq;  // not read
+  }
   p.tiles = static_cast<int>((a.kv_len + C::kBN - 1) / C::kBN);
-  auto kernel = detail::flash_bwd_dkdv_kernel<D, kFusedDq>;
+  auto kernel = detail::flash_bwd_dkdv_kernel<D, kDq>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(a.kv_heads),
                   static_cast<unsigned>(a.batch));
-  kernel<<<grid, 384, C::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
+  kernel<<<grid, 384, C::kSmemBytes, stream>>>(tq, tk, tv, tdo, tdq, p);
   return cudaGetLastError();
 }
 
 template <int D>
 cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
   const bool add = a.mode == AttnGradMode::kAdd;
-  const bool fused = fused_dq(a);
+  // With no query rows there is no dQ to add: the plain dK/dV pass stores the zeros.
+  const int dq_kind = a.q_len > 0 ? dq_mode(a) : detail::kDqPass;
+  const bool fused = dq_kind != detail::kDqPass;
   detail::BwdParams p{};
   const AttnGrad dq = dense_or(a.dq, a.q_len, a.q_heads, D);
   const AttnGrad dk = dense_or(a.dk, a.kv_len, a.kv_heads, D);
@@ -109,7 +139,7 @@ cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
   }
   // dQ in the dK/dV pass, kStore: accumulated in the zeroed workspace, rounded after.
-  const bool via_acc = fused && !add && a.q_len > 0;
+  const bool via_acc = fused && !add;
   if (via_acc) {
     p.dq = a.dq_acc;
     p.dq_sh = D;
@@ -120,7 +150,9 @@ cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
     if ((e = cudaMemsetAsync(a.dq_acc, 0, bytes, stream)) != cudaSuccess) return e;
   }
   if (a.kv_len > 0 && !(add && a.q_len == 0)) {
-    e = fused ? launch_dkdv<D, true>(a, p, stream) : launch_dkdv<D, false>(a, p, stream);
+    e = dq_kind == detail::kDqTma   ? launch_dkdv<D, detail::kDqTma>(a, p, stream)
+        : dq_kind == detail::kDqRed ? launch_dkdv<D, detail::kDqRed>(a, p, stream)
+                                    : launch_dkdv<D, detail::kDqPass>(a, p, stream);
     if (e != cudaSuccess) return e;
   }
   if (via_acc) {
@@ -178,7 +210,7 @@ const char* attention_bwd_check(const AttentionBwdArgs& a) {
     return "negative lse or delta stride";
   if (!grad_ok(a.dq) || !grad_ok(a.dk) || !grad_ok(a.dv))
     return "dq, dk and dv must not be null, 16-byte aligned, with strides that are multiples of 8 elements";
-  if (a.dq_path < 0 || a.dq_path > 2) return "dq_path must be 0, 1 or 2";
+  if (a.dq_path < 0 || a.dq_path > 3) return "dq_path must be 0, 1, 2 or 3";
   if (attention_bwd_dq_acc_bytes(a) > 0 && (a.dq_acc == nullptr || !aligned16(a.dq_acc)))
     return "dq_acc (attention_bwd_dq_acc_bytes) must not be null and 16-byte aligned";
   return nullptr;

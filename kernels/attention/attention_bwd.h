@@ -15,10 +15,12 @@
 //   mode kAdd:   fp32 accumulators the launch adds into (a ring: one launch per visible block
 //                pair, then launch_attention_grad_convert once).
 // dk and dv are each owned by one CTA (summed over the query heads of a K/V head inside it). dq is
-// computed by one of two paths (dq_path; tuning.h picks per head dim): in the dK/dV pass, added
-// into fp32 with atomic vector reductions (kStore: into the workspace dq_acc, zeroed first, then
-// rounded into dq), or by a separate dQ pass that owns its rows (recomputing S and dP). Launches
-// into the same accumulators must be ordered (one stream).
+// computed by a separate dQ pass that owns its rows (recomputing S and dP; bit-reproducible), or
+// in the dK/dV pass and added into fp32 (kStore: into the workspace dq_acc, zeroed first, then
+// rounded into dq) with per-thread vector reductions or TMA reduce-adds, atomic per element in no
+// fixed order. dq_path picks; 0 leaves it to tuning.h per head dim in mode kStore and takes the
+// separate pass in kAdd (the ring's sums stay reproducible). Launches into the same accumulators
+// must be ordered (one stream).
 //
 // Requirements (cudaErrorInvalidValue otherwise): those of attention.h; delta not null (the
 // launch's fp32 workspace when !delta_ready); dq_acc where attention_bwd_dq_acc_bytes says;
@@ -51,7 +53,8 @@ struct AttentionBwdArgs {
   AttnGrad dq, dk, dv;
   AttnGradMode mode = AttnGradMode::kStore;
   float* dq_acc = nullptr;  // fp32 (B, q_len, Hq, D) dense workspace: attention_bwd_dq_acc_bytes
-  int dq_path = 0;          // 0: tuning.h's choice, 1: a separate dQ pass, 2: in the dK/dV pass
+  int dq_path = 0;          // 0: tuning.h's (kStore) or 1 (kAdd); 1: a separate dQ pass; in the dK/dV pass
+                            // with 2: vector reductions, 3: TMA reduce-adds
   int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = false;
   float scale = 0.0f;              // 0: 1 / sqrt(head_dim)

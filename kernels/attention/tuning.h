@@ -16,11 +16,12 @@ inline constexpr int kAttnBlockN = 128;
 inline constexpr bool kAttnPipelined128 = true;
 inline constexpr bool kAttnPipelined64 = false;
 
-// The backward's dQ per head dim (attention_bwd.h): added with fp32 vector reductions from the
-// dK/dV pass (true) or a separate pass that recomputes S and dP (false). At head dim 128 the
-// separate pass ran 1.16-1.26 × faster (S = 4k-16k, causal and not); at 64 the reductions ran
-// 0.98-1.05 × as fast as it, a tie that does not pay for a dQ that is no longer bit-reproducible.
-inline constexpr bool kAttnBwdFusedDq128 = false;
-inline constexpr bool kAttnBwdFusedDq64 = false;
+// The backward's dQ per head dim in the stored mode (attention_bwd.h; detail::BwdDq): a separate
+// pass that recomputes S and dP (kDqPass), or added into fp32 from the dK/dV pass with vector
+// reductions (kDqRed) or TMA reduce-adds (kDqTma). The TMA path ran 1.04-1.15 × as fast as the
+// separate pass at head dim 128 and 1.02-1.09 × at 64 (S = 4k-16k, causal and not); the vector
+// reductions 0.90-0.97 × at 128. Its dq is not bit-reproducible (the accumulate mode keeps the pass).
+inline constexpr int kAttnBwdDq128 = 2;  // detail::BwdDq
+inline constexpr int kAttnBwdDq64 = 2;
 
 }  // namespace fusedcomm::kernels::tuning

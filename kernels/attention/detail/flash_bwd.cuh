@@ -1,17 +1,22 @@
 // The flash-attention backward kernels (attention_bwd.h is the contract).
 //
-// Two passes, each owning its outputs (no atomics; the accumulate mode is a read-add-write):
+// The dK/dV pass, and dQ either from a second pass or added into fp32 by the first:
 //   dK/dV pass: a CTA per 128 keys of one (batch, K/V head). Warpgroup 0 is the producer: one
-//     thread loads K and V once and then, per 64-query block of each query head of the group,
-//     Q and dO into a ring of stages (TMA, 128-byte swizzle); another warp stages the block's
-//     lse (as log2) and δ. Warpgroups 1 and 2 own 64 keys each and keep dK, dV in fp32
+//     thread loads K and V once and then, per block of kBM queries of each query head of the
+//     group, Q and dO into a ring of stages (TMA, 128-byte swizzle); another warp stages the
+//     block's lse (as log2) and δ. Warpgroups 1 and 2 own 64 keys each and keep dK, dV in fp32
 //     registers: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma, both operands in shared memory),
 //     Pᵀ = exp2(Sᵀ·scale·log2e - lse2), dSᵀ = Pᵀ·(dPᵀ - δ) in registers, then dV += Pᵀ·dO and
 //     dK += dSᵀ·Q (wgmma with Pᵀ, dSᵀ as register A operands, dO and Q N-major).
 //   dQ pass: a CTA per 128 query rows of one (batch, head), keys streamed as in the forward:
 //     S = Q·Kᵀ and dP = dO·Vᵀ (wgmma), dS in registers, dQ += dS·K (register A, K N-major).
-//   Every matmul has one of the forward's operand forms. The dQ pass recomputes S and dP
-//   (7 matmuls in all instead of 5) in exchange for no atomics and exclusive outputs.
+//     It recomputes S and dP (7 matmuls in all instead of 5) in exchange for exclusive outputs:
+//     no atomics, the same bits every run (the accumulate mode is a read-add-write).
+//   dQ in the dK/dV pass (kDqRed, kDqTma): dS stored transposed (stmatrix) into shared memory,
+//     the warpgroups meet (dV runs meanwhile), each computes dQ = dS·K for half of the columns
+//     over all 128 keys, and adds it into fp32 (dK runs meanwhile): with per-thread vector
+//     reductions, or staged in shared memory and added by one thread's TMA reduce-add per
+//     64 × 32 box. Atomic per element, in no fixed order.
 // Causal: the blocks no row of the tile sees are never loaded; masks only where a block crosses
 // the diagonal (and, in the dQ pass, the key tail). Rows past the query tail get lse2 = +inf
 // (P = 0); key rows past the tail compute values that are never stored.
@@ -77,6 +82,22 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
 __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+
+// A box of shared memory added element-wise into a 4-D fp32 tensor (bulk group; atomic per
+// element, no order between operations; parts of the box outside the tensor are dropped).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int32_t c0,
+                                                  int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::
+          "l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Where the dK/dV pass leaves dQ: to the separate dQ pass (kDqPass), or adds it into fp32 itself,
+// with per-thread vector reductions (kDqRed) or, staged in shared memory, with a TMA
+// reduce-add per 64 rows × 32 columns issued by one thread of each consumer warpgroup (kDqTma).
+enum BwdDq : int { kDqPass = 0, kDqRed = 1, kDqTma = 2 };
 
 // D(64×D) += A(64×16 registers) · B(16×D smem, N-major), D = 64 or 128.
 template <int D>
@@ -166,41 +187,53 @@ __device__ __forceinline__ void bwd_store_rows(void* base, int64_t sb, int64_t s
 // ---------------------------------------------------------------------------------------------
 // dK/dV pass. Shared memory from a 1024-byte aligned base:
 //   K, V       kPanels × 16 KiB each (128 keys × 128 B per 64-column panel)
-//   Q ring     kStages × kPanels × 8 KiB (64 query rows per panel), dO ring the same
-//   lse2, δ    kStages × 64 floats each
+//   Q ring     kStages × kPanels × kBM · 128 B (kBM query rows per panel), dO ring the same
+//   dS         (dQ here) 2 buffers × 2 panels of kBM rows × 128 B
+//   dQ staging (kDqTma) 2 warpgroups × kDqBoxes × 8 KiB
+//   lse2, δ    kStages × kBM floats each
 //   barriers   kv_full, q_full[kStages], do_full[kStages], ld_full[kStages], empty[kStages]
-template <int D, bool kFusedDq>
+template <int D, int kDq>
 struct BwdKVCfg {
+  static constexpr bool kFusedDq = kDq != kDqPass;
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kBN = 128;  // keys per CTA (2 consumer warpgroups × 64)
   // Query rows per step: 64 at head dim 128 (dK, dV, S and dP fill the registers); 128 at 64,
   // where the registers allow it: twice the matmuls' width ran 1.02-1.09 × as fast as 64 rows
-  // (S = 4k-16k). The dQ-in-this-pass variant keeps 64 (its dS tile is 64 query rows).
-  static constexpr int kBM = D == 64 && !kFusedDq ? 128 : 64;
+  // (S = 4k-16k). The vector-reduction variant keeps 64 (its dQ is one 64-row block).
+  static constexpr int kBM = D == 64 && kDq != kDqRed ? 128 : 64;
+  static constexpr int kMH = kBM / 64;  // 64-row halves of a step's dS and dQ
   static constexpr int kPanels = D / 64;
   static constexpr int kKPanelBytes = 128 * 128;
   static constexpr int kQPanelBytes = kBM * 128;
   static constexpr int kKBytes = kPanels * kKPanelBytes;
   static constexpr int kQBytes = kPanels * kQPanelBytes;
-  static constexpr int kStages = D == 128 && kFusedDq ? 3 : 4;
+  // Stages of Q and dO: what shared memory leaves beside dS and the dQ staging.
+  static constexpr int kStages = !kFusedDq ? 4 : D == 128 ? 3 : kBM == 128 ? 2 : 4;
   static constexpr int kLdFloats = 2 * kBM;  // lse2 then δ
-  // With the dQ in this pass: dS (64 query rows × 128 keys, two 64-key panels, one per consumer
+  // With the dQ in this pass: dS (kBM query rows × 128 keys, two 64-key panels, one per consumer
   // warpgroup), double-buffered.
   static constexpr int kDsBytes = kFusedDq ? 2 * 2 * kQPanelBytes : 0;
+  // kDqTma: each warpgroup's kBM rows × D/2 columns of dQ in fp32, as 64-row × 32-column boxes of
+  // 8 KiB (128-byte swizzled rows, the TMA map's layout), column boxes first.
+  static constexpr int kDqBoxBytes = 64 * 128;
+  static constexpr int kDqColBoxes = D / 2 / 32;
+  static constexpr int kDqBoxes = kDqColBoxes * kMH;  // per warpgroup
+  static constexpr int kDqStageBytes = kDq == kDqTma ? 2 * kDqBoxes * kDqBoxBytes : 0;
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
   static constexpr int kSmemBytes =
-      1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes + kBarrierBytes;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+      1024 + 2 * kKBytes + kStages * (2 * kQBytes + kLdFloats * 4) + kDsBytes + kDqStageBytes + kBarrierBytes;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <int D, bool kFusedDq>
+template <int D, int kDq>
 __global__ void __launch_bounds__(384, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                          const BwdParams p) {
-  using C = BwdKVCfg<D, kFusedDq>;
+                          const __grid_constant__ CUtensorMap tm_dq, const BwdParams p) {
+  using C = BwdKVCfg<D, kDq>;
+  constexpr bool kFusedDq = C::kFusedDq;
   constexpr int kBM = C::kBM, kStages = C::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -210,7 +243,8 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* sq = sv + C::kKBytes;
   uint8_t* sdo = sq + kStages * C::kQBytes;
   uint8_t* sds = sdo + kStages * C::kQBytes;  // kFusedDq: dS buffers
-  float* sld = reinterpret_cast<float*>(sds + C::kDsBytes);
+  uint8_t* sdq = sds + C::kDsBytes;           // kDqTma: dQ staging, 1024-byte aligned
+  float* sld = reinterpret_cast<float*>(sdq + C::kDqStageBytes);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sld + kStages * C::kLdFloats);
   uint64_t* q_full = kv_full + 1;
   uint64_t* do_full = q_full + kStages;
@@ -254,6 +288,7 @@ __global__ void __launch_bounds__(384, 1)
     tma_prefetch_desc(&tm_k);
     tma_prefetch_desc(&tm_v);
     tma_prefetch_desc(&tm_do);
+    if constexpr (kDq == kDqTma) tma_prefetch_desc(&tm_dq);
   }
   __syncthreads();
 
@@ -394,7 +429,6 @@ __global__ void __launch_bounds__(384, 1)
           stmatrix_x4_trans(ds_panel + q * 128 + ((chunk ^ (q & 7)) << 4), pds[jj]);
         }
         fence_proxy_async_shared();
-        named_barrier_sync(1, 256);  // both panels written
       }
       wgmma_fence();
 #pragma unroll
@@ -403,44 +437,94 @@ __global__ void __launch_bounds__(384, 1)
         // 16 rows = 2048 B per k-step.
         wgmma_rs_n<D>(dv, pp[kk], smem_desc_sw128(do_st + kk * 2048, C::kQPanelBytes, 1024));
       }
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
-      }
       wgmma_commit();
       if constexpr (kFusedDq) {
-        // dQ[:, this warpgroup's half of the columns] = dS (64 × 128 keys) · K, K N-major; added
-        // into the fp32 dQ with vector reductions.
-        float dqp[D / 4];
+        // dV runs on the tensor cores while the warpgroups meet. The staging buffer's last
+        // reduction has been read once its issuer passes this barrier.
+        if constexpr (kDq == kDqTma) {
+          if (t == 0) bulk_wait_read_all();
+        }
+        named_barrier_sync(1, 256);  // both dS panels written
+        // dQ[:, this warpgroup's half of the columns] = dS (64 × 128 keys) · K, K N-major; then
+        // dK += dSᵀ·Q behind it, so that dQ leaves while dK is computed.
+        float dqp[C::kMH][D / 4];
         const uint32_t ds_buf = smem_u32(sds) + (it & 1) * 2 * C::kQPanelBytes;
         const uint32_t k_cols = D == 128 ? smem_u32(sk) + cw * C::kKPanelBytes : smem_u32(sk) + cw * 64;
+        wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < C::kBN / 16; ++kk) {
-          const uint64_t da = smem_desc_sw128(ds_buf + (kk / 4) * C::kQPanelBytes + (kk % 4) * 32, 16, 1024);
-          const uint64_t db = smem_desc_sw128(k_cols + kk * 2048, C::kKPanelBytes, 1024);
-          if constexpr (D == 128) {
-            wgmma_m64n64k16_ss<1>(dqp, da, db, kk > 0 ? 1 : 0);
-          } else {
-            wgmma_m64n32k16_ss_tn(dqp, da, db, kk > 0 ? 1 : 0);
+        for (int mh = 0; mh < C::kMH; ++mh) {
+#pragma unroll
+          for (int kk = 0; kk < C::kBN / 16; ++kk) {
+            const uint64_t da = smem_desc_sw128(
+                ds_buf + (kk / 4) * C::kQPanelBytes + mh * 64 * 128 + (kk % 4) * 32, 16, 1024);
+            const uint64_t db = smem_desc_sw128(k_cols + kk * 2048, C::kKPanelBytes, 1024);
+            if constexpr (D == 128) {
+              wgmma_m64n64k16_ss<1>(dqp[mh], da, db, kk > 0 ? 1 : 0);
+            } else {
+              wgmma_m64n32k16_ss_tn(dqp[mh], da, db, kk > 0 ? 1 : 0);
+            }
           }
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(dqp);
-        const int col0 = cw * (D / 2) + 2 * (lane % 4);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = m0 + warp * 16 + lane / 4 + 8 * half;
-          if (r >= p.q_len) continue;
-          float* row =
-              static_cast<float*>(p.dq) + b * p.dq_sb + static_cast<int64_t>(r) * p.dq_ss + h * p.dq_sh;
+        for (int kk = 0; kk < kBM / 16; ++kk) {
+          wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dQ done
 #pragma unroll
-          for (int j = 0; j < D / 16; ++j) {
-            red_add_f32x2(row + col0 + 8 * j, p.scale * dqp[4 * j + 2 * half],
-                          p.scale * dqp[4 * j + 2 * half + 1]);
+        for (int mh = 0; mh < C::kMH; ++mh) reg_fence(dqp[mh]);
+        if constexpr (kDq == kDqTma) {
+          // Rows 64·mh + warp·16 + lane/4 (+8), columns 8j + 2·(lane%4) of this warpgroup's half:
+          // box (mh, j/4), 16-byte chunk 2·(j%4) + (lane%4)/2 of the row, swizzled by the row.
+          const uint32_t stage_base = smem_u32(sdq) + cw * C::kDqBoxes * C::kDqBoxBytes;
+#pragma unroll
+          for (int mh = 0; mh < C::kMH; ++mh) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int r = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+              for (int j = 0; j < D / 16; ++j) {
+                const int chunk = 2 * (j % 4) + (lane % 4) / 2;
+                st_shared_f32x2(stage_base + (mh * C::kDqColBoxes + j / 4) * C::kDqBoxBytes + r * 128 +
+                                    ((chunk ^ (r & 7)) << 4) + (lane % 2) * 8,
+                                p.scale * dqp[mh][4 * j + 2 * half], p.scale * dqp[mh][4 * j + 2 * half + 1]);
+              }
+            }
+          }
+          fence_proxy_async_shared();
+          named_barrier_sync(2 + cw, 128);
+          if (t == 0) {
+#pragma unroll
+            for (int bx = 0; bx < C::kDqBoxes; ++bx) {
+              tma_reduce_add_4d(&tm_dq, stage_base + bx * C::kDqBoxBytes,
+                                cw * (D / 2) + (bx % C::kDqColBoxes) * 32, h, m0 + (bx / C::kDqColBoxes) * 64,
+                                b);
+            }
+            bulk_commit();
+          }
+        } else {
+          const int col0 = cw * (D / 2) + 2 * (lane % 4);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = m0 + warp * 16 + lane / 4 + 8 * half;
+            if (r >= p.q_len) continue;
+            float* row =
+                static_cast<float*>(p.dq) + b * p.dq_sb + static_cast<int64_t>(r) * p.dq_ss + h * p.dq_sh;
+#pragma unroll
+            for (int j = 0; j < D / 16; ++j) {
+              red_add_f32x2(row + col0 + 8 * j, p.scale * dqp[0][4 * j + 2 * half],
+                            p.scale * dqp[0][4 * j + 2 * half + 1]);
+            }
           }
         }
+        wgmma_wait<0>();
       } else {
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk) {
+          wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
+        }
+        wgmma_commit();
         wgmma_wait<0>();
       }
       reg_fence(dk);
@@ -451,6 +535,10 @@ __global__ void __launch_bounds__(384, 1)
         phase ^= 1;
       }
     }
+  }
+  // The staged dQ reductions finish before the CTA (and its shared memory) does.
+  if constexpr (kDq == kDqTma) {
+    if (t == 0) bulk_wait_all();
   }
   // A tile no query sees still stores its zeros (kStore); adding zeros is skipped.
   if (iters == 0 && p.add) return;

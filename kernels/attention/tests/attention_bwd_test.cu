@@ -10,8 +10,10 @@
 //      launches into zeroed fp32 accumulators (δ computed by the first, reused by the second),
 //      converted to bf16: against the reference and the single launch.
 //   3. back-to-back launches and a CUDA graph replayed twice: bit-identical to a direct launch
-//      (dq of the atomic path: within rounding, its fp32 additions come in any order).
-// Every check runs both dQ paths (attention_bwd.h dq_path).
+//      (dq of the paths that add it from the dK/dV pass: within rounding, their fp32 additions
+//      come in any order).
+// Every check runs every dQ path (attention_bwd.h dq_path: the separate pass, vector reductions,
+// TMA reduce-adds).
 //
 // Exit codes: 0 pass, 1 failure, 77 skipped (no GPU or not Hopper), with the reason printed.
 #include <cuda_bf16.h>
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -318,13 +321,13 @@ void check_grads(const Data& d, const Grads& g, const char* what) {
   check_one("dv", g.dv, d.rdv, what);
 }
 
-const char* kPathName[3] = {"tuned", "dq pass", "dq atomic"};
+const char* kPathName[4] = {"tuned", "dq pass", "dq red", "dq tma"};
 
-// Both dQ paths (attention_bwd.h dq_path).
+// Every dQ path (attention_bwd.h dq_path).
 void run_plain(const Case& c, uint64_t seed) {
   Data d;
   setup(c, d, seed);
-  for (int path = 1; path <= 2; ++path) {
+  for (int path = 1; path <= 3; ++path) {
     poison(d);
     CHECK_CUDA(cudaMemset(d.dq_acc, 0xFF, static_cast<size_t>(c.B) * c.Sq * c.Hq * c.D * 4));
     CHECK_CUDA(launch_attention_bwd(bwd_args(d, path), nullptr));
@@ -375,7 +378,8 @@ void run_accumulated(const Case& c, uint64_t seed, int path) {
   CHECK_CUDA(launch_attention_grad_convert(av, 0, 0, 0, d.dv, 0, 0, 0, c.B, c.Sk, c.Hkv, c.D, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   const Grads two = read_grads(d);
-  check_grads(d, two, path == 1 ? "2 blocks, dq pass" : "2 blocks, dq atomic");
+  const std::string what = std::string("2 blocks, ") + kPathName[path];
+  check_grads(d, two, what.c_str());
   // Against the single launch: within a few bf16 ulps (the two sums round differently).
   auto close = [](const std::vector<__nv_bfloat16>& x, const std::vector<__nv_bfloat16>& y) {
     double mx = 0, me = 0;
@@ -417,7 +421,8 @@ void run_repeat(const Case& c, uint64_t seed, int path) {
   CHECK_CUDA(launch_attention_bwd(bwd_args(d, path), nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   const Grads g0 = read_grads(d);
-  check_grads(d, g0, path == 1 ? "repeat, dq pass" : "repeat, dq atomic");
+  const std::string what = std::string("repeat, ") + kPathName[path];
+  check_grads(d, g0, what.c_str());
   for (int i = 0; i < 3; ++i) CHECK_CUDA(launch_attention_bwd(bwd_args(d, path), nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   EXPECT(same(read_grads(d), g0, exact), "back-to-back launches changed the gradients");
@@ -485,13 +490,13 @@ int main() {
   };
   for (const Case& c : cases) run_plain(c, seed);
   std::printf("accumulate\n");
-  for (int path = 1; path <= 2; ++path) {
+  for (int path = 1; path <= 3; ++path) {
     run_accumulated({1, 1000, 1000, 8, 2, 128, 1}, seed, path);
     run_accumulated({3, 300, 500, 4, 4, 64, 0}, seed, path);
     run_accumulated({1, 400, 700, 4, 1, 64, 1, 300, 0}, seed, path);
   }
   std::printf("repeat\n");
-  for (int path = 1; path <= 2; ++path) run_repeat({2, 700, 700, 4, 2, 128, 1}, seed, path);
+  for (int path = 1; path <= 3; ++path) run_repeat({2, 700, 700, 4, 2, 128, 1}, seed, path);
   if (g_failures != 0) {
     std::printf("attention_bwd_test: %d FAILED\n", g_failures);
     return 1;
