@@ -31,7 +31,9 @@
 //   - a host that never arrives (an allToAll): the ranks of the other host time out with
 //     Error(kTimeout) naming the op and a rank of the missing host; every rank aborts and closes; then the same wait ended
 //     by abort() from another thread within seconds (Error(kCommunicator)); a fresh communicator
-//     on the same runtimes works.
+//     on the same runtimes works;
+//   - (L >= 2) one rank that never arrives while the rest of its host does: every other rank
+//     gets Error(kTimeout), none a result with that rank's blocks missing.
 // FC_TEST_HOSTS=<H> (default 2), FC_TEST_LOCAL=<L> (default GPUs / H, at least 1);
 // FC_TEST_SHARED_GPU=<n> lets ranks share GPUs (timings meaningless). Exit 77 (skip) with a
 // reason where no Hopper GPU is visible or the layout needs more GPUs.
@@ -801,6 +803,37 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
       if (rank == 0) std::printf("  missing host, rank 0 after %.1f s: %s\n", s, message.c_str());
     }
     g.barrier();  // every rank past the failure (Spark: the failed tasks abort the stage)
+    c.abort_and_close();
+  }
+  // A rank that never arrives while the rest of its host does (L >= 2): the last rank skips an
+  // allGather. Every other rank gets Error(kTimeout), none a silent result: its counterparts
+  // time out between hosts, and the ranks that only wait for them inside a host are told that a
+  // peer gave up first (kCommPeerFailed) instead of finishing with its blocks missing.
+  if (L >= 2) {
+    const std::vector<int>& host_of = layouts[0].host_of;
+    Comm c(rt, g, host_of, ++comm_id);
+    if (rank != world - 1) {
+      void* buf = nullptr;
+      CUDA_OK(cudaMalloc(&buf, 4096 * 4 * world));
+      CUDA_OK(cudaMemset(buf, 0, 4096 * 4 * world));
+      std::string message;
+      ErrorKind kind = ErrorKind::kState;
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        c.device->collective(Op::kAllGather, DType::kF32, buf, buf, 4096 * world, nullptr);
+      } catch (const Error& e) {
+        message = e.what();
+        kind = e.kind();
+      }
+      cudaFree(buf);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      check(kind == ErrorKind::kTimeout && (message.find("(host ") != std::string::npos ||
+                                            message.find("peer ") != std::string::npos),
+            "missing rank: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
+      check(s < kTimeoutMs / 1000.0 + 15, "missing rank: the error took " + std::to_string(s) + " s");
+      std::printf("  missing rank %d, rank %d after %.1f s: %s\n", world - 1, rank, s, message.c_str());
+    }
+    g.barrier();
     c.abort_and_close();
   }
   // abort() from another thread (a killed task) while host 0's ranks wait for host 1: the wait
