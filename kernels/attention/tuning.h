@@ -3,18 +3,40 @@
 
 namespace fusedcomm::kernels::tuning {
 
-// Query rows per CTA (two consumer warpgroups of 64) and keys per block of the flash-attention
-// forward, at head dims 64 and 128; the K/V ring's depth is what shared memory then allows
-// (2 stages at 128, 4 at 64: detail/flash_fwd.cuh FlashCfg).
-inline constexpr int kAttnBlockM = 128;
+// The flash-attention forward per head dim (detail/flash_fwd.cuh): consumer warpgroups of 64
+// query rows (kAttnWarpgroups*: 2, or 3 at head dim 64), the consumer loop (FlashLoop:
+// 0 plain, 1 pipelined with two P register sets, 2 pipelined with one), the rotated walk over the
+// key blocks, and the exponentials partly on the FMA units. Keys per block: 128; the K/V ring's
+// depth is what shared memory then allows (3 stages at 128, 4 at 64: FlashCfg).
+#ifndef FC_ATTN_WG64
+#define FC_ATTN_WG64 2
+#endif
+#ifndef FC_ATTN_LOOP64
+#define FC_ATTN_LOOP64 0
+#endif
+#ifndef FC_ATTN_LOOP128
+#define FC_ATTN_LOOP128 1
+#endif
+#ifndef FC_ATTN_ROT64
+#define FC_ATTN_ROT64 0
+#endif
+#ifndef FC_ATTN_ROT128
+#define FC_ATTN_ROT128 0
+#endif
+#ifndef FC_ATTN_POLY64
+#define FC_ATTN_POLY64 0
+#endif
 inline constexpr int kAttnBlockN = 128;
-
-// The consumer loop per head dim (detail/flash_fwd.cuh): pipelined within each warpgroup with
-// the two warpgroups' matmuls taking turns, or plain. At head dim 128 the pipelined loop ran
-// 1.02-1.03 × faster at S = 4k-16k; at 64, where the exponentials cost as much as the matmuls,
-// 0.96-0.97 × as fast.
-inline constexpr bool kAttnPipelined128 = true;
-inline constexpr bool kAttnPipelined64 = false;
+inline constexpr int kAttnWarpgroups128 = 2;
+inline constexpr int kAttnWarpgroups64 = FC_ATTN_WG64;
+inline constexpr int kAttnLoop128 = FC_ATTN_LOOP128;
+inline constexpr int kAttnLoop64 = FC_ATTN_LOOP64;
+inline constexpr int kAttnRotate128 = FC_ATTN_ROT128;
+inline constexpr int kAttnRotate64 = FC_ATTN_ROT64;
+inline constexpr bool kAttnPolyExp128 = false;
+inline constexpr bool kAttnPolyExp64 = FC_ATTN_POLY64 != 0;
+inline constexpr bool kAttnPersistent128 = false;
+inline constexpr bool kAttnPersistent64 = false;
 
 // The backward's dQ per head dim (attention_bwd.h): added with fp32 vector reductions from the
 // dK/dV pass (true) or a separate pass that recomputes S and dP (false). At head dim 128 the
