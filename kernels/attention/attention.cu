@@ -1,7 +1,6 @@
 // The attention launcher: argument checks, tensor maps, the grid.
 #include "kernels/attention/attention.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -20,7 +19,7 @@ using detail::encode_bshd;
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool stride_ok(int64_t s) { return s >= 0 && s % 8 == 0 && s < (int64_t{1} << 36); }
 
-template <int D, int kWG, int kLoop, int kRotate, bool kPolyExp, bool kPersist>
+template <int D, int kWG, int kLoop>
 cudaError_t launch_cfg(const AttentionArgs& a, cudaStream_t stream) {
   using C = detail::FlashCfg<D, kWG>;
   CUtensorMap tq, tk, tv;
@@ -52,26 +51,11 @@ cudaError_t launch_cfg(const AttentionArgs& a, cudaStream_t stream) {
   p.delta = static_cast<int>(delta);
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = scale * 1.4426950408889634f;
-  p.batch = static_cast<int>(a.batch);
-  const int64_t pairs = a.batch * a.q_heads;
-  p.head_chunk = 1;
-  if (a.causal) {
-    // (batch, head) pairs whose K/V fit in about 16 MiB of L2 share the longest-first order.
-    const int64_t kv_bytes = std::max<int64_t>(1, a.kv_len * D * 4 / (a.q_heads / a.kv_heads));
-    p.head_chunk = static_cast<int>(std::clamp<int64_t>((int64_t{16} << 20) / kv_bytes, 1, pairs));
-  }
-  auto kernel = detail::flash_fwd_kernel<D, kWG, kLoop, kRotate, kPolyExp, kPersist>;
+  auto kernel = detail::flash_fwd_kernel<D, kWG, kLoop>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned>(p.m_tiles), static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.batch));
-  if constexpr (kPersist) {
-    int dev = 0, sms = 0;
-    e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    const int64_t tiles = p.m_tiles * pairs;
-    grid = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms)), 1, 1);
-  }
+  const dim3 grid(static_cast<unsigned>(p.m_tiles), static_cast<unsigned>(a.q_heads),
+                  static_cast<unsigned>(a.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(tq, tk, tv, p);
   return cudaGetLastError();
 }
@@ -83,40 +67,21 @@ cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
   const char* env = std::getenv(D == 128 ? "FC_ATTN_V128" : "FC_ATTN_V64");
   const int v = env != nullptr ? std::atoi(env) : -1;
   if constexpr (D == 128) {
-    switch (v) {
-      case 0: return launch_cfg<128, 2, 1, 0, false, false>(a, stream);
-      case 1: return launch_cfg<128, 2, 2, 0, false, false>(a, stream);
-      case 2: return launch_cfg<128, 2, 2, 1, false, false>(a, stream);
-      case 3: return launch_cfg<128, 2, 2, 2, false, false>(a, stream);
-      case 4: return launch_cfg<128, 2, 1, 0, false, true>(a, stream);
-      case 5: return launch_cfg<128, 2, 2, 0, false, true>(a, stream);
-      case 6: return launch_cfg<128, 2, 2, 1, false, true>(a, stream);
-      default: break;
-    }
+    if (v == 0) return launch_cfg<128, 2, 1>(a, stream);
+    if (v == 1) return launch_cfg<128, 2, 2>(a, stream);
+    if (v == 2) return launch_cfg<128, 2, 0>(a, stream);
   } else {
-    switch (v) {
-      case 0: return launch_cfg<64, 2, 0, 0, false, false>(a, stream);
-      case 1: return launch_cfg<64, 3, 0, 0, false, false>(a, stream);
-      case 2: return launch_cfg<64, 3, 2, 0, false, false>(a, stream);
-      case 3: return launch_cfg<64, 3, 0, 0, true, false>(a, stream);
-      case 4: return launch_cfg<64, 3, 2, 0, true, false>(a, stream);
-      case 5: return launch_cfg<64, 2, 0, 0, true, false>(a, stream);
-      case 6: return launch_cfg<64, 3, 2, 1, false, false>(a, stream);
-      case 7: return launch_cfg<64, 3, 2, 2, false, false>(a, stream);
-      case 8: return launch_cfg<64, 3, 2, 0, false, true>(a, stream);
-      case 9: return launch_cfg<64, 3, 0, 0, false, true>(a, stream);
-      case 10: return launch_cfg<64, 2, 0, 0, false, true>(a, stream);
-      case 11: return launch_cfg<64, 3, 2, 0, true, true>(a, stream);
-      default: break;
-    }
+    if (v == 0) return launch_cfg<64, 2, 0>(a, stream);
+    if (v == 1) return launch_cfg<64, 3, 0>(a, stream);
+    if (v == 2) return launch_cfg<64, 3, 2>(a, stream);
+    if (v == 3) return launch_cfg<64, 2, 1>(a, stream);
+    if (v == 4) return launch_cfg<64, 2, 2>(a, stream);
   }
 #endif
   if constexpr (D == 128) {
-    return launch_cfg<128, tuning::kAttnWarpgroups128, tuning::kAttnLoop128, tuning::kAttnRotate128,
-                      tuning::kAttnPolyExp128, tuning::kAttnPersistent128>(a, stream);
+    return launch_cfg<128, tuning::kAttnWarpgroups128, tuning::kAttnLoop128>(a, stream);
   } else {
-    return launch_cfg<64, tuning::kAttnWarpgroups64, tuning::kAttnLoop64, tuning::kAttnRotate64,
-                      tuning::kAttnPolyExp64, tuning::kAttnPersistent64>(a, stream);
+    return launch_cfg<64, tuning::kAttnWarpgroups64, tuning::kAttnLoop64>(a, stream);
   }
 }
 

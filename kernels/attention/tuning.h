@@ -4,10 +4,9 @@
 namespace fusedcomm::kernels::tuning {
 
 // The flash-attention forward per head dim (detail/flash_fwd.cuh): consumer warpgroups of 64
-// query rows (kAttnWarpgroups*: 2, or 3 at head dim 64), the consumer loop (FlashLoop:
-// 0 plain, 1 pipelined with two P register sets, 2 pipelined with one), the rotated walk over the
-// key blocks, and the exponentials partly on the FMA units. Keys per block: 128; the K/V ring's
-// depth is what shared memory then allows (3 stages at 128, 4 at 64: FlashCfg).
+// query rows (2, or 3 at head dim 64) and the consumer loop (FlashLoop: 0 plain, 1 pipelined
+// with two P register sets, 2 pipelined with one). Keys per block: 128; the K/V ring's depth is
+// what shared memory then allows (3 stages at 128, 4 at 64: FlashCfg).
 #ifndef FC_ATTN_WG64
 #define FC_ATTN_WG64 2
 #endif
@@ -17,26 +16,11 @@ namespace fusedcomm::kernels::tuning {
 #ifndef FC_ATTN_LOOP128
 #define FC_ATTN_LOOP128 1
 #endif
-#ifndef FC_ATTN_ROT64
-#define FC_ATTN_ROT64 0
-#endif
-#ifndef FC_ATTN_ROT128
-#define FC_ATTN_ROT128 0
-#endif
-#ifndef FC_ATTN_POLY64
-#define FC_ATTN_POLY64 0
-#endif
 inline constexpr int kAttnBlockN = 128;
 inline constexpr int kAttnWarpgroups128 = 2;
 inline constexpr int kAttnWarpgroups64 = FC_ATTN_WG64;
 inline constexpr int kAttnLoop128 = FC_ATTN_LOOP128;
 inline constexpr int kAttnLoop64 = FC_ATTN_LOOP64;
-inline constexpr int kAttnRotate128 = FC_ATTN_ROT128;
-inline constexpr int kAttnRotate64 = FC_ATTN_ROT64;
-inline constexpr bool kAttnPolyExp128 = false;
-inline constexpr bool kAttnPolyExp64 = FC_ATTN_POLY64 != 0;
-inline constexpr bool kAttnPersistent128 = false;
-inline constexpr bool kAttnPersistent64 = false;
 
 // The backward's dQ per head dim (attention_bwd.h): added with fp32 vector reductions from the
 // dK/dV pass (true) or a separate pass that recomputes S and dP (false). At head dim 128 the

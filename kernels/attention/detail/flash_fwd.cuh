@@ -32,7 +32,7 @@ namespace fusedcomm::kernels::detail {
 //   Q            kPanels × kQPanelBytes (kBM rows × 128 B per 64-column panel)
 //   K ring       kStages × kKVBytes    (stage s: kPanels panels of 128 keys)
 //   V ring       kStages × kKVBytes
-//   barriers     q_full, k_full[kStages], v_full[kStages], empty[kStages], q_empty (8 B each)
+//   barriers     q_full, k_full[kStages], v_full[kStages], empty[kStages] (8 B each)
 // kWG consumer warpgroups of 64 query rows each (2, or 3 at head dim 64) and a producer
 // warpgroup; the register split between them is set with setmaxnreg.
 template <int D, int kWG = 2>
@@ -49,7 +49,7 @@ struct FlashCfg {
   static constexpr int kQBytes = kPanels * kQPanelBytes;
   static constexpr int kKVBytes = kPanels * kPanelBytes;  // one of K or V per stage
   static constexpr int kStages = D == 128 ? 3 : 4;
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static constexpr int kProducerRegs = kWG == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kWG == 2 ? 232 : 160;
@@ -72,34 +72,9 @@ struct FlashParams {
   int causal;
   int delta;  // q_pos0 - k_pos0, clamped to [-(q_len + 1), kv_len + 1]: key j visible to row i iff j <= i + delta
   float scale_log2;  // scale · log2(e)
-  int batch;
-  int head_chunk;  // persistent grid: (batch, head) pairs whose tiles are ordered together (flash_tile)
 };
-static_assert(sizeof(FlashParams) == 120, "kernel argument layout");
+static_assert(sizeof(FlashParams) == 112, "kernel argument layout");
 
-// The persistent grid's tile order: chunks of head_chunk (batch, head) pairs, one after the
-// other (their K/V stays in L2 while the chunk runs); within a chunk the tiles round-robin over
-// its pairs, longest first when causal (query tile m_tiles - 1 first). CTA c takes the tiles
-// c, 2G - 1 - c, 2G + c, ... of that order (G CTAs): the snake evens out the causal tiles'
-// decreasing lengths across the CTAs.
-struct FlashTile {
-  int m_tile, h, b;
-};
-__device__ __forceinline__ FlashTile flash_tile(const FlashParams& p, int t) {
-  const int hb_count = p.batch * p.q_heads;
-  const int per_chunk = p.m_tiles * p.head_chunk;
-  const int chunk = t / per_chunk;
-  const int idx = t - chunk * per_chunk;
-  const int g0 = chunk * p.head_chunk;
-  const int gc = hb_count - g0 < p.head_chunk ? hb_count - g0 : p.head_chunk;
-  const int rank = idx / gc;
-  const int hb = g0 + (idx - rank * gc);
-  FlashTile r;
-  r.m_tile = p.causal ? p.m_tiles - 1 - rank : rank;
-  r.h = hb % p.q_heads;
-  r.b = hb / p.q_heads;
-  return r;
-}
 
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
                                             int32_t c1, int32_t c2, int32_t c3) {
@@ -195,19 +170,6 @@ __device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[
   }
 }
 
-// 2^x for x <= 0 on the FMA units instead of the MUFU (x = n + f, n = round(x), f in [-0.5, 0.5]:
-// 2^f by a cubic, relative error under 1e-4, and n added to its exponent). x is clamped at -126,
-// so -inf gives a denormal that rounds to 0 in bf16 and is negligible in the row sum.
-__device__ __forceinline__ float poly_exp2(float x) {
-  x = fmaxf(x, -126.0f);
-  const float t = x + 12582912.0f;  // 1.5 · 2^23: round(x) in the low mantissa bits
-  const float f = x - (t - 12582912.0f);
-  float y = fmaf(f, 0.05517121f, 0.24261028f);
-  y = fmaf(y, f, 0.69326098f);
-  y = fmaf(y, f, 0.99992813f);
-  return __int_as_float(__float_as_int(y) + (__float_as_int(t) << 23));
-}
-
 // The consumer loop (tuning.h says which one runs where):
 //   kLoopPlain      each warpgroup: S, softmax, P·V in turn; the warpgroups overlap only as the
 //                   warp schedulers interleave them.
@@ -217,17 +179,65 @@ __device__ __forceinline__ float poly_exp2(float x) {
 //                   barriers), so one's softmax overlaps the others' matmuls.
 //   kLoopOneP       the same pipeline with one P: the softmax leaves its exponentials in S's
 //                   registers and P is packed from them once P·V of block n-1 has landed (32 fewer
-//                   registers at the cost of the packing after the wait).
+//                   registers, which 3 consumer warpgroups need, at the cost of the packing after
+//                   the wait).
 enum FlashLoop : int { kLoopPlain = 0, kLoopTwoP = 1, kLoopOneP = 2 };
 
-// kWG consumer warpgroups, kLoop (FlashLoop), kRotate: each tile starts its walk over the key
-// blocks at block (m_tile mod 8) (1) or m_tile (2), modulo its block count, so that the CTAs of
-// one head read different blocks at any one time (0: all from block 0); kPolyExp: one score in
-// four exponentiated on the FMA units (poly_exp2); kPersist: a persistent grid (one CTA per SM
-// walks the tiles in flash_tile's order; the producer loads the next tile's Q and first K/V
-// while the consumers finish the current tile), else one tile per CTA (blockIdx: m_tile, head,
-// batch).
-template <int D, int kWG, int kLoop, int kRotate, bool kPolyExp, bool kPersist>
+// The online softmax of one block's S (complete) for rows row0 (s[4j + 0..1]) and row0 + 8
+// (s[4j + 2..3]): the new row maxima, alpha (the factor for O and l) and the exponentials,
+// packed into pn (kInPlace: false) or left in s (true). kMasked: keys past lim[half] (n0: the
+// block's first key) read as -inf through a select, never written back, so that s is not written
+// before its maxima are known (a write to a wgmma accumulator while a P·V is in flight can
+// serialise the wgmmas); the unmasked version pays nothing for it.
+template <int kBN, bool kMasked, bool kInPlace>
+__device__ __forceinline__ void flash_softmax(float (&s)[kBN / 2], uint32_t (&pn)[kBN / 16][4], float (&mx)[2],
+                                              float (&l)[2], float (&alpha)[2], int n0, const int (&lim)[2],
+                                              float sl2, int lane) {
+  auto sv = [&](int j, int e, int half) {
+    const float x = s[4 * j + 2 * half + e];
+    if (!kMasked) return x;
+    const int col = n0 + 8 * j + 2 * (lane % 4) + e;
+    return col > lim[half] ? -INFINITY : x;
+  };
+  float mnew[2] = {mx[0], mx[1]};
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    mnew[0] = fmaxf(mnew[0], fmaxf(sv(j, 0, 0), sv(j, 1, 0)));
+    mnew[1] = fmaxf(mnew[1], fmaxf(sv(j, 0, 1), sv(j, 1, 1)));
+  }
+  float mu[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
+    mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
+    mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
+    alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
+    mx[half] = mnew[half];
+    l[half] *= alpha[half];
+  }
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const float p0 = fast_exp2(fmaf(sv(j, 0, 0), sl2, -mu[0]));
+    const float p1 = fast_exp2(fmaf(sv(j, 1, 0), sl2, -mu[0]));
+    const float p2 = fast_exp2(fmaf(sv(j, 0, 1), sl2, -mu[1]));
+    const float p3 = fast_exp2(fmaf(sv(j, 1, 1), sl2, -mu[1]));
+    l[0] += p0 + p1;
+    l[1] += p2 + p3;
+    if constexpr (kInPlace) {
+      s[4 * j] = p0;
+      s[4 * j + 1] = p1;
+      s[4 * j + 2] = p2;
+      s[4 * j + 3] = p3;
+    } else {
+      // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
+      pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
+      pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+    }
+  }
+}
+
+// kWG consumer warpgroups (FlashCfg), kLoop the consumer loop (FlashLoop).
+template <int D, int kWG, int kLoop>
 __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     flash_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                      const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
@@ -243,50 +253,17 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
   uint64_t* k_full = q_full + 1;
   uint64_t* v_full = k_full + kStages;
   uint64_t* empty = v_full + kStages;
-  uint64_t* q_empty = empty + kStages;
 
-  // The CTA's tiles: the it-th is tile_at(it) while it < n_tiles.
-  const int n_tiles = kPersist ? p.m_tiles * p.q_heads * p.batch : 1;
-  auto tile_at = [&](int it) {
-    if constexpr (kPersist) {
-      const int g = static_cast<int>(gridDim.x);
-      const int c = static_cast<int>(blockIdx.x);
-      return it * g + ((it & 1) ? g - 1 - c : c);
-    } else {
-      return it;
-    }
-  };
-  struct TileInfo {
-    int m_tile, h, b, hk, m0, n_blocks, rot;
-  };
-  auto tile_info = [&](int t) {
-    TileInfo ti;
-    if constexpr (kPersist) {
-      const FlashTile f = flash_tile(p, t);
-      ti.m_tile = f.m_tile;
-      ti.h = f.h;
-      ti.b = f.b;
-    } else {
-      ti.m_tile = p.causal ? p.m_tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-      ti.h = blockIdx.y;
-      ti.b = blockIdx.z;
-    }
-    ti.hk = ti.h / p.group;
-    ti.m0 = ti.m_tile * kBM;
-    const int n_keys = flash_tile_keys(p, ti.m0, kBM);
-    ti.n_blocks = (n_keys + kBN - 1) / kBN;
-    ti.rot = kRotate == 0 || ti.n_blocks == 0 ? 0 : (kRotate == 1 ? ti.m_tile & 7 : ti.m_tile) % ti.n_blocks;
-    return ti;
-  };
-  // The key block of the nb-th step of a tile's walk.
-  auto key_block = [](const TileInfo& ti, int nb) {
-    const int x = nb + ti.rot;
-    return x >= ti.n_blocks ? x - ti.n_blocks : x;
-  };
+  const int m_tile = p.causal ? p.m_tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hk = h / p.group;
+  const int m0 = m_tile * kBM;
+  const int n_keys = flash_tile_keys(p, m0, kBM);
+  const int n_blocks = (n_keys + kBN - 1) / kBN;
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, 4 * kWG);  // the consumer warps, done with a tile's Q
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
@@ -304,46 +281,30 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
   if (wg == 0) {
     // ---------------- producer ----------------
     setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0 || n_blocks == 0) return;
+    mbar_arrive_expect_tx(q_full, C::kQBytes);
+#pragma unroll
+    for (int pn = 0; pn < C::kPanels; ++pn)
+      tma_load_4d(sq + pn * C::kQPanelBytes, &tm_q, q_full, pn * 64, h, m0, b);
     int stage = 0;
     uint32_t phase = 0;
-    int q_count = 0;  // tiles whose Q was loaded
-    for (int it = 0;; ++it) {
-      const int t = tile_at(it);
-      if (t >= n_tiles) break;
-      const TileInfo ti = tile_info(t);
-      if (ti.n_blocks == 0) continue;
-      // Q once the consumers are done with the previous tile's: after this tile's first K/V
-      // block is on its way.
-      auto load_q = [&] {
-        if (q_count > 0) mbar_wait(q_empty, (q_count - 1) & 1);
-        mbar_arrive_expect_tx(q_full, C::kQBytes);
+    for (int nb = 0; nb < n_blocks; ++nb) {
+      mbar_wait(&empty[stage], phase ^ 1);
+      mbar_arrive_expect_tx(&k_full[stage], C::kKVBytes);
 #pragma unroll
-        for (int pn = 0; pn < C::kPanels; ++pn)
-          tma_load_4d(sq + pn * C::kQPanelBytes, &tm_q, q_full, pn * 64, ti.h, ti.m0, ti.b);
-        ++q_count;
-      };
-      if (!kPersist) load_q();
-      for (int nb = 0; nb < ti.n_blocks; ++nb) {
-        const int n0 = key_block(ti, nb) * kBN;
-        mbar_wait(&empty[stage], phase ^ 1);
-        mbar_arrive_expect_tx(&k_full[stage], C::kKVBytes);
+      for (int pn = 0; pn < C::kPanels; ++pn) {
+        tma_load_4d(sk + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_k, &k_full[stage], pn * 64, hk,
+                    nb * kBN, b);
+      }
+      mbar_arrive_expect_tx(&v_full[stage], C::kKVBytes);
 #pragma unroll
-        for (int pn = 0; pn < C::kPanels; ++pn) {
-          tma_load_4d(sk + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_k, &k_full[stage], pn * 64, ti.hk, n0,
-                      ti.b);
-        }
-        mbar_arrive_expect_tx(&v_full[stage], C::kKVBytes);
-#pragma unroll
-        for (int pn = 0; pn < C::kPanels; ++pn) {
-          tma_load_4d(sv + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_v, &v_full[stage], pn * 64, ti.hk, n0,
-                      ti.b);
-        }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-        if (kPersist && nb == 0) load_q();
+      for (int pn = 0; pn < C::kPanels; ++pn) {
+        tma_load_4d(sv + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_v, &v_full[stage], pn * 64, hk,
+                    nb * kBN, b);
+      }
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
       }
     }
     return;
@@ -352,241 +313,201 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
   // ---------------- consumers ----------------
   setmaxnreg_inc<C::kConsumerRegs>();
   const int cw = wg - 1;
-  const int warp = (threadIdx.x % 128) / 32;
-  const int lane = threadIdx.x % 32;
-  const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
-  const uint32_t k_base = smem_u32(sk);
-  const uint32_t v_base = smem_u32(sv);
-  const float sl2 = p.scale_log2;
-  // Turns on the tensor cores (pipelined loops): warpgroup c waits at named barrier 2 + c for
-  // the previous one's arrival and hands on to the next (2 + (c + 1) mod kWG); the last
-  // warpgroup gives warpgroup 0 its first turn.
-  const uint32_t my_turn = 2 + cw;
-  const uint32_t next_turn = 2 + (cw + 1 == kWG ? 0 : cw + 1);
-  int stage = 0;  // the ring position of the next key block, carried from tile to tile
-  uint32_t phase = 0;
-  int q_count = 0;  // tiles whose Q was consumed
-  for (int it = 0;; ++it) {
-    const int tt = tile_at(it);
-    if (tt >= n_tiles) break;
-    const TileInfo ti = tile_info(tt);
-    const int m0 = ti.m0;
-    const int n_blocks = ti.n_blocks;
-    const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // and row0 + 8
-    float o[D / 2];
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // and row0 + 8
+  float o[D / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-    float mx[2] = {-INFINITY, -INFINITY};
-    float l[2] = {0.0f, 0.0f};
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float mx[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
 
-    if (n_blocks > 0) {
-      mbar_wait(q_full, q_count & 1);
-      // The rows' last visible keys (inclusive), relative to key 0.
-      int lim[2];
+  if (n_blocks > 0) {
+    mbar_wait(q_full, 0);
+    const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
+    const uint32_t k_base = smem_u32(sk);
+    const uint32_t v_base = smem_u32(sv);
+    // The rows' last visible keys (inclusive), relative to key 0.
+    int lim[2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t d = p.causal ? static_cast<int64_t>(row0 + 8 * half) + p.delta : INT32_MAX;
-        lim[half] = static_cast<int>(d < p.kv_len - 1 ? d : p.kv_len - 1);
+    for (int half = 0; half < 2; ++half) {
+      const int64_t d = p.causal ? static_cast<int64_t>(row0 + 8 * half) + p.delta : INT32_MAX;
+      lim[half] = static_cast<int>(d < p.kv_len - 1 ? d : p.kv_len - 1);
+    }
+    const float sl2 = p.scale_log2;
+    float s[kBN / 2];
+    float alpha[2];
+
+    // S = Q·K(stage)ᵀ, issued (one wgmma group), not waited for.
+    auto issue_s = [&](int stage) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t koff = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
+        const uint32_t qoff = (kk / 4) * C::kQPanelBytes + (kk % 4) * 32;
+        const uint64_t da = smem_desc_sw128(q_base + qoff, 16, 1024);
+        const uint64_t db = smem_desc_sw128(k_base + stage * C::kKVBytes + koff, 16, 1024);
+        wgmma_m64n128k16<0>(s, da, db, kk > 0 ? 1 : 0);
       }
-      float s[kBN / 2];
-      float alpha[2];
-
-      // S = Q·K(st)ᵀ, issued (one wgmma group), not waited for.
-      auto issue_s = [&](int st) {
-        wgmma_fence();
+      wgmma_commit();
+    };
+    // O += P·V(stage), issued (one wgmma group), not waited for.
+    auto issue_pv = [&](int stage, const uint32_t(&pp)[kBN / 16][4]) {
+      wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t koff = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
-          const uint32_t qoff = (kk / 4) * C::kQPanelBytes + (kk % 4) * 32;
-          const uint64_t da = smem_desc_sw128(q_base + qoff, 16, 1024);
-          const uint64_t db = smem_desc_sw128(k_base + st * C::kKVBytes + koff, 16, 1024);
-          wgmma_m64n128k16<0>(s, da, db, kk > 0 ? 1 : 0);
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        // V N-major: 64-column slabs kPanelBytes apart (LBO), 8-key groups 1024 B apart (SBO),
+        // 16 keys = 2048 B per k-step.
+        const uint64_t db = smem_desc_sw128(v_base + stage * C::kKVBytes + kk * 2048, C::kPanelBytes, 1024);
+        if constexpr (D == 128) {
+          wgmma_m64n128k16_rs_tn(o, pp[kk], db, 1);
+        } else {
+          wgmma_m64n64k16_rs_tn(o, pp[kk], db, 1);
         }
-        wgmma_commit();
-      };
-      // O += P·V(st), issued (one wgmma group), not waited for.
-      auto issue_pv = [&](int st, const uint32_t(&pp)[kBN / 16][4]) {
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-          // V N-major: 64-column slabs kPanelBytes apart (LBO), 8-key groups 1024 B apart (SBO),
-          // 16 keys = 2048 B per k-step.
-          const uint64_t db = smem_desc_sw128(v_base + st * C::kKVBytes + kk * 2048, C::kPanelBytes, 1024);
-          if constexpr (D == 128) {
-            wgmma_m64n128k16_rs_tn(o, pp[kk], db, 1);
-          } else {
-            wgmma_m64n64k16_rs_tn(o, pp[kk], db, 1);
-          }
-        }
-        wgmma_commit();
-      };
-      auto exp2_of = [&](int j, float x) { return kPolyExp && j % 4 == 3 ? poly_exp2(x) : fast_exp2(x); };
-      // The online softmax of the nb-th block's S (complete): masks, the new row maxima, alpha
-      // (the factor for O and l), and the exponentials, packed into pn (in_place: false, a
-      // constant at each call) or left in s (true). Touches neither o nor any P when in place
-      // (a P·V may be in flight).
-      auto softmax = [&](int nb, bool in_place, uint32_t(&pn)[kBN / 16][4]) {
-        reg_fence(s);
-        const int n0 = key_block(ti, nb) * kBN;
-        const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
-                                                                    static_cast<int64_t>(m0) + p.delta);
-        // Masked scores read as -inf through a select, never written back: s stays untouched
-        // until its maxima are known (a write to a wgmma accumulator while a P·V is in flight
-        // can serialise the wgmmas).
-        auto sv = [&](int j, int e, int half) {
-          const float x = s[4 * j + 2 * half + e];
-          if (!masked) return x;
-          const int col = n0 + 8 * j + 2 * (lane % 4) + e;
-          return col > lim[half] ? -INFINITY : x;
-        };
-        float mnew[2] = {mx[0], mx[1]};
-#pragma unroll
-        for (int j = 0; j < kBN / 8; ++j) {
-          mnew[0] = fmaxf(mnew[0], fmaxf(sv(j, 0, 0), sv(j, 1, 0)));
-          mnew[1] = fmaxf(mnew[1], fmaxf(sv(j, 0, 1), sv(j, 1, 1)));
-        }
-        float mu[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
-          mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
-          mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
-          alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
-          mx[half] = mnew[half];
-          l[half] *= alpha[half];
-        }
-#pragma unroll
-        for (int j = 0; j < kBN / 8; ++j) {
-          const float p0 = exp2_of(j, fmaf(sv(j, 0, 0), sl2, -mu[0]));
-          const float p1 = exp2_of(j, fmaf(sv(j, 1, 0), sl2, -mu[0]));
-          const float p2 = exp2_of(j, fmaf(sv(j, 0, 1), sl2, -mu[1]));
-          const float p3 = exp2_of(j, fmaf(sv(j, 1, 1), sl2, -mu[1]));
-          l[0] += p0 + p1;
-          l[1] += p2 + p3;
-          if (in_place) {
-            s[4 * j] = p0;
-            s[4 * j + 1] = p1;
-            s[4 * j + 2] = p2;
-            s[4 * j + 3] = p3;
-          } else {
-            // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
-            pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
-            pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
-          }
-        }
-      };
-      // P from the exponentials left in s (kLoopOneP).
-      auto pack_p = [&](uint32_t(&pn)[kBN / 16][4]) {
-#pragma unroll
-        for (int j = 0; j < kBN / 8; ++j) {
-          pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(s[4 * j], s[4 * j + 1]);
-          pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
-        }
-      };
-      auto rescale_o = [&] {
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[4 * j] *= alpha[0];
-          o[4 * j + 1] *= alpha[0];
-          o[4 * j + 2] *= alpha[1];
-          o[4 * j + 3] *= alpha[1];
-        }
-      };
-      auto advance = [&](int& st, uint32_t& ph) {
-        if (++st == kStages) {
-          st = 0;
-          ph ^= 1;
-        }
-      };
-
-      if constexpr (kLoop == kLoopPlain) {
-        uint32_t pa[kBN / 16][4];
-        for (int nb = 0; nb < n_blocks; ++nb) {
-          mbar_wait(&k_full[stage], phase);
-          issue_s(stage);
-          wgmma_wait<0>();
-          softmax(nb, false, pa);
-          rescale_o();
-          mbar_wait(&v_full[stage], phase);
-          issue_pv(stage, pa);
-          wgmma_wait<0>();
-          reg_fence(o);
-          if (lane == 0) mbar_arrive(&empty[stage]);
-          advance(stage, phase);
-        }
+      }
+      wgmma_commit();
+    };
+    // The softmax of block nb's S (flash_softmax), masked only where the block crosses the
+    // diagonal or the key tail: P packed into pn (softmax) or the exponentials left in s
+    // (softmax_kept).
+    auto block_masked = [&](int n0) {
+      return n0 + kBN > p.kv_len ||
+             (p.causal && static_cast<int64_t>(n0) + kBN - 1 > static_cast<int64_t>(m0) + p.delta);
+    };
+    auto softmax = [&](int nb, uint32_t(&pn)[kBN / 16][4]) {
+      reg_fence(s);
+      const int n0 = nb * kBN;
+      if (block_masked(n0)) {
+        flash_softmax<kBN, true, false>(s, pn, mx, l, alpha, n0, lim, sl2, lane);
       } else {
-        // Software pipeline (per warpgroup): the nb-th block's S = Q·Kᵀ and block nb-1's
-        // O += P·V are in flight together; the softmax of S(nb) runs while P·V(nb-1) still
-        // occupies the tensor cores. O is rescaled by block nb's alpha only after P·V(nb-1) has
-        // landed. `stage` is block nb-1's stage inside the loop.
-        uint32_t pa[kBN / 16][4];
-        uint32_t pb[kLoop == kLoopTwoP ? kBN / 16 : 1][4];
-        auto step = [&](int nb, const uint32_t(&p_prev)[kBN / 16][4], uint32_t(&p_this)[kBN / 16][4]) {
-          int next = stage;
-          uint32_t next_phase = phase;
-          advance(next, next_phase);
-          mbar_wait(&k_full[next], next_phase);
-          named_barrier_sync(my_turn, 256);
-          issue_s(next);
-          mbar_wait(&v_full[stage], phase);
-          issue_pv(stage, p_prev);
-          named_barrier_arrive(next_turn, 256);
-          wgmma_wait<1>();  // S(nb) complete; P·V(nb-1) may still run
-          softmax(nb, kLoop == kLoopOneP, p_this);
-          wgmma_wait<0>();  // P·V(nb-1) complete: stage free, O ready to rescale
-          reg_fence(o);
-          if (lane == 0) mbar_arrive(&empty[stage]);
-          if constexpr (kLoop == kLoopOneP) pack_p(p_this);
-          rescale_o();
-          stage = next;
-          phase = next_phase;
-        };
+        flash_softmax<kBN, false, false>(s, pn, mx, l, alpha, n0, lim, sl2, lane);
+      }
+    };
+    auto softmax_kept = [&](int nb, uint32_t(&unused)[kBN / 16][4]) {
+      reg_fence(s);
+      const int n0 = nb * kBN;
+      if (block_masked(n0)) {
+        flash_softmax<kBN, true, true>(s, unused, mx, l, alpha, n0, lim, sl2, lane);
+      } else {
+        flash_softmax<kBN, false, true>(s, unused, mx, l, alpha, n0, lim, sl2, lane);
+      }
+    };
+    // P from the exponentials left in s (kLoopOneP).
+    auto pack_p = [&](uint32_t(&pn)[kBN / 16][4]) {
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(s[4 * j], s[4 * j + 1]);
+        pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+      }
+    };
+    auto rescale_o = [&] {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+    };
+
+    if constexpr (kLoop == kLoopPlain) {
+      uint32_t pa[kBN / 16][4];
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int nb = 0; nb < n_blocks; ++nb) {
         mbar_wait(&k_full[stage], phase);
         issue_s(stage);
         wgmma_wait<0>();
-        softmax(0, false, pa);
-        if (cw == kWG - 1) named_barrier_arrive(2, 256);  // warpgroup 0 starts
-        int nb = 1;
-        bool in_pb = false;  // the latest P is in pb (kLoopTwoP)
-        if constexpr (kLoop == kLoopTwoP) {
-          for (; nb + 1 < n_blocks; nb += 2) {
-            step(nb, pa, pb);
-            step(nb + 1, pb, pa);
-          }
-          in_pb = nb < n_blocks;  // one block left: its P ends in pb
-          if (in_pb) step(nb, pa, pb);
-        } else {
-          for (; nb < n_blocks; ++nb) step(nb, pa, pa);
-        }
+        softmax(nb, pa);
+        rescale_o();
         mbar_wait(&v_full[stage], phase);
-        named_barrier_sync(my_turn, 256);
-        if constexpr (kLoop == kLoopTwoP) {
-          if (in_pb) {
-            issue_pv(stage, pb);
-          } else {
-            issue_pv(stage, pa);
-          }
-        } else {
-          issue_pv(stage, pa);
-        }
-        // The last warpgroup's last turn hands nothing on: every sync above has its arrival.
-        if (cw != kWG - 1) named_barrier_arrive(next_turn, 256);
+        issue_pv(stage, pa);
         wgmma_wait<0>();
         reg_fence(o);
         if (lane == 0) mbar_arrive(&empty[stage]);
-        advance(stage, phase);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
-      // Every wgmma of this tile has completed: its Q may be overwritten.
-      if (lane == 0) mbar_arrive(q_empty);
-      ++q_count;
+    } else {
+      // Turns on the tensor cores: warpgroup c waits at named barrier 2 + c for the previous
+      // one's arrival and hands on to the next (2 + (c + 1) mod kWG); the last warpgroup gives
+      // warpgroup 0 its first turn.
+      const uint32_t my_turn = 2 + cw;
+      const uint32_t next_turn = 2 + (cw + 1 == kWG ? 0 : cw + 1);
+      // Software pipeline (per warpgroup): block nb's S = Q·Kᵀ and block nb-1's O += P·V are in
+      // flight together; the softmax of S(nb) runs while P·V(nb-1) still occupies the tensor
+      // cores. O is rescaled by block nb's alpha only after P·V(nb-1) has landed.
+      uint32_t pa[kBN / 16][4];
+      uint32_t pb[kLoop == kLoopTwoP ? kBN / 16 : 1][4];
+      int stage = 0;  // block nb - 1's stage
+      uint32_t phase = 0;
+      auto step = [&](int nb, const uint32_t(&p_prev)[kBN / 16][4], uint32_t(&p_this)[kBN / 16][4]) {
+        const int next = stage + 1 == kStages ? 0 : stage + 1;
+        const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+        mbar_wait(&k_full[next], next_phase);
+        named_barrier_sync(my_turn, 256);  // this warpgroup's turn
+        issue_s(next);
+        mbar_wait(&v_full[stage], phase);
+        issue_pv(stage, p_prev);
+        named_barrier_arrive(next_turn, 256);  // the next one's turn
+        wgmma_wait<1>();  // S(nb) complete; P·V(nb-1) may still run
+        if constexpr (kLoop == kLoopTwoP) {
+          softmax(nb, p_this);
+        } else {
+          softmax_kept(nb, p_this);
+        }
+        wgmma_wait<0>();  // P·V(nb-1) complete: stage free, O ready to rescale
+        reg_fence(o);
+        if (lane == 0) mbar_arrive(&empty[stage]);
+        if constexpr (kLoop == kLoopOneP) pack_p(p_this);
+        rescale_o();
+        stage = next;
+        phase = next_phase;
+      };
+      mbar_wait(&k_full[0], 0);
+      issue_s(0);
+      wgmma_wait<0>();
+      softmax(0, pa);
+      if (cw == kWG - 1) named_barrier_arrive(2, 256);  // warpgroup 0 starts
+      int nb = 1;
+      bool in_pb = false;  // the latest P is in pb (kLoopTwoP)
+      if constexpr (kLoop == kLoopTwoP) {
+        for (; nb + 1 < n_blocks; nb += 2) {
+          step(nb, pa, pb);
+          step(nb + 1, pb, pa);
+        }
+        in_pb = nb < n_blocks;  // one block left: its P ends in pb
+        if (in_pb) step(nb, pa, pb);
+      } else {
+        for (; nb < n_blocks; ++nb) step(nb, pa, pa);
+      }
+      mbar_wait(&v_full[stage], phase);
+      named_barrier_sync(my_turn, 256);
+      if constexpr (kLoop == kLoopTwoP) {
+        if (in_pb) {
+          issue_pv(stage, pb);
+        } else {
+          issue_pv(stage, pa);
+        }
+      } else {
+        issue_pv(stage, pa);
+      }
+      // The last warpgroup's last turn hands nothing on: every sync above has its arrival.
+      if (cw != kWG - 1) named_barrier_arrive(next_turn, 256);
+      wgmma_wait<0>();
+      reg_fence(o);
+      if (lane == 0) mbar_arrive(&empty[stage]);
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
-      l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-    }
-    flash_epilogue<D>(p, o, mx, l, ti.b, ti.h, row0, lane);
   }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  }
+  flash_epilogue<D>(p, o, mx, l, b, h, row0, lane);
 }
 
 }  // namespace fusedcomm::kernels::detail
