@@ -2,7 +2,6 @@
 #include "kernels/attention/attention.h"
 
 #include <cmath>
-#include <cstdlib>
 
 #include "kernels/attention/detail/bshd_map.h"
 #include "kernels/attention/detail/flash_fwd.cuh"
@@ -62,22 +61,6 @@ cudaError_t launch_cfg(const AttentionArgs& a, cudaStream_t stream) {
 
 template <int D>
 cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
-#ifdef FC_ATTN_EXPERIMENT
-  // Experiment builds: FC_ATTN_V128 / FC_ATTN_V64 pick a configuration at run time.
-  const char* env = std::getenv(D == 128 ? "FC_ATTN_V128" : "FC_ATTN_V64");
-  const int v = env != nullptr ? std::atoi(env) : -1;
-  if constexpr (D == 128) {
-    if (v == 0) return launch_cfg<128, 2, 1>(a, stream);
-    if (v == 1) return launch_cfg<128, 2, 2>(a, stream);
-    if (v == 2) return launch_cfg<128, 2, 0>(a, stream);
-  } else {
-    if (v == 0) return launch_cfg<64, 2, 0>(a, stream);
-    if (v == 1) return launch_cfg<64, 3, 0>(a, stream);
-    if (v == 2) return launch_cfg<64, 3, 2>(a, stream);
-    if (v == 3) return launch_cfg<64, 2, 1>(a, stream);
-    if (v == 4) return launch_cfg<64, 2, 2>(a, stream);
-  }
-#endif
   if constexpr (D == 128) {
     return launch_cfg<128, tuning::kAttnWarpgroups128, tuning::kAttnLoop128>(a, stream);
   } else {

@@ -4,23 +4,18 @@
 namespace fusedcomm::kernels::tuning {
 
 // The flash-attention forward per head dim (detail/flash_fwd.cuh): consumer warpgroups of 64
-// query rows (2, or 3 at head dim 64) and the consumer loop (FlashLoop: 0 plain, 1 pipelined
-// with two P register sets, 2 pipelined with one). Keys per block: 128; the K/V ring's depth is
-// what shared memory then allows (3 stages at 128, 4 at 64: FlashCfg).
-#ifndef FC_ATTN_WG64
-#define FC_ATTN_WG64 2
-#endif
-#ifndef FC_ATTN_LOOP64
-#define FC_ATTN_LOOP64 0
-#endif
-#ifndef FC_ATTN_LOOP128
-#define FC_ATTN_LOOP128 1
-#endif
+// query rows and the consumer loop (detail::FlashLoop: 0 plain, 1 pipelined with two P register
+// sets, 2 pipelined with one). Keys per block: 128; the K/V ring's depth is what shared memory
+// then allows (3 stages at 128, 4 at 64: FlashCfg). Against cuDNN in one process (S = 4k-64k,
+// causal and not): at head dim 128 the two-P loop ran 0.91-1.15 × cuDNN's time (geomean 0.97),
+// the one-P loop 0.95-1.04 × (1.00); at head dim 64, 3 warpgroups with the one-P loop ran
+// 0.90-1.05 × (0.93), 3 with the plain loop 0.96-1.15 × (1.00) and 2 with the plain loop
+// 1.10-1.25 × (1.15).
 inline constexpr int kAttnBlockN = 128;
 inline constexpr int kAttnWarpgroups128 = 2;
-inline constexpr int kAttnWarpgroups64 = FC_ATTN_WG64;
-inline constexpr int kAttnLoop128 = FC_ATTN_LOOP128;
-inline constexpr int kAttnLoop64 = FC_ATTN_LOOP64;
+inline constexpr int kAttnWarpgroups64 = 3;
+inline constexpr int kAttnLoop128 = 1;
+inline constexpr int kAttnLoop64 = 2;
 
 // The backward's dQ per head dim (attention_bwd.h): added with fp32 vector reductions from the
 // dK/dV pass (true) or a separate pass that recomputes S and dP (false). At head dim 128 the

@@ -1,20 +1,20 @@
 // The flash-attention forward kernel (attention.h is the contract).
 //
-// CTA = 3 warpgroups (384 threads), one CTA per SM, one 128-row query tile of one (batch, head):
-//   warpgroup 0: producer. One thread loads the Q tile once and then, per 128-key block, K and
-//     V into a ring of kStages shared-memory stages (TMA, 128-byte swizzle; out-of-bounds rows
-//     arrive as zeros). K and V complete on separate barriers, so S = Q·Kᵀ starts before V lands.
-//   warpgroups 1, 2: consumers, 64 query rows each. Per key block: S = Q·Kᵀ (wgmma, both
-//     operands in shared memory), the online softmax in fp32 registers (row max over the
-//     thread's quad, exp2 with the scale folded in), P rounded to bf16 and kept in registers as
-//     wgmma's A operand, O = O·α + P·V (wgmma, V N-major), then the stage is released.
-//     At head dim 128 (tuning.h) the loop is pipelined within the warpgroup: S of block n and
-//     P·V of block n-1 are issued together and the softmax of block n runs while P·V of block
-//     n-1 is on the tensor cores; and the two warpgroups take turns issuing their matmuls
-//     (named barriers), so one's softmax overlaps the other's matmuls. At 64 each warpgroup
-//     runs the plain order and the two overlap only as the scheduler interleaves them.
+// CTA = a producer warpgroup and kWG consumer warpgroups of 64 query rows (2 at head dim 128,
+// 3 at 64: tuning.h), one CTA per SM, one query tile of one (batch, head):
+//   producer: one thread loads the Q tile once and then, per 128-key block, K and V into a ring
+//     of kStages shared-memory stages (TMA, 128-byte swizzle; out-of-bounds rows arrive as
+//     zeros). K and V complete on separate barriers, so S = Q·Kᵀ starts before V lands.
+//   consumers: per key block, S = Q·Kᵀ (wgmma, both operands in shared memory), the online
+//     softmax in fp32 registers (row max over the thread's quad, exp2 with the scale folded in),
+//     P rounded to bf16 and kept in registers as wgmma's A operand, O = O·α + P·V (wgmma,
+//     V N-major), then the stage is released. The loop (FlashLoop, tuning.h) is pipelined within
+//     each warpgroup (S of block n and P·V of block n-1 issued together, the softmax of n under
+//     P·V of n-1) with the warpgroups taking turns issuing their matmuls (named barriers), so
+//     one's softmax overlaps the others' matmuls.
 // Causal: the key blocks past the tile's last visible key are never loaded; masks are applied
-// only where a block crosses the diagonal or the key tail. Tiles are issued longest first.
+// only where a block crosses the diagonal or the key tail (a separate softmax instantiation, so
+// the others pay nothing). Tiles are issued longest first.
 #pragma once
 
 #include <cuda.h>
@@ -39,13 +39,12 @@ template <int D, int kWG = 2>
 struct FlashCfg {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(kWG == 2 || (kWG == 3 && D == 64), "3 consumer warpgroups only at head dim 64");
-  static constexpr int kConsumers = kWG;
   static constexpr int kThreads = 128 * (kWG + 1);
-  static constexpr int kBM = 64 * kWG;             // query rows per CTA
-  static constexpr int kBN = 128;                  // keys per block
-  static constexpr int kPanels = D / 64;           // 64-column (128-byte) swizzle panels of a row
-  static constexpr int kPanelBytes = 128 * 128;    // one K or V panel: 128 keys × 128 B
-  static constexpr int kQPanelBytes = kBM * 128;   // one Q panel: kBM rows × 128 B
+  static constexpr int kBM = 64 * kWG;            // query rows per CTA
+  static constexpr int kBN = 128;                 // keys per block
+  static constexpr int kPanels = D / 64;          // 64-column (128-byte) swizzle panels of a row
+  static constexpr int kPanelBytes = 128 * 128;   // one K or V panel: 128 keys × 128 B
+  static constexpr int kQPanelBytes = kBM * 128;  // one Q panel: kBM rows × 128 B
   static constexpr int kQBytes = kPanels * kQPanelBytes;
   static constexpr int kKVBytes = kPanels * kPanelBytes;  // one of K or V per stage
   static constexpr int kStages = D == 128 ? 3 : 4;
@@ -74,7 +73,6 @@ struct FlashParams {
   float scale_log2;  // scale · log2(e)
 };
 static_assert(sizeof(FlashParams) == 112, "kernel argument layout");
-
 
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
                                             int32_t c1, int32_t c2, int32_t c3) {
@@ -190,9 +188,9 @@ enum FlashLoop : int { kLoopPlain = 0, kLoopTwoP = 1, kLoopOneP = 2 };
 // before its maxima are known (a write to a wgmma accumulator while a P·V is in flight can
 // serialise the wgmmas); the unmasked version pays nothing for it.
 template <int kBN, bool kMasked, bool kInPlace>
-__device__ __forceinline__ void flash_softmax(float (&s)[kBN / 2], uint32_t (&pn)[kBN / 16][4], float (&mx)[2],
-                                              float (&l)[2], float (&alpha)[2], int n0, const int (&lim)[2],
-                                              float sl2, int lane) {
+__device__ __forceinline__ void flash_softmax(float (&s)[kBN / 2], uint32_t (&pn)[kBN / 16][4],
+                                              float (&mx)[2], float (&l)[2], float (&alpha)[2], int n0,
+                                              const int (&lim)[2], float sl2, int lane) {
   auto sv = [&](int j, int e, int half) {
     const float x = s[4 * j + 2 * half + e];
     if (!kMasked) return x;
@@ -453,7 +451,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
         mbar_wait(&v_full[stage], phase);
         issue_pv(stage, p_prev);
         named_barrier_arrive(next_turn, 256);  // the next one's turn
-        wgmma_wait<1>();  // S(nb) complete; P·V(nb-1) may still run
+        wgmma_wait<1>();                       // S(nb) complete; P·V(nb-1) may still run
         if constexpr (kLoop == kLoopTwoP) {
           softmax(nb, p_this);
         } else {
