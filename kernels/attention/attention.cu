@@ -11,20 +11,18 @@ namespace fusedcomm::kernels {
 
 namespace {
 
-static_assert(tuning::kAttnBlockM == detail::FlashCfg<128>::kBM &&
-                  tuning::kAttnBlockN == detail::FlashCfg<128>::kBN,
-              "tuning.h and the kernel's tile disagree");
+static_assert(tuning::kAttnBlockN == detail::FlashCfg<128>::kBN, "tuning.h and the kernel's tile disagree");
 
 using detail::encode_bshd;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool stride_ok(int64_t s) { return s >= 0 && s % 8 == 0 && s < (int64_t{1} << 36); }
 
-template <int D>
-cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
-  using C = detail::FlashCfg<D>;
+template <int D, int kWG, int kLoop>
+cudaError_t launch_cfg(const AttentionArgs& a, cudaStream_t stream) {
+  using C = detail::FlashCfg<D, kWG>;
   CUtensorMap tq, tk, tv;
-  if (!encode_bshd(&tq, a.q, a.batch, a.q_len, a.q_heads, D) ||
+  if (!encode_bshd(&tq, a.q, a.batch, a.q_len, a.q_heads, D, C::kBM) ||
       !encode_bshd(&tk, a.k, a.batch, a.kv_len, a.kv_heads, D) ||
       !encode_bshd(&tv, a.v, a.batch, a.kv_len, a.kv_heads, D)) {
     return cudaErrorInvalidValue;
@@ -52,14 +50,22 @@ cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
   p.delta = static_cast<int>(delta);
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = scale * 1.4426950408889634f;
-  auto kernel = detail::flash_fwd_kernel < D,
-       D == 128 ? tuning::kAttnPipelined128 : tuning::kAttnPipelined64 > ;
+  auto kernel = detail::flash_fwd_kernel<D, kWG, kLoop>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.m_tiles), static_cast<unsigned>(a.q_heads),
                   static_cast<unsigned>(a.batch));
-  kernel<<<grid, 384, C::kSmemBytes, stream>>>(tq, tk, tv, p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(tq, tk, tv, p);
   return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_d(const AttentionArgs& a, cudaStream_t stream) {
+  if constexpr (D == 128) {
+    return launch_cfg<128, tuning::kAttnWarpgroups128, tuning::kAttnLoop128>(a, stream);
+  } else {
+    return launch_cfg<64, tuning::kAttnWarpgroups64, tuning::kAttnLoop64>(a, stream);
+  }
 }
 
 }  // namespace

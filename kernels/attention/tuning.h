@@ -3,18 +3,19 @@
 
 namespace fusedcomm::kernels::tuning {
 
-// Query rows per CTA (two consumer warpgroups of 64) and keys per block of the flash-attention
-// forward, at head dims 64 and 128; the K/V ring's depth is what shared memory then allows
-// (2 stages at 128, 4 at 64: detail/flash_fwd.cuh FlashCfg).
-inline constexpr int kAttnBlockM = 128;
+// The flash-attention forward per head dim (detail/flash_fwd.cuh): consumer warpgroups of 64
+// query rows and the consumer loop (detail::FlashLoop: 0 plain, 1 pipelined with two P register
+// sets, 2 pipelined with one). Keys per block: 128; the K/V ring's depth is what shared memory
+// then allows (3 stages at 128, 4 at 64: FlashCfg). Against cuDNN in one process (S = 4k-64k,
+// causal and not): at head dim 128 the two-P loop ran 0.91-1.15 × cuDNN's time (geomean 0.97),
+// the one-P loop 0.95-1.04 × (1.00); at head dim 64, 3 warpgroups with the one-P loop ran
+// 0.90-1.05 × (0.93), 3 with the plain loop 0.96-1.15 × (1.00) and 2 with the plain loop
+// 1.10-1.25 × (1.15).
 inline constexpr int kAttnBlockN = 128;
-
-// The consumer loop per head dim (detail/flash_fwd.cuh): pipelined within each warpgroup with
-// the two warpgroups' matmuls taking turns, or plain. At head dim 128 the pipelined loop ran
-// 1.02-1.03 × faster at S = 4k-16k; at 64, where the exponentials cost as much as the matmuls,
-// 0.96-0.97 × as fast.
-inline constexpr bool kAttnPipelined128 = true;
-inline constexpr bool kAttnPipelined64 = false;
+inline constexpr int kAttnWarpgroups128 = 2;
+inline constexpr int kAttnWarpgroups64 = 3;
+inline constexpr int kAttnLoop128 = 1;
+inline constexpr int kAttnLoop64 = 2;
 
 // The backward's dQ per head dim in the stored mode (attention_bwd.h; detail::BwdDq): a separate
 // pass that recomputes S and dP (kDqPass), or added into fp32 from the dK/dV pass with vector

@@ -1,20 +1,20 @@
 // The flash-attention forward kernel (attention.h is the contract).
 //
-// CTA = 3 warpgroups (384 threads), one CTA per SM, one 128-row query tile of one (batch, head):
-//   warpgroup 0: producer. One thread loads the Q tile once and then, per 128-key block, K and
-//     V into a ring of kStages shared-memory stages (TMA, 128-byte swizzle; out-of-bounds rows
-//     arrive as zeros). K and V complete on separate barriers, so S = Q·Kᵀ starts before V lands.
-//   warpgroups 1, 2: consumers, 64 query rows each. Per key block: S = Q·Kᵀ (wgmma, both
-//     operands in shared memory), the online softmax in fp32 registers (row max over the
-//     thread's quad, exp2 with the scale folded in), P rounded to bf16 and kept in registers as
-//     wgmma's A operand, O = O·α + P·V (wgmma, V N-major), then the stage is released.
-//     At head dim 128 (tuning.h) the loop is pipelined within the warpgroup: S of block n and
-//     P·V of block n-1 are issued together and the softmax of block n runs while P·V of block
-//     n-1 is on the tensor cores; and the two warpgroups take turns issuing their matmuls
-//     (named barriers), so one's softmax overlaps the other's matmuls. At 64 each warpgroup
-//     runs the plain order and the two overlap only as the scheduler interleaves them.
+// CTA = a producer warpgroup and kWG consumer warpgroups of 64 query rows (2 at head dim 128,
+// 3 at 64: tuning.h), one CTA per SM, one query tile of one (batch, head):
+//   producer: one thread loads the Q tile once and then, per 128-key block, K and V into a ring
+//     of kStages shared-memory stages (TMA, 128-byte swizzle; out-of-bounds rows arrive as
+//     zeros). K and V complete on separate barriers, so S = Q·Kᵀ starts before V lands.
+//   consumers: per key block, S = Q·Kᵀ (wgmma, both operands in shared memory), the online
+//     softmax in fp32 registers (row max over the thread's quad, exp2 with the scale folded in),
+//     P rounded to bf16 and kept in registers as wgmma's A operand, O = O·α + P·V (wgmma,
+//     V N-major), then the stage is released. The loop (FlashLoop, tuning.h) is pipelined within
+//     each warpgroup (S of block n and P·V of block n-1 issued together, the softmax of n under
+//     P·V of n-1) with the warpgroups taking turns issuing their matmuls (named barriers), so
+//     one's softmax overlaps the others' matmuls.
 // Causal: the key blocks past the tile's last visible key are never loaded; masks are applied
-// only where a block crosses the diagonal or the key tail. Tiles are issued longest first.
+// only where a block crosses the diagonal or the key tail (a separate softmax instantiation, so
+// the others pay nothing). Tiles are issued longest first.
 #pragma once
 
 #include <cuda.h>
@@ -29,25 +29,31 @@
 namespace fusedcomm::kernels::detail {
 
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 B):
-//   Q            kPanels × 16 KiB      (128 rows × 128 B per 64-column panel)
+//   Q            kPanels × kQPanelBytes (kBM rows × 128 B per 64-column panel)
 //   K ring       kStages × kKVBytes    (stage s: kPanels panels of 128 keys)
 //   V ring       kStages × kKVBytes
 //   barriers     q_full, k_full[kStages], v_full[kStages], empty[kStages] (8 B each)
-template <int D>
+// kWG consumer warpgroups of 64 query rows each (2, or 3 at head dim 64) and a producer
+// warpgroup; the register split between them is set with setmaxnreg.
+template <int D, int kWG = 2>
 struct FlashCfg {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static constexpr int kBM = 128;                // query rows per CTA (2 consumer warpgroups × 64)
-  static constexpr int kBN = 128;                // keys per block
-  static constexpr int kPanels = D / 64;         // 64-column (128-byte) swizzle panels of a row
-  static constexpr int kPanelBytes = 128 * 128;  // 128 rows × 128 B
-  static constexpr int kQBytes = kPanels * kPanelBytes;
+  static_assert(kWG == 2 || (kWG == 3 && D == 64), "3 consumer warpgroups only at head dim 64");
+  static constexpr int kThreads = 128 * (kWG + 1);
+  static constexpr int kBM = 64 * kWG;            // query rows per CTA
+  static constexpr int kBN = 128;                 // keys per block
+  static constexpr int kPanels = D / 64;          // 64-column (128-byte) swizzle panels of a row
+  static constexpr int kPanelBytes = 128 * 128;   // one K or V panel: 128 keys × 128 B
+  static constexpr int kQPanelBytes = kBM * 128;  // one Q panel: kBM rows × 128 B
+  static constexpr int kQBytes = kPanels * kQPanelBytes;
   static constexpr int kKVBytes = kPanels * kPanelBytes;  // one of K or V per stage
   static constexpr int kStages = D == 128 ? 3 : 4;
   static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register file over-committed");
+  static constexpr int kProducerRegs = kWG == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kWG == 2 ? 232 : 160;
+  static_assert(128 * kProducerRegs + 128 * kWG * kConsumerRegs <= 65536, "register file over-committed");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
 // The kernel's scalar arguments (by value; the launcher fills them from AttentionArgs).
@@ -61,7 +67,7 @@ struct FlashParams {
   int acc;                   // AttnAccum
   int q_len, kv_len, q_heads;
   int group;    // q_heads / kv_heads
-  int m_tiles;  // 128-row query tiles per (batch, head)
+  int m_tiles;  // query tiles (kBM rows) per (batch, head)
   int causal;
   int delta;  // q_pos0 - k_pos0, clamped to [-(q_len + 1), kv_len + 1]: key j visible to row i iff j <= i + delta
   float scale_log2;  // scale · log2(e)
@@ -162,13 +168,78 @@ __device__ __forceinline__ void flash_epilogue(const FlashParams& p, float (&o)[
   }
 }
 
-// kPipelined: false, the plain loop (each warpgroup: S, softmax, P·V in turn); true, pipelined
-// within each warpgroup and the two warpgroups' matmuls taking turns (tuning.h says where).
-template <int D, bool kPipelined>
-__global__ void __launch_bounds__(384, 1)
+// The consumer loop (tuning.h says which one runs where):
+//   kLoopPlain      each warpgroup: S, softmax, P·V in turn; the warpgroups overlap only as the
+//                   warp schedulers interleave them.
+//   kLoopTwoP       pipelined within each warpgroup (S of block n and P·V of block n-1 issued
+//                   together, the softmax of n under P·V of n-1), P of consecutive blocks in two
+//                   register sets, and the warpgroups taking turns issuing their matmuls (named
+//                   barriers), so one's softmax overlaps the others' matmuls.
+//   kLoopOneP       the same pipeline with one P: the softmax leaves its exponentials in S's
+//                   registers and P is packed from them once P·V of block n-1 has landed (32 fewer
+//                   registers, which 3 consumer warpgroups need, at the cost of the packing after
+//                   the wait).
+enum FlashLoop : int { kLoopPlain = 0, kLoopTwoP = 1, kLoopOneP = 2 };
+
+// The online softmax of one block's S (complete) for rows row0 (s[4j + 0..1]) and row0 + 8
+// (s[4j + 2..3]): the new row maxima, alpha (the factor for O and l) and the exponentials,
+// packed into pn (kInPlace: false) or left in s (true). kMasked: keys past lim[half] (n0: the
+// block's first key) read as -inf through a select, never written back, so that s is not written
+// before its maxima are known (a write to a wgmma accumulator while a P·V is in flight can
+// serialise the wgmmas); the unmasked version pays nothing for it.
+template <int kBN, bool kMasked, bool kInPlace>
+__device__ __forceinline__ void flash_softmax(float (&s)[kBN / 2], uint32_t (&pn)[kBN / 16][4],
+                                              float (&mx)[2], float (&l)[2], float (&alpha)[2], int n0,
+                                              const int (&lim)[2], float sl2, int lane) {
+  auto sv = [&](int j, int e, int half) {
+    const float x = s[4 * j + 2 * half + e];
+    if (!kMasked) return x;
+    const int col = n0 + 8 * j + 2 * (lane % 4) + e;
+    return col > lim[half] ? -INFINITY : x;
+  };
+  float mnew[2] = {mx[0], mx[1]};
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    mnew[0] = fmaxf(mnew[0], fmaxf(sv(j, 0, 0), sv(j, 1, 0)));
+    mnew[1] = fmaxf(mnew[1], fmaxf(sv(j, 0, 1), sv(j, 1, 1)));
+  }
+  float mu[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
+    mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
+    mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
+    alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
+    mx[half] = mnew[half];
+    l[half] *= alpha[half];
+  }
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const float p0 = fast_exp2(fmaf(sv(j, 0, 0), sl2, -mu[0]));
+    const float p1 = fast_exp2(fmaf(sv(j, 1, 0), sl2, -mu[0]));
+    const float p2 = fast_exp2(fmaf(sv(j, 0, 1), sl2, -mu[1]));
+    const float p3 = fast_exp2(fmaf(sv(j, 1, 1), sl2, -mu[1]));
+    l[0] += p0 + p1;
+    l[1] += p2 + p3;
+    if constexpr (kInPlace) {
+      s[4 * j] = p0;
+      s[4 * j + 1] = p1;
+      s[4 * j + 2] = p2;
+      s[4 * j + 3] = p3;
+    } else {
+      // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
+      pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
+      pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+    }
+  }
+}
+
+// kWG consumer warpgroups (FlashCfg), kLoop the consumer loop (FlashLoop).
+template <int D, int kWG, int kLoop>
+__global__ void __launch_bounds__(128 * (kWG + 1), 1)
     flash_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                      const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
-  using C = FlashCfg<D>;
+  using C = FlashCfg<D, kWG>;
   constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -194,7 +265,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
-      mbar_init(&empty[s], 8);  // the 8 consumer warps
+      mbar_init(&empty[s], 4 * kWG);  // the consumer warps
     }
     mbar_init_fence();
   } else if (threadIdx.x == 32) {
@@ -212,7 +283,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_arrive_expect_tx(q_full, C::kQBytes);
 #pragma unroll
     for (int pn = 0; pn < C::kPanels; ++pn)
-      tma_load_4d(sq + pn * C::kPanelBytes, &tm_q, q_full, pn * 64, h, m0, b);
+      tma_load_4d(sq + pn * C::kQPanelBytes, &tm_q, q_full, pn * 64, h, m0, b);
     int stage = 0;
     uint32_t phase = 0;
     for (int nb = 0; nb < n_blocks; ++nb) {
@@ -250,111 +321,7 @@ __global__ void __launch_bounds__(384, 1)
   float mx[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
 
-  if (!kPipelined && n_blocks > 0) {
-    mbar_wait(q_full, 0);
-    const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
-    const uint32_t k_base = smem_u32(sk);
-    const uint32_t v_base = smem_u32(sv);
-    // The rows' last visible keys (inclusive), relative to key 0.
-    int lim[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t d = p.causal ? static_cast<int64_t>(row0 + 8 * half) + p.delta : INT32_MAX;
-      lim[half] = static_cast<int>(d < p.kv_len - 1 ? d : p.kv_len - 1);
-    }
-    const float sl2 = p.scale_log2;
-    int stage = 0;
-    uint32_t phase = 0;
-    for (int nb = 0; nb < n_blocks; ++nb) {
-      float s[kBN / 2];
-      mbar_wait(&k_full[stage], phase);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t off = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
-        const uint64_t da = smem_desc_sw128(q_base + off, 16, 1024);
-        const uint64_t db = smem_desc_sw128(k_base + stage * C::kKVBytes + off, 16, 1024);
-        wgmma_m64n128k16<0>(s, da, db, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(s);
-
-      const int n0 = nb * kBN;
-      const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
-                                                                  static_cast<int64_t>(m0) + p.delta);
-      if (masked) {
-#pragma unroll
-        for (int j = 0; j < kBN / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = n0 + 8 * j + 2 * (lane % 4) + e;
-            if (col > lim[0]) s[4 * j + e] = -INFINITY;
-            if (col > lim[1]) s[4 * j + 2 + e] = -INFINITY;
-          }
-        }
-      }
-      // Online softmax, rows row0 (s[4j + 0..1]) and row0 + 8 (s[4j + 2..3]).
-      float mnew[2] = {mx[0], mx[1]};
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        mnew[0] = fmaxf(mnew[0], fmaxf(s[4 * j], s[4 * j + 1]));
-        mnew[1] = fmaxf(mnew[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-      }
-      float alpha[2], mu[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
-        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
-        mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
-        alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
-        mx[half] = mnew[half];
-        l[half] *= alpha[half];
-      }
-      uint32_t pa[kBN / 16][4];
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        const float p0 = fast_exp2(fmaf(s[4 * j], sl2, -mu[0]));
-        const float p1 = fast_exp2(fmaf(s[4 * j + 1], sl2, -mu[0]));
-        const float p2 = fast_exp2(fmaf(s[4 * j + 2], sl2, -mu[1]));
-        const float p3 = fast_exp2(fmaf(s[4 * j + 3], sl2, -mu[1]));
-        l[0] += p0 + p1;
-        l[1] += p2 + p3;
-        // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
-        pa[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
-        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
-      }
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-      mbar_wait(&v_full[stage], phase);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        // V N-major: 64-column slabs kPanelBytes apart (LBO), 8-key groups 1024 B apart (SBO),
-        // 16 keys = 2048 B per k-step.
-        const uint64_t db = smem_desc_sw128(v_base + stage * C::kKVBytes + kk * 2048, C::kPanelBytes, 1024);
-        if constexpr (D == 128) {
-          wgmma_m64n128k16_rs_tn(o, pa[kk], db, 1);
-        } else {
-          wgmma_m64n64k16_rs_tn(o, pa[kk], db, 1);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(o);
-      if (lane == 0) mbar_arrive(&empty[stage]);
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-  }
-  if (kPipelined && n_blocks > 0) {
+  if (n_blocks > 0) {
     mbar_wait(q_full, 0);
     const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
     const uint32_t k_base = smem_u32(sk);
@@ -368,11 +335,6 @@ __global__ void __launch_bounds__(384, 1)
     }
     const float sl2 = p.scale_log2;
     float s[kBN / 2];
-    // P of two consecutive blocks: one feeds the P·V in flight while the softmax fills the
-    // other; the loop below alternates them (a register copy between them would serialise the
-    // wgmmas).
-    uint32_t pa[kBN / 16][4];
-    uint32_t pb[kBN / 16][4];
     float alpha[2];
 
     // S = Q·K(stage)ᵀ, issued (one wgmma group), not waited for.
@@ -380,9 +342,10 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t off = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
-        const uint64_t da = smem_desc_sw128(q_base + off, 16, 1024);
-        const uint64_t db = smem_desc_sw128(k_base + stage * C::kKVBytes + off, 16, 1024);
+        const uint32_t koff = (kk / 4) * C::kPanelBytes + (kk % 4) * 32;
+        const uint32_t qoff = (kk / 4) * C::kQPanelBytes + (kk % 4) * 32;
+        const uint64_t da = smem_desc_sw128(q_base + qoff, 16, 1024);
+        const uint64_t db = smem_desc_sw128(k_base + stage * C::kKVBytes + koff, 16, 1024);
         wgmma_m64n128k16<0>(s, da, db, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
@@ -403,48 +366,37 @@ __global__ void __launch_bounds__(384, 1)
       }
       wgmma_commit();
     };
-    // The online softmax of block nb's S (complete): masks, the new row maxima, alpha (the
-    // factor for O and l), P into pn. Touches neither o nor the other P (a P·V may be in flight).
+    // The softmax of block nb's S (flash_softmax), masked only where the block crosses the
+    // diagonal or the key tail: P packed into pn (softmax) or the exponentials left in s
+    // (softmax_kept).
+    auto block_masked = [&](int n0) {
+      return n0 + kBN > p.kv_len ||
+             (p.causal && static_cast<int64_t>(n0) + kBN - 1 > static_cast<int64_t>(m0) + p.delta);
+    };
     auto softmax = [&](int nb, uint32_t(&pn)[kBN / 16][4]) {
       reg_fence(s);
       const int n0 = nb * kBN;
-      const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
-                                                                  static_cast<int64_t>(m0) + p.delta);
-      // Masked scores read as -inf through a select, never written back: s stays untouched
-      // while a P·V is in flight (a write to a wgmma accumulator there serialises the wgmmas).
-      auto sv = [&](int j, int e, int half) {
-        const float x = s[4 * j + 2 * half + e];
-        if (!masked) return x;
-        const int col = n0 + 8 * j + 2 * (lane % 4) + e;
-        return col > lim[half] ? -INFINITY : x;
-      };
-      float mnew[2] = {mx[0], mx[1]};
+      if (block_masked(n0)) {
+        flash_softmax<kBN, true, false>(s, pn, mx, l, alpha, n0, lim, sl2, lane);
+      } else {
+        flash_softmax<kBN, false, false>(s, pn, mx, l, alpha, n0, lim, sl2, lane);
+      }
+    };
+    auto softmax_kept = [&](int nb, uint32_t(&unused)[kBN / 16][4]) {
+      reg_fence(s);
+      const int n0 = nb * kBN;
+      if (block_masked(n0)) {
+        flash_softmax<kBN, true, true>(s, unused, mx, l, alpha, n0, lim, sl2, lane);
+      } else {
+        flash_softmax<kBN, false, true>(s, unused, mx, l, alpha, n0, lim, sl2, lane);
+      }
+    };
+    // P from the exponentials left in s (kLoopOneP).
+    auto pack_p = [&](uint32_t(&pn)[kBN / 16][4]) {
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) {
-        mnew[0] = fmaxf(mnew[0], fmaxf(sv(j, 0, 0), sv(j, 1, 0)));
-        mnew[1] = fmaxf(mnew[1], fmaxf(sv(j, 0, 1), sv(j, 1, 1)));
-      }
-      float mu[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 1));
-        mnew[half] = fmaxf(mnew[half], __shfl_xor_sync(0xffffffffu, mnew[half], 2));
-        mu[half] = mnew[half] == -INFINITY ? 0.0f : mnew[half] * sl2;
-        alpha[half] = fast_exp2(mx[half] * sl2 - mu[half]);
-        mx[half] = mnew[half];
-        l[half] *= alpha[half];
-      }
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        const float p0 = fast_exp2(fmaf(sv(j, 0, 0), sl2, -mu[0]));
-        const float p1 = fast_exp2(fmaf(sv(j, 1, 0), sl2, -mu[0]));
-        const float p2 = fast_exp2(fmaf(sv(j, 0, 1), sl2, -mu[1]));
-        const float p3 = fast_exp2(fmaf(sv(j, 1, 1), sl2, -mu[1]));
-        l[0] += p0 + p1;
-        l[1] += p2 + p3;
-        // 16 keys per k-step: chunk 2kk is A's columns 0-7 (regs 0, 1), chunk 2kk+1 columns 8-15.
-        pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(p0, p1);
-        pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+        pn[j / 2][(j % 2) * 2 + 0] = pack_bf16(s[4 * j], s[4 * j + 1]);
+        pn[j / 2][(j % 2) * 2 + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
       }
     };
     auto rescale_o = [&] {
@@ -457,59 +409,96 @@ __global__ void __launch_bounds__(384, 1)
       }
     };
 
-    // Software pipeline (per warpgroup): block nb's S = Q·Kᵀ and block nb-1's O += P·V are in
-    // flight together; the softmax of S(nb) runs while P·V(nb-1) still occupies the tensor
-    // cores. O is rescaled by block nb's alpha only after P·V(nb-1) has landed.
-    int stage = 0;  // block nb - 1's stage
-    uint32_t phase = 0;
-    auto step = [&](int nb, const uint32_t(&p_prev)[kBN / 16][4], uint32_t(&p_this)[kBN / 16][4]) {
-      const int next = stage + 1 == kStages ? 0 : stage + 1;
-      const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
-      mbar_wait(&k_full[next], next_phase);
-      if constexpr (kPipelined) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
-      issue_s(next);
+    if constexpr (kLoop == kLoopPlain) {
+      uint32_t pa[kBN / 16][4];
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int nb = 0; nb < n_blocks; ++nb) {
+        mbar_wait(&k_full[stage], phase);
+        issue_s(stage);
+        wgmma_wait<0>();
+        softmax(nb, pa);
+        rescale_o();
+        mbar_wait(&v_full[stage], phase);
+        issue_pv(stage, pa);
+        wgmma_wait<0>();
+        reg_fence(o);
+        if (lane == 0) mbar_arrive(&empty[stage]);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    } else {
+      // Turns on the tensor cores: warpgroup c waits at named barrier 2 + c for the previous
+      // one's arrival and hands on to the next (2 + (c + 1) mod kWG); the last warpgroup gives
+      // warpgroup 0 its first turn.
+      const uint32_t my_turn = 2 + cw;
+      const uint32_t next_turn = 2 + (cw + 1 == kWG ? 0 : cw + 1);
+      // Software pipeline (per warpgroup): block nb's S = Q·Kᵀ and block nb-1's O += P·V are in
+      // flight together; the softmax of S(nb) runs while P·V(nb-1) still occupies the tensor
+      // cores. O is rescaled by block nb's alpha only after P·V(nb-1) has landed.
+      uint32_t pa[kBN / 16][4];
+      uint32_t pb[kLoop == kLoopTwoP ? kBN / 16 : 1][4];
+      int stage = 0;  // block nb - 1's stage
+      uint32_t phase = 0;
+      auto step = [&](int nb, const uint32_t(&p_prev)[kBN / 16][4], uint32_t(&p_this)[kBN / 16][4]) {
+        const int next = stage + 1 == kStages ? 0 : stage + 1;
+        const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+        mbar_wait(&k_full[next], next_phase);
+        named_barrier_sync(my_turn, 256);  // this warpgroup's turn
+        issue_s(next);
+        mbar_wait(&v_full[stage], phase);
+        issue_pv(stage, p_prev);
+        named_barrier_arrive(next_turn, 256);  // the next one's turn
+        wgmma_wait<1>();                       // S(nb) complete; P·V(nb-1) may still run
+        if constexpr (kLoop == kLoopTwoP) {
+          softmax(nb, p_this);
+        } else {
+          softmax_kept(nb, p_this);
+        }
+        wgmma_wait<0>();  // P·V(nb-1) complete: stage free, O ready to rescale
+        reg_fence(o);
+        if (lane == 0) mbar_arrive(&empty[stage]);
+        if constexpr (kLoop == kLoopOneP) pack_p(p_this);
+        rescale_o();
+        stage = next;
+        phase = next_phase;
+      };
+      mbar_wait(&k_full[0], 0);
+      issue_s(0);
+      wgmma_wait<0>();
+      softmax(0, pa);
+      if (cw == kWG - 1) named_barrier_arrive(2, 256);  // warpgroup 0 starts
+      int nb = 1;
+      bool in_pb = false;  // the latest P is in pb (kLoopTwoP)
+      if constexpr (kLoop == kLoopTwoP) {
+        for (; nb + 1 < n_blocks; nb += 2) {
+          step(nb, pa, pb);
+          step(nb + 1, pb, pa);
+        }
+        in_pb = nb < n_blocks;  // one block left: its P ends in pb
+        if (in_pb) step(nb, pa, pb);
+      } else {
+        for (; nb < n_blocks; ++nb) step(nb, pa, pa);
+      }
       mbar_wait(&v_full[stage], phase);
-      issue_pv(stage, p_prev);
-      if constexpr (kPipelined) named_barrier_arrive(3 - cw, 256);  // the other's turn
-      wgmma_wait<1>();  // S(nb) complete; P·V(nb-1) may still run
-      softmax(nb, p_this);
-      wgmma_wait<0>();  // P·V(nb-1) complete: stage free, O ready to rescale
+      named_barrier_sync(my_turn, 256);
+      if constexpr (kLoop == kLoopTwoP) {
+        if (in_pb) {
+          issue_pv(stage, pb);
+        } else {
+          issue_pv(stage, pa);
+        }
+      } else {
+        issue_pv(stage, pa);
+      }
+      // The last warpgroup's last turn hands nothing on: every sync above has its arrival.
+      if (cw != kWG - 1) named_barrier_arrive(next_turn, 256);
+      wgmma_wait<0>();
       reg_fence(o);
       if (lane == 0) mbar_arrive(&empty[stage]);
-      rescale_o();
-      stage = next;
-      phase = next_phase;
-    };
-    mbar_wait(&k_full[0], 0);
-    issue_s(0);
-    wgmma_wait<0>();
-    softmax(0, pa);
-    // The warpgroups take turns issuing their matmuls (named barriers 2 and 3), so
-    // that one's softmax runs while the other's matmuls run; warpgroup 0 starts.
-    if constexpr (kPipelined) {
-      if (cw == 1) named_barrier_arrive(2, 256);
     }
-    int nb = 1;
-    for (; nb + 1 < n_blocks; nb += 2) {
-      step(nb, pa, pb);
-      step(nb + 1, pb, pa);
-    }
-    const bool odd_tail = nb < n_blocks;  // one block left: its P ends in pb
-    if (odd_tail) step(nb, pa, pb);
-    mbar_wait(&v_full[stage], phase);
-    if constexpr (kPipelined) named_barrier_sync(2 + cw, 256);
-    if (odd_tail) {
-      issue_pv(stage, pb);
-    } else {
-      issue_pv(stage, pa);
-    }
-    // Warpgroup 1's last turn hands nothing on: every sync above has its arrival.
-    if constexpr (kPipelined) {
-      if (cw == 0) named_barrier_arrive(3, 256);
-    }
-    wgmma_wait<0>();
-    reg_fence(o);
-    if (lane == 0) mbar_arrive(&empty[stage]);
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

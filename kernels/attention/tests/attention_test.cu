@@ -193,6 +193,9 @@ void poison(Buffers& bf) {
   CHECK_CUDA(cudaMemset(bf.o, 0xFF, bf.o_elems * 2));
   CHECK_CUDA(
       cudaMemset(bf.lse, 0xFF, static_cast<size_t>(bf.args.batch) * bf.args.q_heads * bf.args.q_len * 4));
+  // cudaMemset is ordered on the legacy stream only: a launch on a non-blocking stream (the
+  // graph replay below) must not race it.
+  CHECK_CUDA(cudaDeviceSynchronize());
 }
 
 std::vector<uint16_t> read_o(const Buffers& bf) {
