@@ -83,4 +83,13 @@ FusedAlgo choose_gemm_all_reduce(FusedAlgo algo, int world, int M, int N, bool b
   return rs_fused_fits() ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
 
+// moeDispatchGemm (kernels/moe/moe.h): the fused kernel (the rows and the grouped GEMM in one
+// persistent kernel) or the decomposed launches, from the rank-uniform world only (the token
+// counts differ by rank). Measured at W = 1 on one H200 (docs/performance.md "MoE fused
+// dispatch"); worlds above 1 were not measured for speed and take the decomposed path.
+inline FusedAlgo choose_moe_dispatch_gemm(FusedAlgo algo, int world) {
+  if (algo != FusedAlgo::kAuto) return algo;
+  return world == 1 ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
+}
+
 }  // namespace fusedcomm::kernels

@@ -566,6 +566,11 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
   a.workspace_bytes =
       k::moe_dispatch_workspace_bytes(tokens, topk, static_cast<int>(num_experts), world, rank, capacity);
   a.workspace = workspace(a.workspace_bytes);
+  const k::MoeLaunchInfo info = k::moe_dispatch_info(sm_->device(), a);
+  result->path = info.algo == k::FusedAlgo::kFused
+                     ? "fused (" + std::to_string(info.gemm_ctas) + " GEMM + " +
+                           std::to_string(info.dispatch_ctas) + " dispatch CTAs)"
+                     : "decomposed";
   check_fused_launch(k::launch_moe_dispatch(sm_->device(), a, s), kOp);
   end(s, true);
 
