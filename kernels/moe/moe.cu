@@ -28,7 +28,12 @@ constexpr int kSlotHeaderBytes = 16;  // int32 tokens, int32 bad id, int64 bad p
 // The fused dispatch's SM split (moe.h "Fused"): CTAs that store rows before they join the
 // GEMM, and the bytes of rows per work item (one release-add per expert run of an item).
 constexpr int kFusedDispatchCtas = 16;
-constexpr int64_t kFusedItemBytes = 512 << 10;
+constexpr int64_t kFusedItemBytes = 1 << 20;
+constexpr int kFusedMaxItemRows = 384;
+// moe_dispatch_role's row table (source, destination, expert per row) and up to kFusedMaxStages
+// barriers, before its stages.
+constexpr int kFusedMaxStages = 16;
+constexpr uint32_t kFusedRoleTableBytes = kFusedMaxItemRows * 20 + kFusedMaxStages * 8;
 
 // The dispatch's workspace (private device memory), in this order, each 256-byte aligned.
 struct DispatchWs {
@@ -344,7 +349,9 @@ struct FusedParams {
   int64_t chunk_pairs;
   uint64_t meta_offset;
   const MoeStatus* status;
-  int item_rows;      // send list positions per work item
+  int item_rows;    // send list positions per work item (<= kFusedMaxItemRows)
+  int bulk_stages;  // moe_dispatch_role's shared-memory stages (0: register copies)
+  uint32_t stage_bytes;
   int gemm_ctas;      // CTAs [0, gemm_ctas) start on the GEMM
   int dispatch_ctas;  // CTAs [gemm_ctas, gemm_ctas + dispatch_ctas) store rows first
   int local_experts;
@@ -375,53 +382,115 @@ __device__ __forceinline__ void copy_row_warp(uint4* dst, const uint4* src, int6
 }
 
 // The dispatch role (CTA j of the dispatch CTAs; all threads). Work item i = send list positions
-// [i · item_rows, (i + 1) · item_rows), taken by the CTAs in turn (so in the list's order): one
-// warp per row stores the token row and its identity into the owner's data area at its row (as
-// the decomposed rows kernel); then, per run of one expert in the item, one release-add of the
-// run's length to the owner's arrival counter of that expert (publish pattern of
-// comm_protocol.cuh: bar.sync, thread 0 fence.sc.sys, then the releases). No wait: a peer's data
-// area is free once its counts exchange (the launch before, on every rank) has raised its ready
-// flag, which every rank saw before this kernel started. When done, the CTA tells the peers
-// (fused_role_done: the last dispatch CTA raises done[r] at every peer) and returns (it then
-// joins the GEMM). Out of line: ag_gemm_kernel.cuh's rule for role code before the engine.
+// [i · item_rows, (i + 1) · item_rows), taken by the CTAs in turn (so in the list's order). Per
+// item: every thread works out some rows' places (the owner's data area at the row step 3 gives
+// them) and stores their identities; the rows move either by bulk copies (bulk_stages > 0, the
+// fused kernel: thread 0 streams each row through one of bulk_stages shared-memory stages,
+// global -> shared -> the owner, up to bulk_stages - 1 loads in flight; the register copies of
+// one CTA moved ~16 GB/s, so the GEMM waited on a dispatch of 16 CTAs for most of its time), or
+// by one warp per row (the rows-only kernel, whose CTAs have no dynamic shared memory). Then,
+// per run of one expert in the item, one release-add of the run's length to that expert's
+// arrival counter at its owner (publish pattern of comm_protocol.cuh: the bulk stores complete,
+// bar.sync, thread 0 fence.proxy.async + fence.sc.sys, then the releases). No wait on a peer: a
+// peer's data area and counters are free once its count exchange (the launch before, on every
+// rank) has raised its ready flag, which every rank saw before this kernel started. When done,
+// the CTA tells the peers (fused_role_done: the last dispatch CTA raises done[r] at every peer)
+// and returns (it then joins the GEMM). Out of line: ag_gemm_kernel.cuh's rule for role code
+// before the engine.
 inline __device__ __noinline__ void moe_dispatch_role(const FusedParams& p, uint64_t epoch, int j) {
   const CommDevice& d = p.dev;
   const int W = d.world, E = p.num_experts;
   if (j == 0 && threadIdx.x == 0) comm_publish_signature(d, epoch);  // before any release
   const bool ok = reinterpret_cast<const volatile MoeStatus*>(p.status)->code == kMoeOk;
+  // Dynamic shared memory (the GEMM's, before it starts): the item's row table, the stages'
+  // barriers, the stages.
+  extern __shared__ __align__(128) uint8_t role_smem[];
+  auto* t_src = reinterpret_cast<const uint8_t**>(role_smem);
+  auto* t_dst = reinterpret_cast<uint8_t**>(role_smem + kFusedMaxItemRows * 8);
+  auto* t_run = reinterpret_cast<int32_t*>(role_smem + kFusedMaxItemRows * 16);  // expert of the row
+  auto* bar = reinterpret_cast<uint64_t*>(role_smem + kFusedMaxItemRows * 20);
+  uint8_t* stage_buf = role_smem + kFusedRoleTableBytes;
+  const int S = p.bulk_stages;
+  if (S > 0 && threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) mbar_init(&bar[s], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
   if (ok) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
     const int64_t items = (p.pairs + p.item_rows - 1) / p.item_rows;
+    uint64_t loads = 0;  // thread 0: bulk loads issued by this CTA so far (stage, parity)
     for (int64_t it = j; it < items; it += p.dispatch_ctas) {
       const int64_t a = it * p.item_rows, b = min(a + p.item_rows, p.pairs);
-      for (int64_t i = a + warp; i < b; i += warps) {
+      for (int64_t i = a + threadIdx.x; i < b; i += blockDim.x) {
         const int64_t pj = p.list[i];
         const int e = p.ids[pj];
         const int64_t t = pj / p.topk;
         const int q = split_owner(E, W, e);
         const int64_t row = p.send_base[e] + p.chunk_prefix[(pj / p.chunk_pairs) * E + e] + p.pair_pos[pj];
         uint8_t* area = d.base[q] + d.data_offset;
-        copy_row_warp(reinterpret_cast<uint4*>(area + row * row_bytes), p.x + t * p.row_vecs, p.row_vecs,
-                      lane);
-        if (lane == 0) {
-          RowMeta m{d.rank, static_cast<int32_t>(t), static_cast<int32_t>(pj - t * p.topk), p.weights[pj]};
-          *reinterpret_cast<RowMeta*>(area + p.meta_offset + row * sizeof(RowMeta)) = m;
-        }
+        t_src[i - a] = reinterpret_cast<const uint8_t*>(p.x + t * p.row_vecs);
+        t_dst[i - a] = area + row * row_bytes;
+        t_run[i - a] = e;
+        RowMeta m{d.rank, static_cast<int32_t>(t), static_cast<int32_t>(pj - t * p.topk), p.weights[pj]};
+        *reinterpret_cast<RowMeta*>(area + p.meta_offset + row * sizeof(RowMeta)) = m;
       }
       __syncthreads();
+      const int n = static_cast<int>(b - a);
+      if (S == 0) {
+        for (int i = warp; i < n; i += warps) {
+          copy_row_warp(reinterpret_cast<uint4*>(t_dst[i]), reinterpret_cast<const uint4*>(t_src[i]),
+                        p.row_vecs, lane);
+        }
+        __syncthreads();
+      } else if (threadIdx.x == 0) {
+        const uint32_t rb = static_cast<uint32_t>(row_bytes);
+        int issued = 0;
+        for (int q = 0; q < n; ++q) {
+          while (issued < n && issued - q < S - 1) {
+            const uint64_t k = loads + issued;
+            const int st = static_cast<int>(k % S);
+            // The stage's last store has read it (all stores: the most recent may be that one).
+            if (k >= static_cast<uint64_t>(S)) bulk_wait_read_all();
+            mbar_arrive_expect_tx(&bar[st], rb);
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+                    "r"(smem_u32(stage_buf + static_cast<size_t>(st) * p.stage_bytes)),
+                "l"(t_src[issued]), "r"(rb), "r"(smem_u32(&bar[st]))
+                : "memory");
+            ++issued;
+          }
+          const uint64_t k = loads + q;
+          const int st = static_cast<int>(k % S);
+          mbar_wait(&bar[st], static_cast<uint32_t>((k / S) & 1));
+          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(t_dst[q]),
+                       "r"(smem_u32(stage_buf + static_cast<size_t>(st) * p.stage_bytes)), "r"(rb)
+                       : "memory");
+          bulk_commit();
+        }
+        loads += n;
+        bulk_wait_all();  // the item's rows are stored
+        fence_proxy_async_global();
+      }
       if (threadIdx.x == 0) {
         __threadfence_system();
-        for (int64_t i = a; i < b;) {
-          const int e = p.ids[p.list[i]];
-          int64_t n = 1;
-          while (i + n < b && p.ids[p.list[i + n]] == e) ++n;
+        for (int i = 0; i < n;) {
+          const int e = t_run[i];
+          int r = 1;
+          while (i + r < n && t_run[i + r] == e) ++r;
           const int q = split_owner(E, W, e);
-          red_release_sys_add(moe_rows_arrived(d, q) + (e - split_offset(E, W, q)), static_cast<uint64_t>(n));
-          i += n;
+          red_release_sys_add(moe_rows_arrived(d, q) + (e - split_offset(E, W, q)), static_cast<uint64_t>(r));
+          i += r;
         }
       }
+      __syncthreads();  // the table is rewritten by the next item
     }
+  }
+  // The GEMM initialises its own barriers in this shared memory next.
+  if (S > 0 && threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s)
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(&bar[s])) : "memory");
   }
   __syncthreads();
   if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.dispatch_ctas));
@@ -815,8 +884,24 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
     fp.item_rows = f.item_rows;
     fp.gemm_ctas = f.gemm;
     fp.dispatch_ctas = f.dispatch;
+    fp.bulk_stages = 0;
+    fp.stage_bytes = 0;
+    if (!empty) {
+      // The stages: the rows (rounded to 128 bytes) that fit the GEMM's shared memory after
+      // the row table; fewer than 2 (rows of ~100 KiB and more): register copies.
+      const size_t smem = gl.plan.tile_n == 256
+                              ? GemmTileConfig<256, GroupedEpilogue::kStagingRounds>::kSmemBytes
+                              : GemmTileConfig<128, GroupedEpilogue::kStagingRounds>::kSmemBytes;
+      const uint64_t stage = (static_cast<uint64_t>(a.hidden) * 2 + 127) / 128 * 128;
+      const int stages =
+          static_cast<int>(std::min<uint64_t>(kFusedMaxStages, (smem - kFusedRoleTableBytes) / stage));
+      if (stages >= 2) {
+        fp.bulk_stages = stages;
+        fp.stage_bytes = static_cast<uint32_t>(stage);
+      }
+    }
     if (empty) {
-      moe_fused_rows_kernel<<<f.dispatch, kGemmThreads, 0, stream>>>(fp);
+      moe_fused_rows_kernel<<<f.dispatch, kGemmThreads, kFusedRoleTableBytes, stream>>>(fp);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     } else {
       const int grid = f.gemm + f.dispatch;
