@@ -27,16 +27,19 @@
 //   5. the grouped GEMM (launch_grouped_gemm) of the received rows, read in place in the data
 //      area, with the local experts' W1 into `out`.
 // Fused (MoeDispatchArgs::algo = kFused; kAuto: fused_choice.h's choose_moe_dispatch_gemm, from
-// the world only, so every rank agrees): steps 1-2 as above (the count exchange also lays out a
-// send list: this rank's pairs by expert, the experts in moe_layout.h's moe_for_send_order, every
-// owner's first local expert first), then ONE persistent kernel per rank (cooperative, at most
-// one CTA per SM, MoeDispatchArgs::fused_ctas caps its grid) in place of steps 3 and 5:
+// the world only, so every rank agrees; it takes the decomposed path for now, see there): steps
+// 1-2 as above (the count exchange also lays out a send list: this rank's pairs by expert, the
+// experts in moe_layout.h's moe_for_send_order, every owner's first local expert first), then
+// ONE persistent kernel per rank (cooperative, at most one CTA per SM; MoeDispatchArgs::
+// fused_ctas caps its grid) in place of steps 3 and 5:
 //   - CTAs [G, G + P) store rows: work item i = send list positions [i · item_rows, (i + 1) ·
-//     item_rows) (~512 KiB of rows), taken by the P CTAs in turn; one warp per row stores it and
-//     its identity as step 3 does; then for each run of one expert in the item, one
-//     red.release.sys.add of the run's length to that expert's arrival counter at its owner
-//     (kMoeFlagsOffset), after bar.sync and a fence.sc.sys. A CTA done with its items tells the
-//     peers (the last of the P raises CommFlags::done[r] at every peer) and joins the GEMM.
+//     item_rows) (~1 MiB of rows), taken by the P CTAs in turn; the CTA's threads work out the
+//     rows' places (as step 3) and store their identities, its thread 0 streams the rows
+//     through shared-memory stages with bulk copies (global -> shared -> the owner's data area);
+//     then for each run of one expert in the item, one red.release.sys.add of the run's length
+//     to that expert's arrival counter at its owner (kMoeFlagsOffset). A CTA done with its
+//     items tells the peers (the last of the P raises CommFlags::done[r] at every peer) and
+//     joins the GEMM.
 //   - CTAs [0, G) run the grouped GEMM (the engine over launch_grouped_gemm's block table, the
 //     table built just before the kernel from the expert offsets); before loading a tile the
 //     producer waits until its expert's counter reaches the expert's row count (every source's
@@ -47,9 +50,9 @@
 //     (unpack) follows as its own launch. No start barrier: a peer's data area and counters are
 //     free once its count exchange has raised its ready flag (seen before this kernel started).
 //   The SM split: P = 16 dispatch CTAs by default (MoeDispatchArgs::dispatch_ctas), G = the
-//   rest; docs/performance.md "MoE fused dispatch" has the measurement (W = 1, one H200). A rank
-//   with no GEMM (no local expert, or out == null) runs the same protocol in a kernel of
-//   dispatch CTAs only.
+//   rest; docs/performance.md "MoE fused dispatch" has the W = 1 measurement. A rank with no
+//   GEMM (no local expert, or out == null) runs the same protocol in a kernel of dispatch CTAs
+//   only (register copies, one warp per row).
 // A bad expert id or an overflow is reported in MoeDeviceLayout::status on every rank (all
 // ranks derive it from the same matrix) and no row moves; every rank still runs each launch's
 // protocol, so nothing hangs. The host reads the status after synchronising (a clear error,
