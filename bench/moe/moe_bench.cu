@@ -5,8 +5,14 @@
 // symmetric memory. torch_moe_dist.py times the torch baseline on the same routing.
 //
 // Impls per (op, shape):
-//   fusedcomm                  moeDispatchGemm as users get it (launch_moe_dispatch with the GEMM);
-//                              moeCombine (launch_moe_combine)
+//   fusedcomm                  moeDispatchGemm as users get it (launch_moe_dispatch with the GEMM,
+//                              FusedAlgo::kAuto: fused_choice.h's path); moeCombine
+//                              (launch_moe_combine)
+//   fusedcomm_fused            moeDispatchGemm with the fused kernel (the rows and the grouped GEMM
+//                              in one persistent kernel, FusedAlgo::kFused)
+//   fusedcomm_decomposed       moeDispatchGemm's separate launches (FusedAlgo::kDecomposed)
+//   fusedcomm_fused_p<P>       with --dispatch-ctas P,...: the fused kernel with P dispatch CTAs
+//                              (the SM split's measurement)
 //   fusedcomm_dispatch_only    moeDispatchGemm's routing and rows without the GEMM (part)
 //   fusedcomm_gemm_only        the grouped GEMM alone on the received rows (part)
 // Routing (the same in torch_moe_dist.py): token t of rank s picks the k experts
@@ -46,7 +52,7 @@ namespace {
 
 const char* kUsage =
     "usage: moe_bench --world W --shapes FILE [--out ROWS.jsonl] [--batch-ms 25] [--batches 7]\n"
-    "                 [--sustain-ms 500] [--seed S]\n"
+    "                 [--sustain-ms 500] [--seed S] [--dispatch-ctas P,...]\n"
     "  FILE: \"<label> <hidden> <ffn> <experts> <topk> <tokens per rank> <uniform|skewed>\" per line\n"
     "  (bench/shapes/moe_layer.txt). hidden and ffn multiples of 8.\n"
     "  Rows go to --out as JSON lines (rank 0).\n"
@@ -64,6 +70,7 @@ struct Options {
   double batch_ms = 25, sustain_ms = 500;
   int batches = 7;
   uint64_t seed = 12345;
+  std::vector<int> dispatch_ctas;  // fused kernel variants (the SM split)
 };
 
 std::vector<Shape> read_shapes(const std::string& path) {
@@ -262,6 +269,15 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     d.workspace = ws, d.workspace_bytes = ws_max;
     k::MoeDispatchArgs d_only = d;
     d_only.out = nullptr;
+    d_only.algo = k::FusedAlgo::kDecomposed;
+    k::MoeDispatchArgs d_fused = d, d_dec = d;
+    d_fused.algo = k::FusedAlgo::kFused;
+    d_dec.algo = k::FusedAlgo::kDecomposed;
+    std::vector<k::MoeDispatchArgs> d_split;
+    for (int p : o.dispatch_ctas) {
+      d_split.push_back(d_fused);
+      d_split.back().dispatch_ctas = p;
+    }
     k::GroupedGemmArgs gg;
     gg.A = routed, gg.rows_capacity = cap, gg.offsets = offsets, gg.groups = static_cast<int>(El);
     gg.B = w1, gg.N = s.F, gg.K = s.H, gg.C = out, gg.workspace = gg_ws, gg.workspace_bytes = gg_ws_max;
@@ -269,61 +285,66 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     cb.expert_out = routed, cb.width = s.H, cb.layout = d.layout, cb.num_experts = s.E, cb.topk = s.topk;
     cb.capacity = cap, cb.tokens = s.T, cb.topk_weights = wts, cb.out = combined;
 
-    // ---- the checks ----
+    // ---- the checks (each dispatch path; the combine after the last) ----
     std::string why;
-    FC_BENCH_CUDA(cudaMemsetAsync(routed, 0xFF, cap * s.H * 2, st));
-    FC_BENCH_CUDA(cudaMemsetAsync(out, 0xFF, cap * s.F * 2, st));
-    FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d, st));
-    FC_BENCH_CUDA(cudaStreamSynchronize(st));
-    sm->raise_if_failed();
-    const k::MoeStatus stat = download<k::MoeStatus>(status, 1)[0];
     std::vector<int64_t> want_off(El + 1, 0);
     for (int p = 0; p < W; ++p)
       for (int32_t e : all_ids[p])
         if (e >= first && e < first + El) ++want_off[e - first + 1];
     for (int64_t i = 0; i < El; ++i) want_off[i + 1] += want_off[i];
-    const auto got_off = download<int64_t>(offsets, El + 1);
     const int64_t n = want_off[El];
-    if (stat.code != k::kMoeOk) why = std::string("status ") + k::moe_status_name(stat.code);
-    if (why.empty() && got_off != want_off) why = "expert offsets differ from the routing's counts";
-    if (why.empty()) {
-      // Identities in the contract's order, each row's expert its segment's.
-      const auto sr = download<int32_t>(src_rank, n), tk = download<int32_t>(src_token, n),
-                 sl = download<int32_t>(src_slot, n);
-      std::vector<int64_t> at(n);
-      for (int64_t i = 0, e = 0; i < n && why.empty(); ++i) {
-        while (want_off[e + 1] <= i) ++e;
-        const bool in_range =
-            sr[i] >= 0 && sr[i] < W && tk[i] >= 0 && tk[i] < s.T && sl[i] >= 0 && sl[i] < s.topk;
-        if (!in_range || all_ids[sr[i]][tk[i] * s.topk + sl[i]] != first + e) {
-          why = "row " + std::to_string(i) + ": identity not of expert " + std::to_string(first + e);
-        } else if (i > want_off[e] &&
-                   std::make_tuple(sr[i - 1], tk[i - 1], sl[i - 1]) >= std::make_tuple(sr[i], tk[i], sl[i])) {
-          why = "row " + std::to_string(i) + ": out of the contract's order";
+    for (const k::MoeDispatchArgs* dv : {&d_dec, &d_fused}) {
+      if (!why.empty()) break;
+      const char* path = dv == &d_fused ? "fused: " : "decomposed: ";
+      FC_BENCH_CUDA(cudaMemsetAsync(routed, 0xFF, cap * s.H * 2, st));
+      FC_BENCH_CUDA(cudaMemsetAsync(out, 0xFF, cap * s.F * 2, st));
+      FC_BENCH_CUDA(k::launch_moe_dispatch(dev, *dv, st));
+      FC_BENCH_CUDA(cudaStreamSynchronize(st));
+      sm->raise_if_failed();
+      const k::MoeStatus stat = download<k::MoeStatus>(status, 1)[0];
+      const auto got_off = download<int64_t>(offsets, El + 1);
+      if (stat.code != k::kMoeOk) why = std::string("status ") + k::moe_status_name(stat.code);
+      if (why.empty() && got_off != want_off) why = "expert offsets differ from the routing's counts";
+      if (why.empty()) {
+        // Identities in the contract's order, each row's expert its segment's.
+        const auto sr = download<int32_t>(src_rank, n), tk = download<int32_t>(src_token, n),
+                   sl = download<int32_t>(src_slot, n);
+        std::vector<int64_t> at(n);
+        for (int64_t i = 0, e = 0; i < n && why.empty(); ++i) {
+          while (want_off[e + 1] <= i) ++e;
+          const bool in_range =
+              sr[i] >= 0 && sr[i] < W && tk[i] >= 0 && tk[i] < s.T && sl[i] >= 0 && sl[i] < s.topk;
+          if (!in_range || all_ids[sr[i]][tk[i] * s.topk + sl[i]] != first + e) {
+            why = "row " + std::to_string(i) + ": identity not of expert " + std::to_string(first + e);
+          } else if (i > want_off[e] && std::make_tuple(sr[i - 1], tk[i - 1], sl[i - 1]) >=
+                                            std::make_tuple(sr[i], tk[i], sl[i])) {
+            why = "row " + std::to_string(i) + ": out of the contract's order";
+          }
+          at[i] = int64_t{sr[i]} * s.T + tk[i];
         }
-        at[i] = int64_t{sr[i]} * s.T + tk[i];
-      }
-      if (why.empty() && n > 0) {
-        upload(idx, at);
-        gather_rows<<<1024, 256, 0, st>>>(want, all_x, idx, n, s.H);
-        FC_BENCH_CUDA(cudaGetLastError());
-        const b::Mismatch m = b::compare_exact(routed, want, n * s.H, st);
-        if (m.count) why = "routed_x: " + std::to_string(m.count) + " elements differ";
-      }
-      for (int64_t e = 0; e < El && why.empty(); ++e) {
-        const int64_t lo = want_off[e], rows = want_off[e + 1] - lo;
-        if (rows == 0) continue;
-        b::reference_gemm(routed + lo * s.H, s.H, w1 + e * s.F * s.H, s.H, false, static_cast<int>(rows), s.F,
-                          s.H, ref + lo * s.F, absdot + lo * s.F, false, st);
-      }
-      if (why.empty() && n > 0) {
-        const b::Mismatch m = b::compare_gemm(out, s.F, ref, absdot, static_cast<int>(n), s.F, 0.f, st);
-        if (m.count) {
-          why = "out: " + std::to_string(m.count) + " elements outside the bound (first at " +
-                std::to_string(m.index) + ": " + std::to_string(m.got) + ", want " + std::to_string(m.want) +
-                ")";
+        if (why.empty() && n > 0) {
+          upload(idx, at);
+          gather_rows<<<1024, 256, 0, st>>>(want, all_x, idx, n, s.H);
+          FC_BENCH_CUDA(cudaGetLastError());
+          const b::Mismatch m = b::compare_exact(routed, want, n * s.H, st);
+          if (m.count) why = "routed_x: " + std::to_string(m.count) + " elements differ";
+        }
+        for (int64_t e = 0; e < El && why.empty(); ++e) {
+          const int64_t lo = want_off[e], rows = want_off[e + 1] - lo;
+          if (rows == 0) continue;
+          b::reference_gemm(routed + lo * s.H, s.H, w1 + e * s.F * s.H, s.H, false, static_cast<int>(rows),
+                            s.F, s.H, ref + lo * s.F, absdot + lo * s.F, false, st);
+        }
+        if (why.empty() && n > 0) {
+          const b::Mismatch m = b::compare_gemm(out, s.F, ref, absdot, static_cast<int>(n), s.F, 0.f, st);
+          if (m.count) {
+            why = "out: " + std::to_string(m.count) + " elements outside the bound (first at " +
+                  std::to_string(m.index) + ": " + std::to_string(m.got) + ", want " +
+                  std::to_string(m.want) + ")";
+          }
         }
       }
+      if (!why.empty()) why = path + why;
     }
     // The combine of the rows sent back unchanged: x_t · Σ_q w_q in fp32, slot order, rounded once.
     FC_BENCH_CUDA(cudaMemsetAsync(combined, 0xFF, s.T * s.H * 2, st));
@@ -368,13 +389,19 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d, st)); },
         [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d_only, st)); },
         [&] { FC_BENCH_CUDA(k::launch_grouped_gemm(gg, st)); },
+        [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d_fused, st)); },
+        [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d_dec, st)); },
     };
+    for (const k::MoeDispatchArgs& dv : d_split)
+      dispatch_impls.push_back([&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, dv, st)); });
     const std::vector<double> td = time_ops(dispatch_impls);
     const std::vector<double> tc = time_ops({[&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb, st)); }});
     // Rank 0's rows: FLOPs and bytes of this rank (the routed rows it received, the rows it sent).
     const double sent_bytes = double(s.T) * s.topk * s.H * 2;
     const double gemm_flops = 2.0 * n * s.F * s.H;
-    const char* names[] = {"fusedcomm", "fusedcomm_dispatch_only", "fusedcomm_gemm_only"};
+    std::vector<std::string> names = {"fusedcomm", "fusedcomm_dispatch_only", "fusedcomm_gemm_only",
+                                      "fusedcomm_fused", "fusedcomm_decomposed"};
+    for (int p : o.dispatch_ctas) names.push_back("fusedcomm_fused_p" + std::to_string(p));
     auto row = [&](const char* op, const char* impl, double ms, double flops) {
       b::Row sh;
       sh.integer("tokens", s.T).integer("hidden", s.H).integer("ffn", s.F).integer("experts", s.E);
@@ -391,7 +418,17 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       rows_out.write(rw);
       if (r == 0) std::printf("%-22s W=%d %-16s %-26s %8.4f ms\n", s.label.c_str(), W, op, impl, ms);
     };
-    for (int i = 0; i < 3; ++i) row("moeDispatchGemm", names[i], td[i], i == 1 ? 0.0 : gemm_flops);
+    for (size_t i = 0; i < names.size(); ++i)
+      row("moeDispatchGemm", names[i].c_str(), td[i], i == 1 ? 0.0 : gemm_flops);
+    if (r == 0) {
+      const k::MoeLaunchInfo fi = k::moe_dispatch_info(dev, d_fused);
+      std::printf(
+          "%-22s W=%d fused split: %d GEMM + %d dispatch CTAs, %d rows per item; auto: %s; "
+          "fused / max(parts) %.3f, fused / sum(parts) %.3f\n",
+          s.label.c_str(), W, fi.gemm_ctas, fi.dispatch_ctas, fi.item_rows,
+          k::moe_dispatch_info(dev, d).algo == k::FusedAlgo::kFused ? "fused" : "decomposed",
+          td[3] / std::max(td[1], td[2]), td[3] / (td[1] + td[2]));
+    }
     row("moeCombine", "fusedcomm", tc[0], 0.0);
     std::fflush(stdout);
   }
@@ -412,6 +449,14 @@ int main(int argc, char** argv) {
   o.batches = static_cast<int>(a.num("batches", 7));
   o.sustain_ms = a.num("sustain-ms", 500);
   o.seed = static_cast<uint64_t>(a.num("seed", 12345));
+  {
+    std::string list = a.str("dispatch-ctas", "");
+    for (size_t at = 0; at < list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      o.dispatch_ctas.push_back(std::stoi(list.substr(at, comma - at)));
+      at = comma + 1;
+    }
+  }
   a.done();
   if (o.world < 1 || o.shapes.empty()) a.fail("--world and --shapes are required");
   try {

@@ -172,6 +172,25 @@ void one_rank(fc_runtime_t rt) {
   check(fc_moe_combine(comm, &mdesc, FC_DTYPE_F32, dispatch, expert_out, 4, combined) == FC_STATUS_SUCCESS &&
             std::memcmp(combined, x, sizeof x) == 0,
         "moeCombine returns each token");
+  // moeGemmCombine: bit for bit the grouped GEMM over the expert offsets, then the combine, for
+  // both weight layouts (h: the expert rows; w2: one expert, 3 x 4 outputs of width 3).
+  for (const fc_weight_layout_t wl : {FC_LAYOUT_NK, FC_LAYOUT_KN}) {
+    const float h[] = {0.5f, -1.25f, 2, 3.75f, -0.125f, 1, 4.5f, -2};  // 2 rows x k = 4
+    const float w2[] = {0.3f, -0.7f, 1.1f, 0.9f, -1.3f, 0.2f, 0.6f, -0.4f, 1.7f, -0.05f, 0.8f, -1.9f};
+    float rows[6] = {}, want[6] = {}, got[6] = {};
+    const int64_t offsets[] = {0, 2};
+    check(fc_grouped_gemm(FC_BACKEND_HOST, FC_DTYPE_F32, h, w2, rows, offsets, 1, 2, 3, 4, wl) ==
+                  FC_STATUS_SUCCESS &&
+              fc_moe_combine(comm, &mdesc, FC_DTYPE_F32, dispatch, rows, 3, want) == FC_STATUS_SUCCESS,
+          "moeGemmCombine's reference: groupedGemm then moeCombine");
+    check(fc_moe_gemm_combine(comm, &mdesc, FC_DTYPE_F32, dispatch, h, 4, w2, wl, 3, got) ==
+                  FC_STATUS_SUCCESS &&
+              std::memcmp(got, want, sizeof got) == 0,
+          std::string("moeGemmCombine = moeCombine(groupedGemm) bit for bit (") +
+              (wl == FC_LAYOUT_NK ? "NK" : "KN") + "): " + fc_last_error_message());
+  }
+  check_fails(fc_moe_gemm_combine(comm, &mdesc, FC_DTYPE_F32, dispatch, x, 4, w1, FC_LAYOUT_NK, -1, combined),
+              FC_STATUS_INVALID_ARGUMENT, "moeGemmCombine", "a negative width");
   check(fc_moe_dispatch_free(dispatch) == FC_STATUS_SUCCESS, "fc_moe_dispatch_free");
   check_fails(fc_moe_dispatch_layout(nullptr, &layout), FC_STATUS_STATE, "the MoE dispatch is closed",
               "a null dispatch");
@@ -774,6 +793,7 @@ void exports() {
                           "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
                           "Java_io_fusedcomm_api_NativeOps_pointerInfo",
                           "Java_io_fusedcomm_runtime_NativeApi_memStats", "fc_grouped_gemm", "JNI_OnLoad",
+                          "fc_moe_gemm_combine",
                           "fc_attention_backward", "fc_ring_attention_backward",
                           "Java_io_fusedcomm_api_NativeOps_attentionBackward",
                           "Java_io_fusedcomm_api_NativeOps_ringAttentionBackward"}) {

@@ -83,4 +83,18 @@ FusedAlgo choose_gemm_all_reduce(FusedAlgo algo, int world, int M, int N, bool b
   return rs_fused_fits() ? FusedAlgo::kFused : FusedAlgo::kDecomposed;
 }
 
+// moeDispatchGemm (kernels/moe/moe.h): the fused kernel (the rows and the grouped GEMM in one
+// persistent kernel) or the decomposed launches, from the rank-uniform world only (the token
+// counts differ by rank). At W = 1 (one H200, the three expert shapes at 4096 and 16384
+// tokens) the fused kernel took 1.02-1.55 x the decomposed launches' time: there the rows only
+// move within the GPU (a copy at the memory's speed, ~0.2 ms of the decomposed 2.9 ms at
+// DeepSeek-V3-like 4096 tokens), which the SMs lent to it cost the GEMM back
+// (docs/performance.md "MoE fused dispatch"). Worlds above 1 were not measured for speed. So
+// kAuto takes the decomposed path everywhere; kFused is there for the benchmarks, the tests and
+// the measurement on a multi-GPU host that this rule waits for.
+inline FusedAlgo choose_moe_dispatch_gemm(FusedAlgo algo, int /*world*/) {
+  if (algo != FusedAlgo::kAuto) return algo;
+  return FusedAlgo::kDecomposed;
+}
+
 }  // namespace fusedcomm::kernels

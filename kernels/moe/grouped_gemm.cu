@@ -29,7 +29,8 @@ static_assert(kMoeMaxExperts <= kTableThreads, "one thread per group");
 constexpr int kSmallGroupsRasterM = 1;
 
 // One CTA: group g's rows [offsets[g], offsets[g+1]) become ceil(len / 128) blocks, numbered
-// in group order; block b's entry holds its first row, its group's end and the group. Also
+// in group order; block b's entry holds its first row, its group's end, the group and the
+// group's first row (the fused dispatch's waits: the group's row count). Also
 // resets the tile counter for the engine launch that follows on the stream.
 __global__ void __launch_bounds__(kTableThreads)
     grouped_table_kernel(const int64_t* offsets, int groups, GroupedHeader* header, int4* table) {
@@ -46,7 +47,8 @@ __global__ void __launch_bounds__(kTableThreads)
   int first = 0, total = 0;
   Scan(scan).ExclusiveSum(blocks, first, total);
   for (int j = 0; j < blocks; ++j) {
-    table[first + j] = make_int4(static_cast<int>(begin) + j * kTileM, static_cast<int>(end), g, 0);
+    table[first + j] =
+        make_int4(static_cast<int>(begin) + j * kTileM, static_cast<int>(end), g, static_cast<int>(begin));
   }
   if (g == 0) {
     header->vblocks = total;
@@ -87,12 +89,18 @@ size_t grouped_gemm_workspace_bytes(int64_t rows_capacity, int groups) {
   return sizeof(detail::GroupedHeader) + static_cast<size_t>(std::max<int64_t>(blocks, 1)) * sizeof(int4);
 }
 
-cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
-  using namespace detail;
+namespace detail {
+
+cudaError_t grouped_gemm_prepare(const GroupedGemmArgs& a, GroupedLaunch* out, bool* empty,
+                                 cudaStream_t stream) {
+  *empty = false;
   if (a.groups < 0 || a.groups > kMoeMaxExperts || a.rows_capacity < 0 || a.rows_capacity >= (1ll << 31)) {
     return cudaErrorInvalidValue;
   }
-  if (a.groups == 0 || a.rows_capacity == 0) return cudaSuccess;  // nothing to compute
+  if (a.groups == 0 || a.rows_capacity == 0) {  // nothing to compute
+    *empty = true;
+    return cudaSuccess;
+  }
   if (a.N < 8 || a.K < 8 || a.N % 8 != 0 || a.K % 8 != 0) return cudaErrorInvalidValue;
   if (a.A == nullptr || a.B == nullptr || a.C == nullptr || a.offsets == nullptr)
     return cudaErrorInvalidValue;
@@ -131,7 +139,7 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   g.cluster = 1;
   g.stream_k = 1;
   g.pingpong = 1;
-  GemmPlan plan;
+  GemmPlan& plan = out->plan;
   if (cudaError_t e = gemm_plan(g, &plan); e != cudaSuccess) return e;
   if (!encode_a_map(&plan.ta, a.A, static_cast<int>(a.rows_capacity), a.K, a.K)) return cudaErrorInvalidValue;
   const int64_t b_rows = static_cast<int64_t>(a.groups) * (kn ? a.K : a.N);
@@ -139,27 +147,37 @@ cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   plan.prob.c_tma = 0;  // the epilogue stores each row of a tile's group only
 
-  GroupedEpilogue epi;
+  GroupedEpilogue& epi = out->epi;
   if (!encode_store_map(&epi.tm_c, a.C, static_cast<int>(a.rows_capacity), a.N, a.N, false))
     return cudaErrorInvalidValue;
   epi.c = a.C;
   epi.ldc = a.N;
   epi.table = table;
   epi.tma_store = a.tma_store != 1;
-  GroupedSchedule sched;
+  GroupedSchedule& sched = out->sched;
   sched.header = header;
   sched.table = table;
   sched.b_stride = kn ? a.K : a.N;
   sched.n_blocks_ = plan.prob.n_blocks;
 
   grouped_table_kernel<<<1, kTableThreads, 0, stream>>>(a.offsets, a.groups, header, table);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+}  // namespace detail
+
+cudaError_t launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
+  using namespace detail;
+  GroupedLaunch l;
+  bool empty = false;
+  if (cudaError_t e = grouped_gemm_prepare(a, &l, &empty, stream); e != cudaSuccess || empty) return e;
+  const GemmPlan& plan = l.plan;
   if (plan.tile_n == 256) {
-    return kn ? launch_engine<256, true>(plan, epi, sched, stream)
-              : launch_engine<256, false>(plan, epi, sched, stream);
+    return plan.kn ? launch_engine<256, true>(plan, l.epi, l.sched, stream)
+                   : launch_engine<256, false>(plan, l.epi, l.sched, stream);
   }
-  return kn ? launch_engine<128, true>(plan, epi, sched, stream)
-            : launch_engine<128, false>(plan, epi, sched, stream);
+  return plan.kn ? launch_engine<128, true>(plan, l.epi, l.sched, stream)
+                 : launch_engine<128, false>(plan, l.epi, l.sched, stream);
 }
 
 }  // namespace fusedcomm::kernels

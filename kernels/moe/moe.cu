@@ -3,12 +3,18 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/comm_protocol.cuh"
+#include "kernels/common/fused_choice.h"
+#include "kernels/common/fused_launch.cuh"
+#include "kernels/common/fused_protocol.cuh"
 #include "kernels/common/split.h"
+#include "kernels/gemm/detail/gemm_sm90.cuh"
+#include "kernels/moe/detail/moe_grouped.cuh"
 #include "kernels/moe/detail/moe_layout.h"
 #include "kernels/moe/moe.h"
 
@@ -19,10 +25,19 @@ namespace {
 constexpr int kCountsThreads = 1024;
 constexpr int kRowThreads = 256;
 constexpr int kSlotHeaderBytes = 16;  // int32 tokens, int32 bad id, int64 bad pair (-1: none)
+// The fused dispatch's SM split (moe.h "Fused"): CTAs that store rows before they join the
+// GEMM, and the bytes of rows per work item (one release-add per expert run of an item).
+constexpr int kFusedDispatchCtas = 16;
+constexpr int64_t kFusedItemBytes = 1 << 20;
+constexpr int kFusedMaxItemRows = 384;
+// moe_dispatch_role's row table (source, destination, expert per row) and up to kFusedMaxStages
+// barriers, before its stages.
+constexpr int kFusedMaxStages = 16;
+constexpr uint32_t kFusedRoleTableBytes = kFusedMaxItemRows * 20 + kFusedMaxStages * 8;
 
 // The dispatch's workspace (private device memory), in this order, each 256-byte aligned.
 struct DispatchWs {
-  size_t bad_pair, chunk_counts, pair_pos, send_base, gemm, total;
+  size_t bad_pair, chunk_counts, pair_pos, send_base, send_start, send_list, gemm, total;
 };
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 DispatchWs dispatch_ws(int64_t tokens, int topk, int num_experts, int local_experts, int64_t capacity) {
@@ -37,6 +52,10 @@ DispatchWs dispatch_ws(int64_t tokens, int topk, int num_experts, int local_expe
   at += align256(static_cast<size_t>(pairs) * 4);
   w.send_base = at;
   at += align256(static_cast<size_t>(num_experts) * 8);
+  w.send_start = at;
+  at += align256(static_cast<size_t>(num_experts) * 4);
+  w.send_list = at;
+  at += align256(static_cast<size_t>(pairs) * 4);
   w.gemm = at;
   at += align256(grouped_gemm_workspace_bytes(capacity, local_experts));
   w.total = at;
@@ -93,7 +112,8 @@ struct CountsParams {
   int64_t tokens;
   const int32_t* ids;
   const unsigned long long* bad_pair;
-  int64_t* send_base;  // E: the first row at e's owner of this rank's pairs for e
+  int64_t* send_base;   // E: the first row at e's owner of this rank's pairs for e
+  int32_t* send_start;  // E, or null: the fused dispatch's send list (moe_for_send_order)
   MoeDeviceLayout layout;
   int64_t capacity;
 };
@@ -188,6 +208,15 @@ __global__ void __launch_bounds__(kCountsThreads) moe_counts_kernel(const __grid
   for (int i = tid; i <= local; i += blockDim.x) {
     const int64_t off = i < local ? moe_owner_offset(s_tot, W, E, first + i) : moe_owner_rows(s_tot, W, E, r);
     p.layout.expert_offsets[i] = good ? off : 0;
+  }
+  if (tid == 0 && p.send_start != nullptr) {
+    // The fused dispatch's send list: this rank's pairs by expert in moe_for_send_order's order, each
+    // expert's pairs in pair order; send_start[e] = the first position of e's.
+    int32_t at = 0;
+    moe_for_send_order(E, W, r, [&](int e) {
+      p.send_start[e] = at;
+      at += good ? s_m[r * E + e] : 0;
+    });
   }
   if (tid == 0) *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
@@ -287,6 +316,269 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// ---- the fused dispatch (MoeDispatchArgs::algo = kFused; moe.h "Fused") ----------------------
+
+// The send list: position send_start[e] + (the pair's rank among this rank's pairs of e) holds
+// pair j (the same rank the decomposed rows kernel adds to send_base).
+__global__ void __launch_bounds__(kRowThreads)
+    moe_send_list_kernel(const int32_t* ids, int64_t pairs, int64_t chunk_pairs, int num_experts,
+                         const int32_t* chunk_prefix, const int32_t* pair_pos, const int32_t* send_start,
+                         int32_t* list, const MoeStatus* status) {
+  if (reinterpret_cast<const volatile MoeStatus*>(status)->code != kMoeOk) return;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < pairs;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int e = ids[j];
+    list[send_start[e] + chunk_prefix[(j / chunk_pairs) * num_experts + e] + pair_pos[j]] =
+        static_cast<int32_t>(j);
+  }
+}
+
+struct FusedParams {
+  CommDevice dev;
+  const uint4* x;    // tokens × hidden bf16, as 16-byte vectors
+  int64_t row_vecs;  // hidden / 8
+  int64_t pairs;
+  int topk;
+  int num_experts;
+  const int32_t* ids;
+  const float* weights;
+  const int32_t* list;  // the send list (moe_send_list_kernel)
+  const int32_t* chunk_prefix;
+  const int32_t* pair_pos;
+  const int64_t* send_base;
+  int64_t chunk_pairs;
+  uint64_t meta_offset;
+  const MoeStatus* status;
+  int item_rows;    // send list positions per work item (<= kFusedMaxItemRows)
+  int bulk_stages;  // moe_dispatch_role's shared-memory stages (0: register copies)
+  uint32_t stage_bytes;
+  int gemm_ctas;      // CTAs [0, gemm_ctas) start on the GEMM
+  int dispatch_ctas;  // CTAs [gemm_ctas, gemm_ctas + dispatch_ctas) store rows first
+  int local_experts;
+  int first_expert;
+  const int32_t* counts;  // W × E (the layout's)
+};
+
+__device__ __forceinline__ uint64_t* moe_rows_arrived(const CommDevice& d, int rank) {
+  return reinterpret_cast<uint64_t*>(d.base[rank] + kMoeFlagsOffset);
+}
+
+__device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// One warp copies one row, 8 × 16 bytes per lane in flight (a lane's loads, then its stores).
+__device__ __forceinline__ void copy_row_warp(uint4* dst, const uint4* src, int64_t vecs, int lane) {
+  constexpr int kUnroll = 8;
+  for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kUnroll) {
+    uint4 t[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v0 + u * 32 < vecs) t[u] = __ldg(src + v0 + u * 32);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v0 + u * 32 < vecs) dst[v0 + u * 32] = t[u];
+  }
+}
+
+// The dispatch role (CTA j of the dispatch CTAs; all threads). Work item i = send list positions
+// [i · item_rows, (i + 1) · item_rows), taken by the CTAs in turn (so in the list's order). Per
+// item: every thread works out some rows' places (the owner's data area at the row step 3 gives
+// them) and stores their identities; the rows move either by bulk copies (bulk_stages > 0, the
+// fused kernel: thread 0 streams each row through one of bulk_stages shared-memory stages,
+// global -> shared -> the owner, up to bulk_stages - 1 loads in flight; the register copies of
+// one CTA moved ~16 GB/s, so the GEMM waited on a dispatch of 16 CTAs for most of its time), or
+// by one warp per row (the rows-only kernel, whose CTAs have no dynamic shared memory). Then,
+// per run of one expert in the item, one release-add of the run's length to that expert's
+// arrival counter at its owner (publish pattern of comm_protocol.cuh: the bulk stores complete,
+// bar.sync, thread 0 fence.proxy.async + fence.sc.sys, then the releases). No wait on a peer: a
+// peer's data area and counters are free once its count exchange (the launch before, on every
+// rank) has raised its ready flag, which every rank saw before this kernel started. When done,
+// the CTA tells the peers (fused_role_done: the last dispatch CTA raises done[r] at every peer)
+// and returns (it then joins the GEMM). Out of line: ag_gemm_kernel.cuh's rule for role code
+// before the engine.
+inline __device__ __noinline__ void moe_dispatch_role(const FusedParams& p, uint64_t epoch, int j) {
+  const CommDevice& d = p.dev;
+  const int W = d.world, E = p.num_experts;
+  if (j == 0 && threadIdx.x == 0) comm_publish_signature(d, epoch);  // before any release
+  const bool ok = reinterpret_cast<const volatile MoeStatus*>(p.status)->code == kMoeOk;
+  // Dynamic shared memory (the GEMM's, before it starts): the item's row table, the stages'
+  // barriers, the stages.
+  extern __shared__ __align__(128) uint8_t role_smem[];
+  auto* t_src = reinterpret_cast<const uint8_t**>(role_smem);
+  auto* t_dst = reinterpret_cast<uint8_t**>(role_smem + kFusedMaxItemRows * 8);
+  auto* t_run = reinterpret_cast<int32_t*>(role_smem + kFusedMaxItemRows * 16);  // expert of the row
+  auto* bar = reinterpret_cast<uint64_t*>(role_smem + kFusedMaxItemRows * 20);
+  uint8_t* stage_buf = role_smem + kFusedRoleTableBytes;
+  const int S = p.bulk_stages;
+  if (S > 0 && threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) mbar_init(&bar[s], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (ok) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
+    const int64_t items = (p.pairs + p.item_rows - 1) / p.item_rows;
+    uint64_t loads = 0;  // thread 0: bulk loads issued by this CTA so far (stage, parity)
+    for (int64_t it = j; it < items; it += p.dispatch_ctas) {
+      const int64_t a = it * p.item_rows, b = min(a + p.item_rows, p.pairs);
+      for (int64_t i = a + threadIdx.x; i < b; i += blockDim.x) {
+        const int64_t pj = p.list[i];
+        const int e = p.ids[pj];
+        const int64_t t = pj / p.topk;
+        const int q = split_owner(E, W, e);
+        const int64_t row = p.send_base[e] + p.chunk_prefix[(pj / p.chunk_pairs) * E + e] + p.pair_pos[pj];
+        uint8_t* area = d.base[q] + d.data_offset;
+        t_src[i - a] = reinterpret_cast<const uint8_t*>(p.x + t * p.row_vecs);
+        t_dst[i - a] = area + row * row_bytes;
+        t_run[i - a] = e;
+        RowMeta m{d.rank, static_cast<int32_t>(t), static_cast<int32_t>(pj - t * p.topk), p.weights[pj]};
+        *reinterpret_cast<RowMeta*>(area + p.meta_offset + row * sizeof(RowMeta)) = m;
+      }
+      __syncthreads();
+      const int n = static_cast<int>(b - a);
+      if (S == 0) {
+        for (int i = warp; i < n; i += warps) {
+          copy_row_warp(reinterpret_cast<uint4*>(t_dst[i]), reinterpret_cast<const uint4*>(t_src[i]),
+                        p.row_vecs, lane);
+        }
+        __syncthreads();
+      } else if (threadIdx.x == 0) {
+        const uint32_t rb = static_cast<uint32_t>(row_bytes);
+        int issued = 0;
+        for (int q = 0; q < n; ++q) {
+          while (issued < n && issued - q < S - 1) {
+            const uint64_t k = loads + issued;
+            const int st = static_cast<int>(k % S);
+            // The stage's last store has read it (all stores: the most recent may be that one).
+            if (k >= static_cast<uint64_t>(S)) bulk_wait_read_all();
+            mbar_arrive_expect_tx(&bar[st], rb);
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+                    "r"(smem_u32(stage_buf + static_cast<size_t>(st) * p.stage_bytes)),
+                "l"(t_src[issued]), "r"(rb), "r"(smem_u32(&bar[st]))
+                : "memory");
+            ++issued;
+          }
+          const uint64_t k = loads + q;
+          const int st = static_cast<int>(k % S);
+          mbar_wait(&bar[st], static_cast<uint32_t>((k / S) & 1));
+          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(t_dst[q]),
+                       "r"(smem_u32(stage_buf + static_cast<size_t>(st) * p.stage_bytes)), "r"(rb)
+                       : "memory");
+          bulk_commit();
+        }
+        loads += n;
+        bulk_wait_all();  // the item's rows are stored
+        fence_proxy_async_global();
+      }
+      if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (int i = 0; i < n;) {
+          const int e = t_run[i];
+          int r = 1;
+          while (i + r < n && t_run[i + r] == e) ++r;
+          const int q = split_owner(E, W, e);
+          red_release_sys_add(moe_rows_arrived(d, q) + (e - split_offset(E, W, q)), static_cast<uint64_t>(r));
+          i += r;
+        }
+      }
+      __syncthreads();  // the table is rewritten by the next item
+    }
+  }
+  // The GEMM initialises its own barriers in this shared memory next.
+  if (S > 0 && threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s)
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(&bar[s])) : "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.dispatch_ctas));
+}
+
+// The end of the fused launch (one thread of each CTA, after the CTA's last access): the last
+// CTA waits until every peer has stored all its rows here (done), compares the signatures,
+// resets this rank's arrival counters and publishes the epoch (fused_finish's sequence).
+inline __device__ __noinline__ void moe_fused_finish(const CommDevice& d, uint64_t epoch, int local_experts) {
+  __threadfence();
+  if (!comm_last_cta(&comm_control(d)->exit_count)) return;
+  CommFlags* mine = comm_flags(d, d.rank);
+  bool ok = true;
+  for (int i = 1; i < d.world && ok; ++i) {
+    const int q = (d.rank + i) % d.world;
+    ok = fused_wait(d, &mine->done[q], epoch, kMoeOpFused, kCommStepDone, q, 1);
+  }
+  if (ok) comm_check_signatures(d, epoch, kMoeOpFused, kCommStepDone);
+  uint64_t* arrived = moe_rows_arrived(d, d.rank);
+  for (int i = 0; i < local_experts; ++i) reinterpret_cast<volatile uint64_t*>(arrived)[i] = 0;
+  *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+}
+
+// The GEMM producer's slow wait for an expert's rows (out of line, from the producer's region
+// only). Names a source of the expert's rows other than this rank, if any.
+inline __device__ __noinline__ bool moe_wait_rows(const FusedParams& p, const uint64_t* counter,
+                                                  uint64_t need, int group) {
+  const CommDevice& d = p.dev;
+  int peer = d.rank;
+  for (int s = 0; s < d.world; ++s) {
+    if (s != d.rank && p.counts[static_cast<int64_t>(s) * p.num_experts + p.first_expert + group] > 0) {
+      peer = s;
+      break;
+    }
+  }
+  // Twice the timeout: a source that never stores is caught by the end barrier's or the count
+  // exchange's wait first, whose record names it and its step.
+  return comm_wait_flag_inline(d, counter, need, kMoeOpFused, kMoeStepRows, peer, 2, d.world == 1,
+                               tuning::kFusedProducerPollSleepCapNs);
+}
+
+// The GEMM role's schedule: the grouped GEMM's table and claims, and before each tile every
+// row of its expert (the counter reaches the expert's row count; one expert's rows come from
+// every source, so a tile waits for all of them).
+struct MoeFusedSchedule : GroupedSchedule {
+  const FusedParams* p;
+  uint64_t epoch;
+  __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return true; }
+  template <int BN>
+  __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord tc) const {
+    const int4 b = table[tc.m];  // the group's end, the group, its first row
+    const uint64_t need = static_cast<uint64_t>(b.y - b.w);
+    const uint64_t* counter = moe_rows_arrived(p->dev, p->dev.rank) + b.z;
+    if ((p->dev.world == 1 ? ld_acquire_gpu(counter) : ld_acquire_sys(counter)) >= need) return true;
+    return moe_wait_rows(*p, counter, need, b.z);
+  }
+  __device__ __forceinline__ void consumers_done() const {
+    named_barrier_sync(1, 256);
+    if (threadIdx.x == 128) moe_fused_finish(p->dev, epoch, p->local_experts);
+  }
+};
+
+// Grid (cooperative, one CTA per SM at most, 384 threads): CTAs [0, G) run the grouped GEMM
+// from the start, CTAs [G, G + P) store rows first (moe_dispatch_role), then join the GEMM.
+template <int BN, bool kBKN>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    moe_fused_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                     const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob,
+                     const __grid_constant__ GroupedEpilogue epi, const __grid_constant__ GroupedSchedule gs,
+                     const __grid_constant__ FusedParams p) {
+  const uint64_t epoch = comm_launch_epoch(p.dev);
+  if (static_cast<int>(blockIdx.x) >= p.gemm_ctas)
+    moe_dispatch_role(p, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);
+  MoeFusedSchedule sched;
+  static_cast<GroupedSchedule&>(sched) = gs;
+  sched.p = &p;
+  sched.epoch = epoch;
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, sched);
+}
+
+// A rank with no GEMM (no local expert, or no output asked for) in a fused launch: the dispatch
+// role on every CTA, then the same end (its peers run moe_fused_kernel, whose protocol this is).
+__global__ void __launch_bounds__(kGemmThreads) moe_fused_rows_kernel(const __grid_constant__ FusedParams p) {
+  const uint64_t epoch = comm_launch_epoch(p.dev);
+  moe_dispatch_role(p, epoch, static_cast<int>(blockIdx.x));
+  if (threadIdx.x == 0) moe_fused_finish(p.dev, epoch, p.local_experts);
+}
+
 struct CombineParams {
   CommDevice dev;
   const uint4* expert_out;
@@ -381,15 +673,69 @@ int sm_count() {
   return n;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 int row_grid(int64_t rows) {
   const int64_t want = (rows + kRowThreads / 32 - 1) / (kRowThreads / 32);
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, 4LL * sm_count())));
 }
 
+struct FusedSplit {
+  int gemm, dispatch, item_rows;
+};
+// The fused kernel's grid: G GEMM CTAs and P dispatch CTAs (a rank without a GEMM: P = every
+// CTA of its rows kernel), and the rows per work item (a multiple of the CTA's 12 warps).
+FusedSplit fused_split(const CommDevice& dev, const MoeDispatchArgs& a, bool gemm) {
+  const int sms = device_sms(dev);
+  const int grid = a.fused_ctas > 0 ? std::min(a.fused_ctas, sms) : sms;
+  const int warps = kGemmThreads / 32;
+  const int64_t row_bytes = static_cast<int64_t>(a.hidden) * 2;
+  int64_t rows = std::clamp<int64_t>(kFusedItemBytes / std::max<int64_t>(row_bytes, 16), warps, 32 * warps);
+  rows = (rows + warps - 1) / warps * warps;
+  FusedSplit f{};
+  f.item_rows = static_cast<int>(rows);
+  if (!gemm) {
+    f.dispatch = grid;
+    return f;
+  }
+  const int want = a.dispatch_ctas > 0 ? a.dispatch_ctas : kFusedDispatchCtas;
+  f.dispatch = std::clamp(want, 1, std::max(1, grid / 2));
+  f.gemm = std::max(1, grid - f.dispatch);
+  return f;
+}
+
+FusedAlgo moe_algo(const CommDevice& dev, const MoeDispatchArgs& a) {
+  return choose_moe_dispatch_gemm(a.algo, dev.world);
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_fused_instance_moe(const GroupedLaunch& l, int grid, const FusedParams& p,
+                                      cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  auto kernel = moe_fused_kernel<BN, kBKN>;
+  constexpr size_t smem = GemmTileConfig<BN, GroupedEpilogue::kStagingRounds>::kSmemBytes;
+  if (cudaError_t e = gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
+      e != cudaSuccess) {
+    return e;
+  }
+  return launch_cooperative(kernel, grid, smem, stream, l.plan.ta, l.plan.tb, l.plan.tc, l.plan.prob, l.epi,
+                            l.sched, p);
+}
+
 }  // namespace
 }  // namespace detail
+
+MoeLaunchInfo moe_dispatch_info(const CommDevice& dev, const MoeDispatchArgs& a) {
+  using namespace detail;
+  MoeLaunchInfo info{};
+  info.algo = moe_algo(dev, a);
+  if (info.algo == FusedAlgo::kFused && dev.world >= 1 && dev.rank >= 0 && dev.rank < dev.world) {
+    const bool gemm = a.out != nullptr && split_count(a.num_experts, dev.world, dev.rank) > 0;
+    const FusedSplit f = fused_split(dev, a, gemm);
+    info.gemm_ctas = f.gemm;
+    info.dispatch_ctas = f.dispatch;
+    info.item_rows = f.item_rows;
+  }
+  return info;
+}
 
 uint64_t moe_dispatch_data_bytes(int64_t capacity, int hidden) {
   return static_cast<uint64_t>(capacity) * (static_cast<uint64_t>(hidden) * 2 + sizeof(detail::RowMeta));
@@ -431,6 +777,9 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
     return cudaErrorInvalidValue;
   }
   const int local = static_cast<int>(split_count(E, W, r));
+  const FusedAlgo algo = moe_algo(dev, a);
+  if (algo != FusedAlgo::kFused && algo != FusedAlgo::kDecomposed) return cudaErrorInvalidValue;
+  const bool fused = algo == FusedAlgo::kFused;
   const bool gemm = a.out != nullptr && local > 0;
   if (gemm && (a.w1 == nullptr || a.ffn < 8 || a.ffn % 8 != 0 || !aligned16(a.w1) || !aligned16(a.out))) {
     return cudaErrorInvalidValue;
@@ -448,6 +797,8 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   auto* chunk_counts = reinterpret_cast<int32_t*>(base + ws.chunk_counts);
   auto* pair_pos = reinterpret_cast<int32_t*>(base + ws.pair_pos);
   auto* send_base = reinterpret_cast<int64_t*>(base + ws.send_base);
+  auto* send_start = reinterpret_cast<int32_t*>(base + ws.send_start);
+  auto* send_list = reinterpret_cast<int32_t*>(base + ws.send_list);
   const int64_t pairs = a.tokens * a.topk;
   const int64_t chunks = moe_chunks(pairs);
   const int64_t chunk_pairs = moe_chunk_pairs(pairs);
@@ -477,8 +828,97 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   cp.send_base = send_base;
   cp.layout = L;
   cp.capacity = a.capacity;
+  cp.send_start = fused ? send_start : nullptr;
   moe_counts_kernel<<<1, kCountsThreads, 0, stream>>>(cp);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const uint8_t* area = dev.base[r] + dev.data_offset;
+  const uint64_t meta_offset = static_cast<uint64_t>(a.capacity) * a.hidden * 2;
+
+  if (fused) {
+    // The send list, then the rows and the grouped GEMM in one kernel (or the rows alone on a
+    // rank with no GEMM), then the unpack as in the decomposed path.
+    if (pairs > 0) {
+      moe_send_list_kernel<<<row_grid((pairs + 31) / 32), kRowThreads, 0, stream>>>(
+          a.topk_ids, pairs, chunk_pairs, E, chunk_counts, pair_pos, send_start, send_list, L.status);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    FusedParams fp{};
+    d.launch_sig = comm_launch_signature(kMoeOpFused, static_cast<uint32_t>(CommDtype::kBF16), 0, sizes);
+    fp.dev = d;
+    fp.x = reinterpret_cast<const uint4*>(a.x);
+    fp.row_vecs = a.hidden / 8;
+    fp.pairs = pairs;
+    fp.topk = a.topk;
+    fp.num_experts = E;
+    fp.ids = a.topk_ids;
+    fp.weights = a.topk_weights;
+    fp.list = send_list;
+    fp.chunk_prefix = chunk_counts;
+    fp.pair_pos = pair_pos;
+    fp.send_base = send_base;
+    fp.chunk_pairs = chunk_pairs;
+    fp.meta_offset = meta_offset;
+    fp.status = L.status;
+    fp.local_experts = local;
+    fp.first_expert = static_cast<int>(split_offset(E, W, r));
+    fp.counts = L.counts;
+    GroupedLaunch gl;
+    bool empty = true;
+    if (gemm && a.capacity > 0) {
+      GroupedGemmArgs g;
+      g.A = reinterpret_cast<const __nv_bfloat16*>(area);
+      g.rows_capacity = a.capacity;
+      g.offsets = L.expert_offsets;
+      g.groups = local;
+      g.B = a.w1;
+      g.b_layout = a.w1_layout;
+      g.N = a.ffn;
+      g.K = a.hidden;
+      g.C = a.out;
+      g.workspace = base + ws.gemm;
+      g.workspace_bytes = ws.total - ws.gemm;
+      g.num_ctas = fused_split(dev, a, true).gemm;  // the tile width for the CTAs that start on it
+      if (cudaError_t e = grouped_gemm_prepare(g, &gl, &empty, stream); e != cudaSuccess) return e;
+    }
+    const FusedSplit f = fused_split(dev, a, !empty);
+    fp.item_rows = f.item_rows;
+    fp.gemm_ctas = f.gemm;
+    fp.dispatch_ctas = f.dispatch;
+    fp.bulk_stages = 0;
+    fp.stage_bytes = 0;
+    if (!empty) {
+      // The stages: the rows (rounded to 128 bytes) that fit the GEMM's shared memory after
+      // the row table; fewer than 2 (rows of ~100 KiB and more): register copies.
+      const size_t smem = gl.plan.tile_n == 256
+                              ? GemmTileConfig<256, GroupedEpilogue::kStagingRounds>::kSmemBytes
+                              : GemmTileConfig<128, GroupedEpilogue::kStagingRounds>::kSmemBytes;
+      const uint64_t stage = (static_cast<uint64_t>(a.hidden) * 2 + 127) / 128 * 128;
+      const int stages =
+          static_cast<int>(std::min<uint64_t>(kFusedMaxStages, (smem - kFusedRoleTableBytes) / stage));
+      if (stages >= 2) {
+        fp.bulk_stages = stages;
+        fp.stage_bytes = static_cast<uint32_t>(stage);
+      }
+    }
+    if (empty) {
+      moe_fused_rows_kernel<<<f.dispatch, kGemmThreads, kFusedRoleTableBytes, stream>>>(fp);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    } else {
+      const int grid = f.gemm + f.dispatch;
+      const cudaError_t e = gl.plan.tile_n == 256
+                                ? (gl.plan.kn ? launch_fused_instance_moe<256, true>(gl, grid, fp, stream)
+                                              : launch_fused_instance_moe<256, false>(gl, grid, fp, stream))
+                                : (gl.plan.kn ? launch_fused_instance_moe<128, true>(gl, grid, fp, stream)
+                                              : launch_fused_instance_moe<128, false>(gl, grid, fp, stream));
+      if (e != cudaSuccess) return e;
+    }
+    if (a.capacity > 0) {
+      moe_unpack_kernel<<<row_grid(a.capacity), kRowThreads, 0, stream>>>(
+          area, meta_offset, a.hidden / 8, L.expert_offsets + local, L, reinterpret_cast<uint4*>(a.routed_x));
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
 
   RowsParams rp{};
   d.launch_sig = comm_launch_signature(kMoeOpRows, static_cast<uint32_t>(CommDtype::kBF16), 0, sizes);
@@ -494,12 +934,11 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   rp.pair_pos = pair_pos;
   rp.send_base = send_base;
   rp.chunk_pairs = chunk_pairs;
-  rp.meta_offset = static_cast<uint64_t>(a.capacity) * a.hidden * 2;
+  rp.meta_offset = meta_offset;
   rp.status = L.status;
   moe_rows_kernel<<<row_grid(pairs), kRowThreads, 0, stream>>>(rp);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
-  const uint8_t* area = dev.base[r] + dev.data_offset;
   if (a.capacity > 0) {
     moe_unpack_kernel<<<row_grid(a.capacity), kRowThreads, 0, stream>>>(area, rp.meta_offset, a.hidden / 8,
                                                                         L.expert_offsets + local, L,

@@ -26,6 +26,33 @@
 //   4. unpack (local): the received identities into MoeDeviceLayout, the rows into `routed_x`;
 //   5. the grouped GEMM (launch_grouped_gemm) of the received rows, read in place in the data
 //      area, with the local experts' W1 into `out`.
+// Fused (MoeDispatchArgs::algo = kFused; kAuto: fused_choice.h's choose_moe_dispatch_gemm, from
+// the world only, so every rank agrees; it takes the decomposed path for now, see there): steps
+// 1-2 as above (the count exchange also lays out a send list: this rank's pairs by expert, the
+// experts in moe_layout.h's moe_for_send_order, every owner's first local expert first), then
+// ONE persistent kernel per rank (cooperative, at most one CTA per SM; MoeDispatchArgs::
+// fused_ctas caps its grid) in place of steps 3 and 5:
+//   - CTAs [G, G + P) store rows: work item i = send list positions [i · item_rows, (i + 1) ·
+//     item_rows) (~1 MiB of rows), taken by the P CTAs in turn; the CTA's threads work out the
+//     rows' places (as step 3) and store their identities, its thread 0 streams the rows
+//     through shared-memory stages with bulk copies (global -> shared -> the owner's data area);
+//     then for each run of one expert in the item, one red.release.sys.add of the run's length
+//     to that expert's arrival counter at its owner (kMoeFlagsOffset). A CTA done with its
+//     items tells the peers (the last of the P raises CommFlags::done[r] at every peer) and
+//     joins the GEMM.
+//   - CTAs [0, G) run the grouped GEMM (the engine over launch_grouped_gemm's block table, the
+//     table built just before the kernel from the expert offsets); before loading a tile the
+//     producer waits until its expert's counter reaches the expert's row count (every source's
+//     rows; ld.acquire, bounded: kMoeOpFused / kMoeStepRows, peer = a source of that expert),
+//     so the first experts' tiles start while the later experts' rows are still moving.
+//   - The last CTA to finish waits for every peer's done (all rows for this rank stored),
+//     compares the signatures, resets this rank's counters and publishes the epoch; step 4
+//     (unpack) follows as its own launch. No start barrier: a peer's data area and counters are
+//     free once its count exchange has raised its ready flag (seen before this kernel started).
+//   The SM split: P = 16 dispatch CTAs by default (MoeDispatchArgs::dispatch_ctas), G = the
+//   rest; docs/performance.md "MoE fused dispatch" has the W = 1 measurement. A rank with no
+//   GEMM (no local expert, or out == null) runs the same protocol in a kernel of dispatch CTAs
+//   only (register copies, one warp per row).
 // A bad expert id or an overflow is reported in MoeDeviceLayout::status on every rank (all
 // ranks derive it from the same matrix) and no row moves; every rank still runs each launch's
 // protocol, so nothing hangs. The host reads the status after synchronising (a clear error,
@@ -64,6 +91,7 @@
 #include <cstdint>
 
 #include "kernels/collectives/collectives.h"
+#include "kernels/common/fused.h"
 #include "kernels/gemm/gemm.h"
 
 namespace fusedcomm::kernels {
@@ -77,6 +105,21 @@ inline constexpr uint32_t kMoeOpRows = 20;      // dispatch: the rows
 inline constexpr uint32_t kMoeOpCombine = 21;   // combine: the rows back home
 inline constexpr uint32_t kMoeStepCounts = 19;  // a peer's counts never came
 // (the rows' and the combine's barriers use kCommStepArrive / kCommStepDone)
+inline constexpr uint32_t kMoeOpFused = 24;   // dispatch: the rows and the GEMM in one kernel
+inline constexpr uint32_t kMoeStepRows = 21;  // fused: a GEMM CTA waited for an expert's rows
+                                              // (peer: a source of them; epoch: the rows
+                                              // awaited; observed: the rows arrived)
+
+// The fused dispatch's arrival counters (MoeDispatchArgs::algo), in the symmetric region's
+// unused bytes after FusedFlags: rows_arrived[i] (uint64) = rows of local expert i stored into
+// this rank's data area so far in the current launch. Written by every source's dispatch CTAs
+// (red.release.sys.add of a run's row count after its rows, over NVLink), read by this rank's
+// GEMM producers (ld.acquire, then the TMA loads). The launch's last CTA resets them to 0 after
+// the end barrier (every source's adds precede its done flag), so they are 0 between launches
+// (zeroed with the region; after a failed launch the region is discarded).
+inline constexpr uint64_t kMoeFlagsOffset = (kFusedFlagsOffset + sizeof(FusedFlags) + 255) / 256 * 256;
+static_assert(kMoeFlagsOffset + kMoeMaxExperts * sizeof(uint64_t) <= kCommStagingOffset,
+              "the MoE arrival counters overlap collectives.h's staging slots");
 
 // MoeStatus::code.
 enum MoeStatusCode : int32_t {
@@ -129,8 +172,26 @@ struct MoeDispatchArgs {
   MoeDeviceLayout layout{};
   void* workspace = nullptr;  // moe_dispatch_workspace_bytes, 256-byte aligned
   size_t workspace_bytes = 0;
-  int gemm_ctas = 0;  // the grouped GEMM's CTAs (0: one per SM)
+  int gemm_ctas = 0;  // the grouped GEMM's CTAs (0: one per SM); the fused kernel: ignored
+  // kFused: the rows and the grouped GEMM in one persistent kernel (moe.h's header, "Fused");
+  // kDecomposed: steps 3-5 as separate launches; kAuto: fused_choice.h's choose_moe_dispatch_gemm
+  // (rank-uniform inputs only, so every rank takes the same path).
+  FusedAlgo algo = FusedAlgo::kAuto;
+  // kFused: CTAs that store rows before they join the GEMM (0: the rule of moe.h's header) and
+  // the kernel's whole grid (0: one CTA per SM). Ranks sharing a GPU (tests) cap the grid so
+  // that every rank's persistent kernel fits at once.
+  int dispatch_ctas = 0;
+  int fused_ctas = 0;
 };
+
+// What launch_moe_dispatch would do with these arguments (benchmarks, logs).
+struct MoeLaunchInfo {
+  FusedAlgo algo;     // kFused or kDecomposed (kAuto resolved)
+  int gemm_ctas;      // kFused: CTAs that start on the GEMM (0 where this rank has no GEMM)
+  int dispatch_ctas;  // kFused: CTAs that store rows first
+  int item_rows;      // kFused: rows per dispatch work item
+};
+MoeLaunchInfo moe_dispatch_info(const CommDevice& dev, const MoeDispatchArgs& args);
 
 struct MoeCombineArgs {
   const __nv_bfloat16* expert_out = nullptr;  // rows × width, the dispatch's row order

@@ -349,6 +349,16 @@ FC_API fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert
 FC_API fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                   fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width,
                                   void* out);
+/* The down projection with the combine (docs/ops.md "moeGemmCombine"): h (rows × k, the
+ * dispatch's rows in its order) times each local expert's w2 (local_experts × width × k,
+ * FC_LAYOUT_NK, or local_experts × k × width, FC_LAYOUT_KN), those rows then combined into out
+ * (tokens × width); bit for bit fc_grouped_gemm over the dispatch's expert_offsets followed by
+ * fc_moe_combine on the same backend. Cuda backend: device memory, bf16, k and width multiples
+ * of 8, 16-byte aligned pointers. */
+FC_API fc_status_t fc_moe_gemm_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                       fc_moe_dispatch_t dispatch, const void* h, int64_t k,
+                                       const void* w2_local, fc_weight_layout_t layout, int64_t width,
+                                       void* out);
 FC_API fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch); /* NULL is a no-op */
 /* A single-rank grouped GEMM over contiguous row segments, synchronous (docs/ops.md
  * "groupedGemm"): group g owns rows [offsets[g], offsets[g+1]) of a (rows × k) and of c (rows ×

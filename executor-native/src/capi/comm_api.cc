@@ -234,6 +234,22 @@ fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t 
   });
 }
 
+fc_status_t fc_moe_gemm_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                fc_moe_dispatch_t dispatch, const void* h, int64_t k, const void* w2_local,
+                                fc_weight_layout_t layout, int64_t width, void* out) {
+  return guarded([&] {
+    const host::MoeDispatchResult& d = capi::dispatch_of(dispatch);
+    const host::MoeLayout& l = d.layout;
+    FC_REQUIRE(k >= 0 && width >= 0, "moeGemmCombine: k and width must be >= 0 (got " + std::to_string(k) +
+                                         ", " + std::to_string(width) + ")");
+    capi::require_size("moeGemmCombine", "h", dtype, {l.rows(), k});
+    capi::require_size("moeGemmCombine", "w2", dtype, {l.local_experts, width, k});
+    capi::require_size("moeGemmCombine", "out", dtype, {l.tokens, width});
+    comm_of(comm).moe_gemm_combine(op_desc(desc), floating(dtype), d, h, k, w2_local,
+                                   capi::weight_layout(layout), width, out);
+  });
+}
+
 fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch) {
   return guarded([&] { delete dispatch; });
 }

@@ -565,6 +565,11 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
   a.workspace_bytes =
       k::moe_dispatch_workspace_bytes(tokens, topk, static_cast<int>(num_experts), world, rank, capacity);
   a.workspace = workspace(a.workspace_bytes);
+  const k::MoeLaunchInfo info = k::moe_dispatch_info(sm_->device(), a);
+  result->path = info.algo == k::FusedAlgo::kFused
+                     ? "fused (" + std::to_string(info.gemm_ctas) + " GEMM + " +
+                           std::to_string(info.dispatch_ctas) + " dispatch CTAs)"
+                     : "decomposed";
   check_fused_launch(k::launch_moe_dispatch(sm_->device(), a, s), kOp);
   end(s, true);
 
@@ -656,6 +661,31 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
   const k::MoeStatus st = read_status(dev->status.as<k::MoeStatus>());
   if (st.code != k::kMoeOk)
     fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
+}
+
+void CudaComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                                const void* h, int64_t k, const void* w2_local, WeightLayout layout,
+                                int64_t width, void* out) {
+  constexpr const char* kOp = "moeGemmCombine";
+  require_bf16(dtype, kOp);
+  check_usable();
+  if (hosts_ != nullptr) unavailable(desc);
+  const auto* dev = dynamic_cast<const CudaMoeResult*>(dispatch.device.get());
+  FC_REQUIRE(dev != nullptr && dev->owner == this,
+             std::string(kOp) + ": the dispatch must come from this communicator's moeDispatchGemm");
+  FC_REQUIRE(k >= 8 && k % 8 == 0 && width >= 8 && width % 8 == 0 && k < (1 << 30) && width < (1 << 30),
+             std::string(kOp) + " on the GPU: k and width multiples of 8, at least 8 (got " +
+                 std::to_string(k) + ", " + std::to_string(width) + ")");
+  FC_REQUIRE(aligned16(h) && aligned16(w2_local) && aligned16(out),
+             std::string(kOp) + " on the GPU: h, w2 and out must be 16-byte aligned device memory");
+  // Not fused yet: the grouped GEMM into device rows, then the combine of them (the same
+  // launches as groupedGemm then moeCombine, so the same bits).
+  const host::MoeLayout& l = dispatch.layout;
+  pin_gpu(dev->gpu);
+  DeviceBuffer rows(static_cast<size_t>(l.rows() * width * 2));
+  device_grouped_gemm_bf16(h, w2_local, rows.as<void>(), l.expert_offsets.data(), l.local_experts, l.rows(),
+                           width, k, layout);
+  moe_combine(desc, dtype, dispatch, rows.as<void>(), width, out);
 }
 
 void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,

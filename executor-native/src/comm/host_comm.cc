@@ -1,5 +1,8 @@
 #include "fusedcomm/comm/host_comm.h"
 
+#include <cstdint>
+#include <vector>
+
 #include "fusedcomm/runtime/errors.h"
 
 namespace fusedcomm {
@@ -89,6 +92,20 @@ void HostComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
   FC_REQUIRE(dispatch.device == nullptr,
              "moeCombine: the dispatch ran on the cuda backend, not on this host one");
   host::moe_combine(start(desc, nullptr), dtype, dispatch.layout, expert_out, width, out);
+}
+
+void HostComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                                const void* h, int64_t k, const void* w2_local, WeightLayout layout,
+                                int64_t width, void* out) {
+  FC_REQUIRE(dispatch.device == nullptr,
+             "moeGemmCombine: the dispatch ran on the cuda backend, not on this host one");
+  // The contract's definition, in these steps: the grouped GEMM into the expert rows, then the
+  // combine of them.
+  const host::MoeLayout& l = dispatch.layout;
+  std::vector<uint8_t> rows(static_cast<size_t>(l.rows() * width) * host::dtype_size(dtype));
+  host::grouped_gemm(dtype, h, w2_local, rows.data(), l.expert_offsets.data(), l.local_experts, l.rows(),
+                     width, k, layout);
+  host::moe_combine(start(desc, nullptr), dtype, l, rows.data(), width, out);
 }
 
 void HostComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,

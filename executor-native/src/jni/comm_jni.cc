@@ -312,6 +312,15 @@ FC_NATIVE(void, moeCombine)
   FC_JNI_END()
 }
 
+FC_NATIVE(void, moeGemmCombine)
+(JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong h, jlong x, jlong k, jlong w2, jlong width,
+ jlong out) {
+  FC_JNI_BEGIN
+  check(fc_moe_gemm_combine(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<fc_moe_dispatch_t>(h),
+                            as<const void*>(x), k, as<const void*>(w2), FC_LAYOUT_NK, width, as<void*>(out)));
+  FC_JNI_END()
+}
+
 FC_NATIVE(void, moeFree)(JNIEnv* env, jclass, jlong h) {
   FC_JNI_BEGIN
   check(fc_moe_dispatch_free(as<fc_moe_dispatch_t>(h)));

@@ -1,5 +1,6 @@
 // The grouped GEMM's pieces for the engine (gemm_sm90.cuh's schedule and epilogue concepts):
-// a table of 128-row blocks (block b: its first row, its group's end row, its group), a
+// a table of 128-row blocks (block b: its first row, its group's end row, its group, its
+// group's first row), a
 // schedule that claims the table's tiles dynamically, and an epilogue that stores only the
 // rows of the tile's group. A tile of block b reads A rows [first, first + 128) whatever group
 // they belong to (rows are independent in a GEMM) and its group's weight through b_offset; the
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/gemm/detail/gemm_sm90.cuh"
+#include "kernels/moe/moe.h"
 
 namespace fusedcomm::kernels::detail {
 
@@ -116,5 +118,18 @@ struct GroupedEpilogue {
     if (threadIdx.x % 128 == 0) bulk_wait_all();
   }
 };
+
+// launch_grouped_gemm's engine launch, prepared: the plan (its tensor maps), the epilogue and
+// the schedule. grouped_gemm_prepare checks the arguments (cudaErrorInvalidValue), fills them
+// and enqueues the table kernel on `stream`; the caller then launches a kernel that runs the
+// engine with them (launch_grouped_gemm's own, or the fused dispatch's, moe.cu). *empty: no
+// group or no row, nothing enqueued.
+struct GroupedLaunch {
+  GemmPlan plan;
+  GroupedEpilogue epi;
+  GroupedSchedule sched;
+};
+cudaError_t grouped_gemm_prepare(const GroupedGemmArgs& a, GroupedLaunch* out, bool* empty,
+                                 cudaStream_t stream);
 
 }  // namespace fusedcomm::kernels::detail

@@ -56,4 +56,18 @@ __host__ __device__ __forceinline__ int64_t moe_owner_rows(const T* totals, int 
   return rows;
 }
 
+// The fused dispatch's order of the experts at sender r: f(e) for every expert e, every owner's
+// first local expert, then every owner's second, ..., the owners from r + 1 on (r last) each
+// time. Every owner's GEMM starts on its first expert, which then gets its rows from every
+// sender first; the owners take turns so that the links to all of them carry rows at once.
+template <typename F>
+__host__ __device__ __forceinline__ void moe_for_send_order(int E, int W, int r, F f) {
+  for (int64_t i = 0; i < split_count(E, W, 0); ++i) {  // owner 0 has the most experts
+    for (int q = 0; q < W; ++q) {
+      const int o = (r + 1 + q) % W;
+      if (i < split_count(E, W, o)) f(static_cast<int>(split_offset(E, W, o) + i));
+    }
+  }
+}
+
 }  // namespace fusedcomm::kernels::detail

@@ -16,7 +16,12 @@
 //     products and sums in slot order, rounded once).
 //   errors: an expert id out of range on one rank, a capacity below the rows of one owner: every
 //     rank gets the same status, no row moves, nothing hangs, and the next op works.
-//   1,000 back-to-back launches (dispatch and combine of two routings alternating, an allReduce
+//   every section above and below runs with each dispatch path (MoeDispatchArgs::algo:
+//     kDecomposed, then kFused, whose persistent kernel gets a 1/W share of the SMs when ranks
+//     share a GPU); a rank that launches 0.3 s late (W >= 2); CudaComm's path at kAuto (the
+//     decomposed one: fused_choice.h).
+//   1,000 back-to-back launches (200 when ranks share a GPU; dispatch and combine of two
+//     routings alternating, an allReduce
 //     between them every tenth time), no host synchronisation, the last outputs checked; CUDA
 //     graph capture of dispatch + combine and 10 replays (outputs poisoned between replays);
 //     a rank that never launches: the others time out (1 s) with an error record naming the
@@ -35,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fusedcomm/comm/cuda_comm.h"
@@ -166,6 +172,10 @@ struct Run {
 
 struct Rank : fusedcomm::testing::SymmetricRank {
   using SymmetricRank::SymmetricRank;
+  // The dispatch's path for every launch of the sections below (rank_main runs them with each).
+  k::FusedAlgo algo = k::FusedAlgo::kDecomposed;
+
+  const char* algo_name() const { return algo == k::FusedAlgo::kFused ? "fused" : "decomposed"; }
 
   std::unique_ptr<Run> prepare(const Case& c, uint64_t key, int64_t capacity = -1) {
     auto run = std::make_unique<Run>();
@@ -211,6 +221,14 @@ struct Rank : fusedcomm::testing::SymmetricRank {
                 R.tokens.as<int32_t>(),   R.status.as<k::MoeStatus>()};
     d.workspace = R.ws.p;
     d.workspace_bytes = R.ws.bytes;
+    d.algo = algo;
+    if (fusedcomm::testing::g_shared_gpu && W > 1) {
+      // Every rank's persistent kernel on the one GPU at once: a share of its SMs each.
+      int dev = 0, sms = 0;
+      CUDA_OK(cudaGetDevice(&dev));
+      CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      d.fused_ctas = std::max(2, sms / W);
+    }
     R.width = 64;
     R.expert_out = dev(cap * R.width * 2);
     R.combined = dev(c.tokens[r] * R.width * 2);
@@ -369,7 +387,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 
   void run_case(const Case& c, uint64_t key) {
     auto R = prepare(c, key);
-    const std::string what = c.name();
+    const std::string what = c.name() + " " + algo_name();
     poison(*R);
     CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -457,7 +475,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       sm->raise_if_failed();
       write_expert_out(*R, download<int64_t>(R->offsets.p, split_count(R->c.E, W, r) + 1).back());
     }
-    const int n = 250;  // x 4 ops
+    const int n = fusedcomm::testing::shared_gpu_scale(250);  // x 4 ops
     for (int i = 0; i < n; ++i) {
       for (Run* R : {A.get(), B.get()}) {
         CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
@@ -476,7 +494,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     }
     CUDA_OK(cudaStreamSynchronize(stream));
     sm->raise_if_failed();
-    const std::string what = std::to_string(4 * n) + " back-to-back launches";
+    const std::string what = std::to_string(4 * n) + " back-to-back launches (" + algo_name() + ")";
     check_dispatch(*A, what + " (a)");
     check_combine(*A, what + " (a)");
     check_dispatch(*B, what + " (b)");
@@ -511,6 +529,21 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     CUDA_OK(cudaGraphDestroy(graph));
   }
 
+  // A rank that launches late (after the others' launch has been waiting for 0.3 s): every
+  // result as usual.
+  void late_rank() {
+    const Case c{tokens_of({200, 90}), 256, 128, 2 * W + 1, 3, Routing::kUniform, k::GemmLayoutB::kNK};
+    auto R = prepare(c, mix(seed ^ 0x1A7E));
+    poison(*R);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.barrier();
+    if (r == W - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    check_dispatch(*R, std::string("late rank ") + algo_name());
+  }
+
   void dead_rank() {
     SymmetricConfig cfg;
     cfg.data_bytes = 32 << 20;
@@ -528,7 +561,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       if (r == 0) std::printf("  dead rank after %.2f s: %s\n", s, e ? e->what() : "(no error)");
       check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpCounts &&
                 rec.step == k::kMoeStepCounts && rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
-            "dead rank: a clear timeout naming the count exchange and rank " + std::to_string(W - 1));
+            std::string("dead rank (") + algo_name() +
+                "): a clear timeout naming the count exchange and rank " + std::to_string(W - 1));
     }
     SymmetricConfig fresh;
     fresh.data_bytes = 64 << 20;
@@ -585,6 +619,9 @@ void runtime_path(Rank& R, int gpu) {
     g.routed.resize(static_cast<size_t>(rows * c.H));
     g.out.resize(static_cast<size_t>(rows * c.F));
     check(res->device != nullptr, what + ": the result stays on the GPU");
+    const bool fused_path = res->path.rfind("fused", 0) == 0;
+    check(!fused_path && !res->path.empty(),
+          what + ": kAuto's path is the decomposed one (got '" + res->path + "')");
     res->device->copy(g.out.data(), g.routed.data());
     R.check_rows(c, key, in, g, what + (round ? " (after a failed op)" : ""));
     // Combine: rows that carry their identity, home.
@@ -646,20 +683,26 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     return g_failed == 0 ? 0 : 1;
   };
   try {
-    R.correctness();
-    lap("correctness");
-    R.errors();
-    lap("errors");
-    R.back_to_back();
-    lap("back-to-back");
-    R.graph();
-    lap("graph replay");
+    for (const k::FusedAlgo algo : {k::FusedAlgo::kDecomposed, k::FusedAlgo::kFused}) {
+      R.algo = algo;
+      if (g.rank == 0) std::printf("  -- %s dispatch\n", R.algo_name());
+      R.correctness();
+      lap("correctness");
+      R.errors();
+      lap("errors");
+      R.back_to_back();
+      lap("back-to-back");
+      R.graph();
+      lap("graph replay");
+      if (g.world > 1) {
+        R.late_rank();
+        lap("late rank");
+        R.dead_rank();
+        lap("dead rank");
+      }
+    }
     runtime_path(R, gpus[g.rank]);
     lap("through CudaComm");
-    if (g.world > 1) {
-      R.dead_rank();
-      lap("dead rank");
-    }
   } catch (const std::exception& e) {
     check(false, std::string("rank ") + std::to_string(g.rank) + " threw: " + e.what());
   }
@@ -684,7 +727,7 @@ int main() {
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const int f = fusedcomm::testing::run_processes(
-        w, [&](ProcessGroup& g) { return rank_main(g, gpus, seed); }, 240);
+        w, [&](ProcessGroup& g) { return rank_main(g, gpus, seed); }, 480);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("== world %d: %s (%.1f s)\n", w, f == 0 ? "PASS" : "FAIL", s);
     failed += f;

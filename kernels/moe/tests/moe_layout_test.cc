@@ -92,7 +92,34 @@ void run(int W, int E, int topk, const std::vector<int64_t>& T, int mode, uint64
 
 }  // namespace
 
+// The fused dispatch's expert order (moe_for_send_order): every expert exactly once, every
+// owner's i-th local expert before any owner's (i + 1)-th, the owners from r + 1 on each time.
+void send_order(int W, int E, int r) {
+  std::vector<int> order;
+  d::moe_for_send_order(E, W, r, [&](int e) { order.push_back(e); });
+  std::vector<int> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  bool each_once = static_cast<int>(order.size()) == E;
+  for (int e = 0; e < E && each_once; ++e) each_once = sorted[e] == e;
+  bool ranked = true;
+  int64_t prev_i = 0, prev_q = -1;
+  for (int e : order) {
+    const int o = d::split_owner(E, W, e);
+    const int64_t i = e - d::split_offset(E, W, o), q = (o - r - 1 + 2 * W) % W;
+    if (i < prev_i || (i == prev_i && q <= prev_q)) ranked = false;
+    prev_i = i;
+    prev_q = q;
+  }
+  const std::string what =
+      "send order W=" + std::to_string(W) + " E=" + std::to_string(E) + " r=" + std::to_string(r);
+  check(each_once, what + ": every expert once");
+  check(ranked, what + ": by local index, then owner from r + 1");
+}
+
 int main() {
+  for (int W : {1, 2, 3, 4, 8})
+    for (int E : {1, 3, W, 2 * W + 1, 64, 257})
+      for (int r = 0; r < W; ++r) send_order(W, E, r);
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     for (int W : {1, 2, 3, 4, 8}) {
       std::vector<int64_t> T;

@@ -115,6 +115,13 @@ class Comm {
   // `dispatch`: a result of this communicator's moe_dispatch_gemm.
   virtual void moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                            const void* expert_out, int64_t width, void* out) = 0;
+  // The down projection with the combine (docs/ops.md "moeGemmCombine"): h (rows × k, the
+  // dispatch's rows) times each local expert's w2 (local_experts × width × k, kNK, or × k ×
+  // width, kKN), then the combine of those rows into out (tokens × width). The same result as
+  // grouped GEMM then moe_combine on this backend, bit for bit (both backends compute it so).
+  virtual void moe_gemm_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                                const void* h, int64_t k, const void* w2_local, WeightLayout layout,
+                                int64_t width, void* out) = 0;
   virtual void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                               const void* q, const void* k, const void* v, void* o, float* lse) = 0;
   // Its backward (host::ring_attention_backward has the contract).

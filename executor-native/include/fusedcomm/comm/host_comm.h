@@ -49,6 +49,9 @@ class HostComm final : public Comm {
       const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) override;
   void moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                    const void* expert_out, int64_t width, void* out) override;
+  void moe_gemm_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                        const void* h, int64_t k, const void* w2_local, WeightLayout layout, int64_t width,
+                        void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
                       const void* k, const void* v, void* o, float* lse) override;
   void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fusedcomm/runtime/exchange.h"
@@ -88,6 +89,9 @@ struct MoeDispatchResult {
   // above stay empty) and fills `layout` from the device when the op returns (sent_pairs
   // empty). Null on the host backend.
   std::shared_ptr<MoeDeviceResult> device;
+  // The cuda backend's path, for logs: "fused (G GEMM + P dispatch CTAs)" or "decomposed"
+  // (kernels/moe/moe.h); empty on the host backend.
+  std::string path;
 };
 
 // x: tokens × hidden; topk_ids, topk_weights: tokens × topk (ids in [0, num_experts));

@@ -664,6 +664,33 @@ public final class Communicator implements AutoCloseable {
   }
 
   /**
+   * The down projection with the combine: {@code h: dispatch.rows() × K} (rows in the dispatch's
+   * order, e.g. the activations after W1) times each local expert's {@code W2ᵀ} ({@code w2Local:
+   * E_r × width × K}), those rows sent home and summed as {@link #moeCombine} sums them, into
+   * {@code out: dispatch.tokens() × width}. Bit for bit {@code moeCombine(dispatch,
+   * groupedGemm(h, w2Local, dispatch.expertOffsets()), out)} on the same backend (the cuda
+   * backend runs those two steps on the GPU; not fused yet).
+   */
+  public void moeGemmCombine(Tensor h, Tensor w2Local, MoeDispatch dispatch, Tensor out) {
+    try (OpCall call = enter("moeGemmCombine", 0)) {
+      if (dispatch == null || dispatch.owner() != this) {
+        throw new IllegalArgumentException("moeGemmCombine: the dispatch must come from this communicator");
+      }
+      OpCheck k = check("moeGemmCombine").floating("h", h).same("w2Local", w2Local, h).same("out", out, h);
+      k.rank2("h", h).rank3("w2Local", w2Local).rank2("out", out);
+      long kDim = h.dim(1);
+      long width = out.dim(1);
+      k.dim("h", h, 0, dispatch.rows()).dim("out", out, 0, dispatch.tokens());
+      k.dim("w2Local", w2Local, 0, dispatch.expertOffsets().length - 1).dim("w2Local", w2Local, 1, width)
+          .dim("w2Local", w2Local, 2, kDim);
+      Fingerprint fp = k.fingerprint().add("K", kDim).add("width", width).build();
+      runNative(call, null, null, () -> NativeOps.moeGemmCombine(handle(), fp.description(), fp.value(),
+          out.dtype().code(), call.handle(dispatch), call.address(h), kDim, call.address(w2Local), width,
+          call.address(out)));
+    }
+  }
+
+  /**
    * A single-rank grouped GEMM over contiguous row segments, as a MoE layer's experts run it:
    * group {@code g} owns rows {@code [offsets[g], offsets[g + 1])} of {@code a: rows × K} and of
    * {@code c: rows × N}, and those rows of {@code c} are the same rows of {@code a} times {@code

@@ -164,6 +164,11 @@ final class NativeOps {
       long comm, String desc, long fp, int dtype, long dispatch, long expertOut, long width,
       long out);
 
+  /** {@code w2}: local experts × width × k (NK). */
+  static native void moeGemmCombine(
+      long comm, String desc, long fp, int dtype, long dispatch, long h, long k, long w2, long width,
+      long out);
+
   static native void moeFree(long dispatch);
 
   /**

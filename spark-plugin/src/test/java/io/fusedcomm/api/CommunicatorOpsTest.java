@@ -395,6 +395,7 @@ class CommunicatorOpsTest {
 
   /** What one rank saw of a dispatch and combine. */
   static final class MoeSeen {
+    boolean gemmCombineSame;  // moeGemmCombine bit for bit moeCombine(groupedGemm) on this rank
     long rows;
     long firstLocalExpert;
     int localExperts;
@@ -482,6 +483,19 @@ class CommunicatorOpsTest {
           HostTensor out = s.poisoned(t, tokens[r], width);
           comm.moeCombine(d, s.of(y[r], t, rows, width), out);
           m.combined = out.toFloatArray();
+          // moeGemmCombine with y as h (K = width) and 8 outputs per row: bit for bit the grouped
+          // GEMM over the dispatch's expert offsets, then the combine.
+          final int outW = 8;
+          HostTensor h = s.of(y[r], t, rows, width);
+          HostTensor w2 = s.of(Data.uniform(SEED + 130 + r, m.localExperts * outW * width, t), t,
+              m.localExperts, outW, width);
+          HostTensor expertRows = s.poisoned(t, rows, outW);
+          Communicator.groupedGemm(h, w2, expertRows, d.expertOffsets(), WeightLayout.NK);
+          HostTensor want = s.poisoned(t, tokens[r], outW);
+          comm.moeCombine(d, expertRows, want);
+          HostTensor got = s.poisoned(t, tokens[r], outW);
+          comm.moeGemmCombine(h, w2, d, got);
+          m.gemmCombineSame = Arrays.equals(want.toFloatArray(), got.toFloatArray());
           return m;
         }
       }
@@ -519,6 +533,7 @@ class CommunicatorOpsTest {
       Check.exact(c + " routed tokens", routed, m.routed);
       Check.close(c + " expert output", Reference.moeExpertOutput(rows, x, w1[r], first, hidden, ffn), m.expertOutput, t);
       Check.close(c + " combine", Reference.moeCombine(r, tokens[r], topk, routes, y, width), m.combined, t);
+      assertTrue(m.gemmCombineSame, c + ": moeGemmCombine = moeCombine(groupedGemm) bit for bit");
     }
     // The token routed twice to one expert arrives as two rows, slots 0 and 1, adjacent.
     for (int home = 0; home < w; home++) {

@@ -133,6 +133,8 @@ class CommunicatorValidationTest {
         calls.add(new BadCall("moe wrong local experts", iae, "w1Local",
             () -> comm.moeDispatchGemm(x, ids, weights, 3 + w, w1)));
         calls.add(new BadCall("moe null dispatch", iae, "dispatch", () -> comm.moeCombine(null, c, c)));
+        calls.add(new BadCall("moeGemmCombine null dispatch", iae, "dispatch",
+            () -> comm.moeGemmCombine(c, c, null, c)));
         calls.add(new BadCall("attention null options", iae, "options", () -> comm.ringAttention(q, kv, kv, o, lse, null)));
         calls.add(new BadCall("attention heads not a multiple", iae, "multiple",
             () -> comm.ringAttention(q, kv3, kv3, o, lse, attn)));

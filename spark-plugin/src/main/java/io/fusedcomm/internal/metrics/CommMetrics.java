@@ -35,7 +35,7 @@ import java.util.concurrent.atomic.AtomicLong;
 public final class CommMetrics {
   /** The op kinds, as the Java API names them. */
   public static final List<String> OPS = List.of("allGather", "reduceScatter", "allReduce", "allToAll",
-      "allGatherGemm", "gemmReduceScatter", "gemmAllReduce", "moeDispatchGemm", "moeCombine", "ringAttention",
+      "allGatherGemm", "gemmReduceScatter", "gemmAllReduce", "moeDispatchGemm", "moeCombine", "moeGemmCombine", "ringAttention",
       "ringAttentionBackward");
   /** The fused GEMM + communication ops. */
   public static final List<String> FUSED_OPS = List.of("allGatherGemm", "gemmReduceScatter", "gemmAllReduce");
