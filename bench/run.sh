@@ -16,6 +16,8 @@
 #                    rounded up to multiples of FC_GEMM_ALIGN (default 8; 1: anywhere);
 #                    FC_GEMM_SEED its seed (default: chosen at run time and printed);
 #                    FC_GEMM_RANDOM2 / FC_GEMM_SEED2 the second set's (default 25, chosen)
+#   FC_COLL_RANDOM   collectives: seeded random element counts per op, 1 MiB to 1 GiB (default
+#                    20; 0: none); FC_COLL_SEED their seed (default: chosen at run time, printed)
 #   FC_MOE_VARIANTS  moe: ours also with the launch's choices forced (torch_moe.py --variants,
 #                    e.g. t128,g1), rows fusedcomm_<variant>
 #   FC_BENCH_TRANSPORTS  the transport family's backends (transport_bench --transports), default
@@ -132,13 +134,18 @@ rounds() {
     done
   done
 }
+# The collectives' list, and FC_COLL_RANDOM (default 20) seeded random element counts per op
+# from 1 MiB to 1 GiB, the same for ours and NCCL (seed FC_COLL_SEED, else chosen here, printed).
+coll_seed=${FC_COLL_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+coll_random=(--random "${FC_COLL_RANDOM:-20}" --seed "$coll_seed")
+[ "${FC_COLL_RANDOM:-20}" -gt 0 ] || coll_random=()
 coll_ours() {
-  step "collectives-$tag-fusedcomm" 300 "$bin/coll_bench" --world "$1" --shapes "$shapes/collectives.txt" \
-    --out "$out/rows/collectives-fusedcomm-$tag.jsonl"
+  step "collectives-$tag-fusedcomm" 600 "$bin/coll_bench" --world "$1" --shapes "$shapes/collectives.txt" \
+    "${coll_random[@]}" --out "$out/rows/collectives-fusedcomm-$tag.jsonl"
 }
 coll_nccl() {
-  step "collectives-$tag-nccl" 300 "${torchrun[@]}" --nproc-per-node "$1" "$here/collectives/nccl_bench.py" \
-    --shapes "$shapes/collectives.txt" --out "$out/rows/collectives-nccl-$tag.jsonl"
+  step "collectives-$tag-nccl" 600 "${torchrun[@]}" --nproc-per-node "$1" "$here/collectives/nccl_bench.py" \
+    --shapes "$shapes/collectives.txt" "${coll_random[@]}" --out "$out/rows/collectives-nccl-$tag.jsonl"
 }
 fused_ours() {
   step "fused-$tag-fusedcomm" 500 "$bin/fused_bench" --world "$1" --shapes "$shapes/fused.txt" \
