@@ -122,7 +122,8 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_ld(const void
 
 // What fc_gemm_bf16 would run at a shape (dense operands, no launch): out[0..8] = tile width,
 // M-blocks, N-blocks, computing CTAs, stream-K tiles, consumers taking turns (0/1), CTA pairs
-// (0/1), A staged (0/1), B staged (0/1). Returns the plan's cudaError_t.
+// (0/1), A staged (0/1), B staged (0/1; where only one of two equal-sized operands is staged,
+// both read 0). Returns the plan's cudaError_t.
 extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_plan(int M, int N, int K, int kn,
                                                                         int* out) {
   cudaError_t e = ensure_workspace();
@@ -141,12 +142,15 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_plan(int M, i
   a.K = K;
   a.b_layout = kn ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
   k::use_workspace(a, g_ws);
-  // Staging of one operand: the bytes with the other's rows already on the 64-element grid.
+  // The staged operands, from the staging's size: A's and B's padded copies, or both.
   const auto pad64 = [](int64_t x) { return (x + 63) / 64 * 64; };
-  k::GemmArgs only_a = a, only_b = a;
-  only_a.ldb = pad64(a.ldb);
-  only_b.lda = pad64(a.lda);
-  const bool staged_a = k::gemm_staging_bytes(only_a) > 0, staged_b = k::gemm_staging_bytes(only_b) > 0;
+  const auto padded = [](int64_t rows, int64_t cols) {
+    return (size_t(rows) * size_t((cols + 63) / 64 * 64) * 2 + 255) / 256 * 256;
+  };
+  const size_t total = k::gemm_staging_bytes(a), a_bytes = padded(M, K);
+  const size_t b_bytes = kn ? padded(K, N) : padded(N, K);
+  const bool staged_a = total == a_bytes + b_bytes || (total == a_bytes && a_bytes != b_bytes);
+  const bool staged_b = total == a_bytes + b_bytes || (total == b_bytes && a_bytes != b_bytes);
   // The staged launch plans the padded operands (the plan does not depend on the strides).
   if (staged_a || a.lda % 8) a.lda = pad64(a.lda);
   if (staged_b || a.ldb % 8) a.ldb = pad64(a.ldb);
