@@ -12,9 +12,12 @@
 #                    <build>/bench/bin); else built into FC_BENCH_BUILD
 #   FC_BENCH_BUILD   build folder (default ${TMPDIR:-/tmp}/fusedcomm-bench-build)
 #   FC_BENCH_WORLDS  world sizes, e.g. "2" or "2 4 8"
-#   FC_GEMM_RANDOM   gemm's random shapes (default 64, each in both layouts); FC_GEMM_SEED
-#                    their seed (default: chosen at run time and printed);
-#                    FC_GEMM_RANDOM_ALIGNED those with N and K multiples of 8 (default 32)
+#   FC_GEMM_RANDOM   gemm's first random set: shapes (default 25, each in both layouts), N and K
+#                    rounded up to multiples of FC_GEMM_ALIGN (default 8; 1: anywhere);
+#                    FC_GEMM_SEED its seed (default: chosen at run time and printed);
+#                    FC_GEMM_RANDOM2 / FC_GEMM_SEED2 the second set's (default 25, chosen)
+#   FC_COLL_RANDOM   collectives: seeded random element counts per op, 1 MiB to 1 GiB (default
+#                    20; 0: none); FC_COLL_SEED their seed (default: chosen at run time, printed)
 #   FC_MOE_VARIANTS  moe: ours also with the launch's choices forced (torch_moe.py --variants,
 #                    e.g. t128,g1), rows fusedcomm_<variant>
 #   FC_BENCH_TRANSPORTS  the transport family's backends (transport_bench --transports), default
@@ -84,7 +87,11 @@ bin=
 if [ -n "${FC_BENCH_BIN:-}" ]; then
   bin=$(cd "$FC_BENCH_BIN" && pwd) || exit 1
   # Drivers built on another machine may not run here (a newer C library there): build then.
-  "$bin/transport_bench" --help > /dev/null 2>&1 || { echo "prebuilt drivers in $bin cannot run here"; bin=; }
+  # (A folder of some drivers only, e.g. libfc_gemm_bench.so for the gemm family, is taken as is.)
+  if [ -e "$bin/transport_bench" ] && ! "$bin/transport_bench" --help > /dev/null 2>&1; then
+    echo "prebuilt drivers in $bin cannot run here"
+    bin=
+  fi
 fi
 if [ -z "$bin" ]; then
   build=${FC_BENCH_BUILD:-${TMPDIR:-/tmp}/fusedcomm-bench-build}
@@ -101,15 +108,16 @@ torchrun=(python3 -m torch.distributed.run --standalone)
 # ---- families ---------------------------------------------------------------------------------
 run_gemm() {
   if python3 -c 'import torch' 2>/dev/null; then  # ours and cuBLAS interleaved in one process
-    # The headline shapes, the issue's off-grid shape, and a seeded random set (the seed
-    # chosen here unless FC_GEMM_SEED names one; printed and kept in the rows).
+    # The headline shapes, the issue's off-grid shapes, and two seeded random sets (each seed
+    # chosen here unless FC_GEMM_SEED / FC_GEMM_SEED2 names one; printed and kept in the rows).
+    # N and K on multiples of 8 by default: off them cuBLAS leaves its fast path, and the
+    # comparison would show its tails rather than ours.
     step gemm 900 python3 "$here/gemm/torch_gemm.py" --shapes "$shapes/gemm.txt" \
-      --m 1000,1 --n 4104,8192 --k 2056,8192 --random "${FC_GEMM_RANDOM:-64}" \
+      --m 1000,1 --n 4104,8192 --k 2056,8192 --random "${FC_GEMM_RANDOM:-25}" --align "${FC_GEMM_ALIGN:-8}" \
       ${FC_GEMM_SEED:+--seed "$FC_GEMM_SEED"} --lib "$bin/libfc_gemm_bench.so" --out "$out/rows/gemm.jsonl"
-    # Random shapes on the engine's own grid (N, K multiples of 8: no staged copies, cuBLAS
-    # on its fast path), which shows the engine's tails.
-    step gemm-aligned 600 python3 "$here/gemm/torch_gemm.py" --random "${FC_GEMM_RANDOM_ALIGNED:-32}" --align 8 \
-      --lib "$bin/libfc_gemm_bench.so" --out "$out/rows/gemm-aligned.jsonl"
+    step gemm-random2 600 python3 "$here/gemm/torch_gemm.py" --random "${FC_GEMM_RANDOM2:-25}" \
+      --align "${FC_GEMM_ALIGN:-8}" ${FC_GEMM_SEED2:+--seed "$FC_GEMM_SEED2"} \
+      --lib "$bin/libfc_gemm_bench.so" --out "$out/rows/gemm-random2.jsonl"
   else
     echo "(no torch: ours alone, no cuBLAS baseline)"
     step gemm 600 "$bin/gemm_bench" --shapes "$shapes/gemm.txt" --out "$out/rows/gemm.jsonl"
@@ -126,13 +134,18 @@ rounds() {
     done
   done
 }
+# The collectives' list, and FC_COLL_RANDOM (default 20) seeded random element counts per op
+# from 1 MiB to 1 GiB, the same for ours and NCCL (seed FC_COLL_SEED, else chosen here, printed).
+coll_seed=${FC_COLL_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+coll_random=(--random "${FC_COLL_RANDOM:-20}" --seed "$coll_seed")
+[ "${FC_COLL_RANDOM:-20}" -gt 0 ] || coll_random=()
 coll_ours() {
-  step "collectives-$tag-fusedcomm" 300 "$bin/coll_bench" --world "$1" --shapes "$shapes/collectives.txt" \
-    --out "$out/rows/collectives-fusedcomm-$tag.jsonl"
+  step "collectives-$tag-fusedcomm" 600 "$bin/coll_bench" --world "$1" --shapes "$shapes/collectives.txt" \
+    "${coll_random[@]}" --out "$out/rows/collectives-fusedcomm-$tag.jsonl"
 }
 coll_nccl() {
-  step "collectives-$tag-nccl" 300 "${torchrun[@]}" --nproc-per-node "$1" "$here/collectives/nccl_bench.py" \
-    --shapes "$shapes/collectives.txt" --out "$out/rows/collectives-nccl-$tag.jsonl"
+  step "collectives-$tag-nccl" 600 "${torchrun[@]}" --nproc-per-node "$1" "$here/collectives/nccl_bench.py" \
+    --shapes "$shapes/collectives.txt" "${coll_random[@]}" --out "$out/rows/collectives-nccl-$tag.jsonl"
 }
 fused_ours() {
   step "fused-$tag-fusedcomm" 500 "$bin/fused_bench" --world "$1" --shapes "$shapes/fused.txt" \

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,14 @@ namespace k = fusedcomm::kernels;
 namespace {
 
 const char* kUsage =
-    "usage: coll_bench --world W --shapes FILE [--out ROWS.jsonl] [--algo NAME] [--out-of-place]\n"
+    "usage: coll_bench --world W [--shapes FILE] [--random N [--seed S]] [--out ROWS.jsonl]\n"
+    "                  [--algo NAME] [--out-of-place]\n"
     "  FILE: one op per line, \"<op> <bytes>...\" (bench/shapes/collectives.txt); op: allGather,\n"
     "  reduceScatter, allReduce or allToAll; bytes as nccl-tests counts them (allGather: the\n"
     "  output, reduceScatter: the input, allToAll: the input per rank).\n"
+    "  --random N: each op also at N seeded random element counts from 1 MiB to 1 GiB of bf16,\n"
+    "  multiples of nothing in particular (rows of set random-<seed>; nccl_bench.py --random N\n"
+    "  --seed S draws the same counts); --seed, else one chosen and printed.\n"
     "  --algo: one-shot, two-phase, push, pipelined or direct (allReduce in place only) instead of\n"
     "  the automatic choice. Rows go to --out as JSON lines (rank 0).\n"
     "  Exit 0: every check passed; 1: a mismatch or an error; 77: fewer than W GPUs.\n";
@@ -42,12 +47,33 @@ struct OpSizes {
   std::string name;
   k::CommOp op;
   std::vector<int64_t> bytes;
+  std::string set;  // "" (the list's), or "random-<seed>"
 };
+
+// The seeded random counts (nccl_bench.py's random_bytes draws the same ones): per count, an
+// octave 2^e elements, e uniform in 19..28, then a count uniform in [2^e, 2^(e+1)), from
+// splitmix64; bytes = 2 · count (bf16): 1 MiB to 1 GiB.
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+std::vector<int64_t> random_bytes(int n, uint64_t seed) {
+  std::vector<int64_t> v;
+  uint64_t x = seed;
+  for (int i = 0; i < n; ++i) {
+    const int e = 19 + static_cast<int>(splitmix64(x) % 10);
+    const int64_t count = (int64_t{1} << e) + static_cast<int64_t>(splitmix64(x) % (uint64_t{1} << e));
+    v.push_back(2 * count);
+  }
+  return v;
+}
 
 std::vector<OpSizes> read_shapes(const std::string& path) {
   std::vector<OpSizes> v;
   for (const auto& w : b::read_shape_lines(path)) {
-    OpSizes o{w[0], k::CommOp::kAllGather, {}};
+    OpSizes o{w[0], k::CommOp::kAllGather, {}, ""};
     if (w[0] == "allGather")
       o.op = k::CommOp::kAllGather;
     else if (w[0] == "reduceScatter")
@@ -86,6 +112,7 @@ struct Options {
   std::string algo = "auto";
   k::CommAlgo algo_code = k::CommAlgo::kAuto;
   bool out_of_place = false;
+  uint64_t seed = 0;  // the random set's
 };
 
 int64_t split_offset(int64_t n, int w, int r) { return r * (n / w) + (r < n % w ? r : n % w); }
@@ -197,6 +224,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
             .num("algbw", algbw)
             .str("algo", ran)
             .str("placement", in_place ? "in-place" : "out-of-place");
+        if (!s.set.empty()) row.str("set", s.set).integer("seed", static_cast<int64_t>(o.seed));
         rows.write(row);
         std::printf("%-14s W=%d %11lld B  check passed  %9.4f ms  busbw %7.1f GB/s  (%s)\n", s.name.c_str(),
                     W, static_cast<long long>(bytes), med, algbw * bus, ran);
@@ -220,8 +248,12 @@ int main(int argc, char** argv) {
   o.out = args.str("out", "");
   o.algo = args.str("algo", "auto");
   o.out_of_place = args.flag("out-of-place");
+  const int random = static_cast<int>(args.num("random", 0));
+  const std::string seed = args.str("seed", "");
   args.done();
-  if (shapes.empty()) args.fail("--shapes is required");
+  if (shapes.empty() && random <= 0) args.fail("--shapes or --random is required");
+  if (random < 0) args.fail("--random: a count >= 0");
+  if (!seed.empty() && random <= 0) args.fail("--seed goes with --random");
   if (o.world < 1 || o.world > k::kCommMaxRanks) args.fail("--world must be 1..8");
   bool known = false;
   for (const AlgoName& n : kAlgos) {
@@ -229,7 +261,18 @@ int main(int argc, char** argv) {
   }
   if (!known) args.fail("unknown --algo " + o.algo);
   try {
-    o.ops = read_shapes(shapes);
+    if (!shapes.empty()) o.ops = read_shapes(shapes);
+    if (random > 0) {
+      o.seed = seed.empty() ? std::random_device{}() : std::stoull(seed);
+      std::printf("random set: %d element counts from 1 MiB to 1 GiB of bf16 per op, seed %llu\n", random,
+                  static_cast<unsigned long long>(o.seed));
+      const std::vector<int64_t> bytes = random_bytes(random, o.seed);
+      const std::string set = "random-" + std::to_string(o.seed);
+      o.ops.push_back({"allGather", k::CommOp::kAllGather, bytes, set});
+      o.ops.push_back({"reduceScatter", k::CommOp::kReduceScatter, bytes, set});
+      o.ops.push_back({"allReduce", k::CommOp::kAllReduce, bytes, set});
+      o.ops.push_back({"allToAll", k::CommOp::kAllToAll, bytes, set});
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "coll_bench: %s\n", e.what());
     return 1;

@@ -7,6 +7,11 @@ rank 0, a barrier before each batch; the median of the batches' per-call means. 
 in place. Bytes as nccl-tests counts them.
 
   torchrun --nproc-per-node W nccl_bench.py --shapes bench/shapes/collectives.txt --out rows.jsonl
+  torchrun --nproc-per-node W nccl_bench.py --random 20 --seed S --out rows.jsonl
+
+--random N: each op also at N seeded random element counts from 1 MiB to 1 GiB of bf16, the same
+as coll_bench --random N --seed S draws (random_bytes), rows of set random-<seed>. NCCL's calls
+take equal blocks: a count that W does not divide runs at the largest multiple of W below it.
 
 NCCL_NVLS_ENABLE=0 must be set (run.sh does): NVLink multicast stays off on shared hosts.
 """
@@ -30,6 +35,28 @@ def read_shapes(path):
                 raise SystemExit(f"{path}: unknown op {words[0]}")
             ops.append((words[0], [int(x) for x in words[1:]]))
     return ops
+
+
+def splitmix64(state):
+    """(next state, output): coll_bench.cc's splitmix64."""
+    mask = (1 << 64) - 1
+    state = (state + 0x9E3779B97F4A7C15) & mask
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return state, z ^ (z >> 31)
+
+
+def random_bytes(count, seed):
+    """coll_bench.cc's random_bytes: per size an octave 2^e elements (e uniform in 19..28), a
+    count uniform in [2^e, 2^(e+1)); bytes = 2 * count (bf16)."""
+    out, x = [], seed
+    for _ in range(count):
+        x, z = splitmix64(x)
+        e = 19 + z % 10
+        x, z = splitmix64(x)
+        out.append(2 * ((1 << e) + z % (1 << e)))
+    return out
 
 
 def values(torch, index, rank):
@@ -63,19 +90,36 @@ def mismatches(torch, op, out, n, world, rank):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", required=True)
+    ap.add_argument("--shapes")
+    ap.add_argument("--random", type=int, default=0, help="this many seeded random counts per op")
+    ap.add_argument("--seed", type=int, help="the random counts' seed (default: chosen and printed)")
     ap.add_argument("--out", required=True, help="rows as JSON lines (rank 0)")
     args = ap.parse_args()
-    ops = read_shapes(args.shapes)
+    if not args.shapes and args.random <= 0:
+        raise SystemExit("--shapes or --random is required")
+    ops = [(op, sizes, None) for op, sizes in read_shapes(args.shapes)] if args.shapes else []
+    seed = None
+    if args.random > 0:
+        # Every rank must draw the same counts: without --seed, one from the run's start time
+        # that torchrun gives all ranks alike is not at hand, so the seed is required there.
+        if args.seed is None:
+            raise SystemExit("--random needs --seed under torchrun (every rank must draw the same counts)")
+        seed = args.seed
+        sizes = random_bytes(args.random, seed)
+        ops += [(op, sizes, f"random-{seed}") for op in ("allGather", "reduceScatter", "allReduce", "allToAll")]
+    elif args.seed is not None:
+        raise SystemExit("--seed goes with --random")
     import torch
     import torch.distributed as dist
     rank, world, dev = torch_dist.init()
-    max_bytes = max(b for _, sizes in ops for b in sizes)
+    max_bytes = max(b for _, sizes, _ in ops for b in sizes)
     big_in = torch.empty(max_bytes // 2, dtype=torch.bfloat16, device=dev)
     big_out = torch.empty(max_bytes // 2, dtype=torch.bfloat16, device=dev)
     f = open(args.out, "w") if rank == 0 else None
     failed = 0
-    for op, sizes in ops:
+    if seed is not None and rank == 0:
+        print(f"random set: {args.random} element counts from 1 MiB to 1 GiB of bf16 per op, seed {seed}", flush=True)
+    for op, sizes, set_name in ops:
         for b in sizes:
             n = b // 2
             n_w = (n // world) * world
@@ -130,6 +174,8 @@ def main():
                 row = dict(family="collectives", op=op, impl="nccl", world=world, shape=dict(bytes=b),
                            dtype="bf16", ms_median=med, tflops=None, gbps=algbw * factor, algbw=algbw,
                            nccl=".".join(map(str, torch.cuda.nccl.version())))
+                if set_name:
+                    row.update(set=set_name, seed=seed)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 print(f"{op:14s} W={world} {b:11d} B  check passed  {med:9.4f} ms  busbw {algbw * factor:7.1f} GB/s",

@@ -26,7 +26,9 @@ launch with no synchronisation in between (`iters` per round, fewer for long GEM
 random shapes name their set (`set`: "explicit" or "random-<seed>"), which the report
 tabulates apart from the shape files' rows. cuBLAS runs as torch runs it by default (split-K
 partial sums may be rounded to bf16, so its check allows for that).
-At the end: ours / cuBLAS throughput per set, geometric mean and worst. Exit 1 on a mismatch.
+Each shape's line names our launch's plan (tile, grid, CTA pairs or consumers taking turns,
+stream-K tiles, staged operands). At the end: ours / cuBLAS throughput per set, geometric mean,
+worst, and shapes below 0.8. Exit 1 on a mismatch.
 """
 import argparse
 import ctypes
@@ -145,6 +147,19 @@ def main():
         lib = ctypes.CDLL(os.path.abspath(args.lib))
         lib.fc_gemm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
         lib.fc_gemm_bf16.restype = ctypes.c_int
+        lib.fc_gemm_bf16_plan.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_int)]
+        lib.fc_gemm_bf16_plan.restype = ctypes.c_int
+
+    def plan_text(M, N, K, kn):
+        """Our launch's plan at a shape (gemm_lib.cu, fc_gemm_bf16_plan), for the log line."""
+        p = (ctypes.c_int * 9)()
+        rc = lib.fc_gemm_bf16_plan(M, N, K, int(kn), p)
+        if rc != 0:
+            return f"plan: cudaError {rc}"
+        tile, mb, nb, ctas, sk, pingpong, pairs, st_a, st_b = list(p)
+        staged = "+".join(x for x, on in (("A", st_a), ("B", st_b)) if on) or "none"
+        how = "pairs" if pairs else "turns" if pingpong else "single"
+        return f"plan 128x{tile} {mb}x{nb} tiles on {ctas} CTAs {how} stream-K {sk} staged {staged}"
 
     def time_launches(fn, iters):
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -210,6 +225,8 @@ def main():
                     times[name] += time_launches(fn, iters)
             flops = 2.0 * M * N * K
             line = f"{label:24s} {M:6d} {N:6d} {K:6d} {'kn' if kn else 'nk'}:"
+            if lib:
+                line = f"{line[:-1]} [{plan_text(M, N, K, kn)}]:"
             for name, _ in impls:
                 ms = statistics.median(times[name])
                 row = dict(family="gemm", op="gemm", impl=name, world=1,
@@ -231,10 +248,11 @@ def main():
             torch.cuda.empty_cache()
     if ratios:
         print("\nours / cuBLAS throughput (above 1: ours is faster)")
-        print(f"{'set':24s} {'shapes':>6s} {'geomean':>8s} {'worst':>7s}  worst shape")
+        print(f"{'set':24s} {'shapes':>6s} {'geomean':>8s} {'worst':>7s} {'<0.8':>5s}  worst shape")
         for sname, v in ratios.items():
             w = min(v)
-            print(f"{sname:24s} {len(v):6d} {geomean([x[0] for x in v]):8.3f} {w[0]:7.3f}  {w[1]} {w[2]}")
+            low = sum(1 for x in v if x[0] < 0.8)
+            print(f"{sname:24s} {len(v):6d} {geomean([x[0] for x in v]):8.3f} {w[0]:7.3f} {low:5d}  {w[1]} {w[2]}")
     if failed:
         print(f"{failed} shape(s) FAILED their check")
     sys.exit(1 if failed else 0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The bench tools' shape lists without a GPU: torch_gemm.py's explicit and seeded random shapes
 and its sets, torch_fused.py's explicit shapes, refusals and row split for any M, torch_moe.py's
-points, routings and variants."""
+points, routings and variants, nccl_bench.py's seeded random counts (coll_bench.cc's)."""
 import contextlib
 import io
 import os
@@ -14,15 +14,29 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "gemm"))
 sys.path.insert(0, os.path.join(here, "..", "fused"))
 sys.path.insert(0, os.path.join(here, "..", "moe"))
+sys.path.insert(0, os.path.join(here, "..", "collectives"))
 import torch_gemm  # noqa: E402
 import torch_fused  # noqa: E402
 import torch_moe  # noqa: E402
+import nccl_bench  # noqa: E402
 
 
 def gemm_args(**kw):
     a = dict(shapes=None, m=None, n=None, k=None, random=0, seed=None, layouts="nk,kn", align=1)
     a.update(kw)
     return types.SimpleNamespace(**a)
+
+
+class CollectiveCountsTest(unittest.TestCase):
+    def test_random_counts_match_coll_bench(self):
+        # coll_bench.cc's random_bytes(5, 42) (splitmix64): both tools must draw the same counts.
+        self.assertEqual(nccl_bench.random_bytes(5, 42), [13492742, 479577896, 1160716, 54288200, 50261852])
+
+    def test_random_counts_range_and_ragged(self):
+        v = nccl_bench.random_bytes(500, 7)
+        self.assertEqual(v, nccl_bench.random_bytes(500, 7))
+        self.assertTrue(all(1 << 20 <= b < 1 << 30 and b % 2 == 0 for b in v))
+        self.assertTrue(any((b // 2) % 3 for b in v) and any((b // 2) % 8 for b in v))
 
 
 class GemmShapesTest(unittest.TestCase):

@@ -72,6 +72,13 @@ int choose_tile_n(int M, int N, int ctas) {
   return best_bn;
 }
 
+// CTA pairs (hook 5) take no more waves than single CTAs: an odd M-block count leaves one
+// member of the last pair of each N-block idle, which can add a wave of pairs.
+bool pairs_fit(int m_blocks, int n_blocks, int ctas) {
+  return ctas >= 2 &&
+         ceil_div(detail::pair_sweep(m_blocks, n_blocks), ctas / 2) <= ceil_div(m_blocks * n_blocks, ctas);
+}
+
 // Stream-K (gemm.h). Chosen (mode 0) only where it measured faster, in two cases (tuning.h):
 // few rows, or a short last wave after whole ones where the wave model below expects a gain.
 // Forced (mode 2): stream-K wherever a wave is partial, at the tile width the model prefers.
@@ -286,9 +293,24 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
                        a.workspace_bytes >= gemm_workspace_bytes(ctas) && !hooks &&
                        s.mode == GemmSinkMode::kNone && a.C != nullptr && a.cluster != 2 && a.stream_k != 1 &&
                        k_blocks <= 65536 && ctas <= kSkMaxCtas;
-  const TilePlan tiles =
-      sk_able ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k) : TilePlan{0, false};
-  int tile_n = tiles.stream_k ? tiles.tile_n : a.tile_n;
+  // CTA pairs the launch may choose (cluster = 0): plain launches without hooks 1-2 or the sink.
+  const bool pairs_open = a.cluster == 0 && a.tile_n == 0 && a.pingpong != 2 && !hooks &&
+                          s.mode == GemmSinkMode::kNone && ctas >= 2;
+  // Rows of A or B off the 128-byte lines (a row stride off the multiple of 64 elements): every
+  // 128-byte row of a TMA box straddles two lines, and the loads, not the tensor cores, bound
+  // the time. Where the plan takes 256-wide tiles, CTA pairs halve the B rows each CTA loads
+  // (tuning.h, kPairOffLine*): stream-K is then left out.
+  const int mb = ceil_div(a.M, detail::kTileM);
+  const bool off_lines = a.lda % 64 != 0 || a.ldb % 64 != 0;
+  bool off_line_pairs = false;
+  if (pairs_open && off_lines && a.stream_k != 2 && mb >= 2 && choose_tile_n(a.M, a.N, ctas) == 256) {
+    const int nb = ceil_div(a.N, 256);
+    off_line_pairs = mb * nb >= tuning::kPairOffLineMinTiles && pairs_fit(mb, nb, ctas);
+  }
+  const TilePlan tiles = sk_able && !off_line_pairs
+                             ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k)
+                             : TilePlan{0, false};
+  int tile_n = off_line_pairs ? 256 : tiles.stream_k ? tiles.tile_n : a.tile_n;
   // C through TMA stores needs a 16-byte row stride, and N a multiple of 8 (TMA stores clip at
   // the tensor's bounds in whole 16 bytes); else bf16 C goes out through shared memory in
   // coalesced rows, fp32 C through the register path.
@@ -321,11 +343,13 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // The launch's own choice (cluster = 0) is single CTAs (pairs measured even with them on
   // H200, within ±2 % per shape), except for the few 128-wide tiles of a short grid with long
   // enough K (tuning.h, kPair*), where pairs replace the ping-pong: two M-blocks share each B
-  // tile, halving the L2 reads that bound 128-wide tiles.
-  const bool pairs_chosen = a.cluster == 0 && a.tile_n == 0 && a.pingpong != 2 && !hooks &&
-                            s.mode == GemmSinkMode::kNone && !tiles.stream_k && g.tile_n == 128 &&
-                            ctas >= 2 && g.m_blocks >= 2 && prob.num_tiles <= tuning::kPairMaxWaves * ctas &&
-                            k_blocks >= tuning::kPairMinKBlocks;
+  // tile, halving the L2 reads that bound 128-wide tiles; and for operand rows off the
+  // 128-byte lines on 256-wide tiles (above).
+  // Pairs never take more waves than single CTAs would (pairs_fit).
+  const bool pairs_chosen =
+      off_line_pairs || (pairs_open && !tiles.stream_k && g.tile_n == 128 && g.m_blocks >= 2 &&
+                         prob.num_tiles <= tuning::kPairMaxWaves * ctas &&
+                         k_blocks >= tuning::kPairMinKBlocks && pairs_fit(g.m_blocks, g.n_blocks, ctas));
   if (pairs_chosen) plan->pingpong = false;
   plan->cluster = a.cluster == 2 || pairs_chosen ? 2 : 1;
   if (plan->cluster == 2) {
@@ -434,8 +458,10 @@ size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 // The staged operands of `a`: padded row strides (0: the operand is used in place) and bytes.
 // An operand is staged where TMA cannot read its rows (a stride off the multiple of 8), and
 // where its rows are off the 128-byte lines (a stride off the multiple of 64) and the model of
-// tuning.h puts the copy at a small enough part of the GEMM's time. Staged rows are padded to
-// 64 elements.
+// tuning.h puts the copy at a small enough part of the GEMM's time; where the copies of all
+// such operands together pass that part and the plan of the operands in place takes CTA pairs
+// (gemm_plan: rows off the lines), none of them is copied. Staged rows are padded to 64
+// elements.
 struct Staging {
   int64_t lda, ldb;
   size_t a_bytes, b_bytes;
@@ -446,19 +472,27 @@ Staging staging_of(const GemmArgs& a) {
   Staging st{};
   if (a.M < 1 || a.N < 1 || a.K < 1) return st;
   const double gemm_us = 2.0 * a.M * a.N * a.K / (tuning::kStageModelTflops * 1e6);
-  auto stage = [&](int64_t ld, int64_t rows, int64_t cols) {
-    if (ld % 8 != 0) return true;
-    if (ld % 64 == 0) return false;
-    const double copy_us =
-        double(rows) * cols * 4 / (tuning::kStageModelGBps * 1e3) + tuning::kStageModelLaunchUs;
-    return copy_us <= tuning::kStageAlignMaxCost * gemm_us;
+  auto copy_us = [](int64_t rows, int64_t cols) {
+    return double(rows) * cols * 4 / (tuning::kStageModelGBps * 1e3) + tuning::kStageModelLaunchUs;
   };
-  if (stage(a.lda, a.M, a.K)) {
+  const int64_t b_rows = kn ? a.K : a.N, b_cols = kn ? a.N : a.K;
+  const bool must_a = a.lda % 8 != 0, must_b = a.ldb % 8 != 0;
+  const bool off_a = !must_a && a.lda % 64 != 0, off_b = !must_b && a.ldb % 64 != 0;
+  const double cost_a = copy_us(a.M, a.K), cost_b = copy_us(b_rows, b_cols);
+  const double bar = tuning::kStageAlignMaxCost * gemm_us;
+  bool pairs = false;
+  if ((off_a ? cost_a : 0.0) + (off_b ? cost_b : 0.0) > bar) {
+    GemmArgs q = a;
+    if (must_a) q.lda = pad64(a.K);
+    if (must_b) q.ldb = pad64(b_cols);
+    GemmLaunchPlan plan;
+    pairs = gemm_launch_plan(q, &plan) == cudaSuccess && plan.pairs;
+  }
+  if (must_a || (off_a && !pairs && cost_a <= bar)) {
     st.lda = pad64(a.K);
     st.a_bytes = align256(size_t(a.M) * st.lda * 2);
   }
-  const int64_t b_rows = kn ? a.K : a.N, b_cols = kn ? a.N : a.K;
-  if (stage(a.ldb, b_rows, b_cols)) {
+  if (must_b || (off_b && !pairs && cost_b <= bar)) {
     st.ldb = pad64(b_cols);
     st.b_bytes = align256(size_t(b_rows) * st.ldb * 2);
   }

@@ -67,7 +67,10 @@
 //    together, each loading half of the B tile into both CTAs' shared memory (TMA multicast),
 //    which halves the L2 reads of B. 0 lets the launch choose (today: single CTAs, as pairs
 //    measured no faster, except on grids of 128-wide tiles of at most two waves with K >= 2048,
-//    where pairs took 0.75-0.98 × the time of single CTAs at 9 of 10 cases on 1 × H200);
+//    where pairs took 0.75-0.98 × the time of single CTAs at 9 of 10 cases on 1 × H200, and on
+//    grids of at least 100 256-wide tiles whose A or B rows are off the 128-byte lines (a row
+//    stride off the multiple of 64 elements), 0.85 × in geomean; never where pairs would take
+//    more waves than single CTAs);
 //    2 asks for pairs and needs hooks 1-2 off and num_ctas >= 2 (else
 //    cudaErrorInvalidValue); the grid is then even and at most the clusters that fit at once.
 //
@@ -257,7 +260,9 @@ cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);
 // into `staging` with its rows padded to a multiple of 64 elements (the pad is never read: TMA
 // zero-fills past K and N); C needs no copy (any ldc, above). An operand whose stride is a
 // multiple of 8 but not of 64 is copied too where a model puts the copy at a small part of the
-// GEMM's time (tuning.h, kStage*: rows off the 128-byte lines cost large GEMMs up to ~1.5 ×).
+// GEMM's time (tuning.h, kStage*: rows off the 128-byte lines cost large GEMMs up to ~1.5 ×),
+// unless the copies of all such operands together pass that part and the launch in place takes
+// CTA pairs (hook 5), which recover much of that loss without the copies.
 // The copies are part of the op and of its time: (M·K or N·K) · 4 bytes of memory traffic
 // each, against 2·M·N·K FLOP. gemm_staging_bytes(a): the bytes of `staging` that `a` needs
 // (0: none, the launch is launch_gemm's). Refused (cudaErrorInvalidValue) with hooks 1-2 or

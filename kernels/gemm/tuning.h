@@ -49,6 +49,14 @@ inline constexpr int kGroupM128 = 8;
 // choice is as before (pairs no faster).
 inline constexpr int kPairMaxWaves = 2;
 inline constexpr int kPairMinKBlocks = 32;
+// CTA pairs also where a row stride of A or B is off the multiple of 64 elements (rows off the
+// 128-byte lines: each 128-byte row of a TMA box is two partial-line reads, and the loads bound
+// the time) and the plan takes 256-wide tiles, at least kPairOffLineMinTiles of them over at
+// least two M-blocks, with no more waves of pairs than of single CTAs. On 1 × H200 over 97
+// such (shape, layout) cases of three seeded random sets (N, K multiples of 8), pairs took
+// 0.85 × the time of the plan without them in geomean (0.59-1.28 ×); under 100 tiles, where a
+// pair's idle member or a second wave weighs more, they were slower as often as faster.
+inline constexpr int kPairOffLineMinTiles = 100;
 
 // The staged launch (gemm.h, launch_gemm_staged) also copies an operand whose rows TMA can
 // read but whose row stride is off the multiple of 64 elements (128 bytes): then every 128-byte
@@ -56,7 +64,10 @@ inline constexpr int kPairMinKBlocks = 32;
 // throughput on 1 × H200 (e.g. 9794 × 10792 × 16120: 7.7 ms against 4.9 ms) where strides on
 // the lines ran at ~1.0 ×. The copy is taken where its modelled time (rows × cols × 4 bytes at
 // kStageModelGBps, plus kStageModelLaunchUs) is at most kStageAlignMaxCost of the GEMM's
-// (2·M·N·K at kStageModelTflops): a fraction of the ~1.5 × it saves.
+// (2·M·N·K at kStageModelTflops): a fraction of the ~1.5 × it saves. Where the copies of every
+// such operand together cost more than that and the plan in place takes CTA pairs
+// (kPairOffLine*), nothing is copied: the pairs recover much of the loss without the copies'
+// traffic, which at short K or few tiles is a large part of the time.
 inline constexpr double kStageModelTflops = 700;
 inline constexpr double kStageModelGBps = 3000;
 inline constexpr double kStageModelLaunchUs = 3;

@@ -84,18 +84,56 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 // scratch and staging during the kernel).
 __device__ __forceinline__ uint4 ld_vec(const uint4* p) { return __ldcg(p); }
 
-// The CTA copies n elements src -> dst (either may be peer memory). 16-byte vectors when both
-// are 16-byte aligned, with kUnroll loads in flight per thread (NVLink reads need many; the
-// one-shot path, small parts, keeps its 4).
+// Elements before the first 16-byte boundary of p (at most n): a segment that starts at any
+// element offset (a count that does not split into 16-byte pieces per rank) takes them one by
+// one, then 16-byte vectors.
+template <typename T>
+__device__ __forceinline__ int64_t head_elems(const T* p, int64_t n) {
+  const int64_t h = static_cast<int64_t>((kVecBytes - (reinterpret_cast<uintptr_t>(p) & 15)) & 15) /
+                    static_cast<int64_t>(sizeof(T));
+  return h < n ? h : n;
+}
+
+// One 16-byte vector of elements to dst, which is off the 16-byte grid: in the widest pieces
+// its alignment allows (8, 4 or 2 bytes).
+__device__ __forceinline__ void store_vec_split(void* dst, uint4 v) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
+  if ((a & 7) == 0) {
+    uint2* d = static_cast<uint2*>(dst);
+    d[0] = make_uint2(v.x, v.y);
+    d[1] = make_uint2(v.z, v.w);
+  } else if ((a & 3) == 0) {
+    uint32_t* d = static_cast<uint32_t*>(dst);
+    d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
+  } else {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      d[2 * k] = static_cast<uint16_t>(w[k] & 0xFFFFu);
+      d[2 * k + 1] = static_cast<uint16_t>(w[k] >> 16);
+    }
+  }
+}
+
+// The CTA copies n elements src -> dst (either may be peer memory): the elements before src's
+// first 16-byte boundary one by one, then 16-byte vector loads with kUnroll in flight per
+// thread (NVLink reads need many; the one-shot path, small parts, keeps its 4), stored as
+// vectors where dst is then on the 16-byte grid too, else in pieces (store_vec_split), then
+// the tail one by one.
 template <typename T, int kUnroll = tuning::kTwoPhaseCopyUnroll>
 __device__ void cta_copy(T* dst, const T* src, int64_t n) {
   using Raw = typename Elem<T>::Raw;
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
-  int64_t done = 0;
-  if (aligned16(dst) && aligned16(src)) {
-    const int64_t nv = n / kEpv;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
+  const int64_t head = head_elems(src, n);
+  if (tid < head) reinterpret_cast<Raw*>(dst)[tid] = __ldcg(reinterpret_cast<const Raw*>(src) + tid);
+  dst += head;
+  src += head;
+  n -= head;
+  const int64_t nv = n / kEpv;
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  if (aligned16(dst)) {
     uint4* o = reinterpret_cast<uint4*>(dst);
     int64_t i = tid;
     for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
@@ -106,11 +144,20 @@ __device__ void cta_copy(T* dst, const T* src, int64_t n) {
       for (int u = 0; u < kUnroll; ++u) o[i + u * nt] = v[u];
     }
     for (; i < nv; i += nt) o[i] = ld_vec(s + i);
-    done = nv * kEpv;
+  } else {
+    int64_t i = tid;
+    for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = ld_vec(s + i + u * nt);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) store_vec_split(dst + (i + u * nt) * kEpv, v[u]);
+    }
+    for (; i < nv; i += nt) store_vec_split(dst + i * kEpv, ld_vec(s + i));
   }
-  const Raw* s = reinterpret_cast<const Raw*>(src);
+  const Raw* rs = reinterpret_cast<const Raw*>(src);
   Raw* o = reinterpret_cast<Raw*>(dst);
-  for (int64_t i = done + tid; i < n; i += nt) o[i] = __ldcg(s + i);
+  for (int64_t i = nv * kEpv + tid; i < n; i += nt) o[i] = __ldcg(rs + i);
 }
 
 // Where a reduction's sums go, one vector of kVecBytes / sizeof(T) elements at a time: vector i
@@ -137,11 +184,25 @@ struct VecOut<float, __nv_bfloat16> {
   }
 };
 
+// Vector i's sums element by element: for dst (or dst2) off the grid VecOut stores on. The same
+// rounding as VecOut (round to nearest even, each sum once).
+template <typename T, typename Out, int kEpv>
+__device__ __forceinline__ void put_elems(Out* dst, T* dst2, int64_t i, const float (&acc)[kEpv]) {
+#pragma unroll
+  for (int k = 0; k < kEpv; ++k) Elem<Out>::store(dst + i * kEpv + k, acc[k]);
+  if (dst2 != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kEpv; ++k) Elem<T>::store(dst2 + i * kEpv + k, acc[k]);
+  }
+}
+
 // Vector part of cta_reduce with the source count NS known at compile time: kRedUnroll
 // vectors per source per thread are loaded before the first add, so a thread keeps
 // NS * kRedUnroll independent 16-byte loads in flight (NVLink reads need many).
+// vec_out: dst (and dst2) on the grid VecOut stores on; else the sums go out element by element.
 template <typename T, typename Out, int NS, int kRedUnroll>
-__device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const* src, int64_t nv) {
+__device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const* src, int64_t nv,
+                                               bool vec_out) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
   const uint4* s[NS];
@@ -161,7 +222,11 @@ __device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const
       for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
 #pragma unroll
       for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[u][k]);
-      VecOut<T, Out>::put(dst, dst2, i + u * nt, acc);
+      if (vec_out) {
+        VecOut<T, Out>::put(dst, dst2, i + u * nt, acc);
+      } else {
+        put_elems<T, Out, kEpv>(dst, dst2, i + u * nt, acc);
+      }
     }
   }
   for (; i < nv; i += nt) {
@@ -173,49 +238,83 @@ __device__ __forceinline__ void cta_reduce_vec(Out* dst, T* dst2, const T* const
     for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
 #pragma unroll
     for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[k]);
-    VecOut<T, Out>::put(dst, dst2, i, acc);
-  }
-}
-
-// True when the vector paths may run: every source 16-byte aligned, dst aligned for Out's
-// vectors, dst2 (if set) 16-byte aligned.
-template <typename T, typename Out>
-__device__ __forceinline__ bool reduce_vectorizable(const Out* dst, const T* dst2, const T* const* src,
-                                                    int nsrc) {
-  bool vec = (reinterpret_cast<uintptr_t>(dst) & (VecOut<T, Out>::kAlign - 1)) == 0 &&
-             (dst2 == nullptr || aligned16(dst2));
-  for (int s = 0; s < nsrc; ++s) vec = vec && aligned16(src[s]);
-  return vec;
-}
-
-// dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order,
-// stored as Out in dst (T, or bf16 from fp32 inputs) and as T in dst2.
-// U: vectors per source in flight per thread (used by the two-phase kernel).
-template <typename T, int U, typename Out = T>
-__device__ void cta_reduce(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
-  constexpr int kEpv = kVecBytes / sizeof(T);
-  const int tid = threadIdx.x, nt = blockDim.x;
-  int64_t done = 0;
-  if (reduce_vectorizable(dst, dst2, src, nsrc)) {
-    const int64_t nv = n / kEpv;
-    switch (nsrc) {
-      case 1: cta_reduce_vec<T, Out, 1, U>(dst, dst2, src, nv); break;
-      case 2: cta_reduce_vec<T, Out, 2, U>(dst, dst2, src, nv); break;
-      case 3: cta_reduce_vec<T, Out, 3, U>(dst, dst2, src, nv); break;
-      case 4: cta_reduce_vec<T, Out, 4, U>(dst, dst2, src, nv); break;
-      case 5: cta_reduce_vec<T, Out, 5, U>(dst, dst2, src, nv); break;
-      case 6: cta_reduce_vec<T, Out, 6, U>(dst, dst2, src, nv); break;
-      case 7: cta_reduce_vec<T, Out, 7, U>(dst, dst2, src, nv); break;
-      default: cta_reduce_vec<T, Out, 8, U>(dst, dst2, src, nv); break;
+    if (vec_out) {
+      VecOut<T, Out>::put(dst, dst2, i, acc);
+    } else {
+      put_elems<T, Out, kEpv>(dst, dst2, i, acc);
     }
-    done = nv * kEpv;
   }
-  for (int64_t i = done + tid; i < n; i += nt) {
+}
+
+// True when the sums may go out as VecOut's vectors: dst on Out's vector grid, dst2 (if set)
+// 16-byte aligned.
+template <typename T, typename Out>
+__device__ __forceinline__ bool out_vectorizable(const Out* dst, const T* dst2) {
+  return (reinterpret_cast<uintptr_t>(dst) & (VecOut<T, Out>::kAlign - 1)) == 0 &&
+         (dst2 == nullptr || aligned16(dst2));
+}
+
+// Sums of elements [b, e) one by one (a reduction's head and tail).
+template <typename T, typename Out>
+__device__ __forceinline__ void reduce_elems(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t b,
+                                             int64_t e) {
+  for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) {
     float acc = 0.f;
     for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
     Elem<Out>::store(dst + i, acc);
     if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
   }
+}
+
+// The vector body of a reduction: the elements before the sources' first 16-byte boundary
+// (`head`, where every source sits at the same offset from it, else all of them), then whole
+// vectors. Returns false where the sources are at different offsets (then nothing is
+// vectorised); else sets head and nv (vectors after the head), the sources to advance by head.
+template <typename T>
+__device__ __forceinline__ bool reduce_body(const T* const* src, int nsrc, int64_t n, int64_t& head,
+                                            int64_t& nv) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const uintptr_t mis = reinterpret_cast<uintptr_t>(src[0]) & 15;
+  for (int s = 1; s < nsrc; ++s) {
+    if ((reinterpret_cast<uintptr_t>(src[s]) & 15) != mis) return false;
+  }
+  head = head_elems(src[0], n);
+  nv = (n - head) / kEpv;
+  return true;
+}
+
+// dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order,
+// stored as Out in dst (T, or bf16 from fp32 inputs) and as T in dst2. Sources at one offset
+// from the 16-byte grid (a rank's segment at any element offset: every rank's copy sits at
+// the same offset) are read in 16-byte vectors after a head of single elements; the sums go
+// out as vectors where dst and dst2 are then on the grid too, else element by element. Every
+// path adds in the same order and rounds once: the results do not depend on the offsets.
+// U: vectors per source in flight per thread (used by the two-phase kernel).
+template <typename T, int U, typename Out = T>
+__device__ void cta_reduce(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  int64_t head = 0, nv = 0;
+  if (!reduce_body(src, nsrc, n, head, nv)) {
+    reduce_elems(dst, dst2, src, nsrc, 0, n);
+    return;
+  }
+  reduce_elems(dst, dst2, src, nsrc, 0, head);
+  const T* s2[kCommMaxRanks];
+  for (int s = 0; s < nsrc; ++s) s2[s] = src[s] + head;
+  Out* d = dst + head;
+  T* d2 = dst2 != nullptr ? dst2 + head : nullptr;
+  const bool vec_out = out_vectorizable(d, d2);
+  switch (nsrc) {
+    case 1: cta_reduce_vec<T, Out, 1, U>(d, d2, s2, nv, vec_out); break;
+    case 2: cta_reduce_vec<T, Out, 2, U>(d, d2, s2, nv, vec_out); break;
+    case 3: cta_reduce_vec<T, Out, 3, U>(d, d2, s2, nv, vec_out); break;
+    case 4: cta_reduce_vec<T, Out, 4, U>(d, d2, s2, nv, vec_out); break;
+    case 5: cta_reduce_vec<T, Out, 5, U>(d, d2, s2, nv, vec_out); break;
+    case 6: cta_reduce_vec<T, Out, 6, U>(d, d2, s2, nv, vec_out); break;
+    case 7: cta_reduce_vec<T, Out, 7, U>(d, d2, s2, nv, vec_out); break;
+    default: cta_reduce_vec<T, Out, 8, U>(d, d2, s2, nv, vec_out); break;
+  }
+  reduce_elems(dst, dst2, src, nsrc, head + nv * kEpv, n);
 }
 
 // One-shot's reduction (local staging, small parts): one vector per source in flight, the source
@@ -224,30 +323,33 @@ template <typename T, typename Out = T>
 __device__ void cta_reduce_small(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
-  int64_t done = 0;
-  if (reduce_vectorizable(dst, dst2, src, nsrc)) {
-    const int64_t nv = n / kEpv;
-    for (int64_t i = tid; i < nv; i += nt) {
-      uint4 v[kCommMaxRanks];
+  int64_t head = 0, nv = 0;
+  if (!reduce_body(src, nsrc, n, head, nv)) {
+    reduce_elems(dst, dst2, src, nsrc, 0, n);
+    return;
+  }
+  reduce_elems(dst, dst2, src, nsrc, 0, head);
+  Out* d = dst + head;
+  T* d2 = dst2 != nullptr ? dst2 + head : nullptr;
+  const bool vec_out = out_vectorizable(d, d2);
+  for (int64_t i = tid; i < nv; i += nt) {
+    uint4 v[kCommMaxRanks];
 #pragma unroll
-      for (int s = 0; s < kCommMaxRanks; ++s)
-        if (s < nsrc) v[s] = __ldcg(reinterpret_cast<const uint4*>(src[s]) + i);
-      float acc[kEpv];
+    for (int s = 0; s < kCommMaxRanks; ++s)
+      if (s < nsrc) v[s] = __ldcg(reinterpret_cast<const uint4*>(src[s] + head) + i);
+    float acc[kEpv];
 #pragma unroll
-      for (int k = 0; k < kEpv; ++k) acc[k] = 0.f;
+    for (int k = 0; k < kEpv; ++k) acc[k] = 0.f;
 #pragma unroll
-      for (int s = 0; s < kCommMaxRanks; ++s)
-        if (s < nsrc) Elem<T>::add_vec(acc, v[s]);
-      VecOut<T, Out>::put(dst, dst2, i, acc);
+    for (int s = 0; s < kCommMaxRanks; ++s)
+      if (s < nsrc) Elem<T>::add_vec(acc, v[s]);
+    if (vec_out) {
+      VecOut<T, Out>::put(d, d2, i, acc);
+    } else {
+      put_elems<T, Out, kEpv>(d, d2, i, acc);
     }
-    done = nv * kEpv;
   }
-  for (int64_t i = done + tid; i < n; i += nt) {
-    float acc = 0.f;
-    for (int s = 0; s < nsrc; ++s) acc += Elem<T>::load(src[s] + i);
-    Elem<Out>::store(dst + i, acc);
-    if (dst2 != nullptr) Elem<T>::store(dst2 + i, acc);
-  }
+  reduce_elems(dst, dst2, src, nsrc, head + nv * kEpv, n);
 }
 
 struct Params {

@@ -2,7 +2,8 @@
 // forked process per GPU, handles exchanged through pipes (process_group.h).
 //   worlds: 1; every world from 2 to the GPU count (at most 8), on GPUs 0..W-1; with 4 or more
 //     GPUs also 3 ranks on GPUs 1,2,3.
-//   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3) x {auto,
+//   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3, and 1, 7, 1023
+//     and 1000003 per rank) x {auto,
 //     one-shot, two-phase, two-phase push, pipelined}, allReduce in place (direct with the
 //     default plan and with few producers / small chunks, and auto), fp32 reduceScatter with bf16 output
 //     (out_bf16; auto, one-shot, two-phase) and its refusal elsewhere, plus the chunk-pipelined variants with
@@ -293,7 +294,10 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       check(k::launch_collective(sm->device(), args(c, out), stream) == cudaErrorInvalidValue,
             "rank " + std::to_string(r) + " refuses " + name(c));
     }
-    const int64_t counts[] = {0, 1, 7, 8L * W - 1, 1000, 4099, 65536, 131075, 300001, 2000003};
+    // Totals, and per-rank counts of 1, 7, 1023 and 1000003 (segments at every offset from the
+    // 16-byte grid: the vector bodies' heads and tails).
+    const int64_t counts[] = {0,      1,      7,       8L * W - 1, 1000,       4099,          65536,
+                              131075, 300001, 2000003, int64_t{W}, 7L * W + 1, 1023L * W + 3, 1000003L * W};
     uint64_t case_id = 0;
     for (k::CommOp op :
          {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllToAll}) {

@@ -882,6 +882,44 @@ void test_pingpong(uint64_t seed) {
   std::printf("[pingpong] %d/%d forced shapes passed; plan choices checked\n", passed, total);
 }
 
+// CTA pairs where rows are off the 128-byte lines (tuning.h kPairOffLine*): dense operands at
+// strides off the multiple of 64 through the staged launch, which then copies nothing (an odd
+// M-block count: the last pair's second member idle), both layouts, fp32 C too, each checked.
+// Then the plans: pairs on 256-wide tiles there, none where they would add a wave (odd M-block
+// counts on a one-wave grid), the copies where they are cheap against the GEMM.
+void test_off_line_pairs(uint64_t seed) {
+  int passed = 0, total = 0;
+  for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
+    for (auto out : {GemmOutType::kBF16, GemmOutType::kF32}) {
+      Shape s{1400, 2504, 1000, l, out, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+      s.staged = true;
+      const GemmLaunchPlan plan = plan_of(s);
+      const bool planned =
+          g_sms < 132 || (plan.pairs && plan.grid.tile_n == 256 && gemm_staging_bytes(plan_args(s)) == 0);
+      const bool ok = planned && run_shape(s, seed + total);
+      EXPECT(ok, "rows off the lines %s%s", describe(s).c_str(), planned ? "" : " (pairs not planned)");
+      passed += ok;
+      ++total;
+    }
+  }
+  if (g_sms >= 132) {
+    // 2683 x 2352 x 14840: 210 tiles of 256, 110 pairs in two waves as single CTAs; the copies
+    // (~105 us modelled) pass a fifth of the GEMM's ~267 us.
+    Shape q{2683, 2352, 14840, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT(plan_of(q).pairs && plan_of(q).grid.tile_n == 256, "no CTA pairs at 2683 x 2352 x 14840");
+    EXPECT(gemm_staging_bytes(plan_args(q)) == 0, "2683 x 2352 x 14840 staged");
+    q.cluster = 1;
+    EXPECT(!plan_of(q).pairs, "CTA pairs chosen while off, rows off the lines");
+    // 339 x 4776 x 5984: 114 tiles of 128 in one wave; 3 M-blocks make 76 pairs, two waves.
+    Shape r{339, 4776, 5984, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT(!plan_of(r).pairs && plan_of(r).pingpong, "CTA pairs that add a wave at 339 x 4776 x 5984");
+    // 8192 x 8192 x 8200: the copies are cheap against the GEMM: staged, single CTAs.
+    Shape b{8192, 8192, 8200, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT(gemm_staging_bytes(plan_args(b)) > 0, "8192 x 8192 x 8200 not staged");
+  }
+  std::printf("[off-line pairs] %d/%d shapes passed; plan choices checked\n", passed, total);
+}
+
 // Launched early, a GEMM may be scheduled while the stream's previous kernel runs and must not
 // touch its operands before that kernel completes. A chain on one non-blocking stream with no
 // host sync: poison into every buffer, a slow producer filling A (launch_delayed_copy: it leaves
@@ -983,6 +1021,7 @@ int main() {
   g_sms = prop.multiProcessorCount;
   test_stream_k(seed + 4);
   test_pingpong(seed + 5);
+  test_off_line_pairs(seed + 7);
   test_early_launch(seed + 6);
   std::mt19937_64 rng(seed);
   const auto shapes = make_sweep(rng, count, prop.multiProcessorCount);
