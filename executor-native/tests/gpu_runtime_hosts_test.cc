@@ -827,9 +827,10 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
       }
       cudaFree(buf);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      check(kind == ErrorKind::kTimeout && (message.find("(host ") != std::string::npos ||
-                                            message.find("peer ") != std::string::npos),
-            "missing rank: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
+      check(
+          kind == ErrorKind::kTimeout &&
+              (message.find("(host ") != std::string::npos || message.find("peer ") != std::string::npos),
+          "missing rank: rank " + std::to_string(rank) + " got: " + (message.empty() ? "no error" : message));
       check(s < kTimeoutMs / 1000.0 + 15, "missing rank: the error took " + std::to_string(s) + " s");
       std::printf("  missing rank %d, rank %d after %.1f s: %s\n", world - 1, rank, s, message.c_str());
     }

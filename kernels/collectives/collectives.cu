@@ -168,7 +168,8 @@ __global__ void comm_fail_if_kernel(CommDevice d, const uint32_t* word, uint32_t
 }
 }  // namespace
 
-cudaError_t launch_comm_fail_if(const CommDevice& dev, const uint32_t* word, uint32_t code, cudaStream_t stream) {
+cudaError_t launch_comm_fail_if(const CommDevice& dev, const uint32_t* word, uint32_t code,
+                                cudaStream_t stream) {
   if (word == nullptr || code == 0) return cudaErrorInvalidValue;
   comm_fail_if_kernel<<<1, 1, 0, stream>>>(dev, word, code);
   return cudaGetLastError();

@@ -368,7 +368,8 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& args,
 // One thread, stream-ordered: if *word (device-visible; e.g. the proxy's status) is non-zero,
 // claims this rank's error record with `code` (observed: the word), so that the collectives
 // enqueued after it publish nothing and their peers stop (kCommPeerFailed).
-cudaError_t launch_comm_fail_if(const CommDevice& dev, const uint32_t* word, uint32_t code, cudaStream_t stream);
+cudaError_t launch_comm_fail_if(const CommDevice& dev, const uint32_t* word, uint32_t code,
+                                cudaStream_t stream);
 
 inline const char* comm_op_name(uint32_t op) {
   switch (op) {

@@ -206,7 +206,7 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
         }
         if (code != 0) {
           const bool mismatch = code == kCommLaunchMismatch;
-          const uint64_t observed = mismatch                   ? comm_peer_signature(d, who, launch_epoch)
+          const uint64_t observed = mismatch                  ? comm_peer_signature(d, who, launch_epoch)
                                     : code == kCommPeerFailed ? peer_claim
                                                               : v;
           comm_record_failure(d, code, mismatch ? launch_epoch : epoch, observed, elapsed, op, step,

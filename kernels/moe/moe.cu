@@ -333,24 +333,10 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-struct FusedParams {
-  CommDevice dev;
-  const uint4* x;    // tokens × hidden bf16, as 16-byte vectors
-  int64_t row_vecs;  // hidden / 8
-  int64_t pairs;
-  int topk;
-  int num_experts;
-  const int32_t* ids;
-  const float* weights;
+struct FusedParams : RowsParams {
   const int32_t* list;  // the send list (moe_send_list_kernel)
-  const int32_t* chunk_prefix;
-  const int32_t* pair_pos;
-  const int64_t* send_base;
-  int64_t chunk_pairs;
-  uint64_t meta_offset;
-  const MoeStatus* status;
-  int item_rows;    // send list positions per work item (<= kFusedMaxItemRows)
-  int bulk_stages;  // moe_dispatch_role's shared-memory stages (0: register copies)
+  int item_rows;        // send list positions per work item (<= kFusedMaxItemRows)
+  int bulk_stages;      // moe_dispatch_role's shared-memory stages (0: register copies)
   uint32_t stage_bytes;
   int gemm_ctas;      // CTAs [0, gemm_ctas) start on the GEMM
   int dispatch_ctas;  // CTAs [gemm_ctas, gemm_ctas + dispatch_ctas) store rows first
@@ -834,6 +820,42 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   const uint8_t* area = dev.base[r] + dev.data_offset;
   const uint64_t meta_offset = static_cast<uint64_t>(a.capacity) * a.hidden * 2;
 
+  // The row movers' parameters, shared by both paths (d carries the launch's signature).
+  auto rows_params = [&](const CommDevice& dev_sig) {
+    RowsParams rp{};
+    rp.dev = dev_sig;
+    rp.x = reinterpret_cast<const uint4*>(a.x);
+    rp.row_vecs = a.hidden / 8;
+    rp.pairs = pairs;
+    rp.topk = a.topk;
+    rp.num_experts = E;
+    rp.ids = a.topk_ids;
+    rp.weights = a.topk_weights;
+    rp.chunk_prefix = chunk_counts;
+    rp.pair_pos = pair_pos;
+    rp.send_base = send_base;
+    rp.chunk_pairs = chunk_pairs;
+    rp.meta_offset = meta_offset;
+    rp.status = L.status;
+    return rp;
+  };
+  // The grouped GEMM over the received rows in place (both paths; the CTA count is theirs).
+  auto grouped_args = [&] {
+    GroupedGemmArgs g;
+    g.A = reinterpret_cast<const __nv_bfloat16*>(area);
+    g.rows_capacity = a.capacity;
+    g.offsets = L.expert_offsets;
+    g.groups = local;
+    g.B = a.w1;
+    g.b_layout = a.w1_layout;
+    g.N = a.ffn;
+    g.K = a.hidden;
+    g.C = a.out;
+    g.workspace = base + ws.gemm;
+    g.workspace_bytes = ws.total - ws.gemm;
+    return g;
+  };
+
   if (fused) {
     // The send list, then the rows and the grouped GEMM in one kernel (or the rows alone on a
     // rank with no GEMM), then the unpack as in the decomposed path.
@@ -844,39 +866,15 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
     }
     FusedParams fp{};
     d.launch_sig = comm_launch_signature(kMoeOpFused, static_cast<uint32_t>(CommDtype::kBF16), 0, sizes);
-    fp.dev = d;
-    fp.x = reinterpret_cast<const uint4*>(a.x);
-    fp.row_vecs = a.hidden / 8;
-    fp.pairs = pairs;
-    fp.topk = a.topk;
-    fp.num_experts = E;
-    fp.ids = a.topk_ids;
-    fp.weights = a.topk_weights;
+    static_cast<RowsParams&>(fp) = rows_params(d);
     fp.list = send_list;
-    fp.chunk_prefix = chunk_counts;
-    fp.pair_pos = pair_pos;
-    fp.send_base = send_base;
-    fp.chunk_pairs = chunk_pairs;
-    fp.meta_offset = meta_offset;
-    fp.status = L.status;
     fp.local_experts = local;
     fp.first_expert = static_cast<int>(split_offset(E, W, r));
     fp.counts = L.counts;
     GroupedLaunch gl;
     bool empty = true;
     if (gemm && a.capacity > 0) {
-      GroupedGemmArgs g;
-      g.A = reinterpret_cast<const __nv_bfloat16*>(area);
-      g.rows_capacity = a.capacity;
-      g.offsets = L.expert_offsets;
-      g.groups = local;
-      g.B = a.w1;
-      g.b_layout = a.w1_layout;
-      g.N = a.ffn;
-      g.K = a.hidden;
-      g.C = a.out;
-      g.workspace = base + ws.gemm;
-      g.workspace_bytes = ws.total - ws.gemm;
+      GroupedGemmArgs g = grouped_args();
       g.num_ctas = fused_split(dev, a, true).gemm;  // the tile width for the CTAs that start on it
       if (cudaError_t e = grouped_gemm_prepare(g, &gl, &empty, stream); e != cudaSuccess) return e;
     }
@@ -920,22 +918,8 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
     return cudaSuccess;
   }
 
-  RowsParams rp{};
   d.launch_sig = comm_launch_signature(kMoeOpRows, static_cast<uint32_t>(CommDtype::kBF16), 0, sizes);
-  rp.dev = d;
-  rp.x = reinterpret_cast<const uint4*>(a.x);
-  rp.row_vecs = a.hidden / 8;
-  rp.pairs = pairs;
-  rp.topk = a.topk;
-  rp.num_experts = E;
-  rp.ids = a.topk_ids;
-  rp.weights = a.topk_weights;
-  rp.chunk_prefix = chunk_counts;
-  rp.pair_pos = pair_pos;
-  rp.send_base = send_base;
-  rp.chunk_pairs = chunk_pairs;
-  rp.meta_offset = meta_offset;
-  rp.status = L.status;
+  const RowsParams rp = rows_params(d);
   moe_rows_kernel<<<row_grid(pairs), kRowThreads, 0, stream>>>(rp);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
@@ -946,18 +930,7 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   if (gemm && a.capacity > 0) {
-    GroupedGemmArgs g;
-    g.A = reinterpret_cast<const __nv_bfloat16*>(area);
-    g.rows_capacity = a.capacity;
-    g.offsets = L.expert_offsets;
-    g.groups = local;
-    g.B = a.w1;
-    g.b_layout = a.w1_layout;
-    g.N = a.ffn;
-    g.K = a.hidden;
-    g.C = a.out;
-    g.workspace = base + ws.gemm;
-    g.workspace_bytes = ws.total - ws.gemm;
+    GroupedGemmArgs g = grouped_args();
     g.num_ctas = a.gemm_ctas;
     return launch_grouped_gemm(g, stream);
   }

@@ -340,8 +340,9 @@ void CrossHostPaths::gemm_reduce_scatter(const void* a, const void* w, void* out
 }
 
 void CrossHostPaths::gate(cudaStream_t s) {
-  check_fused_launch(k::launch_comm_fail_if(local_.memory().device(), link_->status_device(), k::kCommHostsFailed, s),
-                     "a step between hosts");
+  check_fused_launch(
+      k::launch_comm_fail_if(local_.memory().device(), link_->status_device(), k::kCommHostsFailed, s),
+      "a step between hosts");
 }
 
 void CrossHostPaths::raise_if_failed() { link_->raise_if_failed(); }

@@ -626,15 +626,22 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
   return result;
 }
 
-void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
-                           const void* expert_out, int64_t width, void* out) {
-  constexpr const char* kOp = "moeCombine";
-  require_bf16(dtype, kOp);
+// The checks both combines begin with; the dispatch's device half, made by this communicator.
+const MoeDeviceResult* CudaComm::combine_source(const OpDesc& desc, DType dtype,
+                                                const host::MoeDispatchResult& dispatch, const char* op) {
+  require_bf16(dtype, op);
   check_usable();
   if (hosts_ != nullptr) unavailable(desc);
   const auto* dev = dynamic_cast<const CudaMoeResult*>(dispatch.device.get());
   FC_REQUIRE(dev != nullptr && dev->owner == this,
-             std::string(kOp) + ": the dispatch must come from this communicator's moeDispatchGemm");
+             std::string(op) + ": the dispatch must come from this communicator's moeDispatchGemm");
+  return dev;
+}
+
+void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
+                           const void* expert_out, int64_t width, void* out) {
+  constexpr const char* kOp = "moeCombine";
+  const auto* dev = static_cast<const CudaMoeResult*>(combine_source(desc, dtype, dispatch, kOp));
   const host::MoeLayout& l = dispatch.layout;
   FC_REQUIRE(
       width >= 0 && width % 8 == 0 && width < (1 << 30),
@@ -667,12 +674,7 @@ void CudaComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::Moe
                                 const void* h, int64_t k, const void* w2_local, WeightLayout layout,
                                 int64_t width, void* out) {
   constexpr const char* kOp = "moeGemmCombine";
-  require_bf16(dtype, kOp);
-  check_usable();
-  if (hosts_ != nullptr) unavailable(desc);
-  const auto* dev = dynamic_cast<const CudaMoeResult*>(dispatch.device.get());
-  FC_REQUIRE(dev != nullptr && dev->owner == this,
-             std::string(kOp) + ": the dispatch must come from this communicator's moeDispatchGemm");
+  const auto* dev = static_cast<const CudaMoeResult*>(combine_source(desc, dtype, dispatch, kOp));
   FC_REQUIRE(k >= 8 && k % 8 == 0 && width >= 8 && width % 8 == 0 && k < (1 << 30) && width < (1 << 30),
              std::string(kOp) + " on the GPU: k and width multiples of 8, at least 8 (got " +
                  std::to_string(k) + ", " + std::to_string(width) + ")");
@@ -711,8 +713,8 @@ void CudaComm::ring_attention_backward(const OpDesc& desc, DType dtype, const ho
 // kernel of its own, takes no SMs from the attention kernel (whose grid fills the GPU) and
 // needs no grid-wide completion counter before its flag: stream order completes it before the
 // sync kernel that publishes it.
-void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentionShape& shape,
-                                  const void* q, const void* k, const void* v, void* o, float* lse) {
+void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentionShape& shape, const void* q,
+                                  const void* k, const void* v, void* o, float* lse) {
   constexpr const char* kOp = "ringAttention";
   require_bf16(dtype, kOp);
   require_ring_attention_shape(shape);

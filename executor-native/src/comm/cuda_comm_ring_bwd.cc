@@ -81,13 +81,7 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc&, DType dtype, const Rin
     if (e != cudaSuccess) check_cuda(e, std::string(kOp) + ": " + what);
   };
   auto dkdv_out = [&](const float* src, cudaStream_t st) {  // owner's finished partial -> dk, dv
-    const int64_t n = block_elems(rank);
-    launch_failed(k::launch_attention_grad_convert(src, 0, 0, 0, static_cast<__nv_bfloat16*>(dk), 0, 0, 0, B,
-                                                   s_r, Hkv, D, st),
-                  "rounding dK");
-    launch_failed(k::launch_attention_grad_convert(src + n, 0, 0, 0, static_cast<__nv_bfloat16*>(dv), 0, 0, 0,
-                                                   B, s_r, Hkv, D, st),
-                  "rounding dV");
+    enqueue_dkdv_round(src, dk, dv, B, s_r, Hkv, D, kOp, st);
   };
   auto step_on = [&](int step, const char* kv, float* g, cudaStream_t st) {
     const int owner = (rank - step + world) % world;

@@ -50,7 +50,8 @@ void CudaComm::ring_attention_hosts(const RingAttentionShape& shape, const void*
   require_fits(kOp, need.data_bytes);
   const uint64_t coll = round256(need.work_bytes), own = round256(static_cast<uint64_t>(g.slot) * 2),
                  gathered_bytes = round256(static_cast<uint64_t>(count) * 2),
-                 acc = round256(static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4),
+                 acc =
+                     round256(static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4),
                  lse_bytes = round256(static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4);
   cudaStream_t s = begin(nullptr);
   // Workspace: [collective][own packed block][gathered blocks][o_acc fp32][lse stand-in fp32].
@@ -94,8 +95,8 @@ void CudaComm::ring_attention_backward_hosts(const RingAttentionShape& shape, co
   cudaStream_t s = begin(nullptr);
   // Workspace: [collective][own packed block][gathered blocks][every block's fp32 dK/dV partial]
   // [this rank's summed partial][dQ fp32][δ].
-  char* work = static_cast<char*>(
-      workspace(coll + own + gathered_bytes + partials + summed + dq_bytes + delta_bytes));
+  char* work =
+      static_cast<char*>(workspace(coll + own + gathered_bytes + partials + summed + dq_bytes + delta_bytes));
   char* packed = work + coll;
   char* gathered = packed + own;
   float* part = reinterpret_cast<float*>(gathered + gathered_bytes);
@@ -124,23 +125,18 @@ void CudaComm::ring_attention_backward_hosts(const RingAttentionShape& shape, co
     const int64_t n = g.k_elems(owner);
     const char* kb = gathered + static_cast<uint64_t>(owner) * g.slot * 2;
     float* gp = part + static_cast<uint64_t>(owner) * g.slot;
-    enqueue_ring_bwd_step(shape, world, rank, step, q, kb, kb + n * 2, lse, delta, d_o, dq_acc, gp, gp + n, s);
+    enqueue_ring_bwd_step(shape, world, rank, step, q, kb, kb + n * 2, lse, delta, d_o, dq_acc, gp, gp + n,
+                          s);
   }
   // Slot p of `part` holds this rank's contribution to block p's dK/dV: the sum of slot `rank`
   // over every rank is this rank's gradient.
-  hosts_->enqueue_collective(k::CommOp::kReduceScatter, k::CommDtype::kF32, part, UINT64_MAX, mine, count, work,
-                             s);
+  hosts_->enqueue_collective(k::CommOp::kReduceScatter, k::CommDtype::kF32, part, UINT64_MAX, mine, count,
+                             work, s);
   if (s_r > 0) {
-    const int64_t n = g.k_elems(rank);
-    launch_failed(k::launch_attention_grad_convert(dq_acc, 0, 0, 0, static_cast<__nv_bfloat16*>(dq), 0, 0, 0, B,
-                                                   s_r, Hq, D, s),
+    launch_failed(k::launch_attention_grad_convert(dq_acc, 0, 0, 0, static_cast<__nv_bfloat16*>(dq), 0, 0, 0,
+                                                   B, s_r, Hq, D, s),
                   "rounding dQ");
-    launch_failed(k::launch_attention_grad_convert(mine, 0, 0, 0, static_cast<__nv_bfloat16*>(dk), 0, 0, 0, B,
-                                                   s_r, Hkv, D, s),
-                  "rounding dK");
-    launch_failed(k::launch_attention_grad_convert(mine + n, 0, 0, 0, static_cast<__nv_bfloat16*>(dv), 0, 0, 0,
-                                                   B, s_r, Hkv, D, s),
-                  "rounding dV");
+    enqueue_dkdv_round(mine, dk, dv, B, s_r, Hkv, D, kOp, s);
   }
   end(s, true);
 }

@@ -181,4 +181,18 @@ void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int
   }
 }
 
+void enqueue_dkdv_round(const float* partial, void* dk, void* dv, int64_t batch, int64_t rows,
+                        int64_t kv_heads, int64_t head_dim, const char* op, cudaStream_t stream) {
+  const int64_t n = batch * rows * kv_heads * head_dim;
+  for (int t = 0; t < 2; ++t) {
+    const cudaError_t e = kernels::launch_attention_grad_convert(
+        partial + t * n, 0, 0, 0, static_cast<__nv_bfloat16*>(t == 0 ? dk : dv), 0, 0, 0, batch, rows,
+        kv_heads, head_dim, stream);
+    if (e != cudaSuccess) {
+      fail(ErrorKind::kFatalGpu, std::string(op) + ": rounding " + (t == 0 ? "dK" : "dV") + ": " +
+                                     cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+    }
+  }
+}
+
 }  // namespace fusedcomm

@@ -97,7 +97,8 @@ std::string launch_mismatch_message(const k::CommErrorRecord& r) {
   if (same_op && fused) {
     hint =
         "the ranks disagree on the sizes every rank must share (M and K for allGatherGemm, "
-        "M and N for gemmReduceScatter and gemmAllReduce), on the algorithm or on gemmReduceScatter's partials";
+        "M and N for gemmReduceScatter and gemmAllReduce), on the algorithm or on gemmReduceScatter's "
+        "partials";
   }
   return "launch mismatch at launch " + std::to_string(r.epoch) + ": rank " + std::to_string(r.rank) +
          " launched " + describe_launch(r.launch_sig) + " but rank " + std::to_string(r.peer) + " launched " +
@@ -368,23 +369,24 @@ void SymmetricMemory::raise_if_failed() {
                             " ms";
   if (r.code == k::kGemmAborted) fail(ErrorKind::kCommunicator, "collective aborted: " + where);
   if (r.code == k::kCommHostsFailed) {
-    fail(ErrorKind::kTimeout, "rank " + global(r.rank) +
-                                  ": a step between hosts failed (the link's error names the rank); this symmetric "
-                                  "memory must be closed and rebuilt");
+    fail(ErrorKind::kTimeout,
+         "rank " + global(r.rank) +
+             ": a step between hosts failed (the link's error names the rank); this symmetric "
+             "memory must be closed and rebuilt");
   }
   if (r.code == k::kCommPeerFailed) {
     // The peer's own error (a timeout, an abort, a failed step between hosts) names the cause.
     const uint32_t why = static_cast<uint32_t>(r.observed);
     const bool aborted = why == k::kGemmAborted;
     fail(aborted || why == k::kCommLaunchMismatch ? ErrorKind::kCommunicator : ErrorKind::kTimeout,
-         std::string("collective failed: rank ") + global(r.rank) + " " + k::fused_op_name(r.op) + " (epoch " +
-             std::to_string(r.epoch) + ") at step " + k::fused_step_name(r.step) + ": peer " + global(r.peer) +
-             " had given up first (" +
-             (aborted                          ? "aborted"
-              : why == k::kCommLaunchMismatch  ? "a launch mismatch"
-              : why == k::kCommHostsFailed     ? "its step between hosts failed"
-              : why == k::kCommPeerFailed      ? "its own peer had given up"
-                                               : "a timeout") +
+         std::string("collective failed: rank ") + global(r.rank) + " " + k::fused_op_name(r.op) +
+             " (epoch " + std::to_string(r.epoch) + ") at step " + k::fused_step_name(r.step) + ": peer " +
+             global(r.peer) + " had given up first (" +
+             (aborted                         ? "aborted"
+              : why == k::kCommLaunchMismatch ? "a launch mismatch"
+              : why == k::kCommHostsFailed    ? "its step between hosts failed"
+              : why == k::kCommPeerFailed     ? "its own peer had given up"
+                                              : "a timeout") +
              "; its error names the cause); this symmetric memory must be closed and rebuilt");
   }
   fail(ErrorKind::kTimeout,

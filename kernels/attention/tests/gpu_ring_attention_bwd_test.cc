@@ -69,7 +69,6 @@ std::string name(const RingAttentionShape& s) {
          (s.zigzag ? " zigzag" : " contiguous");
 }
 
-
 struct Dev {
   void* p = nullptr;
   explicit Dev(size_t bytes) { CUDA_OK(cudaMalloc(&p, bytes > 0 ? bytes : 16)); }
@@ -268,9 +267,10 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
               "a rank that never arrives: Error(kTimeout) within seconds (got '" + msg + "')");
         // One host: the ring's wait names the rank. Across hosts the waits are the collectives':
         // a rank of this host or one between hosts ("rank N (host h)"), depending on who waits.
-        const bool named = host_count(virtual_hosts(g.world)) > 1
-                               ? msg.find("(host ") != std::string::npos || msg.find("peer ") != std::string::npos
-                               : msg.find("peer " + std::to_string(g.world - 1) + " ") != std::string::npos;
+        const bool named =
+            host_count(virtual_hosts(g.world)) > 1
+                ? msg.find("(host ") != std::string::npos || msg.find("peer ") != std::string::npos
+                : msg.find("peer " + std::to_string(g.world - 1) + " ") != std::string::npos;
         check(named, "a rank that never arrives: the error names a rank (got '" + msg + "')");
         dc->abort();
       }

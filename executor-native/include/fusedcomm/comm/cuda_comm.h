@@ -198,8 +198,12 @@ class CudaComm final : public Comm {
   void ring_attention_hosts(const RingAttentionShape& shape, const void* q, const void* k, const void* v,
                             void* o, float* lse);
   void ring_attention_backward_hosts(const RingAttentionShape& shape, const void* q, const void* k,
-                                     const void* v, const void* o, const float* lse, const void* d_o, void* dq,
-                                     void* dk, void* dv);
+                                     const void* v, const void* o, const float* lse, const void* d_o,
+                                     void* dq, void* dk, void* dv);
+  // The checks moe_combine and moe_gemm_combine begin with; the dispatch's device half (this
+  // communicator's CudaMoeResult, src/comm/cuda_comm.cc).
+  const MoeDeviceResult* combine_source(const OpDesc& desc, DType dtype,
+                                        const host::MoeDispatchResult& dispatch, const char* op);
   // Ops not on the GPU yet.
   [[noreturn]] void unavailable(const OpDesc& desc) const;
 

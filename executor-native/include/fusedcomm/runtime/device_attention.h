@@ -121,4 +121,9 @@ void enqueue_ring_bwd_step(const RingAttentionShape& s, int world, int rank, int
                            const void* k, const void* v, const float* lse, const float* delta,
                            const void* d_o, float* dq_acc, float* dk_acc, float* dv_acc, cudaStream_t stream);
 
+// Rounds a block's finished fp32 dK/dV partial ([dK; dV], rows × Hkv × D each per batch) into
+// dk and dv (bf16), on `stream`. Throws Error(kFatalGpu) naming `op` if a launch fails.
+void enqueue_dkdv_round(const float* partial, void* dk, void* dv, int64_t batch, int64_t rows,
+                        int64_t kv_heads, int64_t head_dim, const char* op, cudaStream_t stream);
+
 }  // namespace fusedcomm
