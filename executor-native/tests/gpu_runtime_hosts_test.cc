@@ -625,18 +625,25 @@ void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed
       for (int64_t kk = 0; kk < K; ++kk) acc += v(r, kk) * wv(r, j, kk);
       h[r][j] = acc;
     }
-  k::GemmArArgs probe;
-  probe.M = M;
-  probe.N = N;
-  probe.K = K;
-  const bool fused = k::gemm_all_reduce_info(c.device->memory().device(), probe).algo == k::FusedAlgo::kFused;
+  // The path the op takes for these partials (the choice depends on them: at W = 4 only bf16
+  // partials take the fused kernel), which decides which terms the reference rounds.
+  auto fused_for = [&](int partials) {
+    k::GemmArArgs probe;
+    probe.M = M;
+    probe.N = N;
+    probe.K = K;
+    probe.partials = static_cast<k::RsPartials>(partials);
+    const bool fused =
+        k::gemm_all_reduce_info(c.device->memory().device(), probe).algo == k::FusedAlgo::kFused;
+    if (rank == 0) {
+      std::printf("  gemmAllReduce M=%lld N=%lld at W=%d, partials %d: %s\n", static_cast<long long>(M),
+                  static_cast<long long>(N), world, partials,
+                  fused ? "fused gemmReduceScatter, then allGather" : "GEMM, then allReduce");
+    }
+    return fused;
+  };
   if (world == 2)
-    check(fused, "large gemmAllReduce: the fused gemmReduceScatter path is not chosen at W = 2");
-  if (rank == 0) {
-    std::printf("  gemmAllReduce M=%lld N=%lld at W=%d: %s\n", static_cast<long long>(M),
-                static_cast<long long>(N), world,
-                fused ? "fused gemmReduceScatter, then allGather" : "GEMM, then allReduce");
-  }
+    check(fused_for(0), "large gemmAllReduce: the fused gemmReduceScatter path is not chosen at W = 2");
   void* da = upload_bf16(a);
   void* dw = upload_bf16(w);
   void* dc = nullptr;
@@ -646,6 +653,7 @@ void large_all_reduce_gemm(ProcessGroup& g, int gpus, bool shared, uint64_t seed
   for (const int partials : {0, 1, 2}) {
     const std::string what = "large gemmAllReduce (W=" + std::to_string(world) + ") partials " +
                              std::to_string(partials) + ", rank " + std::to_string(rank);
+    const bool fused = fused_for(partials);
     CUDA_OK(cudaMemset(dc, 0xFF, bytes));
     try {
       for (int rep = 0; rep < 2; ++rep)
