@@ -428,7 +428,7 @@ void ring_attention_ranks(int w) {
           const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, causal, 0.f, layout};
           const fc_op_desc_t desc{"capi_test ringAttention", 5};
           return fc_ring_attention(comms[r], &desc, FC_DTYPE_F32, &s, q.data(), k.data(), v.data(),
-                                   o[r].data(), lse[r].data()) == FC_STATUS_SUCCESS;
+                                   o[r].data(), lse[r].data(), nullptr) == FC_STATUS_SUCCESS;
         });
         check(failed.empty(), what + ":" + failed);
         if (!failed.empty()) continue;
@@ -462,7 +462,7 @@ void ring_attention_ranks(int w) {
           const fc_op_desc_t desc{"capi_test ringAttentionBackward", 6};
           return fc_ring_attention_backward(comms[r], &desc, FC_DTYPE_F32, &s, q.data(), k.data(), v.data(),
                                             ro_r.data(), lse_r.data(), d_o.data(), dq[r].data(), dk[r].data(),
-                                            dv[r].data()) == FC_STATUS_SUCCESS;
+                                            dv[r].data(), nullptr) == FC_STATUS_SUCCESS;
         });
         check(failed.empty(), what + " backward:" + failed);
         if (!failed.empty()) continue;
@@ -482,8 +482,8 @@ void ring_attention_ranks(int w) {
     // An unknown layout is refused on every rank before anything moves.
     failed = on_ranks([&](int r) {
       const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, 0, 0.f, 7};
-      const fc_status_t st =
-          fc_ring_attention(comms[r], nullptr, FC_DTYPE_F32, &s, nullptr, nullptr, nullptr, nullptr, nullptr);
+      const fc_status_t st = fc_ring_attention(comms[r], nullptr, FC_DTYPE_F32, &s, nullptr, nullptr, nullptr,
+                                               nullptr, nullptr, nullptr);
       const bool refused =
           st == FC_STATUS_INVALID_ARGUMENT &&
           std::string(fc_last_error_message()).find("ringAttention: unknown sequence layout 7") !=
@@ -495,12 +495,23 @@ void ring_attention_ranks(int w) {
       const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, 0, 0.f, 7};
       const fc_status_t st =
           fc_ring_attention_backward(comms[r], nullptr, FC_DTYPE_F32, &s, nullptr, nullptr, nullptr, nullptr,
-                                     nullptr, nullptr, nullptr, nullptr, nullptr);
+                                     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
       return st == FC_STATUS_INVALID_ARGUMENT &&
              std::string(fc_last_error_message()).find("ringAttentionBackward: unknown sequence layout 7") !=
                  std::string::npos;
     });
     check(failed.empty(), "ringAttentionBackward with layout 7 is refused on every rank:" + failed);
+    // The host backend runs synchronously: a stream is refused, before anything moves.
+    failed = on_ranks([&](int r) {
+      const fc_attention_shape_t s{kB, seq, kHq, kHkv, kD, 0, 0.f, 0};
+      const fc_status_t st = fc_ring_attention(comms[r], nullptr, FC_DTYPE_F32, &s, nullptr, nullptr, nullptr,
+                                               nullptr, nullptr, reinterpret_cast<fc_stream_t>(0x10));
+      return st == FC_STATUS_INVALID_ARGUMENT &&
+             std::string(fc_last_error_message()).find("host backend runs ops synchronously") !=
+                 std::string::npos;
+    });
+    check(failed.empty(),
+          "ringAttention with a stream on the host backend is refused on every rank:" + failed);
   }
   // Closing ends with a barrier of all ranks: close them together.
   std::vector<std::thread> closing;
@@ -527,15 +538,15 @@ void device_memory() {
               std::string(fc_last_error_message()).find("cudaPointerGetAttributes: ") == 0,
           std::string("pointer info without a GPU: ") + fc_last_error_message());
     void* p = nullptr;
-    check_fails(fc_device_alloc(64, &p), FC_STATUS_UNAVAILABLE, "cudaMalloc of 64 bytes: ",
-                "a device allocation without a GPU");
+    check_fails(fc_device_alloc(64, &p), FC_STATUS_UNAVAILABLE,
+                "cudaMalloc of 64 bytes: ", "a device allocation without a GPU");
     int32_t device = 0;
-    check_fails(fc_stream_device(nullptr, &device), FC_STATUS_UNAVAILABLE, "cudaStreamGetDevice: ",
-                "a stream's device without a GPU");
+    check_fails(fc_stream_device(nullptr, &device), FC_STATUS_UNAVAILABLE,
+                "cudaStreamGetDevice: ", "a stream's device without a GPU");
     uint64_t free_bytes = 0;
     uint64_t total_bytes = 0;
-    check_fails(fc_device_memory(&free_bytes, &total_bytes), FC_STATUS_UNAVAILABLE, "cudaMemGetInfo: ",
-                "GPU memory without a GPU");
+    check_fails(fc_device_memory(&free_bytes, &total_bytes), FC_STATUS_UNAVAILABLE,
+                "cudaMemGetInfo: ", "GPU memory without a GPU");
   } else {
     check(info.type == FC_MEMORY_UNREGISTERED && info.device == -1 && info.range_bytes == 0,
           "a pageable host address is unregistered");
@@ -557,8 +568,8 @@ void device_memory() {
     int* cols = static_cast<int*>(p);
     int* matrix = cols + 3 * kRows;
     for (size_t c = 0; c < 3; ++c) {
-      check(fc_device_copy_2d(matrix + c, 3 * sizeof(int), cols + c * kRows, sizeof(int), sizeof(int), kRows) ==
-                FC_STATUS_SUCCESS,
+      check(fc_device_copy_2d(matrix + c, 3 * sizeof(int), cols + c * kRows, sizeof(int), sizeof(int),
+                              kRows) == FC_STATUS_SUCCESS,
             "fc_device_copy_2d");
     }
     std::vector<int> packed(3 * kRows, 0);
@@ -582,7 +593,8 @@ void device_memory() {
               "pointer info without an output");
   check_fails(fc_device_copy(nullptr, &host_value, 4), FC_STATUS_INVALID_ARGUMENT, "null memory",
               "a copy to null");
-  check(fc_device_copy(nullptr, nullptr, 0) == FC_STATUS_SUCCESS && fc_device_free(nullptr) == FC_STATUS_SUCCESS,
+  check(fc_device_copy(nullptr, nullptr, 0) == FC_STATUS_SUCCESS &&
+            fc_device_free(nullptr) == FC_STATUS_SUCCESS,
         "an empty copy and freeing null are no-ops");
   check_fails(fc_device_copy_2d(&host_value, 2, &host_value, 4, 4, 1), FC_STATUS_INVALID_ARGUMENT,
               "a pitch narrower than the row width", "a 2D copy with overlapping rows");
@@ -612,8 +624,8 @@ void attention_backward_on_gpu() {
     int64_t q_len, kv_len, q_heads, kv_heads, head_dim;
     int32_t causal;
   };
-  const Case cases[] = {{200, 150, 4, 2, 64, 0}, {200, 200, 4, 1, 64, 1}, {129, 300, 2, 2, 128, 0},
-                        {333, 333, 4, 2, 128, 1}};
+  const Case cases[] = {
+      {200, 150, 4, 2, 64, 0}, {200, 200, 4, 1, 64, 1}, {129, 300, 2, 2, 128, 0}, {333, 333, 4, 2, 128, 1}};
   uint32_t state = 2024;
   auto uniform = [&state]() {
     state = state * 1664525u + 1013904223u;
@@ -643,8 +655,15 @@ void attention_backward_on_gpu() {
                                     want_v.data(), nullptr) == FC_STATUS_SUCCESS;
     void *dq_in = nullptr, *dk_in = nullptr, *dv_in = nullptr, *d_out = nullptr, *d_do = nullptr,
          *d_lse = nullptr, *g_q = nullptr, *g_k = nullptr, *g_v = nullptr;
-    for (auto [ptr, bytes] : {std::pair{&dq_in, nq * 2}, {&dk_in, nk * 2}, {&dv_in, nk * 2}, {&d_out, nq * 2},
-                              {&d_do, nq * 2}, {&d_lse, nl * 4}, {&g_q, nq * 2}, {&g_k, nk * 2}, {&g_v, nk * 2}})
+    for (auto [ptr, bytes] : {std::pair{&dq_in, nq * 2},
+                              {&dk_in, nk * 2},
+                              {&dv_in, nk * 2},
+                              {&d_out, nq * 2},
+                              {&d_do, nq * 2},
+                              {&d_lse, nl * 4},
+                              {&g_q, nq * 2},
+                              {&g_k, nk * 2},
+                              {&g_v, nk * 2}})
       ok = ok && fc_device_alloc(bytes, ptr) == FC_STATUS_SUCCESS;
     ok = ok && fc_device_copy(dq_in, q.data(), nq * 2) == FC_STATUS_SUCCESS &&
          fc_device_copy(dk_in, k.data(), nk * 2) == FC_STATUS_SUCCESS &&
@@ -672,9 +691,9 @@ void attention_backward_on_gpu() {
         largest = std::max(largest, std::fabs(bf16_to_f32((*wants[g])[i])));
         worst = std::max(worst, std::fabs(bf16_to_f32((*gots[g])[i]) - bf16_to_f32((*wants[g])[i])));
       }
-      check(largest > 0 && worst <= 0.03f * largest,
-            what + ": " + names[g] + " max |err| " + std::to_string(worst) + " of max |grad| " +
-                std::to_string(largest));
+      check(largest > 0 && worst <= 0.03f * largest, what + ": " + names[g] + " max |err| " +
+                                                         std::to_string(worst) + " of max |grad| " +
+                                                         std::to_string(largest));
     }
     for (void* p : {dq_in, dk_in, dv_in, d_out, d_do, d_lse, g_q, g_k, g_v}) fc_device_free(p);
   }
@@ -789,14 +808,13 @@ void exports() {
   void* lib = dlopen(FC_LIBFUSEDCOMM, RTLD_NOW | RTLD_LOCAL);
   check(lib != nullptr, std::string("dlopen libfusedcomm.so: ") + (lib ? "" : dlerror()));
   if (lib == nullptr) return;
-  for (const char* sym : {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
-                          "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
-                          "Java_io_fusedcomm_api_NativeOps_pointerInfo",
-                          "Java_io_fusedcomm_runtime_NativeApi_memStats", "fc_grouped_gemm", "JNI_OnLoad",
-                          "fc_moe_gemm_combine",
-                          "fc_attention_backward", "fc_ring_attention_backward",
-                          "Java_io_fusedcomm_api_NativeOps_attentionBackward",
-                          "Java_io_fusedcomm_api_NativeOps_ringAttentionBackward"}) {
+  for (const char* sym :
+       {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
+        "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
+        "Java_io_fusedcomm_api_NativeOps_pointerInfo", "Java_io_fusedcomm_runtime_NativeApi_memStats",
+        "fc_grouped_gemm", "JNI_OnLoad", "fc_moe_gemm_combine", "fc_attention_backward",
+        "fc_ring_attention_backward", "Java_io_fusedcomm_api_NativeOps_attentionBackward",
+        "Java_io_fusedcomm_api_NativeOps_ringAttentionBackward"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }
   check(dlsym(lib, "_ZN9fusedcomm4Comm6createERNS_7RuntimeEii") == nullptr,

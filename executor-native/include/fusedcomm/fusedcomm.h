@@ -233,10 +233,10 @@ FC_API fc_status_t fc_attention(fc_backend_t backend, fc_dtype_t dtype, const fc
  * required) and d_o (the gradient of o, shaped as o) writes dq (as q), dk and dv (as k and v;
  * with grouped-query heads summed over the query heads sharing a K/V head). Gradients are
  * accumulated in fp32 and rounded once. Backends, dtypes, alignment and stream as fc_attention. */
-FC_API fc_status_t fc_attention_backward(fc_backend_t backend, fc_dtype_t dtype, const fc_attention_local_t* shape,
-                                         const void* q, const void* k, const void* v, const void* o,
-                                         const float* lse, const void* d_o, void* dq, void* dk, void* dv,
-                                         fc_stream_t stream);
+FC_API fc_status_t fc_attention_backward(fc_backend_t backend, fc_dtype_t dtype,
+                                         const fc_attention_local_t* shape, const void* q, const void* k,
+                                         const void* v, const void* o, const float* lse, const void* d_o,
+                                         void* dq, void* dk, void* dv, fc_stream_t stream);
 
 /* ---- communicator: bootstrap ---------------------------------------------------------------- */
 /* Life cycle, every rank the same: create -> endpoint + device handle + FC_AUTH_SHARE_BYTES
@@ -369,9 +369,9 @@ FC_API fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch); /* NULL is 
  * FC_BACKEND_HOST: host memory, f32 or bf16. FC_BACKEND_CUDA: device memory of the calling
  * thread's current GPU, bf16, n and k positive multiples of 8, 16-byte aligned pointers, at most
  * 1024 groups; with FC_LAYOUT_KN and k not a multiple of 64 the weights must be finite. */
-FC_API fc_status_t fc_grouped_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w, void* c,
-                                   const int64_t* offsets, int64_t groups, int64_t rows, int64_t n, int64_t k,
-                                   fc_weight_layout_t layout);
+FC_API fc_status_t fc_grouped_gemm(fc_backend_t backend, fc_dtype_t dtype, const void* a, const void* w,
+                                   void* c, const int64_t* offsets, int64_t groups, int64_t rows, int64_t n,
+                                   int64_t k, fc_weight_layout_t layout);
 
 /* ---- ring attention ------------------------------------------------------------------------- */
 /* Which positions of the sequence a rank holds (docs/ops.md "ringAttention"). */
@@ -391,10 +391,11 @@ typedef struct {
   int32_t layout; /* fc_seq_layout_t; 0: contiguous */
 } fc_attention_shape_t;
 /* q, o: (B, S_r, Hq, D); k, v: (B, S_r, Hkv, D); lse: (B, Hq, S_r) fp32; S_r: the positions
- * rank r holds under the layout. */
+ * rank r holds under the layout. stream as the collectives' (NULL: synchronous; the host
+ * backend takes NULL only); a CUDA graph may capture it once it has run outside the capture. */
 FC_API fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                      const fc_attention_shape_t* shape, const void* q, const void* k,
-                                     const void* v, void* o, float* lse);
+                                     const void* v, void* o, float* lse, fc_stream_t stream);
 /* Its backward (docs/ops.md "ringAttentionBackward"): each rank passes its forward inputs and
  * outputs (q, k, v, o, lse) and d_o, rank-local shapes and the layout as the forward, and gets
  * the gradients of its own positions: dq (as q), dk and dv (as k and v). K/V blocks travel around
@@ -402,7 +403,7 @@ FC_API fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, f
 FC_API fc_status_t fc_ring_attention_backward(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                               const fc_attention_shape_t* shape, const void* q, const void* k,
                                               const void* v, const void* o, const float* lse, const void* d_o,
-                                              void* dq, void* dk, void* dv);
+                                              void* dq, void* dk, void* dv, fc_stream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -256,21 +256,21 @@ fc_status_t fc_moe_dispatch_free(fc_moe_dispatch_t dispatch) {
 
 fc_status_t fc_ring_attention(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                               const fc_attention_shape_t* shape, const void* q, const void* k, const void* v,
-                              void* o, float* lse) {
+                              void* o, float* lse, fc_stream_t stream) {
   return guarded([&] {
     const host::AttentionShape s = capi::ring_attention_shape("ringAttention", dtype, shape);
-    comm_of(comm).ring_attention(op_desc(desc), floating(dtype), s, q, k, v, o, lse);
+    comm_of(comm).ring_attention(op_desc(desc), floating(dtype), s, q, k, v, o, lse, stream);
   });
 }
 
 fc_status_t fc_ring_attention_backward(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                                        const fc_attention_shape_t* shape, const void* q, const void* k,
                                        const void* v, const void* o, const float* lse, const void* d_o,
-                                       void* dq, void* dk, void* dv) {
+                                       void* dq, void* dk, void* dv, fc_stream_t stream) {
   return guarded([&] {
     const host::AttentionShape s = capi::ring_attention_shape("ringAttentionBackward", dtype, shape);
-    comm_of(comm).ring_attention_backward(op_desc(desc), floating(dtype), s, q, k, v, o, lse, d_o, dq, dk,
-                                          dv);
+    comm_of(comm).ring_attention_backward(op_desc(desc), floating(dtype), s, q, k, v, o, lse, d_o, dq, dk, dv,
+                                          stream);
   });
 }
 

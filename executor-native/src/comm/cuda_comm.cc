@@ -691,14 +691,17 @@ void CudaComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::Moe
 }
 
 void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
-                              const void* q, const void* k, const void* v, void* o, float* lse) {
-  ring_attention_gpu(desc, dtype, ring_attention_shape(shape), q, k, v, o, lse);
+                              const void* q, const void* k, const void* v, void* o, float* lse,
+                              cudaStream_t stream) {
+  ring_attention_gpu(desc, dtype, ring_attention_shape(shape), q, k, v, o, lse, stream);
 }
 
 void CudaComm::ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                                        const void* q, const void* k, const void* v, const void* o,
-                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv) {
-  ring_attention_backward_gpu(desc, dtype, ring_attention_shape(shape), q, k, v, o, lse, d_o, dq, dk, dv);
+                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                       cudaStream_t stream) {
+  ring_attention_backward_gpu(desc, dtype, ring_attention_shape(shape), q, k, v, o, lse, d_o, dq, dk, dv,
+                              stream);
 }
 
 // A ring on one host (kernels/attention/ring.h has the protocol and its ordering argument):
@@ -714,12 +717,12 @@ void CudaComm::ring_attention_backward(const OpDesc& desc, DType dtype, const ho
 // needs no grid-wide completion counter before its flag: stream order completes it before the
 // sync kernel that publishes it.
 void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentionShape& shape, const void* q,
-                                  const void* k, const void* v, void* o, float* lse) {
+                                  const void* k, const void* v, void* o, float* lse, cudaStream_t stream) {
   constexpr const char* kOp = "ringAttention";
   require_bf16(dtype, kOp);
   require_ring_attention_shape(shape);
   if (hosts_ != nullptr) {
-    ring_attention_hosts(shape, q, k, v, o, lse);
+    ring_attention_hosts(shape, q, k, v, o, lse, stream);
     return;
   }
   const int world = sm_->world(), rank = sm_->rank();
@@ -733,7 +736,7 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
   const uint64_t acc_bytes =
       (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
   const uint64_t lse_bytes = static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4;
-  cudaStream_t s = begin(nullptr);
+  cudaStream_t s = begin(stream);
   // Workspace: [o_acc: B·S_r·Hq·D fp32, rounded up to 256 B][lse stand-in: B·Hq·S_r fp32].
   char* work = static_cast<char*>(workspace(acc_bytes + lse_bytes + 256));
   float* o_acc = reinterpret_cast<float*>(work);
@@ -752,7 +755,7 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
       vb = static_cast<const char*>(kb) + k_bytes(rank);
     }
     enqueue_ring_step(shape, world, rank, 0, q, kb, vb, o, lse, o_acc, lse_tmp, s);
-    end(s, true);
+    end(s, stream == nullptr);
     return;
   }
   make_ring_streams();
@@ -812,11 +815,14 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
   enqueue_sync(0, static_cast<uint32_t>(world), false, true);
   check_cuda(cudaEventRecord(ring_join_, ring_side_), "cudaEventRecord");
   check_cuda(cudaStreamWaitEvent(s, ring_join_, 0), "cudaStreamWaitEvent");
-  end(s, true);
+  end(s, stream == nullptr);
 }
 
 void CudaComm::make_ring_streams() {
   if (ring_side_ != nullptr) return;
+  FC_REQUIRE(!capturing_,
+             "ring attention: run it once before a CUDA graph captures it (its side stream and "
+             "events are made at the first run)");
   int least = 0, greatest = 0;
   check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
   check_cuda(cudaStreamCreateWithPriority(&ring_side_, cudaStreamNonBlocking, greatest),

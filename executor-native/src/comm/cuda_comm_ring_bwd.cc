@@ -35,7 +35,8 @@ uint64_t round256(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
 // the owner rounds it into dk, dv directly (peer memory: one read, no extra copy).
 void CudaComm::ring_attention_backward_gpu(const OpDesc&, DType dtype, const RingAttentionShape& shape,
                                            const void* q, const void* k, const void* v, const void* o,
-                                           const float* lse, const void* d_o, void* dq, void* dk, void* dv) {
+                                           const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                           cudaStream_t stream) {
   constexpr const char* kOp = "ringAttentionBackward";
   FC_REQUIRE(dtype == DType::kBF16, std::string(kOp) + " on the cuda backend takes bf16 tensors");
   require_ring_attention_shape(shape);
@@ -55,7 +56,7 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc&, DType dtype, const Rin
                std::string(kOp) + ": lse (the forward's, fp32) is required and must be 4-byte aligned");
   }
   if (hosts_ != nullptr) {
-    ring_attention_backward_hosts(shape, q, k, v, o, lse, d_o, dq, dk, dv);
+    ring_attention_backward_hosts(shape, q, k, v, o, lse, d_o, dq, dk, dv, stream);
     return;
   }
   // Symmetric memory: [kv[0]][kv[1]][g[0]][g[1]], at the same offsets on every rank.
@@ -65,7 +66,7 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc&, DType dtype, const Rin
   require_fits(kOp, 2 * kv_slot + 2 * g_slot);
   const uint64_t dq_bytes = round256(static_cast<uint64_t>(B * s_r * Hq * D) * 4);
   const uint64_t delta_bytes = round256(static_cast<uint64_t>(B * Hq * s_r) * 4);
-  cudaStream_t s = begin(nullptr);
+  cudaStream_t s = begin(stream);
   char* work = static_cast<char*>(workspace(dq_bytes + delta_bytes + 256));
   float* dq_acc = reinterpret_cast<float*>(work);
   float* delta = reinterpret_cast<float*>(work + dq_bytes);
@@ -109,7 +110,7 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc&, DType dtype, const Rin
     step_on(0, kv_buf(rank, 0), reinterpret_cast<float*>(g_buf(rank, 0)), s);
     dkdv_out(reinterpret_cast<const float*>(g_buf(rank, 0)), s);
     dq_out();
-    end(s, true);
+    end(s, stream == nullptr);
     return;
   }
   make_ring_streams();
@@ -177,7 +178,7 @@ void CudaComm::ring_attention_backward_gpu(const OpDesc&, DType dtype, const Rin
   enqueue_sync(tag_f, 0, tag_f, false, true);
   launch_failed(cudaEventRecord(ring_join_, ring_side_), "cudaEventRecord");
   launch_failed(cudaStreamWaitEvent(s, ring_join_, 0), "cudaStreamWaitEvent");
-  end(s, true);
+  end(s, stream == nullptr);
 }
 
 }  // namespace fusedcomm

@@ -40,7 +40,7 @@ struct GatheredBlocks {
 }  // namespace
 
 void CudaComm::ring_attention_hosts(const RingAttentionShape& shape, const void* q, const void* k,
-                                    const void* v, void* o, float* lse) {
+                                    const void* v, void* o, float* lse, cudaStream_t stream) {
   constexpr const char* kOp = "ringAttention";
   const int world = layout_.world(), rank = layout_.rank();
   const GatheredBlocks g{shape, world, ring_kv_slot_elems(shape, world)};
@@ -53,7 +53,7 @@ void CudaComm::ring_attention_hosts(const RingAttentionShape& shape, const void*
                  acc =
                      round256(static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4),
                  lse_bytes = round256(static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4);
-  cudaStream_t s = begin(nullptr);
+  cudaStream_t s = begin(stream);
   // Workspace: [collective][own packed block][gathered blocks][o_acc fp32][lse stand-in fp32].
   char* work = static_cast<char*>(workspace(coll + own + gathered_bytes + acc + lse_bytes));
   char* packed = work + coll;
@@ -70,12 +70,12 @@ void CudaComm::ring_attention_hosts(const RingAttentionShape& shape, const void*
     const char* kb = gathered + static_cast<uint64_t>(owner) * g.slot * 2;
     enqueue_ring_step(shape, world, rank, step, q, kb, kb + g.k_elems(owner) * 2, o, lse, o_acc, lse_tmp, s);
   }
-  end(s, true);
+  end(s, stream == nullptr);
 }
 
 void CudaComm::ring_attention_backward_hosts(const RingAttentionShape& shape, const void* q, const void* k,
                                              const void* v, const void* o, const float* lse, const void* d_o,
-                                             void* dq, void* dk, void* dv) {
+                                             void* dq, void* dk, void* dv, cudaStream_t stream) {
   constexpr const char* kOp = "ringAttentionBackward";
   const int world = layout_.world(), rank = layout_.rank();
   const GatheredBlocks g{shape, world, ring_kv_slot_elems(shape, world)};
@@ -92,7 +92,7 @@ void CudaComm::ring_attention_backward_hosts(const RingAttentionShape& shape, co
                  summed = round256(static_cast<uint64_t>(g.slot) * 4),
                  dq_bytes = round256(static_cast<uint64_t>(B * s_r * Hq * D) * 4),
                  delta_bytes = round256(static_cast<uint64_t>(B * Hq * s_r) * 4);
-  cudaStream_t s = begin(nullptr);
+  cudaStream_t s = begin(stream);
   // Workspace: [collective][own packed block][gathered blocks][every block's fp32 dK/dV partial]
   // [this rank's summed partial][dQ fp32][δ].
   char* work =
@@ -107,7 +107,7 @@ void CudaComm::ring_attention_backward_hosts(const RingAttentionShape& shape, co
     if (e != cudaSuccess) check_cuda(e, std::string(kOp) + ": " + what);
   };
   if (count == 0) {  // no batch on any rank: nothing to compute or move
-    end(s, true);
+    end(s, stream == nullptr);
     return;
   }
   enqueue_ring_pack(shape, world, rank, k, v, packed, s);
@@ -138,7 +138,7 @@ void CudaComm::ring_attention_backward_hosts(const RingAttentionShape& shape, co
                   "rounding dQ");
     enqueue_dkdv_round(mine, dk, dv, B, s_r, Hkv, D, kOp, s);
   }
-  end(s, true);
+  end(s, stream == nullptr);
 }
 
 }  // namespace fusedcomm

@@ -126,9 +126,9 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
     const std::string p = std::string(rs == k::RsPartials::kBF16 ? "bf16" : "fp32") + " partials";
     if (plan.route == FusedRoute::kKernels) {
       if (i.algo == k::FusedAlgo::kOneShot) {
-        out = "one-shot: one kernel, " + std::to_string(i.gemm_ctas) + " CTAs over " + std::to_string(i.chunks) +
-              " tiles (K split " + std::to_string(i.k_splits) + "); each tile's partial goes to every rank, " +
-              "which sums them in rank order (" + p + ")";
+        out = "one-shot: one kernel, " + std::to_string(i.gemm_ctas) + " CTAs over " +
+              std::to_string(i.chunks) + " tiles (K split " + std::to_string(i.k_splits) +
+              "); each tile's partial goes to every rank, " + "which sums them in rank order (" + p + ")";
       } else if (W == 1) {
         out = "our GEMM (world 1)";
       } else if (fused) {

@@ -109,14 +109,16 @@ void HostComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::Moe
 }
 
 void HostComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
-                              const void* q, const void* k, const void* v, void* o, float* lse) {
-  host::ring_attention(start(desc, nullptr), dtype, shape, q, k, v, o, lse);
+                              const void* q, const void* k, const void* v, void* o, float* lse,
+                              cudaStream_t stream) {
+  host::ring_attention(start(desc, stream), dtype, shape, q, k, v, o, lse);
 }
 
 void HostComm::ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                                        const void* q, const void* k, const void* v, const void* o,
-                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv) {
-  host::ring_attention_backward(start(desc, nullptr), dtype, shape, q, k, v, o, lse, d_o, dq, dk, dv);
+                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                       cudaStream_t stream) {
+  host::ring_attention_backward(start(desc, stream), dtype, shape, q, k, v, o, lse, d_o, dq, dk, dv);
 }
 
 void HostComm::finish() { ex_.finish(); }

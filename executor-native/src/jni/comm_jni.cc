@@ -330,25 +330,26 @@ FC_NATIVE(void, moeFree)(JNIEnv* env, jclass, jlong h) {
 FC_NATIVE(void, ringAttention)
 (JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong batch, jlong seq, jlong q_heads,
  jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jint layout, jlong q, jlong k, jlong v,
- jlong o, jlong lse) {
+ jlong o, jlong lse, jlong stream) {
   FC_JNI_BEGIN
   const int32_t is_causal = causal == JNI_TRUE ? 1 : 0;
   const fc_attention_shape_t s{batch, seq, q_heads, kv_heads, head_dim, is_causal, scale, layout};
   check(fc_ring_attention(comm_of(c), Desc(env, d, fp).get(), dtype(t), &s, as<const void*>(q),
-                          as<const void*>(k), as<const void*>(v), as<void*>(o), as<float*>(lse)));
+                          as<const void*>(k), as<const void*>(v), as<void*>(o), as<float*>(lse),
+                          stream_of(stream)));
   FC_JNI_END()
 }
 
 FC_NATIVE(void, ringAttentionBackward)
 (JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong batch, jlong seq, jlong q_heads,
  jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jint layout, jlong q, jlong k, jlong v,
- jlong o, jlong lse, jlong d_o, jlong dq, jlong dk, jlong dv) {
+ jlong o, jlong lse, jlong d_o, jlong dq, jlong dk, jlong dv, jlong stream) {
   FC_JNI_BEGIN
   const int32_t is_causal = causal == JNI_TRUE ? 1 : 0;
   const fc_attention_shape_t s{batch, seq, q_heads, kv_heads, head_dim, is_causal, scale, layout};
   check(fc_ring_attention_backward(comm_of(c), Desc(env, d, fp).get(), dtype(t), &s, as<const void*>(q),
                                    as<const void*>(k), as<const void*>(v), as<const void*>(o),
                                    as<const float*>(lse), as<const void*>(d_o), as<void*>(dq), as<void*>(dk),
-                                   as<void*>(dv)));
+                                   as<void*>(dv), stream_of(stream)));
   FC_JNI_END()
 }

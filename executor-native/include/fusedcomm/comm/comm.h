@@ -122,12 +122,15 @@ class Comm {
   virtual void moe_gemm_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                                 const void* h, int64_t k, const void* w2_local, WeightLayout layout,
                                 int64_t width, void* out) = 0;
+  // stream: as the collectives' (null: synchronous; the host backend takes null only).
   virtual void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
-                              const void* q, const void* k, const void* v, void* o, float* lse) = 0;
+                              const void* q, const void* k, const void* v, void* o, float* lse,
+                              cudaStream_t stream) = 0;
   // Its backward (host::ring_attention_backward has the contract).
   virtual void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                                        const void* q, const void* k, const void* v, const void* o,
-                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv) = 0;
+                                       const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                       cudaStream_t stream) = 0;
 
   // ---- teardown: finish (drain), close (free), abort (stop now) -----------------------------
   // Waits for the ops enqueued on streams and throws the first device failure (cuda).

@@ -129,25 +129,27 @@ class CudaComm final : public Comm {
                         const void* h, int64_t k, const void* w2_local, WeightLayout layout, int64_t width,
                         void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
-                      const void* k, const void* v, void* o, float* lse) override;
+                      const void* k, const void* v, void* o, float* lse, cudaStream_t stream) override;
   void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                                const void* q, const void* k, const void* v, const void* o, const float* lse,
-                               const void* d_o, void* dq, void* dk, void* dv) override;
-  // The same with the layout named (device_attention.h RingAttentionShape): ring_attention runs
-  // the contiguous layout until host::AttentionShape carries fc_seq_layout_t. Across hosts, the
-  // decomposed form (ring_attention_hosts); synchronous, on the communicator's own stream.
+                               const void* d_o, void* dq, void* dk, void* dv, cudaStream_t stream) override;
+  // The same with the layout named (device_attention.h RingAttentionShape). Across hosts, the
+  // decomposed form (ring_attention_hosts). stream: null runs the op on the communicator's own
+  // stream and returns when it is done; else the op is enqueued on `stream` (errors at
+  // synchronize(); a CUDA graph may capture it once it has run at its size: its workspace and
+  // side stream are made at the first run).
   void ring_attention_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape, const void* q,
-                          const void* k, const void* v, void* o, float* lse);
+                          const void* k, const void* v, void* o, float* lse, cudaStream_t stream = nullptr);
   // The ring's backward (docs/ops.md ringAttentionBackward): from this rank's q, k, v, the
   // forward's o and lse, and d_o, its dq (as q), dk, dv (as k, v); bf16, fp32 accumulation. K/V
   // blocks and their fp32 dK/dV partials travel around the ring together (kernels/attention/
   // ring.h has the protocol). q, o, d_o, dq, dk, dv 16-byte aligned. Across hosts, the
-  // decomposed form (ring_attention_backward_hosts); synchronous, on the communicator's own
-  // stream. From the Comm interface's shape:
-  // ring_attention_shape (device_attention.h).
+  // decomposed form (ring_attention_backward_hosts). stream as ring_attention_gpu's. From the
+  // Comm interface's shape: ring_attention_shape (device_attention.h).
   void ring_attention_backward_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
                                    const void* q, const void* k, const void* v, const void* o,
-                                   const float* lse, const void* d_o, void* dq, void* dk, void* dv);
+                                   const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                   cudaStream_t stream = nullptr);
 
   void synchronize() override;
   // This rank's ops are complete (device), then the host half's barrier.
@@ -196,10 +198,10 @@ class CudaComm final : public Comm {
   // through the hierarchical allGather, the ring's steps over them in ring order; the backward's
   // dK/dV partials summed at their owners by the hierarchical reduceScatter. Shapes checked.
   void ring_attention_hosts(const RingAttentionShape& shape, const void* q, const void* k, const void* v,
-                            void* o, float* lse);
+                            void* o, float* lse, cudaStream_t stream);
   void ring_attention_backward_hosts(const RingAttentionShape& shape, const void* q, const void* k,
                                      const void* v, const void* o, const float* lse, const void* d_o,
-                                     void* dq, void* dk, void* dv);
+                                     void* dq, void* dk, void* dv, cudaStream_t stream);
   // The checks moe_combine and moe_gemm_combine begin with; the dispatch's device half (this
   // communicator's CudaMoeResult, src/comm/cuda_comm.cc).
   const MoeDeviceResult* combine_source(const OpDesc& desc, DType dtype,

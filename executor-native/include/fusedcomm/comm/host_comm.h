@@ -53,10 +53,10 @@ class HostComm final : public Comm {
                         const void* h, int64_t k, const void* w2_local, WeightLayout layout, int64_t width,
                         void* out) override;
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
-                      const void* k, const void* v, void* o, float* lse) override;
+                      const void* k, const void* v, void* o, float* lse, cudaStream_t stream) override;
   void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
                                const void* q, const void* k, const void* v, const void* o, const float* lse,
-                               const void* d_o, void* dq, void* dk, void* dv) override;
+                               const void* d_o, void* dq, void* dk, void* dv, cudaStream_t stream) override;
 
   void synchronize() override {}
   void finish() override;

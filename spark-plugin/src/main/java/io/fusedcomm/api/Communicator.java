@@ -758,11 +758,31 @@ public final class Communicator implements AutoCloseable {
    * DType#F32}, natural log of the softmax denominator. Causal masking compares global positions.
    */
   public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options) {
-    try (OpCall call = enter("ringAttention", 0)) {
+    ringAttention(q, k, v, o, lse, options, 0L);
+  }
+
+  /**
+   * {@link #ringAttention(Tensor, Tensor, Tensor, Tensor, Tensor, AttentionOptions, long)} on a
+   * JCuda stream (see {@link #allGather(Tensor, Tensor, Object)}).
+   */
+  public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options,
+                            Object stream) {
+    ringAttention(q, k, v, o, lse, options, JCudaInterop.stream(stream));
+  }
+
+  /**
+   * {@link #ringAttention(Tensor, Tensor, Tensor, Tensor, Tensor, AttentionOptions)} enqueued on a
+   * CUDA stream (see {@link #allGather(Tensor, Tensor, long)}). A CUDA graph may capture it once
+   * it has run at its size outside the capture (its workspace and side stream are made then).
+   */
+  public void ringAttention(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, AttentionOptions options,
+                            long stream) {
+    try (OpCall call = enter("ringAttention", stream)) {
       if (options == null) {
         throw new IllegalArgumentException("ringAttention: options must not be null");
       }
-      OpCheck c = check("ringAttention").floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q);
+      OpCheck c = check("ringAttention").floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q)
+          .stream(stream);
       c.typed("lse", lse, DType.F32).rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse);
       long b = q.dim(0);
       long s = options.sequenceLength();
@@ -785,7 +805,7 @@ public final class Communicator implements AutoCloseable {
           .add("layout", options.layout().name()).build();
       runNative(call, null, null, () -> NativeOps.ringAttention(handle(), fp.description(), fp.value(),
           q.dtype().code(), b, s, hq, hkv, d, options.causal(), options.scale(), options.layout().code(),
-          call.address(q), call.address(k), call.address(v), call.address(o), call.address(lse)));
+          call.address(q), call.address(k), call.address(v), call.address(o), call.address(lse), stream));
     }
   }
 
@@ -800,8 +820,28 @@ public final class Communicator implements AutoCloseable {
    */
   public void ringAttentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
                                     Tensor dK, Tensor dV, AttentionOptions options) {
+    ringAttentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, options, 0L);
+  }
+
+  /**
+   * {@link #ringAttentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * Tensor, AttentionOptions, long)} on a JCuda stream (see {@link #allGather(Tensor, Tensor,
+   * Object)}).
+   */
+  public void ringAttentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                    Tensor dK, Tensor dV, AttentionOptions options, Object stream) {
+    ringAttentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, options, JCudaInterop.stream(stream));
+  }
+
+  /**
+   * {@link #ringAttentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * Tensor, AttentionOptions)} enqueued on a CUDA stream (see {@link #ringAttention(Tensor, Tensor,
+   * Tensor, Tensor, Tensor, AttentionOptions, long)}).
+   */
+  public void ringAttentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                    Tensor dK, Tensor dV, AttentionOptions options, long stream) {
     final String op = "ringAttentionBackward";
-    try (OpCall call = enter(op, 0)) {
+    try (OpCall call = enter(op, stream)) {
       if (options == null) {
         throw new IllegalArgumentException(op + ": options must not be null");
       }
@@ -809,7 +849,7 @@ public final class Communicator implements AutoCloseable {
         throw new IllegalArgumentException(op + ": lse (the forward's log-sum-exp, f32) is required");
       }
       OpCheck c = check(op).floating("q", q).same("k", k, q).same("v", v, q).same("o", o, q).same("dO", dO, q)
-          .same("dQ", dQ, q).same("dK", dK, q).same("dV", dV, q);
+          .same("dQ", dQ, q).same("dK", dK, q).same("dV", dV, q).stream(stream);
       c.typed("lse", lse, DType.F32).rank4("q", q).rank4("k", k).rank4("v", v).rank4("o", o).rank3("lse", lse)
           .rank4("dO", dO).rank4("dQ", dQ).rank4("dK", dK).rank4("dV", dV);
       long b = q.dim(0);
@@ -837,7 +877,7 @@ public final class Communicator implements AutoCloseable {
       runNative(call, null, null, () -> NativeOps.ringAttentionBackward(handle(), fp.description(), fp.value(),
           q.dtype().code(), b, s, hq, hkv, d, options.causal(), options.scale(), options.layout().code(),
           call.address(q), call.address(k), call.address(v), call.address(o), call.address(lse),
-          call.address(dO), call.address(dQ), call.address(dK), call.address(dV)));
+          call.address(dO), call.address(dQ), call.address(dK), call.address(dV), stream));
     }
   }
 

@@ -179,16 +179,17 @@ final class NativeOps {
       int backend, int dtype, long a, long w, long c, long[] offsets, long groups, long rows, long n,
       long k, int layout);
 
-  /** {@code layout}: a {@link SequenceLayout} code. */
+  /** {@code layout}: a {@link SequenceLayout} code; {@code stream} as the collectives'. */
   static native void ringAttention(
       long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,
-      long headDim, boolean causal, float scale, int layout, long q, long k, long v, long o, long lse);
+      long headDim, boolean causal, float scale, int layout, long q, long k, long v, long o, long lse,
+      long stream);
 
   /** The backward of {@link #ringAttention}: {@code lse} required, {@code dO} as {@code o}. */
   static native void ringAttentionBackward(
       long comm, String desc, long fp, int dtype, long batch, long seq, long qHeads, long kvHeads,
       long headDim, boolean causal, float scale, int layout, long q, long k, long v, long o, long lse, long dO,
-      long dQ, long dK, long dV);
+      long dQ, long dK, long dV, long stream);
 
   /**
    * Single-rank attention forward: {@code backend} cuda (bf16, device pointers; {@code stream} 0

@@ -141,6 +141,10 @@ class CommunicatorValidationTest {
         calls.add(new BadCall("attention bf16 lse", iae, "lse", () -> comm.ringAttention(q, kv, kv, o, lseBf16, attn)));
         calls.add(new BadCall("attention wrong sequence", iae, "q ",
             () -> comm.ringAttention(q, kv, kv, o, lse, AttentionOptions.sequence(4L * w + 4))));
+        calls.add(new BadCall("ringAttention on a stream, host backend", iae, "a CUDA stream was given",
+            () -> comm.ringAttention(q, kv, kv, o, lse, attn, stream)));
+        calls.add(new BadCall("ringAttentionBackward on a stream, host backend", iae, "a CUDA stream was given",
+            () -> comm.ringAttentionBackward(q, kv, kv, q, lse, q, dq, dk, dv, attn, stream)));
         // The single-rank op (static: no communicator involved).
         calls.add(new BadCall("local attention null q", iae, "attention: q must not be null",
             () -> Communicator.attention(null, kv, kv, o, lse, false, 0f)));
