@@ -37,17 +37,8 @@ cudaError_t ensure_workspace() {
   }
   return cudaSuccess;
 }
-}  // namespace
-
-// fc_gemm_bf16 with the launch's plan choices forced (GemmArgs: tile_n, stream_k, pingpong,
-// num_ctas, cluster; 0 leaves each to the launch), for A/B runs of the plan.
-extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const void* A, const void* B,
-                                                                          void* C, int M, int N, int K,
-                                                                          int kn, void* stream, int tile_n,
-                                                                          int stream_k, int pingpong,
-                                                                          int num_ctas, int cluster) {
-  cudaError_t e = ensure_workspace();
-  if (e != cudaSuccess) return static_cast<int>(e);
+// Dense row-major operands: A (M × K), B (K × N with kn, else N × K), C (M × N).
+k::GemmArgs dense_args(const void* A, const void* B, void* C, int M, int N, int K, int kn) {
   k::GemmArgs a;
   a.A = static_cast<const __nv_bfloat16*>(A);
   a.B = static_cast<const __nv_bfloat16*>(B);
@@ -59,6 +50,21 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const 
   a.N = N;
   a.K = K;
   a.b_layout = kn ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
+  return a;
+}
+
+}  // namespace
+
+// fc_gemm_bf16 with the launch's plan choices forced (GemmArgs: tile_n, stream_k, pingpong,
+// num_ctas, cluster; 0 leaves each to the launch), for A/B runs of the plan.
+extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const void* A, const void* B,
+                                                                          void* C, int M, int N, int K,
+                                                                          int kn, void* stream, int tile_n,
+                                                                          int stream_k, int pingpong,
+                                                                          int num_ctas, int cluster) {
+  cudaError_t e = ensure_workspace();
+  if (e != cudaSuccess) return static_cast<int>(e);
+  k::GemmArgs a = dense_args(A, B, C, M, N, K, kn);
   a.tile_n = tile_n;
   a.stream_k = stream_k;
   a.pingpong = pingpong;
@@ -130,17 +136,7 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_plan(int M, i
   if (e != cudaSuccess) return static_cast<int>(e);
   // Stand-in operands: the plan encodes their tensor maps but reads nothing.
   auto* p = reinterpret_cast<__nv_bfloat16*>(uintptr_t{1} << 20);
-  k::GemmArgs a;
-  a.A = p;
-  a.B = p;
-  a.C = p;
-  a.lda = K;
-  a.ldb = kn ? N : K;
-  a.ldc = N;
-  a.M = M;
-  a.N = N;
-  a.K = K;
-  a.b_layout = kn ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
+  k::GemmArgs a = dense_args(p, p, p, M, N, K, kn);
   k::use_workspace(a, g_ws);
   // The staged operands, from the staging's size: A's and B's padded copies, or both.
   const auto pad64 = [](int64_t x) { return (x + 63) / 64 * 64; };

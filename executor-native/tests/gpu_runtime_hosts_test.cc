@@ -782,27 +782,37 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     c.close();
   }
 
+  // One fp32 collective of `count` elements in place on a fresh buffer of `elems`, expected to
+  // fail: its error's kind and message (kState and "" if it returned), and the seconds it took.
+  struct Failure {
+    ErrorKind kind = ErrorKind::kState;
+    std::string message;
+    double seconds = 0;
+  };
+  auto failure_with = [&](CudaComm& dc, Op op, int64_t count, int64_t elems) {
+    Failure f;
+    void* buf = nullptr;
+    CUDA_OK(cudaMalloc(&buf, elems * 4));
+    CUDA_OK(cudaMemset(buf, 0, elems * 4));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      dc.collective(op, DType::kF32, buf, buf, count, nullptr);
+    } catch (const Error& e) {
+      f.message = e.what();
+      f.kind = e.kind();
+    }
+    f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cudaFree(buf);
+    return f;
+  };
   // A host that never arrives: host 1's ranks skip one allToAll (the error names the op that
   // gave up between hosts).
   {
     const std::vector<int>& host_of = layouts[0].host_of;
     Comm c(rt, g, host_of, ++comm_id);
     const bool late = host_of[rank] == 1;
-    std::string message;
-    ErrorKind kind = ErrorKind::kState;
-    const auto t0 = std::chrono::steady_clock::now();
     if (!late) {
-      void* buf = nullptr;
-      CUDA_OK(cudaMalloc(&buf, 4096 * 4));
-      CUDA_OK(cudaMemset(buf, 0, 4096 * 4));
-      try {
-        c.device->collective(Op::kAllToAll, DType::kF32, buf, buf, 4096, nullptr);
-      } catch (const Error& e) {
-        message = e.what();
-        kind = e.kind();
-      }
-      cudaFree(buf);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto [kind, message, s] = failure_with(*c.device, Op::kAllToAll, 4096, 4096);
       check(
           kind == ErrorKind::kTimeout && message.find("allToAll [between hosts]") != std::string::npos &&
               message.find("(host 1)") != std::string::npos,
@@ -821,20 +831,7 @@ void small_cases(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t 
     const std::vector<int>& host_of = layouts[0].host_of;
     Comm c(rt, g, host_of, ++comm_id);
     if (rank != world - 1) {
-      void* buf = nullptr;
-      CUDA_OK(cudaMalloc(&buf, 4096 * 4 * world));
-      CUDA_OK(cudaMemset(buf, 0, 4096 * 4 * world));
-      std::string message;
-      ErrorKind kind = ErrorKind::kState;
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        c.device->collective(Op::kAllGather, DType::kF32, buf, buf, 4096 * world, nullptr);
-      } catch (const Error& e) {
-        message = e.what();
-        kind = e.kind();
-      }
-      cudaFree(buf);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto [kind, message, s] = failure_with(*c.device, Op::kAllGather, 4096 * world, 4096 * world);
       check(
           kind == ErrorKind::kTimeout &&
               (message.find("(host ") != std::string::npos || message.find("peer ") != std::string::npos),
