@@ -4,6 +4,8 @@
 // so that a test can lay its ranks out as "virtual hosts" (docs/architecture.md).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +50,28 @@ inline std::vector<int> virtual_hosts(int world) {
     for (int r = 0; r < world; ++r) host_of[r] = r * h / world;
   }
   return host_of;
+}
+
+// Runs op(stream) on a stream of the caller and waits; with `graph`, captures it on that stream
+// (thread-local mode) and replays the graph `replays` times instead. Returns the first CUDA error.
+template <class Op>
+cudaError_t run_on_stream(cudaStream_t stream, bool graph, int replays, Op op) {
+  if (!graph) {
+    op(stream);
+    return cudaStreamSynchronize(stream);
+  }
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) return e;
+  op(stream);
+  e = cudaStreamEndCapture(stream, &g);
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+  for (int i = 0; e == cudaSuccess && i < replays; ++i) e = cudaGraphLaunch(exec, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (g != nullptr) cudaGraphDestroy(g);
+  return e;
 }
 
 inline int host_count(const std::vector<int>& host_of) {

@@ -14,6 +14,8 @@
 //   back-to-back: the op again on the same inputs gives the same bits, and twice more after an
 //     allReduce and a forward ring of the same communicator with the ranks skewed (buffers and
 //     ring flags reused across epochs and ops).
+//   the stream form: the op on a stream of the caller, then captured in a CUDA graph and
+//     replayed twice, the same bits as the synchronous run.
 //   a rank that never arrives: the others get Error(kTimeout) within seconds, naming it.
 // FC_TEST_HOSTS=<H>: worlds that H divides run as H virtual hosts (rank r on host r * H / W)
 // through the cross-host decomposed form (src/comm/cuda_comm_ring_hosts.cc).
@@ -175,13 +177,23 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
   upload(d_do.p, do_r);
   upload(d_lse.p, lse_r);
   std::vector<Bf16> gq, gk, gv;
-  auto run = [&] {
+  // stream: null (synchronous) or a stream of the caller, the op then captured in a CUDA graph
+  // and replayed twice where `graph`.
+  auto run = [&](cudaStream_t stream = nullptr, bool graph = false) {
     CUDA_OK(cudaMemset(g_q.p, 0xFF, q_r.size() * 2));
     CUDA_OK(cudaMemset(g_k.p, 0xFF, k_r.size() * 2));
     CUDA_OK(cudaMemset(g_v.p, 0xFF, v_r.size() * 2));
-    dc.ring_attention_backward_gpu({"ringAttentionBackward (test)", 0}, fusedcomm::DType::kBF16, s, dq_in.p,
-                                   pk, pv, d_o.p, static_cast<const float*>(d_lse.p), d_do.p, g_q.p, g_k.p,
-                                   g_v.p);
+    auto op = [&](cudaStream_t st) {
+      dc.ring_attention_backward_gpu({"ringAttentionBackward (test)", 0}, fusedcomm::DType::kBF16, s, dq_in.p,
+                                     pk, pv, d_o.p, static_cast<const float*>(d_lse.p), d_do.p, g_q.p, g_k.p,
+                                     g_v.p, st);
+    };
+    if (stream == nullptr) {
+      op(nullptr);
+    } else {
+      CUDA_OK(fusedcomm::testing::run_on_stream(stream, graph, 2, op));
+      dc.synchronize();
+    }
     gq = download<Bf16>(g_q.p, q_r.size());
     gk = download<Bf16>(g_k.p, k_r.size());
     gv = download<Bf16>(g_v.p, v_r.size());
@@ -216,6 +228,16 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
     same = same && same_bits(gq, gq0) && same_bits(gk, gk0) && same_bits(gv, gv0);
   }
   check(same, what + ": two more runs after an allReduce and a forward ring, ranks skewed, bit-identical");
+  // The stream form, then captured in a CUDA graph and replayed twice: the same bits.
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  run(stream, false);
+  check(same_bits(gq, gq0) && same_bits(gk, gk0) && same_bits(gv, gv0),
+        what + ": on a caller stream, bit-identical");
+  run(stream, true);
+  check(same_bits(gq, gq0) && same_bits(gk, gk0) && same_bits(gv, gv0),
+        what + ": captured in a CUDA graph, replayed twice, bit-identical");
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {

@@ -13,6 +13,8 @@
 //   back-to-back: the op again on the same inputs gives the same bits, and three more times after
 //     an allReduce of the same communicator with the ranks skewed (buffers and ring flags
 //     reused across epochs).
+//   the stream form: the op on a stream of the caller, then captured in a CUDA graph and
+//     replayed twice, the same bits as the synchronous run.
 //   worlds sharing GPU 0 (FC_TEST_SHARED_GPU) up to 8 ranks.
 //   a rank that never arrives: the others get Error(kTimeout) within seconds, naming it.
 // FC_TEST_HOSTS=<H>: worlds that H divides run as H virtual hosts (rank r on host r * H / W)
@@ -106,11 +108,22 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
   CUDA_OK(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(pk, kk.data(), kk.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(pv, vv.data(), vv.size() * 2, cudaMemcpyHostToDevice));
-  auto run = [&](std::vector<uint16_t>& o, std::vector<float>& lse) {
+  // stream: null (synchronous) or a stream of the caller, the op then captured in a CUDA graph
+  // and replayed twice where `graph`.
+  auto run = [&](std::vector<uint16_t>& o, std::vector<float>& lse, cudaStream_t stream = nullptr,
+                 bool graph = false) {
     CUDA_OK(cudaMemset(dout.p, 0xFF, q.size() * 2));
     CUDA_OK(cudaMemset(dlse.p, 0xFF, B * Hq * Sr * 4));
-    dc.ring_attention_gpu({"ringAttention (test)", 0}, fusedcomm::DType::kBF16, s, dq.p, pk, pv, dout.p,
-                          static_cast<float*>(dlse.p));
+    auto op = [&](cudaStream_t st) {
+      dc.ring_attention_gpu({"ringAttention (test)", 0}, fusedcomm::DType::kBF16, s, dq.p, pk, pv, dout.p,
+                            static_cast<float*>(dlse.p), st);
+    };
+    if (stream == nullptr) {
+      op(nullptr);
+    } else {
+      CUDA_OK(fusedcomm::testing::run_on_stream(stream, graph, 2, op));
+      dc.synchronize();
+    }
     o.resize(q.size());
     lse.resize(B * Hq * Sr);
     CUDA_OK(cudaMemcpy(o.data(), dout.p, o.size() * 2, cudaMemcpyDeviceToHost));
@@ -189,6 +202,16 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
     same = same && o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0;
   }
   check(same, what + ": three more runs after an allReduce, ranks skewed, bit-identical");
+  // The stream form, then captured in a CUDA graph and replayed twice: the same bits.
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  run(o2, lse2, stream, false);
+  check(o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0,
+        what + ": on a caller stream, bit-identical");
+  run(o2, lse2, stream, true);
+  check(o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0,
+        what + ": captured in a CUDA graph, replayed twice, bit-identical");
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
