@@ -53,6 +53,16 @@ k::GemmArgs dense_args(const void* A, const void* B, void* C, int M, int N, int 
   return a;
 }
 
+// The launch's plan choices forced (GemmArgs: tile_n, stream_k, pingpong, num_ctas, cluster; 0
+// leaves each to the launch).
+void force_plan(k::GemmArgs& a, int tile_n, int stream_k, int pingpong, int num_ctas, int cluster) {
+  a.tile_n = tile_n;
+  a.stream_k = stream_k;
+  a.pingpong = pingpong;
+  a.num_ctas = num_ctas;
+  a.cluster = cluster;
+}
+
 }  // namespace
 
 // fc_gemm_bf16 with the launch's plan choices forced (GemmArgs: tile_n, stream_k, pingpong,
@@ -65,11 +75,7 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_forced(const 
   cudaError_t e = ensure_workspace();
   if (e != cudaSuccess) return static_cast<int>(e);
   k::GemmArgs a = dense_args(A, B, C, M, N, K, kn);
-  a.tile_n = tile_n;
-  a.stream_k = stream_k;
-  a.pingpong = pingpong;
-  a.num_ctas = num_ctas;
-  a.cluster = cluster;
+  force_plan(a, tile_n, stream_k, pingpong, num_ctas, cluster);
   k::use_workspace(a, g_ws);
   // A shape's first call (its check, untimed) grows the buffer; timed calls find it.
   const size_t need = k::gemm_staging_bytes(a);
@@ -99,22 +105,11 @@ extern "C" __attribute__((visibility("default"))) int fc_gemm_bf16_ld_forced(
     void* stream, int tile_n, int stream_k, int pingpong, int num_ctas, int cluster) {
   cudaError_t e = ensure_workspace();
   if (e != cudaSuccess) return static_cast<int>(e);
-  k::GemmArgs a;
-  a.A = static_cast<const __nv_bfloat16*>(A);
-  a.B = static_cast<const __nv_bfloat16*>(B);
-  a.C = C;
+  k::GemmArgs a = dense_args(A, B, C, M, N, K, kn);
   a.lda = lda;
   a.ldb = ldb;
   a.ldc = ldc;
-  a.M = M;
-  a.N = N;
-  a.K = K;
-  a.b_layout = kn ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
-  a.tile_n = tile_n;
-  a.stream_k = stream_k;
-  a.pingpong = pingpong;
-  a.num_ctas = num_ctas;
-  a.cluster = cluster;
+  force_plan(a, tile_n, stream_k, pingpong, num_ctas, cluster);
   k::use_workspace(a, g_ws);
   return static_cast<int>(k::launch_gemm(a, static_cast<cudaStream_t>(stream)));
 }
