@@ -6,7 +6,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -15,7 +17,9 @@
 
 #include "fusedcomm/comm/cuda_comm.h"
 #include "fusedcomm/rdma/auth.h"
+#include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
+#include "support/check.h"
 #include "support/process_group.h"
 
 namespace fusedcomm::testing {
@@ -78,6 +82,31 @@ inline int host_count(const std::vector<int>& host_of) {
   int h = 0;
   for (int x : host_of) h = x + 1 > h ? x + 1 : h;
   return h;
+}
+
+// A rank that never arrives: on a rank that runs it (not the last, which skips it), op() must
+// end in Error(kTimeout) within seconds, naming a rank. With every rank on one host the ring's
+// own waits name the missing one ("peer N "); across hosts (virtual_hosts) the waits are the
+// collectives', naming a rank of this host or one between hosts ("rank N (host h)").
+template <class Op>
+void expect_dead_rank_timeout(const ProcessGroup& g, Op op) {
+  const auto t0 = std::chrono::steady_clock::now();
+  bool timeout = false;
+  std::string msg;
+  try {
+    op();
+  } catch (const Error& e) {
+    timeout = e.kind() == ErrorKind::kTimeout;
+    msg = e.what();
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (g.rank == 0) std::printf("  dead rank: %s (%.1f s)\n", msg.c_str(), secs);
+  check(timeout && secs < 10.0,
+        "a rank that never arrives: Error(kTimeout) within seconds (got '" + msg + "')");
+  const bool named = host_count(virtual_hosts(g.world)) > 1
+                         ? msg.find("(host ") != std::string::npos || msg.find("peer ") != std::string::npos
+                         : msg.find("peer " + std::to_string(g.world - 1) + " ") != std::string::npos;
+  check(named, "a rank that never arrives: the error names a rank (got '" + msg + "')");
 }
 
 }  // namespace fusedcomm::testing
