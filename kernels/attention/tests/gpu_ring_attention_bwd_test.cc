@@ -183,6 +183,7 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
     CUDA_OK(cudaMemset(g_q.p, 0xFF, q_r.size() * 2));
     CUDA_OK(cudaMemset(g_k.p, 0xFF, k_r.size() * 2));
     CUDA_OK(cudaMemset(g_v.p, 0xFF, v_r.size() * 2));
+    CUDA_OK(cudaDeviceSynchronize());  // before the op, whichever stream it runs on
     auto op = [&](cudaStream_t st) {
       dc.ring_attention_backward_gpu({"ringAttentionBackward (test)", 0}, fusedcomm::DType::kBF16, s, dq_in.p,
                                      pk, pv, d_o.p, static_cast<const float*>(d_lse.p), d_do.p, g_q.p, g_k.p,
