@@ -189,6 +189,10 @@ void one_rank(fc_runtime_t rt) {
           std::string("moeGemmCombine = moeCombine(groupedGemm) bit for bit (") +
               (wl == FC_LAYOUT_NK ? "NK" : "KN") + "): " + fc_last_error_message());
   }
+  void* device_rows = &device_rows;
+  check_fails(fc_moe_dispatch_device_rows(dispatch, &device_rows, nullptr), FC_STATUS_STATE,
+              "holds its rows in host memory", "device rows of a host-backend dispatch");
+  check(device_rows == &device_rows, "a refused fc_moe_dispatch_device_rows writes nothing");
   check_fails(fc_moe_gemm_combine(comm, &mdesc, FC_DTYPE_F32, dispatch, x, 4, w1, FC_LAYOUT_NK, -1, combined),
               FC_STATUS_INVALID_ARGUMENT, "moeGemmCombine", "a negative width");
   check(fc_moe_dispatch_free(dispatch) == FC_STATUS_SUCCESS, "fc_moe_dispatch_free");
@@ -812,7 +816,7 @@ void exports() {
        {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
         "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
         "Java_io_fusedcomm_api_NativeOps_pointerInfo", "Java_io_fusedcomm_runtime_NativeApi_memStats",
-        "fc_grouped_gemm", "JNI_OnLoad", "fc_moe_gemm_combine", "fc_attention_backward",
+        "fc_grouped_gemm", "JNI_OnLoad", "fc_moe_gemm_combine", "fc_moe_dispatch_device_rows", "fc_attention_backward",
         "fc_ring_attention_backward", "Java_io_fusedcomm_api_NativeOps_attentionBackward",
         "Java_io_fusedcomm_api_NativeOps_ringAttentionBackward"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);

@@ -344,6 +344,11 @@ FC_API fc_status_t fc_moe_dispatch_layout(fc_moe_dispatch_t dispatch, fc_moe_lay
 /* Copies the expert outputs (rows × ffn) and the routed tokens (rows × hidden); either NULL.
  * Cuda backend: into host or device memory. */
 FC_API fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out, void* routed_x);
+/* Cuda backend: the device memory that holds the expert outputs (rows × ffn) and the routed
+ * tokens (rows × hidden), to use in place; valid until fc_moe_dispatch_free, NULL where rows is 0
+ * (either output pointer may be NULL). The host backend's dispatch holds them in host memory:
+ * FC_STATUS_STATE (copy them out with fc_moe_dispatch_copy). */
+FC_API fc_status_t fc_moe_dispatch_device_rows(fc_moe_dispatch_t dispatch, void** expert_out, void** routed_x);
 /* expert_out: rows × width in the dispatch's row order; out: tokens × width (cuda backend: device
  * memory, width a multiple of 8, 16-byte aligned; the dispatch from the same communicator). */
 FC_API fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,

@@ -223,6 +223,19 @@ fc_status_t fc_moe_dispatch_copy(fc_moe_dispatch_t dispatch, void* expert_out, v
   });
 }
 
+fc_status_t fc_moe_dispatch_device_rows(fc_moe_dispatch_t dispatch, void** expert_out, void** routed_x) {
+  return guarded([&] {
+    const host::MoeDispatchResult& r = capi::dispatch_of(dispatch);
+    if (r.device == nullptr) {
+      fail(ErrorKind::kState,
+           "fc_moe_dispatch_device_rows: the host backend's dispatch holds its rows in host memory; "
+           "copy them with fc_moe_dispatch_copy");
+    }
+    if (expert_out != nullptr) *expert_out = r.device->expert_out();
+    if (routed_x != nullptr) *routed_x = r.device->routed_x();
+  });
+}
+
 fc_status_t fc_moe_combine(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
                            fc_moe_dispatch_t dispatch, const void* expert_out, int64_t width, void* out) {
   return guarded([&] {

@@ -496,6 +496,9 @@ class CudaMoeResult final : public MoeDeviceResult {
     }
   }
 
+  void* expert_out() const override { return rows > 0 ? out.as<void>() : nullptr; }
+  void* routed_x() const override { return rows > 0 ? routed.as<void>() : nullptr; }
+
   const void* owner;  // the communicator
   int gpu;
   int64_t capacity, hidden, ffn;

@@ -258,6 +258,18 @@ FC_NATIVE(void, moeCopy)(JNIEnv* env, jclass, jlong h, jlong expert_out, jlong r
   FC_JNI_END()
 }
 
+// [expert outputs, routed tokens]: the cuda dispatch's device addresses (0 without rows).
+FC_NATIVE(jlongArray, moeDeviceRows)(JNIEnv* env, jclass, jlong h) {
+  FC_JNI_BEGIN
+  void *expert_out = nullptr, *routed_x = nullptr;
+  check(fc_moe_dispatch_device_rows(as<fc_moe_dispatch_t>(h), &expert_out, &routed_x));
+  const jlong v[] = {reinterpret_cast<jlong>(expert_out), reinterpret_cast<jlong>(routed_x)};
+  jlongArray a = fusedcomm::jni::non_null(env, env->NewLongArray(2), "NewLongArray");
+  env->SetLongArrayRegion(a, 0, 2, v);
+  return a;
+  FC_JNI_END(nullptr)
+}
+
 // Each array: one element per routed row (rows of moeInfo). Their lengths are checked before
 // the first copy: a copy that throws leaves an exception pending, and no JNI call may follow it.
 FC_NATIVE(void, moeRowMeta)

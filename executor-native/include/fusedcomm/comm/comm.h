@@ -58,6 +58,10 @@ class MoeDeviceResult {
   // Copies the expert outputs (rows × ffn) and the routed tokens (rows × hidden) into memory of
   // this process, device or host (either may be null). Synchronous.
   virtual void copy(void* expert_out, void* routed_x) const = 0;
+  // The GPU memory that holds them, valid while this result lives (null where it holds no rows):
+  // what callers wrap to use the rows in place, without a copy.
+  virtual void* expert_out() const = 0;
+  virtual void* routed_x() const = 0;
 };
 
 class Comm {

@@ -29,9 +29,9 @@
  *
  * Backends: the example asks the communicator (comm.backend()) at run time. With
  * spark.fusedcomm.backend=host the ops take HostTensors; with cuda they take DeviceTensors on the
- * executor's GPU (the ranks of one host): the dispatch's outputs come back to the host
- * (MoeDispatch holds them as host tensors) for SiLU and SiLU', which go up again for the grouped
- * GEMM; the dW GEMMs take each expert's rows transposed and padded with zero rows to a multiple of
+ * executor's GPU (the ranks of one host): the dispatch's outputs (device tensors over the
+ * dispatch's GPU memory) are copied to the host for SiLU and SiLU', which go up again for the
+ * grouped GEMM; the dW GEMMs take each expert's rows transposed and padded with zero rows to a multiple of
  * 8. On cuda the ops take bf16 only, and H and F must be positive multiples of 8 (E at most
  * 1024, topk at most 64); other problems are refused before the job starts. Every rank's
  * received rows must fit its symmetric data area (H · 2 + 16 bytes a row,
@@ -265,7 +265,7 @@ public final class MoeLayerExample {
         long t2 = System.nanoTime();
         int rows = Math.toIntExact(d.rows());
         long[] offsets = d.expertOffsets();
-        float[] h1 = d.expertOutput().toFloatArray();
+        float[] h1 = t.read(d.expertOutput());
         float[] act = new float[h1.length];
         for (int i = 0; i < act.length; i++) {
           act[i] = (float) silu(h1[i]);
@@ -283,7 +283,7 @@ public final class MoeLayerExample {
         try (MoeDispatch g = comm.moeDispatchGemm(dyT, ids, weights, p.experts(), w2)) {
           long t6 = System.nanoTime();
           requireSameRows(d, g);
-          float[] grad = g.expertOutput().toFloatArray();
+          float[] grad = t.read(g.expertOutput());
           float[] dh1 = new float[grad.length];
           for (int i = 0; i < dh1.length; i++) {
             dh1[i] = (float) (grad[i] * siluGrad(h1[i]));
@@ -298,8 +298,8 @@ public final class MoeLayerExample {
           long t9 = System.nanoTime();
           float[] actStored = t.read(a);
           float[] dh1Stored = t.read(dh1T);
-          float[] routedX = d.routedTokens().toFloatArray();
-          float[] routedDy = g.routedTokens().toFloatArray();
+          float[] routedX = t.read(d.routedTokens());
+          float[] routedDy = t.read(g.routedTokens());
           float[] dw1 = new float[localExperts * f * h];
           float[] dw2 = new float[localExperts * f * h];
           long[] expertRows = new long[localExperts];

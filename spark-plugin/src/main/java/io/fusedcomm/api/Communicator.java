@@ -634,7 +634,8 @@ public final class Communicator implements AutoCloseable {
             call.address(x), tokens, hidden, call.address(topkIds), call.address(topkWeights), (int) topk, numExperts,
             call.address(w1Local), ffn);
         try {
-          return new MoeDispatch(this, h, x.dtype(), hidden, ffn);
+          int gpu = x instanceof DeviceTensor d ? d.device() : -1;
+          return new MoeDispatch(this, h, x.dtype(), hidden, ffn, gpu);
         } catch (RuntimeException e) {
           NativeOps.moeFree(h);
           throw e;

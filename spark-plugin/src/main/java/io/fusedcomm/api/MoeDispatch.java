@@ -8,6 +8,13 @@ import io.fusedcomm.runtime.LeakTracker;
  * {@link Communicator#moeCombine} needs to send results home. Owns native memory: close it after
  * the combine. A combine running on another thread holds it: a close meanwhile frees the layout
  * when that combine returns, and a closed dispatch is refused.
+ *
+ * <p>Where the rows live follows the backend: on cuda {@link #expertOutput()} and {@link
+ * #routedTokens()} are {@link DeviceTensor}s over the dispatch's own GPU memory (no copy; they
+ * end with the dispatch, and the memory is released once the dispatch and every op using them
+ * are done); on host they are {@link HostTensor}s. Reading GPU rows on the host is an explicit
+ * copy ({@link DeviceTensor#copyTo}); so is the per-row layout ({@link #sourceRank} and the
+ * others copy it to the host on first use).
  */
 public final class MoeDispatch implements AutoCloseable {
   private final Communicator owner;
@@ -16,8 +23,8 @@ public final class MoeDispatch implements AutoCloseable {
   private final long[] expertOffsets;
   private final long tokens;
   private final int topk;
-  private final HostTensor expertOutput;
-  private final HostTensor routedTokens;
+  private final AbstractTensor expertOutput;
+  private final AbstractTensor routedTokens;
   private final long leakId;
   private final long handle;  // valid while uses holds it
   private final UseCount uses = new UseCount();
@@ -26,7 +33,8 @@ public final class MoeDispatch implements AutoCloseable {
   private int[] slot;
   private float[] weight;
 
-  MoeDispatch(Communicator owner, long handle, DType dtype, long hidden, long ffn) {
+  /** {@code gpu}: the GPU of the dispatch's rows on the cuda backend, -1 on the host backend. */
+  MoeDispatch(Communicator owner, long handle, DType dtype, long hidden, long ffn, int gpu) {
     this.owner = owner;
     this.handle = handle;
     long[] info = NativeOps.moeInfo(handle);
@@ -36,12 +44,26 @@ public final class MoeDispatch implements AutoCloseable {
     this.tokens = info[3];
     this.topk = Math.toIntExact(info[4]);
     this.expertOffsets = java.util.Arrays.copyOfRange(info, 5, 5 + localExperts + 1);
-    this.expertOutput = HostTensor.allocate(dtype, rows, ffn);
-    this.routedTokens = HostTensor.allocate(dtype, rows, hidden);
-    try (OpCall copy = new OpCall(null, "moeDispatchGemm", false)) {
-      NativeOps.moeCopy(handle, copy.address(expertOutput), copy.address(routedTokens));
+    if (gpu >= 0) {
+      long[] at = NativeOps.moeDeviceRows(handle);
+      this.expertOutput = view(at[0], gpu, dtype, rows, ffn);
+      this.routedTokens = view(at[1], gpu, dtype, rows, hidden);
+    } else {
+      HostTensor out = HostTensor.allocate(dtype, rows, ffn);
+      HostTensor routed = HostTensor.allocate(dtype, rows, hidden);
+      this.expertOutput = out;
+      this.routedTokens = routed;
+      try (OpCall copy = new OpCall(null, "moeDispatchGemm", false)) {
+        NativeOps.moeCopy(handle, copy.address(out), copy.address(routed));
+      }
     }
     this.leakId = LeakTracker.opened("MoeDispatch(" + rows + " rows)");
+  }
+
+  /** A tensor over the dispatch's GPU memory that holds a use of the dispatch until released. */
+  private DeviceTensor view(long address, int gpu, DType dtype, long... shape) {
+    uses.acquire("the MoE dispatch");
+    return new DeviceTensor(address, gpu, dtype, shape, false, this::release);
   }
 
   /** Rows routed to this rank's experts. */
@@ -81,13 +103,16 @@ public final class MoeDispatch implements AutoCloseable {
     return topk;
   }
 
-  /** {@code rows × ffn}: each routed row times its expert's {@code W1ᵀ}. */
-  public HostTensor expertOutput() {
+  /**
+   * {@code rows × ffn}: each routed row times its expert's {@code W1ᵀ}; a {@link DeviceTensor} on
+   * cuda (the dispatch's memory, closed with it), a {@link HostTensor} on host.
+   */
+  public Tensor expertOutput() {
     return expertOutput;
   }
 
-  /** {@code rows × hidden}: the routed token rows as received. */
-  public HostTensor routedTokens() {
+  /** {@code rows × hidden}: the routed token rows as received; held as {@link #expertOutput()}. */
+  public Tensor routedTokens() {
     return routedTokens;
   }
 
@@ -147,17 +172,28 @@ public final class MoeDispatch implements AutoCloseable {
     }
   }
 
-  /** Frees the layout (now, or when a combine using it returns) and closes both tensors. */
+  /**
+   * Closes both tensors and frees the layout and the rows: now, or when the last op using them
+   * (a combine on another thread, work enqueued on a stream with the GPU rows) is done.
+   */
   @Override
   public void close() {
     if (uses.isClosed()) {
       return;
     }
     LeakTracker.closed(leakId);
-    expertOutput.close();
-    routedTokens.close();
+    closeTensor(expertOutput);
+    closeTensor(routedTokens);
     if (uses.close()) {
       NativeOps.moeFree(handle);
+    }
+  }
+
+  private static void closeTensor(AbstractTensor t) {
+    if (t instanceof DeviceTensor d) {
+      d.close();
+    } else {
+      ((HostTensor) t).close();
     }
   }
 }

@@ -157,6 +157,9 @@ final class NativeOps {
 
   static native void moeCopy(long dispatch, long expertOut, long routedX);
 
+  /** {expert outputs, routed tokens}: the cuda dispatch's device addresses (0 without rows). */
+  static native long[] moeDeviceRows(long dispatch);
+
   static native void moeRowMeta(
       long dispatch, int[] srcRank, int[] srcToken, int[] slot, float[] weight);
 

@@ -475,8 +475,8 @@ class CommunicatorOpsTest {
             m.slot[i] = d.slot(i);
             m.weight[i] = d.weight(i);
           }
-          m.routed = d.routedTokens().toFloatArray();
-          m.expertOutput = d.expertOutput().toFloatArray();
+          m.routed = ((HostTensor) d.routedTokens()).toFloatArray();
+          m.expertOutput = ((HostTensor) d.expertOutput()).toFloatArray();
           if (rows != y[r].length / width) {
             throw new AssertionError("rank " + r + " has " + rows + " rows, the reference " + y[r].length / width);
           }

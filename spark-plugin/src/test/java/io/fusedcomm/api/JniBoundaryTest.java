@@ -16,9 +16,9 @@ import org.junit.jupiter.api.Test;
 
 /**
  * The JNI layer with arguments Java's own checks would never pass (host backend, one rank):
- * arrays of the wrong length or null for {@code moeRowMeta}, which must be refused before the
- * first copy (a copy that throws leaves a Java exception pending, after which no JNI call may
- * follow); a null op description; descriptions that take the long and the non-BMP paths of the
+ * device rows of a host dispatch; arrays of the wrong length or null for {@code moeRowMeta},
+ * which must be refused before the first copy (a copy that throws leaves a Java exception
+ * pending, after which no JNI call may follow); a null op description; descriptions that take the long and the non-BMP paths of the
  * UTF-8 conversion. Each ends in a clear exception and the communicator stays usable.
  */
 class JniBoundaryTest {
@@ -59,6 +59,11 @@ class JniBoundaryTest {
           IllegalArgumentException nullArray = assertThrows(IllegalArgumentException.class,
               () -> NativeOps.moeRowMeta(h, null, three, three, threeF));
           assertTrue(nullArray.getMessage().contains("null srcRank"), nullArray.getMessage());
+          // The host backend's rows are in host memory: no device addresses to hand out.
+          IllegalStateException noDevice = assertThrows(IllegalStateException.class, () -> NativeOps.moeDeviceRows(h));
+          assertTrue(noDevice.getMessage().contains("holds its rows in host memory"), noDevice.getMessage());
+          assertTrue(d.expertOutput() instanceof HostTensor && d.routedTokens() instanceof HostTensor,
+              "host-backend dispatch rows are host tensors");
           d.release();
           // Nothing was copied into the arrays of the refused calls, and the dispatch still works.
           assertArrayEquals(new int[3], three);

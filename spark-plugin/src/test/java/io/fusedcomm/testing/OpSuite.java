@@ -129,7 +129,7 @@ public final class OpSuite {
           meta[3 * i + 2] = d.slot(i);
         }
         res.outputs.put("moe.meta", meta);
-        res.outputs.put("moe.expertOutput", d.expertOutput().toFloatArray());
+        res.outputs.put("moe.expertOutput", ((HostTensor) d.expertOutput()).toFloatArray());
         HostTensor y = s.of(input(seed, r, 53, rows * WIDTH, t), t, rows, WIDTH);
         HostTensor out = s.poisoned(t, tokens, WIDTH);
         comm.moeCombine(d, y, out);
