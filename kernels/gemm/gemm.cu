@@ -52,18 +52,19 @@ int sm_count() {
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// A tile's time in units of a 256-wide tile's (tuning.h).
-double tile_time(int bn) { return bn == 128 ? tuning::kTileTime128 : 1.0; }
+// A tile's time in units of a 256-wide tile's (tuning.h): t128 is a 128-wide tile's,
+// kTileTime128, or kTileTime128OffLine where operand rows are off the 128-byte lines.
+double tile_time(int bn, double t128 = tuning::kTileTime128) { return bn == 128 ? t128 : 1.0; }
 
 // Fewest "waves × tile time".
-int choose_tile_n(int M, int N, int ctas) {
+int choose_tile_n(int M, int N, int ctas, double t128 = tuning::kTileTime128) {
   const int mb = ceil_div(M, detail::kTileM);
   double best = 0;
   int best_bn = 256;
   for (int bn : {256, 128}) {
     const int tiles = mb * ceil_div(N, bn);
     const int waves = ceil_div(tiles, std::max(1, std::min(ctas, tiles)));
-    const double cost = waves * tile_time(bn);
+    const double cost = waves * tile_time(bn, t128);
     if (bn == 256 || cost < best) {
       best = cost;
       best_bn = bn;
@@ -88,16 +89,16 @@ struct TilePlan {
 };
 
 // The wave model's cost of stream-K at tile width bn (tile-time units), or -1: no partial wave.
-double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn) {
+double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn, double t128) {
   const int tiles = mb * ceil_div(N, bn);
   if (tiles % ctas == 0) return -1;
   return (tiles / ctas + double(tiles % ctas) / ctas + tuning::kStreamKFixupSlices / k_blocks) *
-         tile_time(bn);
+         tile_time(bn, t128);
 }
 
-TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode) {
+TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode, double t128) {
   const int mb = ceil_div(M, detail::kTileM);
-  const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas), false};
+  const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas, t128), false};
   if (mode == 0) {
     if (k_blocks < tuning::kStreamKMinKBlocks) return plain;
     if (M <= tuning::kStreamKSmallM && tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
@@ -111,7 +112,7 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
     }
     const int plain_tiles = mb * ceil_div(N, plain.tile_n);
     const double plain_cost =
-        ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n);
+        ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n, t128);
     TilePlan best = plain;
     double best_cost = tuning::kStreamKBar * plain_cost;
     for (int bn : {256, 128}) {
@@ -119,7 +120,7 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
       const int tiles = mb * ceil_div(N, bn);
       // No whole wave, or a long last one.
       if (tiles < ctas || tuning::kStreamKLastWaveDen * (tiles % ctas) > ctas) continue;
-      const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn);
+      const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128);
       if (cost >= 0 && cost <= best_cost) {
         best = {bn, true};
         best_cost = cost;
@@ -131,7 +132,7 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
   double best_cost = 0;
   for (int bn : {256, 128}) {
     if (forced_bn != 0 && bn != forced_bn) continue;
-    const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn);
+    const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128);
     if (cost >= 0 && (best.tile_n == 0 || cost < best_cost)) {
       best = {bn, true};
       best_cost = cost;
@@ -300,17 +301,21 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // 128-byte row of a TMA box straddles two lines, and the loads, not the tensor cores, bound
   // the time. Where the plan takes 256-wide tiles, CTA pairs halve the B rows each CTA loads
   // (tuning.h, kPairOffLine*): stream-K is then left out.
+  // There 128-wide tiles also lose more than 256-wide ones (kTileTime128OffLine): the tile width
+  // of a plain launch left to choose weighs them so.
   const int mb = ceil_div(a.M, detail::kTileM);
   const bool off_lines = a.lda % 64 != 0 || a.ldb % 64 != 0;
+  const double t128 = pairs_open && off_lines ? tuning::kTileTime128OffLine : tuning::kTileTime128;
   bool off_line_pairs = false;
-  if (pairs_open && off_lines && a.stream_k != 2 && mb >= 2 && choose_tile_n(a.M, a.N, ctas) == 256) {
+  if (pairs_open && off_lines && a.stream_k != 2 && mb >= 2 && choose_tile_n(a.M, a.N, ctas, t128) == 256) {
     const int nb = ceil_div(a.N, 256);
     off_line_pairs = mb * nb >= tuning::kPairOffLineMinTiles && pairs_fit(mb, nb, ctas);
   }
   const TilePlan tiles = sk_able && !off_line_pairs
-                             ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k)
+                             ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k, t128)
                              : TilePlan{0, false};
   int tile_n = off_line_pairs ? 256 : tiles.stream_k ? tiles.tile_n : a.tile_n;
+  if (tile_n == 0 && pairs_open && off_lines) tile_n = choose_tile_n(a.M, a.N, ctas, t128);
   // C through TMA stores needs a 16-byte row stride, and N a multiple of 8 (TMA stores clip at
   // the tensor's bounds in whole 16 bytes); else bf16 C goes out through shared memory in
   // coalesced rows, fp32 C through the register path.

@@ -8,6 +8,12 @@ namespace fusedcomm::kernels::tuning {
 // (more L2 traffic per FLOP, wgmma n128 against n256), so they win only when they fill the grid
 // noticeably better ("waves × tile time").
 inline constexpr double kTileTime128 = 0.55;
+// The same where a row stride of A or B is off the multiple of 64 elements and the launch is
+// plain (the rows left in place, kPairOffLine* below): a 128-wide tile then loads a third more
+// rows per FLOP than a 256-wide one, and the loads bound the time. On 1 × H200 over 107 such
+// (shape, layout) cases of three seeded random sets, 128-wide tiles took 0.65 × a 256-wide
+// tile's time per tile in geomean (aligned rows: 0.50 ×).
+inline constexpr double kTileTime128OffLine = 0.65;
 
 // Stream-K for the last wave (GemmArgs::stream_k = 0, chosen), only with at least this many
 // 64-deep K slices (K >= 8192): at K = 4096 the fix-up costs what the spread gains.

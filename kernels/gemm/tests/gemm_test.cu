@@ -910,6 +910,16 @@ void test_off_line_pairs(uint64_t seed) {
     EXPECT(gemm_staging_bytes(plan_args(q)) == 0, "2683 x 2352 x 14840 staged");
     q.cluster = 1;
     EXPECT(!plan_of(q).pairs, "CTA pairs chosen while off, rows off the lines");
+    // 5649 x 2448 x 6456: with rows off the lines, 4 waves of 256-wide tiles beat 7 of 128
+    // (kTileTime128OffLine); 230 pairs take 4 waves too; no copies.
+    Shape w{5649, 2448, 6456, GemmLayoutB::kKN, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT(plan_of(w).pairs && plan_of(w).grid.tile_n == 256, "no 256-wide pairs at 5649 x 2448 x 6456");
+    EXPECT(gemm_staging_bytes(plan_args(w)) == 0, "5649 x 2448 x 6456 staged");
+    w.pad_a = 64 - 6456 % 64;  // A on the lines, B (N = 2448) still off them
+    EXPECT(plan_of(w).pairs && plan_of(w).grid.tile_n == 256, "no pairs with B alone off the lines");
+    w.pad_b = 64 - 2448 % 64;  // both on the lines: 128-wide tiles, taking turns, as before
+    EXPECT(!plan_of(w).pairs && plan_of(w).grid.tile_n == 128 && plan_of(w).pingpong,
+           "the aligned plan changed at 5649 x 2448 x 6456");
     // 339 x 4776 x 5984: 114 tiles of 128 in one wave; 3 M-blocks make 76 pairs, two waves.
     Shape r{339, 4776, 5984, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     EXPECT(!plan_of(r).pairs && plan_of(r).pingpong, "CTA pairs that add a wave at 339 x 4776 x 5984");
