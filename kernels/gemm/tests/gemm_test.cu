@@ -892,7 +892,7 @@ void test_pingpong(uint64_t seed) {
 // strides off the multiple of 64 through the staged launch, which then copies nothing (an odd
 // M-block count: the last pair's second member idle), both layouts, fp32 C too, each checked.
 // Then the plans: pairs on 256-wide tiles there, none where they would add a wave (odd M-block
-// counts on a one-wave grid), the copies where they are cheap against the GEMM.
+// counts on a one-wave grid), and the copies where the cost model says they pay.
 void test_off_line_pairs(uint64_t seed) {
   int passed = 0, total = 0;
   for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
