@@ -52,18 +52,19 @@ int sm_count() {
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// A tile's time in units of a 256-wide tile's (tuning.h).
-double tile_time(int bn) { return bn == 128 ? tuning::kTileTime128 : 1.0; }
+// A tile's time in units of a 256-wide tile's (tuning.h): t128 is a 128-wide tile's,
+// kTileTime128, or kTileTime128OffLine where operand rows are off the 128-byte lines.
+double tile_time(int bn, double t128 = tuning::kTileTime128) { return bn == 128 ? t128 : 1.0; }
 
 // Fewest "waves × tile time".
-int choose_tile_n(int M, int N, int ctas) {
+int choose_tile_n(int M, int N, int ctas, double t128 = tuning::kTileTime128) {
   const int mb = ceil_div(M, detail::kTileM);
   double best = 0;
   int best_bn = 256;
   for (int bn : {256, 128}) {
     const int tiles = mb * ceil_div(N, bn);
     const int waves = ceil_div(tiles, std::max(1, std::min(ctas, tiles)));
-    const double cost = waves * tile_time(bn);
+    const double cost = waves * tile_time(bn, t128);
     if (bn == 256 || cost < best) {
       best = cost;
       best_bn = bn;
@@ -88,16 +89,16 @@ struct TilePlan {
 };
 
 // The wave model's cost of stream-K at tile width bn (tile-time units), or -1: no partial wave.
-double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn) {
+double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn, double t128) {
   const int tiles = mb * ceil_div(N, bn);
   if (tiles % ctas == 0) return -1;
   return (tiles / ctas + double(tiles % ctas) / ctas + tuning::kStreamKFixupSlices / k_blocks) *
-         tile_time(bn);
+         tile_time(bn, t128);
 }
 
-TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode) {
+TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode, double t128) {
   const int mb = ceil_div(M, detail::kTileM);
-  const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas), false};
+  const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas, t128), false};
   if (mode == 0) {
     if (k_blocks < tuning::kStreamKMinKBlocks) return plain;
     if (M <= tuning::kStreamKSmallM && tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
@@ -111,7 +112,7 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
     }
     const int plain_tiles = mb * ceil_div(N, plain.tile_n);
     const double plain_cost =
-        ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n);
+        ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n, t128);
     TilePlan best = plain;
     double best_cost = tuning::kStreamKBar * plain_cost;
     for (int bn : {256, 128}) {
@@ -119,7 +120,7 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
       const int tiles = mb * ceil_div(N, bn);
       // No whole wave, or a long last one.
       if (tiles < ctas || tuning::kStreamKLastWaveDen * (tiles % ctas) > ctas) continue;
-      const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn);
+      const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128);
       if (cost >= 0 && cost <= best_cost) {
         best = {bn, true};
         best_cost = cost;
@@ -131,7 +132,7 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
   double best_cost = 0;
   for (int bn : {256, 128}) {
     if (forced_bn != 0 && bn != forced_bn) continue;
-    const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn);
+    const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128);
     if (cost >= 0 && (best.tile_n == 0 || cost < best_cost)) {
       best = {bn, true};
       best_cost = cost;
@@ -251,7 +252,13 @@ bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t 
 // The raster group's height where the caller leaves it (GemmArgs::group_m = 0; tuning.h).
 int default_group_m(int tile_n) { return tile_n == 256 ? tuning::kGroupM256 : tuning::kGroupM128; }
 
-cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
+// gemm_plan, or without the tensor maps (encode = false): the checks and the schedule only,
+// which need no driver; the staged launch's cost model plans its options so.
+cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode);
+
+cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) { return plan_launch(a, plan, true); }
+
+cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode) {
   // ---- contract checks (gemm.h) ----
   if (a.M < 1 || a.N < 1 || a.K < 1) return cudaErrorInvalidValue;
   // The register path (tile sink, tile flags) stores column pairs: whole 8-column groups.
@@ -300,17 +307,21 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   // 128-byte row of a TMA box straddles two lines, and the loads, not the tensor cores, bound
   // the time. Where the plan takes 256-wide tiles, CTA pairs halve the B rows each CTA loads
   // (tuning.h, kPairOffLine*): stream-K is then left out.
+  // There 128-wide tiles also lose more than 256-wide ones (kTileTime128OffLine): the tile width
+  // of a plain launch left to choose weighs them so.
   const int mb = ceil_div(a.M, detail::kTileM);
   const bool off_lines = a.lda % 64 != 0 || a.ldb % 64 != 0;
+  const double t128 = pairs_open && off_lines ? tuning::kTileTime128OffLine : tuning::kTileTime128;
   bool off_line_pairs = false;
-  if (pairs_open && off_lines && a.stream_k != 2 && mb >= 2 && choose_tile_n(a.M, a.N, ctas) == 256) {
+  if (pairs_open && off_lines && a.stream_k != 2 && mb >= 2 && choose_tile_n(a.M, a.N, ctas, t128) == 256) {
     const int nb = ceil_div(a.N, 256);
     off_line_pairs = mb * nb >= tuning::kPairOffLineMinTiles && pairs_fit(mb, nb, ctas);
   }
   const TilePlan tiles = sk_able && !off_line_pairs
-                             ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k)
+                             ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k, t128)
                              : TilePlan{0, false};
   int tile_n = off_line_pairs ? 256 : tiles.stream_k ? tiles.tile_n : a.tile_n;
+  if (tile_n == 0 && pairs_open && off_lines) tile_n = choose_tile_n(a.M, a.N, ctas, t128);
   // C through TMA stores needs a 16-byte row stride, and N a multiple of 8 (TMA stores clip at
   // the tensor's bounds in whole 16 bytes); else bf16 C goes out through shared memory in
   // coalesced rows, fp32 C through the register path.
@@ -369,6 +380,7 @@ cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) {
   }
 
   // ---- tensor maps ----
+  if (!encode) return cudaSuccess;
   if (!detail::encode_a_map(&plan->ta, a.A, a.M, a.K, a.lda)) { return cudaErrorInvalidValue; }
   // kNK B boxes: the tile's rows, or each pair member's half of them.
   const bool ok_b = kn ? encode_2d(&plan->tb, a.B, a.K, a.N, a.ldb, detail::kTileK, 64)
@@ -456,43 +468,77 @@ int64_t pad64(int64_t x) { return (x + 63) / 64 * 64; }
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 // The staged operands of `a`: padded row strides (0: the operand is used in place) and bytes.
-// An operand is staged where TMA cannot read its rows (a stride off the multiple of 8), and
-// where its rows are off the 128-byte lines (a stride off the multiple of 64) and the model of
-// tuning.h puts the copy at a small enough part of the GEMM's time; where the copies of all
-// such operands together pass that part and the plan of the operands in place takes CTA pairs
-// (gemm_plan: rows off the lines), none of them is copied. Staged rows are padded to 64
-// elements.
+// An operand is staged where TMA cannot read its rows (a stride off the multiple of 8). An
+// operand whose rows are off the 128-byte lines (a stride off the multiple of 64) is staged
+// where the cost model of tuning.h (kStage*, kOffLine*) puts the copies and the GEMM on the
+// copied rows below the GEMM on the rows in place: each choice of copies is planned as
+// launch_gemm would plan it, and timed as its copies plus waves × tile time, the waves on rows
+// left off the lines weighed by their penalty. Staged rows are padded to 64 elements.
 struct Staging {
   int64_t lda, ldb;
   size_t a_bytes, b_bytes;
 };
 
+// The model's time of the GEMM that `q` plans (tuning.h), in µs; < 0 where it is refused.
+double modelled_gemm_us(const GemmArgs& q) {
+  detail::GemmPlan p;
+  if (detail::plan_launch(q, &p, false) != cudaSuccess) return -1;
+  const int ctas = q.num_ctas > 0 ? q.num_ctas : sm_count();
+  const int tiles = p.prob.m_blocks * p.prob.n_blocks;
+  double waves;
+  if (p.cluster == 2) {
+    waves = ceil_div(detail::pair_sweep(p.prob.m_blocks, p.prob.n_blocks), std::max(1, ctas / 2));
+  } else if (p.prob.sk_tiles > 0) {
+    waves = tiles / ctas + double(tiles % ctas) / ctas + tuning::kStreamKFixupSlices / p.prob.k_blocks;
+  } else {
+    waves = ceil_div(tiles, std::max(1, std::min(ctas, tiles)));
+  }
+  const double tile_us = 2.0 * detail::kTileM * 256 * q.K / (tuning::kStageModelTflops * 1e6 / ctas);
+  const double t = waves * (p.pingpong ? tuning::kTileTimeTurns : tile_time(p.tile_n)) * tile_us;
+  // Rows left off the 128-byte lines (strides that are multiples of 8, not of 64).
+  const bool off_a = q.lda % 64 != 0, off_b = q.ldb % 64 != 0;
+  if (!off_a && !off_b) return t;
+  if (p.cluster == 2 && p.tile_n == 256) return t * tuning::kOffLinePairs;
+  const double pa = q.lda % 16 != 0 ? tuning::kOffLineSplitA : tuning::kOffLineWholeA;
+  const double pb = q.ldb % 16 != 0 ? tuning::kOffLineSplitB : tuning::kOffLineWholeB;
+  return t * (1.0 + (off_a ? pa : 0.0) + (off_b ? pb : 0.0));
+}
+
 Staging staging_of(const GemmArgs& a) {
   const bool kn = a.b_layout == GemmLayoutB::kKN;
   Staging st{};
   if (a.M < 1 || a.N < 1 || a.K < 1) return st;
-  const double gemm_us = 2.0 * a.M * a.N * a.K / (tuning::kStageModelTflops * 1e6);
   auto copy_us = [](int64_t rows, int64_t cols) {
     return double(rows) * cols * 4 / (tuning::kStageModelGBps * 1e3) + tuning::kStageModelLaunchUs;
   };
   const int64_t b_rows = kn ? a.K : a.N, b_cols = kn ? a.N : a.K;
   const bool must_a = a.lda % 8 != 0, must_b = a.ldb % 8 != 0;
   const bool off_a = !must_a && a.lda % 64 != 0, off_b = !must_b && a.ldb % 64 != 0;
-  const double cost_a = copy_us(a.M, a.K), cost_b = copy_us(b_rows, b_cols);
-  const double bar = tuning::kStageAlignMaxCost * gemm_us;
-  bool pairs = false;
-  if ((off_a ? cost_a : 0.0) + (off_b ? cost_b : 0.0) > bar) {
-    GemmArgs q = a;
-    if (must_a) q.lda = pad64(a.K);
-    if (must_b) q.ldb = pad64(b_cols);
-    GemmLaunchPlan plan;
-    pairs = gemm_launch_plan(q, &plan) == cudaSuccess && plan.pairs;
+  // Copies: bit 0 A, bit 1 B. The cheapest by the model; fewer copies on a tie.
+  int copies = (must_a ? 1 : 0) | (must_b ? 2 : 0);
+  if (off_a || off_b) {
+    double best = -1;
+    const int base = copies;
+    for (int extra : {0, 1, 2, 3}) {
+      if (((extra & 1) && !off_a) || ((extra & 2) && !off_b)) continue;
+      const int c = base | extra;
+      GemmArgs q = a;
+      double t = 0;
+      if (c & 1) q.lda = pad64(a.K), t += copy_us(a.M, a.K);
+      if (c & 2) q.ldb = pad64(b_cols), t += copy_us(b_rows, b_cols);
+      const double g = modelled_gemm_us(q);
+      if (g < 0) continue;
+      if (best < 0 || t + g < best) {
+        best = t + g;
+        copies = c;
+      }
+    }
   }
-  if (must_a || (off_a && !pairs && cost_a <= bar)) {
+  if (copies & 1) {
     st.lda = pad64(a.K);
     st.a_bytes = align256(size_t(a.M) * st.lda * 2);
   }
-  if (must_b || (off_b && !pairs && cost_b <= bar)) {
+  if (copies & 2) {
     st.ldb = pad64(b_cols);
     st.b_bytes = align256(size_t(b_rows) * st.ldb * 2);
   }

@@ -259,10 +259,10 @@ cudaError_t launch_gemm(const GemmArgs& args, cudaStream_t stream);
 // operands with K or N off the multiple of 8). Each such operand is first copied, on `stream`,
 // into `staging` with its rows padded to a multiple of 64 elements (the pad is never read: TMA
 // zero-fills past K and N); C needs no copy (any ldc, above). An operand whose stride is a
-// multiple of 8 but not of 64 is copied too where a model puts the copy at a small part of the
-// GEMM's time (tuning.h, kStage*: rows off the 128-byte lines cost large GEMMs up to ~1.5 ×),
-// unless the copies of all such operands together pass that part and the launch in place takes
-// CTA pairs (hook 5), which recover much of that loss without the copies.
+// multiple of 8 but not of 64 (rows off the 128-byte lines) is copied too where a cost model
+// puts the copies plus the GEMM on the copied rows below the GEMM on the rows in place
+// (tuning.h, kStage* and kOffLine*: rows off the lines cost single CTAs up to ~1.5-1.8 × the
+// time, CTA pairs on 256-wide tiles (hook 5) about nothing, the copies 5-10 % of a large GEMM).
 // The copies are part of the op and of its time: (M·K or N·K) · 4 bytes of memory traffic
 // each, against 2·M·N·K FLOP. gemm_staging_bytes(a): the bytes of `staging` that `a` needs
 // (0: none, the launch is launch_gemm's). Refused (cudaErrorInvalidValue) with hooks 1-2 or

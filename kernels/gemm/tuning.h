@@ -8,6 +8,12 @@ namespace fusedcomm::kernels::tuning {
 // (more L2 traffic per FLOP, wgmma n128 against n256), so they win only when they fill the grid
 // noticeably better ("waves × tile time").
 inline constexpr double kTileTime128 = 0.55;
+// The same where a row stride of A or B is off the multiple of 64 elements and the launch is
+// plain (the rows left in place, kPairOffLine* below): a 128-wide tile then loads a third more
+// rows per FLOP than a 256-wide one, and the loads bound the time. On 1 × H200 over 107 such
+// (shape, layout) cases of three seeded random sets, 128-wide tiles took 0.65 × a 256-wide
+// tile's time per tile in geomean (aligned rows: 0.50 ×).
+inline constexpr double kTileTime128OffLine = 0.65;
 
 // Stream-K for the last wave (GemmArgs::stream_k = 0, chosen), only with at least this many
 // 64-deep K slices (K >= 8192): at K = 4096 the fix-up costs what the spread gains.
@@ -59,18 +65,35 @@ inline constexpr int kPairMinKBlocks = 32;
 inline constexpr int kPairOffLineMinTiles = 100;
 
 // The staged launch (gemm.h, launch_gemm_staged) also copies an operand whose rows TMA can
-// read but whose row stride is off the multiple of 64 elements (128 bytes): then every 128-byte
-// row of a box straddles two lines, and large GEMMs at such strides ran at ~0.55-0.65 × cuBLAS's
-// throughput on 1 × H200 (e.g. 9794 × 10792 × 16120: 7.7 ms against 4.9 ms) where strides on
-// the lines ran at ~1.0 ×. The copy is taken where its modelled time (rows × cols × 4 bytes at
-// kStageModelGBps, plus kStageModelLaunchUs) is at most kStageAlignMaxCost of the GEMM's
-// (2·M·N·K at kStageModelTflops): a fraction of the ~1.5 × it saves. Where the copies of every
-// such operand together cost more than that and the plan in place takes CTA pairs
-// (kPairOffLine*), nothing is copied: the pairs recover much of the loss without the copies'
-// traffic, which at short K or few tiles is a large part of the time.
+// read but whose row stride is off the multiple of 64 elements (128 bytes), where a cost model
+// says the copies pay: each choice of copies (none, A, B, both) is planned as launch_gemm would
+// plan it and timed as its copies (rows × cols × 4 bytes at kStageModelGBps, plus
+// kStageModelLaunchUs each; a B copy measured ~3.85 TB/s) plus the GEMM's waves × tile time
+// (a 128 × 256 tile at kStageModelTflops over the SMs, a 128-wide one kTileTime128 of that,
+// kTileTimeTurns where consumers take turns), the waves on rows left off the lines weighed by
+// kOffLine* below. Against 110 (shape, layout) timings on 1 × H200 (the LLM table and two
+// seeded random sets, N and K multiples of 8), that model put the GEMM on rows on the lines at
+// 0.94-1.02 × the time measured (K >= 2048; short K runs slower than the model: 1.05-1.5 ×).
 inline constexpr double kStageModelTflops = 700;
-inline constexpr double kStageModelGBps = 3000;
+inline constexpr double kStageModelGBps = 3800;
 inline constexpr double kStageModelLaunchUs = 3;
-inline constexpr double kStageAlignMaxCost = 0.2;
+inline constexpr double kTileTimeTurns = 0.5;
+// Rows off the lines left in place, in the model's units (time / the model's time on rows on
+// the lines), from the same timings:
+// - CTA pairs on 256-wide tiles (kPairOffLine*), each pair member loading half the B rows:
+//   0.97-1.02 at 14 of 16 (shape, layout) cases with both operands off the lines (1.10-1.19 at
+//   6656 × 1048 × 12360 and at K = 864), where the copies took 5-10 % of the time;
+// - otherwise each operand adds its kOffLineSplit* where its row stride is an odd multiple of
+//   8 elements (row starts off the 32-byte sectors as well as the lines), its kOffLineWhole*
+//   where the stride is a multiple of 16. A so: 1.38-1.50 on 128-wide tiles taking turns
+//   (strides 8 or 56 past the multiple of 64), 0.95-0.99 at 32 past it; B so: 1.04-1.11 (16 past
+//   it, 128-wide turns; 48, 256-wide), 1.13 (8 past it, 256-wide). Earlier ones with both
+//   operands at odd multiples of 8 on single CTAs (1172 × 11640 × 4568, 4096 × 4096 × 4104,
+//   9794 × 10792 × 16120): 1.6-1.8.
+inline constexpr double kOffLinePairs = 1.03;
+inline constexpr double kOffLineSplitA = 0.4;
+inline constexpr double kOffLineWholeA = 0.05;
+inline constexpr double kOffLineSplitB = 0.13;
+inline constexpr double kOffLineWholeB = 0.06;
 
 }  // namespace fusedcomm::kernels::tuning

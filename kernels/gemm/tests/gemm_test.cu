@@ -724,13 +724,19 @@ void test_bad_args() {
     EXPECT(launch_gemm(u, nullptr) == cudaErrorInvalidValue, "lda %% 8 != 0 accepted by launch_gemm");
     EXPECT(gemm_staging_bytes(u) >= size_t(16) * 64 * 2, "staging bytes too few for A");
     EXPECT(launch_gemm_staged(u, nullptr, 0, nullptr) == cudaErrorInvalidValue, "staging missing accepted");
-    // Large GEMMs copy operands whose rows are off the 128-byte lines too (tuning.h kStage*);
-    // small ones and strides on the lines do not.
+    // Operands whose rows are off the 128-byte lines are copied where the cost model says it
+    // pays (tuning.h kStage*, kOffLine*): at 8192 x 8192 x 8200 not with CTA pairs left to the
+    // launch (pairs on the rows in place), both with pairs off; small GEMMs and strides on the
+    // lines never.
     GemmArgs big = u;
     big.M = big.N = 8192;
     big.K = big.lda = big.ldb = 8200;
     big.ldc = 8192;
-    EXPECT(gemm_staging_bytes(big) >= size_t(2) * 8192 * 8256 * 2, "8192 x 8192 x 8200 not staged");
+    EXPECT(gemm_staging_bytes(big) == 0, "8192 x 8192 x 8200 staged where pairs may run in place");
+    big.cluster = 1;
+    EXPECT(gemm_staging_bytes(big) >= size_t(2) * 8192 * 8256 * 2,
+           "8192 x 8192 x 8200 not staged, pairs off");
+    big.cluster = 0;
     big.K = big.lda = big.ldb = 8192;
     EXPECT(gemm_staging_bytes(big) == 0, "8192^3 staged");
     big.M = big.N = 16;
@@ -886,7 +892,7 @@ void test_pingpong(uint64_t seed) {
 // strides off the multiple of 64 through the staged launch, which then copies nothing (an odd
 // M-block count: the last pair's second member idle), both layouts, fp32 C too, each checked.
 // Then the plans: pairs on 256-wide tiles there, none where they would add a wave (odd M-block
-// counts on a one-wave grid), the copies where they are cheap against the GEMM.
+// counts on a one-wave grid), and the copies where the cost model says they pay.
 void test_off_line_pairs(uint64_t seed) {
   int passed = 0, total = 0;
   for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
@@ -901,6 +907,17 @@ void test_off_line_pairs(uint64_t seed) {
       passed += ok;
       ++total;
     }
+    // Two waves of pairs over an odd M-block count (17 × 14 tiles of 256, 126 pairs), rows at
+    // 40 past the multiple of 64: left in place by the cost model (tuning.h kOffLine*).
+    Shape w{2100, 3496, 1000, l, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    w.staged = true;
+    const GemmLaunchPlan plan = plan_of(w);
+    const bool planned =
+        g_sms < 132 || (plan.pairs && plan.grid.tile_n == 256 && gemm_staging_bytes(plan_args(w)) == 0);
+    const bool ok = planned && run_shape(w, seed + total);
+    EXPECT(ok, "rows off the lines %s%s", describe(w).c_str(), planned ? "" : " (pairs not planned)");
+    passed += ok;
+    ++total;
   }
   if (g_sms >= 132) {
     // 2683 x 2352 x 14840: 210 tiles of 256, 110 pairs in two waves as single CTAs; the copies
@@ -910,12 +927,31 @@ void test_off_line_pairs(uint64_t seed) {
     EXPECT(gemm_staging_bytes(plan_args(q)) == 0, "2683 x 2352 x 14840 staged");
     q.cluster = 1;
     EXPECT(!plan_of(q).pairs, "CTA pairs chosen while off, rows off the lines");
+    // 5649 x 2448 x 6456: with rows off the lines, 4 waves of 256-wide tiles beat 7 of 128
+    // (kTileTime128OffLine); 230 pairs take 4 waves too; no copies.
+    Shape w{5649, 2448, 6456, GemmLayoutB::kKN, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT(plan_of(w).pairs && plan_of(w).grid.tile_n == 256, "no 256-wide pairs at 5649 x 2448 x 6456");
+    EXPECT(gemm_staging_bytes(plan_args(w)) == 0, "5649 x 2448 x 6456 staged");
+    w.pad_a = 64 - 6456 % 64;  // A on the lines, B (N = 2448) still off them
+    EXPECT(plan_of(w).pairs && plan_of(w).grid.tile_n == 256, "no pairs with B alone off the lines");
+    w.pad_b = 64 - 2448 % 64;  // both on the lines: 128-wide tiles, taking turns, as before
+    EXPECT(!plan_of(w).pairs && plan_of(w).grid.tile_n == 128 && plan_of(w).pingpong,
+           "the aligned plan changed at 5649 x 2448 x 6456");
     // 339 x 4776 x 5984: 114 tiles of 128 in one wave; 3 M-blocks make 76 pairs, two waves.
     Shape r{339, 4776, 5984, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     EXPECT(!plan_of(r).pairs && plan_of(r).pingpong, "CTA pairs that add a wave at 339 x 4776 x 5984");
-    // 8192 x 8192 x 8200: the copies are cheap against the GEMM: staged, single CTAs.
+    // 8192 x 8192 x 8200: CTA pairs on the rows in place cost less than the copies (5-10 % of
+    // the time); with pairs off, the copies pay (rows at 8 past the multiple of 64 on single
+    // CTAs: ~1.5 × the time).
     Shape b{8192, 8192, 8200, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    EXPECT(gemm_staging_bytes(plan_args(b)) > 0, "8192 x 8192 x 8200 not staged");
+    EXPECT(gemm_staging_bytes(plan_args(b)) == 0 && plan_of(b).pairs,
+           "8192 x 8192 x 8200 not in place with pairs");
+    b.cluster = 1;
+    EXPECT(gemm_staging_bytes(plan_args(b)) > 0, "8192 x 8192 x 8200 not staged with pairs off");
+    // 2768 x 3136 x 2384 KN: A off the lines (16 past the multiple of 64) alone; copying it
+    // (~10 us) and taking turns on 128-wide tiles beats 256-wide pairs in place.
+    Shape t{2768, 3136, 2384, GemmLayoutB::kKN, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT(gemm_staging_bytes(plan_args(t)) > 0, "2768 x 3136 x 2384 KN: A not staged");
   }
   std::printf("[off-line pairs] %d/%d shapes passed; plan choices checked\n", passed, total);
 }
