@@ -109,8 +109,8 @@ struct Case {
                                              g.dv, st);
   }
   bool same(const Grads& g) const {
-    const bool dq_exact = s.deterministic != 0 ||
-                          (s.head_dim == 128 ? k::tuning::kAttnBwdDq128 : k::tuning::kAttnBwdDq64) == 0;
+    const bool dq_exact =
+        s.deterministic != 0 || (s.head_dim == 128 ? k::tuning::kAttnBwdDq128 : k::tuning::kAttnBwdDq64) == 0;
     const std::vector<uint16_t> dq = read(g.dq, nq);
     return read(g.dk, nk) == want_dk && read(g.dv, nk) == want_dv &&
            (dq_exact ? dq == want_dq : close(dq, want_dq));
@@ -273,7 +273,8 @@ int main() {
           "D=" + std::to_string(d) + ": deterministic and default gradients agree");
     const Grads g2 = det.alloc();
     det.call(g2, nullptr);
-    check(read(g2.dq, det.nq) == read(g.dq, det.nq), "D=" + std::to_string(d) + ": deterministic dq bit for bit");
+    check(read(g2.dq, det.nq) == read(g.dq, det.nq),
+          "D=" + std::to_string(d) + ": deterministic dq bit for bit");
   }
   // No query rows: dk and dv are zeros.
   {

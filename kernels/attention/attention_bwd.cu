@@ -69,8 +69,8 @@ bool encode_dq_f32(CUtensorMap* map, const detail::BwdParams& p, int64_t b, int6
 // δ (launch_attention_bwd_delta), and with `zero` dQ's dense fp32 accumulator zeroed in the same
 // pass over the rows.
 cudaError_t launch_delta(const AttnTensor& o_in, const AttnTensor& g_in, float* delta, int64_t delta_stride_b,
-                         int64_t delta_stride_h, int64_t batch, int64_t q_len, int64_t q_heads, int64_t head_dim,
-                         float* zero, cudaStream_t stream) {
+                         int64_t delta_stride_h, int64_t batch, int64_t q_len, int64_t q_heads,
+                         int64_t head_dim, float* zero, cudaStream_t stream) {
   if (head_dim != 64 && head_dim != 128) return cudaErrorInvalidValue;
   if (batch < 0 || q_len < 0 || q_heads <= 0 || delta == nullptr) return cudaErrorInvalidValue;
   if (!tensor_ok(o_in) || !tensor_ok(g_in) || o_in.ptr == nullptr || g_in.ptr == nullptr)

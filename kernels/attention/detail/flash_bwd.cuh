@@ -200,13 +200,10 @@ struct BwdKVCfg {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kBN = 128;  // keys per CTA (2 consumer warpgroups × 64)
   // Query rows per step: 64 at head dim 128 (dK, dV, S and dP fill the registers); 128 at 64,
-  // where the registers allow it: twice the matmuls' width ran 1.02-1.09 × as fast as 64 rows
-  // (S = 4k-16k). The vector-reduction variant keeps 64 (its dQ is one 64-row block).
-#ifdef FC_BWD_D64_BM64  // experiment only
-  static constexpr int kBM = 64;
-#else
+  // where the registers allow it: twice the matmuls' width (and the exponentials of twice the rows
+  // under dPᵀ) ran 1.16-1.17 × as fast as 64 rows (S = 4k-16k). The vector-reduction variant
+  // keeps 64 (its dQ is one 64-row block).
   static constexpr int kBM = D == 64 && kDq != kDqRed ? 128 : 64;
-#endif
   static constexpr int kMH = kBM / 64;  // 64-row halves of a step's dS and dQ
   // dV issued before dS is computed: Pᵀ in bf16 beside Pᵀ and dPᵀ in fp32 fits the registers at
   // 64 query rows, not at 128 (the wgmma would be serialized).
