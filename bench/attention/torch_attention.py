@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--dq-paths", type=lambda x: [int(i) for i in x.split(",") if i], default=[],
                     help="backward: also time these forced dQ paths (1: separate pass, 2: vector "
                          "reductions, 3: TMA reduce-adds)")
+    ap.add_argument("--variants", type=lambda x: [tuple(i.split("=", 1)) for i in x.split(",") if i], default=[],
+                    help="backward: also time other builds of libfc_attn_bench.so, NAME=PATH,... "
+                         "(rows fusedcomm_NAME, their tuned choice)")
     args = ap.parse_args()
     shapes = read_shapes(args.shapes)
     if args.backward:
@@ -182,6 +185,14 @@ def run_backward(args, shapes):
         lib.fc_attention_backward_bf16.argtypes = ([ctypes.c_void_p] * 11 + [ctypes.c_int] * 8 +
                                                    [ctypes.c_void_p])
         lib.fc_attention_backward_bf16.restype = ctypes.c_int
+    if args.variants and not lib:
+        raise SystemExit("--variants needs --lib")
+    variants = []
+    for name, path in args.variants:
+        vlib = ctypes.CDLL(os.path.abspath(path))
+        vlib.fc_attention_backward_bf16.argtypes = lib.fc_attention_backward_bf16.argtypes
+        vlib.fc_attention_backward_bf16.restype = ctypes.c_int
+        variants.append((name, vlib))
 
     def time_launches(fn):
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -236,9 +247,9 @@ def run_backward(args, shapes):
                 if rc != 0:
                     raise RuntimeError(f"fc_attention_bf16 returned cudaError {rc}")
 
-                def ours(dq_path):
+                def ours(dq_path, impl=lib):
                     def fn():
-                        rc = lib.fc_attention_backward_bf16(
+                        rc = impl.fc_attention_backward_bf16(
                             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), do.data_ptr(),
                             dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), delta.data_ptr(), dq_acc.data_ptr(),
                             dq_path, B, S, S, Hq, Hkv, D, causal, ctypes.c_void_p(stream))
@@ -251,6 +262,8 @@ def run_backward(args, shapes):
                 for path in args.dq_paths:
                     impls.append(({1: "fusedcomm_dq_pass", 2: "fusedcomm_dq_red", 3: "fusedcomm_dq_tma"}[path],
                                   ours(path)))
+                for name, vlib in variants:
+                    impls.append((f"fusedcomm_{name}", ours(0, vlib)))
 
             def sdpa(backend):
                 def make():  # the forward once, then each call one backward

@@ -245,7 +245,7 @@ void single_rank_gemm_and_memory() {
 // scores 0 and log 3 are 1/4 and 3/4), the refusals (unknown or auto backend, a stream on the
 // host, a null shape, sizes that overflow) and the cuda backend's answer here.
 void single_rank_attention() {
-  const fc_attention_local_t shape{1, 1, 2, 1, 1, 1, 0, 1.f};  // B=1, Lq=1, Lk=2, Hq=Hkv=1, D=1, scale 1
+  const fc_attention_local_t shape{1, 1, 2, 1, 1, 1, 0, 1.f, 0};  // B=1, Lq=1, Lk=2, Hq=Hkv=1, D=1, scale 1
   const float q[] = {1.f}, k[] = {0.f, std::log(3.f)}, v[] = {4.f, 8.f};
   float o = 0.f, lse = 0.f;
   check(
@@ -283,7 +283,7 @@ void single_rank_attention() {
 // P (v - δ) = (-3/4, 3/4)), the refusals as the forward's, a missing lse, and the cuda
 // backend's answer here.
 void single_rank_attention_backward() {
-  const fc_attention_local_t shape{1, 1, 2, 1, 1, 1, 0, 1.f};
+  const fc_attention_local_t shape{1, 1, 2, 1, 1, 1, 0, 1.f, 0};
   const float q[] = {1.f}, k[] = {0.f, std::log(3.f)}, v[] = {4.f, 8.f}, o[] = {7.f}, lse[] = {std::log(4.f)},
               d_o[] = {1.f};
   float dq = NAN, dk[2] = {NAN, NAN}, dv[2] = {NAN, NAN};
@@ -391,7 +391,7 @@ void ring_attention_ranks(int w) {
         const std::string what = "fc_ring_attention W=" + std::to_string(w) +
                                  (layout == FC_SEQ_ZIGZAG ? " zigzag" : " contiguous") +
                                  (causal ? " causal" : " full");
-        const fc_attention_local_t whole{kB, seq, seq, kHq, kHkv, kD, causal, 0.f};
+        const fc_attention_local_t whole{kB, seq, seq, kHq, kHkv, kD, causal, 0.f, 0};
         std::vector<float> ro(gq.size()), rlse(kB * kHq * seq);
         check(fc_attention(FC_BACKEND_HOST, FC_DTYPE_F32, &whole, gq.data(), gk.data(), gv.data(), ro.data(),
                            rlse.data(), nullptr) == FC_STATUS_SUCCESS,

@@ -3,8 +3,9 @@
 // kernels/attention/tests/attention_bwd_test checks against an fp32 reference): the same
 // gradients on the legacy stream (synchronous), on a stream of its own, from two threads on two
 // streams at once (each call with its own workspace), back to back, and captured in a CUDA graph
-// replayed twice; with no query rows, dk and dv are zeros. dk and dv bit for bit; dq too where
-// tuning.h computes it in its own pass (else within rounding: fp32 additions in any order).
+// replayed twice; with no query rows, dk and dv are zeros. dk and dv bit for bit; dq too with
+// `deterministic` (dQ in its own pass) or where tuning.h computes it there (else within rounding:
+// fp32 additions in any order); both settings' dq agree within rounding.
 // Exit 77 (skipped) without a Hopper GPU.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -108,7 +109,8 @@ struct Case {
                                              g.dv, st);
   }
   bool same(const Grads& g) const {
-    const bool dq_exact = (s.head_dim == 128 ? k::tuning::kAttnBwdDq128 : k::tuning::kAttnBwdDq64) == 0;
+    const bool dq_exact =
+        s.deterministic != 0 || (s.head_dim == 128 ? k::tuning::kAttnBwdDq128 : k::tuning::kAttnBwdDq64) == 0;
     const std::vector<uint16_t> dq = read(g.dq, nq);
     return read(g.dk, nk) == want_dk && read(g.dv, nk) == want_dv &&
            (dq_exact ? dq == want_dq : close(dq, want_dq));
@@ -117,8 +119,9 @@ struct Case {
 
 // Inputs, the forward's o and lse, and the launcher's gradients (the expected ones).
 Case make_case(int64_t batch, int64_t q_len, int64_t kv_len, int64_t hq, int64_t hkv, int64_t d, int causal,
-               uint64_t seed) {
+               uint64_t seed, int deterministic = 0) {
   Case c;
+  c.s.deterministic = deterministic;
   c.s.batch = batch;
   c.s.q_len = q_len;
   c.s.kv_len = kv_len;
@@ -171,6 +174,7 @@ Case make_case(int64_t batch, int64_t q_len, int64_t kv_len, int64_t hq, int64_t
   a.kv_heads = hkv;
   a.head_dim = d;
   a.causal = causal != 0;
+  a.dq_path = deterministic != 0 ? 1 : 0;  // the separate dQ pass, as the op's deterministic setting
   float* ws = nullptr;
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ws),
                      static_cast<size_t>(batch * hq * q_len) * 4 + k::attention_bwd_dq_acc_bytes(a) + 256));
@@ -252,8 +256,26 @@ int main() {
                 prop.minor);
     return 77;
   }
-  run(make_case(2, 700, 700, 4, 2, 128, 1, 1), "B=2 S=700 Hq=4 Hkv=2 D=128 causal");
-  run(make_case(1, 300, 500, 8, 1, 64, 0, 2), "B=1 Sq=300 Sk=500 Hq=8 Hkv=1 D=64");
+  for (int det = 0; det < 2; ++det) {
+    const std::string tag = det != 0 ? ", deterministic" : "";
+    run(make_case(2, 700, 700, 4, 2, 128, 1, 1, det), "B=2 S=700 Hq=4 Hkv=2 D=128 causal" + tag);
+    run(make_case(1, 300, 500, 8, 1, 64, 0, 2, det), "B=1 Sq=300 Sk=500 Hq=8 Hkv=1 D=64" + tag);
+  }
+  // Both settings compute the same gradients: dk and dv bit for bit, dq within rounding.
+  for (int d : {64, 128}) {
+    const Case fast = make_case(2, 333, 333, 4, 1, d, 1, 4, 0);
+    Case det = fast;
+    det.s.deterministic = 1;
+    const Grads g = det.alloc();
+    det.call(g, nullptr);
+    check(read(g.dk, det.nk) == fast.want_dk && read(g.dv, det.nk) == fast.want_dv &&
+              close(read(g.dq, det.nq), fast.want_dq),
+          "D=" + std::to_string(d) + ": deterministic and default gradients agree");
+    const Grads g2 = det.alloc();
+    det.call(g2, nullptr);
+    check(read(g2.dq, det.nq) == read(g.dq, det.nq),
+          "D=" + std::to_string(d) + ": deterministic dq bit for bit");
+  }
   // No query rows: dk and dv are zeros.
   {
     Case c = make_case(1, 0, 200, 2, 2, 64, 0, 3);

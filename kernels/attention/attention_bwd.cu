@@ -66,6 +66,37 @@ bool encode_dq_f32(CUtensorMap* map, const detail::BwdParams& p, int64_t b, int6
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// δ (launch_attention_bwd_delta), and with `zero` dQ's dense fp32 accumulator zeroed in the same
+// pass over the rows.
+cudaError_t launch_delta(const AttnTensor& o_in, const AttnTensor& g_in, float* delta, int64_t delta_stride_b,
+                         int64_t delta_stride_h, int64_t batch, int64_t q_len, int64_t q_heads,
+                         int64_t head_dim, float* zero, cudaStream_t stream) {
+  if (head_dim != 64 && head_dim != 128) return cudaErrorInvalidValue;
+  if (batch < 0 || q_len < 0 || q_heads <= 0 || delta == nullptr) return cudaErrorInvalidValue;
+  if (!tensor_ok(o_in) || !tensor_ok(g_in) || o_in.ptr == nullptr || g_in.ptr == nullptr)
+    return cudaErrorInvalidValue;
+  if (zero != nullptr && !aligned16(zero)) return cudaErrorInvalidValue;
+  const int64_t rows = batch * q_len * q_heads;
+  if (rows == 0) return cudaSuccess;
+  const AttnTensor o = dense_or(o_in, q_len, q_heads, head_dim);
+  const AttnTensor g = dense_or(g_in, q_len, q_heads, head_dim);
+  const int64_t sh = delta_stride_h != 0 ? delta_stride_h : q_len;
+  const int64_t sb = delta_stride_b != 0 ? delta_stride_b : q_heads * q_len;
+  const int threads = 256;
+  const int64_t blocks = (rows * 8 + threads - 1) / threads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (head_dim == 128) {
+    detail::flash_bwd_delta_kernel<128><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        o.ptr, o.stride_b, o.stride_s, o.stride_h, g.ptr, g.stride_b, g.stride_s, g.stride_h, delta, sb, sh,
+        static_cast<int>(q_len), static_cast<int>(q_heads), rows, zero);
+  } else {
+    detail::flash_bwd_delta_kernel<64><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        o.ptr, o.stride_b, o.stride_s, o.stride_h, g.ptr, g.stride_b, g.stride_s, g.stride_h, delta, sb, sh,
+        static_cast<int>(q_len), static_cast<int>(q_heads), rows, zero);
+  }
+  return cudaGetLastError();
+}
+
 template <int D, int kDq>
 cudaError_t launch_dkdv(const AttentionBwdArgs& a, detail::BwdParams p, cudaStream_t stream) {
   using C = detail::BwdKVCfg<D, kDq>;
@@ -133,21 +164,24 @@ cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
   p.scale_log2 = p.scale * 1.4426950408889634f;
 
   cudaError_t e = cudaSuccess;
+  // dQ in the dK/dV pass, kStore: accumulated in the workspace, zeroed first (by the δ pass when
+  // it runs), rounded after.
+  const bool via_acc = fused && !add;
   if (!a.delta_ready && a.q_len > 0) {
-    e = launch_attention_bwd_delta(a.o, a.d_o, a.delta, p.dl_sb, p.dl_sh, a.batch, a.q_len, a.q_heads, D,
-                                   stream);
+    e = launch_delta(a.o, a.d_o, a.delta, p.dl_sb, p.dl_sh, a.batch, a.q_len, a.q_heads, D,
+                     via_acc ? a.dq_acc : nullptr, stream);
     if (e != cudaSuccess) return e;
   }
-  // dQ in the dK/dV pass, kStore: accumulated in the zeroed workspace, rounded after.
-  const bool via_acc = fused && !add;
   if (via_acc) {
     p.dq = a.dq_acc;
     p.dq_sh = D;
     p.dq_ss = a.q_heads * D;
     p.dq_sb = a.q_len * a.q_heads * D;
     p.add = 0;
-    const size_t bytes = static_cast<size_t>(a.batch) * a.q_len * a.q_heads * D * sizeof(float);
-    if ((e = cudaMemsetAsync(a.dq_acc, 0, bytes, stream)) != cudaSuccess) return e;
+    if (a.delta_ready) {
+      const size_t bytes = static_cast<size_t>(a.batch) * a.q_len * a.q_heads * D * sizeof(float);
+      if ((e = cudaMemsetAsync(a.dq_acc, 0, bytes, stream)) != cudaSuccess) return e;
+    }
   }
   if (a.kv_len > 0 && !(add && a.q_len == 0)) {
     e = dq_kind == detail::kDqTma   ? launch_dkdv<D, detail::kDqTma>(a, p, stream)
@@ -229,33 +263,12 @@ cudaError_t launch_attention_bwd(const AttentionBwdArgs& a, cudaStream_t stream)
   return a.head_dim == 128 ? launch_passes<128>(a, stream) : launch_passes<64>(a, stream);
 }
 
-cudaError_t launch_attention_bwd_delta(const AttnTensor& o_in, const AttnTensor& g_in, float* delta,
+cudaError_t launch_attention_bwd_delta(const AttnTensor& o, const AttnTensor& d_o, float* delta,
                                        int64_t delta_stride_b, int64_t delta_stride_h, int64_t batch,
                                        int64_t q_len, int64_t q_heads, int64_t head_dim,
                                        cudaStream_t stream) {
-  if (head_dim != 64 && head_dim != 128) return cudaErrorInvalidValue;
-  if (batch < 0 || q_len < 0 || q_heads <= 0 || delta == nullptr) return cudaErrorInvalidValue;
-  if (!tensor_ok(o_in) || !tensor_ok(g_in) || o_in.ptr == nullptr || g_in.ptr == nullptr)
-    return cudaErrorInvalidValue;
-  const int64_t rows = batch * q_len * q_heads;
-  if (rows == 0) return cudaSuccess;
-  const AttnTensor o = dense_or(o_in, q_len, q_heads, head_dim);
-  const AttnTensor g = dense_or(g_in, q_len, q_heads, head_dim);
-  const int64_t sh = delta_stride_h != 0 ? delta_stride_h : q_len;
-  const int64_t sb = delta_stride_b != 0 ? delta_stride_b : q_heads * q_len;
-  const int threads = 256;
-  const int64_t blocks = (rows * 8 + threads - 1) / threads;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  if (head_dim == 128) {
-    detail::flash_bwd_delta_kernel<128><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        o.ptr, o.stride_b, o.stride_s, o.stride_h, g.ptr, g.stride_b, g.stride_s, g.stride_h, delta, sb, sh,
-        static_cast<int>(q_len), static_cast<int>(q_heads), rows);
-  } else {
-    detail::flash_bwd_delta_kernel<64><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        o.ptr, o.stride_b, o.stride_s, o.stride_h, g.ptr, g.stride_b, g.stride_s, g.stride_h, delta, sb, sh,
-        static_cast<int>(q_len), static_cast<int>(q_heads), rows);
-  }
-  return cudaGetLastError();
+  return launch_delta(o, d_o, delta, delta_stride_b, delta_stride_h, batch, q_len, q_heads, head_dim, nullptr,
+                      stream);
 }
 
 cudaError_t launch_attention_grad_convert(const float* src, int64_t src_sb, int64_t src_ss, int64_t src_sh,

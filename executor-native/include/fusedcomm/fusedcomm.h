@@ -225,6 +225,11 @@ typedef struct {
   int64_t head_dim;
   int32_t causal;
   float scale; /* 0: 1 / sqrt(head_dim) */
+  /* fc_attention_backward, FC_BACKEND_CUDA: nonzero gives bit-reproducible gradients (dq in a
+   * pass of its own, slower); 0 (the default) the fastest path, whose dq is added up in fp32 in
+   * no fixed order: not bit-reproducible from run to run. The forward and the host backend are
+   * reproducible either way. */
+  int32_t deterministic;
 } fc_attention_local_t;
 FC_API fc_status_t fc_attention(fc_backend_t backend, fc_dtype_t dtype, const fc_attention_local_t* shape,
                                 const void* q, const void* k, const void* v, void* o, float* lse,

@@ -211,7 +211,7 @@ FC_NATIVE(void, attention)
  jlong stream) {
   FC_JNI_BEGIN
   const fc_attention_local_t s{batch, q_len, kv_len, q_heads, kv_heads, head_dim, causal == JNI_TRUE ? 1 : 0,
-                               scale};
+                               scale, 0};
   check(fc_attention(static_cast<fc_backend_t>(backend), static_cast<fc_dtype_t>(t), &s, as<const void*>(q),
                      as<const void*>(k), as<const void*>(v), as<void*>(o), as<float*>(lse),
                      as<fc_stream_t>(stream)));
@@ -220,11 +220,11 @@ FC_NATIVE(void, attention)
 
 FC_NATIVE(void, attentionBackward)
 (JNIEnv* env, jclass, jint backend, jint t, jlong batch, jlong q_len, jlong kv_len, jlong q_heads,
- jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jlong q, jlong k, jlong v, jlong o, jlong lse,
- jlong d_o, jlong dq, jlong dk, jlong dv, jlong stream) {
+ jlong kv_heads, jlong head_dim, jboolean causal, jfloat scale, jboolean deterministic, jlong q, jlong k, jlong v,
+ jlong o, jlong lse, jlong d_o, jlong dq, jlong dk, jlong dv, jlong stream) {
   FC_JNI_BEGIN
   const fc_attention_local_t s{batch, q_len, kv_len, q_heads, kv_heads, head_dim, causal == JNI_TRUE ? 1 : 0,
-                               scale};
+                               scale, deterministic == JNI_TRUE ? 1 : 0};
   check(fc_attention_backward(static_cast<fc_backend_t>(backend), static_cast<fc_dtype_t>(t), &s,
                               as<const void*>(q), as<const void*>(k), as<const void*>(v), as<const void*>(o),
                               as<const float*>(lse), as<const void*>(d_o), as<void*>(dq), as<void*>(dk),

@@ -72,6 +72,7 @@ void cuda_attention_backward_local(const fc_attention_local_t& s, DType dtype, c
   a.head_dim = s.head_dim;
   a.causal = s.causal != 0;
   a.scale = s.scale;
+  a.dq_path = s.deterministic != 0 ? 1 : 0;  // 1: dQ in its own pass; 0: the tuned (fastest) path
   auto gpu_fail = [&](cudaError_t e, const char* what) {
     fail(ErrorKind::kFatalGpu, "attentionBackward " + shape + ": " + what + ": " + cudaGetErrorName(e) +
                                    ": " + cudaGetErrorString(e));

@@ -5,11 +5,13 @@
 //     thread loads K and V once and then, per block of kBM queries of each query head of the
 //     group, Q and dO into a ring of stages (TMA, 128-byte swizzle); another warp stages the
 //     block's lse (as log2) and δ. Warpgroups 1 and 2 own 64 keys each and keep dK, dV in fp32
-//     registers: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma, both operands in shared memory),
-//     Pᵀ = exp2(Sᵀ·scale·log2e - lse2), dSᵀ = Pᵀ·(dPᵀ - δ) in registers, then dV += Pᵀ·dO and
+//     registers: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma, both operands in shared memory, committed
+//     apart), Pᵀ = exp2(Sᵀ·scale·log2e - lse2) while dPᵀ is still computed, dSᵀ = Pᵀ·(dPᵀ - δ)
+//     in registers, dV += Pᵀ·dO (issued before dSᵀ is computed where the registers allow) and
 //     dK += dSᵀ·Q (wgmma with Pᵀ, dSᵀ as register A operands, dO and Q N-major).
 //   dQ pass: a CTA per 128 query rows of one (batch, head), keys streamed as in the forward:
-//     S = Q·Kᵀ and dP = dO·Vᵀ (wgmma), dS in registers, dQ += dS·K (register A, K N-major).
+//     S = Q·Kᵀ and dP = dO·Vᵀ (wgmma; P from S while dP is computed), dS in registers,
+//     dQ += dS·K (register A, K N-major).
 //     It recomputes S and dP (7 matmuls in all instead of 5) in exchange for exclusive outputs:
 //     no atomics, the same bits every run (the accumulate mode is a read-add-write).
 //   dQ in the dK/dV pass (kDqRed, kDqTma): dS stored transposed (stmatrix) into shared memory,
@@ -198,10 +200,14 @@ struct BwdKVCfg {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kBN = 128;  // keys per CTA (2 consumer warpgroups × 64)
   // Query rows per step: 64 at head dim 128 (dK, dV, S and dP fill the registers); 128 at 64,
-  // where the registers allow it: twice the matmuls' width ran 1.02-1.09 × as fast as 64 rows
-  // (S = 4k-16k). The vector-reduction variant keeps 64 (its dQ is one 64-row block).
+  // where the registers allow it: twice the matmuls' width (and the exponentials of twice the rows
+  // under dPᵀ) ran 1.16-1.17 × as fast as 64 rows (S = 4k-16k). The vector-reduction variant
+  // keeps 64 (its dQ is one 64-row block).
   static constexpr int kBM = D == 64 && kDq != kDqRed ? 128 : 64;
   static constexpr int kMH = kBM / 64;  // 64-row halves of a step's dS and dQ
+  // dV issued before dS is computed: Pᵀ in bf16 beside Pᵀ and dPᵀ in fp32 fits the registers at
+  // 64 query rows, not at 128 (the wgmma would be serialized).
+  static constexpr bool kEarlyDv = kBM == 64;
   static constexpr int kPanels = D / 64;
   static constexpr int kKPanelBytes = 128 * 128;
   static constexpr int kQPanelBytes = kBM * 128;
@@ -375,6 +381,7 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_ss_n<kBM>(s, smem_desc_sw128(k_base + koff, 16, 1024), smem_desc_sw128(q_st + qoff, 16, 1024),
                         kk > 0 ? 1 : 0);
       }
+      wgmma_commit();
       mbar_wait(&do_full[stage], phase);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -387,35 +394,75 @@ __global__ void __launch_bounds__(384, 1)
       mbar_wait(&ld_full[stage], phase);
       const float* lse2 = sld + stage * C::kLdFloats;
       const float* dl = lse2 + kBM;
-      wgmma_wait<0>();
+      // Pᵀ from Sᵀ while dPᵀ is still on the tensor cores (kept in s, fp32, for dSᵀ).
+      wgmma_wait<1>();
       reg_fence(s);
-      reg_fence(dp);
       // Key (row) key0 + 8·half sees query (column) m0 + c iff key <= m0 + c + dpos.
       const bool masked =
           p.causal && static_cast<int64_t>(n0) + C::kBN - 1 > static_cast<int64_t>(m0) + p.dpos;
-      uint32_t pp[kBM / 16][4], pds[kBM / 16][4];
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j) {
-        float pv[4], dsv[4];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * j + 2 * (lane % 4) + e;
           const float l2 = lse2[c];
-          const float d0 = dl[c];
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int idx = 4 * j + 2 * half + e;
             float pr = fast_exp2(fmaf(s[idx], sl2, -l2));
             if (masked && key0 + 8 * half > m0 + c + p.dpos) pr = 0.0f;
-            pv[2 * half + e] = pr;
-            dsv[2 * half + e] = pr * (dp[idx] - d0);
+            s[idx] = pr;
           }
         }
-        // A fragment of keys × queries: 16 queries per k-step, regs {row g, row g+8} per 8 columns.
-        pp[j / 2][(j % 2) * 2 + 0] = pack_bf16(pv[0], pv[1]);
-        pp[j / 2][(j % 2) * 2 + 1] = pack_bf16(pv[2], pv[3]);
+      }
+      // Pᵀ and dSᵀ as A fragments of keys × queries: 16 queries per k-step, registers
+      // {row g, row g+8} per 8 columns.
+      uint32_t pp[kBM / 16][4], pds[kBM / 16][4];
+      auto pack_p = [&] {
+#pragma unroll
+        for (int j = 0; j < kBM / 8; ++j) {
+          pp[j / 2][(j % 2) * 2 + 0] = pack_bf16(s[4 * j], s[4 * j + 1]);
+          pp[j / 2][(j % 2) * 2 + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+        }
+      };
+      // dO and Q N-major: 64-column slabs one panel apart (LBO), 8-row groups 1024 B apart (SBO),
+      // 16 rows = 2048 B per k-step.
+      auto issue_dv = [&] {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk) {
+          wgmma_rs_n<D>(dv, pp[kk], smem_desc_sw128(do_st + kk * 2048, C::kQPanelBytes, 1024));
+        }
+        wgmma_commit();
+      };
+      // kEarlyDv: dV += Pᵀ·dO goes to the tensor cores before dSᵀ is computed (the registers
+      // allow it at head dim 128).
+      if constexpr (C::kEarlyDv) {
+        pack_p();
+        issue_dv();
+        wgmma_wait<1>();  // dPᵀ done; dV may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      reg_fence(dp);
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+        float dsv[4];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float d0 = dl[8 * j + 2 * (lane % 4) + e];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int idx = 4 * j + 2 * half + e;
+            dsv[2 * half + e] = s[idx] * (dp[idx] - d0);
+          }
+        }
         pds[j / 2][(j % 2) * 2 + 0] = pack_bf16(dsv[0], dsv[1]);
         pds[j / 2][(j % 2) * 2 + 1] = pack_bf16(dsv[2], dsv[3]);
+      }
+      if constexpr (!C::kEarlyDv) {
+        pack_p();
+        issue_dv();
       }
       if constexpr (kFusedDq) {
         // dS (queries × keys) into this warpgroup's panel of the buffer: each 8×8 block of the
@@ -429,16 +476,6 @@ __global__ void __launch_bounds__(384, 1)
           stmatrix_x4_trans(ds_panel + q * 128 + ((chunk ^ (q & 7)) << 4), pds[jj]);
         }
         fence_proxy_async_shared();
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        // dO and Q N-major: 64-column slabs one panel apart (LBO), 8-row groups 1024 B apart (SBO),
-        // 16 rows = 2048 B per k-step.
-        wgmma_rs_n<D>(dv, pp[kk], smem_desc_sw128(do_st + kk * 2048, C::kQPanelBytes, 1024));
-      }
-      wgmma_commit();
-      if constexpr (kFusedDq) {
         // dV runs on the tensor cores while the warpgroups meet. The staging buffer's last
         // reduction has been read once its issuer passes this barrier.
         if constexpr (kDq == kDqTma) {
@@ -520,6 +557,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         wgmma_wait<0>();
       } else {
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / 16; ++kk) {
           wgmma_rs_n<D>(dk, pds[kk], smem_desc_sw128(q_st + kk * 2048, C::kQPanelBytes, 1024));
@@ -683,6 +721,7 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_m64n128k16<0>(s, smem_desc_sw128(q_base + off, 16, 1024), smem_desc_sw128(k_st + off, 16, 1024),
                             kk > 0 ? 1 : 0);
       }
+      wgmma_commit();
       mbar_wait(&v_full[stage], phase);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -691,12 +730,27 @@ __global__ void __launch_bounds__(384, 1)
                             smem_desc_sw128(v_st + off, 16, 1024), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      // P from S while dP is still on the tensor cores.
+      wgmma_wait<1>();
       reg_fence(s);
-      reg_fence(dp);
       const int n0 = nb * kBN;
       const bool masked = n0 + kBN > p.kv_len || (p.causal && static_cast<int64_t>(n0) + kBN - 1 >
                                                                   static_cast<int64_t>(m0) + p.dpos);
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int idx = 4 * j + 2 * half + e;
+            float pr = fast_exp2(fmaf(s[idx], sl2, -lse2[half]));
+            if (masked && n0 + 8 * j + 2 * (lane % 4) + e > lim[half]) pr = 0.0f;
+            s[idx] = pr;
+          }
+        }
+      }
+      wgmma_wait<0>();
+      reg_fence(dp);
       uint32_t pds[kBN / 16][4];
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) {
@@ -706,9 +760,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int idx = 4 * j + 2 * half + e;
-            float pr = fast_exp2(fmaf(s[idx], sl2, -lse2[half]));
-            if (masked && n0 + 8 * j + 2 * (lane % 4) + e > lim[half]) pr = 0.0f;
-            dsv[2 * half + e] = pr * (dp[idx] - d0[half]);
+            dsv[2 * half + e] = s[idx] * (dp[idx] - d0[half]);
           }
         }
         pds[j / 2][(j % 2) * 2 + 0] = pack_bf16(dsv[0], dsv[1]);
@@ -735,12 +787,13 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // ---------------------------------------------------------------------------------------------
-// δ = rowsum(dO ∘ o): 8 threads per (b, i, h) row, 16-byte loads, fp32 sums.
+// δ = rowsum(dO ∘ o): 8 threads per (b, i, h) row, 16-byte loads, fp32 sums. With `zero` (fp32,
+// dense (B, q_len, heads, D): dQ's accumulator) the same threads also zero the row's D values.
 template <int D>
 __global__ void flash_bwd_delta_kernel(const __nv_bfloat16* o, int64_t o_sb, int64_t o_ss, int64_t o_sh,
                                        const __nv_bfloat16* d_o, int64_t g_sb, int64_t g_ss, int64_t g_sh,
                                        float* delta, int64_t dl_sb, int64_t dl_sh, int q_len, int heads,
-                                       int64_t rows) {
+                                       int64_t rows, float* zero) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = tid / 8;
   const int sub = static_cast<int>(tid % 8);
@@ -768,6 +821,11 @@ __global__ void flash_bwd_delta_kernel(const __nv_bfloat16* o, int64_t o_sb, int
         sum = fmaf(a.y, g.y, sum);
       }
     }
+  }
+  if (zero != nullptr && row < rows) {
+    float4* z = reinterpret_cast<float4*>(zero + row * D);
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) z[c * 8 + sub] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);

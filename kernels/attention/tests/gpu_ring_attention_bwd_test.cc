@@ -140,7 +140,7 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
   upload(fk.p, kk);
   upload(fv.p, vv);
   upload(fdo.p, dout);
-  const fc_attention_local_t full{B, S, S, Hq, Hkv, D, s.causal ? 1 : 0, s.scale};
+  const fc_attention_local_t full{B, S, S, Hq, Hkv, D, s.causal ? 1 : 0, s.scale, 0};
   fusedcomm::cuda_attention_local(full, fusedcomm::DType::kBF16, fq.p, fk.p, fv.p, fo.p,
                                   static_cast<float*>(flse.p), nullptr);
   fusedcomm::cuda_attention_backward_local(full, fusedcomm::DType::kBF16, fq.p, fk.p, fv.p, fo.p,

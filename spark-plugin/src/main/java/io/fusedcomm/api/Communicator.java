@@ -964,11 +964,24 @@ public final class Communicator implements AutoCloseable {
    * of {@code o}, shaped as {@code o}) writes {@code dQ} (as {@code q}), {@code dK} and {@code
    * dV} (as {@code k} and {@code v}; with grouped-query heads summed over the query heads sharing
    * a K/V head), accumulated in fp32 and rounded once. {@code causal} and {@code scale} as the
-   * forward's; host and device tensors as {@code attention}.
+   * forward's; host and device tensors as {@code attention}. On the GPU the fastest path adds
+   * {@code dQ} up in no fixed order: it is not bit-reproducible from run to run; the overloads
+   * with {@code deterministic} choose a reproducible, slower one.
    */
   public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
                                        Tensor dK, Tensor dV, boolean causal, float scale) {
-    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, 0L);
+    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, false, 0L);
+  }
+
+  /**
+   * {@link #attentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * Tensor, boolean, float)}, bit-reproducible when {@code deterministic} (on the GPU {@code dQ}
+   * is then computed in a pass of its own, which is slower; false: the fastest path). The host
+   * backend is reproducible either way.
+   */
+  public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                       Tensor dK, Tensor dV, boolean causal, float scale, boolean deterministic) {
+    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, deterministic, 0L);
   }
 
   /**
@@ -978,7 +991,18 @@ public final class Communicator implements AutoCloseable {
    */
   public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
                                        Tensor dK, Tensor dV, boolean causal, float scale, Object stream) {
-    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, JCudaInterop.stream(stream));
+    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, false, JCudaInterop.stream(stream));
+  }
+
+  /**
+   * {@link #attentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * Tensor, boolean, float, boolean, long)} on a JCuda stream (see {@link #allGather(Tensor,
+   * Tensor, Object)}).
+   */
+  public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                       Tensor dK, Tensor dV, boolean causal, float scale, boolean deterministic,
+                                       Object stream) {
+    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, deterministic, JCudaInterop.stream(stream));
   }
 
   /**
@@ -989,6 +1013,18 @@ public final class Communicator implements AutoCloseable {
    */
   public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
                                        Tensor dK, Tensor dV, boolean causal, float scale, long stream) {
+    attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, scale, false, stream);
+  }
+
+  /**
+   * {@link #attentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * Tensor, boolean, float, long)}, bit-reproducible when {@code deterministic} (see {@link
+   * #attentionBackward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+   * boolean, float, boolean)}).
+   */
+  public static void attentionBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor dQ,
+                                       Tensor dK, Tensor dV, boolean causal, float scale, boolean deterministic,
+                                       long stream) {
     final String op = "attentionBackward";
     if (q == null) {
       throw new IllegalArgumentException(op + ": q must not be null");
@@ -1035,7 +1071,7 @@ public final class Communicator implements AutoCloseable {
     c.stream(stream);
     try (OpCall call = new OpCall(null, op, stream != 0)) {
       NativeOps.attentionBackward((device ? Backend.CUDA : Backend.HOST).code(), q.dtype().code(), b, lq, lk, hq,
-          hkv, d, causal, scale, call.address(q), call.address(k), call.address(v), call.address(o),
+          hkv, d, causal, scale, deterministic, call.address(q), call.address(k), call.address(v), call.address(o),
           call.address(lse), call.address(dO), call.address(dQ), call.address(dK), call.address(dV), stream);
     }
   }

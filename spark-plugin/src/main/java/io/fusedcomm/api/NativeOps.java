@@ -206,6 +206,6 @@ final class NativeOps {
   /** The backward of {@link #attention}, the same conventions; {@code lse} required. */
   static native void attentionBackward(
       int backend, int dtype, long batch, long qLen, long kvLen, long qHeads, long kvHeads, long headDim,
-      boolean causal, float scale, long q, long k, long v, long o, long lse, long dO, long dQ, long dK, long dV,
-      long stream);
+      boolean causal, float scale, boolean deterministic, long q, long k, long v, long o, long lse, long dO,
+      long dQ, long dK, long dV, long stream);
 }

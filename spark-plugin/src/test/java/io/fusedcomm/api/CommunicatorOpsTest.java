@@ -665,6 +665,13 @@ class CommunicatorOpsTest {
       HostTensor dv = s.poisoned(t, b, seq, hkv, d);
       Communicator.attentionBackward(qt, kt, vt, ot, lt, s.of(dO, t, b, seq, hq, d), dq, dk, dv, causal, scale);
       whole = new float[][] {dq.toFloatArray(), dk.toFloatArray(), dv.toFloatArray()};
+      // The deterministic setting: the host backend is reproducible either way, the same bits.
+      HostTensor[] again = {s.poisoned(t, b, seq, hq, d), s.poisoned(t, b, seq, hkv, d), s.poisoned(t, b, seq, hkv, d)};
+      Communicator.attentionBackward(qt, kt, vt, ot, lt, s.of(dO, t, b, seq, hq, d), again[0], again[1], again[2],
+          causal, scale, true);
+      for (int g = 0; g < 3; g++) {
+        assertArrayEquals(whole[g], again[g].toFloatArray(), "attentionBackward deterministic, gradient " + g);
+      }
     }
     Reference.AttentionGrads ref = Reference.attentionBackward(q, k, v, o, lse, dO, b, seq, seq, hq, hkv, d, causal,
         scale);

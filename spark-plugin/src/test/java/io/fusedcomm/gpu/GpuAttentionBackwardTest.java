@@ -22,7 +22,8 @@ import org.junit.jupiter.api.Test;
  * forward's o and lse): head dims 64 and 128, causal and not, grouped-query ratios 1, 4 and 8
  * and multi-query, query and key lengths that are not multiples of a tile and differ from each
  * other; gradients poisoned first and every element of dQ, dK and dV compared; synchronous and
- * on a CUDA stream (JCuda and raw handle forms), and a second launch bit for bit the same.
+ * on a CUDA stream (JCuda and raw handle forms); the default (fastest) and the deterministic
+ * setting, the latter bit for bit the same on a second launch, and dK, dV the same bits in both.
  */
 class GpuAttentionBackwardTest {
   /** (B, Lq, Lk, Hq, Hkv, D). */
@@ -106,48 +107,66 @@ class GpuAttentionBackwardTest {
       for (DeviceTensor g : grads) {
         Gpu.poison(g);
       }
-      run(gq, gk, gv, go, gl, gdo, gdq, gdk, gdv, causal, stream, false);
       String[] names = {"dQ", "dK", "dV"};
-      float[][] got = new float[3][];
-      int bad = 0;
-      String first = null;
-      for (int g = 0; g < 3; g++) {
-        got[g] = Gpu.download(grads[g]);
-        for (int i = 0; i < got[g].length; i++) {
-          // Both round the gradient to bf16 once (2^-8 relative each); the kernel may also keep
-          // P and dS in bf16 for its matmuls, which moves a gradient by up to 2^-8 of the sum of
-          // its terms' magnitudes each.
-          double tol = 0x1p-7 * Math.abs(host[g][i]) + 0x1p-6 * mags[g][i] + 1e-5;
-          if (!(Math.abs(got[g][i] - host[g][i]) <= tol) && bad++ == 0) {
-            first = names[g] + "[" + i + "] = " + got[g][i] + ", host " + host[g][i] + " ± " + tol;
+      float[][] fast = null;
+      float[][] det = null;
+      // The default path, then the deterministic one twice (the second with the raw handle).
+      for (int pass = 0; pass < 3; pass++) {
+        boolean deterministic = pass > 0;
+        String tag = what + (deterministic ? ", deterministic" : "");
+        for (DeviceTensor g : grads) {
+          Gpu.poison(g);
+        }
+        run(gq, gk, gv, go, gl, gdo, gdq, gdk, gdv, causal, stream, pass == 2, deterministic);
+        float[][] got = new float[3][];
+        int bad = 0;
+        String first = null;
+        for (int g = 0; g < 3; g++) {
+          got[g] = Gpu.download(grads[g]);
+          for (int i = 0; i < got[g].length; i++) {
+            // Both round the gradient to bf16 once (2^-8 relative each); the kernel may also keep
+            // P and dS in bf16 for its matmuls, which moves a gradient by up to 2^-8 of the sum of
+            // its terms' magnitudes each.
+            double tol = 0x1p-7 * Math.abs(host[g][i]) + 0x1p-6 * mags[g][i] + 1e-5;
+            if (!(Math.abs(got[g][i] - host[g][i]) <= tol) && bad++ == 0) {
+              first = names[g] + "[" + i + "] = " + got[g][i] + ", host " + host[g][i] + " ± " + tol;
+            }
           }
         }
-      }
-      assertEquals(0, bad, what + ": " + bad + " elements differ from the host op, first " + first);
-      // Again, with the raw handle on a stream: the same bits.
-      for (DeviceTensor g : grads) {
-        Gpu.poison(g);
-      }
-      run(gq, gk, gv, go, gl, gdo, gdq, gdk, gdv, causal, stream, true);
-      for (int g = 0; g < 3; g++) {
-        float[] again = Gpu.download(grads[g]);
-        for (int i = 0; i < again.length; i++) {
-          if (Float.floatToRawIntBits(again[i]) != Float.floatToRawIntBits(got[g][i])) {
-            fail(what + ": a second launch gave " + names[g] + "[" + i + "] = " + again[i] + " after " + got[g][i]);
+        assertEquals(0, bad, tag + ": " + bad + " elements differ from the host op, first " + first);
+        if (pass == 0) {
+          fast = got;
+          continue;
+        }
+        // dK and dV have one owner on every path: the same bits; dQ too between deterministic runs.
+        for (int g = pass == 1 ? 1 : 0; g < 3; g++) {
+          float[] want = pass == 1 ? fast[g] : det[g];
+          for (int i = 0; i < want.length; i++) {
+            if (Float.floatToRawIntBits(got[g][i]) != Float.floatToRawIntBits(want[i])) {
+              fail(tag + ": " + names[g] + "[" + i + "] = " + got[g][i] + ", an earlier launch gave " + want[i]);
+            }
           }
         }
+        det = got;
       }
     }
   }
 
   private static void run(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceTensor o, DeviceTensor lse,
                           DeviceTensor dO, DeviceTensor dQ, DeviceTensor dK, DeviceTensor dV, boolean causal,
-                          cudaStream_t stream, boolean rawHandle) {
+                          cudaStream_t stream, boolean rawHandle, boolean deterministic) {
     if (stream == null) {
-      Communicator.attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, 0f);
+      if (deterministic) {
+        Communicator.attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, 0f, true);
+      } else {
+        Communicator.attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, 0f);
+      }
     } else {
       if (rawHandle) {
-        Communicator.attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, 0f, rawHandle(stream));
+        Communicator.attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, 0f, deterministic,
+            rawHandle(stream));
+      } else if (deterministic) {
+        Communicator.attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, 0f, true, stream);
       } else {
         Communicator.attentionBackward(q, k, v, o, lse, dO, dQ, dK, dV, causal, 0f, stream);
       }
