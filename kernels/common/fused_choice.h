@@ -97,4 +97,12 @@ inline FusedAlgo choose_moe_dispatch_gemm(FusedAlgo algo, int /*world*/) {
   return FusedAlgo::kDecomposed;
 }
 
+// moeGemmCombine (kernels/moe/moe.h): the fused kernel (each tile of h · W2ᵀ stored straight into
+// its rows' home slots, the weighted sum in the same kernel) or the grouped GEMM then the
+// combine, from the rank-uniform world only. MOE_GC_RULE
+inline FusedAlgo choose_moe_gemm_combine(FusedAlgo algo, int /*world*/) {
+  if (algo != FusedAlgo::kAuto) return algo;
+  return FusedAlgo::kDecomposed;
+}
+
 }  // namespace fusedcomm::kernels
