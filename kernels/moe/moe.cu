@@ -27,7 +27,7 @@ constexpr int kRowThreads = 256;
 constexpr int kSlotHeaderBytes = 16;  // int32 tokens, int32 bad id, int64 bad pair (-1: none)
 // The fused dispatch's SM split (moe.h "Fused"): CTAs that store rows before they join the
 // GEMM, and the bytes of rows per work item (one release-add per expert run of an item).
-constexpr int kFusedDispatchCtas = 16;
+constexpr int kFusedDispatchCtas = 32;
 constexpr int64_t kFusedItemBytes = 1 << 20;
 constexpr int kFusedMaxItemRows = 384;
 // moe_dispatch_role's row table (source, destination, expert per row) and up to kFusedMaxStages
@@ -387,8 +387,8 @@ __device__ __forceinline__ void copy_row_warp(uint4* dst, const uint4* src, int6
 // item: every thread works out some rows' places (the owner's data area at the row step 3 gives
 // them) and stores their identities; the rows move either by bulk copies (bulk_stages > 0, the
 // fused kernel: thread 0 streams each row through one of bulk_stages shared-memory stages,
-// global -> shared -> the owner, up to bulk_stages - 1 loads and up to 7 stores in flight: a
-// stage is reused once its own last store has read it, not every store; the register copies of
+// global -> shared -> the owner, up to bulk_stages - 1 loads in flight; a stage is reused once
+// its own last store has read it, not every store; the register copies of
 // one CTA moved ~16 GB/s, so the GEMM waited on a dispatch of 16 CTAs for most of its time), or
 // by one warp per row (the rows-only kernel, whose CTAs have no dynamic shared memory). Then,
 // per run of one expert in the item, one release-add of the run's length to that expert's
@@ -454,8 +454,8 @@ inline __device__ __noinline__ void moe_dispatch_role(const FusedParams& p, uint
             const uint64_t k = loads + issued;
             const int st = static_cast<int>(k % S);
             // The stage's last store (store k - S) has read it. This CTA has committed loads + q
-            // stores, one bulk group each, so at most q - issued + S - 1 (>= 1) of the most
-            // recent ones may still be reading: the others stay in flight.
+            // stores, one bulk group each, so the most recent q - issued + S - 1 (>= 1) may
+            // still be reading: they stay in flight.
             if (k >= static_cast<uint64_t>(S)) bulk_wait_read_upto(q - issued + S - 1);
             mbar_arrive_expect_tx(&bar[st], rb);
             asm volatile(

@@ -49,7 +49,7 @@
 //     compares the signatures, resets this rank's counters and publishes the epoch; step 4
 //     (unpack) follows as its own launch. No start barrier: a peer's data area and counters are
 //     free once its count exchange has raised its ready flag (seen before this kernel started).
-//   The SM split: P = 16 dispatch CTAs by default (MoeDispatchArgs::dispatch_ctas), G = the
+//   The SM split: P = 32 dispatch CTAs by default (MoeDispatchArgs::dispatch_ctas), G = the
 //   rest; docs/performance.md "MoE fused dispatch" has the W = 1 measurement. A rank with no
 //   GEMM (no local expert, or out == null) runs the same protocol in a kernel of dispatch CTAs
 //   only (register copies, one warp per row).
