@@ -81,7 +81,9 @@ struct Options {
   uint64_t seed = 12345;
   std::vector<int> dispatch_ctas;  // fused kernel variants (the SM split)
   std::string ops = "dispatch,combine,gemm_combine";  // what is timed
-  bool times(const char* op) const { return ("," + ops + ",").find("," + std::string(op) + ",") != std::string::npos; }
+  bool times(const char* op) const {
+    return ("," + ops + ",").find("," + std::string(op) + ",") != std::string::npos;
+  }
 };
 
 std::vector<Shape> read_shapes(const std::string& path) {
@@ -311,7 +313,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     // The parts: the grouped GEMM h · W2ᵀ into `want` (rows × hidden), the combine of those rows.
     k::GroupedGemmArgs gg2;
     gg2.A = out, gg2.rows_capacity = cap, gg2.offsets = offsets, gg2.groups = static_cast<int>(El);
-    gg2.B = w2, gg2.N = s.H, gg2.K = s.F, gg2.C = want, gg2.workspace = gg_ws, gg2.workspace_bytes = gg_ws_max;
+    gg2.B = w2, gg2.N = s.H, gg2.K = s.F, gg2.C = want, gg2.workspace = gg_ws,
+    gg2.workspace_bytes = gg_ws_max;
     k::MoeCombineArgs cb2 = cb;
     cb2.expert_out = want;
 
@@ -413,7 +416,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         } else if (why.empty()) {
           int64_t bad = 0;
           for (int64_t i = 0; i < s.T * s.H; ++i) bad += std::memcmp(&ref[i], &got[i], 2) != 0;
-          if (bad) why = "gemm+combine fused: " + std::to_string(bad) + " elements differ from the decomposed path";
+          if (bad)
+            why = "gemm+combine fused: " + std::to_string(bad) + " elements differ from the decomposed path";
         }
       }
     }
@@ -495,7 +499,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     if (!tg.empty()) {
       const char* gc_names[] = {"fusedcomm", "fusedcomm_fused", "fusedcomm_decomposed", "fusedcomm_gemm_only",
                                 "fusedcomm_combine_only"};
-      for (size_t i = 0; i < tg.size(); ++i) row("moeGemmCombine", gc_names[i], tg[i], i == 4 ? 0.0 : gemm_flops);
+      for (size_t i = 0; i < tg.size(); ++i)
+        row("moeGemmCombine", gc_names[i], tg[i], i == 4 ? 0.0 : gemm_flops);
       if (r == 0) {
         std::printf("%-22s W=%d gemm+combine auto: %s; fused / decomposed %.3f, fused / max(parts) %.3f\n",
                     s.label.c_str(), W,

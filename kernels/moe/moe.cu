@@ -770,7 +770,8 @@ inline __device__ __noinline__ void moe_gc_finish(const CommDevice& d, uint64_t 
 // named barrier 1, else the whole CTA): thread 0 waits (bounded) until every row element of
 // this rank's slots has arrived, then the CTA computes its share of out with the combine's
 // arithmetic, then the end. Out of line: from the engine's consumer region only.
-inline __device__ __noinline__ void moe_gc_sum(const GcParams& p, uint64_t epoch, int tid, int n, bool named) {
+inline __device__ __noinline__ void moe_gc_sum(const GcParams& p, uint64_t epoch, int tid, int n,
+                                               bool named) {
   __shared__ int s_ok;
   const CommDevice& d = p.dev;
   auto sync = [&] {
@@ -856,8 +857,8 @@ struct GcEpilogue {
                              ((lane_chunk ^ static_cast<uint32_t>(r % 8)) << 4)));
           const int i = row + r;
           const int64_t slot = static_cast<int64_t>(__ldg(src_token + i)) * topk + __ldg(src_slot + i);
-          *reinterpret_cast<uint2*>(home[__ldg(src_rank + i)] + slot * row_bytes + static_cast<int64_t>(col) * 2) =
-              make_uint2(v0, v1);
+          *reinterpret_cast<uint2*>(home[__ldg(src_rank + i)] + slot * row_bytes +
+                                    static_cast<int64_t>(col) * 2) = make_uint2(v0, v1);
         }
       }
     }
@@ -1263,7 +1264,8 @@ cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& a, c
 }
 
 size_t moe_gemm_combine_workspace_bytes(int64_t rows, int local_experts, int width, FusedAlgo algo) {
-  const size_t gemm = detail::align256(grouped_gemm_workspace_bytes(std::max<int64_t>(rows, 0), local_experts));
+  const size_t gemm =
+      detail::align256(grouped_gemm_workspace_bytes(std::max<int64_t>(rows, 0), local_experts));
   if (algo == FusedAlgo::kFused) return gemm;
   return gemm + detail::align256(static_cast<size_t>(std::max<int64_t>(rows, 0)) * std::max(width, 0) * 2);
 }
@@ -1297,7 +1299,8 @@ cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineA
   const FusedAlgo algo = moe_gemm_combine_algo(dev, a);
   if (algo != FusedAlgo::kFused && algo != FusedAlgo::kDecomposed) return cudaErrorInvalidValue;
   const size_t gemm_ws = align256(grouped_gemm_workspace_bytes(a.rows, local));
-  if (a.workspace == nullptr || a.workspace_bytes < moe_gemm_combine_workspace_bytes(a.rows, local, a.width, algo) ||
+  if (a.workspace == nullptr ||
+      a.workspace_bytes < moe_gemm_combine_workspace_bytes(a.rows, local, a.width, algo) ||
       (reinterpret_cast<uintptr_t>(a.workspace) & 255)) {
     return cudaErrorInvalidValue;
   }
@@ -1338,9 +1341,10 @@ cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineA
   const int grid = a.fused_ctas > 0 ? std::min(a.fused_ctas, sms) : sms;
   GcParams p{};
   p.dev = dev;
-  p.dev.launch_sig = comm_launch_signature(
-      kMoeOpGemmCombine, static_cast<uint32_t>(CommDtype::kBF16), 0,
-      comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk), static_cast<uint64_t>(a.width), 0));
+  p.dev.launch_sig =
+      comm_launch_signature(kMoeOpGemmCombine, static_cast<uint32_t>(CommDtype::kBF16), 0,
+                            comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
+                                          static_cast<uint64_t>(a.width), 0));
   p.tokens = L.tokens;
   p.topk = a.topk;
   p.width = a.width;
@@ -1358,7 +1362,8 @@ cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineA
   }
   if (empty) {
     const int64_t vecs = a.tokens * (a.width / 8);
-    const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(grid, (vecs + kRowThreads - 1) / kRowThreads)));
+    const int n = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(grid, (vecs + kRowThreads - 1) / kRowThreads)));
     moe_gc_sum_kernel<<<n, kRowThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
@@ -1373,11 +1378,10 @@ cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineA
   }
   epi.topk = a.topk;
   epi.width = a.width;
-  return gl.plan.tile_n == 256
-             ? (gl.plan.kn ? launch_gc_instance<256, true>(gl, epi, grid, p, stream)
-                           : launch_gc_instance<256, false>(gl, epi, grid, p, stream))
-             : (gl.plan.kn ? launch_gc_instance<128, true>(gl, epi, grid, p, stream)
-                           : launch_gc_instance<128, false>(gl, epi, grid, p, stream));
+  return gl.plan.tile_n == 256 ? (gl.plan.kn ? launch_gc_instance<256, true>(gl, epi, grid, p, stream)
+                                             : launch_gc_instance<256, false>(gl, epi, grid, p, stream))
+                               : (gl.plan.kn ? launch_gc_instance<128, true>(gl, epi, grid, p, stream)
+                                             : launch_gc_instance<128, false>(gl, epi, grid, p, stream));
 }
 
 }  // namespace fusedcomm::kernels

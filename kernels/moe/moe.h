@@ -129,7 +129,7 @@ static_assert(kMoeFlagsOffset + kMoeMaxExperts * sizeof(uint64_t) <= kCommStagin
 inline constexpr uint64_t kMoeCombineFlagOffset = kMoeFlagsOffset + kMoeMaxExperts * sizeof(uint64_t);
 static_assert(kMoeCombineFlagOffset + sizeof(uint64_t) <= kCommStagingOffset,
               "the MoE combine counter overlaps collectives.h's staging slots");
-inline constexpr uint32_t kMoeOpGemmCombine = 25;  // moeGemmCombine's fused kernel
+inline constexpr uint32_t kMoeOpGemmCombine = 25;    // moeGemmCombine's fused kernel
 inline constexpr uint32_t kMoeStepCombineRows = 25;  // fused combine: the weighted sum waited for
                                                      // its slots (peer: a rank still storing;
                                                      // epoch: the elements awaited; observed:
@@ -267,7 +267,8 @@ struct MoeGemmCombineArgs {
 size_t moe_gemm_combine_workspace_bytes(int64_t rows, int local_experts, int width, FusedAlgo algo);
 // kFused or kDecomposed: what launch_moe_gemm_combine runs for these arguments.
 FusedAlgo moe_gemm_combine_algo(const CommDevice& dev, const MoeGemmCombineArgs& args);
-cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineArgs& args, cudaStream_t stream);
+cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineArgs& args,
+                                    cudaStream_t stream);
 
 // Bytes of the data area the dispatch uses: capacity rows of hidden bf16, then one 16-byte
 // identity per row.

@@ -700,8 +700,8 @@ void CudaComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::Moe
   a.out = static_cast<__nv_bfloat16*>(out);
   const k::FusedAlgo algo = k::moe_gemm_combine_algo(sm_->device(), a);
   a.algo = algo;
-  a.workspace_bytes = k::moe_gemm_combine_workspace_bytes(a.rows, static_cast<int>(l.local_experts),
-                                                          a.width, algo);
+  a.workspace_bytes =
+      k::moe_gemm_combine_workspace_bytes(a.rows, static_cast<int>(l.local_experts), a.width, algo);
   a.workspace = workspace(a.workspace_bytes);
   moe_gemm_combine_path_ = algo == k::FusedAlgo::kFused ? "fused" : "decomposed";
   check_fused_launch(k::launch_moe_gemm_combine(sm_->device(), a, s), kOp);

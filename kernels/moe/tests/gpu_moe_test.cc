@@ -160,7 +160,8 @@ __nv_bfloat16 combine_value(int s, int64_t t, int slot, int col) {
 std::vector<__nv_bfloat16> make_w2(const Case& c, uint64_t key, int W, int p, int width) {
   const int64_t n = split_count(c.E, W, p) * width * c.F;
   std::vector<__nv_bfloat16> w(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) w[i] = __float2bfloat16_rn(unit(mix(key ^ mix(0x500 + p) ^ mix(i))) * 0.25f);
+  for (int64_t i = 0; i < n; ++i)
+    w[i] = __float2bfloat16_rn(unit(mix(key ^ mix(0x500 + p) ^ mix(i))) * 0.25f);
   return w;
 }
 // The MoE kernels take a valid pointer even for an empty buffer (no rows routed here).
@@ -264,7 +265,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     R.gc_rows = dev(cap * c.H * 2);
     R.gc_ref = dev(c.tokens[r] * c.H * 2);
     R.gc_out = dev(c.tokens[r] * c.H * 2);
-    R.gc_ws = dev(k::moe_gemm_combine_workspace_bytes(cap, static_cast<int>(El), c.H, k::FusedAlgo::kDecomposed));
+    R.gc_ws =
+        dev(k::moe_gemm_combine_workspace_bytes(cap, static_cast<int>(El), c.H, k::FusedAlgo::kDecomposed));
     R.gc_gemm_ws = dev(k::grouped_gemm_workspace_bytes(cap, static_cast<int>(El)));
     k::MoeGemmCombineArgs& gc = R.gc;
     gc.h = R.out.as<__nv_bfloat16>();
@@ -335,7 +337,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       CUDA_OK(k::launch_moe_gemm_combine(sm->device(), R.gc, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       sm->raise_if_failed();
-      check_gemm_combine(R, what + " gemm+combine " + (algo == k::FusedAlgo::kFused ? "fused" : "decomposed"));
+      check_gemm_combine(R,
+                         what + " gemm+combine " + (algo == k::FusedAlgo::kFused ? "fused" : "decomposed"));
     }
   }
 
@@ -702,7 +705,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const std::optional<Error> e = fusedcomm::testing::raised(*sm);
         const k::CommErrorRecord rec = sm->error();
-        if (r == 0) std::printf("  dead rank (fused gemm+combine) after %.2f s: %s\n", s, e ? e->what() : "(no error)");
+        if (r == 0)
+          std::printf("  dead rank (fused gemm+combine) after %.2f s: %s\n", s, e ? e->what() : "(no error)");
         check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpGemmCombine &&
                   rec.step == k::kCommStepArrive && rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
               "dead rank: the fused gemm+combine times out naming its start barrier and rank " +
@@ -783,7 +787,8 @@ void runtime_path(Rank& R, int gpu) {
       const int gw = 136;
       const int64_t El = split_count(c.E, W, r);
       DevBuf hd(static_cast<size_t>(std::max<int64_t>(rows, 1) * c.F * 2)),
-          w2 = upload(make_w2(c, key, W, r, gw), R.stream), rowsd(static_cast<size_t>(std::max<int64_t>(rows, 1) * gw * 2)),
+          w2 = upload(make_w2(c, key, W, r, gw), R.stream),
+          rowsd(static_cast<size_t>(std::max<int64_t>(rows, 1) * gw * 2)),
           refd(static_cast<size_t>(std::max<int64_t>(c.tokens[r], 1) * gw * 2)),
           gotd(static_cast<size_t>(std::max<int64_t>(c.tokens[r], 1) * gw * 2));
       res->device->copy(hd.p, nullptr);
@@ -802,7 +807,8 @@ void runtime_path(Rank& R, int gpu) {
       const std::string auto_path =
           k::choose_moe_gemm_combine(k::FusedAlgo::kAuto, W) == k::FusedAlgo::kFused ? "fused" : "decomposed";
       if (r == 0 && round == 0) std::printf("  moeGemmCombine through CudaComm: %s path\n", path.c_str());
-      check(path == auto_path, what + ": moeGemmCombine takes kAuto's path (" + auto_path + ", got '" + path + "')");
+      check(path == auto_path,
+            what + ": moeGemmCombine takes kAuto's path (" + auto_path + ", got '" + path + "')");
       check(diff == 0, what + ": moeGemmCombine bit-exact against groupedGemm then moeCombine (" +
                            std::to_string(diff) + " elements differ)");
     }
