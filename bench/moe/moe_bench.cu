@@ -15,6 +15,13 @@
 //                              (the SM split's measurement)
 //   fusedcomm_dispatch_only    moeDispatchGemm's routing and rows without the GEMM (part)
 //   fusedcomm_gemm_only        the grouped GEMM alone on the received rows (part)
+// moeGemmCombine (h = the dispatch's out, W2 = local experts × hidden × ffn, out = T × hidden):
+//   fusedcomm                  launch_moe_gemm_combine at kAuto (fused_choice.h's path)
+//   fusedcomm_fused            the fused kernel (each tile stored into its rows' home slots, the
+//                              weighted sums in the same kernel)
+//   fusedcomm_decomposed       the grouped GEMM, then the combine
+//   fusedcomm_gemm_only        the grouped GEMM h · W2ᵀ alone (part)
+//   fusedcomm_combine_only     the combine of its rows alone (part)
 // Routing (the same in torch_moe_dist.py): token t of rank s picks the k experts
 // (b + q · ⌊E / k⌋) mod E, q < k, for a base b = splitmix64(seed, s, t) mod E (uniform), or mod
 // ⌈E / 4⌉ (skewed: the first quarter of the experts takes every base); weight of slot q:
@@ -26,7 +33,8 @@
 // source's x (every rank rebuilds every rank's x from its seed); out against an fp32 reference
 // per expert (bench/common/check.h's bound); the combine of the dispatch's rows sent back
 // unchanged (expert_out = routed_x), bit for bit against x_t · Σ_q w_q summed in fp32 in slot
-// order, rounded once.
+// order, rounded once; moeGemmCombine's fused path bit for bit against the decomposed one.
+// --ops picks what is timed (dispatch, combine, gemm_combine; all by default).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -53,6 +61,7 @@ namespace {
 const char* kUsage =
     "usage: moe_bench --world W --shapes FILE [--out ROWS.jsonl] [--batch-ms 25] [--batches 7]\n"
     "                 [--sustain-ms 500] [--seed S] [--dispatch-ctas P,...]\n"
+    "                 [--ops dispatch,combine,gemm_combine]\n"
     "  FILE: \"<label> <hidden> <ffn> <experts> <topk> <tokens per rank> <uniform|skewed>\" per line\n"
     "  (bench/shapes/moe_layer.txt). hidden and ffn multiples of 8.\n"
     "  Rows go to --out as JSON lines (rank 0).\n"
@@ -71,6 +80,10 @@ struct Options {
   int batches = 7;
   uint64_t seed = 12345;
   std::vector<int> dispatch_ctas;  // fused kernel variants (the SM split)
+  std::string ops = "dispatch,combine,gemm_combine";  // what is timed
+  bool times(const char* op) const {
+    return ("," + ops + ",").find("," + std::string(op) + ",") != std::string::npos;
+  }
 };
 
 std::vector<Shape> read_shapes(const std::string& path) {
@@ -156,7 +169,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   // rank (no shape can overflow, whatever its routing).
   int64_t th_max = 0, wth_max = 0, tk_max = 0, ch_max = 0, cf_max = 0, cap_max = 0, wl_max = 0;
   uint64_t data_need = 0;
-  size_t ws_max = 0, gg_ws_max = 0;
+  size_t ws_max = 0, gg_ws_max = 0, gc_ws_max = 0;
   for (const Shape& s : list) {
     const int64_t cap = s.T * s.topk * W, El = split_count(s.E, W, r);
     th_max = std::max(th_max, s.T * s.H), wth_max = std::max(wth_max, W * s.T * s.H);
@@ -167,6 +180,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         {data_need, k::moe_dispatch_data_bytes(cap, s.H), k::moe_combine_data_bytes(s.T, s.topk, s.H)});
     ws_max = std::max(ws_max, k::moe_dispatch_workspace_bytes(s.T, s.topk, s.E, W, r, cap));
     gg_ws_max = std::max(gg_ws_max, k::grouped_gemm_workspace_bytes(cap, static_cast<int>(El)));
+    gc_ws_max = std::max(gc_ws_max, k::moe_gemm_combine_workspace_bytes(cap, static_cast<int>(El), s.H,
+                                                                        k::FusedAlgo::kDecomposed));
   }
   fusedcomm::SymmetricConfig cfg;
   cfg.data_bytes = (data_need + 4095) / 4096 * 4096;
@@ -183,6 +198,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   auto* want = device_alloc<__nv_bfloat16>(ch_max);
   auto* out = device_alloc<__nv_bfloat16>(cf_max);
   auto* combined = device_alloc<__nv_bfloat16>(th_max);
+  auto* w2 = device_alloc<__nv_bfloat16>(wl_max);
+  auto* gc_out = device_alloc<__nv_bfloat16>(th_max);
+  void* gc_ws = device_alloc<uint8_t>(gc_ws_max);
   auto* offsets = device_alloc<int64_t>(k::kMoeMaxExperts + 1);
   auto* src_rank = device_alloc<int32_t>(cap_max);
   auto* src_token = device_alloc<int32_t>(cap_max);
@@ -256,6 +274,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     for (int p = 0; p < W; ++p) routing(s, o.seed, p, all_ids[p], all_wts[p]);
     b::fill_uniform(x, s.T * s.H, x_seed(o.seed, r), st);
     b::fill_uniform(w1, El * s.F * s.H, w_seed(o.seed, r), st);
+    b::fill_uniform(w2, El * s.F * s.H, w_seed(o.seed, r) ^ 0x2, st);
     for (int p = 0; p < W; ++p) b::fill_uniform(all_x + p * s.T * s.H, s.T * s.H, x_seed(o.seed, p), st);
     upload(ids, all_ids[r]);
     upload(wts, all_wts[r]);
@@ -284,6 +303,20 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     k::MoeCombineArgs cb;
     cb.expert_out = routed, cb.width = s.H, cb.layout = d.layout, cb.num_experts = s.E, cb.topk = s.topk;
     cb.capacity = cap, cb.tokens = s.T, cb.topk_weights = wts, cb.out = combined;
+    k::MoeGemmCombineArgs gc;
+    gc.h = out, gc.rows = cap, gc.k = s.F, gc.w2 = w2, gc.width = s.H, gc.layout = d.layout;
+    gc.num_experts = s.E, gc.topk = s.topk, gc.tokens = s.T, gc.topk_weights = wts, gc.out = gc_out;
+    gc.workspace = gc_ws, gc.workspace_bytes = gc_ws_max;
+    k::MoeGemmCombineArgs gc_fused = gc, gc_dec = gc;
+    gc_fused.algo = k::FusedAlgo::kFused;
+    gc_dec.algo = k::FusedAlgo::kDecomposed;
+    // The parts: the grouped GEMM h · W2ᵀ into `want` (rows × hidden), the combine of those rows.
+    k::GroupedGemmArgs gg2;
+    gg2.A = out, gg2.rows_capacity = cap, gg2.offsets = offsets, gg2.groups = static_cast<int>(El);
+    gg2.B = w2, gg2.N = s.H, gg2.K = s.F, gg2.C = want, gg2.workspace = gg_ws,
+    gg2.workspace_bytes = gg_ws_max;
+    k::MoeCombineArgs cb2 = cb;
+    cb2.expert_out = want;
 
     // ---- the checks (each dispatch path; the combine after the last) ----
     std::string why;
@@ -367,6 +400,27 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         }
       if (bad) why = "combine: " + std::to_string(bad) + " elements differ";
     }
+    // moeGemmCombine: the fused kernel bit for bit against the grouped GEMM then the combine.
+    if (why.empty()) {
+      std::vector<__nv_bfloat16> ref;
+      for (const k::MoeGemmCombineArgs* a : {&gc_dec, &gc_fused}) {
+        FC_BENCH_CUDA(cudaMemsetAsync(gc_out, 0xFF, s.T * s.H * 2, st));
+        FC_BENCH_CUDA(k::launch_moe_gemm_combine(dev, *a, st));
+        FC_BENCH_CUDA(cudaStreamSynchronize(st));
+        sm->raise_if_failed();
+        const k::MoeStatus mst = download<k::MoeStatus>(status, 1)[0];
+        if (mst.code != k::kMoeOk) why = "gemm+combine: status " + std::to_string(mst.code);
+        auto got = download<__nv_bfloat16>(gc_out, s.T * s.H);
+        if (a == &gc_dec) {
+          ref = std::move(got);
+        } else if (why.empty()) {
+          int64_t bad = 0;
+          for (int64_t i = 0; i < s.T * s.H; ++i) bad += std::memcmp(&ref[i], &got[i], 2) != 0;
+          if (bad)
+            why = "gemm+combine fused: " + std::to_string(bad) + " elements differ from the decomposed path";
+        }
+      }
+    }
     // Every rank's verdict.
     std::vector<uint8_t> mine(why.begin(), why.end());
     const auto all = g.all_gather(mine);
@@ -394,8 +448,20 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     };
     for (const k::MoeDispatchArgs& dv : d_split)
       dispatch_impls.push_back([&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, dv, st)); });
-    const std::vector<double> td = time_ops(dispatch_impls);
-    const std::vector<double> tc = time_ops({[&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb, st)); }});
+    const std::vector<double> td = o.times("dispatch") ? time_ops(dispatch_impls) : std::vector<double>{};
+    const std::vector<double> tc =
+        o.times("combine") ? time_ops({[&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb, st)); }})
+                           : std::vector<double>{};
+    // The dispatch leaves the layout the gemm+combine reads (every dispatch impl above rewrites
+    // it the same way).
+    const std::vector<double> tg =
+        o.times("gemm_combine")
+            ? time_ops({[&] { FC_BENCH_CUDA(k::launch_moe_gemm_combine(dev, gc, st)); },
+                        [&] { FC_BENCH_CUDA(k::launch_moe_gemm_combine(dev, gc_fused, st)); },
+                        [&] { FC_BENCH_CUDA(k::launch_moe_gemm_combine(dev, gc_dec, st)); },
+                        [&] { FC_BENCH_CUDA(k::launch_grouped_gemm(gg2, st)); },
+                        [&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb2, st)); }})
+            : std::vector<double>{};
     // Rank 0's rows: FLOPs and bytes of this rank (the routed rows it received, the rows it sent).
     const double sent_bytes = double(s.T) * s.topk * s.H * 2;
     const double gemm_flops = 2.0 * n * s.F * s.H;
@@ -418,9 +484,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       rows_out.write(rw);
       if (r == 0) std::printf("%-22s W=%d %-16s %-26s %8.4f ms\n", s.label.c_str(), W, op, impl, ms);
     };
-    for (size_t i = 0; i < names.size(); ++i)
+    for (size_t i = 0; i < td.size(); ++i)
       row("moeDispatchGemm", names[i].c_str(), td[i], i == 1 ? 0.0 : gemm_flops);
-    if (r == 0) {
+    if (r == 0 && !td.empty()) {
       const k::MoeLaunchInfo fi = k::moe_dispatch_info(dev, d_fused);
       std::printf(
           "%-22s W=%d fused split: %d GEMM + %d dispatch CTAs, %d rows per item; auto: %s; "
@@ -429,7 +495,19 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
           k::moe_dispatch_info(dev, d).algo == k::FusedAlgo::kFused ? "fused" : "decomposed",
           td[3] / std::max(td[1], td[2]), td[3] / (td[1] + td[2]));
     }
-    row("moeCombine", "fusedcomm", tc[0], 0.0);
+    if (!tc.empty()) row("moeCombine", "fusedcomm", tc[0], 0.0);
+    if (!tg.empty()) {
+      const char* gc_names[] = {"fusedcomm", "fusedcomm_fused", "fusedcomm_decomposed", "fusedcomm_gemm_only",
+                                "fusedcomm_combine_only"};
+      for (size_t i = 0; i < tg.size(); ++i)
+        row("moeGemmCombine", gc_names[i], tg[i], i == 4 ? 0.0 : gemm_flops);
+      if (r == 0) {
+        std::printf("%-22s W=%d gemm+combine auto: %s; fused / decomposed %.3f, fused / max(parts) %.3f\n",
+                    s.label.c_str(), W,
+                    k::moe_gemm_combine_algo(dev, gc) == k::FusedAlgo::kFused ? "fused" : "decomposed",
+                    tg[1] / tg[2], tg[1] / std::max(tg[3], tg[4]));
+      }
+    }
     std::fflush(stdout);
   }
   FC_BENCH_CUDA(cudaStreamSynchronize(st));
@@ -449,6 +527,7 @@ int main(int argc, char** argv) {
   o.batches = static_cast<int>(a.num("batches", 7));
   o.sustain_ms = a.num("sustain-ms", 500);
   o.seed = static_cast<uint64_t>(a.num("seed", 12345));
+  o.ops = a.str("ops", o.ops);
   {
     std::string list = a.str("dispatch-ctas", "");
     for (size_t at = 0; at < list.size();) {

@@ -165,6 +165,7 @@ inline const char* fused_op_name(uint32_t op) {
     case 22: return "ringAttention";  // kernels/attention/ring.h kRingOp
     case 23: return "ringAttentionBackward";
     case 24: return "moeDispatchGemm (fused)";  // kernels/moe/moe.h kMoeOpFused
+    case 25: return "moeGemmCombine (fused)";   // kernels/moe/moe.h kMoeOpGemmCombine
     default: return comm_op_name(op);
   }
 }
@@ -176,6 +177,7 @@ inline const char* fused_step_name(uint32_t step) {
     case 19: return "counts (a peer's per-expert counts)";  // kernels/moe/moe.h kMoeStepCounts
     case 20: return "block (a ring neighbour's K/V block or its read of ours)";  // kRingStepBlock
     case 21: return "rows (an expert's routed rows)";  // kernels/moe/moe.h kMoeStepRows
+    case 25: return "combine rows (this rank's combine slots)";  // kMoeStepCombineRows
     default: return comm_step_name(step);
   }
 }

@@ -27,7 +27,7 @@ constexpr int kRowThreads = 256;
 constexpr int kSlotHeaderBytes = 16;  // int32 tokens, int32 bad id, int64 bad pair (-1: none)
 // The fused dispatch's SM split (moe.h "Fused"): CTAs that store rows before they join the
 // GEMM, and the bytes of rows per work item (one release-add per expert run of an item).
-constexpr int kFusedDispatchCtas = 16;
+constexpr int kFusedDispatchCtas = 32;
 constexpr int64_t kFusedItemBytes = 1 << 20;
 constexpr int kFusedMaxItemRows = 384;
 // moe_dispatch_role's row table (source, destination, expert per row) and up to kFusedMaxStages
@@ -353,6 +353,21 @@ __device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Waits until at most `keep` of the most recently committed bulk groups have not finished
+// reading shared memory (keep >= 0; above 7 waits as for 7: the immediate must be a constant).
+__device__ __forceinline__ void bulk_wait_read_upto(int keep) {
+  switch (keep < 7 ? keep : 7) {
+    case 0: bulk_wait_read_keep<0>(); break;
+    case 1: bulk_wait_read_keep<1>(); break;
+    case 2: bulk_wait_read_keep<2>(); break;
+    case 3: bulk_wait_read_keep<3>(); break;
+    case 4: bulk_wait_read_keep<4>(); break;
+    case 5: bulk_wait_read_keep<5>(); break;
+    case 6: bulk_wait_read_keep<6>(); break;
+    default: bulk_wait_read_keep<7>(); break;
+  }
+}
+
 // One warp copies one row, 8 × 16 bytes per lane in flight (a lane's loads, then its stores).
 __device__ __forceinline__ void copy_row_warp(uint4* dst, const uint4* src, int64_t vecs, int lane) {
   constexpr int kUnroll = 8;
@@ -372,7 +387,8 @@ __device__ __forceinline__ void copy_row_warp(uint4* dst, const uint4* src, int6
 // item: every thread works out some rows' places (the owner's data area at the row step 3 gives
 // them) and stores their identities; the rows move either by bulk copies (bulk_stages > 0, the
 // fused kernel: thread 0 streams each row through one of bulk_stages shared-memory stages,
-// global -> shared -> the owner, up to bulk_stages - 1 loads in flight; the register copies of
+// global -> shared -> the owner, up to bulk_stages - 1 loads in flight; a stage is reused once
+// its own last store has read it, not every store; the register copies of
 // one CTA moved ~16 GB/s, so the GEMM waited on a dispatch of 16 CTAs for most of its time), or
 // by one warp per row (the rows-only kernel, whose CTAs have no dynamic shared memory). Then,
 // per run of one expert in the item, one release-add of the run's length to that expert's
@@ -437,8 +453,10 @@ inline __device__ __noinline__ void moe_dispatch_role(const FusedParams& p, uint
           while (issued < n && issued - q < S - 1) {
             const uint64_t k = loads + issued;
             const int st = static_cast<int>(k % S);
-            // The stage's last store has read it (all stores: the most recent may be that one).
-            if (k >= static_cast<uint64_t>(S)) bulk_wait_read_all();
+            // The stage's last store (store k - S) has read it. This CTA has committed loads + q
+            // stores, one bulk group each, so the most recent q - issued + S - 1 (>= 1) may
+            // still be reading: they stay in flight.
+            if (k >= static_cast<uint64_t>(S)) bulk_wait_read_upto(q - issued + S - 1);
             mbar_arrive_expect_tx(&bar[st], rb);
             asm volatile(
                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
@@ -622,8 +640,31 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const __grid_c
   moe_finish(d, epoch, kMoeOpCombine, false);
 }
 
-// Combine 2. out[t] = Σ_slot w[t, slot] · row(t, slot), 8 columns per thread, fp32 products and
-// sums rounded as written (no contraction into FMAs), rounded once to bf16.
+// out[t] columns [8v, 8v + 8) = Σ_slot w[t, slot] · row(t, slot), fp32 products and sums rounded
+// as written (no contraction into FMAs), slot order, rounded once to bf16: the combine's
+// arithmetic, shared by its kernel and the fused moeGemmCombine (bit for bit the same).
+__device__ __forceinline__ uint4 moe_weighted_vec(const uint8_t* area, int64_t t, int64_t v, int topk,
+                                                  int64_t row_vecs, const float* weights) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < topk; ++k) {
+    const float w = weights[t * topk + k];
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(area) + (t * topk + k) * row_vecs + v);
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __bfloat1622float2(h[q]);
+      acc[2 * q] = __fadd_rn(acc[2 * q], __fmul_rn(w, f.x));
+      acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], __fmul_rn(w, f.y));
+    }
+  }
+  uint4 o;
+  auto* ho = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) ho[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  return o;
+}
+
+// Combine 2. out[t] = Σ_slot w[t, slot] · row(t, slot), 8 columns per thread (moe_weighted_vec).
 __global__ void __launch_bounds__(kRowThreads)
     moe_weighted_sum_kernel(const uint8_t* area, int64_t tokens, int topk, int64_t row_vecs,
                             const float* weights, uint4* out, const MoeStatus* status) {
@@ -631,25 +672,249 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t n = tokens * row_vecs;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / row_vecs, v = i - t * row_vecs;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int k = 0; k < topk; ++k) {
-      const float w = weights[t * topk + k];
-      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(area) + (t * topk + k) * row_vecs + v);
-      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(h[q]);
-        acc[2 * q] = __fadd_rn(acc[2 * q], __fmul_rn(w, f.x));
-        acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], __fmul_rn(w, f.y));
+    const int64_t t = i / row_vecs;
+    out[i] = moe_weighted_vec(area, t, i - t * row_vecs, topk, row_vecs, weights);
+  }
+}
+
+// ---- the fused moeGemmCombine (MoeGemmCombineArgs::algo = kFused; moe.h) -------------------
+
+struct GcParams {
+  CommDevice dev;
+  const int32_t* tokens;  // W: every rank's T (the dispatch's layout)
+  int topk;
+  int width;
+  int64_t my_tokens;     // this rank's T (the caller's)
+  const float* weights;  // this rank's tokens × topk
+  uint4* out;            // tokens × width bf16
+  MoeStatus* status;
+};
+
+__device__ __forceinline__ uint64_t* moe_combine_arrived(const CommDevice& d, int rank) {
+  return reinterpret_cast<uint64_t*>(d.base[rank] + kMoeCombineFlagOffset);
+}
+
+// This CTA's verdict after the start (one per CTA, as comm_epoch_slot): non-zero = every peer
+// arrived, the launches match and every home rank's slots fit its data area: store and sum.
+__device__ __forceinline__ int& moe_gc_go() {
+  __shared__ int s_go;
+  return s_go;
+}
+
+// The start (all threads of every CTA, before the engine; out of line, role code before the
+// engine as ag_gemm_kernel.cuh's rule says): CTA 0 publishes the signature and raises arrive at
+// every peer (this rank's data area is free: the stream's earlier work has completed); every
+// CTA's thread 0 waits until every peer has arrived (so no store of this CTA reaches a peer
+// still using its data area), compares the signatures (a CTA must not store into a peer that
+// runs another op) and checks that every home rank's slots fit its data area (every rank sees
+// every T_s, so all agree; CTA 0 writes the status).
+inline __device__ __noinline__ void moe_gc_start(const GcParams& p, uint64_t epoch) {
+  const CommDevice& d = p.dev;
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0) {
+      comm_publish_signature(d, epoch);
+      __threadfence_system();
+      comm_signal_peers(
+          d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
+    }
+    CommFlags* mine = comm_flags(d, d.rank);
+    bool ok = true;
+    for (int i = 1; i < d.world && ok; ++i) {
+      const int q = (d.rank + i) % d.world;
+      ok = fused_wait(d, &mine->arrive[q], epoch, kMoeOpGemmCombine, kCommStepArrive, q, 1);
+    }
+    if (ok && d.world > 1) ok = comm_check_signatures(d, epoch, kMoeOpGemmCombine, kCommStepArrive);
+    const uint64_t row_bytes = static_cast<uint64_t>(p.width) * 2;
+    int worst = 0;
+    uint64_t most = 0;
+    for (int s = 0; s < d.world; ++s) {
+      const uint64_t b = static_cast<uint64_t>(p.tokens[s]) * p.topk * row_bytes;
+      if (b > most) {
+        most = b;
+        worst = s;
       }
     }
-    uint4 o;
-    auto* ho = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) ho[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-    out[i] = o;
+    const bool fits = most <= d.data_bytes;
+    if (blockIdx.x == 0) {
+      *p.status = fits ? MoeStatus{}
+                       : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
+                                   static_cast<int64_t>(d.data_bytes), 0};
+    }
+    moe_gc_go() = ok && fits;
   }
+  __syncthreads();
+}
+
+// The end (one thread per CTA, after the CTA's last access; fused_finish's sequence): the last
+// CTA raises done at every peer, waits for every peer's done (each peer's rows for this rank
+// are counted and its sums are read from its own area only), compares the signatures, resets
+// this rank's counter (every add of this launch preceded the count this rank's CTAs waited
+// for; a peer's next adds follow this rank's next arrive) and publishes the epoch.
+inline __device__ __noinline__ void moe_gc_finish(const CommDevice& d, uint64_t epoch) {
+  __threadfence();
+  if (!comm_last_cta(&comm_control(d)->exit_count)) return;
+  comm_signal_peers(
+      d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
+  CommFlags* mine = comm_flags(d, d.rank);
+  bool ok = true;
+  for (int i = 1; i < d.world && ok; ++i) {
+    const int q = (d.rank + i) % d.world;
+    ok = fused_wait(d, &mine->done[q], epoch, kMoeOpGemmCombine, kCommStepDone, q, 1);
+  }
+  if (ok) comm_check_signatures(d, epoch, kMoeOpGemmCombine, kCommStepDone);
+  *reinterpret_cast<volatile uint64_t*>(moe_combine_arrived(d, d.rank)) = 0;
+  *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+}
+
+// The weighted sums (threads tid < n of the CTA; `named`: the engine's two consumer warpgroups,
+// named barrier 1, else the whole CTA): thread 0 waits (bounded) until every row element of
+// this rank's slots has arrived, then the CTA computes its share of out with the combine's
+// arithmetic, then the end. Out of line: from the engine's consumer region only.
+inline __device__ __noinline__ void moe_gc_sum(const GcParams& p, uint64_t epoch, int tid, int n,
+                                               bool named) {
+  __shared__ int s_ok;
+  const CommDevice& d = p.dev;
+  auto sync = [&] {
+    if (named) {
+      named_barrier_sync(1, 256);
+    } else {
+      __syncthreads();
+    }
+  };
+  if (tid == 0) {
+    int ok = moe_gc_go();
+    if (ok) {
+      const uint64_t need = static_cast<uint64_t>(p.tokens[d.rank]) * p.topk * p.width;
+      // Twice the timeout: a peer that never stores is named by the start's or the end's wait.
+      ok = fused_wait(d, moe_combine_arrived(d, d.rank), need, kMoeOpGemmCombine, kMoeStepCombineRows,
+                      d.world > 1 ? (d.rank + 1) % d.world : d.rank, 2, d.world == 1);
+    }
+    s_ok = ok;
+  }
+  sync();
+  if (s_ok) {
+    const uint8_t* area = d.base[d.rank] + d.data_offset;
+    const int64_t row_vecs = p.width / 8, total = p.my_tokens * row_vecs;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(n) + tid; i < total;
+         i += static_cast<int64_t>(gridDim.x) * n) {
+      const int64_t t = i / row_vecs;
+      p.out[i] = moe_weighted_vec(area, t, i - t * row_vecs, p.topk, row_vecs, p.weights);
+    }
+  }
+  sync();
+  if (tid == 0) moe_gc_finish(d, epoch);
+}
+
+// The epilogue (gemm_sm90.cuh's kOwnsTile concept): a consumer warpgroup's 64 rows of a tile
+// go to their home ranks' slots. Each 128-column round is staged in the warpgroup's buffer
+// (stage_round, as the engine's row store), then warp w stores rows w, w + 4, ...: lane l the
+// columns [4l, 4l + 4) of the round, one 8-byte store (the row's slot is 16-byte aligned, width
+// a multiple of 8), 256 contiguous bytes per warp and row. Then thread 0 of the warpgroup,
+// after the warpgroup's barrier (every store issued), fences (sys) and release-adds rows ×
+// columns to each home rank's counter, one add per run of one source rank (a segment's rows
+// are ordered by source rank).
+struct GcEpilogue {
+  static constexpr bool kOwnsTile = true;
+  static constexpr int kStagingRounds = 1;
+  static constexpr bool kInitAux = false;
+  static constexpr bool kAuxWarps = false;
+  const int4* table;  // the grouped GEMM's block table
+  const int32_t* src_rank;
+  const int32_t* src_token;
+  const int32_t* src_slot;
+  uint8_t* home[kCommMaxRanks];      // every rank's data area (its slots)
+  uint64_t* arrived[kCommMaxRanks];  // every rank's combine counter
+  int topk;
+  int width;
+
+  template <int BN, int kFrag>
+  __device__ __forceinline__ void tile(float (&acc)[kFrag], uint8_t* staging, TileCoord tc, int cw,
+                                       const GemmProblem&) const {
+    if (!moe_gc_go()) return;
+    const int4 b = table[tc.m];
+    const int row = b.x + cw * 64;  // this warpgroup's first row
+    if (row >= b.y) return;         // the block's second half lies past its group
+    const int rows = min(64, b.y - row);
+    const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const uint32_t bar_id = 2 + cw;
+    const uint32_t base = smem_u32(staging);
+    const uint32_t lane_at = static_cast<uint32_t>(lane / 16) * 8192 + static_cast<uint32_t>(lane % 2) * 8;
+    const uint32_t lane_chunk = static_cast<uint32_t>((lane % 16) / 2);
+    const int64_t row_bytes = static_cast<int64_t>(width) * 2;
+#pragma unroll
+    for (int h = 0; h < BN / 128; ++h) {
+      named_barrier_sync(bar_id, 128);  // the previous round's (tile's) reads are done
+      stage_round<false>(acc, staging, h);
+      named_barrier_sync(bar_id, 128);
+      const int col = tc.n * BN + h * 128 + 4 * lane;
+      if (col < width) {
+#pragma unroll 2
+        for (int r = warp; r < rows; r += 4) {
+          uint32_t v0, v1;
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                       : "=r"(v0), "=r"(v1)
+                       : "r"(base + lane_at + static_cast<uint32_t>(r) * 128 +
+                             ((lane_chunk ^ static_cast<uint32_t>(r % 8)) << 4)));
+          const int i = row + r;
+          const int64_t slot = static_cast<int64_t>(__ldg(src_token + i)) * topk + __ldg(src_slot + i);
+          *reinterpret_cast<uint2*>(home[__ldg(src_rank + i)] + slot * row_bytes +
+                                    static_cast<int64_t>(col) * 2) = make_uint2(v0, v1);
+        }
+      }
+    }
+    named_barrier_sync(bar_id, 128);  // every store of the half-tile issued
+    if (t == 0) {
+      __threadfence_system();
+      const uint64_t cols = static_cast<uint64_t>(min(BN, width - tc.n * BN));
+      for (int r = 0; r < rows;) {
+        const int s = __ldg(src_rank + row + r);
+        int n = rows - r;
+        if (__ldg(src_rank + row + rows - 1) != s) {
+          n = 1;
+          while (r + n < rows && __ldg(src_rank + row + r + n) == s) ++n;
+        }
+        asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(arrived[s]), "l"(n * cols) : "memory");
+        r += n;
+      }
+    }
+  }
+  template <int BN>
+  __device__ __forceinline__ void main_loop_point(TileCoord, int) const {}
+  __device__ __forceinline__ void consumers_end() const {}
+};
+
+// The schedule: the grouped GEMM's, then, after each CTA's last tile, the weighted sums.
+struct GcSchedule : GroupedSchedule {
+  const GcParams* p;
+  uint64_t epoch;
+  __device__ __forceinline__ void consumers_done() const {
+    named_barrier_sync(1, 256);
+    moe_gc_sum(*p, epoch, static_cast<int>(threadIdx.x) - 128, 256, true);
+  }
+};
+
+// Grid (cooperative, one CTA per SM at most, 384 threads): every CTA starts, runs the grouped
+// GEMM (tiles claimed dynamically) and then its share of the weighted sums.
+template <int BN, bool kBKN>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    moe_gc_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                  const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob,
+                  const __grid_constant__ GcEpilogue epi, const __grid_constant__ GroupedSchedule gs,
+                  const __grid_constant__ GcParams p) {
+  const uint64_t epoch = comm_launch_epoch(p.dev);
+  moe_gc_start(p, epoch);
+  GcSchedule sched;
+  static_cast<GroupedSchedule&>(sched) = gs;
+  sched.p = &p;
+  sched.epoch = epoch;
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, sched);
+}
+
+// A rank whose grouped GEMM is empty: the same protocol without the GEMM.
+__global__ void __launch_bounds__(kRowThreads) moe_gc_sum_kernel(const __grid_constant__ GcParams p) {
+  const uint64_t epoch = comm_launch_epoch(p.dev);
+  moe_gc_start(p, epoch);
+  moe_gc_sum(p, epoch, static_cast<int>(threadIdx.x), kRowThreads, false);
 }
 
 int sm_count() {
@@ -703,6 +968,20 @@ cudaError_t launch_fused_instance_moe(const GroupedLaunch& l, int grid, const Fu
     return e;
   }
   return launch_cooperative(kernel, grid, smem, stream, l.plan.ta, l.plan.tb, l.plan.tc, l.plan.prob, l.epi,
+                            l.sched, p);
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_gc_instance(const GroupedLaunch& l, const GcEpilogue& epi, int grid, const GcParams& p,
+                               cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  auto kernel = moe_gc_kernel<BN, kBKN>;
+  constexpr size_t smem = GemmTileConfig<BN, GcEpilogue::kStagingRounds>::kSmemBytes;
+  if (cudaError_t e = gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
+      e != cudaSuccess) {
+    return e;
+  }
+  return launch_cooperative(kernel, grid, smem, stream, l.plan.ta, l.plan.tb, l.plan.tc, l.plan.prob, epi,
                             l.sched, p);
 }
 
@@ -982,6 +1261,127 @@ cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& a, c
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+size_t moe_gemm_combine_workspace_bytes(int64_t rows, int local_experts, int width, FusedAlgo algo) {
+  const size_t gemm =
+      detail::align256(grouped_gemm_workspace_bytes(std::max<int64_t>(rows, 0), local_experts));
+  if (algo == FusedAlgo::kFused) return gemm;
+  return gemm + detail::align256(static_cast<size_t>(std::max<int64_t>(rows, 0)) * std::max(width, 0) * 2);
+}
+
+FusedAlgo moe_gemm_combine_algo(const CommDevice& dev, const MoeGemmCombineArgs& a) {
+  return choose_moe_gemm_combine(a.algo, dev.world);
+}
+
+cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineArgs& a, cudaStream_t stream) {
+  using namespace detail;
+  const int W = dev.world, r = dev.rank, E = a.num_experts;
+  if (W < 1 || W > kCommMaxRanks || r < 0 || r >= W || E < 1 || E > kMoeMaxExperts || a.topk < 1 ||
+      a.topk > kMoeMaxTopk) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.k < 8 || a.k % 8 != 0 || a.width < 8 || a.width % 8 != 0 || a.rows < 0 || a.rows >= (1ll << 31) ||
+      a.tokens < 0) {
+    return cudaErrorInvalidValue;
+  }
+  const MoeDeviceLayout& L = a.layout;
+  if (L.expert_offsets == nullptr || L.tokens == nullptr || L.status == nullptr) return cudaErrorInvalidValue;
+  const int local = static_cast<int>(split_count(E, W, r));
+  const bool gemm = local > 0 && a.rows > 0;
+  if (gemm && (a.h == nullptr || a.w2 == nullptr || !aligned16(a.h) || !aligned16(a.w2) ||
+               L.src_rank == nullptr || L.src_token == nullptr || L.src_slot == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.tokens > 0 && (a.out == nullptr || !aligned16(a.out) || a.topk_weights == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const FusedAlgo algo = moe_gemm_combine_algo(dev, a);
+  if (algo != FusedAlgo::kFused && algo != FusedAlgo::kDecomposed) return cudaErrorInvalidValue;
+  const size_t gemm_ws = align256(grouped_gemm_workspace_bytes(a.rows, local));
+  if (a.workspace == nullptr ||
+      a.workspace_bytes < moe_gemm_combine_workspace_bytes(a.rows, local, a.width, algo) ||
+      (reinterpret_cast<uintptr_t>(a.workspace) & 255)) {
+    return cudaErrorInvalidValue;
+  }
+  auto* ws = static_cast<uint8_t*>(a.workspace);
+  GroupedGemmArgs g;
+  g.A = a.h;
+  g.rows_capacity = a.rows;
+  g.offsets = L.expert_offsets;
+  g.groups = local;
+  g.B = a.w2;
+  g.b_layout = a.w2_layout;
+  g.N = a.width;
+  g.K = a.k;
+  g.workspace = ws;
+  g.workspace_bytes = gemm_ws;
+  g.tile_n = a.tile_n;
+
+  if (algo == FusedAlgo::kDecomposed) {
+    auto* rows = reinterpret_cast<__nv_bfloat16*>(ws + gemm_ws);
+    if (gemm) {
+      g.C = rows;
+      if (cudaError_t e = launch_grouped_gemm(g, stream); e != cudaSuccess) return e;
+    }
+    MoeCombineArgs cb;
+    cb.expert_out = rows;
+    cb.width = a.width;
+    cb.layout = L;
+    cb.num_experts = E;
+    cb.topk = a.topk;
+    cb.capacity = a.rows;
+    cb.tokens = a.tokens;
+    cb.topk_weights = a.topk_weights;
+    cb.out = a.out;
+    return launch_moe_combine(dev, cb, stream);
+  }
+
+  const int sms = device_sms(dev);
+  const int grid = a.fused_ctas > 0 ? std::min(a.fused_ctas, sms) : sms;
+  GcParams p{};
+  p.dev = dev;
+  p.dev.launch_sig =
+      comm_launch_signature(kMoeOpGemmCombine, static_cast<uint32_t>(CommDtype::kBF16), 0,
+                            comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
+                                          static_cast<uint64_t>(a.width), 0));
+  p.tokens = L.tokens;
+  p.topk = a.topk;
+  p.width = a.width;
+  p.my_tokens = a.tokens;
+  p.weights = a.topk_weights;
+  p.out = reinterpret_cast<uint4*>(a.out);
+  p.status = L.status;
+  GroupedLaunch gl;
+  bool empty = true;
+  if (gemm) {
+    // The epilogue stores no C: the engine's C map is encoded over h (never written).
+    g.C = const_cast<__nv_bfloat16*>(a.h);
+    g.num_ctas = grid;
+    if (cudaError_t e = grouped_gemm_prepare(g, &gl, &empty, stream); e != cudaSuccess) return e;
+  }
+  if (empty) {
+    const int64_t vecs = a.tokens * (a.width / 8);
+    const int n = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(grid, (vecs + kRowThreads - 1) / kRowThreads)));
+    moe_gc_sum_kernel<<<n, kRowThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  GcEpilogue epi{};
+  epi.table = gl.epi.table;
+  epi.src_rank = L.src_rank;
+  epi.src_token = L.src_token;
+  epi.src_slot = L.src_slot;
+  for (int q = 0; q < W; ++q) {
+    epi.home[q] = dev.base[q] + dev.data_offset;
+    epi.arrived[q] = reinterpret_cast<uint64_t*>(dev.base[q] + kMoeCombineFlagOffset);
+  }
+  epi.topk = a.topk;
+  epi.width = a.width;
+  return gl.plan.tile_n == 256 ? (gl.plan.kn ? launch_gc_instance<256, true>(gl, epi, grid, p, stream)
+                                             : launch_gc_instance<256, false>(gl, epi, grid, p, stream))
+                               : (gl.plan.kn ? launch_gc_instance<128, true>(gl, epi, grid, p, stream)
+                                             : launch_gc_instance<128, false>(gl, epi, grid, p, stream));
 }
 
 }  // namespace fusedcomm::kernels

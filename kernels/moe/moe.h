@@ -49,7 +49,7 @@
 //     compares the signatures, resets this rank's counters and publishes the epoch; step 4
 //     (unpack) follows as its own launch. No start barrier: a peer's data area and counters are
 //     free once its count exchange has raised its ready flag (seen before this kernel started).
-//   The SM split: P = 16 dispatch CTAs by default (MoeDispatchArgs::dispatch_ctas), G = the
+//   The SM split: P = 32 dispatch CTAs by default (MoeDispatchArgs::dispatch_ctas), G = the
 //   rest; docs/performance.md "MoE fused dispatch" has the W = 1 measurement. A rank with no
 //   GEMM (no local expert, or out == null) runs the same protocol in a kernel of dispatch CTAs
 //   only (register copies, one warp per row).
@@ -120,6 +120,20 @@ inline constexpr uint32_t kMoeStepRows = 21;  // fused: a GEMM CTA waited for an
 inline constexpr uint64_t kMoeFlagsOffset = (kFusedFlagsOffset + sizeof(FusedFlags) + 255) / 256 * 256;
 static_assert(kMoeFlagsOffset + kMoeMaxExperts * sizeof(uint64_t) <= kCommStagingOffset,
               "the MoE arrival counters overlap collectives.h's staging slots");
+
+// The fused moeGemmCombine's arrival counter (MoeGemmCombineArgs::algo), after the dispatch's:
+// combine_arrived (uint64) = row elements (rows × columns) of this rank's combine slots stored
+// so far in the current launch, by every rank's GEMM epilogue (red.release.sys.add after each
+// half-tile's stores). This rank's weighted sum waits until it reaches T · topk · width. Reset
+// to 0 by the launch's last CTA after the end barrier (zero between launches).
+inline constexpr uint64_t kMoeCombineFlagOffset = kMoeFlagsOffset + kMoeMaxExperts * sizeof(uint64_t);
+static_assert(kMoeCombineFlagOffset + sizeof(uint64_t) <= kCommStagingOffset,
+              "the MoE combine counter overlaps collectives.h's staging slots");
+inline constexpr uint32_t kMoeOpGemmCombine = 25;    // moeGemmCombine's fused kernel
+inline constexpr uint32_t kMoeStepCombineRows = 25;  // fused combine: the weighted sum waited for
+                                                     // its slots (peer: a rank still storing;
+                                                     // epoch: the elements awaited; observed:
+                                                     // the elements arrived)
 
 // MoeStatus::code.
 enum MoeStatusCode : int32_t {
@@ -204,6 +218,57 @@ struct MoeCombineArgs {
   const float* topk_weights = nullptr;  // tokens × topk, this rank's (as passed to the dispatch)
   __nv_bfloat16* out = nullptr;         // tokens × width
 };
+
+// moeGemmCombine on the GPU: out = moeCombine(groupedGemm(h, w2)) bit for bit (docs/ops.md).
+// kDecomposed: launch_grouped_gemm into the workspace's rows, then launch_moe_combine.
+// kFused: ONE persistent kernel per rank (cooperative, at most one CTA per SM):
+//   - start: CTA 0 publishes the launch signature and raises CommFlags::arrive[r] at every peer
+//     (this rank's data area is free: the stream's earlier work has completed); every CTA waits
+//     (bounded) until every peer has arrived, and checks that every home rank's slots fit its
+//     data area (the combine's rule, every rank agrees);
+//   - the grouped GEMM h · W2_eᵀ over the dispatch's expert segments (the engine, as
+//     launch_grouped_gemm); the epilogue stages each half-tile in shared memory and stores
+//     every row of it straight into its home rank's data area at slot (token · topk + slot)
+//     (8-byte stores over NVLink, 256 contiguous bytes per warp), then one thread per
+//     half-tile fences and release-adds the elements it stored to each home rank's
+//     combine_arrived (kMoeCombineFlagOffset; rows of a segment are ordered by source rank,
+//     so one add per run);
+//   - each CTA, after its last tile: thread 128 waits (bounded) until this rank's counter
+//     reaches T · topk · width, then the CTA's 256 consumer threads compute their share of the
+//     weighted sums (the combine's arithmetic: fp32, slot order, rounded once);
+//   - the last CTA raises done at every peer, waits for every peer's done, compares the
+//     signatures, resets the counter and publishes the epoch.
+//   A rank whose grouped GEMM is empty (no local expert, no row) runs the same protocol in a
+//   kernel without the GEMM. Outputs match the decomposed path bit for bit: the same GEMM
+//   tiles (bf16 rounding of the same fp32 accumulators), the same weighted sum.
+// kAuto: fused_choice.h's choose_moe_gemm_combine (rank-uniform inputs only).
+struct MoeGemmCombineArgs {
+  const __nv_bfloat16* h = nullptr;  // rows × k, the dispatch's row order (rows >= its row count)
+  int64_t rows = 0;
+  int k = 0;
+  // Local experts' W2: local_experts × width × k (kNK) or local_experts × k × width (kKN).
+  const __nv_bfloat16* w2 = nullptr;
+  GemmLayoutB w2_layout = GemmLayoutB::kNK;
+  int width = 0;
+  MoeDeviceLayout layout{};  // the dispatch's (read only; status written)
+  int num_experts = 0;
+  int topk = 0;
+  int64_t tokens = 0;                   // this rank's T
+  const float* topk_weights = nullptr;  // tokens × topk, this rank's
+  __nv_bfloat16* out = nullptr;         // tokens × width
+  void* workspace = nullptr;            // moe_gemm_combine_workspace_bytes, 256-byte aligned
+  size_t workspace_bytes = 0;
+  FusedAlgo algo = FusedAlgo::kAuto;
+  int fused_ctas = 0;  // kFused: the grid (0: one CTA per SM); ranks sharing a GPU cap it
+  int tile_n = 0;      // the GEMM's tile width (0: chosen)
+};
+// The workspace of launch_moe_gemm_combine on the path `algo` (kFused or kDecomposed, as
+// moe_gemm_combine_algo resolves it): the grouped GEMM's table, and for kDecomposed its rows.
+size_t moe_gemm_combine_workspace_bytes(int64_t rows, int local_experts, int width, FusedAlgo algo);
+// kFused or kDecomposed: what launch_moe_gemm_combine runs for these arguments.
+FusedAlgo moe_gemm_combine_algo(const CommDevice& dev, const MoeGemmCombineArgs& args);
+cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineArgs& args,
+                                    cudaStream_t stream);
 
 // Bytes of the data area the dispatch uses: capacity rows of hidden bf16, then one 16-byte
 // identity per row.

@@ -683,14 +683,35 @@ void CudaComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::Moe
                  std::to_string(k) + ", " + std::to_string(width) + ")");
   FC_REQUIRE(aligned16(h) && aligned16(w2_local) && aligned16(out),
              std::string(kOp) + " on the GPU: h, w2 and out must be 16-byte aligned device memory");
-  // Not fused yet: the grouped GEMM into device rows, then the combine of them (the same
-  // launches as groupedGemm then moeCombine, so the same bits).
   const host::MoeLayout& l = dispatch.layout;
-  pin_gpu(dev->gpu);
-  DeviceBuffer rows(static_cast<size_t>(l.rows() * width * 2));
-  device_grouped_gemm_bf16(h, w2_local, rows.as<void>(), l.expert_offsets.data(), l.local_experts, l.rows(),
-                           width, k, layout);
-  moe_combine(desc, dtype, dispatch, rows.as<void>(), width, out);
+  int64_t most = 0;
+  for (int32_t t : dev->all_tokens) most = std::max<int64_t>(most, t);
+  require_fits(kOp, k::moe_combine_data_bytes(most, l.topk, static_cast<int>(width)));
+  cudaStream_t s = begin(nullptr);
+  k::MoeGemmCombineArgs a;
+  a.h = static_cast<const __nv_bfloat16*>(h);
+  a.rows = l.rows();
+  a.k = static_cast<int>(k);
+  a.w2 = static_cast<const __nv_bfloat16*>(w2_local);
+  a.w2_layout = layout == WeightLayout::kKN ? k::GemmLayoutB::kKN : k::GemmLayoutB::kNK;
+  a.width = static_cast<int>(width);
+  a.layout = dev->layout();
+  a.num_experts = static_cast<int>(l.num_experts);
+  a.topk = l.topk;
+  a.tokens = l.tokens;
+  a.topk_weights = dev->topk_weights.as<float>();
+  a.out = static_cast<__nv_bfloat16*>(out);
+  const k::FusedAlgo algo = k::moe_gemm_combine_algo(sm_->device(), a);
+  a.algo = algo;
+  a.workspace_bytes =
+      k::moe_gemm_combine_workspace_bytes(a.rows, static_cast<int>(l.local_experts), a.width, algo);
+  a.workspace = workspace(a.workspace_bytes);
+  moe_gemm_combine_path_ = algo == k::FusedAlgo::kFused ? "fused" : "decomposed";
+  check_fused_launch(k::launch_moe_gemm_combine(sm_->device(), a, s), kOp);
+  end(s, true);
+  const k::MoeStatus st = read_status(dev->status.as<k::MoeStatus>());
+  if (st.code != k::kMoeOk)
+    fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
 }
 
 void CudaComm::ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,

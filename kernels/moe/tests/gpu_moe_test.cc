@@ -14,6 +14,11 @@
 //     poisoned with NaN first). The combine sends rows whose values encode their identity
 //     home; the weighted sums are checked bit for bit against the contract's arithmetic (fp32
 //     products and sums in slot order, rounded once).
+//   moeGemmCombine (launch_moe_gemm_combine, h = the dispatch's out, W2 of width = hidden), both
+//     paths (kDecomposed, kFused) after every correctness case, bit for bit against
+//     launch_grouped_gemm then launch_moe_combine (the contract); the fused kernel also in the
+//     back-to-back launches, the graph replays, with a late rank and with a rank that never
+//     launches it (a timeout naming its start barrier and that rank); through CudaComm at kAuto.
 //   errors: an expert id out of range on one rank, a capacity below the rows of one owner: every
 //     rank gets the same status, no row moves, nothing hangs, and the next op works.
 //   every section above and below runs with each dispatch path (MoeDispatchArgs::algo:
@@ -44,12 +49,14 @@
 #include <vector>
 
 #include "fusedcomm/comm/cuda_comm.h"
+#include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/runtime.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/fused.h"
+#include "kernels/common/fused_choice.h"
 #include "kernels/moe/moe.h"
 #include "support/gpu_test_support.h"
 #include "support/process_group.h"
@@ -149,6 +156,14 @@ __nv_bfloat16 combine_value(int s, int64_t t, int slot, int col) {
   return __float2bfloat16_rn(unit(mix(uint64_t(s) << 56 ^ uint64_t(t) << 20 ^ uint64_t(slot) << 12 ^ col)));
 }
 
+// Rank p's W2 for moeGemmCombine: E_p × width × F (NK) or E_p × F × width (KN), random.
+std::vector<__nv_bfloat16> make_w2(const Case& c, uint64_t key, int W, int p, int width) {
+  const int64_t n = split_count(c.E, W, p) * width * c.F;
+  std::vector<__nv_bfloat16> w(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    w[i] = __float2bfloat16_rn(unit(mix(key ^ mix(0x500 + p) ^ mix(i))) * 0.25f);
+  return w;
+}
 // The MoE kernels take a valid pointer even for an empty buffer (no rows routed here).
 constexpr size_t kMinAlloc = 256;
 DevBuf dev(size_t n) { return DevBuf(n, kMinAlloc); }
@@ -168,6 +183,10 @@ struct Run {
   k::MoeDispatchArgs d;
   k::MoeCombineArgs cb;
   int width;
+  // moeGemmCombine of the dispatch's out (h: capacity × F) with W2 (width c.H): the reference
+  // (grouped GEMM into gc_rows, then the combine into gc_ref) and the op's output.
+  DevBuf w2, gc_rows, gc_ref, gc_out, gc_ws, gc_gemm_ws;
+  k::MoeGemmCombineArgs gc;
 };
 
 struct Rank : fusedcomm::testing::SymmetricRank {
@@ -242,10 +261,89 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     cb.tokens = c.tokens[r];
     cb.topk_weights = R.weights.as<float>();
     cb.out = R.combined.as<__nv_bfloat16>();
+    R.w2 = upload(make_w2(c, key, W, r, c.H), stream);
+    R.gc_rows = dev(cap * c.H * 2);
+    R.gc_ref = dev(c.tokens[r] * c.H * 2);
+    R.gc_out = dev(c.tokens[r] * c.H * 2);
+    R.gc_ws =
+        dev(k::moe_gemm_combine_workspace_bytes(cap, static_cast<int>(El), c.H, k::FusedAlgo::kDecomposed));
+    R.gc_gemm_ws = dev(k::grouped_gemm_workspace_bytes(cap, static_cast<int>(El)));
+    k::MoeGemmCombineArgs& gc = R.gc;
+    gc.h = R.out.as<__nv_bfloat16>();
+    gc.rows = cap;
+    gc.k = c.F;
+    gc.w2 = R.w2.as<__nv_bfloat16>();
+    gc.w2_layout = c.layout;
+    gc.width = c.H;
+    gc.layout = d.layout;
+    gc.num_experts = c.E;
+    gc.topk = c.topk;
+    gc.tokens = c.tokens[r];
+    gc.topk_weights = R.weights.as<float>();
+    gc.out = R.gc_out.as<__nv_bfloat16>();
+    gc.workspace = R.gc_ws.p;
+    gc.workspace_bytes = R.gc_ws.bytes;
+    gc.fused_ctas = d.fused_ctas;
     return run;
   }
 
+  // The reference of moeGemmCombine at this rank: launch_grouped_gemm of h with W2 into rows,
+  // then launch_moe_combine of those rows (the contract: moeCombine(groupedGemm(h, w2))).
+  void gemm_combine_reference(Run& R) {
+    CUDA_OK(cudaMemsetAsync(R.gc_ref.p, 0xFF, R.gc_ref.bytes, stream));
+    const int64_t El = split_count(R.c.E, W, r);
+    if (El > 0 && R.capacity > 0) {
+      k::GroupedGemmArgs g;
+      g.A = R.gc.h;
+      g.rows_capacity = R.capacity;
+      g.offsets = R.d.layout.expert_offsets;
+      g.groups = static_cast<int>(El);
+      g.B = R.gc.w2;
+      g.b_layout = R.gc.w2_layout;
+      g.N = R.gc.width;
+      g.K = R.gc.k;
+      g.C = R.gc_rows.as<__nv_bfloat16>();
+      g.workspace = R.gc_gemm_ws.p;
+      g.workspace_bytes = R.gc_gemm_ws.bytes;
+      CUDA_OK(k::launch_grouped_gemm(g, stream));
+    }
+    k::MoeCombineArgs cb = R.cb;
+    cb.expert_out = R.gc_rows.as<__nv_bfloat16>();
+    cb.width = R.gc.width;
+    cb.out = R.gc_ref.as<__nv_bfloat16>();
+    CUDA_OK(k::launch_moe_combine(sm->device(), cb, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+  }
+
+  // moeGemmCombine's output and status against the reference, bit for bit.
+  void check_gemm_combine(Run& R, const std::string& what) {
+    const k::MoeStatus st = status(R);
+    check(st.code == k::kMoeOk, what + ": status ok (got " + std::to_string(st.code) + ")");
+    const int64_t n = R.c.tokens[r] * R.gc.width;
+    const auto want = download<__nv_bfloat16>(R.gc_ref.p, n), got = download<__nv_bfloat16>(R.gc_out.p, n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += bits(want[i]) != bits(got[i]);
+    check(bad == 0, what + ": bit-exact against groupedGemm then moeCombine (" + std::to_string(bad) +
+                        " of " + std::to_string(n) + " elements differ)");
+  }
+
+  // Both paths of launch_moe_gemm_combine after a dispatch (its out is h).
+  void run_gemm_combine(Run& R, const std::string& what) {
+    gemm_combine_reference(R);
+    for (const k::FusedAlgo algo : {k::FusedAlgo::kDecomposed, k::FusedAlgo::kFused}) {
+      R.gc.algo = algo;
+      CUDA_OK(cudaMemsetAsync(R.gc_out.p, 0xFF, R.gc_out.bytes, stream));
+      CUDA_OK(k::launch_moe_gemm_combine(sm->device(), R.gc, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      sm->raise_if_failed();
+      check_gemm_combine(R,
+                         what + " gemm+combine " + (algo == k::FusedAlgo::kFused ? "fused" : "decomposed"));
+    }
+  }
+
   void poison(Run& R) {
+    CUDA_OK(cudaMemsetAsync(R.gc_out.p, 0xFF, R.gc_out.bytes, stream));
     CUDA_OK(cudaMemsetAsync(R.routed.p, 0xFF, R.routed.bytes, stream));
     CUDA_OK(cudaMemsetAsync(R.out.p, 0xFF, R.out.bytes, stream));
     CUDA_OK(cudaMemsetAsync(R.combined.p, 0xFF, R.combined.bytes, stream));
@@ -398,6 +496,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     CUDA_OK(cudaStreamSynchronize(stream));
     sm->raise_if_failed();
     check_combine(*R, what);
+    run_gemm_combine(*R, what);
   }
 
   std::vector<int64_t> tokens_of(std::initializer_list<int64_t> pattern) {
@@ -475,11 +574,16 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       sm->raise_if_failed();
       write_expert_out(*R, download<int64_t>(R->offsets.p, split_count(R->c.E, W, r) + 1).back());
     }
-    const int n = fusedcomm::testing::shared_gpu_scale(250);  // x 4 ops
+    for (Run* R : {A.get(), B.get()}) {
+      gemm_combine_reference(*R);
+      R->gc.algo = k::FusedAlgo::kFused;
+    }
+    const int n = fusedcomm::testing::shared_gpu_scale(250);  // x 4 ops, every fifth time x 6
     for (int i = 0; i < n; ++i) {
       for (Run* R : {A.get(), B.get()}) {
         CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
         CUDA_OK(k::launch_moe_combine(sm->device(), R->cb, stream));
+        if (i % 5 == 0) CUDA_OK(k::launch_moe_gemm_combine(sm->device(), R->gc, stream));
       }
       if (i % 10 == 0) {
         k::CollectiveArgs ar;
@@ -499,6 +603,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     check_combine(*A, what + " (a)");
     check_dispatch(*B, what + " (b)");
     check_combine(*B, what + " (b)");
+    check_gemm_combine(*A, what + " fused gemm+combine (a)");
+    check_gemm_combine(*B, what + " fused gemm+combine (b)");
   }
 
   void graph() {
@@ -507,11 +613,14 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     write_expert_out(*R, download<int64_t>(R->offsets.p, split_count(c.E, W, r) + 1).back());
+    gemm_combine_reference(*R);
+    R->gc.algo = k::FusedAlgo::kFused;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     CUDA_OK(k::launch_moe_dispatch(sm->device(), R->d, stream));
     CUDA_OK(k::launch_moe_combine(sm->device(), R->cb, stream));
+    CUDA_OK(k::launch_moe_gemm_combine(sm->device(), R->gc, stream));
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 10; ++i) {
@@ -523,6 +632,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         const std::string what = "graph replay " + std::to_string(i);
         check_dispatch(*R, what);
         check_combine(*R, what);
+        check_gemm_combine(*R, what + " fused gemm+combine");
       }
     }
     CUDA_OK(cudaGraphExecDestroy(exec));
@@ -542,6 +652,14 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     CUDA_OK(cudaStreamSynchronize(stream));
     sm->raise_if_failed();
     check_dispatch(*R, std::string("late rank ") + algo_name());
+    gemm_combine_reference(*R);
+    R->gc.algo = k::FusedAlgo::kFused;
+    g.barrier();
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CUDA_OK(k::launch_moe_gemm_combine(sm->device(), R->gc, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    sm->raise_if_failed();
+    check_gemm_combine(*R, std::string("late rank, fused gemm+combine, ") + algo_name());
   }
 
   void dead_rank() {
@@ -568,6 +686,35 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     fresh.data_bytes = 64 << 20;
     open(fresh);
     run_case({tokens_of({90}), 128, 128, 4, 2, Routing::kUniform, k::GemmLayoutB::kNK}, mix(seed ^ 0xF2));
+    if (algo != k::FusedAlgo::kFused) return;
+    // The fused moeGemmCombine with a rank that never launches it: the others time out naming
+    // its start barrier (arrive) and that rank; a fresh SymmetricMemory then works.
+    open(cfg);
+    {
+      const Case c2{tokens_of({64}), 128, 128, 4, 2, Routing::kUniform, k::GemmLayoutB::kNK};
+      auto R2 = prepare(c2, mix(seed ^ 0xDEAF));
+      CUDA_OK(k::launch_moe_dispatch(sm->device(), R2->d, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      sm->raise_if_failed();
+      g.barrier();
+      if (r != W - 1) {
+        R2->gc.algo = k::FusedAlgo::kFused;
+        const auto t0 = std::chrono::steady_clock::now();
+        CUDA_OK(k::launch_moe_gemm_combine(sm->device(), R2->gc, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::optional<Error> e = fusedcomm::testing::raised(*sm);
+        const k::CommErrorRecord rec = sm->error();
+        if (r == 0)
+          std::printf("  dead rank (fused gemm+combine) after %.2f s: %s\n", s, e ? e->what() : "(no error)");
+        check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpGemmCombine &&
+                  rec.step == k::kCommStepArrive && rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
+              "dead rank: the fused gemm+combine times out naming its start barrier and rank " +
+                  std::to_string(W - 1));
+      }
+    }
+    open(fresh);
+    run_case({tokens_of({90}), 128, 128, 4, 2, Routing::kUniform, k::GemmLayoutB::kNK}, mix(seed ^ 0xF3));
   }
 };
 
@@ -635,6 +782,36 @@ void runtime_path(Rank& R, int gpu) {
     const int64_t bad =
         R.combine_mismatches(c, in, width, download<__nv_bfloat16>(outd.p, c.tokens[r] * width));
     check(bad == 0, what + ": combine bit-exact (" + std::to_string(bad) + " elements differ)");
+    {
+      // moeGemmCombine of the dispatch's out with W2 against groupedGemm then moeCombine.
+      const int gw = 136;
+      const int64_t El = split_count(c.E, W, r);
+      DevBuf hd(static_cast<size_t>(std::max<int64_t>(rows, 1) * c.F * 2)),
+          w2 = upload(make_w2(c, key, W, r, gw), R.stream),
+          rowsd(static_cast<size_t>(std::max<int64_t>(rows, 1) * gw * 2)),
+          refd(static_cast<size_t>(std::max<int64_t>(c.tokens[r], 1) * gw * 2)),
+          gotd(static_cast<size_t>(std::max<int64_t>(c.tokens[r], 1) * gw * 2));
+      res->device->copy(hd.p, nullptr);
+      if (El > 0 && rows > 0) {
+        fusedcomm::device_grouped_gemm_bf16(hd.p, w2.p, rowsd.p, l.expert_offsets.data(), El, rows, gw, c.F,
+                                            fusedcomm::WeightLayout::kNK);
+      }
+      dc->moe_combine({"moeCombine (test)", 0}, fusedcomm::DType::kBF16, *res, rowsd.p, gw, refd.p);
+      dc->moe_gemm_combine({"moeGemmCombine (test)", 0}, fusedcomm::DType::kBF16, *res, hd.p, c.F, w2.p,
+                           fusedcomm::WeightLayout::kNK, gw, gotd.p);
+      const auto want = download<__nv_bfloat16>(refd.p, c.tokens[r] * gw),
+                 got = download<__nv_bfloat16>(gotd.p, c.tokens[r] * gw);
+      int64_t diff = 0;
+      for (size_t i = 0; i < want.size(); ++i) diff += bits(want[i]) != bits(got[i]);
+      const std::string path = dc->moe_gemm_combine_path();
+      const std::string auto_path =
+          k::choose_moe_gemm_combine(k::FusedAlgo::kAuto, W) == k::FusedAlgo::kFused ? "fused" : "decomposed";
+      if (r == 0 && round == 0) std::printf("  moeGemmCombine through CudaComm: %s path\n", path.c_str());
+      check(path == auto_path,
+            what + ": moeGemmCombine takes kAuto's path (" + auto_path + ", got '" + path + "')");
+      check(diff == 0, what + ": moeGemmCombine bit-exact against groupedGemm then moeCombine (" +
+                           std::to_string(diff) + " elements differ)");
+    }
     if (round == 0) {
       // A bad id on the last rank: every rank throws, naming it.
       std::vector<int32_t> bad_ids = in.ids;

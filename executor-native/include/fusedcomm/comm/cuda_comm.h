@@ -128,6 +128,10 @@ class CudaComm final : public Comm {
   void moe_gemm_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                         const void* h, int64_t k, const void* w2_local, WeightLayout layout, int64_t width,
                         void* out) override;
+  // The path the last moe_gemm_combine took: "fused" (one kernel: each tile of h · W2ᵀ stored
+  // into its rows' home slots, the weighted sums in the same kernel) or "decomposed" (the
+  // grouped GEMM, then the combine); fused_choice.h's choose_moe_gemm_combine.
+  const std::string& moe_gemm_combine_path() const { return moe_gemm_combine_path_; }
   void ring_attention(const OpDesc& desc, DType dtype, const host::AttentionShape& shape, const void* q,
                       const void* k, const void* v, void* o, float* lse, cudaStream_t stream) override;
   void ring_attention_backward(const OpDesc& desc, DType dtype, const host::AttentionShape& shape,
@@ -241,6 +245,7 @@ class CudaComm final : public Comm {
 
   void abort_gpu() noexcept;  // running and future device waits give up at once
   void close_gpu() noexcept;  // the GPU half: region back to the pool unless failed; idempotent
+  std::string moe_gemm_combine_path_;
 };
 
 }  // namespace fusedcomm
