@@ -2,8 +2,8 @@
 // one host, the persistent kernel and the step pipeline (kernels/attention/ring_fwd.h), at the
 // same shapes in one process group, one rank per GPU or every rank on GPU 0.
 //   ring_bench [--worlds 1,2] [--shared] [--iters N]
-// Per world, shape and form: two warm-up calls, then N calls on a caller stream, each timed with
-// events; rank 0 prints the median (ms) and the TF/s per rank (the ring's useful flops over W
+// Per world and shape, each form twice in alternating order: two warm-up calls, then N calls on a
+// caller stream, each timed with events; rank 0 prints each form's median (ms) and TF/s per rank (the ring's useful flops over W
 // ranks: causal counts the visible half). --shared puts every rank on GPU 0: the ranks then
 // take turns on one GPU, so a time there says what the launches and the protocol cost, never
 // what NVLink would. Rows: "ring W=<w> <shape> <form> <ms> <TF/s>".
@@ -72,9 +72,13 @@ int rank_main(ProcessGroup& g, bool shared, int iters) {
     Buf q(s.batch * rows * s.q_heads * s.head_dim * 2), kk(s.batch * rows * s.kv_heads * s.head_dim * 2),
         vv(s.batch * rows * s.kv_heads * s.head_dim * 2), o(s.batch * rows * s.q_heads * s.head_dim * 2),
         lse(s.batch * rows * s.q_heads * 4);
-    for (k::RingFwdPath path : {k::RingFwdPath::kSteps, k::RingFwdPath::kPersistent}) {
+    // Two rounds in alternating order (steps, persistent, persistent, steps): a GPU warms through
+    // a run and its clock drops, so whoever runs first would get the cooler GPU.
+    std::vector<float> ms[2];
+    for (k::RingFwdPath path : {k::RingFwdPath::kSteps, k::RingFwdPath::kPersistent, k::RingFwdPath::kPersistent,
+                                k::RingFwdPath::kSteps}) {
       dc->set_ring_forward_path(path);
-      std::vector<float> ms;
+      std::vector<float>& m = ms[path == k::RingFwdPath::kPersistent ? 1 : 0];
       for (int i = 0; i < iters + 2; ++i) {
         g.barrier();
         cudaEventRecord(e0, st);
@@ -84,16 +88,19 @@ int rank_main(ProcessGroup& g, bool shared, int iters) {
         cudaStreamSynchronize(st);
         float t = 0;
         cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 2) ms.push_back(t);
+        if (i >= 2) m.push_back(t);
       }
-      std::sort(ms.begin(), ms.end());
-      const double med = ms[ms.size() / 2];
+    }
+    for (int i = 0; i < 2; ++i) {
+      std::sort(ms[i].begin(), ms[i].end());
+      const double med = ms[i][ms[i].size() / 2];
       if (g.rank == 0) {
-        std::printf("ring W=%d B=%lld seq=%lld Hq=%lld Hkv=%lld D=%lld%s%s %s %.3f %.1f\n", W,
+        std::printf("ring W=%d B=%lld seq=%lld Hq=%lld Hkv=%lld D=%lld%s%s %s %.3f %.1f (min %.3f max %.3f)\n", W,
                     static_cast<long long>(s.batch), static_cast<long long>(s.seq),
                     static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads),
                     static_cast<long long>(s.head_dim), s.causal ? " causal" : "", s.zigzag ? " zigzag" : "",
-                    k::ring_fwd_path_name(path), med, flops(s) / W / (med * 1e-3) / 1e12);
+                    k::ring_fwd_path_name(i == 1 ? k::RingFwdPath::kPersistent : k::RingFwdPath::kSteps), med,
+                    flops(s) / W / (med * 1e-3) / 1e12, ms[i].front(), ms[i].back());
         std::fflush(stdout);
       }
     }

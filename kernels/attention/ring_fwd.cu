@@ -26,10 +26,12 @@ struct RingTile {
 };
 
 // counters: [0] the item counter, [1] CTAs finished, [2 + s] pull(s)'s chunks done,
-// [2 + kCommMaxRanks + s] step s's tiles done, then one merge counter per query tile.
+// [2 + kCommMaxRanks + s] step s's tiles done, [2 + 2 kCommMaxRanks + s] tag(s + 1) published
+// (s = 0: the start tag), then one merge counter per query tile.
 inline constexpr int kRingCtrPulled = 2;
 inline constexpr int kRingCtrComputed = 2 + kCommMaxRanks;
-inline constexpr int kRingCtrTiles = 2 + 2 * kCommMaxRanks;
+inline constexpr int kRingCtrPublished = 2 + 2 * kCommMaxRanks;
+inline constexpr int kRingCtrTiles = 2 + 3 * kCommMaxRanks;
 
 struct RingFwdKParams {
   CUtensorMap tm_q;
@@ -81,6 +83,13 @@ __device__ __forceinline__ void ring_next_item(const RingFwdKParams& P, uint64_t
     const int s = seg.step;
     const int pred = (d.rank + d.world - 1) % d.world, succ = (d.rank + 1) % d.world;
     const CommFlags* mine = comm_flags(d, d.rank);
+    // Tags go out in order: tag(s + 1), which this pull publishes, means to its readers that
+    // every earlier pull is done too, so tag(s) must be out first (pulls of consecutive steps
+    // need nothing else from each other and could finish in either order).
+    if (!comm_wait_flag_inline(d, &P.ctr[kRingCtrPublished + s - 1], 1, kRingOp, kRingStepBlock, d.rank,
+                               kRingTimeoutScale, true)) {
+      return;
+    }
     if (s >= 2 && !comm_wait_flag_inline(d, &P.ctr[kRingCtrComputed + s - 2], P.step_tiles[s - 2], kRingOp,
                                          kRingStepBlock, d.rank, kRingTimeoutScale, true)) {
       return;
@@ -135,6 +144,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1) ring_fwd_kernel(const __gr
       for (int i = 1; i < d.world; ++i) {
         st_release_sys(&comm_flags(d, (d.rank + i) % d.world)->ring[d.rank], ring_tag(epoch, 1));
       }
+      st_release_gpu(&P.ctr[kRingCtrPublished], 1);
     }
   } else if (threadIdx.x == 32) {
     tma_prefetch_desc(&P.tm_q);
@@ -209,6 +219,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1) ring_fwd_kernel(const __gr
           const int pred = (d.rank + d.world - 1) % d.world, succ = (d.rank + 1) % d.world;
           st_release_sys(&comm_flags(d, pred)->ring[d.rank], ring_tag(epoch, s + 1));
           if (succ != pred) st_release_sys(&comm_flags(d, succ)->ring[d.rank], ring_tag(epoch, s + 1));
+          st_release_gpu(&P.ctr[kRingCtrPublished + s], 1);
         }
       }
       continue;
@@ -333,8 +344,9 @@ cudaError_t launch_ring_cfg(const CommDevice& dev, const RingFwdArgs& a, cudaStr
     if (s + 1 < W) {
       const int q = s + 1;
       const uint64_t bytes = a.steps[q].pull_bytes;
-      // Chunks of at least 64 KiB, at most one per SM.
-      uint64_t chunk = (bytes + sms - 1) / sms;
+      // Chunks of at least 64 KiB, at most tuning::kRingPullChunks (and one per SM).
+      const uint64_t parts = static_cast<uint64_t>(std::min(sms, tuning::kRingPullChunks));
+      uint64_t chunk = (bytes + parts - 1) / parts;
       chunk = (std::max<uint64_t>(chunk, 64 << 10) + 15) / 16 * 16;
       P.pull_src[q] = static_cast<const uint8_t*>(a.steps[q].pull_src);
       P.pull_dst[q] = static_cast<uint8_t*>(a.steps[q].pull_dst);

@@ -13,9 +13,11 @@
 // Waits (each bounded, comm_protocol.cuh's; the one thread of a CTA that takes the next item):
 //   pull(s):    pred >= tag(s) and succ >= tag(s) (ring.h's flags and tags: pred's buffer holds
 //               the block, succ has pulled what it needed from the buffer about to be
-//               overwritten), and (s >= 2) every tile of step s - 2 done on this rank (they read
-//               that buffer). The chunk that completes pull(s) publishes tag(s + 1) to pred and
-//               succ. Every step has at least one chunk (an empty block still publishes).
+//               overwritten), (s >= 2) every tile of step s - 2 done on this rank (they read
+//               that buffer), and this rank's tag(s) published (tags go out in order: a reader
+//               of tag(s + 1) takes every earlier pull as done). The chunk that completes
+//               pull(s) publishes tag(s + 1) to pred and succ. Every step has at least one
+//               chunk (an empty block still publishes).
 //   tiles(s):   (s >= 1) every chunk of pull(s) done.
 //   merge:      a tile whose pair is not its query chunk's first in ring order waits, before its
 //               epilogue, until the tile of the previous pair has merged (a counter per query

@@ -115,6 +115,9 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
                  bool graph = false) {
     CUDA_OK(cudaMemset(dout.p, 0xFF, q.size() * 2));
     CUDA_OK(cudaMemset(dlse.p, 0xFF, B * Hq * Sr * 4));
+    // The poison lands before the op: a caller's stream (non-blocking) does not wait for the
+    // legacy stream these memsets run on.
+    CUDA_OK(cudaDeviceSynchronize());
     auto op = [&](cudaStream_t st) {
       dc.ring_attention_gpu({"ringAttention (test)", 0}, fusedcomm::DType::kBF16, s, dq.p, pk, pv, dout.p,
                             static_cast<float*>(dlse.p), st);
