@@ -287,7 +287,8 @@ cudaError_t launch_ring_cfg(const CommDevice& dev, const RingFwdArgs& a, cudaStr
   P.ctr = a.counters;
   P.q_heads = static_cast<int>(a.q_heads);
   const int64_t Hq = a.q_heads, Hkv = a.kv_heads, B = a.batch, S = a.rows;
-  if (!encode_bshd(&P.tm_q, attn_dense(a.q, S, Hq, D), B, S, Hq, D, C::kBM)) return cudaErrorInvalidValue;
+  // A rank without query rows has no tiles (its q may be null) but still relays the blocks.
+  if (S > 0 && !encode_bshd(&P.tm_q, attn_dense(a.q, S, Hq, D), B, S, Hq, D, C::kBM)) return cudaErrorInvalidValue;
   for (int s = 0; s < W; ++s) {
     const RingFwdStep& st = a.steps[s];
     if (!aligned16(st.k) || !aligned16(st.v) || st.pull_bytes % 16 != 0) return cudaErrorInvalidValue;
@@ -407,7 +408,9 @@ cudaError_t launch_ring_fwd(const CommDevice& dev, const RingFwdArgs& a, cudaStr
       a.lse == nullptr || a.o_acc == nullptr || !detail::aligned16(a.q) || !detail::aligned16(a.o)) {
     return cudaErrorInvalidValue;
   }
-  if (a.batch == 0 || a.rows == 0) return cudaSuccess;
+  // No work anywhere (batch is the same on every rank). A rank without rows of its own still
+  // launches at W >= 2: its neighbours' blocks pass through its buffers.
+  if (a.batch == 0 || (a.rows == 0 && dev.world == 1)) return cudaSuccess;
   if (a.head_dim == 128) {
     return detail::launch_ring_cfg<128, tuning::kAttnWarpgroups128, tuning::kAttnLoop128>(dev, a, stream);
   }
