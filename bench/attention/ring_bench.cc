@@ -6,7 +6,8 @@
 // caller stream, each timed with events; rank 0 prints each form's median (ms) and TF/s per rank (the ring's useful flops over W
 // ranks: causal counts the visible half). --shared puts every rank on GPU 0: the ranks then
 // take turns on one GPU, so a time there says what the launches and the protocol cost, never
-// what NVLink would. Rows: "ring W=<w> <shape> <form> <ms> <TF/s>".
+// what NVLink would. Rows: "ring W=<w> <shape> <form> <ms> <TF/s>". Before its rows, each shape's
+// o and lse of the two forms are compared bit for bit (exit status 1 if they differ).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -52,9 +53,11 @@ double flops(const RingAttentionShape& s) {
 
 int rank_main(ProcessGroup& g, bool shared, int iters) {
   cudaSetDevice(shared ? 0 : g.rank);
-  fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(shared ? 0 : g.rank, 1, 60000, 1536ll << 20, shared));
+  fusedcomm::Runtime rt(
+      fusedcomm::testing::loopback_cuda_config(shared ? 0 : g.rank, 1, 60000, 1536ll << 20, shared));
   auto dc = fusedcomm::testing::make_cuda_comm(rt, g, 7171, std::vector<int>(g.world, 0));
   const int W = g.world;
+  int failed = 0;
   // B, seq (total), Hq, Hkv, D, causal, scale, zigzag
   const RingAttentionShape shapes[] = {
       {1, 16384, 16, 16, 128, false, 0.0f, false}, {1, 16384, 16, 16, 128, true, 0.0f, true},
@@ -75,8 +78,11 @@ int rank_main(ProcessGroup& g, bool shared, int iters) {
     // Two rounds in alternating order (steps, persistent, persistent, steps): a GPU warms through
     // a run and its clock drops, so whoever runs first would get the cooler GPU.
     std::vector<float> ms[2];
-    for (k::RingFwdPath path : {k::RingFwdPath::kSteps, k::RingFwdPath::kPersistent, k::RingFwdPath::kPersistent,
-                                k::RingFwdPath::kSteps}) {
+    std::vector<uint8_t> outs[2];
+    const size_t o_bytes = s.batch * rows * s.q_heads * s.head_dim * 2,
+                 lse_bytes = s.batch * rows * s.q_heads * 4;
+    for (k::RingFwdPath path : {k::RingFwdPath::kSteps, k::RingFwdPath::kPersistent,
+                                k::RingFwdPath::kPersistent, k::RingFwdPath::kSteps}) {
       dc->set_ring_forward_path(path);
       std::vector<float>& m = ms[path == k::RingFwdPath::kPersistent ? 1 : 0];
       for (int i = 0; i < iters + 2; ++i) {
@@ -90,23 +96,36 @@ int rank_main(ProcessGroup& g, bool shared, int iters) {
         cudaEventElapsedTime(&t, e0, e1);
         if (i >= 2) m.push_back(t);
       }
+      // Each form's o and lse (the step pipeline is checked against an fp32 reference in
+      // gpu_ring_attention_test; the persistent kernel must give its bits).
+      std::vector<uint8_t>& out = outs[path == k::RingFwdPath::kPersistent ? 1 : 0];
+      out.resize(o_bytes + lse_bytes);
+      cudaMemcpy(out.data(), o.p, o_bytes, cudaMemcpyDeviceToHost);
+      cudaMemcpy(out.data() + o_bytes, lse.p, lse_bytes, cudaMemcpyDeviceToHost);
+    }
+    if (outs[0] != outs[1]) {
+      std::printf(
+          "FAIL: W=%d rank %d seq=%lld: the persistent kernel's o and lse differ from the step pipeline's\n",
+          W, g.rank, static_cast<long long>(s.seq));
+      failed = 1;
     }
     for (int i = 0; i < 2; ++i) {
       std::sort(ms[i].begin(), ms[i].end());
       const double med = ms[i][ms[i].size() / 2];
       if (g.rank == 0) {
-        std::printf("ring W=%d B=%lld seq=%lld Hq=%lld Hkv=%lld D=%lld%s%s %s %.3f %.1f (min %.3f max %.3f)\n", W,
-                    static_cast<long long>(s.batch), static_cast<long long>(s.seq),
-                    static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads),
-                    static_cast<long long>(s.head_dim), s.causal ? " causal" : "", s.zigzag ? " zigzag" : "",
-                    k::ring_fwd_path_name(i == 1 ? k::RingFwdPath::kPersistent : k::RingFwdPath::kSteps), med,
-                    flops(s) / W / (med * 1e-3) / 1e12, ms[i].front(), ms[i].back());
+        std::printf(
+            "ring W=%d B=%lld seq=%lld Hq=%lld Hkv=%lld D=%lld%s%s %s %.3f %.1f (min %.3f max %.3f)\n", W,
+            static_cast<long long>(s.batch), static_cast<long long>(s.seq), static_cast<long long>(s.q_heads),
+            static_cast<long long>(s.kv_heads), static_cast<long long>(s.head_dim), s.causal ? " causal" : "",
+            s.zigzag ? " zigzag" : "",
+            k::ring_fwd_path_name(i == 1 ? k::RingFwdPath::kPersistent : k::RingFwdPath::kSteps), med,
+            flops(s) / W / (med * 1e-3) / 1e12, ms[i].front(), ms[i].back());
         std::fflush(stdout);
       }
     }
   }
   dc->close();
-  return 0;
+  return failed;
 }
 
 }  // namespace
@@ -135,7 +154,8 @@ int main(int argc, char** argv) {
   fusedcomm::testing::g_shared_gpu = shared;
   int failed = 0;
   for (int w : worlds) {
-    failed += fusedcomm::testing::run_processes(w, [&](ProcessGroup& g) { return rank_main(g, shared, iters); }, 500);
+    failed += fusedcomm::testing::run_processes(
+        w, [&](ProcessGroup& g) { return rank_main(g, shared, iters); }, 500);
   }
   return failed == 0 ? 0 : 1;
 }

@@ -123,7 +123,8 @@ __device__ __forceinline__ void ring_next_item(const RingFwdKParams& P, uint64_t
 }
 
 template <int D, int kWG, int kLoop>
-__global__ void __launch_bounds__(128 * (kWG + 1), 1) ring_fwd_kernel(const __grid_constant__ RingFwdKParams P) {
+__global__ void __launch_bounds__(128 * (kWG + 1), 1)
+    ring_fwd_kernel(const __grid_constant__ RingFwdKParams P) {
   using C = FlashCfg<D, kWG>;
   constexpr int kBM = C::kBM, kBN = C::kBN;
   constexpr int kConsumers = 128 * kWG;
@@ -213,7 +214,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1) ring_fwd_kernel(const __gr
         // comm_protocol.cuh's grid-level publish: every chunk's CTA fences after its stores,
         // the chunk that completes the pull fences again and releases the flag.
         __threadfence_system();
-        const uint64_t done = atomicAdd(reinterpret_cast<unsigned long long*>(&P.ctr[kRingCtrPulled + s]), 1ull);
+        const uint64_t done =
+            atomicAdd(reinterpret_cast<unsigned long long*>(&P.ctr[kRingCtrPulled + s]), 1ull);
         if (done + 1 == P.chunks[s] && !comm_failed(d)) {
           __threadfence_system();
           const int pred = (d.rank + d.world - 1) % d.world, succ = (d.rank + 1) % d.world;
@@ -231,8 +233,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1) ring_fwd_kernel(const __gr
     const int n_blocks = (flash_tile_keys(p, m0, kBM) + kBN - 1) / kBN;
     float o[D / 2];
     float mx[2], l[2];
-    flash_consume_tile<D, kWG, kLoop>(p, sm, m0, m0 + (wg - 1) * 64 + (t / 32) * 16 + lane / 4, n_blocks, q_phase,
-                                      ring, o, mx, l);
+    flash_consume_tile<D, kWG, kLoop>(p, sm, m0, m0 + (wg - 1) * 64 + (t / 32) * 16 + lane / 4, n_blocks,
+                                      q_phase, ring, o, mx, l);
     if (n_blocks > 0) q_phase ^= 1;
     const int pair = vi->a, ib = vi->b, ih = vi->h, imt = vi->m_tile;
     const RingTile& tl = P.tile[pair];
@@ -242,8 +244,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1) ring_fwd_kernel(const __gr
     if (merged != nullptr && tl.merge > 0) {
       // The previous pair of this query tile has merged (ring order); each thread acquires it.
       if (lane == 0) {
-        ok = comm_wait_flag_inline(d, merged, static_cast<uint64_t>(tl.merge), kRingOp, kRingStepBlock, d.rank,
-                                   kRingTimeoutScale, true);
+        ok = comm_wait_flag_inline(d, merged, static_cast<uint64_t>(tl.merge), kRingOp, kRingStepBlock,
+                                   d.rank, kRingTimeoutScale, true);
       }
       ok = __shfl_sync(0xffffffffu, ok ? 1 : 0, 0) != 0;
       if (ok) (void)ld_acquire_gpu(merged);
@@ -275,20 +277,19 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1) ring_fwd_kernel(const __gr
   }
 }
 
-
 template <int D, int kWG, int kLoop>
 cudaError_t launch_ring_cfg(const CommDevice& dev, const RingFwdArgs& a, cudaStream_t stream) {
   using C = FlashCfg<D, kWG>;
   const int W = dev.world;
   RingFwdKParams P{};
   P.dev = dev;
-  P.dev.launch_sig =
-      comm_launch_signature(kRingOp, static_cast<uint32_t>(CommDtype::kBF16), 0, a.sig_size);
+  P.dev.launch_sig = comm_launch_signature(kRingOp, static_cast<uint32_t>(CommDtype::kBF16), 0, a.sig_size);
   P.ctr = a.counters;
   P.q_heads = static_cast<int>(a.q_heads);
   const int64_t Hq = a.q_heads, Hkv = a.kv_heads, B = a.batch, S = a.rows;
   // A rank without query rows has no tiles (its q may be null) but still relays the blocks.
-  if (S > 0 && !encode_bshd(&P.tm_q, attn_dense(a.q, S, Hq, D), B, S, Hq, D, C::kBM)) return cudaErrorInvalidValue;
+  if (S > 0 && !encode_bshd(&P.tm_q, attn_dense(a.q, S, Hq, D), B, S, Hq, D, C::kBM))
+    return cudaErrorInvalidValue;
   for (int s = 0; s < W; ++s) {
     const RingFwdStep& st = a.steps[s];
     if (!aligned16(st.k) || !aligned16(st.v) || st.pull_bytes % 16 != 0) return cudaErrorInvalidValue;
@@ -369,11 +370,13 @@ cudaError_t launch_ring_cfg(const CommDevice& dev, const RingFwdArgs& a, cudaStr
   P.n_segs = segs;
   P.n_items = n;
   if (n == 0) return cudaSuccess;
-  if (cudaError_t e = cudaMemsetAsync(a.counters, 0, ring_fwd_counter_words(a) * 8, stream); e != cudaSuccess) {
+  if (cudaError_t e = cudaMemsetAsync(a.counters, 0, ring_fwd_counter_words(a) * 8, stream);
+      e != cudaSuccess) {
     return e;
   }
   auto kernel = ring_fwd_kernel<D, kWG, kLoop>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
       e != cudaSuccess) {
     return e;
   }

@@ -55,7 +55,7 @@ struct RingFwdPair {
   int64_t k_row0 = 0;   // first row of the key chunk in the step's block
   int64_t k_count = 0;  // 0: no visible key anywhere (o = 0, lse = -inf)
   int64_t k_pos = 0;
-  int merge = 0;         // index among its query chunk's pairs in ring order (0: stores)
+  int merge = 0;          // index among its query chunk's pairs in ring order (0: stores)
   bool writes_o = false;  // the query chunk's last pair: rounds o to bf16
 };
 
@@ -87,14 +87,18 @@ struct RingFwdArgs {
 // The forward ring's form among the GPUs of one host, chosen here only: the persistent kernel
 // above, or the step pipeline (ring.h: a stream-ordered attention launch per block pair, the
 // copy engine pulling the next block on a side stream between one-thread sync kernels). Across
-// hosts neither: the decomposed form (cuda_comm_ring_hosts.cc). kAuto takes the persistent
-// kernel at every world (docs/performance.md has the figures it was chosen by).
+// hosts neither: the decomposed form (cuda_comm_ring_hosts.cc). kAuto takes the step pipeline:
+// on one GPU (W = 1, and W = 2 ranks sharing it) the persistent kernel was not faster
+// (docs/performance.md); W >= 2 on separate GPUs, where it could be, is not measured yet. The
+// choice must be the same on every rank (a forced one too).
 enum class RingFwdPath : int { kAuto = 0, kPersistent = 1, kSteps = 2 };
 inline RingFwdPath choose_ring_fwd_path(RingFwdPath forced) {
   return forced == RingFwdPath::kAuto ? RingFwdPath::kSteps : forced;
 }
 inline const char* ring_fwd_path_name(RingFwdPath p) {
-  return p == RingFwdPath::kPersistent ? "persistent kernel" : p == RingFwdPath::kSteps ? "step pipeline" : "auto";
+  return p == RingFwdPath::kPersistent ? "persistent kernel"
+         : p == RingFwdPath::kSteps    ? "step pipeline"
+                                       : "auto";
 }
 
 // Words of `counters` the launch needs.
