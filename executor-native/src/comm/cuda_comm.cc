@@ -704,7 +704,9 @@ void CudaComm::ring_attention_backward(const OpDesc& desc, DType dtype, const ho
                               stream);
 }
 
-// A ring on one host (kernels/attention/ring.h has the protocol and its ordering argument):
+// A ring on one host, in the form kernels::choose_ring_fwd_path picks: one persistent kernel per
+// rank (kernels/attention/ring_fwd.h: the pulls and the tiles inside one launch), or the step
+// pipeline below (kernels/attention/ring.h has the protocol and its ordering argument):
 // every rank keeps two K/V buffers in its symmetric data area; at step s it computes the block
 // of rank (r - s) mod W on the op's stream while the copy engine pulls the next block from its
 // predecessor's buffer into its other buffer on the side stream, each copy gated by the ring's

@@ -15,6 +15,9 @@
 //     reused across epochs).
 //   the stream form: the op on a stream of the caller, then captured in a CUDA graph and
 //     replayed twice, the same bits as the synchronous run.
+//   both forms of the forward ring on every case (kernels/attention/ring_fwd.h: the step
+//     pipeline, then the persistent kernel, each through all of the above), the persistent
+//     kernel's o and lse bit-identical to the pipeline's.
 //   worlds sharing GPU 0 (FC_TEST_SHARED_GPU) up to 8 ranks.
 //   a rank that never arrives: the others get Error(kTimeout) within seconds, naming it.
 // FC_TEST_HOSTS=<H>: worlds that H divides run as H virtual hosts (rank r on host r * H / W)
