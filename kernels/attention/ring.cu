@@ -1,33 +1,10 @@
 // The ring attention's sync kernel (ring.h): one thread.
 #include "kernels/attention/ring.h"
+#include "kernels/attention/detail/ring_sync.cuh"
 #include "kernels/common/comm_protocol.cuh"
 
 namespace fusedcomm::kernels {
 namespace {
-
-// After this rank's wait timed out (its record claimed by this thread: the ring's sync kernels
-// are the rank's only waiters): if some rank has not started this launch at all (its start
-// tag, which every rank sends to every peer, is missing), name it in the record instead of
-// the neighbour, which may only be stuck behind it. The host reads the record after the op's
-// stream has finished, so these later stores are complete by then.
-__device__ void ring_name_absent_rank(const CommDevice& d, uint64_t start_tag) {
-  using namespace detail;
-  volatile CommErrorRecord* e = d.error;
-  if (e->code != kGemmWaitTimeout || e->rank != static_cast<uint32_t>(d.rank)) return;
-  const CommFlags* mine = comm_flags(d, d.rank);
-  for (int i = 1; i < d.world; ++i) {
-    const int p = (d.rank + i) % d.world;
-    const uint64_t v = ld_acquire_sys(&mine->ring[p]);
-    if (v < start_tag) {
-      e->peer = static_cast<uint32_t>(p);
-      e->step = kCommStepArrive;
-      e->epoch = start_tag;
-      e->observed = v;
-      __threadfence_system();
-      return;
-    }
-  }
-}
 
 __global__ void ring_sync_kernel(CommDevice d, RingSyncArgs a) {
   using namespace detail;

@@ -17,6 +17,12 @@ inline constexpr int kAttnWarpgroups64 = 3;
 inline constexpr int kAttnLoop128 = 1;
 inline constexpr int kAttnLoop64 = 2;
 
+// The persistent ring kernel (ring_fwd.h): a pull of the next K/V block is cut into at most this
+// many chunks (each at least 64 KiB), one CTA each. An SM pulling from a peer moves ~16 GB/s
+// (docs/performance.md, allGatherGemm's SM pulls), so about 32 of them fill one NVLink
+// direction; more would only stall on the link with SMs the step's tiles could use.
+inline constexpr int kRingPullChunks = 32;
+
 // The backward's dQ per head dim in the stored mode (attention_bwd.h; detail::BwdDq): a separate
 // pass that recomputes S and dP (kDqPass), or added into fp32 from the dK/dV pass with vector
 // reductions (kDqRed) or TMA reduce-adds (kDqTma). The TMA path ran 1.04-1.15 × as fast as the

@@ -728,7 +728,9 @@ void CudaComm::ring_attention_backward(const OpDesc& desc, DType dtype, const ho
                               stream);
 }
 
-// A ring on one host (kernels/attention/ring.h has the protocol and its ordering argument):
+// A ring on one host, in the form kernels::choose_ring_fwd_path picks: one persistent kernel per
+// rank (kernels/attention/ring_fwd.h: the pulls and the tiles inside one launch), or the step
+// pipeline below (kernels/attention/ring.h has the protocol and its ordering argument):
 // every rank keeps two K/V buffers in its symmetric data area; at step s it computes the block
 // of rank (r - s) mod W on the op's stream while the copy engine pulls the next block from its
 // predecessor's buffer into its other buffer on the side stream, each copy gated by the ring's
@@ -759,10 +761,16 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
   if (world > 1 || !in_place) require_fits(kOp, slot_bytes * (world > 1 ? 2 : 1));
   const uint64_t acc_bytes =
       (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
-  const uint64_t lse_bytes = static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4;
+  const uint64_t lse_bytes =
+      (static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4 + 255) / 256 * 256;
+  const bool persistent = ring_forward_path() == k::RingFwdPath::kPersistent;
+  k::RingFwdArgs plan;
+  if (persistent) ring_fwd_plan(shape, world, rank, plan);
+  const uint64_t ctr_bytes = persistent ? k::ring_fwd_counter_words(plan) * 8 : 0;
   cudaStream_t s = begin(stream);
-  // Workspace: [o_acc: B·S_r·Hq·D fp32, rounded up to 256 B][lse stand-in: B·Hq·S_r fp32].
-  char* work = static_cast<char*>(workspace(acc_bytes + lse_bytes + 256));
+  // Workspace: [o_acc: B·S_r·Hq·D fp32, rounded up to 256 B][lse stand-in: B·Hq·S_r fp32, the
+  // same][the persistent kernel's counters].
+  char* work = static_cast<char*>(workspace(acc_bytes + lse_bytes + ctr_bytes + 256));
   float* o_acc = reinterpret_cast<float*>(work);
   float* lse_tmp = reinterpret_cast<float*>(work + acc_bytes);
   // Bytes of rank p's K (its V follows): its block's rows, not the buffer's.
@@ -771,6 +779,46 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
                                shape.head_dim) *
            2;
   };
+  const k::CommDevice& dev = sm_->device();
+  const int pred = (rank + world - 1) % world;
+  // The two buffers, in every rank's data area at the same offsets.
+  auto buffer = [&](int owner, int i) {
+    return static_cast<char*>(static_cast<void*>(dev.base[owner])) + dev.data_offset + i * slot_bytes;
+  };
+  if (persistent) {
+    // One launch (kernels/attention/ring_fwd.h): this rank's block packed into buffer 0 first
+    // (stream order; step 0 reads k and v in place where TMA can), the pulls inside the kernel.
+    plan.q = static_cast<const __nv_bfloat16*>(q);
+    plan.o = static_cast<__nv_bfloat16*>(o);
+    plan.lse = lse != nullptr ? lse : lse_tmp;
+    plan.o_acc = o_acc;
+    plan.counters = reinterpret_cast<uint64_t*>(work + acc_bytes + lse_bytes);
+    plan.sig_size = k::comm_sig_hash(
+        static_cast<uint64_t>(shape.batch), static_cast<uint64_t>(shape.seq),
+        (static_cast<uint64_t>(shape.q_heads) << 32) | (static_cast<uint64_t>(shape.kv_heads) << 12) |
+            (static_cast<uint64_t>(shape.head_dim) << 2) | (shape.causal ? 2u : 0u) | (shape.zigzag ? 1u : 0u));
+    for (int step = 0; step < world; ++step) {
+      const int owner = (rank - step + world) % world;
+      k::RingFwdStep& st = plan.steps[step];
+      st.rows = ring_block_rows(shape, world, owner);
+      if (step == 0 && in_place) {
+        st.k = k;
+        st.v = v;
+      } else {
+        st.k = buffer(rank, step & 1);
+        st.v = static_cast<const char*>(st.k) + k_bytes(owner);
+      }
+      if (step > 0) {
+        st.pull_src = buffer(pred, (step - 1) & 1);
+        st.pull_dst = buffer(rank, step & 1);
+        st.pull_bytes = 2 * k_bytes(owner);
+      }
+    }
+    if (world > 1 || !in_place) enqueue_ring_pack(shape, world, rank, k, v, buffer(rank, 0), s);
+    check_cuda(k::launch_ring_fwd(dev, plan, s), "ringAttention: launching the ring kernel");
+    end(s, stream == nullptr);
+    return;
+  }
   if (world == 1) {
     const void *kb = k, *vb = v;
     if (!in_place) {
@@ -783,12 +831,6 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
     return;
   }
   make_ring_streams();
-  const k::CommDevice& dev = sm_->device();
-  const int pred = (rank + world - 1) % world;
-  // The two buffers, in every rank's data area at the same offsets.
-  auto buffer = [&](int owner, int i) {
-    return static_cast<char*>(static_cast<void*>(dev.base[owner])) + dev.data_offset + i * slot_bytes;
-  };
   k::RingSyncArgs sync;
   sync.sig_size = k::comm_sig_hash(
       static_cast<uint64_t>(shape.batch), static_cast<uint64_t>(shape.seq),

@@ -9,6 +9,7 @@
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/ring_fwd.h"
 
 namespace fusedcomm {
 
@@ -173,6 +174,7 @@ std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, i
       l.k_row0 = kc.row0;
       l.k_block_rows = kc.owner_rows;
       l.acc = i == 0 ? 1 : 2;
+      l.merge = static_cast<int>(i);
       l.writes_o = i + 1 == seen.size();
       plan.push_back(l);
     }
@@ -231,6 +233,32 @@ void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int ste
     }
     a.acc = l.acc == 1 ? kernels::AttnAccum::kStore : kernels::AttnAccum::kMerge;
     check_launch(kernels::launch_attention(a, stream), "attention launch");
+  }
+}
+
+void ring_fwd_plan(const RingAttentionShape& s, int world, int rank, kernels::RingFwdArgs& a) {
+  a.batch = s.batch;
+  a.rows = ring_block_rows(s, world, rank);
+  a.q_heads = s.q_heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.causal = s.causal;
+  a.scale = s.scale;
+  a.n_pairs = 0;
+  for (int step = 0; step < world; ++step) {
+    for (const RingLaunch& l : ring_step_plan(s, world, rank, step)) {
+      FC_REQUIRE(a.n_pairs < kernels::kRingFwdMaxPairs, "ringAttention: more block pairs than the ring kernel takes");
+      kernels::RingFwdPair& p = a.pairs[a.n_pairs++];
+      p.step = step;
+      p.q_row0 = l.q_row0;
+      p.q_count = l.q.count;
+      p.q_pos = l.q.pos;
+      p.k_row0 = l.k_row0;
+      p.k_count = l.key.count;
+      p.k_pos = l.key.pos;
+      p.merge = l.merge;
+      p.writes_o = l.writes_o;
+    }
   }
 }
 

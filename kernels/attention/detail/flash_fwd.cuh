@@ -234,98 +234,111 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kBN / 2], uint32_t (&pn
   }
 }
 
-// kWG consumer warpgroups (FlashCfg), kLoop the consumer loop (FlashLoop).
-template <int D, int kWG, int kLoop>
-__global__ void __launch_bounds__(128 * (kWG + 1), 1)
-    flash_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                     const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
+// The shared memory of one CTA (FlashCfg's layout) and its barriers.
+template <int D, int kWG>
+struct FlashSmem {
   using C = FlashCfg<D, kWG>;
-  constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
-  extern __shared__ __align__(128) uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
-  uint8_t* sq = smem;
-  uint8_t* sk = sq + C::kQBytes;
-  uint8_t* sv = sk + kStages * C::kKVBytes;
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kKVBytes);
-  uint64_t* k_full = q_full + 1;
-  uint64_t* v_full = k_full + kStages;
-  uint64_t* empty = v_full + kStages;
-
-  const int m_tile = p.causal ? p.m_tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int hk = h / p.group;
-  const int m0 = m_tile * kBM;
-  const int n_keys = flash_tile_keys(p, m0, kBM);
-  const int n_blocks = (n_keys + kBN - 1) / kBN;
-
-  if (threadIdx.x == 0) {
+  uint8_t* sq;
+  uint8_t* sk;
+  uint8_t* sv;
+  uint64_t* q_full;
+  uint64_t* k_full;
+  uint64_t* v_full;
+  uint64_t* empty;
+  __device__ __forceinline__ explicit FlashSmem(uint8_t* smem_raw) {
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                               ~static_cast<uintptr_t>(1023));
+    sq = smem;
+    sk = sq + C::kQBytes;
+    sv = sk + C::kStages * C::kKVBytes;
+    q_full = reinterpret_cast<uint64_t*>(sv + C::kStages * C::kKVBytes);
+    k_full = q_full + 1;
+    v_full = k_full + C::kStages;
+    empty = v_full + C::kStages;
+  }
+  // One thread, before the CTA's first tile (then a CTA barrier).
+  __device__ __forceinline__ void init() const {
     mbar_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
       mbar_init(&empty[s], 4 * kWG);  // the consumer warps
     }
     mbar_init_fence();
-  } else if (threadIdx.x == 32) {
-    tma_prefetch_desc(&tm_q);
-    tma_prefetch_desc(&tm_k);
-    tma_prefetch_desc(&tm_v);
   }
-  __syncthreads();
+};
 
-  const int wg = threadIdx.x / 128;
-  if (wg == 0) {
-    // ---------------- producer ----------------
-    setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x != 0 || n_blocks == 0) return;
-    mbar_arrive_expect_tx(q_full, C::kQBytes);
-#pragma unroll
-    for (int pn = 0; pn < C::kPanels; ++pn)
-      tma_load_4d(sq + pn * C::kQPanelBytes, &tm_q, q_full, pn * 64, h, m0, b);
-    int stage = 0;
-    uint32_t phase = 0;
-    for (int nb = 0; nb < n_blocks; ++nb) {
-      mbar_wait(&empty[stage], phase ^ 1);
-      mbar_arrive_expect_tx(&k_full[stage], C::kKVBytes);
-#pragma unroll
-      for (int pn = 0; pn < C::kPanels; ++pn) {
-        tma_load_4d(sk + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_k, &k_full[stage], pn * 64, hk,
-                    nb * kBN, b);
-      }
-      mbar_arrive_expect_tx(&v_full[stage], C::kKVBytes);
-#pragma unroll
-      for (int pn = 0; pn < C::kPanels; ++pn) {
-        tma_load_4d(sv + stage * C::kKVBytes + pn * C::kPanelBytes, &tm_v, &v_full[stage], pn * 64, hk,
-                    nb * kBN, b);
-      }
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+// Where the K/V ring stands: the stage and phase of the next key block. A CTA that runs several
+// tiles (the ring's persistent kernel) carries it from one tile to the next, on the producer
+// and on the consumers alike (both walk the same blocks).
+struct FlashRing {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance(int stages) {
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
     }
-    return;
   }
+};
 
-  // ---------------- consumers ----------------
-  setmaxnreg_inc<C::kConsumerRegs>();
+// The producer thread's loads of one tile: Q (rows q_row0.., once), then n_blocks blocks of K
+// and V from key row k_row0 into the ring. Q's stage must be free (its consumers done with the
+// previous tile), q_full's phase is the consumers' business.
+template <int D, int kWG>
+__device__ __forceinline__ void flash_load_tile(const FlashSmem<D, kWG>& sm, const CUtensorMap* tm_q,
+                                                const CUtensorMap* tm_k, const CUtensorMap* tm_v, int q_row0,
+                                                int k_row0, int h, int hk, int b, int n_blocks, FlashRing& ring) {
+  using C = FlashCfg<D, kWG>;
+  mbar_arrive_expect_tx(sm.q_full, C::kQBytes);
+#pragma unroll
+  for (int pn = 0; pn < C::kPanels; ++pn)
+    tma_load_4d(sm.sq + pn * C::kQPanelBytes, tm_q, sm.q_full, pn * 64, h, q_row0, b);
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = ring.stage;
+    mbar_wait(&sm.empty[stage], ring.phase ^ 1);
+    mbar_arrive_expect_tx(&sm.k_full[stage], C::kKVBytes);
+#pragma unroll
+    for (int pn = 0; pn < C::kPanels; ++pn) {
+      tma_load_4d(sm.sk + stage * C::kKVBytes + pn * C::kPanelBytes, tm_k, &sm.k_full[stage], pn * 64, hk,
+                  k_row0 + nb * C::kBN, b);
+    }
+    mbar_arrive_expect_tx(&sm.v_full[stage], C::kKVBytes);
+#pragma unroll
+    for (int pn = 0; pn < C::kPanels; ++pn) {
+      tma_load_4d(sm.sv + stage * C::kKVBytes + pn * C::kPanelBytes, tm_v, &sm.v_full[stage], pn * 64, hk,
+                  k_row0 + nb * C::kBN, b);
+    }
+    ring.advance(C::kStages);
+  }
+}
+
+// One consumer thread's part of one tile (rows m0.. of p's query rows, n_blocks key blocks):
+// o, mx, l as the epilogue takes them (l summed over the quad). q_phase: q_full's phase for
+// this tile (tiles with n_blocks == 0 load nothing and do not count).
+template <int D, int kWG, int kLoop>
+__device__ __forceinline__ void flash_consume_tile(const FlashParams& p, const FlashSmem<D, kWG>& sm, int m0,
+                                                   int row0, int n_blocks, uint32_t q_phase, FlashRing& ring,
+                                                   float (&o)[D / 2], float (&mx)[2], float (&l)[2]) {
+  using C = FlashCfg<D, kWG>;
+  constexpr int kBN = C::kBN, kStages = C::kStages;
+  const int wg = threadIdx.x / 128;
   const int cw = wg - 1;
   const int t = threadIdx.x % 128;
-  const int warp = t / 32;
   const int lane = t % 32;
-  const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // and row0 + 8
-  float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float mx[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.0f, 0.0f};
+  mx[0] = mx[1] = -INFINITY;
+  l[0] = l[1] = 0.0f;
 
   if (n_blocks > 0) {
-    mbar_wait(q_full, 0);
-    const uint32_t q_base = smem_u32(sq) + cw * 64 * 128;
-    const uint32_t k_base = smem_u32(sk);
-    const uint32_t v_base = smem_u32(sv);
+    uint64_t* const k_full = sm.k_full;
+    uint64_t* const v_full = sm.v_full;
+    uint64_t* const empty = sm.empty;
+    mbar_wait(sm.q_full, q_phase);
+    const uint32_t q_base = smem_u32(sm.sq) + cw * 64 * 128;
+    const uint32_t k_base = smem_u32(sm.sk);
+    const uint32_t v_base = smem_u32(sm.sv);
     // The rows' last visible keys (inclusive), relative to key 0.
     int lim[2];
 #pragma unroll
@@ -411,8 +424,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
 
     if constexpr (kLoop == kLoopPlain) {
       uint32_t pa[kBN / 16][4];
-      int stage = 0;
-      uint32_t phase = 0;
+      int stage = ring.stage;
+      uint32_t phase = ring.phase;
       for (int nb = 0; nb < n_blocks; ++nb) {
         mbar_wait(&k_full[stage], phase);
         issue_s(stage);
@@ -429,6 +442,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
           phase ^= 1;
         }
       }
+      ring.stage = stage;
+      ring.phase = phase;
     } else {
       // Turns on the tensor cores: warpgroup c waits at named barrier 2 + c for the previous
       // one's arrival and hands on to the next (2 + (c + 1) mod kWG); the last warpgroup gives
@@ -440,8 +455,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
       // cores. O is rescaled by block nb's alpha only after P·V(nb-1) has landed.
       uint32_t pa[kBN / 16][4];
       uint32_t pb[kLoop == kLoopTwoP ? kBN / 16 : 1][4];
-      int stage = 0;  // block nb - 1's stage
-      uint32_t phase = 0;
+      int stage = ring.stage;  // block nb - 1's stage
+      uint32_t phase = ring.phase;
       auto step = [&](int nb, const uint32_t(&p_prev)[kBN / 16][4], uint32_t(&p_this)[kBN / 16][4]) {
         const int next = stage + 1 == kStages ? 0 : stage + 1;
         const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
@@ -465,8 +480,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
         stage = next;
         phase = next_phase;
       };
-      mbar_wait(&k_full[0], 0);
-      issue_s(0);
+      mbar_wait(&k_full[stage], phase);
+      issue_s(stage);
       wgmma_wait<0>();
       softmax(0, pa);
       if (cw == kWG - 1) named_barrier_arrive(2, 256);  // warpgroup 0 starts
@@ -498,6 +513,9 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
       wgmma_wait<0>();
       reg_fence(o);
       if (lane == 0) mbar_arrive(&empty[stage]);
+      ring.stage = stage;
+      ring.phase = phase;
+      ring.advance(kStages);
     }
   }
 #pragma unroll
@@ -505,6 +523,55 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
   }
+}
+
+// kWG consumer warpgroups (FlashCfg), kLoop the consumer loop (FlashLoop).
+template <int D, int kWG, int kLoop>
+__global__ void __launch_bounds__(128 * (kWG + 1), 1)
+    flash_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                     const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
+  using C = FlashCfg<D, kWG>;
+  constexpr int kBM = C::kBM, kBN = C::kBN;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const FlashSmem<D, kWG> sm(smem_raw);
+
+  const int m_tile = p.causal ? p.m_tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hk = h / p.group;
+  const int m0 = m_tile * kBM;
+  const int n_keys = flash_tile_keys(p, m0, kBM);
+  const int n_blocks = (n_keys + kBN - 1) / kBN;
+
+  if (threadIdx.x == 0) {
+    sm.init();
+  } else if (threadIdx.x == 32) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  FlashRing ring;
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x != 0 || n_blocks == 0) return;
+    flash_load_tile<D, kWG>(sm, &tm_q, &tm_k, &tm_v, m0, 0, h, hk, b, n_blocks, ring);
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  setmaxnreg_inc<C::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // and row0 + 8
+  float o[D / 2];
+  float mx[2], l[2];
+  flash_consume_tile<D, kWG, kLoop>(p, sm, m0, row0, n_blocks, 0, ring, o, mx, l);
   flash_epilogue<D>(p, o, mx, l, b, h, row0, lane);
 }
 

@@ -15,6 +15,9 @@
 //     reused across epochs).
 //   the stream form: the op on a stream of the caller, then captured in a CUDA graph and
 //     replayed twice, the same bits as the synchronous run.
+//   both forms of the forward ring on every case (kernels/attention/ring_fwd.h: the step
+//     pipeline, then the persistent kernel, each through all of the above), the persistent
+//     kernel's o and lse bit-identical to the pipeline's.
 //   worlds sharing GPU 0 (FC_TEST_SHARED_GPU) up to 8 ranks.
 //   a rank that never arrives: the others get Error(kTimeout) within seconds, naming it.
 // FC_TEST_HOSTS=<H>: worlds that H divides run as H virtual hosts (rank r on host r * H / W)
@@ -77,8 +80,9 @@ struct Dev {
 
 // One case on this rank: inputs, the op, every element checked.
 // shift_kv: k and v 2 bytes past a 16-byte boundary (the ring then reads its packed copy).
+// Returns the first run's o and lse (the bits every later run must repeat).
 void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape& s, uint64_t seed,
-              bool shift_kv) {
+              bool shift_kv, std::vector<uint16_t>& o_out, std::vector<float>& lse_out) {
   const int W = g.world, r = g.rank;
   const int64_t B = s.batch, S = s.seq, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   // The whole sequence (every rank makes the same), bf16-exact values.
@@ -182,11 +186,12 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
         }
       }
   }
+  const std::string path = k::ring_fwd_path_name(dc.ring_forward_path());
   const std::string what = "W=" + std::to_string(W) + " rank " + std::to_string(r) + " " + name(s) +
-                           (shift_kv ? " k,v unaligned" : "");
+                           (shift_kv ? " k,v unaligned" : "") + " (" + path + ")";
   if (r == 0)
-    std::printf("  %s%s: max|do| %.2e max|dlse| %.2e\n", name(s).c_str(), shift_kv ? " k,v unaligned" : "",
-                max_o, max_l);
+    std::printf("  %s%s (%s): max|do| %.2e max|dlse| %.2e\n", name(s).c_str(), shift_kv ? " k,v unaligned" : "",
+                path.c_str(), max_o, max_l);
   check(bad_o == 0, what + ": o within tolerance (" + std::to_string(bad_o) + " elements off)");
   check(bad_l == 0, what + ": lse within tolerance (" + std::to_string(bad_l) + " elements off)");
   run(o2, lse2);
@@ -215,6 +220,8 @@ void run_case(fusedcomm::CudaComm& dc, ProcessGroup& g, const RingAttentionShape
   check(o2 == o && std::memcmp(lse2.data(), lse.data(), lse.size() * 4) == 0,
         what + ": captured in a CUDA graph, replayed twice, bit-identical");
   CUDA_OK(cudaStreamDestroy(stream));
+  o_out = o;
+  lse_out = lse;
 }
 
 int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
@@ -233,10 +240,23 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
           {1, 333, 8, 1, 64, true, 0.0f, false},   {1, 333, 8, 1, 128, false, 0.3f, true},
           {1, 5, 2, 2, 64, true, 0.0f, true},      {2, 130, 4, 4, 128, false, 0.0f, false},
       };
+      // Both forms of the forward ring (kernels/attention/ring_fwd.h), every case: each
+      // checked against the reference, and the persistent kernel's bits equal to the step
+      // pipeline's (the same tiles, merged in the same order).
       int i = 0;
       for (const RingAttentionShape& s : cases) {
         ++i;
-        run_case(*dc, g, s, mix(seed ^ static_cast<uint64_t>(i)), i % 4 == 0);
+        std::vector<uint16_t> o_steps, o_kernel;
+        std::vector<float> lse_steps, lse_kernel;
+        dc->set_ring_forward_path(k::RingFwdPath::kSteps);
+        run_case(*dc, g, s, mix(seed ^ static_cast<uint64_t>(i)), i % 4 == 0, o_steps, lse_steps);
+        dc->set_ring_forward_path(k::RingFwdPath::kPersistent);
+        run_case(*dc, g, s, mix(seed ^ static_cast<uint64_t>(i)), i % 4 == 0, o_kernel, lse_kernel);
+        check(o_kernel == o_steps && lse_kernel.size() == lse_steps.size() &&
+                  std::memcmp(lse_kernel.data(), lse_steps.data(), lse_steps.size() * 4) == 0,
+              "W=" + std::to_string(g.world) + " rank " + std::to_string(g.rank) + " " + name(s) +
+                  ": the persistent kernel's o and lse bit-identical to the step pipeline's");
+        dc->set_ring_forward_path(k::RingFwdPath::kAuto);
       }
       dc->close();
     }

@@ -57,6 +57,7 @@
 #include "fusedcomm/runtime/symmetric_memory.h"
 #include "fusedcomm/runtime/transport_exchanger.h"
 #include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/attention/ring_fwd.h"
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/fused.h"
 #include "kernels/gemm/gemm.h"
@@ -150,6 +151,10 @@ class CudaComm final : public Comm {
   // ring.h has the protocol). q, o, d_o, dq, dk, dv 16-byte aligned. Across hosts, the
   // decomposed form (ring_attention_backward_hosts). stream as ring_attention_gpu's. From the
   // Comm interface's shape: ring_attention_shape (device_attention.h).
+  // The forward ring's form on one host (kernels/attention/ring_fwd.h choose_ring_fwd_path):
+  // kAuto, or one forced (tests and benchmarks; every rank must force the same).
+  void set_ring_forward_path(kernels::RingFwdPath path) { ring_fwd_path_ = path; }
+  kernels::RingFwdPath ring_forward_path() const { return kernels::choose_ring_fwd_path(ring_fwd_path_); }
   void ring_attention_backward_gpu(const OpDesc& desc, DType dtype, const RingAttentionShape& shape,
                                    const void* q, const void* k, const void* v, const void* o,
                                    const float* lse, const void* d_o, void* dq, void* dk, void* dv,
@@ -236,6 +241,7 @@ class CudaComm final : public Comm {
   // The backward's: per step, the block's dK/dV partial pulled.
   cudaEvent_t ring_grads_pulled_[kernels::kCommMaxRanks] = {};
   void make_ring_streams();
+  kernels::RingFwdPath ring_fwd_path_ = kernels::RingFwdPath::kAuto;
   cudaStream_t own_ = nullptr;
   cudaEvent_t last_done_ = nullptr;  // recorded after each op on its stream
   cudaStream_t last_ = nullptr;      // stream of the previous op

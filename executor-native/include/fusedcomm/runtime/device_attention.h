@@ -12,6 +12,7 @@
 #include "fusedcomm/fusedcomm.h"
 #include "fusedcomm/runtime/split.h"
 #include "fusedcomm/types.h"
+#include "kernels/attention/ring_fwd.h"
 
 namespace fusedcomm {
 
@@ -85,12 +86,14 @@ void enqueue_ring_pack(const RingAttentionShape& s, int world, int rank, const v
 // its block, at global position q.pos) against a key chunk of rank (rank - step) mod W (rows
 // [k_row0, k_row0 + key.count) of that rank's k_block_rows-row block; key.count 0: a query chunk
 // that sees no key anywhere, o = 0, lse = -inf). acc: 0 none, 1 store, 2 merge
-// (kernels::AttnAccum); writes_o: the query chunk's last launch, which writes o.
+// (kernels::AttnAccum); merge: the pair's index among its query chunk's visible pairs in ring
+// order (0 stores); writes_o: the query chunk's last launch, which writes o.
 struct RingLaunch {
   int step = 0;
   SeqRun q, key;
   int64_t q_row0 = 0, k_row0 = 0, k_block_rows = 0;
   int acc = 0;
+  int merge = 0;
   bool writes_o = false;
 };
 // The launches of ring step `step` on this rank, in enqueue order (enqueue_ring_step).
@@ -107,6 +110,10 @@ std::vector<RingLaunch> ring_step_plan(const RingAttentionShape& s, int world, i
 void enqueue_ring_step(const RingAttentionShape& s, int world, int rank, int step, const void* q,
                        const void* k, const void* v, void* o, float* lse, float* o_acc, float* lse_tmp,
                        cudaStream_t stream);
+
+// The persistent ring kernel's plan (kernels/attention/ring_fwd.h RingFwdArgs): the shape and
+// every step's pairs of ring_step_plan, in its order. The caller fills the pointers and steps.
+void ring_fwd_plan(const RingAttentionShape& s, int world, int rank, kernels::RingFwdArgs& a);
 
 // ---- ring attention backward on the GPU (CudaComm::ring_attention_backward_gpu) --------------
 // The backward launches of ring step `step` on this rank: for every visible (query chunk, key
