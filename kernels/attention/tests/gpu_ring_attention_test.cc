@@ -5,7 +5,7 @@
 //     FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0 (protocol and numerics only).
 //   correctness: both layouts (contiguous, zigzag), causal and not, head dims 64 and 128, GQA
 //     ratios 1, 4 and MQA, sequences not divisible by W or 2W (uneven blocks; empty chunks
-//     where seq < 2W), batch 1 and 2. Every rank makes the whole sequence's q, k, v (seeded),
+//     where seq < 2W), batch 1, 2 and 4. Every rank makes the whole sequence's q, k, v (seeded),
 //     keeps its rows, and checks every element of its o and lse (poisoned first) against an
 //     fp32 reference over the whole sequence by global position:
 //     |do| <= 6e-3 + 1e-2 |ref|, |dlse| <= 2e-3 + 1e-4 |ref|.
@@ -239,6 +239,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
           {1, 777, 8, 2, 128, true, 0.0f, true},   {1, 777, 8, 2, 128, true, 0.0f, false},
           {1, 333, 8, 1, 64, true, 0.0f, false},   {1, 333, 8, 1, 128, false, 0.3f, true},
           {1, 5, 2, 2, 64, true, 0.0f, true},      {2, 130, 4, 4, 128, false, 0.0f, false},
+          {4, 517, 8, 2, 64, true, 0.0f, true},
       };
       // Both forms of the forward ring (kernels/attention/ring_fwd.h), every case: each
       // checked against the reference, and the persistent kernel's bits equal to the step
