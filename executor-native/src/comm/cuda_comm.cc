@@ -516,6 +516,14 @@ k::MoeStatus read_status(const k::MoeStatus* status) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The data area a combine of `width` columns needs at the busiest home rank: every home rank's
+// rows must fit its data area, and every rank knows every T_s, so all agree.
+uint64_t combine_area_bytes(const CudaMoeResult& dev, int topk, int64_t width) {
+  int64_t most = 0;
+  for (int32_t t : dev.all_tokens) most = std::max<int64_t>(most, t);
+  return k::moe_combine_data_bytes(most, topk, static_cast<int>(width));
+}
+
 }  // namespace
 
 std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
@@ -651,10 +659,7 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
       std::string(kOp) + " on the GPU: width must be a multiple of 8 (got " + std::to_string(width) + ")");
   FC_REQUIRE(aligned16(expert_out) && aligned16(out),
              std::string(kOp) + " on the GPU: expertOut and out must be 16-byte aligned device memory");
-  // Every home rank's rows must fit its data area; every rank knows every T_s, so all agree.
-  int64_t most = 0;
-  for (int32_t t : dev->all_tokens) most = std::max<int64_t>(most, t);
-  require_fits(kOp, k::moe_combine_data_bytes(most, l.topk, static_cast<int>(width)));
+  require_fits(kOp, combine_area_bytes(*dev, l.topk, width));
   cudaStream_t s = begin(nullptr);
   k::MoeCombineArgs a;
   a.expert_out = static_cast<const __nv_bfloat16*>(expert_out);
@@ -684,9 +689,7 @@ void CudaComm::moe_gemm_combine(const OpDesc& desc, DType dtype, const host::Moe
   FC_REQUIRE(aligned16(h) && aligned16(w2_local) && aligned16(out),
              std::string(kOp) + " on the GPU: h, w2 and out must be 16-byte aligned device memory");
   const host::MoeLayout& l = dispatch.layout;
-  int64_t most = 0;
-  for (int32_t t : dev->all_tokens) most = std::max<int64_t>(most, t);
-  require_fits(kOp, k::moe_combine_data_bytes(most, l.topk, static_cast<int>(width)));
+  require_fits(kOp, combine_area_bytes(*dev, l.topk, width));
   cudaStream_t s = begin(nullptr);
   k::MoeGemmCombineArgs a;
   a.h = static_cast<const __nv_bfloat16*>(h);
