@@ -583,29 +583,6 @@ __global__ void __launch_bounds__(kGemmThreads) moe_fused_rows_kernel(const __gr
   if (threadIdx.x == 0) moe_fused_finish(p.dev, epoch, p.local_experts);
 }
 
-// Whether every home rank's combine slots (T_s · topk rows of row_bytes) fit the data area:
-// every rank sees every T_s, so all ranks agree. `record`: write the answer (the largest need,
-// naming its rank, where it does not fit) into *status.
-__device__ bool moe_combine_fits(const CommDevice& d, const int32_t* tokens, int topk, uint64_t row_bytes,
-                                 MoeStatus* status, bool record) {
-  int worst = 0;
-  uint64_t most = 0;
-  for (int s = 0; s < d.world; ++s) {
-    const uint64_t b = static_cast<uint64_t>(tokens[s]) * topk * row_bytes;
-    if (b > most) {
-      most = b;
-      worst = s;
-    }
-  }
-  const bool fits = most <= d.data_bytes;
-  if (record) {
-    *status = fits ? MoeStatus{}
-                   : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
-                               static_cast<int64_t>(d.data_bytes), 0};
-  }
-  return fits;
-}
-
 struct CombineParams {
   CommDevice dev;
   const uint4* expert_out;
@@ -631,9 +608,23 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const __grid_c
   }
   const bool ok = comm_wait_peers(d, comm_flags(d, d.rank)->arrive, 1, epoch,
                                   static_cast<CommOp>(kMoeOpCombine), kCommStepArrive, true);
-  // Every home rank's slots must fit its data area.
+  // Every home rank's slots must fit its data area; every rank sees every T_s, so all agree.
   const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
-  const bool fits = moe_combine_fits(d, p.tokens, p.topk, row_bytes, p.status, blockIdx.x == 0 && threadIdx.x == 0);
+  int worst = 0;
+  uint64_t most = 0;
+  for (int s = 0; s < d.world; ++s) {
+    const uint64_t b = static_cast<uint64_t>(p.tokens[s]) * p.topk * row_bytes;
+    if (b > most) {
+      most = b;
+      worst = s;
+    }
+  }
+  const bool fits = most <= d.data_bytes;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *p.status = fits ? MoeStatus{}
+                     : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
+                                 static_cast<int64_t>(d.data_bytes), 0};
+  }
   if (ok && fits) {
     const int64_t rows = *p.rows_at;
     const int lane = threadIdx.x % 32;
@@ -733,8 +724,22 @@ inline __device__ __noinline__ void moe_gc_start(const GcParams& p, uint64_t epo
       ok = fused_wait(d, &mine->arrive[q], epoch, kMoeOpGemmCombine, kCommStepArrive, q, 1);
     }
     if (ok && d.world > 1) ok = comm_check_signatures(d, epoch, kMoeOpGemmCombine, kCommStepArrive);
-    const bool fits = moe_combine_fits(d, p.tokens, p.topk, static_cast<uint64_t>(p.width) * 2, p.status,
-                                       blockIdx.x == 0);
+    const uint64_t row_bytes = static_cast<uint64_t>(p.width) * 2;
+    int worst = 0;
+    uint64_t most = 0;
+    for (int s = 0; s < d.world; ++s) {
+      const uint64_t b = static_cast<uint64_t>(p.tokens[s]) * p.topk * row_bytes;
+      if (b > most) {
+        most = b;
+        worst = s;
+      }
+    }
+    const bool fits = most <= d.data_bytes;
+    if (blockIdx.x == 0) {
+      *p.status = fits ? MoeStatus{}
+                       : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
+                                   static_cast<int64_t>(d.data_bytes), 0};
+    }
     moe_gc_go() = ok && fits;
   }
   __syncthreads();
