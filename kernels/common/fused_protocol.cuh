@@ -87,6 +87,19 @@ __device__ __forceinline__ void fused_role_done(const CommDevice& d, uint64_t ep
   }
 }
 
+// The end barrier's wait (the last CTA's one thread): every peer's done flag of this launch,
+// each wait bounded and named, then the peers' launch signatures (each peer's done release
+// follows its signature). Every fused kernel's end runs it before its own resets.
+inline __device__ void fused_await_done(const CommDevice& d, uint64_t epoch, uint32_t op) {
+  CommFlags* mine = comm_flags(d, d.rank);
+  bool ok = true;
+  for (int i = 1; i < d.world && ok; ++i) {
+    const int p = (d.rank + i) % d.world;
+    ok = fused_wait(d, &mine->done[p], epoch, op, kCommStepDone, p, 1);
+  }
+  if (ok) comm_check_signatures(d, epoch, op, kCommStepDone);
+}
+
 // One consumer thread per CTA, once, when the CTA is completely done (every CTA of the grid
 // calls it; out of line, and only from the engine's consumer region, where inlined it made
 // ptxas spill):
@@ -98,13 +111,7 @@ __device__ __forceinline__ void fused_role_done(const CommDevice& d, uint64_t ep
 inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
   __threadfence();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
-  CommFlags* mine = comm_flags(d, d.rank);
-  bool ok = true;
-  for (int i = 1; i < d.world && ok; ++i) {
-    const int p = (d.rank + i) % d.world;
-    ok = fused_wait(d, &mine->done[p], epoch, op, kCommStepDone, p, 1);
-  }
-  if (ok) comm_check_signatures(d, epoch, op, kCommStepDone);
+  fused_await_done(d, epoch, op);
   *reinterpret_cast<volatile uint32_t*>(&fused_flags(d, d.rank)->tile_claim) = 0;
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }

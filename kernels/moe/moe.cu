@@ -506,13 +506,7 @@ inline __device__ __noinline__ void moe_dispatch_role(const FusedParams& p, uint
 inline __device__ __noinline__ void moe_fused_finish(const CommDevice& d, uint64_t epoch, int local_experts) {
   __threadfence();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
-  CommFlags* mine = comm_flags(d, d.rank);
-  bool ok = true;
-  for (int i = 1; i < d.world && ok; ++i) {
-    const int q = (d.rank + i) % d.world;
-    ok = fused_wait(d, &mine->done[q], epoch, kMoeOpFused, kCommStepDone, q, 1);
-  }
-  if (ok) comm_check_signatures(d, epoch, kMoeOpFused, kCommStepDone);
+  fused_await_done(d, epoch, kMoeOpFused);
   uint64_t* arrived = moe_rows_arrived(d, d.rank);
   for (int i = 0; i < local_experts; ++i) reinterpret_cast<volatile uint64_t*>(arrived)[i] = 0;
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
@@ -755,13 +749,7 @@ inline __device__ __noinline__ void moe_gc_finish(const CommDevice& d, uint64_t 
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
   comm_signal_peers(
       d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
-  CommFlags* mine = comm_flags(d, d.rank);
-  bool ok = true;
-  for (int i = 1; i < d.world && ok; ++i) {
-    const int q = (d.rank + i) % d.world;
-    ok = fused_wait(d, &mine->done[q], epoch, kMoeOpGemmCombine, kCommStepDone, q, 1);
-  }
-  if (ok) comm_check_signatures(d, epoch, kMoeOpGemmCombine, kCommStepDone);
+  fused_await_done(d, epoch, kMoeOpGemmCombine);
   *reinterpret_cast<volatile uint64_t*>(moe_combine_arrived(d, d.rank)) = 0;
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
