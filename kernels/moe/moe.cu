@@ -825,9 +825,7 @@ struct GcEpilogue {
     const int rows = min(64, b.y - row);
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const uint32_t bar_id = 2 + cw;
-    const uint32_t base = smem_u32(staging);
-    const uint32_t lane_at = static_cast<uint32_t>(lane / 16) * 8192 + static_cast<uint32_t>(lane % 2) * 8;
-    const uint32_t lane_chunk = static_cast<uint32_t>((lane % 16) / 2);
+    const StagedLane staged(smem_u32(staging), lane);
     const int64_t row_bytes = static_cast<int64_t>(width) * 2;
 #pragma unroll
     for (int h = 0; h < BN / 128; ++h) {
@@ -838,15 +836,11 @@ struct GcEpilogue {
       if (col < width) {
 #pragma unroll 2
         for (int r = warp; r < rows; r += 4) {
-          uint32_t v0, v1;
-          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
-                       : "=r"(v0), "=r"(v1)
-                       : "r"(base + lane_at + static_cast<uint32_t>(r) * 128 +
-                             ((lane_chunk ^ static_cast<uint32_t>(r % 8)) << 4)));
+          const uint2 v = staged.row(r);
           const int i = row + r;
           const int64_t slot = static_cast<int64_t>(__ldg(src_token + i)) * topk + __ldg(src_slot + i);
           *reinterpret_cast<uint2*>(home[__ldg(src_rank + i)] + slot * row_bytes +
-                                    static_cast<int64_t>(col) * 2) = make_uint2(v0, v1);
+                                    static_cast<int64_t>(col) * 2) = v;
         }
       }
     }

@@ -280,6 +280,24 @@ __device__ __forceinline__ void store_c_tma(const float (&acc)[kFrag], uint8_t* 
                                                      tc.n * BN, rows_in);
 }
 
+// Where lane `lane` reads a staged round (stage_round's 128-byte swizzled rows at shared address
+// `base`): its 4 bf16 columns of row r are 8 bytes at at + r · 128 + ((chunk ^ r % 8) << 4). The
+// swizzle keeps a row's chunks within its 128 bytes. Made once by the caller, before its row loops.
+struct StagedLane {
+  uint32_t at, chunk;
+  __device__ __forceinline__ StagedLane(uint32_t base, int lane)
+      : at(base + static_cast<uint32_t>(lane / 16) * 8192 + static_cast<uint32_t>(lane % 2) * 8),
+        chunk(static_cast<uint32_t>((lane % 16) / 2)) {}
+  // Row r's 4 columns: one 8-byte shared read.
+  __device__ __forceinline__ uint2 row(int r) const {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "r"(at + static_cast<uint32_t>(r) * 128 + ((chunk ^ static_cast<uint32_t>(r % 8)) << 4)));
+    return v;
+  }
+};
+
 // bf16 C that TMA cannot store (row stride or N off the multiple of 8, gemm.h): each round is
 // staged as above, then the warpgroup copies it out, warp w taking rows w, w + 4, ..., each
 // lane 4 consecutive columns (one 8-byte shared read; the swizzle keeps a row's chunks within
@@ -296,9 +314,7 @@ __device__ __forceinline__ void store_c_rows(const float (&acc)[kFrag], uint8_t*
   const int row0 = tc.m * kTileM + cw * 64;
   if (row0 >= p.M) return;
   const int rows = min(64, p.M - row0);
-  const uint32_t base = smem_u32(stage_buf);
-  const uint32_t lane_at = static_cast<uint32_t>(lane / 16) * 8192 + static_cast<uint32_t>(lane % 2) * 8;
-  const uint32_t lane_chunk = static_cast<uint32_t>((lane % 16) / 2);
+  const StagedLane staged(smem_u32(stage_buf), lane);
 #pragma unroll
   for (int h = 0; h < BN / 128; ++h) {
     named_barrier_sync(bar_id, 128);  // the previous round's (tile's) reads are done
@@ -309,11 +325,8 @@ __device__ __forceinline__ void store_c_rows(const float (&acc)[kFrag], uint8_t*
         reinterpret_cast<uint16_t*>(p.c_rows) + int64_t(row0) * p.c_rows_ld + tc.n * BN + h * 128 + 4 * lane;
 #pragma unroll 2
     for (int r = warp; r < rows; r += 4) {
-      uint32_t v0, v1;
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
-                   : "=r"(v0), "=r"(v1)
-                   : "r"(base + lane_at + static_cast<uint32_t>(r) * 128 +
-                         ((lane_chunk ^ static_cast<uint32_t>(r % 8)) << 4)));
+      const uint2 q = staged.row(r);
+      const uint32_t v0 = q.x, v1 = q.y;
       uint16_t* d = row_ptr + int64_t(r) * p.c_rows_ld;
       const uintptr_t a = reinterpret_cast<uintptr_t>(d);
       if (n >= 4) {
