@@ -939,32 +939,31 @@ FusedAlgo moe_algo(const CommDevice& dev, const MoeDispatchArgs& a) {
   return choose_moe_dispatch_gemm(a.algo, dev.world);
 }
 
-template <int BN, bool kBKN>
-cudaError_t launch_fused_instance_moe(const GroupedLaunch& l, int grid, const FusedParams& p,
-                                      cudaStream_t stream) {
+// One cooperative launch of a grouped-GEMM kernel instance (the fused dispatch's or the fused
+// combine's) with its epilogue, its shared memory opted in once per instance.
+template <auto Kernel, int BN, class Epi, class Params>
+cudaError_t launch_grouped_cooperative(const GroupedLaunch& l, const Epi& epi, int grid, const Params& p,
+                                       cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
-  auto kernel = moe_fused_kernel<BN, kBKN>;
-  constexpr size_t smem = GemmTileConfig<BN, GroupedEpilogue::kStagingRounds>::kSmemBytes;
-  if (cudaError_t e = gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
+  constexpr size_t smem = GemmTileConfig<BN, Epi::kStagingRounds>::kSmemBytes;
+  if (cudaError_t e = gemm_opt_in_smem(reinterpret_cast<const void*>(Kernel), smem, opted);
       e != cudaSuccess) {
     return e;
   }
-  return launch_cooperative(kernel, grid, smem, stream, l.plan.ta, l.plan.tb, l.plan.tc, l.plan.prob, l.epi,
+  return launch_cooperative(Kernel, grid, smem, stream, l.plan.ta, l.plan.tb, l.plan.tc, l.plan.prob, epi,
                             l.sched, p);
+}
+
+template <int BN, bool kBKN>
+cudaError_t launch_fused_instance_moe(const GroupedLaunch& l, int grid, const FusedParams& p,
+                                      cudaStream_t stream) {
+  return launch_grouped_cooperative<moe_fused_kernel<BN, kBKN>, BN>(l, l.epi, grid, p, stream);
 }
 
 template <int BN, bool kBKN>
 cudaError_t launch_gc_instance(const GroupedLaunch& l, const GcEpilogue& epi, int grid, const GcParams& p,
                                cudaStream_t stream) {
-  static std::atomic<uint64_t> opted{0};
-  auto kernel = moe_gc_kernel<BN, kBKN>;
-  constexpr size_t smem = GemmTileConfig<BN, GcEpilogue::kStagingRounds>::kSmemBytes;
-  if (cudaError_t e = gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
-      e != cudaSuccess) {
-    return e;
-  }
-  return launch_cooperative(kernel, grid, smem, stream, l.plan.ta, l.plan.tb, l.plan.tc, l.plan.prob, epi,
-                            l.sched, p);
+  return launch_grouped_cooperative<moe_gc_kernel<BN, kBKN>, BN>(l, epi, grid, p, stream);
 }
 
 }  // namespace
