@@ -44,10 +44,7 @@ cudaError_t launch_cfg(const AttentionArgs& a, cudaStream_t stream) {
   p.group = static_cast<int>(a.q_heads / a.kv_heads);
   p.m_tiles = static_cast<int>((a.q_len + C::kBM - 1) / C::kBM);
   p.causal = a.causal ? 1 : 0;
-  int64_t delta = a.q_pos0 - a.k_pos0;
-  if (delta > a.kv_len + 1) delta = a.kv_len + 1;
-  if (delta < -(a.q_len + 1)) delta = -(a.q_len + 1);
-  p.delta = static_cast<int>(delta);
+  p.delta = detail::flash_causal_delta(a.q_pos0, a.k_pos0, a.q_len, a.kv_len);
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = scale * 1.4426950408889634f;
   auto kernel = detail::flash_fwd_kernel<D, kWG, kLoop>;

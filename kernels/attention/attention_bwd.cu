@@ -156,10 +156,7 @@ cudaError_t launch_passes(const AttentionBwdArgs& a, cudaStream_t stream) {
   p.q_heads = static_cast<int>(a.q_heads);
   p.group = static_cast<int>(a.q_heads / a.kv_heads);
   p.causal = a.causal ? 1 : 0;
-  int64_t dpos = a.q_pos0 - a.k_pos0;
-  if (dpos > a.kv_len + 1) dpos = a.kv_len + 1;
-  if (dpos < -(a.q_len + 1)) dpos = -(a.q_len + 1);
-  p.dpos = static_cast<int>(dpos);
+  p.dpos = detail::flash_causal_delta(a.q_pos0, a.k_pos0, a.q_len, a.kv_len);
   p.scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = p.scale * 1.4426950408889634f;
 

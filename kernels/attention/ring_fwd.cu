@@ -320,10 +320,7 @@ cudaError_t launch_ring_cfg(const CommDevice& dev, const RingFwdArgs& a, cudaStr
     p.group = static_cast<int>(Hq / Hkv);
     p.m_tiles = static_cast<int>((r.q_count + C::kBM - 1) / C::kBM);
     p.causal = a.causal ? 1 : 0;
-    int64_t delta = r.q_pos - r.k_pos;
-    if (delta > r.k_count + 1) delta = r.k_count + 1;
-    if (delta < -(r.q_count + 1)) delta = -(r.q_count + 1);
-    p.delta = static_cast<int>(delta);
+    p.delta = flash_causal_delta(r.q_pos, r.k_pos, r.q_count, r.k_count);
     p.scale_log2 = scale * 1.4426950408889634f;
     RingTile& t = P.tile[i];
     t.step = r.step;

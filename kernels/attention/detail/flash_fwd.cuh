@@ -74,6 +74,16 @@ struct FlashParams {
 };
 static_assert(sizeof(FlashParams) == 112, "kernel argument layout");
 
+// FlashParams::delta (and the backward's dpos) from a block pair's global positions: q_pos - k_pos
+// clamped to [-(q_len + 1), kv_len + 1], where every row sees every key or none, so that it fits
+// an int whatever the positions.
+inline int flash_causal_delta(int64_t q_pos, int64_t k_pos, int64_t q_len, int64_t kv_len) {
+  int64_t delta = q_pos - k_pos;
+  if (delta > kv_len + 1) delta = kv_len + 1;
+  if (delta < -(q_len + 1)) delta = -(q_len + 1);
+  return static_cast<int>(delta);
+}
+
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
                                             int32_t c1, int32_t c2, int32_t c3) {
   asm volatile(
