@@ -14,6 +14,14 @@ inline constexpr double kTileTime128 = 0.55;
 // (shape, layout) cases of three seeded random sets, 128-wide tiles took 0.65 × a 256-wide
 // tile's time per tile in geomean (aligned rows: 0.50 ×).
 inline constexpr double kTileTime128OffLine = 0.65;
+// A 192-wide tile's (plain launches only), on rows on the lines and off them: three quarters of
+// a 256-wide tile's FLOP at a few per cent more time per FLOP (A read per 192 columns, not 256).
+// 192-wide tiles are taken only where the wave model puts them at <= kTile192Bar × the plan
+// without them: where N is 1-192 columns past a multiple of 256 and the tile count stays that
+// of 256-wide tiles (N = 376: 2 N-blocks, not 2 a quarter empty or 3 of 128).
+inline constexpr double kTileTime192 = 0.80;
+inline constexpr double kTileTime192OffLine = 0.84;
+inline constexpr double kTile192Bar = 0.95;
 
 // Stream-K for the last wave (GemmArgs::stream_k = 0, chosen), only with at least this many
 // 64-deep K slices (K >= 8192): at K = 4096 the fix-up costs what the spread gains.
@@ -30,9 +38,13 @@ inline constexpr int kStreamKMaxCtasPerTile = 9;
 // Case 2, a short last wave after whole ones (at most 1 / kStreamKLastWaveDen of the CTAs),
 // where the wave model puts stream-K at <= kStreamKBar × the plain plan's time (0.80-0.99 × at
 // every such shape measured; with longer last waves, or none before them, the fix-up ate the
-// gain). The model charges the fix-up (the partials through L2, the segments' ends, the CTAs'
+// gain). After exactly one whole wave the last may hold up to 1 / kStreamKOneWaveDen of the
+// CTAs (1.3-1.5 waves of 256-wide tiles with long K, 5316 × 968 × 12832 and 1089 × 5568 ×
+// 13584: 0.79-0.86 × the plain plan's time; at 1.6-2 waves stream-K lost, 1.2-1.5 ×).
+// The model charges the fix-up (the partials through L2, the segments' ends, the CTAs'
 // skew; ~20-30 us) as kStreamKFixupSlices K slices of a tile.
 inline constexpr int kStreamKLastWaveDen = 4;
+inline constexpr int kStreamKOneWaveDen = 2;
 inline constexpr double kStreamKBar = 0.985;
 inline constexpr double kStreamKFixupSlices = 48;
 
