@@ -101,12 +101,9 @@ double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn, double t128,
 }
 
 // Whether a last wave of `tiles` tiles on `ctas` CTAs is short enough for the chosen stream-K
-// (case 2, tuning.h): at most 1 / kStreamKLastWaveDen of the CTAs after two or more whole waves,
-// 1 / kStreamKOneWaveDen after exactly one.
+// (case 2, tuning.h): at most 1 / kStreamKLastWaveDen of the CTAs, after whole waves.
 bool stream_k_wave_ok(int tiles, int ctas) {
-  if (tiles < ctas) return false;
-  const int den = tiles < 2 * ctas ? tuning::kStreamKOneWaveDen : tuning::kStreamKLastWaveDen;
-  return den * (tiles % ctas) <= ctas;
+  return tiles >= ctas && tuning::kStreamKLastWaveDen * (tiles % ctas) <= ctas;
 }
 
 // The widths a plan may take: 192 only where `wide192` (plain launches: the fused kernels are
@@ -118,9 +115,10 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
   const int mb = ceil_div(M, detail::kTileM);
   const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas, t128), false};
   if (mode == 0) {
-    if (k_blocks < tuning::kStreamKMinKBlocks) return plain;
-    if (M <= tuning::kStreamKSmallM && tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
-                                           tuning::kStreamKSmallMBusyNum * ctas) {
+    if (k_blocks < tuning::kStreamKLastWaveMinKBlocks) return plain;
+    if (k_blocks >= tuning::kStreamKMinKBlocks && M <= tuning::kStreamKSmallM &&
+        tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
+            tuning::kStreamKSmallMBusyNum * ctas) {
       // 256-wide tiles unless that splits a tile over too many CTAs: M = 64, N = 2560 ran
       // 0.60 × with 128-wide tiles, 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide,
       // 0.81 × with 128-wide.
@@ -349,24 +347,31 @@ cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode, bool pla
   // 192-wide tiles where the launch chooses (plain launches, no CTA pairs or turns asked for):
   // where the wave model puts them, plain or by stream-K, at <= kTile192Bar × the plan above
   // (an N off the multiple of 256 by 1-192 columns, e.g. N = 376: two 192-wide N-blocks
-  // instead of two 256-wide blocks a quarter empty, or three 128-wide ones). Never in place of
-  // CTA pairs on rows off the lines (measured at the aligned speed).
+  // instead of two 256-wide blocks a quarter empty, or three 128-wide ones; or fewer idle CTAs
+  // in the last wave). CTA pairs on rows off the lines count as 256-wide tiles on the lines
+  // (they ran at the aligned speed), a wave of pairs per ctas / 2 pair sweep positions; they
+  // stay where a row stride is also off the 32-byte sectors (an odd multiple of 8 elements),
+  // where single CTAs lose 1.4-2 × (tuning.h kOffLine*).
+  const bool off_sectors = a.lda % 16 != 0 || a.ldb % 16 != 0;
   if (wide192_ok && a.tile_n == 0 && a.cluster == 0 && a.pingpong != 2 && a.stream_k != 2 &&
-      !off_line_pairs) {
+      !(off_line_pairs && off_sectors)) {
     const int bn0 = tile_n != 0 ? tile_n : choose_tile_n(a.M, a.N, ctas, t128);
     const int tiles0 = mb * ceil_div(a.N, bn0);
-    const double cur = tiles.stream_k ? stream_k_cost(mb, a.N, k_blocks, ctas, bn0, t128, t192)
-                                      : ceil_div(tiles0, std::min(ctas, tiles0)) * tile_time(bn0, t128, t192);
+    const double cur = off_line_pairs ? ceil_div(detail::pair_sweep(mb, ceil_div(a.N, 256)), ctas / 2)
+                       : tiles.stream_k
+                           ? stream_k_cost(mb, a.N, k_blocks, ctas, bn0, t128, t192)
+                           : ceil_div(tiles0, std::min(ctas, tiles0)) * tile_time(bn0, t128, t192);
     const int tiles192 = mb * ceil_div(a.N, 192);
     double best = ceil_div(tiles192, std::min(ctas, tiles192)) * t192;
     bool sk192 = false;
-    if (sk_able && k_blocks >= tuning::kStreamKMinKBlocks && stream_k_wave_ok(tiles192, ctas)) {
+    if (sk_able && k_blocks >= tuning::kStreamKLastWaveMinKBlocks && stream_k_wave_ok(tiles192, ctas)) {
       const double c = stream_k_cost(mb, a.N, k_blocks, ctas, 192, t128, t192);
       if (c >= 0 && c <= tuning::kStreamKBar * best) best = c, sk192 = true;
     }
     if (best <= tuning::kTile192Bar * cur) {
       tile_n = 192;
       tiles = TilePlan{192, sk192};
+      off_line_pairs = false;
     }
   }
   // C through TMA stores needs a 16-byte row stride, and N a multiple of 8 (TMA stores clip at

@@ -83,11 +83,11 @@
 // tile's partials in K order (so the sums do not depend on arrival order and repeat bit for
 // bit) and stores C. No CTA waits for another, so nothing depends on which CTAs are resident.
 // Only launches without hooks 1-2 and CTA pairs, with C set, num_ctas <= 1024. `stream_k`:
-// 0 lets the launch choose (today, with K >= 8192: M <= 64 with tiles keeping at most 3/4 of
-// the CTAs busy, 0.52-0.95 × the time on 1 × H200; or a last wave of at most 1/4 of the CTAs
-// after two or more whole ones, 1/2 after exactly one, where a wave model expects a gain of at
-// least 1.5 %, 0.79-0.99 ×; elsewhere the fix-up ate the gain), 1 off, 2 wherever a wave is
-// partial (tests, A/B runs).
+// 0 lets the launch choose (today: with K >= 8192, M <= 64 with tiles keeping at most 3/4 of
+// the CTAs busy, 0.52-0.95 × the time on 1 × H200; with K >= 4096, a last wave of at most half
+// the CTAs after whole ones where a wave model expects a gain of at least 1.5 %, 0.80-0.99 ×
+// and 0.85-0.91 × at 6-10 waves; elsewhere the fix-up ate the gain), 1 off, 2 wherever a wave
+// is partial (tests, A/B runs).
 // The workspace's counters must be zero before its first launch; every launch leaves them
 // zero. Launches that share a workspace must be stream-ordered (never concurrent).
 //

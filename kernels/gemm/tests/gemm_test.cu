@@ -824,13 +824,15 @@ void test_wide192(uint64_t seed) {
       Shape s{c.M, c.N, c.K, l, c.f32 ? GemmOutType::kF32 : GemmOutType::kBF16, 0, 0, 0, 192, c.ctas};
       s.stream_k = c.sk;
       s.pad_a = s.pad_b = c.pad;
+      if (l == GemmLayoutB::kKN) s.pad_b += round8(c.N) - c.N;  // B's rows: a multiple of 8
       if (total % 4 == 3) s.pad_c = 3;  // bf16 C through rows, fp32 C through registers
       if (c.staged) {
         s.K += 1;  // rows off the multiple of 8: copied by the staged launch
         s.staged = true;
       }
+      // (A staged shape's plan is that of its padded rows: checked through its result.)
       const GemmLaunchPlan plan = plan_of(s);
-      bool ok = plan.grid.tile_n == 192 && !plan.pairs && !plan.pingpong;
+      bool ok = c.staged || (plan.grid.tile_n == 192 && !plan.pairs && !plan.pingpong);
       std::vector<uint8_t> first, second;
       ok = ok && run_shape(s, seed + total, &first);
       if (c.sk == 2) {
@@ -841,9 +843,10 @@ void test_wide192(uint64_t seed) {
       ++total;
     }
   }
-  // The launch's own choice at N = 376, K long (one M-block per CTA and more: tuning.h kTile192*).
-  Shape q{13222, 376, 10816, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  if (g_sms >= 132) EXPECT(plan_of(q).grid.tile_n == 192, "192-wide tiles not chosen at 13222 x 376 x 10816");
+  // The launch's own choice at N = 376 with rows off the lines (tuning.h kTile192*): two waves
+  // of 192-wide tiles against three of 128.
+  Shape q{13222, 376, 10824, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  if (g_sms >= 132) EXPECT(plan_of(q).grid.tile_n == 192, "192-wide tiles not chosen at 13222 x 376 x 10824");
   q.tile_n = 256;
   EXPECT(plan_of(q).grid.tile_n == 256, "forced 256-wide tiles not kept");
   q.tile_n = 192;
@@ -852,8 +855,10 @@ void test_wide192(uint64_t seed) {
   q.cluster = 0;
   q.tile_n = 0;
   q.pingpong = 2;
+  q.stream_k = -1;  // no workspace: a chosen stream-K would take precedence over the turns
   EXPECT(plan_of(q).grid.tile_n == 128 && plan_of(q).pingpong, "192-wide tiles over a forced ping-pong");
   q.pingpong = 0;
+  q.stream_k = 0;
   q.tile_n = 192;
   GemmArgs h = plan_args(q);
   GemmLaunchPlan plan{};
@@ -1009,10 +1014,11 @@ void test_off_line_pairs(uint64_t seed) {
            "8192 x 8192 x 8200 not in place with pairs");
     b.cluster = 1;
     EXPECT(gemm_staging_bytes(plan_args(b)) > 0, "8192 x 8192 x 8200 not staged with pairs off");
-    // 2768 x 3136 x 2384 KN: A off the lines (16 past the multiple of 64) alone; copying it
-    // (~10 us) and taking turns on 128-wide tiles beats 256-wide pairs in place.
+    // 2768 x 3136 x 2384 KN: A off the lines (16 past the multiple of 64, on the sectors)
+    // alone: 3 waves of 192-wide tiles in place beat 3 of 256-wide pairs and the copy of A.
     Shape t{2768, 3136, 2384, GemmLayoutB::kKN, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    EXPECT(gemm_staging_bytes(plan_args(t)) > 0, "2768 x 3136 x 2384 KN: A not staged");
+    EXPECT(gemm_staging_bytes(plan_args(t)) == 0 && plan_of(t).grid.tile_n == 192,
+           "2768 x 3136 x 2384 KN: not 192-wide in place");
   }
   std::printf("[off-line pairs] %d/%d shapes passed; plan choices checked\n", passed, total);
 }
