@@ -1,7 +1,8 @@
 // launch_gemm: argument checks, tile-width and CTA-pair choice, TMA tensor maps
-// (detail::gemm_plan, shared with the fused launchers), and the eight instantiations of the plain
-// kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs) with the default epilogue,
-// and the two of the kernel whose consumers take turns (B layout NK/KN).
+// (detail::gemm_plan, shared with the fused launchers), and the ten instantiations of the plain
+// kernel (BN 128/256 × B layout NK/KN × single CTAs / CTA pairs, and BN 192 × NK/KN on single
+// CTAs) with the default epilogue, and the two of the kernel whose consumers take turns (B
+// layout NK/KN).
 #include "kernels/common/driver_entry.h"
 #include "kernels/common/early_launch.h"
 #include "kernels/gemm/detail/gemm_pingpong.cuh"
@@ -53,8 +54,11 @@ int sm_count() {
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // A tile's time in units of a 256-wide tile's (tuning.h): t128 is a 128-wide tile's,
-// kTileTime128, or kTileTime128OffLine where operand rows are off the 128-byte lines.
-double tile_time(int bn, double t128 = tuning::kTileTime128) { return bn == 128 ? t128 : 1.0; }
+// kTileTime128, or kTileTime128OffLine where operand rows are off the 128-byte lines; t192 a
+// 192-wide tile's (plain launches only).
+double tile_time(int bn, double t128 = tuning::kTileTime128, double t192 = tuning::kTileTime192) {
+  return bn == 128 ? t128 : bn == 192 ? t192 : 1.0;
+}
 
 // Fewest "waves × tile time".
 int choose_tile_n(int M, int N, int ctas, double t128 = tuning::kTileTime128) {
@@ -89,20 +93,32 @@ struct TilePlan {
 };
 
 // The wave model's cost of stream-K at tile width bn (tile-time units), or -1: no partial wave.
-double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn, double t128) {
+double stream_k_cost(int mb, int N, int k_blocks, int ctas, int bn, double t128, double t192) {
   const int tiles = mb * ceil_div(N, bn);
   if (tiles % ctas == 0) return -1;
   return (tiles / ctas + double(tiles % ctas) / ctas + tuning::kStreamKFixupSlices / k_blocks) *
-         tile_time(bn, t128);
+         tile_time(bn, t128, t192);
 }
 
-TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode, double t128) {
+// Whether a last wave of `tiles` tiles on `ctas` CTAs is short enough for the chosen stream-K
+// (case 2, tuning.h): at most 1 / kStreamKLastWaveDen of the CTAs, after whole waves.
+bool stream_k_wave_ok(int tiles, int ctas) {
+  return tiles >= ctas && tuning::kStreamKLastWaveDen * (tiles % ctas) <= ctas;
+}
+
+// The widths a plan may take: 192 only where `wide192` (plain launches: the fused kernels are
+// built for 128 and 256).
+constexpr int kWidths[3] = {256, 192, 128};
+
+TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int mode, double t128,
+                      bool wide192, double t192) {
   const int mb = ceil_div(M, detail::kTileM);
   const TilePlan plain{forced_bn != 0 ? forced_bn : choose_tile_n(M, N, ctas, t128), false};
   if (mode == 0) {
-    if (k_blocks < tuning::kStreamKMinKBlocks) return plain;
-    if (M <= tuning::kStreamKSmallM && tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
-                                           tuning::kStreamKSmallMBusyNum * ctas) {
+    if (k_blocks < tuning::kStreamKLastWaveMinKBlocks) return plain;
+    if (k_blocks >= tuning::kStreamKMinKBlocks && M <= tuning::kStreamKSmallM &&
+        tuning::kStreamKSmallMBusyDen * mb * ceil_div(N, plain.tile_n) <=
+            tuning::kStreamKSmallMBusyNum * ctas) {
       // 256-wide tiles unless that splits a tile over too many CTAs: M = 64, N = 2560 ran
       // 0.60 × with 128-wide tiles, 0.94 × with 256-wide; M = 1, N = 8192 0.66 × with 256-wide,
       // 0.81 × with 128-wide.
@@ -112,15 +128,15 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
     }
     const int plain_tiles = mb * ceil_div(N, plain.tile_n);
     const double plain_cost =
-        ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n, t128);
+        ceil_div(plain_tiles, std::max(1, std::min(ctas, plain_tiles))) * tile_time(plain.tile_n, t128, t192);
     TilePlan best = plain;
     double best_cost = tuning::kStreamKBar * plain_cost;
-    for (int bn : {256, 128}) {
-      if (forced_bn != 0 && bn != forced_bn) continue;
+    for (int bn : kWidths) {
+      if ((forced_bn != 0 && bn != forced_bn) || (bn == 192 && !wide192)) continue;
       const int tiles = mb * ceil_div(N, bn);
       // No whole wave, or a long last one.
-      if (tiles < ctas || tuning::kStreamKLastWaveDen * (tiles % ctas) > ctas) continue;
-      const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128);
+      if (!stream_k_wave_ok(tiles, ctas)) continue;
+      const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128, t192);
       if (cost >= 0 && cost <= best_cost) {
         best = {bn, true};
         best_cost = cost;
@@ -130,9 +146,9 @@ TilePlan choose_tiles(int M, int N, int k_blocks, int ctas, int forced_bn, int m
   }
   TilePlan best{0, true};
   double best_cost = 0;
-  for (int bn : {256, 128}) {
-    if (forced_bn != 0 && bn != forced_bn) continue;
-    const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128);
+  for (int bn : kWidths) {
+    if ((forced_bn != 0 && bn != forced_bn) || (bn == 192 && !wide192)) continue;
+    const double cost = stream_k_cost(mb, N, k_blocks, ctas, bn, t128, t192);
     if (cost >= 0 && (best.tile_n == 0 || cost < best_cost)) {
       best = {bn, true};
       best_cost = cost;
@@ -227,7 +243,7 @@ size_t gemm_workspace_bytes(int num_ctas) {
 
 GemmTileGrid gemm_tile_grid(int M, int N, int tile_n, int num_ctas) {
   const int ctas = num_ctas > 0 ? num_ctas : sm_count();
-  const int bn = (tile_n == 128 || tile_n == 256) ? tile_n : choose_tile_n(M, N, ctas);
+  const int bn = (tile_n == 128 || tile_n == 192 || tile_n == 256) ? tile_n : choose_tile_n(M, N, ctas);
   return {detail::kTileM, bn, ceil_div(M, detail::kTileM), ceil_div(N, bn)};
 }
 
@@ -253,12 +269,14 @@ bool encode_store_map(CUtensorMap* map, void* base, int rows, int cols, int64_t 
 int default_group_m(int tile_n) { return tile_n == 256 ? tuning::kGroupM256 : tuning::kGroupM128; }
 
 // gemm_plan, or without the tensor maps (encode = false): the checks and the schedule only,
-// which need no driver; the staged launch's cost model plans its options so.
-cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode);
+// which need no driver; the staged launch's cost model plans its options so. `plain`: the plan
+// of launch_gemm's own kernels, which may take 192-wide tiles (the fused launchers' kernels,
+// through gemm_plan, are built for 128 and 256 only).
+cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode, bool plain);
 
-cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) { return plan_launch(a, plan, true); }
+cudaError_t gemm_plan(const GemmArgs& a, GemmPlan* plan) { return plan_launch(a, plan, true, false); }
 
-cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode) {
+cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode, bool plain) {
   // ---- contract checks (gemm.h) ----
   if (a.M < 1 || a.N < 1 || a.K < 1) return cudaErrorInvalidValue;
   // The register path (tile sink, tile flags) stores column pairs: whole 8-column groups.
@@ -273,7 +291,7 @@ cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode) {
   }
   if (a.lda % 8 || a.ldb % 8) return cudaErrorInvalidValue;  // TMA loads: 16-byte row strides
   if (!aligned16(a.A) || !aligned16(a.B) || !aligned16(a.C)) return cudaErrorInvalidValue;
-  if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256) return cudaErrorInvalidValue;
+  if (a.tile_n != 0 && a.tile_n != 128 && a.tile_n != 256 && a.tile_n != 192) return cudaErrorInvalidValue;
   if (a.cluster < 0 || a.cluster > 2) return cudaErrorInvalidValue;
   if (a.stream_k < 0 || a.stream_k > 2) return cudaErrorInvalidValue;
   if (a.pingpong < 0 || a.pingpong > 2) return cudaErrorInvalidValue;
@@ -294,6 +312,9 @@ cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode) {
   const int ctas = a.num_ctas > 0 ? a.num_ctas : sm_count();
   const int k_blocks = ceil_div(a.K, detail::kTileK);
   const bool hooks = w.a.flags != nullptr || w.b.flags != nullptr || s.tile_flags != nullptr;
+  // 192-wide tiles: launch_gemm's kernels on single CTAs, without hooks 1-2.
+  const bool wide192_ok = plain && !hooks && s.mode == GemmSinkMode::kNone && a.cluster != 2;
+  if (a.tile_n == 192 && !wide192_ok) return cudaErrorInvalidValue;
   // Stream-K: plain launches with C and a workspace (gemm.h); k_blocks bounded so that the
   // iteration count and its products stay in range.
   const bool sk_able = a.workspace != nullptr && (reinterpret_cast<uintptr_t>(a.workspace) & 255) == 0 &&
@@ -317,11 +338,42 @@ cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode) {
     const int nb = ceil_div(a.N, 256);
     off_line_pairs = mb * nb >= tuning::kPairOffLineMinTiles && pairs_fit(mb, nb, ctas);
   }
-  const TilePlan tiles = sk_able && !off_line_pairs
-                             ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k, t128)
-                             : TilePlan{0, false};
+  const double t192 = off_lines ? tuning::kTileTime192OffLine : tuning::kTileTime192;
+  TilePlan tiles = sk_able && !off_line_pairs
+                       ? choose_tiles(a.M, a.N, k_blocks, ctas, a.tile_n, a.stream_k, t128, wide192_ok, t192)
+                       : TilePlan{0, false};
   int tile_n = off_line_pairs ? 256 : tiles.stream_k ? tiles.tile_n : a.tile_n;
   if (tile_n == 0 && pairs_open && off_lines) tile_n = choose_tile_n(a.M, a.N, ctas, t128);
+  // 192-wide tiles where the launch chooses (plain launches, no CTA pairs or turns asked for):
+  // where the wave model puts them, plain or by stream-K, at <= kTile192Bar × the plan above
+  // (an N off the multiple of 256 by 1-192 columns, e.g. N = 376: two 192-wide N-blocks
+  // instead of two 256-wide blocks a quarter empty, or three 128-wide ones; or fewer idle CTAs
+  // in the last wave). CTA pairs on rows off the lines count as 256-wide tiles on the lines
+  // (they ran at the aligned speed), a wave of pairs per ctas / 2 pair sweep positions; they
+  // stay where a row stride is also off the 32-byte sectors (an odd multiple of 8 elements),
+  // where single CTAs lose 1.4-2 × (tuning.h kOffLine*).
+  const bool off_sectors = a.lda % 16 != 0 || a.ldb % 16 != 0;
+  if (wide192_ok && a.tile_n == 0 && a.cluster == 0 && a.pingpong != 2 && a.stream_k != 2 &&
+      !(off_line_pairs && off_sectors)) {
+    const int bn0 = tile_n != 0 ? tile_n : choose_tile_n(a.M, a.N, ctas, t128);
+    const int tiles0 = mb * ceil_div(a.N, bn0);
+    const double cur = off_line_pairs ? ceil_div(detail::pair_sweep(mb, ceil_div(a.N, 256)), ctas / 2)
+                       : tiles.stream_k
+                           ? stream_k_cost(mb, a.N, k_blocks, ctas, bn0, t128, t192)
+                           : ceil_div(tiles0, std::min(ctas, tiles0)) * tile_time(bn0, t128, t192);
+    const int tiles192 = mb * ceil_div(a.N, 192);
+    double best = ceil_div(tiles192, std::min(ctas, tiles192)) * t192;
+    bool sk192 = false;
+    if (sk_able && k_blocks >= tuning::kStreamKLastWaveMinKBlocks && stream_k_wave_ok(tiles192, ctas)) {
+      const double c = stream_k_cost(mb, a.N, k_blocks, ctas, 192, t128, t192);
+      if (c >= 0 && c <= tuning::kStreamKBar * best) best = c, sk192 = true;
+    }
+    if (best <= tuning::kTile192Bar * cur) {
+      tile_n = 192;
+      tiles = TilePlan{192, sk192};
+      off_line_pairs = false;
+    }
+  }
   // C through TMA stores needs a 16-byte row stride, and N a multiple of 8 (TMA stores clip at
   // the tensor's bounds in whole 16 bytes); else bf16 C goes out through shared memory in
   // coalesced rows, fp32 C through the register path.
@@ -329,7 +381,7 @@ cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode) {
   const bool c_rows = a.C != nullptr && s.tile_flags == nullptr && !c_tma && a.c_type == GemmOutType::kBF16;
   // Consumers that take turns: plain launches that store C through TMA, 128-wide tiles.
   const bool pp_able = a.pingpong != 1 && !tiles.stream_k && !hooks && s.mode == GemmSinkMode::kNone &&
-                       c_tma && a.cluster != 2 && tile_n != 256;
+                       c_tma && a.cluster != 2 && tile_n != 256 && tile_n != 192;
   if (pp_able && a.pingpong == 2) tile_n = 128;
   const GemmTileGrid g = gemm_tile_grid(a.M, a.N, tile_n, ctas);
   GemmProblem& prob = plan->prob;
@@ -413,7 +465,7 @@ cudaError_t plan_launch(const GemmArgs& a, GemmPlan* plan, bool encode) {
 
 cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* out) {
   detail::GemmPlan p;
-  if (cudaError_t e = detail::gemm_plan(a, &p); e != cudaSuccess) return e;
+  if (cudaError_t e = detail::plan_launch(a, &p, true, true); e != cudaSuccess) return e;
   out->grid = {detail::kTileM, p.tile_n, p.prob.m_blocks, p.prob.n_blocks};
   out->ctas = p.grid;
   out->stream_k_tiles = p.prob.sk_tiles;
@@ -424,10 +476,13 @@ cudaError_t gemm_launch_plan(const GemmArgs& a, GemmLaunchPlan* out) {
 
 cudaError_t launch_gemm(const GemmArgs& a, cudaStream_t stream) {
   detail::GemmPlan p;
-  if (cudaError_t e = detail::gemm_plan(a, &p); e != cudaSuccess) return e;
+  if (cudaError_t e = detail::plan_launch(a, &p, true, true); e != cudaSuccess) return e;
   if (p.pingpong) return p.kn ? launch_pingpong<true>(p, stream) : launch_pingpong<false>(p, stream);
   if (p.tile_n == 256) {
     return p.kn ? launch_instance<256, true>(p, stream) : launch_instance<256, false>(p, stream);
+  }
+  if (p.tile_n == 192) {  // single CTAs only (plan_launch)
+    return p.kn ? launch_kernel<192, true, false>(p, stream) : launch_kernel<192, false, false>(p, stream);
   }
   return p.kn ? launch_instance<128, true>(p, stream) : launch_instance<128, false>(p, stream);
 }
@@ -482,7 +537,7 @@ struct Staging {
 // The model's time of the GEMM that `q` plans (tuning.h), in µs; < 0 where it is refused.
 double modelled_gemm_us(const GemmArgs& q) {
   detail::GemmPlan p;
-  if (detail::plan_launch(q, &p, false) != cudaSuccess) return -1;
+  if (detail::plan_launch(q, &p, false, true) != cudaSuccess) return -1;
   const int ctas = q.num_ctas > 0 ? q.num_ctas : sm_count();
   const int tiles = p.prob.m_blocks * p.prob.n_blocks;
   double waves;

@@ -19,7 +19,8 @@
 //   registers element by element (no ping-pong then). M, N, K, lda, ldb, ldc < 2^31. Operands
 //   must not alias C.
 // - Engine: a grid of `num_ctas` persistent CTAs (default: one per SM) walks 128×BN output
-//   tiles (BN = 256 or 128, chosen from the shape unless forced) in a grouped order: groups of
+//   tiles (BN = 256 or 128, chosen from the shape unless forced; plain launches on single CTAs
+//   also 192, e.g. at N = 376, two 192-wide N-blocks) in a grouped order: groups of
 //   `group_m` M-blocks, each group swept along N, so concurrently running CTAs share A and B
 //   panels in L2. One producer warp per CTA loads 64-deep K slices of A and B with TMA into a
 //   multi-stage shared-memory ring guarded by mbarriers; two consumer warpgroups run wgmma and
@@ -82,10 +83,11 @@
 // tile's partials in K order (so the sums do not depend on arrival order and repeat bit for
 // bit) and stores C. No CTA waits for another, so nothing depends on which CTAs are resident.
 // Only launches without hooks 1-2 and CTA pairs, with C set, num_ctas <= 1024. `stream_k`:
-// 0 lets the launch choose (today, with K >= 8192: M <= 64 with tiles keeping at most 3/4 of
-// the CTAs busy, 0.52-0.95 × the time on 1 × H200; or a last wave of at most 1/4 of the CTAs
-// after whole ones where a wave model expects a gain of at least 1.5 %, 0.80-0.99 ×;
-// elsewhere the fix-up ate the gain), 1 off, 2 wherever a wave is partial (tests, A/B runs).
+// 0 lets the launch choose (today: with K >= 8192, M <= 64 with tiles keeping at most 3/4 of
+// the CTAs busy, 0.52-0.95 × the time on 1 × H200; with K >= 4096, a last wave of at most half
+// the CTAs after whole ones where a wave model expects a gain of at least 1.5 %, 0.80-0.99 ×
+// and 0.85-0.91 × at 6-10 waves; elsewhere the fix-up ate the gain), 1 off, 2 wherever a wave
+// is partial (tests, A/B runs).
 // The workspace's counters must be zero before its first launch; every launch leaves them
 // zero. Launches that share a workspace must be stream-ordered (never concurrent).
 //
@@ -194,7 +196,8 @@ struct GemmArgs {
   GemmOutType c_type = GemmOutType::kBF16;
   // Scheduling (hooks 3 and 4).
   int num_ctas = 0;       // CTAs that compute; 0: one per SM
-  int tile_n = 0;         // 0: chosen from the shape; or 128 / 256
+  int tile_n = 0;         // 0: chosen from the shape; or 128 / 256, or 192 (plain launches on
+                          // single CTAs only: no hooks 1-2, no CTA pairs)
   int group_m = 0;        // M-blocks per raster group; 0: 16 on 256-wide tiles, 8 on 128-wide
   int m_block_start = 0;  // first M-block of the sweep (taken modulo the M-block count)
   int cluster = 0;        // CTA pairs (hook 5): 0 chosen (mostly single CTAs), 1 off, 2 on
@@ -231,7 +234,7 @@ inline void use_workspace(GemmArgs& a, const GemmWorkspace& w) {
 // Tile grid for a shape under the tile width a launch will use (tile_n as in GemmArgs).
 struct GemmTileGrid {
   int tile_m;    // 128
-  int tile_n;    // 128 or 256
+  int tile_n;    // 128 or 256 (192 only where asked for: plain launches)
   int m_blocks;  // ceil(M / tile_m)
   int n_blocks;  // ceil(N / tile_n)
 };

@@ -14,10 +14,21 @@ inline constexpr double kTileTime128 = 0.55;
 // (shape, layout) cases of three seeded random sets, 128-wide tiles took 0.65 × a 256-wide
 // tile's time per tile in geomean (aligned rows: 0.50 ×).
 inline constexpr double kTileTime128OffLine = 0.65;
+// A 192-wide tile's (plain launches only), on rows on the lines and off them: three quarters of
+// a 256-wide tile's FLOP at about its speed per FLOP (on 1 × H200, a wave of 192-wide tiles took
+// 0.70-0.77 × a wave of 256-wide ones at 5862 × 4608 × 11456 and 12850 × 4136 × 12464).
+// 192-wide tiles are taken only where the wave model puts them at <= kTile192Bar × the plan
+// without them: N 1-192 columns past a multiple of 256 at the same tile count (N = 376: 2
+// N-blocks, not 2 a quarter empty or 3 of 128), or a fuller last wave.
+inline constexpr double kTileTime192 = 0.75;
+inline constexpr double kTileTime192OffLine = 0.78;
+inline constexpr double kTile192Bar = 0.95;
 
-// Stream-K for the last wave (GemmArgs::stream_k = 0, chosen), only with at least this many
-// 64-deep K slices (K >= 8192): at K = 4096 the fix-up costs what the spread gains.
+// Stream-K for the last wave (GemmArgs::stream_k = 0, chosen). Case 1 (few rows) only with at
+// least kStreamKMinKBlocks 64-deep K slices (K >= 8192); case 2 (a short last wave) with at
+// least kStreamKLastWaveMinKBlocks (K >= 4096).
 inline constexpr int kStreamKMinKBlocks = 128;
+inline constexpr int kStreamKLastWaveMinKBlocks = 64;
 // Case 1, few rows: M <= kStreamKSmallM with tiles keeping at most kStreamKSmallMBusyNum /
 // kStreamKSmallMBusyDen of the CTAs busy: the time is B's bytes over the CTAs that stream them,
 // and stream-K streams with every CTA (0.52-0.95 × the time). 256-wide tiles unless that splits
@@ -27,12 +38,14 @@ inline constexpr int kStreamKSmallM = 64;
 inline constexpr int kStreamKSmallMBusyNum = 3;
 inline constexpr int kStreamKSmallMBusyDen = 4;
 inline constexpr int kStreamKMaxCtasPerTile = 9;
-// Case 2, a short last wave after whole ones (at most 1 / kStreamKLastWaveDen of the CTAs),
-// where the wave model puts stream-K at <= kStreamKBar × the plain plan's time (0.80-0.99 × at
-// every such shape measured; with longer last waves, or none before them, the fix-up ate the
-// gain). The model charges the fix-up (the partials through L2, the segments' ends, the CTAs'
-// skew; ~20-30 us) as kStreamKFixupSlices K slices of a tile.
-inline constexpr int kStreamKLastWaveDen = 4;
+// Case 2, a last wave of at most 1 / kStreamKLastWaveDen of the CTAs after whole ones, where
+// the wave model puts stream-K at <= kStreamKBar × the plain plan's time. On 1 × H200, against
+// the plain plan in one process: 1089 × 5568 × 13584 NK (1.5 waves) 0.88 ×, 4076 × 10696 × 7424
+// NK (10.2 waves, K = 7424) 0.91 ×, 5862 × 4608 × 11456 (6.3 waves; 192-wide tiles, 8.4 waves)
+// 0.85-0.86 ×; at 1.6-2 waves stream-K lost (1.2-1.5 ×). The model charges the fix-up (the
+// partials through L2, the segments' ends, the CTAs' skew; ~20-30 us) as kStreamKFixupSlices
+// K slices of a tile.
+inline constexpr int kStreamKLastWaveDen = 2;
 inline constexpr double kStreamKBar = 0.985;
 inline constexpr double kStreamKFixupSlices = 48;
 

@@ -200,10 +200,11 @@ struct DefaultEpilogue {
 // round's stores must have read it (bulk wait_group.read), published to the warpgroup by its
 // named barrier. The fragment goes to rows [row, row + 64) and columns [col, col + BN) of `tm`;
 // `issue` (thread 0's) false: staged but not stored. One bulk group per round is committed:
-// BN / 128 (bf16) or BN / 64 (fp32) groups. kBufRounds: the rounds the buffer holds (round h
-// goes to its 16 KiB part h % kBufRounds; the read wait comes before parts wrap around).
+// BN / 128 (bf16) or BN / 64 (fp32) groups, rounded up: at BN = 192 bf16 C's last round is
+// one box of 64 columns. kBufRounds: the rounds the buffer holds (round h goes to its 16 KiB
+// part h % kBufRounds; the read wait comes before parts wrap around).
 template <int BN, bool kF32>
-inline constexpr int kStoreRounds = BN / (kF32 ? 64 : 128);
+inline constexpr int kStoreRounds = (BN + (kF32 ? 64 : 128) - 1) / (kF32 ? 64 : 128);
 // Where bf16 column group j (columns 8j + 2q, +1) of staged row `row` lies, in bytes from the
 // start of its boxes (64 columns per 8 KiB box, 128-B rows, 16-byte chunk c of row i at
 // c ^ (i % 8)): stage_round writes there, and the fused gemmReduceScatter's early fetch
@@ -213,8 +214,8 @@ __device__ __forceinline__ uint32_t staged_bf16_at(int j, int row, uint32_t q) {
          ((static_cast<uint32_t>(j % 8) ^ static_cast<uint32_t>(row % 8)) << 4) + 4 * q;
 }
 // Writes round h (columns [h * cols, (h + 1) * cols) of the fragment, cols = 64 fp32 or 128
-// bf16) of the warpgroup's fragment into the 16 KiB at `part` in the layout above. Only the
-// writes: the caller orders them (barriers, proxy fences).
+// bf16, those inside the fragment) of the warpgroup's fragment into the 16 KiB at `part` in the
+// layout above. Only the writes: the caller orders them (barriers, proxy fences).
 template <bool kF32, int kFrag>
 __device__ __forceinline__ void stage_round(const float (&acc)[kFrag], uint8_t* part, int h) {
   constexpr int kColsPerRound = kF32 ? 64 : 128;  // two boxes of 128-byte rows
@@ -228,6 +229,7 @@ __device__ __forceinline__ void stage_round(const float (&acc)[kFrag], uint8_t* 
 #pragma unroll
   for (int jj = 0; jj < kJPerRound; ++jj) {
     const int j = h * kJPerRound + jj;
+    if (4 * j >= kFrag) break;  // a half round (BN = 192, bf16): its second box is not staged
     if constexpr (kF32) {
       const uint32_t box = base + (jj / kJPerBox) * 8192;
       const uint32_t sw = static_cast<uint32_t>(r_lo % 8);  // the swizzle of rows r_lo, r_lo + 8
@@ -250,7 +252,7 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_
   const int t = threadIdx.x % 128;
   const uint32_t bar_id = 2 + cw;
 #pragma unroll
-  for (int h = 0; h < BN / kColsPerRound; ++h) {
+  for (int h = 0; h < kStoreRounds<BN, kF32>; ++h) {
     uint8_t* part = stage_buf + (h % kBufRounds) * 16384;
     if (h % kBufRounds == 0) {
       if (t == 0) bulk_wait_read_all();
@@ -261,12 +263,13 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kFrag], uint8_
     named_barrier_sync(bar_id, 128);
     if (t == 0 && issue) {
       const int c = col + h * kColsPerRound;
+      const bool second = (h + 1) * kColsPerRound <= BN;  // else a half round: one box
       if constexpr (kReduce) {
         tma_reduce_add_2d(tm, part, c, row);
-        tma_reduce_add_2d(tm, part + 8192, c + kColsPerRound / 2, row);
+        if (second) tma_reduce_add_2d(tm, part + 8192, c + kColsPerRound / 2, row);
       } else {
         tma_store_2d(tm, part, c, row);
-        tma_store_2d(tm, part + 8192, c + kColsPerRound / 2, row);
+        if (second) tma_store_2d(tm, part + 8192, c + kColsPerRound / 2, row);
       }
       bulk_commit();
     }
@@ -316,11 +319,12 @@ __device__ __forceinline__ void store_c_rows(const float (&acc)[kFrag], uint8_t*
   const int rows = min(64, p.M - row0);
   const StagedLane staged(smem_u32(stage_buf), lane);
 #pragma unroll
-  for (int h = 0; h < BN / 128; ++h) {
+  for (int h = 0; h < kStoreRounds<BN, false>; ++h) {
     named_barrier_sync(bar_id, 128);  // the previous round's (tile's) reads are done
     stage_round<false>(acc, stage_buf, h);
     named_barrier_sync(bar_id, 128);
-    const int n = min(128, p.N - (tc.n * BN + h * 128)) - 4 * lane;  // this lane's columns in range
+    // This lane's columns in range: inside the round (64 in BN = 192's last) and inside N.
+    const int n = min(min(128, BN - h * 128), p.N - (tc.n * BN + h * 128)) - 4 * lane;
     uint16_t* row_ptr =
         reinterpret_cast<uint16_t*>(p.c_rows) + int64_t(row0) * p.c_rows_ld + tc.n * BN + h * 128 + 4 * lane;
 #pragma unroll 2

@@ -22,12 +22,12 @@ inline constexpr int kTileK = 64;
 // docs/performance.md), so only epilogues that need the room ask for it.
 template <int BN, int kStagingRounds = 1>
 struct GemmTileConfig {
-  static_assert(BN == 128 || BN == 256, "tile widths with a wgmma wrapper");
+  static_assert(BN == 128 || BN == 192 || BN == 256, "tile widths with a wgmma wrapper");
   static_assert(kStagingRounds == 1 || kStagingRounds == 2, "one or two store rounds");
   static constexpr uint32_t kABytes = kTileM * kTileK * 2;
   static constexpr uint32_t kBBytes = BN * kTileK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  static constexpr int kStages = BN == 256 ? 5 - kStagingRounds : 7 - kStagingRounds;
+  static constexpr int kStages = BN == 128 ? 7 - kStagingRounds : 5 - kStagingRounds;
   // Per consumer warpgroup: kStagingRounds × 64×128 bf16 (two 64×64 TMA-store boxes each).
   static constexpr uint32_t kStagingBytes = kStagingRounds * 2 * 64 * 128;
   static constexpr uint32_t kAuxBytes = 128;

@@ -73,6 +73,8 @@ __device__ __forceinline__ void mma_stage(float (&acc)[BN / 2], uint32_t a_base,
     const uint64_t dak = da + ((kk * 32) >> 4);
     if constexpr (BN == 256) {
       wgmma_m64n256k16<kBKN ? 1 : 0>(acc, dak, dbk, accumulate || kk != 0);
+    } else if constexpr (BN == 192) {
+      wgmma_m64n192k16<kBKN ? 1 : 0>(acc, dak, dbk, accumulate || kk != 0);
     } else {
       wgmma_m64n128k16<kBKN ? 1 : 0>(acc, dak, dbk, accumulate || kk != 0);
     }

@@ -415,7 +415,7 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     s.pad_b = coin(rng) < 30 ? 8 * (1 + coin(rng) % 8) : 0;
     s.pad_c = coin(rng) < 30 ? 8 * (1 + coin(rng) % 8) : 0;
     const int t = coin(rng);
-    s.tile_n = t < 60 ? 0 : (t < 80 ? 128 : 256);
+    s.tile_n = t < 60 ? 0 : (t < 73 ? 128 : (t < 86 ? 192 : 256));
     const int g = coin(rng);
     s.num_ctas = g < 70 ? 0 : (g < 80 ? 1 : (g < 90 ? 1 + coin(rng) % sms : sms - 8));
     const int groups[5] = {0, 1, 3, 8, 16};
@@ -424,7 +424,7 @@ std::vector<Shape> make_sweep(std::mt19937_64& rng, int count, int sms) {
     // Forced CTA pairs also where the choice would not take them (one M-block, odd counts,
     // odd CTA counts); a single CTA cannot pair.
     const int c = coin(rng);
-    s.cluster = c < 50 ? 0 : (c < 70 || s.num_ctas == 1 ? 1 : 2);
+    s.cluster = c < 50 ? 0 : (c < 70 || s.num_ctas == 1 || s.tile_n == 192 ? 1 : 2);
     const int k = coin(rng);
     s.stream_k = k < 20 ? -1 : (k < 45 ? 0 : (k < 55 ? 1 : 2));
     const int p = coin(rng);
@@ -804,6 +804,72 @@ void test_stream_k(uint64_t seed) {
   std::printf("[stream-k] %d/%d forced shapes passed twice, bit for bit\n", passed, total);
 }
 
+// 192-wide tiles (plain launches on single CTAs): forced at narrow N and at N, M and K tails,
+// both layouts, bf16 C through TMA and through rows (odd ldc), fp32 C, padded and staged
+// operands, few CTAs; forced stream-K on them, each run twice, bit for bit the same. Then the
+// plans: chosen at N = 376 (two 192-wide N-blocks), refused with CTA pairs or hooks, and never
+// taken by a launch that asks for 128 or 256.
+void test_wide192(uint64_t seed) {
+  struct W {
+    int M, N, K, ctas, pad, sk;
+    bool f32, staged;
+  };
+  const W cases[] = {{1300, 376, 2120, 0, 0, -1, false, false}, {129, 200, 72, 3, 8, -1, true, false},
+                     {700, 1000, 1000, 0, 0, -1, false, true},  {4000, 376, 8200, 0, 0, 2, false, false},
+                     {64, 5000, 8192, 0, 0, 2, true, false},    {1, 190, 64, 0, 0, -1, false, false},
+                     {300, 576, 4104, 5, 0, 2, false, false},   {2500, 383, 600, 0, 0, 0, false, false}};
+  int passed = 0, total = 0;
+  for (const W& c : cases) {
+    for (auto l : {GemmLayoutB::kNK, GemmLayoutB::kKN}) {
+      Shape s{c.M, c.N, c.K, l, c.f32 ? GemmOutType::kF32 : GemmOutType::kBF16, 0, 0, 0, 192, c.ctas};
+      s.stream_k = c.sk;
+      s.pad_a = s.pad_b = c.pad;
+      if (l == GemmLayoutB::kKN) s.pad_b += round8(c.N) - c.N;  // B's rows: a multiple of 8
+      if (total % 4 == 3) s.pad_c = 3;  // bf16 C through rows, fp32 C through registers
+      if (c.staged) {
+        s.K += 1;  // rows off the multiple of 8: copied by the staged launch
+        s.staged = true;
+      }
+      // (A staged shape's plan is that of its padded rows: checked through its result.)
+      const GemmLaunchPlan plan = plan_of(s);
+      bool ok = c.staged || (plan.grid.tile_n == 192 && !plan.pairs && !plan.pingpong);
+      std::vector<uint8_t> first, second;
+      ok = ok && run_shape(s, seed + total, &first);
+      if (c.sk == 2) {
+        ok = ok && plan.stream_k_tiles > 0 && run_shape(s, seed + total, &second) && first == second;
+      }
+      EXPECT(ok, "192-wide %s", describe(s).c_str());
+      passed += ok;
+      ++total;
+    }
+  }
+  // The launch's own choice at N = 376 with rows off the lines (tuning.h kTile192*): two waves
+  // of 192-wide tiles against three of 128.
+  Shape q{13222, 376, 10824, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  if (g_sms >= 132) EXPECT(plan_of(q).grid.tile_n == 192, "192-wide tiles not chosen at 13222 x 376 x 10824");
+  q.tile_n = 256;
+  EXPECT(plan_of(q).grid.tile_n == 256, "forced 256-wide tiles not kept");
+  q.tile_n = 192;
+  q.cluster = 2;
+  EXPECT(plan_of(q).ctas == 0, "192-wide CTA pairs accepted");
+  q.cluster = 0;
+  q.tile_n = 0;
+  q.pingpong = 2;
+  q.stream_k = -1;  // no workspace: a chosen stream-K would take precedence over the turns
+  EXPECT(plan_of(q).grid.tile_n == 128 && plan_of(q).pingpong, "192-wide tiles over a forced ping-pong");
+  q.pingpong = 0;
+  q.stream_k = 0;
+  q.tile_n = 192;
+  GemmArgs h = plan_args(q);
+  GemmLaunchPlan plan{};
+  uint64_t flag_storage = 0;
+  GemmErrorRecord record{};
+  h.wait.a = GemmReadyFlags{&flag_storage, 128, 1};
+  h.wait.error = &record;
+  EXPECT(gemm_launch_plan(h, &plan) == cudaErrorInvalidValue, "192-wide tiles with waits accepted");
+  std::printf("[wide192] %d/%d forced shapes passed; plan choices checked\n", passed, total);
+}
+
 // Consumers that take turns, forced: one tile per CTA (warpgroup 1 idle), odd and even counts
 // of tiles per CTA (one CTA, few CTAs), K of 2, 4 and 6 slices with many tiles per CTA (a
 // stage's previous use then belongs to the other warpgroup: every first wait leans on the
@@ -934,9 +1000,9 @@ void test_off_line_pairs(uint64_t seed) {
     EXPECT(gemm_staging_bytes(plan_args(w)) == 0, "5649 x 2448 x 6456 staged");
     w.pad_a = 64 - 6456 % 64;  // A on the lines, B (N = 2448) still off them
     EXPECT(plan_of(w).pairs && plan_of(w).grid.tile_n == 256, "no pairs with B alone off the lines");
-    w.pad_b = 64 - 2448 % 64;  // both on the lines: 128-wide tiles, taking turns, as before
-    EXPECT(!plan_of(w).pairs && plan_of(w).grid.tile_n == 128 && plan_of(w).pingpong,
-           "the aligned plan changed at 5649 x 2448 x 6456");
+    w.pad_b = 64 - 2448 % 64;  // both on the lines: single CTAs (the wave model's width)
+    EXPECT(!plan_of(w).pairs && plan_of(w).ctas > 0,
+           "CTA pairs with both operands on the lines at 5649 x 2448 x 6456");
     // 339 x 4776 x 5984: 114 tiles of 128 in one wave; 3 M-blocks make 76 pairs, two waves.
     Shape r{339, 4776, 5984, GemmLayoutB::kNK, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     EXPECT(!plan_of(r).pairs && plan_of(r).pingpong, "CTA pairs that add a wave at 339 x 4776 x 5984");
@@ -948,10 +1014,11 @@ void test_off_line_pairs(uint64_t seed) {
            "8192 x 8192 x 8200 not in place with pairs");
     b.cluster = 1;
     EXPECT(gemm_staging_bytes(plan_args(b)) > 0, "8192 x 8192 x 8200 not staged with pairs off");
-    // 2768 x 3136 x 2384 KN: A off the lines (16 past the multiple of 64) alone; copying it
-    // (~10 us) and taking turns on 128-wide tiles beats 256-wide pairs in place.
+    // 2768 x 3136 x 2384 KN: A off the lines (16 past the multiple of 64, on the sectors)
+    // alone: 3 waves of 192-wide tiles in place beat 3 of 256-wide pairs and the copy of A.
     Shape t{2768, 3136, 2384, GemmLayoutB::kKN, GemmOutType::kBF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    EXPECT(gemm_staging_bytes(plan_args(t)) > 0, "2768 x 3136 x 2384 KN: A not staged");
+    EXPECT(gemm_staging_bytes(plan_args(t)) == 0 && plan_of(t).grid.tile_n == 192,
+           "2768 x 3136 x 2384 KN: not 192-wide in place");
   }
   std::printf("[off-line pairs] %d/%d shapes passed; plan choices checked\n", passed, total);
 }
@@ -1056,6 +1123,7 @@ int main() {
   CHECK_CUDA(cudaMemset(g_workspace, 0, g_workspace_bytes));
   g_sms = prop.multiProcessorCount;
   test_stream_k(seed + 4);
+  test_wide192(seed + 8);
   test_pingpong(seed + 5);
   test_off_line_pairs(seed + 7);
   test_early_launch(seed + 6);
