@@ -833,7 +833,29 @@ __global__ void flash_bwd_delta_kernel(const __nv_bfloat16* o, int64_t o_sb, int
   if (row < rows && sub == 0) delta[b * dl_sb + h * dl_sh + i] = sum;
 }
 
-// fp32 -> bf16, two elements per thread.
+// fp32 -> bf16, eight elements of one row per thread (two 16-byte loads, one 16-byte store), the
+// (b, s, h) of a row from 32-bit divisions: rows of head_dim / 8 vectors, row = (b · seq + s) · heads + h.
+// Launched where every row starts 16-byte aligned on both sides and vectors < 2^32 (the launcher).
+__global__ void flash_bwd_convert8_kernel(const float* src, int64_t s_sb, int64_t s_ss, int64_t s_sh,
+                                          __nv_bfloat16* dst, int64_t d_sb, int64_t d_ss, int64_t d_sh,
+                                          uint32_t seq, uint32_t heads, uint32_t row_vecs, uint32_t vecs) {
+  for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < vecs; t += gridDim.x * blockDim.x) {
+    const uint32_t row = t / row_vecs;
+    const uint32_t c = (t - row * row_vecs) * 8;
+    const uint32_t bs = row / heads;
+    const uint32_t h = row - bs * heads;
+    const uint32_t b = bs / seq;
+    const uint32_t s = bs - b * seq;
+    const float4* sp = reinterpret_cast<const float4*>(src + b * s_sb + s * s_ss + h * s_sh + c);
+    const float4 v0 = sp[0];
+    const float4 v1 = sp[1];
+    const uint4 out = make_uint4(pack_bf16(v0.x, v0.y), pack_bf16(v0.z, v0.w), pack_bf16(v1.x, v1.y),
+                                 pack_bf16(v1.z, v1.w));
+    *reinterpret_cast<uint4*>(dst + b * d_sb + s * d_ss + h * d_sh + c) = out;
+  }
+}
+
+// fp32 -> bf16, two elements per thread (any even head_dim, 8-byte aligned rows).
 __global__ void flash_bwd_convert_kernel(const float* src, int64_t s_sb, int64_t s_ss, int64_t s_sh,
                                          __nv_bfloat16* dst, int64_t d_sb, int64_t d_ss, int64_t d_sh,
                                          int seq, int heads, int half_d, int64_t pairs) {
