@@ -96,10 +96,6 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32
       : "memory");
 }
 
-#ifndef FC_BWD_PAIR64
-#define FC_BWD_PAIR64 0
-#endif
-
 // Where the dK/dV pass leaves dQ: to the separate dQ pass (kDqPass), or adds it into fp32 itself,
 // with per-thread vector reductions (kDqRed) or, staged in shared memory, with a TMA
 // reduce-add per 64 rows × 32 columns issued by one thread of each consumer warpgroup (kDqTma).
@@ -222,8 +218,9 @@ struct BwdKVCfg {
   // lse2 and δ staged in bwd_ld_slot's order and read 16 bytes at a time (64 query rows); at 128 rows
   // the registers do not allow it (spills), and they are read one by one in column order.
   static constexpr bool kLdSlots = kBM == 64;
-  // The dQ staging's stores without bank conflicts (kDqTma; see the consumer).
-  static constexpr bool kStagePair = D == 128 || FC_BWD_PAIR64;
+  // The dQ staging's stores without bank conflicts (kDqTma; see the consumer). Head dim 128 only:
+  // at 64 the change spills and did not beat the plain order.
+  static constexpr bool kStagePair = D == 128;
   static constexpr int kPanels = D / 64;
   static constexpr int kKPanelBytes = 128 * 128;
   static constexpr int kQPanelBytes = kBM * 128;
