@@ -155,7 +155,7 @@ __device__ __forceinline__ float bwd_delta(const BwdParams& p, int b, int h, int
 
 // Where the dK/dV pass stages query column c (of kBM) of a step's lse2 and δ: the kBM / 4 columns a
 // consumer thread reads (8j + 2·(lane % 4) + e, its accumulator columns) side by side, so that it
-// reads them with 16-byte loads.
+// reads them with 16-byte loads (a quad's four threads kBM bytes apart: two of them share banks).
 template <int kBM>
 __device__ __forceinline__ int bwd_ld_slot(int c) {
   return ((c % 8) / 2) * (kBM / 4) + (c / 8) * 2 + c % 2;
