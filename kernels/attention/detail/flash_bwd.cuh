@@ -552,9 +552,9 @@ __global__ void __launch_bounds__(384, 1)
         if constexpr (kDq == kDqTma) {
           // Rows 64·mh + warp·16 + lane/4 (+8), columns 8j + 2·(lane%4) of this warpgroup's half:
           // box (mh, j/4), 16-byte chunk 2·(j%4) + (lane%4)/2 of the row, swizzled by the row.
-          // Each store takes column group j from the lanes with lane%4 < 2 and j^2 from the others,
-          // so that each half-warp's 4 rows fill all 8 chunks of the 128 banks (one wavefront;
-          // the same j everywhere put two rows on each chunk of one half).
+          // kStagePair: each store takes column group j from the lanes with lane%4 < 2 and j^2 from
+          // the others, so that each half-warp's 4 rows fill all 8 chunks of the 128 banks (one
+          // wavefront; the same j everywhere puts two rows on each chunk of one half).
           const uint32_t stage_base = smem_u32(sdq) + cw * C::kDqBoxes * C::kDqBoxBytes;
           const int odd = (lane % 4) / 2;
 #pragma unroll
