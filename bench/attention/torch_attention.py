@@ -52,6 +52,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--check-rows", type=int, default=256, help="query rows checked per (batch, head)")
     ap.add_argument("--backward", action="store_true", help="time the backward instead of the forward")
+    ap.add_argument("--torch-backends", type=lambda x: [i for i in x.split(",") if i], default=["cudnn", "flash"],
+                    help="torch SDPA backends timed beside ours (cudnn, flash; default both)")
     ap.add_argument("--dq-paths", type=lambda x: [int(i) for i in x.split(",") if i], default=[],
                     help="backward: also time these forced dQ paths (1: separate pass, 2: vector "
                          "reductions, 3: TMA reduce-adds)")
@@ -67,6 +69,10 @@ def main():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.backends.cuda.matmul.allow_tf32 = False
+    TORCH_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    for b in args.torch_backends:
+        if b not in TORCH_BACKENDS:
+            raise SystemExit(f"--torch-backends: unknown backend {b!r} (cudnn, flash)")
     lib = None
     if args.lib:
         lib = ctypes.CDLL(os.path.abspath(args.lib))
@@ -111,8 +117,7 @@ def main():
                 return fn
 
             impls = ([("fusedcomm", ours)] if lib else []) + [
-                ("torch_sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
-                ("torch_sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION))]
+                (f"torch_sdpa_{b}", sdpa(TORCH_BACKENDS[b])) for b in args.torch_backends]
             # fp32 reference on sampled query rows (all of them for short sequences).
             rows = torch.linspace(0, S - 1, min(S, args.check_rows), device="cuda").round().long().unique()
             kf = kt.float().repeat_interleave(Hq // Hkv, dim=1)
@@ -177,6 +182,10 @@ def run_backward(args, shapes):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.backends.cuda.matmul.allow_tf32 = False
+    TORCH_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    for b in args.torch_backends:
+        if b not in TORCH_BACKENDS:
+            raise SystemExit(f"--torch-backends: unknown backend {b!r} (cudnn, flash)")
     lib = None
     if args.lib:
         lib = ctypes.CDLL(os.path.abspath(args.lib))
@@ -280,8 +289,7 @@ def run_backward(args, shapes):
                     return fn
                 return make
 
-            impls += [("torch_sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
-                      ("torch_sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION))]
+            impls += [(f"torch_sdpa_{b}", sdpa(TORCH_BACKENDS[b])) for b in args.torch_backends]
             good = []
             for name, make in impls:  # each checked before it is timed
                 try:

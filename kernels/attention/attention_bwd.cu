@@ -283,6 +283,20 @@ cudaError_t launch_attention_grad_convert(const float* src, int64_t src_sb, int6
   for (int64_t s : {src_sb, src_ss, src_sh, dst_sb, dst_ss, dst_sh})
     if (s < 0 || s % 2 != 0) return cudaErrorInvalidValue;
   const int threads = 256;
+  // Eight elements per thread where every row starts 16-byte aligned in both tensors.
+  const int64_t vecs = pairs / 4;
+  const bool vec8 = head_dim % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst) % 16 == 0 && src_sb % 4 == 0 && src_ss % 4 == 0 &&
+                    src_sh % 4 == 0 && dst_sb % 8 == 0 && dst_ss % 8 == 0 && dst_sh % 8 == 0 &&
+                    vecs <= int64_t{0xffffffff} - 65536 * threads;
+  if (vec8) {
+    int64_t blocks = (vecs + threads - 1) / threads;
+    if (blocks > 65536) blocks = 65536;
+    detail::flash_bwd_convert8_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        src, src_sb, src_ss, src_sh, dst, dst_sb, dst_ss, dst_sh, static_cast<uint32_t>(seq),
+        static_cast<uint32_t>(heads), static_cast<uint32_t>(head_dim / 8), static_cast<uint32_t>(vecs));
+    return cudaGetLastError();
+  }
   int64_t blocks = (pairs + threads - 1) / threads;
   if (blocks > 65536) blocks = 65536;
   detail::flash_bwd_convert_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(

@@ -153,6 +153,13 @@ __device__ __forceinline__ float bwd_delta(const BwdParams& p, int b, int h, int
   return row < p.q_len ? p.delta[b * p.dl_sb + h * p.dl_sh + row] : 0.0f;
 }
 
+// Where the dK/dV pass stages query column c (of kBM) of a step's lse2 and δ: the kBM / 4 columns a
+// consumer thread reads (8j + 2·(lane % 4) + e, its accumulator columns) side by side, so that it
+// reads them with 16-byte loads (a quad's four threads kBM bytes apart: two of them share banks).
+template <int kBM>
+__device__ __forceinline__ int bwd_ld_slot(int c) {
+  return ((c % 8) / 2) * (kBM / 4) + (c / 8) * 2 + c % 2;
+}
 // One consumer thread's rows (row0 and row0 + 8 of its warp's 16) of a 64×D fp32 accumulator, times
 // `mul`, stored as bf16 or added into fp32 (p.add), at (b, row, h) of a (B, S, H, D) tensor.
 template <int D>
@@ -208,6 +215,12 @@ struct BwdKVCfg {
   // dV issued before dS is computed: Pᵀ in bf16 beside Pᵀ and dPᵀ in fp32 fits the registers at
   // 64 query rows, not at 128 (the wgmma would be serialized).
   static constexpr bool kEarlyDv = kBM == 64;
+  // lse2 and δ staged in bwd_ld_slot's order and read 16 bytes at a time (64 query rows); at 128 rows
+  // the registers do not allow it (spills), and they are read one by one in column order.
+  static constexpr bool kLdSlots = kBM == 64;
+  // The dQ staging's stores without bank conflicts (kDqTma; see the consumer). Head dim 128 only:
+  // at 64 the change spills and did not beat the plain order.
+  static constexpr bool kStagePair = D == 128;
   static constexpr int kPanels = D / 64;
   static constexpr int kKPanelBytes = 128 * 128;
   static constexpr int kQPanelBytes = kBM * 128;
@@ -333,8 +346,9 @@ __global__ void __launch_bounds__(384, 1)
       } else {
         float* ld = sld + stage * C::kLdFloats;
         for (int i = lane; i < kBM; i += 32) {
-          ld[i] = bwd_lse2(p, b, h, m0 + i);
-          ld[kBM + i] = bwd_delta(p, b, h, m0 + i);
+          const int slot = C::kLdSlots ? bwd_ld_slot<kBM>(i) : i;
+          ld[slot] = bwd_lse2(p, b, h, m0 + i);
+          ld[kBM + slot] = bwd_delta(p, b, h, m0 + i);
         }
         mbar_arrive(&ld_full[stage]);
       }
@@ -392,20 +406,35 @@ __global__ void __launch_bounds__(384, 1)
       }
       wgmma_commit();
       mbar_wait(&ld_full[stage], phase);
+      // lse2 then δ of the step's kBM columns. kLdSlots: from this thread's kBM / 4 (bwd_ld_slot),
+      // through a pointer the compiler sees into shared memory (smem_raw's: shared-memory loads).
       const float* lse2 = sld + stage * C::kLdFloats;
       const float* dl = lse2 + kBM;
+      const float* lse2_at =
+          reinterpret_cast<const float*>(smem_raw + (reinterpret_cast<uint8_t*>(sld) - smem_raw)) +
+          stage * C::kLdFloats + (lane % 4) * (kBM / 4);
+      const float* dl_at = lse2_at + kBM;
       // Pᵀ from Sᵀ while dPᵀ is still on the tensor cores (kept in s, fp32, for dSᵀ).
       wgmma_wait<1>();
       reg_fence(s);
       // Key (row) key0 + 8·half sees query (column) m0 + c iff key <= m0 + c + dpos.
       const bool masked =
           p.causal && static_cast<int64_t>(n0) + C::kBN - 1 > static_cast<int64_t>(m0) + p.dpos;
+      float4 l4;
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j) {
+        if constexpr (C::kLdSlots) {
+          if (j % 2 == 0) l4 = *reinterpret_cast<const float4*>(lse2_at + 2 * j);
+        }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * j + 2 * (lane % 4) + e;
-          const float l2 = lse2[c];
+          float l2;
+          if constexpr (C::kLdSlots) {
+            l2 = j % 2 == 0 ? (e == 0 ? l4.x : l4.y) : (e == 0 ? l4.z : l4.w);
+          } else {
+            l2 = lse2[c];
+          }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int idx = 4 * j + 2 * half + e;
@@ -445,12 +474,21 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
       }
       reg_fence(dp);
+      float4 d4;
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j) {
         float dsv[4];
+        if constexpr (C::kLdSlots) {
+          if (j % 2 == 0) d4 = *reinterpret_cast<const float4*>(dl_at + 2 * j);
+        }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float d0 = dl[8 * j + 2 * (lane % 4) + e];
+          float d0;
+          if constexpr (C::kLdSlots) {
+            d0 = j % 2 == 0 ? (e == 0 ? d4.x : d4.y) : (e == 0 ? d4.z : d4.w);
+          } else {
+            d0 = dl[8 * j + 2 * (lane % 4) + e];
+          }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int idx = 4 * j + 2 * half + e;
@@ -514,7 +552,11 @@ __global__ void __launch_bounds__(384, 1)
         if constexpr (kDq == kDqTma) {
           // Rows 64·mh + warp·16 + lane/4 (+8), columns 8j + 2·(lane%4) of this warpgroup's half:
           // box (mh, j/4), 16-byte chunk 2·(j%4) + (lane%4)/2 of the row, swizzled by the row.
+          // kStagePair: each store takes column group j from the lanes with lane%4 < 2 and j^2 from
+          // the others, so that each half-warp's 4 rows fill all 8 chunks of the 128 banks (one
+          // wavefront; the same j everywhere puts two rows on each chunk of one half).
           const uint32_t stage_base = smem_u32(sdq) + cw * C::kDqBoxes * C::kDqBoxBytes;
+          const int odd = (lane % 4) / 2;
 #pragma unroll
           for (int mh = 0; mh < C::kMH; ++mh) {
 #pragma unroll
@@ -522,10 +564,14 @@ __global__ void __launch_bounds__(384, 1)
               const int r = warp * 16 + lane / 4 + 8 * half;
 #pragma unroll
               for (int j = 0; j < D / 16; ++j) {
-                const int chunk = 2 * (j % 4) + (lane % 4) / 2;
+                const bool swap = C::kStagePair && odd;
+                const int jo = C::kStagePair ? j ^ 2 : j;  // same box
+                const int chunk = (2 * (j % 4) + odd) ^ (swap ? 4 : 0);
+                const float v0 = swap ? dqp[mh][4 * jo + 2 * half] : dqp[mh][4 * j + 2 * half];
+                const float v1 = swap ? dqp[mh][4 * jo + 2 * half + 1] : dqp[mh][4 * j + 2 * half + 1];
                 st_shared_f32x2(stage_base + (mh * C::kDqColBoxes + j / 4) * C::kDqBoxBytes + r * 128 +
                                     ((chunk ^ (r & 7)) << 4) + (lane % 2) * 8,
-                                p.scale * dqp[mh][4 * j + 2 * half], p.scale * dqp[mh][4 * j + 2 * half + 1]);
+                                p.scale * v0, p.scale * v1);
               }
             }
           }
@@ -833,7 +879,29 @@ __global__ void flash_bwd_delta_kernel(const __nv_bfloat16* o, int64_t o_sb, int
   if (row < rows && sub == 0) delta[b * dl_sb + h * dl_sh + i] = sum;
 }
 
-// fp32 -> bf16, two elements per thread.
+// fp32 -> bf16, eight elements of one row per thread (two 16-byte loads, one 16-byte store), the
+// (b, s, h) of a row from 32-bit divisions: rows of head_dim / 8 vectors, row = (b · seq + s) · heads + h.
+// Launched where every row starts 16-byte aligned on both sides and vectors < 2^32 (the launcher).
+__global__ void flash_bwd_convert8_kernel(const float* src, int64_t s_sb, int64_t s_ss, int64_t s_sh,
+                                          __nv_bfloat16* dst, int64_t d_sb, int64_t d_ss, int64_t d_sh,
+                                          uint32_t seq, uint32_t heads, uint32_t row_vecs, uint32_t vecs) {
+  for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < vecs; t += gridDim.x * blockDim.x) {
+    const uint32_t row = t / row_vecs;
+    const uint32_t c = (t - row * row_vecs) * 8;
+    const uint32_t bs = row / heads;
+    const uint32_t h = row - bs * heads;
+    const uint32_t b = bs / seq;
+    const uint32_t s = bs - b * seq;
+    const float4* sp = reinterpret_cast<const float4*>(src + b * s_sb + s * s_ss + h * s_sh + c);
+    const float4 v0 = sp[0];
+    const float4 v1 = sp[1];
+    const uint4 out = make_uint4(pack_bf16(v0.x, v0.y), pack_bf16(v0.z, v0.w), pack_bf16(v1.x, v1.y),
+                                 pack_bf16(v1.z, v1.w));
+    *reinterpret_cast<uint4*>(dst + b * d_sb + s * d_ss + h * d_sh + c) = out;
+  }
+}
+
+// fp32 -> bf16, two elements per thread (any even head_dim, 8-byte aligned rows).
 __global__ void flash_bwd_convert_kernel(const float* src, int64_t s_sb, int64_t s_ss, int64_t s_sh,
                                          __nv_bfloat16* dst, int64_t d_sb, int64_t d_ss, int64_t d_sh,
                                          int seq, int heads, int half_d, int64_t pairs) {
