@@ -528,7 +528,8 @@ uint64_t combine_area_bytes(const CudaMoeResult& dev, int topk, int64_t width) {
 
 std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
     const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
-    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) {
+    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn,
+    const host::MoeDispatchOptions& options) {
   constexpr const char* kOp = "moeDispatchGemm";
   require_bf16(dtype, kOp);
   check_usable();
@@ -547,9 +548,17 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
   FC_REQUIRE(aligned16(x) && aligned16(w1_local),
              std::string(kOp) + " on the GPU: x and w1 must be 16-byte aligned device memory");
   const int64_t local = split_count(num_experts, world, rank);
-  // The receive capacity: every row the data area holds (the same on every rank).
-  const int64_t capacity =
+  // The receive capacity (the same on every rank): the caller's bound, or every row the data
+  // area holds. The outputs and the receive area are sized by it.
+  const int64_t holds =
       std::min<int64_t>(k::moe_capacity_for(sm_->data_bytes(), static_cast<int>(hidden)), (1ll << 31) - 1);
+  FC_REQUIRE(options.max_recv_rows >= 0 && options.max_recv_rows <= holds,
+             std::string(kOp) + ": maxRecvRows = " + std::to_string(options.max_recv_rows) +
+                 " must be in [0, " + std::to_string(holds) + "] (0: no bound; the symmetric data area holds " +
+                 std::to_string(holds) + " rows of " + std::to_string(hidden) +
+                 " x 2 + 16 bytes; spark.fusedcomm.cuda.symmetricBytes)");
+  const bool bounded = options.max_recv_rows > 0;
+  const int64_t capacity = bounded ? options.max_recv_rows : holds;
   auto result = std::make_unique<host::MoeDispatchResult>();
   auto dev = std::make_shared<CudaMoeResult>(this, runtime_.gpu().ordinal, world, num_experts, local, tokens,
                                              topk, capacity, hidden, ffn);
@@ -595,8 +604,11 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
   if (st.code == k::kMoeOverflow) {
     fail(ErrorKind::kInvalidArgument,
          std::string(kOp) + ": rank " + std::to_string(st.rank) + " would receive " + std::to_string(st.a) +
-             " routed rows, more than the " + std::to_string(st.b) + " its symmetric data area holds (" +
-             std::to_string(hidden) + " x 2 + 16 bytes each); raise spark.fusedcomm.cuda.symmetricBytes");
+             " routed rows, more than " +
+             (bounded ? "maxRecvRows = " + std::to_string(st.b) + "; no row moved"
+                      : "the " + std::to_string(st.b) + " its symmetric data area holds (" +
+                            std::to_string(hidden) +
+                            " x 2 + 16 bytes each); no row moved; raise spark.fusedcomm.cuda.symmetricBytes"));
   }
   if (st.code != k::kMoeOk) {
     fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));

@@ -721,7 +721,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 // The same ops through the runtime objects the C API drives (Runtime, CudaComm), bootstrapped
 // as the C API's callers do it: results as the host reads them (the layout copied when the op
 // returns, the outputs through MoeDeviceResult::copy), a bad id as Error(kInvalidArgument) on
-// every rank, and the next op after it.
+// every rank, a receive bound (maxRecvRows) one below the fullest rank's rows as the same
+// Error(kInvalidArgument) on every rank, and the next op after them (bounded at those rows).
 void runtime_path(Rank& R, int gpu) {
   const int W = R.W, r = R.r;
   fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(gpu, R.seed, 20000, 64 << 20,
@@ -748,13 +749,20 @@ void runtime_path(Rank& R, int gpu) {
   DevBuf x = upload(in.x, R.stream), ids = upload(in.ids, R.stream), wts = upload(in.weights, R.stream),
          w1 = upload(make_w1(c, key, W, r), R.stream);
   const fusedcomm::OpDesc desc{"moeDispatchGemm (test)", 0};
-  auto dispatch = [&] {
+  // bound: MoeDispatchOptions::max_recv_rows (0: the data area's capacity).
+  auto dispatch = [&](int64_t bound = 0) {
+    fusedcomm::host::MoeDispatchOptions options;
+    options.max_recv_rows = bound;
     return dc->moe_dispatch_gemm(desc, fusedcomm::DType::kBF16, x.p, c.tokens[r], c.H, ids.as<int32_t>(),
-                                 wts.as<float>(), c.topk, c.E, w1.p, c.F);
+                                 wts.as<float>(), c.topk, c.E, w1.p, c.F, options);
   };
   const std::string what = "CudaComm " + c.name();
+  // Round 0 without a bound; round 1 with maxRecvRows = the most rows any rank received in
+  // round 0 (outputs sized by it, the fullest rank filling them), after an overflow.
+  int64_t most_rows = 0;
+  int most_rank = 0;
   for (int round = 0; round < 2; ++round) {
-    auto res = dispatch();
+    auto res = dispatch(round == 0 ? 0 : most_rows);
     const fusedcomm::host::MoeLayout& l = res->layout;
     Rank::Got g;
     g.offsets = l.expert_offsets;
@@ -833,6 +841,34 @@ void runtime_path(Rank& R, int gpu) {
       check(invalid && msg.find("expert id " + std::to_string(c.E + 5)) != std::string::npos,
             what + ": a bad id is Error(kInvalidArgument) naming it on every rank (got '" + msg + "')");
       ids = std::move(saved);
+
+      // Every rank's rows; a bound one below the most: the fullest rank (the first of them)
+      // overflows, every rank throws the same message naming it, its rows and the bound.
+      const int64_t mine = rows;
+      const auto all = R.g.all_gather(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&mine),
+                                                           reinterpret_cast<const uint8_t*>(&mine) + 8));
+      for (int q = 0; q < W; ++q) {
+        int64_t v = 0;
+        std::memcpy(&v, all[q].data(), 8);
+        if (v > most_rows) most_rows = v, most_rank = q;
+      }
+      std::string over;
+      bool over_invalid = false;
+      try {
+        dispatch(most_rows - 1);
+      } catch (const Error& e) {
+        over = e.what();
+        over_invalid = e.kind() == ErrorKind::kInvalidArgument;
+      }
+      if (r == 0) std::printf("  overflow through CudaComm: %s\n", over.c_str());
+      const std::string want = "rank " + std::to_string(most_rank) + " would receive " + std::to_string(most_rows) +
+                               " routed rows, more than maxRecvRows = " + std::to_string(most_rows - 1);
+      check(most_rows >= 2 && over_invalid && over.find(want) != std::string::npos,
+            what + ": an overflow is Error(kInvalidArgument) '" + want + "' on every rank (got '" + over + "')");
+      const auto msgs = R.g.all_gather(std::vector<uint8_t>(over.begin(), over.end()));
+      bool same = true;
+      for (const auto& m : msgs) same = same && std::string(m.begin(), m.end()) == over;
+      check(same, what + ": the overflow's message is the same on every rank");
     }
   }
   dc->close();
