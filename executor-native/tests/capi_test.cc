@@ -840,8 +840,9 @@ void exports() {
        {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
         "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
         "Java_io_fusedcomm_api_NativeOps_pointerInfo", "Java_io_fusedcomm_runtime_NativeApi_memStats",
-        "fc_grouped_gemm", "JNI_OnLoad", "fc_moe_gemm_combine", "fc_moe_dispatch_device_rows", "fc_moe_dispatch_gemm_ex", "fc_attention_backward",
-        "fc_ring_attention_backward", "Java_io_fusedcomm_api_NativeOps_attentionBackward",
+        "fc_grouped_gemm", "JNI_OnLoad", "fc_moe_gemm_combine", "fc_moe_dispatch_device_rows",
+        "fc_moe_dispatch_gemm_ex", "fc_attention_backward", "fc_ring_attention_backward",
+        "Java_io_fusedcomm_api_NativeOps_attentionBackward",
         "Java_io_fusedcomm_api_NativeOps_ringAttentionBackward"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }

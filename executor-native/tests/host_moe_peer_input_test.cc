@@ -48,8 +48,8 @@ class ScriptedPeer final : public Exchanger {
   Counts counts{0, 0};
   int64_t bound = 0;         // the receive bound it announces
   int64_t rows_to_self = 0;  // the rows it routes to itself (rank 1)
-  std::vector<Meta> meta;  // the routed rows' identities; their payload is zeros
-  int rows_exchanges = 0;  // how often rank 0 got as far as exchanging rows
+  std::vector<Meta> meta;    // the routed rows' identities; their payload is zeros
+  int rows_exchanges = 0;    // how often rank 0 got as far as exchanging rows
   uint64_t rows_block_bytes = 0;
   CountBlock sent{};  // what rank 0 announced
 
@@ -95,8 +95,8 @@ struct Inputs {
 };
 
 // Runs the dispatch against `peer`; returns the error message ("" if it succeeded).
-std::string dispatch(ScriptedPeer& peer, host::MoeDispatchResult* result = nullptr,
-                     ErrorKind* kind = nullptr, int64_t bound = 0) {
+std::string dispatch(ScriptedPeer& peer, host::MoeDispatchResult* result = nullptr, ErrorKind* kind = nullptr,
+                     int64_t bound = 0) {
   Inputs in;
   try {
     host::MoeDispatchOptions options;
@@ -170,8 +170,8 @@ void bound() {
     peer.counts = {0, 0};
     peer.bound = 64;
     check(dispatch(peer, nullptr, nullptr, 64).empty(), "bound 64: an honest dispatch");
-    check(peer.sent.tokens == kTokens && peer.sent.max_recv_rows == 64 && peer.sent.rows_to[0] == kTokens * kTopk &&
-              peer.sent.rows_to[1] == 0,
+    check(peer.sent.tokens == kTokens && peer.sent.max_recv_rows == 64 &&
+              peer.sent.rows_to[0] == kTokens * kTopk && peer.sent.rows_to[1] == 0,
           "rank 0's count block: tokens, bound, rows to each rank");
   }
   struct Case {

@@ -189,8 +189,9 @@ fc_status_t fc_moe_dispatch_gemm_ex(fc_comm_t comm, const fc_op_desc_t* desc, fc
     host::MoeDispatchOptions o;
     if (options != nullptr) o.max_recv_rows = options->max_recv_rows;
     auto handle = std::make_unique<fc_moe_dispatch>();
-    handle->result = comm_of(comm).moe_dispatch_gemm(op_desc(desc), floating(dtype), x, tokens, hidden, topk_ids,
-                                                     topk_weights, topk, num_experts, w1_local, ffn, o);
+    handle->result =
+        comm_of(comm).moe_dispatch_gemm(op_desc(desc), floating(dtype), x, tokens, hidden, topk_ids,
+                                        topk_weights, topk, num_experts, w1_local, ffn, o);
     result = handle.release();
   });
 }
@@ -199,8 +200,8 @@ fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dt
                                  int64_t tokens, int64_t hidden, const int32_t* topk_ids,
                                  const float* topk_weights, int32_t topk, int64_t num_experts,
                                  const void* w1_local, int64_t ffn, fc_moe_dispatch_t* out) {
-  return fc_moe_dispatch_gemm_ex(comm, desc, dtype, x, tokens, hidden, topk_ids, topk_weights, topk, num_experts,
-                                 w1_local, ffn, nullptr, out);
+  return fc_moe_dispatch_gemm_ex(comm, desc, dtype, x, tokens, hidden, topk_ids, topk_weights, topk,
+                                 num_experts, w1_local, ffn, nullptr, out);
 }
 
 fc_status_t fc_moe_dispatch_layout(fc_moe_dispatch_t dispatch, fc_moe_layout_t* out) {

@@ -167,15 +167,16 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
     // The bound and every rank's total are the same numbers on every rank: so is the verdict.
     for (int p = 1; p < world; ++p) {
       if (bound[p] != bound[0]) {
-        fail(ErrorKind::kInvalidArgument, std::string(kOp) + ": maxRecvRows differs between ranks (rank 0: " +
-                                              str(bound[0]) + ", rank " + str(p) + ": " + str(bound[p]) + ")");
+        fail(ErrorKind::kInvalidArgument,
+             std::string(kOp) + ": maxRecvRows differs between ranks (rank 0: " + str(bound[0]) + ", rank " +
+                 str(p) + ": " + str(bound[p]) + ")");
       }
     }
     for (int d = 0; d < world; ++d) {
       if (bound[0] > 0 && total[d] > bound[0]) {
-        fail(ErrorKind::kInvalidArgument, std::string(kOp) + ": rank " + str(d) + " would receive " +
-                                              str(total[d]) + " routed rows, more than maxRecvRows = " +
-                                              str(bound[0]) + "; no row moved");
+        fail(ErrorKind::kInvalidArgument,
+             std::string(kOp) + ": rank " + str(d) + " would receive " + str(total[d]) +
+                 " routed rows, more than maxRecvRows = " + str(bound[0]) + "; no row moved");
       }
     }
   }

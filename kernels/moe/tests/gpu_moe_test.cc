@@ -193,8 +193,13 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   using SymmetricRank::SymmetricRank;
   // The dispatch's path for every launch of the sections below (rank_main runs them with each).
   k::FusedAlgo algo = k::FusedAlgo::kDecomposed;
+  // The low-latency mode (MoeMode::kLowLatency) for the dispatch and the combine instead.
+  bool low_latency = false;
 
-  const char* algo_name() const { return algo == k::FusedAlgo::kFused ? "fused" : "decomposed"; }
+  const char* algo_name() const {
+    return low_latency ? "low-latency" : algo == k::FusedAlgo::kFused ? "fused" : "decomposed";
+  }
+  k::MoeMode mode() const { return low_latency ? k::MoeMode::kLowLatency : k::MoeMode::kNormal; }
 
   std::unique_ptr<Run> prepare(const Case& c, uint64_t key, int64_t capacity = -1) {
     auto run = std::make_unique<Run>();
@@ -241,6 +246,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     d.workspace = R.ws.p;
     d.workspace_bytes = R.ws.bytes;
     d.algo = algo;
+    d.mode = mode();
     if (fusedcomm::testing::g_shared_gpu && W > 1) {
       // Every rank's persistent kernel on the one GPU at once: a share of its SMs each.
       int dev = 0, sms = 0;
@@ -261,6 +267,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     cb.tokens = c.tokens[r];
     cb.topk_weights = R.weights.as<float>();
     cb.out = R.combined.as<__nv_bfloat16>();
+    cb.mode = mode();
+    cb.ctas = d.fused_ctas;
     R.w2 = upload(make_w2(c, key, W, r, c.H), stream);
     R.gc_rows = dev(cap * c.H * 2);
     R.gc_ref = dev(c.tokens[r] * c.H * 2);
@@ -677,8 +685,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       const std::optional<Error> e = fusedcomm::testing::raised(*sm);
       const k::CommErrorRecord rec = sm->error();
       if (r == 0) std::printf("  dead rank after %.2f s: %s\n", s, e ? e->what() : "(no error)");
-      check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpCounts &&
-                rec.step == k::kMoeStepCounts && rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
+      const uint32_t op = low_latency ? k::kMoeOpLowLatency : k::kMoeOpCounts;
+      check(e && e->kind() == ErrorKind::kTimeout && rec.op == op && rec.step == k::kMoeStepCounts &&
+                rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
             std::string("dead rank (") + algo_name() +
                 "): a clear timeout naming the count exchange and rank " + std::to_string(W - 1));
     }
@@ -774,9 +783,14 @@ void runtime_path(Rank& R, int gpu) {
     g.routed.resize(static_cast<size_t>(rows * c.H));
     g.out.resize(static_cast<size_t>(rows * c.F));
     check(res->device != nullptr, what + ": the result stays on the GPU");
-    const bool fused_path = res->path.rfind("fused", 0) == 0;
-    check(!fused_path && !res->path.empty(),
-          what + ": kAuto's path is the decomposed one (got '" + res->path + "')");
+    // kAuto: the decomposed path with the data area's capacity; the low-latency one at a bound
+    // of decode size (fused_choice.h).
+    const bool ll = round == 1 && k::choose_moe_low_latency(k::MoeMode::kAuto, W, most_rows, c.topk);
+    const std::string want_path = ll ? "low-latency" : "decomposed";
+    if (r == 0)
+      std::printf("  moeDispatchGemm through CudaComm, round %d: %s path\n", round, res->path.c_str());
+    check(res->path == want_path,
+          what + ": kAuto's path is the " + want_path + " one (got '" + res->path + "')");
     res->device->copy(g.out.data(), g.routed.data());
     R.check_rows(c, key, in, g, what + (round ? " (after a failed op)" : ""));
     // Combine: rows that carry their identity, home.
@@ -861,10 +875,12 @@ void runtime_path(Rank& R, int gpu) {
         over_invalid = e.kind() == ErrorKind::kInvalidArgument;
       }
       if (r == 0) std::printf("  overflow through CudaComm: %s\n", over.c_str());
-      const std::string want = "rank " + std::to_string(most_rank) + " would receive " + std::to_string(most_rows) +
+      const std::string want = "rank " + std::to_string(most_rank) + " would receive " +
+                               std::to_string(most_rows) +
                                " routed rows, more than maxRecvRows = " + std::to_string(most_rows - 1);
       check(most_rows >= 2 && over_invalid && over.find(want) != std::string::npos,
-            what + ": an overflow is Error(kInvalidArgument) '" + want + "' on every rank (got '" + over + "')");
+            what + ": an overflow is Error(kInvalidArgument) '" + want + "' on every rank (got '" + over +
+                "')");
       const auto msgs = R.g.all_gather(std::vector<uint8_t>(over.begin(), over.end()));
       bool same = true;
       for (const auto& m : msgs) same = same && std::string(m.begin(), m.end()) == over;
@@ -896,8 +912,9 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     return g_failed == 0 ? 0 : 1;
   };
   try {
-    for (const k::FusedAlgo algo : {k::FusedAlgo::kDecomposed, k::FusedAlgo::kFused}) {
-      R.algo = algo;
+    for (const int path : {0, 1, 2}) {
+      R.algo = path == 1 ? k::FusedAlgo::kFused : k::FusedAlgo::kDecomposed;
+      R.low_latency = path == 2;
       if (g.rank == 0) std::printf("  -- %s dispatch\n", R.algo_name());
       R.correctness();
       lap("correctness");
