@@ -687,19 +687,22 @@ __device__ __forceinline__ void moe_ll_release(uint64_t* flag, uint64_t epoch) {
 }
 
 // All threads: thread 0 waits (bounded) for a local flag; false (to every thread) if it gave up.
+// Twice the timeout: the CTA behind the flag waits for the peers with the plain one, so where a
+// peer never comes, its record (naming that peer and step) is the one the host reads.
 __device__ __forceinline__ bool moe_ll_wait(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
                                             uint32_t op, uint32_t step) {
   __shared__ int s_ok;
-  if (threadIdx.x == 0) s_ok = comm_wait_flag_inline(d, flag, epoch, op, step, d.rank, 1, true) ? 1 : 0;
+  if (threadIdx.x == 0) s_ok = comm_wait_flag_inline(d, flag, epoch, op, step, d.rank, 2, true) ? 1 : 0;
   __syncthreads();
   return s_ok != 0;
 }
 
-// Its shared memory (dynamic): the per-warp chunk counts, then the W × E count matrix, then the
-// per-expert totals and this rank's send bases (int64 each).
-size_t moe_ll_smem(int W, int E) {
-  return static_cast<size_t>(kLlWarps) * E * 4 + static_cast<size_t>(W) * E * 4 + static_cast<size_t>(E) * 16;
+// Its shared memory (dynamic): the per-warp chunk counts, then the W × E count matrix, then (at
+// the next 16-byte boundary) the per-expert totals and this rank's send bases (int64 each).
+__host__ __device__ __forceinline__ size_t moe_ll_int64_offset(int W, int E) {
+  return (static_cast<size_t>(kLlWarps + W) * E * 4 + 15) / 16 * 16;
 }
+size_t moe_ll_smem(int W, int E) { return moe_ll_int64_offset(W, E) + static_cast<size_t>(E) * 16; }
 
 struct LlParams {
   CommDevice dev;
@@ -736,7 +739,7 @@ __global__ void __launch_bounds__(kLlThreads) moe_ll_dispatch_kernel(const __gri
   if (blockIdx.x == 0) {
     auto* hist = reinterpret_cast<int32_t*>(ll_smem);  // [kLlWarps][E]
     auto* s_m = hist + kLlWarps * E;                   // [W][E]
-    auto* s_tot = reinterpret_cast<int64_t*>(s_m + W * E);
+    auto* s_tot = reinterpret_cast<int64_t*>(ll_smem + moe_ll_int64_offset(W, E));
     int64_t* s_base = s_tot + E;
     for (int i = tid; i < kLlWarps * E; i += blockDim.x) hist[i] = 0;
     if (tid == 0) s_bad_pair = ~0ull;
