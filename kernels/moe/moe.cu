@@ -675,6 +675,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 constexpr int kLlThreads = kGemmThreads;  // launch_cooperative's block
 constexpr int kLlWarps = kLlThreads / 32;
+static_assert(kLlWarps == kMoeLlCountWarps, "moe_layout.h's low-latency chunking is this kernel's");
 
 __device__ __forceinline__ uint64_t* moe_ll_flags(const CommDevice& d) {
   return reinterpret_cast<uint64_t*>(d.base[d.rank] + kMoeLlFlagsOffset);
@@ -746,7 +747,7 @@ __global__ void __launch_bounds__(kLlThreads) moe_ll_dispatch_kernel(const __gri
     __syncthreads();
     // Counts: warp w takes pairs [w·C, (w+1)·C), 32 at a time in pair order (moe_count_kernel's
     // stable ranks within the chunk).
-    const int64_t chunk = (pairs + kLlWarps - 1) / kLlWarps;
+    const int64_t chunk = moe_ll_chunk_pairs(pairs);
     int32_t* h = hist + warp * E;
     const int64_t begin = warp * chunk, end = min(pairs, begin + chunk);
     for (int64_t base = begin; base < end; base += 32) {
