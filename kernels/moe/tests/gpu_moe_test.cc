@@ -23,14 +23,19 @@
 //     rank gets the same status, no row moves, nothing hangs, and the next op works.
 //   every section above and below runs with each dispatch path (MoeDispatchArgs::algo:
 //     kDecomposed, then kFused, whose persistent kernel gets a 1/W share of the SMs when ranks
-//     share a GPU); a rank that launches 0.3 s late (W >= 2); CudaComm's path at kAuto (the
-//     decomposed one: fused_choice.h).
+//     share a GPU, then the low-latency mode, MoeMode::kLowLatency, for the dispatch and the
+//     combine, its grid capped the same way); a rank that launches 0.3 s late (W >= 2);
+//     CudaComm's path at kAuto (fused_choice.h: decomposed with the data area's capacity,
+//     low-latency at a decode-sized maxRecvRows), and CudaComm with maxRecvRows one below the
+//     fullest rank's rows: the same Error(kInvalidArgument) on every rank, then the op at
+//     exactly those rows.
 //   1,000 back-to-back launches (200 when ranks share a GPU; dispatch and combine of two
 //     routings alternating, an allReduce
 //     between them every tenth time), no host synchronisation, the last outputs checked; CUDA
 //     graph capture of dispatch + combine and 10 replays (outputs poisoned between replays);
 //     a rank that never launches: the others time out (1 s) with an error record naming the
-//     count exchange and the dead rank; a fresh SymmetricMemory then works.
+//     count exchange (the low-latency kernel's, in that mode) and the dead rank; a fresh
+//     SymmetricMemory then works.
 // FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
 // Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
