@@ -13,8 +13,16 @@
 //   fusedcomm_decomposed       moeDispatchGemm's separate launches (FusedAlgo::kDecomposed)
 //   fusedcomm_fused_p<P>       with --dispatch-ctas P,...: the fused kernel with P dispatch CTAs
 //                              (the SM split's measurement)
-//   fusedcomm_dispatch_only    moeDispatchGemm's routing and rows without the GEMM (part)
+//   fusedcomm_dispatch_only    moeDispatchGemm's routing and rows without the GEMM (part; the
+//                              normal path)
+//   fusedcomm_low_latency      moeDispatchGemm in the low-latency mode (MoeMode::kLowLatency: the
+//                              routing and the rows in one launch, then the grouped GEMM)
+//   fusedcomm_ll_dispatch_only the low-latency kernel alone, without the GEMM (part)
 //   fusedcomm_gemm_only        the grouped GEMM alone on the received rows (part)
+// moeCombine: fusedcomm (kAuto: fused_choice.h's mode), fusedcomm_normal (the rows kernel
+// then the sum kernel), fusedcomm_low_latency (one launch).
+// --share-gpu: every rank on GPU 0 (protocol cost, not NVLink; the kernels that wait for every
+// rank get a 1/W share of the SMs).
 // moeGemmCombine (h = the dispatch's out, W2 = local experts × hidden × ffn, out = T × hidden):
 //   fusedcomm                  launch_moe_gemm_combine at kAuto (fused_choice.h's path)
 //   fusedcomm_fused            the fused kernel (each tile stored into its rows' home slots, the
@@ -61,7 +69,7 @@ namespace {
 const char* kUsage =
     "usage: moe_bench --world W --shapes FILE [--out ROWS.jsonl] [--batch-ms 25] [--batches 7]\n"
     "                 [--sustain-ms 500] [--seed S] [--dispatch-ctas P,...]\n"
-    "                 [--ops dispatch,combine,gemm_combine]\n"
+    "                 [--ops dispatch,combine,gemm_combine] [--share-gpu]\n"
     "  FILE: \"<label> <hidden> <ffn> <experts> <topk> <tokens per rank> <uniform|skewed>\" per line\n"
     "  (bench/shapes/moe_layer.txt). hidden and ffn multiples of 8.\n"
     "  Rows go to --out as JSON lines (rank 0).\n"
@@ -79,8 +87,9 @@ struct Options {
   double batch_ms = 25, sustain_ms = 500;
   int batches = 7;
   uint64_t seed = 12345;
-  std::vector<int> dispatch_ctas;  // fused kernel variants (the SM split)
+  std::vector<int> dispatch_ctas;                     // fused kernel variants (the SM split)
   std::string ops = "dispatch,combine,gemm_combine";  // what is timed
+  bool share_gpu = false;                             // every rank on GPU 0
   bool times(const char* op) const {
     return ("," + ops + ",").find("," + std::string(op) + ",") != std::string::npos;
   }
@@ -161,7 +170,7 @@ float bf(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   const int W = g.world, r = g.rank;
-  FC_BENCH_CUDA(cudaSetDevice(r));
+  FC_BENCH_CUDA(cudaSetDevice(o.share_gpu ? 0 : r));
   const std::vector<Shape> list = read_shapes(o.shapes);
 
   // Every buffer at the largest need over the shapes (products taken per shape: the largest
@@ -185,6 +194,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   }
   fusedcomm::SymmetricConfig cfg;
   cfg.data_bytes = (data_need + 4095) / 4096 * 4096;
+  cfg.allow_shared_gpu = o.share_gpu;
+  int cta_cap = 0;  // the waiting kernels' grid with ranks sharing the GPU
+  if (o.share_gpu && W > 1) {
+    int sms = 0;
+    FC_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cta_cap = std::max(2, sms / W);
+  }
   auto sm = std::make_unique<fusedcomm::SymmetricMemory>(r, W, cfg);
   sm->connect(g.all_gather(sm->export_handle()));
   const k::CommDevice& dev = sm->device();
@@ -286,12 +302,18 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     d.routed_x = routed, d.out = out;
     d.layout = {offsets, src_rank, src_token, src_slot, row_w, counts, tokens, status};
     d.workspace = ws, d.workspace_bytes = ws_max;
+    d.fused_ctas = cta_cap;
     k::MoeDispatchArgs d_only = d;
     d_only.out = nullptr;
     d_only.algo = k::FusedAlgo::kDecomposed;
-    k::MoeDispatchArgs d_fused = d, d_dec = d;
+    d_only.mode = k::MoeMode::kNormal;
+    k::MoeDispatchArgs d_fused = d, d_dec = d, d_ll = d;
     d_fused.algo = k::FusedAlgo::kFused;
     d_dec.algo = k::FusedAlgo::kDecomposed;
+    d_fused.mode = d_dec.mode = k::MoeMode::kNormal;
+    d_ll.mode = k::MoeMode::kLowLatency;
+    k::MoeDispatchArgs d_ll_only = d_ll;
+    d_ll_only.out = nullptr;
     std::vector<k::MoeDispatchArgs> d_split;
     for (int p : o.dispatch_ctas) {
       d_split.push_back(d_fused);
@@ -303,10 +325,15 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     k::MoeCombineArgs cb;
     cb.expert_out = routed, cb.width = s.H, cb.layout = d.layout, cb.num_experts = s.E, cb.topk = s.topk;
     cb.capacity = cap, cb.tokens = s.T, cb.topk_weights = wts, cb.out = combined;
+    cb.ctas = cta_cap;
+    k::MoeCombineArgs cb_n = cb, cb_ll = cb;
+    cb_n.mode = k::MoeMode::kNormal;
+    cb_ll.mode = k::MoeMode::kLowLatency;
     k::MoeGemmCombineArgs gc;
     gc.h = out, gc.rows = cap, gc.k = s.F, gc.w2 = w2, gc.width = s.H, gc.layout = d.layout;
     gc.num_experts = s.E, gc.topk = s.topk, gc.tokens = s.T, gc.topk_weights = wts, gc.out = gc_out;
     gc.workspace = gc_ws, gc.workspace_bytes = gc_ws_max;
+    gc.fused_ctas = cta_cap;
     k::MoeGemmCombineArgs gc_fused = gc, gc_dec = gc;
     gc_fused.algo = k::FusedAlgo::kFused;
     gc_dec.algo = k::FusedAlgo::kDecomposed;
@@ -326,9 +353,9 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         if (e >= first && e < first + El) ++want_off[e - first + 1];
     for (int64_t i = 0; i < El; ++i) want_off[i + 1] += want_off[i];
     const int64_t n = want_off[El];
-    for (const k::MoeDispatchArgs* dv : {&d_dec, &d_fused}) {
+    for (const k::MoeDispatchArgs* dv : {&d_dec, &d_fused, &d_ll}) {
       if (!why.empty()) break;
-      const char* path = dv == &d_fused ? "fused: " : "decomposed: ";
+      const char* path = dv == &d_fused ? "fused: " : dv == &d_ll ? "low-latency: " : "decomposed: ";
       FC_BENCH_CUDA(cudaMemsetAsync(routed, 0xFF, cap * s.H * 2, st));
       FC_BENCH_CUDA(cudaMemsetAsync(out, 0xFF, cap * s.F * 2, st));
       FC_BENCH_CUDA(k::launch_moe_dispatch(dev, *dv, st));
@@ -379,26 +406,33 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       }
       if (!why.empty()) why = path + why;
     }
-    // The combine of the rows sent back unchanged: x_t · Σ_q w_q in fp32, slot order, rounded once.
-    FC_BENCH_CUDA(cudaMemsetAsync(combined, 0xFF, s.T * s.H * 2, st));
-    FC_BENCH_CUDA(k::launch_moe_combine(dev, cb, st));
-    FC_BENCH_CUDA(cudaStreamSynchronize(st));
-    sm->raise_if_failed();
-    if (why.empty()) {
-      const auto xs = download<__nv_bfloat16>(x, s.T * s.H),
-                 got = download<__nv_bfloat16>(combined, s.T * s.H);
-      int64_t bad = 0;
-      for (int64_t t = 0; t < s.T; ++t)
-        for (int c = 0; c < s.H; ++c) {
-          volatile float acc = 0.f;
-          for (int q = 0; q < s.topk; ++q) {
-            volatile float p = all_wts[r][t * s.topk + q] * bf(xs[t * s.H + c]);
-            acc = acc + p;
+    // The combine of the rows sent back unchanged: x_t · Σ_q w_q in fp32, slot order, rounded once
+    // (both modes).
+    for (const k::MoeCombineArgs* cv : {&cb_n, &cb_ll}) {
+      if (!why.empty()) break;
+      FC_BENCH_CUDA(cudaMemsetAsync(combined, 0xFF, s.T * s.H * 2, st));
+      FC_BENCH_CUDA(k::launch_moe_combine(dev, *cv, st));
+      FC_BENCH_CUDA(cudaStreamSynchronize(st));
+      sm->raise_if_failed();
+      if (why.empty()) {
+        const auto xs = download<__nv_bfloat16>(x, s.T * s.H),
+                   got = download<__nv_bfloat16>(combined, s.T * s.H);
+        int64_t bad = 0;
+        for (int64_t t = 0; t < s.T; ++t)
+          for (int c = 0; c < s.H; ++c) {
+            volatile float acc = 0.f;
+            for (int q = 0; q < s.topk; ++q) {
+              volatile float p = all_wts[r][t * s.topk + q] * bf(xs[t * s.H + c]);
+              acc = acc + p;
+            }
+            const __nv_bfloat16 e = __float2bfloat16_rn(acc);
+            if (std::memcmp(&e, &got[t * s.H + c], 2) != 0) ++bad;
           }
-          const __nv_bfloat16 e = __float2bfloat16_rn(acc);
-          if (std::memcmp(&e, &got[t * s.H + c], 2) != 0) ++bad;
+        if (bad) {
+          why = std::string(cv == &cb_ll ? "low-latency " : "") + "combine: " + std::to_string(bad) +
+                " elements differ";
         }
-      if (bad) why = "combine: " + std::to_string(bad) + " elements differ";
+      }
     }
     // moeGemmCombine: the fused kernel bit for bit against the grouped GEMM then the combine.
     if (why.empty()) {
@@ -445,12 +479,16 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
         [&] { FC_BENCH_CUDA(k::launch_grouped_gemm(gg, st)); },
         [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d_fused, st)); },
         [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d_dec, st)); },
+        [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d_ll, st)); },
+        [&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, d_ll_only, st)); },
     };
     for (const k::MoeDispatchArgs& dv : d_split)
       dispatch_impls.push_back([&] { FC_BENCH_CUDA(k::launch_moe_dispatch(dev, dv, st)); });
     const std::vector<double> td = o.times("dispatch") ? time_ops(dispatch_impls) : std::vector<double>{};
     const std::vector<double> tc =
-        o.times("combine") ? time_ops({[&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb, st)); }})
+        o.times("combine") ? time_ops({[&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb, st)); },
+                                       [&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb_n, st)); },
+                                       [&] { FC_BENCH_CUDA(k::launch_moe_combine(dev, cb_ll, st)); }})
                            : std::vector<double>{};
     // The dispatch leaves the layout the gemm+combine reads (every dispatch impl above rewrites
     // it the same way).
@@ -465,8 +503,13 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
     // Rank 0's rows: FLOPs and bytes of this rank (the routed rows it received, the rows it sent).
     const double sent_bytes = double(s.T) * s.topk * s.H * 2;
     const double gemm_flops = 2.0 * n * s.F * s.H;
-    std::vector<std::string> names = {"fusedcomm", "fusedcomm_dispatch_only", "fusedcomm_gemm_only",
-                                      "fusedcomm_fused", "fusedcomm_decomposed"};
+    std::vector<std::string> names = {"fusedcomm",
+                                      "fusedcomm_dispatch_only",
+                                      "fusedcomm_gemm_only",
+                                      "fusedcomm_fused",
+                                      "fusedcomm_decomposed",
+                                      "fusedcomm_low_latency",
+                                      "fusedcomm_ll_dispatch_only"};
     for (int p : o.dispatch_ctas) names.push_back("fusedcomm_fused_p" + std::to_string(p));
     auto row = [&](const char* op, const char* impl, double ms, double flops) {
       b::Row sh;
@@ -485,17 +528,28 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       if (r == 0) std::printf("%-22s W=%d %-16s %-26s %8.4f ms\n", s.label.c_str(), W, op, impl, ms);
     };
     for (size_t i = 0; i < td.size(); ++i)
-      row("moeDispatchGemm", names[i].c_str(), td[i], i == 1 ? 0.0 : gemm_flops);
+      row("moeDispatchGemm", names[i].c_str(), td[i], i == 1 || i == 6 ? 0.0 : gemm_flops);
     if (r == 0 && !td.empty()) {
       const k::MoeLaunchInfo fi = k::moe_dispatch_info(dev, d_fused);
       std::printf(
           "%-22s W=%d fused split: %d GEMM + %d dispatch CTAs, %d rows per item; auto: %s; "
-          "fused / max(parts) %.3f, fused / sum(parts) %.3f\n",
+          "fused / max(parts) %.3f, fused / sum(parts) %.3f; low-latency / normal: dispatch only %.3f, "
+          "with the GEMM %.3f\n",
           s.label.c_str(), W, fi.gemm_ctas, fi.dispatch_ctas, fi.item_rows,
-          k::moe_dispatch_info(dev, d).algo == k::FusedAlgo::kFused ? "fused" : "decomposed",
-          td[3] / std::max(td[1], td[2]), td[3] / (td[1] + td[2]));
+          k::moe_dispatch_info(dev, d).low_latency                    ? "low-latency"
+          : k::moe_dispatch_info(dev, d).algo == k::FusedAlgo::kFused ? "fused"
+                                                                      : "decomposed",
+          td[3] / std::max(td[1], td[2]), td[3] / (td[1] + td[2]), td[6] / td[1], td[5] / td[4]);
     }
-    if (!tc.empty()) row("moeCombine", "fusedcomm", tc[0], 0.0);
+    if (!tc.empty()) {
+      row("moeCombine", "fusedcomm", tc[0], 0.0);
+      row("moeCombine", "fusedcomm_normal", tc[1], 0.0);
+      row("moeCombine", "fusedcomm_low_latency", tc[2], 0.0);
+      if (r == 0) {
+        std::printf("%-22s W=%d combine auto: %s; low-latency / normal %.3f\n", s.label.c_str(), W,
+                    k::moe_combine_low_latency(dev, cb) ? "low-latency" : "normal", tc[2] / tc[1]);
+      }
+    }
     if (!tg.empty()) {
       const char* gc_names[] = {"fusedcomm", "fusedcomm_fused", "fusedcomm_decomposed", "fusedcomm_gemm_only",
                                 "fusedcomm_combine_only"};
@@ -528,6 +582,7 @@ int main(int argc, char** argv) {
   o.sustain_ms = a.num("sustain-ms", 500);
   o.seed = static_cast<uint64_t>(a.num("seed", 12345));
   o.ops = a.str("ops", o.ops);
+  o.share_gpu = a.flag("share-gpu");
   {
     std::string list = a.str("dispatch-ctas", "");
     for (size_t at = 0; at < list.size();) {
@@ -541,7 +596,7 @@ int main(int argc, char** argv) {
   try {
     read_shapes(o.shapes);  // refused before any rank starts
   } catch (const std::exception& e) { a.fail(e.what()); }
-  return b::run_ranks(o.world, 1800, [&](fusedcomm::testing::ProcessGroup& g) {
+  return b::run_ranks(o.world, 1800, o.share_gpu ? 1 : o.world, [&](fusedcomm::testing::ProcessGroup& g) {
     try {
       return bench(g, o);
     } catch (const std::exception& e) {

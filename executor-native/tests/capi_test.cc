@@ -195,6 +195,30 @@ void one_rank(fc_runtime_t rt) {
   check(device_rows == &device_rows, "a refused fc_moe_dispatch_device_rows writes nothing");
   check_fails(fc_moe_gemm_combine(comm, &mdesc, FC_DTYPE_F32, dispatch, x, 4, w1, FC_LAYOUT_NK, -1, combined),
               FC_STATUS_INVALID_ARGUMENT, "moeGemmCombine", "a negative width");
+  // A receive bound below the rows (2 routed rows to rank 0, maxRecvRows = 1): refused, naming
+  // the rank, its rows and the bound, with no result; the next dispatch (bounded at 2) works.
+  fc_moe_options_t bound{};
+  bound.max_recv_rows = 1;
+  fc_moe_dispatch_t bounded = nullptr;
+  check_fails(fc_moe_dispatch_gemm_ex(comm, &mdesc, FC_DTYPE_F32, x, 2, 4, ids, weights, 1, 1, w1, 4, &bound,
+                                      &bounded),
+              FC_STATUS_INVALID_ARGUMENT, "rank 0 would receive 2 routed rows, more than maxRecvRows = 1",
+              "a receive bound below the rows");
+  check(bounded == nullptr, "an overflowing dispatch returns no result");
+  bound.max_recv_rows = -1;
+  check_fails(fc_moe_dispatch_gemm_ex(comm, &mdesc, FC_DTYPE_F32, x, 2, 4, ids, weights, 1, 1, w1, 4, &bound,
+                                      &bounded),
+              FC_STATUS_INVALID_ARGUMENT, "maxRecvRows = -1", "a negative receive bound");
+  bound.max_recv_rows = 2;
+  fc_moe_layout_t blayout{};
+  float brows[8] = {};
+  check(fc_moe_dispatch_gemm_ex(comm, &mdesc, FC_DTYPE_F32, x, 2, 4, ids, weights, 1, 1, w1, 4, &bound,
+                                &bounded) == FC_STATUS_SUCCESS &&
+            fc_moe_dispatch_layout(bounded, &blayout) == FC_STATUS_SUCCESS && blayout.rows == 2 &&
+            fc_moe_dispatch_copy(bounded, brows, nullptr) == FC_STATUS_SUCCESS &&
+            std::memcmp(brows, x, sizeof x) == 0,
+        std::string("a dispatch at its bound after an overflow: ") + fc_last_error_message());
+  check(fc_moe_dispatch_free(bounded) == FC_STATUS_SUCCESS, "fc_moe_dispatch_free (bounded)");
   check(fc_moe_dispatch_free(dispatch) == FC_STATUS_SUCCESS, "fc_moe_dispatch_free");
   check_fails(fc_moe_dispatch_layout(nullptr, &layout), FC_STATUS_STATE, "the MoE dispatch is closed",
               "a null dispatch");
@@ -816,8 +840,9 @@ void exports() {
        {"fc_status_string", "fc_last_error_message", "fc_comm_create", "fc_all_reduce",
         "fc_comm_describe_fused", "fc_pointer_info", "Java_io_fusedcomm_api_NativeOps_allReduce",
         "Java_io_fusedcomm_api_NativeOps_pointerInfo", "Java_io_fusedcomm_runtime_NativeApi_memStats",
-        "fc_grouped_gemm", "JNI_OnLoad", "fc_moe_gemm_combine", "fc_moe_dispatch_device_rows", "fc_attention_backward",
-        "fc_ring_attention_backward", "Java_io_fusedcomm_api_NativeOps_attentionBackward",
+        "fc_grouped_gemm", "JNI_OnLoad", "fc_moe_gemm_combine", "fc_moe_dispatch_device_rows",
+        "fc_moe_dispatch_gemm_ex", "fc_attention_backward", "fc_ring_attention_backward",
+        "Java_io_fusedcomm_api_NativeOps_attentionBackward",
         "Java_io_fusedcomm_api_NativeOps_ringAttentionBackward"}) {
     check(dlsym(lib, sym) != nullptr, std::string("exported: ") + sym);
   }

@@ -1,10 +1,13 @@
 // host_moe_peer_input_test: moeDispatchGemm on rank 0 of 2 where rank 1 is played by a scripted
 // Exchanger that delivers what the test crafts: row counts (negative, above the peer's tokens ×
-// topk, near 2^62) and token counts (negative, past int32) that no buffer may be sized from, and
+// topk, near 2^62, for either rank or in all) and token counts (negative, past int32) that no
+// buffer may be sized from, a receive bound other than rank 0's, and
 // routed rows whose identity does not fit (a token the peer does not have, a slot past topk, a
 // pair repeated or out of order). Each must fail with Error(kCommunicator) naming rank 1 before
-// anything is sized from it (the rows exchange is never reached after bad counts); an honest
-// script at the bound (tokens × topk rows) goes through and routes every row. Host code only.
+// anything is sized from it (the rows exchange is never reached after bad counts); a receive
+// total above the bound (maxRecvRows), at rank 0 or at rank 1, fails with Error(kInvalidArgument)
+// naming the rank, its rows and the bound before any row moves; an honest script at the bound
+// (tokens × topk rows) goes through and routes every row. Host code only.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -22,9 +25,14 @@ namespace {
 using namespace fusedcomm;
 using fusedcomm::testing::check;
 
-// The wire format of moe.cc's dispatch (its header comment), written out independently.
+// The wire format of moe.cc's dispatch (its header comment), written out independently: the
+// count block is {tokens, max_recv_rows, rows to rank 0, rows to rank 1}; the script's Counts
+// gives the rows to rank 0 and the tokens.
 struct Counts {
   int64_t rows, tokens;
+};
+struct CountBlock {
+  int64_t tokens, max_recv_rows, rows_to[2];
 };
 struct Meta {
   int32_t token, slot, expert;
@@ -38,9 +46,12 @@ constexpr int64_t kTokens = 3, kHidden = 4, kFfn = 2, kExperts = 4;  // rank 0 o
 class ScriptedPeer final : public Exchanger {
  public:
   Counts counts{0, 0};
-  std::vector<Meta> meta;  // the routed rows' identities; their payload is zeros
-  int rows_exchanges = 0;  // how often rank 0 got as far as exchanging rows
+  int64_t bound = 0;         // the receive bound it announces
+  int64_t rows_to_self = 0;  // the rows it routes to itself (rank 1)
+  std::vector<Meta> meta;    // the routed rows' identities; their payload is zeros
+  int rows_exchanges = 0;    // how often rank 0 got as far as exchanging rows
   uint64_t rows_block_bytes = 0;
+  CountBlock sent{};  // what rank 0 announced
 
   int rank() const override { return 0; }
   int world() const override { return 2; }
@@ -50,8 +61,11 @@ class ScriptedPeer final : public Exchanger {
       std::memcpy(recv[0].data, send[0].data, send[0].bytes);
     const std::string s = step;
     if (s == "moeDispatch/counts") {
-      if (recv[1].bytes != sizeof counts) fail(ErrorKind::kCommunicator, "script: counts block of odd size");
-      std::memcpy(recv[1].data, &counts, sizeof counts);
+      if (recv[1].bytes != sizeof(CountBlock) || send[1].bytes != sizeof(CountBlock))
+        fail(ErrorKind::kCommunicator, "script: counts block of odd size");
+      std::memcpy(&sent, send[1].data, sizeof sent);
+      const CountBlock block{counts.tokens, bound, {counts.rows, rows_to_self}};
+      std::memcpy(recv[1].data, &block, sizeof block);
     } else if (s == "moeDispatch/rows") {
       ++rows_exchanges;
       rows_block_bytes = recv[1].bytes;
@@ -81,13 +95,15 @@ struct Inputs {
 };
 
 // Runs the dispatch against `peer`; returns the error message ("" if it succeeded).
-std::string dispatch(ScriptedPeer& peer, host::MoeDispatchResult* result = nullptr,
-                     ErrorKind* kind = nullptr) {
+std::string dispatch(ScriptedPeer& peer, host::MoeDispatchResult* result = nullptr, ErrorKind* kind = nullptr,
+                     int64_t bound = 0) {
   Inputs in;
   try {
+    host::MoeDispatchOptions options;
+    options.max_recv_rows = bound;
     host::MoeDispatchResult r =
         host::moe_dispatch_gemm(peer, DType::kF32, in.x.data(), kTokens, kHidden, in.ids.data(),
-                                in.weights.data(), kTopk, kExperts, in.w1.data(), kFfn);
+                                in.weights.data(), kTopk, kExperts, in.w1.data(), kFfn, options);
     if (result != nullptr) *result = std::move(r);
     return "";
   } catch (const Error& e) {
@@ -135,6 +151,54 @@ void counts() {
     peer.counts = c.c;
     expect_refused(peer, c.text, false, c.what);
   }
+  // Rows for rank 1 itself: each and in all at most its tokens × topk.
+  ScriptedPeer self_rows;
+  self_rows.counts = {0, 2};
+  self_rows.rows_to_self = 5;
+  expect_refused(self_rows, "announced 5 rows for rank 1", false, "rows for itself above tokens x topk");
+  ScriptedPeer in_all;
+  in_all.counts = {3, 2};
+  in_all.rows_to_self = 3;
+  expect_refused(in_all, ", in all)", false, "rows in all above tokens x topk");
+}
+
+// The receive bound: the same on every rank, and every rank's total within it, judged from the
+// count blocks alone (no row moves when it fails).
+void bound() {
+  {  // rank 0 announces its own rows and its bound to rank 1
+    ScriptedPeer peer;
+    peer.counts = {0, 0};
+    peer.bound = 64;
+    check(dispatch(peer, nullptr, nullptr, 64).empty(), "bound 64: an honest dispatch");
+    check(peer.sent.tokens == kTokens && peer.sent.max_recv_rows == 64 &&
+              peer.sent.rows_to[0] == kTokens * kTopk && peer.sent.rows_to[1] == 0,
+          "rank 0's count block: tokens, bound, rows to each rank");
+  }
+  struct Case {
+    const char* what;
+    int64_t peer_rows, peer_self_rows, bound, peer_bound;
+    const char* text;
+  };
+  const Case cases[] = {
+      // rank 0 receives its own 6 rows and the peer's 3: 9 > 8
+      {"rank 0 over the bound", 3, 0, 8, 8, "rank 0 would receive 9 routed rows, more than maxRecvRows = 8"},
+      // rank 0 receives its own 6 rows (within 6), rank 1 its own 8
+      {"rank 1 over the bound", 0, 8, 6, 6, "rank 1 would receive 8 routed rows, more than maxRecvRows = 6"},
+      {"bounds differ", 0, 0, 8, 9, "maxRecvRows differs between ranks (rank 0: 8, rank 1: 9)"},
+  };
+  for (const Case& c : cases) {
+    ScriptedPeer peer;
+    peer.counts = {c.peer_rows, 5};
+    peer.rows_to_self = c.peer_self_rows;
+    peer.bound = c.peer_bound;
+    ErrorKind kind = ErrorKind::kCommunicator;
+    const std::string message = dispatch(peer, nullptr, &kind, c.bound);
+    std::printf("  %s: %s\n", c.what, message.c_str());
+    check(kind == ErrorKind::kInvalidArgument, std::string(c.what) + ": not an invalid argument: " + message);
+    check(message.find(c.text) != std::string::npos,
+          std::string(c.what) + ": message lacks '" + c.text + "': " + message);
+    check(peer.rows_exchanges == 0, std::string(c.what) + ": rows moved");
+  }
 }
 
 void rows() {
@@ -180,6 +244,7 @@ void honest_at_the_bound() {
 
 int main() {
   counts();
+  bound();
   rows();
   honest_at_the_bound();
   return fusedcomm::testing::report("host_moe_peer_input_test");

@@ -69,6 +69,12 @@ inline constexpr uint32_t kFusedStepTile = 18;     // gemmAllReduce one-shot: a 
 // pushed to every rank (gemm_ar.h); kAuto: the choice of fused_choice.h, the same on every rank.
 enum class FusedAlgo : uint32_t { kAuto = 0, kFused = 1, kDecomposed = 2, kOneShot = 3 };
 
+// The MoE dispatch's and combine's mode (kernels/moe/moe.h): kLowLatency, one launch for the
+// routing and the rows (and one for the combine) for decode-sized batches; kNormal, the launches
+// of the normal path (FusedAlgo picks fused or decomposed there); kAuto: fused_choice.h's
+// choose_moe_low_latency, the same on every rank.
+enum class MoeMode : uint32_t { kAuto = 0, kNormal = 1, kLowLatency = 2 };
+
 // ---- the fused ops' flags in the symmetric region -------------------------------------------
 // collectives.h's region layout leaves [kCommControlOffset + sizeof(CommControl),
 // kCommStagingOffset) unused; the fused ops keep their flags there, at kFusedFlagsOffset
@@ -166,6 +172,8 @@ inline const char* fused_op_name(uint32_t op) {
     case 23: return "ringAttentionBackward";
     case 24: return "moeDispatchGemm (fused)";  // kernels/moe/moe.h kMoeOpFused
     case 25: return "moeGemmCombine (fused)";   // kernels/moe/moe.h kMoeOpGemmCombine
+    case 26: return "moeDispatchGemm (low latency)";  // kMoeOpLowLatency
+    case 27: return "moeCombine (low latency)";       // kMoeOpLlCombine
     default: return comm_op_name(op);
   }
 }
@@ -178,6 +186,8 @@ inline const char* fused_step_name(uint32_t step) {
     case 20: return "block (a ring neighbour's K/V block or its read of ours)";  // kRingStepBlock
     case 21: return "rows (an expert's routed rows)";  // kernels/moe/moe.h kMoeStepRows
     case 25: return "combine rows (this rank's combine slots)";  // kMoeStepCombineRows
+    case 26: return "layout (this rank's CTA 0 routing the pairs)";  // kMoeStepLlLayout
+    case 27: return "arrived (this rank's end barrier)";  // kMoeStepLlArrived
     default: return comm_step_name(step);
   }
 }

@@ -111,4 +111,18 @@ inline FusedAlgo choose_moe_gemm_combine(FusedAlgo algo, int /*world*/) {
   return FusedAlgo::kDecomposed;
 }
 
+// MoE low-latency mode (kernels/moe/moe.h "Low latency"): the dispatch's routing, count
+// exchange, layout, rows and unpack in ONE cooperative launch (and the combine's rows and sums
+// in one), in place of the normal path's five launches (and two). Its counting runs in one CTA
+// and its grid is sized to the rows, so it is for decode-sized batches: kAuto takes it when the
+// receive capacity (rank-uniform: the caller's maxRecvRows, else what the data area holds; part
+// of the launch signature) is at most W · kMoeLowLatencyMaxTokens · topk rows, i.e. no rank can
+// receive more than every rank's 256 tokens routed to it. docs/performance.md "MoE low-latency
+// mode" has the measurement behind it.
+inline constexpr int64_t kMoeLowLatencyMaxTokens = 256;
+inline bool choose_moe_low_latency(MoeMode mode, int world, int64_t capacity, int topk) {
+  if (mode != MoeMode::kAuto) return mode == MoeMode::kLowLatency;
+  return capacity <= static_cast<int64_t>(world) * kMoeLowLatencyMaxTokens * topk;
+}
+
 }  // namespace fusedcomm::kernels

@@ -671,6 +671,326 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// ---- the low-latency mode (MoeMode::kLowLatency; moe.h "Low latency") -----------------------
+
+constexpr int kLlThreads = kGemmThreads;  // launch_cooperative's block
+constexpr int kLlWarps = kLlThreads / 32;
+static_assert(kLlWarps == kMoeLlCountWarps, "moe_layout.h's low-latency chunking is this kernel's");
+
+__device__ __forceinline__ uint64_t* moe_ll_flags(const CommDevice& d) {
+  return reinterpret_cast<uint64_t*>(d.base[d.rank] + kMoeLlFlagsOffset);
+}
+
+// Thread 0 (after the CTA's stores and a __syncthreads): the CTA's stores before the local flag.
+__device__ __forceinline__ void moe_ll_release(uint64_t* flag, uint64_t epoch) {
+  __threadfence();
+  st_release_gpu(flag, epoch);
+}
+
+// All threads: thread 0 waits (bounded) for a local flag; false (to every thread) if it gave up.
+// Twice the timeout: the CTA behind the flag waits for the peers with the plain one, so where a
+// peer never comes, its record (naming that peer and step) is the one the host reads.
+__device__ __forceinline__ bool moe_ll_wait(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
+                                            uint32_t op, uint32_t step) {
+  __shared__ int s_ok;
+  if (threadIdx.x == 0) s_ok = comm_wait_flag_inline(d, flag, epoch, op, step, d.rank, 2, true) ? 1 : 0;
+  __syncthreads();
+  return s_ok != 0;
+}
+
+// Its shared memory (dynamic): the per-warp chunk counts, then the W × E count matrix, then (at
+// the next 16-byte boundary) the per-expert totals and this rank's send bases (int64 each).
+__host__ __device__ __forceinline__ size_t moe_ll_int64_offset(int W, int E) {
+  return (static_cast<size_t>(kLlWarps + W) * E * 4 + 15) / 16 * 16;
+}
+size_t moe_ll_smem(int W, int E) { return moe_ll_int64_offset(W, E) + static_cast<size_t>(E) * 16; }
+
+struct LlParams {
+  CommDevice dev;
+  const uint4* x;
+  int64_t row_vecs;
+  int64_t tokens;
+  int topk;
+  int num_experts;
+  const int32_t* ids;
+  const float* weights;
+  int32_t* pair_row;  // pairs: first each pair's rank in its warp's chunk, then its row at the owner
+  uint64_t meta_offset;
+  MoeDeviceLayout layout;
+  int64_t capacity;
+  uint4* routed_x;  // or null
+};
+
+// The dispatch's routing, count exchange, rows and unpack in one launch (moe.h "Low latency").
+__global__ void __launch_bounds__(kLlThreads) moe_ll_dispatch_kernel(const __grid_constant__ LlParams p) {
+  extern __shared__ __align__(16) uint8_t ll_smem[];
+  __shared__ MoeStatus s_status;
+  __shared__ int64_t s_bad[kCommMaxRanks];
+  __shared__ int32_t s_bad_id[kCommMaxRanks];
+  __shared__ int32_t s_tokens[kCommMaxRanks];
+  __shared__ unsigned long long s_bad_pair;
+  const CommDevice& d = p.dev;
+  const int W = d.world, r = d.rank, E = p.num_experts;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const uint64_t epoch = comm_launch_epoch(d);
+  uint64_t* ll = moe_ll_flags(d);
+  const int64_t pairs = p.tokens * p.topk;
+  const int local = static_cast<int>(split_count(E, W, r));
+
+  if (blockIdx.x == 0) {
+    auto* hist = reinterpret_cast<int32_t*>(ll_smem);  // [kLlWarps][E]
+    auto* s_m = hist + kLlWarps * E;                   // [W][E]
+    auto* s_tot = reinterpret_cast<int64_t*>(ll_smem + moe_ll_int64_offset(W, E));
+    int64_t* s_base = s_tot + E;
+    for (int i = tid; i < kLlWarps * E; i += blockDim.x) hist[i] = 0;
+    if (tid == 0) s_bad_pair = ~0ull;
+    __syncthreads();
+    // Counts: warp w takes pairs [w·C, (w+1)·C), 32 at a time in pair order (moe_count_kernel's
+    // stable ranks within the chunk).
+    const int64_t chunk = moe_ll_chunk_pairs(pairs);
+    int32_t* h = hist + warp * E;
+    const int64_t begin = warp * chunk, end = min(pairs, begin + chunk);
+    for (int64_t base = begin; base < end; base += 32) {
+      const int64_t j = base + lane;
+      int id = -1;
+      if (j < end) {
+        id = p.ids[j];
+        if (id < 0 || id >= E) {
+          atomicMin(&s_bad_pair, static_cast<unsigned long long>(j));
+          id = -1;
+        }
+      }
+      const uint32_t group = __match_any_sync(0xFFFFFFFFu, id);
+      const int before = h[id < 0 ? 0 : id];
+      __syncwarp();
+      if (id >= 0) {
+        if (lane == __ffs(group) - 1) h[id] = before + __popc(group);
+        p.pair_row[j] = before + __popc(group & lanemask_lt());
+      }
+      __syncwarp();
+    }
+    __syncthreads();
+    // Per expert: the warps' exclusive prefix (in place) and this rank's total.
+    for (int e = tid; e < E; e += blockDim.x) {
+      int32_t run = 0;
+      for (int w = 0; w < kLlWarps; ++w) {
+        const int32_t v = hist[w * E + e];
+        hist[w * E + e] = run;
+        run += v;
+      }
+      s_m[r * E + e] = run;
+    }
+    if (tid == 0) {
+      const unsigned long long b = s_bad_pair;
+      s_bad[r] = b == ~0ull ? -1 : static_cast<int64_t>(b);
+      s_bad_id[r] = b == ~0ull ? 0 : p.ids[b];
+      s_tokens[r] = static_cast<int32_t>(p.tokens);
+    }
+    __syncthreads();
+    // The count exchange, as moe_counts_kernel's.
+    const uint64_t parity = epoch & 1;
+    for (int i = 1; i < W; ++i) {
+      const int q = (r + i) % W;
+      auto* slot = reinterpret_cast<int32_t*>(comm_slot(d, q, parity, r));
+      for (int e = tid; e < E; e += blockDim.x) slot[kSlotHeaderBytes / 4 + e] = s_m[r * E + e];
+      if (tid == 0) {
+        slot[0] = s_tokens[r];
+        slot[1] = s_bad_id[r];
+        reinterpret_cast<int64_t*>(slot)[1] = s_bad[r];
+      }
+    }
+    if (tid == 0) comm_publish_signature(d, epoch);
+    comm_publish_fence();
+    if (tid == 0) {
+      comm_signal_peers(
+          d, [&](CommFlags* f) { return &f->ready[r][0]; }, epoch);
+    }
+    const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][0], kCommMaxOneShotCtas, epoch,
+                                    static_cast<CommOp>(kMoeOpLowLatency), kMoeStepCounts, true);
+    if (ok) {
+      for (int i = 1; i < W; ++i) {
+        const int q = (r + i) % W;
+        const auto* slot = reinterpret_cast<const int32_t*>(comm_slot(d, r, parity, q));
+        for (int e = tid; e < E; e += blockDim.x) s_m[q * E + e] = __ldcg(slot + kSlotHeaderBytes / 4 + e);
+        if (tid == 0) {
+          s_tokens[q] = __ldcg(slot);
+          s_bad_id[q] = __ldcg(slot + 1);
+          s_bad[q] = __ldcg(reinterpret_cast<const long long*>(slot) + 1);
+        }
+      }
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) s_tot[e] = moe_expert_total(s_m, W, E, e);
+    __syncthreads();
+    if (tid == 0) {
+      MoeStatus st{};
+      if (!ok) {
+        st.code = kMoeProtocol;
+        st.rank = r;
+      } else {
+        for (int s = 0; s < W && st.code == kMoeOk; ++s) {
+          if (s_bad[s] >= 0) st = MoeStatus{kMoeBadExpert, s, s_bad[s], s_bad_id[s], 0};
+        }
+        for (int q = 0; q < W && st.code == kMoeOk; ++q) {
+          const int64_t rows = moe_owner_rows(s_tot, W, E, q);
+          if (rows > p.capacity) st = MoeStatus{kMoeOverflow, q, rows, p.capacity, 0};
+        }
+      }
+      s_status = st;
+      *p.layout.status = st;
+    }
+    __syncthreads();
+    const bool good = s_status.code == kMoeOk;
+    for (int i = tid; i < W * E; i += blockDim.x) p.layout.counts[i] = good ? s_m[i] : 0;
+    if (tid < W) p.layout.tokens[tid] = ok ? s_tokens[tid] : 0;
+    for (int e = tid; e < E; e += blockDim.x) s_base[e] = moe_send_base(s_m, s_tot, W, E, r, e);
+    const int first = static_cast<int>(split_offset(E, W, r));
+    for (int i = tid; i <= local; i += blockDim.x) {
+      const int64_t off =
+          i < local ? moe_owner_offset(s_tot, W, E, first + i) : moe_owner_rows(s_tot, W, E, r);
+      p.layout.expert_offsets[i] = good ? off : 0;
+    }
+    __syncthreads();
+    if (good) {
+      for (int64_t j = tid; j < pairs; j += blockDim.x) {
+        const int e = p.ids[j];
+        p.pair_row[j] = static_cast<int32_t>(s_base[e] + hist[(j / chunk) * E + e] + p.pair_row[j]);
+      }
+    }
+    __syncthreads();
+    if (tid == 0) moe_ll_release(&ll[0], epoch);
+  }
+  // The rows, once CTA 0's layout is out (every CTA; CTA 0's own wait returns at once).
+  bool go = moe_ll_wait(d, &ll[0], epoch, kMoeOpLowLatency, kMoeStepLlLayout);
+  go = go && reinterpret_cast<const volatile MoeStatus*>(p.layout.status)->code == kMoeOk;
+  const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kLlWarps;
+  if (go) {
+    for (int64_t j = blockIdx.x * kLlWarps + warp; j < pairs; j += warps) {
+      const int e = __ldcg(p.ids + j);
+      const int64_t t = j / p.topk;
+      const int q = split_owner(E, W, e);
+      const int64_t row = __ldcg(p.pair_row + j);
+      uint8_t* area = d.base[q] + d.data_offset;
+      auto* dst = reinterpret_cast<uint4*>(area + row * row_bytes);
+      const uint4* src = p.x + t * p.row_vecs;
+      for (int64_t v = lane; v < p.row_vecs; v += 32) dst[v] = __ldg(src + v);
+      if (lane == 0) {
+        RowMeta m{r, static_cast<int32_t>(t), static_cast<int32_t>(j - t * p.topk), p.weights[j]};
+        *reinterpret_cast<RowMeta*>(area + p.meta_offset + row * sizeof(RowMeta)) = m;
+      }
+    }
+  }
+  // The end barrier (the last CTA: done to and from every peer, signatures, the epoch), then
+  // ll[1] for the unpack.
+  comm_publish_fence();
+  if (tid == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->done[r]; }, epoch);
+    bool ok = true;
+    for (int i = 1; i < W && ok; ++i) {
+      const int q = (r + i) % W;
+      ok = comm_wait_flag(d, &comm_flags(d, r)->done[q], epoch, kMoeOpLowLatency, kCommStepDone, q);
+    }
+    if (ok) comm_check_signatures(d, epoch, kMoeOpLowLatency, kCommStepDone);
+    st_release_gpu(&ll[1], epoch);
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+  if (!moe_ll_wait(d, &ll[1], epoch, kMoeOpLowLatency, kMoeStepLlArrived) || comm_failed(d)) return;
+  if (reinterpret_cast<const volatile MoeStatus*>(p.layout.status)->code != kMoeOk) return;
+  const int64_t rows = __ldcg(p.layout.expert_offsets + local);
+  const uint8_t* area = d.base[r] + d.data_offset;
+  for (int64_t i = blockIdx.x * kLlWarps + warp; i < rows; i += warps) {
+    if (lane == 0) {
+      const uint4 m = __ldcg(reinterpret_cast<const uint4*>(area + p.meta_offset + i * sizeof(RowMeta)));
+      p.layout.src_rank[i] = static_cast<int32_t>(m.x);
+      p.layout.src_token[i] = static_cast<int32_t>(m.y);
+      p.layout.src_slot[i] = static_cast<int32_t>(m.z);
+      p.layout.weight[i] = __uint_as_float(m.w);
+    }
+    if (p.routed_x != nullptr) {
+      const auto* src = reinterpret_cast<const uint4*>(area + i * row_bytes);
+      for (int64_t v = lane; v < p.row_vecs; v += 32) p.routed_x[i * p.row_vecs + v] = __ldcg(src + v);
+    }
+  }
+}
+
+struct LlCombineParams {
+  CombineParams rows;
+  const float* weights;  // tokens × topk
+  int64_t tokens;
+  uint4* out;
+};
+
+// The combine in one launch: moe_combine_kernel's start barrier, rows and end barrier, then
+// the weighted sums (moe_weighted_vec) once the last CTA has seen every peer's done.
+__global__ void __launch_bounds__(kLlThreads)
+    moe_ll_combine_kernel(const __grid_constant__ LlCombineParams lp) {
+  const CombineParams& p = lp.rows;
+  const CommDevice& d = p.dev;
+  const uint64_t epoch = comm_launch_epoch(d);
+  uint64_t* ll = moe_ll_flags(d);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    comm_publish_signature(d, epoch);
+    __threadfence_system();
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
+  }
+  const bool ok = comm_wait_peers(d, comm_flags(d, d.rank)->arrive, 1, epoch,
+                                  static_cast<CommOp>(kMoeOpLlCombine), kCommStepArrive, true);
+  const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
+  int worst = 0;
+  uint64_t most = 0;
+  for (int s = 0; s < d.world; ++s) {
+    const uint64_t b = static_cast<uint64_t>(p.tokens[s]) * p.topk * row_bytes;
+    if (b > most) {
+      most = b;
+      worst = s;
+    }
+  }
+  const bool fits = most <= d.data_bytes;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *p.status = fits ? MoeStatus{}
+                     : MoeStatus{kMoeCombineArea, worst, static_cast<int64_t>(most),
+                                 static_cast<int64_t>(d.data_bytes), 0};
+  }
+  const int lane = threadIdx.x % 32;
+  if (ok && fits) {
+    const int64_t rows = *p.rows_at;
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * kLlWarps;
+    for (int64_t i = blockIdx.x * kLlWarps + threadIdx.x / 32; i < rows; i += warps) {
+      const int s = p.src_rank[i];
+      const int64_t slot = static_cast<int64_t>(p.src_token[i]) * p.topk + p.src_slot[i];
+      auto* dst = reinterpret_cast<uint4*>(d.base[s] + d.data_offset + slot * row_bytes);
+      const uint4* src = p.expert_out + i * p.row_vecs;
+      for (int64_t v = lane; v < p.row_vecs; v += 32) dst[v] = __ldg(src + v);
+    }
+  }
+  comm_publish_fence();
+  if (threadIdx.x == 0 && comm_last_cta(&comm_control(d)->exit_count)) {
+    comm_signal_peers(
+        d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
+    bool done = true;
+    for (int i = 1; i < d.world && done; ++i) {
+      const int q = (d.rank + i) % d.world;
+      done = comm_wait_flag(d, &comm_flags(d, d.rank)->done[q], epoch, kMoeOpLlCombine, kCommStepDone, q);
+    }
+    if (done) comm_check_signatures(d, epoch, kMoeOpLlCombine, kCommStepDone);
+    st_release_gpu(&ll[1], epoch);
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
+  if (!moe_ll_wait(d, &ll[1], epoch, kMoeOpLlCombine, kMoeStepLlArrived) || comm_failed(d) || !ok || !fits) {
+    return;
+  }
+  const uint8_t* area = d.base[d.rank] + d.data_offset;
+  const int64_t n = lp.tokens * p.row_vecs;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / p.row_vecs;
+    lp.out[i] = moe_weighted_vec(area, t, i - t * p.row_vecs, p.topk, p.row_vecs, lp.weights);
+  }
+}
+
 // ---- the fused moeGemmCombine (MoeGemmCombineArgs::algo = kFused; moe.h) -------------------
 
 struct GcParams {
@@ -972,7 +1292,8 @@ cudaError_t launch_gc_instance(const GroupedLaunch& l, const GcEpilogue& epi, in
 MoeLaunchInfo moe_dispatch_info(const CommDevice& dev, const MoeDispatchArgs& a) {
   using namespace detail;
   MoeLaunchInfo info{};
-  info.algo = moe_algo(dev, a);
+  info.low_latency = choose_moe_low_latency(a.mode, dev.world, a.capacity, a.topk);
+  info.algo = info.low_latency ? FusedAlgo::kDecomposed : moe_algo(dev, a);
   if (info.algo == FusedAlgo::kFused && dev.world >= 1 && dev.rank >= 0 && dev.rank < dev.world) {
     const bool gemm = a.out != nullptr && split_count(a.num_experts, dev.world, dev.rank) > 0;
     const FusedSplit f = fused_split(dev, a, gemm);
@@ -1053,6 +1374,66 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   CommDevice d = dev;
   const uint64_t sizes = comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
                                        static_cast<uint64_t>(a.hidden), static_cast<uint64_t>(a.capacity));
+  const uint8_t* area = dev.base[r] + dev.data_offset;
+  const uint64_t meta_offset = static_cast<uint64_t>(a.capacity) * a.hidden * 2;
+  auto grouped_args = [&] {
+    GroupedGemmArgs g;
+    g.A = reinterpret_cast<const __nv_bfloat16*>(area);
+    g.rows_capacity = a.capacity;
+    g.offsets = L.expert_offsets;
+    g.groups = local;
+    g.B = a.w1;
+    g.b_layout = a.w1_layout;
+    g.N = a.ffn;
+    g.K = a.hidden;
+    g.C = a.out;
+    g.workspace = base + ws.gemm;
+    g.workspace_bytes = ws.total - ws.gemm;
+    return g;
+  };
+
+  if (choose_moe_low_latency(a.mode, W, a.capacity, a.topk)) {
+    // Steps 1-4 in one cooperative launch, then the grouped GEMM (moe.h "Low latency").
+    LlParams lp{};
+    d.launch_sig = comm_launch_signature(kMoeOpLowLatency, static_cast<uint32_t>(CommDtype::kBF16), 0, sizes);
+    lp.dev = d;
+    lp.x = reinterpret_cast<const uint4*>(a.x);
+    lp.row_vecs = a.hidden / 8;
+    lp.tokens = a.tokens;
+    lp.topk = a.topk;
+    lp.num_experts = E;
+    lp.ids = a.topk_ids;
+    lp.weights = a.topk_weights;
+    lp.pair_row = pair_pos;
+    lp.meta_offset = meta_offset;
+    lp.layout = L;
+    lp.capacity = a.capacity;
+    lp.routed_x = reinterpret_cast<uint4*>(a.routed_x);
+    const size_t smem = moe_ll_smem(W, E);
+    static std::atomic<size_t> opted{0};
+    if (smem > 48 * 1024 && opted.load() < smem) {
+      if (cudaError_t e = cudaFuncSetAttribute(
+              moe_ll_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+          e != cudaSuccess) {
+        return e;
+      }
+      opted.store(smem);
+    }
+    const int sms = device_sms(dev);
+    const int cap = a.fused_ctas > 0 ? std::min(a.fused_ctas, sms) : sms;
+    const int64_t work = std::max<int64_t>(pairs, a.capacity);
+    const int grid = static_cast<int>(std::clamp<int64_t>((work + kLlWarps - 1) / kLlWarps, 1, cap));
+    if (cudaError_t e = launch_cooperative(moe_ll_dispatch_kernel, grid, smem, stream, lp);
+        e != cudaSuccess) {
+      return e;
+    }
+    if (gemm && a.capacity > 0) {
+      GroupedGemmArgs g = grouped_args();
+      g.num_ctas = a.gemm_ctas;
+      return launch_grouped_gemm(g, stream);
+    }
+    return cudaSuccess;
+  }
 
   if (cudaError_t e = cudaMemsetAsync(bad_pair, 0xFF, sizeof(unsigned long long), stream); e != cudaSuccess) {
     return e;
@@ -1077,8 +1458,6 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   cp.send_start = fused ? send_start : nullptr;
   moe_counts_kernel<<<1, kCountsThreads, 0, stream>>>(cp);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const uint8_t* area = dev.base[r] + dev.data_offset;
-  const uint64_t meta_offset = static_cast<uint64_t>(a.capacity) * a.hidden * 2;
 
   // The row movers' parameters, shared by both paths (d carries the launch's signature).
   auto rows_params = [&](const CommDevice& dev_sig) {
@@ -1098,22 +1477,6 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
     rp.meta_offset = meta_offset;
     rp.status = L.status;
     return rp;
-  };
-  // The grouped GEMM over the received rows in place (both paths; the CTA count is theirs).
-  auto grouped_args = [&] {
-    GroupedGemmArgs g;
-    g.A = reinterpret_cast<const __nv_bfloat16*>(area);
-    g.rows_capacity = a.capacity;
-    g.offsets = L.expert_offsets;
-    g.groups = local;
-    g.B = a.w1;
-    g.b_layout = a.w1_layout;
-    g.N = a.ffn;
-    g.K = a.hidden;
-    g.C = a.out;
-    g.workspace = base + ws.gemm;
-    g.workspace_bytes = ws.total - ws.gemm;
-    return g;
   };
 
   if (fused) {
@@ -1197,6 +1560,10 @@ cudaError_t launch_moe_dispatch(const CommDevice& dev, const MoeDispatchArgs& a,
   return cudaSuccess;
 }
 
+bool moe_combine_low_latency(const CommDevice& dev, const MoeCombineArgs& a) {
+  return choose_moe_low_latency(a.mode, dev.world, a.capacity, a.topk);
+}
+
 cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& a, cudaStream_t stream) {
   using namespace detail;
   const int W = dev.world, r = dev.rank, E = a.num_experts;
@@ -1230,6 +1597,23 @@ cudaError_t launch_moe_combine(const CommDevice& dev, const MoeCombineArgs& a, c
   cp.status = L.status;
   // With width 0 nothing travels; the launch still keeps the epoch sequence in step.
   if (a.width == 0) cp.rows_at = L.expert_offsets;  // expert_offsets[0] == 0: no rows
+  if (moe_combine_low_latency(dev, a)) {
+    cp.dev.launch_sig =
+        comm_launch_signature(kMoeOpLlCombine, static_cast<uint32_t>(CommDtype::kBF16), 0,
+                              comm_sig_hash(static_cast<uint64_t>(E) << 8 | static_cast<uint64_t>(a.topk),
+                                            static_cast<uint64_t>(a.width), 0));
+    LlCombineParams lp{};
+    lp.rows = cp;
+    lp.weights = a.topk_weights;
+    lp.tokens = a.width > 0 ? a.tokens : 0;
+    lp.out = reinterpret_cast<uint4*>(a.out);
+    const int sms = device_sms(dev);
+    const int cap = a.ctas > 0 ? std::min(a.ctas, sms) : sms;
+    const int64_t work = std::max<int64_t>(
+        a.width > 0 ? a.capacity : 0, (lp.tokens * (a.width / 8) + kLlThreads - 1) / kLlThreads * kLlWarps);
+    const int grid = static_cast<int>(std::clamp<int64_t>((work + kLlWarps - 1) / kLlWarps, 1, cap));
+    return launch_cooperative(moe_ll_combine_kernel, grid, 0, stream, lp);
+  }
   moe_combine_kernel<<<row_grid(a.width > 0 ? a.capacity : 0), kRowThreads, 0, stream>>>(cp);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int64_t n = a.tokens * (a.width / 8);
@@ -1312,6 +1696,7 @@ cudaError_t launch_moe_gemm_combine(const CommDevice& dev, const MoeGemmCombineA
     cb.num_experts = E;
     cb.topk = a.topk;
     cb.capacity = a.rows;
+    cb.mode = MoeMode::kNormal;  // a.rows is this rank's: no rank-uniform size to choose by
     cb.tokens = a.tokens;
     cb.topk_weights = a.topk_weights;
     cb.out = a.out;

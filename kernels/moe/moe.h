@@ -53,6 +53,23 @@
 //   rest; docs/performance.md "MoE fused dispatch" has the W = 1 measurement. A rank with no
 //   GEMM (no local expert, or out == null) runs the same protocol in a kernel of dispatch CTAs
 //   only (register copies, one warp per row).
+// Low latency (MoeDispatchArgs::mode = kLowLatency; kAuto: fused_choice.h's
+// choose_moe_low_latency, for decode-sized capacities): steps 1-4 in ONE cooperative kernel
+// (a launch of the epoch sequence; grid sized to the rows, capped by fused_ctas), then step 5:
+//   - CTA 0 counts the pairs (each warp a contiguous chunk, __match_any_sync as step 1, the
+//     chunks' counts in shared memory), runs the count exchange of step 2 (staging slots,
+//     ready flags, bounded waits, signatures), derives the layout and status, writes every
+//     pair's row at its owner into the workspace, and releases kMoeLlFlagsOffset's ll[0]
+//     (local); the other CTAs wait for it (bounded, kMoeStepLlLayout);
+//   - every CTA stores rows as step 3 (one warp per pair, 16-byte stores, identity beside it);
+//   - the last CTA runs the end barrier (done flags to and from every peer, signatures) and
+//     releases ll[1]; every CTA waits for it (bounded, kMoeStepLlArrived) and unpacks a share
+//     of the received rows (step 4).
+//   The same rows, identities and layout as the normal path (routed_x bit for bit); a bad id
+//   or an overflow as there (every rank agrees, no row moves). Epochs only: back-to-back
+//   launches and graph replay need no reset. The combine's low-latency kernel
+//   (MoeCombineArgs::mode) is likewise one launch: start barrier, rows home, end barrier
+//   (the last CTA releases ll[1]), then every CTA computes its share of the weighted sums.
 // A bad expert id or an overflow is reported in MoeDeviceLayout::status on every rank (all
 // ranks derive it from the same matrix) and no row moves; every rank still runs each launch's
 // protocol, so nothing hangs. The host reads the status after synchronising (a clear error,
@@ -129,6 +146,19 @@ static_assert(kMoeFlagsOffset + kMoeMaxExperts * sizeof(uint64_t) <= kCommStagin
 inline constexpr uint64_t kMoeCombineFlagOffset = kMoeFlagsOffset + kMoeMaxExperts * sizeof(uint64_t);
 static_assert(kMoeCombineFlagOffset + sizeof(uint64_t) <= kCommStagingOffset,
               "the MoE combine counter overlaps collectives.h's staging slots");
+// The low-latency kernels' grid-local flags (MoeMode::kLowLatency), after the combine counter:
+// ll[0] = e: CTA 0 of launch e has written the dispatch's layout and every pair's row (the
+// other CTAs wait for it before storing rows); ll[1] = e: launch e's end barrier has passed
+// (every peer's rows are here; the CTAs then unpack, or sum in the combine). Local only:
+// st.release.gpu by one thread after a __threadfence, ld.acquire.gpu by each CTA's thread 0.
+// Epoch-valued, so never reset (zero with the region; a launch only ever raises them).
+inline constexpr uint64_t kMoeLlFlagsOffset = (kMoeCombineFlagOffset + sizeof(uint64_t) + 63) / 64 * 64;
+static_assert(kMoeLlFlagsOffset + 2 * sizeof(uint64_t) <= kCommStagingOffset,
+              "the MoE low-latency flags overlap collectives.h's staging slots");
+inline constexpr uint32_t kMoeOpLowLatency = 26;     // the low-latency dispatch kernel
+inline constexpr uint32_t kMoeOpLlCombine = 27;      // the low-latency combine kernel
+inline constexpr uint32_t kMoeStepLlLayout = 26;     // a CTA waited for CTA 0's layout (ll[0])
+inline constexpr uint32_t kMoeStepLlArrived = 27;    // a CTA waited for the end barrier (ll[1])
 inline constexpr uint32_t kMoeOpGemmCombine = 25;    // moeGemmCombine's fused kernel
 inline constexpr uint32_t kMoeStepCombineRows = 25;  // fused combine: the weighted sum waited for
                                                      // its slots (peer: a rank still storing;
@@ -195,11 +225,16 @@ struct MoeDispatchArgs {
   // the kernel's whole grid (0: one CTA per SM). Ranks sharing a GPU (tests) cap the grid so
   // that every rank's persistent kernel fits at once.
   int dispatch_ctas = 0;
-  int fused_ctas = 0;
+  int fused_ctas = 0;  // also the low-latency kernel's grid cap
+  // kLowLatency: the routing and the rows in one launch (moe.h's header, "Low latency"), then
+  // the grouped GEMM; kNormal: `algo` above; kAuto: fused_choice.h's choose_moe_low_latency
+  // (from W, capacity and topk: every rank takes the same path).
+  MoeMode mode = MoeMode::kAuto;
 };
 
 // What launch_moe_dispatch would do with these arguments (benchmarks, logs).
 struct MoeLaunchInfo {
+  bool low_latency;   // the low-latency kernel (then `algo` is kDecomposed: a separate GEMM)
   FusedAlgo algo;     // kFused or kDecomposed (kAuto resolved)
   int gemm_ctas;      // kFused: CTAs that start on the GEMM (0 where this rank has no GEMM)
   int dispatch_ctas;  // kFused: CTAs that store rows first
@@ -217,7 +252,13 @@ struct MoeCombineArgs {
   int64_t tokens = 0;                   // this rank's T
   const float* topk_weights = nullptr;  // tokens × topk, this rank's (as passed to the dispatch)
   __nv_bfloat16* out = nullptr;         // tokens × width
+  // kLowLatency: the rows and the weighted sums in one cooperative launch; kNormal: the rows
+  // kernel then the sum kernel; kAuto: choose_moe_low_latency (W, capacity, topk).
+  MoeMode mode = MoeMode::kAuto;
+  int ctas = 0;  // the low-latency kernel's grid cap (0: one CTA per SM); ranks sharing a GPU cap it
 };
+// True where launch_moe_combine runs the low-latency kernel for these arguments.
+bool moe_combine_low_latency(const CommDevice& dev, const MoeCombineArgs& args);
 
 // moeGemmCombine on the GPU: out = moeCombine(groupedGemm(h, w2)) bit for bit (docs/ops.md).
 // kDecomposed: launch_grouped_gemm into the workspace's rows, then launch_moe_combine.

@@ -332,6 +332,21 @@ FC_API fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc
                                         const int32_t* topk_ids, const float* topk_weights, int32_t topk,
                                         int64_t num_experts, const void* w1_local, int64_t ffn,
                                         fc_moe_dispatch_t* out);
+/* fc_moe_dispatch_gemm's options; every rank passes the same. Zero-initialise. */
+typedef struct {
+  /* > 0: the most routed rows any rank may receive (docs/ops.md "moeDispatchGemm"). The cuda
+   * backend sizes the outputs and the receive area by it (at most what the symmetric data area
+   * holds). A rank that would receive more fails the op on every rank with
+   * FC_STATUS_INVALID_ARGUMENT naming that rank, its rows and the bound; no row moves and the
+   * communicator stays usable. 0: no bound (cuda: what the data area holds). */
+  int64_t max_recv_rows;
+} fc_moe_options_t;
+/* fc_moe_dispatch_gemm with options (NULL: as fc_moe_dispatch_gemm). */
+FC_API fc_status_t fc_moe_dispatch_gemm_ex(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype,
+                                           const void* x, int64_t tokens, int64_t hidden,
+                                           const int32_t* topk_ids, const float* topk_weights, int32_t topk,
+                                           int64_t num_experts, const void* w1_local, int64_t ffn,
+                                           const fc_moe_options_t* options, fc_moe_dispatch_t* out);
 /* Where the routed rows came from; the arrays stay valid until the dispatch is freed. */
 typedef struct {
   int64_t rows;               /* routed rows received by this rank */

@@ -176,21 +176,32 @@ fc_status_t fc_comm_describe_fused(fc_comm_t comm, fc_op_t op, int64_t m, int64_
   });
 }
 
-fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* x,
-                                 int64_t tokens, int64_t hidden, const int32_t* topk_ids,
-                                 const float* topk_weights, int32_t topk, int64_t num_experts,
-                                 const void* w1_local, int64_t ffn, fc_moe_dispatch_t* out) {
+fc_status_t fc_moe_dispatch_gemm_ex(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* x,
+                                    int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+                                    const float* topk_weights, int32_t topk, int64_t num_experts,
+                                    const void* w1_local, int64_t ffn, const fc_moe_options_t* options,
+                                    fc_moe_dispatch_t* out) {
   return guarded([&] {
     fc_moe_dispatch_t& result = require_out(out);
     capi::require_size("moeDispatchGemm", "x", dtype, {tokens, hidden});
     capi::require_size("moeDispatchGemm", "topk ids", 4, {tokens, topk});
     capi::require_size("moeDispatchGemm", "w1", dtype, {num_experts, ffn, hidden});
+    host::MoeDispatchOptions o;
+    if (options != nullptr) o.max_recv_rows = options->max_recv_rows;
     auto handle = std::make_unique<fc_moe_dispatch>();
     handle->result =
         comm_of(comm).moe_dispatch_gemm(op_desc(desc), floating(dtype), x, tokens, hidden, topk_ids,
-                                        topk_weights, topk, num_experts, w1_local, ffn);
+                                        topk_weights, topk, num_experts, w1_local, ffn, o);
     result = handle.release();
   });
+}
+
+fc_status_t fc_moe_dispatch_gemm(fc_comm_t comm, const fc_op_desc_t* desc, fc_dtype_t dtype, const void* x,
+                                 int64_t tokens, int64_t hidden, const int32_t* topk_ids,
+                                 const float* topk_weights, int32_t topk, int64_t num_experts,
+                                 const void* w1_local, int64_t ffn, fc_moe_dispatch_t* out) {
+  return fc_moe_dispatch_gemm_ex(comm, desc, dtype, x, tokens, hidden, topk_ids, topk_weights, topk,
+                                 num_experts, w1_local, ffn, nullptr, out);
 }
 
 fc_status_t fc_moe_dispatch_layout(fc_moe_dispatch_t dispatch, fc_moe_layout_t* out) {

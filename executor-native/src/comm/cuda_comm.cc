@@ -453,6 +453,17 @@ class DeviceBuffer {
   void* p_ = nullptr;
 };
 
+// The grid cap of the MoE kernels whose CTAs wait for every rank's (the low-latency ones): with
+// ranks sharing a GPU (native tests), each rank's grid takes a 1/W share of the SMs so that
+// every rank's kernel is resident at once; 0 (no cap) otherwise.
+int shared_gpu_ctas(const Runtime& runtime, int world) {
+  if (!runtime.config().allow_shared_gpu || world <= 1) return 0;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, runtime.gpu().ordinal) != cudaSuccess)
+    return 2;
+  return std::max(2, sms / world);
+}
+
 // What moeDispatchGemm leaves on the GPU: the outputs at the capacity's size, the device layout
 // the combine reads, and a copy of this rank's routing weights (the combine's weights).
 class CudaMoeResult final : public MoeDeviceResult {
@@ -528,7 +539,8 @@ uint64_t combine_area_bytes(const CudaMoeResult& dev, int topk, int64_t width) {
 
 std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
     const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
-    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) {
+    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn,
+    const host::MoeDispatchOptions& options) {
   constexpr const char* kOp = "moeDispatchGemm";
   require_bf16(dtype, kOp);
   check_usable();
@@ -547,9 +559,17 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
   FC_REQUIRE(aligned16(x) && aligned16(w1_local),
              std::string(kOp) + " on the GPU: x and w1 must be 16-byte aligned device memory");
   const int64_t local = split_count(num_experts, world, rank);
-  // The receive capacity: every row the data area holds (the same on every rank).
-  const int64_t capacity =
+  // The receive capacity (the same on every rank): the caller's bound, or every row the data
+  // area holds. The outputs and the receive area are sized by it.
+  const int64_t holds =
       std::min<int64_t>(k::moe_capacity_for(sm_->data_bytes(), static_cast<int>(hidden)), (1ll << 31) - 1);
+  FC_REQUIRE(options.max_recv_rows >= 0 && options.max_recv_rows <= holds,
+             std::string(kOp) + ": maxRecvRows = " + std::to_string(options.max_recv_rows) +
+                 " must be in [0, " + std::to_string(holds) +
+                 "] (0: no bound; the symmetric data area holds " + std::to_string(holds) + " rows of " +
+                 std::to_string(hidden) + " x 2 + 16 bytes; spark.fusedcomm.cuda.symmetricBytes)");
+  const bool bounded = options.max_recv_rows > 0;
+  const int64_t capacity = bounded ? options.max_recv_rows : holds;
   auto result = std::make_unique<host::MoeDispatchResult>();
   auto dev = std::make_shared<CudaMoeResult>(this, runtime_.gpu().ordinal, world, num_experts, local, tokens,
                                              topk, capacity, hidden, ffn);
@@ -576,8 +596,10 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
   a.workspace_bytes =
       k::moe_dispatch_workspace_bytes(tokens, topk, static_cast<int>(num_experts), world, rank, capacity);
   a.workspace = workspace(a.workspace_bytes);
+  a.fused_ctas = shared_gpu_ctas(runtime_, world);
   const k::MoeLaunchInfo info = k::moe_dispatch_info(sm_->device(), a);
-  result->path = info.algo == k::FusedAlgo::kFused
+  result->path = info.low_latency ? "low-latency"
+                 : info.algo == k::FusedAlgo::kFused
                      ? "fused (" + std::to_string(info.gemm_ctas) + " GEMM + " +
                            std::to_string(info.dispatch_ctas) + " dispatch CTAs)"
                      : "decomposed";
@@ -593,10 +615,14 @@ std::unique_ptr<host::MoeDispatchResult> CudaComm::moe_dispatch_gemm(
              std::to_string(st.b) + ", outside [0, " + std::to_string(num_experts) + ")");
   }
   if (st.code == k::kMoeOverflow) {
-    fail(ErrorKind::kInvalidArgument,
-         std::string(kOp) + ": rank " + std::to_string(st.rank) + " would receive " + std::to_string(st.a) +
-             " routed rows, more than the " + std::to_string(st.b) + " its symmetric data area holds (" +
-             std::to_string(hidden) + " x 2 + 16 bytes each); raise spark.fusedcomm.cuda.symmetricBytes");
+    fail(
+        ErrorKind::kInvalidArgument,
+        std::string(kOp) + ": rank " + std::to_string(st.rank) + " would receive " + std::to_string(st.a) +
+            " routed rows, more than " +
+            (bounded ? "maxRecvRows = " + std::to_string(st.b) + "; no row moved"
+                     : "the " + std::to_string(st.b) + " its symmetric data area holds (" +
+                           std::to_string(hidden) +
+                           " x 2 + 16 bytes each); no row moved; raise spark.fusedcomm.cuda.symmetricBytes"));
   }
   if (st.code != k::kMoeOk) {
     fail(ErrorKind::kCommunicator, std::string(kOp) + ": " + k::moe_status_name(st.code));
@@ -671,6 +697,7 @@ void CudaComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispa
   a.tokens = l.tokens;
   a.topk_weights = dev->topk_weights.as<float>();
   a.out = static_cast<__nv_bfloat16*>(out);
+  a.ctas = shared_gpu_ctas(runtime_, sm_->world());
   check_fused_launch(k::launch_moe_combine(sm_->device(), a, s), kOp);
   end(s, true);
   const k::MoeStatus st = read_status(dev->status.as<k::MoeStatus>());
@@ -764,8 +791,7 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
   if (world > 1 || !in_place) require_fits(kOp, slot_bytes * (world > 1 ? 2 : 1));
   const uint64_t acc_bytes =
       (static_cast<uint64_t>(shape.batch * s_r * shape.q_heads * shape.head_dim) * 4 + 255) / 256 * 256;
-  const uint64_t lse_bytes =
-      (static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4 + 255) / 256 * 256;
+  const uint64_t lse_bytes = (static_cast<uint64_t>(shape.batch * shape.q_heads * s_r) * 4 + 255) / 256 * 256;
   const bool persistent = ring_forward_path() == k::RingFwdPath::kPersistent;
   k::RingFwdArgs plan;
   if (persistent) ring_fwd_plan(shape, world, rank, plan);
@@ -796,10 +822,11 @@ void CudaComm::ring_attention_gpu(const OpDesc&, DType dtype, const RingAttentio
     plan.lse = lse != nullptr ? lse : lse_tmp;
     plan.o_acc = o_acc;
     plan.counters = reinterpret_cast<uint64_t*>(work + acc_bytes + lse_bytes);
-    plan.sig_size = k::comm_sig_hash(
-        static_cast<uint64_t>(shape.batch), static_cast<uint64_t>(shape.seq),
-        (static_cast<uint64_t>(shape.q_heads) << 32) | (static_cast<uint64_t>(shape.kv_heads) << 12) |
-            (static_cast<uint64_t>(shape.head_dim) << 2) | (shape.causal ? 2u : 0u) | (shape.zigzag ? 1u : 0u));
+    plan.sig_size = k::comm_sig_hash(static_cast<uint64_t>(shape.batch), static_cast<uint64_t>(shape.seq),
+                                     (static_cast<uint64_t>(shape.q_heads) << 32) |
+                                         (static_cast<uint64_t>(shape.kv_heads) << 12) |
+                                         (static_cast<uint64_t>(shape.head_dim) << 2) |
+                                         (shape.causal ? 2u : 0u) | (shape.zigzag ? 1u : 0u));
     for (int step = 0; step < world; ++step) {
       const int owner = (rank - step + world) % world;
       k::RingFwdStep& st = plan.steps[step];

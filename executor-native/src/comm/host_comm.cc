@@ -81,10 +81,11 @@ std::string HostComm::describe_fused(Op op, int64_t, int64_t, int64_t, PartialPr
 
 std::unique_ptr<host::MoeDispatchResult> HostComm::moe_dispatch_gemm(
     const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
-    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) {
+    const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn,
+    const host::MoeDispatchOptions& options) {
   return std::make_unique<host::MoeDispatchResult>(
       host::moe_dispatch_gemm(start(desc, nullptr), dtype, x, tokens, hidden, topk_ids, topk_weights, topk,
-                              num_experts, w1_local, ffn));
+                              num_experts, w1_local, ffn, options));
 }
 
 void HostComm::moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,

@@ -1,8 +1,10 @@
 // MoE expert parallelism on the host: dispatch (route token rows to their experts' ranks, then
 // one GEMM per local expert) and combine (send expert rows home, weighted sum per token).
 //
-// Wire format of the dispatch: first one RowCounts per destination rank d (n_d, the rows the
-// sender routes to d, and its token count T), then one block per destination rank d:
+// Wire format of the dispatch: first the same count block to every rank: the sender's token
+// count T, its receive bound (MoeDispatchOptions::max_recv_rows) and n_d, the rows it routes to
+// each rank d (so every rank derives every rank's receive total and fails an overflow the same
+// way), then one block per destination rank d:
 //   [RoutedRowMeta × n_d][n_d × hidden elements of dtype t]
 // rows in the sender's (token, slot) order, each pair at most once, so n_d <= T × topk. The
 // receiver checks the counts before it sizes anything from them, and every row's identity
@@ -31,12 +33,13 @@ struct alignas(4) RoutedRowMeta {
 };
 static_assert(sizeof(RoutedRowMeta) == 16, "RoutedRowMeta travels between ranks");
 
-// What a rank announces to each destination before the rows.
-struct alignas(8) RowCounts {
-  int64_t rows;    // rows it routes to the destination
-  int64_t tokens;  // its own token count T (RoutedRowMeta::token < T)
+// What a rank announces to every rank before the rows: a header, then world int64 row counts
+// (rows_to[d]: the rows it routes to rank d).
+struct alignas(8) CountsHeader {
+  int64_t tokens;         // its own token count T (RoutedRowMeta::token < T)
+  int64_t max_recv_rows;  // its receive bound (0: none); the same on every rank
 };
-static_assert(sizeof(RowCounts) == 16, "RowCounts travels between ranks");
+static_assert(sizeof(CountsHeader) == 16, "CountsHeader travels between ranks");
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -60,7 +63,8 @@ size_t checked_bytes(int64_t rows, int64_t row_bytes, const char* op, const char
 
 MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens, int64_t hidden,
                                     const int32_t* topk_ids, const float* topk_weights, int topk,
-                                    int64_t num_experts, const void* w1_local, int64_t ffn) {
+                                    int64_t num_experts, const void* w1_local, int64_t ffn,
+                                    const MoeDispatchOptions& options) {
   constexpr const char* kOp = "moeDispatchGemm";
   const int world = ex.world(), r = ex.rank();
   detail::require_dtype(t, kOp);
@@ -69,6 +73,8 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
   detail::require_nonneg(topk, kOp, "topk");
   detail::require_nonneg(ffn, kOp, "ffn");
   FC_REQUIRE(num_experts >= 1, std::string(kOp) + ": num_experts = " + str(num_experts) + " must be >= 1");
+  FC_REQUIRE(options.max_recv_rows >= 0, std::string(kOp) + ": maxRecvRows = " + str(options.max_recv_rows) +
+                                             " must be >= 0 (0: no bound)");
   detail::require_data(x, tokens * hidden, kOp, "x");
   detail::require_data(topk_ids, tokens * topk, kOp, "topk_ids");
   detail::require_data(topk_weights, tokens * topk, kOp, "topk_weights");
@@ -108,36 +114,70 @@ MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64
     for (int k = 0; k < topk; ++k)
       layout.sent_pairs[owner[topk_ids[tok * topk + k]]].push_back(tok * topk + k);
 
-  // 1. Row counts, so every rank can size its receive blocks; checked before anything is sized
-  // from them: a peer's token count fits RoutedRowMeta's int32, and its rows for this rank are
-  // at most its tokens × topk (topk is in the op's fingerprint, the same on every rank).
+  // 1. Row counts, so every rank can size its receive blocks and check every rank's receive
+  // total against the bound; checked before anything is sized from them: a peer's token count
+  // fits RoutedRowMeta's int32, and its rows (to any rank, and in all) are at most its tokens ×
+  // topk (topk is in the op's fingerprint, the same on every rank).
   std::vector<int64_t> send_rows(world), recv_rows(world), recv_tokens(world);
   {
-    std::vector<RowCounts> out(world), in(world);
+    const size_t block = sizeof(CountsHeader) + static_cast<size_t>(world) * sizeof(int64_t);
+    std::vector<uint8_t> out(block), in(block * world);
+    CountsHeader head{tokens, options.max_recv_rows};
+    std::memcpy(out.data(), &head, sizeof head);
+    for (int p = 0; p < world; ++p) {
+      send_rows[p] = static_cast<int64_t>(layout.sent_pairs[p].size());
+      std::memcpy(out.data() + sizeof head + p * sizeof(int64_t), &send_rows[p], sizeof(int64_t));
+    }
     std::vector<SendBlock> send(world);
     std::vector<RecvBlock> recv(world);
     for (int p = 0; p < world; ++p) {
-      send_rows[p] = static_cast<int64_t>(layout.sent_pairs[p].size());
-      out[p] = {send_rows[p], tokens};
-      send[p] = {&out[p], sizeof(RowCounts)};
-      recv[p] = {&in[p], sizeof(RowCounts)};
+      send[p] = {out.data(), block};
+      recv[p] = {in.data() + p * block, block};
     }
     ex.exchange(send, recv, "moeDispatch/counts");
+    std::vector<int64_t> total(world, 0), bound(world, 0);
     for (int p = 0; p < world; ++p) {
-      const RowCounts c = in[p];
+      CountsHeader c;
+      std::memcpy(&c, in.data() + p * block, sizeof c);
       if (c.tokens < 0 || c.tokens > std::numeric_limits<int32_t>::max()) {
         fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(p) + " announced " + str(c.tokens) +
                                            " tokens, outside [0, " +
                                            str(std::numeric_limits<int32_t>::max()) + "]");
       }
       const int64_t most = c.tokens * topk;  // < 2^31 · 2^31: no overflow
-      if (c.rows < 0 || c.rows > most) {
-        fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(p) + " announced " + str(c.rows) +
-                                           " rows for rank " + str(r) + ", outside [0, " + str(most) +
-                                           "] (its " + str(c.tokens) + " tokens x topk " + str(topk) + ")");
+      int64_t sum = 0;
+      for (int d = 0; d < world; ++d) {
+        int64_t rows = 0;
+        std::memcpy(&rows, in.data() + p * block + sizeof c + d * sizeof(int64_t), sizeof rows);
+        sum += (rows >= 0 && rows <= most) ? rows : 0;
+        if (rows < 0 || rows > most || sum > most) {
+          fail(ErrorKind::kCommunicator, std::string(kOp) + ": rank " + str(p) + " announced " + str(rows) +
+                                             " rows for rank " + str(d) + ", outside [0, " + str(most) +
+                                             "] (its " + str(c.tokens) + " tokens x topk " + str(topk) +
+                                             (sum > most ? ", in all" : "") + ")");
+        }
+        // Saturating: a total past int64 is past any bound as well.
+        total[d] = rows > std::numeric_limits<int64_t>::max() - total[d] ? std::numeric_limits<int64_t>::max()
+                                                                         : total[d] + rows;
+        if (d == r) recv_rows[p] = rows;
       }
-      recv_rows[p] = c.rows;
       recv_tokens[p] = c.tokens;
+      bound[p] = c.max_recv_rows;
+    }
+    // The bound and every rank's total are the same numbers on every rank: so is the verdict.
+    for (int p = 1; p < world; ++p) {
+      if (bound[p] != bound[0]) {
+        fail(ErrorKind::kInvalidArgument,
+             std::string(kOp) + ": maxRecvRows differs between ranks (rank 0: " + str(bound[0]) + ", rank " +
+                 str(p) + ": " + str(bound[p]) + ")");
+      }
+    }
+    for (int d = 0; d < world; ++d) {
+      if (bound[0] > 0 && total[d] > bound[0]) {
+        fail(ErrorKind::kInvalidArgument,
+             std::string(kOp) + ": rank " + str(d) + " would receive " + str(total[d]) +
+                 " routed rows, more than maxRecvRows = " + str(bound[0]) + "; no row moved");
+      }
     }
   }
 

@@ -227,12 +227,14 @@ FC_NATIVE(jstring, commDescribeFused)
 
 FC_NATIVE(jlong, moeDispatchGemm)
 (JNIEnv* env, jclass, jlong c, jstring d, jlong fp, jint t, jlong x, jlong tokens, jlong hidden, jlong ids,
- jlong weights, jint topk, jlong num_experts, jlong w1, jlong ffn) {
+ jlong weights, jint topk, jlong num_experts, jlong w1, jlong ffn, jlong max_recv_rows) {
   FC_JNI_BEGIN
   fc_moe_dispatch_t dispatch = nullptr;
-  check(fc_moe_dispatch_gemm(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(x), tokens, hidden,
-                             as<const int32_t*>(ids), as<const float*>(weights), topk, num_experts,
-                             as<const void*>(w1), ffn, &dispatch));
+  fc_moe_options_t options{};
+  options.max_recv_rows = max_recv_rows;
+  check(fc_moe_dispatch_gemm_ex(comm_of(c), Desc(env, d, fp).get(), dtype(t), as<const void*>(x), tokens,
+                                hidden, as<const int32_t*>(ids), as<const float*>(weights), topk, num_experts,
+                                as<const void*>(w1), ffn, &options, &dispatch));
   return reinterpret_cast<jlong>(dispatch);
   FC_JNI_END(0)
 }

@@ -20,6 +20,13 @@ __host__ __device__ __forceinline__ int64_t moe_chunks(int64_t pairs) {
   return pairs <= 0 ? 0 : (pairs + moe_chunk_pairs(pairs) - 1) / moe_chunk_pairs(pairs);
 }
 
+// The low-latency kernel's counting (moe.h "Low latency"): its CTA 0's kMoeLlCountWarps warps
+// each take one contiguous chunk of this many pairs, the last ones fewer (0 pairs: 0).
+inline constexpr int kMoeLlCountWarps = 12;
+__host__ __device__ __forceinline__ int64_t moe_ll_chunk_pairs(int64_t pairs) {
+  return (pairs + kMoeLlCountWarps - 1) / kMoeLlCountWarps;
+}
+
 // m: the count matrix, m[s * E + e] = pairs rank s routes to expert e.
 __host__ __device__ __forceinline__ int64_t moe_expert_total(const int32_t* m, int W, int E, int e) {
   int64_t t = 0;

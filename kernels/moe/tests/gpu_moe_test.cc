@@ -23,14 +23,19 @@
 //     rank gets the same status, no row moves, nothing hangs, and the next op works.
 //   every section above and below runs with each dispatch path (MoeDispatchArgs::algo:
 //     kDecomposed, then kFused, whose persistent kernel gets a 1/W share of the SMs when ranks
-//     share a GPU); a rank that launches 0.3 s late (W >= 2); CudaComm's path at kAuto (the
-//     decomposed one: fused_choice.h).
+//     share a GPU, then the low-latency mode, MoeMode::kLowLatency, for the dispatch and the
+//     combine, its grid capped the same way); a rank that launches 0.3 s late (W >= 2);
+//     CudaComm's path at kAuto (fused_choice.h: decomposed with the data area's capacity,
+//     low-latency at a decode-sized maxRecvRows), and CudaComm with maxRecvRows one below the
+//     fullest rank's rows: the same Error(kInvalidArgument) on every rank, then the op at
+//     exactly those rows.
 //   1,000 back-to-back launches (200 when ranks share a GPU; dispatch and combine of two
 //     routings alternating, an allReduce
 //     between them every tenth time), no host synchronisation, the last outputs checked; CUDA
 //     graph capture of dispatch + combine and 10 replays (outputs poisoned between replays);
 //     a rank that never launches: the others time out (1 s) with an error record naming the
-//     count exchange and the dead rank; a fresh SymmetricMemory then works.
+//     count exchange (the low-latency kernel's, in that mode) and the dead rank; a fresh
+//     SymmetricMemory then works.
 // FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
 // Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
@@ -193,8 +198,13 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   using SymmetricRank::SymmetricRank;
   // The dispatch's path for every launch of the sections below (rank_main runs them with each).
   k::FusedAlgo algo = k::FusedAlgo::kDecomposed;
+  // The low-latency mode (MoeMode::kLowLatency) for the dispatch and the combine instead.
+  bool low_latency = false;
 
-  const char* algo_name() const { return algo == k::FusedAlgo::kFused ? "fused" : "decomposed"; }
+  const char* algo_name() const {
+    return low_latency ? "low-latency" : algo == k::FusedAlgo::kFused ? "fused" : "decomposed";
+  }
+  k::MoeMode mode() const { return low_latency ? k::MoeMode::kLowLatency : k::MoeMode::kNormal; }
 
   std::unique_ptr<Run> prepare(const Case& c, uint64_t key, int64_t capacity = -1) {
     auto run = std::make_unique<Run>();
@@ -241,6 +251,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     d.workspace = R.ws.p;
     d.workspace_bytes = R.ws.bytes;
     d.algo = algo;
+    d.mode = mode();
     if (fusedcomm::testing::g_shared_gpu && W > 1) {
       // Every rank's persistent kernel on the one GPU at once: a share of its SMs each.
       int dev = 0, sms = 0;
@@ -261,6 +272,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
     cb.tokens = c.tokens[r];
     cb.topk_weights = R.weights.as<float>();
     cb.out = R.combined.as<__nv_bfloat16>();
+    cb.mode = mode();
+    cb.ctas = d.fused_ctas;
     R.w2 = upload(make_w2(c, key, W, r, c.H), stream);
     R.gc_rows = dev(cap * c.H * 2);
     R.gc_ref = dev(c.tokens[r] * c.H * 2);
@@ -677,8 +690,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       const std::optional<Error> e = fusedcomm::testing::raised(*sm);
       const k::CommErrorRecord rec = sm->error();
       if (r == 0) std::printf("  dead rank after %.2f s: %s\n", s, e ? e->what() : "(no error)");
-      check(e && e->kind() == ErrorKind::kTimeout && rec.op == k::kMoeOpCounts &&
-                rec.step == k::kMoeStepCounts && rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
+      const uint32_t op = low_latency ? k::kMoeOpLowLatency : k::kMoeOpCounts;
+      check(e && e->kind() == ErrorKind::kTimeout && rec.op == op && rec.step == k::kMoeStepCounts &&
+                rec.peer == static_cast<uint32_t>(W - 1) && s < 5.0,
             std::string("dead rank (") + algo_name() +
                 "): a clear timeout naming the count exchange and rank " + std::to_string(W - 1));
     }
@@ -721,7 +735,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
 // The same ops through the runtime objects the C API drives (Runtime, CudaComm), bootstrapped
 // as the C API's callers do it: results as the host reads them (the layout copied when the op
 // returns, the outputs through MoeDeviceResult::copy), a bad id as Error(kInvalidArgument) on
-// every rank, and the next op after it.
+// every rank, a receive bound (maxRecvRows) one below the fullest rank's rows as the same
+// Error(kInvalidArgument) on every rank, and the next op after them (bounded at those rows).
 void runtime_path(Rank& R, int gpu) {
   const int W = R.W, r = R.r;
   fusedcomm::Runtime rt(fusedcomm::testing::loopback_cuda_config(gpu, R.seed, 20000, 64 << 20,
@@ -748,13 +763,20 @@ void runtime_path(Rank& R, int gpu) {
   DevBuf x = upload(in.x, R.stream), ids = upload(in.ids, R.stream), wts = upload(in.weights, R.stream),
          w1 = upload(make_w1(c, key, W, r), R.stream);
   const fusedcomm::OpDesc desc{"moeDispatchGemm (test)", 0};
-  auto dispatch = [&] {
+  // bound: MoeDispatchOptions::max_recv_rows (0: the data area's capacity).
+  auto dispatch = [&](int64_t bound = 0) {
+    fusedcomm::host::MoeDispatchOptions options;
+    options.max_recv_rows = bound;
     return dc->moe_dispatch_gemm(desc, fusedcomm::DType::kBF16, x.p, c.tokens[r], c.H, ids.as<int32_t>(),
-                                 wts.as<float>(), c.topk, c.E, w1.p, c.F);
+                                 wts.as<float>(), c.topk, c.E, w1.p, c.F, options);
   };
   const std::string what = "CudaComm " + c.name();
+  // Round 0 without a bound; round 1 with maxRecvRows = the most rows any rank received in
+  // round 0 (outputs sized by it, the fullest rank filling them), after an overflow.
+  int64_t most_rows = 0;
+  int most_rank = 0;
   for (int round = 0; round < 2; ++round) {
-    auto res = dispatch();
+    auto res = dispatch(round == 0 ? 0 : most_rows);
     const fusedcomm::host::MoeLayout& l = res->layout;
     Rank::Got g;
     g.offsets = l.expert_offsets;
@@ -766,9 +788,14 @@ void runtime_path(Rank& R, int gpu) {
     g.routed.resize(static_cast<size_t>(rows * c.H));
     g.out.resize(static_cast<size_t>(rows * c.F));
     check(res->device != nullptr, what + ": the result stays on the GPU");
-    const bool fused_path = res->path.rfind("fused", 0) == 0;
-    check(!fused_path && !res->path.empty(),
-          what + ": kAuto's path is the decomposed one (got '" + res->path + "')");
+    // kAuto: the decomposed path with the data area's capacity; the low-latency one at a bound
+    // of decode size (fused_choice.h).
+    const bool ll = round == 1 && k::choose_moe_low_latency(k::MoeMode::kAuto, W, most_rows, c.topk);
+    const std::string want_path = ll ? "low-latency" : "decomposed";
+    if (r == 0)
+      std::printf("  moeDispatchGemm through CudaComm, round %d: %s path\n", round, res->path.c_str());
+    check(res->path == want_path,
+          what + ": kAuto's path is the " + want_path + " one (got '" + res->path + "')");
     res->device->copy(g.out.data(), g.routed.data());
     R.check_rows(c, key, in, g, what + (round ? " (after a failed op)" : ""));
     // Combine: rows that carry their identity, home.
@@ -833,6 +860,36 @@ void runtime_path(Rank& R, int gpu) {
       check(invalid && msg.find("expert id " + std::to_string(c.E + 5)) != std::string::npos,
             what + ": a bad id is Error(kInvalidArgument) naming it on every rank (got '" + msg + "')");
       ids = std::move(saved);
+
+      // Every rank's rows; a bound one below the most: the fullest rank (the first of them)
+      // overflows, every rank throws the same message naming it, its rows and the bound.
+      const int64_t mine = rows;
+      const auto all = R.g.all_gather(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&mine),
+                                                           reinterpret_cast<const uint8_t*>(&mine) + 8));
+      for (int q = 0; q < W; ++q) {
+        int64_t v = 0;
+        std::memcpy(&v, all[q].data(), 8);
+        if (v > most_rows) most_rows = v, most_rank = q;
+      }
+      std::string over;
+      bool over_invalid = false;
+      try {
+        dispatch(most_rows - 1);
+      } catch (const Error& e) {
+        over = e.what();
+        over_invalid = e.kind() == ErrorKind::kInvalidArgument;
+      }
+      if (r == 0) std::printf("  overflow through CudaComm: %s\n", over.c_str());
+      const std::string want = "rank " + std::to_string(most_rank) + " would receive " +
+                               std::to_string(most_rows) +
+                               " routed rows, more than maxRecvRows = " + std::to_string(most_rows - 1);
+      check(most_rows >= 2 && over_invalid && over.find(want) != std::string::npos,
+            what + ": an overflow is Error(kInvalidArgument) '" + want + "' on every rank (got '" + over +
+                "')");
+      const auto msgs = R.g.all_gather(std::vector<uint8_t>(over.begin(), over.end()));
+      bool same = true;
+      for (const auto& m : msgs) same = same && std::string(m.begin(), m.end()) == over;
+      check(same, what + ": the overflow's message is the same on every rank");
     }
   }
   dc->close();
@@ -843,7 +900,8 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   Rank R(g, seed);
   CUDA_OK(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
   SymmetricConfig cfg;
-  cfg.data_bytes = 64 << 20;
+  // The largest correctness case (1000 tokens × top-8 from every rank, hidden 1024) at W = 8.
+  cfg.data_bytes = g.world > 4 ? size_t{160} << 20 : size_t{64} << 20;
   R.open(cfg);
   auto t0 = std::chrono::steady_clock::now();
   auto lap = [&](const char* what) {
@@ -860,8 +918,9 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     return g_failed == 0 ? 0 : 1;
   };
   try {
-    for (const k::FusedAlgo algo : {k::FusedAlgo::kDecomposed, k::FusedAlgo::kFused}) {
-      R.algo = algo;
+    for (const int path : {0, 1, 2}) {
+      R.algo = path == 1 ? k::FusedAlgo::kFused : k::FusedAlgo::kDecomposed;
+      R.low_latency = path == 2;
       if (g.rank == 0) std::printf("  -- %s dispatch\n", R.algo_name());
       R.correctness();
       lap("correctness");

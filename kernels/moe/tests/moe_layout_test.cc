@@ -5,7 +5,9 @@
 // each pair's row the way the kernels do (chunks of moe_chunk_pairs pairs, per-chunk counts and
 // exclusive prefixes, the pair's rank within its chunk, moe_send_base from the count matrix) and
 // checks it against the row the contract gives, every row of every owner exactly once, and the
-// owners' row counts. Also the chunk sizing (at most 256 chunks, at least 1024 pairs each).
+// owners' row counts. Also the chunk sizing (at most 256 chunks, at least 1024 pairs each), the
+// low-latency kernel's chunking (kMoeLlCountWarps contiguous chunks, moe_ll_chunk_pairs) through
+// the same checks, and fused_choice.h's choose_moe_low_latency at its bar.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "fusedcomm/runtime/split.h"
+#include "kernels/common/fused_choice.h"
 #include "kernels/moe/detail/moe_layout.h"
 #include "support/check.h"
 
@@ -22,7 +25,8 @@ namespace {
 namespace d = fusedcomm::kernels::detail;
 using fusedcomm::testing::check;
 
-void run(int W, int E, int topk, const std::vector<int64_t>& T, int mode, uint64_t seed) {
+// ll: the low-latency kernel's chunking instead of the count kernel's.
+void run(int W, int E, int topk, const std::vector<int64_t>& T, int mode, uint64_t seed, bool ll = false) {
   std::mt19937_64 rng(seed);
   std::vector<std::vector<int32_t>> ids(W);
   for (int s = 0; s < W; ++s) {
@@ -54,8 +58,15 @@ void run(int W, int E, int topk, const std::vector<int64_t>& T, int mode, uint64
   for (int p = 0; p < W; ++p) got[p].assign(expect[p].size(), -1);
   bool placed = true;
   for (int s = 0; s < W; ++s) {
-    const int64_t pairs = T[s] * topk, cp = d::moe_chunk_pairs(pairs), chunks = d::moe_chunks(pairs);
-    check(chunks <= 256 && cp >= 1024 && chunks * cp >= pairs, "chunk sizing for " + std::to_string(pairs));
+    const int64_t pairs = T[s] * topk;
+    const int64_t cp = ll ? d::moe_ll_chunk_pairs(pairs) : d::moe_chunk_pairs(pairs);
+    const int64_t chunks = ll ? d::kMoeLlCountWarps : d::moe_chunks(pairs);
+    if (!ll) {
+      check(chunks <= 256 && cp >= 1024 && chunks * cp >= pairs, "chunk sizing for " + std::to_string(pairs));
+    } else {
+      check(chunks * cp >= pairs && chunks * cp < pairs + chunks,
+            "low-latency chunking for " + std::to_string(pairs));
+    }
     std::vector<int32_t> prefix(static_cast<size_t>(chunks) * E), pos(static_cast<size_t>(pairs));
     std::vector<int32_t> run(E, 0);
     for (int64_t c = 0; c < chunks; ++c) {
@@ -79,9 +90,9 @@ void run(int W, int E, int topk, const std::vector<int64_t>& T, int mode, uint64
       got[p][row] = int64_t(s) << 40 | j;
     }
   }
-  const std::string what = "W=" + std::to_string(W) + " E=" + std::to_string(E) +
-                           " k=" + std::to_string(topk) + " mode " + std::to_string(mode) + " seed " +
-                           std::to_string(seed);
+  const std::string what = std::string(ll ? "low-latency " : "") + "W=" + std::to_string(W) +
+                           " E=" + std::to_string(E) + " k=" + std::to_string(topk) + " mode " +
+                           std::to_string(mode) + " seed " + std::to_string(seed);
   check(placed, what + ": every pair on a row of its own");
   check(got == expect, what + ": rows in the contract's order");
   for (int p = 0; p < W; ++p) {
@@ -127,11 +138,22 @@ int main() {
         T.push_back(s % 3 == 2 ? 0 : 100 + 37 * s + static_cast<int64_t>(seed) * 11);
       for (int E : {1, 3, W, 2 * W + 1, 64}) {
         for (int mode : {0, 1, 2})
-          run(W, E, 1 + static_cast<int>(seed % 3) * 3, T, mode, seed * 977 + W * 31 + E);
+          for (bool ll : {false, true})
+            run(W, E, 1 + static_cast<int>(seed % 3) * 3, T, mode, seed * 977 + W * 31 + E, ll);
       }
     }
   }
   // Many chunks: one rank's 40,000 pairs.
   run(2, 16, 8, {5000, 3}, 0, 99);
+  run(2, 16, 8, {5000, 3}, 0, 99, true);
+  // The low-latency bar: capacity <= W x 256 x topk, forced modes kept (every input rank-uniform).
+  namespace k = fusedcomm::kernels;
+  check(k::choose_moe_low_latency(k::MoeMode::kAuto, 2, 2 * 256 * 8, 8),
+        "low latency at W x 256 x topk rows");
+  check(!k::choose_moe_low_latency(k::MoeMode::kAuto, 2, 2 * 256 * 8 + 1, 8),
+        "normal above W x 256 x topk rows");
+  check(k::choose_moe_low_latency(k::MoeMode::kLowLatency, 1, 1 << 30, 1),
+        "a forced low-latency mode is kept");
+  check(!k::choose_moe_low_latency(k::MoeMode::kNormal, 8, 1, 8), "a forced normal mode is kept");
   return fusedcomm::testing::report("moe_layout_test");
 }

@@ -115,7 +115,8 @@ class Comm {
   // ---- MoE and attention ------------------------------------------------------------------
   virtual std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
       const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
-      const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) = 0;
+      const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn,
+      const host::MoeDispatchOptions& options) = 0;
   // `dispatch`: a result of this communicator's moe_dispatch_gemm.
   virtual void moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                            const void* expert_out, int64_t width, void* out) = 0;

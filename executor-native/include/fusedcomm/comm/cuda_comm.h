@@ -123,7 +123,8 @@ class CudaComm final : public Comm {
 
   std::unique_ptr<host::MoeDispatchResult> moe_dispatch_gemm(
       const OpDesc& desc, DType dtype, const void* x, int64_t tokens, int64_t hidden, const int32_t* topk_ids,
-      const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn) override;
+      const float* topk_weights, int topk, int64_t num_experts, const void* w1_local, int64_t ffn,
+      const host::MoeDispatchOptions& options) override;
   void moe_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,
                    const void* expert_out, int64_t width, void* out) override;
   void moe_gemm_combine(const OpDesc& desc, DType dtype, const host::MoeDispatchResult& dispatch,

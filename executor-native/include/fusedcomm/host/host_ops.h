@@ -94,11 +94,21 @@ struct MoeDispatchResult {
   std::string path;
 };
 
+// moe_dispatch_gemm's options (docs/ops.md "moeDispatchGemm"), the same on every rank.
+struct MoeDispatchOptions {
+  // > 0: the most routed rows any rank may receive; a rank that would receive more fails the op
+  // on every rank (Error(kInvalidArgument) naming that rank, its rows and the bound) before any
+  // row moves. The cuda backend sizes its outputs and receive area by it. 0: no bound (the cuda
+  // backend: what its symmetric data area holds).
+  int64_t max_recv_rows = 0;
+};
+
 // x: tokens × hidden; topk_ids, topk_weights: tokens × topk (ids in [0, num_experts));
 // w1_local: local_experts × ffn × hidden (each W1_e in kNK layout).
 MoeDispatchResult moe_dispatch_gemm(Exchanger& ex, DType t, const void* x, int64_t tokens, int64_t hidden,
                                     const int32_t* topk_ids, const float* topk_weights, int topk,
-                                    int64_t num_experts, const void* w1_local, int64_t ffn);
+                                    int64_t num_experts, const void* w1_local, int64_t ffn,
+                                    const MoeDispatchOptions& options = {});
 // expert_out: layout.rows() × width (rows in the layout's order); out: layout.tokens × width,
 // out[t] = sum over slots k of weight(t, k) · expert_out[row of (t, k)], fp32, slot order.
 void moe_combine(Exchanger& ex, DType t, const MoeLayout& layout, const void* expert_out, int64_t width,

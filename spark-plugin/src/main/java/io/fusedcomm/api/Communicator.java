@@ -610,9 +610,27 @@ public final class Communicator implements AutoCloseable {
    * ranks by {@link Split}) and multiplies them by the expert's {@code W1ᵀ}. {@code x: T × H},
    * {@code topkIds: T × k} ({@link DType#I32}, ids in {@code [0, numExperts)}), {@code
    * topkWeights: T × k} ({@link DType#F32}), {@code w1Local: E_r × F × H}. T may differ per rank.
+   * No receive bound: the cuda backend sizes its outputs by what its symmetric data area holds.
    */
   public MoeDispatch moeDispatchGemm(Tensor x, Tensor topkIds, Tensor topkWeights, long numExperts, Tensor w1Local) {
+    return moeDispatchGemm(x, topkIds, topkWeights, numExperts, w1Local, 0);
+  }
+
+  /**
+   * {@link #moeDispatchGemm(Tensor, Tensor, Tensor, long, Tensor)} with a receive bound: {@code
+   * maxRecvRows > 0} is the most routed rows any rank may receive (the same on every rank; the
+   * cuda backend sizes its outputs and receive area by it, at most what its symmetric data area
+   * holds); 0: no bound. A rank that would receive more fails the op on every rank with an
+   * {@link IllegalArgumentException} naming that rank, its row count and the bound; no row moves
+   * and the communicator stays usable.
+   */
+  public MoeDispatch moeDispatchGemm(
+      Tensor x, Tensor topkIds, Tensor topkWeights, long numExperts, Tensor w1Local, long maxRecvRows) {
     try (OpCall call = enter("moeDispatchGemm", 0)) {
+      if (maxRecvRows < 0) {
+        throw new IllegalArgumentException("moeDispatchGemm: maxRecvRows must be >= 0 (0: no bound), got "
+            + maxRecvRows);
+      }
       OpCheck k = check("moeDispatchGemm").floating("x", x).same("w1Local", w1Local, x).rank2("x", x);
       k.typed("topkIds", topkIds, DType.I32).typed("topkWeights", topkWeights, DType.F32);
       k.rank2("topkIds", topkIds).rank2("topkWeights", topkWeights).rank3("w1Local", w1Local);
@@ -628,11 +646,12 @@ public final class Communicator implements AutoCloseable {
       }
       k.dim("w1Local", w1Local, 0, Split.count(numExperts, world, rank)).dim("w1Local", w1Local, 2, hidden);
       long ffn = w1Local.dim(1);
-      Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk).build();
+      Fingerprint fp = k.fingerprint().add("experts", numExperts).add("H", hidden).add("F", ffn).add("topk", topk)
+          .add("maxRecvRows", maxRecvRows).build();
       return callNative(call, null, null, () -> {
         long h = NativeOps.moeDispatchGemm(handle(), fp.description(), fp.value(), x.dtype().code(),
             call.address(x), tokens, hidden, call.address(topkIds), call.address(topkWeights), (int) topk, numExperts,
-            call.address(w1Local), ffn);
+            call.address(w1Local), ffn, maxRecvRows);
         try {
           int gpu = x instanceof DeviceTensor d ? d.device() : -1;
           return new MoeDispatch(this, h, x.dtype(), hidden, ffn, gpu);

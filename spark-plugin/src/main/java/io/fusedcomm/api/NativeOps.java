@@ -148,9 +148,10 @@ final class NativeOps {
       long comm, String desc, long fp, int dtype, long a, long w, long c, long m, long n,
       long kLocal, int layout, int partials, long stream);
 
+  /** {@code maxRecvRows}: the receive bound of every rank (0: none). */
   static native long moeDispatchGemm(
       long comm, String desc, long fp, int dtype, long x, long tokens, long hidden, long ids,
-      long weights, int topk, long numExperts, long w1, long ffn);
+      long weights, int topk, long numExperts, long w1, long ffn, long maxRecvRows);
 
   /** {rows, firstLocalExpert, localExperts, tokens, topk, offsets[0..localExperts]}. */
   static native long[] moeInfo(long dispatch);

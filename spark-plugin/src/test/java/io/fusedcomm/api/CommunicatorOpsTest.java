@@ -548,6 +548,58 @@ class CommunicatorOpsTest {
     }
   }
 
+  /**
+   * maxRecvRows: every rank routes its tokens to expert 0 (rank 0's), so rank 0 receives every
+   * row. A bound one below that fails on every rank with the same IllegalArgumentException
+   * naming rank 0, its rows and the bound (before any row moves); the next dispatch, bounded at
+   * exactly those rows, works on the same communicator and routes every row.
+   */
+  @ParameterizedTest(name = "W={0}")
+  @MethodSource("moeWorlds")
+  void moeReceiveBound(int w) {
+    final long experts = 2L * w;
+    final int hidden = 8;
+    final int ffn = 4;
+    final int topk = 1;
+    int total = 0;
+    for (int r = 0; r < w; r++) {
+      total += 2 + r;
+    }
+    final int rows = total;
+    List<String[]> seen = world.run(w, comm -> {
+      int r = comm.rank();
+      int tokens = 2 + r;
+      int[] ids = new int[tokens * topk];  // all 0
+      try (TensorScope s = new TensorScope()) {
+        HostTensor x = s.of(Data.uniform(SEED + 130 + r, tokens * hidden, DType.F32), DType.F32, tokens, hidden);
+        HostTensor idr = s.ints(ids, tokens, topk);
+        HostTensor wr = s.of(Data.positive(SEED + 140 + r, tokens * topk, DType.F32), DType.F32, tokens, topk);
+        HostTensor w1 = s.of(Data.uniform(SEED + 150 + r, (int) Reference.count(experts, w, r) * ffn * hidden,
+            DType.F32), DType.F32, Reference.count(experts, w, r), ffn, hidden);
+        String refused = "";
+        try (MoeDispatch d = comm.moeDispatchGemm(x, idr, wr, experts, w1, rows - 1)) {
+          refused = "no error";
+        } catch (IllegalArgumentException e) {
+          refused = e.getMessage();
+        }
+        try (MoeDispatch d = comm.moeDispatchGemm(x, idr, wr, experts, w1, rows)) {
+          return new String[] {refused, Long.toString(d.rows())};
+        }
+      }
+    });
+    String want = "rank 0 would receive " + rows + " routed rows, more than maxRecvRows = " + (rows - 1);
+    for (int r = 0; r < w; r++) {
+      String c = "maxRecvRows W=" + w + " rank " + r;
+      assertTrue(seen.get(r)[0].contains(want), c + ": '" + want + "' in '" + seen.get(r)[0] + "'");
+      assertEquals(seen.get(0)[0], seen.get(r)[0], c + ": the same message on every rank");
+      assertEquals(r == 0 ? rows : 0, Long.parseLong(seen.get(r)[1]), c + ": rows after the refused op");
+    }
+  }
+
+  static Stream<Arguments> moeWorlds() {
+    return Stream.of(Arguments.of(1), Arguments.of(2), Arguments.of(3));
+  }
+
   // ---- ring attention ----------------------------------------------------------------------
 
   static Stream<Arguments> attentionCases() {
