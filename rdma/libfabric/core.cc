@@ -49,6 +49,9 @@ Core::Core(const LibfabricOptions& o)
   const std::string unavailable = "libfabric transport is unavailable: ";
   if (!api_.ok()) throw TransportError(-1, unavailable + api_.error);
   if (o.rails < 1) throw std::invalid_argument("libfabric transport: rails must be at least 1");
+  if (o.stripes < 0 || o.stripes > kMaxStripes)
+    throw std::invalid_argument("libfabric transport: stripes must be 0 (the provider's default) to " +
+                                std::to_string(kMaxStripes));
   LibfabricProvider provider = o.provider;
   const std::string node = o.bind_host.empty() ? socket_backend::primary_host_address() : o.bind_host;
   std::string why;
@@ -74,8 +77,20 @@ Core::Core(const LibfabricOptions& o)
                                  std::to_string(domains.size()) + " NIC(s) (" + seen + "), fewer than the " +
                                  std::to_string(o.rails) + " rails asked for");
   }
-  for (size_t r = 0; r < picked.size(); ++r) {
-    rails_.push_back(std::make_unique<Rail>(api_, *picked[r], static_cast<int>(r)));
+  // Endpoints per NIC: TCP moves each stream with one core's copies (sending and receiving), so
+  // tcp stripes large writes over two endpoints, each progressed by its own thread; an RDMA NIC
+  // places the bytes itself. Stripes share remote keys, which the provider must let us choose.
+  const Caps first = caps_of(*picked[0]);
+  stripes_ = o.stripes ? o.stripes : provider == LibfabricProvider::kTcp && !first.prov_key ? 2 : 1;
+  if (stripes_ > 1 && first.prov_key) {
+    throw TransportError(-1, unavailable + first.provider + " chooses its own remote keys (FI_MR_PROV_KEY): " +
+                                 "one endpoint per rail only (stripes " + std::to_string(stripes_) + ")");
+  }
+  nics_ = static_cast<int>(picked.size());
+  for (int r = 0; r < nics_; ++r) {
+    for (int s = 0; s < stripes_; ++s) {
+      rails_.push_back(std::make_unique<Rail>(api_, *picked[r], r * stripes_ + s));
+    }
   }
   caps_ = rails_[0]->caps();
   caps_.hmem = hmem_offered(api_, caps_.provider, provider == LibfabricProvider::kTcp ? node : "");
@@ -136,9 +151,12 @@ void Core::shutdown() {
 
 std::string Core::describe() const {
   std::string domains;
-  for (const auto& r : rails_) domains += (domains.empty() ? "" : "+") + r->caps().domain;
-  return "libfabric " + caps_.provider + " on " + domains + " (" + std::to_string(rails_.size()) +
-         (rails_.size() == 1 ? " rail" : " rails") + "; " + describe_plan(caps_, plan_) + ")";
+  for (size_t r = 0; r < rails_.size(); r += stripes_) {
+    domains += (domains.empty() ? "" : "+") + rails_[r]->caps().domain;
+  }
+  return "libfabric " + caps_.provider + " on " + domains + " (" + std::to_string(nics_) +
+         (nics_ == 1 ? " rail" : " rails") + ", " + std::to_string(stripes_) +
+         (stripes_ == 1 ? " endpoint" : " endpoints") + " per rail; " + describe_plan(caps_, plan_) + ")";
 }
 
 std::string Core::peer_name(const std::string& address, int r, int rail) const {
@@ -159,8 +177,9 @@ std::string Core::peer_name(const std::string& address, int r, int rail) const {
     start = comma + 1;
   }
   if (parts.size() != rails_.size()) {
-    throw refuse("names " + std::to_string(parts.size()) + " rail(s), this transport has " +
-                 std::to_string(rails_.size()));
+    throw refuse("names " + std::to_string(parts.size()) + " endpoint(s), this transport has " +
+                 std::to_string(rails_.size()) + " (" + std::to_string(nics_) + " rail(s) of " +
+                 std::to_string(stripes_) + ")");
   }
   std::string raw;
   if (!unhex(parts[rail], &raw)) throw refuse("is malformed");

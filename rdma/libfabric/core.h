@@ -73,6 +73,10 @@ constexpr milliseconds kHelloRetry{250};          // a dialer repeats its hello 
 constexpr milliseconds kHousekeeping{20};         // heartbeats, silence and expiry checks
 constexpr milliseconds kSendStallTimeout{60000};  // a write making no progress this long fails
 constexpr int kPollBatch = 64;                    // completions handled per poll
+// A write this large or larger is split over the rail's stripes (LibfabricOptions::stripes),
+// each part at least half of this.
+constexpr uint64_t kStripeMinBytes = uint64_t{512} << 10;
+constexpr int kMaxStripes = 8;
 
 enum class Phase { kConnecting, kLive, kClosing, kDone };
 
@@ -94,6 +98,7 @@ struct RxOp {
 // This rank's state of its pair with one peer of a group (GroupState::mu).
 struct Peer {
   fi_addr_t addr = FI_ADDR_NOTAVAIL;  // the peer's published endpoint on the group's rail
+  std::vector<fi_addr_t> stripe_addr;  // its endpoint on each stripe of that rail ([0] == addr)
   // Authentication.
   bool up = false;  // both proofs checked: the pair carries data (counted open)
   PeerState state = PeerState::kConnected;
@@ -147,7 +152,8 @@ struct GroupState : std::enable_shared_from_this<GroupState> {
   uint64_t comm_id = 0;
   int rank = 0;
   int world = 1;
-  int rail = 0;  // GroupSpec::lane % rails
+  int rail = 0;     // the first endpoint of NIC GroupSpec::lane % rails (Core::rail())
+  int stripes = 1;  // that NIC's endpoints: rail, rail + 1, ..., rail + stripes - 1
   std::vector<std::string> addresses;
 
   mutable std::mutex mu;
@@ -211,7 +217,10 @@ class Core : public std::enable_shared_from_this<Core> {
   void expect_traffic() noexcept;
 
   bool running() const { return running_.load(); }
+  // Endpoint i: stripe i % stripes() of NIC i / stripes(). Messages of a group travel on its
+  // NIC's first endpoint; the others carry parts of large writes only.
   Rail& rail(int i) { return *rails_[i]; }
+  int stripes() const { return stripes_; }
   const Caps& caps() const { return caps_; }
   bool cq_data() const { return cq_data_; }
   const wire::CqDataLayout& layout() const { return layout_; }
@@ -278,7 +287,9 @@ class Core : public std::enable_shared_from_this<Core> {
 
   LibfabricOptions options_;
   const FabricApi& api_;
-  std::vector<std::unique_ptr<Rail>> rails_;
+  std::vector<std::unique_ptr<Rail>> rails_;  // NICs × stripes_ endpoints (rail())
+  int nics_ = 1;
+  int stripes_ = 1;
   Caps caps_;  // rail 0's, with hmem from a second query
   Plan plan_;
   bool cq_data_ = false;
@@ -319,7 +330,9 @@ bool GroupState::progress_until(Pred pred, Clock::time_point deadline) {
       if (pred()) return true;
     }
     if (aborted || !core->running() || Clock::now() >= deadline) return false;
-    if (core->progress(rail) > 0) {
+    int n = 0;
+    for (int s = 0; s < stripes; ++s) n += core->progress(rail + s);
+    if (n > 0) {
       idle = 0;
       continue;
     }

@@ -107,8 +107,11 @@ class Rail {
   // says nothing is pending (fi_trywait); returns at once otherwise.
   void wait(int wake_fd, std::chrono::nanoseconds timeout);
 
-  // Registers [base, base + bytes) for local writes and remote writes. Throws TransportError.
-  RailMr register_memory(void* base, uint64_t bytes);
+  // Registers [base, base + bytes) for local writes and remote writes, under a fresh random
+  // remote key, or under `key` where one is given (a provider that takes requested keys):
+  // throws KeyTaken where that key is in use on this domain. Throws TransportError.
+  struct KeyTaken {};
+  RailMr register_memory(void* base, uint64_t bytes, uint64_t key = 0);
   void deregister(const RailMr& mr);
 
   // Closes the endpoint and everything under it; later calls fail or do nothing. Idempotent.
