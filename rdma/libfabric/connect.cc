@@ -40,8 +40,10 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   g->comm_id = spec.comm_id;
   g->rank = spec.rank;
   g->world = spec.world;
-  g->rail = static_cast<int>(spec.lane % nics_) * stripes_;
-  g->stripes = stripes_;
+  const int nic = static_cast<int>(spec.lane % nics_);
+  const int own = static_cast<int>((spec.lane / nics_) % stripes_);
+  for (int s = 0; s < stripes_; ++s) g->endpoints.push_back(nic * stripes_ + (own + s) % stripes_);
+  g->rail = g->endpoints[0];
   g->addresses = spec.addresses;
   g->addresses.resize(spec.world);
   g->peers.resize(spec.world);
@@ -53,15 +55,15 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   for (int r = 0; r < spec.world; ++r) {
     if (r == spec.rank) continue;
     // Only the addresses of the bootstrap ever enter the address vectors.
-    for (int s = 0; s < stripes_; ++s) {
-      const std::string name = peer_name(spec.addresses[r], r, g->rail + s);
+    for (int e : g->endpoints) {
+      const std::string name = peer_name(spec.addresses[r], r, e);
       if (shm_peer_gone(caps_.provider, name)) {
         throw ConnectTimeout(
             r, g->self() + " (world " + std::to_string(spec.world) + "): missing rank " + std::to_string(r) +
                    " at " + spec.addresses[r] +
                    " (its shared-memory endpoint is gone: the process ended or closed its transport)");
       }
-      g->peers[r].stripe_addr.push_back(rails_[g->rail + s]->insert(name));
+      g->peers[r].stripe_addr.push_back(rails_[e]->insert(name));
     }
     g->peers[r].addr = g->peers[r].stripe_addr[0];
   }

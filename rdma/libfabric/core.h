@@ -73,9 +73,9 @@ constexpr milliseconds kHelloRetry{250};          // a dialer repeats its hello 
 constexpr milliseconds kHousekeeping{20};         // heartbeats, silence and expiry checks
 constexpr milliseconds kSendStallTimeout{60000};  // a write making no progress this long fails
 constexpr int kPollBatch = 64;                    // completions handled per poll
-// A write this large or larger is split over the rail's stripes (LibfabricOptions::stripes),
-// each part at least half of this.
-constexpr uint64_t kStripeMinBytes = uint64_t{512} << 10;
+// A write this large or larger is split over the group's endpoints (LibfabricOptions::stripes):
+// below it a second endpoint's thread costs more than its copies save.
+constexpr uint64_t kStripeMinBytes = uint64_t{4} << 20;
 constexpr int kMaxStripes = 8;
 
 enum class Phase { kConnecting, kLive, kClosing, kDone };
@@ -98,7 +98,7 @@ struct RxOp {
 // This rank's state of its pair with one peer of a group (GroupState::mu).
 struct Peer {
   fi_addr_t addr = FI_ADDR_NOTAVAIL;  // the peer's published endpoint on the group's rail
-  std::vector<fi_addr_t> stripe_addr;  // its endpoint on each stripe of that rail ([0] == addr)
+  std::vector<fi_addr_t> stripe_addr;  // its endpoint on each of GroupState::endpoints
   // Authentication.
   bool up = false;  // both proofs checked: the pair carries data (counted open)
   PeerState state = PeerState::kConnected;
@@ -152,8 +152,12 @@ struct GroupState : std::enable_shared_from_this<GroupState> {
   uint64_t comm_id = 0;
   int rank = 0;
   int world = 1;
-  int rail = 0;     // the first endpoint of NIC GroupSpec::lane % rails (Core::rail())
-  int stripes = 1;  // that NIC's endpoints: rail, rail + 1, ..., rail + stripes - 1
+  // The endpoints (Core::rail()) of NIC GroupSpec::lane % rails, the group's own first: lanes
+  // of one NIC start at different endpoints, so that each lane has its own connections and
+  // progress thread, as each lane has its own connections on the socket backend. Messages
+  // travel on the group's own endpoint `rail`; a large write is split over all of them.
+  std::vector<int> endpoints;
+  int rail = 0;  // endpoints[0]
   std::vector<std::string> addresses;
 
   mutable std::mutex mu;
@@ -217,8 +221,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void expect_traffic() noexcept;
 
   bool running() const { return running_.load(); }
-  // Endpoint i: stripe i % stripes() of NIC i / stripes(). Messages of a group travel on its
-  // NIC's first endpoint; the others carry parts of large writes only.
+  // Endpoint i: stripe i % stripes() of NIC i / stripes().
   Rail& rail(int i) { return *rails_[i]; }
   int stripes() const { return stripes_; }
   const Caps& caps() const { return caps_; }
@@ -331,15 +334,18 @@ bool GroupState::progress_until(Pred pred, Clock::time_point deadline) {
     }
     if (aborted || !core->running() || Clock::now() >= deadline) return false;
     int n = 0;
-    for (int s = 0; s < stripes; ++s) n += core->progress(rail + s);
+    for (int e : endpoints) n += core->progress(e);
     if (n > 0) {
       idle = 0;
       continue;
     }
     // Spin a little (a completion is usually microseconds away), then sleep in short slices:
-    // a peer that is slow to drain must not cost a core.
+    // a peer that is slow to drain must not cost a core. The sleep ends early when a progress
+    // thread handles what we wait for (every change of the group's state notifies cv).
     if (++idle < 64) continue;
-    std::this_thread::sleep_for(std::chrono::microseconds(idle < 256 ? 10 : idle < 1024 ? 50 : 200));
+    std::unique_lock<std::mutex> l(mu);
+    if (pred()) return true;
+    cv.wait_for(l, std::chrono::microseconds(idle < 256 ? 10 : idle < 1024 ? 50 : 200));
   }
 }
 

@@ -95,15 +95,15 @@ void GroupState::write(const WriteOp& op) {
     std::lock_guard<std::mutex> l(mu);
     refuse_if_down();
   }
-  // A large payload goes in `parts` contiguous parts, part s on the rail's endpoint s (each
+  // A large payload goes in `parts` contiguous parts, part s on the group's endpoint s (each
   // with its own connection and progress thread), each part in pieces of at most the
   // provider's largest write. Every piece is an op of the pair: the receiver applies the
   // signal once all of them have arrived, whichever endpoint they came through.
-  const int parts = op.bytes >= kStripeMinBytes ? stripes : 1;
+  const int parts = op.bytes >= kStripeMinBytes ? static_cast<int>(endpoints.size()) : 1;
   void* descs[kMaxStripes] = {};
   const char* src = nullptr;
   for (int s = 0; op.bytes && s < parts; ++s) {
-    src = core->source(op.src_key, op.src_offset, op.bytes, rail + s, &descs[s]);
+    src = core->source(op.src_key, op.src_offset, op.bytes, endpoints[s], &descs[s]);
   }
   RemoteRegion rr;
   if (op.bytes) rr = remote_region(p, op);
@@ -150,12 +150,12 @@ void GroupState::write(const WriteOp& op) {
     wait->left.fetch_add(1);
     outstanding.fetch_add(1);
     int rc;
-    while ((rc = core->rail(rail + part).post_write(ctx, src + done, n, descs[part], peers[p].stripe_addr[part],
+    while ((rc = core->rail(endpoints[part]).post_write(ctx, src + done, n, descs[part], peers[p].stripe_addr[part],
                                                     rr.addr + op.dst_offset + done, rr.key, cq_data, data)) ==
            -FI_EAGAIN) {
       // The provider's queue is full (or the endpoint still connecting): make room, unless the
       // peer is gone.
-      core->progress(rail + part);
+      core->progress(endpoints[part]);
       std::lock_guard<std::mutex> l(mu);
       if (aborted || peers[p].state != PeerState::kConnected || Clock::now() > deadline) break;
     }

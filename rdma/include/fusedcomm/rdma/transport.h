@@ -203,10 +203,11 @@ struct LibfabricOptions {
   // NICs (libfabric domains) per transport; a group uses rail GroupSpec::lane % rails. A
   // provider with fewer domains than this refuses to start, naming what it has.
   int rails = 1;
-  // Endpoints per rail, each with its own progress thread, that a write of 512 KiB or more is
-  // split over; 0: the provider's default (tcp: 2, since a TCP stream moves what one
-  // core copies; efa, verbs, shm: 1). More than 1 needs a provider that takes the remote keys
-  // it is asked for (not FI_MR_PROV_KEY).
+  // Endpoints per rail, each with its own connections and progress thread: lanes
+  // (GroupSpec::lane) of one rail start on different endpoints, and a write of 4 MiB or more
+  // is split over all of them. 0: the provider's default (tcp: 2, since a TCP stream moves
+  // what one core copies at each end; efa, verbs, shm: 1). More than 1 needs a provider that
+  // takes the remote keys it is asked for (not FI_MR_PROV_KEY).
   int stripes = 0;
   // tcp: the address to bind. Empty: the host's primary address, as the socket backend's.
   std::string bind_host;
