@@ -83,7 +83,8 @@ Core::Core(const LibfabricOptions& o)
   const Caps first = caps_of(*picked[0]);
   stripes_ = o.stripes ? o.stripes : provider == LibfabricProvider::kTcp && !first.prov_key ? 2 : 1;
   if (stripes_ > 1 && first.prov_key) {
-    throw TransportError(-1, unavailable + first.provider + " chooses its own remote keys (FI_MR_PROV_KEY): " +
+    throw TransportError(-1, unavailable + first.provider +
+                                 " chooses its own remote keys (FI_MR_PROV_KEY): " +
                                  "one endpoint per rail only (stripes " + std::to_string(stripes_) + ")");
   }
   nics_ = static_cast<int>(picked.size());

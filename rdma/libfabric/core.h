@@ -1,13 +1,13 @@
-// The libfabric backend of the transport interface: reliable-datagram endpoints (one per rail),
-// RMA writes into registered regions, signals ordered after their payloads, the socket
-// backend's authentication. Wire format and protocol: wire.h.
+// The libfabric backend of the transport interface: reliable-datagram endpoints
+// (LibfabricOptions::stripes per rail), RMA writes into registered regions, signals ordered
+// after their payloads, the socket backend's authentication. Wire format and protocol: wire.h.
 //
 // This header holds the backend's shared state, private to rdma/libfabric/: a pair's state
 // (Peer), a group (GroupState) and the per-transport core (Core: rails, registry, groups,
 // progress threads). The files beside it implement them, one concern each:
 //   api.cc                    libfabric's exported entry points, through dlopen (api.h)
 //   provider.cc               providers, hints, capabilities, the per-provider probe
-//   rail.cc                   a rail's objects, control buffers and completions (rail.h)
+//   rail.cc                   an endpoint's objects, control buffers and completions (rail.h)
 //   core.cc                   Core's construction and shutdown, the progress threads, liveness
 //   registry.cc               registered regions (one registration per rail), writes to self
 //   handshake.cc              both halves of the handshake, over messages
@@ -18,13 +18,14 @@
 //   libfabric_transport.cc    the Transport and PeerGroup classes, make_libfabric_transport
 //
 // Threads
-//   - Each rail has a progress thread: it reads the completion queue (which progresses the
+//   - Each endpoint has a progress thread: it reads the completion queue (which progresses the
 //     provider), handles what arrives (handshakes, signals, queries, payload arrivals), sends
 //     heartbeats and fails silent peers. Idle, it spins briefly, then sleeps in growing slices
 //     (up to 1 ms), on the completion queue's wait fd where the provider has one; a busy-poll
 //     window (busy_poll.h) keeps it polling around traffic.
-//   - A writer (the proxy) and connect()/close() progress the rail themselves while they wait,
-//     so that a wait does not depend on the progress thread's sleep.
+//   - A writer (the proxy) and connect()/close() progress the group's endpoints themselves while
+//     they wait, so that a wait does not depend on the progress threads' sleep; between polls
+//     they sleep on GroupState::cv, which the progress threads notify.
 //   - Lock order: Core::groups_mu_ / streams_mu_ / hs_mu_ (never nested) before
 //     GroupState::mu before Rail's mutex; the registry's reg_mu_ before Rail's mutex. Events are
 //     handled with no lock held.
@@ -97,7 +98,7 @@ struct RxOp {
 
 // This rank's state of its pair with one peer of a group (GroupState::mu).
 struct Peer {
-  fi_addr_t addr = FI_ADDR_NOTAVAIL;  // the peer's published endpoint on the group's rail
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;   // the peer's published endpoint on the group's rail
   std::vector<fi_addr_t> stripe_addr;  // its endpoint on each of GroupState::endpoints
   // Authentication.
   bool up = false;  // both proofs checked: the pair carries data (counted open)

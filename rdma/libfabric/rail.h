@@ -1,5 +1,6 @@
-// One rail of the libfabric backend: a NIC (a libfabric domain) with its fabric, address vector,
-// completion queue and reliable-datagram endpoint, the control buffers its messages travel in,
+// One endpoint of the libfabric backend (a rail, a NIC, has LibfabricOptions::stripes of them):
+// its own fabric, domain, address vector, completion queue and reliable-datagram endpoint on the
+// NIC, the control buffers its messages travel in,
 // and the queue of messages waiting for a send slot. Every libfabric call on a rail's objects
 // holds Rail::mu (the hints ask for FI_THREAD_DOMAIN); the rail knows nothing of groups: the
 // operations it posts carry an Op context that the core (core.h) reads back from completions.

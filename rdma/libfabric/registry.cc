@@ -25,7 +25,8 @@ Region Core::register_memory(void* base, uint64_t bytes) {
         } catch (const Rail::KeyTaken&) {
           undo(nic);
           if (attempt == 15) {
-            throw TransportError(-1, "libfabric " + caps_.provider + ": registering " + std::to_string(bytes) +
+            throw TransportError(-1, "libfabric " + caps_.provider + ": registering " +
+                                         std::to_string(bytes) +
                                          " bytes failed: no remote key free on every endpoint");
           }
         }

@@ -150,9 +150,9 @@ void GroupState::write(const WriteOp& op) {
     wait->left.fetch_add(1);
     outstanding.fetch_add(1);
     int rc;
-    while ((rc = core->rail(endpoints[part]).post_write(ctx, src + done, n, descs[part], peers[p].stripe_addr[part],
-                                                    rr.addr + op.dst_offset + done, rr.key, cq_data, data)) ==
-           -FI_EAGAIN) {
+    while ((rc = core->rail(endpoints[part])
+                     .post_write(ctx, src + done, n, descs[part], peers[p].stripe_addr[part],
+                                 rr.addr + op.dst_offset + done, rr.key, cq_data, data)) == -FI_EAGAIN) {
       // The provider's queue is full (or the endpoint still connecting): make room, unless the
       // peer is gone.
       core->progress(endpoints[part]);

@@ -648,7 +648,8 @@ void test_large_writes() {
     const int i = v - 1;
     const uint64_t n = words_of(i) - uint64_t(i);
     const uint64_t* area = dst.words.data() + uint64_t(i) * kMaxWords;
-    FC_CHECK(std::equal(area, area + n, src.words.begin() + i), "write " + std::to_string(i) + ": every byte, before its signal");
+    FC_CHECK(std::equal(area, area + n, src.words.begin() + i),
+             "write " + std::to_string(i) + ": every byte, before its signal");
     FC_CHECK(area[n] == 0, "write " + std::to_string(i) + ": nothing past its end");
   }
   writer.get();

@@ -74,8 +74,9 @@ struct GroupSpec {
   std::chrono::milliseconds connect_timeout{30000};
   // A hint for spreading receive work: a striped link (several groups between the same ranks,
   // one per lane) gives each group its lane, and a backend with several receiving threads
-  // (the socket one) reads lane l's connection to peer p on thread (l + p) % threads. The
-  // same on every rank of the group; it changes nothing about delivery.
+  // (the socket one) reads lane l's connection to peer p on thread (l + p) % threads; the
+  // libfabric one puts lane l on rail l % rails, starting at its endpoint (l / rails) % stripes.
+  // The same on every rank of the group; it changes nothing about delivery.
   uint32_t lane = 0;
   // Optional: a flag another thread sets to give the connect up (the communicator was
   // aborted). connect() reads it at least every few tens of milliseconds and then throws
