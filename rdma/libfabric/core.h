@@ -220,6 +220,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<GroupState> connect(const GroupSpec& spec);
   TransportStats stats() const;
   void expect_traffic() noexcept;
+  void expect_traffic(int i) noexcept;  // endpoint i only (a part of a write was posted there)
 
   bool running() const { return running_.load(); }
   // Endpoint i: stripe i % stripes() of NIC i / stripes().
@@ -263,7 +264,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void handle(int rail, Event& e);
   // receive.cc
   void on_message(int rail, const wire::Msg& m, size_t bytes);
-  void on_payload(uint64_t data);
+  void on_payload(int rail, uint64_t data);
   void on_query(GroupState& g, int p, const wire::Msg& m);  // g.mu held
   // Applies a signal from peer p (g.mu held); an invalid word fails the peer.
   void apply_signal(GroupState& g, int p, uint64_t key, uint64_t offset, uint64_t value);
@@ -300,7 +301,9 @@ class Core : public std::enable_shared_from_this<Core> {
   wire::CqDataLayout layout_;
   std::string address_;
   std::atomic<bool> running_{false};
-  BusyPollWindow busy_poll_;
+  // By endpoint: traffic keeps only its own endpoint's thread polling (expect_traffic(), a hint
+  // that does not say where, opens them all).
+  std::vector<std::unique_ptr<BusyPollWindow>> busy_poll_;
   std::vector<std::thread> threads_;
   std::vector<int> wake_fds_;  // by rail: an eventfd that ends a progress thread's sleep
   std::vector<std::unique_ptr<std::atomic<bool>>> sleeping_;  // by rail

@@ -173,6 +173,9 @@ void GroupState::write(const WriteOp& op) {
       fail_locked(p, msg);
       throw TransportError(p, msg);
     }
+    // The part's endpoint carries no messages of this group: its thread polls from its first
+    // piece on, as the group's own does from the traffic it sees.
+    if (part > 0 && done == part * part_bytes) core->expect_traffic(endpoints[part]);
     last_seq = seq;
     done += n;
   }
