@@ -40,7 +40,10 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   g->comm_id = spec.comm_id;
   g->rank = spec.rank;
   g->world = spec.world;
-  g->rail = static_cast<int>(spec.lane % rails_.size());
+  const int nic = static_cast<int>(spec.lane % nics_);
+  const int own = static_cast<int>((spec.lane / nics_) % stripes_);
+  for (int s = 0; s < stripes_; ++s) g->endpoints.push_back(nic * stripes_ + (own + s) % stripes_);
+  g->rail = g->endpoints[0];
   g->addresses = spec.addresses;
   g->addresses.resize(spec.world);
   g->peers.resize(spec.world);
@@ -49,18 +52,20 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
     return g;
   }
   if (!running_) throw TransportError(-1, "libfabric transport is shut down");
-  Rail& rail = *rails_[g->rail];
   for (int r = 0; r < spec.world; ++r) {
     if (r == spec.rank) continue;
-    // Only the addresses of the bootstrap ever enter the address vector.
-    const std::string name = peer_name(spec.addresses[r], r, g->rail);
-    if (shm_peer_gone(caps_.provider, name)) {
-      throw ConnectTimeout(
-          r, g->self() + " (world " + std::to_string(spec.world) + "): missing rank " + std::to_string(r) +
-                 " at " + spec.addresses[r] +
-                 " (its shared-memory endpoint is gone: the process ended or closed its transport)");
+    // Only the addresses of the bootstrap ever enter the address vectors.
+    for (int e : g->endpoints) {
+      const std::string name = peer_name(spec.addresses[r], r, e);
+      if (shm_peer_gone(caps_.provider, name)) {
+        throw ConnectTimeout(
+            r, g->self() + " (world " + std::to_string(spec.world) + "): missing rank " + std::to_string(r) +
+                   " at " + spec.addresses[r] +
+                   " (its shared-memory endpoint is gone: the process ended or closed its transport)");
+      }
+      g->peers[r].stripe_addr.push_back(rails_[e]->insert(name));
     }
-    g->peers[r].addr = rail.insert(name);
+    g->peers[r].addr = g->peers[r].stripe_addr[0];
   }
   bool ok = false;
   struct Cleanup {  // undo everything if we leave by an exception

@@ -44,11 +44,13 @@ std::string address_prefix(const std::string& provider) { return "ofi:" + provid
 
 // ---- construction ---------------------------------------------------------------------------
 
-Core::Core(const LibfabricOptions& o)
-    : options_(o), api_(FabricApi::get(o.library)), busy_poll_(o.busy_poll) {
+Core::Core(const LibfabricOptions& o) : options_(o), api_(FabricApi::get(o.library)) {
   const std::string unavailable = "libfabric transport is unavailable: ";
   if (!api_.ok()) throw TransportError(-1, unavailable + api_.error);
   if (o.rails < 1) throw std::invalid_argument("libfabric transport: rails must be at least 1");
+  if (o.stripes < 0 || o.stripes > kMaxStripes)
+    throw std::invalid_argument("libfabric transport: stripes must be 0 (the provider's default) to " +
+                                std::to_string(kMaxStripes));
   LibfabricProvider provider = o.provider;
   const std::string node = o.bind_host.empty() ? socket_backend::primary_host_address() : o.bind_host;
   std::string why;
@@ -74,8 +76,21 @@ Core::Core(const LibfabricOptions& o)
                                  std::to_string(domains.size()) + " NIC(s) (" + seen + "), fewer than the " +
                                  std::to_string(o.rails) + " rails asked for");
   }
-  for (size_t r = 0; r < picked.size(); ++r) {
-    rails_.push_back(std::make_unique<Rail>(api_, *picked[r], static_cast<int>(r)));
+  // Endpoints per NIC: TCP moves each stream with one core's copies (sending and receiving), so
+  // tcp stripes large writes over two endpoints, each progressed by its own thread; an RDMA NIC
+  // places the bytes itself. Stripes share remote keys, which the provider must let us choose.
+  const Caps first = caps_of(*picked[0]);
+  stripes_ = o.stripes ? o.stripes : provider == LibfabricProvider::kTcp && !first.prov_key ? 2 : 1;
+  if (stripes_ > 1 && first.prov_key) {
+    throw TransportError(-1, unavailable + first.provider +
+                                 " chooses its own remote keys (FI_MR_PROV_KEY): " +
+                                 "one endpoint per rail only (stripes " + std::to_string(stripes_) + ")");
+  }
+  nics_ = static_cast<int>(picked.size());
+  for (int r = 0; r < nics_; ++r) {
+    for (int s = 0; s < stripes_; ++s) {
+      rails_.push_back(std::make_unique<Rail>(api_, *picked[r], r * stripes_ + s));
+    }
   }
   caps_ = rails_[0]->caps();
   caps_.hmem = hmem_offered(api_, caps_.provider, provider == LibfabricProvider::kTcp ? node : "");
@@ -97,6 +112,7 @@ Core::Core(const LibfabricOptions& o)
   for (size_t r = 0; r < rails_.size(); ++r) {
     wake_fds_.push_back(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     sleeping_.push_back(std::make_unique<std::atomic<bool>>(false));
+    busy_poll_.push_back(std::make_unique<BusyPollWindow>(o.busy_poll));
   }
   for (size_t r = 0; r < rails_.size(); ++r) threads_.emplace_back([this, r] { run(static_cast<int>(r)); });
 }
@@ -136,9 +152,12 @@ void Core::shutdown() {
 
 std::string Core::describe() const {
   std::string domains;
-  for (const auto& r : rails_) domains += (domains.empty() ? "" : "+") + r->caps().domain;
-  return "libfabric " + caps_.provider + " on " + domains + " (" + std::to_string(rails_.size()) +
-         (rails_.size() == 1 ? " rail" : " rails") + "; " + describe_plan(caps_, plan_) + ")";
+  for (size_t r = 0; r < rails_.size(); r += stripes_) {
+    domains += (domains.empty() ? "" : "+") + rails_[r]->caps().domain;
+  }
+  return "libfabric " + caps_.provider + " on " + domains + " (" + std::to_string(nics_) +
+         (nics_ == 1 ? " rail" : " rails") + ", " + std::to_string(stripes_) +
+         (stripes_ == 1 ? " endpoint" : " endpoints") + " per rail; " + describe_plan(caps_, plan_) + ")";
 }
 
 std::string Core::peer_name(const std::string& address, int r, int rail) const {
@@ -159,8 +178,9 @@ std::string Core::peer_name(const std::string& address, int r, int rail) const {
     start = comma + 1;
   }
   if (parts.size() != rails_.size()) {
-    throw refuse("names " + std::to_string(parts.size()) + " rail(s), this transport has " +
-                 std::to_string(rails_.size()));
+    throw refuse("names " + std::to_string(parts.size()) + " endpoint(s), this transport has " +
+                 std::to_string(rails_.size()) + " (" + std::to_string(nics_) + " rail(s) of " +
+                 std::to_string(stripes_) + ")");
   }
   std::string raw;
   if (!unhex(parts[rail], &raw)) throw refuse("is malformed");
@@ -218,7 +238,7 @@ int Core::progress(int i) {
 void Core::handle(int rail, Event& e) {
   switch (e.kind) {
     case Event::kMessage: on_message(rail, e.msg, e.msg_bytes); return;
-    case Event::kPayload: on_payload(e.data); return;
+    case Event::kPayload: on_payload(rail, e.data); return;
     case Event::kSendDone: {
       auto g = e.group.lock();
       if (!g) return;
@@ -258,20 +278,23 @@ void Core::handle(int rail, Event& e) {
 }
 
 void Core::expect_traffic() noexcept {
-  if (!busy_poll_.enabled() || !running_) return;
-  busy_poll_.open();
-  for (size_t r = 0; r < wake_fds_.size(); ++r) {
-    if (sleeping_[r]->load(std::memory_order_seq_cst)) {
-      const uint64_t one = 1;
-      ssize_t w = ::write(wake_fds_[r], &one, sizeof one);
-      (void)w;
-    }
+  for (size_t r = 0; r < busy_poll_.size(); ++r) expect_traffic(static_cast<int>(r));
+}
+
+void Core::expect_traffic(int i) noexcept {
+  if (!busy_poll_[i]->enabled() || !running_) return;
+  busy_poll_[i]->open();
+  if (sleeping_[i]->load(std::memory_order_seq_cst)) {
+    const uint64_t one = 1;
+    ssize_t w = ::write(wake_fds_[i], &one, sizeof one);
+    (void)w;
   }
 }
 
 void Core::run(int i) {
   using std::chrono::microseconds;
   Rail& rail = *rails_[i];
+  BusyPollWindow& busy_poll = *busy_poll_[i];
   auto next_housekeeping = Clock::now();
   auto idle_since = Clock::now();
   uint32_t spins = 0;
@@ -283,12 +306,12 @@ void Core::run(int i) {
       next_housekeeping = now + kHousekeeping;
     }
     if (n > 0 || rail.has_backlog()) {
-      busy_poll_.open();
+      busy_poll.open();
       spins = 0;
       idle_since = now;
       continue;
     }
-    if (busy_poll_.is_open()) {
+    if (busy_poll.is_open()) {
       sched_yield();  // polling must not hold a core that a thread with work is waiting for
       continue;
     }
@@ -301,7 +324,7 @@ void Core::run(int i) {
     const auto until_housekeeping = std::chrono::duration_cast<microseconds>(next_housekeeping - now);
     if (until_housekeeping < slice) slice = std::max(until_housekeeping, microseconds(1));
     sleeping_[i]->store(true, std::memory_order_seq_cst);
-    if (!busy_poll_.is_open()) rail.wait(wake_fds_[i], slice);
+    if (!busy_poll.is_open()) rail.wait(wake_fds_[i], slice);
     sleeping_[i]->store(false, std::memory_order_relaxed);
     uint64_t drained;
     while (::read(wake_fds_[i], &drained, sizeof drained) > 0) {}

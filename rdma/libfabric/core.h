@@ -1,13 +1,13 @@
-// The libfabric backend of the transport interface: reliable-datagram endpoints (one per rail),
-// RMA writes into registered regions, signals ordered after their payloads, the socket
-// backend's authentication. Wire format and protocol: wire.h.
+// The libfabric backend of the transport interface: reliable-datagram endpoints
+// (LibfabricOptions::stripes per rail), RMA writes into registered regions, signals ordered
+// after their payloads, the socket backend's authentication. Wire format and protocol: wire.h.
 //
 // This header holds the backend's shared state, private to rdma/libfabric/: a pair's state
 // (Peer), a group (GroupState) and the per-transport core (Core: rails, registry, groups,
 // progress threads). The files beside it implement them, one concern each:
 //   api.cc                    libfabric's exported entry points, through dlopen (api.h)
 //   provider.cc               providers, hints, capabilities, the per-provider probe
-//   rail.cc                   a rail's objects, control buffers and completions (rail.h)
+//   rail.cc                   an endpoint's objects, control buffers and completions (rail.h)
 //   core.cc                   Core's construction and shutdown, the progress threads, liveness
 //   registry.cc               registered regions (one registration per rail), writes to self
 //   handshake.cc              both halves of the handshake, over messages
@@ -18,13 +18,14 @@
 //   libfabric_transport.cc    the Transport and PeerGroup classes, make_libfabric_transport
 //
 // Threads
-//   - Each rail has a progress thread: it reads the completion queue (which progresses the
+//   - Each endpoint has a progress thread: it reads the completion queue (which progresses the
 //     provider), handles what arrives (handshakes, signals, queries, payload arrivals), sends
 //     heartbeats and fails silent peers. Idle, it spins briefly, then sleeps in growing slices
 //     (up to 1 ms), on the completion queue's wait fd where the provider has one; a busy-poll
 //     window (busy_poll.h) keeps it polling around traffic.
-//   - A writer (the proxy) and connect()/close() progress the rail themselves while they wait,
-//     so that a wait does not depend on the progress thread's sleep.
+//   - A writer (the proxy) and connect()/close() progress the group's endpoints themselves while
+//     they wait, so that a wait does not depend on the progress threads' sleep; between polls
+//     they sleep on GroupState::cv, which the progress threads notify.
 //   - Lock order: Core::groups_mu_ / streams_mu_ / hs_mu_ (never nested) before
 //     GroupState::mu before Rail's mutex; the registry's reg_mu_ before Rail's mutex. Events are
 //     handled with no lock held.
@@ -73,6 +74,10 @@ constexpr milliseconds kHelloRetry{250};          // a dialer repeats its hello 
 constexpr milliseconds kHousekeeping{20};         // heartbeats, silence and expiry checks
 constexpr milliseconds kSendStallTimeout{60000};  // a write making no progress this long fails
 constexpr int kPollBatch = 64;                    // completions handled per poll
+// A write this large or larger is split over the group's endpoints (LibfabricOptions::stripes):
+// below it a second endpoint's thread costs more than its copies save.
+constexpr uint64_t kStripeMinBytes = uint64_t{4} << 20;
+constexpr int kMaxStripes = 8;
 
 enum class Phase { kConnecting, kLive, kClosing, kDone };
 
@@ -93,7 +98,8 @@ struct RxOp {
 
 // This rank's state of its pair with one peer of a group (GroupState::mu).
 struct Peer {
-  fi_addr_t addr = FI_ADDR_NOTAVAIL;  // the peer's published endpoint on the group's rail
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;   // the peer's published endpoint on the group's rail
+  std::vector<fi_addr_t> stripe_addr;  // its endpoint on each of GroupState::endpoints
   // Authentication.
   bool up = false;  // both proofs checked: the pair carries data (counted open)
   PeerState state = PeerState::kConnected;
@@ -147,7 +153,12 @@ struct GroupState : std::enable_shared_from_this<GroupState> {
   uint64_t comm_id = 0;
   int rank = 0;
   int world = 1;
-  int rail = 0;  // GroupSpec::lane % rails
+  // The endpoints (Core::rail()) of NIC GroupSpec::lane % rails, the group's own first: lanes
+  // of one NIC start at different endpoints, so that each lane has its own connections and
+  // progress thread, as each lane has its own connections on the socket backend. Messages
+  // travel on the group's own endpoint `rail`; a large write is split over all of them.
+  std::vector<int> endpoints;
+  int rail = 0;  // endpoints[0]
   std::vector<std::string> addresses;
 
   mutable std::mutex mu;
@@ -209,9 +220,12 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<GroupState> connect(const GroupSpec& spec);
   TransportStats stats() const;
   void expect_traffic() noexcept;
+  void expect_traffic(int i) noexcept;  // endpoint i only (a part of a write was posted there)
 
   bool running() const { return running_.load(); }
+  // Endpoint i: stripe i % stripes() of NIC i / stripes().
   Rail& rail(int i) { return *rails_[i]; }
+  int stripes() const { return stripes_; }
   const Caps& caps() const { return caps_; }
   bool cq_data() const { return cq_data_; }
   const wire::CqDataLayout& layout() const { return layout_; }
@@ -250,7 +264,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void handle(int rail, Event& e);
   // receive.cc
   void on_message(int rail, const wire::Msg& m, size_t bytes);
-  void on_payload(uint64_t data);
+  void on_payload(int rail, uint64_t data);
   void on_query(GroupState& g, int p, const wire::Msg& m);  // g.mu held
   // Applies a signal from peer p (g.mu held); an invalid word fails the peer.
   void apply_signal(GroupState& g, int p, uint64_t key, uint64_t offset, uint64_t value);
@@ -278,14 +292,18 @@ class Core : public std::enable_shared_from_this<Core> {
 
   LibfabricOptions options_;
   const FabricApi& api_;
-  std::vector<std::unique_ptr<Rail>> rails_;
+  std::vector<std::unique_ptr<Rail>> rails_;  // NICs × stripes_ endpoints (rail())
+  int nics_ = 1;
+  int stripes_ = 1;
   Caps caps_;  // rail 0's, with hmem from a second query
   Plan plan_;
   bool cq_data_ = false;
   wire::CqDataLayout layout_;
   std::string address_;
   std::atomic<bool> running_{false};
-  BusyPollWindow busy_poll_;
+  // By endpoint: traffic keeps only its own endpoint's thread polling (expect_traffic(), a hint
+  // that does not say where, opens them all).
+  std::vector<std::unique_ptr<BusyPollWindow>> busy_poll_;
   std::vector<std::thread> threads_;
   std::vector<int> wake_fds_;  // by rail: an eventfd that ends a progress thread's sleep
   std::vector<std::unique_ptr<std::atomic<bool>>> sleeping_;  // by rail
@@ -319,14 +337,19 @@ bool GroupState::progress_until(Pred pred, Clock::time_point deadline) {
       if (pred()) return true;
     }
     if (aborted || !core->running() || Clock::now() >= deadline) return false;
-    if (core->progress(rail) > 0) {
+    int n = 0;
+    for (int e : endpoints) n += core->progress(e);
+    if (n > 0) {
       idle = 0;
       continue;
     }
     // Spin a little (a completion is usually microseconds away), then sleep in short slices:
-    // a peer that is slow to drain must not cost a core.
+    // a peer that is slow to drain must not cost a core. The sleep ends early when a progress
+    // thread handles what we wait for (every change of the group's state notifies cv).
     if (++idle < 64) continue;
-    std::this_thread::sleep_for(std::chrono::microseconds(idle < 256 ? 10 : idle < 1024 ? 50 : 200));
+    std::unique_lock<std::mutex> l(mu);
+    if (pred()) return true;
+    cv.wait_for(l, std::chrono::microseconds(idle < 256 ? 10 : idle < 1024 ? 50 : 200));
   }
 }
 

@@ -336,20 +336,21 @@ uint64_t Rail::fresh_key() {
   return k;
 }
 
-RailMr Rail::register_memory(void* base, uint64_t bytes) {
+RailMr Rail::register_memory(void* base, uint64_t bytes, uint64_t key) {
   RailMr out;
   if (bytes == 0) return out;  // nothing to write into
   std::lock_guard<std::mutex> l(mu_);
   if (!open_) throw TransportError(-1, "libfabric transport is shut down");
   int rc = 0;
-  for (int attempt = 0; attempt < kKeyAttempts; ++attempt) {
+  for (int attempt = 0; attempt < (key ? 1 : kKeyAttempts); ++attempt) {
     // Requested keys are random, so that a stranger cannot guess one; the provider's own keys
     // (FI_MR_PROV_KEY) are what they are.
-    const uint64_t requested = caps_.prov_key ? 0 : fresh_key();
+    const uint64_t requested = caps_.prov_key ? 0 : key ? key : fresh_key();
     rc = fi_mr_reg(domain_, base, bytes, FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE, 0, requested, 0,
                    &out.mr, nullptr);
     if (rc != -FI_ENOKEY) break;
   }
+  if (rc == -FI_ENOKEY && key) throw KeyTaken();
   if (rc) {
     throw TransportError(-1, "libfabric " + caps_.provider + ": registering " + std::to_string(bytes) +
                                  " bytes failed: " + api_.error_text(rc) +

@@ -1,5 +1,6 @@
-// One rail of the libfabric backend: a NIC (a libfabric domain) with its fabric, address vector,
-// completion queue and reliable-datagram endpoint, the control buffers its messages travel in,
+// One endpoint of the libfabric backend (a rail, a NIC, has LibfabricOptions::stripes of them):
+// its own fabric, domain, address vector, completion queue and reliable-datagram endpoint on the
+// NIC, the control buffers its messages travel in,
 // and the queue of messages waiting for a send slot. Every libfabric call on a rail's objects
 // holds Rail::mu (the hints ask for FI_THREAD_DOMAIN); the rail knows nothing of groups: the
 // operations it posts carry an Op context that the core (core.h) reads back from completions.
@@ -107,8 +108,11 @@ class Rail {
   // says nothing is pending (fi_trywait); returns at once otherwise.
   void wait(int wake_fd, std::chrono::nanoseconds timeout);
 
-  // Registers [base, base + bytes) for local writes and remote writes. Throws TransportError.
-  RailMr register_memory(void* base, uint64_t bytes);
+  // Registers [base, base + bytes) for local writes and remote writes, under a fresh random
+  // remote key, or under `key` where one is given (a provider that takes requested keys):
+  // throws KeyTaken where that key is in use on this domain. Throws TransportError.
+  struct KeyTaken {};
+  RailMr register_memory(void* base, uint64_t bytes, uint64_t key = 0);
   void deregister(const RailMr& mr);
 
   // Closes the endpoint and everything under it; later calls fail or do nothing. Idempotent.

@@ -21,7 +21,7 @@ void Core::on_message(int rail, const wire::Msg& m, size_t bytes) {
   // Only the pair's session tag speaks for rank p (wire.h).
   if (pe.session == 0 || m.session != pe.session) return;
   pe.last_heard = Clock::now();
-  busy_poll_.open();
+  busy_poll_[rail]->open();
   switch (m.kind) {
     case wire::kSignal:
       pe.signals_received++;
@@ -128,7 +128,7 @@ void Core::apply_signal(GroupState& g, int p, uint64_t key, uint64_t offset, uin
   g.send_locked(p, r, false);
 }
 
-void Core::on_payload(uint64_t data) {
+void Core::on_payload(int rail, uint64_t data) {
   std::shared_ptr<GroupState> gp;
   int p = -1;
   {
@@ -144,7 +144,7 @@ void Core::on_payload(uint64_t data) {
   if (g.phase == Phase::kDone) return;
   Peer& pe = g.peers[p];
   pe.last_heard = Clock::now();
-  busy_poll_.open();
+  busy_poll_[rail]->open();
   const uint64_t seq = layout_.seq_of(data, pe.delivered + 1);
   if (seq - pe.delivered > 2 * layout_.window()) {
     g.fail_locked(p, g.who(p) + " wrote past its window (op " + std::to_string(seq) + ", " +

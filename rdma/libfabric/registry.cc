@@ -7,13 +7,34 @@ namespace fusedcomm::rdma::libfabric {
 Region Core::register_memory(void* base, uint64_t bytes) {
   if (!base && bytes) throw std::invalid_argument("register_memory: null base");
   Registration reg;
-  for (auto& rail : rails_) {
-    try {
-      reg.mrs.push_back(rail->register_memory(base, bytes));
-    } catch (...) {
-      for (size_t i = 0; i < reg.mrs.size(); ++i) rails_[i]->deregister(reg.mrs[i]);
-      throw;
+  auto undo = [&](size_t from) {
+    for (size_t i = from; i < reg.mrs.size(); ++i) rails_[i]->deregister(reg.mrs[i]);
+    reg.mrs.resize(from);
+  };
+  try {
+    for (size_t nic = 0; nic < rails_.size(); nic += stripes_) {
+      // A NIC's stripes share the remote key of its first endpoint (kRegion carries one key):
+      // a key taken on one of them is tried afresh on all.
+      for (int attempt = 0;; ++attempt) {
+        reg.mrs.push_back(rails_[nic]->register_memory(base, bytes));
+        try {
+          for (int s = 1; s < stripes_; ++s) {
+            reg.mrs.push_back(rails_[nic + s]->register_memory(base, bytes, reg.mrs[nic].key));
+          }
+          break;
+        } catch (const Rail::KeyTaken&) {
+          undo(nic);
+          if (attempt == 15) {
+            throw TransportError(-1, "libfabric " + caps_.provider + ": registering " +
+                                         std::to_string(bytes) +
+                                         " bytes failed: no remote key free on every endpoint");
+          }
+        }
+      }
     }
+  } catch (...) {
+    undo(0);
+    throw;
   }
   std::unique_lock<std::shared_mutex> l(reg_mu_);
   reg.region = Region{base, bytes, key_salt_ | next_key_++};

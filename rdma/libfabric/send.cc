@@ -95,10 +95,20 @@ void GroupState::write(const WriteOp& op) {
     std::lock_guard<std::mutex> l(mu);
     refuse_if_down();
   }
-  void* desc = nullptr;
-  const char* src = op.bytes ? core->source(op.src_key, op.src_offset, op.bytes, rail, &desc) : nullptr;
+  // A large payload goes in `parts` contiguous parts, part s on the group's endpoint s (each
+  // with its own connection and progress thread), each part in pieces of at most the
+  // provider's largest write. Every piece is an op of the pair: the receiver applies the
+  // signal once all of them have arrived, whichever endpoint they came through.
+  const int parts = op.bytes >= kStripeMinBytes ? static_cast<int>(endpoints.size()) : 1;
+  void* descs[kMaxStripes] = {};
+  const char* src = nullptr;
+  for (int s = 0; op.bytes && s < parts; ++s) {
+    src = core->source(op.src_key, op.src_offset, op.bytes, endpoints[s], &descs[s]);
+  }
   RemoteRegion rr;
   if (op.bytes) rr = remote_region(p, op);
+  constexpr uint64_t kPartAlign = 4096;
+  const uint64_t part_bytes = (op.bytes / parts + kPartAlign - 1) / kPartAlign * kPartAlign;
 
   const bool cq_data = core->cq_data();
   const wire::CqDataLayout& layout = core->layout();
@@ -107,7 +117,9 @@ void GroupState::write(const WriteOp& op) {
   uint64_t last_seq = 0;
   const auto deadline = Clock::now() + kSendStallTimeout;
   for (uint64_t done = 0; done < op.bytes;) {
-    const uint64_t n = std::min(op.bytes - done, piece_max);
+    const int part = static_cast<int>(std::min<uint64_t>(done / part_bytes, parts - 1));
+    const uint64_t part_end = part == parts - 1 ? op.bytes : (part + 1) * part_bytes;
+    const uint64_t n = std::min(part_end - done, piece_max);
     const bool last = done + n == op.bytes;
     uint64_t seq = 0, data = 0;
     {
@@ -138,11 +150,12 @@ void GroupState::write(const WriteOp& op) {
     wait->left.fetch_add(1);
     outstanding.fetch_add(1);
     int rc;
-    while ((rc = core->rail(rail).post_write(ctx, src + done, n, desc, peers[p].addr,
-                                             rr.addr + op.dst_offset + done, rr.key, cq_data, data)) ==
-           -FI_EAGAIN) {
-      // The provider's queue is full: make room, unless the peer is gone.
-      core->progress(rail);
+    while ((rc = core->rail(endpoints[part])
+                     .post_write(ctx, src + done, n, descs[part], peers[p].stripe_addr[part],
+                                 rr.addr + op.dst_offset + done, rr.key, cq_data, data)) == -FI_EAGAIN) {
+      // The provider's queue is full (or the endpoint still connecting): make room, unless the
+      // peer is gone.
+      core->progress(endpoints[part]);
       std::lock_guard<std::mutex> l(mu);
       if (aborted || peers[p].state != PeerState::kConnected || Clock::now() > deadline) break;
     }
@@ -160,6 +173,9 @@ void GroupState::write(const WriteOp& op) {
       fail_locked(p, msg);
       throw TransportError(p, msg);
     }
+    // The part's endpoint carries no messages of this group: its thread polls from its first
+    // piece on, as the group's own does from the traffic it sees.
+    if (part > 0 && done == part * part_bytes) core->expect_traffic(endpoints[part]);
     last_seq = seq;
     done += n;
   }

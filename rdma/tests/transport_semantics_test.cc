@@ -615,6 +615,49 @@ void test_lanes() {
            "every lane's sockets released");
 }
 
+// Writes of several MiB (the libfabric backend splits them over a rail's endpoints, each part
+// on its own connection): every byte of a write has arrived by the time its signal is seen, for
+// uneven sizes that no part boundary divides evenly.
+void test_large_writes() {
+  constexpr int kWrites = 6;
+  constexpr uint64_t kMaxWords = (uint64_t{5} << 20) / 8;  // 5 MiB per area
+  auto words_of = [](int i) { return (uint64_t{4} << 20) / 8 + 1237 * uint64_t(i) + 3; };
+  auto t0 = loopback(), t1 = loopback();
+  Buf src(*t0, kMaxWords), dst(*t1, kWrites * kMaxWords + 1);
+  for (uint64_t i = 0; i < kMaxWords; ++i) src.words[i] = fctest::splitmix64(i + 77);
+  auto p = connect_pair(*t0, *t1, 110);
+  const size_t signal = kWrites * kMaxWords;
+  auto writer = std::async(std::launch::async, [&] {
+    for (int i = 0; i < kWrites; ++i) {
+      WriteOp op;
+      op.peer = 1;
+      op.src_key = src.r.key;
+      op.src_offset = 8 * uint64_t(i);  // a source that starts off its region's start
+      op.dst_key = dst.r.key;
+      op.dst_offset = uint64_t(i) * kMaxWords * 8;
+      op.bytes = (words_of(i) - uint64_t(i)) * 8;
+      op.signal_key = dst.r.key;
+      op.signal_offset = signal * 8;
+      op.signal_value = uint64_t(i + 1);
+      p.g0->write(op);
+    }
+  });
+  for (int v = 1; v <= kWrites; ++v) {
+    FC_CHECK(fctest::wait_for([&] { return dst.load(signal) >= uint64_t(v); }, 10000ms),
+             "signal " + std::to_string(v) + " arrived");
+    const int i = v - 1;
+    const uint64_t n = words_of(i) - uint64_t(i);
+    const uint64_t* area = dst.words.data() + uint64_t(i) * kMaxWords;
+    FC_CHECK(std::equal(area, area + n, src.words.begin() + i),
+             "write " + std::to_string(i) + ": every byte, before its signal");
+    FC_CHECK(area[n] == 0, "write " + std::to_string(i) + ": nothing past its end");
+  }
+  writer.get();
+  auto f = std::async(std::launch::async, [&] { p.g1->close(5000ms); });
+  p.g0->close(5000ms);
+  f.get();
+}
+
 // Busy polling (busy_poll.h): after a quiet spell the proxy and the receivers sleep; the hints
 // (Proxy::expect_commands, Transport::expect_traffic) wake them and every write lands; once the
 // window has passed they sleep again instead of spinning. The times from hint to arrival,
@@ -692,6 +735,7 @@ int main(int argc, char** argv) {
       {"proxy: GPU-style producers (slots from their own counter)", test_gpu_style_producers},
       {"a connection per direction (connect_one_way_pairs)", test_one_way_pairs},
       {"lanes: groups striped between the same ranks", test_lanes},
+      {"writes of several MiB: every byte before its signal", test_large_writes},
   };
   // libfabric's second pass sends signals as messages after delivery-complete writes, the path
   // of providers without remote CQ data.

@@ -74,8 +74,9 @@ struct GroupSpec {
   std::chrono::milliseconds connect_timeout{30000};
   // A hint for spreading receive work: a striped link (several groups between the same ranks,
   // one per lane) gives each group its lane, and a backend with several receiving threads
-  // (the socket one) reads lane l's connection to peer p on thread (l + p) % threads. The
-  // same on every rank of the group; it changes nothing about delivery.
+  // (the socket one) reads lane l's connection to peer p on thread (l + p) % threads; the
+  // libfabric one puts lane l on rail l % rails, starting at its endpoint (l / rails) % stripes.
+  // The same on every rank of the group; it changes nothing about delivery.
   uint32_t lane = 0;
   // Optional: a flag another thread sets to give the connect up (the communicator was
   // aborted). connect() reads it at least every few tens of milliseconds and then throws
@@ -203,6 +204,12 @@ struct LibfabricOptions {
   // NICs (libfabric domains) per transport; a group uses rail GroupSpec::lane % rails. A
   // provider with fewer domains than this refuses to start, naming what it has.
   int rails = 1;
+  // Endpoints per rail, each with its own connections and progress thread: lanes
+  // (GroupSpec::lane) of one rail start on different endpoints, and a write of 4 MiB or more
+  // is split over all of them. 0: the provider's default (tcp: 2, since a TCP stream moves
+  // what one core copies at each end; efa, verbs, shm: 1). More than 1 needs a provider that
+  // takes the remote keys it is asked for (not FI_MR_PROV_KEY).
+  int stripes = 0;
   // tcp: the address to bind. Empty: the host's primary address, as the socket backend's.
   std::string bind_host;
   LibfabricSignal signal = LibfabricSignal::kAuto;
