@@ -36,7 +36,8 @@
 //     a rank that never launches: the others time out (1 s) with an error record naming the
 //     count exchange (the low-latency kernel's, in that mode) and the dead rank; a fresh
 //     SymmetricMemory then works.
-// FC_TEST_WORLDS=<w,...>: only those worlds. Exit 77 (skip) with a reason where fewer than 2
+// FC_TEST_WORLDS=<w,...>: only those worlds. FC_MOE_TEST_PATHS=<decomposed,fused,low-latency>
+// (any of them, comma-separated): only those dispatch paths (default: all three). Exit 77 (skip) with a reason where fewer than 2
 // Hopper GPUs with peer access are visible (and the shared-GPU mode is off).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -49,6 +50,8 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -895,6 +898,24 @@ void runtime_path(Rank& R, int gpu) {
   dc->close();
 }
 
+// The dispatch paths FC_MOE_TEST_PATHS names (0 decomposed, 1 fused, 2 low-latency), all by
+// default; an unknown name is an error, never a silently shorter run.
+std::vector<int> selected_paths() {
+  const char* env = std::getenv("FC_MOE_TEST_PATHS");
+  if (env == nullptr || *env == 0) return {0, 1, 2};
+  std::vector<int> out;
+  std::string list(env);
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, end - at);
+    const int path = name == "decomposed" ? 0 : name == "fused" ? 1 : name == "low-latency" ? 2 : -1;
+    if (path < 0) throw std::invalid_argument("FC_MOE_TEST_PATHS: unknown path '" + name + "'");
+    out.push_back(path);
+    at = end + 1;
+  }
+  return out;
+}
+
 int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
   CUDA_OK(cudaSetDevice(gpus[g.rank]));
   Rank R(g, seed);
@@ -918,7 +939,7 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed) {
     return g_failed == 0 ? 0 : 1;
   };
   try {
-    for (const int path : {0, 1, 2}) {
+    for (const int path : selected_paths()) {
       R.algo = path == 1 ? k::FusedAlgo::kFused : k::FusedAlgo::kDecomposed;
       R.low_latency = path == 2;
       if (g.rank == 0) std::printf("  -- %s dispatch\n", R.algo_name());
