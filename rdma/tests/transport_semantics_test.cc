@@ -100,6 +100,12 @@ void test_addresses() {
     // "ofi:<provider>:<endpoint name in hex>", no separator the bootstrap uses.
     FC_CHECK(a.rfind("ofi:", 0) == 0 && a.find_first_of(" #") == std::string::npos, "libfabric address " + a);
     std::printf("  %s\n", t->describe().c_str());
+    // The provider's default endpoints per rail (LibfabricOptions::stripes = 0): two on tcp,
+    // whose large writes are split over both; one elsewhere.
+    const std::string per_rail =
+        g_backend.provider == LibfabricProvider::kTcp ? "2 endpoints per rail" : "1 endpoint per rail";
+    const std::string said = t->describe();
+    FC_CHECK(said.find(per_rail) != std::string::npos, "describe() says " + per_rail + ": " + said);
     // Default options: the provider's own choice of interface (tcp: the host's primary address).
     TransportOptions o;
     o.libfabric.provider = g_backend.provider;
