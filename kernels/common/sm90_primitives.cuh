@@ -274,6 +274,8 @@ FC_FLAG_STORE(st_release_gpu, "release.gpu")
 // (acquire) pattern; cheaper than __threadfence() (fence.sc.gpu), which also orders unrelated
 // locations sequentially consistently, which the counters here never need.
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+// The same at system scope: what a release needs before a flag that a peer GPU acquires.
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 __device__ __forceinline__ uint32_t ld_volatile_u32(const volatile uint32_t* p) { return *p; }
 // 16 bytes that another agent may have rewritten (e.g. mapped host memory a NIC or proxy writes
 // into): every load goes to memory.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/collectives/collectives.h"
 #include "kernels/collectives/copy_segments.h"
@@ -25,7 +26,6 @@ using detail::aligned16;
 using detail::base_gemm_args;
 using detail::ceil_div;
 using detail::device_sms;
-using detail::kArBN;
 using detail::larger;
 using detail::round_up;
 using detail::valid_device;
@@ -52,24 +52,29 @@ uint64_t ar_block_offset(const GemmArArgs& a, int world) {
 }
 
 // ---- the one-shot kernel's geometry (detail/ar_oneshot_kernel.cuh) -----------------------------
-// The tile grid, from M and N only (every rank's slots and flags are per tile), and the largest
-// split any rank may pick (rank-uniform: it sizes the workspace).
+// The tile grid, from M and N only (every rank's slots and flags are per tile): the tile height
+// from M, then the widest tile (128, 64, 32 columns; 64 at most for 64-row tiles) that still
+// gives kArFillTiles tiles; and the largest split any rank may pick (rank-uniform: it sizes the
+// workspace).
 struct ArTiles {
-  int bm, tiles_n, tiles, max_splits;
+  int bm, bn, tiles_n, tiles, max_splits;
 };
 ArTiles ar_tiles(int M, int N) {
   ArTiles g{};
   g.bm = M <= tuning::kArTileM16MaxM ? 16 : M <= tuning::kArTileM32MaxM ? 32 : 64;
-  g.tiles_n = static_cast<int>(ceil_div(std::max(N, 1), kArBN));
-  const int64_t tiles = ceil_div(std::max(M, 1), g.bm) * g.tiles_n;
+  const int64_t m_blocks = ceil_div(std::max(M, 1), g.bm);
+  g.bn = g.bm >= 64 ? 64 : 128;
+  while (g.bn > 32 && m_blocks * ceil_div(std::max(N, 1), g.bn) < tuning::kArFillTiles) g.bn /= 2;
+  g.tiles_n = static_cast<int>(ceil_div(std::max(N, 1), g.bn));
+  const int64_t tiles = m_blocks * g.tiles_n;
   g.tiles = static_cast<int>(std::min<int64_t>(tiles, int64_t{1} << 30));
   g.max_splits = std::clamp(tuning::kArSplitUnits / g.tiles, 1, tuning::kArMaxSplits);
   return g;
 }
 uint64_t ar_partial_bytes(const GemmArArgs& a) { return a.partials == RsPartials::kBF16 ? 2 : 4; }
-// One source's receive slot: every tile's BM × kArBN partials.
+// One source's receive slot: every tile's BM × BN partials.
 uint64_t ar_slot_bytes(const GemmArArgs& a, const ArTiles& g) {
-  return round_up(static_cast<uint64_t>(g.tiles) * g.bm * kArBN * ar_partial_bytes(a), 256);
+  return round_up(static_cast<uint64_t>(g.tiles) * g.bm * g.bn * ar_partial_bytes(a), 256);
 }
 // The tile flags (W per tile) and, where a tile may be split, its arrival counter fit FusedFlags.
 bool ar_one_shot_flags_fit(int world, const ArTiles& g) {
@@ -90,7 +95,7 @@ FusedWorkspace ar_workspace(const GemmArArgs& a, int world, FusedAlgo path) {
   if (path == FusedAlgo::kOneShot) {
     // W receive slots in the data area; the split partials in the scratch area.
     const ArTiles g = ar_tiles(a.M, a.N);
-    const uint64_t split = g.max_splits > 1 ? uint64_t(g.max_splits) * g.tiles * g.bm * kArBN * 4 : 0;
+    const uint64_t split = g.max_splits > 1 ? uint64_t(g.max_splits) * g.tiles * g.bm * g.bn * 4 : 0;
     return {a.ws_offset + W * ar_slot_bytes(a, g), split};
   }
   if (W == 1) return {a.ws_offset, 0};  // the GEMM alone
@@ -114,11 +119,11 @@ FusedAlgo choose_ar(const CommDevice& d, const GemmArArgs& a) {
   });
 }
 
-template <int BM, bool kKN>
+template <int BM, int BN, bool kKN>
 cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
-  const auto kernel = detail::ar_oneshot_kernel<BM, kKN>;
-  const int smem = detail::ar_smem_bytes(BM);
+  const auto kernel = detail::ar_oneshot_kernel<BM, BN, kKN>;
+  const int smem = detail::ar_smem_bytes(BM, BN);
   if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
       e != cudaSuccess) {
     return e;
@@ -136,6 +141,22 @@ cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// The instance for a tile of bm × bn (ar_tiles' values) and W_r's layout.
+cudaError_t launch_ar_tile(int bm, int bn, bool kn, const detail::ArParams& p, int grid, cudaStream_t stream) {
+  const auto by_bn = [&](auto bm_c) {
+    constexpr int BM = decltype(bm_c)::value;
+    if (bn == 32) return kn ? launch_ar_instance<BM, 32, true>(p, grid, stream) : launch_ar_instance<BM, 32, false>(p, grid, stream);
+    if (bn == 64) return kn ? launch_ar_instance<BM, 64, true>(p, grid, stream) : launch_ar_instance<BM, 64, false>(p, grid, stream);
+    if constexpr (BM < 64) {
+      return kn ? launch_ar_instance<BM, 128, true>(p, grid, stream) : launch_ar_instance<BM, 128, false>(p, grid, stream);
+    }
+    return cudaErrorInvalidValue;
+  };
+  if (bm == 16) return by_bn(std::integral_constant<int, 16>{});
+  if (bm == 32) return by_bn(std::integral_constant<int, 32>{});
+  return by_bn(std::integral_constant<int, 64>{});
 }
 
 // The one-shot kernel (arguments checked by the caller; W = 1 runs it too, pushing to itself).
@@ -158,7 +179,7 @@ cudaError_t launch_ar_one_shot(const CommDevice& dev, const GemmArArgs& a, cudaS
   p.dev.launch_sig = comm_launch_signature(
       kFusedOpGemmAllReduce, bf16 ? 1u : 0u, static_cast<uint32_t>(FusedAlgo::kOneShot),
       comm_sig_hash(static_cast<uint64_t>(a.M), static_cast<uint64_t>(a.N),
-                    comm_sig_hash(a.ws_offset, static_cast<uint64_t>(g.bm), 0)));
+                    comm_sig_hash(a.ws_offset, static_cast<uint64_t>(g.bm), static_cast<uint64_t>(g.bn))));
   p.A = a.A;
   p.B = a.B;
   p.C = a.C;
@@ -170,16 +191,11 @@ cudaError_t launch_ar_one_shot(const CommDevice& dev, const GemmArArgs& a, cudaS
   p.tiles_n = g.tiles_n;
   p.tiles = g.tiles;
   p.splits = ar_splits(dev, a, g);
-  p.k_tiles = static_cast<int>(ceil_div(a.K, detail::ar_bk(g.bm)));
+  p.k_tiles = static_cast<int>(ceil_div(a.K, detail::ar_bk(g.bm, g.bn)));
   p.bf16_partials = bf16 ? 1 : 0;
   p.split_ws = p.splits > 1 ? reinterpret_cast<float*>(detail::scratch_of(dev)) : nullptr;
   const int grid = std::min(device_sms(dev), g.tiles * p.splits);
-  const bool kn = a.b_layout == GemmLayoutB::kKN;
-  switch (g.bm) {
-    case 16: return kn ? launch_ar_instance<16, true>(p, grid, stream) : launch_ar_instance<16, false>(p, grid, stream);
-    case 32: return kn ? launch_ar_instance<32, true>(p, grid, stream) : launch_ar_instance<32, false>(p, grid, stream);
-    default: return kn ? launch_ar_instance<64, true>(p, grid, stream) : launch_ar_instance<64, false>(p, grid, stream);
-  }
+  return launch_ar_tile(g.bm, g.bn, a.b_layout == GemmLayoutB::kKN, p, grid, stream);
 }
 }  // namespace
 
@@ -198,7 +214,7 @@ FusedLaunchInfo gemm_all_reduce_info(const CommDevice& d, const GemmArArgs& a) {
     const ArTiles g = ar_tiles(a.M, a.N);
     const int splits = ar_splits(d, a, g);
     info.gemm_ctas = std::min(device_sms(d), g.tiles * splits);
-    info.tile_n = kArBN;
+    info.tile_n = g.bn;
     info.chunks = g.tiles;
     info.k_splits = splits;
   } else if (info.algo == FusedAlgo::kFused) {

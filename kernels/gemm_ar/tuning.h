@@ -11,8 +11,12 @@ namespace fusedcomm::kernels::tuning {
 // bound by reading W_r).
 inline constexpr int kArTileM16MaxM = 16;
 inline constexpr int kArTileM32MaxM = 32;
-// Split-K: at most kArMaxSplits splits of a tile, as many as fill the SMs with tiles · splits
-// units, each split at least kArMinSplitK long along K (shorter ones pay the split's store and
+// Tile width: the widest of 128, 64 and 32 columns that still gives this many tiles (so that
+// nearly every SM streams its own columns of W_r; narrower tiles cost nothing at decode sizes,
+// where W_r is read once whatever the width, and split-K would add a pass through memory).
+inline constexpr int kArFillTiles = 112;
+// Split-K, where even 32-column tiles are too few: at most kArMaxSplits splits of a tile, as
+// many as fill the SMs with tiles · splits units, each split at least kArMinSplitK long along K (shorter ones pay the split's store and
 // sum more than they gain). The workspace is sized for the largest split
 // any rank may pick: min(kArMaxSplits, kArSplitUnits / tiles) (rank-uniform).
 inline constexpr int kArMaxSplits = 8;

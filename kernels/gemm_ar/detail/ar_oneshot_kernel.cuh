@@ -3,14 +3,17 @@
 // and pushes each finished tile to every rank, then sums the tiles it is assigned from every
 // rank's partial. Host side: gemm_ar.cu (geometry, workspace, launch).
 //
-// Tiles: BM × kArBN (BM = 16, 32 or 64 from M; kArBN = 128) of the M×N product, numbered
-// t = m-block · tiles_n + n-block; the grid is the same on every rank (from M and N only).
-// Work units: tile t, K split s (u = s · tiles + t; the split factor S comes from this rank's
-// K_r and SM count: it only changes which CTAs of this rank compute which part). A unit runs
-// the tensor cores with mma.sync m16n8k16 (bf16 in, fp32 accumulators) over a 4-stage cp.async
-// pipeline of 64-wide K slices (A: BM rows, W_r: 128 columns; rows and K past the operands are
-// zero-filled), 8 warps of BM/WARPS_M × 128/WARPS_N each. Small M is bound by reading W_r, and
-// split-K keeps every SM streaming it where one row of tiles is too few units.
+// Tiles: BM × BN (BM = 16, 32 or 64 from M; BN = 128, 64 or 32, the widest that still gives
+// about one tile per SM) of the M×N product, numbered t = m-block · tiles_n + n-block; the grid
+// is the same on every rank (from M and N only). Work units: tile t, K split s (u = s · tiles +
+// t; the split factor S comes from this rank's K_r and SM count, and is 1 unless the narrowest
+// tiles are still too few: it only changes which CTAs of this rank compute which part). A unit
+// runs the tensor cores with mma.sync m16n8k16 (bf16 in, fp32 accumulators) over a cp.async
+// pipeline of long K slices (A: BM rows, W_r: BN columns; rows and K past the operands are
+// zero-filled). All 8 warps compute the whole BM × BN tile, each over its own k16 steps of every
+// slice, and their accumulators are summed in warp order through shared memory at the end:
+// small M is bound by reading W_r, so every byte of a slice is read from shared memory once,
+// and narrow tiles keep every SM streaming W_r without split-K's pass through global memory.
 //
 // Partials (ArParams): at S > 1 each unit stores its fp32 partial into this rank's split
 // workspace (scratch area) and the last of the tile's S units (arrival counter
@@ -18,10 +21,12 @@
 // not depend on which CTA finished last. The rank's partial (fp32, or rounded to bf16 with
 // bf16 partials) is then PUSHED into every rank's receive slot for this rank (its own
 // included): rank q's data area at ws_offset holds W slots (slot s: rank s's partials), each
-// `tiles` tiles of BM × kArBN partials, tile-major, rows past M never written nor read. Once a
+// `tiles` tiles of BM × BN partials, tile-major, rows past M never written nor read. Once a
 // tile's stores are complete the pushing CTA raises its flag in every rank's region,
-// FusedFlags::rs_tile[t · W + r] = epoch (publish: stores, bar.sync, fence.sc.sys by thread 0,
-// st.release.sys per rank).
+// FusedFlags::rs_tile[t · W + r] = epoch (publish: stores, bar.sync, st.release.sys per rank by
+// thread 0; the barrier orders every thread's stores before thread 0's release, and a release is
+// cumulative, so no fence.sc.sys first: at decode sizes each system fence is microseconds on the
+// critical path, docs/performance.md).
 //
 // Sums: after its last unit a CTA takes tiles t = blockIdx.x, + gridDim.x, ...: one thread waits
 // for the W flags of the tile in this rank's region (ld.acquire.sys), then the CTA loads the W
@@ -54,37 +59,41 @@
 
 namespace fusedcomm::kernels::detail {
 
-inline constexpr int kArBN = 128;  // tile width
 inline constexpr int kArThreads = 256;
-inline constexpr int kArCsStride = kArBN + 4;  // the epilogue's fp32 tile rows in shared memory
+inline constexpr int kArWarps = kArThreads / 32;
 
-// The pipeline of the instance with tile height BM: K slice per stage and stages. Small M reads
-// W_r alone: long slices (512 contiguous bytes of each W_r row at BM = 16) and ~140-200 KiB in
-// flight per SM; at BM = 64 the tensor cores bound it and 4 stages of 128 suffice.
-__host__ __device__ constexpr int ar_bk(int bm) { return bm <= 16 ? 256 : 128; }
-__host__ __device__ constexpr int ar_stages(int bm) { return bm <= 16 ? 3 : bm <= 32 ? 5 : 4; }
-// Shared memory of the instance: the pipeline's stages (the epilogue's fp32 tile reuses them).
-__host__ __device__ constexpr int ar_smem_bytes(int bm) {
-  return ar_stages(bm) * (bm * ar_bk(bm) * 2 + kArBN * ar_bk(bm) * 2);
+// The pipeline of the instance with tile BM × BN: K slice per stage (about 32 KiB of W_r per
+// stage, 512 contiguous bytes or more of each W_r row) and stages (~200 KiB in flight per SM).
+__host__ __device__ constexpr int ar_bk(int bm, int bn) { return bm >= 64 || bn >= 64 ? (bn >= 128 ? 128 : 256) : 512; }
+__host__ __device__ constexpr int ar_stage_bytes(int bm, int bn) { return (bm + bn) * ar_bk(bm, bn) * 2; }
+__host__ __device__ constexpr int ar_stages(int bm, int bn) {
+  return (200 << 10) / ar_stage_bytes(bm, bn) < 6 ? (200 << 10) / ar_stage_bytes(bm, bn) : 6;
 }
-static_assert(ar_smem_bytes(16) <= 227 * 1024 && ar_smem_bytes(32) <= 227 * 1024 &&
-                  ar_smem_bytes(64) <= 227 * 1024,
-              "the pipeline fits a CTA's shared memory");
-static_assert(64 * kArCsStride * 4 <= ar_smem_bytes(64) && 16 * kArCsStride * 4 <= ar_smem_bytes(16),
-              "the epilogue's tile fits the pipeline's shared memory");
+__host__ __device__ constexpr int ar_cs_stride(int bn) { return bn + 4; }  // fp32 tile rows in shared memory
+// Shared memory of the instance: the pipeline's stages; the epilogue's per-warp fp32 tiles
+// (then their sum) reuse them.
+__host__ __device__ constexpr int ar_smem_bytes(int bm, int bn) { return ar_stages(bm, bn) * ar_stage_bytes(bm, bn); }
+__host__ __device__ constexpr bool ar_instance_fits(int bm, int bn) {
+  return ar_stages(bm, bn) >= 2 && ar_smem_bytes(bm, bn) <= 227 * 1024 &&
+         kArWarps * bm * ar_cs_stride(bn) * 4 <= ar_smem_bytes(bm, bn) && ar_bk(bm, bn) / 16 >= kArWarps;
+}
+static_assert(ar_instance_fits(16, 32) && ar_instance_fits(16, 64) && ar_instance_fits(16, 128) &&
+                  ar_instance_fits(32, 32) && ar_instance_fits(32, 64) && ar_instance_fits(32, 128) &&
+                  ar_instance_fits(64, 32) && ar_instance_fits(64, 64),
+              "every instance's pipeline and epilogue fit a CTA's shared memory");
 
 struct ArParams {
   CommDevice dev;
   const __nv_bfloat16* A;  // M×K_r, row-major
   const __nv_bfloat16* B;  // W_r: N×K_r (kNK) or K_r×N (kKN), row-major
   __nv_bfloat16* C;        // M×N
-  float* split_ws;         // splits × tiles × BM × kArBN fp32 (this rank's scratch; splits > 1)
+  float* split_ws;         // splits × tiles × BM × BN fp32 (this rank's scratch; splits > 1)
   uint64_t ws_offset;      // the receive slots in every rank's data area
-  uint64_t slot_bytes;     // one source's slot: tiles × BM × kArBN partials
+  uint64_t slot_bytes;     // one source's slot: tiles × BM × BN partials
   int M, N, K;
   int tiles_n, tiles;  // tile columns; tiles in all
   int splits;          // K splits of every tile (this rank's)
-  int k_tiles;         // ceil(K_r / ar_bk(BM))
+  int k_tiles;         // ceil(K_r / ar_bk(BM, BN))
   int bf16_partials;   // 1: the pushed partials are bf16, else fp32
 };
 
@@ -114,6 +123,13 @@ __device__ __forceinline__ uint32_t ar_pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+// kKN slices: row k of a slice holds BN columns (kChunks 16-byte chunks); chunk c is stored at
+// c ^ ar_kn_swizzle(k), so that ldmatrix.trans's 8 rows (consecutive k, one chunk) fall into 8
+// distinct 16-byte bank groups whatever the row length.
+template <int kChunks>
+__device__ __forceinline__ int ar_kn_swizzle(int k) {
+  return kChunks >= 8 ? (k & 7) : (k >> 1) & (kChunks - 1);
+}
 // 8 partials (fp32, or bf16 widened) at element `i` of a slot.
 __device__ __forceinline__ void ar_load8(const uint8_t* slot, uint64_t i, bool bf16, float (&v)[8]) {
   if (bf16) {
@@ -142,7 +158,8 @@ __device__ __forceinline__ bool ar_wait(const CommDevice& d, const uint64_t* fla
 
 // The end, one thread per CTA once the CTA is done (after a bar.sync that follows its last load
 // of the receive slots and its last push). The last CTA of this rank (grid-level counter, as
-// comm_protocol.cuh's argument: every CTA's fence.sc.sys, then the counter) raises its done
+// comm_protocol.cuh's argument, with every CTA's fence.acq_rel.sys before the counter: a
+// release fence suffices for fence-fence synchronisation through it) raises its done
 // flag in every peer (CommFlags::done, which other fused ops' end barriers count on), compares
 // the launch signatures (each peer's arrive flag, acquired here, was released after its
 // signature) and publishes the epoch for the next launch. It does not wait for the peers' done
@@ -155,7 +172,7 @@ __device__ __forceinline__ bool ar_wait(const CommDevice& d, const uint64_t* fla
 //   previous launch; a rank therefore reaches launch e+2 only after every peer finished e.
 // This saves a round trip between the GPUs per launch, which decode-sized launches feel.
 inline __device__ __noinline__ void ar_end(const CommDevice& d, uint64_t epoch) {
-  __threadfence_system();
+  fence_acq_rel_sys();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
   comm_signal_peers(
       d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
@@ -170,22 +187,24 @@ inline __device__ __noinline__ void ar_end(const CommDevice& d, uint64_t epoch) 
 }
 
 // The kernel's start, one thread: the signature, then the arrive flags (start barrier, signal
-// side; stream order puts this rank's earlier ops before the kernel).
+// side; stream order puts this rank's earlier ops before the kernel). Each arrive flag's release
+// orders the signature's stores before it.
 inline __device__ void ar_start(const CommDevice& d, uint64_t epoch) {
   comm_publish_signature(d, epoch);  // before this thread's first release (CommFlags::launch)
-  __threadfence_system();
   comm_signal_peers(
       d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
-template <int BM, bool kKN>
+template <int BM, int BN, bool kKN>
 __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_constant__ ArParams p) {
-  constexpr int kWarpsM = BM >= 64 ? 2 : 1, kWarpsN = 8 / kWarpsM;
-  constexpr int kWTM = BM / kWarpsM, kWTN = kArBN / kWarpsN;
-  constexpr int kMF = kWTM / 16, kNF = kWTN / 8, kNP = kWTN / 16;
-  constexpr int kBK = ar_bk(BM), kStages = ar_stages(BM), kRow = kBK * 2, kChunks = kBK / 8;
-  constexpr int kABytes = BM * kRow, kStageBytes = kABytes + kArBN * kRow;
-  constexpr int kGroups = kArBN / 8;  // 8-element groups per tile row
+  constexpr int kMF = BM / 16, kNF = BN / 8, kNP = BN / 16;
+  constexpr int kBK = ar_bk(BM, BN), kStages = ar_stages(BM, BN), kRow = kBK * 2, kChunks = kBK / 8;
+  constexpr int kABytes = BM * kRow, kStageBytes = ar_stage_bytes(BM, BN);
+  constexpr int kBRow = BN * 2, kBChunks = BN / 8;  // kKN: a slice row of W_r (BN columns)
+  constexpr int kGroups = BN / 8;                   // 8-element groups per tile row
+  constexpr int kCs = ar_cs_stride(BN);
+  constexpr int kKSteps = kBK / 16 / kArWarps;      // k16 steps of each warp per slice
+  static_assert(ar_instance_fits(BM, BN), "instance fits");
   extern __shared__ __align__(128) uint8_t smem[];
   // Thread 0's verdicts, one variable per use (a thread may still read one when the next is set).
   __shared__ int s_last, s_started, s_ready;
@@ -193,7 +212,6 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
   const CommDevice& d = p.dev;
   const int W = d.world, r = d.rank;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
   const uint64_t epoch = comm_launch_epoch(d);
   const uint32_t smem0 = smem_u32(smem);
   const bool bf16 = p.bf16_partials != 0;
@@ -206,7 +224,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
   const int per_split = (p.k_tiles + p.splits - 1) / p.splits;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int t = u % p.tiles, s = u / p.tiles;
-    const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * kArBN;
+    const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * BN;
     const int kt0 = s * per_split, kt1 = min(p.k_tiles, kt0 + per_split);
     const int nk = max(0, kt1 - kt0);
 
@@ -222,7 +240,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
       }
       if constexpr (!kKN) {
 #pragma unroll
-        for (int i = tid; i < kArBN * kChunks; i += kArThreads) {
+        for (int i = tid; i < BN * kChunks; i += kArThreads) {
           const int n = i / kChunks, c = i % kChunks, gn = n0 + n, gk = k0 + c * 8;
           const bool ok = gn < p.N && gk < p.K;
           ar_cp_async16(bs + n * kRow + ((c ^ (n & 7)) << 4), ok ? p.B + static_cast<int64_t>(gn) * p.K + gk : p.B,
@@ -230,11 +248,11 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
         }
       } else {
 #pragma unroll
-        for (int i = tid; i < kBK * 16; i += kArThreads) {
-          const int k = i / 16, c = i % 16, gk = k0 + k, gn = n0 + c * 8;
+        for (int i = tid; i < kBK * kBChunks; i += kArThreads) {
+          const int k = i / kBChunks, c = i % kBChunks, gk = k0 + k, gn = n0 + c * 8;
           const bool ok = gk < p.K && gn < p.N;
-          ar_cp_async16(bs + k * 256 + ((c ^ (k & 7)) << 4), ok ? p.B + static_cast<int64_t>(gk) * p.N + gn : p.B,
-                        ok);
+          ar_cp_async16(bs + k * kBRow + ((c ^ ar_kn_swizzle<kBChunks>(k)) << 4),
+                        ok ? p.B + static_cast<int64_t>(gk) * p.N + gn : p.B, ok);
         }
       }
     };
@@ -263,11 +281,12 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
       cp_async_commit();
       const uint32_t as = smem0 + (kt % kStages) * kStageBytes, bs = as + kABytes;
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
+      for (int j = 0; j < kKSteps; ++j) {
+        const int kk = j * kArWarps + warp;  // this warp's k16 step of the slice
         uint32_t a[kMF][4], b[kNF][2];
 #pragma unroll
         for (int mf = 0; mf < kMF; ++mf) {
-          const int row = wm * kWTM + mf * 16 + (lane % 8) + ((lane / 8) & 1) * 8;
+          const int row = mf * 16 + (lane % 8) + ((lane / 8) & 1) * 8;
           const int c = kk * 2 + (lane / 8) / 2;
           ar_ldmatrix_x4(a[mf], as + row * kRow + ((c ^ (row & 7)) << 4));
         }
@@ -275,13 +294,13 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
         for (int np = 0; np < kNP; ++np) {
           uint32_t q[4];
           if constexpr (!kKN) {
-            const int n = wn * kWTN + np * 16 + (lane % 8) + ((lane / 8) / 2) * 8;
+            const int n = np * 16 + (lane % 8) + ((lane / 8) / 2) * 8;
             const int c = kk * 2 + ((lane / 8) & 1);
             ar_ldmatrix_x4(q, bs + n * kRow + ((c ^ (n & 7)) << 4));
           } else {
             const int k = kk * 16 + (lane % 8) + ((lane / 8) & 1) * 8;
-            const int c = (wn * kWTN + np * 16) / 8 + (lane / 8) / 2;
-            ar_ldmatrix_x4_trans(q, bs + k * 256 + ((c ^ (k & 7)) << 4));
+            const int c = np * 2 + (lane / 8) / 2;
+            ar_ldmatrix_x4_trans(q, bs + k * kBRow + ((c ^ ar_kn_swizzle<kBChunks>(k)) << 4));
           }
           b[2 * np][0] = q[0], b[2 * np][1] = q[1], b[2 * np + 1][0] = q[2], b[2 * np + 1][1] = q[3];
         }
@@ -292,30 +311,44 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
       }
     }
     cp_async_wait_keep<0>();
-    __syncthreads();  // every stage read: the epilogue's tile reuses the buffers
+    __syncthreads();  // every stage read: the epilogue's tiles reuse the buffers
 
-    // The unit's partial into shared memory (fp32, rows of kArCsStride).
-    float* cs = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int mf = 0; mf < kMF; ++mf)
-#pragma unroll
-      for (int nf = 0; nf < kNF; ++nf) {
-        const int row = wm * kWTM + mf * 16 + lane / 4, col = wn * kWTN + nf * 8 + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(cs + row * kArCsStride + col) = make_float2(acc[mf][nf][0], acc[mf][nf][1]);
-        *reinterpret_cast<float2*>(cs + (row + 8) * kArCsStride + col) =
-            make_float2(acc[mf][nf][2], acc[mf][nf][3]);
-      }
-    __syncthreads();
+    // Each warp's partial into its own fp32 tile in shared memory, then their sum in warp order
+    // (rows of the operands only) into warp 0's tile: the unit's partial, rows of kCs.
     const int rows = min(BM, p.M - m0), groups = rows * kGroups;
-    const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * kArBN;
+    float* cs = reinterpret_cast<float*>(smem);
+    {
+      float* mine = cs + warp * (BM * kCs);
+#pragma unroll
+      for (int mf = 0; mf < kMF; ++mf)
+#pragma unroll
+        for (int nf = 0; nf < kNF; ++nf) {
+          const int row = mf * 16 + lane / 4, col = nf * 8 + 2 * (lane % 4);
+          *reinterpret_cast<float2*>(mine + row * kCs + col) = make_float2(acc[mf][nf][0], acc[mf][nf][1]);
+          *reinterpret_cast<float2*>(mine + (row + 8) * kCs + col) = make_float2(acc[mf][nf][2], acc[mf][nf][3]);
+        }
+      __syncthreads();
+      for (int i = tid; i < rows * (BN / 4); i += kArThreads) {
+        const int at = (i / (BN / 4)) * kCs + (i % (BN / 4)) * 4;
+        float4 v = *reinterpret_cast<const float4*>(cs + at);
+#pragma unroll
+        for (int w = 1; w < kArWarps; ++w) {
+          const float4 x = *reinterpret_cast<const float4*>(cs + w * (BM * kCs) + at);
+          v.x += x.x, v.y += x.y, v.z += x.z, v.w += x.w;
+        }
+        *reinterpret_cast<float4*>(cs + at) = v;
+      }
+    }
+    __syncthreads();
+    const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * BN;
     bool push = true;
     if (p.splits > 1) {
-      float* mine = p.split_ws + (static_cast<uint64_t>(s) * p.tiles * BM * kArBN + tile_elem);
+      float* mine = p.split_ws + (static_cast<uint64_t>(s) * p.tiles * BM * BN + tile_elem);
       for (int g = tid; g < groups; g += kArThreads) {
         const int row = g / kGroups, c8 = g % kGroups;
-        const float* src = cs + row * kArCsStride + c8 * 8;
-        __stcg(reinterpret_cast<float4*>(mine + row * kArBN + c8 * 8), *reinterpret_cast<const float4*>(src));
-        __stcg(reinterpret_cast<float4*>(mine + row * kArBN + c8 * 8 + 4), *reinterpret_cast<const float4*>(src + 4));
+        const float* src = cs + row * kCs + c8 * 8;
+        __stcg(reinterpret_cast<float4*>(mine + row * BN + c8 * 8), *reinterpret_cast<const float4*>(src));
+        __stcg(reinterpret_cast<float4*>(mine + row * BN + c8 * 8 + 4), *reinterpret_cast<const float4*>(src + 4));
       }
       __syncthreads();
       if (tid == 0) {
@@ -350,7 +383,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
             // The tile's partial: its splits' in split order (the same whichever unit came last).
             for (int sp = 0; sp < p.splits; ++sp) {
               const float* src =
-                  p.split_ws + (static_cast<uint64_t>(sp) * p.tiles * BM * kArBN + tile_elem + row * kArBN + c8 * 8);
+                  p.split_ws + (static_cast<uint64_t>(sp) * p.tiles * BM * BN + tile_elem + row * BN + c8 * 8);
               const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
               const float4 y = __ldcg(reinterpret_cast<const float4*>(src + 4));
               const float w8[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
@@ -358,12 +391,12 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
               for (int j = 0; j < 8; ++j) v[j] = sp == 0 ? w8[j] : v[j] + w8[j];
             }
           } else {
-            const float* src = cs + row * kArCsStride + c8 * 8;
+            const float* src = cs + row * kCs + c8 * 8;
 #pragma unroll
             for (int j = 0; j < 8; ++j) v[j] = src[j];
           }
           const uint64_t at = p.ws_offset + static_cast<uint64_t>(r) * p.slot_bytes +
-                              (tile_elem + static_cast<uint64_t>(row) * kArBN + c8 * 8) * esize;
+                              (tile_elem + static_cast<uint64_t>(row) * BN + c8 * 8) * esize;
           if (bf16) {
             const uint4 w4 = make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]),
                                         ar_pack_bf16(v[4], v[5]), ar_pack_bf16(v[6], v[7]));
@@ -383,7 +416,6 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
         }
         __syncthreads();  // every thread's stores before thread 0's fence (publish)
         if (tid == 0) {
-          __threadfence_system();
           for (int i = failed ? W - 1 : 0; i < W; ++i) {
             const int q = (r + 1 + i) % W;
             st_release_sys(&fused_flags(d, q)->rs_tile[t * W + r], epoch);
@@ -419,13 +451,13 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
     }
     __syncthreads();  // observe pattern: thread 0's acquires, then every thread's loads
     if (s_ready != 0) {
-      const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * kArBN;
+      const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * BN;
       const int rows = min(BM, p.M - m0);
-      const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * kArBN;
+      const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * BN;
       for (int g = tid; g < rows * kGroups; g += kArThreads) {
         const int row = g / kGroups, c8 = g % kGroups, col = n0 + c8 * 8;
         if (col >= p.N) continue;
-        const uint64_t i = tile_elem + static_cast<uint64_t>(row) * kArBN + c8 * 8;
+        const uint64_t i = tile_elem + static_cast<uint64_t>(row) * BN + c8 * 8;
         float v[8], x[8];
         ar_load8(slots, i, bf16, v);
         for (int src = 1; src < W; ++src) {

@@ -8,6 +8,7 @@
 #include "kernels/common/fused_choice.h"
 #include "kernels/common/tests/geometry_test_support.h"
 #include "kernels/gemm_ar/gemm_ar.h"
+#include "kernels/gemm_ar/tuning.h"
 #include "support/check.h"
 
 namespace {
@@ -70,16 +71,16 @@ void test_ar() {
       check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
             "gemmAllReduce kAuto W=2 M=" + std::to_string(M) + " (above the one-shot bar): decomposed" + kr);
     }
-    // M = 64, N = 8192: 64 tiles of 64 x 128 fp32 partials = 2 MiB per rank's slot.
-    check(algo(2, 64, 8192, K_r, false, 4ull << 20) == k::FusedAlgo::kDecomposed,
-          "gemmAllReduce kAuto W=2 M=64 with a 4 MiB data area (the slots need 4 MiB + the split "
-          "workspace): decomposed" + kr);
+    // M = 64, N = 8192: 128 tiles of 64 x 64 fp32 partials = 2 MiB per rank's slot.
+    check(algo(2, 64, 8192, K_r, false, 3ull << 20) == k::FusedAlgo::kDecomposed,
+          "gemmAllReduce kAuto W=2 M=64 with a 3 MiB data area (the slots need 4 MiB): decomposed" + kr);
   }
 }
 
 // The one-shot kernel's geometry as reported (tile grid, K split, grid) and its workspace:
-// W receive slots of every tile's BM x 128 partials in the data area, the split partials
-// (sized for the largest split any rank may pick) in the scratch area.
+// W receive slots of every tile's BM x BN partials in the data area (BN the widest of 128, 64,
+// 32 giving kArFillTiles tiles), the split partials (sized for the largest split any rank may
+// pick) in the scratch area.
 void test_one_shot_geometry() {
   k::CommDevice d = geometry_device(2, 0, 132);
   d.data_bytes = uint64_t{1} << 30;
@@ -90,36 +91,47 @@ void test_one_shot_geometry() {
     a.algo = k::FusedAlgo::kOneShot;
     return k::gemm_all_reduce_info(d, a);
   };
-  // M = 1, N = 4096: 32 tiles of 16 rows; K_r = 2048 (32 slices of 64): 132 / 32 = 4 splits.
+  check(k::tuning::kArFillTiles == 112, "the fill bar this test assumes");
+  // M = 1, N = 4096: 128-wide tiles give 32, 64-wide 64, 32-wide 128 >= 112: one wave, no split.
   k::FusedLaunchInfo i = info(1, 4096, 2048, false);
-  check(i.algo == k::FusedAlgo::kOneShot && i.chunks == 32 && i.k_splits == 4 && i.gemm_ctas == 128 &&
-            i.tile_n == 128,
-        "one-shot M=1 N=4096 K=2048: 32 tiles, 4 splits, 128 CTAs");
-  // A short K limits the split (at least 512 each): K_r = 1032 -> 2 splits, 512 -> none.
-  i = info(1, 4096, 1032, false);
-  check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=4096 K=1032: 2 splits");
-  i = info(1, 4096, 512, false);
-  check(i.k_splits == 1 && i.gemm_ctas == 32, "one-shot M=1 N=4096 K=512: no split");
-  // M = 128, N = 8192: 2 x 64 tiles of 64 rows: one wave, no split.
+  check(i.algo == k::FusedAlgo::kOneShot && i.chunks == 128 && i.k_splits == 1 && i.gemm_ctas == 128 &&
+            i.tile_n == 32,
+        "one-shot M=1 N=4096 K=2048: 128 tiles of 32 columns, no split");
+  // N = 8192: 64-wide tiles already give 128.
+  i = info(8, 8192, 4096, true);
+  check(i.chunks == 128 && i.tile_n == 64 && i.k_splits == 1, "one-shot M=8 N=8192: 128 tiles of 64 columns");
+  // N = 16384 at M = 32: 128-wide tiles give 128.
+  i = info(32, 16384, 4096, true);
+  check(i.chunks == 128 && i.tile_n == 128, "one-shot M=32 N=16384: 128 tiles of 128 columns");
+  // Too few tiles even 32 wide (N = 1024: 32): split-K up to 132 / 32 = 4 ways, at least 512
+  // of K each: K_r = 2048 -> 4 splits, 1032 -> 2, 512 -> none.
+  i = info(1, 1024, 2048, false);
+  check(i.chunks == 32 && i.tile_n == 32 && i.k_splits == 4 && i.gemm_ctas == 128, "one-shot M=1 N=1024 K=2048: 4 splits");
+  i = info(1, 1024, 1032, false);
+  check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=1024 K=1032: 2 splits");
+  i = info(1, 1024, 512, false);
+  check(i.k_splits == 1 && i.gemm_ctas == 32, "one-shot M=1 N=1024 K=512: no split");
+  // M = 128, N = 8192: 2 x 128 tiles of 64 x 64 (64-row tiles are at most 64 wide).
   i = info(128, 8192, 4096, true);
-  check(i.chunks == 128 && i.k_splits == 1 && i.gemm_ctas == 128, "one-shot M=128 N=8192: 128 tiles, no split");
-  // M = 8192 at N = 136: 128 x 2 tiles, more than the SMs.
+  check(i.chunks == 256 && i.tile_n == 64 && i.k_splits == 1 && i.gemm_ctas == 132,
+        "one-shot M=128 N=8192: 256 tiles, 132 CTAs");
+  // M = 8192 at N = 136: 128 x 3 tiles, more than the SMs.
   i = info(8192, 136, 264, true);
-  check(i.chunks == 256 && i.k_splits == 1 && i.gemm_ctas == 132, "one-shot M=8192 N=136: 256 tiles, 132 CTAs");
+  check(i.chunks == 384 && i.k_splits == 1 && i.gemm_ctas == 132, "one-shot M=8192 N=136: 384 tiles, 132 CTAs");
 
   k::GemmArArgs a;
   a.M = 1, a.N = 4096, a.K = 2048, a.ws_offset = 4096;
   a.algo = k::FusedAlgo::kOneShot;
   k::FusedWorkspace ws = k::gemm_all_reduce_workspace(a, 2);
-  // Slots: 32 tiles x 16 x 128 fp32 = 256 KiB each; splits: min(8, 256 / 32) = 8 x 256 KiB.
-  check(ws.data_bytes == 4096 + 2 * (256u << 10) && ws.scratch_bytes == 8 * (256u << 10),
-        "one-shot workspace M=1 N=4096 fp32: 2 slots of 256 KiB, 2 MiB of split partials");
+  // Slots: 128 tiles x 16 x 32 fp32 = 256 KiB each; splits: min(8, 256 / 128) = 2 x 256 KiB.
+  check(ws.data_bytes == 4096 + 2 * (256u << 10) && ws.scratch_bytes == 2 * (256u << 10),
+        "one-shot workspace M=1 N=4096 fp32: 2 slots of 256 KiB, 512 KiB of split partials");
   a.partials = k::RsPartials::kBF16;
   a.M = 128, a.N = 8192;
   ws = k::gemm_all_reduce_workspace(a, 2);
-  // 128 tiles x 64 x 128 bf16 = 2 MiB per slot; 256 / 128 = 2 splits at most.
-  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == 2 * 128 * 64 * 128 * 4,
-        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, fp32 split partials for 2 splits");
+  // 256 tiles x 64 x 64 bf16 = 2 MiB per slot; 256 / 256 = 1: no split partials.
+  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == 0,
+        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, no split partials");
   // kAuto sizes the larger of every path it may take (the one-shot one included at M <= 64).
   a.M = 64;
   a.algo = k::FusedAlgo::kOneShot;
