@@ -69,7 +69,8 @@
 //       and copy it to the output; consumers copy the peers' blocks scratch -> output.
 //       Needs count * elem_size <= data_bytes (the scratch holds the gathered tensor).
 //     reduceScatter / allToAll: producers push block p of the input into peer p's scratch slot
-//       [(r - p - 1) mod W] (slots round_up(split_count(count,W,0), 16 B) elements apart);
+//       [(r - p - 1) mod W] (slots round_up(split_count(count,W,0), 16 B) + 16 B apart; a
+//       block starts as many bytes into its slot as it sits off the 16-byte grid in the input);
 //       consumers reduce (rank order, own block read in place) or copy them to the output.
 //       Needs (W-1) * slot elements * elem_size <= data_bytes.
 //     Push: every rank reads only its own data area except in allReduce's phase 1. Every

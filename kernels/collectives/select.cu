@@ -75,7 +75,9 @@ bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, Pipe
   plan->consumers = direct ? std::max(1, P * tuning::kDirectReducersPct / 100)
                     : push ? std::max(1, (P + tuning::kPushCopyDiv - 1) / tuning::kPushCopyDiv)
                            : P;
-  plan->slot_stride = (n0 + epv - 1) / epv * epv;
+  // A slot holds the longest block after up to 15 bytes of padding (its offset from the
+  // 16-byte grid, pipe_kernel's slot_pad): one vector more than the block's vectors.
+  plan->slot_stride = (n0 + epv - 1) / epv * epv + epv;
   if (push && W > 1) {
     const uint64_t need = direct ? static_cast<uint64_t>((W - 1) * plan->slot_stride * es)
                           : a.op == CommOp::kAllGather || a.op == CommOp::kAllReduce

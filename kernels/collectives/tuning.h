@@ -61,13 +61,15 @@ inline constexpr int kDirectProducers = 128;
 inline constexpr int kDirectReducersPct = 100;
 
 // ---- kAuto (select.cu) -------------------------------------------------------------------------
-// allReduce in place from this size: the direct variant (only stores cross NVLink), at W = 2 and
-// at W >= 3, with the default chunk. It moved 341 / 358 / 365 GB/s at 64 MiB / 256 MiB / 1 GiB
-// on 2 GPUs against two-phase's 300 / 317 / 329 and NCCL's 267 / 297 / 327; 325 / 339 / 340 on 4
-// GPUs against two-phase's 292 / 317 / 327 and NCCL's 311 / 338 / 355. Smaller sizes were not
-// measured. 0: never.
-inline constexpr int64_t kAutoDirectMinBytesW2 = int64_t{64} << 20;
-inline constexpr int64_t kAutoDirectMinBytes = int64_t{64} << 20;  // W >= 3
+// allReduce in place from this size: the direct variant (only stores cross NVLink), with the
+// default chunk. It moved 341 / 358 / 365 GB/s at 64 MiB / 256 MiB / 1 GiB on 2 GPUs against
+// two-phase's 300 / 317 / 329 and NCCL's 267 / 297 / 327; 325 / 339 / 340 on 4 GPUs against
+// two-phase's 292 / 317 / 327 and NCCL's 311 / 338 / 355. On 2 GPUs also below: 0.036 / 0.064 /
+// 0.077 / 0.105 ms at 6.9 / 16 / 22 / 32 MB against two-phase's 0.051 / 0.078 / 0.142 / 0.173
+// (and NCCL's 0.051 / 0.075 / 0.095 / 0.131); smaller sizes not measured. W >= 3: measured from
+// 64 MiB only. 0: never.
+inline constexpr int64_t kAutoDirectMinBytesW2 = int64_t{13} << 19;  // 6.5 MiB
+inline constexpr int64_t kAutoDirectMinBytes = int64_t{64} << 20;    // W >= 3
 // allReduce at W = 2 from this size: the push variant with these chunks (2-3 % more bus
 // bandwidth than two-phase at 256 MiB and 1 GiB; two-phase led at 64 MiB, and at W = 4 at every
 // size).

@@ -36,6 +36,7 @@ template <>
 struct Elem<float> {
   using Raw = uint32_t;
   __device__ static float load(const float* p) { return __ldcg(p); }
+  __device__ static float to_float(uint32_t raw) { return __uint_as_float(raw); }
   __device__ static void store(float* p, float v) { *p = v; }
   __device__ static void add_vec(float (&acc)[4], uint4 v) {
     acc[0] += __uint_as_float(v.x);
@@ -55,6 +56,7 @@ struct Elem<__nv_bfloat16> {
     const uint16_t raw = __ldcg(reinterpret_cast<const unsigned short*>(p));
     return __uint_as_float(static_cast<uint32_t>(raw) << 16);
   }
+  __device__ static float to_float(uint16_t raw) { return __uint_as_float(static_cast<uint32_t>(raw) << 16); }
   __device__ static void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
   __device__ static void add2(float* acc, uint32_t w) {
     acc[0] += __uint_as_float(w << 16);
@@ -94,47 +96,81 @@ __device__ __forceinline__ int64_t head_elems(const T* p, int64_t n) {
   return h < n ? h : n;
 }
 
-// One 16-byte vector of elements to dst, which is off the 16-byte grid: in the widest pieces
-// its alignment allows (8, 4 or 2 bytes).
-__device__ __forceinline__ void store_vec_split(void* dst, uint4 v) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
-  if ((a & 7) == 0) {
-    uint2* d = static_cast<uint2*>(dst);
-    d[0] = make_uint2(v.x, v.y);
-    d[1] = make_uint2(v.z, v.w);
-  } else if ((a & 3) == 0) {
-    uint32_t* d = static_cast<uint32_t*>(dst);
-    d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
-  } else {
-    uint16_t* d = static_cast<uint16_t*>(dst);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+// Bytes [m, m + 16) of the 32 bytes lo:hi (little endian; m in 0..15, uniform): a vector of a
+// source off the 16-byte grid by m bytes, from the two aligned vectors it straddles. Word
+// shifts by selects (no dynamic register indexing), then one funnel shift per word.
+__device__ __forceinline__ uint4 funnel16(uint4 lo, uint4 hi, uint32_t m) {
+  const uint32_t x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const bool w1 = (m & 4) != 0, w2 = (m & 8) != 0;
+  uint32_t y[7], z[5];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      d[2 * k] = static_cast<uint16_t>(w[k] & 0xFFFFu);
-      d[2 * k + 1] = static_cast<uint16_t>(w[k] >> 16);
+  for (int i = 0; i < 7; ++i) y[i] = w1 ? x[i + 1] : x[i];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) z[i] = w2 ? y[i + 2] : y[i];
+  const uint32_t s = (m & 3) * 8;
+  return make_uint4(__funnelshift_r(z[0], z[1], s), __funnelshift_r(z[1], z[2], s),
+                    __funnelshift_r(z[2], z[3], s), __funnelshift_r(z[3], z[4], s));
+}
+
+__device__ __forceinline__ uint4 shfl_vec(uint4 v, int lane) {
+  return make_uint4(__shfl_sync(0xffffffffu, v.x, lane), __shfl_sync(0xffffffffu, v.y, lane),
+                    __shfl_sync(0xffffffffu, v.z, lane), __shfl_sync(0xffffffffu, v.w, lane));
+}
+
+// A destination on the 16-byte grid fed from a source m bytes off it (0 < m < 16): output
+// vector j is funnel16(A_j, A_{j+1}, m), A_i = load(i) the source's aligned vector i (i <= nv;
+// A_nv still holds source bytes, so no load leaves the source's 16-byte granules). Each source
+// vector is loaded once: a warp takes U runs of 32 consecutive vectors, and lane l takes A_{j+1}
+// from lane l + 1 by a shuffle (lane 31 from the next run's lane 0, or one extra load after
+// the last run). tid, nt: the thread and the thread count of the group, whole warps (nt a
+// multiple of 32). store(j, v) for j < nv.
+template <int U, typename Load, typename Store>
+__device__ __forceinline__ void shifted_stream(int tid, int nt, int64_t nv, uint32_t m, Load load,
+                                               Store store) {
+  const int lane = tid & 31;
+  const int64_t step = static_cast<int64_t>(nt / 32) * 32 * U;
+  for (int64_t base = static_cast<int64_t>(tid / 32) * 32 * U; base < nv; base += step) {
+    uint4 v[U + 1];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + u * 32 + lane;
+      v[u] = i <= nv ? load(i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    const int64_t last = base + U * 32;
+    v[U] = lane == 31 && last <= nv ? load(last) : make_uint4(0u, 0u, 0u, 0u);
+    uint4 next = shfl_vec(v[0], (lane + 1) & 31);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint4 cur = next;  // lanes 0..30: lane l + 1's v[u]; lane 31: lane 0's v[u]
+      if (u + 1 < U) next = shfl_vec(v[u + 1], (lane + 1) & 31);
+      const uint4 hi = lane != 31 ? cur : u + 1 < U ? next : v[U];
+      const int64_t j = base + u * 32 + lane;
+      if (j < nv) store(j, funnel16(v[u], hi, m));
     }
   }
 }
 
-// The CTA copies n elements src -> dst (either may be peer memory): the elements before src's
-// first 16-byte boundary one by one, then 16-byte vector loads with kUnroll in flight per
-// thread (NVLink reads need many; the one-shot path, small parts, keeps its 4), stored as
-// vectors where dst is then on the 16-byte grid too, else in pieces (store_vec_split), then
-// the tail one by one.
+// The CTA copies n elements src -> dst (either may be peer memory): the elements before dst's
+// first 16-byte boundary one by one, then 16-byte vector stores, then the tail one by one.
+// Where src is then on the 16-byte grid too, 16-byte loads with kUnroll in flight per thread
+// (NVLink reads need many; the one-shot path, small parts, keeps its 4); else the aligned
+// source vectors around each output vector, joined (shifted_stream): every byte is still read
+// once, in 16-byte loads.
 template <typename T, int kUnroll = tuning::kTwoPhaseCopyUnroll>
 __device__ void cta_copy(T* dst, const T* src, int64_t n) {
   using Raw = typename Elem<T>::Raw;
   constexpr int kEpv = kVecBytes / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
-  const int64_t head = head_elems(src, n);
+  const int64_t head = head_elems(dst, n);
   if (tid < head) reinterpret_cast<Raw*>(dst)[tid] = __ldcg(reinterpret_cast<const Raw*>(src) + tid);
   dst += head;
   src += head;
   n -= head;
   const int64_t nv = n / kEpv;
-  const uint4* s = reinterpret_cast<const uint4*>(src);
-  if (aligned16(dst)) {
-    uint4* o = reinterpret_cast<uint4*>(dst);
+  uint4* o = reinterpret_cast<uint4*>(dst);
+  const uint32_t m = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) & 15);
+  if (m == 0) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
     int64_t i = tid;
     for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
       uint4 v[kUnroll];
@@ -145,19 +181,13 @@ __device__ void cta_copy(T* dst, const T* src, int64_t n) {
     }
     for (; i < nv; i += nt) o[i] = ld_vec(s + i);
   } else {
-    int64_t i = tid;
-    for (; i + (kUnroll - 1) * nt < nv; i += kUnroll * nt) {
-      uint4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = ld_vec(s + i + u * nt);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) store_vec_split(dst + (i + u * nt) * kEpv, v[u]);
-    }
-    for (; i < nv; i += nt) store_vec_split(dst + i * kEpv, ld_vec(s + i));
+    const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(src) - m);
+    shifted_stream<kUnroll>(
+        tid, nt, nv, m, [&](int64_t i) { return ld_vec(a + i); }, [&](int64_t j, uint4 v) { o[j] = v; });
   }
   const Raw* rs = reinterpret_cast<const Raw*>(src);
-  Raw* o = reinterpret_cast<Raw*>(dst);
-  for (int64_t i = nv * kEpv + tid; i < n; i += nt) o[i] = __ldcg(rs + i);
+  Raw* ro = reinterpret_cast<Raw*>(dst);
+  for (int64_t i = nv * kEpv + tid; i < n; i += nt) ro[i] = __ldcg(rs + i);
 }
 
 // Where a reduction's sums go, one vector of kVecBytes / sizeof(T) elements at a time: vector i
@@ -283,12 +313,46 @@ __device__ __forceinline__ bool reduce_body(const T* const* src, int nsrc, int64
   return true;
 }
 
+// The sums of NS sources that sit m bytes off the 16-byte grid (0 < m < 16, all at the same
+// offset; a[k]: source k's aligned vector 0) into dst (and dst2) on the grid: each aligned
+// vector of sums is formed once (U of them per thread, NS * U loads in flight) and output
+// vector j joins sums j and j + 1 (shifted_stream). Bytes outside the sources' range enter only
+// the sums that are dropped. Same adds in the same order as cta_reduce_vec.
+template <typename T, int NS, int U>
+__device__ __forceinline__ void cta_reduce_shift(T* dst, T* dst2, const uint4* const* a, int64_t nv,
+                                                 uint32_t m) {
+  constexpr int kEpv = kVecBytes / sizeof(T);
+  const uint4* s[NS];
+#pragma unroll
+  for (int k = 0; k < NS; ++k) s[k] = a[k];
+  shifted_stream<U>(
+      threadIdx.x, blockDim.x, nv, m,
+      [&](int64_t i) {
+        uint4 v[NS];
+#pragma unroll
+        for (int k = 0; k < NS; ++k) v[k] = ld_vec(s[k] + i);
+        float acc[kEpv];
+#pragma unroll
+        for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
+#pragma unroll
+        for (int k = 0; k < NS; ++k) Elem<T>::add_vec(acc, v[k]);
+        return Elem<T>::pack(acc);
+      },
+      [&](int64_t j, uint4 v) {
+        reinterpret_cast<uint4*>(dst)[j] = v;
+        if (dst2 != nullptr) reinterpret_cast<uint4*>(dst2)[j] = v;
+      });
+}
+
 // dst[i] (and dst2[i] if set) = sum over s of src[s][i], in fp32, s = 0..nsrc-1 in order,
 // stored as Out in dst (T, or bf16 from fp32 inputs) and as T in dst2. Sources at one offset
 // from the 16-byte grid (a rank's segment at any element offset: every rank's copy sits at
-// the same offset) are read in 16-byte vectors after a head of single elements; the sums go
-// out as vectors where dst and dst2 are then on the grid too, else element by element. Every
-// path adds in the same order and rounds once: the results do not depend on the offsets.
+// the same offset) are read in 16-byte vectors. Out == T with dst2 (if set) at dst's offset:
+// the elements before dst's first 16-byte boundary one by one, then 16-byte stores, the
+// sources aligned (cta_reduce_vec) or joined from their aligned vectors (cta_reduce_shift).
+// Otherwise a head of single elements up to the sources' boundary, and the sums go out as
+// vectors where dst and dst2 are then on the grid too, else element by element. Every path adds
+// in the same order and rounds once: the results do not depend on the offsets.
 // U: vectors per source in flight per thread (used by the two-phase kernel).
 template <typename T, int U, typename Out = T>
 __device__ void cta_reduce(Out* dst, T* dst2, const T* const* src, int nsrc, int64_t n) {
@@ -297,6 +361,48 @@ __device__ void cta_reduce(Out* dst, T* dst2, const T* const* src, int nsrc, int
   if (!reduce_body(src, nsrc, n, head, nv)) {
     reduce_elems(dst, dst2, src, nsrc, 0, n);
     return;
+  }
+  if constexpr (std::is_same_v<T, Out>) {
+    const uintptr_t md = reinterpret_cast<uintptr_t>(dst) & 15;
+    if (dst2 == nullptr || (reinterpret_cast<uintptr_t>(dst2) & 15) == md) {
+      head = head_elems(dst, n);
+      nv = (n - head) / kEpv;
+      reduce_elems(dst, dst2, src, nsrc, 0, head);
+      const uint32_t m = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src[0] + head) & 15);
+      T* d = dst + head;
+      T* d2 = dst2 != nullptr ? dst2 + head : nullptr;
+      if (m == 0) {
+        const T* s2[kCommMaxRanks];
+        for (int s = 0; s < nsrc; ++s) s2[s] = src[s] + head;
+        switch (nsrc) {
+          case 1: cta_reduce_vec<T, T, 1, U>(d, d2, s2, nv, true); break;
+          case 2: cta_reduce_vec<T, T, 2, U>(d, d2, s2, nv, true); break;
+          case 3: cta_reduce_vec<T, T, 3, U>(d, d2, s2, nv, true); break;
+          case 4: cta_reduce_vec<T, T, 4, U>(d, d2, s2, nv, true); break;
+          case 5: cta_reduce_vec<T, T, 5, U>(d, d2, s2, nv, true); break;
+          case 6: cta_reduce_vec<T, T, 6, U>(d, d2, s2, nv, true); break;
+          case 7: cta_reduce_vec<T, T, 7, U>(d, d2, s2, nv, true); break;
+          default: cta_reduce_vec<T, T, 8, U>(d, d2, s2, nv, true); break;
+        }
+      } else {
+        const uint4* a[kCommMaxRanks];
+        for (int s = 0; s < nsrc; ++s) {
+          a[s] = reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(src[s] + head) - m);
+        }
+        switch (nsrc) {
+          case 1: cta_reduce_shift<T, 1, U>(d, d2, a, nv, m); break;
+          case 2: cta_reduce_shift<T, 2, U>(d, d2, a, nv, m); break;
+          case 3: cta_reduce_shift<T, 3, U>(d, d2, a, nv, m); break;
+          case 4: cta_reduce_shift<T, 4, U>(d, d2, a, nv, m); break;
+          case 5: cta_reduce_shift<T, 5, U>(d, d2, a, nv, m); break;
+          case 6: cta_reduce_shift<T, 6, U>(d, d2, a, nv, m); break;
+          case 7: cta_reduce_shift<T, 7, U>(d, d2, a, nv, m); break;
+          default: cta_reduce_shift<T, 8, U>(d, d2, a, nv, m); break;
+        }
+      }
+      reduce_elems(dst, dst2, src, nsrc, head + nv * kEpv, n);
+      return;
+    }
   }
   reduce_elems(dst, dst2, src, nsrc, 0, head);
   const T* s2[kCommMaxRanks];
@@ -358,7 +464,7 @@ struct Params {
   int pull_ctas;        // two-phase: CTAs [0, pull_ctas) read peers; the rest copy the local segment.
                         // pipelined kernel: the producer CTAs
   int consumers;        // pipelined kernel: CTAs [pull_ctas, pull_ctas + consumers)
-  int64_t slot_stride;  // push reduceScatter / allToAll: elements between scratch slots
+  int64_t slot_stride;  // push reduceScatter / allToAll / direct: elements between scratch slots
 };
 
 template <typename T>

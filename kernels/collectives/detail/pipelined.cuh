@@ -42,8 +42,16 @@ __device__ __forceinline__ uint32_t rank_order(uint32_t mask, int r) {
   const uint32_t upto = (2u << r) - 1u;
   return (mask & ~upto) | ((mask & upto) << kCommMaxRanks);
 }
-__device__ __forceinline__ bool dests_aligned16(const Dests& ds) {
-  return (reinterpret_cast<uintptr_t>(ds.local) & 15) == 0 && (ds.peer_off & 15) == 0;
+// The common offset of the destinations from the 16-byte grid (local and peer_off; the
+// regions' bases are aligned), or -1 where they differ.
+__device__ __forceinline__ int dests_mis(const Dests& ds) {
+  const int mp = static_cast<int>(ds.peer_off & 15);
+  if (ds.local == nullptr) return mp;
+  const int ml = static_cast<int>(reinterpret_cast<uintptr_t>(ds.local) & 15);
+  return ds.peer_order == 0 || ml == mp ? ml : -1;
+}
+__device__ __forceinline__ Dests dests_plus(const Dests& ds, int64_t bytes) {
+  return Dests{ds.local != nullptr ? ds.local + bytes : nullptr, ds.peer_order, ds.peer_off + bytes};
 }
 // The peer loop stays rolled (region bases read from the parameter space per store): unrolled,
 // eight hoisted bases per batch of stores pushed the reductions over 128 registers.
@@ -56,79 +64,145 @@ __device__ __forceinline__ void dests_store(const CommDevice& d, const Dests& ds
   }
 }
 
-// Data warps: n elements from src to every destination. tuning::kPipeCopyUnroll vectors in
-// flight per thread, the last batch predicated (no serial tail loop on NVLink latency).
+// Elements before the destinations' first 16-byte boundary (at most n), or -1 where they sit
+// at different offsets or off the element grid (then element by element throughout).
+template <typename T>
+__device__ __forceinline__ int64_t dests_head(const Dests& ds, int64_t n) {
+  const int md = dests_mis(ds);
+  if (md < 0 || md % static_cast<int>(sizeof(T)) != 0) return -1;
+  const int64_t h = ((kVecBytes - md) & 15) / static_cast<int64_t>(sizeof(T));
+  return h < n ? h : n;
+}
+
+// Data warps: n elements from src to every destination. Where src sits at the destinations'
+// offset from the 16-byte grid (every kAuto path: pipe_kernel's slot_pad): the elements before
+// the boundary and the tail one by one, and 16-byte vectors between, tuning::kPipeCopyUnroll in
+// flight per thread, the last batch predicated (no serial tail loop on NVLink latency); else
+// element by element. (Joining shifted source vectors here, as cta_copy does, pushed the
+// kernels past 128 registers.)
 template <typename T>
 __device__ __forceinline__ void pipe_copy(const CommDevice& d, const uint8_t* src, const Dests& ds,
                                           int64_t n) {
   using Raw = typename Elem<T>::Raw;
   constexpr int kEpv = kVecBytes / sizeof(T);
+  constexpr int64_t es = sizeof(T);
   constexpr int U = tuning::kPipeCopyUnroll;
   const int tid = threadIdx.x - kCtl, nt = blockDim.x - kCtl;
+  const Raw* rs = reinterpret_cast<const Raw*>(src);
+  int64_t head = dests_head<T>(ds, n);
+  if (head >= 0 && ((reinterpret_cast<uintptr_t>(src) + head * es) & 15) != 0) head = -1;
   int64_t done = 0;
-  if (aligned16(src) && dests_aligned16(ds)) {
-    const int64_t nv = n / kEpv;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    for (int64_t i = tid; i < nv; i += static_cast<int64_t>(U) * nt) {
-      uint4 v[U];
+  if (head >= 0) {
+    // The head's and the tail's elements (fewer than a vector each, one per thread) are loaded
+    // before the vectors and stored after them: in every chunk, not one more round trip.
+    const int64_t nv = (n - head) / kEpv, tail_b = head + nv * kEpv;
+    const bool has_h = tid < head, has_t = tail_b + tid < n;
+    Raw hv = 0, tv = 0;
+    if (has_h) hv = __ldcg(rs + tid);
+    if (has_t) tv = __ldcg(rs + tail_b + tid);
+    const uint8_t* s0 = src + head * es;
+    const Dests dv = dests_plus(ds, head * es);
+    {
+      const uint4* s = reinterpret_cast<const uint4*>(s0);
+      for (int64_t i = tid; i < nv; i += static_cast<int64_t>(U) * nt) {
+        uint4 v[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (i + u * nt < nv) v[u] = ld_vec(s + i + u * nt);
+        for (int u = 0; u < U; ++u)
+          if (i + u * nt < nv) v[u] = ld_vec(s + i + u * nt);
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (i + u * nt < nv) dests_store(d, ds, i + u * nt, v[u]);
+        for (int u = 0; u < U; ++u)
+          if (i + u * nt < nv) dests_store(d, dv, i + u * nt, v[u]);
+      }
     }
-    done = nv * kEpv;
+    if (has_h) dests_store(d, ds, tid, hv);
+    if (has_t) dests_store(d, ds, tail_b + tid, tv);
+    return;
   }
-  const Raw* s = reinterpret_cast<const Raw*>(src);
-  for (int64_t i = done + tid; i < n; i += nt) dests_store(d, ds, i, static_cast<Raw>(__ldcg(s + i)));
+  for (int64_t i = done + tid; i < n; i += nt) dests_store(d, ds, i, static_cast<Raw>(__ldcg(rs + i)));
 }
 
 // Data warps: element-wise fp32 sum of the ns <= NS sources (src(k): chunk start of source k,
 // rank order) rounded once, to every destination. NS is a compile-time bucket (2, 4, 8) with
 // the sources past ns predicated off, so a kernel holds one instantiation (a switch over eight
-// inlined source counts pushed the kernel past 128 registers). NS * U loads in flight.
+// inlined source counts pushed the kernel past 128 registers). NS * U loads in flight. Sources
+// and destinations at one offset from the 16-byte grid (else element by element): the head and
+// the tail one by one, 16-byte vectors between (as pipe_copy).
 template <typename T, int NS, typename Src>
 __device__ __forceinline__ void pipe_reduce(const CommDevice& d, int ns, Src src, const Dests& ds,
                                             int64_t n) {
   constexpr int kEpv = kVecBytes / sizeof(T);
+  constexpr int64_t es = sizeof(T);
   constexpr int U = NS >= tuning::kPipeRedLoads ? 1 : tuning::kPipeRedLoads / NS;
   const int tid = threadIdx.x - kCtl, nt = blockDim.x - kCtl;
-  bool vec = dests_aligned16(ds);
-  for (int k = 0; k < ns; ++k) vec = vec && aligned16(src(k));
-  int64_t done = 0;
-  if (vec) {
-    const int64_t nv = n / kEpv;
-    for (int64_t i = tid; i < nv; i += static_cast<int64_t>(U) * nt) {
-      uint4 v[U][NS];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (i + u * nt < nv) {
-#pragma unroll
-          for (int k = 0; k < NS; ++k)
-            if (k < ns) { v[u][k] = ld_vec(reinterpret_cast<const uint4*>(src(k)) + i + u * nt); }
-        }
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (i + u * nt < nv) {
-          float acc[kEpv];
-#pragma unroll
-          for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
-#pragma unroll
-          for (int k = 0; k < NS; ++k)
-            if (k < ns) Elem<T>::add_vec(acc, v[u][k]);
-          dests_store(d, ds, i + u * nt, Elem<T>::pack(acc));
-        }
-    }
-    done = nv * kEpv;
+  int64_t head = dests_head<T>(ds, n);
+  const uintptr_t ms = reinterpret_cast<uintptr_t>(src(0)) & 15;
+  for (int k = 1; k < ns; ++k) {
+    if ((reinterpret_cast<uintptr_t>(src(k)) & 15) != ms) head = -1;
   }
-  for (int64_t i = done + tid; i < n; i += nt) {
+  if (head >= 0 && ((ms + head * es) & 15) != 0) head = -1;
+  auto sum_elem = [&](int64_t i) {
     float acc = 0.f;
     for (int k = 0; k < ns; ++k) acc += Elem<T>::load(reinterpret_cast<const T*>(src(k)) + i);
     T t;
     Elem<T>::store(&t, acc);
-    dests_store(d, ds, i, *reinterpret_cast<const typename Elem<T>::Raw*>(&t));
+    return *reinterpret_cast<const typename Elem<T>::Raw*>(&t);
+  };
+  int64_t done = 0;
+  if (head >= 0) {
+    // The head's and the tail's elements: raw loads before the vectors, sums and stores after
+    // them (as pipe_copy). Same adds in the same order as sum_elem.
+    using Raw = typename Elem<T>::Raw;
+    const int64_t nv = (n - head) / kEpv, tail_b = head + nv * kEpv;
+    const bool has_h = tid < head, has_t = tail_b + tid < n;
+    Raw hr[NS], tr[NS];
+#pragma unroll
+    for (int k = 0; k < NS; ++k) {
+      hr[k] = 0, tr[k] = 0;
+      if (k < ns && has_h) hr[k] = __ldcg(reinterpret_cast<const Raw*>(src(k)) + tid);
+      if (k < ns && has_t) tr[k] = __ldcg(reinterpret_cast<const Raw*>(src(k)) + tail_b + tid);
+    }
+    const Dests dv = dests_plus(ds, head * es);
+    auto vec_at = [&](int k) {  // source k's vector 0 after the head
+      return reinterpret_cast<const uint4*>(src(k) + head * es);
+    };
+    auto sum_vec = [&](const uint4(&v)[NS]) {
+      float acc[kEpv];
+#pragma unroll
+      for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
+#pragma unroll
+      for (int k = 0; k < NS; ++k)
+        if (k < ns) Elem<T>::add_vec(acc, v[k]);
+      return Elem<T>::pack(acc);
+    };
+    {
+      for (int64_t i = tid; i < nv; i += static_cast<int64_t>(U) * nt) {
+        uint4 v[U][NS];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (i + u * nt < nv) {
+#pragma unroll
+            for (int k = 0; k < NS; ++k)
+              if (k < ns) { v[u][k] = ld_vec(vec_at(k) + i + u * nt); }
+          }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (i + u * nt < nv) dests_store(d, dv, i + u * nt, sum_vec(v[u]));
+      }
+    }
+    auto sum_raw = [&](const Raw(&x)[NS]) {
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < NS; ++k)
+        if (k < ns) acc += Elem<T>::to_float(x[k]);
+      T t;
+      Elem<T>::store(&t, acc);
+      return *reinterpret_cast<const Raw*>(&t);
+    };
+    if (has_h) dests_store(d, ds, tid, sum_raw(hr));
+    if (has_t) dests_store(d, ds, tail_b + tid, sum_raw(tr));
+    return;
   }
+  for (int64_t i = done + tid; i < n; i += nt) dests_store(d, ds, i, sum_elem(i));
 }
 
 // The round loop of a pipelined CTA (all threads). acquire(j): control warp, all lanes,
@@ -193,6 +267,12 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
   auto slot = [&](int recv, int src) {
     return static_cast<int64_t>((src - recv - 1 + W) % W) * prm.slot_stride;
   };
+  // Bytes past a slot's start where its block begins: the block's own offset from the 16-byte
+  // grid in the input (the plan leaves a vector of room), so that a block, its copies in the
+  // slots and its place in every data area share one offset and the reductions stay vectorised.
+  auto slot_pad = [&](int owner) {
+    return static_cast<int64_t>((in_off + static_cast<uint64_t>(split_offset(count, W, owner) * es)) & 15);
+  };
   auto rounds_of = [&](int64_t chunks, int first) {
     return static_cast<int>(chunks > first ? (chunks - first + P - 1) / P : 0);
   };
@@ -230,7 +310,8 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
             const int p = (r + i) % W;
             const int64_t n_p = split_count(count, W, p);
             if (k >= nch(n_p)) continue;
-            const Dests ds{nullptr, rank_order(1u << p, r), d.scratch_offset + (slot(p, r) + b) * es};
+            const Dests ds{nullptr, rank_order(1u << p, r),
+                           d.scratch_offset + (slot(p, r) + b) * es + slot_pad(p)};
             pipe_copy<T>(d, d.base[r] + in_off + (split_offset(count, W, p) + b) * es, ds,
                          min(chunk, n_p - b));
           }
@@ -281,14 +362,14 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
           if (k >= nch(n_r)) continue;
           const uint64_t pos = in_off + (off_r + b) * es;
           const uint8_t* own = d.base[r] + pos;
-          const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
+          const uint8_t* scr = d.base[r] + d.scratch_offset + b * es + slot_pad(r);
           pipe_reduce<T, NS>(
               d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; },
               Dests{d.base[r] + pos, rank_order(peers, r), pos}, min(chunk, n_r - b));
         } else if constexpr (op == CommOp::kReduceScatter) {
           if (k >= nch(n_r)) continue;
           const uint8_t* own = d.base[r] + in_off + (off_r + b) * es;
-          const uint8_t* scr = d.base[r] + d.scratch_offset + b * es;
+          const uint8_t* scr = d.base[r] + d.scratch_offset + b * es + slot_pad(r);
           pipe_reduce<T, NS>(
               d, W, [&](int s) { return s == r ? own : scr + slot(r, s) * es; }, Dests{out + b * es, 0u, 0},
               min(chunk, n_r - b));
@@ -297,7 +378,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1)
             const int s = (r + i) % W;
             if constexpr (op == CommOp::kAllToAll) {
               if (k >= nch(n_r)) continue;
-              pipe_copy<T>(d, d.base[r] + d.scratch_offset + (slot(r, s) + b) * es,
+              pipe_copy<T>(d, d.base[r] + d.scratch_offset + (slot(r, s) + b) * es + slot_pad(r),
                            Dests{out + (s * n_r + b) * es, 0u, 0}, min(chunk, n_r - b));
             } else {  // allReduce, allGather: slice s at its output position
               const int64_t n_s = split_count(count, W, s);

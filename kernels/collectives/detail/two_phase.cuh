@@ -18,17 +18,25 @@ namespace {
 // [0, pull_ctas) take the remote items and the others the local ones, concurrently (fewer
 // CTAs pulling over NVLink was faster on 4 x H200: too many reads in flight congest the links);
 // otherwise every CTA takes remote items first, then local ones.
+// Segment p's chunks are cut on the 16-byte grid of its destination: chunk c is
+// [c * chunk - lead(p), (c + 1) * chunk - lead(p)) clipped to the segment, lead(p) the elements
+// the destination's start sits past the grid (< a vector). Only a segment's first and last
+// chunks then have elements outside 16-byte vectors: a head or tail in every chunk costs its
+// threads one more NVLink round trip per chunk, as much as the chunk's vectors.
+__device__ __forceinline__ int64_t chunk_count(int64_t len, int64_t lead, int64_t chunk) {
+  return len > 0 ? (len + lead + chunk - 1) / chunk : 0;
+}
 // Calls f(p, elem_begin, elem_end) for each item of this CTA.
-template <typename SegLen, typename F>
-__device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_len, F f, bool skip_self,
-                                       int pull_ctas) {
+template <typename SegLen, typename Lead, typename F>
+__device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_len, Lead lead, F f,
+                                       bool skip_self, int pull_ctas) {
   int64_t max_chunks = 0;
   for (int p = 0; p < W; ++p) {
-    if (p != r) max_chunks = max(max_chunks, (seg_len(p) + chunk - 1) / chunk);
+    if (p != r) max_chunks = max(max_chunks, chunk_count(seg_len(p), lead(p), chunk));
   }
   const int nseg = W - 1;
   const int64_t remote_items = max_chunks * nseg;
-  const int64_t self_items = skip_self ? 0 : (seg_len(r) + chunk - 1) / chunk;
+  const int64_t self_items = skip_self ? 0 : chunk_count(seg_len(r), lead(r), chunk);
   const int G = gridDim.x, c = blockIdx.x;
   const bool split = pull_ctas < G;
   int64_t k0, k1, step;
@@ -41,17 +49,18 @@ __device__ void for_interleaved_chunks(int W, int r, int64_t chunk, SegLen seg_l
   }
   for (int64_t k = k0; k < k1; k += step) {
     int p;
-    int64_t b;
+    int64_t c;
     if (k < remote_items) {
       p = (r + 1 + static_cast<int>(k % nseg)) % W;
-      b = (k / nseg) * chunk;
+      c = k / nseg;
     } else {
       p = r;
-      b = (k - remote_items) * chunk;
+      c = k - remote_items;
     }
-    const int64_t n = seg_len(p);
-    if (b >= n) continue;
-    f(p, b, min(b + chunk, n));
+    const int64_t n = seg_len(p), l = lead(p);
+    const int64_t b = max(int64_t{0}, c * chunk - l), e = min(n, (c + 1) * chunk - l);
+    if (b >= e) continue;
+    f(p, b, e);
   }
 }
 
@@ -78,11 +87,16 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
   bool ok = comm_wait_peers(d, mine->arrive, 1, epoch, a.op, kCommStepArrive, blockIdx.x == 0);
 
   const int64_t n_r = split_count(count, W, r);
+  // Elements a destination starts past the 16-byte grid (for_interleaved_chunks).
+  auto lead_of = [](const void* p) {
+    return static_cast<int64_t>((reinterpret_cast<uintptr_t>(p) & 15) / sizeof(T));
+  };
   if (ok) {
     switch (a.op) {
       case CommOp::kAllGather:
         for_interleaved_chunks(
             W, r, chunk, [&](int p) { return split_count(count, W, p); },
+            [&](int p) { return lead_of(out + split_offset(count, W, p)); },
             [&](int p, int64_t b, int64_t e) {
               cta_copy<T>(out + split_offset(count, W, p) + b, data_of<T>(d, a, p) + b, e - b);
             },
@@ -90,7 +104,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
         break;
       case CommOp::kAllToAll:
         for_interleaved_chunks(
-            W, r, chunk, [&](int) { return n_r; },
+            W, r, chunk, [&](int) { return n_r; }, [&](int p) { return lead_of(out + p * n_r); },
             [&](int p, int64_t b, int64_t e) {
               cta_copy<T>(out + p * n_r + b, data_of<T>(d, a, p) + split_offset(count, W, r) + b, e - b);
             },
@@ -102,8 +116,11 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
         const int64_t off_r = split_offset(count, W, r);
         T* scratch_r = reinterpret_cast<T*>(d.base[r] + d.scratch_offset) + off_r;
         Out* dst = static_cast<Out*>(a.output) + (ar ? off_r : 0);
-        for (int64_t b = blockIdx.x * chunk; b < n_r; b += gridDim.x * chunk) {
-          const int64_t e = min(b + chunk, n_r);
+        // Chunks on dst's 16-byte grid (for_interleaved_chunks), for Out's vectors.
+        const int64_t lead = static_cast<int64_t>((reinterpret_cast<uintptr_t>(dst) & 15) / sizeof(Out));
+        const int64_t items = chunk_count(n_r, lead, chunk);
+        for (int64_t c = blockIdx.x; c < items; c += gridDim.x) {
+          const int64_t b = max(int64_t{0}, c * chunk - lead), e = min(n_r, (c + 1) * chunk - lead);
           const T* srcs[kCommMaxRanks];
           for (int p = 0; p < W; ++p) srcs[p] = data_of<T>(d, a, p) + off_r + b;
           cta_reduce<T, tuning::kTwoPhaseRedUnroll, Out>(dst + b, ar ? scratch_r + b : nullptr, srcs, W,
@@ -120,6 +137,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, tuning::kTwoPhaseC
         if (!ok) break;
         for_interleaved_chunks(
             W, r, chunk, [&](int p) { return split_count(count, W, p); },
+            [&](int p) { return lead_of(out + split_offset(count, W, p)); },
             [&](int p, int64_t b, int64_t e) {
               const int64_t off_p = split_offset(count, W, p);
               const T* src = reinterpret_cast<const T*>(d.base[p] + d.scratch_offset) + off_p;

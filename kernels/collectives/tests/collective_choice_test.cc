@@ -41,7 +41,8 @@ void test_collective_choice() {
   check(algo(AR, B, 1, 1024 * MiB) == k::CommAlgo::kOneShot, "allReduce W=1: one-shot (a copy)");
   check(algo(AG, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "allGather W=2 1 GiB: two-phase");
   check(algo(RS, B, 2, 1024 * MiB) == k::CommAlgo::kTwoPhase, "reduceScatter W=2 1 GiB: two-phase");
-  // In place (output = the input's place in the data area): direct at W = 2 and 4 from 64 MiB;
+  // In place (output = the input's place in the data area): direct from 6.5 MiB at W = 2 and
+  // from 64 MiB at W = 4;
   // not out of place, not for other ops.
   auto in_place = [](k::CommOp op, int W, int64_t bytes, bool place) {
     k::CommDevice d = geometry_device(W, 1, 132);
@@ -59,8 +60,10 @@ void test_collective_choice() {
   };
   check(in_place(AR, 2, 64 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 64 MiB in place: direct");
   check(in_place(AR, 2, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 1 GiB in place: direct");
-  check(in_place(AR, 2, 64 * MiB - 2, true) == k::CommAlgo::kTwoPhase,
-        "allReduce W=2 64 MiB - 2 B in place: two-phase");
+  check(in_place(AR, 2, 13 * MiB / 2, true) == k::CommAlgo::kDirect,
+        "allReduce W=2 6.5 MiB in place: direct");
+  check(in_place(AR, 2, 13 * MiB / 2 - 2, true) == k::CommAlgo::kTwoPhase,
+        "allReduce W=2 6.5 MiB - 2 B in place: two-phase");
   check(in_place(AR, 2, 1024 * MiB, false) == k::CommAlgo::kTwoPhasePush,
         "allReduce W=2 1 GiB out of place: push");
   check(in_place(AR, 4, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=4 1 GiB in place: direct");
