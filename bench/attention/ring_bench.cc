@@ -21,7 +21,8 @@
 // causal; the backward 2.5 × that. --shared puts every rank on GPU 0 (a time there says what the
 // launches and the protocol cost, never what NVLink would). Rows (--out, JSON lines, bench/README.md):
 // ringAttention fusedcomm_persistent, fusedcomm_steps and fusedcomm (the form the automatic
-// choice takes, its time; algo names it); ringAttentionBackward fusedcomm and fusedcomm_1gpu.
+// choice takes, its time; algo names it); ringAttentionBackward fusedcomm, fusedcomm_1gpu and
+// fusedcomm_1gpu_dq_pass (the 1-GPU backward with dQ in its own pass, as the ring computes it).
 // Exit status 1 if a check fails (that shape's rows are then not written).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -373,11 +374,19 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
       CK(k::launch_attention(fwd_args(gq.p, gk.p, gv.p, go.p, glse.f(), B1, S1, s), tm.st));
       CK(cudaStreamSynchronize(tm.st));
     }
-    std::vector<double> bwd_ms, one_ms;
+    // And with its dQ in a separate pass, as the ring's launches take it (reproducible sums).
+    k::AttentionBwdArgs a1p = a1;
+    a1p.dq_path = 1;
+    Buf acc1p(std::max<size_t>(k::attention_bwd_dq_acc_bytes(a1p), 16));
+    a1p.dq_acc = acc1p.f();
+    std::vector<double> bwd_ms, one_ms, one_pass_ms;
     auto one = [&] { CK(k::launch_attention_bwd(a1, tm.st)); };
+    auto one_pass = [&] { CK(k::launch_attention_bwd(a1p, tm.st)); };
     tm.time(g, iters, bwd_ms, ring_bwd);
     if (one_gpu) {
       tm.time(g, iters, one_ms, one);
+      tm.time(g, iters, one_pass_ms, one_pass);
+      tm.time(g, iters, one_pass_ms, one_pass);
       tm.time(g, iters, one_ms, one);
     }
     tm.time(g, iters, bwd_ms, ring_bwd);
@@ -409,6 +418,7 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
         std::snprintf(as, sizeof as, "1 GPU: batch %lld, seq %lld", static_cast<long long>(B1),
                       static_cast<long long>(S1));
         row("ringAttentionBackward", "fusedcomm_1gpu", b::median(one_ms), 2.5 * f, as);
+        row("ringAttentionBackward", "fusedcomm_1gpu_dq_pass", b::median(one_pass_ms), 2.5 * f, as);
       }
       std::fflush(stdout);
     }

@@ -101,8 +101,11 @@ class Ring:
         import torch.distributed as dist
         if self.world == 1:
             return []
-        ops = [dist.P2POp(dist.isend, t, self.next) for t in send]
-        ops += [dist.P2POp(dist.irecv, t, self.prev) for t in recv]
+        # (B, H, S, D) views of (B, S, H, D) storage go as that storage (same bytes, contiguous).
+        def dense(t):
+            return t if t.is_contiguous() else t.transpose(1, 2)
+        ops = [dist.P2POp(dist.isend, dense(t), self.next) for t in send]
+        ops += [dist.P2POp(dist.irecv, dense(t), self.prev) for t in recv]
         return dist.batch_isend_irecv(ops)
 
     def pairs(self, step, s_r):
@@ -116,6 +119,12 @@ class Ring:
         if src < self.rank:  # both query chunks see the block's first chunk, neither its second
             return [(all_rows, slice(0, half), False)]
         return [(slice(half, None), all_rows, False)]  # only the second query chunk sees it, all of it
+
+    @staticmethod
+    def like(t):
+        """An empty tensor laid out as t (a (B, H, S, D) view of (B, S, H, D) storage stays one)."""
+        import torch
+        return torch.empty_like(t) if t.is_contiguous() else torch.empty_like(t.transpose(1, 2)).transpose(1, 2)
 
     def expand(self, t):
         return t if self.group == 1 else t.repeat_interleave(self.group, dim=1)
@@ -136,7 +145,7 @@ class Ring:
         for step in range(self.world):
             reqs, nxt = [], None
             if step + 1 < self.world:
-                nxt = (torch.empty_like(k), torch.empty_like(v))
+                nxt = (self.like(k), self.like(v))
                 reqs = self.exchange(cur, nxt)
             kx, vx = self.expand(cur[0]), self.expand(cur[1])
             for qs, ks, c in self.pairs(step, S):
@@ -165,7 +174,7 @@ class Ring:
         for step in range(self.world):
             reqs, nxt = [], None
             if step + 1 < self.world:
-                nxt = (torch.empty_like(k), torch.empty_like(v))
+                nxt = (self.like(k), self.like(v))
                 reqs = self.exchange(cur, nxt)
             kx, vx = self.expand(cur[0]), self.expand(cur[1])
             part = (torch.zeros(k.shape, device=q.device, dtype=torch.float32),
