@@ -46,9 +46,22 @@ FAMILIES = {
                  "reference (sampled query rows of every batch and head) before timing. Backward "
                  "(attentionBackward): one call is dq, dk, dv from q, k, v, o, lse and dO (torch: one "
                  "autograd backward of the SDPA output); TFLOP/s = 2.5·4·B·Hq·S²·D / t, halved when "
-                 "causal; K/V head 0's gradients (batch 0) checked against an fp32 reference first.",
+                 "causal; K/V head 0's gradients (batch 0) checked against an fp32 reference first. "
+                 "Ring (ringAttention, ringAttentionBackward; W processes, one per GPU; s the whole "
+                 "sequence, zigzag layout when causal, else contiguous): ours (ring_bench; the forward "
+                 "in both of its forms, `fusedcomm` the automatic choice) against a torch ring built as "
+                 "ring-flash-attention builds it (torch_ring.py: per step torch's flash or cuDNN SDPA "
+                 "kernel with its log-sum-exp, merged by it; K/V by batch_isend_irecv overlapped with "
+                 "the step; the backward's fp32 dK/dV travelling back to their owners; `torch_ring` "
+                 "the faster of the two kernels); TFLOP/s per GPU, the ring's FLOPs over W. "
+                 "`fusedcomm_1gpu`: our 1-GPU backward at the same per-GPU work (batch B·W at seq "
+                 "S/W), `vs fusedcomm_1gpu` the ring's time over it. Each side checked first against "
+                 "a 1-GPU attention over the whole sequence (ours: our 1-GPU kernels; torch: SDPA).",
         columns=("label", "batch", "s", "q_heads", "kv_heads", "d", "causal"), rate="tflops",
-        rate_name="TFLOP/s", baselines=("torch_sdpa_cudnn", "torch_sdpa_flash"), parts=None, xlog=False),
+        rate_name="TFLOP/s", baselines=("torch_sdpa_cudnn", "torch_sdpa_flash", "torch_ring"), parts=None,
+        xlog=False, also=("fusedcomm_1gpu",),
+        op_columns={op: ("label", "batch", "s", "q_heads", "kv_heads", "d", "causal", "layout")
+                    for op in ("ringAttention", "ringAttentionBackward")}),
     "collectives": dict(
         title="Collectives: fusedcomm vs NCCL",
         protocol="bf16, one process per GPU. Medians of 10 batches of back-to-back calls (CUDA "
@@ -194,8 +207,9 @@ def impl_order(family, present):
     ours = [OURS] if OURS in present else []
     first = [OURS + "_fused", OURS + "_decomposed", OURS + "_oneshot"]  # forced paths, in this order
     forced = [i for i in first if i in present]
-    forced += sorted(i for i in present if i.startswith(OURS + "_") and i not in parts + first)
-    base = [b for b in f["baselines"] + tuple(f.get("also", ())) if b in present]
+    also = tuple(f.get("also", ()))
+    forced += sorted(i for i in present if i.startswith(OURS + "_") and i not in parts + first + list(also))
+    base = [b for b in f["baselines"] + also if b in present]
     rest = sorted(i for i in present if i not in parts and i not in ours + forced + base)
     return ours + forced + base + rest
 

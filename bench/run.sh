@@ -5,7 +5,8 @@
 # writes the GPU facts, then per family checks and times ours and the baselines on the same GPUs
 # and writes <out-dir>/<family>.{json,md,png} (bench/report.py), the drivers' rows in
 # <out-dir>/rows/ and their logs in <out-dir>/logs/. gemm, attention and moe run on one GPU, the multi-GPU
-# families at each world size of FC_BENCH_WORLDS (default: 2 and 4, where the GPUs allow).
+# families at each world size of FC_BENCH_WORLDS (default: 2 and 4, where the GPUs allow), and so
+# do attention's ring (ring_bench, torch_ring.py) and moe's layer ops.
 #
 # Environment (all optional):
 #   FC_BENCH_BIN     prebuilt drivers (the CMake target bench_drivers puts them in
@@ -166,6 +167,17 @@ run_attention() {  # ours and torch SDPA (cuDNN, flash) interleaved in one proce
   else
     fail "attention: needs torch (the driver is torch_attention.py)"
   fi
+  # Ring attention forward and backward at each world size (ours, with our 1-GPU backward at the
+  # same per-GPU work, and the torch ring baseline), where the GPUs allow.
+  [ ${#worlds[@]} -gt 0 ] && rounds ring_ours ring_torch
+}
+ring_ours() {
+  step "attention-ring-$tag-fusedcomm" 900 "$bin/ring_bench" --worlds "$1" --shapes "$shapes/ring.txt" \
+    --out "$out/rows/attention-ring-fusedcomm-$tag.jsonl"
+}
+ring_torch() {
+  step "attention-ring-$tag-torch" 900 "${torchrun[@]}" --nproc-per-node "$1" "$here/attention/torch_ring.py" \
+    --shapes "$shapes/ring.txt" --out "$out/rows/attention-ring-torch-$tag.jsonl"
 }
 run_moe() {  # ours, torch._grouped_mm and dense cuBLAS interleaved in one process
   if python3 -c 'import torch' 2>/dev/null; then

@@ -163,6 +163,7 @@ class Row {
     return raw(k, v == v ? b : "null");  // NaN: null
   }
   Row& integer(const char* k, int64_t v) { return raw(k, std::to_string(v)); }
+  Row& boolean(const char* k, bool v) { return raw(k, v ? "true" : "false"); }
   Row& null(const char* k) { return raw(k, "null"); }
   Row& obj(const char* k, const Row& v) { return raw(k, v.json()); }
   Row& nums(const char* k, const std::vector<double>& v) {

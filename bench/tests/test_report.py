@@ -152,6 +152,39 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| moeDispatchGemm | 2 | 1 | 0.500 | 0.500 | 0.500 |", md)
         self.assertIn("| moeCombine | 2 | 1 | 0.500 | 0.500 | 0.500 |", md)
 
+    def test_ring_tables_against_the_torch_ring_and_our_1gpu_backward(self):
+        shape = dict(batch=1, s=32768, q_heads=16, kv_heads=16, d=128, causal=True, layout="zigzag")
+        rows = [row("attention", op, impl, 2, shape, t, label="ring-s32k-d128-c", **extra)
+                for op, impl, t, extra in (
+                    ("ringAttention", "fusedcomm", 2.0, dict(algo="persistent")),
+                    ("ringAttention", "fusedcomm_persistent", 2.0, {}),
+                    ("ringAttention", "fusedcomm_steps", 2.1, {}),
+                    ("ringAttention", "torch_ring", 4.0, dict(algo="flash")),
+                    ("ringAttention", "torch_ring_flash", 4.0, {}),
+                    ("ringAttention", "torch_ring_cudnn", 5.0, {}),
+                    ("ringAttentionBackward", "fusedcomm", 6.0, {}),
+                    ("ringAttentionBackward", "fusedcomm_1gpu", 5.0, {}),
+                    ("ringAttentionBackward", "torch_ring", 10.0, dict(algo="cudnn")))]
+        # A 1-GPU row of the same family keeps its own table and columns.
+        rows.append(row("attention", "attention", "fusedcomm", 1, dict(batch=4, s=16384, q_heads=16, kv_heads=16,
+                                                                      d=128, causal=False), 1.0, label="s16k-d128"))
+        rows.append(row("attention", "attention", "torch_sdpa_cudnn", 1, dict(batch=4, s=16384, q_heads=16,
+                                                                             kv_heads=16, d=128, causal=False), 1.1,
+                        label="s16k-d128"))
+        _, _, md = self.run_report("attention", rows)
+        self.assertIn("## ringAttention, 2 GPUs", md)
+        self.assertIn("## ringAttentionBackward, 2 GPUs", md)
+        self.assertIn("| shape | batch | s | q_heads | kv_heads | d | causal | layout | fusedcomm ms | "
+                      "fusedcomm_persistent ms | fusedcomm_steps ms | torch_ring ms | torch_ring_cudnn ms | "
+                      "torch_ring_flash ms |", md)
+        # backward: ours / torch ring = 0.6, ours / our 1-GPU backward at the same work = 1.2
+        self.assertIn("| ring-s32k-d128-c | 1 | 32768 | 16 | 16 | 128 | True | zigzag | 6.0000 | 10.0000 | "
+                      "5.0000 | - | 0.600 | 1.200 |", md)
+        self.assertIn("| ringAttention | 2 | 1 | 0.500 | 0.500 | 0.500 |", md)
+        self.assertIn("| ringAttentionBackward | 2 | 1 | 0.600 | 0.600 | 0.600 |", md)
+        self.assertIn("| s16k-d128 | 4 | 16384 | 16 | 16 | 128 | False | 1.0000 | 1.1000 |", md)
+        self.assertEqual(md.count("fusedcomm_1gpu ms"), 1)
+
     def test_plot_where_matplotlib_is_present(self):
         try:
             import matplotlib  # noqa: F401

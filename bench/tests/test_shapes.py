@@ -15,10 +15,12 @@ sys.path.insert(0, os.path.join(here, "..", "gemm"))
 sys.path.insert(0, os.path.join(here, "..", "fused"))
 sys.path.insert(0, os.path.join(here, "..", "moe"))
 sys.path.insert(0, os.path.join(here, "..", "collectives"))
+sys.path.insert(0, os.path.join(here, "..", "attention"))
 import torch_gemm  # noqa: E402
 import torch_fused  # noqa: E402
 import torch_moe  # noqa: E402
 import nccl_bench  # noqa: E402
+import torch_ring  # noqa: E402
 
 
 def gemm_args(**kw):
@@ -107,6 +109,43 @@ class FusedShapesTest(unittest.TestCase):
         self.assertIn("1000 x 4104 x 2056", str(e.exception))
         self.assertEqual(torch_fused.read_shapes(None, 2, {"allGatherGemm"}, [(1000, 4112, 2056)]),
                          [("allGatherGemm", "explicit", 1000, 2056, 2056)])
+
+
+class RingShapesTest(unittest.TestCase):
+    def test_the_shape_file_parses(self):
+        pts = torch_ring.read_shapes(os.path.join(here, "..", "shapes", "ring.txt"))
+        self.assertIn(("ring-s32k-d128-c", 1, 32768, 16, 16, 128, 1), pts)
+        self.assertTrue(any(p[6] == 0 for p in pts) and any(p[3] != p[4] for p in pts))
+        for _, _, s, *_ in pts:  # every shape splits into 2W equal chunks at W = 2 and 4
+            self.assertEqual(s % 8, 0)
+
+    def test_positions_are_the_products_layouts(self):
+        # contiguous: rank r holds [r·S/W, (r+1)·S/W); zigzag: chunks r and 2W-1-r of 2W
+        self.assertEqual(torch_ring.positions(8, 2, 1, False), [4, 5, 6, 7])
+        self.assertEqual(torch_ring.positions(8, 2, 0, True), [0, 1, 6, 7])
+        self.assertEqual(torch_ring.positions(8, 2, 1, True), [2, 3, 4, 5])
+        for w in (1, 2, 3, 4):
+            for zigzag in (False, True):
+                got = sorted(p for r in range(w) for p in torch_ring.positions(48, w, r, zigzag))
+                self.assertEqual(got, list(range(48)))
+
+    def test_zigzag_steps_see_what_causality_allows(self):
+        # Each (query rows, key rows) pair of a step must be exactly what the causal mask leaves
+        # between the rank's positions and the block's: nothing missed, nothing masked out.
+        W, S = 3, 24
+        for r in range(W):
+            ring = torch_ring.Ring(r, W, True, 2, 2)
+            qp = torch_ring.positions(S, W, r, True)
+            for step in range(W):
+                kp = torch_ring.positions(S, W, (r - step) % W, True)
+                seen = set()
+                for qs, ks, causal in ring.pairs(step, len(qp)):
+                    for i, q in enumerate(qp[qs]):
+                        for j, k in enumerate(kp[ks]):
+                            if not causal or (qs.start or 0) + i >= (ks.start or 0) + j:
+                                seen.add((q, k))
+                want = {(q, k) for q in qp for k in kp if k <= q}
+                self.assertEqual(seen, want, (r, step))
 
 
 class MoeShapesTest(unittest.TestCase):
