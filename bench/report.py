@@ -267,13 +267,95 @@ def notes(rows):
     return out
 
 
+# The small and medium allReduce set (coll_bench --graph, torch_allreduce.py): ours and each
+# baseline both eager and captured in a CUDA graph. A collectives table whose rows include a
+# graph-captured impl gets this layout instead of the NCCL one.
+EAGER_GRAPH = dict(ours=(OURS, OURS + "_graph"),
+                   eager=("nccl", "torch_symm_one_shot", "torch_symm_two_shot"),
+                   graph=("nccl_graph", "torch_symm_one_shot_graph", "torch_symm_two_shot_graph"))
+TIE = 1.03  # within 3 % of the best counts as level with it (hosts differ by more)
+EAGER_GRAPH_NOTE = ("allReduce small and medium (the small-medium set): ours eager and captured in a CUDA "
+                    "graph (a replay per call), against NCCL and PyTorch symmetric memory's "
+                    "one_shot_all_reduce (out of place) and two_shot_all_reduce_ (in place, both with "
+                    "TORCH_SYMM_MEM_DISABLE_MULTICAST=1), each eager and graph-captured the same way; ours "
+                    "eager against the best eager baseline, ours in a graph against the best graph-captured "
+                    f"one, and the faster of ours against the fastest of all (at most {TIE:.2f}: level).")
+
+
+def is_eager_graph(family, shapes):
+    return family == "collectives" and any(i.endswith("_graph") for _, g in shapes for i in g)
+
+
+def verdict(ratio):
+    """The target "ours <= 1.0x the best, a 3 % tie counts" for one ratio."""
+    if ratio is None:
+        return "-"
+    return "yes" if ratio <= 1.0 else f"tie (<= {TIE:.2f})" if ratio <= TIE else "no"
+
+
+def eager_graph_table(op, world, shapes):
+    """The markdown of one small/medium allReduce table and its summary entry: (lines, (op,
+    world, sizes, eager ratios, graph ratios, best-of ratios))."""
+    f = FAMILIES["collectives"]
+    present = {i for _, g in shapes for i in g}
+    known = EAGER_GRAPH["ours"] + EAGER_GRAPH["eager"] + EAGER_GRAPH["graph"]
+    impls = [i for i in known if i in present] + sorted(present - set(known))
+    head = ["bytes"] + [f"{i} ms" for i in impls] + [
+        "eager: ours / best eager", "graph: ours / best graph", "best ours / best of all", "best baseline",
+        f"<= 1.0x (tie <= {TIE:.2f})", "ours ran"]
+    md = [f"## {op}, {world} GPUs: eager and CUDA graph", "", "| " + " | ".join(head) + " |",
+          "|---|" + "---:|" * (len(impls) + 3) + "---|---|---|"]
+    r_eager, r_graph, r_best = [], [], []
+    for _, g in sorted(shapes, key=lambda sg: next(iter(sg[1].values()))["shape"].get("bytes", 0)):
+        t = {i: ms(g, i) for i in impls}
+        ours_e, ours_g = t.get(OURS), t.get(OURS + "_graph")
+        base_e = best(*(t.get(i) for i in EAGER_GRAPH["eager"]))
+        base_g = best(*(t.get(i) for i in EAGER_GRAPH["graph"]))
+        ours_b, base_b = best(ours_e, ours_g), best(base_e, base_g)
+        ratios = []
+        for num, den, acc in ((ours_e, base_e, r_eager), (ours_g, base_g, r_graph), (ours_b, base_b, r_best)):
+            x = num / den if num and den else None
+            ratios.append(x)
+            if x:
+                acc.append(x)
+        fastest = min((i for i in EAGER_GRAPH["eager"] + EAGER_GRAPH["graph"] if t.get(i)), key=lambda i: t[i],
+                      default="-")
+        any_row = next(iter(g.values()))
+        cells = [human_bytes(any_row["shape"].get("bytes", 0))] + [fmt(t[i], 4) for i in impls]
+        cells += [fmt(x) for x in ratios] + [fastest, verdict(ratios[2]), (g.get(OURS) or {}).get("algo", "")]
+        md.append("| " + " | ".join(cells) + " |")
+    md.append("")
+    return md, (op, world, len(shapes), r_eager, r_graph, r_best)
+
+
+def eager_graph_summary(entries):
+    md = ["", "### allReduce small and medium: ours against the best of NCCL and symmetric memory, eager and "
+          "CUDA graph", "", f"Geometric means and worst ratios over each table's sizes; a size meets the target "
+          f"when the faster of ours is at most {TIE:.2f}x the fastest baseline, eager or graph.", "",
+          "| op | GPUs | sizes | eager vs best eager | worst | graph vs best graph | worst | best ours vs best "
+          "of all | worst | sizes at the target |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for op, world, n, re, rg, rb in entries:
+        met = sum(1 for x in rb if x <= TIE)
+        md.append(f"| {op} | {world} | {n} | {fmt(geomean(re))} | {fmt(max(re) if re else None)} | "
+                  f"{fmt(geomean(rg))} | {fmt(max(rg) if rg else None)} | {fmt(geomean(rb))} | "
+                  f"{fmt(max(rb) if rb else None)} | {met} of {n} |")
+    return md
+
+
 def markdown(family, rows, device, commit, date):
     f = FAMILIES[family]
+    groups = tables(family, rows)
+    extra = [EAGER_GRAPH_NOTE] if any(is_eager_graph(family, shapes) for _, _, shapes in groups) else []
     md = [f"# {f['title']}", "", f"{device}; commit {commit}; {date}.", "",
-          " ".join([f["protocol"], *notes(rows), "Ratios are time ratios, ours / the other: below 1, "
+          " ".join([f["protocol"], *extra, *notes(rows), "Ratios are time ratios, ours / the other: below 1, "
                     "ours is faster."]), ""]
-    summary = []
-    for op, world, shapes in tables(family, rows):
+    summary, eager_graph = [], []
+    for op, world, shapes in groups:
+        if is_eager_graph(family, shapes):
+            lines, entry = eager_graph_table(op, world, shapes)
+            md += lines
+            eager_graph.append(entry)
+            continue
         present = {i for _, g in shapes for i in g}
         impls = impl_order(family, present)
         has_floor = f["parts"] is not None
@@ -328,14 +410,18 @@ def markdown(family, rows, device, commit, date):
             md.append("| " + " | ".join(cells) + " |")
         md.append("")
         summary.append((op, world, len(shapes), geomean(vs_best), vs_best, geomean(vs_floor)))
-    md += ["## Summary", "", "Geometric means over each table's shapes, ours (the automatic choice) "
-           "against the best baseline" + (" and the floor." if f["parts"] else "."), "",
-           f"| op | {f.get('world_name', 'GPUs')} | shapes | vs best baseline | best | worst |"
-           + (" vs floor |" if f["parts"] else ""),
-           "|---|---:|---:|---:|---:|---:|" + ("---:|" if f["parts"] else "")]
+    md += ["## Summary"]
+    if summary or not eager_graph:
+        md += ["", "Geometric means over each table's shapes, ours (the automatic choice) "
+               "against the best baseline" + (" and the floor." if f["parts"] else "."), "",
+               f"| op | {f.get('world_name', 'GPUs')} | shapes | vs best baseline | best | worst |"
+               + (" vs floor |" if f["parts"] else ""),
+               "|---|---:|---:|---:|---:|---:|" + ("---:|" if f["parts"] else "")]
     for op, world, n, gm, v, gf in summary:
         line = f"| {op} | {world} | {n} | {fmt(gm)} | {fmt(min(v) if v else None)} | {fmt(max(v) if v else None)} |"
         md.append(line + (f" {fmt(gf)} |" if f["parts"] else ""))
+    if eager_graph:
+        md += eager_graph_summary(eager_graph)
     errors = [r for r in rows if r.get("error")]
     if errors:
         md += ["", "## Errors", ""] + [f"- {r['op']} {r['impl']} W={r['world']} {r.get('label', '')} "

@@ -126,6 +126,77 @@ class ReportTest(unittest.TestCase):
         _, _, md = self.run_report("transport", rows)
         self.assertIn(f"| 1 MiB | 0.2000 | 0.2500 | 5.0 | {0.2 / 0.25:.3f} |", md)
 
+    def test_allreduce_small_medium_eager_and_graph(self):
+        # Per size: ours eager and graph, and the six baselines (ms). Sizes given out of order.
+        impls = ("fusedcomm", "fusedcomm_graph", "nccl", "nccl_graph", "torch_symm_one_shot",
+                 "torch_symm_one_shot_graph", "torch_symm_two_shot", "torch_symm_two_shot_graph")
+        times = {
+            1 << 25: (0.100, 0.101, 0.300, 0.290, None, 0.400, 0.102, 0.103),  # ours faster: yes
+            4096: (0.0072, 0.0065, 0.038, 0.019, 0.0070, 0.0061, 0.009, 0.008),  # graph 6.6 % slower: no
+            1 << 24: (0.0515, 0.0520, 0.150, 0.140, 0.200, 0.190, 0.0505, 0.0510),  # 2 % slower: a tie
+        }
+        rows = []
+        for b, ts in times.items():
+            for impl, t in zip(impls, ts):
+                extra = dict(set="small-medium", algo="one-shot" if impl.startswith("fusedcomm") else None)
+                if t is None:
+                    extra["error"] = "raised RuntimeError('no')"
+                rows.append(row("collectives", "allReduce", impl, 2, dict(bytes=b), t,
+                                gbps=b / t / 1e6 if t else None, **extra))
+        # The NCCL list's rows of the same family keep their own table and summary.
+        rows.append(row("collectives", "allReduce", "fusedcomm", 2, dict(bytes=4096), 0.008, gbps=0.5,
+                        algo="one-shot"))
+        rows.append(row("collectives", "allReduce", "nccl", 2, dict(bytes=4096), 0.040, gbps=0.1))
+        _, rows_out, md = self.run_report("collectives", rows)
+        self.assertEqual(len(rows_out), len(rows))
+        self.assertIn("## allReduce, 2 GPUs", md)
+        self.assertIn("| allReduce | 2 | 1 | 0.200 | 0.200 | 0.200 |", md)
+        self.assertIn("## allReduce (small-medium), 2 GPUs: eager and CUDA graph", md)
+        self.assertIn("one_shot_all_reduce", md)  # the protocol says what the set compares
+        lines = [l for l in md.splitlines() if l.startswith("| ") and ("KiB" in l or "MiB" in l)]
+        small = [l for l in lines if l.count("|") > 12]
+        self.assertEqual([l.split("|")[1].strip() for l in small], ["4 KiB", "16 MiB", "32 MiB"])  # sorted
+        cells = [[c.strip() for c in l.strip("|").split("|")] for l in small]
+        head = [l for l in md.splitlines() if l.startswith("| bytes | fusedcomm ms | fusedcomm_graph ms | nccl ms |")]
+        self.assertEqual(len(head), 1)
+        cols = [c.strip() for c in head[0].strip("|").split("|")]
+        at = {name: i for i, name in enumerate(cols)}
+        self.assertEqual(cols[1:9], [f"{i} ms" for i in ("fusedcomm", "fusedcomm_graph", "nccl",
+                                                         "torch_symm_one_shot", "torch_symm_two_shot", "nccl_graph",
+                                                         "torch_symm_one_shot_graph", "torch_symm_two_shot_graph")])
+        k4, k16, k32 = cells
+        # 4 KiB: eager 0.0072 / 0.0070, graph 0.0065 / 0.0061, best of ours 0.0065 / 0.0061.
+        self.assertEqual(k4[at["eager: ours / best eager"]], f"{0.0072 / 0.0070:.3f}")
+        self.assertEqual(k4[at["graph: ours / best graph"]], f"{0.0065 / 0.0061:.3f}")
+        self.assertEqual(k4[at["best ours / best of all"]], f"{0.0065 / 0.0061:.3f}")
+        self.assertEqual(k4[at["best baseline"]], "torch_symm_one_shot_graph")
+        self.assertEqual(k4[at["<= 1.0x (tie <= 1.03)"]], "no")
+        self.assertEqual(k4[at["ours ran"]], "one-shot")
+        self.assertEqual(k16[at["best ours / best of all"]], f"{0.0515 / 0.0505:.3f}")
+        self.assertEqual(k16[at["<= 1.0x (tie <= 1.03)"]], "tie (<= 1.03)")
+        # 32 MiB: the one-shot eager row has an error and no time: "-", and the next best is used.
+        self.assertEqual(k32[at["torch_symm_one_shot ms"]], "-")
+        self.assertEqual(k32[at["eager: ours / best eager"]], f"{0.100 / 0.102:.3f}")
+        self.assertEqual(k32[at["<= 1.0x (tie <= 1.03)"]], "yes")
+        self.assertIn("## Errors", md)
+        self.assertIn("- allReduce torch_symm_one_shot W=2", md)
+        # The set's summary: geomeans and worst ratios; 2 of 3 sizes at the target (yes, tie).
+        summary = [l for l in md.splitlines() if l.startswith("| allReduce (small-medium) | 2 | 3 |")]
+        self.assertEqual(len(summary), 1)
+        s = [c.strip() for c in summary[0].strip("|").split("|")]
+        best = [0.0065 / 0.0061, 0.0515 / 0.0505, 0.100 / 0.102]
+        self.assertEqual(s[7], f"{report.geomean(best):.3f}")
+        self.assertEqual(s[8], f"{max(best):.3f}")
+        self.assertEqual(s[9], "2 of 3")
+        self.assertLess(md.index("## Summary"), md.index("### allReduce small and medium"))
+
+    def test_verdict(self):
+        self.assertEqual(report.verdict(0.99), "yes")
+        self.assertEqual(report.verdict(1.0), "yes")
+        self.assertEqual(report.verdict(1.03), "tie (<= 1.03)")
+        self.assertEqual(report.verdict(1.031), "no")
+        self.assertEqual(report.verdict(None), "-")
+
     def test_moe_ratio_to_grouped_mm_and_to_dense(self):
         shape = dict(experts=64, rows=8192, rows_per_expert=128, n=2048, k=7168, routing="balanced",
                      layout="nk", empty=0, max_rows=128)
