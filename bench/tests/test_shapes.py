@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The bench tools' shape lists without a GPU: torch_gemm.py's explicit and seeded random shapes
 and its sets, torch_fused.py's explicit shapes, refusals and row split for any M, torch_moe.py's
-points, routings and variants, nccl_bench.py's seeded random counts (coll_bench.cc's)."""
+points, routings and variants, nccl_bench.py's seeded random counts (coll_bench.cc's),
+torch_allreduce.py's sizes, impls and reference check."""
 import contextlib
 import io
 import os
@@ -20,6 +21,7 @@ import torch_gemm  # noqa: E402
 import torch_fused  # noqa: E402
 import torch_moe  # noqa: E402
 import nccl_bench  # noqa: E402
+import torch_allreduce  # noqa: E402
 import torch_ring  # noqa: E402
 
 
@@ -39,6 +41,81 @@ class CollectiveCountsTest(unittest.TestCase):
         self.assertEqual(v, nccl_bench.random_bytes(500, 7))
         self.assertTrue(all(1 << 20 <= b < 1 << 30 and b % 2 == 0 for b in v))
         self.assertTrue(any((b // 2) % 3 for b in v) and any((b // 2) % 8 for b in v))
+
+
+class Vec(list):
+    """The elementwise arithmetic torch_allreduce's check applies to its tensors, on a list (the
+    check runs here without torch or numpy)."""
+    @staticmethod
+    def arange(a, b):
+        return Vec(range(a, b))
+
+    def _map(self, other, fn):
+        return Vec(fn(x, y) for x, y in zip(self, other if isinstance(other, list) else [other] * len(self)))
+
+    def __getitem__(self, i):
+        got = list.__getitem__(self, i)
+        return Vec(got) if isinstance(i, slice) else got
+
+    __add__ = __radd__ = lambda self, o: self._map(o, lambda x, y: x + y)
+    __mul__ = __rmul__ = lambda self, o: self._map(o, lambda x, y: x * y)
+    __sub__ = lambda self, o: self._map(o, lambda x, y: x - y)
+    __mod__ = lambda self, o: self._map(o, lambda x, y: x % y)
+    __ne__ = lambda self, o: self._map(o, lambda x, y: x != y)
+
+    def sum(self):
+        return sum(list(self))
+
+
+class TorchAllReduceTest(unittest.TestCase):
+    def test_the_size_list_parses_and_other_ops_are_refused(self):
+        sizes = torch_allreduce.read_sizes(os.path.join(here, "..", "shapes", "allreduce_small.txt"))
+        self.assertEqual(sizes, [4096, 16384, 65536, 262144] + [(1 << 20) << i for i in range(6)])
+        for text in ("allGather 4096\n", "allReduce 4097\n", "allReduce 0\n", "allReduce 4k\n", "# none\n"):
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+                f.write(text)
+            try:
+                with self.assertRaises(SystemExit, msg=text):
+                    torch_allreduce.read_sizes(f.name)
+            finally:
+                os.unlink(f.name)
+
+    def test_impls_and_iterations(self):
+        self.assertEqual(torch_allreduce.parse_impls("torch_symm_two_shot_graph,nccl"),
+                         ["nccl", "torch_symm_two_shot_graph"])
+        self.assertEqual(torch_allreduce.parse_impls(",".join(torch_allreduce.IMPLS)), list(torch_allreduce.IMPLS))
+        for bad in ("", "nccl,multimem", "one_shot"):
+            with self.assertRaises(SystemExit):
+                torch_allreduce.parse_impls(bad)
+        # coll_bench.cc's batch sizes
+        self.assertEqual([torch_allreduce.iters_for(b) for b in (4096, 1 << 20, (1 << 20) + 2, 64 << 20, 1 << 30)],
+                         [200, 200, 20, 20, 5])
+        self.assertAlmostEqual(torch_allreduce.busbw_factor(4), 1.5)
+
+    def test_reference_is_check_h_values_summed(self):
+        # check.h: rank r's element i is ((7 i + 13 r + 5) mod 31) - 15.
+        self.assertEqual([torch_allreduce.value(i, 0) for i in range(3)], [-10, -3, 4])
+        self.assertEqual(torch_allreduce.value(0, 1), 3)
+        self.assertEqual(torch_allreduce.allreduce_sum(0, 2), -7)
+        for world in (2, 3, 4, 8):
+            n = 1000
+            out = Vec(float(torch_allreduce.allreduce_sum(i, world)) for i in range(n))
+            self.assertTrue(all(abs(x) <= 15 * world for x in out))  # small integers: exact in bf16
+            self.assertEqual(torch_allreduce.mismatches(out, world, Vec.arange, chunk=64), 0)
+            wrong = Vec(out)
+            for i in (0, 63, 64, 999):  # across chunk edges
+                wrong[i] += 1
+            wrong[500] = float("nan")  # a NaN never passes
+            self.assertEqual(torch_allreduce.mismatches(wrong, world, Vec.arange, chunk=64), 5)
+            # One rank's values missing from the sum is caught almost everywhere.
+            partial = Vec(float(torch_allreduce.allreduce_sum(i, world - 1)) for i in range(n))
+            self.assertGreater(torch_allreduce.mismatches(partial, world, Vec.arange), n * 9 // 10)
+
+    def test_help_needs_no_torch(self):
+        with self.assertRaises(SystemExit) as e, contextlib.redirect_stdout(io.StringIO()) as out:
+            torch_allreduce.main(["--help"])
+        self.assertEqual(e.exception.code, 0)
+        self.assertIn("two_shot_all_reduce_", out.getvalue())
 
 
 class GemmShapesTest(unittest.TestCase):
