@@ -19,6 +19,10 @@
 #                    FC_GEMM_RANDOM2 / FC_GEMM_SEED2 the second set's (default 25, chosen)
 #   FC_COLL_RANDOM   collectives: seeded random element counts per op, 1 MiB to 1 GiB (default
 #                    20; 0: none); FC_COLL_SEED their seed (default: chosen at run time, printed)
+#   FC_COLL_PARTS    the collectives family's parts (default "nccl small"): nccl, the ops of
+#                    shapes/collectives.txt and the random counts against NCCL; small, allReduce
+#                    from 4 KiB to 32 MiB (shapes/allreduce_small.txt), ours and the baselines each
+#                    eager and captured in a CUDA graph, against NCCL and PyTorch symmetric memory
 #   FC_MOE_VARIANTS  moe: ours also with the launch's choices forced (torch_moe.py --variants,
 #                    e.g. t128,g1), rows fusedcomm_<variant>
 #   FC_BENCH_TRANSPORTS  the transport family's backends (transport_bench --transports), default
@@ -156,7 +160,26 @@ fused_torch() {
   step "fused-$tag-torch" 500 "${torchrun[@]}" --nproc-per-node "$1" "$here/fused/torch_fused.py" \
     --shapes "$shapes/fused.txt" --out "$out/rows/fused-torch-$tag.jsonl"
 }
-run_collectives() { rounds coll_ours coll_nccl; }
+# allReduce small and medium: ours (coll_bench --graph) against NCCL and torch's symmetric-memory
+# one-shot / two-shot allReduce (torch_allreduce.py), each eager and graph-captured.
+coll_small_ours() {
+  step "collectives-small-$tag-fusedcomm" 600 "$bin/coll_bench" --world "$1" --shapes "$shapes/allreduce_small.txt" \
+    --graph --set small-medium --out "$out/rows/collectives-small-fusedcomm-$tag.jsonl"
+}
+coll_small_torch() {
+  step "collectives-small-$tag-torch" 600 "${torchrun[@]}" --nproc-per-node "$1" "$here/collectives/torch_allreduce.py" \
+    --shapes "$shapes/allreduce_small.txt" --set small-medium --out "$out/rows/collectives-small-torch-$tag.jsonl"
+}
+run_collectives() {
+  local part
+  for part in ${FC_COLL_PARTS:-nccl small}; do
+    case "$part" in
+      nccl) rounds coll_ours coll_nccl ;;
+      small) rounds coll_small_ours coll_small_torch ;;
+      *) fail "collectives: unknown part '$part' in FC_COLL_PARTS (nccl, small)" ;;
+    esac
+  done
+}
 run_fused() { rounds fused_ours fused_torch; }
 run_attention() {  # ours and torch SDPA (cuDNN, flash) interleaved in one process
   if python3 -c 'import torch' 2>/dev/null; then
