@@ -2,7 +2,7 @@
 """The bench tools' shape lists without a GPU: torch_gemm.py's explicit and seeded random shapes
 and its sets, torch_fused.py's explicit shapes, refusals and row split for any M, torch_moe.py's
 points, routings and variants, nccl_bench.py's seeded random counts (coll_bench.cc's),
-torch_allreduce.py's sizes, impls and reference check."""
+torch_allreduce.py's sizes, impls, reference check and whole flow on a fake torch (fake_torch.py)."""
 import contextlib
 import io
 import os
@@ -116,6 +116,64 @@ class TorchAllReduceTest(unittest.TestCase):
             torch_allreduce.main(["--help"])
         self.assertEqual(e.exception.code, 0)
         self.assertIn("two_shot_all_reduce_", out.getvalue())
+
+
+class TorchAllReduceFlowTest(unittest.TestCase):
+    """torch_allreduce.main on fake_torch (numpy, one rank): every impl's rows, the placements,
+    an op torch lacks, a wrong result."""
+
+    def run_main(self, **fake):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy missing: fake_torch needs it")
+        import json
+        import fake_torch
+        from unittest import mock
+        modules = {}
+        fake_torch.install(np, modules, **fake)
+        with tempfile.TemporaryDirectory() as d:
+            sizes, out = os.path.join(d, "sizes.txt"), os.path.join(d, "rows.jsonl")
+            with open(sizes, "w") as f:
+                f.write("allReduce 4096 4194304\n")
+            env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", NCCL_NVLS_ENABLE="0",
+                       TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+            with mock.patch.dict(sys.modules, modules), mock.patch.dict(os.environ, env), \
+                    contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+                rc = torch_allreduce.main(["--shapes", sizes, "--out", out])
+            with open(out) as f:
+                rows = [json.loads(line) for line in f]
+        return rc, rows, err.getvalue()
+
+    def test_every_impl_checked_and_timed(self):
+        rc, rows, _ = self.run_main()
+        self.assertEqual(rc, 0)
+        self.assertEqual([(r["impl"], r["shape"]["bytes"]) for r in rows],
+                         [(i, b) for b in (4096, 4194304) for i in torch_allreduce.IMPLS])
+        for r in rows:
+            self.assertEqual((r["family"], r["op"], r["world"], r["dtype"], r["set"]),
+                             ("collectives", "allReduce", 1, "bf16", "small-medium"))
+            self.assertNotIn("error", r)
+            iters = 200 if r["shape"]["bytes"] == 4096 else 20
+            self.assertEqual(r["iters"], iters)
+            self.assertAlmostEqual(r["ms_median"], 2.0 / iters)  # the fake events' 2 ms per batch
+            self.assertEqual(r["placement"], "out-of-place" if "one_shot" in r["impl"] else "in-place")
+
+    def test_a_missing_op_gets_error_rows_not_times(self):
+        rc, rows, err = self.run_main(two_shot=False)
+        self.assertEqual(rc, 0)  # torch's gap, not a failed check
+        missing = [r for r in rows if r["impl"].startswith("torch_symm_two_shot")]
+        self.assertEqual(len(missing), 4)
+        self.assertTrue(all(r["ms_median"] is None and "lacks" in r["error"] for r in missing))
+        self.assertIn("two_shot_all_reduce_", err)
+        self.assertTrue(all(r["ms_median"] for r in rows if r not in missing))
+
+    def test_a_wrong_result_fails_its_check(self):
+        rc, rows, _ = self.run_main(wrong=True)
+        self.assertEqual(rc, 1)
+        bad = [r for r in rows if r.get("error")]
+        self.assertEqual({r["impl"] for r in bad}, {"torch_symm_one_shot", "torch_symm_one_shot_graph"})
+        self.assertTrue(all("check FAILED" in r["error"] and r["ms_median"] is None for r in bad))
 
 
 class GemmShapesTest(unittest.TestCase):
