@@ -14,10 +14,14 @@
 // receiver threads, busy-poll window). Per (op, size, impl): one message checked byte for byte
 // first, then 5 batches of at least 256 MiB per direction (at most 100,000 messages; pingpong:
 // at most 2,000 round trips); the row holds the median batch's per-message time and GB/s per
-// direction.
+// direction. --rounds N measures every (op, size) N times, the impls taking turns round by round
+// (a busy machine's swings then fall on all of them alike), and reports the median round. The
+// printed line also says how many cores the process kept busy over the batches (CPU time over
+// wall time: user and kernel, both ranks).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -44,12 +48,13 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 const char* kUsage =
-    "usage: transport_bench --shapes FILE [--out ROWS.jsonl] [--transports LIST]\n"
+    "usage: transport_bench --shapes FILE [--out ROWS.jsonl] [--transports LIST] [--rounds N]\n"
     "  FILE: one op per line, \"<write|write_duplex|pingpong> <bytes>...\" (bench/shapes/transport.txt).\n"
     "  LIST: comma-separated backends, socket (default), libfabric-tcp, libfabric-shm, libfabric-efa,\n"
     "  libfabric-verbs, libfabric-auto; a libfabric provider absent here is reported and skipped.\n"
     "  Rows (impl fusedcomm: the socket transport; fusedcomm_libfabric_<provider>; tcp: plain\n"
-    "  sockets) go to --out as JSON lines.\n"
+    "  sockets) go to --out as JSON lines. N: measure each (op, size) N times, the impls in turn,\n"
+    "  and report the median round (default 1).\n"
     "  Exit 0: every check passed; 1: a mismatch or an error.\n";
 
 constexpr int kBatches = 5;
@@ -155,6 +160,24 @@ struct Result {
   bool ok = false;
   double seconds = 0;  // median batch
   int messages = 0;    // per batch and direction
+  double cores = 0;    // process CPU time over wall time, all batches
+};
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// CPU time over wall time from construction to done().
+struct CoresBusy {
+  double cpu0 = cpu_seconds();
+  Clock::time_point wall0 = Clock::now();
+  double done() const {
+    const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+    return wall > 0 ? (cpu_seconds() - cpu0) / wall : 0;
+  }
 };
 
 Result bench_transport(const Backend& backend, int64_t bytes, bool duplex, bool pingpong) {
@@ -185,6 +208,7 @@ Result bench_transport(const Backend& backend, int64_t bytes, bool duplex, bool 
     // Rank 1 answers each signal with its own write; rank 0 waits for each answer.
     res.messages = messages_for(bytes, true);
     std::vector<double> secs;
+    const CoresBusy busy;
     uint64_t seq = 1;
     for (int batch = 0; batch < kBatches; ++batch) {
       const uint64_t first = seq;
@@ -205,9 +229,11 @@ Result bench_transport(const Backend& backend, int64_t bytes, bool duplex, bool 
       seq += res.messages;
     }
     res.seconds = b::median(secs);
+    res.cores = busy.done();
   } else if (res.ok) {
     res.messages = messages_for(bytes, false);
     std::vector<double> secs;
+    const CoresBusy busy;
     uint64_t seq = 1;
     for (int batch = 0; batch < kBatches; ++batch) {
       const auto start = Clock::now();
@@ -223,6 +249,7 @@ Result bench_transport(const Backend& backend, int64_t bytes, bool duplex, bool 
       secs.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
     res.seconds = b::median(secs);
+    res.cores = busy.done();
   }
   auto closing = std::async(std::launch::async, [&] { g1->close(std::chrono::seconds(10)); });
   g0->close(std::chrono::seconds(10));
@@ -292,12 +319,14 @@ Result bench_tcp(int64_t bytes, bool duplex, bool pingpong) {
     if (res.ok) {
       res.messages = messages_for(bytes, true);
       std::vector<double> secs;
+      const CoresBusy busy;
       for (int batch = 0; batch < kBatches; ++batch) {
         const auto start = Clock::now();
         trips(res.messages);
         secs.push_back(std::chrono::duration<double>(Clock::now() - start).count() / 2);
       }
       res.seconds = b::median(secs);
+      res.cores = busy.done();
     }
     close(a), close(z);
     return res;
@@ -322,12 +351,14 @@ Result bench_tcp(int64_t bytes, bool duplex, bool pingpong) {
   if (res.ok) {
     res.messages = messages_for(bytes, false);
     std::vector<double> secs;
+    const CoresBusy busy;
     for (int batch = 0; batch < kBatches; ++batch) {
       const auto start = Clock::now();
       round(res.messages);
       secs.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
     res.seconds = b::median(secs);
+    res.cores = busy.done();
   }
   close(a), close(z);
   return res;
@@ -340,8 +371,10 @@ int main(int argc, char** argv) {
   const std::string shapes = args.str("shapes", "");
   const std::string out = args.str("out", "");
   const std::string transports = args.str("transports", "socket");
+  const int rounds = static_cast<int>(args.num("rounds", 1));
   args.done();
   if (shapes.empty()) args.fail("--shapes is required");
+  if (rounds < 1) args.fail("--rounds must be at least 1");
   try {
     std::vector<Backend> backends;
     for (size_t start = 0; start <= transports.size();) {
@@ -366,20 +399,33 @@ int main(int argc, char** argv) {
       const bool pingpong = w[0] == "pingpong";
       for (size_t i = 1; i < w.size(); ++i) {
         const int64_t bytes = std::stoll(w[i]);
+        // By impl (the backends, then plain TCP): every round's result.
+        std::vector<std::vector<Result>> runs(backends.size() + 1);
+        for (int r = 0; r < rounds; ++r) {
+          for (size_t k = 0; k <= backends.size(); ++k) {
+            const bool ours = k < backends.size();
+            runs[k].push_back(ours ? bench_transport(backends[k], bytes, duplex, pingpong)
+                                   : bench_tcp(bytes, duplex, pingpong));
+          }
+        }
         for (size_t k = 0; k <= backends.size(); ++k) {
-          const bool ours = k < backends.size();
-          const std::string impl_name = ours ? backends[k].impl() : "tcp";
+          const std::string impl_name = k < backends.size() ? backends[k].impl() : "tcp";
           const char* impl = impl_name.c_str();
-          const Result res = ours ? bench_transport(backends[k], bytes, duplex, pingpong)
-                                  : bench_tcp(bytes, duplex, pingpong);
-          if (!res.ok) {
+          std::vector<double> per_message, cores;
+          bool ok = true;
+          for (const Result& res : runs[k]) {
+            ok = ok && res.ok;
+            per_message.push_back(res.seconds / res.messages);
+            cores.push_back(res.cores);
+          }
+          if (!ok) {
             std::printf("%-13s %11lld B %-24s check FAILED\n", w[0].c_str(), static_cast<long long>(bytes),
                         impl);
             ++failed;
             continue;
           }
-          const double ms = res.seconds * 1e3 / res.messages;
-          const double gbps = double(bytes) * res.messages / res.seconds / 1e9;
+          const double ms = b::median(per_message) * 1e3;
+          const double gbps = double(bytes) / (ms * 1e-3) / 1e9;
           b::Row shape;
           shape.integer("bytes", bytes);
           b::Row row;
@@ -393,8 +439,9 @@ int main(int argc, char** argv) {
               .null("tflops")
               .num("gbps", gbps);
           rows.write(row);
-          std::printf("%-13s %11lld B %-24s check passed %9.4f ms per message %6.2f GB/s per direction\n",
-                      w[0].c_str(), static_cast<long long>(bytes), impl, ms, gbps);
+          std::printf(
+              "%-13s %11lld B %-24s check passed %9.4f ms per message %6.2f GB/s per direction %5.2f cores\n",
+              w[0].c_str(), static_cast<long long>(bytes), impl, ms, gbps, b::median(cores));
           std::fflush(stdout);
         }
       }

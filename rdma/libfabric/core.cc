@@ -1,6 +1,7 @@
 // Core: choosing the provider and its rails, the progress threads, liveness, and shutdown.
 #include "core.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -113,6 +114,8 @@ Core::Core(const LibfabricOptions& o) : options_(o), api_(FabricApi::get(o.libra
     wake_fds_.push_back(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     sleeping_.push_back(std::make_unique<std::atomic<bool>>(false));
     busy_poll_.push_back(std::make_unique<BusyPollWindow>(o.busy_poll));
+    driven_.push_back(std::make_unique<std::atomic<int>>(0));
+    aside_.push_back(std::make_unique<std::atomic<bool>>(false));
   }
   for (size_t r = 0; r < rails_.size(); ++r) threads_.emplace_back([this, r] { run(static_cast<int>(r)); });
 }
@@ -291,6 +294,19 @@ void Core::expect_traffic(int i) noexcept {
   }
 }
 
+void Core::drive(int i) noexcept { driven_[i]->fetch_add(1, std::memory_order_seq_cst); }
+
+void Core::undrive(int i) noexcept {
+  // seq_cst with run()'s parking: either the thread sees no driver left and does not park, or
+  // this sees it parked and wakes it.
+  if (driven_[i]->fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      aside_[i]->load(std::memory_order_seq_cst)) {
+    const uint64_t one = 1;
+    ssize_t w = ::write(wake_fds_[i], &one, sizeof one);
+    (void)w;
+  }
+}
+
 void Core::run(int i) {
   using std::chrono::microseconds;
   Rail& rail = *rails_[i];
@@ -299,6 +315,31 @@ void Core::run(int i) {
   auto idle_since = Clock::now();
   uint32_t spins = 0;
   while (running_) {
+    if (driven_[i]->load(std::memory_order_relaxed) > 0) {
+      // A waiting writer polls this endpoint (drive()): stand aside, on the wake fd only (the
+      // completion queue's would wake us for every completion it reads), until it is done.
+      const auto now = Clock::now();
+      if (now >= next_housekeeping) {
+        housekeeping(i, now);
+        next_housekeeping = now + kHousekeeping;
+      }
+      aside_[i]->store(true, std::memory_order_seq_cst);
+      if (driven_[i]->load(std::memory_order_seq_cst) > 0) {
+        const auto left = std::max<Clock::duration>(next_housekeeping - Clock::now(), microseconds(1));
+        const auto s = std::chrono::duration_cast<std::chrono::seconds>(left);
+        timespec ts{
+            static_cast<time_t>(s.count()),
+            static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - s).count())};
+        pollfd fd{wake_fds_[i], POLLIN, 0};
+        ::ppoll(&fd, 1, &ts, nullptr);
+      }
+      aside_[i]->store(false, std::memory_order_relaxed);
+      uint64_t drained;
+      while (::read(wake_fds_[i], &drained, sizeof drained) > 0) {}
+      spins = 0;
+      idle_since = Clock::now();
+      continue;
+    }
     const int n = progress(i);
     const auto now = Clock::now();
     if (now >= next_housekeeping) {

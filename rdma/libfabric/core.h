@@ -198,10 +198,13 @@ struct GroupState : std::enable_shared_from_this<GroupState> {
   void abort();
   void release();
 
-  // Progresses the group's rail until pred() (taking mu) holds, the deadline passes or the
-  // group is aborted; true if pred() held. Backs off from spinning to short sleeps.
+  // Progresses the group's endpoints (the first `polled` of them; 0: all) until pred() (taking
+  // mu) holds, the deadline passes or the group is aborted; true if pred() held. Backs off from
+  // spinning to short sleeps. With `drive`, their progress threads stand aside while this one
+  // polls (Core::drive); without, they poll beside it (the parts of a split write, each
+  // endpoint's thread moving its own socket's bytes).
   template <class Pred>
-  bool progress_until(Pred pred, Clock::time_point deadline);
+  bool progress_until(Pred pred, Clock::time_point deadline, int polled = 0, bool drive = true);
 
  private:
   RemoteRegion remote_region(int peer, const WriteOp& op);
@@ -233,6 +236,11 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Reads and handles what rail i has ready; returns how many completions it read.
   int progress(int i);
+  // A thread in GroupState::progress_until polls endpoint i itself between drive(i) and
+  // undrive(i); meanwhile the endpoint's progress thread stands aside (run()), since two
+  // pollers of one endpoint only take turns at its lock.
+  void drive(int i) noexcept;
+  void undrive(int i) noexcept;
   // The source bytes and this rail's descriptor of a local write; throws std::invalid_argument.
   const char* source(uint64_t key, uint64_t offset, uint64_t bytes, int rail, void** desc) const;
   void local_write(const WriteOp& op);
@@ -307,6 +315,8 @@ class Core : public std::enable_shared_from_this<Core> {
   std::vector<std::thread> threads_;
   std::vector<int> wake_fds_;  // by rail: an eventfd that ends a progress thread's sleep
   std::vector<std::unique_ptr<std::atomic<bool>>> sleeping_;  // by rail
+  std::vector<std::unique_ptr<std::atomic<int>>> driven_;     // by rail: threads polling it (drive())
+  std::vector<std::unique_ptr<std::atomic<bool>>> aside_;     // by rail: its thread stands aside
 
   mutable std::shared_mutex reg_mu_;
   RegionMap regions_;  // what check_write and writes to self read
@@ -329,7 +339,23 @@ class Core : public std::enable_shared_from_this<Core> {
 // ----------------------------------------------------------------------------------------------
 
 template <class Pred>
-bool GroupState::progress_until(Pred pred, Clock::time_point deadline) {
+bool GroupState::progress_until(Pred pred, Clock::time_point deadline, int polled, bool drive) {
+  const int n_polled =
+      polled > 0 && polled < static_cast<int>(endpoints.size()) ? polled : static_cast<int>(endpoints.size());
+  // While this thread polls, the endpoints' progress threads stand aside (Core::drive); it
+  // hands them back before it sleeps, and when it returns.
+  struct Driving {
+    Core& core;
+    const std::vector<int>& eps;
+    int n;
+    bool on = false;
+    void set(bool v) {
+      if (v == on) return;
+      on = v;
+      for (int i = 0; i < n; ++i) v ? core.drive(eps[i]) : core.undrive(eps[i]);
+    }
+    ~Driving() { set(false); }
+  } driving{*core, endpoints, n_polled};
   uint32_t idle = 0;
   while (true) {
     {
@@ -337,8 +363,9 @@ bool GroupState::progress_until(Pred pred, Clock::time_point deadline) {
       if (pred()) return true;
     }
     if (aborted || !core->running() || Clock::now() >= deadline) return false;
+    driving.set(drive);
     int n = 0;
-    for (int e : endpoints) n += core->progress(e);
+    for (int i = 0; i < n_polled; ++i) n += core->progress(endpoints[i]);
     if (n > 0) {
       idle = 0;
       continue;
@@ -347,6 +374,7 @@ bool GroupState::progress_until(Pred pred, Clock::time_point deadline) {
     // a peer that is slow to drain must not cost a core. The sleep ends early when a progress
     // thread handles what we wait for (every change of the group's state notifies cv).
     if (++idle < 64) continue;
+    driving.set(false);
     std::unique_lock<std::mutex> l(mu);
     if (pred()) return true;
     cv.wait_for(l, std::chrono::microseconds(idle < 256 ? 10 : idle < 1024 ? 50 : 200));

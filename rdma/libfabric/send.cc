@@ -202,7 +202,12 @@ void GroupState::write(const WriteOp& op) {
     // `completed` when this returns).
     // A peer that closed politely meanwhile still receives until our goodbye; one that failed
     // needs nothing more.
-    progress_until([&] { return wait->left.load() == 0 || peers[p].state == PeerState::kFailed; }, deadline);
+    // One part: this thread polls its endpoint alone, its progress thread standing aside (two
+    // pollers of one endpoint only take turns at its lock, and on a small host the second
+    // spins on the core the receiver needs). Several parts: each endpoint's thread keeps moving
+    // its own part's bytes beside this one.
+    progress_until([&] { return wait->left.load() == 0 || peers[p].state == PeerState::kFailed; }, deadline,
+                   parts, parts == 1);
     if (wait->left.load() != 0 || wait->failed.load()) {
       std::lock_guard<std::mutex> l(mu);
       if (aborted) throw TransportError(-1, self() + ": the group was aborted");
