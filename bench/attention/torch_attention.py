@@ -31,6 +31,7 @@ import sys
 
 
 def read_shapes(path):
+    """<label> <batch> <seq> <q_heads> <kv_heads> <head_dim> <causal 0|1> per line (# comments)."""
     shapes = []
     for line in open(path):
         words = line.split("#")[0].split()

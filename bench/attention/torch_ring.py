@@ -31,19 +31,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-
-def read_shapes(path):
-    """<label> <batch> <seq> <q_heads> <kv_heads> <head_dim> <causal 0|1> per line (# comments)."""
-    shapes = []
-    for line in open(path):
-        words = line.split("#")[0].split()
-        if not words:
-            continue
-        if len(words) != 7:
-            raise SystemExit(f"{path}: expected '<label> <B> <S> <Hq> <Hkv> <D> <causal>', got {line!r}")
-        shapes.append((words[0], *map(int, words[1:])))
-    return shapes
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_attention import read_shapes  # noqa: E402  (bench/shapes/ring.txt: attention.txt's line format)
 
 
 def positions(seq, world, rank, zigzag):

@@ -152,22 +152,7 @@ def main():
                 failed += 1
                 continue
             iters = 200 if b <= (1 << 20) else 20 if b <= (64 << 20) else 5
-            for _ in range(5):
-                call()
-            torch.cuda.synchronize()
-            per = []
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            for _ in range(10):
-                dist.barrier()
-                torch.cuda.synchronize()
-                s.record()
-                for _ in range(iters):
-                    call()
-                e.record()
-                e.synchronize()
-                per.append(s.elapsed_time(e) / iters)
-            per.sort()
-            med = per[len(per) // 2]
+            med = torch_dist.median_ms(call, iters)
             algbw = b / (med * 1e-3) / 1e9
             factor = 2 * (world - 1) / world if op == "allReduce" else (world - 1) / world
             if f:

@@ -127,7 +127,6 @@ def main(argv=None):
     for name, op in (("one_shot", "one_shot_all_reduce"), ("two_shot", "two_shot_all_reduce_")):
         ops[name] = getattr(torch.ops.symm_mem, op, None) if symm is not None else None
     f = open(args.out, "w") if rank == 0 else None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     nccl = ".".join(map(str, torch.cuda.nccl.version()))
     keep = []  # symmetric buffers and graphs, alive until the end (peers map the buffers)
 
@@ -138,40 +137,6 @@ def main(argv=None):
         for s in range(0, t.numel(), CHUNK):
             n = min(CHUNK, t.numel() - s)
             t[s:s + n] = value(arange(s, s + n), rank).to(t.dtype)
-
-    def graphed(fn):
-        """fn captured in a CUDA graph after two warm-up calls on the capture's side stream: the
-        graph and fn's return value in it (static across replays)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            ret = fn()
-        torch.cuda.synchronize()
-        keep.append(g)
-        return g, ret
-
-    def time_calls(call, iters):
-        for _ in range(5):
-            call()
-        torch.cuda.synchronize()
-        per = []
-        for _ in range(10):
-            dist.barrier()
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(iters):
-                call()
-            end.record()
-            end.synchronize()
-            per.append(start.elapsed_time(end) / iters)
-        per.sort()
-        return per[len(per) // 2]
 
     def agreed(flag):
         """True when `flag` holds on every rank."""
@@ -245,7 +210,7 @@ def main(argv=None):
             error = None
             try:
                 if impl.endswith("_graph"):
-                    g, ret = graphed(call)
+                    g, ret = torch_dist.graphed(call, keep)
                     call, static_out = g.replay, ret
                 else:
                     static_out = None
@@ -272,7 +237,7 @@ def main(argv=None):
                 write(impl, b, placement, iters, error=f"check FAILED: {total.item()} mismatches")
                 failed += 1
                 continue
-            write(impl, b, placement, iters, ms=time_calls(call, iters))
+            write(impl, b, placement, iters, ms=torch_dist.median_ms(call, iters))
     torch_dist.finish(f)
     return 1 if failed else 0
 

@@ -1,6 +1,7 @@
-"""The start and end of the torch.distributed baselines (nccl_bench.py, torch_fused.py): one
-process per GPU under torchrun, NCCL, NVLink multicast off. torch is imported here, not by the
-scripts' module level, so that --help works without it."""
+"""What the torch.distributed baselines share (nccl_bench.py, torch_allreduce.py,
+torch_fused.py): the start and end of one process per GPU under torchrun (NCCL, NVLink multicast
+off), CUDA graph capture and the batched timing. torch is imported here, not by the scripts'
+module level, so that --help works without it."""
 import os
 
 
@@ -26,3 +27,47 @@ def finish(out):
         out.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def graphed(fn, keep):
+    """fn captured in a CUDA graph after two warm-up calls on the capture's side stream: the graph
+    and fn's return value (static across replays). The graph is appended to `keep`, which the
+    caller holds for as long as it replays it."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ret = fn()
+    torch.cuda.synchronize()
+    keep.append(g)
+    return g, ret
+
+
+def median_ms(call, iters, warmup=5, batches=10):
+    """`warmup` calls, then `batches` batches of `iters` back-to-back calls between CUDA events,
+    each after a barrier and a device sync: the median over batches of the per-call ms (the
+    collectives' method, as coll_bench times ours)."""
+    import torch
+    import torch.distributed as dist
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per = []
+    for _ in range(batches):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            call()
+        end.record()
+        end.synchronize()
+        per.append(start.elapsed_time(end) / iters)
+    per.sort()
+    return per[len(per) // 2]

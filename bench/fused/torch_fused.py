@@ -159,23 +159,6 @@ def main():
 
     graphs = []  # kept alive until the shape's calls are dropped
 
-    def graphed(fn):
-        """fn captured in a CUDA graph after two warm-up calls on the capture's side stream: the
-        graph and fn's return value (its output tensor, static across replays)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = fn()
-        torch.cuda.synchronize()
-        graphs.append(g)
-        return g, out
-
     def setup(op, label, M, N, K, checking):
         """The calls of one shape and its checks; with `checking`, the fp32 reference too."""
         ref = absdot = None
@@ -248,18 +231,18 @@ def main():
                     try:
                         if M * N > 1 << 24:
                             raise ValueError("not timed above 2^24 elements")
-                        g_one, out_one = graphed(lambda: (
+                        g_one, out_one = torch_dist.graphed(lambda: (
                             torch.matmul(a, w.t(), out=p_symm),
-                            torch.ops.symm_mem.one_shot_all_reduce(p_symm, "sum", group_name))[1])
+                            torch.ops.symm_mem.one_shot_all_reduce(p_symm, "sum", group_name))[1], graphs)
                         calls["torch_symm_one_shot_graph"] = g_one.replay
                         checks["torch_symm_one_shot_graph"] = (out_one, lambda _, o=out_one: o)
-                        g_two, _ = graphed(symm_ar)
+                        g_two, _ = torch_dist.graphed(symm_ar, graphs)
                         calls["torch_symm_two_shot_graph"] = g_two.replay
                         checks["torch_symm_two_shot_graph"] = (p_symm, lambda _: p_symm)
                     except Exception as e:
                         print(f"rank {rank}: no graph-captured symm_mem allReduce for {label}: {e!r}",
                               file=sys.stderr)
-                g_serial, _ = graphed(serial)
+                g_serial, _ = torch_dist.graphed(serial, graphs)
                 calls["torch_serial_graph"] = g_serial.replay
                 checks["torch_serial_graph"] = (p, lambda _: p)
                 calls["cublas_gemm_only"] = lambda: torch.matmul(a, w.t(), out=p)
