@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include "bench/attention/dense_args.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_bwd.h"
 
@@ -16,22 +17,8 @@ extern "C" __attribute__((visibility("default"))) int fc_attention_bf16(const vo
                                                                         int B, int Sq, int Sk, int Hq,
                                                                         int Hkv, int D, int causal,
                                                                         void* stream) {
-  k::AttentionArgs a;
-  a.q = k::attn_dense(q, Sq, Hq, D);
-  a.k = k::attn_dense(kk, Sk, Hkv, D);
-  a.v = k::attn_dense(v, Sk, Hkv, D);
-  a.o = static_cast<__nv_bfloat16*>(o);
-  a.o_stride_h = D;
-  a.o_stride_s = static_cast<int64_t>(Hq) * D;
-  a.o_stride_b = static_cast<int64_t>(Sq) * Hq * D;
-  a.lse = lse;
-  a.batch = B;
-  a.q_len = Sq;
-  a.kv_len = Sk;
-  a.q_heads = Hq;
-  a.kv_heads = Hkv;
-  a.head_dim = D;
-  a.causal = causal != 0;
+  const k::AttentionArgs a =
+      fusedcomm::bench::attn_dense_fwd(q, kk, v, o, lse, B, Sq, Sk, Hq, Hkv, D, causal != 0);
   return static_cast<int>(k::launch_attention(a, static_cast<cudaStream_t>(stream)));
 }
 
@@ -42,25 +29,9 @@ extern "C" __attribute__((visibility("default"))) int fc_attention_backward_bf16
     const void* q, const void* kk, const void* v, const void* o, const float* lse, const void* d_o, void* dq,
     void* dk, void* dv, float* delta, float* dq_acc, int dq_path, int B, int Sq, int Sk, int Hq, int Hkv,
     int D, int causal, void* stream) {
-  k::AttentionBwdArgs a;
-  a.q = k::attn_dense(q, Sq, Hq, D);
-  a.k = k::attn_dense(kk, Sk, Hkv, D);
-  a.v = k::attn_dense(v, Sk, Hkv, D);
-  a.o = k::attn_dense(o, Sq, Hq, D);
-  a.d_o = k::attn_dense(d_o, Sq, Hq, D);
-  a.lse = lse;
-  a.delta = delta;
+  k::AttentionBwdArgs a = fusedcomm::bench::attn_dense_bwd(q, kk, v, o, lse, d_o, dq, dk, dv, delta, B, Sq,
+                                                           Sk, Hq, Hkv, D, causal != 0);
   a.dq_acc = dq_acc;
   a.dq_path = dq_path;
-  a.dq.ptr = dq;
-  a.dk.ptr = dk;
-  a.dv.ptr = dv;
-  a.batch = B;
-  a.q_len = Sq;
-  a.kv_len = Sk;
-  a.q_heads = Hq;
-  a.kv_heads = Hkv;
-  a.head_dim = D;
-  a.causal = causal != 0;
   return static_cast<int>(k::launch_attention_bwd(a, static_cast<cudaStream_t>(stream)));
 }

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/attention/dense_args.h"
 #include "bench/common/bench_util.h"
 #include "fusedcomm/comm/cuda_comm.h"
 #include "fusedcomm/runtime/device_attention.h"
@@ -52,18 +53,9 @@ namespace b = fusedcomm::bench;
 using fusedcomm::RingAttentionShape;
 using fusedcomm::testing::ProcessGroup;
 
-#define CK(x)                                                                                         \
-  do {                                                                                                \
-    cudaError_t e_ = (x);                                                                             \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
-
 struct Buf {
   void* p = nullptr;
-  explicit Buf(size_t bytes) { CK(cudaMalloc(&p, bytes > 0 ? bytes : 16)); }
+  explicit Buf(size_t bytes) { FC_BENCH_CUDA(cudaMalloc(&p, bytes > 0 ? bytes : 16)); }
   ~Buf() { cudaFree(p); }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
@@ -84,14 +76,14 @@ class Pool {
       x = x * 1664525u + 1013904223u;  // magnitudes in [1, 2), random signs
       v = static_cast<uint16_t>(0x3f80 | ((x >> 16) & 0x7f)) ^ static_cast<uint16_t>((x >> 8) & 0x8000);
     }
-    CK(cudaMemcpy(buf_.p, h.data(), kElems * 2, cudaMemcpyHostToDevice));
+    FC_BENCH_CUDA(cudaMemcpy(buf_.p, h.data(), kElems * 2, cudaMemcpyHostToDevice));
   }
   void fill(void* dst, int64_t elems, uint64_t seed) const {
     int64_t off = static_cast<int64_t>((seed * 0x9E3779B97F4A7C15ull) >> 24) % kElems, done = 0;
     while (done < elems) {
       const int64_t n = std::min(elems - done, kElems - off);
-      CK(cudaMemcpy(static_cast<char*>(dst) + done * 2, static_cast<const char*>(buf_.p) + off * 2, n * 2,
-                    cudaMemcpyDeviceToDevice));
+      FC_BENCH_CUDA(cudaMemcpy(static_cast<char*>(dst) + done * 2, static_cast<const char*>(buf_.p) + off * 2,
+                               n * 2, cudaMemcpyDeviceToDevice));
       done += n;
       off = 0;
     }
@@ -115,52 +107,22 @@ double ring_flops(const RingAttentionShape& s) {
 }
 
 // Our 1-GPU attention (kernels/attention) on dense (B, S, H, D) tensors.
-k::AttentionArgs fwd_args(const void* q, const void* kk, const void* v, void* o, float* lse, int64_t B, int64_t S,
-                          const RingAttentionShape& s) {
-  k::AttentionArgs a;
-  a.q = k::attn_dense(q, S, s.q_heads, s.head_dim);
-  a.k = k::attn_dense(kk, S, s.kv_heads, s.head_dim);
-  a.v = k::attn_dense(v, S, s.kv_heads, s.head_dim);
-  a.o = static_cast<__nv_bfloat16*>(o);
-  a.o_stride_h = s.head_dim;
-  a.o_stride_s = s.q_heads * s.head_dim;
-  a.o_stride_b = S * s.q_heads * s.head_dim;
-  a.lse = lse;
-  a.batch = B;
-  a.q_len = a.kv_len = S;
-  a.q_heads = s.q_heads;
-  a.kv_heads = s.kv_heads;
-  a.head_dim = s.head_dim;
-  a.causal = s.causal;
-  return a;
+k::AttentionArgs fwd_args(const void* q, const void* kk, const void* v, void* o, float* lse, int64_t B,
+                          int64_t S, const RingAttentionShape& s) {
+  return b::attn_dense_fwd(q, kk, v, o, lse, B, S, S, s.q_heads, s.kv_heads, s.head_dim, s.causal);
 }
 
 k::AttentionBwdArgs bwd_args(const void* q, const void* kk, const void* v, const void* o, const float* lse,
-                             const void* d_o, void* dq, void* dk, void* dv, float* delta, int64_t B, int64_t S,
-                             const RingAttentionShape& s) {
-  k::AttentionBwdArgs a;
-  a.q = k::attn_dense(q, S, s.q_heads, s.head_dim);
-  a.k = k::attn_dense(kk, S, s.kv_heads, s.head_dim);
-  a.v = k::attn_dense(v, S, s.kv_heads, s.head_dim);
-  a.o = k::attn_dense(o, S, s.q_heads, s.head_dim);
-  a.d_o = k::attn_dense(d_o, S, s.q_heads, s.head_dim);
-  a.lse = lse;
-  a.delta = delta;
-  a.dq.ptr = dq;
-  a.dk.ptr = dk;
-  a.dv.ptr = dv;
-  a.batch = B;
-  a.q_len = a.kv_len = S;
-  a.q_heads = s.q_heads;
-  a.kv_heads = s.kv_heads;
-  a.head_dim = s.head_dim;
-  a.causal = s.causal;
-  return a;
+                             const void* d_o, void* dq, void* dk, void* dv, float* delta, int64_t B,
+                             int64_t S, const RingAttentionShape& s) {
+  return b::attn_dense_bwd(q, kk, v, o, lse, d_o, dq, dk, dv, delta, B, S, S, s.q_heads, s.kv_heads,
+                           s.head_dim, s.causal);
 }
 
 // Copies the rows of rank p's block (B, S_p, H, D) to their positions in the whole sequence's
 // (B, S, H, D) tensor (to_block: the other way).
-void block_rows(const RingAttentionShape& s, int W, int p, int64_t heads, void* whole, void* block, bool to_block) {
+void block_rows(const RingAttentionShape& s, int W, int p, int64_t heads, void* whole, void* block,
+                bool to_block) {
   const int64_t row = heads * s.head_dim * 2, s_p = fusedcomm::ring_block_rows(s, W, p);
   int64_t r0 = 0;
   for (const auto& run : fusedcomm::attention_seq_chunks(s.seq, W, p, s.zigzag)) {
@@ -168,9 +130,11 @@ void block_rows(const RingAttentionShape& s, int W, int p, int64_t heads, void* 
       char* w = static_cast<char*>(whole) + run.pos * row;
       char* bl = static_cast<char*>(block) + r0 * row;
       if (to_block) {
-        CK(cudaMemcpy2D(bl, s_p * row, w, s.seq * row, run.count * row, s.batch, cudaMemcpyDeviceToDevice));
+        FC_BENCH_CUDA(
+            cudaMemcpy2D(bl, s_p * row, w, s.seq * row, run.count * row, s.batch, cudaMemcpyDeviceToDevice));
       } else {
-        CK(cudaMemcpy2D(w, s.seq * row, bl, s_p * row, run.count * row, s.batch, cudaMemcpyDeviceToDevice));
+        FC_BENCH_CUDA(
+            cudaMemcpy2D(w, s.seq * row, bl, s_p * row, run.count * row, s.batch, cudaMemcpyDeviceToDevice));
       }
     }
     r0 += run.count;
@@ -179,7 +143,7 @@ void block_rows(const RingAttentionShape& s, int W, int p, int64_t heads, void* 
 
 std::vector<float> host_floats(const void* d, int64_t n) {
   std::vector<__nv_bfloat16> h(n);
-  CK(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
+  FC_BENCH_CUDA(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
   std::vector<float> f(n);
   for (int64_t i = 0; i < n; ++i) f[i] = __bfloat162float(h[i]);
   return f;
@@ -211,7 +175,8 @@ std::vector<NamedShape> default_shapes() {
 std::vector<NamedShape> read_shapes(const std::string& path) {
   std::vector<NamedShape> out;
   for (const auto& w : b::read_shape_lines(path)) {
-    if (w.size() != 7) throw std::runtime_error(path + ": expected '<label> <B> <S> <Hq> <Hkv> <D> <causal>'");
+    if (w.size() != 7)
+      throw std::runtime_error(path + ": expected '<label> <B> <S> <Hq> <Hkv> <D> <causal>'");
     NamedShape n;
     n.label = w[0];
     n.s.batch = std::stoll(w[1]);
@@ -230,21 +195,21 @@ struct Timer {
   cudaStream_t st;
   cudaEvent_t e0, e1;
   Timer() {
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    FC_BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    FC_BENCH_CUDA(cudaEventCreate(&e0));
+    FC_BENCH_CUDA(cudaEventCreate(&e1));
   }
   // Two warm-up calls, then `iters` timed ones, each after a barrier of every rank.
   template <typename F>
   void time(ProcessGroup& g, int iters, std::vector<double>& ms, F&& call) {
     for (int i = 0; i < iters + 2; ++i) {
       g.barrier();
-      CK(cudaEventRecord(e0, st));
+      FC_BENCH_CUDA(cudaEventRecord(e0, st));
       call();
-      CK(cudaEventRecord(e1, st));
-      CK(cudaStreamSynchronize(st));
+      FC_BENCH_CUDA(cudaEventRecord(e1, st));
+      FC_BENCH_CUDA(cudaStreamSynchronize(st));
       float t = 0;
-      CK(cudaEventElapsedTime(&t, e0, e1));
+      FC_BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
       if (i >= 2) ms.push_back(t);
     }
   }
@@ -252,7 +217,7 @@ struct Timer {
 
 int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedShape>& shapes,
               const std::string& out_path) {
-  CK(cudaSetDevice(shared ? 0 : g.rank));
+  FC_BENCH_CUDA(cudaSetDevice(shared ? 0 : g.rank));
   fusedcomm::Runtime rt(
       fusedcomm::testing::loopback_cuda_config(shared ? 0 : g.rank, 1, 60000, 3072ll << 20, shared));
   auto dc = fusedcomm::testing::make_cuda_comm(rt, g, 7171, std::vector<int>(g.world, 0));
@@ -277,8 +242,8 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
       dc->ring_attention_gpu(fwd_desc, fusedcomm::DType::kBF16, s, q.p, kk.p, vv.p, o.p, lse.f(), tm.st);
     };
     auto ring_bwd = [&] {
-      dc->ring_attention_backward_gpu(bwd_desc, fusedcomm::DType::kBF16, s, q.p, kk.p, vv.p, o.p, lse.f(), d_o.p,
-                                      dq.p, dk.p, dv.p, tm.st);
+      dc->ring_attention_backward_gpu(bwd_desc, fusedcomm::DType::kBF16, s, q.p, kk.p, vv.p, o.p, lse.f(),
+                                      d_o.p, dq.p, dk.p, dv.p, tm.st);
     };
     // The whole sequence's tensors (rank 0's check), the same bytes as the 1-GPU backward's
     // (batch B·W at seq S/W), which reuses them.
@@ -290,7 +255,7 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
     dc->set_ring_forward_path(k::RingFwdPath::kAuto);
     ring_fwd();
     ring_bwd();
-    CK(cudaStreamSynchronize(tm.st));
+    FC_BENCH_CUDA(cudaStreamSynchronize(tm.st));
     dc->synchronize();
     std::vector<uint8_t> verdict(1, 1);
     if (g.rank == 0) {
@@ -306,13 +271,13 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
         pool.fill(tkv.p, B * rp * Hkv * D, seed_of(kV, p));
         block_rows(s, W, p, Hkv, gv.p, tkv.p, false);
       }
-      CK(k::launch_attention(fwd_args(gq.p, gk.p, gv.p, go.p, glse.f(), B, s.seq, s), tm.st));
-      k::AttentionBwdArgs a = bwd_args(gq.p, gk.p, gv.p, go.p, glse.f(), gdo.p, gdq.p, gdk.p, gdv.p, gdelta.f(), B,
-                                       s.seq, s);
+      FC_BENCH_CUDA(k::launch_attention(fwd_args(gq.p, gk.p, gv.p, go.p, glse.f(), B, s.seq, s), tm.st));
+      k::AttentionBwdArgs a =
+          bwd_args(gq.p, gk.p, gv.p, go.p, glse.f(), gdo.p, gdq.p, gdk.p, gdv.p, gdelta.f(), B, s.seq, s);
       Buf acc(std::max<size_t>(k::attention_bwd_dq_acc_bytes(a), 16));
       a.dq_acc = acc.f();
-      CK(k::launch_attention_bwd(a, tm.st));
-      CK(cudaStreamSynchronize(tm.st));
+      FC_BENCH_CUDA(k::launch_attention_bwd(a, tm.st));
+      FC_BENCH_CUDA(cudaStreamSynchronize(tm.st));
       // This rank's rows of the whole sequence's results, then the comparison.
       const struct {
         const char* name;
@@ -331,8 +296,9 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
         errs += line;
         if (!(e <= 2e-2)) verdict[0] = 0;
       }
-      std::printf("%s W=%d: check against our 1-GPU attention over the whole sequence, max |err| / max |ref|: %s%s\n",
-                  ns.label.c_str(), W, errs.c_str(), verdict[0] ? "" : "  FAILED");
+      std::printf(
+          "%s W=%d: check against our 1-GPU attention over the whole sequence, max |err| / max |ref|: %s%s\n",
+          ns.label.c_str(), W, errs.c_str(), verdict[0] ? "" : "  FAILED");
       std::fflush(stdout);
     }
     if (g.all_gather(verdict)[0][0] == 0) {
@@ -345,20 +311,21 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
     std::vector<double> fwd_ms[2];
     std::vector<uint8_t> outs[2];
     const size_t o_bytes = nq * 2, lse_bytes = B * rows_r * Hq * 4;
-    for (k::RingFwdPath path : {k::RingFwdPath::kSteps, k::RingFwdPath::kPersistent, k::RingFwdPath::kPersistent,
-                                k::RingFwdPath::kSteps}) {
+    for (k::RingFwdPath path : {k::RingFwdPath::kSteps, k::RingFwdPath::kPersistent,
+                                k::RingFwdPath::kPersistent, k::RingFwdPath::kSteps}) {
       const int i = path == k::RingFwdPath::kPersistent ? 1 : 0;
       dc->set_ring_forward_path(path);
       tm.time(g, iters, fwd_ms[i], ring_fwd);
       outs[i].resize(o_bytes + lse_bytes);
-      CK(cudaMemcpy(outs[i].data(), o.p, o_bytes, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(outs[i].data() + o_bytes, lse.p, lse_bytes, cudaMemcpyDeviceToHost));
+      FC_BENCH_CUDA(cudaMemcpy(outs[i].data(), o.p, o_bytes, cudaMemcpyDeviceToHost));
+      FC_BENCH_CUDA(cudaMemcpy(outs[i].data() + o_bytes, lse.p, lse_bytes, cudaMemcpyDeviceToHost));
     }
     dc->set_ring_forward_path(k::RingFwdPath::kAuto);
     const k::RingFwdPath chosen = dc->ring_forward_path();
     if (outs[0] != outs[1]) {
-      std::printf("FAIL: %s W=%d rank %d: the persistent kernel's o and lse differ from the step pipeline's\n",
-                  ns.label.c_str(), W, g.rank);
+      std::printf(
+          "FAIL: %s W=%d rank %d: the persistent kernel's o and lse differ from the step pipeline's\n",
+          ns.label.c_str(), W, g.rank);
       failed = 1;
       same_forms = false;
     }
@@ -371,8 +338,8 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
     a1.dq_acc = acc1.f();
     const bool one_gpu = s.seq % W == 0;
     if (one_gpu) {  // o and lse of its own forward
-      CK(k::launch_attention(fwd_args(gq.p, gk.p, gv.p, go.p, glse.f(), B1, S1, s), tm.st));
-      CK(cudaStreamSynchronize(tm.st));
+      FC_BENCH_CUDA(k::launch_attention(fwd_args(gq.p, gk.p, gv.p, go.p, glse.f(), B1, S1, s), tm.st));
+      FC_BENCH_CUDA(cudaStreamSynchronize(tm.st));
     }
     // And with its dQ in a separate pass, as the ring's launches take it (reproducible sums).
     k::AttentionBwdArgs a1p = a1;
@@ -380,8 +347,8 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
     Buf acc1p(std::max<size_t>(k::attention_bwd_dq_acc_bytes(a1p), 16));
     a1p.dq_acc = acc1p.f();
     std::vector<double> bwd_ms, one_ms, one_pass_ms;
-    auto one = [&] { CK(k::launch_attention_bwd(a1, tm.st)); };
-    auto one_pass = [&] { CK(k::launch_attention_bwd(a1p, tm.st)); };
+    auto one = [&] { FC_BENCH_CUDA(k::launch_attention_bwd(a1, tm.st)); };
+    auto one_pass = [&] { FC_BENCH_CUDA(k::launch_attention_bwd(a1p, tm.st)); };
     tm.time(g, iters, bwd_ms, ring_bwd);
     if (one_gpu) {
       tm.time(g, iters, one_ms, one);
@@ -395,17 +362,22 @@ int rank_main(ProcessGroup& g, bool shared, int iters, const std::vector<NamedSh
     if (g.rank == 0 && same_forms) {
       const double f = ring_flops(s) / W;
       b::Row shape;
-      shape.integer("batch", B).integer("s", s.seq).integer("q_heads", Hq).integer("kv_heads", Hkv).integer("d", D);
+      shape.integer("batch", B)
+          .integer("s", s.seq)
+          .integer("q_heads", Hq)
+          .integer("kv_heads", Hkv)
+          .integer("d", D);
       shape.boolean("causal", s.causal).str("layout", s.zigzag ? "zigzag" : "contiguous");
-      auto row = [&](const char* op, const std::string& impl, double ms, double flops, const std::string& algo) {
+      auto row = [&](const char* op, const std::string& impl, double ms, double flops,
+                     const std::string& algo) {
         b::Row r;
         r.str("family", "attention").str("op", op).str("impl", impl).integer("world", W).obj("shape", shape);
         r.str("dtype", "bf16").num("ms_median", ms).num("tflops", flops / (ms * 1e-3) / 1e12).null("gbps");
         r.str("label", ns.label);
         if (!algo.empty()) r.str("algo", algo);
         rows.write(r);
-        std::printf("ring W=%d %-18s %-22s %-22s %8.3f ms %6.1f TFLOP/s per GPU%s%s\n", W, ns.label.c_str(), op,
-                    impl.c_str(), ms, flops / (ms * 1e-3) / 1e12, algo.empty() ? "" : "  ", algo.c_str());
+        std::printf("ring W=%d %-18s %-22s %-22s %8.3f ms %6.1f TFLOP/s per GPU%s%s\n", W, ns.label.c_str(),
+                    op, impl.c_str(), ms, flops / (ms * 1e-3) / 1e12, algo.empty() ? "" : "  ", algo.c_str());
       };
       const double t_steps = b::median(fwd_ms[0]), t_pers = b::median(fwd_ms[1]);
       row("ringAttention", "fusedcomm_persistent", t_pers, f, "");
@@ -451,8 +423,9 @@ int main(int argc, char** argv) {
         if (*p == ',') ++p;
       }
     } else {
-      std::fprintf(stderr,
-                   "usage: ring_bench [--worlds 1,2] [--shapes FILE] [--out ROWS.jsonl] [--shared] [--iters N]\n");
+      std::fprintf(
+          stderr,
+          "usage: ring_bench [--worlds 1,2] [--shapes FILE] [--out ROWS.jsonl] [--shared] [--iters N]\n");
       return 2;
     }
   }
