@@ -10,19 +10,14 @@
 
 namespace fusedcomm::bench {
 
-// o = attention(q, k, v); lse (B, Hq, Sq) fp32 or null.
-inline kernels::AttentionArgs attn_dense_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
-                                             int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv,
-                                             int64_t D, bool causal) {
-  kernels::AttentionArgs a;
+// What the forward's and the backward's arguments share: q (B, Sq, Hq, D), k and v (B, Sk, Hkv,
+// D), the sizes and the mask.
+template <typename Args>
+void attn_dense_common(Args& a, const void* q, const void* k, const void* v, int64_t B, int64_t Sq,
+                       int64_t Sk, int64_t Hq, int64_t Hkv, int64_t D, bool causal) {
   a.q = kernels::attn_dense(q, Sq, Hq, D);
   a.k = kernels::attn_dense(k, Sk, Hkv, D);
   a.v = kernels::attn_dense(v, Sk, Hkv, D);
-  a.o = static_cast<__nv_bfloat16*>(o);
-  a.o_stride_h = D;
-  a.o_stride_s = Hq * D;
-  a.o_stride_b = Sq * Hq * D;
-  a.lse = lse;
   a.batch = B;
   a.q_len = Sq;
   a.kv_len = Sk;
@@ -30,6 +25,19 @@ inline kernels::AttentionArgs attn_dense_fwd(const void* q, const void* k, const
   a.kv_heads = Hkv;
   a.head_dim = D;
   a.causal = causal;
+}
+
+// o = attention(q, k, v); lse (B, Hq, Sq) fp32 or null.
+inline kernels::AttentionArgs attn_dense_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
+                                             int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv,
+                                             int64_t D, bool causal) {
+  kernels::AttentionArgs a;
+  attn_dense_common(a, q, k, v, B, Sq, Sk, Hq, Hkv, D, causal);
+  a.o = static_cast<__nv_bfloat16*>(o);
+  a.o_stride_h = D;
+  a.o_stride_s = Hq * D;
+  a.o_stride_b = Sq * Hq * D;
+  a.lse = lse;
   return a;
 }
 
@@ -40,9 +48,7 @@ inline kernels::AttentionBwdArgs attn_dense_bwd(const void* q, const void* k, co
                                                 void* dv, float* delta, int64_t B, int64_t Sq, int64_t Sk,
                                                 int64_t Hq, int64_t Hkv, int64_t D, bool causal) {
   kernels::AttentionBwdArgs a;
-  a.q = kernels::attn_dense(q, Sq, Hq, D);
-  a.k = kernels::attn_dense(k, Sk, Hkv, D);
-  a.v = kernels::attn_dense(v, Sk, Hkv, D);
+  attn_dense_common(a, q, k, v, B, Sq, Sk, Hq, Hkv, D, causal);
   a.o = kernels::attn_dense(o, Sq, Hq, D);
   a.d_o = kernels::attn_dense(d_o, Sq, Hq, D);
   a.lse = lse;
@@ -50,13 +56,6 @@ inline kernels::AttentionBwdArgs attn_dense_bwd(const void* q, const void* k, co
   a.dq.ptr = dq;
   a.dk.ptr = dk;
   a.dv.ptr = dv;
-  a.batch = B;
-  a.q_len = Sq;
-  a.kv_len = Sk;
-  a.q_heads = Hq;
-  a.kv_heads = Hkv;
-  a.head_dim = D;
-  a.causal = causal;
   return a;
 }
 
