@@ -23,10 +23,10 @@
 // included): rank q's data area at ws_offset holds W slots (slot s: rank s's partials), each
 // `tiles` tiles of BM × BN partials, tile-major, rows past M never written nor read. Once a
 // tile's stores are complete the pushing CTA raises its flag in every rank's region,
-// FusedFlags::rs_tile[t · W + r] = epoch (publish: stores, bar.sync, st.release.sys per rank by
-// thread 0; the barrier orders every thread's stores before thread 0's release, and a release is
-// cumulative, so no fence.sc.sys first: at decode sizes each system fence is microseconds on the
-// critical path, docs/performance.md).
+// FusedFlags::rs_tile[t · W + r] = epoch (publish: stores, bar.sync, then thread 0's
+// fence.acq_rel.sys and a relaxed system-scope store per rank, a release pattern; the barrier
+// orders every thread's stores before the fence, which is cumulative, so no fence.sc.sys: at
+// decode sizes each system fence is microseconds on the critical path, docs/performance.md).
 //
 // Sums: after its last unit a CTA takes tiles t = blockIdx.x, + gridDim.x, ...: one thread waits
 // for the W flags of the tile in this rank's region (ld.acquire.sys), then the CTA loads the W
@@ -157,25 +157,24 @@ __device__ __forceinline__ bool ar_wait(const CommDevice& d, const uint64_t* fla
 }
 
 // The end, one thread per CTA once the CTA is done (after a bar.sync that follows its last load
-// of the receive slots and its last push). The last CTA of this rank (grid-level counter, as
-// comm_protocol.cuh's argument, with every CTA's fence.acq_rel.sys before the counter: a
-// release fence suffices for fence-fence synchronisation through it) raises its done
-// flag in every peer (CommFlags::done, which other fused ops' end barriers count on), compares
-// the launch signatures (each peer's arrive flag, acquired here, was released after its
-// signature) and publishes the epoch for the next launch. It does not wait for the peers' done
-// flags, the end barrier of the other fused ops, since nothing here needs it:
+// of the receive slots and its last push). The last CTA of this rank (grid-level counter,
+// comm_arrive_last: no fence, since what follows is read only by this rank's next launches)
+// compares the launch signatures (each peer's arrive flag, acquired here, was released after its
+// signature) and publishes the epoch for the next launch. It neither raises its done flags nor
+// waits for the peers', the end barrier of the other ops, since nothing here needs it:
 // - input lifetime: no peer reads this rank's memory; peers only store into its receive slots,
 //   and every such store of this launch completed before this rank's sums read the tile's flag;
 // - at most one launch ahead (what the collectives' slot reuse needs, collectives.h
 //   CommFlags::ready): this launch completes on a rank only after its sums have read every
 //   peer's tiles of this launch, so only after every peer has started it, i.e. completed its
-//   previous launch; a rank therefore reaches launch e+2 only after every peer finished e.
-// This saves a round trip between the GPUs per launch, which decode-sized launches feel.
+//   previous launch; a rank therefore reaches launch e+2 only after every peer finished e;
+// - CommFlags::done[p] = e says that p finished reading this rank's memory in launch e; the
+//   other ops' end barriers wait for it in their own launch (done only grows), never for an
+//   earlier launch's, so this launch owes none.
+// Each of those steps is a system-scope fence or a round trip between the GPUs on the path to
+// the kernel's end, which decode-sized launches feel (docs/performance.md).
 inline __device__ __noinline__ void ar_end(const CommDevice& d, uint64_t epoch) {
-  fence_acq_rel_sys();
-  if (!comm_last_cta(&comm_control(d)->exit_count)) return;
-  comm_signal_peers(
-      d, [&](CommFlags* f) { return &f->done[d.rank]; }, epoch);
+  if (!comm_arrive_last(&comm_control(d)->exit_count)) return;
   CommFlags* mine = comm_flags(d, d.rank);
   bool ok = true;
   for (int i = 1; i < d.world && ok; ++i) {
@@ -416,9 +415,12 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
         }
         __syncthreads();  // every thread's stores before thread 0's fence (publish)
         if (tid == 0) {
+          // One release fence, then the W flags: a release store per flag would add a round
+          // trip between the GPUs per flag after the first (each waits for the previous flag).
+          fence_acq_rel_sys();
           for (int i = failed ? W - 1 : 0; i < W; ++i) {
             const int q = (r + 1 + i) % W;
-            st_release_sys(&fused_flags(d, q)->rs_tile[t * W + r], epoch);
+            st_relaxed_sys(&fused_flags(d, q)->rs_tile[t * W + r], epoch);
           }
         }
       }
