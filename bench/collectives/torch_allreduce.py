@@ -26,6 +26,7 @@ NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 must be set (run.sh do
 multicast stays off on shared hosts, so the symmetric-memory ops run their unicast kernels.
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -238,6 +239,14 @@ def main(argv=None):
                 failed += 1
                 continue
             write(impl, b, placement, iters, ms=torch_dist.median_ms(call, iters))
+    # The graphs (which hold NCCL's and symmetric memory's work) and the symmetric buffers go
+    # before the group does, every rank past its last call first: with them alive, ending the
+    # process group hung at exit on 2 x H200.
+    torch.cuda.synchronize()
+    dist.barrier()
+    keep.clear()
+    gc.collect()
+    torch.cuda.synchronize()
     torch_dist.finish(f)
     return 1 if failed else 0
 

@@ -150,9 +150,9 @@ __device__ __forceinline__ uint32_t comm_peer_claim(const CommDevice& d, int pee
 
 // Bounded wait (one thread): true once *flag >= epoch; false after timeout_ns, an abort, or
 // another CTA's failure. The first to give up fills the error record. The local error claim is
-// re-read every 16 polls; the host-mapped abort word and the clock only every
-// kCommSlowCheckNs of waiting: hundreds of CTAs reading host memory over PCIe every few polls
-// slowed every barrier by tens to hundreds of microseconds on a 4 x H200 host.
+// re-read every 16 polls; the clock, the peers' signatures and claims every kCommSlowCheckNs
+// of waiting; the host-mapped abort word every tuning::kAbortCheckPolls polls (its reads over
+// PCIe are served one at a time: see there).
 // comm_wait_flag_inline is the same wait, inlined: for waits inside a kernel's main loop,
 // where a call would make the caller save every live register around it (spills).
 inline constexpr uint64_t kCommSlowCheckNs = 20000;
@@ -183,13 +183,14 @@ __device__ __forceinline__ bool comm_wait_flag_inline(const CommDevice& d, const
     if ((polls & 15) == 0) {
       if (comm_failed(d)) return false;  // someone else recorded it
       const uint64_t now = globaltimer_ns();
-      if (now >= next_check) {
+      const bool abort_check = (polls & (tuning::kAbortCheckPolls - 1)) == 0;
+      if (now >= next_check || abort_check) {
         next_check = now + kCommSlowCheckNs;
         uint32_t code = 0, peer_claim = 0;
         const uint64_t elapsed = now - t0;
         const uint64_t launch_epoch = comm_epoch_slot();
         int who = -1;
-        if (d.abort_word != nullptr && ld_volatile_u32(d.abort_word) != 0) {
+        if (abort_check && d.abort_word != nullptr && ld_volatile_u32(d.abort_word) != 0) {
           code = kGemmAborted;
         } else if (!local && (who = comm_mismatched_peer(d, launch_epoch)) >= 0) {
           // A peer is in a different op (or size) at this epoch: say so now, not at the

@@ -12,6 +12,15 @@ namespace fusedcomm::kernels::tuning {
 inline constexpr uint32_t kCommPollSleepNs = 128u;
 inline constexpr uint32_t kCommPollSleepLateNs = 1024u;
 inline constexpr uint32_t kCommPollLatePolls = 4096;
+// Every wait (comm_wait_flag, the GEMM producers' wait_flag) reads the host-mapped abort word
+// only every this many polls (about 1-2 ms of waiting). The GPU serves reads of host memory one
+// at a time, about 1 us each on an H200 (one read by each of 132 CTAs took ~130 us): with every
+// waiting CTA reading it every 16-20 us, a wait that outlasted that queued the grid's reads for
+// hundreds of microseconds, its waits ended that late, the peers' next waits grew as long, and
+// the stall (~0.2-0.4 ms per launch) repeated launch after launch (docs/performance.md).
+inline constexpr uint32_t kAbortCheckPolls = 1024;
+static_assert((kAbortCheckPolls & (kAbortCheckPolls - 1)) == 0 && kAbortCheckPolls >= 16,
+              "a power of two, a multiple of the 16-poll checks");
 
 // Fused kernels' start and chunk waits in their communication roles (fused_wait): their flags
 // come every few to tens of microseconds, and tens of CTAs may wait at once while the GEMM runs

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/common/sm90_primitives.cuh"
+#include "kernels/common/tuning.h"
 #include "kernels/gemm/detail/gemm_config.cuh"
 #include "kernels/gemm/gemm.h"
 
@@ -28,6 +29,8 @@ inline __device__ __noinline__ void record_wait_failure(GemmErrorRecord* e, uint
 }
 
 // Returns true once flag >= epoch; false if it timed out, was aborted, or another CTA failed.
+// The error record and the clock every 16 polls, the host-mapped abort word every
+// tuning::kAbortCheckPolls (see there).
 // Scalars by value: a reference into the kernel's parameter space would force a local copy.
 inline __device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epoch, uint64_t timeout,
                                               const volatile uint32_t* abort_word, GemmErrorRecord* error,
@@ -44,7 +47,7 @@ inline __device__ __noinline__ bool wait_flag(const uint64_t* flag, uint64_t epo
     if ((polls & 15) == 0) {
       const uint64_t elapsed = globaltimer_ns() - t0;
       uint32_t code = kGemmOk;
-      if (abort_word != nullptr && *abort_word != 0) {
+      if ((polls & (tuning::kAbortCheckPolls - 1)) == 0 && abort_word != nullptr && *abort_word != 0) {
         code = kGemmAborted;
       } else if (ld_volatile_u32(&error->code) != 0) {
         return false;  // another CTA gave up: stop without overwriting its record
