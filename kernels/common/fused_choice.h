@@ -117,8 +117,13 @@ inline FusedAlgo choose_moe_gemm_combine(FusedAlgo algo, int /*world*/) {
 // and its grid is sized to the rows, so it is for decode-sized batches: kAuto takes it when the
 // receive capacity (rank-uniform: the caller's maxRecvRows, else what the data area holds; part
 // of the launch signature) is at most W · kMoeLowLatencyMaxTokens · topk rows, i.e. no rank can
-// receive more than every rank's 256 tokens routed to it. docs/performance.md "MoE low-latency
-// mode" has the measurement behind it.
+// receive more than every rank's 256 tokens routed to it. At W = 2 on separate GPUs (the
+// issue's three expert shapes, uniform routing) it took 0.68-0.93 × the normal path's time for
+// the routing and rows, 0.91-1.00 × with the grouped GEMM and 0.95-1.00 × for the combine at
+// 128 and 256 tokens per rank; at 512 tokens its combine took 1.04-1.05 × at two of the three
+// shapes and at 1024 its routing and rows 1.13-1.15 ×, so the bar stays at 256 tokens. At W = 1
+// it was faster at 128 tokens; W >= 3 on separate GPUs was not measured (the same per-rank
+// bar). docs/performance.md "MoE low-latency mode" has the figures.
 inline constexpr int64_t kMoeLowLatencyMaxTokens = 256;
 inline bool choose_moe_low_latency(MoeMode mode, int world, int64_t capacity, int topk) {
   if (mode != MoeMode::kAuto) return mode == MoeMode::kLowLatency;

@@ -267,6 +267,69 @@ __device__ __forceinline__ void moe_finish(const CommDevice& d, uint64_t epoch, 
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
 }
 
+// The waits of a launch whose CTAs all wait for the same event. One thread of the launch (the
+// leader) waits for it, or for the event that precedes it, with comm_wait_flag's checks: the
+// host-mapped abort word, a peer in another launch, a peer that gave up. Every other CTA
+// follows with moe_follow_flag, which reads only the flag and this GPU's memory: every 16
+// polls the error claim (which the leader sets when it gives up, on an abort too) and the
+// clock. So an abort still stops every wait: a follower's flag is raised by the leader or by
+// CTAs with finite work ahead of them. Why not every CTA with comm_wait_flag's checks: each of
+// its slow checks (every kCommSlowCheckNs of waiting) reads the abort word over PCIe, and the
+// GPU serves such reads one at a time, ~1 us each (H200: one read by each of 132 CTAs took
+// ~130 us). Once a wait passed kCommSlowCheckNs, the grid's reads queued for hundreds of
+// microseconds and its waits ended that late; the rank that ended late made its peer's next
+// waits as long, so the stall repeated launch after launch (~0.4 ms each at W = 2). A follower
+// gives up on the error claim, or after timeout_scale x the timeout (above the leader's), so
+// that the leader's record, naming the peer and the step, is the one the host reads.
+__device__ __forceinline__ bool moe_follow_flag(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
+                                                bool local, uint32_t op, uint32_t step, int peer,
+                                                uint32_t timeout_scale = 2) {
+  auto load = [&] { return local ? ld_acquire_gpu(flag) : ld_acquire_sys(flag); };
+  uint64_t v = load();
+  if (v >= epoch) return true;
+  const uint64_t timeout = timeout_scale * (d.timeout_ns ? d.timeout_ns : kDefaultWaitTimeoutNs);
+  const uint64_t t0 = globaltimer_ns();
+  uint32_t sleep_ns = 16;
+  for (uint32_t polls = 1;; ++polls) {
+    v = load();
+    if (v >= epoch) return true;
+    if ((polls & 15) == 0) {
+      if (comm_failed(d)) return false;
+      const uint64_t elapsed = globaltimer_ns() - t0;
+      if (elapsed > timeout) {
+        comm_record_failure(d, kGemmWaitTimeout, epoch, v, elapsed, op, step, peer);
+        return false;
+      }
+    }
+    __nanosleep(sleep_ns);
+    const uint32_t cap =
+        polls < tuning::kCommPollLatePolls ? tuning::kCommPollSleepNs : tuning::kCommPollSleepLateNs;
+    sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
+  }
+}
+
+// All threads of a CTA: comm_wait_peers over the peers' flags of one field (stride 1, each the
+// peer's first release of the launch, after its signature), led by CTA 0: its thread 0 waits
+// with comm_wait_flag, every other CTA's follows (moe_follow_flag). Every CTA then compares the
+// signatures (a CTA must not store into a peer that runs another launch). False to every thread
+// if a wait gave up or a signature differs.
+__device__ __forceinline__ bool moe_wait_peers_led(const CommDevice& d, const uint64_t* flags, uint64_t epoch,
+                                                   uint32_t op, uint32_t step) {
+  __shared__ int s_ok;
+  if (threadIdx.x == 0) {
+    int ok = 1;
+    for (int i = 1; i < d.world && ok; ++i) {
+      const int p = (d.rank + i) % d.world;
+      ok = blockIdx.x == 0 ? comm_wait_flag(d, flags + p, epoch, op, step, p)
+                           : moe_follow_flag(d, flags + p, epoch, false, op, step, p);
+    }
+    if (ok) ok = comm_check_signatures(d, epoch, op, step);
+    s_ok = ok;
+  }
+  __syncthreads();
+  return s_ok != 0;
+}
+
 // 3. The rows: one warp per pair, to the owner's data area at the pair's row.
 __global__ void __launch_bounds__(kRowThreads) moe_rows_kernel(const __grid_constant__ RowsParams p) {
   const CommDevice& d = p.dev;
@@ -600,8 +663,7 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const __grid_c
     comm_signal_peers(
         d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
   }
-  const bool ok = comm_wait_peers(d, comm_flags(d, d.rank)->arrive, 1, epoch,
-                                  static_cast<CommOp>(kMoeOpCombine), kCommStepArrive, true);
+  const bool ok = moe_wait_peers_led(d, comm_flags(d, d.rank)->arrive, epoch, kMoeOpCombine, kCommStepArrive);
   // Every home rank's slots must fit its data area; every rank sees every T_s, so all agree.
   const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
   int worst = 0;
@@ -687,13 +749,19 @@ __device__ __forceinline__ void moe_ll_release(uint64_t* flag, uint64_t epoch) {
   st_release_gpu(flag, epoch);
 }
 
-// All threads: thread 0 waits (bounded) for a local flag; false (to every thread) if it gave up.
-// Twice the timeout: the CTA behind the flag waits for the peers with the plain one, so where a
-// peer never comes, its record (naming that peer and step) is the one the host reads.
+// Out of line (inlined twice, the wait made the dispatch kernel spill).
+inline __device__ __noinline__ bool moe_ll_follow(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
+                                                  uint32_t op, uint32_t step) {
+  return moe_follow_flag(d, flag, epoch, true, op, step, d.rank);
+}
+
+// All threads: thread 0 follows a local flag (moe_follow_flag: the CTA behind the flag waits for
+// the peers with comm_wait_flag's checks, and where a peer never comes, its record, naming that
+// peer and step, is the one the host reads); false (to every thread) if it gave up.
 __device__ __forceinline__ bool moe_ll_wait(const CommDevice& d, const uint64_t* flag, uint64_t epoch,
                                             uint32_t op, uint32_t step) {
   __shared__ int s_ok;
-  if (threadIdx.x == 0) s_ok = comm_wait_flag_inline(d, flag, epoch, op, step, d.rank, 2, true) ? 1 : 0;
+  if (threadIdx.x == 0) s_ok = moe_ll_follow(d, flag, epoch, op, step) ? 1 : 0;
   __syncthreads();
   return s_ok != 0;
 }
@@ -936,8 +1004,8 @@ __global__ void __launch_bounds__(kLlThreads)
     comm_signal_peers(
         d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
   }
-  const bool ok = comm_wait_peers(d, comm_flags(d, d.rank)->arrive, 1, epoch,
-                                  static_cast<CommOp>(kMoeOpLlCombine), kCommStepArrive, true);
+  const bool ok =
+      moe_wait_peers_led(d, comm_flags(d, d.rank)->arrive, epoch, kMoeOpLlCombine, kCommStepArrive);
   const uint64_t row_bytes = static_cast<uint64_t>(p.row_vecs) * 16;
   int worst = 0;
   uint64_t most = 0;
@@ -1035,7 +1103,9 @@ inline __device__ __noinline__ void moe_gc_start(const GcParams& p, uint64_t epo
     bool ok = true;
     for (int i = 1; i < d.world && ok; ++i) {
       const int q = (d.rank + i) % d.world;
-      ok = fused_wait(d, &mine->arrive[q], epoch, kMoeOpGemmCombine, kCommStepArrive, q, 1);
+      ok = blockIdx.x == 0
+               ? fused_wait(d, &mine->arrive[q], epoch, kMoeOpGemmCombine, kCommStepArrive, q, 1)
+               : moe_follow_flag(d, &mine->arrive[q], epoch, false, kMoeOpGemmCombine, kCommStepArrive, q);
     }
     if (ok && d.world > 1) ok = comm_check_signatures(d, epoch, kMoeOpGemmCombine, kCommStepArrive);
     const uint64_t row_bytes = static_cast<uint64_t>(p.width) * 2;
@@ -1093,9 +1163,13 @@ inline __device__ __noinline__ void moe_gc_sum(const GcParams& p, uint64_t epoch
     int ok = moe_gc_go();
     if (ok) {
       const uint64_t need = static_cast<uint64_t>(p.tokens[d.rank]) * p.topk * p.width;
-      // Twice the timeout: a peer that never stores is named by the start's or the end's wait.
-      ok = fused_wait(d, moe_combine_arrived(d, d.rank), need, kMoeOpGemmCombine, kMoeStepCombineRows,
-                      d.world > 1 ? (d.rank + 1) % d.world : d.rank, 2, d.world == 1);
+      // CTA 0 leads (moe_follow_flag), with twice the timeout: a peer that never stores is
+      // named by the start's or the end's wait; the followers give up after three times.
+      const int peer = d.world > 1 ? (d.rank + 1) % d.world : d.rank;
+      ok = blockIdx.x == 0 ? fused_wait(d, moe_combine_arrived(d, d.rank), need, kMoeOpGemmCombine,
+                                        kMoeStepCombineRows, peer, 2, d.world == 1)
+                           : moe_follow_flag(d, moe_combine_arrived(d, d.rank), need, d.world == 1,
+                                             kMoeOpGemmCombine, kMoeStepCombineRows, peer, 3);
     }
     s_ok = ok;
   }

@@ -92,6 +92,10 @@
 // the rows; arrive before the combine's rows). Every wait is bounded (comm_protocol.cuh): a
 // timeout, an abort or a peer in another op fills the CommErrorRecord (op kMoeOp*, step
 // kMoeStep* or kCommStepArrive / kCommStepDone); SymmetricMemory::raise_if_failed throws.
+// Where every CTA of a launch waits for the same event (the combines' start barrier, the
+// low-latency kernels' ll flags, the fused moeGemmCombine's start and row count), one thread
+// leads with those checks and the other CTAs follow reading only this GPU's memory (moe.cu
+// moe_follow_flag): the abort word is host memory, whose reads the GPU serves one at a time.
 //
 // Requirements (else cudaErrorInvalidValue): bf16 rows; hidden, ffn and width multiples of 8 (16-byte
 // rows; hidden, ffn >= 8 for the GEMM); x, w1, routed_x, out, expert_out 16-byte aligned;
