@@ -85,10 +85,10 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     return cudaErrorInvalidValue;
   }
   if (d.launch_sig == 0) {
-    const uint32_t sig_algo = algo == CommAlgo::kTwoShot && in_place(d, a) ? kSigAlgoTwoShotInPlace
-                                                                          : static_cast<uint32_t>(algo);
-    d.launch_sig = comm_launch_signature(static_cast<uint32_t>(a.op), static_cast<uint32_t>(a.dtype), sig_algo,
-                                         static_cast<uint64_t>(a.count));
+    const uint32_t sig_algo =
+        algo == CommAlgo::kTwoShot && in_place(d, a) ? kSigAlgoTwoShotInPlace : static_cast<uint32_t>(algo);
+    d.launch_sig = comm_launch_signature(static_cast<uint32_t>(a.op), static_cast<uint32_t>(a.dtype),
+                                         sig_algo, static_cast<uint64_t>(a.count));
   }
   const int sms = d.sm_count > 0 ? d.sm_count : 1;
   Params prm{a, 0, 0};

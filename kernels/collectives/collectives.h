@@ -147,7 +147,8 @@ inline constexpr uint64_t kCommStagingOffset = 1 << 20;
 enum class CommOp : uint32_t { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kAllToAll = 4 };
 enum class CommDtype : uint32_t { kF32 = 0, kBF16 = 1 };
 // kTwoPhasePush, kPipelined and kDirect: the chunk-pipelined variants above (kAuto: the push allReduce
-// at W = 2 from 256 MiB; the rest are measurement candidates).
+// at W = 2 from 256 MiB; the rest are measurement candidates). kTwoShot: the two-shot allReduce
+// above (kAuto: W = 2, medium sizes).
 enum class CommAlgo : uint32_t {
   kAuto = 0,
   kOneShot = 1,
@@ -374,10 +375,10 @@ struct CollectiveArgs {
 int64_t collective_output_count(CommOp op, int64_t count, int world, int rank);
 // Elements of the input of `op` on rank `rank`.
 int64_t collective_input_count(CommOp op, int64_t count, int world, int rank);
-// The algorithm kAuto picks (kOneShot, kTwoPhase, kDirect for a large in-place allReduce where
-// enabled, or kTwoPhasePush for a large allReduce at
-// W = 2) for these arguments, from rank-uniform values only; a forced algorithm is returned
-// as is.
+// The algorithm kAuto picks (kOneShot, kTwoPhase, kTwoShot for a medium allReduce at W = 2,
+// kDirect for a large in-place allReduce where enabled, or kTwoPhasePush for a large allReduce
+// at W = 2) for these arguments, from rank-uniform values (and in-placeness, which callers keep
+// the same on every rank) only; a forced algorithm is returned as is.
 CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& args);
 
 // Enqueues one collective on `stream` (see the contract above). cudaErrorInvalidValue for bad

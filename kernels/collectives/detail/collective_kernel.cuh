@@ -503,7 +503,8 @@ __device__ __forceinline__ bool wait_peers_checked(const CommDevice& d, const ui
   }
   for (int i = 1; i < W; ++i) {
     const int p = (r + i) % W;
-    if (!comm_wait_flag(d, flags + static_cast<int64_t>(p) * stride, value, static_cast<uint32_t>(op), step, p)) {
+    if (!comm_wait_flag(d, flags + static_cast<int64_t>(p) * stride, value, static_cast<uint32_t>(op), step,
+                        p)) {
       return false;
     }
   }

@@ -41,8 +41,8 @@ __device__ __forceinline__ bool two_shot_handshake(const CommDevice& d, uint64_t
         d, [&](CommFlags* f) { return &f->pipe[r][c]; }, tag);
   }
   if (threadIdx.x == 0) {
-    s_ok = wait_peers_checked(d, &comm_flags(d, r)->pipe[0][c], kCommMaxPipeCtas, tag, epoch, CommOp::kAllReduce,
-                              cstep, check_signatures);
+    s_ok = wait_peers_checked(d, &comm_flags(d, r)->pipe[0][c], kCommMaxPipeCtas, tag, epoch,
+                              CommOp::kAllReduce, cstep, check_signatures);
   }
   __syncthreads();
   return s_ok != 0;
@@ -53,7 +53,8 @@ __device__ __forceinline__ bool two_shot_handshake(const CommDevice& d, uint64_t
 
 // Elements [b, e) of the slice one by one: sums of src[0..W) in rank order, into every rank.
 template <typename T, int NS>
-__device__ __forceinline__ void two_shot_elems(const T* const* src, int64_t delta, int W, int64_t b, int64_t e) {
+__device__ __forceinline__ void two_shot_elems(const T* const* src, int64_t delta, int W, int64_t b,
+                                               int64_t e) {
   for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) {
     float acc = 0.f;
 #pragma unroll
@@ -69,7 +70,8 @@ __device__ __forceinline__ void two_shot_elems(const T* const* src, int64_t delt
 // tuning::kTwoShotLoads vectors in flight per thread (over all sources), then the sums (fp32,
 // rank order, rounded once) stored to every rank.
 template <typename T, int NS>
-__device__ __forceinline__ void two_shot_vecs(const T* const* src, int64_t delta, int W, int64_t vb, int64_t ve) {
+__device__ __forceinline__ void two_shot_vecs(const T* const* src, int64_t delta, int W, int64_t vb,
+                                              int64_t ve) {
   constexpr int kEpv = kVecBytes / sizeof(T);
   constexpr int U = tuning::kTwoShotLoads / NS > 0 ? tuning::kTwoShotLoads / NS : 1;
   const int nt = blockDim.x;
@@ -150,8 +152,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1) two_shot_kernel
     const T* src[NS];
 #pragma unroll
     for (int k = 0; k < NS; ++k) src[k] = data_of<T>(d, a, k < W ? k : 0) + off_r;
-    const int64_t delta =
-        in_place ? 0 : static_cast<int64_t>((d.scratch_offset - d.data_offset) / sizeof(T));
+    const int64_t delta = in_place ? 0 : static_cast<int64_t>((d.scratch_offset - d.data_offset) / sizeof(T));
     // Every copy of the slice sits at one offset from the 16-byte grid (same layout everywhere;
     // data_offset and scratch_offset are 4 KiB aligned).
     const int64_t head = head_elems(src[0], n_r);

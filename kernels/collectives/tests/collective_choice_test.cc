@@ -36,8 +36,10 @@ void test_collective_choice() {
   check(algo(AR, B, 2, 512 << 10) == k::CommAlgo::kOneShot, "allReduce W=2 512 KiB: one-shot");
   check(algo(AR, B, 2, (512 << 10) + 2) == k::CommAlgo::kTwoShot, "allReduce W=2 512 KiB + 2 B: two-shot");
   check(algo(AR, F, 2, 8 * MiB) == k::CommAlgo::kTwoShot, "allReduce W=2 8 MiB out of place: two-shot");
-  check(algo(AR, B, 2, 8 * MiB + 2) == k::CommAlgo::kTwoPhase, "allReduce W=2 8 MiB + 2 B out of place: two-phase");
-  check(algo(AR, B, 4, 1 * MiB) == k::CommAlgo::kTwoPhase, "allReduce W=4 1 MiB: two-phase (two-shot: W = 2)");
+  check(algo(AR, B, 2, 8 * MiB + 2) == k::CommAlgo::kTwoPhase,
+        "allReduce W=2 8 MiB + 2 B out of place: two-phase");
+  check(algo(AR, B, 4, 1 * MiB) == k::CommAlgo::kTwoPhase,
+        "allReduce W=4 1 MiB: two-phase (two-shot: W = 2)");
   check(algo(AR, B, 2, 64 * MiB) == k::CommAlgo::kTwoPhase, "allReduce W=2 64 MiB: two-phase");
   check(algo(AR, B, 2, 256 * MiB - 2) == k::CommAlgo::kTwoPhase, "allReduce W=2 256 MiB - 2 B: two-phase");
   check(algo(AR, B, 2, 256 * MiB) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 256 MiB bf16: push");

@@ -305,8 +305,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
          {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllToAll}) {
       for (k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
         for (int64_t n : counts) {
-          for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
-                                   k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined, k::CommAlgo::kTwoShot}) {
+          for (k::CommAlgo algo :
+               {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase, k::CommAlgo::kTwoPhasePush,
+                k::CommAlgo::kPipelined, k::CommAlgo::kTwoShot}) {
             ++case_id;
             if (g_new_only && !is_new_algo(algo)) continue;
             Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u, false};
@@ -368,7 +369,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         // Chunk-pipelined variants with few producers and small chunks: many rounds per
         // producer, consumers covering several producers, uneven last rounds.
         for (int64_t n : {int64_t{4099}, int64_t{300001}, int64_t{2000003}}) {
-          for (k::CommAlgo algo : {k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined, k::CommAlgo::kTwoShot}) {
+          for (k::CommAlgo algo :
+               {k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined, k::CommAlgo::kTwoShot}) {
             for (const auto& pc : {std::pair<int, int64_t>{1, 4096}, {5, 1024}, {3, 96 << 10}}) {
               ++case_id;
               Case c{
