@@ -26,10 +26,10 @@
 //   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
 //     abort of a waiting two-phase launch, then a fresh SymmetricMemory works on the same
 //     processes;
-//   launch mismatch: odd ranks launch another count / op / algorithm / dtype than even ranks at
-//     the same epoch: every rank gets Error(kCommunicator) naming both launches (record code
-//     kCommLaunchMismatch, a peer of the other parity, both signatures) within 2 s although the
-//     timeout is 10 s; then a fresh SymmetricMemory works.
+//   launch mismatch: odd ranks launch another count / op / algorithm / dtype / placement
+//     (direct, two-shot) than even ranks at the same epoch: every rank gets Error(kCommunicator)
+//     naming both launches (record code kCommLaunchMismatch, a peer of the other parity, both
+//     signatures) within 2 s although the timeout is 10 s; then a fresh SymmetricMemory works.
 // FC_TEST_WORLDS=<w,...>: only those worlds (gpu_test_support.h).
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
 // protocol and numerics only; the back-to-back loops run 200 launches instead of 1,000).
@@ -571,6 +571,19 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {{AR, B, 1 << 20, k::CommAlgo::kDirect, 0, 0, false, 0, 0, false, false, true},
          {AR, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false},
          "in place (direct vs two-phase)"},
+        // Two-shot: both sides pass the handshakes (same grid, same tags); CTA 0 compares the
+        // signatures at the end handshake.
+        {{AR, B, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false},
+         {AR, F, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false},
+         "dtype (two-shot)"},
+        {{AR, B, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false, 0, 0, false, false, true},
+         {AR, B, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false},
+         "in place (two-shot in place vs not)"},
+    };
+    // The signature's algorithm field (an in-place two-shot signs apart from an out-of-place one).
+    auto sig_algo = [](const Case& c) {
+      return c.algo == k::CommAlgo::kTwoShot && c.in_place ? k::kSigAlgoTwoShotInPlace
+                                                           : static_cast<uint32_t>(c.algo);
     };
     SymmetricConfig cfg;
     cfg.data_bytes = 16 << 20;
@@ -591,12 +604,12 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       check(k::comm_sig_op(rec.launch_sig) == static_cast<uint32_t>(c.op) &&
                 k::comm_sig_size(rec.launch_sig) == static_cast<uint64_t>(c.count) &&
                 k::comm_sig_dtype(rec.launch_sig) == static_cast<uint32_t>(c.dtype) &&
-                k::comm_sig_algo(rec.launch_sig) == static_cast<uint32_t>(c.algo) &&
+                k::comm_sig_algo(rec.launch_sig) == sig_algo(c) &&
                 k::comm_sig_op(rec.observed) == static_cast<uint32_t>(other.op) &&
                 k::comm_sig_size(rec.observed) == static_cast<uint64_t>(other.count) &&
                 k::comm_sig_dtype(rec.observed) == static_cast<uint32_t>(other.dtype) &&
-                k::comm_sig_algo(rec.observed) == static_cast<uint32_t>(other.algo) &&
-                k::comm_sig_epoch8(rec.observed) == 1 && k::comm_sig_epoch8(rec.launch_sig) == 1,
+                k::comm_sig_algo(rec.observed) == sig_algo(other) && k::comm_sig_epoch8(rec.observed) == 1 &&
+                k::comm_sig_epoch8(rec.launch_sig) == 1,
             who + ": record holds both launches' signatures");
     }
     open(SymmetricConfig{});
