@@ -38,15 +38,16 @@ namespace {
 
 const char* kUsage =
     "usage: coll_bench --world W [--shapes FILE] [--random N [--seed S]] [--out ROWS.jsonl]\n"
-    "                  [--algo NAME] [--out-of-place] [--graph] [--set NAME]\n"
+    "                  [--algo NAME] [--ctas N] [--out-of-place] [--graph] [--set NAME]\n"
     "  FILE: one op per line, \"<op> <bytes>...\" (bench/shapes/collectives.txt); op: allGather,\n"
     "  reduceScatter, allReduce or allToAll; bytes as nccl-tests counts them (allGather: the\n"
     "  output, reduceScatter: the input, allToAll: the input per rank).\n"
     "  --random N: each op also at N seeded random element counts from 1 MiB to 1 GiB of bf16,\n"
     "  multiples of nothing in particular (rows of set random-<seed>; nccl_bench.py --random N\n"
     "  --seed S draws the same counts); --seed, else one chosen and printed.\n"
-    "  --algo: one-shot, two-phase, push, pipelined or direct (allReduce in place only) instead of\n"
-    "  the automatic choice. Rows go to --out as JSON lines (rank 0).\n"
+    "  --algo: one-shot, two-phase, push, pipelined, direct (allReduce in place only) or two-shot\n"
+    "  (allReduce) instead of the automatic choice. Rows go to --out as JSON lines (rank 0).\n"
+    "  --ctas N: CollectiveArgs::num_ctas (0: the launcher's choice); rows of impl <impl>_c<N>.\n"
     "  --graph: each (op, size) also captured in a CUDA graph (one launch), checked and timed as\n"
     "  replays, rows of impl <impl>_graph (fusedcomm_graph for the automatic choice).\n"
     "  --set NAME: the list's rows carry set NAME (report.py tabulates a set apart; run.sh runs\n"
@@ -106,7 +107,8 @@ struct AlgoName {
 };
 constexpr AlgoName kAlgos[] = {{"auto", k::CommAlgo::kAuto},           {"one-shot", k::CommAlgo::kOneShot},
                                {"two-phase", k::CommAlgo::kTwoPhase},  {"push", k::CommAlgo::kTwoPhasePush},
-                               {"pipelined", k::CommAlgo::kPipelined}, {"direct", k::CommAlgo::kDirect}};
+                               {"pipelined", k::CommAlgo::kPipelined}, {"direct", k::CommAlgo::kDirect},
+                               {"two-shot", k::CommAlgo::kTwoShot}};
 
 const char* algo_name(k::CommAlgo a) {
   for (const AlgoName& n : kAlgos) {
@@ -122,6 +124,7 @@ struct Options {
   std::string algo = "auto";
   k::CommAlgo algo_code = k::CommAlgo::kAuto;
   bool out_of_place = false;
+  int ctas = 0;          // CollectiveArgs::num_ctas
   bool graph = false;    // also time each (op, size) as CUDA-graph replays
   std::string list_set;  // the list's rows' set ("" : none)
   uint64_t seed = 0;     // the random set's
@@ -149,7 +152,8 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
   FC_BENCH_CUDA(cudaEventCreate(&ev0));
   FC_BENCH_CUDA(cudaEventCreate(&ev1));
   b::RowWriter rows(r == 0 ? o.out : "");
-  const std::string impl = o.algo == "auto" ? "fusedcomm" : "fusedcomm_" + o.algo;
+  const std::string impl = (o.algo == "auto" ? "fusedcomm" : "fusedcomm_" + o.algo) +
+                           (o.ctas > 0 ? "_c" + std::to_string(o.ctas) : "");
   int failed = 0;
   for (const OpSizes& s : o.ops) {
     const bool is_ar = s.op == k::CommOp::kAllReduce;
@@ -162,6 +166,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
       a.count = bytes / 2;
       a.output = in_place ? sm->data() : out;
       a.algo = o.algo_code;
+      a.num_ctas = o.ctas;
       const int64_t n_in = k::collective_input_count(s.op, a.count, W, r);
       const int64_t first = s.op == k::CommOp::kAllGather ? split_offset(a.count, W, r) : 0;
       // This rank's input written at the data area's start and the output poisoned, all ranks
@@ -301,6 +306,7 @@ int main(int argc, char** argv) {
   o.algo = args.str("algo", "auto");
   o.out_of_place = args.flag("out-of-place");
   o.graph = args.flag("graph");
+  o.ctas = static_cast<int>(args.num("ctas", 0));
   o.list_set = args.str("set", "");
   const int random = static_cast<int>(args.num("random", 0));
   const std::string seed = args.str("seed", "");
@@ -311,6 +317,7 @@ int main(int argc, char** argv) {
   if (!o.list_set.empty() && shapes.empty()) args.fail("--set names the rows of --shapes");
   if (o.list_set.rfind("random-", 0) == 0) args.fail("--set: random-... names the --random sets");
   if (o.world < 1 || o.world > k::kCommMaxRanks) args.fail("--world must be 1..8");
+  if (o.ctas < 0) args.fail("--ctas: a count >= 0");
   bool known = false;
   for (const AlgoName& n : kAlgos) {
     if (o.algo == n.name) o.algo_code = n.algo, known = true;

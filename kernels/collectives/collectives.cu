@@ -12,6 +12,7 @@
 #include "kernels/collectives/detail/pipelined.cuh"
 #include "kernels/collectives/detail/select.h"
 #include "kernels/collectives/detail/two_phase.cuh"
+#include "kernels/collectives/detail/two_shot.cuh"
 #include "kernels/collectives/tuning.h"
 #include "kernels/common/early_launch.h"
 
@@ -71,8 +72,10 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     return cudaErrorInvalidValue;
   }
   CommAlgo algo = collective_choose_algo(d, a);
-  // kPipelined only changes allReduce (the only op with two phases).
-  if (algo == CommAlgo::kPipelined && a.op != CommOp::kAllReduce) algo = CommAlgo::kTwoPhase;
+  // kPipelined and kTwoShot only change allReduce (the only op with two phases).
+  if ((algo == CommAlgo::kPipelined || algo == CommAlgo::kTwoShot) && a.op != CommOp::kAllReduce) {
+    algo = CommAlgo::kTwoPhase;
+  }
   if (a.input != nullptr && algo != CommAlgo::kOneShot) return cudaErrorInvalidValue;
   if (algo == CommAlgo::kDirect && (a.op != CommOp::kAllReduce || !in_place(d, a))) {
     return cudaErrorInvalidValue;
@@ -82,8 +85,10 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     return cudaErrorInvalidValue;
   }
   if (d.launch_sig == 0) {
+    const uint32_t sig_algo =
+        algo == CommAlgo::kTwoShot && in_place(d, a) ? kSigAlgoTwoShotInPlace : static_cast<uint32_t>(algo);
     d.launch_sig = comm_launch_signature(static_cast<uint32_t>(a.op), static_cast<uint32_t>(a.dtype),
-                                         static_cast<uint32_t>(algo), static_cast<uint64_t>(a.count));
+                                         sig_algo, static_cast<uint64_t>(a.count));
   }
   const int sms = d.sm_count > 0 ? d.sm_count : 1;
   Params prm{a, 0, 0};
@@ -139,6 +144,19 @@ cudaError_t launch_collective(const CommDevice& dev, const CollectiveArgs& a, cu
     }
     if (a.out_bf16) { return start_kernel(two_phase_kernel<float, __nv_bfloat16>, grid, stream, d, prm); }
     return start_kernel(two_phase_kernel<float>, grid, stream, d, prm);
+  } else if (algo == CommAlgo::kTwoShot) {
+    prm.in_place = in_place(d, a);
+    // Every CTA resident (its handshakes wait for the peers' same CTA, and theirs for it).
+    const int grid = two_shot_ctas(d, a);
+    if (grid > sms) return cudaErrorInvalidValue;
+    if (a.dtype == CommDtype::kBF16) {
+      if (d.world <= 2) return start_kernel(two_shot_kernel<__nv_bfloat16, 2>, grid, stream, d, prm);
+      if (d.world <= 4) return start_kernel(two_shot_kernel<__nv_bfloat16, 4>, grid, stream, d, prm);
+      return start_kernel(two_shot_kernel<__nv_bfloat16, 8>, grid, stream, d, prm);
+    }
+    if (d.world <= 2) return start_kernel(two_shot_kernel<float, 2>, grid, stream, d, prm);
+    if (d.world <= 4) return start_kernel(two_shot_kernel<float, 4>, grid, stream, d, prm);
+    return start_kernel(two_shot_kernel<float, 8>, grid, stream, d, prm);
   } else if (algo == CommAlgo::kTwoPhasePush || algo == CommAlgo::kPipelined || algo == CommAlgo::kDirect) {
     CollectiveArgs planned = a;
     // kAuto's push: kAutoPushChunkBytes; its direct: the default chunk (64 KiB: faster than

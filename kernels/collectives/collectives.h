@@ -89,6 +89,15 @@
 //     large in-place allReduce where measured faster (collective_choose_algo); in-placeness is
 //     a local fact, so it must agree across ranks (a rank that differs gets the launch-mismatch
 //     error naming both launches).
+//   two-shot (kTwoShot, allReduce; other ops run two-phase): no grid barrier. CTA c of every
+//     rank meets CTA c of every peer (start handshake: CommFlags::pipe[p][c] tag round 1), reduces
+//     its share of this rank's slice from every rank's data area (rank order, fp32, rounded
+//     once) and stores the sums into every rank: in place into their data areas at the slice's
+//     place, else into their scratch (at in_offset + the slice's offset); then an end
+//     handshake (tag round 2: the CTA's stores and reads are complete), after which (out of
+//     place) the CTA copies from its own scratch to the output the shares that the peers'
+//     same CTA stored there. The grid (CollectiveArgs::num_ctas, or from the size; at most
+//     kCommMaxPipeCtas and the SM count) depends only on rank-uniform values.
 //   pipelined (kPipelined, allReduce; other ops run two-phase): start barrier; producers
 //     reduce chunks into output + OWN scratch and release the chunk flag; consumers PULL the
 //     peers' chunks from their scratch as the flags arrive (the two phases overlap chunk by
@@ -138,7 +147,8 @@ inline constexpr uint64_t kCommStagingOffset = 1 << 20;
 enum class CommOp : uint32_t { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kAllToAll = 4 };
 enum class CommDtype : uint32_t { kF32 = 0, kBF16 = 1 };
 // kTwoPhasePush, kPipelined and kDirect: the chunk-pipelined variants above (kAuto: the push allReduce
-// at W = 2 from 256 MiB; the rest are measurement candidates).
+// at W = 2 from 256 MiB; the rest are measurement candidates). kTwoShot: the two-shot allReduce
+// above (kAuto: W = 2, medium sizes).
 enum class CommAlgo : uint32_t {
   kAuto = 0,
   kOneShot = 1,
@@ -146,6 +156,7 @@ enum class CommAlgo : uint32_t {
   kTwoPhasePush = 3,
   kPipelined = 4,
   kDirect = 5,
+  kTwoShot = 6,
 };
 
 // Chunk-pipelined variants: at most kCommMaxPipeCtas producer CTAs (one flag each per source
@@ -184,6 +195,9 @@ inline constexpr uint32_t kCommHostsFailed = 5;
 // kernels/attention/ring.h's kRingOp 22), [42:0] size: the element count for the
 // collectives (counts are < 2^43 since they fit a data area), a hash of the rank-uniform sizes
 // for the fused ops. Two launches match iff their signatures are equal.
+// The algorithm field of an in-place two-shot allReduce (it stores into the peers' data areas,
+// an out-of-place one into their scratch: ranks that differ must not pass for one launch).
+inline constexpr uint32_t kSigAlgoTwoShotInPlace = 7;
 inline constexpr int kSigSizeBits = 43;
 inline constexpr uint64_t kSigSizeMask = (uint64_t{1} << kSigSizeBits) - 1;
 inline constexpr uint64_t kSigBodyMask = (uint64_t{1} << 56) - 1;  // everything but the epoch
@@ -230,8 +244,9 @@ struct alignas(64) CommFlags {
   // complete before the fence. Only then may this rank's launch e finish.
   uint64_t done[kCommMaxRanks];
   // ready[p][c] = e: rank p's CTA c has pushed its part of launch e into this rank's staging
-  // slot [e & 1][p]. Writer: p's CTA c stores, bar.sync, then thread 0 fence.sc.sys and
-  // st.release.sys (cumulative over the CTA's stores, ordered before it by the barrier). Reuse of slot parity e&1 at e+2 is safe: rank p
+  // slot [e & 1][p]. Writer: p's CTA c stores, bar.sync, then thread 0 fence.acq_rel.sys and
+  // st.relaxed.sys (a release pattern, cumulative over the CTA's stores, ordered before it by
+  // the barrier). Reuse of slot parity e&1 at e+2 is safe: rank p
   // reaches launch e+2 only after its launch e+1 completed, which waited for a flag that this
   // rank wrote in ITS launch e+1, i.e. after this rank's launch e (and its reads) finished.
   uint64_t ready[kCommMaxRanks][kCommMaxOneShotCtas];
@@ -246,10 +261,17 @@ struct alignas(64) CommFlags {
   // 2^kCommPipeRoundBits (launcher) and epochs grow: any tag of launch e exceeds every tag of
   // e - 1. Scratch reuse: a producer writes a peer's scratch in launch e only after that peer's
   // arrive >= e, i.e. after the peer's launch e - 1 (which read it) completed.
+  // Two-shot (kTwoShot) uses the same flags, tags rounds 1 and 2: pipe[p][c] >= (e << 20) | 1:
+  // p's CTA c has started launch e (st.relaxed.sys, no fence: p's kernel has started, so its
+  // input is complete and its launch e - 1 has finished with this rank's memory, every access
+  // of which preceded that launch's round-2 release); >= (e << 20) | 2: p's CTA c has stored
+  // all its sums of launch e into this rank and finished reading it (bar.sync, fence.acq_rel.sys,
+  // st.relaxed.sys). Reader: thread 0 of this rank's CTA c, ld.acquire.sys, then bar.sync.
   uint64_t pipe[kCommMaxRanks][kCommMaxPipeCtas];
   // launch[p][e & 1] = comm_signature_at(p's signature, e): what rank p launched as its launch
   // e. Writer: the one thread of p's launch e that does its first release (CTA 0 thread 0 of a
-  // collective, before arrive / ready; of allGatherGemm, the first communication CTA's, before
+  // collective, before arrive / ready / its two-shot start flag, whose end flag is the release
+  // its peers check the slot after; of allGatherGemm, the first communication CTA's, before
   // arrive; of gemmReduceScatter, CTA 0 thread 0 in rs_start, before arrive), with st.relaxed.sys
   // (single-copy atomic: the slow check may read it at any time). Ordering: program order puts
   // it before that thread's fence.sc.sys and release, so whoever acquires that flag (>= e)
@@ -353,10 +375,10 @@ struct CollectiveArgs {
 int64_t collective_output_count(CommOp op, int64_t count, int world, int rank);
 // Elements of the input of `op` on rank `rank`.
 int64_t collective_input_count(CommOp op, int64_t count, int world, int rank);
-// The algorithm kAuto picks (kOneShot, kTwoPhase, kDirect for a large in-place allReduce where
-// enabled, or kTwoPhasePush for a large allReduce at
-// W = 2) for these arguments, from rank-uniform values only; a forced algorithm is returned
-// as is.
+// The algorithm kAuto picks (kOneShot, kTwoPhase, kTwoShot for a medium allReduce at W = 2,
+// kDirect for a large in-place allReduce where enabled, or kTwoPhasePush for a large allReduce
+// at W = 2) for these arguments, from rank-uniform values (and in-placeness, which callers keep
+// the same on every rank) only; a forced algorithm is returned as is.
 CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& args);
 
 // Enqueues one collective on `stream` (see the contract above). cudaErrorInvalidValue for bad

@@ -40,6 +40,13 @@ int two_phase_pull_ctas(int world) {
   return world <= 2 ? tuning::kTwoPhasePullCtasW2 : tuning::kTwoPhasePullCtas;
 }
 
+int two_shot_ctas(const CommDevice& d, const CollectiveArgs& a) {
+  if (a.num_ctas > 0) return std::min(a.num_ctas, kCommMaxPipeCtas);
+  const int64_t slice = split_count(a.count, d.world, 0) * elem_size(a.dtype);
+  return static_cast<int>(std::clamp<int64_t>(
+      (slice + tuning::kTwoShotBytesPerCta - 1) / tuning::kTwoShotBytesPerCta, 1, tuning::kTwoShotMaxCtas));
+}
+
 bool pipe_plan(const CommDevice& d, const CollectiveArgs& a, CommAlgo algo, PipePlan* plan) {
   const int W = d.world;
   const int64_t es = elem_size(a.dtype), epv = kVecBytes / es;
@@ -112,6 +119,13 @@ CommAlgo collective_choose_algo(const CommDevice& dev, const CollectiveArgs& arg
   if (args.algo != CommAlgo::kAuto) return args.algo;
   if (dev.world == 1) return CommAlgo::kOneShot;
   const int64_t bytes = args.count * detail::elem_size(args.dtype);
+  // allReduce at W = 2, medium: two-shot (tuning.h), above the one-shot limit. In-placeness
+  // is this rank's own fact, as for direct below.
+  if (args.op == CommOp::kAllReduce && dev.world == 2 && bytes > tuning::kOneShotMaxAllReduceBytesW2 &&
+      bytes <= (detail::in_place(dev, args) ? tuning::kAutoTwoShotMaxBytesW2
+                                            : tuning::kAutoTwoShotMaxOutOfPlaceBytesW2)) {
+    return CommAlgo::kTwoShot;
+  }
   // allReduce in place, large: the direct variant (only stores cross NVLink), where measured
   // faster (tuning.h). In-placeness is this rank's own fact: callers do it on every rank or on
   // none (a rank that differs gets the launch-mismatch error, not a hang).

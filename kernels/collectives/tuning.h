@@ -60,6 +60,18 @@ inline constexpr int64_t kPipeChunkBytes = int64_t{64} << 10;
 inline constexpr int kDirectProducers = 128;
 inline constexpr int kDirectReducersPct = 100;
 
+// ---- two-shot (allReduce) ---------------------------------------------------------------------
+// 16-byte loads in flight per thread over all sources (vectors per source: this / the world
+// rounded up to 2, 4 or 8, at least 1).
+inline constexpr int kTwoShotLoads = 8;
+// CTAs: about this many bytes of this rank's slice per CTA, between 1 and kTwoShotMaxCtas. On 2
+// GPUs 32 CTAs were within 3 % of the best of 8-128 from 512 KiB to 32 MiB; 8 KiB per CTA
+// below (16 at 256 KiB: 10.3 us, 8: 11.2, 32: 10.5).
+// (CollectiveArgs::num_ctas overrides, up to kCommMaxPipeCtas: one flag per CTA and source; the
+// launch refuses more CTAs than SMs: a CTA's handshakes need the peers' same CTA resident).
+inline constexpr int64_t kTwoShotBytesPerCta = 8 << 10;
+inline constexpr int kTwoShotMaxCtas = 32;
+
 // ---- kAuto (select.cu) -------------------------------------------------------------------------
 // allReduce in place from this size: the direct variant (only stores cross NVLink), with the
 // default chunk. It moved 341 / 358 / 365 GB/s at 64 MiB / 256 MiB / 1 GiB on 2 GPUs against
@@ -70,6 +82,14 @@ inline constexpr int kDirectReducersPct = 100;
 // 64 MiB only. 0: never.
 inline constexpr int64_t kAutoDirectMinBytesW2 = int64_t{13} << 19;  // 6.5 MiB
 inline constexpr int64_t kAutoDirectMinBytes = int64_t{64} << 20;    // W >= 3
+// allReduce at W = 2 above the one-shot limit and up to these sizes: two-shot, in place (it
+// precedes direct) and out of place (then it copies the peers' sums from scratch). On 2 GPUs
+// it took 9.7 / 13.0 / 19.7 / 32.4 / 57.1 us in place at 1 / 2 / 4 / 8 / 16 MiB against
+// two-phase's 18.2 / 22.4 / 29.2 / 41.0 / 67.0 and direct's 20.6 / 21.6 / 27.6 / 39.3 / 64.1;
+// at 32 MiB 106.6 against direct's 107.9 (a tie: direct keeps it). Out of place 12.0 / 16.1 /
+// 23.3 / 38.9 / 70.2: the last above two-phase.
+inline constexpr int64_t kAutoTwoShotMaxBytesW2 = int64_t{16} << 20;
+inline constexpr int64_t kAutoTwoShotMaxOutOfPlaceBytesW2 = int64_t{8} << 20;
 // allReduce at W = 2 from this size: the push variant with these chunks (2-3 % more bus
 // bandwidth than two-phase at 256 MiB and 1 GiB; two-phase led at 64 MiB, and at W = 4 at every
 // size).

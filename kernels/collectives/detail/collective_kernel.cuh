@@ -465,7 +465,63 @@ struct Params {
                         // pipelined kernel: the producer CTAs
   int consumers;        // pipelined kernel: CTAs [pull_ctas, pull_ctas + consumers)
   int64_t slot_stride;  // push reduceScatter / allToAll / direct: elements between scratch slots
+  bool in_place;        // two-shot: the output is the input's place in the data area (detail::in_place)
 };
+
+// All threads, after this CTA's accesses: `value` into flag `field` of every peer, released
+// (comm_protocol.cuh's publish pattern with a lighter fence): bar.sync orders every thread's
+// accesses before thread 0's fence.acq_rel.sys, and that fence followed by relaxed stores is a
+// release pattern (cumulative), one fence for all peers. fence.sc.sys adds nothing here (no
+// order between fences is relied on) and cost the one-shot launch ~0.6 us.
+template <typename Field>
+__device__ __forceinline__ void publish_to_peers(const CommDevice& d, Field field, uint64_t value) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    for (int i = 1; i < d.world; ++i) {
+      const int p = (d.rank + i) % d.world;
+      st_relaxed_sys(field(comm_flags(d, p)), value);
+    }
+  }
+}
+
+// Thread 0: waits until flags[p * stride] >= value for every peer p (bounded: comm_wait_flag);
+// false if a wait gave up. check_signatures: the flags are released after each peer's launch
+// signature (CommFlags::launch), which is then compared with this launch's
+// (comm_check_signatures). The slots are read before the wait, so that their latency overlaps
+// it; a slot that held an older launch then (epoch byte differs) is read again after the wait,
+// ordered by its acquire. A slot's epoch byte can only name this launch or an older one (a
+// peer is never two launches ahead), so an early read that names this launch is its value.
+__device__ __forceinline__ bool wait_peers_checked(const CommDevice& d, const uint64_t* flags, int stride,
+                                                   uint64_t value, uint64_t epoch, CommOp op, uint32_t step,
+                                                   bool check_signatures) {
+  const int r = d.rank, W = d.world;
+  uint64_t early[kCommMaxRanks];
+#pragma unroll
+  for (int p = 0; p < kCommMaxRanks; ++p) {
+    early[p] = check_signatures && p < W && p != r ? comm_peer_signature(d, p, epoch) : 0;
+  }
+  for (int i = 1; i < W; ++i) {
+    const int p = (r + i) % W;
+    if (!comm_wait_flag(d, flags + static_cast<int64_t>(p) * stride, value, static_cast<uint32_t>(op), step,
+                        p)) {
+      return false;
+    }
+  }
+  if (!check_signatures) return true;
+  const uint64_t mine = comm_signature_at(d.launch_sig, epoch);
+#pragma unroll
+  for (int p = 0; p < kCommMaxRanks; ++p) {
+    if (p >= W || p == r) continue;
+    uint64_t seen = early[p];
+    if (comm_sig_epoch8(seen) != (epoch & 0xFF)) seen = comm_peer_signature(d, p, epoch);
+    if (seen != mine) {
+      comm_record_failure(d, kCommLaunchMismatch, epoch, seen, 0, static_cast<uint32_t>(op), step, p);
+      return false;
+    }
+  }
+  return true;
+}
 
 template <typename T>
 __device__ __forceinline__ T* data_of(const CommDevice& d, const CollectiveArgs& a, int p) {
@@ -488,9 +544,40 @@ __device__ __forceinline__ uint64_t enter_collective(const CommDevice& d) {
   pdl_wait();
   pdl_release_dependents();
   __shared__ uint32_t s_failed;
-  if (threadIdx.x == 0) s_failed = comm_failed(d) ? 1u : 0u;
-  const uint64_t epoch = comm_launch_epoch(d);  // synchronises the CTA
-  return s_failed != 0 ? 0 : epoch;
+  if (threadIdx.x == 0) {
+    // Both loads issued before either value is used: one L2 round trip at the start, not two.
+    const uint32_t failed = *reinterpret_cast<volatile uint32_t*>(&comm_control(d)->error_claim);
+    const uint64_t last = *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch);
+    s_failed = failed;
+    comm_epoch_slot() = last + 1;
+  }
+  __syncthreads();
+  return s_failed != 0 ? 0 : comm_epoch_slot();
+}
+
+// enter_collective, and thread 0 counts this CTA in CommControl::exit_count at once instead of
+// at its end (finish_counted): the CTA has read the epoch by then (the increment depends on the
+// value read), so the last CTA to arrive may record the next epoch whenever it likes, and the
+// atomic's round trip overlaps the CTA's work instead of delaying its exit. *arrived: thread
+// 0's count before its increment (the others: unused).
+__device__ __forceinline__ uint64_t enter_collective_counted(const CommDevice& d, uint32_t* arrived) {
+  const uint64_t epoch = enter_collective(d);
+  if (threadIdx.x == 0 && epoch != 0) {  // a rank that has given up counts nothing
+    // epoch >> 63 is 0 (epochs stay far below 2^63): it makes the increment wait for the load.
+    *arrived = atomicAdd(&comm_control(d)->exit_count, 1u + static_cast<uint32_t>(comm_epoch_slot() >> 63));
+  }
+  return epoch;
+}
+
+// The end of a launch entered with enter_collective_counted (all threads; also where the launch
+// gave up, as finish_launch): the last CTA to have arrived resets the count and records the
+// epoch. No fence and no barrier: nothing of this launch reads either; the next launch reads
+// them after this one has completed (pdl_wait).
+__device__ __forceinline__ void finish_counted(const CommDevice& d, uint64_t epoch, uint32_t arrived) {
+  if (threadIdx.x == 0 && arrived + 1 == gridDim.x) {
+    *reinterpret_cast<volatile uint32_t*>(&comm_control(d)->exit_count) = 0;
+    *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+  }
 }
 
 // Last CTA of the launch: record the epoch for the next launch (thread 0, after the CTA's work).

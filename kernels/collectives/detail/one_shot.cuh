@@ -17,15 +17,35 @@ template <typename T, typename Out = T>
 __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1) one_shot_kernel(CommDevice d, Params prm) {
   const CollectiveArgs& a = prm.a;
   constexpr int kEpv = kVecBytes / sizeof(T);
-  const uint64_t epoch = enter_collective(d);
-  if (epoch == 0) return;  // this rank has given up (enter_collective)
-  const uint64_t par = epoch & 1;
-  const int W = d.world, r = d.rank, G = gridDim.x, c = blockIdx.x;
+  constexpr int kPre = tuning::kOneShotCopyUnroll;
+  const int W = d.world, r = d.rank, G = gridDim.x, c = blockIdx.x, nt = blockDim.x;
   const T* in = static_cast<const T*>(a.input);  // the launcher sets it (data area or not)
   T* out = static_cast<T*>(a.output);
   const int64_t count = a.count;
   const int64_t n_r = split_count(count, W, r);
   int64_t b, e;
+  // allReduce and allGather push the same part of the input to every peer. Where it is on the
+  // 16-byte grid and fits kPre vectors per thread, it is loaded into registers before the
+  // launch's epoch, so that the two loads' latencies overlap (the input is read only after
+  // pdl_wait, as every global access).
+  const bool same_part = (a.op == CommOp::kAllReduce || a.op == CommOp::kAllGather) && W > 1;
+  int64_t pb = 0, pe = 0;
+  if (same_part) part_range(a.op == CommOp::kAllReduce ? count : n_r, G, c, kEpv, pb, pe);
+  const int64_t pnv = (pe - pb) / kEpv;
+  const bool pre = same_part && aligned16(in + pb) && pnv <= int64_t{kPre} * nt;
+  uint4 v[kPre];
+  pdl_wait();
+  if (pre) {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u) {
+      const int64_t i = threadIdx.x + int64_t{u} * nt;
+      if (i < pnv) v[u] = ld_vec(reinterpret_cast<const uint4*>(in + pb) + i);
+    }
+  }
+  uint32_t arrived = 0;
+  const uint64_t epoch = enter_collective_counted(d, &arrived);
+  if (epoch == 0) return;  // this rank has given up (enter_collective_counted)
+  const uint64_t par = epoch & 1;
   // CTA 0's ready flags are its first releases: its thread 0 publishes the signature first.
   if (c == 0 && threadIdx.x == 0) comm_publish_signature(d, epoch);
 
@@ -33,6 +53,19 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1) one_shot_kernel
   for (int i = 1; i < W; ++i) {
     const int p = (r + i) % W;
     T* dst = slot_of<T>(d, p, par, r);
+    if (pre) {  // the vectors from registers (the slot is on the grid: pb is a whole vector),
+                // then the part's last elements (< a vector) one by one
+#pragma unroll
+      for (int u = 0; u < kPre; ++u) {
+        const int64_t j = threadIdx.x + int64_t{u} * nt;
+        if (j < pnv) reinterpret_cast<uint4*>(dst + pb)[j] = v[u];
+      }
+      using Raw = typename Elem<T>::Raw;
+      for (int64_t j = pb + pnv * kEpv + threadIdx.x; j < pe; j += nt) {
+        reinterpret_cast<Raw*>(dst)[j] = __ldcg(reinterpret_cast<const Raw*>(in) + j);
+      }
+      continue;
+    }
     switch (a.op) {
       case CommOp::kAllReduce:
         part_range(count, G, c, kEpv, b, e);
@@ -62,15 +95,17 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1) one_shot_kernel
   // 2. Publish: flags ready[r][c] in every peer (ordering: CommFlags::ready). Alone (W = 1)
   // there is no peer to publish to, and the system fence would only cost time.
   if (W > 1) {
-    comm_publish_fence();
-    if (threadIdx.x == 0) {
-      comm_signal_peers(
-          d, [&](CommFlags* f) { return &f->ready[r][c]; }, epoch);
-    }
+    publish_to_peers(
+        d, [&](CommFlags* f) { return &f->ready[r][c]; }, epoch);
   }
   // 3. Wait for every peer's CTA c, then combine from local staging.
-  const bool ok = comm_wait_peers(d, &comm_flags(d, r)->ready[0][c], kCommMaxOneShotCtas, epoch, a.op,
-                                  kCommStepReady, c == 0);
+  __shared__ int s_ok;
+  if (threadIdx.x == 0) {
+    s_ok = wait_peers_checked(d, &comm_flags(d, r)->ready[0][c], kCommMaxOneShotCtas, epoch, epoch, a.op,
+                              kCommStepReady, c == 0);
+  }
+  __syncthreads();
+  const bool ok = s_ok != 0;
   if (ok) {
     switch (a.op) {
       case CommOp::kAllReduce:
@@ -102,7 +137,7 @@ __global__ void __launch_bounds__(tuning::kCollectiveThreads, 1) one_shot_kernel
         break;
     }
   }
-  finish_launch(d, epoch);
+  finish_counted(d, epoch, arrived);
 }
 
 }  // namespace

@@ -24,6 +24,10 @@ int64_t two_phase_bytes(const CollectiveArgs& a, int world, int rank);
 // CTAs that pull from peers in the two-phase kernels (tuning.h).
 int two_phase_pull_ctas(int world);
 
+// The two-shot allReduce's grid, from rank-uniform values only (count, dtype, world, num_ctas):
+// CTA c of every rank meets CTA c of every peer, so every rank must launch the same grid.
+int two_shot_ctas(const CommDevice& d, const CollectiveArgs& a);
+
 // The chunk-pipelined kernels' plan (kTwoPhasePush, kPipelined, kDirect), from (op, dtype,
 // count, world, num_ctas, chunk_bytes) only: identical on every rank.
 struct PipePlan {

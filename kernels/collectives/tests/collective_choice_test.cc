@@ -16,8 +16,8 @@ namespace k = fusedcomm::kernels;
 using fusedcomm::testing::check;
 using fusedcomm::testing::geometry_device;
 
-// The collectives' kAuto: one-shot for small messages, two-phase for large ones, and the push
-// allReduce at W = 2 from 256 MiB (collective_choose_algo).
+// The collectives' kAuto: one-shot for small messages, two-phase for large ones, two-shot for a
+// medium allReduce at W = 2, and the push allReduce at W = 2 from 256 MiB (collective_choose_algo).
 void test_collective_choice() {
   auto algo = [](k::CommOp op, k::CommDtype dt, int W, int64_t bytes) {
     k::CommDevice d = geometry_device(W, 0, 132);
@@ -33,6 +33,13 @@ void test_collective_choice() {
   const auto B = k::CommDtype::kBF16, F = k::CommDtype::kF32;
   const int64_t MiB = 1 << 20;
   check(algo(AR, B, 2, 4096) == k::CommAlgo::kOneShot, "allReduce W=2 4 KiB: one-shot");
+  check(algo(AR, B, 2, 512 << 10) == k::CommAlgo::kOneShot, "allReduce W=2 512 KiB: one-shot");
+  check(algo(AR, B, 2, (512 << 10) + 2) == k::CommAlgo::kTwoShot, "allReduce W=2 512 KiB + 2 B: two-shot");
+  check(algo(AR, F, 2, 8 * MiB) == k::CommAlgo::kTwoShot, "allReduce W=2 8 MiB out of place: two-shot");
+  check(algo(AR, B, 2, 8 * MiB + 2) == k::CommAlgo::kTwoPhase,
+        "allReduce W=2 8 MiB + 2 B out of place: two-phase");
+  check(algo(AR, B, 4, 1 * MiB) == k::CommAlgo::kTwoPhase,
+        "allReduce W=4 1 MiB: two-phase (two-shot: W = 2)");
   check(algo(AR, B, 2, 64 * MiB) == k::CommAlgo::kTwoPhase, "allReduce W=2 64 MiB: two-phase");
   check(algo(AR, B, 2, 256 * MiB - 2) == k::CommAlgo::kTwoPhase, "allReduce W=2 256 MiB - 2 B: two-phase");
   check(algo(AR, B, 2, 256 * MiB) == k::CommAlgo::kTwoPhasePush, "allReduce W=2 256 MiB bf16: push");
@@ -60,10 +67,13 @@ void test_collective_choice() {
   };
   check(in_place(AR, 2, 64 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 64 MiB in place: direct");
   check(in_place(AR, 2, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=2 1 GiB in place: direct");
-  check(in_place(AR, 2, 13 * MiB / 2, true) == k::CommAlgo::kDirect,
-        "allReduce W=2 6.5 MiB in place: direct");
-  check(in_place(AR, 2, 13 * MiB / 2 - 2, true) == k::CommAlgo::kTwoPhase,
-        "allReduce W=2 6.5 MiB - 2 B in place: two-phase");
+  check(in_place(AR, 2, 16 * MiB + 2, true) == k::CommAlgo::kDirect,
+        "allReduce W=2 16 MiB + 2 B in place: direct");
+  check(in_place(AR, 2, 16 * MiB, true) == k::CommAlgo::kTwoShot, "allReduce W=2 16 MiB in place: two-shot");
+  check(in_place(AR, 2, 13 * MiB / 2, true) == k::CommAlgo::kTwoShot,
+        "allReduce W=2 6.5 MiB in place: two-shot");
+  check(in_place(AR, 2, 16 * MiB, false) == k::CommAlgo::kTwoPhase,
+        "allReduce W=2 16 MiB out of place: two-phase");
   check(in_place(AR, 2, 1024 * MiB, false) == k::CommAlgo::kTwoPhasePush,
         "allReduce W=2 1 GiB out of place: push");
   check(in_place(AR, 4, 1024 * MiB, true) == k::CommAlgo::kDirect, "allReduce W=4 1 GiB in place: direct");

@@ -4,8 +4,9 @@
 //     GPUs also 3 ranks on GPUs 1,2,3.
 //   correctness: every op x {fp32, bf16} x odd/even counts (0, 1, 7, ..., 2M+3, and 1, 7, 1023
 //     and 1000003 per rank) x {auto,
-//     one-shot, two-phase, two-phase push, pipelined}, allReduce in place (direct with the
-//     default plan and with few producers / small chunks, and auto), fp32 reduceScatter with bf16 output
+//     one-shot, two-phase, two-phase push, pipelined, two-shot}, allReduce in place (direct with
+//     the default plan and with few producers / small chunks, two-shot with the default grid
+//     and 1, 3 and 7 CTAs, and auto), fp32 reduceScatter with bf16 output
 //     (out_bf16; auto, one-shot, two-phase) and its refusal elsewhere, plus the chunk-pipelined variants with
 //     few producers and small chunks (many rounds, consumers covering several producers),
 //     misaligned input offsets and outputs; fresh random inputs per run
@@ -20,15 +21,15 @@
 //     one-shot also with each launch reading its input in place, rewritten just before it by a
 //     kernel that lets it start early (launch_delayed_copy, detail/early_launch.h) from one of
 //     two alternating sets;
-//   CUDA graph capture + 10 replays (two-phase, push, pipelined, direct); a rank starting 200 ms late
+//   CUDA graph capture + 10 replays (two-phase, push, pipelined, direct, two-shot); a rank starting 200 ms late
 //     (every algorithm);
 //   a rank that never launches: the others time out (1 s) naming rank/peer/op/step, then an
 //     abort of a waiting two-phase launch, then a fresh SymmetricMemory works on the same
 //     processes;
-//   launch mismatch: odd ranks launch another count / op / algorithm / dtype than even ranks at
-//     the same epoch: every rank gets Error(kCommunicator) naming both launches (record code
-//     kCommLaunchMismatch, a peer of the other parity, both signatures) within 2 s although the
-//     timeout is 10 s; then a fresh SymmetricMemory works.
+//   launch mismatch: odd ranks launch another count / op / algorithm / dtype / placement
+//     (direct, two-shot) than even ranks at the same epoch: every rank gets Error(kCommunicator)
+//     naming both launches (record code kCommLaunchMismatch, a peer of the other parity, both
+//     signatures) within 2 s although the timeout is 10 s; then a fresh SymmetricMemory works.
 // FC_TEST_WORLDS=<w,...>: only those worlds (gpu_test_support.h).
 // FC_TEST_SHARED_GPU=<max world>: every rank on GPU 0, worlds 2..max (gpu_test_support.h:
 // protocol and numerics only; the back-to-back loops run 200 launches instead of 1,000).
@@ -134,7 +135,8 @@ k::CommDtype out_dtype(const Case& c) { return c.out_bf16 ? k::CommDtype::kBF16 
 
 bool g_new_only = false;  // FC_TEST_NEW_ALGOS=1
 bool is_new_algo(k::CommAlgo a) {
-  return a == k::CommAlgo::kTwoPhasePush || a == k::CommAlgo::kPipelined || a == k::CommAlgo::kDirect;
+  return a == k::CommAlgo::kTwoPhasePush || a == k::CommAlgo::kPipelined || a == k::CommAlgo::kDirect ||
+         a == k::CommAlgo::kTwoShot;
 }
 
 std::string name(const Case& c) {
@@ -303,8 +305,9 @@ struct Rank : fusedcomm::testing::SymmetricRank {
          {k::CommOp::kAllReduce, k::CommOp::kAllGather, k::CommOp::kReduceScatter, k::CommOp::kAllToAll}) {
       for (k::CommDtype dt : {k::CommDtype::kF32, k::CommDtype::kBF16}) {
         for (int64_t n : counts) {
-          for (k::CommAlgo algo : {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase,
-                                   k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
+          for (k::CommAlgo algo :
+               {k::CommAlgo::kAuto, k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase, k::CommAlgo::kTwoPhasePush,
+                k::CommAlgo::kPipelined, k::CommAlgo::kTwoShot}) {
             ++case_id;
             if (g_new_only && !is_new_algo(algo)) continue;
             Case c{op, dt, n, algo, (case_id % 3 == 1) ? 4u : 0u, (case_id % 4 == 2) ? 4u : 0u, false};
@@ -348,6 +351,14 @@ struct Rank : fusedcomm::testing::SymmetricRank {
               c.in_place = true;
               run_case(c, mix(seed ^ case_id));
             }
+            // Two-shot in place: the default grid, one CTA, and grids that split the slices
+            // unevenly (heads and tails in the first and last CTA's shares).
+            for (int ctas : {0, 1, 3, 7}) {
+              ++case_id;
+              Case t{op, dt, n, k::CommAlgo::kTwoShot, (case_id % 3 == 1) ? 4u : 0u, 0, false, ctas};
+              t.in_place = true;
+              run_case(t, mix(seed ^ case_id));
+            }
             ++case_id;
             if (g_new_only) continue;
             Case c{op, dt, n, k::CommAlgo::kAuto, (case_id % 3 == 1) ? 4u : 0u, 0, false};
@@ -358,7 +369,8 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         // Chunk-pipelined variants with few producers and small chunks: many rounds per
         // producer, consumers covering several producers, uneven last rounds.
         for (int64_t n : {int64_t{4099}, int64_t{300001}, int64_t{2000003}}) {
-          for (k::CommAlgo algo : {k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined}) {
+          for (k::CommAlgo algo :
+               {k::CommAlgo::kTwoPhasePush, k::CommAlgo::kPipelined, k::CommAlgo::kTwoShot}) {
             for (const auto& pc : {std::pair<int, int64_t>{1, 4096}, {5, 1024}, {3, 96 << 10}}) {
               ++case_id;
               Case c{
@@ -378,13 +390,13 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   // rewritten before it by a kernel that lets the launch start early and writes 20 us later
   // (launch_delayed_copy), from one of two source sets that alternate every K launches: a
   // launch that read its input before that kernel completed would see the other set's values.
-  void back_to_back(int64_t count, k::CommAlgo algo, bool direct = false) {
+  void back_to_back(int64_t count, k::CommAlgo algo, bool direct = false, bool all_reduce_in_place = false) {
     constexpr int K = 4;
     const int kIters = fusedcomm::testing::shared_gpu_scale(1000);
     const k::CommDtype dt = k::CommDtype::kF32;
     // Direct (allReduce in place): every launch an allReduce, its result copied out of the
     // data area on the stream (the next launch's input copy follows it).
-    const bool in_place = algo == k::CommAlgo::kDirect;
+    const bool in_place = algo == k::CommAlgo::kDirect || all_reduce_in_place;
     const k::CommOp ops[2] = {k::CommOp::kAllReduce,
                               in_place ? k::CommOp::kAllReduce : k::CommOp::kAllGather};
     std::vector<uint8_t*> pool(K), outs(K), alt(K);
@@ -513,7 +525,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
   // The last rank launches 200 ms after the others.
   void late_rank() {
     for (k::CommAlgo algo : {k::CommAlgo::kOneShot, k::CommAlgo::kTwoPhase, k::CommAlgo::kTwoPhasePush,
-                             k::CommAlgo::kPipelined, k::CommAlgo::kDirect}) {
+                             k::CommAlgo::kPipelined, k::CommAlgo::kDirect, k::CommAlgo::kTwoShot}) {
       if (g_new_only && !is_new_algo(algo)) continue;
       Case c{k::CommOp::kAllReduce, k::CommDtype::kBF16, 70001, algo, 0, 0, false};
       c.in_place = algo == k::CommAlgo::kDirect;
@@ -559,6 +571,19 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {{AR, B, 1 << 20, k::CommAlgo::kDirect, 0, 0, false, 0, 0, false, false, true},
          {AR, B, 1 << 20, k::CommAlgo::kTwoPhase, 0, 0, false},
          "in place (direct vs two-phase)"},
+        // Two-shot: both sides pass the handshakes (same grid, same tags); CTA 0 compares the
+        // signatures at the end handshake.
+        {{AR, B, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false},
+         {AR, F, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false},
+         "dtype (two-shot)"},
+        {{AR, B, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false, 0, 0, false, false, true},
+         {AR, B, 1 << 20, k::CommAlgo::kTwoShot, 0, 0, false},
+         "in place (two-shot in place vs not)"},
+    };
+    // The signature's algorithm field (an in-place two-shot signs apart from an out-of-place one).
+    auto sig_algo = [](const Case& c) {
+      return c.algo == k::CommAlgo::kTwoShot && c.in_place ? k::kSigAlgoTwoShotInPlace
+                                                           : static_cast<uint32_t>(c.algo);
     };
     SymmetricConfig cfg;
     cfg.data_bytes = 16 << 20;
@@ -579,12 +604,12 @@ struct Rank : fusedcomm::testing::SymmetricRank {
       check(k::comm_sig_op(rec.launch_sig) == static_cast<uint32_t>(c.op) &&
                 k::comm_sig_size(rec.launch_sig) == static_cast<uint64_t>(c.count) &&
                 k::comm_sig_dtype(rec.launch_sig) == static_cast<uint32_t>(c.dtype) &&
-                k::comm_sig_algo(rec.launch_sig) == static_cast<uint32_t>(c.algo) &&
+                k::comm_sig_algo(rec.launch_sig) == sig_algo(c) &&
                 k::comm_sig_op(rec.observed) == static_cast<uint32_t>(other.op) &&
                 k::comm_sig_size(rec.observed) == static_cast<uint64_t>(other.count) &&
                 k::comm_sig_dtype(rec.observed) == static_cast<uint32_t>(other.dtype) &&
-                k::comm_sig_algo(rec.observed) == static_cast<uint32_t>(other.algo) &&
-                k::comm_sig_epoch8(rec.observed) == 1 && k::comm_sig_epoch8(rec.launch_sig) == 1,
+                k::comm_sig_algo(rec.observed) == sig_algo(other) && k::comm_sig_epoch8(rec.observed) == 1 &&
+                k::comm_sig_epoch8(rec.launch_sig) == 1,
             who + ": record holds both launches' signatures");
     }
     open(SymmetricConfig{});
@@ -675,6 +700,10 @@ int rank_main(ProcessGroup& g, const std::vector<int>& gpus, uint64_t seed, bool
     R.graph(k::CommOp::kAllReduce, k::CommAlgo::kPipelined);
     R.back_to_back(1 << 20, k::CommAlgo::kDirect);
     R.graph(k::CommOp::kAllReduce, k::CommAlgo::kDirect);
+    R.back_to_back(1 << 20, k::CommAlgo::kTwoShot);
+    R.back_to_back(1 << 20, k::CommAlgo::kTwoShot, false, true);
+    R.back_to_back(5000, k::CommAlgo::kTwoShot, false, true);
+    R.graph(k::CommOp::kAllReduce, k::CommAlgo::kTwoShot);
     R.large_auto_all_reduce();
     R.late_rank();
     if (g.world > 1 && !g_new_only) R.dead_rank();
