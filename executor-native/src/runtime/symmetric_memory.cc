@@ -63,7 +63,8 @@ const char* algo_name(uint32_t op, uint32_t algo) {
     case k::CommAlgo::kTwoPhasePush: return "two-phase push";
     case k::CommAlgo::kPipelined: return "pipelined";
     case k::CommAlgo::kDirect: return "direct (in place)";
-    default: return "?";
+    case k::CommAlgo::kTwoShot: return "two-shot";
+    default: return algo == k::kSigAlgoTwoShotInPlace ? "two-shot (in place)" : "?";
   }
 }
 
