@@ -190,6 +190,19 @@ __device__ void cta_copy(T* dst, const T* src, int64_t n) {
   for (int64_t i = nv * kEpv + tid; i < n; i += nt) ro[i] = __ldcg(rs + i);
 }
 
+// The sum of the first n of NS 16-byte vectors of T, in fp32 in source order, rounded once (NS a
+// compile-time bucket, the vectors past n predicated off).
+template <typename T, int NS>
+__device__ __forceinline__ uint4 sum_vecs(const uint4 (&v)[NS], int n) {
+  float acc[kVecBytes / sizeof(T)];
+#pragma unroll
+  for (int e = 0; e < kVecBytes / static_cast<int>(sizeof(T)); ++e) acc[e] = 0.f;
+#pragma unroll
+  for (int k = 0; k < NS; ++k)
+    if (k < n) Elem<T>::add_vec(acc, v[k]);
+  return Elem<T>::pack(acc);
+}
+
 // Where a reduction's sums go, one vector of kVecBytes / sizeof(T) elements at a time: vector i
 // of dst in the output type Out (T: 16 bytes; bf16 from fp32 sums: 8 bytes, each sum rounded
 // once), and, if dst2 is set, vector i of dst2 in T (allReduce's scratch copy).

@@ -165,15 +165,6 @@ __device__ __forceinline__ void pipe_reduce(const CommDevice& d, int ns, Src src
     auto vec_at = [&](int k) {  // source k's vector 0 after the head
       return reinterpret_cast<const uint4*>(src(k) + head * es);
     };
-    auto sum_vec = [&](const uint4(&v)[NS]) {
-      float acc[kEpv];
-#pragma unroll
-      for (int e = 0; e < kEpv; ++e) acc[e] = 0.f;
-#pragma unroll
-      for (int k = 0; k < NS; ++k)
-        if (k < ns) Elem<T>::add_vec(acc, v[k]);
-      return Elem<T>::pack(acc);
-    };
     {
       for (int64_t i = tid; i < nv; i += static_cast<int64_t>(U) * nt) {
         uint4 v[U][NS];
@@ -186,7 +177,7 @@ __device__ __forceinline__ void pipe_reduce(const CommDevice& d, int ns, Src src
           }
 #pragma unroll
         for (int u = 0; u < U; ++u)
-          if (i + u * nt < nv) dests_store(d, dv, i + u * nt, sum_vec(v[u]));
+          if (i + u * nt < nv) dests_store(d, dv, i + u * nt, sum_vecs<T, NS>(v[u], ns));
       }
     }
     auto sum_raw = [&](const Raw(&x)[NS]) {

@@ -89,13 +89,7 @@ __device__ __forceinline__ void two_shot_vecs(const T* const* src, int64_t delta
         if (k < W) v[u][k] = ld_vec(s[k] + i + u * nt);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      float acc[kEpv];
-#pragma unroll
-      for (int x = 0; x < kEpv; ++x) acc[x] = 0.f;
-#pragma unroll
-      for (int k = 0; k < NS; ++k)
-        if (k < W) Elem<T>::add_vec(acc, v[u][k]);
-      const uint4 packed = Elem<T>::pack(acc);
+      const uint4 packed = sum_vecs<T, NS>(v[u], W);
 #pragma unroll
       for (int k = 0; k < NS; ++k)
         if (k < W) const_cast<uint4*>(s[k])[dv + i + u * nt] = packed;
@@ -106,13 +100,7 @@ __device__ __forceinline__ void two_shot_vecs(const T* const* src, int64_t delta
 #pragma unroll
     for (int k = 0; k < NS; ++k)
       if (k < W) v[k] = ld_vec(s[k] + i);
-    float acc[kEpv];
-#pragma unroll
-    for (int x = 0; x < kEpv; ++x) acc[x] = 0.f;
-#pragma unroll
-    for (int k = 0; k < NS; ++k)
-      if (k < W) Elem<T>::add_vec(acc, v[k]);
-    const uint4 packed = Elem<T>::pack(acc);
+    const uint4 packed = sum_vecs<T, NS>(v, W);
 #pragma unroll
     for (int k = 0; k < NS; ++k)
       if (k < W) const_cast<uint4*>(s[k])[dv + i] = packed;
