@@ -342,11 +342,25 @@ def eager_graph_summary(entries):
     return md
 
 
-def markdown(family, rows, device, commit, date):
+def provenance(rows):
+    """'commit C; DATE', or, for a table whose rows come from several runs (a part re-measured
+    and merged with the rows published before), each commit with its date and number of rows."""
+    runs = {}
+    for r in rows:
+        k = (r["commit"], r["date"])
+        runs[k] = runs.get(k, 0) + 1
+    if len(runs) == 1:
+        (commit, date), = runs
+        return f"commit {commit}; {date}"
+    return "rows from several runs: " + ", ".join(
+        f"commit {c} ({d}, {n} rows)" for (c, d), n in runs.items())
+
+
+def markdown(family, rows, device):
     f = FAMILIES[family]
     groups = tables(family, rows)
     extra = [EAGER_GRAPH_NOTE] if any(is_eager_graph(family, shapes) for _, _, shapes in groups) else []
-    md = [f"# {f['title']}", "", f"{device}; commit {commit}; {date}.", "",
+    md = [f"# {f['title']}", "", f"{device}; {provenance(rows)}.", "",
           " ".join([f["protocol"], *extra, *notes(rows), "Ratios are time ratios, ours / the other: below 1, "
                     "ours is faster."]), ""]
     summary, eager_graph = [], []
@@ -504,8 +518,8 @@ def main(argv=None):
     with open(base + ".json", "w") as f:
         json.dump(rows, f, indent=1)
         f.write("\n")
-    device, commit, date = rows[0]["device"], rows[0]["commit"], rows[0]["date"]
-    md = markdown(a.family, rows, device, commit, date)
+    device = rows[0]["device"]
+    md = markdown(a.family, rows, device)
     with open(base + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     plot(a.family, rows, base + ".png", device)

@@ -126,6 +126,22 @@ class ReportTest(unittest.TestCase):
         _, _, md = self.run_report("transport", rows)
         self.assertIn(f"| 1 MiB | 0.2000 | 0.2500 | 5.0 | {0.2 / 0.25:.3f} |", md)
 
+    def test_one_run_or_several_in_the_header(self):
+        shape = dict(bytes=4096)
+        rows = [row("collectives", "allReduce", impl, 2, shape, t) for impl, t in (("fusedcomm", 0.01), ("nccl", 0.02))]
+        _, _, md = self.run_report("collectives", rows)
+        self.assertIn("NVIDIA H200 (nvidia-h200-x2); commit abc1234; 2030-01-01 00:00 UTC.", md)
+        # A part re-measured beside rows published before: every run named, with its rows.
+        earlier = os.path.join(self.dir, "published.json")
+        with open(earlier, "w") as f:
+            json.dump([row("collectives", "allGather", impl, 2, shape, t, commit="0ld0ld0", date="2029-12-31 10:00 UTC",
+                           device="NVIDIA H200 (nvidia-h200-x2)", gpus=2)
+                       for impl, t in (("fusedcomm", 0.01), ("nccl", 0.03), ("fusedcomm", 0.02))], f)
+        _, rows_out, md = self.run_report("collectives", rows, earlier)
+        self.assertIn("rows from several runs: commit abc1234 (2030-01-01 00:00 UTC, 2 rows), "
+                      "commit 0ld0ld0 (2029-12-31 10:00 UTC, 2 rows).", md)
+        self.assertEqual({r["commit"] for r in rows_out}, {"abc1234", "0ld0ld0"})
+
     def test_allreduce_small_medium_eager_and_graph(self):
         # Per size: ours eager and graph, and the six baselines (ms). Sizes given out of order.
         impls = ("fusedcomm", "fusedcomm_graph", "nccl", "nccl_graph", "torch_symm_one_shot",
