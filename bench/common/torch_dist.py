@@ -49,20 +49,16 @@ def graphed(fn, keep):
     return g, ret
 
 
-def median_ms(call, iters, warmup=5, batches=10):
-    """`warmup` calls, then `batches` batches of `iters` back-to-back calls between CUDA events,
-    each after a barrier and a device sync: the median over batches of the per-call ms (the
-    collectives' method, as coll_bench times ours)."""
+def batch_median_ms(call, iters, batches):
+    """`batches` batches of `iters` back-to-back calls between CUDA events, each after a device
+    sync and a barrier: the median over batches of the per-call ms."""
     import torch
     import torch.distributed as dist
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     per = []
     for _ in range(batches):
-        dist.barrier()
         torch.cuda.synchronize()
+        dist.barrier()
         start.record()
         for _ in range(iters):
             call()
@@ -71,3 +67,40 @@ def median_ms(call, iters, warmup=5, batches=10):
         per.append(start.elapsed_time(end) / iters)
     per.sort()
     return per[len(per) // 2]
+
+
+def median_ms(call, iters, warmup=5, batches=10):
+    """`warmup` calls, then batch_median_ms (the collectives' method, as coll_bench times ours)."""
+    import torch
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    return batch_median_ms(call, iters, batches)
+
+
+def sized_median_ms(call, dev, batch_ms, sustain_ms, batches):
+    """The fused and MoE families' method: two warm-up calls, one timed call (rank 0's time, for
+    every rank) sizing the batches to about batch_ms (1-200 calls) and, with sustain_ms > 0,
+    that long of back-to-back calls first (the GPU at its sustained clock), then
+    batch_median_ms. Returns (ms, calls per batch)."""
+    import torch
+    import torch.distributed as dist
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    est = torch.tensor([start.elapsed_time(end)], device=dev)
+    dist.broadcast(est, 0)
+    one = max(est.item(), 1e-3)
+    iters = int(min(200, max(1, batch_ms / one)))
+    if sustain_ms > 0:
+        torch.cuda.synchronize()
+        dist.barrier()
+        for _ in range(int(sustain_ms / one) + 1):
+            call()
+    return batch_median_ms(call, iters, batches), iters

@@ -119,7 +119,6 @@ def main():
         print(f"rank {rank}: symmetric memory unavailable: {e!r}", file=sys.stderr)
         symm = None
     f = open(args.out, "w") if rank == 0 else None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     gen = torch.Generator(device=dev)
     gen.manual_seed(1234 + rank)
 
@@ -127,35 +126,7 @@ def main():
         return torch.rand(*shape, generator=gen, device=dev, dtype=torch.float32).mul_(2).sub_(1).to(torch.bfloat16)
 
     def time_call(call):
-        for _ in range(2):
-            call()
-        torch.cuda.synchronize()
-        dist.barrier()
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        est = torch.tensor([start.elapsed_time(end)], device=dev)
-        dist.broadcast(est, 0)
-        one = max(est.item(), 1e-3)
-        iters = int(min(200, max(1, args.batch_ms / one)))
-        if args.sustain_ms > 0:
-            torch.cuda.synchronize()
-            dist.barrier()
-            for _ in range(int(args.sustain_ms / one) + 1):
-                call()
-        per = []
-        for _ in range(args.batches):
-            torch.cuda.synchronize()
-            dist.barrier()
-            start.record()
-            for _ in range(iters):
-                call()
-            end.record()
-            end.synchronize()
-            per.append(start.elapsed_time(end) / iters)
-        per.sort()
-        return per[len(per) // 2], iters
+        return torch_dist.sized_median_ms(call, dev, args.batch_ms, args.sustain_ms, args.batches)
 
     graphs = []  # kept alive until the shape's calls are dropped
 

@@ -91,39 +91,10 @@ def main():
     rank, world, dev = torch_dist.init()
     torch.backends.cuda.matmul.allow_tf32 = False
     out = open(args.out, "w") if rank == 0 and args.out else None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     failed = 0
 
     def time_call(call):
-        for _ in range(2):
-            call()
-        torch.cuda.synchronize()
-        dist.barrier()
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        est = torch.tensor([start.elapsed_time(end)], device=dev)
-        dist.broadcast(est, 0)
-        one = max(est.item(), 1e-3)
-        iters = int(min(200, max(1, args.batch_ms / one)))
-        if args.sustain_ms > 0:
-            torch.cuda.synchronize()
-            dist.barrier()
-            for _ in range(int(args.sustain_ms / one) + 1):
-                call()
-        per = []
-        for _ in range(args.batches):
-            torch.cuda.synchronize()
-            dist.barrier()
-            start.record()
-            for _ in range(iters):
-                call()
-            end.record()
-            end.synchronize()
-            per.append(start.elapsed_time(end) / iters)
-        per.sort()
-        return per[len(per) // 2]
+        return torch_dist.sized_median_ms(call, dev, args.batch_ms, args.sustain_ms, args.batches)[0]
 
     for label, H, F, E, K, T, kind in shapes:
         El, first = split_count(E, world, rank), split_offset(E, world, rank)
