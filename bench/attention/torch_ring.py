@@ -97,6 +97,14 @@ class Ring:
         ops += [dist.P2POp(dist.irecv, dense(t), self.prev) for t in recv]
         return dist.batch_isend_irecv(ops)
 
+    def prefetch(self, cur, step):
+        """Before ring step `step`'s compute: the next step's K/V block (buffers like `cur`'s)
+        started from the predecessor while `cur` goes to the successor; ([], None) at the last."""
+        if step + 1 == self.world:
+            return [], None
+        nxt = (self.like(cur[0]), self.like(cur[1]))
+        return self.exchange(cur, nxt), nxt
+
     def pairs(self, step, s_r):
         """The (query rows, key rows, causal) blocks of ring step `step`: the zigzag rule."""
         all_rows, half = slice(None), s_r // 2
@@ -132,10 +140,7 @@ class Ring:
         lse = torch.empty(B, H, S, 1, device=q.device, dtype=torch.float32)
         cur = (k, v)
         for step in range(self.world):
-            reqs, nxt = [], None
-            if step + 1 < self.world:
-                nxt = (self.like(k), self.like(v))
-                reqs = self.exchange(cur, nxt)
+            reqs, nxt = self.prefetch(cur, step)
             kx, vx = self.expand(cur[0]), self.expand(cur[1])
             for qs, ks, c in self.pairs(step, S):
                 bo, bl = be.fwd(q[:, :, qs], kx[:, :, ks], vx[:, :, ks], c)
@@ -161,10 +166,7 @@ class Ring:
         cur = (k, v)
         dkv, dkv_reqs = None, []
         for step in range(self.world):
-            reqs, nxt = [], None
-            if step + 1 < self.world:
-                nxt = (self.like(k), self.like(v))
-                reqs = self.exchange(cur, nxt)
+            reqs, nxt = self.prefetch(cur, step)
             kx, vx = self.expand(cur[0]), self.expand(cur[1])
             part = (torch.zeros(k.shape, device=q.device, dtype=torch.float32),
                     torch.zeros(v.shape, device=q.device, dtype=torch.float32))
