@@ -84,6 +84,8 @@ AgGeometry ag_geometry(const CommDevice& d, const AgGemmArgs& a) {
   AgParams& p = g.p;
   p.M = a.M;
   p.K = a.K;
+  p.world = W;
+  p.rank = r;
   p.store_own = ag_store_own(a.gathered != nullptr, W, a.M, a.K);
   const int mb = static_cast<int>(ceil_div(a.M, detail::kTileM));
   p.mg = static_cast<int>(ceil_div(mb, kFusedMaxChunks));
@@ -173,12 +175,13 @@ std::vector<AgCeStep> ag_ce_steps(const AgParams& p, int W, int r, int from, int
 
 // ---- launch helpers -----------------------------------------------------------------------------
 template <int BN, bool kBKN>
-cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p, cudaStream_t stream) {
+cudaError_t launch_ag_instance(const detail::GemmPlan& plan, const AgParams& p, const ProxyCollective& px,
+                               cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
   return detail::launch_fused_instance(
       detail::ag_gemm_kernel<BN, kBKN>,
       detail::GemmTileConfig<BN, detail::DefaultEpilogue::kStagingRounds>::kSmemBytes, opted, plan,
-      p.gemm_ctas + p.comm_ctas, stream, plan.epi, p);
+      p.gemm_ctas + p.comm_ctas, stream, plan.epi, p, px);
 }
 
 // The host-side plans' arguments (all_gather_gemm_sweep, all_gather_gemm_ce_plan): a valid
@@ -346,6 +349,135 @@ cudaError_t ag_ce_exchange(const CommDevice& d, const AgParams& p, const FusedSi
 }  // namespace
 
 // ---- launch -------------------------------------------------------------------------------------
+namespace {
+
+// The fused kernel, on one host (px null: d is the op's world) or across hosts (rank r of W, one
+// per host; d is this rank's own symmetric memory and px the proxy's allGather of the rows).
+// `own`: A_r, 16-byte aligned.
+cudaError_t launch_ag_fused(const CommDevice& d, int W, int r, const AgGemmArgs& a, const uint8_t* own,
+                            __nv_bfloat16* gathered, const ProxyCollective* px, cudaStream_t stream) {
+  // The geometry is the op's: across hosts its world and rank, not those of `d` (world 1 there).
+  CommDevice op_dev = d;
+  op_dev.world = W;
+  op_dev.rank = r;
+  AgGeometry geo = ag_geometry(op_dev, a);
+  if (px != nullptr) {  // the proxy's lanes exchange the rows (ag_gemm_kernel.cuh ag_hosts_role)
+    geo.comm_ctas = static_cast<int>(proxy_active_lanes(*px));
+    geo.gemm_ctas = std::max(1, device_sms(d) - geo.comm_ctas);
+    geo.p.hosts = 1;
+  }
+  GemmArgs g = base_gemm_args(a.M, a.N, a.K, gathered, a.B, a.b_layout);
+  g.C = a.C;
+  g.num_ctas = geo.gemm_ctas;  // the tile width is chosen for the CTAs that start on the GEMM
+  g.m_block_start = geo.m_block_start;
+  g.cluster = 1;  // the fused kernel's GEMM CTAs claim tiles one by one (no CTA pairs)
+  g.group_m = fused_group_m(W);
+  detail::GemmPlan plan;
+  if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
+  // The own rows: the GEMM reads the M-blocks made only of them from A_r itself (tm_own), and
+  // when the caller asked for the gathered A it also stores them there from shared memory
+  // (TMA, AgSchedule::stores_a). The rest of them (the blocks shared with a neighbour's rows)
+  // go into the gathered buffer by the copy engine, stream-ordered before the kernel: copied
+  // by pulling CTAs they took 0.3-1.7 ms on H200 once the GEMM's first tiles ran.
+  AgParams& p = geo.p;
+  const int64_t own_off = split_offset(a.M, W, r), own_cnt = split_count(a.M, W, r);
+  const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
+  if (p.own_b1 > p.own_b0 && !detail::encode_a_map(&p.tm_own, reinterpret_cast<const __nv_bfloat16*>(own),
+                                                   static_cast<int>(own_cnt), a.K, a.K)) {
+    return cudaErrorInvalidValue;
+  }
+  auto copy_own = [&](int64_t r0, int64_t r1) {  // gathered rows [r0, r1) from A_r
+    if (r1 <= r0) return cudaSuccess;
+    return cudaMemcpyAsync(reinterpret_cast<uint8_t*>(gathered) + r0 * row_bytes,
+                           own + (r0 - own_off) * row_bytes, (r1 - r0) * row_bytes, cudaMemcpyDeviceToDevice,
+                           stream);
+  };
+  const int64_t direct0 = int64_t{p.own_b0} * detail::kTileM;
+  const int64_t direct1 = int64_t{p.own_b1} * detail::kTileM;
+  const bool copy_all = p.own_b1 == p.own_b0;  // no block made only of own rows
+  if (cudaError_t e = copy_own(own_off, copy_all ? own_off + own_cnt : direct0); e != cudaSuccess) {
+    return e;
+  }
+  if (cudaError_t e = copy_own(copy_all ? own_off + own_cnt : direct1, own_off + own_cnt); e != cudaSuccess) {
+    return e;
+  }
+  p.dev = d;
+  p.gathered = gathered;
+  p.in_offset = a.in_offset;
+  p.gemm_ctas = std::min(geo.gemm_ctas, plan.prob.num_tiles);
+  p.comm_ctas = geo.comm_ctas;
+  if (p.ce) {
+    // The start barrier as a kernel of its own, whose completion the side streams wait for
+    // (ag_gemm_kernel.cuh ag_ce_role); the streams were prepared above.
+    detail::ag_ce_barrier_kernel<<<1, 32, 0, stream>>>(d);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaEventRecord(a.side->fork(), stream); e != cudaSuccess) return e;
+  }
+  const ProxyCollective exchange = px != nullptr ? *px : ProxyCollective{};
+  cudaError_t launched;
+  if (plan.tile_n == 256) {
+    launched = plan.kn ? launch_ag_instance<256, true>(plan, p, exchange, stream)
+                       : launch_ag_instance<256, false>(plan, p, exchange, stream);
+  } else {
+    launched = plan.kn ? launch_ag_instance<128, true>(plan, p, exchange, stream)
+                       : launch_ag_instance<128, false>(plan, p, exchange, stream);
+  }
+  if (launched == cudaSuccess && p.ce) return ag_ce_exchange(d, p, *a.side, stream);
+  return launched;
+}
+
+// The proxy's allGather of the rows: host h's block is rank h's rows of the gathered A, the own
+// one A_r where it lies.
+void ag_hosts_blocks(ProxyCollective& px, const AgGemmArgs& a, const AgHosts& hosts, const void* own) {
+  const int W = hosts.world;
+  px.op = kProxyAllGather;
+  px.dtype = kProxyBF16;
+  px.rank = hosts.host;
+  px.hosts = W;
+  for (int h = 0; h < kProxyMaxHosts; ++h) {
+    const bool used = h < W;
+    const int q = used ? hosts.rank_of_host[h] : 0;
+    px.counts[h] = used ? split_count(a.M, W, q) * a.K : 0;
+    px.blocks[h] = !used ? nullptr
+                   : h == hosts.host ? const_cast<void*>(own)
+                                     : static_cast<void*>(a.gathered + split_offset(a.M, W, q) * a.K);
+    px.recv[h] = nullptr;
+    px.recv_counts[h] = 0;
+  }
+}
+
+}  // namespace
+
+bool all_gather_gemm_hosts_fits(const AgGemmArgs& args, int world, const ProxyCollective& px) {
+  if (world < 2 || world > kProxyMaxHosts || !valid_shape(args.M, args.N, args.K)) return false;
+  // Every block's chunks: the largest block is the first rank's (split_count).
+  const uint64_t per = px.chunk_bytes / 2;
+  const uint64_t most = static_cast<uint64_t>(split_count(args.M, world, 0)) * static_cast<uint64_t>(args.K);
+  return per > 0 && (most + per - 1) / per <= static_cast<uint64_t>(kFusedMaxChunks);
+}
+
+cudaError_t launch_all_gather_gemm_hosts(const CommDevice& local, const AgHosts& hosts, const void* own,
+                                         const AgGemmArgs& args, ProxyCollective px, cudaStream_t stream) {
+  const int W = hosts.world, r = hosts.rank;
+  if (!valid_device(local) || local.world != 1 || W < 2 || W > kProxyMaxHosts || r < 0 || r >= W ||
+      hosts.host < 0 || hosts.host >= W || hosts.rank_of_host[hosts.host] != r ||
+      !all_gather_gemm_hosts_fits(args, W, px) || args.B == nullptr || args.C == nullptr ||
+      args.gathered == nullptr || own == nullptr || !aligned16(own) || !aligned16(args.B) ||
+      !aligned16(args.C) || !aligned16(args.gathered) || px.lanes < 1 || px.lanes > kProxyMaxLanes) {
+    return cudaErrorInvalidValue;
+  }
+  AgGemmArgs a = args;
+  a.side = nullptr;
+  a.exchange = AgExchange::kSmPulls;
+  a.interleave_peers = 0;
+  ag_hosts_blocks(px, a, hosts, own);
+  CommDevice d = local;
+  d.launch_sig = comm_launch_signature(
+      kFusedOpAllGatherGemm, static_cast<uint32_t>(CommDtype::kBF16), static_cast<uint32_t>(FusedAlgo::kFused),
+      comm_sig_hash(static_cast<uint64_t>(a.M), static_cast<uint64_t>(a.K), static_cast<uint64_t>(W)));
+  return launch_ag_fused(d, W, r, a, static_cast<const uint8_t*>(own), a.gathered, &px, stream);
+}
+
 cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args, cudaStream_t stream) {
   if (!ag_args_ok(dev, args)) return cudaErrorInvalidValue;
   const int W = dev.world;
@@ -414,66 +546,8 @@ cudaError_t launch_all_gather_gemm(const CommDevice& dev, const AgGemmArgs& args
     return launch_gemm(g, stream);
   }
   if (algo != FusedAlgo::kFused) return cudaErrorInvalidValue;
-
-  AgGeometry geo = ag_geometry(d, a);
-  GemmArgs g = base_gemm_args(a.M, a.N, a.K, gathered, a.B, a.b_layout);
-  g.C = a.C;
-  g.num_ctas = geo.gemm_ctas;  // the tile width is chosen for the CTAs that start on the GEMM
-  g.m_block_start = geo.m_block_start;
-  g.cluster = 1;  // the fused kernel's GEMM CTAs claim tiles one by one (no CTA pairs)
-  g.group_m = fused_group_m(W);
-  detail::GemmPlan plan;
-  if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
-  // The own rows: the GEMM reads the M-blocks made only of them from A_r itself (tm_own), and
-  // when the caller asked for the gathered A it also stores them there from shared memory
-  // (TMA, AgSchedule::stores_a). The rest of them (the blocks shared with a neighbour's rows)
-  // go into the gathered buffer by the copy engine, stream-ordered before the kernel: copied
-  // by pulling CTAs they took 0.3-1.7 ms on H200 once the GEMM's first tiles ran.
-  AgParams& p = geo.p;
-  const int64_t own_off = split_offset(a.M, W, d.rank), own_cnt = split_count(a.M, W, d.rank);
-  const int64_t row_bytes = static_cast<int64_t>(a.K) * 2;
-  const uint8_t* own = d.base[d.rank] + d.data_offset + a.in_offset;
-  if (p.own_b1 > p.own_b0 && !detail::encode_a_map(&p.tm_own, reinterpret_cast<const __nv_bfloat16*>(own),
-                                                   static_cast<int>(own_cnt), a.K, a.K)) {
-    return cudaErrorInvalidValue;
-  }
-  auto copy_own = [&](int64_t r0, int64_t r1) {  // gathered rows [r0, r1) from A_r
-    if (r1 <= r0) return cudaSuccess;
-    return cudaMemcpyAsync(reinterpret_cast<uint8_t*>(gathered) + r0 * row_bytes,
-                           own + (r0 - own_off) * row_bytes, (r1 - r0) * row_bytes, cudaMemcpyDeviceToDevice,
-                           stream);
-  };
-  const int64_t direct0 = int64_t{p.own_b0} * detail::kTileM;
-  const int64_t direct1 = int64_t{p.own_b1} * detail::kTileM;
-  const bool copy_all = p.own_b1 == p.own_b0;  // no block made only of own rows
-  if (cudaError_t e = copy_own(own_off, copy_all ? own_off + own_cnt : direct0); e != cudaSuccess) {
-    return e;
-  }
-  if (cudaError_t e = copy_own(copy_all ? own_off + own_cnt : direct1, own_off + own_cnt); e != cudaSuccess) {
-    return e;
-  }
-  p.dev = d;
-  p.gathered = gathered;
-  p.in_offset = a.in_offset;
-  p.gemm_ctas = std::min(geo.gemm_ctas, plan.prob.num_tiles);
-  p.comm_ctas = geo.comm_ctas;
-  if (p.ce) {
-    // The start barrier as a kernel of its own, whose completion the side streams wait for
-    // (ag_gemm_kernel.cuh ag_ce_role); the streams were prepared above.
-    detail::ag_ce_barrier_kernel<<<1, 32, 0, stream>>>(d);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    if (cudaError_t e = cudaEventRecord(a.side->fork(), stream); e != cudaSuccess) return e;
-  }
-  cudaError_t launched;
-  if (plan.tile_n == 256) {
-    launched = plan.kn ? launch_ag_instance<256, true>(plan, p, stream)
-                       : launch_ag_instance<256, false>(plan, p, stream);
-  } else {
-    launched = plan.kn ? launch_ag_instance<128, true>(plan, p, stream)
-                       : launch_ag_instance<128, false>(plan, p, stream);
-  }
-  if (launched == cudaSuccess && p.ce) return ag_ce_exchange(d, p, *a.side, stream);
-  return launched;
+  return launch_ag_fused(d, d.world, d.rank, a, d.base[d.rank] + d.data_offset + a.in_offset, gathered, nullptr,
+                         stream);
 }
 
 }  // namespace fusedcomm::kernels

@@ -7,6 +7,7 @@
 #include "fusedcomm/runtime/device_gemm.h"
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
+#include "kernels/ag_gemm/ag_gemm.h"
 
 namespace fusedcomm {
 namespace {
@@ -269,6 +270,17 @@ CrossHostPaths::Needs CrossHostPaths::all_gather_gemm_needs(int64_t m, int64_t k
   return {need.data_bytes, own_g + padded + need.work_bytes};
 }
 
+bool CrossHostPaths::all_gather_gemm_fused(int64_t m, int64_t n_local, int64_t k) const {
+  if (!fused_ || layout_.local_world != 1) return false;
+  k::AgGemmArgs args;
+  args.M = static_cast<int>(m);
+  args.N = static_cast<int>(n_local);
+  args.K = static_cast<int>(k);
+  k::ProxyCollective px{};
+  px.chunk_bytes = link_->chunk_bytes();
+  return k::all_gather_gemm_hosts_fits(args, layout_.world(), px);
+}
+
 void CrossHostPaths::all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered, int64_t m,
                                      int64_t n_local, int64_t k, WeightLayout layout, char* work,
                                      k::GemmWorkspace gemm_ws, cudaStream_t s) {
@@ -277,6 +289,24 @@ void CrossHostPaths::all_gather_gemm(const void* a_local, const void* w, void* c
   const uint64_t row = static_cast<uint64_t>(k) * 2;
   const int64_t count = rb.count(k);
   const uint64_t own_g = gathered == nullptr ? round16(m * row) : 0;
+  if (all_gather_gemm_fused(m, n_local, k) && (reinterpret_cast<uintptr_t>(a_local) & 15) == 0) {
+    k::AgGemmArgs args;
+    args.M = static_cast<int>(m);
+    args.N = static_cast<int>(n_local);
+    args.K = static_cast<int>(k);
+    args.B = static_cast<const __nv_bfloat16*>(w);
+    args.b_layout = layout == WeightLayout::kNK ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+    args.C = static_cast<__nv_bfloat16*>(c);
+    args.gathered = static_cast<__nv_bfloat16*>(gathered != nullptr ? gathered : static_cast<void*>(work));
+    k::ProxyCollective px{};
+    link_->prepare(px, k::CommDtype::kBF16);
+    k::AgHosts hosts{W, r, layout_.host, {}};
+    for (int h = 0; h < layout_.hosts; ++h) hosts.rank_of_host[h] = layout_.counterparts[h];
+    check_fused_launch(k::launch_all_gather_gemm_hosts(local_.memory().device(), hosts, a_local, args, px, s),
+                       "allGatherGemm");
+    gate(s);
+    return;
+  }
   const uint64_t padded = rb.even() ? 0 : round16(count * 2);
   char* full = gathered != nullptr ? static_cast<char*>(gathered) : work;
   char* blocks = rb.even() ? full : work + own_g;

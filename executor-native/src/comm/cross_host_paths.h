@@ -12,9 +12,13 @@
 //   them with one allToAll among the host's ranks. They must fit the data area (allGather: H
 //   equal block slots; reduceScatter: the largest host's blocks; allToAll: W equal block slots)
 //   and use a workspace of the communicator (Needs).
-// - The fused ops take the decomposed path: the hierarchical allGather then our GEMM; our GEMM
-//   then the hierarchical reduceScatter (on W blocks of ceil(M / W) rows when W does not divide
-//   M; fp32 partials rounded to bf16 after the sum).
+// - allGatherGemm with one rank per host is one kernel (kernels/ag_gemm's
+//   launch_all_gather_gemm_hosts): the proxy's lanes inside it bring the other hosts' rows
+//   while the GEMM works on the rows already there. Otherwise (several ranks per host, an op of
+//   more chunks than the kernel's flags, A_r not 16-byte aligned) the fused ops take the
+//   decomposed path: the hierarchical allGather then our GEMM; our GEMM then the hierarchical
+//   reduceScatter (on W blocks of ceil(M / W) rows when W does not divide M; fp32 partials
+//   rounded to bf16 after the sum).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -66,6 +70,11 @@ class CrossHostPaths {
   void all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered, int64_t m,
                        int64_t n_local, int64_t k, WeightLayout layout, char* work,
                        kernels::GemmWorkspace gemm_ws, cudaStream_t s);
+  // Whether all_gather_gemm runs the one kernel for these shapes (A_r 16-byte aligned).
+  bool all_gather_gemm_fused(int64_t m, int64_t n_local, int64_t k) const;
+  // Native tests and benches: false makes the fused ops take the decomposed path (the baseline
+  // of the kernel); true by default.
+  void set_fused(bool on) { fused_ = on; }
   Needs gemm_reduce_scatter_needs(int64_t m, int64_t n, PartialPrecision partials) const;
   void gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n, int64_t k_local,
                            WeightLayout layout, PartialPrecision partials, char* work,
@@ -86,6 +95,7 @@ class CrossHostPaths {
   const HostLayout& layout_;
   LocalCollectives& local_;
   std::unique_ptr<InterHostLink> link_;
+  bool fused_ = true;
 };
 
 }  // namespace fusedcomm

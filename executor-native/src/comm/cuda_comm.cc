@@ -291,6 +291,10 @@ k::AgGemmArgs CudaComm::ag_operands(const void* w, void* c, void* gathered, int6
   return args;
 }
 
+void CudaComm::set_fused_across_hosts(bool on) {
+  if (hosts_ != nullptr) hosts_->set_fused(on);
+}
+
 void CudaComm::all_gather_gemm(const OpDesc&, DType dtype, const void* a_local, const void* w, void* c,
                                void* gathered, int64_t m, int64_t n_local, int64_t k, WeightLayout layout,
                                cudaStream_t stream) {

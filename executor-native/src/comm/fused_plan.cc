@@ -45,6 +45,8 @@ FusedPlan plan_all_gather_gemm(const FusedContext& ctx, const k::AgGemmArgs& arg
     // There the gathered A goes to the communicator's own workspace: the data area needs the same.
     plan.needs = ctx.hosts->all_gather_gemm_needs(args.M, args.K, args.gathered != nullptr).data_bytes;
     plan.needs_with_gathered = plan.needs_without_gathered = plan.needs;
+    plan.info.algo = ctx.hosts->all_gather_gemm_fused(args.M, args.N, args.K) ? k::FusedAlgo::kFused
+                                                                               : k::FusedAlgo::kDecomposed;
     return plan;
   }
   // The workspace reads only whether a gathered A is given, never the pointer.
@@ -100,7 +102,10 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
     if (!across && needs <= ctx.area && plan.needs_without_gathered > ctx.area) {
       unless_gathered = plan.needs_without_gathered;
     }
-    if (across) {
+    if (across && i.algo == k::FusedAlgo::kFused) {
+      out = "fused across hosts: one kernel; the proxy's lanes bring the other hosts' rows while the GEMM "
+            "works on the rows already there";
+    } else if (across) {
       out = "decomposed across hosts: the hierarchical allGather, then our GEMM";
     } else if (fused) {
       out = "fused: " + fused_split(i) + ", " + std::to_string(i.chunks) + " row chunks; " +

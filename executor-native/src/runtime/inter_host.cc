@@ -195,8 +195,14 @@ void InterHostLink::all_to_all(const std::vector<void*>& sends, const std::vecto
   launch(a, dtype, stream);
 }
 
-// The fields every op shares: this link's staging, keys, signal values and limits.
 void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream_t stream) {
+  prepare(a, dtype);
+  check(k::launch_proxy_collective(a, stream),
+        std::string("launching the ") + k::proxy_op_name(a.op) + " between hosts");
+}
+
+// The fields every op shares: this link's staging, keys, signal values and limits.
+void InterHostLink::prepare(k::ProxyCollective& a, k::CommDtype dtype) {
   FC_REQUIRE(static_cast<int>(proxies_.size()) == lanes_ && !closed_, "inter-host link: not connected");
   for (int l = 0; l < lanes_; ++l) a.rings[l] = ring_devices_[l];
   a.lanes = static_cast<uint32_t>(lanes_);
@@ -223,8 +229,6 @@ void InterHostLink::launch(k::ProxyCollective& a, k::CommDtype dtype, cudaStream
   // wake from their sleep ladder on the first command or message (slower, still correct).
   for (auto& proxy : proxies_) proxy->expect_commands();
   runtime_.transport().expect_traffic();
-  check(k::launch_proxy_collective(a, stream),
-        std::string("launching the ") + k::proxy_op_name(a.op) + " between hosts");
 }
 
 bool InterHostLink::failed() const { return k::proxy_status_code(*status_) != k::kProxyOk; }

@@ -9,7 +9,9 @@
 //   [G, G+P)   pull A's chunks (peers' rows; the GEMM reads the own rows' whole M-blocks from
 //              A_r, the copy engine copies the rest before the launch), then GEMM; with the
 //              copy-engine exchange (AgParams::ce) P = 1, raising the chunk flags as the side
-//              streams report their copies (ag_ce_role)
+//              streams report their copies (ag_ce_role); across hosts (AgParams::hosts) P
+//              lanes of the proxy's allGather, raising the chunk flags as the rows land
+//              (ag_hosts_role)
 // Every CTA reads the launch epoch first (comm_launch_epoch) and ends with fused_finish.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include "kernels/common/fused_protocol.cuh"
 #include "kernels/common/fused_schedule.cuh"
 #include "kernels/gemm/detail/gemm_sm90.cuh"
+#include "kernels/proxy/detail/proxy_lane.cuh"
 
 namespace fusedcomm::kernels::detail {
 
@@ -58,6 +61,11 @@ struct AgParams {
   int interleave;  // 0: sequential; else W - 1, the runs whose chunks the sweep takes in turn
                    // (ag_sweep_chunk; only where mg == 1)
   int ce;          // 1: the copy engines move the peers' rows (ag_ce_role), 0: the SMs pull
+  // The op's ranks: `dev`'s on one host; across hosts (hosts = 1) the whole world, one rank per
+  // host, while `dev` is this rank's own symmetric memory (world 1: flags and epoch only) and
+  // the kernel's ProxyCollective moves the rows (ag_hosts_role).
+  int world, rank;
+  int hosts;
 };
 
 // The chunk at position k (0 <= k < chunks) of the sweep: the order of the GEMM's M-blocks
@@ -112,8 +120,8 @@ __host__ __device__ __forceinline__ void ag_chunk_rows_of(const AgParams& p, int
 __device__ __forceinline__ int ag_chunk_peer(const AgParams& p, int c) {
   const int64_t r0 = static_cast<int64_t>(c) * p.mg * kTileM;
   const int64_t r1 = min(static_cast<int64_t>(p.M), r0 + p.mg * kTileM) - 1;
-  const int peer = split_owner(p.M, p.dev.world, r0);
-  return peer == p.dev.rank ? split_owner(p.M, p.dev.world, r1) : peer;
+  const int peer = split_owner(p.M, p.world, r0);
+  return peer == p.rank ? split_owner(p.M, p.world, r1) : peer;
 }
 
 // The GEMM role's schedule: dynamic claims in the rotated raster of tile_coord (hook 4), and
@@ -417,14 +425,81 @@ inline __device__ __noinline__ void ag_pull_role(const AgParams& p, uint64_t epo
   if (threadIdx.x == 0) fused_role_done(d, epoch, static_cast<uint32_t>(p.comm_ctas));
 }
 
+// ---- across hosts: one rank per host, the rows through the proxy (AgParams::hosts) ----------
+// The P = proxy_active_lanes CTAs after the GEMM's are the lanes of the proxy's allGather
+// (proxy_lane): host h's block is rank h's rows of the gathered A (elements [j * per, (j + 1) *
+// per) of it form the op's chunk j, per = chunk_bytes / 2), this rank's own block is A_r where
+// it lies; each lane copies its region of every chunk from the inbox into the gathered A. A
+// flag chunk c may wait for several ranks' rows: it needs chunk ag_hosts_need(c) - 1 of the
+// op from every lane (chunk j of every block lands at once, and each lane takes the chunks
+// in order, so the last lane to finish chunk j has finished every earlier one). That lane
+// raises the flags of the chunks whose need is j + 1 (ordering as the pulls': each lane's
+// stores, fence.proxy.async by every thread, bar.sync, then thread 0's fence.acq_rel.gpu and
+// arrival on chunk_count[j]; the last arrival acquires and releases the flags). Chunks made
+// only of this rank's rows need nothing: lane 0 raises them first.
+__host__ __device__ __forceinline__ int64_t ag_hosts_need(const AgParams& p, int c, int64_t per) {
+  const int64_t chunk_rows = static_cast<int64_t>(p.mg) * kTileM;
+  const int64_t r0 = static_cast<int64_t>(c) * chunk_rows;
+  const int64_t r1 = r0 + chunk_rows < p.M ? r0 + chunk_rows : p.M;
+  int64_t need = 0;
+  if (r0 >= r1) return 0;
+  for (int o = split_owner(p.M, p.world, r0); o <= split_owner(p.M, p.world, r1 - 1); ++o) {
+    if (o == p.rank) continue;
+    const int64_t off = split_offset(p.M, p.world, o), end = off + split_count(p.M, p.world, o);
+    const int64_t rows = (r1 < end ? r1 : end) - off;  // o's rows up to the chunk's end
+    const int64_t n = (rows * p.K + per - 1) / per;
+    need = n > need ? n : need;
+  }
+  return need;
+}
+
+struct AgHostsHooks {
+  const AgParams& p;
+  FusedFlags* ff;
+  uint64_t epoch;
+  int64_t per;
+  uint32_t lanes;
+  static constexpr bool kAsyncReaders = true;  // the GEMM reads the gathered rows with TMA
+  __device__ bool send_ready(int64_t) const { return true; }
+  __device__ void received(int64_t j) const {
+    fence_acq_rel_gpu();
+    if (!fused_last_of(&ff->chunk_count[j], lanes)) return;
+    for (int c = 0; c < p.chunks; ++c) {
+      if (ag_hosts_need(p, c, per) == j + 1) st_release_gpu(&ff->ag_chunk[c], epoch);
+    }
+  }
+};
+
+inline __device__ __noinline__ void ag_hosts_role(const AgParams& p, const ProxyCollective& px, uint64_t epoch,
+                                                  int lane) {
+  FusedFlags* ff = fused_flags(p.dev, p.dev.rank);
+  const int64_t per = static_cast<int64_t>(px.chunk_bytes / 2);
+  if (lane == 0 && threadIdx.x == 0) {
+    for (int c = 0; c < p.chunks; ++c) {
+      if (ag_hosts_need(p, c, per) == 0) st_release_gpu(&ff->ag_chunk[c], epoch);
+    }
+  }
+  AgHostsHooks hooks{p, ff, epoch, per, static_cast<uint32_t>(p.comm_ctas)};
+  proxy_lane<__nv_bfloat16>(px, static_cast<uint32_t>(lane), hooks);
+  // A failed lane leaves its chunks' flags down: the GEMM's waits for them time out, naming
+  // the rank whose rows are missing, and the link's status word names the failure.
+  __syncthreads();
+  if (threadIdx.x == 0) fused_role_done(p.dev, epoch, static_cast<uint32_t>(p.comm_ctas));
+}
+
 template <int BN, bool kBKN>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     ag_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                    const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ GemmProblem prob,
-                   const __grid_constant__ DefaultEpilogue epi, const __grid_constant__ AgParams p) {
+                   const __grid_constant__ DefaultEpilogue epi, const __grid_constant__ AgParams p,
+                   const __grid_constant__ ProxyCollective px) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
   if (static_cast<int>(blockIdx.x) >= p.gemm_ctas) {
-    ag_pull_role(p, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);
+    if (p.hosts) {
+      ag_hosts_role(p, px, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);
+    } else {
+      ag_pull_role(p, epoch, static_cast<int>(blockIdx.x) - p.gemm_ctas);
+    }
   }
   gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, AgSchedule{{&p, epoch}});
 }

@@ -172,6 +172,9 @@ class CudaComm final : public Comm {
 
   // For tests.
   const HostLayout& layout() const { return layout_; }
+  // Tests and benches across hosts: false runs the fused ops decomposed (cross_host_paths.h),
+  // the baseline of their one-kernel form; every rank must set the same. No effect on one host.
+  void set_fused_across_hosts(bool on);
   const SymmetricMemory& memory() const { return *sm_; }
   bool failed() const { return failed_; }
   // Inputs copied into the data area by the collectives so far (enqueue): one-shot launches

@@ -73,6 +73,7 @@ class InterHostLink {
   InterHostLink& operator=(const InterHostLink&) = delete;
 
   Blob blob() const;
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
   // blobs[h]: host h's counterpart (this rank's own at `host`). names[h]: how messages name it
   // ("rank 5 (host 1)"). comm_id: unique among the groups of this job on these transports.
   // key: authenticates the connections (rdma/auth.h; the communicator's key: the handshake
@@ -99,6 +100,11 @@ class InterHostLink {
   void all_to_all(const std::vector<void*>& sends, const std::vector<int64_t>& send_counts,
                   const std::vector<void*>& recvs, const std::vector<int64_t>& recv_counts,
                   kernels::CommDtype dtype, cudaStream_t stream);
+  // For a kernel that runs the link's protocol itself (kernels/ag_gemm's allGatherGemm across
+  // hosts): fills a's link fields (rings, lanes, rank, boxes, keys, signal words, value counters,
+  // chunk, depth, timeout, status) and wakes the link's threads as an op does; the caller sets
+  // op, dtype, blocks and counts and launches, on the stream of the link's other ops.
+  void prepare(kernels::ProxyCollective& a, kernels::CommDtype dtype);
   // Throws, naming the op that gave up and this rank, if an enqueued step gave up:
   // Error(kTimeout) for a counterpart that never arrived, Error(kTransport) for a broken
   // connection (the proxy's error names the peer), Error(kCommunicator) after abort(). Reads a

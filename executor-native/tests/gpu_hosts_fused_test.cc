@@ -1,0 +1,263 @@
+// gpu_hosts_fused_test: allGatherGemm across "virtual hosts" as one kernel (cross_host_paths.h:
+// the proxy's lanes inside the fused kernel bring the other hosts' rows while the GEMM runs)
+// against the decomposed path it replaces (the hierarchical allGather, then our GEMM), through
+// CudaComm as the C API drives it: one forked process per rank, H hosts of L ranks, each rank
+// with its own Runtime and transport on the loopback (FUSEDCOMM_TRANSPORT picks socket or
+// libfabric). The one kernel runs where every host has one rank (L = 1); elsewhere both forms
+// are the decomposed path and the test says so.
+// Checks, each form: small-integer A and W (every product and sum exact in fp32 and bf16, in
+// any order) against the exact product, bit for bit: M divisible by W and not, NK and KN, with
+// and without the gathered A (checked too), on the communicator's stream and 10 back to back
+// on a caller's stream; describe_fused names the one kernel where it runs.
+// Timing (FC_TEST_TIME=0 skips it): per shape, after checking that both forms give the same C
+// (random bf16 inputs, within bf16 rounding of each other), each form in turn: 2 warm-up
+// launches, then 5 rounds of `n` back-to-back launches between CUDA events after a barrier;
+// prints rank 0's median per launch and the ratio fused / decomposed (FC_TEST_JSON=<file>:
+// one JSON row per shape and form, appended; the caller adds device, commit and date).
+// FC_TEST_HOSTS=<H> (default 2), FC_TEST_LOCAL=<L> (default GPUs / H); FC_TEST_SHARED_GPU=<n>
+// lets ranks share GPUs (timings meaningless). Exit 77 (skip) with a reason without a Hopper GPU.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedcomm/comm/cuda_comm.h"
+#include "fusedcomm/runtime/runtime.h"
+#include "fusedcomm/runtime/split.h"
+#include "support/cuda_comm_support.h"
+#include "support/gpu_test_support.h"
+#include "support/process_group.h"
+#include "support/proxy_test_support.h"
+
+namespace {
+
+using fusedcomm::CudaComm;
+using fusedcomm::DType;
+using fusedcomm::Op;
+using fusedcomm::PartialPrecision;
+using fusedcomm::Runtime;
+using fusedcomm::split_count;
+using fusedcomm::split_offset;
+using fusedcomm::WeightLayout;
+using fusedcomm::testing::check;
+using fusedcomm::testing::DevBuf;
+using fusedcomm::testing::download;
+using fusedcomm::testing::ProcessGroup;
+using fusedcomm::testing::upload;
+
+constexpr int64_t kTimeoutMs = 60000;
+const fusedcomm::OpDesc kDesc{"gpu_hosts_fused_test", 0};
+
+uint16_t bf16_bits(float f) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(f);
+  uint16_t u;
+  std::memcpy(&u, &b, 2);
+  return u;
+}
+float bf16_value(uint16_t u) {
+  uint32_t w = static_cast<uint32_t>(u) << 16;
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+// A small integer in [-1, 1] for (rank, index): every sum of K <= 256 products is exact.
+int small(uint64_t seed, int r, int64_t i) {
+  uint64_t x = (seed ^ (static_cast<uint64_t>(r) << 48)) + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<int>(x % 3) - 1;
+}
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+// One allGatherGemm on `stream` (null: the communicator's own).
+void run_op(CudaComm& dc, const DevBuf& a, const DevBuf& w, const DevBuf& c, const DevBuf* gathered,
+            const Shape& s, WeightLayout layout, cudaStream_t stream) {
+  dc.all_gather_gemm(kDesc, DType::kBF16, a.p, w.p, c.p, gathered != nullptr ? gathered->p : nullptr, s.m, s.n,
+                     s.k, layout, stream);
+}
+
+// The exact checks of one form (fused on or off) at one shape, layout and gathered choice.
+void check_exact(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s, WeightLayout layout, bool gathered,
+                 const std::string& form, cudaStream_t stream) {
+  const int W = g.world, r = g.rank;
+  const int64_t rows = split_count(s.m, W, r);
+  std::vector<uint16_t> a(rows * s.k), w(s.n * s.k);
+  for (int64_t i = 0; i < rows * s.k; ++i) a[i] = bf16_bits(static_cast<float>(small(seed, r, i)));
+  for (int64_t i = 0; i < s.n * s.k; ++i) w[i] = bf16_bits(static_cast<float>(small(seed ^ 0x77, r, i)));
+  // Reference from every rank's rows (rebuilt here from the seed).
+  std::vector<float> full(s.m * s.k);
+  for (int q = 0; q < W; ++q) {
+    const int64_t off = split_offset(s.m, W, q), n = split_count(s.m, W, q);
+    for (int64_t i = 0; i < n * s.k; ++i) full[off * s.k + i] = static_cast<float>(small(seed, q, i));
+  }
+  std::vector<uint16_t> want(s.m * s.n);
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      float acc = 0;
+      for (int64_t kk = 0; kk < s.k; ++kk) {
+        // w as laid out: NK is n × k, KN is k × n (the same values, transposed).
+        const float wv = layout == WeightLayout::kNK ? bf16_value(w[j * s.k + kk]) : bf16_value(w[kk * s.n + j]);
+        acc += full[i * s.k + kk] * wv;
+      }
+      want[i * s.n + j] = bf16_bits(acc);
+    }
+  }
+  DevBuf da = upload(a, stream, 16), dw = upload(w, stream, 16);
+  DevBuf dc_out(s.m * s.n * 2), dg(s.m * s.k * 2);
+  const std::string what = form + " M=" + std::to_string(s.m) + " N=" + std::to_string(s.n) + " K=" +
+                           std::to_string(s.k) + (layout == WeightLayout::kNK ? " NK" : " KN") +
+                           (gathered ? " gathered" : "");
+  for (int pass = 0; pass < 2; ++pass) {  // the communicator's stream, then 10 on the caller's
+    CUDA_OK(cudaMemset(dc_out.p, 0xFF, dc_out.bytes));
+    CUDA_OK(cudaMemset(dg.p, 0xFF, dg.bytes));
+    try {
+      if (pass == 0) {
+        run_op(dc, da, dw, dc_out, gathered ? &dg : nullptr, s, layout, nullptr);
+      } else {
+        for (int i = 0; i < 10; ++i) run_op(dc, da, dw, dc_out, gathered ? &dg : nullptr, s, layout, stream);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        dc.synchronize();
+      }
+    } catch (const std::exception& e) {
+      check(false, what + ": threw " + e.what());
+      return;
+    }
+    check(download<uint16_t>(dc_out.p, s.m * s.n) == want,
+          what + (pass ? " (10 on a caller stream)" : "") + ": C differs from the exact product");
+    if (gathered) {
+      std::vector<uint16_t> got = download<uint16_t>(dg.p, s.m * s.k), exp(s.m * s.k);
+      for (int64_t i = 0; i < s.m * s.k; ++i) exp[i] = bf16_bits(full[i]);
+      check(got == exp, what + ": the gathered A differs");
+    }
+  }
+}
+
+// Milliseconds per launch, rank 0's median over 5 rounds of n launches.
+double time_form(ProcessGroup& g, CudaComm& dc, const DevBuf& a, const DevBuf& w, const DevBuf& c,
+                 const Shape& s, int n, cudaStream_t stream) {
+  for (int i = 0; i < 2; ++i) run_op(dc, a, w, c, nullptr, s, WeightLayout::kNK, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  dc.synchronize();
+  cudaEvent_t e0, e1;
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int round = 0; round < 5; ++round) {
+    g.barrier();
+    CUDA_OK(cudaEventRecord(e0, stream));
+    for (int i = 0; i < n; ++i) run_op(dc, a, w, c, nullptr, s, WeightLayout::kNK, stream);
+    CUDA_OK(cudaEventRecord(e1, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    dc.synchronize();  // raises what an op enqueued on the stream reported
+    float t = 0;
+    CUDA_OK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t / n);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void time_shapes(ProcessGroup& g, CudaComm& dc, uint64_t seed, int H, int L, cudaStream_t stream) {
+  // (M, N_r, K): the exchange dominating, the two near even, the GEMM dominating.
+  const std::vector<Shape> shapes = {{8192, 7168, 4096}, {8192, 28672, 4096}, {4096, 28672, 1024},
+                                     {16384, 8192, 8192}};
+  const int W = g.world, r = g.rank;
+  for (const Shape& s : shapes) {
+    const int64_t rows = split_count(s.m, W, r);
+    std::vector<uint16_t> a(rows * s.k), w(s.n * s.k);
+    for (int64_t i = 0; i < rows * s.k; ++i) a[i] = bf16_bits(0.125f * small(seed ^ 0x31, r, i));
+    for (int64_t i = 0; i < s.n * s.k; ++i) w[i] = bf16_bits(0.125f * small(seed ^ 0x32, r, i));
+    DevBuf da = upload(a, stream, 16), dw = upload(w, stream, 16), cf(s.m * s.n * 2), cd(s.m * s.n * 2);
+    // Both forms' C first, compared (the same GEMM on the same gathered A, tiles and splits
+    // possibly differing: within bf16 rounding).
+    dc.set_fused_across_hosts(true);
+    run_op(dc, da, dw, cf, nullptr, s, WeightLayout::kNK, nullptr);
+    dc.set_fused_across_hosts(false);
+    run_op(dc, da, dw, cd, nullptr, s, WeightLayout::kNK, nullptr);
+    const std::vector<uint16_t> f = download<uint16_t>(cf.p, s.m * s.n), d = download<uint16_t>(cd.p, s.m * s.n);
+    double worst = 0;
+    for (size_t i = 0; i < f.size(); ++i) {
+      const double x = bf16_value(f[i]), y = bf16_value(d[i]);
+      worst = std::max(worst, std::fabs(x - y) / (std::fabs(y) + 1.0));
+    }
+    check(worst <= 1.0 / 64, "timing shape M=" + std::to_string(s.m) + ": fused and decomposed C differ by " +
+                                 std::to_string(worst));
+    // Launches per round: about 50 ms of the decomposed form (rank 0's estimate, shared).
+    const double one = time_form(g, dc, da, dw, cd, s, 1, stream);
+    std::vector<uint8_t> est(sizeof(double));
+    std::memcpy(est.data(), &one, sizeof one);
+    double t0;
+    std::memcpy(&t0, g.all_gather(est)[0].data(), sizeof t0);
+    const int n = std::clamp(static_cast<int>(50.0 / std::max(t0, 1e-3)), 2, 200);
+    dc.set_fused_across_hosts(false);
+    const double dec = time_form(g, dc, da, dw, cd, s, n, stream);
+    dc.set_fused_across_hosts(true);
+    const double fus = time_form(g, dc, da, dw, cf, s, n, stream);
+    if (r == 0) {
+      std::printf("  allGatherGemm M=%lld N_r=%lld K=%lld: fused %.3f ms, decomposed %.3f ms, ratio %.3f (%d per round)\n",
+                  static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), fus, dec,
+                  fus / dec, n);
+      if (const char* path = std::getenv("FC_TEST_JSON")) {
+        if (FILE* out = std::fopen(path, "a")) {
+          for (int form = 0; form < 2; ++form) {
+            std::fprintf(out,
+                         "{\"family\": \"transport\", \"op\": \"allGatherGemm_across_hosts\", \"impl\": \"%s\", "
+                         "\"shape\": \"%lldx%lldx%lld\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"world\": %d, "
+                         "\"hosts\": %d, \"local\": %d, \"ms_median\": %.6f}\n",
+                         form == 0 ? "fusedcomm_fused" : "fusedcomm_decomposed", static_cast<long long>(s.m),
+                         static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.m),
+                         static_cast<long long>(s.n), static_cast<long long>(s.k), W, H, L, form == 0 ? fus : dec);
+          }
+          std::fclose(out);
+        }
+      }
+    }
+  }
+}
+
+int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t seed) {
+  const int rank = g.rank;
+  CUDA_OK(cudaSetDevice(rank % gpus));
+  Runtime rt(fusedcomm::testing::loopback_cuda_config(rank % gpus, seed, kTimeoutMs, int64_t{640} << 20, shared));
+  std::vector<int> host_of(g.world);
+  for (int r = 0; r < g.world; ++r) host_of[r] = r / L;
+  auto dc = fusedcomm::testing::make_cuda_comm(rt, g, 7100, host_of);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::string said = dc->describe_fused(Op::kAllGatherGemm, 1000, 72, 200, PartialPrecision::kF32);
+  if (rank == 0) std::printf("  describe_fused: %s\n", said.c_str());
+  check((said.find("fused across hosts") != std::string::npos) == (L == 1),
+        "describe_fused names the one kernel exactly where every host has one rank (got '" + said + "')");
+  for (int form = 0; form < 2; ++form) {
+    dc->set_fused_across_hosts(form == 0);
+    const std::string name = form == 0 ? (L == 1 ? "one kernel" : "fused setting (decomposed at L > 1)")
+                                       : "decomposed";
+    for (const Shape& s : {Shape{1000, 72, 200}, Shape{257, 136, 64}, Shape{4096, 256, 256}}) {
+      check_exact(g, *dc, seed, s, WeightLayout::kNK, false, name, stream);
+      check_exact(g, *dc, seed ^ 1, s, WeightLayout::kKN, true, name, stream);
+    }
+  }
+  const char* t = std::getenv("FC_TEST_TIME");
+  if ((t == nullptr || std::strcmp(t, "0") != 0) && !shared) time_shapes(g, *dc, seed, H, L, stream);
+  dc->close();
+  CUDA_OK(cudaStreamDestroy(stream));
+  return fusedcomm::testing::rank_result(rank);
+}
+
+}  // namespace
+
+int main() { return fusedcomm::testing::run_virtual_hosts("gpu_hosts_fused_test", rank_main); }
