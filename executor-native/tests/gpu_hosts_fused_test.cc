@@ -1,16 +1,19 @@
-// gpu_hosts_fused_test: allGatherGemm across "virtual hosts" as one kernel (cross_host_paths.h:
-// the proxy's lanes inside the fused kernel bring the other hosts' rows while the GEMM runs)
-// against the decomposed path it replaces (the hierarchical allGather, then our GEMM), through
+// gpu_hosts_fused_test: allGatherGemm and gemmReduceScatter across "virtual hosts" as one kernel
+// each (cross_host_paths.h: the proxy's lanes inside the fused kernel bring the other hosts' rows
+// while the GEMM runs, or send the other hosts their rows' partials as the tiles complete)
+// against the decomposed paths they replace (the hierarchical allGather, then our GEMM; our GEMM,
+// then the hierarchical reduceScatter), through
 // CudaComm as the C API drives it: one forked process per rank, H hosts of L ranks, each rank
 // with its own Runtime and transport on the loopback (FUSEDCOMM_TRANSPORT picks socket or
 // libfabric). The one kernel runs where every host has one rank (L = 1); elsewhere both forms
 // are the decomposed path and the test says so.
 // Checks, each form: small-integer A and W (every product and sum exact in fp32 and bf16, in
-// any order) against the exact product, bit for bit: M divisible by W and not, NK and KN, with
-// and without the gathered A (checked too), on the communicator's stream and 10 back to back
-// on a caller's stream; describe_fused names the one kernel where it runs.
-// Timing (FC_TEST_TIME=0 skips it): per shape, after checking that both forms give the same C
-// (random bf16 inputs, within bf16 rounding of each other), each form in turn: 2 warm-up
+// any order) against the exact product, bit for bit: M divisible by W and not, NK and KN;
+// allGatherGemm with and without the gathered A (checked too), gemmReduceScatter with fp32 and
+// bf16 partials; on the communicator's stream and 10 back to back on a caller's stream;
+// describe_fused names the one kernel where it runs.
+// Timing (FC_TEST_TIME=0 skips it): per op and shape, after checking that both forms give the
+// same output (random bf16 inputs, within bf16 rounding of each other), each form in turn: 2 warm-up
 // launches, then 5 rounds of `n` back-to-back launches between CUDA events after a barrier;
 // prints rank 0's median per launch and the ratio fused / decomposed (FC_TEST_JSON=<file>:
 // one JSON row per shape and form, appended; the caller adds device, commit and date).
@@ -27,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedcomm/comm/cuda_comm.h"
@@ -81,11 +85,20 @@ struct Shape {
   int64_t m, n, k;
 };
 
-// One allGatherGemm on `stream` (null: the communicator's own).
-void run_op(CudaComm& dc, const DevBuf& a, const DevBuf& w, const DevBuf& c, const DevBuf* gathered,
-            const Shape& s, WeightLayout layout, cudaStream_t stream) {
-  dc.all_gather_gemm(kDesc, DType::kBF16, a.p, w.p, c.p, gathered != nullptr ? gathered->p : nullptr, s.m, s.n,
-                     s.k, layout, stream);
+// The ops: allGatherGemm (Shape: M, N_r, K) and gemmReduceScatter (M, N, K_r).
+enum class Fused { kAg, kRs };
+const char* op_name(Fused op) { return op == Fused::kAg ? "allGatherGemm" : "gemmReduceScatter"; }
+
+// One op on `stream` (null: the communicator's own). gemmReduceScatter: `partials`.
+void run_op(CudaComm& dc, Fused op, const DevBuf& a, const DevBuf& w, const DevBuf& c, const DevBuf* gathered,
+            const Shape& s, WeightLayout layout, cudaStream_t stream,
+            PartialPrecision partials = PartialPrecision::kF32) {
+  if (op == Fused::kAg) {
+    dc.all_gather_gemm(kDesc, DType::kBF16, a.p, w.p, c.p, gathered != nullptr ? gathered->p : nullptr, s.m,
+                       s.n, s.k, layout, stream);
+  } else {
+    dc.gemm_reduce_scatter(kDesc, DType::kBF16, a.p, w.p, c.p, s.m, s.n, s.k, layout, partials, stream);
+  }
 }
 
 // The exact checks of one form (fused on or off) at one shape, layout and gathered choice.
@@ -124,9 +137,9 @@ void check_exact(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s, W
     CUDA_OK(cudaMemset(dg.p, 0xFF, dg.bytes));
     try {
       if (pass == 0) {
-        run_op(dc, da, dw, dc_out, gathered ? &dg : nullptr, s, layout, nullptr);
+        run_op(dc, Fused::kAg, da, dw, dc_out, gathered ? &dg : nullptr, s, layout, nullptr);
       } else {
-        for (int i = 0; i < 10; ++i) run_op(dc, da, dw, dc_out, gathered ? &dg : nullptr, s, layout, stream);
+        for (int i = 0; i < 10; ++i) run_op(dc, Fused::kAg, da, dw, dc_out, gathered ? &dg : nullptr, s, layout, stream);
         CUDA_OK(cudaStreamSynchronize(stream));
         dc.synchronize();
       }
@@ -144,10 +157,57 @@ void check_exact(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s, W
   }
 }
 
+// gemmReduceScatter's exact checks: rows r of Σ_s A_s · op(W_s), A_s M×K and W_s N×K (or K×N)
+// of small integers, |sums| <= W·K <= 256.
+void check_exact_rs(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s, WeightLayout layout,
+                    PartialPrecision partials, const std::string& form, cudaStream_t stream) {
+  const int W = g.world, r = g.rank;
+  auto a_of = [&](int q, int64_t i) { return static_cast<float>(small(seed, q, i)); };
+  auto w_of = [&](int q, int64_t i) { return static_cast<float>(small(seed ^ 0x77, q, i)); };
+  std::vector<uint16_t> a(s.m * s.k), w(s.n * s.k);
+  for (int64_t i = 0; i < s.m * s.k; ++i) a[i] = bf16_bits(a_of(r, i));
+  for (int64_t i = 0; i < s.n * s.k; ++i) w[i] = bf16_bits(w_of(r, i));
+  const int64_t off = split_offset(s.m, W, r), rows = split_count(s.m, W, r);
+  std::vector<uint16_t> want(rows * s.n);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      float acc = 0;
+      for (int q = 0; q < W; ++q) {
+        for (int64_t kk = 0; kk < s.k; ++kk) {
+          const float wv = layout == WeightLayout::kNK ? w_of(q, j * s.k + kk) : w_of(q, kk * s.n + j);
+          acc += a_of(q, (off + i) * s.k + kk) * wv;
+        }
+      }
+      want[i * s.n + j] = bf16_bits(acc);
+    }
+  }
+  DevBuf da = upload(a, stream, 16), dw = upload(w, stream, 16), out(rows * s.n * 2, 16);
+  const std::string what = form + " gemmReduceScatter M=" + std::to_string(s.m) + " N=" + std::to_string(s.n) +
+                           " K=" + std::to_string(s.k) + (layout == WeightLayout::kNK ? " NK" : " KN") +
+                           (partials == PartialPrecision::kBF16 ? " bf16 partials" : " fp32 partials");
+  for (int pass = 0; pass < 2; ++pass) {
+    CUDA_OK(cudaMemset(out.p, 0xFF, out.bytes));
+    try {
+      if (pass == 0) {
+        run_op(dc, Fused::kRs, da, dw, out, nullptr, s, layout, nullptr, partials);
+      } else {
+        for (int i = 0; i < 10; ++i) run_op(dc, Fused::kRs, da, dw, out, nullptr, s, layout, stream, partials);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        dc.synchronize();
+      }
+    } catch (const std::exception& e) {
+      check(false, what + ": threw " + e.what());
+      return;
+    }
+    check(download<uint16_t>(out.p, rows * s.n) == want,
+          what + (pass ? " (10 on a caller stream)" : "") + ": the sums differ from the exact ones");
+  }
+}
+
 // Milliseconds per launch, rank 0's median over 5 rounds of n launches.
-double time_form(ProcessGroup& g, CudaComm& dc, const DevBuf& a, const DevBuf& w, const DevBuf& c,
+double time_form(ProcessGroup& g, CudaComm& dc, Fused op, const DevBuf& a, const DevBuf& w, const DevBuf& c,
                  const Shape& s, int n, cudaStream_t stream) {
-  for (int i = 0; i < 2; ++i) run_op(dc, a, w, c, nullptr, s, WeightLayout::kNK, stream);
+  for (int i = 0; i < 2; ++i) run_op(dc, op, a, w, c, nullptr, s, WeightLayout::kNK, stream);
   CUDA_OK(cudaStreamSynchronize(stream));
   dc.synchronize();
   cudaEvent_t e0, e1;
@@ -157,7 +217,7 @@ double time_form(ProcessGroup& g, CudaComm& dc, const DevBuf& a, const DevBuf& w
   for (int round = 0; round < 5; ++round) {
     g.barrier();
     CUDA_OK(cudaEventRecord(e0, stream));
-    for (int i = 0; i < n; ++i) run_op(dc, a, w, c, nullptr, s, WeightLayout::kNK, stream);
+    for (int i = 0; i < n; ++i) run_op(dc, op, a, w, c, nullptr, s, WeightLayout::kNK, stream);
     CUDA_OK(cudaEventRecord(e1, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     dc.synchronize();  // raises what an op enqueued on the stream reported
@@ -172,55 +232,61 @@ double time_form(ProcessGroup& g, CudaComm& dc, const DevBuf& a, const DevBuf& w
 }
 
 void time_shapes(ProcessGroup& g, CudaComm& dc, uint64_t seed, int H, int L, cudaStream_t stream) {
-  // (M, N_r, K): the exchange dominating, the two near even, the GEMM dominating.
-  const std::vector<Shape> shapes = {{8192, 7168, 4096}, {8192, 28672, 4096}, {4096, 28672, 1024},
-                                     {16384, 8192, 8192}};
+  // (M, N_r, K) and (M, N, K_r): the exchange dominating, the two nearer even, the GEMM's share
+  // largest (over TCP on the loopback the exchange dominates every shape).
+  const std::vector<std::pair<Fused, Shape>> cases = {
+      {Fused::kAg, {8192, 7168, 4096}},  {Fused::kAg, {8192, 28672, 4096}}, {Fused::kAg, {4096, 28672, 1024}},
+      {Fused::kAg, {16384, 8192, 8192}}, {Fused::kRs, {4096, 8192, 4096}},  {Fused::kRs, {8192, 4096, 14336}},
+      {Fused::kRs, {2048, 8192, 28672}}, {Fused::kRs, {16384, 8192, 4096}}};
   const int W = g.world, r = g.rank;
-  for (const Shape& s : shapes) {
-    const int64_t rows = split_count(s.m, W, r);
-    std::vector<uint16_t> a(rows * s.k), w(s.n * s.k);
-    for (int64_t i = 0; i < rows * s.k; ++i) a[i] = bf16_bits(0.125f * small(seed ^ 0x31, r, i));
+  for (const auto& [op, s] : cases) {
+    const bool ag = op == Fused::kAg;
+    const int64_t a_rows = ag ? split_count(s.m, W, r) : s.m;
+    const int64_t c_elems = ag ? s.m * s.n : split_count(s.m, W, r) * s.n;
+    std::vector<uint16_t> a(a_rows * s.k), w(s.n * s.k);
+    for (int64_t i = 0; i < a_rows * s.k; ++i) a[i] = bf16_bits(0.125f * small(seed ^ 0x31, r, i));
     for (int64_t i = 0; i < s.n * s.k; ++i) w[i] = bf16_bits(0.125f * small(seed ^ 0x32, r, i));
-    DevBuf da = upload(a, stream, 16), dw = upload(w, stream, 16), cf(s.m * s.n * 2), cd(s.m * s.n * 2);
-    // Both forms' C first, compared (the same GEMM on the same gathered A, tiles and splits
-    // possibly differing: within bf16 rounding).
+    DevBuf da = upload(a, stream, 16), dw = upload(w, stream, 16), cf(c_elems * 2, 16), cd(c_elems * 2, 16);
+    // Both forms' output first, compared (the same GEMM, its tiles and K splits possibly
+    // differing: within bf16 rounding).
     dc.set_fused_across_hosts(true);
-    run_op(dc, da, dw, cf, nullptr, s, WeightLayout::kNK, nullptr);
+    run_op(dc, op, da, dw, cf, nullptr, s, WeightLayout::kNK, nullptr);
     dc.set_fused_across_hosts(false);
-    run_op(dc, da, dw, cd, nullptr, s, WeightLayout::kNK, nullptr);
-    const std::vector<uint16_t> f = download<uint16_t>(cf.p, s.m * s.n), d = download<uint16_t>(cd.p, s.m * s.n);
+    run_op(dc, op, da, dw, cd, nullptr, s, WeightLayout::kNK, nullptr);
+    const std::vector<uint16_t> f = download<uint16_t>(cf.p, c_elems), d = download<uint16_t>(cd.p, c_elems);
     double worst = 0;
     for (size_t i = 0; i < f.size(); ++i) {
       const double x = bf16_value(f[i]), y = bf16_value(d[i]);
       worst = std::max(worst, std::fabs(x - y) / (std::fabs(y) + 1.0));
     }
-    check(worst <= 1.0 / 64, "timing shape M=" + std::to_string(s.m) + ": fused and decomposed C differ by " +
-                                 std::to_string(worst));
+    const std::string label = std::string(op_name(op)) + " M=" + std::to_string(s.m) + " N=" + std::to_string(s.n) +
+                              " K=" + std::to_string(s.k);
+    check(worst <= 1.0 / 64, label + ": fused and decomposed outputs differ by " + std::to_string(worst));
     // Launches per round: about 50 ms of the decomposed form (rank 0's estimate, shared).
-    const double one = time_form(g, dc, da, dw, cd, s, 1, stream);
+    const double one = time_form(g, dc, op, da, dw, cd, s, 1, stream);
     std::vector<uint8_t> est(sizeof(double));
     std::memcpy(est.data(), &one, sizeof one);
     double t0;
     std::memcpy(&t0, g.all_gather(est)[0].data(), sizeof t0);
     const int n = std::clamp(static_cast<int>(50.0 / std::max(t0, 1e-3)), 2, 200);
     dc.set_fused_across_hosts(false);
-    const double dec = time_form(g, dc, da, dw, cd, s, n, stream);
+    const double dec = time_form(g, dc, op, da, dw, cd, s, n, stream);
     dc.set_fused_across_hosts(true);
-    const double fus = time_form(g, dc, da, dw, cf, s, n, stream);
+    const double fus = time_form(g, dc, op, da, dw, cf, s, n, stream);
     if (r == 0) {
-      std::printf("  allGatherGemm M=%lld N_r=%lld K=%lld: fused %.3f ms, decomposed %.3f ms, ratio %.3f (%d per round)\n",
-                  static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), fus, dec,
+      std::printf("  %s: fused %.3f ms, decomposed %.3f ms, ratio %.3f (%d per round)\n", label.c_str(), fus, dec,
                   fus / dec, n);
       if (const char* path = std::getenv("FC_TEST_JSON")) {
         if (FILE* out = std::fopen(path, "a")) {
           for (int form = 0; form < 2; ++form) {
             std::fprintf(out,
-                         "{\"family\": \"transport\", \"op\": \"allGatherGemm_across_hosts\", \"impl\": \"%s\", "
+                         "{\"family\": \"transport\", \"op\": \"%s_across_hosts\", \"impl\": \"%s\", "
                          "\"shape\": \"%lldx%lldx%lld\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"world\": %d, "
                          "\"hosts\": %d, \"local\": %d, \"ms_median\": %.6f}\n",
-                         form == 0 ? "fusedcomm_fused" : "fusedcomm_decomposed", static_cast<long long>(s.m),
-                         static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.m),
-                         static_cast<long long>(s.n), static_cast<long long>(s.k), W, H, L, form == 0 ? fus : dec);
+                         op_name(op), form == 0 ? "fusedcomm_fused" : "fusedcomm_decomposed",
+                         static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
+                         static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), W,
+                         H, L, form == 0 ? fus : dec);
           }
           std::fclose(out);
         }
@@ -238,10 +304,12 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
   auto dc = fusedcomm::testing::make_cuda_comm(rt, g, 7100, host_of);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::string said = dc->describe_fused(Op::kAllGatherGemm, 1000, 72, 200, PartialPrecision::kF32);
-  if (rank == 0) std::printf("  describe_fused: %s\n", said.c_str());
-  check((said.find("fused across hosts") != std::string::npos) == (L == 1),
-        "describe_fused names the one kernel exactly where every host has one rank (got '" + said + "')");
+  for (Op op : {Op::kAllGatherGemm, Op::kGemmReduceScatter}) {
+    const std::string said = dc->describe_fused(op, 1000, 72, 200, PartialPrecision::kF32);
+    if (rank == 0) std::printf("  describe_fused: %s\n", said.c_str());
+    check((said.find("fused across hosts") != std::string::npos) == (L == 1),
+          "describe_fused names the one kernel exactly where every host has one rank (got '" + said + "')");
+  }
   for (int form = 0; form < 2; ++form) {
     dc->set_fused_across_hosts(form == 0);
     const std::string name = form == 0 ? (L == 1 ? "one kernel" : "fused setting (decomposed at L > 1)")
@@ -249,6 +317,10 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
     for (const Shape& s : {Shape{1000, 72, 200}, Shape{257, 136, 64}, Shape{4096, 256, 256}}) {
       check_exact(g, *dc, seed, s, WeightLayout::kNK, false, name, stream);
       check_exact(g, *dc, seed ^ 1, s, WeightLayout::kKN, true, name, stream);
+    }
+    for (const Shape& s : {Shape{1000, 72, 104}, Shape{257, 136, 64}, Shape{4096, 512, 128}}) {
+      check_exact_rs(g, *dc, seed ^ 2, s, WeightLayout::kNK, PartialPrecision::kF32, name, stream);
+      check_exact_rs(g, *dc, seed ^ 3, s, WeightLayout::kKN, PartialPrecision::kBF16, name, stream);
     }
   }
   const char* t = std::getenv("FC_TEST_TIME");

@@ -428,7 +428,7 @@ cudaError_t launch_ag_fused(const CommDevice& d, int W, int r, const AgGemmArgs&
 
 // The proxy's allGather of the rows: host h's block is rank h's rows of the gathered A, the own
 // one A_r where it lies.
-void ag_hosts_blocks(ProxyCollective& px, const AgGemmArgs& a, const AgHosts& hosts, const void* own) {
+void ag_hosts_blocks(ProxyCollective& px, const AgGemmArgs& a, const FusedHosts& hosts, const void* own) {
   const int W = hosts.world;
   px.op = kProxyAllGather;
   px.dtype = kProxyBF16;
@@ -456,7 +456,7 @@ bool all_gather_gemm_hosts_fits(const AgGemmArgs& args, int world, const ProxyCo
   return per > 0 && (most + per - 1) / per <= static_cast<uint64_t>(kFusedMaxChunks);
 }
 
-cudaError_t launch_all_gather_gemm_hosts(const CommDevice& local, const AgHosts& hosts, const void* own,
+cudaError_t launch_all_gather_gemm_hosts(const CommDevice& local, const FusedHosts& hosts, const void* own,
                                          const AgGemmArgs& args, ProxyCollective px, cudaStream_t stream) {
   const int W = hosts.world, r = hosts.rank;
   if (!valid_device(local) || local.world != 1 || W < 2 || W > kProxyMaxHosts || r < 0 || r >= W ||

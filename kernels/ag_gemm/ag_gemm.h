@@ -129,24 +129,19 @@ struct AgGemmArgs {
   GemmWorkspace gemm_ws{};
 };
 
-// allGatherGemm across hosts as one kernel (executor-native's CrossHostPaths, one rank per host):
-// AgHosts names the op's world, this rank, its host and the rank on each host. The GEMM runs as in kFused while the kernel's
-// exchange CTAs are the lanes of the proxy's allGather between the hosts (kernels/proxy/proxy.h),
-// which copy each peer's rows from the inbox into the gathered A and raise the GEMM's chunk
-// flags as the rows land (detail/ag_gemm_kernel.cuh ag_hosts_role). `local`: this rank's own
-// symmetric memory (world 1: the kernel's flags and epoch); `own`: A_r, split_count(M, world,
-// rank) × K bf16, 16-byte aligned, any device memory of this process; args.gathered (required):
-// the gathered A; args.algo, exchange, side and in_offset are ignored. `px`: the link's
-// collective arguments (rings, boxes, keys, value counters, status); the launch sets its op,
-// dtype, blocks and counts. The op's chunks (proxy_collective_chunks) must not exceed
+// allGatherGemm across hosts as one kernel (executor-native's CrossHostPaths; `hosts`: one rank
+// per host, fused.h). The GEMM runs as in kFused while the kernel's exchange CTAs are the lanes
+// of the proxy's allGather between the hosts (kernels/proxy/proxy.h), which copy each host's
+// rows from the inbox into the gathered A and raise the GEMM's chunk flags as the rows land
+// (detail/ag_gemm_kernel.cuh ag_hosts_role). `local`: this rank's own symmetric memory (world
+// 1: the kernel's flags and epoch); `own`: A_r, split_count(M, world, rank) × K bf16, 16-byte
+// aligned, any device memory of this process; args.gathered (required): the gathered A;
+// args.algo, exchange, side and in_offset are ignored. `px`: the link's collective arguments
+// (rings, boxes, keys, value counters, status; InterHostLink::prepare); the launch sets its
+// op, dtype, blocks and counts. The op's chunks (proxy_collective_chunks) must not exceed
 // kFusedMaxChunks: all_gather_gemm_hosts_fits says whether they do.
-struct AgHosts {
-  int world, rank;                     // the op's: one rank per host
-  int host;                            // this rank's host: the proxy's rank (px.rank)
-  int rank_of_host[kProxyMaxHosts];    // the rank on each host
-};
 bool all_gather_gemm_hosts_fits(const AgGemmArgs& args, int world, const ProxyCollective& px);
-cudaError_t launch_all_gather_gemm_hosts(const CommDevice& local, const AgHosts& hosts, const void* own,
+cudaError_t launch_all_gather_gemm_hosts(const CommDevice& local, const FusedHosts& hosts, const void* own,
                                          const AgGemmArgs& args, ProxyCollective px, cudaStream_t stream);
 
 // The data and scratch bytes that either algorithm needs (kAuto may pick either).

@@ -139,6 +139,16 @@ struct FusedWorkspace {
   uint64_t scratch_bytes;
 };
 
+// The ranks of a fused op across hosts that runs as one kernel (allGatherGemm,
+// gemmReduceScatter; executor-native's CrossHostPaths): one rank per host, the rows split over
+// the ranks as everywhere (split_count), the exchange through the proxy's lanes inside the
+// kernel, whose blocks are numbered by host.
+struct FusedHosts {
+  int world, rank;                  // the op's
+  int host;                         // this rank's host: the proxy's rank
+  int rank_of_host[kCommMaxRanks];  // the rank on each host
+};
+
 // What a launch with given arguments would do (benchmarks and logs): *_info() of each op.
 struct FusedLaunchInfo {
   FusedAlgo algo;  // kFused, kDecomposed or kOneShot (kAuto resolved)

@@ -108,12 +108,17 @@ inline __device__ void fused_await_done(const CommDevice& d, uint64_t epoch, uin
 // ag_pull_role / rs_start), resets the tile counter (every claim of this launch precedes every
 // CTA's arrival here: a CTA's consumers arrive only after its producer made its last claim) and
 // publishes the epoch for the next launch (read by its CTAs after the kernel boundary).
-inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
+// fused_finish_inline: the same, inlined, for CTAs that never enter the engine (the exchange
+// lanes of gemmReduceScatter across hosts).
+__device__ __forceinline__ void fused_finish_inline(const CommDevice& d, uint64_t epoch, uint32_t op) {
   __threadfence();
   if (!comm_last_cta(&comm_control(d)->exit_count)) return;
   fused_await_done(d, epoch, op);
   *reinterpret_cast<volatile uint32_t*>(&fused_flags(d, d.rank)->tile_claim) = 0;
   *reinterpret_cast<volatile uint64_t*>(&comm_control(d)->epoch) = epoch;
+}
+inline __device__ __noinline__ void fused_finish(const CommDevice& d, uint64_t epoch, uint32_t op) {
+  fused_finish_inline(d, epoch, op);
 }
 
 }  // namespace fusedcomm::kernels::detail

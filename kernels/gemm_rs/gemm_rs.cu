@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/collectives/collectives.h"
@@ -13,6 +14,7 @@
 #include "kernels/common/fused_launch.cuh"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm_rs/detail/gemm_rs_kernel.cuh"
+#include "kernels/gemm_rs/detail/rs_hosts_kernel.cuh"
 #include "kernels/gemm_rs/gemm_rs.h"
 #include "kernels/gemm_rs/tuning.h"
 
@@ -281,6 +283,92 @@ cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& 
   }
   return plan.kn ? launch_rs_instance<128, true>(plan, p, grid, stream)
                  : launch_rs_instance<128, false>(plan, p, grid, stream);
+}
+
+// ---- across hosts as one kernel -----------------------------------------------------------------
+namespace {
+
+template <int BN, bool kBKN>
+cudaError_t launch_rs_hosts_instance(const detail::GemmPlan& plan, const detail::RsHostsEpilogue& epi,
+                                     const detail::RsHostsParams& p, const ProxyCollective& px, int grid,
+                                     cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  return detail::launch_fused_instance(
+      detail::rs_hosts_kernel<BN, kBKN>,
+      detail::GemmTileConfig<BN, detail::DefaultEpilogue::kStagingRounds>::kSmemBytes, opted, plan, grid, stream,
+      epi, p, px);
+}
+
+}  // namespace
+
+bool gemm_reduce_scatter_hosts_fits(const GemmRsArgs& a, int world) {
+  if (world < 2 || world > kProxyMaxHosts || !valid_shape(a.M, a.N, a.K) || a.N % 8 != 0) return false;
+  // The tile flags at the narrowest tiles the plan may take.
+  return ceil_div(a.M, detail::kTileM) * ceil_div(a.N, 128) <= kFusedRsTileFlags;
+}
+
+cudaError_t launch_gemm_reduce_scatter_hosts(const CommDevice& local, const FusedHosts& hosts,
+                                             const GemmRsArgs& a, void* partial, void* sums, ProxyCollective px,
+                                             cudaStream_t stream) {
+  const int W = hosts.world, r = hosts.rank;
+  const int64_t own_rows = r >= 0 && r < W ? split_count(a.M, W, r) : 0;
+  if (!valid_device(local) || local.world != 1 || W < 2 || W > kProxyMaxHosts || r < 0 || r >= W ||
+      hosts.host < 0 || hosts.host >= W || hosts.rank_of_host[hosts.host] != r ||
+      !gemm_reduce_scatter_hosts_fits(a, W) || a.A == nullptr || a.B == nullptr || partial == nullptr ||
+      (sums == nullptr && own_rows > 0) || !aligned16(a.A) || !aligned16(a.B) || !aligned16(partial) ||
+      !aligned16(sums) || px.lanes < 1 || px.lanes > kProxyMaxLanes) {
+    return cudaErrorInvalidValue;
+  }
+  const bool bf16 = a.partials == RsPartials::kBF16;
+  const int64_t esize = bf16 ? 2 : 4;
+  px.op = kProxyReduceScatter;
+  px.dtype = bf16 ? kProxyBF16 : kProxyF32;
+  px.rank = hosts.host;
+  px.hosts = W;
+  px.out = sums;
+  for (int h = 0; h < kProxyMaxHosts; ++h) {
+    const int q = h < W ? hosts.rank_of_host[h] : 0;
+    px.counts[h] = h < W ? split_count(a.M, W, q) * a.N : 0;
+    px.blocks[h] = h < W ? static_cast<uint8_t*>(partial) + split_offset(a.M, W, q) * a.N * esize : nullptr;
+    px.recv[h] = nullptr;
+    px.recv_counts[h] = 0;
+  }
+  const int lanes = static_cast<int>(proxy_active_lanes(px));
+  CommDevice d = local;
+  d.launch_sig = comm_launch_signature(
+      kFusedOpGemmReduceScatter, static_cast<uint32_t>(a.partials), static_cast<uint32_t>(FusedAlgo::kFused),
+      comm_sig_hash(static_cast<uint64_t>(a.M), static_cast<uint64_t>(a.N), static_cast<uint64_t>(W)));
+  auto* flags = reinterpret_cast<uint64_t*>(d.base[d.rank] + kFusedFlagsOffset + offsetof(FusedFlags, rs_tile));
+  GemmArgs g = base_gemm_args(a.M, a.N, a.K, a.A, a.B, a.b_layout);
+  g.C = partial;
+  g.c_type = bf16 ? GemmOutType::kBF16 : GemmOutType::kF32;
+  g.num_ctas = std::max(1, device_sms(d) - lanes);
+  g.cluster = 1;  // dynamic claims, no CTA pairs
+  g.group_m = fused_group_m(W);
+  g.sink.tile_flags = flags;  // stores from registers, ordered by the tile flags (gemm.h hook 2)
+  detail::GemmPlan plan;
+  if (cudaError_t e = detail::gemm_plan(g, &plan); e != cudaSuccess) return e;
+  if (static_cast<int64_t>(plan.prob.num_tiles) > kFusedRsTileFlags) return cudaErrorInvalidValue;
+  detail::RsHostsParams p{};
+  p.dev = d;
+  p.M = a.M;
+  p.N = a.N;
+  p.world = W;
+  p.rank = r;
+  p.n_blocks = plan.prob.n_blocks;
+  const int64_t off = split_offset(a.M, W, r);
+  p.own_b0 = own_rows > 0 ? static_cast<int>(off / detail::kTileM) : 0;
+  p.own_nb = own_rows > 0 ? static_cast<int>((off + own_rows - 1) / detail::kTileM) - p.own_b0 + 1 : 0;
+  p.gemm_ctas = std::min(g.num_ctas, plan.prob.num_tiles);
+  for (int h = 0; h < W; ++h) p.rank_of_host[h] = hosts.rank_of_host[h];
+  detail::RsHostsEpilogue epi{plan.epi, flags};
+  const int grid = p.gemm_ctas + lanes;
+  if (plan.tile_n == 256) {
+    return plan.kn ? launch_rs_hosts_instance<256, true>(plan, epi, p, px, grid, stream)
+                   : launch_rs_hosts_instance<256, false>(plan, epi, p, px, grid, stream);
+  }
+  return plan.kn ? launch_rs_hosts_instance<128, true>(plan, epi, p, px, grid, stream)
+                 : launch_rs_hosts_instance<128, false>(plan, epi, p, px, grid, stream);
 }
 
 }  // namespace fusedcomm::kernels

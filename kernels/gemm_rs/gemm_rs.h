@@ -42,6 +42,7 @@
 #include "kernels/collectives/collectives.h"
 #include "kernels/common/fused.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/proxy/proxy.h"
 
 namespace fusedcomm::kernels {
 
@@ -88,6 +89,23 @@ FusedLaunchInfo gemm_reduce_scatter_info(const CommDevice& dev, const GemmRsArgs
 // Enqueue one op on `stream` (contract above). cudaErrorInvalidValue for bad arguments, and for
 // a forced kFused whose half-tile flags would not fit FusedFlags (kAuto takes kDecomposed there).
 cudaError_t launch_gemm_reduce_scatter(const CommDevice& dev, const GemmRsArgs& args, cudaStream_t stream);
+
+// gemmReduceScatter across hosts as one kernel (executor-native's CrossHostPaths; `hosts`: one
+// rank per host, fused.h): the GEMM writes this rank's partial product (args.partials: fp32, or
+// bf16; kF32AnyOrder is kF32 here) into `partial` (M×N, this process's device memory) tile by
+// tile while the kernel's exchange CTAs, the lanes of the proxy's reduceScatter between the
+// hosts (kernels/proxy/proxy.h), send each host its rows' partials as their tiles complete and
+// sum, in fp32 and host order, the other hosts' partials of this rank's rows with its own into
+// `sums` (split_count(M, world, rank) × N of the partials' type; bf16: may be args.out), rounded
+// once (detail/rs_hosts_kernel.cuh). The sums equal those of the decomposed path. fp32 sums are
+// the caller's to round to bf16. `local`: this rank's own symmetric memory (world 1: the
+// kernel's flags and epoch); `px` as for allGatherGemm across hosts (ag_gemm.h). args.out,
+// ws_offset, algo and gemm_ws are ignored. gemm_reduce_scatter_hosts_fits: N a multiple of 8
+// and the tile flags within FusedFlags.
+bool gemm_reduce_scatter_hosts_fits(const GemmRsArgs& args, int world);
+cudaError_t launch_gemm_reduce_scatter_hosts(const CommDevice& local, const FusedHosts& hosts,
+                                             const GemmRsArgs& args, void* partial, void* sums,
+                                             ProxyCollective px, cudaStream_t stream);
 
 namespace detail {
 // The workspace of one path (gemm_all_reduce runs the fused one).

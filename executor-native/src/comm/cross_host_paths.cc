@@ -8,6 +8,7 @@
 #include "fusedcomm/runtime/errors.h"
 #include "fusedcomm/runtime/split.h"
 #include "kernels/ag_gemm/ag_gemm.h"
+#include "kernels/gemm_rs/gemm_rs.h"
 
 namespace fusedcomm {
 namespace {
@@ -270,6 +271,21 @@ CrossHostPaths::Needs CrossHostPaths::all_gather_gemm_needs(int64_t m, int64_t k
   return {need.data_bytes, own_g + padded + need.work_bytes};
 }
 
+k::FusedHosts CrossHostPaths::fused_hosts() const {
+  k::FusedHosts hosts{layout_.world(), layout_.rank(), layout_.host, {}};
+  for (int h = 0; h < layout_.hosts; ++h) hosts.rank_of_host[h] = layout_.counterparts[h];
+  return hosts;
+}
+
+bool CrossHostPaths::gemm_reduce_scatter_fused(int64_t m, int64_t n) const {
+  if (!fused_ || layout_.local_world != 1) return false;
+  k::GemmRsArgs args;
+  args.M = static_cast<int>(m);
+  args.N = static_cast<int>(n);
+  args.K = 8;  // any valid K_r: the fit depends on M and N only
+  return k::gemm_reduce_scatter_hosts_fits(args, layout_.world());
+}
+
 bool CrossHostPaths::all_gather_gemm_fused(int64_t m, int64_t n_local, int64_t k) const {
   if (!fused_ || layout_.local_world != 1) return false;
   k::AgGemmArgs args;
@@ -300,10 +316,9 @@ void CrossHostPaths::all_gather_gemm(const void* a_local, const void* w, void* c
     args.gathered = static_cast<__nv_bfloat16*>(gathered != nullptr ? gathered : static_cast<void*>(work));
     k::ProxyCollective px{};
     link_->prepare(px, k::CommDtype::kBF16);
-    k::AgHosts hosts{W, r, layout_.host, {}};
-    for (int h = 0; h < layout_.hosts; ++h) hosts.rank_of_host[h] = layout_.counterparts[h];
-    check_fused_launch(k::launch_all_gather_gemm_hosts(local_.memory().device(), hosts, a_local, args, px, s),
-                       "allGatherGemm");
+    check_fused_launch(
+        k::launch_all_gather_gemm_hosts(local_.memory().device(), fused_hosts(), a_local, args, px, s),
+        "allGatherGemm");
     gate(s);
     return;
   }
@@ -349,6 +364,29 @@ void CrossHostPaths::gemm_reduce_scatter(const void* a, const void* w, void* out
   const bool direct = bf16 && rb.even();  // the sums land in `out` as they are
   const uint64_t product = round16(m * row), padded = rb.even() ? 0 : round16(count * pes);
   const uint64_t mine = direct ? 0 : round16(rb.ceil() * row);
+  if (gemm_reduce_scatter_fused(m, n) && (reinterpret_cast<uintptr_t>(a) & 15) == 0 &&
+      (reinterpret_cast<uintptr_t>(w) & 15) == 0 && (reinterpret_cast<uintptr_t>(out) & 15) == 0) {
+    k::GemmRsArgs args;
+    args.M = static_cast<int>(m);
+    args.N = static_cast<int>(n);
+    args.K = static_cast<int>(k_local);
+    args.A = static_cast<const __nv_bfloat16*>(a);
+    args.B = static_cast<const __nv_bfloat16*>(w);
+    args.b_layout = layout == WeightLayout::kNK ? k::GemmLayoutB::kNK : k::GemmLayoutB::kKN;
+    args.partials = bf16 ? k::RsPartials::kBF16 : k::RsPartials::kF32;
+    char* sums = bf16 ? static_cast<char*>(out) : work + product;
+    k::ProxyCollective px{};
+    link_->prepare(px, pd);
+    check_fused_launch(
+        k::launch_gemm_reduce_scatter_hosts(local_.memory().device(), fused_hosts(), args, work, sums, px, s),
+        "gemmReduceScatter");
+    gate(s);
+    if (!bf16) {
+      check_cuda(k::launch_narrow_to_bf16(reinterpret_cast<const float*>(sums), out, rb.rows(r) * n, s),
+                 "gemmReduceScatter: rounding the sums");
+    }
+    return;
+  }
   char* blocks = rb.even() ? work : work + product;
   char* sums = direct ? static_cast<char*>(out) : work + product + padded;
   const k::GemmOutType c_type = bf16 ? k::GemmOutType::kBF16 : k::GemmOutType::kF32;

@@ -12,11 +12,13 @@
 //   them with one allToAll among the host's ranks. They must fit the data area (allGather: H
 //   equal block slots; reduceScatter: the largest host's blocks; allToAll: W equal block slots)
 //   and use a workspace of the communicator (Needs).
-// - allGatherGemm with one rank per host is one kernel (kernels/ag_gemm's
-//   launch_all_gather_gemm_hosts): the proxy's lanes inside it bring the other hosts' rows
-//   while the GEMM works on the rows already there. Otherwise (several ranks per host, an op of
-//   more chunks than the kernel's flags, A_r not 16-byte aligned) the fused ops take the
-//   decomposed path: the hierarchical allGather then our GEMM; our GEMM then the hierarchical
+// - With one rank per host allGatherGemm and gemmReduceScatter are one kernel each
+//   (kernels/ag_gemm's launch_all_gather_gemm_hosts, kernels/gemm_rs's
+//   launch_gemm_reduce_scatter_hosts): the proxy's lanes inside it bring the other hosts' rows
+//   while the GEMM works on the rows already there, or send each host its rows' partials as
+//   their tiles complete and sum what arrives. Otherwise (several ranks per host, more chunks or
+//   tiles than the kernels' flags, N off the multiple of 8 for gemmReduceScatter, operands not
+//   16-byte aligned) the fused ops take the decomposed path: the hierarchical allGather then our GEMM; our GEMM then the hierarchical
 //   reduceScatter (on W blocks of ceil(M / W) rows when W does not divide M; fp32 partials
 //   rounded to bf16 after the sum).
 #pragma once
@@ -32,6 +34,7 @@
 #include "fusedcomm/runtime/transport_exchanger.h"
 #include "fusedcomm/types.h"
 #include "kernels/collectives/collectives.h"
+#include "kernels/common/fused.h"
 #include "kernels/gemm/gemm.h"
 #include "local_collectives.h"
 
@@ -72,6 +75,8 @@ class CrossHostPaths {
                        kernels::GemmWorkspace gemm_ws, cudaStream_t s);
   // Whether all_gather_gemm runs the one kernel for these shapes (A_r 16-byte aligned).
   bool all_gather_gemm_fused(int64_t m, int64_t n_local, int64_t k) const;
+  // Whether gemm_reduce_scatter runs the one kernel for these shapes (operands 16-byte aligned).
+  bool gemm_reduce_scatter_fused(int64_t m, int64_t n) const;
   // Native tests and benches: false makes the fused ops take the decomposed path (the baseline
   // of the kernel); true by default.
   void set_fused(bool on) { fused_ = on; }
@@ -91,6 +96,7 @@ class CrossHostPaths {
   // (kCommHostsFailed), so that its later steps inside the host publish nothing and the host's
   // other ranks stop, naming it, instead of finishing with the missing blocks.
   void gate(cudaStream_t s);
+  kernels::FusedHosts fused_hosts() const;  // the one-kernel forms' ranks (one per host)
 
   const HostLayout& layout_;
   LocalCollectives& local_;

@@ -65,6 +65,8 @@ FusedPlan plan_gemm_reduce_scatter(const FusedContext& ctx, const k::GemmRsArgs&
   if (ctx.hosts != nullptr) {
     plan.route = FusedRoute::kAcrossHosts;
     plan.needs = ctx.hosts->gemm_reduce_scatter_needs(args.M, args.N, precision(args.partials)).data_bytes;
+    plan.info.algo = ctx.hosts->gemm_reduce_scatter_fused(args.M, args.N) ? k::FusedAlgo::kFused
+                                                                         : k::FusedAlgo::kDecomposed;
     return plan;
   }
   plan.needs = larger(k::gemm_reduce_scatter_workspace(args, ctx.dev.world));
@@ -118,7 +120,10 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
   } else if (op == Op::kGemmReduceScatter) {
     needs = plan.needs;
     const std::string p = std::string(partials_name(rs)) + " partials";
-    if (across) {
+    if (across && i.algo == k::FusedAlgo::kFused) {
+      out = "fused across hosts: one kernel; the proxy's lanes send each host its rows' partials as their "
+            "tiles complete and sum what arrives (" + p + ")";
+    } else if (across) {
       out = "decomposed across hosts: our GEMM, then the hierarchical reduceScatter (" + p + ")";
     } else if (fused) {
       out = "fused: " + fused_split(i) + "; each output tile's partial goes to the rank owning its rows (" +

@@ -461,6 +461,7 @@ struct AgHostsHooks {
   uint32_t lanes;
   static constexpr bool kAsyncReaders = true;  // the GEMM reads the gathered rows with TMA
   __device__ bool send_ready(int64_t) const { return true; }
+  __device__ bool receive_ready(int64_t) const { return true; }
   __device__ void received(int64_t j) const {
     fence_acq_rel_gpu();
     if (!fused_last_of(&ff->chunk_count[j], lanes)) return;

@@ -140,12 +140,15 @@ __device__ void sum_elems(T* dst, const T* own, const uint8_t* inbox, uint64_t s
 
 // What a lane's caller adds to the protocol; the plain collective adds nothing.
 //   send_ready(i): thread 0, before chunk i (of this op) is staged; false gives up (a timeout).
+//   receive_ready(j): thread 0, before chunk j of this rank's own block is read to be summed or
+//     before the sources' chunk j is awaited; false gives up (a timeout).
 //   received(j): thread 0, once chunk j of every source is copied out or summed by the CTA
 //     (after a CTA barrier; with kAsyncReaders every thread fenced its stores for the async
 //     proxy before it).
 struct ProxyLaneNoHooks {
   static constexpr bool kAsyncReaders = false;
   __device__ bool send_ready(int64_t) const { return true; }
+  __device__ bool receive_ready(int64_t) const { return true; }
   __device__ void received(int64_t) const {}
 };
 
@@ -246,6 +249,10 @@ __device__ uint32_t proxy_lane(const ProxyCollective& a, uint32_t lane, Hooks& h
     if (j >= 0) {
       const uint64_t g = value_base + j;
       if (threadIdx.x == 0) {
+        if (status == kProxyOk && !hooks.receive_ready(j)) {
+          status = kProxyTimeout;
+          bad_peer = -1;
+        }
         for (int p = 0; p < H && status == kProxyOk; ++p) {
           if (p == me) continue;
           status = proxy_wait_signal(waits, recv + p, g + 1, a.timeout_ns);
