@@ -41,7 +41,8 @@ std::shared_ptr<GroupState> Core::connect(const GroupSpec& spec) {
   g->rank = spec.rank;
   g->world = spec.world;
   const int nic = static_cast<int>(spec.lane % nics_);
-  const int own = static_cast<int>((spec.lane / nics_) % stripes_);
+  const uint32_t slot = one_way_ ? 2 * (spec.lane / nics_) + spec.direction : spec.lane / nics_;
+  const int own = static_cast<int>(slot % stripes_);
   for (int s = 0; s < stripes_; ++s) g->endpoints.push_back(nic * stripes_ + (own + s) % stripes_);
   g->rail = g->endpoints[0];
   g->addresses = spec.addresses;

@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -78,10 +79,16 @@ Core::Core(const LibfabricOptions& o) : options_(o), api_(FabricApi::get(o.libra
                                  std::to_string(o.rails) + " rails asked for");
   }
   // Endpoints per NIC: TCP moves each stream with one core's copies (sending and receiving), so
-  // tcp stripes large writes over two endpoints, each progressed by its own thread; an RDMA NIC
-  // places the bytes itself. Stripes share remote keys, which the provider must let us choose.
+  // tcp stripes large writes over two endpoints, each progressed by its own thread, and with
+  // one_way_lanes gives each lane an endpoint each way (GroupSpec::direction); an RDMA
+  // NIC places the bytes itself. Stripes share remote keys, which the provider must let us
+  // choose.
   const Caps first = caps_of(*picked[0]);
-  stripes_ = o.stripes ? o.stripes : provider == LibfabricProvider::kTcp && !first.prov_key ? 2 : 1;
+  one_way_ = o.one_way_lanes > 0;
+  stripes_ = o.stripes ? o.stripes
+             : provider == LibfabricProvider::kTcp && !first.prov_key
+                 ? (one_way_ ? std::min(kMaxStripes, 2 * o.one_way_lanes) : 2)
+                 : 1;
   if (stripes_ > 1 && first.prov_key) {
     throw TransportError(-1, unavailable + first.provider +
                                  " chooses its own remote keys (FI_MR_PROV_KEY): " +

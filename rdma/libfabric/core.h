@@ -77,6 +77,9 @@ constexpr int kPollBatch = 64;                    // completions handled per pol
 // A write this large or larger is split over the group's endpoints (LibfabricOptions::stripes):
 // below it a second endpoint's thread costs more than its copies save.
 constexpr uint64_t kStripeMinBytes = uint64_t{4} << 20;
+// ... in this many parts at most (the group's first endpoints): more parts cost more threads'
+// time than they saved on tcp.
+constexpr int kSplitParts = 2;
 constexpr int kMaxStripes = 8;
 
 enum class Phase { kConnecting, kLive, kClosing, kDone };
@@ -303,6 +306,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::vector<std::unique_ptr<Rail>> rails_;  // NICs × stripes_ endpoints (rail())
   int nics_ = 1;
   int stripes_ = 1;
+  bool one_way_ = false;  // LibfabricOptions::one_way_lanes > 0
   Caps caps_;  // rail 0's, with hmem from a second query
   Plan plan_;
   bool cq_data_ = false;

@@ -5,6 +5,8 @@
 
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
+
 namespace fusedcomm::rdma::libfabric {
 
 // Where the peer's destination region lives: cached, or asked for. The first write into a region
@@ -99,7 +101,7 @@ void GroupState::write(const WriteOp& op) {
   // with its own connection and progress thread), each part in pieces of at most the
   // provider's largest write. Every piece is an op of the pair: the receiver applies the
   // signal once all of them have arrived, whichever endpoint they came through.
-  const int parts = op.bytes >= kStripeMinBytes ? static_cast<int>(endpoints.size()) : 1;
+  const int parts = op.bytes >= kStripeMinBytes ? std::min(static_cast<int>(endpoints.size()), kSplitParts) : 1;
   void* descs[kMaxStripes] = {};
   const char* src = nullptr;
   for (int s = 0; op.bytes && s < parts; ++s) {

@@ -47,6 +47,7 @@ std::unique_ptr<PeerGroup> connect_one_way_pairs(Transport& transport, const Gro
   GroupSpec down_spec = spec;
   // Distinct from spec.comm_id and, like it, unique among the job's groups in practice.
   down_spec.comm_id = (spec.comm_id ^ 0x646f776e77617264ull) * 0x9E3779B97F4A7C15ull + 1;
+  down_spec.direction = 1;
   std::unique_ptr<PeerGroup> down;
   try {
     down = transport.connect(down_spec);

@@ -46,6 +46,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   options.libfabric.rails = config.libfabric_rails;
   options.libfabric.bind_host = config.bind_host;
   options.libfabric.busy_poll = std::chrono::microseconds(config.busy_poll_us);
+  // The cuda backend's link between hosts connects its lanes as one-way pairs (inter_host.h).
+  options.libfabric.one_way_lanes = backend_ == Backend::kCuda ? config.transport_streams : 0;
   std::string why;
   const rdma::TransportKind kind = resolve_transport(config.transport, config.libfabric_provider, &why);
   transport_choice_ = std::string(transport_choice_name(config.transport)) + ": " + why;

@@ -75,9 +75,14 @@ struct GroupSpec {
   // A hint for spreading receive work: a striped link (several groups between the same ranks,
   // one per lane) gives each group its lane, and a backend with several receiving threads
   // (the socket one) reads lane l's connection to peer p on thread (l + p) % threads; the
-  // libfabric one puts lane l on rail l % rails, starting at its endpoint (l / rails) % stripes.
+  // libfabric one puts lane l on rail l % rails, starting at its endpoint (l / rails) % stripes,
+  // or (2 * (l / rails) + direction) % stripes with LibfabricOptions::one_way_lanes.
   // The same on every rank of the group; it changes nothing about delivery.
   uint32_t lane = 0;
+  // The other hint, from one_way_pairs.h: 1 for its group of writes to lower ranks, 0
+  // otherwise. A libfabric backend made with LibfabricOptions::one_way_lanes starts such a group on
+  // another endpoint than the lane's other direction.
+  uint32_t direction = 0;
   // Optional: a flag another thread sets to give the connect up (the communicator was
   // aborted). connect() reads it at least every few tens of milliseconds and then throws
   // TransportError, so an abort never waits for connect_timeout.
@@ -206,10 +211,16 @@ struct LibfabricOptions {
   int rails = 1;
   // Endpoints per rail, each with its own connections and progress thread: lanes
   // (GroupSpec::lane) of one rail start on different endpoints, and a write of 4 MiB or more
-  // is split over all of them. 0: the provider's default (tcp: 2, since a TCP stream moves
-  // what one core copies at each end; efa, verbs, shm: 1). More than 1 needs a provider that
-  // takes the remote keys it is asked for (not FI_MR_PROV_KEY).
+  // is split over two of them. 0: the provider's default (tcp: 2, or 2 × one_way_lanes, at most
+  // 8, since a TCP stream moves what one core copies at each end; efa, verbs, shm: 1). More
+  // than 1 needs a provider that takes the remote keys it is asked for (not FI_MR_PROV_KEY).
   int stripes = 0;
+  // The lanes of groups connected as one-way pairs (one_way_pairs.h; the cuda backend's link
+  // between hosts), 0 for none: each lane's two directions (GroupSpec::direction) then start on
+  // different endpoints, so that over tcp each connection, and the progress thread that copies
+  // it, carries one direction (both ways on one connection moved about half as much each way
+  // through the GPU proxy: docs/performance.md).
+  int one_way_lanes = 0;
   // tcp: the address to bind. Empty: the host's primary address, as the socket backend's.
   std::string bind_host;
   LibfabricSignal signal = LibfabricSignal::kAuto;
