@@ -16,7 +16,8 @@
 // same output (random bf16 inputs, within bf16 rounding of each other), each form in turn: 2 warm-up
 // launches, then 5 rounds of `n` back-to-back launches between CUDA events after a barrier;
 // prints rank 0's median per launch and the ratio fused / decomposed (FC_TEST_JSON=<file>:
-// one JSON row per shape and form, appended; the caller adds device, commit and date).
+// one row per shape and form in the fused family's schema, appended: `fusedcomm` the one
+// kernel, which the op runs at L = 1, `fusedcomm_decomposed` the other form).
 // FC_TEST_HOSTS=<H> (default 2), FC_TEST_LOCAL=<L> (default GPUs / H); FC_TEST_SHARED_GPU=<n>
 // lets ranks share GPUs (timings meaningless). Exit 77 (skip) with a reason without a Hopper GPU.
 #include <cuda_bf16.h>
@@ -277,16 +278,20 @@ void time_shapes(ProcessGroup& g, CudaComm& dc, uint64_t seed, int H, int L, cud
       std::printf("  %s: fused %.3f ms, decomposed %.3f ms, ratio %.3f (%d per round)\n", label.c_str(), fus, dec,
                   fus / dec, n);
       if (const char* path = std::getenv("FC_TEST_JSON")) {
+        // bench/README.md's row schema (family fused); the caller adds device, gpus, commit
+        // and date (bench/report.py).
+        const char* transport = std::getenv("FUSEDCOMM_TRANSPORT");
         if (FILE* out = std::fopen(path, "a")) {
           for (int form = 0; form < 2; ++form) {
+            const double ms = form == 0 ? fus : dec;
             std::fprintf(out,
-                         "{\"family\": \"transport\", \"op\": \"%s_across_hosts\", \"impl\": \"%s\", "
-                         "\"shape\": \"%lldx%lldx%lld\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"world\": %d, "
-                         "\"hosts\": %d, \"local\": %d, \"ms_median\": %.6f}\n",
-                         op_name(op), form == 0 ? "fusedcomm_fused" : "fusedcomm_decomposed",
-                         static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-                         static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), W,
-                         H, L, form == 0 ? fus : dec);
+                         "{\"family\": \"fused\", \"op\": \"%s across hosts\", \"impl\": \"%s\", \"world\": %d, "
+                         "\"shape\": {\"m\": %lld, \"n\": %lld, \"k\": %lld}, \"label\": \"%d hosts x %d, %s\", "
+                         "\"dtype\": \"bf16\", \"ms_median\": %.6f, \"tflops\": %.3f, \"gbps\": null}\n",
+                         op_name(op), form == 0 ? "fusedcomm" : "fusedcomm_decomposed", W,
+                         static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), H, L,
+                         transport != nullptr && *transport ? transport : "socket", ms,
+                         2.0 * s.m * s.n * s.k / (ms * 1e9));
           }
           std::fclose(out);
         }

@@ -398,7 +398,8 @@ void all_reduce_gemm_case(CudaComm& dc, ProcessGroup& g, uint64_t seed, int64_t 
   }
 }
 
-// The fused ops (across hosts the decomposed path: hierarchical collective and our GEMM), M
+// The fused ops (across hosts: one kernel with one rank per host, else the decomposed path,
+// hierarchical collective and our GEMM; gpu_hosts_fused_test compares the two), M
 // divisible by W and not, NK and KN; allGatherGemm asks for the gathered A with NK;
 // gemmReduceScatter and gemmAllReduce with each partial precision.
 void fused_cases(CudaComm& dc, ProcessGroup& g, uint64_t seed, cudaStream_t stream,

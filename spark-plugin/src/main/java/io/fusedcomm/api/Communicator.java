@@ -570,7 +570,8 @@ public final class Communicator implements AutoCloseable {
    * e.g. {@code allGatherGemm M=4096 N_r=512 K=4096 on rank 0 of 2 (cuda): fused: 131 GEMM CTAs,
    * tile width 128, 32 row chunks; the copy engines move the peers' rows (1 CTA raises their
    * flags)}. On the cuda backend it is the path that the op's size rule picks (fused or
-   * decomposed; across hosts always decomposed), and, fused, the SM split and how the peers'
+   * decomposed; across hosts one kernel where every host has one rank, else decomposed), and,
+   * fused, the SM split and how the peers'
    * data moves (the copy engines or pulling CTAs: a choice each rank makes for itself); a size
    * the data area cannot hold is said to be refused. On the host backend it is the reference
    * path. Local: nothing is launched or exchanged, and no other rank takes part. Sizes as the op

@@ -141,7 +141,8 @@ class GpuClusterHostsTest {
           }
         }
       }
-      // The fused ops take the decomposed path between hosts (hierarchical collective + our GEMM).
+      // The fused ops between hosts: one kernel with one rank per host, else the decomposed path
+      // (hierarchical collective + our GEMM).
       for (WeightLayout layout : WeightLayout.values()) {
         cudaStream_t on = layout == WeightLayout.KN ? stream : null;
         try {
