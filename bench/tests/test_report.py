@@ -71,6 +71,15 @@ class ReportTest(unittest.TestCase):
         self.assertIn("## allGatherGemm, 2 GPUs", md)
         self.assertNotIn("fusedcomm_gemm_only ms", md)  # the floor's parts are not columns
 
+    def test_fused_across_hosts_against_our_decomposed_path(self):
+        shape = dict(m=8192, n=7168, k=4096)
+        rows = [row("fused", "allGatherGemm across hosts", impl, 2, shape, t, label="2 hosts x 1, socket")
+                for impl, t in (("fusedcomm", 4.0), ("fusedcomm_decomposed", 5.0))]
+        _, _, md = self.run_report("fused", rows)
+        line = next(l for l in md.splitlines() if l.startswith("| 2 hosts x 1, socket"))
+        # ours over our decomposed path (the op's only baseline), not over torch's absent rows
+        self.assertIn("| 0.800 |", line)
+
     def test_fused_rounds_and_partials_are_stated(self):
         shape = dict(m=2048, n=8192, k=14336)
         rows = [row("fused", "gemmReduceScatter", impl, 2, shape, t, label="llama3-70b", partials="bf16")
