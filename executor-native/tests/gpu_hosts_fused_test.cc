@@ -39,6 +39,7 @@
 #include "fusedcomm/runtime/split.h"
 #include "support/cuda_comm_support.h"
 #include "support/gpu_test_support.h"
+#include "support/host_ops_support.h"
 #include "support/process_group.h"
 #include "support/proxy_test_support.h"
 
@@ -61,25 +62,13 @@ using fusedcomm::testing::upload;
 constexpr int64_t kTimeoutMs = 60000;
 const fusedcomm::OpDesc kDesc{"gpu_hosts_fused_test", 0};
 
-uint16_t bf16_bits(float f) {
-  const __nv_bfloat16 b = __float2bfloat16_rn(f);
-  uint16_t u;
-  std::memcpy(&u, &b, 2);
-  return u;
-}
-float bf16_value(uint16_t u) {
-  uint32_t w = static_cast<uint32_t>(u) << 16;
-  float f;
-  std::memcpy(&f, &w, 4);
-  return f;
-}
+uint16_t bf16_bits(float f) { return fusedcomm::testing::host_ops::ref_round_bf16(f); }
+using fusedcomm::testing::host_ops::bf16_value;
 // A small integer in [-1, 1] for (rank, index): every sum of K <= 256 products is exact.
 int small(uint64_t seed, int r, int64_t i) {
-  uint64_t x = (seed ^ (static_cast<uint64_t>(r) << 48)) + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<int>(x % 3) - 1;
+  return static_cast<int>(fusedcomm::testing::mix(seed ^ static_cast<uint64_t>(r) << 48 ^ static_cast<uint64_t>(i)) %
+                          3) -
+         1;
 }
 
 struct Shape {
@@ -122,7 +111,8 @@ void check_exact(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s, W
       float acc = 0;
       for (int64_t kk = 0; kk < s.k; ++kk) {
         // w as laid out: NK is n × k, KN is k × n (the same values, transposed).
-        const float wv = layout == WeightLayout::kNK ? bf16_value(w[j * s.k + kk]) : bf16_value(w[kk * s.n + j]);
+        const float wv = static_cast<float>(layout == WeightLayout::kNK ? bf16_value(w[j * s.k + kk])
+                                                                         : bf16_value(w[kk * s.n + j]));
         acc += full[i * s.k + kk] * wv;
       }
       want[i * s.n + j] = bf16_bits(acc);

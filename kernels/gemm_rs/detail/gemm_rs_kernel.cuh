@@ -605,16 +605,22 @@ struct RsEpilogue {
   }
 };
 
-// The GEMM's schedule: dynamic claims; sweep position -> tile as described above.
-struct RsSchedule : FusedClaims<RsParams> {
+// The GEMM's sweep, here and across hosts (rs_hosts_kernel.cuh): dynamic claims; sweep position
+// -> tile as described above (the other ranks' rows first, this rank's M-blocks [own_b0, own_b0 +
+// own_nb) last); no readiness waits.
+template <class Params>
+struct RsSweep : FusedClaims<Params> {
   __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
-    return two_part_raster(prob, t, p->own_b0, p->own_nb, false);
+    return two_part_raster(prob, t, this->p->own_b0, this->p->own_nb, false);
   }
   __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
   template <int BN>
   __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord) const {
     return true;
   }
+};
+
+struct RsSchedule : RsSweep<RsParams> {
   __device__ __forceinline__ void consumers_done() const {
     // Every load of this CTA from its receive slots and every push is complete (consumers_end
     // and this barrier): the end barrier's arrival, then the end of the launch.
@@ -633,7 +639,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                    const __grid_constant__ RsParams p) {
   const uint64_t epoch = comm_launch_epoch(p.dev);
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.dev.world > 1) rs_start(p.dev, epoch);
-  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch}, RsSchedule{{&p, epoch}});
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, RsEpilogue{&p, epoch}, RsSchedule{{{&p, epoch}}});
 }
 
 }  // namespace fusedcomm::kernels::detail

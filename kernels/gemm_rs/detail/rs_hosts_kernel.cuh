@@ -28,6 +28,7 @@
 #include "kernels/common/fused_schedule.cuh"
 #include "kernels/gemm/detail/epilogue.cuh"
 #include "kernels/gemm/detail/gemm_sm90.cuh"
+#include "kernels/gemm_rs/detail/gemm_rs_kernel.cuh"
 #include "kernels/proxy/detail/proxy_lane.cuh"
 
 namespace fusedcomm::kernels::detail {
@@ -59,15 +60,7 @@ struct RsHostsEpilogue : DefaultEpilogue {
   }
 };
 
-struct RsHostsSchedule : FusedClaims<RsHostsParams> {
-  __device__ __forceinline__ TileCoord coord(const GemmProblem& prob, int t) const {
-    return two_part_raster(prob, t, p->own_b0, p->own_nb, false);
-  }
-  __device__ __forceinline__ bool has_waits(const GemmProblem&) const { return false; }
-  template <int BN>
-  __device__ __forceinline__ bool wait(const GemmProblem&, TileCoord) const {
-    return true;
-  }
+struct RsHostsSchedule : RsSweep<RsHostsParams> {
   __device__ __forceinline__ void consumers_done() const {
     named_barrier_sync(1, 256);
     if (threadIdx.x == 128) fused_finish(p->dev, epoch, kFusedOpGemmReduceScatter);
@@ -135,7 +128,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     return;
   }
-  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, RsHostsSchedule{{&p, epoch}});
+  gemm_sm90_body<BN, kBKN>(tm_a, tm_b, tm_c, prob, epi, RsHostsSchedule{{{&p, epoch}}});
 }
 
 }  // namespace fusedcomm::kernels::detail
