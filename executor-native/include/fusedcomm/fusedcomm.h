@@ -154,8 +154,9 @@ typedef struct {
 /* What CUDA knows of `ptr` (cudaPointerGetAttributes; the range from cuMemGetAddressRange).
  * FC_STATUS_UNAVAILABLE without a usable GPU. */
 FC_API fc_status_t fc_pointer_info(const void* ptr, fc_pointer_info_t* out);
-/* The GPU a live CUDA stream belongs to (cudaStreamGetDevice). A freed or made-up handle is
- * undefined behaviour in CUDA itself: pass only streams that are alive. */
+/* The GPU a live CUDA stream belongs to (cudaStreamGetDevice); -1 while the stream is capturing
+ * a CUDA graph (CUDA refuses the query then). A freed or made-up handle is undefined behaviour
+ * in CUDA itself: pass only streams that are alive. */
 FC_API fc_status_t fc_stream_device(fc_stream_t stream, int32_t* device);
 /* GPU memory (cudaMalloc, at least one byte) on the calling thread's current GPU, and its free
  * (NULL is a no-op). Out of GPU memory is FC_STATUS_STATE: the GPU stays usable. */

@@ -61,6 +61,13 @@ PointerInfo pointer_info(const void* ptr) {
 
 int stream_device(cudaStream_t stream) {
   int device = -1;
+  // A stream being captured into a graph refuses the query (cudaErrorStreamCaptureUnsupported,
+  // and the capture is invalidated); asking whether it captures is allowed.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+    return -1;
+  }
+  cudaGetLastError();
   const cudaError_t e = cudaStreamGetDevice(stream, &device);
   if (e != cudaSuccess) fail_cuda(e, "cudaStreamGetDevice");
   return device;

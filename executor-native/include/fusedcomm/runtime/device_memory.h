@@ -29,7 +29,8 @@ PointerInfo pointer_info(const void* ptr);
 
 // The GPU `stream` belongs to (cudaStreamGetDevice). The handle must be a live stream (or one of
 // CUDA's special handles, which mean the calling thread's current GPU): a freed or made-up
-// handle is undefined behaviour in CUDA itself, not something the driver can detect.
+// handle is undefined behaviour in CUDA itself, not something the driver can detect. -1 while
+// the stream is capturing a CUDA graph (CUDA refuses the query then).
 int stream_device(cudaStream_t stream);
 
 // cudaMalloc of max(bytes, 1) on the calling thread's current GPU; Error(kUnavailable) without

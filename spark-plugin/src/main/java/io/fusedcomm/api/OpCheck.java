@@ -120,7 +120,8 @@ final class OpCheck {
 
   /**
    * A stream (0: none) is only for the cuda backend (the host backend's ops are synchronous), and
-   * must belong to the communicator's GPU.
+   * must belong to the communicator's GPU (not asked while the stream captures a CUDA graph,
+   * which CUDA forbids: a launch there on another GPU's stream fails the op instead).
    */
   OpCheck stream(long stream) {
     if (stream == 0) {
@@ -131,7 +132,7 @@ final class OpCheck {
           + " backend, whose ops are synchronous");
     }
     int device = NativeOps.streamDevice(stream);
-    if (gpu >= 0 && device != gpu) {
+    if (gpu >= 0 && device >= 0 && device != gpu) {
       throw error("the stream 0x" + Long.toHexString(stream) + " belongs to GPU " + device
           + ", but this communicator runs on GPU " + gpu);
     }

@@ -332,6 +332,7 @@ class GpuClusterCollectivesTest {
     CUstream cs = new CUstream(stream);
     CUgraph graph = new CUgraph();
     CUgraphExec exec = new CUgraphExec();
+    boolean captured = false;
     boolean instantiated = false;
     int checks = 0;
     try {
@@ -367,9 +368,17 @@ class GpuClusterCollectivesTest {
       try {
         enqueueAll.run();
         enqueueAll.run();
-      } finally {
-        JCudaDriver.cuStreamEndCapture(cs, graph);
+      } catch (RuntimeException | Error e) {
+        try {
+          JCudaDriver.cuStreamEndCapture(cs, graph);
+          captured = true;
+        } catch (RuntimeException ended) {
+          e.addSuppressed(ended);  // the op's error is the one to report
+        }
+        throw e;
       }
+      JCudaDriver.cuStreamEndCapture(cs, graph);
+      captured = true;
       JCudaDriver.cuGraphInstantiate(exec, graph, 0);
       instantiated = true;
       for (int launch = 0; launch < 3; launch++) {
@@ -399,10 +408,14 @@ class GpuClusterCollectivesTest {
         }
       }
     } finally {
+      // Only what was made: destroying a graph that never was would hide the error that ended
+      // the capture behind its own.
       if (instantiated) {
         JCudaDriver.cuGraphExecDestroy(exec);
       }
-      JCudaDriver.cuGraphDestroy(graph);
+      if (captured) {
+        JCudaDriver.cuGraphDestroy(graph);
+      }
       for (AutoCloseable c : owned) {
         try {
           c.close();

@@ -19,6 +19,7 @@ import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.stream.Collectors;
@@ -43,14 +44,17 @@ import org.junit.jupiter.api.Test;
  *       element against the fp64 reference (bf16 sums: each host's sum is rounded to bf16 before
  *       the sum across hosts, docs/ops.md, so the bound is widened by 2^-8 of the terms'
  *       magnitude);
- *   <li>allGatherGemm, gemmReduceScatter and gemmAllReduce (the decomposed path between hosts),
- *       both weight layouts, every partial precision, against the fp64 reference;
+ *   <li>allGatherGemm, gemmReduceScatter and gemmAllReduce, both weight layouts, every partial
+ *       precision, against the fp64 reference; with one rank per host, that {@code
+ *       describeFusedOp} names the one kernel for allGatherGemm and gemmReduceScatter;
  *   <li>the four collectives and the three GEMM-shaped ops captured in a CUDA graph on the
  *       task's stream, launched 3 times with fresh inputs, every output checked; then an
  *       allReduce.
  * </ul>
  *
  * With one GPU, two executors share it ({@code spark.fusedcomm.cuda.shareGpu}: correctness only).
+ * {@code -Dfusedcomm.test.transport=libfabric} runs the hosts' link over libfabric's tcp provider
+ * ({@code spark.fusedcomm.transport}; libfabric.so.1 must load in the executors).
  * Skips, with the reason printed, where no GPU is visible or the GPU count is odd and above one.
  */
 class GpuClusterHostsTest {
@@ -76,6 +80,11 @@ class GpuClusterHostsTest {
 
     Map<String, String> settings = Gpu.clusterSettings(SYMMETRIC_BYTES);
     settings.put("spark.fusedcomm.cuda.virtualHosts", "2");
+    String transport = System.getProperty("fusedcomm.test.transport");
+    if (transport != null) {
+      settings.put("spark.fusedcomm.transport", transport);
+      settings.put("spark.fusedcomm.libfabric.provider", "tcp");
+    }
     if (shared) {
       settings.put("spark.fusedcomm.cuda.shareGpu", "true");
       // conf/gpu-discovery.sh hands each executor a GPU no other holds; here both get GPU 0.
@@ -143,6 +152,14 @@ class GpuClusterHostsTest {
       }
       // The fused ops between hosts: one kernel with one rank per host, else the decomposed path
       // (hierarchical collective + our GEMM).
+      if (InternalAccess.hosts(comm).ranksPerHost() == 1) {
+        for (String op : new String[] {"allGatherGemm", "gemmReduceScatter"}) {
+          String said = comm.describeFusedOp(op, 128L * w + 40, 264, 264);
+          if (!said.contains("fused across hosts")) {
+            out.add("FAIL rank " + r + " " + op + " with one rank per host does not run as one kernel: " + said);
+          }
+        }
+      }
       for (WeightLayout layout : WeightLayout.values()) {
         cudaStream_t on = layout == WeightLayout.KN ? stream : null;
         try {
@@ -168,7 +185,8 @@ class GpuClusterHostsTest {
       try {
         checks += GpuClusterCollectivesTest.checkGraph(comm, Data.seed(seed, 8000, 0), stream, 0x1p-8);
       } catch (Throwable e) {
-        out.add("FAIL rank " + r + " CUDA graph of the collectives and GEMM ops between hosts: " + e);
+        out.add("FAIL rank " + r + " CUDA graph of the collectives and GEMM ops between hosts: " + e + " at "
+            + Arrays.stream(e.getStackTrace()).limit(6).map(String::valueOf).collect(Collectors.joining(" < ")));
       }
       try {
         GpuClusterCollectivesTest.checkCollective(comm, "allReduce", DType.F32, 4097, Data.seed(seed, 99, 0), null);
