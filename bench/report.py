@@ -117,11 +117,13 @@ FAMILIES = {
         op_columns={op: ("label", "tokens", "hidden", "ffn", "experts", "topk", "routing")
                     for op in ("moeDispatchGemm", "moeCombine")}),
     "transport": dict(
-        title="Socket transport: fusedcomm vs plain TCP (loopback)",
+        title="Transports: fusedcomm's socket and libfabric backends vs plain TCP (loopback)",
         protocol="Two ranks of one host over 127.0.0.1. Ours: one-sided writes with a signal per "
                  "message through the socket transport (the runtime's default receiver threads and "
-                 "busy-poll window); tcp: the same bytes through one pair of blocking sockets. "
-                 "Median of 5 batches of at least 256 MiB per direction; GB/s per direction.",
+                 "busy-poll window), and where measured through the libfabric transport "
+                 "(`fusedcomm_libfabric_<provider>`, its default endpoints); tcp: the same bytes "
+                 "through one pair of blocking sockets. Median of 5 batches of at least 256 MiB per "
+                 "direction; GB/s per direction.",
         columns=("bytes",), rate="gbps", rate_name="GB/s",
         baselines=("tcp",), parts=None, xlog=True, world_name="ranks"),
 }
