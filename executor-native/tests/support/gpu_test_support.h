@@ -167,6 +167,8 @@ inline RuntimeConfig loopback_cuda_config(int gpu, uint64_t seed, int64_t timeou
   c.allow_shared_gpu = shared;
   c.transport_streams = test_streams();
   c.busy_poll_us = test_busy_poll_us();
+  // spark.fusedcomm.host.chunkBytes, the chunk per lane between hosts: FC_TEST_CHUNK_BYTES.
+  if (const char* s = std::getenv("FC_TEST_CHUNK_BYTES")) c.chunk_bytes = std::atoll(s);
   apply_test_transport(&c);
   return c;
 }
