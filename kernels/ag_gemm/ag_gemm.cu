@@ -33,9 +33,11 @@ using detail::device_sms;
 using detail::fused_group_m;
 using detail::round_up;
 using detail::scratch_of;
+using detail::proxy_rank_blocks;
 using detail::split_count;
 using detail::split_offset;
 using detail::valid_device;
+using detail::valid_hosts;
 using detail::valid_shape;
 
 // tuning.h's SM split table: the first row that fits.
@@ -426,26 +428,6 @@ cudaError_t launch_ag_fused(const CommDevice& d, int W, int r, const AgGemmArgs&
   return launched;
 }
 
-// The proxy's allGather of the rows: host h's block is rank h's rows of the gathered A, the own
-// one A_r where it lies.
-void ag_hosts_blocks(ProxyCollective& px, const AgGemmArgs& a, const FusedHosts& hosts, const void* own) {
-  const int W = hosts.world;
-  px.op = kProxyAllGather;
-  px.dtype = kProxyBF16;
-  px.rank = hosts.host;
-  px.hosts = W;
-  for (int h = 0; h < kProxyMaxHosts; ++h) {
-    const bool used = h < W;
-    const int q = used ? hosts.rank_of_host[h] : 0;
-    px.counts[h] = used ? split_count(a.M, W, q) * a.K : 0;
-    px.blocks[h] = !used ? nullptr
-                   : h == hosts.host ? const_cast<void*>(own)
-                                     : static_cast<void*>(a.gathered + split_offset(a.M, W, q) * a.K);
-    px.recv[h] = nullptr;
-    px.recv_counts[h] = 0;
-  }
-}
-
 }  // namespace
 
 bool all_gather_gemm_hosts_fits(const AgGemmArgs& args, int world, const ProxyCollective& px) {
@@ -459,8 +441,7 @@ bool all_gather_gemm_hosts_fits(const AgGemmArgs& args, int world, const ProxyCo
 cudaError_t launch_all_gather_gemm_hosts(const CommDevice& local, const FusedHosts& hosts, const void* own,
                                          const AgGemmArgs& args, ProxyCollective px, cudaStream_t stream) {
   const int W = hosts.world, r = hosts.rank;
-  if (!valid_device(local) || local.world != 1 || W < 2 || W > kProxyMaxHosts || r < 0 || r >= W ||
-      hosts.host < 0 || hosts.host >= W || hosts.rank_of_host[hosts.host] != r ||
+  if (!valid_device(local) || local.world != 1 || !valid_hosts(hosts) ||
       !all_gather_gemm_hosts_fits(args, W, px) || args.B == nullptr || args.C == nullptr ||
       args.gathered == nullptr || own == nullptr || !aligned16(own) || !aligned16(args.B) ||
       !aligned16(args.C) || !aligned16(args.gathered) || px.lanes < 1 || px.lanes > kProxyMaxLanes) {
@@ -470,7 +451,10 @@ cudaError_t launch_all_gather_gemm_hosts(const CommDevice& local, const FusedHos
   a.side = nullptr;
   a.exchange = AgExchange::kSmPulls;
   a.interleave_peers = 0;
-  ag_hosts_blocks(px, a, hosts, own);
+  // The proxy's allGather of the rows: host h's block is its rank's rows of the gathered A, this
+  // rank's own is A_r where it lies.
+  proxy_rank_blocks(px, kProxyAllGather, kProxyBF16, hosts, a.M, a.K, 2, a.gathered);
+  px.blocks[hosts.host] = const_cast<void*>(own);
   CommDevice d = local;
   d.launch_sig = comm_launch_signature(
       kFusedOpAllGatherGemm, static_cast<uint32_t>(CommDtype::kBF16), static_cast<uint32_t>(FusedAlgo::kFused),

@@ -17,6 +17,7 @@
 #include "kernels/common/tuning.h"
 #include "kernels/gemm/detail/gemm_sm90.cuh"
 #include "kernels/gemm/gemm.h"
+#include "kernels/proxy/proxy.h"
 
 namespace fusedcomm::kernels::detail {
 
@@ -47,6 +48,31 @@ inline bool valid_shape(int M, int N, int K) {
 }
 
 inline uint8_t* scratch_of(const CommDevice& d) { return d.base[d.rank] + d.scratch_offset; }
+
+// ---- the fused ops across hosts as one kernel (fused.h FusedHosts) ---------------------------
+// 2..kProxyMaxHosts ranks, one per host, this rank the one on its own host.
+inline bool valid_hosts(const FusedHosts& h) {
+  return h.world >= 2 && h.world <= kProxyMaxHosts && h.rank >= 0 && h.rank < h.world && h.host >= 0 &&
+         h.host < h.world && h.rank_of_host[h.host] == h.rank;
+}
+// The proxy collective's op, ranks and per-host blocks (kernels/proxy/proxy.h) over a row-major
+// matrix of `rows` rows of `cols` elements of `esize` bytes at `base`, split over the op's ranks:
+// host h's block is the rows of the rank on host h. No allToAll receive blocks.
+inline void proxy_rank_blocks(ProxyCollective& px, uint32_t op, uint32_t dtype, const FusedHosts& hosts,
+                              int64_t rows, int64_t cols, int64_t esize, void* base) {
+  const int W = hosts.world;
+  px.op = op;
+  px.dtype = dtype;
+  px.rank = hosts.host;
+  px.hosts = W;
+  for (int h = 0; h < kProxyMaxHosts; ++h) {
+    const int q = h < W ? hosts.rank_of_host[h] : 0;
+    px.counts[h] = h < W ? split_count(rows, W, q) * cols : 0;
+    px.blocks[h] = h < W ? static_cast<uint8_t*>(base) + split_offset(rows, W, q) * cols * esize : nullptr;
+    px.recv[h] = nullptr;
+    px.recv_counts[h] = 0;
+  }
+}
 
 inline FusedWorkspace larger(FusedWorkspace x, FusedWorkspace y) {
   return {std::max(x.data_bytes, y.data_bytes), std::max(x.scratch_bytes, y.scratch_bytes)};

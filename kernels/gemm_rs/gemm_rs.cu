@@ -30,9 +30,11 @@ using detail::fused_group_m;
 using detail::larger;
 using detail::RsParams;
 using detail::scratch_of;
+using detail::proxy_rank_blocks;
 using detail::split_count;
 using detail::split_offset;
 using detail::valid_device;
+using detail::valid_hosts;
 using detail::valid_shape;
 
 // Bytes per element of the partial products.
@@ -312,8 +314,7 @@ cudaError_t launch_gemm_reduce_scatter_hosts(const CommDevice& local, const Fuse
                                              cudaStream_t stream) {
   const int W = hosts.world, r = hosts.rank;
   const int64_t own_rows = r >= 0 && r < W ? split_count(a.M, W, r) : 0;
-  if (!valid_device(local) || local.world != 1 || W < 2 || W > kProxyMaxHosts || r < 0 || r >= W ||
-      hosts.host < 0 || hosts.host >= W || hosts.rank_of_host[hosts.host] != r ||
+  if (!valid_device(local) || local.world != 1 || !valid_hosts(hosts) ||
       !gemm_reduce_scatter_hosts_fits(a, W) || a.A == nullptr || a.B == nullptr || partial == nullptr ||
       (sums == nullptr && own_rows > 0) || !aligned16(a.A) || !aligned16(a.B) || !aligned16(partial) ||
       !aligned16(sums) || px.lanes < 1 || px.lanes > kProxyMaxLanes) {
@@ -321,18 +322,10 @@ cudaError_t launch_gemm_reduce_scatter_hosts(const CommDevice& local, const Fuse
   }
   const bool bf16 = a.partials == RsPartials::kBF16;
   const int64_t esize = bf16 ? 2 : 4;
-  px.op = kProxyReduceScatter;
-  px.dtype = bf16 ? kProxyBF16 : kProxyF32;
-  px.rank = hosts.host;
-  px.hosts = W;
+  // Host h's block: the partials of its rank's rows; this rank's sums go to `sums`.
+  proxy_rank_blocks(px, kProxyReduceScatter, bf16 ? kProxyBF16 : kProxyF32, hosts, a.M, a.N, esize,
+                    partial);
   px.out = sums;
-  for (int h = 0; h < kProxyMaxHosts; ++h) {
-    const int q = h < W ? hosts.rank_of_host[h] : 0;
-    px.counts[h] = h < W ? split_count(a.M, W, q) * a.N : 0;
-    px.blocks[h] = h < W ? static_cast<uint8_t*>(partial) + split_offset(a.M, W, q) * a.N * esize : nullptr;
-    px.recv[h] = nullptr;
-    px.recv_counts[h] = 0;
-  }
   const int lanes = static_cast<int>(proxy_active_lanes(px));
   CommDevice d = local;
   d.launch_sig = comm_launch_signature(

@@ -300,11 +300,6 @@ bool CrossHostPaths::all_gather_gemm_fused(int64_t m, int64_t n_local, int64_t k
 void CrossHostPaths::all_gather_gemm(const void* a_local, const void* w, void* c, void* gathered, int64_t m,
                                      int64_t n_local, int64_t k, WeightLayout layout, char* work,
                                      k::GemmWorkspace gemm_ws, cudaStream_t s) {
-  const int W = layout_.world(), r = layout_.rank();
-  const RowBlocks rb{m, W};
-  const uint64_t row = static_cast<uint64_t>(k) * 2;
-  const int64_t count = rb.count(k);
-  const uint64_t own_g = gathered == nullptr ? round16(m * row) : 0;
   if (all_gather_gemm_fused(m, n_local, k) && (reinterpret_cast<uintptr_t>(a_local) & 15) == 0) {
     k::AgGemmArgs args;
     args.M = static_cast<int>(m);
@@ -322,6 +317,11 @@ void CrossHostPaths::all_gather_gemm(const void* a_local, const void* w, void* c
     gate(s);
     return;
   }
+  const int W = layout_.world(), r = layout_.rank();
+  const RowBlocks rb{m, W};
+  const uint64_t row = static_cast<uint64_t>(k) * 2;
+  const int64_t count = rb.count(k);
+  const uint64_t own_g = gathered == nullptr ? round16(m * row) : 0;
   const uint64_t padded = rb.even() ? 0 : round16(count * 2);
   char* full = gathered != nullptr ? static_cast<char*>(gathered) : work;
   char* blocks = rb.even() ? full : work + own_g;
