@@ -1,20 +1,23 @@
 // gpu_hosts_fused_test: allGatherGemm and gemmReduceScatter across "virtual hosts" as one kernel
 // each (cross_host_paths.h: the proxy's lanes inside the fused kernel bring the other hosts' rows
-// while the GEMM runs, or send the other hosts their rows' partials as the tiles complete)
-// against the decomposed paths they replace (the hierarchical allGather, then our GEMM; our GEMM,
-// then the hierarchical reduceScatter), through
+// while the GEMM runs, or send the other hosts their rows' partials as the tiles complete), and
+// gemmAllReduce as gemmReduceScatter's kernel then the hierarchical allGather, against the
+// decomposed paths they replace (the hierarchical allGather, then our GEMM; our GEMM, then the
+// hierarchical reduceScatter or allReduce), through
 // CudaComm as the C API drives it: one forked process per rank, H hosts of L ranks, each rank
 // with its own Runtime and transport on the loopback (FUSEDCOMM_TRANSPORT picks socket or
 // libfabric). The one kernel runs where every host has one rank (L = 1); elsewhere both forms
 // are the decomposed path and the test says so.
 // Checks, each form: small-integer A and W (every product and sum exact in fp32 and bf16, in
 // any order) against the exact product, bit for bit: M divisible by W and not, NK and KN;
-// allGatherGemm with and without the gathered A (checked too), gemmReduceScatter with fp32 and
-// bf16 partials; on the communicator's stream and 10 back to back on a caller's stream;
-// describe_fused names the one kernel where it runs.
-// Timing (FC_TEST_TIME=0 skips it): per op and shape, after checking that both forms give the
-// same output (random bf16 inputs, within bf16 rounding of each other), each form in turn: 2 warm-up
-// launches, then 5 rounds of `n` back-to-back launches between CUDA events after a barrier;
+// allGatherGemm with and without the gathered A (checked too), gemmReduceScatter and
+// gemmAllReduce with fp32 and bf16 partials (gemmAllReduce on both sides of its 4 MiB bar, and
+// at M < W, where a rank owns no rows); on the communicator's stream and 10 back to back on a
+// caller's stream; describe_fused names the one kernel where it runs.
+// Timing (FC_TEST_TIME=0 skips it; FC_TEST_ONLY=<op> times that op alone): per op and shape,
+// after checking that both forms give the same output (random bf16 inputs, within bf16 rounding
+// of each other), each form in turn: 2 warm-up launches, then 5 rounds of `n` back-to-back
+// launches between CUDA events after a barrier;
 // prints rank 0's median per launch and the ratio fused / decomposed (FC_TEST_JSON=<file>:
 // one row per shape and form in the fused family's schema, appended: `fusedcomm` the one
 // kernel, which the op runs at L = 1, `fusedcomm_decomposed` the other form).
@@ -31,6 +34,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -75,19 +79,23 @@ struct Shape {
   int64_t m, n, k;
 };
 
-// The ops: allGatherGemm (Shape: M, N_r, K) and gemmReduceScatter (M, N, K_r).
-enum class Fused { kAg, kRs };
-const char* op_name(Fused op) { return op == Fused::kAg ? "allGatherGemm" : "gemmReduceScatter"; }
+// The ops: allGatherGemm (Shape: M, N_r, K), gemmReduceScatter and gemmAllReduce (M, N, K_r).
+enum class Fused { kAg, kRs, kAr };
+const char* op_name(Fused op) {
+  return op == Fused::kAg ? "allGatherGemm" : op == Fused::kRs ? "gemmReduceScatter" : "gemmAllReduce";
+}
 
-// One op on `stream` (null: the communicator's own). gemmReduceScatter: `partials`.
+// One op on `stream` (null: the communicator's own). gemmReduceScatter, gemmAllReduce: `partials`.
 void run_op(CudaComm& dc, Fused op, const DevBuf& a, const DevBuf& w, const DevBuf& c, const DevBuf* gathered,
             const Shape& s, WeightLayout layout, cudaStream_t stream,
             PartialPrecision partials = PartialPrecision::kF32) {
   if (op == Fused::kAg) {
     dc.all_gather_gemm(kDesc, DType::kBF16, a.p, w.p, c.p, gathered != nullptr ? gathered->p : nullptr, s.m,
                        s.n, s.k, layout, stream);
-  } else {
+  } else if (op == Fused::kRs) {
     dc.gemm_reduce_scatter(kDesc, DType::kBF16, a.p, w.p, c.p, s.m, s.n, s.k, layout, partials, stream);
+  } else {
+    dc.gemm_all_reduce(kDesc, DType::kBF16, a.p, w.p, c.p, s.m, s.n, s.k, layout, partials, stream);
   }
 }
 
@@ -148,9 +156,9 @@ void check_exact(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s, W
   }
 }
 
-// gemmReduceScatter's exact checks: rows r of Σ_s A_s · op(W_s), A_s M×K and W_s N×K (or K×N)
-// of small integers, |sums| <= W·K <= 256.
-void check_exact_rs(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s, WeightLayout layout,
+// gemmReduceScatter's and gemmAllReduce's exact checks: rows r (gemmAllReduce: every row) of
+// Σ_s A_s · op(W_s), A_s M×K and W_s N×K (or K×N) of small integers, |sums| <= W·K <= 256.
+void check_exact_rs(ProcessGroup& g, CudaComm& dc, Fused op, uint64_t seed, const Shape& s, WeightLayout layout,
                     PartialPrecision partials, const std::string& form, cudaStream_t stream) {
   const int W = g.world, r = g.rank;
   auto a_of = [&](int q, int64_t i) { return static_cast<float>(small(seed, q, i)); };
@@ -158,7 +166,8 @@ void check_exact_rs(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s
   std::vector<uint16_t> a(s.m * s.k), w(s.n * s.k);
   for (int64_t i = 0; i < s.m * s.k; ++i) a[i] = bf16_bits(a_of(r, i));
   for (int64_t i = 0; i < s.n * s.k; ++i) w[i] = bf16_bits(w_of(r, i));
-  const int64_t off = split_offset(s.m, W, r), rows = split_count(s.m, W, r);
+  const bool all = op == Fused::kAr;
+  const int64_t off = all ? 0 : split_offset(s.m, W, r), rows = all ? s.m : split_count(s.m, W, r);
   std::vector<uint16_t> want(rows * s.n);
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < s.n; ++j) {
@@ -172,17 +181,17 @@ void check_exact_rs(ProcessGroup& g, CudaComm& dc, uint64_t seed, const Shape& s
       want[i * s.n + j] = bf16_bits(acc);
     }
   }
-  DevBuf da = upload(a, stream, 16), dw = upload(w, stream, 16), out(rows * s.n * 2, 16);
-  const std::string what = form + " gemmReduceScatter M=" + std::to_string(s.m) + " N=" + std::to_string(s.n) +
+  DevBuf da = upload(a, stream, 16), dw = upload(w, stream, 16), out(std::max<int64_t>(rows, 1) * s.n * 2, 16);
+  const std::string what = form + " " + op_name(op) + " M=" + std::to_string(s.m) + " N=" + std::to_string(s.n) +
                            " K=" + std::to_string(s.k) + (layout == WeightLayout::kNK ? " NK" : " KN") +
                            (partials == PartialPrecision::kBF16 ? " bf16 partials" : " fp32 partials");
   for (int pass = 0; pass < 2; ++pass) {
     CUDA_OK(cudaMemset(out.p, 0xFF, out.bytes));
     try {
       if (pass == 0) {
-        run_op(dc, Fused::kRs, da, dw, out, nullptr, s, layout, nullptr, partials);
+        run_op(dc, op, da, dw, out, nullptr, s, layout, nullptr, partials);
       } else {
-        for (int i = 0; i < 10; ++i) run_op(dc, Fused::kRs, da, dw, out, nullptr, s, layout, stream, partials);
+        for (int i = 0; i < 10; ++i) run_op(dc, op, da, dw, out, nullptr, s, layout, stream, partials);
         CUDA_OK(cudaStreamSynchronize(stream));
         dc.synchronize();
       }
@@ -228,12 +237,16 @@ void time_shapes(ProcessGroup& g, CudaComm& dc, uint64_t seed, int H, int L, cud
   const std::vector<std::pair<Fused, Shape>> cases = {
       {Fused::kAg, {8192, 7168, 4096}},  {Fused::kAg, {8192, 28672, 4096}}, {Fused::kAg, {4096, 28672, 1024}},
       {Fused::kAg, {16384, 8192, 8192}}, {Fused::kRs, {4096, 8192, 4096}},  {Fused::kRs, {8192, 4096, 14336}},
-      {Fused::kRs, {2048, 8192, 28672}}, {Fused::kRs, {16384, 8192, 4096}}};
+      {Fused::kRs, {2048, 8192, 28672}}, {Fused::kRs, {16384, 8192, 4096}}, {Fused::kAr, {64, 8192, 4096}},
+      {Fused::kAr, {256, 8192, 4096}},   {Fused::kAr, {1024, 8192, 4096}},  {Fused::kAr, {4096, 8192, 4096}},
+      {Fused::kAr, {2048, 8192, 28672}}};
   const int W = g.world, r = g.rank;
+  const char* only = std::getenv("FC_TEST_ONLY");
   for (const auto& [op, s] : cases) {
+    if (only != nullptr && *only && std::strcmp(only, op_name(op)) != 0) continue;
     const bool ag = op == Fused::kAg;
     const int64_t a_rows = ag ? split_count(s.m, W, r) : s.m;
-    const int64_t c_elems = ag ? s.m * s.n : split_count(s.m, W, r) * s.n;
+    const int64_t c_elems = op == Fused::kRs ? split_count(s.m, W, r) * s.n : s.m * s.n;
     std::vector<uint16_t> a(a_rows * s.k), w(s.n * s.k);
     for (int64_t i = 0; i < a_rows * s.k; ++i) a[i] = bf16_bits(0.125f * small(seed ^ 0x31, r, i));
     for (int64_t i = 0; i < s.n * s.k; ++i) w[i] = bf16_bits(0.125f * small(seed ^ 0x32, r, i));
@@ -299,11 +312,17 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
   auto dc = fusedcomm::testing::make_cuda_comm(rt, g, 7100, host_of);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (Op op : {Op::kAllGatherGemm, Op::kGemmReduceScatter}) {
-    const std::string said = dc->describe_fused(op, 1000, 72, 200, PartialPrecision::kF32);
+  // gemmAllReduce takes the one kernel from a 4 MiB product only (cross_host_paths.cc).
+  for (const auto& [op, m, fused] : {std::tuple{Op::kAllGatherGemm, 1000, true},
+                                     std::tuple{Op::kGemmReduceScatter, 1000, true},
+                                     std::tuple{Op::kGemmAllReduce, 4096, true},
+                                     std::tuple{Op::kGemmAllReduce, 1000, false}}) {
+    const std::string said = dc->describe_fused(op, m, op == Op::kGemmAllReduce ? 1024 : 72, 200,
+                                                PartialPrecision::kF32);
     if (rank == 0) std::printf("  describe_fused: %s\n", said.c_str());
-    check((said.find("fused across hosts") != std::string::npos) == (L == 1),
-          "describe_fused names the one kernel exactly where every host has one rank (got '" + said + "')");
+    check((said.find("fused across hosts") != std::string::npos) == (fused && L == 1),
+          "describe_fused names the one kernel exactly where every host has one rank and the op takes it (got '" +
+              said + "')");
   }
   for (int form = 0; form < 2; ++form) {
     dc->set_fused_across_hosts(form == 0);
@@ -314,8 +333,14 @@ int rank_main(ProcessGroup& g, int H, int L, int gpus, bool shared, uint64_t see
       check_exact(g, *dc, seed ^ 1, s, WeightLayout::kKN, true, name, stream);
     }
     for (const Shape& s : {Shape{1000, 72, 104}, Shape{257, 136, 64}, Shape{4096, 512, 128}}) {
-      check_exact_rs(g, *dc, seed ^ 2, s, WeightLayout::kNK, PartialPrecision::kF32, name, stream);
-      check_exact_rs(g, *dc, seed ^ 3, s, WeightLayout::kKN, PartialPrecision::kBF16, name, stream);
+      check_exact_rs(g, *dc, Fused::kRs, seed ^ 2, s, WeightLayout::kNK, PartialPrecision::kF32, name, stream);
+      check_exact_rs(g, *dc, Fused::kRs, seed ^ 3, s, WeightLayout::kKN, PartialPrecision::kBF16, name, stream);
+    }
+    // The one kernel from a 4 MiB product (M = 2051: W not dividing M), below it our GEMM and
+    // allReduce (M < W: a rank owns no rows).
+    for (const Shape& s : {Shape{2048, 1024, 64}, Shape{2051, 1032, 48}, Shape{257, 136, 64}, Shape{1, 64, 128}}) {
+      check_exact_rs(g, *dc, Fused::kAr, seed ^ 4, s, WeightLayout::kNK, PartialPrecision::kF32, name, stream);
+      check_exact_rs(g, *dc, Fused::kAr, seed ^ 5, s, WeightLayout::kKN, PartialPrecision::kBF16, name, stream);
     }
   }
   const char* t = std::getenv("FC_TEST_TIME");

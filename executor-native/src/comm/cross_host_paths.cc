@@ -407,6 +407,49 @@ void CrossHostPaths::gemm_reduce_scatter(const void* a, const void* w, void* out
   }
 }
 
+// Below this many bytes of bf16 product the reduceScatter and allGather between hosts (two
+// proxy steps) cost more than the allReduce's one, and more than the kernel saves by hiding the
+// GEMM: 2 virtual hosts x 1 H200 over TCP at the default chunk, gemmReduceScatter's kernel then the
+// allGather took 1.40-1.47 x the time of our GEMM then our allReduce at 1 MiB and 1.15-1.21 x at
+// 2 MiB, 0.72-0.88 x at 4 MiB and 0.71-0.83 x from 8 MiB (docs/performance.md).
+constexpr uint64_t kArFusedMinBytes = uint64_t{4} << 20;
+
+bool CrossHostPaths::gemm_all_reduce_fused(int64_t m, int64_t n) const {
+  return static_cast<uint64_t>(m) * static_cast<uint64_t>(n) * 2 >= kArFusedMinBytes &&
+         gemm_reduce_scatter_fused(m, n);
+}
+
+// The workspace: (W not dividing M) the W padded blocks that the allGather moves, then the
+// larger of gemmReduceScatter's and the allGather's own (one runs after the other on the stream).
+CrossHostPaths::Needs CrossHostPaths::gemm_all_reduce_needs(int64_t m, int64_t n, PartialPrecision partials) const {
+  const RowBlocks rb{m, layout_.world()};
+  const Needs rs = gemm_reduce_scatter_needs(m, n, partials);
+  const Needs ag = collective_needs(k::CommOp::kAllGather, 2, rb.count(n));
+  const uint64_t padded = rb.even() ? 0 : round16(layout_.world() * rb.ceil() * static_cast<uint64_t>(n) * 2);
+  return {std::max(rs.data_bytes, ag.data_bytes), padded + std::max(rs.work_bytes, ag.work_bytes)};
+}
+
+void CrossHostPaths::gemm_all_reduce(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
+                                     WeightLayout layout, PartialPrecision partials, char* work,
+                                     k::GemmWorkspace gemm_ws, cudaStream_t s) {
+  const int W = layout_.world(), r = layout_.rank();
+  const RowBlocks rb{m, W};
+  const uint64_t row = static_cast<uint64_t>(n) * 2;
+  const uint64_t padded = rb.even() ? 0 : round16(W * rb.ceil() * row);
+  // Even blocks are C's own rows: this rank's sums land in place and the allGather fills the rest.
+  char* blocks = rb.even() ? static_cast<char*>(c) : work;
+  char* mine = blocks + (rb.even() ? rb.first(r) : r * rb.ceil()) * row;
+  gemm_reduce_scatter(a, w, mine, m, n, k_local, layout, partials, work + padded, gemm_ws, s);
+  enqueue_collective(k::CommOp::kAllGather, k::CommDtype::kBF16, mine, rb.rows(r) * row, blocks, rb.count(n),
+                     work + padded, s);
+  if (!rb.even()) {
+    std::vector<k::CopySegment> unpack;
+    for (int p = 0; p < W; ++p)
+      unpack.push_back({blocks + p * rb.ceil() * row, static_cast<char*>(c) + rb.first(p) * row, rb.rows(p) * row});
+    copy_segments(unpack, s);
+  }
+}
+
 void CrossHostPaths::gate(cudaStream_t s) {
   check_fused_launch(
       k::launch_comm_fail_if(local_.memory().device(), link_->status_device(), k::kCommHostsFailed, s),

@@ -21,6 +21,11 @@
 //   16-byte aligned) the fused ops take the decomposed path: the hierarchical allGather then our GEMM; our GEMM then the hierarchical
 //   reduceScatter (on W blocks of ceil(M / W) rows when W does not divide M; fp32 partials
 //   rounded to bf16 after the sum).
+// - gemmAllReduce, where gemmReduceScatter is one kernel (above), the bf16 product is at least
+//   4 MiB and the data area holds both steps: that kernel gives this rank its block of rows, summed over every rank and rounded to
+//   bf16, then the hierarchical allGather gives every rank every block (the same bits on every
+//   rank: each block is summed once, by its owner). Otherwise our GEMM, then the hierarchical
+//   allReduce (CudaComm::gemm_all_reduce).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -84,6 +89,14 @@ class CrossHostPaths {
   void gemm_reduce_scatter(const void* a, const void* w, void* out, int64_t m, int64_t n, int64_t k_local,
                            WeightLayout layout, PartialPrecision partials, char* work,
                            kernels::GemmWorkspace gemm_ws, cudaStream_t s);
+  // gemmAllReduce as gemmReduceScatter's one kernel, then the hierarchical allGather: where
+  // gemm_reduce_scatter_fused holds and the product is large enough for two steps between hosts
+  // to beat one (gemm_all_reduce_fused), data_bytes fit the data area and C is 16-byte aligned.
+  bool gemm_all_reduce_fused(int64_t m, int64_t n) const;
+  Needs gemm_all_reduce_needs(int64_t m, int64_t n, PartialPrecision partials) const;
+  void gemm_all_reduce(const void* a, const void* w, void* c, int64_t m, int64_t n, int64_t k_local,
+                       WeightLayout layout, PartialPrecision partials, char* work, kernels::GemmWorkspace gemm_ws,
+                       cudaStream_t s);
 
   // The link (inter_host.h): an enqueued step that gave up, as an exception; abort and close.
   void raise_if_failed();

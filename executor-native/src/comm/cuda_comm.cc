@@ -349,7 +349,9 @@ void CudaComm::gemm_reduce_scatter(const OpDesc&, DType dtype, const void* a, co
 }
 
 // kKernels: the kernels' gemmAllReduce (the fused gemmReduceScatter then an allGather, or our
-// GEMM into the data area then our allReduce, as its rule picks). Otherwise our GEMM, then our
+// GEMM into the data area then our allReduce, as its rule picks). Across hosts, where the plan
+// says fused: gemmReduceScatter's one kernel, then the hierarchical allGather
+// (CrossHostPaths::gemm_all_reduce). Otherwise our GEMM, then our
 // allReduce, in pieces where needed and hierarchical across hosts: bf16 partials: the GEMM
 // rounds each rank's product into c and the allReduce sums c in place (fp32 sums, rounded once
 // more; across hosts, per host and then between hosts); fp32 partials: the product stays fp32
@@ -366,6 +368,15 @@ void CudaComm::gemm_all_reduce(const OpDesc&, DType dtype, const void* a, const 
   k::GemmArArgs args = gemm_reduce_operands<k::GemmArArgs>(a, w, m, n, k_local, layout, partials);
   args.C = static_cast<__nv_bfloat16*>(c);
   const FusedPlan plan = plan_gemm_all_reduce(fused_context(), args);
+  if (plan.route == FusedRoute::kAcrossHosts && plan.info.algo == k::FusedAlgo::kFused &&
+      (reinterpret_cast<uintptr_t>(c) & 15) == 0) {
+    const CrossHostPaths::Needs need = hosts_->gemm_all_reduce_needs(m, n, partials);
+    cudaStream_t s = begin(stream);
+    char* work = static_cast<char*>(workspace(need.work_bytes));
+    hosts_->gemm_all_reduce(a, w, c, m, n, k_local, layout, partials, work, gemm_workspace(s), s);
+    end(s, stream == nullptr);
+    return;
+  }
   if (plan.route == FusedRoute::kKernels) {
     args.algo = plan.info.algo;
     cudaStream_t s = begin(stream);

@@ -81,6 +81,14 @@ FusedPlan plan_gemm_all_reduce(const FusedContext& ctx, const k::GemmArArgs& arg
   FusedPlan plan;
   if (ctx.hosts != nullptr) {
     plan.route = FusedRoute::kAcrossHosts;
+    plan.info.algo = k::FusedAlgo::kDecomposed;
+    if (ctx.hosts->gemm_all_reduce_fused(args.M, args.N)) {
+      const uint64_t needs = ctx.hosts->gemm_all_reduce_needs(args.M, args.N, precision(args.partials)).data_bytes;
+      if (needs <= ctx.area) {
+        plan.needs = needs;
+        plan.info.algo = k::FusedAlgo::kFused;
+      }
+    }
     return plan;
   }
   plan.info = k::gemm_all_reduce_info(ctx.dev, args);
@@ -146,6 +154,9 @@ std::string describe_plan(const FusedContext& ctx, Op op, const FusedPlan& plan,
       } else {
         out = "decomposed: our GEMM, then our allReduce (" + p + ")";
       }
+    } else if (across && i.algo == k::FusedAlgo::kFused) {
+      out = "fused across hosts: gemmReduceScatter's one kernel (the proxy's lanes send each host its rows' "
+            "partials as their tiles complete), then the hierarchical allGather (" + p + ")";
     } else {
       out = std::string(across ? "across hosts" : "larger than the data area") +
             ": our GEMM, then our allReduce" + (across ? " (hierarchical)" : "") +
