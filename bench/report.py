@@ -82,9 +82,11 @@ FAMILIES = {
                  "symmetric memory's one-shot / two-shot allReduce captured in a CUDA graph. Floor: max(GEMM alone, exchange alone), each "
                  "the faster of ours and cuBLAS / NCCL. Every op path checked against an fp32 "
                  "reference before timing. Across hosts (gpu_hosts_fused_test: 2 virtual hosts × "
-                 "1 GPU, the transport in the label, TCP on the loopback): ours, one kernel, against "
-                 "our decomposed path (the hierarchical collective and our GEMM), both forms "
-                 "checked against each other first; shapes as the op takes them, TFLOP/s per GPU.",
+                 "1 GPU, the transport in the label, TCP on the loopback): ours as the op runs it "
+                 "(allGatherGemm and gemmReduceScatter one kernel; gemmAllReduce, from a 4 MiB "
+                 "product, gemmReduceScatter's kernel then the hierarchical allGather) against our "
+                 "decomposed path (the hierarchical collective and our GEMM), both forms checked "
+                 "against each other first; shapes as the op takes them, TFLOP/s per GPU.",
         columns=("label", "m", "n", "k"), rate="tflops", rate_name="TFLOP/s",
         baselines=("torch_serial", "torch_symm_mem", "torch_serial_graph", "torch_symm_one_shot_graph",
                    "torch_symm_two_shot_graph"),
@@ -92,7 +94,7 @@ FAMILIES = {
         xlog=False,
         # Across hosts the baseline is our own decomposed path (no torch form runs there).
         op_baselines={op + " across hosts": ("fusedcomm_decomposed",)
-                      for op in ("allGatherGemm", "gemmReduceScatter")}),
+                      for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce")}),
     "moe": dict(
         title="MoE grouped GEMM: fusedcomm vs torch._grouped_mm and dense cuBLAS",
         protocol="groupedGemm: bf16 in, fp32 accumulation, bf16 out, one GPU. The experts' rows contiguous in one "
