@@ -94,7 +94,9 @@ FAMILIES = {
         xlog=False,
         # Across hosts the baseline is our own decomposed path (no torch form runs there).
         op_baselines={op + " across hosts": ("fusedcomm_decomposed",)
-                      for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce")}),
+                      for op in ("allGatherGemm", "gemmReduceScatter", "gemmAllReduce")},
+        # Our forced paths: the summary gives the automatic choice's worst ratio to the fastest.
+        own_paths=("fusedcomm_fused", "fusedcomm_decomposed", "fusedcomm_oneshot")),
     "moe": dict(
         title="MoE grouped GEMM: fusedcomm vs torch._grouped_mm and dense cuBLAS",
         protocol="groupedGemm: bf16 in, fp32 accumulation, bf16 out, one GPU. The experts' rows contiguous in one "
@@ -405,7 +407,7 @@ def markdown(family, rows, device):
         aligns = ["---"] * len(cols) + ["---:"] * (len(head) - len(cols) - show_ran)
         aligns += ["---"] * show_ran
         md += [f"## {op}, {gpus}", "", "| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
-        vs_best, vs_floor = [], []
+        vs_best, vs_floor, vs_own = [], [], []
         for _, g in shapes:
             any_row = next(iter(g.values()))
             cells = shape_cells(family, any_row)
@@ -429,6 +431,9 @@ def markdown(family, rows, device):
             for i in also:
                 t_also = ms(g, i)
                 cells.append(fmt(t_ours / t_also if t_ours and t_also else None))
+            own_ms = [ms(g, i) for i in f.get("own_paths", ()) if ms(g, i)]
+            if t_ours and len(own_ms) >= 2:
+                vs_own.append(t_ours / min(own_ms))
             ran = (ours or {}).get("algo", "")
             tf, td = ms(g, "fusedcomm_fused"), ms(g, "fusedcomm_decomposed")
             if ran in ("fused", "decomposed") and tf and td:
@@ -438,17 +443,22 @@ def markdown(family, rows, device):
                 cells.append(ran)
             md.append("| " + " | ".join(cells) + " |")
         md.append("")
-        summary.append((op, world, len(shapes), geomean(vs_best), vs_best, geomean(vs_floor)))
+        summary.append((op, world, len(shapes), geomean(vs_best), vs_best, geomean(vs_floor), vs_own))
     md += ["## Summary"]
+    own = "own_paths" in f
     if summary or not eager_graph:
         md += ["", "Geometric means over each table's shapes, ours (the automatic choice) "
-               "against the best baseline" + (" and the floor." if f["parts"] else "."), "",
+               "against the best baseline" + (" and the floor" if f["parts"] else "")
+               + ("; and the automatic choice's worst ratio to the fastest of our forced paths "
+                  "(" + ", ".join(f["own_paths"]) + ") over the shapes timed with two or more of them."
+                  if own else "."), "",
                f"| op | {f.get('world_name', 'GPUs')} | shapes | vs best baseline | best | worst |"
-               + (" vs floor |" if f["parts"] else ""),
-               "|---|---:|---:|---:|---:|---:|" + ("---:|" if f["parts"] else "")]
-    for op, world, n, gm, v, gf in summary:
+               + (" vs floor |" if f["parts"] else "") + (" vs our fastest path, worst |" if own else ""),
+               "|---|---:|---:|---:|---:|---:|" + ("---:|" if f["parts"] else "") + ("---:|" if own else "")]
+    for op, world, n, gm, v, gf, vo in summary:
         line = f"| {op} | {world} | {n} | {fmt(gm)} | {fmt(min(v) if v else None)} | {fmt(max(v) if v else None)} |"
-        md.append(line + (f" {fmt(gf)} |" if f["parts"] else ""))
+        line += f" {fmt(gf)} |" if f["parts"] else ""
+        md.append(line + (f" {fmt(max(vo) if vo else None)} |" if own else ""))
     if eager_graph:
         md += eager_graph_summary(eager_graph)
     errors = [r for r in rows if r.get("error")]

@@ -19,6 +19,10 @@
 #                    FC_GEMM_RANDOM2 / FC_GEMM_SEED2 the second set's (default 25, chosen)
 #   FC_COLL_RANDOM   collectives: seeded random element counts per op, 1 MiB to 1 GiB (default
 #                    20; 0: none); FC_COLL_SEED their seed (default: chosen at run time, printed)
+#   FC_FUSED_RANDOM  fused: a seeded random set of shapes per op beside the LLM list (default 24;
+#                    0: none; random_shapes.py: M in [1, 16384], N and K in [256, 16384], each
+#                    rank's share a multiple of 8 at W = 2, 3 and 4); FC_FUSED_SEED its seed
+#                    (default: chosen at run time, printed)
 #   FC_COLL_PARTS    the collectives family's parts (default "nccl small"): nccl, the ops of
 #                    shapes/collectives.txt and the random counts against NCCL; small, allReduce
 #                    from 4 KiB to 32 MiB (shapes/allreduce_small.txt), ours and the baselines each
@@ -155,10 +159,23 @@ coll_nccl() {
 fused_ours() {
   step "fused-$tag-fusedcomm" 500 "$bin/fused_bench" --world "$1" --shapes "$shapes/fused.txt" \
     --rs-partials "${FC_RS_PARTIALS:-bf16}" --out "$out/rows/fused-fusedcomm-$tag.jsonl"
+  [ -z "$fused_random" ] || step "fused-random-$tag-fusedcomm" 900 "$bin/fused_bench" --world "$1" \
+    --shapes "$fused_random" --rs-partials "${FC_RS_PARTIALS:-bf16}" --out "$out/rows/fused-random-fusedcomm-$tag.jsonl"
 }
 fused_torch() {
   step "fused-$tag-torch" 500 "${torchrun[@]}" --nproc-per-node "$1" "$here/fused/torch_fused.py" \
     --shapes "$shapes/fused.txt" --out "$out/rows/fused-torch-$tag.jsonl"
+  [ -z "$fused_random" ] || step "fused-random-$tag-torch" 900 "${torchrun[@]}" --nproc-per-node "$1" \
+    "$here/fused/torch_fused.py" --shapes "$fused_random" --out "$out/rows/fused-random-torch-$tag.jsonl"
+}
+# The fused family's seeded random set (FC_FUSED_RANDOM shapes per op; seed FC_FUSED_SEED, else
+# chosen and printed by random_shapes.py), the same file for ours and torch.
+fused_random_set() {
+  fused_random=""
+  [ "${FC_FUSED_RANDOM:-24}" -gt 0 ] || return 0
+  fused_random=$out/fused-random-shapes.txt
+  python3 "$here/fused/random_shapes.py" --count "${FC_FUSED_RANDOM:-24}" ${FC_FUSED_SEED:+--seed "$FC_FUSED_SEED"} \
+    --out "$fused_random" || { fail "fused: random_shapes.py failed"; fused_random=""; }
 }
 # allReduce small and medium: ours (coll_bench --graph) against NCCL and torch's symmetric-memory
 # one-shot / two-shot allReduce (torch_allreduce.py), each eager and graph-captured.
@@ -180,7 +197,7 @@ run_collectives() {
     esac
   done
 }
-run_fused() { rounds fused_ours fused_torch; }
+run_fused() { fused_random_set; rounds fused_ours fused_torch; }
 run_attention() {  # ours and torch SDPA (cuDNN, flash) interleaved in one process
   if python3 -c 'import torch' 2>/dev/null; then
     step attention 900 python3 "$here/attention/torch_attention.py" --shapes "$shapes/attention.txt" \

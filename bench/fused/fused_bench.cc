@@ -55,8 +55,9 @@ const char* kUsage =
     "                   [--ops ag,rs,ar]\n"
     "                   [--rs-partials f32|bf16|f32any] [--ag-gathered 1|0] [--ag-exchange auto|sm|ce]\n"
     "                   [--batch-ms 25] [--batches 7] [--sustain-ms 500]\n"
-    "  FILE: one shape per line, \"<op> <label> <M> <N> <K>\" (bench/shapes/fused.txt); N is split\n"
-    "  over the ranks for allGatherGemm, K for gemmReduceScatter and gemmAllReduce.\n"
+    "  FILE: one shape per line, \"<op> <label> <M> <N> <K> [<set>]\" (bench/shapes/fused.txt; a\n"
+    "  set, e.g. random_shapes.py's random-<seed>, goes into the rows and tabulates apart); N is\n"
+    "  split over the ranks for allGatherGemm, K for gemmReduceScatter and gemmAllReduce.\n"
     "  --m/--n/--k: explicit shapes (label \"explicit\"), each a comma list, the i-th M with the i-th\n"
     "  N and K (a single value stands for all), run for every op of --ops; with --shapes too, both.\n"
     "  M is any count (the ranks' rows split as the ops split them); the split N or K must give\n"
@@ -74,6 +75,7 @@ struct Shape {
   std::string op;     // allGatherGemm, gemmReduceScatter, gemmAllReduce
   std::string label;  // e.g. llama3-70b
   int M, N, K;        // local: N = N_r (allGatherGemm), K = K_r (the others)
+  std::string set;    // the shape set the line names (empty: the headline list)
 };
 
 struct Options {
@@ -98,8 +100,10 @@ std::vector<Shape> read_shapes(const Options& o, int W) {
   std::vector<Shape> all;
   if (!o.shapes.empty()) {
     for (const auto& w : b::read_shape_lines(o.shapes)) {
-      if (w.size() != 5) throw std::runtime_error(o.shapes + ": expected \"<op> <label> <M> <N> <K>\"");
-      Shape s{w[0], w[1], std::stoi(w[2]), std::stoi(w[3]), std::stoi(w[4])};
+      if (w.size() != 5 && w.size() != 6) {
+        throw std::runtime_error(o.shapes + ": expected \"<op> <label> <M> <N> <K> [<set>]\"");
+      }
+      Shape s{w[0], w[1], std::stoi(w[2]), std::stoi(w[3]), std::stoi(w[4]), w.size() == 6 ? w[5] : ""};
       if (s.op != "allGatherGemm" && s.op != "gemmReduceScatter" && s.op != "gemmAllReduce") {
         throw std::runtime_error(o.shapes + ": unknown op " + s.op);
       }
@@ -107,9 +111,9 @@ std::vector<Shape> read_shapes(const Options& o, int W) {
     }
   }
   for (const auto& [m, n, k] : b::explicit_shapes(o.m, o.n, o.k)) {
-    if (o.ag) all.push_back({"allGatherGemm", "explicit", m, n, k});
-    if (o.rs) all.push_back({"gemmReduceScatter", "explicit", m, n, k});
-    if (o.ar) all.push_back({"gemmAllReduce", "explicit", m, n, k});
+    if (o.ag) all.push_back({"allGatherGemm", "explicit", m, n, k, ""});
+    if (o.rs) all.push_back({"gemmReduceScatter", "explicit", m, n, k, ""});
+    if (o.ar) all.push_back({"gemmAllReduce", "explicit", m, n, k, ""});
   }
   std::vector<Shape> v;
   std::string refused;
@@ -492,6 +496,7 @@ int bench(fusedcomm::testing::ProcessGroup& g, const Options& o) {
             .num("tflops", flops / (ms * 1e-3) / 1e12)
             .num("gbps", wire / (ms * 1e-3) / 1e9)
             .str("label", s.label);
+        if (!s.set.empty()) row.str("set", s.set);
         if (im.checked) row.str("algo", algo_name(im.algo));
         if (!is_ag) row.str("partials", o.rs_partials);
         if (is_ag) row.integer("ag_gathered", o.ag_gathered ? 1 : 0);

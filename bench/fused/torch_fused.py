@@ -45,21 +45,22 @@ OPS = {"ag": "allGatherGemm", "rs": "gemmReduceScatter", "ar": "gemmAllReduce"}
 
 
 def read_shapes(path, world, ops, explicit=()):
-    """(op, label, M, N, K) with N (allGatherGemm) or K (the others) split over the world: the
-    file's lines (path may be None), then each explicit (M, N, K) for every op of `ops`. A split
-    off a multiple of 8 per rank is refused (SystemExit naming every such shape)."""
+    """(op, label, M, N, K, set) with N (allGatherGemm) or K (the others) split over the world:
+    the file's lines ("<op> <label> <M> <N> <K> [<set>]"; path may be None; set "" where the line
+    names none), then each explicit (M, N, K) for every op of `ops`. A split off a multiple of 8
+    per rank is refused (SystemExit naming every such shape)."""
     lines = []
     for line in open(path) if path else []:
         w = line.split("#")[0].split()
         if not w:
             continue
-        if len(w) != 5 or w[0] not in OPS.values():
-            raise SystemExit(f"{path}: expected '<op> <label> <M> <N> <K>', got {line!r}")
-        lines.append((w[0], w[1], int(w[2]), int(w[3]), int(w[4])))
+        if len(w) not in (5, 6) or w[0] not in OPS.values():
+            raise SystemExit(f"{path}: expected '<op> <label> <M> <N> <K> [<set>]', got {line!r}")
+        lines.append((w[0], w[1], int(w[2]), int(w[3]), int(w[4]), w[5] if len(w) == 6 else ""))
     for m, n, k in explicit:
-        lines += [(op, "explicit", m, n, k) for op in OPS.values() if op in ops]
+        lines += [(op, "explicit", m, n, k, "") for op in OPS.values() if op in ops]
     out, refused = [], []
-    for op, label, m, n, k in lines:
+    for op, label, m, n, k, sname in lines:
         if op not in ops:
             continue
         split = n if op == "allGatherGemm" else k
@@ -70,7 +71,7 @@ def read_shapes(path, world, ops, explicit=()):
             n //= world
         else:
             k //= world
-        out.append((op, label, m, n, k))
+        out.append((op, label, m, n, k, sname))
     if refused:
         raise SystemExit(f"shapes refused (N or K must split into multiples of 8 over {world} ranks; nothing is "
                          "padded): " + "; ".join(refused))
@@ -240,7 +241,7 @@ def main():
     # first, every rank), then every shape is timed, so that no timing follows the fp32 reference.
     failed = 0
     bad = {}
-    for op, label, M, N, K in shapes:
+    for op, label, M, N, K, sname in shapes:
         calls, checks, ref, absdot, partial_rel, flops, wire = setup(op, label, M, N, K, True)
         bad_impls = []
         for impl, (buf, output) in checks.items():
@@ -259,14 +260,14 @@ def main():
                 bad_impls.append(impl)
                 if f:
                     print(f"{op:18s} W={world} {label:12s} M={M:<6d} {impl}: check FAILED", flush=True)
-        bad[(op, label, M)] = bad_impls
+        bad[(op, label, M, sname)] = bad_impls
         failed += len(bad_impls)
         del calls, checks, ref, absdot
         graphs.clear()
         torch.cuda.empty_cache()
-    for op, label, M, N, K in shapes:
+    for op, label, M, N, K, sname in shapes:
         calls, checks, _, _, _, flops, wire = setup(op, label, M, N, K, False)
-        for impl in bad[(op, label, M)]:
+        for impl in bad[(op, label, M, sname)]:
             del calls[impl]
         for impl, call in calls.items():
             ms, iters = time_call(call)
@@ -282,6 +283,8 @@ def main():
                            nccl=".".join(map(str, torch.cuda.nccl.version())))
                 if op != "allGatherGemm" and impl in checks:
                     row["partials"] = "bf16"
+                if sname:
+                    row["set"] = sname
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 print(f"{op:18s} W={world} {label:12s} M={M:<6d} {impl:21s} {ms:9.4f} ms "

@@ -80,6 +80,25 @@ class ReportTest(unittest.TestCase):
         # ours over our decomposed path (the op's only baseline), not over torch's absent rows
         self.assertIn("| 0.800 |", line)
 
+    def test_fused_random_set_apart_and_the_choice_against_our_paths(self):
+        # A set's rows tabulate apart from the headline shapes; the summary gives the automatic
+        # choice's worst ratio to the faster of our forced paths (here 1.1 / 1.0 at the second
+        # shape; the first chose the faster).
+        rows = []
+        for label, m, t in (("r100x512x768", 100, (1.0, 1.0, 1.3)), ("r9001x1032x4992", 9001, (1.1, 1.2, 1.0))):
+            shape = dict(m=m, n=512, k=768)
+            for impl, ms in zip(("fusedcomm", "fusedcomm_fused", "fusedcomm_decomposed"), t):
+                rows.append(row("fused", "gemmReduceScatter", impl, 2, shape, ms, label=label, set="random-7"))
+            rows.append(row("fused", "gemmReduceScatter", "torch_serial", 2, shape, 1.25, label=label, set="random-7"))
+        rows.append(row("fused", "gemmReduceScatter", "fusedcomm", 2, dict(m=1, n=2, k=3), 1.0, label="llama3-8b"))
+        _, _, md = self.run_report("fused", rows)
+        self.assertIn("## gemmReduceScatter (random-7), 2 GPUs", md)
+        self.assertIn("## gemmReduceScatter, 2 GPUs", md)
+        line = next(l for l in md.splitlines() if l.startswith("| gemmReduceScatter (random-7) |"))
+        self.assertTrue(line.rstrip().endswith("| 1.100 |"), line)
+        headline = next(l for l in md.splitlines() if l.startswith("| gemmReduceScatter | 2 |"))
+        self.assertTrue(headline.rstrip().endswith("| - |"), headline)  # no forced paths timed there
+
     def test_fused_rounds_and_partials_are_stated(self):
         shape = dict(m=2048, n=8192, k=14336)
         rows = [row("fused", "gemmReduceScatter", impl, 2, shape, t, label="llama3-70b", partials="bf16")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The bench tools' shape lists without a GPU: torch_gemm.py's explicit and seeded random shapes
-and its sets, torch_fused.py's explicit shapes, refusals and row split for any M, torch_moe.py's
+and its sets, torch_fused.py's explicit shapes, refusals and row split for any M and
+random_shapes.py's set, torch_moe.py's
 points, routings and variants, nccl_bench.py's seeded random counts (coll_bench.cc's),
 torch_allreduce.py's sizes, impls, reference check and whole flow on a fake torch (fake_torch.py)."""
 import contextlib
@@ -19,6 +20,7 @@ sys.path.insert(0, os.path.join(here, "..", "collectives"))
 sys.path.insert(0, os.path.join(here, "..", "attention"))
 import torch_gemm  # noqa: E402
 import torch_fused  # noqa: E402
+import random_shapes  # noqa: E402
 import torch_moe  # noqa: E402
 import nccl_bench  # noqa: E402
 import torch_allreduce  # noqa: E402
@@ -236,14 +238,37 @@ class FusedShapesTest(unittest.TestCase):
     def test_explicit_shapes_split_or_are_refused(self):
         ops = set(torch_fused.OPS.values())
         got = torch_fused.read_shapes(None, 3, ops, [(1000, 4104 * 3, 2064 * 3)])
-        self.assertEqual(got, [(op, "explicit", 1000, n, k) for op, n, k in (
+        self.assertEqual(got, [(op, "explicit", 1000, n, k, "") for op, n, k in (
             ("allGatherGemm", 4104, 2064 * 3), ("gemmReduceScatter", 4104 * 3, 2064),
             ("gemmAllReduce", 4104 * 3, 2064))])
         with self.assertRaises(SystemExit) as e:
             torch_fused.read_shapes(None, 2, {"gemmReduceScatter"}, [(1000, 4104, 2056)])
         self.assertIn("1000 x 4104 x 2056", str(e.exception))
         self.assertEqual(torch_fused.read_shapes(None, 2, {"allGatherGemm"}, [(1000, 4112, 2056)]),
-                         [("allGatherGemm", "explicit", 1000, 2056, 2056)])
+                         [("allGatherGemm", "explicit", 1000, 2056, 2056, "")])
+
+    def test_random_set_reads_alike_at_every_world(self):
+        # random_shapes.py's file: per op `count` shapes in range, each split a multiple of 8 at
+        # W = 2, 3 and 4 (torch_fused.py refuses nothing), the set in every tuple, and the same
+        # seed giving the same file.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "random.txt")
+            with contextlib.redirect_stderr(io.StringIO()):
+                self.assertEqual(random_shapes.main(["--count", "24", "--seed", "99", "--out", path]), 99)
+            text = open(path).read()
+            with contextlib.redirect_stderr(io.StringIO()):
+                random_shapes.main(["--count", "24", "--seed", "99", "--out", path])
+            self.assertEqual(open(path).read(), text)
+            whole = torch_fused.read_shapes(path, 1, set(torch_fused.OPS.values()))
+            self.assertEqual(len(whole), 72)
+            for op, label, m, n, k, sname in whole:
+                self.assertEqual((sname, label), ("random-99", f"r{m}x{n}x{k}"))
+                self.assertTrue(1 <= m <= 16384 and 256 <= n <= 16384 and 256 <= k <= 16384)
+                self.assertEqual((n if op == "allGatherGemm" else k) % 96, 0)
+                self.assertEqual((k if op == "allGatherGemm" else n) % 8, 0)
+            for w in (2, 3, 4):
+                self.assertEqual(len(torch_fused.read_shapes(path, w, set(torch_fused.OPS.values()))), 72)
+            self.assertGreater(len({m % 128 for _, _, m, _, _, _ in whole}), 10)  # M off the tiles
 
 
 class RingShapesTest(unittest.TestCase):
