@@ -295,6 +295,14 @@ void CudaComm::set_fused_across_hosts(bool on) {
   if (hosts_ != nullptr) hosts_->set_fused(on);
 }
 
+template <class Run>
+void CudaComm::across_hosts(uint64_t work_bytes, cudaStream_t stream, Run run) {
+  cudaStream_t s = begin(stream);
+  char* work = static_cast<char*>(workspace(work_bytes));
+  run(work, gemm_workspace(s), s);
+  end(s, stream == nullptr);
+}
+
 void CudaComm::all_gather_gemm(const OpDesc&, DType dtype, const void* a_local, const void* w, void* c,
                                void* gathered, int64_t m, int64_t n_local, int64_t k, WeightLayout layout,
                                cudaStream_t stream) {
@@ -305,11 +313,10 @@ void CudaComm::all_gather_gemm(const OpDesc&, DType dtype, const void* a_local, 
   const FusedPlan plan = plan_all_gather_gemm(fused_context(), args);
   require_fits("allGatherGemm", plan.needs);
   if (plan.route == FusedRoute::kAcrossHosts) {
-    const CrossHostPaths::Needs need = hosts_->all_gather_gemm_needs(m, k, gathered != nullptr);
-    cudaStream_t s = begin(stream);
-    char* work = static_cast<char*>(workspace(need.work_bytes));
-    hosts_->all_gather_gemm(a_local, w, c, gathered, m, n_local, k, layout, work, gemm_workspace(s), s);
-    end(s, stream == nullptr);
+    across_hosts(hosts_->all_gather_gemm_needs(m, k, gathered != nullptr).work_bytes, stream,
+                 [&](char* work, k::GemmWorkspace gemm_ws, cudaStream_t s) {
+                   hosts_->all_gather_gemm(a_local, w, c, gathered, m, n_local, k, layout, work, gemm_ws, s);
+                 });
     return;
   }
   cudaStream_t s = begin(stream);
@@ -335,11 +342,10 @@ void CudaComm::gemm_reduce_scatter(const OpDesc&, DType dtype, const void* a, co
   const FusedPlan plan = plan_gemm_reduce_scatter(fused_context(), args);
   require_fits("gemmReduceScatter", plan.needs);
   if (plan.route == FusedRoute::kAcrossHosts) {
-    const CrossHostPaths::Needs need = hosts_->gemm_reduce_scatter_needs(m, n, partials);
-    cudaStream_t s = begin(stream);
-    char* work = static_cast<char*>(workspace(need.work_bytes));
-    hosts_->gemm_reduce_scatter(a, w, out, m, n, k_local, layout, partials, work, gemm_workspace(s), s);
-    end(s, stream == nullptr);
+    across_hosts(hosts_->gemm_reduce_scatter_needs(m, n, partials).work_bytes, stream,
+                 [&](char* work, k::GemmWorkspace gemm_ws, cudaStream_t s) {
+                   hosts_->gemm_reduce_scatter(a, w, out, m, n, k_local, layout, partials, work, gemm_ws, s);
+                 });
     return;
   }
   cudaStream_t s = begin(stream);
@@ -370,11 +376,10 @@ void CudaComm::gemm_all_reduce(const OpDesc&, DType dtype, const void* a, const 
   const FusedPlan plan = plan_gemm_all_reduce(fused_context(), args);
   if (plan.route == FusedRoute::kAcrossHosts && plan.info.algo == k::FusedAlgo::kFused &&
       (reinterpret_cast<uintptr_t>(c) & 15) == 0) {
-    const CrossHostPaths::Needs need = hosts_->gemm_all_reduce_needs(m, n, partials);
-    cudaStream_t s = begin(stream);
-    char* work = static_cast<char*>(workspace(need.work_bytes));
-    hosts_->gemm_all_reduce(a, w, c, m, n, k_local, layout, partials, work, gemm_workspace(s), s);
-    end(s, stream == nullptr);
+    across_hosts(hosts_->gemm_all_reduce_needs(m, n, partials).work_bytes, stream,
+                 [&](char* work, k::GemmWorkspace gemm_ws, cudaStream_t s) {
+                   hosts_->gemm_all_reduce(a, w, c, m, n, k_local, layout, partials, work, gemm_ws, s);
+                 });
     return;
   }
   if (plan.route == FusedRoute::kKernels) {

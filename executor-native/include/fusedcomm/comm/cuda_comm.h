@@ -200,6 +200,10 @@ class CudaComm final : public Comm {
   // a graph, nor after a failed allocation: those GEMMs run without stream-K.
   kernels::GemmWorkspace gemm_workspace(cudaStream_t s);
   kernels::GemmArgs with_gemm_workspace(kernels::GemmArgs g, cudaStream_t s);
+  // A fused op's path between hosts as one op on `stream` (null: the communicator's own):
+  // run(workspace of work_bytes, the GEMM workspace, the begun stream).
+  template <class Run>
+  void across_hosts(uint64_t work_bytes, cudaStream_t stream, Run run);
   // Every peer's region is on another GPU than this rank's (by PCI bus id): the copy engines
   // may then move allGatherGemm's exchange.
   bool peers_on_other_gpus() const;
