@@ -1,0 +1,168 @@
+// gemmAllReduce's one-shot kernel with wgmma tiles (BM = 64 or 128 rows): the same launch, work
+// units, partials, pushes, flags, sums and end as ar_oneshot_kernel.cuh (whose header is the
+// protocol's description; ar_publish_unit and ar_sum_tiles are shared), with the GEMM part of a
+// unit run as the Hopper GEMM engine runs its tiles (gemm/detail/main_loop.cuh):
+//
+// - Tile BM × 128 (kArWgTileN); one producer warpgroup, whose thread 0 loads each K slice of 64
+//   (A: BM rows, W_r: 128 columns) by TMA into a 128-byte-swizzled ring stage (full / empty
+//   mbarriers, as the engine's); BM / 64 consumer warpgroups, each running wgmma m64n128k16 on
+//   its 64 rows of the stage, so that at BM = 128 both share every W_r slice (W_r read once at
+//   M <= 128). Rows past M, columns past N and K past K_r are TMA's zero fill.
+// - The unit's accumulators (fp32) go to shared memory as one BM × 128 tile, rows of
+//   ar_cs_stride(128), which reuses the ring: every thread waits at a CTA barrier first (all
+//   wgmma have read the ring, all of the unit's loads have landed, since the consumers waited for
+//   each), and the next unit's first load waits for the barrier after ar_publish_unit (each
+//   thread's reads of the tile ordered before the async proxy's writes by a proxy fence).
+// - Every thread of the CTA (producer warpgroup included) then runs ar_publish_unit, and after
+//   the last unit ar_sum_tiles: the bits of a tile's partial are those of the fp32 sum of its
+//   K slices as wgmma accumulates them, pushed, flagged and summed in rank order as before.
+//
+// The start barrier's signal: CTA 0's thread 0 after the first unit's first ring pass of loads
+// is issued (as the mma.sync kernel, after its first unit's prologue).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (type only)
+
+#include <cstdint>
+
+#include "kernels/common/sm90_primitives.cuh"
+#include "kernels/common/wgmma_ops.cuh"
+#include "kernels/gemm_ar/detail/ar_oneshot_kernel.cuh"
+
+namespace fusedcomm::kernels::detail {
+
+inline constexpr int kArWgTileN = 128;  // tile columns (wgmma_m64n128k16)
+inline constexpr int kArWgBK = 64;      // K slice per stage: one 128-byte swizzle row
+// Threads: the producer warpgroup, then one consumer warpgroup per 64 rows.
+__host__ __device__ constexpr int ar_wg_threads(int bm) { return 128 * (1 + bm / 64); }
+__host__ __device__ constexpr int ar_wg_stage_bytes(int bm) { return (bm + kArWgTileN) * kArWgBK * 2; }
+// ~192 KiB of ring: 8 stages of 24 KiB (BM = 64), 6 of 32 KiB (BM = 128).
+__host__ __device__ constexpr int ar_wg_stages(int bm) { return (192 << 10) / ar_wg_stage_bytes(bm); }
+// Dynamic shared memory: the ring, 1024-byte aligned (the swizzle's period) from its base.
+__host__ __device__ constexpr int ar_wg_smem_bytes(int bm) { return 1024 + ar_wg_stages(bm) * ar_wg_stage_bytes(bm); }
+__host__ __device__ constexpr bool ar_wg_instance_fits(int bm) {
+  return ar_wg_stages(bm) >= 2 && ar_wg_smem_bytes(bm) <= 220 * 1024 &&
+         bm * ar_cs_stride(kArWgTileN) * 4 <= ar_wg_stages(bm) * ar_wg_stage_bytes(bm);
+}
+static_assert(ar_wg_instance_fits(64) && ar_wg_instance_fits(128),
+              "the ring and the unit's fp32 tile fit a CTA's shared memory");
+
+template <int BM, bool kKN>
+__global__ void __launch_bounds__(ar_wg_threads(BM), 1)
+    ar_oneshot_wgmma_kernel(const __grid_constant__ ArParams p, const __grid_constant__ CUtensorMap tm_a,
+                            const __grid_constant__ CUtensorMap tm_b) {
+  static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
+  constexpr int BN = kArWgTileN;
+  constexpr int kThreads = ar_wg_threads(BM), kStages = ar_wg_stages(BM);
+  constexpr uint32_t kABytes = BM * kArWgBK * 2, kStageBytes = ar_wg_stage_bytes(BM);
+  constexpr int kCs = ar_cs_stride(BN);
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  __shared__ __align__(8) uint64_t full[kStages];
+  __shared__ __align__(8) uint64_t empty[kStages];
+  __shared__ ArVerdicts sh;
+
+  const CommDevice& d = p.dev;
+  const int W = d.world;
+  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
+  const uint64_t epoch = comm_launch_epoch(d);
+  bool started = W == 1;  // this CTA has observed every peer's arrive flag
+  bool failed = false;    // a wait of this CTA gave up (recorded): no more pushes
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4 * (BM / 64));  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  } else if (tid == 32) {
+    tma_prefetch_desc(&tm_a);
+    tma_prefetch_desc(&tm_b);
+  }
+  __syncthreads();
+
+  // ---- GEMM units and pushes ---------------------------------------------------------------
+  const int units = p.tiles * p.splits;
+  const int per_split = (p.k_tiles + p.splits - 1) / p.splits;
+  int it0 = 0;  // K slices of this CTA's earlier units: the ring position (stage, phase)
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const int t = u % p.tiles, s = u / p.tiles;
+    const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * BN;
+    const int kt0 = s * per_split, kt1 = min(p.k_tiles, kt0 + per_split);
+    const int nk = max(0, kt1 - kt0);
+    float acc[BN / 2];
+
+    if (tid == 0) {
+      // ---- producer ----
+      for (int kt = 0; kt < nk; ++kt) {
+        const int it = it0 + kt, st = it % kStages;
+        mbar_wait(&empty[st], ((it / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(&full[st], kStageBytes);
+        uint8_t* a_dst = smem + st * kStageBytes;
+        uint8_t* b_dst = a_dst + kABytes;
+        const int k0 = (kt0 + kt) * kArWgBK;
+        tma_load_2d(a_dst, &tm_a, &full[st], k0, m0);
+        if constexpr (!kKN) {
+          tma_load_2d(b_dst, &tm_b, &full[st], k0, n0);
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) tma_load_2d(b_dst + j * 8192, &tm_b, &full[st], n0 + j * 64, k0);
+        }
+        // The start barrier's signal once the ring's first pass is in flight (CTA 0's first
+        // unit is u = 0: the grid never exceeds the units).
+        if (u == 0 && W > 1 && kt == min(nk, kStages) - 1) ar_start(d, epoch);
+      }
+      if (u == 0 && W > 1 && nk == 0) ar_start(d, epoch);
+    } else if (wg >= 1) {
+      // ---- consumers: rows (wg - 1) · 64 .. + 63 of the tile ----
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+      const uint32_t ring = smem_u32(smem) + (wg - 1) * 64 * 128;  // this warpgroup's A rows
+      for (int kt = 0; kt < nk; ++kt) {
+        const int it = it0 + kt, st = it % kStages;
+        mbar_wait(&full[st], (it / kStages) & 1);
+        const uint32_t a_base = ring + st * kStageBytes;
+        const uint32_t b_base = smem_u32(smem) + st * kStageBytes + kABytes;
+        const uint64_t da = smem_desc_sw128(a_base, 16, 1024);
+        const uint64_t db = smem_desc_sw128(b_base, kKN ? 8192 : 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kArWgBK / 16; ++kk) {
+          // K-major: +32 B per k16 inside the swizzled 128-B row; N-major: +16 rows of 128 B.
+          wgmma_m64n128k16<kKN ? 1 : 0>(acc, da + ((kk * 32) >> 4), db + (kKN ? (kk * 2048) >> 4 : (kk * 32) >> 4),
+                                        1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      }
+      wgmma_wait<0>();
+      reg_fence(acc);
+      if (nk > 0 && lane == 0) mbar_arrive(&empty[(it0 + nk - 1) % kStages]);
+    }
+    it0 += nk;
+    __syncthreads();  // every wgmma has read the ring and every load of the unit has landed
+
+    // The unit's partial: each consumer thread's fragments (wgmma's accumulator layout: rows
+    // warp · 16 + lane / 4 and + 8, columns 8j + 2 (lane % 4) + 0..1) into the fp32 tile.
+    float* cs = reinterpret_cast<float*>(smem);
+    if (wg >= 1) {
+      const int row = (wg - 1) * 64 + ((tid / 32) % 4) * 16 + lane / 4;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = j * 8 + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(cs + row * kCs + col) = make_float2(acc[4 * j + 0], acc[4 * j + 1]);
+        *reinterpret_cast<float2*>(cs + (row + 8) * kCs + col) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+      }
+    }
+    __syncthreads();
+    ar_publish_unit<BM, BN, kThreads>(p, cs, t, s, m0, started, failed, sh);
+    fence_proxy_async_shared();  // this thread's accesses to the tile before the next unit's TMA writes
+    __syncthreads();             // the tile in shared memory is read: the next unit's loads may overwrite it
+  }
+
+  ar_sum_tiles<BM, BN, kThreads>(p, started, failed, sh);
+}
+
+}  // namespace fusedcomm::kernels::detail
