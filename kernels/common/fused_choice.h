@@ -61,7 +61,7 @@ FusedAlgo choose_gemm_reduce_scatter(FusedAlgo algo, int world, int M, int N, Fu
 // pushes tile by tile while the GEMM runs, in one launch instead of two or three. It ran at
 // 0.42-1.22 x our GEMM + allReduce at M = 64 and 0.78-1.13 x at M <= 32 on the Llama shapes of
 // bench/shapes/fused.txt; at M = 128 its mma.sync tiles made it 1.07-1.78 x.
-inline constexpr int kArOneShotMaxM = 64;
+inline constexpr int kArOneShotMaxM = 128;
 
 // gemmAllReduce (M, N, W and the partials are rank-uniform). one_shot_fits(): the one-shot
 // kernel's tile flags and split counters fit FusedFlags and its workspace the data area.

@@ -3,22 +3,26 @@
 // protocol's description; ar_publish_unit and ar_sum_tiles are shared), with the GEMM part of a
 // unit run as the Hopper GEMM engine runs its tiles (gemm/detail/main_loop.cuh):
 //
-// - Tile BM × 128 (kArWgTileN); one producer warpgroup, whose thread 0 loads each K slice of 64
-//   (A: BM rows, W_r: 128 columns) by TMA into a 128-byte-swizzled ring stage (full / empty
-//   mbarriers, as the engine's); BM / 64 consumer warpgroups, each running wgmma m64n128k16 on
-//   its 64 rows of the stage, so that at BM = 128 both share every W_r slice (W_r read once at
-//   M <= 128). Rows past M, columns past N and K past K_r are TMA's zero fill.
-// - The unit's accumulators (fp32) go to shared memory as one BM × 128 tile, rows of
-//   ar_cs_stride(128), which reuses the ring: every thread waits at a CTA barrier first (all
-//   wgmma have read the ring, all of the unit's loads have landed, since the consumers waited for
-//   each), and the next unit's first load waits for the barrier after ar_publish_unit (each
-//   thread's reads of the tile ordered before the async proxy's writes by a proxy fence).
-// - Every thread of the CTA (producer warpgroup included) then runs ar_publish_unit, and after
+// - Tile BM × BN (BN = 128 or 256); BM / 64 consumer warpgroups (warps 0..), each running wgmma
+//   m64nBNk16 on its 64 rows of every K slice, so that at BM = 128 both share each W_r slice
+//   (W_r read once at M <= 128); one producer warp after them, whose lane 0 loads each K slice
+//   of 64 (A: BM rows, W_r: BN columns) by TMA into a 128-byte-swizzled ring stage (full / empty
+//   mbarriers, as the engine's). A warp, not a warpgroup: the CTA's register file then leaves
+//   the consumers room for 256-wide accumulators without setmaxnreg, and the producer's threads
+//   run the publish code with everyone else. Rows past M, columns past N and K past K_r are
+//   TMA's zero fill.
+// - The unit's accumulators (fp32) go to shared memory as one BM × BN tile, rows of
+//   ar_cs_stride(BN), which reuses the ring: the consumers meet at a named barrier first (all
+//   wgmma have read the ring; all of the unit's loads have landed, since the consumers waited
+//   for each, and the producer issues no more before the CTA barrier after ar_publish_unit,
+//   where each thread's accesses to the tile are ordered before the async proxy's next writes
+//   by a proxy fence).
+// - Every thread of the CTA (producer warp included) then runs ar_publish_unit, and after
 //   the last unit ar_sum_tiles: the bits of a tile's partial are those of the fp32 sum of its
 //   K slices as wgmma accumulates them, pushed, flagged and summed in rank order as before.
 //
-// The start barrier's signal: CTA 0's thread 0 after the first unit's first ring pass of loads
-// is issued (as the mma.sync kernel, after its first unit's prologue).
+// The start barrier's signal: CTA 0's producer thread after the first unit's first ring pass of
+// loads is issued (as the mma.sync kernel, after its first unit's prologue).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (type only)
@@ -31,30 +35,34 @@
 
 namespace fusedcomm::kernels::detail {
 
-inline constexpr int kArWgTileN = 128;  // tile columns (wgmma_m64n128k16)
-inline constexpr int kArWgBK = 64;      // K slice per stage: one 128-byte swizzle row
-// Threads: the producer warpgroup, then one consumer warpgroup per 64 rows.
-__host__ __device__ constexpr int ar_wg_threads(int bm) { return 128 * (1 + bm / 64); }
-__host__ __device__ constexpr int ar_wg_stage_bytes(int bm) { return (bm + kArWgTileN) * kArWgBK * 2; }
-// ~192 KiB of ring: 8 stages of 24 KiB (BM = 64), 6 of 32 KiB (BM = 128).
-__host__ __device__ constexpr int ar_wg_stages(int bm) { return (192 << 10) / ar_wg_stage_bytes(bm); }
+inline constexpr int kArWgBK = 64;  // K slice per stage: one 128-byte swizzle row
+// Threads: one consumer warpgroup per 64 rows, then the producer warp.
+__host__ __device__ constexpr int ar_wg_consumers(int bm) { return 128 * (bm / 64); }
+__host__ __device__ constexpr int ar_wg_threads(int bm) { return ar_wg_consumers(bm) + 32; }
+__host__ __device__ constexpr int ar_wg_stage_bytes(int bm, int bn) { return (bm + bn) * kArWgBK * 2; }
+// ~192 KiB of ring: stages of 24 KiB (64 × 128), 32 (128 × 128), 40 (64 × 256), 48 (128 × 256).
+__host__ __device__ constexpr int ar_wg_stages(int bm, int bn) { return (192 << 10) / ar_wg_stage_bytes(bm, bn); }
 // Dynamic shared memory: the ring, 1024-byte aligned (the swizzle's period) from its base.
-__host__ __device__ constexpr int ar_wg_smem_bytes(int bm) { return 1024 + ar_wg_stages(bm) * ar_wg_stage_bytes(bm); }
-__host__ __device__ constexpr bool ar_wg_instance_fits(int bm) {
-  return ar_wg_stages(bm) >= 2 && ar_wg_smem_bytes(bm) <= 220 * 1024 &&
-         bm * ar_cs_stride(kArWgTileN) * 4 <= ar_wg_stages(bm) * ar_wg_stage_bytes(bm);
+__host__ __device__ constexpr int ar_wg_smem_bytes(int bm, int bn) {
+  return 1024 + ar_wg_stages(bm, bn) * ar_wg_stage_bytes(bm, bn);
 }
-static_assert(ar_wg_instance_fits(64) && ar_wg_instance_fits(128),
+__host__ __device__ constexpr bool ar_wg_instance_fits(int bm, int bn) {
+  return ar_wg_stages(bm, bn) >= 3 && ar_wg_smem_bytes(bm, bn) <= 220 * 1024 &&
+         bm * ar_cs_stride(bn) * 4 <= ar_wg_stages(bm, bn) * ar_wg_stage_bytes(bm, bn);
+}
+static_assert(ar_wg_instance_fits(64, 128) && ar_wg_instance_fits(128, 128) && ar_wg_instance_fits(64, 256) &&
+                  ar_wg_instance_fits(128, 256),
               "the ring and the unit's fp32 tile fit a CTA's shared memory");
 
-template <int BM, bool kKN>
+template <int BM, int BN, bool kKN>
 __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
     ar_oneshot_wgmma_kernel(const __grid_constant__ ArParams p, const __grid_constant__ CUtensorMap tm_a,
                             const __grid_constant__ CUtensorMap tm_b) {
   static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
-  constexpr int BN = kArWgTileN;
-  constexpr int kThreads = ar_wg_threads(BM), kStages = ar_wg_stages(BM);
-  constexpr uint32_t kABytes = BM * kArWgBK * 2, kStageBytes = ar_wg_stage_bytes(BM);
+  static_assert(BN == 128 || BN == 256, "tile widths with a wgmma wrapper");
+  constexpr int kThreads = ar_wg_threads(BM), kStages = ar_wg_stages(BM, BN);
+  constexpr int kProducer = ar_wg_consumers(BM);  // the producer warp's lane 0
+  constexpr uint32_t kABytes = BM * kArWgBK * 2, kStageBytes = ar_wg_stage_bytes(BM, BN);
   constexpr int kCs = ar_cs_stride(BN);
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -65,18 +73,18 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
 
   const CommDevice& d = p.dev;
   const int W = d.world;
-  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
+  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;  // wg < BM / 64: a consumer
   const uint64_t epoch = comm_launch_epoch(d);
   bool started = W == 1;  // this CTA has observed every peer's arrive flag
   bool failed = false;    // a wait of this CTA gave up (recorded): no more pushes
 
-  if (tid == 0) {
+  if (tid == kProducer) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4 * (BM / 64));  // one arrival per consumer warp
     }
     mbar_init_fence();
-  } else if (tid == 32) {
+  } else if (tid == kProducer + 1) {
     tma_prefetch_desc(&tm_a);
     tma_prefetch_desc(&tm_b);
   }
@@ -91,9 +99,9 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
     const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * BN;
     const int kt0 = s * per_split, kt1 = min(p.k_tiles, kt0 + per_split);
     const int nk = max(0, kt1 - kt0);
-    float acc[BN / 2];
+    float* cs = reinterpret_cast<float*>(smem);  // the unit's fp32 tile, after its last slice
 
-    if (tid == 0) {
+    if (tid == kProducer) {
       // ---- producer ----
       for (int kt = 0; kt < nk; ++kt) {
         const int it = it0 + kt, st = it % kStages;
@@ -114,11 +122,12 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
         if (u == 0 && W > 1 && kt == min(nk, kStages) - 1) ar_start(d, epoch);
       }
       if (u == 0 && W > 1 && nk == 0) ar_start(d, epoch);
-    } else if (wg >= 1) {
-      // ---- consumers: rows (wg - 1) · 64 .. + 63 of the tile ----
+    } else if (tid < kProducer) {
+      // ---- consumers: rows wg · 64 .. + 63 of the tile ----
+      float acc[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-      const uint32_t ring = smem_u32(smem) + (wg - 1) * 64 * 128;  // this warpgroup's A rows
+      const uint32_t ring = smem_u32(smem) + wg * 64 * 128;  // this warpgroup's A rows
       for (int kt = 0; kt < nk; ++kt) {
         const int it = it0 + kt, st = it % kStages;
         mbar_wait(&full[st], (it / kStages) & 1);
@@ -130,8 +139,12 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
 #pragma unroll
         for (int kk = 0; kk < kArWgBK / 16; ++kk) {
           // K-major: +32 B per k16 inside the swizzled 128-B row; N-major: +16 rows of 128 B.
-          wgmma_m64n128k16<kKN ? 1 : 0>(acc, da + ((kk * 32) >> 4), db + (kKN ? (kk * 2048) >> 4 : (kk * 32) >> 4),
-                                        1);
+          const uint64_t dak = da + ((kk * 32) >> 4), dbk = db + (kKN ? (kk * 2048) >> 4 : (kk * 32) >> 4);
+          if constexpr (BN == 256) {
+            wgmma_m64n256k16<kKN ? 1 : 0>(acc, dak, dbk, 1);
+          } else {
+            wgmma_m64n128k16<kKN ? 1 : 0>(acc, dak, dbk, 1);
+          }
         }
         wgmma_commit();
         wgmma_wait<1>();
@@ -140,22 +153,22 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
       wgmma_wait<0>();
       reg_fence(acc);
       if (nk > 0 && lane == 0) mbar_arrive(&empty[(it0 + nk - 1) % kStages]);
-    }
-    it0 += nk;
-    __syncthreads();  // every wgmma has read the ring and every load of the unit has landed
-
-    // The unit's partial: each consumer thread's fragments (wgmma's accumulator layout: rows
-    // warp · 16 + lane / 4 and + 8, columns 8j + 2 (lane % 4) + 0..1) into the fp32 tile.
-    float* cs = reinterpret_cast<float*>(smem);
-    if (wg >= 1) {
-      const int row = (wg - 1) * 64 + ((tid / 32) % 4) * 16 + lane / 4;
+      // Every consumer warpgroup has read the ring, and every load of the unit has landed (the
+      // consumers waited for each): the tile may overwrite the ring.
+      named_barrier_sync(1, kProducer);
+      // The partial (wgmma's accumulator layout: rows warp · 16 + lane / 4 and + 8, columns
+      // 8j + 2 (lane % 4) + 0..1) into the tile. The addresses come from one register opaque to
+      // the compiler, which otherwise hoists every store's address out of the unit loop into
+      // registers the accumulators need (spills at 256 columns).
+      uint32_t at = smem_u32(cs) + ((wg * 64 + ((tid / 32) % 4) * 16 + lane / 4) * kCs + 2 * (lane % 4)) * 4;
+      asm volatile("" : "+r"(at));
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
-        const int col = j * 8 + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(cs + row * kCs + col) = make_float2(acc[4 * j + 0], acc[4 * j + 1]);
-        *reinterpret_cast<float2*>(cs + (row + 8) * kCs + col) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+        st_shared_f32x2(at + j * 32, acc[4 * j + 0], acc[4 * j + 1]);
+        st_shared_f32x2(at + 8 * kCs * 4 + j * 32, acc[4 * j + 2], acc[4 * j + 3]);
       }
     }
+    it0 += nk;
     __syncthreads();
     ar_publish_unit<BM, BN, kThreads>(p, cs, t, s, m0, started, failed, sh);
     fence_proxy_async_shared();  // this thread's accesses to the tile before the next unit's TMA writes

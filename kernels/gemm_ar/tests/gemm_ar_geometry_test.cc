@@ -58,7 +58,7 @@ void test_ar() {
           "gemmAllReduce kAuto W=2 8192x8192 with a 64 MiB data area: decomposed" + kr);
     // The one-shot kernel: decode sizes at W = 2 (M <= kArOneShotMaxM), either partials, odd M
     // included; not above the bar, not at unmeasured worlds, not where its slots do not fit.
-    for (int M : {1, 3, 8, 33, 64}) {
+    for (int M : {1, 3, 8, 33, 64, 65, 127, 128}) {
       const std::string m = " M=" + std::to_string(M) + kr;
       check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kOneShot, "gemmAllReduce kAuto W=2 one-shot" + m);
       check(algo(2, M, 4096, K_r, true, big) == k::FusedAlgo::kOneShot,
@@ -66,12 +66,12 @@ void test_ar() {
       check(algo(4, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=4: decomposed" + m);
       check(algo(1, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=1: the GEMM" + m);
     }
-    check(k::kArOneShotMaxM == 64, "the one-shot bar this test assumes");
-    for (int M : {65, 127, 128, 256}) {
+    check(k::kArOneShotMaxM == 128, "the one-shot bar this test assumes");
+    for (int M : {129, 256}) {
       check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
             "gemmAllReduce kAuto W=2 M=" + std::to_string(M) + " (above the one-shot bar): decomposed" + kr);
     }
-    // M = 64, N = 8192: 128 tiles of 64 x 64 fp32 partials = 2 MiB per rank's slot.
+    // M = 64, N = 8192: 32 tiles of 64 x 256 fp32 partials = 2 MiB per rank's slot.
     check(algo(2, 64, 8192, K_r, false, 3ull << 20) == k::FusedAlgo::kDecomposed,
           "gemmAllReduce kAuto W=2 M=64 with a 3 MiB data area (the slots need 4 MiB): decomposed" + kr);
   }
@@ -112,12 +112,12 @@ void test_one_shot_geometry() {
   check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=1024 K=1032: 2 splits");
   i = info(1, 1024, 512, false);
   check(i.k_splits == 1 && i.gemm_ctas == 32, "one-shot M=1 N=1024 K=512: no split");
-  // wgmma tiles: M = 128, N = 8192: 64 tiles of 128 x 128, split 132 / 64 = 2 ways; M = 64,
-  // N = 4096: 32 tiles of 64 x 128, 4 ways (K_r / 512 = 14 allows it).
-  check(k::tuning::kArTileM64MaxM == 64, "the 64-row tile bar this test assumes");
+  // wgmma tiles: M = 128, N = 8192: 32 tiles of 128 x 256, split 132 / 32 = 4 ways; M = 64,
+  // N = 4096: 32 tiles of 64 x 128 (16 of 256 are too few), 4 ways (K_r / 512 = 14 allows it).
+  check(k::tuning::kArTileM64MaxM == 64 && k::tuning::kArWideMinTiles == 32, "the wgmma tile bars this test assumes");
   i = info(128, 8192, 4096, true);
-  check(i.chunks == 64 && i.tile_n == 128 && i.k_splits == 2 && i.gemm_ctas == 128,
-        "one-shot M=128 N=8192: 64 tiles of 128 columns, 2 splits, 128 CTAs");
+  check(i.chunks == 32 && i.tile_n == 256 && i.k_splits == 4 && i.gemm_ctas == 128,
+        "one-shot M=128 N=8192: 32 tiles of 256 columns, 4 splits, 128 CTAs");
   i = info(64, 4096, 7168, true);
   check(i.chunks == 32 && i.tile_n == 128 && i.k_splits == 4 && i.gemm_ctas == 128,
         "one-shot M=64 N=4096: 32 tiles of 128 columns, 4 splits");
@@ -137,10 +137,10 @@ void test_one_shot_geometry() {
   a.partials = k::RsPartials::kBF16;
   a.M = 128, a.N = 8192;
   ws = k::gemm_all_reduce_workspace(a, 2);
-  // 64 tiles x 128 x 128 bf16 = 2 MiB per slot; splits up to 256 / 64 = 4: 4 x 64 tiles x
-  // 128 x 128 fp32 = 16 MiB of split partials.
-  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == (16u << 20),
-        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, 16 MiB of split partials");
+  // 32 tiles x 128 x 256 bf16 = 2 MiB per slot; splits up to 256 / 32 = 8: 8 x 32 tiles x
+  // 128 x 256 fp32 = 32 MiB of split partials.
+  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == (32u << 20),
+        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, 32 MiB of split partials");
   // kAuto sizes the larger of every path it may take (the one-shot one included at M <= 64).
   a.M = 64;
   a.algo = k::FusedAlgo::kOneShot;
