@@ -207,15 +207,15 @@ struct ArVerdicts {
 // to its rank's receive slots (every CTA thread calls it, kThreads of them): at S > 1 through the
 // split workspace and the tile's arrival counter (the last of its units pushes the splits' sum in
 // split order), then pushed into every rank's slot for this rank and flagged there.
-// `started`, `failed`: this CTA's start wait (see the header).
+// `epoch`: the launch's (comm_launch_epoch at the kernel's start); `started`, `failed`: this
+// CTA's start wait (see the header).
 template <int BM, int BN, int kThreads>
-__device__ __forceinline__ void ar_publish_unit(const ArParams& p, const float* cs, int t, int s, int m0,
-                                                bool& started, bool& failed, ArVerdicts& sh) {
+__device__ __forceinline__ void ar_publish_unit(const ArParams& p, uint64_t epoch, const float* cs, int t, int s,
+                                                int m0, bool& started, bool& failed, ArVerdicts& sh) {
   constexpr int kGroups = BN / 8;  // 8-element groups per tile row
   constexpr int kCs = ar_cs_stride(BN);
   const CommDevice& d = p.dev;
   const int W = d.world, r = d.rank, tid = threadIdx.x;
-  const uint64_t epoch = comm_launch_epoch(d);
   const bool bf16 = p.bf16_partials != 0;
   const int esize = bf16 ? 2 : 4;
   const int rows = min(BM, p.M - m0), groups = rows * kGroups;
@@ -311,11 +311,11 @@ __device__ __forceinline__ void ar_publish_unit(const ArParams& p, const float* 
 // + gridDim.x, ...: the W partials of each from this rank's slots, added in rank order, rounded
 // once into C; then the end.
 template <int BM, int BN, int kThreads>
-__device__ __forceinline__ void ar_sum_tiles(const ArParams& p, bool started, bool failed, ArVerdicts& sh) {
+__device__ __forceinline__ void ar_sum_tiles(const ArParams& p, uint64_t epoch, bool started, bool failed,
+                                             ArVerdicts& sh) {
   constexpr int kGroups = BN / 8;
   const CommDevice& d = p.dev;
   const int W = d.world, r = d.rank, tid = threadIdx.x;
-  const uint64_t epoch = comm_launch_epoch(d);
   const bool bf16 = p.bf16_partials != 0;
   // ---- sums --------------------------------------------------------------------------------
   const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
@@ -512,11 +512,11 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
       }
     }
     __syncthreads();
-    ar_publish_unit<BM, BN, kArThreads>(p, cs, t, s, m0, started, failed, sh);
+    ar_publish_unit<BM, BN, kArThreads>(p, epoch, cs, t, s, m0, started, failed, sh);
     __syncthreads();  // the tile in shared memory is read: the next unit's loads may overwrite it
   }
 
-  ar_sum_tiles<BM, BN, kArThreads>(p, started, failed, sh);
+  ar_sum_tiles<BM, BN, kArThreads>(p, epoch, started, failed, sh);
 }
 
 }  // namespace fusedcomm::kernels::detail

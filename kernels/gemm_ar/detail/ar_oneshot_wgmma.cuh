@@ -170,12 +170,12 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
     }
     it0 += nk;
     __syncthreads();
-    ar_publish_unit<BM, BN, kThreads>(p, cs, t, s, m0, started, failed, sh);
+    ar_publish_unit<BM, BN, kThreads>(p, epoch, cs, t, s, m0, started, failed, sh);
     fence_proxy_async_shared();  // this thread's accesses to the tile before the next unit's TMA writes
     __syncthreads();             // the tile in shared memory is read: the next unit's loads may overwrite it
   }
 
-  ar_sum_tiles<BM, BN, kThreads>(p, started, failed, sh);
+  ar_sum_tiles<BM, BN, kThreads>(p, epoch, started, failed, sh);
 }
 
 }  // namespace fusedcomm::kernels::detail
