@@ -55,9 +55,9 @@ uint64_t ar_block_offset(const GemmArArgs& a, int world) {
 // ---- the one-shot kernel's geometry (detail/ar_oneshot_kernel.cuh) -----------------------------
 // The tile grid, from M and N only (every rank's slots and flags are per tile): the tile height
 // from M; for the mma.sync tiles (16 and 32 rows) the widest tile (128, 64, 32 columns) that
-// still gives kArFillTiles tiles, for the wgmma tiles (64 and 128 rows) 256 columns where N
-// gives kArWideMinTiles of them, else 128; and the largest split any rank may pick
-// (rank-uniform: it sizes the workspace).
+// still gives kArFillTiles tiles, for the wgmma tiles (64 and 128 rows) 128 columns where that
+// gives kArWgWideMinTiles tiles, else 64; and the largest split any rank may pick (rank-uniform:
+// it sizes the workspace).
 struct ArTiles {
   int bm, bn, tiles_n, tiles, max_splits;
 };
@@ -69,7 +69,7 @@ ArTiles ar_tiles(int M, int N) {
                                        : 128;
   const int64_t m_blocks = ceil_div(std::max(M, 1), g.bm);
   if (g.bm >= 64) {
-    g.bn = ceil_div(std::max(N, 1), 256) >= tuning::kArWideMinTiles ? 256 : 128;
+    g.bn = m_blocks * ceil_div(std::max(N, 1), 128) >= tuning::kArWgWideMinTiles ? 128 : 64;
   } else {
     g.bn = 128;
     while (g.bn > 32 && m_blocks * ceil_div(std::max(N, 1), g.bn) < tuning::kArFillTiles) g.bn /= 2;
@@ -187,7 +187,7 @@ cudaError_t launch_ar_wgmma(const detail::ArParams& p, int grid, cudaStream_t st
 cudaError_t launch_ar_tile(int bm, int bn, bool kn, const detail::ArParams& p, int grid, cudaStream_t stream) {
   const auto wgmma = [&](auto bm_c) {
     constexpr int BM = decltype(bm_c)::value;
-    if (bn == 256) return kn ? launch_ar_wgmma<BM, 256, true>(p, grid, stream) : launch_ar_wgmma<BM, 256, false>(p, grid, stream);
+    if (bn == 64) return kn ? launch_ar_wgmma<BM, 64, true>(p, grid, stream) : launch_ar_wgmma<BM, 64, false>(p, grid, stream);
     return kn ? launch_ar_wgmma<BM, 128, true>(p, grid, stream) : launch_ar_wgmma<BM, 128, false>(p, grid, stream);
   };
   if (bm == 64) return wgmma(std::integral_constant<int, 64>{});

@@ -17,9 +17,9 @@ inline constexpr int kArTileM64MaxM = 64;
 // nearly every SM streams its own columns of W_r; narrower tiles cost nothing at decode sizes,
 // where W_r is read once whatever the width, and split-K would add a pass through memory).
 inline constexpr int kArFillTiles = 112;
-// wgmma tile width: 256 columns where N gives this many of them (N > 7936; split K then fills
-// the SMs, and a tile reads A half as often per W_r byte as a 128-wide one), else 128.
-inline constexpr int kArWideMinTiles = 32;
+// wgmma tile width: 128 columns where that gives this many tiles, else 64 (more tiles, less
+// split K, A read twice as often per W_r byte).
+inline constexpr int kArWgWideMinTiles = 64;
 // Split-K, where the tiles are too few (32-column mma.sync tiles, or wgmma ones): at most kArMaxSplits splits of a tile, as
 // many as fill the SMs with tiles · splits units, each split at least kArMinSplitK long along K (shorter ones pay the split's store and
 // sum more than they gain). The workspace is sized for the largest split

@@ -3,12 +3,13 @@
 // and pushes each finished tile to every rank, then sums the tiles it is assigned from every
 // rank's partial. Host side: gemm_ar.cu (geometry, workspace, launch).
 //
-// Tiles: BM × BN (BM = 16, 32 or 64 from M; BN = 128, 64 or 32, the widest that still gives
-// about one tile per SM) of the M×N product, numbered t = m-block · tiles_n + n-block; the grid
+// Tiles: BM × BN (BM = 16 or 32 from M, BN = 128, 64 or 32, the widest that still gives about
+// one tile per SM; or, with wgmma (ar_oneshot_wgmma.cuh), BM = 64 or 128 and BN = 128 or 64) of
+// the M×N product, numbered t = m-block · tiles_n + n-block; the grid
 // is the same on every rank (from M and N only). Work units: tile t, K split s (u = s · tiles +
 // t; the split factor S comes from this rank's K_r and SM count, and is 1 unless the narrowest
 // tiles are still too few: it only changes which CTAs of this rank compute which part). A unit
-// runs the tensor cores with mma.sync m16n8k16 (bf16 in, fp32 accumulators) over a cp.async
+// of the mma.sync instances runs the tensor cores with mma.sync m16n8k16 (bf16 in, fp32 accumulators) over a cp.async
 // pipeline of long K slices (A: BM rows, W_r: BN columns; rows and K past the operands are
 // zero-filled). All 8 warps compute the whole BM × BN tile, each over its own k16 steps of every
 // slice, and their accumulators are summed in warp order through shared memory at the end:
@@ -28,7 +29,8 @@
 // orders every thread's stores before the fence, which is cumulative, so no fence.sc.sys: at
 // decode sizes each system fence is microseconds on the critical path, docs/performance.md).
 //
-// Sums: after its last unit a CTA takes tiles t = blockIdx.x, + gridDim.x, ...: one thread waits
+// Sums: after its last unit a CTA takes tiles t = blockIdx.x, + gridDim.x, ... (or, where the
+// tiles are fewer than the CTAs, row ranges of them, ar_sum_tiles): one thread waits
 // for the W flags of the tile in this rank's region (ld.acquire.sys), then the CTA loads the W
 // partials from the local slots and adds them in rank order 0..W-1 in fp32, rounds once to bf16
 // and stores C. Every rank adds the same W values in the same order: the same bits on every
@@ -307,9 +309,11 @@ __device__ __forceinline__ void ar_publish_unit(const ArParams& p, uint64_t epoc
   }
 }
 
-// The sums (every CTA thread, kThreads of them, after its last unit): tiles t = blockIdx.x,
-// + gridDim.x, ...: the W partials of each from this rank's slots, added in rank order, rounded
-// once into C; then the end.
+// The sums (every CTA thread, kThreads of them, after its last unit): work items i = blockIdx.x,
+// + gridDim.x, ..., each a range of rows of tile i % tiles (part i / tiles of `parts`, as many
+// as the grid holds per tile, so that every CTA sums where the tiles are fewer than the CTAs):
+// the W partials of each element from this rank's slots, added in rank order by one thread,
+// rounded once into C; then the end.
 template <int BM, int BN, int kThreads>
 __device__ __forceinline__ void ar_sum_tiles(const ArParams& p, uint64_t epoch, bool started, bool failed,
                                              ArVerdicts& sh) {
@@ -321,7 +325,12 @@ __device__ __forceinline__ void ar_sum_tiles(const ArParams& p, uint64_t epoch, 
   const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
   // thread 0's: every peer's arrive flag acquired (a CTA that pushed already did, unless it failed)
   bool arrivals_seen = started && !failed;
-  for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+  const int parts = max(1, static_cast<int>(gridDim.x) / p.tiles);
+  const int part_rows = (BM + parts - 1) / parts;
+  for (int item = blockIdx.x; item < p.tiles * parts; item += gridDim.x) {
+    const int t = item % p.tiles, m0 = (t / p.tiles_n) * BM;
+    const int r0 = (item / p.tiles) * part_rows, r1 = min(min(BM, p.M - m0), r0 + part_rows);
+    if (r0 >= r1) continue;  // rows past M only (never part 0: each tile's flags are waited for)
     if (tid == 0) {
       // Every peer's arrival first (once per CTA), then the peers' tile flags (from r + 1 on),
       // this rank's own last. A live peer pushes its tiles only after its own start wait, which
@@ -342,11 +351,10 @@ __device__ __forceinline__ void ar_sum_tiles(const ArParams& p, uint64_t epoch, 
     }
     __syncthreads();  // observe pattern: thread 0's acquires, then every thread's loads
     if (sh.ready != 0) {
-      const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * BN;
-      const int rows = min(BM, p.M - m0);
+      const int n0 = (t % p.tiles_n) * BN;
       const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * BN;
-      for (int g = tid; g < rows * kGroups; g += kThreads) {
-        const int row = g / kGroups, c8 = g % kGroups, col = n0 + c8 * 8;
+      for (int g = tid; g < (r1 - r0) * kGroups; g += kThreads) {
+        const int row = r0 + g / kGroups, c8 = g % kGroups, col = n0 + c8 * 8;
         if (col >= p.N) continue;
         const uint64_t i = tile_elem + static_cast<uint64_t>(row) * BN + c8 * 8;
         float v[8], x[8];

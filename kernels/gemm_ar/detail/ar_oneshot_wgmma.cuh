@@ -3,14 +3,12 @@
 // protocol's description; ar_publish_unit and ar_sum_tiles are shared), with the GEMM part of a
 // unit run as the Hopper GEMM engine runs its tiles (gemm/detail/main_loop.cuh):
 //
-// - Tile BM × BN (BN = 128 or 256); BM / 64 consumer warpgroups (warps 0..), each running wgmma
+// - Tile BM × BN (BN = 64 or 128); BM / 64 consumer warpgroups (warps 0..), each running wgmma
 //   m64nBNk16 on its 64 rows of every K slice, so that at BM = 128 both share each W_r slice
 //   (W_r read once at M <= 128); one producer warp after them, whose lane 0 loads each K slice
 //   of 64 (A: BM rows, W_r: BN columns) by TMA into a 128-byte-swizzled ring stage (full / empty
-//   mbarriers, as the engine's). A warp, not a warpgroup: the CTA's register file then leaves
-//   the consumers room for 256-wide accumulators without setmaxnreg, and the producer's threads
-//   run the publish code with everyone else. Rows past M, columns past N and K past K_r are
-//   TMA's zero fill.
+//   mbarriers, as the engine's); its other lanes and the consumers run the publish code
+//   together. Rows past M, columns past N and K past K_r are TMA's zero fill.
 // - The unit's accumulators (fp32) go to shared memory as one BM × BN tile, rows of
 //   ar_cs_stride(BN), which reuses the ring: the consumers meet at a named barrier first (all
 //   wgmma have read the ring; all of the unit's loads have landed, since the consumers waited
@@ -40,7 +38,7 @@ inline constexpr int kArWgBK = 64;  // K slice per stage: one 128-byte swizzle r
 __host__ __device__ constexpr int ar_wg_consumers(int bm) { return 128 * (bm / 64); }
 __host__ __device__ constexpr int ar_wg_threads(int bm) { return ar_wg_consumers(bm) + 32; }
 __host__ __device__ constexpr int ar_wg_stage_bytes(int bm, int bn) { return (bm + bn) * kArWgBK * 2; }
-// ~192 KiB of ring: stages of 24 KiB (64 × 128), 32 (128 × 128), 40 (64 × 256), 48 (128 × 256).
+// ~192 KiB of ring: stages of 16 KiB (64 × 64), 24 (64 × 128 and 128 × 64), 32 (128 × 128).
 __host__ __device__ constexpr int ar_wg_stages(int bm, int bn) { return (192 << 10) / ar_wg_stage_bytes(bm, bn); }
 // Dynamic shared memory: the ring, 1024-byte aligned (the swizzle's period) from its base.
 __host__ __device__ constexpr int ar_wg_smem_bytes(int bm, int bn) {
@@ -50,8 +48,8 @@ __host__ __device__ constexpr bool ar_wg_instance_fits(int bm, int bn) {
   return ar_wg_stages(bm, bn) >= 3 && ar_wg_smem_bytes(bm, bn) <= 220 * 1024 &&
          bm * ar_cs_stride(bn) * 4 <= ar_wg_stages(bm, bn) * ar_wg_stage_bytes(bm, bn);
 }
-static_assert(ar_wg_instance_fits(64, 128) && ar_wg_instance_fits(128, 128) && ar_wg_instance_fits(64, 256) &&
-                  ar_wg_instance_fits(128, 256),
+static_assert(ar_wg_instance_fits(64, 64) && ar_wg_instance_fits(64, 128) && ar_wg_instance_fits(128, 64) &&
+                  ar_wg_instance_fits(128, 128),
               "the ring and the unit's fp32 tile fit a CTA's shared memory");
 
 template <int BM, int BN, bool kKN>
@@ -59,7 +57,7 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
     ar_oneshot_wgmma_kernel(const __grid_constant__ ArParams p, const __grid_constant__ CUtensorMap tm_a,
                             const __grid_constant__ CUtensorMap tm_b) {
   static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
-  static_assert(BN == 128 || BN == 256, "tile widths with a wgmma wrapper");
+  static_assert(BN == 64 || BN == 128, "tile widths with a wgmma wrapper");
   constexpr int kThreads = ar_wg_threads(BM), kStages = ar_wg_stages(BM, BN);
   constexpr int kProducer = ar_wg_consumers(BM);  // the producer warp's lane 0
   constexpr uint32_t kABytes = BM * kArWgBK * 2, kStageBytes = ar_wg_stage_bytes(BM, BN);
@@ -140,10 +138,10 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
         for (int kk = 0; kk < kArWgBK / 16; ++kk) {
           // K-major: +32 B per k16 inside the swizzled 128-B row; N-major: +16 rows of 128 B.
           const uint64_t dak = da + ((kk * 32) >> 4), dbk = db + (kKN ? (kk * 2048) >> 4 : (kk * 32) >> 4);
-          if constexpr (BN == 256) {
-            wgmma_m64n256k16<kKN ? 1 : 0>(acc, dak, dbk, 1);
-          } else {
+          if constexpr (BN == 128) {
             wgmma_m64n128k16<kKN ? 1 : 0>(acc, dak, dbk, 1);
+          } else {
+            wgmma_m64n64k16<kKN ? 1 : 0>(acc, dak, dbk, 1);
           }
         }
         wgmma_commit();
@@ -159,7 +157,7 @@ __global__ void __launch_bounds__(ar_wg_threads(BM), 1)
       // The partial (wgmma's accumulator layout: rows warp · 16 + lane / 4 and + 8, columns
       // 8j + 2 (lane % 4) + 0..1) into the tile. The addresses come from one register opaque to
       // the compiler, which otherwise hoists every store's address out of the unit loop into
-      // registers the accumulators need (spills at 256 columns).
+      // registers that the accumulators need.
       uint32_t at = smem_u32(cs) + ((wg * 64 + ((tid / 32) % 4) * 16 + lane / 4) * kCs + 2 * (lane % 4)) * 4;
       asm volatile("" : "+r"(at));
 #pragma unroll
