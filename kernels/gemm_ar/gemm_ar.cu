@@ -55,8 +55,8 @@ uint64_t ar_block_offset(const GemmArArgs& a, int world) {
 // ---- the one-shot kernel's geometry (detail/ar_oneshot_kernel.cuh) -----------------------------
 // The tile grid, from M and N only (every rank's slots and flags are per tile): the tile height
 // from M; for the mma.sync tiles (16 and 32 rows) the widest tile (128, 64, 32 columns) that
-// still gives kArFillTiles tiles, for the wgmma tiles (64 and 128 rows) 128 columns where that
-// gives kArWgWideMinTiles tiles, else 64; and the largest split any rank may pick (rank-uniform:
+// still gives kArFillTiles tiles, for the wgmma tiles (64 and 128 rows) 128 columns where those
+// alone give kArFillTiles tiles, else 64; and the largest split any rank may pick (rank-uniform:
 // it sizes the workspace).
 struct ArTiles {
   int bm, bn, tiles_n, tiles, max_splits;
@@ -69,7 +69,7 @@ ArTiles ar_tiles(int M, int N) {
                                        : 128;
   const int64_t m_blocks = ceil_div(std::max(M, 1), g.bm);
   if (g.bm >= 64) {
-    g.bn = m_blocks * ceil_div(std::max(N, 1), 128) >= tuning::kArWgWideMinTiles ? 128 : 64;
+    g.bn = m_blocks * ceil_div(std::max(N, 1), 128) >= tuning::kArFillTiles ? 128 : 64;
   } else {
     g.bn = 128;
     while (g.bn > 32 && m_blocks * ceil_div(std::max(N, 1), g.bn) < tuning::kArFillTiles) g.bn /= 2;

@@ -703,7 +703,7 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {96, 1032, 2056, NK, O, 0, true},
         {128, 4096, 2048, KN, O, 0, true},
         {129, 1024, 1032, KN, O, 0},
-        {64, 8192, 1032, KN, O, 0},
+        {64, 16400, 1032, KN, O, 0},
         {100, 8200, 1032, KN, O, 0, true},
         {127, 520, 1032, NK, O, 0, true},
         {127, 264, 776, KN, O, 0},

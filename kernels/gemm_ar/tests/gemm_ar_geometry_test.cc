@@ -71,7 +71,7 @@ void test_ar() {
       check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
             "gemmAllReduce kAuto W=2 M=" + std::to_string(M) + " (above the one-shot bar): decomposed" + kr);
     }
-    // M = 64, N = 8192: 64 tiles of 64 x 128 fp32 partials = 2 MiB per rank's slot.
+    // M = 64, N = 8192: 128 tiles of 64 x 64 fp32 partials = 2 MiB per rank's slot.
     check(algo(2, 64, 8192, K_r, false, 3ull << 20) == k::FusedAlgo::kDecomposed,
           "gemmAllReduce kAuto W=2 M=64 with a 3 MiB data area (the slots need 4 MiB): decomposed" + kr);
   }
@@ -80,7 +80,7 @@ void test_ar() {
 // The one-shot kernel's geometry as reported (tile grid, K split, grid) and its workspace:
 // W receive slots of every tile's BM x BN partials in the data area (mma.sync tiles of 16 or 32
 // rows: BN the widest of 128, 64, 32 giving kArFillTiles tiles; wgmma tiles of 64 or 128 rows:
-// BN = 128 where that gives kArWgWideMinTiles tiles, else 64), the split partials (sized for the largest split any rank may pick) in the scratch
+// BN = 128 where that alone gives kArFillTiles tiles, else 64), the split partials (sized for the largest split any rank may pick) in the scratch
 // area.
 void test_one_shot_geometry() {
   k::CommDevice d = geometry_device(2, 0, 132);
@@ -112,12 +112,14 @@ void test_one_shot_geometry() {
   check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=1024 K=1032: 2 splits");
   i = info(1, 1024, 512, false);
   check(i.k_splits == 1 && i.gemm_ctas == 32, "one-shot M=1 N=1024 K=512: no split");
-  // wgmma tiles: M = 128, N = 8192: 64 tiles of 128 x 128, split 132 / 64 = 2 ways; M = 64,
-  // N = 4096: 32 tiles of 128 columns are too few, 64 of 64 columns, 2 ways.
-  check(k::tuning::kArTileM64MaxM == 64 && k::tuning::kArWgWideMinTiles == 64, "the wgmma tile bars this test assumes");
+  // wgmma tiles: M = 128, N = 8192: 64 tiles of 128 columns are too few, 128 of 64 columns, no
+  // split; M = 64, N = 4096: 64 tiles of 64 columns, 2 ways; N = 16384: 128 tiles of 128.
+  check(k::tuning::kArTileM64MaxM == 64, "the wgmma tile bar this test assumes");
   i = info(128, 8192, 4096, true);
-  check(i.chunks == 64 && i.tile_n == 128 && i.k_splits == 2 && i.gemm_ctas == 128,
-        "one-shot M=128 N=8192: 64 tiles of 128 columns, 2 splits, 128 CTAs");
+  check(i.chunks == 128 && i.tile_n == 64 && i.k_splits == 1 && i.gemm_ctas == 128,
+        "one-shot M=128 N=8192: 128 tiles of 64 columns, no split, 128 CTAs");
+  i = info(64, 16384, 4096, true);
+  check(i.chunks == 128 && i.tile_n == 128 && i.k_splits == 1, "one-shot M=64 N=16384: 128 tiles of 128 columns");
   i = info(64, 4096, 7168, true);
   check(i.chunks == 64 && i.tile_n == 64 && i.k_splits == 2 && i.gemm_ctas == 128,
         "one-shot M=64 N=4096: 64 tiles of 64 columns, 2 splits");
@@ -137,10 +139,10 @@ void test_one_shot_geometry() {
   a.partials = k::RsPartials::kBF16;
   a.M = 128, a.N = 8192;
   ws = k::gemm_all_reduce_workspace(a, 2);
-  // 64 tiles x 128 x 128 bf16 = 2 MiB per slot; splits up to 256 / 64 = 4: 4 x 64 tiles x
-  // 128 x 128 fp32 = 16 MiB of split partials.
-  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == (16u << 20),
-        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, 16 MiB of split partials");
+  // 128 tiles x 128 x 64 bf16 = 2 MiB per slot; splits up to 256 / 128 = 2: 2 x 128 tiles x
+  // 128 x 64 fp32 = 8 MiB of split partials.
+  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == (8u << 20),
+        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, 8 MiB of split partials");
   // kAuto sizes the larger of every path it may take (the one-shot one included at M <= 64).
   a.M = 64;
   a.algo = k::FusedAlgo::kOneShot;
