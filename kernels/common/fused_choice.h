@@ -57,11 +57,13 @@ FusedAlgo choose_gemm_reduce_scatter(FusedAlgo algo, int world, int M, int N, Fu
 }
 
 // gemmAllReduce's one-shot kernel (FusedAlgo::kOneShot) up to this many rows, at W = 2: there
-// the product is bound by reading W_r and the exchange is a few hundred KiB, which the kernel
-// pushes tile by tile while the GEMM runs, in one launch instead of two or three. It ran at
-// 0.42-1.22 x our GEMM + allReduce at M = 64 and 0.78-1.13 x at M <= 32 on the Llama shapes of
-// bench/shapes/fused.txt; at M = 128 its mma.sync tiles made it 1.07-1.78 x.
-inline constexpr int kArOneShotMaxM = 64;
+// the product is bound by reading W_r and the exchange is at most a few MiB, which the kernel
+// pushes tile by tile, in one launch instead of two or three. On the Llama shapes of
+// bench/shapes/fused.txt (2 x H200, bf16 partials, both captured in a CUDA graph) it took
+// 0.48-0.76 x our GEMM + allReduce at M = 1-8 and 0.64-1.01 x at M = 32-128 (wgmma tiles from
+// 33 rows; the ties, 1.00-1.01 x, at Llama-8B attention output M = 64 and Llama-70B MLP down
+// M = 128). Above 128 rows it was not measured.
+inline constexpr int kArOneShotMaxM = 128;
 
 // gemmAllReduce (M, N, W and the partials are rank-uniform). one_shot_fits(): the one-shot
 // kernel's tile flags and split counters fit FusedFlags and its workspace the data area.

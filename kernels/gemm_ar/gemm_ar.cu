@@ -15,6 +15,7 @@
 #include "kernels/common/fused_launch.cuh"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm_ar/detail/ar_oneshot_kernel.cuh"
+#include "kernels/gemm_ar/detail/ar_oneshot_wgmma.cuh"
 #include "kernels/gemm_ar/gemm_ar.h"
 #include "kernels/gemm_ar/tuning.h"
 #include "kernels/gemm_rs/gemm_rs.h"
@@ -53,18 +54,26 @@ uint64_t ar_block_offset(const GemmArArgs& a, int world) {
 
 // ---- the one-shot kernel's geometry (detail/ar_oneshot_kernel.cuh) -----------------------------
 // The tile grid, from M and N only (every rank's slots and flags are per tile): the tile height
-// from M, then the widest tile (128, 64, 32 columns; 64 at most for 64-row tiles) that still
-// gives kArFillTiles tiles; and the largest split any rank may pick (rank-uniform: it sizes the
-// workspace).
+// from M; for the mma.sync tiles (16 and 32 rows) the widest tile (128, 64, 32 columns) that
+// still gives kArFillTiles tiles, for the wgmma tiles (64 and 128 rows) 128 columns where those
+// alone give kArFillTiles tiles, else 64; and the largest split any rank may pick (rank-uniform:
+// it sizes the workspace).
 struct ArTiles {
   int bm, bn, tiles_n, tiles, max_splits;
 };
 ArTiles ar_tiles(int M, int N) {
   ArTiles g{};
-  g.bm = M <= tuning::kArTileM16MaxM ? 16 : M <= tuning::kArTileM32MaxM ? 32 : 64;
+  g.bm = M <= tuning::kArTileM16MaxM   ? 16
+         : M <= tuning::kArTileM32MaxM ? 32
+         : M <= tuning::kArTileM64MaxM ? 64
+                                       : 128;
   const int64_t m_blocks = ceil_div(std::max(M, 1), g.bm);
-  g.bn = g.bm >= 64 ? 64 : 128;
-  while (g.bn > 32 && m_blocks * ceil_div(std::max(N, 1), g.bn) < tuning::kArFillTiles) g.bn /= 2;
+  if (g.bm >= 64) {
+    g.bn = m_blocks * ceil_div(std::max(N, 1), 128) >= tuning::kArFillTiles ? 128 : 64;
+  } else {
+    g.bn = 128;
+    while (g.bn > 32 && m_blocks * ceil_div(std::max(N, 1), g.bn) < tuning::kArFillTiles) g.bn /= 2;
+  }
   g.tiles_n = static_cast<int>(ceil_div(std::max(N, 1), g.bn));
   const int64_t tiles = m_blocks * g.tiles_n;
   g.tiles = static_cast<int>(std::min<int64_t>(tiles, int64_t{1} << 30));
@@ -143,20 +152,54 @@ cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// The wgmma instance of BM × BN (ar_oneshot_wgmma.cuh): tensor maps of A (M × K_r, boxes of
+// BM × 64) and W_r (kNK: N × K_r, boxes of BN × 64; kKN: K_r × N, boxes of 64 × 64), 128-byte
+// swizzled, as the GEMM engine's (encode_b_map: a row-major rows × cols matrix in boxes of
+// tile_n × 64, here A's too).
+template <int BM, int BN, bool kKN>
+cudaError_t launch_ar_wgmma(const detail::ArParams& p, int grid, cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  const auto kernel = detail::ar_oneshot_wgmma_kernel<BM, BN, kKN>;
+  const int smem = detail::ar_wg_smem_bytes(BM, BN);
+  CUtensorMap ta{}, tb{};
+  if (!detail::encode_b_map(&ta, p.A, p.M, p.K, p.K, false, BM)) return cudaErrorInvalidValue;
+  const bool ok_b = kKN ? detail::encode_b_map(&tb, p.B, p.K, p.N, p.N, true, BN)
+                        : detail::encode_b_map(&tb, p.B, p.N, p.K, p.K, false, BN);
+  if (!ok_b) return cudaErrorInvalidValue;
+  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
+      e != cudaSuccess) {
+    return e;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(detail::ar_wg_threads(BM));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // as launch_ar_instance
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p, ta, tb);
+}
+
 // The instance for a tile of bm × bn (ar_tiles' values) and W_r's layout.
 cudaError_t launch_ar_tile(int bm, int bn, bool kn, const detail::ArParams& p, int grid, cudaStream_t stream) {
+  const auto wgmma = [&](auto bm_c) {
+    constexpr int BM = decltype(bm_c)::value;
+    if (bn == 64) return kn ? launch_ar_wgmma<BM, 64, true>(p, grid, stream) : launch_ar_wgmma<BM, 64, false>(p, grid, stream);
+    return kn ? launch_ar_wgmma<BM, 128, true>(p, grid, stream) : launch_ar_wgmma<BM, 128, false>(p, grid, stream);
+  };
+  if (bm == 64) return wgmma(std::integral_constant<int, 64>{});
+  if (bm == 128) return wgmma(std::integral_constant<int, 128>{});
   const auto by_bn = [&](auto bm_c) {
     constexpr int BM = decltype(bm_c)::value;
     if (bn == 32) return kn ? launch_ar_instance<BM, 32, true>(p, grid, stream) : launch_ar_instance<BM, 32, false>(p, grid, stream);
     if (bn == 64) return kn ? launch_ar_instance<BM, 64, true>(p, grid, stream) : launch_ar_instance<BM, 64, false>(p, grid, stream);
-    if constexpr (BM < 64) {
-      return kn ? launch_ar_instance<BM, 128, true>(p, grid, stream) : launch_ar_instance<BM, 128, false>(p, grid, stream);
-    }
-    return cudaErrorInvalidValue;
+    return kn ? launch_ar_instance<BM, 128, true>(p, grid, stream) : launch_ar_instance<BM, 128, false>(p, grid, stream);
   };
   if (bm == 16) return by_bn(std::integral_constant<int, 16>{});
-  if (bm == 32) return by_bn(std::integral_constant<int, 32>{});
-  return by_bn(std::integral_constant<int, 64>{});
+  return by_bn(std::integral_constant<int, 32>{});
 }
 
 // The one-shot kernel (arguments checked by the caller; W = 1 runs it too, pushing to itself).

@@ -4,8 +4,8 @@
 //
 // Algorithms (FusedAlgo):
 //   kOneShot: one persistent kernel (detail/ar_oneshot_kernel.cuh), for small M (tensor-parallel
-//     decode): tiles of this rank's product (mma.sync, split along K where the tiles are too few
-//     to fill the SMs), each finished tile stored into every rank's receive slot for this rank
+//     decode): tiles of this rank's product (mma.sync up to 32 rows, wgmma tiles of 64 or 128
+//     rows above; split along K where the tiles are too few to fill the SMs), each finished tile stored into every rank's receive slot for this rank
 //     and flagged there; every rank then sums the W partials of each tile in rank order and
 //     rounds once. One launch, no pass over a partial product between two kernels. Any M
 //     (its slots hold every rank's partial product: W × ~M×N partials in the data area; fp32

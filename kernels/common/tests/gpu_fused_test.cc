@@ -688,9 +688,10 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {3, 64, 64, NK, D, 0},
         {16, 2048, 8192, NK, D, 0},
         {24, 1024, 8192, KN, A, 0, true},
-        // The one-shot kernel (kOneShot, forced): decode-sized M (tile heights 16, 32, 64; split
-        // K where the tiles are few, K_r not a multiple of 64) up to M = 8192, both layouts,
-        // each partial precision; then kAuto at decode sizes (one-shot at W = 2 up to M = 64).
+        // The one-shot kernel (kOneShot, forced): decode-sized M (mma.sync tile heights 16, 32;
+        // wgmma 64, 128; split K where the tiles are few, K_r not a multiple of 64, N not a
+        // multiple of the tile width) up to M = 8192, both layouts, each partial precision; then
+        // kAuto at decode sizes.
         {1, 4096, 1024, NK, O, 0},
         {1, 1032, 2048, KN, O, 16, true},
         {3, 1032, 2048, KN, O, 64, true},
@@ -698,6 +699,12 @@ struct Rank : fusedcomm::testing::SymmetricRank {
         {32, 1024, 1032, KN, O, 0, false, true},
         {64, 1024, 4096, KN, O, 0},
         {64, 2048, 1024, NK, O, 0, true},
+        {40, 2056, 4104, KN, O, 16},
+        {96, 1032, 2056, NK, O, 0, true},
+        {128, 4096, 2048, KN, O, 0, true},
+        {129, 1024, 1032, KN, O, 0},
+        {64, 16400, 1032, KN, O, 0},
+        {100, 8200, 1032, KN, O, 0, true},
         {127, 520, 1032, NK, O, 0, true},
         {127, 264, 776, KN, O, 0},
         {1000, 264, 520, KN, O, 16},

@@ -3,12 +3,13 @@
 // and pushes each finished tile to every rank, then sums the tiles it is assigned from every
 // rank's partial. Host side: gemm_ar.cu (geometry, workspace, launch).
 //
-// Tiles: BM × BN (BM = 16, 32 or 64 from M; BN = 128, 64 or 32, the widest that still gives
-// about one tile per SM) of the M×N product, numbered t = m-block · tiles_n + n-block; the grid
+// Tiles: BM × BN (BM = 16 or 32 from M, BN = 128, 64 or 32, the widest that still gives about
+// one tile per SM; or, with wgmma (ar_oneshot_wgmma.cuh), BM = 64 or 128 and BN = 128 or 64) of
+// the M×N product, numbered t = m-block · tiles_n + n-block; the grid
 // is the same on every rank (from M and N only). Work units: tile t, K split s (u = s · tiles +
 // t; the split factor S comes from this rank's K_r and SM count, and is 1 unless the narrowest
 // tiles are still too few: it only changes which CTAs of this rank compute which part). A unit
-// runs the tensor cores with mma.sync m16n8k16 (bf16 in, fp32 accumulators) over a cp.async
+// of the mma.sync instances runs the tensor cores with mma.sync m16n8k16 (bf16 in, fp32 accumulators) over a cp.async
 // pipeline of long K slices (A: BM rows, W_r: BN columns; rows and K past the operands are
 // zero-filled). All 8 warps compute the whole BM × BN tile, each over its own k16 steps of every
 // slice, and their accumulators are summed in warp order through shared memory at the end:
@@ -28,7 +29,8 @@
 // orders every thread's stores before the fence, which is cumulative, so no fence.sc.sys: at
 // decode sizes each system fence is microseconds on the critical path, docs/performance.md).
 //
-// Sums: after its last unit a CTA takes tiles t = blockIdx.x, + gridDim.x, ...: one thread waits
+// Sums: after its last unit a CTA takes tiles t = blockIdx.x, + gridDim.x, ... (or, where the
+// tiles are fewer than the CTAs, row ranges of them, ar_sum_tiles): one thread waits
 // for the W flags of the tile in this rank's region (ld.acquire.sys), then the CTA loads the W
 // partials from the local slots and adds them in rank order 0..W-1 in fp32, rounds once to bf16
 // and stores C. Every rank adds the same W values in the same order: the same bits on every
@@ -62,9 +64,13 @@ namespace fusedcomm::kernels::detail {
 inline constexpr int kArThreads = 256;
 inline constexpr int kArWarps = kArThreads / 32;
 
-// The pipeline of the instance with tile BM × BN: K slice per stage (about 32 KiB of W_r per
-// stage, 512 contiguous bytes or more of each W_r row) and stages (~200 KiB in flight per SM).
-__host__ __device__ constexpr int ar_bk(int bm, int bn) { return bm >= 64 || bn >= 64 ? (bn >= 128 ? 128 : 256) : 512; }
+// The pipeline of the mma.sync instance with tile BM × BN (BM = 16 or 32): K slice per stage
+// (about 32 KiB of W_r per stage, 512 contiguous bytes or more of each W_r row) and stages
+// (~200 KiB in flight per SM). The wgmma instances (BM = 64 or 128, ar_oneshot_wgmma.cuh) take
+// slices of 64 (one 128-byte swizzle row).
+__host__ __device__ constexpr int ar_bk(int bm, int bn) {
+  return bm >= 64 ? 64 : bn >= 64 ? (bn >= 128 ? 128 : 256) : 512;
+}
 __host__ __device__ constexpr int ar_stage_bytes(int bm, int bn) { return (bm + bn) * ar_bk(bm, bn) * 2; }
 __host__ __device__ constexpr int ar_stages(int bm, int bn) {
   return (200 << 10) / ar_stage_bytes(bm, bn) < 6 ? (200 << 10) / ar_stage_bytes(bm, bn) : 6;
@@ -78,8 +84,7 @@ __host__ __device__ constexpr bool ar_instance_fits(int bm, int bn) {
          kArWarps * bm * ar_cs_stride(bn) * 4 <= ar_smem_bytes(bm, bn) && ar_bk(bm, bn) / 16 >= kArWarps;
 }
 static_assert(ar_instance_fits(16, 32) && ar_instance_fits(16, 64) && ar_instance_fits(16, 128) &&
-                  ar_instance_fits(32, 32) && ar_instance_fits(32, 64) && ar_instance_fits(32, 128) &&
-                  ar_instance_fits(64, 32) && ar_instance_fits(64, 64),
+                  ar_instance_fits(32, 32) && ar_instance_fits(32, 64) && ar_instance_fits(32, 128),
               "every instance's pipeline and epilogue fit a CTA's shared memory");
 
 struct ArParams {
@@ -194,27 +199,203 @@ inline __device__ void ar_start(const CommDevice& d, uint64_t epoch) {
       d, [&](CommFlags* f) { return &f->arrive[d.rank]; }, epoch);
 }
 
+// Thread 0's verdicts, shared by the CTA, one variable per use (a thread may still read one when
+// the next is set).
+struct ArVerdicts {
+  int last, started, ready;
+};
+
+// A unit's partial, in shared memory (fp32, rows of ar_cs_stride(BN), rows of the operands only),
+// to its rank's receive slots (every CTA thread calls it, kThreads of them): at S > 1 through the
+// split workspace and the tile's arrival counter (the last of its units pushes the splits' sum in
+// split order), then pushed into every rank's slot for this rank and flagged there.
+// `epoch`: the launch's (comm_launch_epoch at the kernel's start); `started`, `failed`: this
+// CTA's start wait (see the header).
+template <int BM, int BN, int kThreads>
+__device__ __forceinline__ void ar_publish_unit(const ArParams& p, uint64_t epoch, const float* cs, int t, int s,
+                                                int m0, bool& started, bool& failed, ArVerdicts& sh) {
+  constexpr int kGroups = BN / 8;  // 8-element groups per tile row
+  constexpr int kCs = ar_cs_stride(BN);
+  const CommDevice& d = p.dev;
+  const int W = d.world, r = d.rank, tid = threadIdx.x;
+  const bool bf16 = p.bf16_partials != 0;
+  const int esize = bf16 ? 2 : 4;
+  const int rows = min(BM, p.M - m0), groups = rows * kGroups;
+  const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * BN;
+  bool push = true;
+  if (p.splits > 1) {
+    float* mine = p.split_ws + (static_cast<uint64_t>(s) * p.tiles * BM * BN + tile_elem);
+    for (int g = tid; g < groups; g += kThreads) {
+      const int row = g / kGroups, c8 = g % kGroups;
+      const float* src = cs + row * kCs + c8 * 8;
+      __stcg(reinterpret_cast<float4*>(mine + row * BN + c8 * 8), *reinterpret_cast<const float4*>(src));
+      __stcg(reinterpret_cast<float4*>(mine + row * BN + c8 * 8 + 4), *reinterpret_cast<const float4*>(src + 4));
+    }
+    __syncthreads();
+    if (tid == 0) {
+      __threadfence();  // this CTA's stores, then its arrival (release)
+      sh.last = fused_last_of(&fused_flags(d, r)->chunk_count[t], static_cast<uint32_t>(p.splits)) ? 1 : 0;
+    }
+    __syncthreads();
+    push = sh.last != 0;
+  }
+  if (push) {
+    if (!started && !failed) {
+      if (tid == 0) {
+        int ok = 1;
+        for (int i = 1; i < W && ok; ++i) {
+          const int q = (r + i) % W;
+          ok = ar_wait(d, &comm_flags(d, r)->arrive[q], epoch, kCommStepArrive, q);
+        }
+        sh.started = ok;
+      }
+      __syncthreads();
+      started = true;
+      failed = sh.started == 0;
+    }
+    // After a failed start wait (recorded) the tile still goes to this rank's own slot, with
+    // its flag: no CTA of this rank then waits for its own tiles until the timeout, and the
+    // record keeps naming the peer that never arrived.
+    {
+      for (int g = tid; g < groups; g += kThreads) {
+        const int row = g / kGroups, c8 = g % kGroups;
+        float v[8];
+        if (p.splits > 1) {
+          // The tile's partial: its splits' in split order (the same whichever unit came last).
+          for (int sp = 0; sp < p.splits; ++sp) {
+            const float* src =
+                p.split_ws + (static_cast<uint64_t>(sp) * p.tiles * BM * BN + tile_elem + row * BN + c8 * 8);
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
+            const float4 y = __ldcg(reinterpret_cast<const float4*>(src + 4));
+            const float w8[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = sp == 0 ? w8[j] : v[j] + w8[j];
+          }
+        } else {
+          const float* src = cs + row * kCs + c8 * 8;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = src[j];
+        }
+        const uint64_t at = p.ws_offset + static_cast<uint64_t>(r) * p.slot_bytes +
+                            (tile_elem + static_cast<uint64_t>(row) * BN + c8 * 8) * esize;
+        if (bf16) {
+          const uint4 w4 = make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]),
+                                      ar_pack_bf16(v[4], v[5]), ar_pack_bf16(v[6], v[7]));
+          for (int i = failed ? W - 1 : 0; i < W; ++i) {
+            const int q = (r + 1 + i) % W;  // peers first, own slot last
+            *reinterpret_cast<uint4*>(d.base[q] + d.data_offset + at) = w4;
+          }
+        } else {
+          const float4 x = make_float4(v[0], v[1], v[2], v[3]), y = make_float4(v[4], v[5], v[6], v[7]);
+          for (int i = failed ? W - 1 : 0; i < W; ++i) {
+            const int q = (r + 1 + i) % W;
+            float4* dst = reinterpret_cast<float4*>(d.base[q] + d.data_offset + at);
+            dst[0] = x;
+            dst[1] = y;
+          }
+        }
+      }
+      __syncthreads();  // every thread's stores before thread 0's fence (publish)
+      if (tid == 0) {
+        // One release fence, then the W flags: a release store per flag would add a round
+        // trip between the GPUs per flag after the first (each waits for the previous flag).
+        fence_acq_rel_sys();
+        for (int i = failed ? W - 1 : 0; i < W; ++i) {
+          const int q = (r + 1 + i) % W;
+          st_relaxed_sys(&fused_flags(d, q)->rs_tile[t * W + r], epoch);
+        }
+      }
+    }
+  }
+}
+
+// The sums (every CTA thread, kThreads of them, after its last unit): work items i = blockIdx.x,
+// + gridDim.x, ..., each a range of rows of tile i % tiles (part i / tiles of `parts`, as many
+// as the grid holds per tile, so that every CTA sums where the tiles are fewer than the CTAs):
+// the W partials of each element from this rank's slots, added in rank order by one thread,
+// rounded once into C; then the end.
+template <int BM, int BN, int kThreads>
+__device__ __forceinline__ void ar_sum_tiles(const ArParams& p, uint64_t epoch, bool started, bool failed,
+                                             ArVerdicts& sh) {
+  constexpr int kGroups = BN / 8;
+  const CommDevice& d = p.dev;
+  const int W = d.world, r = d.rank, tid = threadIdx.x;
+  const bool bf16 = p.bf16_partials != 0;
+  // ---- sums --------------------------------------------------------------------------------
+  const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
+  // thread 0's: every peer's arrive flag acquired (a CTA that pushed already did, unless it failed)
+  bool arrivals_seen = started && !failed;
+  const int parts = max(1, static_cast<int>(gridDim.x) / p.tiles);
+  const int part_rows = (BM + parts - 1) / parts;
+  for (int item = blockIdx.x; item < p.tiles * parts; item += gridDim.x) {
+    const int t = item % p.tiles, m0 = (t / p.tiles_n) * BM;
+    const int r0 = (item / p.tiles) * part_rows, r1 = min(min(BM, p.M - m0), r0 + part_rows);
+    if (r0 >= r1) continue;  // rows past M only (never part 0: each tile's flags are waited for)
+    if (tid == 0) {
+      // Every peer's arrival first (once per CTA), then the peers' tile flags (from r + 1 on),
+      // this rank's own last. A live peer pushes its tiles only after its own start wait, which
+      // a dead rank holds up for the whole timeout; waiting for a live peer's tiles would then
+      // race that timeout and could blame the live peer. Waiting for the arrivals first makes a
+      // timeout here name the rank that never arrived.
+      int ok = 1;
+      for (int i = 1; i < W && ok && !arrivals_seen; ++i) {
+        const int q = (r + i) % W;
+        ok = ar_wait(d, &comm_flags(d, r)->arrive[q], epoch, kCommStepArrive, q);
+      }
+      arrivals_seen = true;
+      for (int i = 1; i <= W && ok; ++i) {
+        const int src = (r + i) % W;
+        ok = ar_wait(d, &fused_flags(d, r)->rs_tile[t * W + src], epoch, kFusedStepTile, src);
+      }
+      sh.ready = ok;
+    }
+    __syncthreads();  // observe pattern: thread 0's acquires, then every thread's loads
+    if (sh.ready != 0) {
+      const int n0 = (t % p.tiles_n) * BN;
+      const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * BN;
+      for (int g = tid; g < (r1 - r0) * kGroups; g += kThreads) {
+        const int row = r0 + g / kGroups, c8 = g % kGroups, col = n0 + c8 * 8;
+        if (col >= p.N) continue;
+        const uint64_t i = tile_elem + static_cast<uint64_t>(row) * BN + c8 * 8;
+        float v[8], x[8];
+        ar_load8(slots, i, bf16, v);
+        for (int src = 1; src < W; ++src) {
+          ar_load8(slots + static_cast<uint64_t>(src) * p.slot_bytes, i, bf16, x);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] += x[j];
+        }
+        *reinterpret_cast<uint4*>(p.C + static_cast<int64_t>(m0 + row) * p.N + col) =
+            make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]), ar_pack_bf16(v[4], v[5]),
+                       ar_pack_bf16(v[6], v[7]));
+      }
+    }
+    __syncthreads();
+  }
+
+  // ---- end barrier -------------------------------------------------------------------------
+  __syncthreads();
+  if (tid == 0) {
+    ar_end(d, epoch);
+  }
+}
+
 template <int BM, int BN, bool kKN>
 __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_constant__ ArParams p) {
   constexpr int kMF = BM / 16, kNF = BN / 8, kNP = BN / 16;
   constexpr int kBK = ar_bk(BM, BN), kStages = ar_stages(BM, BN), kRow = kBK * 2, kChunks = kBK / 8;
   constexpr int kABytes = BM * kRow, kStageBytes = ar_stage_bytes(BM, BN);
   constexpr int kBRow = BN * 2, kBChunks = BN / 8;  // kKN: a slice row of W_r (BN columns)
-  constexpr int kGroups = BN / 8;                   // 8-element groups per tile row
   constexpr int kCs = ar_cs_stride(BN);
   constexpr int kKSteps = kBK / 16 / kArWarps;      // k16 steps of each warp per slice
   static_assert(ar_instance_fits(BM, BN), "instance fits");
   extern __shared__ __align__(128) uint8_t smem[];
-  // Thread 0's verdicts, one variable per use (a thread may still read one when the next is set).
-  __shared__ int s_last, s_started, s_ready;
+  __shared__ ArVerdicts sh;
 
   const CommDevice& d = p.dev;
-  const int W = d.world, r = d.rank;
+  const int W = d.world;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const uint64_t epoch = comm_launch_epoch(d);
   const uint32_t smem0 = smem_u32(smem);
-  const bool bf16 = p.bf16_partials != 0;
-  const int esize = bf16 ? 2 : 4;
   bool started = W == 1;  // this CTA has observed every peer's arrive flag
   bool failed = false;    // a wait of this CTA gave up (recorded): no more pushes
 
@@ -314,7 +495,7 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
 
     // Each warp's partial into its own fp32 tile in shared memory, then their sum in warp order
     // (rows of the operands only) into warp 0's tile: the unit's partial, rows of kCs.
-    const int rows = min(BM, p.M - m0), groups = rows * kGroups;
+    const int rows = min(BM, p.M - m0);
     float* cs = reinterpret_cast<float*>(smem);
     {
       float* mine = cs + warp * (BM * kCs);
@@ -339,147 +520,11 @@ __global__ void __launch_bounds__(kArThreads, 1) ar_oneshot_kernel(const __grid_
       }
     }
     __syncthreads();
-    const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * BN;
-    bool push = true;
-    if (p.splits > 1) {
-      float* mine = p.split_ws + (static_cast<uint64_t>(s) * p.tiles * BM * BN + tile_elem);
-      for (int g = tid; g < groups; g += kArThreads) {
-        const int row = g / kGroups, c8 = g % kGroups;
-        const float* src = cs + row * kCs + c8 * 8;
-        __stcg(reinterpret_cast<float4*>(mine + row * BN + c8 * 8), *reinterpret_cast<const float4*>(src));
-        __stcg(reinterpret_cast<float4*>(mine + row * BN + c8 * 8 + 4), *reinterpret_cast<const float4*>(src + 4));
-      }
-      __syncthreads();
-      if (tid == 0) {
-        __threadfence();  // this CTA's stores, then its arrival (release)
-        s_last = fused_last_of(&fused_flags(d, r)->chunk_count[t], static_cast<uint32_t>(p.splits)) ? 1 : 0;
-      }
-      __syncthreads();
-      push = s_last != 0;
-    }
-    if (push) {
-      if (!started && !failed) {
-        if (tid == 0) {
-          int ok = 1;
-          for (int i = 1; i < W && ok; ++i) {
-            const int q = (r + i) % W;
-            ok = ar_wait(d, &comm_flags(d, r)->arrive[q], epoch, kCommStepArrive, q);
-          }
-          s_started = ok;
-        }
-        __syncthreads();
-        started = true;
-        failed = s_started == 0;
-      }
-      // After a failed start wait (recorded) the tile still goes to this rank's own slot, with
-      // its flag: no CTA of this rank then waits for its own tiles until the timeout, and the
-      // record keeps naming the peer that never arrived.
-      {
-        for (int g = tid; g < groups; g += kArThreads) {
-          const int row = g / kGroups, c8 = g % kGroups;
-          float v[8];
-          if (p.splits > 1) {
-            // The tile's partial: its splits' in split order (the same whichever unit came last).
-            for (int sp = 0; sp < p.splits; ++sp) {
-              const float* src =
-                  p.split_ws + (static_cast<uint64_t>(sp) * p.tiles * BM * BN + tile_elem + row * BN + c8 * 8);
-              const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
-              const float4 y = __ldcg(reinterpret_cast<const float4*>(src + 4));
-              const float w8[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-#pragma unroll
-              for (int j = 0; j < 8; ++j) v[j] = sp == 0 ? w8[j] : v[j] + w8[j];
-            }
-          } else {
-            const float* src = cs + row * kCs + c8 * 8;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = src[j];
-          }
-          const uint64_t at = p.ws_offset + static_cast<uint64_t>(r) * p.slot_bytes +
-                              (tile_elem + static_cast<uint64_t>(row) * BN + c8 * 8) * esize;
-          if (bf16) {
-            const uint4 w4 = make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]),
-                                        ar_pack_bf16(v[4], v[5]), ar_pack_bf16(v[6], v[7]));
-            for (int i = failed ? W - 1 : 0; i < W; ++i) {
-              const int q = (r + 1 + i) % W;  // peers first, own slot last
-              *reinterpret_cast<uint4*>(d.base[q] + d.data_offset + at) = w4;
-            }
-          } else {
-            const float4 x = make_float4(v[0], v[1], v[2], v[3]), y = make_float4(v[4], v[5], v[6], v[7]);
-            for (int i = failed ? W - 1 : 0; i < W; ++i) {
-              const int q = (r + 1 + i) % W;
-              float4* dst = reinterpret_cast<float4*>(d.base[q] + d.data_offset + at);
-              dst[0] = x;
-              dst[1] = y;
-            }
-          }
-        }
-        __syncthreads();  // every thread's stores before thread 0's fence (publish)
-        if (tid == 0) {
-          // One release fence, then the W flags: a release store per flag would add a round
-          // trip between the GPUs per flag after the first (each waits for the previous flag).
-          fence_acq_rel_sys();
-          for (int i = failed ? W - 1 : 0; i < W; ++i) {
-            const int q = (r + 1 + i) % W;
-            st_relaxed_sys(&fused_flags(d, q)->rs_tile[t * W + r], epoch);
-          }
-        }
-      }
-    }
+    ar_publish_unit<BM, BN, kArThreads>(p, epoch, cs, t, s, m0, started, failed, sh);
     __syncthreads();  // the tile in shared memory is read: the next unit's loads may overwrite it
   }
 
-  // ---- sums --------------------------------------------------------------------------------
-  const uint8_t* slots = d.base[r] + d.data_offset + p.ws_offset;
-  // thread 0's: every peer's arrive flag acquired (a CTA that pushed already did, unless it failed)
-  bool arrivals_seen = started && !failed;
-  for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-    if (tid == 0) {
-      // Every peer's arrival first (once per CTA), then the peers' tile flags (from r + 1 on),
-      // this rank's own last. A live peer pushes its tiles only after its own start wait, which
-      // a dead rank holds up for the whole timeout; waiting for a live peer's tiles would then
-      // race that timeout and could blame the live peer. Waiting for the arrivals first makes a
-      // timeout here name the rank that never arrived.
-      int ok = 1;
-      for (int i = 1; i < W && ok && !arrivals_seen; ++i) {
-        const int q = (r + i) % W;
-        ok = ar_wait(d, &comm_flags(d, r)->arrive[q], epoch, kCommStepArrive, q);
-      }
-      arrivals_seen = true;
-      for (int i = 1; i <= W && ok; ++i) {
-        const int src = (r + i) % W;
-        ok = ar_wait(d, &fused_flags(d, r)->rs_tile[t * W + src], epoch, kFusedStepTile, src);
-      }
-      s_ready = ok;
-    }
-    __syncthreads();  // observe pattern: thread 0's acquires, then every thread's loads
-    if (s_ready != 0) {
-      const int m0 = (t / p.tiles_n) * BM, n0 = (t % p.tiles_n) * BN;
-      const int rows = min(BM, p.M - m0);
-      const uint64_t tile_elem = static_cast<uint64_t>(t) * BM * BN;
-      for (int g = tid; g < rows * kGroups; g += kArThreads) {
-        const int row = g / kGroups, c8 = g % kGroups, col = n0 + c8 * 8;
-        if (col >= p.N) continue;
-        const uint64_t i = tile_elem + static_cast<uint64_t>(row) * BN + c8 * 8;
-        float v[8], x[8];
-        ar_load8(slots, i, bf16, v);
-        for (int src = 1; src < W; ++src) {
-          ar_load8(slots + static_cast<uint64_t>(src) * p.slot_bytes, i, bf16, x);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] += x[j];
-        }
-        *reinterpret_cast<uint4*>(p.C + static_cast<int64_t>(m0 + row) * p.N + col) =
-            make_uint4(ar_pack_bf16(v[0], v[1]), ar_pack_bf16(v[2], v[3]), ar_pack_bf16(v[4], v[5]),
-                       ar_pack_bf16(v[6], v[7]));
-      }
-    }
-    __syncthreads();
-  }
-
-  // ---- end barrier -------------------------------------------------------------------------
-  __syncthreads();
-  if (tid == 0) {
-    ar_end(d, epoch);
-  }
+  ar_sum_tiles<BM, BN, kArThreads>(p, epoch, started, failed, sh);
 }
 
 }  // namespace fusedcomm::kernels::detail

@@ -58,7 +58,7 @@ void test_ar() {
           "gemmAllReduce kAuto W=2 8192x8192 with a 64 MiB data area: decomposed" + kr);
     // The one-shot kernel: decode sizes at W = 2 (M <= kArOneShotMaxM), either partials, odd M
     // included; not above the bar, not at unmeasured worlds, not where its slots do not fit.
-    for (int M : {1, 3, 8, 33, 64}) {
+    for (int M : {1, 3, 8, 33, 64, 65, 127, 128}) {
       const std::string m = " M=" + std::to_string(M) + kr;
       check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kOneShot, "gemmAllReduce kAuto W=2 one-shot" + m);
       check(algo(2, M, 4096, K_r, true, big) == k::FusedAlgo::kOneShot,
@@ -66,8 +66,8 @@ void test_ar() {
       check(algo(4, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=4: decomposed" + m);
       check(algo(1, M, 8192, K_r, true, big) == k::FusedAlgo::kDecomposed, "gemmAllReduce kAuto W=1: the GEMM" + m);
     }
-    check(k::kArOneShotMaxM == 64, "the one-shot bar this test assumes");
-    for (int M : {65, 127, 128, 256}) {
+    check(k::kArOneShotMaxM == 128, "the one-shot bar this test assumes");
+    for (int M : {129, 256}) {
       check(algo(2, M, 8192, K_r, false, big) == k::FusedAlgo::kDecomposed,
             "gemmAllReduce kAuto W=2 M=" + std::to_string(M) + " (above the one-shot bar): decomposed" + kr);
     }
@@ -78,9 +78,10 @@ void test_ar() {
 }
 
 // The one-shot kernel's geometry as reported (tile grid, K split, grid) and its workspace:
-// W receive slots of every tile's BM x BN partials in the data area (BN the widest of 128, 64,
-// 32 giving kArFillTiles tiles), the split partials (sized for the largest split any rank may
-// pick) in the scratch area.
+// W receive slots of every tile's BM x BN partials in the data area (mma.sync tiles of 16 or 32
+// rows: BN the widest of 128, 64, 32 giving kArFillTiles tiles; wgmma tiles of 64 or 128 rows:
+// BN = 128 where that alone gives kArFillTiles tiles, else 64), the split partials (sized for the largest split any rank may pick) in the scratch
+// area.
 void test_one_shot_geometry() {
   k::CommDevice d = geometry_device(2, 0, 132);
   d.data_bytes = uint64_t{1} << 30;
@@ -111,13 +112,22 @@ void test_one_shot_geometry() {
   check(i.k_splits == 2 && i.gemm_ctas == 64, "one-shot M=1 N=1024 K=1032: 2 splits");
   i = info(1, 1024, 512, false);
   check(i.k_splits == 1 && i.gemm_ctas == 32, "one-shot M=1 N=1024 K=512: no split");
-  // M = 128, N = 8192: 2 x 128 tiles of 64 x 64 (64-row tiles are at most 64 wide).
+  // wgmma tiles: M = 128, N = 8192: 64 tiles of 128 columns are too few, 128 of 64 columns, no
+  // split; M = 64, N = 4096: 64 tiles of 64 columns, 2 ways; N = 16384: 128 tiles of 128.
+  check(k::tuning::kArTileM64MaxM == 64, "the wgmma tile bar this test assumes");
   i = info(128, 8192, 4096, true);
-  check(i.chunks == 256 && i.tile_n == 64 && i.k_splits == 1 && i.gemm_ctas == 132,
-        "one-shot M=128 N=8192: 256 tiles, 132 CTAs");
-  // M = 8192 at N = 136: 128 x 3 tiles, more than the SMs.
+  check(i.chunks == 128 && i.tile_n == 64 && i.k_splits == 1 && i.gemm_ctas == 128,
+        "one-shot M=128 N=8192: 128 tiles of 64 columns, no split, 128 CTAs");
+  i = info(64, 16384, 4096, true);
+  check(i.chunks == 128 && i.tile_n == 128 && i.k_splits == 1, "one-shot M=64 N=16384: 128 tiles of 128 columns");
+  i = info(64, 4096, 7168, true);
+  check(i.chunks == 64 && i.tile_n == 64 && i.k_splits == 2 && i.gemm_ctas == 128,
+        "one-shot M=64 N=4096: 64 tiles of 64 columns, 2 splits");
+  i = info(33, 4096, 768, true);
+  check(i.chunks == 64 && i.k_splits == 1 && i.gemm_ctas == 64, "one-shot M=33 N=4096 K=768: no split");
+  // M = 8192 at N = 136: 64 x 2 tiles of 128 rows, no split.
   i = info(8192, 136, 264, true);
-  check(i.chunks == 384 && i.k_splits == 1 && i.gemm_ctas == 132, "one-shot M=8192 N=136: 384 tiles, 132 CTAs");
+  check(i.chunks == 128 && i.k_splits == 1 && i.gemm_ctas == 128, "one-shot M=8192 N=136: 128 tiles, 128 CTAs");
 
   k::GemmArArgs a;
   a.M = 1, a.N = 4096, a.K = 2048, a.ws_offset = 4096;
@@ -129,9 +139,10 @@ void test_one_shot_geometry() {
   a.partials = k::RsPartials::kBF16;
   a.M = 128, a.N = 8192;
   ws = k::gemm_all_reduce_workspace(a, 2);
-  // 256 tiles x 64 x 64 bf16 = 2 MiB per slot; 256 / 256 = 1: no split partials.
-  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == 0,
-        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, no split partials");
+  // 128 tiles x 128 x 64 bf16 = 2 MiB per slot; splits up to 256 / 128 = 2: 2 x 128 tiles x
+  // 128 x 64 fp32 = 8 MiB of split partials.
+  check(ws.data_bytes == 4096 + 2 * (2u << 20) && ws.scratch_bytes == (8u << 20),
+        "one-shot workspace M=128 N=8192 bf16: 2 slots of 2 MiB, 8 MiB of split partials");
   // kAuto sizes the larger of every path it may take (the one-shot one included at M <= 64).
   a.M = 64;
   a.algo = k::FusedAlgo::kOneShot;
