@@ -152,6 +152,7 @@ void post(rdma::PeerGroup& g, int peer, End& from, const End& to, int n, uint64_
     op.signal_key = to.dst_r.key;
     op.signal_offset = to.dst.size() - 8;
     op.signal_value = seq0 + i;
+    op.signal_sole_writer = true;  // this rank alone writes the peer's word, and only raises it
     g.write(op);
   }
 }

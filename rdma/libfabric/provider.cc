@@ -26,6 +26,10 @@ Caps caps_of(const fi_info& info) {
   const uint64_t max_msg = info.ep_attr ? info.ep_attr->max_msg_size : 0;
   c.max_write = max_msg == 0 || max_msg > kWriteCap ? kWriteCap : max_msg;
   c.hmem = (info.caps & FI_HMEM) != 0;
+  // tcp receives an operation's bytes from one stream, front to back; other providers promise
+  // no order inside an operation.
+  c.ordered_iovs = c.provider.rfind("tcp", 0) == 0 && info.tx_attr && info.tx_attr->iov_limit >= 2 &&
+                   info.tx_attr->rma_iov_limit >= 2 && (info.tx_attr->msg_order & FI_ORDER_WAW);
   return c;
 }
 

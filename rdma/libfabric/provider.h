@@ -37,6 +37,9 @@ struct Caps {
   size_t key_bytes = 8;      // mr_key_size
   uint64_t max_write = 0;    // the largest single write (ep_attr->max_msg_size, capped)
   bool hmem = false;         // FI_HMEM: the provider registers GPU memory
+  // The provider places an RMA write's remote iovs in order and a pair's writes in order (tcp,
+  // with two or more iovs and FI_ORDER_WAW): a signal word may ride as a write's last iov.
+  bool ordered_iovs = false;
   bool signal_cq_data() const { return cq_data_bytes >= 4; }
 };
 

@@ -214,6 +214,28 @@ int Rail::post_write(Op* op, const void* src, size_t bytes, void* desc, fi_addr_
   return static_cast<int>(rc);
 }
 
+int Rail::post_write_with_signal(Op* op, const void* src, size_t bytes, void* desc, fi_addr_t dest,
+                                 uint64_t remote_addr, uint64_t remote_key, uint64_t signal_addr,
+                                 uint64_t signal_key, uint64_t data) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!open_) return -FI_ESHUTDOWN;
+  iovec iov[2] = {{const_cast<void*>(src), bytes}, {&op->signal_value, sizeof op->signal_value}};
+  void* descs[2] = {desc, nullptr};  // Caps::ordered_iovs providers need no local descriptor
+  fi_rma_iov rma[2] = {{remote_addr, bytes, remote_key}, {signal_addr, sizeof op->signal_value, signal_key}};
+  fi_msg_rma msg{};
+  msg.msg_iov = iov;
+  msg.desc = descs;
+  msg.iov_count = 2;
+  msg.addr = dest;
+  msg.rma_iov = rma;
+  msg.rma_iov_count = 2;
+  msg.context = op;
+  msg.data = data;
+  const ssize_t rc = fi_writemsg(ep_, &msg, FI_REMOTE_CQ_DATA | FI_COMPLETION);
+  if (rc == 0) writes_.insert(op);
+  return static_cast<int>(rc);
+}
+
 int Rail::poll(std::vector<Event>* events, int max) {
   fi_cq_data_entry entries[32];
   std::lock_guard<std::mutex> l(mu_);

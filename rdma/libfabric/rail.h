@@ -47,6 +47,7 @@ struct Op {
   int peer = -1;                    // kSend, kWrite: the destination rank
   bool counted = false;             // kSend: in the group's outstanding count
   std::shared_ptr<WriteWait> wait;  // kWrite
+  uint64_t signal_value = 0;        // kWrite with a signal iov: the word's source until completion
 };
 
 // What a completion says, for the core to act on.
@@ -100,6 +101,11 @@ class Rail {
   // negative code. `op` is the rail's until its completion comes back.
   int post_write(Op* op, const void* src, size_t bytes, void* desc, fi_addr_t dest, uint64_t remote_addr,
                  uint64_t remote_key, bool cq_data, uint64_t data);
+  // The same write (cq_data mode) with op->signal_value as a second iov into the signal word at
+  // (signal_addr, signal_key): one operation placing the payload, then the word (Caps::ordered_iovs).
+  int post_write_with_signal(Op* op, const void* src, size_t bytes, void* desc, fi_addr_t dest,
+                             uint64_t remote_addr, uint64_t remote_key, uint64_t signal_addr,
+                             uint64_t signal_key, uint64_t data);
 
   // Reads up to `max` completions (progressing the provider) into *events; reposts receive
   // buffers. Returns how many completions it read.

@@ -109,10 +109,25 @@ void GroupState::write(const WriteOp& op) {
   }
   RemoteRegion rr;
   if (op.bytes) rr = remote_region(p, op);
+  const bool cq_data = core->cq_data();
+  // A sole writer's signal rides as the last piece's second iov where the provider places an
+  // operation's bytes in order and the pair's writes in order (one part: one connection): the
+  // word lands after every byte of the payload, and no signal message follows.
+  const Caps& caps = core->caps();
+  const bool signal_iov = cq_data && op.signal_key && op.signal_sole_writer && op.bytes && parts == 1 &&
+                          caps.ordered_iovs && !caps.mr_local;
+  RemoteRegion sr;
+  if (signal_iov) {
+    WriteOp word;
+    word.peer = p;
+    word.dst_key = op.signal_key;
+    word.dst_offset = op.signal_offset;
+    word.bytes = sizeof op.signal_value;
+    sr = remote_region(p, word);
+  }
   constexpr uint64_t kPartAlign = 4096;
   const uint64_t part_bytes = (op.bytes / parts + kPartAlign - 1) / kPartAlign * kPartAlign;
 
-  const bool cq_data = core->cq_data();
   const wire::CqDataLayout& layout = core->layout();
   const uint64_t piece_max = core->caps().max_write;
   auto wait = std::make_shared<WriteWait>();
@@ -141,7 +156,7 @@ void GroupState::write(const WriteOp& op) {
           continue;
         }
         seq = ++peers[p].next_seq;
-        data = layout.encode(peers[p].out_stream, last && op.signal_key, seq);
+        data = layout.encode(peers[p].out_stream, last && op.signal_key && !signal_iov, seq);
       }
     }
     auto* ctx = new Op;
@@ -151,10 +166,19 @@ void GroupState::write(const WriteOp& op) {
     ctx->wait = wait;
     wait->left.fetch_add(1);
     outstanding.fetch_add(1);
+    auto post = [&] {
+      Rail& rail = core->rail(endpoints[part]);
+      const fi_addr_t to = peers[p].stripe_addr[part];
+      if (signal_iov && last) {
+        ctx->signal_value = op.signal_value;
+        return rail.post_write_with_signal(ctx, src + done, n, descs[part], to, rr.addr + op.dst_offset + done,
+                                           rr.key, sr.addr + op.signal_offset, sr.key, data);
+      }
+      return rail.post_write(ctx, src + done, n, descs[part], to, rr.addr + op.dst_offset + done, rr.key, cq_data,
+                             data);
+    };
     int rc;
-    while ((rc = core->rail(endpoints[part])
-                     .post_write(ctx, src + done, n, descs[part], peers[p].stripe_addr[part],
-                                 rr.addr + op.dst_offset + done, rr.key, cq_data, data)) == -FI_EAGAIN) {
+    while ((rc = post()) == -FI_EAGAIN) {
       // The provider's queue is full (or the endpoint still connecting): make room, unless the
       // peer is gone.
       core->progress(endpoints[part]);
@@ -184,7 +208,7 @@ void GroupState::write(const WriteOp& op) {
   {
     std::lock_guard<std::mutex> l(mu);
     peers[p].bytes_sent += op.bytes;
-    if (op.signal_key && cq_data) {
+    if (op.signal_key && cq_data && !signal_iov) {
       // Sent before the payload completes: the peer applies it once op `seq` and every op
       // before it have arrived.
       wire::Msg s{};

@@ -34,7 +34,12 @@
 //     arrived (payload and message), so delivery may be unordered (EFA) and signals still
 //     follow their data. kAck returns how far ops have arrived; a writer keeps at most
 //     kSeqWindow ops beyond it, so a sequence number truncated to the CQ data's bits is never
-//     ambiguous.
+//     ambiguous. A write whose signal word has one writer that only raises it
+//     (WriteOp::signal_sole_writer) carries the word instead, as its last piece's second iov,
+//     where the provider places an op's bytes and a pair's ops in order (tcp; Caps::ordered_iovs)
+//     and the write is one part: the word lands after the payload (a reader may see its low
+//     bytes change first, never a value above the new one), and no kSignal follows (its CQ
+//     data says none).
 //   - messages: the write is posted with FI_DELIVERY_COMPLETE and the signal message is sent
 //     only after the write completed (the bytes are placed); signals are max, so messages may
 //     arrive in any order.

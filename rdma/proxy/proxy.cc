@@ -106,8 +106,9 @@ void fill_command(ProxyCommand& c, const WriteOp& op) {
   c.signal_value = op.signal_value;
 }
 
-Proxy::Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort, std::chrono::microseconds busy_poll)
-    : ring_(ring), group_(group), also_abort_(also_abort), window_(busy_poll) {
+Proxy::Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort, std::chrono::microseconds busy_poll,
+             bool signals_sole_writer)
+    : ring_(ring), group_(group), also_abort_(also_abort), sole_writer_(signals_sole_writer), window_(busy_poll) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -188,6 +189,7 @@ void Proxy::run() {
     op.signal_key = c.signal_key;
     op.signal_offset = c.signal_offset;
     op.signal_value = c.signal_value;
+    op.signal_sole_writer = sole_writer_;
     // The command is copied out: the slot may be refilled from here on.
     word(h->consumed).store(slot + 1, std::memory_order_release);
     const std::string where = " (proxy command " + std::to_string(slot + 1) + ")";

@@ -439,14 +439,18 @@ void child_traffic(ChildCtx& c) {
   receive_and_verify(b, *g, 1, c.rank, W);
   signal_barrier(b, *g, sig_keys, c.rank, W, 1);
 
-  // Phase 2: the same traffic through a ring and the proxy, two producer threads.
+  // Phase 2: the same traffic through a ring and the proxy, two producer threads. The proxy
+  // says each data write's signal has one writer that only raises it (true: this rank alone
+  // writes its words at a peer, in rising order per destination; the stale value is a signal
+  // alone, which backends always apply as a max), so libfabric tcp places those words with
+  // their payloads' last piece, and the checks see the data first all the same.
   fill_send(b, 2, c.rank, W);
   const uint32_t cap = 64;
   void* ring_mem = std::aligned_alloc(4096, (ProxyRing::bytes_for(cap) + 4095) / 4096 * 4096);
   std::memset(ring_mem, 0, ProxyRing::bytes_for(cap));
   {
     ProxyRing ring(ring_mem, cap);
-    Proxy proxy(ring, *g);
+    Proxy proxy(ring, *g, nullptr, std::chrono::microseconds(0), /*signals_sole_writer=*/true);
     std::vector<WriteOp> ops = phase_ops(b, recv_keys, sig_keys, 2, c.rank, W);
     std::atomic<int> post_errors{0};
     auto producer = [&](int parity) {

@@ -142,10 +142,11 @@ void InterHostLink::connect(const std::vector<Blob>& blobs, const std::vector<st
       }
       throw;
     }
-    // A failing lane also sets lane 0's abort word, which every wait of the kernel polls.
+    // A failing lane also sets lane 0's abort word, which every wait of the kernel polls. Each
+    // signal word has one source lane and only grows (kernels/proxy/proxy.h).
     proxies_.push_back(std::make_unique<rdma::Proxy>(
         rdma::ProxyRing(ring(l, false), kRingCapacity), *groups_.back(), l == 0 ? nullptr : lane0_abort,
-        std::chrono::microseconds(runtime_.config().busy_poll_us)));
+        std::chrono::microseconds(runtime_.config().busy_poll_us), /*signals_sole_writer=*/true));
   }
 }
 

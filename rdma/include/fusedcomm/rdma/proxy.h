@@ -77,8 +77,11 @@ class Proxy {
   // failure of this proxy sets too; null: none. busy_poll: how long the thread polls its ring
   // without sleeping after expect_commands() and after each command (busy_poll.h); zero: it
   // spins briefly, yields, then sleeps in slices of 20 us, and of 200 us once idle for long.
+  // signals_sole_writer: every signal word the commands name is written by this ring's commands
+  // alone and only grows (the GPU link's protocol, kernels/proxy/proxy.h), so each write says so
+  // (WriteOp::signal_sole_writer).
   Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort = nullptr,
-        std::chrono::microseconds busy_poll = std::chrono::microseconds(0));
+        std::chrono::microseconds busy_poll = std::chrono::microseconds(0), bool signals_sole_writer = false);
   ~Proxy();  // stops the thread
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -103,6 +106,7 @@ class Proxy {
   ProxyRing ring_;
   PeerGroup& group_;
   uint64_t* also_abort_;
+  bool sole_writer_;
   BusyPollWindow window_;
   std::mutex sleep_mu_;  // with sleep_cv_: expect_commands() wakes a sleeping thread
   std::condition_variable sleep_cv_;

@@ -60,6 +60,11 @@ struct WriteOp {
   uint64_t signal_key = 0;     // 0: no signal; else the peer region holding the 64-bit word
   uint64_t signal_offset = 0;  // 8-byte aligned
   uint64_t signal_value = 0;   // receiver stores max(old, value), after the payload is visible
+  // The writer is the signal word's only writer and never lowers it: storing the value as it
+  // is then equals the max, so a backend may place it with the payload in one operation (the
+  // libfabric backend on a provider that places an operation's bytes in order). A hint: the
+  // outcome is the same either way.
+  bool signal_sole_writer = false;
 };
 
 struct GroupSpec {
