@@ -128,20 +128,19 @@ FusedAlgo choose_ar(const CommDevice& d, const GemmArArgs& a) {
   });
 }
 
-template <int BM, int BN, bool kKN>
-cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t stream) {
-  static std::atomic<uint64_t> opted{0};
-  const auto kernel = detail::ar_oneshot_kernel<BM, BN, kKN>;
-  const int smem = detail::ar_smem_bytes(BM, BN);
+// A one-shot instance's launch, either form: its shared memory opted in once (`opted`, the
+// instance's), then cooperative: every CTA waits for others (the sums for every rank's pushes),
+// so a grid that cannot be resident at once fails instead of hanging.
+template <class... Params, class... Args>
+cudaError_t launch_ar_cooperative(void (*kernel)(Params...), std::atomic<uint64_t>& opted, int smem, int threads,
+                                  int grid, cudaStream_t stream, Args... args) {
   if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
       e != cudaSuccess) {
     return e;
   }
-  // Cooperative: every CTA waits for others (the sums for every rank's pushes), so a grid that
-  // cannot be resident at once fails instead of hanging.
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(detail::kArThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -149,7 +148,14 @@ cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <int BM, int BN, bool kKN>
+cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t stream) {
+  static std::atomic<uint64_t> opted{0};
+  return launch_ar_cooperative(detail::ar_oneshot_kernel<BM, BN, kKN>, opted, detail::ar_smem_bytes(BM, BN),
+                               detail::kArThreads, grid, stream, p);
 }
 
 // The wgmma instance of BM × BN (ar_oneshot_wgmma.cuh): tensor maps of A (M × K_r, boxes of
@@ -159,28 +165,13 @@ cudaError_t launch_ar_instance(const detail::ArParams& p, int grid, cudaStream_t
 template <int BM, int BN, bool kKN>
 cudaError_t launch_ar_wgmma(const detail::ArParams& p, int grid, cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};
-  const auto kernel = detail::ar_oneshot_wgmma_kernel<BM, BN, kKN>;
-  const int smem = detail::ar_wg_smem_bytes(BM, BN);
   CUtensorMap ta{}, tb{};
   if (!detail::encode_b_map(&ta, p.A, p.M, p.K, p.K, false, BM)) return cudaErrorInvalidValue;
   const bool ok_b = kKN ? detail::encode_b_map(&tb, p.B, p.K, p.N, p.N, true, BN)
                         : detail::encode_b_map(&tb, p.B, p.N, p.K, p.K, false, BN);
   if (!ok_b) return cudaErrorInvalidValue;
-  if (cudaError_t e = detail::gemm_opt_in_smem(reinterpret_cast<const void*>(kernel), smem, opted);
-      e != cudaSuccess) {
-    return e;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(detail::ar_wg_threads(BM));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;  // as launch_ar_instance
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p, ta, tb);
+  return launch_ar_cooperative(detail::ar_oneshot_wgmma_kernel<BM, BN, kKN>, opted, detail::ar_wg_smem_bytes(BM, BN),
+                               detail::ar_wg_threads(BM), grid, stream, p, ta, tb);
 }
 
 // The instance for a tile of bm × bn (ar_tiles' values) and W_r's layout.
