@@ -431,7 +431,7 @@ def markdown(family, rows, device):
             for i in also:
                 t_also = ms(g, i)
                 cells.append(fmt(t_ours / t_also if t_ours and t_also else None))
-            own_ms = [ms(g, i) for i in f.get("own_paths", ()) if ms(g, i)]
+            own_ms = [t for t in (ms(g, i) for i in f.get("own_paths", ())) if t]
             if t_ours and len(own_ms) >= 2:
                 vs_own.append(t_ours / min(own_ms))
             ran = (ours or {}).get("algo", "")

@@ -129,7 +129,7 @@ void GroupState::write(const WriteOp& op) {
   const uint64_t part_bytes = (op.bytes / parts + kPartAlign - 1) / kPartAlign * kPartAlign;
 
   const wire::CqDataLayout& layout = core->layout();
-  const uint64_t piece_max = core->caps().max_write;
+  const uint64_t piece_max = caps.max_write;
   auto wait = std::make_shared<WriteWait>();
   uint64_t last_seq = 0;
   const auto deadline = Clock::now() + kSendStallTimeout;

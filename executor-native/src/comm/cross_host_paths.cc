@@ -425,7 +425,7 @@ CrossHostPaths::Needs CrossHostPaths::gemm_all_reduce_needs(int64_t m, int64_t n
   const RowBlocks rb{m, layout_.world()};
   const Needs rs = gemm_reduce_scatter_needs(m, n, partials);
   const Needs ag = collective_needs(k::CommOp::kAllGather, 2, rb.count(n));
-  const uint64_t padded = rb.even() ? 0 : round16(layout_.world() * rb.ceil() * static_cast<uint64_t>(n) * 2);
+  const uint64_t padded = rb.even() ? 0 : round16(rb.count(n) * 2);
   return {std::max(rs.data_bytes, ag.data_bytes), padded + std::max(rs.work_bytes, ag.work_bytes)};
 }
 
@@ -435,7 +435,7 @@ void CrossHostPaths::gemm_all_reduce(const void* a, const void* w, void* c, int6
   const int W = layout_.world(), r = layout_.rank();
   const RowBlocks rb{m, W};
   const uint64_t row = static_cast<uint64_t>(n) * 2;
-  const uint64_t padded = rb.even() ? 0 : round16(W * rb.ceil() * row);
+  const uint64_t padded = rb.even() ? 0 : round16(rb.count(n) * 2);
   // Even blocks are C's own rows: this rank's sums land in place and the allGather fills the rest.
   char* blocks = rb.even() ? static_cast<char*>(c) : work;
   char* mine = blocks + (rb.even() ? rb.first(r) : r * rb.ceil()) * row;
