@@ -860,7 +860,8 @@ void exports() {
 // what it chose), libfabric on tcp where libfabric is installed (its reason printed where not),
 // unknown values are refused.
 void transport_choice() {
-  auto make = [](int32_t transport, int32_t provider, int32_t rails, fc_runtime_t* rt) {
+  auto make = [](int32_t transport, int32_t provider, int32_t rails, fc_runtime_t* rt,
+                 int64_t peer_timeout_ms = 5000) {
     fc_runtime_config_t c;
     fc_runtime_config_init(&c);
     c.backend = FC_BACKEND_HOST;
@@ -868,6 +869,7 @@ void transport_choice() {
     c.transport = transport;
     c.libfabric_provider = provider;
     c.libfabric_rails = rails;
+    c.libfabric_peer_timeout_ms = peer_timeout_ms;
     return fc_runtime_create(&c, rt);
   };
   auto describe = [](fc_runtime_t rt) {
@@ -877,8 +879,9 @@ void transport_choice() {
   fc_runtime_config_t d;
   fc_runtime_config_init(&d);
   check(
-      d.transport == FC_TRANSPORT_AUTO && d.libfabric_provider == FC_LIBFABRIC_AUTO && d.libfabric_rails == 1,
-      "transport defaults: auto, provider auto, 1 rail");
+      d.transport == FC_TRANSPORT_AUTO && d.libfabric_provider == FC_LIBFABRIC_AUTO && d.libfabric_rails == 1 &&
+          d.libfabric_peer_timeout_ms == 5000,
+      "transport defaults: auto, provider auto, 1 rail, a 5 s peer timeout");
   fc_runtime_t rt = nullptr;
   check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 1, &rt) == FC_STATUS_SUCCESS &&
             describe(rt).find("transport=socket (socket: as configured") != std::string::npos,
@@ -914,6 +917,9 @@ void transport_choice() {
   check(make(FC_TRANSPORT_SOCKET, 9, 1, &rt) == FC_STATUS_INVALID_ARGUMENT, "unknown provider refused");
   check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 0, &rt) == FC_STATUS_INVALID_ARGUMENT,
         "0 rails refused");
+  check(make(FC_TRANSPORT_SOCKET, FC_LIBFABRIC_AUTO, 1, &rt, 99) == FC_STATUS_INVALID_ARGUMENT &&
+            std::string(fc_last_error_message()).find("peer timeout must be 100..600000 ms") != std::string::npos,
+        std::string("a 99 ms peer timeout refused: ") + fc_last_error_message());
 }
 
 }  // namespace

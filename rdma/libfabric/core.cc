@@ -123,7 +123,10 @@ Core::Core(const LibfabricOptions& o) : options_(o), api_(FabricApi::get(o.libra
     busy_poll_.push_back(std::make_unique<BusyPollWindow>(o.busy_poll));
     driven_.push_back(std::make_unique<std::atomic<int>>(0));
     aside_.push_back(std::make_unique<std::atomic<bool>>(false));
+    caught_up_.push_back(std::make_unique<std::atomic<int64_t>>(Clock::now().time_since_epoch().count()));
   }
+  housekept_.assign(rails_.size(), Clock::now());
+  deaf_until_.assign(rails_.size(), Clock::now());
   for (size_t r = 0; r < rails_.size(); ++r) threads_.emplace_back([this, r] { run(static_cast<int>(r)); });
 }
 
@@ -167,7 +170,8 @@ std::string Core::describe() const {
   }
   return "libfabric " + caps_.provider + " on " + domains + " (" + std::to_string(nics_) +
          (nics_ == 1 ? " rail" : " rails") + ", " + std::to_string(stripes_) +
-         (stripes_ == 1 ? " endpoint" : " endpoints") + " per rail; " + describe_plan(caps_, plan_) + ")";
+         (stripes_ == 1 ? " endpoint" : " endpoints") + " per rail; " + describe_plan(caps_, plan_) +
+         "; peer timeout " + std::to_string(options_.peer_timeout.count()) + " ms)";
 }
 
 std::string Core::peer_name(const std::string& address, int r, int rail) const {
@@ -240,7 +244,11 @@ void Core::free_stream(uint32_t id) {
 
 int Core::progress(int i) {
   std::vector<Event> events;
+  const auto start = Clock::now();
   const int n = rails_[i]->poll(&events, kPollBatch);
+  // Fewer than a batch: the queue was read to empty, so everything sent before `start` is seen
+  // once these are handled.
+  if (n < kPollBatch) caught_up_[i]->store(start.time_since_epoch().count(), std::memory_order_relaxed);
   for (Event& e : events) handle(i, e);
   return n + static_cast<int>(events.size());
 }
@@ -380,6 +388,12 @@ void Core::run(int i) {
 }
 
 void Core::housekeeping(int rail, Clock::time_point now) {
+  // Silence is counted only while this endpoint listened: after a gap in its housekeeping or in
+  // the reading of its queue, a peer's heartbeats may be waiting unread.
+  const Clock::time_point caught_up{Clock::duration(caught_up_[rail]->load(std::memory_order_relaxed))};
+  if (now - housekept_[rail] > kDeafGap || now - caught_up > kDeafGap) deaf_until_[rail] = now;
+  housekept_[rail] = now;
+  const Clock::time_point listening_since = deaf_until_[rail];
   {
     std::lock_guard<std::mutex> l(hs_mu_);
     while (!parked_.empty() && now - parked_.front().at > kHandshakeTimeout) parked_.pop_front();
@@ -400,7 +414,7 @@ void Core::housekeeping(int rail, Clock::time_point now) {
       auto& ch = pe.challenges;
       std::erase_if(ch, [&](const Peer::Challenge& c) { return now - c.at > kHandshakeTimeout; });
       if (!pe.up || pe.state != PeerState::kConnected) continue;
-      if (now - pe.last_heard > options_.peer_timeout) {
+      if (now - std::max(pe.last_heard, listening_since) > options_.peer_timeout) {
         const auto ms = std::chrono::duration_cast<milliseconds>(now - pe.last_heard).count();
         const std::string why = g->who(p) + " stopped answering: nothing heard from it for " +
                                 std::to_string(ms) + " ms (killed, hung, or unreachable)";

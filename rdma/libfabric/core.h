@@ -34,7 +34,8 @@
 //   - close(): waits (bounded) for this group's posted writes and messages, sends kBye to every
 //     peer, waits for every peer's kBye and for everything sent before it, then releases.
 //   - kAbort (abort(), a destroyed group) marks the sender kFailed at its peers with "peer rank R
-//     at ADDRESS closed the connection"; a killed process is failed by silence (peer_timeout).
+//     at ADDRESS closed the connection"; a killed process is failed by its closed socket (tcp)
+//     or by silence (peer_timeout, counted only while this endpoint is read: housekeeping()).
 #pragma once
 
 #include <atomic>
@@ -72,6 +73,9 @@ constexpr size_t kMaxParked = 128;
 constexpr size_t kChallengesPerPeer = 4;
 constexpr milliseconds kHelloRetry{250};          // a dialer repeats its hello this often
 constexpr milliseconds kHousekeeping{20};         // heartbeats, silence and expiry checks
+// An endpoint whose completion queue was not read to empty for this long was not listening
+// (its process starved of CPU, a writer driving it descheduled): silence counts from its return.
+constexpr milliseconds kDeafGap{100};
 constexpr milliseconds kSendStallTimeout{60000};  // a write making no progress this long fails
 constexpr int kPollBatch = 64;                    // completions handled per poll
 // A write this large or larger is split over the group's endpoints (LibfabricOptions::stripes):
@@ -271,6 +275,7 @@ class Core : public std::enable_shared_from_this<Core> {
   };
 
   void run(int rail);  // a rail's progress thread
+  // Heartbeats, silent peers, expired handshakes of rail `rail`'s groups; only its thread calls it.
   void housekeeping(int rail, Clock::time_point now);
   void handle(int rail, Event& e);
   // receive.cc
@@ -321,6 +326,12 @@ class Core : public std::enable_shared_from_this<Core> {
   std::vector<std::unique_ptr<std::atomic<bool>>> sleeping_;  // by rail
   std::vector<std::unique_ptr<std::atomic<int>>> driven_;     // by rail: threads polling it (drive())
   std::vector<std::unique_ptr<std::atomic<bool>>> aside_;     // by rail: its thread stands aside
+  // By rail: when a poll last found its completion queue empty (steady clock ticks), by whichever
+  // thread polled it.
+  std::vector<std::unique_ptr<std::atomic<int64_t>>> caught_up_;
+  // By rail, its thread's own: the last housekeeping, and the last moment it was not listening
+  // (kDeafGap); a peer is silent for what it missed after that.
+  std::vector<Clock::time_point> housekept_, deaf_until_;
 
   mutable std::shared_mutex reg_mu_;
   RegionMap regions_;  // what check_write and writes to self read

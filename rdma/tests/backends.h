@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,8 @@ struct TestBackend {
   // libfabric: how signals travel (a test may run its cases again with kMessage, the path of
   // providers without remote CQ data).
   fusedcomm::rdma::LibfabricSignal signal = fusedcomm::rdma::LibfabricSignal::kAuto;
+  // libfabric: how long a silent peer lives.
+  std::chrono::milliseconds peer_timeout = fusedcomm::rdma::LibfabricOptions{}.peer_timeout;
 
   bool socket() const { return kind == fusedcomm::rdma::TransportKind::kSocket; }
 
@@ -41,6 +44,8 @@ struct TestBackend {
     o.libfabric.bind_host = "127.0.0.1";
     o.libfabric.busy_poll = busy_poll;
     o.libfabric.signal = signal;
+    o.libfabric.peer_timeout = peer_timeout;
+    o.libfabric.heartbeat = std::min(o.libfabric.heartbeat, peer_timeout / 5);
     return fusedcomm::rdma::make_transport(kind, o);
   }
 

@@ -50,7 +50,7 @@ bool write_all(int fd, const std::string& s) {
   return true;
 }
 
-// Reads '\n'-terminated lines from a pipe with a deadline.
+// Reads '\n'-terminated lines from a pipe with a deadline (a zero timeout: what is there now).
 struct LineReader {
   int fd = -1;
   std::string buf;
@@ -66,9 +66,10 @@ struct LineReader {
       }
       if (eof) return false;
       int64_t left_ms = (deadline - monotonic_ns()) / 1000000;
-      if (left_ms <= 0) return false;
+      if (left_ms < 0 || (left_ms == 0 && timeout.count() > 0)) return false;
       pollfd p{fd, POLLIN, 0};
       int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+      if (n <= 0 && timeout.count() == 0) return false;  // a zero timeout looks once
       if (n <= 0) continue;
       char tmp[4096];
       ssize_t r = ::read(fd, tmp, sizeof tmp);
@@ -105,6 +106,9 @@ struct Child {
 
 using ChildFn = std::function<void(ChildCtx&)>;
 
+// libfabric: rank r's peer timeout, where a test sets one (else the backend's).
+std::vector<std::chrono::milliseconds> g_peer_timeouts;
+
 // Forks `world` children, exchanges addresses, and returns them running `fn`.
 std::vector<Child> launch(int world, const ChildFn& fn) {
   std::vector<Child> kids(world);
@@ -138,6 +142,7 @@ std::vector<Child> launch(int world, const ChildFn& fn) {
         // as messages (every receiver takes both kinds).
         fctest::TestBackend b = g_backend;
         if (r >= 2) b.signal = LibfabricSignal::kMessage;
+        if (r < static_cast<int>(g_peer_timeouts.size())) b.peer_timeout = g_peer_timeouts[r];
         auto t = b.make(1 + r % 3, std::chrono::microseconds(r % 2 ? 500 : 0));
         ctx.transport = t.get();
         ctx.say("ADDR " + t->address());
@@ -730,6 +735,82 @@ void test_kill_mid_traffic() {
   globfree(&found);
 }
 
+// A rank whose whole process stops (SIGSTOP) for longer than its own peer timeout must not fail
+// its peers when it resumes: their heartbeats wait unread in its queue, and silence counts only
+// while it listens. The peers' timeout is long enough to wait for it.
+void test_own_pause_fails_nobody() {
+  const int W = 3, victim = 2;
+  g_peer_timeouts = {std::chrono::milliseconds(30000), std::chrono::milliseconds(30000),
+                     std::chrono::milliseconds(1000)};
+  auto kids = launch(W, [](ChildCtx& c) {
+    std::vector<uint8_t> out(c.world * (1 << 16), 1), in_buf(c.world * (1 << 16), 0);
+    Region r = c.transport->register_memory(out.data(), out.size());
+    Region rin = c.transport->register_memory(in_buf.data(), in_buf.size());
+    c.say("KEY " + std::to_string(rin.key));
+    std::string line;
+    if (!c.hear(&line, 20s)) throw std::runtime_error("no keys");
+    std::istringstream in(line);
+    std::vector<uint64_t> keys(c.world);
+    for (auto& k : keys) in >> k;
+    auto g = c.transport->connect(spec_for(c, 5, 33, 20s));
+    c.say("STARTED");
+    uint64_t n = 0;
+    std::string verdict = "OK";
+    // Writes to every peer until the parent says stop; every write and check must succeed.
+    while (!c.hear(&line, 0ms)) {
+      try {
+        for (int d = 0; d < c.world; ++d) {
+          if (d == c.rank) continue;
+          WriteOp op;
+          op.peer = d;
+          op.src_key = r.key;
+          op.src_offset = d * (1 << 16);
+          op.dst_key = keys[d];
+          op.dst_offset = c.rank * (1 << 16);
+          op.bytes = 1 << 16;
+          g->write(op);
+        }
+        g->check();
+        ++n;
+      } catch (const TransportError& e) {
+        verdict = std::string("FAILED ") + e.what();
+        for (char& ch : verdict)
+          if (ch == '\n') ch = ' ';
+        break;
+      }
+    }
+    c.say(verdict == "OK" ? "OK " + std::to_string(n) : verdict);
+    c.hear(&line, 30s);
+    g->close(10000ms);
+  });
+  g_peer_timeouts.clear();
+  std::string keys;
+  for (int r = 0; r < W; ++r) {
+    std::string line;
+    kids[r].from_child.read_line(&line, 20s);
+    keys += (line.size() > 4 ? line.substr(4) : "0") + " ";
+  }
+  for (auto& k : kids) write_all(k.to_child, keys + "\n");
+  for (int r = 0; r < W; ++r) {
+    std::string line;
+    FC_CHECK(kids[r].from_child.read_line(&line, 30s) && line == "STARTED", "rank started: " + line);
+  }
+  std::this_thread::sleep_for(300ms);  // traffic is flowing
+  kill(kids[victim].pid, SIGSTOP);
+  std::this_thread::sleep_for(2500ms);  // 2.5 × the victim's own peer timeout
+  kill(kids[victim].pid, SIGCONT);
+  std::this_thread::sleep_for(1000ms);  // traffic flows again
+  for (auto& k : kids) write_all(k.to_child, "STOP\n");
+  for (int r = 0; r < W; ++r) {
+    std::string line;
+    const bool got = kids[r].from_child.read_line(&line, 30s);
+    FC_CHECK(got && line.rfind("OK ", 0) == 0, "rank " + std::to_string(r) + " after the pause: " + line);
+    if (got) std::printf("  rank %d: %s\n", r, line.c_str());
+  }
+  for (auto& k : kids) write_all(k.to_child, "EXIT\n");
+  finish_children(kids, 30s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -752,6 +833,11 @@ int main(int argc, char** argv) {
     // shm only reaches ranks of one host; killed peers are tested on tcp and on sockets.
     std::printf("[SKIP] SIGKILL mid-traffic on shm: a process killed inside libfabric's shm provider can leave"
                 " its peers spinning on a lock in their shared segment (provider limitation)\n");
+  }
+  if (!g_backend.socket()) {
+    fctest::run_case("a rank's own pause longer than its peer timeout fails nobody", test_own_pause_fails_nobody);
+  } else {
+    std::printf("[SKIP] own pause: the socket backend has no liveness timer (a closed connection says it)\n");
   }
   return fctest::finish();
 }

@@ -191,6 +191,7 @@ typedef struct {
   int32_t transport;          /* fc_transport_t */
   int32_t libfabric_provider; /* fc_libfabric_provider_t */
   int32_t libfabric_rails;    /* NICs per executor for libfabric: 1..8 */
+  int64_t libfabric_peer_timeout_ms; /* libfabric: a peer silent this long fails: 100..600000 */
 } fc_runtime_config_t;
 
 /* The defaults (backend auto, no GPU). */

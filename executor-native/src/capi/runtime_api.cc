@@ -154,6 +154,7 @@ fc_status_t fc_runtime_config_init(fc_runtime_config_t* config) {
     c.transport = static_cast<int32_t>(d.transport);
     c.libfabric_provider = static_cast<int32_t>(d.libfabric_provider);
     c.libfabric_rails = d.libfabric_rails;
+    c.libfabric_peer_timeout_ms = d.libfabric_peer_timeout_ms;
   });
 }
 
@@ -181,6 +182,7 @@ fc_status_t fc_runtime_create(const fc_runtime_config_t* config, fc_runtime_t* o
     c.transport = static_cast<TransportChoice>(config->transport);
     c.libfabric_provider = static_cast<rdma::LibfabricProvider>(config->libfabric_provider);
     c.libfabric_rails = config->libfabric_rails;
+    c.libfabric_peer_timeout_ms = config->libfabric_peer_timeout_ms;
     auto handle = std::make_unique<fc_runtime>();
     handle->runtime = std::make_unique<Runtime>(c);
     result = handle.release();

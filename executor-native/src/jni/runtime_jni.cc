@@ -24,7 +24,8 @@ FC_RUNTIME_NATIVE(jstring, availability)(JNIEnv* env, jclass) {
 FC_RUNTIME_NATIVE(jlong, runtimeCreate)
 (JNIEnv* env, jclass, jint backend, jlong timeout_ms, jlong connect_timeout_ms, jlong chunk_bytes,
  jlong symmetric_bytes, jstring bind_host, jint transport_streams, jlong busy_poll_us, jint gpu_ordinal,
- jlong job_token, jboolean allow_shared_gpu, jint transport, jint libfabric_provider, jint libfabric_rails) {
+ jlong job_token, jboolean allow_shared_gpu, jint transport, jint libfabric_provider, jint libfabric_rails,
+ jlong libfabric_peer_timeout_ms) {
   FC_JNI_BEGIN
   const fusedcomm::jni::Utf8 host(env, bind_host);
   fc_runtime_config_t c;
@@ -43,6 +44,7 @@ FC_RUNTIME_NATIVE(jlong, runtimeCreate)
   c.transport = transport;
   c.libfabric_provider = libfabric_provider;
   c.libfabric_rails = libfabric_rails;
+  c.libfabric_peer_timeout_ms = libfabric_peer_timeout_ms;
   fc_runtime_t rt = nullptr;
   check(fc_runtime_create(&c, &rt));
   return reinterpret_cast<jlong>(rt);

@@ -38,6 +38,9 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   }
   FC_REQUIRE(config.libfabric_rails >= 1 && config.libfabric_rails <= 8,
              "libfabric rails must be 1..8, not " + std::to_string(config.libfabric_rails));
+  FC_REQUIRE(config.libfabric_peer_timeout_ms >= 100 && config.libfabric_peer_timeout_ms <= 600000,
+             "libfabric peer timeout must be 100..600000 ms, not " +
+                 std::to_string(config.libfabric_peer_timeout_ms));
   rdma::TransportOptions options;
   options.socket.bind_host = config.bind_host;
   options.socket.receive_threads = config.transport_streams;
@@ -46,6 +49,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   options.libfabric.rails = config.libfabric_rails;
   options.libfabric.bind_host = config.bind_host;
   options.libfabric.busy_poll = std::chrono::microseconds(config.busy_poll_us);
+  options.libfabric.peer_timeout = std::chrono::milliseconds(config.libfabric_peer_timeout_ms);
+  options.libfabric.heartbeat = std::min(std::chrono::milliseconds(100), options.libfabric.peer_timeout / 5);
   // The cuda backend's link between hosts connects its lanes as one-way pairs (inter_host.h).
   options.libfabric.one_way_lanes = backend_ == Backend::kCuda ? config.transport_streams : 0;
   std::string why;

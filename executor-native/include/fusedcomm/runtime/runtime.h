@@ -44,6 +44,9 @@ struct RuntimeConfig {
   // verbs, else tcp) and its NICs per executor (spark.fusedcomm.libfabric.rails, 1..8).
   rdma::LibfabricProvider libfabric_provider = rdma::LibfabricProvider::kAuto;
   int libfabric_rails = 1;
+  // A libfabric peer silent this long fails (spark.fusedcomm.libfabric.peerTimeout,
+  // 100..600,000 ms); heartbeats go at a fifth of it, at most every 100 ms.
+  int64_t libfabric_peer_timeout_ms = 5000;
   int gpu_ordinal = -1;    // the executor's GPU, -1: none assigned
   uint64_t job_token = 0;  // the application's token (driver plugin)
   // Native tests only (never set from Java): ranks of one host may share a GPU

@@ -105,6 +105,22 @@ public final class FusedCommConf {
           .check(v -> v >= 1 && v <= 8, "a whole number from 1 to 8")
           .createWithDefault(1);
 
+  /** {@code spark.fusedcomm.libfabric.peerTimeout}: when a silent libfabric peer fails. */
+  public static final ConfigEntry<Duration> LIBFABRIC_PEER_TIMEOUT =
+      ConfigEntry.builder(PREFIX + "libfabric.peerTimeout")
+          .doc(
+              "How long a peer of the libfabric transport may stay silent before the op waiting"
+                  + " on it fails, naming it: libfabric's endpoints have no connection whose end"
+                  + " would report a killed executor, so every pair sends a heartbeat (at a fifth"
+                  + " of this, at most every 100ms). Silence counts only while the executor"
+                  + " itself is reading its endpoint, so its own pauses do not fail its peers;"
+                  + " the timeout covers the peer's (a host starved of CPU).")
+          .durationConf()
+          .check(
+              d -> d.compareTo(Duration.ofMillis(100)) >= 0 && d.compareTo(Duration.ofMinutes(10)) <= 0,
+              "a duration from 100ms to 10m such as 5s")
+          .createWithDefault(Duration.ofSeconds(5));
+
   /** {@code spark.fusedcomm.transport.bindHost}: the address the transport listens on. */
   public static final ConfigEntry<String> TRANSPORT_BIND_HOST =
       ConfigEntry.builder(PREFIX + "transport.bindHost")
@@ -249,6 +265,7 @@ public final class FusedCommConf {
           TRANSPORT,
           LIBFABRIC_PROVIDER,
           LIBFABRIC_RAILS,
+          LIBFABRIC_PEER_TIMEOUT,
           TRANSPORT_BIND_HOST,
           TRANSPORT_STREAMS,
           TRANSPORT_BUSY_POLL,
@@ -385,6 +402,11 @@ public final class FusedCommConf {
   /** NICs per executor for the libfabric transport. */
   public int libfabricRails() {
     return get(LIBFABRIC_RAILS);
+  }
+
+  /** How long a libfabric peer may stay silent. */
+  public Duration libfabricPeerTimeout() {
+    return get(LIBFABRIC_PEER_TIMEOUT);
   }
 
   /** Address the transport binds to; empty for the executor's host. */

@@ -82,7 +82,8 @@ public final class ExecutorRuntime implements AutoCloseable {
             conf.cudaShareGpu(),
             conf.transport().code(),
             conf.libfabricProvider().code(),
-            conf.libfabricRails());
+            conf.libfabricRails(),
+            conf.libfabricPeerTimeout().toMillis());
     this.backend = Backend.fromCode(NativeApi.runtimeBackend(handle));
     if (backend == Backend.CUDA && JCudaNatives.onClasspath()) {
       // Where the application brought JCuda, before any of its tasks touches it: executors of one

@@ -36,7 +36,8 @@ public final class NativeApi {
       boolean allowSharedGpu,
       int transport,
       int libfabricProvider,
-      int libfabricRails);
+      int libfabricRails,
+      long libfabricPeerTimeoutMs);
 
   static native int runtimeBackend(long runtime);
 

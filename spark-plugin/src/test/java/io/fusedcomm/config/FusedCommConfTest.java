@@ -29,6 +29,7 @@ class FusedCommConfTest {
     assertEquals(TransportKind.AUTO, c.transport());
     assertEquals(LibfabricProvider.AUTO, c.libfabricProvider());
     assertEquals(1, c.libfabricRails());
+    assertEquals(Duration.ofSeconds(5), c.libfabricPeerTimeout());
     assertEquals("", c.transportBindHost());
     assertEquals(1L << 20, c.hostChunkBytes());
     assertEquals(2, c.transportStreams());
@@ -53,6 +54,7 @@ class FusedCommConfTest {
                 Map.entry("spark.fusedcomm.transport", "libfabric"),
                 Map.entry("spark.fusedcomm.libfabric.provider", "Verbs"),
                 Map.entry("spark.fusedcomm.libfabric.rails", "2"),
+                Map.entry("spark.fusedcomm.libfabric.peerTimeout", "30s"),
                 Map.entry("spark.fusedcomm.transport.bindHost", "10.0.0.7"),
                 Map.entry("spark.fusedcomm.transport.streams", "4"),
                 Map.entry("spark.fusedcomm.transport.busyPoll", "250us"),
@@ -67,6 +69,7 @@ class FusedCommConfTest {
     assertEquals(TransportKind.LIBFABRIC, c.transport());
     assertEquals(LibfabricProvider.VERBS, c.libfabricProvider());
     assertEquals(2, c.libfabricRails());
+    assertEquals(Duration.ofSeconds(30), c.libfabricPeerTimeout());
     assertEquals("10.0.0.7", c.transportBindHost());
     assertEquals(4, c.transportStreams());
     assertEquals(Duration.ofNanos(250_000), c.transportBusyPoll());
@@ -146,6 +149,8 @@ class FusedCommConfTest {
         bad("spark.fusedcomm.libfabric.provider", "psm3").getMessage().contains("auto|efa|verbs|tcp|shm"));
     assertTrue(bad("spark.fusedcomm.libfabric.rails", "9").getMessage().contains("from 1 to 8"));
     bad("spark.fusedcomm.libfabric.rails", "0");
+    assertTrue(bad("spark.fusedcomm.libfabric.peerTimeout", "50ms").getMessage().contains("from 100ms to 10m"));
+    bad("spark.fusedcomm.libfabric.peerTimeout", "11m");
     assertTrue(bad("spark.fusedcomm.debug.leakTracking", "yes").getMessage().contains("true or false"));
     assertTrue(bad("spark.fusedcomm.transport.bindHost", "a b").getMessage().contains("host name"));
     assertTrue(bad("spark.fusedcomm.gpu.resourceName", "").getMessage().contains("non-empty"));
