@@ -643,20 +643,65 @@ void test_missing_rank() {
 // ------------------------------------------------------------------------------------------
 // A rank dies mid-traffic
 
-void test_kill_mid_traffic() {
-  const int W = 4, victim = 3;
-  auto kids = launch(W, [](ChildCtx& c) {
-    std::vector<uint8_t> out(c.world * (1 << 16), 1), in_buf(c.world * (1 << 16), 0);
-    Region r = c.transport->register_memory(out.data(), out.size());
-    Region rin = c.transport->register_memory(in_buf.data(), in_buf.size());
-    c.say("KEY " + std::to_string(rin.key));
+// A child's side of the traffic tests: its regions, the peers' destination keys (through the
+// parent), its group, and rounds of 64 KiB to every peer.
+struct PeerTraffic {
+  std::vector<uint8_t> out, in_buf;
+  Region src, dst;
+  std::vector<uint64_t> keys;
+  std::unique_ptr<PeerGroup> g;
+
+  PeerTraffic(ChildCtx& c, uint64_t comm) : out(c.world * (1 << 16), 1), in_buf(c.world * (1 << 16), 0) {
+    src = c.transport->register_memory(out.data(), out.size());
+    dst = c.transport->register_memory(in_buf.data(), in_buf.size());
+    c.say("KEY " + std::to_string(dst.key));
     std::string line;
     if (!c.hear(&line, 20s)) throw std::runtime_error("no keys");
     std::istringstream in(line);
-    std::vector<uint64_t> keys(c.world);
+    keys.resize(c.world);
     for (auto& k : keys) in >> k;
-    auto g = c.transport->connect(spec_for(c, 5, 31, 20s));
+    g = c.transport->connect(spec_for(c, 5, comm, 20s));
     c.say("STARTED");
+  }
+  void round(const ChildCtx& c) {
+    for (int d = 0; d < c.world; ++d) {
+      if (d == c.rank) continue;
+      WriteOp op;
+      op.peer = d;
+      op.src_key = src.key;
+      op.src_offset = d * (1 << 16);
+      op.dst_key = keys[d];
+      op.dst_offset = c.rank * (1 << 16);
+      op.bytes = 1 << 16;
+      g->write(op);
+    }
+  }
+};
+
+// The parent's side: hands every child the others' keys and waits until all are connected.
+void start_traffic(std::vector<Child>& kids) {
+  std::string keys;
+  for (auto& k : kids) {
+    std::string line;
+    k.from_child.read_line(&line, 20s);
+    keys += (line.size() > 4 ? line.substr(4) : "0") + " ";
+  }
+  for (auto& k : kids) write_all(k.to_child, keys + "\n");
+  for (auto& k : kids) {
+    std::string line;
+    FC_CHECK(k.from_child.read_line(&line, 30s) && line == "STARTED", "rank started: " + line);
+  }
+}
+
+void one_line(std::string* s) {
+  for (char& ch : *s)
+    if (ch == '\n') ch = ' ';
+}
+
+void test_kill_mid_traffic() {
+  const int W = 4, victim = 3;
+  auto kids = launch(W, [](ChildCtx& c) {
+    PeerTraffic t(c, 31);
     const int64_t deadline = monotonic_ns() + int64_t{30} * 1000000000;
     int64_t when = 0;
     int peer = -1;
@@ -664,18 +709,8 @@ void test_kill_mid_traffic() {
     uint64_t n = 0;
     while (monotonic_ns() < deadline) {
       try {
-        for (int d = 0; d < c.world; ++d) {
-          if (d == c.rank) continue;
-          WriteOp op;
-          op.peer = d;
-          op.src_key = r.key;
-          op.src_offset = d * (1 << 16);
-          op.dst_key = keys[d];
-          op.dst_offset = c.rank * (1 << 16);
-          op.bytes = 1 << 16;
-          g->write(op);
-        }
-        if (++n % 8 == 0) g->check();
+        t.round(c);
+        if (++n % 8 == 0) t.g->check();
       } catch (const TransportError& e) {
         when = monotonic_ns();
         peer = e.peer();
@@ -683,23 +718,13 @@ void test_kill_mid_traffic() {
         break;
       }
     }
-    for (char& ch : msg)
-      if (ch == '\n') ch = ' ';
+    one_line(&msg);
     c.say("DETECT " + std::to_string(when) + " " + std::to_string(peer) + " " + msg);
+    std::string line;
     c.hear(&line, 30s);  // stay alive (connections open) until the parent has seen everyone
-    g->abort();
+    t.g->abort();
   });
-  std::string keys;
-  for (int r = 0; r < W; ++r) {
-    std::string line;
-    kids[r].from_child.read_line(&line, 20s);
-    keys += (line.size() > 4 ? line.substr(4) : "0") + " ";
-  }
-  for (auto& k : kids) write_all(k.to_child, keys + "\n");
-  for (int r = 0; r < W; ++r) {
-    std::string line;
-    FC_CHECK(kids[r].from_child.read_line(&line, 30s) && line == "STARTED", "rank started: " + line);
-  }
+  start_traffic(kids);
   std::this_thread::sleep_for(300ms);  // traffic is flowing
   const int64_t killed_at = monotonic_ns();
   kill(kids[victim].pid, SIGKILL);
@@ -743,58 +768,27 @@ void test_own_pause_fails_nobody() {
   g_peer_timeouts = {std::chrono::milliseconds(30000), std::chrono::milliseconds(30000),
                      std::chrono::milliseconds(1000)};
   auto kids = launch(W, [](ChildCtx& c) {
-    std::vector<uint8_t> out(c.world * (1 << 16), 1), in_buf(c.world * (1 << 16), 0);
-    Region r = c.transport->register_memory(out.data(), out.size());
-    Region rin = c.transport->register_memory(in_buf.data(), in_buf.size());
-    c.say("KEY " + std::to_string(rin.key));
-    std::string line;
-    if (!c.hear(&line, 20s)) throw std::runtime_error("no keys");
-    std::istringstream in(line);
-    std::vector<uint64_t> keys(c.world);
-    for (auto& k : keys) in >> k;
-    auto g = c.transport->connect(spec_for(c, 5, 33, 20s));
-    c.say("STARTED");
+    PeerTraffic t(c, 33);
     uint64_t n = 0;
-    std::string verdict = "OK";
-    // Writes to every peer until the parent says stop; every write and check must succeed.
+    std::string verdict = "OK", line;
+    // Rounds until the parent says stop; every write and check must succeed.
     while (!c.hear(&line, 0ms)) {
       try {
-        for (int d = 0; d < c.world; ++d) {
-          if (d == c.rank) continue;
-          WriteOp op;
-          op.peer = d;
-          op.src_key = r.key;
-          op.src_offset = d * (1 << 16);
-          op.dst_key = keys[d];
-          op.dst_offset = c.rank * (1 << 16);
-          op.bytes = 1 << 16;
-          g->write(op);
-        }
-        g->check();
+        t.round(c);
+        t.g->check();
         ++n;
       } catch (const TransportError& e) {
         verdict = std::string("FAILED ") + e.what();
-        for (char& ch : verdict)
-          if (ch == '\n') ch = ' ';
+        one_line(&verdict);
         break;
       }
     }
     c.say(verdict == "OK" ? "OK " + std::to_string(n) : verdict);
     c.hear(&line, 30s);
-    g->close(10000ms);
+    t.g->close(10000ms);
   });
   g_peer_timeouts.clear();
-  std::string keys;
-  for (int r = 0; r < W; ++r) {
-    std::string line;
-    kids[r].from_child.read_line(&line, 20s);
-    keys += (line.size() > 4 ? line.substr(4) : "0") + " ";
-  }
-  for (auto& k : kids) write_all(k.to_child, keys + "\n");
-  for (int r = 0; r < W; ++r) {
-    std::string line;
-    FC_CHECK(kids[r].from_child.read_line(&line, 30s) && line == "STARTED", "rank started: " + line);
-  }
+  start_traffic(kids);
   std::this_thread::sleep_for(300ms);  // traffic is flowing
   kill(kids[victim].pid, SIGSTOP);
   std::this_thread::sleep_for(2500ms);  // 2.5 × the victim's own peer timeout
