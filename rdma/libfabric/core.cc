@@ -11,6 +11,7 @@
 #include <set>
 
 #include "../socket/net.h"
+#include "../src/thread_name.h"
 
 namespace fusedcomm::rdma::libfabric {
 namespace {
@@ -127,7 +128,12 @@ Core::Core(const LibfabricOptions& o) : options_(o), api_(FabricApi::get(o.libra
   }
   housekept_.assign(rails_.size(), Clock::now());
   deaf_until_.assign(rails_.size(), Clock::now());
-  for (size_t r = 0; r < rails_.size(); ++r) threads_.emplace_back([this, r] { run(static_cast<int>(r)); });
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    threads_.emplace_back([this, r] {
+      name_this_thread("fc-ofi-ep" + std::to_string(r));
+      run(static_cast<int>(r));
+    });
+  }
 }
 
 Core::~Core() { shutdown(); }

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "../src/thread_name.h"
+
 namespace fusedcomm::rdma {
 namespace {
 
@@ -109,7 +111,10 @@ void fill_command(ProxyCommand& c, const WriteOp& op) {
 Proxy::Proxy(ProxyRing ring, PeerGroup& group, uint64_t* also_abort, std::chrono::microseconds busy_poll,
              bool signals_sole_writer)
     : ring_(ring), group_(group), also_abort_(also_abort), sole_writer_(signals_sole_writer), window_(busy_poll) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("fc-proxy");
+    run();
+  });
 }
 
 void Proxy::expect_commands() noexcept {

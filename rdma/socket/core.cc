@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <random>
 
+#include "../src/thread_name.h"
+
 namespace fusedcomm::rdma::socket_backend {
 
 Core::Core(const SocketOptions& o) : busy_poll_(o.busy_poll) {
@@ -40,7 +42,10 @@ Core::Core(const SocketOptions& o) : busy_poll_(o.busy_poll) {
   running_ = true;
   for (auto& r : receivers_) {
     Receiver* rp = r.get();
-    r->thread = std::thread([this, rp] { run(*rp); });
+    r->thread = std::thread([this, rp] {
+      name_this_thread("fc-sock-rx" + std::to_string(rp->index));
+      run(*rp);
+    });
   }
 }
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string>
@@ -669,6 +671,40 @@ void test_large_writes() {
 // window has passed they sleep again instead of spinning. The times from hint to arrival,
 // with the window and without, are printed for information only (a 2-core CI machine times
 // nothing reliably); the effect on an op between hosts is measured on GPU hosts, not here.
+// The names of this process's threads (/proc/self/task/*/comm).
+std::vector<std::string> thread_names() {
+  std::vector<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  return names;
+}
+
+bool has_thread(const std::string& name) {
+  const auto names = thread_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// A transport's threads and a proxy's carry names that say what they are (`top -H`, gdb).
+void test_thread_names() {
+  auto t = loopback();
+  const std::string first = g_backend.socket() ? "fc-sock-rx0" : "fc-ofi-ep0";
+  // A thread names itself as it starts: give it a moment.
+  for (int i = 0; i < 200 && !has_thread(first); ++i) std::this_thread::sleep_for(5ms);
+  FC_CHECK(has_thread(first), "a thread named " + first);
+  auto t1 = loopback();
+  auto p = connect_pair(*t, *t1, 77);
+  {
+    RingMem m(8);
+    ProxyRing ring(m.p, 8);
+    Proxy proxy(ring, *p.g0, nullptr, g_busy_poll);
+    for (int i = 0; i < 200 && !has_thread("fc-proxy"); ++i) std::this_thread::sleep_for(5ms);
+    FC_CHECK(has_thread("fc-proxy"), "a thread named fc-proxy");
+  }
+}
+
 void test_busy_poll_hints() {
   using std::chrono::microseconds;
   auto cpu_time = [] {
@@ -742,6 +778,7 @@ int main(int argc, char** argv) {
       {"a connection per direction (connect_one_way_pairs)", test_one_way_pairs},
       {"lanes: groups striped between the same ranks", test_lanes},
       {"writes of several MiB: every byte before its signal", test_large_writes},
+      {"threads are named", test_thread_names},
   };
   // libfabric's second pass sends signals as messages after delivery-complete writes, the path
   // of providers without remote CQ data.
