@@ -51,6 +51,8 @@ Core::Core(const LibfabricOptions& o) : options_(o), api_(FabricApi::get(o.libra
   const std::string unavailable = "libfabric transport is unavailable: ";
   if (!api_.ok()) throw TransportError(-1, unavailable + api_.error);
   if (o.rails < 1) throw std::invalid_argument("libfabric transport: rails must be at least 1");
+  // A peer misses several heartbeats before its silence fails it, whatever the timeout.
+  options_.heartbeat = std::min(o.heartbeat, o.peer_timeout / 5);
   if (o.stripes < 0 || o.stripes > kMaxStripes)
     throw std::invalid_argument("libfabric transport: stripes must be 0 (the provider's default) to " +
                                 std::to_string(kMaxStripes));

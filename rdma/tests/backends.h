@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,7 +44,6 @@ struct TestBackend {
     o.libfabric.busy_poll = busy_poll;
     o.libfabric.signal = signal;
     o.libfabric.peer_timeout = peer_timeout;
-    o.libfabric.heartbeat = std::min(o.libfabric.heartbeat, peer_timeout / 5);
     return fusedcomm::rdma::make_transport(kind, o);
   }
 

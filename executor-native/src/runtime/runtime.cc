@@ -50,7 +50,6 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config), backend_(Backen
   options.libfabric.bind_host = config.bind_host;
   options.libfabric.busy_poll = std::chrono::microseconds(config.busy_poll_us);
   options.libfabric.peer_timeout = std::chrono::milliseconds(config.libfabric_peer_timeout_ms);
-  options.libfabric.heartbeat = std::min(std::chrono::milliseconds(100), options.libfabric.peer_timeout / 5);
   // The cuda backend's link between hosts connects its lanes as one-way pairs (inter_host.h).
   options.libfabric.one_way_lanes = backend_ == Backend::kCuda ? config.transport_streams : 0;
   std::string why;

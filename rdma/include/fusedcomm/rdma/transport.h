@@ -232,11 +232,11 @@ struct LibfabricOptions {
   // How long the progress threads poll without sleeping after expect_traffic() and after each
   // event (busy_poll.h); zero: they back off from spinning to sleeping in slices up to 1 ms.
   std::chrono::microseconds busy_poll{0};
-  // Liveness: every pair sends a heartbeat this often, and a peer silent for peer_timeout is
-  // failed (a datagram endpoint has no connection whose end would say so). Silence counts only
-  // while this endpoint is read: a pause of this process's own does not fail its peers. The
-  // timeout covers the peer's pauses (a host starved of CPU, a descheduled progress thread), so
-  // it stays seconds long; the heartbeat should be a small fraction of it.
+  // Liveness: every pair sends a heartbeat this often (at most a fifth of peer_timeout: the
+  // transport shortens it), and a peer silent for peer_timeout is failed (a datagram endpoint
+  // has no connection whose end would say so). Silence counts only while this endpoint is read:
+  // a pause of this process's own does not fail its peers. The timeout covers the peer's pauses
+  // (a host starved of CPU, a descheduled progress thread), so it stays seconds long.
   std::chrono::milliseconds heartbeat{100};
   std::chrono::milliseconds peer_timeout{5000};
   // What dlopen is given; tests name a missing library to see the refusal.
